@@ -1,0 +1,1 @@
+# Installation is filled in by the packaging step (see docs/); placeholder kept minimal.

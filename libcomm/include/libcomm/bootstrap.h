@@ -1,0 +1,109 @@
+#pragma once
+// Out-of-band rendezvous: how ranks find each other and exchange the few bytes (addresses,
+// segment names, fingerprints) a Communicator needs before it can move data itself.
+//
+// Implementations: in-process (ranks are threads; tests), file store (a shared directory) and TCP
+// store (a key-value server that rank 0 or a launcher hosts; every connection proves the job's
+// secret; every message is length-bounded and versioned). All calls are collective in the obvious
+// sense (every rank calls allGather/barrier in the same order) and every wait has a deadline.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "libcomm/deadline.h"
+#include "libcomm/status.h"
+
+namespace libcomm {
+
+class Bootstrap {
+ public:
+  virtual ~Bootstrap() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// Identifier shared by all ranks of one job (names shared-memory segments, log lines).
+  virtual const std::string& jobId() const = 0;
+  /// Human-readable kind and address ("tcp 127.0.0.1:29500", "file /tmp/x", "in-process").
+  virtual std::string describe() const = 0;
+
+  /// Gathers `bytes` bytes from every rank into `all` (size() * bytes, in rank order).
+  /// Collective; every rank passes the same `bytes`. Not thread-safe against other calls on the
+  /// same Bootstrap.
+  virtual Status allGather(const void* mine, void* all, size_t bytes, Deadline deadline) = 0;
+  /// Returns once every rank has entered the barrier. Collective.
+  virtual Status barrier(Deadline deadline) = 0;
+  /// Point-to-point: delivers `bytes` bytes to `peer` under `tag`. Messages with the same
+  /// (source, destination, tag) are delivered in order. Does not wait for the receiver.
+  virtual Status send(int peer, uint32_t tag, const void* data, size_t bytes, Deadline deadline) = 0;
+  /// Receives exactly `bytes` bytes sent by `peer` under `tag`; a size mismatch is kInvalidUsage.
+  virtual Status recv(int peer, uint32_t tag, void* data, size_t bytes, Deadline deadline) = 0;
+};
+
+/// `size` connected bootstraps for ranks that are threads of this process (index = rank).
+/// `jobId` empty means a fresh random one.
+std::vector<std::unique_ptr<Bootstrap>> createInProcessBootstraps(int size, std::string jobId = "");
+
+/// Rendezvous through files in `dir` (which must be shared by all ranks; it is created if
+/// missing). `jobId` must be the same on all ranks; it scopes the files inside `dir`.
+Result<std::unique_ptr<Bootstrap>> createFileBootstrap(const std::string& dir, const std::string& jobId, int rank,
+                                                       int size, Deadline deadline);
+
+/// A TCP key-value store for one job. Rank 0 or a launcher runs it; it serves until destroyed.
+class TcpStoreServer {
+ public:
+  virtual ~TcpStoreServer() = default;
+  /// The port actually bound (useful when 0 was asked for).
+  virtual int port() const = 0;
+  virtual const std::string& host() const = 0;
+};
+
+/// Starts a store listening on `host:port` (port 0: any free port). Connections must present
+/// `secret`; malformed or unauthenticated connections are dropped with a warning.
+Result<std::unique_ptr<TcpStoreServer>> startTcpStore(const std::string& host, int port, const std::string& secret);
+
+/// Connects rank `rank` of `size` to the store at `host:port`, retrying until `deadline` while the
+/// store is not up yet. `jobId` empty: rank 0 picks one and the store hands it to the others.
+Result<std::unique_ptr<Bootstrap>> createTcpBootstrap(const std::string& host, int port, const std::string& secret,
+                                                      int rank, int size, Deadline deadline,
+                                                      const std::string& jobId = "");
+
+/// Where this process sits in the job, and how it was found out.
+struct LaunchInfo {
+  int rank = -1;
+  int size = -1;
+  int localRank = -1;  // -1 when the launcher does not say
+  int localSize = -1;
+  /// Which source gave rank and size: "explicit", "LIBCOMM", "torchrun", "openmpi", "slurm".
+  std::string source;
+  /// Rendezvous: TCP store address (host, port), or a file-store directory.
+  std::string storeHost;
+  int storePort = 0;
+  std::string storeDir;
+  /// Per-job secret for the TCP store.
+  std::string secret;
+  std::string jobId;
+  /// True when this process should host the TCP store (rank 0 under torchrun-style launches).
+  bool hostsStore = false;
+};
+
+/// Explicit values win over the environment; -1 / empty means "not given".
+struct LaunchOverrides {
+  int rank = -1;
+  int size = -1;
+};
+
+/// Resolves rank and size from, in order: explicit overrides, LIBCOMM_RANK/LIBCOMM_WORLD_SIZE
+/// (+ LIBCOMM_LOCAL_RANK, LIBCOMM_STORE_ADDR=host:port or LIBCOMM_STORE_DIR, LIBCOMM_SECRET,
+/// LIBCOMM_JOB_ID), torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT/LOCAL_RANK, Open MPI's
+/// OMPI_COMM_WORLD_*, Slurm's SLURM_PROCID/SLURM_NTASKS. Two sources that both define rank or size
+/// and disagree are an error naming both. The source used is logged at INFO.
+Result<LaunchInfo> resolveLaunchInfo(const LaunchOverrides& overrides = {});
+
+/// resolveLaunchInfo() + the matching bootstrap (hosting the TCP store when hostsStore is set;
+/// the returned bootstrap keeps it alive).
+Result<std::unique_ptr<Bootstrap>> createBootstrapFromEnvironment(Deadline deadline,
+                                                                  const LaunchOverrides& overrides = {});
+
+}  // namespace libcomm

@@ -1,0 +1,95 @@
+#pragma once
+// The Communicator: a group of ranks and the collectives between them.
+//
+// Ordering: all ranks must call collectives on a communicator in the same order, with matching
+// arguments (the mismatch check verifies collective kind, count, dtypes, op and root, and names
+// the rank that differs). Every collective is validated on the calling thread, then enqueued on
+// the given Stream and returns at once; it runs when the stream reaches it. Collectives of one
+// communicator execute in call order: enqueue them on one stream, or order their streams with
+// events. For collectives that run concurrently, create a second Communicator on the same
+// Bootstrap.
+//
+// Memory: buffers from allocRegistered() are visible to the peers, and collectives whose input
+// lies in registered memory move each byte once (peers read it directly). Any other buffer works
+// too, through a chunked staging copy.
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "libcomm/bootstrap.h"
+#include "libcomm/config.h"
+#include "libcomm/status.h"
+#include "libcomm/stream.h"
+#include "libcomm/types.h"
+
+namespace libcomm {
+
+class Communicator {
+ public:
+  /// Collective over `bootstrap`: every rank calls it. The bootstrap must outlive the
+  /// communicator. Fails with kTimeout when peers do not arrive by config.initTimeout.
+  static Result<std::unique_ptr<Communicator>> create(Bootstrap& bootstrap, const CommConfig& config);
+  /// Same, with CommConfig::fromEnvironment().
+  static Result<std::unique_ptr<Communicator>> create(Bootstrap& bootstrap);
+
+  /// Waits for pending work of this communicator (bounded by the op timeout), then releases
+  /// everything. Never hangs: a communicator that cannot finish is aborted.
+  ~Communicator();
+
+  int rank() const;
+  int size() const;
+  const CommConfig& config() const;
+
+  // ---- Registered memory. Thread-safe. ----
+  /// Allocates `bytes` of host memory that peers can read directly; touched once up front.
+  Result<void*> allocRegistered(size_t bytes);
+  /// Frees memory from allocRegistered. Fails with kInvalidUsage while registrations of it remain.
+  Status freeRegistered(void* ptr);
+  /// Registers [ptr, ptr+bytes). Idempotent and refcounted: each call must be matched by a
+  /// deregisterBuffer. The range must lie inside memory from allocRegistered (kInvalidUsage
+  /// otherwise; such buffers still work with every collective, through staging).
+  Status registerBuffer(void* ptr, size_t bytes);
+  Status deregisterBuffer(void* ptr);
+  /// True when [ptr, ptr+bytes) lies in memory peers can reach directly.
+  bool isRegistered(const void* ptr, size_t bytes) const;
+
+  // ---- Collectives. Enqueued on `stream`, return at once; argument errors return at once. ----
+  /// recv holds size()*count elements, rank r's in [r*count, (r+1)*count). In place when
+  /// send == recv + rank*count (in elements).
+  Status allGather(const void* send, void* recv, size_t count, DataType dtype, Stream& stream);
+  /// send holds size()*count elements of `inType`; recv gets this rank's `count` reduced elements
+  /// as `outType`. Accumulation is fp32. In place when recv == send + rank*count (in elements,
+  /// same dtype only). outType bf16 from fp32 input is refused (no silent downcast of fp32 sums is
+  /// needed by any caller).
+  Status reduceScatter(const void* send, void* recv, size_t count, DataType inType, DataType outType,
+                       const ReduceOptions& options, Stream& stream);
+  /// recv = reduce(send of all ranks), `count` elements, same dtype in and out. In place when
+  /// send == recv.
+  Status allReduce(const void* send, void* recv, size_t count, DataType dtype, const ReduceOptions& options,
+                   Stream& stream);
+  /// recv on every rank = send of `root` (`send` is read on the root only). In place when
+  /// send == recv.
+  Status broadcast(const void* send, void* recv, size_t count, DataType dtype, int root, Stream& stream);
+  /// Completes on the stream once every rank has reached it.
+  Status barrier(Stream& stream);
+
+  // ---- Failure. ----
+  /// The first error of any collective of this communicator, or OK. Non-blocking, sticky: after an
+  /// error, new collectives are refused with it. Thread-safe.
+  Status asyncError() const;
+  /// Makes pending and future collectives fail at once (peers see kRemoteError naming this rank).
+  /// Callable from any thread, returns in bounded time.
+  void abort();
+
+  /// The algorithm selection table, printable (also via tools/comm_info).
+  std::string describeSelection() const;
+
+  class Impl;
+
+ private:
+  explicit Communicator(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace libcomm

@@ -1,0 +1,57 @@
+#pragma once
+// The one registry of libcomm's settings. Every knob is declared once (name, type, default, doc)
+// in src/core/config.cc; values come from LIBCOMM_* environment variables. Unknown LIBCOMM_*
+// variables are warned about once; the non-default values in effect are logged at INFO.
+
+#include <string>
+#include <vector>
+
+#include "libcomm/deadline.h"
+#include "libcomm/status.h"
+
+namespace libcomm {
+
+enum class SettingType { kInt, kBool, kString };
+
+struct SettingInfo {
+  const char* name;      // environment variable, e.g. "LIBCOMM_TIMEOUT_MS"
+  SettingType type;
+  const char* defaultValue;
+  const char* doc;
+};
+
+/// Every declared setting, in declaration order. Thread-safe.
+const std::vector<SettingInfo>& allSettings();
+
+/// The raw value of a declared setting: the environment's if set, else the default.
+/// Asking for an undeclared name is an internal error (assert). Thread-safe.
+std::string settingValue(const char* name);
+/// Typed accessors; a malformed value in the environment is kInvalidArgument naming the variable.
+Result<long long> settingInt(const char* name);
+Result<bool> settingBool(const char* name);
+
+/// A table of all settings with their effective values and docs (for tools/comm_info).
+std::string describeSettings();
+
+/// Per-communicator configuration. Defaults come from the registry (environment).
+struct CommConfig {
+  /// Deadline for any one collective, from its start on the stream to its end.
+  Milliseconds opTimeout{300000};
+  /// Deadline for Communicator::create (bootstrap exchange, mapping peers).
+  Milliseconds initTimeout{600000};
+  /// How often a blocked wait checks that its peers are still alive.
+  Milliseconds peerCheckInterval{100};
+  /// Algorithm override ("" = selector's choice; "direct", "staged"), from LIBCOMM_ALGO.
+  std::string algo;
+  /// Compare every collective's fingerprint across ranks (LIBCOMM_CHECK_MISMATCH).
+  bool checkMismatch = true;
+  /// Log each collective's algorithm choice (LIBCOMM_COLL_TRACE).
+  bool collTrace = false;
+  /// Bytes per staging chunk for unregistered buffers (LIBCOMM_STAGING_CHUNK).
+  size_t stagingChunkBytes = 1 << 20;
+
+  /// Reads every field from the registry; malformed values are errors.
+  static Result<CommConfig> fromEnvironment();
+};
+
+}  // namespace libcomm

@@ -1,0 +1,32 @@
+#pragma once
+// Runs a program as N rank processes on this host: the launcher hosts a TCP store on loopback,
+// makes a fresh job id and secret, and starts each child with LIBCOMM_RANK, LIBCOMM_WORLD_SIZE,
+// LIBCOMM_LOCAL_RANK, LIBCOMM_LOCAL_SIZE, LIBCOMM_STORE_ADDR, LIBCOMM_SECRET and LIBCOMM_JOB_ID set,
+// so createBootstrapFromEnvironment() in the child finds everything. Used by comm_bench -np and the
+// example trainer; usable by any program.
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "libcomm/deadline.h"
+#include "libcomm/status.h"
+
+namespace libcomm {
+
+struct LocalLaunchOptions {
+  int numRanks = 1;
+  /// Program and arguments; argv[0] is looked up like execvp does.
+  std::vector<std::string> argv;
+  /// Whole-job deadline: past it every rank still running is killed and kTimeout returned.
+  Milliseconds timeout{600000};
+  /// Extra environment for every rank (name, value).
+  std::vector<std::pair<std::string, std::string>> env;
+};
+
+/// Starts the ranks and waits for all of them. When one rank fails (non-zero exit or a signal),
+/// the others get SIGTERM, then SIGKILL after a grace period, and the error names the first rank
+/// that failed and how (exit code or signal). Blocks the calling thread; not reentrant.
+Status launchLocal(const LocalLaunchOptions& options);
+
+}  // namespace libcomm

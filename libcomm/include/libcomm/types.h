@@ -1,0 +1,38 @@
+#pragma once
+// Element types and reduction operations of the collectives.
+
+#include <cstddef>
+#include <cstdint>
+
+namespace libcomm {
+
+enum class DataType : uint8_t {
+  kFloat32 = 0,
+  kBFloat16 = 1,
+};
+
+/// Bytes per element.
+constexpr size_t dataTypeSize(DataType t) { return t == DataType::kFloat32 ? 4 : 2; }
+/// "fp32" / "bf16".
+const char* dataTypeName(DataType t);
+
+enum class ReduceOp : uint8_t {
+  kSum = 0,
+  kAvg = 1,        // sum divided by the world size, computed in fp32
+  kPremulSum = 2,  // every input multiplied by ReduceOptions::scale before the sum (in fp32)
+};
+
+/// "sum" / "avg" / "premulsum".
+const char* reduceOpName(ReduceOp op);
+
+/// How a reduction combines. The accumulation is always fp32, whatever the input type.
+struct ReduceOptions {
+  ReduceOp op = ReduceOp::kSum;
+  /// Factor for kPremulSum; ignored otherwise.
+  float scale = 1.0f;
+  /// fp32 output only: add the result to what the output buffer already holds (gradient
+  /// accumulation) instead of overwriting it. Not allowed in place.
+  bool accumulate = false;
+};
+
+}  // namespace libcomm

@@ -1,0 +1,131 @@
+// The settings registry: each LIBCOMM_* knob is declared exactly once, here.
+
+#include "libcomm/config.h"
+
+#include <cassert>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+
+#include "core/log.h"
+
+extern char** environ;
+
+namespace libcomm {
+namespace {
+
+const std::vector<SettingInfo> kSettings = {
+    // Logging (read by core/log.cc directly, declared here so they are documented and not "unknown").
+    {"LIBCOMM_LOG_LEVEL", SettingType::kString, "warn", "error|warn|info|debug|trace"},
+    {"LIBCOMM_LOG_SUBSYS", SettingType::kString, "all", "comma list of subsystems: init,boot,shm,coll,stream,mem"},
+    {"LIBCOMM_LOG_FILE", SettingType::kString, "", "log to this file instead of stderr (%h host, %p pid, %r rank)"},
+    // Deadlines.
+    {"LIBCOMM_TIMEOUT_MS", SettingType::kInt, "300000", "deadline of one collective once it starts on its stream"},
+    {"LIBCOMM_INIT_TIMEOUT_MS", SettingType::kInt, "600000", "deadline of bootstrap and communicator creation"},
+    {"LIBCOMM_PEER_CHECK_MS", SettingType::kInt, "100", "how often a blocked wait checks that its peers are alive"},
+    // Algorithms.
+    {"LIBCOMM_ALGO", SettingType::kString, "", "force an algorithm: direct|staged (empty: the selector decides)"},
+    {"LIBCOMM_CHECK_MISMATCH", SettingType::kBool, "1",
+     "compare every collective's kind, count, dtypes, op and root across ranks"},
+    {"LIBCOMM_COLL_TRACE", SettingType::kBool, "0", "log every collective with its algorithm at INFO"},
+    {"LIBCOMM_STAGING_CHUNK", SettingType::kInt, "1048576", "bytes per staging chunk for unregistered buffers"},
+    // Launch (see resolveLaunchInfo in bootstrap.h).
+    {"LIBCOMM_RANK", SettingType::kInt, "", "rank of this process"},
+    {"LIBCOMM_WORLD_SIZE", SettingType::kInt, "", "number of ranks"},
+    {"LIBCOMM_LOCAL_RANK", SettingType::kInt, "", "rank among the processes of this host"},
+    {"LIBCOMM_LOCAL_SIZE", SettingType::kInt, "", "number of ranks on this host"},
+    {"LIBCOMM_STORE_ADDR", SettingType::kString, "", "host:port of the TCP store"},
+    {"LIBCOMM_STORE_DIR", SettingType::kString, "", "directory of a file store (instead of TCP)"},
+    {"LIBCOMM_SECRET", SettingType::kString, "", "per-job secret every store connection must present"},
+    {"LIBCOMM_JOB_ID", SettingType::kString, "", "job identifier (names shared-memory segments)"},
+    {"LIBCOMM_HOST_STORE", SettingType::kBool, "", "1: this process hosts the TCP store (default: rank 0 does)"},
+};
+
+const SettingInfo* find(const char* name) {
+  for (const auto& s : kSettings)
+    if (strcmp(s.name, name) == 0) return &s;
+  return nullptr;
+}
+
+void warnUnknownOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (char** e = environ; e && *e; ++e) {
+      if (strncmp(*e, "LIBCOMM_", 8) != 0) continue;
+      std::string name(*e, strcspn(*e, "="));
+      if (!find(name.c_str()))
+        LIBCOMM_LOG(kWarn, "init") << "unknown setting " << name << " is ignored (tools/comm_info lists them all)";
+    }
+    for (const auto& s : kSettings) {
+      const char* v = getenv(s.name);
+      if (v && strcmp(v, s.defaultValue) != 0)
+        LIBCOMM_LOG(kInfo, "init") << "setting " << s.name << "=" << v << " (default '" << s.defaultValue << "')";
+    }
+  });
+}
+
+}  // namespace
+
+const std::vector<SettingInfo>& allSettings() { return kSettings; }
+
+std::string settingValue(const char* name) {
+  const SettingInfo* s = find(name);
+  assert(s && "undeclared setting");
+  warnUnknownOnce();
+  const char* v = getenv(name);
+  if (v) return v;
+  return s ? s->defaultValue : "";
+}
+
+Result<long long> settingInt(const char* name) {
+  std::string v = settingValue(name);
+  if (v.empty()) return makeError(StatusCode::kInvalidArgument, name, " is not set and has no default");
+  char* end = nullptr;
+  errno = 0;
+  long long x = strtoll(v.c_str(), &end, 10);
+  if (errno != 0 || end == v.c_str() || *end != '\0')
+    return makeError(StatusCode::kInvalidArgument, name, "='", v, "' is not an integer");
+  return x;
+}
+
+Result<bool> settingBool(const char* name) {
+  std::string v = settingValue(name);
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "no" || v == "off" || v.empty()) return false;
+  return makeError(StatusCode::kInvalidArgument, name, "='", v, "' is not a boolean (use 0 or 1)");
+}
+
+std::string describeSettings() {
+  std::ostringstream os;
+  for (const auto& s : kSettings) {
+    const char* v = getenv(s.name);
+    os << "  " << s.name << " = " << (v ? v : s.defaultValue) << (v ? "  (set)" : "") << "\n      " << s.doc << "\n";
+  }
+  return os.str();
+}
+
+Result<CommConfig> CommConfig::fromEnvironment() {
+  CommConfig c;
+  LIBCOMM_ASSIGN_OR_RETURN(long long opMs, settingInt("LIBCOMM_TIMEOUT_MS"));
+  LIBCOMM_ASSIGN_OR_RETURN(long long initMs, settingInt("LIBCOMM_INIT_TIMEOUT_MS"));
+  LIBCOMM_ASSIGN_OR_RETURN(long long peerMs, settingInt("LIBCOMM_PEER_CHECK_MS"));
+  LIBCOMM_ASSIGN_OR_RETURN(long long chunk, settingInt("LIBCOMM_STAGING_CHUNK"));
+  LIBCOMM_ASSIGN_OR_RETURN(c.checkMismatch, settingBool("LIBCOMM_CHECK_MISMATCH"));
+  LIBCOMM_ASSIGN_OR_RETURN(c.collTrace, settingBool("LIBCOMM_COLL_TRACE"));
+  if (opMs <= 0) return makeError(StatusCode::kInvalidArgument, "LIBCOMM_TIMEOUT_MS must be > 0, got ", opMs);
+  if (initMs <= 0) return makeError(StatusCode::kInvalidArgument, "LIBCOMM_INIT_TIMEOUT_MS must be > 0, got ", initMs);
+  if (peerMs <= 0) return makeError(StatusCode::kInvalidArgument, "LIBCOMM_PEER_CHECK_MS must be > 0, got ", peerMs);
+  if (chunk < 4096 || chunk > (1LL << 30))
+    return makeError(StatusCode::kInvalidArgument, "LIBCOMM_STAGING_CHUNK must be in [4096, 2^30], got ", chunk);
+  c.opTimeout = Milliseconds(opMs);
+  c.initTimeout = Milliseconds(initMs);
+  c.peerCheckInterval = Milliseconds(peerMs);
+  c.stagingChunkBytes = static_cast<size_t>(chunk);
+  c.algo = settingValue("LIBCOMM_ALGO");
+  if (!c.algo.empty() && c.algo != "direct" && c.algo != "staged")
+    return makeError(StatusCode::kInvalidArgument, "LIBCOMM_ALGO='", c.algo, "' is not one of: direct, staged");
+  return c;
+}
+
+}  // namespace libcomm

@@ -1,0 +1,148 @@
+#include "core/log.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <mutex>
+#include <set>
+#include <string>
+
+namespace libcomm::log {
+namespace {
+
+struct Config {
+  Level level = Level::kWarn;
+  bool allSubsys = true;
+  std::set<std::string> subsys;
+  std::string filePattern;
+};
+
+std::mutex gMutex;
+Config gConfig;
+std::atomic<bool> gLoaded{false};
+FILE* gFile = nullptr;
+int gProcessRank = -1;
+thread_local int tRank = -1;
+
+Level parseLevel(const char* s) {
+  if (!s) return Level::kWarn;
+  std::string v(s);
+  for (auto& c : v) c = static_cast<char>(tolower(c));
+  if (v == "error") return Level::kError;
+  if (v == "warn" || v == "warning") return Level::kWarn;
+  if (v == "info") return Level::kInfo;
+  if (v == "debug") return Level::kDebug;
+  if (v == "trace") return Level::kTrace;
+  return Level::kWarn;
+}
+
+void loadLocked() {
+  Config c;
+  c.level = parseLevel(getenv("LIBCOMM_LOG_LEVEL"));
+  if (const char* s = getenv("LIBCOMM_LOG_SUBSYS"); s && *s) {
+    c.allSubsys = false;
+    std::string list(s);
+    size_t pos = 0;
+    while (pos <= list.size()) {
+      size_t comma = list.find(',', pos);
+      std::string item = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+      if (item == "all") c.allSubsys = true;
+      if (!item.empty()) c.subsys.insert(item);
+      if (comma == std::string::npos) break;
+      pos = comma + 1;
+    }
+  }
+  if (const char* f = getenv("LIBCOMM_LOG_FILE")) c.filePattern = f;
+  gConfig = c;
+  if (gFile && gFile != stderr) fclose(gFile);
+  gFile = nullptr;
+  gLoaded.store(true, std::memory_order_release);
+}
+
+std::string hostName() {
+  char buf[256] = {0};
+  gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+FILE* fileLocked() {
+  if (gFile) return gFile;
+  if (gConfig.filePattern.empty()) return gFile = stderr;
+  std::string path;
+  for (size_t i = 0; i < gConfig.filePattern.size(); ++i) {
+    char c = gConfig.filePattern[i];
+    if (c == '%' && i + 1 < gConfig.filePattern.size()) {
+      char k = gConfig.filePattern[++i];
+      if (k == 'h') path += hostName();
+      else if (k == 'p') path += std::to_string(getpid());
+      else if (k == 'r') path += std::to_string(gProcessRank);
+      else path += k;
+    } else {
+      path += c;
+    }
+  }
+  gFile = fopen(path.c_str(), "a");
+  if (!gFile) gFile = stderr;
+  return gFile;
+}
+
+const char* levelName(Level l) {
+  switch (l) {
+    case Level::kError: return "ERROR";
+    case Level::kWarn: return "WARN";
+    case Level::kInfo: return "INFO";
+    case Level::kDebug: return "DEBUG";
+    case Level::kTrace: return "TRACE";
+  }
+  return "?";
+}
+
+}  // namespace
+
+bool enabled(Level level, const char* subsys) {
+  if (!gLoaded.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(gMutex);
+    if (!gLoaded.load()) loadLocked();
+  }
+  if (static_cast<int>(level) > static_cast<int>(gConfig.level)) return false;
+  if (gConfig.allSubsys || level == Level::kError) return true;
+  return gConfig.subsys.count(subsys) > 0;
+}
+
+void write(Level level, const char* subsys, const std::string& text) {
+  static const std::string host = hostName();
+  auto now = std::chrono::system_clock::now();
+  auto us = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count();
+  time_t secs = static_cast<time_t>(us / 1000000);
+  struct tm tmv;
+  localtime_r(&secs, &tmv);
+  char stamp[32];
+  snprintf(stamp, sizeof(stamp), "%02d:%02d:%02d.%06lld", tmv.tm_hour, tmv.tm_min, tmv.tm_sec,
+           static_cast<long long>(us % 1000000));
+  int rank = tRank >= 0 ? tRank : gProcessRank;
+  std::string line = std::string("[") + stamp + " " + host + ":" + std::to_string(getpid()) + " r" +
+                     (rank >= 0 ? std::to_string(rank) : std::string("?")) + "] " + levelName(level) + " " +
+                     subsys + ": " + text + "\n";
+  std::lock_guard<std::mutex> lock(gMutex);
+  FILE* f = fileLocked();
+  fputs(line.c_str(), f);
+  fflush(f);
+}
+
+void setThreadRank(int rank) {
+  tRank = rank;
+  std::lock_guard<std::mutex> lock(gMutex);
+  if (gProcessRank < 0) gProcessRank = rank;
+}
+
+void reloadConfig() {
+  std::lock_guard<std::mutex> lock(gMutex);
+  loadLocked();
+}
+
+}  // namespace libcomm::log

@@ -1,0 +1,58 @@
+#pragma once
+// Element conversion and the fused n-way reduction every reduce-style collective is built on.
+// The accumulation is always fp32. A vectorised (AVX-512) implementation is chosen at run time
+// when the CPU has it; a portable one otherwise. Both give bit-identical results.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "libcomm/types.h"
+
+namespace libcomm::reduce {
+
+/// bf16 (raw bits) -> fp32; exact.
+void bf16ToFloat(const uint16_t* in, float* out, size_t n);
+/// fp32 -> bf16 (raw bits), round to nearest even; NaN stays NaN (quiet), +-Inf stays Inf,
+/// overflow past bf16's max rounds to Inf as IEEE rounding does.
+void floatToBf16(const float* in, uint16_t* out, size_t n);
+
+/// Scalar reference conversions (also used for tails).
+inline float bf16ToFloatScalar(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t floatToBf16Scalar(float f) {
+  uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN: keep, quiet
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+/// out[i] = (accumulate ? out[i] : 0) + scale * sum_k inputs[k][i], for i in [0, count).
+/// Sums are formed in fp32 in input order k = 0..numInputs-1, then scaled once (scale == 1 skips
+/// the multiply), then added to out when accumulating, then converted to outType.
+/// inType/outType: fp32 or bf16 (bf16 output from fp32 input is allowed here; the API refuses it).
+/// accumulate requires outType fp32. `out` may alias one input exactly (in place); no other
+/// overlap. numInputs >= 1.
+struct ReduceArgs {
+  const void* const* inputs = nullptr;
+  int numInputs = 0;
+  DataType inType = DataType::kFloat32;
+  void* out = nullptr;
+  DataType outType = DataType::kFloat32;
+  size_t count = 0;
+  float scale = 1.0f;
+  bool accumulate = false;
+};
+void reduce(const ReduceArgs& args);
+
+/// "avx512" or "portable": the implementation reduce()/conversions use on this CPU.
+const char* kernelName();
+/// Forces the portable implementation (tests compare the two). Not thread-safe against running
+/// reductions.
+void forcePortable(bool on);
+
+}  // namespace libcomm::reduce
