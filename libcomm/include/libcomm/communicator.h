@@ -88,8 +88,8 @@ class Communicator {
   class Impl;
 
  private:
-  explicit Communicator(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  explicit Communicator(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;
 };
 
 }  // namespace libcomm

@@ -42,7 +42,9 @@ class Line {
 
 }  // namespace libcomm::log
 
-#define LIBCOMM_LOG(level, subsys)                                                   \
-  if (!::libcomm::log::enabled(::libcomm::log::Level::level, subsys)) {              \
-  } else                                                                             \
-    ::libcomm::log::Line(::libcomm::log::Level::level, subsys)
+// A for-statement rather than if/else, so the macro nests under an unbraced `if` without
+// dangling-else surprises. The stream expression is evaluated only when the line is enabled.
+#define LIBCOMM_LOG(level, subsys)                                                                  \
+  for (bool libcomm_log_on_ = ::libcomm::log::enabled(::libcomm::log::Level::level, subsys); libcomm_log_on_; \
+       libcomm_log_on_ = false)                                                                     \
+  ::libcomm::log::Line(::libcomm::log::Level::level, subsys)

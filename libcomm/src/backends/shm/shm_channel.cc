@@ -1,0 +1,204 @@
+#include "backends/shm/shm_channel.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstring>
+#include <new>
+
+#include "core/log.h"
+
+namespace libcomm::shm {
+namespace {
+
+// Spin this long before sleeping on a bell. Long enough to cover a peer that is running on the
+// other core and about to publish; short enough not to starve a peer sharing our core.
+constexpr auto kSpinTime = std::chrono::microseconds(20);
+// Upper bound of one futex sleep: how quickly abort and deadlines are noticed at the latest.
+constexpr auto kSleepSlice = std::chrono::milliseconds(20);
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+void futexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
+  struct timespec ts;
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
+  ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
+  // Not FUTEX_PRIVATE: the word lives in memory shared between processes.
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void futexWake(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+const char* counterName(Counter c) {
+  switch (c) {
+    case Counter::kPosted: return "posted";
+    case Counter::kDone: return "done";
+    case Counter::kStagePosted: return "stage-posted";
+    case Counter::kStageConsumed: return "stage-consumed";
+  }
+  return "?";
+}
+
+}  // namespace
+
+Channel::Channel(int rank, int size, size_t slotBytes, const CommConfig& config)
+    : rank_(rank), size_(size), slotBytes_(slotBytes), config_(config) {}
+
+Channel::~Channel() = default;
+
+Result<std::unique_ptr<Channel>> Channel::create(const std::string& prefix, int rank, int size,
+                                                 size_t stagingSlotBytes, const CommConfig& config) {
+  std::unique_ptr<Channel> ch(new Channel(rank, size, stagingSlotBytes, config));
+  ch->segments_.resize(size);
+  ch->blocks_.assign(size, nullptr);
+  ch->processes_.resize(size);
+  LIBCOMM_ASSIGN_OR_RETURN(ch->segments_[rank], Segment::create(prefix + ".ctl", kStagingOffset + 2 * stagingSlotBytes));
+  auto* cb = new (ch->segments_[rank].data()) ControlBlock();
+  ProcessId self = ProcessId::self();
+  cb->version = ControlBlock::kVersion;
+  cb->rank = rank;
+  cb->pid = self.pid;
+  cb->startTime = self.startTime;
+  cb->stagingSlotBytes = stagingSlotBytes;
+  cb->bell.store(0);
+  cb->waiters.store(0);
+  for (auto& c : cb->counters) c.store(0);
+  cb->failed.store(0);
+  cb->failReason[0] = '\0';
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // The magic goes last: a peer that maps the block early sees it incomplete, not half-written.
+  reinterpret_cast<std::atomic<uint64_t>*>(&cb->magic)->store(ControlBlock::kMagic, std::memory_order_release);
+  ch->blocks_[rank] = cb;
+  ch->processes_[rank] = self;
+  return ch;
+}
+
+Status Channel::connect(const std::vector<std::string>& prefixes, Deadline deadline) {
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    auto seg = Segment::open(prefixes[r] + ".ctl", kStagingOffset + 2 * slotBytes_);
+    if (!seg.isOk())
+      return seg.status().withContext("rank " + std::to_string(rank_) + " mapping the control block of rank " +
+                                      std::to_string(r));
+    auto* cb = static_cast<ControlBlock*>(seg->data());
+    auto* magic = reinterpret_cast<std::atomic<uint64_t>*>(&cb->magic);
+    if (magic->load(std::memory_order_acquire) != ControlBlock::kMagic || cb->version != ControlBlock::kVersion ||
+        cb->rank != r || cb->stagingSlotBytes != slotBytes_) {
+      return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": control block of rank ", r, " (",
+                       prefixes[r], ".ctl) is not a compatible shardcomm block (version ", cb->version,
+                       ", staging slot ", cb->stagingSlotBytes, " bytes vs ours ", slotBytes_, ")");
+    }
+    processes_[r] = ProcessId{cb->pid, cb->startTime};
+    blocks_[r] = cb;
+    segments_[r] = std::move(seg.value());
+  }
+  (void)deadline;
+  return Status::ok();
+}
+
+char* Channel::stagingSlot(int r, int slot) const {
+  return static_cast<char*>(segments_[r].data()) + kStagingOffset + static_cast<size_t>(slot) * slotBytes_;
+}
+
+void Channel::publish(Counter c, uint32_t value) {
+  ControlBlock& cb = mine();
+  cb.counters[static_cast<int>(c)].store(value, std::memory_order_release);
+  cb.bell.fetch_add(1, std::memory_order_seq_cst);
+  if (cb.waiters.load(std::memory_order_seq_cst) != 0) futexWake(&cb.bell);
+}
+
+Status Channel::peerFailure(int peer, const WaitContext& ctx, const char* phase) const {
+  const ControlBlock& cb = *blocks_[peer];
+  std::string reason(cb.failReason, strnlen(cb.failReason, sizeof(cb.failReason)));
+  return makeError(StatusCode::kRemoteError, "rank ", rank_, ": peer rank ", peer, " failed during ", *ctx.opText,
+                   " (", phase, "): ", reason.empty() ? "no reason given" : reason);
+}
+
+Status Channel::waitCounter(int peer, Counter c, uint32_t target, const WaitContext& ctx, const char* phase) {
+  ControlBlock& cb = *blocks_[peer];
+  auto& word = cb.counters[static_cast<int>(c)];
+  if (seqReached(word.load(std::memory_order_acquire), target)) return Status::ok();
+
+  auto start = Clock::now();
+  while (Clock::now() - start < kSpinTime) {
+    for (int i = 0; i < 64; ++i) cpuRelax();
+    if (seqReached(word.load(std::memory_order_acquire), target)) return Status::ok();
+  }
+
+  auto lastCheck = Clock::now();
+  while (true) {
+    cb.waiters.fetch_add(1, std::memory_order_seq_cst);
+    uint32_t bell = cb.bell.load(std::memory_order_seq_cst);
+    bool ready = seqReached(word.load(std::memory_order_acquire), target);
+    bool stop = ready || cb.failed.load() != 0 || aborted() || ctx.deadline.expired();
+    if (!stop) {
+      auto slice = std::min<std::chrono::nanoseconds>(kSleepSlice, ctx.deadline.at() - Clock::now());
+      if (slice.count() > 0) futexWait(&cb.bell, bell, slice);
+    }
+    cb.waiters.fetch_sub(1, std::memory_order_seq_cst);
+
+    if (seqReached(word.load(std::memory_order_acquire), target)) return Status::ok();
+    if (cb.failed.load(std::memory_order_acquire) != 0) return peerFailure(peer, ctx, phase);
+    if (aborted())
+      return makeError(StatusCode::kRemoteError, "rank ", rank_, ": communicator aborted during ", *ctx.opText);
+    if (ctx.deadline.expired()) {
+      return makeError(StatusCode::kTimeout, "rank ", rank_, ": timed out in ", *ctx.opText, " waiting for rank ",
+                       peer, " (", phase, ": its ", counterName(c), " counter is ",
+                       word.load(std::memory_order_acquire), ", needed ", target, "); rank ", peer,
+                       " is alive but has not reached this collective -- is it stopped, or calling a different one?");
+    }
+    if (Clock::now() - lastCheck >= config_.peerCheckInterval) {
+      lastCheck = Clock::now();
+      if (!processAlive(processes_[peer])) {
+        return makeError(StatusCode::kRemoteError, "rank ", rank_, ": peer rank ", peer, " (pid ", processes_[peer].pid,
+                         ") died during ", *ctx.opText, " (", phase, ")");
+      }
+    }
+  }
+}
+
+Status Channel::waitAll(Counter c, uint32_t target, const WaitContext& ctx, const char* phase) {
+  // Start with the next rank so that ranks do not all wait on rank 0 first.
+  for (int i = 1; i < size_; ++i) {
+    int peer = (rank_ + i) % size_;
+    LIBCOMM_RETURN_IF_ERROR(waitCounter(peer, c, target, ctx, phase));
+  }
+  return Status::ok();
+}
+
+void Channel::markFailed(const std::string& reason) {
+  ControlBlock& cb = mine();
+  if (cb.failed.load() == 0) {
+    size_t n = std::min(reason.size(), sizeof(cb.failReason) - 1);
+    memcpy(cb.failReason, reason.data(), n);
+    cb.failReason[n] = '\0';
+    cb.failed.store(1, std::memory_order_release);
+  }
+  wakeAll();
+}
+
+void Channel::abort() {
+  aborted_.store(true, std::memory_order_release);
+  markFailed("rank " + std::to_string(rank_) + " aborted its communicator");
+}
+
+void Channel::wakeAll() {
+  // Peers sleeping on our bell learn of the failure; our own waiters sleep on peers' bells.
+  for (int r = 0; r < size_; ++r) {
+    if (!blocks_[r]) continue;
+    blocks_[r]->bell.fetch_add(1, std::memory_order_seq_cst);
+    futexWake(&blocks_[r]->bell);
+  }
+}
+
+}  // namespace libcomm::shm

@@ -1,0 +1,125 @@
+#pragma once
+// The shared-memory control plane of one communicator: one control block per rank (in its own
+// segment, written only by its owner), holding the counters peers wait on, the descriptor of the
+// rank's current collective, a failure flag, and the rank's two staging slots.
+//
+// Waiting: a counter is read by spinning for a few microseconds, then by sleeping on the owner's
+// "bell" (a futex word bumped on every change) in short slices; between slices the waiter checks
+// its deadline, the abort flag and, every peerCheckInterval, that the peer process is alive. On
+// a 2-core machine long spins steal the core from the rank that would make progress.
+
+#include <atomic>
+#include <memory>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backends/shm/shm_segment.h"
+#include "libcomm/config.h"
+#include "libcomm/deadline.h"
+#include "libcomm/status.h"
+
+namespace libcomm::shm {
+
+/// What a rank says about its current collective. Peers compare the fingerprint part against their
+/// own (mismatch check) and read the input location (direct algorithms).
+struct OpDescriptor {
+  uint32_t seq = 0;
+  uint8_t kind = 0;        // CollKind
+  uint8_t inType = 0;      // DataType
+  uint8_t outType = 0;     // DataType
+  uint8_t redOp = 0;       // ReduceOp
+  int32_t root = -1;
+  uint64_t count = 0;
+  float scale = 1.0f;
+  uint8_t inPlace = 0;
+  uint8_t inputRegistered = 0;  // input lies in a registered segment (see inputSegment/Offset)
+  uint8_t pad[2] = {0, 0};
+  uint32_t inputSegment = 0;    // segment id in the owner's registry
+  uint64_t inputOffset = 0;     // byte offset of the input inside that segment
+  uint64_t inputBytes = 0;
+};
+
+enum class Counter : int { kPosted = 0, kDone = 1, kStagePosted = 2, kStageConsumed = 3 };
+
+struct alignas(64) ControlBlock {
+  static constexpr uint64_t kMagic = 0x53484152444d4d31ull;  // "SHARDMM1"
+  static constexpr uint32_t kVersion = 1;
+
+  uint64_t magic;
+  uint32_t version;
+  int32_t rank;
+  int32_t pid;
+  uint32_t pad0;
+  uint64_t startTime;
+  uint64_t stagingSlotBytes;
+
+  alignas(64) std::atomic<uint32_t> bell;
+  std::atomic<uint32_t> waiters;
+  alignas(64) std::atomic<uint32_t> counters[4];  // indexed by Counter
+  alignas(64) std::atomic<uint32_t> failed;        // non-zero: this rank failed or aborted
+  char failReason[480];
+  alignas(64) OpDescriptor desc;
+};
+
+/// Offset of the staging slots inside a control segment.
+constexpr size_t kStagingOffset = (sizeof(ControlBlock) + 4095) / 4096 * 4096;
+
+struct WaitContext {
+  Deadline deadline;
+  /// Describes the collective for error messages: "all_gather seq 12 (count 1024, fp32)".
+  const std::string* opText;
+};
+
+class Channel {
+ public:
+  /// Creates this rank's control segment (not yet visible to peers until their connect()).
+  static Result<std::unique_ptr<Channel>> create(const std::string& prefix, int rank, int size,
+                                                 size_t stagingSlotBytes, const CommConfig& config);
+  ~Channel();
+
+  /// Maps every peer's control segment; `prefixes[r]` is rank r's segment prefix.
+  Status connect(const std::vector<std::string>& prefixes, Deadline deadline);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  ControlBlock& mine() { return *blocks_[rank_]; }
+  const ControlBlock& peer(int r) const { return *blocks_[r]; }
+  /// Staging slot `slot` (0 or 1) of rank r.
+  char* stagingSlot(int r, int slot) const;
+  size_t stagingSlotBytes() const { return slotBytes_; }
+
+  /// Stores `value` in this rank's counter and wakes whoever waits on it.
+  void publish(Counter c, uint32_t value);
+  /// Waits until rank `peer`'s counter reaches `target` (wrap-aware), or fails: the peer failed
+  /// (kRemoteError with its reason), died (kRemoteError), this communicator aborted
+  /// (kRemoteError naming this rank), or the deadline passed (kTimeout naming the peer).
+  Status waitCounter(int peer, Counter c, uint32_t target, const WaitContext& ctx, const char* phase);
+  /// waitCounter for every peer but this rank.
+  Status waitAll(Counter c, uint32_t target, const WaitContext& ctx, const char* phase);
+
+  /// Marks this rank failed (peers see kRemoteError with `reason`) and wakes everyone.
+  void markFailed(const std::string& reason);
+  /// Local abort: pending and future waits fail at once.
+  void abort();
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+
+ private:
+  Channel(int rank, int size, size_t slotBytes, const CommConfig& config);
+  void wakeAll();
+  Status peerFailure(int peer, const WaitContext& ctx, const char* phase) const;
+
+  int rank_;
+  int size_;
+  size_t slotBytes_;
+  CommConfig config_;
+  std::vector<Segment> segments_;       // index = rank (own one created, peers' opened)
+  std::vector<ControlBlock*> blocks_;
+  std::vector<ProcessId> processes_;
+  std::atomic<bool> aborted_{false};
+};
+
+/// a >= b on a wrapping 32-bit sequence.
+inline bool seqReached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
+
+}  // namespace libcomm::shm

@@ -1,0 +1,108 @@
+#include "backends/shm/shm_memory.h"
+
+#include "core/log.h"
+
+namespace libcomm::shm {
+
+std::string LocalMemory::segmentName(const std::string& prefix, uint32_t id) {
+  return prefix + ".s" + std::to_string(id);
+}
+
+Result<void*> LocalMemory::allocate(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint32_t id = nextId_++;
+  LIBCOMM_ASSIGN_OR_RETURN(Segment seg, Segment::create(segmentName(prefix_, id), bytes));
+  void* p = seg.data();
+  allocations_.emplace(reinterpret_cast<uintptr_t>(p), Allocation{std::move(seg), id, bytes});
+  return p;
+}
+
+Status LocalMemory::free(void* ptr) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = allocations_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == allocations_.end())
+    return makeError(StatusCode::kInvalidArgument, "rank ", rank_, ": freeRegistered(", ptr,
+                     "): not a pointer returned by allocRegistered");
+  uintptr_t lo = it->first, hi = lo + it->second.bytes;
+  auto reg = registrations_.lower_bound(lo);
+  if (reg != registrations_.end() && reg->first < hi)
+    return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": freeRegistered(", ptr, "): range ",
+                     reinterpret_cast<void*>(reg->first), " is still registered (", reg->second.refs,
+                     " registrations); deregister it first");
+  allocations_.erase(it);
+  return Status::ok();
+}
+
+const LocalMemory::Allocation* LocalMemory::findLocked(const void* ptr, size_t bytes) const {
+  auto p = reinterpret_cast<uintptr_t>(ptr);
+  auto it = allocations_.upper_bound(p);
+  if (it == allocations_.begin()) return nullptr;
+  --it;
+  if (p - it->first > it->second.bytes || bytes > it->second.bytes - (p - it->first)) return nullptr;
+  return &it->second;
+}
+
+Status LocalMemory::registerRange(void* ptr, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!findLocked(ptr, bytes))
+    return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": registerBuffer(", ptr, ", ", bytes,
+                     " bytes): the shared-memory backend can only register memory from allocRegistered; other "
+                     "buffers work unregistered, through the staging path");
+  auto [it, fresh] = registrations_.try_emplace(reinterpret_cast<uintptr_t>(ptr), Registration{bytes, 0});
+  if (!fresh && it->second.bytes != bytes)
+    return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": registerBuffer(", ptr, ", ", bytes,
+                     " bytes): already registered with ", it->second.bytes, " bytes");
+  ++it->second.refs;
+  return Status::ok();
+}
+
+Status LocalMemory::deregisterRange(void* ptr) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = registrations_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == registrations_.end())
+    return makeError(StatusCode::kInvalidArgument, "rank ", rank_, ": deregisterBuffer(", ptr, "): not registered");
+  if (--it->second.refs == 0) registrations_.erase(it);
+  return Status::ok();
+}
+
+bool LocalMemory::contains(const void* ptr, size_t bytes) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return findLocked(ptr, bytes) != nullptr;
+}
+
+bool LocalMemory::locate(const void* ptr, size_t bytes, Location* out) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Allocation* a = findLocked(ptr, bytes);
+  if (!a) return false;
+  out->segment = a->id;
+  out->offset = reinterpret_cast<uintptr_t>(ptr) - reinterpret_cast<uintptr_t>(a->segment.data());
+  return true;
+}
+
+size_t LocalMemory::allocatedBytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t total = 0;
+  for (const auto& [base, a] : allocations_) total += a.segment.size();
+  return total;
+}
+
+Result<const char*> PeerMemory::resolve(int peer, uint32_t id, uint64_t offset, uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto key = std::make_pair(peer, id);
+  auto it = mapped_.find(key);
+  if (it == mapped_.end()) {
+    auto seg = Segment::open(LocalMemory::segmentName(prefixes_[peer], id));
+    if (!seg.isOk())
+      return seg.status().withContext("rank " + std::to_string(rank_) + " mapping registered segment " +
+                                      std::to_string(id) + " of rank " + std::to_string(peer));
+    LIBCOMM_LOG(kDebug, "mem") << "mapped segment " << id << " of rank " << peer << " (" << seg->size() << " bytes)";
+    it = mapped_.emplace(key, std::move(seg.value())).first;
+  }
+  const Segment& s = it->second;
+  if (offset > s.size() || bytes > s.size() - offset)
+    return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": rank ", peer, " described a buffer at offset ",
+                     offset, " + ", bytes, " bytes of its segment ", id, ", which has only ", s.size(), " bytes");
+  return static_cast<const char*>(s.data()) + offset;
+}
+
+}  // namespace libcomm::shm

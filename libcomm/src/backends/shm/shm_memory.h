@@ -1,0 +1,74 @@
+#pragma once
+// Registered memory on one host: this rank's segments (allocRegistered) with their registration
+// counts, and the cache of peers' segments mapped on first use. Every peer segment is mapped once
+// and stays mapped until the communicator is destroyed.
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backends/shm/shm_segment.h"
+#include "libcomm/status.h"
+
+namespace libcomm::shm {
+
+/// Where a local range lives: which segment, at what offset.
+struct Location {
+  uint32_t segment = 0;
+  uint64_t offset = 0;
+};
+
+class LocalMemory {
+ public:
+  LocalMemory(std::string prefix, int rank) : prefix_(std::move(prefix)), rank_(rank) {}
+
+  Result<void*> allocate(size_t bytes);
+  Status free(void* ptr);
+  Status registerRange(void* ptr, size_t bytes);
+  Status deregisterRange(void* ptr);
+  bool contains(const void* ptr, size_t bytes) const;
+  /// The segment and offset of [ptr, ptr+bytes) when it lies inside one allocation.
+  bool locate(const void* ptr, size_t bytes, Location* out) const;
+  /// Name of segment `id` of rank `rank` of the communicator with this prefix.
+  static std::string segmentName(const std::string& prefix, uint32_t id);
+  size_t allocatedBytes() const;
+
+ private:
+  struct Allocation {
+    Segment segment;
+    uint32_t id;
+    size_t bytes;  // as asked
+  };
+  struct Registration {
+    size_t bytes;
+    int refs;
+  };
+  const Allocation* findLocked(const void* ptr, size_t bytes) const;
+
+  std::string prefix_;
+  int rank_;
+  mutable std::mutex mu_;
+  uint32_t nextId_ = 1;
+  std::map<uintptr_t, Allocation> allocations_;       // keyed by base address
+  std::map<uintptr_t, Registration> registrations_;   // keyed by registered pointer
+};
+
+class PeerMemory {
+ public:
+  explicit PeerMemory(int rank) : rank_(rank) {}
+  void setPrefixes(std::vector<std::string> prefixes) { prefixes_ = std::move(prefixes); }
+  /// Address of [offset, offset+bytes) of segment `id` of rank `peer`, mapping it on first use.
+  /// Bounds are checked against the segment's real size (a bad descriptor is an error, not a crash).
+  Result<const char*> resolve(int peer, uint32_t id, uint64_t offset, uint64_t bytes);
+
+ private:
+  int rank_;
+  std::vector<std::string> prefixes_;
+  std::mutex mu_;
+  std::map<std::pair<int, uint32_t>, Segment> mapped_;
+};
+
+}  // namespace libcomm::shm

@@ -1,0 +1,64 @@
+#pragma once
+// POSIX shared-memory segments: the memory peers on one host read directly.
+//
+// Names: "/shardcomm.<pid>.<job>.r<rank>.c<comm>.<what>". The owner's pid comes first so that a
+// sweep can remove what a killed run left behind (sweepStaleSegments); the job id keeps runs apart,
+// so a later run never trips over an earlier run's leftovers even before the sweep.
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <string>
+
+#include "libcomm/status.h"
+
+namespace libcomm::shm {
+
+/// A mapping of a shared-memory segment. Move-only; unmaps (and unlinks, when it owns the name)
+/// on destruction.
+class Segment {
+ public:
+  Segment() = default;
+  ~Segment();
+  Segment(Segment&& o) noexcept;
+  Segment& operator=(Segment&& o) noexcept;
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+
+  /// Creates, sizes and maps a new segment; its pages are touched once so that the first
+  /// collective does not pay for page faults. Fails if the name exists.
+  static Result<Segment> create(const std::string& name, size_t bytes);
+  /// Maps an existing segment created by another rank (read-write). `bytes` 0 maps the whole
+  /// segment; otherwise the segment must be at least that large.
+  static Result<Segment> open(const std::string& name, size_t bytes = 0);
+
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& name() const { return name_; }
+  bool valid() const { return data_ != nullptr; }
+
+ private:
+  void reset();
+  void* data_ = nullptr;
+  size_t size_ = 0;
+  std::string name_;
+  bool owner_ = false;
+};
+
+/// The name prefix of every segment of one communicator of this process.
+std::string segmentPrefix(const std::string& jobId, int rank, unsigned commIndex);
+
+/// Removes /dev/shm entries of shardcomm whose owning process no longer exists. Returns how many
+/// were removed. Safe to call concurrently with live jobs (live owners' segments are kept).
+int sweepStaleSegments(bool verbose);
+
+/// Peer liveness by pid: a process identity that survives pid reuse (pid + start time).
+struct ProcessId {
+  pid_t pid = 0;
+  unsigned long long startTime = 0;
+  static ProcessId self();
+};
+/// False when the process is gone, a zombie, or its pid now belongs to another process.
+bool processAlive(const ProcessId& id);
+
+}  // namespace libcomm::shm

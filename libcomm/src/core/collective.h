@@ -1,0 +1,47 @@
+#pragma once
+// One collective call as the communicator sees it: what was asked, validated, ready to execute.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "libcomm/status.h"
+#include "libcomm/types.h"
+
+namespace libcomm {
+
+enum class CollKind : uint8_t { kAllGather = 1, kReduceScatter = 2, kAllReduce = 3, kBroadcast = 4, kBarrier = 5 };
+
+/// "all_gather", "reduce_scatter", ...
+const char* collName(CollKind kind);
+
+struct CollArgs {
+  CollKind kind = CollKind::kBarrier;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t count = 0;  // elements per rank (all_gather, reduce_scatter) or in total (all_reduce, broadcast)
+  DataType inType = DataType::kFloat32;
+  DataType outType = DataType::kFloat32;
+  ReduceOptions reduce;
+  int root = -1;
+  bool inPlace = false;
+
+  /// Elements of the input each rank exposes to its peers, and how many "parts" it has: a
+  /// reduce_scatter input is `size` parts of `count` elements, the others one part.
+  size_t inputParts(int worldSize) const { return kind == CollKind::kReduceScatter ? worldSize : 1; }
+  /// Whether rank r has an input at all (broadcast: the root only; barrier: nobody).
+  bool hasInput(int r) const {
+    if (kind == CollKind::kBarrier) return false;
+    return kind != CollKind::kBroadcast || r == root;
+  }
+};
+
+/// "reduce_scatter seq 7 (count 1024 per rank, bf16 -> fp32, sum)" for logs and errors.
+std::string describeColl(const CollArgs& args, uint32_t seq);
+
+/// Checks the arguments of a call on rank `rank` of `size`: null pointers, counts that overflow,
+/// dtypes and ops out of range, partial overlap that is not the in-place layout. Sets
+/// args->inPlace. Errors are kInvalidArgument naming the argument.
+Status validateColl(CollArgs* args, int rank, int size);
+
+}  // namespace libcomm

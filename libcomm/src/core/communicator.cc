@@ -1,0 +1,176 @@
+// Communicator: creation over a Bootstrap, registered memory, and the public collective entry
+// points (validation and enqueue; execution is in execute.cc).
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+
+#include "core/comm_impl.h"
+#include "core/log.h"
+#include "core/selector.h"
+
+namespace libcomm {
+namespace {
+
+std::atomic<unsigned> gCommCounter{0};
+
+// What every rank tells the others at creation.
+struct InitInfo {
+  uint32_t magic;
+  uint32_t version;
+  int32_t rank;
+  int32_t pid;
+  uint64_t stagingSlotBytes;
+  char host[64];
+  char prefix[192];
+};
+constexpr uint32_t kInitMagic = 0x53434f4d;  // "SCOM"
+constexpr uint32_t kInitVersion = 1;
+
+}  // namespace
+
+Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap& bootstrap, const CommConfig& config) {
+  auto impl = std::make_shared<Impl>();
+  impl->rank_ = bootstrap.rank();
+  impl->size_ = bootstrap.size();
+  impl->config_ = config;
+  log::setThreadRank(impl->rank_);
+  const Deadline deadline = Deadline::after(config.initTimeout);
+  static std::once_flag sweepOnce;
+  std::call_once(sweepOnce, [] { shm::sweepStaleSegments(false); });
+
+  impl->prefix_ = shm::segmentPrefix(bootstrap.jobId(), impl->rank_, gCommCounter.fetch_add(1));
+  if (impl->prefix_.size() >= sizeof(InitInfo::prefix))
+    return makeError(StatusCode::kInvalidArgument, "job id '", bootstrap.jobId(), "' is too long (",
+                     bootstrap.jobId().size(), " characters)");
+  LIBCOMM_ASSIGN_OR_RETURN(impl->channel_, shm::Channel::create(impl->prefix_, impl->rank_, impl->size_,
+                                                                config.stagingChunkBytes, config));
+  impl->local_ = std::make_unique<shm::LocalMemory>(impl->prefix_, impl->rank_);
+  impl->peers_ = std::make_unique<shm::PeerMemory>(impl->rank_);
+
+  InitInfo mine{};
+  mine.magic = kInitMagic;
+  mine.version = kInitVersion;
+  mine.rank = impl->rank_;
+  mine.pid = getpid();
+  mine.stagingSlotBytes = config.stagingChunkBytes;
+  gethostname(mine.host, sizeof(mine.host) - 1);
+  strncpy(mine.prefix, impl->prefix_.c_str(), sizeof(mine.prefix) - 1);
+  std::vector<InitInfo> all(impl->size_);
+  LIBCOMM_RETURN_IF_ERROR(bootstrap.allGather(&mine, all.data(), sizeof(InitInfo), deadline));
+
+  std::vector<std::string> prefixes(impl->size_);
+  for (int r = 0; r < impl->size_; ++r) {
+    const InitInfo& o = all[r];
+    if (o.magic != kInitMagic || o.version != kInitVersion || o.rank != r)
+      return makeError(StatusCode::kInvalidUsage, "rank ", impl->rank_, ": rank ", r,
+                       " sent an incompatible communicator handshake (version ", o.version, ", ours ", kInitVersion, ")");
+    if (o.stagingSlotBytes != mine.stagingSlotBytes)
+      return makeError(StatusCode::kInvalidUsage, "rank ", impl->rank_, ": LIBCOMM_STAGING_CHUNK differs: rank ", r,
+                       " has ", o.stagingSlotBytes, ", this rank ", mine.stagingSlotBytes, "; set it alike on all ranks");
+    if (strncmp(o.host, mine.host, sizeof(o.host)) != 0)
+      return makeError(StatusCode::kInvalidUsage, "rank ", impl->rank_, " (host '", mine.host, "'): rank ", r,
+                       " runs on host '", o.host, "'; this build connects ranks of one host only (shared memory)");
+    prefixes[r] = std::string(o.prefix, strnlen(o.prefix, sizeof(o.prefix)));
+  }
+  LIBCOMM_RETURN_IF_ERROR(impl->channel_->connect(prefixes, deadline));
+  impl->peers_->setPrefixes(prefixes);
+  // Nobody may start a collective before everyone has mapped everyone's control block.
+  LIBCOMM_RETURN_IF_ERROR(bootstrap.barrier(deadline));
+  LIBCOMM_LOG(kInfo, "init") << "communicator ready: rank " << impl->rank_ << " of " << impl->size_ << " over "
+                             << bootstrap.describe() << ", job " << bootstrap.jobId() << ", shared memory";
+  return impl;
+}
+
+Communicator::Impl::~Impl() = default;
+
+Result<std::unique_ptr<Communicator>> Communicator::create(Bootstrap& bootstrap, const CommConfig& config) {
+  LIBCOMM_ASSIGN_OR_RETURN(auto impl, Impl::create(bootstrap, config));
+  return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
+}
+
+Result<std::unique_ptr<Communicator>> Communicator::create(Bootstrap& bootstrap) {
+  LIBCOMM_ASSIGN_OR_RETURN(CommConfig config, CommConfig::fromEnvironment());
+  return create(bootstrap, config);
+}
+
+Communicator::Communicator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Communicator::~Communicator() {
+  if (!impl_) return;
+  if (!impl_->waitIdle(Deadline::after(impl_->config_.opTimeout))) {
+    LIBCOMM_LOG(kWarn, "init") << "rank " << impl_->rank_
+                               << ": communicator destroyed with collectives still queued; aborting them";
+    impl_->abort("communicator destroyed with collectives still queued");
+  }
+}
+
+int Communicator::rank() const { return impl_->rank_; }
+int Communicator::size() const { return impl_->size_; }
+const CommConfig& Communicator::config() const { return impl_->config_; }
+
+Result<void*> Communicator::allocRegistered(size_t bytes) { return impl_->local_->allocate(bytes); }
+Status Communicator::freeRegistered(void* ptr) { return impl_->local_->free(ptr); }
+Status Communicator::registerBuffer(void* ptr, size_t bytes) { return impl_->local_->registerRange(ptr, bytes); }
+Status Communicator::deregisterBuffer(void* ptr) { return impl_->local_->deregisterRange(ptr); }
+bool Communicator::isRegistered(const void* ptr, size_t bytes) const { return impl_->local_->contains(ptr, bytes); }
+
+Status Communicator::allGather(const void* send, void* recv, size_t count, DataType dtype, Stream& stream) {
+  CollArgs a;
+  a.kind = CollKind::kAllGather;
+  a.send = send;
+  a.recv = recv;
+  a.count = count;
+  a.inType = a.outType = dtype;
+  return impl_->submit(a, stream);
+}
+
+Status Communicator::reduceScatter(const void* send, void* recv, size_t count, DataType inType, DataType outType,
+                                   const ReduceOptions& options, Stream& stream) {
+  CollArgs a;
+  a.kind = CollKind::kReduceScatter;
+  a.send = send;
+  a.recv = recv;
+  a.count = count;
+  a.inType = inType;
+  a.outType = outType;
+  a.reduce = options;
+  return impl_->submit(a, stream);
+}
+
+Status Communicator::allReduce(const void* send, void* recv, size_t count, DataType dtype,
+                               const ReduceOptions& options, Stream& stream) {
+  CollArgs a;
+  a.kind = CollKind::kAllReduce;
+  a.send = send;
+  a.recv = recv;
+  a.count = count;
+  a.inType = a.outType = dtype;
+  a.reduce = options;
+  return impl_->submit(a, stream);
+}
+
+Status Communicator::broadcast(const void* send, void* recv, size_t count, DataType dtype, int root, Stream& stream) {
+  CollArgs a;
+  a.kind = CollKind::kBroadcast;
+  a.send = send;
+  a.recv = recv;
+  a.count = count;
+  a.inType = a.outType = dtype;
+  a.root = root;
+  return impl_->submit(a, stream);
+}
+
+Status Communicator::barrier(Stream& stream) {
+  CollArgs a;
+  a.kind = CollKind::kBarrier;
+  return impl_->submit(a, stream);
+}
+
+Status Communicator::asyncError() const { return impl_->asyncError(); }
+void Communicator::abort() { impl_->abort("abort() called on rank " + std::to_string(impl_->rank_)); }
+std::string Communicator::describeSelection() const { return describeSelectionTable(impl_->config_); }
+
+}  // namespace libcomm

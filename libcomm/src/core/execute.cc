@@ -1,0 +1,184 @@
+// Executing one collective on the shared-memory channel:
+//   1. post this rank's descriptor (fingerprint + where its input lies) and wait for every peer's;
+//   2. compare fingerprints (mismatched calls fail on every rank, naming both sides);
+//   3. choose the algorithm from all descriptors (so all ranks choose alike) and run it;
+//   4. publish "done" and wait until every peer is done: only then may any rank reuse buffers its
+//      peers were reading.
+
+#include <cstring>
+
+#include "algos/mesh/mesh.h"
+#include "core/comm_impl.h"
+#include "core/log.h"
+#include "core/selector.h"
+
+namespace libcomm {
+
+Status Communicator::Impl::submit(CollArgs args, Stream& stream) {
+  LIBCOMM_RETURN_IF_ERROR(validateColl(&args, rank_, size_));
+  if (stream.kind() != StreamKind::kHost)
+    return makeError(StatusCode::kInvalidArgument, "rank ", rank_, ": ", collName(args.kind), " on stream '",
+                     stream.name(), "': only host streams are supported by this build (no CUDA backend)");
+  Status err = asyncError();
+  if (!err.isOk())
+    return Status(err.code(), "rank " + std::to_string(rank_) + ": " + collName(args.kind) +
+                                  " refused: the communicator failed earlier: " + err.message());
+  const uint32_t seq = nextSeq_.fetch_add(1) + 1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++inflight_;
+  }
+  auto self = shared_from_this();
+  Status st = stream.enqueueHost([self, args, seq] { return self->execute(args, seq); }, describeColl(args, seq));
+  if (!st.isOk()) {
+    // The sequence number is burnt; the communicator cannot stay consistent with its peers.
+    fail(st);
+    std::lock_guard<std::mutex> lock(mu_);
+    --inflight_;
+    lastExecuted_ = seq;
+    cv_.notify_all();
+  }
+  return st;
+}
+
+Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq) {
+  log::setThreadRank(rank_);
+  const Deadline deadline = Deadline::after(config_.opTimeout);
+  Status st;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    bool inOrder = cv_.wait_until(lock, deadline.at(), [&] { return lastExecuted_ + 1 == seq || channel_->aborted(); });
+    if (!inOrder)
+      st = makeError(StatusCode::kTimeout, "rank ", rank_, ": ", describeColl(args, seq), " reached its stream before ",
+                     "collective seq ", lastExecuted_ + 1,
+                     " of the same communicator ran; collectives of one communicator run in call order, so put "
+                     "them on one stream (or order the streams with events), or use a second communicator");
+  }
+  if (st.isOk()) {
+    Status err = asyncError();
+    if (!err.isOk())
+      st = Status(err.code(), "rank " + std::to_string(rank_) + ": " + describeColl(args, seq) +
+                                  " skipped: the communicator failed earlier: " + err.message());
+    else
+      st = run(args, seq);
+  }
+  if (!st.isOk()) fail(st);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (lastExecuted_ + 1 == seq) lastExecuted_ = seq;
+  --inflight_;
+  cv_.notify_all();
+  return st;
+}
+
+Status Communicator::Impl::run(const CollArgs& args, uint32_t seq) {
+  const std::string opText = describeColl(args, seq);
+  const mesh::OpEnv env{rank_, size_, *channel_, *peers_, {Deadline::after(config_.opTimeout), &opText}, stageRound_};
+
+  shm::OpDescriptor d;
+  d.seq = seq;
+  d.kind = static_cast<uint8_t>(args.kind);
+  d.inType = static_cast<uint8_t>(args.inType);
+  d.outType = static_cast<uint8_t>(args.outType);
+  d.redOp = static_cast<uint8_t>(args.reduce.op);
+  d.root = args.root;
+  d.count = args.count;
+  d.scale = args.reduce.scale;
+  d.inPlace = args.inPlace;
+  d.inputBytes = args.hasInput(rank_) ? args.count * args.inputParts(size_) * dataTypeSize(args.inType) : 0;
+  shm::Location loc;
+  d.inputRegistered = d.inputBytes == 0 || local_->locate(args.send, d.inputBytes, &loc);
+  if (d.inputBytes && d.inputRegistered) {
+    d.inputSegment = loc.segment;
+    d.inputOffset = loc.offset;
+  }
+  channel_->mine().desc = d;
+  channel_->publish(shm::Counter::kPosted, seq);
+  LIBCOMM_RETURN_IF_ERROR(channel_->waitAll(shm::Counter::kPosted, seq, env.wait, "arrival"));
+
+  std::vector<shm::OpDescriptor> all(size_);
+  bool registered = true;
+  for (int p = 0; p < size_; ++p) {
+    all[p] = p == rank_ ? d : channel_->peer(p).desc;
+    registered = registered && all[p].inputRegistered;
+  }
+  LIBCOMM_RETURN_IF_ERROR(checkFingerprints(args, seq, all, opText));
+
+  const char* why = "";
+  LIBCOMM_ASSIGN_OR_RETURN(
+      Algo algo, selectAlgo({args.kind, registered, args.inPlace, static_cast<size_t>(d.inputBytes)}, config_, &why));
+  if (config_.collTrace)
+    LIBCOMM_LOG(kInfo, "coll") << opText << ": " << algoName(algo) << " (" << why << ")";
+  if (args.count > 0 && args.kind != CollKind::kBarrier) {
+    Status st = algo == Algo::kDirect ? mesh::runDirect(args, env, all) : mesh::runStaged(args, env);
+    LIBCOMM_RETURN_IF_ERROR(st);
+  }
+  channel_->publish(shm::Counter::kDone, seq);
+  LIBCOMM_RETURN_IF_ERROR(channel_->waitAll(shm::Counter::kDone, seq, env.wait, "completion"));
+  return Status::ok();
+}
+
+Status Communicator::Impl::checkFingerprints(const CollArgs& args, uint32_t seq,
+                                             const std::vector<shm::OpDescriptor>& all,
+                                             const std::string& opText) const {
+  const shm::OpDescriptor& me = all[rank_];
+  for (int p = 0; p < size_; ++p) {
+    const shm::OpDescriptor& o = all[p];
+    if (o.seq != seq)
+      return makeError(StatusCode::kInternalError, "rank ", rank_, ": rank ", p, " posted seq ", o.seq, " for ", opText);
+    // The kind and count decide how much of a peer's memory is read: always checked.
+    bool differs = o.kind != me.kind || o.count != me.count || o.inType != me.inType;
+    if (config_.checkMismatch)
+      differs = differs || o.outType != me.outType || o.redOp != me.redOp || o.root != me.root ||
+                (me.redOp == static_cast<uint8_t>(ReduceOp::kPremulSum) && o.scale != me.scale);
+    if (!differs) continue;
+    CollArgs theirs;
+    theirs.kind = static_cast<CollKind>(o.kind);
+    theirs.count = o.count;
+    theirs.inType = static_cast<DataType>(o.inType);
+    theirs.outType = static_cast<DataType>(o.outType);
+    theirs.reduce.op = static_cast<ReduceOp>(o.redOp);
+    theirs.reduce.scale = o.scale;
+    theirs.root = o.root;
+    theirs.inPlace = o.inPlace;
+    std::string scales;
+    if (o.scale != me.scale) scales = " (premulSum scale " + std::to_string(me.scale) + " here, " +
+                                      std::to_string(o.scale) + " on rank " + std::to_string(p) + ")";
+    return makeError(StatusCode::kInvalidUsage, "collective mismatch at seq ", seq, ": rank ", rank_, " called ",
+                     opText, " but rank ", p, " called ", describeColl(theirs, seq), scales,
+                     "; all ranks must call the same collectives in the same order with matching arguments");
+  }
+  return Status::ok();
+}
+
+void Communicator::Impl::fail(const Status& st) {
+  {
+    std::lock_guard<std::mutex> lock(errMu_);
+    if (!asyncError_.isOk()) return;
+    asyncError_ = st;
+  }
+  LIBCOMM_LOG(kWarn, "coll") << st.toString();
+  // Peers blocked on this rank learn why at once instead of waiting for their deadline.
+  channel_->markFailed(st.message());
+}
+
+Status Communicator::Impl::asyncError() const {
+  std::lock_guard<std::mutex> lock(errMu_);
+  return asyncError_;
+}
+
+void Communicator::Impl::abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(errMu_);
+    if (asyncError_.isOk()) asyncError_ = makeError(StatusCode::kRemoteError, "rank ", rank_, ": ", why);
+  }
+  channel_->abort();
+  std::lock_guard<std::mutex> lock(mu_);
+  cv_.notify_all();
+}
+
+bool Communicator::Impl::waitIdle(Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_until(lock, deadline.at(), [&] { return inflight_ == 0; });
+}
+
+}  // namespace libcomm

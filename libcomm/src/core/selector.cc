@@ -1,0 +1,80 @@
+#include "core/selector.h"
+
+#include <sstream>
+
+namespace libcomm {
+namespace {
+
+enum class Match { kAny, kYes, kNo };
+
+struct Rule {
+  const char* collectives;  // "*" or one collective name
+  Match registered;
+  Match inPlace;
+  Algo algo;
+  const char* why;
+};
+
+// First match wins. Message size does not change the choice on shared memory: direct moves each
+// byte once at every size, and staging only adds a copy.
+const Rule kRules[] = {
+    {"barrier", Match::kAny, Match::kAny, Algo::kDirect, "no data: the descriptor handshake is the barrier"},
+    {"all_reduce", Match::kAny, Match::kYes, Algo::kStaged,
+     "every rank reads every input, so an in-place output would overwrite data peers still read"},
+    {"*", Match::kYes, Match::kAny, Algo::kDirect, "inputs registered: peers read them in place, one copy"},
+    {"*", Match::kNo, Match::kAny, Algo::kStaged, "an input is not registered: chunked copy through staging slots"},
+};
+
+bool matches(Match m, bool v) { return m == Match::kAny || (m == Match::kYes) == v; }
+
+const char* matchText(Match m, const char* yes, const char* no) {
+  return m == Match::kAny ? "any" : (m == Match::kYes ? yes : no);
+}
+
+}  // namespace
+
+const char* algoName(Algo a) { return a == Algo::kDirect ? "direct" : "staged"; }
+
+Result<Algo> selectAlgo(const SelectionQuery& q, const CommConfig& config, const char** why) {
+  const Rule* chosen = nullptr;
+  for (const Rule& r : kRules) {
+    std::string coll = r.collectives;
+    if (coll != "*" && coll != collName(q.kind)) continue;
+    if (!matches(r.registered, q.inputsRegistered) || !matches(r.inPlace, q.inPlace)) continue;
+    chosen = &r;
+    break;
+  }
+  if (!chosen) return makeError(StatusCode::kInternalError, "no selection rule for ", collName(q.kind));
+  *why = chosen->why;
+  if (config.algo.empty() || q.kind == CollKind::kBarrier) return chosen->algo;
+  if (config.algo == "staged") {
+    *why = "LIBCOMM_ALGO=staged";
+    return Algo::kStaged;
+  }
+  // "direct"
+  if (!q.inputsRegistered)
+    return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=direct but a rank's ", collName(q.kind),
+                     " input is not in registered memory (use allocRegistered, or unset LIBCOMM_ALGO)");
+  if (chosen->algo == Algo::kStaged)  // the in-place all_reduce rule: direct would be wrong, not slow
+    return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=direct cannot run ", collName(q.kind), ": ", chosen->why);
+  *why = "LIBCOMM_ALGO=direct";
+  return Algo::kDirect;
+}
+
+std::string describeSelectionTable(const CommConfig& config) {
+  std::ostringstream os;
+  os << "algorithm selection (shared memory, one host; first matching row wins)\n";
+  os << "  collective      inputs         in place  -> algorithm  why\n";
+  for (const Rule& r : kRules) {
+    char line[256];
+    snprintf(line, sizeof(line), "  %-15s %-14s %-9s -> %-10s %s\n", r.collectives,
+             matchText(r.registered, "registered", "unregistered"), matchText(r.inPlace, "yes", "no"), algoName(r.algo),
+             r.why);
+    os << line;
+  }
+  os << "  staging slot: " << config.stagingChunkBytes << " bytes x 2 per rank\n";
+  if (!config.algo.empty()) os << "  override: LIBCOMM_ALGO=" << config.algo << "\n";
+  return os.str();
+}
+
+}  // namespace libcomm

@@ -1,0 +1,32 @@
+#pragma once
+// Algorithm selection: an explicit table {collective x input memory x layout -> algorithm}, first
+// matching row wins. Printable (Communicator::describeSelection, tools/comm_info); LIBCOMM_ALGO
+// overrides it; LIBCOMM_COLL_TRACE=1 logs every choice.
+//
+// Every rank computes the choice from the descriptors all ranks posted, so all ranks agree.
+
+#include <string>
+
+#include "core/collective.h"
+#include "libcomm/config.h"
+
+namespace libcomm {
+
+enum class Algo { kDirect, kStaged };
+const char* algoName(Algo a);
+
+struct SelectionQuery {
+  CollKind kind;
+  bool inputsRegistered;  // every rank that has an input has it in registered memory
+  bool inPlace;
+  size_t bytes;           // bytes of one rank's input
+};
+
+/// The table's choice, or the LIBCOMM_ALGO override where it is possible. An override that cannot
+/// run (direct on unregistered memory) is kInvalidUsage.
+Result<Algo> selectAlgo(const SelectionQuery& q, const CommConfig& config, const char** why);
+
+/// The table as text.
+std::string describeSelectionTable(const CommConfig& config);
+
+}  // namespace libcomm

@@ -1,0 +1,108 @@
+// Argument checks for every collective, done on the calling thread before anything is enqueued.
+
+#include <cstdint>
+#include <sstream>
+
+#include "core/collective.h"
+
+namespace libcomm {
+namespace {
+
+bool validType(DataType t) { return t == DataType::kFloat32 || t == DataType::kBFloat16; }
+
+bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
+  auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return aBytes && bBytes && x < y + bBytes && y < x + aBytes;
+}
+
+}  // namespace
+
+const char* collName(CollKind kind) {
+  switch (kind) {
+    case CollKind::kAllGather: return "all_gather";
+    case CollKind::kReduceScatter: return "reduce_scatter";
+    case CollKind::kAllReduce: return "all_reduce";
+    case CollKind::kBroadcast: return "broadcast";
+    case CollKind::kBarrier: return "barrier";
+  }
+  return "?";
+}
+
+std::string describeColl(const CollArgs& a, uint32_t seq) {
+  std::ostringstream os;
+  os << collName(a.kind) << " seq " << seq;
+  if (a.kind == CollKind::kBarrier) return os.str();
+  os << " (count " << a.count << (a.kind == CollKind::kAllGather || a.kind == CollKind::kReduceScatter ? " per rank" : "")
+     << ", " << dataTypeName(a.inType);
+  if (a.outType != a.inType) os << " -> " << dataTypeName(a.outType);
+  if (a.kind == CollKind::kReduceScatter || a.kind == CollKind::kAllReduce) os << ", " << reduceOpName(a.reduce.op);
+  if (a.kind == CollKind::kBroadcast) os << ", root " << a.root;
+  if (a.inPlace) os << ", in place";
+  os << ")";
+  return os.str();
+}
+
+Status validateColl(CollArgs* a, int rank, int size) {
+  const char* name = collName(a->kind);
+  auto bad = [&](auto&&... parts) {
+    return makeError(StatusCode::kInvalidArgument, "rank ", rank, ": ", name, ": ", parts...);
+  };
+  if (!validType(a->inType)) return bad("unsupported data type code ", static_cast<int>(a->inType));
+  if (!validType(a->outType)) return bad("unsupported output data type code ", static_cast<int>(a->outType));
+  if (a->kind == CollKind::kBarrier) return Status::ok();
+
+  const ReduceOp op = a->reduce.op;
+  const bool reduces = a->kind == CollKind::kReduceScatter || a->kind == CollKind::kAllReduce;
+  if (reduces && op != ReduceOp::kSum && op != ReduceOp::kAvg && op != ReduceOp::kPremulSum)
+    return bad("unsupported reduction op code ", static_cast<int>(op));
+  if (a->kind != CollKind::kReduceScatter && a->inType != a->outType)
+    return bad("input and output types must match (", dataTypeName(a->inType), " vs ", dataTypeName(a->outType), ")");
+  if (a->kind == CollKind::kReduceScatter && a->inType == DataType::kFloat32 && a->outType == DataType::kBFloat16)
+    return bad("fp32 input with bf16 output is refused: it would silently drop precision; use fp32 output");
+  if (a->reduce.accumulate && (!reduces || a->outType != DataType::kFloat32))
+    return bad("accumulate is supported for reductions with fp32 output only");
+  if (a->kind == CollKind::kBroadcast && (a->root < 0 || a->root >= size))
+    return bad("root ", a->root, " is outside [0, ", size, ")");
+
+  const size_t inEs = dataTypeSize(a->inType), outEs = dataTypeSize(a->outType);
+  const size_t maxCount = SIZE_MAX / 8 / static_cast<size_t>(size);
+  if (a->count > maxCount) return bad("count ", a->count, " overflows the buffer size at ", size, " ranks");
+
+  size_t sendElems = a->count, recvElems = a->count;
+  if (a->kind == CollKind::kAllGather) recvElems = a->count * size;
+  if (a->kind == CollKind::kReduceScatter) sendElems = a->count * size;
+  const size_t sendBytes = sendElems * inEs, recvBytes = recvElems * outEs;
+  if (a->count == 0) {
+    a->inPlace = false;
+    return Status::ok();
+  }
+  bool needSend = a->kind != CollKind::kBroadcast || rank == a->root;
+  if (needSend && a->send == nullptr) return bad("send buffer is null (count ", a->count, ")");
+  if (a->recv == nullptr) return bad("recv buffer is null (count ", a->count, ")");
+
+  const char* send = static_cast<const char*>(a->send);
+  char* recv = static_cast<char*>(a->recv);
+  a->inPlace = false;
+  switch (a->kind) {
+    case CollKind::kAllGather:
+      a->inPlace = send == recv + static_cast<size_t>(rank) * a->count * inEs;
+      break;
+    case CollKind::kReduceScatter:
+      a->inPlace = a->inType == a->outType && recv == send + static_cast<size_t>(rank) * a->count * inEs;
+      if (a->inPlace && a->reduce.accumulate) return bad("accumulate cannot be used in place");
+      break;
+    case CollKind::kAllReduce:
+    case CollKind::kBroadcast:
+      a->inPlace = send == recv;
+      if (a->inPlace && a->reduce.accumulate) return bad("accumulate cannot be used in place");
+      break;
+    case CollKind::kBarrier:
+      break;
+  }
+  if (!a->inPlace && needSend && overlaps(send, sendBytes, recv, recvBytes))
+    return bad("send [", a->send, ", +", sendBytes, " B) and recv [", a->recv, ", +", recvBytes,
+               " B) overlap but are not in the in-place layout");
+  return Status::ok();
+}
+
+}  // namespace libcomm
