@@ -1,0 +1,194 @@
+// The correctness matrix: every collective, dtype combination, op, count class, in place and out of
+// place, registered and unregistered, at world sizes 1..8, with ranks as threads and as processes.
+// One rank body runs the whole matrix for one world size, so process start-up is paid once.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "coll_check.h"
+#include "harness.h"
+
+namespace shardcomm::testing {
+namespace {
+
+using libcomm::DataType;
+using libcomm::ReduceOp;
+using libcomm::Status;
+
+enum class Coll { kAllGather, kReduceScatter, kAllReduce, kBroadcast };
+
+struct Case {
+  Coll coll;
+  DataType in, out;
+  ReduceOp op = ReduceOp::kSum;
+  size_t count;
+  bool inPlace;
+  bool registered;
+  bool noisy = false;       // non-integer inputs, compared with a tolerance
+  bool accumulate = false;  // fp32 output added to what recv held
+  std::string name() const {
+    static const char* colls[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast"};
+    return std::string(colls[static_cast<int>(coll)]) + " " + libcomm::dataTypeName(in) + "->" +
+           libcomm::dataTypeName(out) + " " + libcomm::reduceOpName(op) + " count " + std::to_string(count) +
+           (inPlace ? " in-place" : " out-of-place") + (registered ? " registered" : " unregistered") +
+           (noisy ? " noisy" : "") + (accumulate ? " accumulate" : "");
+  }
+};
+
+constexpr float kPremul = 0.5f;
+constexpr size_t kLarge = (1u << 20) + 3;  // ~1M elements, odd: several staging rounds and a ragged tail
+
+std::vector<Case> matrix(int size) {
+  std::vector<Case> cases;
+  const size_t counts[] = {0, 1, 17, 1001, kLarge};
+  for (size_t c : counts) {
+    for (bool reg : {true, false}) {
+      for (bool inPlace : {false, true}) {
+        for (DataType t : {DataType::kFloat32, DataType::kBFloat16}) {
+          if (c != kLarge || t == DataType::kFloat32) cases.push_back({Coll::kAllGather, t, t, ReduceOp::kSum, c, inPlace, reg});
+          cases.push_back({Coll::kAllReduce, t, t, ReduceOp::kSum, c == kLarge ? 4099 : c, inPlace, reg});
+          cases.push_back({Coll::kBroadcast, t, t, ReduceOp::kSum, c == kLarge ? 4099 : c, inPlace, reg});
+        }
+        const std::pair<DataType, DataType> rsTypes[] = {{DataType::kFloat32, DataType::kFloat32},
+                                                         {DataType::kBFloat16, DataType::kFloat32},
+                                                         {DataType::kBFloat16, DataType::kBFloat16}};
+        for (auto [in, out] : rsTypes) {
+          if (inPlace && in != out) continue;
+          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kPremulSum}) {
+            if (c == kLarge && op != ReduceOp::kSum) continue;
+            cases.push_back({Coll::kReduceScatter, in, out, op, c, inPlace, reg});
+          }
+        }
+      }
+      cases.push_back({Coll::kReduceScatter, DataType::kBFloat16, DataType::kFloat32, ReduceOp::kSum, c, false, reg, true});
+      cases.push_back({Coll::kReduceScatter, DataType::kBFloat16, DataType::kBFloat16, ReduceOp::kAvg, c, false, reg, true});
+      cases.push_back({Coll::kReduceScatter, DataType::kFloat32, DataType::kFloat32, ReduceOp::kSum, c, false, reg, false, true});
+      cases.push_back({Coll::kReduceScatter, DataType::kBFloat16, DataType::kFloat32, ReduceOp::kPremulSum, c, false, reg, true, true});
+    }
+  }
+  (void)size;
+  return cases;
+}
+
+// Buffers for one rank, allocated once at the largest case and reused (first touch is slow).
+struct Pools {
+  char* regSend = nullptr;
+  char* regRecv = nullptr;
+  std::unique_ptr<char[]> plainSend, plainRecv;
+  size_t bytes = 0;
+};
+
+Status runCase(libcomm::Communicator& comm, libcomm::Stream& stream, Pools& pools, const Case& k, int salt) {
+  const int n = comm.size(), r = comm.rank();
+  const size_t inEs = libcomm::dataTypeSize(k.in), outEs = libcomm::dataTypeSize(k.out);
+  char* sendPool = k.registered ? pools.regSend : pools.plainSend.get();
+  char* recvPool = k.registered ? pools.regRecv : pools.plainRecv.get();
+  const size_t parts = k.coll == Coll::kReduceScatter ? n : 1;
+  const size_t recvCount = k.coll == Coll::kAllGather ? k.count * n : k.count;
+  auto value = [&](int rank, size_t q, size_t i) {
+    return k.noisy ? noisyValue(rank, q, i, salt) : intValue(rank, q, i, salt);
+  };
+  // Poison the output so that anything left unwritten shows.
+  for (size_t i = 0; i < recvCount; ++i) store(recvPool, k.out, i, NAN);
+  char* send = sendPool;
+  char* recv = recvPool;
+  if (k.inPlace) {
+    send = recvPool;
+    if (k.coll == Coll::kAllGather) send = recvPool + static_cast<size_t>(r) * k.count * inEs;
+    if (k.coll == Coll::kReduceScatter) recv = recvPool + static_cast<size_t>(r) * k.count * inEs;
+  }
+  const int root = k.count % n;
+  if (k.coll != Coll::kBroadcast || r == root)
+    for (size_t q = 0; q < parts; ++q)
+      for (size_t i = 0; i < k.count; ++i) store(send, k.in, q * k.count + i, value(r, q, i));
+  const float acc0 = 1.5f;
+  if (k.accumulate)
+    for (size_t i = 0; i < k.count; ++i) store(recv, k.out, i, acc0 + static_cast<float>(i % 5));
+
+  libcomm::ReduceOptions opts;
+  opts.op = k.op;
+  opts.scale = kPremul;
+  opts.accumulate = k.accumulate;
+  Status st;
+  switch (k.coll) {
+    case Coll::kAllGather: st = comm.allGather(send, recvPool, k.count, k.in, stream); break;
+    case Coll::kReduceScatter: st = comm.reduceScatter(send, recv, k.count, k.in, k.out, opts, stream); break;
+    case Coll::kAllReduce: st = comm.allReduce(send, recv, k.count, k.in, opts, stream); break;
+    case Coll::kBroadcast: st = comm.broadcast(send, recv, k.count, k.in, root, stream); break;
+  }
+  if (!st.isOk()) return st.withContext(k.name());
+  LIBCOMM_RETURN_IF_ERROR(stream.synchronize(libcomm::Deadline::after(std::chrono::seconds(60))));
+
+  std::vector<double> want(recvCount), tol(recvCount, 0.0);
+  const double eps32 = std::ldexp(1.0, -23), eps16 = std::ldexp(1.0, -8);
+  for (size_t i = 0; i < recvCount; ++i) {
+    if (k.coll == Coll::kAllGather) {
+      want[i] = rounded(k.in, value(static_cast<int>(i / k.count), 0, i % k.count));
+      continue;
+    }
+    if (k.coll == Coll::kBroadcast) {
+      want[i] = rounded(k.in, value(root, 0, i));
+      continue;
+    }
+    const size_t part = k.coll == Coll::kReduceScatter ? static_cast<size_t>(r) : 0;
+    double sum = 0, sumAbs = 0;
+    for (int p = 0; p < n; ++p) {
+      double x = rounded(k.in, value(p, part, i));
+      sum += x;
+      sumAbs += std::fabs(x);
+    }
+    double scale = k.op == ReduceOp::kAvg ? 1.0 / n : (k.op == ReduceOp::kPremulSum ? kPremul : 1.0);
+    want[i] = sum * scale + (k.accumulate ? acc0 + static_cast<double>(i % 5) : 0.0);
+    // fp32 accumulation of n terms: each addition rounds once (<= eps32 * partial sum); the scale
+    // and the accumulate add one rounding each; a bf16 output rounds once more (eps16 relative).
+    const bool exact = !k.noisy && k.op != ReduceOp::kAvg;
+    if (!exact) tol[i] = (n + 2) * eps32 * (sumAbs * scale + std::fabs(want[i]) + 2 * acc0 + 5);
+    if (k.out == DataType::kBFloat16 && !exact) tol[i] += eps16 * std::fabs(want[i]);
+  }
+  return compare(r, k.name(), recv == recvPool || k.coll == Coll::kAllGather ? recvPool : recv, k.out, want, tol);
+}
+
+Status matrixBody(RankContext& ctx) {
+  libcomm::CommConfig config;
+  config.stagingChunkBytes = 64 << 10;  // small slots: many staging rounds even at moderate counts
+  config.opTimeout = std::chrono::seconds(60);
+  LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+  auto stream = libcomm::createHostStream("test-rank" + std::to_string(ctx.rank));
+  const size_t n = static_cast<size_t>(ctx.size);
+  Pools pools;
+  pools.bytes = kLarge * n * 4;
+  LIBCOMM_ASSIGN_OR_RETURN(void* rs, comm->allocRegistered(pools.bytes));
+  LIBCOMM_ASSIGN_OR_RETURN(void* rr, comm->allocRegistered(pools.bytes));
+  pools.regSend = static_cast<char*>(rs);
+  pools.regRecv = static_cast<char*>(rr);
+  pools.plainSend.reset(new char[pools.bytes]);
+  pools.plainRecv.reset(new char[pools.bytes]);
+  int salt = 0;
+  for (const Case& k : matrix(ctx.size)) LIBCOMM_RETURN_IF_ERROR(runCase(*comm, *stream, pools, k, ++salt));
+  LIBCOMM_RETURN_IF_ERROR(comm->freeRegistered(rs));
+  LIBCOMM_RETURN_IF_ERROR(comm->freeRegistered(rr));
+  return comm->asyncError();
+}
+
+class CollectiveMatrix : public ::testing::TestWithParam<std::tuple<Mode, int>> {};
+
+TEST_P(CollectiveMatrix, AllCasesCorrect) {
+  RunOptions opts;
+  opts.mode = std::get<0>(GetParam());
+  opts.size = std::get<1>(GetParam());
+  opts.deadline = std::chrono::seconds(240);
+  RunReport report = runRanks(opts, matrixBody);
+  EXPECT_RANKS_OK(report);
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, CollectiveMatrix,
+                         ::testing::Combine(::testing::Values(Mode::kThreads), ::testing::Values(1, 2, 3, 4, 7, 8)));
+INSTANTIATE_TEST_SUITE_P(Processes, CollectiveMatrix,
+                         ::testing::Combine(::testing::Values(Mode::kProcesses), ::testing::Values(1, 2, 3, 4, 7, 8)));
+
+}  // namespace
+}  // namespace shardcomm::testing

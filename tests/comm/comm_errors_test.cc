@@ -1,0 +1,235 @@
+// Bad input, mismatched calls, dead and stopped peers, abort: every one must end in a clear error
+// naming rank, collective and sequence number -- never a hang, a crash or wrong data.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <thread>
+#include <vector>
+
+#include "harness.h"
+#include "libcomm/libcomm.h"
+
+namespace shardcomm::testing {
+namespace {
+
+using libcomm::DataType;
+using libcomm::Status;
+using libcomm::StatusCode;
+
+libcomm::CommConfig quickConfig() {
+  libcomm::CommConfig c;
+  c.opTimeout = std::chrono::milliseconds(3000);
+  c.initTimeout = std::chrono::milliseconds(20000);
+  c.peerCheckInterval = std::chrono::milliseconds(50);
+  return c;
+}
+
+Status expect(const Status& st, StatusCode code, const std::vector<std::string>& words, const char* what) {
+  if (st.code() != code)
+    return libcomm::makeError(StatusCode::kInternalError, what, ": expected ", libcomm::statusCodeName(code), ", got ",
+                              st.toString());
+  for (const auto& w : words)
+    if (st.message().find(w) == std::string::npos)
+      return libcomm::makeError(StatusCode::kInternalError, what, ": message lacks '", w, "': ", st.toString());
+  return Status::ok();
+}
+
+TEST(CommErrors, BadArgumentsAreRefusedOnTheCallingThread) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
+    auto s = libcomm::createHostStream("errors");
+    std::vector<float> a(64), b(128);
+    libcomm::ReduceOptions sum;
+    LIBCOMM_RETURN_IF_ERROR(expect(comm->allGather(nullptr, b.data(), 4, DataType::kFloat32, *s),
+                                   StatusCode::kInvalidArgument, {"send", "null", "all_gather"}, "null send"));
+    LIBCOMM_RETURN_IF_ERROR(expect(comm->allGather(a.data(), nullptr, 4, DataType::kFloat32, *s),
+                                   StatusCode::kInvalidArgument, {"recv", "null"}, "null recv"));
+    // Partial overlap that is not the in-place layout.
+    LIBCOMM_RETURN_IF_ERROR(expect(comm->allGather(b.data() + 1, b.data(), 4, DataType::kFloat32, *s),
+                                   StatusCode::kInvalidArgument, {"overlap"}, "overlap"));
+    LIBCOMM_RETURN_IF_ERROR(expect(comm->allGather(a.data(), b.data(), SIZE_MAX / 2, DataType::kFloat32, *s),
+                                   StatusCode::kInvalidArgument, {"count", "overflow"}, "overflow"));
+    LIBCOMM_RETURN_IF_ERROR(expect(comm->allGather(a.data(), b.data(), 4, static_cast<DataType>(9), *s),
+                                   StatusCode::kInvalidArgument, {"data type"}, "bad dtype"));
+    libcomm::ReduceOptions badOp;
+    badOp.op = static_cast<libcomm::ReduceOp>(7);
+    LIBCOMM_RETURN_IF_ERROR(expect(comm->reduceScatter(b.data(), a.data(), 4, DataType::kFloat32, DataType::kFloat32,
+                                                       badOp, *s),
+                                   StatusCode::kInvalidArgument, {"op"}, "bad op"));
+    LIBCOMM_RETURN_IF_ERROR(expect(comm->reduceScatter(b.data(), a.data(), 4, DataType::kFloat32, DataType::kBFloat16,
+                                                       sum, *s),
+                                   StatusCode::kInvalidArgument, {"bf16"}, "downcast"));
+    libcomm::ReduceOptions acc;
+    acc.accumulate = true;
+    LIBCOMM_RETURN_IF_ERROR(expect(comm->reduceScatter(b.data(), a.data(), 4, DataType::kBFloat16, DataType::kBFloat16,
+                                                       acc, *s),
+                                   StatusCode::kInvalidArgument, {"accumulate"}, "accumulate bf16"));
+    LIBCOMM_RETURN_IF_ERROR(expect(comm->broadcast(a.data(), b.data(), 4, DataType::kFloat32, 5, *s),
+                                   StatusCode::kInvalidArgument, {"root 5"}, "bad root"));
+    // Count 0 accepts null pointers and still completes on every rank.
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(nullptr, nullptr, 0, DataType::kFloat32, *s));
+    LIBCOMM_RETURN_IF_ERROR(s->synchronize(libcomm::Deadline::after(std::chrono::seconds(10))));
+    return comm->asyncError();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+TEST(CommErrors, MismatchedCountsNameBothSides) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
+    auto s = libcomm::createHostStream("mismatch");
+    std::vector<float> a(16), b(64);
+    size_t count = ctx.rank == 0 ? 10 : 12;
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(a.data(), b.data(), count, DataType::kFloat32, *s));
+    Status st = s->synchronize(libcomm::Deadline::after(std::chrono::seconds(10)));
+    // Whichever rank notices first fails; the other sees it as a peer failure carrying the message.
+    if (st.code() != StatusCode::kInvalidUsage && st.code() != StatusCode::kRemoteError)
+      return libcomm::makeError(StatusCode::kInternalError, "expected a mismatch error, got ", st.toString());
+    return expect(Status(StatusCode::kInvalidUsage, st.message()), StatusCode::kInvalidUsage,
+                  {"mismatch", "seq 1", "count 10", "count 12"}, "count mismatch");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+TEST(CommErrors, DifferentCollectivesAreNamed) {
+  RunOptions opts;
+  opts.size = 3;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
+    auto s = libcomm::createHostStream("mismatch");
+    std::vector<float> a(48), b(48);
+    if (ctx.rank == 2)
+      LIBCOMM_RETURN_IF_ERROR(comm->reduceScatter(a.data(), b.data(), 16, DataType::kFloat32, DataType::kFloat32, {}, *s));
+    else
+      LIBCOMM_RETURN_IF_ERROR(comm->allGather(a.data(), b.data(), 16, DataType::kFloat32, *s));
+    Status st = s->synchronize(libcomm::Deadline::after(std::chrono::seconds(10)));
+    LIBCOMM_RETURN_IF_ERROR(expect(Status(st.isOk() ? StatusCode::kOk : StatusCode::kInvalidUsage, st.message()),
+                                   StatusCode::kInvalidUsage, {"all_gather", "reduce_scatter", "rank 2"}, "kind mismatch"));
+    // Sticky: the next call is refused at once with the original cause.
+    return expect(comm->barrier(*s), st.code(), {"failed earlier"}, "sticky error");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+TEST(CommErrors, KilledRankIsNamedBySurvivors) {
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = 3;
+  opts.expectDeath = {1};
+  opts.deadline = std::chrono::seconds(30);
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    auto config = quickConfig();
+    config.opTimeout = std::chrono::seconds(20);  // death must be noticed long before this
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+    auto s = libcomm::createHostStream("kill");
+    LIBCOMM_ASSIGN_OR_RETURN(void* buf, comm->allocRegistered(3 * 4096 * 4));
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(static_cast<float*>(buf) + ctx.rank * 4096, buf, 4096, DataType::kFloat32, *s));
+    LIBCOMM_RETURN_IF_ERROR(s->synchronize(libcomm::Deadline::after(std::chrono::seconds(10))));
+    if (ctx.rank == 1) raise(SIGKILL);
+    auto start = libcomm::Clock::now();
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(static_cast<float*>(buf) + ctx.rank * 4096, buf, 4096, DataType::kFloat32, *s));
+    Status st = s->synchronize(libcomm::Deadline::after(std::chrono::seconds(15)));
+    auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(libcomm::Clock::now() - start);
+    if (waited > std::chrono::seconds(5))
+      return libcomm::makeError(StatusCode::kInternalError, "death noticed only after ", waited.count(), " ms");
+    // A survivor may hear of the death first-hand, or from the other survivor's failure.
+    return expect(st, StatusCode::kRemoteError, {"rank 1", "all_gather seq 2"}, "killed peer");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+TEST(CommErrors, StoppedRankTimesOutNamingIt) {
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = 2;
+  opts.deadline = std::chrono::seconds(30);
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
+    auto s = libcomm::createHostStream("stop");
+    std::vector<float> a(8), b(16);
+    if (ctx.rank == 1) {
+      // Stop for longer than the peer's op timeout; a helper process resumes us afterwards.
+      pid_t self = getpid();
+      if (fork() == 0) {
+        sleep(5);
+        kill(self, SIGCONT);
+        _exit(0);
+      }
+      raise(SIGSTOP);
+      return Status::ok();
+    }
+    usleep(200000);
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(a.data(), b.data(), 8, DataType::kFloat32, *s));
+    Status st = s->synchronize(libcomm::Deadline::after(std::chrono::seconds(10)));
+    LIBCOMM_RETURN_IF_ERROR(expect(st, StatusCode::kTimeout, {"rank 1", "all_gather seq 1"}, "stopped peer"));
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+TEST(CommErrors, AbortFromAnotherThreadUnblocksAWaiter) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    auto config = quickConfig();
+    config.opTimeout = std::chrono::seconds(30);
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+    auto s = libcomm::createHostStream("abort");
+    std::vector<float> a(8), b(16);
+    if (ctx.rank == 1) {
+      // Never joins; waits until rank 0's abort shows up as a failure of rank 0.
+      LIBCOMM_RETURN_IF_ERROR(ctx.bootstrap.barrier(libcomm::Deadline::after(std::chrono::seconds(20))));
+      return Status::ok();
+    }
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(a.data(), b.data(), 8, DataType::kFloat32, *s));
+    auto start = libcomm::Clock::now();
+    std::thread aborter([&] {
+      usleep(300000);
+      comm->abort();
+    });
+    Status st = s->synchronize(libcomm::Deadline::after(std::chrono::seconds(10)));
+    aborter.join();
+    LIBCOMM_RETURN_IF_ERROR(ctx.bootstrap.barrier(libcomm::Deadline::after(std::chrono::seconds(20))));
+    auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(libcomm::Clock::now() - start);
+    if (waited > std::chrono::seconds(3))
+      return libcomm::makeError(StatusCode::kInternalError, "abort took ", waited.count(), " ms to unblock");
+    LIBCOMM_RETURN_IF_ERROR(expect(st, StatusCode::kRemoteError, {"abort"}, "abort"));
+    return expect(comm->asyncError(), StatusCode::kRemoteError, {"abort"}, "asyncError after abort");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+TEST(CommMemory, RegistrationIsIdempotentAndRefcounted) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
+    LIBCOMM_ASSIGN_OR_RETURN(void* p, comm->allocRegistered(1 << 20));
+    char* c = static_cast<char*>(p);
+    if (!comm->isRegistered(c + 100, 1000) || comm->isRegistered(c + (1 << 20) - 10, 4096))
+      return libcomm::makeError(StatusCode::kInternalError, "isRegistered wrong for inner/outer ranges");
+    LIBCOMM_RETURN_IF_ERROR(comm->registerBuffer(c + 4096, 8192));
+    LIBCOMM_RETURN_IF_ERROR(comm->registerBuffer(c + 4096, 8192));  // idempotent: a second reference
+    LIBCOMM_RETURN_IF_ERROR(expect(comm->freeRegistered(p), StatusCode::kInvalidUsage, {"still registered"}, "free"));
+    LIBCOMM_RETURN_IF_ERROR(comm->deregisterBuffer(c + 4096));
+    LIBCOMM_RETURN_IF_ERROR(expect(comm->freeRegistered(p), StatusCode::kInvalidUsage, {"still registered"}, "free2"));
+    LIBCOMM_RETURN_IF_ERROR(comm->deregisterBuffer(c + 4096));
+    LIBCOMM_RETURN_IF_ERROR(expect(comm->deregisterBuffer(c + 4096), StatusCode::kInvalidArgument, {"not registered"}, "dereg"));
+    std::vector<char> plain(4096);
+    LIBCOMM_RETURN_IF_ERROR(expect(comm->registerBuffer(plain.data(), plain.size()), StatusCode::kInvalidUsage,
+                                   {"allocRegistered", "staging"}, "foreign memory"));
+    if (comm->isRegistered(plain.data(), 16)) return libcomm::makeError(StatusCode::kInternalError, "plain registered?");
+    LIBCOMM_RETURN_IF_ERROR(comm->freeRegistered(p));
+    return expect(comm->freeRegistered(p), StatusCode::kInvalidArgument, {"allocRegistered"}, "double free");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+}  // namespace
+}  // namespace shardcomm::testing
