@@ -1,1 +1,21 @@
-# Installation is filled in by the packaging step (see docs/); placeholder kept minimal.
+# Installation: headers, the library, a CMake package (find_package(shardcomm) -> shardcomm::comm)
+# and a pkg-config file (pkg-config --cflags --libs shardcomm).
+include(CMakePackageConfigHelpers)
+
+install(TARGETS shardcomm_comm EXPORT shardcommTargets
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/libcomm/include/libcomm DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+
+set(SHARDCOMM_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/shardcomm)
+install(EXPORT shardcommTargets NAMESPACE shardcomm:: DESTINATION ${SHARDCOMM_CMAKE_DIR})
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/shardcommConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/shardcommConfig.cmake INSTALL_DESTINATION ${SHARDCOMM_CMAKE_DIR})
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/shardcommConfigVersion.cmake
+  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/shardcommConfig.cmake ${PROJECT_BINARY_DIR}/shardcommConfigVersion.cmake
+  DESTINATION ${SHARDCOMM_CMAKE_DIR})
+
+configure_file(${PROJECT_SOURCE_DIR}/cmake/shardcomm.pc.in ${PROJECT_BINARY_DIR}/shardcomm.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/shardcomm.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

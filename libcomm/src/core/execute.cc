@@ -156,7 +156,7 @@ void Communicator::Impl::fail(const Status& st) {
     if (!asyncError_.isOk()) return;
     asyncError_ = st;
   }
-  LIBCOMM_LOG(kWarn, "coll") << st.toString();
+  LIBCOMM_LOG(kDebug, "coll") << st.toString();  // the stream logs the failure at WARN
   // Peers blocked on this rank learn why at once instead of waiting for their deadline.
   channel_->markFailed(st.message());
 }

@@ -99,7 +99,8 @@ Result<Segment> Segment::open(const std::string& name, size_t bytes) {
     close(fd);
     return makeError(StatusCode::kInvalidUsage, "segment ", name, " has ", size, " bytes, expected at least ", bytes);
   }
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // MAP_POPULATE fills our page tables now (the pages exist already), not on the first collective.
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   int err = errno;
   close(fd);
   if (p == MAP_FAILED) return sysError("mmap", name, err);

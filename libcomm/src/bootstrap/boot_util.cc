@@ -1,0 +1,99 @@
+#include "bootstrap/boot_util.h"
+
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "bootstrap/sha256.h"
+
+namespace libcomm::boot {
+
+Status randomBytes(void* out, size_t n) {
+  auto* p = static_cast<uint8_t*>(out);
+  size_t done = 0;
+  while (done < n) {
+    ssize_t got = getrandom(p + done, n - done, 0);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return makeError(StatusCode::kSystemError, "getrandom failed: ", errnoText(errno));
+    }
+    done += static_cast<size_t>(got);
+  }
+  return Status::ok();
+}
+
+std::string randomHex(size_t bytes) {
+  std::string raw(bytes, '\0');
+  if (!randomBytes(raw.data(), bytes).isOk()) {
+    // Only reachable on a kernel without getrandom; a hash of time and pid is still unique enough
+    // for a job id, and launchers that need a real secret check randomBytes themselves.
+    std::string seed = std::to_string(Clock::now().time_since_epoch().count()) + ":" + std::to_string(getpid());
+    Digest d = sha256(seed);
+    for (size_t i = 0; i < bytes; ++i) raw[i] = static_cast<char>(d[i % d.size()]);
+  }
+  return toHex(reinterpret_cast<const uint8_t*>(raw.data()), bytes);
+}
+
+std::string errnoText(int err) {
+  char buf[128];
+  // GNU strerror_r may return a static string rather than fill buf.
+  const char* text = strerror_r(err, buf, sizeof(buf));
+  return std::string(text) + " (errno " + std::to_string(err) + ")";
+}
+
+std::string joinRanks(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i) s += ",";
+    s += std::to_string(ranks[i]);
+  }
+  return s;
+}
+
+Result<std::pair<std::string, int>> parseHostPort(const std::string& text, const char* what) {
+  std::string host, port;
+  if (!text.empty() && text[0] == '[') {
+    size_t close = text.find(']');
+    if (close == std::string::npos || close + 1 >= text.size() || text[close + 1] != ':')
+      return makeError(StatusCode::kInvalidArgument, what, "='", text, "' is not [host]:port");
+    host = text.substr(1, close - 1);
+    port = text.substr(close + 2);
+  } else {
+    size_t colon = text.rfind(':');
+    if (colon == std::string::npos || text.find(':') != colon)
+      return makeError(StatusCode::kInvalidArgument, what, "='", text, "' is not host:port");
+    host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+  }
+  char* end = nullptr;
+  errno = 0;
+  long p = strtol(port.c_str(), &end, 10);
+  if (host.empty() || port.empty() || *end != '\0' || errno != 0 || p < 0 || p > 65535)
+    return makeError(StatusCode::kInvalidArgument, what, "='", text, "' is not host:port with a port in [0, 65535]");
+  return std::make_pair(host, static_cast<int>(p));
+}
+
+Status checkJobId(const std::string& jobId) {
+  if (jobId.empty() || jobId.size() > 128)
+    return makeError(StatusCode::kInvalidArgument, "job id '", jobId, "' must have 1 to 128 characters");
+  for (char c : jobId) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+              c == '.';
+    if (!ok)
+      return makeError(StatusCode::kInvalidArgument, "job id '", jobId,
+                       "' may only contain letters, digits, '-', '_' and '.'");
+  }
+  return Status::ok();
+}
+
+void Backoff::sleep(Deadline deadline) {
+  Milliseconds wait = std::min(step_, deadline.remaining());
+  if (wait.count() > 0) std::this_thread::sleep_for(wait);
+  step_ = std::min(step_ * 2, max_);
+}
+
+}  // namespace libcomm::boot

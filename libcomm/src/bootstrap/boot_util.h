@@ -1,0 +1,38 @@
+#pragma once
+// Small helpers shared by the bootstrap implementations and the launcher.
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "libcomm/deadline.h"
+#include "libcomm/status.h"
+
+namespace libcomm::boot {
+
+/// Fills `out` from the kernel's CSPRNG (getrandom). Thread-safe.
+Status randomBytes(void* out, size_t n);
+/// `bytes` random bytes as hex; falls back to a time/pid mix only if getrandom fails, which
+/// Linux does not do for small requests once booted.
+std::string randomHex(size_t bytes);
+/// "Connection refused (errno 111)".
+std::string errnoText(int err);
+/// "1,3,5" for a list of ranks.
+std::string joinRanks(const std::vector<int>& ranks);
+/// Splits "host:port" or "[v6addr]:port"; the port must be in [0, 65535].
+Result<std::pair<std::string, int>> parseHostPort(const std::string& text, const char* what);
+/// Job ids end up in file names and shared-memory names: letters, digits, '-', '_', '.'.
+Status checkJobId(const std::string& jobId);
+/// Deadline-bounded exponential backoff for polling loops: sleeps the current step (never past
+/// the deadline), then doubles it up to `max`.
+class Backoff {
+ public:
+  Backoff(Milliseconds first, Milliseconds max) : step_(first), max_(max) {}
+  void sleep(Deadline deadline);
+
+ private:
+  Milliseconds step_;
+  Milliseconds max_;
+};
+
+}  // namespace libcomm::boot

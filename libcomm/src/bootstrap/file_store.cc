@@ -1,0 +1,247 @@
+// File-store bootstrap: ranks rendezvous through files in a directory they all see (a local tmp
+// directory for one host, or a shared file system). Every file is written under a temporary name
+// and renamed into place, so a file that exists is complete; readers poll with backoff.
+//
+// Names, all prefixed with the job id so several jobs can share a directory:
+//   <job>.c<round>.r<rank>          rank's contribution to collective round <round>
+//   <job>.p<src>-<dst>.t<tag>.<seq> the <seq>-th message from src to dst under tag (deleted on read)
+//   .<job>.tmp.<rank>.<pid>.<n>     a file being written
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <optional>
+
+#include "bootstrap/boot_util.h"
+#include "core/log.h"
+#include "libcomm/bootstrap.h"
+
+namespace libcomm {
+namespace {
+
+constexpr Milliseconds kFirstPoll{1};
+constexpr Milliseconds kMaxPoll{50};
+constexpr uint32_t kHelloMagic = 0x46424f4f;  // "FBOO": catches a foreign file with our name
+
+Status makeDirs(const std::string& dir) {
+  std::string path;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = dir.find('/', pos + 1);
+    path = dir.substr(0, pos);
+    if (path.empty()) continue;
+    if (mkdir(path.c_str(), 0700) != 0 && errno != EEXIST)
+      return makeError(StatusCode::kSystemError, "file bootstrap: cannot create directory ", path, ": ",
+                       boot::errnoText(errno));
+  }
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return makeError(StatusCode::kInvalidArgument, "file bootstrap: ", dir, " is not a directory");
+  return Status::ok();
+}
+
+class FileBootstrap final : public Bootstrap {
+ public:
+  FileBootstrap(std::string dir, std::string jobId, int rank, int size)
+      : dir_(std::move(dir)), jobId_(std::move(jobId)), rank_(rank), size_(size) {}
+
+  ~FileBootstrap() override {
+    // Files of the last completed round stay: another rank may still be reading them, and only a
+    // later round would prove otherwise. They are small and scoped by the job id.
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& jobId() const override { return jobId_; }
+  std::string describe() const override { return "file " + dir_; }
+
+  Status hello(Deadline deadline) {
+    uint32_t mine[2] = {kHelloMagic, static_cast<uint32_t>(size_)};
+    std::vector<uint32_t> all(2 * size_);
+    LIBCOMM_RETURN_IF_ERROR(collective("hello", mine, all.data(), sizeof(mine), deadline));
+    for (int r = 0; r < size_; ++r) {
+      if (all[2 * r] != kHelloMagic)
+        return makeError(StatusCode::kInvalidUsage, "file bootstrap: rank ", rank_, " found a foreign file for rank ",
+                         r, " of job ", jobId_, " in ", dir_, " (a stale job with the same id?)");
+      if (all[2 * r + 1] != static_cast<uint32_t>(size_))
+        return makeError(StatusCode::kInvalidArgument, "file bootstrap: rank ", rank_, " was told size ", size_,
+                         " but rank ", r, " was told size ", all[2 * r + 1], " (job ", jobId_, ")");
+    }
+    return Status::ok();
+  }
+
+  Status allGather(const void* mine, void* all, size_t bytes, Deadline deadline) override {
+    return collective("allGather", mine, all, bytes, deadline);
+  }
+
+  Status barrier(Deadline deadline) override { return collective("barrier", nullptr, nullptr, 0, deadline); }
+
+  Status send(int peer, uint32_t tag, const void* data, size_t bytes, Deadline deadline) override {
+    LIBCOMM_RETURN_IF_ERROR(checkPeer("send", peer));
+    uint64_t seq = sendSeq_[{peer, tag}]++;
+    return writeAtomic(p2pName(rank_, peer, tag, seq), data, bytes);
+  }
+
+  Status recv(int peer, uint32_t tag, void* data, size_t bytes, Deadline deadline) override {
+    LIBCOMM_RETURN_IF_ERROR(checkPeer("recv", peer));
+    uint64_t seq = recvSeq_[{peer, tag}];
+    std::string path = p2pName(peer, rank_, tag, seq);
+    boot::Backoff backoff(kFirstPoll, kMaxPoll);
+    while (true) {
+      LIBCOMM_ASSIGN_OR_RETURN(std::optional<std::string> content, readIfExists(path));
+      if (content) {
+        ++recvSeq_[{peer, tag}];
+        unlink(path.c_str());
+        if (content->size() != bytes)
+          return makeError(StatusCode::kInvalidUsage, "file bootstrap recv: rank ", rank_, " expected ", bytes,
+                           " bytes from peer ", peer, " under tag ", tag, " but the peer sent ", content->size());
+        if (bytes) memcpy(data, content->data(), bytes);
+        return Status::ok();
+      }
+      if (deadline.expired())
+        return makeError(StatusCode::kTimeout, "file bootstrap recv: rank ", rank_, " of ", size_,
+                         " got nothing from peer ", peer, " under tag ", tag, " (message #", seq, ") in ", dir_,
+                         " before its deadline");
+      backoff.sleep(deadline);
+    }
+  }
+
+ private:
+  Status checkPeer(const char* op, int peer) const {
+    if (peer < 0 || peer >= size_)
+      return makeError(StatusCode::kInvalidArgument, "file bootstrap ", op, ": rank ", rank_, " named peer ", peer,
+                       " outside [0, ", size_, ")");
+    return Status::ok();
+  }
+
+  std::string roundName(uint64_t round, int rank) const {
+    return dir_ + "/" + jobId_ + ".c" + std::to_string(round) + ".r" + std::to_string(rank);
+  }
+  std::string p2pName(int src, int dst, uint32_t tag, uint64_t seq) const {
+    return dir_ + "/" + jobId_ + ".p" + std::to_string(src) + "-" + std::to_string(dst) + ".t" +
+           std::to_string(tag) + "." + std::to_string(seq);
+  }
+
+  Status writeAtomic(const std::string& path, const void* data, size_t bytes) {
+    std::string tmp = dir_ + "/." + jobId_ + ".tmp." + std::to_string(rank_) + "." + std::to_string(getpid()) + "." +
+                      std::to_string(tmpCounter_++);
+    int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0)
+      return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank_, " cannot create ", tmp, ": ",
+                       boot::errnoText(errno));
+    const char* p = static_cast<const char*>(data);
+    size_t done = 0;
+    while (done < bytes) {
+      ssize_t n = write(fd, p + done, bytes - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        int err = errno;
+        close(fd);
+        unlink(tmp.c_str());
+        return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank_, " cannot write ", tmp, ": ",
+                         boot::errnoText(err));
+      }
+      done += static_cast<size_t>(n);
+    }
+    // No fsync: the files only need to be visible to the other ranks while the job runs, not to
+    // survive a crash, and rename alone gives readers all-or-nothing contents.
+    close(fd);
+    if (rename(tmp.c_str(), path.c_str()) != 0) {
+      int err = errno;
+      unlink(tmp.c_str());
+      return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank_, " cannot rename ", tmp, " to ",
+                       path, ": ", boot::errnoText(err));
+    }
+    return Status::ok();
+  }
+
+  Result<std::optional<std::string>> readIfExists(const std::string& path) {
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) return std::optional<std::string>();
+      return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank_, " cannot open ", path, ": ",
+                       boot::errnoText(errno));
+    }
+    std::string content;
+    char buf[65536];
+    while (true) {
+      ssize_t n = read(fd, buf, sizeof(buf));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        int err = errno;
+        close(fd);
+        return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank_, " cannot read ", path, ": ",
+                         boot::errnoText(err));
+      }
+      if (n == 0) break;
+      content.append(buf, static_cast<size_t>(n));
+    }
+    close(fd);
+    return std::optional<std::string>(std::move(content));
+  }
+
+  Status collective(const char* op, const void* mine, void* all, size_t bytes, Deadline deadline) {
+    const uint64_t round = round_++;
+    LIBCOMM_RETURN_IF_ERROR(writeAtomic(roundName(round, rank_), mine, bytes));
+    std::vector<std::optional<std::string>> got(size_);
+    int pending = size_;
+    boot::Backoff backoff(kFirstPoll, kMaxPoll);
+    while (true) {
+      for (int r = 0; r < size_; ++r) {
+        if (got[r]) continue;
+        LIBCOMM_ASSIGN_OR_RETURN(got[r], readIfExists(roundName(round, r)));
+        if (got[r]) --pending;
+      }
+      if (pending == 0) break;
+      if (deadline.expired()) {
+        std::vector<int> missing;
+        for (int r = 0; r < size_; ++r)
+          if (!got[r]) missing.push_back(r);
+        return makeError(StatusCode::kTimeout, "file bootstrap ", op, " #", round, ": rank ", rank_, " of ", size_,
+                         " timed out in ", dir_, " (job ", jobId_, "); ranks not arrived: ", boot::joinRanks(missing));
+      }
+      backoff.sleep(deadline);
+    }
+    for (int r = 0; r < size_; ++r) {
+      if (got[r]->size() != bytes)
+        return makeError(StatusCode::kInvalidUsage, "file bootstrap ", op, " #", round, ": rank ", rank_, " passed ",
+                         bytes, " bytes but rank ", r, " passed ", got[r]->size());
+      if (bytes) memcpy(static_cast<char*>(all) + r * bytes, got[r]->data(), bytes);
+    }
+    // Every rank has now written round `round`, so every rank has finished reading round-1: our
+    // file of that round has no readers left.
+    if (round > 0) unlink(roundName(round - 1, rank_).c_str());
+    return Status::ok();
+  }
+
+  const std::string dir_;
+  const std::string jobId_;
+  const int rank_;
+  const int size_;
+  uint64_t round_ = 0;
+  uint64_t tmpCounter_ = 0;
+  std::map<std::pair<int, uint32_t>, uint64_t> sendSeq_;
+  std::map<std::pair<int, uint32_t>, uint64_t> recvSeq_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Bootstrap>> createFileBootstrap(const std::string& dir, const std::string& jobId, int rank,
+                                                       int size, Deadline deadline) {
+  if (size < 1 || rank < 0 || rank >= size)
+    return makeError(StatusCode::kInvalidArgument, "file bootstrap: rank ", rank, " is outside [0, ", size, ")");
+  if (dir.empty()) return makeError(StatusCode::kInvalidArgument, "file bootstrap: empty directory");
+  LIBCOMM_RETURN_IF_ERROR(boot::checkJobId(jobId).withContext("file bootstrap"));
+  LIBCOMM_RETURN_IF_ERROR(makeDirs(dir));
+  auto bootstrap = std::make_unique<FileBootstrap>(dir, jobId, rank, size);
+  LIBCOMM_RETURN_IF_ERROR(bootstrap->hello(deadline));
+  LIBCOMM_LOG(kInfo, "boot") << "file bootstrap: rank " << rank << " of " << size << " joined job " << jobId << " in "
+                             << dir;
+  return std::unique_ptr<Bootstrap>(std::move(bootstrap));
+}
+
+}  // namespace libcomm

@@ -1,0 +1,73 @@
+// createBootstrapFromEnvironment: resolveLaunchInfo() turned into a connected Bootstrap.
+
+#include "bootstrap/tcp_store.h"
+#include "core/log.h"
+#include "libcomm/bootstrap.h"
+
+namespace libcomm {
+namespace {
+
+// How long the rank hosting the store keeps it up, once its own bootstrap is gone, for the other
+// ranks to finish with it. Even after a final barrier they may still be reading its reply.
+constexpr Milliseconds kStoreLinger{60000};
+
+// The bootstrap of the rank that hosts the TCP store.
+class StoreOwningBootstrap final : public Bootstrap {
+ public:
+  StoreOwningBootstrap(std::unique_ptr<TcpStoreServer> server, std::unique_ptr<Bootstrap> inner)
+      : server_(std::move(server)), inner_(std::move(inner)) {}
+
+  ~StoreOwningBootstrap() override {
+    std::string job = inner_->jobId();
+    inner_.reset();
+    int left = boot::waitForClientsToLeave(*server_, Deadline::after(kStoreLinger));
+    if (left > 0)
+      LIBCOMM_LOG(kWarn, "boot") << "job " << job << ": stopping the tcp store while " << left
+                                 << " rank(s) are still connected after " << kStoreLinger.count()
+                                 << " ms; they will get remote errors";
+  }
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const std::string& jobId() const override { return inner_->jobId(); }
+  std::string describe() const override { return inner_->describe() + " (store hosted here)"; }
+  Status allGather(const void* mine, void* all, size_t bytes, Deadline deadline) override {
+    return inner_->allGather(mine, all, bytes, deadline);
+  }
+  Status barrier(Deadline deadline) override { return inner_->barrier(deadline); }
+  Status send(int peer, uint32_t tag, const void* data, size_t bytes, Deadline deadline) override {
+    return inner_->send(peer, tag, data, bytes, deadline);
+  }
+  Status recv(int peer, uint32_t tag, void* data, size_t bytes, Deadline deadline) override {
+    return inner_->recv(peer, tag, data, bytes, deadline);
+  }
+
+ private:
+  // Declared first so that it is destroyed last, after the client connected to it.
+  std::unique_ptr<TcpStoreServer> server_;
+  std::unique_ptr<Bootstrap> inner_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Bootstrap>> createBootstrapFromEnvironment(Deadline deadline,
+                                                                  const LaunchOverrides& overrides) {
+  LIBCOMM_ASSIGN_OR_RETURN(LaunchInfo info, resolveLaunchInfo(overrides));
+  if (info.size == 1) {
+    auto single = createInProcessBootstraps(1, info.jobId);
+    return std::move(single[0]);
+  }
+  if (!info.storeDir.empty())
+    return createFileBootstrap(info.storeDir, info.jobId, info.rank, info.size, deadline);
+  if (!info.hostsStore)
+    return createTcpBootstrap(info.storeHost, info.storePort, info.secret, info.rank, info.size, deadline,
+                              info.jobId);
+  LIBCOMM_ASSIGN_OR_RETURN(std::unique_ptr<TcpStoreServer> server,
+                           startTcpStore(info.storeHost, info.storePort, info.secret));
+  LIBCOMM_ASSIGN_OR_RETURN(std::unique_ptr<Bootstrap> inner,
+                           createTcpBootstrap(info.storeHost, server->port(), info.secret, info.rank, info.size,
+                                              deadline, info.jobId));
+  return std::unique_ptr<Bootstrap>(std::make_unique<StoreOwningBootstrap>(std::move(server), std::move(inner)));
+}
+
+}  // namespace libcomm

@@ -1,0 +1,216 @@
+// Where this process sits in the job: rank and size from explicit values, LIBCOMM_*, torchrun,
+// Open MPI or Slurm; the rendezvous (TCP store or file store), secret and job id from LIBCOMM_*
+// with launcher fallbacks.
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <optional>
+
+#include "bootstrap/boot_util.h"
+#include "bootstrap/sha256.h"
+#include "core/log.h"
+#include "libcomm/bootstrap.h"
+#include "libcomm/config.h"
+
+namespace libcomm {
+namespace {
+
+struct Source {
+  const char* name;
+  const char* rankVar;
+  const char* sizeVar;
+  const char* localRankVar;
+  const char* localSizeVar;  // nullptr: the launcher has no such variable
+};
+
+// In priority order. Slurm comes last and is only consulted when none of the others says anything:
+// mpirun and torchrun run inside Slurm allocations and their children inherit SLURM_PROCID and
+// SLURM_NTASKS of the enclosing step, which then describe that step, not this process.
+constexpr Source kSources[] = {
+    {"LIBCOMM", "LIBCOMM_RANK", "LIBCOMM_WORLD_SIZE", "LIBCOMM_LOCAL_RANK", "LIBCOMM_LOCAL_SIZE"},
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+    {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
+};
+constexpr size_t kSlurm = 3;
+
+std::string env(const char* name) {
+  // LIBCOMM_* names go through the settings registry (which also warns about unknown ones).
+  if (std::string_view(name).rfind("LIBCOMM_", 0) == 0) return settingValue(name);
+  const char* v = getenv(name);
+  return v ? v : "";
+}
+
+Result<std::optional<int>> envInt(const char* name) {
+  std::string v = env(name);
+  if (v.empty()) return std::optional<int>();
+  char* end = nullptr;
+  errno = 0;
+  long long x = strtoll(v.c_str(), &end, 10);
+  if (errno != 0 || end == v.c_str() || *end != '\0' || x < INT_MIN || x > INT_MAX)
+    return makeError(StatusCode::kInvalidArgument, name, "='", v, "' is not an integer");
+  return std::optional<int>(static_cast<int>(x));
+}
+
+// One claimed value of rank or size: who claims it and what it is.
+struct Claim {
+  std::string who;  // variable name, or "explicit rank"
+  int value;
+  const char* source;
+};
+
+// Picks the first (highest-priority) claim; any claim that disagrees with it is an error.
+Result<std::optional<Claim>> settle(const std::vector<Claim>& claims, const char* what) {
+  if (claims.empty()) return std::optional<Claim>();
+  for (const Claim& c : claims)
+    if (c.value != claims[0].value)
+      return makeError(StatusCode::kInvalidArgument, "conflicting ", what, ": ", claims[0].who, "=", claims[0].value,
+                       " but ", c.who, "=", c.value, " (unset one of them)");
+  return std::optional<Claim>(claims[0]);
+}
+
+Status resolveStore(LaunchInfo& info) {
+  info.storeDir = env("LIBCOMM_STORE_DIR");
+  std::string addr = env("LIBCOMM_STORE_ADDR");
+  if (!info.storeDir.empty() && !addr.empty())
+    return makeError(StatusCode::kInvalidArgument, "both LIBCOMM_STORE_DIR='", info.storeDir,
+                     "' and LIBCOMM_STORE_ADDR='", addr, "' are set; choose the file store or the TCP store");
+  if (info.storeDir.empty()) {
+    if (!addr.empty()) {
+      LIBCOMM_ASSIGN_OR_RETURN(auto hp, boot::parseHostPort(addr, "LIBCOMM_STORE_ADDR"));
+      info.storeHost = hp.first;
+      info.storePort = hp.second;
+    } else if (!env("MASTER_ADDR").empty() || !env("MASTER_PORT").empty()) {
+      if (env("MASTER_ADDR").empty() || env("MASTER_PORT").empty())
+        return makeError(StatusCode::kInvalidArgument, "MASTER_ADDR='", env("MASTER_ADDR"), "' and MASTER_PORT='",
+                         env("MASTER_PORT"), "' must be set together");
+      LIBCOMM_ASSIGN_OR_RETURN(std::optional<int> port, envInt("MASTER_PORT"));
+      if (*port < 1 || *port > 65535)
+        return makeError(StatusCode::kInvalidArgument, "MASTER_PORT=", *port, " is outside [1, 65535]");
+      info.storeHost = env("MASTER_ADDR");
+      info.storePort = *port;
+    }
+  }
+
+  info.jobId = env("LIBCOMM_JOB_ID");
+  if (info.jobId.empty() && !info.storeDir.empty() && !env("SLURM_JOB_ID").empty())
+    info.jobId = "slurm-" + env("SLURM_JOB_ID") + (env("SLURM_STEP_ID").empty() ? "" : "." + env("SLURM_STEP_ID"));
+  if (!info.jobId.empty()) LIBCOMM_RETURN_IF_ERROR(boot::checkJobId(info.jobId).withContext("LIBCOMM_JOB_ID"));
+
+  info.secret = env("LIBCOMM_SECRET");
+  if (info.size == 1) return Status::ok();  // a single rank needs no rendezvous
+  if (!info.storeDir.empty()) {
+    if (info.jobId.empty())
+      return makeError(StatusCode::kInvalidArgument, "the file store in LIBCOMM_STORE_DIR='", info.storeDir,
+                       "' needs a job id shared by all ranks: set LIBCOMM_JOB_ID");
+    return Status::ok();
+  }
+  if (info.storeHost.empty())
+    return makeError(StatusCode::kInvalidArgument, "rank ", info.rank, " of ", info.size,
+                     " has no rendezvous: set LIBCOMM_STORE_ADDR=host:port (or MASTER_ADDR and MASTER_PORT) for a "
+                     "TCP store, or LIBCOMM_STORE_DIR for a file store");
+  if (info.storePort < 1)
+    return makeError(StatusCode::kInvalidArgument, "LIBCOMM_STORE_ADDR port ", info.storePort,
+                     " cannot be reached by other ranks; give a real port");
+  if (info.secret.empty()) {
+    std::string runId = env("TORCHELASTIC_RUN_ID");
+    if (runId.empty())
+      return makeError(StatusCode::kInvalidArgument,
+                       "the TCP store needs a per-job secret: set LIBCOMM_SECRET to the same random string on every "
+                       "rank (for example the output of `openssl rand -hex 16`)");
+    LIBCOMM_LOG(kWarn, "boot") << "LIBCOMM_SECRET is not set; deriving the store secret from TORCHELASTIC_RUN_ID='"
+                               << runId << "', which anyone who can see the job's command line can guess. "
+                               << "Set LIBCOMM_SECRET to a random string for a real secret.";
+    info.secret = boot::toHex(boot::sha256("shardcomm-store-secret:" + runId));
+  }
+  std::string hostStore = env("LIBCOMM_HOST_STORE");
+  if (hostStore.empty()) {
+    info.hostsStore = info.rank == 0;
+  } else {
+    LIBCOMM_ASSIGN_OR_RETURN(info.hostsStore, settingBool("LIBCOMM_HOST_STORE"));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<LaunchInfo> resolveLaunchInfo(const LaunchOverrides& overrides) {
+  std::vector<Claim> rankClaims, sizeClaims;
+  if (overrides.rank >= 0) rankClaims.push_back({"explicit rank", overrides.rank, "explicit"});
+  if (overrides.size >= 0) sizeClaims.push_back({"explicit size", overrides.size, "explicit"});
+  // Values from every source are read (and must parse) so that disagreements are caught.
+  std::optional<int> values[std::size(kSources)][2];
+  bool nonSlurmSays = false;
+  for (size_t i = 0; i < std::size(kSources); ++i) {
+    LIBCOMM_ASSIGN_OR_RETURN(values[i][0], envInt(kSources[i].rankVar));
+    LIBCOMM_ASSIGN_OR_RETURN(values[i][1], envInt(kSources[i].sizeVar));
+    if (i != kSlurm && (values[i][0] || values[i][1])) nonSlurmSays = true;
+  }
+  for (size_t i = 0; i < std::size(kSources); ++i) {
+    if (i == kSlurm && nonSlurmSays) {
+      if (values[i][0] || values[i][1])
+        LIBCOMM_LOG(kDebug, "boot") << "ignoring SLURM_PROCID/SLURM_NTASKS: another launcher sets rank/size";
+      continue;
+    }
+    if (values[i][0]) rankClaims.push_back({kSources[i].rankVar, *values[i][0], kSources[i].name});
+    if (values[i][1]) sizeClaims.push_back({kSources[i].sizeVar, *values[i][1], kSources[i].name});
+  }
+  LIBCOMM_ASSIGN_OR_RETURN(std::optional<Claim> rank, settle(rankClaims, "ranks"));
+  LIBCOMM_ASSIGN_OR_RETURN(std::optional<Claim> size, settle(sizeClaims, "world sizes"));
+  if (!rank || !size)
+    return makeError(StatusCode::kInvalidArgument, "cannot tell this process's ", !rank ? "rank" : "world size",
+                     ": set LIBCOMM_RANK and LIBCOMM_WORLD_SIZE, or start it with torchrun, mpirun, srun or "
+                     "libcomm's local launcher");
+  if (size->value < 1)
+    return makeError(StatusCode::kInvalidArgument, size->who, "=", size->value, " must be at least 1");
+  if (rank->value < 0 || rank->value >= size->value)
+    return makeError(StatusCode::kInvalidArgument, rank->who, "=", rank->value, " is outside [0, ", size->value,
+                     ") given by ", size->who);
+
+  LaunchInfo info;
+  info.rank = rank->value;
+  info.size = size->value;
+  info.source = rank->source;
+
+  // Local placement: LIBCOMM_LOCAL_* win, then the launcher that gave the rank (for an explicit
+  // rank, any launcher that says).
+  const char* localRankVar = nullptr;
+  const char* localSizeVar = nullptr;
+  for (size_t i = 0; i < std::size(kSources); ++i) {
+    const Source& s = kSources[i];
+    bool consult = i == 0 || info.source == s.name || (info.source == "explicit" && !(i == kSlurm && nonSlurmSays));
+    if (!consult) continue;
+    LIBCOMM_ASSIGN_OR_RETURN(std::optional<int> lr, envInt(s.localRankVar));
+    if (lr && !localRankVar) {
+      info.localRank = *lr;
+      localRankVar = s.localRankVar;
+    }
+    if (!s.localSizeVar) continue;
+    LIBCOMM_ASSIGN_OR_RETURN(std::optional<int> ls, envInt(s.localSizeVar));
+    if (ls && !localSizeVar) {
+      info.localSize = *ls;
+      localSizeVar = s.localSizeVar;
+    }
+  }
+  if (localSizeVar && (info.localSize < 1 || info.localSize > info.size))
+    return makeError(StatusCode::kInvalidArgument, localSizeVar, "=", info.localSize, " is outside [1, ", info.size,
+                     "]");
+  if (localRankVar && (info.localRank < 0 || info.localRank >= (localSizeVar ? info.localSize : info.size)))
+    return makeError(StatusCode::kInvalidArgument, localRankVar, "=", info.localRank, " is outside [0, ",
+                     localSizeVar ? info.localSize : info.size, ")");
+
+  LIBCOMM_RETURN_IF_ERROR(resolveStore(info));
+  std::string where = !info.storeDir.empty() ? "file store " + info.storeDir
+                      : !info.storeHost.empty()
+                          ? "tcp store " + info.storeHost + ":" + std::to_string(info.storePort) +
+                                (info.hostsStore ? " (hosted by this process)" : "")
+                          : std::string("no store");
+  LIBCOMM_LOG(kInfo, "boot") << "launch: rank " << info.rank << " of " << info.size << " (local " << info.localRank
+                             << " of " << info.localSize << ") from " << info.source << " via " << rank->who << "; "
+                             << where << "; job " << (info.jobId.empty() ? "(chosen by rank 0)" : info.jobId);
+  return info;
+}
+
+}  // namespace libcomm

@@ -1,0 +1,245 @@
+// launchLocal: N rank processes on this host around a loopback TCP store hosted by the launcher.
+
+#include "libcomm/launcher.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+#include "bootstrap/boot_util.h"
+#include "bootstrap/sha256.h"
+#include "core/log.h"
+#include "libcomm/bootstrap.h"
+
+extern char** environ;
+
+namespace libcomm {
+namespace {
+
+// How long ranks get to exit after SIGTERM before SIGKILL.
+constexpr Milliseconds kTermGrace{2000};
+
+// Variables the children must not inherit: they would describe the launcher's own place in some
+// enclosing job and contradict (or outrank) the LIBCOMM_* values set for each rank.
+const std::set<std::string> kStripped = {
+    "LIBCOMM_RANK",        "LIBCOMM_WORLD_SIZE",         "LIBCOMM_LOCAL_RANK",         "LIBCOMM_LOCAL_SIZE",
+    "LIBCOMM_STORE_ADDR",  "LIBCOMM_STORE_DIR",          "LIBCOMM_SECRET",             "LIBCOMM_JOB_ID",
+    "LIBCOMM_HOST_STORE",  "RANK",                       "WORLD_SIZE",                 "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",    "OMPI_COMM_WORLD_RANK",       "OMPI_COMM_WORLD_SIZE",       "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE"};
+
+Result<std::string> findProgram(const std::string& name) {
+  if (name.empty()) return makeError(StatusCode::kInvalidArgument, "launchLocal: empty program name");
+  if (name.find('/') != std::string::npos) {
+    if (access(name.c_str(), X_OK) != 0)
+      return makeError(StatusCode::kInvalidArgument, "launchLocal: cannot execute ", name, ": ",
+                       boot::errnoText(errno));
+    return name;
+  }
+  const char* path = getenv("PATH");
+  std::string dirs = path && *path ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t pos = 0;
+  while (pos <= dirs.size()) {
+    size_t colon = dirs.find(':', pos);
+    std::string dir = dirs.substr(pos, colon == std::string::npos ? std::string::npos : colon - pos);
+    std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+    if (colon == std::string::npos) break;
+    pos = colon + 1;
+  }
+  return makeError(StatusCode::kInvalidArgument, "launchLocal: program '", name, "' not found in PATH");
+}
+
+std::string describeWait(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status))
+    return "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
+  return "stopped with wait status " + std::to_string(status);
+}
+
+struct Child {
+  pid_t pid = -1;
+  bool running = false;
+};
+
+// Reaps whichever children have ended; returns the first rank that failed on its own, or -1.
+int reap(std::vector<Child>& children, bool blocking, std::string* how) {
+  int failed = -1;
+  for (size_t r = 0; r < children.size(); ++r) {
+    Child& c = children[r];
+    if (!c.running) continue;
+    int status = 0;
+    pid_t got = waitpid(c.pid, &status, blocking ? 0 : WNOHANG);
+    if (got == 0 || (got < 0 && errno == EINTR)) continue;
+    c.running = false;
+    if (got < 0) {
+      // ECHILD: someone else reaped it (SIGCHLD ignored, or a stray waitpid(-1)); its status is lost.
+      LIBCOMM_LOG(kWarn, "boot") << "launchLocal: rank " << r << " (pid " << c.pid
+                                 << ") was reaped elsewhere; its exit status is unknown";
+      continue;
+    }
+    if (failed < 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+      failed = static_cast<int>(r);
+      *how = describeWait(status);
+    }
+  }
+  return failed;
+}
+
+std::vector<int> runningRanks(const std::vector<Child>& children) {
+  std::vector<int> out;
+  for (size_t r = 0; r < children.size(); ++r)
+    if (children[r].running) out.push_back(static_cast<int>(r));
+  return out;
+}
+
+// SIGTERM to every running rank's process group, SIGKILL to what is left after the grace period,
+// then reap everything so no zombie stays behind.
+void stopAll(std::vector<Child>& children) {
+  std::string ignored;
+  for (const Child& c : children)
+    if (c.running) kill(-c.pid, SIGTERM);
+  Deadline grace = Deadline::after(kTermGrace);
+  boot::Backoff backoff(Milliseconds(1), Milliseconds(20));
+  while (!runningRanks(children).empty() && !grace.expired()) {
+    reap(children, false, &ignored);
+    if (!runningRanks(children).empty()) backoff.sleep(grace);
+  }
+  for (const Child& c : children)
+    if (c.running) {
+      LIBCOMM_LOG(kWarn, "boot") << "launchLocal: pid " << c.pid << " ignored SIGTERM for " << kTermGrace.count()
+                                 << " ms; sending SIGKILL";
+      kill(-c.pid, SIGKILL);
+    }
+  reap(children, true, &ignored);
+}
+
+}  // namespace
+
+Status launchLocal(const LocalLaunchOptions& options) {
+  if (options.numRanks < 1)
+    return makeError(StatusCode::kInvalidArgument, "launchLocal: numRanks ", options.numRanks, " < 1");
+  if (options.argv.empty()) return makeError(StatusCode::kInvalidArgument, "launchLocal: empty argv");
+  LIBCOMM_ASSIGN_OR_RETURN(std::string program, findProgram(options.argv[0]));
+  const Deadline deadline = Deadline::after(options.timeout);
+
+  // The secret must be unguessable (randomHex would fall back to a time/pid mix), so take the
+  // kernel's randomness or fail.
+  uint8_t secretBytes[32];
+  LIBCOMM_RETURN_IF_ERROR(boot::randomBytes(secretBytes, sizeof(secretBytes)));
+  const std::string secret = boot::toHex(secretBytes, sizeof(secretBytes));
+  const std::string jobId = "local-" + boot::randomHex(8);
+  LIBCOMM_ASSIGN_OR_RETURN(std::unique_ptr<TcpStoreServer> store, startTcpStore("127.0.0.1", 0, secret));
+  const std::string storeAddr = "127.0.0.1:" + std::to_string(store->port());
+
+  // Everything a child needs is built before the first fork: between fork and exec only
+  // async-signal-safe calls are allowed (the store's thread may hold the allocator's locks).
+  std::vector<std::string> inherited;
+  for (char** e = environ; e && *e; ++e) {
+    std::string entry(*e);
+    std::string name = entry.substr(0, entry.find('='));
+    bool overridden = kStripped.count(name) > 0;
+    for (const auto& [k, v] : options.env) overridden = overridden || k == name;
+    if (!overridden) inherited.push_back(std::move(entry));
+  }
+  std::vector<std::vector<std::string>> envs(options.numRanks, inherited);
+  for (int r = 0; r < options.numRanks; ++r) {
+    auto& e = envs[r];
+    e.push_back("LIBCOMM_RANK=" + std::to_string(r));
+    e.push_back("LIBCOMM_WORLD_SIZE=" + std::to_string(options.numRanks));
+    e.push_back("LIBCOMM_LOCAL_RANK=" + std::to_string(r));
+    e.push_back("LIBCOMM_LOCAL_SIZE=" + std::to_string(options.numRanks));
+    e.push_back("LIBCOMM_STORE_ADDR=" + storeAddr);
+    e.push_back("LIBCOMM_SECRET=" + secret);
+    e.push_back("LIBCOMM_JOB_ID=" + jobId);
+    e.push_back("LIBCOMM_HOST_STORE=0");
+    for (const auto& [k, v] : options.env) e.push_back(k + "=" + v);
+  }
+  std::vector<char*> argv;
+  for (const auto& a : options.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<std::vector<char*>> envps(options.numRanks);
+  for (int r = 0; r < options.numRanks; ++r) {
+    for (auto& s : envs[r]) envps[r].push_back(s.data());
+    envps[r].push_back(nullptr);
+  }
+
+  LIBCOMM_LOG(kInfo, "boot") << "launchLocal: starting " << options.numRanks << " ranks of " << program
+                             << " (store " << storeAddr << ", job " << jobId << ")";
+  std::vector<Child> children(options.numRanks);
+  const pid_t parent = getpid();
+  for (int r = 0; r < options.numRanks; ++r) {
+    int execPipe[2];
+    if (pipe2(execPipe, O_CLOEXEC) != 0) {
+      Status err = makeError(StatusCode::kSystemError, "launchLocal: pipe for rank ", r, ": ", boot::errnoText(errno));
+      stopAll(children);
+      return err;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+      // Own process group, so that stopping a rank also stops whatever it started.
+      setpgid(0, 0);
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(125);
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      close(execPipe[0]);
+      execve(program.c_str(), argv.data(), envps[r].data());
+      int err = errno;
+      ssize_t ignored = write(execPipe[1], &err, sizeof(err));
+      (void)ignored;
+      _exit(127);
+    }
+    int forkErr = errno;
+    close(execPipe[1]);
+    if (pid < 0) {
+      close(execPipe[0]);
+      stopAll(children);
+      return makeError(StatusCode::kSystemError, "launchLocal: fork for rank ", r, ": ", boot::errnoText(forkErr));
+    }
+    setpgid(pid, pid);  // also here: whichever of parent and child runs first, the group exists
+    children[r] = {pid, true};
+    int execErr = 0;
+    ssize_t n;
+    do {
+      n = read(execPipe[0], &execErr, sizeof(execErr));
+    } while (n < 0 && errno == EINTR);
+    close(execPipe[0]);
+    if (n == sizeof(execErr)) {
+      stopAll(children);
+      return makeError(StatusCode::kSystemError, "launchLocal: rank ", r, " could not execute ", program, ": ",
+                       boot::errnoText(execErr));
+    }
+  }
+
+  boot::Backoff backoff(Milliseconds(1), Milliseconds(20));
+  std::string how;
+  while (!runningRanks(children).empty()) {
+    int failed = reap(children, false, &how);
+    if (failed >= 0) {
+      std::vector<int> others = runningRanks(children);
+      stopAll(children);
+      return makeError(StatusCode::kRemoteError, "launchLocal: rank ", failed, " of ", options.numRanks, " (",
+                       program, ") ", how,
+                       others.empty() ? std::string() : "; stopped ranks " + boot::joinRanks(others));
+    }
+    if (deadline.expired()) {
+      std::vector<int> left = runningRanks(children);
+      stopAll(children);
+      return makeError(StatusCode::kTimeout, "launchLocal: ranks ", boot::joinRanks(left), " of ", options.numRanks,
+                       " (", program, ") still running after ", options.timeout.count(), " ms; killed them");
+    }
+    backoff.sleep(deadline);
+  }
+  LIBCOMM_LOG(kInfo, "boot") << "launchLocal: all " << options.numRanks << " ranks of job " << jobId << " succeeded";
+  return Status::ok();
+}
+
+}  // namespace libcomm

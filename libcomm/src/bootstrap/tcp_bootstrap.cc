@@ -1,0 +1,180 @@
+// TCP-store bootstrap: every collective round is "set my key, then wait for everyone's keys";
+// point-to-point messages are keys the receiver takes (reads and deletes) in one step.
+//
+// Keys: job/id                      the job id, set by rank 0
+//       c/<round>/<rank>            rank's contribution to collective round <round>
+//       p/<src>/<dst>/<tag>/<seq>   the <seq>-th message from src to dst under tag
+
+#include <cstring>
+#include <map>
+
+#include "bootstrap/boot_util.h"
+#include "bootstrap/sha256.h"
+#include "bootstrap/tcp_store.h"
+#include "core/log.h"
+
+namespace libcomm {
+namespace {
+
+constexpr uint32_t kHelloMagic = 0x54424f4f;  // "TBOO"
+// Room left in a reply for the per-value length prefixes.
+constexpr size_t kReplyOverhead = 4096;
+
+class TcpBootstrap final : public Bootstrap {
+ public:
+  TcpBootstrap(std::unique_ptr<boot::TcpStoreClient> client, int rank, int size)
+      : client_(std::move(client)), rank_(rank), size_(size) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& jobId() const override { return jobId_; }
+  std::string describe() const override { return "tcp " + client_->address(); }
+
+  Status join(std::string jobId, Deadline deadline) {
+    if (rank_ == 0) {
+      if (jobId.empty()) jobId = "job-" + boot::randomHex(8);
+      LIBCOMM_RETURN_IF_ERROR(client_->set("job/id", jobId, deadline));
+    } else if (jobId.empty()) {
+      auto got = client_->get({"job/id"}, false, deadline);
+      if (!got.isOk())
+        return got.status().withContext("rank " + std::to_string(rank_) + " waiting for rank 0 to publish the job id");
+      jobId = got.value()[0];
+    }
+    LIBCOMM_RETURN_IF_ERROR(boot::checkJobId(jobId));
+    jobId_ = jobId;
+
+    // Round 0 checks that everyone agrees on the world size and the job before anything real.
+    boot::Digest jobHash = boot::sha256(jobId_);
+    uint32_t mine[4] = {kHelloMagic, static_cast<uint32_t>(size_), 0, 0};
+    memcpy(&mine[2], jobHash.data(), 8);
+    std::vector<uint32_t> all(4 * size_);
+    LIBCOMM_RETURN_IF_ERROR(collective("hello", mine, all.data(), sizeof(mine), deadline));
+    for (int r = 0; r < size_; ++r) {
+      const uint32_t* theirs = &all[4 * r];
+      if (theirs[0] != kHelloMagic || theirs[1] != static_cast<uint32_t>(size_))
+        return makeError(StatusCode::kInvalidArgument, "tcp bootstrap: rank ", rank_, " was told size ", size_,
+                         " but rank ", r, " was told size ", theirs[1], " (store ", client_->address(), ")");
+      if (memcmp(theirs + 2, mine + 2, 8) != 0)
+        return makeError(StatusCode::kInvalidArgument, "tcp bootstrap: rank ", rank_, " has job id ", jobId_,
+                         " but rank ", r, " has another one (store ", client_->address(), ")");
+    }
+    return Status::ok();
+  }
+
+  Status allGather(const void* mine, void* all, size_t bytes, Deadline deadline) override {
+    return collective("allGather", mine, all, bytes, deadline);
+  }
+
+  Status barrier(Deadline deadline) override { return collective("barrier", nullptr, nullptr, 0, deadline); }
+
+  Status send(int peer, uint32_t tag, const void* data, size_t bytes, Deadline deadline) override {
+    LIBCOMM_RETURN_IF_ERROR(checkPeer("send", peer));
+    if (bytes > boot::kMaxPayloadBytes - kReplyOverhead)
+      return makeError(StatusCode::kInvalidArgument, "tcp bootstrap send: rank ", rank_, " to peer ", peer, ": ",
+                       bytes, " bytes is over the store's message bound");
+    uint64_t seq = sendSeq_[{peer, tag}]++;
+    return client_->set(p2pKey(rank_, peer, tag, seq), std::string(static_cast<const char*>(data), bytes), deadline);
+  }
+
+  Status recv(int peer, uint32_t tag, void* data, size_t bytes, Deadline deadline) override {
+    LIBCOMM_RETURN_IF_ERROR(checkPeer("recv", peer));
+    uint64_t seq = recvSeq_[{peer, tag}];
+    auto got = client_->get({p2pKey(peer, rank_, tag, seq)}, true, deadline);
+    if (!got.isOk()) {
+      if (got.status().code() == StatusCode::kTimeout)
+        return makeError(StatusCode::kTimeout, "tcp bootstrap recv: rank ", rank_, " of ", size_,
+                         " got nothing from peer ", peer, " under tag ", tag, " (message #", seq, ", store ",
+                         client_->address(), ") before its deadline");
+      return got.status().withContext("tcp bootstrap recv from peer " + std::to_string(peer));
+    }
+    ++recvSeq_[{peer, tag}];
+    const std::string& message = got.value()[0];
+    if (message.size() != bytes)
+      return makeError(StatusCode::kInvalidUsage, "tcp bootstrap recv: rank ", rank_, " expected ", bytes,
+                       " bytes from peer ", peer, " under tag ", tag, " but the peer sent ", message.size());
+    if (bytes) memcpy(data, message.data(), bytes);
+    return Status::ok();
+  }
+
+ private:
+  Status checkPeer(const char* op, int peer) const {
+    if (peer < 0 || peer >= size_)
+      return makeError(StatusCode::kInvalidArgument, "tcp bootstrap ", op, ": rank ", rank_, " named peer ", peer,
+                       " outside [0, ", size_, ")");
+    return Status::ok();
+  }
+
+  static std::string roundKey(uint64_t round, int rank) {
+    return "c/" + std::to_string(round) + "/" + std::to_string(rank);
+  }
+  static std::string p2pKey(int src, int dst, uint32_t tag, uint64_t seq) {
+    return "p/" + std::to_string(src) + "/" + std::to_string(dst) + "/" + std::to_string(tag) + "/" +
+           std::to_string(seq);
+  }
+
+  Status collective(const char* op, const void* mine, void* all, size_t bytes, Deadline deadline) {
+    if (bytes * static_cast<size_t>(size_) > boot::kMaxPayloadBytes - kReplyOverhead)
+      return makeError(StatusCode::kInvalidArgument, "tcp bootstrap ", op, ": rank ", rank_, ": ", bytes,
+                       " bytes x ", size_, " ranks is over the store's message bound of ", boot::kMaxPayloadBytes);
+    const uint64_t round = round_++;
+    LIBCOMM_RETURN_IF_ERROR(
+        client_->set(roundKey(round, rank_), std::string(static_cast<const char*>(mine), bytes), deadline));
+    std::vector<std::string> keys;
+    for (int r = 0; r < size_; ++r) keys.push_back(roundKey(round, r));
+    std::vector<std::string> missingKeys;
+    auto got = client_->get(keys, false, deadline, &missingKeys);
+    if (!got.isOk()) {
+      if (got.status().code() != StatusCode::kTimeout || missingKeys.empty())
+        return got.status().withContext(std::string("tcp bootstrap ") + op + " #" + std::to_string(round));
+      std::vector<int> missing;
+      for (int r = 0; r < size_; ++r)
+        for (const auto& k : missingKeys)
+          if (k == keys[r]) missing.push_back(r);
+      return makeError(StatusCode::kTimeout, "tcp bootstrap ", op, " #", round, ": rank ", rank_, " of ", size_,
+                       " timed out (store ", client_->address(), ", job ", jobId_,
+                       "); ranks not arrived: ", boot::joinRanks(missing));
+    }
+    const auto& values = got.value();
+    for (int r = 0; r < size_; ++r) {
+      if (values[r].size() != bytes)
+        return makeError(StatusCode::kInvalidUsage, "tcp bootstrap ", op, " #", round, ": rank ", rank_, " passed ",
+                         bytes, " bytes but rank ", r, " passed ", values[r].size());
+      if (bytes) memcpy(static_cast<char*>(all) + r * bytes, values[r].data(), bytes);
+    }
+    // Everyone has set this round's key, so everyone is done reading the previous round.
+    if (round > 0) LIBCOMM_RETURN_IF_ERROR(client_->remove(roundKey(round - 1, rank_), deadline));
+    return Status::ok();
+  }
+
+  std::unique_ptr<boot::TcpStoreClient> client_;
+  const int rank_;
+  const int size_;
+  std::string jobId_;
+  uint64_t round_ = 0;
+  std::map<std::pair<int, uint32_t>, uint64_t> sendSeq_;
+  std::map<std::pair<int, uint32_t>, uint64_t> recvSeq_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Bootstrap>> createTcpBootstrap(const std::string& host, int port, const std::string& secret,
+                                                      int rank, int size, Deadline deadline,
+                                                      const std::string& jobId) {
+  if (size < 1 || rank < 0 || rank >= size)
+    return makeError(StatusCode::kInvalidArgument, "tcp bootstrap: rank ", rank, " is outside [0, ", size, ")");
+  if (port <= 0 || port > 65535)
+    return makeError(StatusCode::kInvalidArgument, "tcp bootstrap: rank ", rank, ": store port ", port,
+                     " outside [1, 65535]");
+  if (secret.empty())
+    return makeError(StatusCode::kInvalidArgument, "tcp bootstrap: rank ", rank,
+                     ": empty job secret (set LIBCOMM_SECRET)");
+  if (!jobId.empty()) LIBCOMM_RETURN_IF_ERROR(boot::checkJobId(jobId));
+  LIBCOMM_ASSIGN_OR_RETURN(auto client, boot::TcpStoreClient::connect(host, port, secret, rank, deadline));
+  auto bootstrap = std::make_unique<TcpBootstrap>(std::move(client), rank, size);
+  LIBCOMM_RETURN_IF_ERROR(bootstrap->join(jobId, deadline));
+  LIBCOMM_LOG(kInfo, "boot") << "tcp bootstrap: rank " << rank << " of " << size << " joined job "
+                             << bootstrap->jobId() << " at " << host << ":" << port;
+  return std::unique_ptr<Bootstrap>(std::move(bootstrap));
+}
+
+}  // namespace libcomm

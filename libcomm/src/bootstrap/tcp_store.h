@@ -1,0 +1,61 @@
+#pragma once
+// Internals of the TCP store shared by the server, the client bootstrap and the tests.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bootstrap/tcp_wire.h"
+#include "libcomm/bootstrap.h"
+
+namespace libcomm::boot {
+
+struct TcpStoreOptions {
+  /// A connection that has not completed the handshake this long after accept is dropped.
+  Milliseconds handshakeTimeout{10000};
+  /// A connection that stops sending in the middle of a message for this long is dropped.
+  Milliseconds stallTimeout{10000};
+};
+
+/// startTcpStore with explicit options (tests shorten the timeouts).
+Result<std::unique_ptr<TcpStoreServer>> startTcpStoreWithOptions(const std::string& host, int port,
+                                                                  const std::string& secret,
+                                                                  const TcpStoreOptions& options);
+
+/// Waits until no authenticated client is connected to `server` (a server from this file), or the
+/// deadline. Returns the number still connected. The rank hosting the store calls it before
+/// destroying the store, so that ranks finishing their last collective do not lose it under them.
+int waitForClientsToLeave(TcpStoreServer& server, Deadline deadline);
+
+/// An authenticated connection to the store. Calls are synchronous and not thread-safe; after a
+/// call fails on the connection itself (lost, timed out mid-reply) every later call fails too.
+class TcpStoreClient {
+ public:
+  /// Connects (retrying while the store is not up yet) and proves the secret; `rank` is for logs.
+  static Result<std::unique_ptr<TcpStoreClient>> connect(const std::string& host, int port,
+                                                         const std::string& secret, int rank, Deadline deadline);
+  ~TcpStoreClient();
+
+  Status set(const std::string& key, const std::string& value, Deadline deadline);
+  Status remove(const std::string& key, Deadline deadline);
+
+  /// Waits until every key exists (or the deadline), then returns their values in order;
+  /// `take` deletes them in the same step. On timeout: kTimeout, and `missing` (if given) lists
+  /// the keys that never appeared.
+  Result<std::vector<std::string>> get(const std::vector<std::string>& keys, bool take, Deadline deadline,
+                                       std::vector<std::string>* missing = nullptr);
+
+  const std::string& address() const { return address_; }
+
+ private:
+  TcpStoreClient(int fd, std::string address, int rank) : fd_(fd), address_(std::move(address)), rank_(rank) {}
+  Status handshake(const std::string& secret, Deadline deadline);
+  Result<Frame> call(MsgType type, const std::string& payload, Deadline replyDeadline, const char* op);
+
+  int fd_;
+  std::string address_;
+  int rank_;
+  Status broken_;
+};
+
+}  // namespace libcomm::boot

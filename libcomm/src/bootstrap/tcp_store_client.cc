@@ -1,0 +1,143 @@
+// Client side of the TCP store: connect with retry, mutual challenge-response, synchronous calls.
+
+#include <unistd.h>
+
+#include <limits>
+
+#include "bootstrap/boot_util.h"
+#include "bootstrap/sha256.h"
+#include "bootstrap/tcp_store.h"
+#include "core/log.h"
+
+namespace libcomm::boot {
+namespace {
+
+// A parked get is answered by the server at its own deadline; the client waits this much longer
+// for that answer, which names the missing keys, before giving up on its own.
+constexpr Milliseconds kReplyGrace{250};
+
+Deadline withGrace(Deadline d) {
+  if (d.at() == Clock::time_point::max()) return d;
+  return Deadline(d.at() + kReplyGrace);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<TcpStoreClient>> TcpStoreClient::connect(const std::string& host, int port,
+                                                                const std::string& secret, int rank,
+                                                                Deadline deadline) {
+  std::string address = host + ":" + std::to_string(port);
+  Backoff backoff(Milliseconds(10), Milliseconds(500));
+  int attempts = 0;
+  while (true) {
+    ++attempts;
+    Result<int> fd = connectOnce(host, port, deadline);
+    if (fd.isOk()) {
+      std::unique_ptr<TcpStoreClient> client(new TcpStoreClient(*fd, address, rank));
+      LIBCOMM_RETURN_IF_ERROR(client->handshake(secret, deadline));
+      LIBCOMM_LOG(kDebug, "boot") << "rank " << rank << " connected to tcp store " << address << " after "
+                                  << attempts << " attempt(s)";
+      return client;
+    }
+    if (fd.status().code() == StatusCode::kInvalidArgument) return fd.status();
+    if (deadline.expired())
+      return makeError(StatusCode::kTimeout, "rank ", rank, " could not reach the tcp store at ", address, " in ",
+                       attempts, " attempts before its deadline; last error: ", fd.status().message());
+    backoff.sleep(deadline);
+  }
+}
+
+TcpStoreClient::~TcpStoreClient() { close(fd_); }
+
+Status TcpStoreClient::handshake(const std::string& secret, Deadline deadline) {
+  std::string what = "rank " + std::to_string(rank_) + ": handshake with tcp store " + address_;
+  LIBCOMM_ASSIGN_OR_RETURN(Frame challenge, recvFrame(fd_, deadline, what));
+  if (challenge.type != MsgType::kChallenge || challenge.payload.size() != kNonceBytes)
+    return makeError(StatusCode::kRemoteError, what, ": expected a challenge, got message type ",
+                     static_cast<int>(challenge.type));
+  std::string clientNonce(kNonceBytes, '\0');
+  LIBCOMM_RETURN_IF_ERROR(randomBytes(clientNonce.data(), kNonceBytes));
+  WireWriter auth;
+  auth.raw(clientNonce).u32(static_cast<uint32_t>(rank_)).raw(clientProof(secret, challenge.payload, clientNonce, rank_));
+  LIBCOMM_RETURN_IF_ERROR(sendFrame(fd_, MsgType::kAuth, auth.take(), deadline, what));
+  LIBCOMM_ASSIGN_OR_RETURN(Frame answer, recvFrame(fd_, deadline, what));
+  if (answer.type == MsgType::kError)
+    return makeError(StatusCode::kInvalidArgument, what, ": refused: ", answer.payload,
+                     " (every rank must use the same LIBCOMM_SECRET)");
+  std::string expected = serverProof(secret, challenge.payload, clientNonce);
+  if (answer.type != MsgType::kAuthOk ||
+      !constantTimeEqual(reinterpret_cast<const uint8_t*>(expected.data()), expected.size(),
+                         reinterpret_cast<const uint8_t*>(answer.payload.data()), answer.payload.size()))
+    return makeError(StatusCode::kRemoteError, what,
+                     ": the server could not prove it knows the job secret (another job's store on this port?)");
+  return Status::ok();
+}
+
+Result<Frame> TcpStoreClient::call(MsgType type, const std::string& payload, Deadline replyDeadline, const char* op) {
+  if (!broken_.isOk()) return broken_;
+  std::string what = "rank " + std::to_string(rank_) + ": tcp store " + address_ + " " + op;
+  Status sent = sendFrame(fd_, type, payload, replyDeadline, what);
+  Result<Frame> reply = sent.isOk() ? recvFrame(fd_, replyDeadline, what) : Result<Frame>(sent);
+  if (!reply.isOk()) {
+    // The connection is out of step (a reply may still be in flight) or gone: no later call can
+    // trust it.
+    broken_ = makeError(StatusCode::kRemoteError, "rank ", rank_, ": connection to tcp store ", address_,
+                        " unusable after an earlier failure: ", reply.status().message());
+    return reply.status();
+  }
+  if (reply->type == MsgType::kError) {
+    broken_ = makeError(StatusCode::kRemoteError, what, ": store reported: ", reply->payload);
+    return broken_;
+  }
+  return reply;
+}
+
+Status TcpStoreClient::set(const std::string& key, const std::string& value, Deadline deadline) {
+  WireWriter w;
+  w.bytes(key).bytes(value);
+  LIBCOMM_ASSIGN_OR_RETURN(Frame reply, call(MsgType::kSet, w.take(), deadline, "set"));
+  if (reply.type != MsgType::kOk)
+    return makeError(StatusCode::kRemoteError, "rank ", rank_, ": tcp store ", address_, " answered set of ", key,
+                     " with message type ", static_cast<int>(reply.type));
+  return Status::ok();
+}
+
+Status TcpStoreClient::remove(const std::string& key, Deadline deadline) {
+  WireWriter w;
+  w.bytes(key);
+  LIBCOMM_ASSIGN_OR_RETURN(Frame reply, call(MsgType::kDelete, w.take(), deadline, "delete"));
+  if (reply.type != MsgType::kOk)
+    return makeError(StatusCode::kRemoteError, "rank ", rank_, ": tcp store ", address_, " answered delete of ",
+                     key, " with message type ", static_cast<int>(reply.type));
+  return Status::ok();
+}
+
+Result<std::vector<std::string>> TcpStoreClient::get(const std::vector<std::string>& keys, bool take,
+                                                     Deadline deadline, std::vector<std::string>* missing) {
+  long long ms = std::min<long long>(deadline.remaining().count(), std::numeric_limits<uint32_t>::max() - 1);
+  WireWriter w;
+  w.u32(take ? kTake : 0).u32(static_cast<uint32_t>(ms)).u32(static_cast<uint32_t>(keys.size()));
+  for (const auto& key : keys) w.bytes(key);
+  LIBCOMM_ASSIGN_OR_RETURN(Frame reply, call(MsgType::kGet, w.take(), withGrace(deadline), "get"));
+  WireReader r(reply.payload);
+  uint32_t n = 0;
+  if (reply.type == MsgType::kValues && r.u32(&n) && n == keys.size()) {
+    std::vector<std::string> values(n);
+    for (auto& v : values)
+      if (!r.bytes(&v)) break;
+    if (r.atEnd()) return values;
+  } else if (reply.type == MsgType::kTimedOut && r.u32(&n)) {
+    std::vector<std::string> absent(n);
+    for (auto& k : absent)
+      if (!r.bytes(&k)) break;
+    if (r.atEnd()) {
+      if (missing) *missing = absent;
+      return makeError(StatusCode::kTimeout, "rank ", rank_, ": tcp store ", address_, " get timed out; ", n, " of ",
+                       keys.size(), " keys never appeared");
+    }
+  }
+  broken_ = makeError(StatusCode::kRemoteError, "rank ", rank_, ": tcp store ", address_, " sent a malformed reply");
+  return broken_;
+}
+
+}  // namespace libcomm::boot

@@ -1,0 +1,502 @@
+// The TCP store server: one thread, one poll loop over the listening socket, every client and a
+// wake-up eventfd. Clients are untrusted until they prove the job secret; any protocol violation
+// costs the offender its connection (with a WARN) and nothing else.
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+
+#include <atomic>
+#include <cerrno>
+#include <deque>
+#include <map>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+#include "bootstrap/boot_util.h"
+#include "bootstrap/sha256.h"
+#include "bootstrap/tcp_store.h"
+#include "bootstrap/tcp_wire.h"
+#include "core/log.h"
+
+namespace libcomm::boot {
+namespace {
+
+// Before authentication the only legal message is kAuth; anything longer is refused at its header
+// so that a stranger cannot make the server buffer megabytes.
+constexpr uint32_t kMaxAuthPayload = 256;
+constexpr size_t kReadChunk = 1 << 16;
+constexpr size_t kMaxReadPerWakeup = 1 << 20;
+
+struct Conn {
+  uint64_t id = 0;
+  int fd = -1;
+  std::string peer;
+  int rank = -1;
+  bool authed = false;
+  bool waiting = false;  // a kGet is parked; later frames stay buffered until it is answered
+  bool closing = false;  // flush `out`, then close
+  bool closed = false;
+  std::string nonce;
+  std::string in;
+  size_t inPos = 0;
+  std::string out;
+  size_t outPos = 0;
+  Clock::time_point acceptedAt;
+  Clock::time_point lastProgress;
+
+  std::string who() const {
+    return peer + (rank >= 0 ? " (rank " + std::to_string(rank) + ")" : std::string(authed ? "" : " (unauthenticated)"));
+  }
+};
+
+struct Waiter {
+  std::vector<std::string> keys;
+  bool take = false;
+  Clock::time_point deadline;
+};
+
+std::string peerName(const struct sockaddr_storage& addr) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (addr.ss_family == AF_INET) {
+    auto* a = reinterpret_cast<const sockaddr_in*>(&addr);
+    inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+    port = ntohs(a->sin_port);
+  } else if (addr.ss_family == AF_INET6) {
+    auto* a = reinterpret_cast<const sockaddr_in6*>(&addr);
+    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+    port = ntohs(a->sin6_port);
+  }
+  return std::string(host) + ":" + std::to_string(port);
+}
+
+class Server final : public TcpStoreServer {
+ public:
+  Server(std::string host, std::string secret, TcpStoreOptions options)
+      : host_(std::move(host)), secret_(std::move(secret)), options_(options) {}
+
+  ~Server() override {
+    if (thread_.joinable()) {
+      stop_.store(true);
+      uint64_t one = 1;
+      ssize_t ignored = write(wakeFd_, &one, sizeof(one));
+      (void)ignored;
+      thread_.join();
+    }
+    for (auto& [id, conn] : conns_) close(conn->fd);
+    if (listenFd_ >= 0) close(listenFd_);
+    if (wakeFd_ >= 0) close(wakeFd_);
+    LIBCOMM_LOG(kDebug, "boot") << "tcp store " << host_ << ":" << port_ << " stopped";
+  }
+
+  int port() const override { return port_; }
+  const std::string& host() const override { return host_; }
+  int connectedClients() const { return authedClients_.load(); }
+
+  Status start(int port) {
+    struct addrinfo hints = {};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    struct addrinfo* list = nullptr;
+    int rc = getaddrinfo(host_.c_str(), std::to_string(port).c_str(), &hints, &list);
+    if (rc != 0)
+      return makeError(StatusCode::kInvalidArgument, "tcp store: cannot resolve '", host_, "': ", gai_strerror(rc));
+    listenFd_ = socket(list->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int one = 1;
+    // SO_REUSEADDR only skips TIME_WAIT leftovers of an earlier store; a live listener on the same
+    // address still makes bind fail with EADDRINUSE.
+    if (listenFd_ >= 0) setsockopt(listenFd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (listenFd_ < 0 || bind(listenFd_, list->ai_addr, list->ai_addrlen) != 0 || listen(listenFd_, 1024) != 0) {
+      int err = errno;
+      freeaddrinfo(list);
+      if (err == EADDRINUSE)
+        return makeError(StatusCode::kSystemError, "tcp store: cannot listen on ", host_, ":", port,
+                         ": address already in use (another store or service holds this port; pick another port"
+                         " or 0 for any free one)");
+      return makeError(StatusCode::kSystemError, "tcp store: cannot listen on ", host_, ":", port, ": ",
+                       errnoText(err));
+    }
+    freeaddrinfo(list);
+    struct sockaddr_storage addr = {};
+    socklen_t len = sizeof(addr);
+    getsockname(listenFd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                                       : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+    wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wakeFd_ < 0) return makeError(StatusCode::kSystemError, "tcp store: eventfd: ", errnoText(errno));
+    thread_ = std::thread([this] { run(); });
+    LIBCOMM_LOG(kInfo, "boot") << "tcp store listening on " << host_ << ":" << port_;
+    return Status::ok();
+  }
+
+ private:
+  void run() {
+    std::vector<struct pollfd> fds;
+    std::vector<Conn*> polled;
+    while (!stop_.load()) {
+      fds.clear();
+      polled.clear();
+      fds.push_back({wakeFd_, POLLIN, 0});
+      fds.push_back({listenFd_, static_cast<short>(Clock::now() >= acceptPausedUntil_ ? POLLIN : 0), 0});
+      for (auto& [id, conn] : conns_) {
+        short events = conn->closing ? 0 : POLLIN;
+        if (conn->outPos < conn->out.size()) events |= POLLOUT;
+        fds.push_back({conn->fd, events, 0});
+        polled.push_back(conn.get());
+      }
+      int rc = poll(fds.data(), fds.size(), pollTimeoutMs());
+      if (rc < 0 && errno != EINTR) {
+        LIBCOMM_LOG(kError, "boot") << "tcp store " << host_ << ":" << port_ << ": poll failed: " << errnoText(errno);
+        std::this_thread::sleep_for(Milliseconds(10));
+        continue;
+      }
+      if (stop_.load()) break;
+      if (rc > 0 && (fds[1].revents & POLLIN)) acceptAll();
+      for (size_t i = 0; rc > 0 && i < polled.size(); ++i) {
+        Conn& c = *polled[i];
+        short re = fds[i + 2].revents;
+        if (!c.closed && (re & (POLLIN | POLLHUP | POLLERR))) readFrom(c);
+        if (!c.closed && (re & POLLOUT)) flush(c);
+      }
+      while (!resume_.empty()) {
+        auto it = conns_.find(resume_.front());
+        resume_.pop_front();
+        if (it != conns_.end() && !it->second->closed) handleFrames(*it->second);
+      }
+      expire();
+      reap();
+    }
+  }
+
+  int pollTimeoutMs() const {
+    if (!resume_.empty()) return 0;
+    auto now = Clock::now();
+    auto next = now + Milliseconds(1000);
+    for (auto& [id, w] : waiters_) next = std::min(next, w.deadline);
+    for (auto& [id, c] : conns_) {
+      if (!c->authed) next = std::min(next, c->acceptedAt + options_.handshakeTimeout);
+      if (c->inPos < c->in.size() || c->closing) next = std::min(next, c->lastProgress + options_.stallTimeout);
+    }
+    if (next <= now) return 0;
+    return static_cast<int>(std::chrono::duration_cast<Milliseconds>(next - now).count()) + 1;
+  }
+
+  void acceptAll() {
+    while (true) {
+      struct sockaddr_storage addr = {};
+      socklen_t len = sizeof(addr);
+      int fd = accept4(listenFd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE) {
+          LIBCOMM_LOG(kWarn, "boot") << "tcp store " << host_ << ":" << port_
+                                     << ": out of file descriptors; pausing accepts for 100 ms";
+          acceptPausedUntil_ = Clock::now() + Milliseconds(100);
+        }
+        return;  // EAGAIN (drained), or a connection that died in the backlog
+      }
+      auto conn = std::make_unique<Conn>();
+      conn->id = nextId_++;
+      conn->fd = fd;
+      conn->peer = peerName(addr);
+      conn->acceptedAt = conn->lastProgress = Clock::now();
+      conn->nonce.resize(kNonceBytes);
+      if (!randomBytes(conn->nonce.data(), kNonceBytes).isOk()) {
+        LIBCOMM_LOG(kError, "boot") << "tcp store: no randomness for a handshake nonce; refusing " << conn->peer;
+        close(fd);
+        continue;
+      }
+      send(*conn, MsgType::kChallenge, conn->nonce);
+      LIBCOMM_LOG(kDebug, "boot") << "tcp store: accepted " << conn->peer;
+      conns_[conn->id] = std::move(conn);
+    }
+  }
+
+  void drop(Conn& c, const std::string& why) {
+    LIBCOMM_LOG(kWarn, "boot") << "tcp store " << host_ << ":" << port_ << ": dropping connection from " << c.who()
+                               << ": " << why;
+    c.closed = true;
+  }
+
+  void send(Conn& c, MsgType type, std::string_view payload) {
+    c.out += encodeFrame(type, payload);
+    flush(c);
+  }
+
+  void flush(Conn& c) {
+    while (c.outPos < c.out.size()) {
+      ssize_t n = ::send(c.fd, c.out.data() + c.outPos, c.out.size() - c.outPos, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        c.outPos += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      LIBCOMM_LOG(kDebug, "boot") << "tcp store: " << c.who() << " went away while we sent: " << errnoText(errno);
+      c.closed = true;
+      return;
+    }
+    c.out.clear();
+    c.outPos = 0;
+    if (c.closing) c.closed = true;
+  }
+
+  void readFrom(Conn& c) {
+    size_t total = 0;
+    bool eof = false;
+    char buf[kReadChunk];
+    while (total < kMaxReadPerWakeup) {
+      ssize_t n = recv(c.fd, buf, sizeof(buf), MSG_DONTWAIT);
+      if (n > 0) {
+        c.in.append(buf, static_cast<size_t>(n));
+        total += static_cast<size_t>(n);
+        c.lastProgress = Clock::now();
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      eof = true;
+      break;
+    }
+    // Frames that arrived just before the close are still served (their replies go nowhere, but
+    // a set must still take effect).
+    handleFrames(c);
+    if (eof && !c.closed) {
+      LIBCOMM_LOG(kDebug, "boot") << "tcp store: " << c.who() << " disconnected";
+      c.closed = true;
+    }
+  }
+
+  void handleFrames(Conn& c) {
+    while (!c.closed && !c.closing && !c.waiting && c.in.size() - c.inPos >= kHeaderBytes) {
+      const auto* head = reinterpret_cast<const uint8_t*>(c.in.data() + c.inPos);
+      MsgType type;
+      uint32_t length = 0;
+      Status valid = decodeHeader(head, &type, &length);
+      if (!valid.isOk()) return drop(c, valid.message());
+      if (!c.authed && (type != MsgType::kAuth || length > kMaxAuthPayload))
+        return drop(c, "sent message type " + std::to_string(static_cast<int>(type)) + " of " +
+                           std::to_string(length) + " bytes before authenticating");
+      if (c.in.size() - c.inPos - kHeaderBytes < length) break;
+      std::string_view payload(c.in.data() + c.inPos + kHeaderBytes, length);
+      c.inPos += kHeaderBytes + length;
+      handleFrame(c, type, payload);
+    }
+    if (c.inPos == c.in.size()) {
+      c.in.clear();
+      c.inPos = 0;
+    } else if (c.inPos > (1u << 20)) {
+      c.in.erase(0, c.inPos);
+      c.inPos = 0;
+    }
+  }
+
+  void handleFrame(Conn& c, MsgType type, std::string_view payload) {
+    WireReader r(payload);
+    switch (type) {
+      case MsgType::kAuth: {
+        std::string clientNonce, proof;
+        uint32_t rank = 0;
+        if (c.authed || !r.raw(kNonceBytes, &clientNonce) || !r.u32(&rank) || !r.raw(32, &proof) || !r.atEnd())
+          return drop(c, "malformed handshake");
+        std::string expected = clientProof(secret_, c.nonce, clientNonce, static_cast<int32_t>(rank));
+        if (!constantTimeEqual(reinterpret_cast<const uint8_t*>(expected.data()), expected.size(),
+                               reinterpret_cast<const uint8_t*>(proof.data()), proof.size())) {
+          LIBCOMM_LOG(kWarn, "boot") << "tcp store " << host_ << ":" << port_ << ": refusing " << c.peer
+                                     << " (claims rank " << static_cast<int32_t>(rank) << "): wrong job secret";
+          send(c, MsgType::kError, "authentication failed: wrong job secret");
+          c.closing = true;
+          if (c.out.empty()) c.closed = true;
+          return;
+        }
+        c.authed = true;
+        ++authedClients_;
+        c.rank = static_cast<int32_t>(rank);
+        send(c, MsgType::kAuthOk, serverProof(secret_, c.nonce, clientNonce));
+        return;
+      }
+      case MsgType::kSet: {
+        std::string key, value;
+        if (!r.bytes(&key) || !r.bytes(&value) || !r.atEnd()) return drop(c, "malformed set");
+        data_[key] = std::move(value);
+        send(c, MsgType::kOk, {});
+        return keySet(key);
+      }
+      case MsgType::kDelete: {
+        std::string key;
+        if (!r.bytes(&key) || !r.atEnd()) return drop(c, "malformed delete");
+        data_.erase(key);
+        return send(c, MsgType::kOk, {});
+      }
+      case MsgType::kGet: {
+        uint32_t flags = 0, timeoutMs = 0, n = 0;
+        if (!r.u32(&flags) || !r.u32(&timeoutMs) || !r.u32(&n)) return drop(c, "malformed get");
+        Waiter w;
+        w.take = (flags & kTake) != 0;
+        w.deadline = Clock::now() + Milliseconds(timeoutMs);
+        for (uint32_t i = 0; i < n; ++i) {
+          std::string key;
+          if (!r.bytes(&key)) return drop(c, "malformed get");
+          w.keys.push_back(std::move(key));
+        }
+        if (!r.atEnd()) return drop(c, "malformed get");
+        waiters_[c.id] = std::move(w);
+        c.waiting = true;
+        tryAnswer(c.id);
+        return;
+      }
+      default:
+        return drop(c, "unexpected message type " + std::to_string(static_cast<int>(type)));
+    }
+  }
+
+  // Answers the parked get of connection `id` if all its keys exist; otherwise (re)registers it
+  // on the keys still missing.
+  void tryAnswer(uint64_t id) {
+    auto wit = waiters_.find(id);
+    auto cit = conns_.find(id);
+    if (wit == waiters_.end()) return;
+    if (cit == conns_.end() || cit->second->closed) {
+      waiters_.erase(wit);
+      return;
+    }
+    Waiter& w = wit->second;
+    bool complete = true;
+    for (const auto& key : w.keys) {
+      if (data_.count(key)) continue;
+      complete = false;
+      watchers_[key].insert(id);
+    }
+    if (!complete) return;
+    WireWriter out;
+    out.u32(static_cast<uint32_t>(w.keys.size()));
+    for (const auto& key : w.keys) out.bytes(data_[key]);
+    if (w.take)
+      for (const auto& key : w.keys) data_.erase(key);
+    Conn& c = *cit->second;
+    waiters_.erase(wit);
+    c.waiting = false;
+    send(c, MsgType::kValues, out.take());
+    resume_.push_back(id);
+  }
+
+  void keySet(const std::string& key) {
+    auto it = watchers_.find(key);
+    if (it == watchers_.end()) return;
+    std::set<uint64_t> ids = std::move(it->second);
+    watchers_.erase(it);
+    for (uint64_t id : ids) tryAnswer(id);
+  }
+
+  void unwatch(const std::string& key, uint64_t id) {
+    auto it = watchers_.find(key);
+    if (it == watchers_.end()) return;
+    it->second.erase(id);
+    if (it->second.empty()) watchers_.erase(it);
+  }
+
+  void expire() {
+    auto now = Clock::now();
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      auto cit = conns_.find(it->first);
+      if (cit == conns_.end() || cit->second->closed) {
+        it = waiters_.erase(it);
+        continue;
+      }
+      if (it->second.deadline > now) {
+        ++it;
+        continue;
+      }
+      WireWriter out;
+      std::vector<std::string> missing;
+      for (const auto& key : it->second.keys)
+        if (!data_.count(key)) missing.push_back(key);
+      out.u32(static_cast<uint32_t>(missing.size()));
+      for (const auto& key : missing) out.bytes(key);
+      for (const auto& key : missing) unwatch(key, it->first);
+      Conn& c = *cit->second;
+      c.waiting = false;
+      send(c, MsgType::kTimedOut, out.take());
+      resume_.push_back(c.id);
+      it = waiters_.erase(it);
+    }
+    for (auto& [id, c] : conns_) {
+      if (c->closed) continue;
+      if (!c->authed && now - c->acceptedAt > options_.handshakeTimeout)
+        drop(*c, "did not complete the handshake within " + std::to_string(options_.handshakeTimeout.count()) +
+                     " ms");
+      else if (!c->waiting && (c->inPos < c->in.size() || c->closing) &&
+               now - c->lastProgress > options_.stallTimeout)
+        drop(*c, "stalled mid-message for " + std::to_string(options_.stallTimeout.count()) + " ms");
+    }
+  }
+
+  void reap() {
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      if (!it->second->closed) {
+        ++it;
+        continue;
+      }
+      close(it->second->fd);
+      if (it->second->authed) --authedClients_;
+      waiters_.erase(it->first);
+      it = conns_.erase(it);
+    }
+  }
+
+  const std::string host_;
+  const std::string secret_;
+  const TcpStoreOptions options_;
+  int port_ = 0;
+  int listenFd_ = -1;
+  int wakeFd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> authedClients_{0};
+  std::thread thread_;
+  uint64_t nextId_ = 1;
+  Clock::time_point acceptPausedUntil_{};
+  std::map<uint64_t, std::unique_ptr<Conn>> conns_;
+  std::unordered_map<std::string, std::string> data_;
+  std::map<uint64_t, Waiter> waiters_;  // keyed by connection id: one parked get per connection
+  std::unordered_map<std::string, std::set<uint64_t>> watchers_;
+  std::deque<uint64_t> resume_;  // connections whose buffered frames may now be handled
+};
+
+}  // namespace
+
+int waitForClientsToLeave(TcpStoreServer& server, Deadline deadline) {
+  auto& ours = dynamic_cast<Server&>(server);
+  Backoff backoff(Milliseconds(1), Milliseconds(20));
+  while (ours.connectedClients() > 0 && !deadline.expired()) backoff.sleep(deadline);
+  return ours.connectedClients();
+}
+
+Result<std::unique_ptr<TcpStoreServer>> startTcpStoreWithOptions(const std::string& host, int port,
+                                                                  const std::string& secret,
+                                                                  const TcpStoreOptions& options) {
+  if (host.empty()) return makeError(StatusCode::kInvalidArgument, "tcp store: empty host to listen on");
+  if (port < 0 || port > 65535)
+    return makeError(StatusCode::kInvalidArgument, "tcp store: port ", port, " outside [0, 65535]");
+  if (secret.empty())
+    return makeError(StatusCode::kInvalidArgument, "tcp store: empty job secret (set LIBCOMM_SECRET)");
+  auto server = std::make_unique<Server>(host, secret, options);
+  LIBCOMM_RETURN_IF_ERROR(server->start(port));
+  return std::unique_ptr<TcpStoreServer>(std::move(server));
+}
+
+}  // namespace libcomm::boot
+
+namespace libcomm {
+
+Result<std::unique_ptr<TcpStoreServer>> startTcpStore(const std::string& host, int port, const std::string& secret) {
+  return boot::startTcpStoreWithOptions(host, port, secret, boot::TcpStoreOptions{});
+}
+
+}  // namespace libcomm

@@ -1,0 +1,221 @@
+#include "bootstrap/tcp_wire.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "bootstrap/boot_util.h"
+#include "bootstrap/sha256.h"
+
+namespace libcomm::boot {
+namespace {
+
+void putLe32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint32_t getLe32(const uint8_t* p) {
+  return uint32_t(p[0]) | (uint32_t(p[1]) << 8) | (uint32_t(p[2]) << 16) | (uint32_t(p[3]) << 24);
+}
+
+// Waits for `events` on fd until the deadline, in slices, so that a deadline far away never turns
+// into an int overflow in poll's timeout.
+Status waitFor(int fd, short events, Deadline deadline, const std::string& what) {
+  while (true) {
+    long long ms = deadline.remaining().count();
+    if (ms <= 0) return makeError(StatusCode::kTimeout, what, ": deadline expired");
+    struct pollfd p = {fd, events, 0};
+    int rc = poll(&p, 1, static_cast<int>(std::min<long long>(ms, 1000)));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc < 0) return makeError(StatusCode::kSystemError, what, ": poll failed: ", errnoText(errno));
+    if (rc > 0) return Status::ok();  // readiness or an error condition; the I/O call tells which
+  }
+}
+
+}  // namespace
+
+void encodeHeader(MsgType type, uint32_t length, uint8_t out[kHeaderBytes]) {
+  putLe32(out, kWireMagic);
+  out[4] = static_cast<uint8_t>(kWireVersion);
+  out[5] = static_cast<uint8_t>(kWireVersion >> 8);
+  auto t = static_cast<uint16_t>(type);
+  out[6] = static_cast<uint8_t>(t);
+  out[7] = static_cast<uint8_t>(t >> 8);
+  putLe32(out + 8, length);
+}
+
+Status decodeHeader(const uint8_t in[kHeaderBytes], MsgType* type, uint32_t* length) {
+  uint32_t magic = getLe32(in);
+  if (magic != kWireMagic)
+    return makeError(StatusCode::kRemoteError, "bad magic 0x", toHex(in, 4), " (not a shardcomm store peer)");
+  uint16_t version = static_cast<uint16_t>(in[4] | (in[5] << 8));
+  if (version != kWireVersion)
+    return makeError(StatusCode::kRemoteError, "protocol version ", version, ", expected ", kWireVersion);
+  *type = static_cast<MsgType>(in[6] | (in[7] << 8));
+  *length = getLe32(in + 8);
+  if (*length > kMaxPayloadBytes)
+    return makeError(StatusCode::kRemoteError, "message length ", *length, " over the bound of ", kMaxPayloadBytes);
+  return Status::ok();
+}
+
+std::string encodeFrame(MsgType type, std::string_view payload) {
+  std::string out(kHeaderBytes, '\0');
+  encodeHeader(type, static_cast<uint32_t>(payload.size()), reinterpret_cast<uint8_t*>(out.data()));
+  out.append(payload);
+  return out;
+}
+
+WireWriter& WireWriter::u32(uint32_t v) {
+  uint8_t b[4];
+  putLe32(b, v);
+  out_.append(reinterpret_cast<const char*>(b), 4);
+  return *this;
+}
+WireWriter& WireWriter::bytes(std::string_view v) {
+  u32(static_cast<uint32_t>(v.size()));
+  out_.append(v);
+  return *this;
+}
+WireWriter& WireWriter::raw(std::string_view v) {
+  out_.append(v);
+  return *this;
+}
+
+bool WireReader::u32(uint32_t* v) {
+  if (in_.size() - pos_ < 4) return false;
+  *v = getLe32(reinterpret_cast<const uint8_t*>(in_.data() + pos_));
+  pos_ += 4;
+  return true;
+}
+bool WireReader::bytes(std::string* v) {
+  uint32_t n;
+  return u32(&n) && raw(n, v);
+}
+bool WireReader::raw(size_t n, std::string* v) {
+  if (in_.size() - pos_ < n) return false;
+  v->assign(in_.data() + pos_, n);
+  pos_ += n;
+  return true;
+}
+
+std::string clientProof(std::string_view secret, std::string_view serverNonce, std::string_view clientNonce,
+                        int32_t rank) {
+  std::string msg = "client";
+  msg.append(serverNonce).append(clientNonce).append(std::to_string(rank));
+  Digest d = hmacSha256(secret, msg);
+  return std::string(reinterpret_cast<const char*>(d.data()), d.size());
+}
+
+std::string serverProof(std::string_view secret, std::string_view serverNonce, std::string_view clientNonce) {
+  std::string msg = "server";
+  msg.append(serverNonce).append(clientNonce);
+  Digest d = hmacSha256(secret, msg);
+  return std::string(reinterpret_cast<const char*>(d.data()), d.size());
+}
+
+Status sendAll(int fd, const void* data, size_t n, Deadline deadline, const std::string& what) {
+  const char* p = static_cast<const char*>(data);
+  size_t done = 0;
+  while (done < n) {
+    ssize_t sent = ::send(fd, p + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent > 0) {
+      done += static_cast<size_t>(sent);
+      continue;
+    }
+    if (sent < 0 && errno == EINTR) continue;
+    if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      LIBCOMM_RETURN_IF_ERROR(waitFor(fd, POLLOUT, deadline, what));
+      continue;
+    }
+    return makeError(StatusCode::kRemoteError, what, ": connection lost while sending: ", errnoText(errno));
+  }
+  return Status::ok();
+}
+
+Status recvAll(int fd, void* data, size_t n, Deadline deadline, const std::string& what) {
+  char* p = static_cast<char*>(data);
+  size_t done = 0;
+  while (done < n) {
+    ssize_t got = ::recv(fd, p + done, n - done, MSG_DONTWAIT);
+    if (got > 0) {
+      done += static_cast<size_t>(got);
+      continue;
+    }
+    if (got == 0) return makeError(StatusCode::kRemoteError, what, ": the store closed the connection");
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      LIBCOMM_RETURN_IF_ERROR(waitFor(fd, POLLIN, deadline, what));
+      continue;
+    }
+    return makeError(StatusCode::kRemoteError, what, ": connection lost while receiving: ", errnoText(errno));
+  }
+  return Status::ok();
+}
+
+Status sendFrame(int fd, MsgType type, std::string_view payload, Deadline deadline, const std::string& what) {
+  std::string frame = encodeFrame(type, payload);
+  return sendAll(fd, frame.data(), frame.size(), deadline, what);
+}
+
+Result<Frame> recvFrame(int fd, Deadline deadline, const std::string& what) {
+  uint8_t header[kHeaderBytes];
+  LIBCOMM_RETURN_IF_ERROR(recvAll(fd, header, sizeof(header), deadline, what));
+  Frame frame;
+  uint32_t length = 0;
+  Status valid = decodeHeader(header, &frame.type, &length);
+  if (!valid.isOk()) return valid.withContext(what);
+  frame.payload.resize(length);
+  LIBCOMM_RETURN_IF_ERROR(recvAll(fd, frame.payload.data(), length, deadline, what));
+  return frame;
+}
+
+Result<int> connectOnce(const std::string& host, int port, Deadline deadline) {
+  struct addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  struct addrinfo* list = nullptr;
+  std::string portText = std::to_string(port);
+  int rc = getaddrinfo(host.c_str(), portText.c_str(), &hints, &list);
+  // EAI_AGAIN is a resolver hiccup worth retrying; any other failure (no such name) is final.
+  if (rc != 0)
+    return makeError(rc == EAI_AGAIN ? StatusCode::kSystemError : StatusCode::kInvalidArgument,
+                     "cannot resolve store host '", host, "': ", gai_strerror(rc));
+  Status last = makeError(StatusCode::kSystemError, "no address for ", host);
+  for (struct addrinfo* ai = list; ai; ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) {
+      last = makeError(StatusCode::kSystemError, "socket: ", errnoText(errno));
+      continue;
+    }
+    int err = 0;
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+      err = errno;
+      if (err == EINPROGRESS) {
+        Status waited = waitFor(fd, POLLOUT, deadline, "connect to " + host + ":" + portText);
+        socklen_t len = sizeof(err);
+        if (!waited.isOk()) err = ETIMEDOUT;
+        else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+      }
+    }
+    if (err == 0) {
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      freeaddrinfo(list);
+      return fd;
+    }
+    close(fd);
+    last = makeError(StatusCode::kSystemError, "connect to ", host, ":", port, ": ", errnoText(err));
+  }
+  freeaddrinfo(list);
+  return last;
+}
+
+}  // namespace libcomm::boot

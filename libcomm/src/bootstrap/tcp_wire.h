@@ -1,0 +1,103 @@
+#pragma once
+// The TCP store's wire format and the deadline-bounded socket helpers its clients use.
+//
+// Every message is a 12-byte header followed by `length` payload bytes:
+//   u32 magic 'SCBS' | u16 version | u16 type | u32 length      (all little-endian)
+// A header with another magic or version, or a length above the bound, ends the connection:
+// nothing after a bad header can be trusted to be in frame.
+//
+// Handshake (the secret itself never crosses the wire):
+//   server -> kChallenge  {server nonce (32 B)}
+//   client -> kAuth       {client nonce (32 B), i32 rank, proof = HMAC(secret, "client"|sn|cn|rank)}
+//   server -> kAuthOk     {proof = HMAC(secret, "server"|sn|cn)}  or kError {text}, then close
+// Requests (one outstanding per connection; replies come in order):
+//   kSet    {key, value}                                -> kOk
+//   kGet    {u32 flags, u32 timeout ms, u32 n, n keys}  -> kValues {n values} | kTimedOut {missing keys}
+//           flags bit 0 (kTake): delete the keys once returned
+//   kDelete {key}                                       -> kOk
+// Strings and values are u32 length + bytes.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "libcomm/deadline.h"
+#include "libcomm/status.h"
+
+namespace libcomm::boot {
+
+constexpr uint32_t kWireMagic = 0x53424353;  // bytes "SCBS" on the wire
+constexpr uint16_t kWireVersion = 1;
+constexpr size_t kHeaderBytes = 12;
+constexpr uint32_t kMaxPayloadBytes = 64u << 20;
+constexpr size_t kNonceBytes = 32;
+constexpr uint32_t kTake = 1;
+
+enum class MsgType : uint16_t {
+  kChallenge = 1,
+  kAuth = 2,
+  kAuthOk = 3,
+  kError = 4,
+  kSet = 10,
+  kGet = 11,
+  kDelete = 12,
+  kOk = 20,
+  kValues = 21,
+  kTimedOut = 22,
+};
+
+struct Frame {
+  MsgType type = MsgType::kError;
+  std::string payload;
+};
+
+void encodeHeader(MsgType type, uint32_t length, uint8_t out[kHeaderBytes]);
+/// Checks a header; on failure returns why ("bad magic 0x...", "length ... over the bound ...").
+Status decodeHeader(const uint8_t in[kHeaderBytes], MsgType* type, uint32_t* length);
+std::string encodeFrame(MsgType type, std::string_view payload);
+
+/// Appends fields to a payload.
+class WireWriter {
+ public:
+  WireWriter& u32(uint32_t v);
+  WireWriter& bytes(std::string_view v);
+  WireWriter& raw(std::string_view v);
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+/// Reads fields from a payload; every read fails (returns false) past the end.
+class WireReader {
+ public:
+  explicit WireReader(std::string_view in) : in_(in) {}
+  bool u32(uint32_t* v);
+  bool bytes(std::string* v);
+  bool raw(size_t n, std::string* v);
+  bool atEnd() const { return pos_ == in_.size(); }
+
+ private:
+  std::string_view in_;
+  size_t pos_ = 0;
+};
+
+/// The proofs of the handshake.
+std::string clientProof(std::string_view secret, std::string_view serverNonce, std::string_view clientNonce,
+                        int32_t rank);
+std::string serverProof(std::string_view secret, std::string_view serverNonce, std::string_view clientNonce);
+
+// Blocking-with-deadline helpers for a connected socket (the fd may be blocking or not; all waits
+// go through poll). A closed or reset connection is kRemoteError, an expired deadline kTimeout;
+// `what` names the peer and operation in the message.
+Status sendAll(int fd, const void* data, size_t n, Deadline deadline, const std::string& what);
+Status recvAll(int fd, void* data, size_t n, Deadline deadline, const std::string& what);
+Status sendFrame(int fd, MsgType type, std::string_view payload, Deadline deadline, const std::string& what);
+Result<Frame> recvFrame(int fd, Deadline deadline, const std::string& what);
+
+/// One connection attempt to host:port (resolved with getaddrinfo), bounded by `deadline`.
+/// Returns the connected fd (TCP_NODELAY, close-on-exec) or the error of this attempt.
+Result<int> connectOnce(const std::string& host, int port, Deadline deadline);
+
+}  // namespace libcomm::boot

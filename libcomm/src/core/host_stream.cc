@@ -1,0 +1,441 @@
+// Host streams: a FIFO of work items drained by one progress thread per stream.
+//
+// An event record is a RecordState shared by the event (as its "last record") and by the marker
+// item on the stream; a Stream::wait captures the RecordState current at the call, which is what
+// gives "wait for the last record as of now" semantics when an event is re-recorded, possibly on
+// another stream. A wait on a record whose stream failed fails the waiting stream too: work that
+// depends on data that never arrived must not run on it.
+//
+// The stream's internals (Core) are shared with the progress thread so that a thread stuck inside a
+// user's host function can be detached at destruction instead of hanging the destructor.
+
+#include "core/host_stream.h"
+
+#include <pthread.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "core/log.h"
+
+namespace libcomm {
+namespace {
+
+// PERF-NOTES: with 2 cores a long spin steals the core from the thread that would make progress,
+// but a short one saves the futex round trip for back-to-back small items.
+constexpr std::chrono::microseconds kSpinTime{5};
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+template <typename Pred>
+bool spinBriefly(Pred pred) {
+  const auto end = Clock::now() + kSpinTime;
+  for (unsigned i = 0;; ++i) {
+    if (pred()) return true;
+    cpuRelax();
+    // Reading the clock costs more than a pause: check it only now and then.
+    if ((i & 15) == 15 && Clock::now() >= end) return pred();
+  }
+}
+
+template <typename Pred>
+bool waitUntil(std::condition_variable& cv, std::unique_lock<std::mutex>& lock, Deadline deadline, Pred pred) {
+  if (deadline.at() == Clock::time_point::max()) {
+    cv.wait(lock, pred);
+    return true;
+  }
+  return cv.wait_until(lock, deadline.at(), pred);
+}
+
+long long msSince(Clock::time_point t) { return std::chrono::duration_cast<Milliseconds>(Clock::now() - t).count(); }
+
+class Core;
+
+// One record of an event: completes once, with the recording stream's error (or OK).
+struct RecordState {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::atomic<bool> done{false};
+  Status status;  // written once, before `done` is set
+  std::string streamName;
+  uint64_t position = 0;  // the marker's item number on that stream
+  std::weak_ptr<const Core> stream;
+
+  void complete(Status s) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      status = std::move(s);
+      done.store(true, std::memory_order_release);
+    }
+    cv.notify_all();
+  }
+  std::string describe() const;
+};
+
+enum class ItemKind { kHost, kRecord, kWait };
+
+struct Item {
+  ItemKind kind;
+  uint64_t seq = 0;
+  std::string label;
+  std::function<Status()> fn;
+  std::shared_ptr<RecordState> record;
+};
+
+class Core {
+ public:
+  explicit Core(std::string name) : name_(std::move(name)) {}
+
+  const std::string& name() const { return name_; }
+
+  Status enqueue(Item item) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_)
+      return makeError(StatusCode::kInvalidUsage, "stream '", name_, "' is being destroyed; '", item.label,
+                       "' refused");
+    item.seq = enqueued_.load(std::memory_order_relaxed) + 1;
+    if (item.record) item.record->position = item.seq;
+    queue_.push_back(std::move(item));
+    enqueued_.store(queue_.back().seq, std::memory_order_release);
+    if (sleeping_) workCv_.notify_one();
+    return Status::ok();
+  }
+
+  // Waits until every item enqueued before the call has finished (run, skipped or failed).
+  Status waitIdle(Deadline deadline) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const uint64_t target = enqueued_.load(std::memory_order_relaxed);
+    if (completed_.load(std::memory_order_relaxed) >= target) return Status::ok();
+    lock.unlock();
+    spinBriefly([&] { return completed_.load(std::memory_order_acquire) >= target; });
+    lock.lock();
+    ++syncWaiters_;
+    const bool done = waitUntil(doneCv_, lock, deadline,
+                                [&] { return completed_.load(std::memory_order_relaxed) >= target || stop_; });
+    --syncWaiters_;
+    if (completed_.load(std::memory_order_relaxed) >= target) return Status::ok();
+    if (done) return makeError(StatusCode::kInvalidUsage, "stream '", name_, "' was destroyed during synchronize");
+    return makeError(StatusCode::kTimeout, "stream '", name_, "': work up to item #", target,
+                     " did not finish by the deadline; ", positionLocked());
+  }
+
+  Status stickyError() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return error_;
+  }
+
+  Status query() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_.isOk()) return error_;
+    if (completed_.load(std::memory_order_relaxed) < enqueued_.load(std::memory_order_relaxed))
+      return makeError(StatusCode::kInProgress, "stream '", name_, "': ", positionLocked());
+    return Status::ok();
+  }
+
+  std::string position() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return positionLocked();
+  }
+
+  void run() {
+    std::string threadName = "hs:" + name_;
+    pthread_setname_np(pthread_self(), threadName.substr(0, 15).c_str());
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      if (queue_.empty() && !stop_) {
+        idleWait(lock);
+        continue;
+      }
+      if (stop_) break;
+      Item item = std::move(queue_.front());
+      queue_.pop_front();
+      running_ = true;
+      currentSeq_ = item.seq;
+      currentLabel_ = item.label;
+      currentStart_ = Clock::now();
+      const Status sticky = error_;
+      lock.unlock();
+      Status result = execute(item, sticky);
+      // Release what the item captured outside the lock: a closure's destructor may be user code.
+      item.fn = nullptr;
+      item.record.reset();
+      lock.lock();
+      if (!result.isOk() && error_.isOk()) {
+        error_ = result;
+        LIBCOMM_LOG(kWarn, "stream") << result.toString() << " (later work on the stream is skipped)";
+      }
+      running_ = false;
+      waitingOn_.reset();
+      completed_.store(item.seq, std::memory_order_release);
+      if (syncWaiters_ > 0) doneCv_.notify_all();
+    }
+    exited_ = true;
+    doneCv_.notify_all();
+  }
+
+  // Stops the progress thread after its current item; completes the records of the items it will
+  // never reach, with an error, so that nobody waiting on them hangs. Returns how many were dropped.
+  size_t stopAndAbandon(std::string* where) {
+    std::deque<Item> dropped;
+    std::shared_ptr<RecordState> waitingOn;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      *where = positionLocked();
+      stop_ = true;
+      dropped.swap(queue_);
+      waitingOn = waitingOn_;
+    }
+    workCv_.notify_all();
+    doneCv_.notify_all();
+    if (waitingOn) {
+      // Take the record's lock so the notify cannot slip between the progress thread's predicate
+      // check and its sleep.
+      std::lock_guard<std::mutex> lock(waitingOn->mu);
+      waitingOn->cv.notify_all();
+    }
+    for (auto& item : dropped) {
+      if (item.kind != ItemKind::kRecord) continue;
+      item.record->complete(makeError(StatusCode::kInvalidUsage, "stream '", name_,
+                                      "' was destroyed before reaching this event record (item #", item.seq, ")"));
+    }
+    return dropped.size();
+  }
+
+  // True when the progress thread has left its loop within `timeout`.
+  bool waitExited(Milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return waitUntil(doneCv_, lock, Deadline::after(timeout), [&] { return exited_; });
+  }
+
+ private:
+  void idleWait(std::unique_lock<std::mutex>& lock) {
+    const uint64_t seen = enqueued_.load(std::memory_order_relaxed);
+    lock.unlock();
+    spinBriefly([&] { return enqueued_.load(std::memory_order_acquire) != seen; });
+    lock.lock();
+    // Unbounded on purpose: an idle progress thread has nothing to time out; the destructor wakes it.
+    sleeping_ = true;
+    workCv_.wait(lock, [&] { return !queue_.empty() || stop_; });
+    sleeping_ = false;
+  }
+
+  std::string itemContext(const Item& item) const {
+    return detail::strCat("stream '", name_, "' item #", item.seq, " '", item.label, "'");
+  }
+
+  Status execute(Item& item, const Status& sticky) {
+    switch (item.kind) {
+      case ItemKind::kRecord:
+        item.record->complete(sticky);
+        return Status::ok();
+      case ItemKind::kHost: {
+        if (!sticky.isOk()) {
+          LIBCOMM_LOG(kDebug, "stream") << itemContext(item) << " skipped: the stream has failed";
+          return Status::ok();
+        }
+        Status s;
+        try {
+          s = item.fn();
+        } catch (...) {
+          // Host functions are user code; an escaping exception must not take the process down.
+          s = makeError(StatusCode::kInternalError, "host function threw an exception");
+        }
+        return s.isOk() ? s : s.withContext(itemContext(item));
+      }
+      case ItemKind::kWait: {
+        if (!sticky.isOk()) return Status::ok();
+        RecordState& rec = *item.record;
+        auto done = [&] { return rec.done.load(std::memory_order_acquire); };
+        if (!spinBriefly(done)) {
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            waitingOn_ = item.record;
+          }
+          std::unique_lock<std::mutex> lock(rec.mu);
+          // Unbounded by itself (the deadline belongs to whoever synchronizes), but destruction wakes it.
+          rec.cv.wait(lock, [&] { return done() || stop_.load(); });
+        }
+        if (!done()) return Status::ok();  // destroyed while waiting
+        return rec.status.isOk() ? Status::ok() : rec.status.withContext(itemContext(item));
+      }
+    }
+    return makeError(StatusCode::kInternalError, "unknown work item kind");
+  }
+
+  std::string positionLocked() const {
+    const size_t queued = queue_.size();
+    std::string s = detail::strCat("stream '", name_, "': ");
+    if (running_) {
+      s += detail::strCat("running item #", currentSeq_, " '", currentLabel_, "' for ", msSince(currentStart_), " ms");
+      if (queued) s += detail::strCat(", ", queued, " more queued");
+    } else if (queued) {
+      s += detail::strCat(queued, " items queued, next #", queue_.front().seq, " '", queue_.front().label, "'");
+    } else {
+      s += "idle";
+    }
+    return s;
+  }
+
+  const std::string name_;
+  mutable std::mutex mu_;
+  std::condition_variable workCv_;  // progress thread sleeps here when the queue is empty
+  std::condition_variable doneCv_;  // synchronize() and the destructor sleep here
+  std::deque<Item> queue_;
+  std::atomic<uint64_t> enqueued_{0};   // seq of the last enqueued item (written under mu_)
+  std::atomic<uint64_t> completed_{0};  // seq of the last finished item (written under mu_)
+  std::atomic<bool> stop_{false};       // written under mu_; read lock-free by a waiting progress thread
+  bool sleeping_ = false;
+  int syncWaiters_ = 0;
+  bool exited_ = false;
+  Status error_;
+  bool running_ = false;
+  uint64_t currentSeq_ = 0;
+  std::string currentLabel_;
+  Clock::time_point currentStart_;
+  std::shared_ptr<RecordState> waitingOn_;
+};
+
+std::string RecordState::describe() const {
+  std::string s = detail::strCat("event record at item #", position, " of stream '", streamName, "'");
+  if (auto core = stream.lock()) s += detail::strCat(" (", core->position(), ")");
+  return s;
+}
+
+class HostEvent final : public Event {
+ public:
+  StreamKind kind() const override { return StreamKind::kHost; }
+
+  Status query() const override {
+    auto rec = last();
+    if (!rec) return Status::ok();
+    if (!rec->done.load(std::memory_order_acquire))
+      return makeError(StatusCode::kInProgress, rec->describe(), " has not completed");
+    return rec->status;
+  }
+
+  Status synchronize(Deadline deadline) const override {
+    auto rec = last();
+    if (!rec) return Status::ok();
+    auto done = [&] { return rec->done.load(std::memory_order_acquire); };
+    if (!spinBriefly(done)) {
+      std::unique_lock<std::mutex> lock(rec->mu);
+      if (!waitUntil(rec->cv, lock, deadline, done))
+        return makeError(StatusCode::kTimeout, rec->describe(), " did not complete by the deadline");
+    }
+    return rec->status;
+  }
+
+  std::shared_ptr<RecordState> last() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_;
+  }
+  void setLast(std::shared_ptr<RecordState> rec) {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_ = std::move(rec);
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::shared_ptr<RecordState> last_;  // null: never recorded, which counts as complete
+};
+
+class HostStream final : public Stream {
+ public:
+  HostStream(std::string name, const HostStreamOptions& options)
+      : core_(std::make_shared<Core>(std::move(name))), options_(options) {
+    // The thread co-owns the core: if it must be detached, what it touches stays alive.
+    thread_ = std::thread([core = core_] { core->run(); });
+  }
+
+  ~HostStream() override {
+    const bool onOwnThread = std::this_thread::get_id() == thread_.get_id();
+    Status drained = onOwnThread ? makeError(StatusCode::kInvalidUsage, "destroyed from its own host function")
+                                 : core_->waitIdle(Deadline::after(options_.destroyDrainTimeout));
+    std::string where;
+    const size_t dropped = core_->stopAndAbandon(&where);
+    if (!drained.isOk()) {
+      LIBCOMM_LOG(kWarn, "stream") << "destroyed with work pending: " << drained.message() << "; abandoned " << dropped
+                                   << " queued items (at stop: " << where << ")";
+    }
+    if (!onOwnThread && core_->waitExited(options_.destroyJoinTimeout)) {
+      thread_.join();
+    } else {
+      LIBCOMM_LOG(kWarn, "stream") << "progress thread of stream '" << core_->name()
+                                   << "' is still inside a host function; detached it (" << core_->position() << ")";
+      thread_.detach();
+    }
+  }
+
+  StreamKind kind() const override { return StreamKind::kHost; }
+  const std::string& name() const override { return core_->name(); }
+
+  Status record(Event& event) override {
+    auto* host = dynamic_cast<HostEvent*>(&event);
+    if (!host) return makeError(StatusCode::kInvalidArgument, "stream '", name(), "': record of a non-host event");
+    auto rec = std::make_shared<RecordState>();
+    rec->streamName = name();
+    rec->stream = core_;
+    Item item{ItemKind::kRecord, 0, "record event", {}, rec};
+    LIBCOMM_RETURN_IF_ERROR(core_->enqueue(std::move(item)));
+    host->setLast(std::move(rec));
+    return Status::ok();
+  }
+
+  Status wait(const Event& event) override {
+    const auto* host = dynamic_cast<const HostEvent*>(&event);
+    if (!host) return makeError(StatusCode::kInvalidArgument, "stream '", name(), "': wait on a non-host event");
+    auto rec = host->last();
+    // Never recorded, or already completed without error: nothing to order against.
+    if (!rec || (rec->done.load(std::memory_order_acquire) && rec->status.isOk())) return Status::ok();
+    std::string label = detail::strCat("wait for event record #", rec->position, " of stream '", rec->streamName, "'");
+    return core_->enqueue(Item{ItemKind::kWait, 0, std::move(label), {}, std::move(rec)});
+  }
+
+  Status enqueueHost(std::function<Status()> fn, std::string label) override {
+    if (!fn) return makeError(StatusCode::kInvalidArgument, "stream '", name(), "': empty host function '", label, "'");
+    return core_->enqueue(Item{ItemKind::kHost, 0, std::move(label), std::move(fn), nullptr});
+  }
+
+  Status synchronize(Deadline deadline) override {
+    LIBCOMM_RETURN_IF_ERROR(core_->waitIdle(deadline));
+    return core_->stickyError();
+  }
+
+  Status query() const override { return core_->query(); }
+  Status asyncError() const override { return core_->stickyError(); }
+
+  std::string position() const { return core_->position(); }
+
+ private:
+  std::shared_ptr<Core> core_;
+  HostStreamOptions options_;
+  std::thread thread_;
+};
+
+}  // namespace
+
+std::unique_ptr<Stream> createHostStream(std::string name, const HostStreamOptions& options) {
+  return std::make_unique<HostStream>(std::move(name), options);
+}
+
+std::unique_ptr<Stream> createHostStream(std::string name) {
+  return createHostStream(std::move(name), HostStreamOptions{});
+}
+
+std::unique_ptr<Event> createHostEvent() { return std::make_unique<HostEvent>(); }
+
+std::string describeStreamPosition(const Stream& stream) {
+  if (const auto* host = dynamic_cast<const HostStream*>(&stream)) return host->position();
+  return detail::strCat("stream '", stream.name(), "'");
+}
+
+}  // namespace libcomm

@@ -1,0 +1,172 @@
+#pragma once
+// Runs one test body as N ranks, either as threads of this process (in-process bootstrap) or as
+// forked processes (TCP store hosted by the parent), and reports every rank's outcome.
+//
+// Rules for rank bodies:
+//  - never call gtest asserts: return a libcomm::Status (the report names every failing rank);
+//  - processes mode forks from the calling thread (the gtest main thread): threads that existed
+//    before the fork do not exist in the child, so a body must not rely on them (or on locks they
+//    might have held); a child sends its Status through a pipe and _exit()s, so no destructors run;
+//  - threads mode cannot kill a rank that misses the deadline: its thread is reported by rank and
+//    detached. It keeps the run's own state alive (bootstraps, a copy of the body), but whatever a
+//    body captured by reference must outlive it -- capture by value in bodies that may hang. ctest
+//    runs each test in its own process, so a leftover thread cannot reach another test;
+//  - killing a rank on purpose (SIGKILL, SIGSTOP) is for processes mode only; list the ranks that
+//    are meant to die in RunOptions::expectDeath.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <functional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "libcomm/bootstrap.h"
+#include "libcomm/status.h"
+
+namespace shardcomm::testing {
+
+enum class Mode { kThreads, kProcesses };
+
+/// "threads" / "processes".
+const char* modeName(Mode mode);
+
+struct RankContext {
+  int rank;
+  int size;
+  Mode mode;
+  libcomm::Bootstrap& bootstrap;
+};
+
+using RankBody = std::function<libcomm::Status(RankContext&)>;
+
+struct RunOptions {
+  Mode mode = Mode::kThreads;
+  int size = 2;
+  /// For the whole run, bootstrap included; a rank still running then is named and failed.
+  std::chrono::milliseconds deadline{60000};
+  /// Ranks the body kills on purpose (processes mode): dying by a signal is their success.
+  std::set<int> expectDeath;
+};
+
+struct RankOutcome {
+  int rank = -1;
+  /// The body returned (and, in processes mode, its status arrived).
+  bool finished = false;
+  /// The body's status, or why there is none.
+  libcomm::Status status;
+  /// "returned", "exited 0", "killed by signal 9", "did not finish within 60000 ms".
+  std::string how;
+  /// The signal that ended the rank's process; 0 if none.
+  int signal = 0;
+  /// The rank was listed in RunOptions::expectDeath.
+  bool expectedDeath = false;
+
+  /// Finished with OK, or (expected to die) finished OK or died by a signal.
+  bool ok() const;
+};
+
+struct RunReport {
+  Mode mode = Mode::kThreads;
+  std::vector<RankOutcome> ranks;
+
+  /// Every rank is ok().
+  bool ok() const;
+  /// One line per rank: "rank 2: FAILED (killed by signal 9): remote error: ...".
+  std::string describe() const;
+};
+
+/// Runs `body` as options.size ranks and waits for all of them, at most until options.deadline.
+/// Call from the gtest main thread. Never throws; setup failures (no store, fork failed) are
+/// reported as failed ranks.
+RunReport runRanks(const RunOptions& options, const RankBody& body);
+
+/// Base for tests parameterized over Mode: TEST_P(MySuite, X) { EXPECT_RANKS_OK(run(4, body)); }
+/// then SHARDCOMM_INSTANTIATE_BOTH_MODES(MySuite).
+class RanksTest : public ::testing::TestWithParam<Mode> {
+ protected:
+  RunReport run(int size, const RankBody& body, RunOptions options = {}) {
+    options.mode = GetParam();
+    options.size = size;
+    return runRanks(options, body);
+  }
+};
+
+/// Names gtest parameters "threads" / "processes" (ctest labels select on them: mt / mp).
+std::string modeParamName(const ::testing::TestParamInfo<Mode>& info);
+
+// ---- Buffer patterns: integer-valued, so fp32 sums are exact, and |v| <= 30 so bf16 holds the sum
+// over 8 ranks exactly.
+
+/// Element `index` of rank `rank`'s pattern under `seed`.
+inline double patternValue(int rank, size_t index, int seed = 0) {
+  const long long v = (static_cast<long long>(rank + 1) * 37 + static_cast<long long>(index % 1000003) * 5 +
+                       static_cast<long long>(seed) * 13) %
+                      61;
+  return static_cast<double>(v - 30);
+}
+
+/// Sum over ranks 0..size-1 of patternValue(r, index, seed): the exact reduce result.
+inline double patternSum(int size, size_t index, int seed = 0) {
+  double s = 0;
+  for (int r = 0; r < size; ++r) s += patternValue(r, index, seed);
+  return s;
+}
+
+/// Fills data[0..count) with rank `rank`'s pattern (element i gets patternValue(rank, first + i)).
+template <typename T>
+void fillPattern(T* data, size_t count, int rank, int seed = 0, size_t first = 0) {
+  for (size_t i = 0; i < count; ++i) data[i] = static_cast<T>(patternValue(rank, first + i, seed));
+}
+
+/// Compares got with want element by element (|got - want| <= tolerance); the error names `what`,
+/// the first mismatching index, both values, and how many elements differ.
+template <typename T, typename U>
+libcomm::Status compareValues(std::string_view what, const T* got, const U* want, size_t count,
+                              double tolerance = 0.0) {
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const double g = static_cast<double>(got[i]), w = static_cast<double>(want[i]);
+    if (!(std::fabs(g - w) <= tolerance)) {  // written so that NaN counts as a mismatch
+      if (bad++ == 0) first = i;
+    }
+  }
+  if (bad == 0) return libcomm::Status::ok();
+  return libcomm::makeError(libcomm::StatusCode::kInternalError, what, ": ", bad, " of ", count,
+                            " elements differ; first at index ", first, ": got ", static_cast<double>(got[first]),
+                            ", want ", static_cast<double>(want[first]));
+}
+
+/// Checks that data[0..count) holds rank `rank`'s pattern (as written by fillPattern).
+template <typename T>
+libcomm::Status checkPattern(std::string_view what, const T* data, size_t count, int rank, int seed = 0,
+                             size_t first = 0) {
+  std::vector<double> want(count);
+  for (size_t i = 0; i < count; ++i) want[i] = patternValue(rank, first + i, seed);
+  return compareValues(what, data, want.data(), count);
+}
+
+}  // namespace shardcomm::testing
+
+/// Expects every rank of a RunReport to be ok; prints the whole report otherwise.
+#define EXPECT_RANKS_OK(report)                                          \
+  do {                                                                   \
+    const ::shardcomm::testing::RunReport& shardcomm_report_ = (report); \
+    EXPECT_TRUE(shardcomm_report_.ok()) << shardcomm_report_.describe(); \
+  } while (0)
+
+/// As EXPECT_RANKS_OK, but ends the test on failure.
+#define ASSERT_RANKS_OK(report)                                          \
+  do {                                                                   \
+    const ::shardcomm::testing::RunReport& shardcomm_report_ = (report); \
+    ASSERT_TRUE(shardcomm_report_.ok()) << shardcomm_report_.describe(); \
+  } while (0)
+
+#define SHARDCOMM_INSTANTIATE_BOTH_MODES(Suite)                                                                      \
+  INSTANTIATE_TEST_SUITE_P(                                                                                          \
+      Modes, Suite, ::testing::Values(::shardcomm::testing::Mode::kThreads, ::shardcomm::testing::Mode::kProcesses), \
+      ::shardcomm::testing::modeParamName)

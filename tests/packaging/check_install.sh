@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the build into a temporary prefix, then builds and runs a consumer project against it
+# twice: through find_package(shardcomm) and through pkg-config.
+set -euo pipefail
+build_dir=$1
+src_dir=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cmake --install "$build_dir" --prefix "$work/prefix" > "$work/install.log"
+cmake -S "$src_dir/consumer" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$work/prefix" > "$work/configure.log"
+cmake --build "$work/cmake-build" > "$work/build.log"
+LD_LIBRARY_PATH="$work/prefix/lib:$work/prefix/lib64:${LD_LIBRARY_PATH:-}" "$work/cmake-build/consumer"
+pcdir=$(dirname "$(find "$work/prefix" -name shardcomm.pc | head -1)")
+flags=$(PKG_CONFIG_PATH="$pcdir" pkg-config --cflags --libs shardcomm)
+# shellcheck disable=SC2086
+g++ "$src_dir/consumer/main.cc" -o "$work/consumer-pc" $flags -pthread
+LD_LIBRARY_PATH="$work/prefix/lib:$work/prefix/lib64:${LD_LIBRARY_PATH:-}" "$work/consumer-pc"
+echo "check_install: ok"

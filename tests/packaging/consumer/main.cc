@@ -1,0 +1,34 @@
+// Two ranks as threads, one all_gather, checked: proves the installed headers and library work.
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#include <libcomm/libcomm.h>
+
+int main() {
+  auto boots = libcomm::createInProcessBootstraps(2);
+  int failures = 0;
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      auto comm = libcomm::Communicator::create(*boots[r]);
+      if (!comm.isOk()) {
+        fprintf(stderr, "rank %d: %s\n", r, comm.status().toString().c_str());
+        ++failures;
+        return;
+      }
+      auto stream = libcomm::createHostStream("consumer");
+      float mine = static_cast<float>(r + 1);
+      float all[2] = {0, 0};
+      libcomm::Status st = comm.value()->allGather(&mine, all, 1, libcomm::DataType::kFloat32, *stream);
+      if (st.isOk()) st = stream->synchronize(libcomm::Deadline::after(std::chrono::seconds(30)));
+      if (!st.isOk() || all[0] != 1.0f || all[1] != 2.0f) {
+        fprintf(stderr, "rank %d: %s, got %g %g\n", r, st.toString().c_str(), all[0], all[1]);
+        ++failures;
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  printf("consumer: %s (libcomm %s)\n", failures ? "FAILED" : "ok", libcomm::versionString());
+  return failures ? 1 : 0;
+}

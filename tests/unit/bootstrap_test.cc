@@ -1,0 +1,409 @@
+// Bootstrap implementations (in-process, file store, TCP store) with ranks as threads and, for the
+// TCP store, as forked processes; plus the store's defences against hostile or broken clients.
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <thread>
+
+#include "bootstrap/sha256.h"
+#include "bootstrap/tcp_store.h"
+#include "bootstrap/tcp_wire.h"
+#include "libcomm/bootstrap.h"
+
+using namespace libcomm;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr char kSecret[] = "test-secret-0123456789";
+
+// Runs body(rank) on `n` threads. A rank that has not returned by `limit` is reported as such (and
+// its thread abandoned) instead of hanging the test.
+std::vector<Status> runThreads(int n, std::function<Status(int)> body, Milliseconds limit = 20s) {
+  std::vector<std::future<Status>> done;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    std::packaged_task<Status()> task([body, r] { return body(r); });
+    done.push_back(task.get_future());
+    threads.emplace_back(std::move(task));
+  }
+  Deadline deadline = Deadline::after(limit);
+  std::vector<Status> out;
+  for (int r = 0; r < n; ++r) {
+    if (done[r].wait_until(deadline.at()) == std::future_status::ready) {
+      out.push_back(done[r].get());
+      threads[r].join();
+    } else {
+      out.push_back(makeError(StatusCode::kTimeout, "rank ", r, " did not finish within ", limit.count(), " ms"));
+      threads[r].detach();
+    }
+  }
+  return out;
+}
+
+void expectAllOk(const std::vector<Status>& statuses) {
+  for (size_t r = 0; r < statuses.size(); ++r) EXPECT_TRUE(statuses[r].isOk()) << "rank " << r << ": " << statuses[r].toString();
+}
+
+uint8_t pattern(int rank, size_t i, int round) { return static_cast<uint8_t>(rank * 31 + i * 7 + round * 13); }
+
+// The same checks for every implementation: allGather of several sizes (0, 1, odd, large), barrier,
+// point-to-point in a ring with per-tag ordering, and agreement on the job id.
+Status exercise(Bootstrap& b) {
+  const int n = b.size(), me = b.rank();
+  const Deadline d = Deadline::after(15s);
+  int round = 0;
+  for (size_t bytes : {size_t(0), size_t(1), size_t(7), size_t(1000)}) {
+    std::vector<uint8_t> mine(bytes), all(bytes * n + 1, 0xEE);
+    for (size_t i = 0; i < bytes; ++i) mine[i] = pattern(me, i, round);
+    LIBCOMM_RETURN_IF_ERROR(b.allGather(mine.data(), all.data(), bytes, d));
+    for (int r = 0; r < n; ++r)
+      for (size_t i = 0; i < bytes; ++i)
+        if (all[r * bytes + i] != pattern(r, i, round))
+          return makeError(StatusCode::kInternalError, "rank ", me, ": allGather of ", bytes, " bytes: wrong byte ", i,
+                           " from rank ", r);
+    if (all[bytes * n] != 0xEE) return makeError(StatusCode::kInternalError, "rank ", me, ": allGather overran");
+    LIBCOMM_RETURN_IF_ERROR(b.barrier(d));
+    ++round;
+  }
+  const int next = (me + 1) % n, prev = (me + n - 1) % n;
+  for (int k = 0; k < 3; ++k) {
+    int msg[2] = {me, k};
+    LIBCOMM_RETURN_IF_ERROR(b.send(next, 5, msg, sizeof(msg), d));
+  }
+  int other = 1000 + me;
+  LIBCOMM_RETURN_IF_ERROR(b.send(next, 9, &other, sizeof(other), d));
+  int got = 0;
+  LIBCOMM_RETURN_IF_ERROR(b.recv(prev, 9, &got, sizeof(got), d));  // a later tag first
+  if (got != 1000 + prev) return makeError(StatusCode::kInternalError, "rank ", me, ": tag 9 got ", got);
+  for (int k = 0; k < 3; ++k) {
+    int msg[2] = {-1, -1};
+    LIBCOMM_RETURN_IF_ERROR(b.recv(prev, 5, msg, sizeof(msg), d));
+    if (msg[0] != prev || msg[1] != k)
+      return makeError(StatusCode::kInternalError, "rank ", me, ": tag 5 message ", k, " arrived as ", msg[1]);
+  }
+  char id[160] = {0};
+  if (b.jobId().empty() || b.jobId().size() >= sizeof(id)) return makeError(StatusCode::kInternalError, "bad job id");
+  memcpy(id, b.jobId().data(), b.jobId().size());
+  std::vector<char> ids(sizeof(id) * n);
+  LIBCOMM_RETURN_IF_ERROR(b.allGather(id, ids.data(), sizeof(id), d));
+  for (int r = 0; r < n; ++r)
+    if (strcmp(&ids[r * sizeof(id)], id) != 0)
+      return makeError(StatusCode::kInternalError, "rank ", me, " has job ", id, ", rank ", r, " has ", &ids[r * sizeof(id)]);
+  return b.barrier(d);
+}
+
+struct TempDir {
+  TempDir() {
+    char tmpl[] = "/tmp/shardcomm_boot_XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  size_t count() const { return std::distance(fs::directory_iterator(path), fs::directory_iterator{}); }
+  std::string path;
+};
+
+enum class Kind { kInProcess, kFile, kTcp };
+
+// Builds `n` bootstraps of one kind, one per rank thread, and runs body on each.
+struct Job {
+  Job(Kind kind, int n) : kind(kind), n(n) {
+    if (kind == Kind::kInProcess) inProcess = createInProcessBootstraps(n);
+    if (kind == Kind::kTcp) {
+      auto s = startTcpStore("127.0.0.1", 0, kSecret);
+      EXPECT_TRUE(s.isOk()) << s.status().toString();
+      if (s.isOk()) server = std::move(s).value();
+    }
+  }
+  Result<std::unique_ptr<Bootstrap>> make(int rank, Deadline d) {
+    if (kind == Kind::kInProcess) return std::move(inProcess[rank]);
+    if (kind == Kind::kFile) return createFileBootstrap(dir.path, "job1", rank, n, d);
+    return createTcpBootstrap("127.0.0.1", server->port(), kSecret, rank, n, d);
+  }
+  std::vector<Status> run(std::function<Status(Bootstrap&)> body, Milliseconds createTimeout = 10s) {
+    return runThreads(n, [this, body, createTimeout](int rank) -> Status {
+      LIBCOMM_ASSIGN_OR_RETURN(auto b, make(rank, Deadline::after(createTimeout)));
+      if (b->rank() != rank || b->size() != n) return makeError(StatusCode::kInternalError, "wrong rank/size");
+      return body(*b);
+    });
+  }
+  Kind kind;
+  int n;
+  TempDir dir;
+  std::vector<std::unique_ptr<Bootstrap>> inProcess;
+  std::unique_ptr<TcpStoreServer> server;
+};
+
+const char* kindName(Kind k) { return k == Kind::kInProcess ? "InProcess" : k == Kind::kFile ? "File" : "Tcp"; }
+
+class BootstrapTest : public ::testing::TestWithParam<std::tuple<Kind, int>> {};
+
+TEST_P(BootstrapTest, AllGatherBarrierSendRecv) {
+  auto [kind, n] = GetParam();
+  Job job(kind, n);
+  expectAllOk(job.run(exercise));
+  // Every rank deleted its file of each round once the next round completed: only the last
+  // round's files are left.
+  if (kind == Kind::kFile) {
+    EXPECT_EQ(job.dir.count(), static_cast<size_t>(n));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, BootstrapTest,
+                         ::testing::Combine(::testing::Values(Kind::kInProcess, Kind::kFile, Kind::kTcp),
+                                            ::testing::Values(1, 2, 3, 4, 7, 8)),
+                         [](const auto& info) {
+                           return std::string(kindName(std::get<0>(info.param))) + "_" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+class TimeoutTest : public ::testing::TestWithParam<Kind> {};
+
+// Rank 2 of 3 never shows up for the second allGather: the others fail within the deadline plus
+// slack, and the message names the missing rank and the operation.
+TEST_P(TimeoutTest, NamesMissingRanks) {
+  Job job(GetParam(), 3);
+  auto statuses = job.run([](Bootstrap& b) -> Status {
+    LIBCOMM_RETURN_IF_ERROR(b.barrier(Deadline::after(10s)));
+    if (b.rank() == 2) return Status::ok();
+    int x = b.rank(), all[3];
+    auto start = Clock::now();
+    Status s = b.allGather(&x, all, sizeof(x), Deadline::after(300ms));
+    auto took = Clock::now() - start;
+    if (s.code() != StatusCode::kTimeout) return makeError(StatusCode::kInternalError, "expected timeout: ", s.toString());
+    if (took < 290ms || took > 1500ms) return makeError(StatusCode::kInternalError, "timeout fired late or early");
+    if (s.message().find("allGather") == std::string::npos || s.message().find("not arrived: 2") == std::string::npos)
+      return makeError(StatusCode::kInternalError, "unhelpful message: ", s.message());
+    Status r = b.recv(2, 7, &x, sizeof(x), Deadline::after(100ms));
+    if (r.code() != StatusCode::kTimeout || r.message().find("peer 2") == std::string::npos)
+      return makeError(StatusCode::kInternalError, "recv: ", r.toString());
+    return Status::ok();
+  });
+  expectAllOk(statuses);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, TimeoutTest, ::testing::Values(Kind::kInProcess, Kind::kFile, Kind::kTcp),
+                         [](const auto& info) { return std::string(kindName(info.param)); });
+
+TEST(InProcessBootstrap, SizeMismatchIsInvalidUsage) {
+  auto b = createInProcessBootstraps(2);
+  auto statuses = runThreads(2, [&](int r) -> Status {
+    char buf[8] = {0}, all[16];
+    Status s = b[r]->allGather(buf, all, r == 0 ? 4 : 8, Deadline::after(5s));
+    if (s.code() != StatusCode::kInvalidUsage) return makeError(StatusCode::kInternalError, s.toString());
+    if (r == 0) LIBCOMM_RETURN_IF_ERROR(b[0]->send(1, 1, buf, 3, Deadline::after(1s)));
+    if (r == 1 && b[1]->recv(0, 1, buf, 4, Deadline::after(5s)).code() != StatusCode::kInvalidUsage)
+      return makeError(StatusCode::kInternalError, "recv size mismatch not detected");
+    return Status::ok();
+  });
+  expectAllOk(statuses);
+}
+
+TEST(FileBootstrap, JobsShareADirectory) {
+  TempDir dir;
+  auto statuses = runThreads(4, [&](int t) -> Status {
+    std::string job = t < 2 ? "alpha" : "beta";
+    LIBCOMM_ASSIGN_OR_RETURN(auto b, createFileBootstrap(dir.path, job, t % 2, 2, Deadline::after(10s)));
+    int mine = t, all[2];
+    LIBCOMM_RETURN_IF_ERROR(b->allGather(&mine, all, sizeof(mine), Deadline::after(10s)));
+    int base = t < 2 ? 0 : 2;
+    if (all[0] != base || all[1] != base + 1) return makeError(StatusCode::kInternalError, "jobs mixed up");
+    return Status::ok();
+  });
+  expectAllOk(statuses);
+  EXPECT_EQ(createFileBootstrap(dir.path, "bad/id", 0, 1, Deadline::after(1s)).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(Sha256, KnownAnswers) {
+  using boot::toHex;
+  EXPECT_EQ(toHex(boot::sha256("")), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(toHex(boot::sha256("abc")), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(toHex(boot::sha256("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq")),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  EXPECT_EQ(toHex(boot::hmacSha256("Jefe", "what do ya want for nothing?")),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+}
+
+// ---- TCP store specifics -------------------------------------------------------------------------
+
+int rawConnect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a = {};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  return fd;
+}
+
+// True once the server has closed `fd` (EOF or reset), reading and discarding anything it sent.
+bool closedByServerWithin(int fd, Milliseconds limit) {
+  Deadline d = Deadline::after(limit);
+  char buf[256];
+  while (!d.expired()) {
+    pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(d.remaining().count()) + 1) <= 0) continue;
+    ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) return true;
+  }
+  return false;
+}
+
+TEST(TcpStore, WrongSecretIsRefused) {
+  auto server = startTcpStore("127.0.0.1", 0, kSecret);
+  ASSERT_TRUE(server.isOk()) << server.status().toString();
+  auto start = Clock::now();
+  auto b = createTcpBootstrap("127.0.0.1", (*server)->port(), "not-the-secret", 0, 1, Deadline::after(10s));
+  EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << b.status().toString();
+  EXPECT_NE(b.status().message().find("secret"), std::string::npos) << b.status().toString();
+  EXPECT_LT(Clock::now() - start, 2s) << "a refused secret must not be retried until the deadline";
+  auto good = createTcpBootstrap("127.0.0.1", (*server)->port(), kSecret, 0, 1, Deadline::after(10s));
+  EXPECT_TRUE(good.isOk()) << good.status().toString();
+}
+
+// Hostile and broken clients each lose their connection while a real 4-rank job completes.
+TEST(TcpStore, HostileClientsAreDroppedWhileAJobRuns) {
+  boot::TcpStoreOptions options;
+  options.handshakeTimeout = 400ms;
+  auto server = boot::startTcpStoreWithOptions("127.0.0.1", 0, kSecret, options);
+  ASSERT_TRUE(server.isOk()) << server.status().toString();
+  const int port = (*server)->port();
+  auto header = [](uint32_t magic, uint16_t version, boot::MsgType type, uint32_t length) {
+    uint8_t h[boot::kHeaderBytes];
+    boot::encodeHeader(type, length, h);
+    memcpy(h, &magic, 4);
+    memcpy(h + 4, &version, 2);
+    return std::string(reinterpret_cast<char*>(h), sizeof(h));
+  };
+  const std::vector<std::pair<std::string, std::string>> attacks = {
+      {"garbage", "GET / HTTP/1.1\r\nHost: x\r\n\r\n"},
+      {"oversized length", header(boot::kWireMagic, boot::kWireVersion, boot::MsgType::kAuth, 1u << 30)},
+      {"wrong version", header(boot::kWireMagic, 99, boot::MsgType::kAuth, 68)},
+      {"request before auth", header(boot::kWireMagic, boot::kWireVersion, boot::MsgType::kSet, 8) + "12345678"},
+      {"half handshake", header(boot::kWireMagic, boot::kWireVersion, boot::MsgType::kAuth, 68).substr(0, 5)},
+      {"silent", ""},
+  };
+  std::vector<int> fds;
+  for (const auto& [name, bytes] : attacks) {
+    fds.push_back(rawConnect(port));
+    if (!bytes.empty()) {
+      ASSERT_EQ(send(fds.back(), bytes.data(), bytes.size(), MSG_NOSIGNAL), ssize_t(bytes.size()));
+    }
+  }
+  auto statuses = runThreads(4, [port](int rank) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto b, createTcpBootstrap("127.0.0.1", port, kSecret, rank, 4, Deadline::after(10s)));
+    return exercise(*b);
+  });
+  expectAllOk(statuses);
+  for (size_t i = 0; i < fds.size(); ++i) {
+    EXPECT_TRUE(closedByServerWithin(fds[i], 3s)) << attacks[i].first << " connection was not dropped";
+    close(fds[i]);
+  }
+}
+
+TEST(TcpStore, ClientRetriesUntilTheStoreIsUp) {
+  int probe = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a = {};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(bind(probe, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  getsockname(probe, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  close(probe);
+  auto client = std::async(std::launch::async, [port] {
+    return createTcpBootstrap("127.0.0.1", port, kSecret, 0, 1, Deadline::after(10s)).status();
+  });
+  std::this_thread::sleep_for(300ms);
+  auto server = startTcpStore("127.0.0.1", port, kSecret);
+  ASSERT_TRUE(server.isOk()) << server.status().toString();
+  Status s = client.get();
+  EXPECT_TRUE(s.isOk()) << s.toString();
+
+  // A second store on the same address fails and says where.
+  auto again = startTcpStore("127.0.0.1", port, kSecret);
+  EXPECT_EQ(again.status().code(), StatusCode::kSystemError);
+  EXPECT_NE(again.status().message().find("127.0.0.1:" + std::to_string(port)), std::string::npos);
+  EXPECT_NE(again.status().message().find("already in use"), std::string::npos) << again.status().toString();
+}
+
+TEST(TcpStore, NoStoreTimesOutNamingTheAddress) {
+  auto start = Clock::now();
+  auto b = createTcpBootstrap("127.0.0.1", 1, kSecret, 1, 2, Deadline::after(300ms));
+  EXPECT_EQ(b.status().code(), StatusCode::kTimeout) << b.status().toString();
+  EXPECT_NE(b.status().message().find("127.0.0.1:1"), std::string::npos) << b.status().toString();
+  EXPECT_LT(Clock::now() - start, 1500ms);
+}
+
+TEST(TcpStore, VanishedServerIsARemoteError) {
+  auto server = startTcpStore("127.0.0.1", 0, kSecret);
+  ASSERT_TRUE(server.isOk());
+  std::vector<std::unique_ptr<Bootstrap>> b(2);
+  expectAllOk(runThreads(2, [&](int r) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(b[r], createTcpBootstrap("127.0.0.1", (*server)->port(), kSecret, r, 2,
+                                                      Deadline::after(10s)));
+    return Status::ok();
+  }));
+  ASSERT_TRUE(b[0] && b[1]);
+  // Rank 1 waits in a barrier that rank 0 never enters; then the store goes away.
+  auto waiter = std::async(std::launch::async, [&] { return b[1]->barrier(Deadline::after(10s)); });
+  std::this_thread::sleep_for(300ms);
+  auto start = Clock::now();
+  server->reset();
+  EXPECT_LT(Clock::now() - start, 1s) << "stopping the store must be prompt";
+  Status s = waiter.get();
+  EXPECT_EQ(s.code(), StatusCode::kRemoteError) << s.toString();
+  EXPECT_LT(Clock::now() - start, 2s);
+  EXPECT_EQ(b[0]->barrier(Deadline::after(1s)).code(), StatusCode::kRemoteError);
+}
+
+// Ranks as forked processes. They are forked before the store (and its thread) exists, learn its
+// port through a pipe, and report through their exit status.
+TEST(TcpStore, ForkedProcesses) {
+  const int n = 3;
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      close(fds[1]);
+      int port = 0;
+      if (read(fds[0], &port, sizeof(port)) != sizeof(port)) _exit(3);
+      auto b = createTcpBootstrap("127.0.0.1", port, kSecret, r, n, Deadline::after(10s));
+      _exit(b.isOk() && exercise(**b).isOk() ? 0 : 1);
+    }
+    ASSERT_GT(pid, 0);
+    pids.push_back(pid);
+  }
+  close(fds[0]);
+  auto server = startTcpStore("127.0.0.1", 0, kSecret);
+  ASSERT_TRUE(server.isOk());
+  int port = (*server)->port();
+  for (int r = 0; r < n; ++r) ASSERT_EQ(write(fds[1], &port, sizeof(port)), ssize_t(sizeof(port)));
+  close(fds[1]);
+  Deadline d = Deadline::after(20s);
+  for (int r = 0; r < n; ++r) {
+    int status = -1;
+    while (waitpid(pids[r], &status, WNOHANG) == 0 && !d.expired()) std::this_thread::sleep_for(5ms);
+    if (d.expired()) {
+      kill(pids[r], SIGKILL);
+      waitpid(pids[r], &status, 0);
+    }
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << r << " wait status " << status;
+  }
+}
+
+}  // namespace

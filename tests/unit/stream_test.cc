@@ -1,0 +1,348 @@
+// Host Stream/Event semantics (libcomm/stream.h): ordering, events across streams, sticky errors,
+// deadlines, and destruction that never hangs.
+
+#include "libcomm/stream.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <future>
+#include <thread>
+#include <vector>
+
+#include "core/host_stream.h"
+
+namespace libcomm {
+namespace {
+
+using namespace std::chrono_literals;
+
+Deadline soon() { return Deadline::after(Milliseconds(10000)); }
+
+// A latch that work items block on; their wait is bounded so a broken test cannot hang.
+class Gate {
+ public:
+  Gate() : future_(promise_.get_future().share()) {}
+  void open() { promise_.set_value(); }
+  std::function<Status()> item() const {
+    return [f = future_] {
+      if (f.wait_for(10s) != std::future_status::ready) return makeError(StatusCode::kTimeout, "gate never opened");
+      return Status::ok();
+    };
+  }
+
+ private:
+  std::promise<void> promise_;
+  std::shared_future<void> future_;
+};
+
+TEST(HostStream, RunsItemsInOrder) {
+  auto s = createHostStream("order");
+  std::vector<int> seen;
+  for (int i = 0; i < 1000; ++i)
+    ASSERT_TRUE(s->enqueueHost(
+                     [&seen, i] {
+                       seen.push_back(i);
+                       return Status::ok();
+                     },
+                     "push")
+                    .isOk());
+  ASSERT_TRUE(s->synchronize(soon()).isOk());
+  ASSERT_EQ(seen.size(), 1000u);
+  for (int i = 0; i < 1000; ++i) EXPECT_EQ(seen[i], i);
+  EXPECT_TRUE(s->query().isOk());
+  EXPECT_EQ(s->kind(), StreamKind::kHost);
+  EXPECT_EQ(s->name(), "order");
+}
+
+TEST(HostStream, CrossStreamWait) {
+  auto a = createHostStream("a");
+  auto b = createHostStream("b");
+  auto e = createHostEvent();
+  std::atomic<bool> produced{false};
+  Gate gate;
+  ASSERT_TRUE(a->enqueueHost(gate.item(), "block").isOk());
+  ASSERT_TRUE(a->enqueueHost(
+                   [&] {
+                     produced = true;
+                     return Status::ok();
+                   },
+                   "produce")
+                  .isOk());
+  ASSERT_TRUE(a->record(*e).isOk());
+  ASSERT_TRUE(b->wait(*e).isOk());
+  std::atomic<bool> consumedAfter{false};
+  ASSERT_TRUE(b->enqueueHost(
+                   [&] {
+                     consumedAfter = produced.load();
+                     return Status::ok();
+                   },
+                   "consume")
+                  .isOk());
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(e->query().code(), StatusCode::kInProgress);
+  EXPECT_EQ(b->query().code(), StatusCode::kInProgress);
+  gate.open();
+  ASSERT_TRUE(b->synchronize(soon()).isOk());
+  EXPECT_TRUE(consumedAfter);
+  EXPECT_TRUE(e->synchronize(soon()).isOk());
+  EXPECT_TRUE(e->query().isOk());
+}
+
+TEST(HostStream, WaitCapturesTheRecordCurrentAtTheCall) {
+  auto a = createHostStream("a");
+  auto b = createHostStream("b");
+  auto c = createHostStream("c");
+  auto e = createHostEvent();
+  Gate gate;
+  ASSERT_TRUE(a->enqueueHost(gate.item(), "block").isOk());
+  ASSERT_TRUE(a->record(*e).isOk());
+  ASSERT_TRUE(b->wait(*e).isOk());  // waits for the record on a
+  std::atomic<bool> ran{false};
+  ASSERT_TRUE(b->enqueueHost(
+                   [&] {
+                     ran = true;
+                     return Status::ok();
+                   },
+                   "after")
+                  .isOk());
+  ASSERT_TRUE(c->record(*e).isOk());  // re-record on an idle stream: completes at once
+  ASSERT_TRUE(e->synchronize(soon()).isOk());
+  std::this_thread::sleep_for(20ms);
+  EXPECT_FALSE(ran) << "b must still wait for the earlier record on a";
+  gate.open();
+  ASSERT_TRUE(b->synchronize(soon()).isOk());
+  EXPECT_TRUE(ran);
+}
+
+TEST(HostStream, ReRecordReplacesTheTarget) {
+  auto a = createHostStream("a");
+  auto b = createHostStream("b");
+  auto e = createHostEvent();
+  Gate first, second;
+  ASSERT_TRUE(a->enqueueHost(first.item(), "first").isOk());
+  ASSERT_TRUE(a->record(*e).isOk());
+  ASSERT_TRUE(a->enqueueHost(second.item(), "second").isOk());
+  ASSERT_TRUE(a->record(*e).isOk());
+  ASSERT_TRUE(b->wait(*e).isOk());
+  std::atomic<bool> ran{false};
+  ASSERT_TRUE(b->enqueueHost(
+                   [&] {
+                     ran = true;
+                     return Status::ok();
+                   },
+                   "after")
+                  .isOk());
+  first.open();
+  std::this_thread::sleep_for(20ms);
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(e->query().code(), StatusCode::kInProgress);
+  second.open();
+  ASSERT_TRUE(b->synchronize(soon()).isOk());
+  EXPECT_TRUE(ran);
+  EXPECT_TRUE(e->query().isOk());
+}
+
+TEST(HostStream, NeverRecordedEventIsComplete) {
+  auto s = createHostStream("s");
+  auto e = createHostEvent();
+  EXPECT_EQ(e->kind(), StreamKind::kHost);
+  EXPECT_TRUE(e->query().isOk());
+  EXPECT_TRUE(e->synchronize(Deadline::after(Milliseconds(0))).isOk());
+  ASSERT_TRUE(s->wait(*e).isOk());
+  bool ran = false;
+  ASSERT_TRUE(s->enqueueHost(
+                   [&] {
+                     ran = true;
+                     return Status::ok();
+                   },
+                   "x")
+                  .isOk());
+  ASSERT_TRUE(s->synchronize(soon()).isOk());
+  EXPECT_TRUE(ran);
+}
+
+TEST(HostStream, ErrorIsStickyAndLaterItemsAreSkipped) {
+  auto s = createHostStream("sticky");
+  auto other = createHostStream("other");
+  auto e = createHostEvent();
+  std::atomic<int> ran{0};
+  ASSERT_TRUE(s->enqueueHost(
+                   [&] {
+                     ++ran;
+                     return Status::ok();
+                   },
+                   "ok item")
+                  .isOk());
+  ASSERT_TRUE(
+      s->enqueueHost([] { return makeError(StatusCode::kRemoteError, "peer 3 lost"); }, "allGather seq 7").isOk());
+  ASSERT_TRUE(s->enqueueHost(
+                   [&] {
+                     ++ran;
+                     return Status::ok();
+                   },
+                   "skipped item")
+                  .isOk());
+  ASSERT_TRUE(s->record(*e).isOk());
+  ASSERT_TRUE(other->wait(*e).isOk());
+  bool otherRan = false;
+  ASSERT_TRUE(other
+                  ->enqueueHost(
+                      [&] {
+                        otherRan = true;
+                        return Status::ok();
+                      },
+                      "dependent")
+                  .isOk());
+
+  Status st = s->synchronize(soon());
+  EXPECT_EQ(st.code(), StatusCode::kRemoteError);
+  EXPECT_NE(st.message().find("sticky"), std::string::npos) << st.toString();
+  EXPECT_NE(st.message().find("allGather seq 7"), std::string::npos) << st.toString();
+  EXPECT_NE(st.message().find("peer 3 lost"), std::string::npos) << st.toString();
+  EXPECT_EQ(ran, 1);
+  EXPECT_EQ(s->asyncError().code(), StatusCode::kRemoteError);
+  EXPECT_EQ(s->query().code(), StatusCode::kRemoteError);
+  // The record still completed, carrying the error; a stream waiting on it fails instead of hanging.
+  EXPECT_EQ(e->synchronize(soon()).code(), StatusCode::kRemoteError);
+  EXPECT_EQ(e->query().code(), StatusCode::kRemoteError);
+  EXPECT_EQ(other->synchronize(soon()).code(), StatusCode::kRemoteError);
+  EXPECT_FALSE(otherRan);
+  // Later work is refused silently (skipped); the first cause stays.
+  ASSERT_TRUE(s->enqueueHost([] { return makeError(StatusCode::kSystemError, "second"); }, "later").isOk());
+  EXPECT_EQ(s->synchronize(soon()).code(), StatusCode::kRemoteError);
+}
+
+TEST(HostStream, SynchronizeTimeoutNamesTheStuckItem) {
+  auto s = createHostStream("comm");
+  Gate gate;
+  ASSERT_TRUE(s->enqueueHost(gate.item(), "reduceScatter seq 12").isOk());
+  const auto start = Clock::now();
+  Status st = s->synchronize(Deadline::after(Milliseconds(100)));
+  const auto took = Clock::now() - start;
+  EXPECT_EQ(st.code(), StatusCode::kTimeout);
+  EXPECT_GE(took, 100ms);
+  EXPECT_LT(took, 1000ms);
+  EXPECT_NE(st.message().find("'comm'"), std::string::npos) << st.toString();
+  EXPECT_NE(st.message().find("reduceScatter seq 12"), std::string::npos) << st.toString();
+  EXPECT_NE(describeStreamPosition(*s).find("reduceScatter seq 12"), std::string::npos);
+  gate.open();
+  EXPECT_TRUE(s->synchronize(soon()).isOk());
+}
+
+TEST(HostStream, EventSynchronizeTimesOut) {
+  auto s = createHostStream("slow");
+  auto e = createHostEvent();
+  Gate gate;
+  ASSERT_TRUE(s->enqueueHost(gate.item(), "block").isOk());
+  ASSERT_TRUE(s->record(*e).isOk());
+  Status st = e->synchronize(Deadline::after(Milliseconds(50)));
+  EXPECT_EQ(st.code(), StatusCode::kTimeout);
+  EXPECT_NE(st.message().find("'slow'"), std::string::npos) << st.toString();
+  gate.open();
+  EXPECT_TRUE(e->synchronize(soon()).isOk());
+}
+
+TEST(HostStream, DestructionDrainsQueuedWork) {
+  std::atomic<int> ran{0};
+  {
+    auto s = createHostStream("drain");
+    for (int i = 0; i < 100; ++i)
+      ASSERT_TRUE(s->enqueueHost(
+                       [&] {
+                         ++ran;
+                         return Status::ok();
+                       },
+                       "n")
+                      .isOk());
+  }
+  EXPECT_EQ(ran, 100);
+}
+
+TEST(HostStream, DestructionWithBlockedWaitDoesNotHang) {
+  auto blocker = createHostStream("blocker");
+  auto never = createHostEvent();
+  Gate gate;
+  ASSERT_TRUE(blocker->enqueueHost(gate.item(), "held").isOk());
+  ASSERT_TRUE(blocker->record(*never).isOk());
+
+  auto e = createHostEvent();
+  auto ran = std::make_shared<std::atomic<bool>>(false);
+  const auto start = Clock::now();
+  {
+    HostStreamOptions opts;
+    opts.destroyDrainTimeout = Milliseconds(100);
+    opts.destroyJoinTimeout = Milliseconds(100);
+    auto s = createHostStream("doomed", opts);
+    ASSERT_TRUE(s->wait(*never).isOk());
+    ASSERT_TRUE(s->enqueueHost(
+                     [ran] {
+                       *ran = true;
+                       return Status::ok();
+                     },
+                     "abandoned")
+                    .isOk());
+    ASSERT_TRUE(s->record(*e).isOk());
+  }
+  EXPECT_LT(Clock::now() - start, 2000ms);
+  // The abandoned record completes with an error, so its waiters do not hang.
+  Status st = e->synchronize(Deadline::after(Milliseconds(100)));
+  EXPECT_EQ(st.code(), StatusCode::kInvalidUsage) << st.toString();
+  EXPECT_NE(st.message().find("doomed"), std::string::npos) << st.toString();
+  gate.open();
+  ASSERT_TRUE(blocker->synchronize(soon()).isOk());
+  EXPECT_FALSE(*ran);
+}
+
+TEST(HostStream, DestructionWithStuckHostFunctionDetaches) {
+  auto gate = std::make_shared<Gate>();
+  auto after = std::make_shared<std::atomic<bool>>(false);
+  const auto start = Clock::now();
+  {
+    HostStreamOptions opts;
+    opts.destroyDrainTimeout = Milliseconds(50);
+    opts.destroyJoinTimeout = Milliseconds(50);
+    auto s = createHostStream("stuck", opts);
+    ASSERT_TRUE(s->enqueueHost(gate->item(), "forever").isOk());
+    ASSERT_TRUE(s->enqueueHost(
+                     [after] {
+                       *after = true;
+                       return Status::ok();
+                     },
+                     "never runs")
+                    .isOk());
+  }
+  EXPECT_LT(Clock::now() - start, 2000ms);
+  gate->open();  // lets the detached thread finish
+  std::this_thread::sleep_for(50ms);
+  EXPECT_FALSE(*after);
+}
+
+TEST(HostStream, ManyProducers) {
+  auto s = createHostStream("mp");
+  constexpr int kProducers = 4, kItems = 2000;
+  std::vector<int> last(kProducers, -1);  // touched only on the progress thread
+  std::atomic<int> outOfOrder{0};
+  std::vector<std::thread> producers;
+  for (int p = 0; p < kProducers; ++p) {
+    producers.emplace_back([&, p] {
+      for (int i = 0; i < kItems; ++i) {
+        Status st = s->enqueueHost(
+            [&, p, i] {
+              if (last[p] != i - 1) ++outOfOrder;
+              last[p] = i;
+              return Status::ok();
+            },
+            "item");
+        if (!st.isOk()) ++outOfOrder;
+      }
+    });
+  }
+  for (auto& t : producers) t.join();
+  ASSERT_TRUE(s->synchronize(soon()).isOk());
+  EXPECT_EQ(outOfOrder, 0);
+  for (int p = 0; p < kProducers; ++p) EXPECT_EQ(last[p], kItems - 1);
+}
+
+}  // namespace
+}  // namespace libcomm

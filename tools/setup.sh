@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what shardcomm needs (Debian 12 packages; run as root or with sudo available), then
+# configures and builds it (Release) in ./build. Idempotent: a second run only rebuilds what changed.
+#   tools/setup.sh [build-dir]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build}
+
+packages=(cmake g++ make ninja-build pkg-config libgtest-dev libgmock-dev libhwloc-dev
+          libucx-dev libibverbs-dev openmpi-bin libopenmpi-dev libgloo-dev iproute2 python3)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo_cmd apt-get update -qq
+  $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null
+fi
+
+generator=()
+command -v ninja > /dev/null && generator=(-G Ninja)
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release > "$build.configure.log" 2>&1 ||
+    { cat "$build.configure.log"; exit 1; }
+  rm -f "$build.configure.log"
+fi
+cmake --build "$build" -j "$(nproc)"
