@@ -5,4 +5,4 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/tools/setup.sh" "$root/build"
-exec "$root/build/bench/comm_bench" all -np 4 --quick
+exec "$root/build/bench/comm_bench" --quick
