@@ -1,5 +1,6 @@
 #include "core/log.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -104,8 +105,18 @@ const char* levelName(Level l) {
 
 }  // namespace
 
+// A child forked while another thread held the log lock would block on its first line: hold the
+// lock across fork() so the child starts with it free.
+static void installForkHandlers() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    pthread_atfork([] { gMutex.lock(); }, [] { gMutex.unlock(); }, [] { gMutex.unlock(); });
+  });
+}
+
 bool enabled(Level level, const char* subsys) {
   if (!gLoaded.load(std::memory_order_acquire)) {
+    installForkHandlers();
     std::lock_guard<std::mutex> lock(gMutex);
     if (!gLoaded.load()) loadLocked();
   }
