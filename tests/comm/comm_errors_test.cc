@@ -205,6 +205,34 @@ TEST(CommErrors, AbortFromAnotherThreadUnblocksAWaiter) {
   EXPECT_RANKS_OK(report);
 }
 
+TEST(CommErrors, SkippedCollectiveFailsPeersAtOnceAndTeardownIsQuick) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    auto config = quickConfig();
+    config.opTimeout = std::chrono::seconds(30);  // far longer than anything below may take
+    auto start = libcomm::Clock::now();
+    {
+      LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+      auto s = libcomm::createHostStream("skip");
+      std::vector<float> a(8), b(16);
+      if (ctx.rank == 1)  // the trainer's own work on the stream fails: the collective is skipped
+        LIBCOMM_RETURN_IF_ERROR(s->enqueueHost([] { return Status(StatusCode::kInternalError, "user work failed"); },
+                                               "user work"));
+      LIBCOMM_RETURN_IF_ERROR(comm->allGather(a.data(), b.data(), 8, DataType::kFloat32, *s));
+      Status st = s->synchronize(libcomm::Deadline::after(std::chrono::seconds(10)));
+      if (ctx.rank == 0) LIBCOMM_RETURN_IF_ERROR(expect(st, StatusCode::kRemoteError, {"rank 1", "never ran"}, "peer"));
+      if (ctx.rank == 1)
+        LIBCOMM_RETURN_IF_ERROR(expect(comm->asyncError(), StatusCode::kInvalidUsage, {"never ran"}, "skipped"));
+    }  // communicator and stream destroyed here
+    auto took = std::chrono::duration_cast<std::chrono::milliseconds>(libcomm::Clock::now() - start);
+    if (took > std::chrono::seconds(5))
+      return libcomm::makeError(StatusCode::kInternalError, "failure + teardown took ", took.count(), " ms");
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 TEST(CommMemory, RegistrationIsIdempotentAndRefcounted) {
   RunOptions opts;
   opts.size = 2;

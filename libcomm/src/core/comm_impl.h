@@ -27,6 +27,8 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// Runs collective `seq` (on the stream's thread), in sequence order.
   Status execute(const CollArgs& args, uint32_t seq);
 
+  /// Accounts for a collective its stream skipped or dropped without running it.
+  void settleUnrun(const CollArgs& args, uint32_t seq);
   Status asyncError() const;
   void abort(const std::string& why);
   /// Waits until no collective is queued or running; false at the deadline.
@@ -54,6 +56,7 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   uint32_t stageRound_ = 0;    // touched only by the executing collective (they run one at a time)
   mutable std::mutex errMu_;
   Status asyncError_;
+  std::atomic<bool> failed_{false};  // asyncError_ is set; readable without errMu_
 };
 
 }  // namespace libcomm

@@ -28,17 +28,36 @@ Status Communicator::Impl::submit(CollArgs args, Stream& stream) {
     std::lock_guard<std::mutex> lock(mu_);
     ++inflight_;
   }
-  auto self = shared_from_this();
-  Status st = stream.enqueueHost([self, args, seq] { return self->execute(args, seq); }, describeColl(args, seq));
-  if (!st.isOk()) {
-    // The sequence number is burnt; the communicator cannot stay consistent with its peers.
-    fail(st);
-    std::lock_guard<std::mutex> lock(mu_);
-    --inflight_;
-    lastExecuted_ = seq;
-    cv_.notify_all();
-  }
-  return st;
+  // The ticket settles the collective however the stream disposes of it: run, or skipped (the
+  // stream failed earlier) or dropped (the stream was destroyed). A collective this rank never
+  // runs is one its peers wait for in vain, so not running it fails the communicator at once.
+  struct Ticket {
+    Ticket(std::shared_ptr<Impl> i, const CollArgs& a, uint32_t s) : impl(std::move(i)), args(a), seq(s) {}
+    Ticket(const Ticket&) = delete;
+    std::shared_ptr<Impl> impl;
+    CollArgs args;
+    uint32_t seq;
+    bool ran = false;
+    ~Ticket() {
+      if (!ran) impl->settleUnrun(args, seq);
+    }
+  };
+  auto ticket = std::make_shared<Ticket>(shared_from_this(), args, seq);
+  return stream.enqueueHost(
+      [ticket] {
+        ticket->ran = true;
+        return ticket->impl->execute(ticket->args, ticket->seq);
+      },
+      describeColl(args, seq));
+}
+
+void Communicator::Impl::settleUnrun(const CollArgs& args, uint32_t seq) {
+  fail(makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq),
+                 " never ran: its stream failed earlier or was destroyed, so this rank cannot take part"));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (lastExecuted_ + 1 == seq) lastExecuted_ = seq;
+  --inflight_;
+  cv_.notify_all();
 }
 
 Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq) {
@@ -47,7 +66,7 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq) {
   Status st;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    bool inOrder = cv_.wait_until(lock, deadline.at(), [&] { return lastExecuted_ + 1 == seq || channel_->aborted(); });
+    bool inOrder = cv_.wait_until(lock, deadline.at(), [&] { return lastExecuted_ + 1 == seq || failed_.load(); });
     if (!inOrder)
       st = makeError(StatusCode::kTimeout, "rank ", rank_, ": ", describeColl(args, seq), " reached its stream before ",
                      "collective seq ", lastExecuted_ + 1,
@@ -155,6 +174,12 @@ void Communicator::Impl::fail(const Status& st) {
     std::lock_guard<std::mutex> lock(errMu_);
     if (!asyncError_.isOk()) return;
     asyncError_ = st;
+    failed_.store(true);
+  }
+  {
+    // Collectives waiting for their turn fail now instead of at their deadline.
+    std::lock_guard<std::mutex> lock(mu_);
+    cv_.notify_all();
   }
   LIBCOMM_LOG(kDebug, "coll") << st.toString();  // the stream logs the failure at WARN
   // Peers blocked on this rank learn why at once instead of waiting for their deadline.
@@ -170,6 +195,7 @@ void Communicator::Impl::abort(const std::string& why) {
   {
     std::lock_guard<std::mutex> lock(errMu_);
     if (asyncError_.isOk()) asyncError_ = makeError(StatusCode::kRemoteError, "rank ", rank_, ": ", why);
+    failed_.store(true);
   }
   channel_->abort();
   std::lock_guard<std::mutex> lock(mu_);

@@ -1,0 +1,255 @@
+// Unit tests of comm_bench's own logic: the data check must pass every correct result (whatever
+// order or strategy the reduction used) and catch wrong ones; the command line must parse as the
+// usage text says. The collectives themselves are tested in tests/comm; here they are simulated.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "options.h"
+
+namespace comm_bench {
+namespace {
+
+using libcomm::DataType;
+using libcomm::ReduceOp;
+
+float loadElem(const std::vector<char>& buf, DataType t, size_t i) {
+  if (t == DataType::kFloat32) {
+    float f;
+    memcpy(&f, buf.data() + 4 * i, 4);
+    return f;
+  }
+  uint16_t b;
+  memcpy(&b, buf.data() + 2 * i, 2);
+  return bf16ToFloat(b);
+}
+
+void storeElem(std::vector<char>& buf, DataType t, size_t i, float v) {
+  if (t == DataType::kFloat32) {
+    memcpy(buf.data() + 4 * i, &v, 4);
+  } else {
+    uint16_t b = floatToBf16(v);
+    memcpy(buf.data() + 2 * i, &b, 2);
+  }
+}
+
+float roundBf16(float v) { return bf16ToFloat(floatToBf16(v)); }
+
+// How a simulated reduce_scatter forms its result.
+enum class Strategy { kSumThenScale, kScaleEachInput, kBf16Accumulate, kReverseOrder };
+
+struct World {
+  CheckCase base;
+  std::vector<std::vector<char>> send, recv;
+
+  World(Coll coll, DataType in, DataType out, ReduceOp op, int n, size_t count) {
+    base.coll = coll;
+    base.inType = in;
+    base.outType = out;
+    base.op = op;
+    base.scale = kPremulScale;
+    base.nranks = n;
+    base.count = count;
+    base.seq = 7;
+    const size_t inBytes = libcomm::dataTypeSize(in), outBytes = libcomm::dataTypeSize(out);
+    for (int r = 0; r < n; ++r) {
+      send.emplace_back((coll == Coll::kReduceScatter ? n * count : count) * inBytes + 64);
+      recv.emplace_back(((coll == Coll::kAllGather ? n * count : count) + kGuardElems) * outBytes + 64);
+      prepareCheck(rankCase(r), send[r].data(), recv[r].data());
+    }
+  }
+  CheckCase rankCase(int r) const {
+    CheckCase c = base;
+    c.rank = r;
+    return c;
+  }
+  void allGather() {
+    for (int r = 0; r < base.nranks; ++r)
+      for (int q = 0; q < base.nranks; ++q)
+        for (size_t i = 0; i < base.count; ++i)
+          storeElem(recv[r], base.outType, q * base.count + i, loadElem(send[q], base.inType, i));
+  }
+  void reduceScatter(Strategy strategy) {
+    const int n = base.nranks;
+    const float scale = base.op == ReduceOp::kAvg ? 1.0f / n : base.op == ReduceOp::kPremulSum ? base.scale : 1.0f;
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < base.count; ++i) {
+        float acc = 0;
+        for (int k = 0; k < n; ++k) {
+          const int q = strategy == Strategy::kReverseOrder ? n - 1 - k : k;
+          float x = loadElem(send[q], base.inType, r * base.count + i);
+          if (strategy == Strategy::kScaleEachInput) x *= scale;
+          acc += x;
+          if (strategy == Strategy::kBf16Accumulate) acc = roundBf16(acc);
+        }
+        if (strategy != Strategy::kScaleEachInput && base.op != ReduceOp::kSum) acc *= scale;
+        storeElem(recv[r], base.outType, i, acc);
+      }
+    }
+  }
+  uint64_t wrong() const {
+    uint64_t w = 0;
+    for (int r = 0; r < base.nranks; ++r) w += verifyCheck(rankCase(r), send[r].data(), recv[r].data());
+    return w;
+  }
+};
+
+TEST(CommBenchCheck, AllGatherCorrectPasses) {
+  for (DataType t : {DataType::kFloat32, DataType::kBFloat16}) {
+    World w(Coll::kAllGather, t, t, ReduceOp::kSum, 3, 1001);
+    EXPECT_GT(w.wrong(), 0u) << "poisoned output must fail";
+    w.allGather();
+    EXPECT_EQ(w.wrong(), 0u);
+  }
+}
+
+TEST(CommBenchCheck, AllGatherCatchesEachKindOfError) {
+  World w(Coll::kAllGather, DataType::kFloat32, DataType::kFloat32, ReduceOp::kSum, 4, 100);
+  w.allGather();
+  storeElem(w.recv[2], DataType::kFloat32, 150, loadElem(w.recv[2], DataType::kFloat32, 150) + 1);
+  EXPECT_EQ(w.wrong(), 1u) << "one changed element";
+  w.allGather();
+  storeElem(w.recv[1], DataType::kFloat32, 4 * 100, 0.0f);
+  EXPECT_EQ(w.wrong(), 1u) << "a write past the end";
+  w = World(Coll::kAllGather, DataType::kFloat32, DataType::kFloat32, ReduceOp::kSum, 4, 100);
+  w.allGather();
+  storeElem(w.send[3], DataType::kFloat32, 0, 12345.0f);
+  EXPECT_EQ(w.wrong(), 1u) << "an input changed out of place";
+  // Rank 1's block shifted by one element.
+  w = World(Coll::kAllGather, DataType::kFloat32, DataType::kFloat32, ReduceOp::kSum, 2, 1000);
+  w.allGather();
+  for (size_t i = 0; i + 1 < 1000; ++i)
+    storeElem(w.recv[0], DataType::kFloat32, 1000 + i, loadElem(w.recv[0], DataType::kFloat32, 1000 + i + 1));
+  EXPECT_GT(w.wrong(), 900u);
+}
+
+struct RsCase {
+  DataType in, out;
+  ReduceOp op;
+  int n;
+};
+
+TEST(CommBenchCheck, ReduceScatterCorrectStrategiesPass) {
+  const std::vector<RsCase> cases = {
+      {DataType::kFloat32, DataType::kFloat32, ReduceOp::kSum, 2},
+      {DataType::kFloat32, DataType::kFloat32, ReduceOp::kSum, 7},
+      {DataType::kBFloat16, DataType::kFloat32, ReduceOp::kSum, 3},
+      {DataType::kBFloat16, DataType::kBFloat16, ReduceOp::kSum, 8},
+      {DataType::kFloat32, DataType::kFloat32, ReduceOp::kAvg, 3},
+      {DataType::kFloat32, DataType::kFloat32, ReduceOp::kPremulSum, 5},
+      {DataType::kBFloat16, DataType::kFloat32, ReduceOp::kAvg, 7},
+      {DataType::kBFloat16, DataType::kBFloat16, ReduceOp::kPremulSum, 4},
+      {DataType::kBFloat16, DataType::kBFloat16, ReduceOp::kAvg, 3},
+  };
+  for (const RsCase& rc : cases) {
+    for (Strategy s : {Strategy::kSumThenScale, Strategy::kScaleEachInput, Strategy::kReverseOrder}) {
+      World w(Coll::kReduceScatter, rc.in, rc.out, rc.op, rc.n, 777);
+      EXPECT_GT(w.wrong(), 0u);
+      w.reduceScatter(s);
+      EXPECT_EQ(w.wrong(), 0u) << typeName(rc.in) << ">" << typeName(rc.out) << " " << opName(rc.op) << " n=" << rc.n
+                               << " strategy " << static_cast<int>(s);
+    }
+  }
+}
+
+TEST(CommBenchCheck, ReduceScatterSumIsExact) {
+  World w(Coll::kReduceScatter, DataType::kFloat32, DataType::kFloat32, ReduceOp::kSum, 4, 500);
+  w.reduceScatter(Strategy::kSumThenScale);
+  float v = loadElem(w.recv[3], DataType::kFloat32, 17);
+  storeElem(w.recv[3], DataType::kFloat32, 17, std::nextafter(v, INFINITY));
+  EXPECT_EQ(w.wrong(), 1u) << "one ulp off an exact sum";
+  EXPECT_EQ(reduceTolerance(w.rankCase(0), 1000.0, 2000.0), 0.0);
+}
+
+TEST(CommBenchCheck, ReduceScatterCatchesAWrongScale) {
+  World w(Coll::kReduceScatter, DataType::kFloat32, DataType::kFloat32, ReduceOp::kPremulSum, 3, 500);
+  w.base.scale = 0.3334f;  // close to, but not, the scale the check expects
+  w.reduceScatter(Strategy::kSumThenScale);
+  w.base.scale = kPremulScale;
+  EXPECT_GT(w.wrong(), 400u);
+  World avg(Coll::kReduceScatter, DataType::kBFloat16, DataType::kBFloat16, ReduceOp::kAvg, 4, 500);
+  avg.reduceScatter(Strategy::kSumThenScale);
+  ASSERT_EQ(avg.wrong(), 0u);
+  for (size_t i = 0; i < 500; ++i)  // divided by n - 1 instead of n
+    storeElem(avg.recv[1], DataType::kBFloat16, i, loadElem(avg.recv[1], DataType::kBFloat16, i) * 4 / 3);
+  EXPECT_GT(avg.wrong(), 400u);
+}
+
+TEST(CommBenchCheck, ReduceScatterCatchesBf16Accumulation) {
+  World w(Coll::kReduceScatter, DataType::kBFloat16, DataType::kFloat32, ReduceOp::kSum, 8, 4096);
+  w.reduceScatter(Strategy::kBf16Accumulate);
+  EXPECT_GT(w.wrong(), 100u);
+}
+
+TEST(CommBenchCheck, ReduceScatterCatchesInputChangeAndGuard) {
+  World w(Coll::kReduceScatter, DataType::kBFloat16, DataType::kBFloat16, ReduceOp::kSum, 3, 64);
+  w.reduceScatter(Strategy::kSumThenScale);
+  ASSERT_EQ(w.wrong(), 0u);
+  storeElem(w.send[0], DataType::kBFloat16, 3 * 64 - 1, 99.0f);
+  storeElem(w.recv[2], DataType::kBFloat16, 64, 0.0f);
+  EXPECT_EQ(w.wrong(), 2u);
+}
+
+TEST(CommBenchCheck, Bf16Conversion) {
+  EXPECT_EQ(floatToBf16(1.0f), 0x3f80);
+  EXPECT_EQ(bf16ToFloat(0x3f80), 1.0f);
+  EXPECT_EQ(roundBf16(257.0f), 256.0f);  // tie to even
+  EXPECT_EQ(roundBf16(259.0f), 260.0f);
+  EXPECT_TRUE(std::isnan(bf16ToFloat(floatToBf16(NAN))));
+}
+
+libcomm::Result<Options> parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "comm_bench");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  return parseOptions(static_cast<int>(argv.size()), argv.data());
+}
+
+TEST(CommBenchOptions, FlagsAndPresets) {
+  auto o = parse({"reduce_scatter", "-d", "all", "-b", "1K", "-e", "2M", "-f", "4", "-np", "3", "-O", "float"});
+  ASSERT_TRUE(o.isOk()) << o.status().toString();
+  EXPECT_EQ(o->colls.size(), 1u);
+  EXPECT_EQ(o->minBytes, 1024u);
+  EXPECT_EQ(o->maxBytes, 2u << 20);
+  EXPECT_EQ(o->numRanks, 3);
+  // -np is not passed on to the ranks; everything else is.
+  std::vector<std::string> want = {"reduce_scatter", "-d", "all", "-b", "1K", "-e", "2M", "-f", "4", "-O", "float"};
+  EXPECT_EQ(o->childArgs, want);
+  auto pairs = typePairs(*o, Coll::kReduceScatter);
+  ASSERT_EQ(pairs.size(), 2u);  // float>float, bf16>float
+  EXPECT_EQ(pairs[1].in, DataType::kBFloat16);
+  EXPECT_EQ(pairs[1].out, DataType::kFloat32);
+  EXPECT_EQ(sizeList(*o), (std::vector<size_t>{1024, 4096, 16384, 65536, 262144, 1048576}));
+
+  o = parse({"all", "-n", "3"});
+  ASSERT_TRUE(o.isOk());
+  EXPECT_EQ(o->colls.size(), 2u);
+  EXPECT_EQ(o->iters, 3);
+  EXPECT_EQ(typePairs(*o, Coll::kReduceScatter).size(), 3u);  // float, bf16, bf16>float
+  EXPECT_EQ(typePairs(*o, Coll::kAllGather).size(), 2u);
+
+  o = parse({"all_gather", "-i", "100", "-b", "0", "-e", "250", "--op=all"});
+  ASSERT_TRUE(o.isOk());
+  EXPECT_EQ(sizeList(*o), (std::vector<size_t>{0, 100, 200}));
+  EXPECT_EQ(o->ops.size(), 3u);
+}
+
+TEST(CommBenchOptions, UsageErrors) {
+  EXPECT_FALSE(parse({}).isOk());
+  EXPECT_FALSE(parse({"all_gather", "-b", "1X"}).isOk());
+  EXPECT_FALSE(parse({"all_gather", "-b", "2M", "-e", "1M"}).isOk());
+  EXPECT_FALSE(parse({"all_gather", "-f", "1"}).isOk());
+  EXPECT_FALSE(parse({"all_gather", "-c"}).isOk());
+  EXPECT_FALSE(parse({"all_gather", "--frobnicate", "1"}).isOk());
+  EXPECT_FALSE(parse({"all_gather", "reduce_scatter"}).isOk());
+  EXPECT_FALSE(parse({"reduce_scatter", "-d", "float", "-O", "bf16"}).isOk());
+  EXPECT_TRUE(parse({"-h"})->help);
+}
+
+}  // namespace
+}  // namespace comm_bench

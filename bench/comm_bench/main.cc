@@ -1,0 +1,154 @@
+// comm_bench: nccl-tests-style benchmark and data check of libcomm's all_gather and reduce_scatter.
+// `comm_bench --help` (options.cc) is the manual; README.md next to this file says how to read it.
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "libcomm/launcher.h"
+#include "libcomm/libcomm.h"
+#include "options.h"
+#include "report.h"
+#include "runner.h"
+
+namespace comm_bench {
+namespace {
+
+using libcomm::Milliseconds;
+using libcomm::Status;
+
+constexpr int kExitFail = 1;
+constexpr int kExitUsage = 2;
+
+std::string selfPath(const char* argv0) {
+  char buf[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return argv0;
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+// -np: the launcher starts the ranks, each running this command without -np.
+int spawnRanks(const Options& options, const char* argv0) {
+  libcomm::LocalLaunchOptions launch;
+  launch.numRanks = options.numRanks;
+  launch.argv.push_back(selfPath(argv0));
+  launch.argv.insert(launch.argv.end(), options.childArgs.begin(), options.childArgs.end());
+
+  // Ranks bound each wait by -T themselves; the whole-job deadline only catches what they cannot.
+  long long waitMs = options.timeoutMs;
+  if (waitMs == 0) {
+    auto config = libcomm::CommConfig::fromEnvironment();
+    if (!config.isOk()) {
+      fprintf(stderr, "comm_bench: %s\n", config.status().toString().c_str());
+      return kExitFail;
+    }
+    waitMs = config->opTimeout.count();
+  }
+  // Per placement: warmup, barrier, timed loop, checked run; per row one exchange; setup and end.
+  long long rows = 0;
+  for (Coll coll : options.colls) rows += static_cast<long long>(planRows(options, coll, 1).size());
+  const long long ops = 4 + rows * (1 + 2 * (options.warmup + options.iters + 2LL));
+  const long long kMaxJobMs = 30LL * 24 * 3600 * 1000;
+  launch.timeout = Milliseconds(std::min(kMaxJobMs / ops, waitMs) * ops);
+
+  Status s = libcomm::launchLocal(launch);
+  if (!s.isOk()) {
+    fprintf(stderr, "comm_bench: %d local ranks: %s\n", options.numRanks, s.toString().c_str());
+    return kExitFail;
+  }
+  return 0;
+}
+
+libcomm::Result<std::unique_ptr<libcomm::Bootstrap>> makeBootstrap(libcomm::Deadline deadline) {
+  if (launchedAsRank()) return libcomm::createBootstrapFromEnvironment(deadline);
+  // Nobody launched us as part of a job: run alone, without a store.
+  auto all = libcomm::createInProcessBootstraps(1);
+  return std::move(all[0]);
+}
+
+// Every rank reports its own errors; rank 0 also ends the report with a FAIL summary.
+int fail(int rank, const Status& s, Report* report) {
+  if (rank < 0)
+    fprintf(stderr, "comm_bench: %s\n", s.toString().c_str());
+  else
+    fprintf(stderr, "comm_bench rank %d: %s\n", rank, s.toString().c_str());
+  if (report) report->printSummary(s);
+  return kExitFail;
+}
+
+int runRank(const Options& options) {
+  auto config = libcomm::CommConfig::fromEnvironment();
+  if (!config.isOk()) return fail(-1, config.status(), nullptr);
+  if (options.timeoutMs) {
+    config->opTimeout = Milliseconds(options.timeoutMs);
+    config->initTimeout = Milliseconds(options.timeoutMs);
+  }
+  const libcomm::Deadline initDeadline = libcomm::Deadline::after(config->initTimeout);
+
+  auto bootstrap = makeBootstrap(initDeadline);
+  if (!bootstrap.isOk()) return fail(-1, bootstrap.status(), nullptr);
+  libcomm::Bootstrap& boot = **bootstrap;
+  const int rank = boot.rank();
+
+  // Who runs where, through the bootstrap, before the communicator uses it.
+  RankInfo mine;
+  mine.pid = static_cast<int32_t>(getpid());
+  gethostname(mine.host, sizeof(mine.host) - 1);
+  std::vector<RankInfo> ranks(static_cast<size_t>(boot.size()));
+  Status s = boot.allGather(&mine, ranks.data(), sizeof(RankInfo), initDeadline);
+  if (!s.isOk()) return fail(rank, s.withContext("exchanging rank info"), nullptr);
+
+  auto comm = libcomm::Communicator::create(boot, *config);
+  if (!comm.isOk()) return fail(rank, comm.status(), nullptr);
+  std::unique_ptr<libcomm::Stream> stream = libcomm::createHostStream("comm_bench");
+
+  std::optional<Report> report;
+  if (rank == 0) {
+    report.emplace(options, boot.size());
+    s = report->openJson();
+    if (!s.isOk()) return fail(rank, s, nullptr);
+    report->printHeader(boot.describe(), ranks, options.printAlgo ? (*comm)->describeSelection() : "");
+  }
+  Report* rep = report ? &*report : nullptr;
+
+  auto runner = Runner::create(options, **comm, *stream, rep);
+  if (!runner.isOk()) return fail(rank, runner.status(), rep);
+  s = (*runner)->run();
+  if (!s.isOk()) {
+    (*comm)->abort();
+    return fail(rank, s, rep);
+  }
+  const bool pass = rep ? rep->printSummary(Status::ok()) : true;
+  // Nobody exits before rank 0 has printed: a launcher stops the others once one rank exits non-zero.
+  s = (*runner)->finalBarrier();
+  if (!s.isOk()) {
+    (*comm)->abort();
+    return fail(rank, s, nullptr);
+  }
+  const int64_t wrong = (*runner)->totalWrong();
+  return (pass && wrong == 0) ? 0 : kExitFail;
+}
+
+}  // namespace
+}  // namespace comm_bench
+
+int main(int argc, char** argv) {
+  using namespace comm_bench;
+  auto options = parseOptions(argc, argv);
+  if (!options.isOk()) {
+    fprintf(stderr, "comm_bench: %s\n\n%s", options.status().message().c_str(), usageText());
+    return kExitUsage;
+  }
+  if (options->help) {
+    fputs(usageText(), stdout);
+    return 0;
+  }
+  if (options->numRanks > 0) return spawnRanks(*options, argv[0]);
+  return runRank(*options);
+}

@@ -1,0 +1,341 @@
+#include "options.h"
+
+#include <cctype>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string_view>
+
+namespace comm_bench {
+
+using libcomm::DataType;
+using libcomm::ReduceOp;
+using libcomm::Result;
+using libcomm::StatusCode;
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: comm_bench all_gather|reduce_scatter|all [flags]
+       comm_bench --quick        same as: all -np 4 -b 4 -e 64M -f 4 -n 5 -w 2 -c 1
+                                 (-np 4 only when not already started as a rank; flags override)
+
+Sizes (suffix K, M, G = 2^10, 2^20, 2^30). A size is the bytes of the gathered buffer
+(all_gather) or of the send buffer (reduce_scatter): nranks * count * element size, rounded
+down to a multiple of nranks * element size as nccl-tests does; count is elements per rank.
+  -b, --minbytes N        smallest size (default 32M; all: 4)
+  -e, --maxbytes N        largest size (default 32M; all: 64M)
+  -f, --stepfactor N      multiply the size by N each step (default 2; all: 4)
+  -i, --stepbytes N       add N bytes each step instead of multiplying
+Runs:
+  -n, --iters N           timed iterations per size and placement (default 20)
+  -w, --warmup_iters N    untimed iterations before them (default 5)
+  -c, --check 0|1         check the results of one extra run per size and placement (default 1)
+  -d, --datatype float|bf16|all          input element type (default float; all: all)
+  -O, --outtype same|float|bf16|all      reduce_scatter output type (default same as the input;
+                          all: all). -d bf16 -O float = bf16 in, fp32 accumulation, fp32 out.
+                          fp32 in with bf16 out is refused by libcomm and skipped.
+  -o, --op sum|avg|premulsum|all         reduce_scatter operation (default sum); premulsum
+                          multiplies by 1/3
+  -R, --registered 0|1    1: buffers from Communicator::allocRegistered (one-copy path; default)
+                          0: plain page-aligned host memory (the staging path)
+Ranks:
+  -np, --nranks N         start N ranks on this host (libcomm::launchLocal), each running this
+                          command without -np. Without it, rank and size come from the
+                          environment (LIBCOMM_*, torchrun, Open MPI, Slurm); with none of
+                          those set, this process runs alone as one rank
+  -T, --timeout MS        deadline of each collective (the communicator's op timeout), of the
+                          bootstrap and of communicator creation (default: LIBCOMM_TIMEOUT_MS and
+                          LIBCOMM_INIT_TIMEOUT_MS). With -np the launcher also stops a job that
+                          runs past MS times the number of collectives it has to run
+Output (rank 0 prints):
+  -J, --output_file F     one JSON object per (size, placement) to F (JSON lines)
+  -a, --print_algo 0|1    print libcomm's algorithm selection table at start (default 0)
+  -h, --help              this text
+Exit status: 0 when every run succeeded and every check passed; 1 on wrong results or an
+error (printed with the libcomm Status); 2 on a usage error.
+)";
+
+libcomm::Status usageError(std::string_view flag, std::string_view value, std::string_view why) {
+  return libcomm::makeError(StatusCode::kInvalidArgument, flag, " '", value, "': ", why);
+}
+
+Result<uint64_t> parseUnsigned(std::string_view flag, const std::string& v) {
+  if (v.empty() || !isdigit(static_cast<unsigned char>(v[0]))) return usageError(flag, v, "not a number");
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long x = strtoull(v.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0') return usageError(flag, v, "not a whole number");
+  return static_cast<uint64_t>(x);
+}
+
+Result<uint64_t> parseBytes(std::string_view flag, const std::string& v) {
+  size_t digits = 0;
+  while (digits < v.size() && isdigit(static_cast<unsigned char>(v[digits]))) ++digits;
+  if (digits == 0) return usageError(flag, v, "not a size");
+  std::string suffix = v.substr(digits);
+  for (auto& ch : suffix) ch = static_cast<char>(toupper(static_cast<unsigned char>(ch)));
+  int shift = 0;
+  if (suffix == "" || suffix == "B")
+    shift = 0;
+  else if (suffix == "K" || suffix == "KB" || suffix == "KIB")
+    shift = 10;
+  else if (suffix == "M" || suffix == "MB" || suffix == "MIB")
+    shift = 20;
+  else if (suffix == "G" || suffix == "GB" || suffix == "GIB")
+    shift = 30;
+  else
+    return usageError(flag, v, "unknown suffix (use K, M or G)");
+  auto n = parseUnsigned(flag, v.substr(0, digits));
+  if (!n) return n.status();
+  if (*n > (std::numeric_limits<uint64_t>::max() >> 34)) return usageError(flag, v, "too large");
+  return *n << shift;
+}
+
+Result<bool> parseBool(std::string_view flag, const std::string& v) {
+  if (v == "0") return false;
+  if (v == "1") return true;
+  return usageError(flag, v, "expected 0 or 1");
+}
+
+Result<std::vector<DataType>> parseTypes(std::string_view flag, const std::string& v) {
+  if (v == "float" || v == "fp32" || v == "float32") return std::vector<DataType>{DataType::kFloat32};
+  if (v == "bf16" || v == "bfloat16") return std::vector<DataType>{DataType::kBFloat16};
+  if (v == "all") return std::vector<DataType>{DataType::kFloat32, DataType::kBFloat16};
+  return usageError(flag, v, "expected float, bf16 or all");
+}
+
+Result<std::vector<ReduceOp>> parseOps(std::string_view flag, const std::string& v) {
+  if (v == "sum") return std::vector<ReduceOp>{ReduceOp::kSum};
+  if (v == "avg") return std::vector<ReduceOp>{ReduceOp::kAvg};
+  if (v == "premulsum") return std::vector<ReduceOp>{ReduceOp::kPremulSum};
+  if (v == "all") return std::vector<ReduceOp>{ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kPremulSum};
+  return usageError(flag, v, "expected sum, avg, premulsum or all");
+}
+
+// Sets a positive int field from a flag value.
+libcomm::Status setInt(std::string_view flag, const std::string& v, int minValue, int& out) {
+  auto n = parseUnsigned(flag, v);
+  if (!n) return n.status();
+  if (*n < static_cast<uint64_t>(minValue) || *n > 100000000) return usageError(flag, v, "out of range");
+  out = static_cast<int>(*n);
+  return libcomm::Status::ok();
+}
+
+void applyAllPreset(Options& o) {
+  o.minBytes = 4;
+  o.maxBytes = 64u << 20;
+  o.stepFactor = 4;
+  o.dtypes = {DataType::kFloat32, DataType::kBFloat16};
+  o.outSame = true;
+  o.outTypes = {DataType::kFloat32, DataType::kBFloat16};
+}
+
+}  // namespace
+
+const char* collName(Coll c) { return c == Coll::kAllGather ? "all_gather" : "reduce_scatter"; }
+const char* typeName(DataType t) { return t == DataType::kFloat32 ? "float" : "bf16"; }
+const char* opName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kPremulSum:
+      return "premulsum";
+  }
+  return "?";
+}
+
+const char* usageText() { return kUsage; }
+
+bool launchedAsRank() {
+  auto has = [](const char* name) {
+    const char* v = getenv(name);
+    return v != nullptr && *v != '\0';
+  };
+  if (has("LIBCOMM_RANK") || has("LIBCOMM_WORLD_SIZE")) return true;
+  if (has("RANK") && has("WORLD_SIZE")) return true;
+  if (has("OMPI_COMM_WORLD_RANK") || has("PMI_RANK")) return true;
+  const char* ntasks = getenv("SLURM_NTASKS");
+  return has("SLURM_PROCID") && ntasks != nullptr && atoi(ntasks) > 1;
+}
+
+Result<Options> parseOptions(int argc, char** argv) {
+  Options o;
+  std::vector<std::string> args(argv + 1, argv + argc);
+
+  // Presets first, so that explicit flags override them wherever they appear.
+  std::string collArg;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--quick") {
+      o.quick = true;
+    } else if (!a.empty() && a[0] == '-') {
+      if (a.find('=') == std::string::npos && a != "-h" && a != "--help") ++i;  // skip the flag's value
+    } else if (collArg.empty() && (a == "all_gather" || a == "reduce_scatter" || a == "all")) {
+      collArg = a;
+    }
+  }
+  if (collArg.empty() && o.quick) collArg = "all";
+  if (collArg == "all") {
+    o.allMode = true;
+    o.colls = {Coll::kAllGather, Coll::kReduceScatter};
+    applyAllPreset(o);
+  } else if (collArg == "all_gather") {
+    o.colls = {Coll::kAllGather};
+  } else if (collArg == "reduce_scatter") {
+    o.colls = {Coll::kReduceScatter};
+  }
+  if (o.quick) {
+    applyAllPreset(o);
+    o.iters = 5;
+    o.warmup = 2;
+    o.check = true;
+    if (!launchedAsRank()) o.numRanks = 4;
+  }
+
+  bool collSeen = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i];
+    if (flag == "-h" || flag == "--help") {
+      o.help = true;
+      return o;
+    }
+    if (flag == "--quick" || (!collSeen && !collArg.empty() && flag == collArg)) {
+      collSeen = collSeen || flag == collArg;
+      o.childArgs.push_back(flag);
+      continue;
+    }
+    if (flag.empty() || flag[0] != '-') return usageError("argument", flag, "unexpected (collective given twice?)");
+    std::string value;
+    if (auto eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    } else {
+      if (i + 1 >= args.size()) return libcomm::makeError(StatusCode::kInvalidArgument, flag, " needs a value");
+      value = args[++i];
+    }
+    const bool isNp = flag == "-np" || flag == "--nranks";
+    if (!isNp) {
+      o.childArgs.push_back(flag);
+      o.childArgs.push_back(value);
+    }
+    libcomm::Status s;
+    if (flag == "-b" || flag == "--minbytes") {
+      auto n = parseBytes(flag, value);
+      if (!n) return n.status();
+      o.minBytes = *n;
+    } else if (flag == "-e" || flag == "--maxbytes") {
+      auto n = parseBytes(flag, value);
+      if (!n) return n.status();
+      o.maxBytes = *n;
+    } else if (flag == "-f" || flag == "--stepfactor") {
+      auto n = parseUnsigned(flag, value);
+      if (!n) return n.status();
+      if (*n < 2) return usageError(flag, value, "the factor must be at least 2 (use -i for a fixed step)");
+      o.stepFactor = *n;
+    } else if (flag == "-i" || flag == "--stepbytes") {
+      auto n = parseBytes(flag, value);
+      if (!n) return n.status();
+      if (*n == 0) return usageError(flag, value, "the step must be positive");
+      o.stepBytes = *n;
+    } else if (flag == "-n" || flag == "--iters") {
+      s = setInt(flag, value, 1, o.iters);
+    } else if (flag == "-w" || flag == "--warmup_iters") {
+      s = setInt(flag, value, 0, o.warmup);
+    } else if (flag == "-c" || flag == "--check") {
+      auto b = parseBool(flag, value);
+      if (!b) return b.status();
+      o.check = *b;
+    } else if (flag == "-d" || flag == "--datatype") {
+      auto t = parseTypes(flag, value);
+      if (!t) return t.status();
+      o.dtypes = *t;
+    } else if (flag == "-O" || flag == "--outtype") {
+      if (value == "same") {
+        o.outSame = true;
+        o.outTypes.clear();
+      } else {
+        auto t = parseTypes(flag, value);
+        if (!t) return t.status();
+        o.outSame = value == "all";
+        o.outTypes = *t;
+      }
+    } else if (flag == "-o" || flag == "--op") {
+      auto ops = parseOps(flag, value);
+      if (!ops) return ops.status();
+      o.ops = *ops;
+    } else if (flag == "-R" || flag == "--registered") {
+      auto b = parseBool(flag, value);
+      if (!b) return b.status();
+      o.registered = *b;
+    } else if (isNp) {
+      s = setInt(flag, value, 1, o.numRanks);
+    } else if (flag == "-J" || flag == "--output_file") {
+      o.jsonPath = value;
+    } else if (flag == "-a" || flag == "--print_algo") {
+      auto b = parseBool(flag, value);
+      if (!b) return b.status();
+      o.printAlgo = *b;
+    } else if (flag == "-T" || flag == "--timeout") {
+      auto n = parseUnsigned(flag, value);
+      if (!n) return n.status();
+      if (*n == 0 || *n > (1ull << 40)) return usageError(flag, value, "out of range");
+      o.timeoutMs = static_cast<long long>(*n);
+    } else {
+      return usageError("flag", flag, "unknown");
+    }
+    if (!s.isOk()) return s;
+  }
+
+  if (o.colls.empty()) {
+    return libcomm::makeError(StatusCode::kInvalidArgument,
+                              "name a collective: all_gather, reduce_scatter or all (or use --quick)");
+  }
+  if (o.minBytes > o.maxBytes) {
+    return libcomm::makeError(StatusCode::kInvalidArgument, "-b ", o.minBytes, " is larger than -e ", o.maxBytes);
+  }
+  if (o.numRanks > 0 && launchedAsRank()) {
+    return libcomm::makeError(StatusCode::kInvalidArgument,
+                              "-np starts ranks itself, but this process was already started as a rank "
+                              "(LIBCOMM_RANK, RANK, OMPI_COMM_WORLD_RANK or SLURM_PROCID is set)");
+  }
+  for (Coll c : o.colls) {
+    if (typePairs(o, c).empty()) {
+      return libcomm::makeError(StatusCode::kInvalidArgument, collName(c),
+                                ": no type combination left from -d/-O (fp32 input with bf16 output is not "
+                                "offered by libcomm)");
+    }
+  }
+  return o;
+}
+
+std::vector<size_t> sizeList(const Options& o) {
+  std::vector<size_t> sizes;
+  for (size_t size = o.minBytes; size <= o.maxBytes;) {
+    sizes.push_back(size);
+    size_t next = o.stepBytes ? size + o.stepBytes : (size == 0 ? 1 : size * o.stepFactor);
+    if (next <= size) break;  // overflow
+    size = next;
+  }
+  return sizes;
+}
+
+std::vector<TypePair> typePairs(const Options& o, Coll coll) {
+  std::vector<TypePair> pairs;
+  for (DataType in : o.dtypes) {
+    if (coll == Coll::kAllGather) {
+      pairs.push_back({in, in});
+      continue;
+    }
+    if (o.outSame) pairs.push_back({in, in});
+    for (DataType out : o.outTypes) {
+      if (out == in && o.outSame) continue;
+      if (in == DataType::kFloat32 && out == DataType::kBFloat16) continue;
+      pairs.push_back({in, out});
+    }
+  }
+  return pairs;
+}
+
+}  // namespace comm_bench

@@ -1,0 +1,76 @@
+#pragma once
+// comm_bench's command line: nccl-tests flags plus libcomm's own (-R, -O, -np, --quick).
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "libcomm/status.h"
+#include "libcomm/types.h"
+
+namespace comm_bench {
+
+enum class Coll { kAllGather, kReduceScatter };
+
+/// "all_gather" / "reduce_scatter".
+const char* collName(Coll c);
+/// "float" / "bf16" (the spelling of -d and of the JSON lines).
+const char* typeName(libcomm::DataType t);
+/// "sum" / "avg" / "premulsum".
+const char* opName(libcomm::ReduceOp op);
+
+/// One input/output element type combination of a collective.
+struct TypePair {
+  libcomm::DataType in;
+  libcomm::DataType out;
+};
+
+struct Options {
+  std::vector<Coll> colls;
+  bool allMode = false;  // "all": both collectives, -d all, -O all by default
+  bool quick = false;    // --quick preset
+  bool help = false;
+
+  size_t minBytes = 32u << 20;
+  size_t maxBytes = 32u << 20;
+  uint64_t stepFactor = 2;  // -f; used when stepBytes == 0
+  size_t stepBytes = 0;     // -i: fixed increment instead of a factor
+  int iters = 20;
+  int warmup = 5;
+  bool check = true;
+
+  std::vector<libcomm::DataType> dtypes{libcomm::DataType::kFloat32};
+  /// -O: empty means "same as the input type"; otherwise every listed output type (reduce_scatter).
+  std::vector<libcomm::DataType> outTypes;
+  bool outSame = true;  // -O same (default) also keeps in == out among the combinations
+  std::vector<libcomm::ReduceOp> ops{libcomm::ReduceOp::kSum};
+
+  bool registered = true;   // -R
+  int numRanks = 0;         // -np: spawn this many local ranks (0: this process is one rank)
+  std::string jsonPath;     // -J
+  bool printAlgo = false;   // -a
+  long long timeoutMs = 0;  // -T; 0: the communicator's configured op timeout
+
+  /// The arguments a spawned rank is started with: everything given except -np.
+  std::vector<std::string> childArgs;
+};
+
+/// Parses argv. Usage errors come back as kInvalidArgument naming the flag.
+libcomm::Result<Options> parseOptions(int argc, char** argv);
+
+/// The full usage text (printed by -h and after a usage error).
+const char* usageText();
+
+/// The message sizes in bytes, as nccl-tests walks them (min, then *factor or +step, up to max).
+std::vector<size_t> sizeList(const Options& o);
+
+/// The type combinations `coll` runs with these options: all_gather uses in == out; reduce_scatter
+/// takes every (-d, -O) pair the API allows (fp32 in, bf16 out is refused, so it is left out).
+std::vector<TypePair> typePairs(const Options& o, Coll coll);
+
+/// True when a launcher (ours, torchrun, Open MPI, Slurm with several tasks) already started this
+/// process as one rank of a job.
+bool launchedAsRank();
+
+}  // namespace comm_bench

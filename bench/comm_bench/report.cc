@@ -1,0 +1,171 @@
+#include "report.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+
+#include "libcomm/version.h"
+
+namespace comm_bench {
+
+namespace {
+
+std::string typeColumn(const TypePair& t) {
+  if (t.in == t.out) return typeName(t.in);
+  return std::string(typeName(t.in)) + ">" + typeName(t.out);
+}
+
+const char* opColumn(const Row& r) { return r.coll == Coll::kAllGather ? "none" : opName(r.op); }
+
+}  // namespace
+
+double algBandwidth(size_t bytes, double timeUs) { return timeUs > 0 ? static_cast<double>(bytes) / timeUs / 1e3 : 0; }
+
+double busBandwidth(double algbw, int nranks) { return algbw * (nranks - 1) / nranks; }
+
+Report::Report(const Options& options, int nranks) : options_(options), nranks_(nranks) {}
+
+Report::~Report() {
+  if (json_) fclose(json_);
+}
+
+libcomm::Status Report::openJson() {
+  if (options_.jsonPath.empty()) return libcomm::Status::ok();
+  json_ = fopen(options_.jsonPath.c_str(), "w");
+  if (!json_) {
+    return libcomm::makeError(libcomm::StatusCode::kSystemError, "cannot open -J file '", options_.jsonPath,
+                              "': ", strerror(errno));
+  }
+  return libcomm::Status::ok();
+}
+
+void Report::printHeader(const std::string& bootstrap, const std::vector<RankInfo>& ranks,
+                         const std::string& selection) {
+  std::string colls;
+  for (Coll c : options_.colls) colls.append(colls.empty() ? "" : ", ").append(collName(c));
+  printf("# comm_bench %s (libcomm %s): %d ranks, bootstrap %s\n", colls.c_str(), libcomm::versionString(), nranks_,
+         bootstrap.c_str());
+  std::string step = options_.stepBytes ? std::to_string(options_.stepBytes) + "(bytes)"
+                                        : std::to_string(options_.stepFactor) + "(factor)";
+  printf("#  minBytes %zu maxBytes %zu step: %s warmup iters: %d iters: %d validation: %d registered: %d\n",
+         options_.minBytes, options_.maxBytes, step.c_str(), options_.warmup, options_.iters, options_.check ? 1 : 0,
+         options_.registered ? 1 : 0);
+  std::string types, ops;
+  for (Coll c : options_.colls)
+    for (const TypePair& t : typePairs(options_, c))
+      types.append(" ").append(collName(c)).append(":").append(typeColumn(t));
+  for (auto op : options_.ops) ops.append(ops.empty() ? "" : ",").append(opName(op));
+  const bool reduces =
+      std::find(options_.colls.begin(), options_.colls.end(), Coll::kReduceScatter) != options_.colls.end();
+  if (reduces)
+    printf("#  types:%s  reduce ops: %s (premulsum scale 1/3)\n", types.c_str(), ops.c_str());
+  else
+    printf("#  types:%s\n", types.c_str());
+  printf("#\n# Using ranks\n");
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    printf("#  Rank %2zu Pid %7d on %10s  [host memory, %s]\n", r, ranks[r].pid, ranks[r].host,
+           options_.registered ? "registered" : "unregistered");
+  }
+  if (!selection.empty()) {
+    printf("#\n# Algorithm selection (Communicator::describeSelection)\n");
+    std::istringstream lines(selection);
+    for (std::string line; std::getline(lines, line);) printf("#  %s\n", line.c_str());
+  }
+  printf("#\n");
+  fflush(stdout);
+}
+
+void Report::beginTable(Coll coll) {
+  busbwSum_ = 0;
+  busbwCount_ = 0;
+  tableWrong_ = 0;
+  ranColl_[static_cast<int>(coll)] = true;
+  printf("# %s\n", collName(coll));
+  printf("# %76s %31s\n", "out-of-place", "in-place");
+  printf("# %11s %12s %11s %9s %6s %8s %7s %7s %7s %8s %7s %7s %7s\n", "size", "count", "type", "redop", "root", "time",
+         "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
+  printf("# %11s %12s %11s %9s %6s %8s %7s %7s %7s %8s %7s %7s %7s\n", "(B)", "(elements)", "", "", "", "(us)",
+         "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+  fflush(stdout);
+}
+
+void Report::printMeasurement(const Measurement& m, size_t bytes) {
+  if (!m.ran) {
+    printf(" %8s %7s %7s %7s", "N/A", "N/A", "N/A", "N/A");
+    return;
+  }
+  const double algbw = algBandwidth(bytes, m.timeUs);
+  const double busbw = busBandwidth(algbw, nranks_);
+  const char* timeFormat = m.timeUs >= 10000.0 ? " %8.0f" : m.timeUs >= 100.0 ? " %8.1f" : " %8.2f";
+  printf(timeFormat, m.timeUs);
+  printf(" %7.2f %7.2f", algbw, busbw);
+  if (m.wrong < 0)
+    printf(" %7s", "N/A");
+  else
+    printf(" %7lld", static_cast<long long>(m.wrong));
+}
+
+void Report::addRow(const Row& row) {
+  printf("  %11zu %12zu %11s %9s %6d", row.bytes, row.count, typeColumn(row.types).c_str(), opColumn(row), -1);
+  printMeasurement(row.outOfPlace, row.bytes);
+  printMeasurement(row.inPlace, row.bytes);
+  printf("\n");
+  fflush(stdout);
+  for (int p = 0; p < 2; ++p) {
+    const Measurement& m = p == 0 ? row.outOfPlace : row.inPlace;
+    if (!m.ran) continue;
+    const double busbw = busBandwidth(algBandwidth(row.bytes, m.timeUs), nranks_);
+    busbwSum_ += busbw;
+    ++busbwCount_;
+    ++cases_;
+    double& peak = peakBusbw_[static_cast<int>(row.coll)];
+    if (busbw > peak) peak = busbw;
+    if (m.wrong > 0) {
+      tableWrong_ += m.wrong;
+      totalWrong_ += m.wrong;
+    }
+    writeJson(row, m, p == 1);
+  }
+}
+
+void Report::endTable() {
+  if (options_.check)
+    printf("# Out of bounds values : %lld %s\n", static_cast<long long>(tableWrong_), tableWrong_ ? "FAILED" : "OK");
+  else
+    printf("# Out of bounds values : not checked (-c 0)\n");
+  printf("# Avg bus bandwidth    : %g\n#\n", busbwCount_ ? busbwSum_ / busbwCount_ : 0.0);
+  fflush(stdout);
+}
+
+void Report::writeJson(const Row& row, const Measurement& m, bool inPlace) {
+  if (!json_) return;
+  const double algbw = algBandwidth(row.bytes, m.timeUs);
+  const std::string wrong = m.wrong < 0 ? "null" : std::to_string(m.wrong);
+  fprintf(json_,
+          "{\"coll\":\"%s\",\"dtype\":\"%s\",\"outtype\":\"%s\",\"op\":\"%s\",\"nranks\":%d,\"size\":%zu,"
+          "\"count\":%zu,\"time_us\":%.3f,\"algbw\":%.4f,\"busbw\":%.4f,\"wrong\":%s,\"inplace\":%s,"
+          "\"registered\":%s,\"iters\":%d,\"warmup\":%d,\"impl\":\"shardcomm\"}\n",
+          collName(row.coll), typeName(row.types.in), typeName(row.types.out), opColumn(row), nranks_, row.bytes,
+          row.count, m.timeUs, algbw, busBandwidth(algbw, nranks_), wrong.c_str(), inPlace ? "true" : "false",
+          options_.registered ? "true" : "false", options_.iters, options_.warmup);
+  fflush(json_);
+}
+
+bool Report::printSummary(const libcomm::Status& error) {
+  const bool pass = error.isOk() && totalWrong_ == 0;
+  std::string wrong = options_.check ? std::to_string(totalWrong_) + " wrong" : "not checked";
+  printf("comm_bench: %d ranks, %d cases, %s", nranks_, cases_, wrong.c_str());
+  for (Coll c : {Coll::kAllGather, Coll::kReduceScatter}) {
+    if (ranColl_[static_cast<int>(c)])
+      printf(", %s peak busbw %.2f GB/s", collName(c), peakBusbw_[static_cast<int>(c)]);
+  }
+  if (!error.isOk())
+    printf(" -- FAIL (%s)\n", error.toString().c_str());
+  else
+    printf(" -- %s\n", pass ? "PASS" : "FAIL");
+  fflush(stdout);
+  return pass;
+}
+
+}  // namespace comm_bench

@@ -1,0 +1,77 @@
+#pragma once
+// What rank 0 prints: the nccl-tests-style header, one table per collective, the per-table footer,
+// the JSON lines (-J) and the final one-line summary.
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "libcomm/status.h"
+#include "options.h"
+
+namespace comm_bench {
+
+/// One placement (out-of-place or in-place) of one row, already combined over ranks.
+struct Measurement {
+  bool ran = false;    // false: not applicable (reduce_scatter in place needs in == out type)
+  double timeUs = 0;   // per collective, the slowest rank's
+  int64_t wrong = -1;  // summed over ranks; -1 when not checked
+};
+
+struct Row {
+  Coll coll = Coll::kAllGather;
+  TypePair types{libcomm::DataType::kFloat32, libcomm::DataType::kFloat32};
+  libcomm::ReduceOp op = libcomm::ReduceOp::kSum;
+  size_t bytes = 0;  // nranks * count * input element size
+  size_t count = 0;  // elements per rank
+  Measurement outOfPlace;
+  Measurement inPlace;
+};
+
+/// Who ran where, gathered through the bootstrap before the communicator exists.
+struct RankInfo {
+  int32_t pid = 0;
+  char host[60] = {};
+};
+
+class Report {
+ public:
+  Report(const Options& options, int nranks);
+  ~Report();
+  Report(const Report&) = delete;
+  Report& operator=(const Report&) = delete;
+
+  /// Opens the -J file (truncating it); a no-op without -J.
+  libcomm::Status openJson();
+  void printHeader(const std::string& bootstrap, const std::vector<RankInfo>& ranks, const std::string& selection);
+  void beginTable(Coll coll);
+  void addRow(const Row& row);
+  void endTable();
+  /// Prints the summary line; `error` is the run's failure, if any. Returns true for PASS.
+  bool printSummary(const libcomm::Status& error);
+
+ private:
+  void printMeasurement(const Measurement& m, size_t bytes);
+  void writeJson(const Row& row, const Measurement& m, bool inPlace);
+
+  const Options& options_;
+  int nranks_;
+  FILE* json_ = nullptr;
+  // Per table.
+  double busbwSum_ = 0;
+  int busbwCount_ = 0;
+  int64_t tableWrong_ = 0;
+  // Whole run.
+  int cases_ = 0;
+  int64_t totalWrong_ = 0;
+  double peakBusbw_[2] = {0, 0};  // by Coll
+  bool ranColl_[2] = {false, false};
+};
+
+/// GB/s for `bytes` in `timeUs` (10^9 bytes per second, as nccl-tests).
+double algBandwidth(size_t bytes, double timeUs);
+/// algbw * (n - 1) / n: the same factor for all_gather and reduce_scatter.
+double busBandwidth(double algbw, int nranks);
+
+}  // namespace comm_bench

@@ -1,0 +1,256 @@
+#include "runner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include "check.h"
+
+namespace comm_bench {
+
+using libcomm::DataType;
+using libcomm::dataTypeSize;
+using libcomm::Deadline;
+using libcomm::Status;
+
+namespace {
+
+// Bytes of slack after every buffer: room for the check's guard elements and for count rounding.
+constexpr size_t kSlackBytes = 4096;
+// One exchange slot per rank: out-of-place time, in-place time, and the two wrong counts (doubles).
+constexpr size_t kSlotFloats = 8;
+
+size_t roundUp(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+std::string rowName(const Row& row, bool inPlace) {
+  std::string types = typeName(row.types.in);
+  if (row.types.out != row.types.in) types += std::string(">") + typeName(row.types.out);
+  return libcomm::detail::strCat(collName(row.coll), " ", types,
+                                 row.coll == Coll::kReduceScatter ? std::string(" ") + opName(row.op) : "", " size ",
+                                 row.bytes, " count ", row.count, inPlace ? " in-place" : " out-of-place");
+}
+
+}  // namespace
+
+std::vector<Row> planRows(const Options& options, Coll coll, int nranks) {
+  std::vector<Row> rows;
+  const std::vector<libcomm::ReduceOp> sumOnly{libcomm::ReduceOp::kSum};
+  const auto& ops = coll == Coll::kReduceScatter ? options.ops : sumOnly;
+  for (const TypePair& types : typePairs(options, coll)) {
+    for (auto op : ops) {
+      for (size_t size : sizeList(options)) {
+        Row row;
+        row.coll = coll;
+        row.types = types;
+        row.op = op;
+        row.count = size / (static_cast<size_t>(nranks) * dataTypeSize(types.in));
+        row.bytes = static_cast<size_t>(nranks) * row.count * dataTypeSize(types.in);
+        // Planned placements; runRow() fills in the measurements.
+        row.outOfPlace.ran = true;
+        row.inPlace.ran = coll == Coll::kAllGather || types.in == types.out;
+        rows.push_back(row);
+      }
+    }
+  }
+  return rows;
+}
+
+Runner::Runner(const Options& options, libcomm::Communicator& comm, libcomm::Stream& stream, Report* report)
+    : options_(options), comm_(comm), stream_(stream), report_(report) {}
+
+libcomm::Result<std::unique_ptr<Runner>> Runner::create(const Options& options, libcomm::Communicator& comm,
+                                                        libcomm::Stream& stream, Report* report) {
+  std::unique_ptr<Runner> runner(new Runner(options, comm, stream, report));
+  const size_t n = static_cast<size_t>(comm.size());
+  size_t aBytes = 0, bBytes = 0;
+  for (Coll coll : options.colls) {
+    for (const Row& row : planRows(options, coll, comm.size())) {
+      const size_t in = dataTypeSize(row.types.in), out = dataTypeSize(row.types.out);
+      if (coll == Coll::kAllGather) {
+        aBytes = std::max(aBytes, row.count * in);
+        bBytes = std::max(bBytes, (n * row.count + kGuardElems) * out);
+      } else {
+        aBytes = std::max(aBytes, n * row.count * in);
+        bBytes = std::max(bBytes, (row.count + kGuardElems) * out);
+      }
+    }
+  }
+  LIBCOMM_RETURN_IF_ERROR(runner->allocate(runner->a_, aBytes + kSlackBytes, options.registered));
+  LIBCOMM_RETURN_IF_ERROR(runner->allocate(runner->b_, bBytes + kSlackBytes, options.registered));
+  LIBCOMM_RETURN_IF_ERROR(runner->allocate(runner->results_, n * kSlotFloats * sizeof(float), true));
+  return runner;
+}
+
+Runner::~Runner() {
+  // Never free memory a collective may still touch. A failed stream still drains (it skips the
+  // rest) and synchronize returns its sticky error once it has; only an expired deadline means
+  // work may still run, and then the buffers are leaked.
+  const Deadline deadline = Deadline::after(timeout());
+  if (!stream_.synchronize(deadline).isOk() && deadline.expired()) return;
+  release(a_);
+  release(b_);
+  release(results_);
+}
+
+Status Runner::allocate(Buffer& buffer, size_t bytes, bool registered) {
+  bytes = roundUp(bytes, 4096);
+  if (registered) {
+    LIBCOMM_ASSIGN_OR_RETURN(void* p, comm_.allocRegistered(bytes));
+    buffer.ptr = static_cast<char*>(p);
+  } else {
+    void* p = nullptr;
+    if (posix_memalign(&p, 4096, bytes) != 0) {
+      return libcomm::makeError(libcomm::StatusCode::kSystemError, "rank ", comm_.rank(), ": cannot allocate ", bytes,
+                                " bytes of host memory");
+    }
+    buffer.ptr = static_cast<char*>(p);
+  }
+  buffer.bytes = bytes;
+  buffer.registered = registered;
+  // First touch is slow here (PERF-NOTES): pay it once, outside any timing.
+  memset(buffer.ptr, 0, bytes);
+  return Status::ok();
+}
+
+void Runner::release(Buffer& buffer) {
+  if (!buffer.ptr) return;
+  if (buffer.registered) {
+    Status s = comm_.freeRegistered(buffer.ptr);
+    if (!s.isOk()) fprintf(stderr, "comm_bench rank %d: freeRegistered: %s\n", comm_.rank(), s.toString().c_str());
+  } else {
+    free(buffer.ptr);
+  }
+  buffer.ptr = nullptr;
+}
+
+libcomm::Milliseconds Runner::timeout() const {
+  return options_.timeoutMs ? libcomm::Milliseconds(options_.timeoutMs) : comm_.config().opTimeout;
+}
+
+Status Runner::sync(const char* what, int ops) {
+  // The communicator fails any one collective that runs past the timeout; this deadline only
+  // backs that up, so it grows with the number of collectives queued.
+  constexpr long long kMaxMs = 30LL * 24 * 3600 * 1000;
+  const long long ms = std::min(kMaxMs / (ops + 1), static_cast<long long>(timeout().count())) * (ops + 1);
+  Status s = stream_.synchronize(Deadline::after(libcomm::Milliseconds(ms)));
+  if (!s.isOk()) return s.withContext(what);
+  return Status::ok();
+}
+
+Status Runner::enqueue(const Row& row, const void* send, void* recv) {
+  if (row.coll == Coll::kAllGather) return comm_.allGather(send, recv, row.count, row.types.in, stream_);
+  libcomm::ReduceOptions ro;
+  ro.op = row.op;
+  ro.scale = kPremulScale;
+  return comm_.reduceScatter(send, recv, row.count, row.types.in, row.types.out, ro, stream_);
+}
+
+Status Runner::runPlacement(const Row& row, bool inPlace, double& timeUs, int64_t& wrong) {
+  const size_t rankOffset = static_cast<size_t>(comm_.rank()) * row.count * dataTypeSize(row.types.in);
+  char* send;
+  char* recv;
+  if (row.coll == Coll::kAllGather) {
+    recv = b_.ptr;
+    send = inPlace ? b_.ptr + rankOffset : a_.ptr;
+  } else {
+    send = a_.ptr;
+    recv = inPlace ? a_.ptr + rankOffset : b_.ptr;
+  }
+
+  for (int i = 0; i < options_.warmup; ++i) LIBCOMM_RETURN_IF_ERROR(enqueue(row, send, recv));
+  LIBCOMM_RETURN_IF_ERROR(sync("warmup", options_.warmup));
+  LIBCOMM_RETURN_IF_ERROR(comm_.barrier(stream_));
+  LIBCOMM_RETURN_IF_ERROR(sync("barrier before the timed loop", 1));
+
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < options_.iters; ++i) LIBCOMM_RETURN_IF_ERROR(enqueue(row, send, recv));
+  LIBCOMM_RETURN_IF_ERROR(sync("timed loop", options_.iters));
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  timeUs = std::chrono::duration<double, std::micro>(elapsed).count() / options_.iters;
+
+  wrong = -1;
+  if (!options_.check) return Status::ok();
+  // Checked after the timed loop, so that state left behind by back-to-back runs is checked too.
+  CheckCase c;
+  c.coll = row.coll;
+  c.inType = row.types.in;
+  c.outType = row.types.out;
+  c.op = row.op;
+  c.scale = kPremulScale;
+  c.rank = comm_.rank();
+  c.nranks = comm_.size();
+  c.count = row.count;
+  c.seq = ++checkSeq_;
+  c.inPlace = inPlace;
+  prepareCheck(c, send, recv);
+  LIBCOMM_RETURN_IF_ERROR(enqueue(row, send, recv));
+  LIBCOMM_RETURN_IF_ERROR(sync("checked run", 1));
+  wrong = static_cast<int64_t>(verifyCheck(c, send, recv));
+  return Status::ok();
+}
+
+Status Runner::exchange(Row& row, double timeOop, double timeIp, int64_t wrongOop, int64_t wrongIp) {
+  const size_t n = static_cast<size_t>(comm_.size());
+  const double mine[4] = {timeOop, timeIp, static_cast<double>(wrongOop), static_cast<double>(wrongIp)};
+  static_assert(sizeof(mine) == kSlotFloats * sizeof(float));
+  char* slots = results_.ptr;
+  memcpy(slots + comm_.rank() * sizeof(mine), mine, sizeof(mine));
+  // In place; all_gather moves bytes without looking at them, so doubles travel as pairs of floats.
+  LIBCOMM_RETURN_IF_ERROR(
+      comm_.allGather(slots + comm_.rank() * sizeof(mine), slots, kSlotFloats, DataType::kFloat32, stream_));
+  LIBCOMM_RETURN_IF_ERROR(sync("exchange of results", 1));
+  double maxOop = 0, maxIp = 0, sumWrongOop = 0, sumWrongIp = 0;
+  for (size_t r = 0; r < n; ++r) {
+    double theirs[4];
+    memcpy(theirs, slots + r * sizeof(theirs), sizeof(theirs));
+    maxOop = std::max(maxOop, theirs[0]);
+    maxIp = std::max(maxIp, theirs[1]);
+    sumWrongOop += theirs[2];
+    sumWrongIp += theirs[3];
+  }
+  row.outOfPlace.timeUs = maxOop;
+  row.inPlace.timeUs = maxIp;
+  // Every rank checks or none does, so -1 summed over ranks stays negative.
+  row.outOfPlace.wrong = sumWrongOop < 0 ? -1 : static_cast<int64_t>(sumWrongOop);
+  row.inPlace.wrong = sumWrongIp < 0 ? -1 : static_cast<int64_t>(sumWrongIp);
+  return Status::ok();
+}
+
+Status Runner::runRow(Row& row) {
+  double timeOop = 0, timeIp = 0;
+  int64_t wrongOop = -1, wrongIp = -1;
+  auto context = [&](const Status& s, bool inPlace) {
+    return s.withContext(libcomm::detail::strCat("rank ", comm_.rank(), ": ", rowName(row, inPlace)));
+  };
+  Status s = runPlacement(row, false, timeOop, wrongOop);
+  if (!s.isOk()) return context(s, false);
+  if (row.inPlace.ran) {
+    s = runPlacement(row, true, timeIp, wrongIp);
+    if (!s.isOk()) return context(s, true);
+  }
+  s = exchange(row, timeOop, timeIp, wrongOop, wrongIp);
+  if (!s.isOk()) return context(s, row.inPlace.ran);
+  for (const Measurement* m : {&row.outOfPlace, &row.inPlace})
+    if (m->ran && m->wrong > 0) totalWrong_ += m->wrong;
+  return Status::ok();
+}
+
+Status Runner::run() {
+  for (Coll coll : options_.colls) {
+    if (report_) report_->beginTable(coll);
+    for (Row& row : planRows(options_, coll, comm_.size())) {
+      LIBCOMM_RETURN_IF_ERROR(runRow(row));
+      if (report_) report_->addRow(row);
+    }
+    if (report_) report_->endTable();
+  }
+  return Status::ok();
+}
+
+Status Runner::finalBarrier() {
+  LIBCOMM_RETURN_IF_ERROR(comm_.barrier(stream_));
+  return sync("final barrier", 1);
+}
+
+}  // namespace comm_bench
