@@ -17,5 +17,9 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/shardcommConfigVersion.cm
 install(FILES ${PROJECT_BINARY_DIR}/shardcommConfig.cmake ${PROJECT_BINARY_DIR}/shardcommConfigVersion.cmake
   DESTINATION ${SHARDCOMM_CMAKE_DIR})
 
+# The .pc file finds its prefix relative to itself, so the tree can be installed anywhere
+# (cmake --install --prefix ...) and still be found through PKG_CONFIG_PATH.
+file(RELATIVE_PATH SHARDCOMM_PC_TO_PREFIX "/root/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/root")
+string(REGEX REPLACE "/$" "" SHARDCOMM_PC_TO_PREFIX "${SHARDCOMM_PC_TO_PREFIX}")
 configure_file(${PROJECT_SOURCE_DIR}/cmake/shardcomm.pc.in ${PROJECT_BINARY_DIR}/shardcomm.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/shardcomm.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
