@@ -1,14 +1,15 @@
 // Bootstrap implementations (in-process, file store, TCP store) with ranks as threads and, for the
 // TCP store, as forked processes; plus the store's defences against hostile or broken clients.
 
+#include "libcomm/bootstrap.h"
+
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <arpa/inet.h>
 
 #include <filesystem>
 #include <functional>
@@ -18,7 +19,6 @@
 #include "bootstrap/sha256.h"
 #include "bootstrap/tcp_store.h"
 #include "bootstrap/tcp_wire.h"
-#include "libcomm/bootstrap.h"
 
 using namespace libcomm;
 using namespace std::chrono_literals;
@@ -53,7 +53,8 @@ std::vector<Status> runThreads(int n, std::function<Status(int)> body, Milliseco
 }
 
 void expectAllOk(const std::vector<Status>& statuses) {
-  for (size_t r = 0; r < statuses.size(); ++r) EXPECT_TRUE(statuses[r].isOk()) << "rank " << r << ": " << statuses[r].toString();
+  for (size_t r = 0; r < statuses.size(); ++r)
+    EXPECT_TRUE(statuses[r].isOk()) << "rank " << r << ": " << statuses[r].toString();
 }
 
 uint8_t pattern(int rank, size_t i, int round) { return static_cast<uint8_t>(rank * 31 + i * 7 + round * 13); }
@@ -100,7 +101,8 @@ Status exercise(Bootstrap& b) {
   LIBCOMM_RETURN_IF_ERROR(b.allGather(id, ids.data(), sizeof(id), d));
   for (int r = 0; r < n; ++r)
     if (strcmp(&ids[r * sizeof(id)], id) != 0)
-      return makeError(StatusCode::kInternalError, "rank ", me, " has job ", id, ", rank ", r, " has ", &ids[r * sizeof(id)]);
+      return makeError(StatusCode::kInternalError, "rank ", me, " has job ", id, ", rank ", r, " has ",
+                       &ids[r * sizeof(id)]);
   return b.barrier(d);
 }
 
@@ -181,7 +183,8 @@ TEST_P(TimeoutTest, NamesMissingRanks) {
     auto start = Clock::now();
     Status s = b.allGather(&x, all, sizeof(x), Deadline::after(300ms));
     auto took = Clock::now() - start;
-    if (s.code() != StatusCode::kTimeout) return makeError(StatusCode::kInternalError, "expected timeout: ", s.toString());
+    if (s.code() != StatusCode::kTimeout)
+      return makeError(StatusCode::kInternalError, "expected timeout: ", s.toString());
     if (took < 290ms || took > 1500ms) return makeError(StatusCode::kInternalError, "timeout fired late or early");
     if (s.message().find("allGather") == std::string::npos || s.message().find("not arrived: 2") == std::string::npos)
       return makeError(StatusCode::kInternalError, "unhelpful message: ", s.message());
@@ -273,6 +276,41 @@ TEST(TcpStore, WrongSecretIsRefused) {
   EXPECT_TRUE(good.isOk()) << good.status().toString();
 }
 
+TEST(TcpStore, SetGetTakeDeleteAndDuplicateRanks) {
+  auto server = startTcpStore("127.0.0.1", 0, kSecret);
+  ASSERT_TRUE(server.isOk());
+  const int port = (*server)->port();
+  auto a = boot::TcpStoreClient::connect("127.0.0.1", port, kSecret, 0, Deadline::after(5s));
+  ASSERT_TRUE(a.isOk()) << a.status().toString();
+  auto dup = boot::TcpStoreClient::connect("127.0.0.1", port, kSecret, 0, Deadline::after(5s));
+  EXPECT_EQ(dup.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(dup.status().message().find("rank 0 is already connected"), std::string::npos) << dup.status().toString();
+  auto& c = **a;
+  const Deadline d = Deadline::after(5s);
+  ASSERT_TRUE(c.set("k1", "v1", d).isOk());
+  ASSERT_TRUE(c.set("k2", std::string(3, '\0'), d).isOk());
+  auto got = c.get({"k1", "k2"}, false, d);
+  ASSERT_TRUE(got.isOk()) << got.status().toString();
+  EXPECT_EQ(got.value(), (std::vector<std::string>{"v1", std::string(3, '\0')}));
+  ASSERT_TRUE(c.get({"k1"}, true, d).isOk());  // take
+  ASSERT_TRUE(c.remove("k2", d).isOk());
+  std::vector<std::string> missing;
+  auto gone = c.get({"k1", "k2", "k3"}, false, Deadline::after(100ms), &missing);
+  EXPECT_EQ(gone.status().code(), StatusCode::kTimeout);
+  EXPECT_EQ(missing, (std::vector<std::string>{"k1", "k2", "k3"}));
+  // The connection stays usable after a timed-out get that the store answered.
+  EXPECT_TRUE(c.set("k3", "v3", d).isOk());
+  // A key set later by another client wakes a parked get.
+  auto waiter = std::async(std::launch::async, [&] { return c.get({"late"}, false, Deadline::after(5s)); });
+  std::this_thread::sleep_for(50ms);
+  auto b = boot::TcpStoreClient::connect("127.0.0.1", port, kSecret, 1, Deadline::after(5s));
+  ASSERT_TRUE(b.isOk());
+  ASSERT_TRUE((*b)->set("late", "x", d).isOk());
+  auto late = waiter.get();
+  ASSERT_TRUE(late.isOk()) << late.status().toString();
+  EXPECT_EQ(late.value()[0], "x");
+}
+
 // Hostile and broken clients each lose their connection while a real 4-rank job completes.
 TEST(TcpStore, HostileClientsAreDroppedWhileAJobRuns) {
   boot::TcpStoreOptions options;
@@ -352,8 +390,8 @@ TEST(TcpStore, VanishedServerIsARemoteError) {
   ASSERT_TRUE(server.isOk());
   std::vector<std::unique_ptr<Bootstrap>> b(2);
   expectAllOk(runThreads(2, [&](int r) -> Status {
-    LIBCOMM_ASSIGN_OR_RETURN(b[r], createTcpBootstrap("127.0.0.1", (*server)->port(), kSecret, r, 2,
-                                                      Deadline::after(10s)));
+    LIBCOMM_ASSIGN_OR_RETURN(b[r],
+                             createTcpBootstrap("127.0.0.1", (*server)->port(), kSecret, r, 2, Deadline::after(10s)));
     return Status::ok();
   }));
   ASSERT_TRUE(b[0] && b[1]);

@@ -22,12 +22,31 @@ using namespace std::chrono_literals;
 
 namespace {
 
-const char* const kLaunchVars[] = {
-    "LIBCOMM_RANK", "LIBCOMM_WORLD_SIZE", "LIBCOMM_LOCAL_RANK", "LIBCOMM_LOCAL_SIZE", "LIBCOMM_STORE_ADDR",
-    "LIBCOMM_STORE_DIR", "LIBCOMM_SECRET", "LIBCOMM_JOB_ID", "LIBCOMM_HOST_STORE", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID",
-    "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_ID", "SLURM_STEP_ID"};
+const char* const kLaunchVars[] = {"LIBCOMM_RANK",
+                                   "LIBCOMM_WORLD_SIZE",
+                                   "LIBCOMM_LOCAL_RANK",
+                                   "LIBCOMM_LOCAL_SIZE",
+                                   "LIBCOMM_STORE_ADDR",
+                                   "LIBCOMM_STORE_DIR",
+                                   "LIBCOMM_SECRET",
+                                   "LIBCOMM_JOB_ID",
+                                   "LIBCOMM_HOST_STORE",
+                                   "RANK",
+                                   "WORLD_SIZE",
+                                   "LOCAL_RANK",
+                                   "LOCAL_WORLD_SIZE",
+                                   "MASTER_ADDR",
+                                   "MASTER_PORT",
+                                   "TORCHELASTIC_RUN_ID",
+                                   "OMPI_COMM_WORLD_RANK",
+                                   "OMPI_COMM_WORLD_SIZE",
+                                   "OMPI_COMM_WORLD_LOCAL_RANK",
+                                   "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                   "SLURM_PROCID",
+                                   "SLURM_NTASKS",
+                                   "SLURM_LOCALID",
+                                   "SLURM_JOB_ID",
+                                   "SLURM_STEP_ID"};
 
 // Every test starts from an environment without launcher variables and gets the original back.
 class LaunchEnv : public ::testing::Test {
@@ -41,8 +60,10 @@ class LaunchEnv : public ::testing::Test {
   }
   void TearDown() override {
     for (const auto& [name, value] : saved_) {
-      if (value) setenv(name.c_str(), value->c_str(), 1);
-      else unsetenv(name.c_str());
+      if (value)
+        setenv(name.c_str(), value->c_str(), 1);
+      else
+        unsetenv(name.c_str());
     }
   }
   static void set(std::initializer_list<std::pair<const char*, const char*>> vars) {
@@ -52,7 +73,8 @@ class LaunchEnv : public ::testing::Test {
     auto info = resolveLaunchInfo(o);
     ASSERT_FALSE(info.isOk()) << "resolved to rank " << info->rank << " of " << info->size;
     EXPECT_EQ(info.status().code(), code) << info.status().toString();
-    for (const char* m : mentions) EXPECT_NE(info.status().message().find(m), std::string::npos) << info.status().toString() << " lacks " << m;
+    for (const char* m : mentions)
+      EXPECT_NE(info.status().message().find(m), std::string::npos) << info.status().toString() << " lacks " << m;
   }
 
  private:
@@ -73,8 +95,13 @@ TEST_F(LaunchEnv, ExplicitSingleRankNeedsNoStore) {
 }
 
 TEST_F(LaunchEnv, LibcommVariables) {
-  set({{"LIBCOMM_RANK", "2"}, {"LIBCOMM_WORLD_SIZE", "4"}, {"LIBCOMM_LOCAL_RANK", "0"}, {"LIBCOMM_LOCAL_SIZE", "2"},
-       {"LIBCOMM_STORE_ADDR", "10.1.2.3:4567"}, {"LIBCOMM_SECRET", "s3"}, {"LIBCOMM_JOB_ID", "j-1"}});
+  set({{"LIBCOMM_RANK", "2"},
+       {"LIBCOMM_WORLD_SIZE", "4"},
+       {"LIBCOMM_LOCAL_RANK", "0"},
+       {"LIBCOMM_LOCAL_SIZE", "2"},
+       {"LIBCOMM_STORE_ADDR", "10.1.2.3:4567"},
+       {"LIBCOMM_SECRET", "s3"},
+       {"LIBCOMM_JOB_ID", "j-1"}});
   auto info = resolveLaunchInfo();
   ASSERT_TRUE(info.isOk()) << info.status().toString();
   EXPECT_EQ(info->source, "LIBCOMM");
@@ -94,8 +121,13 @@ TEST_F(LaunchEnv, LibcommVariables) {
 }
 
 TEST_F(LaunchEnv, Torchrun) {
-  set({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "node7"},
-       {"MASTER_PORT", "29500"}, {"LIBCOMM_SECRET", "abc"}});
+  set({{"RANK", "1"},
+       {"WORLD_SIZE", "2"},
+       {"LOCAL_RANK", "1"},
+       {"LOCAL_WORLD_SIZE", "2"},
+       {"MASTER_ADDR", "node7"},
+       {"MASTER_PORT", "29500"},
+       {"LIBCOMM_SECRET", "abc"}});
   auto info = resolveLaunchInfo();
   ASSERT_TRUE(info.isOk()) << info.status().toString();
   EXPECT_EQ(info->source, "torchrun");
@@ -122,8 +154,12 @@ TEST_F(LaunchEnv, TorchrunSecretFallsBackToRunIdElseErrors) {
 }
 
 TEST_F(LaunchEnv, OpenMpiWithStoreAddress) {
-  set({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
-       {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"LIBCOMM_STORE_ADDR", "[::1]:5000"}, {"LIBCOMM_SECRET", "x"}});
+  set({{"OMPI_COMM_WORLD_RANK", "3"},
+       {"OMPI_COMM_WORLD_SIZE", "4"},
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+       {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+       {"LIBCOMM_STORE_ADDR", "[::1]:5000"},
+       {"LIBCOMM_SECRET", "x"}});
   auto info = resolveLaunchInfo();
   ASSERT_TRUE(info.isOk()) << info.status().toString();
   EXPECT_EQ(info->source, "openmpi");
@@ -134,7 +170,10 @@ TEST_F(LaunchEnv, OpenMpiWithStoreAddress) {
 }
 
 TEST_F(LaunchEnv, SlurmWithFileStore) {
-  set({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "1"}, {"SLURM_JOB_ID", "777"},
+  set({{"SLURM_PROCID", "3"},
+       {"SLURM_NTASKS", "4"},
+       {"SLURM_LOCALID", "1"},
+       {"SLURM_JOB_ID", "777"},
        {"LIBCOMM_STORE_DIR", "/shared/rdv"}});
   auto info = resolveLaunchInfo();
   ASSERT_TRUE(info.isOk()) << info.status().toString();
@@ -148,8 +187,12 @@ TEST_F(LaunchEnv, SlurmWithFileStore) {
 // mpirun inside an sbatch script: the children inherit the batch step's SLURM_PROCID=0 and
 // SLURM_NTASKS=1, which describe the step, not the MPI ranks.
 TEST_F(LaunchEnv, SlurmIsIgnoredUnderAnotherLauncher) {
-  set({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-       {"LIBCOMM_STORE_DIR", "/x"}, {"LIBCOMM_JOB_ID", "j"}});
+  set({{"SLURM_PROCID", "0"},
+       {"SLURM_NTASKS", "1"},
+       {"OMPI_COMM_WORLD_RANK", "2"},
+       {"OMPI_COMM_WORLD_SIZE", "4"},
+       {"LIBCOMM_STORE_DIR", "/x"},
+       {"LIBCOMM_JOB_ID", "j"}});
   auto info = resolveLaunchInfo();
   ASSERT_TRUE(info.isOk()) << info.status().toString();
   EXPECT_EQ(info->source, "openmpi");
@@ -157,14 +200,21 @@ TEST_F(LaunchEnv, SlurmIsIgnoredUnderAnotherLauncher) {
 }
 
 TEST_F(LaunchEnv, HigherSourceWinsWhenSourcesAgree) {
-  set({{"LIBCOMM_RANK", "1"}, {"LIBCOMM_WORLD_SIZE", "2"}, {"RANK", "1"}, {"WORLD_SIZE", "2"},
-       {"LIBCOMM_STORE_DIR", "/x"}, {"LIBCOMM_JOB_ID", "j"}});
+  set({{"LIBCOMM_RANK", "1"},
+       {"LIBCOMM_WORLD_SIZE", "2"},
+       {"RANK", "1"},
+       {"WORLD_SIZE", "2"},
+       {"LIBCOMM_STORE_DIR", "/x"},
+       {"LIBCOMM_JOB_ID", "j"}});
   EXPECT_EQ(resolveLaunchInfo()->source, "LIBCOMM");
   EXPECT_EQ(resolveLaunchInfo({1, -1})->source, "explicit");
 }
 
 TEST_F(LaunchEnv, ConflictsNameBothVariables) {
-  set({{"LIBCOMM_RANK", "1"}, {"LIBCOMM_WORLD_SIZE", "4"}, {"RANK", "2"}, {"LIBCOMM_STORE_DIR", "/x"},
+  set({{"LIBCOMM_RANK", "1"},
+       {"LIBCOMM_WORLD_SIZE", "4"},
+       {"RANK", "2"},
+       {"LIBCOMM_STORE_DIR", "/x"},
        {"LIBCOMM_JOB_ID", "j"}});
   expectError(StatusCode::kInvalidArgument, {"LIBCOMM_RANK=1", "RANK=2"});
   unsetenv("RANK");
@@ -246,9 +296,10 @@ LocalLaunchOptions shell(int n, const std::string& script, Milliseconds timeout 
 
 TEST_F(LaunchEnv, LaunchLocalRunsEveryRankWithItsEnvironment) {
   set({{"RANK", "5"}});  // the launcher's own launcher variables must not leak into the ranks
-  auto o = shell(3, "test -n \"$LIBCOMM_RANK\" && test \"$LIBCOMM_WORLD_SIZE\" = 3 && test -n \"$LIBCOMM_SECRET\" && "
-                    "test -n \"$LIBCOMM_STORE_ADDR\" && test \"$LIBCOMM_HOST_STORE\" = 0 && test -z \"$RANK\" && "
-                    "test \"$EXTRA\" = yes");
+  auto o = shell(3,
+                 "test -n \"$LIBCOMM_RANK\" && test \"$LIBCOMM_WORLD_SIZE\" = 3 && test -n \"$LIBCOMM_SECRET\" && "
+                 "test -n \"$LIBCOMM_STORE_ADDR\" && test \"$LIBCOMM_HOST_STORE\" = 0 && test -z \"$RANK\" && "
+                 "test \"$EXTRA\" = yes");
   o.env = {{"EXTRA", "yes"}};
   Status s = launchLocal(o);
   EXPECT_TRUE(s.isOk()) << s.toString();

@@ -47,10 +47,16 @@ std::vector<std::unique_ptr<Bootstrap>> createInProcessBootstraps(int size, std:
 
 /// Rendezvous through files in `dir` (which must be shared by all ranks; it is created if
 /// missing). `jobId` must be the same on all ranks; it scopes the files inside `dir`.
+/// Collective: returns once every rank has joined and agreed on `size`. Each rank deletes its
+/// files as soon as no rank can still read them; the last round's files stay until `dir` is
+/// removed, so a job id must not be reused in the same directory.
 Result<std::unique_ptr<Bootstrap>> createFileBootstrap(const std::string& dir, const std::string& jobId, int rank,
                                                        int size, Deadline deadline);
 
 /// A TCP key-value store for one job. Rank 0 or a launcher runs it; it serves until destroyed.
+/// Destroying it stops its thread and closes every connection at once: ranks still using it get
+/// kRemoteError, so destroy it only once the other ranks are done with it (the bootstrap that
+/// createBootstrapFromEnvironment returns to the hosting rank waits for them).
 class TcpStoreServer {
  public:
   virtual ~TcpStoreServer() = default;
@@ -65,6 +71,8 @@ Result<std::unique_ptr<TcpStoreServer>> startTcpStore(const std::string& host, i
 
 /// Connects rank `rank` of `size` to the store at `host:port`, retrying until `deadline` while the
 /// store is not up yet. `jobId` empty: rank 0 picks one and the store hands it to the others.
+/// Collective: returns once every rank has joined and agreed on `size` and the job id. A wrong
+/// secret, or a rank already connected by another process, is kInvalidArgument at once.
 Result<std::unique_ptr<Bootstrap>> createTcpBootstrap(const std::string& host, int port, const std::string& secret,
                                                       int rank, int size, Deadline deadline,
                                                       const std::string& jobId = "");
@@ -99,10 +107,15 @@ struct LaunchOverrides {
 /// LIBCOMM_JOB_ID), torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT/LOCAL_RANK, Open MPI's
 /// OMPI_COMM_WORLD_*, Slurm's SLURM_PROCID/SLURM_NTASKS. Two sources that both define rank or size
 /// and disagree are an error naming both. The source used is logged at INFO.
+/// Slurm's variables count only when no other launcher defines rank or size (children of mpirun
+/// or torchrun inherit them from the enclosing Slurm step). A size above 1 also needs a
+/// rendezvous: LIBCOMM_STORE_DIR (with LIBCOMM_JOB_ID) or a TCP store address with LIBCOMM_SECRET
+/// (under torchrun a secret derived from TORCHELASTIC_RUN_ID is accepted, with a warning).
 Result<LaunchInfo> resolveLaunchInfo(const LaunchOverrides& overrides = {});
 
 /// resolveLaunchInfo() + the matching bootstrap (hosting the TCP store when hostsStore is set;
-/// the returned bootstrap keeps it alive).
+/// the returned bootstrap keeps it alive, and its destructor waits, up to 60 s, for the other
+/// ranks to disconnect before stopping the store). A world of size 1 gets an in-process bootstrap.
 Result<std::unique_ptr<Bootstrap>> createBootstrapFromEnvironment(Deadline deadline,
                                                                   const LaunchOverrides& overrides = {});
 

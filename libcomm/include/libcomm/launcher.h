@@ -27,6 +27,9 @@ struct LocalLaunchOptions {
 /// Starts the ranks and waits for all of them. When one rank fails (non-zero exit or a signal),
 /// the others get SIGTERM, then SIGKILL after a grace period, and the error names the first rank
 /// that failed and how (exit code or signal). Blocks the calling thread; not reentrant.
+/// Each rank runs in its own process group (stopping a rank stops what it started) and is killed
+/// if the calling thread dies. Rank variables of an enclosing job (RANK, WORLD_SIZE, LOCAL_RANK,
+/// OMPI_COMM_WORLD_*, the LIBCOMM_* launch settings) are not passed on; `env` is applied last.
 Status launchLocal(const LocalLaunchOptions& options);
 
 }  // namespace libcomm

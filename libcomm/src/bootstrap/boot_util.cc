@@ -81,8 +81,8 @@ Status checkJobId(const std::string& jobId) {
   if (jobId.empty() || jobId.size() > 128)
     return makeError(StatusCode::kInvalidArgument, "job id '", jobId, "' must have 1 to 128 characters");
   for (char c : jobId) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
-              c == '.';
+    bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
     if (!ok)
       return makeError(StatusCode::kInvalidArgument, "job id '", jobId,
                        "' may only contain letters, digits, '-', '_' and '.'");

@@ -122,8 +122,8 @@ class FileBootstrap final : public Bootstrap {
     return dir_ + "/" + jobId_ + ".c" + std::to_string(round) + ".r" + std::to_string(rank);
   }
   std::string p2pName(int src, int dst, uint32_t tag, uint64_t seq) const {
-    return dir_ + "/" + jobId_ + ".p" + std::to_string(src) + "-" + std::to_string(dst) + ".t" +
-           std::to_string(tag) + "." + std::to_string(seq);
+    return dir_ + "/" + jobId_ + ".p" + std::to_string(src) + "-" + std::to_string(dst) + ".t" + std::to_string(tag) +
+           "." + std::to_string(seq);
   }
 
   Status writeAtomic(const std::string& path, const void* data, size_t bytes) {
@@ -153,8 +153,8 @@ class FileBootstrap final : public Bootstrap {
     if (rename(tmp.c_str(), path.c_str()) != 0) {
       int err = errno;
       unlink(tmp.c_str());
-      return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank_, " cannot rename ", tmp, " to ",
-                       path, ": ", boot::errnoText(err));
+      return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank_, " cannot rename ", tmp, " to ", path,
+                       ": ", boot::errnoText(err));
     }
     return Status::ok();
   }

@@ -50,23 +50,25 @@ class StoreOwningBootstrap final : public Bootstrap {
 
 }  // namespace
 
-Result<std::unique_ptr<Bootstrap>> createBootstrapFromEnvironment(Deadline deadline,
-                                                                  const LaunchOverrides& overrides) {
+Result<std::unique_ptr<Bootstrap>> createBootstrapFromEnvironment(Deadline deadline, const LaunchOverrides& overrides) {
   LIBCOMM_ASSIGN_OR_RETURN(LaunchInfo info, resolveLaunchInfo(overrides));
   if (info.size == 1) {
     auto single = createInProcessBootstraps(1, info.jobId);
     return std::move(single[0]);
   }
-  if (!info.storeDir.empty())
-    return createFileBootstrap(info.storeDir, info.jobId, info.rank, info.size, deadline);
+  if (!info.storeDir.empty()) return createFileBootstrap(info.storeDir, info.jobId, info.rank, info.size, deadline);
   if (!info.hostsStore)
-    return createTcpBootstrap(info.storeHost, info.storePort, info.secret, info.rank, info.size, deadline,
-                              info.jobId);
-  LIBCOMM_ASSIGN_OR_RETURN(std::unique_ptr<TcpStoreServer> server,
-                           startTcpStore(info.storeHost, info.storePort, info.secret));
-  LIBCOMM_ASSIGN_OR_RETURN(std::unique_ptr<Bootstrap> inner,
-                           createTcpBootstrap(info.storeHost, server->port(), info.secret, info.rank, info.size,
-                                              deadline, info.jobId));
+    return createTcpBootstrap(info.storeHost, info.storePort, info.secret, info.rank, info.size, deadline, info.jobId);
+  auto started = startTcpStore(info.storeHost, info.storePort, info.secret);
+  if (!started.isOk())
+    // Under torchrun, MASTER_PORT may already carry torch's own store.
+    return started.status().withContext("rank " + std::to_string(info.rank) +
+                                        " hosting the job's store (LIBCOMM_STORE_ADDR=host:port picks another "
+                                        "address)");
+  std::unique_ptr<TcpStoreServer> server = std::move(started).value();
+  LIBCOMM_ASSIGN_OR_RETURN(
+      std::unique_ptr<Bootstrap> inner,
+      createTcpBootstrap(info.storeHost, server->port(), info.secret, info.rank, info.size, deadline, info.jobId));
   return std::unique_ptr<Bootstrap>(std::make_unique<StoreOwningBootstrap>(std::move(server), std::move(inner)));
 }
 

@@ -121,13 +121,13 @@ class InProcessBootstrap final : public Bootstrap {
       status = makeError(StatusCode::kRemoteError, "in-process ", op, " #", number, ": rank ", rank_, " of ", n,
                          ": ranks ", boot::joinRanks(round.abandonedBy), " gave up on this round before it completed");
     } else if (std::strcmp(round.op, op) != 0) {
-      status = makeError(StatusCode::kInvalidUsage, "in-process ", op, " #", number, ": rank ", rank_,
-                         " called ", op, " while another rank called ", round.op);
+      status = makeError(StatusCode::kInvalidUsage, "in-process ", op, " #", number, ": rank ", rank_, " called ", op,
+                         " while another rank called ", round.op);
     } else {
       for (int r = 0; r < n && status.isOk(); ++r)
         if (round.contributions[r].size() != bytes)
-          status = makeError(StatusCode::kInvalidUsage, "in-process ", op, " #", number, ": rank ", rank_,
-                             " passed ", bytes, " bytes but rank ", r, " passed ", round.contributions[r].size());
+          status = makeError(StatusCode::kInvalidUsage, "in-process ", op, " #", number, ": rank ", rank_, " passed ",
+                             bytes, " bytes but rank ", r, " passed ", round.contributions[r].size());
       for (int r = 0; r < n && status.isOk(); ++r)
         if (bytes) memcpy(static_cast<char*>(all) + r * bytes, round.contributions[r].data(), bytes);
     }

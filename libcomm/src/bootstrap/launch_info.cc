@@ -202,11 +202,10 @@ Result<LaunchInfo> resolveLaunchInfo(const LaunchOverrides& overrides) {
                      localSizeVar ? info.localSize : info.size, ")");
 
   LIBCOMM_RETURN_IF_ERROR(resolveStore(info));
-  std::string where = !info.storeDir.empty() ? "file store " + info.storeDir
-                      : !info.storeHost.empty()
-                          ? "tcp store " + info.storeHost + ":" + std::to_string(info.storePort) +
-                                (info.hostsStore ? " (hosted by this process)" : "")
-                          : std::string("no store");
+  std::string where = !info.storeDir.empty()    ? "file store " + info.storeDir
+                      : !info.storeHost.empty() ? "tcp store " + info.storeHost + ":" + std::to_string(info.storePort) +
+                                                      (info.hostsStore ? " (hosted by this process)" : "")
+                                                : std::string("no store");
   LIBCOMM_LOG(kInfo, "boot") << "launch: rank " << info.rank << " of " << info.size << " (local " << info.localRank
                              << " of " << info.localSize << ") from " << info.source << " via " << rank->who << "; "
                              << where << "; job " << (info.jobId.empty() ? "(chosen by rank 0)" : info.jobId);

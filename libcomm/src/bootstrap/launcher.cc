@@ -27,12 +27,23 @@ constexpr Milliseconds kTermGrace{2000};
 
 // Variables the children must not inherit: they would describe the launcher's own place in some
 // enclosing job and contradict (or outrank) the LIBCOMM_* values set for each rank.
-const std::set<std::string> kStripped = {
-    "LIBCOMM_RANK",        "LIBCOMM_WORLD_SIZE",         "LIBCOMM_LOCAL_RANK",         "LIBCOMM_LOCAL_SIZE",
-    "LIBCOMM_STORE_ADDR",  "LIBCOMM_STORE_DIR",          "LIBCOMM_SECRET",             "LIBCOMM_JOB_ID",
-    "LIBCOMM_HOST_STORE",  "RANK",                       "WORLD_SIZE",                 "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",    "OMPI_COMM_WORLD_RANK",       "OMPI_COMM_WORLD_SIZE",       "OMPI_COMM_WORLD_LOCAL_RANK",
-    "OMPI_COMM_WORLD_LOCAL_SIZE"};
+const std::set<std::string> kStripped = {"LIBCOMM_RANK",
+                                         "LIBCOMM_WORLD_SIZE",
+                                         "LIBCOMM_LOCAL_RANK",
+                                         "LIBCOMM_LOCAL_SIZE",
+                                         "LIBCOMM_STORE_ADDR",
+                                         "LIBCOMM_STORE_DIR",
+                                         "LIBCOMM_SECRET",
+                                         "LIBCOMM_JOB_ID",
+                                         "LIBCOMM_HOST_STORE",
+                                         "RANK",
+                                         "WORLD_SIZE",
+                                         "LOCAL_RANK",
+                                         "LOCAL_WORLD_SIZE",
+                                         "OMPI_COMM_WORLD_RANK",
+                                         "OMPI_COMM_WORLD_SIZE",
+                                         "OMPI_COMM_WORLD_LOCAL_RANK",
+                                         "OMPI_COMM_WORLD_LOCAL_SIZE"};
 
 Result<std::string> findProgram(const std::string& name) {
   if (name.empty()) return makeError(StatusCode::kInvalidArgument, "launchLocal: empty program name");
@@ -170,8 +181,8 @@ Status launchLocal(const LocalLaunchOptions& options) {
     envps[r].push_back(nullptr);
   }
 
-  LIBCOMM_LOG(kInfo, "boot") << "launchLocal: starting " << options.numRanks << " ranks of " << program
-                             << " (store " << storeAddr << ", job " << jobId << ")";
+  LIBCOMM_LOG(kInfo, "boot") << "launchLocal: starting " << options.numRanks << " ranks of " << program << " (store "
+                             << storeAddr << ", job " << jobId << ")";
   std::vector<Child> children(options.numRanks);
   const pid_t parent = getpid();
   for (int r = 0; r < options.numRanks; ++r) {
@@ -226,9 +237,8 @@ Status launchLocal(const LocalLaunchOptions& options) {
     if (failed >= 0) {
       std::vector<int> others = runningRanks(children);
       stopAll(children);
-      return makeError(StatusCode::kRemoteError, "launchLocal: rank ", failed, " of ", options.numRanks, " (",
-                       program, ") ", how,
-                       others.empty() ? std::string() : "; stopped ranks " + boot::joinRanks(others));
+      return makeError(StatusCode::kRemoteError, "launchLocal: rank ", failed, " of ", options.numRanks, " (", program,
+                       ") ", how, others.empty() ? std::string() : "; stopped ranks " + boot::joinRanks(others));
     }
     if (deadline.expired()) {
       std::vector<int> left = runningRanks(children);

@@ -70,8 +70,8 @@ class TcpBootstrap final : public Bootstrap {
   Status send(int peer, uint32_t tag, const void* data, size_t bytes, Deadline deadline) override {
     LIBCOMM_RETURN_IF_ERROR(checkPeer("send", peer));
     if (bytes > boot::kMaxPayloadBytes - kReplyOverhead)
-      return makeError(StatusCode::kInvalidArgument, "tcp bootstrap send: rank ", rank_, " to peer ", peer, ": ",
-                       bytes, " bytes is over the store's message bound");
+      return makeError(StatusCode::kInvalidArgument, "tcp bootstrap send: rank ", rank_, " to peer ", peer, ": ", bytes,
+                       " bytes is over the store's message bound");
     uint64_t seq = sendSeq_[{peer, tag}]++;
     return client_->set(p2pKey(rank_, peer, tag, seq), std::string(static_cast<const char*>(data), bytes), deadline);
   }
@@ -114,8 +114,8 @@ class TcpBootstrap final : public Bootstrap {
 
   Status collective(const char* op, const void* mine, void* all, size_t bytes, Deadline deadline) {
     if (bytes * static_cast<size_t>(size_) > boot::kMaxPayloadBytes - kReplyOverhead)
-      return makeError(StatusCode::kInvalidArgument, "tcp bootstrap ", op, ": rank ", rank_, ": ", bytes,
-                       " bytes x ", size_, " ranks is over the store's message bound of ", boot::kMaxPayloadBytes);
+      return makeError(StatusCode::kInvalidArgument, "tcp bootstrap ", op, ": rank ", rank_, ": ", bytes, " bytes x ",
+                       size_, " ranks is over the store's message bound of ", boot::kMaxPayloadBytes);
     const uint64_t round = round_++;
     LIBCOMM_RETURN_IF_ERROR(
         client_->set(roundKey(round, rank_), std::string(static_cast<const char*>(mine), bytes), deadline));
@@ -158,8 +158,7 @@ class TcpBootstrap final : public Bootstrap {
 }  // namespace
 
 Result<std::unique_ptr<Bootstrap>> createTcpBootstrap(const std::string& host, int port, const std::string& secret,
-                                                      int rank, int size, Deadline deadline,
-                                                      const std::string& jobId) {
+                                                      int rank, int size, Deadline deadline, const std::string& jobId) {
   if (size < 1 || rank < 0 || rank >= size)
     return makeError(StatusCode::kInvalidArgument, "tcp bootstrap: rank ", rank, " is outside [0, ", size, ")");
   if (port <= 0 || port > 65535)
@@ -172,8 +171,8 @@ Result<std::unique_ptr<Bootstrap>> createTcpBootstrap(const std::string& host, i
   LIBCOMM_ASSIGN_OR_RETURN(auto client, boot::TcpStoreClient::connect(host, port, secret, rank, deadline));
   auto bootstrap = std::make_unique<TcpBootstrap>(std::move(client), rank, size);
   LIBCOMM_RETURN_IF_ERROR(bootstrap->join(jobId, deadline));
-  LIBCOMM_LOG(kInfo, "boot") << "tcp bootstrap: rank " << rank << " of " << size << " joined job "
-                             << bootstrap->jobId() << " at " << host << ":" << port;
+  LIBCOMM_LOG(kInfo, "boot") << "tcp bootstrap: rank " << rank << " of " << size << " joined job " << bootstrap->jobId()
+                             << " at " << host << ":" << port;
   return std::unique_ptr<Bootstrap>(std::move(bootstrap));
 }
 

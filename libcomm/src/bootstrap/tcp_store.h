@@ -19,8 +19,8 @@ struct TcpStoreOptions {
 
 /// startTcpStore with explicit options (tests shorten the timeouts).
 Result<std::unique_ptr<TcpStoreServer>> startTcpStoreWithOptions(const std::string& host, int port,
-                                                                  const std::string& secret,
-                                                                  const TcpStoreOptions& options);
+                                                                 const std::string& secret,
+                                                                 const TcpStoreOptions& options);
 
 /// Waits until no authenticated client is connected to `server` (a server from this file), or the
 /// deadline. Returns the number still connected. The rank hosting the store calls it before
@@ -32,8 +32,8 @@ int waitForClientsToLeave(TcpStoreServer& server, Deadline deadline);
 class TcpStoreClient {
  public:
   /// Connects (retrying while the store is not up yet) and proves the secret; `rank` is for logs.
-  static Result<std::unique_ptr<TcpStoreClient>> connect(const std::string& host, int port,
-                                                         const std::string& secret, int rank, Deadline deadline);
+  static Result<std::unique_ptr<TcpStoreClient>> connect(const std::string& host, int port, const std::string& secret,
+                                                         int rank, Deadline deadline);
   ~TcpStoreClient();
 
   Status set(const std::string& key, const std::string& value, Deadline deadline);

@@ -35,8 +35,8 @@ Result<std::unique_ptr<TcpStoreClient>> TcpStoreClient::connect(const std::strin
     if (fd.isOk()) {
       std::unique_ptr<TcpStoreClient> client(new TcpStoreClient(*fd, address, rank));
       LIBCOMM_RETURN_IF_ERROR(client->handshake(secret, deadline));
-      LIBCOMM_LOG(kDebug, "boot") << "rank " << rank << " connected to tcp store " << address << " after "
-                                  << attempts << " attempt(s)";
+      LIBCOMM_LOG(kDebug, "boot") << "rank " << rank << " connected to tcp store " << address << " after " << attempts
+                                  << " attempt(s)";
       return client;
     }
     if (fd.status().code() == StatusCode::kInvalidArgument) return fd.status();
@@ -58,12 +58,16 @@ Status TcpStoreClient::handshake(const std::string& secret, Deadline deadline) {
   std::string clientNonce(kNonceBytes, '\0');
   LIBCOMM_RETURN_IF_ERROR(randomBytes(clientNonce.data(), kNonceBytes));
   WireWriter auth;
-  auth.raw(clientNonce).u32(static_cast<uint32_t>(rank_)).raw(clientProof(secret, challenge.payload, clientNonce, rank_));
+  auth.raw(clientNonce)
+      .u32(static_cast<uint32_t>(rank_))
+      .raw(clientProof(secret, challenge.payload, clientNonce, rank_));
   LIBCOMM_RETURN_IF_ERROR(sendFrame(fd_, MsgType::kAuth, auth.take(), deadline, what));
   LIBCOMM_ASSIGN_OR_RETURN(Frame answer, recvFrame(fd_, deadline, what));
-  if (answer.type == MsgType::kError)
+  if (answer.type == MsgType::kError) {
+    bool secret = answer.payload.find("secret") != std::string::npos;
     return makeError(StatusCode::kInvalidArgument, what, ": refused: ", answer.payload,
-                     " (every rank must use the same LIBCOMM_SECRET)");
+                     secret ? " (every rank must use the same LIBCOMM_SECRET)" : "");
+  }
   std::string expected = serverProof(secret, challenge.payload, clientNonce);
   if (answer.type != MsgType::kAuthOk ||
       !constantTimeEqual(reinterpret_cast<const uint8_t*>(expected.data()), expected.size(),
@@ -107,13 +111,13 @@ Status TcpStoreClient::remove(const std::string& key, Deadline deadline) {
   w.bytes(key);
   LIBCOMM_ASSIGN_OR_RETURN(Frame reply, call(MsgType::kDelete, w.take(), deadline, "delete"));
   if (reply.type != MsgType::kOk)
-    return makeError(StatusCode::kRemoteError, "rank ", rank_, ": tcp store ", address_, " answered delete of ",
-                     key, " with message type ", static_cast<int>(reply.type));
+    return makeError(StatusCode::kRemoteError, "rank ", rank_, ": tcp store ", address_, " answered delete of ", key,
+                     " with message type ", static_cast<int>(reply.type));
   return Status::ok();
 }
 
-Result<std::vector<std::string>> TcpStoreClient::get(const std::vector<std::string>& keys, bool take,
-                                                     Deadline deadline, std::vector<std::string>* missing) {
+Result<std::vector<std::string>> TcpStoreClient::get(const std::vector<std::string>& keys, bool take, Deadline deadline,
+                                                     std::vector<std::string>* missing) {
   long long ms = std::min<long long>(deadline.remaining().count(), std::numeric_limits<uint32_t>::max() - 1);
   WireWriter w;
   w.u32(take ? kTake : 0).u32(static_cast<uint32_t>(ms)).u32(static_cast<uint32_t>(keys.size()));

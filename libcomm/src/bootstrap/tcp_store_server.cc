@@ -2,26 +2,22 @@
 // wake-up eventfd. Clients are untrusted until they prove the job secret; any protocol violation
 // costs the offender its connection (with a WARN) and nothing else.
 
-#include <netdb.h>
-#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <arpa/inet.h>
-
 #include <atomic>
 #include <cerrno>
 #include <deque>
 #include <map>
-#include <set>
 #include <thread>
-#include <unordered_map>
 
 #include "bootstrap/boot_util.h"
 #include "bootstrap/sha256.h"
 #include "bootstrap/tcp_store.h"
+#include "bootstrap/tcp_store_state.h"
 #include "bootstrap/tcp_wire.h"
 #include "core/log.h"
 
@@ -40,7 +36,6 @@ struct Conn {
   std::string peer;
   int rank = -1;
   bool authed = false;
-  bool waiting = false;  // a kGet is parked; later frames stay buffered until it is answered
   bool closing = false;  // flush `out`, then close
   bool closed = false;
   std::string nonce;
@@ -52,35 +47,18 @@ struct Conn {
   Clock::time_point lastProgress;
 
   std::string who() const {
-    return peer + (rank >= 0 ? " (rank " + std::to_string(rank) + ")" : std::string(authed ? "" : " (unauthenticated)"));
+    return peer +
+           (rank >= 0 ? " (rank " + std::to_string(rank) + ")" : std::string(authed ? "" : " (unauthenticated)"));
   }
 };
-
-struct Waiter {
-  std::vector<std::string> keys;
-  bool take = false;
-  Clock::time_point deadline;
-};
-
-std::string peerName(const struct sockaddr_storage& addr) {
-  char host[INET6_ADDRSTRLEN] = "?";
-  int port = 0;
-  if (addr.ss_family == AF_INET) {
-    auto* a = reinterpret_cast<const sockaddr_in*>(&addr);
-    inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
-    port = ntohs(a->sin_port);
-  } else if (addr.ss_family == AF_INET6) {
-    auto* a = reinterpret_cast<const sockaddr_in6*>(&addr);
-    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
-    port = ntohs(a->sin6_port);
-  }
-  return std::string(host) + ":" + std::to_string(port);
-}
 
 class Server final : public TcpStoreServer {
  public:
   Server(std::string host, std::string secret, TcpStoreOptions options)
-      : host_(std::move(host)), secret_(std::move(secret)), options_(options) {}
+      : host_(std::move(host)),
+        secret_(std::move(secret)),
+        options_(options),
+        state_([this](uint64_t id, MsgType type, std::string payload) { reply(id, type, std::move(payload)); }) {}
 
   ~Server() override {
     if (thread_.joinable()) {
@@ -101,35 +79,9 @@ class Server final : public TcpStoreServer {
   int connectedClients() const { return authedClients_.load(); }
 
   Status start(int port) {
-    struct addrinfo hints = {};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    struct addrinfo* list = nullptr;
-    int rc = getaddrinfo(host_.c_str(), std::to_string(port).c_str(), &hints, &list);
-    if (rc != 0)
-      return makeError(StatusCode::kInvalidArgument, "tcp store: cannot resolve '", host_, "': ", gai_strerror(rc));
-    listenFd_ = socket(list->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    int one = 1;
-    // SO_REUSEADDR only skips TIME_WAIT leftovers of an earlier store; a live listener on the same
-    // address still makes bind fail with EADDRINUSE.
-    if (listenFd_ >= 0) setsockopt(listenFd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (listenFd_ < 0 || bind(listenFd_, list->ai_addr, list->ai_addrlen) != 0 || listen(listenFd_, 1024) != 0) {
-      int err = errno;
-      freeaddrinfo(list);
-      if (err == EADDRINUSE)
-        return makeError(StatusCode::kSystemError, "tcp store: cannot listen on ", host_, ":", port,
-                         ": address already in use (another store or service holds this port; pick another port"
-                         " or 0 for any free one)");
-      return makeError(StatusCode::kSystemError, "tcp store: cannot listen on ", host_, ":", port, ": ",
-                       errnoText(err));
-    }
-    freeaddrinfo(list);
-    struct sockaddr_storage addr = {};
-    socklen_t len = sizeof(addr);
-    getsockname(listenFd_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
-                                       : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+    Result<int> listening = listenOn(host_, port, &port_);
+    if (!listening.isOk()) return listening.status().withContext("tcp store");
+    listenFd_ = listening.value();
     wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wakeFd_ < 0) return makeError(StatusCode::kSystemError, "tcp store: eventfd: ", errnoText(errno));
     thread_ = std::thread([this] { run(); });
@@ -180,7 +132,7 @@ class Server final : public TcpStoreServer {
     if (!resume_.empty()) return 0;
     auto now = Clock::now();
     auto next = now + Milliseconds(1000);
-    for (auto& [id, w] : waiters_) next = std::min(next, w.deadline);
+    next = state_.nextDeadline(next);
     for (auto& [id, c] : conns_) {
       if (!c->authed) next = std::min(next, c->acceptedAt + options_.handshakeTimeout);
       if (c->inPos < c->in.size() || c->closing) next = std::min(next, c->lastProgress + options_.stallTimeout);
@@ -205,7 +157,7 @@ class Server final : public TcpStoreServer {
       auto conn = std::make_unique<Conn>();
       conn->id = nextId_++;
       conn->fd = fd;
-      conn->peer = peerName(addr);
+      conn->peer = addressText(addr);
       conn->acceptedAt = conn->lastProgress = Clock::now();
       conn->nonce.resize(kNonceBytes);
       if (!randomBytes(conn->nonce.data(), kNonceBytes).isOk()) {
@@ -275,15 +227,16 @@ class Server final : public TcpStoreServer {
   }
 
   void handleFrames(Conn& c) {
-    while (!c.closed && !c.closing && !c.waiting && c.in.size() - c.inPos >= kHeaderBytes) {
+    // While a get is parked, later frames stay buffered: replies must come in request order.
+    while (!c.closed && !c.closing && !state_.parked(c.id) && c.in.size() - c.inPos >= kHeaderBytes) {
       const auto* head = reinterpret_cast<const uint8_t*>(c.in.data() + c.inPos);
       MsgType type;
       uint32_t length = 0;
       Status valid = decodeHeader(head, &type, &length);
       if (!valid.isOk()) return drop(c, valid.message());
       if (!c.authed && (type != MsgType::kAuth || length > kMaxAuthPayload))
-        return drop(c, "sent message type " + std::to_string(static_cast<int>(type)) + " of " +
-                           std::to_string(length) + " bytes before authenticating");
+        return drop(c, "sent message type " + std::to_string(static_cast<int>(type)) + " of " + std::to_string(length) +
+                           " bytes before authenticating");
       if (c.in.size() - c.inPos - kHeaderBytes < length) break;
       std::string_view payload(c.in.data() + c.inPos + kHeaderBytes, length);
       c.inPos += kHeaderBytes + length;
@@ -316,123 +269,71 @@ class Server final : public TcpStoreServer {
           if (c.out.empty()) c.closed = true;
           return;
         }
+        int32_t claimed = static_cast<int32_t>(rank);
+        auto other = rankConns_.find(claimed);
+        auto holderConn = other == rankConns_.end() ? conns_.end() : conns_.find(other->second);
+        // Two processes with one rank would overwrite each other's keys and hang or corrupt the job.
+        // A holder that has just disconnected (not reaped yet) does not count: the rank reconnects.
+        if (claimed >= 0 && holderConn != conns_.end() && !holderConn->second->closed) {
+          std::string holder = holderConn->second->peer;
+          LIBCOMM_LOG(kWarn, "boot") << "tcp store " << host_ << ":" << port_ << ": refusing " << c.peer << ": rank "
+                                     << claimed << " is already connected from " << holder;
+          send(c, MsgType::kError, "rank " + std::to_string(claimed) + " is already connected from " + holder);
+          c.closing = true;
+          if (c.out.empty()) c.closed = true;
+          return;
+        }
         c.authed = true;
         ++authedClients_;
-        c.rank = static_cast<int32_t>(rank);
+        c.rank = claimed;
+        if (claimed >= 0) rankConns_[claimed] = c.id;
         send(c, MsgType::kAuthOk, serverProof(secret_, c.nonce, clientNonce));
         return;
       }
       case MsgType::kSet: {
         std::string key, value;
         if (!r.bytes(&key) || !r.bytes(&value) || !r.atEnd()) return drop(c, "malformed set");
-        data_[key] = std::move(value);
-        send(c, MsgType::kOk, {});
-        return keySet(key);
+        return state_.set(c.id, key, std::move(value));
       }
       case MsgType::kDelete: {
         std::string key;
         if (!r.bytes(&key) || !r.atEnd()) return drop(c, "malformed delete");
-        data_.erase(key);
-        return send(c, MsgType::kOk, {});
+        return state_.remove(c.id, key);
       }
       case MsgType::kGet: {
         uint32_t flags = 0, timeoutMs = 0, n = 0;
         if (!r.u32(&flags) || !r.u32(&timeoutMs) || !r.u32(&n)) return drop(c, "malformed get");
-        Waiter w;
-        w.take = (flags & kTake) != 0;
-        w.deadline = Clock::now() + Milliseconds(timeoutMs);
+        std::vector<std::string> keys;
         for (uint32_t i = 0; i < n; ++i) {
           std::string key;
           if (!r.bytes(&key)) return drop(c, "malformed get");
-          w.keys.push_back(std::move(key));
+          keys.push_back(std::move(key));
         }
         if (!r.atEnd()) return drop(c, "malformed get");
-        waiters_[c.id] = std::move(w);
-        c.waiting = true;
-        tryAnswer(c.id);
-        return;
+        return state_.get(c.id, std::move(keys), (flags & kTake) != 0, Clock::now() + Milliseconds(timeoutMs));
       }
       default:
         return drop(c, "unexpected message type " + std::to_string(static_cast<int>(type)));
     }
   }
 
-  // Answers the parked get of connection `id` if all its keys exist; otherwise (re)registers it
-  // on the keys still missing.
-  void tryAnswer(uint64_t id) {
-    auto wit = waiters_.find(id);
-    auto cit = conns_.find(id);
-    if (wit == waiters_.end()) return;
-    if (cit == conns_.end() || cit->second->closed) {
-      waiters_.erase(wit);
-      return;
-    }
-    Waiter& w = wit->second;
-    bool complete = true;
-    for (const auto& key : w.keys) {
-      if (data_.count(key)) continue;
-      complete = false;
-      watchers_[key].insert(id);
-    }
-    if (!complete) return;
-    WireWriter out;
-    out.u32(static_cast<uint32_t>(w.keys.size()));
-    for (const auto& key : w.keys) out.bytes(data_[key]);
-    if (w.take)
-      for (const auto& key : w.keys) data_.erase(key);
-    Conn& c = *cit->second;
-    waiters_.erase(wit);
-    c.waiting = false;
-    send(c, MsgType::kValues, out.take());
-    resume_.push_back(id);
-  }
-
-  void keySet(const std::string& key) {
-    auto it = watchers_.find(key);
-    if (it == watchers_.end()) return;
-    std::set<uint64_t> ids = std::move(it->second);
-    watchers_.erase(it);
-    for (uint64_t id : ids) tryAnswer(id);
-  }
-
-  void unwatch(const std::string& key, uint64_t id) {
-    auto it = watchers_.find(key);
-    if (it == watchers_.end()) return;
-    it->second.erase(id);
-    if (it->second.empty()) watchers_.erase(it);
+  // A reply from the store state. A connection closed meanwhile just loses it.
+  void reply(uint64_t id, MsgType type, std::string payload) {
+    auto it = conns_.find(id);
+    if (it == conns_.end() || it->second->closed) return;
+    send(*it->second, type, payload);
+    // Answering a parked get unblocks the frames buffered behind it.
+    if (type == MsgType::kValues || type == MsgType::kTimedOut) resume_.push_back(id);
   }
 
   void expire() {
     auto now = Clock::now();
-    for (auto it = waiters_.begin(); it != waiters_.end();) {
-      auto cit = conns_.find(it->first);
-      if (cit == conns_.end() || cit->second->closed) {
-        it = waiters_.erase(it);
-        continue;
-      }
-      if (it->second.deadline > now) {
-        ++it;
-        continue;
-      }
-      WireWriter out;
-      std::vector<std::string> missing;
-      for (const auto& key : it->second.keys)
-        if (!data_.count(key)) missing.push_back(key);
-      out.u32(static_cast<uint32_t>(missing.size()));
-      for (const auto& key : missing) out.bytes(key);
-      for (const auto& key : missing) unwatch(key, it->first);
-      Conn& c = *cit->second;
-      c.waiting = false;
-      send(c, MsgType::kTimedOut, out.take());
-      resume_.push_back(c.id);
-      it = waiters_.erase(it);
-    }
+    state_.expire(now);
     for (auto& [id, c] : conns_) {
       if (c->closed) continue;
       if (!c->authed && now - c->acceptedAt > options_.handshakeTimeout)
-        drop(*c, "did not complete the handshake within " + std::to_string(options_.handshakeTimeout.count()) +
-                     " ms");
-      else if (!c->waiting && (c->inPos < c->in.size() || c->closing) &&
+        drop(*c, "did not complete the handshake within " + std::to_string(options_.handshakeTimeout.count()) + " ms");
+      else if (!state_.parked(c->id) && (c->inPos < c->in.size() || c->closing) &&
                now - c->lastProgress > options_.stallTimeout)
         drop(*c, "stalled mid-message for " + std::to_string(options_.stallTimeout.count()) + " ms");
     }
@@ -446,7 +347,9 @@ class Server final : public TcpStoreServer {
       }
       close(it->second->fd);
       if (it->second->authed) --authedClients_;
-      waiters_.erase(it->first);
+      if (auto r = rankConns_.find(it->second->rank); r != rankConns_.end() && r->second == it->first)
+        rankConns_.erase(r);
+      state_.forget(it->first);
       it = conns_.erase(it);
     }
   }
@@ -463,24 +366,24 @@ class Server final : public TcpStoreServer {
   uint64_t nextId_ = 1;
   Clock::time_point acceptPausedUntil_{};
   std::map<uint64_t, std::unique_ptr<Conn>> conns_;
-  std::unordered_map<std::string, std::string> data_;
-  std::map<uint64_t, Waiter> waiters_;  // keyed by connection id: one parked get per connection
-  std::unordered_map<std::string, std::set<uint64_t>> watchers_;
-  std::deque<uint64_t> resume_;  // connections whose buffered frames may now be handled
+  StoreState state_;
+  std::map<int, uint64_t> rankConns_;  // rank -> its live connection
+  std::deque<uint64_t> resume_;        // connections whose buffered frames may now be handled
 };
 
 }  // namespace
 
 int waitForClientsToLeave(TcpStoreServer& server, Deadline deadline) {
-  auto& ours = dynamic_cast<Server&>(server);
+  auto* ours = dynamic_cast<Server*>(&server);
+  if (!ours) return 0;  // another implementation: nothing to wait for that we can see
   Backoff backoff(Milliseconds(1), Milliseconds(20));
-  while (ours.connectedClients() > 0 && !deadline.expired()) backoff.sleep(deadline);
-  return ours.connectedClients();
+  while (ours->connectedClients() > 0 && !deadline.expired()) backoff.sleep(deadline);
+  return ours->connectedClients();
 }
 
 Result<std::unique_ptr<TcpStoreServer>> startTcpStoreWithOptions(const std::string& host, int port,
-                                                                  const std::string& secret,
-                                                                  const TcpStoreOptions& options) {
+                                                                 const std::string& secret,
+                                                                 const TcpStoreOptions& options) {
   if (host.empty()) return makeError(StatusCode::kInvalidArgument, "tcp store: empty host to listen on");
   if (port < 0 || port > 65535)
     return makeError(StatusCode::kInvalidArgument, "tcp store: port ", port, " outside [0, 65535]");

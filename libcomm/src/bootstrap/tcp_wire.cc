@@ -1,5 +1,6 @@
 #include "bootstrap/tcp_wire.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -201,8 +202,10 @@ Result<int> connectOnce(const std::string& host, int port, Deadline deadline) {
       if (err == EINPROGRESS) {
         Status waited = waitFor(fd, POLLOUT, deadline, "connect to " + host + ":" + portText);
         socklen_t len = sizeof(err);
-        if (!waited.isOk()) err = ETIMEDOUT;
-        else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+        if (!waited.isOk())
+          err = ETIMEDOUT;
+        else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+          err = errno;
       }
     }
     if (err == 0) {
@@ -216,6 +219,53 @@ Result<int> connectOnce(const std::string& host, int port, Deadline deadline) {
   }
   freeaddrinfo(list);
   return last;
+}
+
+Result<int> listenOn(const std::string& host, int port, int* boundPort) {
+  struct addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  struct addrinfo* list = nullptr;
+  int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &list);
+  if (rc != 0) return makeError(StatusCode::kInvalidArgument, "cannot resolve '", host, "': ", gai_strerror(rc));
+  int fd = socket(list->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int one = 1;
+  // SO_REUSEADDR only skips TIME_WAIT leftovers of an earlier listener; a live listener on the
+  // same address still makes bind fail with EADDRINUSE.
+  if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (fd < 0 || bind(fd, list->ai_addr, list->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
+    int err = errno;
+    freeaddrinfo(list);
+    if (fd >= 0) close(fd);
+    if (err == EADDRINUSE)
+      return makeError(StatusCode::kSystemError, "cannot listen on ", host, ":", port,
+                       ": address already in use (another store or service holds this port; pick another port"
+                       " or 0 for any free one)");
+    return makeError(StatusCode::kSystemError, "cannot listen on ", host, ":", port, ": ", errnoText(err));
+  }
+  freeaddrinfo(list);
+  struct sockaddr_storage addr = {};
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  *boundPort = addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                                          : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  return fd;
+}
+
+std::string addressText(const struct sockaddr_storage& addr) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (addr.ss_family == AF_INET) {
+    auto* a = reinterpret_cast<const sockaddr_in*>(&addr);
+    inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+    port = ntohs(a->sin_port);
+  } else if (addr.ss_family == AF_INET6) {
+    auto* a = reinterpret_cast<const sockaddr_in6*>(&addr);
+    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+    port = ntohs(a->sin6_port);
+  }
+  return std::string(host) + ":" + std::to_string(port);
 }
 
 }  // namespace libcomm::boot

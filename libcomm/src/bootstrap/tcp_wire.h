@@ -17,6 +17,8 @@
 //   kDelete {key}                                       -> kOk
 // Strings and values are u32 length + bytes.
 
+#include <sys/socket.h>
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -95,6 +97,12 @@ Status sendAll(int fd, const void* data, size_t n, Deadline deadline, const std:
 Status recvAll(int fd, void* data, size_t n, Deadline deadline, const std::string& what);
 Status sendFrame(int fd, MsgType type, std::string_view payload, Deadline deadline, const std::string& what);
 Result<Frame> recvFrame(int fd, Deadline deadline, const std::string& what);
+
+/// Listens on exactly host:port (port 0: any free one): a non-blocking, close-on-exec socket, with
+/// the port actually bound stored in `*boundPort`. EADDRINUSE is an error naming the address.
+Result<int> listenOn(const std::string& host, int port, int* boundPort);
+/// "10.0.0.1:5678" for a socket address.
+std::string addressText(const struct sockaddr_storage& addr);
 
 /// One connection attempt to host:port (resolved with getaddrinfo), bounded by `deadline`.
 /// Returns the connected fd (TCP_NODELAY, close-on-exec) or the error of this attempt.

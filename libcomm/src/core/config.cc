@@ -42,6 +42,9 @@ const std::vector<SettingInfo> kSettings = {
     {"LIBCOMM_HOST_STORE", SettingType::kBool, "", "1: this process hosts the TCP store (default: rank 0 does)"},
 };
 
+// Values never printed (logs, comm_info): they are credentials.
+bool isSecret(const char* name) { return strcmp(name, "LIBCOMM_SECRET") == 0; }
+
 const SettingInfo* find(const char* name) {
   for (const auto& s : kSettings)
     if (strcmp(s.name, name) == 0) return &s;
@@ -60,7 +63,8 @@ void warnUnknownOnce() {
     for (const auto& s : kSettings) {
       const char* v = getenv(s.name);
       if (v && strcmp(v, s.defaultValue) != 0)
-        LIBCOMM_LOG(kInfo, "init") << "setting " << s.name << "=" << v << " (default '" << s.defaultValue << "')";
+        LIBCOMM_LOG(kInfo, "init") << "setting " << s.name << "=" << (isSecret(s.name) ? "(set, not shown)" : v)
+                                   << " (default '" << s.defaultValue << "')";
     }
   });
 }
@@ -100,7 +104,8 @@ std::string describeSettings() {
   std::ostringstream os;
   for (const auto& s : kSettings) {
     const char* v = getenv(s.name);
-    os << "  " << s.name << " = " << (v ? v : s.defaultValue) << (v ? "  (set)" : "") << "\n      " << s.doc << "\n";
+    const char* shown = v ? (isSecret(s.name) ? "(not shown)" : v) : s.defaultValue;
+    os << "  " << s.name << " = " << shown << (v ? "  (set)" : "") << "\n      " << s.doc << "\n";
   }
   return os.str();
 }
