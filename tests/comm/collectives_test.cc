@@ -159,6 +159,9 @@ Status matrixBody(RankContext& ctx) {
   config.stagingChunkBytes = 64 << 10;  // small slots: many staging rounds even at moderate counts
   config.opTimeout = std::chrono::seconds(60);
   LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+  // A second communicator with the eager path off, so that small cases also take direct/staged.
+  config.eagerBytes = 0;
+  LIBCOMM_ASSIGN_OR_RETURN(auto noEager, libcomm::Communicator::create(ctx.bootstrap, config));
   auto stream = libcomm::createHostStream("test-rank" + std::to_string(ctx.rank));
   const size_t n = static_cast<size_t>(ctx.size);
   Pools pools;
@@ -170,7 +173,10 @@ Status matrixBody(RankContext& ctx) {
   pools.plainSend.reset(new char[pools.bytes]);
   pools.plainRecv.reset(new char[pools.bytes]);
   int salt = 0;
-  for (const Case& k : matrix(ctx.size)) LIBCOMM_RETURN_IF_ERROR(runCase(*comm, *stream, pools, k, ++salt));
+  for (const Case& k : matrix(ctx.size)) {
+    LIBCOMM_RETURN_IF_ERROR(runCase(*comm, *stream, pools, k, ++salt));
+    if (k.count <= 1001) LIBCOMM_RETURN_IF_ERROR(runCase(*noEager, *stream, pools, k, ++salt).withContext("eager off"));
+  }
   LIBCOMM_RETURN_IF_ERROR(comm->freeRegistered(rs));
   LIBCOMM_RETURN_IF_ERROR(comm->freeRegistered(rr));
   return comm->asyncError();

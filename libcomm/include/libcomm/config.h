@@ -49,6 +49,9 @@ struct CommConfig {
   bool collTrace = false;
   /// Bytes per staging chunk for unregistered buffers (LIBCOMM_STAGING_CHUNK).
   size_t stagingChunkBytes = 1 << 20;
+  /// Collectives whose per-rank input is at most this many bytes travel with their arrival
+  /// handshake (LIBCOMM_EAGER_BYTES; 0 turns it off).
+  size_t eagerBytes = 16384;
 
   /// Reads every field from the registry; malformed values are errors.
   static Result<CommConfig> fromEnvironment();

@@ -23,6 +23,7 @@ struct InitInfo {
   int32_t rank;
   int32_t pid;
   uint64_t stagingSlotBytes;
+  uint64_t eagerBytes;
   char host[64];
   char prefix[192];
 };
@@ -45,8 +46,7 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   if (impl->prefix_.size() >= sizeof(InitInfo::prefix))
     return makeError(StatusCode::kInvalidArgument, "job id '", bootstrap.jobId(), "' is too long (",
                      bootstrap.jobId().size(), " characters)");
-  LIBCOMM_ASSIGN_OR_RETURN(impl->channel_, shm::Channel::create(impl->prefix_, impl->rank_, impl->size_,
-                                                                config.stagingChunkBytes, config));
+  LIBCOMM_ASSIGN_OR_RETURN(impl->channel_, shm::Channel::create(impl->prefix_, impl->rank_, impl->size_, config));
   impl->local_ = std::make_unique<shm::LocalMemory>(impl->prefix_, impl->rank_);
   impl->peers_ = std::make_unique<shm::PeerMemory>(impl->rank_);
 
@@ -56,6 +56,7 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   mine.rank = impl->rank_;
   mine.pid = getpid();
   mine.stagingSlotBytes = config.stagingChunkBytes;
+  mine.eagerBytes = config.eagerBytes;
   gethostname(mine.host, sizeof(mine.host) - 1);
   strncpy(mine.prefix, impl->prefix_.c_str(), sizeof(mine.prefix) - 1);
   std::vector<InitInfo> all(impl->size_);
@@ -70,6 +71,9 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
     if (o.stagingSlotBytes != mine.stagingSlotBytes)
       return makeError(StatusCode::kInvalidUsage, "rank ", impl->rank_, ": LIBCOMM_STAGING_CHUNK differs: rank ", r,
                        " has ", o.stagingSlotBytes, ", this rank ", mine.stagingSlotBytes, "; set it alike on all ranks");
+    if (o.eagerBytes != mine.eagerBytes)
+      return makeError(StatusCode::kInvalidUsage, "rank ", impl->rank_, ": LIBCOMM_EAGER_BYTES differs: rank ", r,
+                       " has ", o.eagerBytes, ", this rank ", mine.eagerBytes, "; set it alike on all ranks");
     if (strncmp(o.host, mine.host, sizeof(o.host)) != 0)
       return makeError(StatusCode::kInvalidUsage, "rank ", impl->rank_, " (host '", mine.host, "'): rank ", r,
                        " runs on host '", o.host, "'; this build connects ranks of one host only (shared memory)");

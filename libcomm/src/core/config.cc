@@ -25,11 +25,13 @@ const std::vector<SettingInfo> kSettings = {
     {"LIBCOMM_INIT_TIMEOUT_MS", SettingType::kInt, "600000", "deadline of bootstrap and communicator creation"},
     {"LIBCOMM_PEER_CHECK_MS", SettingType::kInt, "100", "how often a blocked wait checks that its peers are alive"},
     // Algorithms.
-    {"LIBCOMM_ALGO", SettingType::kString, "", "force an algorithm: direct|staged (empty: the selector decides)"},
+    {"LIBCOMM_ALGO", SettingType::kString, "", "force an algorithm: eager|direct|staged (empty: the selector decides)"},
     {"LIBCOMM_CHECK_MISMATCH", SettingType::kBool, "1",
      "compare every collective's kind, count, dtypes, op and root across ranks"},
     {"LIBCOMM_COLL_TRACE", SettingType::kBool, "0", "log every collective with its algorithm at INFO"},
     {"LIBCOMM_STAGING_CHUNK", SettingType::kInt, "1048576", "bytes per staging chunk for unregistered buffers"},
+    {"LIBCOMM_EAGER_BYTES", SettingType::kInt, "16384",
+     "inputs up to this size (bytes per rank) are copied in with the arrival handshake; 0: off"},
     // Launch (see resolveLaunchInfo in bootstrap.h).
     {"LIBCOMM_RANK", SettingType::kInt, "", "rank of this process"},
     {"LIBCOMM_WORLD_SIZE", SettingType::kInt, "", "number of ranks"},
@@ -116,6 +118,10 @@ Result<CommConfig> CommConfig::fromEnvironment() {
   LIBCOMM_ASSIGN_OR_RETURN(long long initMs, settingInt("LIBCOMM_INIT_TIMEOUT_MS"));
   LIBCOMM_ASSIGN_OR_RETURN(long long peerMs, settingInt("LIBCOMM_PEER_CHECK_MS"));
   LIBCOMM_ASSIGN_OR_RETURN(long long chunk, settingInt("LIBCOMM_STAGING_CHUNK"));
+  LIBCOMM_ASSIGN_OR_RETURN(long long eager, settingInt("LIBCOMM_EAGER_BYTES"));
+  if (eager < 0 || eager > (1LL << 20))
+    return makeError(StatusCode::kInvalidArgument, "LIBCOMM_EAGER_BYTES must be in [0, 2^20], got ", eager);
+  c.eagerBytes = static_cast<size_t>(eager);
   LIBCOMM_ASSIGN_OR_RETURN(c.checkMismatch, settingBool("LIBCOMM_CHECK_MISMATCH"));
   LIBCOMM_ASSIGN_OR_RETURN(c.collTrace, settingBool("LIBCOMM_COLL_TRACE"));
   if (opMs <= 0) return makeError(StatusCode::kInvalidArgument, "LIBCOMM_TIMEOUT_MS must be > 0, got ", opMs);
@@ -128,8 +134,8 @@ Result<CommConfig> CommConfig::fromEnvironment() {
   c.peerCheckInterval = Milliseconds(peerMs);
   c.stagingChunkBytes = static_cast<size_t>(chunk);
   c.algo = settingValue("LIBCOMM_ALGO");
-  if (!c.algo.empty() && c.algo != "direct" && c.algo != "staged")
-    return makeError(StatusCode::kInvalidArgument, "LIBCOMM_ALGO='", c.algo, "' is not one of: direct, staged");
+  if (!c.algo.empty() && c.algo != "direct" && c.algo != "staged" && c.algo != "eager")
+    return makeError(StatusCode::kInvalidArgument, "LIBCOMM_ALGO='", c.algo, "' is not one of: eager, direct, staged");
   return c;
 }
 

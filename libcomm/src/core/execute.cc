@@ -92,6 +92,13 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq) {
 Status Communicator::Impl::run(const CollArgs& args, uint32_t seq) {
   const std::string opText = describeColl(args, seq);
   const mesh::OpEnv env{rank_, size_, *channel_, *peers_, {Deadline::after(config_.opTimeout), &opText}, stageRound_};
+  const size_t inputBytes = args.count * args.inputParts(size_) * dataTypeSize(args.inType);
+  const SelectionQuery query{args.kind, false, args.inPlace, inputBytes};
+  LIBCOMM_ASSIGN_OR_RETURN(const bool eager, chooseEager(query, config_));
+
+  // The previous collective may have been eager, whose peers may still read this rank's eager
+  // area and descriptor: wait until they are done before overwriting either.
+  LIBCOMM_RETURN_IF_ERROR(channel_->waitAll(shm::Counter::kDone, seq - 1, env.wait, "previous collective"));
 
   shm::OpDescriptor d;
   d.seq = seq;
@@ -103,13 +110,15 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq) {
   d.count = args.count;
   d.scale = args.reduce.scale;
   d.inPlace = args.inPlace;
-  d.inputBytes = args.hasInput(rank_) ? args.count * args.inputParts(size_) * dataTypeSize(args.inType) : 0;
+  d.eager = eager;
+  d.inputBytes = args.hasInput(rank_) ? inputBytes : 0;
   shm::Location loc;
   d.inputRegistered = d.inputBytes == 0 || local_->locate(args.send, d.inputBytes, &loc);
   if (d.inputBytes && d.inputRegistered) {
     d.inputSegment = loc.segment;
     d.inputOffset = loc.offset;
   }
+  if (eager) mesh::fillEager(args, env);
   channel_->mine().desc = d;
   channel_->publish(shm::Counter::kPosted, seq);
   LIBCOMM_RETURN_IF_ERROR(channel_->waitAll(shm::Counter::kPosted, seq, env.wait, "arrival"));
@@ -122,15 +131,21 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq) {
   }
   LIBCOMM_RETURN_IF_ERROR(checkFingerprints(args, seq, all, opText));
 
+  if (eager) {
+    if (config_.collTrace) LIBCOMM_LOG(kInfo, "coll") << opText << ": eager (input <= " << config_.eagerBytes << " B)";
+    LIBCOMM_RETURN_IF_ERROR(mesh::runEager(args, env));
+    channel_->publish(shm::Counter::kDone, seq);
+    return Status::ok();
+  }
   const char* why = "";
-  LIBCOMM_ASSIGN_OR_RETURN(
-      Algo algo, selectAlgo({args.kind, registered, args.inPlace, static_cast<size_t>(d.inputBytes)}, config_, &why));
-  if (config_.collTrace)
-    LIBCOMM_LOG(kInfo, "coll") << opText << ": " << algoName(algo) << " (" << why << ")";
-  if (args.count > 0 && args.kind != CollKind::kBarrier) {
+  LIBCOMM_ASSIGN_OR_RETURN(Algo algo, selectAlgo({args.kind, registered, args.inPlace, inputBytes}, config_, &why));
+  if (config_.collTrace) LIBCOMM_LOG(kInfo, "coll") << opText << ": " << algoName(algo) << " (" << why << ")";
+  if (args.count > 0) {
     Status st = algo == Algo::kDirect ? mesh::runDirect(args, env, all) : mesh::runStaged(args, env);
     LIBCOMM_RETURN_IF_ERROR(st);
   }
+  // Direct collectives read the peers' own buffers and staged ones their slots: nobody may return
+  // (and let its user overwrite a buffer) while a peer may still be reading.
   channel_->publish(shm::Counter::kDone, seq);
   LIBCOMM_RETURN_IF_ERROR(channel_->waitAll(shm::Counter::kDone, seq, env.wait, "completion"));
   return Status::ok();
@@ -145,7 +160,7 @@ Status Communicator::Impl::checkFingerprints(const CollArgs& args, uint32_t seq,
     if (o.seq != seq)
       return makeError(StatusCode::kInternalError, "rank ", rank_, ": rank ", p, " posted seq ", o.seq, " for ", opText);
     // The kind and count decide how much of a peer's memory is read: always checked.
-    bool differs = o.kind != me.kind || o.count != me.count || o.inType != me.inType;
+    bool differs = o.kind != me.kind || o.count != me.count || o.inType != me.inType || o.eager != me.eager;
     if (config_.checkMismatch)
       differs = differs || o.outType != me.outType || o.redOp != me.redOp || o.root != me.root ||
                 (me.redOp == static_cast<uint8_t>(ReduceOp::kPremulSum) && o.scale != me.scale);
@@ -160,6 +175,9 @@ Status Communicator::Impl::checkFingerprints(const CollArgs& args, uint32_t seq,
     theirs.root = o.root;
     theirs.inPlace = o.inPlace;
     std::string scales;
+    if (o.eager != me.eager)
+      scales = std::string(" (rank ") + std::to_string(rank_) + (me.eager ? " sent it eagerly" : " did not send it eagerly") +
+               ", rank " + std::to_string(p) + " did the opposite: are LIBCOMM_ALGO or LIBCOMM_EAGER_BYTES set alike?)";
     if (o.scale != me.scale) scales = " (premulSum scale " + std::to_string(me.scale) + " here, " +
                                       std::to_string(o.scale) + " on rank " + std::to_string(p) + ")";
     return makeError(StatusCode::kInvalidUsage, "collective mismatch at seq ", seq, ": rank ", rank_, " called ",

@@ -33,7 +33,23 @@ const char* matchText(Match m, const char* yes, const char* no) {
 
 }  // namespace
 
-const char* algoName(Algo a) { return a == Algo::kDirect ? "direct" : "staged"; }
+const char* algoName(Algo a) {
+  switch (a) {
+    case Algo::kEager: return "eager";
+    case Algo::kDirect: return "direct";
+    case Algo::kStaged: return "staged";
+  }
+  return "?";
+}
+
+Result<bool> chooseEager(const SelectionQuery& q, const CommConfig& config) {
+  const bool fits = q.bytes <= config.eagerBytes;
+  if (config.algo == "eager" && !fits && q.kind != CollKind::kBarrier)
+    return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=eager but the ", collName(q.kind), " input of ", q.bytes,
+                     " bytes exceeds LIBCOMM_EAGER_BYTES=", config.eagerBytes);
+  if (q.kind == CollKind::kBarrier) return true;
+  return fits && (config.algo.empty() || config.algo == "eager");
+}
 
 Result<Algo> selectAlgo(const SelectionQuery& q, const CommConfig& config, const char** why) {
   const Rule* chosen = nullptr;
@@ -47,7 +63,7 @@ Result<Algo> selectAlgo(const SelectionQuery& q, const CommConfig& config, const
   if (!chosen) return makeError(StatusCode::kInternalError, "no selection rule for ", collName(q.kind));
   *why = chosen->why;
   if (config.algo.empty() || q.kind == CollKind::kBarrier) return chosen->algo;
-  if (config.algo == "staged") {
+  if (config.algo == "staged" || config.algo == "eager") {  // eager too large: staged is the general path
     *why = "LIBCOMM_ALGO=staged";
     return Algo::kStaged;
   }
@@ -65,6 +81,10 @@ std::string describeSelectionTable(const CommConfig& config) {
   std::ostringstream os;
   os << "algorithm selection (shared memory, one host; first matching row wins)\n";
   os << "  collective      inputs         in place  -> algorithm  why\n";
+  char eagerLine[256];
+  snprintf(eagerLine, sizeof(eagerLine), "  %-15s %-14s %-9s -> %-10s %s\n", "*", "<= eager size", "any", "eager",
+           "input copied in with the arrival handshake; no completion wait");
+  os << eagerLine;
   for (const Rule& r : kRules) {
     char line[256];
     snprintf(line, sizeof(line), "  %-15s %-14s %-9s -> %-10s %s\n", r.collectives,
@@ -72,6 +92,7 @@ std::string describeSelectionTable(const CommConfig& config) {
              r.why);
     os << line;
   }
+  os << "  eager size: " << config.eagerBytes << " bytes per rank input (LIBCOMM_EAGER_BYTES)\n";
   os << "  staging slot: " << config.stagingChunkBytes << " bytes x 2 per rank\n";
   if (!config.algo.empty()) os << "  override: LIBCOMM_ALGO=" << config.algo << "\n";
   return os.str();

@@ -12,15 +12,20 @@
 
 namespace libcomm {
 
-enum class Algo { kDirect, kStaged };
+enum class Algo { kEager, kDirect, kStaged };
 const char* algoName(Algo a);
 
 struct SelectionQuery {
   CollKind kind;
   bool inputsRegistered;  // every rank that has an input has it in registered memory
   bool inPlace;
-  size_t bytes;           // bytes of one rank's input
+  size_t bytes;           // bytes of the input of a rank that has one (same on every rank)
 };
+
+/// Whether a collective travels eagerly (its input copied into the eager area and posted with
+/// the arrival handshake). Decided before arrival from what every rank knows alike: the size.
+/// LIBCOMM_ALGO=eager on a too-large input is kInvalidUsage.
+Result<bool> chooseEager(const SelectionQuery& q, const CommConfig& config);
 
 /// The table's choice, or the LIBCOMM_ALGO override where it is possible. An override that cannot
 /// run (direct on unregistered memory) is kInvalidUsage.

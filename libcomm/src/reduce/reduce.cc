@@ -12,6 +12,12 @@
 #include <atomic>
 #include <cassert>
 #include <cstdint>
+#include <cstring>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>  // streaming stores, part of the x86-64 baseline
+#define LIBCOMM_REDUCE_PORTABLE_STREAM 1
+#endif
 
 #include "reduce/reduce.h"
 #include "reduce/reduce_impl.h"
@@ -100,8 +106,7 @@ inline float gather(const float* acc, const typename In::Raw* const* p, size_t i
 // written, so no iteration depends on another (ivdep: GCC would otherwise not vectorise, or add
 // overlap checks that in-place calls fail).
 template <class In, class Out, bool kScale, bool kAcc, int kCount, bool kFromAcc>
-void gatherToOut(typename Out::Raw* o, const float* acc, const typename In::Raw* const* p, size_t len,
-                 float scale) {
+void gatherToOut(typename Out::Raw* o, const float* acc, const typename In::Raw* const* p, size_t len, float scale) {
 #pragma GCC ivdep
   for (size_t i = 0; i < len; ++i) finish<Out, kScale, kAcc>(o, i, gather<In, kCount, kFromAcc>(acc, p, i), scale);
 }
@@ -130,14 +135,30 @@ void reduceBlocks(const ReduceArgs& a) {
       if (k == n) {
         // Last group: straight to the output.
         switch (g + (first ? 0 : 4)) {
-          case 1: gatherToOut<In, Out, kScale, kAcc, 1, false>(o, acc, p, len, scale); break;
-          case 2: gatherToOut<In, Out, kScale, kAcc, 2, false>(o, acc, p, len, scale); break;
-          case 3: gatherToOut<In, Out, kScale, kAcc, 3, false>(o, acc, p, len, scale); break;
-          case 4: gatherToOut<In, Out, kScale, kAcc, 4, false>(o, acc, p, len, scale); break;
-          case 5: gatherToOut<In, Out, kScale, kAcc, 1, true>(o, acc, p, len, scale); break;
-          case 6: gatherToOut<In, Out, kScale, kAcc, 2, true>(o, acc, p, len, scale); break;
-          case 7: gatherToOut<In, Out, kScale, kAcc, 3, true>(o, acc, p, len, scale); break;
-          default: gatherToOut<In, Out, kScale, kAcc, 4, true>(o, acc, p, len, scale); break;
+          case 1:
+            gatherToOut<In, Out, kScale, kAcc, 1, false>(o, acc, p, len, scale);
+            break;
+          case 2:
+            gatherToOut<In, Out, kScale, kAcc, 2, false>(o, acc, p, len, scale);
+            break;
+          case 3:
+            gatherToOut<In, Out, kScale, kAcc, 3, false>(o, acc, p, len, scale);
+            break;
+          case 4:
+            gatherToOut<In, Out, kScale, kAcc, 4, false>(o, acc, p, len, scale);
+            break;
+          case 5:
+            gatherToOut<In, Out, kScale, kAcc, 1, true>(o, acc, p, len, scale);
+            break;
+          case 6:
+            gatherToOut<In, Out, kScale, kAcc, 2, true>(o, acc, p, len, scale);
+            break;
+          case 7:
+            gatherToOut<In, Out, kScale, kAcc, 3, true>(o, acc, p, len, scale);
+            break;
+          default:
+            gatherToOut<In, Out, kScale, kAcc, 4, true>(o, acc, p, len, scale);
+            break;
         }
       } else if (first) {
         gatherToAcc<In, kGroup, false>(acc, p, len);  // only full groups come before the last
@@ -155,6 +176,58 @@ void reduceTyped(const ReduceArgs& a) {
   if (scale) return reduceBlocks<In, Out, true, false>(a);
   if (a.accumulate) return reduceBlocks<In, Out, false, true>(a);
   reduceBlocks<In, Out, false, false>(a);
+}
+
+#if defined(LIBCOMM_REDUCE_PORTABLE_STREAM)
+constexpr int kMaxStreamInputs = 16;
+
+// Copies a finished block to the output with streaming stores; dst is 16-byte aligned.
+inline void streamOut(void* dst, const void* src, size_t bytes) {
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  size_t i = 0;
+  for (; i + 16 <= bytes; i += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), _mm_load_si128(reinterpret_cast<const __m128i*>(s + i)));
+  std::memcpy(d + i, s + i, bytes - i);
+}
+#endif
+
+// Large outputs (ntStoreThresholdBytes) are written with streaming stores where the target has
+// them: each block is finished into an L1 buffer and streamed out from there, which saves the
+// read-for-ownership of every output line. One call site of reduceTyped, because the entry point
+// is flattened: every call site is a full copy of the kernels.
+template <class In, class Out>
+void reduceOut(const ReduceArgs& a) {
+#if defined(LIBCOMM_REDUCE_PORTABLE_STREAM)
+  using OutRaw = typename Out::Raw;
+  constexpr size_t es = sizeof(OutRaw);
+  const auto addr = reinterpret_cast<uintptr_t>(a.out);
+  const bool stream = a.count * es >= ntStoreThresholdBytes() && addr % es == 0 && a.numInputs <= kMaxStreamInputs;
+  const size_t head = std::min(a.count, ((64 - addr % 64) % 64) / es);  // elements up to a line boundary
+  const void* shifted[kMaxStreamInputs];
+  alignas(64) OutRaw block[kPortableBlock];
+  ReduceArgs part = a;
+  for (size_t b = 0; b < a.count;) {
+    // Not streaming: the whole range at once. Streaming: the head up to a line boundary in
+    // place, then block by block through the buffer.
+    const bool viaBlock = stream && (b > 0 || head == 0);
+    part.count = !stream ? a.count : viaBlock ? std::min(kPortableBlock, a.count - b) : head;
+    char* dst = static_cast<char*>(a.out) + b * es;
+    part.out = viaBlock ? static_cast<void*>(block) : dst;
+    if (stream) {
+      for (int k = 0; k < a.numInputs; ++k)
+        shifted[k] = static_cast<const char*>(a.inputs[k]) + b * sizeof(typename In::Raw);
+      part.inputs = shifted;
+    }
+    if (viaBlock && a.accumulate) std::memcpy(block, dst, part.count * es);
+    reduceTyped<In, Out>(part);  // reads every input of the range (the output too, in place) first
+    if (viaBlock) streamOut(dst, block, part.count * es);
+    b += part.count;
+  }
+  if (stream) _mm_sfence();  // order the streamed lines before whatever tells a peer the output is ready
+#else
+  reduceTyped<In, Out>(a);
+#endif
 }
 
 }  // namespace
@@ -179,10 +252,10 @@ LIBCOMM_REDUCE_PORTABLE_ENTRY void reducePortable(const ReduceArgs& a) {
   if (a.count == 0 || a.numInputs < 1) return;
   const bool inF32 = a.inType == DataType::kFloat32;
   const bool outF32 = a.outType == DataType::kFloat32;
-  if (inF32 && outF32) return reduceTyped<F32, F32>(a);
-  if (inF32) return reduceTyped<F32, Bf16>(a);
-  if (outF32) return reduceTyped<Bf16, F32>(a);
-  reduceTyped<Bf16, Bf16>(a);
+  if (inF32 && outF32) return reduceOut<F32, F32>(a);
+  if (inF32) return reduceOut<F32, Bf16>(a);
+  if (outF32) return reduceOut<Bf16, F32>(a);
+  reduceOut<Bf16, Bf16>(a);
 }
 
 }  // namespace detail

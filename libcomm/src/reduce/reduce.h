@@ -1,7 +1,12 @@
 #pragma once
 // Element conversion and the fused n-way reduction every reduce-style collective is built on.
 // The accumulation is always fp32. A vectorised (AVX-512) implementation is chosen at run time
-// when the CPU has it; a portable one otherwise. Both give bit-identical results.
+// when the CPU has it; a portable one otherwise (on x86-64 itself built for SSE2 and for AVX2, the
+// loader picking one). All give bit-identical results, except which payload a NaN result carries
+// when several NaNs meet (IEEE leaves that open; the result is a NaN either way).
+//
+// Every function here is reentrant: calls on disjoint outputs may run concurrently. Pointers must
+// be aligned to their element size (any further misalignment is fine).
 
 #include <cstddef>
 #include <cstdint>
@@ -16,7 +21,7 @@ void bf16ToFloat(const uint16_t* in, float* out, size_t n);
 /// overflow past bf16's max rounds to Inf as IEEE rounding does.
 void floatToBf16(const float* in, uint16_t* out, size_t n);
 
-/// Scalar reference conversions (also used for tails).
+/// Scalar reference conversions; every implementation matches them bit for bit.
 inline float bf16ToFloatScalar(uint16_t b) {
   uint32_t u = static_cast<uint32_t>(b) << 16;
   float f;
@@ -33,10 +38,15 @@ inline uint16_t floatToBf16Scalar(float f) {
 
 /// out[i] = (accumulate ? out[i] : 0) + scale * sum_k inputs[k][i], for i in [0, count).
 /// Sums are formed in fp32 in input order k = 0..numInputs-1, then scaled once (scale == 1 skips
-/// the multiply), then added to out when accumulating, then converted to outType.
+/// the multiply), then added to out when accumulating, then converted to outType. No fused
+/// multiply-add: each step rounds on its own.
 /// inType/outType: fp32 or bf16 (bf16 output from fp32 input is allowed here; the API refuses it).
-/// accumulate requires outType fp32. `out` may alias one input exactly (in place); no other
-/// overlap. numInputs >= 1.
+/// accumulate is meant for outType fp32 (the API's rule); with a bf16 output the kernels read the
+/// old bf16 values and work the same way. `out` may alias one input exactly (in place); no other
+/// overlap. numInputs >= 1; count == 0 touches no memory.
+/// Each input is read once and the output written once, in one pass. Outputs of at least
+/// detail::ntStoreThresholdBytes() (16 MiB) are written with streaming stores, followed by a store
+/// fence before returning, so a flag stored after the call is not seen before the data.
 struct ReduceArgs {
   const void* const* inputs = nullptr;
   int numInputs = 0;

@@ -40,71 +40,128 @@ namespace libcomm::reduce::detail {
 namespace {
 
 #if defined(LIBCOMM_REDUCE_AVX512_NATIVE)
-using Vf = __m512;    // 16 x fp32
-using Vi = __m512i;   // 16 x u32
-using Vh = __m256i;   // 16 x u16 (bf16 bits)
+using Vf = __m512;   // 16 x fp32
+using Vi = __m512i;  // 16 x u32
+using Vh = __m256i;  // 16 x u16 (bf16 bits)
 using Mask = __mmask16;
 #else
 // ---- Emulated intrinsics: lane-by-lane versions with Intel's documented semantics. Masked loads
 // and stores touch only the enabled lanes, as the hardware's fault suppression guarantees.
-struct Vf { float v[16]; };
-struct Vi { uint32_t v[16]; };
-struct Vh { uint16_t v[16]; };
+struct Vf {
+  float v[16];
+};
+struct Vi {
+  uint32_t v[16];
+};
+struct Vh {
+  uint16_t v[16];
+};
 using Mask = uint16_t;
 inline bool lane(Mask m, int i) { return (m >> i) & 1u; }
-inline Vf _mm512_loadu_ps(const float* p) { Vf r; std::memcpy(r.v, p, sizeof r.v); return r; }
+inline Vf _mm512_loadu_ps(const float* p) {
+  Vf r;
+  std::memcpy(r.v, p, sizeof r.v);
+  return r;
+}
 inline Vf _mm512_maskz_loadu_ps(Mask m, const float* p) {
   Vf r{};
-  for (int i = 0; i < 16; ++i) if (lane(m, i)) r.v[i] = p[i];
+  for (int i = 0; i < 16; ++i)
+    if (lane(m, i)) r.v[i] = p[i];
   return r;
 }
 inline void _mm512_storeu_ps(float* p, Vf a) { std::memcpy(p, a.v, sizeof a.v); }
 inline void _mm512_mask_storeu_ps(float* p, Mask m, Vf a) {
-  for (int i = 0; i < 16; ++i) if (lane(m, i)) p[i] = a.v[i];
+  for (int i = 0; i < 16; ++i)
+    if (lane(m, i)) p[i] = a.v[i];
 }
 inline void _mm512_stream_ps(float* p, Vf a) {
   if (reinterpret_cast<uintptr_t>(p) % 64 != 0) __builtin_trap();  // the instruction faults too
   std::memcpy(p, a.v, sizeof a.v);
 }
-inline Vh _mm256_loadu_si256(const Vh* p) { Vh r; std::memcpy(r.v, p, sizeof r.v); return r; }
+inline Vh _mm256_loadu_si256(const Vh* p) {
+  Vh r;
+  std::memcpy(r.v, p, sizeof r.v);
+  return r;
+}
 inline Vh _mm256_maskz_loadu_epi16(Mask m, const void* p) {
   Vh r{};
-  for (int i = 0; i < 16; ++i) if (lane(m, i)) std::memcpy(&r.v[i], static_cast<const char*>(p) + 2 * i, 2);
+  for (int i = 0; i < 16; ++i)
+    if (lane(m, i)) std::memcpy(&r.v[i], static_cast<const char*>(p) + 2 * i, 2);
   return r;
 }
 inline void _mm256_storeu_si256(Vh* p, Vh a) { std::memcpy(p, a.v, sizeof a.v); }
 inline void _mm256_mask_storeu_epi16(void* p, Mask m, Vh a) {
-  for (int i = 0; i < 16; ++i) if (lane(m, i)) std::memcpy(static_cast<char*>(p) + 2 * i, &a.v[i], 2);
+  for (int i = 0; i < 16; ++i)
+    if (lane(m, i)) std::memcpy(static_cast<char*>(p) + 2 * i, &a.v[i], 2);
 }
 inline void _mm256_stream_si256(Vh* p, Vh a) {
   if (reinterpret_cast<uintptr_t>(p) % 32 != 0) __builtin_trap();
   std::memcpy(p, a.v, sizeof a.v);
 }
-inline Vi _mm512_cvtepu16_epi32(Vh a) { Vi r; for (int i = 0; i < 16; ++i) r.v[i] = a.v[i]; return r; }
+inline Vi _mm512_cvtepu16_epi32(Vh a) {
+  Vi r;
+  for (int i = 0; i < 16; ++i) r.v[i] = a.v[i];
+  return r;
+}
 inline Vh _mm512_cvtepi32_epi16(Vi a) {  // vpmovdw: truncate
   Vh r;
   for (int i = 0; i < 16; ++i) r.v[i] = static_cast<uint16_t>(a.v[i]);
   return r;
 }
-inline Vi _mm512_slli_epi32(Vi a, unsigned s) { for (auto& x : a.v) x = s > 31 ? 0 : x << s; return a; }
-inline Vi _mm512_srli_epi32(Vi a, unsigned s) { for (auto& x : a.v) x = s > 31 ? 0 : x >> s; return a; }
-inline Vi _mm512_add_epi32(Vi a, Vi b) { for (int i = 0; i < 16; ++i) a.v[i] += b.v[i]; return a; }
-inline Vi _mm512_and_si512(Vi a, Vi b) { for (int i = 0; i < 16; ++i) a.v[i] &= b.v[i]; return a; }
-inline Vi _mm512_set1_epi32(int x) { Vi r; for (auto& v : r.v) v = static_cast<uint32_t>(x); return r; }
+inline Vi _mm512_slli_epi32(Vi a, unsigned s) {
+  for (auto& x : a.v) x = s > 31 ? 0 : x << s;
+  return a;
+}
+inline Vi _mm512_srli_epi32(Vi a, unsigned s) {
+  for (auto& x : a.v) x = s > 31 ? 0 : x >> s;
+  return a;
+}
+inline Vi _mm512_add_epi32(Vi a, Vi b) {
+  for (int i = 0; i < 16; ++i) a.v[i] += b.v[i];
+  return a;
+}
+inline Vi _mm512_and_si512(Vi a, Vi b) {
+  for (int i = 0; i < 16; ++i) a.v[i] &= b.v[i];
+  return a;
+}
+inline Vi _mm512_set1_epi32(int x) {
+  Vi r;
+  for (auto& v : r.v) v = static_cast<uint32_t>(x);
+  return r;
+}
 inline Mask _mm512_cmpgt_epu32_mask(Vi a, Vi b) {
   Mask m = 0;
   for (int i = 0; i < 16; ++i) m |= static_cast<Mask>((a.v[i] > b.v[i] ? 1u : 0u) << i);
   return m;
 }
 inline Vi _mm512_mask_or_epi32(Vi src, Mask m, Vi a, Vi b) {
-  for (int i = 0; i < 16; ++i) if (lane(m, i)) src.v[i] = a.v[i] | b.v[i];
+  for (int i = 0; i < 16; ++i)
+    if (lane(m, i)) src.v[i] = a.v[i] | b.v[i];
   return src;
 }
-inline Vf _mm512_castsi512_ps(Vi a) { Vf r; std::memcpy(r.v, a.v, sizeof r.v); return r; }
-inline Vi _mm512_castps_si512(Vf a) { Vi r; std::memcpy(r.v, a.v, sizeof r.v); return r; }
-inline Vf _mm512_add_ps(Vf a, Vf b) { for (int i = 0; i < 16; ++i) a.v[i] = a.v[i] + b.v[i]; return a; }
-inline Vf _mm512_mul_ps(Vf a, Vf b) { for (int i = 0; i < 16; ++i) a.v[i] = a.v[i] * b.v[i]; return a; }
-inline Vf _mm512_set1_ps(float x) { Vf r; for (auto& v : r.v) v = x; return r; }
+inline Vf _mm512_castsi512_ps(Vi a) {
+  Vf r;
+  std::memcpy(r.v, a.v, sizeof r.v);
+  return r;
+}
+inline Vi _mm512_castps_si512(Vf a) {
+  Vi r;
+  std::memcpy(r.v, a.v, sizeof r.v);
+  return r;
+}
+inline Vf _mm512_add_ps(Vf a, Vf b) {
+  for (int i = 0; i < 16; ++i) a.v[i] = a.v[i] + b.v[i];
+  return a;
+}
+inline Vf _mm512_mul_ps(Vf a, Vf b) {
+  for (int i = 0; i < 16; ++i) a.v[i] = a.v[i] * b.v[i];
+  return a;
+}
+inline Vf _mm512_set1_ps(float x) {
+  Vf r;
+  for (auto& v : r.v) v = x;
+  return r;
+}
 inline void _mm_sfence() {}
 #endif
 
@@ -121,8 +178,8 @@ inline Vh narrowBf16(Vf v) {
   const Vi u = _mm512_castps_si512(v);
   const Vi lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   Vi r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-  const Mask nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                           _mm512_set1_epi32(0x7f800000));
+  const Mask nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
   r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
 }
@@ -230,11 +287,16 @@ struct Kernel {
 template <class In, class Out, bool kScale, bool kAcc>
 void reduceFinish(const Job& j, size_t count) {
   switch (j.n) {
-    case 1: return Kernel<In, Out, 1, kScale, kAcc>::reduce(j, count);
-    case 2: return Kernel<In, Out, 2, kScale, kAcc>::reduce(j, count);
-    case 3: return Kernel<In, Out, 3, kScale, kAcc>::reduce(j, count);
-    case 4: return Kernel<In, Out, 4, kScale, kAcc>::reduce(j, count);
-    default: return Kernel<In, Out, 0, kScale, kAcc>::reduce(j, count);
+    case 1:
+      return Kernel<In, Out, 1, kScale, kAcc>::reduce(j, count);
+    case 2:
+      return Kernel<In, Out, 2, kScale, kAcc>::reduce(j, count);
+    case 3:
+      return Kernel<In, Out, 3, kScale, kAcc>::reduce(j, count);
+    case 4:
+      return Kernel<In, Out, 4, kScale, kAcc>::reduce(j, count);
+    default:
+      return Kernel<In, Out, 0, kScale, kAcc>::reduce(j, count);
   }
 }
 

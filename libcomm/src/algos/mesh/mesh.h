@@ -50,5 +50,9 @@ Status runPass(const CollArgs& args, const OpEnv& env, const PassView& view, siz
 Status runDirect(const CollArgs& args, const OpEnv& env, const std::vector<shm::OpDescriptor>& inputs);
 /// Staged: inputs copied through the staging slots in rounds.
 Status runStaged(const CollArgs& args, const OpEnv& env);
+/// Eager, step 1 (before arrival): copies this rank's input into its eager area.
+void fillEager(const CollArgs& args, const OpEnv& env);
+/// Eager, step 2 (after every peer arrived): the pass over the peers' eager areas.
+Status runEager(const CollArgs& args, const OpEnv& env);
 
 }  // namespace libcomm::mesh

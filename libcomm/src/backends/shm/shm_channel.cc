@@ -51,25 +51,30 @@ const char* counterName(Counter c) {
 
 }  // namespace
 
-Channel::Channel(int rank, int size, size_t slotBytes, const CommConfig& config)
-    : rank_(rank), size_(size), slotBytes_(slotBytes), config_(config) {}
+Channel::Channel(int rank, int size, const CommConfig& config)
+    : rank_(rank),
+      size_(size),
+      slotBytes_(config.stagingChunkBytes),
+      eagerBytes_((config.eagerBytes + 63) / 64 * 64),
+      config_(config) {}
 
 Channel::~Channel() = default;
 
 Result<std::unique_ptr<Channel>> Channel::create(const std::string& prefix, int rank, int size,
-                                                 size_t stagingSlotBytes, const CommConfig& config) {
-  std::unique_ptr<Channel> ch(new Channel(rank, size, stagingSlotBytes, config));
+                                                 const CommConfig& config) {
+  std::unique_ptr<Channel> ch(new Channel(rank, size, config));
   ch->segments_.resize(size);
   ch->blocks_.assign(size, nullptr);
   ch->processes_.resize(size);
-  LIBCOMM_ASSIGN_OR_RETURN(ch->segments_[rank], Segment::create(prefix + ".ctl", kStagingOffset + 2 * stagingSlotBytes));
+  LIBCOMM_ASSIGN_OR_RETURN(ch->segments_[rank], Segment::create(prefix + ".ctl", ch->segmentBytes()));
   auto* cb = new (ch->segments_[rank].data()) ControlBlock();
   ProcessId self = ProcessId::self();
   cb->version = ControlBlock::kVersion;
   cb->rank = rank;
   cb->pid = self.pid;
   cb->startTime = self.startTime;
-  cb->stagingSlotBytes = stagingSlotBytes;
+  cb->stagingSlotBytes = ch->slotBytes_;
+  cb->eagerBytes = ch->eagerBytes_;
   cb->bell.store(0);
   cb->waiters.store(0);
   for (auto& c : cb->counters) c.store(0);
@@ -86,17 +91,18 @@ Result<std::unique_ptr<Channel>> Channel::create(const std::string& prefix, int 
 Status Channel::connect(const std::vector<std::string>& prefixes, Deadline deadline) {
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
-    auto seg = Segment::open(prefixes[r] + ".ctl", kStagingOffset + 2 * slotBytes_);
+    auto seg = Segment::open(prefixes[r] + ".ctl", segmentBytes());
     if (!seg.isOk())
       return seg.status().withContext("rank " + std::to_string(rank_) + " mapping the control block of rank " +
                                       std::to_string(r));
     auto* cb = static_cast<ControlBlock*>(seg->data());
     auto* magic = reinterpret_cast<std::atomic<uint64_t>*>(&cb->magic);
     if (magic->load(std::memory_order_acquire) != ControlBlock::kMagic || cb->version != ControlBlock::kVersion ||
-        cb->rank != r || cb->stagingSlotBytes != slotBytes_) {
+        cb->rank != r || cb->stagingSlotBytes != slotBytes_ || cb->eagerBytes != eagerBytes_) {
       return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": control block of rank ", r, " (",
                        prefixes[r], ".ctl) is not a compatible shardcomm block (version ", cb->version,
-                       ", staging slot ", cb->stagingSlotBytes, " bytes vs ours ", slotBytes_, ")");
+                       ", staging slot ", cb->stagingSlotBytes, " bytes vs ours ", slotBytes_, ", eager area ",
+                       cb->eagerBytes, " bytes vs ours ", eagerBytes_, ")");
     }
     processes_[r] = ProcessId{cb->pid, cb->startTime};
     blocks_[r] = cb;

@@ -34,7 +34,8 @@ struct OpDescriptor {
   float scale = 1.0f;
   uint8_t inPlace = 0;
   uint8_t inputRegistered = 0;  // input lies in a registered segment (see inputSegment/Offset)
-  uint8_t pad[2] = {0, 0};
+  uint8_t eager = 0;            // input was copied into the eager area before posting
+  uint8_t pad = 0;
   uint32_t inputSegment = 0;    // segment id in the owner's registry
   uint64_t inputOffset = 0;     // byte offset of the input inside that segment
   uint64_t inputBytes = 0;
@@ -53,6 +54,7 @@ struct alignas(64) ControlBlock {
   uint32_t pad0;
   uint64_t startTime;
   uint64_t stagingSlotBytes;
+  uint64_t eagerBytes;
 
   alignas(64) std::atomic<uint32_t> bell;
   std::atomic<uint32_t> waiters;
@@ -75,7 +77,7 @@ class Channel {
  public:
   /// Creates this rank's control segment (not yet visible to peers until their connect()).
   static Result<std::unique_ptr<Channel>> create(const std::string& prefix, int rank, int size,
-                                                 size_t stagingSlotBytes, const CommConfig& config);
+                                                 const CommConfig& config);
   ~Channel();
 
   /// Maps every peer's control segment; `prefixes[r]` is rank r's segment prefix.
@@ -88,6 +90,9 @@ class Channel {
   /// Staging slot `slot` (0 or 1) of rank r.
   char* stagingSlot(int r, int slot) const;
   size_t stagingSlotBytes() const { return slotBytes_; }
+  /// Rank r's eager area (config.eagerBytes): small inputs travel here with the arrival handshake.
+  char* eagerArea(int r) const { return stagingSlot(r, 2); }
+  size_t eagerBytes() const { return eagerBytes_; }
 
   /// Stores `value` in this rank's counter and wakes whoever waits on it.
   void publish(Counter c, uint32_t value);
@@ -105,13 +110,15 @@ class Channel {
   bool aborted() const { return aborted_.load(std::memory_order_acquire); }
 
  private:
-  Channel(int rank, int size, size_t slotBytes, const CommConfig& config);
+  Channel(int rank, int size, const CommConfig& config);
+  size_t segmentBytes() const { return kStagingOffset + 2 * slotBytes_ + eagerBytes_; }
   void wakeAll();
   Status peerFailure(int peer, const WaitContext& ctx, const char* phase) const;
 
   int rank_;
   int size_;
   size_t slotBytes_;
+  size_t eagerBytes_;
   CommConfig config_;
   std::vector<Segment> segments_;       // index = rank (own one created, peers' opened)
   std::vector<ControlBlock*> blocks_;
