@@ -19,7 +19,9 @@ const char* dataTypeName(DataType t);
 enum class ReduceOp : uint8_t {
   kSum = 0,
   kAvg = 1,        // sum divided by the world size, computed in fp32
-  kPremulSum = 2,  // every input multiplied by ReduceOptions::scale before the sum (in fp32)
+  kPremulSum = 2,  // the sum times ReduceOptions::scale, applied once to the fp32 sum; every rank must
+                   // pass the same scale (the mismatch check compares them), so this equals NCCL's
+                   // "multiply each input, then sum" up to one rounding
 };
 
 /// "sum" / "avg" / "premulsum".
