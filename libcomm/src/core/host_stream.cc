@@ -9,6 +9,7 @@
 // The stream's internals (Core) are shared with the progress thread so that a thread stuck inside a
 // user's host function can be detached at destruction instead of hanging the destructor.
 
+#include "core/cpu_relax.h"
 #include "core/host_stream.h"
 
 #include <pthread.h>
@@ -28,13 +29,6 @@ namespace {
 // but a short one saves the futex round trip for back-to-back small items.
 constexpr std::chrono::microseconds kSpinTime{5};
 
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 template <typename Pred>
 bool spinBriefly(Pred pred) {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <new>
 
+#include "core/cpu_relax.h"
 #include "core/log.h"
 
 namespace libcomm::shm {
@@ -19,13 +20,6 @@ constexpr auto kSpinTime = std::chrono::microseconds(20);
 // Upper bound of one futex sleep: how quickly abort and deadlines are noticed at the latest.
 constexpr auto kSleepSlice = std::chrono::milliseconds(20);
 
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 void futexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
   struct timespec ts;
