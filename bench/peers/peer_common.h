@@ -1,0 +1,288 @@
+// Shared by the peer benchmark programs (mpi_bench, gloo_bench, memcpy_bench): nccl-tests style flags, the
+// size sweep, the result table and the JSON-line schema that comm_bench also writes, so that one script
+// (summarize.py) can put every implementation side by side.
+#pragma once
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace peers {
+
+struct Options {
+  size_t minBytes = 32u << 20;  // -b
+  size_t maxBytes = 32u << 20;  // -e
+  double factor = 2.0;          // -f
+  int iters = 20;               // -n
+  int warmup = 5;               // -w
+  int check = 1;                // -c
+  std::string dtype = "float";  // -d (only float: the peers are compared on fp32 sum)
+  std::string op = "sum";       // -o
+  int registered = 0;           // -R: accepted for command-line compatibility with comm_bench; peers have none
+  int nranks = 0;               // -np: gloo_bench spawns this many ranks itself
+  std::string jsonPath;         // -J
+  std::string coll;             // first positional argument
+};
+
+/// Parses "256M", "4K", "1G" (binary multiples, as nccl-tests does). Returns false on junk.
+inline bool parseSize(const char* s, size_t* out) {
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(s, &end);
+  if (errno != 0 || end == s || v < 0) return false;
+  double mult = 1;
+  switch (*end) {
+    case 'K':
+    case 'k':
+      mult = 1024.0;
+      ++end;
+      break;
+    case 'M':
+    case 'm':
+      mult = 1024.0 * 1024;
+      ++end;
+      break;
+    case 'G':
+    case 'g':
+      mult = 1024.0 * 1024 * 1024;
+      ++end;
+      break;
+    default:
+      break;
+  }
+  if (*end != '\0') return false;
+  *out = static_cast<size_t>(v * mult);
+  return true;
+}
+
+inline void usage(const char* prog, const char* colls) {
+  std::fprintf(stderr,
+               "usage: %s %s [-b minbytes] [-e maxbytes] [-f factor] [-n iters] [-w warmup] [-c 0|1]\n"
+               "          [-d float] [-o sum] [-R 0|1] [-np nranks] [-J out.jsonl]\n",
+               prog, colls);
+}
+
+/// nccl-tests style parsing; the collective name comes first. Exits with a message on bad input.
+inline Options parseArgs(int argc, char** argv, const std::vector<std::string>& colls) {
+  std::string collList;
+  for (const auto& c : colls) collList += (collList.empty() ? "" : "|") + c;
+  Options o;
+  if (argc < 2) {
+    usage(argv[0], collList.c_str());
+    std::exit(2);
+  }
+  o.coll = argv[1];
+  bool known = false;
+  for (const auto& c : colls) known |= (c == o.coll);
+  if (!known) {
+    std::fprintf(stderr, "%s: unknown collective '%s' (expected %s)\n", argv[0], argv[1], collList.c_str());
+    std::exit(2);
+  }
+  for (int i = 2; i < argc; ++i) {
+    std::string flag = argv[i];
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s: flag %s needs a value\n", argv[0], flag.c_str());
+      std::exit(2);
+    }
+    const char* v = argv[++i];
+    bool ok = true;
+    if (flag == "-b")
+      ok = parseSize(v, &o.minBytes);
+    else if (flag == "-e")
+      ok = parseSize(v, &o.maxBytes);
+    else if (flag == "-f")
+      o.factor = std::atof(v), ok = o.factor > 1.0;
+    else if (flag == "-n")
+      o.iters = std::atoi(v), ok = o.iters > 0;
+    else if (flag == "-w")
+      o.warmup = std::atoi(v), ok = o.warmup >= 0;
+    else if (flag == "-c")
+      o.check = std::atoi(v);
+    else if (flag == "-d")
+      o.dtype = v, ok = (o.dtype == "float");
+    else if (flag == "-o")
+      o.op = v, ok = (o.op == "sum");
+    else if (flag == "-R")
+      o.registered = std::atoi(v);
+    else if (flag == "-np")
+      o.nranks = std::atoi(v), ok = o.nranks > 0;
+    else if (flag == "-J")
+      o.jsonPath = v;
+    else
+      ok = false;
+    if (!ok) {
+      std::fprintf(stderr, "%s: bad or unsupported flag %s %s (peers measure fp32 sum only)\n", argv[0], flag.c_str(),
+                   v);
+      usage(argv[0], collList.c_str());
+      std::exit(2);
+    }
+  }
+  if (o.maxBytes < o.minBytes) o.maxBytes = o.minBytes;
+  return o;
+}
+
+/// The requested sizes, before rounding to a multiple of nranks * element size.
+inline std::vector<size_t> sweep(const Options& o) {
+  std::vector<size_t> sizes;
+  for (double s = static_cast<double>(o.minBytes); s <= static_cast<double>(o.maxBytes) * 1.0000001; s *= o.factor)
+    sizes.push_back(static_cast<size_t>(s));
+  return sizes;
+}
+
+/// Page-aligned, huge-page-advised and touched once, so no timed iteration pays first-touch faults
+/// (~11 us per fresh 4 KiB page on these machines). Never freed: the programs allocate once.
+inline void* allocTouched(size_t bytes) {
+  constexpr size_t kAlign = 2u << 20;
+  size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+  if (rounded == 0) rounded = kAlign;
+  void* p = std::aligned_alloc(kAlign, rounded);
+  if (p == nullptr) {
+    std::fprintf(stderr, "allocation of %zu bytes failed\n", rounded);
+    std::exit(1);
+  }
+  madvise(p, rounded, MADV_HUGEPAGE);  // best effort: THP is "madvise" on these machines
+  std::memset(p, 0, rounded);
+  return p;
+}
+
+// Data for the check (-c 1): small integers, so fp32 sums are exact in any order for up to 256 ranks.
+inline float seedValue(int rank, size_t idx) {
+  return static_cast<float>((rank + 1) + 16 * static_cast<int>(idx % 4096));
+}
+inline float sumValue(int nranks, size_t idx) {
+  return static_cast<float>(nranks * (nranks + 1) / 2 + 16 * nranks * static_cast<int>(idx % 4096));
+}
+
+// all_gather: rank r contributes seedValue(r, i); the gathered buffer must hold seedValue(q, i) at q*count + i.
+// In place, the contribution already sits at rank*count in the output; the rest is poisoned with -1.
+inline void fillAllGather(float* send, float* recv, size_t count, int rank, int nranks, bool inplace) {
+  for (size_t i = 0; i < count * nranks; ++i) recv[i] = -1.0f;
+  float* mine = inplace ? recv + static_cast<size_t>(rank) * count : send;
+  for (size_t i = 0; i < count; ++i) mine[i] = seedValue(rank, i);
+}
+inline long checkAllGather(const float* recv, size_t count, int nranks) {
+  long wrong = 0;
+  for (int q = 0; q < nranks; ++q)
+    for (size_t i = 0; i < count; ++i) wrong += recv[q * count + i] != seedValue(q, i);
+  return wrong;
+}
+
+// reduce_scatter: every rank holds nranks*count inputs seedValue(r, j); rank r must end with the sums of block r
+// in its first count output elements. In place (MPI_IN_PLACE, gloo), input and output are the same buffer.
+inline void fillReduceScatter(float* send, float* recv, size_t count, int rank, int nranks, bool inplace) {
+  float* in = inplace ? recv : send;
+  for (size_t j = 0; j < count * nranks; ++j) in[j] = seedValue(rank, j);
+  if (!inplace)
+    for (size_t i = 0; i < count; ++i) recv[i] = -1.0f;
+}
+inline long checkReduceScatter(const float* out, size_t count, int rank, int nranks) {
+  long wrong = 0;
+  for (size_t i = 0; i < count; ++i) wrong += out[i] != sumValue(nranks, static_cast<size_t>(rank) * count + i);
+  return wrong;
+}
+
+struct Result {
+  double timeUs = 0;
+  double algbw = 0;  // GB/s, 1e9
+  double busbw = 0;
+  long wrong = -1;  // -1: not checked
+};
+
+/// nccl-tests' definitions: algbw = size / time with size the gathered (all_gather) or send
+/// (reduce_scatter) buffer, busbw = algbw * (n - 1) / n.
+inline Result makeResult(size_t sizeBytes, double timeUs, int nranks, long wrong) {
+  Result r;
+  r.timeUs = timeUs;
+  r.algbw = timeUs > 0 ? static_cast<double>(sizeBytes) / (timeUs * 1e3) : 0;
+  r.busbw = r.algbw * (nranks - 1) / nranks;
+  r.wrong = wrong;
+  return r;
+}
+
+// The table is laid out exactly as comm_bench (and nccl-tests) lay theirs out, root column included.
+inline double gBusbwSum = 0;
+inline int gBusbwCount = 0;
+
+inline void printHeader(const char* impl, const Options& o, int nranks, const std::string& settings) {
+  std::printf("# %s %s: %d ranks  iters %d  warmup %d  validation %d\n#  %s\n#\n", impl, o.coll.c_str(), nranks,
+              o.iters, o.warmup, o.check, settings.c_str());
+  std::printf("# %s\n", o.coll.c_str());
+  std::printf("# %76s %31s\n", "out-of-place", "in-place");
+  std::printf("# %11s %12s %11s %9s %6s %8s %7s %7s %7s %8s %7s %7s %7s\n", "size", "count", "type", "redop", "root",
+              "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
+  std::printf("# %11s %12s %11s %9s %6s %8s %7s %7s %7s %8s %7s %7s %7s\n", "(B)", "(elements)", "", "", "", "(us)",
+              "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+}
+
+inline void printMeasurement(const Result& r) {
+  const char* timeFormat = r.timeUs >= 10000.0 ? " %8.0f" : r.timeUs >= 100.0 ? " %8.1f" : " %8.2f";
+  std::printf(timeFormat, r.timeUs);
+  std::printf(" %7.2f %7.2f", r.algbw, r.busbw);
+  if (r.wrong < 0)
+    std::printf(" %7s", "N/A");
+  else
+    std::printf(" %7ld", r.wrong);
+  gBusbwSum += r.busbw;
+  ++gBusbwCount;
+}
+
+inline void printRow(size_t size, size_t count, const char* type, const char* redop, const Result& oop,
+                     const Result& ip) {
+  std::printf("  %11zu %12zu %11s %9s %6d", size, count, type, redop, -1);
+  printMeasurement(oop);
+  printMeasurement(ip);
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+inline void printFooter() {
+  std::printf("# Avg bus bandwidth    : %g\n#\n", gBusbwCount ? gBusbwSum / gBusbwCount : 0.0);
+  std::fflush(stdout);
+}
+
+inline std::string jsonEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+/// One JSON object per (size, placement); the same keys as comm_bench plus "settings"/"note".
+inline void writeJson(FILE* f, const char* impl, const Options& o, const char* dtype, const char* op, int nranks,
+                      size_t size, size_t count, const Result& r, bool inplace, const std::string& settings,
+                      const std::string& note = "") {
+  if (f == nullptr) return;
+  std::fprintf(
+      f,
+      "{\"impl\":\"%s\",\"coll\":\"%s\",\"dtype\":\"%s\",\"outtype\":\"%s\",\"op\":\"%s\",\"nranks\":%d,\"size\":%zu,"
+      "\"count\":%zu,\"time_us\":%.3f,\"algbw\":%.4f,\"busbw\":%.4f,\"wrong\":%s,\"inplace\":%s,"
+      "\"registered\":false,\"iters\":%d,\"warmup\":%d,\"settings\":\"%s\"",
+      impl, o.coll.c_str(), dtype, dtype, op, nranks, size, count, r.timeUs, r.algbw, r.busbw,
+      r.wrong < 0 ? "null" : std::to_string(r.wrong).c_str(), inplace ? "true" : "false", o.iters, o.warmup,
+      jsonEscape(settings).c_str());
+  if (!note.empty()) std::fprintf(f, ",\"note\":\"%s\"", jsonEscape(note).c_str());
+  std::fprintf(f, "}\n");
+  std::fflush(f);
+}
+
+/// -J appends, so that several runs can share one file; compare.sh gives each run its own.
+inline FILE* openJson(const Options& o) {
+  if (o.jsonPath.empty()) return nullptr;
+  FILE* f = std::fopen(o.jsonPath.c_str(), "a");
+  if (f == nullptr) {
+    std::fprintf(stderr, "cannot open %s for appending: %s\n", o.jsonPath.c_str(), std::strerror(errno));
+    std::exit(1);
+  }
+  return f;
+}
+
+}  // namespace peers
