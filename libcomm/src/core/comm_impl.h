@@ -44,8 +44,7 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
 
  private:
   Status run(const CollArgs& args, uint32_t seq);
-  Status checkFingerprints(const CollArgs& args, uint32_t seq, const std::vector<shm::OpDescriptor>& all,
-                           const std::string& opText) const;
+  Status checkFingerprints(const CollArgs& args, uint32_t seq, const std::vector<shm::OpDescriptor>& all) const;
   void fail(const Status& st);
 
   std::atomic<uint32_t> nextSeq_{0};

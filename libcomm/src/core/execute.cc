@@ -48,7 +48,9 @@ Status Communicator::Impl::submit(CollArgs args, Stream& stream) {
         ticket->ran = true;
         return ticket->impl->execute(ticket->args, ticket->seq);
       },
-      describeColl(args, seq));
+      // A cheap label (the full description is formatted only for errors): small collectives
+      // cannot afford a formatted string per call.
+      std::string(collName(args.kind)) + " seq " + std::to_string(seq));
 }
 
 void Communicator::Impl::settleUnrun(const CollArgs& args, uint32_t seq) {
@@ -90,15 +92,19 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq) {
 }
 
 Status Communicator::Impl::run(const CollArgs& args, uint32_t seq) {
-  const std::string opText = describeColl(args, seq);
-  const mesh::OpEnv env{rank_, size_, *channel_, *peers_, {Deadline::after(config_.opTimeout), &opText}, stageRound_};
+  struct Labelled {
+    const CollArgs& args;
+    uint32_t seq;
+  } labelled{args, seq};
+  const shm::OpLabel label{&labelled, [](const void* c) {
+                             auto* l = static_cast<const Labelled*>(c);
+                             return describeColl(l->args, l->seq);
+                           }};
+  const mesh::OpEnv env{seq, rank_, size_, *channel_, *peers_, {Deadline::after(config_.opTimeout), label},
+                        stageRound_};
   const size_t inputBytes = args.count * args.inputParts(size_) * dataTypeSize(args.inType);
   const SelectionQuery query{args.kind, false, args.inPlace, inputBytes};
   LIBCOMM_ASSIGN_OR_RETURN(const bool eager, chooseEager(query, config_));
-
-  // The previous collective may have been eager, whose peers may still read this rank's eager
-  // area and descriptor: wait until they are done before overwriting either.
-  LIBCOMM_RETURN_IF_ERROR(channel_->waitAll(shm::Counter::kDone, seq - 1, env.wait, "previous collective"));
 
   shm::OpDescriptor d;
   d.seq = seq;
@@ -119,27 +125,26 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq) {
     d.inputOffset = loc.offset;
   }
   if (eager) mesh::fillEager(args, env);
-  channel_->mine().desc = d;
+  channel_->mine().desc[seq & 1] = d;
   channel_->publish(shm::Counter::kPosted, seq);
   LIBCOMM_RETURN_IF_ERROR(channel_->waitAll(shm::Counter::kPosted, seq, env.wait, "arrival"));
 
   std::vector<shm::OpDescriptor> all(size_);
   bool registered = true;
   for (int p = 0; p < size_; ++p) {
-    all[p] = p == rank_ ? d : channel_->peer(p).desc;
+    all[p] = p == rank_ ? d : channel_->peer(p).desc[seq & 1];
     registered = registered && all[p].inputRegistered;
   }
-  LIBCOMM_RETURN_IF_ERROR(checkFingerprints(args, seq, all, opText));
+  LIBCOMM_RETURN_IF_ERROR(checkFingerprints(args, seq, all));
 
   if (eager) {
-    if (config_.collTrace) LIBCOMM_LOG(kInfo, "coll") << opText << ": eager (input <= " << config_.eagerBytes << " B)";
-    LIBCOMM_RETURN_IF_ERROR(mesh::runEager(args, env));
-    channel_->publish(shm::Counter::kDone, seq);
-    return Status::ok();
+    if (config_.collTrace)
+      LIBCOMM_LOG(kInfo, "coll") << label.str() << ": eager (input <= " << config_.eagerBytes << " B)";
+    return mesh::runEager(args, env);
   }
   const char* why = "";
   LIBCOMM_ASSIGN_OR_RETURN(Algo algo, selectAlgo({args.kind, registered, args.inPlace, inputBytes}, config_, &why));
-  if (config_.collTrace) LIBCOMM_LOG(kInfo, "coll") << opText << ": " << algoName(algo) << " (" << why << ")";
+  if (config_.collTrace) LIBCOMM_LOG(kInfo, "coll") << label.str() << ": " << algoName(algo) << " (" << why << ")";
   if (args.count > 0) {
     Status st = algo == Algo::kDirect ? mesh::runDirect(args, env, all) : mesh::runStaged(args, env);
     LIBCOMM_RETURN_IF_ERROR(st);
@@ -152,13 +157,13 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq) {
 }
 
 Status Communicator::Impl::checkFingerprints(const CollArgs& args, uint32_t seq,
-                                             const std::vector<shm::OpDescriptor>& all,
-                                             const std::string& opText) const {
+                                             const std::vector<shm::OpDescriptor>& all) const {
   const shm::OpDescriptor& me = all[rank_];
   for (int p = 0; p < size_; ++p) {
     const shm::OpDescriptor& o = all[p];
     if (o.seq != seq)
-      return makeError(StatusCode::kInternalError, "rank ", rank_, ": rank ", p, " posted seq ", o.seq, " for ", opText);
+      return makeError(StatusCode::kInternalError, "rank ", rank_, ": rank ", p, " posted seq ", o.seq, " for ",
+                       describeColl(args, seq));
     // The kind and count decide how much of a peer's memory is read: always checked.
     bool differs = o.kind != me.kind || o.count != me.count || o.inType != me.inType || o.eager != me.eager;
     if (config_.checkMismatch)
@@ -181,7 +186,7 @@ Status Communicator::Impl::checkFingerprints(const CollArgs& args, uint32_t seq,
     if (o.scale != me.scale) scales = " (premulSum scale " + std::to_string(me.scale) + " here, " +
                                       std::to_string(o.scale) + " on rank " + std::to_string(p) + ")";
     return makeError(StatusCode::kInvalidUsage, "collective mismatch at seq ", seq, ": rank ", rank_, " called ",
-                     opText, " but rank ", p, " called ", describeColl(theirs, seq), scales,
+                     describeColl(args, seq), " but rank ", p, " called ", describeColl(theirs, seq), scales,
                      "; all ranks must call the same collectives in the same order with matching arguments");
   }
   return Status::ok();

@@ -146,6 +146,7 @@ void write(Level level, const char* subsys, const std::string& text) {
 }
 
 void setThreadRank(int rank) {
+  if (tRank == rank) return;  // called per collective: no lock on the common path
   tRank = rank;
   std::lock_guard<std::mutex> lock(gMutex);
   if (gProcessRank < 0) gProcessRank = rank;

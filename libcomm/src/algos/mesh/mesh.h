@@ -34,6 +34,7 @@ struct PassView {
 
 /// What an executing collective may use.
 struct OpEnv {
+  uint32_t seq;
   int rank;
   int size;
   shm::Channel& channel;

@@ -120,7 +120,7 @@ void Channel::publish(Counter c, uint32_t value) {
 Status Channel::peerFailure(int peer, const WaitContext& ctx, const char* phase) const {
   const ControlBlock& cb = *blocks_[peer];
   std::string reason(cb.failReason, strnlen(cb.failReason, sizeof(cb.failReason)));
-  return makeError(StatusCode::kRemoteError, "rank ", rank_, ": peer rank ", peer, " failed during ", *ctx.opText,
+  return makeError(StatusCode::kRemoteError, "rank ", rank_, ": peer rank ", peer, " failed during ", ctx.op.str(),
                    " (", phase, "): ", reason.empty() ? "no reason given" : reason);
 }
 
@@ -150,9 +150,9 @@ Status Channel::waitCounter(int peer, Counter c, uint32_t target, const WaitCont
     if (seqReached(word.load(std::memory_order_acquire), target)) return Status::ok();
     if (cb.failed.load(std::memory_order_acquire) != 0) return peerFailure(peer, ctx, phase);
     if (aborted())
-      return makeError(StatusCode::kRemoteError, "rank ", rank_, ": communicator aborted during ", *ctx.opText);
+      return makeError(StatusCode::kRemoteError, "rank ", rank_, ": communicator aborted during ", ctx.op.str());
     if (ctx.deadline.expired()) {
-      return makeError(StatusCode::kTimeout, "rank ", rank_, ": timed out in ", *ctx.opText, " waiting for rank ",
+      return makeError(StatusCode::kTimeout, "rank ", rank_, ": timed out in ", ctx.op.str(), " waiting for rank ",
                        peer, " (", phase, ": its ", counterName(c), " counter is ",
                        word.load(std::memory_order_acquire), ", needed ", target, "); rank ", peer,
                        " is alive but has not reached this collective -- is it stopped, or calling a different one?");
@@ -161,7 +161,7 @@ Status Channel::waitCounter(int peer, Counter c, uint32_t target, const WaitCont
       lastCheck = Clock::now();
       if (!processAlive(processes_[peer])) {
         return makeError(StatusCode::kRemoteError, "rank ", rank_, ": peer rank ", peer, " (pid ", processes_[peer].pid,
-                         ") died during ", *ctx.opText, " (", phase, ")");
+                         ") died during ", ctx.op.str(), " (", phase, ")");
       }
     }
   }

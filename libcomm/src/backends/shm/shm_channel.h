@@ -61,16 +61,26 @@ struct alignas(64) ControlBlock {
   alignas(64) std::atomic<uint32_t> counters[4];  // indexed by Counter
   alignas(64) std::atomic<uint32_t> failed;        // non-zero: this rank failed or aborted
   char failReason[480];
-  alignas(64) OpDescriptor desc;
+  // Two descriptors, used by sequence parity: a rank writes desc[s % 2] for collective s while a
+  // slower peer may still read desc[(s - 1) % 2]; nobody can still read desc[(s - 2) % 2], since
+  // every peer posted s - 1 (which this rank saw) only after finishing s - 2.
+  alignas(64) OpDescriptor desc[2];
 };
 
 /// Offset of the staging slots inside a control segment.
 constexpr size_t kStagingOffset = (sizeof(ControlBlock) + 4095) / 4096 * 4096;
 
+/// Names the collective in error messages ("all_gather seq 12 (count 1024 per rank, fp32)").
+/// Formatted only when an error needs it: the small-message path cannot afford a string per call.
+struct OpLabel {
+  const void* context = nullptr;
+  std::string (*format)(const void* context) = nullptr;
+  std::string str() const { return format ? format(context) : std::string("collective"); }
+};
+
 struct WaitContext {
   Deadline deadline;
-  /// Describes the collective for error messages: "all_gather seq 12 (count 1024, fp32)".
-  const std::string* opText;
+  OpLabel op;
 };
 
 class Channel {
@@ -90,8 +100,11 @@ class Channel {
   /// Staging slot `slot` (0 or 1) of rank r.
   char* stagingSlot(int r, int slot) const;
   size_t stagingSlotBytes() const { return slotBytes_; }
-  /// Rank r's eager area (config.eagerBytes): small inputs travel here with the arrival handshake.
-  char* eagerArea(int r) const { return stagingSlot(r, 2); }
+  /// Rank r's eager area for sequence parity `parity` (config.eagerBytes each; double-buffered
+  /// like the descriptors): small inputs travel here with the arrival handshake.
+  char* eagerArea(int r, uint32_t parity) const {
+    return stagingSlot(r, 2) + static_cast<size_t>(parity & 1) * eagerBytes_;
+  }
   size_t eagerBytes() const { return eagerBytes_; }
 
   /// Stores `value` in this rank's counter and wakes whoever waits on it.
@@ -111,7 +124,7 @@ class Channel {
 
  private:
   Channel(int rank, int size, const CommConfig& config);
-  size_t segmentBytes() const { return kStagingOffset + 2 * slotBytes_ + eagerBytes_; }
+  size_t segmentBytes() const { return kStagingOffset + 2 * slotBytes_ + 2 * eagerBytes_; }
   void wakeAll();
   Status peerFailure(int peer, const WaitContext& ctx, const char* phase) const;
 
