@@ -125,14 +125,13 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq) {
     d.inputOffset = loc.offset;
   }
   if (eager) mesh::fillEager(args, env);
-  channel_->mine().desc[seq & 1] = d;
-  channel_->publish(shm::Counter::kPosted, seq);
-  LIBCOMM_RETURN_IF_ERROR(channel_->waitAll(shm::Counter::kPosted, seq, env.wait, "arrival"));
+  channel_->post(d);
+  LIBCOMM_RETURN_IF_ERROR(channel_->waitPosted(seq, env.wait));
 
   std::vector<shm::OpDescriptor> all(size_);
   bool registered = true;
   for (int p = 0; p < size_; ++p) {
-    all[p] = p == rank_ ? d : channel_->peer(p).desc[seq & 1];
+    all[p] = p == rank_ ? d : channel_->posted(p, seq);
     registered = registered && all[p].inputRegistered;
   }
   LIBCOMM_RETURN_IF_ERROR(checkFingerprints(args, seq, all));

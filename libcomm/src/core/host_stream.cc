@@ -18,6 +18,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "core/log.h"
@@ -112,10 +113,10 @@ class Core {
     lock.unlock();
     spinBriefly([&] { return completed_.load(std::memory_order_acquire) >= target; });
     lock.lock();
-    ++syncWaiters_;
+    auto waiting = syncTargets_.insert(target);
     const bool done = waitUntil(doneCv_, lock, deadline,
                                 [&] { return completed_.load(std::memory_order_relaxed) >= target || stop_; });
-    --syncWaiters_;
+    syncTargets_.erase(waiting);
     if (completed_.load(std::memory_order_relaxed) >= target) return Status::ok();
     if (done) return makeError(StatusCode::kInvalidUsage, "stream '", name_, "' was destroyed during synchronize");
     return makeError(StatusCode::kTimeout, "stream '", name_, "': work up to item #", target,
@@ -170,7 +171,9 @@ class Core {
       running_ = false;
       waitingOn_.reset();
       completed_.store(item.seq, std::memory_order_release);
-      if (syncWaiters_ > 0) doneCv_.notify_all();
+      // Wake synchronize() only when the earliest target is reached: a wake-up per item would
+      // cost a context switch per item and steal the core the peers' progress needs.
+      if (!syncTargets_.empty() && item.seq >= *syncTargets_.begin()) doneCv_.notify_all();
     }
     exited_ = true;
     doneCv_.notify_all();
@@ -288,7 +291,7 @@ class Core {
   std::atomic<uint64_t> completed_{0};  // seq of the last finished item (written under mu_)
   std::atomic<bool> stop_{false};       // written under mu_; read lock-free by a waiting progress thread
   bool sleeping_ = false;
-  int syncWaiters_ = 0;
+  std::multiset<uint64_t> syncTargets_;  // targets of the threads sleeping in waitIdle()
   bool exited_ = false;
   Status error_;
   bool running_ = false;

@@ -35,7 +35,6 @@ void futexWake(std::atomic<uint32_t>* word) {
 
 const char* counterName(Counter c) {
   switch (c) {
-    case Counter::kPosted: return "posted";
     case Counter::kDone: return "done";
     case Counter::kStagePosted: return "stage-posted";
     case Counter::kStageConsumed: return "stage-consumed";
@@ -110,11 +109,30 @@ char* Channel::stagingSlot(int r, int slot) const {
   return static_cast<char*>(segments_[r].data()) + kStagingOffset + static_cast<size_t>(slot) * slotBytes_;
 }
 
-void Channel::publish(Counter c, uint32_t value) {
+void Channel::ringBell() {
   ControlBlock& cb = mine();
-  cb.counters[static_cast<int>(c)].store(value, std::memory_order_release);
   cb.bell.fetch_add(1, std::memory_order_seq_cst);
   if (cb.waiters.load(std::memory_order_seq_cst) != 0) futexWake(&cb.bell);
+}
+
+void Channel::publish(Counter c, uint32_t value) {
+  mine().counters[static_cast<int>(c)].store(value, std::memory_order_release);
+  ringBell();
+}
+
+void Channel::post(const OpDescriptor& d) {
+  PostSlot& slot = mine().post[d.seq & 1];
+  slot.desc = d;
+  slot.seq.store(d.seq, std::memory_order_release);
+  ringBell();
+}
+
+Status Channel::waitPosted(uint32_t seq, const WaitContext& ctx) {
+  for (int i = 1; i < size_; ++i) {
+    int peer = (rank_ + i) % size_;
+    LIBCOMM_RETURN_IF_ERROR(waitWord(peer, blocks_[peer]->post[seq & 1].seq, seq, ctx, "arrival", "posted"));
+  }
+  return Status::ok();
 }
 
 Status Channel::peerFailure(int peer, const WaitContext& ctx, const char* phase) const {
@@ -125,8 +143,12 @@ Status Channel::peerFailure(int peer, const WaitContext& ctx, const char* phase)
 }
 
 Status Channel::waitCounter(int peer, Counter c, uint32_t target, const WaitContext& ctx, const char* phase) {
+  return waitWord(peer, blocks_[peer]->counters[static_cast<int>(c)], target, ctx, phase, counterName(c));
+}
+
+Status Channel::waitWord(int peer, const std::atomic<uint32_t>& word, uint32_t target, const WaitContext& ctx,
+                         const char* phase, const char* wordName) {
   ControlBlock& cb = *blocks_[peer];
-  auto& word = cb.counters[static_cast<int>(c)];
   if (seqReached(word.load(std::memory_order_acquire), target)) return Status::ok();
 
   auto start = Clock::now();
@@ -153,7 +175,7 @@ Status Channel::waitCounter(int peer, Counter c, uint32_t target, const WaitCont
       return makeError(StatusCode::kRemoteError, "rank ", rank_, ": communicator aborted during ", ctx.op.str());
     if (ctx.deadline.expired()) {
       return makeError(StatusCode::kTimeout, "rank ", rank_, ": timed out in ", ctx.op.str(), " waiting for rank ",
-                       peer, " (", phase, ": its ", counterName(c), " counter is ",
+                       peer, " (", phase, ": its ", wordName, " counter is ",
                        word.load(std::memory_order_acquire), ", needed ", target, "); rank ", peer,
                        " is alive but has not reached this collective -- is it stopped, or calling a different one?");
     }

@@ -41,7 +41,17 @@ struct OpDescriptor {
   uint64_t inputBytes = 0;
 };
 
-enum class Counter : int { kPosted = 0, kDone = 1, kStagePosted = 2, kStageConsumed = 3 };
+enum class Counter : int { kDone = 0, kStagePosted = 1, kStageConsumed = 2 };
+
+/// A rank's announcement of collective `seq`: the descriptor and, in the same cache line, the
+/// stamp that publishes it, so a peer's arrival check and its read of the descriptor cost one
+/// line transfer between cores, not two.
+struct alignas(64) PostSlot {
+  std::atomic<uint32_t> seq;
+  uint32_t pad;
+  OpDescriptor desc;
+};
+static_assert(sizeof(OpDescriptor) <= 56, "a post slot must stay one cache line");
 
 struct alignas(64) ControlBlock {
   static constexpr uint64_t kMagic = 0x53484152444d4d31ull;  // "SHARDMM1"
@@ -58,13 +68,13 @@ struct alignas(64) ControlBlock {
 
   alignas(64) std::atomic<uint32_t> bell;
   std::atomic<uint32_t> waiters;
-  alignas(64) std::atomic<uint32_t> counters[4];  // indexed by Counter
+  alignas(64) std::atomic<uint32_t> counters[3];  // indexed by Counter
   alignas(64) std::atomic<uint32_t> failed;        // non-zero: this rank failed or aborted
   char failReason[480];
-  // Two descriptors, used by sequence parity: a rank writes desc[s % 2] for collective s while a
-  // slower peer may still read desc[(s - 1) % 2]; nobody can still read desc[(s - 2) % 2], since
+  // Two post slots, used by sequence parity: a rank writes post[s % 2] for collective s while a
+  // slower peer may still read post[(s - 1) % 2]; nobody can still read post[(s - 2) % 2], since
   // every peer posted s - 1 (which this rank saw) only after finishing s - 2.
-  alignas(64) OpDescriptor desc[2];
+  PostSlot post[2];
 };
 
 /// Offset of the staging slots inside a control segment.
@@ -109,6 +119,12 @@ class Channel {
 
   /// Stores `value` in this rank's counter and wakes whoever waits on it.
   void publish(Counter c, uint32_t value);
+  /// Announces this rank's collective d.seq (descriptor and arrival at once).
+  void post(const OpDescriptor& d);
+  /// Waits until every peer posted collective `seq` (failures as for waitCounter).
+  Status waitPosted(uint32_t seq, const WaitContext& ctx);
+  /// Rank r's descriptor of collective `seq`; valid once waitPosted(seq) returned OK.
+  const OpDescriptor& posted(int r, uint32_t seq) const { return blocks_[r]->post[seq & 1].desc; }
   /// Waits until rank `peer`'s counter reaches `target` (wrap-aware), or fails: the peer failed
   /// (kRemoteError with its reason), died (kRemoteError), this communicator aborted
   /// (kRemoteError naming this rank), or the deadline passed (kTimeout naming the peer).
@@ -126,6 +142,9 @@ class Channel {
   Channel(int rank, int size, const CommConfig& config);
   size_t segmentBytes() const { return kStagingOffset + 2 * slotBytes_ + 2 * eagerBytes_; }
   void wakeAll();
+  void ringBell();
+  Status waitWord(int peer, const std::atomic<uint32_t>& word, uint32_t target, const WaitContext& ctx,
+                  const char* phase, const char* wordName);
   Status peerFailure(int peer, const WaitContext& ctx, const char* phase) const;
 
   int rank_;
