@@ -420,13 +420,19 @@ TEST(Reduce, StreamingStores) {
   }
 }
 
-// An output past the default streaming threshold (so the dispatched AVX-512 path streams).
+// An output past a streaming threshold of 16 MiB, so that the streaming-store paths run (they are
+// off by default but selectable), then the same with streaming off.
 TEST(Reduce, LargeOutput) {
-  const size_t count = (detail::kDefaultNtStoreThresholdBytes / 4) + 333;
-  for (Impl impl : implsHere()) {
-    const std::string err = checkCase(impl, Case{DataType::kBFloat16, DataType::kFloat32, 2, count}, 77);
-    ASSERT_TRUE(err.empty()) << err;
+  const size_t threshold = size_t{16} << 20;
+  const size_t count = threshold / 4 + 333;
+  for (size_t setting : {threshold, SIZE_MAX}) {
+    detail::setNtStoreThresholdBytes(setting);
+    for (Impl impl : implsHere()) {
+      const std::string err = checkCase(impl, Case{DataType::kBFloat16, DataType::kFloat32, 2, count}, 77);
+      EXPECT_TRUE(err.empty()) << err << " (streaming threshold " << setting << ")";
+    }
   }
+  detail::setNtStoreThresholdBytes(detail::kDefaultNtStoreThresholdBytes);
 }
 
 TEST(Reduce, CountZeroTouchesNothing) {

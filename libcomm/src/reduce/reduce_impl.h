@@ -22,11 +22,11 @@ inline constexpr bool kHaveAvx512Build = false;
 bool cpuHasAvx512();
 
 /// Outputs of at least this many bytes are written with non-temporal (streaming) stores, by the
-/// AVX-512 kernels and, on x86-64, the portable ones: an output far larger than the caches is not
-/// read back soon, and streaming it saves the read-for-ownership of every line (measured here:
-/// 10-20% more fp32 output rate at 128 MiB; no change for bf16 output). Smaller outputs stay in
-/// cache for whoever reads them next.
-inline constexpr size_t kDefaultNtStoreThresholdBytes = size_t{16} << 20;
+/// AVX-512 kernels and, on x86-64, the portable ones. Off by default: alone, streaming gave 10-20%
+/// more fp32 output at 128 MiB, but in the collectives, where every rank reduces at once, ordinary
+/// stores measured as fast or faster (docs/PERFORMANCE.md), as with copies (reduce/copy.h).
+/// Benchmarks can turn it on (reduce_bench --nt on).
+inline constexpr size_t kDefaultNtStoreThresholdBytes = SIZE_MAX;
 /// Current threshold (benchmarks and tests move it; SIZE_MAX turns streaming off). Relaxed atomic.
 size_t ntStoreThresholdBytes();
 void setNtStoreThresholdBytes(size_t bytes);

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "algos/mesh/mesh.h"
+#include "reduce/copy.h"
 #include "reduce/reduce.h"
 
 namespace libcomm::mesh {
@@ -16,7 +17,7 @@ Status allGatherPass(const CollArgs& a, const OpEnv& env, const PassView& v, siz
   for (int i = 0; i < env.size; ++i) {
     int p = (env.rank + i) % env.size;
     if (p == env.rank && a.inPlace) continue;
-    memcpy(recv + (static_cast<size_t>(p) * a.count + lo) * es, v.at(p, 0, lo), (hi - lo) * es);
+    reduce::copyBytes(recv + (static_cast<size_t>(p) * a.count + lo) * es, v.at(p, 0, lo), (hi - lo) * es);
   }
   return Status::ok();
 }
@@ -66,7 +67,7 @@ Status runPass(const CollArgs& a, const OpEnv& env, const PassView& v, size_t lo
     case CollKind::kAllReduce:
       return reducePass(a, env, v, lo, hi, 0, recv + lo * outEs);
     case CollKind::kBroadcast:
-      if (!(env.rank == a.root && a.inPlace)) memcpy(recv + lo * outEs, v.at(a.root, 0, lo), (hi - lo) * outEs);
+      if (!(env.rank == a.root && a.inPlace)) reduce::copyBytes(recv + lo * outEs, v.at(a.root, 0, lo), (hi - lo) * outEs);
       return Status::ok();
     case CollKind::kBarrier:
       return Status::ok();

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "algos/mesh/mesh.h"
+#include "reduce/copy.h"
 
 namespace libcomm::mesh {
 
@@ -34,7 +35,7 @@ Status runStaged(const CollArgs& args, const OpEnv& env) {
     LIBCOMM_RETURN_IF_ERROR(env.channel.waitAll(shm::Counter::kStageConsumed, round - 2, env.wait, "staging slot free"));
     if (haveInput) {
       char* dst = env.channel.stagingSlot(env.rank, slot);
-      for (size_t q = 0; q < parts; ++q) memcpy(dst + q * perRound * es, send + (q * args.count + lo) * es, (hi - lo) * es);
+      for (size_t q = 0; q < parts; ++q) reduce::copyBytes(dst + q * perRound * es, send + (q * args.count + lo) * es, (hi - lo) * es);
     }
     env.channel.publish(shm::Counter::kStagePosted, round);
     LIBCOMM_RETURN_IF_ERROR(env.channel.waitAll(shm::Counter::kStagePosted, round, env.wait, "staged chunk"));
