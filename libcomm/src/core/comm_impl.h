@@ -29,6 +29,8 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
 
   /// Accounts for a collective its stream skipped or dropped without running it.
   void settleUnrun(const CollArgs& args, uint32_t seq);
+  /// Marks collective `seq` finished (run or not) for ordering and idle accounting.
+  void settle(uint32_t seq);
   Status asyncError() const;
   void abort(const std::string& why);
   /// Waits until no collective is queued or running; false at the deadline.

@@ -19,7 +19,7 @@ Status Communicator::Impl::submit(CollArgs args, Stream& stream) {
   if (stream.kind() != StreamKind::kHost)
     return makeError(StatusCode::kInvalidArgument, "rank ", rank_, ": ", collName(args.kind), " on stream '",
                      stream.name(), "': only host streams are supported by this build (no CUDA backend)");
-  Status err = asyncError();
+  Status err = failed_.load() ? asyncError() : Status::ok();
   if (!err.isOk())
     return Status(err.code(), "rank " + std::to_string(rank_) + ": " + collName(args.kind) +
                                   " refused: the communicator failed earlier: " + err.message());
@@ -56,6 +56,10 @@ Status Communicator::Impl::submit(CollArgs args, Stream& stream) {
 void Communicator::Impl::settleUnrun(const CollArgs& args, uint32_t seq) {
   fail(makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq),
                  " never ran: its stream failed earlier or was destroyed, so this rank cannot take part"));
+  settle(seq);
+}
+
+void Communicator::Impl::settle(uint32_t seq) {
   std::lock_guard<std::mutex> lock(mu_);
   if (lastExecuted_ + 1 == seq) lastExecuted_ = seq;
   --inflight_;
@@ -76,7 +80,8 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq) {
                      "them on one stream (or order the streams with events), or use a second communicator");
   }
   if (st.isOk()) {
-    Status err = asyncError();
+    // failed_ first: the error's mutex stays off the per-collective path.
+    Status err = failed_.load() ? asyncError() : Status::ok();
     if (!err.isOk())
       st = Status(err.code(), "rank " + std::to_string(rank_) + ": " + describeColl(args, seq) +
                                   " skipped: the communicator failed earlier: " + err.message());
@@ -84,10 +89,7 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq) {
       st = run(args, seq);
   }
   if (!st.isOk()) fail(st);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (lastExecuted_ + 1 == seq) lastExecuted_ = seq;
-  --inflight_;
-  cv_.notify_all();
+  settle(seq);
   return st;
 }
 
