@@ -2,11 +2,12 @@
 # and a pkg-config file (pkg-config --cflags --libs shardcomm).
 include(CMakePackageConfigHelpers)
 
-install(TARGETS shardcomm_comm EXPORT shardcommTargets
+install(TARGETS shardcomm_comm shardcomm_shard EXPORT shardcommTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/libcomm/include/libcomm DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/libcomm/include/libcomm ${PROJECT_SOURCE_DIR}/libshard/include/libshard
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 
 set(SHARDCOMM_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/shardcomm)
 install(EXPORT shardcommTargets NAMESPACE shardcomm:: DESTINATION ${SHARDCOMM_CMAKE_DIR})

@@ -3,6 +3,7 @@
 #include "libcomm/bootstrap.h"
 #include "libcomm/communicator.h"
 #include "libcomm/config.h"
+#include "libcomm/convert.h"
 #include "libcomm/deadline.h"
 #include "libcomm/status.h"
 #include "libcomm/stream.h"

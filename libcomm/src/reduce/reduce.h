@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "libcomm/convert.h"
 #include "libcomm/types.h"
 
 namespace libcomm::reduce {
@@ -21,20 +22,9 @@ void bf16ToFloat(const uint16_t* in, float* out, size_t n);
 /// overflow past bf16's max rounds to Inf as IEEE rounding does.
 void floatToBf16(const float* in, uint16_t* out, size_t n);
 
-/// Scalar reference conversions; every implementation matches them bit for bit.
-inline float bf16ToFloatScalar(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  __builtin_memcpy(&f, &u, 4);
-  return f;
-}
-inline uint16_t floatToBf16Scalar(float f) {
-  uint32_t u;
-  __builtin_memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN: keep, quiet
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
+/// Scalar reference conversions (the public ones); every implementation matches them bit for bit.
+inline float bf16ToFloatScalar(uint16_t b) { return libcomm::bf16ToFloat(b); }
+inline uint16_t floatToBf16Scalar(float f) { return libcomm::floatToBf16(f); }
 
 /// out[i] = (accumulate ? out[i] : 0) + scale * sum_k inputs[k][i], for i in [0, count).
 /// Sums are formed in fp32 in input order k = 0..numInputs-1, then scaled once (scale == 1 skips

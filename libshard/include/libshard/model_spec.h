@@ -1,0 +1,57 @@
+#pragma once
+// What libshard knows about a model: its layers in execution order and each layer's named
+// parameters. No tensor library: a parameter is a name, a shape and a kind.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "libcomm/status.h"
+
+namespace libshard {
+
+/// The role of a parameter, which decides where it lives once sharded.
+enum class ParamKind : uint8_t {
+  kBlock = 0,      // a weight of a repeated block: gathered with its layer into a rotating buffer
+  kNorm = 1,       // RMSNorm/LayerNorm scale or shift: lives in the resident group (gathered once
+                   // per step, its gradient reduced once per step), no weight decay
+  kEmbedding = 2,  // the token embedding: gathered with its layer
+  kHead = 3,       // the output projection: gathered with its layer
+};
+
+/// "block" / "norm" / "embedding" / "head".
+const char* paramKindName(ParamKind k);
+
+struct ParamSpec {
+  std::string name;             // unique within the model, e.g. "blocks.3.w1"
+  std::vector<int64_t> shape;   // row-major; every extent >= 1
+  ParamKind kind = ParamKind::kBlock;
+  bool weightDecay = true;      // AdamW decoupled decay; forced off for kNorm, set false for biases
+
+  /// Product of the extents.
+  size_t numel() const;
+};
+
+struct LayerSpec {
+  std::string name;  // unique within the model, e.g. "embed", "blocks.3", "final_norm", "head"
+  std::vector<ParamSpec> params;
+  /// Activation bytes this layer keeps from forward to backward for one micro-batch, per rank,
+  /// when it is not checkpointed ...
+  uint64_t activationBytes = 0;
+  /// ... and when it is (what checkpointing still keeps: typically the layer's input). The layer
+  /// is then recomputed in backward, which needs its weights gathered again.
+  uint64_t checkpointActivationBytes = 0;
+};
+
+struct ModelSpec {
+  std::vector<LayerSpec> layers;  // in forward execution order
+
+  /// kInvalidArgument naming the first problem: no layers, duplicate names, an empty shape or a
+  /// zero extent, checkpointActivationBytes > activationBytes.
+  libcomm::Status validate() const;
+  /// Sum of numel() over all parameters.
+  size_t numel() const;
+};
+
+}  // namespace libshard

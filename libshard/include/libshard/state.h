@@ -1,0 +1,22 @@
+#pragma once
+// One rank's sharded training state: flat arrays of ShardPlan::stateNumel elements each, the
+// shards of every FlatGroup laid end to end (FlatGroup::stateOffset). Views only: the memory is
+// owned by whoever allocated it (libshard's BufferPool allocates it as libcomm registered memory,
+// so that all_gather reads it in place).
+
+#include <cstddef>
+#include <cstdint>
+
+namespace libshard {
+
+struct ShardState {
+  size_t numel = 0;          // ShardPlan::stateNumel
+  float* master = nullptr;   // fp32 master weights
+  float* grad = nullptr;     // fp32 gradient shard (reduce_scatter's output)
+  uint16_t* compute = nullptr;  // bf16 copy of master (all_gather's input); null with Precision::kFp32
+  float* adamM = nullptr;    // AdamW first moment
+  float* adamV = nullptr;    // AdamW second moment
+  uint64_t step = 0;         // optimizer steps taken (AdamW bias correction; saved in checkpoints)
+};
+
+}  // namespace libshard

@@ -1,0 +1,61 @@
+// ModelSpec checks and sizes.
+
+#include "libshard/model_spec.h"
+
+#include <set>
+
+namespace libshard {
+
+const char* paramKindName(ParamKind k) {
+  switch (k) {
+    case ParamKind::kBlock: return "block";
+    case ParamKind::kNorm: return "norm";
+    case ParamKind::kEmbedding: return "embedding";
+    case ParamKind::kHead: return "head";
+  }
+  return "?";
+}
+
+size_t ParamSpec::numel() const {
+  size_t n = 1;
+  for (int64_t e : shape) n *= static_cast<size_t>(e);
+  return n;
+}
+
+size_t ModelSpec::numel() const {
+  size_t n = 0;
+  for (const auto& l : layers)
+    for (const auto& p : l.params) n += p.numel();
+  return n;
+}
+
+libcomm::Status ModelSpec::validate() const {
+  using libcomm::StatusCode;
+  if (layers.empty()) return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: no layers");
+  std::set<std::string> layerNames, paramNames;
+  for (size_t k = 0; k < layers.size(); ++k) {
+    const LayerSpec& l = layers[k];
+    if (l.name.empty()) return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: layer ", k, " has no name");
+    if (!layerNames.insert(l.name).second)
+      return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: layer name '", l.name, "' used twice");
+    if (l.checkpointActivationBytes > l.activationBytes)
+      return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: layer '", l.name,
+                                "': checkpointActivationBytes ", l.checkpointActivationBytes, " > activationBytes ",
+                                l.activationBytes);
+    for (const ParamSpec& p : l.params) {
+      if (p.name.empty())
+        return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: layer '", l.name, "' has an unnamed parameter");
+      if (!paramNames.insert(p.name).second)
+        return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: parameter name '", p.name, "' used twice");
+      if (p.shape.empty())
+        return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: parameter '", p.name, "' has an empty shape");
+      for (int64_t e : p.shape)
+        if (e < 1)
+          return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: parameter '", p.name, "' has extent ", e,
+                                    " (every extent must be >= 1)");
+    }
+  }
+  return libcomm::Status::ok();
+}
+
+}  // namespace libshard
