@@ -106,7 +106,8 @@ int runRank(const Options& options) {
 
   auto comm = libcomm::Communicator::create(boot, *config);
   if (!comm.isOk()) return fail(rank, comm.status(), nullptr);
-  std::unique_ptr<libcomm::Stream> stream = libcomm::createHostStream("comm_bench");
+  std::unique_ptr<libcomm::Stream> stream =
+      options.inlineStream ? libcomm::createInlineHostStream("comm_bench") : libcomm::createHostStream("comm_bench");
 
   std::optional<Report> report;
   if (rank == 0) {

@@ -38,6 +38,9 @@ Runs:
                           multiplies by 1/3
   -R, --registered 0|1    1: buffers from Communicator::allocRegistered (one-copy path; default)
                           0: plain page-aligned host memory (the staging path)
+  -s, --stream thread|inline   thread: collectives are enqueued on a host stream and run by its
+                          progress thread (default); inline: each runs on the calling thread
+                          before the call returns (libcomm::createInlineHostStream; blocking, like MPI)
 Ranks:
   -np, --nranks N         start N ranks on this host (libcomm::launchLocal), each running this
                           command without -np. Without it, rank and size come from the
@@ -269,6 +272,11 @@ Result<Options> parseOptions(int argc, char** argv) {
       auto b = parseBool(flag, value);
       if (!b) return b.status();
       o.registered = *b;
+    } else if (flag == "-s" || flag == "--stream") {
+      if (value != "thread" && value != "inline")
+        return libcomm::makeError(libcomm::StatusCode::kInvalidArgument, flag, ": expected thread or inline, got '",
+                                  value, "'");
+      o.inlineStream = value == "inline";
     } else if (isNp) {
       s = setInt(flag, value, 1, o.numRanks);
     } else if (flag == "-J" || flag == "--output_file") {

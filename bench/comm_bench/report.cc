@@ -48,9 +48,9 @@ void Report::printHeader(const std::string& bootstrap, const std::vector<RankInf
          bootstrap.c_str());
   std::string step = options_.stepBytes ? std::to_string(options_.stepBytes) + "(bytes)"
                                         : std::to_string(options_.stepFactor) + "(factor)";
-  printf("#  minBytes %zu maxBytes %zu step: %s warmup iters: %d iters: %d validation: %d registered: %d\n",
+  printf("#  minBytes %zu maxBytes %zu step: %s warmup iters: %d iters: %d validation: %d registered: %d stream: %s\n",
          options_.minBytes, options_.maxBytes, step.c_str(), options_.warmup, options_.iters, options_.check ? 1 : 0,
-         options_.registered ? 1 : 0);
+         options_.registered ? 1 : 0, options_.inlineStream ? "inline" : "thread");
   std::string types, ops;
   for (Coll c : options_.colls)
     for (const TypePair& t : typePairs(options_, c))
@@ -145,10 +145,10 @@ void Report::writeJson(const Row& row, const Measurement& m, bool inPlace) {
   fprintf(json_,
           "{\"coll\":\"%s\",\"dtype\":\"%s\",\"outtype\":\"%s\",\"op\":\"%s\",\"nranks\":%d,\"size\":%zu,"
           "\"count\":%zu,\"time_us\":%.3f,\"algbw\":%.4f,\"busbw\":%.4f,\"wrong\":%s,\"inplace\":%s,"
-          "\"registered\":%s,\"iters\":%d,\"warmup\":%d,\"impl\":\"shardcomm\"}\n",
+          "\"registered\":%s,\"stream\":\"%s\",\"iters\":%d,\"warmup\":%d,\"impl\":\"shardcomm\"}\n",
           collName(row.coll), typeName(row.types.in), typeName(row.types.out), opColumn(row), nranks_, row.bytes,
           row.count, m.timeUs, algbw, busBandwidth(algbw, nranks_), wrong.c_str(), inPlace ? "true" : "false",
-          options_.registered ? "true" : "false", options_.iters, options_.warmup);
+          options_.registered ? "true" : "false", options_.inlineStream ? "inline" : "thread", options_.iters, options_.warmup);
   fflush(json_);
 }
 

@@ -86,7 +86,7 @@ struct Pools {
 
 Status runCase(libcomm::Communicator& comm, libcomm::Stream& stream, Pools& pools, const Case& k, int salt) {
   const int n = comm.size(), r = comm.rank();
-  const size_t inEs = libcomm::dataTypeSize(k.in), outEs = libcomm::dataTypeSize(k.out);
+  const size_t inEs = libcomm::dataTypeSize(k.in);
   char* sendPool = k.registered ? pools.regSend : pools.plainSend.get();
   char* recvPool = k.registered ? pools.regRecv : pools.plainRecv.get();
   const size_t parts = k.coll == Coll::kReduceScatter ? n : 1;

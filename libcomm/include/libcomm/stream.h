@@ -63,7 +63,16 @@ class Stream {
 
 /// Creates a host stream with its own progress thread. `name` appears in logs and errors.
 std::unique_ptr<Stream> createHostStream(std::string name);
-/// Creates an event usable with host streams.
+/// Creates an inline host stream: no progress thread; every item runs on the thread that enqueues
+/// it, before the enqueueing call returns (a collective on it is a blocking call, as in MPI), and
+/// Stream::wait blocks the caller until the event completes (bounded by `waitTimeout`; then the
+/// stream fails with kTimeout). For latency-bound callers that would synchronize right after
+/// anyway: it saves the hand-off to a progress thread (microseconds, more when that thread sleeps).
+/// Do not use it where the caller must keep going while a collective waits for its peers (e.g.
+/// collectives of two communicators called in different orders on different ranks). Items run one
+/// at a time even when several threads enqueue; enqueueing from inside an item is kInvalidUsage.
+std::unique_ptr<Stream> createInlineHostStream(std::string name, Milliseconds waitTimeout = Milliseconds(600000));
+/// Creates an event usable with host streams (threaded or inline).
 std::unique_ptr<Event> createHostEvent();
 
 }  // namespace libcomm

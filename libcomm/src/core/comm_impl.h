@@ -45,7 +45,7 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   std::unique_ptr<shm::PeerMemory> peers_;
 
  private:
-  Status run(const CollArgs& args, uint32_t seq);
+  Status run(const CollArgs& args, uint32_t seq, Deadline deadline);
   Status checkFingerprints(const CollArgs& args, uint32_t seq, const std::vector<shm::OpDescriptor>& all) const;
   void fail(const Status& st);
 
@@ -55,6 +55,7 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   uint32_t lastExecuted_ = 0;  // guarded by mu_
   int inflight_ = 0;           // guarded by mu_
   uint32_t stageRound_ = 0;    // touched only by the executing collective (they run one at a time)
+  std::vector<shm::OpDescriptor> posted_;  // every rank's descriptor of the executing collective
   mutable std::mutex errMu_;
   Status asyncError_;
   std::atomic<bool> failed_{false};  // asyncError_ is set; readable without errMu_

@@ -86,14 +86,14 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq) {
       st = Status(err.code(), "rank " + std::to_string(rank_) + ": " + describeColl(args, seq) +
                                   " skipped: the communicator failed earlier: " + err.message());
     else
-      st = run(args, seq);
+      st = run(args, seq, deadline);
   }
   if (!st.isOk()) fail(st);
   settle(seq);
   return st;
 }
 
-Status Communicator::Impl::run(const CollArgs& args, uint32_t seq) {
+Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, Deadline deadline) {
   struct Labelled {
     const CollArgs& args;
     uint32_t seq;
@@ -102,7 +102,7 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq) {
                              auto* l = static_cast<const Labelled*>(c);
                              return describeColl(l->args, l->seq);
                            }};
-  const mesh::OpEnv env{seq, rank_, size_, *channel_, *peers_, {Deadline::after(config_.opTimeout), label},
+  const mesh::OpEnv env{seq, rank_, size_, *channel_, *peers_, {deadline, label},
                         stageRound_};
   const size_t inputBytes = args.count * args.inputParts(size_) * dataTypeSize(args.inType);
   const SelectionQuery query{args.kind, false, args.inPlace, inputBytes};
@@ -130,7 +130,9 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq) {
   channel_->post(d);
   LIBCOMM_RETURN_IF_ERROR(channel_->waitPosted(seq, env.wait));
 
-  std::vector<shm::OpDescriptor> all(size_);
+  // Collectives of one communicator run one at a time, in order: one scratch array serves them all.
+  std::vector<shm::OpDescriptor>& all = posted_;
+  all.resize(size_);
   bool registered = true;
   for (int p = 0; p < size_; ++p) {
     all[p] = p == rank_ ? d : channel_->posted(p, seq);

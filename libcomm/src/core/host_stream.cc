@@ -155,7 +155,7 @@ class Core {
       queue_.pop_front();
       running_ = true;
       currentSeq_ = item.seq;
-      currentLabel_ = item.label;
+      currentLabel_ = std::move(item.label);  // itemContext() reads it back on this thread
       currentStart_ = Clock::now();
       const Status sticky = error_;
       lock.unlock();
@@ -225,8 +225,9 @@ class Core {
     sleeping_ = false;
   }
 
+  // Called on the progress thread only, for the item it runs (whose label is in currentLabel_).
   std::string itemContext(const Item& item) const {
-    return detail::strCat("stream '", name_, "' item #", item.seq, " '", item.label, "'");
+    return detail::strCat("stream '", name_, "' item #", item.seq, " '", currentLabel_, "'");
   }
 
   Status execute(Item& item, const Status& sticky) {
@@ -418,7 +419,107 @@ class HostStream final : public Stream {
   std::thread thread_;
 };
 
+// A host stream without a thread: items run on the enqueueing thread, one at a time (runMu_).
+// Event records complete at once, with the stream's sticky error, since everything enqueued
+// before them has already run.
+class InlineHostStream final : public Stream {
+ public:
+  InlineHostStream(std::string name, Milliseconds waitTimeout) : name_(std::move(name)), waitTimeout_(waitTimeout) {}
+
+  StreamKind kind() const override { return StreamKind::kHost; }
+  const std::string& name() const override { return name_; }
+
+  Status record(Event& event) override {
+    auto* host = dynamic_cast<HostEvent*>(&event);
+    if (!host) return makeError(StatusCode::kInvalidArgument, "stream '", name_, "': record of a non-host event");
+    std::unique_lock<std::mutex> run;
+    LIBCOMM_RETURN_IF_ERROR(enter(run, "record event"));
+    auto rec = std::make_shared<RecordState>();
+    rec->streamName = name_;
+    rec->position = ++items_;
+    rec->complete(asyncError());
+    host->setLast(std::move(rec));
+    return Status::ok();
+  }
+
+  Status wait(const Event& event) override {
+    const auto* host = dynamic_cast<const HostEvent*>(&event);
+    if (!host) return makeError(StatusCode::kInvalidArgument, "stream '", name_, "': wait on a non-host event");
+    auto rec = host->last();
+    if (!rec || (rec->done.load(std::memory_order_acquire) && rec->status.isOk())) return Status::ok();
+    std::unique_lock<std::mutex> run;
+    LIBCOMM_RETURN_IF_ERROR(enter(run, "wait"));
+    const uint64_t seq = ++items_;
+    if (!asyncError().isOk()) return Status::ok();  // skipped, as on a threaded stream
+    Status s = host->synchronize(Deadline::after(waitTimeout_));
+    if (s.code() == StatusCode::kTimeout)
+      s = makeError(StatusCode::kTimeout, "inline stream '", name_, "' item #", seq, ": ", rec->describe(),
+                    " did not complete within ", waitTimeout_.count(), " ms");
+    else if (!s.isOk())
+      s = s.withContext(detail::strCat("inline stream '", name_, "' item #", seq, " (wait for ", rec->describe(), ")"));
+    setError(s);
+    return Status::ok();
+  }
+
+  Status enqueueHost(std::function<Status()> fn, std::string label) override {
+    if (!fn) return makeError(StatusCode::kInvalidArgument, "stream '", name_, "': empty host function '", label, "'");
+    std::unique_lock<std::mutex> run;
+    LIBCOMM_RETURN_IF_ERROR(enter(run, label));
+    const uint64_t seq = ++items_;
+    if (!asyncError().isOk()) return Status::ok();  // skipped; destroying fn settles what it owns
+    runner_.store(std::this_thread::get_id());
+    Status s;
+    try {
+      s = fn();
+    } catch (...) {
+      s = makeError(StatusCode::kInternalError, "host function threw an exception");
+    }
+    runner_.store(std::thread::id());
+    if (!s.isOk()) setError(s.withContext(detail::strCat("inline stream '", name_, "' item #", seq, " '", label, "'")));
+    return Status::ok();
+  }
+
+  Status synchronize(Deadline) override { return asyncError(); }
+  Status query() const override { return asyncError(); }
+  Status asyncError() const override {
+    if (!failed_.load(std::memory_order_acquire)) return Status::ok();
+    std::lock_guard<std::mutex> lock(errMu_);
+    return error_;
+  }
+
+ private:
+  // Serialises items; refuses re-entry from inside an item (which would deadlock on runMu_).
+  Status enter(std::unique_lock<std::mutex>& run, const std::string& what) {
+    if (runner_.load() == std::this_thread::get_id())
+      return makeError(StatusCode::kInvalidUsage, "inline stream '", name_, "': '", what,
+                       "' enqueued from inside one of its own items");
+    run = std::unique_lock<std::mutex>(runMu_);
+    return Status::ok();
+  }
+  void setError(const Status& s) {
+    if (s.isOk()) return;
+    std::lock_guard<std::mutex> lock(errMu_);
+    if (!error_.isOk()) return;
+    error_ = s;
+    failed_.store(true, std::memory_order_release);
+    LIBCOMM_LOG(kWarn, "stream") << s.toString() << " (later work on the stream is skipped)";
+  }
+
+  const std::string name_;
+  const Milliseconds waitTimeout_;
+  std::mutex runMu_;
+  std::atomic<std::thread::id> runner_{};
+  uint64_t items_ = 0;  // under runMu_
+  mutable std::mutex errMu_;
+  std::atomic<bool> failed_{false};
+  Status error_;
+};
+
 }  // namespace
+
+std::unique_ptr<Stream> createInlineHostStream(std::string name, Milliseconds waitTimeout) {
+  return std::make_unique<InlineHostStream>(std::move(name), waitTimeout);
+}
 
 std::unique_ptr<Stream> createHostStream(std::string name, const HostStreamOptions& options) {
   return std::make_unique<HostStream>(std::move(name), options);

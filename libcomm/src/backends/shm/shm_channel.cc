@@ -151,10 +151,13 @@ Status Channel::waitWord(int peer, const std::atomic<uint32_t>& word, uint32_t t
   ControlBlock& cb = *blocks_[peer];
   if (seqReached(word.load(std::memory_order_acquire), target)) return Status::ok();
 
-  auto start = Clock::now();
-  while (Clock::now() - start < kSpinTime) {
-    for (int i = 0; i < 64; ++i) cpuRelax();
+  // Poll after every pause (one pause is ~30 ns here; polling only every 64 of them made each
+  // handshake ~2 us late). The clock is read only every 32 polls.
+  const auto spinEnd = Clock::now() + kSpinTime;
+  for (unsigned i = 1;; ++i) {
+    cpuRelax();
     if (seqReached(word.load(std::memory_order_acquire), target)) return Status::ok();
+    if ((i & 31) == 0 && Clock::now() >= spinEnd) break;
   }
 
   auto lastCheck = Clock::now();
