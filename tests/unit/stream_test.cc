@@ -344,5 +344,95 @@ TEST(HostStream, ManyProducers) {
   for (int p = 0; p < kProducers; ++p) EXPECT_EQ(last[p], kItems - 1);
 }
 
+// ---- inline host streams: items run on the enqueueing thread ----------------------------------
+
+TEST(InlineHostStream, RunsEachItemOnTheCallerBeforeReturning) {
+  auto s = createInlineHostStream("inline");
+  EXPECT_EQ(s->kind(), StreamKind::kHost);
+  std::vector<int> order;
+  std::thread::id ranOn;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(s->enqueueHost(
+                     [&, i] {
+                       order.push_back(i);
+                       ranOn = std::this_thread::get_id();
+                       return Status::ok();
+                     },
+                     "item")
+                    .isOk());
+    EXPECT_EQ(order.size(), static_cast<size_t>(i + 1));  // already ran
+  }
+  EXPECT_EQ(ranOn, std::this_thread::get_id());
+  EXPECT_TRUE(s->synchronize(soon()).isOk());
+  EXPECT_TRUE(s->query().isOk());
+}
+
+TEST(InlineHostStream, RecordCompletesAtOnceAndWaitBlocksOnAThreadedStream) {
+  auto inl = createInlineHostStream("inline");
+  auto threaded = createHostStream("threaded");
+  auto ev = createHostEvent();
+  ASSERT_TRUE(inl->record(*ev).isOk());
+  EXPECT_TRUE(ev->query().isOk());
+
+  Gate gate;
+  std::atomic<bool> producerDone{false};
+  ASSERT_TRUE(threaded->enqueueHost(gate.item(), "gate").isOk());
+  ASSERT_TRUE(threaded->enqueueHost([&] { producerDone = true; return Status::ok(); }, "produce").isOk());
+  ASSERT_TRUE(threaded->record(*ev).isOk());
+  std::thread opener([&] {
+    std::this_thread::sleep_for(50ms);
+    gate.open();
+  });
+  ASSERT_TRUE(inl->wait(*ev).isOk());  // returns only once the record completed
+  EXPECT_TRUE(producerDone.load());
+  opener.join();
+  EXPECT_TRUE(inl->asyncError().isOk());
+}
+
+TEST(InlineHostStream, ErrorIsStickyLaterItemsSkipped) {
+  auto s = createInlineHostStream("inline");
+  ASSERT_TRUE(s->enqueueHost([] { return makeError(StatusCode::kSystemError, "boom"); }, "fails").isOk());
+  bool ran = false;
+  ASSERT_TRUE(s->enqueueHost([&] { ran = true; return Status::ok(); }, "later").isOk());
+  EXPECT_FALSE(ran);
+  Status st = s->synchronize(soon());
+  EXPECT_EQ(st.code(), StatusCode::kSystemError);
+  EXPECT_NE(st.message().find("boom"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("'fails'"), std::string::npos) << st.message();
+  auto ev = createHostEvent();
+  ASSERT_TRUE(s->record(*ev).isOk());
+  EXPECT_EQ(ev->query().code(), StatusCode::kSystemError);  // the record carries the error
+}
+
+TEST(InlineHostStream, EnqueueFromInsideAnItemIsRefused) {
+  auto s = createInlineHostStream("inline");
+  Status inner;
+  ASSERT_TRUE(s->enqueueHost(
+                   [&] {
+                     inner = s->enqueueHost([] { return Status::ok(); }, "nested");
+                     return Status::ok();
+                   },
+                   "outer")
+                  .isOk());
+  EXPECT_EQ(inner.code(), StatusCode::kInvalidUsage);
+  EXPECT_NE(inner.message().find("from inside"), std::string::npos) << inner.message();
+}
+
+TEST(InlineHostStream, WaitOnAnEventThatNeverCompletesTimesOut) {
+  auto inl = createInlineHostStream("inline", Milliseconds(100));
+  auto threaded = createHostStream("threaded");
+  auto ev = createHostEvent();
+  Gate gate;
+  ASSERT_TRUE(threaded->enqueueHost(gate.item(), "gate").isOk());
+  ASSERT_TRUE(threaded->record(*ev).isOk());
+  const auto start = Clock::now();
+  ASSERT_TRUE(inl->wait(*ev).isOk());
+  EXPECT_LT(Clock::now() - start, 5s);
+  Status st = inl->asyncError();
+  EXPECT_EQ(st.code(), StatusCode::kTimeout);
+  EXPECT_NE(st.message().find("inline"), std::string::npos) << st.message();
+  gate.open();
+}
+
 }  // namespace
 }  // namespace libcomm
