@@ -145,10 +145,11 @@ void Report::writeJson(const Row& row, const Measurement& m, bool inPlace) {
   fprintf(json_,
           "{\"coll\":\"%s\",\"dtype\":\"%s\",\"outtype\":\"%s\",\"op\":\"%s\",\"nranks\":%d,\"size\":%zu,"
           "\"count\":%zu,\"time_us\":%.3f,\"algbw\":%.4f,\"busbw\":%.4f,\"wrong\":%s,\"inplace\":%s,"
-          "\"registered\":%s,\"stream\":\"%s\",\"iters\":%d,\"warmup\":%d,\"impl\":\"shardcomm\"}\n",
+          "\"registered\":%s,\"stream\":\"%s\",\"iters\":%d,\"warmup\":%d,\"impl\":\"%s\"}\n",
           collName(row.coll), typeName(row.types.in), typeName(row.types.out), opColumn(row), nranks_, row.bytes,
           row.count, m.timeUs, algbw, busBandwidth(algbw, nranks_), wrong.c_str(), inPlace ? "true" : "false",
-          options_.registered ? "true" : "false", options_.inlineStream ? "inline" : "thread", options_.iters, options_.warmup);
+          options_.registered ? "true" : "false", options_.inlineStream ? "inline" : "thread", options_.iters, options_.warmup,
+          options_.inlineStream ? "shardcomm-inline" : "shardcomm");
   fflush(json_);
 }
 

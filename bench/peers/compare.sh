@@ -12,6 +12,7 @@
 #   COMM_BENCH=<found under BUILD_DIR>  our benchmark; skipped with a message if missing
 #   OUT_DIR=$BUILD_DIR/peers-compare-<date>   results: runs/*.jsonl, logs/, probe/, settings.txt, summary.md
 #   RANKS="2 4"  REPEATS=3  MIN_BYTES=8  MAX_BYTES=256M  ITERS=20  WARMUP=5
+#   INLINE_MAX_BYTES=64K       ours is run again up to this size on an inline stream (blocking calls)
 #   MPI_CONFIGS="ob1-cma ob1-none ob1-emulated ucx-sm"   Open MPI transport settings to probe
 #   MPI_PROBE_ALGOS=1          then also try forcing each coll/tuned algorithm on the best transport
 #   MPI_BEST=""                skip the probe and use these, e.g. "all_gather-2=ob1-cma reduce_scatter-4=ucx-sm+alg1"
@@ -27,6 +28,7 @@ RANKS=${RANKS:-"2 4"}
 REPEATS=${REPEATS:-3}
 MIN_BYTES=${MIN_BYTES:-8}
 MAX_BYTES=${MAX_BYTES:-256M}
+INLINE_MAX_BYTES=${INLINE_MAX_BYTES:-64K}
 ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-5}
 MPI_CONFIGS=${MPI_CONFIGS:-"ob1-cma ob1-none ob1-emulated ucx-sm"}
@@ -183,6 +185,10 @@ for rep in $(seq 1 "$REPEATS"); do
   for n in $RANKS; do
     for coll in $COLLS; do
       [[ -n $ours ]] && sweep ours "$coll" "$n" "$rep" "$ours" "$coll" "${SWEEP[@]}" -R 1 -np "$n"
+      # Small sizes again on an inline stream (each collective runs on the calling thread and
+      # returns when done: the blocking model MPI's calls have).
+      [[ -n $ours ]] && sweep ours-inline "$coll" "$n" "$rep" "$ours" "$coll" "${SWEEP[@]}" -e "$INLINE_MAX_BYTES" \
+        -R 1 -s inline -np "$n"
       if ((have_mpi)) && [[ -n ${best_mpi[$coll-$n]:-} ]]; then
         cfg=${best_mpi[$coll-$n]}
         flags=$(mpi_flags "$cfg" "$coll")
@@ -200,5 +206,7 @@ for rep in $(seq 1 "$REPEATS"); do
 done
 
 note "# finished $(date -Is), load $(cut -d' ' -f1-3 /proc/loadavg); exact commands: $commands"
-python3 "$here/summarize.py" --notes "$notes" -o "$OUT_DIR/summary.md" "$OUT_DIR/runs"
+python3 "$here/summarize.py" --notes "$notes" --ours shardcomm -o "$OUT_DIR/summary.md" "$OUT_DIR/runs"
+python3 "$here/summarize.py" --ours shardcomm-inline --metric time -o "$OUT_DIR/summary-inline-latency.md" \
+  "$OUT_DIR/runs" > /dev/null
 echo "compare.sh: results in $OUT_DIR (summary.md, settings.txt, commands.txt, runs/, logs/, probe/)"
