@@ -10,6 +10,7 @@
 #include "core/comm_impl.h"
 #include "core/log.h"
 #include "core/selector.h"
+#include "reduce/reduce_impl.h"
 
 namespace libcomm {
 namespace {
@@ -90,7 +91,29 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
 
 Communicator::Impl::~Impl() = default;
 
+namespace {
+
+// Settings that belong to the process rather than to one communicator (the reduction kernels are
+// shared by all of them): read once, at the first communicator.
+Status applyProcessSettings() {
+  static std::once_flag once;
+  static Status result;
+  std::call_once(once, [] {
+    Result<long long> nt = settingInt("LIBCOMM_NT_STORE_BYTES");
+    if (!nt.isOk() || *nt < 0) {
+      result = nt.isOk() ? makeError(StatusCode::kInvalidArgument, "LIBCOMM_NT_STORE_BYTES must be >= 0, got ", *nt)
+                         : nt.status();
+      return;
+    }
+    if (*nt > 0) reduce::detail::setNtStoreThresholdBytes(static_cast<size_t>(*nt));
+  });
+  return result;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Communicator>> Communicator::create(Bootstrap& bootstrap, const CommConfig& config) {
+  LIBCOMM_RETURN_IF_ERROR(applyProcessSettings());
   LIBCOMM_ASSIGN_OR_RETURN(auto impl, Impl::create(bootstrap, config));
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
 }
