@@ -1,0 +1,96 @@
+#pragma once
+// BufferPool: every byte libshard owns on one rank, allocated once, up front, as libcomm registered
+// memory (so the collectives read it in place: one copy per byte, no staging).
+//
+// What it holds, sized exactly as the plan predicts (ShardPlan::memory, libshardBytes):
+//  - the flat ShardState arrays of plan.stateNumel elements: fp32 master, fp32 grad, the bf16
+//    compute copy (Precision::kBf16 only), AdamW m and v;
+//  - one buffer per plan.gatherBuffers entry (the resident group's buffer included);
+//  - options.gradBuffers rotating layer-gradient buffers of plan.gradBufferNumel compute-type
+//    elements;
+//  - the fp32 resident-gradient accumulator (resident.paddedNumel elements): norm gradients of
+//    every layer and micro-batch are summed there, then reduce-scattered once per step.
+//
+// Byte counting: the pool counts the bytes it asked for. libcomm may round an allocation up
+// internally (the shared-memory backend maps whole pages); that slack is libcomm's and is not
+// counted, so the measured figure is comparable with the plan to the byte. Empty arrays (no norm
+// parameters, fp32 mode's compute copy) are not allocated and count 0.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "libcomm/communicator.h"
+#include "libcomm/status.h"
+#include "libshard/plan.h"
+#include "libshard/state.h"
+
+namespace libshard {
+
+/// One allocation the pool makes (or would make) for a plan.
+struct PoolAllocation {
+  std::string name;    // e.g. "fp32 master shard", "gather buffer blocks.0", "grad buffer 1"
+  uint64_t bytes = 0;  // requested bytes: what the plan predicts
+  void* data = nullptr;
+  bool fromGatherComm = true;  // false: allocated from the reduce-scatter communicator
+};
+
+class BufferPool {
+ public:
+  /// Allocates and zero-fills everything the plan lists. Memory the all_gathers read or write
+  /// (state arrays, gather buffers) comes from `agComm`; memory the reduce-scatters read (gradient
+  /// buffers, the resident accumulator) from `rsComm`, so each collective's input is registered
+  /// with the communicator that moves it. The two may be the same object; both must outlive the
+  /// pool. On failure nothing stays allocated. Not thread-safe with respect to other pool calls.
+  static libcomm::Result<std::unique_ptr<BufferPool>> create(const ShardPlan& plan, libcomm::Communicator& agComm,
+                                                             libcomm::Communicator& rsComm);
+
+  /// The allocations create() makes for `plan`, in order, with their requested bytes (data null).
+  /// Their sum is what the pool measures; a correct plan's libshardBytes equals it.
+  static std::vector<PoolAllocation> plannedAllocations(const ShardPlan& plan);
+
+  /// Frees everything (errors from libcomm are ignored here; call freeAll() to see them).
+  ~BufferPool();
+  BufferPool(const BufferPool&) = delete;
+  BufferPool& operator=(const BufferPool&) = delete;
+
+  /// Frees every allocation now; the first libcomm error, if any. Idempotent. After it, every
+  /// pointer the pool handed out is invalid.
+  libcomm::Status freeAll();
+
+  /// The flat state arrays (views into the pool). Valid until freeAll()/destruction.
+  ShardState& state() { return state_; }
+  const ShardState& state() const { return state_; }
+  /// Gather buffer `index` (plan.gatherBuffers[index]); null when it has no elements.
+  void* gatherBuffer(int index) const;
+  /// Rotating gradient buffer `index` in [0, plan.options.gradBuffers); compute-type elements.
+  void* gradBuffer(int index) const;
+  /// The fp32 resident-gradient accumulator (resident.paddedNumel elements); null without norms.
+  float* residentGrad() const { return residentGrad_; }
+
+  /// Bytes allocated now / at most so far (requested bytes; see the file comment). Only create()
+  /// and freeAll() change them; read them from the thread that calls those.
+  uint64_t bytesAllocated() const { return current_; }
+  uint64_t peakBytes() const { return peak_; }
+  const std::vector<PoolAllocation>& allocations() const { return allocations_; }
+  /// One line per allocation with its bytes, then the total and the peak.
+  std::string describe() const;
+
+ private:
+  BufferPool(libcomm::Communicator& agComm, libcomm::Communicator& rsComm) : agComm_(agComm), rsComm_(rsComm) {}
+  libcomm::Status allocateAll(const ShardPlan& plan);
+
+  libcomm::Communicator& agComm_;
+  libcomm::Communicator& rsComm_;
+  std::vector<PoolAllocation> allocations_;
+  ShardState state_;
+  std::vector<void*> gatherBuffers_;
+  std::vector<void*> gradBuffers_;
+  float* residentGrad_ = nullptr;
+  uint64_t current_ = 0;
+  uint64_t peak_ = 0;
+};
+
+}  // namespace libshard

@@ -1,0 +1,127 @@
+#pragma once
+// Sharded checkpoints of the training state (fp32 master weights, AdamW moments, step) that load
+// at the same or at a different world size, and one-file exports of the whole unsharded model.
+//
+// A sharded checkpoint is a directory:
+//   rank-<r>-of-<W>.shard   one per rank: a 64-byte header (magic "SHCKSHRD", format version,
+//                           rank, world, elements per array, step, chunk size, checksums), a table
+//                           of CRC32C checksums, one per chunk of the data, then the rank's flat
+//                           state arrays master, adamM, adamV (ShardPlan::stateNumel fp32 each,
+//                           padding included) -- the rank's ShardState as it is in memory.
+//   index.txt               written last, by rank 0: format version, world size, alignment,
+//                           precision, step, every group (name, layer, numel, padded and shard
+//                           sizes, state offset) and parameter (name, kind, decay, offset in its
+//                           group, numel, shape), and per shard file its size and the checksum of
+//                           its chunk table; the index ends with a CRC32C of itself. Its presence
+//                           marks a complete checkpoint.
+// Every file is written under a temporary name in the same directory, fsync'd, renamed over the
+// final name, and the directory fsync'd: a final name never holds a half-written file.
+//
+// Loading reads the index, checks that the checkpoint's parameters are exactly the model's (same
+// names, same shapes; layers, kinds, alignment and world size may differ), and for each parameter
+// element of the loading rank's new shards reads it from whichever old shard file holds it, with
+// pread, chunk by chunk: only the 1 MiB checksum chunks that hold needed elements are read, and
+// every chunk read is checked against its CRC32C before use. Padding is zero. Everything is read
+// into temporaries first; the destination state is written only once the whole load has
+// succeeded, so an error leaves it untouched (the price: 12 bytes of temporary memory per state
+// element -- master, m and v -- until the commit).
+//
+// The full-model file ("SHCKFULL") holds a header, a text index of the parameters (name, kind,
+// decay, offset, numel, shape) in the sharded layout's order (layer groups, then the norm
+// parameters), the chunk checksum table, then every parameter's fp32 weights packed without
+// padding, optionally followed by the AdamW m and v sections (same packing). It always carries the
+// step. Importing restores m, v and step when the file has the moments and the caller asks for
+// them; otherwise m = v = 0 and step = 0 (a fresh optimizer on the imported weights).
+//
+// Multi-process coordination is the caller's: every rank calls saveCheckpointShard(); a barrier
+// (Bootstrap::barrier, or Communicator::barrier and a synchronize of its stream); rank 0 calls
+// writeCheckpointIndex(); a barrier again before anyone relies on the checkpoint. Loading needs
+// no coordination (each rank reads what it needs) but the directory must be visible to every
+// rank. Save each checkpoint into a fresh directory (e.g. step-00001000): an interrupted save over
+// an old checkpoint leaves files that fail their checks against the old index rather than load
+// as a mix.
+//
+// Errors: kSystemError for failed system calls (the path and errno text in the message),
+// kInvalidArgument for a checkpoint that is missing a file, truncated, corrupt (checksum, magic,
+// version) or does not match the model; the message names the file and what is wrong.
+//
+// All functions are reentrant: different ranks (threads) may save or load concurrently, as long
+// as no two calls write the same file or the same ShardState.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "libcomm/status.h"
+#include "libshard/plan.h"
+#include "libshard/state.h"
+
+namespace libshard {
+
+/// Format version written and accepted by this build.
+inline constexpr uint32_t kCheckpointVersion = 1;
+/// The index file of a sharded checkpoint directory.
+inline constexpr const char* kCheckpointIndexFile = "index.txt";
+
+/// "rank-<rank>-of-<worldSize>.shard".
+std::string checkpointShardFileName(int rank, int worldSize);
+
+/// Phase 1 of a save, on every rank: writes this rank's shard file of `state` (laid out by `plan`,
+/// rank plan.options.rank) into `dir`, creating `dir` if it is missing (its parent must exist).
+/// Reads state.master/adamM/adamV/step only.
+libcomm::Status saveCheckpointShard(const std::string& dir, const ShardPlan& plan, const ShardState& state);
+
+/// Phase 2 of a save, on rank 0 after every rank's saveCheckpointShard succeeded: checks every
+/// shard file's header (rank, world, size, same step), then writes the index with their checksums.
+/// `plan` is any rank's plan (the layout is the same on all ranks).
+libcomm::Status writeCheckpointIndex(const std::string& dir, const ShardPlan& plan);
+
+/// Both phases for a world whose ranks all live in this process (tests, tools, single-process
+/// trainers): plans[r] and states[r] belong to rank r.
+libcomm::Status saveCheckpoint(const std::string& dir, const std::vector<ShardPlan>& plans,
+                               const std::vector<const ShardState*>& states);
+
+/// Loads the checkpoint in `dir` into `state`, laid out by `plan` (rank plan.options.rank of
+/// plan.options.worldSize: any world size). Fills master, adamM, adamV (padding zero) and step,
+/// and refreshes state.compute from master when it is non-null; leaves state.grad alone.
+/// On error `state` is unchanged.
+libcomm::Status loadCheckpoint(const std::string& dir, const ShardPlan& plan, ShardState& state);
+
+/// Reads every byte of every file of the checkpoint in `dir` and checks every checksum and the
+/// index's consistency. OK means any world size can load it.
+libcomm::Status verifyCheckpoint(const std::string& dir);
+
+/// What a checkpoint holds, from its index.
+struct CheckpointInfo {
+  uint32_t version = 0;
+  int worldSize = 0;
+  size_t alignmentBytes = 0;
+  Precision precision = Precision::kBf16;
+  uint64_t step = 0;
+  size_t stateNumel = 0;  // per rank
+  size_t numParams = 0;
+  size_t paramNumel = 0;           // sum of the parameters' numel (no padding)
+  std::vector<std::string> files;  // shard file names, rank order
+};
+
+/// Reads and checks the index of the checkpoint in `dir` (not the shard files).
+libcomm::Result<CheckpointInfo> readCheckpointInfo(const std::string& dir);
+
+/// Writes the whole model held by the sharded checkpoint in `checkpointDir` into one file at
+/// `path` (atomically, as above): fp32 weights by name, plus m, v and step when
+/// `withOptimizerState`. Runs in one process; reads every shard file (checksums checked).
+libcomm::Status exportFullModel(const std::string& checkpointDir, const std::string& path, bool withOptimizerState);
+
+/// Loads the full-model file at `path` into `state` (any world size, as loadCheckpoint). Restores
+/// m, v and step when the file has them and `restoreOptimizerState` is true; otherwise sets m and
+/// v to 0 and step to 0. Parameters must match the model exactly. On error `state` is unchanged.
+libcomm::Status importFullModel(const std::string& path, const ShardPlan& plan, ShardState& state,
+                                bool restoreOptimizerState);
+
+/// CRC32C (Castagnoli, reflected, init and final xor 0xFFFFFFFF), the checksum of every
+/// checkpoint file; crc32c("123456789") == 0xE3069283. Chainable: crc32c(b, m, crc32c(a, n))
+/// is the CRC of a followed by b. Uses the SSE4.2 instruction when the CPU has it. Reentrant.
+uint32_t crc32c(const void* data, size_t bytes, uint32_t crc = 0);
+
+}  // namespace libshard

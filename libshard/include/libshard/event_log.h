@@ -1,0 +1,86 @@
+#pragma once
+// EventLog: timestamps of what the Executor did -- gathers and reduce-scatters as their streams ran
+// them, compute begin/end from the trainer's hooks, buffer releases as the compute stream passed
+// them, step end and optimizer done -- and checkEventLog, which proves the schedule's rules from
+// those timestamps alone, step by step. Cheap enough to leave on: a preallocated array, one atomic
+// increment and one steady-clock read per entry.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "libcomm/status.h"
+#include "libshard/plan.h"
+#include "libshard/schedule.h"
+
+namespace libshard {
+
+enum class LogKind : uint8_t {
+  kGatherStart = 0,  // ag stream: an all_gather into `buffer` starts (after its waits)
+  kGatherEnd,        // ag stream: it has finished
+  kComputeBegin,     // trainer thread: beginForward/beginBackward returned the views
+  kComputeEnd,       // trainer thread: endForward/endBackward was called
+  kRelease,          // compute stream: the release of `buffer` by this use was reached
+  kReduceStart,      // rs stream: a reduce_scatter from `gradBuffer` (-1: resident accumulator)
+  kReduceEnd,        // rs stream: it and the zeroing of its source have finished
+  kStepEnd,          // trainer thread: endStep is about to return (all streams idle)
+  kOptimizerDone,    // trainer thread: optimizerDone was called
+};
+/// "gather_start", ...
+const char* logKindName(LogKind k);
+
+struct LogEntry {
+  int64_t ns = 0;  // steady clock, nanoseconds
+  int32_t step = -1;
+  int32_t layer = -1;  // -1: the resident group, or none
+  int16_t microBatch = -1;
+  int16_t buffer = -1;      // gather buffer (gathers, compute, releases)
+  int16_t gradBuffer = -1;  // grad buffer (reduce-scatters, backward compute)
+  LogKind kind = LogKind::kGatherStart;
+  Phase phase = Phase::kForward;
+};
+
+class EventLog {
+ public:
+  /// `capacity` entries, allocated now; 0 turns logging off.
+  explicit EventLog(size_t capacity = 0) : entries_(capacity) {}
+  EventLog(const EventLog&) = delete;
+  EventLog& operator=(const EventLog&) = delete;
+
+  bool enabled() const { return !entries_.empty(); }
+  /// Appends `e` with the current time. Thread-safe and lock-free; once the log is full, entries
+  /// are only counted (dropped()): a log with drops proves nothing, so check dropped() first.
+  void add(LogEntry e) noexcept;
+  /// The steady clock in nanoseconds, as add() stamps it.
+  static int64_t now() noexcept;
+
+  /// The entries so far, in the order they were appended. Call only while no one appends (between
+  /// steps, after endStep): appends from stream threads are not synchronized with this copy.
+  std::vector<LogEntry> entries() const;
+  size_t dropped() const;
+  /// Forgets every entry. Same rule as entries().
+  void clear() { next_.store(0, std::memory_order_relaxed); }
+
+ private:
+  std::vector<LogEntry> entries_;
+  std::atomic<size_t> next_{0};
+};
+
+/// Proves, from the timestamps alone, on every step in `log`:
+///  - rule A: each compute (forward/backward) of a layer began after the all_gather that last
+///    wrote its buffer ended, and that gather was of the same layer in the same step; and after
+///    the step's resident gather ended;
+///  - rule B: no all_gather into a buffer overlapped a compute that used the buffer (from its
+///    begin to the release the compute stream reached);
+///  - gradient buffers: no reduce-scatter overlapped a backward writing the same buffer; each
+///    reduce-scatter started after the backward it reduces ended; every backward was reduced;
+///  - the resident gradient was reduced after every backward of the step;
+///  - the optimizer gate: every all_gather of step s started after optimizer done of step s-1,
+///    which came after endStep of s-1, which came after all of s-1's collectives.
+/// Returns OK or kInternalError listing the first violations (with times relative to the log's
+/// first entry). `plan` supplies buffer names and whether a resident group exists.
+libcomm::Status checkEventLog(const std::vector<LogEntry>& log, const ShardPlan& plan);
+
+}  // namespace libshard

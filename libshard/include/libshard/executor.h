@@ -1,0 +1,199 @@
+#pragma once
+// Executor: runs a Schedule on libcomm Streams/Events and hands the trainer the gathered weights
+// and the gradient buffers at the layer boundaries.
+//
+// A step, as the trainer (or a Runner) drives it:
+//   beginStep();
+//   for each micro-batch: for k in 0..L-1: v = beginForward(k); <forward on v>; endForward(k);
+//                         for k in L-1..0: v = beginBackward(k); <backward on v>; endBackward(k);
+//   endStep();          // all gradients are in ShardState::grad (unscaled sums, see gradScale())
+//   <optimizer on the shards, including the bf16 cast of the compute copy>
+//   optimizerDone();    // gates the next step's first all_gather
+// Hooks called out of this order fail with kInvalidUsage and change nothing.
+//
+// Compute on the CPU runs on the trainer's thread: every begin hook makes the compute stream wait
+// for the buffers it hands out AND blocks the calling thread on them (bounded by waitTimeout), and
+// every end hook records the releases on the compute stream. A CUDA trainer would enqueue its
+// kernels on the compute stream between the hooks; the schedule stays the same.
+//
+// Threading: all hooks must be called from one thread at a time (the trainer's). The streams'
+// own threads run the collectives and write the event log.
+//
+// Errors: a failed collective, a lost peer or an expired wait makes the hook return an error
+// naming the rank, step, micro-batch and layer; the executor then aborts its communicators (so the
+// peers fail fast instead of waiting for their op timeout) and every later hook returns the same
+// error. A new Executor (and new communicators) is needed to continue.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "libcomm/communicator.h"
+#include "libcomm/status.h"
+#include "libcomm/stream.h"
+#include "libcomm/types.h"
+#include "libshard/buffers.h"
+#include "libshard/event_log.h"
+#include "libshard/model_spec.h"
+#include "libshard/plan.h"
+#include "libshard/schedule.h"
+#include "libshard/state.h"
+
+namespace libshard {
+
+/// A parameter (or its gradient) as the trainer sees it: flat, row-major, `numel` elements of
+/// `dtype` at `data`. Valid until the matching end hook.
+struct TensorView {
+  std::string_view name;
+  std::span<const int64_t> shape;
+  ParamKind kind = ParamKind::kBlock;
+  libcomm::DataType dtype = libcomm::DataType::kFloat32;
+  void* data = nullptr;
+  size_t numel = 0;
+
+  /// The data as fp32 / as bf16 bits; null when the dtype is the other one.
+  float* f32() const { return dtype == libcomm::DataType::kFloat32 ? static_cast<float*>(data) : nullptr; }
+  uint16_t* bf16() const { return dtype == libcomm::DataType::kBFloat16 ? static_cast<uint16_t*>(data) : nullptr; }
+};
+
+/// What a begin hook hands out for one layer.
+struct LayerViews {
+  int64_t step = 0;
+  int microBatch = 0;
+  int layer = 0;
+  Phase phase = Phase::kForward;
+  /// Backward of a checkpointed layer (plan.checkpointed): run its forward again first, from the
+  /// input it kept, with the same weights.
+  bool recompute = false;
+  /// The layer's parameters in ModelSpec order, in the compute type (read only). Norm parameters
+  /// point into the resident buffer, the others into the layer's gather buffer.
+  std::vector<TensorView> weights;
+  /// Backward only: the gradients, same order as `weights`. ADD this micro-batch's gradient into
+  /// each view (+=). Non-norm views are in the compute type and hold zeros at beginBackward, so a
+  /// trainer may also simply overwrite them; one it leaves alone contributes a zero gradient, never
+  /// stale data. Norm views are fp32 and hold the running sum of the step so far: only add.
+  std::vector<TensorView> grads;
+
+  /// The view of the parameter called `name`, or null.
+  const TensorView* weight(std::string_view name) const;
+  const TensorView* grad(std::string_view name) const;
+};
+
+struct ExecutorOptions {
+  /// Bound on every blocking wait of a hook (buffers, stream drains at endStep).
+  std::chrono::milliseconds waitTimeout{300000};
+  /// Event log entries preallocated; 0 turns the log off. A step logs about 12 entries per layer
+  /// and micro-batch (begin, end and release of forward and backward, gathers, reduce-scatters).
+  size_t eventLogCapacity = 0;
+  /// endStep multiplies the grad shard by gradScale() (one pass). Off by default: the optimizer
+  /// takes gradScale() instead and folds the division into its update, saving the pass.
+  bool scaleGradients = false;
+};
+
+class Executor {
+ public:
+  /// Binds a schedule to a rank's buffers and communicators. `agComm` runs the all_gathers and
+  /// `rsComm` the reduce-scatters: collectives of one communicator run in call order, so with two
+  /// communicators gathers and reduce-scatters overlap; passing the same one for both is valid and
+  /// puts both on one stream. `model` must be the spec the plan was made from. The plan and the
+  /// schedule are copied; `pool` and the communicators must outlive the executor. Not collective:
+  /// nothing is communicated until beginStep.
+  static libcomm::Result<std::unique_ptr<Executor>> create(const ModelSpec& model, const ShardPlan& plan,
+                                                           Schedule schedule, BufferPool& pool,
+                                                           libcomm::Communicator& agComm, libcomm::Communicator& rsComm,
+                                                           ExecutorOptions options = {});
+  /// Drains the streams (bounded) and releases them. Destroy before the pool and communicators.
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  /// Starts a step: enqueues the resident gather and the first prefetches behind the previous
+  /// step's optimizer-done event. Returns at once.
+  libcomm::Status beginStep();
+  /// Waits (compute stream and this thread) until layer `layer`'s weights are gathered, then
+  /// returns its views for the current micro-batch. The pointer stays valid until endForward.
+  libcomm::Result<const LayerViews*> beginForward(int layer);
+  /// The trainer is done reading the layer's weights: releases its buffer, issues prefetches.
+  libcomm::Status endForward(int layer);
+  /// As beginForward, and also waits until a gradient buffer is free (reduced and zeroed).
+  libcomm::Result<const LayerViews*> beginBackward(int layer);
+  /// The layer's gradients are written: releases the weights and reduce-scatters the gradient
+  /// buffer into the grad shard (overwrite on micro-batch 0, accumulate after).
+  libcomm::Status endBackward(int layer);
+  /// Reduce-scatters the resident gradient and waits until every collective of the step is done:
+  /// on return ShardState::grad holds the step's summed gradients (scaled if scaleGradients).
+  libcomm::Status endStep();
+  /// The optimizer has finished writing the shards (master and compute copy); the next step's
+  /// gathers may read them. Required between endStep and the next beginStep.
+  libcomm::Status optimizerDone();
+
+  /// Fails the executor with `why` (if it had not failed yet) and aborts both communicators, so
+  /// that peers stop waiting for this rank. For trainers whose own compute failed mid-step. Call
+  /// from the trainer's thread (another thread may call Communicator::abort() directly).
+  void abort(const libcomm::Status& why);
+
+  /// 1 / (world size x micro-batches): the factor that turns the summed gradients into the mean.
+  float gradScale() const { return gradScale_; }
+  /// The step in progress (or the next one, between optimizerDone and beginStep); starts at 0.
+  int64_t step() const { return step_; }
+  /// The sticky error, or OK.
+  libcomm::Status status() const { return error_; }
+  int rank() const { return rank_; }
+  const ShardPlan& plan() const { return plan_; }
+  const Schedule& schedule() const { return schedule_; }
+  ShardState& state() { return pool_.state(); }
+  /// The event log (disabled unless ExecutorOptions::eventLogCapacity > 0). Read it only between
+  /// endStep and the next beginStep.
+  const EventLog& eventLog() const { return log_; }
+  EventLog& eventLog() { return log_; }
+  /// The compute stream: a CUDA trainer would enqueue its kernels here between the hooks.
+  libcomm::Stream& computeStream() { return *compute_; }
+
+ private:
+  Executor(const ShardPlan& plan, Schedule schedule, BufferPool& pool, libcomm::Communicator& agComm,
+           libcomm::Communicator& rsComm, ExecutorOptions options);
+  libcomm::Status bindViews(const ModelSpec& model);
+  libcomm::Status enterHook(HookKind kind, int layer, const char* call);
+  libcomm::Status runOp(const ScheduleOp& op);
+  libcomm::Status runGather(const ScheduleOp& op);
+  libcomm::Status runReduce(const ScheduleOp& op);
+  libcomm::Status hostWait(const ScheduleOp& op);
+  libcomm::Status fail(libcomm::Status st);
+  libcomm::Stream& stream(StreamId id);
+  LogEntry logEntry(LogKind kind) const;
+  std::string where() const;
+
+  ShardPlan plan_;
+  Schedule schedule_;
+  BufferPool& pool_;
+  libcomm::Communicator& agComm_;
+  libcomm::Communicator& rsComm_;
+  ExecutorOptions options_;
+  int rank_ = 0;
+  float gradScale_ = 1.0f;
+  libcomm::DataType computeType_ = libcomm::DataType::kFloat32;
+  EventLog log_;
+  std::vector<std::unique_ptr<libcomm::Event>> events_;
+  std::unique_ptr<libcomm::Stream> compute_, ag_, rs_;  // rs_ null when both comms are one
+
+  // Position in the schedule.
+  size_t cursor_ = 0;  // the next op, always a hook between calls
+  int64_t step_ = 0;
+  const ScheduleOp* hook_ = nullptr;  // the hook being run
+  libcomm::Status error_;
+
+  // Per layer: forward and backward views; for each gradient view, where it lives.
+  struct GradSlot {
+    bool resident = false;
+    size_t offset = 0;  // elements from the start of the grad buffer / the resident accumulator
+  };
+  std::vector<LayerViews> forward_, backward_;
+  std::vector<std::vector<GradSlot>> gradSlots_;
+};
+
+}  // namespace libshard

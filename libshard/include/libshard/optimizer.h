@@ -1,0 +1,111 @@
+#pragma once
+// AdamW on one rank's shard of the training state (ShardState), with global gradient-norm
+// clipping across ranks through one libcomm allReduce.
+//
+// Only the elements that belong to a parameter are touched: alignment gaps and the padding at the
+// end of each group are skipped by the norm, by the update and by weight decay, so padding that
+// starts at 0 stays exactly 0 whatever the gradient buffer holds there.
+//
+// Exact order of operations of one step(), so that an unsharded reference trainer can reproduce
+// it bit for bit (all arithmetic fp32 unless stated, no fused multiply-add: this file's source is
+// compiled with floating-point contraction off, and a reference must be too):
+//
+//   t      = state.step + 1                                  (then stored back into state.step)
+//   g      = grad[i] * gradScale                             (gradScale folds 1/(world x microBatches))
+//   sumsq  = sum over this rank's parameter elements of double(g) * double(g)      (fp64, local)
+//   total  = sumsq                                          without a communicator, or
+//            double(allReduce_sum(float(sumsq)))             with one (fp32 on the wire)
+//   norm   = sqrt(total)                                     (fp64; the value step() returns)
+//   coef   = clipNorm > 0 ? float(min(1.0, clipNorm / (norm + 1e-6))) : 1.0f        (fp64, then fp32)
+//   g      = g * coef
+//   m      = beta1 * m + (1 - beta1) * g                     (1 - beta1 computed in fp32)
+//   v      = beta2 * v + (1 - beta2) * g * g                 ((1 - beta2) * g first, then * g)
+//   bc1    = float(1 - pow(double(beta1), t)),  bc2 = float(1 - pow(double(beta2), t))
+//   mhat   = m / bc1,  vhat = v / bc2                        (divisions, not reciprocal products)
+//   upd    = mhat / (sqrt(vhat) + eps)
+//   w      = w - lr * (upd + weightDecay * w)                decayed parameters (w before the update)
+//   w      = w - lr * upd                                    the others (norms, biases, ...), and
+//                                                             every parameter when weightDecay == 0
+//   compute copy = floatToBf16(w) over the whole shard, once (Precision::kBf16 only)
+//
+// A parameter is decayed when its ParamPlacement::weightDecay is true and its kind is not kNorm.
+// A non-finite global norm skips the step: nothing is written, state.step is not advanced, and the
+// non-finite norm is returned so the caller can see it (every rank sees the same norm, so every
+// rank skips together).
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "libcomm/communicator.h"
+#include "libcomm/deadline.h"
+#include "libcomm/status.h"
+#include "libcomm/stream.h"
+#include "libshard/plan.h"
+#include "libshard/state.h"
+
+namespace libshard {
+
+/// AdamW hyperparameters. Learning-rate schedules change `lr` between steps (setLearningRate).
+struct AdamWConfig {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  /// Decoupled weight decay (multiplied by lr), applied only to decayed parameters.
+  float weightDecay = 0.0f;
+  /// Global gradient-norm clipping threshold; 0 turns clipping off (the norm is still computed).
+  float clipNorm = 0.0f;
+};
+
+/// A contiguous run of this rank's state elements that all belong to parameters.
+struct OptimizerRange {
+  size_t begin = 0;  // element index in the rank's flat state arrays
+  size_t count = 0;
+  bool decay = false;
+};
+
+class ShardedAdamW {
+ public:
+  /// Builds the per-range decay mask of rank plan.options.rank: every parameter's elements
+  /// intersected with that rank's shard of its group, in state order, adjacent runs merged.
+  /// kInvalidArgument for a bad configuration (lr < 0, betas outside [0, 1), eps <= 0,
+  /// weightDecay < 0, clipNorm < 0, anything non-finite) or a plan whose groups do not fit in
+  /// stateNumel. Thread-safe (reads the plan only).
+  static libcomm::Result<ShardedAdamW> create(const ShardPlan& plan, const AdamWConfig& config);
+
+  /// One optimizer step on `state` (see the order of operations at the top of this file).
+  /// `grad` must hold the summed (not yet averaged) gradients: the caller has made sure every
+  /// reduce-scatter into it has completed. grad is only read (the next step's first micro-batch
+  /// overwrites it). With `comm` the squared norm is allReduced on `stream`
+  /// (which must be a stream `comm` may use; work already on it runs first) and the call waits for
+  /// it until `deadline`; every rank must call step() in the same collective order. Without
+  /// `comm` (nullptr) the plan's world size must be 1. Returns the global gradient norm before
+  /// clipping. The state is not modified when an error is returned or the norm is not finite.
+  /// Not thread-safe: one step at a time per optimizer and per state.
+  libcomm::Result<double> step(ShardState& state, float gradScale, libcomm::Communicator* comm, libcomm::Stream* stream,
+                               libcomm::Deadline deadline);
+
+  /// Changes the learning rate used by later steps. Not thread-safe against step().
+  void setLearningRate(float lr) { config_.lr = lr; }
+  const AdamWConfig& config() const { return config_; }
+  /// The parameter runs of this rank's shard (state order); everything else is padding.
+  const std::vector<OptimizerRange>& ranges() const { return ranges_; }
+  /// Elements of this rank's state that belong to parameters (sum of the range counts).
+  size_t paramElements() const { return paramElements_; }
+
+ private:
+  ShardedAdamW() = default;
+
+  AdamWConfig config_;
+  size_t stateNumel_ = 0;
+  int worldSize_ = 1;
+  Precision precision_ = Precision::kBf16;
+  std::vector<OptimizerRange> ranges_;
+  size_t paramElements_ = 0;
+};
+
+/// The decay rule: weightDecay set and not a norm parameter.
+inline bool isDecayed(const ParamPlacement& p) { return p.weightDecay && p.kind != ParamKind::kNorm; }
+
+}  // namespace libshard

@@ -1,0 +1,58 @@
+#pragma once
+// Layer + Runner: the smallest way to train with libshard. A trainer implements Layer::forward and
+// Layer::backward on the views the executor hands out (gathered weights; gradient buffers), and
+// the Runner drives a whole step through the executor's hooks in the order the schedule expects.
+
+#include <functional>
+#include <vector>
+
+#include "libcomm/status.h"
+#include "libshard/executor.h"
+
+namespace libshard {
+
+/// One model layer as the Runner sees it. A layer keeps whatever activations it needs between
+/// forward and backward itself (per micro-batch: views.microBatch says which).
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  /// Forward of micro-batch views.microBatch with the layer's gathered weights (views.weights).
+  virtual libcomm::Status forward(const LayerViews& views) = 0;
+  /// Backward of micro-batch views.microBatch: if views.recompute, rerun forward from the kept
+  /// input first; then add the gradients into views.grads (see LayerViews::grads).
+  virtual libcomm::Status backward(const LayerViews& views) = 0;
+};
+
+struct RunnerHooks {
+  /// Called before the forward of each micro-batch (load its data, reset the loss, ...).
+  std::function<libcomm::Status(int microBatch)> beforeMicroBatch;
+  /// Called between a micro-batch's forward and backward (loss and its gradient).
+  std::function<libcomm::Status(int microBatch)> afterForward;
+  /// The optimizer, run between endStep and optimizerDone (gradients are summed, not scaled:
+  /// multiply by Executor::gradScale()). Unset: no update, the step only computes gradients.
+  std::function<libcomm::Status(Executor&)> optimizer;
+};
+
+class Runner {
+ public:
+  /// `layers[k]` is layer k of the plan; the executor and the layers must outlive the runner.
+  Runner(Executor& executor, std::vector<Layer*> layers, RunnerHooks hooks = {})
+      : executor_(executor), layers_(std::move(layers)), hooks_(std::move(hooks)) {}
+
+  /// Runs one step: beginStep, every micro-batch's forward (layers 0..L-1) and backward (L-1..0),
+  /// endStep, the optimizer hook, optimizerDone. A layer or hook that fails aborts the executor
+  /// (so peers fail fast) and its error is returned with the step, micro-batch and layer named.
+  /// Call from the trainer's thread.
+  libcomm::Status step();
+
+  Executor& executor() { return executor_; }
+
+ private:
+  libcomm::Status fail(libcomm::Status st, int micro, int layer, const char* what);
+
+  Executor& executor_;
+  std::vector<Layer*> layers_;
+  RunnerHooks hooks_;
+};
+
+}  // namespace libshard

@@ -1,0 +1,117 @@
+// BufferPool: one rank's libshard memory, allocated once from libcomm.
+
+#include "libshard/buffers.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "shard_internal.h"
+
+namespace libshard {
+
+using libcomm::Status;
+using libcomm::StatusCode;
+
+std::vector<PoolAllocation> BufferPool::plannedAllocations(const ShardPlan& plan) {
+  const uint64_t n = plan.stateNumel;
+  const uint64_t es = detail::computeElementSize(plan);
+  std::vector<PoolAllocation> out;
+  // State arrays. The grad shard is the reduce-scatters' output, so it sits with their communicator.
+  out.push_back({"fp32 master shard", 4 * n, nullptr, true});
+  out.push_back({"fp32 grad shard", 4 * n, nullptr, false});
+  if (plan.options.precision == Precision::kBf16) out.push_back({"bf16 compute shard", 2 * n, nullptr, true});
+  out.push_back({"AdamW m", 4 * n, nullptr, true});
+  out.push_back({"AdamW v", 4 * n, nullptr, true});
+  for (const GatherBuffer& b : plan.gatherBuffers)
+    out.push_back({"gather buffer " + b.name, static_cast<uint64_t>(b.numel) * es, nullptr, true});
+  for (int g = 0; g < plan.options.gradBuffers; ++g)
+    out.push_back(
+        {"grad buffer " + std::to_string(g), static_cast<uint64_t>(plan.gradBufferNumel) * es, nullptr, false});
+  out.push_back(
+      {"fp32 resident grad accumulator", 4 * static_cast<uint64_t>(plan.resident.paddedNumel), nullptr, false});
+  return out;
+}
+
+libcomm::Result<std::unique_ptr<BufferPool>> BufferPool::create(const ShardPlan& plan, libcomm::Communicator& agComm,
+                                                                libcomm::Communicator& rsComm) {
+  if (plan.options.gradBuffers < 1)
+    return libcomm::makeError(StatusCode::kInvalidArgument, "BufferPool: plan has gradBuffers ",
+                              plan.options.gradBuffers, " (need >= 1)");
+  std::unique_ptr<BufferPool> pool(new BufferPool(agComm, rsComm));
+  Status st = pool->allocateAll(plan);
+  if (!st.isOk()) {
+    (void)pool->freeAll();
+    return st;
+  }
+  return pool;
+}
+
+Status BufferPool::allocateAll(const ShardPlan& plan) {
+  allocations_ = plannedAllocations(plan);
+  for (PoolAllocation& a : allocations_) {
+    if (a.bytes == 0) continue;  // nothing to hold: no pointer, no bytes
+    libcomm::Communicator& comm = a.fromGatherComm ? agComm_ : rsComm_;
+    auto mem = comm.allocRegistered(a.bytes);
+    if (!mem.isOk())
+      return mem.status().withContext("BufferPool rank " + std::to_string(comm.rank()) + ": allocating " + a.name +
+                                      " (" + std::to_string(a.bytes) + " bytes)");
+    a.data = mem.value();
+    // Padding and not-yet-written elements must read as zero: the gradient path relies on free
+    // buffers being zero, and padding flows into norms and checksums. Fresh shared memory is
+    // zero already, but other backends (device memory) promise nothing.
+    std::memset(a.data, 0, a.bytes);
+    current_ += a.bytes;
+    if (current_ > peak_) peak_ = current_;
+  }
+  // Hand out the views, in plannedAllocations() order.
+  size_t i = 0;
+  state_.numel = plan.stateNumel;
+  state_.master = static_cast<float*>(allocations_[i++].data);
+  state_.grad = static_cast<float*>(allocations_[i++].data);
+  if (plan.options.precision == Precision::kBf16) state_.compute = static_cast<uint16_t*>(allocations_[i++].data);
+  state_.adamM = static_cast<float*>(allocations_[i++].data);
+  state_.adamV = static_cast<float*>(allocations_[i++].data);
+  for (size_t b = 0; b < plan.gatherBuffers.size(); ++b) gatherBuffers_.push_back(allocations_[i++].data);
+  for (int g = 0; g < plan.options.gradBuffers; ++g) gradBuffers_.push_back(allocations_[i++].data);
+  residentGrad_ = static_cast<float*>(allocations_[i++].data);
+  return Status::ok();
+}
+
+BufferPool::~BufferPool() { (void)freeAll(); }
+
+Status BufferPool::freeAll() {
+  Status first;
+  for (PoolAllocation& a : allocations_) {
+    if (!a.data) continue;
+    libcomm::Communicator& comm = a.fromGatherComm ? agComm_ : rsComm_;
+    Status st = comm.freeRegistered(a.data);
+    if (!st.isOk() && first.isOk()) first = st.withContext("BufferPool: freeing " + a.name);
+    a.data = nullptr;
+    current_ -= a.bytes;
+  }
+  state_ = ShardState{};
+  gatherBuffers_.clear();
+  gradBuffers_.clear();
+  residentGrad_ = nullptr;
+  return first;
+}
+
+void* BufferPool::gatherBuffer(int index) const {
+  if (index < 0 || static_cast<size_t>(index) >= gatherBuffers_.size()) return nullptr;
+  return gatherBuffers_[static_cast<size_t>(index)];
+}
+
+void* BufferPool::gradBuffer(int index) const {
+  if (index < 0 || static_cast<size_t>(index) >= gradBuffers_.size()) return nullptr;
+  return gradBuffers_[static_cast<size_t>(index)];
+}
+
+std::string BufferPool::describe() const {
+  std::ostringstream os;
+  for (const PoolAllocation& a : allocations_)
+    os << "  " << a.name << ": " << a.bytes << " bytes" << (a.bytes && !a.data ? " (freed)" : "") << "\n";
+  os << "  total now " << current_ << " bytes, peak " << peak_ << " bytes\n";
+  return os.str();
+}
+
+}  // namespace libshard

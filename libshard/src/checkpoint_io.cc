@@ -1,0 +1,266 @@
+// File I/O for checkpoints: atomic writes, exact positional reads and writes, and the chunked,
+// checksummed data area that lets a reader fetch and verify only the parts it needs.
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "checkpoint_format.h"
+
+namespace libshard::ckpt {
+namespace {
+
+using libcomm::Status;
+
+uint64_t align64(uint64_t n) { return (n + 63) / 64 * 64; }
+
+std::string hex32(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "0x%08x", v);
+  return buf;
+}
+
+}  // namespace
+
+FileLayout layoutOf(const FileHeader& h) {
+  FileLayout l;
+  const uint64_t total = static_cast<uint64_t>(h.sections) * h.numel;
+  l.numChunks = h.chunkElems == 0 ? 0 : (total + h.chunkElems - 1) / h.chunkElems;
+  l.tableOffset = kHeaderBytes + align64(h.indexBytes);
+  l.dataOffset = l.tableOffset + align64(l.numChunks * 4);
+  l.fileBytes = l.dataOffset + total * 4;
+  return l;
+}
+
+void sealHeader(FileHeader& h) { h.headerCrc = crc32c(&h, offsetof(FileHeader, headerCrc)); }
+
+Fd& Fd::operator=(Fd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.release();
+  }
+  return *this;
+}
+
+Fd::~Fd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status systemError(const std::string& what, const std::string& path, int err) {
+  return libcomm::makeError(libcomm::StatusCode::kSystemError, what, " '", path, "': ", std::strerror(err), " (errno ",
+                            err, ")");
+}
+
+std::string joinPath(const std::string& dir, const std::string& name) {
+  if (dir.empty()) return name;
+  return dir.back() == '/' ? dir + name : dir + "/" + name;
+}
+
+Status preadExact(int fd, void* buf, size_t n, uint64_t offset, const std::string& path) {
+  auto* p = static_cast<char*>(buf);
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t got = ::pread(fd, p + done, n - done, static_cast<off_t>(offset + done));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return systemError("cannot read", path, errno);
+    }
+    if (got == 0)
+      return badFile(path, "truncated: needed bytes [", offset, ", ", offset + n, ") but the file ends at ",
+                     offset + done);
+    done += static_cast<size_t>(got);
+  }
+  return Status::ok();
+}
+
+Status pwriteAll(int fd, const void* buf, size_t n, uint64_t offset, const std::string& path) {
+  const auto* p = static_cast<const char*>(buf);
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t put = ::pwrite(fd, p + done, n - done, static_cast<off_t>(offset + done));
+    if (put < 0) {
+      if (errno == EINTR) continue;
+      return systemError("cannot write", path, errno);
+    }
+    done += static_cast<size_t>(put);
+  }
+  return Status::ok();
+}
+
+libcomm::Result<std::string> readWholeFile(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    if (errno == ENOENT) return badFile(path, "missing (no such file)");
+    return systemError("cannot open", path, errno);
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return systemError("cannot stat", path, errno);
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  LIBCOMM_RETURN_IF_ERROR(preadExact(fd.get(), text.data(), text.size(), 0, path));
+  return text;
+}
+
+Status writeFileAtomically(const std::string& path, const std::function<Status(int fd)>& write) {
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+  // A dot name with ".tmp-" can never be a final name, and pid + counter keep concurrent writers
+  // (ranks as threads or processes) apart.
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp =
+      joinPath(dir, "." + base + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  if (fd.get() < 0) return systemError("cannot create temporary file", tmp, errno);
+  auto fail = [&](Status st) {
+    fd = Fd();
+    ::unlink(tmp.c_str());
+    return st;
+  };
+  Status st = write(fd.get());
+  if (!st.isOk()) return fail(st);
+  if (::fsync(fd.get()) != 0) return fail(systemError("cannot fsync", tmp, errno));
+  if (::close(fd.release()) != 0) return fail(systemError("cannot close", tmp, errno));
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    return fail(systemError("cannot rename temporary file '" + tmp + "' to", path, err));
+  }
+  // The rename is durable only once the directory entry is.
+  Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dfd.get() < 0) return systemError("cannot open directory to fsync it", dir, errno);
+  if (::fsync(dfd.get()) != 0) return systemError("cannot fsync directory", dir, errno);
+  return Status::ok();
+}
+
+Status ChunkedWriter::append(const float* data, size_t n) {
+  LIBCOMM_RETURN_IF_ERROR(pwriteAll(fd_, data, n * sizeof(float), offset_, path_));
+  offset_ += n * sizeof(float);
+  while (n > 0) {
+    const size_t take = std::min<uint64_t>(n, chunkElems_ - inChunk_);
+    crc_ = crc32c(data, take * sizeof(float), crc_);
+    data += take;
+    n -= take;
+    inChunk_ += take;
+    if (inChunk_ == chunkElems_) {
+      crcs_.push_back(crc_);
+      crc_ = 0;
+      inChunk_ = 0;
+    }
+  }
+  return Status::ok();
+}
+
+std::vector<uint32_t> ChunkedWriter::finish() {
+  if (inChunk_ > 0) crcs_.push_back(crc_);
+  inChunk_ = 0;
+  crc_ = 0;
+  return std::move(crcs_);
+}
+
+Status writeTableAndHeader(int fd, const std::string& path, FileHeader header, const std::string& indexText,
+                           const std::vector<uint32_t>& crcs) {
+  header.indexBytes = static_cast<uint32_t>(indexText.size());
+  header.indexCrc = crc32c(indexText.data(), indexText.size());
+  header.tableCrc = crc32c(crcs.data(), crcs.size() * 4);
+  const FileLayout l = layoutOf(header);
+  if (l.numChunks != crcs.size())
+    return libcomm::makeError(libcomm::StatusCode::kInternalError, "checkpoint writer: ", crcs.size(),
+                              " chunk checksums for ", l.numChunks, " chunks of '", path, "'");
+  sealHeader(header);
+  // Padding between the parts is written explicitly so the file has no holes.
+  std::vector<char> front(l.dataOffset, 0);
+  std::memcpy(front.data(), &header, kHeaderBytes);
+  std::memcpy(front.data() + kHeaderBytes, indexText.data(), indexText.size());
+  std::memcpy(front.data() + l.tableOffset, crcs.data(), crcs.size() * 4);
+  return pwriteAll(fd, front.data(), front.size(), 0, path);
+}
+
+libcomm::Result<std::unique_ptr<ChunkedFile>> ChunkedFile::open(const std::string& path, const char (&magic)[8],
+                                                                const char* kind) {
+  auto f = std::unique_ptr<ChunkedFile>(new ChunkedFile());
+  f->path_ = path;
+  f->fd_ = Fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (f->fd_.get() < 0) {
+    if (errno == ENOENT) return badFile(path, "missing (no such ", kind, " file)");
+    return systemError("cannot open", path, errno);
+  }
+  struct stat st {};
+  if (::fstat(f->fd_.get(), &st) != 0) return systemError("cannot stat", path, errno);
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size < kHeaderBytes) return badFile(path, "truncated: ", size, " bytes, less than the 64-byte header");
+  FileHeader& h = f->header_;
+  LIBCOMM_RETURN_IF_ERROR(preadExact(f->fd_.get(), &h, kHeaderBytes, 0, path));
+  if (std::memcmp(h.magic, magic, sizeof(h.magic)) != 0)
+    return badFile(path, "bad magic: not a shardcomm ", kind, " checkpoint file");
+  const uint32_t headerCrc = crc32c(&h, offsetof(FileHeader, headerCrc));
+  if (headerCrc != h.headerCrc)
+    return badFile(path, "header checksum mismatch (stored ", hex32(h.headerCrc), ", computed ", hex32(headerCrc),
+                   "): the header is corrupt");
+  if (h.version != kCheckpointVersion)
+    return badFile(path, "format version ", h.version, "; this build reads version ", kCheckpointVersion);
+  if (h.chunkElems == 0 || (h.sections != 1 && h.sections != 3) || h.numel > (uint64_t{1} << 56))
+    return badFile(path, "header describes an impossible layout (chunk ", h.chunkElems, ", sections ", h.sections,
+                   ", numel ", h.numel, ")");
+  f->layout_ = layoutOf(h);
+  if (size < f->layout_.fileBytes) return badFile(path, "truncated: ", size, " bytes, expected ", f->layout_.fileBytes);
+  if (size > f->layout_.fileBytes)
+    return badFile(path, size - f->layout_.fileBytes, " unexpected bytes after the ", f->layout_.fileBytes,
+                   " the header describes");
+  f->index_.resize(h.indexBytes);
+  LIBCOMM_RETURN_IF_ERROR(preadExact(f->fd_.get(), f->index_.data(), h.indexBytes, kHeaderBytes, path));
+  if (crc32c(f->index_.data(), f->index_.size()) != h.indexCrc) return badFile(path, "parameter index is corrupt");
+  f->crcs_.resize(f->layout_.numChunks);
+  LIBCOMM_RETURN_IF_ERROR(preadExact(f->fd_.get(), f->crcs_.data(), f->crcs_.size() * 4, f->layout_.tableOffset, path));
+  if (crc32c(f->crcs_.data(), f->crcs_.size() * 4) != h.tableCrc)
+    return badFile(path, "chunk checksum table is corrupt");
+  return f;
+}
+
+Status ChunkedFile::loadChunk(uint64_t chunk, float* into) {
+  const uint64_t total = static_cast<uint64_t>(header_.sections) * header_.numel;
+  const uint64_t first = chunk * header_.chunkElems;
+  const uint64_t len = std::min<uint64_t>(header_.chunkElems, total - first);
+  const uint64_t byteBegin = layout_.dataOffset + first * 4;
+  LIBCOMM_RETURN_IF_ERROR(preadExact(fd_.get(), into, len * 4, byteBegin, path_));
+  const uint32_t got = crc32c(into, len * 4);
+  if (got != crcs_[chunk])
+    return badFile(path_, "checksum mismatch in data chunk ", chunk, " (bytes [", byteBegin, ", ", byteBegin + len * 4,
+                   ")): stored ", hex32(crcs_[chunk]), ", computed ", hex32(got));
+  return Status::ok();
+}
+
+Status ChunkedFile::read(uint64_t first, size_t n, float* dst) {
+  const uint64_t total = static_cast<uint64_t>(header_.sections) * header_.numel;
+  if (first > total || n > total - first)
+    return libcomm::makeError(libcomm::StatusCode::kInternalError, "checkpoint reader: elements [", first, ", ",
+                              first + n, ") outside the ", total, " of '", path_, "'");
+  const uint64_t ce = header_.chunkElems;
+  while (n > 0) {
+    const uint64_t chunk = first / ce, within = first % ce;
+    const uint64_t chunkLen = std::min<uint64_t>(ce, total - chunk * ce);
+    const size_t take = static_cast<size_t>(std::min<uint64_t>(n, chunkLen - within));
+    if (chunk != cachedChunk_ && within == 0 && take == chunkLen) {
+      // A whole chunk is wanted: read and check it in place, no copy.
+      LIBCOMM_RETURN_IF_ERROR(loadChunk(chunk, dst));
+    } else {
+      if (chunk != cachedChunk_) {
+        cache_.resize(ce);
+        cachedChunk_ = UINT64_MAX;  // stays invalid if the load fails
+        LIBCOMM_RETURN_IF_ERROR(loadChunk(chunk, cache_.data()));
+        cachedChunk_ = chunk;
+      }
+      std::memcpy(dst, cache_.data() + within, take * sizeof(float));
+    }
+    first += take;
+    dst += take;
+    n -= take;
+  }
+  return Status::ok();
+}
+
+}  // namespace libshard::ckpt

@@ -1,0 +1,155 @@
+// Loading into a plan of any world size: match the source's parameters with the model's, read
+// each parameter's part of this rank's shards into temporaries, then commit them in one go.
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "checkpoint_format.h"
+#include "libcomm/convert.h"
+
+namespace libshard {
+namespace {
+
+using libcomm::Status;
+using libcomm::StatusCode;
+using namespace ckpt;  // NOLINT: this file is the checkpoint implementation
+
+Status checkLoadTarget(const ShardPlan& plan, const ShardState& state) {
+  const int rank = plan.options.rank, world = plan.options.worldSize;
+  if (world < 1 || rank < 0 || rank >= world)
+    return libcomm::makeError(StatusCode::kInvalidArgument, "checkpoint load: plan has rank ", rank, " of ", world);
+  if (state.numel != plan.stateNumel)
+    return libcomm::makeError(StatusCode::kInvalidArgument, "checkpoint load: state has ", state.numel,
+                              " elements, the plan ", plan.stateNumel);
+  if (state.numel > 0 && (!state.master || !state.adamM || !state.adamV))
+    return libcomm::makeError(StatusCode::kInvalidArgument, "checkpoint load: state is missing master or moments");
+  return Status::ok();
+}
+
+std::string shapeString(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) s += 'x';
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+// Nothing is written before this point, and nothing here can fail.
+void commit(ShardState& state, const std::vector<std::vector<float>>& tmp, uint64_t step) {
+  const size_t bytes = state.numel * sizeof(float);
+  if (bytes > 0) {
+    std::memcpy(state.master, tmp[0].data(), bytes);
+    if (tmp.size() == 3) {
+      std::memcpy(state.adamM, tmp[1].data(), bytes);
+      std::memcpy(state.adamV, tmp[2].data(), bytes);
+    } else {
+      std::memset(state.adamM, 0, bytes);
+      std::memset(state.adamV, 0, bytes);
+    }
+    if (state.compute != nullptr) libcomm::floatToBf16(state.master, state.compute, state.numel);
+  }
+  state.step = step;
+}
+
+class FullSource final : public ParamSource {
+ public:
+  explicit FullSource(ChunkedFile& file) : file_(file) {}
+  Status read(const LayoutParam& p, int section, uint64_t first, size_t n, float* dst) override {
+    return file_.read(static_cast<uint64_t>(section) * file_.header().numel + p.offset + first, n, dst);
+  }
+
+ private:
+  ChunkedFile& file_;
+};
+
+}  // namespace
+
+namespace ckpt {
+
+Status loadForPlan(ParamSource& source, const std::vector<LayoutParam>& srcParams, int sections, const ShardPlan& plan,
+                   const std::string& what, std::vector<std::vector<float>>& out) {
+  std::map<std::string, const LayoutParam*> byName;
+  for (const LayoutParam& p : srcParams) byName.emplace(p.name, &p);
+
+  // Pair every model parameter with its source first: a mismatch is reported before any read.
+  struct Job {
+    const FlatGroup* group;
+    const ParamPlacement* dst;
+    const LayoutParam* src;
+  };
+  std::vector<Job> jobs;
+  auto collect = [&](const FlatGroup& g) -> Status {
+    for (const ParamPlacement& p : g.params) {
+      auto it = byName.find(p.name);
+      if (it == byName.end())
+        return libcomm::makeError(StatusCode::kInvalidArgument, what, " does not match the model: model parameter '",
+                                  p.name, "' is not in it");
+      if (it->second->shape != p.shape)
+        return libcomm::makeError(StatusCode::kInvalidArgument, what, " does not match the model: parameter '", p.name,
+                                  "' has shape ", shapeString(it->second->shape), " there and ", shapeString(p.shape),
+                                  " in the model");
+      jobs.push_back({&g, &p, it->second});
+      byName.erase(it);
+    }
+    return Status::ok();
+  };
+  for (const FlatGroup& g : plan.layers) LIBCOMM_RETURN_IF_ERROR(collect(g));
+  LIBCOMM_RETURN_IF_ERROR(collect(plan.resident));
+  if (!byName.empty())
+    return libcomm::makeError(StatusCode::kInvalidArgument, what, " does not match the model: its parameter '",
+                              byName.begin()->first, "' is not in the model (", byName.size(), " such)");
+
+  const size_t rank = static_cast<size_t>(plan.options.rank);
+  out.assign(static_cast<size_t>(sections), std::vector<float>(plan.stateNumel, 0.0f));
+  // Section-major, parameters in layout order: reads walk each source file forwards, so every
+  // chunk is fetched once.
+  for (int s = 0; s < sections; ++s) {
+    for (const Job& j : jobs) {
+      const FlatGroup& g = *j.group;
+      const size_t shardBegin = rank * g.shardNumel, shardEnd = shardBegin + g.shardNumel;
+      const size_t begin = std::max(j.dst->offset, shardBegin);
+      const size_t end = std::min(j.dst->offset + j.dst->numel, shardEnd);
+      if (begin >= end) continue;
+      if (g.stateOffset + (end - shardBegin) > plan.stateNumel)
+        return libcomm::makeError(StatusCode::kInvalidArgument, "checkpoint load: group '", g.name,
+                                  "' lies outside the plan's state of ", plan.stateNumel, " elements");
+      float* dst = out[static_cast<size_t>(s)].data() + g.stateOffset + (begin - shardBegin);
+      LIBCOMM_RETURN_IF_ERROR(source.read(*j.src, s, begin - j.dst->offset, end - begin, dst));
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace ckpt
+
+Status loadCheckpoint(const std::string& dir, const ShardPlan& plan, ShardState& state) {
+  LIBCOMM_RETURN_IF_ERROR(checkLoadTarget(plan, state));
+  LIBCOMM_ASSIGN_OR_RETURN(CheckpointIndex x, readIndex(dir));
+  std::unique_ptr<ParamSource> source = makeShardedSource(dir, x);
+  std::vector<std::vector<float>> tmp;
+  LIBCOMM_RETURN_IF_ERROR(loadForPlan(*source, x.params, 3, plan, "checkpoint '" + dir + "'", tmp));
+  commit(state, tmp, x.step);
+  return Status::ok();
+}
+
+Status importFullModel(const std::string& path, const ShardPlan& plan, ShardState& state, bool restoreOptimizerState) {
+  LIBCOMM_RETURN_IF_ERROR(checkLoadTarget(plan, state));
+  LIBCOMM_ASSIGN_OR_RETURN(auto file, ChunkedFile::open(path, kFullMagic, "full-model"));
+  const FileHeader& h = file->header();
+  LIBCOMM_ASSIGN_OR_RETURN(std::vector<LayoutParam> params, parseParamList(file->indexText(), path));
+  for (const LayoutParam& p : params)
+    if (p.offset + p.numel > h.numel)
+      return badFile(path, "parameter '", p.name, "' at [", p.offset, ", ", p.offset + p.numel, ") lies outside the ",
+                     h.numel, " elements of each section");
+  const bool withMoments = restoreOptimizerState && h.sections == 3;
+  FullSource source(*file);
+  std::vector<std::vector<float>> tmp;
+  LIBCOMM_RETURN_IF_ERROR(
+      loadForPlan(source, params, withMoments ? 3 : 1, plan, "full-model file '" + path + "'", tmp));
+  commit(state, tmp, withMoments ? h.step : 0);
+  return Status::ok();
+}
+
+}  // namespace libshard

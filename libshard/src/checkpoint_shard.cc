@@ -1,0 +1,182 @@
+// Sharded checkpoints: writing a rank's shard file and the index, reading parameters back from
+// the shard files of any world size, and whole-checkpoint verification.
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "checkpoint_format.h"
+
+namespace libshard {
+namespace {
+
+using libcomm::Result;
+using libcomm::Status;
+using libcomm::StatusCode;
+using namespace ckpt;  // NOLINT: this file is the checkpoint implementation
+
+// Opens rank `rank`'s shard file and checks that it is the one the index describes.
+Result<std::unique_ptr<ChunkedFile>> openShardFile(const std::string& dir, const CheckpointIndex& x, int rank) {
+  const ShardFileEntry& e = x.files[static_cast<size_t>(rank)];
+  const std::string path = joinPath(dir, e.file);
+  LIBCOMM_ASSIGN_OR_RETURN(auto f, ChunkedFile::open(path, kShardMagic, "shard"));
+  const FileHeader& h = f->header();
+  if (h.rank != static_cast<uint32_t>(rank) || h.world != static_cast<uint32_t>(x.world) || h.sections != 3 ||
+      h.numel != x.stateNumel || h.step != x.step)
+    return badFile(path, "does not belong to this checkpoint: it holds rank ", h.rank, " of ", h.world, ", ", h.numel,
+                   " elements, step ", h.step, "; the index expects rank ", rank, " of ", x.world, ", ", x.stateNumel,
+                   " elements, step ", x.step);
+  if (h.tableCrc != e.tableCrc || f->layout().fileBytes != e.bytes)
+    return badFile(path, "does not match the index (checksum or size differ): it was rewritten after the index");
+  return f;
+}
+
+class ShardedSource final : public ParamSource {
+ public:
+  ShardedSource(std::string dir, const CheckpointIndex& index)
+      : dir_(std::move(dir)), index_(index), files_(static_cast<size_t>(index.world)) {}
+
+  Status read(const LayoutParam& p, int section, uint64_t first, size_t n, float* dst) override {
+    const LayoutGroup& g = index_.groups[static_cast<size_t>(p.group)];
+    uint64_t pos = p.offset + first;  // in the group's flat buffer
+    while (n > 0) {
+      const uint64_t owner = pos / g.shardNumel, within = pos % g.shardNumel;
+      const size_t take = static_cast<size_t>(std::min<uint64_t>(n, g.shardNumel - within));
+      LIBCOMM_ASSIGN_OR_RETURN(ChunkedFile * f, file(static_cast<int>(owner)));
+      LIBCOMM_RETURN_IF_ERROR(
+          f->read(static_cast<uint64_t>(section) * index_.stateNumel + g.stateOffset + within, take, dst));
+      pos += take;
+      dst += take;
+      n -= take;
+    }
+    return Status::ok();
+  }
+
+ private:
+  Result<ChunkedFile*> file(int rank) {
+    std::unique_ptr<ChunkedFile>& f = files_[static_cast<size_t>(rank)];
+    if (!f) {
+      LIBCOMM_ASSIGN_OR_RETURN(f, openShardFile(dir_, index_, rank));
+    }
+    return f.get();
+  }
+
+  std::string dir_;
+  CheckpointIndex index_;
+  std::vector<std::unique_ptr<ChunkedFile>> files_;
+};
+
+Status checkSaveArgs(const ShardPlan& plan, const ShardState& state) {
+  const int rank = plan.options.rank, world = plan.options.worldSize;
+  if (world < 1 || rank < 0 || rank >= world)
+    return libcomm::makeError(StatusCode::kInvalidArgument, "checkpoint save: plan has rank ", rank, " of ", world);
+  if (state.numel != plan.stateNumel)
+    return libcomm::makeError(StatusCode::kInvalidArgument, "checkpoint save: state has ", state.numel,
+                              " elements, the plan ", plan.stateNumel);
+  if (state.numel > 0 && (!state.master || !state.adamM || !state.adamV))
+    return libcomm::makeError(StatusCode::kInvalidArgument, "checkpoint save: state is missing master or moments");
+  return Status::ok();
+}
+
+}  // namespace
+
+namespace ckpt {
+std::unique_ptr<ParamSource> makeShardedSource(const std::string& dir, const CheckpointIndex& index) {
+  return std::make_unique<ShardedSource>(dir, index);
+}
+}  // namespace ckpt
+
+std::string checkpointShardFileName(int rank, int worldSize) {
+  return "rank-" + std::to_string(rank) + "-of-" + std::to_string(worldSize) + ".shard";
+}
+
+Status saveCheckpointShard(const std::string& dir, const ShardPlan& plan, const ShardState& state) {
+  LIBCOMM_RETURN_IF_ERROR(checkSaveArgs(plan, state));
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+    return systemError("cannot create checkpoint directory", dir, errno);
+  const std::string path = joinPath(dir, checkpointShardFileName(plan.options.rank, plan.options.worldSize));
+  FileHeader h{};
+  std::memcpy(h.magic, kShardMagic, sizeof(h.magic));
+  h.version = kCheckpointVersion;
+  h.rank = static_cast<uint32_t>(plan.options.rank);
+  h.world = static_cast<uint32_t>(plan.options.worldSize);
+  h.sections = 3;
+  h.numel = state.numel;
+  h.step = state.step;
+  h.chunkElems = kChunkElems;
+  const FileLayout layout = layoutOf(h);
+  return writeFileAtomically(path, [&](int fd) -> Status {
+    ChunkedWriter w(fd, path, layout.dataOffset, h.chunkElems);
+    for (const float* section : {state.master, state.adamM, state.adamV})
+      LIBCOMM_RETURN_IF_ERROR(w.append(section, state.numel));
+    return writeTableAndHeader(fd, path, h, "", w.finish());
+  });
+}
+
+Status writeCheckpointIndex(const std::string& dir, const ShardPlan& plan) {
+  CheckpointIndex x = indexFromPlan(plan);
+  for (int r = 0; r < x.world; ++r) {
+    const std::string name = checkpointShardFileName(r, x.world);
+    const std::string path = joinPath(dir, name);
+    LIBCOMM_ASSIGN_OR_RETURN(auto f, ChunkedFile::open(path, kShardMagic, "shard"));
+    const FileHeader& h = f->header();
+    if (h.rank != static_cast<uint32_t>(r) || h.world != static_cast<uint32_t>(x.world) || h.sections != 3 ||
+        h.numel != x.stateNumel)
+      return badFile(path, "holds rank ", h.rank, " of ", h.world, " with ", h.numel,
+                     " elements; the plan expects rank ", r, " of ", x.world, " with ", x.stateNumel);
+    if (r == 0) x.step = h.step;
+    if (h.step != x.step)
+      return badFile(path, "is at step ", h.step, " but rank 0's file is at step ", x.step,
+                     " (ranks saved different steps)");
+    x.files.push_back({r, name, f->layout().fileBytes, h.tableCrc});
+  }
+  const std::string text = formatIndex(x);
+  const std::string path = joinPath(dir, kCheckpointIndexFile);
+  return writeFileAtomically(path, [&](int fd) { return pwriteAll(fd, text.data(), text.size(), 0, path); });
+}
+
+Status saveCheckpoint(const std::string& dir, const std::vector<ShardPlan>& plans,
+                      const std::vector<const ShardState*>& states) {
+  if (plans.empty() || plans.size() != states.size())
+    return libcomm::makeError(StatusCode::kInvalidArgument, "checkpoint save: ", plans.size(), " plans and ",
+                              states.size(), " states (one of each per rank)");
+  for (size_t r = 0; r < plans.size(); ++r) {
+    if (plans[r].options.rank != static_cast<int>(r) || plans[r].options.worldSize != static_cast<int>(plans.size()))
+      return libcomm::makeError(StatusCode::kInvalidArgument, "checkpoint save: plans[", r, "] is for rank ",
+                                plans[r].options.rank, " of ", plans[r].options.worldSize);
+    if (!states[r]) return libcomm::makeError(StatusCode::kInvalidArgument, "checkpoint save: states[", r, "] is null");
+  }
+  for (size_t r = 0; r < plans.size(); ++r) LIBCOMM_RETURN_IF_ERROR(saveCheckpointShard(dir, plans[r], *states[r]));
+  return writeCheckpointIndex(dir, plans[0]);
+}
+
+Status verifyCheckpoint(const std::string& dir) {
+  LIBCOMM_ASSIGN_OR_RETURN(CheckpointIndex x, readIndex(dir));
+  std::vector<float> buf;
+  for (int r = 0; r < x.world; ++r) {
+    LIBCOMM_ASSIGN_OR_RETURN(auto f, openShardFile(dir, x, r));
+    const uint64_t total = 3 * f->header().numel;
+    buf.resize(std::min<uint64_t>(total, kChunkElems));
+    for (uint64_t at = 0; at < total; at += buf.size())
+      LIBCOMM_RETURN_IF_ERROR(f->read(at, static_cast<size_t>(std::min<uint64_t>(buf.size(), total - at)), buf.data()));
+  }
+  return Status::ok();
+}
+
+Result<CheckpointInfo> readCheckpointInfo(const std::string& dir) {
+  LIBCOMM_ASSIGN_OR_RETURN(CheckpointIndex x, readIndex(dir));
+  CheckpointInfo info;
+  info.version = x.version;
+  info.worldSize = x.world;
+  info.alignmentBytes = x.alignmentBytes;
+  info.precision = x.precision;
+  info.step = x.step;
+  info.stateNumel = x.stateNumel;
+  info.numParams = x.params.size();
+  for (const LayoutParam& p : x.params) info.paramNumel += p.numel;
+  for (const ShardFileEntry& e : x.files) info.files.push_back(e.file);
+  return info;
+}
+
+}  // namespace libshard

@@ -1,0 +1,280 @@
+// checkEventLog: proves the schedule's rules from an EventLog's timestamps.
+//
+// It does not look at the schedule that produced the log: it rebuilds who held each buffer when
+// from the entries themselves, so a schedule that was built or edited wrongly is caught too.
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+#include "libshard/event_log.h"
+
+namespace libshard {
+
+using libcomm::Status;
+using libcomm::StatusCode;
+
+namespace {
+
+struct Span {  // a collective as its stream ran it
+  int64_t start = 0, end = 0;
+  int step = -1, layer = -1, micro = -1;
+};
+
+struct Use {  // one forward or backward of one layer
+  int step = -1, micro = -1, layer = -1;
+  Phase phase = Phase::kForward;
+  int buffer = -1, grad = -1;
+  int64_t begin = -1, end = -1, release = -1;
+};
+
+using UseKey = std::tuple<int, int, int, int>;  // step, micro, phase, layer
+
+class Checker {
+ public:
+  Checker(const std::vector<LogEntry>& log, const ShardPlan& plan) : log_(log), plan_(plan) {
+    t0_ = log.empty() ? 0 : log.front().ns;
+    for (const LogEntry& e : log) t0_ = std::min(t0_, e.ns);
+  }
+
+  Status run() {
+    collect();
+    checkRuleA();
+    checkRuleB();
+    checkGradBuffers();
+    checkGate();
+    if (violations_ == 0) return Status::ok();
+    std::ostringstream os;
+    os << "event log: " << violations_ << " violation(s) in " << log_.size() << " entries";
+    for (const auto& m : messages_) os << "\n  " << m;
+    return Status(StatusCode::kInternalError, os.str());
+  }
+
+ private:
+  template <typename... Args>
+  void fail(Args&&... args) {
+    if (messages_.size() < 8) messages_.push_back(libcomm::detail::strCat(std::forward<Args>(args)...));
+    ++violations_;
+  }
+  std::string at(int64_t ns) const {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "+%.1f us", static_cast<double>(ns - t0_) / 1000.0);
+    return buf;
+  }
+  std::string bufName(int b) const {
+    if (b >= 0 && static_cast<size_t>(b) < plan_.gatherBuffers.size())
+      return plan_.gatherBuffers[static_cast<size_t>(b)].name;
+    return std::to_string(b);
+  }
+  std::string useName(const Use& u) const {
+    return libcomm::detail::strCat(phaseName(u.phase), " of layer ", u.layer, " (step ", u.step, ", micro-batch ",
+                                   u.micro, ")");
+  }
+
+  // Pairs start/end entries of one serial stream's collectives on one buffer, in time order.
+  std::vector<Span> pair(LogKind startKind, LogKind endKind, bool byGrad, int index, const char* what) {
+    std::vector<const LogEntry*> starts, ends;
+    for (const LogEntry& e : log_) {
+      if ((byGrad ? e.gradBuffer : e.buffer) != index) continue;
+      if (e.kind == startKind) starts.push_back(&e);
+      if (e.kind == endKind) ends.push_back(&e);
+    }
+    auto byTime = [](const LogEntry* a, const LogEntry* b) { return a->ns < b->ns; };
+    std::stable_sort(starts.begin(), starts.end(), byTime);
+    std::stable_sort(ends.begin(), ends.end(), byTime);
+    if (starts.size() != ends.size())
+      fail(what, " on buffer ", index, ": ", starts.size(), " starts but ", ends.size(), " ends");
+    std::vector<Span> out;
+    for (size_t i = 0; i < std::min(starts.size(), ends.size()); ++i) {
+      const LogEntry& s = *starts[i];
+      const LogEntry& e = *ends[i];
+      if (s.layer != e.layer || s.step != e.step || e.ns < s.ns)
+        fail(what, " on buffer ", index, ": start (layer ", s.layer, ", step ", s.step, ") and end (layer ", e.layer,
+             ", step ", e.step, ") do not match");
+      out.push_back({s.ns, e.ns, s.step, s.layer, s.microBatch});
+    }
+    return out;
+  }
+
+  void collect() {
+    for (const LogEntry& e : log_) {
+      if (e.kind == LogKind::kComputeBegin || e.kind == LogKind::kComputeEnd ||
+          (e.kind == LogKind::kRelease && e.layer >= 0)) {
+        Use& u = uses_[{e.step, e.microBatch, static_cast<int>(e.phase), e.layer}];
+        u.step = e.step;
+        u.micro = e.microBatch;
+        u.layer = e.layer;
+        u.phase = e.phase;
+        if (e.kind == LogKind::kComputeBegin) {
+          u.begin = e.ns;
+          u.buffer = e.buffer;
+          u.grad = e.gradBuffer;
+        } else if (e.kind == LogKind::kComputeEnd) {
+          u.end = e.ns;
+        } else {
+          u.release = e.ns;
+        }
+      }
+      if (e.kind == LogKind::kRelease && e.layer < 0) residentRelease_[e.step] = e.ns;
+      if (e.kind == LogKind::kStepEnd) stepEnd_[e.step] = e.ns;
+      if (e.kind == LogKind::kOptimizerDone) optDone_[e.step] = e.ns;
+      if (e.kind == LogKind::kGatherStart) gatherSteps_.insert(e.step);
+    }
+    for (auto& [key, u] : uses_) {
+      if (u.begin < 0 || u.end < 0) fail(useName(u), ": begin or end missing");
+      if (u.buffer >= 0 && u.release < 0) fail(useName(u), ": never released buffer ", bufName(u.buffer));
+      auto& first = stepFirstBegin_[u.step];
+      if (u.begin >= 0 && (first == 0 || u.begin < first)) first = u.begin;
+      auto& last = stepLastEnd_[u.step];
+      last = std::max(last, u.end);
+    }
+    for (size_t b = 0; b < plan_.gatherBuffers.size(); ++b)
+      gathers_.push_back(pair(LogKind::kGatherStart, LogKind::kGatherEnd, false, static_cast<int>(b), "all_gather"));
+    for (int g = -1; g < plan_.options.gradBuffers; ++g)
+      reduces_[g] = pair(LogKind::kReduceStart, LogKind::kReduceEnd, true, g, "reduce_scatter");
+  }
+
+  void checkRuleA() {
+    const bool resident = plan_.resident.paddedNumel > 0 && plan_.residentBuffer >= 0;
+    for (const auto& [key, u] : uses_) {
+      if (u.begin < 0) continue;
+      if (u.buffer >= 0 && static_cast<size_t>(u.buffer) < gathers_.size()) {
+        const Span* last = nullptr;
+        for (const Span& g : gathers_[static_cast<size_t>(u.buffer)])
+          if (g.start <= u.begin && (!last || g.start >= last->start)) last = &g;
+        if (!last) {
+          fail("rule A: ", useName(u), " began at ", at(u.begin), " with no all_gather into ", bufName(u.buffer),
+               " before it");
+        } else if (last->layer != u.layer || last->step != u.step) {
+          fail("rule A: ", useName(u), " began at ", at(u.begin), " while buffer ", bufName(u.buffer),
+               " was last gathered for layer ", last->layer, " of step ", last->step);
+        } else if (last->end > u.begin) {
+          fail("rule A: ", useName(u), " began at ", at(u.begin), " before its all_gather into ", bufName(u.buffer),
+               " ended at ", at(last->end));
+        }
+      }
+      if (resident) {
+        bool ok = false;
+        for (const Span& g : gathers_[static_cast<size_t>(plan_.residentBuffer)])
+          if (g.step == u.step && g.end <= u.begin) ok = true;
+        if (!ok)
+          fail("rule A: ", useName(u), " began at ", at(u.begin), " before the step's resident all_gather ended");
+      }
+    }
+  }
+
+  void checkRuleB() {
+    for (size_t b = 0; b < gathers_.size(); ++b) {
+      std::vector<Use> users;
+      for (const auto& [key, u] : uses_)
+        if (u.buffer == static_cast<int>(b)) users.push_back(u);
+      if (static_cast<int>(b) == plan_.residentBuffer) {
+        for (const auto& [step, first] : stepFirstBegin_) {
+          Use r;
+          r.step = step;
+          r.begin = first;
+          r.release = residentRelease_.count(step) ? residentRelease_[step] : -1;
+          r.buffer = static_cast<int>(b);
+          users.push_back(r);
+        }
+      }
+      for (const Span& g : gathers_[b]) {
+        for (const Use& u : users) {
+          if (u.begin < 0 || g.end <= u.begin) continue;         // the gather was over before the use began
+          if (u.release >= 0 && u.release <= g.start) continue;  // the use had released the buffer
+          fail("rule B: all_gather of layer ", g.layer, " (step ", g.step, ") into ", bufName(static_cast<int>(b)),
+               " ran ", at(g.start), "..", at(g.end), " while ",
+               u.layer >= 0 ? useName(u) : "the resident group of step " + std::to_string(u.step), " held it (",
+               at(u.begin), "..", u.release >= 0 ? at(u.release) : std::string("never released"), ")");
+        }
+      }
+    }
+  }
+
+  void checkGradBuffers() {
+    for (const auto& [g, spans] : reduces_) {
+      if (g < 0) {  // the resident accumulator: once per step, after every backward of it
+        for (const Span& r : spans)
+          if (stepLastEnd_.count(r.step) && r.start < stepLastEnd_[r.step])
+            fail("resident reduce_scatter of step ", r.step, " started at ", at(r.start),
+                 " before the step's last compute ended at ", at(stepLastEnd_[r.step]));
+        continue;
+      }
+      std::vector<Use> writers;
+      for (const auto& [key, u] : uses_)
+        if (u.phase == Phase::kBackward && u.grad == g) writers.push_back(u);
+      for (const Span& r : spans) {
+        const Use* last = nullptr;
+        for (const Use& w : writers)
+          if (w.begin >= 0 && w.begin <= r.start && (!last || w.begin >= last->begin)) last = &w;
+        if (!last || last->layer != r.layer || last->step != r.step || last->micro != r.micro) {
+          fail("grad buffer ", g, ": reduce_scatter of layer ", r.layer, " (step ", r.step, ", micro-batch ", r.micro,
+               ") at ", at(r.start), " does not follow that layer's backward");
+        } else if (last->end > r.start) {
+          fail("grad buffer ", g, ": reduce_scatter of layer ", r.layer, " started at ", at(r.start),
+               " before its backward ended at ", at(last->end));
+        }
+      }
+      for (const Use& w : writers) {
+        int reduced = 0;
+        for (const Span& r : spans) {
+          if (r.layer == w.layer && r.step == w.step && r.micro == w.micro) ++reduced;
+          if (w.begin < 0 || w.end < 0 || r.end <= w.begin || w.end <= r.start) continue;
+          fail("grad buffer ", g, ": ", useName(w), " wrote it ", at(w.begin), "..", at(w.end),
+               " while the reduce_scatter of layer ", r.layer, " read it ", at(r.start), "..", at(r.end));
+        }
+        if (reduced != 1) fail("grad buffer ", g, ": ", useName(w), " was reduce-scattered ", reduced, " times");
+      }
+    }
+  }
+
+  void checkGate() {
+    std::map<int, int64_t> firstGather, lastCollectiveEnd;
+    for (const auto& spans : gathers_)
+      for (const Span& g : spans) {
+        auto [it, fresh] = firstGather.try_emplace(g.step, g.start);
+        if (!fresh) it->second = std::min(it->second, g.start);
+        lastCollectiveEnd[g.step] = std::max(lastCollectiveEnd[g.step], g.end);
+      }
+    for (const auto& [grad, spans] : reduces_)
+      for (const Span& r : spans) lastCollectiveEnd[r.step] = std::max(lastCollectiveEnd[r.step], r.end);
+    const int firstStep = gatherSteps_.empty() ? 0 : *gatherSteps_.begin();
+    for (const auto& [step, start] : firstGather) {
+      if (step == firstStep) continue;  // its gate lies before the log
+      auto od = optDone_.find(step - 1);
+      if (od == optDone_.end()) {
+        fail("gate: step ", step, " gathered at ", at(start), " with no optimizer done of step ", step - 1);
+      } else if (start < od->second) {
+        fail("gate: step ", step, " gathered at ", at(start), " before optimizer done of step ", step - 1, " at ",
+             at(od->second));
+      }
+    }
+    for (const auto& [step, end] : stepEnd_) {
+      if (lastCollectiveEnd.count(step) && end < lastCollectiveEnd[step])
+        fail("endStep of step ", step, " returned at ", at(end), " before its collectives ended at ",
+             at(lastCollectiveEnd[step]));
+      if (optDone_.count(step) && optDone_[step] < end)
+        fail("optimizer done of step ", step, " at ", at(optDone_[step]), " before its endStep at ", at(end));
+    }
+  }
+
+  const std::vector<LogEntry>& log_;
+  const ShardPlan& plan_;
+  int64_t t0_ = 0;
+  int violations_ = 0;
+  std::vector<std::string> messages_;
+  std::map<UseKey, Use> uses_;
+  std::vector<std::vector<Span>> gathers_;    // per gather buffer
+  std::map<int, std::vector<Span>> reduces_;  // per grad buffer; -1: resident accumulator
+  std::map<int, int64_t> residentRelease_, stepEnd_, optDone_, stepFirstBegin_, stepLastEnd_;
+  std::set<int> gatherSteps_;
+};
+
+}  // namespace
+
+Status checkEventLog(const std::vector<LogEntry>& log, const ShardPlan& plan) { return Checker(log, plan).run(); }
+
+}  // namespace libshard

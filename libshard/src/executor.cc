@@ -1,0 +1,237 @@
+// Executor: construction, the trainer's hooks and the views they hand out.
+
+#include "libshard/executor.h"
+
+#include <sstream>
+
+#include "shard_internal.h"
+
+namespace libshard {
+
+using libcomm::Status;
+using libcomm::StatusCode;
+
+const TensorView* LayerViews::weight(std::string_view name) const {
+  for (const TensorView& v : weights)
+    if (v.name == name) return &v;
+  return nullptr;
+}
+
+const TensorView* LayerViews::grad(std::string_view name) const {
+  for (const TensorView& v : grads)
+    if (v.name == name) return &v;
+  return nullptr;
+}
+
+Executor::Executor(const ShardPlan& plan, Schedule schedule, BufferPool& pool, libcomm::Communicator& agComm,
+                   libcomm::Communicator& rsComm, ExecutorOptions options)
+    : plan_(plan),
+      schedule_(std::move(schedule)),
+      pool_(pool),
+      agComm_(agComm),
+      rsComm_(rsComm),
+      options_(options),
+      rank_(agComm.rank()),
+      computeType_(detail::computeDataType(plan)),
+      log_(options.eventLogCapacity) {
+  gradScale_ = 1.0f / (static_cast<float>(plan.options.worldSize) * static_cast<float>(plan.options.microBatches));
+}
+
+libcomm::Result<std::unique_ptr<Executor>> Executor::create(const ModelSpec& model, const ShardPlan& plan,
+                                                            Schedule schedule, BufferPool& pool,
+                                                            libcomm::Communicator& agComm,
+                                                            libcomm::Communicator& rsComm, ExecutorOptions options) {
+  auto bad = [](auto&&... args) { return libcomm::makeError(StatusCode::kInvalidArgument, "executor: ", args...); };
+  LIBCOMM_RETURN_IF_ERROR(schedule.validate());
+  if (agComm.size() != plan.options.worldSize || rsComm.size() != plan.options.worldSize)
+    return bad("communicators have ", agComm.size(), "/", rsComm.size(), " ranks, the plan ", plan.options.worldSize);
+  if (agComm.rank() != plan.options.rank || rsComm.rank() != plan.options.rank)
+    return bad("communicator rank ", agComm.rank(), "/", rsComm.rank(), " but the plan is for rank ",
+               plan.options.rank);
+  if (schedule.numLayers != static_cast<int>(plan.layers.size()) ||
+      schedule.microBatches != plan.options.microBatches ||
+      schedule.numGatherBuffers != static_cast<int>(plan.gatherBuffers.size()) ||
+      schedule.numGradBuffers != plan.options.gradBuffers)
+    return bad("the schedule was not built from this plan");
+  if (model.layers.size() != plan.layers.size())
+    return bad("the model has ", model.layers.size(), " layers, the plan ", plan.layers.size());
+  if (pool.state().numel != plan.stateNumel || !pool.state().master)
+    return bad("the buffer pool was not allocated for this plan");
+
+  std::unique_ptr<Executor> ex(new Executor(plan, std::move(schedule), pool, agComm, rsComm, options));
+  LIBCOMM_RETURN_IF_ERROR(ex->bindViews(model));
+  for (size_t e = 0; e < ex->schedule_.events.size(); ++e) ex->events_.push_back(libcomm::createHostEvent());
+  const std::string suffix = ".r" + std::to_string(ex->rank_);
+  ex->compute_ = libcomm::createHostStream("shard.compute" + suffix);
+  ex->ag_ = libcomm::createHostStream("shard.ag" + suffix);
+  // One communicator runs its collectives in call order: with a single one, gathers and
+  // reduce-scatters share one stream so that its order is the enqueue order on every rank.
+  if (&agComm != &rsComm) ex->rs_ = libcomm::createHostStream("shard.rs" + suffix);
+  return ex;
+}
+
+Executor::~Executor() {
+  // Drain before the streams go: queued host functions log into this object. A failed executor
+  // has aborted its communicators, so the drain is short either way.
+  const auto deadline = libcomm::Deadline::after(options_.waitTimeout);
+  for (auto* s : {compute_.get(), ag_.get(), rs_.get()})
+    if (s) (void)s->synchronize(deadline);
+  rs_.reset();
+  ag_.reset();
+  compute_.reset();
+}
+
+Status Executor::bindViews(const ModelSpec& model) {
+  const size_t es = libcomm::dataTypeSize(computeType_);
+  auto* residentWeights = static_cast<char*>(pool_.gatherBuffer(plan_.residentBuffer));
+  forward_.resize(model.layers.size());
+  backward_.resize(model.layers.size());
+  gradSlots_.resize(model.layers.size());
+  for (size_t k = 0; k < model.layers.size(); ++k) {
+    const FlatGroup& group = plan_.layers[k];
+    auto* layerWeights = static_cast<char*>(pool_.gatherBuffer(group.gatherBuffer));
+    LayerViews& f = forward_[k];
+    LayerViews& b = backward_[k];
+    f.layer = b.layer = static_cast<int>(k);
+    f.phase = Phase::kForward;
+    b.phase = Phase::kBackward;
+    for (const ParamSpec& p : model.layers[k].params) {
+      // Look in the layer's group first, then the resident group, so the executor follows the
+      // planner's placement rather than re-deriving it from the kind.
+      const ParamPlacement* place = nullptr;
+      bool resident = false;
+      for (const ParamPlacement& q : group.params)
+        if (q.name == p.name) place = &q;
+      if (!place) {
+        for (const ParamPlacement& q : plan_.resident.params)
+          if (q.name == p.name) place = &q;
+        resident = place != nullptr;
+      }
+      if (!place || place->numel != p.numel())
+        return libcomm::makeError(StatusCode::kInvalidArgument, "executor: parameter '", p.name, "' of layer ", k,
+                                  " is ", place ? "sized differently" : "missing", " in the plan");
+      char* base = resident ? residentWeights : layerWeights;
+      if (!base)
+        return libcomm::makeError(StatusCode::kInvalidArgument, "executor: parameter '", p.name,
+                                  "' has no gather buffer in the pool");
+      TensorView w{place->name, place->shape, place->kind, computeType_, base + place->offset * es, place->numel};
+      f.weights.push_back(w);
+      b.weights.push_back(w);
+      TensorView g = w;
+      g.dtype = resident ? libcomm::DataType::kFloat32 : computeType_;
+      g.data = resident ? static_cast<void*>(pool_.residentGrad() + place->offset) : nullptr;  // set per use
+      b.grads.push_back(g);
+      gradSlots_[k].push_back({resident, place->offset});
+    }
+  }
+  return Status::ok();
+}
+
+std::string Executor::where() const {
+  std::ostringstream os;
+  os << "libshard rank " << rank_ << ", step " << step_;
+  if (hook_ && hook_->layer >= 0) {
+    os << ", micro-batch " << hook_->microBatch << ", layer " << hook_->layer << " '"
+       << plan_.layers[static_cast<size_t>(hook_->layer)].name << "'";
+  }
+  if (hook_) os << ", " << hookKindName(hook_->hook);
+  return os.str();
+}
+
+Status Executor::fail(Status st) {
+  if (error_.isOk()) {
+    error_ = st;
+    // Peers are waiting in collectives this rank will never join: make them fail now.
+    agComm_.abort();
+    if (&rsComm_ != &agComm_) rsComm_.abort();
+  }
+  return error_;
+}
+
+void Executor::abort(const Status& why) {
+  (void)fail(why.isOk() ? libcomm::makeError(StatusCode::kInvalidUsage, where(), ": aborted") : why);
+}
+
+// Checks that `kind` is the hook the schedule expects next, then enqueues the ops that follow it.
+Status Executor::enterHook(HookKind kind, int layer, const char* call) {
+  if (!error_.isOk()) return error_;
+  const ScheduleOp& op = schedule_.ops[cursor_];
+  if (op.kind != OpKind::kHook || op.hook != kind || op.layer != layer) {
+    // A trainer bug, not a communication failure: report it and leave the position unchanged.
+    return libcomm::makeError(StatusCode::kInvalidUsage, "libshard rank ", rank_, ", step ", step_, ": ", call, "(",
+                              layer, ") called, but the schedule expects ", schedule_.describeOp(cursor_, &plan_),
+                              " next");
+  }
+  hook_ = &op;
+  if (kind == HookKind::kEndForward || kind == HookKind::kEndBackward) log_.add(logEntry(LogKind::kComputeEnd));
+  if (kind == HookKind::kOptimizerDone) log_.add(logEntry(LogKind::kOptimizerDone));
+  for (++cursor_; cursor_ < schedule_.ops.size() && schedule_.ops[cursor_].kind != OpKind::kHook; ++cursor_) {
+    Status st = runOp(schedule_.ops[cursor_]);
+    if (!st.isOk()) return fail(st.withContext(where()));
+  }
+  if (cursor_ == schedule_.ops.size()) cursor_ = 0;  // wraps after optimizerDone's ops
+  return Status::ok();
+}
+
+Status Executor::beginStep() { return enterHook(HookKind::kBeginStep, -1, "beginStep"); }
+
+libcomm::Result<const LayerViews*> Executor::beginForward(int layer) {
+  LIBCOMM_RETURN_IF_ERROR(enterHook(HookKind::kBeginForward, layer, "beginForward"));
+  LayerViews& v = forward_[static_cast<size_t>(layer)];
+  v.step = step_;
+  v.microBatch = hook_->microBatch;
+  log_.add(logEntry(LogKind::kComputeBegin));
+  return &v;
+}
+
+Status Executor::endForward(int layer) { return enterHook(HookKind::kEndForward, layer, "endForward"); }
+
+libcomm::Result<const LayerViews*> Executor::beginBackward(int layer) {
+  LIBCOMM_RETURN_IF_ERROR(enterHook(HookKind::kBeginBackward, layer, "beginBackward"));
+  const auto k = static_cast<size_t>(layer);
+  LayerViews& v = backward_[k];
+  v.step = step_;
+  v.microBatch = hook_->microBatch;
+  v.recompute = hook_->recompute;
+  auto* gradBase = static_cast<char*>(pool_.gradBuffer(hook_->gradBuffer));
+  const size_t es = libcomm::dataTypeSize(computeType_);
+  for (size_t i = 0; i < v.grads.size(); ++i)
+    if (!gradSlots_[k][i].resident) v.grads[i].data = gradBase ? gradBase + gradSlots_[k][i].offset * es : nullptr;
+  log_.add(logEntry(LogKind::kComputeBegin));
+  return &v;
+}
+
+Status Executor::endBackward(int layer) { return enterHook(HookKind::kEndBackward, layer, "endBackward"); }
+
+Status Executor::endStep() {
+  LIBCOMM_RETURN_IF_ERROR(enterHook(HookKind::kEndStep, -1, "endStep"));
+  if (options_.scaleGradients) {
+    float* g = pool_.state().grad;
+    for (size_t i = 0; i < plan_.stateNumel; ++i) g[i] *= gradScale_;
+  }
+  log_.add(logEntry(LogKind::kStepEnd));
+  return Status::ok();
+}
+
+Status Executor::optimizerDone() {
+  LIBCOMM_RETURN_IF_ERROR(enterHook(HookKind::kOptimizerDone, -1, "optimizerDone"));
+  hook_ = nullptr;
+  ++step_;
+  return Status::ok();
+}
+
+LogEntry Executor::logEntry(LogKind kind) const {
+  LogEntry e;
+  e.kind = kind;
+  e.step = static_cast<int32_t>(step_);
+  if (hook_) {
+    e.layer = hook_->layer;
+    e.microBatch = static_cast<int16_t>(hook_->microBatch);
+    e.phase = hook_->phase;
+    e.buffer = static_cast<int16_t>(hook_->buffer);
+    e.gradBuffer = static_cast<int16_t>(hook_->gradBuffer);
+  }
+  return e;
+}
+
+}  // namespace libshard

@@ -1,0 +1,166 @@
+// Executor: what each schedule op does on the streams.
+
+#include <cstring>
+
+#include "libshard/executor.h"
+#include "shard_internal.h"
+
+namespace libshard {
+
+using libcomm::Status;
+using libcomm::StatusCode;
+
+libcomm::Stream& Executor::stream(StreamId id) {
+  switch (id) {
+    case StreamId::kCompute:
+      return *compute_;
+    case StreamId::kGather:
+      return *ag_;
+    case StreamId::kReduce:
+      return rs_ ? *rs_ : *ag_;
+  }
+  return *compute_;
+}
+
+Status Executor::runOp(const ScheduleOp& op) {
+  switch (op.kind) {
+    case OpKind::kHook:
+      return Status::ok();  // never reached: hooks delimit the runs
+    case OpKind::kWait:
+      return stream(op.stream).wait(*events_[static_cast<size_t>(op.event)]);
+    case OpKind::kRecord: {
+      const ScheduleEvent& ev = schedule_.events[static_cast<size_t>(op.event)];
+      if (log_.enabled() && ev.kind == EventKind::kReleased) {
+        // Stamped when the stream reaches the release, which is when a waiting gather may start.
+        LogEntry e = logEntry(LogKind::kRelease);
+        e.buffer = static_cast<int16_t>(ev.index);
+        if (hook_ && hook_->hook == HookKind::kEndStep) e.layer = -1;  // the resident group's release
+        LIBCOMM_RETURN_IF_ERROR(stream(op.stream).enqueueHost(
+            [this, e] {
+              log_.add(e);
+              return Status::ok();
+            },
+            "log release"));
+      }
+      return stream(op.stream).record(*events_[static_cast<size_t>(op.event)]);
+    }
+    case OpKind::kHostWait:
+      return hostWait(op);
+    case OpKind::kHostSync: {
+      Status st = stream(op.stream).synchronize(libcomm::Deadline::after(options_.waitTimeout));
+      if (st.isOk()) return st;
+      libcomm::Communicator& comm = op.stream == StreamId::kGather ? agComm_ : rsComm_;
+      Status cause = comm.asyncError();
+      return (cause.isOk() ? st : cause)
+          .withContext(std::string("waiting for the ") + streamIdName(op.stream) + " stream to drain");
+    }
+    case OpKind::kAllGather:
+      return runGather(op);
+    case OpKind::kReduceScatter:
+      return runReduce(op);
+  }
+  return libcomm::makeError(StatusCode::kInternalError, "executor: unknown op kind");
+}
+
+Status Executor::hostWait(const ScheduleOp& op) {
+  const ScheduleEvent& ev = schedule_.events[static_cast<size_t>(op.event)];
+  Status st = events_[static_cast<size_t>(op.event)]->synchronize(libcomm::Deadline::after(options_.waitTimeout));
+  if (st.isOk()) return st;
+  // An expired wait usually hides a collective that is stuck on a peer: name that cause if the
+  // communicator already knows it.
+  const bool gather = ev.kind == EventKind::kGathered;
+  Status cause = (gather ? agComm_ : rsComm_).asyncError();
+  std::string what = gather ? "all_gather into buffer '" + plan_.gatherBuffers[static_cast<size_t>(ev.index)].name + "'"
+                            : "event " + ev.name;
+  if (!cause.isOk() && st.code() == StatusCode::kTimeout) st = cause;
+  return st.withContext("waiting " + std::to_string(options_.waitTimeout.count()) + " ms at most for " + what);
+}
+
+Status Executor::runGather(const ScheduleOp& op) {
+  const FlatGroup& g = op.layer >= 0 ? plan_.layers[static_cast<size_t>(op.layer)] : plan_.resident;
+  const ShardState& s = pool_.state();
+  const size_t es = libcomm::dataTypeSize(computeType_);
+  // The all_gather reads this rank's shard of the compute copy (bf16) or of the master (fp32)
+  // straight from registered memory.
+  const char* src = computeType_ == libcomm::DataType::kBFloat16 ? reinterpret_cast<const char*>(s.compute)
+                                                                 : reinterpret_cast<const char*>(s.master);
+  const void* send = src + g.stateOffset * es;
+  void* recv = pool_.gatherBuffer(op.buffer);
+  libcomm::Stream& st = stream(StreamId::kGather);
+  LogEntry e = logEntry(LogKind::kGatherStart);
+  e.layer = op.layer;
+  e.buffer = static_cast<int16_t>(op.buffer);
+  e.microBatch = -1;
+  e.gradBuffer = -1;
+  if (log_.enabled())
+    LIBCOMM_RETURN_IF_ERROR(st.enqueueHost(
+        [this, e] {
+          log_.add(e);
+          return Status::ok();
+        },
+        "log gather start"));
+  Status r = agComm_.allGather(send, recv, g.shardNumel, computeType_, st);
+  if (!r.isOk())
+    return r.withContext("all_gather of " +
+                         (op.layer >= 0 ? "layer '" + g.name + "'" : std::string("the resident group")));
+  if (log_.enabled()) {
+    e.kind = LogKind::kGatherEnd;
+    LIBCOMM_RETURN_IF_ERROR(st.enqueueHost(
+        [this, e] {
+          log_.add(e);
+          return Status::ok();
+        },
+        "log gather end"));
+  }
+  return Status::ok();
+}
+
+Status Executor::runReduce(const ScheduleOp& op) {
+  const bool resident = op.layer < 0;
+  const FlatGroup& g = resident ? plan_.resident : plan_.layers[static_cast<size_t>(op.layer)];
+  const libcomm::DataType inType = resident ? libcomm::DataType::kFloat32 : computeType_;
+  void* send = resident ? static_cast<void*>(pool_.residentGrad()) : pool_.gradBuffer(op.gradBuffer);
+  float* recv = pool_.state().grad + g.stateOffset;
+  const size_t zeroBytes = g.paddedNumel * libcomm::dataTypeSize(inType);
+  libcomm::Stream& st = stream(StreamId::kReduce);
+  LogEntry e = logEntry(LogKind::kReduceStart);
+  e.layer = op.layer;
+  e.microBatch = static_cast<int16_t>(op.microBatch);
+  e.gradBuffer = static_cast<int16_t>(op.gradBuffer);
+  e.buffer = -1;
+  if (log_.enabled())
+    LIBCOMM_RETURN_IF_ERROR(st.enqueueHost(
+        [this, e] {
+          log_.add(e);
+          return Status::ok();
+        },
+        "log reduce start"));
+  libcomm::ReduceOptions ro;
+  ro.op = libcomm::ReduceOp::kSum;
+  ro.accumulate = op.accumulate;  // micro-batch 0 overwrites whatever the grad shard held
+  Status r = rsComm_.reduceScatter(send, recv, g.shardNumel, inType, libcomm::DataType::kFloat32, ro, st);
+  if (!r.isOk())
+    return r.withContext("reduce_scatter of " +
+                         (resident ? std::string("the resident gradient") : "layer '" + g.name + "'"));
+  // Zero the source as soon as it is reduced, on the same stream: the next backward that gets this
+  // buffer finds zeros, so a gradient it does not write is zero rather than a stale value, and no
+  // zeroing pass sits on the compute path. (On a CUDA stream this becomes a memset node.)
+  LIBCOMM_RETURN_IF_ERROR(st.enqueueHost(
+      [send, zeroBytes] {
+        std::memset(send, 0, zeroBytes);
+        return Status::ok();
+      },
+      "zero grad buffer"));
+  if (log_.enabled()) {
+    e.kind = LogKind::kReduceEnd;
+    LIBCOMM_RETURN_IF_ERROR(st.enqueueHost(
+        [this, e] {
+          log_.add(e);
+          return Status::ok();
+        },
+        "log reduce end"));
+  }
+  return Status::ok();
+}
+
+}  // namespace libshard

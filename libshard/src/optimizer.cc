@@ -1,0 +1,243 @@
+// AdamW over a rank's parameter runs. The order of operations is the contract written in
+// libshard/optimizer.h; keep the two in step.
+
+#include "libshard/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include "libcomm/convert.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+// The contract promises no fused multiply-add, so that a reference trainer compiled the same way
+// matches bit for bit whatever -march this file is built with. Placed after the includes so that
+// it applies to this file's own code only.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+namespace libshard {
+namespace {
+
+using libcomm::StatusCode;
+
+struct StepCoeffs {
+  float gradScale, coef, beta1, oneMinusBeta1, beta2, oneMinusBeta2, bc1, bc2, eps, lr, wd;
+};
+
+// One run of parameter elements. On x86 the body is written with SSE intrinsics: GCC will not
+// vectorise sqrtf while errno semantics are on (and a per-file -fno-math-errno cannot be set from
+// the source); every SSE operation used is IEEE correctly rounded, so the lanes give exactly what
+// the scalar tail (the reference form) gives.
+template <bool kDecay>
+void adamwRun(float* __restrict w, float* __restrict m, float* __restrict v, const float* __restrict grad, size_t n,
+              const StepCoeffs& c) {
+  const float gradScale = c.gradScale, coef = c.coef, beta1 = c.beta1, omb1 = c.oneMinusBeta1, beta2 = c.beta2,
+              omb2 = c.oneMinusBeta2, bc1 = c.bc1, bc2 = c.bc2, eps = c.eps, lr = c.lr, wd = c.wd;
+  size_t i = 0;
+#if defined(__SSE2__)
+  const __m128 vScale = _mm_set1_ps(gradScale), vCoef = _mm_set1_ps(coef), vB1 = _mm_set1_ps(beta1),
+               vOmb1 = _mm_set1_ps(omb1), vB2 = _mm_set1_ps(beta2), vOmb2 = _mm_set1_ps(omb2), vBc1 = _mm_set1_ps(bc1),
+               vBc2 = _mm_set1_ps(bc2), vEps = _mm_set1_ps(eps), vLr = _mm_set1_ps(lr), vWd = _mm_set1_ps(wd);
+  for (; i + 4 <= n; i += 4) {
+    __m128 g = _mm_mul_ps(_mm_loadu_ps(grad + i), vScale);
+    g = _mm_mul_ps(g, vCoef);
+    const __m128 mi = _mm_add_ps(_mm_mul_ps(vB1, _mm_loadu_ps(m + i)), _mm_mul_ps(vOmb1, g));
+    const __m128 vi = _mm_add_ps(_mm_mul_ps(vB2, _mm_loadu_ps(v + i)), _mm_mul_ps(_mm_mul_ps(vOmb2, g), g));
+    _mm_storeu_ps(m + i, mi);
+    _mm_storeu_ps(v + i, vi);
+    const __m128 mhat = _mm_div_ps(mi, vBc1);
+    const __m128 vhat = _mm_div_ps(vi, vBc2);
+    const __m128 upd = _mm_div_ps(mhat, _mm_add_ps(_mm_sqrt_ps(vhat), vEps));
+    const __m128 wi = _mm_loadu_ps(w + i);
+    if constexpr (kDecay) {
+      _mm_storeu_ps(w + i, _mm_sub_ps(wi, _mm_mul_ps(vLr, _mm_add_ps(upd, _mm_mul_ps(vWd, wi)))));
+    } else {
+      _mm_storeu_ps(w + i, _mm_sub_ps(wi, _mm_mul_ps(vLr, upd)));
+    }
+  }
+#endif
+  for (; i < n; ++i) {
+    float g = grad[i] * gradScale;
+    g = g * coef;
+    const float mi = beta1 * m[i] + omb1 * g;
+    const float vi = beta2 * v[i] + omb2 * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float mhat = mi / bc1;
+    const float vhat = vi / bc2;
+    const float upd = mhat / (std::sqrt(vhat) + eps);
+    if constexpr (kDecay) {
+      w[i] = w[i] - lr * (upd + wd * w[i]);
+    } else {
+      w[i] = w[i] - lr * upd;
+    }
+  }
+}
+
+// Sum of squares of grad*scale in fp64. Eight independent partial sums (combined in a fixed order)
+// keep the result deterministic while letting the compiler use vector lanes.
+double sumSquares(const float* grad, size_t n, float scale) {
+  constexpr size_t kLanes = 8;
+  double acc[kLanes] = {};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t k = 0; k < kLanes; ++k) {
+      const double g = static_cast<double>(grad[i + k] * scale);
+      acc[k] += g * g;
+    }
+  }
+  for (; i < n; ++i) {
+    const double g = static_cast<double>(grad[i] * scale);
+    acc[i % kLanes] += g * g;
+  }
+  double s = 0;
+  for (double a : acc) s += a;
+  return s;
+}
+
+libcomm::Status checkConfig(const AdamWConfig& c) {
+  auto bad = [](const char* what, float value) {
+    return libcomm::makeError(StatusCode::kInvalidArgument, "AdamW: ", what, " = ", value);
+  };
+  if (!(c.lr >= 0) || !std::isfinite(c.lr)) return bad("lr must be finite and >= 0; got lr", c.lr);
+  if (!(c.beta1 >= 0 && c.beta1 < 1)) return bad("beta1 must be in [0, 1); got beta1", c.beta1);
+  if (!(c.beta2 >= 0 && c.beta2 < 1)) return bad("beta2 must be in [0, 1); got beta2", c.beta2);
+  if (!(c.eps > 0) || !std::isfinite(c.eps)) return bad("eps must be finite and > 0; got eps", c.eps);
+  if (!(c.weightDecay >= 0) || !std::isfinite(c.weightDecay))
+    return bad("weightDecay must be finite and >= 0; got weightDecay", c.weightDecay);
+  if (!(c.clipNorm >= 0) || !std::isfinite(c.clipNorm))
+    return bad("clipNorm must be finite and >= 0 (0 = off); got clipNorm", c.clipNorm);
+  return libcomm::Status::ok();
+}
+
+// Appends the part of `group` that rank `rank` owns and that holds parameters.
+libcomm::Status addGroupRanges(const FlatGroup& group, int rank, size_t stateNumel, std::vector<OptimizerRange>& out) {
+  if (group.shardNumel == 0) return libcomm::Status::ok();
+  const size_t shardBegin = static_cast<size_t>(rank) * group.shardNumel;
+  const size_t shardEnd = shardBegin + group.shardNumel;
+  if (group.stateOffset + group.shardNumel > stateNumel)
+    return libcomm::makeError(StatusCode::kInvalidArgument, "AdamW: group '", group.name, "' shard [",
+                              group.stateOffset, ", ", group.stateOffset + group.shardNumel,
+                              ") lies outside the state of ", stateNumel, " elements");
+  for (const ParamPlacement& p : group.params) {
+    if (p.offset + p.numel > group.paddedNumel)
+      return libcomm::makeError(StatusCode::kInvalidArgument, "AdamW: parameter '", p.name, "' [", p.offset, ", ",
+                                p.offset + p.numel, ") lies outside group '", group.name, "' of ", group.paddedNumel,
+                                " padded elements");
+    const size_t begin = std::max(p.offset, shardBegin);
+    const size_t end = std::min(p.offset + p.numel, shardEnd);
+    if (begin >= end) continue;
+    out.push_back({group.stateOffset + (begin - shardBegin), end - begin, isDecayed(p)});
+  }
+  return libcomm::Status::ok();
+}
+
+}  // namespace
+
+libcomm::Result<ShardedAdamW> ShardedAdamW::create(const ShardPlan& plan, const AdamWConfig& config) {
+  LIBCOMM_RETURN_IF_ERROR(checkConfig(config));
+  const int rank = plan.options.rank, world = plan.options.worldSize;
+  if (world < 1 || rank < 0 || rank >= world)
+    return libcomm::makeError(StatusCode::kInvalidArgument, "AdamW: plan has rank ", rank, " of world ", world);
+  ShardedAdamW opt;
+  opt.config_ = config;
+  opt.stateNumel_ = plan.stateNumel;
+  opt.worldSize_ = world;
+  opt.precision_ = plan.options.precision;
+  std::vector<OptimizerRange> raw;
+  for (const FlatGroup& g : plan.layers) LIBCOMM_RETURN_IF_ERROR(addGroupRanges(g, rank, plan.stateNumel, raw));
+  LIBCOMM_RETURN_IF_ERROR(addGroupRanges(plan.resident, rank, plan.stateNumel, raw));
+  std::sort(raw.begin(), raw.end(), [](const OptimizerRange& a, const OptimizerRange& b) { return a.begin < b.begin; });
+  for (const OptimizerRange& r : raw) {
+    if (!opt.ranges_.empty()) {
+      OptimizerRange& last = opt.ranges_.back();
+      if (r.begin < last.begin + last.count)
+        return libcomm::makeError(StatusCode::kInvalidArgument, "AdamW: parameters overlap at state element ", r.begin,
+                                  " of rank ", rank);
+      if (r.begin == last.begin + last.count && r.decay == last.decay) {
+        last.count += r.count;
+        opt.paramElements_ += r.count;
+        continue;
+      }
+    }
+    opt.ranges_.push_back(r);
+    opt.paramElements_ += r.count;
+  }
+  return opt;
+}
+
+libcomm::Result<double> ShardedAdamW::step(ShardState& state, float gradScale, libcomm::Communicator* comm,
+                                           libcomm::Stream* stream, libcomm::Deadline deadline) {
+  if (state.numel != stateNumel_)
+    return libcomm::makeError(StatusCode::kInvalidArgument, "AdamW: state has ", state.numel, " elements, the plan ",
+                              stateNumel_);
+  if (stateNumel_ > 0 && (!state.master || !state.grad || !state.adamM || !state.adamV))
+    return libcomm::makeError(StatusCode::kInvalidArgument, "AdamW: state is missing master, grad or moment arrays");
+  if (stateNumel_ > 0 && precision_ == Precision::kBf16 && !state.compute)
+    return libcomm::makeError(StatusCode::kInvalidArgument, "AdamW: bf16 plan but the state has no compute copy");
+  if (!std::isfinite(gradScale))
+    return libcomm::makeError(StatusCode::kInvalidArgument, "AdamW: gradScale = ", gradScale, " is not finite");
+  if (comm == nullptr && worldSize_ != 1)
+    return libcomm::makeError(StatusCode::kInvalidArgument, "AdamW: a plan for ", worldSize_,
+                              " ranks needs a communicator for the global gradient norm");
+  if (comm != nullptr && (stream == nullptr || comm->size() != worldSize_))
+    return libcomm::makeError(StatusCode::kInvalidArgument, "AdamW: communicator of ", comm->size(),
+                              " ranks (plan: ", worldSize_, ")", stream ? "" : " and no stream");
+
+  double sumsq = 0;
+  for (const OptimizerRange& r : ranges_) sumsq += sumSquares(state.grad + r.begin, r.count, gradScale);
+  double total = sumsq;
+  if (comm != nullptr) {
+    // The buffer must live until the stream has passed the allReduce even if the wait below times
+    // out, so a host item queued after it holds the last reference.
+    auto buf = std::make_shared<float>(static_cast<float>(sumsq));
+    LIBCOMM_RETURN_IF_ERROR(
+        comm->allReduce(buf.get(), buf.get(), 1, libcomm::DataType::kFloat32, libcomm::ReduceOptions{}, *stream));
+    LIBCOMM_RETURN_IF_ERROR(
+        stream->enqueueHost([keep = buf]() { return libcomm::Status::ok(); }, "adamw grad-norm buffer release"));
+    libcomm::Status st = stream->synchronize(deadline);
+    if (!st.isOk()) return st.withContext("AdamW: global gradient norm allReduce").addFrame(__FILE__, __LINE__);
+    total = static_cast<double>(*buf);
+  }
+  const double norm = std::sqrt(total);
+  if (!std::isfinite(norm)) return norm;  // skipped step: see the header
+
+  StepCoeffs c{};
+  c.gradScale = gradScale;
+  c.coef = config_.clipNorm > 0 ? static_cast<float>(std::min(1.0, config_.clipNorm / (norm + 1e-6))) : 1.0f;
+  c.beta1 = config_.beta1;
+  c.oneMinusBeta1 = 1.0f - config_.beta1;
+  c.beta2 = config_.beta2;
+  c.oneMinusBeta2 = 1.0f - config_.beta2;
+  const uint64_t t = state.step + 1;
+  c.bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(config_.beta1), static_cast<double>(t)));
+  c.bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(config_.beta2), static_cast<double>(t)));
+  c.eps = config_.eps;
+  c.lr = config_.lr;
+  c.wd = config_.weightDecay;
+  const bool anyDecay = config_.weightDecay != 0.0f;
+  for (const OptimizerRange& r : ranges_) {
+    float* w = state.master + r.begin;
+    float* m = state.adamM + r.begin;
+    float* v = state.adamV + r.begin;
+    const float* g = state.grad + r.begin;
+    if (r.decay && anyDecay) {
+      adamwRun<true>(w, m, v, g, r.count, c);
+    } else {
+      adamwRun<false>(w, m, v, g, r.count, c);
+    }
+  }
+  state.step = t;
+  if (state.compute != nullptr && stateNumel_ > 0) libcomm::floatToBf16(state.master, state.compute, stateNumel_);
+  return norm;
+}
+
+}  // namespace libshard

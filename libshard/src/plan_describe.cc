@@ -1,0 +1,156 @@
+// ShardPlan::describe: the human-readable report of a plan (what `tinylm` and the tools print).
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "libshard/plan.h"
+
+namespace libshard {
+namespace planner_detail {
+
+// 1234567 -> "1,234,567": byte and element counts in plans run to billions.
+std::string groupDigits(uint64_t v) {
+  std::string digits = std::to_string(v);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+}  // namespace planner_detail
+
+namespace {
+
+using planner_detail::groupDigits;
+
+std::string mib(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+std::string padRight(const std::string& s, size_t width) {
+  return s + std::string(width > s.size() ? width - s.size() : 0, ' ');
+}
+std::string padLeft(const std::string& s, size_t width) {
+  return std::string(width > s.size() ? width - s.size() : 0, ' ') + s;
+}
+
+// A plain text table: left-aligned text columns, right-aligned number columns.
+class Table {
+ public:
+  Table(std::vector<std::string> header, std::vector<bool> rightAligned)
+      : right_(std::move(rightAligned)), rows_{std::move(header)} {}
+  void add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  void print(std::ostringstream& os, const std::string& indent) const {
+    std::vector<size_t> width(right_.size(), 0);
+    for (const auto& r : rows_)
+      for (size_t c = 0; c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
+    for (const auto& r : rows_) {
+      std::string line = indent;
+      for (size_t c = 0; c < r.size(); ++c) {
+        if (c > 0) line += "  ";
+        line += right_[c] ? padLeft(r[c], width[c]) : padRight(r[c], width[c]);
+      }
+      while (!line.empty() && line.back() == ' ') line.pop_back();
+      os << line << "\n";
+    }
+  }
+
+ private:
+  std::vector<bool> right_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+std::string bufferName(const ShardPlan& plan, int index) {
+  if (index < 0 || static_cast<size_t>(index) >= plan.gatherBuffers.size()) return "-";
+  return plan.gatherBuffers[index].name;
+}
+
+std::string layerName(const ShardPlan& plan, int layer) {
+  if (layer < 0) return "resident";
+  if (static_cast<size_t>(layer) >= plan.layers.size()) return "?";
+  return plan.layers[layer].name;
+}
+
+}  // namespace
+
+std::string ShardPlan::describe() const {
+  const PlanOptions& o = options;
+  const size_t elemBytes = libcomm::dataTypeSize(computeType(o.precision));
+  std::ostringstream os;
+  os << "shard plan: world " << o.worldSize << ", rank " << o.rank << ", precision " << precisionName(o.precision)
+     << ", alignment " << o.alignmentBytes << " B (" << o.alignmentBytes / elemBytes << " elements), block buffers "
+     << o.blockBuffers << ", prefetch depth " << o.prefetchDepth << ", gradient buffers " << o.gradBuffers
+     << ", micro-batches " << o.microBatches << ", budget "
+     << (o.memoryBudgetBytes == 0 ? std::string("none") : groupDigits(o.memoryBudgetBytes) + " B") << "\n";
+
+  os << "layers (" << layers.size() << "; elements, " << precisionName(o.precision)
+     << " when gathered; shard = padded / world):\n";
+  Table t({"#", "layer", "params", "numel", "padded", "shard", "stateOffset", "buffer", "checkpointed"},
+          {true, false, true, true, true, true, true, false, false});
+  for (size_t k = 0; k < layers.size(); ++k) {
+    const FlatGroup& g = layers[k];
+    const bool ckpt = k < checkpointed.size() && checkpointed[k];
+    t.add({std::to_string(k), g.name, std::to_string(g.params.size()), groupDigits(g.numel), groupDigits(g.paddedNumel),
+           groupDigits(g.shardNumel), groupDigits(g.stateOffset), bufferName(*this, g.gatherBuffer),
+           ckpt ? "yes" : "no"});
+  }
+  t.print(os, "  ");
+
+  os << "resident group (norm parameters, gathered once per step, reduced once per step): " << resident.params.size()
+     << " params, numel " << groupDigits(resident.numel) << ", padded " << groupDigits(resident.paddedNumel)
+     << ", shard " << groupDigits(resident.shardNumel) << ", stateOffset " << groupDigits(resident.stateOffset)
+     << ", buffer " << bufferName(*this, resident.gatherBuffer) << "\n";
+  if (!resident.params.empty()) {
+    Table r({"param", "offset", "numel"}, {false, true, true});
+    for (const ParamPlacement& p : resident.params) r.add({p.name, groupDigits(p.offset), groupDigits(p.numel)});
+    r.print(os, "    ");
+  }
+  os << "state per rank: " << groupDigits(stateNumel) << " elements in each flat state array\n";
+
+  os << "gather buffers (" << gatherBuffers.size() << ", " << precisionName(o.precision) << "):\n";
+  Table b({"buffer", "numel", "bytes", "users"}, {false, true, true, false});
+  for (const GatherBuffer& g : gatherBuffers) {
+    std::string users;
+    for (int l : g.layers) users += (users.empty() ? "" : ", ") + layerName(*this, l);
+    b.add({g.name, groupDigits(g.numel), groupDigits(g.bytes), users});
+  }
+  b.print(os, "  ");
+  os << "gradient buffers: " << o.gradBuffers << " x " << groupDigits(gradBufferNumel) << " elements ("
+     << precisionName(o.precision) << ")\n";
+
+  os << "memory per rank:\n";
+  Table m({"term", "bytes", "MiB", "owner", "formula"}, {false, true, true, false, false});
+  for (const MemoryTerm& term : memory)
+    m.add({term.name, groupDigits(term.bytes), mib(term.bytes), term.libshardOwned ? "libshard" : "trainer",
+           term.formula});
+  m.add({"libshard total", groupDigits(libshardBytes), mib(libshardBytes), "libshard", "sum of libshard's terms"});
+  m.add({"total", groupDigits(totalBytes), mib(totalBytes), "", "sum of all terms"});
+  m.print(os, "  ");
+
+  const int ckpt = numCheckpointed();
+  // Only layers with block weights may be checkpointed (the planner's candidates).
+  const auto candidates = std::count_if(layers.begin(), layers.end(), [](const FlatGroup& g) {
+    return std::any_of(g.params.begin(), g.params.end(),
+                       [](const ParamPlacement& p) { return p.kind == ParamKind::kBlock; });
+  });
+  if (o.memoryBudgetBytes == 0) {
+    os << "budget: none given; no layer checkpointed\n";
+  } else if (totalBytes <= o.memoryBudgetBytes) {
+    os << "budget: " << groupDigits(o.memoryBudgetBytes) << " B: fits with " << ckpt << " of " << candidates
+       << " block layers checkpointed, " << groupDigits(o.memoryBudgetBytes - totalBytes) << " B to spare\n";
+  } else {
+    os << "budget: " << groupDigits(o.memoryBudgetBytes) << " B: does NOT fit, over by "
+       << groupDigits(totalBytes - o.memoryBudgetBytes) << " B\n";
+  }
+  return os.str();
+}
+
+}  // namespace libshard

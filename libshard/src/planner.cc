@@ -1,0 +1,239 @@
+// ShardPlanner::plan: layout of the flat groups, gather-buffer assignment and the per-rank memory
+// prediction. Choosing which layers checkpoint lives in planner_checkpoint.cc.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "libshard/plan.h"
+
+namespace libshard {
+
+namespace planner_detail {
+// Defined in planner_checkpoint.cc: fills checkpointed and the memory terms.
+libcomm::Status planCheckpoints(const ModelSpec& model, ShardPlan& plan);
+}  // namespace planner_detail
+
+const char* precisionName(Precision p) {
+  switch (p) {
+    case Precision::kFp32:
+      return "fp32";
+    case Precision::kBf16:
+      return "bf16";
+  }
+  return "?";
+}
+
+libcomm::DataType computeType(Precision p) {
+  return p == Precision::kFp32 ? libcomm::DataType::kFloat32 : libcomm::DataType::kBFloat16;
+}
+
+int ShardPlan::numCheckpointed() const {
+  return static_cast<int>(std::count(checkpointed.begin(), checkpointed.end(), true));
+}
+
+namespace {
+
+using libcomm::makeError;
+using libcomm::Status;
+using libcomm::StatusCode;
+
+size_t roundUp(size_t n, size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+Status validateOptions(const PlanOptions& o) {
+  auto bad = [](auto&&... args) {
+    return makeError(StatusCode::kInvalidArgument, "plan options: ", std::forward<decltype(args)>(args)...);
+  };
+  if (o.worldSize < 1) return bad("worldSize ", o.worldSize, " (must be >= 1)");
+  if (o.rank < 0 || o.rank >= o.worldSize)
+    return bad("rank ", o.rank, " out of range for worldSize ", o.worldSize, " (must be 0 <= rank < worldSize)");
+  if (o.precision != Precision::kFp32 && o.precision != Precision::kBf16)
+    return bad("precision ", static_cast<int>(o.precision), " is not a known Precision");
+  const size_t elemBytes = libcomm::dataTypeSize(computeType(o.precision));
+  const size_t a = o.alignmentBytes;
+  if (a < 16 || (a & (a - 1)) != 0) return bad("alignmentBytes ", a, " (must be a power of two >= 16)");
+  if (a % elemBytes != 0)
+    return bad("alignmentBytes ", a, " is not a multiple of the ", precisionName(o.precision), " element size ",
+               elemBytes);
+  if (o.blockBuffers < 2) return bad("blockBuffers ", o.blockBuffers, " (must be >= 2)");
+  if (o.prefetchDepth < 1 || o.prefetchDepth >= o.blockBuffers)
+    return bad("prefetchDepth ", o.prefetchDepth, " with blockBuffers ", o.blockBuffers,
+               " (must be 1 <= prefetchDepth < blockBuffers)");
+  if (o.gradBuffers < 1) return bad("gradBuffers ", o.gradBuffers, " (must be >= 1)");
+  if (o.microBatches < 1) return bad("microBatches ", o.microBatches, " (must be >= 1)");
+  return Status::ok();
+}
+
+// Lays `params` out back to back, each starting on an alignment boundary so that a trainer can
+// hand out aligned views into the gathered buffer, then pads the whole group so it splits into
+// worldSize equal, aligned shards.
+FlatGroup buildGroup(std::string name, int layer, const std::vector<const ParamSpec*>& params, size_t alignElems,
+                     int worldSize) {
+  FlatGroup g;
+  g.name = std::move(name);
+  g.layer = layer;
+  size_t cursor = 0;
+  for (const ParamSpec* p : params) {
+    ParamPlacement pl;
+    pl.name = p->name;
+    pl.shape = p->shape;
+    pl.kind = p->kind;
+    // Norm scales/shifts are never decayed, whatever the spec says.
+    pl.weightDecay = p->kind == ParamKind::kNorm ? false : p->weightDecay;
+    pl.offset = roundUp(cursor, alignElems);
+    pl.numel = p->numel();
+    cursor = pl.offset + pl.numel;
+    g.params.push_back(std::move(pl));
+  }
+  g.numel = cursor;
+  g.paddedNumel = roundUp(cursor, alignElems * static_cast<size_t>(worldSize));
+  g.shardNumel = g.paddedNumel / static_cast<size_t>(worldSize);
+  return g;
+}
+
+// A layer rotates through the block buffers (and may be checkpointed) when it holds any repeated
+// block weight; a layer with only embedding/head weights is "outsized" and may get its own buffer.
+bool hasBlockParams(const FlatGroup& g) {
+  return std::any_of(g.params.begin(), g.params.end(),
+                     [](const ParamPlacement& p) { return p.kind == ParamKind::kBlock; });
+}
+
+// Embedding/head layers either share the rotating block buffers (all of which then grow to the
+// largest sharer) or get a dedicated buffer, whichever makes the gather buffers smallest in total.
+// There are min(blockBuffers, users) rotating buffers: more would hold memory nobody gathers into,
+// so while blocks are fewer than blockBuffers every sharer also adds a buffer. For a rotating size
+// T and a number s of sharers, the cheapest choice shares the s largest layers that fit in T;
+// trying every T in {largest block} U {each larger outsized layer} and every s is exact, and cheap
+// (models have an embedding and a head, not hundreds). Ties go to sharing more.
+void assignBuffers(ShardPlan& plan) {
+  const size_t elemBytes = libcomm::dataTypeSize(computeType(plan.options.precision));
+  std::vector<int> blocks, outsized;
+  size_t largestBlock = 0;
+  uint64_t outsizedNumel = 0;
+  for (size_t k = 0; k < plan.layers.size(); ++k) {
+    const FlatGroup& g = plan.layers[k];
+    if (g.paddedNumel == 0) continue;
+    if (hasBlockParams(g)) {
+      blocks.push_back(static_cast<int>(k));
+      largestBlock = std::max(largestBlock, g.paddedNumel);
+    } else {
+      outsized.push_back(static_cast<int>(k));
+      outsizedNumel += g.paddedNumel;
+    }
+  }
+  // Largest first (earlier layer first among equals): the order in which layers join the rotation.
+  std::stable_sort(outsized.begin(), outsized.end(),
+                   [&](int a, int b) { return plan.layers[a].paddedNumel > plan.layers[b].paddedNumel; });
+
+  // With no blocks there is no rotation to join: every outsized layer gets its own buffer.
+  size_t rotatingNumel = 0;
+  int rotatingBuffers = 0;
+  std::vector<bool> shares(plan.layers.size(), false);
+  if (!blocks.empty()) {
+    std::vector<size_t> thresholds{largestBlock};
+    for (int k : outsized)
+      if (plan.layers[k].paddedNumel > largestBlock) thresholds.push_back(plan.layers[k].paddedNumel);
+    std::sort(thresholds.begin(), thresholds.end());
+    uint64_t bestCost = UINT64_MAX;
+    size_t bestSharers = 0;
+    std::vector<int> bestShared;
+    for (size_t t : thresholds) {
+      std::vector<int> fits;
+      for (int k : outsized)
+        if (plan.layers[k].paddedNumel <= t) fits.push_back(k);
+      uint64_t sharedNumel = 0;
+      for (size_t s = 0; s <= fits.size(); ++s) {
+        if (s > 0) sharedNumel += plan.layers[fits[s - 1]].paddedNumel;
+        const size_t n = std::min(static_cast<size_t>(plan.options.blockBuffers), blocks.size() + s);
+        const uint64_t cost = n * t + (outsizedNumel - sharedNumel);
+        if (cost < bestCost || (cost == bestCost && s > bestSharers)) {
+          bestCost = cost;
+          bestSharers = s;
+          bestShared.assign(fits.begin(), fits.begin() + static_cast<std::ptrdiff_t>(s));
+          rotatingNumel = t;
+          rotatingBuffers = static_cast<int>(n);
+        }
+      }
+    }
+    for (int k : blocks) shares[k] = true;
+    for (int k : bestShared) shares[k] = true;
+  }
+
+  std::vector<int> rotatingUsers;
+  for (size_t k = 0; k < plan.layers.size(); ++k)
+    if (shares[k]) rotatingUsers.push_back(static_cast<int>(k));
+  for (int i = 0; i < rotatingBuffers; ++i) {
+    GatherBuffer b;
+    b.name = "blocks." + std::to_string(i);
+    b.numel = rotatingNumel;
+    b.bytes = rotatingNumel * elemBytes;
+    plan.gatherBuffers.push_back(std::move(b));
+  }
+  // Users take turns in forward order, so consecutive users always sit in different buffers and
+  // the gather of the next one can overlap the compute of the current one.
+  for (size_t i = 0; i < rotatingUsers.size(); ++i) {
+    const int buf = static_cast<int>(i % static_cast<size_t>(rotatingBuffers));
+    plan.layers[rotatingUsers[i]].gatherBuffer = buf;
+    plan.gatherBuffers[buf].layers.push_back(rotatingUsers[i]);
+  }
+  for (size_t k = 0; k < plan.layers.size(); ++k) {
+    FlatGroup& g = plan.layers[k];
+    if (g.paddedNumel == 0 || g.gatherBuffer >= 0) continue;
+    GatherBuffer b;
+    b.name = g.name;
+    b.numel = g.paddedNumel;
+    b.bytes = g.paddedNumel * elemBytes;
+    b.layers = {static_cast<int>(k)};
+    g.gatherBuffer = static_cast<int>(plan.gatherBuffers.size());
+    plan.gatherBuffers.push_back(std::move(b));
+  }
+  if (plan.resident.paddedNumel > 0) {
+    GatherBuffer b;
+    b.name = "resident";
+    b.numel = plan.resident.paddedNumel;
+    b.bytes = plan.resident.paddedNumel * elemBytes;
+    b.layers = {-1};
+    plan.residentBuffer = static_cast<int>(plan.gatherBuffers.size());
+    plan.resident.gatherBuffer = plan.residentBuffer;
+    plan.gatherBuffers.push_back(std::move(b));
+  }
+}
+
+}  // namespace
+
+libcomm::Result<ShardPlan> ShardPlanner::plan(const ModelSpec& model) const {
+  LIBCOMM_RETURN_IF_ERROR(validateOptions(options_));
+  LIBCOMM_RETURN_IF_ERROR(model.validate());
+
+  ShardPlan plan;
+  plan.options = options_;
+  const size_t elemBytes = libcomm::dataTypeSize(computeType(options_.precision));
+  const size_t alignElems = options_.alignmentBytes / elemBytes;
+
+  std::vector<const ParamSpec*> norms;
+  size_t stateOffset = 0;
+  for (size_t k = 0; k < model.layers.size(); ++k) {
+    const LayerSpec& l = model.layers[k];
+    std::vector<const ParamSpec*> own;
+    for (const ParamSpec& p : l.params) (p.kind == ParamKind::kNorm ? norms : own).push_back(&p);
+    FlatGroup g = buildGroup(l.name, static_cast<int>(k), own, alignElems, options_.worldSize);
+    g.stateOffset = stateOffset;
+    stateOffset += g.shardNumel;
+    plan.layers.push_back(std::move(g));
+  }
+  plan.resident = buildGroup("resident", -1, norms, alignElems, options_.worldSize);
+  plan.resident.stateOffset = stateOffset;
+  plan.stateNumel = stateOffset + plan.resident.shardNumel;
+
+  assignBuffers(plan);
+  for (const FlatGroup& g : plan.layers) plan.gradBufferNumel = std::max(plan.gradBufferNumel, g.paddedNumel);
+
+  plan.checkpointed.assign(model.layers.size(), false);
+  LIBCOMM_RETURN_IF_ERROR(planner_detail::planCheckpoints(model, plan));
+  return plan;
+}
+
+}  // namespace libshard

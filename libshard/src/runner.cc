@@ -1,0 +1,59 @@
+// Runner: one training step through the executor's hooks.
+
+#include "libshard/runner.h"
+
+#include <string>
+
+namespace libshard {
+
+using libcomm::Status;
+using libcomm::StatusCode;
+
+Status Runner::fail(Status st, int micro, int layer, const char* what) {
+  std::string where = libcomm::detail::strCat("libshard rank ", executor_.rank(), ", step ", executor_.step());
+  if (micro >= 0) where += ", micro-batch " + std::to_string(micro);
+  if (layer >= 0)
+    where +=
+        libcomm::detail::strCat(", layer ", layer, " '", executor_.plan().layers[static_cast<size_t>(layer)].name, "'");
+  Status named = st.withContext(where + ": " + what);
+  executor_.abort(named);
+  return named;
+}
+
+Status Runner::step() {
+  const int numLayers = static_cast<int>(executor_.plan().layers.size());
+  if (static_cast<int>(layers_.size()) != numLayers)
+    return libcomm::makeError(StatusCode::kInvalidArgument, "runner: ", layers_.size(), " layers for a plan of ",
+                              numLayers);
+  LIBCOMM_RETURN_IF_ERROR(executor_.beginStep());
+  for (int m = 0; m < executor_.plan().options.microBatches; ++m) {
+    if (hooks_.beforeMicroBatch) {
+      Status st = hooks_.beforeMicroBatch(m);
+      if (!st.isOk()) return fail(st, m, -1, "beforeMicroBatch");
+    }
+    for (int k = 0; k < numLayers; ++k) {
+      LIBCOMM_ASSIGN_OR_RETURN(const LayerViews* v, executor_.beginForward(k));
+      Status st = layers_[static_cast<size_t>(k)]->forward(*v);
+      if (!st.isOk()) return fail(st, m, k, "forward");
+      LIBCOMM_RETURN_IF_ERROR(executor_.endForward(k));
+    }
+    if (hooks_.afterForward) {
+      Status st = hooks_.afterForward(m);
+      if (!st.isOk()) return fail(st, m, -1, "afterForward");
+    }
+    for (int k = numLayers - 1; k >= 0; --k) {
+      LIBCOMM_ASSIGN_OR_RETURN(const LayerViews* v, executor_.beginBackward(k));
+      Status st = layers_[static_cast<size_t>(k)]->backward(*v);
+      if (!st.isOk()) return fail(st, m, k, "backward");
+      LIBCOMM_RETURN_IF_ERROR(executor_.endBackward(k));
+    }
+  }
+  LIBCOMM_RETURN_IF_ERROR(executor_.endStep());
+  if (hooks_.optimizer) {
+    Status st = hooks_.optimizer(executor_);
+    if (!st.isOk()) return fail(st, -1, -1, "optimizer");
+  }
+  return executor_.optimizerDone();
+}
+
+}  // namespace libshard

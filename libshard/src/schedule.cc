@@ -1,0 +1,291 @@
+// Schedule::build: turns a plan into one step's op list.
+//
+// The builder first lists the step's compute "uses" (every forward and backward of every layer of
+// every micro-batch, in the order the trainer runs them) and decides which uses need a fresh
+// all_gather: a use whose buffer still holds its layer's weights (from an earlier use in the same
+// step) does not. Then it emits the ops use by use, issuing each gather as early as the prefetch
+// depth allows, but never before the previous user of its buffer has been released: the release
+// event is recorded at that user's end hook, and a stream wait only sees records made before it
+// (CUDA semantics), so issuing earlier would silently wait on an older record.
+
+#include <algorithm>
+#include <string>
+
+#include "libshard/schedule.h"
+
+namespace libshard {
+
+using libcomm::Status;
+using libcomm::StatusCode;
+
+namespace {
+
+struct Use {
+  Phase phase;
+  int micro;
+  int layer;
+  int buffer;      // gather buffer, -1: the layer has no non-norm parameters
+  int gradBuffer;  // backward of a non-empty layer only
+};
+
+struct Gather {
+  int layer;
+  int buffer;
+  int firstUse;  // the use it serves first
+  int prevUser;  // the last use of the buffer before firstUse in this step; -1: a previous step
+};
+
+class Builder {
+ public:
+  Builder(const ShardPlan& plan, const ScheduleOptions& options, Schedule& s) : plan_(plan), s_(s) {
+    s_.prefetchDepth =
+        options.serialize ? 0 : (options.prefetchDepth >= 0 ? options.prefetchDepth : plan.options.prefetchDepth);
+    s_.serialize = options.serialize;
+  }
+
+  Status run() {
+    LIBCOMM_RETURN_IF_ERROR(checkPlan());
+    makeEvents();
+    listUses();
+    emitStep();
+    return Status::ok();
+  }
+
+ private:
+  Status checkPlan() {
+    const PlanOptions& o = plan_.options;
+    auto bad = [](auto&&... args) { return libcomm::makeError(StatusCode::kInvalidArgument, "schedule: ", args...); };
+    if (plan_.layers.empty()) return bad("the plan has no layers");
+    if (o.microBatches < 1) return bad("microBatches ", o.microBatches, " (need >= 1)");
+    if (o.gradBuffers < 1) return bad("gradBuffers ", o.gradBuffers, " (need >= 1)");
+    if (s_.prefetchDepth < 0) return bad("prefetch depth ", s_.prefetchDepth, " (need >= 0)");
+    const int nbuf = static_cast<int>(plan_.gatherBuffers.size());
+    for (size_t k = 0; k < plan_.layers.size(); ++k) {
+      const FlatGroup& g = plan_.layers[k];
+      if (g.paddedNumel == 0) continue;
+      if (g.gatherBuffer < 0 || g.gatherBuffer >= nbuf || g.gatherBuffer == plan_.residentBuffer)
+        return bad("layer ", k, " '", g.name, "' has gather buffer ", g.gatherBuffer, " (", nbuf, " buffers, resident ",
+                   plan_.residentBuffer, ")");
+      if (g.paddedNumel > plan_.gatherBuffers[static_cast<size_t>(g.gatherBuffer)].numel)
+        return bad("layer ", k, " '", g.name, "' (", g.paddedNumel, " elements) does not fit its gather buffer '",
+                   plan_.gatherBuffers[static_cast<size_t>(g.gatherBuffer)].name, "'");
+      if (g.paddedNumel > plan_.gradBufferNumel)
+        return bad("layer ", k, " '", g.name, "' (", g.paddedNumel, " elements) does not fit the gradient buffers (",
+                   plan_.gradBufferNumel, " elements)");
+      if (g.shardNumel * static_cast<size_t>(o.worldSize) != g.paddedNumel)
+        return bad("layer ", k, " '", g.name, "': shard ", g.shardNumel, " x world ", o.worldSize, " != padded size ",
+                   g.paddedNumel);
+    }
+    const FlatGroup& r = plan_.resident;
+    if (r.paddedNumel > 0) {
+      if (plan_.residentBuffer < 0 || plan_.residentBuffer >= nbuf)
+        return bad("resident group has buffer ", plan_.residentBuffer, " of ", nbuf);
+      if (r.paddedNumel > plan_.gatherBuffers[static_cast<size_t>(plan_.residentBuffer)].numel)
+        return bad("the resident group (", r.paddedNumel, " elements) does not fit its buffer");
+      if (r.shardNumel * static_cast<size_t>(o.worldSize) != r.paddedNumel)
+        return bad("resident group: shard ", r.shardNumel, " x world ", o.worldSize, " != ", r.paddedNumel);
+    }
+    return Status::ok();
+  }
+
+  int addEvent(EventKind kind, int index, std::string name) {
+    s_.events.push_back({kind, index, std::move(name)});
+    return static_cast<int>(s_.events.size()) - 1;
+  }
+
+  void makeEvents() {
+    s_.numLayers = static_cast<int>(plan_.layers.size());
+    s_.microBatches = plan_.options.microBatches;
+    s_.numGatherBuffers = static_cast<int>(plan_.gatherBuffers.size());
+    s_.numGradBuffers = plan_.options.gradBuffers;
+    s_.residentBuffer = plan_.resident.paddedNumel > 0 ? plan_.residentBuffer : -1;
+    optDone_ = addEvent(EventKind::kOptimizerDone, -1, "optimizer_done");
+    for (int b = 0; b < s_.numGatherBuffers; ++b) {
+      const std::string& n = plan_.gatherBuffers[static_cast<size_t>(b)].name;
+      gathered_.push_back(addEvent(EventKind::kGathered, b, "gathered[" + n + "]"));
+      released_.push_back(addEvent(EventKind::kReleased, b, "released[" + n + "]"));
+    }
+    for (int g = 0; g < s_.numGradBuffers; ++g) {
+      gradReady_.push_back(addEvent(EventKind::kGradReady, g, "grad_ready[" + std::to_string(g) + "]"));
+      gradFree_.push_back(addEvent(EventKind::kGradFree, g, "grad_free[" + std::to_string(g) + "]"));
+    }
+    backwardDone_ = addEvent(EventKind::kBackwardDone, -1, "backward_done");
+    residentReduced_ = addEvent(EventKind::kResidentReduced, -1, "resident_reduced");
+  }
+
+  void listUses() {
+    int backwardCount = 0;
+    for (int m = 0; m < s_.microBatches; ++m) {
+      for (int k = 0; k < s_.numLayers; ++k) uses_.push_back({Phase::kForward, m, k, bufferOf(k), -1});
+      for (int k = s_.numLayers - 1; k >= 0; --k) {
+        const int b = bufferOf(k);
+        uses_.push_back({Phase::kBackward, m, k, b, b >= 0 ? backwardCount++ % s_.numGradBuffers : -1});
+      }
+    }
+    // Residency: what each buffer holds as the step proceeds. Nothing counts as resident at step
+    // start, because the optimizer has changed every weight since the last gather.
+    std::vector<int> holds(static_cast<size_t>(s_.numGatherBuffers), -1);
+    std::vector<int> lastUse(static_cast<size_t>(s_.numGatherBuffers), -1);
+    lastNeeded_.assign(uses_.size(), -1);
+    for (size_t i = 0; i < uses_.size(); ++i) {
+      const Use& u = uses_[i];
+      if (u.buffer >= 0) {
+        const auto b = static_cast<size_t>(u.buffer);
+        if (holds[b] != u.layer) {
+          gathers_.push_back({u.layer, u.buffer, static_cast<int>(i), lastUse[b]});
+          holds[b] = u.layer;
+        }
+        lastUse[b] = static_cast<int>(i);
+      }
+      lastNeeded_[i] = static_cast<int>(gathers_.size()) - 1;
+    }
+  }
+
+  int bufferOf(int k) const {
+    const FlatGroup& g = plan_.layers[static_cast<size_t>(k)];
+    return g.paddedNumel > 0 ? g.gatherBuffer : -1;
+  }
+
+  // ---- emission ----
+  void hook(HookKind h, const Use* u) {
+    ScheduleOp op;
+    op.kind = OpKind::kHook;
+    op.hook = h;
+    if (u) {
+      op.phase = u->phase;
+      op.microBatch = u->micro;
+      op.layer = u->layer;
+      op.buffer = u->buffer;
+      op.gradBuffer = u->gradBuffer;
+      const auto k = static_cast<size_t>(u->layer);
+      op.recompute = h == HookKind::kBeginBackward && k < plan_.checkpointed.size() && plan_.checkpointed[k];
+    }
+    s_.ops.push_back(op);
+  }
+  void streamOp(OpKind kind, StreamId stream, int event) {
+    ScheduleOp op;
+    op.kind = kind;
+    op.stream = stream;
+    op.event = event;
+    s_.ops.push_back(op);
+  }
+  void wait(StreamId s, int ev) { streamOp(OpKind::kWait, s, ev); }
+  void record(StreamId s, int ev) { streamOp(OpKind::kRecord, s, ev); }
+  void hostWait(int ev) { streamOp(OpKind::kHostWait, StreamId::kCompute, ev); }
+  void hostSync(StreamId s) { streamOp(OpKind::kHostSync, s, -1); }
+
+  void allGather(int layer, int buffer) {
+    ScheduleOp op;
+    op.kind = OpKind::kAllGather;
+    op.stream = StreamId::kGather;
+    op.layer = layer;
+    op.buffer = buffer;
+    s_.ops.push_back(op);
+  }
+  void reduceScatter(int layer, int gradBuffer, int micro, bool accumulate) {
+    ScheduleOp op;
+    op.kind = OpKind::kReduceScatter;
+    op.stream = StreamId::kReduce;
+    op.layer = layer;
+    op.gradBuffer = gradBuffer;
+    op.microBatch = micro;
+    op.accumulate = accumulate;
+    s_.ops.push_back(op);
+  }
+
+  // Issues gathers in order while they are within `limit` (an index into gathers_) and the
+  // previous user of their buffer is a use <= releasedUpTo (its release is already recorded).
+  void issue(int limit, int releasedUpTo) {
+    while (next_ < static_cast<int>(gathers_.size()) && next_ <= limit &&
+           gathers_[static_cast<size_t>(next_)].prevUser <= releasedUpTo) {
+      const Gather& g = gathers_[static_cast<size_t>(next_++)];
+      wait(StreamId::kGather, released_[static_cast<size_t>(g.buffer)]);  // rule B
+      allGather(g.layer, g.buffer);
+      record(StreamId::kGather, gathered_[static_cast<size_t>(g.buffer)]);
+    }
+  }
+
+  void emitStep() {
+    const int depth = s_.prefetchDepth;
+    const bool resident = s_.residentBuffer >= 0;
+    hook(HookKind::kBeginStep, nullptr);
+    // The gate: nothing may read the shards before the optimizer has finished writing them. The
+    // ag stream runs in order, so this one wait covers every gather of the step.
+    wait(StreamId::kGather, optDone_);
+    if (resident) {
+      wait(StreamId::kGather, released_[static_cast<size_t>(s_.residentBuffer)]);
+      allGather(-1, s_.residentBuffer);
+      record(StreamId::kGather, gathered_[static_cast<size_t>(s_.residentBuffer)]);
+    }
+    // Prefetch before the first compute; with depth 0 even the first gather waits for its hook.
+    if (depth > 0 && !uses_.empty()) issue(lastNeeded_[0] + depth, -1);
+
+    for (size_t i = 0; i < uses_.size(); ++i) {
+      const Use& u = uses_[i];
+      const int limit = lastNeeded_[i] + depth;
+      const bool fwd = u.phase == Phase::kForward;
+      hook(fwd ? HookKind::kBeginForward : HookKind::kBeginBackward, &u);
+      issue(limit, static_cast<int>(i) - 1);
+      if (i == 0 && resident) {
+        wait(StreamId::kCompute, gathered_[static_cast<size_t>(s_.residentBuffer)]);
+        hostWait(gathered_[static_cast<size_t>(s_.residentBuffer)]);
+      }
+      if (u.buffer >= 0) {  // rule A
+        wait(StreamId::kCompute, gathered_[static_cast<size_t>(u.buffer)]);
+        hostWait(gathered_[static_cast<size_t>(u.buffer)]);
+      }
+      if (u.gradBuffer >= 0) {  // the trainer writes the grad buffer: it must be free (and zero)
+        wait(StreamId::kCompute, gradFree_[static_cast<size_t>(u.gradBuffer)]);
+        hostWait(gradFree_[static_cast<size_t>(u.gradBuffer)]);
+      }
+
+      hook(fwd ? HookKind::kEndForward : HookKind::kEndBackward, &u);
+      if (u.buffer >= 0) record(StreamId::kCompute, released_[static_cast<size_t>(u.buffer)]);
+      if (u.gradBuffer >= 0) {
+        const auto g = static_cast<size_t>(u.gradBuffer);
+        record(StreamId::kCompute, gradReady_[g]);
+        wait(StreamId::kReduce, gradReady_[g]);
+        reduceScatter(u.layer, u.gradBuffer, u.micro, /*accumulate=*/u.micro > 0);
+        record(StreamId::kReduce, gradFree_[g]);
+        if (s_.serialize) hostSync(StreamId::kReduce);
+      }
+      issue(limit, static_cast<int>(i));
+    }
+
+    hook(HookKind::kEndStep, nullptr);
+    if (resident) record(StreamId::kCompute, released_[static_cast<size_t>(s_.residentBuffer)]);
+    record(StreamId::kCompute, backwardDone_);
+    if (resident) {
+      wait(StreamId::kReduce, backwardDone_);
+      reduceScatter(-1, -1, -1, /*accumulate=*/false);  // once per step: overwrite
+      record(StreamId::kReduce, residentReduced_);
+    }
+    hostSync(StreamId::kCompute);
+    hostSync(StreamId::kGather);
+    hostSync(StreamId::kReduce);
+
+    hook(HookKind::kOptimizerDone, nullptr);
+    record(StreamId::kCompute, optDone_);
+  }
+
+  const ShardPlan& plan_;
+  Schedule& s_;
+  std::vector<Use> uses_;
+  std::vector<Gather> gathers_;
+  std::vector<int> lastNeeded_;  // per use: index of the last gather serving a use <= it
+  int next_ = 0;
+  int optDone_ = -1, backwardDone_ = -1, residentReduced_ = -1;
+  std::vector<int> gathered_, released_, gradReady_, gradFree_;
+};
+
+}  // namespace
+
+libcomm::Result<Schedule> Schedule::build(const ShardPlan& plan, ScheduleOptions options) {
+  Schedule s;
+  Builder b(plan, options, s);
+  LIBCOMM_RETURN_IF_ERROR(b.run());
+  LIBCOMM_RETURN_IF_ERROR(s.validate());
+  return s;
+}
+
+}  // namespace libshard

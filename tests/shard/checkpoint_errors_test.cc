@@ -1,0 +1,244 @@
+// Checkpoint errors (libshard/checkpoint.h): every corruption case (truncation, flipped bytes in
+// header, checksum table, data and index, wrong magic or version, missing or foreign files), a model
+// that does not match, broken full-model files -- each a clear error naming the file and the
+// problem, with the destination state untouched -- and saves that never leave a partial file
+// under a final name.
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "checkpoint_test_util.h"
+
+namespace libshard {
+namespace {
+
+using libcomm::Status;
+using libcomm::StatusCode;
+using namespace testutil;  // NOLINT
+
+// ---- Corruption: each case damages a copy of a good 2-rank checkpoint, then every rank of a
+// 3-rank layout tries to load it. Ranks that need the damaged part fail with a message naming
+// the file and the problem; a failed load leaves its state exactly as it was.
+
+struct Corruption {
+  std::string name;
+  std::function<void(const std::string& dir)> damage;
+  std::vector<std::string> expect;  // substrings of the error
+};
+
+TEST(Checkpoint, CorruptionIsDetectedAndOverwritesNothing) {
+  const ModelSpec model = testModel(2, 5, 11);
+  TempDir tmp;
+  const std::string good = tmp.sub("good");
+  savedWorld(model, 2, good, 5);
+  savedWorld(model, 2, tmp.sub("other-step"), 6);
+  savedWorld(model, 2, tmp.sub("other-values"), 5, 50);
+  const std::string r0 = "rank-0-of-2.shard", r1 = "rank-1-of-2.shard";
+  auto file = [](const std::string& dir, const std::string& n) { return dir + "/" + n; };
+  std::vector<Corruption> cases = {
+      {"truncated rank file",
+       [&](const std::string& d) { fs::resize_file(file(d, r1), fs::file_size(file(d, r1)) - 100); },
+       {r1, "truncated"}},
+      {"rank file cut inside the header",
+       [&](const std::string& d) { fs::resize_file(file(d, r0), 10); },
+       {r0, "truncated"}},
+      {"flipped data byte",
+       [&](const std::string& d) { flipByte(file(d, r0), ckpt::layoutOf(headerOf(file(d, r0))).dataOffset + 1); },
+       {r0, "checksum mismatch in data chunk 0"}},
+      {"flipped header byte", [&](const std::string& d) { flipByte(file(d, r1), 33); }, {r1, "header checksum"}},
+      {"flipped checksum-table byte",
+       [&](const std::string& d) { flipByte(file(d, r0), ckpt::layoutOf(headerOf(file(d, r0))).tableOffset); },
+       {r0, "chunk checksum table is corrupt"}},
+      {"wrong magic", [&](const std::string& d) { flipByte(file(d, r0), 0); }, {r0, "bad magic"}},
+      {"wrong version",
+       [&](const std::string& d) {
+         std::vector<char> b = readBytes(file(d, r1));
+         ckpt::FileHeader h = headerOf(file(d, r1));
+         h.version = 2;
+         ckpt::sealHeader(h);
+         std::memcpy(b.data(), &h, sizeof(h));
+         writeBytes(file(d, r1), b);
+       },
+       {r1, "format version 2"}},
+      {"missing rank file", [&](const std::string& d) { fs::remove(file(d, r1)); }, {r1, "missing"}},
+      {"missing index",
+       [&](const std::string& d) { fs::remove(file(d, kCheckpointIndexFile)); },
+       {kCheckpointIndexFile, "missing"}},
+      {"flipped index byte",
+       [&](const std::string& d) { flipByte(file(d, kCheckpointIndexFile), 40); },
+       {kCheckpointIndexFile, "index checksum mismatch"}},
+      {"truncated index",
+       [&](const std::string& d) {
+         fs::resize_file(file(d, kCheckpointIndexFile), fs::file_size(file(d, kCheckpointIndexFile)) / 2);
+       },
+       {kCheckpointIndexFile, "truncated"}},
+      {"rank file from another step",
+       [&](const std::string& d) {
+         fs::copy_file(file(tmp.sub("other-step"), r1), file(d, r1), fs::copy_options::overwrite_existing);
+       },
+       {r1, "does not belong to this checkpoint"}},
+      {"rank file rewritten after the index",
+       [&](const std::string& d) {
+         fs::copy_file(file(tmp.sub("other-values"), r0), file(d, r0), fs::copy_options::overwrite_existing);
+       },
+       {r0, "does not match the index"}},
+  };
+  for (const Corruption& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string dir = tmp.sub("case");
+    fs::remove_all(dir);
+    fs::copy(good, dir);
+    c.damage(dir);
+    Status verify = verifyCheckpoint(dir);
+    EXPECT_FALSE(verify.isOk());
+    World w = makeWorld(model, 3, 16, 7.0f);  // recognisable contents that a load must not touch
+    int failures = 0;
+    for (int r = 0; r < 3; ++r) {
+      Snapshot before(*w.states[r]);
+      Status st = loadCheckpoint(dir, w.plans[r], w.states[r]->view);
+      if (st.isOk()) continue;  // this rank did not need the damaged part
+      ++failures;
+      EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.toString();
+      for (const std::string& s : c.expect) EXPECT_NE(st.message().find(s), std::string::npos) << st.toString();
+      EXPECT_TRUE(before.sameAs(*w.states[r])) << "rank " << r << " state was modified by a failed load";
+    }
+    EXPECT_GT(failures, 0) << "no rank noticed the damage";
+  }
+}
+
+TEST(Checkpoint, ModelMismatchIsReportedAndOverwritesNothing) {
+  TempDir tmp;
+  savedWorld(testModel(2, 5, 11), 2, tmp.sub("ckpt"), 1);
+  savedWorld(testModel(2, 5, 11), 2, tmp.sub("src"), 1);
+  ASSERT_TRUE(exportFullModel(tmp.sub("src"), tmp.sub("model.full"), true).isOk());
+  struct Case {
+    ModelSpec model;
+    std::string expect;
+  };
+  ModelSpec renamed = testModel(2, 5, 11);
+  renamed.layers[1].params[1].name = "blocks.0.w1_renamed";
+  const std::vector<Case> cases = {
+      {testModel(2, 6, 11), "parameter 'embed.weight' has shape [11x5] there and [11x6] in the model"},
+      {testModel(3, 5, 11), "model parameter 'blocks.2.w1' is not in it"},
+      {testModel(1, 5, 11), "is not in the model"},
+      {renamed, "'blocks.0.w1_renamed' is not in it"}};
+  for (const Case& c : cases) {
+    World w = makeWorld(c.model, 2, 16, 3.0f);
+    Snapshot before(*w.states[1]);
+    Status st = loadCheckpoint(tmp.sub("ckpt"), w.plans[1], w.states[1]->view);
+    ASSERT_FALSE(st.isOk());
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("does not match the model"), std::string::npos) << st.toString();
+    EXPECT_NE(st.message().find(c.expect), std::string::npos) << st.toString();
+    EXPECT_TRUE(before.sameAs(*w.states[1]));
+    Status imp = importFullModel(tmp.sub("model.full"), w.plans[1], w.states[1]->view, true);
+    ASSERT_FALSE(imp.isOk());
+    EXPECT_NE(imp.message().find("model.full"), std::string::npos) << imp.toString();
+    EXPECT_NE(imp.message().find(c.expect), std::string::npos) << imp.toString();
+    EXPECT_TRUE(before.sameAs(*w.states[1]));
+  }
+}
+
+TEST(Checkpoint, FullModelFileErrorsOverwriteNothing) {
+  const ModelSpec model = testModel(2, 5, 11);
+  TempDir tmp;
+  savedWorld(model, 2, tmp.sub("ckpt"), 4);
+  const std::string full = tmp.sub("model.full");
+  ASSERT_TRUE(exportFullModel(tmp.sub("ckpt"), full, true).isOk());
+  const ckpt::FileLayout layout = ckpt::layoutOf(headerOf(full));
+  struct Case {
+    std::string name;
+    std::function<std::string()> make;  // returns the path to import
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {"truncated",
+       [&] {
+         const std::string p = tmp.sub("t.full");
+         fs::copy_file(full, p);
+         fs::resize_file(p, layout.fileBytes - 4);
+         return p;
+       },
+       "truncated"},
+      {"flipped weight",
+       [&] {
+         const std::string p = tmp.sub("f.full");
+         fs::copy_file(full, p);
+         flipByte(p, layout.dataOffset + 8);
+         return p;
+       },
+       "checksum mismatch in data chunk 0"},
+      {"flipped index",
+       [&] {
+         const std::string p = tmp.sub("i.full");
+         fs::copy_file(full, p);
+         flipByte(p, ckpt::kHeaderBytes + 3);
+         return p;
+       },
+       "parameter index is corrupt"},
+      {"a shard file instead", [&] { return tmp.sub("ckpt") + "/rank-0-of-2.shard"; }, "bad magic"},
+      {"missing", [&] { return tmp.sub("nothing.full"); }, "missing"},
+  };
+  World w = makeWorld(model, 3, 16, 5.0f);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string path = c.make();
+    Snapshot before(*w.states[0]);
+    Status st = importFullModel(path, w.plans[0], w.states[0]->view, true);
+    ASSERT_FALSE(st.isOk());
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.toString();
+    EXPECT_NE(st.message().find(path), std::string::npos) << st.toString();
+    EXPECT_NE(st.message().find(c.expect), std::string::npos) << st.toString();
+    EXPECT_TRUE(before.sameAs(*w.states[0]));
+  }
+}
+
+TEST(Checkpoint, SavesAreAtomicAndLeaveNoTemporaries) {
+  const ModelSpec model = testModel(2, 5, 11);
+  TempDir tmp;
+  const std::string dir = tmp.sub("ckpt");
+  // Saving over an existing checkpoint replaces each file whole.
+  savedWorld(model, 2, dir, 1);
+  savedWorld(model, 2, dir, 2, 30);
+  EXPECT_TRUE(tempNamesIn(dir).empty());
+  {
+    World w = makeWorld(model, 2);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(loadCheckpoint(dir, w.plans[r], w.states[r]->view).isOk());
+      EXPECT_TRUE(checkState(w.plans[r], *w.states[r], 2, true, 30).isOk());
+    }
+  }
+  // The final name cannot be replaced (a non-empty directory sits there): the save fails, the
+  // temporary is removed, and what was at the final name is untouched.
+  const std::string blocked = tmp.sub("blocked");
+  fs::create_directories(blocked + "/" + checkpointShardFileName(0, 1) + "/keep");
+  World one = makeWorld(model, 1, 16, 0.0f);
+  Status st = saveCheckpointShard(blocked, one.plans[0], one.states[0]->view);
+  ASSERT_FALSE(st.isOk());
+  EXPECT_EQ(st.code(), StatusCode::kSystemError);
+  EXPECT_NE(st.message().find(checkpointShardFileName(0, 1)), std::string::npos) << st.toString();
+  EXPECT_TRUE(tempNamesIn(blocked).empty());
+  EXPECT_TRUE(fs::is_directory(blocked + "/" + checkpointShardFileName(0, 1) + "/keep"));
+  // The index is not written unless every rank's file is there and sound.
+  const std::string partial = tmp.sub("partial");
+  World two = makeWorld(model, 2, 16, 0.0f);
+  ASSERT_TRUE(saveCheckpointShard(partial, two.plans[0], two.states[0]->view).isOk());
+  Status idx = writeCheckpointIndex(partial, two.plans[0]);
+  ASSERT_FALSE(idx.isOk());
+  EXPECT_NE(idx.message().find("rank-1-of-2.shard"), std::string::npos) << idx.toString();
+  EXPECT_FALSE(fs::exists(partial + "/" + kCheckpointIndexFile));
+  EXPECT_TRUE(tempNamesIn(partial).empty());
+  // Bad arguments are refused before anything is created.
+  ShardState wrong = one.states[0]->view;
+  wrong.numel += 1;
+  EXPECT_EQ(saveCheckpointShard(tmp.sub("never"), one.plans[0], wrong).code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(fs::exists(tmp.sub("never")));
+  EXPECT_EQ(saveCheckpointShard("/nonexistent-parent/ckpt", one.plans[0], one.states[0]->view).code(),
+            StatusCode::kSystemError);
+}
+
+}  // namespace
+}  // namespace libshard

@@ -1,0 +1,323 @@
+// The executor end to end on real communicators, with ranks as threads and as processes: gathered
+// weights equal the full parameters, gradient shards equal the exact sums (overwriting garbage on
+// micro-batch 0, accumulating after; zero for a parameter that never gets a gradient), the event
+// log proves rules A and B and the optimizer gate on every step, and the buffer pool's peak equals
+// the plan to the byte. Plus the failure paths: a killed peer, a failing layer, hooks out of order.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "exec_toy.h"
+#include "harness.h"
+#include "libcomm/communicator.h"
+#include "libshard/buffers.h"
+#include "libshard/event_log.h"
+#include "libshard/executor.h"
+#include "libshard/runner.h"
+#include "libshard/schedule.h"
+
+namespace shardcomm::testing {
+namespace {
+
+using libcomm::Status;
+using libcomm::StatusCode;
+using libshard::Precision;
+
+struct Variant {
+  int micro = 1;
+  Precision precision = Precision::kFp32;
+  int blockBuffers = 2;
+  int prefetch = 1;
+  int gradBuffers = 2;
+  bool serialize = false;
+  bool oneComm = false;  // gathers and reduce-scatters on one communicator (one stream)
+  bool budget = false;   // a memory budget that forces activation checkpointing
+  size_t alignment = 128;
+  bool norms = true;   // false: a model without norm parameters (no resident group)
+  bool scale = false;  // the executor applies gradScale at endStep
+  int width = 37;      // large widths take libcomm's direct (registered, one-copy) path, not eager
+
+  std::string name() const {
+    return libcomm::detail::strCat("micro ", micro, " ", libshard::precisionName(precision), " buffers ", blockBuffers,
+                                   " prefetch ", prefetch, " grad buffers ", gradBuffers,
+                                   serialize ? " serialized" : "", oneComm ? " one-comm" : "",
+                                   budget ? " checkpointing" : "", " align ", alignment, norms ? "" : " no-norms",
+                                   scale ? " scaled" : "", " width ", width);
+  }
+};
+
+std::vector<Variant> variants() {
+  std::vector<Variant> v;
+  for (int micro : {1, 3})
+    for (Precision p : {Precision::kFp32, Precision::kBf16}) v.push_back({micro, p});
+  v.push_back({3, Precision::kBf16, 3, 2, 1});
+  v.push_back({3, Precision::kFp32, 2, 1, 2, false, true});
+  v.push_back({2, Precision::kBf16, 2, 1, 2, true});
+  v.push_back({2, Precision::kFp32, 2, 1, 2, false, false, true, 16});
+  v.push_back({3, Precision::kBf16, 2, 1, 2, false, false, false, 128, /*norms=*/false, /*scale=*/true});
+  for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+    Variant big{2, p};
+    big.width = 20011;
+    v.push_back(big);
+  }
+  return v;
+}
+
+libcomm::CommConfig testConfig(std::chrono::milliseconds opTimeout = std::chrono::seconds(20)) {
+  libcomm::CommConfig c;
+  c.opTimeout = opTimeout;
+  c.initTimeout = std::chrono::seconds(30);
+  c.peerCheckInterval = std::chrono::milliseconds(50);
+  return c;
+}
+
+libcomm::Result<libshard::ShardPlan> makePlan(const libshard::ModelSpec& spec, const Variant& v, int rank, int world) {
+  libshard::PlanOptions o;
+  o.worldSize = world;
+  o.rank = rank;
+  o.alignmentBytes = v.alignment;
+  o.precision = v.precision;
+  o.blockBuffers = v.blockBuffers;
+  o.prefetchDepth = v.prefetch;
+  o.gradBuffers = v.gradBuffers;
+  o.microBatches = v.micro;
+  LIBCOMM_ASSIGN_OR_RETURN(auto plan, libshard::ShardPlanner(o).plan(spec));
+  if (!v.budget) return plan;
+  // Everything but one byte of the activations: at least one layer must checkpoint.
+  uint64_t activations = 0;
+  for (const auto& l : spec.layers) activations += l.activationBytes;
+  o.memoryBudgetBytes = plan.libshardBytes + activations - 1;
+  LIBCOMM_ASSIGN_OR_RETURN(auto tight, libshard::ShardPlanner(o).plan(spec));
+  if (tight.numCheckpointed() < 1)
+    return libcomm::makeError(StatusCode::kInternalError, "budget did not force checkpointing");
+  return tight;
+}
+
+// One configuration on one rank: `steps` steps through the Runner, with every check.
+Status runVariant(RankContext& ctx, libcomm::Communicator& agComm, libcomm::Communicator& rsComm, const Variant& v,
+                  int steps) {
+  toy::ToyShape shape;
+  shape.norms = v.norms;
+  shape.width = v.width;
+  const auto spec = toy::makeSpec(shape);
+  LIBCOMM_ASSIGN_OR_RETURN(auto plan, makePlan(spec, v, ctx.rank, ctx.size));
+  libcomm::Communicator& rs = v.oneComm ? agComm : rsComm;
+  LIBCOMM_ASSIGN_OR_RETURN(auto pool, libshard::BufferPool::create(plan, agComm, rs));
+  if (pool->peakBytes() != plan.libshardBytes || pool->bytesAllocated() != plan.libshardBytes)
+    return libcomm::makeError(StatusCode::kInternalError, "pool peak ", pool->peakBytes(), " B, plan ",
+                              plan.libshardBytes, " B:\n", pool->describe());
+  for (const auto& a : pool->allocations())
+    if (a.data && !(a.fromGatherComm ? agComm : rs).isRegistered(a.data, a.bytes))
+      return libcomm::makeError(StatusCode::kInternalError, a.name, " is not registered memory");
+
+  libshard::ScheduleOptions so;
+  so.serialize = v.serialize;
+  LIBCOMM_ASSIGN_OR_RETURN(auto schedule, libshard::Schedule::build(plan, so));
+  const int gathersPerStep = schedule.count(libshard::OpKind::kAllGather);
+  libshard::ExecutorOptions eo;
+  eo.waitTimeout = std::chrono::seconds(20);
+  eo.eventLogCapacity = 1 << 15;
+  eo.scaleGradients = v.scale;
+  LIBCOMM_ASSIGN_OR_RETURN(auto ex, libshard::Executor::create(spec, plan, schedule, *pool, agComm, rs, eo));
+
+  toy::ToyNet net(spec, plan);
+  toy::setWeights(plan, pool->state(), 0);
+  libshard::RunnerHooks hooks;
+  hooks.optimizer = [&](libshard::Executor& e) -> Status {
+    const auto want = toy::referenceGrads(spec, ctx.size, v.micro, e.step());
+    LIBCOMM_RETURN_IF_ERROR(
+        toy::checkGrads(plan, e.state(), want, "step " + std::to_string(e.step()), v.scale ? e.gradScale() : 1.0f));
+    toy::setWeights(plan, e.state(), e.step() + 1);  // what an optimizer would do: new weights
+    return Status::ok();
+  };
+  libshard::Runner runner(*ex, net.layers(), hooks);
+  for (int s = 0; s < steps; ++s) {
+    // Garbage in the grad shard: micro-batch 0 must overwrite it, never add to it.
+    auto& st = pool->state();
+    for (size_t i = 0; i < st.numel; ++i) st.grad[i] = std::numeric_limits<float>::quiet_NaN();
+    LIBCOMM_RETURN_IF_ERROR(runner.step());
+  }
+
+  const auto& log = ex->eventLog();
+  if (log.dropped() != 0) return libcomm::makeError(StatusCode::kInternalError, "event log dropped ", log.dropped());
+  const auto entries = log.entries();
+  LIBCOMM_RETURN_IF_ERROR(libshard::checkEventLog(entries, plan));
+  std::vector<int> gathers(static_cast<size_t>(steps), 0);
+  for (const auto& e : entries)
+    if (e.kind == libshard::LogKind::kGatherStart) ++gathers[static_cast<size_t>(e.step)];
+  for (int s = 0; s < steps; ++s)
+    if (gathers[static_cast<size_t>(s)] != gathersPerStep)
+      return libcomm::makeError(StatusCode::kInternalError, "step ", s, ": ", gathers[static_cast<size_t>(s)],
+                                " gathers logged, the schedule has ", gathersPerStep);
+  const int wantRecomputes = plan.numCheckpointed() * v.micro * steps;
+  if (net.recomputes != wantRecomputes)
+    return libcomm::makeError(StatusCode::kInternalError, net.recomputes, " recomputes, want ", wantRecomputes);
+  return Status::ok();
+}
+
+Status matrixBody(RankContext& ctx) {
+  LIBCOMM_ASSIGN_OR_RETURN(auto ag, libcomm::Communicator::create(ctx.bootstrap, testConfig()));
+  LIBCOMM_ASSIGN_OR_RETURN(auto rs, libcomm::Communicator::create(ctx.bootstrap, testConfig()));
+  for (const Variant& v : variants()) {
+    Status st = runVariant(ctx, *ag, *rs, v, /*steps=*/3);
+    if (!st.isOk()) return st.withContext(v.name());
+  }
+  return Status::ok();
+}
+
+class ExecutorMatrix : public ::testing::TestWithParam<std::tuple<Mode, int>> {};
+
+TEST_P(ExecutorMatrix, ExactGradientsAndProvenSchedule) {
+  RunOptions opts;
+  opts.mode = std::get<0>(GetParam());
+  opts.size = std::get<1>(GetParam());
+  opts.deadline = std::chrono::seconds(240);
+  EXPECT_RANKS_OK(runRanks(opts, matrixBody));
+}
+
+std::string matrixName(const ::testing::TestParamInfo<std::tuple<Mode, int>>& info) {
+  return std::string(modeName(std::get<0>(info.param))) + "_w" + std::to_string(std::get<1>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ExecutorMatrix,
+                         ::testing::Combine(::testing::Values(Mode::kThreads, Mode::kProcesses),
+                                            ::testing::Values(1, 2, 3, 4)),
+                         matrixName);
+
+// ---- failure paths -----------------------------------------------------------------------------
+
+struct Rig {
+  std::unique_ptr<libcomm::Communicator> ag, rs;
+  libshard::ModelSpec spec;
+  libshard::ShardPlan plan;
+  std::unique_ptr<libshard::BufferPool> pool;
+  std::unique_ptr<libshard::Executor> ex;
+};
+
+libcomm::Result<std::unique_ptr<Rig>> makeRig(RankContext& ctx, const Variant& v, libcomm::CommConfig config,
+                                              libshard::ExecutorOptions eo = {}) {
+  auto rig = std::make_unique<Rig>();
+  LIBCOMM_ASSIGN_OR_RETURN(rig->ag, libcomm::Communicator::create(ctx.bootstrap, config));
+  LIBCOMM_ASSIGN_OR_RETURN(rig->rs, libcomm::Communicator::create(ctx.bootstrap, config));
+  rig->spec = toy::makeSpec();
+  LIBCOMM_ASSIGN_OR_RETURN(rig->plan, makePlan(rig->spec, v, ctx.rank, ctx.size));
+  LIBCOMM_ASSIGN_OR_RETURN(rig->pool, libshard::BufferPool::create(rig->plan, *rig->ag, *rig->rs));
+  LIBCOMM_ASSIGN_OR_RETURN(auto schedule, libshard::Schedule::build(rig->plan));
+  LIBCOMM_ASSIGN_OR_RETURN(
+      rig->ex, libshard::Executor::create(rig->spec, rig->plan, schedule, *rig->pool, *rig->ag, *rig->rs, eo));
+  toy::setWeights(rig->plan, rig->pool->state(), 0);
+  return rig;
+}
+
+Status expectError(const Status& st, std::initializer_list<StatusCode> codes, std::initializer_list<const char*> words,
+                   const char* what) {
+  bool codeOk = false;
+  for (StatusCode c : codes) codeOk |= st.code() == c;
+  if (!codeOk) return libcomm::makeError(StatusCode::kInternalError, what, ": unexpected status ", st.toString());
+  for (const char* w : words)
+    if (st.message().find(w) == std::string::npos)
+      return libcomm::makeError(StatusCode::kInternalError, what, ": message lacks '", w, "': ", st.toString());
+  return Status::ok();
+}
+
+TEST(ExecutorFaults, KilledPeerGivesErrorNotHang) {
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = 3;
+  opts.expectDeath = {1};
+  opts.deadline = std::chrono::seconds(60);
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    libshard::ExecutorOptions eo;
+    eo.waitTimeout = std::chrono::seconds(15);
+    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, {2, Precision::kBf16}, testConfig(std::chrono::seconds(10)), eo));
+    toy::ToyFaults faults;
+    faults.step = 1;  // rank 1 dies in the forward of layer 2 of step 1
+    faults.layer = 2;
+    faults.kill = ctx.rank == 1;
+    toy::ToyNet net(rig->spec, rig->plan, faults);
+    libshard::RunnerHooks hooks;
+    hooks.optimizer = [&](libshard::Executor& e) {
+      toy::setWeights(rig->plan, e.state(), e.step() + 1);
+      return Status::ok();
+    };
+    libshard::Runner runner(*rig->ex, net.layers(), hooks);
+    LIBCOMM_RETURN_IF_ERROR(runner.step());  // step 0 completes everywhere
+    const auto start = libcomm::Clock::now();
+    Status st = runner.step();
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(libcomm::Clock::now() - start);
+    if (waited > std::chrono::seconds(12))
+      return libcomm::makeError(StatusCode::kInternalError, "the peer's death took ", waited.count(), " ms to surface");
+    LIBCOMM_RETURN_IF_ERROR(
+        expectError(st, {StatusCode::kRemoteError, StatusCode::kTimeout}, {"libshard rank", "step 1"}, "survivor"));
+    // Sticky: the executor stays failed.
+    return expectError(rig->ex->beginStep(), {st.code()}, {}, "after the failure");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+TEST(ExecutorFaults, FailingLayerAbortsPeersFast) {
+  RunOptions opts;
+  opts.size = 2;
+  opts.deadline = std::chrono::seconds(60);
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    // A long op timeout: the peer must learn of the failure from the abort, not from a timeout.
+    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, {1, Precision::kFp32}, testConfig(std::chrono::seconds(40))));
+    toy::ToyFaults faults;
+    faults.step = 0;
+    faults.layer = 1;
+    faults.fail = ctx.rank == 0;
+    toy::ToyNet net(rig->spec, rig->plan, faults);
+    libshard::Runner runner(*rig->ex, net.layers());
+    const auto start = libcomm::Clock::now();
+    Status st = runner.step();
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(libcomm::Clock::now() - start);
+    if (waited > std::chrono::seconds(10))
+      return libcomm::makeError(StatusCode::kInternalError, "failure took ", waited.count(), " ms to surface");
+    if (ctx.rank == 0)
+      return expectError(st, {StatusCode::kInternalError}, {"injected failure", "step 0", "layer 1"}, "failing rank");
+    return expectError(st, {StatusCode::kRemoteError}, {"rank 0"}, "peer");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+TEST(ExecutorHooks, OutOfOrderCallsAreRefusedAndHarmless) {
+  RunOptions opts;
+  opts.size = 1;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, {1, Precision::kFp32}, testConfig()));
+    libshard::Executor& ex = *rig->ex;
+    LIBCOMM_RETURN_IF_ERROR(
+        expectError(ex.beginForward(0).status(), {StatusCode::kInvalidUsage}, {"beginStep"}, "early"));
+    LIBCOMM_RETURN_IF_ERROR(ex.beginStep());
+    LIBCOMM_RETURN_IF_ERROR(
+        expectError(ex.beginForward(1).status(), {StatusCode::kInvalidUsage}, {"beginForward(embed)"}, "wrong layer"));
+    LIBCOMM_RETURN_IF_ERROR(expectError(ex.beginForward(-1).status(), {StatusCode::kInvalidUsage}, {}, "layer -1"));
+    LIBCOMM_RETURN_IF_ERROR(expectError(ex.endForward(0), {StatusCode::kInvalidUsage}, {}, "end before begin"));
+    toy::ToyNet net(rig->spec, rig->plan);
+    const int L = static_cast<int>(rig->plan.layers.size());
+    for (int k = 0; k < L; ++k) {
+      LIBCOMM_ASSIGN_OR_RETURN(auto* v, ex.beginForward(k));
+      LIBCOMM_RETURN_IF_ERROR(net.layers()[static_cast<size_t>(k)]->forward(*v));
+      LIBCOMM_RETURN_IF_ERROR(ex.endForward(k));
+    }
+    for (int k = L - 1; k >= 0; --k) {
+      LIBCOMM_ASSIGN_OR_RETURN(auto* v, ex.beginBackward(k));
+      LIBCOMM_RETURN_IF_ERROR(net.layers()[static_cast<size_t>(k)]->backward(*v));
+      LIBCOMM_RETURN_IF_ERROR(ex.endBackward(k));
+    }
+    LIBCOMM_RETURN_IF_ERROR(ex.endStep());
+    // The gate is not optional: the next step needs optimizerDone first.
+    LIBCOMM_RETURN_IF_ERROR(expectError(ex.beginStep(), {StatusCode::kInvalidUsage}, {"optimizerDone"}, "no gate"));
+    LIBCOMM_RETURN_IF_ERROR(ex.optimizerDone());
+    if (ex.step() != 1) return libcomm::makeError(StatusCode::kInternalError, "step ", ex.step(), " after one step");
+    return ex.status();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+}  // namespace
+}  // namespace shardcomm::testing

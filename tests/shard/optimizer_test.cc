@@ -1,0 +1,333 @@
+// ShardedAdamW (libshard/optimizer.h): bit-exact agreement with a scalar, unsharded AdamW written
+// from the header's order of operations; the decay mask; padding that stays zero whatever the
+// gradient buffer holds there; the skipped step on a non-finite norm; argument errors; and global
+// norm clipping across 2 and 3 ranks (threads and processes) through libcomm's allReduce.
+
+#include "libshard/optimizer.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+#include "libcomm/convert.h"
+#include "shard_state_util.h"
+
+// The reference must round exactly like the optimizer: no contraction into fused multiply-adds.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+namespace libshard {
+namespace {
+
+using libcomm::Status;
+using libcomm::StatusCode;
+using shardcomm::testing::Mode;
+using shardcomm::testing::RankContext;
+using namespace testutil;  // NOLINT
+
+float gradOf(const std::string& name, size_t j, int step) { return 3.0f * valueOf(name, j, 100 + step); }
+
+// Plain AdamW on whole parameters, as the header spells it out.
+struct Reference {
+  struct Param {
+    std::vector<float> w, m, v;
+    bool decay;
+  };
+  std::map<std::string, Param> params;
+  AdamWConfig cfg;
+  uint64_t step = 0;
+
+  Reference(const ModelSpec& model, const AdamWConfig& c) : cfg(c) {
+    for (const LayerSpec& l : model.layers)
+      for (const ParamSpec& p : l.params) {
+        Param& r = params[p.name];
+        r.w.resize(p.numel());
+        for (size_t j = 0; j < p.numel(); ++j) r.w[j] = valueOf(p.name, j, 0);
+        r.m.assign(p.numel(), 0.0f);
+        r.v.assign(p.numel(), 0.0f);
+        r.decay = p.weightDecay && p.kind != ParamKind::kNorm;
+      }
+  }
+
+  double norm(int gradStep, float gradScale) const {
+    double s = 0;
+    for (const auto& [name, p] : params)
+      for (size_t j = 0; j < p.w.size(); ++j) {
+        const double g = static_cast<double>(gradOf(name, j, gradStep) * gradScale);
+        s += g * g;
+      }
+    return std::sqrt(s);
+  }
+
+  void update(int gradStep, float gradScale, double norm) {
+    const uint64_t t = ++step;
+    const float coef = cfg.clipNorm > 0 ? static_cast<float>(std::min(1.0, cfg.clipNorm / (norm + 1e-6))) : 1.0f;
+    const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(cfg.beta1), static_cast<double>(t)));
+    const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(cfg.beta2), static_cast<double>(t)));
+    for (auto& [name, p] : params)
+      for (size_t j = 0; j < p.w.size(); ++j) {
+        float g = gradOf(name, j, gradStep) * gradScale;
+        g = g * coef;
+        p.m[j] = cfg.beta1 * p.m[j] + (1.0f - cfg.beta1) * g;
+        p.v[j] = cfg.beta2 * p.v[j] + (1.0f - cfg.beta2) * g * g;
+        const float mhat = p.m[j] / bc1, vhat = p.v[j] / bc2;
+        const float upd = mhat / (std::sqrt(vhat) + cfg.eps);
+        if (p.decay && cfg.weightDecay != 0.0f)
+          p.w[j] = p.w[j] - cfg.lr * (upd + cfg.weightDecay * p.w[j]);
+        else
+          p.w[j] = p.w[j] - cfg.lr * upd;
+      }
+  }
+};
+
+void initState(const ShardPlan& plan, OwnedState& st) {
+  forEachOwned(plan, [&](const ParamPlacement& p, size_t j, size_t i) { st.master[i] = valueOf(p.name, j, 0); });
+}
+
+// Garbage everywhere (padding included), then the real gradients on the parameter elements.
+void fillGrads(const ShardPlan& plan, OwnedState& st, int gradStep) {
+  for (size_t i = 0; i < st.grad.size(); ++i) st.grad[i] = 1000.0f + static_cast<float>(i);
+  forEachOwned(plan, [&](const ParamPlacement& p, size_t j, size_t i) { st.grad[i] = gradOf(p.name, j, gradStep); });
+}
+
+std::string exact(float x) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.9g", static_cast<double>(x));
+  return buf;
+}
+
+// Every owned element bit-equal to the reference; padding exactly 0; compute == bf16(master).
+Status compareWithReference(const ShardPlan& plan, const OwnedState& st, const Reference& ref) {
+  Status bad;
+  forEachOwned(plan, [&](const ParamPlacement& p, size_t j, size_t i) {
+    const Reference::Param& r = ref.params.at(p.name);
+    if (bad.isOk() && (!sameBits(st.master[i], r.w[j]) || !sameBits(st.m[i], r.m[j]) || !sameBits(st.v[i], r.v[j])))
+      bad = libcomm::makeError(StatusCode::kInternalError, "rank ", plan.options.rank, " ", p.name, "[", j,
+                               "]: got w/m/v ", exact(st.master[i]), "/", exact(st.m[i]), "/", exact(st.v[i]),
+                               ", reference ", exact(r.w[j]), "/", exact(r.m[j]), "/", exact(r.v[j]));
+  });
+  if (!bad.isOk()) return bad;
+  const std::vector<bool> mask = paramMask(plan);
+  for (size_t i = 0; i < mask.size(); ++i) {
+    if (!mask[i] && (!sameBits(st.master[i], 0.0f) || !sameBits(st.m[i], 0.0f) || !sameBits(st.v[i], 0.0f)))
+      return libcomm::makeError(StatusCode::kInternalError, "rank ", plan.options.rank, ": padding element ", i,
+                                " is no longer 0");
+    if (!st.compute.empty() && st.compute[i] != libcomm::floatToBf16(st.master[i]))
+      return libcomm::makeError(StatusCode::kInternalError, "rank ", plan.options.rank, ": compute[", i,
+                                "] is not bf16(master)");
+  }
+  return Status::ok();
+}
+
+ShardPlan planOrFail(const ModelSpec& model, int world, int rank, size_t align = 16,
+                     Precision precision = Precision::kBf16) {
+  auto plan = makePlan(model, world, rank, align, precision);
+  EXPECT_TRUE(plan.isOk()) << plan.status().toString();
+  return plan.isOk() ? std::move(plan).value() : ShardPlan{};
+}
+
+void runOneRank(Precision precision, const AdamWConfig& cfg, size_t align) {
+  const ModelSpec model = testModel(2, 5, 11);
+  const ShardPlan plan = planOrFail(model, 1, 0, align, precision);
+  auto opt = ShardedAdamW::create(plan, cfg);
+  ASSERT_TRUE(opt.isOk()) << opt.status().toString();
+  OwnedState st(plan);
+  initState(plan, st);
+  Reference ref(model, cfg);
+  const float scale = 1.0f / 3.0f;
+  for (int s = 0; s < 4; ++s) {
+    fillGrads(plan, st, s);
+    auto norm = opt->step(st.view, scale, nullptr, nullptr, libcomm::Deadline::never());
+    ASSERT_TRUE(norm.isOk()) << norm.status().toString();
+    const double want = ref.norm(s, scale);
+    EXPECT_NEAR(norm.value(), want, 1e-12 * want);
+    ref.update(s, scale, norm.value());
+    EXPECT_EQ(st.view.step, static_cast<uint64_t>(s + 1));
+    Status cmp = compareWithReference(plan, st, ref);
+    ASSERT_TRUE(cmp.isOk()) << "step " << s << ": " << cmp.toString();
+  }
+}
+
+TEST(ShardedAdamW, MatchesScalarReferenceBf16WithDecay) {
+  AdamWConfig cfg;
+  cfg.lr = 1e-2f;
+  cfg.weightDecay = 0.1f;
+  runOneRank(Precision::kBf16, cfg, 16);
+}
+
+TEST(ShardedAdamW, MatchesScalarReferenceFp32WithClipping) {
+  AdamWConfig cfg;
+  cfg.lr = 3e-3f;
+  cfg.beta1 = 0.8f;
+  cfg.beta2 = 0.95f;
+  cfg.eps = 1e-6f;
+  cfg.weightDecay = 0.01f;
+  cfg.clipNorm = 0.25f;  // well below the gradient norm: every step clips
+  runOneRank(Precision::kFp32, cfg, 128);
+}
+
+TEST(ShardedAdamW, DecayMaskFollowsThePlan) {
+  const ModelSpec model = testModel(3, 7, 13);
+  for (int world : {1, 2, 3, 4}) {
+    for (int rank = 0; rank < world; ++rank) {
+      const ShardPlan plan = planOrFail(model, world, rank);
+      auto opt = ShardedAdamW::create(plan, AdamWConfig{});
+      ASSERT_TRUE(opt.isOk()) << opt.status().toString();
+      std::vector<int> want(plan.stateNumel, -1);  // -1 padding, 0 no decay, 1 decay
+      forEachOwned(plan, [&](const ParamPlacement& p, size_t, size_t i) {
+        const bool expectDecay = p.kind != ParamKind::kNorm && p.name.find(".b1") == std::string::npos;
+        want[i] = expectDecay ? 1 : 0;
+      });
+      std::vector<int> got(plan.stateNumel, -1);
+      size_t total = 0, prevEnd = 0;
+      bool prevDecay = false;
+      for (size_t k = 0; k < opt->ranges().size(); ++k) {
+        const OptimizerRange& r = opt->ranges()[k];
+        ASSERT_GT(r.count, 0u);
+        ASSERT_GE(r.begin, prevEnd) << "ranges overlap or are unsorted";
+        if (k > 0) {
+          EXPECT_FALSE(r.begin == prevEnd && r.decay == prevDecay) << "adjacent ranges were not merged";
+        }
+        for (size_t i = r.begin; i < r.begin + r.count; ++i) got[i] = r.decay ? 1 : 0;
+        total += r.count;
+        prevEnd = r.begin + r.count;
+        prevDecay = r.decay;
+      }
+      EXPECT_EQ(got, want) << "world " << world << " rank " << rank;
+      EXPECT_EQ(total, opt->paramElements());
+    }
+  }
+}
+
+TEST(ShardedAdamW, PaddingStaysZeroAndIsNotInTheNorm) {
+  const ModelSpec model = testModel(2, 5, 11);
+  const ShardPlan plan = planOrFail(model, 1, 0, 128);  // 64-element alignment: mostly padding
+  AdamWConfig cfg;
+  cfg.weightDecay = 0.5f;
+  auto opt = ShardedAdamW::create(plan, cfg);
+  ASSERT_TRUE(opt.isOk());
+  OwnedState st(plan);
+  initState(plan, st);
+  Reference ref(model, cfg);
+  fillGrads(plan, st, 0);  // padding grads are 1000+
+  auto norm = opt->step(st.view, 1.0f, nullptr, nullptr, libcomm::Deadline::never());
+  ASSERT_TRUE(norm.isOk());
+  EXPECT_NEAR(norm.value(), ref.norm(0, 1.0f), 1e-9);
+  ref.update(0, 1.0f, norm.value());
+  Status cmp = compareWithReference(plan, st, ref);
+  EXPECT_TRUE(cmp.isOk()) << cmp.toString();
+}
+
+TEST(ShardedAdamW, NonFiniteNormSkipsTheStep) {
+  const ModelSpec model = testModel(1, 4, 6);
+  const ShardPlan plan = planOrFail(model, 1, 0);
+  auto opt = ShardedAdamW::create(plan, AdamWConfig{});
+  ASSERT_TRUE(opt.isOk());
+  OwnedState st(plan);
+  initState(plan, st);
+  fillGrads(plan, st, 0);
+  forEachOwned(plan, [&](const ParamPlacement& p, size_t j, size_t i) {
+    if (p.name == "blocks.0.w2" && j == 3) st.grad[i] = NAN;
+  });
+  const std::vector<float> before = st.master;
+  auto norm = opt->step(st.view, 1.0f, nullptr, nullptr, libcomm::Deadline::never());
+  ASSERT_TRUE(norm.isOk());
+  EXPECT_FALSE(std::isfinite(norm.value()));
+  EXPECT_EQ(st.view.step, 0u);
+  EXPECT_EQ(st.master, before);
+  for (float x : st.m) EXPECT_EQ(x, 0.0f);
+}
+
+TEST(ShardedAdamW, RejectsBadArguments) {
+  const ModelSpec model = testModel(1, 4, 6);
+  const ShardPlan one = planOrFail(model, 1, 0);
+  const ShardPlan two = planOrFail(model, 2, 1);
+  for (auto mutate : std::vector<void (*)(AdamWConfig&)>{
+           [](AdamWConfig& c) { c.beta1 = 1.0f; }, [](AdamWConfig& c) { c.beta2 = -0.1f; },
+           [](AdamWConfig& c) { c.eps = 0.0f; }, [](AdamWConfig& c) { c.lr = -1.0f; },
+           [](AdamWConfig& c) { c.weightDecay = NAN; }, [](AdamWConfig& c) { c.clipNorm = -1.0f; }}) {
+    AdamWConfig c;
+    mutate(c);
+    auto opt = ShardedAdamW::create(one, c);
+    ASSERT_FALSE(opt.isOk());
+    EXPECT_EQ(opt.status().code(), StatusCode::kInvalidArgument);
+  }
+  auto opt2 = ShardedAdamW::create(two, AdamWConfig{});
+  ASSERT_TRUE(opt2.isOk());
+  OwnedState st2(two);
+  auto r = opt2->step(st2.view, 1.0f, nullptr, nullptr, libcomm::Deadline::never());
+  ASSERT_FALSE(r.isOk());
+  EXPECT_NE(r.status().message().find("communicator"), std::string::npos) << r.status().toString();
+
+  auto opt1 = ShardedAdamW::create(one, AdamWConfig{});
+  ASSERT_TRUE(opt1.isOk());
+  OwnedState st1(one);
+  ShardState wrong = st1.view;
+  wrong.numel += 1;
+  EXPECT_EQ(opt1->step(wrong, 1.0f, nullptr, nullptr, libcomm::Deadline::never()).status().code(),
+            StatusCode::kInvalidArgument);
+  ShardState noCompute = st1.view;
+  noCompute.compute = nullptr;
+  EXPECT_EQ(opt1->step(noCompute, 1.0f, nullptr, nullptr, libcomm::Deadline::never()).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(opt1->step(st1.view, INFINITY, nullptr, nullptr, libcomm::Deadline::never()).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(st1.view.step, 0u);
+}
+
+// ---- Across ranks: the clip coefficient comes from the allReduced norm of every rank's shard.
+
+Status clipAcrossRanks(RankContext& ctx) {
+  const ModelSpec model = testModel(3, 7, 13);
+  LIBCOMM_ASSIGN_OR_RETURN(ShardPlan plan, makePlan(model, ctx.size, ctx.rank));
+  libcomm::CommConfig config;
+  config.opTimeout = std::chrono::seconds(60);
+  LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+  auto stream = libcomm::createHostStream("adamw-rank" + std::to_string(ctx.rank));
+  AdamWConfig cfg;
+  cfg.lr = 1e-2f;
+  cfg.weightDecay = 0.1f;
+  cfg.clipNorm = 0.5f;
+  LIBCOMM_ASSIGN_OR_RETURN(ShardedAdamW opt, ShardedAdamW::create(plan, cfg));
+  OwnedState st(plan);
+  initState(plan, st);
+  Reference ref(model, cfg);
+  const float scale = 1.0f / static_cast<float>(ctx.size * 2);  // world x 2 micro-batches
+  for (int s = 0; s < 3; ++s) {
+    fillGrads(plan, st, s);
+    const auto deadline = libcomm::Deadline::after(std::chrono::seconds(60));
+    LIBCOMM_ASSIGN_OR_RETURN(double norm, opt.step(st.view, scale, comm.get(), stream.get(), deadline));
+    const double want = ref.norm(s, scale);
+    if (!(std::fabs(norm - want) <= 1e-6 * want))
+      return libcomm::makeError(StatusCode::kInternalError, "step ", s, ": global norm ", norm, ", reference ", want);
+    if (!(norm > cfg.clipNorm))
+      return libcomm::makeError(StatusCode::kInternalError, "norm ", norm, " does not exercise clipping");
+    // Every rank must have clipped with the same norm, to the bit.
+    std::vector<double> all(static_cast<size_t>(ctx.size));
+    LIBCOMM_RETURN_IF_ERROR(ctx.bootstrap.allGather(&norm, all.data(), sizeof(double), deadline));
+    for (double n : all)
+      if (n != norm) return libcomm::makeError(StatusCode::kInternalError, "ranks saw different norms");
+    ref.update(s, scale, norm);
+    LIBCOMM_RETURN_IF_ERROR(compareWithReference(plan, st, ref).withContext("step " + std::to_string(s)));
+  }
+  return comm->asyncError();
+}
+
+class AdamWRanks : public shardcomm::testing::RanksTest {};
+
+TEST_P(AdamWRanks, ClippingAcrossTwoRanksMatchesReference) { EXPECT_RANKS_OK(run(2, clipAcrossRanks)); }
+TEST_P(AdamWRanks, ClippingAcrossThreeRanksMatchesReference) { EXPECT_RANKS_OK(run(3, clipAcrossRanks)); }
+
+SHARDCOMM_INSTANTIATE_BOTH_MODES(AdamWRanks);
+
+}  // namespace
+}  // namespace libshard

@@ -1,0 +1,707 @@
+// ShardPlanner (libshard/plan.h): layout arithmetic, gather-buffer choice, the resident group, the
+// memory prediction, checkpoint selection for a budget, option/spec errors and describe().
+// Expected numbers are worked out by hand in the comments; the randomized tests compare against
+// brute force.
+
+#include "libshard/plan.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace libshard {
+namespace {
+
+using libcomm::StatusCode;
+
+ParamSpec param(std::string name, std::vector<int64_t> shape, ParamKind kind = ParamKind::kBlock) {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.shape = std::move(shape);
+  p.kind = kind;
+  return p;
+}
+
+LayerSpec layer(std::string name, std::vector<ParamSpec> params, uint64_t act = 0, uint64_t ckptAct = 0) {
+  LayerSpec l;
+  l.name = std::move(name);
+  l.params = std::move(params);
+  l.activationBytes = act;
+  l.checkpointActivationBytes = ckptAct;
+  return l;
+}
+
+PlanOptions options(int world, size_t align = 128, Precision precision = Precision::kBf16) {
+  PlanOptions o;
+  o.worldSize = world;
+  o.alignmentBytes = align;
+  o.precision = precision;
+  return o;
+}
+
+ShardPlan planOrDie(const ModelSpec& spec, const PlanOptions& o) {
+  auto r = ShardPlanner(o).plan(spec);
+  EXPECT_TRUE(r.isOk()) << r.status().toString();
+  if (!r.isOk()) return ShardPlan{};
+  return std::move(r).value();
+}
+
+const MemoryTerm* findTerm(const ShardPlan& plan, const std::string& name) {
+  for (const MemoryTerm& t : plan.memory)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+uint64_t termBytes(const ShardPlan& plan, const std::string& name) {
+  const MemoryTerm* t = findTerm(plan, name);
+  EXPECT_NE(t, nullptr) << "no memory term '" << name << "'";
+  return t ? t->bytes : 0;
+}
+
+// embed [16,4] | blocks.0 {norm [4], wa [4,4], wb [4,4]} | blocks.1 (same) | final_norm {[4]} | head [4,16]
+ModelSpec smallLm() {
+  ModelSpec m;
+  m.layers.push_back(layer("embed", {param("embed.w", {16, 4}, ParamKind::kEmbedding)}, 100));
+  for (int i = 0; i < 2; ++i) {
+    const std::string b = "blocks." + std::to_string(i);
+    m.layers.push_back(layer(
+        b, {param(b + ".norm", {4}, ParamKind::kNorm), param(b + ".wa", {4, 4}), param(b + ".wb", {4, 4})}, 1000, 200));
+  }
+  m.layers.push_back(layer("final_norm", {param("final_norm.scale", {4}, ParamKind::kNorm)}, 10));
+  m.layers.push_back(layer("head", {param("head.w", {4, 16}, ParamKind::kHead)}, 300));
+  return m;
+}
+
+// ---- layout ------------------------------------------------------------------------------------
+
+struct LayoutCase {
+  int world;
+  size_t align;
+  Precision precision;
+  size_t off1, off2, numel, padded, shard;
+};
+
+// One layer: w1 [10,3] (30), b1 [5], w2 [3,10] (30). Offsets round up to the alignment in
+// elements (bf16: align/2, fp32: align/4); padded rounds numel up to world x that.
+TEST(PlannerLayout, PaddingAndShardsAcrossWorldsAlignmentsAndPrecisions) {
+  const Precision bf = Precision::kBf16, fp = Precision::kFp32;
+  const LayoutCase cases[] = {
+      // bf16, 16 B = 8 elements: offsets 0, 32, 40; numel 70
+      {1, 16, bf, 32, 40, 70, 72, 72},
+      {2, 16, bf, 32, 40, 70, 80, 40},
+      {3, 16, bf, 32, 40, 70, 72, 24},
+      {4, 16, bf, 32, 40, 70, 96, 24},
+      {7, 16, bf, 32, 40, 70, 112, 16},
+      {8, 16, bf, 32, 40, 70, 128, 16},
+      // fp32, 16 B = 4 elements: offsets 0, 32, 40 (37 -> 40); numel 70
+      {1, 16, fp, 32, 40, 70, 72, 72},
+      {2, 16, fp, 32, 40, 70, 72, 36},
+      {3, 16, fp, 32, 40, 70, 72, 24},
+      {4, 16, fp, 32, 40, 70, 80, 20},
+      {7, 16, fp, 32, 40, 70, 84, 12},
+      {8, 16, fp, 32, 40, 70, 96, 12},
+      // bf16, 128 B = 64 elements: offsets 0, 64, 128; numel 158
+      {1, 128, bf, 64, 128, 158, 192, 192},
+      {2, 128, bf, 64, 128, 158, 256, 128},
+      {3, 128, bf, 64, 128, 158, 192, 64},
+      {4, 128, bf, 64, 128, 158, 256, 64},
+      {7, 128, bf, 64, 128, 158, 448, 64},
+      {8, 128, bf, 64, 128, 158, 512, 64},
+      // fp32, 128 B = 32 elements: offsets 0, 32, 64; numel 94
+      {1, 128, fp, 32, 64, 94, 96, 96},
+      {2, 128, fp, 32, 64, 94, 128, 64},
+      {3, 128, fp, 32, 64, 94, 96, 32},
+      {4, 128, fp, 32, 64, 94, 128, 32},
+      {7, 128, fp, 32, 64, 94, 224, 32},
+      {8, 128, fp, 32, 64, 94, 256, 32},
+  };
+  ModelSpec m;
+  m.layers.push_back(layer("blocks.0", {param("w1", {10, 3}), param("b1", {5}), param("w2", {3, 10})}));
+  for (const LayoutCase& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "world " << c.world << " align " << c.align << " "
+                                      << precisionName(c.precision));
+    ShardPlan p = planOrDie(m, options(c.world, c.align, c.precision));
+    ASSERT_EQ(p.layers.size(), 1u);
+    const FlatGroup& g = p.layers[0];
+    ASSERT_EQ(g.params.size(), 3u);
+    EXPECT_EQ(g.params[0].offset, 0u);
+    EXPECT_EQ(g.params[1].offset, c.off1);
+    EXPECT_EQ(g.params[2].offset, c.off2);
+    EXPECT_EQ(g.params[0].numel, 30u);
+    EXPECT_EQ(g.params[1].numel, 5u);
+    EXPECT_EQ(g.numel, c.numel);
+    EXPECT_EQ(g.paddedNumel, c.padded);
+    EXPECT_EQ(g.shardNumel, c.shard);
+    EXPECT_EQ(g.stateOffset, 0u);
+    EXPECT_EQ(p.stateNumel, c.shard);
+    EXPECT_EQ(p.resident.paddedNumel, 0u);
+    EXPECT_EQ(p.residentBuffer, -1);
+  }
+}
+
+TEST(PlannerLayout, StateOffsetsEmptyLayersAndResidentGroup) {
+  // bf16, 16 B (8 elements), world 2: groups pad to 16 elements.
+  ShardPlan p = planOrDie(smallLm(), options(2, 16));
+  ASSERT_EQ(p.layers.size(), 5u);
+  struct Want {
+    const char* name;
+    size_t numel, padded, shard, offset;
+  };
+  const Want want[] = {{"embed", 64, 64, 32, 0},
+                       {"blocks.0", 32, 32, 16, 32},
+                       {"blocks.1", 32, 32, 16, 48},
+                       {"final_norm", 0, 0, 0, 64},
+                       {"head", 64, 64, 32, 64}};
+  for (size_t k = 0; k < 5; ++k) {
+    SCOPED_TRACE(want[k].name);
+    EXPECT_EQ(p.layers[k].name, want[k].name);
+    EXPECT_EQ(p.layers[k].layer, static_cast<int>(k));
+    EXPECT_EQ(p.layers[k].numel, want[k].numel);
+    EXPECT_EQ(p.layers[k].paddedNumel, want[k].padded);
+    EXPECT_EQ(p.layers[k].shardNumel, want[k].shard);
+    EXPECT_EQ(p.layers[k].stateOffset, want[k].offset);
+  }
+  // Norms never enter a layer's own group.
+  ASSERT_EQ(p.layers[1].params.size(), 2u);
+  EXPECT_EQ(p.layers[1].params[0].name, "blocks.0.wa");
+  EXPECT_EQ(p.layers[1].params[1].offset, 16u);
+  EXPECT_TRUE(p.layers[3].params.empty());
+  EXPECT_EQ(p.layers[3].gatherBuffer, -1);
+
+  // Resident: the three norms in layer order at 0, 8, 16 -> numel 20, padded 32, shard 16, last.
+  const FlatGroup& r = p.resident;
+  EXPECT_EQ(r.name, "resident");
+  EXPECT_EQ(r.layer, -1);
+  ASSERT_EQ(r.params.size(), 3u);
+  EXPECT_EQ(r.params[0].name, "blocks.0.norm");
+  EXPECT_EQ(r.params[1].name, "blocks.1.norm");
+  EXPECT_EQ(r.params[2].name, "final_norm.scale");
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(r.params[i].offset, 8 * i);
+    EXPECT_EQ(r.params[i].numel, 4u);
+    EXPECT_EQ(r.params[i].kind, ParamKind::kNorm);
+    EXPECT_FALSE(r.params[i].weightDecay) << "norms are never decayed, even when the spec says so";
+  }
+  EXPECT_EQ(r.numel, 20u);
+  EXPECT_EQ(r.paddedNumel, 32u);
+  EXPECT_EQ(r.shardNumel, 16u);
+  EXPECT_EQ(r.stateOffset, 96u);
+  EXPECT_EQ(p.stateNumel, 112u);
+  ASSERT_GE(p.residentBuffer, 0);
+  EXPECT_EQ(r.gatherBuffer, p.residentBuffer);
+  const GatherBuffer& rb = p.gatherBuffers[p.residentBuffer];
+  EXPECT_EQ(rb.name, "resident");
+  EXPECT_EQ(rb.numel, 32u);
+  EXPECT_EQ(rb.bytes, 64u);
+  EXPECT_EQ(rb.layers, std::vector<int>{-1});
+  EXPECT_EQ(p.gradBufferNumel, 64u);  // embed/head, not the resident group
+}
+
+TEST(PlannerLayout, WeightDecayFlagsAndShapesCarriedThrough) {
+  ModelSpec m;
+  ParamSpec bias = param("blocks.0.b", {3});
+  bias.weightDecay = false;
+  m.layers.push_back(layer("blocks.0", {param("blocks.0.w", {3, 2}), bias}));
+  ShardPlan p = planOrDie(m, options(1));
+  EXPECT_TRUE(p.layers[0].params[0].weightDecay);
+  EXPECT_FALSE(p.layers[0].params[1].weightDecay);
+  EXPECT_EQ(p.layers[0].params[0].shape, (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(p.layers[0].params[0].kind, ParamKind::kBlock);
+}
+
+// ---- gather buffers ----------------------------------------------------------------------------
+
+// world 1, bf16, 16 B: 4 blocks of [8,8] = 64 elements each, then an embedding of `embedNumel`.
+ModelSpec blocksWithEmbed(int64_t embedRows, int64_t embedCols, int blocks = 4) {
+  ModelSpec m;
+  m.layers.push_back(layer("embed", {param("embed.w", {embedRows, embedCols}, ParamKind::kEmbedding)}));
+  for (int i = 0; i < blocks; ++i) {
+    const std::string b = "blocks." + std::to_string(i);
+    m.layers.push_back(layer(b, {param(b + ".w", {8, 8})}));
+  }
+  return m;
+}
+
+std::vector<std::string> bufferNames(const ShardPlan& p) {
+  std::vector<std::string> names;
+  for (const auto& b : p.gatherBuffers) names.push_back(b.name);
+  return names;
+}
+
+TEST(PlannerBuffers, BigEmbeddingGetsADedicatedBuffer) {
+  // share: 2 x 1000 = 2000 elements; dedicated: 2 x 64 + 1000 = 1128 -> dedicated.
+  ShardPlan p = planOrDie(blocksWithEmbed(100, 10), options(1, 16));
+  EXPECT_EQ(bufferNames(p), (std::vector<std::string>{"blocks.0", "blocks.1", "embed"}));
+  EXPECT_EQ(p.gatherBuffers[0].numel, 64u);
+  EXPECT_EQ(p.gatherBuffers[0].layers, (std::vector<int>{1, 3}));
+  EXPECT_EQ(p.gatherBuffers[1].layers, (std::vector<int>{2, 4}));
+  EXPECT_EQ(p.gatherBuffers[2].numel, 1000u);
+  EXPECT_EQ(p.gatherBuffers[2].bytes, 2000u);
+  EXPECT_EQ(p.gatherBuffers[2].layers, std::vector<int>{0});
+  EXPECT_EQ(p.layers[0].gatherBuffer, 2);
+  EXPECT_EQ(p.layers[1].gatherBuffer, 0);
+  EXPECT_EQ(p.layers[2].gatherBuffer, 1);
+  EXPECT_EQ(termBytes(p, "gather buffers"), 2u * 1128);
+  EXPECT_EQ(p.gradBufferNumel, 1000u);
+}
+
+TEST(PlannerBuffers, SmallEmbeddingSharesAndTheRotationGrows) {
+  // embed 80: share 2 x 80 = 160 < 2 x 64 + 80 = 208 -> share; it takes the first turn.
+  ShardPlan p = planOrDie(blocksWithEmbed(10, 8), options(1, 16));
+  EXPECT_EQ(bufferNames(p), (std::vector<std::string>{"blocks.0", "blocks.1"}));
+  EXPECT_EQ(p.gatherBuffers[0].numel, 80u);
+  EXPECT_EQ(p.gatherBuffers[1].numel, 80u);
+  EXPECT_EQ(p.gatherBuffers[0].layers, (std::vector<int>{0, 2, 4}));
+  EXPECT_EQ(p.gatherBuffers[1].layers, (std::vector<int>{1, 3}));
+  EXPECT_EQ(termBytes(p, "gather buffers"), 2u * 160);
+}
+
+TEST(PlannerBuffers, TieSharesAndOneElementMoreGoesDedicated) {
+  // Sharing costs 2 x p, dedicating 2 x 64 + p: equal at p = 128.
+  ShardPlan tie = planOrDie(blocksWithEmbed(16, 8), options(1, 16));
+  EXPECT_EQ(bufferNames(tie), (std::vector<std::string>{"blocks.0", "blocks.1"}));
+  EXPECT_EQ(tie.gatherBuffers[0].numel, 128u);
+  // 136 (one alignment unit more): 272 shared vs 264 dedicated.
+  ShardPlan over = planOrDie(blocksWithEmbed(17, 8), options(1, 16));
+  EXPECT_EQ(bufferNames(over), (std::vector<std::string>{"blocks.0", "blocks.1", "embed"}));
+  EXPECT_EQ(termBytes(over, "gather buffers"), 2u * 264);
+}
+
+TEST(PlannerBuffers, EmbeddingSharesWhileHugeHeadIsDedicated) {
+  ModelSpec m = blocksWithEmbed(10, 8);  // embed 80
+  m.layers.push_back(layer("head", {param("head.w", {1000}, ParamKind::kHead)}));
+  // T=64: 128 + 80 + 1000; T=80: 160 + 1000 (best); T=1000: 2000.
+  ShardPlan p = planOrDie(m, options(1, 16));
+  EXPECT_EQ(bufferNames(p), (std::vector<std::string>{"blocks.0", "blocks.1", "head"}));
+  EXPECT_EQ(p.gatherBuffers[0].numel, 80u);
+  EXPECT_EQ(p.layers[5].gatherBuffer, 2);
+  EXPECT_EQ(termBytes(p, "gather buffers"), 2u * 1160);
+}
+
+TEST(PlannerBuffers, MoreBlockBuffersRotateModuloTheirCount) {
+  PlanOptions o = options(1, 16);
+  o.blockBuffers = 3;
+  o.prefetchDepth = 2;
+  ShardPlan p = planOrDie(blocksWithEmbed(100, 10, 5), o);  // embed dedicated
+  EXPECT_EQ(bufferNames(p), (std::vector<std::string>{"blocks.0", "blocks.1", "blocks.2", "embed"}));
+  for (int b = 1; b <= 5; ++b) EXPECT_EQ(p.layers[b].gatherBuffer, (b - 1) % 3) << "block layer " << b;
+}
+
+TEST(PlannerBuffers, NoBlocksMeansDedicatedBuffersAndFewBlocksFewBuffers) {
+  ModelSpec m;
+  m.layers.push_back(layer("embed", {param("e", {8, 8}, ParamKind::kEmbedding)}));
+  m.layers.push_back(layer("head", {param("h", {8, 8}, ParamKind::kHead)}));
+  ShardPlan p = planOrDie(m, options(1, 16));
+  EXPECT_EQ(bufferNames(p), (std::vector<std::string>{"embed", "head"}));
+  // A single block needs only one rotating buffer: a second would hold memory nobody uses.
+  ShardPlan one = planOrDie(blocksWithEmbed(100, 10, 1), options(1, 16));
+  EXPECT_EQ(bufferNames(one), (std::vector<std::string>{"blocks.0", "embed"}));
+}
+
+// ---- memory ------------------------------------------------------------------------------------
+
+TEST(PlannerMemory, TermsBf16ExactAndSumming) {
+  ShardPlan p = planOrDie(smallLm(), options(2, 16));  // stateNumel 112 (see StateOffsets...)
+  const std::vector<std::string> names = {
+      "fp32 master shard", "fp32 gradient shard",           "bf16 compute copy", "AdamW moments",    "gather buffers",
+      "gradient buffers",  "resident gradient accumulator", "activations",       "recompute scratch"};
+  ASSERT_EQ(p.memory.size(), names.size());
+  for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(p.memory[i].name, names[i]);
+  EXPECT_EQ(termBytes(p, "fp32 master shard"), 448u);
+  EXPECT_EQ(termBytes(p, "fp32 gradient shard"), 448u);
+  EXPECT_EQ(termBytes(p, "bf16 compute copy"), 224u);
+  EXPECT_EQ(termBytes(p, "AdamW moments"), 896u);
+  // embed (64) and head (64) share: 2 x 64 rotating + 32 resident = 160 elements.
+  EXPECT_EQ(bufferNames(p), (std::vector<std::string>{"blocks.0", "blocks.1", "resident"}));
+  EXPECT_EQ(termBytes(p, "gather buffers"), 320u);
+  EXPECT_EQ(termBytes(p, "gradient buffers"), 256u);  // 2 x 64 x 2 B
+  EXPECT_EQ(termBytes(p, "resident gradient accumulator"), 128u);
+  EXPECT_EQ(termBytes(p, "activations"), 2410u);
+  EXPECT_EQ(termBytes(p, "recompute scratch"), 0u);
+  EXPECT_EQ(p.libshardBytes, 2720u);
+  EXPECT_EQ(p.totalBytes, 5130u);
+  EXPECT_EQ(findTerm(p, "fp32 master shard")->formula, "4 B x 112 elements");
+  EXPECT_FALSE(findTerm(p, "activations")->libshardOwned);
+  EXPECT_FALSE(findTerm(p, "recompute scratch")->libshardOwned);
+  uint64_t owned = 0, all = 0;
+  for (const MemoryTerm& t : p.memory) {
+    EXPECT_FALSE(t.formula.empty()) << t.name;
+    all += t.bytes;
+    owned += t.libshardOwned ? t.bytes : 0;
+  }
+  EXPECT_EQ(owned, p.libshardBytes);
+  EXPECT_EQ(all, p.totalBytes);
+}
+
+TEST(PlannerMemory, TermsFp32HaveNoComputeCopy) {
+  // fp32, 16 B = 4 elements, world 2 -> groups pad to 8: shards 32, 16, 16, 0, 32, resident 8.
+  ShardPlan p = planOrDie(smallLm(), options(2, 16, Precision::kFp32));
+  EXPECT_EQ(p.stateNumel, 104u);
+  EXPECT_EQ(findTerm(p, "bf16 compute copy"), nullptr);
+  EXPECT_EQ(termBytes(p, "fp32 master shard"), 416u);
+  EXPECT_EQ(termBytes(p, "AdamW moments"), 832u);
+  EXPECT_EQ(termBytes(p, "gather buffers"), 576u);    // (64 + 64 + 16) x 4 B
+  EXPECT_EQ(termBytes(p, "gradient buffers"), 512u);  // 2 x 64 x 4 B
+  EXPECT_EQ(termBytes(p, "resident gradient accumulator"), 64u);
+  EXPECT_EQ(p.libshardBytes, 2816u);
+  EXPECT_EQ(p.totalBytes, 2816u + 2410u);
+}
+
+// ---- checkpointing -----------------------------------------------------------------------------
+
+// embed (activations 500, never a candidate) then `acts.size()` blocks with those activations.
+ModelSpec blocksWithActivations(const std::vector<std::pair<uint64_t, uint64_t>>& acts) {
+  ModelSpec m;
+  m.layers.push_back(layer("embed", {param("embed.w", {32, 8}, ParamKind::kEmbedding)}, 500, 0));
+  for (size_t i = 0; i < acts.size(); ++i) {
+    const std::string b = "blocks." + std::to_string(i);
+    m.layers.push_back(
+        layer(b, {param(b + ".n", {8}, ParamKind::kNorm), param(b + ".w", {8, 8})}, acts[i].first, acts[i].second));
+  }
+  return m;
+}
+
+ShardPlan planWithBudget(const ModelSpec& m, uint64_t budget) {
+  PlanOptions o = options(2, 16);
+  o.memoryBudgetBytes = budget;
+  return planOrDie(m, o);
+}
+
+// Reference: the total of checkpointing exactly the layers in `mask` (bit i = layer i), from the
+// no-budget total: each checkpointed layer drops act - ckpt and the largest act returns as scratch.
+uint64_t totalWith(const ModelSpec& m, uint64_t total0, uint32_t mask) {
+  uint64_t total = total0, scratch = 0;
+  for (size_t k = 0; k < m.layers.size(); ++k) {
+    if (!(mask >> k & 1)) continue;
+    total -= m.layers[k].activationBytes - m.layers[k].checkpointActivationBytes;
+    scratch = std::max(scratch, m.layers[k].activationBytes);
+  }
+  return total + scratch;
+}
+
+bool isCandidate(const LayerSpec& l) {
+  return std::any_of(l.params.begin(), l.params.end(), [](const ParamSpec& p) { return p.kind == ParamKind::kBlock; });
+}
+
+// The fewest candidates any subset needs to fit, or -1 when none fits. Brute force.
+int bruteForceMinimum(const ModelSpec& m, uint64_t total0, uint64_t budget) {
+  int best = -1;
+  for (uint32_t mask = 0; mask < (1u << m.layers.size()); ++mask) {
+    bool ok = true;
+    for (size_t k = 0; k < m.layers.size(); ++k)
+      if ((mask >> k & 1) && !isCandidate(m.layers[k])) ok = false;
+    if (!ok || totalWith(m, total0, mask) > budget) continue;
+    const int n = __builtin_popcount(mask);
+    if (best < 0 || n < best) best = n;
+  }
+  return best;
+}
+
+uint32_t maskOf(const ShardPlan& p) {
+  uint32_t mask = 0;
+  for (size_t k = 0; k < p.checkpointed.size(); ++k) mask |= p.checkpointed[k] ? 1u << k : 0u;
+  return mask;
+}
+
+TEST(PlannerCheckpoint, NoBudgetOrFittingBudgetCheckpointsNothing) {
+  const ModelSpec m = blocksWithActivations({{1000, 100}, {1000, 100}, {1000, 100}});
+  const ShardPlan free = planWithBudget(m, 0);
+  EXPECT_EQ(free.checkpointed, std::vector<bool>(4, false));
+  EXPECT_EQ(free.numCheckpointed(), 0);
+  const ShardPlan exact = planWithBudget(m, free.totalBytes);
+  EXPECT_EQ(exact.numCheckpointed(), 0);
+  EXPECT_EQ(exact.totalBytes, free.totalBytes);
+}
+
+TEST(PlannerCheckpoint, UniformBlocksTakeTheEarliestAndTheFewest) {
+  // Six blocks saving 900 each; checkpointing k of them saves 900 k - 1000 (the recompute scratch),
+  // so one alone never helps: even a budget 1 B short needs two.
+  const ModelSpec m = blocksWithActivations(std::vector<std::pair<uint64_t, uint64_t>>(6, {1000, 100}));
+  const uint64_t total0 = planWithBudget(m, 0).totalBytes;
+  const ShardPlan two = planWithBudget(m, total0 - 1);
+  EXPECT_EQ(two.checkpointed, (std::vector<bool>{false, true, true, false, false, false, false}));
+  EXPECT_EQ(two.totalBytes, total0 - 800);
+  EXPECT_EQ(termBytes(two, "recompute scratch"), 1000u);
+  EXPECT_EQ(termBytes(two, "activations"), 500u + 4 * 1000 + 2 * 100);
+  EXPECT_NE(findTerm(two, "recompute scratch")->formula.find("blocks.0"), std::string::npos);
+
+  for (uint64_t excess : {1, 800, 801, 1700, 2600, 4400}) {
+    SCOPED_TRACE(::testing::Message() << "excess " << excess);
+    const uint64_t budget = total0 - excess;
+    const ShardPlan p = planWithBudget(m, budget);
+    const int want = bruteForceMinimum(m, total0, budget);
+    ASSERT_GT(want, 0);
+    EXPECT_EQ(p.numCheckpointed(), want);
+    EXPECT_LE(p.totalBytes, budget);
+    EXPECT_EQ(p.totalBytes, totalWith(m, total0, maskOf(p)));
+    // The earliest blocks: layers 1 .. want.
+    EXPECT_EQ(maskOf(p), ((1u << want) - 1) << 1);
+    // One fewer (the same layers minus the last) does not fit.
+    EXPECT_GT(totalWith(m, total0, maskOf(p) & ~(1u << want)), budget);
+  }
+}
+
+TEST(PlannerCheckpoint, AvoidsAHugeActivationLayerThatLargestSavingFirstWouldPick) {
+  // blocks.0 saves the most (1000) but its 10,000 B come back as recompute scratch; two of the
+  // 900 B blocks net 900 on their own. Largest-saving-first would need all five and still fail.
+  const ModelSpec m = blocksWithActivations({{10000, 9000}, {900, 0}, {900, 0}, {900, 0}, {900, 0}});
+  const uint64_t total0 = planWithBudget(m, 0).totalBytes;
+  const ShardPlan p = planWithBudget(m, total0 - 800);
+  EXPECT_EQ(p.checkpointed, (std::vector<bool>{false, false, true, true, false, false}));
+  EXPECT_EQ(p.totalBytes, total0 - 900);
+  EXPECT_EQ(bruteForceMinimum(m, total0, total0 - 800), 2);
+}
+
+TEST(PlannerCheckpoint, MatchesBruteForceOnRandomSpecs) {
+  std::mt19937 rng(1234);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<std::pair<uint64_t, uint64_t>> acts;
+    const int n = 1 + static_cast<int>(rng() % 8);
+    for (int i = 0; i < n; ++i) {
+      const uint64_t act = rng() % 5000;
+      acts.push_back({act, act == 0 ? 0 : rng() % (act + 1)});
+    }
+    const ModelSpec m = blocksWithActivations(acts);
+    const uint64_t total0 = planWithBudget(m, 0).totalBytes;
+    const uint64_t budget = total0 - std::min<uint64_t>(total0 - 1, rng() % 8000);
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << " budget " << budget << " total0 " << total0);
+    const int want = bruteForceMinimum(m, total0, budget);
+    PlanOptions o = options(2, 16);
+    o.memoryBudgetBytes = budget;
+    auto r = ShardPlanner(o).plan(m);
+    if (want < 0) {
+      ASSERT_FALSE(r.isOk());
+      EXPECT_EQ(r.status().code(), StatusCode::kInvalidUsage);
+      continue;
+    }
+    ASSERT_TRUE(r.isOk()) << r.status().toString();
+    EXPECT_EQ(r->numCheckpointed(), want);
+    EXPECT_LE(r->totalBytes, budget);
+    EXPECT_EQ(r->totalBytes, totalWith(m, total0, maskOf(*r)));
+    EXPECT_FALSE(r->checkpointed[0]) << "the embedding is never a candidate";
+  }
+}
+
+TEST(PlannerCheckpoint, ImpossibleBudgetNamesBudgetNeedAndShortfall) {
+  const ModelSpec m = blocksWithActivations(std::vector<std::pair<uint64_t, uint64_t>>(6, {1000, 100}));
+  const uint64_t total0 = planWithBudget(m, 0).totalBytes;
+  const uint64_t need = total0 - (6 * 900 - 1000);  // all six checkpointed
+  const ShardPlan all = planWithBudget(m, need);
+  EXPECT_EQ(all.numCheckpointed(), 6);
+  EXPECT_EQ(all.totalBytes, need);
+
+  PlanOptions o = options(2, 16);
+  o.memoryBudgetBytes = need - 1;
+  auto r = ShardPlanner(o).plan(m);
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidUsage);
+  const std::string msg = r.status().message();
+  EXPECT_NE(msg.find("budget " + std::to_string(need - 1) + " B"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("need " + std::to_string(need) + " B"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("short by 1 B"), std::string::npos) << msg;
+
+  // Layers without block weights are no candidates: a model of only embedding and head cannot help.
+  ModelSpec noBlocks;
+  noBlocks.layers.push_back(layer("embed", {param("e", {8}, ParamKind::kEmbedding)}, 5000, 0));
+  o.memoryBudgetBytes = 100;
+  auto r2 = ShardPlanner(o).plan(noBlocks);
+  ASSERT_FALSE(r2.isOk());
+  EXPECT_EQ(r2.status().code(), StatusCode::kInvalidUsage);
+  EXPECT_NE(r2.status().message().find("short by"), std::string::npos) << r2.status().message();
+}
+
+// ---- errors ------------------------------------------------------------------------------------
+
+// Plans smallLm() with options(2) changed by `edit`; expects kInvalidArgument mentioning `mention`.
+template <typename Edit>
+void expectInvalid(Edit edit, const std::string& mention) {
+  PlanOptions o = options(2);
+  edit(o);
+  auto r = ShardPlanner(o).plan(smallLm());
+  ASSERT_FALSE(r.isOk()) << "expected an error mentioning " << mention;
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find(mention), std::string::npos) << r.status().message();
+}
+
+TEST(PlannerErrors, InvalidOptionsNameTheOption) {
+  expectInvalid([](PlanOptions& o) { o.worldSize = 0; }, "worldSize 0");
+  expectInvalid([](PlanOptions& o) { o.worldSize = -3; }, "worldSize -3");
+  expectInvalid([](PlanOptions& o) { o.rank = 2; }, "rank 2");
+  expectInvalid([](PlanOptions& o) { o.rank = -1; }, "rank -1");
+  for (size_t a : {0, 8, 24, 48, 100, 129})
+    expectInvalid([a](PlanOptions& o) { o.alignmentBytes = a; }, "alignmentBytes " + std::to_string(a));
+  expectInvalid([](PlanOptions& o) { o.precision = static_cast<Precision>(7); }, "precision");
+  expectInvalid([](PlanOptions& o) { o.blockBuffers = 1; }, "blockBuffers 1");
+  expectInvalid([](PlanOptions& o) { o.prefetchDepth = 0; }, "prefetchDepth 0");
+  expectInvalid([](PlanOptions& o) { o.prefetchDepth = 2; }, "prefetchDepth 2");
+  expectInvalid([](PlanOptions& o) { o.gradBuffers = 0; }, "gradBuffers 0");
+  expectInvalid([](PlanOptions& o) { o.microBatches = 0; }, "microBatches 0");
+  // The valid edges.
+  PlanOptions o = options(8, 16);
+  o.rank = 7;
+  o.blockBuffers = 4;
+  o.prefetchDepth = 3;
+  o.gradBuffers = 1;
+  EXPECT_TRUE(ShardPlanner(o).plan(smallLm()).isOk());
+  o = options(1, 1 << 20, Precision::kFp32);
+  EXPECT_TRUE(ShardPlanner(o).plan(smallLm()).isOk());
+}
+
+TEST(PlannerErrors, InvalidSpecsAreRejected) {
+  auto expectSpecError = [](const ModelSpec& m, const std::string& mention) {
+    auto r = ShardPlanner(options(2)).plan(m);
+    ASSERT_FALSE(r.isOk());
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(mention), std::string::npos) << r.status().message();
+  };
+  expectSpecError(ModelSpec{}, "no layers");
+  ModelSpec dup = smallLm();
+  dup.layers[2].name = "blocks.0";
+  expectSpecError(dup, "blocks.0");
+  ModelSpec zero = smallLm();
+  zero.layers[1].params[1].shape = {4, 0};
+  expectSpecError(zero, "blocks.0.wa");
+  ModelSpec act = smallLm();
+  act.layers[4].checkpointActivationBytes = 301;
+  expectSpecError(act, "checkpointActivationBytes");
+}
+
+// ---- whole-plan properties ---------------------------------------------------------------------
+
+TEST(PlannerProperties, DeterministicAndRankIndependent) {
+  PlanOptions o = options(3, 16);
+  const ShardPlan a = planOrDie(smallLm(), o);
+  const ShardPlan b = planOrDie(smallLm(), o);
+  EXPECT_EQ(a.describe(), b.describe());
+  o.rank = 2;
+  const ShardPlan c = planOrDie(smallLm(), o);
+  EXPECT_EQ(c.stateNumel, a.stateNumel);
+  EXPECT_EQ(c.totalBytes, a.totalBytes);
+  EXPECT_EQ(bufferNames(c), bufferNames(a));
+  for (size_t k = 0; k < a.layers.size(); ++k) {
+    EXPECT_EQ(c.layers[k].stateOffset, a.layers[k].stateOffset);
+    EXPECT_EQ(c.layers[k].gatherBuffer, a.layers[k].gatherBuffer);
+  }
+}
+
+// Invariants on random models, and the buffer choice against every share/dedicate combination.
+TEST(PlannerProperties, RandomModelsKeepInvariantsAndMinimalGatherBytes) {
+  std::mt19937 rng(99);
+  const int worlds[] = {1, 2, 3, 4, 7, 8};
+  for (int trial = 0; trial < 300; ++trial) {
+    ModelSpec m;
+    const int nLayers = 1 + static_cast<int>(rng() % 7);
+    for (int k = 0; k < nLayers; ++k) {
+      LayerSpec l = layer(std::string("L") + std::to_string(k), {});
+      const int kind = static_cast<int>(rng() % 4);  // 0,1 blocks; 2 embedding/head; 3 norm only
+      const int nParams = 1 + static_cast<int>(rng() % 3);
+      for (int i = 0; i < nParams; ++i) {
+        ParamKind pk = kind <= 1 ? ParamKind::kBlock : kind == 2 ? ParamKind::kHead : ParamKind::kNorm;
+        if (kind <= 1 && i == 0) pk = ParamKind::kNorm;
+        const auto rows = static_cast<int64_t>(1 + rng() % 40), cols = static_cast<int64_t>(1 + rng() % 40);
+        l.params.push_back(param(l.name + ".p" + std::to_string(i), {rows, cols}, pk));
+      }
+      m.layers.push_back(std::move(l));
+    }
+    PlanOptions o = options(worlds[rng() % 6], rng() % 2 ? 16 : 128, rng() % 2 ? Precision::kBf16 : Precision::kFp32);
+    o.blockBuffers = 2 + static_cast<int>(rng() % 2);
+    SCOPED_TRACE(::testing::Message() << "trial " << trial);
+    const ShardPlan p = planOrDie(m, o);
+    const size_t e = o.precision == Precision::kBf16 ? 2 : 4, align = o.alignmentBytes / e;
+    size_t offset = 0;
+    std::vector<const FlatGroup*> groups;
+    for (const auto& g : p.layers) groups.push_back(&g);
+    groups.push_back(&p.resident);
+    for (const FlatGroup* g : groups) {
+      EXPECT_EQ(g->stateOffset, offset);
+      offset += g->shardNumel;
+      EXPECT_EQ(g->paddedNumel % (align * o.worldSize), 0u);
+      EXPECT_GE(g->paddedNumel, g->numel);
+      EXPECT_LT(g->paddedNumel - g->numel, align * o.worldSize);
+      EXPECT_EQ(g->shardNumel * o.worldSize, g->paddedNumel);
+      size_t end = 0;
+      for (const auto& pl : g->params) {
+        EXPECT_EQ(pl.offset % align, 0u);
+        EXPECT_GE(pl.offset, end);
+        end = pl.offset + pl.numel;
+        EXPECT_EQ(pl.kind == ParamKind::kNorm, g->layer < 0);
+      }
+      EXPECT_EQ(g->numel, end);
+      EXPECT_EQ(g->gatherBuffer < 0, g->paddedNumel == 0);
+      if (g->gatherBuffer >= 0) {
+        const GatherBuffer& b = p.gatherBuffers[g->gatherBuffer];
+        EXPECT_GE(b.numel, g->paddedNumel);
+        EXPECT_EQ(b.bytes, b.numel * e);
+        EXPECT_NE(std::find(b.layers.begin(), b.layers.end(), g->layer), b.layers.end());
+      }
+    }
+    EXPECT_EQ(offset, p.stateNumel);
+    // Consecutive users of the rotation never share a buffer.
+    for (const GatherBuffer& b : p.gatherBuffers)
+      for (size_t i = 1; i < b.layers.size(); ++i) EXPECT_GT(b.layers[i], b.layers[i - 1]);
+
+    // Brute force the buffer choice: every subset of embedding/head layers shares, the rest dedicate.
+    std::vector<size_t> blocks, outsized;
+    for (const auto& g : p.layers) {
+      if (g.paddedNumel == 0) continue;
+      const bool block =
+          std::any_of(g.params.begin(), g.params.end(), [](auto& x) { return x.kind == ParamKind::kBlock; });
+      (block ? blocks : outsized).push_back(g.paddedNumel);
+    }
+    uint64_t best = UINT64_MAX;
+    for (uint32_t mask = 0; mask < (1u << outsized.size()); ++mask) {
+      if (blocks.empty() && mask != 0) continue;
+      size_t rot = blocks.empty() ? 0 : *std::max_element(blocks.begin(), blocks.end()), users = blocks.size();
+      uint64_t cost = 0;
+      for (size_t i = 0; i < outsized.size(); ++i) {
+        if (mask >> i & 1) {
+          rot = std::max(rot, outsized[i]);
+          ++users;
+        } else {
+          cost += outsized[i];
+        }
+      }
+      best = std::min<uint64_t>(best, cost + std::min<size_t>(users, o.blockBuffers) * rot);
+    }
+    EXPECT_EQ(termBytes(p, "gather buffers"), (best + p.resident.paddedNumel) * e);
+    uint64_t sum = 0;
+    for (const MemoryTerm& t : p.memory) sum += t.bytes;
+    EXPECT_EQ(sum, p.totalBytes);
+  }
+}
+
+// ---- describe ----------------------------------------------------------------------------------
+
+TEST(PlannerDescribe, MentionsEveryLayerBufferTermAndVerdict) {
+  ModelSpec m = blocksWithActivations(std::vector<std::pair<uint64_t, uint64_t>>(4, {1000000, 1000}));
+  const uint64_t total0 = planWithBudget(m, 0).totalBytes;
+  const ShardPlan p = planWithBudget(m, total0 - 1);
+  const std::string d = p.describe();
+  for (const auto& l : m.layers) EXPECT_NE(d.find(l.name), std::string::npos) << l.name << "\n" << d;
+  for (const auto& b : p.gatherBuffers) EXPECT_NE(d.find(b.name), std::string::npos) << b.name;
+  for (const auto& t : p.memory) {
+    EXPECT_NE(d.find(t.name), std::string::npos) << t.name;
+    EXPECT_NE(d.find(t.formula), std::string::npos) << t.formula;
+  }
+  for (const auto& r : p.resident.params) EXPECT_NE(d.find(r.name), std::string::npos) << r.name;
+  EXPECT_NE(d.find("world 2"), std::string::npos) << d;
+  EXPECT_NE(d.find("1,000,000"), std::string::npos) << "thousands separators\n" << d;
+  EXPECT_NE(d.find("MiB"), std::string::npos);
+  EXPECT_NE(d.find("yes"), std::string::npos) << "a checkpointed layer\n" << d;
+  EXPECT_NE(d.find("fits with 2 of"), std::string::npos) << d;
+  EXPECT_NE(planWithBudget(m, 0).describe().find("budget: none"), std::string::npos);
+  // Every layer row sits on its own line, in order.
+  size_t at = 0;
+  for (const auto& l : p.layers) {
+    const size_t found = d.find("  " + l.name + " ", at);
+    ASSERT_NE(found, std::string::npos) << l.name << "\n" << d;
+    at = found;
+  }
+}
+
+}  // namespace
+}  // namespace libshard
