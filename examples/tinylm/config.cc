@@ -1,0 +1,111 @@
+// TinyLmConfig checks and the ModelSpec handed to libshard.
+
+#include "tinylm/config.h"
+
+#include <limits>
+#include <sstream>
+
+#include "tinylm/check.h"
+
+namespace tinylm {
+
+namespace {
+
+constexpr uint64_t kMaxMatrixElements = uint64_t{1} << 31;
+
+libshard::ParamSpec param(std::string name, std::vector<int64_t> shape, libshard::ParamKind kind) {
+  libshard::ParamSpec p;
+  p.name = std::move(name);
+  p.shape = std::move(shape);
+  p.kind = kind;
+  p.weightDecay = kind != libshard::ParamKind::kNorm;
+  return p;
+}
+
+}  // namespace
+
+libcomm::Status TinyLmConfig::validate() const {
+  using libcomm::StatusCode;
+  struct Field {
+    const char* name;
+    int value;
+    int min;
+  };
+  for (const Field& f : {Field{"vocab", vocab, 2}, Field{"dim", dim, 1}, Field{"hidden", hidden, 1},
+                         Field{"layers", layers, 1}, Field{"seqLen", seqLen, 1}}) {
+    if (f.value < f.min)
+      return libcomm::makeError(StatusCode::kInvalidArgument, "tinylm config: ", f.name, " = ", f.value,
+                                " (must be >= ", f.min, ")");
+  }
+  // Kernels index a weight matrix with size_t, but token ids are int32 and the spec's extents are
+  // int64: keeping every matrix under 2^31 elements keeps all of it comfortably in range.
+  const uint64_t vd = uint64_t(vocab) * uint64_t(dim), hd = uint64_t(hidden) * uint64_t(dim);
+  if (vd >= kMaxMatrixElements || hd >= kMaxMatrixElements)
+    return libcomm::makeError(StatusCode::kInvalidArgument, "tinylm config: a weight matrix has >= 2^31 elements (",
+                              describe(), ")");
+  return libcomm::Status::ok();
+}
+
+std::string TinyLmConfig::describe() const {
+  std::ostringstream os;
+  os << "vocab=" << vocab << " dim=" << dim << " hidden=" << hidden << " layers=" << layers << " seqLen=" << seqLen;
+  return os.str();
+}
+
+LayerActivationBytes embedActivationBytes(const TinyLmConfig&, size_t tokens) {
+  const uint64_t b = 4 * uint64_t(tokens);
+  return {b, b};
+}
+
+LayerActivationBytes blockActivationBytes(const TinyLmConfig& cfg, size_t tokens) {
+  const uint64_t t = tokens;
+  return {4 * t * uint64_t(cfg.dim + cfg.hidden), 4 * t * uint64_t(cfg.dim)};
+}
+
+LayerActivationBytes finalNormActivationBytes(const TinyLmConfig& cfg, size_t tokens) {
+  const uint64_t b = 4 * uint64_t(tokens) * uint64_t(cfg.dim);
+  return {b, b};
+}
+
+LayerActivationBytes headActivationBytes(const TinyLmConfig& cfg, size_t tokens) {
+  const uint64_t t = tokens;
+  return {4 * t * uint64_t(cfg.dim + cfg.vocab + 1), 4 * t * uint64_t(cfg.dim + 1)};
+}
+
+std::vector<libshard::ParamSpec> allParams(const TinyLmConfig& cfg) {
+  std::vector<libshard::ParamSpec> out;
+  for (const auto& layer : buildModelSpec(cfg, 1).layers)
+    for (const auto& p : layer.params) out.push_back(p);
+  return out;
+}
+
+libshard::ModelSpec buildModelSpec(const TinyLmConfig& cfg, size_t microBatchTokens) {
+  const libcomm::Status st = cfg.validate();
+  TINYLM_CHECK(st.isOk(), "%s", st.toString().c_str());
+  using libshard::ParamKind;
+  const int64_t v = cfg.vocab, d = cfg.dim, h = cfg.hidden;
+  libshard::ModelSpec spec;
+  auto addLayer = [&](std::string name, std::vector<libshard::ParamSpec> params, LayerActivationBytes act) {
+    libshard::LayerSpec l;
+    l.name = std::move(name);
+    l.params = std::move(params);
+    l.activationBytes = act.kept;
+    l.checkpointActivationBytes = act.checkpointed;
+    spec.layers.push_back(std::move(l));
+  };
+  addLayer("embed", {param("embed.weight", {v, d}, ParamKind::kEmbedding)},
+           embedActivationBytes(cfg, microBatchTokens));
+  for (int i = 0; i < cfg.layers; ++i) {
+    const std::string b = "blocks." + std::to_string(i);
+    addLayer(b,
+             {param(b + ".norm", {d}, ParamKind::kNorm), param(b + ".w1", {h, d}, ParamKind::kBlock),
+              param(b + ".w2", {d, h}, ParamKind::kBlock)},
+             blockActivationBytes(cfg, microBatchTokens));
+  }
+  addLayer("final_norm", {param("final_norm.weight", {d}, ParamKind::kNorm)},
+           finalNormActivationBytes(cfg, microBatchTokens));
+  addLayer("head", {param("head.weight", {v, d}, ParamKind::kHead)}, headActivationBytes(cfg, microBatchTokens));
+  return spec;
+}
+
+}  // namespace tinylm

@@ -1,0 +1,75 @@
+#pragma once
+// tinylm's shape and what libshard needs to know about it (its ModelSpec).
+//
+// The model, for a micro-batch of T tokens (activations row-major [T, dim], fp32):
+//   x_0     = embed.weight[tokens]                                   [T, dim]
+//   x_{i+1} = x_i + W2_i . silu(W1_i . (rmsnorm(x_i) * g_i))         blocks.i, i < layers
+//   z       = rmsnorm(x_L) * g_final                                 final_norm
+//   logits  = head.weight . z                                        [T, vocab]
+//   loss    = mean over the global batch's tokens of cross-entropy(logits, target)
+// with rmsnorm(v) = v / sqrt(mean(v^2) + kNormEps) per token. Tokens do not interact (no
+// attention): each token's next-token distribution depends on that token only, which is what the
+// synthetic data (data_init.h) makes learnable.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "libcomm/status.h"
+#include "libshard/model_spec.h"
+
+namespace tinylm {
+
+inline constexpr float kNormEps = 1e-5f;
+
+struct TinyLmConfig {
+  int vocab = 256;
+  int dim = 64;
+  int hidden = 256;  // width of the MLP inside each block
+  int layers = 2;    // number of blocks
+  int seqLen = 64;   // tokens per sequence (targets are the next tokens)
+
+  /// kInvalidArgument naming the first bad field: vocab >= 2, everything else >= 1, and each
+  /// weight matrix under 2^31 elements.
+  libcomm::Status validate() const;
+  /// "vocab=256 dim=64 hidden=256 layers=2 seqLen=64".
+  std::string describe() const;
+};
+
+/// Activation bytes one layer keeps from its forward to its backward for a micro-batch of `tokens`
+/// tokens, as the layer kernels (block.h, embed_head.h) actually keep them. A tensor that crosses a
+/// layer boundary is counted once, as the input its consumer keeps (a layer never keeps its
+/// output), so the sum over layers is what the trainer holds at the end of forward:
+///   embed:      4 T                 token ids (int32; nothing else is needed for its gradient)
+///   blocks.i:   4 T (dim + hidden)  input x_i and the pre-activation W1 . norm(x_i); the
+///                                   per-token rms is recomputed from x_i in backward
+///   final_norm: 4 T dim             input (rms recomputed)
+///   head:       4 T (dim + vocab + 1)  input z, softmax probabilities, targets (int32)
+/// Checkpointed, a block keeps 4 T dim and the head 4 T (dim + 1); embed and final_norm keep
+/// only their inputs in any case. Transient scratch (Workspace) is not included: see
+/// Workspace::bytes().
+struct LayerActivationBytes {
+  uint64_t kept = 0;
+  uint64_t checkpointed = 0;
+};
+LayerActivationBytes embedActivationBytes(const TinyLmConfig& cfg, size_t tokens);
+LayerActivationBytes blockActivationBytes(const TinyLmConfig& cfg, size_t tokens);
+LayerActivationBytes finalNormActivationBytes(const TinyLmConfig& cfg, size_t tokens);
+LayerActivationBytes headActivationBytes(const TinyLmConfig& cfg, size_t tokens);
+
+/// The model for libshard, layers in execution order:
+///   "embed"      : "embed.weight"      [vocab, dim]   kEmbedding
+///   "blocks.i"   : "blocks.i.norm"     [dim]          kNorm (no weight decay)
+///                  "blocks.i.w1"       [hidden, dim]  kBlock
+///                  "blocks.i.w2"       [dim, hidden]  kBlock
+///   "final_norm" : "final_norm.weight" [dim]          kNorm (no weight decay)
+///   "head"       : "head.weight"       [vocab, dim]   kHead
+/// with activation bytes for micro-batches of `microBatchTokens` tokens per rank. `cfg` must
+/// validate (checked: aborts otherwise). Thread-safe.
+libshard::ModelSpec buildModelSpec(const TinyLmConfig& cfg, size_t microBatchTokens);
+
+/// Every parameter of buildModelSpec(cfg, .) in spec order (layer by layer), flattened.
+std::vector<libshard::ParamSpec> allParams(const TinyLmConfig& cfg);
+
+}  // namespace tinylm
