@@ -1,0 +1,265 @@
+// The tinylm command's flags and report lines (cli.h).
+
+#include "tinylm/cli.h"
+
+#include <charconv>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <limits>
+#include <map>
+
+namespace tinylm {
+
+namespace {
+
+using libcomm::Status;
+using libcomm::StatusCode;
+
+constexpr long long kIntMax = std::numeric_limits<int>::max();
+
+Status usageError(const std::string& flag, const std::string& value, const std::string& why) {
+  return libcomm::makeError(StatusCode::kInvalidArgument, flag, value.empty() ? "" : " '" + value + "'", ": ", why);
+}
+
+// A whole-string integer in [lo, hi]; K/M/G (binary) suffixes when `sizes`.
+Status parseInt(const std::string& flag, const std::string& s, long long lo, long long hi, long long& out,
+                bool sizes = false) {
+  long long mult = 1;
+  std::string digits = s;
+  if (sizes && !digits.empty()) {
+    const char c = digits.back();
+    const int shift = (c == 'K' || c == 'k') ? 10 : (c == 'M' || c == 'm') ? 20 : (c == 'G' || c == 'g') ? 30 : 0;
+    if (shift) {
+      mult = 1LL << shift;
+      digits.pop_back();
+    }
+  }
+  long long v = 0;
+  const char* end = digits.data() + digits.size();
+  auto [p, ec] = std::from_chars(digits.data(), end, v);
+  if (digits.empty() || ec != std::errc() || p != end) return usageError(flag, s, "not an integer");
+  if (v > hi / mult || v < lo / mult || v * mult < lo || v * mult > hi)
+    return usageError(flag, s, "out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  out = v * mult;
+  return Status::ok();
+}
+
+Status parseFloat(const std::string& flag, const std::string& s, float& out) {
+  char* end = nullptr;
+  const float v = std::strtof(s.c_str(), &end);
+  if (s.empty() || end != s.c_str() + s.size() || !(v == v) || v < 0 || v == std::numeric_limits<float>::infinity())
+    return usageError(flag, s, "not a finite number >= 0");
+  out = v;
+  return Status::ok();
+}
+
+std::string groupDigits(uint64_t v) {
+  const std::string digits = std::to_string(v);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
+    out.push_back(digits[i]);
+  }
+  return out;
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), f, v);
+  return buf;
+}
+
+}  // namespace
+
+const char* cliUsage() {
+  return "usage: tinylm [-np W] [options]\n"
+         "Trains tinylm (embedding -> RMSNorm/MLP blocks -> RMSNorm -> head) with libshard on synthetic data.\n"
+         "  -np W                 start W local rank processes (else: one rank of an mpirun/torchrun/LIBCOMM_*\n"
+         "                        job, or alone)\n"
+         "  --steps N             train until N optimizer steps (default 10)\n"
+         "  --global-batch B      sequences per step, all ranks together (default 8)\n"
+         "  --micro-batches M     gradient accumulation steps; B must be a multiple of M and B/M >= W (default 1)\n"
+         "  --seed S              data and initialisation seed (default 1)\n"
+         "  --precision P         fp32 | bf16: gathered weights and gradients (default bf16)\n"
+         "  --vocab V --dim D --hidden H --layers L --seq-len T   model size (default 256 64 256 2 64)\n"
+         "  --lr X --weight-decay X --clip X   AdamW (defaults 0.003 0.1 1; --clip 0: no clipping)\n"
+         "  --memory-budget BYTES per-rank budget (K/M/G suffixes); blocks checkpoint activations to fit\n"
+         "  --alignment BYTES     shard alignment, a power of two >= 16 (default 128)\n"
+         "  --prefetch D          gathers ahead of compute (default 1)\n"
+         "  --serialize           no overlap of communication and compute (baseline)\n"
+         "  --event-log-check     record the executor's event log and prove its rules at the end\n"
+         "  --describe            print the shard plan first\n"
+         "  --save-checkpoint DIR save a sharded checkpoint at the end (DIR must not hold one)\n"
+         "  --load-checkpoint DIR resume from a checkpoint (any world size), up to --steps\n"
+         "  --timeout SECONDS     bound on every wait (default 300)\n";
+}
+
+bool launchedAsRank() {
+  auto has = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v != nullptr && *v != '\0';
+  };
+  if (has("LIBCOMM_RANK") || has("LIBCOMM_WORLD_SIZE")) return true;
+  if (has("RANK") && has("WORLD_SIZE")) return true;
+  if (has("OMPI_COMM_WORLD_RANK") || has("PMI_RANK")) return true;
+  const char* ntasks = std::getenv("SLURM_NTASKS");
+  return has("SLURM_PROCID") && ntasks != nullptr && std::atoi(ntasks) > 1;
+}
+
+libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args) {
+  CliOptions o;
+  TrainOptions& t = o.train;
+  t.precision = Precision::kBf16;
+  long long v = 0;
+  auto intFlag = [&](int& field, long long lo, long long hi = kIntMax) {
+    return [&field, lo, hi, &v](const std::string& f, const std::string& s) {
+      LIBCOMM_RETURN_IF_ERROR(parseInt(f, s, lo, hi, v));
+      field = static_cast<int>(v);
+      return Status::ok();
+    };
+  };
+  using Handler = std::function<Status(const std::string&, const std::string&)>;
+  std::map<std::string, Handler> valued = {
+      {"-np", intFlag(o.numRanks, 1, 1024)},
+      {"--steps", intFlag(t.steps, 0)},
+      {"--global-batch", intFlag(t.globalBatch, 1)},
+      {"--micro-batches", intFlag(t.microBatches, 1)},
+      {"--vocab", intFlag(t.model.vocab, 2)},
+      {"--dim", intFlag(t.model.dim, 1)},
+      {"--hidden", intFlag(t.model.hidden, 1)},
+      {"--layers", intFlag(t.model.layers, 1)},
+      {"--seq-len", intFlag(t.model.seqLen, 1)},
+      {"--prefetch", intFlag(t.prefetchDepth, 1, 64)},
+      {"--seed",
+       [&](const std::string& f, const std::string& s) {
+         LIBCOMM_RETURN_IF_ERROR(parseInt(f, s, 0, std::numeric_limits<long long>::max(), v));
+         t.seed = static_cast<uint64_t>(v);
+         return Status::ok();
+       }},
+      {"--precision",
+       [&](const std::string& f, const std::string& s) {
+         if (s != "fp32" && s != "bf16") return usageError(f, s, "must be fp32 or bf16");
+         t.precision = s == "fp32" ? Precision::kFp32 : Precision::kBf16;
+         return Status::ok();
+       }},
+      {"--memory-budget",
+       [&](const std::string& f, const std::string& s) {
+         LIBCOMM_RETURN_IF_ERROR(parseInt(f, s, 1, std::numeric_limits<long long>::max(), v, true));
+         t.memoryBudgetBytes = static_cast<uint64_t>(v);
+         return Status::ok();
+       }},
+      {"--alignment",
+       [&](const std::string& f, const std::string& s) {
+         LIBCOMM_RETURN_IF_ERROR(parseInt(f, s, 16, 1 << 20, v, true));
+         if (v & (v - 1)) return usageError(f, s, "must be a power of two >= 16");
+         t.alignmentBytes = static_cast<size_t>(v);
+         return Status::ok();
+       }},
+      {"--timeout",
+       [&](const std::string& f, const std::string& s) {
+         LIBCOMM_RETURN_IF_ERROR(parseInt(f, s, 1, 7 * 24 * 3600, v));
+         t.timeout = std::chrono::seconds(v);
+         return Status::ok();
+       }},
+      {"--lr", [&](const std::string& f, const std::string& s) { return parseFloat(f, s, t.adamw.lr); }},
+      {"--weight-decay",
+       [&](const std::string& f, const std::string& s) { return parseFloat(f, s, t.adamw.weightDecay); }},
+      {"--clip", [&](const std::string& f, const std::string& s) { return parseFloat(f, s, t.clipNorm); }},
+      {"--save-checkpoint",
+       [&](const std::string&, const std::string& s) {
+         t.saveCheckpoint = s;
+         return Status::ok();
+       }},
+      {"--load-checkpoint",
+       [&](const std::string&, const std::string& s) {
+         t.loadCheckpoint = s;
+         return Status::ok();
+       }},
+  };
+  const std::map<std::string, bool*> switches = {
+      {"--serialize", &t.serialize}, {"--event-log-check", &t.eventLogCheck}, {"--describe", &o.describe}};
+
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i], value;
+    bool inlineValue = false;
+    if (const size_t eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag.resize(eq);
+      inlineValue = true;
+    }
+    if (flag == "-h" || flag == "--help") {
+      o.help = true;
+      return o;
+    }
+    if (auto sw = switches.find(flag); sw != switches.end()) {
+      if (inlineValue) return usageError(flag, value, "takes no value");
+      *sw->second = true;
+      o.childArgs.push_back(args[i]);
+      continue;
+    }
+    auto h = valued.find(flag);
+    if (h == valued.end()) return usageError(flag, "", "unknown flag (see --help)");
+    if (!inlineValue) {
+      if (i + 1 >= args.size()) return usageError(flag, "", "needs a value");
+      value = args[++i];
+    }
+    LIBCOMM_RETURN_IF_ERROR(h->second(flag, value));
+    if (flag != "-np") {
+      o.childArgs.push_back(flag);
+      o.childArgs.push_back(value);
+    }
+  }
+  LIBCOMM_RETURN_IF_ERROR(validateTrainOptions(t, o.numRanks > 0 ? o.numRanks : 1));
+  if (o.numRanks > 0 && launchedAsRank())
+    return libcomm::makeError(StatusCode::kInvalidArgument,
+                              "-np starts local ranks itself, but this process already is a rank of a job "
+                              "(LIBCOMM_RANK, RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID is set)");
+  return o;
+}
+
+std::string stepLine(const StepRecord& r) { return "step " + std::to_string(r.step) + " loss " + fmt("%.6f", r.loss); }
+
+std::string headerLine(const TrainOptions& o, int world, int firstStep) {
+  const int per = o.globalBatch / o.microBatches;
+  std::string split = per % world == 0 ? std::to_string(per / world)
+                                       : std::to_string(per / world) + "-" + std::to_string(per / world + 1);
+  return libcomm::detail::strCat("tinylm: ", world, world == 1 ? " rank" : " ranks", ", ",
+                                 libshard::precisionName(o.precision), ", ", o.model.describe(), ", global batch ",
+                                 o.globalBatch, " = ", o.microBatches, " micro-batch(es) x ", per, " sequences (",
+                                 split, " per rank), steps ", firstStep, "..", o.steps - 1);
+}
+
+std::vector<std::string> rankLines(const std::vector<RankSummary>& ranks) {
+  std::vector<std::string> out;
+  for (const RankSummary& r : ranks) {
+    const double pct = r.stepSeconds > 0 ? 100.0 * r.exposedCommSeconds / r.stepSeconds : 0.0;
+    out.push_back(libcomm::detail::strCat("rank ", r.rank, ": step ", fmt("%.3f", r.stepSeconds * 1e3),
+                                          " ms, exposed comm ", fmt("%.3f", r.exposedCommSeconds * 1e3), " ms (",
+                                          fmt("%.1f", pct), "%), compute ", fmt("%.3f", r.computeSeconds * 1e3),
+                                          " ms, optimizer ", fmt("%.3f", r.optimizerSeconds * 1e3), " ms (mean of ",
+                                          r.timedSteps, r.timedSteps == 1 ? " step)" : " steps)"));
+    out.push_back(libcomm::detail::strCat(
+        "rank ", r.rank, ": libshard peak ", groupDigits(r.poolPeakBytes), " B, plan ",
+        groupDigits(r.planLibshardBytes), " B", r.poolPeakBytes == r.planLibshardBytes ? " (equal)" : " (DIFFERENT)",
+        "; activations ", groupDigits(r.activationBytes), " B, plan ", groupDigits(r.planActivationBytes), " B; peak ",
+        groupDigits(r.activationPeakBytes), " B, plan ", groupDigits(r.planActivationPeakBytes), " B; ",
+        r.checkpointedLayers, " layers checkpointed"));
+  }
+  return out;
+}
+
+std::string memoryVerdict(const std::vector<RankSummary>& ranks) {
+  std::string bad;
+  for (const RankSummary& r : ranks) {
+    if (r.poolPeakBytes != r.planLibshardBytes)
+      bad += libcomm::detail::strCat("rank ", r.rank, ": libshard peak ", r.poolPeakBytes, " B != plan ",
+                                     r.planLibshardBytes, " B; ");
+    if (r.activationBytes > r.planActivationBytes || r.activationPeakBytes > r.planActivationPeakBytes)
+      bad += libcomm::detail::strCat("rank ", r.rank, ": activations exceed the plan; ");
+  }
+  return bad;
+}
+
+}  // namespace tinylm

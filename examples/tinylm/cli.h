@@ -1,0 +1,42 @@
+#pragma once
+// The `tinylm` command's flags and its report: parsing (strict: every value checked, every error
+// names the flag) and the lines rank 0 prints. Kept out of main.cc so that tests can drive them.
+
+#include <string>
+#include <vector>
+
+#include "libcomm/status.h"
+#include "tinylm/train.h"
+
+namespace tinylm {
+
+struct CliOptions {
+  TrainOptions train;
+  int numRanks = 0;       // -np: start this many local rank processes; 0: run as one rank of a job (or alone)
+  bool describe = false;  // print plan.describe() and the schedule's size before training
+  bool help = false;
+  /// The arguments each local rank gets: everything but -np and its value.
+  std::vector<std::string> childArgs;
+};
+
+/// Parses argv[1..]. kInvalidArgument with a message naming the flag and the problem.
+libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args);
+/// The --help text.
+const char* cliUsage();
+
+/// True when the environment says this process is one rank of a launched job (LIBCOMM_RANK,
+/// torchrun's RANK + WORLD_SIZE, Open MPI, PMI, or a Slurm step of several tasks).
+bool launchedAsRank();
+
+/// "step <n> loss <value>".
+std::string stepLine(const StepRecord& r);
+/// The header line: world, precision, model, batch split, steps.
+std::string headerLine(const TrainOptions& o, int worldSize, int firstStep);
+/// Two lines per rank: step time, exposed communication, compute and optimizer time (means); then
+/// libshard's peak bytes and the activation bytes against the plan.
+std::vector<std::string> rankLines(const std::vector<RankSummary>& ranks);
+/// Empty when every rank's measured memory agrees with its plan (libshard's bytes equal, activations
+/// within the prediction), else what does not.
+std::string memoryVerdict(const std::vector<RankSummary>& ranks);
+
+}  // namespace tinylm

@@ -1,0 +1,146 @@
+// tinylm: the reference sharded trainer as a command. `tinylm --help` lists the flags (cli.cc);
+// train.h says what a rank does and what is measured.
+//
+//   tinylm -np 4 --steps 10 ...       starts 4 local rank processes (libcomm::launchLocal)
+//   mpirun -n 4 tinylm --steps 10 ... one rank per process of an mpirun/torchrun/LIBCOMM_* job
+//   tinylm --steps 10 ...             one rank, alone
+// Rank 0 prints `step <n> loss <value>` per step, then each rank's step time, exposed
+// communication and memory against the plan. Exit 0 on success, 1 on a failure (any rank's error,
+// or measured memory that disagrees with the plan), 2 on bad flags.
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "libcomm/bootstrap.h"
+#include "libcomm/launcher.h"
+#include "libshard/checkpoint.h"
+#include "libshard/plan.h"
+#include "libshard/schedule.h"
+#include "tinylm/cli.h"
+#include "tinylm/train.h"
+
+namespace tinylm {
+namespace {
+
+constexpr int kExitFail = 1;
+constexpr int kExitUsage = 2;
+
+std::string selfPath(const char* argv0) {
+  char buf[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string(argv0);
+}
+
+// -np: the launcher starts the ranks, each running this command without -np.
+int spawnRanks(const CliOptions& o, const char* argv0) {
+  libcomm::LocalLaunchOptions launch;
+  launch.numRanks = o.numRanks;
+  launch.argv.push_back(selfPath(argv0));
+  launch.argv.insert(launch.argv.end(), o.childArgs.begin(), o.childArgs.end());
+  // Ranks bound every wait by --timeout themselves; the job deadline only catches what they
+  // cannot (a rank stuck in compute), so it is generous: a timeout per step and some.
+  const long long perWait = o.train.timeout.count();
+  const long long kMaxJobMs = 30LL * 24 * 3600 * 1000;
+  launch.timeout = libcomm::Milliseconds(std::min(kMaxJobMs / (o.train.steps + 4LL), perWait) * (o.train.steps + 4LL));
+  const libcomm::Status st = libcomm::launchLocal(launch);
+  if (!st.isOk()) {
+    std::fprintf(stderr, "tinylm: %d local ranks: %s\n", o.numRanks, st.toString().c_str());
+    return kExitFail;
+  }
+  return 0;
+}
+
+int fail(int rank, const libcomm::Status& st) {
+  if (rank < 0)
+    std::fprintf(stderr, "tinylm: %s\n", st.toString().c_str());
+  else
+    std::fprintf(stderr, "tinylm rank %d: %s\n", rank, st.toString().c_str());
+  return kExitFail;
+}
+
+// --describe: the plan as rank 0 will have it, before anything is allocated.
+libcomm::Status describePlan(const TrainOptions& t, int world) {
+  LIBCOMM_ASSIGN_OR_RETURN(auto plan,
+                           libshard::ShardPlanner(trainPlanOptions(t, world, 0)).plan(trainModelSpec(t, world)));
+  LIBCOMM_ASSIGN_OR_RETURN(auto schedule, libshard::Schedule::build(plan));
+  std::printf("%s", plan.describe().c_str());
+  std::printf("schedule: %zu ops per step (%d all_gathers, %d reduce_scatters)\n", schedule.ops.size(),
+              schedule.count(libshard::OpKind::kAllGather), schedule.count(libshard::OpKind::kReduceScatter));
+  return libcomm::Status::ok();
+}
+
+int runRank(CliOptions o) {
+  const auto deadline = libcomm::Deadline::after(o.train.timeout);
+  std::unique_ptr<libcomm::Bootstrap> boot;
+  if (launchedAsRank()) {
+    auto b = libcomm::createBootstrapFromEnvironment(deadline);
+    if (!b.isOk()) return fail(-1, b.status());
+    boot = std::move(b).value();
+  } else {
+    boot = std::move(libcomm::createInProcessBootstraps(1)[0]);  // nobody launched us: run alone
+  }
+  const int rank = boot->rank(), world = boot->size();
+  TrainOptions& t = o.train;
+  libcomm::Status st = validateTrainOptions(t, world);
+  if (!st.isOk()) return fail(rank, st);
+
+  if (rank == 0) {
+    int firstStep = 0;
+    if (!t.loadCheckpoint.empty()) {
+      auto info = libshard::readCheckpointInfo(t.loadCheckpoint);
+      if (!info.isOk()) return fail(rank, info.status());
+      firstStep = static_cast<int>(info->step);
+    }
+    std::printf("%s\n", headerLine(t, world, firstStep).c_str());
+    if (o.describe) {
+      st = describePlan(t, world);
+      if (!st.isOk()) return fail(rank, st);
+    }
+    t.onStep = [](const StepRecord& r) { std::printf("%s\n", stepLine(r).c_str()); };
+  }
+
+  auto result = runSharded(t, *boot);
+  if (!result.isOk()) return fail(rank, result.status());
+  // Every rank has every rank's summary, so all of them reach the same verdict and exit code.
+  const std::string verdict = memoryVerdict(result->ranks);
+  if (rank == 0) {
+    for (const std::string& line : rankLines(result->ranks)) std::printf("%s\n", line.c_str());
+    const auto& steps = result->steps;
+    char losses[96] = "no steps run";
+    if (!steps.empty())
+      std::snprintf(losses, sizeof(losses), "loss %.6f -> %.6f", steps.front().loss, steps.back().loss);
+    std::printf("tinylm: %d rank%s, %zu steps, %s%s%s -- %s\n", world, world == 1 ? "" : "s", steps.size(), losses,
+                t.eventLogCheck ? ", event log proves rules A, B and the optimizer gate on every step" : "",
+                t.saveCheckpoint.empty() ? "" : (", checkpoint saved to " + t.saveCheckpoint).c_str(),
+                verdict.empty() ? "PASS" : ("FAIL: " + verdict).c_str());
+  }
+  return verdict.empty() ? 0 : kExitFail;
+}
+
+}  // namespace
+}  // namespace tinylm
+
+int main(int argc, char** argv) {
+  using namespace tinylm;
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // step lines appear as they happen, also through a pipe
+  auto options = parseCli(std::vector<std::string>(argv + 1, argv + argc));
+  if (!options.isOk()) {
+    // Flag errors name the flag; option errors from the trainer already say "tinylm trainer".
+    const std::string& msg = options.status().message();
+    std::fprintf(stderr, "%s%s\n(tinylm --help lists the flags)\n",
+                 msg.rfind("tinylm", 0) == 0 ? "" : "tinylm: ", msg.c_str());
+    return kExitUsage;
+  }
+  if (options->help) {
+    std::fputs(cliUsage(), stdout);
+    return 0;
+  }
+  if (options->numRanks > 0) return spawnRanks(*options, argv[0]);
+  return runRank(std::move(options).value());
+}

@@ -1,0 +1,248 @@
+// The sharded trainer's set-up and its plan (train.h); the step loop is in train_loop.cc.
+
+#include "tinylm/train.h"
+
+#include <algorithm>
+
+#include "libcomm/convert.h"
+#include "libshard/buffers.h"
+#include "libshard/checkpoint.h"
+#include "libshard/executor.h"
+#include "libshard/optimizer.h"
+#include "libshard/schedule.h"
+#include "tinylm/data_init.h"
+#include "tinylm/train_loop.h"
+
+namespace tinylm {
+
+using libcomm::Status;
+using libcomm::StatusCode;
+
+namespace {
+
+template <typename... Args>
+Status invalid(Args&&... args) {
+  return libcomm::makeError(StatusCode::kInvalidArgument, "tinylm trainer: ", std::forward<Args>(args)...);
+}
+
+// Writes this rank's slice of every parameter's initial value into its master shard: each element
+// gets exactly the value the unsharded model has there (initParam is counter-based), padding and
+// alignment gaps stay at the pool's zero.
+void initMasterShard(const TinyLmConfig& cfg, uint64_t seed, const libshard::ShardPlan& plan,
+                     libshard::ShardState& state) {
+  const size_t rank = static_cast<size_t>(plan.options.rank);
+  auto fill = [&](const libshard::FlatGroup& g) {
+    const size_t lo = rank * g.shardNumel, hi = lo + g.shardNumel;
+    for (const libshard::ParamPlacement& p : g.params) {
+      const size_t b = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
+      if (b >= e) continue;
+      libshard::ParamSpec spec;
+      spec.name = p.name;
+      spec.shape = p.shape;
+      spec.kind = p.kind;
+      spec.weightDecay = p.weightDecay;
+      initParam(cfg, spec, seed, b - p.offset, e - b, state.master + g.stateOffset + (b - lo));
+    }
+  };
+  for (const libshard::FlatGroup& g : plan.layers) fill(g);
+  fill(plan.resident);
+  if (state.compute) libcomm::floatToBf16(state.master, state.compute, state.numel);
+}
+
+uint64_t memoryTerm(const libshard::ShardPlan& plan, const char* name) {
+  for (const libshard::MemoryTerm& t : plan.memory)
+    if (t.name == name) return t.bytes;
+  return 0;
+}
+
+// Every rank learns whether every rank succeeded, so that a failure on one rank (a full disk while
+// saving, say) stops all of them instead of leaving the others in a barrier until the deadline.
+Status agreeOnOutcome(libcomm::Bootstrap& boot, const Status& mine, const char* what, libcomm::Deadline deadline) {
+  const int32_t ok = mine.isOk() ? 1 : 0;
+  std::vector<int32_t> all(static_cast<size_t>(boot.size()));
+  LIBCOMM_RETURN_IF_ERROR(boot.allGather(&ok, all.data(), sizeof(ok), deadline));
+  if (!mine.isOk()) return mine.withContext(what);
+  for (size_t r = 0; r < all.size(); ++r)
+    if (!all[r]) return libcomm::makeError(StatusCode::kRemoteError, what, ": rank ", r, " failed");
+  return Status::ok();
+}
+
+Status saveSharded(const std::string& dir, const libshard::ShardPlan& plan, const libshard::ShardState& state,
+                   libcomm::Bootstrap& boot, libcomm::Deadline deadline) {
+  LIBCOMM_RETURN_IF_ERROR(
+      agreeOnOutcome(boot, libshard::saveCheckpointShard(dir, plan, state), "saving checkpoint shards", deadline));
+  const Status index = boot.rank() == 0 ? libshard::writeCheckpointIndex(dir, plan) : Status::ok();
+  return agreeOnOutcome(boot, index, "writing the checkpoint index", deadline);
+}
+
+}  // namespace
+
+Status validateTrainOptions(const TrainOptions& o) {
+  LIBCOMM_RETURN_IF_ERROR(o.model.validate());
+  if (o.steps < 0) return invalid("steps = ", o.steps, " (must be >= 0)");
+  if (o.globalBatch < 1) return invalid("global batch = ", o.globalBatch, " (must be >= 1)");
+  if (o.microBatches < 1) return invalid("micro-batches = ", o.microBatches, " (must be >= 1)");
+  if (o.globalBatch % o.microBatches != 0)
+    return invalid("global batch ", o.globalBatch, " is not a multiple of micro-batches ", o.microBatches);
+  if (o.prefetchDepth < 1) return invalid("prefetch depth = ", o.prefetchDepth, " (must be >= 1)");
+  if (o.timeout.count() <= 0) return invalid("timeout = ", o.timeout.count(), " ms");
+  const AdamWConfig& a = o.adamw;
+  if (!(a.lr >= 0) || !(a.beta1 >= 0 && a.beta1 < 1) || !(a.beta2 >= 0 && a.beta2 < 1) || !(a.eps > 0) ||
+      !(a.weightDecay >= 0) || !(o.clipNorm == o.clipNorm))
+    return invalid("AdamW lr ", a.lr, " beta1 ", a.beta1, " beta2 ", a.beta2, " eps ", a.eps, " weight decay ",
+                   a.weightDecay, " clip ", o.clipNorm);
+  return Status::ok();
+}
+
+Status validateTrainOptions(const TrainOptions& o, int worldSize) {
+  LIBCOMM_RETURN_IF_ERROR(validateTrainOptions(o));
+  if (worldSize < 1) return invalid("world size ", worldSize);
+  const int perMicro = o.globalBatch / o.microBatches;
+  if (perMicro < worldSize)
+    return invalid("global batch ", o.globalBatch, " / micro-batches ", o.microBatches, " = ", perMicro,
+                   " sequences per micro-batch, fewer than the ", worldSize,
+                   " ranks (each rank needs at least one sequence per micro-batch)");
+  return Status::ok();
+}
+
+SequenceRange rankSequences(int globalBatch, int microBatches, int worldSize, int rank, int micro) {
+  const int64_t per = globalBatch / microBatches;
+  const int64_t base = int64_t(micro) * per;
+  return {static_cast<int>(base + per * rank / worldSize), static_cast<int>(base + per * (rank + 1) / worldSize)};
+}
+
+size_t maxMicroBatchTokens(const TrainOptions& o, int worldSize) {
+  const int per = o.globalBatch / o.microBatches;
+  return size_t((per + worldSize - 1) / worldSize) * size_t(o.model.seqLen);
+}
+
+libshard::ModelSpec trainModelSpec(const TrainOptions& o, int worldSize) {
+  return buildModelSpec(o.model, maxMicroBatchTokens(o, worldSize));
+}
+
+libshard::PlanOptions trainPlanOptions(const TrainOptions& o, int worldSize, int rank) {
+  libshard::PlanOptions p;
+  p.worldSize = worldSize;
+  p.rank = rank;
+  p.alignmentBytes = o.alignmentBytes;
+  p.precision = o.precision;
+  p.blockBuffers = std::max(2, o.prefetchDepth + 1);
+  p.prefetchDepth = o.prefetchDepth;
+  p.gradBuffers = 2;
+  p.microBatches = o.microBatches;
+  p.memoryBudgetBytes = o.memoryBudgetBytes;
+  return p;
+}
+
+libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstrap& boot, libcomm::Communicator& agComm,
+                                        libcomm::Communicator& rsComm) {
+  const int world = agComm.size(), rank = agComm.rank();
+  LIBCOMM_RETURN_IF_ERROR(validateTrainOptions(o, world));
+  if (&agComm == &rsComm || rsComm.size() != world || rsComm.rank() != rank || boot.size() != world ||
+      boot.rank() != rank)
+    return invalid("the two communicators must be distinct and agree with the bootstrap on rank and size");
+  const libshard::ModelSpec spec = trainModelSpec(o, world);
+  auto deadline = [&] { return libcomm::Deadline::after(o.timeout); };
+
+  TrainResult result;
+  result.worldSize = world;
+  result.rank = rank;
+  LIBCOMM_ASSIGN_OR_RETURN(result.plan, libshard::ShardPlanner(trainPlanOptions(o, world, rank)).plan(spec));
+  const libshard::ShardPlan& plan = result.plan;
+  LIBCOMM_ASSIGN_OR_RETURN(auto pool, libshard::BufferPool::create(plan, agComm, rsComm));
+  initMasterShard(o.model, o.seed, plan, pool->state());
+  if (!o.loadCheckpoint.empty()) {
+    Status st = libshard::loadCheckpoint(o.loadCheckpoint, plan, pool->state());
+    if (!st.isOk()) return st.withContext("tinylm trainer: resuming from '" + o.loadCheckpoint + "'");
+  }
+  result.firstStep = static_cast<int>(pool->state().step);
+  if (result.firstStep > o.steps)
+    return invalid("the checkpoint is at step ", result.firstStep, ", past --steps ", o.steps);
+
+  libshard::ScheduleOptions so;
+  so.serialize = o.serialize;
+  LIBCOMM_ASSIGN_OR_RETURN(auto schedule, libshard::Schedule::build(plan, so));
+  libshard::ExecutorOptions eo;
+  eo.waitTimeout = o.timeout;
+  const size_t stepsToRun = static_cast<size_t>(o.steps - result.firstStep);
+  // About a dozen entries per layer and micro-batch (see ExecutorOptions); the margin is cheap.
+  if (o.eventLogCheck) eo.eventLogCapacity = 64 + stepsToRun * (64 + 16 * plan.layers.size() * size_t(o.microBatches));
+  LIBCOMM_ASSIGN_OR_RETURN(auto executor,
+                           libshard::Executor::create(spec, plan, std::move(schedule), *pool, agComm, rsComm, eo));
+
+  libshard::AdamWConfig ac;
+  ac.lr = o.adamw.lr;
+  ac.beta1 = o.adamw.beta1;
+  ac.beta2 = o.adamw.beta2;
+  ac.eps = o.adamw.eps;
+  ac.weightDecay = o.adamw.weightDecay;
+  ac.clipNorm = o.clipNorm > 0 ? o.clipNorm : 0.0f;
+  LIBCOMM_ASSIGN_OR_RETURN(auto adamw, libshard::ShardedAdamW::create(plan, ac));
+
+  TrainLoop loop(o, *executor, adamw, rsComm, maxMicroBatchTokens(o, world));
+  for (int s = result.firstStep; s < o.steps; ++s) {
+    LIBCOMM_ASSIGN_OR_RETURN(StepRecord rec, loop.step(s));
+    result.steps.push_back(rec);
+    if (o.onStep) o.onStep(rec);
+  }
+
+  RankSummary mine;
+  mine.rank = rank;
+  if (o.eventLogCheck) {
+    const libshard::EventLog& log = executor->eventLog();
+    if (log.dropped() != 0) return invalid("event log overflowed (", log.dropped(), " entries dropped)");
+    const auto entries = log.entries();
+    LIBCOMM_RETURN_IF_ERROR(libshard::checkEventLog(entries, plan));
+    size_t stepEnds = 0;
+    for (const libshard::LogEntry& e : entries) stepEnds += e.kind == libshard::LogKind::kStepEnd ? 1 : 0;
+    if (stepEnds != stepsToRun)
+      return libcomm::makeError(StatusCode::kInternalError, "event log: ", stepEnds, " step ends for ", stepsToRun,
+                                " steps");
+    mine.eventLogEntries = entries.size();
+  }
+  executor.reset();  // drains its streams before the state is read by a save or freed
+
+  if (!o.saveCheckpoint.empty())
+    LIBCOMM_RETURN_IF_ERROR(saveSharded(o.saveCheckpoint, plan, pool->state(), boot, deadline()));
+
+  // The first step pays for first touches and workspace growth; means skip it when there are more.
+  const size_t skip = result.steps.size() >= 2 ? 1 : 0;
+  for (size_t i = skip; i < result.steps.size(); ++i) {
+    const StepRecord& r = result.steps[i];
+    mine.stepSeconds += r.seconds;
+    mine.exposedCommSeconds += r.exposedCommSeconds;
+    mine.computeSeconds += r.computeSeconds;
+    mine.optimizerSeconds += r.optimizerSeconds;
+  }
+  mine.timedSteps = static_cast<int32_t>(result.steps.size() - skip);
+  if (mine.timedSteps > 0) {
+    const double n = mine.timedSteps;
+    mine.stepSeconds /= n;
+    mine.exposedCommSeconds /= n;
+    mine.computeSeconds /= n;
+    mine.optimizerSeconds /= n;
+  }
+  mine.poolPeakBytes = pool->peakBytes();
+  mine.planLibshardBytes = plan.libshardBytes;
+  mine.activationBytes = loop.layers().endOfForwardBytes();
+  mine.planActivationBytes = memoryTerm(plan, "activations");
+  mine.activationPeakBytes = loop.layers().peakBytes();
+  mine.planActivationPeakBytes = mine.planActivationBytes + memoryTerm(plan, "recompute scratch");
+  mine.checkpointedLayers = plan.numCheckpointed();
+  mine.maxTokens =
+      static_cast<int32_t>(rankSequences(o.globalBatch, o.microBatches, world, rank, 0).count()) * o.model.seqLen;
+  result.ranks.resize(static_cast<size_t>(world));
+  LIBCOMM_RETURN_IF_ERROR(boot.allGather(&mine, result.ranks.data(), sizeof(RankSummary), deadline()));
+  return result;
+}
+
+libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstrap& boot) {
+  LIBCOMM_ASSIGN_OR_RETURN(libcomm::CommConfig config, libcomm::CommConfig::fromEnvironment());
+  config.opTimeout = o.timeout;
+  config.initTimeout = o.timeout;
+  LIBCOMM_ASSIGN_OR_RETURN(auto ag, libcomm::Communicator::create(boot, config));
+  LIBCOMM_ASSIGN_OR_RETURN(auto rs, libcomm::Communicator::create(boot, config));
+  return runSharded(o, boot, *ag, *rs);
+}
+
+}  // namespace tinylm

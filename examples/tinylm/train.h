@@ -1,0 +1,149 @@
+#pragma once
+// The sharded tinylm trainer: one rank's side of ZeRO-3-style data-parallel training with libshard,
+// checked against trainReference (reference.h) on the same global batch.
+//
+// Per rank: ShardPlanner (the options' precision, alignment, micro-batches, prefetch, optional
+// memory budget) -> BufferPool (registered memory) -> master shard initialised slice by slice with
+// initParam (exactly the values the unsharded model has there) and its bf16 copy -> Schedule ->
+// Executor on two communicators (all_gathers on one, reduce-scatters on the other, so they
+// overlap) -> per step the hooks, tinylm's layers (layers.h) between them, ShardedAdamW, and
+// optimizerDone.
+//
+// Data split. Step s uses sequences 0..B-1 of tokensFor(seed, s, ., seqLen, vocab), as the
+// reference does. Micro-batch j holds sequences [j S, (j+1) S) with S = B / M (the reference's
+// micro-batches), and rank r computes the slice [j S + floor(r S / W), j S + floor((r+1) S / W)) of
+// it. B must be a multiple of M (as for the reference) and S >= W (every rank computes at least
+// one sequence per micro-batch); S need not be a multiple of W: when it is not, the first ranks get
+// one sequence less than the last ones, deterministically, and the result is unchanged because
+// of how gradients are scaled:
+//
+// Loss scaling, exactly once. The layers produce the gradient of the SUM of their tokens' losses
+// (lossScaleDenominator 1, like the reference's step 3); the reduce-scatters sum those over ranks
+// and micro-batches; the optimizer multiplies by float(1 / (B seqLen)) -- the reference's step 4,
+// the same fp32 operation on the same kind of sum. The executor's gradScale() (1 / (W M)) is NOT
+// used: it is the right factor only for per-micro-batch MEAN losses over equal shares, and equal
+// shares are exactly what an uneven split does not have. The executor does not scale either
+// (ExecutorOptions::scaleGradients stays off).
+//
+// Loss. Each rank sums its tokens' cross-entropies in double; after the step the W sums are
+// all-gathered (as raw 8-byte values) and added in rank order, divided by B seqLen: the global mean
+// over the step's tokens with the weights before the update, as reference.h's step 7 defines it.
+//
+// Timing, per step (the trainer's thread is the compute thread on CPU):
+//   step time     beginStep .. optimizerDone returned (data generation, compute, hooks, optimizer);
+//   exposed comm  time inside the executor's hooks: blocked waiting for a gather (rule A), a free
+//                 gradient buffer, or the end-of-step drain (endStep), plus the hooks' own
+//                 bookkeeping (microseconds). Communication that overlaps compute is not in it;
+//   compute       the layers' forward/backward and the data;
+//   optimizer     ShardedAdamW::step, including its grad-norm allReduce.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "libcomm/bootstrap.h"
+#include "libcomm/communicator.h"
+#include "libcomm/status.h"
+#include "libshard/model_spec.h"
+#include "libshard/plan.h"
+#include "tinylm/config.h"
+#include "tinylm/reference.h"
+
+namespace tinylm {
+
+/// One step as one rank saw it. loss and gradNorm are global (the same on every rank).
+struct StepRecord {
+  int step = 0;
+  double loss = 0.0;      // mean token cross-entropy, weights before this step's update
+  double gradNorm = 0.0;  // global gradient norm before clipping
+  double seconds = 0.0;
+  double exposedCommSeconds = 0.0;
+  double computeSeconds = 0.0;
+  double optimizerSeconds = 0.0;
+};
+
+struct TrainOptions {
+  TinyLmConfig model;
+  /// Train until this many optimizer steps have been taken in total (a run resumed from a
+  /// checkpoint at step k runs steps k .. steps-1).
+  int steps = 10;
+  int globalBatch = 8;   // B sequences per step, all ranks together
+  int microBatches = 1;  // M
+  uint64_t seed = 1;
+  Precision precision = Precision::kFp32;
+  AdamWConfig adamw;      // the reference's defaults
+  float clipNorm = 1.0f;  // <= 0: no clipping (as ReferenceOptions)
+  size_t alignmentBytes = 128;
+  int prefetchDepth = 1;           // gathers ahead of compute; blockBuffers = prefetchDepth + 1
+  uint64_t memoryBudgetBytes = 0;  // per rank, libshard + activations; 0: none
+  bool serialize = false;          // no overlap (benchmark baseline): ScheduleOptions::serialize
+  bool eventLogCheck = false;      // record the event log and prove it with checkEventLog at the end
+  std::string loadCheckpoint;      // a checkpoint directory to resume from (any world size)
+  std::string saveCheckpoint;      // a fresh directory to save into once `steps` is reached
+  /// Bound on every wait: a collective, a hook's wait, the optimizer's allReduce.
+  std::chrono::milliseconds timeout{300000};
+  /// Called on every rank after each step, with that step's record (e.g. to print it as it goes).
+  std::function<void(const StepRecord&)> onStep;
+};
+
+/// A rank's figures, exchanged so that every rank (rank 0 prints them) has all of them. POD.
+struct RankSummary {
+  int32_t rank = 0;
+  int32_t timedSteps = 0;    // the steps the means cover (all but the first, when there are two or more)
+  double stepSeconds = 0.0;  // means over the timed steps
+  double exposedCommSeconds = 0.0;
+  double computeSeconds = 0.0;
+  double optimizerSeconds = 0.0;
+  uint64_t poolPeakBytes = 0;            // BufferPool::peakBytes()
+  uint64_t planLibshardBytes = 0;        // ShardPlan::libshardBytes
+  uint64_t activationBytes = 0;          // held after a micro-batch's last forward (max over the run)
+  uint64_t planActivationBytes = 0;      // the plan's "activations" term
+  uint64_t activationPeakBytes = 0;      // at any point, recomputation included
+  uint64_t planActivationPeakBytes = 0;  // "activations" + "recompute scratch"
+  uint64_t eventLogEntries = 0;          // 0 unless TrainOptions::eventLogCheck
+  int32_t checkpointedLayers = 0;
+  int32_t maxTokens = 0;  // tokens of this rank's largest micro-batch
+};
+
+struct TrainResult {
+  int worldSize = 1;
+  int rank = 0;
+  int firstStep = 0;  // 0, or the checkpoint's step when resumed
+  std::vector<StepRecord> steps;
+  std::vector<RankSummary> ranks;  // rank order
+  libshard::ShardPlan plan;        // this rank's
+};
+
+/// Checks the options alone (world size aside): kInvalidArgument naming the field.
+libcomm::Status validateTrainOptions(const TrainOptions& options);
+/// ... and against a world size (S = B / M >= W).
+libcomm::Status validateTrainOptions(const TrainOptions& options, int worldSize);
+
+/// The sequences of the global batch that `rank` computes in micro-batch `micro`: [first, end).
+struct SequenceRange {
+  int first = 0;
+  int end = 0;
+  int count() const { return end - first; }
+};
+SequenceRange rankSequences(int globalBatch, int microBatches, int worldSize, int rank, int micro);
+/// Tokens of the largest micro-batch any rank computes: what activations are planned for.
+size_t maxMicroBatchTokens(const TrainOptions& options, int worldSize);
+
+/// The model spec and plan options the trainer uses at this world size and rank (for tests and
+/// tools that want the plan without training).
+libshard::ModelSpec trainModelSpec(const TrainOptions& options, int worldSize);
+libshard::PlanOptions trainPlanOptions(const TrainOptions& options, int worldSize, int rank);
+
+/// Trains as rank agComm.rank() of agComm.size(). Collective over the two communicators (which
+/// must be distinct communicators of the same ranks, on `bootstrap`); every rank passes the same
+/// options. On an error the executor aborts both communicators, so peers fail fast rather than
+/// wait for their timeout. Call from one thread per rank.
+libcomm::Result<TrainResult> runSharded(const TrainOptions& options, libcomm::Bootstrap& bootstrap,
+                                        libcomm::Communicator& agComm, libcomm::Communicator& rsComm);
+/// The same, creating both communicators on `bootstrap` (ops bounded by options.timeout).
+libcomm::Result<TrainResult> runSharded(const TrainOptions& options, libcomm::Bootstrap& bootstrap);
+
+}  // namespace tinylm

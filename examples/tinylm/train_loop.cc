@@ -1,0 +1,140 @@
+// The sharded trainer's step (train_loop.h).
+
+#include "tinylm/train_loop.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "tinylm/data_init.h"
+
+namespace tinylm {
+
+using libcomm::Status;
+using libcomm::StatusCode;
+
+namespace {
+
+double secondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Runs a hook and adds its duration to `acc`: on the CPU a hook that waits blocks this thread,
+// so the time spent in hooks is the communication the step could not hide.
+template <typename F>
+auto timedHook(double& acc, F&& hook) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = hook();
+  acc += secondsSince(t0);
+  return r;
+}
+
+}  // namespace
+
+TrainLoop::TrainLoop(const TrainOptions& options, libshard::Executor& executor, libshard::ShardedAdamW& optimizer,
+                     libcomm::Communicator& rsComm, size_t maxTokens)
+    : options_(options),
+      executor_(executor),
+      optimizer_(optimizer),
+      rsComm_(rsComm),
+      stream_(libcomm::createHostStream("tinylm.opt.r" + std::to_string(rsComm.rank()))),
+      layers_(options.model, maxTokens, executor.plan().checkpointed),
+      layerPtrs_(layers_.layers()),
+      world_(rsComm.size()),
+      rank_(rsComm.rank()) {
+  // The reference's step 4, as the same fp32 operation: the sum over the global batch's tokens
+  // becomes their mean (train.h: the only scaling the gradients get).
+  const double globalTokens = double(options.globalBatch) * double(options.model.seqLen);
+  gradScale_ = static_cast<float>(1.0 / globalTokens);
+  layers_.tensors().lossScaleDenominator = 1.0f;
+}
+
+Status TrainLoop::fail(Status st, int step, int micro, int layer, const char* what) {
+  std::string where = libcomm::detail::strCat("tinylm rank ", rank_, ", step ", step);
+  if (micro >= 0) where += ", micro-batch " + std::to_string(micro);
+  if (layer >= 0)
+    where += libcomm::detail::strCat(", layer ", layer, " '", executor_.plan().layers[size_t(layer)].name, "'");
+  Status named = st.withContext(where + ": " + what);
+  executor_.abort(named);  // peers waiting in this step's collectives fail now, not at their timeout
+  return named;
+}
+
+Status TrainLoop::loadMicroBatch(int step, int micro) {
+  const SequenceRange r = rankSequences(options_.globalBatch, options_.microBatches, world_, rank_, micro);
+  const int seqLen = options_.model.seqLen;
+  LIBCOMM_RETURN_IF_ERROR(layers_.beginMicroBatch(size_t(r.count()) * size_t(seqLen)));
+  MicroBatchTensors& t = layers_.tensors();
+  for (int q = r.first; q < r.end; ++q) {
+    const size_t at = size_t(q - r.first) * size_t(seqLen);
+    tokensInto(options_.seed, uint64_t(step), uint64_t(q), seqLen, options_.model.vocab, t.inputs.data() + at,
+               t.targets.data() + at);
+  }
+  return Status::ok();
+}
+
+libcomm::Result<double> TrainLoop::globalLoss(double localLossSum) {
+  // The per-rank sums travel as raw 8-byte values (two fp32 "elements" each: all_gather only
+  // copies), then every rank adds them in rank order in double: exact and the same everywhere.
+  std::vector<double> all(static_cast<size_t>(world_));
+  LIBCOMM_RETURN_IF_ERROR(rsComm_.allGather(&localLossSum, all.data(), 2, libcomm::DataType::kFloat32, *stream_));
+  LIBCOMM_RETURN_IF_ERROR(stream_->synchronize(libcomm::Deadline::after(options_.timeout)));
+  double sum = 0.0;
+  for (double v : all) sum += v;
+  return sum / (double(options_.globalBatch) * double(options_.model.seqLen));
+}
+
+libcomm::Result<StepRecord> TrainLoop::step(int s) {
+  StepRecord rec;
+  rec.step = s;
+  const int numLayers = layers_.numLayers();
+  const auto t0 = Clock::now();
+  LIBCOMM_RETURN_IF_ERROR(timedHook(rec.exposedCommSeconds, [&] { return executor_.beginStep(); }));
+  double lossSum = 0.0;
+  for (int m = 0; m < options_.microBatches; ++m) {
+    auto tc = Clock::now();
+    Status st = loadMicroBatch(s, m);
+    rec.computeSeconds += secondsSince(tc);
+    if (!st.isOk()) return fail(st, s, m, -1, "data");
+    for (int k = 0; k < numLayers; ++k) {
+      LIBCOMM_ASSIGN_OR_RETURN(const libshard::LayerViews* v,
+                               timedHook(rec.exposedCommSeconds, [&] { return executor_.beginForward(k); }));
+      tc = Clock::now();
+      st = layerPtrs_[size_t(k)]->forward(*v);
+      rec.computeSeconds += secondsSince(tc);
+      if (!st.isOk()) return fail(st, s, m, k, "forward");
+      LIBCOMM_RETURN_IF_ERROR(timedHook(rec.exposedCommSeconds, [&] { return executor_.endForward(k); }));
+    }
+    lossSum += layers_.tensors().lossSum;
+    for (int k = numLayers - 1; k >= 0; --k) {
+      LIBCOMM_ASSIGN_OR_RETURN(const libshard::LayerViews* v,
+                               timedHook(rec.exposedCommSeconds, [&] { return executor_.beginBackward(k); }));
+      tc = Clock::now();
+      st = layerPtrs_[size_t(k)]->backward(*v);
+      rec.computeSeconds += secondsSince(tc);
+      if (!st.isOk()) return fail(st, s, m, k, "backward");
+      LIBCOMM_RETURN_IF_ERROR(timedHook(rec.exposedCommSeconds, [&] { return executor_.endBackward(k); }));
+    }
+  }
+  LIBCOMM_RETURN_IF_ERROR(timedHook(rec.exposedCommSeconds, [&] { return executor_.endStep(); }));
+
+  const auto to = Clock::now();
+  auto norm = optimizer_.step(executor_.state(), gradScale_, &rsComm_, stream_.get(),
+                              libcomm::Deadline::after(options_.timeout));
+  rec.optimizerSeconds = secondsSince(to);
+  if (!norm.isOk()) return fail(norm.status(), s, -1, -1, "optimizer");
+  // ShardedAdamW skips a step with a non-finite norm; the reference would not, and a silent skip
+  // would shift every later step's data against the optimizer's step count. Stop instead.
+  if (!std::isfinite(*norm))
+    return fail(libcomm::makeError(StatusCode::kInternalError, "gradient norm is ", *norm, " (diverged)"), s, -1, -1,
+                "optimizer");
+  rec.gradNorm = *norm;
+  LIBCOMM_RETURN_IF_ERROR(timedHook(rec.exposedCommSeconds, [&] { return executor_.optimizerDone(); }));
+  rec.seconds = secondsSince(t0);
+
+  auto loss = globalLoss(lossSum);
+  if (!loss.isOk()) return fail(loss.status(), s, -1, -1, "loss exchange");
+  rec.loss = *loss;
+  return rec;
+}
+
+}  // namespace tinylm

@@ -1,0 +1,366 @@
+// The sharded tinylm trainer (examples/tinylm/train.h) against the unsharded reference trainer on
+// the same global batch: losses and gradient norms per step at world sizes 1-4 in fp32 and bf16,
+// gradient accumulation against the large batch, a memory budget that forces checkpointing, an
+// uneven split of the batch, and a checkpoint saved at one world size and resumed at another.
+// Every run records the executor's event log and proves rules A and B and the optimizer gate on
+// every step (runSharded fails otherwise), and every rank's measured memory is checked against
+// its plan: libshard's buffers to the byte, activations to the byte where the split is even.
+//
+// Tolerances (relative).
+//  fp32, 1e-5 (losses and gradient norms): sharding changes only the order of fp32 sums (per-rank
+//    partial sums of the token gradients, then the reduce-scatter): ~1e-7 per step; measured
+//    < 3e-8 on losses and < 5e-8 on norms.
+//  bf16, gradient norms, 2^-9: a gradient element differs from the reference's by its bf16
+//    roundings -- the reference rounds each micro-batch's gradient once, a rank rounds its 1/W share
+//    and the shares add in fp32 -- each at most half an ulp, 2^-9; the norm, a root mean square of
+//    those elements, cannot differ by more than the elements do, and the independent roundings
+//    mostly cancel (measured <= 1.7e-4).
+//  bf16, losses, 2^-11 from step 1 on (step 0 has the same bf16 weights on both sides, so fp32's
+//    1e-5): the gradient differences above reach the weights only through AdamW's steps, whose size
+//    is set by lr (its m / sqrt(v) is scale-free); after the <= 6 steps here the masters differ by
+//    at most ~6 x lr x 2^-8 ~ 7e-5, under one bf16 ulp of a typical weight (|w| ~ 0.05..1: ulp
+//    2^-12..2^-8), so the bf16 weights mostly agree and the loss, a mean over hundreds of tokens,
+//    moves by far less than one bf16 ulp of itself (2^-8). 2^-11 (~4.9e-4) is an eighth of that:
+//    measured <= 4e-5, while one sequence of the 24 given to the wrong rank moves the loss by ~4e-3.
+// A wrong gradient scale leaves the losses nearly unchanged (clipping and AdamW are scale-free) but
+// not the gradient norms, which is why both are compared.
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+#include "libshard/plan.h"
+#include "tinylm/cli.h"
+#include "tinylm/reference.h"
+#include "tinylm/train.h"
+
+namespace {
+
+using libcomm::Status;
+using libcomm::StatusCode;
+using shardcomm::testing::Mode;
+using shardcomm::testing::RankContext;
+using shardcomm::testing::RunOptions;
+using tinylm::Precision;
+using tinylm::RankSummary;
+using tinylm::TrainOptions;
+
+constexpr double kFp32Tolerance = 1e-5;
+constexpr double kBf16LossTolerance = 0x1p-11;
+constexpr double kBf16NormTolerance = 0x1p-9;
+constexpr int kMaxSteps = 16;
+constexpr int kMaxRanks = 8;
+
+// Small enough that a step takes about a millisecond, big enough to have every kind of layer,
+// three blocks (two rotating buffers reused) and a head larger than a block.
+TrainOptions tinyOptions(Precision p, int steps = 6) {
+  TrainOptions o;
+  o.model.vocab = 96;
+  o.model.dim = 32;
+  o.model.hidden = 48;
+  o.model.layers = 3;
+  o.model.seqLen = 8;
+  o.steps = steps;
+  o.globalBatch = 24;
+  o.seed = 7;
+  o.precision = p;
+  o.eventLogCheck = true;
+  o.timeout = std::chrono::seconds(30);
+  return o;
+}
+
+tinylm::ReferenceResult reference(const TrainOptions& o) {
+  tinylm::ReferenceOptions r;
+  r.steps = o.steps;
+  r.globalBatch = o.globalBatch;
+  r.microBatches = o.microBatches;
+  r.seed = o.seed;
+  r.precision = o.precision;
+  r.adamw = o.adamw;
+  r.clipNorm = o.clipNorm;
+  auto res = tinylm::trainReference(o.model, r);
+  EXPECT_TRUE(res.isOk()) << res.status().toString();
+  return res.isOk() ? res.value() : tinylm::ReferenceResult{};
+}
+
+// What rank 0 reports back; lives in shared memory so that forked ranks can write it.
+struct RunOutput {
+  int32_t steps = 0;
+  int32_t firstStep = 0;
+  double loss[kMaxSteps] = {};
+  double gradNorm[kMaxSteps] = {};
+  RankSummary ranks[kMaxRanks] = {};
+};
+
+class SharedOutput {
+ public:
+  SharedOutput() {
+    void* p = mmap(nullptr, sizeof(RunOutput), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    out_ = p == MAP_FAILED ? nullptr : new (p) RunOutput();
+  }
+  ~SharedOutput() {
+    if (out_) munmap(out_, sizeof(RunOutput));
+  }
+  RunOutput* get() const { return out_; }
+
+ private:
+  RunOutput* out_ = nullptr;
+};
+
+// Trains on `world` ranks and returns rank 0's view. Every rank checks its own memory against
+// its plan before returning.
+RunOutput train(const TrainOptions& o, int world, Mode mode = Mode::kProcesses) {
+  SharedOutput shared;
+  EXPECT_NE(shared.get(), nullptr);
+  if (!shared.get()) return {};
+  RunOptions ro;
+  ro.mode = mode;
+  ro.size = world;
+  ro.deadline = std::chrono::seconds(60);
+  RunOutput* out = shared.get();
+  auto report = shardcomm::testing::runRanks(ro, [o, out](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(tinylm::TrainResult r, tinylm::runSharded(o, ctx.bootstrap));
+    const RankSummary& me = r.ranks[static_cast<size_t>(ctx.rank)];
+    if (me.poolPeakBytes != r.plan.libshardBytes || me.planLibshardBytes != r.plan.libshardBytes)
+      return libcomm::makeError(StatusCode::kInternalError, "libshard peak ", me.poolPeakBytes, " B, plan ",
+                                r.plan.libshardBytes, " B");
+    const int perMicro = o.globalBatch / o.microBatches;
+    const bool even = perMicro % ctx.size == 0;
+    if ((even && me.activationBytes != me.planActivationBytes) || me.activationBytes > me.planActivationBytes ||
+        me.activationPeakBytes > me.planActivationPeakBytes || me.activationBytes == 0)
+      return libcomm::makeError(StatusCode::kInternalError, "activations ", me.activationBytes, " B (peak ",
+                                me.activationPeakBytes, " B), plan ", me.planActivationBytes, " B (peak ",
+                                me.planActivationPeakBytes, " B)");
+    if (o.eventLogCheck && r.steps.size() > 0 && me.eventLogEntries == 0)
+      return libcomm::makeError(StatusCode::kInternalError, "no event log entries");
+    if (ctx.rank == 0) {
+      out->steps = static_cast<int32_t>(r.steps.size());
+      out->firstStep = r.firstStep;
+      for (size_t i = 0; i < r.steps.size() && i < kMaxSteps; ++i) {
+        out->loss[i] = r.steps[i].loss;
+        out->gradNorm[i] = r.steps[i].gradNorm;
+      }
+      for (size_t i = 0; i < r.ranks.size() && i < kMaxRanks; ++i) out->ranks[i] = r.ranks[i];
+    }
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+  return *out;
+}
+
+double rel(double got, double want) { return std::fabs(got - want) / std::max(std::fabs(want), 1e-30); }
+
+struct Tolerance {
+  double loss;  // relative, steps after the first (step 0 always gets kFp32Tolerance)
+  double norm;  // relative, gradient norms
+};
+constexpr Tolerance kFp32{kFp32Tolerance, kFp32Tolerance};
+constexpr Tolerance kBf16{kBf16LossTolerance, kBf16NormTolerance};
+
+// Losses and gradient norms of `got` against the reference's, from got.firstStep on.
+void expectMatches(const RunOutput& got, const tinylm::ReferenceResult& want, Tolerance tol, const std::string& what) {
+  ASSERT_EQ(size_t(got.firstStep + got.steps), want.losses.size()) << what;
+  double worst = 0.0, worstNorm = 0.0;
+  for (int i = 0; i < got.steps; ++i) {
+    const size_t s = size_t(got.firstStep + i);
+    const double lossTol = s == 0 ? kFp32Tolerance : tol.loss;
+    const double lossRel = rel(got.loss[i], want.losses[s]), normRel = rel(got.gradNorm[i], want.gradNorms[s]);
+    worst = std::max(worst, lossRel);
+    worstNorm = std::max(worstNorm, normRel);
+    EXPECT_LE(lossRel, lossTol) << what << ": step " << s << " loss " << got.loss[i] << ", reference "
+                                << want.losses[s];
+    EXPECT_LE(normRel, tol.norm) << what << ": step " << s << " grad norm " << got.gradNorm[i] << ", reference "
+                                 << want.gradNorms[s];
+  }
+  std::printf("%s: largest relative difference: loss %.3g (tolerance %.3g), grad norm %.3g (tolerance %.3g)\n",
+              what.c_str(), worst, tol.loss, worstNorm, tol.norm);
+}
+
+// ---- every world size, both precisions -----------------------------------------------------------
+
+class TinyLmWorld : public ::testing::TestWithParam<int> {};
+
+TEST_P(TinyLmWorld, Fp32MatchesReference) {
+  const TrainOptions o = tinyOptions(Precision::kFp32);
+  expectMatches(train(o, GetParam()), reference(o), kFp32, "fp32 W=" + std::to_string(GetParam()));
+}
+
+TEST_P(TinyLmWorld, Bf16MatchesReference) {
+  const TrainOptions o = tinyOptions(Precision::kBf16);
+  expectMatches(train(o, GetParam()), reference(o), kBf16, "bf16 W=" + std::to_string(GetParam()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Processes, TinyLmWorld, ::testing::Values(1, 2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& i) { return "w" + std::to_string(i.param); });
+
+// ---- gradient accumulation, uneven splits, checkpointing for memory ---------------------------------
+
+TEST(TinyLmTrain, GradientAccumulationEqualsTheLargeBatch) {
+  TrainOptions big = tinyOptions(Precision::kFp32);
+  TrainOptions acc = big;
+  acc.microBatches = 4;  // 6 sequences per micro-batch: 3 per rank
+  const RunOutput a = train(acc, 2), b = train(big, 2);
+  expectMatches(a, reference(big), kFp32, "M=4 against the M=1 reference");
+  expectMatches(a, reference(acc), kFp32, "M=4 against the M=4 reference");
+  for (int i = 0; i < a.steps; ++i) EXPECT_LE(rel(a.loss[i], b.loss[i]), kFp32Tolerance) << "step " << i;
+
+  TrainOptions accBf16 = acc;
+  accBf16.precision = Precision::kBf16;
+  expectMatches(train(accBf16, 2), reference(accBf16), kBf16, "bf16 M=4");
+}
+
+TEST(TinyLmTrain, UnevenSplitMatchesReference) {
+  TrainOptions o = tinyOptions(Precision::kFp32);
+  o.globalBatch = 10;
+  o.microBatches = 2;  // 5 sequences per micro-batch over 3 ranks: 1, 2, 2
+  expectMatches(train(o, 3), reference(o), kFp32, "B=10 M=2 W=3");
+}
+
+TEST(TinyLmTrain, MemoryBudgetForcesCheckpointingAndStillMatches) {
+  TrainOptions o = tinyOptions(Precision::kFp32);
+  const int world = 2;
+  auto plan = libshard::ShardPlanner(tinylm::trainPlanOptions(o, world, 0)).plan(tinylm::trainModelSpec(o, world));
+  ASSERT_TRUE(plan.isOk()) << plan.status().toString();
+  ASSERT_EQ(plan->numCheckpointed(), 0);
+  o.memoryBudgetBytes = plan->totalBytes - 1;  // one byte short: at least one block must checkpoint
+  const RunOutput got = train(o, world);
+  uint64_t unbudgeted = 0;
+  for (const libshard::MemoryTerm& t : plan->memory)
+    if (t.name == "activations") unbudgeted = t.bytes;
+  for (int r = 0; r < world; ++r) {
+    EXPECT_GE(got.ranks[r].checkpointedLayers, 1) << "rank " << r;
+    EXPECT_LT(got.ranks[r].activationBytes, unbudgeted) << "rank " << r;  // checkpointed blocks keep less
+  }
+  expectMatches(got, reference(o), kFp32, "checkpointed");
+}
+
+TEST(TinyLmTrain, ScheduleVariantsMatchReference) {
+  TrainOptions o = tinyOptions(Precision::kFp32);
+  o.prefetchDepth = 2;  // three rotating buffers, two gathers in flight
+  expectMatches(train(o, 3), reference(o), kFp32, "prefetch 2, W=3");
+  o = tinyOptions(Precision::kFp32);
+  o.serialize = true;  // the no-overlap baseline computes the same thing
+  expectMatches(train(o, 2), reference(o), kFp32, "serialized, W=2");
+  o = tinyOptions(Precision::kBf16);
+  o.alignmentBytes = 16;
+  expectMatches(train(o, 4), reference(o), kBf16, "alignment 16, bf16, W=4");
+  o = tinyOptions(Precision::kFp32);
+  expectMatches(train(o, 8), reference(o), kFp32, "W=8");
+}
+
+// ---- a checkpoint saved at one world size, resumed at another -------------------------------------
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/tinylm-train-XXXXXX";
+    const char* made = mkdtemp(tmpl);
+    path_ = made ? made : "";
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  std::string sub(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+void resumeCase(Precision p, int from, int to, Tolerance tol) {
+  TempDir tmp;
+  const TrainOptions whole = tinyOptions(p, 5);
+  TrainOptions first = whole, second = whole;
+  first.steps = 2;
+  first.saveCheckpoint = tmp.sub("step-2");
+  second.loadCheckpoint = first.saveCheckpoint;
+  const RunOutput uninterrupted = train(whole, from);
+  const RunOutput a = train(first, from);
+  const RunOutput b = train(second, to);
+  const std::string what = std::to_string(from) + " -> " + std::to_string(to) + " ranks";
+  ASSERT_EQ(b.firstStep, 2) << what;
+  ASSERT_EQ(b.steps, 3) << what;
+  for (int i = 0; i < a.steps; ++i) EXPECT_EQ(a.loss[i], uninterrupted.loss[i]) << what << " step " << i;
+  for (int i = 0; i < b.steps; ++i)
+    EXPECT_LE(rel(b.loss[i], uninterrupted.loss[2 + i]), tol.loss) << what << " step " << 2 + i;
+  expectMatches(b, reference(whole), tol, what + " against the reference");
+}
+
+TEST(TinyLmTrain, CheckpointResumedAtAnotherWorldSizeMatchesUninterrupted) {
+  resumeCase(Precision::kFp32, 2, 3, kFp32);
+  resumeCase(Precision::kBf16, 4, 2, kBf16);
+}
+
+// ---- ranks as threads ----------------------------------------------------------------------------
+
+TEST(TinyLmTrainThreads, ThreeRanksMatchReference) {
+  const TrainOptions o = tinyOptions(Precision::kFp32);
+  expectMatches(train(o, 3, Mode::kThreads), reference(o), kFp32, "threads W=3");
+}
+
+// ---- options, the batch split and the command line -------------------------------------------------
+
+TEST(TinyLmTrainOptions, EverySequenceOnceInReferenceOrder) {
+  for (int world : {1, 2, 3, 4, 7})
+    for (int micro : {1, 2, 3})
+      for (int batch : {21, 42}) {
+        if (batch % micro != 0 || batch / micro < world) continue;
+        int next = 0;
+        for (int m = 0; m < micro; ++m)
+          for (int r = 0; r < world; ++r) {
+            const tinylm::SequenceRange s = tinylm::rankSequences(batch, micro, world, r, m);
+            EXPECT_EQ(s.first, next) << batch << " " << micro << " " << world << " " << r << " " << m;
+            EXPECT_GE(s.count(), batch / micro / world);
+            EXPECT_LE(s.count(), (batch / micro + world - 1) / world);
+            next = s.end;
+          }
+        EXPECT_EQ(next, batch);
+      }
+}
+
+TEST(TinyLmTrainOptions, BadOptionsAreNamed) {
+  TrainOptions o = tinyOptions(Precision::kFp32);
+  o.microBatches = 5;  // 24 % 5 != 0
+  EXPECT_EQ(tinylm::validateTrainOptions(o).code(), StatusCode::kInvalidArgument);
+  o.microBatches = 4;
+  const Status st = tinylm::validateTrainOptions(o, 7);  // 6 sequences per micro-batch, 7 ranks
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("fewer than the 7 ranks"), std::string::npos) << st.toString();
+}
+
+TEST(TinyLmTrainOptions, CommandLine) {
+  auto ok = tinylm::parseCli({"-np", "4", "--steps", "3", "--precision=fp32", "--memory-budget", "2M", "--describe"});
+  ASSERT_TRUE(ok.isOk()) << ok.status().toString();
+  EXPECT_EQ(ok->numRanks, 4);
+  EXPECT_EQ(ok->train.steps, 3);
+  EXPECT_EQ(ok->train.precision, Precision::kFp32);
+  EXPECT_EQ(ok->train.memoryBudgetBytes, 2u << 20);
+  EXPECT_TRUE(ok->describe);
+  EXPECT_EQ(ok->childArgs,
+            (std::vector<std::string>{"--steps", "3", "--precision", "fp32", "--memory-budget", "2M", "--describe"}));
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"--steps"}, "--steps: needs a value"},
+      {{"--steps", "ten"}, "not an integer"},
+      {{"--precision", "fp16"}, "must be fp32 or bf16"},
+      {{"--alignment", "24"}, "power of two"},
+      {{"--frobnicate"}, "unknown flag"},
+      {{"--global-batch", "10", "--micro-batches", "3"}, "not a multiple"},
+      {{"-np", "0"}, "out of range"},
+      {{"--describe=yes"}, "takes no value"},
+  };
+  for (const auto& [args, want] : bad) {
+    auto r = tinylm::parseCli(args);
+    ASSERT_FALSE(r.isOk()) << args[0];
+    EXPECT_NE(r.status().message().find(want), std::string::npos) << r.status().toString();
+  }
+}
+
+}  // namespace
