@@ -153,11 +153,36 @@ bool writeAll(int fd, const char* data, size_t len) {
 }
 
 // Wire format of a child's report: int32 status code, then the message (frames included) to EOF.
-[[noreturn]] void childMain(int rank, const RunOptions& options, int fd, int port, const std::string& secret,
+// Reads the store's port from the parent, which sends it once the store runs (or closes the pipe
+// if it could not start it). Children are forked before the store's thread exists: a fork while
+// another thread holds an allocator lock leaves that lock held forever in the child (the
+// sanitizers' allocators are not fork-safe).
+libcomm::Result<int> receivePort(int goFd, Deadline deadline) {
+  int32_t port = 0;
+  size_t got = 0;
+  while (got < sizeof(port)) {
+    pollfd pfd{goFd, POLLIN, 0};
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline.at() - libcomm::Clock::now());
+    if (left.count() <= 0) return makeError(StatusCode::kTimeout, "the parent never sent the store's port");
+    const int ready = poll(&pfd, 1, static_cast<int>(std::min<long long>(left.count(), 1000)));
+    if (ready < 0 && errno != EINTR) return makeError(StatusCode::kSystemError, "poll: ", strerror(errno));
+    if (ready <= 0) continue;
+    const ssize_t n = read(goFd, reinterpret_cast<char*>(&port) + got, sizeof(port) - got);
+    if (n == 0) return makeError(StatusCode::kSystemError, "the parent could not start the store");
+    if (n < 0 && errno != EINTR) return makeError(StatusCode::kSystemError, "read: ", strerror(errno));
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  return static_cast<int>(port);
+}
+
+[[noreturn]] void childMain(int rank, const RunOptions& options, int fd, int goFd, const std::string& secret,
                             const std::string& jobId, Deadline deadline, const RankBody& body) {
   libcomm::log::setThreadRank(rank);
   Status status;
-  auto boot = libcomm::createTcpBootstrap("127.0.0.1", port, secret, rank, options.size, deadline, jobId);
+  auto port = receivePort(goFd, deadline);
+  close(goFd);
+  auto boot = port.isOk() ? libcomm::createTcpBootstrap("127.0.0.1", *port, secret, rank, options.size, deadline, jobId)
+                          : libcomm::Result<std::unique_ptr<libcomm::Bootstrap>>(port.status());
   if (!boot.isOk()) {
     status = boot.status().withContext("createTcpBootstrap");
   } else {
@@ -272,35 +297,53 @@ RunReport runProcesses(const RunOptions& options, const RankBody& body) {
   const Deadline deadline = Deadline::after(options.deadline);
   const std::string secret = randomSecret();
   const std::string jobId = freshJobId();
-  auto server = libcomm::startTcpStore("127.0.0.1", 0, secret);
-  if (!server.isOk()) return failedRun(options, server.status().withContext("startTcpStore"), "not started");
-  const int port = server.value()->port();
-
   // Whatever is buffered now would otherwise be written once by each child as well.
   fflush(stdout);
   fflush(stderr);
   std::vector<Child> kids(options.size);
+  std::vector<int> goFds(options.size, -1);  // parent's ends: the store's port goes down these
   for (int r = 0; r < options.size; ++r) {
-    int p[2];
+    int p[2], go[2];
     if (pipe2(p, O_CLOEXEC) != 0) {
       kids[r].forkError = makeError(StatusCode::kSystemError, "pipe2: ", strerror(errno));
+      continue;
+    }
+    if (pipe2(go, O_CLOEXEC) != 0) {
+      kids[r].forkError = makeError(StatusCode::kSystemError, "pipe2: ", strerror(errno));
+      close(p[0]);
+      close(p[1]);
       continue;
     }
     const pid_t pid = fork();
     if (pid == 0) {
       close(p[0]);
-      for (int q = 0; q < r; ++q)
+      close(go[1]);
+      for (int q = 0; q < r; ++q) {
         if (kids[q].fd >= 0) close(kids[q].fd);
-      childMain(r, options, p[1], port, secret, jobId, deadline, body);
+        if (goFds[q] >= 0) close(goFds[q]);
+      }
+      childMain(r, options, p[1], go[0], secret, jobId, deadline, body);
     }
     close(p[1]);
+    close(go[0]);
     if (pid < 0) {
       kids[r].forkError = makeError(StatusCode::kSystemError, "fork: ", strerror(errno));
       close(p[0]);
+      close(go[1]);
       continue;
     }
     kids[r].pid = pid;
     kids[r].fd = p[0];
+    goFds[r] = go[1];
+  }
+
+  // Only now, with every child forked, the store and its thread start.
+  auto server = libcomm::startTcpStore("127.0.0.1", 0, secret);
+  const int32_t port = server.isOk() ? server.value()->port() : 0;
+  for (int r = 0; r < options.size; ++r) {
+    if (goFds[r] < 0) continue;
+    if (server.isOk()) (void)writeAll(goFds[r], reinterpret_cast<const char*>(&port), sizeof(port));
+    close(goFds[r]);  // without a store the child reads end-of-file and reports it
   }
 
   collectReports(kids, deadline);
