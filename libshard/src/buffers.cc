@@ -24,9 +24,8 @@ std::vector<PoolAllocation> BufferPool::plannedAllocations(const ShardPlan& plan
   out.push_back({"AdamW v", 4 * n, nullptr, true});
   for (const GatherBuffer& b : plan.gatherBuffers)
     out.push_back({"gather buffer " + b.name, static_cast<uint64_t>(b.numel) * es, nullptr, true});
-  for (int g = 0; g < plan.options.gradBuffers; ++g)
-    out.push_back(
-        {"grad buffer " + std::to_string(g), static_cast<uint64_t>(plan.gradBufferNumel) * es, nullptr, false});
+  for (const GradBuffer& b : plan.gradBuffers)
+    out.push_back({"grad buffer " + b.name, static_cast<uint64_t>(b.numel) * es, nullptr, false});
   out.push_back(
       {"fp32 resident grad accumulator", 4 * static_cast<uint64_t>(plan.resident.paddedNumel), nullptr, false});
   return out;
@@ -72,7 +71,7 @@ Status BufferPool::allocateAll(const ShardPlan& plan) {
   state_.adamM = static_cast<float*>(allocations_[i++].data);
   state_.adamV = static_cast<float*>(allocations_[i++].data);
   for (size_t b = 0; b < plan.gatherBuffers.size(); ++b) gatherBuffers_.push_back(allocations_[i++].data);
-  for (int g = 0; g < plan.options.gradBuffers; ++g) gradBuffers_.push_back(allocations_[i++].data);
+  for (size_t g = 0; g < plan.gradBuffers.size(); ++g) gradBuffers_.push_back(allocations_[i++].data);
   residentGrad_ = static_cast<float*>(allocations_[i++].data);
   return Status::ok();
 }

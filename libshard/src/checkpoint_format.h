@@ -104,7 +104,10 @@ libcomm::Result<std::string> readWholeFile(const std::string& path);
 
 /// Creates a temporary file next to `path`, lets `write` fill it, fsyncs it, renames it to `path`
 /// and fsyncs the directory. On any failure the temporary is removed and `path` is untouched.
-libcomm::Status writeFileAtomically(const std::string& path, const std::function<libcomm::Status(int fd)>& write);
+/// With `replace` false an existing `path` is never replaced: the call fails (kInvalidArgument,
+/// "already exists") instead, atomically where the filesystem has hard links.
+libcomm::Status writeFileAtomically(const std::string& path, const std::function<libcomm::Status(int fd)>& write,
+                                    bool replace = true);
 
 /// Streams the data area of a file being written, computing the chunk checksums on the way.
 class ChunkedWriter {

@@ -2,6 +2,7 @@
 // per line, space-separated fields, names percent-encoded, the index closed by its own CRC32C.
 // Text so that a person (or a script) can read what a checkpoint holds without a tool.
 
+#include <charconv>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -57,10 +58,12 @@ std::string shapeText(const std::vector<int64_t>& shape) {
   return s;
 }
 
+// Digits only (no sign, no blanks), and no value past UINT64_MAX: an index is untrusted input, so
+// parsing must neither throw nor wrap.
 bool parseU64(const std::string& s, uint64_t& v) {
-  if (s.empty() || s.size() > 20 || s.find_first_not_of("0123456789") != std::string::npos) return false;
-  v = std::stoull(s);
-  return true;
+  if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) return false;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  return ec == std::errc() && end == s.data() + s.size();
 }
 
 bool parseShape(const std::string& s, std::vector<int64_t>& shape) {
@@ -130,7 +133,9 @@ class Lines {
     if (!parseU64(f[3], p.offset) || !parseU64(f[4], p.numel) || !parseShape(f[5], p.shape))
       return bad("bad offset, numel or shape in parameter '" + p.name + "'");
     uint64_t n = 1;
-    for (int64_t e : p.shape) n *= static_cast<uint64_t>(e);
+    for (int64_t e : p.shape)
+      if (__builtin_mul_overflow(n, static_cast<uint64_t>(e), &n))
+        return bad("parameter '" + p.name + "' has shape " + f[5] + ", whose element count overflows 64 bits");
     if (n != p.numel) return bad("parameter '" + p.name + "' has numel " + f[4] + " but shape " + f[5]);
     return p;
   }
@@ -153,18 +158,23 @@ Status checkIndex(const CheckpointIndex& x, const std::string& path) {
   if (x.world < 1 || x.world > (1 << 20)) return badFile(path, "world size ", x.world);
   for (size_t g = 0; g < x.groups.size(); ++g) {
     const LayoutGroup& gr = x.groups[g];
-    if (gr.numel > gr.paddedNumel || gr.paddedNumel != gr.shardNumel * static_cast<uint64_t>(x.world) ||
-        gr.stateOffset + gr.shardNumel > x.stateNumel)
+    // Every sum and product checked: a crafted index must not wrap around into "fits".
+    uint64_t padded = 0, stateEnd = 0;
+    if (gr.numel > gr.paddedNumel || __builtin_mul_overflow(gr.shardNumel, static_cast<uint64_t>(x.world), &padded) ||
+        gr.paddedNumel != padded || __builtin_add_overflow(gr.stateOffset, gr.shardNumel, &stateEnd) ||
+        stateEnd > x.stateNumel)
       return badFile(path, "group '", gr.name, "' sizes do not add up (numel ", gr.numel, ", padded ", gr.paddedNumel,
                      ", shard ", gr.shardNumel, ", state offset ", gr.stateOffset, ", state numel ", x.stateNumel, ")");
   }
   std::vector<uint64_t> groupEnd(x.groups.size(), 0);
   for (const LayoutParam& p : x.params) {
     const LayoutGroup& gr = x.groups[static_cast<size_t>(p.group)];
-    if (p.offset < groupEnd[static_cast<size_t>(p.group)] || p.offset + p.numel > gr.numel)
+    uint64_t end = 0;
+    if (p.offset < groupEnd[static_cast<size_t>(p.group)] || __builtin_add_overflow(p.offset, p.numel, &end) ||
+        end > gr.numel)
       return badFile(path, "parameter '", p.name, "' at [", p.offset, ", ", p.offset + p.numel,
                      ") overlaps another or lies outside group '", gr.name, "' of ", gr.numel, " elements");
-    groupEnd[static_cast<size_t>(p.group)] = p.offset + p.numel;
+    groupEnd[static_cast<size_t>(p.group)] = end;
   }
   LIBCOMM_RETURN_IF_ERROR(checkUniqueNames(x.params, path));
   if (x.files.size() != static_cast<size_t>(x.world))

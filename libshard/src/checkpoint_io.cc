@@ -106,7 +106,7 @@ libcomm::Result<std::string> readWholeFile(const std::string& path) {
   return text;
 }
 
-Status writeFileAtomically(const std::string& path, const std::function<Status(int fd)>& write) {
+Status writeFileAtomically(const std::string& path, const std::function<Status(int fd)>& write, bool replace) {
   const size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
   const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
@@ -126,7 +126,25 @@ Status writeFileAtomically(const std::string& path, const std::function<Status(i
   if (!st.isOk()) return fail(st);
   if (::fsync(fd.get()) != 0) return fail(systemError("cannot fsync", tmp, errno));
   if (::close(fd.release()) != 0) return fail(systemError("cannot close", tmp, errno));
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (!replace) {
+    // link() is the atomic "create only if absent": a concurrent writer of the same final name
+    // loses with EEXIST instead of silently replacing what the other one wrote.
+    if (::link(tmp.c_str(), path.c_str()) == 0) {
+      ::unlink(tmp.c_str());
+    } else {
+      const int err = errno;
+      if (err == EEXIST) return fail(badFile(path, "already exists; it is left untouched"));
+      // Filesystems without hard links: the caller's existence check is all there is.
+      if (err != EPERM && err != ENOTSUP && err != EOPNOTSUPP && err != ENOSYS)
+        return fail(systemError("cannot link temporary file '" + tmp + "' to", path, err));
+      struct stat sb;
+      if (::lstat(path.c_str(), &sb) == 0) return fail(badFile(path, "already exists; it is left untouched"));
+      if (::rename(tmp.c_str(), path.c_str()) != 0) {
+        const int err2 = errno;
+        return fail(systemError("cannot rename temporary file '" + tmp + "' to", path, err2));
+      }
+    }
+  } else if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     return fail(systemError("cannot rename temporary file '" + tmp + "' to", path, err));
   }

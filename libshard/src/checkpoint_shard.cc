@@ -79,6 +79,21 @@ Status checkSaveArgs(const ShardPlan& plan, const ShardState& state) {
   return Status::ok();
 }
 
+// A directory whose index exists holds a complete checkpoint: saving into it would replace that
+// checkpoint file by file, and a save that fails halfway would leave neither the old checkpoint
+// nor the new one. So it is refused before anything is written.
+Status refuseCompleteCheckpoint(const std::string& dir, const char* what) {
+  const std::string index = joinPath(dir, kCheckpointIndexFile);
+  struct stat sb;
+  if (::lstat(index.c_str(), &sb) == 0)
+    return libcomm::makeError(StatusCode::kInvalidArgument, what, ": '", dir, "' already holds a checkpoint (",
+                              kCheckpointIndexFile,
+                              " exists); save into a fresh directory -- the existing checkpoint is left untouched");
+  if (errno != ENOENT && errno != ENOTDIR)
+    return systemError("cannot check for an existing checkpoint at", index, errno);
+  return Status::ok();
+}
+
 }  // namespace
 
 namespace ckpt {
@@ -93,6 +108,7 @@ std::string checkpointShardFileName(int rank, int worldSize) {
 
 Status saveCheckpointShard(const std::string& dir, const ShardPlan& plan, const ShardState& state) {
   LIBCOMM_RETURN_IF_ERROR(checkSaveArgs(plan, state));
+  LIBCOMM_RETURN_IF_ERROR(refuseCompleteCheckpoint(dir, "checkpoint save"));
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
     return systemError("cannot create checkpoint directory", dir, errno);
   const std::string path = joinPath(dir, checkpointShardFileName(plan.options.rank, plan.options.worldSize));
@@ -115,6 +131,7 @@ Status saveCheckpointShard(const std::string& dir, const ShardPlan& plan, const 
 }
 
 Status writeCheckpointIndex(const std::string& dir, const ShardPlan& plan) {
+  LIBCOMM_RETURN_IF_ERROR(refuseCompleteCheckpoint(dir, "checkpoint index"));
   CheckpointIndex x = indexFromPlan(plan);
   for (int r = 0; r < x.world; ++r) {
     const std::string name = checkpointShardFileName(r, x.world);
@@ -133,7 +150,8 @@ Status writeCheckpointIndex(const std::string& dir, const ShardPlan& plan) {
   }
   const std::string text = formatIndex(x);
   const std::string path = joinPath(dir, kCheckpointIndexFile);
-  return writeFileAtomically(path, [&](int fd) { return pwriteAll(fd, text.data(), text.size(), 0, path); });
+  return writeFileAtomically(
+      path, [&](int fd) { return pwriteAll(fd, text.data(), text.size(), 0, path); }, /*replace=*/false);
 }
 
 Status saveCheckpoint(const std::string& dir, const std::vector<ShardPlan>& plans,

@@ -133,7 +133,7 @@ class Checker {
     }
     for (size_t b = 0; b < plan_.gatherBuffers.size(); ++b)
       gathers_.push_back(pair(LogKind::kGatherStart, LogKind::kGatherEnd, false, static_cast<int>(b), "all_gather"));
-    for (int g = -1; g < plan_.options.gradBuffers; ++g)
+    for (int g = -1; g < static_cast<int>(plan_.gradBuffers.size()); ++g)
       reduces_[g] = pair(LogKind::kReduceStart, LogKind::kReduceEnd, true, g, "reduce_scatter");
   }
 

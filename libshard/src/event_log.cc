@@ -37,22 +37,34 @@ int64_t EventLog::now() noexcept {
 }
 
 void EventLog::add(LogEntry e) noexcept {
-  if (entries_.empty()) return;
+  if (slots_.empty()) return;
   e.ns = now();
   // Claim a slot first: writers on different streams never touch the same entry. Past the end,
   // the counter keeps counting, which is how dropped() knows.
   const size_t i = next_.fetch_add(1, std::memory_order_relaxed);
-  if (i < entries_.size()) entries_[i] = e;
+  if (i >= slots_.size()) return;
+  slots_[i].entry = e;
+  slots_[i].ready.store(true, std::memory_order_release);
 }
 
 std::vector<LogEntry> EventLog::entries() const {
-  const size_t n = std::min(next_.load(std::memory_order_acquire), entries_.size());
-  return std::vector<LogEntry>(entries_.begin(), entries_.begin() + static_cast<std::ptrdiff_t>(n));
+  const size_t n = std::min(next_.load(std::memory_order_acquire), slots_.size());
+  std::vector<LogEntry> out;
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i)
+    if (slots_[i].ready.load(std::memory_order_acquire)) out.push_back(slots_[i].entry);
+  return out;
+}
+
+void EventLog::clear() {
+  const size_t n = std::min(next_.load(std::memory_order_acquire), slots_.size());
+  for (size_t i = 0; i < n; ++i) slots_[i].ready.store(false, std::memory_order_relaxed);
+  next_.store(0, std::memory_order_release);
 }
 
 size_t EventLog::dropped() const {
   const size_t n = next_.load(std::memory_order_relaxed);
-  return n > entries_.size() ? n - entries_.size() : 0;
+  return n > slots_.size() ? n - slots_.size() : 0;
 }
 
 }  // namespace libshard

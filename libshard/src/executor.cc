@@ -2,7 +2,9 @@
 
 #include "libshard/executor.h"
 
+#include <map>
 #include <sstream>
+#include <utility>
 
 #include "shard_internal.h"
 
@@ -22,6 +24,62 @@ const TensorView* LayerViews::grad(std::string_view name) const {
     if (v.name == name) return &v;
   return nullptr;
 }
+
+namespace {
+
+// Is `gb` a gradient buffer the plan lets layer group `g` write: its dedicated one, or a rotating
+// one, and big enough for it?
+bool gradBufferFits(const ShardPlan& plan, const FlatGroup& g, int gb) {
+  if (gb < 0 || static_cast<size_t>(gb) >= plan.gradBuffers.size()) return false;
+  const GradBuffer& b = plan.gradBuffers[static_cast<size_t>(gb)];
+  if (g.gradBuffer >= 0 ? gb != g.gradBuffer : !b.rotating) return false;
+  return b.numel >= g.paddedNumel;
+}
+
+// Schedule::validate() checks a schedule's structure; this checks that its buffer indices are the
+// plan's. The views the hooks hand out and every collective trust those indices, so a schedule
+// built from another plan or edited by hand could otherwise give a layer another layer's weights,
+// or let backward write past the end of a gradient buffer.
+Status checkScheduleAgainstPlan(const Schedule& s, const ShardPlan& plan) {
+  auto bad = [&](size_t i, auto&&... args) {
+    return libcomm::makeError(StatusCode::kInvalidArgument, "executor: schedule op ", i, " (", s.describeOp(i, &plan),
+                              "): ", args...);
+  };
+  std::map<std::pair<int, int>, int> backwardGrad;  // (layer, micro-batch) -> grad buffer its hooks use
+  for (size_t i = 0; i < s.ops.size(); ++i) {
+    const ScheduleOp& op = s.ops[i];
+    if (op.kind == OpKind::kAllGather) {
+      const bool resident = op.layer < 0;
+      const FlatGroup& g = resident ? plan.resident : plan.layers[static_cast<size_t>(op.layer)];
+      if (g.paddedNumel == 0) return bad(i, "the group has nothing to gather");
+      const int want = resident ? plan.residentBuffer : g.gatherBuffer;
+      if (op.buffer != want) return bad(i, "gathers into buffer ", op.buffer, ", but the plan's buffer is ", want);
+    } else if (op.kind == OpKind::kHook && op.layer >= 0) {
+      const FlatGroup& g = plan.layers[static_cast<size_t>(op.layer)];
+      const int want = g.paddedNumel > 0 ? g.gatherBuffer : -1;
+      if (op.buffer != want) return bad(i, "hands out buffer ", op.buffer, ", but the plan's buffer is ", want);
+      const bool backward = op.hook == HookKind::kBeginBackward || op.hook == HookKind::kEndBackward;
+      if (!backward || g.paddedNumel == 0) {
+        if (op.gradBuffer != -1) return bad(i, "names grad buffer ", op.gradBuffer, " where the layer writes none");
+        continue;
+      }
+      if (!gradBufferFits(plan, g, op.gradBuffer))
+        return bad(i, "grad buffer ", op.gradBuffer, " is not one the plan gives this layer (", plan.gradBuffers.size(),
+                   " grad buffers; the layer's dedicated one: ", g.gradBuffer, ")");
+      auto [it, fresh] = backwardGrad.try_emplace({op.layer, op.microBatch}, op.gradBuffer);
+      if (!fresh && it->second != op.gradBuffer)
+        return bad(i, "ends the backward in grad buffer ", op.gradBuffer, " but began it in ", it->second);
+    } else if (op.kind == OpKind::kReduceScatter && op.layer >= 0) {
+      auto it = backwardGrad.find({op.layer, op.microBatch});
+      if (it == backwardGrad.end() || it->second != op.gradBuffer)
+        return bad(i, "reduces grad buffer ", op.gradBuffer, ", not the one the layer's backward of micro-batch ",
+                   op.microBatch, " wrote before it");
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
 
 Executor::Executor(const ShardPlan& plan, Schedule schedule, BufferPool& pool, libcomm::Communicator& agComm,
                    libcomm::Communicator& rsComm, ExecutorOptions options)
@@ -51,12 +109,13 @@ libcomm::Result<std::unique_ptr<Executor>> Executor::create(const ModelSpec& mod
   if (schedule.numLayers != static_cast<int>(plan.layers.size()) ||
       schedule.microBatches != plan.options.microBatches ||
       schedule.numGatherBuffers != static_cast<int>(plan.gatherBuffers.size()) ||
-      schedule.numGradBuffers != plan.options.gradBuffers)
+      schedule.numGradBuffers != static_cast<int>(plan.gradBuffers.size()))
     return bad("the schedule was not built from this plan");
   if (model.layers.size() != plan.layers.size())
     return bad("the model has ", model.layers.size(), " layers, the plan ", plan.layers.size());
   if (pool.state().numel != plan.stateNumel || !pool.state().master)
     return bad("the buffer pool was not allocated for this plan");
+  LIBCOMM_RETURN_IF_ERROR(checkScheduleAgainstPlan(schedule, plan));
 
   std::unique_ptr<Executor> ex(new Executor(plan, std::move(schedule), pool, agComm, rsComm, options));
   LIBCOMM_RETURN_IF_ERROR(ex->bindViews(model));
@@ -71,6 +130,13 @@ libcomm::Result<std::unique_ptr<Executor>> Executor::create(const ModelSpec& mod
 }
 
 Executor::~Executor() {
+  // Mid-step (between beginStep and optimizerDone), this rank's peers are, or soon will be, waiting
+  // in collectives it will never enqueue, and its own queued collectives wait for peers that may
+  // never come: fail first, which aborts the communicators, so both sides stop at once instead of
+  // running into their timeouts (up to one waitTimeout per stream here).
+  if (cursor_ != 0 && error_.isOk())
+    (void)fail(libcomm::makeError(StatusCode::kInvalidUsage, where(),
+                                  ": executor destroyed in the middle of a step; communicators aborted"));
   // Drain before the streams go: queued host functions log into this object. A failed executor
   // has aborted its communicators, so the drain is short either way.
   const auto deadline = libcomm::Deadline::after(options_.waitTimeout);
@@ -164,7 +230,6 @@ Status Executor::enterHook(HookKind kind, int layer, const char* call) {
   }
   hook_ = &op;
   if (kind == HookKind::kEndForward || kind == HookKind::kEndBackward) log_.add(logEntry(LogKind::kComputeEnd));
-  if (kind == HookKind::kOptimizerDone) log_.add(logEntry(LogKind::kOptimizerDone));
   for (++cursor_; cursor_ < schedule_.ops.size() && schedule_.ops[cursor_].kind != OpKind::kHook; ++cursor_) {
     Status st = runOp(schedule_.ops[cursor_]);
     if (!st.isOk()) return fail(st.withContext(where()));

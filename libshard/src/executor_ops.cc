@@ -30,17 +30,21 @@ Status Executor::runOp(const ScheduleOp& op) {
       return stream(op.stream).wait(*events_[static_cast<size_t>(op.event)]);
     case OpKind::kRecord: {
       const ScheduleEvent& ev = schedule_.events[static_cast<size_t>(op.event)];
-      if (log_.enabled() && ev.kind == EventKind::kReleased) {
-        // Stamped when the stream reaches the release, which is when a waiting gather may start.
-        LogEntry e = logEntry(LogKind::kRelease);
-        e.buffer = static_cast<int16_t>(ev.index);
-        if (hook_ && hook_->hook == HookKind::kEndStep) e.layer = -1;  // the resident group's release
+      // Releases and the optimizer-done gate are stamped when the stream reaches the record, which
+      // is when a gather waiting for it may start. For the gate this matters: an optimizer that
+      // runs on the compute stream (as a CUDA one would) is still running when optimizerDone()
+      // returns on the trainer's thread, so a stamp there would prove nothing.
+      if (log_.enabled() && (ev.kind == EventKind::kReleased || ev.kind == EventKind::kOptimizerDone)) {
+        const bool release = ev.kind == EventKind::kReleased;
+        LogEntry e = logEntry(release ? LogKind::kRelease : LogKind::kOptimizerDone);
+        if (release) e.buffer = static_cast<int16_t>(ev.index);
+        if (release && hook_ && hook_->hook == HookKind::kEndStep) e.layer = -1;  // the resident group's release
         LIBCOMM_RETURN_IF_ERROR(stream(op.stream).enqueueHost(
             [this, e] {
               log_.add(e);
               return Status::ok();
             },
-            "log release"));
+            release ? "log release" : "log optimizer done"));
       }
       return stream(op.stream).record(*events_[static_cast<size_t>(op.event)]);
     }
@@ -49,10 +53,14 @@ Status Executor::runOp(const ScheduleOp& op) {
     case OpKind::kHostSync: {
       Status st = stream(op.stream).synchronize(libcomm::Deadline::after(options_.waitTimeout));
       if (st.isOk()) return st;
-      libcomm::Communicator& comm = op.stream == StreamId::kGather ? agComm_ : rsComm_;
-      Status cause = comm.asyncError();
-      return (cause.isOk() ? st : cause)
-          .withContext(std::string("waiting for the ") + streamIdName(op.stream) + " stream to drain");
+      // A collective stream's timeout usually hides a peer problem its communicator already knows;
+      // the compute stream runs no collective, so its failure (a trainer's work item, a wait that
+      // expired) is its own and is reported as it is, never as a communicator's.
+      Status cause;
+      if (op.stream == StreamId::kGather) cause = agComm_.asyncError();
+      if (op.stream == StreamId::kReduce) cause = rsComm_.asyncError();
+      if (!cause.isOk() && st.code() == StatusCode::kTimeout) st = cause;
+      return st.withContext(std::string("waiting for the ") + streamIdName(op.stream) + " stream to drain");
     }
     case OpKind::kAllGather:
       return runGather(op);

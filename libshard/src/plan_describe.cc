@@ -73,6 +73,14 @@ std::string bufferName(const ShardPlan& plan, int index) {
   return plan.gatherBuffers[index].name;
 }
 
+// A layer's gradient buffer: its dedicated one, "rotating" for the shared ones, "-" for none.
+std::string gradBufferName(const ShardPlan& plan, const FlatGroup& g) {
+  if (g.paddedNumel == 0) return "-";
+  if (g.gradBuffer < 0) return "rotating";
+  if (static_cast<size_t>(g.gradBuffer) >= plan.gradBuffers.size()) return "?";
+  return plan.gradBuffers[g.gradBuffer].name;
+}
+
 std::string layerName(const ShardPlan& plan, int layer) {
   if (layer < 0) return "resident";
   if (static_cast<size_t>(layer) >= plan.layers.size()) return "?";
@@ -92,14 +100,17 @@ std::string ShardPlan::describe() const {
      << (o.memoryBudgetBytes == 0 ? std::string("none") : groupDigits(o.memoryBudgetBytes) + " B") << "\n";
 
   os << "layers (" << layers.size() << "; elements, " << precisionName(o.precision)
-     << " when gathered; shard = padded / world):\n";
-  Table t({"#", "layer", "params", "numel", "padded", "shard", "stateOffset", "buffer", "checkpointed"},
-          {true, false, true, true, true, true, true, false, false});
+     << " when gathered; shard = padded / world; activation bytes per micro-batch, in full / when "
+        "checkpointed):\n";
+  Table t({"#", "layer", "params", "numel", "padded", "shard", "stateOffset", "buffer", "grad buffer", "act. full",
+           "act. ckpt", "checkpointed"},
+          {true, false, true, true, true, true, true, false, false, true, true, false});
   for (size_t k = 0; k < layers.size(); ++k) {
     const FlatGroup& g = layers[k];
     const bool ckpt = k < checkpointed.size() && checkpointed[k];
     t.add({std::to_string(k), g.name, std::to_string(g.params.size()), groupDigits(g.numel), groupDigits(g.paddedNumel),
            groupDigits(g.shardNumel), groupDigits(g.stateOffset), bufferName(*this, g.gatherBuffer),
+           gradBufferName(*this, g), groupDigits(g.activationBytes), groupDigits(g.checkpointActivationBytes),
            ckpt ? "yes" : "no"});
   }
   t.print(os, "  ");
@@ -123,8 +134,15 @@ std::string ShardPlan::describe() const {
     b.add({g.name, groupDigits(g.numel), groupDigits(g.bytes), users});
   }
   b.print(os, "  ");
-  os << "gradient buffers: " << o.gradBuffers << " x " << groupDigits(gradBufferNumel) << " elements ("
-     << precisionName(o.precision) << ")\n";
+  os << "gradient buffers (" << gradBuffers.size() << ", " << precisionName(o.precision) << "; largest layer gradient "
+     << groupDigits(gradBufferNumel) << " elements):\n";
+  Table gb({"buffer", "numel", "bytes", "users"}, {false, true, true, false});
+  for (const GradBuffer& g : gradBuffers) {
+    std::string users;
+    for (int l : g.layers) users += (users.empty() ? "" : ", ") + layerName(*this, l);
+    gb.add({g.name, groupDigits(g.numel), groupDigits(g.bytes), (g.rotating ? "in turn: " : "") + users});
+  }
+  gb.print(os, "  ");
 
   os << "memory per rank:\n";
   Table m({"term", "bytes", "MiB", "owner", "formula"}, {false, true, true, false, false});

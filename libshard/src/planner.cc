@@ -101,83 +101,102 @@ bool hasBlockParams(const FlatGroup& g) {
                      [](const ParamPlacement& p) { return p.kind == ParamKind::kBlock; });
 }
 
-// Embedding/head layers either share the rotating block buffers (all of which then grow to the
-// largest sharer) or get a dedicated buffer, whichever makes the gather buffers smallest in total.
-// There are min(blockBuffers, users) rotating buffers: more would hold memory nobody gathers into,
-// so while blocks are fewer than blockBuffers every sharer also adds a buffer. For a rotating size
-// T and a number s of sharers, the cheapest choice shares the s largest layers that fit in T;
-// trying every T in {largest block} U {each larger outsized layer} and every s is exact, and cheap
-// (models have an embedding and a head, not hundreds). Ties go to sharing more.
-void assignBuffers(ShardPlan& plan) {
-  const size_t elemBytes = libcomm::dataTypeSize(computeType(plan.options.precision));
-  std::vector<int> blocks, outsized;
-  size_t largestBlock = 0;
-  uint64_t outsizedNumel = 0;
+// The layers that hold gradients and gathered weights, by size class: `blocks` (any repeated block
+// weight) always rotate; `outsized` (embedding/head only) may rotate or get a buffer of their own.
+struct SizeClasses {
+  std::vector<int> blocks;
+  std::vector<int> outsized;  // largest first (earlier layer first among equals)
+};
+
+SizeClasses classify(const ShardPlan& plan) {
+  SizeClasses c;
   for (size_t k = 0; k < plan.layers.size(); ++k) {
     const FlatGroup& g = plan.layers[k];
     if (g.paddedNumel == 0) continue;
-    if (hasBlockParams(g)) {
-      blocks.push_back(static_cast<int>(k));
-      largestBlock = std::max(largestBlock, g.paddedNumel);
-    } else {
-      outsized.push_back(static_cast<int>(k));
-      outsizedNumel += g.paddedNumel;
-    }
+    (hasBlockParams(g) ? c.blocks : c.outsized).push_back(static_cast<int>(k));
   }
-  // Largest first (earlier layer first among equals): the order in which layers join the rotation.
-  std::stable_sort(outsized.begin(), outsized.end(),
+  // The order in which outsized layers join the rotation.
+  std::stable_sort(c.outsized.begin(), c.outsized.end(),
                    [&](int a, int b) { return plan.layers[a].paddedNumel > plan.layers[b].paddedNumel; });
+  return c;
+}
 
-  // With no blocks there is no rotation to join: every outsized layer gets its own buffer.
-  size_t rotatingNumel = 0;
-  int rotatingBuffers = 0;
-  std::vector<bool> shares(plan.layers.size(), false);
-  if (!blocks.empty()) {
-    std::vector<size_t> thresholds{largestBlock};
-    for (int k : outsized)
-      if (plan.layers[k].paddedNumel > largestBlock) thresholds.push_back(plan.layers[k].paddedNumel);
-    std::sort(thresholds.begin(), thresholds.end());
-    uint64_t bestCost = UINT64_MAX;
-    size_t bestSharers = 0;
-    std::vector<int> bestShared;
-    for (size_t t : thresholds) {
-      std::vector<int> fits;
-      for (int k : outsized)
-        if (plan.layers[k].paddedNumel <= t) fits.push_back(k);
-      uint64_t sharedNumel = 0;
-      for (size_t s = 0; s <= fits.size(); ++s) {
-        if (s > 0) sharedNumel += plan.layers[fits[s - 1]].paddedNumel;
-        const size_t n = std::min(static_cast<size_t>(plan.options.blockBuffers), blocks.size() + s);
-        const uint64_t cost = n * t + (outsizedNumel - sharedNumel);
-        if (cost < bestCost || (cost == bestCost && s > bestSharers)) {
-          bestCost = cost;
-          bestSharers = s;
-          bestShared.assign(fits.begin(), fits.begin() + static_cast<std::ptrdiff_t>(s));
-          rotatingNumel = t;
-          rotatingBuffers = static_cast<int>(n);
-        }
+struct Rotation {
+  size_t numel = 0;         // every rotating buffer's size
+  int buffers = 0;          // how many rotate
+  std::vector<int> shared;  // the outsized layers that join the blocks in the rotation
+};
+
+// Outsized layers either share the rotating buffers (all of which then grow to the largest sharer)
+// or get a dedicated buffer, whichever makes the buffers smallest in total. There are
+// min(maxBuffers, users x usesPerLayer) rotating buffers, a user being a layer that rotates and a
+// use one turn it takes per step: more would hold memory nobody writes, so while uses are fewer
+// than maxBuffers every sharer also adds a buffer. For a rotating size T and a number s of
+// sharers, the cheapest choice shares the s largest layers that fit in T; trying every T in
+// {largest block} U {each larger outsized layer} and every s is exact, and cheap (models have an
+// embedding and a head, not hundreds). Ties go to sharing more. With no blocks there is no
+// rotation to join: every outsized layer gets its own buffer.
+Rotation chooseRotation(const ShardPlan& plan, const SizeClasses& c, int maxBuffers, int usesPerLayer) {
+  Rotation best;
+  if (c.blocks.empty()) return best;
+  size_t largestBlock = 0;
+  for (int k : c.blocks) largestBlock = std::max(largestBlock, plan.layers[k].paddedNumel);
+  uint64_t outsizedNumel = 0;
+  for (int k : c.outsized) outsizedNumel += plan.layers[k].paddedNumel;
+  std::vector<size_t> thresholds{largestBlock};
+  for (int k : c.outsized)
+    if (plan.layers[k].paddedNumel > largestBlock) thresholds.push_back(plan.layers[k].paddedNumel);
+  std::sort(thresholds.begin(), thresholds.end());
+  uint64_t bestCost = UINT64_MAX;
+  for (size_t t : thresholds) {
+    std::vector<int> fits;
+    for (int k : c.outsized)
+      if (plan.layers[k].paddedNumel <= t) fits.push_back(k);
+    uint64_t sharedNumel = 0;
+    for (size_t s = 0; s <= fits.size(); ++s) {
+      if (s > 0) sharedNumel += plan.layers[fits[s - 1]].paddedNumel;
+      const uint64_t uses = static_cast<uint64_t>(c.blocks.size() + s) * static_cast<uint64_t>(usesPerLayer);
+      const uint64_t n = std::min<uint64_t>(static_cast<uint64_t>(maxBuffers), uses);
+      const uint64_t cost = n * t + (outsizedNumel - sharedNumel);
+      if (cost < bestCost || (cost == bestCost && s > best.shared.size())) {
+        bestCost = cost;
+        best.shared.assign(fits.begin(), fits.begin() + static_cast<std::ptrdiff_t>(s));
+        best.numel = t;
+        best.buffers = static_cast<int>(n);
       }
     }
-    for (int k : blocks) shares[k] = true;
-    for (int k : bestShared) shares[k] = true;
   }
+  return best;
+}
 
-  std::vector<int> rotatingUsers;
+// The layers that take turns in a rotation, in forward order.
+std::vector<int> rotatingUsers(const ShardPlan& plan, const SizeClasses& c, const Rotation& r) {
+  std::vector<bool> shares(plan.layers.size(), false);
+  for (int k : c.blocks) shares[k] = true;
+  for (int k : r.shared) shares[k] = true;
+  std::vector<int> users;
   for (size_t k = 0; k < plan.layers.size(); ++k)
-    if (shares[k]) rotatingUsers.push_back(static_cast<int>(k));
-  for (int i = 0; i < rotatingBuffers; ++i) {
+    if (shares[k]) users.push_back(static_cast<int>(k));
+  return users;
+}
+
+void assignGatherBuffers(ShardPlan& plan, const SizeClasses& c) {
+  const size_t elemBytes = libcomm::dataTypeSize(computeType(plan.options.precision));
+  const Rotation r = chooseRotation(plan, c, plan.options.blockBuffers, 1);
+  const std::vector<int> users = rotatingUsers(plan, c, r);
+  for (int i = 0; i < r.buffers; ++i) {
     GatherBuffer b;
     b.name = "blocks." + std::to_string(i);
-    b.numel = rotatingNumel;
-    b.bytes = rotatingNumel * elemBytes;
+    b.numel = r.numel;
+    b.bytes = r.numel * elemBytes;
     plan.gatherBuffers.push_back(std::move(b));
   }
   // Users take turns in forward order, so consecutive users always sit in different buffers and
   // the gather of the next one can overlap the compute of the current one.
-  for (size_t i = 0; i < rotatingUsers.size(); ++i) {
-    const int buf = static_cast<int>(i % static_cast<size_t>(rotatingBuffers));
-    plan.layers[rotatingUsers[i]].gatherBuffer = buf;
-    plan.gatherBuffers[buf].layers.push_back(rotatingUsers[i]);
+  for (size_t i = 0; i < users.size(); ++i) {
+    const int buf = static_cast<int>(i % static_cast<size_t>(r.buffers));
+    plan.layers[users[i]].gatherBuffer = buf;
+    plan.gatherBuffers[buf].layers.push_back(users[i]);
   }
   for (size_t k = 0; k < plan.layers.size(); ++k) {
     FlatGroup& g = plan.layers[k];
@@ -202,6 +221,40 @@ void assignBuffers(ShardPlan& plan) {
   }
 }
 
+// The same size-class choice for the layer-gradient buffers (the YaFSDP weakness of sizing every
+// gradient buffer to the largest module): the rotating ones serve the blocks' backward uses in
+// turn (micro-batches x users per step), an outsized embedding/head gets its own buffer when that
+// is smaller in total. A dedicated buffer is reused by its layer once per micro-batch, a whole
+// forward and backward apart, so it costs no overlap.
+void assignGradBuffers(ShardPlan& plan, const SizeClasses& c) {
+  const size_t elemBytes = libcomm::dataTypeSize(computeType(plan.options.precision));
+  const Rotation r = chooseRotation(plan, c, plan.options.gradBuffers, plan.options.microBatches);
+  const std::vector<int> users = rotatingUsers(plan, c, r);
+  for (int i = 0; i < r.buffers; ++i) {
+    GradBuffer b;
+    b.name = "blocks." + std::to_string(i);
+    b.numel = r.numel;
+    b.bytes = r.numel * elemBytes;
+    b.rotating = true;
+    b.layers = users;
+    plan.gradBuffers.push_back(std::move(b));
+  }
+  std::vector<bool> rotates(plan.layers.size(), false);
+  for (int k : users) rotates[k] = true;
+  for (size_t k = 0; k < plan.layers.size(); ++k) {
+    FlatGroup& g = plan.layers[k];
+    plan.gradBufferNumel = std::max(plan.gradBufferNumel, g.paddedNumel);
+    if (g.paddedNumel == 0 || rotates[k]) continue;
+    GradBuffer b;
+    b.name = g.name;
+    b.numel = g.paddedNumel;
+    b.bytes = g.paddedNumel * elemBytes;
+    b.layers = {static_cast<int>(k)};
+    g.gradBuffer = static_cast<int>(plan.gradBuffers.size());
+    plan.gradBuffers.push_back(std::move(b));
+  }
+}
+
 }  // namespace
 
 libcomm::Result<ShardPlan> ShardPlanner::plan(const ModelSpec& model) const {
@@ -221,6 +274,8 @@ libcomm::Result<ShardPlan> ShardPlanner::plan(const ModelSpec& model) const {
     for (const ParamSpec& p : l.params) (p.kind == ParamKind::kNorm ? norms : own).push_back(&p);
     FlatGroup g = buildGroup(l.name, static_cast<int>(k), own, alignElems, options_.worldSize);
     g.stateOffset = stateOffset;
+    g.activationBytes = l.activationBytes;
+    g.checkpointActivationBytes = l.checkpointActivationBytes;
     stateOffset += g.shardNumel;
     plan.layers.push_back(std::move(g));
   }
@@ -228,8 +283,9 @@ libcomm::Result<ShardPlan> ShardPlanner::plan(const ModelSpec& model) const {
   plan.resident.stateOffset = stateOffset;
   plan.stateNumel = stateOffset + plan.resident.shardNumel;
 
-  assignBuffers(plan);
-  for (const FlatGroup& g : plan.layers) plan.gradBufferNumel = std::max(plan.gradBufferNumel, g.paddedNumel);
+  const SizeClasses classes = classify(plan);
+  assignGatherBuffers(plan, classes);
+  assignGradBuffers(plan, classes);
 
   plan.checkpointed.assign(model.layers.size(), false);
   LIBCOMM_RETURN_IF_ERROR(planner_detail::planCheckpoints(model, plan));

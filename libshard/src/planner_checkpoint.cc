@@ -48,10 +48,15 @@ void planMemory(const ModelSpec& model, ShardPlan& plan) {
   m.push_back(term("gather buffers", gatherBytes,
                    parts.empty() ? std::string("no buffers") : std::to_string(e) + " B x (" + parts + ") elements"));
 
-  const uint64_t gradBuffers = static_cast<uint64_t>(plan.options.gradBuffers);
+  uint64_t gradBytes = 0;
+  std::string gradParts;
+  for (const GradBuffer& b : plan.gradBuffers) {
+    gradBytes += b.bytes;
+    gradParts += (gradParts.empty() ? "" : " + ") + b.name + " " + groupDigits(b.numel);
+  }
   m.push_back(
-      term("gradient buffers", gradBuffers * plan.gradBufferNumel * e,
-           std::to_string(gradBuffers) + " buffers x " + std::to_string(e) + " B x " + elems(plan.gradBufferNumel)));
+      term("gradient buffers", gradBytes,
+           gradParts.empty() ? std::string("no buffers") : std::to_string(e) + " B x (" + gradParts + ") elements"));
   // Norm gradients accumulate over every layer and micro-batch and are reduce-scattered once at
   // the end of the step, so a full-size fp32 accumulator stays alive for the whole step.
   m.push_back(term("resident gradient accumulator", 4 * plan.resident.paddedNumel,

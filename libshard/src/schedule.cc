@@ -60,6 +60,8 @@ class Builder {
     if (o.gradBuffers < 1) return bad("gradBuffers ", o.gradBuffers, " (need >= 1)");
     if (s_.prefetchDepth < 0) return bad("prefetch depth ", s_.prefetchDepth, " (need >= 0)");
     const int nbuf = static_cast<int>(plan_.gatherBuffers.size());
+    for (size_t i = 0; i < plan_.gradBuffers.size(); ++i)
+      if (plan_.gradBuffers[i].rotating) rotatingGrads_.push_back(static_cast<int>(i));
     for (size_t k = 0; k < plan_.layers.size(); ++k) {
       const FlatGroup& g = plan_.layers[k];
       if (g.paddedNumel == 0) continue;
@@ -69,9 +71,7 @@ class Builder {
       if (g.paddedNumel > plan_.gatherBuffers[static_cast<size_t>(g.gatherBuffer)].numel)
         return bad("layer ", k, " '", g.name, "' (", g.paddedNumel, " elements) does not fit its gather buffer '",
                    plan_.gatherBuffers[static_cast<size_t>(g.gatherBuffer)].name, "'");
-      if (g.paddedNumel > plan_.gradBufferNumel)
-        return bad("layer ", k, " '", g.name, "' (", g.paddedNumel, " elements) does not fit the gradient buffers (",
-                   plan_.gradBufferNumel, " elements)");
+      LIBCOMM_RETURN_IF_ERROR(checkGradBuffers(k, g));
       if (g.shardNumel * static_cast<size_t>(o.worldSize) != g.paddedNumel)
         return bad("layer ", k, " '", g.name, "': shard ", g.shardNumel, " x world ", o.worldSize, " != padded size ",
                    g.paddedNumel);
@@ -88,6 +88,31 @@ class Builder {
     return Status::ok();
   }
 
+  // A layer's gradient must fit every buffer it may be written into: its dedicated one, or each
+  // rotating one.
+  Status checkGradBuffers(size_t k, const FlatGroup& g) const {
+    auto bad = [](auto&&... args) { return libcomm::makeError(StatusCode::kInvalidArgument, "schedule: ", args...); };
+    const auto& bufs = plan_.gradBuffers;
+    if (g.gradBuffer >= 0) {
+      if (static_cast<size_t>(g.gradBuffer) >= bufs.size() || bufs[static_cast<size_t>(g.gradBuffer)].rotating)
+        return bad("layer ", k, " '", g.name, "' has dedicated grad buffer ", g.gradBuffer, " (", bufs.size(),
+                   " grad buffers, ", rotatingGrads_.size(), " of them rotating)");
+      if (g.paddedNumel > bufs[static_cast<size_t>(g.gradBuffer)].numel)
+        return bad("layer ", k, " '", g.name, "' (", g.paddedNumel, " elements) does not fit its grad buffer '",
+                   bufs[static_cast<size_t>(g.gradBuffer)].name, "' (", bufs[static_cast<size_t>(g.gradBuffer)].numel,
+                   " elements)");
+      return Status::ok();
+    }
+    if (rotatingGrads_.empty())
+      return bad("layer ", k, " '", g.name, "' rotates, but the plan has no rotating grad buffers");
+    for (int r : rotatingGrads_)
+      if (g.paddedNumel > bufs[static_cast<size_t>(r)].numel)
+        return bad("layer ", k, " '", g.name, "' (", g.paddedNumel,
+                   " elements) does not fit the rotating grad buffer '", bufs[static_cast<size_t>(r)].name, "' (",
+                   bufs[static_cast<size_t>(r)].numel, " elements)");
+    return Status::ok();
+  }
+
   int addEvent(EventKind kind, int index, std::string name) {
     s_.events.push_back({kind, index, std::move(name)});
     return static_cast<int>(s_.events.size()) - 1;
@@ -97,7 +122,7 @@ class Builder {
     s_.numLayers = static_cast<int>(plan_.layers.size());
     s_.microBatches = plan_.options.microBatches;
     s_.numGatherBuffers = static_cast<int>(plan_.gatherBuffers.size());
-    s_.numGradBuffers = plan_.options.gradBuffers;
+    s_.numGradBuffers = static_cast<int>(plan_.gradBuffers.size());
     s_.residentBuffer = plan_.resident.paddedNumel > 0 ? plan_.residentBuffer : -1;
     optDone_ = addEvent(EventKind::kOptimizerDone, -1, "optimizer_done");
     for (int b = 0; b < s_.numGatherBuffers; ++b) {
@@ -106,20 +131,27 @@ class Builder {
       released_.push_back(addEvent(EventKind::kReleased, b, "released[" + n + "]"));
     }
     for (int g = 0; g < s_.numGradBuffers; ++g) {
-      gradReady_.push_back(addEvent(EventKind::kGradReady, g, "grad_ready[" + std::to_string(g) + "]"));
-      gradFree_.push_back(addEvent(EventKind::kGradFree, g, "grad_free[" + std::to_string(g) + "]"));
+      const std::string& n = plan_.gradBuffers[static_cast<size_t>(g)].name;
+      gradReady_.push_back(addEvent(EventKind::kGradReady, g, "grad_ready[" + n + "]"));
+      gradFree_.push_back(addEvent(EventKind::kGradFree, g, "grad_free[" + n + "]"));
     }
     backwardDone_ = addEvent(EventKind::kBackwardDone, -1, "backward_done");
     residentReduced_ = addEvent(EventKind::kResidentReduced, -1, "resident_reduced");
   }
 
   void listUses() {
-    int backwardCount = 0;
+    // Backward uses of rotating layers take the rotating grad buffers in turn, so consecutive ones
+    // sit in different buffers (backward of k-1 writes while reduce_scatter(k) reads); a layer
+    // with a dedicated buffer always uses it.
+    size_t turn = 0;
     for (int m = 0; m < s_.microBatches; ++m) {
       for (int k = 0; k < s_.numLayers; ++k) uses_.push_back({Phase::kForward, m, k, bufferOf(k), -1});
       for (int k = s_.numLayers - 1; k >= 0; --k) {
         const int b = bufferOf(k);
-        uses_.push_back({Phase::kBackward, m, k, b, b >= 0 ? backwardCount++ % s_.numGradBuffers : -1});
+        const int dedicated = plan_.layers[static_cast<size_t>(k)].gradBuffer;
+        int g = -1;
+        if (b >= 0) g = dedicated >= 0 ? dedicated : rotatingGrads_[turn++ % rotatingGrads_.size()];
+        uses_.push_back({Phase::kBackward, m, k, b, g});
       }
     }
     // Residency: what each buffer holds as the step proceeds. Nothing counts as resident at step
@@ -276,6 +308,7 @@ class Builder {
   int next_ = 0;
   int optDone_ = -1, backwardDone_ = -1, residentReduced_ = -1;
   std::vector<int> gathered_, released_, gradReady_, gradFree_;
+  std::vector<int> rotatingGrads_;  // indices of plan.gradBuffers that rotate
 };
 
 }  // namespace

@@ -80,13 +80,19 @@ std::string bufferName(int b, const ShardPlan* plan) {
   return std::to_string(b);
 }
 
+std::string gradBufferName(int g, const ShardPlan* plan) {
+  if (plan && g >= 0 && static_cast<size_t>(g) < plan->gradBuffers.size())
+    return plan->gradBuffers[static_cast<size_t>(g)].name;
+  return std::to_string(g);
+}
+
 }  // namespace
 
 Status Schedule::validate() const {
   auto bad = [](size_t i, auto&&... args) {
     return libcomm::makeError(StatusCode::kInvalidArgument, "schedule op ", i, ": ", args...);
   };
-  if (numLayers < 1 || microBatches < 1 || numGradBuffers < 1)
+  if (numLayers < 1 || microBatches < 1 || numGradBuffers < 0)
     return libcomm::makeError(StatusCode::kInvalidArgument, "schedule: ", numLayers, " layers, ", microBatches,
                               " micro-batches, ", numGradBuffers, " grad buffers");
   if (ops.empty() || ops[0].kind != OpKind::kHook)
@@ -156,7 +162,7 @@ std::string Schedule::describeOp(size_t index, const ShardPlan* plan) const {
       if (op.layer >= 0) {
         os << "(" << layerName(op.layer, plan) << ") micro-batch " << op.microBatch;
         if (op.buffer >= 0) os << ", weights in " << bufferName(op.buffer, plan);
-        if (op.gradBuffer >= 0) os << ", grads in grad buffer " << op.gradBuffer;
+        if (op.gradBuffer >= 0) os << ", grads in grad buffer " << gradBufferName(op.gradBuffer, plan);
         if (op.recompute) os << ", recompute forward";
       }
       break;
@@ -181,7 +187,8 @@ std::string Schedule::describeOp(size_t index, const ShardPlan* plan) const {
       if (op.layer < 0) {
         os << "resident accumulator (fp32)";
       } else {
-        os << layerName(op.layer, plan) << " micro-batch " << op.microBatch << " from grad buffer " << op.gradBuffer;
+        os << layerName(op.layer, plan) << " micro-batch " << op.microBatch << " from grad buffer "
+           << gradBufferName(op.gradBuffer, plan);
       }
       os << " -> grad shard, " << (op.accumulate ? "accumulate" : "overwrite") << "; zero the source";
       break;

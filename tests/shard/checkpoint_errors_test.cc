@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
@@ -196,18 +197,140 @@ TEST(Checkpoint, FullModelFileErrorsOverwriteNothing) {
   }
 }
 
+// Rewrites the index of `dir` with `edit` applied to its lines, then seals it with a correct
+// checksum line: the damage must be found by the parser, not by the checksum.
+void craftIndex(const std::string& dir, const std::function<void(std::vector<std::string>&)>& edit) {
+  const std::string path = dir + "/" + kCheckpointIndexFile;
+  const std::vector<char> bytes = readBytes(path);
+  std::vector<std::string> lines;
+  std::string line;
+  for (char c : std::string(bytes.begin(), bytes.end())) {
+    if (c != '\n') {
+      line += c;
+      continue;
+    }
+    lines.push_back(line);
+    line.clear();
+  }
+  ASSERT_FALSE(lines.empty());
+  ASSERT_EQ(lines.back().rfind("crc32c ", 0), 0u);
+  lines.pop_back();
+  edit(lines);
+  std::string text;
+  for (const std::string& l : lines) text += l + "\n";
+  char crc[32];
+  std::snprintf(crc, sizeof(crc), "crc32c %08x\n", crc32c(text.data(), text.size()));
+  text += crc;
+  writeBytes(path, std::vector<char>(text.begin(), text.end()));
+}
+
+TEST(Checkpoint, CraftedIndexNumbersAreRejectedWithoutThrowingOrWrapping) {
+  const ModelSpec model = testModel(2, 5, 11);
+  TempDir tmp;
+  struct Case {
+    std::string name;
+    std::function<void(std::vector<std::string>&)> edit;
+    std::string expect;
+  };
+  auto setField = [](std::vector<std::string>& lines, const std::string& key, size_t field, const std::string& v) {
+    for (std::string& l : lines) {
+      if (l.rfind(key + " ", 0) != 0) continue;
+      std::vector<std::string> t;
+      std::string cur;
+      for (char c : l + " ") {
+        if (c != ' ') {
+          cur += c;
+        } else if (!cur.empty()) {
+          t.push_back(cur);
+          cur.clear();
+        }
+      }
+      ASSERT_LT(field, t.size());
+      t[field] = v;
+      l.clear();
+      for (size_t i = 0; i < t.size(); ++i) l += (i ? " " : "") + t[i];
+      return;
+    }
+    FAIL() << "no '" << key << "' line";
+  };
+  const std::vector<Case> cases = {
+      // One past UINT64_MAX: std::stoull would throw out of the library.
+      {"step past 2^64", [&](auto& l) { setField(l, "step", 1, "18446744073709551616"); }, "is not a number"},
+      {"state_numel of 25 digits", [&](auto& l) { setField(l, "state_numel", 1, "1234567890123456789012345"); },
+       "is not a number"},
+      // 2^16 four times is 2^64, which wraps to 0 and would match a numel of 0.
+      {"shape product wraps to 0",
+       [&](auto& l) {
+         setField(l, "param", 5, "0");
+         setField(l, "param", 6, "65536x65536x65536x65536");
+       },
+       "overflows 64 bits"},
+      // offset + numel wraps around to a small end that "fits" the group.
+      {"offset + numel wraps", [&](auto& l) { setField(l, "param", 4, "18446744073709551615"); }, "lies outside group"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string dir = tmp.sub("crafted");
+    fs::remove_all(dir);
+    savedWorld(model, 2, dir, 4);
+    craftIndex(dir, c.edit);
+    if (::testing::Test::HasFatalFailure()) return;
+    auto info = readCheckpointInfo(dir);
+    ASSERT_FALSE(info.isOk());
+    EXPECT_EQ(info.status().code(), StatusCode::kInvalidArgument) << info.status().toString();
+    EXPECT_NE(info.status().message().find(kCheckpointIndexFile), std::string::npos) << info.status().toString();
+    EXPECT_NE(info.status().message().find(c.expect), std::string::npos) << info.status().toString();
+    World w = makeWorld(model, 3, 16, 7.0f);
+    Snapshot before(*w.states[0]);
+    EXPECT_FALSE(loadCheckpoint(dir, w.plans[0], w.states[0]->view).isOk());
+    EXPECT_TRUE(before.sameAs(*w.states[0]));
+  }
+}
+
 TEST(Checkpoint, SavesAreAtomicAndLeaveNoTemporaries) {
   const ModelSpec model = testModel(2, 5, 11);
   TempDir tmp;
   const std::string dir = tmp.sub("ckpt");
-  // Saving over an existing checkpoint replaces each file whole.
+  // A directory that holds a checkpoint is never saved into: each phase refuses it before writing
+  // anything, and the old checkpoint stays complete and loadable.
   savedWorld(model, 2, dir, 1);
-  savedWorld(model, 2, dir, 2, 30);
+  World again = makeWorld(model, 2, 16, 0.0f);
+  for (int r = 0; r < 2; ++r) fillState(again.plans[r], *again.states[r], 2, 30);
+  for (const Status& refused :
+       {saveCheckpoint(dir, again.plans, again.views()),
+        saveCheckpointShard(dir, again.plans[1], again.states[1]->view), writeCheckpointIndex(dir, again.plans[0])}) {
+    ASSERT_FALSE(refused.isOk());
+    EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.toString();
+    EXPECT_NE(refused.message().find("already holds a checkpoint"), std::string::npos) << refused.toString();
+    EXPECT_NE(refused.message().find(dir), std::string::npos) << refused.toString();
+  }
   EXPECT_TRUE(tempNamesIn(dir).empty());
+  EXPECT_TRUE(verifyCheckpoint(dir).isOk());
   {
     World w = makeWorld(model, 2);
     for (int r = 0; r < 2; ++r) {
       ASSERT_TRUE(loadCheckpoint(dir, w.plans[r], w.states[r]->view).isOk());
+      EXPECT_TRUE(checkState(w.plans[r], *w.states[r], 1, true).isOk());
+    }
+  }
+  // An index that appears between the check and the write (another job saving into the same
+  // directory) is not replaced either: the index write itself refuses an existing name.
+  const std::string racing = tmp.sub("racing");
+  savedWorld(model, 2, racing, 3);
+  const std::vector<char> firstIndex = readBytes(racing + "/" + kCheckpointIndexFile);
+  Status raced = ckpt::writeFileAtomically(
+      racing + "/" + kCheckpointIndexFile, [](int) { return Status::ok(); }, /*replace=*/false);
+  ASSERT_FALSE(raced.isOk());
+  EXPECT_NE(raced.message().find("already exists"), std::string::npos) << raced.toString();
+  EXPECT_EQ(readBytes(racing + "/" + kCheckpointIndexFile), firstIndex);
+  EXPECT_TRUE(tempNamesIn(racing).empty());
+  // What an interrupted save leaves (shard files, no index) may be saved into again.
+  fs::remove(racing + "/" + kCheckpointIndexFile);
+  ASSERT_TRUE(saveCheckpoint(racing, again.plans, again.views()).isOk());
+  {
+    World w = makeWorld(model, 2);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(loadCheckpoint(racing, w.plans[r], w.states[r]->view).isOk());
       EXPECT_TRUE(checkState(w.plans[r], *w.states[r], 2, true, 30).isOk());
     }
   }

@@ -188,11 +188,57 @@ TEST(Schedule, ValidateRejectsBrokenStructure) {
 TEST(Schedule, BuildRejectsInconsistentPlans) {
   auto plan = planFor(blocksOnly(), 1);
   auto small = plan;
-  small.gradBufferNumel = plan.layers[0].paddedNumel - 1;
+  ASSERT_FALSE(small.gradBuffers.empty());
+  small.gradBuffers[0].numel = plan.layers[0].paddedNumel - 1;
   EXPECT_EQ(Schedule::build(small).status().code(), libcomm::StatusCode::kInvalidArgument);
   auto wrongBuffer = plan;
   wrongBuffer.layers[1].gatherBuffer = 42;
   EXPECT_EQ(Schedule::build(wrongBuffer).status().code(), libcomm::StatusCode::kInvalidArgument);
+  // A dedicated gradient buffer that does not exist, or is one of the rotating ones.
+  auto toy = planFor(toy::makeSpec(), 1);
+  ASSERT_GE(toy.layers[0].gradBuffer, 0);
+  for (int bad : {99, 0}) {
+    auto wrongGrad = toy;
+    wrongGrad.layers[0].gradBuffer = bad;
+    auto r = Schedule::build(wrongGrad);
+    EXPECT_EQ(r.status().code(), libcomm::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("embed"), std::string::npos) << r.status().toString();
+  }
+  auto tooSmall = toy;
+  tooSmall.gradBuffers[static_cast<size_t>(toy.layers[0].gradBuffer)].numel -= 1;
+  EXPECT_EQ(Schedule::build(tooSmall).status().code(), libcomm::StatusCode::kInvalidArgument);
+}
+
+// The toy's embedding (2,000+ elements against blocks of ~100) gets a gradient buffer of its own;
+// the blocks and the head take the two rotating ones in turn, every micro-batch.
+TEST(Schedule, DedicatedGradBufferServesItsLayerAndTheRestRotate) {
+  const auto spec = toy::makeSpec();
+  const auto plan = planFor(spec, 3);
+  ASSERT_EQ(plan.gradBuffers.size(), 3u) << plan.describe();
+  EXPECT_TRUE(plan.gradBuffers[0].rotating && plan.gradBuffers[1].rotating);
+  EXPECT_FALSE(plan.gradBuffers[2].rotating);
+  EXPECT_EQ(plan.gradBuffers[2].name, "embed");
+  EXPECT_EQ(plan.layers[0].gradBuffer, 2);
+  EXPECT_EQ(plan.gradBuffers[2].numel, plan.layers[0].paddedNumel);
+  EXPECT_LT(plan.gradBuffers[0].numel, plan.layers[0].paddedNumel);
+  Schedule s = build(plan);
+  EXPECT_EQ(s.numGradBuffers, 3);
+  int lastRotating = -1;
+  for (size_t i = 0; i < s.ops.size(); ++i) {
+    const ScheduleOp& op = s.ops[i];
+    if (op.kind != OpKind::kHook || op.hook != HookKind::kBeginBackward) continue;
+    const auto& g = plan.layers[static_cast<size_t>(op.layer)];
+    if (g.paddedNumel == 0) {
+      EXPECT_EQ(op.gradBuffer, -1) << s.describeOp(i, &plan);
+    } else if (op.layer == 0) {
+      EXPECT_EQ(op.gradBuffer, 2) << s.describeOp(i, &plan);
+    } else {
+      ASSERT_TRUE(op.gradBuffer == 0 || op.gradBuffer == 1) << s.describeOp(i, &plan);
+      EXPECT_NE(op.gradBuffer, lastRotating) << "consecutive rotating uses share a buffer: " << s.describeOp(i, &plan);
+      lastRotating = op.gradBuffer;
+    }
+  }
+  EXPECT_NE(s.describe(&plan).find("grads in grad buffer embed"), std::string::npos) << s.describe(&plan);
 }
 
 TEST(BufferPoolPlan, PlannedAllocationsAddUpToThePlan) {

@@ -6,8 +6,8 @@
 //  - the flat ShardState arrays of plan.stateNumel elements: fp32 master, fp32 grad, the bf16
 //    compute copy (Precision::kBf16 only), AdamW m and v;
 //  - one buffer per plan.gatherBuffers entry (the resident group's buffer included);
-//  - options.gradBuffers rotating layer-gradient buffers of plan.gradBufferNumel compute-type
-//    elements;
+//  - one layer-gradient buffer per plan.gradBuffers entry (compute type): the rotating ones and
+//    the dedicated ones of outsized layers;
 //  - the fp32 resident-gradient accumulator (resident.paddedNumel elements): norm gradients of
 //    every layer and micro-batch are summed there, then reduce-scattered once per step.
 //
@@ -39,11 +39,14 @@ struct PoolAllocation {
 
 class BufferPool {
  public:
-  /// Allocates and zero-fills everything the plan lists. Memory the all_gathers read or write
-  /// (state arrays, gather buffers) comes from `agComm`; memory the reduce-scatters read (gradient
-  /// buffers, the resident accumulator) from `rsComm`, so each collective's input is registered
-  /// with the communicator that moves it. The two may be the same object; both must outlive the
-  /// pool. On failure nothing stays allocated. Not thread-safe with respect to other pool calls.
+  /// Allocates and zero-fills everything the plan lists, each from the communicator whose
+  /// collectives touch it, so that every collective's input and output is registered with the
+  /// communicator that moves it: from `agComm` the fp32 master, the bf16 compute copy (the
+  /// all_gather inputs), the AdamW moments and the gather buffers (its outputs); from `rsComm` the
+  /// fp32 grad shard (the reduce-scatters' output), the gradient buffers and the resident
+  /// accumulator (their inputs). PoolAllocation::fromGatherComm records which. The two may be the
+  /// same object; both must outlive the pool. On failure nothing stays allocated. Not thread-safe
+  /// with respect to other pool calls.
   static libcomm::Result<std::unique_ptr<BufferPool>> create(const ShardPlan& plan, libcomm::Communicator& agComm,
                                                              libcomm::Communicator& rsComm);
 
@@ -63,9 +66,12 @@ class BufferPool {
   /// The flat state arrays (views into the pool). Valid until freeAll()/destruction.
   ShardState& state() { return state_; }
   const ShardState& state() const { return state_; }
-  /// Gather buffer `index` (plan.gatherBuffers[index]); null when it has no elements.
+  /// Gather buffer `index` (plan.gatherBuffers[index]); null when it has no elements or `index`
+  /// is out of range (e.g. -1 for an empty group). Valid until freeAll()/destruction. Thread-safe
+  /// (reads only); what the buffer holds is ordered by the executor's events, not by the pool.
   void* gatherBuffer(int index) const;
-  /// Rotating gradient buffer `index` in [0, plan.options.gradBuffers); compute-type elements.
+  /// Gradient buffer `index` (plan.gradBuffers[index]), compute-type elements; null when it has
+  /// no elements or `index` is out of range. Same validity and thread-safety as gatherBuffer().
   void* gradBuffer(int index) const;
   /// The fp32 resident-gradient accumulator (resident.paddedNumel elements); null without norms.
   float* residentGrad() const { return residentGrad_; }

@@ -37,13 +37,15 @@
 // (Bootstrap::barrier, or Communicator::barrier and a synchronize of its stream); rank 0 calls
 // writeCheckpointIndex(); a barrier again before anyone relies on the checkpoint. Loading needs
 // no coordination (each rank reads what it needs) but the directory must be visible to every
-// rank. Save each checkpoint into a fresh directory (e.g. step-00001000): an interrupted save over
-// an old checkpoint leaves files that fail their checks against the old index rather than load
-// as a mix.
+// rank. Each checkpoint goes into a directory of its own (e.g. step-00001000): a directory that
+// already holds a complete checkpoint (its index exists) is refused by both phases, before
+// anything is written, so a save never destroys the previous good checkpoint. A directory left by
+// an interrupted save (shard files, no index) may be saved into again.
 //
 // Errors: kSystemError for failed system calls (the path and errno text in the message),
 // kInvalidArgument for a checkpoint that is missing a file, truncated, corrupt (checksum, magic,
-// version) or does not match the model; the message names the file and what is wrong.
+// version) or does not match the model, and for a save into a directory that already holds a
+// checkpoint; the message names the file or directory and what is wrong.
 //
 // All functions are reentrant: different ranks (threads) may save or load concurrently, as long
 // as no two calls write the same file or the same ShardState.
@@ -69,16 +71,19 @@ std::string checkpointShardFileName(int rank, int worldSize);
 
 /// Phase 1 of a save, on every rank: writes this rank's shard file of `state` (laid out by `plan`,
 /// rank plan.options.rank) into `dir`, creating `dir` if it is missing (its parent must exist).
-/// Reads state.master/adamM/adamV/step only.
+/// Reads state.master/adamM/adamV/step only. kInvalidArgument, with nothing written, when `dir`
+/// already holds a complete checkpoint (index.txt exists).
 libcomm::Status saveCheckpointShard(const std::string& dir, const ShardPlan& plan, const ShardState& state);
 
 /// Phase 2 of a save, on rank 0 after every rank's saveCheckpointShard succeeded: checks every
 /// shard file's header (rank, world, size, same step), then writes the index with their checksums.
-/// `plan` is any rank's plan (the layout is the same on all ranks).
+/// `plan` is any rank's plan (the layout is the same on all ranks). Never replaces an existing
+/// index: kInvalidArgument when one is there (or appears concurrently), and the old one stays.
 libcomm::Status writeCheckpointIndex(const std::string& dir, const ShardPlan& plan);
 
 /// Both phases for a world whose ranks all live in this process (tests, tools, single-process
-/// trainers): plans[r] and states[r] belong to rank r.
+/// trainers): plans[r] and states[r] belong to rank r. Refuses a directory holding a checkpoint,
+/// as above.
 libcomm::Status saveCheckpoint(const std::string& dir, const std::vector<ShardPlan>& plans,
                                const std::vector<const ShardState*>& states);
 

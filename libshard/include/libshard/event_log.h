@@ -1,9 +1,9 @@
 #pragma once
 // EventLog: timestamps of what the Executor did -- gathers and reduce-scatters as their streams ran
-// them, compute begin/end from the trainer's hooks, buffer releases as the compute stream passed
-// them, step end and optimizer done -- and checkEventLog, which proves the schedule's rules from
-// those timestamps alone, step by step. Cheap enough to leave on: a preallocated array, one atomic
-// increment and one steady-clock read per entry.
+// them, compute begin/end from the trainer's hooks, buffer releases and optimizer done as the
+// compute stream passed them, step end -- and checkEventLog, which proves the schedule's rules
+// from those timestamps alone, step by step. Cheap enough to leave on: a preallocated array, one
+// atomic increment and one steady-clock read per entry.
 
 #include <atomic>
 #include <cstddef>
@@ -26,11 +26,13 @@ enum class LogKind : uint8_t {
   kReduceStart,      // rs stream: a reduce_scatter from `gradBuffer` (-1: resident accumulator)
   kReduceEnd,        // rs stream: it and the zeroing of its source have finished
   kStepEnd,          // trainer thread: endStep is about to return (all streams idle)
-  kOptimizerDone,    // trainer thread: optimizerDone was called
+  kOptimizerDone,    // compute stream: the optimizer-done record was reached, i.e. everything the
+                     // trainer enqueued there before optimizerDone() (an optimizer) has run
 };
-/// "gather_start", ...
+/// "gather_start", ... Thread-safe; a static string.
 const char* logKindName(LogKind k);
 
+/// One timestamped fact; which fields are set depends on `kind` (see LogKind).
 struct LogEntry {
   int64_t ns = 0;  // steady clock, nanoseconds
   int32_t step = -1;
@@ -42,29 +44,40 @@ struct LogEntry {
   Phase phase = Phase::kForward;
 };
 
+/// A fixed-capacity, append-only log written by the executor's streams and the trainer's thread.
 class EventLog {
  public:
-  /// `capacity` entries, allocated now; 0 turns logging off.
-  explicit EventLog(size_t capacity = 0) : entries_(capacity) {}
+  /// `capacity` entries, allocated now; 0 turns logging off. Not thread-safe (construction).
+  explicit EventLog(size_t capacity = 0) : slots_(capacity) {}
   EventLog(const EventLog&) = delete;
   EventLog& operator=(const EventLog&) = delete;
 
-  bool enabled() const { return !entries_.empty(); }
+  /// Whether entries are recorded (capacity > 0). Thread-safe.
+  bool enabled() const { return !slots_.empty(); }
   /// Appends `e` with the current time. Thread-safe and lock-free; once the log is full, entries
   /// are only counted (dropped()): a log with drops proves nothing, so check dropped() first.
   void add(LogEntry e) noexcept;
-  /// The steady clock in nanoseconds, as add() stamps it.
+  /// The steady clock in nanoseconds, as add() stamps it (comparable with every entry's ns, also
+  /// across ranks of one host). Thread-safe.
   static int64_t now() noexcept;
 
-  /// The entries so far, in the order they were appended. Call only while no one appends (between
-  /// steps, after endStep): appends from stream threads are not synchronized with this copy.
+  /// The entries so far, in the order their slots were claimed. Meant for between steps (after
+  /// endStep). The optimizer-done stamp is written by the compute stream, possibly after
+  /// optimizerDone() returned: synchronize that stream first to be sure of the last one; an entry
+  /// being written at the moment of the copy is left out rather than read half-written.
   std::vector<LogEntry> entries() const;
+  /// Entries lost because the log was full. Thread-safe (a relaxed read: exact once no one appends).
   size_t dropped() const;
-  /// Forgets every entry. Same rule as entries().
-  void clear() { next_.store(0, std::memory_order_relaxed); }
+  /// Forgets every entry. Call only while no one appends (between steps, after the compute
+  /// stream has drained).
+  void clear();
 
  private:
-  std::vector<LogEntry> entries_;
+  struct Slot {
+    LogEntry entry;
+    std::atomic<bool> ready{false};  // entry fully written (release) -- readers skip it until then
+  };
+  std::vector<Slot> slots_;
   std::atomic<size_t> next_{0};
 };
 
@@ -80,7 +93,10 @@ class EventLog {
 ///  - the optimizer gate: every all_gather of step s started after optimizer done of step s-1,
 ///    which came after endStep of s-1, which came after all of s-1's collectives.
 /// Returns OK or kInternalError listing the first violations (with times relative to the log's
-/// first entry). `plan` supplies buffer names and whether a resident group exists.
+/// first entry). `plan` supplies buffer names, the number of gradient buffers and whether a
+/// resident group exists. It does not look at the schedule, so a schedule built or edited wrongly
+/// is caught too. Thread-safe and pure (reads its arguments only); pass a copy taken with
+/// EventLog::entries() while no one appends.
 libcomm::Status checkEventLog(const std::vector<LogEntry>& log, const ShardPlan& plan);
 
 }  // namespace libshard

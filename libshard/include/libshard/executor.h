@@ -6,8 +6,8 @@
 //   beginStep();
 //   for each micro-batch: for k in 0..L-1: v = beginForward(k); <forward on v>; endForward(k);
 //                         for k in L-1..0: v = beginBackward(k); <backward on v>; endBackward(k);
-//   endStep();          // all gradients are in ShardState::grad (unscaled sums, see gradScale())
-//   <optimizer on the shards, including the bf16 cast of the compute copy>
+//   endStep();          // all gradients are in ShardState::grad (sums, unless scaleGradients)
+//   <optimizer on the shards with pendingGradScale(), including the bf16 cast of the compute copy>
 //   optimizerDone();    // gates the next step's first all_gather
 // Hooks called out of this order fail with kInvalidUsage and change nothing.
 //
@@ -91,7 +91,8 @@ struct ExecutorOptions {
   /// and micro-batch (begin, end and release of forward and backward, gathers, reduce-scatters).
   size_t eventLogCapacity = 0;
   /// endStep multiplies the grad shard by gradScale() (one pass). Off by default: the optimizer
-  /// takes gradScale() instead and folds the division into its update, saving the pass.
+  /// folds the scale into its update instead, saving the pass. Either way the optimizer is given
+  /// Executor::pendingGradScale(), which is 1 when this is on, so the scale is applied once.
   bool scaleGradients = false;
 };
 
@@ -108,6 +109,9 @@ class Executor {
                                                            libcomm::Communicator& agComm, libcomm::Communicator& rsComm,
                                                            ExecutorOptions options = {});
   /// Drains the streams (bounded) and releases them. Destroy before the pool and communicators.
+  /// Destroyed mid-step (after beginStep, before optimizerDone returned), it first fails the
+  /// executor and aborts both communicators, so that peers stop waiting for this rank and the
+  /// drain is short; the communicators are then unusable. Call from the trainer's thread.
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
@@ -128,8 +132,10 @@ class Executor {
   /// Reduce-scatters the resident gradient and waits until every collective of the step is done:
   /// on return ShardState::grad holds the step's summed gradients (scaled if scaleGradients).
   libcomm::Status endStep();
-  /// The optimizer has finished writing the shards (master and compute copy); the next step's
-  /// gathers may read them. Required between endStep and the next beginStep.
+  /// The optimizer has finished writing the shards (master and compute copy), or has enqueued
+  /// that work on computeStream(): the gate event is recorded there, so the next step's gathers
+  /// wait for everything enqueued on it before this call. Required between endStep and the next
+  /// beginStep.
   libcomm::Status optimizerDone();
 
   /// Fails the executor with `why` (if it had not failed yet) and aborts both communicators, so
@@ -137,21 +143,39 @@ class Executor {
   /// from the trainer's thread (another thread may call Communicator::abort() directly).
   void abort(const libcomm::Status& why);
 
-  /// 1 / (world size x micro-batches): the factor that turns the summed gradients into the mean.
+  /// 1 / (world size x micro-batches), constant. It turns the summed gradients into the mean
+  /// gradient only when each micro-batch's loss is a mean over an equal share of the global batch;
+  /// a trainer whose losses are sums (e.g. over tokens) scales by 1 / (global tokens) itself and
+  /// leaves scaleGradients off. This is the factor, whether or not it was applied already: give
+  /// the optimizer pendingGradScale(), not this. Thread-safe.
   float gradScale() const { return gradScale_; }
+  /// The scale the optimizer must still apply to ShardState::grad after endStep: gradScale(), or
+  /// 1 when ExecutorOptions::scaleGradients made endStep apply it already. Passing this (never
+  /// gradScale()) to ShardedAdamW::step scales exactly once in both modes. Thread-safe.
+  float pendingGradScale() const { return options_.scaleGradients ? 1.0f : gradScale_; }
   /// The step in progress (or the next one, between optimizerDone and beginStep); starts at 0.
+  /// Advanced by optimizerDone; read it from the trainer's thread.
   int64_t step() const { return step_; }
-  /// The sticky error, or OK.
+  /// The sticky error, or OK. Set by a failing hook, abort() or a mid-step destruction; read it
+  /// from the trainer's thread.
   libcomm::Status status() const { return error_; }
+  /// This rank (of both communicators). Thread-safe.
   int rank() const { return rank_; }
+  /// The executor's copies of the plan and the schedule, unchanged for its lifetime. Thread-safe.
   const ShardPlan& plan() const { return plan_; }
   const Schedule& schedule() const { return schedule_; }
+  /// This rank's sharded state (the pool's). Safe to touch from the trainer's thread between
+  /// endStep and optimizerDone (the optimizer's window) and before the first beginStep; during a
+  /// step the streams read the shards (gathers) and write the grad shard (reduce-scatters).
   ShardState& state() { return pool_.state(); }
   /// The event log (disabled unless ExecutorOptions::eventLogCapacity > 0). Read it only between
-  /// endStep and the next beginStep.
+  /// endStep and the next beginStep, after the work enqueued on computeStream() has run (the
+  /// optimizer-done entry is stamped by the compute stream).
   const EventLog& eventLog() const { return log_; }
   EventLog& eventLog() { return log_; }
-  /// The compute stream: a CUDA trainer would enqueue its kernels here between the hooks.
+  /// The compute stream: a CUDA trainer would enqueue its kernels here between the hooks, and its
+  /// optimizer between endStep and optimizerDone (the gate waits for everything enqueued before
+  /// optimizerDone). Enqueue from the trainer's thread only, so that the order is the hooks' order.
   libcomm::Stream& computeStream() { return *compute_; }
 
  private:

@@ -11,7 +11,8 @@
 // compiled with floating-point contraction off, and a reference must be too):
 //
 //   t      = state.step + 1                                  (then stored back into state.step)
-//   g      = grad[i] * gradScale                             (gradScale folds 1/(world x microBatches))
+//   g      = grad[i] * gradScale                             (Executor::pendingGradScale(): folds the
+//                                                             1/(world x microBatches) endStep did not apply)
 //   sumsq  = sum over this rank's parameter elements of double(g) * double(g)      (fp64, local)
 //   total  = sumsq                                          without a communicator, or
 //            double(allReduce_sum(float(sumsq)))             with one (fp32 on the wire)
@@ -75,23 +76,27 @@ class ShardedAdamW {
   static libcomm::Result<ShardedAdamW> create(const ShardPlan& plan, const AdamWConfig& config);
 
   /// One optimizer step on `state` (see the order of operations at the top of this file).
-  /// `grad` must hold the summed (not yet averaged) gradients: the caller has made sure every
-  /// reduce-scatter into it has completed. grad is only read (the next step's first micro-batch
-  /// overwrites it). With `comm` the squared norm is allReduced on `stream`
-  /// (which must be a stream `comm` may use; work already on it runs first) and the call waits for
-  /// it until `deadline`; every rank must call step() in the same collective order. Without
-  /// `comm` (nullptr) the plan's world size must be 1. Returns the global gradient norm before
-  /// clipping. The state is not modified when an error is returned or the norm is not finite.
-  /// Not thread-safe: one step at a time per optimizer and per state.
+  /// `grad` holds the step's gradients and `gradScale` is what they still need to be multiplied by:
+  /// Executor::pendingGradScale() (1 when the executor scaled them at endStep), or the trainer's
+  /// own factor. The caller has made sure every reduce-scatter into `grad` has completed. grad is
+  /// only read (the next step's first micro-batch overwrites it). With `comm` the squared norm is
+  /// allReduced on `stream` (which must be a stream `comm` may use; work already on it runs first)
+  /// and the call waits for it until `deadline`; every rank must call step() in the same
+  /// collective order. Without `comm` (nullptr) the plan's world size must be 1. Returns the
+  /// global gradient norm before clipping. The state is not modified when an error is returned or
+  /// the norm is not finite. Not thread-safe: one step at a time per optimizer and per state.
   libcomm::Result<double> step(ShardState& state, float gradScale, libcomm::Communicator* comm, libcomm::Stream* stream,
                                libcomm::Deadline deadline);
 
   /// Changes the learning rate used by later steps. Not thread-safe against step().
   void setLearningRate(float lr) { config_.lr = lr; }
+  /// The hyperparameters in use (lr as last set). Not thread-safe against setLearningRate().
   const AdamWConfig& config() const { return config_; }
-  /// The parameter runs of this rank's shard (state order); everything else is padding.
+  /// The parameter runs of this rank's shard (state order); everything else is padding. Fixed at
+  /// create(); thread-safe.
   const std::vector<OptimizerRange>& ranges() const { return ranges_; }
-  /// Elements of this rank's state that belong to parameters (sum of the range counts).
+  /// Elements of this rank's state that belong to parameters (sum of the range counts). Fixed at
+  /// create(); thread-safe.
   size_t paramElements() const { return paramElements_; }
 
  private:
@@ -105,7 +110,7 @@ class ShardedAdamW {
   size_t paramElements_ = 0;
 };
 
-/// The decay rule: weightDecay set and not a norm parameter.
+/// The decay rule: weightDecay set and not a norm parameter. Pure; thread-safe.
 inline bool isDecayed(const ParamPlacement& p) { return p.weightDecay && p.kind != ParamKind::kNorm; }
 
 }  // namespace libshard

@@ -21,8 +21,9 @@ namespace libshard {
 ///          fp32 accumulation straight into the fp32 gradient shard.
 ///   kFp32: the fp32 master shard is all_gather's input; fp32 gradients.
 enum class Precision : uint8_t { kFp32 = 0, kBf16 = 1 };
-const char* precisionName(Precision p);  // "fp32" / "bf16"
-/// The libcomm element type of gathered weights and layer gradients.
+/// "fp32" / "bf16" ("?" for a value outside the enum). Thread-safe; a static string.
+const char* precisionName(Precision p);
+/// The libcomm element type of gathered weights and layer gradients. Thread-safe.
 libcomm::DataType computeType(Precision p);
 
 struct PlanOptions {
@@ -33,14 +34,17 @@ struct PlanOptions {
   /// two, >= 16. Parameters inside a layer start on this boundary too.
   size_t alignmentBytes = 128;
   Precision precision = Precision::kBf16;
-  /// Rotating gather buffers for the repeated blocks (>= 2); layer k of the blocks uses buffer
-  /// k mod blockBuffers.
+  /// Rotating gather buffers for the repeated blocks (>= 2); the i-th layer that rotates (forward
+  /// order) uses buffer i mod blockBuffers. Fewer are made when fewer layers rotate.
   int blockBuffers = 2;
-  /// How many gathers may run ahead of the layer being computed (1 <= prefetchDepth < blockBuffers
-  /// when there are at least blockBuffers blocks).
+  /// How many gathers may run ahead of the layer being computed. The planner requires
+  /// 1 <= prefetchDepth < blockBuffers whatever the number of blocks (a deeper prefetch would wait
+  /// on a buffer still in use). ScheduleOptions::prefetchDepth may override it for one schedule
+  /// (0: gathers on demand).
   int prefetchDepth = 1;
-  /// Rotating full-size gradient buffers for the blocks (>= 1; 2 lets backward of layer k-1 write
-  /// while reduce_scatter(k) reads).
+  /// Rotating gradient buffers for the blocks (>= 1; 2 lets backward of layer k-1 write while
+  /// reduce_scatter(k) reads). Fewer are made when the step has fewer rotating backward uses; an
+  /// outsized embedding/head may get a dedicated one instead (ShardPlan::gradBuffers).
   int gradBuffers = 2;
   int microBatches = 1;
   /// Per-rank budget for the plan's total (libshard's buffers + activations). 0: no budget, nothing
@@ -73,40 +77,71 @@ struct FlatGroup {
   /// the resident group last.
   size_t stateOffset = 0;
   int gatherBuffer = -1;  // index into ShardPlan::gatherBuffers; -1 when the group is empty
+  /// Index into ShardPlan::gradBuffers of the layer's dedicated gradient buffer; -1 when its
+  /// backward uses take turns in the rotating ones (paddedNumel > 0), or when it has no gradient
+  /// to reduce (paddedNumel 0), and for the resident group (its fp32 accumulator is separate).
+  int gradBuffer = -1;
+  /// The layer's ModelSpec activation bytes per micro-batch, kept in full / when checkpointed
+  /// (copied for describe(); 0 for the resident group).
+  uint64_t activationBytes = 0;
+  uint64_t checkpointActivationBytes = 0;
 };
 
 /// A preallocated buffer that gathered weights live in.
 struct GatherBuffer {
-  std::string name;       // "blocks.0", "blocks.1", "embed", "head", "resident"
-  size_t numel = 0;       // compute-type elements: the largest paddedNumel of its users
+  std::string name;  // "blocks.0", "blocks.1", "embed", "head", "resident"
+  size_t numel = 0;  // compute-type elements: the largest paddedNumel of its users
   size_t bytes = 0;
   std::vector<int> layers;  // users in forward order; the resident buffer lists -1
 };
 
+/// A preallocated buffer that backward writes a layer's gradient into (compute type) and the
+/// reduce-scatter reads it from.
+struct GradBuffer {
+  std::string name;  // "blocks.0", "blocks.1" (rotating), or the dedicated layer's name
+  size_t numel = 0;  // compute-type elements: the largest paddedNumel of its users
+  size_t bytes = 0;
+  bool rotating = false;    // backward uses of the rotating layers take turns in these buffers
+  std::vector<int> layers;  // the layers whose gradients it holds, in forward order
+};
+
 /// One line of the per-rank memory prediction.
 struct MemoryTerm {
-  std::string name;     // e.g. "fp32 master shard"
+  std::string name;  // e.g. "fp32 master shard"
   uint64_t bytes = 0;
-  std::string formula;  // how it was computed, e.g. "4 B x 1,234,560 elements"
+  std::string formula;        // how it was computed, e.g. "4 B x 1,234,560 elements"
   bool libshardOwned = true;  // false for the trainer's activations
 };
 
 struct ShardPlan {
   PlanOptions options;
-  std::vector<FlatGroup> layers;  // one per ModelSpec layer, same order (may be empty: numel 0)
-  FlatGroup resident;             // the norm parameters of every layer
-  size_t stateNumel = 0;          // elements of one rank's flat state array (all shards)
+  std::vector<FlatGroup> layers;            // one per ModelSpec layer, same order (may be empty: numel 0)
+  FlatGroup resident;                       // the norm parameters of every layer
+  size_t stateNumel = 0;                    // elements of one rank's flat state array (all shards)
   std::vector<GatherBuffer> gatherBuffers;  // the resident buffer is one of them
   int residentBuffer = -1;
-  size_t gradBufferNumel = 0;     // each of options.gradBuffers rotating layer-gradient buffers
+  /// The layer-gradient buffers by size class, as the BufferPool allocates them: the rotating
+  /// ones first (min(options.gradBuffers, rotating backward uses per step) of them, all of one
+  /// size), then one per layer with FlatGroup::gradBuffer >= 0. Empty when no layer has a gradient
+  /// outside the resident group.
+  std::vector<GradBuffer> gradBuffers;
+  /// The largest layer gradient (max paddedNumel over the layers): one buffer of this many
+  /// elements fits any layer's gradient. Since gradient buffers are sized per size class it is no
+  /// longer the size of each buffer (see gradBuffers); it remains for trainers that size their own
+  /// stand-in gradient buffers (e.g. a compute-only benchmark mode).
+  size_t gradBufferNumel = 0;
   std::vector<bool> checkpointed;  // per layer: activations recomputed in backward
   std::vector<MemoryTerm> memory;  // per rank, in a stable order
   uint64_t libshardBytes = 0;      // sum of the libshard-owned terms: what a test measures
   uint64_t totalBytes = 0;         // every term
 
+  /// How many layers checkpoint their activations (true entries of `checkpointed`). Thread-safe
+  /// (reads the plan only).
   int numCheckpointed() const;
-  /// A multi-line human-readable report: options, per-layer table (numel, padding, shard, buffer,
-  /// checkpointed), buffers, memory terms with formulas, budget verdict.
+  /// A multi-line human-readable report: options, per-layer table (numel, padding, shard, gather
+  /// and gradient buffer, activation bytes kept in full / when checkpointed, checkpointed), the
+  /// resident group, gather and gradient buffers, memory terms with formulas, budget verdict.
+  /// Deterministic (same plan, same text); thread-safe (reads the plan only).
   std::string describe() const;
 };
 

@@ -17,25 +17,32 @@ class Layer {
  public:
   virtual ~Layer() = default;
   /// Forward of micro-batch views.microBatch with the layer's gathered weights (views.weights).
+  /// Called by Runner::step on its thread, layers in order, between beginForward and endForward.
   virtual libcomm::Status forward(const LayerViews& views) = 0;
   /// Backward of micro-batch views.microBatch: if views.recompute, rerun forward from the kept
-  /// input first; then add the gradients into views.grads (see LayerViews::grads).
+  /// input first; then add the gradients into views.grads (see LayerViews::grads). Called by
+  /// Runner::step on its thread, layers in reverse order, between beginBackward and endBackward.
   virtual libcomm::Status backward(const LayerViews& views) = 0;
 };
 
+/// Trainer callbacks around the layers; each runs on the thread that calls Runner::step, and a
+/// non-OK return aborts the step (and the executor) with that error.
 struct RunnerHooks {
   /// Called before the forward of each micro-batch (load its data, reset the loss, ...).
   std::function<libcomm::Status(int microBatch)> beforeMicroBatch;
   /// Called between a micro-batch's forward and backward (loss and its gradient).
   std::function<libcomm::Status(int microBatch)> afterForward;
-  /// The optimizer, run between endStep and optimizerDone (gradients are summed, not scaled:
-  /// multiply by Executor::gradScale()). Unset: no update, the step only computes gradients.
+  /// The optimizer, run between endStep and optimizerDone: it scales the gradients by
+  /// Executor::pendingGradScale() (gradScale(), or 1 when the executor already scaled them at
+  /// endStep), or by its own factor for sum-type losses. Unset: no update, the step only computes
+  /// gradients.
   std::function<libcomm::Status(Executor&)> optimizer;
 };
 
 class Runner {
  public:
   /// `layers[k]` is layer k of the plan; the executor and the layers must outlive the runner.
+  /// Not thread-safe: one runner per executor, driven from one thread.
   Runner(Executor& executor, std::vector<Layer*> layers, RunnerHooks hooks = {})
       : executor_(executor), layers_(std::move(layers)), hooks_(std::move(hooks)) {}
 
@@ -45,6 +52,8 @@ class Runner {
   /// Call from the trainer's thread.
   libcomm::Status step();
 
+  /// The executor it drives (for gradScale(), state(), the event log ...). Same thread rules as
+  /// the executor: use it from the thread that calls step().
   Executor& executor() { return executor_; }
 
  private:

@@ -90,7 +90,8 @@ struct ScheduleOp {
   int layer = -1;                        // compute hooks, collectives (-1: resident group)
   int event = -1;                        // kWait, kRecord, kHostWait: index into Schedule::events
   int buffer = -1;                       // kAllGather, compute hooks: gather buffer (-1: none)
-  int gradBuffer = -1;                   // kReduceScatter, backward hooks: grad buffer (-1: resident)
+  int gradBuffer = -1;                   // kReduceScatter, backward hooks: index into plan.gradBuffers
+                                         // (-1: the resident accumulator / a layer without gradient)
   bool accumulate = false;               // kReduceScatter
   bool recompute = false;                // kBeginBackward: the layer is checkpointed
 };
@@ -107,17 +108,20 @@ struct ScheduleOptions {
 struct Schedule {
   int numLayers = 0;
   int microBatches = 1;
-  int numGatherBuffers = 0;
-  int numGradBuffers = 0;
-  int residentBuffer = -1;  // plan.residentBuffer, or -1 when there are no norm parameters
+  int numGatherBuffers = 0;  // plan.gatherBuffers.size()
+  int numGradBuffers = 0;    // plan.gradBuffers.size(): rotating and dedicated gradient buffers
+  int residentBuffer = -1;   // plan.residentBuffer, or -1 when there are no norm parameters
   int prefetchDepth = 0;
   bool serialize = false;
   std::vector<ScheduleEvent> events;
   std::vector<ScheduleOp> ops;  // one step, in enqueue order
 
   /// Builds the step schedule for `plan`. kInvalidArgument for an inconsistent plan (a layer
-  /// bigger than its gather buffer or than the gradient buffers, bad buffer indices, ...).
-  /// Deterministic: every rank builds the same list, so the collectives match across ranks.
+  /// bigger than its gather buffer or than a gradient buffer it may use, bad buffer indices, ...).
+  /// Backward uses of a layer with a dedicated gradient buffer (FlatGroup::gradBuffer) use it;
+  /// the others take the rotating ones in turn. Deterministic: every rank builds the same list, so
+  /// the collectives match across ranks. Thread-safe (reads the plan only); the result is
+  /// independent of the plan afterwards.
   static libcomm::Result<Schedule> build(const ShardPlan& plan, ScheduleOptions options = {});
 
   /// Structural checks for a schedule that may have been edited by hand: indices in range, hooks
