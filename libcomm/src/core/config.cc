@@ -29,7 +29,7 @@ const std::vector<SettingInfo> kSettings = {
     {"LIBCOMM_CHECK_MISMATCH", SettingType::kBool, "1",
      "compare every collective's kind, count, dtypes, op and root across ranks"},
     {"LIBCOMM_COLL_TRACE", SettingType::kBool, "0", "log every collective with its algorithm at INFO"},
-    {"LIBCOMM_NT_STORE_BYTES", SettingType::kInt, "0",
+    {"LIBCOMM_NT_STORE_BYTES", SettingType::kInt, "16777216",
      "process-wide: reduction outputs of at least this many bytes use streaming (non-temporal) stores; 0: never"},
     {"LIBCOMM_STAGING_CHUNK", SettingType::kInt, "1048576", "bytes per staging chunk for unregistered buffers"},
     {"LIBCOMM_EAGER_BYTES", SettingType::kInt, "16384",

@@ -35,7 +35,7 @@ inline uint16_t floatToBf16Scalar(float f) { return libcomm::floatToBf16(f); }
 /// old bf16 values and work the same way. `out` may alias one input exactly (in place); no other
 /// overlap. numInputs >= 1; count == 0 touches no memory.
 /// Each input is read once and the output written once, in one pass. Outputs of at least
-/// detail::ntStoreThresholdBytes() (16 MiB) are written with streaming stores, followed by a store
+/// detail::ntStoreThresholdBytes() (LIBCOMM_NT_STORE_BYTES) are written with streaming stores, followed by a store
 /// fence before returning, so a flag stored after the call is not seen before the data.
 struct ReduceArgs {
   const void* const* inputs = nullptr;

@@ -22,10 +22,12 @@ inline constexpr bool kHaveAvx512Build = false;
 bool cpuHasAvx512();
 
 /// Outputs of at least this many bytes are written with non-temporal (streaming) stores, by the
-/// AVX-512 kernels and, on x86-64, the portable ones. Off by default: alone, streaming gave 10-20%
-/// more fp32 output at 128 MiB, but in the collectives, where every rank reduces at once, ordinary
-/// stores measured as fast or faster (docs/PERFORMANCE.md), as with copies (reduce/copy.h).
-/// Benchmarks can turn it on (reduce_bench --nt on).
+/// AVX-512 kernels and, on x86-64, the portable ones. Off in the kernels by default; communicators
+/// set it from LIBCOMM_NT_STORE_BYTES (16 MiB unless set): with two ranks reducing 64-256 MiB at
+/// once, streaming stores made fp32 reduce_scatter 10-20% and bf16-in/fp32-out 10-30% faster
+/// (docs/PERFORMANCE.md), since the output is not read back soon and skipping the
+/// read-for-ownership saves a third of the fp32 path's memory traffic. Benchmarks can change it
+/// (reduce_bench --nt on).
 inline constexpr size_t kDefaultNtStoreThresholdBytes = SIZE_MAX;
 /// Current threshold (benchmarks and tests move it; SIZE_MAX turns streaming off). Relaxed atomic.
 size_t ntStoreThresholdBytes();
