@@ -152,12 +152,18 @@ Status Channel::waitWord(int peer, const std::atomic<uint32_t>& word, uint32_t t
   if (seqReached(word.load(std::memory_order_acquire), target)) return Status::ok();
 
   // Poll after every pause (one pause is ~30 ns here; polling only every 64 of them made each
-  // handshake ~2 us late). The clock is read only every 32 polls.
-  const auto spinEnd = Clock::now() + kSpinTime;
+  // handshake ~2 us late). The clock is read only every 32 polls, and not at all by a wait that
+  // ends before the first 32 (most waits of small collectives): a clock read costs as much as a
+  // pause.
+  Clock::time_point spinEnd{};
   for (unsigned i = 1;; ++i) {
     cpuRelax();
     if (seqReached(word.load(std::memory_order_acquire), target)) return Status::ok();
-    if ((i & 31) == 0 && Clock::now() >= spinEnd) break;
+    if ((i & 31) == 0) {
+      const auto now = Clock::now();
+      if (i == 32) spinEnd = now + kSpinTime;
+      else if (now >= spinEnd) break;
+    }
   }
 
   auto lastCheck = Clock::now();
