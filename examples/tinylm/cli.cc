@@ -89,23 +89,13 @@ const char* cliUsage() {
          "  --alignment BYTES     shard alignment, a power of two >= 16 (default 128)\n"
          "  --prefetch D          gathers ahead of compute (default 1)\n"
          "  --serialize           no overlap of communication and compute (baseline)\n"
+         "  --mode M              full | compute-only | comm-only: a benchmark baseline that keeps only the\n"
+         "                        compute or only the communication of a step (default full)\n"
          "  --event-log-check     record the executor's event log and prove its rules at the end\n"
          "  --describe            print the shard plan first\n"
          "  --save-checkpoint DIR save a sharded checkpoint at the end (DIR must not hold one)\n"
          "  --load-checkpoint DIR resume from a checkpoint (any world size), up to --steps\n"
          "  --timeout SECONDS     bound on every wait (default 300)\n";
-}
-
-bool launchedAsRank() {
-  auto has = [](const char* name) {
-    const char* v = std::getenv(name);
-    return v != nullptr && *v != '\0';
-  };
-  if (has("LIBCOMM_RANK") || has("LIBCOMM_WORLD_SIZE")) return true;
-  if (has("RANK") && has("WORLD_SIZE")) return true;
-  if (has("OMPI_COMM_WORLD_RANK") || has("PMI_RANK")) return true;
-  const char* ntasks = std::getenv("SLURM_NTASKS");
-  return has("SLURM_PROCID") && ntasks != nullptr && std::atoi(ntasks) > 1;
 }
 
 libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args) {
@@ -143,6 +133,15 @@ libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args) {
          if (s != "fp32" && s != "bf16") return usageError(f, s, "must be fp32 or bf16");
          t.precision = s == "fp32" ? Precision::kFp32 : Precision::kBf16;
          return Status::ok();
+       }},
+      {"--mode",
+       [&](const std::string& f, const std::string& s) {
+         for (TrainMode m : {TrainMode::kFull, TrainMode::kComputeOnly, TrainMode::kCommOnly})
+           if (s == trainModeName(m)) {
+             t.mode = m;
+             return Status::ok();
+           }
+         return usageError(f, s, "must be full, compute-only or comm-only");
        }},
       {"--memory-budget",
        [&](const std::string& f, const std::string& s) {
@@ -225,10 +224,11 @@ std::string headerLine(const TrainOptions& o, int world, int firstStep) {
   const int per = o.globalBatch / o.microBatches;
   std::string split = per % world == 0 ? std::to_string(per / world)
                                        : std::to_string(per / world) + "-" + std::to_string(per / world + 1);
+  const std::string mode = o.mode == TrainMode::kFull ? "" : std::string(", mode ") + trainModeName(o.mode);
   return libcomm::detail::strCat("tinylm: ", world, world == 1 ? " rank" : " ranks", ", ",
                                  libshard::precisionName(o.precision), ", ", o.model.describe(), ", global batch ",
                                  o.globalBatch, " = ", o.microBatches, " micro-batch(es) x ", per, " sequences (",
-                                 split, " per rank), steps ", firstStep, "..", o.steps - 1);
+                                 split, " per rank), steps ", firstStep, "..", o.steps - 1, mode);
 }
 
 std::vector<std::string> rankLines(const std::vector<RankSummary>& ranks) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "libcomm/status.h"
+#include "tinylm/launch.h"  // launchedAsRank, which parseCli consults for -np
 #include "tinylm/train.h"
 
 namespace tinylm {
@@ -23,10 +24,6 @@ struct CliOptions {
 libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args);
 /// The --help text.
 const char* cliUsage();
-
-/// True when the environment says this process is one rank of a launched job (LIBCOMM_RANK,
-/// torchrun's RANK + WORLD_SIZE, Open MPI, PMI, or a Slurm step of several tasks).
-bool launchedAsRank();
 
 /// "step <n> loss <value>".
 std::string stepLine(const StepRecord& r);

@@ -48,6 +48,14 @@ struct MicroBatchTensors {
   float lossScaleDenominator = 1.0f;
 };
 
+/// Comm-only mode's layer (train.h): touches nothing, so the gradients stay the zeros the
+/// executor hands out and a step is its collectives alone.
+class IdleLayer final : public libshard::Layer {
+ public:
+  libcomm::Status forward(const libshard::LayerViews&) override { return libcomm::Status::ok(); }
+  libcomm::Status backward(const libshard::LayerViews&) override { return libcomm::Status::ok(); }
+};
+
 class TinyLmLayers {
  public:
   /// `checkpointed` is ShardPlan::checkpointed (one flag per layer): those layers keep only their

@@ -8,21 +8,17 @@
 // communication and memory against the plan. Exit 0 on success, 1 on a failure (any rank's error,
 // or measured memory that disagrees with the plan), 2 on bad flags.
 
-#include <unistd.h>
-
-#include <algorithm>
-#include <climits>
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "libcomm/bootstrap.h"
-#include "libcomm/launcher.h"
 #include "libshard/checkpoint.h"
 #include "libshard/plan.h"
 #include "libshard/schedule.h"
 #include "tinylm/cli.h"
+#include "tinylm/launch.h"
 #include "tinylm/train.h"
 
 namespace tinylm {
@@ -31,24 +27,12 @@ namespace {
 constexpr int kExitFail = 1;
 constexpr int kExitUsage = 2;
 
-std::string selfPath(const char* argv0) {
-  char buf[PATH_MAX];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string(argv0);
-}
-
 // -np: the launcher starts the ranks, each running this command without -np.
 int spawnRanks(const CliOptions& o, const char* argv0) {
-  libcomm::LocalLaunchOptions launch;
-  launch.numRanks = o.numRanks;
-  launch.argv.push_back(selfPath(argv0));
-  launch.argv.insert(launch.argv.end(), o.childArgs.begin(), o.childArgs.end());
   // Ranks bound every wait by --timeout themselves; the job deadline only catches what they
   // cannot (a rank stuck in compute), so it is generous: a timeout per step and some.
-  const long long perWait = o.train.timeout.count();
-  const long long kMaxJobMs = 30LL * 24 * 3600 * 1000;
-  launch.timeout = libcomm::Milliseconds(std::min(kMaxJobMs / (o.train.steps + 4LL), perWait) * (o.train.steps + 4LL));
-  const libcomm::Status st = libcomm::launchLocal(launch);
+  const libcomm::Status st =
+      spawnLocalRanks(o.numRanks, argv0, o.childArgs, jobTimeout(o.train.timeout, o.train.steps + 4LL));
   if (!st.isOk()) {
     std::fprintf(stderr, "tinylm: %d local ranks: %s\n", o.numRanks, st.toString().c_str());
     return kExitFail;
@@ -77,14 +61,9 @@ libcomm::Status describePlan(const TrainOptions& t, int world) {
 
 int runRank(CliOptions o) {
   const auto deadline = libcomm::Deadline::after(o.train.timeout);
-  std::unique_ptr<libcomm::Bootstrap> boot;
-  if (launchedAsRank()) {
-    auto b = libcomm::createBootstrapFromEnvironment(deadline);
-    if (!b.isOk()) return fail(-1, b.status());
-    boot = std::move(b).value();
-  } else {
-    boot = std::move(libcomm::createInProcessBootstraps(1)[0]);  // nobody launched us: run alone
-  }
+  auto b = rankBootstrap(deadline);
+  if (!b.isOk()) return fail(-1, b.status());
+  std::unique_ptr<libcomm::Bootstrap> boot = std::move(b).value();
   const int rank = boot->rank(), world = boot->size();
   TrainOptions& t = o.train;
   libcomm::Status st = validateTrainOptions(t, world);

@@ -11,6 +11,7 @@
 #include "libshard/optimizer.h"
 #include "libshard/schedule.h"
 #include "tinylm/data_init.h"
+#include "tinylm/local_hooks.h"
 #include "tinylm/train_loop.h"
 
 namespace tinylm {
@@ -75,7 +76,30 @@ Status saveSharded(const std::string& dir, const libshard::ShardPlan& plan, cons
   return agreeOnOutcome(boot, index, "writing the checkpoint index", deadline);
 }
 
+// Compute-only mode's optimizer plan: the same groups and state size, but declared a world of
+// one, which is what lets ShardedAdamW update without a communicator (no norm allReduce). Its
+// parameter ranges are then those of rank 0's shard: on another rank they differ only by where
+// the padding falls, a few elements per group, so the arithmetic is the same to within those.
+libshard::ShardPlan soloOptimizerPlan(const libshard::ShardPlan& plan) {
+  libshard::ShardPlan solo = plan;
+  solo.options.worldSize = 1;
+  solo.options.rank = 0;
+  return solo;
+}
+
 }  // namespace
+
+const char* trainModeName(TrainMode mode) {
+  switch (mode) {
+    case TrainMode::kFull:
+      return "full";
+    case TrainMode::kComputeOnly:
+      return "compute-only";
+    case TrainMode::kCommOnly:
+      return "comm-only";
+  }
+  return "?";
+}
 
 Status validateTrainOptions(const TrainOptions& o) {
   LIBCOMM_RETURN_IF_ERROR(o.model.validate());
@@ -86,6 +110,10 @@ Status validateTrainOptions(const TrainOptions& o) {
     return invalid("global batch ", o.globalBatch, " is not a multiple of micro-batches ", o.microBatches);
   if (o.prefetchDepth < 1) return invalid("prefetch depth = ", o.prefetchDepth, " (must be >= 1)");
   if (o.timeout.count() <= 0) return invalid("timeout = ", o.timeout.count(), " ms");
+  if (o.mode != TrainMode::kFull && (!o.loadCheckpoint.empty() || !o.saveCheckpoint.empty()))
+    return invalid(trainModeName(o.mode), " mode trains nothing real: it cannot save or load checkpoints");
+  if (o.mode == TrainMode::kComputeOnly && o.eventLogCheck)
+    return invalid("compute-only mode runs no executor: there is no event log to check");
   const AdamWConfig& a = o.adamw;
   if (!(a.lr >= 0) || !(a.beta1 >= 0 && a.beta1 < 1) || !(a.beta2 >= 0 && a.beta2 < 1) || !(a.eps > 0) ||
       !(a.weightDecay >= 0) || !(o.clipNorm == o.clipNorm))
@@ -159,17 +187,6 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
   if (result.firstStep > o.steps)
     return invalid("the checkpoint is at step ", result.firstStep, ", past --steps ", o.steps);
 
-  libshard::ScheduleOptions so;
-  so.serialize = o.serialize;
-  LIBCOMM_ASSIGN_OR_RETURN(auto schedule, libshard::Schedule::build(plan, so));
-  libshard::ExecutorOptions eo;
-  eo.waitTimeout = o.timeout;
-  const size_t stepsToRun = static_cast<size_t>(o.steps - result.firstStep);
-  // About a dozen entries per layer and micro-batch (see ExecutorOptions); the margin is cheap.
-  if (o.eventLogCheck) eo.eventLogCapacity = 64 + stepsToRun * (64 + 16 * plan.layers.size() * size_t(o.microBatches));
-  LIBCOMM_ASSIGN_OR_RETURN(auto executor,
-                           libshard::Executor::create(spec, plan, std::move(schedule), *pool, agComm, rsComm, eo));
-
   libshard::AdamWConfig ac;
   ac.lr = o.adamw.lr;
   ac.beta1 = o.adamw.beta1;
@@ -177,9 +194,30 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
   ac.eps = o.adamw.eps;
   ac.weightDecay = o.adamw.weightDecay;
   ac.clipNorm = o.clipNorm > 0 ? o.clipNorm : 0.0f;
-  LIBCOMM_ASSIGN_OR_RETURN(auto adamw, libshard::ShardedAdamW::create(plan, ac));
+  const bool local = o.mode == TrainMode::kComputeOnly;
+  LIBCOMM_ASSIGN_OR_RETURN(auto adamw, libshard::ShardedAdamW::create(local ? soloOptimizerPlan(plan) : plan, ac));
 
-  TrainLoop loop(o, *executor, adamw, rsComm, maxMicroBatchTokens(o, world));
+  // The step hooks: the executor on the schedule (full and comm-only modes), or local weights.
+  const size_t stepsToRun = static_cast<size_t>(o.steps - result.firstStep);
+  std::unique_ptr<libshard::Executor> executor;
+  std::unique_ptr<StepHooks> hooks;
+  if (local) {
+    LIBCOMM_ASSIGN_OR_RETURN(hooks, LocalHooks::create(o.model, o.seed, spec, plan, pool->state()));
+  } else {
+    libshard::ScheduleOptions so;
+    so.serialize = o.serialize;
+    LIBCOMM_ASSIGN_OR_RETURN(auto schedule, libshard::Schedule::build(plan, so));
+    libshard::ExecutorOptions eo;
+    eo.waitTimeout = o.timeout;
+    // About a dozen entries per layer and micro-batch (see ExecutorOptions); the margin is cheap.
+    if (o.eventLogCheck)
+      eo.eventLogCapacity = 64 + stepsToRun * (64 + 16 * plan.layers.size() * size_t(o.microBatches));
+    LIBCOMM_ASSIGN_OR_RETURN(executor,
+                             libshard::Executor::create(spec, plan, std::move(schedule), *pool, agComm, rsComm, eo));
+    hooks = std::make_unique<ExecutorHooks>(*executor);
+  }
+
+  TrainLoop loop(o, *hooks, adamw, rsComm, maxMicroBatchTokens(o, world));
   for (int s = result.firstStep; s < o.steps; ++s) {
     LIBCOMM_ASSIGN_OR_RETURN(StepRecord rec, loop.step(s));
     result.steps.push_back(rec);
@@ -200,6 +238,7 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
                                 " steps");
     mine.eventLogEntries = entries.size();
   }
+  hooks.reset();
   executor.reset();  // drains its streams before the state is read by a save or freed
 
   if (!o.saveCheckpoint.empty())

@@ -35,7 +35,24 @@
 //                 gradient buffer, or the end-of-step drain (endStep), plus the hooks' own
 //                 bookkeeping (microseconds). Communication that overlaps compute is not in it;
 //   compute       the layers' forward/backward and the data;
-//   optimizer     ShardedAdamW::step, including its grad-norm allReduce.
+//   optimizer     ShardedAdamW::step, including its grad-norm allReduce;
+//   cpu           CPU time of the whole process over the step: the trainer's thread and the
+//                 streams' threads that run (and wait for) the collectives.
+//
+// Benchmark modes (TrainOptions::mode; bench/shard_bench measures all of them side by side).
+// Both take exactly the step structure above apart and keep one half of it:
+//   kComputeOnly  the same layers on the same tokens per rank, and the same AdamW arithmetic on
+//                 this rank's shard, with no communication at all: every rank initialises the
+//                 whole model itself in the compute type (local_hooks.h), the layers read it
+//                 where the gather buffers would be, their gradients stay local, and the
+//                 optimizer computes the norm of its own shard (no allReduce). Nothing is
+//                 learned: the weights the layers see never change, and the loss reported is
+//                 the rank's own mean over its tokens.
+//   kCommOnly     the real executor and schedule, so every all_gather and reduce-scatter of the
+//                 step, in the same order and of the same sizes, but layers that do nothing
+//                 (gradients stay the executor's zeros), no data, and in place of the optimizer
+//                 only its grad-norm allReduce. Loss and gradient norm are 0.
+// Neither mode can save or load a checkpoint; kComputeOnly has no event log to check.
 
 #include <chrono>
 #include <cstdint>
@@ -54,6 +71,11 @@
 
 namespace tinylm {
 
+/// What a run does; everything but kFull is a benchmark baseline (see above).
+enum class TrainMode { kFull, kComputeOnly, kCommOnly };
+/// "full" / "compute-only" / "comm-only".
+const char* trainModeName(TrainMode mode);
+
 /// One step as one rank saw it. loss and gradNorm are global (the same on every rank).
 struct StepRecord {
   int step = 0;
@@ -63,6 +85,7 @@ struct StepRecord {
   double exposedCommSeconds = 0.0;
   double computeSeconds = 0.0;
   double optimizerSeconds = 0.0;
+  double cpuSeconds = 0.0;  // process CPU time during the step, all threads
 };
 
 struct TrainOptions {
@@ -83,6 +106,8 @@ struct TrainOptions {
   bool eventLogCheck = false;      // record the event log and prove it with checkEventLog at the end
   std::string loadCheckpoint;      // a checkpoint directory to resume from (any world size)
   std::string saveCheckpoint;      // a fresh directory to save into once `steps` is reached
+  /// kComputeOnly / kCommOnly: the benchmark baselines described at the top of this file.
+  TrainMode mode = TrainMode::kFull;
   /// Bound on every wait: a collective, a hook's wait, the optimizer's allReduce.
   std::chrono::milliseconds timeout{300000};
   /// Called on every rank after each step, with that step's record (e.g. to print it as it goes).

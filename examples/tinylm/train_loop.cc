@@ -2,6 +2,9 @@
 
 #include "tinylm/train_loop.h"
 
+#include <time.h>
+
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -19,6 +22,14 @@ double secondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// CPU time of the whole process: on a CPU host the streams' threads that move the data compete
+// with the compute thread for the same cores, and this is where that shows.
+double processCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
 // Runs a hook and adds its duration to `acc`: on the CPU a hook that waits blocks this thread,
 // so the time spent in hooks is the communication the step could not hide.
 template <typename F>
@@ -31,14 +42,14 @@ auto timedHook(double& acc, F&& hook) {
 
 }  // namespace
 
-TrainLoop::TrainLoop(const TrainOptions& options, libshard::Executor& executor, libshard::ShardedAdamW& optimizer,
+TrainLoop::TrainLoop(const TrainOptions& options, StepHooks& hooks, libshard::ShardedAdamW& optimizer,
                      libcomm::Communicator& rsComm, size_t maxTokens)
     : options_(options),
-      executor_(executor),
+      hooks_(hooks),
       optimizer_(optimizer),
       rsComm_(rsComm),
       stream_(libcomm::createHostStream("tinylm.opt.r" + std::to_string(rsComm.rank()))),
-      layers_(options.model, maxTokens, executor.plan().checkpointed),
+      layers_(options.model, maxTokens, hooks.plan().checkpointed),
       layerPtrs_(layers_.layers()),
       world_(rsComm.size()),
       rank_(rsComm.rank()) {
@@ -47,15 +58,19 @@ TrainLoop::TrainLoop(const TrainOptions& options, libshard::Executor& executor, 
   const double globalTokens = double(options.globalBatch) * double(options.model.seqLen);
   gradScale_ = static_cast<float>(1.0 / globalTokens);
   layers_.tensors().lossScaleDenominator = 1.0f;
+  if (options.mode == TrainMode::kCommOnly) std::fill(layerPtrs_.begin(), layerPtrs_.end(), &idle_);
+  for (int m = 0; m < options.microBatches; ++m)
+    stepTokens_ += size_t(rankSequences(options.globalBatch, options.microBatches, world_, rank_, m).count()) *
+                   size_t(options.model.seqLen);
 }
 
 Status TrainLoop::fail(Status st, int step, int micro, int layer, const char* what) {
   std::string where = libcomm::detail::strCat("tinylm rank ", rank_, ", step ", step);
   if (micro >= 0) where += ", micro-batch " + std::to_string(micro);
   if (layer >= 0)
-    where += libcomm::detail::strCat(", layer ", layer, " '", executor_.plan().layers[size_t(layer)].name, "'");
+    where += libcomm::detail::strCat(", layer ", layer, " '", hooks_.plan().layers[size_t(layer)].name, "'");
   Status named = st.withContext(where + ": " + what);
-  executor_.abort(named);  // peers waiting in this step's collectives fail now, not at their timeout
+  hooks_.abort(named);  // peers waiting in this step's collectives fail now, not at their timeout
   return named;
 }
 
@@ -83,43 +98,68 @@ libcomm::Result<double> TrainLoop::globalLoss(double localLossSum) {
   return sum / (double(options_.globalBatch) * double(options_.model.seqLen));
 }
 
+// The optimizer's step in each mode; returns the global gradient norm (comm-only: 0).
+libcomm::Result<double> TrainLoop::optimize() {
+  const auto deadline = libcomm::Deadline::after(options_.timeout);
+  switch (options_.mode) {
+    case TrainMode::kComputeOnly:  // this rank's shard, its own norm: no allReduce
+      return optimizer_.step(hooks_.state(), gradScale_, nullptr, nullptr, deadline);
+    case TrainMode::kCommOnly:
+      return normAllReduceOnly();
+    case TrainMode::kFull:
+      break;
+  }
+  return optimizer_.step(hooks_.state(), gradScale_, &rsComm_, stream_.get(), deadline);
+}
+
+// Comm-only mode's optimizer: the collective ShardedAdamW::step issues (one fp32 allReduce on the
+// same communicator and stream), none of its arithmetic.
+libcomm::Result<double> TrainLoop::normAllReduceOnly() {
+  float sumsq = 0.0f;
+  LIBCOMM_RETURN_IF_ERROR(
+      rsComm_.allReduce(&sumsq, &sumsq, 1, libcomm::DataType::kFloat32, libcomm::ReduceOptions{}, *stream_));
+  LIBCOMM_RETURN_IF_ERROR(stream_->synchronize(libcomm::Deadline::after(options_.timeout)));
+  return std::sqrt(double(sumsq));
+}
+
 libcomm::Result<StepRecord> TrainLoop::step(int s) {
   StepRecord rec;
   rec.step = s;
+  const bool compute = options_.mode != TrainMode::kCommOnly;
   const int numLayers = layers_.numLayers();
+  const double cpu0 = processCpuSeconds();
   const auto t0 = Clock::now();
-  LIBCOMM_RETURN_IF_ERROR(timedHook(rec.exposedCommSeconds, [&] { return executor_.beginStep(); }));
+  LIBCOMM_RETURN_IF_ERROR(timedHook(rec.exposedCommSeconds, [&] { return hooks_.beginStep(); }));
   double lossSum = 0.0;
   for (int m = 0; m < options_.microBatches; ++m) {
     auto tc = Clock::now();
-    Status st = loadMicroBatch(s, m);
+    Status st = compute ? loadMicroBatch(s, m) : Status::ok();
     rec.computeSeconds += secondsSince(tc);
     if (!st.isOk()) return fail(st, s, m, -1, "data");
     for (int k = 0; k < numLayers; ++k) {
       LIBCOMM_ASSIGN_OR_RETURN(const libshard::LayerViews* v,
-                               timedHook(rec.exposedCommSeconds, [&] { return executor_.beginForward(k); }));
+                               timedHook(rec.exposedCommSeconds, [&] { return hooks_.beginForward(k); }));
       tc = Clock::now();
       st = layerPtrs_[size_t(k)]->forward(*v);
       rec.computeSeconds += secondsSince(tc);
       if (!st.isOk()) return fail(st, s, m, k, "forward");
-      LIBCOMM_RETURN_IF_ERROR(timedHook(rec.exposedCommSeconds, [&] { return executor_.endForward(k); }));
+      LIBCOMM_RETURN_IF_ERROR(timedHook(rec.exposedCommSeconds, [&] { return hooks_.endForward(k); }));
     }
-    lossSum += layers_.tensors().lossSum;
+    if (compute) lossSum += layers_.tensors().lossSum;
     for (int k = numLayers - 1; k >= 0; --k) {
       LIBCOMM_ASSIGN_OR_RETURN(const libshard::LayerViews* v,
-                               timedHook(rec.exposedCommSeconds, [&] { return executor_.beginBackward(k); }));
+                               timedHook(rec.exposedCommSeconds, [&] { return hooks_.beginBackward(k); }));
       tc = Clock::now();
       st = layerPtrs_[size_t(k)]->backward(*v);
       rec.computeSeconds += secondsSince(tc);
       if (!st.isOk()) return fail(st, s, m, k, "backward");
-      LIBCOMM_RETURN_IF_ERROR(timedHook(rec.exposedCommSeconds, [&] { return executor_.endBackward(k); }));
+      LIBCOMM_RETURN_IF_ERROR(timedHook(rec.exposedCommSeconds, [&] { return hooks_.endBackward(k); }));
     }
   }
-  LIBCOMM_RETURN_IF_ERROR(timedHook(rec.exposedCommSeconds, [&] { return executor_.endStep(); }));
+  LIBCOMM_RETURN_IF_ERROR(timedHook(rec.exposedCommSeconds, [&] { return hooks_.endStep(); }));
 
   const auto to = Clock::now();
-  auto norm = optimizer_.step(executor_.state(), gradScale_, &rsComm_, stream_.get(),
-                              libcomm::Deadline::after(options_.timeout));
+  auto norm = optimize();
   rec.optimizerSeconds = secondsSince(to);
   if (!norm.isOk()) return fail(norm.status(), s, -1, -1, "optimizer");
   // ShardedAdamW skips a step with a non-finite norm; the reference would not, and a silent skip
@@ -128,9 +168,14 @@ libcomm::Result<StepRecord> TrainLoop::step(int s) {
     return fail(libcomm::makeError(StatusCode::kInternalError, "gradient norm is ", *norm, " (diverged)"), s, -1, -1,
                 "optimizer");
   rec.gradNorm = *norm;
-  LIBCOMM_RETURN_IF_ERROR(timedHook(rec.exposedCommSeconds, [&] { return executor_.optimizerDone(); }));
+  LIBCOMM_RETURN_IF_ERROR(timedHook(rec.exposedCommSeconds, [&] { return hooks_.optimizerDone(); }));
   rec.seconds = secondsSince(t0);
+  rec.cpuSeconds = processCpuSeconds() - cpu0;
 
+  if (options_.mode == TrainMode::kComputeOnly) {  // no exchange: this rank's own mean
+    rec.loss = lossSum / double(stepTokens_);
+    return rec;
+  }
   auto loss = globalLoss(lossSum);
   if (!loss.isOk()) return fail(loss.status(), s, -1, -1, "loss exchange");
   rec.loss = *loss;

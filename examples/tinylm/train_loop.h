@@ -1,7 +1,8 @@
 #pragma once
-// One training step of the sharded trainer: the executor's hooks around tinylm's layers, timed,
-// then the optimizer and the loss exchange (see train.h for what is measured and how the
-// gradients are scaled). Internal to the trainer; runSharded owns the pieces it is given.
+// One training step of the sharded trainer: the step hooks (the executor's, or compute-only
+// mode's local ones) around tinylm's layers, timed, then the optimizer and the loss exchange (see
+// train.h for what is measured, how the gradients are scaled, and what the benchmark modes
+// leave out). Internal to the trainer; runSharded owns the pieces it is given.
 
 #include <chrono>
 #include <cstddef>
@@ -11,9 +12,9 @@
 #include "libcomm/communicator.h"
 #include "libcomm/status.h"
 #include "libcomm/stream.h"
-#include "libshard/executor.h"
 #include "libshard/optimizer.h"
 #include "tinylm/layers.h"
+#include "tinylm/step_hooks.h"
 #include "tinylm/train.h"
 
 namespace tinylm {
@@ -23,12 +24,13 @@ class TrainLoop {
   /// `rsComm` also carries the optimizer's grad-norm allReduce and the loss exchange, on a stream
   /// of their own: they run between endStep (every reduce-scatter of the step done) and the next
   /// step's first reduce-scatter, so every rank issues that communicator's collectives in the
-  /// same order. All references must outlive the loop.
-  TrainLoop(const TrainOptions& options, libshard::Executor& executor, libshard::ShardedAdamW& optimizer,
+  /// same order. In compute-only mode `optimizer` must have been made for a world of one (it
+  /// then takes no communicator). All references must outlive the loop.
+  TrainLoop(const TrainOptions& options, StepHooks& hooks, libshard::ShardedAdamW& optimizer,
             libcomm::Communicator& rsComm, size_t maxTokens);
 
   /// Runs step `step` (data step index; the executor's own count may start at 0 after a resume).
-  /// On a failure of this rank's compute or optimizer the executor is aborted, so peers fail fast.
+  /// On a failure of this rank's compute or optimizer the hooks are aborted, so peers fail fast.
   libcomm::Result<StepRecord> step(int step);
 
   const TinyLmLayers& layers() const { return layers_; }
@@ -39,17 +41,21 @@ class TrainLoop {
   libcomm::Status loadMicroBatch(int step, int micro);
   libcomm::Status fail(libcomm::Status st, int step, int micro, int layer, const char* what);
   libcomm::Result<double> globalLoss(double localLossSum);
+  libcomm::Result<double> optimize();
+  libcomm::Result<double> normAllReduceOnly();
 
   const TrainOptions& options_;
-  libshard::Executor& executor_;
+  StepHooks& hooks_;
   libshard::ShardedAdamW& optimizer_;
   libcomm::Communicator& rsComm_;
   std::unique_ptr<libcomm::Stream> stream_;
   TinyLmLayers layers_;
+  IdleLayer idle_;  // comm-only mode's stand-in for every layer
   std::vector<libshard::Layer*> layerPtrs_;
   int world_ = 1;
   int rank_ = 0;
   float gradScale_ = 1.0f;
+  size_t stepTokens_ = 0;  // tokens this rank computes per step (compute-only mode's loss)
 };
 
 }  // namespace tinylm

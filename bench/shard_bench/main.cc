@@ -1,0 +1,117 @@
+// shard_bench: step time of the tinylm trainer with communication overlapped, serialized, alone
+// and absent, per model size, measured side by side. `shard_bench --help` lists the flags;
+// README.md next to this file says what each mode keeps and how to read the table.
+//
+//   shard_bench -np 2                 every built-in size, 2 local ranks
+//   shard_bench --quick               the same, shorter (-np 2 -w 1 -n 3 -r 1)
+//   shard_bench -np 2 --sizes mixed --layers 8 -J out.jsonl
+// Exit 0 when every run succeeded (whether or not the targets are met: speed is reported, not
+// asserted), 1 on a failure of any rank, 2 on bad flags.
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "libcomm/libcomm.h"
+#include "measure.h"
+#include "options.h"
+#include "report.h"
+#include "tinylm/launch.h"
+
+namespace shard_bench {
+namespace {
+
+constexpr int kExitFail = 1;
+constexpr int kExitUsage = 2;
+
+// The CPUs this process may run on (its affinity mask): the ranks, started alike, share them.
+int usableCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+int fail(int rank, const libcomm::Status& st) {
+  if (rank < 0)
+    std::fprintf(stderr, "shard_bench: %s\n", st.toString().c_str());
+  else
+    std::fprintf(stderr, "shard_bench rank %d: %s\n", rank, st.toString().c_str());
+  return kExitFail;
+}
+
+// -np: the tinylm launcher starts the ranks, each running this command without -np.
+int spawnRanks(const Options& o, const char* argv0) {
+  // Every run bounds each of its waits; the job deadline only catches what the ranks cannot.
+  const long long runs = static_cast<long long>(o.sizes.size()) * kNumModes * o.repeats;
+  const long long waits = 8 + runs * (o.warmupSteps + o.timedSteps + 4LL);
+  const libcomm::Status st = tinylm::spawnLocalRanks(o.numRanks, argv0, o.childArgs,
+                                                     tinylm::jobTimeout(std::chrono::seconds(o.timeoutSeconds), waits));
+  if (!st.isOk()) {
+    std::fprintf(stderr, "shard_bench: %d local ranks: %s\n", o.numRanks, st.toString().c_str());
+    return kExitFail;
+  }
+  return 0;
+}
+
+int runRank(const Options& o) {
+  const std::chrono::seconds timeout(o.timeoutSeconds);
+  auto b = tinylm::rankBootstrap(libcomm::Deadline::after(timeout));
+  if (!b.isOk()) return fail(-1, b.status());
+  libcomm::Bootstrap& boot = **b;
+  const int rank = boot.rank();
+  auto config = libcomm::CommConfig::fromEnvironment();
+  if (!config.isOk()) return fail(rank, config.status());
+  config->opTimeout = timeout;
+  config->initTimeout = timeout;
+  // One pair of communicators for every run: creating them is set-up, not what is measured.
+  auto ag = libcomm::Communicator::create(boot, *config);
+  if (!ag.isOk()) return fail(rank, ag.status());
+  auto rs = libcomm::Communicator::create(boot, *config);
+  if (!rs.isOk()) return fail(rank, rs.status());
+
+  std::optional<Report> report;
+  if (rank == 0) {
+    report.emplace(o, usableCores());
+    const libcomm::Status st = report->openJson();
+    if (!st.isOk()) return fail(rank, st);
+    report->printHeader(boot.size(), boot.describe());
+  }
+  for (const SizeSpec& size : o.sizes) {
+    auto r = measureSize(o, size, boot, **ag, **rs);
+    if (!r.isOk()) {
+      if (report) report->printSummary(r.status());
+      return fail(rank, r.status());
+    }
+    if (report) report->addSize(*r);
+  }
+  if (report) report->printSummary(libcomm::Status::ok());
+  // Nobody exits before rank 0 has printed: the launcher stops the others once one rank exits.
+  const libcomm::Status st = boot.barrier(libcomm::Deadline::after(timeout));
+  return st.isOk() ? 0 : fail(rank, st);
+}
+
+}  // namespace
+}  // namespace shard_bench
+
+int main(int argc, char** argv) {
+  using namespace shard_bench;
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  auto options = parseOptions(std::vector<std::string>(argv + 1, argv + argc));
+  if (!options.isOk()) {
+    std::fprintf(stderr, "shard_bench: %s\n(shard_bench --help lists the flags)\n", options.status().message().c_str());
+    return kExitUsage;
+  }
+  if (options->help) {
+    std::fputs(usageText(), stdout);
+    return 0;
+  }
+  if (options->numRanks > 0) return spawnRanks(*options, argv[0]);
+  return runRank(*options);
+}

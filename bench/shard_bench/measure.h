@@ -1,0 +1,59 @@
+#pragma once
+// Measuring one size: every mode, repeated and interleaved, each run a fresh runSharded on the
+// same communicators; then each rank's medians, exchanged so that every rank holds every
+// rank's figures.
+
+#include <cstdint>
+
+#include "libcomm/bootstrap.h"
+#include "libcomm/communicator.h"
+#include "libcomm/status.h"
+#include "options.h"
+
+namespace shard_bench {
+
+/// One rank's figures for one mode: medians over the timed steps of every repeat. POD (it is
+/// exchanged as bytes between ranks).
+struct RankFigures {
+  double stepMs = 0;
+  double exposedMs = 0;
+  double computeMs = 0;
+  double optimizerMs = 0;
+  double cpuMs = 0;            // process CPU time per step
+  double exposedFraction = 0;  // exposedMs / stepMs
+  double lastLoss = 0;         // rank 0's view of the last step of the first repeat
+  double lastGradNorm = 0;
+  int32_t samples = 0;
+};
+
+/// A mode's figures over the ranks: the slowest rank's times (each the max over ranks), the CPU
+/// time summed over ranks.
+struct ModeResult {
+  double stepMs = 0;
+  double exposedMs = 0;
+  double exposedFraction = 0;
+  double computeMs = 0;
+  double optimizerMs = 0;
+  double cpuMs = 0;
+  double lastLoss = 0;
+  double lastGradNorm = 0;
+  int samples = 0;  // per rank
+};
+
+struct SizeResult {
+  SizeSpec size;
+  int worldSize = 1;
+  uint64_t params = 0;          // parameters of the model
+  int tokensPerRank = 0;        // per step
+  ModeResult modes[kNumModes];  // indexed by BenchMode
+  const ModeResult& mode(BenchMode m) const { return modes[static_cast<int>(m)]; }
+};
+
+/// Runs every mode of `size` o.repeats times. Collective over the ranks of `boot`, whose
+/// communicators `agComm` and `rsComm` are reused by every run. Every rank gets the same result.
+/// Fails on a run's error, or when a run's figures are not sane (non-finite or non-positive
+/// times, a non-finite loss, a comm-only run whose gradients were not zero).
+libcomm::Result<SizeResult> measureSize(const Options& o, const SizeSpec& size, libcomm::Bootstrap& boot,
+                                        libcomm::Communicator& agComm, libcomm::Communicator& rsComm);
+
+}  // namespace shard_bench

@@ -1,0 +1,249 @@
+// shard_bench's flags and sizes (options.h).
+
+#include "options.h"
+
+#include <charconv>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
+
+#include "tinylm/launch.h"
+
+namespace shard_bench {
+
+namespace {
+
+using libcomm::Status;
+using libcomm::StatusCode;
+
+constexpr const char* kUsage =
+    "usage: shard_bench [-np W] [options]\n"
+    "Step time of the tinylm trainer (examples/tinylm) per model size in four modes, measured side by side:\n"
+    "overlap (the normal schedule), serialized (no overlap), compute-only (no communication) and\n"
+    "comm-only (no compute). Rank 0 prints a table per size, the derived ratios and the issue's targets.\n"
+    "  -np W                 start W local rank processes (else: one rank of a launched job, or alone)\n"
+    "  --sizes LIST          comma-separated built-in sizes: comm-heavy, mixed, compute-heavy, or all (default)\n"
+    "  --vocab V --dim D --hidden H --layers L --seq-len T --seqs-per-rank S\n"
+    "                        override that field in every selected size (the size's name gets a '*')\n"
+    "  --precision P         bf16 | fp32: gathered weights and gradients, in every size (default: the size's)\n"
+    "  --micro-batches M     gradient accumulation steps per step (default 1)\n"
+    "  --prefetch D          gathers ahead of compute in the overlap schedule (default 1)\n"
+    "  -w, --warmup N        untimed steps at the start of every run (default 2, at least 1)\n"
+    "  -n, --steps N         timed steps per run (default 10)\n"
+    "  -r, --repeats N       runs per size and mode, modes interleaved (default 3)\n"
+    "  -J FILE               also write one JSON object per line: per size and mode, and per size\n"
+    "  -T, --timeout SEC     bound on every wait of the trainer (default 300)\n"
+    "  --quick               -np 2 (unless launched as a rank), -w 1 -n 3 -r 1: every size, well under a minute\n"
+    "Built-in sizes (per rank: seqs-per-rank sequences per micro-batch, whatever the number of ranks):\n"
+    "  comm-heavy     vocab 32768 dim  64 hidden  128 layers 2 seq-len   8 seqs-per-rank 1 fp32\n"
+    "  mixed          vocab  8192 dim 128 hidden  512 layers 4 seq-len  32 seqs-per-rank 2 bf16\n"
+    "  compute-heavy  vocab  1024 dim 256 hidden 1024 layers 4 seq-len 128 seqs-per-rank 4 bf16\n";
+
+SizeSpec makeSize(const char* name, int vocab, int dim, int hidden, int layers, int seqLen, int seqsPerRank,
+                  tinylm::Precision precision) {
+  SizeSpec s;
+  s.precision = precision;
+  s.name = name;
+  s.model.vocab = vocab;
+  s.model.dim = dim;
+  s.model.hidden = hidden;
+  s.model.layers = layers;
+  s.model.seqLen = seqLen;
+  s.seqsPerRank = seqsPerRank;
+  return s;
+}
+
+Status usageError(const std::string& flag, const std::string& value, const std::string& why) {
+  return libcomm::makeError(StatusCode::kInvalidArgument, flag, value.empty() ? "" : " '" + value + "'", ": ", why);
+}
+
+Status parseInt(const std::string& flag, const std::string& s, int lo, int hi, int& out) {
+  int v = 0;
+  const char* end = s.data() + s.size();
+  auto [p, ec] = std::from_chars(s.data(), end, v);
+  if (s.empty() || ec != std::errc() || p != end) return usageError(flag, s, "not an integer");
+  if (v < lo || v > hi)
+    return usageError(flag, s, "out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  out = v;
+  return Status::ok();
+}
+
+Status parseSizes(const std::string& flag, const std::string& list, std::vector<SizeSpec>& out) {
+  out.clear();
+  size_t at = 0;
+  while (at <= list.size()) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    const std::string name = list.substr(at, comma - at);
+    at = comma + 1;
+    if (name == "all") {
+      out.insert(out.end(), builtinSizes().begin(), builtinSizes().end());
+      continue;
+    }
+    bool found = false;
+    for (const SizeSpec& s : builtinSizes())
+      if (s.name == name) {
+        out.push_back(s);
+        found = true;
+      }
+    if (!found) return usageError(flag, name, "not a size (comm-heavy, mixed, compute-heavy or all)");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+const char* benchModeName(BenchMode mode) {
+  switch (mode) {
+    case BenchMode::kOverlap:
+      return "overlap";
+    case BenchMode::kSerialized:
+      return "serialized";
+    case BenchMode::kComputeOnly:
+      return "compute-only";
+    case BenchMode::kCommOnly:
+      return "comm-only";
+  }
+  return "?";
+}
+
+const std::vector<SizeSpec>& builtinSizes() {
+  // Chosen on the 2-core development VM so that comm-only / compute-only is about 1, 0.25 and
+  // 0.02 at 2 ranks: one size for each of the two targets, and one where communication
+  // hardly matters. A big vocabulary over few tokens moves many bytes per flop, a wide MLP over
+  // many tokens hardly any. comm-heavy runs in fp32: twice the bytes on the wire for about the
+  // same compute, which is what puts its two halves side by side (in bf16 the optimizer's pass
+  // over the shard alone costs about as much as the collectives). Steps take 10-200 ms there.
+  static const std::vector<SizeSpec> sizes = {
+      makeSize("comm-heavy", 32768, 64, 128, 2, 8, 1, tinylm::Precision::kFp32),
+      makeSize("mixed", 8192, 128, 512, 4, 32, 2, tinylm::Precision::kBf16),
+      makeSize("compute-heavy", 1024, 256, 1024, 4, 128, 4, tinylm::Precision::kBf16),
+  };
+  return sizes;
+}
+
+const char* usageText() { return kUsage; }
+
+libcomm::Result<Options> parseOptions(const std::vector<std::string>& args) {
+  Options o;
+  o.sizes = builtinSizes();
+  // Presets first, so that explicit flags override them wherever they appear.
+  for (const std::string& a : args)
+    if (a == "--quick") {
+      o.quick = true;
+      o.warmupSteps = 1;
+      o.timedSteps = 3;
+      o.repeats = 1;
+      if (!tinylm::launchedAsRank()) o.numRanks = 2;
+    }
+  // Field overrides apply to every selected size, whatever the order of the flags.
+  std::map<std::string, int> overrides;
+  std::optional<tinylm::Precision> precision;
+  auto intFlag = [](int& field, int lo, int hi = std::numeric_limits<int>::max()) {
+    return [&field, lo, hi](const std::string& f, const std::string& s) { return parseInt(f, s, lo, hi, field); };
+  };
+  auto overrideFlag = [&overrides](int lo) {
+    return [&overrides, lo](const std::string& f, const std::string& s) {
+      return parseInt(f, s, lo, std::numeric_limits<int>::max(), overrides[f]);
+    };
+  };
+  using Handler = std::function<Status(const std::string&, const std::string&)>;
+  std::map<std::string, Handler> valued = {
+      {"-np", intFlag(o.numRanks, 1, 1024)},
+      {"--sizes", [&](const std::string& f, const std::string& s) { return parseSizes(f, s, o.sizes); }},
+      {"--vocab", overrideFlag(2)},
+      {"--dim", overrideFlag(1)},
+      {"--hidden", overrideFlag(1)},
+      {"--layers", overrideFlag(1)},
+      {"--seq-len", overrideFlag(1)},
+      {"--seqs-per-rank", overrideFlag(1)},
+      {"--precision",
+       [&](const std::string& f, const std::string& s) {
+         if (s != "fp32" && s != "bf16") return usageError(f, s, "must be fp32 or bf16");
+         precision = s == "fp32" ? tinylm::Precision::kFp32 : tinylm::Precision::kBf16;
+         return Status::ok();
+       }},
+      {"--micro-batches", intFlag(o.microBatches, 1, 1024)},
+      {"--prefetch", intFlag(o.prefetchDepth, 1, 64)},
+      {"--warmup", intFlag(o.warmupSteps, 1, 1000000)},
+      {"--steps", intFlag(o.timedSteps, 1, 1000000)},
+      {"--repeats", intFlag(o.repeats, 1, 1000)},
+      {"--timeout", intFlag(o.timeoutSeconds, 1, 7 * 24 * 3600)},
+      {"-J",
+       [&](const std::string& f, const std::string& s) {
+         if (s.empty()) return usageError(f, s, "needs a file name");
+         o.jsonPath = s;
+         return Status::ok();
+       }},
+  };
+  const std::map<std::string, std::string> aliases = {
+      {"-w", "--warmup"}, {"-n", "--steps"}, {"-r", "--repeats"}, {"-T", "--timeout"}};
+
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i], value;
+    if (flag == "-h" || flag == "--help") {
+      o.help = true;
+      return o;
+    }
+    if (flag == "--quick") {
+      o.childArgs.push_back(flag);
+      continue;
+    }
+    bool inlineValue = false;
+    if (const size_t eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag.resize(eq);
+      inlineValue = true;
+    }
+    if (auto a = aliases.find(flag); a != aliases.end()) flag = a->second;
+    auto h = valued.find(flag);
+    if (h == valued.end()) return usageError(flag, "", "unknown flag (see --help)");
+    if (!inlineValue) {
+      if (i + 1 >= args.size()) return usageError(flag, "", "needs a value");
+      value = args[++i];
+    }
+    LIBCOMM_RETURN_IF_ERROR(h->second(flag, value));
+    if (flag != "-np") {
+      o.childArgs.push_back(flag);
+      o.childArgs.push_back(value);
+    }
+  }
+
+  for (SizeSpec& s : o.sizes) {
+    for (const auto& [flag, v] : overrides) {
+      int& field = flag == "--vocab"     ? s.model.vocab
+                   : flag == "--dim"     ? s.model.dim
+                   : flag == "--hidden"  ? s.model.hidden
+                   : flag == "--layers"  ? s.model.layers
+                   : flag == "--seq-len" ? s.model.seqLen
+                                         : s.seqsPerRank;
+      field = v;
+    }
+    if (!overrides.empty()) s.name += "*";
+    if (precision) s.precision = *precision;
+    const Status st = tinylm::validateTrainOptions(trainOptions(o, s, BenchMode::kOverlap, 1));
+    if (!st.isOk()) return st.withContext("size " + s.name);
+  }
+  if (o.numRanks > 0 && tinylm::launchedAsRank())
+    return libcomm::makeError(StatusCode::kInvalidArgument,
+                              "-np starts local ranks itself, but this process already is a rank of a job");
+  return o;
+}
+
+tinylm::TrainOptions trainOptions(const Options& o, const SizeSpec& size, BenchMode mode, int world) {
+  tinylm::TrainOptions t;
+  t.model = size.model;
+  t.steps = o.warmupSteps + o.timedSteps;
+  t.microBatches = o.microBatches;
+  t.globalBatch = size.seqsPerRank * world * o.microBatches;
+  t.precision = size.precision;
+  t.prefetchDepth = o.prefetchDepth;
+  t.serialize = mode == BenchMode::kSerialized;
+  t.mode = mode == BenchMode::kComputeOnly ? tinylm::TrainMode::kComputeOnly
+           : mode == BenchMode::kCommOnly  ? tinylm::TrainMode::kCommOnly
+                                           : tinylm::TrainMode::kFull;
+  t.timeout = std::chrono::seconds(o.timeoutSeconds);
+  return t;
+}
+
+}  // namespace shard_bench

@@ -1,0 +1,59 @@
+// Starting and joining the ranks of a tinylm program (launch.h).
+
+#include "tinylm/launch.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+
+#include "libcomm/launcher.h"
+
+namespace tinylm {
+
+namespace {
+
+std::string selfPath(const char* argv0) {
+  char buf[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string(argv0);
+}
+
+}  // namespace
+
+bool launchedAsRank() {
+  auto has = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v != nullptr && *v != '\0';
+  };
+  if (has("LIBCOMM_RANK") || has("LIBCOMM_WORLD_SIZE")) return true;
+  if (has("RANK") && has("WORLD_SIZE")) return true;
+  if (has("OMPI_COMM_WORLD_RANK") || has("PMI_RANK")) return true;
+  const char* ntasks = std::getenv("SLURM_NTASKS");
+  return has("SLURM_PROCID") && ntasks != nullptr && std::atoi(ntasks) > 1;
+}
+
+libcomm::Milliseconds jobTimeout(libcomm::Milliseconds perWait, long long waits) {
+  const long long kMaxJobMs = 30LL * 24 * 3600 * 1000;
+  waits = std::max(1LL, waits);
+  const long long per = std::max(1LL, static_cast<long long>(perWait.count()));
+  return libcomm::Milliseconds(std::min(kMaxJobMs / waits, per) * waits);
+}
+
+libcomm::Status spawnLocalRanks(int numRanks, const char* argv0, const std::vector<std::string>& args,
+                                libcomm::Milliseconds timeout) {
+  libcomm::LocalLaunchOptions launch;
+  launch.numRanks = numRanks;
+  launch.argv.push_back(selfPath(argv0));
+  launch.argv.insert(launch.argv.end(), args.begin(), args.end());
+  launch.timeout = timeout;
+  return libcomm::launchLocal(launch);
+}
+
+libcomm::Result<std::unique_ptr<libcomm::Bootstrap>> rankBootstrap(libcomm::Deadline deadline) {
+  if (launchedAsRank()) return libcomm::createBootstrapFromEnvironment(deadline);
+  return std::move(libcomm::createInProcessBootstraps(1)[0]);
+}
+
+}  // namespace tinylm

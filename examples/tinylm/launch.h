@@ -1,0 +1,35 @@
+#pragma once
+// How a tinylm-based program becomes a set of ranks: `-np W` re-runs the program itself as W local
+// processes through libcomm::launchLocal, and each process then finds its bootstrap in the
+// environment the launcher (or mpirun, torchrun, Slurm) set. Shared by the `tinylm` command and
+// bench/shard_bench, so both start and join ranks the same way.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "libcomm/bootstrap.h"
+#include "libcomm/deadline.h"
+#include "libcomm/status.h"
+
+namespace tinylm {
+
+/// True when the environment says this process is one rank of a launched job (LIBCOMM_RANK,
+/// torchrun's RANK + WORLD_SIZE, Open MPI, PMI, or a Slurm step of several tasks).
+bool launchedAsRank();
+
+/// Starts `numRanks` processes of this executable (found through /proc/self/exe, else `argv0`)
+/// with `args`, waits for all of them, and fails naming the first rank that failed. `jobTimeout`
+/// bounds the whole job: ranks still running past it are killed. Blocks; not reentrant.
+libcomm::Status spawnLocalRanks(int numRanks, const char* argv0, const std::vector<std::string>& args,
+                                libcomm::Milliseconds jobTimeout);
+
+/// A job deadline for `waits` bounded waits of `perWait` each, capped at 30 days (so that a huge
+/// per-wait timeout cannot overflow the launcher's clock arithmetic).
+libcomm::Milliseconds jobTimeout(libcomm::Milliseconds perWait, long long waits);
+
+/// This process's bootstrap: from the job's environment when launchedAsRank(), else a world of
+/// one (nobody launched us: run alone). Collective across the job's ranks.
+libcomm::Result<std::unique_ptr<libcomm::Bootstrap>> rankBootstrap(libcomm::Deadline deadline);
+
+}  // namespace tinylm

@@ -1,0 +1,49 @@
+#pragma once
+// The hooks the trainer's step loop drives around its layers (the order libshard::Executor
+// documents). Normally, and in comm-only mode, they are the executor's; in compute-only mode they
+// hand out views of weights the rank holds itself (local_hooks.h), so the same loop and the same
+// layers run with or without communication. Internal to the trainer.
+
+#include "libcomm/status.h"
+#include "libshard/executor.h"
+#include "libshard/plan.h"
+#include "libshard/state.h"
+
+namespace tinylm {
+
+class StepHooks {
+ public:
+  virtual ~StepHooks() = default;
+  virtual libcomm::Status beginStep() = 0;
+  virtual libcomm::Result<const libshard::LayerViews*> beginForward(int layer) = 0;
+  virtual libcomm::Status endForward(int layer) = 0;
+  virtual libcomm::Result<const libshard::LayerViews*> beginBackward(int layer) = 0;
+  virtual libcomm::Status endBackward(int layer) = 0;
+  virtual libcomm::Status endStep() = 0;
+  virtual libcomm::Status optimizerDone() = 0;
+  /// This rank's compute failed mid-step: make peers stop waiting for it (where there are any).
+  virtual void abort(const libcomm::Status& why) = 0;
+  virtual const libshard::ShardPlan& plan() const = 0;
+  virtual libshard::ShardState& state() = 0;
+};
+
+/// The executor as StepHooks: every call forwarded as is.
+class ExecutorHooks final : public StepHooks {
+ public:
+  explicit ExecutorHooks(libshard::Executor& executor) : ex_(executor) {}
+  libcomm::Status beginStep() override { return ex_.beginStep(); }
+  libcomm::Result<const libshard::LayerViews*> beginForward(int layer) override { return ex_.beginForward(layer); }
+  libcomm::Status endForward(int layer) override { return ex_.endForward(layer); }
+  libcomm::Result<const libshard::LayerViews*> beginBackward(int layer) override { return ex_.beginBackward(layer); }
+  libcomm::Status endBackward(int layer) override { return ex_.endBackward(layer); }
+  libcomm::Status endStep() override { return ex_.endStep(); }
+  libcomm::Status optimizerDone() override { return ex_.optimizerDone(); }
+  void abort(const libcomm::Status& why) override { ex_.abort(why); }
+  const libshard::ShardPlan& plan() const override { return ex_.plan(); }
+  libshard::ShardState& state() override { return ex_.state(); }
+
+ private:
+  libshard::Executor& ex_;
+};
+
+}  // namespace tinylm
