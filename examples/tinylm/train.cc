@@ -3,6 +3,7 @@
 #include "tinylm/train.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "libcomm/convert.h"
 #include "libshard/buffers.h"
@@ -175,49 +176,58 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
   TrainResult result;
   result.worldSize = world;
   result.rank = rank;
-  LIBCOMM_ASSIGN_OR_RETURN(result.plan, libshard::ShardPlanner(trainPlanOptions(o, world, rank)).plan(spec));
-  const libshard::ShardPlan& plan = result.plan;
-  LIBCOMM_ASSIGN_OR_RETURN(auto pool, libshard::BufferPool::create(plan, agComm, rsComm));
-  initMasterShard(o.model, o.seed, plan, pool->state());
-  if (!o.loadCheckpoint.empty()) {
-    Status st = libshard::loadCheckpoint(o.loadCheckpoint, plan, pool->state());
-    if (!st.isOk()) return st.withContext("tinylm trainer: resuming from '" + o.loadCheckpoint + "'");
-  }
-  result.firstStep = static_cast<int>(pool->state().step);
-  if (result.firstStep > o.steps)
-    return invalid("the checkpoint is at step ", result.firstStep, ", past --steps ", o.steps);
-
-  libshard::AdamWConfig ac;
-  ac.lr = o.adamw.lr;
-  ac.beta1 = o.adamw.beta1;
-  ac.beta2 = o.adamw.beta2;
-  ac.eps = o.adamw.eps;
-  ac.weightDecay = o.adamw.weightDecay;
-  ac.clipNorm = o.clipNorm > 0 ? o.clipNorm : 0.0f;
-  const bool local = o.mode == TrainMode::kComputeOnly;
-  LIBCOMM_ASSIGN_OR_RETURN(auto adamw, libshard::ShardedAdamW::create(local ? soloOptimizerPlan(plan) : plan, ac));
-
-  // The step hooks: the executor on the schedule (full and comm-only modes), or local weights.
-  const size_t stepsToRun = static_cast<size_t>(o.steps - result.firstStep);
+  // Set-up can fail on one rank alone (memory, a checkpoint chunk only it reads): every rank learns
+  // the outcome before the first collective, instead of the others waiting in it until the deadline.
+  std::unique_ptr<libshard::BufferPool> pool;
+  std::optional<libshard::ShardedAdamW> adamw;
   std::unique_ptr<libshard::Executor> executor;
   std::unique_ptr<StepHooks> hooks;
-  if (local) {
-    LIBCOMM_ASSIGN_OR_RETURN(hooks, LocalHooks::create(o.model, o.seed, spec, plan, pool->state()));
-  } else {
+  const bool local = o.mode == TrainMode::kComputeOnly;
+  Status setup = [&]() -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(result.plan, libshard::ShardPlanner(trainPlanOptions(o, world, rank)).plan(spec));
+    const libshard::ShardPlan& plan = result.plan;
+    LIBCOMM_ASSIGN_OR_RETURN(pool, libshard::BufferPool::create(plan, agComm, rsComm));
+    initMasterShard(o.model, o.seed, plan, pool->state());
+    if (!o.loadCheckpoint.empty()) {
+      Status st = libshard::loadCheckpoint(o.loadCheckpoint, plan, pool->state());
+      if (!st.isOk()) return st.withContext("tinylm trainer: resuming from '" + o.loadCheckpoint + "'");
+    }
+    result.firstStep = static_cast<int>(pool->state().step);
+    if (result.firstStep > o.steps)
+      return invalid("the checkpoint is at step ", result.firstStep, ", past --steps ", o.steps);
+
+    libshard::AdamWConfig ac;
+    ac.lr = o.adamw.lr;
+    ac.beta1 = o.adamw.beta1;
+    ac.beta2 = o.adamw.beta2;
+    ac.eps = o.adamw.eps;
+    ac.weightDecay = o.adamw.weightDecay;
+    ac.clipNorm = o.clipNorm > 0 ? o.clipNorm : 0.0f;
+    LIBCOMM_ASSIGN_OR_RETURN(adamw, libshard::ShardedAdamW::create(local ? soloOptimizerPlan(plan) : plan, ac));
+
+    // The step hooks: the executor on the schedule (full and comm-only modes), or local weights.
+    const size_t toRun = static_cast<size_t>(o.steps - result.firstStep);
+    if (local) {
+      LIBCOMM_ASSIGN_OR_RETURN(hooks, LocalHooks::create(o.model, o.seed, spec, plan, pool->state()));
+      return Status::ok();
+    }
     libshard::ScheduleOptions so;
     so.serialize = o.serialize;
     LIBCOMM_ASSIGN_OR_RETURN(auto schedule, libshard::Schedule::build(plan, so));
     libshard::ExecutorOptions eo;
     eo.waitTimeout = o.timeout;
     // About a dozen entries per layer and micro-batch (see ExecutorOptions); the margin is cheap.
-    if (o.eventLogCheck)
-      eo.eventLogCapacity = 64 + stepsToRun * (64 + 16 * plan.layers.size() * size_t(o.microBatches));
+    if (o.eventLogCheck) eo.eventLogCapacity = 64 + toRun * (64 + 16 * plan.layers.size() * size_t(o.microBatches));
     LIBCOMM_ASSIGN_OR_RETURN(executor,
                              libshard::Executor::create(spec, plan, std::move(schedule), *pool, agComm, rsComm, eo));
     hooks = std::make_unique<ExecutorHooks>(*executor);
-  }
+    return Status::ok();
+  }();
+  LIBCOMM_RETURN_IF_ERROR(agreeOnOutcome(boot, setup, "tinylm trainer set-up", deadline()));
+  const libshard::ShardPlan& plan = result.plan;
+  const size_t stepsToRun = static_cast<size_t>(o.steps - result.firstStep);
 
-  TrainLoop loop(o, *hooks, adamw, rsComm, maxMicroBatchTokens(o, world));
+  TrainLoop loop(o, *hooks, *adamw, rsComm, maxMicroBatchTokens(o, world));
   for (int s = result.firstStep; s < o.steps; ++s) {
     LIBCOMM_ASSIGN_OR_RETURN(StepRecord rec, loop.step(s));
     result.steps.push_back(rec);

@@ -90,11 +90,12 @@ Status TrainLoop::loadMicroBatch(int step, int micro) {
 libcomm::Result<double> TrainLoop::globalLoss(double localLossSum) {
   // The per-rank sums travel as raw 8-byte values (two fp32 "elements" each: all_gather only
   // copies), then every rank adds them in rank order in double: exact and the same everywhere.
-  std::vector<double> all(static_cast<size_t>(world_));
-  LIBCOMM_RETURN_IF_ERROR(rsComm_.allGather(&localLossSum, all.data(), 2, libcomm::DataType::kFloat32, *stream_));
+  lossSend_ = localLossSum;
+  lossAll_.assign(static_cast<size_t>(world_), 0.0);
+  LIBCOMM_RETURN_IF_ERROR(rsComm_.allGather(&lossSend_, lossAll_.data(), 2, libcomm::DataType::kFloat32, *stream_));
   LIBCOMM_RETURN_IF_ERROR(stream_->synchronize(libcomm::Deadline::after(options_.timeout)));
   double sum = 0.0;
-  for (double v : all) sum += v;
+  for (double v : lossAll_) sum += v;
   return sum / (double(options_.globalBatch) * double(options_.model.seqLen));
 }
 
@@ -115,11 +116,11 @@ libcomm::Result<double> TrainLoop::optimize() {
 // Comm-only mode's optimizer: the collective ShardedAdamW::step issues (one fp32 allReduce on the
 // same communicator and stream), none of its arithmetic.
 libcomm::Result<double> TrainLoop::normAllReduceOnly() {
-  float sumsq = 0.0f;
-  LIBCOMM_RETURN_IF_ERROR(
-      rsComm_.allReduce(&sumsq, &sumsq, 1, libcomm::DataType::kFloat32, libcomm::ReduceOptions{}, *stream_));
+  normScratch_ = 0.0f;
+  LIBCOMM_RETURN_IF_ERROR(rsComm_.allReduce(&normScratch_, &normScratch_, 1, libcomm::DataType::kFloat32,
+                                            libcomm::ReduceOptions{}, *stream_));
   LIBCOMM_RETURN_IF_ERROR(stream_->synchronize(libcomm::Deadline::after(options_.timeout)));
-  return std::sqrt(double(sumsq));
+  return std::sqrt(double(normScratch_));
 }
 
 libcomm::Result<StepRecord> TrainLoop::step(int s) {

@@ -48,6 +48,12 @@ class TrainLoop {
   StepHooks& hooks_;
   libshard::ShardedAdamW& optimizer_;
   libcomm::Communicator& rsComm_;
+  // What the small collectives on stream_ read and write. Members declared before stream_, so
+  // they outlive it: after a timed-out synchronize the collective may still be running, and the
+  // stream's destructor (which runs first) drains or abandons it before these go away.
+  double lossSend_ = 0.0;
+  std::vector<double> lossAll_;
+  float normScratch_ = 0.0f;
   std::unique_ptr<libcomm::Stream> stream_;
   TinyLmLayers layers_;
   IdleLayer idle_;  // comm-only mode's stand-in for every layer
