@@ -9,8 +9,11 @@
 
 #include "libcomm/version.h"
 #include "libshard/plan.h"
+#include "tinylm/cli.h"
 
 namespace shard_bench {
+
+using tinylm::groupDigits;
 
 namespace {
 
@@ -27,15 +30,6 @@ std::string ratio(double v) { return v > 0 && std::isfinite(v) ? fmt("%.2f", v) 
 
 std::string jsonNumber(double v) { return std::isfinite(v) ? fmt("%.6g", v) : "null"; }
 
-std::string groupDigits(uint64_t v) {
-  const std::string digits = std::to_string(v);
-  std::string out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
-    out.push_back(digits[i]);
-  }
-  return out;
-}
 
 }  // namespace
 

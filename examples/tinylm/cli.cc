@@ -55,6 +55,15 @@ Status parseFloat(const std::string& flag, const std::string& s, float& out) {
   return Status::ok();
 }
 
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), f, v);
+  return buf;
+}
+
+}  // namespace
+
 std::string groupDigits(uint64_t v) {
   const std::string digits = std::to_string(v);
   std::string out;
@@ -64,14 +73,6 @@ std::string groupDigits(uint64_t v) {
   }
   return out;
 }
-
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), f, v);
-  return buf;
-}
-
-}  // namespace
 
 const char* cliUsage() {
   return "usage: tinylm [-np W] [options]\n"

@@ -2,6 +2,7 @@
 // The `tinylm` command's flags and its report: parsing (strict: every value checked, every error
 // names the flag) and the lines rank 0 prints. Kept out of main.cc so that tests can drive them.
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -35,5 +36,7 @@ std::vector<std::string> rankLines(const std::vector<RankSummary>& ranks);
 /// Empty when every rank's measured memory agrees with its plan (libshard's bytes equal, activations
 /// within the prediction), else what does not.
 std::string memoryVerdict(const std::vector<RankSummary>& ranks);
+/// 1234567 -> "1,234,567" (report lines). Reentrant.
+std::string groupDigits(uint64_t v);
 
 }  // namespace tinylm

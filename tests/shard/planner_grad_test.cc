@@ -13,26 +13,13 @@
 
 #include "libshard/buffers.h"
 #include "libshard/plan.h"
+#include "planner_test_util.h"
 
 namespace libshard {
 namespace {
 
-ParamSpec param(std::string name, std::vector<int64_t> shape, ParamKind kind = ParamKind::kBlock) {
-  ParamSpec p;
-  p.name = std::move(name);
-  p.shape = std::move(shape);
-  p.kind = kind;
-  return p;
-}
-
-LayerSpec layer(std::string name, std::vector<ParamSpec> params, uint64_t act = 0, uint64_t ckptAct = 0) {
-  LayerSpec l;
-  l.name = std::move(name);
-  l.params = std::move(params);
-  l.activationBytes = act;
-  l.checkpointActivationBytes = ckptAct;
-  return l;
-}
+using plantest::layer;
+using plantest::param;
 
 // world 1, bf16, 16 B (8 elements): an embedding of rows x cols, then `blocks` blocks of 64.
 ModelSpec blocksWithEmbed(int64_t rows, int64_t cols, int blocks = 4) {

@@ -4,6 +4,7 @@
 // brute force.
 
 #include "libshard/plan.h"
+#include "planner_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -18,22 +19,8 @@ namespace {
 
 using libcomm::StatusCode;
 
-ParamSpec param(std::string name, std::vector<int64_t> shape, ParamKind kind = ParamKind::kBlock) {
-  ParamSpec p;
-  p.name = std::move(name);
-  p.shape = std::move(shape);
-  p.kind = kind;
-  return p;
-}
-
-LayerSpec layer(std::string name, std::vector<ParamSpec> params, uint64_t act = 0, uint64_t ckptAct = 0) {
-  LayerSpec l;
-  l.name = std::move(name);
-  l.params = std::move(params);
-  l.activationBytes = act;
-  l.checkpointActivationBytes = ckptAct;
-  return l;
-}
+using plantest::layer;
+using plantest::param;
 
 PlanOptions options(int world, size_t align = 128, Precision precision = Precision::kBf16) {
   PlanOptions o;
