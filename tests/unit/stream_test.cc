@@ -404,6 +404,30 @@ TEST(InlineHostStream, ErrorIsStickyLaterItemsSkipped) {
   EXPECT_EQ(ev->query().code(), StatusCode::kSystemError);  // the record carries the error
 }
 
+TEST(InlineHostStream, WaitKeepsTheRecordCurrentAtTheCall) {
+  auto inl = createInlineHostStream("inline");
+  auto threaded = createHostStream("threaded");
+  auto ev = createHostEvent();
+  Gate first, second;
+  ASSERT_TRUE(threaded->enqueueHost(first.item(), "first").isOk());
+  ASSERT_TRUE(threaded->record(*ev).isOk());  // the record the wait below captures
+  std::atomic<bool> waited{false};
+  std::thread waiter([&] {
+    EXPECT_TRUE(inl->wait(*ev).isOk());
+    waited = true;
+  });
+  std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(threaded->enqueueHost(second.item(), "second").isOk());
+  ASSERT_TRUE(threaded->record(*ev).isOk());  // a later record must not become the wait's target
+  first.open();
+  const auto start = Clock::now();
+  while (!waited && Clock::now() - start < 5s) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(waited.load()) << "the wait followed the re-record";
+  second.open();
+  waiter.join();
+  EXPECT_TRUE(inl->asyncError().isOk());
+}
+
 TEST(InlineHostStream, EnqueueFromInsideAnItemIsRefused) {
   auto s = createInlineHostStream("inline");
   Status inner;

@@ -451,12 +451,21 @@ class InlineHostStream final : public Stream {
     LIBCOMM_RETURN_IF_ERROR(enter(run, "wait"));
     const uint64_t seq = ++items_;
     if (!asyncError().isOk()) return Status::ok();  // skipped, as on a threaded stream
-    Status s = host->synchronize(Deadline::after(waitTimeout_));
-    if (s.code() == StatusCode::kTimeout)
+    // Wait for the record captured above (a re-record of the event after this call must not move
+    // the target, as on a threaded stream).
+    auto done = [&] { return rec->done.load(std::memory_order_acquire); };
+    bool completed = spinBriefly(done);
+    if (!completed) {
+      std::unique_lock<std::mutex> lock(rec->mu);
+      completed = waitUntil(rec->cv, lock, Deadline::after(waitTimeout_), done);
+    }
+    Status s;
+    if (!completed)
       s = makeError(StatusCode::kTimeout, "inline stream '", name_, "' item #", seq, ": ", rec->describe(),
                     " did not complete within ", waitTimeout_.count(), " ms");
-    else if (!s.isOk())
-      s = s.withContext(detail::strCat("inline stream '", name_, "' item #", seq, " (wait for ", rec->describe(), ")"));
+    else if (!rec->status.isOk())
+      s = rec->status.withContext(
+          detail::strCat("inline stream '", name_, "' item #", seq, " (wait for ", rec->describe(), ")"));
     setError(s);
     return Status::ok();
   }
