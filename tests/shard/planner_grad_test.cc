@@ -178,21 +178,8 @@ TEST(PlannerGradBuffers, RandomModelsGetMinimalGradBytes) {
         }
       }
     }
-    uint64_t best = UINT64_MAX;
-    for (uint32_t mask = 0; mask < (1u << outsized.size()); ++mask) {
-      if (blocks.empty() && mask != 0) continue;
-      size_t rot = blocks.empty() ? 0 : *std::max_element(blocks.begin(), blocks.end()), users = blocks.size();
-      uint64_t cost = 0;
-      for (size_t i = 0; i < outsized.size(); ++i) {
-        if (mask >> i & 1) {
-          rot = std::max(rot, outsized[i]);
-          ++users;
-        } else {
-          cost += outsized[i];
-        }
-      }
-      best = std::min<uint64_t>(best, cost + std::min<size_t>(users * micro, gradBuffers) * rot);
-    }
+    const uint64_t best = plantest::bruteForceBufferElements(blocks, outsized, static_cast<size_t>(micro),
+                                                             static_cast<size_t>(gradBuffers));
     EXPECT_EQ(gradTerm(p), best * 2);
   }
 }

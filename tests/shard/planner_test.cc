@@ -633,27 +633,9 @@ TEST(PlannerProperties, RandomModelsKeepInvariantsAndMinimalGatherBytes) {
 
     // Brute force the buffer choice: every subset of embedding/head layers shares, the rest dedicate.
     std::vector<size_t> blocks, outsized;
-    for (const auto& g : p.layers) {
-      if (g.paddedNumel == 0) continue;
-      const bool block =
-          std::any_of(g.params.begin(), g.params.end(), [](auto& x) { return x.kind == ParamKind::kBlock; });
-      (block ? blocks : outsized).push_back(g.paddedNumel);
-    }
-    uint64_t best = UINT64_MAX;
-    for (uint32_t mask = 0; mask < (1u << outsized.size()); ++mask) {
-      if (blocks.empty() && mask != 0) continue;
-      size_t rot = blocks.empty() ? 0 : *std::max_element(blocks.begin(), blocks.end()), users = blocks.size();
-      uint64_t cost = 0;
-      for (size_t i = 0; i < outsized.size(); ++i) {
-        if (mask >> i & 1) {
-          rot = std::max(rot, outsized[i]);
-          ++users;
-        } else {
-          cost += outsized[i];
-        }
-      }
-      best = std::min<uint64_t>(best, cost + std::min<size_t>(users, o.blockBuffers) * rot);
-    }
+    plantest::splitBySizeClass(p, &blocks, &outsized);
+    const uint64_t best =
+        plantest::bruteForceBufferElements(blocks, outsized, 1, static_cast<size_t>(o.blockBuffers));
     EXPECT_EQ(termBytes(p, "gather buffers"), (best + p.resident.paddedNumel) * e);
     uint64_t sum = 0;
     for (const MemoryTerm& t : p.memory) sum += t.bytes;
