@@ -5,6 +5,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -205,16 +207,27 @@ TEST(CommErrors, AbortFromAnotherThreadUnblocksAWaiter) {
   EXPECT_RANKS_OK(report);
 }
 
-TEST(CommErrors, SkippedCollectiveFailsPeersAtOnceAndTeardownIsQuick) {
+// Both stream kinds: an inline stream takes the communicator's per-call fast path (no ticket), which
+// must settle a skipped collective just as the ticket does.
+enum class StreamChoice { kThreaded, kInline };
+
+std::unique_ptr<libcomm::Stream> makeStream(StreamChoice choice, const std::string& name) {
+  return choice == StreamChoice::kInline ? libcomm::createInlineHostStream(name) : libcomm::createHostStream(name);
+}
+
+class SkippedCollective : public ::testing::TestWithParam<StreamChoice> {};
+
+TEST_P(SkippedCollective, FailsPeersAtOnceAndTeardownIsQuick) {
   RunOptions opts;
   opts.size = 2;
-  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+  const StreamChoice choice = GetParam();
+  auto report = runRanks(opts, [choice](RankContext& ctx) -> Status {
     auto config = quickConfig();
     config.opTimeout = std::chrono::seconds(30);  // far longer than anything below may take
     auto start = libcomm::Clock::now();
     {
       LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
-      auto s = libcomm::createHostStream("skip");
+      auto s = makeStream(choice, "skip");
       std::vector<float> a(8), b(16);
       if (ctx.rank == 1)  // the trainer's own work on the stream fails: the collective is skipped
         LIBCOMM_RETURN_IF_ERROR(s->enqueueHost([] { return Status(StatusCode::kInternalError, "user work failed"); },
@@ -229,6 +242,69 @@ TEST(CommErrors, SkippedCollectiveFailsPeersAtOnceAndTeardownIsQuick) {
     if (took > std::chrono::seconds(5))
       return libcomm::makeError(StatusCode::kInternalError, "failure + teardown took ", took.count(), " ms");
     return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+INSTANTIATE_TEST_SUITE_P(StreamKinds, SkippedCollective,
+                         ::testing::Values(StreamChoice::kThreaded, StreamChoice::kInline),
+                         [](const ::testing::TestParamInfo<StreamChoice>& info) {
+                           return std::string(info.param == StreamChoice::kInline ? "Inline" : "Threaded");
+                         });
+
+// Collective seq 1 waits on a threaded stream behind a slow item; seq 2 is called on an inline
+// stream meanwhile. The inline call must wait for seq 1 to run (collectives of a communicator run in
+// call order) -- running it first would pair it with the peer's seq 1 and fail the seq check.
+TEST(CommOrder, InlineCollectiveWaitsForAnEarlierOneOnAThreadedStream) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
+    auto threaded = libcomm::createHostStream("order-threaded");
+    auto inlined = libcomm::createInlineHostStream("order-inline");
+    LIBCOMM_RETURN_IF_ERROR(threaded->enqueueHost(
+        [] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          return Status::ok();
+        },
+        "slow user work"));
+    std::vector<float> first{static_cast<float>(ctx.rank + 1)}, second{static_cast<float>(10 * (ctx.rank + 1))};
+    std::vector<float> out1(2, -1.0f), out2(2, -1.0f);
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(first.data(), out1.data(), 1, DataType::kFloat32, *threaded));
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(second.data(), out2.data(), 1, DataType::kFloat32, *inlined));
+    // The inline call returned: seq 1 must have run before it.
+    if (out1 != std::vector<float>{1.0f, 2.0f})
+      return libcomm::makeError(StatusCode::kInternalError, "seq 1 had not run when the inline seq 2 returned: ",
+                                out1[0], " ", out1[1]);
+    LIBCOMM_RETURN_IF_ERROR(inlined->synchronize(libcomm::Deadline::after(std::chrono::seconds(10))));
+    LIBCOMM_RETURN_IF_ERROR(threaded->synchronize(libcomm::Deadline::after(std::chrono::seconds(10))));
+    if (out2 != std::vector<float>{10.0f, 20.0f})
+      return libcomm::makeError(StatusCode::kInternalError, "seq 2 gathered ", out2[0], " ", out2[1]);
+    return comm->asyncError();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// A collective called from inside an item of the same inline stream would deadlock on it: refused,
+// and since its sequence number is spent (its peers would wait for it in vain) the communicator fails.
+TEST(CommErrors, CollectiveFromInsideAnItemOfItsInlineStreamIsRefused) {
+  RunOptions opts;
+  opts.size = 1;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
+    auto s = libcomm::createInlineHostStream("reentry");
+    std::vector<float> a(4, 1.0f), b(4);
+    Status inner;
+    LIBCOMM_RETURN_IF_ERROR(s->enqueueHost(
+        [&] {
+          inner = comm->allGather(a.data(), b.data(), 4, DataType::kFloat32, *s);
+          return Status::ok();
+        },
+        "user item"));
+    LIBCOMM_RETURN_IF_ERROR(expect(inner, StatusCode::kInvalidUsage, {"inline stream 'reentry'", "all_gather"}, "re-entry"));
+    LIBCOMM_RETURN_IF_ERROR(expect(comm->asyncError(), StatusCode::kInvalidUsage, {"never ran"}, "spent seq"));
+    return expect(comm->allGather(a.data(), b.data(), 4, DataType::kFloat32, *s), StatusCode::kInvalidUsage,
+                  {"failed earlier"}, "later call");
   });
   EXPECT_RANKS_OK(report);
 }

@@ -13,6 +13,7 @@
 #include "backends/shm/shm_channel.h"
 #include "backends/shm/shm_memory.h"
 #include "core/collective.h"
+#include "core/op_deadline.h"
 #include "libcomm/communicator.h"
 
 namespace libcomm {
@@ -45,17 +46,27 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   std::unique_ptr<shm::PeerMemory> peers_;
 
  private:
-  Status run(const CollArgs& args, uint32_t seq, Deadline deadline);
+  Status run(const CollArgs& args, uint32_t seq, const OpDeadline& deadline);
+  /// Sleeps on cv_ until `pred` holds (true) or `at` passes (false).
+  template <typename Pred>
+  bool sleepUntil(Clock::time_point at, Pred pred);
+  /// Wakes the threads in sleepUntil, if there are any (the per-call path takes no lock otherwise).
+  void wakeSleepers();
   Status checkFingerprints(const CollArgs& args, uint32_t seq, const std::vector<shm::OpDescriptor>& all) const;
   void fail(const Status& st);
 
   std::atomic<uint32_t> nextSeq_{0};
+  // Ordering and idle accounting are atomics, so a collective that finds its turn takes no lock;
+  // only threads that must wait sleep on cv_ (counted in sleepers_, so that settle() takes mu_
+  // only when someone sleeps).
+  std::atomic<uint32_t> lastExecuted_{0};
+  std::atomic<int> inflight_{0};
+  std::atomic<int> sleepers_{0};
   std::mutex mu_;
   std::condition_variable cv_;
-  uint32_t lastExecuted_ = 0;  // guarded by mu_
-  int inflight_ = 0;           // guarded by mu_
   uint32_t stageRound_ = 0;    // touched only by the executing collective (they run one at a time)
   std::vector<shm::OpDescriptor> posted_;  // every rank's descriptor of the executing collective
+  std::vector<const char*> passBases_;     // mesh::OpEnv::passBases of the executing collective
   mutable std::mutex errMu_;
   Status asyncError_;
   std::atomic<bool> failed_{false};  // asyncError_ is set; readable without errMu_

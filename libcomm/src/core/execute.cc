@@ -9,6 +9,7 @@
 
 #include "algos/mesh/mesh.h"
 #include "core/comm_impl.h"
+#include "core/host_stream.h"
 #include "core/log.h"
 #include "core/selector.h"
 
@@ -24,10 +25,27 @@ Status Communicator::Impl::submit(CollArgs args, Stream& stream) {
     return Status(err.code(), "rank " + std::to_string(rank_) + ": " + collName(args.kind) +
                                   " refused: the communicator failed earlier: " + err.message());
   const uint32_t seq = nextSeq_.fetch_add(1) + 1;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++inflight_;
+  inflight_.fetch_add(1);
+
+  // An inline stream runs the collective right here: no ticket, closure or label to allocate
+  // (they are most of the per-call cost of a small collective).
+  struct Call {
+    Impl* impl;
+    const CollArgs* args;
+    uint32_t seq;
+  } call{this, &args, seq};
+  const InlineItem item{[](void* c) {
+                          auto* call = static_cast<Call*>(c);
+                          return call->impl->execute(*call->args, call->seq);
+                        },
+                        &call, collName(args.kind)};
+  Status enqueued;
+  bool ran = false;
+  if (runOnInlineStream(stream, item, &enqueued, &ran)) {
+    if (!ran) settleUnrun(args, seq);
+    return enqueued;
   }
+
   // The ticket settles the collective however the stream disposes of it: run, or skipped (the
   // stream failed earlier) or dropped (the stream was destroyed). A collective this rank never
   // runs is one its peers wait for in vain, so not running it fails the communicator at once.
@@ -59,23 +77,43 @@ void Communicator::Impl::settleUnrun(const CollArgs& args, uint32_t seq) {
   settle(seq);
 }
 
-void Communicator::Impl::settle(uint32_t seq) {
+template <typename Pred>
+bool Communicator::Impl::sleepUntil(Clock::time_point at, Pred pred) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // Counted before pred is evaluated: a settle() that changes what pred reads either happens
+  // before that evaluation or sees this sleeper and notifies under mu_ (held until wait_until
+  // sleeps). All seq_cst, so the two cannot miss each other.
+  sleepers_.fetch_add(1);
+  const bool ok = at == Clock::time_point::max() ? (cv_.wait(lock, pred), true) : cv_.wait_until(lock, at, pred);
+  sleepers_.fetch_sub(1);
+  return ok;
+}
+
+void Communicator::Impl::wakeSleepers() {
+  if (sleepers_.load() == 0) return;
   std::lock_guard<std::mutex> lock(mu_);
-  if (lastExecuted_ + 1 == seq) lastExecuted_ = seq;
-  --inflight_;
   cv_.notify_all();
+}
+
+void Communicator::Impl::settle(uint32_t seq) {
+  // Only the settle of seq advances the order past it (a collective settled unrun out of order
+  // failed the communicator, which releases everyone waiting for their turn).
+  uint32_t previous = seq - 1;
+  lastExecuted_.compare_exchange_strong(previous, seq);
+  inflight_.fetch_sub(1);
+  wakeSleepers();
 }
 
 Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq) {
   log::setThreadRank(rank_);
-  const Deadline deadline = Deadline::after(config_.opTimeout);
+  const OpDeadline deadline(config_.opTimeout);
   Status st;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    bool inOrder = cv_.wait_until(lock, deadline.at(), [&] { return lastExecuted_ + 1 == seq || failed_.load(); });
+  if (lastExecuted_.load() + 1 != seq && !failed_.load()) {
+    // An earlier collective of this communicator (on another stream) has not run yet.
+    bool inOrder = sleepUntil(deadline.get().at(), [&] { return lastExecuted_.load() + 1 == seq || failed_.load(); });
     if (!inOrder)
       st = makeError(StatusCode::kTimeout, "rank ", rank_, ": ", describeColl(args, seq), " reached its stream before ",
-                     "collective seq ", lastExecuted_ + 1,
+                     "collective seq ", lastExecuted_.load() + 1,
                      " of the same communicator ran; collectives of one communicator run in call order, so put "
                      "them on one stream (or order the streams with events), or use a second communicator");
   }
@@ -93,7 +131,7 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq) {
   return st;
 }
 
-Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, Deadline deadline) {
+Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadline& deadline) {
   struct Labelled {
     const CollArgs& args;
     uint32_t seq;
@@ -102,8 +140,8 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, Deadline dead
                              auto* l = static_cast<const Labelled*>(c);
                              return describeColl(l->args, l->seq);
                            }};
-  const mesh::OpEnv env{seq, rank_, size_, *channel_, *peers_, {deadline, label},
-                        stageRound_};
+  passBases_.resize(size_);
+  const mesh::OpEnv env{seq, rank_, size_, *channel_, *peers_, {deadline, label}, stageRound_, passBases_.data()};
   const size_t inputBytes = args.count * args.inputParts(size_) * dataTypeSize(args.inType);
   const SelectionQuery query{args.kind, false, args.inPlace, inputBytes};
   LIBCOMM_ASSIGN_OR_RETURN(const bool eager, chooseEager(query, config_));
@@ -120,8 +158,10 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, Deadline dead
   d.inPlace = args.inPlace;
   d.eager = eager;
   d.inputBytes = args.hasInput(rank_) ? inputBytes : 0;
+  // An eager input travels in the eager area, so where it lies does not matter (and the lookup,
+  // a lock and a map search, is worth skipping on the small-message path).
   shm::Location loc;
-  d.inputRegistered = d.inputBytes == 0 || local_->locate(args.send, d.inputBytes, &loc);
+  d.inputRegistered = d.inputBytes == 0 || (!eager && local_->locate(args.send, d.inputBytes, &loc));
   if (d.inputBytes && d.inputRegistered) {
     d.inputSegment = loc.segment;
     d.inputOffset = loc.offset;
@@ -229,8 +269,7 @@ void Communicator::Impl::abort(const std::string& why) {
 }
 
 bool Communicator::Impl::waitIdle(Deadline deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_until(lock, deadline.at(), [&] { return inflight_ == 0; });
+  return sleepUntil(deadline.at(), [&] { return inflight_.load() == 0; });
 }
 
 }  // namespace libcomm

@@ -20,6 +20,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <typeinfo>
 
 #include "core/log.h"
 
@@ -472,19 +473,29 @@ class InlineHostStream final : public Stream {
 
   Status enqueueHost(std::function<Status()> fn, std::string label) override {
     if (!fn) return makeError(StatusCode::kInvalidArgument, "stream '", name_, "': empty host function '", label, "'");
+    bool ran = false;
+    return runItem(label.c_str(), fn, &ran);  // skipped: destroying fn settles what it owns
+  }
+
+  /// Runs `fn` as the next item on this thread (enqueueHost without the std::function). *ran is
+  /// false when the item was skipped because the stream failed earlier.
+  template <typename Fn>
+  Status runItem(const char* what, Fn& fn, bool* ran) {
+    *ran = false;
     std::unique_lock<std::mutex> run;
-    LIBCOMM_RETURN_IF_ERROR(enter(run, label));
+    LIBCOMM_RETURN_IF_ERROR(enter(run, what));
     const uint64_t seq = ++items_;
-    if (!asyncError().isOk()) return Status::ok();  // skipped; destroying fn settles what it owns
-    runner_.store(std::this_thread::get_id());
+    if (failed_.load(std::memory_order_acquire)) return Status::ok();  // skipped, as on a threaded stream
+    *ran = true;
+    runner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
     Status s;
     try {
       s = fn();
     } catch (...) {
       s = makeError(StatusCode::kInternalError, "host function threw an exception");
     }
-    runner_.store(std::thread::id());
-    if (!s.isOk()) setError(s.withContext(detail::strCat("inline stream '", name_, "' item #", seq, " '", label, "'")));
+    runner_.store(std::thread::id(), std::memory_order_relaxed);
+    if (!s.isOk()) setError(s.withContext(detail::strCat("inline stream '", name_, "' item #", seq, " '", what, "'")));
     return Status::ok();
   }
 
@@ -498,8 +509,10 @@ class InlineHostStream final : public Stream {
 
  private:
   // Serialises items; refuses re-entry from inside an item (which would deadlock on runMu_).
-  Status enter(std::unique_lock<std::mutex>& run, const std::string& what) {
-    if (runner_.load() == std::this_thread::get_id())
+  // (runner_ is only ever this thread's id while this thread runs an item, so a relaxed load
+  // cannot see this thread's id spuriously.)
+  Status enter(std::unique_lock<std::mutex>& run, const char* what) {
+    if (runner_.load(std::memory_order_relaxed) == std::this_thread::get_id())
       return makeError(StatusCode::kInvalidUsage, "inline stream '", name_, "': '", what,
                        "' enqueued from inside one of its own items");
     run = std::unique_lock<std::mutex>(runMu_);
@@ -525,6 +538,15 @@ class InlineHostStream final : public Stream {
 };
 
 }  // namespace
+
+bool runOnInlineStream(Stream& stream, const InlineItem& item, Status* enqueued, bool* ran) {
+  // typeid of a final class: a vtable load and a compare, where a dynamic_cast would walk the
+  // class hierarchy on every collective.
+  if (typeid(stream) != typeid(InlineHostStream)) return false;
+  auto fn = [&item] { return item.run(item.context); };
+  *enqueued = static_cast<InlineHostStream&>(stream).runItem(item.what, fn, ran);
+  return true;
+}
 
 std::unique_ptr<Stream> createInlineHostStream(std::string name, Milliseconds waitTimeout) {
   return std::make_unique<InlineHostStream>(std::move(name), waitTimeout);

@@ -28,4 +28,20 @@ std::unique_ptr<Stream> createHostStream(std::string name, const HostStreamOptio
 /// (takes the stream's lock briefly); thread-safe.
 std::string describeStreamPosition(const Stream& stream);
 
+/// One item for runOnInlineStream: `run(context)` is the work; `what` names it in errors.
+struct InlineItem {
+  Status (*run)(void* context) = nullptr;
+  void* context = nullptr;
+  const char* what = "";
+};
+
+/// The per-call fast path for a caller that would enqueueHost onto an inline host stream (the
+/// communicator, for every collective): if `stream` is an inline host stream, runs `item` as its
+/// next item on this thread -- without the std::function and label string an enqueueHost costs --
+/// and returns true, with *enqueued set as enqueueHost would set it (kInvalidUsage when called from
+/// inside one of the stream's own items) and *ran telling whether the item ran (it is skipped, as on
+/// any stream, when the stream failed earlier). A failing item fails the stream. Returns false
+/// without doing anything when `stream` is any other stream.
+bool runOnInlineStream(Stream& stream, const InlineItem& item, Status* enqueued, bool* ran);
+
 }  // namespace libcomm

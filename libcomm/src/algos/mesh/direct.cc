@@ -6,8 +6,7 @@
 namespace libcomm::mesh {
 
 Status runDirect(const CollArgs& args, const OpEnv& env, const std::vector<shm::OpDescriptor>& inputs) {
-  PassView view;
-  view.base.assign(env.size, nullptr);
+  PassView view = emptyView(env);
   view.partStride = args.count;
   view.origin = 0;
   view.elemSize = dataTypeSize(args.inType);

@@ -17,8 +17,7 @@ void fillEager(const CollArgs& args, const OpEnv& env) {
 }
 
 Status runEager(const CollArgs& args, const OpEnv& env) {
-  PassView view;
-  view.base.assign(env.size, nullptr);
+  PassView view = emptyView(env);
   for (int p = 0; p < env.size; ++p)
     if (args.hasInput(p)) view.base[p] = env.channel.eagerArea(p, env.seq);
   view.partStride = args.count;

@@ -23,7 +23,7 @@ namespace libcomm::mesh {
 /// `count` elements of a reduce_scatter input; always 0 otherwise) of rank p is at
 ///   base[p] + (q * partStride + e - origin) * elemSize.
 struct PassView {
-  std::vector<const char*> base;
+  const char** base = nullptr;  // OpEnv::passBases: `size` entries, reused by every collective
   size_t partStride = 0;
   size_t origin = 0;
   size_t elemSize = 0;
@@ -42,7 +42,13 @@ struct OpEnv {
   shm::WaitContext wait;
   /// Staging rounds completed by this communicator so far (identical on every rank).
   uint32_t& stageRound;
+  /// Scratch for PassView::base, `size` entries (collectives of a communicator run one at a time,
+  /// so one array serves them all and the small-message path allocates nothing).
+  const char** passBases;
 };
+
+/// A PassView over env.passBases with every base cleared.
+PassView emptyView(const OpEnv& env);
 
 /// The collective's work on elements [lo, hi) once inputs are exposed as `view`.
 Status runPass(const CollArgs& args, const OpEnv& env, const PassView& view, size_t lo, size_t hi);

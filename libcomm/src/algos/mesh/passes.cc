@@ -1,5 +1,6 @@
 // What each collective does with its peers' exposed inputs over an element range [lo, hi).
 
+#include <algorithm>
 #include <cstring>
 
 #include "algos/mesh/mesh.h"
@@ -54,6 +55,13 @@ Status reducePass(const CollArgs& a, const OpEnv& env, const PassView& v, size_t
 }
 
 }  // namespace
+
+PassView emptyView(const OpEnv& env) {
+  PassView view;
+  view.base = env.passBases;
+  std::fill(view.base, view.base + env.size, nullptr);
+  return view;
+}
 
 Status runPass(const CollArgs& a, const OpEnv& env, const PassView& v, size_t lo, size_t hi) {
   if (hi <= lo) return Status::ok();

@@ -23,8 +23,7 @@ Status runStaged(const CollArgs& args, const OpEnv& env) {
   const bool haveInput = args.hasInput(env.rank);
   const char* send = static_cast<const char*>(args.send);
 
-  PassView view;
-  view.base.assign(env.size, nullptr);
+  PassView view = emptyView(env);
   view.partStride = perRound;
   view.elemSize = es;
 

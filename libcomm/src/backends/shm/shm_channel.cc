@@ -166,14 +166,15 @@ Status Channel::waitWord(int peer, const std::atomic<uint32_t>& word, uint32_t t
     }
   }
 
+  const Deadline deadline = ctx.deadline.get();
   auto lastCheck = Clock::now();
   while (true) {
     cb.waiters.fetch_add(1, std::memory_order_seq_cst);
     uint32_t bell = cb.bell.load(std::memory_order_seq_cst);
     bool ready = seqReached(word.load(std::memory_order_acquire), target);
-    bool stop = ready || cb.failed.load() != 0 || aborted() || ctx.deadline.expired();
+    bool stop = ready || cb.failed.load() != 0 || aborted() || deadline.expired();
     if (!stop) {
-      auto slice = std::min<std::chrono::nanoseconds>(kSleepSlice, ctx.deadline.at() - Clock::now());
+      auto slice = std::min<std::chrono::nanoseconds>(kSleepSlice, deadline.at() - Clock::now());
       if (slice.count() > 0) futexWait(&cb.bell, bell, slice);
     }
     cb.waiters.fetch_sub(1, std::memory_order_seq_cst);
@@ -182,7 +183,7 @@ Status Channel::waitWord(int peer, const std::atomic<uint32_t>& word, uint32_t t
     if (cb.failed.load(std::memory_order_acquire) != 0) return peerFailure(peer, ctx, phase);
     if (aborted())
       return makeError(StatusCode::kRemoteError, "rank ", rank_, ": communicator aborted during ", ctx.op.str());
-    if (ctx.deadline.expired()) {
+    if (deadline.expired()) {
       return makeError(StatusCode::kTimeout, "rank ", rank_, ": timed out in ", ctx.op.str(), " waiting for rank ",
                        peer, " (", phase, ": its ", wordName, " counter is ",
                        word.load(std::memory_order_acquire), ", needed ", target, "); rank ", peer,

@@ -16,6 +16,7 @@
 
 #include "backends/shm/shm_segment.h"
 #include "libcomm/config.h"
+#include "core/op_deadline.h"
 #include "libcomm/deadline.h"
 #include "libcomm/status.h"
 
@@ -89,7 +90,7 @@ struct OpLabel {
 };
 
 struct WaitContext {
-  Deadline deadline;
+  OpDeadline deadline;
   OpLabel op;
 };
 
