@@ -52,6 +52,13 @@ struct CommConfig {
   /// Collectives whose per-rank input is at most this many bytes travel with their arrival
   /// handshake (LIBCOMM_EAGER_BYTES; 0 turns it off).
   size_t eagerBytes = 16384;
+  /// How long a collective called on an inline stream (a blocking call: its thread has nothing
+  /// else to do) polls for its peers before sleeping, from LIBCOMM_SPIN_US. Negative: automatic --
+  /// 1 ms of polling when this host's ranks fit its usable cores; else 1 ms of polling with
+  /// sched_yield() in between (a pure spin would hold the core the awaited peer needs).
+  /// Collectives on threaded streams always poll 20 us: their progress threads share the cores
+  /// with the caller's compute.
+  std::chrono::microseconds blockingSpin{-1};
 
   /// Reads every field from the registry; malformed values are errors.
   static Result<CommConfig> fromEnvironment();

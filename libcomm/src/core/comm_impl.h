@@ -25,8 +25,9 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
 
   /// Validates, assigns the next sequence number and enqueues. Called on the user's thread.
   Status submit(CollArgs args, Stream& stream);
-  /// Runs collective `seq` (on the stream's thread), in sequence order.
-  Status execute(const CollArgs& args, uint32_t seq);
+  /// Runs collective `seq` (on the stream's thread), in sequence order. `blocking`: called on an
+  /// inline stream (its waits follow blockingWait_, not progressWait_).
+  Status execute(const CollArgs& args, uint32_t seq, bool blocking);
 
   /// Accounts for a collective its stream skipped or dropped without running it.
   void settleUnrun(const CollArgs& args, uint32_t seq);
@@ -41,12 +42,20 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   int size_ = 1;
   CommConfig config_;
   std::string prefix_;
+  /// How waits poll before sleeping: in collectives called on inline streams (blocking calls) and
+  /// in those run by a threaded stream's progress thread.
+  struct WaitPolicy {
+    std::chrono::nanoseconds spin;
+    std::chrono::nanoseconds yield;
+  };
+  WaitPolicy blockingWait_{std::chrono::microseconds(20), {}};
+  WaitPolicy progressWait_{std::chrono::microseconds(20), {}};
   std::unique_ptr<shm::Channel> channel_;
   std::unique_ptr<shm::LocalMemory> local_;
   std::unique_ptr<shm::PeerMemory> peers_;
 
  private:
-  Status run(const CollArgs& args, uint32_t seq, const OpDeadline& deadline);
+  Status run(const CollArgs& args, uint32_t seq, const OpDeadline& deadline, bool blocking);
   /// Sleeps on cv_ until `pred` holds (true) or `at` passes (false).
   template <typename Pred>
   bool sleepUntil(Clock::time_point at, Pred pred);

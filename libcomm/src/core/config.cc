@@ -34,6 +34,9 @@ const std::vector<SettingInfo> kSettings = {
     {"LIBCOMM_STAGING_CHUNK", SettingType::kInt, "1048576", "bytes per staging chunk for unregistered buffers"},
     {"LIBCOMM_EAGER_BYTES", SettingType::kInt, "16384",
      "inputs up to this size (bytes per rank) are copied in with the arrival handshake; 0: off"},
+    {"LIBCOMM_SPIN_US", SettingType::kInt, "-1",
+     "microseconds a collective on an inline stream polls for its peers before sleeping; -1: 1000 (with "
+     "sched_yield between polls when this host's ranks outnumber its cores)"},
     // Launch (see resolveLaunchInfo in bootstrap.h).
     {"LIBCOMM_RANK", SettingType::kInt, "", "rank of this process"},
     {"LIBCOMM_WORLD_SIZE", SettingType::kInt, "", "number of ranks"},
@@ -121,6 +124,10 @@ Result<CommConfig> CommConfig::fromEnvironment() {
   LIBCOMM_ASSIGN_OR_RETURN(long long peerMs, settingInt("LIBCOMM_PEER_CHECK_MS"));
   LIBCOMM_ASSIGN_OR_RETURN(long long chunk, settingInt("LIBCOMM_STAGING_CHUNK"));
   LIBCOMM_ASSIGN_OR_RETURN(long long eager, settingInt("LIBCOMM_EAGER_BYTES"));
+  LIBCOMM_ASSIGN_OR_RETURN(long long spinUs, settingInt("LIBCOMM_SPIN_US"));
+  if (spinUs < -1 || spinUs > 1000000)
+    return makeError(StatusCode::kInvalidArgument, "LIBCOMM_SPIN_US must be -1 (automatic) or in [0, 10^6], got ", spinUs);
+  c.blockingSpin = std::chrono::microseconds(spinUs);
   if (eager < 0 || eager > (1LL << 20))
     return makeError(StatusCode::kInvalidArgument, "LIBCOMM_EAGER_BYTES must be in [0, 2^20], got ", eager);
   c.eagerBytes = static_cast<size_t>(eager);

@@ -36,7 +36,7 @@ Status Communicator::Impl::submit(CollArgs args, Stream& stream) {
   } call{this, &args, seq};
   const InlineItem item{[](void* c) {
                           auto* call = static_cast<Call*>(c);
-                          return call->impl->execute(*call->args, call->seq);
+                          return call->impl->execute(*call->args, call->seq, true);
                         },
                         &call, collName(args.kind)};
   Status enqueued;
@@ -64,7 +64,7 @@ Status Communicator::Impl::submit(CollArgs args, Stream& stream) {
   return stream.enqueueHost(
       [ticket] {
         ticket->ran = true;
-        return ticket->impl->execute(ticket->args, ticket->seq);
+        return ticket->impl->execute(ticket->args, ticket->seq, false);
       },
       // A cheap label (the full description is formatted only for errors): small collectives
       // cannot afford a formatted string per call.
@@ -104,7 +104,7 @@ void Communicator::Impl::settle(uint32_t seq) {
   wakeSleepers();
 }
 
-Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq) {
+Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool blocking) {
   log::setThreadRank(rank_);
   const OpDeadline deadline(config_.opTimeout);
   Status st;
@@ -124,14 +124,14 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq) {
       st = Status(err.code(), "rank " + std::to_string(rank_) + ": " + describeColl(args, seq) +
                                   " skipped: the communicator failed earlier: " + err.message());
     else
-      st = run(args, seq, deadline);
+      st = run(args, seq, deadline, blocking);
   }
   if (!st.isOk()) fail(st);
   settle(seq);
   return st;
 }
 
-Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadline& deadline) {
+Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadline& deadline, bool blocking) {
   struct Labelled {
     const CollArgs& args;
     uint32_t seq;
@@ -141,7 +141,9 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadl
                              return describeColl(l->args, l->seq);
                            }};
   passBases_.resize(size_);
-  const mesh::OpEnv env{seq, rank_, size_, *channel_, *peers_, {deadline, label}, stageRound_, passBases_.data()};
+  const WaitPolicy& policy = blocking ? blockingWait_ : progressWait_;
+  const mesh::OpEnv env{seq,          rank_, size_, *channel_, *peers_, {deadline, label, policy.spin, policy.yield},
+                        stageRound_, passBases_.data()};
   const size_t inputBytes = args.count * args.inputParts(size_) * dataTypeSize(args.inType);
   const SelectionQuery query{args.kind, false, args.inPlace, inputBytes};
   LIBCOMM_ASSIGN_OR_RETURN(const bool eager, chooseEager(query, config_));

@@ -2,6 +2,7 @@
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <climits>
@@ -14,9 +15,6 @@
 namespace libcomm::shm {
 namespace {
 
-// Spin this long before sleeping on a bell. Long enough to cover a peer that is running on the
-// other core and about to publish; short enough not to starve a peer sharing our core.
-constexpr auto kSpinTime = std::chrono::microseconds(20);
 // Upper bound of one futex sleep: how quickly abort and deadlines are noticed at the latest.
 constexpr auto kSleepSlice = std::chrono::milliseconds(20);
 
@@ -161,8 +159,18 @@ Status Channel::waitWord(int peer, const std::atomic<uint32_t>& word, uint32_t t
     if (seqReached(word.load(std::memory_order_acquire), target)) return Status::ok();
     if ((i & 31) == 0) {
       const auto now = Clock::now();
-      if (i == 32) spinEnd = now + kSpinTime;
-      else if (now >= spinEnd) break;
+      if (i == 32) spinEnd = now + ctx.spin;
+      if (now >= spinEnd) break;
+    }
+  }
+  // Then, when ranks outnumber cores, hand the core over between polls: the peer we wait for may
+  // be the thread that gets it (a wake-up from a futex sleep costs ~25-30 us here, a yield ~1 us).
+  if (ctx.yield.count() > 0) {
+    const auto yieldEnd = Clock::now() + ctx.yield;
+    for (unsigned i = 1;; ++i) {
+      sched_yield();
+      if (seqReached(word.load(std::memory_order_acquire), target)) return Status::ok();
+      if ((i & 7) == 0 && (Clock::now() >= yieldEnd || cb.failed.load() != 0 || aborted())) break;
     }
   }
 

@@ -92,6 +92,10 @@ struct OpLabel {
 struct WaitContext {
   OpDeadline deadline;
   OpLabel op;
+  /// How long a wait polls before it sleeps on the peer's bell (see CommConfig::blockingSpin).
+  std::chrono::nanoseconds spin{std::chrono::microseconds(20)};
+  /// After the spin, how long it polls with sched_yield() between polls before sleeping.
+  std::chrono::nanoseconds yield{0};
 };
 
 class Channel {
