@@ -1,0 +1,90 @@
+// CommConfig::fromEnvironment: every LIBCOMM_* knob parses, defaults hold, and a bad value is an
+// error naming the variable (never silently replaced by a default).
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <string>
+
+#include "libcomm/config.h"
+
+namespace {
+
+using libcomm::CommConfig;
+using libcomm::StatusCode;
+
+// Sets one variable for the test's lifetime, restoring what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = getenv(name)) {
+      had_ = true;
+      old_ = old;
+    }
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_, old_.c_str(), 1);
+    else unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+TEST(CommConfig, DefaultsWhenNothingIsSet) {
+  for (const auto& s : libcomm::allSettings())
+    if (getenv(s.name)) GTEST_SKIP() << s.name << " is set in this environment";
+  auto c = CommConfig::fromEnvironment();
+  ASSERT_TRUE(c.isOk()) << c.status().toString();
+  EXPECT_EQ(c->opTimeout.count(), 300000);
+  EXPECT_EQ(c->eagerBytes, 16384u);
+  EXPECT_EQ(c->stagingChunkBytes, 1u << 20);
+  EXPECT_LT(c->blockingSpin.count(), 0) << "automatic blocking spin by default";
+  EXPECT_TRUE(c->checkMismatch);
+}
+
+TEST(CommConfig, SpinIsReadAndRangeChecked) {
+  {
+    ScopedEnv e("LIBCOMM_SPIN_US", "250");
+    auto c = CommConfig::fromEnvironment();
+    ASSERT_TRUE(c.isOk()) << c.status().toString();
+    EXPECT_EQ(c->blockingSpin.count(), 250);
+  }
+  for (const char* bad : {"-2", "1000001", "fast"}) {
+    ScopedEnv e("LIBCOMM_SPIN_US", bad);
+    auto c = CommConfig::fromEnvironment();
+    ASSERT_FALSE(c.isOk()) << bad;
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(c.status().message().find("LIBCOMM_SPIN_US"), std::string::npos) << c.status().toString();
+  }
+}
+
+TEST(CommConfig, BadValuesNameTheVariable) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"LIBCOMM_TIMEOUT_MS", "0"},          {"LIBCOMM_INIT_TIMEOUT_MS", "-5"}, {"LIBCOMM_PEER_CHECK_MS", "x"},
+      {"LIBCOMM_EAGER_BYTES", "2000000"},   {"LIBCOMM_STAGING_CHUNK", "100"},  {"LIBCOMM_ALGO", "ring-of-fire"},
+      {"LIBCOMM_CHECK_MISMATCH", "maybe"},
+  };
+  for (const auto& [name, value] : cases) {
+    ScopedEnv e(name, value);
+    auto c = CommConfig::fromEnvironment();
+    ASSERT_FALSE(c.isOk()) << name << "=" << value;
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << c.status().toString();
+    EXPECT_NE(c.status().message().find(name), std::string::npos) << c.status().toString();
+  }
+}
+
+TEST(CommConfig, EveryKnobIsDeclaredWithADoc) {
+  bool sawSpin = false;
+  for (const auto& s : libcomm::allSettings()) {
+    EXPECT_NE(std::string(s.doc), "") << s.name;
+    sawSpin = sawSpin || std::string(s.name) == "LIBCOMM_SPIN_US";
+  }
+  EXPECT_TRUE(sawSpin);
+  EXPECT_NE(libcomm::describeSettings().find("LIBCOMM_SPIN_US"), std::string::npos);
+}
+
+}  // namespace
