@@ -309,6 +309,23 @@ TEST(CommErrors, CollectiveFromInsideAnItemOfItsInlineStreamIsRefused) {
   EXPECT_RANKS_OK(report);
 }
 
+// Ranks that say they are on different hosts cannot share memory: every rank refuses at creation
+// and names the host groups (until the UCX transport serves such communicators).
+TEST(CommErrors, RanksOnTwoHostsAreRefusedNamingTheGroups) {
+  RunOptions opts;
+  opts.size = 4;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    auto config = quickConfig();
+    config.hostId = ctx.rank % 2 == 0 ? "host-even" : "host-odd";
+    auto comm = libcomm::Communicator::create(ctx.bootstrap, config);
+    if (comm.isOk()) return libcomm::makeError(StatusCode::kInternalError, "created a communicator across hosts");
+    return expect(comm.status(), StatusCode::kInvalidUsage,
+                  {"rank " + std::to_string(ctx.rank), "2 hosts: 'host-even' ranks 0,2, 'host-odd' ranks 1,3", "UCX"},
+                  "two hosts");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 TEST(CommMemory, RegistrationIsIdempotentAndRefcounted) {
   RunOptions opts;
   opts.size = 2;

@@ -67,6 +67,7 @@ TEST(CommConfig, BadValuesNameTheVariable) {
       {"LIBCOMM_TIMEOUT_MS", "0"},          {"LIBCOMM_INIT_TIMEOUT_MS", "-5"}, {"LIBCOMM_PEER_CHECK_MS", "x"},
       {"LIBCOMM_EAGER_BYTES", "2000000"},   {"LIBCOMM_STAGING_CHUNK", "100"},  {"LIBCOMM_ALGO", "ring-of-fire"},
       {"LIBCOMM_CHECK_MISMATCH", "maybe"},
+      {"LIBCOMM_HOST_ID", "a-host-id-that-is-far-too-long-to-fit-the-handshake-field-of-64-characters"},
   };
   for (const auto& [name, value] : cases) {
     ScopedEnv e(name, value);

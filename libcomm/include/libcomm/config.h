@@ -59,6 +59,10 @@ struct CommConfig {
   /// Collectives on threaded streams always poll 20 us: their progress threads share the cores
   /// with the caller's compute.
   std::chrono::microseconds blockingSpin{-1};
+  /// This rank's host id (LIBCOMM_HOST_ID): ranks with equal ids share a host. Empty: hostname
+  /// plus kernel boot id. Set it to tell apart "hosts" that are containers or network namespaces
+  /// of one machine.
+  std::string hostId;
 
   /// Reads every field from the registry; malformed values are errors.
   static Result<CommConfig> fromEnvironment();

@@ -15,6 +15,7 @@
 #include "core/collective.h"
 #include "core/op_deadline.h"
 #include "libcomm/communicator.h"
+#include "topology/hosts.h"
 
 namespace libcomm {
 
@@ -42,6 +43,7 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   int size_ = 1;
   CommConfig config_;
   std::string prefix_;
+  topology::HostGroups hosts_;
   /// How waits poll before sleeping: in collectives called on inline streams (blocking calls) and
   /// in those run by a threaded stream's progress thread.
   struct WaitPolicy {

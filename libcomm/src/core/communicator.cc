@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "core/selector.h"
 #include "reduce/reduce_impl.h"
+#include "topology/hosts.h"
 
 namespace libcomm {
 namespace {
@@ -26,11 +27,12 @@ struct InitInfo {
   int32_t pid;
   uint64_t stagingSlotBytes;
   uint64_t eagerBytes;
-  char host[64];
+  char host[64];    // hostname, for messages
+  char hostId[64];  // topology::localHostId: equal ids share a host
   char prefix[192];
 };
 constexpr uint32_t kInitMagic = 0x53434f4d;  // "SCOM"
-constexpr uint32_t kInitVersion = 1;
+constexpr uint32_t kInitVersion = 2;
 
 // How blocking calls (collectives on inline streams) wait. PERF-NOTES: a wait that sleeps pays a
 // wake-up of ~25-30 us in this VM, and under load two ranks that each spin shorter than that fall
@@ -74,11 +76,13 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   mine.stagingSlotBytes = config.stagingChunkBytes;
   mine.eagerBytes = config.eagerBytes;
   gethostname(mine.host, sizeof(mine.host) - 1);
+  const std::string hostId = topology::localHostId(config.hostId);
+  strncpy(mine.hostId, hostId.c_str(), sizeof(mine.hostId) - 1);
   strncpy(mine.prefix, impl->prefix_.c_str(), sizeof(mine.prefix) - 1);
   std::vector<InitInfo> all(impl->size_);
   LIBCOMM_RETURN_IF_ERROR(bootstrap.allGather(&mine, all.data(), sizeof(InitInfo), deadline));
 
-  std::vector<std::string> prefixes(impl->size_);
+  std::vector<std::string> prefixes(impl->size_), hostIds(impl->size_);
   for (int r = 0; r < impl->size_; ++r) {
     const InitInfo& o = all[r];
     if (o.magic != kInitMagic || o.version != kInitVersion || o.rank != r)
@@ -90,11 +94,15 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
     if (o.eagerBytes != mine.eagerBytes)
       return makeError(StatusCode::kInvalidUsage, "rank ", impl->rank_, ": LIBCOMM_EAGER_BYTES differs: rank ", r,
                        " has ", o.eagerBytes, ", this rank ", mine.eagerBytes, "; set it alike on all ranks");
-    if (strncmp(o.host, mine.host, sizeof(o.host)) != 0)
-      return makeError(StatusCode::kInvalidUsage, "rank ", impl->rank_, " (host '", mine.host, "'): rank ", r,
-                       " runs on host '", o.host, "'; this build connects ranks of one host only (shared memory)");
     prefixes[r] = std::string(o.prefix, strnlen(o.prefix, sizeof(o.prefix)));
+    hostIds[r] = std::string(o.hostId, strnlen(o.hostId, sizeof(o.hostId)));
   }
+  impl->hosts_ = topology::HostGroups::fromIds(hostIds);
+  if (impl->hosts_.numHosts() > 1)
+    return makeError(StatusCode::kInvalidUsage, "rank ", impl->rank_, " (host id '", hostId, "'): the ranks span ",
+                     impl->hosts_.describe(),
+                     "; communicators across hosts need the UCX transport, which this communicator does not use yet "
+                     "(run one rank set per host, or give all ranks one LIBCOMM_HOST_ID if they do share memory)");
   impl->blockingWait_ = blockingWaitPolicy(config, impl->size_);
   LIBCOMM_RETURN_IF_ERROR(impl->channel_->connect(prefixes, deadline));
   impl->peers_->setPrefixes(prefixes);

@@ -37,6 +37,8 @@ const std::vector<SettingInfo> kSettings = {
     {"LIBCOMM_SPIN_US", SettingType::kInt, "-1",
      "microseconds a collective on an inline stream polls for its peers before sleeping; -1: 1000 (with "
      "sched_yield between polls when this host's ranks outnumber its cores)"},
+    {"LIBCOMM_HOST_ID", SettingType::kString, "",
+     "this rank's host id: ranks with equal ids share a host (empty: hostname and kernel boot id)"},
     // Launch (see resolveLaunchInfo in bootstrap.h).
     {"LIBCOMM_RANK", SettingType::kInt, "", "rank of this process"},
     {"LIBCOMM_WORLD_SIZE", SettingType::kInt, "", "number of ranks"},
@@ -142,6 +144,10 @@ Result<CommConfig> CommConfig::fromEnvironment() {
   c.initTimeout = Milliseconds(initMs);
   c.peerCheckInterval = Milliseconds(peerMs);
   c.stagingChunkBytes = static_cast<size_t>(chunk);
+  c.hostId = settingValue("LIBCOMM_HOST_ID");
+  if (c.hostId.size() >= 64)
+    return makeError(StatusCode::kInvalidArgument, "LIBCOMM_HOST_ID must be shorter than 64 characters, got ",
+                     c.hostId.size());
   c.algo = settingValue("LIBCOMM_ALGO");
   if (!c.algo.empty() && c.algo != "direct" && c.algo != "staged" && c.algo != "eager")
     return makeError(StatusCode::kInvalidArgument, "LIBCOMM_ALGO='", c.algo, "' is not one of: eager, direct, staged");

@@ -1,0 +1,73 @@
+#include "topology/hosts.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+namespace libcomm::topology {
+
+std::string localHostId(const std::string& configured) {
+  if (!configured.empty()) return configured;
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) name[0] = '\0';
+  std::string id = name[0] ? name : "unknown-host";
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string bootId;
+  if (boot >> bootId) id += "/" + bootId.substr(0, 8);
+  return id;
+}
+
+HostGroups HostGroups::fromIds(const std::vector<std::string>& idOfRank) {
+  HostGroups g;
+  std::map<std::string, int> index;
+  g.hostOf.resize(idOfRank.size());
+  g.localRank.resize(idOfRank.size());
+  for (size_t r = 0; r < idOfRank.size(); ++r) {
+    auto [it, inserted] = index.emplace(idOfRank[r], static_cast<int>(g.ids.size()));
+    if (inserted) {
+      g.ids.push_back(idOfRank[r]);
+      g.ranks.emplace_back();
+    }
+    const int h = it->second;
+    g.hostOf[r] = h;
+    g.localRank[r] = static_cast<int>(g.ranks[h].size());
+    g.ranks[h].push_back(static_cast<int>(r));
+  }
+  return g;
+}
+
+int HostGroups::maxRanksPerHost() const {
+  size_t most = 0;
+  for (const auto& rs : ranks) most = std::max(most, rs.size());
+  return static_cast<int>(most);
+}
+
+namespace {
+
+// "0-3" for consecutive ranks, "0,2,5" otherwise.
+std::string rankList(const std::vector<int>& rs) {
+  std::ostringstream os;
+  bool consecutive = rs.size() > 2;
+  for (size_t i = 1; i < rs.size() && consecutive; ++i) consecutive = rs[i] == rs[i - 1] + 1;
+  if (consecutive) {
+    os << rs.front() << "-" << rs.back();
+    return os.str();
+  }
+  for (size_t i = 0; i < rs.size(); ++i) os << (i ? "," : "") << rs[i];
+  return os.str();
+}
+
+}  // namespace
+
+std::string HostGroups::describe() const {
+  std::ostringstream os;
+  os << ids.size() << (ids.size() == 1 ? " host" : " hosts") << ":";
+  for (size_t h = 0; h < ids.size(); ++h)
+    os << (h ? ", '" : " '") << ids[h] << "' rank" << (ranks[h].size() == 1 ? " " : "s ") << rankList(ranks[h]);
+  return os.str();
+}
+
+}  // namespace libcomm::topology

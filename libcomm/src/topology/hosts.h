@@ -1,0 +1,33 @@
+#pragma once
+// Which ranks share a host. Every rank contributes a host id at communicator creation (its
+// LIBCOMM_HOST_ID, else hostname plus boot id); ranks with equal ids share memory and talk over the
+// shared-memory backend, ranks on different hosts need a network transport.
+
+#include <string>
+#include <vector>
+
+#include "libcomm/status.h"
+
+namespace libcomm::topology {
+
+/// This process's host id: `configured` when non-empty (CommConfig::hostId, LIBCOMM_HOST_ID), else
+/// "<hostname>/<first 8 characters of the kernel boot id>" -- the boot id tells apart two machines
+/// (or containers on two machines) that share a hostname.
+std::string localHostId(const std::string& configured);
+
+/// Ranks grouped by host. Hosts are numbered in the order of their lowest rank.
+struct HostGroups {
+  std::vector<std::string> ids;           // per host
+  std::vector<std::vector<int>> ranks;    // per host, ascending
+  std::vector<int> hostOf;                // per rank
+  std::vector<int> localRank;             // per rank: index among the ranks of its host
+
+  static HostGroups fromIds(const std::vector<std::string>& idOfRank);
+  int numHosts() const { return static_cast<int>(ids.size()); }
+  /// The most ranks any host has.
+  int maxRanksPerHost() const;
+  /// "2 hosts: 'a' ranks 0-1, 'b' ranks 2,4" (for logs and errors).
+  std::string describe() const;
+};
+
+}  // namespace libcomm::topology
