@@ -1,0 +1,197 @@
+// Ring all_gather and reduce_scatter; see ring.h for the data flow.
+//
+// Work is cut into units: unit u = step s, chunk c (u = s * chunks + c), issued in that order. A
+// unit's send needs the chunk its rank received one step earlier (unit u - chunks); receives are
+// posted up to `window` units ahead, sends stay in flight up to `window` units behind.
+
+#include "algos/ring/ring.h"
+
+#include <algorithm>
+
+#include "reduce/copy.h"
+#include "reduce/reduce.h"
+
+namespace libcomm::ring {
+namespace {
+
+int wrap(int p, int n) { return ((p % n) + n) % n; }
+
+float postScale(const CollArgs& a, int size) {
+  if (a.reduce.op == ReduceOp::kAvg) return 1.0f / static_cast<float>(size);
+  if (a.reduce.op == ReduceOp::kPremulSum) return a.reduce.scale;
+  return 1.0f;
+}
+
+// Sends of one round, each waited once (early when a slot or the window needs it, else at the end).
+struct PendingSends {
+  std::vector<uint64_t> op;
+  std::vector<char> done;
+  void reset(size_t units) {
+    op.assign(units, 0);
+    done.assign(units, 0);
+  }
+  Status wait(size_t u, Link& link, const WaitContext& ctx) {
+    if (done[u]) return Status::ok();
+    done[u] = 1;
+    return link.wait(op[u], ctx);
+  }
+};
+
+}  // namespace
+
+Status allGather(const CollArgs& a, const Env& env) {
+  const int n = static_cast<int>(env.order.size());
+  const size_t es = dataTypeSize(a.inType);
+  const size_t blockBytes = a.count * es;
+  char* out = static_cast<char*>(a.recv);
+  auto block = [&](int p) { return out + static_cast<size_t>(env.order[wrap(p, n)]) * blockBytes; };
+  if (!a.inPlace && blockBytes > 0) reduce::copyBytes(block(env.pos), a.send, blockBytes);
+  if (n == 1 || blockBytes == 0) return Status::ok();
+
+  Link& link = *env.link;
+  const WaitContext& ctx = *env.wait;
+  const int next = env.order[wrap(env.pos + 1, n)], prev = env.order[wrap(env.pos - 1, n)];
+  const size_t ce = std::max<size_t>(1, env.chunkBytes / es);
+  const size_t chunks = (a.count + ce - 1) / ce;
+  const size_t units = static_cast<size_t>(n - 1) * chunks;
+  const size_t window = static_cast<size_t>(std::max(1, env.window));
+
+  std::vector<uint64_t> recvOp(units);
+  PendingSends sends;
+  sends.reset(units);
+  size_t posted = 0;
+  for (size_t u = 0; u < units; ++u) {
+    for (; posted < units && posted < u + window; ++posted) {
+      const int s = static_cast<int>(posted / chunks);
+      const size_t c = posted % chunks, lo = c * ce, len = std::min(ce, a.count - lo);
+      LIBCOMM_ASSIGN_OR_RETURN(recvOp[posted], link.recv(prev, static_cast<uint32_t>(s), static_cast<uint32_t>(c),
+                                                         block(env.pos - s - 1) + lo * es, len * es));
+    }
+    const int s = static_cast<int>(u / chunks);
+    const size_t c = u % chunks, lo = c * ce, len = std::min(ce, a.count - lo);
+    // The block sent at step s is the one received at step s - 1: forward chunk c once it is in.
+    if (s > 0) LIBCOMM_RETURN_IF_ERROR(link.wait(recvOp[u - chunks], ctx));
+    if (u >= window) LIBCOMM_RETURN_IF_ERROR(sends.wait(u - window, link, ctx));
+    LIBCOMM_ASSIGN_OR_RETURN(sends.op[u], link.send(next, static_cast<uint32_t>(s), static_cast<uint32_t>(c),
+                                                    block(env.pos - s) + lo * es, len * es));
+  }
+  for (size_t u = units - chunks; u < units; ++u) LIBCOMM_RETURN_IF_ERROR(link.wait(recvOp[u], ctx));
+  for (size_t u = 0; u < units; ++u) LIBCOMM_RETURN_IF_ERROR(sends.wait(u, link, ctx));
+  return Status::ok();
+}
+
+Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
+  const int n = static_cast<int>(env.order.size());
+  if (a.count == 0) return Status::ok();
+  const size_t inEs = dataTypeSize(a.inType), outEs = dataTypeSize(a.outType);
+  const bool wide = a.inType == DataType::kFloat32;
+  const char* in = static_cast<const char*>(a.send);
+  char* out = static_cast<char*>(a.recv);
+  auto inputBlock = [&](int p) { return in + static_cast<size_t>(env.order[wrap(p, n)]) * a.count * inEs; };
+  const float scale = postScale(a, n);
+
+  // out = scale * (sum of `inputs`) (+ out when accumulating), in outType.
+  auto finish = [&](const void* const* inputs, int numInputs, DataType inType, size_t lo, size_t len) {
+    reduce::ReduceArgs r;
+    r.inputs = inputs;
+    r.numInputs = numInputs;
+    r.inType = inType;
+    r.out = out + lo * outEs;
+    r.outType = a.outType;
+    r.count = len;
+    r.scale = scale;
+    r.accumulate = a.reduce.accumulate;
+    reduce::reduce(r);
+  };
+  if (n == 1) {
+    const void* only[1] = {inputBlock(0)};
+    finish(only, 1, a.inType, 0, a.count);
+    return Status::ok();
+  }
+
+  Link& link = *env.link;
+  const WaitContext& ctx = *env.wait;
+  const int next = env.order[wrap(env.pos + 1, n)], prev = env.order[wrap(env.pos - 1, n)];
+  const size_t ce = std::max<size_t>(1, env.chunkBytes / sizeof(float));
+  const size_t window = static_cast<size_t>(std::max(1, env.window));
+  // Partials of two consecutive steps are alive at once (one being received, one being sent on):
+  // two fp32 copies of a round's share of a block. Rounds bound that memory for large counts.
+  const size_t roundElems = std::max(ce, env.roundBytes / sizeof(float) / ce * ce);
+  const size_t maxRound = std::min(roundElems, a.count);
+  if (scratch.partials.size() < 2 * maxRound) scratch.partials.resize(2 * maxRound);
+  if (!wide && scratch.widened.size() < ce) scratch.widened.resize(ce);
+
+  // My input's chunk [lo, lo + len) of block p, as fp32 (widened into scratch when bf16).
+  auto mine = [&](int p, size_t lo, size_t len) -> const float* {
+    if (wide) return reinterpret_cast<const float*>(inputBlock(p)) + lo;
+    reduce::bf16ToFloat(reinterpret_cast<const uint16_t*>(inputBlock(p)) + lo, scratch.widened.data(), len);
+    return scratch.widened.data();
+  };
+
+  PendingSends sends;
+  std::vector<uint64_t> recvOp;
+  for (size_t r0 = 0; r0 < a.count; r0 += roundElems) {
+    const size_t relems = std::min(roundElems, a.count - r0);
+    const size_t chunks = (relems + ce - 1) / ce;
+    const size_t units = static_cast<size_t>(n - 1) * chunks;
+    // The partial received at step s, chunk c; steps of one parity share a slot.
+    auto slot = [&](int s, size_t c) { return scratch.partials.data() + static_cast<size_t>(s & 1) * relems + c * ce; };
+    // A slot is reused two steps later; posting a receive into it waits for the send that last
+    // read it (unit u - chunks), so look ahead no further than sends have been issued.
+    const size_t ahead = std::min(window, chunks);
+    recvOp.assign(units, 0);
+    sends.reset(units);
+    size_t posted = 0;
+    for (size_t u = 0; u < units; ++u) {
+      for (; posted < units && posted < u + ahead; ++posted) {
+        const int s = static_cast<int>(posted / chunks);
+        const size_t c = posted % chunks, len = std::min(ce, relems - c * ce);
+        // Slot (s, c) was read by the send of unit (s - 1, c): the partial of step s - 2, or, at
+        // s == 1 with a bf16 input, the widened input that step 0 sent.
+        if (s >= 2 || (s == 1 && !wide)) LIBCOMM_RETURN_IF_ERROR(sends.wait(posted - chunks, link, ctx));
+        LIBCOMM_ASSIGN_OR_RETURN(
+            recvOp[posted], link.recv(prev, static_cast<uint32_t>(s), static_cast<uint32_t>(r0 / ce + c), slot(s, c),
+                                      len * sizeof(float)));
+      }
+      const int s = static_cast<int>(u / chunks);
+      const size_t c = u % chunks, lo = r0 + c * ce, len = std::min(ce, relems - c * ce);
+      // Send the partial of block (pos - s - 1), chunk c.
+      const float* src;
+      if (s == 0) {
+        if (wide) {
+          src = reinterpret_cast<const float*>(inputBlock(env.pos - 1)) + lo;
+        } else {
+          float* widened = slot(1, c);
+          reduce::bf16ToFloat(reinterpret_cast<const uint16_t*>(inputBlock(env.pos - 1)) + lo, widened, len);
+          src = widened;
+        }
+      } else {
+        // It arrived at step s - 1 (block (pos - (s - 1) - 2)); add this rank's input in place.
+        LIBCOMM_RETURN_IF_ERROR(link.wait(recvOp[u - chunks], ctx));
+        float* partial = slot(s - 1, c);
+        const void* both[2] = {partial, mine(env.pos - s - 1, lo, len)};
+        reduce::ReduceArgs r;
+        r.inputs = both;
+        r.numInputs = 2;
+        r.out = partial;
+        r.count = len;
+        reduce::reduce(r);
+        src = partial;
+      }
+      if (u >= window) LIBCOMM_RETURN_IF_ERROR(sends.wait(u - window, link, ctx));
+      LIBCOMM_ASSIGN_OR_RETURN(sends.op[u], link.send(next, static_cast<uint32_t>(s),
+                                                      static_cast<uint32_t>(r0 / ce + c), src, len * sizeof(float)));
+    }
+    // The last step brings this rank's own block: add its input and write the output.
+    for (size_t c = 0; c < chunks; ++c) {
+      const size_t u = units - chunks + c, lo = r0 + c * ce, len = std::min(ce, relems - c * ce);
+      LIBCOMM_RETURN_IF_ERROR(link.wait(recvOp[u], ctx));
+      const void* both[2] = {slot(n - 2, c), mine(env.pos, lo, len)};
+      finish(both, 2, DataType::kFloat32, lo, len);
+    }
+    for (size_t u = 0; u < units; ++u) LIBCOMM_RETURN_IF_ERROR(sends.wait(u, link, ctx));
+  }
+  return Status::ok();
+}
+
+}  // namespace libcomm::ring

@@ -1,0 +1,70 @@
+#pragma once
+// Ring all_gather and reduce_scatter over point-to-point messages, for ranks that do not share
+// memory (across hosts). Each rank talks only to its two ring neighbours; n - 1 steps move one
+// block per step; every block is cut into chunks so that a chunk can travel on while the next one
+// is still arriving (receives are posted ahead, sends stay in flight).
+//
+//   all_gather:      at step s, position i sends block (i - s) to i + 1 and receives block
+//                    (i - s - 1) from i - 1, straight into the output at its final place: the
+//                    output is the only buffer, and a received chunk is forwarded from there.
+//   reduce_scatter:  at step s, position i sends its partial sum of block (i - s - 1) and receives
+//                    the partial of block (i - s - 2), adds its own input to it and sends that on;
+//                    at the last step the block received is its own, and the sum goes to the
+//                    output. Partial sums always travel as fp32 (bf16 inputs are widened first),
+//                    so the sum is accumulated in fp32 whatever the number of hops.
+//
+// The transport is a Link (the UCX channel implements it). The algorithms are written once here
+// and know nothing of UCX.
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "backends/shm/shm_channel.h"
+#include "core/collective.h"
+#include "libcomm/status.h"
+
+namespace libcomm::ring {
+
+using WaitContext = shm::WaitContext;
+
+/// Point-to-point messages between the ranks of the current collective, as the ring needs them.
+/// Operations are identified by the id send/recv return; each must be waited exactly once (an
+/// error from wait fails the collective; the link then owns cleaning up what is still pending).
+class Link {
+ public:
+  virtual ~Link() = default;
+  /// Starts sending `bytes` from `src` to rank `peer` as chunk `chunk` of step `step` of the
+  /// current collective. `src` must not change until the operation completes. Messages with equal
+  /// (step, chunk) from one sender arrive in the order they were sent.
+  virtual Result<uint64_t> send(int peer, uint32_t step, uint32_t chunk, const void* src, size_t bytes) = 0;
+  /// Starts receiving exactly `bytes` from rank `peer`, chunk `chunk` of step `step`, into `dst`; a
+  /// message of another size is an error.
+  virtual Result<uint64_t> recv(int peer, uint32_t step, uint32_t chunk, void* dst, size_t bytes) = 0;
+  /// Blocks until operation `op` completed (or fails: peer lost, deadline, abort).
+  virtual Status wait(uint64_t op, const WaitContext& ctx) = 0;
+};
+
+/// Scratch the reduce_scatter ring keeps between collectives (fp32 partial sums).
+struct Scratch {
+  std::vector<float> partials;
+  std::vector<float> widened;
+};
+
+struct Env {
+  std::vector<int> order;  // ranks in ring order; order[pos] is this rank
+  int pos = 0;
+  size_t chunkBytes = 1 << 20;    // bytes per chunk (of fp32 partials for reduce_scatter)
+  int window = 4;                 // chunks in flight per direction
+  size_t roundBytes = 64u << 20;  // reduce_scatter: fp32 partial bytes per block per round
+  Link* link = nullptr;
+  const WaitContext* wait = nullptr;
+};
+
+/// NCCL's all_gather semantics (in place when args.inPlace).
+Status allGather(const CollArgs& args, const Env& env);
+/// NCCL's reduce_scatter semantics, including bf16 input with fp32 accumulation, avg/premulSum,
+/// and CommConfig's accumulate-into-output for fp32 output.
+Status reduceScatter(const CollArgs& args, const Env& env, Scratch& scratch);
+
+}  // namespace libcomm::ring
