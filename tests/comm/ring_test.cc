@@ -1,0 +1,221 @@
+// The ring algorithms' data flow (algos/ring), on their own: every rank pattern, chunk size,
+// window and round size against a reference, at world sizes 1-5, ranks as threads and as processes.
+//
+// The link here is the bootstrap's own point-to-point messages (real messages through the TCP
+// store or the in-process bootstrap; slow, but every byte really travels between ranks). Sends go
+// out at once (the store buffers them); a receive happens when it is waited for, which is the
+// latest moment a real transport may complete it -- so the ring must never wait for a receive it
+// has not posted, nor need one completed before it waits.
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "algos/ring/ring.h"
+#include "coll_check.h"
+#include "harness.h"
+#include "libcomm/libcomm.h"
+
+namespace shardcomm::testing {
+namespace {
+
+using libcomm::DataType;
+using libcomm::ReduceOp;
+using libcomm::Status;
+using libcomm::StatusCode;
+
+class BootstrapLink final : public libcomm::ring::Link {
+ public:
+  BootstrapLink(libcomm::Bootstrap& boot, uint32_t collective) : boot_(boot), collective_(collective) {}
+
+  libcomm::Result<uint64_t> send(int peer, uint32_t step, uint32_t chunk, const void* src, size_t bytes) override {
+    LIBCOMM_RETURN_IF_ERROR(boot_.send(peer, tag(step, chunk), src, bytes, deadline()));
+    ops_[next_] = Op{false, peer, 0, nullptr, 0};
+    return next_++;
+  }
+  libcomm::Result<uint64_t> recv(int peer, uint32_t step, uint32_t chunk, void* dst, size_t bytes) override {
+    ops_[next_] = Op{true, peer, tag(step, chunk), dst, bytes};
+    return next_++;
+  }
+  Status wait(uint64_t op, const libcomm::ring::WaitContext&) override {
+    auto it = ops_.find(op);
+    if (it == ops_.end())
+      return libcomm::makeError(StatusCode::kInternalError, "operation ", op, " waited twice or never started");
+    Op o = it->second;
+    ops_.erase(it);
+    if (!o.isRecv) return Status::ok();
+    return boot_.recv(o.peer, o.tag, o.dst, o.bytes, deadline());
+  }
+  /// Every operation was waited for exactly once.
+  bool drained() const { return ops_.empty(); }
+
+ private:
+  struct Op {
+    bool isRecv;
+    int peer;
+    uint32_t tag;
+    void* dst;
+    size_t bytes;
+  };
+  // 10 bits of collective, 10 of step, 12 of chunk: unique within one test case.
+  uint32_t tag(uint32_t step, uint32_t chunk) const {
+    return ((collective_ & 0x3ff) << 22) | ((step & 0x3ff) << 12) | (chunk & 0xfff);
+  }
+  static libcomm::Deadline deadline() { return libcomm::Deadline::after(std::chrono::seconds(30)); }
+
+  libcomm::Bootstrap& boot_;
+  uint32_t collective_;
+  uint64_t next_ = 1;
+  std::map<uint64_t, Op> ops_;
+};
+
+struct RingCase {
+  size_t count;
+  size_t chunkBytes;
+  int window;
+  size_t roundBytes;
+};
+
+std::vector<RingCase> ringCases() {
+  std::vector<RingCase> cases;
+  for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(1000), size_t(4099)})
+    for (size_t chunk : {size_t(64), size_t(4096)})
+      for (int window : {1, 3})
+        cases.push_back({count, chunk, window, count == 4099 ? size_t(4096) : size_t(64) << 20});
+  return cases;
+}
+
+std::string describe(const RingCase& k, const char* what) {
+  return std::string(what) + " count " + std::to_string(k.count) + " chunk " + std::to_string(k.chunkBytes) +
+         " B window " + std::to_string(k.window) + " round " + std::to_string(k.roundBytes) + " B";
+}
+
+libcomm::ring::Env envFor(const RankContext& ctx, const RingCase& k, libcomm::ring::Link& link,
+                          const libcomm::ring::WaitContext& wait) {
+  libcomm::ring::Env env;
+  // A ring order that is not rank order (reversed), so block placement by order[] is exercised.
+  for (int i = ctx.size - 1; i >= 0; --i) env.order.push_back(i);
+  for (int i = 0; i < ctx.size; ++i)
+    if (env.order[i] == ctx.rank) env.pos = i;
+  env.chunkBytes = k.chunkBytes;
+  env.window = k.window;
+  env.roundBytes = k.roundBytes;
+  env.link = &link;
+  env.wait = &wait;
+  return env;
+}
+
+Status allGatherCase(RankContext& ctx, const RingCase& k, DataType t, bool inPlace, uint32_t id) {
+  const size_t n = static_cast<size_t>(ctx.size), es = libcomm::dataTypeSize(t);
+  std::vector<char> in(k.count * es + 1), out(n * k.count * es + 1, 0x5a);
+  for (size_t i = 0; i < k.count; ++i) store(in.data(), t, i, intValue(ctx.rank, 0, i, static_cast<int>(id)));
+  libcomm::CollArgs a;
+  a.kind = libcomm::CollKind::kAllGather;
+  a.count = k.count;
+  a.inType = a.outType = t;
+  a.recv = out.data();
+  a.inPlace = inPlace;
+  if (inPlace) {
+    memcpy(out.data() + static_cast<size_t>(ctx.rank) * k.count * es, in.data(), k.count * es);
+    a.send = out.data() + static_cast<size_t>(ctx.rank) * k.count * es;
+  } else {
+    a.send = in.data();
+  }
+  BootstrapLink link(ctx.bootstrap, id);
+  libcomm::ring::WaitContext wait{libcomm::OpDeadline(std::chrono::seconds(30)), {}};
+  LIBCOMM_RETURN_IF_ERROR(libcomm::ring::allGather(a, envFor(ctx, k, link, wait)));
+  if (!link.drained()) return libcomm::makeError(StatusCode::kInternalError, "operations left unwaited");
+  std::vector<double> want(n * k.count), tol(n * k.count, 0.0);
+  for (size_t p = 0; p < n; ++p)
+    for (size_t i = 0; i < k.count; ++i)
+      want[p * k.count + i] = rounded(t, intValue(static_cast<int>(p), 0, i, static_cast<int>(id)));
+  return compare(ctx.rank, describe(k, inPlace ? "all_gather in place" : "all_gather"), out.data(), t, want, tol);
+}
+
+struct RsVariant {
+  DataType in, out;
+  ReduceOp op;
+  float scale;
+  bool accumulate, inPlace;
+  const char* name;
+};
+
+Status reduceScatterCase(RankContext& ctx, const RingCase& k, const RsVariant& v, uint32_t id,
+                         libcomm::ring::Scratch& scratch) {
+  const size_t n = static_cast<size_t>(ctx.size), ies = libcomm::dataTypeSize(v.in), oes = libcomm::dataTypeSize(v.out);
+  std::vector<char> in(n * k.count * ies + 1), out(k.count * oes + 1);
+  for (size_t q = 0; q < n; ++q)
+    for (size_t i = 0; i < k.count; ++i)
+      store(in.data(), v.in, q * k.count + i, intValue(ctx.rank, q, i, static_cast<int>(id)));
+  for (size_t i = 0; i < k.count; ++i) store(out.data(), v.out, i, static_cast<float>(i % 5));
+  libcomm::CollArgs a;
+  a.kind = libcomm::CollKind::kReduceScatter;
+  a.count = k.count;
+  a.inType = v.in;
+  a.outType = v.out;
+  a.reduce.op = v.op;
+  a.reduce.scale = v.scale;
+  a.reduce.accumulate = v.accumulate;
+  a.send = in.data();
+  a.recv = v.inPlace ? in.data() + static_cast<size_t>(ctx.rank) * k.count * ies : out.data();
+  a.inPlace = v.inPlace;
+  BootstrapLink link(ctx.bootstrap, id);
+  libcomm::ring::WaitContext wait{libcomm::OpDeadline(std::chrono::seconds(30)), {}};
+  LIBCOMM_RETURN_IF_ERROR(libcomm::ring::reduceScatter(a, envFor(ctx, k, link, wait), scratch));
+  if (!link.drained()) return libcomm::makeError(StatusCode::kInternalError, "operations left unwaited");
+  const float scale = v.op == ReduceOp::kAvg         ? 1.0f / static_cast<float>(n)
+                      : v.op == ReduceOp::kPremulSum ? v.scale
+                                                     : 1.0f;
+  std::vector<double> want(k.count), tol(k.count, 0.0);
+  for (size_t i = 0; i < k.count; ++i) {
+    float sum = 0.0f;  // integer data: exact in fp32 in any order
+    for (size_t p = 0; p < n; ++p)
+      sum += static_cast<float>(
+          rounded(v.in, intValue(static_cast<int>(p), static_cast<size_t>(ctx.rank), i, static_cast<int>(id))));
+    float r = scale == 1.0f ? sum : sum * scale;
+    if (v.accumulate) r += static_cast<float>(i % 5);
+    want[i] = rounded(v.out, r);
+  }
+  return compare(ctx.rank, describe(k, v.name), a.recv, v.out, want, tol);
+}
+
+class RingAlgorithms : public RanksTest {};
+
+TEST_P(RingAlgorithms, MatchTheReferenceAtEverySizeChunkWindowAndRound) {
+  for (int size : {1, 2, 3, 5}) {
+    RunOptions options;
+    options.deadline = std::chrono::seconds(120);
+    auto report = run(
+        size,
+        [](RankContext& ctx) -> Status {
+          const RsVariant variants[] = {
+              {DataType::kFloat32, DataType::kFloat32, ReduceOp::kSum, 1.0f, false, false, "reduce_scatter fp32 sum"},
+              {DataType::kBFloat16, DataType::kFloat32, ReduceOp::kSum, 1.0f, false, false,
+               "reduce_scatter bf16->fp32 sum"},
+              {DataType::kBFloat16, DataType::kBFloat16, ReduceOp::kAvg, 1.0f, false, false, "reduce_scatter bf16 avg"},
+              {DataType::kFloat32, DataType::kFloat32, ReduceOp::kPremulSum, 0.5f, true, false,
+               "reduce_scatter fp32 premulSum 0.5, accumulate"},
+              {DataType::kFloat32, DataType::kFloat32, ReduceOp::kSum, 1.0f, false, true,
+               "reduce_scatter fp32 in place"},
+          };
+          libcomm::ring::Scratch scratch;
+          uint32_t id = 0;
+          for (const RingCase& k : ringCases()) {
+            LIBCOMM_RETURN_IF_ERROR(allGatherCase(ctx, k, DataType::kFloat32, false, ++id));
+            LIBCOMM_RETURN_IF_ERROR(allGatherCase(ctx, k, DataType::kBFloat16, true, ++id));
+            for (const RsVariant& v : variants) LIBCOMM_RETURN_IF_ERROR(reduceScatterCase(ctx, k, v, ++id, scratch));
+          }
+          return Status::ok();
+        },
+        options);
+    SCOPED_TRACE("world size " + std::to_string(size));
+    EXPECT_RANKS_OK(report);
+  }
+}
+
+SHARDCOMM_INSTANTIATE_BOTH_MODES(RingAlgorithms);
+
+}  // namespace
+}  // namespace shardcomm::testing
