@@ -29,6 +29,12 @@ struct CollArgs {
   /// Elements of the input each rank exposes to its peers, and how many "parts" it has: a
   /// reduce_scatter input is `size` parts of `count` elements, the others one part.
   size_t inputParts(int worldSize) const { return kind == CollKind::kReduceScatter ? worldSize : 1; }
+  /// The factor a reduction applies once to its sum: 1/size for avg, the premulSum scale, else 1.
+  float postScale(int worldSize) const {
+    if (reduce.op == ReduceOp::kAvg) return 1.0f / static_cast<float>(worldSize);
+    if (reduce.op == ReduceOp::kPremulSum) return reduce.scale;
+    return 1.0f;
+  }
   /// Whether rank r has an input at all (broadcast: the root only; barrier: nobody).
   bool hasInput(int r) const {
     if (kind == CollKind::kBarrier) return false;

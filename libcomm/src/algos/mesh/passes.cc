@@ -23,12 +23,6 @@ Status allGatherPass(const CollArgs& a, const OpEnv& env, const PassView& v, siz
   return Status::ok();
 }
 
-float postScale(const CollArgs& a, int size) {
-  if (a.reduce.op == ReduceOp::kAvg) return 1.0f / static_cast<float>(size);
-  if (a.reduce.op == ReduceOp::kPremulSum) return a.reduce.scale;
-  return 1.0f;
-}
-
 // Inputs are always combined in rank order, so every rank (and every algorithm) forms the same
 // fp32 sums: all_reduce results are identical on all ranks.
 Status reducePass(const CollArgs& a, const OpEnv& env, const PassView& v, size_t lo, size_t hi, size_t part,
@@ -48,7 +42,7 @@ Status reducePass(const CollArgs& a, const OpEnv& env, const PassView& v, size_t
   r.out = out;
   r.outType = a.outType;
   r.count = hi - lo;
-  r.scale = postScale(a, env.size);
+  r.scale = a.postScale(env.size);
   r.accumulate = a.reduce.accumulate;
   reduce::reduce(r);
   return Status::ok();
@@ -75,7 +69,8 @@ Status runPass(const CollArgs& a, const OpEnv& env, const PassView& v, size_t lo
     case CollKind::kAllReduce:
       return reducePass(a, env, v, lo, hi, 0, recv + lo * outEs);
     case CollKind::kBroadcast:
-      if (!(env.rank == a.root && a.inPlace)) reduce::copyBytes(recv + lo * outEs, v.at(a.root, 0, lo), (hi - lo) * outEs);
+      if (!(env.rank == a.root && a.inPlace))
+        reduce::copyBytes(recv + lo * outEs, v.at(a.root, 0, lo), (hi - lo) * outEs);
       return Status::ok();
     case CollKind::kBarrier:
       return Status::ok();

@@ -16,12 +16,6 @@ namespace {
 
 int wrap(int p, int n) { return ((p % n) + n) % n; }
 
-float postScale(const CollArgs& a, int size) {
-  if (a.reduce.op == ReduceOp::kAvg) return 1.0f / static_cast<float>(size);
-  if (a.reduce.op == ReduceOp::kPremulSum) return a.reduce.scale;
-  return 1.0f;
-}
-
 // Sends of one round, each waited once (early when a slot or the window needs it, else at the end).
 struct PendingSends {
   std::vector<uint64_t> op;
@@ -88,7 +82,7 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
   const char* in = static_cast<const char*>(a.send);
   char* out = static_cast<char*>(a.recv);
   auto inputBlock = [&](int p) { return in + static_cast<size_t>(env.order[wrap(p, n)]) * a.count * inEs; };
-  const float scale = postScale(a, n);
+  const float scale = a.postScale(n);
 
   // out = scale * (sum of `inputs`) (+ out when accumulating), in outType.
   auto finish = [&](const void* const* inputs, int numInputs, DataType inType, size_t lo, size_t len) {
