@@ -121,7 +121,11 @@ libcomm::Result<std::unique_ptr<Executor>> Executor::create(const ModelSpec& mod
   LIBCOMM_RETURN_IF_ERROR(ex->bindViews(model));
   for (size_t e = 0; e < ex->schedule_.events.size(); ++e) ex->events_.push_back(libcomm::createHostEvent());
   const std::string suffix = ".r" + std::to_string(ex->rank_);
-  ex->compute_ = libcomm::createHostStream("shard.compute" + suffix);
+  // An inline stream's own wait bound is never reached: the executor waits for the event on the
+  // host first, with its own deadline and error context (runOp), so the stream's wait finds it done.
+  ex->compute_ = options.threadedComputeStream
+                     ? libcomm::createHostStream("shard.compute" + suffix)
+                     : libcomm::createInlineHostStream("shard.compute" + suffix, options.waitTimeout);
   ex->ag_ = libcomm::createHostStream("shard.ag" + suffix);
   // One communicator runs its collectives in call order: with a single one, gathers and
   // reduce-scatters share one stream so that its order is the enqueue order on every rank.
