@@ -44,6 +44,7 @@ struct Variant {
   bool scale = false;  // the executor applies gradScale at endStep
   int width = 37;      // large widths take libcomm's direct (registered, one-copy) path, not eager
   bool threadedCompute = false;  // ExecutorOptions::threadedComputeStream (default: inline)
+  bool embedNoBackwardWeights = false;  // the embedding's backward reads no weights: not gathered for
 
   std::string name() const {
     return libcomm::detail::strCat("micro ", micro, " ", libshard::precisionName(precision), " buffers ", blockBuffers,
@@ -51,7 +52,8 @@ struct Variant {
                                    serialize ? " serialized" : "", oneComm ? " one-comm" : "",
                                    budget ? " checkpointing" : "", " align ", alignment, norms ? "" : " no-norms",
                                    scale ? " scaled" : "", " width ", width,
-                                   threadedCompute ? " threaded-compute" : "");
+                                   threadedCompute ? " threaded-compute" : "",
+                                   embedNoBackwardWeights ? " embed-backward-without-weights" : "");
   }
 };
 
@@ -69,6 +71,14 @@ std::vector<Variant> variants() {
     big.width = 20011;
     v.push_back(big);
   }
+  for (int micro : {1, 3}) {
+    Variant noWeights{micro, micro == 1 ? Precision::kFp32 : Precision::kBf16};
+    noWeights.embedNoBackwardWeights = true;
+    v.push_back(noWeights);
+  }
+  Variant noWeightsCkpt{2, Precision::kBf16, 2, 1, 2, false, false, /*budget=*/true};
+  noWeightsCkpt.embedNoBackwardWeights = true;
+  v.push_back(noWeightsCkpt);
   for (int micro : {1, 2}) {
     Variant threaded{micro, Precision::kBf16};
     threaded.threadedCompute = true;
@@ -113,6 +123,7 @@ Status runVariant(RankContext& ctx, libcomm::Communicator& agComm, libcomm::Comm
   toy::ToyShape shape;
   shape.norms = v.norms;
   shape.width = v.width;
+  shape.embedBackwardReadsWeights = !v.embedNoBackwardWeights;
   const auto spec = toy::makeSpec(shape);
   LIBCOMM_ASSIGN_OR_RETURN(auto plan, makePlan(spec, v, ctx.rank, ctx.size));
   libcomm::Communicator& rs = v.oneComm ? agComm : rsComm;

@@ -71,7 +71,9 @@ struct LayerViews {
   /// input it kept, with the same weights.
   bool recompute = false;
   /// The layer's parameters in ModelSpec order, in the compute type (read only). Norm parameters
-  /// point into the resident buffer, the others into the layer's gather buffer.
+  /// point into the resident buffer, the others into the layer's gather buffer -- except in the
+  /// backward of a layer that was not gathered for it (LayerSpec::backwardReadsWeights false and not
+  /// checkpointed), where the non-norm ones have null data.
   std::vector<TensorView> weights;
   /// Backward only: the gradients, same order as `weights`. ADD this micro-batch's gradient into
   /// each view (+=). Non-norm views are in the compute type and hold zeros at beginBackward, so a
