@@ -27,7 +27,8 @@ GradView gradOf(const TensorView& v) {
 // The layer's views must be the parameters buildModelSpec gave it, in that order; anything else
 // is a plan built from another model, which the kernels would only catch as a size mismatch.
 // `weightsNeeded` false: a backward that reads no weights, which libshard hands out without them.
-Status checkViews(const LayerViews& v, const std::vector<std::string>& names, bool backward, bool weightsNeeded = true) {
+Status checkViews(const LayerViews& v, const std::vector<std::string>& names, bool backward,
+                  bool weightsNeeded = true) {
   bool ok = v.weights.size() == names.size() && (!backward || v.grads.size() == names.size());
   for (size_t i = 0; ok && i < names.size(); ++i)
     ok = v.weights[i].name == names[i] && (v.weights[i].data != nullptr || !weightsNeeded);

@@ -245,8 +245,8 @@ class ToyNet {
     // A backward that reads no weights is handed none (it was not gathered for, and the buffer
     // holds another layer's weights by now); every other use gets all of them.
     const auto kk = static_cast<size_t>(k);
-    const bool withoutWeights = v.phase == libshard::Phase::kBackward && !v.recompute &&
-                                !spec_.layers[kk].backwardReadsWeights;
+    const bool withoutWeights =
+        v.phase == libshard::Phase::kBackward && !v.recompute && !spec_.layers[kk].backwardReadsWeights;
     for (const auto& w : v.weights) {
       const std::string name(w.name);
       if (w.kind != ParamKind::kNorm && withoutWeights) {

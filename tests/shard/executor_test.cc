@@ -43,7 +43,7 @@ struct Variant {
   bool norms = true;   // false: a model without norm parameters (no resident group)
   bool scale = false;  // the executor applies gradScale at endStep
   int width = 37;      // large widths take libcomm's direct (registered, one-copy) path, not eager
-  bool threadedCompute = false;  // ExecutorOptions::threadedComputeStream (default: inline)
+  bool threadedCompute = false;         // ExecutorOptions::threadedComputeStream (default: inline)
   bool embedNoBackwardWeights = false;  // the embedding's backward reads no weights: not gathered for
 
   std::string name() const {
@@ -51,8 +51,7 @@ struct Variant {
                                    " prefetch ", prefetch, " grad buffers ", gradBuffers,
                                    serialize ? " serialized" : "", oneComm ? " one-comm" : "",
                                    budget ? " checkpointing" : "", " align ", alignment, norms ? "" : " no-norms",
-                                   scale ? " scaled" : "", " width ", width,
-                                   threadedCompute ? " threaded-compute" : "",
+                                   scale ? " scaled" : "", " width ", width, threadedCompute ? " threaded-compute" : "",
                                    embedNoBackwardWeights ? " embed-backward-without-weights" : "");
   }
 };
