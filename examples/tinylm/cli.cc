@@ -93,6 +93,7 @@ const char* cliUsage() {
          "  --mode M              full | compute-only | comm-only: a benchmark baseline that keeps only the\n"
          "                        compute or only the communication of a step (default full)\n"
          "  --event-log-check     record the executor's event log and prove its rules at the end\n"
+         "  --event-log-dump PATH with --event-log-check: also write each rank's log to PATH.r<rank> (text)\n"
          "  --describe            print the shard plan first\n"
          "  --save-checkpoint DIR save a sharded checkpoint at the end (DIR must not hold one)\n"
          "  --load-checkpoint DIR resume from a checkpoint (any world size), up to --steps\n"
@@ -170,6 +171,11 @@ libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args) {
       {"--save-checkpoint",
        [&](const std::string&, const std::string& s) {
          t.saveCheckpoint = s;
+         return Status::ok();
+       }},
+      {"--event-log-dump",
+       [&](const std::string&, const std::string& s) {
+         t.eventLogDump = s;
          return Status::ok();
        }},
       {"--load-checkpoint",

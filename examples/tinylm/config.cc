@@ -95,6 +95,9 @@ libshard::ModelSpec buildModelSpec(const TinyLmConfig& cfg, size_t microBatchTok
   };
   addLayer("embed", {param("embed.weight", {v, d}, ParamKind::kEmbedding)},
            embedActivationBytes(cfg, microBatchTokens));
+  // The embedding's backward scatters the output gradient into the table's rows: it reads no
+  // weights, so libshard need not gather the table again for it (only the forward reads it).
+  spec.layers.back().backwardReadsWeights = false;
   for (int i = 0; i < cfg.layers; ++i) {
     const std::string b = "blocks." + std::to_string(i);
     addLayer(b,

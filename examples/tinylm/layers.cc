@@ -26,9 +26,12 @@ GradView gradOf(const TensorView& v) {
 
 // The layer's views must be the parameters buildModelSpec gave it, in that order; anything else
 // is a plan built from another model, which the kernels would only catch as a size mismatch.
-Status checkViews(const LayerViews& v, const std::vector<std::string>& names, bool backward) {
+// `weightsNeeded` false: a backward that reads no weights, which libshard hands out without them.
+Status checkViews(const LayerViews& v, const std::vector<std::string>& names, bool backward,
+                  bool weightsNeeded = true) {
   bool ok = v.weights.size() == names.size() && (!backward || v.grads.size() == names.size());
-  for (size_t i = 0; ok && i < names.size(); ++i) ok = v.weights[i].name == names[i] && v.weights[i].data != nullptr;
+  for (size_t i = 0; ok && i < names.size(); ++i)
+    ok = v.weights[i].name == names[i] && (v.weights[i].data != nullptr || !weightsNeeded);
   if (ok && backward)
     for (const TensorView& g : v.grads) ok = ok && g.data != nullptr;
   if (ok) return Status::ok();
@@ -50,8 +53,8 @@ class TinyLmLayers::Base : public libshard::Layer {
 
  protected:
   Status enterForward(const LayerViews& v) { return checkViews(v, names_, false); }
-  Status enterBackward(const LayerViews& v) {
-    LIBCOMM_RETURN_IF_ERROR(checkViews(v, names_, true));
+  Status enterBackward(const LayerViews& v, bool readsWeights = true) {
+    LIBCOMM_RETURN_IF_ERROR(checkViews(v, names_, true, readsWeights || v.recompute));
     if (!held_)
       return libcomm::makeError(StatusCode::kInvalidUsage, "tinylm layer ", index_, ": backward of micro-batch ",
                                 v.microBatch, " without its forward");
@@ -87,7 +90,7 @@ class TinyLmLayers::Embed : public Base {
     return Status::ok();
   }
   Status backward(const LayerViews& v) override {
-    LIBCOMM_RETURN_IF_ERROR(enterBackward(v));
+    LIBCOMM_RETURN_IF_ERROR(enterBackward(v, /*readsWeights=*/false));  // buildModelSpec says so too
     embedBackward(cfg_, t_.inputs.data(), t_.tokens, t_.grad.data(), gradOf(v.grads[0]), t_.ws);
     held_ = false;
     return Status::ok();

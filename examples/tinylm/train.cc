@@ -3,11 +3,13 @@
 #include "tinylm/train.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <optional>
 
 #include "libcomm/convert.h"
 #include "libshard/buffers.h"
 #include "libshard/checkpoint.h"
+#include "libshard/event_log.h"
 #include "libshard/executor.h"
 #include "libshard/optimizer.h"
 #include "libshard/schedule.h"
@@ -86,6 +88,19 @@ libshard::ShardPlan soloOptimizerPlan(const libshard::ShardPlan& plan) {
   solo.options.worldSize = 1;
   solo.options.rank = 0;
   return solo;
+}
+
+// One entry a line, for timelines (TrainOptions::eventLogDump).
+Status dumpEventLog(const std::string& path, int rank, const std::vector<libshard::LogEntry>& entries) {
+  const std::string file = path + ".r" + std::to_string(rank);
+  std::FILE* f = std::fopen(file.c_str(), "w");
+  if (!f) return libcomm::makeError(StatusCode::kSystemError, "tinylm: cannot write the event log to '", file, "'");
+  for (const libshard::LogEntry& e : entries)
+    std::fprintf(f, "%lld %d %s %d %d %s %d %d\n", static_cast<long long>(e.ns), e.step, libshard::logKindName(e.kind),
+                 e.layer, e.microBatch, libshard::phaseName(e.phase), e.buffer, e.gradBuffer);
+  const bool ok = std::fclose(f) == 0;
+  return ok ? Status::ok()
+            : libcomm::makeError(StatusCode::kSystemError, "tinylm: writing the event log to '", file, "' failed");
 }
 
 }  // namespace
@@ -247,6 +262,7 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
       return libcomm::makeError(StatusCode::kInternalError, "event log: ", stepEnds, " step ends for ", stepsToRun,
                                 " steps");
     mine.eventLogEntries = entries.size();
+    if (!o.eventLogDump.empty()) LIBCOMM_RETURN_IF_ERROR(dumpEventLog(o.eventLogDump, rank, entries));
   }
   hooks.reset();
   executor.reset();  // drains its streams before the state is read by a save or freed

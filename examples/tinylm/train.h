@@ -104,6 +104,9 @@ struct TrainOptions {
   uint64_t memoryBudgetBytes = 0;  // per rank, libshard + activations; 0: none
   bool serialize = false;          // no overlap (benchmark baseline): ScheduleOptions::serialize
   bool eventLogCheck = false;      // record the event log and prove it with checkEventLog at the end
+  /// With eventLogCheck: also write each rank's log as text to "<eventLogDump>.r<rank>" (one entry a
+  /// line: ns, step, kind, layer, micro-batch, phase, buffer, grad buffer), for timelines.
+  std::string eventLogDump;
   std::string loadCheckpoint;      // a checkpoint directory to resume from (any world size)
   std::string saveCheckpoint;      // a fresh directory to save into once `steps` is reached
   /// kComputeOnly / kCommOnly: the benchmark baselines described at the top of this file.

@@ -141,6 +141,11 @@ class Checker {
     const bool resident = plan_.resident.paddedNumel > 0 && plan_.residentBuffer >= 0;
     for (const auto& [key, u] : uses_) {
       if (u.begin < 0) continue;
+      // Only a backward that reads no weights may go without a gather buffer.
+      const bool hasWeights = u.layer >= 0 && static_cast<size_t>(u.layer) < plan_.layers.size() &&
+                              plan_.layers[static_cast<size_t>(u.layer)].paddedNumel > 0;
+      if (u.buffer < 0 && hasWeights && (u.phase == Phase::kForward || plan_.backwardNeedsGather(u.layer)))
+        fail("rule A: ", useName(u), " began at ", at(u.begin), " with no gather buffer, but it reads its weights");
       if (u.buffer >= 0 && static_cast<size_t>(u.buffer) < gathers_.size()) {
         const Span* last = nullptr;
         for (const Span& g : gathers_[static_cast<size_t>(u.buffer)])

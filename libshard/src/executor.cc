@@ -56,9 +56,12 @@ Status checkScheduleAgainstPlan(const Schedule& s, const ShardPlan& plan) {
       if (op.buffer != want) return bad(i, "gathers into buffer ", op.buffer, ", but the plan's buffer is ", want);
     } else if (op.kind == OpKind::kHook && op.layer >= 0) {
       const FlatGroup& g = plan.layers[static_cast<size_t>(op.layer)];
-      const int want = g.paddedNumel > 0 ? g.gatherBuffer : -1;
-      if (op.buffer != want) return bad(i, "hands out buffer ", op.buffer, ", but the plan's buffer is ", want);
       const bool backward = op.hook == HookKind::kBeginBackward || op.hook == HookKind::kEndBackward;
+      const int want = g.paddedNumel > 0 ? g.gatherBuffer : -1;
+      // A backward that reads no weights may go without them (and then is handed none).
+      const bool noWeightsOk = backward && op.buffer == -1 && !plan.backwardNeedsGather(op.layer);
+      if (op.buffer != want && !noWeightsOk)
+        return bad(i, "hands out buffer ", op.buffer, ", but the plan's buffer is ", want);
       if (!backward || g.paddedNumel == 0) {
         if (op.gradBuffer != -1) return bad(i, "names grad buffer ", op.gradBuffer, " where the layer writes none");
         continue;
@@ -121,7 +124,11 @@ libcomm::Result<std::unique_ptr<Executor>> Executor::create(const ModelSpec& mod
   LIBCOMM_RETURN_IF_ERROR(ex->bindViews(model));
   for (size_t e = 0; e < ex->schedule_.events.size(); ++e) ex->events_.push_back(libcomm::createHostEvent());
   const std::string suffix = ".r" + std::to_string(ex->rank_);
-  ex->compute_ = libcomm::createHostStream("shard.compute" + suffix);
+  // An inline stream's own wait bound is never reached: the executor waits for the event on the
+  // host first, with its own deadline and error context (runOp), so the stream's wait finds it done.
+  ex->compute_ = options.threadedComputeStream
+                     ? libcomm::createHostStream("shard.compute" + suffix)
+                     : libcomm::createInlineHostStream("shard.compute" + suffix, options.waitTimeout);
   ex->ag_ = libcomm::createHostStream("shard.ag" + suffix);
   // One communicator runs its collectives in call order: with a single one, gathers and
   // reduce-scatters share one stream so that its order is the enqueue order on every rank.
@@ -260,8 +267,13 @@ libcomm::Result<const LayerViews*> Executor::beginBackward(int layer) {
   v.recompute = hook_->recompute;
   auto* gradBase = static_cast<char*>(pool_.gradBuffer(hook_->gradBuffer));
   const size_t es = libcomm::dataTypeSize(computeType_);
-  for (size_t i = 0; i < v.grads.size(); ++i)
-    if (!gradSlots_[k][i].resident) v.grads[i].data = gradBase ? gradBase + gradSlots_[k][i].offset * es : nullptr;
+  for (size_t i = 0; i < v.grads.size(); ++i) {
+    if (gradSlots_[k][i].resident) continue;
+    v.grads[i].data = gradBase ? gradBase + gradSlots_[k][i].offset * es : nullptr;
+    // Not gathered for this backward (it reads no weights): whatever the buffer holds now is another
+    // layer's, so hand out nothing rather than wrong weights.
+    v.weights[i].data = hook_->buffer >= 0 ? forward_[k].weights[i].data : nullptr;
+  }
   log_.add(logEntry(LogKind::kComputeBegin));
   return &v;
 }

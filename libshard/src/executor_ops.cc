@@ -27,6 +27,9 @@ Status Executor::runOp(const ScheduleOp& op) {
     case OpKind::kHook:
       return Status::ok();  // never reached: hooks delimit the runs
     case OpKind::kWait:
+      // An inline compute stream would block in its wait: block here instead, where a timeout or a
+      // failed collective is reported as the hook's error, naming what it waited for.
+      if (op.stream == StreamId::kCompute && !options_.threadedComputeStream) LIBCOMM_RETURN_IF_ERROR(hostWait(op));
       return stream(op.stream).wait(*events_[static_cast<size_t>(op.event)]);
     case OpKind::kRecord: {
       const ScheduleEvent& ev = schedule_.events[static_cast<size_t>(op.event)];

@@ -31,6 +31,13 @@ libcomm::DataType computeType(Precision p) {
   return p == Precision::kFp32 ? libcomm::DataType::kFloat32 : libcomm::DataType::kBFloat16;
 }
 
+bool ShardPlan::backwardNeedsGather(int layer) const {
+  if (layer < 0 || static_cast<size_t>(layer) >= layers.size()) return false;
+  const auto k = static_cast<size_t>(layer);
+  const bool recomputed = k < checkpointed.size() && checkpointed[k];
+  return layers[k].paddedNumel > 0 && (layers[k].backwardReadsWeights || recomputed);
+}
+
 int ShardPlan::numCheckpointed() const {
   return static_cast<int>(std::count(checkpointed.begin(), checkpointed.end(), true));
 }
@@ -276,6 +283,7 @@ libcomm::Result<ShardPlan> ShardPlanner::plan(const ModelSpec& model) const {
     g.stateOffset = stateOffset;
     g.activationBytes = l.activationBytes;
     g.checkpointActivationBytes = l.checkpointActivationBytes;
+    g.backwardReadsWeights = l.backwardReadsWeights;
     stateOffset += g.shardNumel;
     plan.layers.push_back(std::move(g));
   }

@@ -151,7 +151,9 @@ class Builder {
         const int dedicated = plan_.layers[static_cast<size_t>(k)].gradBuffer;
         int g = -1;
         if (b >= 0) g = dedicated >= 0 ? dedicated : rotatingGrads_[turn++ % rotatingGrads_.size()];
-        uses_.push_back({Phase::kBackward, m, k, b, g});
+        // A backward that reads no weights (an embedding's) holds no gather buffer: it is not
+        // gathered for, and the buffer's next user need not wait for its release.
+        uses_.push_back({Phase::kBackward, m, k, plan_.backwardNeedsGather(k) ? b : -1, g});
       }
     }
     // Residency: what each buffer holds as the step proceeds. Nothing counts as resident at step

@@ -67,6 +67,9 @@ struct RunSpec {
   // optimizerDone as a CUDA trainer's kernels would be, that takes this long; < 0: it runs on the
   // trainer's thread, done before optimizerDone is called.
   std::chrono::milliseconds streamOptimizer{-1};
+  // The executor's compute stream has a progress thread (ExecutorOptions::threadedComputeStream): work
+  // enqueued on it is still running when the hook returns, as on a GPU.
+  bool threadedCompute = false;
 };
 
 // Runs spec.steps steps on one rank (of ctx.size). Returns the checker's verdict and the log.
@@ -87,6 +90,7 @@ libcomm::Result<Outcome> run(RankContext& ctx, const RunSpec& spec) {
   libshard::ExecutorOptions eo;
   eo.eventLogCapacity = 4096;
   eo.waitTimeout = std::chrono::seconds(20);
+  eo.threadedComputeStream = spec.threadedCompute;
   LIBCOMM_ASSIGN_OR_RETURN(auto ex, libshard::Executor::create(model, plan, schedule, *pool, *ag, *rs, eo));
   toy::ToyFaults faults;
   faults.computeDelay = spec.computeDelay;
@@ -260,6 +264,7 @@ Status gateBody(RankContext& ctx) {
   RunSpec spec;
   spec.steps = 3;
   spec.streamOptimizer = std::chrono::milliseconds(50);
+  spec.threadedCompute = true;  // inline, the optimizer would be done before optimizerDone is called
   LIBCOMM_ASSIGN_OR_RETURN(auto good, run(ctx, spec));
   LIBCOMM_RETURN_IF_ERROR(good.check.withContext("the correct schedule"));
   if (good.wrongWeights != 0)

@@ -37,6 +37,9 @@ struct ToyShape {
   int width = 37;         // odd on purpose
   int embedExtra = 2000;  // embed.u: makes the embedding outsized
   bool norms = true;      // false: no norm parameters at all (no resident group, no final_norm)
+  // false: the embedding's backward reads no weights (LayerSpec::backwardReadsWeights): its gradient
+  // here is g * in, which does not involve embed.w.
+  bool embedBackwardReadsWeights = true;
 };
 
 inline uint32_t nameHash(const std::string& s) {
@@ -84,6 +87,7 @@ inline libshard::ModelSpec makeSpec(const ToyShape& t = {}) {
     m.layers.push_back(std::move(l));
   };
   layer("embed", {{"embed.u", {t.embedExtra}, ParamKind::kEmbedding}, {"embed.w", {w}, ParamKind::kEmbedding}});
+  m.layers.back().backwardReadsWeights = t.embedBackwardReadsWeights;
   for (int b = 0; b < t.blocks; ++b) {
     const std::string p = "blocks." + std::to_string(b);
     std::vector<ParamSpec> ps;
@@ -238,8 +242,22 @@ class ToyNet {
   };
 
   Status checkWeights(int k, const libshard::LayerViews& v) {
+    // A backward that reads no weights is handed none (it was not gathered for, and the buffer
+    // holds another layer's weights by now); every other use gets all of them.
+    const auto kk = static_cast<size_t>(k);
+    const bool withoutWeights =
+        v.phase == libshard::Phase::kBackward && !v.recompute && !spec_.layers[kk].backwardReadsWeights;
     for (const auto& w : v.weights) {
       const std::string name(w.name);
+      if (w.kind != ParamKind::kNorm && withoutWeights) {
+        if (w.data != nullptr)
+          return libcomm::makeError(StatusCode::kInternalError, "toy layer ", k, " backward step ", v.step,
+                                    ": handed weight ", w.name, " although its backward was not gathered for");
+        continue;
+      }
+      if (w.data == nullptr)
+        return libcomm::makeError(StatusCode::kInternalError, "toy layer ", k, " ", libshard::phaseName(v.phase),
+                                  " step ", v.step, ": weight ", w.name, " has no data");
       for (size_t i = 0; i < w.numel; ++i) {
         const float want = weightValue(name, w.kind, i, v.step);
         if (readElem(w, i) == want) continue;
@@ -257,7 +275,9 @@ class ToyNet {
 
   float chain(const libshard::LayerViews& v, const char* suffix, size_t i) const {
     for (const auto& w : v.weights)
-      if (endsWith(std::string(w.name), suffix)) return readElem(w, i);
+      // No data: a weight its backward does not read (checkWeights vouched for that); what this
+      // returns then only feeds the upstream gradient below layer 0, which nothing uses.
+      if (endsWith(std::string(w.name), suffix)) return w.data ? readElem(w, i) : 1.0f;
     return 1.0f;
   }
 

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -41,13 +43,16 @@ struct Variant {
   bool norms = true;   // false: a model without norm parameters (no resident group)
   bool scale = false;  // the executor applies gradScale at endStep
   int width = 37;      // large widths take libcomm's direct (registered, one-copy) path, not eager
+  bool threadedCompute = false;         // ExecutorOptions::threadedComputeStream (default: inline)
+  bool embedNoBackwardWeights = false;  // the embedding's backward reads no weights: not gathered for
 
   std::string name() const {
     return libcomm::detail::strCat("micro ", micro, " ", libshard::precisionName(precision), " buffers ", blockBuffers,
                                    " prefetch ", prefetch, " grad buffers ", gradBuffers,
                                    serialize ? " serialized" : "", oneComm ? " one-comm" : "",
                                    budget ? " checkpointing" : "", " align ", alignment, norms ? "" : " no-norms",
-                                   scale ? " scaled" : "", " width ", width);
+                                   scale ? " scaled" : "", " width ", width, threadedCompute ? " threaded-compute" : "",
+                                   embedNoBackwardWeights ? " embed-backward-without-weights" : "");
   }
 };
 
@@ -64,6 +69,19 @@ std::vector<Variant> variants() {
     Variant big{2, p};
     big.width = 20011;
     v.push_back(big);
+  }
+  for (int micro : {1, 3}) {
+    Variant noWeights{micro, micro == 1 ? Precision::kFp32 : Precision::kBf16};
+    noWeights.embedNoBackwardWeights = true;
+    v.push_back(noWeights);
+  }
+  Variant noWeightsCkpt{2, Precision::kBf16, 2, 1, 2, false, false, /*budget=*/true};
+  noWeightsCkpt.embedNoBackwardWeights = true;
+  v.push_back(noWeightsCkpt);
+  for (int micro : {1, 2}) {
+    Variant threaded{micro, Precision::kBf16};
+    threaded.threadedCompute = true;
+    v.push_back(threaded);
   }
   return v;
 }
@@ -104,6 +122,7 @@ Status runVariant(RankContext& ctx, libcomm::Communicator& agComm, libcomm::Comm
   toy::ToyShape shape;
   shape.norms = v.norms;
   shape.width = v.width;
+  shape.embedBackwardReadsWeights = !v.embedNoBackwardWeights;
   const auto spec = toy::makeSpec(shape);
   LIBCOMM_ASSIGN_OR_RETURN(auto plan, makePlan(spec, v, ctx.rank, ctx.size));
   libcomm::Communicator& rs = v.oneComm ? agComm : rsComm;
@@ -123,6 +142,7 @@ Status runVariant(RankContext& ctx, libcomm::Communicator& agComm, libcomm::Comm
   eo.waitTimeout = std::chrono::seconds(20);
   eo.eventLogCapacity = 1 << 15;
   eo.scaleGradients = v.scale;
+  eo.threadedComputeStream = v.threadedCompute;
   LIBCOMM_ASSIGN_OR_RETURN(auto ex, libshard::Executor::create(spec, plan, schedule, *pool, agComm, rs, eo));
 
   toy::ToyNet net(spec, plan);
@@ -364,6 +384,60 @@ TEST(ExecutorHooks, OutOfOrderCallsAreRefusedAndHarmless) {
     LIBCOMM_RETURN_IF_ERROR(ex.optimizerDone());
     if (ex.step() != 1) return libcomm::makeError(StatusCode::kInternalError, "step ", ex.step(), " after one step");
     return ex.status();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// Threads of this process whose name starts with `prefix` (a host stream's thread is "hs:<name>").
+int threadsNamed(const std::string& prefix) {
+  int n = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    if (std::getline(comm, name) && name.rfind(prefix, 0) == 0) ++n;
+  }
+  return n;
+}
+
+// The compute stream is inline by default: its work runs on the trainer's thread and no progress
+// thread exists for it (each hand-off to one would wait for the scheduler when the cores are busy).
+// ExecutorOptions::threadedComputeStream brings the thread back, and a step runs correctly either way.
+TEST(ExecutorOptions, ComputeStreamIsInlineUnlessAskedForAThread) {
+  RunOptions opts;
+  opts.size = 1;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    for (bool threaded : {false, true}) {
+      libshard::ExecutorOptions eo;
+      eo.threadedComputeStream = threaded;
+      eo.waitTimeout = std::chrono::seconds(20);
+      LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, {1, Precision::kFp32}, testConfig(), eo));
+      // Work enqueued on an inline stream has run when the enqueue returns.
+      bool ran = false;
+      LIBCOMM_RETURN_IF_ERROR(rig->ex->computeStream().enqueueHost(
+          [&ran] {
+            ran = true;
+            return Status::ok();
+          },
+          "probe"));
+      LIBCOMM_RETURN_IF_ERROR(rig->ex->computeStream().synchronize(libcomm::Deadline::after(std::chrono::seconds(20))));
+      if (!ran) return libcomm::makeError(StatusCode::kInternalError, "the probe never ran");
+      // Counted once the stream has run an item: a progress thread names itself when it starts.
+      const int computeThreads = threadsNamed("hs:shard.comput");
+      if (computeThreads != (threaded ? 1 : 0))
+        return libcomm::makeError(StatusCode::kInternalError, computeThreads, " compute-stream threads with ",
+                                  threaded ? "a threaded" : "an inline", " compute stream");
+      toy::ToyNet net(rig->spec, rig->plan);
+      libshard::RunnerHooks hooks;
+      hooks.optimizer = [&](libshard::Executor& e) -> Status {
+        toy::setWeights(rig->plan, e.state(), e.step() + 1);
+        return Status::ok();
+      };
+      libshard::Runner runner(*rig->ex, net.layers(), hooks);
+      for (int s = 0; s < 2; ++s) LIBCOMM_RETURN_IF_ERROR(runner.step());
+      if (net.wrongWeights != 0)
+        return libcomm::makeError(StatusCode::kInternalError, net.wrongWeights, " wrong weights seen");
+    }
+    return Status::ok();
   });
   EXPECT_RANKS_OK(report);
 }

@@ -79,6 +79,37 @@ TEST(Schedule, ResidentLayersAreNotGatheredAgain) {
   EXPECT_EQ(three.count(OpKind::kAllGather, 3), 3);
 }
 
+// An embedding-like layer: its backward reads no weights, so the schedule does not gather for it,
+// hands its backward no buffer, and still reduces its gradient -- unless it is checkpointed, when
+// recomputation reads the weights.
+TEST(Schedule, ABackwardThatReadsNoWeightsIsNotGatheredFor) {
+  auto spec = blocksOnly();
+  spec.layers[0].backwardReadsWeights = false;
+  Schedule one = build(planFor(spec, 1));
+  EXPECT_EQ(one.count(OpKind::kAllGather), 6) << one.describe();
+  EXPECT_EQ(one.count(OpKind::kAllGather, 0), 1);
+  EXPECT_EQ(one.count(OpKind::kReduceScatter, 0), 1);
+  const int b0 = hookIndex(one, HookKind::kBeginBackward, 0, 0);
+  ASSERT_GE(b0, 0);
+  EXPECT_EQ(one.ops[static_cast<size_t>(b0)].buffer, -1);
+  EXPECT_GE(one.ops[static_cast<size_t>(b0)].gradBuffer, 0);
+  // Three micro-batches: without its backward gather, layer 0's buffer holds layer 2 when the next
+  // micro-batch starts, so each forward gathers it: 3 instead of 4 (1 forward + 3 backward).
+  Schedule three = build(planFor(spec, 3));
+  EXPECT_EQ(three.count(OpKind::kAllGather, 0), 3) << three.describe();
+  EXPECT_EQ(three.count(OpKind::kAllGather), 14);
+  // Checkpointed, its backward recomputes the forward and needs the weights again.
+  auto plan = planFor(spec, 1);
+  plan.checkpointed[0] = true;
+  EXPECT_TRUE(plan.backwardNeedsGather(0));
+  Schedule ckpt = build(plan);
+  EXPECT_EQ(ckpt.count(OpKind::kAllGather, 0), 2) << ckpt.describe();
+  const int c0 = hookIndex(ckpt, HookKind::kBeginBackward, 0, 0);
+  ASSERT_GE(c0, 0);
+  EXPECT_GE(ckpt.ops[static_cast<size_t>(c0)].buffer, 0);
+  EXPECT_TRUE(ckpt.ops[static_cast<size_t>(c0)].recompute);
+}
+
 TEST(Schedule, ReduceScattersOverwriteFirstThenAccumulate) {
   const auto spec = blocksOnly();
   Schedule s = build(planFor(spec, 3));

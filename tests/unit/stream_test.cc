@@ -5,12 +5,20 @@
 
 #include <gtest/gtest.h>
 
+#include <sched.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstdlib>
 #include <future>
 #include <thread>
 #include <vector>
 
 #include "core/host_stream.h"
+#include "libcomm/config.h"
 
 namespace libcomm {
 namespace {
@@ -456,6 +464,101 @@ TEST(InlineHostStream, WaitOnAnEventThatNeverCompletesTimesOut) {
   EXPECT_EQ(st.code(), StatusCode::kTimeout);
   EXPECT_NE(st.message().find("inline"), std::string::npos) << st.message();
   gate.open();
+}
+
+// ---- progress-thread priority (LIBCOMM_STREAM_PRIORITY) -----------------------------------------
+
+TEST(StreamPriority, ParsesTheThreeKindsAndRefusesTheRest) {
+  for (const char* ok : {"", "inherit", "nice:-20", "nice:0", "nice:19", "fifo:1", "fifo:99"})
+    EXPECT_TRUE(parseStreamPriority(ok).isOk()) << ok;
+  auto n = parseStreamPriority("nice:-5");
+  ASSERT_TRUE(n.isOk());
+  EXPECT_EQ(n->kind, StreamPriority::Kind::kNice);
+  EXPECT_EQ(n->value, -5);
+  EXPECT_EQ(n->describe(), "nice:-5");
+  auto f = parseStreamPriority("fifo:3");
+  ASSERT_TRUE(f.isOk());
+  EXPECT_EQ(f->kind, StreamPriority::Kind::kFifo);
+  EXPECT_EQ(f->value, 3);
+  for (const char* bad : {"nice", "nice:", "nice:20", "nice:-21", "fifo:0", "fifo:100", "fifo:x", "rr:1", "nice:1x"}) {
+    auto r = parseStreamPriority(bad);
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("LIBCOMM_STREAM_PRIORITY"), std::string::npos) << r.status().toString();
+  }
+}
+
+// What the progress thread runs under, read from inside one of its items.
+struct ThreadPolicy {
+  int policy = -1;  // without SCHED_RESET_ON_FORK
+  int nice = 0;
+  bool resetOnFork = false;
+};
+
+ThreadPolicy policyOnStream(const StreamPriority& priority) {
+  HostStreamOptions opts;
+  opts.priority = priority;
+  auto s = createHostStream("prio", opts);
+  ThreadPolicy seen;
+  EXPECT_TRUE(s->enqueueHost(
+                   [&seen] {
+                     const int p = sched_getscheduler(0);
+                     seen.policy = p & ~SCHED_RESET_ON_FORK;
+                     seen.resetOnFork = (p & SCHED_RESET_ON_FORK) != 0;
+                     errno = 0;
+                     seen.nice = getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
+                     return Status::ok();
+                   },
+                   "read policy")
+                  .isOk());
+  EXPECT_TRUE(s->synchronize(soon()).isOk());
+  return seen;
+}
+
+TEST(StreamPriority, InheritLeavesTheThreadAlone) {
+  const int mine = getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
+  const ThreadPolicy t = policyOnStream(StreamPriority{});
+  EXPECT_EQ(t.policy, SCHED_OTHER);
+  EXPECT_EQ(t.nice, mine);
+}
+
+TEST(StreamPriority, NiceIsAppliedToTheProgressThreadOnly) {
+  // Lowering one's precedence is always permitted, so this holds with or without privileges.
+  const int mine = getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
+  const int want = std::min(mine + 3, 19);
+  const ThreadPolicy t = policyOnStream({StreamPriority::Kind::kNice, want});
+  EXPECT_EQ(t.nice, want);
+  EXPECT_EQ(getpriority(PRIO_PROCESS, static_cast<id_t>(gettid())), mine) << "the caller's thread changed";
+}
+
+// Whether this process may make a thread SCHED_FIFO (root, CAP_SYS_NICE or RLIMIT_RTPRIO), tried on
+// a scratch thread.
+bool fifoPermitted() {
+  bool ok = false;
+  std::thread([&ok] {
+    sched_param sp{};
+    sp.sched_priority = 1;
+    ok = sched_setscheduler(0, SCHED_FIFO, &sp) == 0;
+  }).join();
+  return ok;
+}
+
+TEST(StreamPriority, FifoWhereAllowedOtherwiseTheStreamStillWorks) {
+  const ThreadPolicy t = policyOnStream({StreamPriority::Kind::kFifo, 2});
+  if (fifoPermitted()) {
+    EXPECT_EQ(t.policy, SCHED_FIFO);
+    EXPECT_TRUE(t.resetOnFork) << "a process forked from a host function would inherit a real-time policy";
+  } else {
+    EXPECT_EQ(t.policy, SCHED_OTHER);  // degraded, with a warning; the item ran all the same
+  }
+  EXPECT_EQ(sched_getscheduler(0) & ~SCHED_RESET_ON_FORK, SCHED_OTHER) << "the caller's thread changed";
+}
+
+TEST(StreamPriority, AMalformedSettingFailsCommConfig) {
+  ASSERT_EQ(setenv("LIBCOMM_STREAM_PRIORITY", "fifo:1000", 1), 0);
+  auto c = CommConfig::fromEnvironment();
+  unsetenv("LIBCOMM_STREAM_PRIORITY");
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("LIBCOMM_STREAM_PRIORITY"), std::string::npos) << c.status().toString();
 }
 
 }  // namespace

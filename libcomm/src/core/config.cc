@@ -8,6 +8,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "core/host_stream.h"
 #include "core/log.h"
 
 extern char** environ;
@@ -32,6 +33,9 @@ const std::vector<SettingInfo> kSettings = {
     {"LIBCOMM_NT_STORE_BYTES", SettingType::kInt, "16777216",
      "process-wide: reduction outputs of at least this many bytes use streaming (non-temporal) stores; 0: never"},
     {"LIBCOMM_STAGING_CHUNK", SettingType::kInt, "1048576", "bytes per staging chunk for unregistered buffers"},
+    {"LIBCOMM_STREAM_PRIORITY", SettingType::kString, "inherit",
+     "process-wide: scheduling precedence of host streams' progress threads: inherit | nice:N (-20..19) | "
+     "fifo:N (SCHED_FIFO 1..99); falls back to inherit with a warning where not permitted"},
     {"LIBCOMM_EAGER_BYTES", SettingType::kInt, "16384",
      "inputs up to this size (bytes per rank) are copied in with the arrival handshake; 0: off"},
     {"LIBCOMM_SPIN_US", SettingType::kInt, "-1",
@@ -148,6 +152,9 @@ Result<CommConfig> CommConfig::fromEnvironment() {
   if (c.hostId.size() >= 64)
     return makeError(StatusCode::kInvalidArgument, "LIBCOMM_HOST_ID must be shorter than 64 characters, got ",
                      c.hostId.size());
+  // Read by every host stream (core/host_stream.cc); checked here so that a typo is an error, not a
+  // warning that scrolls by.
+  LIBCOMM_RETURN_IF_ERROR(parseStreamPriority(settingValue("LIBCOMM_STREAM_PRIORITY")).status());
   c.algo = settingValue("LIBCOMM_ALGO");
   if (!c.algo.empty() && c.algo != "direct" && c.algo != "staged" && c.algo != "eager")
     return makeError(StatusCode::kInvalidArgument, "LIBCOMM_ALGO='", c.algo, "' is not one of: eager, direct, staged");

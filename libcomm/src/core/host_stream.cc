@@ -13,6 +13,13 @@
 #include "core/host_stream.h"
 
 #include <pthread.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
 
 #include <atomic>
 #include <condition_variable>
@@ -23,6 +30,7 @@
 #include <typeinfo>
 
 #include "core/log.h"
+#include "libcomm/config.h"
 
 namespace libcomm {
 namespace {
@@ -50,6 +58,32 @@ bool waitUntil(std::condition_variable& cv, std::unique_lock<std::mutex>& lock, 
     return true;
   }
   return cv.wait_until(lock, deadline.at(), pred);
+}
+
+// Gives the calling (progress) thread the asked-for precedence over the process's other threads.
+// Why: with as many busy compute threads as cores, a woken progress thread otherwise waits for the
+// scheduler (tens to hundreds of microseconds), and a collective's handshake needs the progress
+// threads of every rank on a core at once (docs/PERFORMANCE.md, "libshard step time").
+void applyPriority(const StreamPriority& p, const std::string& stream) {
+  if (p.kind == StreamPriority::Kind::kInherit) return;
+  int err = 0;
+  if (p.kind == StreamPriority::Kind::kNice) {
+    if (setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), p.value) != 0) err = errno;
+  } else {
+    sched_param sp{};
+    sp.sched_priority = p.value;
+    // Reset on fork: a child forked from a host function must not inherit a real-time policy.
+    if (sched_setscheduler(0, SCHED_FIFO | SCHED_RESET_ON_FORK, &sp) != 0) err = errno;
+  }
+  if (err == 0) return;
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    LIBCOMM_LOG(kWarn, "stream") << "LIBCOMM_STREAM_PRIORITY=" << p.describe() << ": not permitted here ("
+                                 << strerror(err) << "); progress threads (first: stream '" << stream
+                                 << "') keep the scheduling policy they inherited. Needs CAP_SYS_NICE, or "
+                                 << (p.kind == StreamPriority::Kind::kFifo ? "RLIMIT_RTPRIO" : "RLIMIT_NICE")
+                                 << " high enough";
+  });
 }
 
 long long msSince(Clock::time_point t) { return std::chrono::duration_cast<Milliseconds>(Clock::now() - t).count(); }
@@ -89,7 +123,7 @@ struct Item {
 
 class Core {
  public:
-  explicit Core(std::string name) : name_(std::move(name)) {}
+  Core(std::string name, StreamPriority priority) : name_(std::move(name)), priority_(priority) {}
 
   const std::string& name() const { return name_; }
 
@@ -145,6 +179,7 @@ class Core {
   void run() {
     std::string threadName = "hs:" + name_;
     pthread_setname_np(pthread_self(), threadName.substr(0, 15).c_str());
+    applyPriority(priority_, name_);
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
       if (queue_.empty() && !stop_) {
@@ -285,6 +320,7 @@ class Core {
   }
 
   const std::string name_;
+  const StreamPriority priority_;
   mutable std::mutex mu_;
   std::condition_variable workCv_;  // progress thread sleeps here when the queue is empty
   std::condition_variable doneCv_;  // synchronize() and the destructor sleep here
@@ -350,7 +386,7 @@ class HostEvent final : public Event {
 class HostStream final : public Stream {
  public:
   HostStream(std::string name, const HostStreamOptions& options)
-      : core_(std::make_shared<Core>(std::move(name))), options_(options) {
+      : core_(std::make_shared<Core>(std::move(name), options.priority)), options_(options) {
     // The thread co-owns the core: if it must be detached, what it touches stays alive.
     thread_ = std::thread([core = core_] { core->run(); });
   }
@@ -546,6 +582,54 @@ bool runOnInlineStream(Stream& stream, const InlineItem& item, Status* enqueued,
   auto fn = [&item] { return item.run(item.context); };
   *enqueued = static_cast<InlineHostStream&>(stream).runItem(item.what, fn, ran);
   return true;
+}
+
+std::string StreamPriority::describe() const {
+  switch (kind) {
+    case Kind::kInherit:
+      return "inherit";
+    case Kind::kNice:
+      return "nice:" + std::to_string(value);
+    case Kind::kFifo:
+      return "fifo:" + std::to_string(value);
+  }
+  return "?";
+}
+
+Result<StreamPriority> parseStreamPriority(const std::string& text) {
+  StreamPriority p;
+  if (text.empty() || text == "inherit") return p;
+  auto bad = [&](const char* why) {
+    return makeError(StatusCode::kInvalidArgument, "LIBCOMM_STREAM_PRIORITY='", text, "': ", why,
+                     " (use inherit, nice:N with N in -20..19, or fifo:N with N in 1..99)");
+  };
+  const size_t colon = text.find(':');
+  if (colon == std::string::npos) return bad("no value");
+  const std::string kind = text.substr(0, colon), num = text.substr(colon + 1);
+  int v = 0;
+  auto [end, ec] = std::from_chars(num.data(), num.data() + num.size(), v);
+  if (num.empty() || ec != std::errc() || end != num.data() + num.size()) return bad("the value is not an integer");
+  if (kind == "nice") {
+    if (v < -20 || v > 19) return bad("nice out of range");
+    p.kind = StreamPriority::Kind::kNice;
+  } else if (kind == "fifo") {
+    if (v < 1 || v > 99) return bad("fifo priority out of range");
+    p.kind = StreamPriority::Kind::kFifo;
+  } else {
+    return bad("unknown kind");
+  }
+  p.value = v;
+  return p;
+}
+
+StreamPriority defaultStreamPriority() {
+  static const StreamPriority p = [] {
+    auto r = parseStreamPriority(settingValue("LIBCOMM_STREAM_PRIORITY"));
+    if (r.isOk()) return *r;
+    LIBCOMM_LOG(kWarn, "stream") << r.status().message() << "; ignored";
+    return StreamPriority{};
+  }();
+  return p;
 }
 
 std::unique_ptr<Stream> createInlineHostStream(std::string name, Milliseconds waitTimeout) {

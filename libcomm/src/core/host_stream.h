@@ -11,6 +11,22 @@
 
 namespace libcomm {
 
+/// Scheduling precedence of a progress thread (LIBCOMM_STREAM_PRIORITY; see parseStreamPriority).
+struct StreamPriority {
+  enum class Kind { kInherit, kNice, kFifo };
+  Kind kind = Kind::kInherit;
+  int value = 0;  // kNice: the nice value (-20..19); kFifo: the SCHED_FIFO priority (1..99)
+  std::string describe() const;
+};
+
+/// Parses "inherit" (or empty), "nice:N" (N in -20..19) or "fifo:N" (N in 1..99); anything else is
+/// kInvalidArgument naming LIBCOMM_STREAM_PRIORITY.
+Result<StreamPriority> parseStreamPriority(const std::string& text);
+
+/// The process-wide default, from LIBCOMM_STREAM_PRIORITY (read once; a malformed value is logged
+/// and ignored here -- CommConfig::fromEnvironment reports it as an error). Thread-safe.
+StreamPriority defaultStreamPriority();
+
 struct HostStreamOptions {
   /// How long the destructor lets already-queued work keep running before it abandons the rest.
   /// Bounded so that destroying a stream whose work waits on a dead peer cannot hang the caller.
@@ -18,6 +34,10 @@ struct HostStreamOptions {
   /// After abandoning, how long the destructor waits for a progress thread stuck inside a host
   /// function before detaching it (the thread keeps the stream's internals alive until it returns).
   Milliseconds destroyJoinTimeout{1000};
+  /// Applied by the progress thread to itself when it starts. Where the process may not raise its
+  /// precedence (no CAP_SYS_NICE, RLIMIT_RTPRIO / RLIMIT_NICE too low), the thread keeps the policy
+  /// it inherited and a warning says so once per process; the stream works either way.
+  StreamPriority priority = defaultStreamPriority();
 };
 
 /// createHostStream() with explicit destruction limits. Thread-safe.

@@ -71,7 +71,9 @@ struct LayerViews {
   /// input it kept, with the same weights.
   bool recompute = false;
   /// The layer's parameters in ModelSpec order, in the compute type (read only). Norm parameters
-  /// point into the resident buffer, the others into the layer's gather buffer.
+  /// point into the resident buffer, the others into the layer's gather buffer -- except in the
+  /// backward of a layer that was not gathered for it (LayerSpec::backwardReadsWeights false and not
+  /// checkpointed), where the non-norm ones have null data.
   std::vector<TensorView> weights;
   /// Backward only: the gradients, same order as `weights`. ADD this micro-batch's gradient into
   /// each view (+=). Non-norm views are in the compute type and hold zeros at beginBackward, so a
@@ -94,6 +96,15 @@ struct ExecutorOptions {
   /// folds the scale into its update instead, saving the pass. Either way the optimizer is given
   /// Executor::pendingGradScale(), which is 1 when this is on, so the scale is applied once.
   bool scaleGradients = false;
+  /// How the compute stream runs on a host (CPU) build. Inline (the default): its items run on the
+  /// trainer's thread as the hooks enqueue them -- a release is recorded the moment the end hook is
+  /// called, and a begin hook's stream wait is its host wait. Threaded: a progress thread of its own
+  /// drains it, as for the collective streams. The CPU trainer computes on its own thread anyway, so
+  /// the thread adds nothing but a hand-off per record and wait: with as many busy threads as cores,
+  /// each hand-off waits for the scheduler (measured: ~100 wake-ups per step, 50-70 us of run delay
+  /// each, on the 2-core VM; docs/PERFORMANCE.md). Work a trainer enqueues on computeStream() runs
+  /// before the enqueue returns when inline.
+  bool threadedComputeStream = false;
 };
 
 class Executor {
@@ -176,6 +187,8 @@ class Executor {
   /// The compute stream: a CUDA trainer would enqueue its kernels here between the hooks, and its
   /// optimizer between endStep and optimizerDone (the gate waits for everything enqueued before
   /// optimizerDone). Enqueue from the trainer's thread only, so that the order is the hooks' order.
+  /// Inline unless ExecutorOptions::threadedComputeStream: an item then runs before enqueueHost
+  /// returns.
   libcomm::Stream& computeStream() { return *compute_; }
 
  private:

@@ -42,6 +42,12 @@ struct LayerSpec {
   /// ... and when it is (what checkpointing still keeps: typically the layer's input). The layer
   /// is then recomputed in backward, which needs its weights gathered again.
   uint64_t checkpointActivationBytes = 0;
+  /// False for a layer whose backward needs none of its own (non-norm) weights -- an embedding
+  /// lookup, whose weight gradient is a scatter of the output gradient and whose input needs no
+  /// gradient. Its backward is then not gathered for (one all_gather of the layer less per
+  /// micro-batch) and beginBackward hands out null data for those weights. A checkpointed layer
+  /// is gathered for its backward all the same: its recomputation reads them.
+  bool backwardReadsWeights = true;
 };
 
 struct ModelSpec {

@@ -85,6 +85,8 @@ struct FlatGroup {
   /// (copied for describe(); 0 for the resident group).
   uint64_t activationBytes = 0;
   uint64_t checkpointActivationBytes = 0;
+  /// LayerSpec::backwardReadsWeights (true for the resident group).
+  bool backwardReadsWeights = true;
 };
 
 /// A preallocated buffer that gathered weights live in.
@@ -138,6 +140,10 @@ struct ShardPlan {
   /// How many layers checkpoint their activations (true entries of `checkpointed`). Thread-safe
   /// (reads the plan only).
   int numCheckpointed() const;
+  /// Whether the backward of layer `layer` needs its gathered weights: the layer has some
+  /// (paddedNumel > 0) and its backward reads them (LayerSpec::backwardReadsWeights) or it is
+  /// checkpointed (recomputation reads them). False for an index out of range. Thread-safe.
+  bool backwardNeedsGather(int layer) const;
   /// A multi-line human-readable report: options, per-layer table (numel, padding, shard, gather
   /// and gradient buffer, activation bytes kept in full / when checkpointed, checkpointed), the
   /// resident group, gather and gradient buffers, memory terms with formulas, budget verdict.

@@ -13,6 +13,8 @@
 //  - a layer whose weights are still in its buffer is not gathered again (end of forward -> start
 //    of backward, end of one micro-batch -> start of the next); every step gathers afresh, since
 //    the optimizer changed the weights;
+//  - a backward that reads no weights (LayerSpec::backwardReadsWeights false, not checkpointed:
+//    ShardPlan::backwardNeedsGather) is not gathered for and holds no gather buffer;
 //  - the resident group (norm parameters) is gathered once at step start and its fp32 gradient
 //    reduce-scattered once at step end, overwriting the grad shard; layer gradients are
 //    reduce-scattered (compute type in, fp32 out) straight into the grad shard, overwriting on
