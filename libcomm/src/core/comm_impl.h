@@ -63,7 +63,12 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   bool sleepUntil(Clock::time_point at, Pred pred);
   /// Wakes the threads in sleepUntil, if there are any (the per-call path takes no lock otherwise).
   void wakeSleepers();
+  /// The fingerprint part of this rank's descriptor of collective `seq`.
+  static shm::OpDescriptor describeOp(const CollArgs& args, uint32_t seq);
   Status checkFingerprints(const CollArgs& args, uint32_t seq, const std::vector<shm::OpDescriptor>& all) const;
+  /// This rank's descriptor `me` against rank `p`'s `theirs`: a mismatch names both calls.
+  Status compareFingerprint(const CollArgs& args, uint32_t seq, const shm::OpDescriptor& me,
+                            const shm::OpDescriptor& theirs, int p) const;
   void fail(const Status& st);
 
   std::atomic<uint32_t> nextSeq_{0};

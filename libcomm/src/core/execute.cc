@@ -148,16 +148,7 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadl
   const SelectionQuery query{args.kind, false, args.inPlace, inputBytes};
   LIBCOMM_ASSIGN_OR_RETURN(const bool eager, chooseEager(query, config_));
 
-  shm::OpDescriptor d;
-  d.seq = seq;
-  d.kind = static_cast<uint8_t>(args.kind);
-  d.inType = static_cast<uint8_t>(args.inType);
-  d.outType = static_cast<uint8_t>(args.outType);
-  d.redOp = static_cast<uint8_t>(args.reduce.op);
-  d.root = args.root;
-  d.count = args.count;
-  d.scale = args.reduce.scale;
-  d.inPlace = args.inPlace;
+  shm::OpDescriptor d = describeOp(args, seq);
   d.eager = eager;
   d.inputBytes = args.hasInput(rank_) ? inputBytes : 0;
   // An eager input travels in the eager area, so where it lies does not matter (and the lookup,
@@ -201,40 +192,56 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadl
   return Status::ok();
 }
 
+shm::OpDescriptor Communicator::Impl::describeOp(const CollArgs& args, uint32_t seq) {
+  shm::OpDescriptor d;
+  d.seq = seq;
+  d.kind = static_cast<uint8_t>(args.kind);
+  d.inType = static_cast<uint8_t>(args.inType);
+  d.outType = static_cast<uint8_t>(args.outType);
+  d.redOp = static_cast<uint8_t>(args.reduce.op);
+  d.root = args.root;
+  d.count = args.count;
+  d.scale = args.reduce.scale;
+  d.inPlace = args.inPlace;
+  return d;
+}
+
 Status Communicator::Impl::checkFingerprints(const CollArgs& args, uint32_t seq,
                                              const std::vector<shm::OpDescriptor>& all) const {
-  const shm::OpDescriptor& me = all[rank_];
-  for (int p = 0; p < size_; ++p) {
-    const shm::OpDescriptor& o = all[p];
-    if (o.seq != seq)
-      return makeError(StatusCode::kInternalError, "rank ", rank_, ": rank ", p, " posted seq ", o.seq, " for ",
-                       describeColl(args, seq));
-    // The kind and count decide how much of a peer's memory is read: always checked.
-    bool differs = o.kind != me.kind || o.count != me.count || o.inType != me.inType || o.eager != me.eager;
-    if (config_.checkMismatch)
-      differs = differs || o.outType != me.outType || o.redOp != me.redOp || o.root != me.root ||
-                (me.redOp == static_cast<uint8_t>(ReduceOp::kPremulSum) && o.scale != me.scale);
-    if (!differs) continue;
-    CollArgs theirs;
-    theirs.kind = static_cast<CollKind>(o.kind);
-    theirs.count = o.count;
-    theirs.inType = static_cast<DataType>(o.inType);
-    theirs.outType = static_cast<DataType>(o.outType);
-    theirs.reduce.op = static_cast<ReduceOp>(o.redOp);
-    theirs.reduce.scale = o.scale;
-    theirs.root = o.root;
-    theirs.inPlace = o.inPlace;
-    std::string scales;
-    if (o.eager != me.eager)
-      scales = std::string(" (rank ") + std::to_string(rank_) + (me.eager ? " sent it eagerly" : " did not send it eagerly") +
-               ", rank " + std::to_string(p) + " did the opposite: are LIBCOMM_ALGO or LIBCOMM_EAGER_BYTES set alike?)";
-    if (o.scale != me.scale) scales = " (premulSum scale " + std::to_string(me.scale) + " here, " +
-                                      std::to_string(o.scale) + " on rank " + std::to_string(p) + ")";
-    return makeError(StatusCode::kInvalidUsage, "collective mismatch at seq ", seq, ": rank ", rank_, " called ",
-                     describeColl(args, seq), " but rank ", p, " called ", describeColl(theirs, seq), scales,
-                     "; all ranks must call the same collectives in the same order with matching arguments");
-  }
+  for (int p = 0; p < size_; ++p) LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, all[rank_], all[p], p));
   return Status::ok();
+}
+
+Status Communicator::Impl::compareFingerprint(const CollArgs& args, uint32_t seq, const shm::OpDescriptor& me,
+                                              const shm::OpDescriptor& o, int p) const {
+  if (o.seq != seq)
+    return makeError(StatusCode::kInternalError, "rank ", rank_, ": rank ", p, " posted seq ", o.seq, " for ",
+                     describeColl(args, seq));
+  // The kind and count decide how much of a peer's memory is read: always checked.
+  bool differs = o.kind != me.kind || o.count != me.count || o.inType != me.inType || o.eager != me.eager;
+  if (config_.checkMismatch)
+    differs = differs || o.outType != me.outType || o.redOp != me.redOp || o.root != me.root ||
+              (me.redOp == static_cast<uint8_t>(ReduceOp::kPremulSum) && o.scale != me.scale);
+  if (!differs) return Status::ok();
+  CollArgs theirs;
+  theirs.kind = static_cast<CollKind>(o.kind);
+  theirs.count = o.count;
+  theirs.inType = static_cast<DataType>(o.inType);
+  theirs.outType = static_cast<DataType>(o.outType);
+  theirs.reduce.op = static_cast<ReduceOp>(o.redOp);
+  theirs.reduce.scale = o.scale;
+  theirs.root = o.root;
+  theirs.inPlace = o.inPlace;
+  std::string scales;
+  if (o.eager != me.eager)
+    scales = std::string(" (rank ") + std::to_string(rank_) + (me.eager ? " sent it eagerly" : " did not send it eagerly") +
+             ", rank " + std::to_string(p) + " did the opposite: are LIBCOMM_ALGO or LIBCOMM_EAGER_BYTES set alike?)";
+  if (o.scale != me.scale)
+    scales = " (premulSum scale " + std::to_string(me.scale) + " here, " + std::to_string(o.scale) + " on rank " +
+             std::to_string(p) + ")";
+  return makeError(StatusCode::kInvalidUsage, "collective mismatch at seq ", seq, ": rank ", rank_, " called ",
+                   describeColl(args, seq), " but rank ", p, " called ", describeColl(theirs, seq), scales,
+                   "; all ranks must call the same collectives in the same order with matching arguments");
 }
 
 void Communicator::Impl::fail(const Status& st) {
