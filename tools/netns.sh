@@ -300,10 +300,12 @@ EOF
     unsetLaunchVars
     # PMIx clients reach mpirun over TCP only, and 127.0.0.1 is per namespace: mpirun runs in host 0
     # and its PMIx server accepts connections on eth0. Every rank is forked by it, there, and the
-    # wrapper moves each into its own host.
-    ip netns exec "$P-h0" env PMIX_MCA_ptl_tcp_remote_connections=1 PMIX_MCA_ptl_tcp_if_include=eth0 \
-      OMPI_MCA_btl_tcp_if_include=eth0 OMPI_MCA_oob_tcp_if_include=eth0 \
-      "$mpirun_bin" --allow-run-as-root --oversubscribe --bind-to none -np "$size" \
+    # wrapper moves each into its own host. With --kill-rank, mpirun must not end the job when that
+    # rank dies: the survivors are to notice it themselves.
+    local mpi_env=(PMIX_MCA_ptl_tcp_remote_connections=1 PMIX_MCA_ptl_tcp_if_include=eth0
+                   OMPI_MCA_btl_tcp_if_include=eth0 OMPI_MCA_oob_tcp_if_include=eth0)
+    [ -n "$kill_rank" ] && mpi_env+=(OMPI_MCA_orte_abort_on_non_zero_status=0)
+    ip netns exec "$P-h0" env "${mpi_env[@]}" "$mpirun_bin" --allow-run-as-root --oversubscribe --bind-to none -np "$size" \
       "$self" _rank "$run" mpi -- "$@" < /dev/null &
     wait $!
     launcher_rc=$?
