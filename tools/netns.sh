@@ -256,7 +256,8 @@ EOF
   for ((i = 0; i < K; i++)); do
     ns="$P-h$i"
     { nsAdd "$ns" && ip -n "$ns" link set lo up &&
-      ip -n "$sw" link add "p$i" ${mtu:+mtu "$mtu"} type veth peer name eth0 netns "$ns" &&
+      ip -n "$sw" link add "p$i" type veth peer name eth0 netns "$ns" &&
+      { [ -z "$mtu" ] || { ip -n "$sw" link set "p$i" mtu "$mtu" && ip -n "$ns" link set eth0 mtu "$mtu"; }; } &&
       ip -n "$sw" link set "p$i" master br0 up &&
       ip -n "$ns" addr add "$kSubnet.$((i + 1))/24" dev eth0 && ip -n "$ns" link set eth0 up; } ||
       { say "cannot create host $i ($ns)"; exit 1; }

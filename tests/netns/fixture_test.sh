@@ -33,6 +33,10 @@ finish
 check "ranks see LIBCOMM_HOST_ID=host<rank/R>" 0 "$rc"
 check "a passing run cleans up" "0 namespaces, 0 processes" "$(leftovers "$pid")"
 
+start --hosts 2 --mtu 1400 -- sh -c "test \$(cat /sys/class/net/eth0/mtu) = 1400 # $tag"
+finish
+check "--mtu sets every host's link" 0 "$rc"
+
 start --hosts 3 -- sh -c "exit \$((LIBCOMM_RANK == 1 ? 5 : 0)) # $tag"
 finish
 check "a failing rank fails the run" 1 "$rc"
