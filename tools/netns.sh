@@ -27,8 +27,8 @@
 #       rank failed (each rank's status is listed), 2 usage, 77 namespaces cannot be made here,
 #       124 the run timed out.
 #   tools/netns.sh sweep
-#       Delete namespaces (and end their processes) left by runs whose netns.sh was killed; run
-#       does this first anyway.
+#       Delete namespaces (and end their processes) and run directories (/tmp/shardcomm-netns-<pid>-*)
+#       left by runs whose netns.sh was killed; run does this first anyway.
 #
 # The bridge lives in its own "switch" namespace and both ends of each veth pair are created inside
 # namespaces, so the root namespace is never touched. Namespace names carry the creating
@@ -80,6 +80,13 @@ sweep() {
     kill -0 "$pid" 2> /dev/null && continue
     say "removing stale namespace $ns (its creator, pid $pid, is gone)"
     nsDelete "$ns"
+  done
+  local dir
+  for dir in /tmp/shardcomm-netns-*-*; do
+    [ -d "$dir" ] || continue
+    pid=${dir#/tmp/shardcomm-netns-}
+    pid=${pid%%-*}
+    [[ "$pid" =~ ^[0-9]+$ ]] && ! kill -0 "$pid" 2> /dev/null && rm -rf "$dir"
   done
 }
 
@@ -235,7 +242,7 @@ runMain() {
   sweep
 
   P="$kPrefix$$"
-  run=$(mktemp -d /tmp/shardcomm-netns.XXXXXX)
+  run=$(mktemp -d "/tmp/shardcomm-netns-$$-XXXXXX")
   trap cleanup EXIT
   trap 'say "interrupted"; exit 130' INT
   trap 'say "terminated"; exit 143' TERM
