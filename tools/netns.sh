@@ -57,8 +57,8 @@ unsetLaunchVars() {
 
 # "ip netns add" mounts /run/netns on first use; two runs starting together can trip over that.
 nsAdd() {
-  local try
-  for try in 1 2 3; do
+  local _
+  for _ in 1 2 3; do
     ip netns add "$1" 2> /dev/null && return 0
     sleep 0.2
   done
@@ -74,7 +74,7 @@ nsDelete() {  # end every process inside, then delete
 
 sweep() {
   local ns pid
-  for ns in $(ip netns list 2> /dev/null | awk '{print $1}' | grep -E "^$kPrefix[0-9]+-"); do
+  for ns in $(ip netns list 2> /dev/null | awk '{print $1}' | grep -E "^${kPrefix}[0-9]+-"); do
     pid=${ns#"$kPrefix"}
     pid=${pid%%-*}
     kill -0 "$pid" 2> /dev/null && continue

@@ -15,7 +15,7 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 netns=$root/tools/netns.sh
 bench=$root/build/bench/comm_bench
-launcher=env
+launcher="env"
 shapes="2x2 3x1 2x3"
 kill_case=0
 while [ $# -gt 0 ]; do
