@@ -272,7 +272,8 @@ EOF
   say "$K hosts x $R ranks ($launcher launcher, $store store${mtu:+, mtu $mtu}): host i is $P-h<i>," \
       "hostname $P-host<i>, address $kSubnet.<i+1>"
 
-  local started=$SECONDS
+  local started
+  started=$(date +%s%N)
   # Whole-run limit: end everything inside our namespaces (and so every rank).
   (
     # Polls, so that it ends with this script even when the script is SIGKILLed.
@@ -326,7 +327,8 @@ EOF
   fi
   kill "$watchdog" ${killer:+"$killer"} 2> /dev/null
   wait "$watchdog" ${killer:+"$killer"} 2> /dev/null
-  local elapsed=$((SECONDS - started))
+  local elapsed
+  elapsed=$(awk -v ns=$(($(date +%s%N) - started)) 'BEGIN { printf "%.2f", ns / 1e9 }')
 
   # Verdict.
   local failed=0 rc note
