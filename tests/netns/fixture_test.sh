@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Checks tools/netns.sh itself: every way a run can end (pass, failing rank, killed rank, timeout,
+# SIGTERM, SIGKILL of the script) leaves no namespace and no rank process behind, and each ends
+# with the documented exit status.
+#   fixture_test.sh path/to/netns.sh
+set -uo pipefail
+netns=${1:?usage: fixture_test.sh path/to/netns.sh}
+why=$("$netns" probe) || { echo "$why"; exit 77; }
+
+failures=0
+tag=fixture-test-$$  # in every rank's command line, to find leftovers of this test only
+check() {  # check WHAT EXPECTED ACTUAL
+  if [ "$2" = "$3" ]; then echo "ok: $1"
+  else echo "FAIL: $1: expected $2, got $3"; failures=$((failures + 1))
+  fi
+}
+# Runs netns.sh in the background so that its pid (and so its namespaces' names) is known; waits.
+# Sets rc and pid.
+start() { "$netns" run "$@" > "$log" 2>&1 & pid=$!; }
+finish() { wait "$pid"; rc=$?; }
+leftovers() {  # namespaces of run $1, and processes of this test still running
+  local n p
+  n=$(ip netns list | awk '{print $1}' | grep -c "^shcn$1-")
+  # (no pgrep: procps is not in minimal images; "[-]" keeps grep from counting itself)
+  p=$(grep -las -- "fixture[-]test-$$" /proc/[0-9]*/cmdline | wc -l)
+  echo "$n namespaces, $p processes"
+}
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+
+start --hosts 2 --ranks-per-host 2 -- sh -c "test \"\$LIBCOMM_HOST_ID\" = host\$((LIBCOMM_RANK / 2)) # $tag"
+finish
+check "ranks see LIBCOMM_HOST_ID=host<rank/R>" 0 "$rc"
+check "a passing run cleans up" "0 namespaces, 0 processes" "$(leftovers "$pid")"
+
+start --hosts 2 --mtu 1400 -- sh -c "test \$(cat /sys/class/net/eth0/mtu) = 1400 # $tag"
+finish
+check "--mtu sets every host's link" 0 "$rc"
+
+start --hosts 3 -- sh -c "exit \$((LIBCOMM_RANK == 1 ? 5 : 0)) # $tag"
+finish
+check "a failing rank fails the run" 1 "$rc"
+grep -q "rank 1 on host1 (10.213.0.2): exit 5 (FAIL)" "$log"
+check "the failing rank's status is reported" 0 $?
+check "a failing run cleans up" "0 namespaces, 0 processes" "$(leftovers "$pid")"
+
+start --hosts 2 --timeout 1 -- sh -c "sleep 30 # $tag"
+finish
+check "a run past --timeout" 124 "$rc"
+check "a timed-out run cleans up" "0 namespaces, 0 processes" "$(leftovers "$pid")"
+
+start --hosts 2 --kill-rank 0 --kill-after-ms 200 -- sh -c "sleep 1 # $tag"
+finish
+check "--kill-rank: a survivor that exits 0 fails the run" 1 "$rc"
+start --hosts 2 --kill-rank 1 --kill-after-ms 200 --survivor-rc 4 -- sh -c "sleep 1; exit 4 # $tag"
+finish
+check "--kill-rank: survivors exiting with --survivor-rc pass" 0 "$rc"
+
+start --hosts 2 -- sh -c "sleep 30 # $tag"
+sleep 1
+kill -TERM "$pid"
+finish
+check "SIGTERM ends the run" 143 "$rc"
+check "a terminated run cleans up" "0 namespaces, 0 processes" "$(leftovers "$pid")"
+
+# SIGKILL leaves everything behind; the next run sweeps it.
+start --hosts 2 -- sh -c "sleep 30 # $tag"
+sleep 1
+kill -KILL "$pid"
+wait "$pid" 2> /dev/null
+dead=$pid
+check "a killed run leaves its namespaces" "3 namespaces" "$(leftovers "$dead" | cut -d, -f1)"
+start --hosts 1 -- true
+finish
+check "the next run passes" 0 "$rc"
+# (Under ctest -j, another test's run may be the one that sweeps them: either way they must go.)
+sleep 1  # the killed run's helpers notice within 0.5 s that it is gone
+check "the next run sweeps them: nothing is left of either" "0 namespaces, 0 processes" "$(leftovers "$dead")"
+check "the killed run's directory is swept too" 0 "$(ls -d /tmp/shardcomm-netns-"$dead"-* 2> /dev/null | wc -l)"
+
+[ "$failures" = 0 ] && { echo "fixture_test: PASS"; exit 0; }
+echo "fixture_test: $failures FAILED"
+exit 1
