@@ -31,7 +31,7 @@ done
 why=$("$netns" probe) || { echo "run_matrix: SKIP: $why"; exit 77; }
 
 # What comm_bench (libcomm) says when it cannot connect ranks on different hosts.
-readonly kUnsupported="connects ranks of one host only"
+readonly kUnsupported="communicators across hosts need the UCX transport"
 passed=0 failed=0 unsupported=0
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
