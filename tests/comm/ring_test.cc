@@ -102,6 +102,7 @@ libcomm::ring::Env envFor(const RankContext& ctx, const RingCase& k, libcomm::ri
   env.chunkBytes = k.chunkBytes;
   env.window = k.window;
   env.roundBytes = k.roundBytes;
+  env.stepBase = k.window == 3 ? 7 : 0;  // step numbers offset, as a second ring in one collective has
   env.link = &link;
   env.wait = &wait;
   return env;

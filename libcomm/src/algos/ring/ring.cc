@@ -58,16 +58,17 @@ Status allGather(const CollArgs& a, const Env& env) {
     for (; posted < units && posted < u + window; ++posted) {
       const int s = static_cast<int>(posted / chunks);
       const size_t c = posted % chunks, lo = c * ce, len = std::min(ce, a.count - lo);
-      LIBCOMM_ASSIGN_OR_RETURN(recvOp[posted], link.recv(prev, static_cast<uint32_t>(s), static_cast<uint32_t>(c),
-                                                         block(env.pos - s - 1) + lo * es, len * es));
+      LIBCOMM_ASSIGN_OR_RETURN(recvOp[posted],
+                               link.recv(prev, env.stepBase + static_cast<uint32_t>(s), static_cast<uint32_t>(c),
+                                         block(env.pos - s - 1) + lo * es, len * es));
     }
     const int s = static_cast<int>(u / chunks);
     const size_t c = u % chunks, lo = c * ce, len = std::min(ce, a.count - lo);
     // The block sent at step s is the one received at step s - 1: forward chunk c once it is in.
     if (s > 0) LIBCOMM_RETURN_IF_ERROR(link.wait(recvOp[u - chunks], ctx));
     if (u >= window) LIBCOMM_RETURN_IF_ERROR(sends.wait(u - window, link, ctx));
-    LIBCOMM_ASSIGN_OR_RETURN(sends.op[u], link.send(next, static_cast<uint32_t>(s), static_cast<uint32_t>(c),
-                                                    block(env.pos - s) + lo * es, len * es));
+    LIBCOMM_ASSIGN_OR_RETURN(sends.op[u], link.send(next, env.stepBase + static_cast<uint32_t>(s),
+                                                    static_cast<uint32_t>(c), block(env.pos - s) + lo * es, len * es));
   }
   for (size_t u = units - chunks; u < units; ++u) LIBCOMM_RETURN_IF_ERROR(link.wait(recvOp[u], ctx));
   for (size_t u = 0; u < units; ++u) LIBCOMM_RETURN_IF_ERROR(sends.wait(u, link, ctx));
@@ -144,8 +145,8 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
         // s == 1 with a bf16 input, the widened input that step 0 sent.
         if (s >= 2 || (s == 1 && !wide)) LIBCOMM_RETURN_IF_ERROR(sends.wait(posted - chunks, link, ctx));
         LIBCOMM_ASSIGN_OR_RETURN(
-            recvOp[posted], link.recv(prev, static_cast<uint32_t>(s), static_cast<uint32_t>(r0 / ce + c), slot(s, c),
-                                      len * sizeof(float)));
+            recvOp[posted], link.recv(prev, env.stepBase + static_cast<uint32_t>(s), static_cast<uint32_t>(r0 / ce + c),
+                                      slot(s, c), len * sizeof(float)));
       }
       const int s = static_cast<int>(u / chunks);
       const size_t c = u % chunks, lo = r0 + c * ce, len = std::min(ce, relems - c * ce);
@@ -173,7 +174,7 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
         src = partial;
       }
       if (u >= window) LIBCOMM_RETURN_IF_ERROR(sends.wait(u - window, link, ctx));
-      LIBCOMM_ASSIGN_OR_RETURN(sends.op[u], link.send(next, static_cast<uint32_t>(s),
+      LIBCOMM_ASSIGN_OR_RETURN(sends.op[u], link.send(next, env.stepBase + static_cast<uint32_t>(s),
                                                       static_cast<uint32_t>(r0 / ce + c), src, len * sizeof(float)));
     }
     // The last step brings this rank's own block: add its input and write the output.

@@ -57,6 +57,7 @@ struct Env {
   size_t chunkBytes = 1 << 20;    // bytes per chunk (of fp32 partials for reduce_scatter)
   int window = 4;                 // chunks in flight per direction
   size_t roundBytes = 64u << 20;  // reduce_scatter: fp32 partial bytes per block per round
+  uint32_t stepBase = 0;          // added to every step number (two rings within one collective)
   Link* link = nullptr;
   const WaitContext* wait = nullptr;
 };
