@@ -389,6 +389,12 @@ TEST(ExecutorHooks, OutOfOrderCallsAreRefusedAndHarmless) {
     LIBCOMM_RETURN_IF_ERROR(ex.endStep());
     // The gate is not optional: the next step needs optimizerDone first.
     LIBCOMM_RETURN_IF_ERROR(expectError(ex.beginStep(), {StatusCode::kInvalidUsage}, {"optimizerDone"}, "no gate"));
+    // Groups are stamped in the schedule's order; optimizerDone stamps the ones left.
+    const std::vector<int> order = ex.updateOrder();
+    if (order.size() < 2) return libcomm::makeError(StatusCode::kInternalError, "update order too short");
+    LIBCOMM_RETURN_IF_ERROR(expectError(ex.groupUpdated(order.back()), {StatusCode::kInvalidUsage}, {"groupUpdated"},
+                                        "group out of order"));
+    LIBCOMM_RETURN_IF_ERROR(ex.groupUpdated(order[0]));
     LIBCOMM_RETURN_IF_ERROR(ex.optimizerDone());
     if (ex.step() != 1) return libcomm::makeError(StatusCode::kInternalError, "step ", ex.step(), " after one step");
     return ex.status();
