@@ -169,4 +169,12 @@ Status LocalHooks::optimizerDone() {
   return Status::ok();
 }
 
+std::vector<int> LocalHooks::updateOrder() const {
+  std::vector<int> order;
+  for (size_t k = 0; k < plan_.layers.size(); ++k)
+    if (plan_.layers[k].paddedNumel > 0) order.push_back(static_cast<int>(k));
+  if (plan_.resident.paddedNumel > 0) order.push_back(-1);
+  return order;
+}
+
 }  // namespace tinylm

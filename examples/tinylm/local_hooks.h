@@ -35,6 +35,9 @@ class LocalHooks final : public StepHooks {
   libcomm::Result<const libshard::LayerViews*> beginBackward(int layer) override;
   libcomm::Status endBackward(int layer) override { return checkLayer(layer); }
   libcomm::Status endStep() override { return libcomm::Status::ok(); }
+  libcomm::Status groupUpdated(int) override { return libcomm::Status::ok(); }
+  /// Every group with parameters, in forward order, the resident group last.
+  std::vector<int> updateOrder() const override;
   libcomm::Status optimizerDone() override;
   void abort(const libcomm::Status&) override {}  // no peer ever waits for this rank
   const libshard::ShardPlan& plan() const override { return plan_; }

@@ -4,6 +4,8 @@
 // hand out views of weights the rank holds itself (local_hooks.h), so the same loop and the same
 // layers run with or without communication. Internal to the trainer.
 
+#include <vector>
+
 #include "libcomm/status.h"
 #include "libshard/executor.h"
 #include "libshard/plan.h"
@@ -20,6 +22,10 @@ class StepHooks {
   virtual libcomm::Result<const libshard::LayerViews*> beginBackward(int layer) = 0;
   virtual libcomm::Status endBackward(int layer) = 0;
   virtual libcomm::Status endStep() = 0;
+  /// The optimizer has updated group `group` (a layer, -1: resident); call in updateOrder().
+  virtual libcomm::Status groupUpdated(int group) = 0;
+  /// The order the optimizer updates the groups in (every group with parameters once).
+  virtual std::vector<int> updateOrder() const = 0;
   virtual libcomm::Status optimizerDone() = 0;
   /// This rank's compute failed mid-step: make peers stop waiting for it (where there are any).
   virtual void abort(const libcomm::Status& why) = 0;
@@ -37,6 +43,8 @@ class ExecutorHooks final : public StepHooks {
   libcomm::Result<const libshard::LayerViews*> beginBackward(int layer) override { return ex_.beginBackward(layer); }
   libcomm::Status endBackward(int layer) override { return ex_.endBackward(layer); }
   libcomm::Status endStep() override { return ex_.endStep(); }
+  libcomm::Status groupUpdated(int group) override { return ex_.groupUpdated(group); }
+  std::vector<int> updateOrder() const override { return ex_.updateOrder(); }
   libcomm::Status optimizerDone() override { return ex_.optimizerDone(); }
   void abort(const libcomm::Status& why) override { ex_.abort(why); }
   const libshard::ShardPlan& plan() const override { return ex_.plan(); }

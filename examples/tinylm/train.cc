@@ -252,6 +252,8 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
   RankSummary mine;
   mine.rank = rank;
   if (o.eventLogCheck) {
+    // The last optimizerDone issued the next step's leading gathers: let them finish first.
+    LIBCOMM_RETURN_IF_ERROR(executor->synchronize());
     const libshard::EventLog& log = executor->eventLog();
     if (log.dropped() != 0) return invalid("event log overflowed (", log.dropped(), " entries dropped)");
     const auto entries = log.entries();

@@ -99,18 +99,35 @@ libcomm::Result<double> TrainLoop::globalLoss(double localLossSum) {
   return sum / (double(options_.globalBatch) * double(options_.model.seqLen));
 }
 
-// The optimizer's step in each mode; returns the global gradient norm (comm-only: 0).
+// The optimizer's step in each mode; returns the global gradient norm (comm-only: 0). The norm
+// (and with it the clipping factor) comes first, since every update needs it; then the groups are
+// updated in the hooks' order, each stamped at once, so that the next step's gathers of the first
+// ones run while the others are being updated.
 libcomm::Result<double> TrainLoop::optimize() {
   const auto deadline = libcomm::Deadline::after(options_.timeout);
+  double norm = 0.0;
   switch (options_.mode) {
-    case TrainMode::kComputeOnly:  // this rank's shard, its own norm: no allReduce
-      return optimizer_.step(hooks_.state(), gradScale_, nullptr, nullptr, deadline);
-    case TrainMode::kCommOnly:
-      return normAllReduceOnly();
-    case TrainMode::kFull:
+    case TrainMode::kComputeOnly: {  // this rank's shard, its own norm: no allReduce
+      LIBCOMM_ASSIGN_OR_RETURN(norm, optimizer_.beginStep(hooks_.state(), gradScale_, nullptr, nullptr, deadline));
       break;
+    }
+    case TrainMode::kCommOnly: {  // the collective, none of the arithmetic
+      LIBCOMM_ASSIGN_OR_RETURN(norm, normAllReduceOnly());
+      for (int g : hooks_.updateOrder()) LIBCOMM_RETURN_IF_ERROR(hooks_.groupUpdated(g));
+      return norm;
+    }
+    case TrainMode::kFull: {
+      LIBCOMM_ASSIGN_OR_RETURN(norm,
+                               optimizer_.beginStep(hooks_.state(), gradScale_, &rsComm_, stream_.get(), deadline));
+      break;
+    }
   }
-  return optimizer_.step(hooks_.state(), gradScale_, &rsComm_, stream_.get(), deadline);
+  for (int g : hooks_.updateOrder()) {
+    LIBCOMM_RETURN_IF_ERROR(optimizer_.updateGroup(hooks_.state(), g));
+    LIBCOMM_RETURN_IF_ERROR(hooks_.groupUpdated(g));
+  }
+  LIBCOMM_RETURN_IF_ERROR(optimizer_.endStep(hooks_.state()));
+  return norm;
 }
 
 // Comm-only mode's optimizer: the collective ShardedAdamW::step issues (one fp32 allReduce on the

@@ -121,6 +121,8 @@ class Checker {
       if (e.kind == LogKind::kRelease && e.layer < 0) residentRelease_[e.step] = e.ns;
       if (e.kind == LogKind::kStepEnd) stepEnd_[e.step] = e.ns;
       if (e.kind == LogKind::kOptimizerDone) optDone_[e.step] = e.ns;
+      if (e.kind == LogKind::kGroupUpdated) updates_[{e.step, e.layer}].push_back(e.ns);
+      if (e.kind == LogKind::kGradZeroed) zeroes_[e.gradBuffer].push_back(e.ns);
       if (e.kind == LogKind::kGatherStart) gatherSteps_.insert(e.step);
     }
     for (auto& [key, u] : uses_) {
@@ -232,6 +234,17 @@ class Checker {
                " while the reduce_scatter of layer ", r.layer, " read it ", at(r.start), "..", at(r.end));
         }
         if (reduced != 1) fail("grad buffer ", g, ": ", useName(w), " was reduce-scattered ", reduced, " times");
+        // Stale contents: the last reduce-scatter of this buffer before the backward began must
+        // have been followed by a zeroing, and that zeroing must be over before the backward began.
+        const Span* prev = nullptr;
+        for (const Span& r : spans)
+          if (w.begin >= 0 && r.start < w.begin && (!prev || r.start > prev->start)) prev = &r;
+        if (!prev) continue;
+        bool zeroed = false;
+        for (int64_t z : zeroes_[g]) zeroed = zeroed || (z >= prev->end && z <= w.begin);
+        if (!zeroed)
+          fail("stale gradient: ", useName(w), " began writing grad buffer ", g, " at ", at(w.begin),
+               " with no zeroing of it since the reduce_scatter of layer ", prev->layer, " ended at ", at(prev->end));
       }
     }
   }
@@ -249,12 +262,38 @@ class Checker {
     const int firstStep = gatherSteps_.empty() ? 0 : *gatherSteps_.begin();
     for (const auto& [step, start] : firstGather) {
       if (step == firstStep) continue;  // its gate lies before the log
-      auto od = optDone_.find(step - 1);
-      if (od == optDone_.end()) {
+      if (!optDone_.count(step - 1))
         fail("gate: step ", step, " gathered at ", at(start), " with no optimizer done of step ", step - 1);
-      } else if (start < od->second) {
-        fail("gate: step ", step, " gathered at ", at(start), " before optimizer done of step ", step - 1, " at ",
-             at(od->second));
+    }
+    // Per group: a gather reads its group's shard, so it must follow that group's update.
+    for (size_t b = 0; b < gathers_.size(); ++b)
+      for (const Span& g : gathers_[b]) {
+        if (g.step == firstStep) continue;
+        const std::string group = g.layer < 0 ? std::string("resident") : "layer " + std::to_string(g.layer);
+        auto up = updates_.find({g.step - 1, g.layer});
+        if (up == updates_.end() || up->second.empty()) {
+          fail("gate: step ", g.step, " gathered ", group, " at ", at(g.start), " with no update of it in step ",
+               g.step - 1);
+        } else if (g.start < up->second.front()) {
+          fail("gate: step ", g.step, " gathered ", group, " at ", at(g.start), " before its optimizer update of step ",
+               g.step - 1, " at ", at(up->second.front()));
+        }
+      }
+    for (const auto& [key, stamps] : updates_) {
+      const auto [step, group] = key;
+      if (stamps.size() != 1) fail("optimizer: group ", group, " stamped ", stamps.size(), " times in step ", step);
+      if (stepEnd_.count(step) && stamps.front() < stepEnd_[step])
+        fail("optimizer: group ", group, " of step ", step, " stamped at ", at(stamps.front()), " before endStep at ",
+             at(stepEnd_[step]));
+      if (optDone_.count(step) && optDone_[step] < stamps.front())
+        fail("optimizer: group ", group, " of step ", step, " stamped at ", at(stamps.front()),
+             " after optimizer done at ", at(optDone_[step]));
+    }
+    for (const auto& [step, done] : optDone_) {
+      for (int k = -1; k < static_cast<int>(plan_.layers.size()); ++k) {
+        const FlatGroup& g = k < 0 ? plan_.resident : plan_.layers[static_cast<size_t>(k)];
+        if (g.paddedNumel > 0 && !updates_.count({step, k}))
+          fail("optimizer: optimizer done of step ", step, " at ", at(done), " but group ", k, " was never stamped");
       }
     }
     for (const auto& [step, end] : stepEnd_) {
@@ -276,6 +315,8 @@ class Checker {
   std::map<int, std::vector<Span>> reduces_;  // per grad buffer; -1: resident accumulator
   std::map<int, int64_t> residentRelease_, stepEnd_, optDone_, stepFirstBegin_, stepLastEnd_;
   std::set<int> gatherSteps_;
+  std::map<std::pair<int, int>, std::vector<int64_t>> updates_;  // (step, group) -> update stamps
+  std::map<int, std::vector<int64_t>> zeroes_;                   // grad buffer -> zeroing times
 };
 
 }  // namespace

@@ -27,6 +27,10 @@ const char* logKindName(LogKind k) {
       return "step_end";
     case LogKind::kOptimizerDone:
       return "optimizer_done";
+    case LogKind::kGroupUpdated:
+      return "group_updated";
+    case LogKind::kGradZeroed:
+      return "grad_zeroed";
   }
   return "?";
 }

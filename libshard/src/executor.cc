@@ -54,6 +54,9 @@ Status checkScheduleAgainstPlan(const Schedule& s, const ShardPlan& plan) {
       if (g.paddedNumel == 0) return bad(i, "the group has nothing to gather");
       const int want = resident ? plan.residentBuffer : g.gatherBuffer;
       if (op.buffer != want) return bad(i, "gathers into buffer ", op.buffer, ", but the plan's buffer is ", want);
+    } else if (op.kind == OpKind::kHook && op.hook == HookKind::kGroupUpdated) {
+      if (op.layer >= 0 && plan.layers[static_cast<size_t>(op.layer)].paddedNumel == 0)
+        return bad(i, "the group has no parameters to update");
     } else if (op.kind == OpKind::kHook && op.layer >= 0) {
       const FlatGroup& g = plan.layers[static_cast<size_t>(op.layer)];
       const bool backward = op.hook == HookKind::kBeginBackward || op.hook == HookKind::kEndBackward;
@@ -78,6 +81,14 @@ Status checkScheduleAgainstPlan(const Schedule& s, const ShardPlan& plan) {
         return bad(i, "reduces grad buffer ", op.gradBuffer, ", not the one the layer's backward of micro-batch ",
                    op.microBatch, " wrote before it");
     }
+  }
+  for (const ScheduleOp& op : s.firstStepOps) {
+    if (op.kind != OpKind::kAllGather) continue;
+    const FlatGroup& g = op.layer < 0 ? plan.resident : plan.layers[static_cast<size_t>(op.layer)];
+    const int want = op.layer < 0 ? plan.residentBuffer : g.gatherBuffer;
+    if (g.paddedNumel == 0 || op.buffer != want)
+      return libcomm::makeError(StatusCode::kInvalidArgument, "executor: the first step's all_gather of group ",
+                                op.layer, " into buffer ", op.buffer, " is not the plan's");
   }
   return Status::ok();
 }
@@ -221,6 +232,17 @@ Status Executor::fail(Status st) {
   return error_;
 }
 
+Status Executor::synchronize() {
+  if (!error_.isOk()) return error_;
+  const auto deadline = libcomm::Deadline::after(options_.waitTimeout);
+  for (auto* s : {compute_.get(), ag_.get(), rs_.get()}) {
+    if (!s) continue;
+    Status st = s->synchronize(deadline);
+    if (!st.isOk()) return fail(st.withContext(where() + ": draining the executor's streams"));
+  }
+  return Status::ok();
+}
+
 void Executor::abort(const Status& why) {
   (void)fail(why.isOk() ? libcomm::makeError(StatusCode::kInvalidUsage, where(), ": aborted") : why);
 }
@@ -231,9 +253,10 @@ Status Executor::enterHook(HookKind kind, int layer, const char* call) {
   const ScheduleOp& op = schedule_.ops[cursor_];
   if (op.kind != OpKind::kHook || op.hook != kind || op.layer != layer) {
     // A trainer bug, not a communication failure: report it and leave the position unchanged.
-    return libcomm::makeError(StatusCode::kInvalidUsage, "libshard rank ", rank_, ", step ", step_, ": ", call, "(",
-                              layer, ") called, but the schedule expects ", schedule_.describeOp(cursor_, &plan_),
-                              " next");
+    return libcomm::makeError(
+        StatusCode::kInvalidUsage, "libshard rank ", rank_, ", step ", step_, ": ", call, "(", layer,
+        ") called, but the schedule expects ", schedule_.describeOp(cursor_, &plan_),
+        op.hook == HookKind::kGroupUpdated && op.kind == OpKind::kHook ? " (or optimizerDone)" : "", " next");
   }
   hook_ = &op;
   if (kind == HookKind::kEndForward || kind == HookKind::kEndBackward) log_.add(logEntry(LogKind::kComputeEnd));
@@ -245,7 +268,21 @@ Status Executor::enterHook(HookKind kind, int layer, const char* call) {
   return Status::ok();
 }
 
-Status Executor::beginStep() { return enterHook(HookKind::kBeginStep, -1, "beginStep"); }
+Status Executor::beginStep() {
+  if (!error_.isOk()) return error_;
+  const ScheduleOp& op = schedule_.ops[cursor_];
+  if (!primed_ && op.kind == OpKind::kHook && op.hook == HookKind::kBeginStep) {
+    // No previous step's group hooks issued this step's leading gathers: issue them here.
+    for (const ScheduleOp& first : schedule_.firstStepOps) {
+      Status st = runOp(first);
+      if (!st.isOk()) return fail(st.withContext(where() + ", beginStep"));
+    }
+    primed_ = true;
+  }
+  return enterHook(HookKind::kBeginStep, -1, "beginStep");
+}
+
+Status Executor::groupUpdated(int group) { return enterHook(HookKind::kGroupUpdated, group, "groupUpdated"); }
 
 libcomm::Result<const LayerViews*> Executor::beginForward(int layer) {
   LIBCOMM_RETURN_IF_ERROR(enterHook(HookKind::kBeginForward, layer, "beginForward"));
@@ -291,7 +328,13 @@ Status Executor::endStep() {
 }
 
 Status Executor::optimizerDone() {
+  // Groups the optimizer did not stamp one by one are stamped now, in order, so the next step's
+  // leading gathers are issued either way.
+  while (error_.isOk() && schedule_.ops[cursor_].kind == OpKind::kHook &&
+         schedule_.ops[cursor_].hook == HookKind::kGroupUpdated)
+    LIBCOMM_RETURN_IF_ERROR(enterHook(HookKind::kGroupUpdated, schedule_.ops[cursor_].layer, "optimizerDone"));
   LIBCOMM_RETURN_IF_ERROR(enterHook(HookKind::kOptimizerDone, -1, "optimizerDone"));
+  primed_ = true;
   hook_ = nullptr;
   ++step_;
   return Status::ok();

@@ -37,17 +37,22 @@ Status Executor::runOp(const ScheduleOp& op) {
       // is when a gather waiting for it may start. For the gate this matters: an optimizer that
       // runs on the compute stream (as a CUDA one would) is still running when optimizerDone()
       // returns on the trainer's thread, so a stamp there would prove nothing.
-      if (log_.enabled() && (ev.kind == EventKind::kReleased || ev.kind == EventKind::kOptimizerDone)) {
+      // A group's update is stamped the same way: it gates that group's gathers of the next step.
+      const bool gate = ev.kind == EventKind::kOptimizerDone || ev.kind == EventKind::kGroupUpdated;
+      if (log_.enabled() && (ev.kind == EventKind::kReleased || gate)) {
         const bool release = ev.kind == EventKind::kReleased;
-        LogEntry e = logEntry(release ? LogKind::kRelease : LogKind::kOptimizerDone);
+        LogEntry e = logEntry(release                               ? LogKind::kRelease
+                              : ev.kind == EventKind::kGroupUpdated ? LogKind::kGroupUpdated
+                                                                    : LogKind::kOptimizerDone);
         if (release) e.buffer = static_cast<int16_t>(ev.index);
+        if (ev.kind == EventKind::kGroupUpdated) e.layer = ev.index;
         if (release && hook_ && hook_->hook == HookKind::kEndStep) e.layer = -1;  // the resident group's release
         LIBCOMM_RETURN_IF_ERROR(stream(op.stream).enqueueHost(
             [this, e] {
               log_.add(e);
               return Status::ok();
             },
-            release ? "log release" : "log optimizer done"));
+            release ? "log release" : "log optimizer gate"));
       }
       return stream(op.stream).record(*events_[static_cast<size_t>(op.event)]);
     }
@@ -69,6 +74,8 @@ Status Executor::runOp(const ScheduleOp& op) {
       return runGather(op);
     case OpKind::kReduceScatter:
       return runReduce(op);
+    case OpKind::kZeroGrad:
+      return runZero(op);
   }
   return libcomm::makeError(StatusCode::kInternalError, "executor: unknown op kind");
 }
@@ -99,6 +106,8 @@ Status Executor::runGather(const ScheduleOp& op) {
   void* recv = pool_.gatherBuffer(op.buffer);
   libcomm::Stream& st = stream(StreamId::kGather);
   LogEntry e = logEntry(LogKind::kGatherStart);
+  // Issued by this step's optimizer hooks for the next step: logged as the next step's.
+  if (op.nextStep) e.step += 1;
   e.layer = op.layer;
   e.buffer = static_cast<int16_t>(op.buffer);
   e.microBatch = -1;
@@ -153,15 +162,16 @@ Status Executor::runReduce(const ScheduleOp& op) {
   if (!r.isOk())
     return r.withContext("reduce_scatter of " +
                          (resident ? std::string("the resident gradient") : "layer '" + g.name + "'"));
-  // Zero the source as soon as it is reduced, on the same stream: the next backward that gets this
-  // buffer finds zeros, so a gradient it does not write is zero rather than a stale value, and no
-  // zeroing pass sits on the compute path. (On a CUDA stream this becomes a memset node.)
-  LIBCOMM_RETURN_IF_ERROR(st.enqueueHost(
-      [send, zeroBytes] {
-        std::memset(send, 0, zeroBytes);
-        return Status::ok();
-      },
-      "zero grad buffer"));
+  // The resident accumulator is zeroed right behind its reduce-scatter (the next step's first
+  // backward adds into it, ordered by endStep's drain); layer gradient buffers are zeroed by the
+  // schedule's own kZeroGrad ops, which it places where they cost least.
+  if (resident)
+    LIBCOMM_RETURN_IF_ERROR(st.enqueueHost(
+        [send, zeroBytes] {
+          std::memset(send, 0, zeroBytes);
+          return Status::ok();
+        },
+        "zero resident accumulator"));
   if (log_.enabled()) {
     e.kind = LogKind::kReduceEnd;
     LIBCOMM_RETURN_IF_ERROR(st.enqueueHost(
@@ -172,6 +182,32 @@ Status Executor::runReduce(const ScheduleOp& op) {
         "log reduce end"));
   }
   return Status::ok();
+}
+
+}  // namespace libshard
+
+namespace libshard {
+
+// Zeroes the part of a gradient buffer layer `op.layer` used, on the rs stream after its
+// reduce-scatter: the next backward that gets the buffer finds zeros, so a gradient it does not
+// write is zero rather than a stale value. (On a CUDA stream this becomes a memset node.)
+Status Executor::runZero(const ScheduleOp& op) {
+  void* buf = pool_.gradBuffer(op.gradBuffer);
+  const size_t bytes = plan_.layers[static_cast<size_t>(op.layer)].paddedNumel * libcomm::dataTypeSize(computeType_);
+  libcomm::Stream& st = stream(StreamId::kReduce);
+  LogEntry e = logEntry(LogKind::kGradZeroed);
+  e.layer = op.layer;
+  e.gradBuffer = static_cast<int16_t>(op.gradBuffer);
+  e.buffer = -1;
+  e.microBatch = -1;
+  const bool log = log_.enabled();
+  return st.enqueueHost(
+      [this, buf, bytes, e, log] {
+        if (buf) std::memset(buf, 0, bytes);
+        if (log) log_.add(e);
+        return Status::ok();
+      },
+      "zero grad buffer");
 }
 
 }  // namespace libshard

@@ -155,6 +155,14 @@ libcomm::Result<ShardedAdamW> ShardedAdamW::create(const ShardPlan& plan, const 
   std::vector<OptimizerRange> raw;
   for (const FlatGroup& g : plan.layers) LIBCOMM_RETURN_IF_ERROR(addGroupRanges(g, rank, plan.stateNumel, raw));
   LIBCOMM_RETURN_IF_ERROR(addGroupRanges(plan.resident, rank, plan.stateNumel, raw));
+  for (size_t k = 0; k <= plan.layers.size(); ++k) {
+    const FlatGroup& g = k < plan.layers.size() ? plan.layers[k] : plan.resident;
+    GroupRanges gr;
+    gr.shardBegin = g.stateOffset;
+    gr.shardNumel = g.shardNumel;
+    LIBCOMM_RETURN_IF_ERROR(addGroupRanges(g, rank, plan.stateNumel, gr.ranges));
+    opt.groups_.push_back(std::move(gr));
+  }
   std::sort(raw.begin(), raw.end(), [](const OptimizerRange& a, const OptimizerRange& b) { return a.begin < b.begin; });
   for (const OptimizerRange& r : raw) {
     if (!opt.ranges_.empty()) {
@@ -176,6 +184,16 @@ libcomm::Result<ShardedAdamW> ShardedAdamW::create(const ShardPlan& plan, const 
 
 libcomm::Result<double> ShardedAdamW::step(ShardState& state, float gradScale, libcomm::Communicator* comm,
                                            libcomm::Stream* stream, libcomm::Deadline deadline) {
+  LIBCOMM_ASSIGN_OR_RETURN(const double norm, beginStep(state, gradScale, comm, stream, deadline));
+  for (int k = 0; k + 1 < static_cast<int>(groups_.size()); ++k) LIBCOMM_RETURN_IF_ERROR(updateGroup(state, k));
+  LIBCOMM_RETURN_IF_ERROR(updateGroup(state, -1));
+  LIBCOMM_RETURN_IF_ERROR(endStep(state));
+  return norm;
+}
+
+libcomm::Result<double> ShardedAdamW::beginStep(ShardState& state, float gradScale, libcomm::Communicator* comm,
+                                                libcomm::Stream* stream, libcomm::Deadline deadline) {
+  pending_ = Pending{};
   if (state.numel != stateNumel_)
     return libcomm::makeError(StatusCode::kInvalidArgument, "AdamW: state has ", state.numel, " elements, the plan ",
                               stateNumel_);
@@ -208,11 +226,33 @@ libcomm::Result<double> ShardedAdamW::step(ShardState& state, float gradScale, l
     total = static_cast<double>(*buf);
   }
   const double norm = std::sqrt(total);
-  if (!std::isfinite(norm)) return norm;  // skipped step: see the header
+  pending_.active = true;
+  pending_.skip = !std::isfinite(norm);  // skipped step: see the header
+  pending_.gradScale = gradScale;
+  pending_.coef = config_.clipNorm > 0 ? static_cast<float>(std::min(1.0, config_.clipNorm / (norm + 1e-6))) : 1.0f;
+  pending_.updated.assign(groups_.size(), false);
+  return norm;
+}
+
+libcomm::Status ShardedAdamW::updateGroup(ShardState& state, int group) {
+  if (!pending_.active)
+    return libcomm::makeError(StatusCode::kInvalidUsage, "AdamW: updateGroup(", group,
+                              ") before beginStep: the gradient norm (clipping) must come first");
+  if (group < -1 || group + 1 >= static_cast<int>(groups_.size()))
+    return libcomm::makeError(StatusCode::kInvalidArgument, "AdamW: group ", group, " out of range (",
+                              groups_.size() - 1, " layers)");
+  const size_t gi = group < 0 ? groups_.size() - 1 : static_cast<size_t>(group);
+  if (pending_.updated[gi])
+    return libcomm::makeError(StatusCode::kInvalidUsage, "AdamW: group ", group, " updated twice in one step");
+  pending_.updated[gi] = true;
+  if (pending_.skip) return libcomm::Status::ok();
+  if (state.numel != stateNumel_)
+    return libcomm::makeError(StatusCode::kInvalidArgument, "AdamW: state has ", state.numel, " elements, the plan ",
+                              stateNumel_);
 
   StepCoeffs c{};
-  c.gradScale = gradScale;
-  c.coef = config_.clipNorm > 0 ? static_cast<float>(std::min(1.0, config_.clipNorm / (norm + 1e-6))) : 1.0f;
+  c.gradScale = pending_.gradScale;
+  c.coef = pending_.coef;
   c.beta1 = config_.beta1;
   c.oneMinusBeta1 = 1.0f - config_.beta1;
   c.beta2 = config_.beta2;
@@ -224,20 +264,33 @@ libcomm::Result<double> ShardedAdamW::step(ShardState& state, float gradScale, l
   c.lr = config_.lr;
   c.wd = config_.weightDecay;
   const bool anyDecay = config_.weightDecay != 0.0f;
-  for (const OptimizerRange& r : ranges_) {
+  const GroupRanges& g = groups_[gi];
+  for (const OptimizerRange& r : g.ranges) {
     float* w = state.master + r.begin;
     float* m = state.adamM + r.begin;
     float* v = state.adamV + r.begin;
-    const float* g = state.grad + r.begin;
+    const float* gr = state.grad + r.begin;
     if (r.decay && anyDecay) {
-      adamwRun<true>(w, m, v, g, r.count, c);
+      adamwRun<true>(w, m, v, gr, r.count, c);
     } else {
-      adamwRun<false>(w, m, v, g, r.count, c);
+      adamwRun<false>(w, m, v, gr, r.count, c);
     }
   }
-  state.step = t;
-  if (state.compute != nullptr && stateNumel_ > 0) libcomm::floatToBf16(state.master, state.compute, stateNumel_);
-  return norm;
+  if (state.compute != nullptr && g.shardNumel > 0)
+    libcomm::floatToBf16(state.master + g.shardBegin, state.compute + g.shardBegin, g.shardNumel);
+  return libcomm::Status::ok();
+}
+
+libcomm::Status ShardedAdamW::endStep(ShardState& state) {
+  if (!pending_.active) return libcomm::makeError(StatusCode::kInvalidUsage, "AdamW: endStep before beginStep");
+  for (size_t k = 0; k < groups_.size(); ++k)
+    if (!pending_.updated[k] && !groups_[k].ranges.empty())
+      return libcomm::makeError(StatusCode::kInvalidUsage, "AdamW: endStep with group ",
+                                k + 1 == groups_.size() ? -1 : static_cast<int>(k), " not updated");
+  const bool skip = pending_.skip;
+  pending_ = Pending{};
+  if (!skip) state.step = state.step + 1;
+  return libcomm::Status::ok();
 }
 
 }  // namespace libshard

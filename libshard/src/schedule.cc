@@ -7,6 +7,11 @@
 // depth allows, but never before the previous user of its buffer has been released: the release
 // event is recorded at that user's end hook, and a stream wait only sees records made before it
 // (CUDA semantics), so issuing earlier would silently wait on an older record.
+//
+// The step's leading gathers (the resident group's and the prefetches before the first compute)
+// are emitted at the end of the list, after the optimizer's kGroupUpdated hook of their group, for
+// the next step; firstStepOps holds them for the first step. The same holds for the events they
+// wait on: each group's update is recorded by its hook before the gather's wait is enqueued.
 
 #include <algorithm>
 #include <string>
@@ -135,6 +140,10 @@ class Builder {
       gradReady_.push_back(addEvent(EventKind::kGradReady, g, "grad_ready[" + n + "]"));
       gradFree_.push_back(addEvent(EventKind::kGradFree, g, "grad_free[" + n + "]"));
     }
+    for (int k = 0; k < s_.numLayers; ++k)
+      groupUpdated_.push_back(
+          addEvent(EventKind::kGroupUpdated, k, "updated[" + plan_.layers[static_cast<size_t>(k)].name + "]"));
+    groupUpdated_.push_back(addEvent(EventKind::kGroupUpdated, -1, "updated[resident]"));
     backwardDone_ = addEvent(EventKind::kBackwardDone, -1, "backward_done");
     residentReduced_ = addEvent(EventKind::kResidentReduced, -1, "resident_reduced");
   }
@@ -216,6 +225,14 @@ class Builder {
     op.buffer = buffer;
     s_.ops.push_back(op);
   }
+  void zeroGrad(int layer, int gradBuffer) {
+    ScheduleOp op;
+    op.kind = OpKind::kZeroGrad;
+    op.stream = StreamId::kReduce;
+    op.layer = layer;
+    op.gradBuffer = gradBuffer;
+    s_.ops.push_back(op);
+  }
   void reduceScatter(int layer, int gradBuffer, int micro, bool accumulate) {
     ScheduleOp op;
     op.kind = OpKind::kReduceScatter;
@@ -227,32 +244,95 @@ class Builder {
     s_.ops.push_back(op);
   }
 
-  // Issues gathers in order while they are within `limit` (an index into gathers_) and the
-  // previous user of their buffer is a use <= releasedUpTo (its release is already recorded).
-  void issue(int limit, int releasedUpTo) {
+  void emitGather(std::vector<ScheduleOp>& out, int layer, int buffer, int groupEvent, bool nextStep) {
+    auto streamOp = [&](OpKind kind, int ev) {
+      ScheduleOp op;
+      op.kind = kind;
+      op.stream = StreamId::kGather;
+      op.event = ev;
+      out.push_back(op);
+    };
+    if (groupEvent >= 0) streamOp(OpKind::kWait, groupEvent);         // the per-group optimizer gate
+    streamOp(OpKind::kWait, released_[static_cast<size_t>(buffer)]);  // rule B
+    ScheduleOp op;
+    op.kind = OpKind::kAllGather;
+    op.stream = StreamId::kGather;
+    op.layer = layer;
+    op.buffer = buffer;
+    op.nextStep = nextStep;
+    out.push_back(op);
+    streamOp(OpKind::kRecord, gathered_[static_cast<size_t>(buffer)]);
+  }
+
+  // The gathers (indices into gathers_), in order, that are within `limit` and whose buffer's
+  // previous user is a use <= releasedUpTo (its release is already recorded).
+  std::vector<int> take(int limit, int releasedUpTo) {
+    std::vector<int> out;
     while (next_ < static_cast<int>(gathers_.size()) && next_ <= limit &&
-           gathers_[static_cast<size_t>(next_)].prevUser <= releasedUpTo) {
-      const Gather& g = gathers_[static_cast<size_t>(next_++)];
-      wait(StreamId::kGather, released_[static_cast<size_t>(g.buffer)]);  // rule B
-      allGather(g.layer, g.buffer);
-      record(StreamId::kGather, gathered_[static_cast<size_t>(g.buffer)]);
+           gathers_[static_cast<size_t>(next_)].prevUser <= releasedUpTo)
+      out.push_back(next_++);
+    return out;
+  }
+
+  void issue(int limit, int releasedUpTo) {
+    for (int i : take(limit, releasedUpTo)) {
+      const Gather& g = gathers_[static_cast<size_t>(i)];
+      emitGather(s_.ops, g.layer, g.buffer, -1, false);
     }
+  }
+
+  int groupEvent(int group) const {
+    return group < 0 ? groupUpdated_.back() : groupUpdated_[static_cast<size_t>(group)];
+  }
+
+  // The step's leading gathers: the resident group's and the prefetches before the first compute.
+  // They are issued by the previous step's kGroupUpdated hooks, each as soon as its own group is
+  // updated, and the optimizer updates their groups first: the first layer's, the resident group,
+  // then the other leading ones; every other group follows in forward order.
+  struct Leading {
+    int layer, buffer;
+  };
+  std::vector<Leading> planLeading() {
+    std::vector<Leading> lead;
+    const bool resident = s_.residentBuffer >= 0;
+    std::vector<int> layers;
+    if (s_.prefetchDepth > 0 && !uses_.empty())
+      for (int i : take(lastNeeded_[0] + s_.prefetchDepth, -1)) layers.push_back(i);
+    for (size_t j = 0; j < layers.size(); ++j) {
+      const Gather& g = gathers_[static_cast<size_t>(layers[j])];
+      lead.push_back({g.layer, g.buffer});
+      if (j == 0 && resident) lead.push_back({-1, s_.residentBuffer});
+    }
+    if (layers.empty() && resident) lead.push_back({-1, s_.residentBuffer});
+    for (const Leading& l : lead) s_.updateOrder.push_back(l.layer);
+    for (int k = 0; k < s_.numLayers; ++k)
+      if (bufferOf(k) >= 0 && std::find(s_.updateOrder.begin(), s_.updateOrder.end(), k) == s_.updateOrder.end())
+        s_.updateOrder.push_back(k);
+    if (resident && std::find(s_.updateOrder.begin(), s_.updateOrder.end(), -1) == s_.updateOrder.end())
+      s_.updateOrder.push_back(-1);
+    if (!s_.serialize)
+      for (const Leading& l : lead) emitGather(s_.firstStepOps, l.layer, l.buffer, -1, false);
+    return lead;
   }
 
   void emitStep() {
     const int depth = s_.prefetchDepth;
     const bool resident = s_.residentBuffer >= 0;
+    const std::vector<Leading> lead = planLeading();
     hook(HookKind::kBeginStep, nullptr);
-    // The gate: nothing may read the shards before the optimizer has finished writing them. The
-    // ag stream runs in order, so this one wait covers every gather of the step.
+    // The leading gathers are already on the ag stream (the previous step's kGroupUpdated hooks, or
+    // firstStepOps), each behind its own group's update. Every gather enqueued from here on reads
+    // a shard of any group: the ag stream runs in order, so this one wait covers all of them.
     wait(StreamId::kGather, optDone_);
-    if (resident) {
-      wait(StreamId::kGather, released_[static_cast<size_t>(s_.residentBuffer)]);
-      allGather(-1, s_.residentBuffer);
-      record(StreamId::kGather, gathered_[static_cast<size_t>(s_.residentBuffer)]);
-    }
-    // Prefetch before the first compute; with depth 0 even the first gather waits for its hook.
-    if (depth > 0 && !uses_.empty()) issue(lastNeeded_[0] + depth, -1);
+    // The serialized baseline overlaps nothing: its leading gathers wait for the whole optimizer.
+    if (s_.serialize)
+      for (const Leading& l : lead) emitGather(s_.ops, l.layer, l.buffer, -1, false);
+
+    // The last backward use of each grad buffer in the step: its zeroing waits until after
+    // endStep's drain (nothing in the step writes the buffer again).
+    std::vector<int> lastGradUse(static_cast<size_t>(s_.numGradBuffers), -1);
+    for (size_t i = 0; i < uses_.size(); ++i)
+      if (uses_[i].gradBuffer >= 0) lastGradUse[static_cast<size_t>(uses_[i].gradBuffer)] = static_cast<int>(i);
 
     for (size_t i = 0; i < uses_.size(); ++i) {
       const Use& u = uses_[i];
@@ -280,7 +360,10 @@ class Builder {
         record(StreamId::kCompute, gradReady_[g]);
         wait(StreamId::kReduce, gradReady_[g]);
         reduceScatter(u.layer, u.gradBuffer, u.micro, /*accumulate=*/u.micro > 0);
-        record(StreamId::kReduce, gradFree_[g]);
+        if (lastGradUse[g] != static_cast<int>(i)) {
+          zeroGrad(u.layer, u.gradBuffer);
+          record(StreamId::kReduce, gradFree_[g]);
+        }
         if (s_.serialize) hostSync(StreamId::kReduce);
       }
       issue(limit, static_cast<int>(i));
@@ -297,7 +380,25 @@ class Builder {
     hostSync(StreamId::kCompute);
     hostSync(StreamId::kGather);
     hostSync(StreamId::kReduce);
+    // Behind the drain, so that endStep does not wait for them: the zeroing of each grad buffer
+    // after its last use of the step. The next step's first backward in it waits for grad_free.
+    for (size_t g = 0; g < lastGradUse.size(); ++g) {
+      if (lastGradUse[g] < 0) continue;
+      zeroGrad(uses_[static_cast<size_t>(lastGradUse[g])].layer, static_cast<int>(g));
+      record(StreamId::kReduce, gradFree_[g]);
+    }
 
+    for (int group : s_.updateOrder) {
+      ScheduleOp h;
+      h.kind = OpKind::kHook;
+      h.hook = HookKind::kGroupUpdated;
+      h.layer = group;
+      s_.ops.push_back(h);
+      record(StreamId::kCompute, groupEvent(group));
+      for (const Leading& l : lead)
+        if (l.layer == group && !s_.serialize)
+          emitGather(s_.ops, l.layer, l.buffer, groupEvent(group), /*nextStep=*/true);
+    }
     hook(HookKind::kOptimizerDone, nullptr);
     record(StreamId::kCompute, optDone_);
   }
@@ -310,6 +411,7 @@ class Builder {
   int next_ = 0;
   int optDone_ = -1, backwardDone_ = -1, residentReduced_ = -1;
   std::vector<int> gathered_, released_, gradReady_, gradFree_;
+  std::vector<int> groupUpdated_;   // per layer, then the resident group last
   std::vector<int> rotatingGrads_;  // indices of plan.gradBuffers that rotate
 };
 

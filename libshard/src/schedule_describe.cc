@@ -37,6 +37,8 @@ const char* hookKindName(HookKind h) {
       return "endBackward";
     case HookKind::kEndStep:
       return "endStep";
+    case HookKind::kGroupUpdated:
+      return "groupUpdated";
     case HookKind::kOptimizerDone:
       return "optimizerDone";
   }
@@ -51,7 +53,7 @@ struct ExpectedHook {
   int micro;
 };
 
-std::vector<ExpectedHook> expectedHooks(int layers, int micro) {
+std::vector<ExpectedHook> expectedHooks(int layers, int micro, const std::vector<int>& updateOrder) {
   std::vector<ExpectedHook> h{{HookKind::kBeginStep, -1, -1}};
   for (int m = 0; m < micro; ++m) {
     for (int k = 0; k < layers; ++k) {
@@ -64,6 +66,7 @@ std::vector<ExpectedHook> expectedHooks(int layers, int micro) {
     }
   }
   h.push_back({HookKind::kEndStep, -1, -1});
+  for (int g : updateOrder) h.push_back({HookKind::kGroupUpdated, g, -1});
   h.push_back({HookKind::kOptimizerDone, -1, -1});
   return h;
 }
@@ -97,7 +100,25 @@ Status Schedule::validate() const {
                               " micro-batches, ", numGradBuffers, " grad buffers");
   if (ops.empty() || ops[0].kind != OpKind::kHook)
     return libcomm::makeError(StatusCode::kInvalidArgument, "schedule: does not start with a hook");
-  const auto hooks = expectedHooks(numLayers, microBatches);
+  for (size_t i = 0; i < updateOrder.size(); ++i) {
+    if (updateOrder[i] < -1 || updateOrder[i] >= numLayers)
+      return libcomm::makeError(StatusCode::kInvalidArgument, "schedule: update order names group ", updateOrder[i]);
+    for (size_t j = 0; j < i; ++j)
+      if (updateOrder[j] == updateOrder[i])
+        return libcomm::makeError(StatusCode::kInvalidArgument, "schedule: update order names group ", updateOrder[i],
+                                  " twice");
+  }
+  for (size_t i = 0; i < firstStepOps.size(); ++i) {
+    const ScheduleOp& op = firstStepOps[i];
+    const bool gather = op.kind == OpKind::kAllGather && op.buffer >= 0 && op.buffer < numGatherBuffers &&
+                        op.layer >= -1 && op.layer < numLayers && !op.nextStep;
+    const bool event = (op.kind == OpKind::kWait || op.kind == OpKind::kRecord) && op.event >= 0 &&
+                       static_cast<size_t>(op.event) < events.size();
+    if (op.stream != StreamId::kGather || !(gather || event))
+      return libcomm::makeError(StatusCode::kInvalidArgument, "schedule: first-step op ", i,
+                                " is not an ag-stream wait, record or all_gather of this step");
+  }
+  const auto hooks = expectedHooks(numLayers, microBatches, updateOrder);
   size_t h = 0;
   for (size_t i = 0; i < ops.size(); ++i) {
     const ScheduleOp& op = ops[i];
@@ -130,7 +151,13 @@ Status Schedule::validate() const {
         break;
       case OpKind::kHostSync:
         break;
+      case OpKind::kZeroGrad:
+        if (op.stream != StreamId::kReduce) return bad(i, "grad buffer zeroing must run on the rs stream");
+        if (op.gradBuffer < 0 || op.gradBuffer >= numGradBuffers || op.layer < 0)
+          return bad(i, "zeroes grad buffer ", op.gradBuffer, " of layer ", op.layer);
+        break;
     }
+    if (op.nextStep && op.kind != OpKind::kAllGather) return bad(i, "only an all_gather can be for the next step");
   }
   if (h != hooks.size())
     return libcomm::makeError(StatusCode::kInvalidArgument, "schedule: ", h, " hooks, expected ", hooks.size());
@@ -159,7 +186,9 @@ std::string Schedule::describeOp(size_t index, const ShardPlan* plan) const {
   switch (op.kind) {
     case OpKind::kHook:
       os << hookKindName(op.hook);
-      if (op.layer >= 0) {
+      if (op.hook == HookKind::kGroupUpdated) {
+        os << "(" << layerName(op.layer, plan) << ")";
+      } else if (op.layer >= 0) {
         os << "(" << layerName(op.layer, plan) << ") micro-batch " << op.microBatch;
         if (op.buffer >= 0) os << ", weights in " << bufferName(op.buffer, plan);
         if (op.gradBuffer >= 0) os << ", grads in grad buffer " << gradBufferName(op.gradBuffer, plan);
@@ -180,7 +209,7 @@ std::string Schedule::describeOp(size_t index, const ShardPlan* plan) const {
       break;
     case OpKind::kAllGather:
       os << "  " << pad(streamIdName(op.stream)) << "all_gather " << layerName(op.layer, plan) << " -> buffer "
-         << bufferName(op.buffer, plan);
+         << bufferName(op.buffer, plan) << (op.nextStep ? " (for the next step)" : "");
       break;
     case OpKind::kReduceScatter:
       os << "  " << pad(streamIdName(op.stream)) << "reduce_scatter ";
@@ -190,7 +219,12 @@ std::string Schedule::describeOp(size_t index, const ShardPlan* plan) const {
         os << layerName(op.layer, plan) << " micro-batch " << op.microBatch << " from grad buffer "
            << gradBufferName(op.gradBuffer, plan);
       }
-      os << " -> grad shard, " << (op.accumulate ? "accumulate" : "overwrite") << "; zero the source";
+      os << " -> grad shard, " << (op.accumulate ? "accumulate" : "overwrite");
+      if (op.layer < 0) os << "; zero the source";
+      break;
+    case OpKind::kZeroGrad:
+      os << "  " << pad(streamIdName(op.stream)) << "zero grad buffer " << gradBufferName(op.gradBuffer, plan) << " ("
+         << layerName(op.layer, plan) << ")";
       break;
   }
   return os.str();
@@ -202,6 +236,12 @@ std::string Schedule::describe(const ShardPlan* plan) const {
      << " gather buffers, " << numGradBuffers << " grad buffers, prefetch depth " << prefetchDepth
      << (serialize ? ", serialized" : "") << "; " << count(OpKind::kAllGather) << " all_gathers and "
      << count(OpKind::kReduceScatter) << " reduce_scatters per step\n";
+  os << "optimizer update order:";
+  for (int g : updateOrder) os << " " << layerName(g, plan);
+  os << "\nfirst step only, at beginStep:";
+  for (const ScheduleOp& op : firstStepOps)
+    if (op.kind == OpKind::kAllGather) os << " all_gather " << layerName(op.layer, plan);
+  os << "\n";
   for (size_t i = 0; i < ops.size(); ++i)
     os << (i < 10 ? "   " : i < 100 ? "  " : " ") << i << " " << describeOp(i, plan) << "\n";
   return os.str();

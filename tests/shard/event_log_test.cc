@@ -70,6 +70,9 @@ struct RunSpec {
   // The executor's compute stream has a progress thread (ExecutorOptions::threadedComputeStream): work
   // enqueued on it is still running when the hook returns, as on a GPU.
   bool threadedCompute = false;
+  // With streamOptimizer >= 0: the optimizer goes group by group in Executor::updateOrder(), each
+  // group a host function of this length on the compute stream, stamped with groupUpdated.
+  bool perGroup = false;
 };
 
 // Runs spec.steps steps on one rank (of ctx.size). Returns the checker's verdict and the log.
@@ -105,6 +108,24 @@ libcomm::Result<Outcome> run(RankContext& ctx, const RunSpec& spec) {
       toy::setWeights(plan, e.state(), next);
       return Status::ok();
     }
+    if (spec.perGroup) {
+      const auto& order = e.updateOrder();
+      for (size_t i = 0; i < order.size(); ++i) {
+        const bool last = i + 1 == order.size();
+        LIBCOMM_RETURN_IF_ERROR(e.computeStream().enqueueHost(
+            [&, next, last] {
+              std::this_thread::sleep_for(spec.streamOptimizer);
+              if (last) {
+                toy::setWeights(plan, pool->state(), next);
+                out.optimizerFinished.push_back(libshard::EventLog::now());
+              }
+              return Status::ok();
+            },
+            "slow optimizer group"));
+        LIBCOMM_RETURN_IF_ERROR(e.groupUpdated(order[i]));
+      }
+      return Status::ok();
+    }
     return e.computeStream().enqueueHost(
         [&, next] {
           std::this_thread::sleep_for(spec.streamOptimizer);
@@ -116,8 +137,9 @@ libcomm::Result<Outcome> run(RankContext& ctx, const RunSpec& spec) {
   };
   libshard::Runner runner(*ex, net.layers(), hooks);
   for (int s = 0; s < spec.steps; ++s) LIBCOMM_RETURN_IF_ERROR(runner.step());
-  // The last optimizer (and its optimizer-done stamp) may still be running on the compute stream.
-  LIBCOMM_RETURN_IF_ERROR(ex->computeStream().synchronize(libcomm::Deadline::after(std::chrono::seconds(20))));
+  // The last optimizer (and its stamps) may still be running on the compute stream, and the next
+  // step's leading gathers on the ag stream.
+  LIBCOMM_RETURN_IF_ERROR(ex->synchronize());
   out.log = ex->eventLog().entries();
   out.check = libshard::checkEventLog(out.log, plan);
   out.wrongWeights = net.wrongWeights;
@@ -244,17 +266,15 @@ TEST(EventLogChecker, PrefetchOverlapsAndSerializedDoesNot) {
   EXPECT_RANKS_OK(report);
 }
 
-// Removes the gate: the ag stream's wait for optimizer done at step start.
+// Removes the gate: the ag stream's waits for optimizer done and for each group's update.
 bool removeGate(libshard::Schedule& s) {
-  for (size_t i = 0; i < s.ops.size(); ++i) {
-    const auto& op = s.ops[i];
-    if (op.kind == OpKind::kWait && op.stream == libshard::StreamId::kGather &&
-        s.events[static_cast<size_t>(op.event)].kind == libshard::EventKind::kOptimizerDone) {
-      s.ops.erase(s.ops.begin() + static_cast<std::ptrdiff_t>(i));
-      return true;
-    }
-  }
-  return false;
+  const size_t before = s.ops.size();
+  std::erase_if(s.ops, [&](const libshard::ScheduleOp& op) {
+    if (op.kind != OpKind::kWait || op.stream != libshard::StreamId::kGather) return false;
+    const auto kind = s.events[static_cast<size_t>(op.event)].kind;
+    return kind == libshard::EventKind::kOptimizerDone || kind == libshard::EventKind::kGroupUpdated;
+  });
+  return s.ops.size() != before;
 }
 
 // The optimizer as a CUDA trainer runs it: enqueued on the compute stream between endStep and
@@ -309,6 +329,71 @@ TEST(EventLogChecker, OptimizerOnTheComputeStreamGatesTheNextStep) {
   }
 }
 
+// Removes the wait for its group's update from the next-step gather of the last leading group in
+// the update order: that gather then only waits (ag stream order) for the gathers before it, whose
+// groups were stamped earlier.
+bool removeLastLeadingGroupWait(libshard::Schedule& s) {
+  for (size_t i = s.ops.size(); i-- > 1;) {
+    const auto& ag = s.ops[i];
+    if (ag.kind != OpKind::kAllGather || !ag.nextStep) continue;
+    for (size_t j = i; j-- > 0 && s.ops[j].kind == OpKind::kWait;) {
+      if (s.events[static_cast<size_t>(s.ops[j].event)].kind != libshard::EventKind::kGroupUpdated) continue;
+      s.ops.erase(s.ops.begin() + static_cast<std::ptrdiff_t>(j));
+      return true;
+    }
+    return false;
+  }
+  return false;
+}
+
+// Per-group gates: with an optimizer that takes a while per group, the next step's first gather
+// starts before the last group is updated (the point of the change: a single optimizer-done gate
+// would hold it), every gather still starts after its own group's update, and a schedule whose
+// gather does not wait for its group's update is caught by the checker.
+Status perGroupGateBody(RankContext& ctx) {
+  RunSpec spec;
+  spec.steps = 3;
+  spec.streamOptimizer = std::chrono::milliseconds(30);
+  spec.threadedCompute = true;
+  spec.perGroup = true;
+  LIBCOMM_ASSIGN_OR_RETURN(auto good, run(ctx, spec));
+  LIBCOMM_RETURN_IF_ERROR(good.check.withContext("the correct schedule"));
+  int early = 0;
+  for (const LogEntry& e : good.log) {
+    if (e.kind != LogKind::kGatherStart || e.step == 0) continue;
+    int64_t lastUpdate = 0;
+    for (const LogEntry& u : good.log)
+      if (u.kind == LogKind::kGroupUpdated && u.step == e.step - 1) lastUpdate = std::max(lastUpdate, u.ns);
+    if (e.ns < lastUpdate) ++early;
+  }
+  if (early == 0)
+    return libcomm::makeError(StatusCode::kInternalError,
+                              "no gather started before its previous step's last group "
+                              "update: the gate is still global");
+  spec.edit = removeLastLeadingGroupWait;
+  spec.steps = 2;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    spec.streamOptimizer = std::chrono::milliseconds(60 << (2 * attempt));
+    LIBCOMM_ASSIGN_OR_RETURN(auto bad, run(ctx, spec));
+    if (!bad.check.isOk() && bad.check.message().find("before its optimizer update of step 0") == std::string::npos)
+      return libcomm::makeError(StatusCode::kInternalError,
+                                "expected a per-group gate violation: ", bad.check.toString());
+    LIBCOMM_ASSIGN_OR_RETURN(const bool everyone, allRanks(ctx, !bad.check.isOk()));
+    if (everyone) return Status::ok();
+  }
+  return libcomm::makeError(StatusCode::kInternalError,
+                            "the checker passed a gather that did not wait for its group's update 3 times");
+}
+
+TEST(EventLogChecker, PerGroupGateLetsLeadingGathersStartEarlyAndIsProven) {
+  for (int size : {1, 2}) {
+    RunOptions opts;
+    opts.size = size;
+    opts.deadline = std::chrono::seconds(60);
+    EXPECT_RANKS_OK(runRanks(opts, perGroupGateBody));
+  }
+}
+
 TEST(EventLogChecker, CatchesPerturbedLogs) {
   RunOptions opts;
   opts.size = 1;
@@ -353,6 +438,30 @@ TEST(EventLogChecker, CatchesPerturbedLogs) {
       auto log = run.log;
       log.erase(log.begin() + static_cast<std::ptrdiff_t>(find(LogKind::kOptimizerDone, -1, 0)));
       LIBCOMM_RETURN_IF_ERROR(expectCaught(log, "gate", "missing optimizer done"));
+    }
+    // Per-group gate: a gather of step 1 that starts before its group's update of step 0.
+    {
+      auto log = run.log;
+      size_t start = log.size(), update = log.size();
+      for (size_t i = 0; i < log.size(); ++i) {
+        if (start == log.size() && log[i].kind == LogKind::kGatherStart && log[i].step == 1 && log[i].layer >= 0)
+          start = i;
+      }
+      if (start == log.size()) return libcomm::makeError(StatusCode::kInternalError, "no entries");
+      update = find(LogKind::kGroupUpdated, log[start].layer, 0);
+      if (update == log.size()) return libcomm::makeError(StatusCode::kInternalError, "no group update entry");
+      log[update].ns = log[start].ns + 1;
+      LIBCOMM_RETURN_IF_ERROR(expectCaught(log, "before its optimizer update", "gather before its group's update"));
+    }
+    // Stale gradients: a backward that writes a grad buffer nobody zeroed since its last reduce.
+    {
+      auto log = run.log;
+      size_t zero = log.size();
+      for (size_t i = 0; i < log.size(); ++i)
+        if (log[i].kind == LogKind::kGradZeroed && log[i].step == 0) zero = i;
+      if (zero == log.size()) return libcomm::makeError(StatusCode::kInternalError, "no zeroing entries");
+      log.erase(log.begin() + static_cast<std::ptrdiff_t>(zero));
+      LIBCOMM_RETURN_IF_ERROR(expectCaught(log, "stale gradient", "missing zeroing"));
     }
     // Gradient buffers: a reduce-scatter that starts before its backward ended.
     {

@@ -40,9 +40,9 @@ struct Variant {
   bool oneComm = false;  // gathers and reduce-scatters on one communicator (one stream)
   bool budget = false;   // a memory budget that forces activation checkpointing
   size_t alignment = 128;
-  bool norms = true;   // false: a model without norm parameters (no resident group)
-  bool scale = false;  // the executor applies gradScale at endStep
-  int width = 37;      // large widths take libcomm's direct (registered, one-copy) path, not eager
+  bool norms = true;                    // false: a model without norm parameters (no resident group)
+  bool scale = false;                   // the executor applies gradScale at endStep
+  int width = 37;                       // large widths take libcomm's direct (registered, one-copy) path, not eager
   bool threadedCompute = false;         // ExecutorOptions::threadedComputeStream (default: inline)
   bool embedNoBackwardWeights = false;  // the embedding's backward reads no weights: not gathered for
 
@@ -172,13 +172,21 @@ Status runVariant(RankContext& ctx, libcomm::Communicator& agComm, libcomm::Comm
     LIBCOMM_RETURN_IF_ERROR(runner.step());
   }
 
+  // The last optimizerDone issued the next step's leading gathers: let them finish first.
+  LIBCOMM_RETURN_IF_ERROR(ex->synchronize());
   const auto& log = ex->eventLog();
   if (log.dropped() != 0) return libcomm::makeError(StatusCode::kInternalError, "event log dropped ", log.dropped());
   const auto entries = log.entries();
   LIBCOMM_RETURN_IF_ERROR(libshard::checkEventLog(entries, plan));
-  std::vector<int> gathers(static_cast<size_t>(steps), 0);
+  std::vector<int> gathers(static_cast<size_t>(steps) + 1, 0);
   for (const auto& e : entries)
     if (e.kind == libshard::LogKind::kGatherStart) ++gathers[static_cast<size_t>(e.step)];
+  // The step after the last one: only its leading gathers, issued by the last optimizer's hooks.
+  int leading = 0;
+  for (const auto& op : ex->schedule().ops) leading += op.kind == libshard::OpKind::kAllGather && op.nextStep ? 1 : 0;
+  if (gathers[static_cast<size_t>(steps)] != leading)
+    return libcomm::makeError(StatusCode::kInternalError, gathers[static_cast<size_t>(steps)],
+                              " gathers logged for the step after the last, the schedule leads with ", leading);
   for (int s = 0; s < steps; ++s)
     if (gathers[static_cast<size_t>(s)] != gathersPerStep)
       return libcomm::makeError(StatusCode::kInternalError, "step ", s, ": ", gathers[static_cast<size_t>(s)],
@@ -381,6 +389,12 @@ TEST(ExecutorHooks, OutOfOrderCallsAreRefusedAndHarmless) {
     LIBCOMM_RETURN_IF_ERROR(ex.endStep());
     // The gate is not optional: the next step needs optimizerDone first.
     LIBCOMM_RETURN_IF_ERROR(expectError(ex.beginStep(), {StatusCode::kInvalidUsage}, {"optimizerDone"}, "no gate"));
+    // Groups are stamped in the schedule's order; optimizerDone stamps the ones left.
+    const std::vector<int> order = ex.updateOrder();
+    if (order.size() < 2) return libcomm::makeError(StatusCode::kInternalError, "update order too short");
+    LIBCOMM_RETURN_IF_ERROR(expectError(ex.groupUpdated(order.back()), {StatusCode::kInvalidUsage}, {"groupUpdated"},
+                                        "group out of order"));
+    LIBCOMM_RETURN_IF_ERROR(ex.groupUpdated(order[0]));
     LIBCOMM_RETURN_IF_ERROR(ex.optimizerDone());
     if (ex.step() != 1) return libcomm::makeError(StatusCode::kInternalError, "step ", ex.step(), " after one step");
     return ex.status();

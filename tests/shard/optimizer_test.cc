@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -245,6 +247,49 @@ TEST(ShardedAdamW, NonFiniteNormSkipsTheStep) {
   EXPECT_EQ(st.view.step, 0u);
   EXPECT_EQ(st.master, before);
   for (float x : st.m) EXPECT_EQ(x, 0.0f);
+}
+
+// The step in parts, as a trainer that stamps each group goes: the norm first (updateGroup before
+// it is refused), then the groups in a different order than step() takes them -- the result is
+// the reference's bit for bit -- and endStep refuses to end a step with a group left out.
+TEST(ShardedAdamW, GroupByGroupMatchesTheReferenceAndNeedsTheNormFirst) {
+  const ModelSpec model = testModel(2, 5, 11);
+  const ShardPlan plan = planOrFail(model, 1, 0, 16, Precision::kBf16);
+  AdamWConfig cfg;
+  cfg.clipNorm = 0.05f;  // clipping on: every group must use the one global factor
+  cfg.weightDecay = 0.1f;
+  auto opt = ShardedAdamW::create(plan, cfg);
+  ASSERT_TRUE(opt.isOk()) << opt.status().toString();
+  OwnedState st(plan);
+  initState(plan, st);
+  Reference ref(model, cfg);
+  EXPECT_EQ(opt->updateGroup(st.view, 0).code(), StatusCode::kInvalidUsage);
+  std::vector<int> order{0, -1};  // the embedding and the resident group first, as the schedule does
+  for (int k = static_cast<int>(plan.layers.size()) - 1; k >= 1; --k) order.push_back(k);
+  const float scale = 0.5f;
+  for (int s = 0; s < 3; ++s) {
+    fillGrads(plan, st, s);
+    auto norm = opt->beginStep(st.view, scale, nullptr, nullptr, libcomm::Deadline::never());
+    ASSERT_TRUE(norm.isOk()) << norm.status().toString();
+    if (s == 0) {  // a group left out: refused, nothing advanced
+      ASSERT_TRUE(opt->updateGroup(st.view, 0).isOk());
+      EXPECT_EQ(opt->updateGroup(st.view, 0).code(), StatusCode::kInvalidUsage);  // twice
+      EXPECT_EQ(opt->endStep(st.view).code(), StatusCode::kInvalidUsage);
+      EXPECT_EQ(st.view.step, 0u);
+      initState(plan, st);  // start over: the refused step wrote group 0
+      std::fill(st.m.begin(), st.m.end(), 0.0f);
+      std::fill(st.v.begin(), st.v.end(), 0.0f);
+      norm = opt->beginStep(st.view, scale, nullptr, nullptr, libcomm::Deadline::never());
+      ASSERT_TRUE(norm.isOk());
+    }
+    for (int g : order) ASSERT_TRUE(opt->updateGroup(st.view, g).isOk()) << "group " << g;
+    ASSERT_TRUE(opt->endStep(st.view).isOk());
+    ref.update(s, scale, norm.value());
+    EXPECT_EQ(st.view.step, static_cast<uint64_t>(s + 1));
+    Status cmp = compareWithReference(plan, st, ref);
+    ASSERT_TRUE(cmp.isOk()) << "step " << s << ": " << cmp.toString();
+  }
+  EXPECT_EQ(opt->updateGroup(st.view, 1).code(), StatusCode::kInvalidUsage);  // after endStep
 }
 
 TEST(ShardedAdamW, RejectsBadArguments) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "exec_toy.h"
 #include "libshard/buffers.h"
@@ -150,12 +151,17 @@ void expectStaticRuleB(const Schedule& s) {
 
 TEST(Schedule, PrefetchDepthDecidesWhereGathersAreIssued) {
   const auto spec = blocksOnly(6);
-  // Depth 1: layer 1's weights are requested before layer 0 computes.
+  // Depth 1: layer 1's weights are requested before layer 0 computes: by the previous step's
+  // optimizer hooks (right after layer 1's update), and on the first step at beginStep.
   Schedule d1 = build(planFor(spec, 1, 1));
   int ag1 = -1;
   for (size_t i = 0; i < d1.ops.size(); ++i)
-    if (d1.ops[i].kind == OpKind::kAllGather && d1.ops[i].layer == 1 && ag1 < 0) ag1 = static_cast<int>(i);
-  EXPECT_LT(ag1, hookIndex(d1, HookKind::kEndForward, 0, 0)) << d1.describe();
+    if (d1.ops[i].kind == OpKind::kAllGather && d1.ops[i].layer == 1 && d1.ops[i].nextStep) ag1 = static_cast<int>(i);
+  ASSERT_GE(ag1, 0) << d1.describe();
+  EXPECT_GT(ag1, hookIndex(d1, HookKind::kGroupUpdated, 1)) << d1.describe();
+  int first1 = 0;
+  for (const ScheduleOp& op : d1.firstStepOps) first1 += op.kind == OpKind::kAllGather && op.layer == 1 ? 1 : 0;
+  EXPECT_EQ(first1, 1) << d1.describe();
   expectStaticRuleB(d1);
   // Depth 0: each gather is issued by the hook that needs it.
   libshard::ScheduleOptions o;
@@ -180,8 +186,11 @@ TEST(Schedule, SerializedWaitsForEveryReduceScatter) {
   EXPECT_EQ(s.prefetchDepth, 0);
   for (size_t i = 0; i < s.ops.size(); ++i) {
     if (s.ops[i].kind != OpKind::kReduceScatter || s.ops[i].layer < 0) continue;
-    ASSERT_LT(i + 2, s.ops.size());
-    EXPECT_EQ(s.ops[i + 2].kind, OpKind::kHostSync) << s.describe();
+    // Before the next hook (after the zeroing, when the step uses the buffer again).
+    size_t j = i + 1;
+    while (j < s.ops.size() && s.ops[j].kind != OpKind::kHostSync && s.ops[j].kind != OpKind::kHook) ++j;
+    ASSERT_LT(j, s.ops.size());
+    EXPECT_EQ(s.ops[j].kind, OpKind::kHostSync) << s.describe();
   }
 }
 
@@ -196,6 +205,90 @@ TEST(Schedule, PrintsEveryOpAndTheGate) {
         "host    block until gathered[blocks.0]", "reduce_scatter resident accumulator (fp32)",
         "beginBackward(head) micro-batch 1", "overwrite", "accumulate", "compute record optimizer_done"})
     EXPECT_NE(text.find(want), std::string::npos) << "missing '" << want << "' in\n" << text;
+}
+
+// The optimizer gate per group: the groups the next step gathers first are updated first (the
+// first layer's, then the resident group), and each of those leading gathers is issued right after
+// its group's groupUpdated hook, waiting for that group's event only; the first step issues the
+// same gathers in the same order at beginStep; no gather is left in beginStep; every other gather
+// of the step comes after the ag stream's wait for optimizer done.
+TEST(Schedule, LeadingGathersWaitForTheirOwnGroupOnly) {
+  const auto spec = toy::makeSpec();
+  const auto plan = planFor(spec, 2);
+  Schedule s = build(plan);
+  ASSERT_GE(s.updateOrder.size(), 3u);
+  EXPECT_EQ(s.updateOrder[0], 0);   // the embedding: gathered first
+  EXPECT_EQ(s.updateOrder[1], -1);  // the resident group
+  EXPECT_EQ(s.updateOrder[2], 1);   // the first block
+  std::vector<int> nextStepGathers, firstStepGathers;
+  int group = -2;
+  bool afterGate = false;
+  int beginStepGathers = 0;
+  HookKind lastHook = HookKind::kBeginStep;
+  for (const ScheduleOp& op : s.ops) {
+    if (op.kind == OpKind::kHook) {
+      lastHook = op.hook;
+      if (op.hook == HookKind::kGroupUpdated) group = op.layer;
+      continue;
+    }
+    if (op.kind == OpKind::kWait && op.stream == libshard::StreamId::kGather &&
+        s.events[static_cast<size_t>(op.event)].kind == libshard::EventKind::kOptimizerDone)
+      afterGate = true;
+    if (op.kind == OpKind::kWait && op.stream == libshard::StreamId::kGather &&
+        s.events[static_cast<size_t>(op.event)].kind == libshard::EventKind::kGroupUpdated) {
+      EXPECT_EQ(lastHook, HookKind::kGroupUpdated);
+      EXPECT_EQ(s.events[static_cast<size_t>(op.event)].index, group) << "a gather waits for another group's update";
+    }
+    if (op.kind != OpKind::kAllGather) continue;
+    if (lastHook == HookKind::kBeginStep) ++beginStepGathers;
+    if (op.nextStep) {
+      EXPECT_EQ(lastHook, HookKind::kGroupUpdated);
+      EXPECT_EQ(op.layer, group);
+      nextStepGathers.push_back(op.layer);
+    } else {
+      EXPECT_TRUE(afterGate) << "a gather of the step before the optimizer-done wait";
+    }
+  }
+  for (const ScheduleOp& op : s.firstStepOps)
+    if (op.kind == OpKind::kAllGather) firstStepGathers.push_back(op.layer);
+  EXPECT_EQ(beginStepGathers, 0);
+  EXPECT_EQ(nextStepGathers, (std::vector<int>{0, -1, 1}));
+  EXPECT_EQ(firstStepGathers, nextStepGathers);
+  EXPECT_EQ(s.count(OpKind::kAllGather, -1), 1);  // the resident group: still once per step
+  // The serialized baseline keeps its gathers in the step, behind the whole optimizer.
+  Schedule serial = build(plan, {.serialize = true});
+  EXPECT_TRUE(serial.firstStepOps.empty());
+  for (const ScheduleOp& op : serial.ops) EXPECT_FALSE(op.nextStep);
+}
+
+// Gradient buffers are zeroed on the rs stream right after their reduce-scatter when the step uses
+// them again, and behind endStep's drain after their last use, so the step's end does not wait for
+// the zeroing; every backward use is followed by exactly one zeroing of its buffer.
+TEST(Schedule, GradBufferZeroingLeavesTheStepEnd) {
+  const auto spec = toy::makeSpec();
+  const auto plan = planFor(spec, 2);
+  Schedule s = build(plan);
+  const int endStep = hookIndex(s, HookKind::kEndStep);
+  ASSERT_GE(endStep, 0);
+  int lastReduceSync = -1, reduces = 0, zeros = 0, zerosAfterDrain = 0;
+  for (size_t i = 0; i < s.ops.size(); ++i) {
+    const ScheduleOp& op = s.ops[i];
+    if (op.kind == OpKind::kHostSync && op.stream == libshard::StreamId::kReduce && static_cast<int>(i) > endStep)
+      lastReduceSync = static_cast<int>(i);
+    if (op.kind == OpKind::kReduceScatter && op.layer >= 0) ++reduces;
+    if (op.kind != OpKind::kZeroGrad) continue;
+    ++zeros;
+    EXPECT_EQ(op.stream, libshard::StreamId::kReduce);
+    if (lastReduceSync >= 0 && static_cast<int>(i) > lastReduceSync) ++zerosAfterDrain;
+    // Right behind it: grad_free of the same buffer, on the same stream.
+    ASSERT_LT(i + 1, s.ops.size());
+    EXPECT_EQ(s.ops[i + 1].kind, OpKind::kRecord);
+    EXPECT_EQ(s.events[static_cast<size_t>(s.ops[i + 1].event)].kind, libshard::EventKind::kGradFree);
+    EXPECT_EQ(s.events[static_cast<size_t>(s.ops[i + 1].event)].index, op.gradBuffer);
+  }
+  EXPECT_EQ(zeros, reduces);
+  EXPECT_GE(lastReduceSync, 0);
+  EXPECT_EQ(zerosAfterDrain, static_cast<int>(plan.gradBuffers.size()));
 }
 
 TEST(Schedule, ValidateRejectsBrokenStructure) {

@@ -24,10 +24,12 @@ enum class LogKind : uint8_t {
   kComputeEnd,       // trainer thread: endForward/endBackward was called
   kRelease,          // compute stream: the release of `buffer` by this use was reached
   kReduceStart,      // rs stream: a reduce_scatter from `gradBuffer` (-1: resident accumulator)
-  kReduceEnd,        // rs stream: it and the zeroing of its source have finished
+  kReduceEnd,        // rs stream: it has finished (and zeroed its source, for the resident accumulator)
   kStepEnd,          // trainer thread: endStep is about to return (all streams idle)
   kOptimizerDone,    // compute stream: the optimizer-done record was reached, i.e. everything the
                      // trainer enqueued there before optimizerDone() (an optimizer) has run
+  kGroupUpdated,     // compute stream: group `layer` (-1: resident) was stamped updated (groupUpdated)
+  kGradZeroed,       // rs stream: grad buffer `gradBuffer` is zeroed after layer `layer`'s use
 };
 /// "gather_start", ... Thread-safe; a static string.
 const char* logKindName(LogKind k);
@@ -90,8 +92,12 @@ class EventLog {
 ///  - gradient buffers: no reduce-scatter overlapped a backward writing the same buffer; each
 ///    reduce-scatter started after the backward it reduces ended; every backward was reduced;
 ///  - the resident gradient was reduced after every backward of the step;
-///  - the optimizer gate: every all_gather of step s started after optimizer done of step s-1,
-///    which came after endStep of s-1, which came after all of s-1's collectives.
+///  - the stale-gradient rule: a backward writing a grad buffer after a reduce-scatter of it began
+///    after a zeroing of the buffer that came after that reduce-scatter ended;
+///  - the per-group optimizer gate: every all_gather of group g in step s started after g's update
+///    stamp of step s-1; each update stamp of s-1 came after endStep of s-1 (which came after all of
+///    s-1's collectives) and before optimizer done of s-1, once per group with parameters; a step
+///    that gathers has an optimizer done of the step before.
 /// Returns OK or kInternalError listing the first violations (with times relative to the log's
 /// first entry). `plan` supplies buffer names, the number of gradient buffers and whether a
 /// resident group exists. It does not look at the schedule, so a schedule built or edited wrongly

@@ -7,8 +7,10 @@
 //   for each micro-batch: for k in 0..L-1: v = beginForward(k); <forward on v>; endForward(k);
 //                         for k in L-1..0: v = beginBackward(k); <backward on v>; endBackward(k);
 //   endStep();          // all gradients are in ShardState::grad (sums, unless scaleGradients)
-//   <optimizer on the shards with pendingGradScale(), including the bf16 cast of the compute copy>
-//   optimizerDone();    // gates the next step's first all_gather
+//   <optimizer on the shards with pendingGradScale(), including the bf16 cast of the compute copy:
+//    the gradient norm first, then group by group in updateOrder(), calling groupUpdated(g) after
+//    each group -- that issues the next step's gathers of that group>
+//   optimizerDone();    // gates the rest of the next step's all_gathers
 // Hooks called out of this order fail with kInvalidUsage and change nothing.
 //
 // Compute on the CPU runs on the trainer's thread: every begin hook makes the compute stream wait
@@ -127,8 +129,8 @@ class Executor {
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
-  /// Starts a step: enqueues the resident gather and the first prefetches behind the previous
-  /// step's optimizer-done event. Returns at once.
+  /// Starts a step. The resident gather and the first prefetches were issued by the previous
+  /// step's groupUpdated hooks; on the first step this enqueues them. Returns at once.
   libcomm::Status beginStep();
   /// Waits (compute stream and this thread) until layer `layer`'s weights are gathered, then
   /// returns its views for the current micro-batch. The pointer stays valid until endForward.
@@ -143,11 +145,28 @@ class Executor {
   /// Reduce-scatters the resident gradient and waits until every collective of the step is done:
   /// on return ShardState::grad holds the step's summed gradients (scaled if scaleGradients).
   libcomm::Status endStep();
+  /// The optimizer has finished writing group `group`'s shards (master and compute copy; a layer
+  /// index, -1: the resident group), or has enqueued that work on computeStream(): the group's
+  /// event is recorded there, and the next step's leading gathers of that group (updateOrder()
+  /// puts them first) are enqueued behind it at once. Call between endStep and optimizerDone, in
+  /// updateOrder(), after the gradient norm is known (every update needs it); out of order is
+  /// kInvalidUsage. Optional: optimizerDone stamps the groups not stamped yet.
+  libcomm::Status groupUpdated(int group);
+  /// The groups in the order the optimizer should update them (Schedule::updateOrder): the ones
+  /// the next step gathers first come first. Thread-safe.
+  const std::vector<int>& updateOrder() const { return schedule_.updateOrder; }
   /// The optimizer has finished writing the shards (master and compute copy), or has enqueued
-  /// that work on computeStream(): the gate event is recorded there, so the next step's gathers
-  /// wait for everything enqueued on it before this call. Required between endStep and the next
-  /// beginStep.
+  /// that work on computeStream(): first the groups not yet stamped by groupUpdated are (as if it
+  /// were called for each, in order), then the gate event is recorded, so the next step's other
+  /// gathers wait for everything enqueued on the compute stream before this call. Required between
+  /// endStep and the next beginStep.
   libcomm::Status optimizerDone();
+
+  /// Waits (bounded by waitTimeout) until everything enqueued on the executor's streams has run.
+  /// After optimizerDone the next step's leading gathers are in flight; call this before reading
+  /// the event log after a run's last step, or before touching the gather buffers. Returns the
+  /// first stream error. Call from the trainer's thread, between optimizerDone and beginStep.
+  libcomm::Status synchronize();
 
   /// Fails the executor with `why` (if it had not failed yet) and aborts both communicators, so
   /// that peers stop waiting for this rank. For trainers whose own compute failed mid-step. Call
@@ -180,8 +199,8 @@ class Executor {
   /// step the streams read the shards (gathers) and write the grad shard (reduce-scatters).
   ShardState& state() { return pool_.state(); }
   /// The event log (disabled unless ExecutorOptions::eventLogCapacity > 0). Read it only between
-  /// endStep and the next beginStep, after the work enqueued on computeStream() has run (the
-  /// optimizer-done entry is stamped by the compute stream).
+  /// endStep and the next beginStep, after synchronize() (the optimizer stamps are written by the
+  /// compute stream, the next step's leading gathers by the ag stream).
   const EventLog& eventLog() const { return log_; }
   EventLog& eventLog() { return log_; }
   /// The compute stream: a CUDA trainer would enqueue its kernels here between the hooks, and its
@@ -199,6 +218,7 @@ class Executor {
   libcomm::Status runOp(const ScheduleOp& op);
   libcomm::Status runGather(const ScheduleOp& op);
   libcomm::Status runReduce(const ScheduleOp& op);
+  libcomm::Status runZero(const ScheduleOp& op);
   libcomm::Status hostWait(const ScheduleOp& op);
   libcomm::Status fail(libcomm::Status st);
   libcomm::Stream& stream(StreamId id);
@@ -219,7 +239,8 @@ class Executor {
   std::unique_ptr<libcomm::Stream> compute_, ag_, rs_;  // rs_ null when both comms are one
 
   // Position in the schedule.
-  size_t cursor_ = 0;  // the next op, always a hook between calls
+  size_t cursor_ = 0;    // the next op, always a hook between calls
+  bool primed_ = false;  // the next step's leading gathers are enqueued (by the group hooks)
   int64_t step_ = 0;
   const ScheduleOp* hook_ = nullptr;  // the hook being run
   libcomm::Status error_;

@@ -88,6 +88,24 @@ class ShardedAdamW {
   libcomm::Result<double> step(ShardState& state, float gradScale, libcomm::Communicator* comm, libcomm::Stream* stream,
                                libcomm::Deadline deadline);
 
+  /// The same step in three parts, so that a trainer can stamp each group as soon as it is updated
+  /// (Executor::groupUpdated) and the next step's gathers of it can start. step() is exactly
+  /// beginStep, updateGroup for every group (layers in order, then the resident group), endStep.
+  ///
+  /// beginStep: the global gradient norm (the allReduce, with `comm`) and the clipping factor; the
+  /// arguments and the returned norm are step()'s. Every update of the step needs that factor, so
+  /// it must come first: updateGroup before it is kInvalidUsage. A non-finite norm makes the step a
+  /// skipped one (updateGroup and endStep then write nothing).
+  libcomm::Result<double> beginStep(ShardState& state, float gradScale, libcomm::Communicator* comm,
+                                    libcomm::Stream* stream, libcomm::Deadline deadline);
+  /// AdamW on this rank's part of group `group` (a layer index, -1: the resident group) and the
+  /// bf16 cast of the group's shard of the compute copy. kInvalidUsage outside beginStep..endStep
+  /// or for a group updated already this step; kInvalidArgument for a group out of range.
+  libcomm::Status updateGroup(ShardState& state, int group);
+  /// Ends the step: kInvalidUsage unless every group holding parameters of this rank was updated
+  /// (nothing is written then); advances state.step otherwise.
+  libcomm::Status endStep(ShardState& state);
+
   /// Changes the learning rate used by later steps. Not thread-safe against step().
   void setLearningRate(float lr) { config_.lr = lr; }
   /// The hyperparameters in use (lr as last set). Not thread-safe against setLearningRate().
@@ -108,6 +126,21 @@ class ShardedAdamW {
   Precision precision_ = Precision::kBf16;
   std::vector<OptimizerRange> ranges_;
   size_t paramElements_ = 0;
+  // Per group (layer index; the resident group last): its parameter runs and its shard.
+  struct GroupRanges {
+    std::vector<OptimizerRange> ranges;
+    size_t shardBegin = 0, shardNumel = 0;
+  };
+  std::vector<GroupRanges> groups_;
+  // The step in progress (between beginStep and endStep).
+  struct Pending {
+    bool active = false;
+    bool skip = false;  // non-finite norm
+    float gradScale = 1.0f;
+    float coef = 1.0f;
+    std::vector<bool> updated;  // per group
+  };
+  Pending pending_;
 };
 
 /// The decay rule: weightDecay set and not a norm parameter. Pure; thread-safe.

@@ -8,8 +8,16 @@
 //  A. compute of layer k (forward or backward) waits for the all_gather that filled its buffer;
 //  B. an all_gather into a buffer waits for the release of that buffer's previous user;
 //  - a gradient buffer is written by backward only after the reduce-scatter of its previous user
-//    released it (and zeroed it, so no gradient ever depends on stale contents);
-//  - the first all_gather of a step waits for the "optimizer done" event of the previous step;
+//    released it and it was zeroed (so no gradient ever depends on stale contents). The zeroing
+//    runs on the rs stream right after the reduce-scatter when the buffer is used again in the
+//    step; after a step's last use of a buffer it runs behind endStep's drain instead, so that the
+//    step's end waits for the reduce-scatter only;
+//  - the optimizer-done gate is per group: the optimizer updates the groups in `updateOrder` (the
+//    ones the next step gathers first come first) and stamps each with a kGroupUpdated hook. The
+//    next step's leading all_gathers (the resident group's and the first prefetches) are issued
+//    right there, each waiting only for its own group's update; every later gather of the step
+//    waits for "optimizer done" (all groups). On the very first step, which no optimizer precedes,
+//    beginStep issues those leading gathers itself (firstStepOps);
 //  - a layer whose weights are still in its buffer is not gathered again (end of forward -> start
 //    of backward, end of one micro-batch -> start of the next); every step gathers afresh, since
 //    the optimizer changed the weights;
@@ -23,7 +31,7 @@
 // The op list is divided by kHook ops, one per trainer hook: the ops after a hook (up to the next
 // one) are what that hook call enqueues. A step's hooks are, in order: beginStep; per micro-batch
 // beginForward/endForward for layers 0..L-1, then beginBackward/endBackward for L-1..0; endStep;
-// optimizerDone.
+// groupUpdated for each group of updateOrder; optimizerDone.
 
 #include <cstddef>
 #include <cstdint>
@@ -51,6 +59,7 @@ enum class HookKind : uint8_t {
   kBeginBackward,
   kEndBackward,
   kEndStep,
+  kGroupUpdated,  // `layer`: the group the optimizer has just updated (-1: the resident group)
   kOptimizerDone,
 };
 /// "beginStep", "beginForward", ...
@@ -64,6 +73,7 @@ enum class EventKind : uint8_t {
   kGradFree,           // rs: grad buffer `index` is reduced and zeroed again
   kBackwardDone,       // compute: every backward of the step has finished (resident grads complete)
   kResidentReduced,    // rs: the resident gradient is in the grad shard
+  kGroupUpdated,       // compute: the optimizer has written group `index`'s shards (-1: resident)
 };
 
 struct ScheduleEvent {
@@ -81,6 +91,7 @@ enum class OpKind : uint8_t {
   kReduceScatter,  // on rs: grad buffer `gradBuffer` (-1: the fp32 resident accumulator) of `layer`
                    // into the fp32 grad shard (`accumulate` or overwrite), then zero the buffer
   kHostSync,       // the trainer's thread waits until everything enqueued on `stream` has run
+  kZeroGrad,       // on rs: zero grad buffer `gradBuffer` (the part layer `layer` used)
 };
 
 struct ScheduleOp {
@@ -96,6 +107,7 @@ struct ScheduleOp {
                                          // (-1: the resident accumulator / a layer without gradient)
   bool accumulate = false;               // kReduceScatter
   bool recompute = false;                // kBeginBackward: the layer is checkpointed
+  bool nextStep = false;                 // kAllGather: issued by this step's optimizer hooks for the next step
 };
 
 struct ScheduleOptions {
@@ -117,6 +129,13 @@ struct Schedule {
   bool serialize = false;
   std::vector<ScheduleEvent> events;
   std::vector<ScheduleOp> ops;  // one step, in enqueue order
+  /// The groups in the order the optimizer should update them (a layer index, -1: the resident
+  /// group): every group with parameters once, those the next step gathers first at the front.
+  /// The schedule's kGroupUpdated hooks follow this order.
+  std::vector<int> updateOrder;
+  /// What the first beginStep enqueues in place of the leading gathers that, on later steps, the
+  /// previous step's kGroupUpdated hooks issued (same gathers, same order, no group waits).
+  std::vector<ScheduleOp> firstStepOps;
 
   /// Builds the step schedule for `plan`. kInvalidArgument for an inconsistent plan (a layer
   /// bigger than its gather buffer or than a gradient buffer it may use, bad buffer indices, ...).
@@ -131,7 +150,7 @@ struct Schedule {
   /// and B (the event log checker does that at run time).
   libcomm::Status validate() const;
 
-  /// Number of ops of `kind`; with `layer` >= -1, only collectives of that layer (-1: resident).
+  /// Number of ops of `kind` in `ops`; with `layer` >= -1, only collectives of that layer (-1: resident).
   int count(OpKind kind, int layer = -2) const;
   /// One op as a line, e.g. "ag      all_gather blocks.3 -> buffer blocks.1". `plan` (optional)
   /// supplies names.
