@@ -18,7 +18,9 @@ namespace {
 constexpr uint64_t kHelloMagic = 0x5343554358303031ull;  // "SCUCX001"
 
 // Teardown bounds (the destructor never waits longer than about their sum).
-constexpr auto kCancelBound = std::chrono::milliseconds(200);
+// Cancelled receives complete at the next progress; what is still pending after this is stuck
+// (sends to a peer that no longer reads, receives matched mid-rendezvous): force-close its endpoint.
+constexpr auto kCancelBound = std::chrono::milliseconds(20);
 constexpr auto kForceCloseBound = std::chrono::milliseconds(500);
 constexpr auto kGracefulCloseBound = std::chrono::milliseconds(1000);
 
