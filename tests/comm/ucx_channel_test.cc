@@ -400,6 +400,36 @@ TEST(UcxChannelFaults, StoppedPeerTimesOutNamingIt) {
   EXPECT_RANKS_OK(report);
 }
 
+// Rank 2 goes away (killed here; a rank that finished and exited without closing its channel
+// looks the same to UCX) while rank 0 still waits for rank 1: that must not fail a wait that does
+// not need rank 2.
+TEST(UcxChannelFaults, LostPeerDoesNotFailAnUnrelatedWait) {
+  RunOptions o = processes(3);
+  o.expectDeath = {2};
+  auto report = runRanks(o, [](RankContext& ctx) -> Status {
+    uint64_t x = 42, y = 0, ack = 0;
+    LIBCOMM_ASSIGN_OR_RETURN(auto ch, openChannel(ctx, othersOf(ctx.rank, 3)));
+    LIBCOMM_RETURN_IF_ERROR(barrier(ctx));
+    const auto wctx = waitContext(milliseconds(10000));
+    if (ctx.rank == 2) raise(SIGKILL);
+    if (ctx.rank == 1) {
+      usleep(300000);
+      LIBCOMM_ASSIGN_OR_RETURN(Request s, ch->postSend(0, Tag{6, 0, 0}, &x, 8));
+      LIBCOMM_ASSIGN_OR_RETURN(Request a, ch->postRecv(0, Tag{6, 0, 1}, &ack, 8));
+      Request both[2] = {s, a};
+      return ch->wait(both, wctx, "late send");
+    }
+    LIBCOMM_ASSIGN_OR_RETURN(Request r, ch->postRecv(1, Tag{6, 0, 0}, &y, 8));
+    LIBCOMM_RETURN_IF_ERROR(ch->wait({&r, 1}, wctx, "wait for rank 1"));
+    if (y != 42) return makeError(StatusCode::kInternalError, "got ", y, " from rank 1");
+    if (!ch->peerLost(2))
+      return makeError(StatusCode::kInternalError, "rank 2's death was not seen: the test proves nothing");
+    LIBCOMM_ASSIGN_OR_RETURN(Request a, ch->postSend(1, Tag{6, 0, 1}, &x, 8));
+    return ch->wait({&a, 1}, wctx, "ack");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 TEST(UcxChannelFaults, AbortFromAnotherThreadUnblocksAWait) {
   auto report = runRanks(processes(2), [](RankContext& ctx) -> Status {
     uint64_t x = 0;

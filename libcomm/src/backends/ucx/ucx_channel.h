@@ -15,9 +15,9 @@
 // worker, polling for WaitContext::spin (then yielding for WaitContext::yield), then sleeping on
 // the worker's event fd in slices of at most 20 ms; between slices they check the deadline, the
 // abort flag and the peers' failures. A peer's failure (the endpoint's error handler, fired by
-// UCX within milliseconds of a process death) fails every later wait with kRemoteError naming
-// it; a stopped or cut-off peer is noticed only by the deadline (kTimeout naming the peers whose
-// messages are missing).
+// UCX within milliseconds of a process death) fails every wait on a request to or from it with
+// kRemoteError naming it; a stopped or cut-off peer is noticed only by the deadline (kTimeout
+// naming the peers whose messages are missing).
 //
 // Threads: one thread at a time (the worker is UCS_THREAD_MODE_SERIALIZED), except abort(), which
 // any thread may call at any time.
@@ -85,9 +85,12 @@ class Channel {
   Result<Request> postRecv(int peer, const Tag& tag, void* dst, size_t bytes);
 
   /// Waits until every valid request in `requests` completed; each reported one is reset.
-  /// Errors, checked between polls: a request failed (its error), a connected peer was lost
-  /// (kRemoteError naming it, `ctx.op` and `phase`), abort() (kRemoteError), the deadline
+  /// Errors, checked between polls: a request failed (its error), the peer of a pending request
+  /// was lost (kRemoteError naming it, `ctx.op` and `phase`), abort() (kRemoteError), the deadline
   /// (kTimeout naming the peers whose requests are pending). After an error, call drain().
+  /// Only the peers of the waited requests count: a rank that finished and exited without
+  /// closing its channel looks lost too (UCX cannot tell that from a death), and must not fail a
+  /// wait that no longer needs it.
   Status wait(std::span<Request> requests, const WaitContext& ctx, const char* phase);
   /// Waits until one of the valid requests completed, stores its index in *index and resets it.
   /// Invalid entries are skipped, so a fixed array of in-flight slots can be passed as is; none
@@ -132,7 +135,8 @@ class Channel {
   Status collect(std::span<Request> requests, bool any, size_t* index, bool* done, const WaitContext& ctx,
                  const char* phase);
   Status stopReason(std::span<Request> requests, const WaitContext& ctx, const char* phase);
-  Status lostPeerError(const WaitContext& ctx, const char* phase) const;
+  // kRemoteError naming the lost peers of pending requests in `requests`; OK if none is lost.
+  Status lostPeerError(std::span<Request> requests, const WaitContext& ctx, const char* phase) const;
   Status timeoutError(std::span<Request> requests, const WaitContext& ctx, const char* phase) const;
   unsigned progressAll();
   bool progressUntilIdle(Deadline deadline);

@@ -95,9 +95,7 @@ Status Channel::stopReason(std::span<Request> requests, const WaitContext& ctx, 
   if (aborted())
     return makeError(StatusCode::kRemoteError, "rank ", rank_, ": communicator aborted during ", ctx.op.str(), " (",
                      phase, ")");
-  // Any lost peer fails the wait, not only the peers of these requests: a collective cannot
-  // finish without every member, and the others would only learn of it later, second hand.
-  if (lostPeers_ > 0) return lostPeerError(ctx, phase);
+  if (lostPeers_ > 0) LIBCOMM_RETURN_IF_ERROR(lostPeerError(requests, ctx, phase));
   if (ctx.deadline.get().expired()) {
     timedOut_ = true;
     return timeoutError(requests, ctx, phase);
@@ -110,6 +108,14 @@ Status Channel::waitImpl(std::span<Request> requests, bool any, size_t* index, c
   bool done = false;
   LIBCOMM_RETURN_IF_ERROR(collect(requests, any, index, &done, ctx, phase));
   if (done) return Status::ok();
+  // Peers lost before or during the wait: checked whenever the count changes (cheap to watch).
+  int lostSeen = 0;
+  auto checkLost = [&]() -> Status {
+    if (lostPeers_ == lostSeen) return Status::ok();
+    lostSeen = lostPeers_;
+    return lostPeerError(requests, ctx, phase);
+  };
+  LIBCOMM_RETURN_IF_ERROR(checkLost());
 
   // 1. Poll. The clock is read every 32 polls only (a read costs about as much as a poll of an
   //    idle worker), and the spin's end is set by the first read.
@@ -123,14 +129,15 @@ Status Channel::waitImpl(std::span<Request> requests, bool any, size_t* index, c
       if (done) return Status::ok();
     }
     if ((i & 31) == 0) {
-      if (aborted() || lostPeers_ > 0) break;
+      LIBCOMM_RETURN_IF_ERROR(checkLost());
+      if (aborted()) break;
       const auto now = Clock::now();
       if (i == 32) spinEnd = now + ctx.spin;
       if (now >= spinEnd) break;
     }
   }
   // 2. Poll with the core handed over in between (ranks outnumber cores).
-  if (ctx.yield.count() > 0 && !aborted() && lostPeers_ == 0) {
+  if (ctx.yield.count() > 0 && !aborted()) {
     const auto yieldEnd = Clock::now() + ctx.yield;
     for (unsigned i = 1;; ++i) {
       sched_yield();
@@ -140,7 +147,9 @@ Status Channel::waitImpl(std::span<Request> requests, bool any, size_t* index, c
         LIBCOMM_RETURN_IF_ERROR(collect(requests, any, index, &done, ctx, phase));
         if (done) return Status::ok();
       }
-      if ((i & 7) == 0 && (Clock::now() >= yieldEnd || aborted() || lostPeers_ > 0)) break;
+      if ((i & 7) != 0) continue;
+      LIBCOMM_RETURN_IF_ERROR(checkLost());
+      if (Clock::now() >= yieldEnd || aborted()) break;
     }
   }
   // 3. Sleep on the event fd in slices; every wake-up checks abort, lost peers and the deadline.
@@ -163,15 +172,21 @@ Status Channel::waitImpl(std::span<Request> requests, bool any, size_t* index, c
   }
 }
 
-Status Channel::lostPeerError(const WaitContext& ctx, const char* phase) const {
+Status Channel::lostPeerError(std::span<Request> requests, const WaitContext& ctx, const char* phase) const {
+  std::vector<bool> named(size_, false);
   std::string lost;
-  for (int p : peerList_) {
-    const Peer& peer = *peers_[p];
+  for (const Request& r : requests) {
+    if (!r.valid() || r.slot >= slots_.size()) continue;
+    const Slot& s = *slots_[r.slot];
+    if (!s.inUse || s.done || s.generation != r.generation || named[s.peer]) continue;
+    const Peer& peer = *peers_[s.peer];
     if (peer.failure == UCS_OK) continue;
+    named[s.peer] = true;
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - peer.failedAt).count();
-    lost += (lost.empty() ? "" : "; ") + std::string("peer rank ") + std::to_string(p) + " lost " +
+    lost += (lost.empty() ? "" : "; ") + std::string("peer rank ") + std::to_string(s.peer) + " lost " +
             std::to_string(ms) + " ms ago: UCX '" + ucs_status_string(peer.failure) + "'";
   }
+  if (lost.empty()) return Status::ok();
   return makeError(StatusCode::kRemoteError, "rank ", rank_, ": ", lost, " (during ", ctx.op.str(), ", ", phase,
                    ")");
 }
