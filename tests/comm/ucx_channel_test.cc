@@ -256,6 +256,37 @@ TEST_P(UcxChannelData, ManyInFlightOutOfOrder) {
   EXPECT_RANKS_OK(report);
 }
 
+// Ranks as threads of one process: their channels share the process's context (one worker
+// each, progressed by different threads at once).
+TEST(UcxChannelThreads, ChannelsOfOneProcessShareTheContext) {
+  RunOptions o;
+  o.mode = Mode::kThreads;
+  o.size = 3;
+  o.deadline = milliseconds(25000);
+  auto report = runRanks(o, [](RankContext& ctx) -> Status {
+    const int n = 4;
+    std::vector<std::vector<uint8_t>> out(ctx.size * n), in(ctx.size * n);
+    LIBCOMM_ASSIGN_OR_RETURN(auto ch, openChannel(ctx, othersOf(ctx.rank, ctx.size)));
+    std::vector<Request> reqs;
+    for (int p : ch->peers())
+      for (int m = 0; m < n; ++m) {
+        const size_t bytes = size_t(1) << (6 * m);  // 1 B .. 256 KiB
+        in[p * n + m].assign(bytes, 0);
+        out[p * n + m].resize(bytes);
+        fill(out[p * n + m], ctx.rank, p, m);
+        LIBCOMM_ASSIGN_OR_RETURN(Request r, ch->postRecv(p, Tag{1, 0, uint32_t(m)}, in[p * n + m].data(), bytes));
+        reqs.push_back(r);
+        LIBCOMM_ASSIGN_OR_RETURN(Request s, ch->postSend(p, Tag{1, 0, uint32_t(m)}, out[p * n + m].data(), bytes));
+        reqs.push_back(s);
+      }
+    LIBCOMM_RETURN_IF_ERROR(ch->wait(reqs, waitContext(milliseconds(15000)), "threads"));
+    for (int p : ch->peers())
+      for (int m = 0; m < n; ++m) LIBCOMM_RETURN_IF_ERROR(check(in[p * n + m], p, ctx.rank, m));
+    return barrier(ctx);
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, UcxChannelData, ::testing::Values(Tls::kDefault, Tls::kTcp),
                          [](const ::testing::TestParamInfo<Tls>& i) {
                            return std::string(i.param == Tls::kTcp ? "tcp" : "default");
