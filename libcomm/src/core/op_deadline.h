@@ -13,6 +13,13 @@ namespace libcomm {
 class OpDeadline {
  public:
   explicit OpDeadline(Milliseconds timeout) : timeout_(timeout) {}
+  /// A deadline already running, for waits bounded by an outer deadline (connection set-up).
+  static OpDeadline fixed(Deadline at) {
+    OpDeadline d(at.remaining());
+    d.at_ = at.at();
+    d.started_ = true;
+    return d;
+  }
 
   /// The deadline; the first call starts it `timeout` from now.
   Deadline get() const {

@@ -26,7 +26,7 @@
 
 namespace libcomm::ring {
 
-using WaitContext = shm::WaitContext;
+using WaitContext = libcomm::WaitContext;
 
 /// Point-to-point messages between the ranks of the current collective, as the ring needs them.
 /// Operations are identified by the id send/recv return; each must be waited exactly once (an

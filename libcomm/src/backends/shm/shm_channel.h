@@ -16,7 +16,7 @@
 
 #include "backends/shm/shm_segment.h"
 #include "libcomm/config.h"
-#include "core/op_deadline.h"
+#include "core/wait_context.h"
 #include "libcomm/deadline.h"
 #include "libcomm/status.h"
 
@@ -81,22 +81,9 @@ struct alignas(64) ControlBlock {
 /// Offset of the staging slots inside a control segment.
 constexpr size_t kStagingOffset = (sizeof(ControlBlock) + 4095) / 4096 * 4096;
 
-/// Names the collective in error messages ("all_gather seq 12 (count 1024 per rank, fp32)").
-/// Formatted only when an error needs it: the small-message path cannot afford a string per call.
-struct OpLabel {
-  const void* context = nullptr;
-  std::string (*format)(const void* context) = nullptr;
-  std::string str() const { return format ? format(context) : std::string("collective"); }
-};
-
-struct WaitContext {
-  OpDeadline deadline;
-  OpLabel op;
-  /// How long a wait polls before it sleeps on the peer's bell (see CommConfig::blockingSpin).
-  std::chrono::nanoseconds spin{std::chrono::microseconds(20)};
-  /// After the spin, how long it polls with sched_yield() between polls before sleeping.
-  std::chrono::nanoseconds yield{0};
-};
+// OpLabel and WaitContext are shared with the UCX channel (core/wait_context.h).
+using libcomm::OpLabel;
+using libcomm::WaitContext;
 
 class Channel {
  public:

@@ -1,0 +1,433 @@
+// ucx::Channel: worker creation, connection set-up, posting sends and receives, drain and
+// teardown (waiting is in ucx_wait.cc).
+
+#include <poll.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "backends/ucx/ucx_channel_state.h"
+#include "backends/ucx/ucx_context.h"
+#include "core/log.h"
+
+namespace libcomm::ucx {
+namespace {
+
+constexpr uint64_t kHelloMagic = 0x5343554358303031ull;  // "SCUCX001"
+
+// Teardown bounds (the destructor never waits longer than about their sum).
+// Cancelled receives complete at the next progress; what is still pending after this is stuck
+// (sends to a peer that no longer reads, receives matched mid-rendezvous): force-close its endpoint.
+constexpr auto kCancelBound = std::chrono::milliseconds(20);
+constexpr auto kForceCloseBound = std::chrono::milliseconds(500);
+constexpr auto kGracefulCloseBound = std::chrono::milliseconds(1000);
+
+std::string listRanks(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s.empty() ? "none" : s;
+}
+
+}  // namespace
+
+Channel::Channel(int rank, int size, const CommConfig& config) : rank_(rank), size_(size), config_(config) {}
+
+Result<std::unique_ptr<Channel>> Channel::create(int rank, int size, const CommConfig& config) {
+  if (size < 1 || rank < 0 || rank >= size)
+    return makeError(StatusCode::kInvalidArgument, "UCX channel: rank ", rank, " of size ", size, " is out of range");
+  if (static_cast<uint32_t>(size) > kMaxRanks)
+    return makeError(StatusCode::kInvalidArgument, "UCX channel: ", size, " ranks; the tag layout allows ", kMaxRanks);
+  LIBCOMM_ASSIGN_OR_RETURN(std::shared_ptr<Context> context, Context::acquire());
+  std::unique_ptr<Channel> ch(new Channel(rank, size, config));
+  ch->context_ = std::move(context);
+
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  // One thread at a time, not always the same one: a communicator's collectives may run on
+  // different streams' threads.
+  wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+  ucp_worker_h worker = nullptr;
+  ucs_status_t st = ucp_worker_create(ch->context_->handle(), &wp, &worker);
+  if (st != UCS_OK)
+    return makeError(StatusCode::kSystemError, "rank ", rank, ": ucp_worker_create failed: ", ucs_status_string(st));
+  ch->worker_ = worker;
+  if ((st = ucp_worker_get_efd(worker, &ch->efd_)) != UCS_OK)
+    return makeError(StatusCode::kSystemError, "rank ", rank, ": ucp_worker_get_efd failed: ", ucs_status_string(st));
+  ucp_worker_attr_t wa{};
+  wa.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS;
+  if ((st = ucp_worker_query(worker, &wa)) != UCS_OK)
+    return makeError(StatusCode::kSystemError, "rank ", rank, ": ucp_worker_query failed: ", ucs_status_string(st));
+  ch->address_.assign(reinterpret_cast<const char*>(wa.address), wa.address_length);
+  ucp_worker_release_address(worker, wa.address);
+  ch->peers_.resize(size);
+  return ch;
+}
+
+Status Channel::connect(const std::vector<std::string>& addresses, const std::vector<int>& peers, Deadline deadline) {
+  if (connected_) return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": UCX channel connected twice");
+  if (addresses.size() != static_cast<size_t>(size_))
+    return makeError(StatusCode::kInvalidArgument, "rank ", rank_, ": ", addresses.size(), " UCX addresses for ",
+                     size_, " ranks");
+  std::vector<bool> seen(size_, false);
+  for (int p : peers) {
+    if (p < 0 || p >= size_ || p == rank_ || seen[p])
+      return makeError(StatusCode::kInvalidArgument, "rank ", rank_, ": bad UCX peer list [", listRanks(peers),
+                       "] (ranks must be distinct, in [0, ", size_, ") and not this rank)");
+    seen[p] = true;
+    if (addresses[p].empty())
+      return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": rank ", p,
+                       " has no UCX worker (UCX failed to start there, or it was built without UCX: see its log)");
+  }
+  for (int p : peers) {
+    auto peer = std::make_unique<Peer>();
+    peer->channel = this;
+    peer->rank = p;
+    ucp_ep_params_t ep{};
+    ep.field_mask =
+        UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = reinterpret_cast<const ucp_address_t*>(addresses[p].data());
+    // PEER mode: the error handler hears of a dead peer within milliseconds (and UCX then keeps
+    // to transports with error handling: tcp, even on one host).
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t status) {
+      auto* pr = static_cast<Peer*>(arg);
+      if (pr->failure != UCS_OK) return;
+      pr->failure = status;
+      pr->failedAt = Clock::now();
+      ++pr->channel->lostPeers_;
+      LIBCOMM_LOG(kWarn, "ucx") << "rank " << pr->channel->rank_ << ": UCX endpoint to rank " << pr->rank
+                                << " failed: " << ucs_status_string(status);
+    };
+    ep.err_handler.arg = peer.get();
+    ucs_status_t st = ucp_ep_create(worker_, &ep, &peer->ep);
+    if (st != UCS_OK)
+      return makeError(StatusCode::kRemoteError, "rank ", rank_, ": creating the UCX endpoint to rank ", p,
+                       " failed: ", ucs_status_string(st));
+    peers_[p] = std::move(peer);
+  }
+  peerList_ = peers;
+  connected_ = true;
+
+  // Wire-up: one message each way per peer. It also checks that the peer is the rank it should
+  // be, in a communicator of the same size. The buffers are members: after a failure UCX may
+  // still use them until drain() or the destructor.
+  const size_t n = peers.size();
+  hello_.reset(new uint64_t[2 * (n + 1)]());
+  hello_[0] = kHelloMagic;
+  hello_[1] = (static_cast<uint64_t>(size_) << 32) | static_cast<uint32_t>(rank_);
+  std::vector<Request> reqs;
+  const auto start = Clock::now();
+  for (size_t i = 0; i < n; ++i) {
+    LIBCOMM_ASSIGN_OR_RETURN(Request r, post(TagClass::kConnect, true, peers[i], Tag{}, &hello_[2 * (i + 1)], 16));
+    reqs.push_back(r);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    LIBCOMM_ASSIGN_OR_RETURN(Request r, post(TagClass::kConnect, false, peers[i], Tag{}, &hello_[0], 16));
+    reqs.push_back(r);
+  }
+  const WaitContext ctx{OpDeadline::fixed(deadline),
+                        OpLabel{nullptr, [](const void*) { return std::string("UCX connection set-up"); }},
+                        std::chrono::microseconds(20), {}};
+  Status st = wait(reqs, ctx, "wire-up");
+  if (!st.isOk()) {
+    (void)drain(Deadline::after(kForceCloseBound));
+    return st.withContext("connecting to UCX peers [" + listRanks(peers) +
+                          "] (every listed peer must list this rank too)");
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t magic = hello_[2 * (i + 1)], who = hello_[2 * (i + 1) + 1];
+    if (magic != kHelloMagic || static_cast<int>(who & 0xffffffffu) != peers[i] ||
+        static_cast<int>(who >> 32) != size_)
+      return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": the UCX peer at rank ", peers[i],
+                       "'s address answered as rank ", static_cast<int>(who & 0xffffffffu), " of ",
+                       static_cast<int>(who >> 32), (magic != kHelloMagic ? " (not a libcomm channel)" : ""),
+                       "; expected rank ", peers[i], " of ", size_);
+  }
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
+  LIBCOMM_LOG(kInfo, "ucx") << "rank " << rank_ << ": UCX channel connected to ranks [" << listRanks(peers) << "] in "
+                            << us << " us; worker address " << address_.size() << " B; " << context_->describe();
+  for (int p : peers) LIBCOMM_LOG(kDebug, "ucx") << "rank " << rank_ << ": endpoint to rank " << p << ":\n" << describePeer(p);
+  return Status::ok();
+}
+
+Status Channel::checkPeer(int peer, const char* what) const {
+  if (aborted())
+    return makeError(StatusCode::kRemoteError, "rank ", rank_, ": UCX ", what, " refused: the channel was aborted");
+  if (peer < 0 || peer >= size_ || !peers_[peer])
+    return makeError(StatusCode::kInvalidArgument, "rank ", rank_, ": UCX ", what, " to/from rank ", peer,
+                     ", which is not a connected peer of this channel (peers: ", listRanks(peerList_), ")");
+  const Peer& p = *peers_[peer];
+  if (p.failure != UCS_OK) {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - p.failedAt).count();
+    return makeError(StatusCode::kRemoteError, "rank ", rank_, ": UCX ", what, " refused: peer rank ", peer,
+                     " was lost ", ms, " ms ago (UCX '", ucs_status_string(p.failure), "')");
+  }
+  if (p.closed)
+    return makeError(StatusCode::kRemoteError, "rank ", rank_, ": UCX ", what, " refused: the endpoint to rank ",
+                     peer, " was closed after an earlier failure");
+  return Status::ok();
+}
+
+Channel::Slot& Channel::acquireSlot() {
+  if (freeSlots_.empty()) {
+    auto s = std::make_unique<Slot>();
+    s->index = static_cast<uint32_t>(slots_.size());
+    s->completions = &completions_;
+    freeSlots_.push_back(s->index);
+    slots_.push_back(std::move(s));
+  }
+  Slot& s = *slots_[freeSlots_.back()];
+  freeSlots_.pop_back();
+  s.inUse = true;
+  s.done = false;
+  s.request = nullptr;
+  s.status = UCS_OK;
+  s.info = {};
+  return s;
+}
+
+void Channel::releaseSlot(Slot& s) {
+  if (s.request) ucp_request_free(s.request);
+  s.request = nullptr;
+  s.inUse = false;
+  ++s.generation;
+  freeSlots_.push_back(s.index);
+}
+
+Request Channel::handleOf(const Slot& s) const { return Request{s.index, s.generation}; }
+
+Result<Channel::Slot*> Channel::lookup(const Request& r) const {
+  if (r.slot >= slots_.size() || !slots_[r.slot]->inUse || slots_[r.slot]->generation != r.generation)
+    return makeError(StatusCode::kInvalidUsage, "rank ", rank_,
+                     ": UCX request handle is stale (already reported complete, or drained after an error)");
+  return slots_[r.slot].get();
+}
+
+Result<Request> Channel::postSend(int peer, const Tag& tag, const void* src, size_t bytes) {
+  return post(TagClass::kData, false, peer, tag, const_cast<void*>(src), bytes);
+}
+
+Result<Request> Channel::postRecv(int peer, const Tag& tag, void* dst, size_t bytes) {
+  return post(TagClass::kData, true, peer, tag, dst, bytes);
+}
+
+Result<Request> Channel::post(TagClass cls, bool isRecv, int peer, const Tag& tag, void* buffer, size_t bytes) {
+  LIBCOMM_RETURN_IF_ERROR(checkPeer(peer, isRecv ? "receive" : "send"));
+  if (!tagFits(tag))
+    return makeError(StatusCode::kInvalidArgument, "rank ", rank_, ": UCX tag step ", tag.step, " chunk ", tag.chunk,
+                     " out of range (step <= ", kMaxStep, ", chunk <= ", kMaxChunk, ")");
+  Slot& s = acquireSlot();
+  s.isRecv = isRecv;
+  s.peer = peer;
+  s.tag = tag;
+  s.bytes = bytes;
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.user_data = &s;
+  ucs_status_ptr_t r;
+  if (isRecv) {
+    // Always through the callback: UCX 1.13 does not fill recv_info when a receive that matches
+    // an early message completes at once (seen here: length 0), and the length is what tells a
+    // short message from a complete one.
+    p.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    p.cb.recv = [](void*, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user) {
+      auto* slot = static_cast<Slot*>(user);
+      if (info) slot->info = *info;
+      slot->status = status;
+      slot->done = true;
+      ++*slot->completions;
+    };
+    // The sender's rank is in the tag (wireTag), so the full mask matches this peer only.
+    r = ucp_tag_recv_nbx(worker_, buffer, bytes, wireTag(cls, static_cast<uint32_t>(peer), tag), kFullTagMask, &p);
+  } else {
+    p.cb.send = [](void*, ucs_status_t status, void* user) {
+      auto* slot = static_cast<Slot*>(user);
+      slot->status = status;
+      slot->done = true;
+      ++*slot->completions;
+    };
+    r = ucp_tag_send_nbx(peers_[peer]->ep, buffer, bytes, wireTag(cls, static_cast<uint32_t>(rank_), tag), &p);
+  }
+  if (r == nullptr) {
+    s.done = true;  // completed at once (small messages; a receive whose message was already here)
+  } else if (UCS_PTR_IS_ERR(r)) {
+    s.done = true;
+    s.status = UCS_PTR_STATUS(r);
+  } else {
+    s.request = r;
+  }
+  return handleOf(s);
+}
+
+void Channel::abort() {
+  aborted_.store(true, std::memory_order_release);
+  // Wakes a waiter sleeping on the event fd; documented as safe from any thread.
+  if (worker_) ucp_worker_signal(worker_);
+}
+
+bool Channel::peerLost(int peer) const {
+  return peer >= 0 && peer < size_ && peers_[peer] && peers_[peer]->failure != UCS_OK;
+}
+
+size_t Channel::pendingRequests() const {
+  size_t n = 0;
+  for (const auto& s : slots_) n += s->inUse && !s->done;
+  return n;
+}
+
+std::string Channel::describePeer(int peer) const {
+  if (peer < 0 || peer >= size_ || !peers_[peer] || !peers_[peer]->ep || peers_[peer]->closed) return "";
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* f = open_memstream(&buf, &len);
+  if (!f) return "";
+  ucp_ep_print_info(peers_[peer]->ep, f);
+  fclose(f);
+  std::string out(buf, len);
+  free(buf);
+  return out;
+}
+
+unsigned Channel::progressAll() {
+  // Bounded: a steady stream of arrivals must not keep a caller from its deadline checks.
+  unsigned total = 0;
+  for (int i = 0; i < 64; ++i) {
+    const unsigned n = ucp_worker_progress(worker_);
+    if (n == 0) break;
+    total += n;
+  }
+  return total;
+}
+
+void Channel::sleepOnWorker(std::chrono::milliseconds slice) {
+  if (ucp_worker_arm(worker_) != UCS_OK) return;  // UCS_ERR_BUSY: events are waiting; progress again
+  pollfd pfd{efd_, POLLIN, 0};
+  (void)poll(&pfd, 1, static_cast<int>(std::max<long long>(slice.count(), 1)));
+}
+
+bool Channel::progressUntilIdle(Deadline deadline) {
+  for (;;) {
+    progressAll();
+    if (pendingRequests() == 0) return true;
+    if (deadline.expired()) return false;
+    sleepOnWorker(std::min<std::chrono::milliseconds>(std::chrono::milliseconds(5), deadline.remaining()));
+  }
+}
+
+void Channel::cancelReceives() {
+  // A tag receive belongs to the worker, not to an endpoint: a lost peer never completes it.
+  // Cancelled, it completes with UCS_ERR_CANCELED (one already matched mid-rendezvous may not).
+  for (const auto& s : slots_)
+    if (s->inUse && !s->done && s->isRecv && s->request) ucp_request_cancel(worker_, s->request);
+}
+
+Status Channel::drain(Deadline deadline) {
+  if (!worker_) return Status::ok();
+  const auto start = Clock::now();
+  cancelReceives();
+  const Deadline firstPart = deadline.min(Deadline::after(kCancelBound));
+  bool idle = progressUntilIdle(firstPart);
+  // Endpoints of lost peers must be closed (forced) anyway; so must those with requests that
+  // cancelling did not finish: sends to a peer that no longer reads, matched receives.
+  std::vector<bool> close(size_, false);
+  for (int p : peerList_) close[p] = peers_[p]->failure != UCS_OK;
+  for (const auto& s : slots_)
+    if (s->inUse && !s->done) close[s->peer] = true;
+  std::vector<void*> closing;
+  for (int p : peerList_) {
+    Peer& peer = *peers_[p];
+    if (!close[p] || peer.closed || !peer.ep) continue;
+    ucp_request_param_t cp{};
+    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(peer.ep, &cp);
+    if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
+    peer.ep = nullptr;
+    peer.closed = true;
+  }
+  while (!closing.empty() && !deadline.expired()) {
+    progressAll();
+    closing.erase(std::remove_if(closing.begin(), closing.end(),
+                                 [](void* r) {
+                                   if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
+                                   ucp_request_free(r);
+                                   return true;
+                                 }),
+                  closing.end());
+    if (!closing.empty()) sleepOnWorker(std::chrono::milliseconds(1));
+  }
+  for (void* r : closing) ucp_request_free(r);  // released by UCX once it completes
+  if (!idle) idle = progressUntilIdle(deadline);
+  // Every handle the caller still holds becomes stale: the requests are settled here.
+  size_t left = 0;
+  for (const auto& s : slots_) {
+    if (!s->inUse) continue;
+    if (s->done)
+      releaseSlot(*s);
+    else
+      ++left;
+  }
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+  LIBCOMM_LOG(kDebug, "ucx") << "rank " << rank_ << ": UCX channel drained in " << ms << " ms, " << left
+                             << " requests still pending";
+  if (left == 0) return Status::ok();
+  return makeError(StatusCode::kTimeout, "rank ", rank_, ": ", left,
+                   " UCX requests still pending after cancelling and force-closing; their buffers stay in use "
+                   "until the channel is destroyed");
+}
+
+void Channel::closeEndpoints(bool force, Deadline deadline) {
+  std::vector<void*> closing;
+  for (int p : peerList_) {
+    Peer& peer = *peers_[p];
+    if (peer.closed || !peer.ep) continue;
+    ucp_request_param_t cp{};
+    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    // A graceful close flushes first, which never ends towards a stopped or cut-off peer: only
+    // after a clean run.
+    cp.flags = (force || peer.failure != UCS_OK) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(peer.ep, &cp);
+    if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
+    peer.ep = nullptr;
+    peer.closed = true;
+  }
+  while (!closing.empty()) {
+    progressAll();
+    closing.erase(std::remove_if(closing.begin(), closing.end(),
+                                 [](void* r) {
+                                   if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
+                                   ucp_request_free(r);
+                                   return true;
+                                 }),
+                  closing.end());
+    if (closing.empty() || deadline.expired()) break;
+    sleepOnWorker(std::chrono::milliseconds(1));
+  }
+  for (void* r : closing) ucp_request_free(r);
+  if (!closing.empty())
+    LIBCOMM_LOG(kWarn, "ucx") << "rank " << rank_ << ": " << closing.size()
+                              << " UCX endpoint(s) did not close in time; destroying the worker anyway";
+}
+
+Channel::~Channel() {
+  if (!worker_) return;
+  const auto start = Clock::now();
+  bool unclean = aborted() || lostPeers_ > 0 || timedOut_;
+  if (pendingRequests() > 0) {
+    unclean = true;
+    cancelReceives();
+    (void)progressUntilIdle(Deadline::after(kCancelBound));
+  }
+  closeEndpoints(unclean, Deadline::after(unclean ? kForceCloseBound : kGracefulCloseBound));
+  for (const auto& s : slots_)
+    if (s->request) ucp_request_free(s->request);  // a pending one is released by the worker's end
+  ucp_worker_destroy(worker_);
+  worker_ = nullptr;
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+  LIBCOMM_LOG(kDebug, "ucx") << "rank " << rank_ << ": UCX channel closed (" << (unclean ? "forced" : "graceful")
+                             << ") in " << ms << " ms";
+}
+
+}  // namespace libcomm::ucx

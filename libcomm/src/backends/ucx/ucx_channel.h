@@ -1,0 +1,171 @@
+#pragma once
+// The UCX transport of one communicator: one UCX worker, endpoints to the peers this rank talks to
+// (in libcomm: the ranks on other hosts), and tagged send/receive between them.
+//
+// Life cycle: create() makes the worker; its address() goes to every rank (exchangeAddresses, two
+// bootstrap rounds); connect() opens endpoints to the listed peers and does one tagged round
+// trip with each inside the set-up deadline (endpoints connect lazily: this makes a broken peer
+// fail here, not in the first collective). Then post sends and receives and wait for them.
+//
+// Protocol: tagged messages only. Over tcp (what UCX picks between hosts, and on one host in
+// PEER error mode) they beat ucp_put_nbx ~3x, and puts can crash the survivor when a peer dies
+// (docs/DESIGN-NOTES.md, "UCX transport"). Tags: ucx_tag.h.
+//
+// Waiting happens on the calling thread: no progress thread (2 cores). wait()/waitAny() drive the
+// worker, polling for WaitContext::spin (then yielding for WaitContext::yield), then sleeping on
+// the worker's event fd in slices of at most 20 ms; between slices they check the deadline, the
+// abort flag and the peers' failures. A peer's failure (the endpoint's error handler, fired by
+// UCX within milliseconds of a process death) fails every wait on a request to or from it with
+// kRemoteError naming it; a stopped or cut-off peer is noticed only by the deadline (kTimeout
+// naming the peers whose messages are missing).
+//
+// Threads: one thread at a time (the worker is UCS_THREAD_MODE_SERIALIZED), except abort(), which
+// any thread may call at any time.
+//
+// Buffers: a send's source must stay unchanged and a receive's destination untouched until its
+// request completed (wait/waitAny reported it) or drain() succeeded or the channel is destroyed.
+// After any error, call drain() before handing buffers back: a tag receive is not tied to an
+// endpoint, so a dead peer does not complete it, and until it is cancelled UCX may still write
+// into it.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backends/ucx/ucx_tag.h"
+#include "core/wait_context.h"
+#include "libcomm/bootstrap.h"
+#include "libcomm/config.h"
+#include "libcomm/deadline.h"
+#include "libcomm/status.h"
+
+struct ucp_worker;  // ucp_worker_h without UCX's headers
+
+namespace libcomm::ucx {
+
+class Context;
+
+/// A posted send or receive. A small handle: the request itself is owned by the channel. Waits
+/// reset the handles of the requests they report complete (successfully or not).
+struct Request {
+  static constexpr uint32_t kNone = UINT32_MAX;
+  uint32_t slot = kNone;
+  uint32_t generation = 0;
+  bool valid() const { return slot != kNone; }
+};
+
+class Channel {
+ public:
+  /// Creates this rank's worker (not connected yet). `rank` of `size`; size <= kMaxRanks.
+  static Result<std::unique_ptr<Channel>> create(int rank, int size, const CommConfig& config);
+  ~Channel();
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  /// This worker's address, for exchangeAddresses().
+  const std::string& address() const { return address_; }
+
+  /// Opens endpoints to `peers` (ranks, not this one) given every rank's address (index = rank;
+  /// only the peers' entries are used), then exchanges one tagged message each way with each of
+  /// them before `deadline`. Peer lists must be symmetric: p lists this rank iff this rank lists p.
+  /// Errors: kTimeout naming the peers that never answered, kRemoteError for a peer lost on the
+  /// way, kInvalidUsage for an empty address or a peer of another communicator size. Once.
+  Status connect(const std::vector<std::string>& addresses, const std::vector<int>& peers, Deadline deadline);
+
+  /// Sends `bytes` bytes at `src` to `peer` under `tag`. Fails at once (kRemoteError) if the peer
+  /// was lost or the channel aborted; kInvalidArgument for a tag out of range or an unconnected peer.
+  Result<Request> postSend(int peer, const Tag& tag, const void* src, size_t bytes);
+  /// Receives exactly `bytes` bytes from `peer` under `tag` into `dst`. A message of another size
+  /// fails the request (kInvalidUsage naming both sizes). Post receives before the matching send
+  /// arrives where possible: an early message is held by UCX and copied once more.
+  Result<Request> postRecv(int peer, const Tag& tag, void* dst, size_t bytes);
+
+  /// Waits until every valid request in `requests` completed; each reported one is reset.
+  /// Errors, checked between polls: a request failed (its error), the peer of a pending request
+  /// was lost (kRemoteError naming it, `ctx.op` and `phase`), abort() (kRemoteError), the deadline
+  /// (kTimeout naming the peers whose requests are pending). After an error, call drain().
+  /// Only the peers of the waited requests count: a rank that finished and exited without
+  /// closing its channel looks lost too (UCX cannot tell that from a death), and must not fail a
+  /// wait that no longer needs it.
+  Status wait(std::span<Request> requests, const WaitContext& ctx, const char* phase);
+  /// Waits until one of the valid requests completed, stores its index in *index and resets it.
+  /// Invalid entries are skipped, so a fixed array of in-flight slots can be passed as is; none
+  /// valid is kInvalidUsage. Errors as for wait().
+  Status waitAny(std::span<Request> requests, size_t* index, const WaitContext& ctx, const char* phase);
+  /// Progresses once; true (and `request` reset) if it completed. Its error if it failed.
+  Result<bool> test(Request& request);
+
+  /// Makes pending and later waits fail promptly (kRemoteError). Any thread, any time.
+  void abort();
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+
+  /// After an error: cancels every pending receive and waits (until `deadline`) until no request
+  /// is pending; endpoints with requests still pending are force-closed (their peers are then
+  /// lost to this channel). OK when no UCX request can touch a user buffer any more.
+  Status drain(Deadline deadline);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  /// The peers connect() was given, in its order.
+  const std::vector<int>& peers() const { return peerList_; }
+  /// True once `peer`'s endpoint reported an error.
+  bool peerLost(int peer) const;
+  /// Requests posted and not yet reported complete.
+  size_t pendingRequests() const;
+  /// UCX's description of the endpoint to `peer` (lanes, transports, devices); "" if none.
+  std::string describePeer(int peer) const;
+
+ private:
+  struct Slot;
+  struct Peer;
+  Channel(int rank, int size, const CommConfig& config);
+  Result<Request> post(TagClass cls, bool isRecv, int peer, const Tag& tag, void* buffer, size_t bytes);
+  Status checkPeer(int peer, const char* what) const;
+  Slot& acquireSlot();
+  void releaseSlot(Slot& s);
+  Result<Slot*> lookup(const Request& r) const;
+  Request handleOf(const Slot& s) const;
+  Status completionStatus(const Slot& s, const WaitContext* ctx, const char* phase) const;
+  Status waitImpl(std::span<Request> requests, bool any, size_t* index, const WaitContext& ctx, const char* phase);
+  // Reports completed requests; *done when the wait is satisfied.
+  Status collect(std::span<Request> requests, bool any, size_t* index, bool* done, const WaitContext& ctx,
+                 const char* phase);
+  Status stopReason(std::span<Request> requests, const WaitContext& ctx, const char* phase);
+  // kRemoteError naming the lost peers of pending requests in `requests`; OK if none is lost.
+  Status lostPeerError(std::span<Request> requests, const WaitContext& ctx, const char* phase) const;
+  Status timeoutError(std::span<Request> requests, const WaitContext& ctx, const char* phase) const;
+  unsigned progressAll();
+  bool progressUntilIdle(Deadline deadline);
+  void cancelReceives();
+  void closeEndpoints(bool force, Deadline deadline);
+  void sleepOnWorker(std::chrono::milliseconds slice);
+
+  int rank_;
+  int size_;
+  CommConfig config_;
+  std::shared_ptr<Context> context_;
+  ucp_worker* worker_ = nullptr;
+  int efd_ = -1;
+  std::string address_;
+  std::vector<std::unique_ptr<Peer>> peers_;  // index = rank; null if not connected
+  std::vector<int> peerList_;
+  std::vector<std::unique_ptr<Slot>> slots_;  // stable addresses: UCX callbacks point at them
+  std::vector<uint32_t> freeSlots_;
+  std::unique_ptr<uint64_t[]> hello_;         // connect()'s messages: live as long as UCX may use them
+  uint64_t completions_ = 0;  // bumped by every completion callback (cheap "anything new?")
+  int lostPeers_ = 0;
+  bool timedOut_ = false;
+  bool connected_ = false;
+  std::atomic<bool> aborted_{false};
+};
+
+/// Exchanges worker addresses over `bootstrap`: collective, every rank calls it (with an empty
+/// `mine` if it has no worker; connecting to it is then an error naming it). Two rounds: the
+/// lengths, then the blobs padded to the longest. Returns every rank's address (index = rank).
+Result<std::vector<std::string>> exchangeAddresses(Bootstrap& bootstrap, const std::string& mine, Deadline deadline);
+
+}  // namespace libcomm::ucx

@@ -1,0 +1,38 @@
+#pragma once
+// Internals of ucx::Channel shared by ucx_channel.cc (set-up, posting, teardown) and ucx_wait.cc
+// (waiting and its errors): the request slots and the per-peer state.
+
+#include <ucp/api/ucp.h>
+
+#include "backends/ucx/ucx_channel.h"
+
+namespace libcomm::ucx {
+
+/// One posted send or receive. UCX's completion callback writes done/status/info; the slot is
+/// released (and UCX's request freed) when a wait reports it, or by drain() and the destructor.
+struct Channel::Slot {
+  void* request = nullptr;  // UCX's request; null when the operation completed at once
+  uint32_t index = 0;
+  uint32_t generation = 0;
+  bool inUse = false;
+  bool done = false;
+  bool isRecv = false;
+  int peer = -1;
+  Tag tag;
+  size_t bytes = 0;
+  ucs_status_t status = UCS_OK;
+  ucp_tag_recv_info_t info{};  // receives: the matched message
+  uint64_t* completions = nullptr;
+};
+
+/// The endpoint to one peer and what its error handler recorded.
+struct Channel::Peer {
+  Channel* channel = nullptr;
+  int rank = -1;
+  ucp_ep_h ep = nullptr;
+  ucs_status_t failure = UCS_OK;  // set once, by the endpoint's error handler
+  Clock::time_point failedAt{};
+  bool closed = false;  // force-closed by drain(): no longer usable
+};
+
+}  // namespace libcomm::ucx

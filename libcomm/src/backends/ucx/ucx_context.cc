@@ -1,0 +1,78 @@
+// The process-wide UCX context: environment defaults, ucp_init, reference counting.
+
+#include "backends/ucx/ucx_context.h"
+
+#include <ucp/api/ucp.h>
+
+#include <cstdlib>
+#include <mutex>
+
+#include "core/log.h"
+
+namespace libcomm::ucx {
+namespace {
+
+std::mutex gMu;
+std::weak_ptr<Context> gContext;  // guarded by gMu
+
+// Sets each default the user has not set; returns "NAME=value" for each one set.
+std::vector<std::string> applyEnvironmentDefaults() {
+  std::vector<std::string> set;
+  for (const EnvDefault& d : environmentDefaults()) {
+    if (getenv(d.name) != nullptr) continue;
+    if (setenv(d.name, d.value, 0) == 0) set.push_back(std::string(d.name) + "=" + d.value);
+  }
+  return set;
+}
+
+}  // namespace
+
+bool builtWithUcx() { return true; }
+
+Result<std::shared_ptr<Context>> Context::acquire() {
+  std::lock_guard<std::mutex> lock(gMu);
+  if (auto existing = gContext.lock()) return existing;
+
+  const std::vector<std::string> set = applyEnvironmentDefaults();
+  if (const char* ka = getenv("UCX_KEEPALIVE_INTERVAL"))
+    LIBCOMM_LOG(kWarn, "ucx") << "UCX_KEEPALIVE_INTERVAL=" << ka
+                              << " is set: measured with UCX 1.13, a short interval keeps the tcp sockets busy, so "
+                                 "the kernel's keepalive never reports a cut link; libcomm relies on UCX_TCP_KEEP* "
+                                 "and its op deadline instead";
+
+  ucp_config_t* config = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+  if (st != UCS_OK)
+    return makeError(StatusCode::kSystemError, "UCX: reading its configuration (UCX_* variables) failed: ",
+                     ucs_status_string(st));
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  // Communicators may run their collectives on different threads, each on its own worker.
+  params.mt_workers_shared = 1;
+  ucp_context_h handle = nullptr;
+  st = ucp_init(&params, config, &handle);
+  ucp_config_release(config);
+  if (st != UCS_OK)
+    return makeError(StatusCode::kSystemError, "UCX: ucp_init failed: ", ucs_status_string(st),
+                     " (are UCX_TLS / UCX_NET_DEVICES valid on this host?)");
+
+  std::shared_ptr<Context> ctx(new Context());
+  ctx->handle_ = handle;
+  unsigned major = 0, minor = 0, release = 0;
+  ucp_get_version(&major, &minor, &release);
+  ctx->description_ = "UCX " + std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
+  std::string applied;
+  for (const auto& s : set) applied += (applied.empty() ? "" : " ") + s;
+  if (!applied.empty()) ctx->description_ += "; set " + applied;
+  LIBCOMM_LOG(kInfo, "ucx") << "context ready: " << ctx->description_
+                            << (applied.empty() ? "; UCX_TCP_KEEP* all set by the user" : "");
+  gContext = ctx;
+  return ctx;
+}
+
+Context::~Context() {
+  if (handle_) ucp_cleanup(handle_);
+}
+
+}  // namespace libcomm::ucx

@@ -1,0 +1,52 @@
+#pragma once
+// The process-wide UCX context (ucp_context): created by the first UCX channel, shared by all of
+// them, cleaned up with the last one. It asks for tagged messages, RMA and wake-up events.
+//
+// Before UCX reads its configuration, the context sets TCP keepalive defaults where the user has
+// not set them (UCX_TCP_KEEPIDLE/KEEPINTVL/KEEPCNT): measured on this machine, an idle link cut is
+// then noticed in seconds instead of ~18 s. UCX transport settings take effect only through the
+// environment (ucp_config_modify is accepted but ignored for them in UCX 1.13), hence setenv --
+// once, before any UCX configuration is read; getenv racing with it on another thread is the
+// caller's concern, as for any process-wide setting. UCX_KEEPALIVE_INTERVAL is never touched: a
+// short interval keeps the sockets busy, and the kernel's keepalive then never fires.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "libcomm/status.h"
+
+struct ucp_context;  // ucp_context_h without UCX's headers
+
+namespace libcomm::ucx {
+
+/// True when this build has the UCX backend. Thread-safe.
+bool builtWithUcx();
+
+/// Environment defaults the context applies (name, value), in order.
+struct EnvDefault {
+  const char* name;
+  const char* value;
+};
+const std::vector<EnvDefault>& environmentDefaults();
+
+class Context {
+ public:
+  /// The process's context, created on first use; the last reference cleans it up. Thread-safe.
+  /// Without UCX (or when UCX cannot start) an error naming the reason.
+  static Result<std::shared_ptr<Context>> acquire();
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  ucp_context* handle() const { return handle_; }
+  /// "UCX 1.13.1" and the environment defaults this process applied (for logs, comm_info).
+  const std::string& describe() const { return description_; }
+
+ private:
+  Context() = default;
+  ucp_context* handle_ = nullptr;
+  std::string description_;
+};
+
+}  // namespace libcomm::ucx

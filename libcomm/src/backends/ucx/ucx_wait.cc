@@ -1,0 +1,221 @@
+// ucx::Channel waits: progress the worker on the calling thread -- poll, then yield, then sleep on
+// the worker's event fd in bounded slices -- and turn what stops a wait into an error that names
+// this rank, the peer, the collective and the phase.
+
+#include <poll.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <map>
+
+#include "backends/ucx/ucx_channel_state.h"
+
+namespace libcomm::ucx {
+namespace {
+
+// Upper bound of one sleep on the event fd: how late abort and deadlines are noticed at most
+// (abort() also signals the worker, which ends the sleep at once).
+constexpr auto kSleepSlice = std::chrono::milliseconds(20);
+
+std::string describeTag(const Tag& t) {
+  return "seq " + std::to_string(t.seq) + " step " + std::to_string(t.step) + " chunk " + std::to_string(t.chunk);
+}
+
+}  // namespace
+
+Status Channel::completionStatus(const Slot& s, const WaitContext* ctx, const char* phase) const {
+  const bool ok = s.status == UCS_OK;
+  if (ok && (!s.isRecv || s.info.length == s.bytes)) return Status::ok();
+  const std::string where = (ctx ? " in " + ctx->op.str() : std::string()) + " (" + phase + ", tag " +
+                            describeTag(s.tag) + ")";
+  if (s.isRecv && (ok || s.status == UCS_ERR_MESSAGE_TRUNCATED)) {
+    // Never silent: a size mismatch means the ranks disagree about the collective.
+    const std::string got = ok ? std::to_string(s.info.length) + " bytes" : "more than " + std::to_string(s.bytes) + " bytes";
+    return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": received ", got, " from rank ", s.peer,
+                     " where ", s.bytes, " were expected", where,
+                     "; do all ranks call the same collective with the same sizes?");
+  }
+  const Peer* p = peers_[s.peer].get();
+  if (p && p->failure != UCS_OK)
+    return makeError(StatusCode::kRemoteError, "rank ", rank_, ": peer rank ", s.peer, " lost", where, ": UCX '",
+                     ucs_status_string(p->failure), "'");
+  return makeError(StatusCode::kRemoteError, "rank ", rank_, ": UCX ", s.isRecv ? "receive from" : "send to",
+                   " rank ", s.peer, " failed", where, ": ", ucs_status_string(s.status));
+}
+
+Status Channel::collect(std::span<Request> requests, bool any, size_t* index, bool* done, const WaitContext& ctx,
+                        const char* phase) {
+  size_t valid = 0, pending = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (!requests[i].valid()) continue;
+    ++valid;
+    LIBCOMM_ASSIGN_OR_RETURN(Slot * s, lookup(requests[i]));
+    if (!s->done) {
+      ++pending;
+      continue;
+    }
+    Status st = completionStatus(*s, &ctx, phase);
+    releaseSlot(*s);
+    requests[i] = Request{};
+    if (!st.isOk()) return st;
+    if (any) {
+      *index = i;
+      *done = true;
+      return Status::ok();
+    }
+  }
+  if (any && valid == 0)
+    return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": waitAny in ", ctx.op.str(), " (", phase,
+                     ") with no pending request");
+  *done = !any && pending == 0;
+  return Status::ok();
+}
+
+Status Channel::wait(std::span<Request> requests, const WaitContext& ctx, const char* phase) {
+  return waitImpl(requests, false, nullptr, ctx, phase);
+}
+
+Status Channel::waitAny(std::span<Request> requests, size_t* index, const WaitContext& ctx, const char* phase) {
+  return waitImpl(requests, true, index, ctx, phase);
+}
+
+Result<bool> Channel::test(Request& request) {
+  LIBCOMM_ASSIGN_OR_RETURN(Slot * s, lookup(request));
+  if (!s->done) progressAll();
+  if (!s->done) return false;
+  Status st = completionStatus(*s, nullptr, "test");
+  releaseSlot(*s);
+  request = Request{};
+  if (!st.isOk()) return st;
+  return true;
+}
+
+// Why a wait that is not done must stop now, if it must: OK to go on.
+Status Channel::stopReason(std::span<Request> requests, const WaitContext& ctx, const char* phase) {
+  if (aborted())
+    return makeError(StatusCode::kRemoteError, "rank ", rank_, ": communicator aborted during ", ctx.op.str(), " (",
+                     phase, ")");
+  if (lostPeers_ > 0) LIBCOMM_RETURN_IF_ERROR(lostPeerError(requests, ctx, phase));
+  if (ctx.deadline.get().expired()) {
+    timedOut_ = true;
+    return timeoutError(requests, ctx, phase);
+  }
+  return Status::ok();
+}
+
+Status Channel::waitImpl(std::span<Request> requests, bool any, size_t* index, const WaitContext& ctx,
+                         const char* phase) {
+  bool done = false;
+  LIBCOMM_RETURN_IF_ERROR(collect(requests, any, index, &done, ctx, phase));
+  if (done) return Status::ok();
+  // Peers lost before or during the wait: checked whenever the count changes (cheap to watch).
+  int lostSeen = 0;
+  auto checkLost = [&]() -> Status {
+    if (lostPeers_ == lostSeen) return Status::ok();
+    lostSeen = lostPeers_;
+    return lostPeerError(requests, ctx, phase);
+  };
+  LIBCOMM_RETURN_IF_ERROR(checkLost());
+
+  // 1. Poll. The clock is read every 32 polls only (a read costs about as much as a poll of an
+  //    idle worker), and the spin's end is set by the first read.
+  uint64_t seen = completions_;
+  Clock::time_point spinEnd{};
+  for (unsigned i = 1;; ++i) {
+    ucp_worker_progress(worker_);
+    if (completions_ != seen) {
+      seen = completions_;
+      LIBCOMM_RETURN_IF_ERROR(collect(requests, any, index, &done, ctx, phase));
+      if (done) return Status::ok();
+    }
+    if ((i & 31) == 0) {
+      LIBCOMM_RETURN_IF_ERROR(checkLost());
+      if (aborted()) break;
+      const auto now = Clock::now();
+      if (i == 32) spinEnd = now + ctx.spin;
+      if (now >= spinEnd) break;
+    }
+  }
+  // 2. Poll with the core handed over in between (ranks outnumber cores).
+  if (ctx.yield.count() > 0 && !aborted()) {
+    const auto yieldEnd = Clock::now() + ctx.yield;
+    for (unsigned i = 1;; ++i) {
+      sched_yield();
+      ucp_worker_progress(worker_);
+      if (completions_ != seen) {
+        seen = completions_;
+        LIBCOMM_RETURN_IF_ERROR(collect(requests, any, index, &done, ctx, phase));
+        if (done) return Status::ok();
+      }
+      if ((i & 7) != 0) continue;
+      LIBCOMM_RETURN_IF_ERROR(checkLost());
+      if (Clock::now() >= yieldEnd || aborted()) break;
+    }
+  }
+  // 3. Sleep on the event fd in slices; every wake-up checks abort, lost peers and the deadline.
+  for (;;) {
+    progressAll();
+    if (completions_ != seen) {
+      seen = completions_;
+      LIBCOMM_RETURN_IF_ERROR(collect(requests, any, index, &done, ctx, phase));
+      if (done) return Status::ok();
+    }
+    LIBCOMM_RETURN_IF_ERROR(stopReason(requests, ctx, phase));
+    const ucs_status_t armed = ucp_worker_arm(worker_);
+    if (armed == UCS_ERR_BUSY) continue;  // events arrived since the last progress
+    if (armed != UCS_OK)
+      return makeError(StatusCode::kSystemError, "rank ", rank_, ": ucp_worker_arm failed in ", ctx.op.str(), ": ",
+                       ucs_status_string(armed));
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(ctx.deadline.get().at() - Clock::now());
+    pollfd pfd{efd_, POLLIN, 0};
+    (void)poll(&pfd, 1, static_cast<int>(std::clamp<long long>(left.count(), 1, kSleepSlice.count())));
+  }
+}
+
+Status Channel::lostPeerError(std::span<Request> requests, const WaitContext& ctx, const char* phase) const {
+  std::vector<bool> named(size_, false);
+  std::string lost;
+  for (const Request& r : requests) {
+    if (!r.valid() || r.slot >= slots_.size()) continue;
+    const Slot& s = *slots_[r.slot];
+    if (!s.inUse || s.done || s.generation != r.generation || named[s.peer]) continue;
+    const Peer& peer = *peers_[s.peer];
+    if (peer.failure == UCS_OK) continue;
+    named[s.peer] = true;
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - peer.failedAt).count();
+    lost += (lost.empty() ? "" : "; ") + std::string("peer rank ") + std::to_string(s.peer) + " lost " +
+            std::to_string(ms) + " ms ago: UCX '" + ucs_status_string(peer.failure) + "'";
+  }
+  if (lost.empty()) return Status::ok();
+  return makeError(StatusCode::kRemoteError, "rank ", rank_, ": ", lost, " (during ", ctx.op.str(), ", ", phase,
+                   ")");
+}
+
+Status Channel::timeoutError(std::span<Request> requests, const WaitContext& ctx, const char* phase) const {
+  // The peers whose messages are missing come first: they are the ones to look at.
+  std::map<int, std::vector<const Slot*>> recvs, sends;
+  for (const Request& r : requests) {
+    if (!r.valid() || r.slot >= slots_.size()) continue;
+    const Slot& s = *slots_[r.slot];
+    if (!s.inUse || s.done || s.generation != r.generation) continue;
+    (s.isRecv ? recvs : sends)[s.peer].push_back(&s);
+  }
+  std::string missing, unsent;
+  for (const auto& [peer, list] : recvs) {
+    missing += (missing.empty() ? "" : ", ") + std::string("rank ") + std::to_string(peer) + " (" +
+               std::to_string(list.size()) + (list.size() == 1 ? " message: " : " messages, first: ") +
+               describeTag(list.front()->tag) + ")";
+  }
+  for (const auto& [peer, list] : sends) {
+    unsent += (unsent.empty() ? "" : ", ") + std::string("rank ") + std::to_string(peer) + " (" +
+              std::to_string(list.size()) + ")";
+  }
+  std::string text = "rank " + std::to_string(rank_) + ": timed out after " +
+                     std::to_string(ctx.deadline.timeout().count()) + " ms in " + ctx.op.str() + " (" + phase + ")";
+  if (!missing.empty()) text += ": no message yet from " + missing;
+  if (!unsent.empty()) text += (missing.empty() ? ": " : "; ") + std::string("sends not taken by ") + unsent;
+  text += "; UCX reports those peers reachable -- are they stopped, or running a different collective?";
+  return Status(StatusCode::kTimeout, text);
+}
+
+}  // namespace libcomm::ucx

@@ -1,0 +1,499 @@
+// ucx::Channel over real UCX between forked rank processes (loopback; PEER error mode makes UCX
+// use tcp/lo): messages of every awkward size with data checks, many in flight out of order, a
+// killed peer, a stopped peer, abort from another thread, size mismatches, misuse; and the tag
+// layout and address exchange without UCX traffic.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/ucx/ucx_channel.h"
+#include "backends/ucx/ucx_context.h"
+#include "harness.h"
+
+namespace shardcomm::testing {
+namespace {
+
+using libcomm::Clock;
+using libcomm::Deadline;
+using libcomm::makeError;
+using libcomm::Status;
+using libcomm::StatusCode;
+using libcomm::ucx::Channel;
+using libcomm::ucx::Request;
+using libcomm::ucx::Tag;
+using std::chrono::milliseconds;
+
+enum class Tls { kDefault, kTcp };
+
+// Called in the rank process before its UCX context exists (UCX reads UCX_* once, at init).
+void selectTransports(Tls tls) {
+  if (tls == Tls::kTcp)
+    setenv("UCX_TLS", "tcp", 1);
+  else
+    unsetenv("UCX_TLS");
+}
+
+libcomm::CommConfig testConfig() {
+  libcomm::CommConfig c;
+  c.opTimeout = milliseconds(10000);
+  c.initTimeout = milliseconds(20000);
+  return c;
+}
+
+std::vector<int> othersOf(int rank, int size) {
+  std::vector<int> v;
+  for (int r = 0; r < size; ++r)
+    if (r != rank) v.push_back(r);
+  return v;
+}
+
+libcomm::Result<std::unique_ptr<Channel>> openChannel(RankContext& ctx, const std::vector<int>& peers) {
+  LIBCOMM_ASSIGN_OR_RETURN(auto ch, Channel::create(ctx.rank, ctx.size, testConfig()));
+  const Deadline deadline = Deadline::after(milliseconds(20000));
+  LIBCOMM_ASSIGN_OR_RETURN(auto addresses, libcomm::ucx::exchangeAddresses(ctx.bootstrap, ch->address(), deadline));
+  LIBCOMM_RETURN_IF_ERROR(ch->connect(addresses, peers, deadline));
+  return ch;
+}
+
+libcomm::WaitContext waitContext(milliseconds timeout) {
+  return libcomm::WaitContext{libcomm::OpDeadline(timeout),
+                              libcomm::OpLabel{nullptr, [](const void*) { return std::string("test-op seq 7"); }},
+                              std::chrono::microseconds(20),
+                              {}};
+}
+
+Status barrier(RankContext& ctx) { return ctx.bootstrap.barrier(Deadline::after(milliseconds(20000))); }
+
+uint8_t byteOf(int src, int dst, int msg, size_t i) {
+  return static_cast<uint8_t>(src * 31 + dst * 17 + msg * 7 + i * 13 + (i >> 9));
+}
+
+void fill(std::vector<uint8_t>& v, int src, int dst, int msg) {
+  for (size_t i = 0; i < v.size(); ++i) v[i] = byteOf(src, dst, msg, i);
+}
+
+Status check(const std::vector<uint8_t>& v, int src, int dst, int msg) {
+  for (size_t i = 0; i < v.size(); ++i)
+    if (v[i] != byteOf(src, dst, msg, i))
+      return makeError(StatusCode::kInternalError, "message ", msg, " from rank ", src, " to rank ", dst, " (",
+                       v.size(), " bytes) differs at byte ", i, ": got ", int(v[i]), ", want ",
+                       int(byteOf(src, dst, msg, i)));
+  return Status::ok();
+}
+
+Status expectError(const Status& st, StatusCode code, const std::vector<std::string>& words, const char* what) {
+  if (st.code() != code)
+    return makeError(StatusCode::kInternalError, what, ": expected ", libcomm::statusCodeName(code), ", got ",
+                     st.toString());
+  for (const auto& w : words)
+    if (st.message().find(w) == std::string::npos)
+      return makeError(StatusCode::kInternalError, what, ": message lacks '", w, "': ", st.toString());
+  return Status::ok();
+}
+
+long long msSince(Clock::time_point t) {
+  return std::chrono::duration_cast<milliseconds>(Clock::now() - t).count();
+}
+
+RunOptions processes(int size, milliseconds deadline = milliseconds(25000)) {
+  RunOptions o;
+  o.mode = Mode::kProcesses;
+  o.size = size;
+  o.deadline = deadline;
+  return o;
+}
+
+// ---- tag layout and address exchange (no UCX traffic) ----------------------------------------
+
+TEST(UcxTag, FieldsRoundTripAndDoNotOverlap) {
+  using namespace libcomm::ucx;
+  const Tag t{(1u << kSeqBits) + 5, kMaxStep, kMaxChunk};
+  const uint64_t w = wireTag(TagClass::kConnect, kMaxRanks - 1, t);
+  const WireFields f = splitWireTag(w);
+  EXPECT_EQ(f.cls, 1u);
+  EXPECT_EQ(f.source, kMaxRanks - 1);
+  EXPECT_EQ(f.seq, 5u);  // only the low bits travel
+  EXPECT_EQ(f.step, kMaxStep);
+  EXPECT_EQ(f.chunk, kMaxChunk);
+  // Each field alone sets only its own bits.
+  EXPECT_EQ(wireTag(TagClass::kData, 0, Tag{0, 0, 1}), 1ull);
+  EXPECT_EQ(wireTag(TagClass::kData, 0, Tag{0, 1, 0}), 1ull << kStepShift);
+  EXPECT_EQ(wireTag(TagClass::kData, 0, Tag{1, 0, 0}), 1ull << kSeqShift);
+  EXPECT_EQ(wireTag(TagClass::kData, 1, Tag{}), 1ull << kSourceShift);
+  EXPECT_NE(wireTag(TagClass::kData, 1, Tag{3, 2, 1}), wireTag(TagClass::kData, 2, Tag{3, 2, 1}));
+  EXPECT_TRUE(tagFits(Tag{~0u, kMaxStep, kMaxChunk}));
+  EXPECT_FALSE(tagFits(Tag{0, kMaxStep + 1, 0}));
+  EXPECT_FALSE(tagFits(Tag{0, 0, kMaxChunk + 1}));
+}
+
+TEST(UcxAddresses, ExchangeKeepsLengthsAndEmptyEntries) {
+  RunOptions o;
+  o.mode = Mode::kThreads;
+  o.size = 3;
+  auto report = runRanks(o, [](RankContext& ctx) -> Status {
+    // Rank 1 has no worker (empty); the others' lengths differ.
+    std::string mine = ctx.rank == 1 ? std::string() : std::string(50 + 100 * ctx.rank, char('a' + ctx.rank));
+    LIBCOMM_ASSIGN_OR_RETURN(auto all,
+                             libcomm::ucx::exchangeAddresses(ctx.bootstrap, mine, Deadline::after(milliseconds(10000))));
+    for (int r = 0; r < 3; ++r) {
+      const std::string want = r == 1 ? std::string() : std::string(50 + 100 * r, char('a' + r));
+      if (all[r] != want)
+        return makeError(StatusCode::kInternalError, "address of rank ", r, " has ", all[r].size(), " bytes, want ",
+                         want.size());
+    }
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// ---- data path over real UCX ----------------------------------------------------------------
+
+class UcxChannelData : public ::testing::TestWithParam<Tls> {};
+
+// Every rank sends every size to every other rank; half the receives are posted before the sends,
+// half after (the message then waits in UCX as unexpected).
+Status exchangeAllSizes(RankContext& ctx, Tls tls) {
+  selectTransports(tls);
+  const std::vector<size_t> sizes = {0, 1, 3, 4093, 65537, size_t(8) << 20};
+  const int n = static_cast<int>(sizes.size());
+  // Buffers before the channel: on an early return the channel (destroyed first) settles every
+  // request before the buffers go.
+  std::vector<std::vector<uint8_t>> out(ctx.size * n), in(ctx.size * n);
+  LIBCOMM_ASSIGN_OR_RETURN(auto ch, openChannel(ctx, othersOf(ctx.rank, ctx.size)));
+  std::vector<Request> reqs;
+  auto postRecvs = [&](int parity) -> Status {
+    for (int p : ch->peers())
+      for (int m = parity; m < n; m += 2) {
+        in[p * n + m].assign(sizes[m], 0xee);
+        LIBCOMM_ASSIGN_OR_RETURN(Request r, ch->postRecv(p, Tag{7, 0, uint32_t(m)}, in[p * n + m].data(), sizes[m]));
+        reqs.push_back(r);
+      }
+    return Status::ok();
+  };
+  LIBCOMM_RETURN_IF_ERROR(postRecvs(0));
+  for (int p : ch->peers())
+    for (int m = 0; m < n; ++m) {
+      out[p * n + m].resize(sizes[m]);
+      fill(out[p * n + m], ctx.rank, p, m);
+      LIBCOMM_ASSIGN_OR_RETURN(Request r, ch->postSend(p, Tag{7, 0, uint32_t(m)}, out[p * n + m].data(), sizes[m]));
+      reqs.push_back(r);
+    }
+  usleep(20000);  // let the early messages arrive before their receives exist
+  LIBCOMM_RETURN_IF_ERROR(postRecvs(1));
+  LIBCOMM_RETURN_IF_ERROR(ch->wait(reqs, waitContext(milliseconds(15000)), "exchange"));
+  for (const Request& r : reqs)
+    if (r.valid()) return makeError(StatusCode::kInternalError, "wait left a request handle valid");
+  if (ch->pendingRequests() != 0)
+    return makeError(StatusCode::kInternalError, ch->pendingRequests(), " requests pending after wait");
+  for (int p : ch->peers())
+    for (int m = 0; m < n; ++m) LIBCOMM_RETURN_IF_ERROR(check(in[p * n + m], p, ctx.rank, m));
+  if (ch->describePeer(ch->peers().front()).empty())
+    return makeError(StatusCode::kInternalError, "no endpoint description");
+  return barrier(ctx);  // nobody closes while a peer still waits
+}
+
+TEST_P(UcxChannelData, TwoRanksExchangeEverySize) {
+  const Tls tls = GetParam();
+  EXPECT_RANKS_OK(runRanks(processes(2), [tls](RankContext& ctx) { return exchangeAllSizes(ctx, tls); }));
+}
+
+TEST_P(UcxChannelData, ThreeRanksExchangeEverySize) {
+  const Tls tls = GetParam();
+  EXPECT_RANKS_OK(runRanks(processes(3), [tls](RankContext& ctx) { return exchangeAllSizes(ctx, tls); }));
+}
+
+// Both ranks send 64 messages to each other; receives for odd chunks are posted (in reverse order)
+// before the sends, for even chunks after the messages arrived; waitAny takes them as they come.
+TEST_P(UcxChannelData, ManyInFlightOutOfOrder) {
+  const Tls tls = GetParam();
+  auto report = runRanks(processes(2), [tls](RankContext& ctx) -> Status {
+    selectTransports(tls);
+    const int peer = 1 - ctx.rank;
+    constexpr int kMessages = 64;
+    auto sizeOf = [](int m) { return static_cast<size_t>(m * 4099 % 200003); };  // 0 .. ~200 KB
+    std::vector<std::vector<uint8_t>> out(kMessages), in(kMessages);
+    LIBCOMM_ASSIGN_OR_RETURN(auto ch, openChannel(ctx, othersOf(ctx.rank, 2)));
+    std::vector<Request> recvs(kMessages), sends(kMessages);
+    auto postRecv = [&](int m) -> Status {
+      in[m].assign(sizeOf(m), 0);
+      LIBCOMM_ASSIGN_OR_RETURN(recvs[m], ch->postRecv(peer, Tag{3, 1, uint32_t(m)}, in[m].data(), in[m].size()));
+      return Status::ok();
+    };
+    for (int m = kMessages - 1; m >= 0; --m)
+      if (m % 2 == 1) LIBCOMM_RETURN_IF_ERROR(postRecv(m));
+    LIBCOMM_RETURN_IF_ERROR(barrier(ctx));
+    for (int m = 0; m < kMessages; ++m) {
+      out[m].resize(sizeOf(m));
+      fill(out[m], ctx.rank, peer, m);
+      LIBCOMM_ASSIGN_OR_RETURN(sends[m], ch->postSend(peer, Tag{3, 1, uint32_t(m)}, out[m].data(), out[m].size()));
+    }
+    // Progress a little so that the even messages arrive before their receives are posted.
+    for (auto until = Clock::now() + milliseconds(30); Clock::now() < until;) (void)ch->test(sends[0]);
+    for (int m = kMessages - 2; m >= 0; m -= 2) LIBCOMM_RETURN_IF_ERROR(postRecv(m));
+    std::vector<bool> seen(kMessages, false);
+    for (int got = 0; got < kMessages; ++got) {
+      size_t index = 0;
+      LIBCOMM_RETURN_IF_ERROR(ch->waitAny(recvs, &index, waitContext(milliseconds(15000)), "out-of-order"));
+      if (index >= size_t(kMessages) || seen[index] || recvs[index].valid())
+        return makeError(StatusCode::kInternalError, "waitAny reported index ", index, " badly");
+      seen[index] = true;
+      LIBCOMM_RETURN_IF_ERROR(check(in[index], peer, ctx.rank, static_cast<int>(index)));
+    }
+    size_t none = 0;
+    LIBCOMM_RETURN_IF_ERROR(expectError(ch->waitAny(recvs, &none, waitContext(milliseconds(1000)), "empty"),
+                                        StatusCode::kInvalidUsage, {"no pending request"}, "waitAny on nothing"));
+    LIBCOMM_RETURN_IF_ERROR(ch->wait(sends, waitContext(milliseconds(15000)), "sends"));
+    return barrier(ctx);
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// Ranks as threads of one process: their channels share the process's context (one worker
+// each, progressed by different threads at once).
+TEST(UcxChannelThreads, ChannelsOfOneProcessShareTheContext) {
+  RunOptions o;
+  o.mode = Mode::kThreads;
+  o.size = 3;
+  o.deadline = milliseconds(25000);
+  auto report = runRanks(o, [](RankContext& ctx) -> Status {
+    const int n = 4;
+    std::vector<std::vector<uint8_t>> out(ctx.size * n), in(ctx.size * n);
+    LIBCOMM_ASSIGN_OR_RETURN(auto ch, openChannel(ctx, othersOf(ctx.rank, ctx.size)));
+    std::vector<Request> reqs;
+    for (int p : ch->peers())
+      for (int m = 0; m < n; ++m) {
+        const size_t bytes = size_t(1) << (6 * m);  // 1 B .. 256 KiB
+        in[p * n + m].assign(bytes, 0);
+        out[p * n + m].resize(bytes);
+        fill(out[p * n + m], ctx.rank, p, m);
+        LIBCOMM_ASSIGN_OR_RETURN(Request r, ch->postRecv(p, Tag{1, 0, uint32_t(m)}, in[p * n + m].data(), bytes));
+        reqs.push_back(r);
+        LIBCOMM_ASSIGN_OR_RETURN(Request s, ch->postSend(p, Tag{1, 0, uint32_t(m)}, out[p * n + m].data(), bytes));
+        reqs.push_back(s);
+      }
+    LIBCOMM_RETURN_IF_ERROR(ch->wait(reqs, waitContext(milliseconds(15000)), "threads"));
+    for (int p : ch->peers())
+      for (int m = 0; m < n; ++m) LIBCOMM_RETURN_IF_ERROR(check(in[p * n + m], p, ctx.rank, m));
+    return barrier(ctx);
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, UcxChannelData, ::testing::Values(Tls::kDefault, Tls::kTcp),
+                         [](const ::testing::TestParamInfo<Tls>& i) {
+                           return std::string(i.param == Tls::kTcp ? "tcp" : "default");
+                         });
+
+// ---- errors ---------------------------------------------------------------------------------
+
+TEST(UcxChannelErrors, WrongSizeIsAnErrorNamingBothSizes) {
+  auto report = runRanks(processes(2), [](RankContext& ctx) -> Status {
+    std::vector<uint8_t> big(100, 1), small(32, 2), a(64), b(64), ok(16);
+    LIBCOMM_ASSIGN_OR_RETURN(auto ch, openChannel(ctx, othersOf(ctx.rank, 2)));
+    if (ctx.rank == 1) {
+      std::vector<Request> s;
+      for (auto [m, buf] : {std::pair{0, &big}, std::pair{1, &small}, std::pair{2, &ok}}) {
+        LIBCOMM_ASSIGN_OR_RETURN(Request r, ch->postSend(0, Tag{1, 0, uint32_t(m)}, buf->data(), buf->size()));
+        s.push_back(r);
+      }
+      LIBCOMM_RETURN_IF_ERROR(ch->wait(s, waitContext(milliseconds(10000)), "send"));
+      return barrier(ctx);
+    }
+    LIBCOMM_ASSIGN_OR_RETURN(Request r0, ch->postRecv(1, Tag{1, 0, 0}, a.data(), a.size()));
+    LIBCOMM_ASSIGN_OR_RETURN(Request r1, ch->postRecv(1, Tag{1, 0, 1}, b.data(), b.size()));
+    LIBCOMM_ASSIGN_OR_RETURN(Request r2, ch->postRecv(1, Tag{1, 0, 2}, ok.data(), ok.size()));
+    const auto wctx = waitContext(milliseconds(10000));
+    LIBCOMM_RETURN_IF_ERROR(expectError(ch->wait({&r0, 1}, wctx, "recv-big"), StatusCode::kInvalidUsage,
+                                        {"rank 0", "more than 64 bytes", "rank 1", "test-op seq 7", "recv-big"},
+                                        "longer message"));
+    LIBCOMM_RETURN_IF_ERROR(expectError(ch->wait({&r1, 1}, wctx, "recv-small"), StatusCode::kInvalidUsage,
+                                        {"received 32 bytes", "64 were expected", "rank 1"}, "shorter message"));
+    // The channel is still usable after a size error.
+    LIBCOMM_RETURN_IF_ERROR(ch->wait({&r2, 1}, wctx, "recv-ok"));
+    return barrier(ctx);
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+TEST(UcxChannelErrors, MisuseIsRefused) {
+  auto report = runRanks(processes(2), [](RankContext& ctx) -> Status {
+    const int peer = 1 - ctx.rank;
+    uint64_t x = 0, y = 0;
+    LIBCOMM_ASSIGN_OR_RETURN(auto ch, openChannel(ctx, othersOf(ctx.rank, 2)));
+    LIBCOMM_RETURN_IF_ERROR(expectError(ch->postSend(ctx.rank, Tag{}, &x, 8).status(), StatusCode::kInvalidArgument,
+                                        {"not a connected peer"}, "send to self"));
+    LIBCOMM_RETURN_IF_ERROR(expectError(ch->postRecv(5, Tag{}, &x, 8).status(), StatusCode::kInvalidArgument,
+                                        {"rank 5"}, "unknown peer"));
+    LIBCOMM_RETURN_IF_ERROR(expectError(ch->postSend(peer, Tag{0, 1u << 12, 0}, &x, 8).status(),
+                                        StatusCode::kInvalidArgument, {"out of range"}, "step too large"));
+    LIBCOMM_ASSIGN_OR_RETURN(Request r, ch->postRecv(peer, Tag{2, 0, 0}, &y, 8));
+    LIBCOMM_ASSIGN_OR_RETURN(Request s, ch->postSend(peer, Tag{2, 0, 0}, &x, 8));
+    const Request stale = r;
+    Request both[2] = {r, s};
+    LIBCOMM_RETURN_IF_ERROR(ch->wait(both, waitContext(milliseconds(10000)), "pair"));
+    Request again[1] = {stale};
+    LIBCOMM_RETURN_IF_ERROR(expectError(ch->wait(again, waitContext(milliseconds(1000)), "stale"),
+                                        StatusCode::kInvalidUsage, {"stale"}, "stale handle"));
+    LIBCOMM_RETURN_IF_ERROR(expectError(ch->connect({"", ""}, {peer}, Deadline::after(milliseconds(1000))),
+                                        StatusCode::kInvalidUsage, {"twice"}, "second connect"));
+    return barrier(ctx);
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// Rank 1 dies (kill -9) while ranks 0 and 2 wait for its message: both must name it within ~1 s,
+// and tear down quickly afterwards.
+TEST(UcxChannelFaults, KilledPeerIsNamedWithinASecond) {
+  RunOptions o = processes(3);
+  o.expectDeath = {1};
+  auto report = runRanks(o, [](RankContext& ctx) -> Status {
+    std::vector<uint8_t> buf(1 << 20);
+    LIBCOMM_ASSIGN_OR_RETURN(auto ch, openChannel(ctx, othersOf(ctx.rank, 3)));
+    LIBCOMM_RETURN_IF_ERROR(barrier(ctx));
+    if (ctx.rank == 1) {
+      usleep(100000);
+      raise(SIGKILL);
+    }
+    LIBCOMM_ASSIGN_OR_RETURN(Request r, ch->postRecv(1, Tag{9, 2, 0}, buf.data(), buf.size()));
+    const auto start = Clock::now();
+    Status st = ch->wait({&r, 1}, waitContext(milliseconds(20000)), "kill-phase");
+    const long long waited = msSince(start);
+    LIBCOMM_RETURN_IF_ERROR(expectError(st, StatusCode::kRemoteError,
+                                        {"rank " + std::to_string(ctx.rank), "peer rank 1 lost", "test-op seq 7",
+                                         "kill-phase", "UCX '"},
+                                        "killed peer"));
+    if (waited > 1100)  // 100 ms until the kill, then detection (ms over tcp)
+      return makeError(StatusCode::kInternalError, "the death was reported only after ", waited, " ms");
+    // Posting to the lost peer now fails at once.
+    LIBCOMM_RETURN_IF_ERROR(expectError(ch->postSend(1, Tag{}, buf.data(), 8).status(), StatusCode::kRemoteError,
+                                        {"peer rank 1 was lost"}, "send after loss"));
+    usleep(200000);  // the other survivor must see rank 1's death before this rank leaves too
+    const auto teardown = Clock::now();
+    (void)ch->drain(Deadline::after(milliseconds(1000)));
+    ch.reset();
+    printf("[ucx] rank %d: death of rank 1 reported %lld ms into the wait (killed ~100 ms in); teardown %lld ms\n",
+           ctx.rank, waited, msSince(teardown));
+    if (msSince(teardown) > 2000)
+      return makeError(StatusCode::kInternalError, "teardown after a peer death took ", msSince(teardown), " ms");
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// Rank 1 stops (SIGSTOP) with a large send of rank 0 in flight: UCX notices nothing, so rank 0's
+// op deadline must, naming rank 1; teardown must not wait for the stopped peer.
+TEST(UcxChannelFaults, StoppedPeerTimesOutNamingIt) {
+  auto report = runRanks(processes(2), [](RankContext& ctx) -> Status {
+    std::vector<uint8_t> in(64), out(size_t(8) << 20, 5);
+    LIBCOMM_ASSIGN_OR_RETURN(auto ch, openChannel(ctx, othersOf(ctx.rank, 2)));
+    LIBCOMM_RETURN_IF_ERROR(barrier(ctx));
+    if (ctx.rank == 1) {
+      const pid_t self = getpid();
+      if (fork() == 0) {  // resumes this rank once rank 0 is done with it
+        usleep(2500000);
+        kill(self, SIGCONT);
+        _exit(0);
+      }
+      raise(SIGSTOP);
+      return Status::ok();  // rank 0 is gone by now: only a bounded teardown is asked of us
+    }
+    usleep(100000);
+    LIBCOMM_ASSIGN_OR_RETURN(Request r, ch->postRecv(1, Tag{4, 3, 2}, in.data(), in.size()));
+    LIBCOMM_ASSIGN_OR_RETURN(Request s, ch->postSend(1, Tag{4, 3, 2}, out.data(), out.size()));
+    Request both[2] = {r, s};
+    const auto start = Clock::now();
+    Status st = ch->wait(both, waitContext(milliseconds(500)), "stop-phase");
+    const long long waited = msSince(start);
+    LIBCOMM_RETURN_IF_ERROR(expectError(st, StatusCode::kTimeout,
+                                        {"rank 0", "timed out after 500 ms", "test-op seq 7", "stop-phase",
+                                         "no message yet from rank 1", "seq 4 step 3 chunk 2"},
+                                        "stopped peer"));
+    if (waited < 450 || waited > 1500)
+      return makeError(StatusCode::kInternalError, "the 500 ms deadline ended the wait after ", waited, " ms");
+    const auto teardown = Clock::now();
+    Status drained = ch->drain(Deadline::after(milliseconds(1000)));
+    ch.reset();
+    printf("[ucx] rank 0: 500 ms deadline ended the wait after %lld ms; drain + teardown %lld ms (%s)\n", waited,
+           msSince(teardown), drained.isOk() ? "all requests settled" : drained.message().c_str());
+    if (msSince(teardown) > 2000)
+      return makeError(StatusCode::kInternalError, "teardown after a timeout took ", msSince(teardown), " ms (drain: ",
+                       drained.toString(), ")");
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// Rank 2 goes away (killed here; a rank that finished and exited without closing its channel
+// looks the same to UCX) while rank 0 still waits for rank 1: that must not fail a wait that does
+// not need rank 2.
+TEST(UcxChannelFaults, LostPeerDoesNotFailAnUnrelatedWait) {
+  RunOptions o = processes(3);
+  o.expectDeath = {2};
+  auto report = runRanks(o, [](RankContext& ctx) -> Status {
+    uint64_t x = 42, y = 0, ack = 0;
+    LIBCOMM_ASSIGN_OR_RETURN(auto ch, openChannel(ctx, othersOf(ctx.rank, 3)));
+    LIBCOMM_RETURN_IF_ERROR(barrier(ctx));
+    const auto wctx = waitContext(milliseconds(10000));
+    if (ctx.rank == 2) raise(SIGKILL);
+    if (ctx.rank == 1) {
+      usleep(300000);
+      LIBCOMM_ASSIGN_OR_RETURN(Request s, ch->postSend(0, Tag{6, 0, 0}, &x, 8));
+      LIBCOMM_ASSIGN_OR_RETURN(Request a, ch->postRecv(0, Tag{6, 0, 1}, &ack, 8));
+      Request both[2] = {s, a};
+      return ch->wait(both, wctx, "late send");
+    }
+    LIBCOMM_ASSIGN_OR_RETURN(Request r, ch->postRecv(1, Tag{6, 0, 0}, &y, 8));
+    LIBCOMM_RETURN_IF_ERROR(ch->wait({&r, 1}, wctx, "wait for rank 1"));
+    if (y != 42) return makeError(StatusCode::kInternalError, "got ", y, " from rank 1");
+    if (!ch->peerLost(2))
+      return makeError(StatusCode::kInternalError, "rank 2's death was not seen: the test proves nothing");
+    LIBCOMM_ASSIGN_OR_RETURN(Request a, ch->postSend(1, Tag{6, 0, 1}, &x, 8));
+    return ch->wait({&a, 1}, wctx, "ack");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+TEST(UcxChannelFaults, AbortFromAnotherThreadUnblocksAWait) {
+  auto report = runRanks(processes(2), [](RankContext& ctx) -> Status {
+    uint64_t x = 0;
+    LIBCOMM_ASSIGN_OR_RETURN(auto ch, openChannel(ctx, othersOf(ctx.rank, 2)));
+    if (ctx.rank == 0) {
+      LIBCOMM_ASSIGN_OR_RETURN(Request r, ch->postRecv(1, Tag{5, 0, 0}, &x, 8));
+      Channel* raw = ch.get();
+      std::thread aborter([raw] {
+        usleep(200000);
+        raw->abort();
+      });
+      const auto start = Clock::now();
+      Status st = ch->wait({&r, 1}, waitContext(milliseconds(20000)), "abort-phase");
+      const long long waited = msSince(start);
+      aborter.join();
+      LIBCOMM_RETURN_IF_ERROR(
+          expectError(st, StatusCode::kRemoteError, {"rank 0", "aborted", "test-op seq 7", "abort-phase"}, "abort"));
+      if (waited < 150 || waited > 700)
+        return makeError(StatusCode::kInternalError, "abort after 200 ms ended the wait after ", waited, " ms");
+      LIBCOMM_RETURN_IF_ERROR(expectError(ch->postSend(1, Tag{}, &x, 8).status(), StatusCode::kRemoteError,
+                                          {"aborted"}, "send after abort"));
+      const auto teardown = Clock::now();
+      (void)ch->drain(Deadline::after(milliseconds(1000)));
+      ch.reset();
+      printf("[ucx] rank 0: abort after 200 ms ended the wait after %lld ms; teardown %lld ms\n", waited,
+             msSince(teardown));
+      if (msSince(teardown) > 2000)
+        return makeError(StatusCode::kInternalError, "teardown after abort took ", msSince(teardown), " ms");
+    }
+    return barrier(ctx);
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+}  // namespace
+}  // namespace shardcomm::testing

@@ -1,0 +1,63 @@
+// The UCX backend's process-wide part, in both kinds of build: with UCX, the shared context and
+// the environment defaults it applies (only where the user set nothing); without UCX, a clear
+// "built without UCX" from every entry point.
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "backends/ucx/ucx_channel.h"
+#include "backends/ucx/ucx_context.h"
+
+namespace {
+
+using libcomm::Status;
+using libcomm::StatusCode;
+namespace ucx = libcomm::ucx;
+
+TEST(UcxBackend, WithoutUcxEveryEntryPointSaysSo) {
+  if (ucx::builtWithUcx()) GTEST_SKIP() << "this build has UCX";
+  auto ctx = ucx::Context::acquire();
+  ASSERT_FALSE(ctx.isOk());
+  EXPECT_EQ(ctx.status().code(), StatusCode::kInvalidUsage);
+  EXPECT_NE(ctx.status().message().find("built without UCX"), std::string::npos) << ctx.status().toString();
+  auto ch = ucx::Channel::create(0, 2, libcomm::CommConfig{});
+  ASSERT_FALSE(ch.isOk());
+  EXPECT_NE(ch.status().message().find("built without UCX"), std::string::npos) << ch.status().toString();
+}
+
+TEST(UcxBackend, ContextIsSharedAndSetsKeepaliveDefaultsOnlyWhereUnset) {
+  if (!ucx::builtWithUcx()) GTEST_SKIP() << "this build has no UCX";
+  // The user's own value must survive; the other two get libcomm's defaults.
+  setenv("UCX_TCP_KEEPIDLE", "7s", 1);
+  unsetenv("UCX_TCP_KEEPINTVL");
+  unsetenv("UCX_TCP_KEEPCNT");
+  unsetenv("UCX_KEEPALIVE_INTERVAL");
+  auto a = ucx::Context::acquire();
+  ASSERT_TRUE(a.isOk()) << a.status().toString();
+  auto b = ucx::Context::acquire();
+  ASSERT_TRUE(b.isOk()) << b.status().toString();
+  EXPECT_EQ(a->get(), b->get());
+  EXPECT_STREQ(getenv("UCX_TCP_KEEPIDLE"), "7s");
+  EXPECT_STREQ(getenv("UCX_TCP_KEEPINTVL"), "1s");
+  EXPECT_STREQ(getenv("UCX_TCP_KEEPCNT"), "5");
+  EXPECT_EQ(getenv("UCX_KEEPALIVE_INTERVAL"), nullptr) << "must never be set: it disables cut-link detection";
+  const std::string d = (*a)->describe();
+  EXPECT_NE(d.find("UCX 1."), std::string::npos) << d;
+  EXPECT_NE(d.find("UCX_TCP_KEEPINTVL=1s"), std::string::npos) << d;
+  EXPECT_EQ(d.find("UCX_TCP_KEEPIDLE"), std::string::npos) << d;
+}
+
+TEST(UcxBackend, ChannelWithoutPeersCreatesAndCloses) {
+  if (!ucx::builtWithUcx()) GTEST_SKIP() << "this build has no UCX";
+  auto ch = ucx::Channel::create(0, 1, libcomm::CommConfig{});
+  ASSERT_TRUE(ch.isOk()) << ch.status().toString();
+  EXPECT_FALSE((*ch)->address().empty());
+  const Status st = (*ch)->connect({(*ch)->address()}, {}, libcomm::Deadline::after(std::chrono::seconds(5)));
+  EXPECT_TRUE(st.isOk()) << st.toString();
+  auto bad = ucx::Channel::create(0, 70000, libcomm::CommConfig{});
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
