@@ -68,8 +68,8 @@ Result<std::unique_ptr<Channel>> Channel::create(int rank, int size, const CommC
 Status Channel::connect(const std::vector<std::string>& addresses, const std::vector<int>& peers, Deadline deadline) {
   if (connected_) return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": UCX channel connected twice");
   if (addresses.size() != static_cast<size_t>(size_))
-    return makeError(StatusCode::kInvalidArgument, "rank ", rank_, ": ", addresses.size(), " UCX addresses for ",
-                     size_, " ranks");
+    return makeError(StatusCode::kInvalidArgument, "rank ", rank_, ": ", addresses.size(), " UCX addresses for ", size_,
+                     " ranks");
   std::vector<bool> seen(size_, false);
   for (int p : peers) {
     if (p < 0 || p >= size_ || p == rank_ || seen[p])
@@ -129,7 +129,8 @@ Status Channel::connect(const std::vector<std::string>& addresses, const std::ve
   }
   const WaitContext ctx{OpDeadline::fixed(deadline),
                         OpLabel{nullptr, [](const void*) { return std::string("UCX connection set-up"); }},
-                        std::chrono::microseconds(20), {}};
+                        std::chrono::microseconds(20),
+                        {}};
   Status st = wait(reqs, ctx, "wire-up");
   if (!st.isOk()) {
     (void)drain(Deadline::after(kForceCloseBound));
@@ -138,8 +139,7 @@ Status Channel::connect(const std::vector<std::string>& addresses, const std::ve
   }
   for (size_t i = 0; i < n; ++i) {
     const uint64_t magic = hello_[2 * (i + 1)], who = hello_[2 * (i + 1) + 1];
-    if (magic != kHelloMagic || static_cast<int>(who & 0xffffffffu) != peers[i] ||
-        static_cast<int>(who >> 32) != size_)
+    if (magic != kHelloMagic || static_cast<int>(who & 0xffffffffu) != peers[i] || static_cast<int>(who >> 32) != size_)
       return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": the UCX peer at rank ", peers[i],
                        "'s address answered as rank ", static_cast<int>(who & 0xffffffffu), " of ",
                        static_cast<int>(who >> 32), (magic != kHelloMagic ? " (not a libcomm channel)" : ""),
@@ -148,7 +148,8 @@ Status Channel::connect(const std::vector<std::string>& addresses, const std::ve
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
   LIBCOMM_LOG(kInfo, "ucx") << "rank " << rank_ << ": UCX channel connected to ranks [" << listRanks(peers) << "] in "
                             << us << " us; worker address " << address_.size() << " B; " << context_->describe();
-  for (int p : peers) LIBCOMM_LOG(kDebug, "ucx") << "rank " << rank_ << ": endpoint to rank " << p << ":\n" << describePeer(p);
+  for (int p : peers)
+    LIBCOMM_LOG(kDebug, "ucx") << "rank " << rank_ << ": endpoint to rank " << p << ":\n" << describePeer(p);
   return Status::ok();
 }
 
@@ -165,8 +166,8 @@ Status Channel::checkPeer(int peer, const char* what) const {
                      " was lost ", ms, " ms ago (UCX '", ucs_status_string(p.failure), "')");
   }
   if (p.closed)
-    return makeError(StatusCode::kRemoteError, "rank ", rank_, ": UCX ", what, " refused: the endpoint to rank ",
-                     peer, " was closed after an earlier failure");
+    return makeError(StatusCode::kRemoteError, "rank ", rank_, ": UCX ", what, " refused: the endpoint to rank ", peer,
+                     " was closed after an earlier failure");
   return Status::ok();
 }
 
@@ -336,29 +337,9 @@ Status Channel::drain(Deadline deadline) {
   for (const auto& s : slots_)
     if (s->inUse && !s->done) close[s->peer] = true;
   std::vector<void*> closing;
-  for (int p : peerList_) {
-    Peer& peer = *peers_[p];
-    if (!close[p] || peer.closed || !peer.ep) continue;
-    ucp_request_param_t cp{};
-    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    ucs_status_ptr_t r = ucp_ep_close_nbx(peer.ep, &cp);
-    if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
-    peer.ep = nullptr;
-    peer.closed = true;
-  }
-  while (!closing.empty() && !deadline.expired()) {
-    progressAll();
-    closing.erase(std::remove_if(closing.begin(), closing.end(),
-                                 [](void* r) {
-                                   if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
-                                   ucp_request_free(r);
-                                   return true;
-                                 }),
-                  closing.end());
-    if (!closing.empty()) sleepOnWorker(std::chrono::milliseconds(1));
-  }
-  for (void* r : closing) ucp_request_free(r);  // released by UCX once it completes
+  for (int p : peerList_)
+    if (close[p]) closeEndpoint(*peers_[p], true, &closing);
+  settleCloses(&closing, deadline);
   if (!idle) idle = progressUntilIdle(deadline);
   // Every handle the caller still holds becomes stale: the requests are settled here.
   size_t left = 0;
@@ -378,36 +359,44 @@ Status Channel::drain(Deadline deadline) {
                    "until the channel is destroyed");
 }
 
-void Channel::closeEndpoints(bool force, Deadline deadline) {
-  std::vector<void*> closing;
-  for (int p : peerList_) {
-    Peer& peer = *peers_[p];
-    if (peer.closed || !peer.ep) continue;
-    ucp_request_param_t cp{};
-    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    // A graceful close flushes first, which never ends towards a stopped or cut-off peer: only
-    // after a clean run.
-    cp.flags = (force || peer.failure != UCS_OK) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-    ucs_status_ptr_t r = ucp_ep_close_nbx(peer.ep, &cp);
-    if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
-    peer.ep = nullptr;
-    peer.closed = true;
-  }
-  while (!closing.empty()) {
+void Channel::closeEndpoint(Peer& peer, bool force, std::vector<void*>* closing) {
+  if (peer.closed || !peer.ep) return;
+  ucp_request_param_t cp{};
+  cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  // A graceful close flushes first, which never ends towards a stopped or cut-off peer: only
+  // after a clean run.
+  cp.flags = (force || peer.failure != UCS_OK) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  ucs_status_ptr_t r = ucp_ep_close_nbx(peer.ep, &cp);
+  if (UCS_PTR_IS_PTR(r)) closing->push_back(r);
+  peer.ep = nullptr;
+  peer.closed = true;
+}
+
+size_t Channel::settleCloses(std::vector<void*>* closing, Deadline deadline) {
+  while (!closing->empty()) {
     progressAll();
-    closing.erase(std::remove_if(closing.begin(), closing.end(),
-                                 [](void* r) {
-                                   if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
-                                   ucp_request_free(r);
-                                   return true;
-                                 }),
-                  closing.end());
-    if (closing.empty() || deadline.expired()) break;
+    closing->erase(std::remove_if(closing->begin(), closing->end(),
+                                  [](void* r) {
+                                    if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
+                                    ucp_request_free(r);
+                                    return true;
+                                  }),
+                   closing->end());
+    if (closing->empty() || deadline.expired()) break;
     sleepOnWorker(std::chrono::milliseconds(1));
   }
-  for (void* r : closing) ucp_request_free(r);
-  if (!closing.empty())
-    LIBCOMM_LOG(kWarn, "ucx") << "rank " << rank_ << ": " << closing.size()
+  const size_t left = closing->size();
+  for (void* r : *closing) ucp_request_free(r);  // released by UCX once it completes
+  closing->clear();
+  return left;
+}
+
+void Channel::closeEndpoints(bool force, Deadline deadline) {
+  std::vector<void*> closing;
+  for (int p : peerList_) closeEndpoint(*peers_[p], force, &closing);
+  const size_t left = settleCloses(&closing, deadline);
+  if (left > 0)
+    LIBCOMM_LOG(kWarn, "ucx") << "rank " << rank_ << ": " << left
                               << " UCX endpoint(s) did not close in time; destroying the worker anyway";
 }
 

@@ -142,6 +142,12 @@ class Channel {
   bool progressUntilIdle(Deadline deadline);
   void cancelReceives();
   void closeEndpoints(bool force, Deadline deadline);
+  /// Starts closing `peer`'s endpoint (forced if `force` or the peer failed); the close request,
+  /// if any, goes to *closing.
+  void closeEndpoint(Peer& peer, bool force, std::vector<void*>* closing);
+  /// Progresses until the close requests complete or `deadline` passes; frees them all and
+  /// returns how many had not completed.
+  size_t settleCloses(std::vector<void*>* closing, Deadline deadline);
   void sleepOnWorker(std::chrono::milliseconds slice);
 
   int rank_;
@@ -155,8 +161,8 @@ class Channel {
   std::vector<int> peerList_;
   std::vector<std::unique_ptr<Slot>> slots_;  // stable addresses: UCX callbacks point at them
   std::vector<uint32_t> freeSlots_;
-  std::unique_ptr<uint64_t[]> hello_;         // connect()'s messages: live as long as UCX may use them
-  uint64_t completions_ = 0;  // bumped by every completion callback (cheap "anything new?")
+  std::unique_ptr<uint64_t[]> hello_;  // connect()'s messages: live as long as UCX may use them
+  uint64_t completions_ = 0;           // bumped by every completion callback (cheap "anything new?")
   int lostPeers_ = 0;
   bool timedOut_ = false;
   bool connected_ = false;
