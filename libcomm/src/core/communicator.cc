@@ -8,6 +8,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "backends/ucx/ucx_channel.h"
 #include "core/comm_impl.h"
 #include "core/log.h"
 #include "core/selector.h"
@@ -98,19 +99,22 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
     hostIds[r] = std::string(o.hostId, strnlen(o.hostId, sizeof(o.hostId)));
   }
   impl->hosts_ = topology::HostGroups::fromIds(hostIds);
-  if (impl->hosts_.numHosts() > 1)
-    return makeError(StatusCode::kInvalidUsage, "rank ", impl->rank_, " (host id '", hostId, "'): the ranks span ",
-                     impl->hosts_.describe(),
-                     "; communicators across hosts need the UCX transport, which this communicator does not use yet "
-                     "(run one rank set per host, or give all ranks one LIBCOMM_HOST_ID if they do share memory)");
-  impl->blockingWait_ = blockingWaitPolicy(config, impl->size_);
-  LIBCOMM_RETURN_IF_ERROR(impl->channel_->connect(prefixes, deadline));
-  impl->peers_->setPrefixes(prefixes);
-  // Nobody may start a collective before everyone has mapped everyone's control block.
+  const int ranksHere = static_cast<int>(impl->hosts_.ranks[impl->hosts_.hostOf[impl->rank_]].size());
+  impl->blockingWait_ = blockingWaitPolicy(config, ranksHere);
+  if (impl->hosts_.numHosts() > 1) {
+    // Ranks on other hosts share no memory: every collective goes around a ring over UCX.
+    LIBCOMM_RETURN_IF_ERROR(impl->connectAcrossHosts(bootstrap, deadline));
+  } else {
+    LIBCOMM_RETURN_IF_ERROR(impl->channel_->connect(prefixes, deadline));
+    impl->peers_->setPrefixes(prefixes);
+  }
+  // Nobody may start a collective before everyone has mapped everyone's control block (or
+  // connected its UCX endpoints).
   LIBCOMM_RETURN_IF_ERROR(bootstrap.barrier(deadline));
   LIBCOMM_LOG(kInfo, "init") << "communicator ready: rank " << impl->rank_ << " of " << impl->size_ << " over "
-                             << bootstrap.describe() << ", job " << bootstrap.jobId()
-                             << ", shared memory; blocking calls spin "
+                             << bootstrap.describe() << ", job " << bootstrap.jobId() << ", "
+                             << (impl->ucx_ ? "UCX ring across " + impl->hosts_.describe() : std::string("shared memory"))
+                             << "; blocking calls spin "
                              << std::chrono::duration_cast<std::chrono::microseconds>(impl->blockingWait_.spin).count()
                              << " us, then yield for "
                              << std::chrono::duration_cast<std::chrono::microseconds>(impl->blockingWait_.yield).count()

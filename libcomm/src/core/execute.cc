@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "algos/mesh/mesh.h"
+#include "backends/ucx/ucx_channel.h"
 #include "core/comm_impl.h"
 #include "core/host_stream.h"
 #include "core/log.h"
@@ -126,7 +127,10 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool bloc
     else
       st = run(args, seq, deadline, blocking);
   }
-  if (!st.isOk()) fail(st);
+  if (!st.isOk()) {
+    fail(st);
+    disconnectAcrossHosts();  // on this (the executing) thread: the UCX channel is single-threaded
+  }
   settle(seq);
   return st;
 }
@@ -140,8 +144,9 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadl
                              auto* l = static_cast<const Labelled*>(c);
                              return describeColl(l->args, l->seq);
                            }};
-  passBases_.resize(size_);
   const WaitPolicy& policy = blocking ? blockingWait_ : progressWait_;
+  if (ucx_) return runAcrossHosts(args, seq, WaitContext{deadline, label, policy.spin, policy.yield});
+  passBases_.resize(size_);
   const mesh::OpEnv env{seq,          rank_, size_, *channel_, *peers_, {deadline, label, policy.spin, policy.yield},
                         stageRound_, passBases_.data()};
   const size_t inputBytes = args.count * args.inputParts(size_) * dataTypeSize(args.inType);
@@ -259,6 +264,7 @@ void Communicator::Impl::fail(const Status& st) {
   LIBCOMM_LOG(kDebug, "coll") << st.toString();  // the stream logs the failure at WARN
   // Peers blocked on this rank learn why at once instead of waiting for their deadline.
   channel_->markFailed(st.message());
+  if (ucx_) ucx_->abort();  // a running wait fails now; the executing thread then disconnects
 }
 
 Status Communicator::Impl::asyncError() const {
@@ -273,6 +279,7 @@ void Communicator::Impl::abort(const std::string& why) {
     failed_.store(true);
   }
   channel_->abort();
+  if (ucx_) ucx_->abort();
   std::lock_guard<std::mutex> lock(mu_);
   cv_.notify_all();
 }

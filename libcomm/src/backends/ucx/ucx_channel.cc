@@ -359,6 +359,13 @@ Status Channel::drain(Deadline deadline) {
                    "until the channel is destroyed");
 }
 
+Status Channel::disconnect(Deadline deadline) {
+  if (!worker_) return Status::ok();
+  Status st = drain(deadline);
+  closeEndpoints(true, deadline);
+  return st;
+}
+
 void Channel::closeEndpoint(Peer& peer, bool force, std::vector<void*>* closing) {
   if (peer.closed || !peer.ep) return;
   ucp_request_param_t cp{};

@@ -107,6 +107,10 @@ class Channel {
   /// is pending; endpoints with requests still pending are force-closed (their peers are then
   /// lost to this channel). OK when no UCX request can touch a user buffer any more.
   Status drain(Deadline deadline);
+  /// When this rank gives up on the communicator (after an error of its own): drains, then
+  /// force-closes every endpoint, so that the peers' waits on this rank fail at once (kRemoteError
+  /// naming it) instead of at their deadline. The channel is unusable afterwards.
+  Status disconnect(Deadline deadline);
 
   int rank() const { return rank_; }
   int size() const { return size_; }

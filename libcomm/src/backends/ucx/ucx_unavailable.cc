@@ -35,6 +35,7 @@ Status Channel::waitAny(std::span<Request>, size_t*, const WaitContext&, const c
 Result<bool> Channel::test(Request&) { return unavailable("test"); }
 void Channel::abort() { aborted_.store(true); }
 Status Channel::drain(Deadline) { return Status::ok(); }
+Status Channel::disconnect(Deadline) { return Status::ok(); }
 bool Channel::peerLost(int) const { return false; }
 size_t Channel::pendingRequests() const { return 0; }
 std::string Channel::describePeer(int) const { return ""; }

@@ -1,0 +1,215 @@
+// Collectives of a communicator whose ranks span hosts: every rank is on one ring over the UCX
+// channel (ring order: hosts in order, ranks of a host in local order, so only the hops between
+// hosts leave a host), and each collective is a ring algorithm (algos/ring) over it.
+//
+//   1. fingerprints: each rank sends its descriptor to the next rank and compares the previous
+//      rank's with its own; all pairs of neighbours agreeing means all ranks agree, and a mismatch
+//      names both calls;
+//   2. the collective: all_gather and reduce_scatter are the ring algorithms; all_reduce is a
+//      reduce_scatter then an all_gather over a zero-padded copy (steps numbered apart so the two
+//      phases' messages never share a tag); broadcast is a chunked chain from the root; barrier is
+//      a one-element all_gather (n - 1 steps: everyone has heard from everyone).
+//
+// On any error the rank gives up on the communicator (as with shared memory, a failed communicator
+// stays failed): execute() calls disconnectAcrossHosts(), which cancels what is pending (a receive
+// left pending could still write into the caller's buffer) and force-closes the endpoints, so the
+// ring neighbours' waits fail at once naming this rank, and theirs in turn, around the ring.
+
+#include <algorithm>
+#include <cstring>
+
+#include "algos/ring/ring.h"
+#include "backends/ucx/ucx_channel.h"
+#include "core/comm_impl.h"
+#include "core/log.h"
+#include "reduce/copy.h"
+#include "reduce/reduce.h"
+
+namespace libcomm {
+namespace {
+
+// ring::Link over the UCX channel: (step, chunk) of collective `seq` become the message's tag.
+class UcxRingLink final : public ring::Link {
+ public:
+  UcxRingLink(ucx::Channel& channel, uint32_t seq) : channel_(channel), seq_(seq) {}
+
+  Result<uint64_t> send(int peer, uint32_t step, uint32_t chunk, const void* src, size_t bytes) override {
+    LIBCOMM_ASSIGN_OR_RETURN(ucx::Request r, channel_.postSend(peer, tagOf(step, chunk), src, bytes));
+    requests_.push_back(r);
+    return requests_.size() - 1;
+  }
+  Result<uint64_t> recv(int peer, uint32_t step, uint32_t chunk, void* dst, size_t bytes) override {
+    LIBCOMM_ASSIGN_OR_RETURN(ucx::Request r, channel_.postRecv(peer, tagOf(step, chunk), dst, bytes));
+    requests_.push_back(r);
+    return requests_.size() - 1;
+  }
+  Status wait(uint64_t op, const WaitContext& ctx) override {
+    return channel_.wait(std::span<ucx::Request>(&requests_[op], 1), ctx, "ring");
+  }
+
+ private:
+  // Chunk numbers wrap at the tag's width: messages with equal tags from one sender match
+  // receives in posting order, and the ring posts a step's receives in chunk order.
+  ucx::Tag tagOf(uint32_t step, uint32_t chunk) const { return ucx::Tag{seq_, step, chunk & ucx::kMaxChunk}; }
+
+  ucx::Channel& channel_;
+  uint32_t seq_;
+  std::vector<ucx::Request> requests_;
+};
+
+constexpr uint32_t kFingerprintStep = ucx::kMaxStep;  // no algorithm step reaches it
+
+}  // namespace
+
+Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, Deadline deadline) {
+  for (int h = 0; h < hosts_.numHosts(); ++h)
+    for (int r : hosts_.ranks[h]) ringOrder_.push_back(r);
+  ringPos_ = static_cast<int>(std::find(ringOrder_.begin(), ringOrder_.end(), rank_) - ringOrder_.begin());
+  if (2 * static_cast<uint32_t>(size_) + 1 >= ucx::kMaxStep)
+    return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", size_,
+                     " ranks across hosts are more than the ring's tags can number (", ucx::kMaxStep / 2 - 1, ")");
+  // Every rank takes part in the address exchange, also one whose worker failed (with an empty
+  // address): otherwise its peers would wait for it until the deadline.
+  auto channel = ucx::Channel::create(rank_, size_, config_);
+  auto addresses = ucx::exchangeAddresses(bootstrap, channel.isOk() ? (*channel)->address() : std::string(), deadline);
+  LIBCOMM_RETURN_IF_ERROR(channel.status().withContext("creating the UCX worker for " + hosts_.describe()));
+  LIBCOMM_RETURN_IF_ERROR(addresses.status());
+  ucx_ = std::move(*channel);
+  const int n = size_;
+  const int prev = ringOrder_[(ringPos_ + n - 1) % n], next = ringOrder_[(ringPos_ + 1) % n];
+  std::vector<int> peers;
+  if (n > 1) peers.push_back(prev);
+  if (n > 2) peers.push_back(next);
+  LIBCOMM_RETURN_IF_ERROR(ucx_->connect(*addresses, peers, deadline));
+  LIBCOMM_LOG(kInfo, "init") << "rank " << rank_ << ": across " << hosts_.describe() << ": ring over UCX, previous rank "
+                             << prev << ", next rank " << next;
+  return Status::ok();
+}
+
+void Communicator::Impl::disconnectAcrossHosts() {
+  if (!ucx_ || ucxDisconnected_) return;
+  ucxDisconnected_ = true;
+  Status st = ucx_->disconnect(Deadline::after(std::chrono::seconds(2)));
+  if (!st.isOk()) LIBCOMM_LOG(kWarn, "coll") << "rank " << rank_ << ": closing the UCX endpoints: " << st.toString();
+}
+
+Status Communicator::Impl::runAcrossHosts(const CollArgs& args, uint32_t seq, const WaitContext& wait) {
+  const int n = size_;
+  const int prev = ringOrder_[(ringPos_ + n - 1) % n], next = ringOrder_[(ringPos_ + 1) % n];
+  UcxRingLink link(*ucx_, seq);
+  if (n > 1) {
+    const shm::OpDescriptor mine = describeOp(args, seq);
+    shm::OpDescriptor theirs;
+    LIBCOMM_ASSIGN_OR_RETURN(uint64_t in, link.recv(prev, kFingerprintStep, 0, &theirs, sizeof(theirs)));
+    LIBCOMM_ASSIGN_OR_RETURN(uint64_t out, link.send(next, kFingerprintStep, 0, &mine, sizeof(mine)));
+    LIBCOMM_RETURN_IF_ERROR(link.wait(in, wait));
+    LIBCOMM_RETURN_IF_ERROR(link.wait(out, wait));
+    LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, mine, theirs, prev));
+  }
+  if (config_.collTrace) LIBCOMM_LOG(kInfo, "coll") << describeColl(args, seq) << ": ring over UCX across " << hosts_.describe();
+
+  ring::Env env;
+  env.order = ringOrder_;
+  env.pos = ringPos_;
+  env.link = &link;
+  env.wait = &wait;
+  switch (args.kind) {
+    case CollKind::kAllGather:
+      return ring::allGather(args, env);
+    case CollKind::kReduceScatter:
+      return ring::reduceScatter(args, env, ringScratch_);
+    case CollKind::kAllReduce:
+      return ringAllReduce(args, env);
+    case CollKind::kBroadcast:
+      return ringBroadcast(args, env);
+    case CollKind::kBarrier: {
+      float mine = static_cast<float>(rank_);
+      std::vector<float> all(static_cast<size_t>(n));
+      CollArgs gather;
+      gather.kind = CollKind::kAllGather;
+      gather.send = &mine;
+      gather.recv = all.data();
+      gather.count = 1;
+      return ring::allGather(gather, env);
+    }
+  }
+  return makeError(StatusCode::kInternalError, "unknown collective kind ", static_cast<int>(args.kind));
+}
+
+Status Communicator::Impl::ringAllReduce(const CollArgs& args, ring::Env& env) {
+  // reduce_scatter then all_gather over a copy padded to a multiple of the world size.
+  const size_t n = static_cast<size_t>(size_), es = dataTypeSize(args.inType);
+  const size_t part = (args.count + n - 1) / n;
+  crossScratch_.assign(2 * n * part * es, 0);
+  char* padded = crossScratch_.data();
+  char* gathered = padded + n * part * es;
+  if (args.count > 0) reduce::copyBytes(padded, args.send, args.count * es);
+  CollArgs rs = args;
+  rs.kind = CollKind::kReduceScatter;
+  rs.send = padded;
+  rs.recv = gathered + static_cast<size_t>(rank_) * part * es;
+  rs.count = part;
+  rs.inPlace = false;
+  rs.reduce.accumulate = false;  // into scratch; added to the output at the end
+  LIBCOMM_RETURN_IF_ERROR(ring::reduceScatter(rs, env, ringScratch_));
+  CollArgs ag;
+  ag.kind = CollKind::kAllGather;
+  ag.send = rs.recv;
+  ag.recv = gathered;
+  ag.count = part;
+  ag.inType = ag.outType = args.outType;
+  ag.inPlace = true;
+  env.stepBase = static_cast<uint32_t>(size_);  // the all_gather's steps follow the reduce_scatter's
+  LIBCOMM_RETURN_IF_ERROR(ring::allGather(ag, env));
+  if (args.count == 0) return Status::ok();
+  if (!args.reduce.accumulate) {
+    reduce::copyBytes(args.recv, gathered, args.count * es);
+    return Status::ok();
+  }
+  const void* input = gathered;
+  reduce::ReduceArgs acc;  // recv += the sum (fp32 output: the API's rule for accumulate)
+  acc.inputs = &input;
+  acc.numInputs = 1;
+  acc.inType = acc.outType = DataType::kFloat32;
+  acc.out = args.recv;
+  acc.count = args.count;
+  acc.accumulate = true;
+  reduce::reduce(acc);
+  return Status::ok();
+}
+
+Status Communicator::Impl::ringBroadcast(const CollArgs& args, const ring::Env& env) {
+  // A chain from the root along the ring, chunk by chunk; each rank forwards a chunk as soon as it
+  // has it, with the next chunk's receive already posted.
+  const int n = size_;
+  const size_t es = dataTypeSize(args.inType), bytes = args.count * es;
+  const int rootPos = static_cast<int>(std::find(ringOrder_.begin(), ringOrder_.end(), args.root) - ringOrder_.begin());
+  const int hop = (env.pos - rootPos + n) % n;  // 0 at the root, n - 1 at the chain's end
+  char* out = static_cast<char*>(args.recv);
+  if (hop == 0 && !args.inPlace && bytes > 0) reduce::copyBytes(out, args.send, bytes);
+  if (n == 1 || bytes == 0) return Status::ok();
+  const int prev = ringOrder_[(env.pos + n - 1) % n], next = ringOrder_[(env.pos + 1) % n];
+  const size_t chunkBytes = std::max<size_t>(es, env.chunkBytes / es * es);
+  const size_t chunks = (bytes + chunkBytes - 1) / chunkBytes;
+  std::vector<uint64_t> recvs(chunks), sends;
+  auto chunkLen = [&](size_t c) { return std::min(chunkBytes, bytes - c * chunkBytes); };
+  auto post = [&](size_t c) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(recvs[c], env.link->recv(prev, 0, static_cast<uint32_t>(c), out + c * chunkBytes, chunkLen(c)));
+    return Status::ok();
+  };
+  if (hop > 0) LIBCOMM_RETURN_IF_ERROR(post(0));
+  for (size_t c = 0; c < chunks; ++c) {
+    if (hop > 0) {
+      if (c + 1 < chunks) LIBCOMM_RETURN_IF_ERROR(post(c + 1));
+      LIBCOMM_RETURN_IF_ERROR(env.link->wait(recvs[c], *env.wait));
+    }
+    if (hop < n - 1) {
+      LIBCOMM_ASSIGN_OR_RETURN(uint64_t s, env.link->send(next, 0, static_cast<uint32_t>(c), out + c * chunkBytes, chunkLen(c)));
+      sends.push_back(s);
+    }
+  }
+  for (uint64_t s : sends) LIBCOMM_RETURN_IF_ERROR(env.link->wait(s, *env.wait));
+  return Status::ok();
+}
+
+}  // namespace libcomm
