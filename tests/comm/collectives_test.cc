@@ -160,6 +160,7 @@ Status runCase(libcomm::Communicator& comm, libcomm::Stream& stream, Pools& pool
 struct Placement {
   int hosts = 1;
   bool interleaved = false;
+  const char* algo = "";  // LIBCOMM_ALGO across hosts ("": the selector's choice)
 };
 
 Status matrixBody(RankContext& ctx, Placement placement = {}) {
@@ -167,6 +168,7 @@ Status matrixBody(RankContext& ctx, Placement placement = {}) {
   if (placement.hosts > 1) {
     const int host = placement.interleaved ? ctx.rank % placement.hosts : ctx.rank * placement.hosts / ctx.size;
     config.hostId = "matrix-host-" + std::to_string(host);
+    config.algo = placement.algo;
   }
   config.stagingChunkBytes = 64 << 10;  // small slots: many staging rounds even at moderate counts
   config.opTimeout = std::chrono::seconds(60);
@@ -214,23 +216,26 @@ INSTANTIATE_TEST_SUITE_P(Processes, CollectiveMatrix,
                          ::testing::Combine(::testing::Values(Mode::kProcesses), ::testing::Values(1, 2, 3, 4, 7, 8)));
 
 // Ranks on different hosts: the same matrix over the UCX ring (loopback).
-class CrossHostMatrix : public ::testing::TestWithParam<std::tuple<Mode, int, int, bool>> {};
+class CrossHostMatrix : public ::testing::TestWithParam<std::tuple<Mode, int, int, bool, const char*>> {};
 
 TEST_P(CrossHostMatrix, AllCasesCorrect) {
   RunOptions opts;
   opts.mode = std::get<0>(GetParam());
   opts.size = std::get<1>(GetParam());
   opts.deadline = std::chrono::seconds(240);
-  const Placement placement{std::get<2>(GetParam()), std::get<3>(GetParam())};
+  const Placement placement{std::get<2>(GetParam()), std::get<3>(GetParam()), std::get<4>(GetParam())};
   RunReport report = runRanks(opts, [&](RankContext& ctx) { return matrixBody(ctx, placement); });
   EXPECT_RANKS_OK(report);
 }
 
-// (mode, ranks, hosts, interleaved)
+// (mode, ranks, hosts, interleaved, LIBCOMM_ALGO). Equal ranks per host (>= 2): all_gather and
+// reduce_scatter take the two-level algorithm; one rank per host or unequal hosts: the flat ring.
 INSTANTIATE_TEST_SUITE_P(Ucx, CrossHostMatrix,
-                         ::testing::Values(std::make_tuple(Mode::kThreads, 4, 2, false),
-                                           std::make_tuple(Mode::kProcesses, 3, 3, false),
-                                           std::make_tuple(Mode::kProcesses, 5, 2, true)));
+                         ::testing::Values(std::make_tuple(Mode::kThreads, 4, 2, false, ""),
+                                           std::make_tuple(Mode::kProcesses, 6, 2, true, ""),
+                                           std::make_tuple(Mode::kProcesses, 4, 2, false, "ring"),
+                                           std::make_tuple(Mode::kProcesses, 3, 3, false, ""),
+                                           std::make_tuple(Mode::kProcesses, 5, 2, true, "")));
 
 }  // namespace
 }  // namespace shardcomm::testing
