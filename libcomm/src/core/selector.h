@@ -6,6 +6,7 @@
 // Every rank computes the choice from the descriptors all ranks posted, so all ranks agree.
 
 #include <string>
+#include <vector>
 
 #include "core/collective.h"
 #include "libcomm/config.h"
@@ -30,6 +31,16 @@ Result<bool> chooseEager(const SelectionQuery& q, const CommConfig& config);
 /// The table's choice, or the LIBCOMM_ALGO override where it is possible. An override that cannot
 /// run (direct on unregistered memory) is kInvalidUsage.
 Result<Algo> selectAlgo(const SelectionQuery& q, const CommConfig& config, const char** why);
+
+/// One row of the table, as text (for comm_info --json); the eager row comes first.
+struct SelectionRow {
+  std::string collective;  // "*" or one collective name
+  std::string inputs;      // "registered", "unregistered", "any", "<= eager size"
+  std::string inPlace;     // "yes", "no", "any"
+  std::string algorithm;
+  std::string why;
+};
+std::vector<SelectionRow> selectionRows();
 
 /// The table as text.
 std::string describeSelectionTable(const CommConfig& config);
