@@ -18,7 +18,7 @@ bool builtWithUcx() { return false; }
 
 UcxInfo queryUcxInfo() {
   UcxInfo info;
-  info.error = "libcomm was built without UCX (install libucx-dev and rebuild; SHARDCOMM_WITH_UCX=ON makes it required)";
+  info.error = unavailable("transports").message();
   return info;
 }
 
