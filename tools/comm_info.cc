@@ -1,47 +1,214 @@
-// comm_info: what libcomm would do on this machine -- version, kernels, transports, the algorithm
-// selection table and every setting with its effective value.
+// comm_info: what libcomm would do on this machine -- version, kernels, devices (GPUs, NICs, RDMA),
+// transports, topology, the effective configuration, the algorithm selection table and every
+// setting with its value. `--json` prints the same as one JSON object.
 
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "backends/ucx/ucx_info.h"
+#include "core/json_writer.h"
 #include "core/selector.h"
 #include "libcomm/libcomm.h"
 #include "reduce/reduce.h"
+#include "topology/hosts.h"
+#include "topology/machine.h"
 
-int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-      printf("usage: comm_info\n  Prints libcomm's version, kernels, transports, algorithm table and settings.\n");
-      return 0;
-    }
-  }
+namespace {
+
+using libcomm::JsonWriter;
+
+constexpr const char* kUsage =
+    "usage: comm_info [--json]\n"
+    "  Prints libcomm's version, kernels, devices (GPUs, NICs, RDMA), transports (shm, ucx, cuda),\n"
+    "  machine topology, effective configuration, algorithm selection table and settings.\n"
+    "  --json   the same as one JSON object on stdout\n"
+    "  Exits 1 when the LIBCOMM_* settings are invalid (the error is part of the output).\n";
+
+constexpr const char* kCudaNotBuilt = "not built (this version has no CUDA backend)";
+
+struct ShmState {
+  bool available = false;
+  double freeGiB = 0;
+};
+
+struct Report {
+  std::string host;
+  long onlineCpus = 0;
+  ShmState shm;
+  libcomm::ucx::UcxInfo ucx;
+  const libcomm::topology::MachineTopology* machine = nullptr;
+  libcomm::Result<libcomm::CommConfig> config = libcomm::Status(libcomm::StatusCode::kInternalError, "not read");
+  std::string hostId;  // the id this process would send at communicator creation
+};
+
+Report gather() {
+  Report r;
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
-  printf("shardcomm libcomm %s on %s (%ld online cpus)\n\n", libcomm::versionString(), host, sysconf(_SC_NPROCESSORS_ONLN));
-
-  printf("kernels\n  reduction / bf16 conversion: %s\n\n", libcomm::reduce::kernelName());
-
+  r.host = host;
+  r.onlineCpus = sysconf(_SC_NPROCESSORS_ONLN);
   struct statvfs vfs;
-  printf("transports\n");
   if (statvfs("/dev/shm", &vfs) == 0) {
-    double freeGiB = static_cast<double>(vfs.f_bavail) * vfs.f_frsize / (1 << 30);
-    printf("  shm   available: /dev/shm with %.1f GiB free (ranks of one host)\n", freeGiB);
-  } else {
-    printf("  shm   NOT available: /dev/shm is missing\n");
+    r.shm.available = true;
+    r.shm.freeGiB = static_cast<double>(vfs.f_bavail) * vfs.f_frsize / (1 << 30);
   }
-  printf("  ucx   not built (multi-host transport comes later)\n");
-  printf("  cuda  not built\n\n");
+  r.ucx = libcomm::ucx::queryUcxInfo();
+  r.machine = &libcomm::topology::machineTopology();
+  r.config = libcomm::CommConfig::fromEnvironment();
+  if (r.config.isOk()) r.hostId = libcomm::topology::localHostId(r.config.value().hostId);
+  return r;
+}
 
-  auto config = libcomm::CommConfig::fromEnvironment();
-  if (!config.isOk()) {
-    printf("configuration error: %s\n", config.status().toString().c_str());
+std::string ucxLine(const libcomm::ucx::UcxInfo& u) {
+  if (!u.built) return "not built: " + u.error;
+  std::string s = "built, UCX " + u.version +
+                  "; transports a context selects here (UCX_TLS=" + (u.tls.empty() ? "all, the default" : u.tls) + "):";
+  if (u.transports.empty()) s += " none";
+  for (const auto& t : u.transports) s += " " + t;
+  if (!u.error.empty()) s += "\n        (" + u.error + ")";
+  return s;
+}
+
+int printText(const Report& r) {
+  printf("shardcomm libcomm %s on %s (%ld online cpus)\n\n", libcomm::versionString(), r.host.c_str(), r.onlineCpus);
+  printf("kernels\n  reduction / bf16 conversion: %s\n\n", libcomm::reduce::kernelName());
+  printf("devices\n%s\n", r.machine->describeDevices().c_str());
+
+  printf("transports\n");
+  if (r.shm.available)
+    printf("  shm   available: /dev/shm with %.1f GiB free (ranks of one host)\n", r.shm.freeGiB);
+  else
+    printf("  shm   NOT available: /dev/shm is missing\n");
+  printf("  ucx   %s\n", ucxLine(r.ucx).c_str());
+  printf("  cuda  %s\n\n", kCudaNotBuilt);
+
+  printf("topology\n%s\n", r.machine->describeCpus().c_str());
+
+  if (!r.config.isOk()) {
+    printf("configuration error: %s\n", r.config.status().toString().c_str());
     return 1;
   }
-  printf("%s\n", libcomm::describeSelectionTable(config.value()).c_str());
+  const libcomm::CommConfig& c = r.config.value();
+  printf(
+      "configuration (effective)\n  host id: %s\n  collective deadline: %lld ms, creation deadline: %lld ms, "
+      "peer check every %lld ms\n  mismatch check: %s, collective trace: %s\n\n",
+      r.hostId.c_str(), static_cast<long long>(c.opTimeout.count()), static_cast<long long>(c.initTimeout.count()),
+      static_cast<long long>(c.peerCheckInterval.count()), c.checkMismatch ? "on" : "off", c.collTrace ? "on" : "off");
+  printf("%s\n", libcomm::describeSelectionTable(c).c_str());
   printf("settings (environment variables)\n%s", libcomm::describeSettings().c_str());
   return 0;
+}
+
+const char* settingTypeName(libcomm::SettingType t) {
+  switch (t) {
+    case libcomm::SettingType::kInt:
+      return "int";
+    case libcomm::SettingType::kBool:
+      return "bool";
+    case libcomm::SettingType::kString:
+      return "string";
+  }
+  return "?";
+}
+
+int printJson(const Report& r) {
+  JsonWriter w;
+  w.beginObject().field("version", libcomm::versionString()).field("host", r.host).field("online_cpus", r.onlineCpus);
+  w.key("kernels").beginObject().field("reduction", libcomm::reduce::kernelName()).endObject();
+
+  w.key("devices").beginObject();
+  r.machine->writeDevicesJson(w);
+  w.endObject();
+
+  w.key("transports").beginObject();
+  w.key("shm").beginObject().field("available", r.shm.available);
+  w.key("free_gib");
+  if (r.shm.available)
+    w.value(r.shm.freeGiB);
+  else
+    w.null();
+  w.endObject();
+  w.key("ucx").beginObject().field("built", r.ucx.built);
+  w.key("version").valueOrNull(r.ucx.version);
+  w.key("ucx_tls").valueOrNull(r.ucx.tls);
+  w.key("transports").beginArray();
+  for (const auto& t : r.ucx.transports) w.value(t);
+  w.endArray();
+  w.key("error").valueOrNull(r.ucx.error);
+  w.endObject();
+  w.key("cuda").beginObject().field("built", false).field("note", kCudaNotBuilt).endObject();
+  w.endObject();
+
+  w.key("topology").beginObject();
+  r.machine->writeCpuJson(w);
+  w.endObject();
+
+  w.key("configuration");
+  if (r.config.isOk()) {
+    const libcomm::CommConfig& c = r.config.value();
+    w.beginObject()
+        .field("host_id", r.hostId)
+        .field("op_timeout_ms", static_cast<long long>(c.opTimeout.count()))
+        .field("init_timeout_ms", static_cast<long long>(c.initTimeout.count()))
+        .field("peer_check_ms", static_cast<long long>(c.peerCheckInterval.count()))
+        .field("algo_override", c.algo)
+        .field("check_mismatch", c.checkMismatch)
+        .field("coll_trace", c.collTrace)
+        .field("staging_chunk_bytes", static_cast<unsigned long long>(c.stagingChunkBytes))
+        .field("eager_bytes", static_cast<unsigned long long>(c.eagerBytes))
+        .field("blocking_spin_us", static_cast<long long>(c.blockingSpin.count()))
+        .endObject();
+    w.key("configuration_error").null();
+    w.key("selection").beginArray();
+    for (const auto& row : libcomm::selectionRows())
+      w.beginObject()
+          .field("collective", row.collective)
+          .field("inputs", row.inputs)
+          .field("in_place", row.inPlace)
+          .field("algorithm", row.algorithm)
+          .field("why", row.why)
+          .endObject();
+    w.endArray();
+  } else {
+    w.null();
+    w.field("configuration_error", r.config.status().toString());
+    w.key("selection").null();
+  }
+
+  w.key("settings").beginArray();
+  for (const auto& s : libcomm::allSettings()) {
+    const char* v = getenv(s.name);
+    w.beginObject().field("name", s.name).field("type", settingTypeName(s.type));
+    w.field("value", v ? (libcomm::isSecretSetting(s.name) ? "(not shown)" : v) : s.defaultValue);
+    w.field("set", v != nullptr).field("default", s.defaultValue).field("doc", s.doc).endObject();
+  }
+  w.endArray();
+  w.endObject();
+  printf("%s\n", w.str().c_str());
+  return r.config.isOk() ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+      printf("%s", kUsage);
+      return 0;
+    }
+    if (strcmp(argv[i], "--json") == 0) {
+      json = true;
+      continue;
+    }
+    fprintf(stderr, "comm_info: unknown argument '%s'\n%s", argv[i], kUsage);
+    return 2;
+  }
+  const Report report = gather();
+  return json ? printJson(report) : printText(report);
 }

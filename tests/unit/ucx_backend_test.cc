@@ -9,6 +9,7 @@
 
 #include "backends/ucx/ucx_channel.h"
 #include "backends/ucx/ucx_context.h"
+#include "backends/ucx/ucx_info.h"
 
 namespace {
 
@@ -58,6 +59,31 @@ TEST(UcxBackend, ChannelWithoutPeersCreatesAndCloses) {
   EXPECT_TRUE(st.isOk()) << st.toString();
   auto bad = ucx::Channel::create(0, 70000, libcomm::CommConfig{});
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+}
+
+// comm_info's UCX line: the version and the transports a context selects after UCX_TLS.
+TEST(UcxBackend, InfoListsTheTransportsUcxTlsLeaves) {
+  if (!ucx::builtWithUcx()) {
+    const ucx::UcxInfo info = ucx::queryUcxInfo();
+    EXPECT_FALSE(info.built);
+    EXPECT_TRUE(info.transports.empty());
+    EXPECT_NE(info.error.find("built without UCX"), std::string::npos) << info.error;
+    return;
+  }
+  setenv("UCX_TLS", "tcp", 1);
+  const ucx::UcxInfo info = ucx::queryUcxInfo();
+  unsetenv("UCX_TLS");
+  EXPECT_TRUE(info.built);
+  EXPECT_TRUE(info.error.empty()) << info.error;
+  EXPECT_EQ(info.version.rfind("1.", 0), 0u) << info.version;
+  EXPECT_EQ(info.tls, "tcp");
+  ASSERT_FALSE(info.transports.empty());
+  bool loopback = false;
+  for (const auto& t : info.transports) {
+    EXPECT_EQ(t.rfind("tcp/", 0), 0u) << t << ": UCX_TLS=tcp leaves only tcp";
+    loopback = loopback || t == "tcp/lo";
+  }
+  EXPECT_TRUE(loopback) << "every Linux machine has tcp/lo";
 }
 
 }  // namespace

@@ -30,6 +30,9 @@ std::string settingValue(const char* name);
 Result<long long> settingInt(const char* name);
 Result<bool> settingBool(const char* name);
 
+/// Whether a setting's value is a credential (LIBCOMM_SECRET): logs and comm_info never show it.
+bool isSecretSetting(const char* name);
+
 /// A table of all settings with their effective values and docs (for tools/comm_info).
 std::string describeSettings();
 

@@ -14,6 +14,7 @@
 #include "core/selector.h"
 #include "reduce/reduce_impl.h"
 #include "topology/hosts.h"
+#include "topology/machine.h"
 
 namespace libcomm {
 namespace {
@@ -119,6 +120,12 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
                              << " us, then yield for "
                              << std::chrono::duration_cast<std::chrono::microseconds>(impl->blockingWait_.yield).count()
                              << " us before sleeping";
+  // Discovering the machine takes tens of milliseconds (hwloc reads sysfs and the PCI tree): only
+  // when debug lines are on, and once per process.
+  static std::once_flag machineLogged;
+  if (log::enabled(log::Level::kDebug, "init"))
+    std::call_once(machineLogged,
+                   [] { LIBCOMM_LOG(kDebug, "init") << "machine: " << topology::machineTopology().summary(); });
   return impl;
 }
 

@@ -55,9 +55,6 @@ const std::vector<SettingInfo> kSettings = {
     {"LIBCOMM_HOST_STORE", SettingType::kBool, "", "1: this process hosts the TCP store (default: rank 0 does)"},
 };
 
-// Values never printed (logs, comm_info): they are credentials.
-bool isSecret(const char* name) { return strcmp(name, "LIBCOMM_SECRET") == 0; }
-
 const SettingInfo* find(const char* name) {
   for (const auto& s : kSettings)
     if (strcmp(s.name, name) == 0) return &s;
@@ -76,7 +73,7 @@ void warnUnknownOnce() {
     for (const auto& s : kSettings) {
       const char* v = getenv(s.name);
       if (v && strcmp(v, s.defaultValue) != 0)
-        LIBCOMM_LOG(kInfo, "init") << "setting " << s.name << "=" << (isSecret(s.name) ? "(set, not shown)" : v)
+        LIBCOMM_LOG(kInfo, "init") << "setting " << s.name << "=" << (isSecretSetting(s.name) ? "(set, not shown)" : v)
                                    << " (default '" << s.defaultValue << "')";
     }
   });
@@ -85,6 +82,9 @@ void warnUnknownOnce() {
 }  // namespace
 
 const std::vector<SettingInfo>& allSettings() { return kSettings; }
+
+// Values never printed (logs, comm_info): they are credentials.
+bool isSecretSetting(const char* name) { return strcmp(name, "LIBCOMM_SECRET") == 0; }
 
 std::string settingValue(const char* name) {
   const SettingInfo* s = find(name);
@@ -117,7 +117,7 @@ std::string describeSettings() {
   std::ostringstream os;
   for (const auto& s : kSettings) {
     const char* v = getenv(s.name);
-    const char* shown = v ? (isSecret(s.name) ? "(not shown)" : v) : s.defaultValue;
+    const char* shown = v ? (isSecretSetting(s.name) ? "(not shown)" : v) : s.defaultValue;
     os << "  " << s.name << " = " << shown << (v ? "  (set)" : "") << "\n      " << s.doc << "\n";
   }
   return os.str();

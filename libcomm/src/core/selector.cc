@@ -118,19 +118,23 @@ Result<Algo> selectAcrossHosts(const CrossHostQuery& q, const CommConfig& config
   return Algo::kRing;
 }
 
+std::vector<SelectionRow> selectionRows() {
+  std::vector<SelectionRow> rows;
+  rows.push_back({"*", "<= eager size", "any", "eager", "input copied in with the arrival handshake; no completion wait"});
+  for (const Rule& r : kRules)
+    rows.push_back({r.collectives, matchText(r.registered, "registered", "unregistered"),
+                    matchText(r.inPlace, "yes", "no"), algoName(r.algo), r.why});
+  return rows;
+}
+
 std::string describeSelectionTable(const CommConfig& config) {
   std::ostringstream os;
   os << "algorithm selection (shared memory, one host; first matching row wins)\n";
   os << "  collective      inputs         in place  -> algorithm  why\n";
-  char eagerLine[256];
-  snprintf(eagerLine, sizeof(eagerLine), "  %-15s %-14s %-9s -> %-10s %s\n", "*", "<= eager size", "any", "eager",
-           "input copied in with the arrival handshake; no completion wait");
-  os << eagerLine;
-  for (const Rule& r : kRules) {
+  for (const SelectionRow& r : selectionRows()) {
     char line[256];
-    snprintf(line, sizeof(line), "  %-15s %-14s %-9s -> %-10s %s\n", r.collectives,
-             matchText(r.registered, "registered", "unregistered"), matchText(r.inPlace, "yes", "no"), algoName(r.algo),
-             r.why);
+    snprintf(line, sizeof(line), "  %-15s %-14s %-9s -> %-10s %s\n", r.collective.c_str(), r.inputs.c_str(),
+             r.inPlace.c_str(), r.algorithm.c_str(), r.why.c_str());
     os << line;
   }
   os << "  eager size: " << config.eagerBytes << " bytes per rank input (LIBCOMM_EAGER_BYTES)\n";

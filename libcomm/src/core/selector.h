@@ -6,6 +6,7 @@
 // Every rank computes the choice from the descriptors all ranks posted, so all ranks agree.
 
 #include <string>
+#include <vector>
 
 #include "core/collective.h"
 #include "libcomm/config.h"
@@ -44,6 +45,16 @@ struct CrossHostQuery {
 /// computes it from what all know alike (the host groups, the size, the setting), and the ring
 /// fingerprint carries it, so a rank with another LIBCOMM_ALGO is named, not waited for.
 Result<Algo> selectAcrossHosts(const CrossHostQuery& q, const CommConfig& config, const char** why);
+
+/// One row of the table, as text (for comm_info --json); the eager row comes first.
+struct SelectionRow {
+  std::string collective;  // "*" or one collective name
+  std::string inputs;      // "registered", "unregistered", "any", "<= eager size"
+  std::string inPlace;     // "yes", "no", "any"
+  std::string algorithm;
+  std::string why;
+};
+std::vector<SelectionRow> selectionRows();
 
 /// The table as text.
 std::string describeSelectionTable(const CommConfig& config);

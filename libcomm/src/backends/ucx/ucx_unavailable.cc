@@ -3,6 +3,7 @@
 
 #include "backends/ucx/ucx_channel.h"
 #include "backends/ucx/ucx_context.h"
+#include "backends/ucx/ucx_info.h"
 
 namespace libcomm::ucx {
 namespace {
@@ -14,6 +15,12 @@ Status unavailable(const char* what) {
 }  // namespace
 
 bool builtWithUcx() { return false; }
+
+UcxInfo queryUcxInfo() {
+  UcxInfo info;
+  info.error = unavailable("transports").message();
+  return info;
+}
 
 struct Channel::Slot {};
 struct Channel::Peer {};

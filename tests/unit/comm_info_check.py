@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Runs tools/comm_info and checks what it prints.
+
+  comm_info_check.py COMM_INFO text         plain run: exit 0, every section present
+  comm_info_check.py COMM_INFO json         --json: one JSON object, the same content, sane values
+  comm_info_check.py COMM_INFO bad-setting  --json with an invalid LIBCOMM_ALGO: exit 1, still JSON, error named
+  comm_info_check.py COMM_INFO odd-bytes    --json with quotes, newlines and invalid UTF-8 in a setting: parses
+"""
+import json
+import os
+import subprocess
+import sys
+
+
+def fail(msg):
+    print("FAIL: " + msg)
+    sys.exit(1)
+
+
+def run(exe, args, extra_env=None):
+    env = os.environb.copy()
+    for k in list(env):
+        if k.startswith(b"LIBCOMM_"):
+            del env[k]
+    env.update(extra_env or {})
+    p = subprocess.run([exe] + args, env=env, capture_output=True, timeout=120)
+    return p.returncode, p.stdout, p.stderr
+
+
+def load(out, err):
+    try:
+        text = out.decode("utf-8")  # strict: invalid UTF-8 is a failure
+        return json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        fail("--json output is not one valid JSON document (%s)\nstdout:\n%s\nstderr:\n%s" % (e, out[:4000], err[:2000]))
+
+
+def check_text(exe):
+    rc, out, err = run(exe, [])
+    text = out.decode("utf-8", "replace")
+    if rc != 0:
+        fail("comm_info exited %d\n%s\n%s" % (rc, text, err.decode("utf-8", "replace")))
+    for section in ["shardcomm libcomm ", "\nkernels\n", "\ndevices\n", "  GPUs:", "  NICs:", "  RDMA devices:",
+                    "\ntransports\n", "  shm ", "  ucx ", "  cuda ", "\ntopology\n", "configuration (effective)",
+                    "algorithm selection", "settings (environment variables)", "LIBCOMM_TIMEOUT_MS"]:
+        if section not in text:
+            fail("section %r missing from the plain output:\n%s" % (section, text))
+    rc, out, _ = run(exe, ["--help"])
+    if rc != 0 or b"--json" not in out:
+        fail("--help exited %d or does not mention --json: %s" % (rc, out))
+    rc, _, err = run(exe, ["--bogus"])
+    if rc != 2 or b"unknown argument '--bogus'" not in err:
+        fail("an unknown argument must exit 2 naming it; exit %d, stderr %s" % (rc, err))
+
+
+def check_json(exe):
+    rc, out, err = run(exe, ["--json"])
+    if rc != 0:
+        fail("comm_info --json exited %d: %s" % (rc, err.decode("utf-8", "replace")))
+    doc = load(out, err)
+    if not isinstance(doc, dict):
+        fail("the document is not an object")
+    for key in ["version", "host", "online_cpus", "kernels", "devices", "transports", "topology", "configuration",
+                "configuration_error", "selection", "settings"]:
+        if key not in doc:
+            fail("key %r missing; keys: %s" % (key, sorted(doc)))
+    topo = doc["topology"]
+    if topo["hwloc"]["built"] and topo["hwloc"]["error"] is None:
+        if not (topo["cores"] >= 1 and topo["pus"] >= topo["cores"] and topo["numa_nodes"] >= 1):
+            fail("insane counts: %s" % topo)
+        if topo["pus"] > os.cpu_count():
+            fail("%d PUs but the OS counts %d cpus" % (topo["pus"], os.cpu_count()))
+    elif topo["cores"] is not None:
+        fail("without hwloc the counts must be null (unknown), not %s" % topo["cores"])
+    devices = doc["devices"]
+    for kind in ["gpus", "nics", "other_pci"]:
+        if not isinstance(devices[kind], list):
+            fail("devices.%s is not a list" % kind)
+    rdma = devices["rdma"]
+    if not isinstance(rdma["devices"], list) or not isinstance(rdma["built"], bool):
+        fail("devices.rdma malformed: %s" % rdma)
+    if not rdma["built"] and "not built with libibverbs" not in (rdma["error"] or ""):
+        fail("an RDMA part without libibverbs must say so: %s" % rdma)
+    tr = doc["transports"]
+    if not isinstance(tr["shm"]["available"], bool) or tr["cuda"]["built"] is not False:
+        fail("transports malformed: %s" % tr)
+    ucx = tr["ucx"]
+    if ucx["built"]:
+        if not ucx["version"] or not ucx["version"][0].isdigit():
+            fail("UCX built but no version: %s" % ucx)
+        if not ucx["transports"] and not ucx["error"]:
+            fail("UCX built, no transports and no reason: %s" % ucx)
+    elif "built without UCX" not in (ucx["error"] or ""):
+        fail("UCX not built must say so: %s" % ucx)
+    if not doc["selection"] or any(set(r) != {"collective", "inputs", "in_place", "algorithm", "why"}
+                                   for r in doc["selection"]):
+        fail("selection rows malformed: %s" % doc["selection"])
+    names = {s["name"]: s for s in doc["settings"]}
+    if names.get("LIBCOMM_TIMEOUT_MS", {}).get("value") != "300000":
+        fail("LIBCOMM_TIMEOUT_MS missing or not its default: %s" % names.get("LIBCOMM_TIMEOUT_MS"))
+    if doc["configuration"]["op_timeout_ms"] != 300000 or doc["configuration_error"] is not None:
+        fail("configuration malformed: %s / %s" % (doc["configuration"], doc["configuration_error"]))
+
+
+def check_bad_setting(exe):
+    rc, out, err = run(exe, ["--json"], {b"LIBCOMM_ALGO": b"bogus"})
+    if rc != 1:
+        fail("an invalid LIBCOMM_ALGO must exit 1, got %d" % rc)
+    doc = load(out, err)
+    if doc["configuration"] is not None or doc["selection"] is not None:
+        fail("configuration and selection must be null when the settings are invalid")
+    if "LIBCOMM_ALGO='bogus'" not in (doc["configuration_error"] or ""):
+        fail("configuration_error does not name the setting: %s" % doc["configuration_error"])
+    if "topology" not in doc or "devices" not in doc:
+        fail("the machine part must still be there")
+
+
+def check_odd_bytes(exe):
+    value = b'job "7"\\ with\nnewline\ttab \x01 and \xff\xfe bytes \xc3\xbc'
+    rc, out, err = run(exe, ["--json"], {b"LIBCOMM_JOB_ID": value, b"LIBCOMM_SECRET": b"hunter2"})
+    if rc != 0:
+        fail("comm_info --json exited %d: %s" % (rc, err.decode("utf-8", "replace")))
+    doc = load(out, err)
+    names = {s["name"]: s for s in doc["settings"]}
+    expected = value.decode("utf-8", "replace")  # U+FFFD per invalid byte, as the writer does
+    if names["LIBCOMM_JOB_ID"]["value"] != expected:
+        fail("LIBCOMM_JOB_ID came back as %r, expected %r" % (names["LIBCOMM_JOB_ID"]["value"], expected))
+    if not names["LIBCOMM_JOB_ID"]["set"]:
+        fail("LIBCOMM_JOB_ID must be reported as set")
+    if names["LIBCOMM_SECRET"]["value"] != "(not shown)" or b"hunter2" in out:
+        fail("the secret must never be printed")
+
+
+def main():
+    if len(sys.argv) != 3:
+        fail(__doc__)
+    exe, mode = sys.argv[1], sys.argv[2]
+    checks = {"text": check_text, "json": check_json, "bad-setting": check_bad_setting, "odd-bytes": check_odd_bytes}
+    if mode not in checks:
+        fail("unknown mode %r" % mode)
+    checks[mode](exe)
+    print("PASS: comm_info %s" % mode)
+
+
+if __name__ == "__main__":
+    main()
