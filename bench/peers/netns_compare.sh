@@ -30,7 +30,9 @@
 #                                      (pml ucx accepts only InfiniBand devices unless told "any")
 #   MPI_ENV="MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=4294967296"   for Open MPI's ranks: its
 #                                      reduce_scatter allocates per call (compare.sh does the same)
-#   PLACEMENT=oop                      tables for oop (out of place), ip (in place) or both
+#   PLACEMENT=oop                      tables for oop (out of place), ip (in place) or both (both are
+#                                      measured either way; netns_summarize.py --placement both redraws them)
+#   SPREAD=0                           1: each median followed by its range over the rounds
 #   MTU=""                             MTU of the veth links and the bridge (netns.sh --mtu)
 #   RUN_TIMEOUT=900                    seconds per program run (netns.sh --timeout)
 #   SKIP=""                            ours and/or mpi
@@ -65,6 +67,7 @@ OP_TIMEOUT_MS=${OP_TIMEOUT_MS:-120000}
 MPI_MCA=${MPI_MCA:-"pml=ucx pml_ucx_tls=any pml_ucx_devices=any"}
 MPI_ENV=${MPI_ENV:-"MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=4294967296"}
 PLACEMENT=${PLACEMENT:-oop}
+SPREAD=${SPREAD:-0}
 MTU=${MTU:-}
 RUN_TIMEOUT=${RUN_TIMEOUT:-900}
 SKIP=${SKIP:-}
@@ -213,8 +216,9 @@ done
 note "# finished $(date -Is) after $((SECONDS - started)) s, load $(cut -d' ' -f1-3 /proc/loadavg)"
 leftover=$(ip netns list 2> /dev/null | awk '{print $1}' | grep -c '^shcn' || true)
 ((leftover == 0)) || note "# note: $leftover shcn* namespaces exist (other runs, or stale ones the sweep removes)"
-python3 "$here/netns_summarize.py" --manifest "$manifest" --notes "$notes" --placement "$PLACEMENT" \
-  --repeats "$REPEATS" -o "$OUT_DIR/summary.md"
+summarize_flags=(--manifest "$manifest" --notes "$notes" --placement "$PLACEMENT" --repeats "$REPEATS")
+((SPREAD)) && summarize_flags+=(--spread)
+python3 "$here/netns_summarize.py" "${summarize_flags[@]}" -o "$OUT_DIR/summary.md"
 rc=$?
 say "results in $OUT_DIR (summary.md, settings.txt, commands.txt, runs.tsv, runs/, logs/)"
 exit $rc

@@ -4,7 +4,7 @@ the median busbw of every comm_bench variant and of Open MPI at each size, each 
 (and, with two or more variants, of each to the first), then the exact command of every column.
 
     netns_summarize.py --manifest OUT_DIR/runs.tsv [--notes settings.txt] [--placement oop|ip|both]
-                       [--repeats N] [-o summary.md]
+                       [--repeats N] [--spread] [-o summary.md]
 
 The manifest (runs.tsv, written by netns_compare.sh) lists one program run per line: its shape, collective,
 UCX_TLS, label, kind (shardcomm or openmpi), round, exit status, JSON-lines file, log and command line.
@@ -60,6 +60,7 @@ def main():
     ap.add_argument("--notes", help="settings.txt: copied above the tables")
     ap.add_argument("--placement", choices=sorted(PLACEMENTS), default="oop")
     ap.add_argument("--repeats", type=int, default=0, help="rounds run; a median over fewer is marked")
+    ap.add_argument("--spread", action="store_true", help="add each median's range over the rounds: 0.81 (0.62-0.93)")
     ap.add_argument("-o", "--output")
     args = ap.parse_args()
 
@@ -138,6 +139,8 @@ def main():
                         continue
                     med[lab] = statistics.median(vals)
                     cell = f"{med[lab]:.3f}"
+                    if args.spread and len(vals) > 1:
+                        cell += f" ({min(vals):.2f}-{max(vals):.2f})"
                     if args.repeats and len(vals) < args.repeats:
                         cell += f" (of {len(vals)})"
                     cells.append(cell)
