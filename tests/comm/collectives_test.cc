@@ -154,8 +154,20 @@ Status runCase(libcomm::Communicator& comm, libcomm::Stream& stream, Pools& pool
   return compare(r, k.name(), recv == recvPool || k.coll == Coll::kAllGather ? recvPool : recv, k.out, want, tol);
 }
 
-Status matrixBody(RankContext& ctx) {
+// Host placement of a run: every rank on one host, or ranks told (CommConfig::hostId) that they
+// are on `hosts` different hosts -- in contiguous blocks, or dealt round-robin so that the ring
+// order (by host) differs from rank order. Across hosts every collective goes over UCX.
+struct Placement {
+  int hosts = 1;
+  bool interleaved = false;
+};
+
+Status matrixBody(RankContext& ctx, Placement placement = {}) {
   libcomm::CommConfig config;
+  if (placement.hosts > 1) {
+    const int host = placement.interleaved ? ctx.rank % placement.hosts : ctx.rank * placement.hosts / ctx.size;
+    config.hostId = "matrix-host-" + std::to_string(host);
+  }
   config.stagingChunkBytes = 64 << 10;  // small slots: many staging rounds even at moderate counts
   config.opTimeout = std::chrono::seconds(60);
   LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
@@ -192,7 +204,7 @@ TEST_P(CollectiveMatrix, AllCasesCorrect) {
   opts.mode = std::get<0>(GetParam());
   opts.size = std::get<1>(GetParam());
   opts.deadline = std::chrono::seconds(240);
-  RunReport report = runRanks(opts, matrixBody);
+  RunReport report = runRanks(opts, [](RankContext& ctx) { return matrixBody(ctx); });
   EXPECT_RANKS_OK(report);
 }
 
@@ -200,6 +212,25 @@ INSTANTIATE_TEST_SUITE_P(Threads, CollectiveMatrix,
                          ::testing::Combine(::testing::Values(Mode::kThreads), ::testing::Values(1, 2, 3, 4, 7, 8)));
 INSTANTIATE_TEST_SUITE_P(Processes, CollectiveMatrix,
                          ::testing::Combine(::testing::Values(Mode::kProcesses), ::testing::Values(1, 2, 3, 4, 7, 8)));
+
+// Ranks on different hosts: the same matrix over the UCX ring (loopback).
+class CrossHostMatrix : public ::testing::TestWithParam<std::tuple<Mode, int, int, bool>> {};
+
+TEST_P(CrossHostMatrix, AllCasesCorrect) {
+  RunOptions opts;
+  opts.mode = std::get<0>(GetParam());
+  opts.size = std::get<1>(GetParam());
+  opts.deadline = std::chrono::seconds(240);
+  const Placement placement{std::get<2>(GetParam()), std::get<3>(GetParam())};
+  RunReport report = runRanks(opts, [&](RankContext& ctx) { return matrixBody(ctx, placement); });
+  EXPECT_RANKS_OK(report);
+}
+
+// (mode, ranks, hosts, interleaved)
+INSTANTIATE_TEST_SUITE_P(Ucx, CrossHostMatrix,
+                         ::testing::Values(std::make_tuple(Mode::kThreads, 4, 2, false),
+                                           std::make_tuple(Mode::kProcesses, 3, 3, false),
+                                           std::make_tuple(Mode::kProcesses, 5, 2, true)));
 
 }  // namespace
 }  // namespace shardcomm::testing

@@ -20,8 +20,15 @@ using libcomm::DataType;
 using libcomm::Status;
 using libcomm::StatusCode;
 
-libcomm::CommConfig quickConfig() {
+// Where the ranks of a failure test live: one host (shared memory) or each on its own host (the
+// UCX ring). Every failure must be reported alike on both.
+enum class Placement { kOneHost, kAcrossHosts };
+
+std::string placementName(Placement p) { return p == Placement::kOneHost ? "OneHost" : "AcrossHosts"; }
+
+libcomm::CommConfig quickConfig(int rank = 0, Placement placement = Placement::kOneHost) {
   libcomm::CommConfig c;
+  if (placement == Placement::kAcrossHosts) c.hostId = "errors-host-" + std::to_string(rank);
   c.opTimeout = std::chrono::milliseconds(3000);
   c.initTimeout = std::chrono::milliseconds(20000);
   c.peerCheckInterval = std::chrono::milliseconds(50);
@@ -80,11 +87,14 @@ TEST(CommErrors, BadArgumentsAreRefusedOnTheCallingThread) {
   EXPECT_RANKS_OK(report);
 }
 
-TEST(CommErrors, MismatchedCountsNameBothSides) {
+class CommFailures : public ::testing::TestWithParam<Placement> {};
+
+TEST_P(CommFailures, MismatchedCountsNameBothSides) {
+  const Placement placement = GetParam();
   RunOptions opts;
   opts.size = 2;
-  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
-    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
+  auto report = runRanks(opts, [placement](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig(ctx.rank, placement)));
     auto s = libcomm::createHostStream("mismatch");
     std::vector<float> a(16), b(64);
     size_t count = ctx.rank == 0 ? 10 : 12;
@@ -99,11 +109,12 @@ TEST(CommErrors, MismatchedCountsNameBothSides) {
   EXPECT_RANKS_OK(report);
 }
 
-TEST(CommErrors, DifferentCollectivesAreNamed) {
+TEST_P(CommFailures, DifferentCollectivesAreNamed) {
+  const Placement placement = GetParam();
   RunOptions opts;
   opts.size = 3;
-  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
-    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
+  auto report = runRanks(opts, [placement](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig(ctx.rank, placement)));
     auto s = libcomm::createHostStream("mismatch");
     std::vector<float> a(48), b(48);
     if (ctx.rank == 2)
@@ -119,14 +130,15 @@ TEST(CommErrors, DifferentCollectivesAreNamed) {
   EXPECT_RANKS_OK(report);
 }
 
-TEST(CommErrors, KilledRankIsNamedBySurvivors) {
+TEST_P(CommFailures, KilledRankIsNamedBySurvivors) {
+  const Placement placement = GetParam();
   RunOptions opts;
   opts.mode = Mode::kProcesses;
   opts.size = 3;
   opts.expectDeath = {1};
   opts.deadline = std::chrono::seconds(30);
-  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
-    auto config = quickConfig();
+  auto report = runRanks(opts, [placement](RankContext& ctx) -> Status {
+    auto config = quickConfig(ctx.rank, placement);
     config.opTimeout = std::chrono::seconds(20);  // death must be noticed long before this
     LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
     auto s = libcomm::createHostStream("kill");
@@ -146,13 +158,14 @@ TEST(CommErrors, KilledRankIsNamedBySurvivors) {
   EXPECT_RANKS_OK(report);
 }
 
-TEST(CommErrors, StoppedRankTimesOutNamingIt) {
+TEST_P(CommFailures, StoppedRankTimesOutNamingIt) {
+  const Placement placement = GetParam();
   RunOptions opts;
   opts.mode = Mode::kProcesses;
   opts.size = 2;
   opts.deadline = std::chrono::seconds(30);
-  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
-    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
+  auto report = runRanks(opts, [placement](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig(ctx.rank, placement)));
     auto s = libcomm::createHostStream("stop");
     std::vector<float> a(8), b(16);
     if (ctx.rank == 1) {
@@ -175,11 +188,12 @@ TEST(CommErrors, StoppedRankTimesOutNamingIt) {
   EXPECT_RANKS_OK(report);
 }
 
-TEST(CommErrors, AbortFromAnotherThreadUnblocksAWaiter) {
+TEST_P(CommFailures, AbortFromAnotherThreadUnblocksAWaiter) {
+  const Placement placement = GetParam();
   RunOptions opts;
   opts.size = 2;
-  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
-    auto config = quickConfig();
+  auto report = runRanks(opts, [placement](RankContext& ctx) -> Status {
+    auto config = quickConfig(ctx.rank, placement);
     config.opTimeout = std::chrono::seconds(30);
     LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
     auto s = libcomm::createHostStream("abort");
@@ -207,6 +221,9 @@ TEST(CommErrors, AbortFromAnotherThreadUnblocksAWaiter) {
   EXPECT_RANKS_OK(report);
 }
 
+INSTANTIATE_TEST_SUITE_P(Placements, CommFailures, ::testing::Values(Placement::kOneHost, Placement::kAcrossHosts),
+                         [](const ::testing::TestParamInfo<Placement>& info) { return placementName(info.param); });
+
 // Both stream kinds: an inline stream takes the communicator's per-call fast path (no ticket), which
 // must settle a skipped collective just as the ticket does.
 enum class StreamChoice { kThreaded, kInline };
@@ -215,14 +232,15 @@ std::unique_ptr<libcomm::Stream> makeStream(StreamChoice choice, const std::stri
   return choice == StreamChoice::kInline ? libcomm::createInlineHostStream(name) : libcomm::createHostStream(name);
 }
 
-class SkippedCollective : public ::testing::TestWithParam<StreamChoice> {};
+class SkippedCollective : public ::testing::TestWithParam<std::tuple<StreamChoice, Placement>> {};
 
 TEST_P(SkippedCollective, FailsPeersAtOnceAndTeardownIsQuick) {
   RunOptions opts;
   opts.size = 2;
-  const StreamChoice choice = GetParam();
-  auto report = runRanks(opts, [choice](RankContext& ctx) -> Status {
-    auto config = quickConfig();
+  const StreamChoice choice = std::get<0>(GetParam());
+  const Placement placement = std::get<1>(GetParam());
+  auto report = runRanks(opts, [choice, placement](RankContext& ctx) -> Status {
+    auto config = quickConfig(ctx.rank, placement);
     config.opTimeout = std::chrono::seconds(30);  // far longer than anything below may take
     auto start = libcomm::Clock::now();
     {
@@ -247,9 +265,11 @@ TEST_P(SkippedCollective, FailsPeersAtOnceAndTeardownIsQuick) {
 }
 
 INSTANTIATE_TEST_SUITE_P(StreamKinds, SkippedCollective,
-                         ::testing::Values(StreamChoice::kThreaded, StreamChoice::kInline),
-                         [](const ::testing::TestParamInfo<StreamChoice>& info) {
-                           return std::string(info.param == StreamChoice::kInline ? "Inline" : "Threaded");
+                         ::testing::Combine(::testing::Values(StreamChoice::kThreaded, StreamChoice::kInline),
+                                            ::testing::Values(Placement::kOneHost, Placement::kAcrossHosts)),
+                         [](const ::testing::TestParamInfo<std::tuple<StreamChoice, Placement>>& info) {
+                           return std::string(std::get<0>(info.param) == StreamChoice::kInline ? "Inline" : "Threaded") +
+                                  placementName(std::get<1>(info.param));
                          });
 
 // Collective seq 1 waits on a threaded stream behind a slow item; seq 2 is called on an inline
@@ -305,23 +325,6 @@ TEST(CommErrors, CollectiveFromInsideAnItemOfItsInlineStreamIsRefused) {
     LIBCOMM_RETURN_IF_ERROR(expect(comm->asyncError(), StatusCode::kInvalidUsage, {"never ran"}, "spent seq"));
     return expect(comm->allGather(a.data(), b.data(), 4, DataType::kFloat32, *s), StatusCode::kInvalidUsage,
                   {"failed earlier"}, "later call");
-  });
-  EXPECT_RANKS_OK(report);
-}
-
-// Ranks that say they are on different hosts cannot share memory: every rank refuses at creation
-// and names the host groups (until the UCX transport serves such communicators).
-TEST(CommErrors, RanksOnTwoHostsAreRefusedNamingTheGroups) {
-  RunOptions opts;
-  opts.size = 4;
-  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
-    auto config = quickConfig();
-    config.hostId = ctx.rank % 2 == 0 ? "host-even" : "host-odd";
-    auto comm = libcomm::Communicator::create(ctx.bootstrap, config);
-    if (comm.isOk()) return libcomm::makeError(StatusCode::kInternalError, "created a communicator across hosts");
-    return expect(comm.status(), StatusCode::kInvalidUsage,
-                  {"rank " + std::to_string(ctx.rank), "2 hosts: 'host-even' ranks 0,2, 'host-odd' ranks 1,3", "UCX"},
-                  "two hosts");
   });
   EXPECT_RANKS_OK(report);
 }

@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "algos/ring/ring.h"
 #include "backends/shm/shm_channel.h"
 #include "backends/shm/shm_memory.h"
 #include "core/collective.h"
@@ -20,8 +19,9 @@
 
 namespace libcomm {
 
-namespace ucx {
-class Channel;
+struct CrossHost;  // cross_host.h
+namespace ring {
+struct Env;
 }
 
 class Communicator::Impl : public std::enable_shared_from_this<Impl> {
@@ -60,11 +60,8 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   std::unique_ptr<shm::Channel> channel_;
   std::unique_ptr<shm::LocalMemory> local_;
   std::unique_ptr<shm::PeerMemory> peers_;
-  // Across hosts (hosts_.numHosts() > 1): every rank on one ring over UCX (cross_host.cc). Ring
-  // order: hosts in order, the ranks of a host in rank order.
-  std::unique_ptr<ucx::Channel> ucx_;
-  std::vector<int> ringOrder_;
-  int ringPos_ = 0;
+  /// Across hosts (hosts_.numHosts() > 1): every collective on a ring over UCX; null otherwise.
+  std::unique_ptr<CrossHost> cross_;
 
  private:
   Status run(const CollArgs& args, uint32_t seq, const OpDeadline& deadline, bool blocking);
@@ -81,13 +78,17 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
                             const shm::OpDescriptor& theirs, int p) const;
   void fail(const Status& st);
 
-  // cross_host.cc
+  // Across hosts: cross_host.cc.
   Status connectAcrossHosts(Bootstrap& bootstrap, Deadline deadline);
   Status runAcrossHosts(const CollArgs& args, uint32_t seq, const WaitContext& wait);
+  Status runRing(const CollArgs& args, uint32_t seq, const WaitContext& wait);
   Status ringAllReduce(const CollArgs& args, ring::Env& env);
   Status ringBroadcast(const CollArgs& args, const ring::Env& env);
-  /// After this rank failed: closes its UCX endpoints (once), so its peers stop waiting for it.
-  void disconnectAcrossHosts();
+  /// `st` (an error of collective `seq`) with the cause a ring neighbour's failure notice gives.
+  Status explainWithNotices(Status st);
+  /// After this rank failed with `why`: tells its ring neighbours, then closes its UCX endpoints
+  /// (once), so its peers stop waiting for it. On the thread that runs collectives.
+  void disconnectAcrossHosts(const Status& why);
 
   std::atomic<uint32_t> nextSeq_{0};
   // Ordering and idle accounting are atomics, so a collective that finds its turn takes no lock;
@@ -101,9 +102,6 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   uint32_t stageRound_ = 0;    // touched only by the executing collective (they run one at a time)
   std::vector<shm::OpDescriptor> posted_;  // every rank's descriptor of the executing collective
   std::vector<const char*> passBases_;     // mesh::OpEnv::passBases of the executing collective
-  ring::Scratch ringScratch_;              // the ring reduce_scatter's fp32 partials
-  std::vector<char> crossScratch_;         // the ring all_reduce's padded copy
-  bool ucxDisconnected_ = false;
   mutable std::mutex errMu_;
   Status asyncError_;
   std::atomic<bool> failed_{false};  // asyncError_ is set; readable without errMu_

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <mutex>
 
-#include "backends/ucx/ucx_channel.h"
 #include "core/comm_impl.h"
+#include "core/cross_host.h"
 #include "core/log.h"
 #include "core/selector.h"
 #include "reduce/reduce_impl.h"
@@ -113,7 +113,7 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   LIBCOMM_RETURN_IF_ERROR(bootstrap.barrier(deadline));
   LIBCOMM_LOG(kInfo, "init") << "communicator ready: rank " << impl->rank_ << " of " << impl->size_ << " over "
                              << bootstrap.describe() << ", job " << bootstrap.jobId() << ", "
-                             << (impl->ucx_ ? "UCX ring across " + impl->hosts_.describe() : std::string("shared memory"))
+                             << (impl->cross_ ? "UCX ring across " + impl->hosts_.describe() : std::string("shared memory"))
                              << "; blocking calls spin "
                              << std::chrono::duration_cast<std::chrono::microseconds>(impl->blockingWait_.spin).count()
                              << " us, then yield for "

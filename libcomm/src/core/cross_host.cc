@@ -1,6 +1,5 @@
 // Collectives of a communicator whose ranks span hosts: every rank is on one ring over the UCX
-// channel (ring order: hosts in order, ranks of a host in local order, so only the hops between
-// hosts leave a host), and each collective is a ring algorithm (algos/ring) over it.
+// channel (cross_host.h), and each collective is a ring algorithm (algos/ring) over it.
 //
 //   1. fingerprints: each rank sends its descriptor to the next rank and compares the previous
 //      rank's with its own; all pairs of neighbours agreeing means all ranks agree, and a mismatch
@@ -10,16 +9,17 @@
 //      phases' messages never share a tag); broadcast is a chunked chain from the root; barrier is
 //      a one-element all_gather (n - 1 steps: everyone has heard from everyone).
 //
-// On any error the rank gives up on the communicator (as with shared memory, a failed communicator
-// stays failed): execute() calls disconnectAcrossHosts(), which cancels what is pending (a receive
-// left pending could still write into the caller's buffer) and force-closes the endpoints, so the
-// ring neighbours' waits fail at once naming this rank, and theirs in turn, around the ring.
+// Failure: as with shared memory, a communicator that failed stays failed. The rank that fails
+// sends its error to both ring neighbours (a failure notice), then cancels what is pending (a
+// receive left pending could still write into the caller's buffer) and force-closes its endpoints.
+// Its neighbours' waits then fail at once; they read the notice, so their errors carry the cause,
+// and pass it on around the ring the same way.
+
+#include "core/cross_host.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "algos/ring/ring.h"
-#include "backends/ucx/ucx_channel.h"
 #include "core/comm_impl.h"
 #include "core/log.h"
 #include "reduce/copy.h"
@@ -58,66 +58,123 @@ class UcxRingLink final : public ring::Link {
 };
 
 constexpr uint32_t kFingerprintStep = ucx::kMaxStep;  // no algorithm step reaches it
+constexpr ucx::Tag kNoticeTag{};                      // control class: matches nothing else
+
+// How long a failing rank spends telling its neighbours, and a failed wait looks for a notice
+// from the peer it lost (the notice travels ahead of the connection's close, so it is normally
+// there already).
+constexpr auto kNoticeSendBound = std::chrono::milliseconds(500);
+constexpr auto kNoticeLookBound = std::chrono::milliseconds(100);
 
 }  // namespace
 
 Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, Deadline deadline) {
+  auto cross = std::make_unique<CrossHost>();
   for (int h = 0; h < hosts_.numHosts(); ++h)
-    for (int r : hosts_.ranks[h]) ringOrder_.push_back(r);
-  ringPos_ = static_cast<int>(std::find(ringOrder_.begin(), ringOrder_.end(), rank_) - ringOrder_.begin());
-  if (2 * static_cast<uint32_t>(size_) + 1 >= ucx::kMaxStep)
-    return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", size_,
+    for (int r : hosts_.ranks[h]) cross->order.push_back(r);
+  const int n = size_;
+  cross->pos = static_cast<int>(std::find(cross->order.begin(), cross->order.end(), rank_) - cross->order.begin());
+  cross->prev = cross->order[(cross->pos + n - 1) % n];
+  cross->next = cross->order[(cross->pos + 1) % n];
+  if (2 * static_cast<uint32_t>(n) + 1 >= ucx::kMaxStep)
+    return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", n,
                      " ranks across hosts are more than the ring's tags can number (", ucx::kMaxStep / 2 - 1, ")");
   // Every rank takes part in the address exchange, also one whose worker failed (with an empty
   // address): otherwise its peers would wait for it until the deadline.
-  auto channel = ucx::Channel::create(rank_, size_, config_);
+  auto channel = ucx::Channel::create(rank_, n, config_);
   auto addresses = ucx::exchangeAddresses(bootstrap, channel.isOk() ? (*channel)->address() : std::string(), deadline);
   LIBCOMM_RETURN_IF_ERROR(channel.status().withContext("creating the UCX worker for " + hosts_.describe()));
   LIBCOMM_RETURN_IF_ERROR(addresses.status());
-  ucx_ = std::move(*channel);
-  const int n = size_;
-  const int prev = ringOrder_[(ringPos_ + n - 1) % n], next = ringOrder_[(ringPos_ + 1) % n];
+  cross->channel = std::move(*channel);
   std::vector<int> peers;
-  if (n > 1) peers.push_back(prev);
-  if (n > 2) peers.push_back(next);
-  LIBCOMM_RETURN_IF_ERROR(ucx_->connect(*addresses, peers, deadline));
+  if (n > 1) peers.push_back(cross->prev);
+  if (n > 2) peers.push_back(cross->next);
+  LIBCOMM_RETURN_IF_ERROR(cross->channel->connect(*addresses, peers, deadline));
+  for (size_t i = 0; i < peers.size(); ++i) {
+    CrossHost::NoticeSlot& slot = cross->notices[i];
+    slot.from = peers[i];
+    LIBCOMM_ASSIGN_OR_RETURN(slot.request, cross->channel->postControlRecv(peers[i], kNoticeTag, slot.text.data(),
+                                                                           slot.text.size()));
+  }
   LIBCOMM_LOG(kInfo, "init") << "rank " << rank_ << ": across " << hosts_.describe() << ": ring over UCX, previous rank "
-                             << prev << ", next rank " << next;
+                             << cross->prev << ", next rank " << cross->next;
+  cross_ = std::move(cross);
   return Status::ok();
 }
 
-void Communicator::Impl::disconnectAcrossHosts() {
-  if (!ucx_ || ucxDisconnected_) return;
-  ucxDisconnected_ = true;
-  Status st = ucx_->disconnect(Deadline::after(std::chrono::seconds(2)));
+Status Communicator::Impl::runAcrossHosts(const CollArgs& args, uint32_t seq, const WaitContext& wait) {
+  Status st = runRing(args, seq, wait);
+  return st.isOk() ? st : explainWithNotices(std::move(st));
+}
+
+Status Communicator::Impl::explainWithNotices(Status st) {
+  ucx::Channel& ch = *cross_->channel;
+  const Deadline look = Deadline::after(kNoticeLookBound);
+  for (;;) {
+    bool anyLost = false;
+    for (CrossHost::NoticeSlot& slot : cross_->notices) {
+      if (slot.from < 0 || !slot.request.valid()) continue;
+      Result<bool> arrived = ch.test(slot.request);
+      if (arrived.isOk() && *arrived) {
+        slot.text.back() = '\0';
+        LIBCOMM_LOG(kDebug, "coll") << "rank " << rank_ << ": failure notice from rank " << slot.from
+                                    << " explains: " << st.toString();
+        return makeError(StatusCode::kRemoteError, "rank ", rank_, ": rank ", slot.from, " failed: ", slot.text.data());
+      }
+      anyLost = anyLost || ch.peerLost(slot.from);
+    }
+    // Only a lost neighbour may have sent a notice first; otherwise this rank's error is the cause.
+    if (!anyLost || look.expired()) return st;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void Communicator::Impl::disconnectAcrossHosts(const Status& why) {
+  if (!cross_ || cross_->disconnected) return;
+  cross_->disconnected = true;
+  ucx::Channel& ch = *cross_->channel;
+  // The notice: this rank's error, cut to the notice's size.
+  std::array<char, CrossHost::kNoticeBytes> text{};
+  strncpy(text.data(), why.message().c_str(), text.size() - 1);
+  std::vector<ucx::Request> sends;
+  for (const CrossHost::NoticeSlot& slot : cross_->notices) {
+    if (slot.from < 0 || ch.peerLost(slot.from)) continue;
+    auto r = ch.postControlSend(slot.from, kNoticeTag, text.data(), text.size());
+    if (r.isOk()) sends.push_back(*r);
+  }
+  if (!sends.empty()) {
+    const WaitContext ctx{OpDeadline::fixed(Deadline::after(kNoticeSendBound)), {}, {}, {}};
+    Status sent = ch.wait(sends, ctx, "failure notice");
+    if (!sent.isOk()) LIBCOMM_LOG(kDebug, "coll") << "rank " << rank_ << ": failure notice: " << sent.toString();
+  }
+  Status st = ch.disconnect(Deadline::after(std::chrono::seconds(2)));
   if (!st.isOk()) LIBCOMM_LOG(kWarn, "coll") << "rank " << rank_ << ": closing the UCX endpoints: " << st.toString();
 }
 
-Status Communicator::Impl::runAcrossHosts(const CollArgs& args, uint32_t seq, const WaitContext& wait) {
+Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const WaitContext& wait) {
   const int n = size_;
-  const int prev = ringOrder_[(ringPos_ + n - 1) % n], next = ringOrder_[(ringPos_ + 1) % n];
-  UcxRingLink link(*ucx_, seq);
+  UcxRingLink link(*cross_->channel, seq);
   if (n > 1) {
     const shm::OpDescriptor mine = describeOp(args, seq);
     shm::OpDescriptor theirs;
-    LIBCOMM_ASSIGN_OR_RETURN(uint64_t in, link.recv(prev, kFingerprintStep, 0, &theirs, sizeof(theirs)));
-    LIBCOMM_ASSIGN_OR_RETURN(uint64_t out, link.send(next, kFingerprintStep, 0, &mine, sizeof(mine)));
+    LIBCOMM_ASSIGN_OR_RETURN(uint64_t in, link.recv(cross_->prev, kFingerprintStep, 0, &theirs, sizeof(theirs)));
+    LIBCOMM_ASSIGN_OR_RETURN(uint64_t out, link.send(cross_->next, kFingerprintStep, 0, &mine, sizeof(mine)));
     LIBCOMM_RETURN_IF_ERROR(link.wait(in, wait));
     LIBCOMM_RETURN_IF_ERROR(link.wait(out, wait));
-    LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, mine, theirs, prev));
+    LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, mine, theirs, cross_->prev));
   }
   if (config_.collTrace) LIBCOMM_LOG(kInfo, "coll") << describeColl(args, seq) << ": ring over UCX across " << hosts_.describe();
 
   ring::Env env;
-  env.order = ringOrder_;
-  env.pos = ringPos_;
+  env.order = cross_->order;
+  env.pos = cross_->pos;
   env.link = &link;
   env.wait = &wait;
   switch (args.kind) {
     case CollKind::kAllGather:
       return ring::allGather(args, env);
     case CollKind::kReduceScatter:
-      return ring::reduceScatter(args, env, ringScratch_);
+      return ring::reduceScatter(args, env, cross_->scratch);
     case CollKind::kAllReduce:
       return ringAllReduce(args, env);
     case CollKind::kBroadcast:
@@ -140,8 +197,9 @@ Status Communicator::Impl::ringAllReduce(const CollArgs& args, ring::Env& env) {
   // reduce_scatter then all_gather over a copy padded to a multiple of the world size.
   const size_t n = static_cast<size_t>(size_), es = dataTypeSize(args.inType);
   const size_t part = (args.count + n - 1) / n;
-  crossScratch_.assign(2 * n * part * es, 0);
-  char* padded = crossScratch_.data();
+  std::vector<char>& scratch = cross_->padded;
+  scratch.assign(2 * n * part * es, 0);
+  char* padded = scratch.data();
   char* gathered = padded + n * part * es;
   if (args.count > 0) reduce::copyBytes(padded, args.send, args.count * es);
   CollArgs rs = args;
@@ -151,7 +209,7 @@ Status Communicator::Impl::ringAllReduce(const CollArgs& args, ring::Env& env) {
   rs.count = part;
   rs.inPlace = false;
   rs.reduce.accumulate = false;  // into scratch; added to the output at the end
-  LIBCOMM_RETURN_IF_ERROR(ring::reduceScatter(rs, env, ringScratch_));
+  LIBCOMM_RETURN_IF_ERROR(ring::reduceScatter(rs, env, cross_->scratch));
   CollArgs ag;
   ag.kind = CollKind::kAllGather;
   ag.send = rs.recv;
@@ -183,18 +241,19 @@ Status Communicator::Impl::ringBroadcast(const CollArgs& args, const ring::Env& 
   // has it, with the next chunk's receive already posted.
   const int n = size_;
   const size_t es = dataTypeSize(args.inType), bytes = args.count * es;
-  const int rootPos = static_cast<int>(std::find(ringOrder_.begin(), ringOrder_.end(), args.root) - ringOrder_.begin());
+  const int rootPos =
+      static_cast<int>(std::find(cross_->order.begin(), cross_->order.end(), args.root) - cross_->order.begin());
   const int hop = (env.pos - rootPos + n) % n;  // 0 at the root, n - 1 at the chain's end
   char* out = static_cast<char*>(args.recv);
   if (hop == 0 && !args.inPlace && bytes > 0) reduce::copyBytes(out, args.send, bytes);
   if (n == 1 || bytes == 0) return Status::ok();
-  const int prev = ringOrder_[(env.pos + n - 1) % n], next = ringOrder_[(env.pos + 1) % n];
   const size_t chunkBytes = std::max<size_t>(es, env.chunkBytes / es * es);
   const size_t chunks = (bytes + chunkBytes - 1) / chunkBytes;
   std::vector<uint64_t> recvs(chunks), sends;
   auto chunkLen = [&](size_t c) { return std::min(chunkBytes, bytes - c * chunkBytes); };
   auto post = [&](size_t c) -> Status {
-    LIBCOMM_ASSIGN_OR_RETURN(recvs[c], env.link->recv(prev, 0, static_cast<uint32_t>(c), out + c * chunkBytes, chunkLen(c)));
+    LIBCOMM_ASSIGN_OR_RETURN(recvs[c], env.link->recv(cross_->prev, 0, static_cast<uint32_t>(c),
+                                                      out + c * chunkBytes, chunkLen(c)));
     return Status::ok();
   };
   if (hop > 0) LIBCOMM_RETURN_IF_ERROR(post(0));
@@ -204,7 +263,8 @@ Status Communicator::Impl::ringBroadcast(const CollArgs& args, const ring::Env& 
       LIBCOMM_RETURN_IF_ERROR(env.link->wait(recvs[c], *env.wait));
     }
     if (hop < n - 1) {
-      LIBCOMM_ASSIGN_OR_RETURN(uint64_t s, env.link->send(next, 0, static_cast<uint32_t>(c), out + c * chunkBytes, chunkLen(c)));
+      LIBCOMM_ASSIGN_OR_RETURN(uint64_t s, env.link->send(cross_->next, 0, static_cast<uint32_t>(c),
+                                                          out + c * chunkBytes, chunkLen(c)));
       sends.push_back(s);
     }
   }

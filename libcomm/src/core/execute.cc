@@ -8,8 +8,8 @@
 #include <cstring>
 
 #include "algos/mesh/mesh.h"
-#include "backends/ucx/ucx_channel.h"
 #include "core/comm_impl.h"
+#include "core/cross_host.h"
 #include "core/host_stream.h"
 #include "core/log.h"
 #include "core/selector.h"
@@ -73,8 +73,17 @@ Status Communicator::Impl::submit(CollArgs args, Stream& stream) {
 }
 
 void Communicator::Impl::settleUnrun(const CollArgs& args, uint32_t seq) {
-  fail(makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq),
-                 " never ran: its stream failed earlier or was destroyed, so this rank cannot take part"));
+  const Status st = makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq),
+                              " never ran: its stream failed earlier or was destroyed, so this rank cannot take part");
+  if (cross_) {
+    // Telling the peers takes the UCX channel, which only the collective whose turn it is may use:
+    // wait for the earlier ones (they fail fast once this rank has failed).
+    const Deadline turn = Deadline::after(config_.opTimeout);
+    fail(st);
+    if (sleepUntil(turn.at(), [&] { return lastExecuted_.load() + 1 == seq; })) disconnectAcrossHosts(st);
+  } else {
+    fail(st);
+  }
   settle(seq);
 }
 
@@ -129,7 +138,7 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool bloc
   }
   if (!st.isOk()) {
     fail(st);
-    disconnectAcrossHosts();  // on this (the executing) thread: the UCX channel is single-threaded
+    disconnectAcrossHosts(st);  // on this (the executing) thread: the UCX channel is single-threaded
   }
   settle(seq);
   return st;
@@ -145,7 +154,7 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadl
                              return describeColl(l->args, l->seq);
                            }};
   const WaitPolicy& policy = blocking ? blockingWait_ : progressWait_;
-  if (ucx_) return runAcrossHosts(args, seq, WaitContext{deadline, label, policy.spin, policy.yield});
+  if (cross_) return runAcrossHosts(args, seq, WaitContext{deadline, label, policy.spin, policy.yield});
   passBases_.resize(size_);
   const mesh::OpEnv env{seq,          rank_, size_, *channel_, *peers_, {deadline, label, policy.spin, policy.yield},
                         stageRound_, passBases_.data()};
@@ -264,7 +273,6 @@ void Communicator::Impl::fail(const Status& st) {
   LIBCOMM_LOG(kDebug, "coll") << st.toString();  // the stream logs the failure at WARN
   // Peers blocked on this rank learn why at once instead of waiting for their deadline.
   channel_->markFailed(st.message());
-  if (ucx_) ucx_->abort();  // a running wait fails now; the executing thread then disconnects
 }
 
 Status Communicator::Impl::asyncError() const {
@@ -279,7 +287,7 @@ void Communicator::Impl::abort(const std::string& why) {
     failed_.store(true);
   }
   channel_->abort();
-  if (ucx_) ucx_->abort();
+  if (cross_) cross_->channel->abort();  // a running wait fails now; its thread then disconnects
   std::lock_guard<std::mutex> lock(mu_);
   cv_.notify_all();
 }

@@ -214,6 +214,14 @@ Result<Request> Channel::postRecv(int peer, const Tag& tag, void* dst, size_t by
   return post(TagClass::kData, true, peer, tag, dst, bytes);
 }
 
+Result<Request> Channel::postControlSend(int peer, const Tag& tag, const void* src, size_t bytes) {
+  return post(TagClass::kControl, false, peer, tag, const_cast<void*>(src), bytes);
+}
+
+Result<Request> Channel::postControlRecv(int peer, const Tag& tag, void* dst, size_t bytes) {
+  return post(TagClass::kControl, true, peer, tag, dst, bytes);
+}
+
 Result<Request> Channel::post(TagClass cls, bool isRecv, int peer, const Tag& tag, void* buffer, size_t bytes) {
   LIBCOMM_RETURN_IF_ERROR(checkPeer(peer, isRecv ? "receive" : "send"));
   if (!tagFits(tag))

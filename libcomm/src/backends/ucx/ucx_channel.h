@@ -83,6 +83,10 @@ class Channel {
   /// fails the request (kInvalidUsage naming both sizes). Post receives before the matching send
   /// arrives where possible: an early message is held by UCX and copied once more.
   Result<Request> postRecv(int peer, const Tag& tag, void* dst, size_t bytes);
+  /// Control messages (their own tag class: they never match data messages), e.g. the notice a
+  /// failing rank sends its neighbours. Otherwise as postSend/postRecv.
+  Result<Request> postControlSend(int peer, const Tag& tag, const void* src, size_t bytes);
+  Result<Request> postControlRecv(int peer, const Tag& tag, void* dst, size_t bytes);
 
   /// Waits until every valid request in `requests` completed; each reported one is reset.
   /// Errors, checked between polls: a request failed (its error), the peer of a pending request

@@ -1,7 +1,7 @@
 #pragma once
 // The 64-bit UCX tag of a libcomm message, and why it looks the way it does.
 //
-//   bits 63..62  class   data (0), connection set-up (1); 2 and 3 reserved for control messages
+//   bits 63..62  class   data (0), connection set-up (1), control (2: failure notices); 3 reserved
 //   bits 61..46  source  rank of the sender (16 bits: worlds of up to 65536 ranks)
 //   bits 45..28  seq     low 18 bits of the collective's sequence number
 //   bits 27..16  step    algorithm step (ring step, phase), < 4096
@@ -30,7 +30,7 @@ struct Tag {
   uint32_t chunk = 0;  // < 2^kChunkBits
 };
 
-enum class TagClass : uint64_t { kData = 0, kConnect = 1 };
+enum class TagClass : uint64_t { kData = 0, kConnect = 1, kControl = 2 };
 
 inline constexpr int kClassBits = 2, kSourceBits = 16, kSeqBits = 18, kStepBits = 12, kChunkBits = 16;
 static_assert(kClassBits + kSourceBits + kSeqBits + kStepBits + kChunkBits == 64, "a tag is 64 bits");
