@@ -22,8 +22,10 @@
 #   MIN_BYTES=64K  MAX_BYTES=64M  FACTOR=2  ITERS=20  WARMUP=5  REPEATS=3  CHECK=1 (check each size's data)
 #   TLS="tcp"                          UCX_TLS values to run, each for every implementation; "default"
 #                                      leaves UCX_TLS unset (see below: not a cross-host figure for Open MPI)
-#   VARIANTS="shardcomm:"              comm_bench runs, each "LABEL:VAR=value,VAR=value" (variables set for
-#                                      its ranks only; a value cannot contain a comma or a space)
+#   VARIANTS="shardcomm:"              comm_bench runs, each "LABEL:ITEM,ITEM": an item VAR=value is set for
+#                                      that run's ranks only, an item --flag=value is added to its comm_bench
+#                                      command (no commas or spaces inside an item), e.g.
+#                                      "flat:LIBCOMM_ALGO=ring hier:LIBCOMM_ALGO=hier" or "thread: inline:--stream=inline"
 #   COMM_BENCH_ARGS=""                 more comm_bench flags, e.g. "-s inline"
 #   OP_TIMEOUT_MS=120000               comm_bench -T: a stuck collective fails instead of hanging
 #   MPI_MCA="pml=ucx pml_ucx_tls=any pml_ucx_devices=any"   Open MPI parameters, passed as OMPI_MCA_*
@@ -81,7 +83,7 @@ for n in $HOSTS $RANKS_PER_HOST $ITERS $WARMUP $REPEATS $RUN_TIMEOUT $OP_TIMEOUT
   [[ $n =~ ^[0-9]+$ ]] || { say "'$n' is not a number (HOSTS, RANKS_PER_HOST, ITERS, ...)"; exit 2; }
 done
 for v in $VARIANTS; do
-  [[ $v == *:* && -n ${v%%:*} ]] || { say "VARIANTS entry '$v' is not LABEL:VAR=value,..."; exit 2; }
+  [[ $v == *:* && -n ${v%%:*} ]] || { say "VARIANTS entry '$v' is not LABEL:VAR=value,--flag=value,..."; exit 2; }
 done
 
 # Namespaces first: without them there is nothing to measure.
@@ -193,13 +195,16 @@ for rep in $(seq 1 "$REPEATS"); do
           if [[ -n $ours ]]; then
             for v in $VARIANTS; do
               label=${v%%:*}
-              vars=${v#*:}
-              # shellcheck disable=SC2206  # the variant's variables are a comma list by design
-              var_env=(${vars//,/ })
+              var_env=()
+              var_flags=()
+              IFS=, read -r -a items <<< "${v#*:}"
+              for item in "${items[@]}"; do
+                if [[ $item == -* ]]; then var_flags+=("$item"); else var_env+=("$item"); fi
+              done
               # shellcheck disable=SC2046,SC2086
               run "$shape" "$k" "$r" "$coll" "$tls" "$label" shardcomm "$rep" \
                 env "${tls_env[@]}" "${var_env[@]}" $(netns_run "$k" "$r" env) \
-                "$ours" "$coll" "${SWEEP[@]}" -R 1 -T "$OP_TIMEOUT_MS" $COMM_BENCH_ARGS
+                "$ours" "$coll" "${SWEEP[@]}" -R 1 -T "$OP_TIMEOUT_MS" $COMM_BENCH_ARGS "${var_flags[@]}"
             done
           fi
           if [[ -n $mpi ]]; then
