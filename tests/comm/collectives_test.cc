@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <vector>
@@ -160,6 +162,7 @@ Status runCase(libcomm::Communicator& comm, libcomm::Stream& stream, Pools& pool
 struct Placement {
   int hosts = 1;
   bool interleaved = false;
+  const char* algo = "";  // LIBCOMM_ALGO across hosts ("": the selector's choice)
 };
 
 Status matrixBody(RankContext& ctx, Placement placement = {}) {
@@ -167,6 +170,7 @@ Status matrixBody(RankContext& ctx, Placement placement = {}) {
   if (placement.hosts > 1) {
     const int host = placement.interleaved ? ctx.rank % placement.hosts : ctx.rank * placement.hosts / ctx.size;
     config.hostId = "matrix-host-" + std::to_string(host);
+    config.algo = placement.algo;
   }
   config.stagingChunkBytes = 64 << 10;  // small slots: many staging rounds even at moderate counts
   config.opTimeout = std::chrono::seconds(60);
@@ -214,23 +218,101 @@ INSTANTIATE_TEST_SUITE_P(Processes, CollectiveMatrix,
                          ::testing::Combine(::testing::Values(Mode::kProcesses), ::testing::Values(1, 2, 3, 4, 7, 8)));
 
 // Ranks on different hosts: the same matrix over the UCX ring (loopback).
-class CrossHostMatrix : public ::testing::TestWithParam<std::tuple<Mode, int, int, bool>> {};
+class CrossHostMatrix : public ::testing::TestWithParam<std::tuple<Mode, int, int, bool, const char*>> {};
 
 TEST_P(CrossHostMatrix, AllCasesCorrect) {
   RunOptions opts;
   opts.mode = std::get<0>(GetParam());
   opts.size = std::get<1>(GetParam());
   opts.deadline = std::chrono::seconds(240);
-  const Placement placement{std::get<2>(GetParam()), std::get<3>(GetParam())};
+  const Placement placement{std::get<2>(GetParam()), std::get<3>(GetParam()), std::get<4>(GetParam())};
   RunReport report = runRanks(opts, [&](RankContext& ctx) { return matrixBody(ctx, placement); });
   EXPECT_RANKS_OK(report);
 }
 
-// (mode, ranks, hosts, interleaved)
+// (mode, ranks, hosts, interleaved, LIBCOMM_ALGO). Equal ranks per host (>= 2): all_gather and
+// reduce_scatter take the two-level algorithm; one rank per host or unequal hosts: the flat ring.
 INSTANTIATE_TEST_SUITE_P(Ucx, CrossHostMatrix,
-                         ::testing::Values(std::make_tuple(Mode::kThreads, 4, 2, false),
-                                           std::make_tuple(Mode::kProcesses, 3, 3, false),
-                                           std::make_tuple(Mode::kProcesses, 5, 2, true)));
+                         ::testing::Values(std::make_tuple(Mode::kThreads, 4, 2, false, ""),
+                                           std::make_tuple(Mode::kProcesses, 6, 2, true, ""),
+                                           std::make_tuple(Mode::kProcesses, 4, 2, false, "ring"),
+                                           std::make_tuple(Mode::kProcesses, 3, 3, false, ""),
+                                           std::make_tuple(Mode::kProcesses, 5, 2, true, "")));
+
+// bf16 input, fp32 accumulation across hosts: the partial sums travel as fp32, so the error of the
+// result against an exact (fp64) sum stays at fp32's level however many ranks (ring hops) add to
+// it. Measured at 2 and 6 ranks, flat ring and two-level, and set beside what bf16 partials would
+// give (simulated here: rounded to bf16 after every addition). Figures: docs/PERFORMANCE.md.
+struct PrecisionRun {
+  int ranks, hosts;
+  const char* what;
+};
+
+Status precisionBody(RankContext& ctx, const PrecisionRun& run) {
+  libcomm::CommConfig config;
+  config.hostId = "precision-host-" + std::to_string(ctx.rank * run.hosts / ctx.size);
+  LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+  auto stream = libcomm::createInlineHostStream("precision");
+  const int n = ctx.size, r = ctx.rank;
+  const size_t count = 1 << 16;
+  // Inputs of mixed sign and magnitude (cancellation included), rounded to bf16.
+  auto value = [](int rank, size_t i) {
+    const int shift = static_cast<int>((i * 7 + static_cast<size_t>(rank) * 3) % 9) - 4;
+    return std::ldexp(noisyValue(rank, i / 4096, i, 17), shift);
+  };
+  std::vector<uint16_t> send(count * n);
+  for (int q = 0; q < n; ++q)
+    for (size_t i = 0; i < count; ++i)
+      send[q * count + i] = libcomm::reduce::floatToBf16Scalar(value(r, q * count + i));
+  std::vector<float> out(count);
+  LIBCOMM_RETURN_IF_ERROR(comm->reduceScatter(send.data(), out.data(), count, DataType::kBFloat16, DataType::kFloat32,
+                                              {}, *stream));
+  // Errors normalized by sum |x|: the fp32 result, and bf16 partials (every addition rounded).
+  double worst = 0, worstBf16 = 0;
+  for (size_t i = 0; i < count; ++i) {
+    double exact = 0, magnitude = 0;
+    float bf16Partial = 0;
+    for (int p = 0; p < n; ++p) {
+      const double x = rounded(DataType::kBFloat16, value(p, static_cast<size_t>(r) * count + i));
+      exact += x;
+      magnitude += std::fabs(x);
+      bf16Partial = static_cast<float>(rounded(DataType::kBFloat16, bf16Partial + static_cast<float>(x)));
+    }
+    if (magnitude == 0) continue;
+    worst = std::max(worst, std::fabs(out[i] - exact) / magnitude);
+    worstBf16 = std::max(worstBf16, std::fabs(bf16Partial - exact) / magnitude);
+  }
+  const float mine[2] = {static_cast<float>(worst), static_cast<float>(worstBf16)};
+  std::vector<float> all(2 * n);
+  LIBCOMM_RETURN_IF_ERROR(comm->allGather(mine, all.data(), 2, DataType::kFloat32, *stream));
+  double maxErr = 0, maxBf16 = 0;
+  for (int p = 0; p < n; ++p) {
+    maxErr = std::max(maxErr, static_cast<double>(all[2 * p]));
+    maxBf16 = std::max(maxBf16, static_cast<double>(all[2 * p + 1]));
+  }
+  if (r == 0)
+    printf("precision: bf16 -> fp32 reduce_scatter, %d ranks on %d hosts (%s): max error / sum|x| = %.3g "
+           "(fp32 eps %.3g); bf16 partials would give %.3g\n",
+           n, run.hosts, run.what, maxErr, std::ldexp(1.0, -23), maxBf16);
+  // An fp32 sum of n terms rounds n - 1 times, each by at most eps32 / 2 of the partial sum.
+  const double bound = (n - 1) * std::ldexp(1.0, -24);
+  if (maxErr > bound)
+    return libcomm::makeError(libcomm::StatusCode::kInternalError, "rank ", r, ": bf16 -> fp32 error ", maxErr,
+                              " over the fp32 bound ", bound, " at ", n, " ranks (", run.what, ")");
+  return comm->asyncError();
+}
+
+TEST(UcxPrecision, Bf16ReduceScatterErrorStaysAtFp32Level) {
+  for (const PrecisionRun& run : {PrecisionRun{2, 2, "ring"}, PrecisionRun{6, 6, "ring"},
+                                  PrecisionRun{6, 3, "two-level"}}) {
+    RunOptions opts;
+    opts.mode = Mode::kProcesses;
+    opts.size = run.ranks;
+    opts.deadline = std::chrono::seconds(120);
+    RunReport report = runRanks(opts, [&](RankContext& ctx) { return precisionBody(ctx, run); });
+    EXPECT_RANKS_OK(report);
+  }
+}
 
 }  // namespace
 }  // namespace shardcomm::testing

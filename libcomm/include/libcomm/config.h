@@ -41,7 +41,8 @@ struct CommConfig {
   Milliseconds initTimeout{600000};
   /// How often a blocked wait checks that its peers are still alive.
   Milliseconds peerCheckInterval{100};
-  /// Algorithm override ("" = selector's choice; "direct", "staged"), from LIBCOMM_ALGO.
+  /// Algorithm override ("" = the selector's choice; one host: "eager", "direct", "staged"; across
+  /// hosts: "ring", "hier"), from LIBCOMM_ALGO.
   std::string algo;
   /// Compare every collective's fingerprint across ranks (LIBCOMM_CHECK_MISMATCH).
   bool checkMismatch = true;

@@ -22,6 +22,7 @@ namespace libcomm {
 struct CrossHost;  // cross_host.h
 namespace ring {
 struct Env;
+class Link;
 }
 
 class Communicator::Impl : public std::enable_shared_from_this<Impl> {
@@ -79,9 +80,12 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   void fail(const Status& st);
 
   // Across hosts: cross_host.cc.
-  Status connectAcrossHosts(Bootstrap& bootstrap, Deadline deadline);
+  Status connectAcrossHosts(Bootstrap& bootstrap, const std::vector<std::string>& prefixes, Deadline deadline);
   Status runAcrossHosts(const CollArgs& args, uint32_t seq, const WaitContext& wait);
   Status runRing(const CollArgs& args, uint32_t seq, const WaitContext& wait);
+  Status runHier(const CollArgs& args, uint32_t seq, const WaitContext& wait, ring::Link& link);
+  /// Registered memory of at least `bytes` standing in for an unregistered working buffer.
+  Result<char*> bounceBuffer(size_t bytes);
   Status ringAllReduce(const CollArgs& args, ring::Env& env);
   Status ringBroadcast(const CollArgs& args, const ring::Env& env);
   /// `st` (an error of collective `seq`) with the cause a ring neighbour's failure notice gives.

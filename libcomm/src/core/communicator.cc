@@ -103,7 +103,7 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   impl->blockingWait_ = blockingWaitPolicy(config, ranksHere);
   if (impl->hosts_.numHosts() > 1) {
     // Ranks on other hosts share no memory: every collective goes around a ring over UCX.
-    LIBCOMM_RETURN_IF_ERROR(impl->connectAcrossHosts(bootstrap, deadline));
+    LIBCOMM_RETURN_IF_ERROR(impl->connectAcrossHosts(bootstrap, prefixes, deadline));
   } else {
     LIBCOMM_RETURN_IF_ERROR(impl->channel_->connect(prefixes, deadline));
     impl->peers_->setPrefixes(prefixes);

@@ -26,7 +26,7 @@ const std::vector<SettingInfo> kSettings = {
     {"LIBCOMM_INIT_TIMEOUT_MS", SettingType::kInt, "600000", "deadline of bootstrap and communicator creation"},
     {"LIBCOMM_PEER_CHECK_MS", SettingType::kInt, "100", "how often a blocked wait checks that its peers are alive"},
     // Algorithms.
-    {"LIBCOMM_ALGO", SettingType::kString, "", "force an algorithm: eager|direct|staged (empty: the selector decides)"},
+    {"LIBCOMM_ALGO", SettingType::kString, "", "force an algorithm: eager|direct|staged on one host, ring|hier across hosts (empty: the selector decides)"},
     {"LIBCOMM_CHECK_MISMATCH", SettingType::kBool, "1",
      "compare every collective's kind, count, dtypes, op and root across ranks"},
     {"LIBCOMM_COLL_TRACE", SettingType::kBool, "0", "log every collective with its algorithm at INFO"},
@@ -156,8 +156,10 @@ Result<CommConfig> CommConfig::fromEnvironment() {
   // warning that scrolls by.
   LIBCOMM_RETURN_IF_ERROR(parseStreamPriority(settingValue("LIBCOMM_STREAM_PRIORITY")).status());
   c.algo = settingValue("LIBCOMM_ALGO");
-  if (!c.algo.empty() && c.algo != "direct" && c.algo != "staged" && c.algo != "eager")
-    return makeError(StatusCode::kInvalidArgument, "LIBCOMM_ALGO='", c.algo, "' is not one of: eager, direct, staged");
+  if (!c.algo.empty() && c.algo != "direct" && c.algo != "staged" && c.algo != "eager" && c.algo != "ring" &&
+      c.algo != "hier")
+    return makeError(StatusCode::kInvalidArgument, "LIBCOMM_ALGO='", c.algo,
+                     "' is not one of: eager, direct, staged (one host), ring, hier (across hosts)");
   return c;
 }
 

@@ -1,16 +1,21 @@
-// Collectives of a communicator whose ranks span hosts: every rank is on one ring over the UCX
-// channel (cross_host.h), and each collective is a ring algorithm (algos/ring) over it.
+// Collectives of a communicator whose ranks span hosts (cross_host.h): ring algorithms (algos/ring)
+// over the UCX channel, and two-level ones (algos/hier) that add shared memory inside each host.
 //
-//   1. fingerprints: each rank sends its descriptor to the next rank and compares the previous
-//      rank's with its own; all pairs of neighbours agreeing means all ranks agree, and a mismatch
-//      names both calls;
-//   2. the collective: all_gather and reduce_scatter are the ring algorithms; all_reduce is a
+//   1. selection (selector.h, selectAcrossHosts): flat ring or hierarchical;
+//   2. fingerprints: each rank sends its descriptor, with the choice, to the next rank on the flat
+//      ring and compares the previous rank's with its own; all pairs of neighbours agreeing means
+//      all ranks agree, and a mismatch names both calls;
+//   3. the collective. Hierarchical: the host's ranks post their working buffers on the
+//      shared-memory channel (and compare fingerprints there too), run the two levels, and wait
+//      until every host peer is done reading. Flat ring: all_gather and reduce_scatter are the ring
+//      algorithms; all_reduce is a
 //      reduce_scatter then an all_gather over a zero-padded copy (steps numbered apart so the two
 //      phases' messages never share a tag); broadcast is a chunked chain from the root; barrier is
 //      a one-element all_gather (n - 1 steps: everyone has heard from everyone).
 //
 // Failure: as with shared memory, a communicator that failed stays failed. The rank that fails
-// sends its error to both ring neighbours (a failure notice), then cancels what is pending (a
+// marks itself failed on the shared-memory channel (its host peers see it), sends its error to its
+// UCX peers (a failure notice), then cancels what is pending (a
 // receive left pending could still write into the caller's buffer) and force-closes its endpoints.
 // Its neighbours' waits then fail at once; they read the notice, so their errors carry the cause,
 // and pass it on around the ring the same way.
@@ -22,6 +27,7 @@
 
 #include "core/comm_impl.h"
 #include "core/log.h"
+#include "core/selector.h"
 #include "reduce/copy.h"
 #include "reduce/reduce.h"
 
@@ -44,8 +50,15 @@ class UcxRingLink final : public ring::Link {
     return requests_.size() - 1;
   }
   Status wait(uint64_t op, const WaitContext& ctx) override {
-    return channel_.wait(std::span<ucx::Request>(&requests_[op], 1), ctx, "ring");
+    ucx::Request& r = requests_[op];
+    // Host-local copies first, while the message is on its way; then block.
+    while (idle_ && r.valid()) {
+      LIBCOMM_ASSIGN_OR_RETURN(bool done, channel_.test(r));
+      if (done || !idle_->step()) break;
+    }
+    return channel_.wait(std::span<ucx::Request>(&r, 1), ctx, "ring");
   }
+  void setIdleWork(ring::IdleWork* work) override { idle_ = work; }
 
  private:
   // Chunk numbers wrap at the tag's width: messages with equal tags from one sender match
@@ -55,6 +68,7 @@ class UcxRingLink final : public ring::Link {
   ucx::Channel& channel_;
   uint32_t seq_;
   std::vector<ucx::Request> requests_;
+  ring::IdleWork* idle_ = nullptr;
 };
 
 constexpr uint32_t kFingerprintStep = ucx::kMaxStep;  // no algorithm step reaches it
@@ -68,17 +82,36 @@ constexpr auto kNoticeLookBound = std::chrono::milliseconds(100);
 
 }  // namespace
 
-Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, Deadline deadline) {
+Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, const std::vector<std::string>& prefixes,
+                                              Deadline deadline) {
   auto cross = std::make_unique<CrossHost>();
-  for (int h = 0; h < hosts_.numHosts(); ++h)
+  const int n = size_, hosts = hosts_.numHosts();
+  for (int h = 0; h < hosts; ++h)
     for (int r : hosts_.ranks[h]) cross->order.push_back(r);
-  const int n = size_;
   cross->pos = static_cast<int>(std::find(cross->order.begin(), cross->order.end(), rank_) - cross->order.begin());
   cross->prev = cross->order[(cross->pos + n - 1) % n];
   cross->next = cross->order[(cross->pos + 1) % n];
+  cross->hostIndex = hosts_.hostOf[rank_];
+  cross->localIndex = hosts_.localRank[rank_];
+  cross->ranks = hosts_.ranks;
+  const std::vector<int>& here = hosts_.ranks[cross->hostIndex];
+  const int perHost = static_cast<int>(here.size());
+  cross->hasRails = perHost >= 2;
+  for (const auto& group : hosts_.ranks) cross->hasRails = cross->hasRails && static_cast<int>(group.size()) == perHost;
+  if (cross->hasRails)
+    for (int h = 0; h < hosts; ++h) cross->railOrder.push_back(hosts_.ranks[h][cross->localIndex]);
   if (2 * static_cast<uint32_t>(n) + 1 >= ucx::kMaxStep)
     return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", n,
                      " ranks across hosts are more than the ring's tags can number (", ucx::kMaxStep / 2 - 1, ")");
+
+  // Shared memory among this host's ranks only (local indices), under a name of its own: the
+  // host peers open it after the address exchange below, which every rank enters after creating it.
+  std::vector<std::string> localPrefixes;
+  for (int r : here) localPrefixes.push_back(prefixes[r]);
+  LIBCOMM_ASSIGN_OR_RETURN(auto local, shm::Channel::create(prefix_ + ".h", cross->localIndex, perHost, config_));
+  channel_ = std::move(local);
+  peers_ = std::make_unique<shm::PeerMemory>(cross->localIndex);
+
   // Every rank takes part in the address exchange, also one whose worker failed (with an empty
   // address): otherwise its peers would wait for it until the deadline.
   auto channel = ucx::Channel::create(rank_, n, config_);
@@ -86,18 +119,34 @@ Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, Deadline dea
   LIBCOMM_RETURN_IF_ERROR(channel.status().withContext("creating the UCX worker for " + hosts_.describe()));
   LIBCOMM_RETURN_IF_ERROR(addresses.status());
   cross->channel = std::move(*channel);
+
+  std::vector<std::string> localControl;
+  for (const std::string& p : localPrefixes) localControl.push_back(p + ".h");
+  LIBCOMM_RETURN_IF_ERROR(channel_->connect(localControl, deadline));
+  peers_->setPrefixes(localPrefixes);
+
   std::vector<int> peers;
-  if (n > 1) peers.push_back(cross->prev);
-  if (n > 2) peers.push_back(cross->next);
-  LIBCOMM_RETURN_IF_ERROR(cross->channel->connect(*addresses, peers, deadline));
-  for (size_t i = 0; i < peers.size(); ++i) {
-    CrossHost::NoticeSlot& slot = cross->notices[i];
-    slot.from = peers[i];
-    LIBCOMM_ASSIGN_OR_RETURN(slot.request, cross->channel->postControlRecv(peers[i], kNoticeTag, slot.text.data(),
-                                                                           slot.text.size()));
+  auto addPeer = [&](int p) {
+    if (p != rank_ && std::find(peers.begin(), peers.end(), p) == peers.end()) peers.push_back(p);
+  };
+  addPeer(cross->prev);
+  addPeer(cross->next);
+  if (cross->hasRails) {
+    addPeer(cross->railOrder[(cross->hostIndex + hosts - 1) % hosts]);
+    addPeer(cross->railOrder[(cross->hostIndex + 1) % hosts]);
   }
-  LIBCOMM_LOG(kInfo, "init") << "rank " << rank_ << ": across " << hosts_.describe() << ": ring over UCX, previous rank "
-                             << cross->prev << ", next rank " << cross->next;
+  LIBCOMM_RETURN_IF_ERROR(cross->channel->connect(*addresses, peers, deadline));
+  for (int p : peers) {
+    auto slot = std::make_unique<CrossHost::NoticeSlot>();
+    slot->from = p;
+    LIBCOMM_ASSIGN_OR_RETURN(slot->request,
+                             cross->channel->postControlRecv(p, kNoticeTag, slot->text.data(), slot->text.size()));
+    cross->notices.push_back(std::move(slot));
+  }
+  LIBCOMM_LOG(kInfo, "init") << "rank " << rank_ << ": across " << hosts_.describe() << ": ring over UCX (previous rank "
+                             << cross->prev << ", next rank " << cross->next << ")"
+                             << (cross->hasRails ? ", rails for the two-level algorithms" : "")
+                             << "; shared memory with " << perHost - 1 << " host peer(s)";
   cross_ = std::move(cross);
   return Status::ok();
 }
@@ -112,18 +161,18 @@ Status Communicator::Impl::explainWithNotices(Status st) {
   const Deadline look = Deadline::after(kNoticeLookBound);
   for (;;) {
     bool anyLost = false;
-    for (CrossHost::NoticeSlot& slot : cross_->notices) {
-      if (slot.from < 0 || !slot.request.valid()) continue;
-      Result<bool> arrived = ch.test(slot.request);
+    for (auto& slot : cross_->notices) {
+      if (!slot->request.valid()) continue;
+      Result<bool> arrived = ch.test(slot->request);
       if (arrived.isOk() && *arrived) {
-        slot.text.back() = '\0';
-        LIBCOMM_LOG(kDebug, "coll") << "rank " << rank_ << ": failure notice from rank " << slot.from
+        slot->text.back() = '\0';
+        LIBCOMM_LOG(kDebug, "coll") << "rank " << rank_ << ": failure notice from rank " << slot->from
                                     << " explains: " << st.toString();
-        return makeError(StatusCode::kRemoteError, "rank ", rank_, ": rank ", slot.from, " failed: ", slot.text.data());
+        return makeError(StatusCode::kRemoteError, "rank ", rank_, ": rank ", slot->from, " failed: ", slot->text.data());
       }
-      anyLost = anyLost || ch.peerLost(slot.from);
+      anyLost = anyLost || ch.peerLost(slot->from);
     }
-    // Only a lost neighbour may have sent a notice first; otherwise this rank's error is the cause.
+    // Only a lost peer may have sent a notice first; otherwise this rank's error is the cause.
     if (!anyLost || look.expired()) return st;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
@@ -137,9 +186,9 @@ void Communicator::Impl::disconnectAcrossHosts(const Status& why) {
   std::array<char, CrossHost::kNoticeBytes> text{};
   strncpy(text.data(), why.message().c_str(), text.size() - 1);
   std::vector<ucx::Request> sends;
-  for (const CrossHost::NoticeSlot& slot : cross_->notices) {
-    if (slot.from < 0 || ch.peerLost(slot.from)) continue;
-    auto r = ch.postControlSend(slot.from, kNoticeTag, text.data(), text.size());
+  for (const auto& slot : cross_->notices) {
+    if (ch.peerLost(slot->from)) continue;
+    auto r = ch.postControlSend(slot->from, kNoticeTag, text.data(), text.size());
     if (r.isOk()) sends.push_back(*r);
   }
   if (!sends.empty()) {
@@ -153,9 +202,19 @@ void Communicator::Impl::disconnectAcrossHosts(const Status& why) {
 
 Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const WaitContext& wait) {
   const int n = size_;
+  int fewest = n, most = 0;
+  for (const auto& group : hosts_.ranks) {
+    fewest = std::min(fewest, static_cast<int>(group.size()));
+    most = std::max(most, static_cast<int>(group.size()));
+  }
+  const size_t inputBytes = args.count * args.inputParts(n) * dataTypeSize(args.inType);
+  const char* why = "";
+  LIBCOMM_ASSIGN_OR_RETURN(const Algo algo,
+                           selectAcrossHosts({args.kind, inputBytes, hosts_.numHosts(), fewest, most}, config_, &why));
   UcxRingLink link(*cross_->channel, seq);
   if (n > 1) {
-    const shm::OpDescriptor mine = describeOp(args, seq);
+    shm::OpDescriptor mine = describeOp(args, seq);
+    mine.algo = static_cast<uint8_t>(algo);
     shm::OpDescriptor theirs;
     LIBCOMM_ASSIGN_OR_RETURN(uint64_t in, link.recv(cross_->prev, kFingerprintStep, 0, &theirs, sizeof(theirs)));
     LIBCOMM_ASSIGN_OR_RETURN(uint64_t out, link.send(cross_->next, kFingerprintStep, 0, &mine, sizeof(mine)));
@@ -163,7 +222,10 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
     LIBCOMM_RETURN_IF_ERROR(link.wait(out, wait));
     LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, mine, theirs, cross_->prev));
   }
-  if (config_.collTrace) LIBCOMM_LOG(kInfo, "coll") << describeColl(args, seq) << ": ring over UCX across " << hosts_.describe();
+  if (config_.collTrace)
+    LIBCOMM_LOG(kInfo, "coll") << describeColl(args, seq) << ": " << algoName(algo) << " across "
+                               << hosts_.numHosts() << " hosts (" << why << ")";
+  if (algo == Algo::kHier) return runHier(args, seq, wait, link);
 
   ring::Env env;
   env.order = cross_->order;
@@ -191,6 +253,89 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
     }
   }
   return makeError(StatusCode::kInternalError, "unknown collective kind ", static_cast<int>(args.kind));
+}
+
+Result<char*> Communicator::Impl::bounceBuffer(size_t bytes) {
+  if (cross_->bounceBytes < bytes) {
+    if (cross_->bounce) LIBCOMM_RETURN_IF_ERROR(local_->free(cross_->bounce));
+    cross_->bounce = nullptr;
+    cross_->bounceBytes = 0;
+    LIBCOMM_ASSIGN_OR_RETURN(cross_->bounce, local_->allocate(bytes));
+    cross_->bounceBytes = bytes;
+  }
+  return static_cast<char*>(cross_->bounce);
+}
+
+Status Communicator::Impl::runHier(const CollArgs& args, uint32_t seq, const WaitContext& wait, ring::Link& link) {
+  CrossHost& x = *cross_;
+  const int perHost = static_cast<int>(x.ranks[x.hostIndex].size());
+  const size_t es = dataTypeSize(args.inType);
+  const bool gather = args.kind == CollKind::kAllGather;
+  // The working buffer the host peers read: all_gather's output, reduce_scatter's input. Where it
+  // is not registered memory, a registered stand-in takes its place.
+  const size_t bytes = args.count * static_cast<size_t>(size_) * es;
+  CollArgs a = args;
+  char* work = static_cast<char*>(gather ? args.recv : const_cast<void*>(args.send));
+  shm::Location loc;
+  const bool registered = bytes == 0 || local_->locate(work, bytes, &loc);
+  if (!registered) {
+    LIBCOMM_ASSIGN_OR_RETURN(work, bounceBuffer(bytes));
+    if (!local_->locate(work, bytes, &loc))
+      return makeError(StatusCode::kInternalError, "rank ", rank_, ": the registered stand-in buffer is not registered");
+    if (gather) {
+      a.recv = work;
+      if (args.inPlace) {  // the own block is the input: it goes to the stand-in's place for it
+        a.inPlace = false;
+        a.send = static_cast<const char*>(args.recv) + static_cast<size_t>(rank_) * args.count * es;
+      }
+    } else {
+      reduce::copyBytes(work, args.send, bytes);
+      a.send = work;
+      a.inPlace = false;  // the output is the caller's; the stand-in holds a copy of the input
+    }
+  }
+
+  // Working buffers and fingerprints, with the host peers.
+  shm::OpDescriptor d = describeOp(args, seq);
+  d.algo = static_cast<uint8_t>(Algo::kHier);
+  d.inputRegistered = 1;
+  d.inputSegment = loc.segment;
+  d.inputOffset = loc.offset;
+  d.inputBytes = bytes;
+  d.progressBase = x.progress;
+  channel_->post(d);
+  LIBCOMM_RETURN_IF_ERROR(channel_->waitPosted(seq, wait));
+  hier::Env env;
+  env.local = channel_.get();
+  env.localIndex = x.localIndex;
+  env.hostIndex = x.hostIndex;
+  env.ranks = x.ranks;
+  env.worldSize = size_;
+  env.wait = &wait;
+  env.base.assign(perHost, nullptr);
+  env.progressBase.assign(perHost, 0);
+  for (int l = 0; l < perHost; ++l) {
+    const shm::OpDescriptor o = l == x.localIndex ? d : channel_->posted(l, seq);
+    LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, d, o, x.ranks[x.hostIndex][l]));
+    env.progressBase[l] = o.progressBase;
+    if (l == x.localIndex) {
+      env.base[l] = work;
+    } else if (bytes > 0) {
+      LIBCOMM_ASSIGN_OR_RETURN(env.base[l], peers_->resolve(l, o.inputSegment, o.inputOffset, o.inputBytes));
+    }
+  }
+  env.rail.order = x.railOrder;
+  env.rail.pos = x.hostIndex;
+  env.rail.link = &link;
+  env.rail.wait = &wait;
+
+  Status st = gather ? hier::allGather(a, env, &x.progress) : hier::reduceScatter(a, env, x.hierScratch);
+  LIBCOMM_RETURN_IF_ERROR(st);
+  if (gather && !registered && bytes > 0) reduce::copyBytes(args.recv, work, bytes);
+  // The host peers read this rank's working buffer: nobody returns before all are done.
+  channel_->publish(shm::Counter::kDone, seq);
+  LIBCOMM_RETURN_IF_ERROR(channel_->waitAll(shm::Counter::kDone, seq, wait, "completion"));
+  return Status::ok();
 }
 
 Status Communicator::Impl::ringAllReduce(const CollArgs& args, ring::Env& env) {

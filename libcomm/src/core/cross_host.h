@@ -1,21 +1,26 @@
 #pragma once
-// The state of a communicator whose ranks span hosts (cross_host.cc): every rank on one ring over
-// the UCX channel. Ring order: hosts in order of their first rank, the ranks of a host in rank
-// order, so that only one hop per host boundary leaves a host.
+// The state of a communicator whose ranks span hosts (cross_host.cc).
+//   - flat ring: every rank on one ring over UCX. Ring order: hosts in order of their first rank,
+//     the ranks of a host in rank order, so only one hop per host boundary leaves a host.
+//   - rails (when every host has the same number L >= 2 of ranks): the ranks of equal local index
+//     form one ring across the hosts each, in host order; with shared memory between the ranks of
+//     a host they make the two-level algorithms (algos/hier).
+// One UCX channel connects a rank to its flat-ring and rail neighbours.
 
 #include <array>
 #include <memory>
 #include <vector>
 
+#include "algos/hier/hier.h"
 #include "algos/ring/ring.h"
 #include "backends/ucx/ucx_channel.h"
 
 namespace libcomm {
 
 struct CrossHost {
-  /// A failure notice: the error that made a rank give up on the communicator, sent to its ring
-  /// neighbours just before it closes its endpoints, so that their errors carry the cause (and
-  /// not only "rank p was lost"). Fixed size: a UCX receive takes exactly the bytes it was posted for.
+  /// A failure notice: the error that made a rank give up on the communicator, sent to its UCX
+  /// peers just before it closes its endpoints, so that their errors carry the cause (and not
+  /// only "rank p was lost"). Fixed size: a UCX receive takes exactly the bytes it was posted for.
   static constexpr size_t kNoticeBytes = 1024;
   struct NoticeSlot {
     int from = -1;
@@ -25,13 +30,26 @@ struct CrossHost {
 
   // Declared before the channel, so destroyed after it: UCX may write into a pending receive's
   // buffer until the channel is gone.
-  std::array<NoticeSlot, 2> notices;  // from the previous and (if another rank) the next rank
+  std::vector<std::unique_ptr<NoticeSlot>> notices;  // one per UCX peer
   std::unique_ptr<ucx::Channel> channel;
-  std::vector<int> order;  // ranks in ring order
+
+  std::vector<int> order;  // flat ring: ranks in ring order
   int pos = 0;             // this rank's place in `order`
   int prev = -1, next = -1;
+
+  bool hasRails = false;               // every host has L >= 2 ranks, equally many
+  std::vector<int> railOrder;          // this rank's rail: ranks of its local index, host order
+  int hostIndex = 0, localIndex = 0;
+  std::vector<std::vector<int>> ranks;  // [host][local index] -> global rank
+
   ring::Scratch scratch;     // the ring reduce_scatter's fp32 partials
+  hier::Scratch hierScratch;
   std::vector<char> padded;  // all_reduce: its zero-padded copy
+  uint32_t progress = 0;     // this rank's shm kProgress value (hierarchical all_gather)
+  // Registered memory standing in for a working buffer that is not registered (the host peers
+  // read it), from Impl::local_; grown on demand.
+  void* bounce = nullptr;
+  size_t bounceBytes = 0;
   bool disconnected = false;
 };
 

@@ -232,7 +232,8 @@ Status Communicator::Impl::compareFingerprint(const CollArgs& args, uint32_t seq
     return makeError(StatusCode::kInternalError, "rank ", rank_, ": rank ", p, " posted seq ", o.seq, " for ",
                      describeColl(args, seq));
   // The kind and count decide how much of a peer's memory is read: always checked.
-  bool differs = o.kind != me.kind || o.count != me.count || o.inType != me.inType || o.eager != me.eager;
+  bool differs =
+      o.kind != me.kind || o.count != me.count || o.inType != me.inType || o.eager != me.eager || o.algo != me.algo;
   if (config_.checkMismatch)
     differs = differs || o.outType != me.outType || o.redOp != me.redOp || o.root != me.root ||
               (me.redOp == static_cast<uint8_t>(ReduceOp::kPremulSum) && o.scale != me.scale);
@@ -250,6 +251,10 @@ Status Communicator::Impl::compareFingerprint(const CollArgs& args, uint32_t seq
   if (o.eager != me.eager)
     scales = std::string(" (rank ") + std::to_string(rank_) + (me.eager ? " sent it eagerly" : " did not send it eagerly") +
              ", rank " + std::to_string(p) + " did the opposite: are LIBCOMM_ALGO or LIBCOMM_EAGER_BYTES set alike?)";
+  if (o.algo != me.algo)
+    scales = std::string(" (rank ") + std::to_string(rank_) + " chose " + algoName(static_cast<Algo>(me.algo)) +
+             " across hosts, rank " + std::to_string(p) + " chose " + algoName(static_cast<Algo>(o.algo)) +
+             ": is LIBCOMM_ALGO set alike?)";
   if (o.scale != me.scale)
     scales = " (premulSum scale " + std::to_string(me.scale) + " here, " + std::to_string(o.scale) + " on rank " +
              std::to_string(p) + ")";

@@ -38,6 +38,8 @@ const char* algoName(Algo a) {
     case Algo::kEager: return "eager";
     case Algo::kDirect: return "direct";
     case Algo::kStaged: return "staged";
+    case Algo::kRing: return "ring";
+    case Algo::kHier: return "hier";
   }
   return "?";
 }
@@ -52,6 +54,10 @@ Result<bool> chooseEager(const SelectionQuery& q, const CommConfig& config) {
 }
 
 Result<Algo> selectAlgo(const SelectionQuery& q, const CommConfig& config, const char** why) {
+  if (config.algo == "ring" || config.algo == "hier")
+    return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=", config.algo,
+                     " is an algorithm across hosts, but all ranks of this communicator share one host (use eager, "
+                     "direct or staged, or unset it)");
   const Rule* chosen = nullptr;
   for (const Rule& r : kRules) {
     std::string coll = r.collectives;
@@ -77,6 +83,41 @@ Result<Algo> selectAlgo(const SelectionQuery& q, const CommConfig& config, const
   return Algo::kDirect;
 }
 
+namespace {
+bool hasHierForm(CollKind k) { return k == CollKind::kAllGather || k == CollKind::kReduceScatter; }
+}  // namespace
+
+Result<Algo> selectAcrossHosts(const CrossHostQuery& q, const CommConfig& config, const char** why) {
+  const bool even = q.minRanksPerHost == q.maxRanksPerHost;
+  const bool hierPossible = hasHierForm(q.kind) && even && q.minRanksPerHost >= 2;
+  if (config.algo == "ring") {
+    *why = "LIBCOMM_ALGO=ring";
+    return Algo::kRing;
+  }
+  if (config.algo == "hier") {
+    if (!hasHierForm(q.kind)) {
+      *why = "LIBCOMM_ALGO=hier; this collective has only the ring form";
+      return Algo::kRing;
+    }
+    if (!hierPossible)
+      return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=hier needs at least 2 ranks on every host and equally "
+                       "many on each (hosts have ", q.minRanksPerHost, " to ", q.maxRanksPerHost, ")");
+    *why = "LIBCOMM_ALGO=hier";
+    return Algo::kHier;
+  }
+  if (!config.algo.empty())
+    return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=", config.algo,
+                     " chooses among algorithms on one host, but this communicator spans ", q.hosts,
+                     " hosts (use ring or hier, or unset it)");
+  if (hierPossible) {
+    *why = "several ranks per host: each crosses hosts with 1/(ranks per host) of the data, the rest moves in shared memory";
+    return Algo::kHier;
+  }
+  *why = hasHierForm(q.kind) ? "one rank on some host, or hosts with unequal rank counts: one ring over all ranks"
+                             : "one ring over all ranks";
+  return Algo::kRing;
+}
+
 std::string describeSelectionTable(const CommConfig& config) {
   std::ostringstream os;
   os << "algorithm selection (shared memory, one host; first matching row wins)\n";
@@ -94,6 +135,11 @@ std::string describeSelectionTable(const CommConfig& config) {
   }
   os << "  eager size: " << config.eagerBytes << " bytes per rank input (LIBCOMM_EAGER_BYTES)\n";
   os << "  staging slot: " << config.stagingChunkBytes << " bytes x 2 per rank\n";
+  os << "algorithm selection across hosts (UCX between hosts)\n";
+  os << "  all_gather, reduce_scatter with >= 2 ranks on every host, equally many -> hier\n";
+  os << "      (ranks of equal local index form one ring per index across hosts; inside a host the\n";
+  os << "       rest moves in shared memory, overlapped with the ring)\n";
+  os << "  everything else (and all_reduce, broadcast, barrier)                   -> ring (all ranks)\n";
   if (!config.algo.empty()) os << "  override: LIBCOMM_ALGO=" << config.algo << "\n";
   return os.str();
 }

@@ -12,7 +12,7 @@
 
 namespace libcomm {
 
-enum class Algo { kEager, kDirect, kStaged };
+enum class Algo { kEager, kDirect, kStaged, kRing, kHier };
 const char* algoName(Algo a);
 
 struct SelectionQuery {
@@ -30,6 +30,20 @@ Result<bool> chooseEager(const SelectionQuery& q, const CommConfig& config);
 /// The table's choice, or the LIBCOMM_ALGO override where it is possible. An override that cannot
 /// run (direct on unregistered memory) is kInvalidUsage.
 Result<Algo> selectAlgo(const SelectionQuery& q, const CommConfig& config, const char** why);
+
+/// Across hosts (ranks that do not all share memory).
+struct CrossHostQuery {
+  CollKind kind;
+  size_t bytes;           // input bytes per rank
+  int hosts;
+  int minRanksPerHost, maxRanksPerHost;
+};
+
+/// The cross-host choice: kRing (every rank on one ring over UCX) or kHier (the ranks of a host
+/// share memory, ranks with equal local index form one ring per index across hosts). Every rank
+/// computes it from what all know alike (the host groups, the size, the setting), and the ring
+/// fingerprint carries it, so a rank with another LIBCOMM_ALGO is named, not waited for.
+Result<Algo> selectAcrossHosts(const CrossHostQuery& q, const CommConfig& config, const char** why);
 
 /// The table as text.
 std::string describeSelectionTable(const CommConfig& config);

@@ -45,12 +45,18 @@ Status allGather(const CollArgs& a, const Env& env) {
   Link& link = *env.link;
   const WaitContext& ctx = *env.wait;
   const int next = env.order[wrap(env.pos + 1, n)], prev = env.order[wrap(env.pos - 1, n)];
-  const size_t ce = std::max<size_t>(1, env.chunkBytes / es);
+  const size_t ce = chunkElems(env, es);
   const size_t chunks = (a.count + ce - 1) / ce;
   const size_t units = static_cast<size_t>(n - 1) * chunks;
   const size_t window = static_cast<size_t>(std::max(1, env.window));
 
   std::vector<uint64_t> recvOp(units);
+  // Receives are waited in unit order (by the forwarding sends, then the last step at the end).
+  auto received = [&](size_t u) -> Status {
+    LIBCOMM_RETURN_IF_ERROR(link.wait(recvOp[u], ctx));
+    if (env.hooks) env.hooks->received(u);
+    return Status::ok();
+  };
   PendingSends sends;
   sends.reset(units);
   size_t posted = 0;
@@ -65,12 +71,12 @@ Status allGather(const CollArgs& a, const Env& env) {
     const int s = static_cast<int>(u / chunks);
     const size_t c = u % chunks, lo = c * ce, len = std::min(ce, a.count - lo);
     // The block sent at step s is the one received at step s - 1: forward chunk c once it is in.
-    if (s > 0) LIBCOMM_RETURN_IF_ERROR(link.wait(recvOp[u - chunks], ctx));
+    if (s > 0) LIBCOMM_RETURN_IF_ERROR(received(u - chunks));
     if (u >= window) LIBCOMM_RETURN_IF_ERROR(sends.wait(u - window, link, ctx));
     LIBCOMM_ASSIGN_OR_RETURN(sends.op[u], link.send(next, env.stepBase + static_cast<uint32_t>(s),
                                                     static_cast<uint32_t>(c), block(env.pos - s) + lo * es, len * es));
   }
-  for (size_t u = units - chunks; u < units; ++u) LIBCOMM_RETURN_IF_ERROR(link.wait(recvOp[u], ctx));
+  for (size_t u = units - chunks; u < units; ++u) LIBCOMM_RETURN_IF_ERROR(received(u));
   for (size_t u = 0; u < units; ++u) LIBCOMM_RETURN_IF_ERROR(sends.wait(u, link, ctx));
   return Status::ok();
 }
@@ -82,7 +88,12 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
   const bool wide = a.inType == DataType::kFloat32;
   const char* in = static_cast<const char*>(a.send);
   char* out = static_cast<char*>(a.recv);
-  auto inputBlock = [&](int p) { return in + static_cast<size_t>(env.order[wrap(p, n)]) * a.count * inEs; };
+  auto inputBlock = [&](int p) {
+    const int index = env.inputByPosition ? wrap(p, n) : env.order[wrap(p, n)];
+    return in + static_cast<size_t>(index) * a.count * inEs;
+  };
+  // Before input elements [lo, lo + len) of block p are read.
+  auto need = [&](int p, size_t lo, size_t len) { return env.hooks ? env.hooks->inputNeeded(wrap(p, n), lo, len) : Status::ok(); };
   const float scale = a.postScale(n);
 
   // out = scale * (sum of `inputs`) (+ out when accumulating), in outType.
@@ -99,6 +110,7 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
     reduce::reduce(r);
   };
   if (n == 1) {
+    LIBCOMM_RETURN_IF_ERROR(need(0, 0, a.count));
     const void* only[1] = {inputBlock(0)};
     finish(only, 1, a.inType, 0, a.count);
     return Status::ok();
@@ -107,7 +119,7 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
   Link& link = *env.link;
   const WaitContext& ctx = *env.wait;
   const int next = env.order[wrap(env.pos + 1, n)], prev = env.order[wrap(env.pos - 1, n)];
-  const size_t ce = std::max<size_t>(1, env.chunkBytes / sizeof(float));
+  const size_t ce = chunkElems(env, sizeof(float));
   const size_t window = static_cast<size_t>(std::max(1, env.window));
   // Partials of two consecutive steps are alive at once (one being received, one being sent on):
   // two fp32 copies of a round's share of a block. Rounds bound that memory for large counts.
@@ -117,7 +129,8 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
   if (!wide && scratch.widened.size() < ce) scratch.widened.resize(ce);
 
   // My input's chunk [lo, lo + len) of block p, as fp32 (widened into scratch when bf16).
-  auto mine = [&](int p, size_t lo, size_t len) -> const float* {
+  auto mine = [&](int p, size_t lo, size_t len) -> Result<const float*> {
+    LIBCOMM_RETURN_IF_ERROR(need(p, lo, len));
     if (wide) return reinterpret_cast<const float*>(inputBlock(p)) + lo;
     reduce::bf16ToFloat(reinterpret_cast<const uint16_t*>(inputBlock(p)) + lo, scratch.widened.data(), len);
     return scratch.widened.data();
@@ -153,6 +166,7 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
       // Send the partial of block (pos - s - 1), chunk c.
       const float* src;
       if (s == 0) {
+        LIBCOMM_RETURN_IF_ERROR(need(env.pos - 1, lo, len));
         if (wide) {
           src = reinterpret_cast<const float*>(inputBlock(env.pos - 1)) + lo;
         } else {
@@ -164,7 +178,8 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
         // It arrived at step s - 1 (block (pos - (s - 1) - 2)); add this rank's input in place.
         LIBCOMM_RETURN_IF_ERROR(link.wait(recvOp[u - chunks], ctx));
         float* partial = slot(s - 1, c);
-        const void* both[2] = {partial, mine(env.pos - s - 1, lo, len)};
+        LIBCOMM_ASSIGN_OR_RETURN(const float* own, mine(env.pos - s - 1, lo, len));
+        const void* both[2] = {partial, own};
         reduce::ReduceArgs r;
         r.inputs = both;
         r.numInputs = 2;
@@ -181,7 +196,8 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
     for (size_t c = 0; c < chunks; ++c) {
       const size_t u = units - chunks + c, lo = r0 + c * ce, len = std::min(ce, relems - c * ce);
       LIBCOMM_RETURN_IF_ERROR(link.wait(recvOp[u], ctx));
-      const void* both[2] = {slot(n - 2, c), mine(env.pos, lo, len)};
+      LIBCOMM_ASSIGN_OR_RETURN(const float* own, mine(env.pos, lo, len));
+      const void* both[2] = {slot(n - 2, c), own};
       finish(both, 2, DataType::kFloat32, lo, len);
     }
     for (size_t u = 0; u < units; ++u) LIBCOMM_RETURN_IF_ERROR(sends.wait(u, link, ctx));

@@ -28,6 +28,14 @@ namespace libcomm::ring {
 
 using WaitContext = libcomm::WaitContext;
 
+/// Work a link may do while it waits for the network (a two-level algorithm's copies between the
+/// ranks of a host). step() does one bounded piece without blocking; false when nothing is ready.
+class IdleWork {
+ public:
+  virtual ~IdleWork() = default;
+  virtual bool step() = 0;
+};
+
 /// Point-to-point messages between the ranks of the current collective, as the ring needs them.
 /// Operations are identified by the id send/recv return; each must be waited exactly once (an
 /// error from wait fails the collective; the link then owns cleaning up what is still pending).
@@ -43,12 +51,30 @@ class Link {
   virtual Result<uint64_t> recv(int peer, uint32_t step, uint32_t chunk, void* dst, size_t bytes) = 0;
   /// Blocks until operation `op` completed (or fails: peer lost, deadline, abort).
   virtual Status wait(uint64_t op, const WaitContext& ctx) = 0;
+  /// While waiting, do `work` until the operation completed or nothing is ready (null: none).
+  virtual void setIdleWork(IdleWork* work) { (void)work; }
 };
 
 /// Scratch the reduce_scatter ring keeps between collectives (fp32 partial sums).
 struct Scratch {
   std::vector<float> partials;
   std::vector<float> widened;
+};
+
+/// What a two-level algorithm (core/cross_host.cc, the hierarchical all_gather and reduce_scatter)
+/// hooks into a ring over a subset of the ranks.
+class Hooks {
+ public:
+  virtual ~Hooks() = default;
+  /// all_gather: unit `unit` (step * chunks + chunk, see chunkElems) is now in the output. Called
+  /// in unit order.
+  virtual void received(size_t unit) { (void)unit; }
+  /// reduce_scatter: elements [lo, lo + len) of the input block at ring position `pos` are about
+  /// to be read (the hook may compute them first).
+  virtual Status inputNeeded(int pos, size_t lo, size_t len) {
+    (void)pos, (void)lo, (void)len;
+    return Status::ok();
+  }
 };
 
 struct Env {
@@ -58,11 +84,22 @@ struct Env {
   int window = 4;                 // chunks in flight per direction
   size_t roundBytes = 64u << 20;  // reduce_scatter: fp32 partial bytes per block per round
   uint32_t stepBase = 0;          // added to every step number (two rings within one collective)
+  /// reduce_scatter: the input holds one block per ring position, in ring order (block p belongs
+  /// to order[p]), instead of one per rank at the rank's index.
+  bool inputByPosition = false;
+  Hooks* hooks = nullptr;
   Link* link = nullptr;
   const WaitContext* wait = nullptr;
 };
 
-/// NCCL's all_gather semantics (in place when args.inPlace).
+/// Elements per chunk of a ring over elements of `elementBytes` (all_gather: the data type's size;
+/// reduce_scatter: 4, its partials are fp32).
+inline size_t chunkElems(const Env& env, size_t elementBytes) {
+  return env.chunkBytes / elementBytes > 0 ? env.chunkBytes / elementBytes : 1;
+}
+
+/// NCCL's all_gather semantics (in place when args.inPlace). The output has a block per rank (at
+/// the rank's index); a ring over a subset of the ranks fills only their blocks.
 Status allGather(const CollArgs& args, const Env& env);
 /// NCCL's reduce_scatter semantics, including bf16 input with fp32 accumulation, avg/premulSum,
 /// and CommConfig's accumulate-into-output for fp32 output.

@@ -36,13 +36,16 @@ struct OpDescriptor {
   uint8_t inPlace = 0;
   uint8_t inputRegistered = 0;  // input lies in a registered segment (see inputSegment/Offset)
   uint8_t eager = 0;            // input was copied into the eager area before posting
-  uint8_t pad = 0;
+  uint8_t algo = 0;             // across hosts: the algorithm chosen (all ranks must agree)
   uint32_t inputSegment = 0;    // segment id in the owner's registry
+  uint32_t progressBase = 0;    // hierarchical all_gather: the owner's kProgress before it started
   uint64_t inputOffset = 0;     // byte offset of the input inside that segment
   uint64_t inputBytes = 0;
 };
 
-enum class Counter : int { kDone = 0, kStagePosted = 1, kStageConsumed = 2 };
+// kProgress: how far a rank's part of a hierarchical all_gather has come (its local peers copy
+// what it received across hosts as soon as it is in; core/cross_host.cc).
+enum class Counter : int { kDone = 0, kStagePosted = 1, kStageConsumed = 2, kProgress = 3 };
 
 /// A rank's announcement of collective `seq`: the descriptor and, in the same cache line, the
 /// stamp that publishes it, so a peer's arrival check and its read of the descriptor cost one
@@ -56,7 +59,7 @@ static_assert(sizeof(OpDescriptor) <= 56, "a post slot must stay one cache line"
 
 struct alignas(64) ControlBlock {
   static constexpr uint64_t kMagic = 0x53484152444d4d31ull;  // "SHARDMM1"
-  static constexpr uint32_t kVersion = 1;
+  static constexpr uint32_t kVersion = 2;
 
   uint64_t magic;
   uint32_t version;
@@ -69,7 +72,7 @@ struct alignas(64) ControlBlock {
 
   alignas(64) std::atomic<uint32_t> bell;
   std::atomic<uint32_t> waiters;
-  alignas(64) std::atomic<uint32_t> counters[3];  // indexed by Counter
+  alignas(64) std::atomic<uint32_t> counters[4];  // indexed by Counter
   alignas(64) std::atomic<uint32_t> failed;        // non-zero: this rank failed or aborted
   char failReason[480];
   // Two post slots, used by sequence parity: a rank writes post[s % 2] for collective s while a
@@ -123,6 +126,10 @@ class Channel {
   Status waitCounter(int peer, Counter c, uint32_t target, const WaitContext& ctx, const char* phase);
   /// waitCounter for every peer but this rank.
   Status waitAll(Counter c, uint32_t target, const WaitContext& ctx, const char* phase);
+  /// Rank r's counter now (no wait).
+  uint32_t counter(int r, Counter c) const {
+    return blocks_[r]->counters[static_cast<int>(c)].load(std::memory_order_acquire);
+  }
 
   /// Marks this rank failed (peers see kRemoteError with `reason`) and wakes everyone.
   void markFailed(const std::string& reason);

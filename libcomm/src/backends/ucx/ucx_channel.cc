@@ -97,8 +97,10 @@ Status Channel::connect(const std::vector<std::string>& addresses, const std::ve
       pr->failure = status;
       pr->failedAt = Clock::now();
       ++pr->channel->lostPeers_;
-      LIBCOMM_LOG(kWarn, "ucx") << "rank " << pr->channel->rank_ << ": UCX endpoint to rank " << pr->rank
-                                << " failed: " << ucs_status_string(status);
+      // Not a warning by itself: a peer that finished and closed its channel looks the same. A wait
+      // that still needed the peer reports the loss as its error.
+      LIBCOMM_LOG(kInfo, "ucx") << "rank " << pr->channel->rank_ << ": UCX endpoint to rank " << pr->rank
+                                << " closed or failed: " << ucs_status_string(status);
     };
     ep.err_handler.arg = peer.get();
     ucs_status_t st = ucp_ep_create(worker_, &ep, &peer->ep);
