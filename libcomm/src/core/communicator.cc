@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -31,10 +32,11 @@ struct InitInfo {
   uint64_t eagerBytes;
   char host[64];    // hostname, for messages
   char hostId[64];  // topology::localHostId: equal ids share a host
+  char bootId[40];  // topology::kernelBootId: equal ids share the machine's cores
   char prefix[192];
 };
 constexpr uint32_t kInitMagic = 0x53434f4d;  // "SCOM"
-constexpr uint32_t kInitVersion = 2;
+constexpr uint32_t kInitVersion = 3;
 
 // How blocking calls (collectives on inline streams) wait. PERF-NOTES: a wait that sleeps pays a
 // wake-up of ~25-30 us in this VM, and under load two ranks that each spin shorter than that fall
@@ -80,11 +82,14 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   gethostname(mine.host, sizeof(mine.host) - 1);
   const std::string hostId = topology::localHostId(config.hostId);
   strncpy(mine.hostId, hostId.c_str(), sizeof(mine.hostId) - 1);
+  const std::string bootId = topology::kernelBootId();
+  strncpy(mine.bootId, bootId.c_str(), sizeof(mine.bootId) - 1);
   strncpy(mine.prefix, impl->prefix_.c_str(), sizeof(mine.prefix) - 1);
   std::vector<InitInfo> all(impl->size_);
   LIBCOMM_RETURN_IF_ERROR(bootstrap.allGather(&mine, all.data(), sizeof(InitInfo), deadline));
 
   std::vector<std::string> prefixes(impl->size_), hostIds(impl->size_);
+  int ranksOnMachine = 0;  // ranks sharing this kernel (and so its cores), whatever their host ids
   for (int r = 0; r < impl->size_; ++r) {
     const InitInfo& o = all[r];
     if (o.magic != kInitMagic || o.version != kInitVersion || o.rank != r)
@@ -98,10 +103,11 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
                        " has ", o.eagerBytes, ", this rank ", mine.eagerBytes, "; set it alike on all ranks");
     prefixes[r] = std::string(o.prefix, strnlen(o.prefix, sizeof(o.prefix)));
     hostIds[r] = std::string(o.hostId, strnlen(o.hostId, sizeof(o.hostId)));
+    ranksOnMachine += !bootId.empty() && std::string(o.bootId, strnlen(o.bootId, sizeof(o.bootId))) == bootId;
   }
   impl->hosts_ = topology::HostGroups::fromIds(hostIds);
   const int ranksHere = static_cast<int>(impl->hosts_.ranks[impl->hosts_.hostOf[impl->rank_]].size());
-  impl->blockingWait_ = blockingWaitPolicy(config, ranksHere);
+  impl->blockingWait_ = blockingWaitPolicy(config, std::max(ranksHere, ranksOnMachine));
   if (impl->hosts_.numHosts() > 1) {
     // Ranks on other hosts share no memory: every collective goes around a ring over UCX.
     LIBCOMM_RETURN_IF_ERROR(impl->connectAcrossHosts(bootstrap, prefixes, deadline));

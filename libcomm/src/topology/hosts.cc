@@ -9,14 +9,20 @@
 
 namespace libcomm::topology {
 
+std::string kernelBootId() {
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string bootId;
+  if (!(boot >> bootId)) return "";
+  return bootId;
+}
+
 std::string localHostId(const std::string& configured) {
   if (!configured.empty()) return configured;
   char name[256] = {};
   if (gethostname(name, sizeof(name) - 1) != 0) name[0] = '\0';
   std::string id = name[0] ? name : "unknown-host";
-  std::ifstream boot("/proc/sys/kernel/random/boot_id");
-  std::string bootId;
-  if (boot >> bootId) id += "/" + bootId.substr(0, 8);
+  const std::string bootId = kernelBootId();
+  if (!bootId.empty()) id += "/" + bootId.substr(0, 8);
   return id;
 }
 

@@ -15,6 +15,10 @@ namespace libcomm::topology {
 /// (or containers on two machines) that share a hostname.
 std::string localHostId(const std::string& configured);
 
+/// The running kernel's boot id ("" where it cannot be read). Ranks with equal boot ids share the
+/// machine's cores whatever their host ids say (network namespaces, containers).
+std::string kernelBootId();
+
 /// Ranks grouped by host. Hosts are numbered in the order of their lowest rank.
 struct HostGroups {
   std::vector<std::string> ids;           // per host
