@@ -174,10 +174,20 @@ int printJson(const Report& r) {
           .field("why", row.why)
           .endObject();
     w.endArray();
+    w.key("selection_across_hosts").beginArray();
+    for (const auto& row : libcomm::crossHostSelectionRows())
+      w.beginObject()
+          .field("collectives", row.collectives)
+          .field("placement", row.placement)
+          .field("algorithm", row.algorithm)
+          .field("why", row.why)
+          .endObject();
+    w.endArray();
   } else {
     w.null();
     w.field("configuration_error", r.config.status().toString());
     w.key("selection").null();
+    w.key("selection_across_hosts").null();
   }
 
   w.key("settings").beginArray();

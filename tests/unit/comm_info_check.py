@@ -61,7 +61,7 @@ def check_json(exe):
     if not isinstance(doc, dict):
         fail("the document is not an object")
     for key in ["version", "host", "online_cpus", "kernels", "devices", "transports", "topology", "configuration",
-                "configuration_error", "selection", "settings"]:
+                "configuration_error", "selection", "selection_across_hosts", "settings"]:
         if key not in doc:
             fail("key %r missing; keys: %s" % (key, sorted(doc)))
     topo = doc["topology"]
@@ -95,6 +95,10 @@ def check_json(exe):
     if not doc["selection"] or any(set(r) != {"collective", "inputs", "in_place", "algorithm", "why"}
                                    for r in doc["selection"]):
         fail("selection rows malformed: %s" % doc["selection"])
+    across = doc.get("selection_across_hosts")
+    if not across or any(set(r) != {"collectives", "placement", "algorithm", "why"} for r in across) \
+            or sorted(r["algorithm"] for r in across) != ["hier", "ring"]:
+        fail("selection_across_hosts rows malformed: %s" % across)
     names = {s["name"]: s for s in doc["settings"]}
     if names.get("LIBCOMM_TIMEOUT_MS", {}).get("value") != "300000":
         fail("LIBCOMM_TIMEOUT_MS missing or not its default: %s" % names.get("LIBCOMM_TIMEOUT_MS"))
@@ -107,7 +111,7 @@ def check_bad_setting(exe):
     if rc != 1:
         fail("an invalid LIBCOMM_ALGO must exit 1, got %d" % rc)
     doc = load(out, err)
-    if doc["configuration"] is not None or doc["selection"] is not None:
+    if doc["configuration"] is not None or doc["selection"] is not None or doc["selection_across_hosts"] is not None:
         fail("configuration and selection must be null when the settings are invalid")
     if "LIBCOMM_ALGO='bogus'" not in (doc["configuration_error"] or ""):
         fail("configuration_error does not name the setting: %s" % doc["configuration_error"])

@@ -127,6 +127,14 @@ std::vector<SelectionRow> selectionRows() {
   return rows;
 }
 
+std::vector<CrossHostRow> crossHostSelectionRows() {
+  // The same rules as selectAcrossHosts, as text. Size does not enter: the two-level algorithm
+  // measured 1.2-2.3x the flat ring from 64 KiB to 64 MiB (docs/PERFORMANCE.md, "Across hosts").
+  return {{"all_gather, reduce_scatter", "every host has L >= 2 ranks, equally many", "hier",
+           "one UCX ring per local index across hosts, shared memory inside each host, overlapped"},
+          {"*", "any", "ring", "one ring over all ranks (hosts in order, a host's ranks in order)"}};
+}
+
 std::string describeSelectionTable(const CommConfig& config) {
   std::ostringstream os;
   os << "algorithm selection (shared memory, one host; first matching row wins)\n";
@@ -139,11 +147,13 @@ std::string describeSelectionTable(const CommConfig& config) {
   }
   os << "  eager size: " << config.eagerBytes << " bytes per rank input (LIBCOMM_EAGER_BYTES)\n";
   os << "  staging slot: " << config.stagingChunkBytes << " bytes x 2 per rank\n";
-  os << "algorithm selection across hosts (UCX between hosts)\n";
-  os << "  all_gather, reduce_scatter with >= 2 ranks on every host, equally many -> hier\n";
-  os << "      (ranks of equal local index form one ring per index across hosts; inside a host the\n";
-  os << "       rest moves in shared memory, overlapped with the ring)\n";
-  os << "  everything else (and all_reduce, broadcast, barrier)                   -> ring (all ranks)\n";
+  os << "algorithm selection across hosts (UCX between hosts; first matching row wins)\n";
+  for (const CrossHostRow& r : crossHostSelectionRows()) {
+    char line[512];
+    snprintf(line, sizeof(line), "  %-26s %-38s -> %-5s %s\n", r.collectives.c_str(), r.placement.c_str(),
+             r.algorithm.c_str(), r.why.c_str());
+    os << line;
+  }
   if (!config.algo.empty()) os << "  override: LIBCOMM_ALGO=" << config.algo << "\n";
   return os.str();
 }

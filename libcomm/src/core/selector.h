@@ -56,6 +56,15 @@ struct SelectionRow {
 };
 std::vector<SelectionRow> selectionRows();
 
+/// One row of the table across hosts, as text (comm_info --json); first matching row wins.
+struct CrossHostRow {
+  std::string collectives;
+  std::string placement;  // which host layouts the row covers
+  std::string algorithm;
+  std::string why;
+};
+std::vector<CrossHostRow> crossHostSelectionRows();
+
 /// The table as text.
 std::string describeSelectionTable(const CommConfig& config);
 

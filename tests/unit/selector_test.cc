@@ -1,0 +1,73 @@
+// The algorithm selection across hosts (selectAcrossHosts) and the overrides that do not fit the
+// communicator's placement: every rank must reach the same choice from the same facts, and an
+// override that cannot apply is an error naming it, never silently ignored.
+
+#include <gtest/gtest.h>
+
+#include "core/selector.h"
+
+namespace {
+
+using libcomm::Algo;
+using libcomm::CollKind;
+using libcomm::CommConfig;
+using libcomm::StatusCode;
+
+libcomm::Result<Algo> choose(CollKind kind, int hosts, int fewest, int most, const char* algo = "") {
+  CommConfig config;
+  config.algo = algo;
+  const char* why = "";
+  auto r = libcomm::selectAcrossHosts({kind, 1 << 20, hosts, fewest, most}, config, &why);
+  if (r.isOk()) EXPECT_STRNE(why, "") << "every choice says why";
+  return r;
+}
+
+// The choice, where one is expected (an error shows as a failure naming it).
+Algo pick(CollKind kind, int hosts, int fewest, int most, const char* algo = "") {
+  auto r = choose(kind, hosts, fewest, most, algo);
+  EXPECT_TRUE(r.isOk()) << r.status().toString();
+  return r.isOk() ? r.value() : Algo::kEager;
+}
+
+TEST(SelectAcrossHosts, TwoLevelWhenEveryHostHasEquallyManyRanks) {
+  EXPECT_EQ(pick(CollKind::kAllGather, 2, 2, 2), Algo::kHier);
+  EXPECT_EQ(pick(CollKind::kReduceScatter, 4, 3, 3), Algo::kHier);
+  EXPECT_EQ(pick(CollKind::kAllGather, 3, 1, 1), Algo::kRing);   // one rank per host
+  EXPECT_EQ(pick(CollKind::kAllGather, 2, 2, 3), Algo::kRing);   // unequal hosts
+  EXPECT_EQ(pick(CollKind::kAllReduce, 2, 2, 2), Algo::kRing);   // no two-level form
+  EXPECT_EQ(pick(CollKind::kBroadcast, 2, 2, 2), Algo::kRing);
+  EXPECT_EQ(pick(CollKind::kBarrier, 2, 2, 2), Algo::kRing);
+}
+
+TEST(SelectAcrossHosts, OverridesApplyOrSayWhyNot) {
+  EXPECT_EQ(pick(CollKind::kAllGather, 2, 2, 2, "ring"), Algo::kRing);
+  EXPECT_EQ(pick(CollKind::kReduceScatter, 2, 2, 2, "hier"), Algo::kHier);
+  EXPECT_EQ(pick(CollKind::kAllReduce, 2, 2, 2, "hier"), Algo::kRing);  // only the ring form exists
+  auto uneven = choose(CollKind::kAllGather, 2, 1, 2, "hier");
+  ASSERT_FALSE(uneven.isOk());
+  EXPECT_EQ(uneven.status().code(), StatusCode::kInvalidUsage);
+  EXPECT_NE(uneven.status().message().find("LIBCOMM_ALGO=hier"), std::string::npos) << uneven.status().toString();
+  auto oneHostAlgo = choose(CollKind::kAllGather, 2, 2, 2, "direct");
+  ASSERT_FALSE(oneHostAlgo.isOk());
+  EXPECT_NE(oneHostAlgo.status().message().find("spans 2 hosts"), std::string::npos) << oneHostAlgo.status().toString();
+}
+
+TEST(SelectAcrossHosts, CrossHostAlgorithmsOnOneHostAreRefused) {
+  CommConfig config;
+  config.algo = "hier";
+  const char* why = "";
+  auto r = libcomm::selectAlgo({CollKind::kAllGather, true, false, 1024}, config, &why);
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidUsage);
+  EXPECT_NE(r.status().message().find("share one host"), std::string::npos) << r.status().toString();
+}
+
+TEST(SelectAcrossHosts, TableListsBothRows) {
+  const auto rows = libcomm::crossHostSelectionRows();
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].algorithm, "hier");
+  EXPECT_EQ(rows[1].algorithm, "ring");
+  EXPECT_NE(libcomm::describeSelectionTable(CommConfig{}).find("across hosts"), std::string::npos);
+}
+
+}  // namespace
