@@ -7,7 +7,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 
 packages=(cmake g++ make ninja-build pkg-config libgtest-dev libgmock-dev libhwloc-dev
-          libucx-dev libibverbs-dev openmpi-bin libopenmpi-dev libgloo-dev iproute2 util-linux python3)
+          libucx-dev libibverbs-dev openmpi-bin libopenmpi-dev libgloo-dev iproute2 util-linux python3
+          clang libclang-rt-14-dev)  # clang + libFuzzer runtime: tools/fuzz.sh (the main build uses g++)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -3,6 +3,7 @@
 // Text so that a person (or a script) can read what a checkpoint holds without a tool.
 
 #include <charconv>
+#include <climits>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -272,9 +273,10 @@ Result<CheckpointIndex> parseIndex(const std::string& text, const std::string& p
     uint64_t n = 0;
     const bool noLayer = f[1] == "-1";
     uint64_t layer = 0;
-    if (!unescape(f[0], gr.name) || !(noLayer || parseU64(f[1], layer)) || !parseU64(f[2], gr.numel) ||
-        !parseU64(f[3], gr.paddedNumel) || !parseU64(f[4], gr.shardNumel) || !parseU64(f[5], gr.stateOffset) ||
-        !parseU64(f[6], n))
+    // A layer past INT_MAX would wrap to a negative number the index never held.
+    if (!unescape(f[0], gr.name) || !(noLayer || (parseU64(f[1], layer) && layer <= INT_MAX)) ||
+        !parseU64(f[2], gr.numel) || !parseU64(f[3], gr.paddedNumel) || !parseU64(f[4], gr.shardNumel) ||
+        !parseU64(f[5], gr.stateOffset) || !parseU64(f[6], n))
       return in.bad("bad group record");
     gr.layer = noLayer ? -1 : static_cast<int>(layer);
     x.groups.push_back(gr);

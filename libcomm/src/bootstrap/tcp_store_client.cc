@@ -123,22 +123,15 @@ Result<std::vector<std::string>> TcpStoreClient::get(const std::vector<std::stri
   w.u32(take ? kTake : 0).u32(static_cast<uint32_t>(ms)).u32(static_cast<uint32_t>(keys.size()));
   for (const auto& key : keys) w.bytes(key);
   LIBCOMM_ASSIGN_OR_RETURN(Frame reply, call(MsgType::kGet, w.take(), withGrace(deadline), "get"));
-  WireReader r(reply.payload);
-  uint32_t n = 0;
-  if (reply.type == MsgType::kValues && r.u32(&n) && n == keys.size()) {
-    std::vector<std::string> values(n);
-    for (auto& v : values)
-      if (!r.bytes(&v)) break;
-    if (r.atEnd()) return values;
-  } else if (reply.type == MsgType::kTimedOut && r.u32(&n)) {
-    std::vector<std::string> absent(n);
-    for (auto& k : absent)
-      if (!r.bytes(&k)) break;
-    if (r.atEnd()) {
-      if (missing) *missing = absent;
-      return makeError(StatusCode::kTimeout, "rank ", rank_, ": tcp store ", address_, " get timed out; ", n, " of ",
-                       keys.size(), " keys never appeared");
-    }
+  std::vector<std::string> list;
+  if (reply.type == MsgType::kValues && parseStringList(reply.payload, &list) && list.size() == keys.size()) {
+    return list;
+  }
+  if (reply.type == MsgType::kTimedOut && parseStringList(reply.payload, &list)) {
+    const size_t n = list.size();
+    if (missing) *missing = std::move(list);
+    return makeError(StatusCode::kTimeout, "rank ", rank_, ": tcp store ", address_, " get timed out; ", n, " of ",
+                     keys.size(), " keys never appeared");
   }
   broken_ = makeError(StatusCode::kRemoteError, "rank ", rank_, ": tcp store ", address_, " sent a malformed reply");
   return broken_;

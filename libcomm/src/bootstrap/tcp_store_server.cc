@@ -24,9 +24,6 @@
 namespace libcomm::boot {
 namespace {
 
-// Before authentication the only legal message is kAuth; anything longer is refused at its header
-// so that a stranger cannot make the server buffer megabytes.
-constexpr uint32_t kMaxAuthPayload = 256;
 constexpr size_t kReadChunk = 1 << 16;
 constexpr size_t kMaxReadPerWakeup = 1 << 20;
 
@@ -228,18 +225,17 @@ class Server final : public TcpStoreServer {
 
   void handleFrames(Conn& c) {
     // While a get is parked, later frames stay buffered: replies must come in request order.
-    while (!c.closed && !c.closing && !state_.parked(c.id) && c.in.size() - c.inPos >= kHeaderBytes) {
-      const auto* head = reinterpret_cast<const uint8_t*>(c.in.data() + c.inPos);
+    // Framing and parsing are the pure functions of tcp_wire (fuzzed in tests/fuzz); this loop
+    // only owns the buffer and the order.
+    while (!c.closed && !c.closing && !state_.parked(c.id)) {
       MsgType type;
-      uint32_t length = 0;
-      Status valid = decodeHeader(head, &type, &length);
-      if (!valid.isOk()) return drop(c, valid.message());
-      if (!c.authed && (type != MsgType::kAuth || length > kMaxAuthPayload))
-        return drop(c, "sent message type " + std::to_string(static_cast<int>(type)) + " of " + std::to_string(length) +
-                           " bytes before authenticating");
-      if (c.in.size() - c.inPos - kHeaderBytes < length) break;
-      std::string_view payload(c.in.data() + c.inPos + kHeaderBytes, length);
-      c.inPos += kHeaderBytes + length;
+      std::string_view payload;
+      size_t used = 0;
+      std::string why;
+      FrameCut cut = cutRequestFrame(std::string_view(c.in).substr(c.inPos), c.authed, &type, &payload, &used, &why);
+      if (cut == FrameCut::kBad) return drop(c, why);
+      if (cut == FrameCut::kIncomplete) break;
+      c.inPos += used;
       handleFrame(c, type, payload);
     }
     if (c.inPos == c.in.size()) {
@@ -252,24 +248,24 @@ class Server final : public TcpStoreServer {
   }
 
   void handleFrame(Conn& c, MsgType type, std::string_view payload) {
-    WireReader r(payload);
+    StoreRequest req;
+    Status parsed = parseStoreRequest(type, payload, &req);
+    if (!parsed.isOk()) return drop(c, parsed.message());
     switch (type) {
       case MsgType::kAuth: {
-        std::string clientNonce, proof;
-        uint32_t rank = 0;
-        if (c.authed || !r.raw(kNonceBytes, &clientNonce) || !r.u32(&rank) || !r.raw(32, &proof) || !r.atEnd())
-          return drop(c, "malformed handshake");
-        std::string expected = clientProof(secret_, c.nonce, clientNonce, static_cast<int32_t>(rank));
+        if (c.authed) return drop(c, "malformed handshake");
+        const std::string& clientNonce = req.clientNonce;
+        std::string expected = clientProof(secret_, c.nonce, clientNonce, req.rank);
         if (!constantTimeEqual(reinterpret_cast<const uint8_t*>(expected.data()), expected.size(),
-                               reinterpret_cast<const uint8_t*>(proof.data()), proof.size())) {
+                               reinterpret_cast<const uint8_t*>(req.proof.data()), req.proof.size())) {
           LIBCOMM_LOG(kWarn, "boot") << "tcp store " << host_ << ":" << port_ << ": refusing " << c.peer
-                                     << " (claims rank " << static_cast<int32_t>(rank) << "): wrong job secret";
+                                     << " (claims rank " << req.rank << "): wrong job secret";
           send(c, MsgType::kError, "authentication failed: wrong job secret");
           c.closing = true;
           if (c.out.empty()) c.closed = true;
           return;
         }
-        int32_t claimed = static_cast<int32_t>(rank);
+        int32_t claimed = req.rank;
         auto other = rankConns_.find(claimed);
         auto holderConn = other == rankConns_.end() ? conns_.end() : conns_.find(other->second);
         // Two processes with one rank would overwrite each other's keys and hang or corrupt the job.
@@ -290,28 +286,13 @@ class Server final : public TcpStoreServer {
         send(c, MsgType::kAuthOk, serverProof(secret_, c.nonce, clientNonce));
         return;
       }
-      case MsgType::kSet: {
-        std::string key, value;
-        if (!r.bytes(&key) || !r.bytes(&value) || !r.atEnd()) return drop(c, "malformed set");
-        return state_.set(c.id, key, std::move(value));
-      }
-      case MsgType::kDelete: {
-        std::string key;
-        if (!r.bytes(&key) || !r.atEnd()) return drop(c, "malformed delete");
-        return state_.remove(c.id, key);
-      }
-      case MsgType::kGet: {
-        uint32_t flags = 0, timeoutMs = 0, n = 0;
-        if (!r.u32(&flags) || !r.u32(&timeoutMs) || !r.u32(&n)) return drop(c, "malformed get");
-        std::vector<std::string> keys;
-        for (uint32_t i = 0; i < n; ++i) {
-          std::string key;
-          if (!r.bytes(&key)) return drop(c, "malformed get");
-          keys.push_back(std::move(key));
-        }
-        if (!r.atEnd()) return drop(c, "malformed get");
-        return state_.get(c.id, std::move(keys), (flags & kTake) != 0, Clock::now() + Milliseconds(timeoutMs));
-      }
+      case MsgType::kSet:
+        return state_.set(c.id, req.key, std::move(req.value));
+      case MsgType::kDelete:
+        return state_.remove(c.id, req.key);
+      case MsgType::kGet:
+        return state_.get(c.id, std::move(req.keys), (req.flags & kTake) != 0,
+                          Clock::now() + Milliseconds(req.timeoutMs));
       default:
         return drop(c, "unexpected message type " + std::to_string(static_cast<int>(type)));
     }

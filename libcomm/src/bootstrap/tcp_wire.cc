@@ -106,6 +106,76 @@ bool WireReader::raw(size_t n, std::string* v) {
   return true;
 }
 
+FrameCut cutRequestFrame(std::string_view in, bool authed, MsgType* type, std::string_view* payload, size_t* used,
+                         std::string* why) {
+  if (in.size() < kHeaderBytes) return FrameCut::kIncomplete;
+  uint32_t length = 0;
+  Status valid = decodeHeader(reinterpret_cast<const uint8_t*>(in.data()), type, &length);
+  if (!valid.isOk()) {
+    *why = valid.message();
+    return FrameCut::kBad;
+  }
+  if (!authed && (*type != MsgType::kAuth || length > kMaxAuthPayload)) {
+    *why = "sent message type " + std::to_string(static_cast<int>(*type)) + " of " + std::to_string(length) +
+           " bytes before authenticating";
+    return FrameCut::kBad;
+  }
+  if (in.size() - kHeaderBytes < length) return FrameCut::kIncomplete;
+  *payload = in.substr(kHeaderBytes, length);
+  *used = kHeaderBytes + length;
+  return FrameCut::kFrame;
+}
+
+Status parseStoreRequest(MsgType type, std::string_view payload, StoreRequest* out) {
+  WireReader r(payload);
+  out->type = type;
+  auto malformed = [](const char* what) { return makeError(StatusCode::kRemoteError, "malformed ", what); };
+  switch (type) {
+    case MsgType::kAuth: {
+      uint32_t rank = 0;
+      if (!r.raw(kNonceBytes, &out->clientNonce) || !r.u32(&rank) || !r.raw(32, &out->proof) || !r.atEnd())
+        return malformed("handshake");
+      out->rank = static_cast<int32_t>(rank);
+      return Status::ok();
+    }
+    case MsgType::kSet:
+      if (!r.bytes(&out->key) || !r.bytes(&out->value) || !r.atEnd()) return malformed("set");
+      return Status::ok();
+    case MsgType::kDelete:
+      if (!r.bytes(&out->key) || !r.atEnd()) return malformed("delete");
+      return Status::ok();
+    case MsgType::kGet: {
+      uint32_t n = 0;
+      if (!r.u32(&out->flags) || !r.u32(&out->timeoutMs) || !r.u32(&n)) return malformed("get");
+      out->keys.clear();
+      // Each key costs at least its 4-byte length, so a lying count fails before it allocates.
+      for (uint32_t i = 0; i < n; ++i) {
+        std::string key;
+        if (!r.bytes(&key)) return malformed("get");
+        out->keys.push_back(std::move(key));
+      }
+      if (!r.atEnd()) return malformed("get");
+      return Status::ok();
+    }
+    default:
+      return makeError(StatusCode::kRemoteError, "unexpected message type ", static_cast<int>(type));
+  }
+}
+
+bool parseStringList(std::string_view payload, std::vector<std::string>* out) {
+  WireReader r(payload);
+  uint32_t n = 0;
+  if (!r.u32(&n)) return false;
+  out->clear();
+  // The count comes from the peer: grow as strings actually arrive instead of trusting it.
+  for (uint32_t i = 0; i < n; ++i) {
+    std::string s;
+    if (!r.bytes(&s)) return false;
+    out->push_back(std::move(s));
+  }
+  return r.atEnd();
+}
+
 std::string clientProof(std::string_view secret, std::string_view serverNonce, std::string_view clientNonce,
                         int32_t rank) {
   std::string msg = "client";

@@ -35,6 +35,9 @@ constexpr size_t kHeaderBytes = 12;
 constexpr uint32_t kMaxPayloadBytes = 64u << 20;
 constexpr size_t kNonceBytes = 32;
 constexpr uint32_t kTake = 1;
+// Before authentication the only legal message is kAuth; anything longer is refused at its header
+// so that a stranger cannot make the server buffer megabytes.
+constexpr uint32_t kMaxAuthPayload = 256;
 
 enum class MsgType : uint16_t {
   kChallenge = 1,
@@ -84,6 +87,34 @@ class WireReader {
   std::string_view in_;
   size_t pos_ = 0;
 };
+
+/// What the store server reads off a client's connection: the handshake or one request.
+struct StoreRequest {
+  MsgType type = MsgType::kError;
+  std::string clientNonce;        // kAuth
+  int32_t rank = -1;              // kAuth
+  std::string proof;              // kAuth
+  std::string key;                // kSet, kDelete
+  std::string value;              // kSet
+  uint32_t flags = 0;             // kGet
+  uint32_t timeoutMs = 0;         // kGet
+  std::vector<std::string> keys;  // kGet
+};
+
+enum class FrameCut { kIncomplete, kFrame, kBad };
+
+/// Cuts the next frame off the front of `in`, a client's received bytes. kFrame sets `*type`,
+/// `*payload` (a view into `in`) and `*used` (header plus payload); kIncomplete wants more bytes;
+/// kBad means nothing after it can be trusted, and `*why` says why (bad header, or anything but a
+/// short kAuth while `authed` is false). Pure: no I/O, no state.
+FrameCut cutRequestFrame(std::string_view in, bool authed, MsgType* type, std::string_view* payload, size_t* used,
+                         std::string* why);
+/// Parses the payload of a client message of `type` into `*out`; on failure returns why
+/// ("malformed set", "unexpected message type 7"). Pure: no I/O, no state.
+Status parseStoreRequest(MsgType type, std::string_view payload, StoreRequest* out);
+/// Reads a list of strings (u32 n, then n strings) that fills `payload` exactly, as in the kValues
+/// and kTimedOut replies. Never allocates more than the payload can hold.
+bool parseStringList(std::string_view payload, std::vector<std::string>* out);
 
 /// The proofs of the handshake.
 std::string clientProof(std::string_view secret, std::string_view serverNonce, std::string_view clientNonce,
