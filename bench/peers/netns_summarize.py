@@ -19,6 +19,8 @@ import statistics
 import sys
 from collections import defaultdict
 
+from summarize import read_json_lines  # the same JSON-lines reader as compare.sh's summaries
+
 PLACEMENTS = {"oop": [False], "ip": [True], "both": [False, True]}
 
 
@@ -36,22 +38,6 @@ def plural(n, word):
 def read_manifest(path):
     with open(path, encoding="utf-8", newline="") as fh:
         return list(csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE))
-
-
-def read_json_lines(path):
-    rows = []
-    if not os.path.exists(path):
-        return rows
-    with open(path, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                print(f"netns_summarize: {path}:{n}: skipped, not JSON ({e})", file=sys.stderr)
-    return rows
 
 
 def main():
@@ -83,7 +69,7 @@ def main():
             failures.append(f"{run['shape']} {run['coll']} UCX_TLS={run['tls']} {label} round {run['rep']}: "
                             f"exit {run['rc']} (log: {run['log']})")
             continue
-        for row in read_json_lines(run["json"]):
+        for row in read_json_lines(run["json"], "netns_summarize"):
             if row.get("coll") != run["coll"] or row.get("dtype") != "float":
                 continue
             if row.get("wrong"):

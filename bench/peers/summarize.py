@@ -23,6 +23,24 @@ from collections import defaultdict
 PEERS = ("openmpi", "gloo", "memcpy")
 
 
+def read_json_lines(path, prog="summarize"):
+    """The JSON objects of one JSON-lines file (comm_bench -J, mpi_bench -J); a line that is not
+    JSON is reported and skipped; a missing file gives none."""
+    rows = []
+    if not os.path.exists(path):
+        return rows
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                print(f"{prog}: {path}:{n}: skipped, not JSON ({e})", file=sys.stderr)
+    return rows
+
+
 def read_lines(paths):
     files = []
     for p in paths:
@@ -32,15 +50,7 @@ def read_lines(paths):
             files.append(p)
     rows = []
     for f in files:
-        with open(f, encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    print(f"summarize: {f}:{n}: skipped, not JSON ({e})", file=sys.stderr)
+        rows += read_json_lines(f)
     return rows
 
 
