@@ -86,7 +86,15 @@ sweep() {
     [ -d "$dir" ] || continue
     pid=${dir#/tmp/shardcomm-netns-}
     pid=${pid%%-*}
-    [[ "$pid" =~ ^[0-9]+$ ]] && ! kill -0 "$pid" 2> /dev/null && rm -rf "$dir"
+    [[ "$pid" =~ ^[0-9]+$ ]] && ! kill -0 "$pid" 2> /dev/null || continue
+    # The dead run's helpers may still be creating files in it for a moment ("Directory not
+    # empty"): try again briefly.
+    local try
+    for try in 1 2 3 4 5; do
+      rm -rf "$dir" 2> /dev/null
+      [ -e "$dir" ] || break
+      sleep 0.2
+    done
   done
 }
 
