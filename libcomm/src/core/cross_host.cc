@@ -96,8 +96,9 @@ Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, const std::v
   cross->ranks = hosts_.ranks;
   const std::vector<int>& here = hosts_.ranks[cross->hostIndex];
   const int perHost = static_cast<int>(here.size());
-  cross->hasRails = perHost >= 2;
-  for (const auto& group : hosts_.ranks) cross->hasRails = cross->hasRails && static_cast<int>(group.size()) == perHost;
+  cross->fewestPerHost = hosts_.minRanksPerHost();
+  cross->mostPerHost = hosts_.maxRanksPerHost();
+  cross->hasRails = cross->fewestPerHost >= 2 && cross->fewestPerHost == cross->mostPerHost;
   if (cross->hasRails)
     for (int h = 0; h < hosts; ++h) cross->railOrder.push_back(hosts_.ranks[h][cross->localIndex]);
   if (2 * static_cast<uint32_t>(n) + 1 >= ucx::kMaxStep)
@@ -202,15 +203,11 @@ void Communicator::Impl::disconnectAcrossHosts(const Status& why) {
 
 Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const WaitContext& wait) {
   const int n = size_;
-  int fewest = n, most = 0;
-  for (const auto& group : hosts_.ranks) {
-    fewest = std::min(fewest, static_cast<int>(group.size()));
-    most = std::max(most, static_cast<int>(group.size()));
-  }
   const size_t inputBytes = args.count * args.inputParts(n) * dataTypeSize(args.inType);
   const char* why = "";
-  LIBCOMM_ASSIGN_OR_RETURN(const Algo algo,
-                           selectAcrossHosts({args.kind, inputBytes, hosts_.numHosts(), fewest, most}, config_, &why));
+  LIBCOMM_ASSIGN_OR_RETURN(const Algo algo, selectAcrossHosts({args.kind, inputBytes, hosts_.numHosts(),
+                                                               cross_->fewestPerHost, cross_->mostPerHost},
+                                                              config_, &why));
   UcxRingLink link(*cross_->channel, seq);
   if (n > 1) {
     shm::OpDescriptor mine = describeOp(args, seq);
@@ -329,7 +326,7 @@ Status Communicator::Impl::runHier(const CollArgs& args, uint32_t seq, const Wai
   env.rail.link = &link;
   env.rail.wait = &wait;
 
-  Status st = gather ? hier::allGather(a, env, &x.progress) : hier::reduceScatter(a, env, x.hierScratch);
+  Status st = gather ? hier::allGather(a, env, &x.progress) : hier::reduceScatter(a, env, x.hostSums, x.scratch);
   LIBCOMM_RETURN_IF_ERROR(st);
   if (gather && !registered && bytes > 0) reduce::copyBytes(args.recv, work, bytes);
   // The host peers read this rank's working buffer: nobody returns before all are done.
@@ -343,10 +340,12 @@ Status Communicator::Impl::ringAllReduce(const CollArgs& args, ring::Env& env) {
   const size_t n = static_cast<size_t>(size_), es = dataTypeSize(args.inType);
   const size_t part = (args.count + n - 1) / n;
   std::vector<char>& scratch = cross_->padded;
-  scratch.assign(2 * n * part * es, 0);
+  if (scratch.size() < 2 * n * part * es) scratch.resize(2 * n * part * es);
   char* padded = scratch.data();
   char* gathered = padded + n * part * es;
   if (args.count > 0) reduce::copyBytes(padded, args.send, args.count * es);
+  // The padding only reaches sums past `count`, which are dropped; zeroed so that they stay defined.
+  std::memset(padded + args.count * es, 0, (n * part - args.count) * es);
   CollArgs rs = args;
   rs.kind = CollKind::kReduceScatter;
   rs.send = padded;

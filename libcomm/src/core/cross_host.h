@@ -37,13 +37,14 @@ struct CrossHost {
   int pos = 0;             // this rank's place in `order`
   int prev = -1, next = -1;
 
-  bool hasRails = false;               // every host has L >= 2 ranks, equally many
+  int fewestPerHost = 0, mostPerHost = 0;  // ranks on the hosts with the fewest and the most
+  bool hasRails = false;                   // every host has L >= 2 ranks, equally many
   std::vector<int> railOrder;          // this rank's rail: ranks of its local index, host order
   int hostIndex = 0, localIndex = 0;
   std::vector<std::vector<int>> ranks;  // [host][local index] -> global rank
 
-  ring::Scratch scratch;     // the ring reduce_scatter's fp32 partials
-  hier::Scratch hierScratch;
+  ring::Scratch scratch;         // the ring reduce_scatter's fp32 partials (flat and rail rings)
+  std::vector<float> hostSums;   // two-level reduce_scatter: the host's partial sums
   std::vector<char> padded;  // all_reduce: its zero-padded copy
   uint32_t progress = 0;     // this rank's shm kProgress value (hierarchical all_gather)
   // Registered memory standing in for a working buffer that is not registered (the host peers

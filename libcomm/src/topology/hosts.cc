@@ -51,6 +51,12 @@ int HostGroups::maxRanksPerHost() const {
   return static_cast<int>(most);
 }
 
+int HostGroups::minRanksPerHost() const {
+  size_t fewest = ranks.empty() ? 0 : ranks[0].size();
+  for (const auto& rs : ranks) fewest = std::min(fewest, rs.size());
+  return static_cast<int>(fewest);
+}
+
 namespace {
 
 // "0-3" for consecutive ranks, "0,2,5" otherwise.

@@ -30,6 +30,8 @@ struct HostGroups {
   int numHosts() const { return static_cast<int>(ids.size()); }
   /// The most ranks any host has.
   int maxRanksPerHost() const;
+  /// The fewest ranks any host has.
+  int minRanksPerHost() const;
   /// "2 hosts: 'a' ranks 0-1, 'b' ranks 2,4" (for logs and errors).
   std::string describe() const;
 };

@@ -153,15 +153,15 @@ Status allGather(const CollArgs& a, Env& env, uint32_t* progress) {
   return copies.finish(*env.wait);
 }
 
-Status reduceScatter(const CollArgs& a, Env& env, Scratch& scratch) {
+Status reduceScatter(const CollArgs& a, Env& env, std::vector<float>& sumsBuffer, ring::Scratch& ringScratch) {
   const int hosts = static_cast<int>(env.ranks.size());
   if (a.count == 0) return Status::ok();
-  if (scratch.sums.size() < static_cast<size_t>(hosts) * a.count) scratch.sums.resize(static_cast<size_t>(hosts) * a.count);
-  LocalSums sums(a, env, scratch.sums.data());
+  if (sumsBuffer.size() < static_cast<size_t>(hosts) * a.count) sumsBuffer.resize(static_cast<size_t>(hosts) * a.count);
+  LocalSums sums(a, env, sumsBuffer.data());
   // The rail reduce-scatters the host sums (fp32): the scale of the whole reduction applies once,
   // at the end, with the world's size.
   CollArgs rs = a;
-  rs.send = scratch.sums.data();
+  rs.send = sumsBuffer.data();
   rs.inType = DataType::kFloat32;
   rs.inPlace = false;
   const float scale = a.postScale(env.worldSize);
@@ -170,7 +170,7 @@ Status reduceScatter(const CollArgs& a, Env& env, Scratch& scratch) {
   ring::Env rail = env.rail;
   rail.inputByPosition = true;
   rail.hooks = &sums;
-  return ring::reduceScatter(rs, rail, scratch.ring);
+  return ring::reduceScatter(rs, rail, ringScratch);
 }
 
 }  // namespace libcomm::hier

@@ -47,15 +47,11 @@ struct Env {
   const WaitContext* wait = nullptr;
 };
 
-struct Scratch {
-  std::vector<float> sums;  // reduce_scatter: the host's partial sums, one block per host
-  ring::Scratch ring;
-};
-
 /// all_gather into a.recv (this rank's working output; in place when a.inPlace). *progress is this
 /// rank's kProgress value; it is advanced past everything this collective publishes.
 Status allGather(const CollArgs& a, Env& env, uint32_t* progress);
-/// reduce_scatter of the inputs in env.base (a.send is this rank's, env.base[localIndex]).
-Status reduceScatter(const CollArgs& a, Env& env, Scratch& scratch);
+/// reduce_scatter of the inputs in env.base (a.send is this rank's, env.base[localIndex]). `sums`
+/// holds the host's partial sums (one block per host); `ring` is the rail ring's scratch.
+Status reduceScatter(const CollArgs& a, Env& env, std::vector<float>& sums, ring::Scratch& ring);
 
 }  // namespace libcomm::hier
