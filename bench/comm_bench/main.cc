@@ -87,7 +87,7 @@ int runRank(const Options& options) {
   if (!config.isOk()) return fail(-1, config.status(), nullptr);
   if (options.timeoutMs) {
     config->opTimeout = Milliseconds(options.timeoutMs);
-    config->initTimeout = Milliseconds(options.timeoutMs);
+    config->initTimeout = Milliseconds(2 * options.timeoutMs);  // must outlast the op deadline
   }
   const libcomm::Deadline initDeadline = libcomm::Deadline::after(config->initTimeout);
 

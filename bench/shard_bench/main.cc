@@ -69,7 +69,7 @@ int runRank(const Options& o) {
   auto config = libcomm::CommConfig::fromEnvironment();
   if (!config.isOk()) return fail(rank, config.status());
   config->opTimeout = timeout;
-  config->initTimeout = timeout;
+  config->initTimeout = 2 * timeout;  // must outlast the op deadline (CommConfig::validate)
   // One pair of communicators for every run: creating them is set-up, not what is measured.
   auto ag = libcomm::Communicator::create(boot, *config);
   if (!ag.isOk()) return fail(rank, ag.status());

@@ -306,7 +306,7 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
 libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstrap& boot) {
   LIBCOMM_ASSIGN_OR_RETURN(libcomm::CommConfig config, libcomm::CommConfig::fromEnvironment());
   config.opTimeout = o.timeout;
-  config.initTimeout = o.timeout;
+  config.initTimeout = 2 * o.timeout;  // must outlast the op deadline (CommConfig::validate)
   LIBCOMM_ASSIGN_OR_RETURN(auto ag, libcomm::Communicator::create(boot, config));
   LIBCOMM_ASSIGN_OR_RETURN(auto rs, libcomm::Communicator::create(boot, config));
   return runSharded(o, boot, *ag, *rs);

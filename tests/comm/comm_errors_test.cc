@@ -30,7 +30,7 @@ libcomm::CommConfig quickConfig(int rank = 0, Placement placement = Placement::k
   libcomm::CommConfig c;
   if (placement == Placement::kAcrossHosts) c.hostId = "errors-host-" + std::to_string(rank);
   c.opTimeout = std::chrono::milliseconds(3000);
-  c.initTimeout = std::chrono::milliseconds(20000);
+  c.initTimeout = std::chrono::milliseconds(60000);
   c.peerCheckInterval = std::chrono::milliseconds(50);
   return c;
 }

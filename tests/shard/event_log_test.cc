@@ -79,7 +79,7 @@ struct RunSpec {
 libcomm::Result<Outcome> run(RankContext& ctx, const RunSpec& spec) {
   libcomm::CommConfig config;
   config.opTimeout = std::chrono::seconds(20);
-  config.initTimeout = std::chrono::seconds(20);  // a peer that bailed out must not stall us long
+  config.initTimeout = std::chrono::seconds(25);  // a peer that bailed out must not stall us long
   LIBCOMM_ASSIGN_OR_RETURN(auto ag, libcomm::Communicator::create(ctx.bootstrap, config));
   LIBCOMM_ASSIGN_OR_RETURN(auto rs, libcomm::Communicator::create(ctx.bootstrap, config));
   const auto model = toy::makeSpec();

@@ -66,7 +66,7 @@ TEST(CommConfig, BadValuesNameTheVariable) {
   const std::pair<const char*, const char*> cases[] = {
       {"LIBCOMM_TIMEOUT_MS", "0"},          {"LIBCOMM_INIT_TIMEOUT_MS", "-5"}, {"LIBCOMM_PEER_CHECK_MS", "x"},
       {"LIBCOMM_EAGER_BYTES", "2000000"},   {"LIBCOMM_STAGING_CHUNK", "100"},  {"LIBCOMM_ALGO", "ring-of-fire"},
-      {"LIBCOMM_CHECK_MISMATCH", "maybe"},
+      {"LIBCOMM_CHECK_MISMATCH", "maybe"},    {"LIBCOMM_PEER_TIMEOUT_MS", "0"},
       {"LIBCOMM_HOST_ID", "a-host-id-that-is-far-too-long-to-fit-the-handshake-field-of-64-characters"},
   };
   for (const auto& [name, value] : cases) {
@@ -76,6 +76,44 @@ TEST(CommConfig, BadValuesNameTheVariable) {
     EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << c.status().toString();
     EXPECT_NE(c.status().message().find(name), std::string::npos) << c.status().toString();
   }
+}
+
+TEST(CommConfig, InvertedDeadlinesAreRefusedNamingBothSettings) {
+  {
+    ScopedEnv op("LIBCOMM_TIMEOUT_MS", "700000");  // beyond the 600 s init default
+    auto c = CommConfig::fromEnvironment();
+    ASSERT_FALSE(c.isOk());
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+    for (const char* want : {"inverted", "LIBCOMM_TIMEOUT_MS", "700000 ms", "LIBCOMM_INIT_TIMEOUT_MS", "600000 ms"})
+      EXPECT_NE(c.status().message().find(want), std::string::npos) << want << ": " << c.status().toString();
+  }
+  {
+    ScopedEnv check("LIBCOMM_PEER_CHECK_MS", "5000");
+    ScopedEnv peer("LIBCOMM_PEER_TIMEOUT_MS", "2000");
+    auto c = CommConfig::fromEnvironment();
+    ASSERT_FALSE(c.isOk());
+    for (const char* want : {"LIBCOMM_PEER_CHECK_MS", "LIBCOMM_PEER_TIMEOUT_MS"})
+      EXPECT_NE(c.status().message().find(want), std::string::npos) << want << ": " << c.status().toString();
+  }
+  {
+    ScopedEnv op("LIBCOMM_TIMEOUT_MS", "700000");
+    ScopedEnv init("LIBCOMM_INIT_TIMEOUT_MS", "900000");
+    ScopedEnv peer("LIBCOMM_PEER_TIMEOUT_MS", "4000");
+    auto c = CommConfig::fromEnvironment();
+    ASSERT_TRUE(c.isOk()) << c.status().toString();
+    EXPECT_EQ(c->peerTimeout.count(), 4000);
+  }
+  // A config built in code is held to the same rules (Communicator::create calls validate()).
+  CommConfig code;
+  EXPECT_TRUE(code.validate().isOk());
+  code.opTimeout = code.initTimeout;
+  EXPECT_EQ(code.validate().code(), StatusCode::kInvalidArgument) << "equal is not shorter";
+  code = CommConfig{};
+  code.peerTimeout = code.peerCheckInterval;
+  EXPECT_EQ(code.validate().code(), StatusCode::kInvalidArgument);
+  code = CommConfig{};
+  code.stagingChunkBytes = 100;
+  EXPECT_EQ(code.validate().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(CommConfig, EveryKnobIsDeclaredWithADoc) {

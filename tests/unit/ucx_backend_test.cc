@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -35,19 +36,39 @@ TEST(UcxBackend, ContextIsSharedAndSetsKeepaliveDefaultsOnlyWhereUnset) {
   unsetenv("UCX_TCP_KEEPINTVL");
   unsetenv("UCX_TCP_KEEPCNT");
   unsetenv("UCX_KEEPALIVE_INTERVAL");
-  auto a = ucx::Context::acquire();
+  auto a = ucx::Context::acquire(std::chrono::milliseconds(6000));
   ASSERT_TRUE(a.isOk()) << a.status().toString();
   auto b = ucx::Context::acquire();
   ASSERT_TRUE(b.isOk()) << b.status().toString();
   EXPECT_EQ(a->get(), b->get());
   EXPECT_STREQ(getenv("UCX_TCP_KEEPIDLE"), "7s");
   EXPECT_STREQ(getenv("UCX_TCP_KEEPINTVL"), "1s");
-  EXPECT_STREQ(getenv("UCX_TCP_KEEPCNT"), "5");
+  EXPECT_STREQ(getenv("UCX_TCP_KEEPCNT"), "5") << "6 s budget: 1 s idle + 5 probes 1 s apart";
   EXPECT_EQ(getenv("UCX_KEEPALIVE_INTERVAL"), nullptr) << "must never be set: it disables cut-link detection";
   const std::string d = (*a)->describe();
   EXPECT_NE(d.find("UCX 1."), std::string::npos) << d;
   EXPECT_NE(d.find("UCX_TCP_KEEPINTVL=1s"), std::string::npos) << d;
   EXPECT_EQ(d.find("UCX_TCP_KEEPIDLE"), std::string::npos) << d;
+}
+
+TEST(UcxBackend, KeepaliveFitsThePeerTimeout) {
+  // Declared lost after idle + count * interval: never later than the budget, and never with a
+  // zero field (the kernel would refuse it).
+  for (long long ms : {1LL, 1999LL, 2000LL, 5000LL, 10000LL, 60000LL, 600000LL}) {
+    auto d = ucx::environmentDefaults(std::chrono::milliseconds(ms));
+    ASSERT_EQ(d.size(), 3u);
+    EXPECT_EQ(d[0].name, "UCX_TCP_KEEPIDLE");
+    const long long idle = std::stoll(d[0].value), interval = std::stoll(d[1].value), count = std::stoll(d[2].value);
+    EXPECT_GE(idle, 1);
+    EXPECT_GE(interval, 1);
+    EXPECT_GE(count, 1);
+    EXPECT_LE((idle + count * interval) * 1000, std::max(ms, 2000LL)) << ms << " ms";
+    if (ms >= 10000) {
+      EXPECT_GE((idle + count * interval) * 1000, ms * 8 / 10) << "the budget is mostly used";
+    }
+  }
+  auto d = ucx::environmentDefaults(std::chrono::milliseconds(10000));
+  EXPECT_EQ(d[0].value + " " + d[1].value + " " + d[2].value, "2s 1s 8");
 }
 
 TEST(UcxBackend, ChannelWithoutPeersCreatesAndCloses) {

@@ -34,8 +34,17 @@ class Communicator {
   static Result<std::unique_ptr<Communicator>> create(Bootstrap& bootstrap);
 
   /// Waits for pending work of this communicator (bounded by the op timeout), then releases
-  /// everything. Never hangs: a communicator that cannot finish is aborted.
+  /// everything. Never hangs: a communicator that cannot finish is aborted. After finalize() it
+  /// waits for nothing.
   ~Communicator();
+
+  /// Flushes, then closes: waits until every collective enqueued so far has finished, for at most
+  /// `timeout`. Returns the communicator's first error, or OK after a clean run. When the time is
+  /// up it aborts what is left (as abort() does: peers see kRemoteError naming this rank) and
+  /// returns kTimeout saying how many collectives were unfinished. Either way, later collectives
+  /// are refused with kInvalidUsage. Call it from one thread, after the last collective has been
+  /// enqueued; abort() may still be called from others.
+  Status finalize(Milliseconds timeout);
 
   int rank() const;
   int size() const;

@@ -37,6 +37,11 @@ bool isSecretSetting(const char* name);
 std::string describeSettings();
 
 /// Per-communicator configuration. Defaults come from the registry (environment).
+///
+/// Deadlines are layered, and validate() refuses an inverted set: a blocked wait checks its peers
+/// every peerCheckInterval (< peerTimeout), a lost peer is named within peerTimeout, one
+/// collective may take opTimeout, and creating a communicator -- which waits for the slowest rank
+/// to arrive -- may take initTimeout (> opTimeout).
 struct CommConfig {
   /// Deadline for any one collective, from its start on the stream to its end.
   Milliseconds opTimeout{300000};
@@ -44,6 +49,11 @@ struct CommConfig {
   Milliseconds initTimeout{600000};
   /// How often a blocked wait checks that its peers are still alive.
   Milliseconds peerCheckInterval{100};
+  /// How long a lost peer may go unnoticed: a killed process on this host is seen at the next
+  /// peer check; across hosts a killed process resets its connections at once, and a silent host
+  /// or cut link is declared lost by TCP keepalive probes sized to fit this (process-wide: the
+  /// first communicator that uses UCX sets UCX_TCP_KEEP* from it, where the user set none).
+  Milliseconds peerTimeout{10000};
   /// Algorithm override ("" = the selector's choice; one host: "eager", "direct", "staged"; across
   /// hosts: "ring", "hier"), from LIBCOMM_ALGO.
   std::string algo;
@@ -68,8 +78,12 @@ struct CommConfig {
   /// of one machine.
   std::string hostId;
 
-  /// Reads every field from the registry; malformed values are errors.
+  /// Reads every field from the registry; malformed values and inverted deadlines are errors.
   static Result<CommConfig> fromEnvironment();
+  /// kInvalidArgument naming the settings when a value is out of range or the deadlines are not
+  /// layered (peerCheckInterval < peerTimeout, opTimeout < initTimeout). Communicator::create
+  /// calls it, so a config built in code is checked too.
+  Status validate() const;
 };
 
 }  // namespace libcomm

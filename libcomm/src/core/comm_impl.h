@@ -109,6 +109,12 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   mutable std::mutex errMu_;
   Status asyncError_;
   std::atomic<bool> failed_{false};  // asyncError_ is set; readable without errMu_
+
+ public:
+  /// Set by finalize(): new collectives are refused.
+  std::atomic<bool> finalized_{false};
+  int inflight() const { return inflight_.load(); }
+  uint32_t lastExecuted() const { return lastExecuted_.load(); }
 };
 
 }  // namespace libcomm

@@ -55,6 +55,8 @@ Communicator::Impl::WaitPolicy blockingWaitPolicy(const CommConfig& config, int 
 }  // namespace
 
 Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap& bootstrap, const CommConfig& config) {
+  LIBCOMM_RETURN_IF_ERROR(config.validate().withContext("rank " + std::to_string(bootstrap.rank()) +
+                                                        ": creating a communicator"));
   auto impl = std::make_shared<Impl>();
   impl->rank_ = bootstrap.rank();
   impl->size_ = bootstrap.size();
@@ -172,12 +174,30 @@ Result<std::unique_ptr<Communicator>> Communicator::create(Bootstrap& bootstrap)
 Communicator::Communicator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Communicator::~Communicator() {
-  if (!impl_) return;
+  if (!impl_ || impl_->finalized_.load()) return;  // finalize() flushed or aborted already
   if (!impl_->waitIdle(Deadline::after(impl_->config_.opTimeout))) {
     LIBCOMM_LOG(kWarn, "init") << "rank " << impl_->rank_
                                << ": communicator destroyed with collectives still queued; aborting them";
     impl_->abort("communicator destroyed with collectives still queued");
   }
+}
+
+Status Communicator::finalize(Milliseconds timeout) {
+  impl_->finalized_.store(true);
+  const Clock::time_point start = Clock::now();
+  if (impl_->waitIdle(Deadline::after(timeout))) return impl_->asyncError();
+  const int left = impl_->inflight();
+  const uint32_t next = impl_->lastExecuted() + 1;
+  const std::string why = "finalize() found " + std::to_string(left) + " collective(s) unfinished after " +
+                          std::to_string(timeout.count()) + " ms (the first is seq " + std::to_string(next) +
+                          ") and aborted them";
+  impl_->abort(why);
+  // Aborted collectives fail at their next check; one stuck behind other work of its stream is
+  // left to that stream (it holds its own reference to the communicator's internals).
+  (void)impl_->waitIdle(Deadline::after(std::min<Milliseconds>(impl_->config_.opTimeout, Milliseconds(2000))));
+  LIBCOMM_LOG(kWarn, "init") << "rank " << impl_->rank_ << ": " << why << " ("
+                             << std::chrono::duration_cast<Milliseconds>(Clock::now() - start).count() << " ms)";
+  return makeError(StatusCode::kTimeout, "rank ", impl_->rank_, ": ", why);
 }
 
 int Communicator::rank() const { return impl_->rank_; }

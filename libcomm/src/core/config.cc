@@ -25,6 +25,8 @@ const std::vector<SettingInfo> kSettings = {
     {"LIBCOMM_TIMEOUT_MS", SettingType::kInt, "300000", "deadline of one collective once it starts on its stream"},
     {"LIBCOMM_INIT_TIMEOUT_MS", SettingType::kInt, "600000", "deadline of bootstrap and communicator creation"},
     {"LIBCOMM_PEER_CHECK_MS", SettingType::kInt, "100", "how often a blocked wait checks that its peers are alive"},
+    {"LIBCOMM_PEER_TIMEOUT_MS", SettingType::kInt, "10000",
+     "a lost peer is named within this; across hosts it sizes TCP keepalive (UCX_TCP_KEEP*, unless set)"},
     // Algorithms.
     {"LIBCOMM_ALGO", SettingType::kString, "", "force an algorithm: eager|direct|staged on one host, ring|hier across hosts (empty: the selector decides)"},
     {"LIBCOMM_CHECK_MISMATCH", SettingType::kBool, "1",
@@ -128,6 +130,7 @@ Result<CommConfig> CommConfig::fromEnvironment() {
   LIBCOMM_ASSIGN_OR_RETURN(long long opMs, settingInt("LIBCOMM_TIMEOUT_MS"));
   LIBCOMM_ASSIGN_OR_RETURN(long long initMs, settingInt("LIBCOMM_INIT_TIMEOUT_MS"));
   LIBCOMM_ASSIGN_OR_RETURN(long long peerMs, settingInt("LIBCOMM_PEER_CHECK_MS"));
+  LIBCOMM_ASSIGN_OR_RETURN(long long peerTimeoutMs, settingInt("LIBCOMM_PEER_TIMEOUT_MS"));
   LIBCOMM_ASSIGN_OR_RETURN(long long chunk, settingInt("LIBCOMM_STAGING_CHUNK"));
   LIBCOMM_ASSIGN_OR_RETURN(long long eager, settingInt("LIBCOMM_EAGER_BYTES"));
   LIBCOMM_ASSIGN_OR_RETURN(long long spinUs, settingInt("LIBCOMM_SPIN_US"));
@@ -142,11 +145,14 @@ Result<CommConfig> CommConfig::fromEnvironment() {
   if (opMs <= 0) return makeError(StatusCode::kInvalidArgument, "LIBCOMM_TIMEOUT_MS must be > 0, got ", opMs);
   if (initMs <= 0) return makeError(StatusCode::kInvalidArgument, "LIBCOMM_INIT_TIMEOUT_MS must be > 0, got ", initMs);
   if (peerMs <= 0) return makeError(StatusCode::kInvalidArgument, "LIBCOMM_PEER_CHECK_MS must be > 0, got ", peerMs);
+  if (peerTimeoutMs <= 0)
+    return makeError(StatusCode::kInvalidArgument, "LIBCOMM_PEER_TIMEOUT_MS must be > 0, got ", peerTimeoutMs);
   if (chunk < 4096 || chunk > (1LL << 30))
     return makeError(StatusCode::kInvalidArgument, "LIBCOMM_STAGING_CHUNK must be in [4096, 2^30], got ", chunk);
   c.opTimeout = Milliseconds(opMs);
   c.initTimeout = Milliseconds(initMs);
   c.peerCheckInterval = Milliseconds(peerMs);
+  c.peerTimeout = Milliseconds(peerTimeoutMs);
   c.stagingChunkBytes = static_cast<size_t>(chunk);
   c.hostId = settingValue("LIBCOMM_HOST_ID");
   if (c.hostId.size() >= 64)
@@ -160,7 +166,33 @@ Result<CommConfig> CommConfig::fromEnvironment() {
       c.algo != "hier")
     return makeError(StatusCode::kInvalidArgument, "LIBCOMM_ALGO='", c.algo,
                      "' is not one of: eager, direct, staged (one host), ring, hier (across hosts)");
+  LIBCOMM_RETURN_IF_ERROR(c.validate());
   return c;
+}
+
+Status CommConfig::validate() const {
+  auto ms = [](Milliseconds m) { return std::to_string(m.count()) + " ms"; };
+  if (opTimeout.count() <= 0 || initTimeout.count() <= 0 || peerCheckInterval.count() <= 0 || peerTimeout.count() <= 0)
+    return makeError(StatusCode::kInvalidArgument, "every deadline must be positive: op timeout ", ms(opTimeout),
+                     ", init timeout ", ms(initTimeout), ", peer check ", ms(peerCheckInterval), ", peer timeout ",
+                     ms(peerTimeout));
+  // A collective's deadline inside the init deadline: creation waits for the slowest rank to
+  // arrive, and a rank still starting up must not be declared lost by one already in a collective.
+  if (opTimeout >= initTimeout)
+    return makeError(StatusCode::kInvalidArgument, "deadlines are inverted: the op timeout (LIBCOMM_TIMEOUT_MS, ",
+                     ms(opTimeout), ") must be shorter than the init timeout (LIBCOMM_INIT_TIMEOUT_MS, ",
+                     ms(initTimeout), "); raise the init timeout or lower the op timeout");
+  if (peerCheckInterval >= peerTimeout)
+    return makeError(StatusCode::kInvalidArgument, "deadlines are inverted: the peer check interval (LIBCOMM_PEER_CHECK_MS, ",
+                     ms(peerCheckInterval), ") must be shorter than the peer timeout (LIBCOMM_PEER_TIMEOUT_MS, ",
+                     ms(peerTimeout), ")");
+  if (stagingChunkBytes < 4096 || stagingChunkBytes > (size_t{1} << 30))
+    return makeError(StatusCode::kInvalidArgument, "the staging chunk (LIBCOMM_STAGING_CHUNK) must be in [4096, 2^30], got ",
+                     stagingChunkBytes);
+  if (eagerBytes > (size_t{1} << 20))
+    return makeError(StatusCode::kInvalidArgument, "the eager limit (LIBCOMM_EAGER_BYTES) must be in [0, 2^20], got ",
+                     eagerBytes);
+  return Status::ok();
 }
 
 }  // namespace libcomm

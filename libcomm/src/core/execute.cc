@@ -21,6 +21,9 @@ Status Communicator::Impl::submit(CollArgs args, Stream& stream) {
   if (stream.kind() != StreamKind::kHost)
     return makeError(StatusCode::kInvalidArgument, "rank ", rank_, ": ", collName(args.kind), " on stream '",
                      stream.name(), "': only host streams are supported by this build (no CUDA backend)");
+  if (finalized_.load(std::memory_order_relaxed))
+    return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", collName(args.kind),
+                     " refused: the communicator was finalized");
   Status err = failed_.load() ? asyncError() : Status::ok();
   if (!err.isOk())
     return Status(err.code(), "rank " + std::to_string(rank_) + ": " + collName(args.kind) +

@@ -39,7 +39,7 @@ Result<std::unique_ptr<Channel>> Channel::create(int rank, int size, const CommC
     return makeError(StatusCode::kInvalidArgument, "UCX channel: rank ", rank, " of size ", size, " is out of range");
   if (static_cast<uint32_t>(size) > kMaxRanks)
     return makeError(StatusCode::kInvalidArgument, "UCX channel: ", size, " ranks; the tag layout allows ", kMaxRanks);
-  LIBCOMM_ASSIGN_OR_RETURN(std::shared_ptr<Context> context, Context::acquire());
+  LIBCOMM_ASSIGN_OR_RETURN(std::shared_ptr<Context> context, Context::acquire(config.peerTimeout));
   std::unique_ptr<Channel> ch(new Channel(rank, size, config));
   ch->context_ = std::move(context);
 

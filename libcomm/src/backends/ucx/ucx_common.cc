@@ -1,6 +1,7 @@
 // The parts of the UCX backend that need no UCX headers (built with or without UCX): the worker
 // address exchange over the bootstrap and the environment defaults.
 
+#include <algorithm>
 #include <cstring>
 
 #include "backends/ucx/ucx_channel.h"
@@ -13,12 +14,18 @@ namespace {
 constexpr uint32_t kMaxAddressBytes = 1u << 20;
 }  // namespace
 
-const std::vector<EnvDefault>& environmentDefaults() {
-  // Measured here with 1 s / 1 s / 3: an idle cut link noticed in 3.1 s instead of 18 s. These
-  // allow 5 unanswered probes (~7 s) before the link is declared lost.
-  static const std::vector<EnvDefault> kDefaults = {
-      {"UCX_TCP_KEEPIDLE", "2s"}, {"UCX_TCP_KEEPINTVL", "1s"}, {"UCX_TCP_KEEPCNT", "5"}};
-  return kDefaults;
+std::vector<EnvDefault> environmentDefaults(Milliseconds peerTimeout) {
+  // Measured here with 1 s / 1 s / 3: an idle cut link noticed in 3.1 s instead of 18 s. A link is
+  // declared lost after idle + count * interval: about a quarter of the budget idle, probes every
+  // eighth of it (at least 1 s each: the kernel counts whole seconds), and as many probes as then
+  // fit -- the 10 s default gives 2 s + 8 x 1 s. A budget under 2 s still gets 1 s + 1 probe.
+  const long long budget = std::max<long long>(2, peerTimeout.count() / 1000);
+  const long long idle = std::max<long long>(1, budget / 4);
+  const long long interval = std::max<long long>(1, budget / 8);
+  const long long count = std::max<long long>(1, (budget - idle) / interval);
+  return {{"UCX_TCP_KEEPIDLE", std::to_string(idle) + "s"},
+          {"UCX_TCP_KEEPINTVL", std::to_string(interval) + "s"},
+          {"UCX_TCP_KEEPCNT", std::to_string(count)}};
 }
 
 Result<std::vector<std::string>> exchangeAddresses(Bootstrap& bootstrap, const std::string& mine, Deadline deadline) {

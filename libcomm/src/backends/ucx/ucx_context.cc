@@ -16,11 +16,11 @@ std::mutex gMu;
 std::weak_ptr<Context> gContext;  // guarded by gMu
 
 // Sets each default the user has not set; returns "NAME=value" for each one set.
-std::vector<std::string> applyEnvironmentDefaults() {
+std::vector<std::string> applyEnvironmentDefaults(Milliseconds peerTimeout) {
   std::vector<std::string> set;
-  for (const EnvDefault& d : environmentDefaults()) {
-    if (getenv(d.name) != nullptr) continue;
-    if (setenv(d.name, d.value, 0) == 0) set.push_back(std::string(d.name) + "=" + d.value);
+  for (const EnvDefault& d : environmentDefaults(peerTimeout)) {
+    if (getenv(d.name.c_str()) != nullptr) continue;
+    if (setenv(d.name.c_str(), d.value.c_str(), 0) == 0) set.push_back(d.name + "=" + d.value);
   }
   return set;
 }
@@ -29,11 +29,11 @@ std::vector<std::string> applyEnvironmentDefaults() {
 
 bool builtWithUcx() { return true; }
 
-Result<std::shared_ptr<Context>> Context::acquire() {
+Result<std::shared_ptr<Context>> Context::acquire(Milliseconds peerTimeout) {
   std::lock_guard<std::mutex> lock(gMu);
   if (auto existing = gContext.lock()) return existing;
 
-  const std::vector<std::string> set = applyEnvironmentDefaults();
+  const std::vector<std::string> set = applyEnvironmentDefaults(peerTimeout);
   if (const char* ka = getenv("UCX_KEEPALIVE_INTERVAL"))
     LIBCOMM_LOG(kWarn, "ucx") << "UCX_KEEPALIVE_INTERVAL=" << ka
                               << " is set: measured with UCX 1.13, a short interval keeps the tcp sockets busy, so "

@@ -3,8 +3,9 @@
 // them, cleaned up with the last one. It asks for tagged messages, RMA and wake-up events.
 //
 // Before UCX reads its configuration, the context sets TCP keepalive defaults where the user has
-// not set them (UCX_TCP_KEEPIDLE/KEEPINTVL/KEEPCNT): measured on this machine, an idle link cut is
-// then noticed in seconds instead of ~18 s. UCX transport settings take effect only through the
+// not set them (UCX_TCP_KEEPIDLE/KEEPINTVL/KEEPCNT), sized so that a silent peer is declared lost
+// within the peer timeout (CommConfig::peerTimeout) of the communicator that creates the context:
+// measured on this machine, an idle link cut is then noticed in seconds instead of ~18 s. UCX transport settings take effect only through the
 // environment (ucp_config_modify is accepted but ignored for them in UCX 1.13), hence setenv --
 // once, before any UCX configuration is read; getenv racing with it on another thread is the
 // caller's concern, as for any process-wide setting. UCX_KEEPALIVE_INTERVAL is never touched: a
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "libcomm/deadline.h"
 #include "libcomm/status.h"
 
 struct ucp_context;  // ucp_context_h without UCX's headers
@@ -25,16 +27,20 @@ bool builtWithUcx();
 
 /// Environment defaults the context applies (name, value), in order.
 struct EnvDefault {
-  const char* name;
-  const char* value;
+  std::string name;
+  std::string value;
 };
-const std::vector<EnvDefault>& environmentDefaults();
+/// The keepalive settings that declare a silent peer lost within `peerTimeout` (whole seconds, at
+/// least 1 s idle + 1 probe; the kernel counts in seconds). Thread-safe.
+std::vector<EnvDefault> environmentDefaults(Milliseconds peerTimeout);
 
 class Context {
  public:
   /// The process's context, created on first use; the last reference cleans it up. Thread-safe.
   /// Without UCX (or when UCX cannot start) an error naming the reason.
-  static Result<std::shared_ptr<Context>> acquire();
+  /// `peerTimeout` sizes the keepalive defaults when this call creates the context; a context that
+  /// already exists keeps its settings (they are process-wide).
+  static Result<std::shared_ptr<Context>> acquire(Milliseconds peerTimeout = Milliseconds(10000));
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;

@@ -1,0 +1,334 @@
+// Fault suite (ctest label `fault`): finalize with and without stragglers, what an aborted
+// communicator leaves behind (file descriptors, threads, /dev/shm segments), and ranks killed with
+// SIGKILL at random points of a mixed workload. Every case runs with the ranks on one host (shared
+// memory) and on separate "hosts" (the UCX ring over loopback).
+//
+// The suite must pass `ctest -L fault --repeat until-fail:20`: no test may depend on lucky timing,
+// and every bound checked here is one the library promises (CommConfig::peerTimeout + 2 s).
+
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "harness.h"
+#include "libcomm/libcomm.h"
+
+namespace shardcomm::testing {
+namespace {
+
+using libcomm::DataType;
+using libcomm::Status;
+using libcomm::StatusCode;
+using namespace std::chrono_literals;
+
+enum class Placement { kOneHost, kAcrossHosts };
+
+std::string placementName(const ::testing::TestParamInfo<Placement>& info) {
+  return info.param == Placement::kOneHost ? "OneHost" : "AcrossHosts";
+}
+
+libcomm::CommConfig faultConfig(int rank, Placement placement) {
+  libcomm::CommConfig c;
+  if (placement == Placement::kAcrossHosts) c.hostId = "faults-host-" + std::to_string(rank);
+  c.opTimeout = 20s;  // far beyond every bound checked below: a failure must be noticed, not timed out
+  c.initTimeout = 60s;
+  c.peerCheckInterval = 50ms;
+  c.peerTimeout = 3s;
+  return c;
+}
+
+Status check(bool ok, const std::string& what) {
+  return ok ? Status::ok() : libcomm::makeError(StatusCode::kInternalError, what);
+}
+
+Status expectError(const Status& st, StatusCode code, const std::vector<std::string>& words, const char* what) {
+  if (st.code() != code)
+    return libcomm::makeError(StatusCode::kInternalError, what, ": expected ", libcomm::statusCodeName(code), ", got ",
+                              st.toString());
+  for (const auto& w : words)
+    if (st.message().find(w) == std::string::npos)
+      return libcomm::makeError(StatusCode::kInternalError, what, ": message lacks '", w, "': ", st.toString());
+  return Status::ok();
+}
+
+long long msSince(libcomm::Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(libcomm::Clock::now() - t).count();
+}
+
+// ---- finalize ------------------------------------------------------------------------------------
+
+class Finalize : public ::testing::TestWithParam<Placement> {};
+
+TEST_P(Finalize, FlushesQueuedCollectivesThenRefusesNewOnes) {
+  const Placement placement = GetParam();
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = 3;
+  auto report = runRanks(opts, [placement](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, faultConfig(ctx.rank, placement)));
+    auto stream = libcomm::createHostStream("finalize");
+    const size_t count = 4096;
+    std::vector<float> in(count), out(count * ctx.size);
+    fillPattern(in.data(), count, ctx.rank);
+    // Queued, not waited for: finalize must flush them.
+    for (int i = 0; i < 8; ++i)
+      LIBCOMM_RETURN_IF_ERROR(comm->allGather(in.data(), out.data(), count, DataType::kFloat32, *stream));
+    LIBCOMM_RETURN_IF_ERROR(comm->finalize(10s));
+    for (int r = 0; r < ctx.size; ++r) {
+      std::vector<float> want(count);
+      fillPattern(want.data(), count, r);
+      LIBCOMM_RETURN_IF_ERROR(compareValues("all_gather block " + std::to_string(r), out.data() + r * count,
+                                            want.data(), count));
+    }
+    Status later = comm->allGather(in.data(), out.data(), count, DataType::kFloat32, *stream);
+    LIBCOMM_RETURN_IF_ERROR(expectError(later, StatusCode::kInvalidUsage, {"finalized", "all_gather"},
+                                        "collective after finalize"));
+    return stream->synchronize(libcomm::Deadline::after(5s));
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+TEST_P(Finalize, AbortsWhatAPeerNeverJoinsAndSaysSo) {
+  const Placement placement = GetParam();
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = 2;
+  auto report = runRanks(opts, [placement](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, faultConfig(ctx.rank, placement)));
+    auto stream = libcomm::createHostStream("finalize-stuck");
+    std::vector<float> a(8), b(16);
+    if (ctx.rank == 0) {
+      LIBCOMM_RETURN_IF_ERROR(comm->allGather(a.data(), b.data(), 8, DataType::kFloat32, *stream));
+      const auto start = libcomm::Clock::now();
+      Status st = comm->finalize(500ms);
+      const long long took = msSince(start);
+      LIBCOMM_RETURN_IF_ERROR(expectError(st, StatusCode::kTimeout, {"rank 0", "finalize", "1 collective", "seq 1"},
+                                          "finalize with a collective the peer never joins"));
+      LIBCOMM_RETURN_IF_ERROR(check(took < 3000, "finalize(500 ms) took " + std::to_string(took) + " ms"));
+      // The stream reports the aborted collective; nothing waits for the op deadline.
+      Status s = stream->synchronize(libcomm::Deadline::after(3s));
+      LIBCOMM_RETURN_IF_ERROR(check(!s.isOk() && s.code() != StatusCode::kTimeout,
+                                    "the aborted collective should fail its stream at once, got " + s.toString()));
+    }
+    // Rank 1 never calls the collective; both leave through the bootstrap.
+    return ctx.bootstrap.barrier(libcomm::Deadline::after(20s));
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, Finalize, ::testing::Values(Placement::kOneHost, Placement::kAcrossHosts),
+                         placementName);
+
+// ---- what an aborted communicator leaves behind ----------------------------------------------------
+
+// Entries of a directory whose names contain `part` ("" for all), "." and ".." excluded.
+int countEntries(const char* path, const std::string& part = "") {
+  DIR* dir = opendir(path);
+  if (!dir) return -1;
+  int n = 0;
+  while (dirent* e = readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    if (part.empty() || name.find(part) != std::string::npos) ++n;
+  }
+  closedir(dir);
+  return n;
+}
+
+struct Footprint {
+  int fds = 0;
+  int threads = 0;
+  int segments = 0;  // this process's shared-memory segments
+  std::string str() const {
+    return std::to_string(fds) + " fds, " + std::to_string(threads) + " threads, " + std::to_string(segments) +
+           " segments";
+  }
+  bool operator==(const Footprint& o) const {
+    return fds == o.fds && threads == o.threads && segments == o.segments;
+  }
+};
+
+Footprint footprint() {
+  Footprint f;
+  f.fds = countEntries("/proc/self/fd") - 1;  // the directory listing itself holds one
+  f.threads = countEntries("/proc/self/task");
+  f.segments = countEntries("/dev/shm", "shardcomm." + std::to_string(getpid()) + ".");
+  return f;
+}
+
+// A stream's progress thread and UCX's close of its endpoints finish just after their owners are
+// destroyed: wait (bounded) for the count to come back.
+Footprint settledFootprint(const Footprint& want) {
+  Footprint f = footprint();
+  for (int i = 0; i < 100 && !(f == want); ++i) {
+    std::this_thread::sleep_for(20ms);
+    f = footprint();
+  }
+  return f;
+}
+
+// One communicator's life: create, one good collective, then (abort = true) a collective the peer
+// never joins, aborted from another thread while this one waits.
+Status lifeCycle(RankContext& ctx, Placement placement, bool abort) {
+  LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, faultConfig(ctx.rank, placement)));
+  auto stream = libcomm::createHostStream("leaks");
+  LIBCOMM_ASSIGN_OR_RETURN(void* mem, comm->allocRegistered(ctx.size * 4096 * sizeof(float)));
+  auto* buf = static_cast<float*>(mem);
+  LIBCOMM_RETURN_IF_ERROR(comm->allGather(buf + ctx.rank * 4096, buf, 4096, DataType::kFloat32, *stream));
+  LIBCOMM_RETURN_IF_ERROR(stream->synchronize(libcomm::Deadline::after(10s)));
+  if (abort && ctx.rank == 0) {
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(buf + ctx.rank * 4096, buf, 4096, DataType::kFloat32, *stream));
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(100ms);
+      comm->abort();
+    });
+    Status st = stream->synchronize(libcomm::Deadline::after(10s));
+    aborter.join();
+    LIBCOMM_RETURN_IF_ERROR(expectError(st, StatusCode::kRemoteError, {"abort"}, "aborted collective"));
+  }
+  // Rank 1 waits here for rank 0's abort, then both destroy their communicators.
+  LIBCOMM_RETURN_IF_ERROR(ctx.bootstrap.barrier(libcomm::Deadline::after(20s)));
+  if (!abort) return comm->freeRegistered(mem);
+  return Status::ok();  // the aborted communicator releases its registered memory itself
+}
+
+class AbortLeaks : public ::testing::TestWithParam<Placement> {};
+
+TEST_P(AbortLeaks, NoFdThreadOrSegmentOutlivesAnAbortedCommunicator) {
+  const Placement placement = GetParam();
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = 2;
+  auto report = runRanks(opts, [placement](RankContext& ctx) -> Status {
+    // The first communicator of a process sets up what lives as long as the process (the UCX
+    // context's global state, the log, the machine topology): measure after it.
+    LIBCOMM_RETURN_IF_ERROR(lifeCycle(ctx, placement, false));
+    const Footprint base = settledFootprint(footprint());
+    LIBCOMM_RETURN_IF_ERROR(check(base.segments == 0, "a clean run left " + base.str()));
+    for (int round = 0; round < 2; ++round) {
+      LIBCOMM_RETURN_IF_ERROR(lifeCycle(ctx, placement, true));
+      const Footprint after = settledFootprint(base);
+      LIBCOMM_RETURN_IF_ERROR(check(after == base, "after abort round " + std::to_string(round) + ": " + after.str() +
+                                                       ", before: " + base.str()));
+    }
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, AbortLeaks, ::testing::Values(Placement::kOneHost, Placement::kAcrossHosts),
+                         placementName);
+
+// ---- SIGKILL at a random point of a mixed workload -------------------------------------------------
+
+struct KillCase {
+  Placement placement;
+  unsigned seed;
+};
+
+std::string killCaseName(const ::testing::TestParamInfo<KillCase>& info) {
+  return std::string(info.param.placement == Placement::kOneHost ? "OneHost" : "AcrossHosts") + "_seed" +
+         std::to_string(info.param.seed);
+}
+
+class RandomKill : public ::testing::TestWithParam<KillCase> {};
+
+// Every rank draws the same plan from the seed: which rank dies, before which collective, and
+// whether it dies between collectives or in the middle of one (a delayed SIGKILL from a helper
+// thread while it runs). Survivors must fail with kRemoteError naming the dead rank within
+// peerTimeout + 2 s of their last success, and must not take any later collective for a success.
+TEST_P(RandomKill, SurvivorsNameTheDeadRankInTime) {
+  const KillCase param = GetParam();
+  constexpr int kSize = 4;
+  constexpr int kOps = 24;
+  std::mt19937 plan(param.seed);
+  const int victim = static_cast<int>(plan() % kSize);
+  const int killAt = 1 + static_cast<int>(plan() % (kOps - 2));
+  const bool midFlight = param.seed % 2 == 1;  // odd seeds kill during a collective, even ones between two
+  const int killDelayUs = static_cast<int>(plan() % 3000);
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = kSize;
+  opts.expectDeath = {victim};
+  opts.deadline = 60s;
+  auto report = runRanks(opts, [=](RankContext& ctx) -> Status {
+    libcomm::CommConfig config = faultConfig(ctx.rank, param.placement);
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+    auto stream = libcomm::createHostStream("random-kill");
+    const size_t count = 1 << 14;
+    LIBCOMM_ASSIGN_OR_RETURN(void* mem, comm->allocRegistered(kSize * count * sizeof(float)));
+    auto* buf = static_cast<float*>(mem);
+    std::vector<float> scratch(kSize * count), out(count);
+    std::mt19937 ops(param.seed * 7919u + 1);
+    auto lastOk = libcomm::Clock::now();
+    // kOps collectives, then a barrier that the victim can never complete (it may outrun a
+    // mid-flight kill by a few collectives, never past its own end).
+    for (int i = 0; i <= kOps; ++i) {
+      if (ctx.rank == victim && i == kOps)
+        for (;;) pause();  // the helper thread's SIGKILL lands
+      if (ctx.rank == victim && i == killAt) {
+        if (!midFlight) raise(SIGKILL);
+        std::thread([killDelayUs] {
+          usleep(killDelayUs);
+          raise(SIGKILL);
+        }).detach();
+      }
+      const unsigned kind = i == kOps ? 4 : ops() % 5;
+      const size_t n = 1 + ops() % count;  // the same sizes on every rank: same generator
+      fillPattern(scratch.data(), kSize * n, ctx.rank, i);
+      Status st;
+      switch (kind) {
+        case 0: st = comm->allGather(buf + ctx.rank * n, buf, n, DataType::kFloat32, *stream); break;
+        case 1:
+          st = comm->reduceScatter(scratch.data(), out.data(), n, DataType::kFloat32, DataType::kFloat32, {}, *stream);
+          break;
+        case 2: st = comm->allReduce(scratch.data(), scratch.data(), n, DataType::kFloat32, {}, *stream); break;
+        case 3: st = comm->broadcast(scratch.data(), scratch.data(), n, DataType::kFloat32, i % kSize, *stream); break;
+        default: st = comm->barrier(*stream); break;
+      }
+      if (st.isOk()) st = stream->synchronize(libcomm::Deadline::after(30s));
+      if (st.isOk()) {
+        if (i >= killAt && !midFlight)
+          return libcomm::makeError(StatusCode::kInternalError, "collective ", i, " succeeded after rank ", victim,
+                                    " was killed at ", killAt);
+        lastOk = libcomm::Clock::now();
+        continue;
+      }
+      const long long waited = msSince(lastOk);
+      const long long bound = config.peerTimeout.count() + 2000;
+      LIBCOMM_RETURN_IF_ERROR(check(waited <= bound, "the death of rank " + std::to_string(victim) +
+                                                         " was reported " + std::to_string(waited) +
+                                                         " ms after the last success (bound " + std::to_string(bound) +
+                                                         " ms): " + st.toString()));
+      LIBCOMM_RETURN_IF_ERROR(check(i >= killAt, "collective " + std::to_string(i) + " failed before the kill at " +
+                                                     std::to_string(killAt) + ": " + st.toString()));
+      // Named first-hand, or through another survivor's failure notice.
+      return expectError(st, StatusCode::kRemoteError, {"rank " + std::to_string(victim)}, "killed peer");
+    }
+    return libcomm::makeError(StatusCode::kInternalError, "rank ", ctx.rank, " finished all ", kOps + 1,
+                              " collectives although rank ", victim, " was killed at ", killAt);
+  });
+  EXPECT_TRUE(report.ok()) << "victim rank " << victim << " killed at collective " << killAt
+                           << (midFlight ? " (during it)" : " (before it)") << "\n" << report.describe();
+}
+
+std::vector<KillCase> killCases() {
+  std::vector<KillCase> cases;
+  for (Placement p : {Placement::kOneHost, Placement::kAcrossHosts})
+    for (unsigned seed : {1u, 2u, 3u, 4u}) cases.push_back({p, seed});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, RandomKill, ::testing::ValuesIn(killCases()), killCaseName);
+
+}  // namespace
+}  // namespace shardcomm::testing
