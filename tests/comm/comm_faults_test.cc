@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "backends/shm/shm_channel.h"
 #include "harness.h"
 #include "libcomm/libcomm.h"
 
@@ -127,6 +128,72 @@ TEST_P(Finalize, AbortsWhatAPeerNeverJoinsAndSaysSo) {
 
 INSTANTIATE_TEST_SUITE_P(Placements, Finalize, ::testing::Values(Placement::kOneHost, Placement::kAcrossHosts),
                          placementName);
+
+// ---- stopped ranks: the timeout names every straggler, by its communicator rank ---------------------
+
+class StoppedRanks : public ::testing::TestWithParam<Placement> {};
+
+// Ranks 1 and 3 of 4 stop (SIGSTOP) for longer than the op timeout. One host: ranks 0 and 2 both
+// name 1 and 3. Two hosts ({0,1} and {2,3}), flat ring: a survivor names the stopped rank it
+// waited for, first-hand or through the other survivor's notice.
+TEST_P(StoppedRanks, TimeoutNamesEveryStragglerByItsRank) {
+  const Placement placement = GetParam();
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = 4;
+  opts.deadline = 40s;
+  auto report = runRanks(opts, [placement](RankContext& ctx) -> Status {
+    libcomm::CommConfig config = faultConfig(ctx.rank, Placement::kOneHost);
+    if (placement == Placement::kAcrossHosts) config.hostId = "stopped-host-" + std::to_string(ctx.rank / 2);
+    config.opTimeout = 2s;
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+    auto stream = libcomm::createHostStream("stopped");
+    std::vector<float> a(8), b(32);
+    if (ctx.rank % 2 == 1) {
+      const pid_t self = getpid();
+      if (fork() == 0) {  // resumes us after the survivors have timed out
+        sleep(6);
+        kill(self, SIGCONT);
+        _exit(0);
+      }
+      raise(SIGSTOP);
+      return Status::ok();
+    }
+    usleep(200000);
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(a.data(), b.data(), 8, DataType::kFloat32, *stream));
+    Status st = stream->synchronize(libcomm::Deadline::after(15s));
+    if (placement == Placement::kOneHost)
+      return expectError(st, StatusCode::kTimeout, {"all_gather seq 1", "not there yet: 1, 3"}, "two stopped peers");
+    if (st.message().find("rank 1") == std::string::npos && st.message().find("rank 3") == std::string::npos)
+      return libcomm::makeError(StatusCode::kInternalError, "the error names neither stopped rank: ", st.toString());
+    return check(st.code() == StatusCode::kTimeout || st.code() == StatusCode::kRemoteError,
+                 "expected a timeout (or a peer's report of one), got " + st.toString());
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, StoppedRanks, ::testing::Values(Placement::kOneHost, Placement::kAcrossHosts),
+                         placementName);
+
+// A channel over some of a communicator's ranks (one host's, across hosts) names its peers by
+// their communicator ranks in every message, not by their index on the host.
+TEST(ShmChannelNames, TimeoutNamesCommunicatorRanks) {
+  libcomm::CommConfig config;
+  const std::string prefix = "/shardcomm." + std::to_string(getpid()) + ".names-test";
+  auto a = libcomm::shm::Channel::create(prefix + ".0", 0, 3, config, {4, 6, 9});
+  auto b = libcomm::shm::Channel::create(prefix + ".1", 1, 3, config, {4, 6, 9});
+  auto c = libcomm::shm::Channel::create(prefix + ".2", 2, 3, config, {4, 6, 9});
+  ASSERT_TRUE(a.isOk() && b.isOk() && c.isOk());
+  const std::vector<std::string> prefixes = {prefix + ".0", prefix + ".1", prefix + ".2"};
+  ASSERT_TRUE((*a)->connect(prefixes, libcomm::Deadline::after(5s)).isOk());
+  (*c)->publish(libcomm::shm::Counter::kDone, 1);  // index 2 (rank 9) is there; index 1 (rank 6) is not
+  libcomm::WaitContext wait{libcomm::OpDeadline(std::chrono::milliseconds(100)), {}, {}, {}};
+  const Status st = (*a)->waitAll(libcomm::shm::Counter::kDone, 1, wait, "completion");
+  ASSERT_EQ(st.code(), StatusCode::kTimeout) << st.toString();
+  for (const char* want : {"rank 4: timed out", "waiting for rank 6", "not there yet: 6"})
+    EXPECT_NE(st.message().find(want), std::string::npos) << want << ": " << st.toString();
+  EXPECT_EQ(st.message().find("not there yet: 6, 9"), std::string::npos) << st.toString();
+}
 
 // ---- what an aborted communicator leaves behind ----------------------------------------------------
 

@@ -109,7 +109,7 @@ Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, const std::v
   // host peers open it after the address exchange below, which every rank enters after creating it.
   std::vector<std::string> localPrefixes;
   for (int r : here) localPrefixes.push_back(prefixes[r]);
-  LIBCOMM_ASSIGN_OR_RETURN(auto local, shm::Channel::create(prefix_ + ".h", cross->localIndex, perHost, config_));
+  LIBCOMM_ASSIGN_OR_RETURN(auto local, shm::Channel::create(prefix_ + ".h", cross->localIndex, perHost, config_, here));
   channel_ = std::move(local);
   peers_ = std::make_unique<shm::PeerMemory>(cross->localIndex);
 

@@ -53,8 +53,11 @@ Channel::Channel(int rank, int size, const CommConfig& config)
 Channel::~Channel() = default;
 
 Result<std::unique_ptr<Channel>> Channel::create(const std::string& prefix, int rank, int size,
-                                                 const CommConfig& config) {
+                                                 const CommConfig& config, std::vector<int> names) {
+  if (!names.empty() && names.size() != static_cast<size_t>(size))
+    return makeError(StatusCode::kInternalError, "shm channel: ", names.size(), " rank names for ", size, " ranks");
   std::unique_ptr<Channel> ch(new Channel(rank, size, config));
+  ch->names_ = std::move(names);
   ch->segments_.resize(size);
   ch->blocks_.assign(size, nullptr);
   ch->processes_.resize(size);
@@ -85,13 +88,13 @@ Status Channel::connect(const std::vector<std::string>& prefixes, Deadline deadl
     if (r == rank_) continue;
     auto seg = Segment::open(prefixes[r] + ".ctl", segmentBytes());
     if (!seg.isOk())
-      return seg.status().withContext("rank " + std::to_string(rank_) + " mapping the control block of rank " +
-                                      std::to_string(r));
+      return seg.status().withContext("rank " + std::to_string(name(rank_)) + " mapping the control block of rank " +
+                                      std::to_string(name(r)));
     auto* cb = static_cast<ControlBlock*>(seg->data());
     auto* magic = reinterpret_cast<std::atomic<uint64_t>*>(&cb->magic);
     if (magic->load(std::memory_order_acquire) != ControlBlock::kMagic || cb->version != ControlBlock::kVersion ||
         cb->rank != r || cb->stagingSlotBytes != slotBytes_ || cb->eagerBytes != eagerBytes_) {
-      return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": control block of rank ", r, " (",
+      return makeError(StatusCode::kInvalidUsage, "rank ", name(rank_), ": control block of rank ", name(r), " (",
                        prefixes[r], ".ctl) is not a compatible shardcomm block (version ", cb->version,
                        ", staging slot ", cb->stagingSlotBytes, " bytes vs ours ", slotBytes_, ", eager area ",
                        cb->eagerBytes, " bytes vs ours ", eagerBytes_, ")");
@@ -137,7 +140,7 @@ Status Channel::waitPosted(uint32_t seq, const WaitContext& ctx) {
 Status Channel::peerFailure(int peer, const WaitContext& ctx, const char* phase) const {
   const ControlBlock& cb = *blocks_[peer];
   std::string reason(cb.failReason, strnlen(cb.failReason, sizeof(cb.failReason)));
-  return makeError(StatusCode::kRemoteError, "rank ", rank_, ": peer rank ", peer, " failed during ", ctx.op.str(),
+  return makeError(StatusCode::kRemoteError, "rank ", name(rank_), ": peer rank ", name(peer), " failed during ", ctx.op.str(),
                    " (", phase, "): ", reason.empty() ? "no reason given" : reason);
 }
 
@@ -191,17 +194,20 @@ Status Channel::waitWord(int peer, const std::atomic<uint32_t>& word, uint32_t t
     if (seqReached(word.load(std::memory_order_acquire), target)) return Status::ok();
     if (cb.failed.load(std::memory_order_acquire) != 0) return peerFailure(peer, ctx, phase);
     if (aborted())
-      return makeError(StatusCode::kRemoteError, "rank ", rank_, ": communicator aborted during ", ctx.op.str());
+      return makeError(StatusCode::kRemoteError, "rank ", name(rank_), ": communicator aborted during ", ctx.op.str());
     if (deadline.expired()) {
-      return makeError(StatusCode::kTimeout, "rank ", rank_, ": timed out in ", ctx.op.str(), " waiting for rank ",
-                       peer, " (", phase, ": its ", wordName, " counter is ",
-                       word.load(std::memory_order_acquire), ", needed ", target, "); rank ", peer,
-                       " is alive but has not reached this collective -- is it stopped, or calling a different one?");
+      const size_t offset = reinterpret_cast<const char*>(&word) - reinterpret_cast<const char*>(&cb);
+      return makeError(StatusCode::kTimeout, "rank ", name(rank_), ": timed out in ", ctx.op.str(), " waiting for rank ",
+                       name(peer), " (", phase, ": its ", wordName, " counter is ",
+                       word.load(std::memory_order_acquire), ", needed ", target, "); rank ", name(peer),
+                       " is alive but has not reached this collective -- is it stopped, or calling a different one? "
+                       "Ranks on this host not there yet: ",
+                       notReached(offset, target));
     }
     if (Clock::now() - lastCheck >= config_.peerCheckInterval) {
       lastCheck = Clock::now();
       if (!processAlive(processes_[peer])) {
-        return makeError(StatusCode::kRemoteError, "rank ", rank_, ": peer rank ", peer, " (pid ", processes_[peer].pid,
+        return makeError(StatusCode::kRemoteError, "rank ", name(rank_), ": peer rank ", name(peer), " (pid ", processes_[peer].pid,
                          ") died during ", ctx.op.str(), " (", phase, ")");
       }
     }
@@ -230,7 +236,18 @@ void Channel::markFailed(const std::string& reason) {
 
 void Channel::abort() {
   aborted_.store(true, std::memory_order_release);
-  markFailed("rank " + std::to_string(rank_) + " aborted its communicator");
+  markFailed("rank " + std::to_string(name(rank_)) + " aborted its communicator");
+}
+
+std::string Channel::notReached(size_t offset, uint32_t target) const {
+  std::string list;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_ || !blocks_[r]) continue;
+    const auto* w = reinterpret_cast<const std::atomic<uint32_t>*>(reinterpret_cast<const char*>(blocks_[r]) + offset);
+    if (seqReached(w->load(std::memory_order_acquire), target)) continue;
+    list += (list.empty() ? "" : ", ") + std::to_string(name(r));
+  }
+  return list.empty() ? "none (the one waited for arrived just now)" : list;
 }
 
 void Channel::wakeAll() {

@@ -91,8 +91,10 @@ using libcomm::WaitContext;
 class Channel {
  public:
   /// Creates this rank's control segment (not yet visible to peers until their connect()).
+  /// `names[r]`: how messages name channel rank r -- its communicator rank, when the channel
+  /// spans only this host's ranks of a larger communicator (empty: r itself).
   static Result<std::unique_ptr<Channel>> create(const std::string& prefix, int rank, int size,
-                                                 const CommConfig& config);
+                                                 const CommConfig& config, std::vector<int> names = {});
   ~Channel();
 
   /// Maps every peer's control segment; `prefixes[r]` is rank r's segment prefix.
@@ -145,6 +147,11 @@ class Channel {
   Status waitWord(int peer, const std::atomic<uint32_t>& word, uint32_t target, const WaitContext& ctx,
                   const char* phase, const char* wordName);
   Status peerFailure(int peer, const WaitContext& ctx, const char* phase) const;
+  /// The communicator rank of channel rank r (for messages).
+  int name(int r) const { return names_.empty() ? r : names_[r]; }
+  /// After a timeout: the peers whose word at `offset` in their control block has not reached
+  /// `target` ("1, 3"), so the message names every straggler, not only the one waited on.
+  std::string notReached(size_t offset, uint32_t target) const;
 
   int rank_;
   int size_;
@@ -154,6 +161,7 @@ class Channel {
   std::vector<Segment> segments_;       // index = rank (own one created, peers' opened)
   std::vector<ControlBlock*> blocks_;
   std::vector<ProcessId> processes_;
+  std::vector<int> names_;
   std::atomic<bool> aborted_{false};
 };
 
