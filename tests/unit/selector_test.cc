@@ -18,7 +18,9 @@ libcomm::Result<Algo> choose(CollKind kind, int hosts, int fewest, int most, con
   config.algo = algo;
   const char* why = "";
   auto r = libcomm::selectAcrossHosts({kind, 1 << 20, hosts, fewest, most}, config, &why);
-  if (r.isOk()) EXPECT_STRNE(why, "") << "every choice says why";
+  if (r.isOk()) {
+    EXPECT_STRNE(why, "") << "every choice says why";
+  }
   return r;
 }
 
