@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # LIBCOMM_SOCKET_IFNAME and the store's binding rule on real interfaces. Two namespaces:
-#   A (the store's host): lo, a dummy "eth0" 10.214.0.1, a dummy "docker0" 172.17.0.1, and "eth1"
-#     10.214.1.1, a veth to B;
+#   A (the store's host): lo, "eth0" 10.214.0.1 (a veth whose peer stays in A: no other host reaches
+#     it), "docker0" 172.17.0.1 (a bridge, as docker makes), and "eth1" 10.214.1.1, a veth to B;
 #   B: "eth0" 10.214.1.2.
 # The store's host name "storehost" is 127.0.1.1 in A (as Debian's /etc/hosts maps a host's own
 # name) and 10.214.1.1 in B (/etc/netns/<ns>/hosts, which "ip netns exec" mounts over /etc/hosts).
@@ -12,7 +12,7 @@
 #   2. LIBCOMM_SOCKET_IFNAME='^=eth0,lo,docker0' (exact exclude): the same;
 #   3. a pattern that matches nothing: rank 0 fails at once, naming the pattern and every interface;
 #   4. both ranks in A (a one-host job) given A's public address: the store is on 127.0.0.1;
-#   5. unset, after A's dummy eth0 is gone: the default rule skips lo and docker0 and picks eth1.
+#   5. unset, after A's eth0 is gone: the default rule skips lo and docker0 and picks eth1.
 # Everything made here is deleted on exit. Exit 77 (skip) where namespaces cannot be made.
 #   socket_ifname_test.sh path/to/netns.sh path/to/netns_boot_check
 set -uo pipefail
@@ -31,7 +31,7 @@ cleanup() {
     ip netns del "$ns" 2> /dev/null
     rm -rf "/etc/netns/$ns"
   done
-  rm -rf "$out"
+  [ -n "${KEEP_OUT:-}" ] || rm -rf "$out"
 }
 trap cleanup EXIT
 trap 'exit 130' INT
@@ -42,10 +42,11 @@ ip netns add "$A"
 ip netns add "$B"
 ip -n "$A" link set lo up
 ip -n "$B" link set lo up
-ip -n "$A" link add eth0 type dummy
+ip -n "$A" link add eth0 type veth peer name eth0peer
 ip -n "$A" addr add 10.214.0.1/24 dev eth0
+ip -n "$A" link set eth0peer up
 ip -n "$A" link set eth0 up
-ip -n "$A" link add docker0 type dummy
+ip -n "$A" link add docker0 type bridge
 ip -n "$A" addr add 172.17.0.1/16 dev docker0
 ip -n "$A" link set docker0 up
 ip -n "$A" link add eth1 type veth peer name eth0 netns "$B"
@@ -69,7 +70,8 @@ expect_in() {  # WHAT FILE TEXT
 rank() {
   local ns=$1 r=$2 local_size=$3
   shift 3
-  ip netns exec "$ns" env -i PATH="$PATH" LIBCOMM_RANK="$r" LIBCOMM_WORLD_SIZE=2 LIBCOMM_LOCAL_SIZE="$local_size" \
+  # Each host its own hostname, as netns_boot_check expects of distinct hosts.
+  ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$ns" env -i PATH="$PATH" LIBCOMM_RANK="$r" LIBCOMM_WORLD_SIZE=2 LIBCOMM_LOCAL_SIZE="$local_size" \
     LIBCOMM_LOCAL_RANK=$((local_size == 2 ? r : 0)) LIBCOMM_HOST_ID="$ns" LIBCOMM_SECRET="ifname-test-$$" \
     LIBCOMM_JOB_ID="ifname-$$-$run" LIBCOMM_LOG_LEVEL=info "$@" timeout 30 "$check_bin" > "$out/$run.$r" 2>&1
 }
@@ -104,7 +106,7 @@ run=nomatch
 rank "$A" 0 1 LIBCOMM_STORE_ADDR=storehost:$((port + 2)) LIBCOMM_SOCKET_IFNAME=wlan,ib
 [ $? != 0 ] && ok "no match: rank 0 failed" || fail "no match: rank 0 succeeded"
 expect_in "no match: names the pattern" "$out/nomatch.0" "LIBCOMM_SOCKET_IFNAME='wlan,ib' selects no interface"
-for iface in "lo (127.0.0.1" "eth0 (10.214.0.1" "docker0 (172.17.0.1)" "eth1 (10.214.1.1"; do
+for iface in "lo (127.0.0.1" "eth0 (10.214.0.1" "docker0 (172.17.0.1" "eth1 (10.214.1.1"; do
   expect_in "no match: lists $iface" "$out/nomatch.0" "$iface"
 done
 
