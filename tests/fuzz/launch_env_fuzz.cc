@@ -5,8 +5,10 @@
 // resolves the launch (resolveLaunchInfo, with explicit rank/size from the lines "@rank=N" and
 // "@size=N"), the communicator settings (CommConfig::fromEnvironment) and every setting through
 // its typed accessor, and feeds each value straight to the string parsers (host:port, job id,
-// stream priority). Checked: what resolves is in range.
+// stream priority, LIBCOMM_SOCKET_IFNAME patterns over a made-up interface list). Checked: what
+// resolves is in range, and an interface pattern selects only what it says.
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <climits>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "bootstrap/boot_util.h"
+#include "bootstrap/net_interfaces.h"
 #include "core/host_stream.h"
 #include "fuzz_check.h"
 #include "libcomm/bootstrap.h"
@@ -128,6 +131,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (boot::checkJobId(v).isOk()) LIBCOMM_FUZZ_CHECK(!v.empty() && v.size() <= 128);
     auto prio = parseStreamPriority(v);
     if (prio.isOk()) LIBCOMM_FUZZ_CHECK(prio->value >= -20 && prio->value <= 99);
+    auto pattern = boot::parseIfnamePattern(v);
+    if (pattern.isOk()) {
+      LIBCOMM_FUZZ_CHECK(!pattern->names.empty());
+      for (const std::string& n : pattern->names)
+        LIBCOMM_FUZZ_CHECK(!n.empty() && n.size() <= 15 && n.find(',') == std::string::npos);
+    }
+    static const std::vector<boot::NetAddress> kInterfaces = {{"lo", AF_INET, "127.0.0.1", true},
+                                                              {"eth0", AF_INET6, "fe80::1", false},
+                                                              {"eth0", AF_INET, "10.0.0.1", false},
+                                                              {"docker0", AF_INET, "172.17.0.1", false}};
+    auto chosen = boot::selectAddresses(kInterfaces, v);
+    if (chosen.isOk()) {
+      LIBCOMM_FUZZ_CHECK(!chosen->empty());
+      for (const auto& a : *chosen)
+        LIBCOMM_FUZZ_CHECK(a.address != "fe80::1" && (!pattern.isOk() || pattern->selects(a.name)));
+    } else {
+      LIBCOMM_FUZZ_CHECK(!chosen.status().message().empty());
+    }
   }
   return 0;
 }

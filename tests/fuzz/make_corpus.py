@@ -121,6 +121,9 @@ def launch_env():
         "local_out_of_range": lines(("LIBCOMM_RANK", 1), ("LIBCOMM_WORLD_SIZE", 2), ("LIBCOMM_LOCAL_RANK", 2),
                                     ("LIBCOMM_LOCAL_SIZE", 3)),
         "job_id_bad": lines(("LIBCOMM_JOB_ID", "../etc"), ("x", "j" * 129)),
+        "socket_ifname": lines(("LIBCOMM_SOCKET_IFNAME", "^=eth0, lo"), ("x", "eth,ib"), ("x", "=eth0"),
+                               ("x", "^docker,lo"), ("x", "^"), ("x", "eth0,^eth1"), ("x", " , "), ("x", "e" * 16),
+                               ("x", "=fe"), ("x", "eth 0")),
     }
 
 

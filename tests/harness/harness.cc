@@ -340,6 +340,7 @@ RunReport runProcesses(const RunOptions& options, const RankBody& body) {
   // Only now, with every child forked, the store and its thread start.
   auto server = libcomm::startTcpStore("127.0.0.1", 0, secret);
   const int32_t port = server.isOk() ? server.value()->port() : 0;
+  if (server.isOk() && options.onStoreUp) options.onStoreUp(port);
   for (int r = 0; r < options.size; ++r) {
     if (goFds[r] < 0) continue;
     if (server.isOk()) (void)writeAll(goFds[r], reinterpret_cast<const char*>(&port), sizeof(port));

@@ -51,6 +51,9 @@ struct RunOptions {
   std::chrono::milliseconds deadline{60000};
   /// Ranks the body kills on purpose (processes mode): dying by a signal is their success.
   std::set<int> expectDeath;
+  /// Processes mode: called on the calling thread with the TCP store's port as soon as the store
+  /// is up, before the ranks learn it (tests that attack the store while the ranks start).
+  std::function<void(int storePort)> onStoreUp;
 };
 
 struct RankOutcome {

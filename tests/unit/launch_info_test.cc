@@ -1,5 +1,6 @@
 // resolveLaunchInfo precedence and conflicts, createBootstrapFromEnvironment, and launchLocal.
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -14,6 +15,7 @@
 #include <optional>
 #include <thread>
 
+#include "bootstrap/net_interfaces.h"
 #include "libcomm/bootstrap.h"
 #include "libcomm/launcher.h"
 
@@ -276,6 +278,108 @@ TEST_F(LaunchEnv, FromEnvironmentHostsTheStoreOnRankZero) {
   Status s0 = r0.get(), s1 = r1.get();
   EXPECT_TRUE(s0.isOk()) << s0.toString();
   EXPECT_TRUE(s1.isOk()) << s1.toString();
+}
+
+// A plain TCP connection attempt; true when something accepted it.
+bool accepts(const std::string& host, int port) {
+  int fd = socket(host.find(':') == std::string::npos ? AF_INET : AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_storage a = {};
+  socklen_t len = 0;
+  if (host.find(':') == std::string::npos) {
+    auto* v4 = reinterpret_cast<sockaddr_in*>(&a);
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(static_cast<uint16_t>(port));
+    inet_pton(AF_INET, host.c_str(), &v4->sin_addr);
+    len = sizeof(*v4);
+  } else {
+    auto* v6 = reinterpret_cast<sockaddr_in6*>(&a);
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(static_cast<uint16_t>(port));
+    inet_pton(AF_INET6, host.c_str(), &v6->sin6_addr);
+    len = sizeof(*v6);
+  }
+  bool ok = fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&a), len) == 0;
+  if (fd >= 0) close(fd);
+  return ok;
+}
+
+TEST_F(LaunchEnv, OneHostJobKeepsTheStoreOffTheNetwork) {
+  auto here = boot::listAddresses();
+  ASSERT_TRUE(here.isOk()) << here.status().toString();
+  std::string pub;
+  for (const auto& a : *here)
+    if (!a.loopback && a.family == AF_INET && pub.empty()) pub = a.address;
+  if (pub.empty()) GTEST_SKIP() << "no non-loopback IPv4 address here: " << boot::describeInterfaces(*here);
+  const int port = freePort();
+  const std::string addr = pub + ":" + std::to_string(port);
+  set({{"LIBCOMM_WORLD_SIZE", "2"},
+       {"LIBCOMM_LOCAL_SIZE", "2"},
+       {"LIBCOMM_STORE_ADDR", addr.c_str()},
+       {"LIBCOMM_SECRET", "t0p"}});
+  auto rank = [pub, port](int r) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto b, createBootstrapFromEnvironment(Deadline::after(10s), {r, -1}));
+    LIBCOMM_RETURN_IF_ERROR(b->barrier(Deadline::after(10s)));
+    if (r == 0 && accepts(pub, port))
+      return makeError(StatusCode::kInternalError, "the store of a one-host job accepts connections on ", pub, ":",
+                       port);
+    if (r == 0 && !accepts("127.0.0.1", port))
+      return makeError(StatusCode::kInternalError, "the store is not on 127.0.0.1:", port);
+    return b->barrier(Deadline::after(10s));
+  };
+  auto r0 = std::async(std::launch::async, rank, 0);
+  auto r1 = std::async(std::launch::async, rank, 1);
+  Status s0 = r0.get(), s1 = r1.get();
+  EXPECT_TRUE(s0.isOk()) << s0.toString();
+  EXPECT_TRUE(s1.isOk()) << s1.toString();
+}
+
+TEST_F(LaunchEnv, StorePortInUseNamesAddressAndPortAndWhatToDo) {
+  int holder = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a = {};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(bind(holder, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(listen(holder, 1), 0);
+  getsockname(holder, reinterpret_cast<sockaddr*>(&a), &len);
+  const std::string port = std::to_string(ntohs(a.sin_port));
+  // "localhost" for a one-host job: the store goes to 127.0.0.1, where the port is taken.
+  const std::string addr = "localhost:" + port;
+  set({{"LIBCOMM_WORLD_SIZE", "2"},
+       {"LIBCOMM_LOCAL_SIZE", "2"},
+       {"LIBCOMM_STORE_ADDR", addr.c_str()},
+       {"LIBCOMM_SECRET", "t0p"}});
+  auto b = createBootstrapFromEnvironment(Deadline::after(5s), {0, -1});
+  close(holder);
+  ASSERT_FALSE(b.isOk());
+  EXPECT_EQ(b.status().code(), StatusCode::kSystemError) << b.status().toString();
+  for (std::string said : {"127.0.0.1:" + port, std::string("already in use"), "ss -ltnp 'sport = :" + port + "'",
+                           std::string("rank 0 hosting"), std::string("LIBCOMM_STORE_ADDR")})
+    EXPECT_NE(b.status().message().find(said), std::string::npos) << b.status().toString() << " lacks " << said;
+}
+
+TEST_F(LaunchEnv, StorePlacementErrorsComeBeforeAnyConnection) {
+  struct Ifname {
+    ~Ifname() { unsetenv("LIBCOMM_SOCKET_IFNAME"); }
+  } restore;
+  const std::string addr = "localhost:" + std::to_string(freePort());
+  set({{"LIBCOMM_WORLD_SIZE", "4"},
+       {"LIBCOMM_LOCAL_SIZE", "2"},
+       {"LIBCOMM_STORE_ADDR", addr.c_str()},
+       {"LIBCOMM_SECRET", "t0p"}});
+  for (int r : {0, 3}) {
+    auto b = createBootstrapFromEnvironment(Deadline::after(20s), {r, -1});
+    ASSERT_FALSE(b.isOk());
+    EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << b.status().toString();
+    EXPECT_NE(b.status().message().find("the other hosts cannot reach it"), std::string::npos) << b.status().toString();
+  }
+  setenv("LIBCOMM_SOCKET_IFNAME", "eth0,^lo", 1);
+  set({{"LIBCOMM_STORE_ADDR", "10.99.99.99:1234"}});  // another host's store: the pattern is checked anyway
+  auto start = Clock::now();
+  auto b = createBootstrapFromEnvironment(Deadline::after(20s), {1, -1});
+  ASSERT_FALSE(b.isOk());
+  EXPECT_NE(b.status().message().find("LIBCOMM_SOCKET_IFNAME='eth0,^lo'"), std::string::npos) << b.status().toString();
+  EXPECT_LT(Clock::now() - start, 2s) << "a bad pattern must fail before connecting";
 }
 
 // ---- launchLocal ---------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 // createBootstrapFromEnvironment: resolveLaunchInfo() turned into a connected Bootstrap.
 
+#include "bootstrap/store_placement.h"
 #include "bootstrap/tcp_store.h"
 #include "core/log.h"
 #include "libcomm/bootstrap.h"
+#include "libcomm/config.h"
 
 namespace libcomm {
 namespace {
@@ -48,6 +50,23 @@ class StoreOwningBootstrap final : public Bootstrap {
   std::unique_ptr<Bootstrap> inner_;
 };
 
+// Where this job's store listens and where this rank connects (store_placement.h has the rule).
+Result<boot::StorePlacement> placeStore(const LaunchInfo& info) {
+  boot::StoreSite site;
+  site.host = info.storeHost;
+  site.size = info.size;
+  site.localSize = info.localSize;
+  site.ifname = settingValue("LIBCOMM_SOCKET_IFNAME");
+  site.resolved = boot::resolveNumeric(info.storeHost);
+  LIBCOMM_ASSIGN_OR_RETURN(site.here, boot::listAddresses());
+  Result<boot::StorePlacement> placed = boot::placeStore(site);
+  if (!placed.isOk())
+    return placed.status().withContext("rank " + std::to_string(info.rank) + " placing the tcp store");
+  if (!placed->why.empty()) LIBCOMM_LOG(kInfo, "boot") << "rank " << info.rank << ": " << placed->why;
+  if (!placed->warning.empty()) LIBCOMM_LOG(kWarn, "boot") << "rank " << info.rank << ": " << placed->warning;
+  return placed;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Bootstrap>> createBootstrapFromEnvironment(Deadline deadline, const LaunchOverrides& overrides) {
@@ -57,9 +76,10 @@ Result<std::unique_ptr<Bootstrap>> createBootstrapFromEnvironment(Deadline deadl
     return std::move(single[0]);
   }
   if (!info.storeDir.empty()) return createFileBootstrap(info.storeDir, info.jobId, info.rank, info.size, deadline);
+  LIBCOMM_ASSIGN_OR_RETURN(boot::StorePlacement where, placeStore(info));
   if (!info.hostsStore)
-    return createTcpBootstrap(info.storeHost, info.storePort, info.secret, info.rank, info.size, deadline, info.jobId);
-  auto started = startTcpStore(info.storeHost, info.storePort, info.secret);
+    return createTcpBootstrap(where.dialHost, info.storePort, info.secret, info.rank, info.size, deadline, info.jobId);
+  auto started = startTcpStore(where.listenHost, info.storePort, info.secret);
   if (!started.isOk())
     // Under torchrun, MASTER_PORT may already carry torch's own store.
     return started.status().withContext("rank " + std::to_string(info.rank) +
@@ -68,7 +88,7 @@ Result<std::unique_ptr<Bootstrap>> createBootstrapFromEnvironment(Deadline deadl
   std::unique_ptr<TcpStoreServer> server = std::move(started).value();
   LIBCOMM_ASSIGN_OR_RETURN(
       std::unique_ptr<Bootstrap> inner,
-      createTcpBootstrap(info.storeHost, server->port(), info.secret, info.rank, info.size, deadline, info.jobId));
+      createTcpBootstrap(where.dialHost, server->port(), info.secret, info.rank, info.size, deadline, info.jobId));
   return std::unique_ptr<Bootstrap>(std::make_unique<StoreOwningBootstrap>(std::move(server), std::move(inner)));
 }
 

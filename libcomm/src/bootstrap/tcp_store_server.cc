@@ -26,6 +26,8 @@ namespace {
 
 constexpr size_t kReadChunk = 1 << 16;
 constexpr size_t kMaxReadPerWakeup = 1 << 20;
+constexpr Milliseconds kStrangerWarnWindow{1000};
+constexpr int kStrangerWarnsPerWindow = 10;
 
 struct Conn {
   uint64_t id = 0;
@@ -169,9 +171,34 @@ class Server final : public TcpStoreServer {
   }
 
   void drop(Conn& c, const std::string& why) {
+    c.closed = true;
+    if (!c.authed && !mayWarnAboutStranger()) return;
     LIBCOMM_LOG(kWarn, "boot") << "tcp store " << host_ << ":" << port_ << ": dropping connection from " << c.who()
                                << ": " << why;
-    c.closed = true;
+  }
+
+  // Strangers (unauthenticated peers) earn a WARN each, but a scan or a flood must not fill the
+  // log: at most kStrangerWarnsPerWindow per window, then one line saying how many were left out.
+  bool mayWarnAboutStranger() {
+    startStrangerWindowIfDue();
+    if (strangerWarns_ < kStrangerWarnsPerWindow) {
+      ++strangerWarns_;
+      return true;
+    }
+    ++strangerWarnsSuppressed_;
+    return false;
+  }
+
+  void startStrangerWindowIfDue() {
+    const auto now = Clock::now();
+    if (now - strangerWindowStart_ < kStrangerWarnWindow) return;
+    if (strangerWarnsSuppressed_ > 0)
+      LIBCOMM_LOG(kWarn, "boot") << "tcp store " << host_ << ":" << port_ << ": " << strangerWarnsSuppressed_
+                                 << " more unauthenticated connections were dropped within "
+                                 << kStrangerWarnWindow.count() << " ms (their warnings left out)";
+    strangerWindowStart_ = now;
+    strangerWarns_ = 0;
+    strangerWarnsSuppressed_ = 0;
   }
 
   void send(Conn& c, MsgType type, std::string_view payload) {
@@ -218,6 +245,11 @@ class Server final : public TcpStoreServer {
     // a set must still take effect).
     handleFrames(c);
     if (eof && !c.closed) {
+      // A rank never leaves before it has authenticated; whoever does is a port scan, a health
+      // check or a client that gave up mid-handshake.
+      if (!c.authed)
+        return drop(c, c.in.empty() ? "closed without sending anything (a port scan?)"
+                                    : "closed in the middle of the handshake");
       LIBCOMM_LOG(kDebug, "boot") << "tcp store: " << c.who() << " disconnected";
       c.closed = true;
     }
@@ -310,6 +342,7 @@ class Server final : public TcpStoreServer {
   void expire() {
     auto now = Clock::now();
     state_.expire(now);
+    if (strangerWarnsSuppressed_ > 0) startStrangerWindowIfDue();
     for (auto& [id, c] : conns_) {
       if (c->closed) continue;
       if (!c->authed && now - c->acceptedAt > options_.handshakeTimeout)
@@ -350,6 +383,9 @@ class Server final : public TcpStoreServer {
   StoreState state_;
   std::map<int, uint64_t> rankConns_;  // rank -> its live connection
   std::deque<uint64_t> resume_;        // connections whose buffered frames may now be handled
+  Clock::time_point strangerWindowStart_{};
+  int strangerWarns_ = 0;
+  int strangerWarnsSuppressed_ = 0;
 };
 
 }  // namespace

@@ -308,11 +308,22 @@ Result<int> listenOn(const std::string& host, int port, int* boundPort) {
     int err = errno;
     freeaddrinfo(list);
     if (fd >= 0) close(fd);
+    const std::string where =
+        (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
     if (err == EADDRINUSE)
-      return makeError(StatusCode::kSystemError, "cannot listen on ", host, ":", port,
-                       ": address already in use (another store or service holds this port; pick another port"
-                       " or 0 for any free one)");
-    return makeError(StatusCode::kSystemError, "cannot listen on ", host, ":", port, ": ", errnoText(err));
+      return makeError(StatusCode::kSystemError, "cannot listen on ", where,
+                       ": address already in use (another store or service holds this port: `ss -ltnp 'sport = :", port,
+                       "'` shows which; under torchrun MASTER_PORT carries torch's own store): pick another "
+                       "port in LIBCOMM_STORE_ADDR)");
+    if (err == EADDRNOTAVAIL)
+      return makeError(StatusCode::kSystemError, "cannot listen on ", where,
+                       ": the address is not one of this host's (give one of its own addresses in LIBCOMM_STORE_ADDR, "
+                       "or run the store's rank on the host that has it)");
+    if (err == EACCES)
+      return makeError(StatusCode::kSystemError, "cannot listen on ", where,
+                       ": permission denied (ports below 1024 "
+                       "need privileges; pick a port of 1024 or above)");
+    return makeError(StatusCode::kSystemError, "cannot listen on ", where, ": ", errnoText(err));
   }
   freeaddrinfo(list);
   struct sockaddr_storage addr = {};

@@ -55,6 +55,8 @@ const std::vector<SettingInfo> kSettings = {
     {"LIBCOMM_SECRET", SettingType::kString, "", "per-job secret every store connection must present"},
     {"LIBCOMM_JOB_ID", SettingType::kString, "", "job identifier (names shared-memory segments)"},
     {"LIBCOMM_HOST_STORE", SettingType::kBool, "", "1: this process hosts the TCP store (default: rank 0 does)"},
+    {"LIBCOMM_SOCKET_IFNAME", SettingType::kString, "",
+     "where a hosted TCP store listens, as NCCL_SOCKET_IFNAME: eth,ib =eth0 ^docker ^=eth1; unset: no lo, docker*"},
 };
 
 const SettingInfo* find(const char* name) {

@@ -7,7 +7,9 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "bootstrap/net_interfaces.h"
 #include "core/log.h"
+#include "libcomm/config.h"
 
 namespace libcomm::ucx {
 namespace {
@@ -29,6 +31,31 @@ std::vector<std::string> applyEnvironmentDefaults(Milliseconds peerTimeout) {
 
 bool builtWithUcx() { return true; }
 
+namespace {
+
+// LIBCOMM_SOCKET_IFNAME governs the bootstrap only; it is deliberately not turned into
+// UCX_NET_DEVICES. That list names RDMA ports (mlx5_0:1) as well as interfaces, so narrowing it to
+// the socket interfaces would silently switch RDMA off (NCCL keeps NCCL_SOCKET_IFNAME and
+// NCCL_IB_HCA apart for the same reason), and UCX 1.13 reads it only from the environment, which
+// libcomm would have to rewrite for the whole process. Instead the user is told how to do it.
+void noteSocketIfname() {
+  const std::string ifname = settingValue("LIBCOMM_SOCKET_IFNAME");
+  if (ifname.empty() || getenv("UCX_NET_DEVICES")) return;
+  auto all = boot::listAddresses();
+  if (!all.isOk()) return;
+  auto chosen = boot::selectAddresses(*all, ifname);
+  if (!chosen.isOk()) return;
+  std::string names;
+  for (const auto& a : *chosen)
+    if (("," + names + ",").find("," + a.name + ",") == std::string::npos) names += (names.empty() ? "" : ",") + a.name;
+  LIBCOMM_LOG(kInfo, "ucx") << "LIBCOMM_SOCKET_IFNAME='" << ifname
+                            << "' places the bootstrap only; UCX picks its own devices. To keep UCX's TCP on the same "
+                            << "interfaces set UCX_NET_DEVICES=" << names
+                            << " (add RDMA ports such as mlx5_0:1 to keep RDMA)";
+}
+
+}  // namespace
+
 Result<std::shared_ptr<Context>> Context::acquire(Milliseconds peerTimeout) {
   std::lock_guard<std::mutex> lock(gMu);
   if (auto existing = gContext.lock()) return existing;
@@ -40,11 +67,13 @@ Result<std::shared_ptr<Context>> Context::acquire(Milliseconds peerTimeout) {
                                  "the kernel's keepalive never reports a cut link; libcomm relies on UCX_TCP_KEEP* "
                                  "and its op deadline instead";
 
+  noteSocketIfname();
+
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK)
-    return makeError(StatusCode::kSystemError, "UCX: reading its configuration (UCX_* variables) failed: ",
-                     ucs_status_string(st));
+    return makeError(StatusCode::kSystemError,
+                     "UCX: reading its configuration (UCX_* variables) failed: ", ucs_status_string(st));
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
