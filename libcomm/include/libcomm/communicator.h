@@ -91,6 +91,15 @@ class Communicator {
   /// Callable from any thread, returns in bounded time.
   void abort();
 
+  // ---- Flight recorder: the last collectives of this communicator (docs/FLIGHT-RECORDER.md). ----
+  /// The recorder's dump as one JSON object (format "libcomm-flight-recorder"): this rank, the
+  /// members, and the last LIBCOMM_FLIGHT_RECORDER collectives with their state and times, oldest
+  /// first. Thread-safe; callable while collectives run (it never blocks them) and after a failure.
+  std::string flightRecorderJson() const;
+  /// Writes that dump to `path` (empty: LIBCOMM_FLIGHT_RECORDER_DIR/<communicator>.rank<r>.flight.json)
+  /// through a temporary file and a rename; returns the path written. Thread-safe, as above.
+  Result<std::string> dumpFlightRecorder(const std::string& path = "") const;
+
   /// The algorithm selection table, printable (also via tools/comm_info).
   std::string describeSelection() const;
 

@@ -13,6 +13,7 @@
 #include "backends/shm/shm_channel.h"
 #include "backends/shm/shm_memory.h"
 #include "core/collective.h"
+#include "core/flight_recorder.h"
 #include "core/op_deadline.h"
 #include "libcomm/communicator.h"
 #include "topology/hosts.h"
@@ -63,6 +64,8 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   std::unique_ptr<shm::PeerMemory> peers_;
   /// Across hosts (hosts_.numHosts() > 1): every collective on a ring over UCX; null otherwise.
   std::unique_ptr<CrossHost> cross_;
+  /// The last collectives, for diagnosis (flight_recorder.h). Set by create(), never null after.
+  std::shared_ptr<FlightRecorder> flight_;
 
  private:
   Status run(const CollArgs& args, uint32_t seq, const OpDeadline& deadline, bool blocking);

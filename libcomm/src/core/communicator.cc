@@ -120,6 +120,13 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   // Nobody may start a collective before everyone has mapped everyone's control block (or
   // connected its UCX endpoints).
   LIBCOMM_RETURN_IF_ERROR(bootstrap.barrier(deadline));
+  std::vector<FlightMember> members;
+  for (const InitInfo& o : all)
+    members.push_back({std::string(o.host, strnlen(o.host, sizeof(o.host))),
+                       std::string(o.hostId, strnlen(o.hostId, sizeof(o.hostId))), o.pid});
+  // Rank 0's segment prefix names the communicator alike on every rank (unique in the job).
+  impl->flight_ = createFlightRecorder(config, impl->rank_, impl->size_, bootstrap.jobId(), prefixes[0].substr(1),
+                                       std::move(members));
   LIBCOMM_LOG(kInfo, "init") << "communicator ready: rank " << impl->rank_ << " of " << impl->size_ << " over "
                              << bootstrap.describe() << ", job " << bootstrap.jobId() << ", "
                              << (impl->cross_ ? "UCX ring across " + impl->hosts_.describe() : std::string("shared memory"))
@@ -264,6 +271,10 @@ Status Communicator::barrier(Stream& stream) {
 
 Status Communicator::asyncError() const { return impl_->asyncError(); }
 void Communicator::abort() { impl_->abort("abort() called on rank " + std::to_string(impl_->rank_)); }
+std::string Communicator::flightRecorderJson() const { return impl_->flight_->toJson("api"); }
+Result<std::string> Communicator::dumpFlightRecorder(const std::string& path) const {
+  return impl_->flight_->dump("api", path);
+}
 std::string Communicator::describeSelection() const { return describeSelectionTable(impl_->config_); }
 
 }  // namespace libcomm

@@ -45,6 +45,13 @@ const std::vector<SettingInfo> kSettings = {
      "sched_yield between polls when this host's ranks outnumber its cores)"},
     {"LIBCOMM_HOST_ID", SettingType::kString, "",
      "this rank's host id: ranks with equal ids share a host (empty: hostname and kernel boot id)"},
+    // Flight recorder (core/flight_recorder.h, docs/FLIGHT-RECORDER.md).
+    {"LIBCOMM_FLIGHT_RECORDER", SettingType::kInt, "2000",
+     "collectives each communicator remembers for its flight-recorder dump; 0: off"},
+    {"LIBCOMM_FLIGHT_RECORDER_DIR", SettingType::kString, "",
+     "directory of flight-recorder dumps (empty: $TMPDIR or /tmp, then libcomm-flight-<uid>)"},
+    {"LIBCOMM_FLIGHT_RECORDER_SIGNAL", SettingType::kBool, "1",
+     "process-wide: SIGUSR1 dumps every communicator's flight recorder (0: leave SIGUSR1 alone)"},
     // Launch (see resolveLaunchInfo in bootstrap.h).
     {"LIBCOMM_RANK", SettingType::kInt, "", "rank of this process"},
     {"LIBCOMM_WORLD_SIZE", SettingType::kInt, "", "number of ranks"},
@@ -163,6 +170,12 @@ Result<CommConfig> CommConfig::fromEnvironment() {
   // Read by every host stream (core/host_stream.cc); checked here so that a typo is an error, not a
   // warning that scrolls by.
   LIBCOMM_RETURN_IF_ERROR(parseStreamPriority(settingValue("LIBCOMM_STREAM_PRIORITY")).status());
+  LIBCOMM_ASSIGN_OR_RETURN(long long flight, settingInt("LIBCOMM_FLIGHT_RECORDER"));
+  if (flight < 0 || flight > (1LL << 20))
+    return makeError(StatusCode::kInvalidArgument, "LIBCOMM_FLIGHT_RECORDER must be in [0, 2^20], got ", flight);
+  c.flightRecorderEntries = static_cast<size_t>(flight);
+  c.flightRecorderDir = settingValue("LIBCOMM_FLIGHT_RECORDER_DIR");
+  LIBCOMM_RETURN_IF_ERROR(settingBool("LIBCOMM_FLIGHT_RECORDER_SIGNAL").status());
   c.algo = settingValue("LIBCOMM_ALGO");
   if (!c.algo.empty() && c.algo != "direct" && c.algo != "staged" && c.algo != "eager" && c.algo != "ring" &&
       c.algo != "hier")

@@ -208,6 +208,7 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
   LIBCOMM_ASSIGN_OR_RETURN(const Algo algo, selectAcrossHosts({args.kind, inputBytes, hosts_.numHosts(),
                                                                cross_->fewestPerHost, cross_->mostPerHost},
                                                               config_, &why));
+  flight_->chose(seq, algo);
   UcxRingLink link(*cross_->channel, seq);
   if (n > 1) {
     shm::OpDescriptor mine = describeOp(args, seq);

@@ -30,6 +30,7 @@ Status Communicator::Impl::submit(CollArgs args, Stream& stream) {
                                   " refused: the communicator failed earlier: " + err.message());
   const uint32_t seq = nextSeq_.fetch_add(1) + 1;
   inflight_.fetch_add(1);
+  flight_->enqueued(args, seq, stream.name(), size_);
 
   // An inline stream runs the collective right here: no ticket, closure or label to allocate
   // (they are most of the per-call cost of a small collective).
@@ -78,6 +79,7 @@ Status Communicator::Impl::submit(CollArgs args, Stream& stream) {
 void Communicator::Impl::settleUnrun(const CollArgs& args, uint32_t seq) {
   const Status st = makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq),
                               " never ran: its stream failed earlier or was destroyed, so this rank cannot take part");
+  flight_->finished(seq, FlightState::kSkipped, st);
   if (cross_) {
     // Telling the peers takes the UCX channel, which only the collective whose turn it is may use:
     // wait for the earlier ones (they fail fast once this rank has failed).
@@ -119,8 +121,11 @@ void Communicator::Impl::settle(uint32_t seq) {
 
 Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool blocking) {
   log::setThreadRank(rank_);
+  // Blocking: an inline stream runs it on the enqueuing thread, at once.
+  flight_->started(seq, blocking);
   const OpDeadline deadline(config_.opTimeout);
   Status st;
+  FlightState outcome = FlightState::kDone;
   if (lastExecuted_.load() + 1 != seq && !failed_.load()) {
     // An earlier collective of this communicator (on another stream) has not run yet.
     bool inOrder = sleepUntil(deadline.get().at(), [&] { return lastExecuted_.load() + 1 == seq || failed_.load(); });
@@ -133,16 +138,22 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool bloc
   if (st.isOk()) {
     // failed_ first: the error's mutex stays off the per-collective path.
     Status err = failed_.load() ? asyncError() : Status::ok();
-    if (!err.isOk())
+    if (!err.isOk()) {
       st = Status(err.code(), "rank " + std::to_string(rank_) + ": " + describeColl(args, seq) +
                                   " skipped: the communicator failed earlier: " + err.message());
-    else
+      outcome = FlightState::kSkipped;
+    } else {
       st = run(args, seq, deadline, blocking);
+    }
   }
   if (!st.isOk()) {
+    if (outcome == FlightState::kDone) outcome = FlightState::kFailed;
     fail(st);
     disconnectAcrossHosts(st);  // on this (the executing) thread: the UCX channel is single-threaded
   }
+  flight_->finished(seq, outcome, st);
+  // After the peers were told (above): the dump takes milliseconds they need not wait for.
+  if (outcome == FlightState::kFailed) flight_->dumpOnFailure(seq, st);
   settle(seq);
   return st;
 }
@@ -176,7 +187,10 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadl
     d.inputSegment = loc.segment;
     d.inputOffset = loc.offset;
   }
-  if (eager) mesh::fillEager(args, env);
+  if (eager) {
+    flight_->chose(seq, Algo::kEager);
+    mesh::fillEager(args, env);
+  }
   channel_->post(d);
   LIBCOMM_RETURN_IF_ERROR(channel_->waitPosted(seq, env.wait));
 
@@ -197,6 +211,7 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadl
   }
   const char* why = "";
   LIBCOMM_ASSIGN_OR_RETURN(Algo algo, selectAlgo({args.kind, registered, args.inPlace, inputBytes}, config_, &why));
+  flight_->chose(seq, algo);
   if (config_.collTrace) LIBCOMM_LOG(kInfo, "coll") << label.str() << ": " << algoName(algo) << " (" << why << ")";
   if (args.count > 0) {
     Status st = algo == Algo::kDirect ? mesh::runDirect(args, env, all) : mesh::runStaged(args, env);

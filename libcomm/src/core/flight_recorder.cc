@@ -1,0 +1,324 @@
+// The flight recorder's ring, its JSON form and where dumps go (the signal side is in
+// flight_signal.cc).
+
+#include "core/flight_recorder.h"
+
+#include <fcntl.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/json_writer.h"
+#include "core/log.h"
+#include "libcomm/version.h"
+
+namespace libcomm {
+
+// The dump's format name and version: readers (tools/flight_merge) refuse other formats and
+// versions newer than they know. Bump the version when a field changes meaning or goes away;
+// adding fields keeps it.
+constexpr const char* kFlightFormat = "libcomm-flight-recorder";
+constexpr int kFlightVersion = 1;
+// Texts kept for failed and skipped entries; after the first failure every later collective is
+// skipped with the same cause, so a few dozen say all there is.
+constexpr size_t kMaxErrors = 64;
+const char* flightStateName(FlightState s) {
+  switch (s) {
+    case FlightState::kEmpty:
+      return "empty";
+    case FlightState::kQueued:
+      return "queued";
+    case FlightState::kRunning:
+      return "running";
+    case FlightState::kDone:
+      return "done";
+    case FlightState::kFailed:
+      return "failed";
+    case FlightState::kSkipped:
+      return "skipped";
+  }
+  return "?";
+}
+
+namespace {
+
+// The time-stamp counter serves as clock where it runs at a constant rate through sleep states
+// and frequency changes on every core (CPUID 0x80000007, EDX bit 8: "invariant TSC").
+bool invariantTsc() {
+#if defined(__x86_64__)
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid(0x80000000, &eax, &ebx, &ecx, &edx) || eax < 0x80000007) return false;
+  __get_cpuid(0x80000007, &eax, &ebx, &ecx, &edx);
+  return (edx & (1u << 8)) != 0;
+#else
+  return false;
+#endif
+}
+
+int64_t monotonicNs() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
+
+size_t roundUpToPowerOfTwo(size_t n) {
+  size_t p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+}  // namespace
+
+FlightRecorder::FlightRecorder(FlightIdentity identity)
+    : id_(std::move(identity)),
+      capacity_(id_.capacity ? roundUpToPowerOfTwo(id_.capacity) : 0),
+      mask_(capacity_ ? capacity_ - 1 : 0),
+      slots_(capacity_ ? new Slot[capacity_] : nullptr) {
+  static const bool tsc = invariantTsc();
+  useTsc_ = tsc;
+  id_.capacity = capacity_;
+  bornTicks_ = now();
+  bornMonoNs_ = monotonicNs();
+}
+
+FlightRecorder::~FlightRecorder() = default;
+
+FlightRecorder::TimeBase FlightRecorder::timeBase() const {
+  TimeBase b;
+  if (!useTsc_) return b;
+  b.tsc = true;
+  // The rate needs a few milliseconds of history to be exact to a few parts per million; only a
+  // dump of a recorder younger than that waits for it.
+  constexpr int64_t kMinSpanNs = 20000000;
+  const int64_t age = monotonicNs() - bornMonoNs_;
+  if (age < kMinSpanNs) {
+    const timespec rest{0, static_cast<long>(kMinSpanNs - age)};
+    nanosleep(&rest, nullptr);
+  }
+  const int64_t ticks = now();
+  const int64_t mono = monotonicNs();
+  b.refNs = flightNowNs();
+  b.refTicks = ticks;
+  b.nsPerTick = ticks > bornTicks_ ? static_cast<double>(mono - bornMonoNs_) / static_cast<double>(ticks - bornTicks_) : 1.0;
+  return b;
+}
+
+void FlightRecorder::keepError(uint32_t seq, const std::string& text) {
+  std::lock_guard<std::mutex> lock(errMu_);
+  if (firstError_.empty()) firstError_ = text;
+  if (errors_.size() == kMaxErrors) errors_.erase(errors_.begin());
+  errors_.emplace_back(seq, text);
+}
+
+std::vector<FlightEntry> FlightRecorder::snapshot() const {
+  std::vector<FlightEntry> out;
+  if (capacity_ == 0) return out;
+  const TimeBase time = timeBase();
+  out.reserve(capacity_);
+  for (size_t i = 0; i < capacity_; ++i) {
+    const Slot& s = slots_[i];
+    FlightEntry e;
+    const uint32_t seq = s.seq.load(std::memory_order_acquire);
+    if (seq == 0) continue;
+    // State first (acquire): the times its writer stored before it are then visible.
+    e.state = static_cast<FlightState>(s.state.load(std::memory_order_acquire));
+    e.kind = static_cast<CollKind>(s.kind.load(std::memory_order_relaxed));
+    e.inType = static_cast<DataType>(s.inType.load(std::memory_order_relaxed));
+    e.outType = static_cast<DataType>(s.outType.load(std::memory_order_relaxed));
+    e.op = static_cast<ReduceOp>(s.op.load(std::memory_order_relaxed));
+    e.scale = s.scale.load(std::memory_order_relaxed);
+    e.inPlace = s.inPlace.load(std::memory_order_relaxed) != 0;
+    e.root = s.root.load(std::memory_order_relaxed);
+    e.algo = s.algo.load(std::memory_order_relaxed);
+    e.count = s.count.load(std::memory_order_relaxed);
+    e.bytes = s.bytes.load(std::memory_order_relaxed);
+    e.enqueueNs = time.toNs(s.enqueueAt.load(std::memory_order_relaxed));
+    e.startNs = time.toNs(s.startAt.load(std::memory_order_relaxed));
+    e.endNs = time.toNs(s.endAt.load(std::memory_order_relaxed));
+    char name[kStreamNameBytes + 1] = {};
+    for (size_t w = 0; w < kStreamNameBytes / 8; ++w) {
+      const uint64_t word = s.stream[w].load(std::memory_order_relaxed);
+      memcpy(name + 8 * w, &word, 8);
+    }
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (s.seq.load(std::memory_order_relaxed) != seq) continue;  // reused while read: a newer one is there now
+    e.seq = seq;
+    e.stream = name;
+    out.push_back(std::move(e));
+  }
+  std::sort(out.begin(), out.end(), [](const FlightEntry& a, const FlightEntry& b) { return a.seq < b.seq; });
+  std::lock_guard<std::mutex> lock(errMu_);
+  for (const auto& [seq, text] : errors_) {
+    auto it = std::lower_bound(out.begin(), out.end(), seq, [](const FlightEntry& e, uint32_t s) { return e.seq < s; });
+    if (it != out.end() && it->seq == seq) it->error = text;
+  }
+  return out;
+}
+
+namespace {
+
+void writeEntry(JsonWriter& w, const FlightEntry& e) {
+  const bool reduces = e.kind == CollKind::kReduceScatter || e.kind == CollKind::kAllReduce;
+  w.beginObject().field("seq", e.seq).field("op", collName(e.kind)).field("count", e.count);
+  w.field("in_dtype", dataTypeName(e.inType)).field("out_dtype", dataTypeName(e.outType));
+  w.key("reduce_op");
+  reduces ? w.value(reduceOpName(e.op)) : w.null();
+  w.key("scale");
+  reduces && e.op == ReduceOp::kPremulSum ? w.value(static_cast<double>(e.scale)) : w.null();
+  w.key("root");
+  e.kind == CollKind::kBroadcast ? w.value(e.root) : w.null();
+  w.field("in_place", e.inPlace).field("bytes", e.bytes);
+  w.key("algorithm");
+  e.algo >= 0 ? w.value(algoName(static_cast<Algo>(e.algo))) : w.null();
+  w.field("stream", e.stream).field("state", flightStateName(e.state));
+  w.field("enqueue_ns", static_cast<long long>(e.enqueueNs));
+  w.key("start_ns");
+  e.startNs ? w.value(static_cast<long long>(e.startNs)) : w.null();
+  w.key("end_ns");
+  e.endNs ? w.value(static_cast<long long>(e.endNs)) : w.null();
+  w.key("error").valueOrNull(e.error);
+  w.endObject();
+}
+
+// A file name made of the id's safe characters (job ids come from users and launchers).
+std::string safeName(std::string_view s) {
+  std::string out(s);
+  for (char& c : out)
+    if (!isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '_';
+  return out;
+}
+
+Status makeDirs(const std::string& dir) {
+  for (size_t i = 1; i <= dir.size(); ++i) {
+    if (i < dir.size() && dir[i] != '/') continue;
+    const std::string part = dir.substr(0, i);
+    if (mkdir(part.c_str(), 0755) != 0 && errno != EEXIST)
+      return makeError(StatusCode::kSystemError, "flight recorder: cannot create directory ", part, ": ",
+                       strerror(errno));
+  }
+  return Status::ok();
+}
+
+Status writeWhole(const std::string& path, const std::string& text) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return makeError(StatusCode::kSystemError, "flight recorder: cannot create ", path, ": ", strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      close(fd);
+      return makeError(StatusCode::kSystemError, "flight recorder: writing ", path, ": ", strerror(err));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (close(fd) != 0)
+    return makeError(StatusCode::kSystemError, "flight recorder: writing ", path, ": ", strerror(errno));
+  return Status::ok();
+}
+
+}  // namespace
+
+std::string FlightRecorder::toJson(std::string_view reason) const {
+  const std::vector<FlightEntry> entries = snapshot();
+  std::string first;
+  {
+    std::lock_guard<std::mutex> lock(errMu_);
+    first = firstError_;
+  }
+  JsonWriter w;
+  w.beginObject().field("format", kFlightFormat).field("version", kFlightVersion);
+  w.field("library_version", versionString()).field("reason", reason);
+  w.field("dump_time_ns", static_cast<long long>(flightNowNs())).field("clock", "CLOCK_REALTIME");
+  w.field("time_source", useTsc_ ? "tsc" : "clock_gettime");
+  const FlightMember self = id_.rank < static_cast<int>(id_.members.size()) ? id_.members[id_.rank] : FlightMember{};
+  w.field("rank", id_.rank).field("world_size", id_.size).field("host", self.host).field("host_id", self.hostId);
+  w.field("pid", static_cast<int>(getpid())).field("job_id", id_.jobId).field("communicator", id_.commId);
+  w.key("members").beginArray();
+  for (size_t r = 0; r < id_.members.size(); ++r)
+    w.beginObject()
+        .field("rank", static_cast<int>(r))
+        .field("host", id_.members[r].host)
+        .field("host_id", id_.members[r].hostId)
+        .field("pid", id_.members[r].pid)
+        .endObject();
+  w.endArray();
+  w.key("settings").beginObject().field("op_timeout_ms", static_cast<long long>(id_.opTimeoutMs));
+  w.field("capacity", static_cast<unsigned long long>(capacity_));
+  for (const auto& [name, value] : id_.settings) w.field(name, value);
+  w.endObject();
+  // Seqs are dense from 1: whatever is older than the oldest entry was overwritten.
+  const uint32_t last = entries.empty() ? 0 : entries.back().seq;
+  w.field("last_enqueued_seq", last).field("entries_dropped", entries.empty() ? 0 : entries.front().seq - 1);
+  w.key("first_error").valueOrNull(first);
+  w.key("entries").beginArray();
+  for (const FlightEntry& e : entries) writeEntry(w, e);
+  w.endArray().endObject();
+  return w.str() + "\n";
+}
+
+std::shared_ptr<FlightRecorder> createFlightRecorder(const CommConfig& config, int rank, int size, std::string jobId,
+                                                     std::string commId, std::vector<FlightMember> members) {
+  FlightIdentity id;
+  id.rank = rank;
+  id.size = size;
+  id.jobId = std::move(jobId);
+  id.commId = std::move(commId);
+  id.members = std::move(members);
+  id.capacity = config.flightRecorderEntries;
+  id.dir = config.flightRecorderDir;
+  id.opTimeoutMs = config.opTimeout.count();
+  id.settings = {{"algo", config.algo.empty() ? "auto" : config.algo},
+                 {"check_mismatch", config.checkMismatch ? "1" : "0"},
+                 {"eager_bytes", std::to_string(config.eagerBytes)}};
+  auto recorder = std::make_shared<FlightRecorder>(std::move(id));
+  registerFlightRecorderForSignal(recorder);
+  return recorder;
+}
+
+std::string FlightRecorder::defaultPath() const {
+  std::string dir = id_.dir;
+  if (dir.empty()) {
+    const char* tmp = getenv("TMPDIR");
+    dir = std::string(tmp && *tmp ? tmp : "/tmp") + "/libcomm-flight-" + std::to_string(getuid());
+  }
+  return dir + "/" + safeName(id_.commId) + ".rank" + std::to_string(id_.rank) + ".flight.json";
+}
+
+Result<std::string> FlightRecorder::dump(std::string_view reason, const std::string& path) const {
+  const std::string target = path.empty() ? defaultPath() : path;
+  const size_t slash = target.rfind('/');
+  if (slash != std::string::npos && slash > 0) LIBCOMM_RETURN_IF_ERROR(makeDirs(target.substr(0, slash)));
+  const std::string tmp = target + ".tmp." + std::to_string(getpid());
+  Status st = writeWhole(tmp, toJson(reason));
+  if (st.isOk() && rename(tmp.c_str(), target.c_str()) != 0)
+    st = makeError(StatusCode::kSystemError, "flight recorder: renaming ", tmp, " to ", target, ": ", strerror(errno));
+  if (!st.isOk()) {
+    unlink(tmp.c_str());
+    return Status(st.code(), "rank " + std::to_string(id_.rank) + ": " + st.message());
+  }
+  return target;
+}
+
+void FlightRecorder::dumpOnFailure(uint32_t seq, const Status& st) {
+  if (capacity_ == 0 || autoDumped_.exchange(true)) return;
+  Result<std::string> path = dump("failure", "");
+  if (path.isOk())
+    LIBCOMM_LOG(kWarn, "coll") << "rank " << id_.rank << ": collective seq " << seq << " failed ("
+                               << statusCodeName(st.code()) << "); flight recorder of communicator " << id_.commId
+                               << " written to " << *path << " (merge all ranks' dumps with tools/flight_merge)";
+  else
+    LIBCOMM_LOG(kError, "coll") << "rank " << id_.rank << ": collective seq " << seq
+                                << " failed; the flight recorder could not be written: " << path.status().toString();
+}
+
+}  // namespace libcomm

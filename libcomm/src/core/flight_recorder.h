@@ -1,0 +1,268 @@
+#pragma once
+// The flight recorder: a fixed ring of the last N collectives of one communicator -- what was
+// called, on which stream, when it was enqueued, started and ended, and how it ended -- written
+// out as self-describing JSON when a collective fails, on SIGUSR1, or when asked
+// (Communicator::dumpFlightRecorder). tools/flight_merge lines up the dumps of all ranks and names
+// the rank that lags and the first collective where the ranks part ways. Format and settings:
+// docs/FLIGHT-RECORDER.md.
+//
+// Cost per collective (measured: docs/FLIGHT-RECORDER.md): two or three reads of the time-stamp
+// counter and a dozen relaxed stores into the slot of its sequence number, inline; no allocation,
+// no lock, no system call. Slot fields are atomics, and each slot's sequence number works as a
+// seqlock, so a dump (any thread, any time) copies a slot without stopping the collectives and
+// discards a slot that was reused while it read it.
+//
+// Times: the slots hold raw ticks of the x86 time-stamp counter where it is invariant (a read
+// costs a third of clock_gettime's), else CLOCK_REALTIME nanoseconds. A dump converts ticks to
+// CLOCK_REALTIME nanoseconds with the counter's rate measured against CLOCK_MONOTONIC since the
+// recorder was made and anchored at the dump's own reading of the real-time clock.
+//
+// Writers of one slot are ordered by the collective's own life (enqueue happens before start,
+// start before end, on whatever threads they run). Only with more than N collectives in flight
+// can a new collective take the slot of one still running; the older one's late updates are then
+// dropped (the slot's sequence number no longer matches).
+
+#include <time.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/collective.h"
+#include "core/selector.h"
+#include "libcomm/config.h"
+#include "libcomm/deadline.h"
+#include "libcomm/status.h"
+
+namespace libcomm {
+
+enum class FlightState : uint8_t { kEmpty = 0, kQueued, kRunning, kDone, kFailed, kSkipped };
+/// "queued", "running", "done", "failed", "skipped" ("empty" for an unused slot).
+const char* flightStateName(FlightState s);
+
+/// A rank of the communicator, as the dump lists it.
+struct FlightMember {
+  std::string host;    // hostname
+  std::string hostId;  // equal ids share a host (topology::localHostId)
+  int pid = 0;
+};
+
+/// Who the recorder belongs to: everything a dump says about its communicator.
+struct FlightIdentity {
+  int rank = 0;
+  int size = 1;
+  std::string jobId;
+  /// Equal on every rank of the communicator, different for every communicator of the job.
+  std::string commId;
+  std::vector<FlightMember> members;
+  /// Entries kept (LIBCOMM_FLIGHT_RECORDER); 0: recording off.
+  size_t capacity = 0;
+  /// Where dumps go without an explicit path (LIBCOMM_FLIGHT_RECORDER_DIR; empty: the default).
+  std::string dir;
+  /// The deadline of one collective (LIBCOMM_TIMEOUT_MS): how long a rank waits in a collective
+  /// its peers never join.
+  int64_t opTimeoutMs = 0;
+  /// Other settings a reader of the dump needs, as (name, value) text.
+  std::vector<std::pair<std::string, std::string>> settings;
+};
+
+/// One collective as copied out of the ring.
+struct FlightEntry {
+  uint32_t seq = 0;
+  CollKind kind = CollKind::kBarrier;
+  DataType inType = DataType::kFloat32;
+  DataType outType = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  float scale = 1.0f;
+  int root = -1;
+  bool inPlace = false;
+  int algo = -1;  // an Algo, or -1 while not chosen
+  uint64_t count = 0;
+  uint64_t bytes = 0;  // this rank's input bytes
+  int64_t enqueueNs = 0, startNs = 0, endNs = 0;  // CLOCK_REALTIME; 0: not yet
+  FlightState state = FlightState::kEmpty;
+  std::string stream;
+  std::string error;  // failed and skipped entries: why
+};
+
+/// Nanoseconds since the epoch (CLOCK_REALTIME): comparable between the ranks of one host, and
+/// between hosts as far as their clocks agree.
+inline int64_t flightNowNs() {
+  timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
+
+class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
+ public:
+  explicit FlightRecorder(FlightIdentity identity);
+  ~FlightRecorder();
+  FlightRecorder(const FlightRecorder&) = delete;
+  FlightRecorder& operator=(const FlightRecorder&) = delete;
+
+  /// `identity.capacity` is rounded up to a power of two (the slot of a seq is then a mask away).
+  bool enabled() const { return capacity_ > 0; }
+  size_t capacity() const { return capacity_; }
+  const FlightIdentity& identity() const { return id_; }
+
+  // ---- Recording (the collective path). Thread-safe; never block. ----
+  /// Collective `seq` was enqueued on stream `stream` by this rank.
+  inline void enqueued(const CollArgs& args, uint32_t seq, const std::string& stream, int worldSize);
+  /// Its stream reached it. `atEnqueue`: it runs on the thread that enqueued it, right away (an
+  /// inline stream), so the enqueue time serves as start time and the clock is not read again.
+  inline void started(uint32_t seq, bool atEnqueue);
+  /// The algorithm it runs with.
+  inline void chose(uint32_t seq, Algo algo);
+  /// It ended: kDone, kFailed (`why` says why) or kSkipped (never ran; `why` says why).
+  inline void finished(uint32_t seq, FlightState state, const Status& why);
+
+  // ---- Reading. Thread-safe; callable while collectives run. ----
+  /// The recorded collectives, oldest first.
+  std::vector<FlightEntry> snapshot() const;
+  /// The dump: identity, settings, `reason`, and snapshot(). One JSON object.
+  std::string toJson(std::string_view reason) const;
+  /// Writes toJson(reason) to `path` (empty: defaultPath()) through a temporary file and a rename,
+  /// so a reader never sees half a dump. Returns the path written.
+  Result<std::string> dump(std::string_view reason, const std::string& path) const;
+  /// <dir>/<communicator id>.rank<r>.flight.json
+  std::string defaultPath() const;
+
+  /// After collective `seq` failed with `st`: the first time per communicator, dumps with reason
+  /// "failure" and logs where (WARN; ERROR if the dump could not be written). Later calls do
+  /// nothing. Off when the recorder is off.
+  void dumpOnFailure(uint32_t seq, const Status& st);
+
+ private:
+  static constexpr size_t kStreamNameBytes = 32;
+  struct alignas(64) Slot {
+    // 0 while the slot is being (re)filled for a new collective; else the collective's seq.
+    std::atomic<uint32_t> seq{0};
+    std::atomic<uint8_t> state{0};
+    std::atomic<uint8_t> kind{0}, inType{0}, outType{0}, op{0}, inPlace{0};
+    std::atomic<int8_t> algo{-1};
+    std::atomic<int32_t> root{-1};
+    std::atomic<float> scale{1.0f};
+    std::atomic<uint64_t> count{0}, bytes{0};
+    std::atomic<int64_t> enqueueAt{0}, startAt{0}, endAt{0};  // now() readings; 0: not yet
+    // The stream's name, truncated, as 8-byte words (a char array could not be read while written).
+    std::atomic<uint64_t> stream[kStreamNameBytes / 8] = {};
+  };
+  Slot& slotOf(uint32_t seq) const { return slots_[seq & mask_]; }
+  /// A time stamp: counter ticks (useTsc_) or CLOCK_REALTIME ns.
+  inline int64_t now() const;
+  /// Converts now() readings to CLOCK_REALTIME ns (taken once per snapshot).
+  struct TimeBase {
+    bool tsc = false;
+    int64_t refTicks = 0, refNs = 0;
+    double nsPerTick = 1.0;
+    int64_t toNs(int64_t t) const {
+      if (!tsc || t == 0) return t;
+      return refNs - static_cast<int64_t>(static_cast<double>(refTicks - t) * nsPerTick);
+    }
+  };
+  TimeBase timeBase() const;
+  void keepError(uint32_t seq, const std::string& text);
+
+  FlightIdentity id_;
+  size_t capacity_;
+  size_t mask_;
+  std::unique_ptr<Slot[]> slots_;
+  bool useTsc_;
+  int64_t bornTicks_ = 0, bornMonoNs_ = 0;  // the calibration's start: now() and CLOCK_MONOTONIC
+  std::atomic<bool> autoDumped_{false};
+  // Error texts of failed and skipped entries: failure path only, bounded (kMaxErrors).
+  mutable std::mutex errMu_;
+  std::vector<std::pair<uint32_t, std::string>> errors_;
+  std::string firstError_;
+};
+
+inline int64_t FlightRecorder::now() const {
+#if defined(__x86_64__)
+  if (useTsc_) return static_cast<int64_t>(__builtin_ia32_rdtsc());
+#endif
+  return flightNowNs();
+}
+
+inline void FlightRecorder::enqueued(const CollArgs& args, uint32_t seq, const std::string& stream, int worldSize) {
+  if (capacity_ == 0) return;
+  const int64_t t = now();
+  Slot& s = slotOf(seq);
+  constexpr auto relaxed = std::memory_order_relaxed;
+  // Seqlock write: a reader that saw the old seq before these stores sees 0 or `seq` after them.
+  s.seq.store(0, relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  s.kind.store(static_cast<uint8_t>(args.kind), relaxed);
+  s.inType.store(static_cast<uint8_t>(args.inType), relaxed);
+  s.outType.store(static_cast<uint8_t>(args.outType), relaxed);
+  s.op.store(static_cast<uint8_t>(args.reduce.op), relaxed);
+  s.scale.store(args.reduce.scale, relaxed);
+  s.inPlace.store(args.inPlace, relaxed);
+  s.root.store(args.root, relaxed);
+  s.algo.store(-1, relaxed);
+  s.count.store(args.count, relaxed);
+  s.bytes.store(args.hasInput(id_.rank) ? args.count * args.inputParts(worldSize) * dataTypeSize(args.inType) : 0,
+                relaxed);
+  s.enqueueAt.store(t, relaxed);
+  s.startAt.store(0, relaxed);
+  s.endAt.store(0, relaxed);
+  // Whole words straight from the string; only the last, partial one byte by byte (a word loaded
+  // from bytes just stored on the stack would wait for them: a store-forwarding stall).
+  const size_t n = stream.size() < kStreamNameBytes ? stream.size() : kStreamNameBytes;
+  for (size_t w = 0; w < kStreamNameBytes / 8; ++w) {
+    uint64_t word = 0;
+    if (8 * w + 8 <= n)
+      memcpy(&word, stream.data() + 8 * w, 8);
+    else
+      for (size_t b = 8 * w; b < n; ++b) word |= static_cast<uint64_t>(static_cast<unsigned char>(stream[b])) << (8 * (b - 8 * w));
+    s.stream[w].store(word, relaxed);
+  }
+  s.state.store(static_cast<uint8_t>(FlightState::kQueued), relaxed);
+  s.seq.store(seq, std::memory_order_release);
+}
+
+inline void FlightRecorder::started(uint32_t seq, bool atEnqueue) {
+  if (capacity_ == 0) return;
+  Slot& s = slotOf(seq);
+  if (s.seq.load(std::memory_order_relaxed) != seq) return;  // taken by a newer collective
+  s.startAt.store(atEnqueue ? s.enqueueAt.load(std::memory_order_relaxed) : now(), std::memory_order_relaxed);
+  // Release: a reader that sees "running" sees the start time.
+  s.state.store(static_cast<uint8_t>(FlightState::kRunning), std::memory_order_release);
+}
+
+inline void FlightRecorder::chose(uint32_t seq, Algo algo) {
+  if (capacity_ == 0) return;
+  Slot& s = slotOf(seq);
+  if (s.seq.load(std::memory_order_relaxed) == seq) s.algo.store(static_cast<int8_t>(algo), std::memory_order_relaxed);
+}
+
+inline void FlightRecorder::finished(uint32_t seq, FlightState state, const Status& why) {
+  if (capacity_ == 0) return;
+  if (state != FlightState::kDone) keepError(seq, why.toString());
+  Slot& s = slotOf(seq);
+  if (s.seq.load(std::memory_order_relaxed) != seq) return;
+  s.endAt.store(now(), std::memory_order_relaxed);
+  s.state.store(static_cast<uint8_t>(state), std::memory_order_release);
+}
+
+/// The recorder of a new communicator: identity and settings from `config`; registered for
+/// SIGUSR1 when on. `commId`: the same on every rank of the communicator.
+std::shared_ptr<FlightRecorder> createFlightRecorder(const CommConfig& config, int rank, int size, std::string jobId,
+                                                     std::string commId, std::vector<FlightMember> members);
+
+/// Makes SIGUSR1 dump `recorder` (and every other registered one of this process) with reason
+/// "signal", unless LIBCOMM_FLIGHT_RECORDER_SIGNAL=0. The first call installs the handler (once
+/// per process; flight_signal.cc says what it does with an earlier handler) and starts the thread
+/// that does the dumps. The recorder is held weakly: a destroyed communicator drops out by itself.
+/// Thread-safe.
+void registerFlightRecorderForSignal(const std::shared_ptr<FlightRecorder>& recorder);
+
+/// Dumps every registered recorder of this process with `reason` now, on the calling thread;
+/// returns how many were written. What the signal thread does on SIGUSR1 (tests call it directly).
+int dumpAllFlightRecorders(std::string_view reason);
+
+}  // namespace libcomm

@@ -1,0 +1,159 @@
+// SIGUSR1 -> a dump of every live flight recorder of the process.
+//
+// The handler does only what is async-signal-safe: it writes one byte to a pipe and returns. A
+// thread of the library ("libcomm-flight"), started with the first registered recorder, reads the
+// pipe and writes the dumps, logging each path at WARN.
+//
+// An earlier handler: if the process had installed its own SIGUSR1 handler before the first
+// communicator, ours calls it after writing its byte (with the same arguments), so both run. If
+// SIGUSR1 was ignored or had its default action (end the process), ours replaces that: SIGUSR1
+// then only dumps. A handler the program installs after the first communicator replaces ours
+// (sigaction is per process); that program can call Communicator::dumpFlightRecorder itself.
+// LIBCOMM_FLIGHT_RECORDER_SIGNAL=0 leaves SIGUSR1 alone altogether. The handler stays installed
+// for the life of the process; with no live communicator, SIGUSR1 does nothing.
+//
+// fork(): the child keeps the handler but has neither the thread nor a right to the parent's pipe
+// (its byte would make the parent dump). An atfork handler closes the child's copy of the pipe,
+// and the child's first communicator makes its own pipe and thread.
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "core/flight_recorder.h"
+#include "core/log.h"
+#include "libcomm/config.h"
+
+namespace libcomm {
+namespace {
+
+// The write end of the wake-up pipe, read by the handler; -1 when no thread listens.
+std::atomic<int> gWakeFd{-1};
+struct sigaction gPrevious;  // set once, before the handler can run
+
+struct Registry {
+  std::mutex mu;
+  pid_t listeningPid = 0;  // the process whose thread reads the pipe (a forked child has none)
+  bool installed = false;  // the handler is in place (inherited across fork)
+  std::vector<std::weak_ptr<FlightRecorder>> live;
+};
+// Never destroyed: the thread and late signals may outlive static destruction at exit.
+Registry& registry() {
+  static Registry* r = new Registry;
+  return *r;
+}
+
+void onSignal(int sig, siginfo_t* info, void* context) {
+  const int savedErrno = errno;
+  const int fd = gWakeFd.load(std::memory_order_relaxed);
+  if (fd >= 0) {
+    const char byte = 1;
+    [[maybe_unused]] ssize_t n = write(fd, &byte, 1);  // full pipe: a dump is already due
+  }
+  errno = savedErrno;
+  if (gPrevious.sa_flags & SA_SIGINFO) {
+    if (gPrevious.sa_sigaction) gPrevious.sa_sigaction(sig, info, context);
+  } else if (gPrevious.sa_handler != SIG_DFL && gPrevious.sa_handler != SIG_IGN && gPrevious.sa_handler) {
+    gPrevious.sa_handler(sig);
+  }
+}
+
+void afterForkInChild() {
+  const int fd = gWakeFd.exchange(-1);
+  if (fd >= 0) close(fd);
+}
+
+void listen(int readFd) {
+  log::setThreadRank(-1);
+  char buf[64];
+  for (;;) {
+    const ssize_t n = read(readFd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    dumpAllFlightRecorders("signal");
+  }
+}
+
+// With the registry's lock held: the handler and this process's listening thread exist.
+void ensureListening(Registry& r) {
+  if (r.listeningPid == getpid()) return;
+  r.live.clear();  // a forked child's copies of its parent's recorders are not its own
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    LIBCOMM_LOG(kWarn, "init") << "flight recorder: no pipe for SIGUSR1 (" << strerror(errno)
+                               << "); dumps only on failure and through the API";
+    return;
+  }
+  fcntl(fds[1], F_SETFL, O_NONBLOCK);  // the handler must never block
+  try {
+    std::thread(listen, fds[0]).detach();
+  } catch (const std::exception& e) {
+    LIBCOMM_LOG(kWarn, "init") << "flight recorder: cannot start the SIGUSR1 thread (" << e.what() << ")";
+    close(fds[0]);
+    close(fds[1]);
+    return;
+  }
+  r.listeningPid = getpid();
+  gWakeFd.store(fds[1]);
+  if (r.installed) return;
+  static std::once_flag atfork;
+  std::call_once(atfork, [] { pthread_atfork(nullptr, nullptr, afterForkInChild); });
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_sigaction = onSignal;
+  sa.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  if (sigaction(SIGUSR1, &sa, &gPrevious) != 0) {
+    LIBCOMM_LOG(kWarn, "init") << "flight recorder: cannot install the SIGUSR1 handler: " << strerror(errno);
+    return;
+  }
+  r.installed = true;
+  const bool chained = (gPrevious.sa_flags & SA_SIGINFO) ? gPrevious.sa_sigaction != nullptr
+                                                         : (gPrevious.sa_handler != SIG_DFL &&
+                                                            gPrevious.sa_handler != SIG_IGN);
+  LIBCOMM_LOG(kDebug, "init") << "flight recorder: SIGUSR1 dumps every communicator's recorder"
+                              << (chained ? ", then calls the handler installed before" : "");
+}
+
+}  // namespace
+
+void registerFlightRecorderForSignal(const std::shared_ptr<FlightRecorder>& recorder) {
+  if (!recorder->enabled()) return;
+  Result<bool> on = settingBool("LIBCOMM_FLIGHT_RECORDER_SIGNAL");
+  if (!on.isOk() || !*on) return;  // a malformed value is reported by CommConfig::fromEnvironment
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  ensureListening(r);
+  // Drop the recorders of destroyed communicators, so the list stays as long as the live ones.
+  std::erase_if(r.live, [](const std::weak_ptr<FlightRecorder>& w) { return w.expired(); });
+  r.live.push_back(recorder);
+}
+
+int dumpAllFlightRecorders(std::string_view reason) {
+  std::vector<std::shared_ptr<FlightRecorder>> now;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    for (const auto& w : r.live)
+      if (auto p = w.lock()) now.push_back(std::move(p));
+  }
+  int written = 0;
+  for (const auto& rec : now) {
+    Result<std::string> path = rec->dump(reason, "");
+    if (path.isOk()) {
+      ++written;
+      LIBCOMM_LOG(kWarn, "coll") << "rank " << rec->identity().rank << ": flight recorder of communicator "
+                                 << rec->identity().commId << " written to " << *path << " (" << reason << ")";
+    } else {
+      LIBCOMM_LOG(kError, "coll") << path.status().toString();
+    }
+  }
+  return written;
+}
+
+}  // namespace libcomm
