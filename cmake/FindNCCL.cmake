@@ -68,7 +68,8 @@ if(NOT NCCL_FOUND_VIA)
   find_path(NCCL_INCLUDE_DIR nccl.h
     HINTS ${_nccl_hints} ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_TARGET_DIR}/include
     PATH_SUFFIXES include)
-  find_library(NCCL_LIBRARY nccl
+  # libnccl.so.2 alone: the nvidia-nccl wheels ship no unversioned link.
+  find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2
     HINTS ${_nccl_lib_hints} ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_TARGET_DIR}/lib64 ${CUDAToolkit_TARGET_DIR}/lib)
   if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
     set(NCCL_FOUND_VIA toolkit)

@@ -36,7 +36,7 @@ if(NOT LIBCOMM_WITH_CUDA STREQUAL "OFF")
   endif()
   if(NOT _cuda_missing)
     enable_language(CUDA)
-    set(CMAKE_CUDA_STANDARD 20)
+    set(CMAKE_CUDA_STANDARD 17)  # CMake 3.25 knows no C++20 flag for nvcc; .cu files stay C++17
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     set(SHARDCOMM_HAVE_CUDA ON)
   endif()
