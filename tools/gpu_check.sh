@@ -10,9 +10,10 @@
 # machine $OUT is the folder that comes back), CUDA_ROOT (default /usr/local/cuda), JOBS (default
 # nproc), NCCL_ROOT (else nccl.h in the toolkit, else the nvidia-nccl Python wheel is used).
 # GoogleTest: the lent machines have no libgtest-dev; the script builds it from a source tree at
-# .gpu-carry/googletest (or /usr/src/googletest). Before calling the device tool, once, here:
-#   echo /.gpu-carry/ >> .git/info/exclude; mkdir -p .gpu-carry; cp -r /usr/src/googletest .gpu-carry/
-# and name .gpu-carry in the call's carry list (about 4 MB).
+# .gpu-carry/googletest (or /usr/src/googletest). Before calling the device tool, once, here
+# (.gitignore ignores .gpu-carry):  mkdir -p .gpu-carry && cp -r /usr/src/googletest .gpu-carry/
+# and name .gpu-carry in the call's carry list (about 4 MB). The call, with a timeout that leaves
+# room for a second try:  OUT=$OUT tools/gpu_check.sh  (the summary table is the output's tail).
 #
 # Exit: 0 all passed; 1 a step failed; 77 no GPU here (after configuring and building, so that a
 # machine without a GPU still checks the build and the script itself).
@@ -112,6 +113,8 @@ grep -E '^-- shardcomm: (CUDA|NCCL)' "$out/configure.log"
 
 targets=(copy_bench)
 [ ${#gtest_args[@]} -gt 0 ] || [ -f /usr/include/gtest/gtest.h ] && targets+=(cuda_stream_test cuda_backend_test)
+# With NCCL: its set-up on the device, and its CPU tests.
+grep -q "^-- shardcomm: NCCL ON" "$out/configure.log" && [ ${#targets[@]} -gt 1 ] && targets+=(nccl_init_test nccl_backend_test)
 # >>> GPU benchmarks to build: comm_bench on device memory, the reduce_scatter kernel bench (issue 5) <<<
 step build "${targets[*]}" -- cmake --build "$build" -j "$jobs" --target "${targets[@]}" || { summary; exit 1; }
 
@@ -132,8 +135,8 @@ fi
 
 # ---- tests -----------------------------------------------------------------------------------------
 if [ ${#targets[@]} -gt 1 ]; then
-  step gpu_tests "ctest -L gpu and the cuda.* unit tests" -- \
-    ctest --test-dir "$build" --output-on-failure -R '^(gpu|cuda)\.' --timeout 300
+  step gpu_tests "ctest: gpu, cuda.* and nccl.* tests" -- \
+    ctest --test-dir "$build" --output-on-failure -R '^(gpu|cuda|nccl)\.' --timeout 300
   # On a GPU machine nothing may skip: a skip here means the device was not usable.
   if grep -q 'Skipped' "$out/gpu_tests.log"; then
     rows+=("gpu_skips|FAILED|0|tests skipped on a machine with a GPU; see gpu_tests.log")
