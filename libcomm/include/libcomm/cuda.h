@@ -10,8 +10,9 @@
 //    a host function failed: CUDA cannot skip it. Host functions enqueued through enqueueHost are
 //    skipped, and event records carry the error, as on host streams;
 //  - host functions run on CUDA's callback thread, one at a time across all streams of the
-//    process; they must not call CUDA, and a host function that blocks delays every other
-//    stream's host functions;
+//    process; they must not call CUDA (nor capture anything whose destructor does: the function is
+//    destroyed there too), and a host function that blocks delays every other stream's host
+//    functions;
 //  - a CUDA stream refuses to record or wait on a host event, and a host stream refuses CUDA
 //    events (kInvalidArgument): bridge them on the host with Event::synchronize(deadline).
 

@@ -210,8 +210,11 @@ struct HostCall {
   std::shared_ptr<StreamState> state;
   uint64_t seq = 0;
   std::string label;
-  std::function<Status()> fn;          // a user's host function, or
-  std::shared_ptr<CudaRecord> waitOn;  // the record whose error a wait hands on
+  std::function<Status()> fn;  // a user's host function, or
+  // the record whose error a wait hands on: its stream and position only, not the CudaRecord, whose
+  // destructor calls CUDA, which a host callback must not.
+  std::shared_ptr<const StreamState> waitStream;
+  uint64_t waitPosition = 0;
 };
 
 void CUDART_CB runHostCall(void* arg) {
@@ -220,8 +223,8 @@ void CUDART_CB runHostCall(void* arg) {
   auto context = [&] { return detail::strCat("CUDA stream '", st.name, "' item #", call->seq, " '", call->label, "'"); };
   if (st.failedBefore(call->seq)) {
     LIBCOMM_LOG(kDebug, "stream") << context() << " skipped: the stream has failed";
-  } else if (call->waitOn) {
-    Status carried = call->waitOn->carried();
+  } else if (call->waitStream) {
+    Status carried = call->waitStream->errorBefore(call->waitPosition);
     if (!carried.isOk()) st.fail(call->seq, carried.withContext(context()));
   } else {
     st.beginHost(call->seq, call->label);
@@ -238,7 +241,6 @@ void CUDART_CB runHostCall(void* arg) {
   // Release what the item captured before counting it done: a closure's destructor may be user code
   // that the stream's synchronize() must cover.
   call->fn = nullptr;
-  call->waitOn.reset();
   st.hostFinished.fetch_add(1, std::memory_order_acq_rel);
 }
 
@@ -296,8 +298,9 @@ class CudaStream final : public Stream {
     // only where a failure is still possible: callbacks cost tens of microseconds each.
     if (rec->stream == state_ || (rec->settled() && rec->carried().isOk())) return Status::ok();
     auto call = std::make_unique<HostCall>();
-    call->waitOn = std::move(rec);
-    call->label = "wait for " + call->waitOn->describe();
+    call->waitStream = rec->stream;
+    call->waitPosition = rec->position;
+    call->label = "wait for " + rec->describe();
     return launch(std::move(call), seq);
   }
 
