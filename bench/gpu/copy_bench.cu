@@ -28,14 +28,14 @@
 
 namespace {
 
-#define CHECK_CUDA(call)                                                                          \
-  do {                                                                                           \
-    const cudaError_t err_ = (call);                                                             \
-    if (err_ != cudaSuccess) {                                                                   \
+#define CHECK_CUDA(call)                                                                            \
+  do {                                                                                              \
+    const cudaError_t err_ = (call);                                                                \
+    if (err_ != cudaSuccess) {                                                                      \
       std::fprintf(stderr, "copy_bench: %s: %s (%d): %s at %s:%d\n", #call, cudaGetErrorName(err_), \
-                   static_cast<int>(err_), cudaGetErrorString(err_), __FILE__, __LINE__);        \
-      std::exit(1);                                                                              \
-    }                                                                                            \
+                   static_cast<int>(err_), cudaGetErrorString(err_), __FILE__, __LINE__);           \
+      std::exit(1);                                                                                 \
+    }                                                                                               \
   } while (0)
 
 __global__ void copyKernel(const uint4* __restrict__ src, uint4* __restrict__ dst, size_t n) {
@@ -58,11 +58,16 @@ bool parse(int argc, char** argv, Options* o) {
     const std::string a = argv[i];
     auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
     const char* v = (a == "--min-mib" || a == "--max-mib" || a == "--json" || a == "--device") ? next() : nullptr;
-    if (a == "--min-mib" && v) o->minMiB = std::strtoull(v, nullptr, 10);
-    else if (a == "--max-mib" && v) o->maxMiB = std::strtoull(v, nullptr, 10);
-    else if (a == "--device" && v) o->device = std::atoi(v);
-    else if (a == "--json" && v) o->json = v;
-    else return false;
+    if (a == "--min-mib" && v)
+      o->minMiB = std::strtoull(v, nullptr, 10);
+    else if (a == "--max-mib" && v)
+      o->maxMiB = std::strtoull(v, nullptr, 10);
+    else if (a == "--device" && v)
+      o->device = std::atoi(v);
+    else if (a == "--json" && v)
+      o->json = v;
+    else
+      return false;
   }
   return o->minMiB >= 1 && o->maxMiB >= o->minMiB && o->maxMiB * kMiB <= kPool;
 }
@@ -152,7 +157,8 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   {
     // Random source bytes, a fresh seed each run: zeros would hide unwritten output.
-    const uint64_t seed = std::random_device{}() ^ static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    const uint64_t seed =
+        std::random_device{}() ^ static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
     std::mt19937_64 rng(seed);
     std::vector<uint64_t> chunk(64 * kMiB / 8);
     for (size_t off = 0; off < kPool; off += 64 * kMiB) {
@@ -168,7 +174,8 @@ int main(int argc, char** argv) {
   }
   std::vector<uint8_t> want(opt.maxMiB * kMiB), got(opt.maxMiB * kMiB);
   bool ok = true;
-  std::printf("%12s %12s %12s %12s %12s %6s\n", "size", "memcpy_us", "memcpy_GB/s", "kernel_us", "kernel_GB/s", "check");
+  std::printf("%12s %12s %12s %12s %12s %6s\n", "size", "memcpy_us", "memcpy_GB/s", "kernel_us", "kernel_GB/s",
+              "check");
   for (size_t mib = opt.minMiB; mib <= opt.maxMiB; mib *= 2) {
     const size_t bytes = mib * kMiB;
     const size_t slots = std::max<size_t>(1, kPool / bytes);

@@ -85,13 +85,25 @@ TEST_F(CudaStreamTest, HostFunctionsAndCopiesRunInOrder) {
   std::vector<int> seen;
   std::atomic<int> firstAfterCopy{-1};
   for (int round = 0; round < 50; ++round) {
-    ASSERT_TRUE(s->enqueueHost([&seen, round] { seen.push_back(round); return Status::ok(); }, "push").isOk());
+    ASSERT_TRUE(s->enqueueHost(
+                     [&seen, round] {
+                       seen.push_back(round);
+                       return Status::ok();
+                     },
+                     "push")
+                    .isOk());
   }
   CUDA_OK(cudaMemcpyAsync(dev, host, kCount * sizeof(int), cudaMemcpyHostToDevice, native));
   CUDA_OK(cudaMemsetAsync(dev, 0, sizeof(int), native));
   CUDA_OK(cudaMemcpyAsync(host, dev, kCount * sizeof(int), cudaMemcpyDeviceToHost, native));
   // Runs only once the copy back has landed: it must see the zero written on the device.
-  ASSERT_TRUE(s->enqueueHost([&] { firstAfterCopy = host[0]; return Status::ok(); }, "read back").isOk());
+  ASSERT_TRUE(s->enqueueHost(
+                   [&] {
+                     firstAfterCopy = host[0];
+                     return Status::ok();
+                   },
+                   "read back")
+                  .isOk());
   ASSERT_TRUE(s->synchronize(soon()).isOk());
   EXPECT_TRUE(s->query().isOk());
   ASSERT_EQ(seen.size(), 50u);
@@ -113,10 +125,22 @@ TEST_F(CudaStreamTest, WaitOrdersAcrossStreams) {
   std::atomic<int> sawWritten{-1};
   Gate gate;
   ASSERT_TRUE(a->enqueueHost(gate.item(), "gate").isOk());
-  ASSERT_TRUE(a->enqueueHost([&] { written = true; return Status::ok(); }, "write").isOk());
+  ASSERT_TRUE(a->enqueueHost(
+                   [&] {
+                     written = true;
+                     return Status::ok();
+                   },
+                   "write")
+                  .isOk());
   ASSERT_TRUE(a->record(*e).isOk());
   ASSERT_TRUE(b->wait(*e).isOk());
-  ASSERT_TRUE(b->enqueueHost([&] { sawWritten = written ? 1 : 0; return Status::ok(); }, "read").isOk());
+  ASSERT_TRUE(b->enqueueHost(
+                   [&] {
+                     sawWritten = written ? 1 : 0;
+                     return Status::ok();
+                   },
+                   "read")
+                  .isOk());
   std::this_thread::sleep_for(50ms);
   EXPECT_EQ(e->query().code(), StatusCode::kInProgress);
   EXPECT_EQ(b->query().code(), StatusCode::kInProgress);
@@ -140,7 +164,13 @@ TEST_F(CudaStreamTest, WaitCapturesTheRecordAsOfTheCall) {
   Gate gate;
   ASSERT_TRUE(a->enqueueHost(gate.item(), "gate").isOk());
   ASSERT_TRUE(a->record(*e).isOk());  // a new record, pending behind the gate
-  ASSERT_TRUE(b->enqueueHost([&] { bRan = order++; return Status::ok(); }, "b").isOk());
+  ASSERT_TRUE(b->enqueueHost(
+                   [&] {
+                     bRan = order++;
+                     return Status::ok();
+                   },
+                   "b")
+                  .isOk());
   // b must not wait for the gate: its wait was on the first record.
   ASSERT_TRUE(b->synchronize(soon()).isOk());
   EXPECT_EQ(bRan.load(), 0);
@@ -162,10 +192,22 @@ TEST_F(CudaStreamTest, StickyErrorSkipsLaterHostFunctionsAndTravelsThroughEvents
   ASSERT_TRUE(a->enqueueHost(gate.item(), "gate").isOk());
   ASSERT_TRUE(a->record(*before).isOk());
   ASSERT_TRUE(a->enqueueHost([] { return makeError(StatusCode::kRemoteError, "peer 3 vanished"); }, "boom").isOk());
-  ASSERT_TRUE(a->enqueueHost([&] { ++ranAfter; return Status::ok(); }, "after").isOk());
+  ASSERT_TRUE(a->enqueueHost(
+                   [&] {
+                     ++ranAfter;
+                     return Status::ok();
+                   },
+                   "after")
+                  .isOk());
   ASSERT_TRUE(a->record(*after).isOk());
   ASSERT_TRUE(b->wait(*after).isOk());  // the failure is still ahead: b must get a check
-  ASSERT_TRUE(b->enqueueHost([&] { ++bRan; return Status::ok(); }, "b after wait").isOk());
+  ASSERT_TRUE(b->enqueueHost(
+                   [&] {
+                     ++bRan;
+                     return Status::ok();
+                   },
+                   "b after wait")
+                  .isOk());
   gate.open();
 
   Status s = a->synchronize(soon());
@@ -186,7 +228,13 @@ TEST_F(CudaStreamTest, StickyErrorSkipsLaterHostFunctionsAndTravelsThroughEvents
   EXPECT_EQ(bRan.load(), 0);
 
   // Sticky: more work does not clear it, and it is not run.
-  ASSERT_TRUE(a->enqueueHost([&] { ++ranAfter; return Status::ok(); }, "later").isOk());
+  ASSERT_TRUE(a->enqueueHost(
+                   [&] {
+                     ++ranAfter;
+                     return Status::ok();
+                   },
+                   "later")
+                  .isOk());
   EXPECT_EQ(a->synchronize(soon()).code(), StatusCode::kRemoteError);
   EXPECT_EQ(ranAfter.load(), 0);
 }
@@ -203,7 +251,13 @@ TEST_F(CudaStreamTest, WaitOnAnAlreadyFailedRecordFailsTheWaiter) {
   EXPECT_EQ(a->synchronize(soon()).code(), StatusCode::kInvalidUsage);
   ASSERT_TRUE(b->wait(*e).isOk());
   std::atomic<int> ran{0};
-  ASSERT_TRUE(b->enqueueHost([&] { ++ran; return Status::ok(); }, "x").isOk());
+  ASSERT_TRUE(b->enqueueHost(
+                   [&] {
+                     ++ran;
+                     return Status::ok();
+                   },
+                   "x")
+                  .isOk());
   EXPECT_EQ(b->synchronize(soon()).code(), StatusCode::kInvalidUsage);
   EXPECT_EQ(ran.load(), 0);
 }
@@ -273,7 +327,14 @@ TEST_F(CudaStreamTest, DestroyDrainsQueuedWork) {
     auto s = stream("drain");
     ASSERT_TRUE(s);
     for (int i = 0; i < 10; ++i)
-      ASSERT_TRUE(s->enqueueHost([&] { std::this_thread::sleep_for(2ms); ++ran; return Status::ok(); }, "slow").isOk());
+      ASSERT_TRUE(s->enqueueHost(
+                       [&] {
+                         std::this_thread::sleep_for(2ms);
+                         ++ran;
+                         return Status::ok();
+                       },
+                       "slow")
+                      .isOk());
   }
   EXPECT_EQ(ran.load(), 10);
 }

@@ -57,7 +57,8 @@ std::vector<Result<ncclUniqueId>> shareOnThreads(int size, const UniqueIdSource&
   std::vector<Result<ncclUniqueId>> results(size, Result<ncclUniqueId>(Status(StatusCode::kInternalError, "not run")));
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r)
-    threads.emplace_back([&, r] { results[r] = shareUniqueId(*boots[r], Deadline::after(Milliseconds(20000)), source); });
+    threads.emplace_back(
+        [&, r] { results[r] = shareUniqueId(*boots[r], Deadline::after(Milliseconds(20000)), source); });
   for (auto& t : threads) t.join();
   return results;
 }
@@ -81,7 +82,8 @@ TEST(NcclUniqueId, RankZerosIdReachesEveryRank) {
 }
 
 TEST(NcclUniqueId, RankZerosFailureReachesEveryRankWithItsReason) {
-  auto results = shareOnThreads(4, [] { return Result<ncclUniqueId>(makeError(StatusCode::kSystemError, "no interface up")); });
+  auto results =
+      shareOnThreads(4, [] { return Result<ncclUniqueId>(makeError(StatusCode::kSystemError, "no interface up")); });
   EXPECT_EQ(results[0].status().code(), StatusCode::kSystemError) << results[0].status().toString();
   EXPECT_TRUE(contains(results[0].status(), "rank 0")) << results[0].status().toString();
   for (int r = 1; r < 4; ++r) {

@@ -29,8 +29,8 @@ Status checkDevice(int device, std::string_view what) {
   auto count = cudaDeviceCount();
   if (!count.isOk()) return count.status().withContext(what);
   if (device < 0 || device >= *count)
-    return makeError(StatusCode::kInvalidArgument, what, ": CUDA device ", device, " does not exist (this process sees ",
-                     *count, count.value() == 1 ? " device)" : " devices)");
+    return makeError(StatusCode::kInvalidArgument, what, ": CUDA device ", device,
+                     " does not exist (this process sees ", *count, count.value() == 1 ? " device)" : " devices)");
   return Status::ok();
 }
 

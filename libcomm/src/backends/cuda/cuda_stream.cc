@@ -66,9 +66,9 @@ struct StreamState {
 
   const std::string name;
   const int device;
-  std::atomic<uint64_t> items{0};         // items enqueued so far (written under the enqueue lock)
-  std::atomic<uint64_t> hostEnqueued{0};  // host callbacks enqueued (functions and wait checks)
-  std::atomic<uint64_t> hostFinished{0};  // host callbacks run or skipped (CUDA runs them in order)
+  std::atomic<uint64_t> items{0};          // items enqueued so far (written under the enqueue lock)
+  std::atomic<uint64_t> hostEnqueued{0};   // host callbacks enqueued (functions and wait checks)
+  std::atomic<uint64_t> hostFinished{0};   // host callbacks run or skipped (CUDA runs them in order)
   std::atomic<uint64_t> failedAt{kNever};  // item number of the first failure
 
   void fail(uint64_t seq, const Status& s) {
@@ -101,8 +101,9 @@ struct StreamState {
   std::string position() const {
     std::lock_guard<std::mutex> lock(mu_);
     std::string s = detail::strCat("CUDA stream '", name, "' (device ", device, "): ");
-    if (runningSeq_) s += detail::strCat("host function #", runningSeq_, " '", runningLabel_, "' running for ",
-                                         msSince(runningSince_), " ms; ");
+    if (runningSeq_)
+      s += detail::strCat("host function #", runningSeq_, " '", runningLabel_, "' running for ", msSince(runningSince_),
+                          " ms; ");
     s += detail::strCat(hostFinished.load(), " of ", hostEnqueued.load(), " host callbacks done, ", items.load(),
                         " items enqueued");
     return s;
@@ -121,8 +122,8 @@ struct CudaRecord {
   cudaEvent_t event = nullptr;
   int device = 0;
   std::shared_ptr<const StreamState> stream;
-  uint64_t position = 0;     // the record's item number on that stream
-  uint64_t hostBefore = 0;   // host callbacks enqueued on that stream before the record
+  uint64_t position = 0;    // the record's item number on that stream
+  uint64_t hostBefore = 0;  // host callbacks enqueued on that stream before the record
 
   ~CudaRecord() {
     if (event) (void)cudaEventDestroy(event);
@@ -201,7 +202,7 @@ class CudaEvent final : public Event {
  private:
   const int device_;
   mutable std::mutex mu_;
-  cudaEvent_t spare_ = nullptr;        // created with the event, so that creation reports a bad device
+  cudaEvent_t spare_ = nullptr;       // created with the event, so that creation reports a bad device
   std::shared_ptr<CudaRecord> last_;  // null: never recorded, which counts as complete
 };
 
@@ -220,7 +221,9 @@ struct HostCall {
 void CUDART_CB runHostCall(void* arg) {
   std::unique_ptr<HostCall> call(static_cast<HostCall*>(arg));
   StreamState& st = *call->state;
-  auto context = [&] { return detail::strCat("CUDA stream '", st.name, "' item #", call->seq, " '", call->label, "'"); };
+  auto context = [&] {
+    return detail::strCat("CUDA stream '", st.name, "' item #", call->seq, " '", call->label, "'");
+  };
   if (st.failedBefore(call->seq)) {
     LIBCOMM_LOG(kDebug, "stream") << context() << " skipped: the stream has failed";
   } else if (call->waitStream) {
@@ -289,8 +292,9 @@ class CudaStream final : public Stream {
     std::lock_guard<std::mutex> lock(enqueueMu_);
     cuda::DeviceGuard guard(state_->device);
     LIBCOMM_RETURN_IF_ERROR(guard.status());
-    LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaStreamWaitEvent(stream_, rec->event, 0))
-                                .withContext(detail::strCat("CUDA stream '", name(), "' waiting on ", rec->describe())));
+    LIBCOMM_RETURN_IF_ERROR(
+        LIBCOMM_CUDA_STATUS(cudaStreamWaitEvent(stream_, rec->event, 0))
+            .withContext(detail::strCat("CUDA stream '", name(), "' waiting on ", rec->describe())));
     const uint64_t seq = state_->items.load(std::memory_order_relaxed) + 1;
     state_->items.store(seq, std::memory_order_release);
     // The device-side wait orders the work; the record's stream may still fail before the record,
@@ -383,8 +387,10 @@ Result<std::unique_ptr<Stream>> createCudaStream(std::string name, int device) {
   cuda::DeviceGuard guard(device);
   LIBCOMM_RETURN_IF_ERROR(guard.status().withContext(what));
   cudaStream_t stream = nullptr;
-  LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)).withContext(what));
-  return std::unique_ptr<Stream>(std::make_unique<CudaStream>(std::make_shared<StreamState>(std::move(name), device), stream));
+  LIBCOMM_RETURN_IF_ERROR(
+      LIBCOMM_CUDA_STATUS(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)).withContext(what));
+  return std::unique_ptr<Stream>(
+      std::make_unique<CudaStream>(std::make_shared<StreamState>(std::move(name), device), stream));
 }
 
 Result<std::unique_ptr<Event>> createCudaEvent(int device) {

@@ -74,8 +74,8 @@ Result<ncclUniqueId> shareUniqueId(Bootstrap& boot, Deadline deadline, const Uni
   if (root.code != 0) {
     if (rank == 0) return made.withContext("rank 0: making the NCCL unique id");
     const size_t len = strnlen(root.reason, sizeof(root.reason));
-    return makeError(StatusCode::kRemoteError, "rank ", rank, ": rank 0 could not make the NCCL unique id: ",
-                     std::string(root.reason, len));
+    return makeError(StatusCode::kRemoteError, "rank ", rank,
+                     ": rank 0 could not make the NCCL unique id: ", std::string(root.reason, len));
   }
   return root.id;
 }

@@ -6,15 +6,24 @@ namespace libcomm::nccl {
 
 StatusCode codeFromNccl(ncclResult_t result) {
   switch (result) {
-    case ncclSuccess: return StatusCode::kOk;
-    case ncclUnhandledCudaError: return StatusCode::kCudaError;
-    case ncclSystemError: return StatusCode::kSystemError;
-    case ncclInternalError: return StatusCode::kInternalError;
-    case ncclInvalidArgument: return StatusCode::kInvalidArgument;
-    case ncclInvalidUsage: return StatusCode::kInvalidUsage;
-    case ncclRemoteError: return StatusCode::kRemoteError;
-    case ncclInProgress: return StatusCode::kInProgress;
-    default: return StatusCode::kInternalError;
+    case ncclSuccess:
+      return StatusCode::kOk;
+    case ncclUnhandledCudaError:
+      return StatusCode::kCudaError;
+    case ncclSystemError:
+      return StatusCode::kSystemError;
+    case ncclInternalError:
+      return StatusCode::kInternalError;
+    case ncclInvalidArgument:
+      return StatusCode::kInvalidArgument;
+    case ncclInvalidUsage:
+      return StatusCode::kInvalidUsage;
+    case ncclRemoteError:
+      return StatusCode::kRemoteError;
+    case ncclInProgress:
+      return StatusCode::kInProgress;
+    default:
+      return StatusCode::kInternalError;
   }
 }
 
