@@ -29,8 +29,6 @@ constexpr const char* kUsage =
     "  --json   the same as one JSON object on stdout\n"
     "  Exits 1 when the LIBCOMM_* settings are invalid (the error is part of the output).\n";
 
-constexpr const char* kCudaNotBuilt = "not built (this version has no CUDA backend)";
-
 struct ShmState {
   bool available = false;
   double freeGiB = 0;
@@ -41,6 +39,7 @@ struct Report {
   long onlineCpus = 0;
   ShmState shm;
   libcomm::ucx::UcxInfo ucx;
+  libcomm::Result<int> cudaDevices = 0;  // the devices CUDA streams can use, or why none
   const libcomm::topology::MachineTopology* machine = nullptr;
   libcomm::Result<libcomm::CommConfig> config = libcomm::Status(libcomm::StatusCode::kInternalError, "not read");
   std::string hostId;  // the id this process would send at communicator creation
@@ -58,6 +57,7 @@ Report gather() {
     r.shm.freeGiB = static_cast<double>(vfs.f_bavail) * vfs.f_frsize / (1 << 30);
   }
   r.ucx = libcomm::ucx::queryUcxInfo();
+  r.cudaDevices = libcomm::cudaDeviceCount();
   r.machine = &libcomm::topology::machineTopology();
   r.config = libcomm::CommConfig::fromEnvironment();
   if (r.config.isOk()) r.hostId = libcomm::topology::localHostId(r.config.value().hostId);
@@ -85,7 +85,12 @@ int printText(const Report& r) {
   else
     printf("  shm   NOT available: /dev/shm is missing\n");
   printf("  ucx   %s\n", ucxLine(r.ucx).c_str());
-  printf("  cuda  %s\n\n", kCudaNotBuilt);
+  if (r.cudaDevices.isOk())
+    printf("  cuda  built, %d device%s (CUDA streams and events; no collectives on them yet)\n\n",
+           r.cudaDevices.value(), r.cudaDevices.value() == 1 ? "" : "s");
+  else
+    printf("  cuda  %s: %s\n\n", libcomm::builtWithCuda() ? "built" : "not built",
+           r.cudaDevices.status().message().c_str());
 
   printf("topology\n%s\n", r.machine->describeCpus().c_str());
 
@@ -141,7 +146,12 @@ int printJson(const Report& r) {
   w.endArray();
   w.key("error").valueOrNull(r.ucx.error);
   w.endObject();
-  w.key("cuda").beginObject().field("built", false).field("note", kCudaNotBuilt).endObject();
+  w.key("cuda").beginObject().field("built", libcomm::builtWithCuda());
+  if (r.cudaDevices.isOk())
+    w.field("devices", r.cudaDevices.value()).key("error").valueOrNull(std::string());
+  else
+    w.field("devices", 0).key("error").valueOrNull(r.cudaDevices.status().message());
+  w.endObject();
   w.endObject();
 
   w.key("topology").beginObject();

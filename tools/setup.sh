@@ -24,8 +24,15 @@ fi
 
 generator=()
 command -v ninja > /dev/null && generator=(-G Ninja)
+# CUDA and NCCL where the toolkit is (CI: /usr/local/cuda, no GPU), so that the CUDA code and the
+# kernels compile and link on every change; nvcc need not be on PATH.
+cuda=()
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+  cuda=(-DLIBCOMM_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DCUDAToolkit_ROOT=/usr/local/cuda)
+  [ -f /usr/local/cuda/include/nccl.h ] && cuda+=(-DLIBCOMM_WITH_NCCL=ON)
+fi
 if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release > "$build.configure.log" 2>&1 ||
+  cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release "${cuda[@]}" > "$build.configure.log" 2>&1 ||
     { cat "$build.configure.log"; exit 1; }
   rm -f "$build.configure.log"
 fi

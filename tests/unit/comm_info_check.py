@@ -82,8 +82,13 @@ def check_json(exe):
     if not rdma["built"] and "not built with libibverbs" not in (rdma["error"] or ""):
         fail("an RDMA part without libibverbs must say so: %s" % rdma)
     tr = doc["transports"]
-    if not isinstance(tr["shm"]["available"], bool) or tr["cuda"]["built"] is not False:
+    if not isinstance(tr["shm"]["available"], bool) or not isinstance(tr["cuda"]["built"], bool):
         fail("transports malformed: %s" % tr)
+    cuda = tr["cuda"]
+    if not isinstance(cuda["devices"], int) or (cuda["devices"] == 0) != bool(cuda["error"]):
+        fail("cuda: a device count, or the reason there is none: %s" % cuda)
+    if cuda["error"] and ("no CUDA device" if cuda["built"] else "built without CUDA") not in cuda["error"]:
+        fail("cuda: the reason must say 'no CUDA device' or 'built without CUDA': %s" % cuda)
     ucx = tr["ucx"]
     if ucx["built"]:
         if not ucx["version"] or not ucx["version"][0].isdigit():

@@ -4,6 +4,7 @@
 #include "libcomm/communicator.h"
 #include "libcomm/config.h"
 #include "libcomm/convert.h"
+#include "libcomm/cuda.h"
 #include "libcomm/deadline.h"
 #include "libcomm/status.h"
 #include "libcomm/stream.h"

@@ -29,6 +29,10 @@ int main() {
     });
   }
   for (auto& t : ranks) t.join();
+  // The CUDA factories link in every build: a stream, or the reason there is none here.
+  auto gpu = libcomm::createCudaStream("consumer-gpu");
+  printf("consumer: CUDA %s: %s\n", libcomm::builtWithCuda() ? "built" : "not built",
+         gpu.isOk() ? "stream made" : gpu.status().message().c_str());
   printf("consumer: %s (libcomm %s)\n", failures ? "FAILED" : "ok", libcomm::versionString());
   return failures ? 1 : 0;
 }

@@ -1,0 +1,23 @@
+// The CUDA backend in a build without CUDA (LIBCOMM_WITH_CUDA=OFF, or no toolkit found): every
+// factory says "built without CUDA", so callers need no #ifdefs.
+
+#include "libcomm/cuda.h"
+
+namespace libcomm {
+namespace {
+Status unavailable(const char* what) {
+  return makeError(StatusCode::kInvalidUsage, what,
+                   ": libcomm was built without CUDA (install the CUDA toolkit and rebuild; LIBCOMM_WITH_CUDA=ON makes "
+                   "it required)");
+}
+}  // namespace
+
+bool builtWithCuda() { return false; }
+Result<int> cudaDeviceCount() { return unavailable("CUDA devices"); }
+Result<std::unique_ptr<Stream>> createCudaStream(std::string name, int) {
+  return unavailable(("CUDA stream '" + name + "'").c_str());
+}
+Result<std::unique_ptr<Event>> createCudaEvent(int) { return unavailable("CUDA event"); }
+void* nativeCudaStream(const Stream&) { return nullptr; }
+
+}  // namespace libcomm
