@@ -23,6 +23,12 @@ case "$mode" in
     export ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:abort_on_error=0:exitcode=23:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1"
     export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0:exitcode=23"
     export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:exitcode=24:suppressions=$supp/ubsan.supp"
+    # hwloc's pci plugin leaves ~1 KB that libpciaccess still points to when hwloc_topology_destroy
+    # dlcloses the plugin (libcomm destroys its topology; reachable again if libpciaccess stays
+    # loaded). The frames are in unloaded modules by the time LeakSanitizer reports, so no
+    # suppression can name them: leave the plugin out. hwloc's Linux backend reads the same PCI
+    # devices from sysfs (comm_info prints the same machine either way).
+    export HWLOC_COMPONENTS=-pci
     ;;
   tsan)
     sanitize="thread"
