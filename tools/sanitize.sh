@@ -33,6 +33,11 @@ case "$mode" in
   tsan)
     sanitize="thread"
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:exitcode=66:suppressions=$supp/tsan.supp:print_suppressions=0"
+    # UCX's libucm patches madvise(), which glibc calls on a thread's stack as the thread ends,
+    # after TSan has retired the thread: the hook's rwlock then crashes TSan (SIGSEGV in
+    # __tsan::MutexPreReadLock from ucm_madvise). Without the mmap hooks UCX registers memory
+    # without its registration cache, which libcomm's tests do not depend on.
+    export UCX_MEM_MMAP_HOOK_MODE=none
     ;;
   *)
     echo "usage: tools/sanitize.sh asan|tsan [ctest arguments]" >&2
