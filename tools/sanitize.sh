@@ -47,11 +47,6 @@ esac
 build=$root/build-$mode
 jobs=${SANITIZE_JOBS:-$(nproc)}
 
-# Sanitizers slow the ranks down (TSan 5-15x): tests that assert how fast a failure is noticed
-# scale their limits by this factor (tests/harness: harness::slack()). Timeouts that guard
-# against hangs (LIBCOMM_TIMEOUT_MS, per-rank deadlines) are not affected.
-export SHARDCOMM_TEST_TIME_SCALE=${SHARDCOMM_TEST_TIME_SCALE:-$([ "$mode" = tsan ] && echo 8 || echo 3)}
-
 # Tests not run under the sanitizers, each with its reason (a ctest -E regex, one per line).
 excluded=(
   # Installs the build and compiles a consumer with the system compiler and no sanitizer flags:
