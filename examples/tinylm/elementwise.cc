@@ -8,7 +8,11 @@
 
 // Compiled with -fno-trapping-math (CMakeLists.txt): without it GCC keeps the clamps in expApprox
 // as branches and vectorises nothing. FP exceptions are never enabled here, so no result changes.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__AVX2__)
+// Not under ThreadSanitizer: the loader runs the ifunc resolvers of an executable while it
+// relocates it, before the TSan runtime has started, and GCC instruments the resolvers too (they
+// crash, tools/sanitize.sh tsan). The baseline kernels are the same source.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__AVX2__) && \
+    !defined(__SANITIZE_THREAD__)
 #define TINYLM_ELEMENTWISE_ENTRY __attribute__((target_clones("avx2", "default")))
 #else
 #define TINYLM_ELEMENTWISE_ENTRY

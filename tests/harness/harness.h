@@ -11,6 +11,8 @@
 //    detached. It keeps the run's own state alive (bootstraps, a copy of the body), but whatever a
 //    body captured by reference must outlive it -- capture by value in bodies that may hang. ctest
 //    runs each test in its own process, so a leftover thread cannot reach another test;
+//  - in builds with LeakSanitizer, a child checks for leaks before it reports: memory the body
+//    still holds must be reachable (globals, live threads), or the rank fails;
 //  - killing a rank on purpose (SIGKILL, SIGSTOP) is for processes mode only; list the ranks that
 //    are meant to die in RunOptions::expectDeath.
 
@@ -87,6 +89,10 @@ struct RunReport {
 /// Call from the gtest main thread. Never throws; setup failures (no store, fork failed) are
 /// reported as failed ranks.
 RunReport runRanks(const RunOptions& options, const RankBody& body);
+
+/// Processes mode fails a rank whose process leaks: true in builds with LeakSanitizer unless
+/// ASAN_OPTIONS turns leak detection off.
+bool ranksCheckLeaks();
 
 /// Base for tests parameterized over Mode: TEST_P(MySuite, X) { EXPECT_RANKS_OK(run(4, body)); }
 /// then SHARDCOMM_INSTANTIATE_BOTH_MODES(MySuite).

@@ -165,6 +165,20 @@ TEST_P(ProcessFaults, ExitWithoutStatusIsReported) {
   EXPECT_EQ(report.ranks[1].how, "exited 7 without reporting a status");
 }
 
+// A child _exit()s, where LeakSanitizer does not look for leaks; the harness checks each rank
+// before it reports. The leak is made on a thread that has ended, so that no stale copy of the
+// pointer on a live stack hides it.
+TEST_P(ProcessFaults, LeakInARankFailsItsRun) {
+  if (!ranksCheckLeaks()) GTEST_SKIP() << "needs a build with LeakSanitizer (tools/sanitize.sh asan)";
+  RunReport report = run(2, [](RankContext& ctx) -> Status {
+    if (ctx.rank == 1) std::thread([] { static_cast<void>(new std::vector<int>(100, 7)); }).join();
+    return ctx.bootstrap.barrier(bootDeadline());
+  });
+  EXPECT_TRUE(report.ranks[0].ok()) << report.describe();
+  EXPECT_FALSE(report.ranks[1].ok());
+  EXPECT_NE(report.describe().find("LeakSanitizer found leaks in rank 1"), std::string::npos) << report.describe();
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, ProcessFaults, ::testing::Values(Mode::kProcesses), modeParamName);
 
 TEST(HarnessPatterns, CompareNamesFirstMismatch) {

@@ -346,7 +346,8 @@ Status Communicator::Impl::ringAllReduce(const CollArgs& args, ring::Env& env) {
   char* gathered = padded + n * part * es;
   if (args.count > 0) reduce::copyBytes(padded, args.send, args.count * es);
   // The padding only reaches sums past `count`, which are dropped; zeroed so that they stay defined.
-  std::memset(padded + args.count * es, 0, (n * part - args.count) * es);
+  // None at count 0, where the scratch may still be empty (memset of its null data() is undefined).
+  if (n * part > args.count) std::memset(padded + args.count * es, 0, (n * part - args.count) * es);
   CollArgs rs = args;
   rs.kind = CollKind::kReduceScatter;
   rs.send = padded;

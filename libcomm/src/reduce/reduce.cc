@@ -27,8 +27,11 @@
 // AVX2 build mainly speeds up bf16 output, whose 32->16-bit narrowing SSE2 lacks an instruction
 // for. flatten inlines the kernel templates into each clone, so that they are built for its ISA.
 // Clang (14) refuses target_clones together with flatten; a clang build (tools/fuzz.sh) gets the
-// baseline kernels only.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__AVX2__)
+// baseline kernels only. So does a TSan build: GCC instruments the ifunc resolver, which the
+// loader runs before the TSan runtime starts when the kernels are linked into an executable
+// (reduce_emulated_test crashed at load).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__AVX2__) && \
+    !defined(__SANITIZE_THREAD__)
 #define LIBCOMM_REDUCE_PORTABLE_ENTRY __attribute__((target_clones("avx2", "default"), flatten))
 #else
 #define LIBCOMM_REDUCE_PORTABLE_ENTRY __attribute__((flatten))
