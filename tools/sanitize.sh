@@ -88,6 +88,6 @@ exclude=$(IFS='|'; echo "${excluded[*]}")
 cd "$build"
 start=$SECONDS
 rc=0
-ctest --output-on-failure -j "$jobs" --timeout 900 -L '^(unit|mt|mp)$' -E "$exclude" "$@" || rc=$?
+ctest --output-on-failure -j "$jobs" --timeout 900 -L '^(unit|mt|mp|fault)$' -E "$exclude" "$@" || rc=$?
 echo "sanitize: $mode tests took $((SECONDS - start)) s (exit $rc)"
 exit "$rc"
