@@ -102,6 +102,7 @@ TEST(StoreUnderAttack, JobStartsWhilePortIsScannedAndFedGarbage) {
   constexpr size_t kCount = 1001;
   auto report = runRanks(opts, [](RankContext& ctx) -> Status {
     libcomm::CommConfig config;
+    config.opTimeout = std::chrono::seconds(20);  // inside the init deadline (CommConfig::validate)
     config.initTimeout = std::chrono::seconds(30);
     LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
     auto stream = libcomm::createHostStream("attacked");

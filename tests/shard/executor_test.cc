@@ -4,6 +4,7 @@
 // log proves rules A and B and the optimizer gate on every step, and the buffer pool's peak equals
 // the plan to the byte. Plus the failure paths: a killed peer, a failing layer, hooks out of order.
 
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -89,7 +90,7 @@ std::vector<Variant> variants() {
 libcomm::CommConfig testConfig(std::chrono::milliseconds opTimeout = std::chrono::seconds(20)) {
   libcomm::CommConfig c;
   c.opTimeout = opTimeout;
-  c.initTimeout = std::chrono::seconds(30);
+  c.initTimeout = std::max<std::chrono::milliseconds>(std::chrono::seconds(30), 2 * opTimeout);  // must outlast it
   c.peerCheckInterval = std::chrono::milliseconds(50);
   return c;
 }
