@@ -35,15 +35,6 @@ libcomm::CommConfig quickConfig(int rank = 0, Placement placement = Placement::k
   return c;
 }
 
-Status expect(const Status& st, StatusCode code, const std::vector<std::string>& words, const char* what) {
-  if (st.code() != code)
-    return libcomm::makeError(StatusCode::kInternalError, what, ": expected ", libcomm::statusCodeName(code), ", got ",
-                              st.toString());
-  for (const auto& w : words)
-    if (st.message().find(w) == std::string::npos)
-      return libcomm::makeError(StatusCode::kInternalError, what, ": message lacks '", w, "': ", st.toString());
-  return Status::ok();
-}
 
 TEST(CommErrors, BadArgumentsAreRefusedOnTheCallingThread) {
   RunOptions opts;
@@ -53,31 +44,31 @@ TEST(CommErrors, BadArgumentsAreRefusedOnTheCallingThread) {
     auto s = libcomm::createHostStream("errors");
     std::vector<float> a(64), b(128);
     libcomm::ReduceOptions sum;
-    LIBCOMM_RETURN_IF_ERROR(expect(comm->allGather(nullptr, b.data(), 4, DataType::kFloat32, *s),
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allGather(nullptr, b.data(), 4, DataType::kFloat32, *s),
                                    StatusCode::kInvalidArgument, {"send", "null", "all_gather"}, "null send"));
-    LIBCOMM_RETURN_IF_ERROR(expect(comm->allGather(a.data(), nullptr, 4, DataType::kFloat32, *s),
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allGather(a.data(), nullptr, 4, DataType::kFloat32, *s),
                                    StatusCode::kInvalidArgument, {"recv", "null"}, "null recv"));
     // Partial overlap that is not the in-place layout.
-    LIBCOMM_RETURN_IF_ERROR(expect(comm->allGather(b.data() + 1, b.data(), 4, DataType::kFloat32, *s),
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allGather(b.data() + 1, b.data(), 4, DataType::kFloat32, *s),
                                    StatusCode::kInvalidArgument, {"overlap"}, "overlap"));
-    LIBCOMM_RETURN_IF_ERROR(expect(comm->allGather(a.data(), b.data(), SIZE_MAX / 2, DataType::kFloat32, *s),
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allGather(a.data(), b.data(), SIZE_MAX / 2, DataType::kFloat32, *s),
                                    StatusCode::kInvalidArgument, {"count", "overflow"}, "overflow"));
-    LIBCOMM_RETURN_IF_ERROR(expect(comm->allGather(a.data(), b.data(), 4, static_cast<DataType>(9), *s),
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allGather(a.data(), b.data(), 4, static_cast<DataType>(9), *s),
                                    StatusCode::kInvalidArgument, {"data type"}, "bad dtype"));
     libcomm::ReduceOptions badOp;
     badOp.op = static_cast<libcomm::ReduceOp>(7);
-    LIBCOMM_RETURN_IF_ERROR(expect(comm->reduceScatter(b.data(), a.data(), 4, DataType::kFloat32, DataType::kFloat32,
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->reduceScatter(b.data(), a.data(), 4, DataType::kFloat32, DataType::kFloat32,
                                                        badOp, *s),
                                    StatusCode::kInvalidArgument, {"op"}, "bad op"));
-    LIBCOMM_RETURN_IF_ERROR(expect(comm->reduceScatter(b.data(), a.data(), 4, DataType::kFloat32, DataType::kBFloat16,
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->reduceScatter(b.data(), a.data(), 4, DataType::kFloat32, DataType::kBFloat16,
                                                        sum, *s),
                                    StatusCode::kInvalidArgument, {"bf16"}, "downcast"));
     libcomm::ReduceOptions acc;
     acc.accumulate = true;
-    LIBCOMM_RETURN_IF_ERROR(expect(comm->reduceScatter(b.data(), a.data(), 4, DataType::kBFloat16, DataType::kBFloat16,
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->reduceScatter(b.data(), a.data(), 4, DataType::kBFloat16, DataType::kBFloat16,
                                                        acc, *s),
                                    StatusCode::kInvalidArgument, {"accumulate"}, "accumulate bf16"));
-    LIBCOMM_RETURN_IF_ERROR(expect(comm->broadcast(a.data(), b.data(), 4, DataType::kFloat32, 5, *s),
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->broadcast(a.data(), b.data(), 4, DataType::kFloat32, 5, *s),
                                    StatusCode::kInvalidArgument, {"root 5"}, "bad root"));
     // Count 0 accepts null pointers and still completes on every rank.
     LIBCOMM_RETURN_IF_ERROR(comm->allGather(nullptr, nullptr, 0, DataType::kFloat32, *s));
@@ -103,7 +94,7 @@ TEST_P(CommFailures, MismatchedCountsNameBothSides) {
     // Whichever rank notices first fails; the other sees it as a peer failure carrying the message.
     if (st.code() != StatusCode::kInvalidUsage && st.code() != StatusCode::kRemoteError)
       return libcomm::makeError(StatusCode::kInternalError, "expected a mismatch error, got ", st.toString());
-    return expect(Status(StatusCode::kInvalidUsage, st.message()), StatusCode::kInvalidUsage,
+    return expectStatus(Status(StatusCode::kInvalidUsage, st.message()), StatusCode::kInvalidUsage,
                   {"mismatch", "seq 1", "count 10", "count 12"}, "count mismatch");
   });
   EXPECT_RANKS_OK(report);
@@ -122,10 +113,10 @@ TEST_P(CommFailures, DifferentCollectivesAreNamed) {
     else
       LIBCOMM_RETURN_IF_ERROR(comm->allGather(a.data(), b.data(), 16, DataType::kFloat32, *s));
     Status st = s->synchronize(libcomm::Deadline::after(std::chrono::seconds(10)));
-    LIBCOMM_RETURN_IF_ERROR(expect(Status(st.isOk() ? StatusCode::kOk : StatusCode::kInvalidUsage, st.message()),
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(Status(st.isOk() ? StatusCode::kOk : StatusCode::kInvalidUsage, st.message()),
                                    StatusCode::kInvalidUsage, {"all_gather", "reduce_scatter", "rank 2"}, "kind mismatch"));
     // Sticky: the next call is refused at once with the original cause.
-    return expect(comm->barrier(*s), st.code(), {"failed earlier"}, "sticky error");
+    return expectStatus(comm->barrier(*s), st.code(), {"failed earlier"}, "sticky error");
   });
   EXPECT_RANKS_OK(report);
 }
@@ -153,7 +144,7 @@ TEST_P(CommFailures, KilledRankIsNamedBySurvivors) {
     if (waited > std::chrono::seconds(5))
       return libcomm::makeError(StatusCode::kInternalError, "death noticed only after ", waited.count(), " ms");
     // A survivor may hear of the death first-hand, or from the other survivor's failure.
-    return expect(st, StatusCode::kRemoteError, {"rank 1", "all_gather seq 2"}, "killed peer");
+    return expectStatus(st, StatusCode::kRemoteError, {"rank 1", "all_gather seq 2"}, "killed peer");
   });
   EXPECT_RANKS_OK(report);
 }
@@ -170,19 +161,13 @@ TEST_P(CommFailures, StoppedRankTimesOutNamingIt) {
     std::vector<float> a(8), b(16);
     if (ctx.rank == 1) {
       // Stop for longer than the peer's op timeout; a helper process resumes us afterwards.
-      pid_t self = getpid();
-      if (fork() == 0) {
-        sleep(5);
-        kill(self, SIGCONT);
-        _exit(0);
-      }
-      raise(SIGSTOP);
+      stopSelfFor(std::chrono::seconds(5));
       return Status::ok();
     }
     usleep(200000);
     LIBCOMM_RETURN_IF_ERROR(comm->allGather(a.data(), b.data(), 8, DataType::kFloat32, *s));
     Status st = s->synchronize(libcomm::Deadline::after(std::chrono::seconds(10)));
-    LIBCOMM_RETURN_IF_ERROR(expect(st, StatusCode::kTimeout, {"rank 1", "all_gather seq 1"}, "stopped peer"));
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(st, StatusCode::kTimeout, {"rank 1", "all_gather seq 1"}, "stopped peer"));
     return Status::ok();
   });
   EXPECT_RANKS_OK(report);
@@ -215,8 +200,8 @@ TEST_P(CommFailures, AbortFromAnotherThreadUnblocksAWaiter) {
     auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(libcomm::Clock::now() - start);
     if (waited > std::chrono::seconds(3))
       return libcomm::makeError(StatusCode::kInternalError, "abort took ", waited.count(), " ms to unblock");
-    LIBCOMM_RETURN_IF_ERROR(expect(st, StatusCode::kRemoteError, {"abort"}, "abort"));
-    return expect(comm->asyncError(), StatusCode::kRemoteError, {"abort"}, "asyncError after abort");
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(st, StatusCode::kRemoteError, {"abort"}, "abort"));
+    return expectStatus(comm->asyncError(), StatusCode::kRemoteError, {"abort"}, "asyncError after abort");
   });
   EXPECT_RANKS_OK(report);
 }
@@ -252,9 +237,9 @@ TEST_P(SkippedCollective, FailsPeersAtOnceAndTeardownIsQuick) {
                                                "user work"));
       LIBCOMM_RETURN_IF_ERROR(comm->allGather(a.data(), b.data(), 8, DataType::kFloat32, *s));
       Status st = s->synchronize(libcomm::Deadline::after(std::chrono::seconds(10)));
-      if (ctx.rank == 0) LIBCOMM_RETURN_IF_ERROR(expect(st, StatusCode::kRemoteError, {"rank 1", "never ran"}, "peer"));
+      if (ctx.rank == 0) LIBCOMM_RETURN_IF_ERROR(expectStatus(st, StatusCode::kRemoteError, {"rank 1", "never ran"}, "peer"));
       if (ctx.rank == 1)
-        LIBCOMM_RETURN_IF_ERROR(expect(comm->asyncError(), StatusCode::kInvalidUsage, {"never ran"}, "skipped"));
+        LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->asyncError(), StatusCode::kInvalidUsage, {"never ran"}, "skipped"));
     }  // communicator and stream destroyed here
     auto took = std::chrono::duration_cast<std::chrono::milliseconds>(libcomm::Clock::now() - start);
     if (took > std::chrono::seconds(5))
@@ -321,9 +306,9 @@ TEST(CommErrors, CollectiveFromInsideAnItemOfItsInlineStreamIsRefused) {
           return Status::ok();
         },
         "user item"));
-    LIBCOMM_RETURN_IF_ERROR(expect(inner, StatusCode::kInvalidUsage, {"inline stream 'reentry'", "all_gather"}, "re-entry"));
-    LIBCOMM_RETURN_IF_ERROR(expect(comm->asyncError(), StatusCode::kInvalidUsage, {"never ran"}, "spent seq"));
-    return expect(comm->allGather(a.data(), b.data(), 4, DataType::kFloat32, *s), StatusCode::kInvalidUsage,
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(inner, StatusCode::kInvalidUsage, {"inline stream 'reentry'", "all_gather"}, "re-entry"));
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->asyncError(), StatusCode::kInvalidUsage, {"never ran"}, "spent seq"));
+    return expectStatus(comm->allGather(a.data(), b.data(), 4, DataType::kFloat32, *s), StatusCode::kInvalidUsage,
                   {"failed earlier"}, "later call");
   });
   EXPECT_RANKS_OK(report);
@@ -340,17 +325,17 @@ TEST(CommMemory, RegistrationIsIdempotentAndRefcounted) {
       return libcomm::makeError(StatusCode::kInternalError, "isRegistered wrong for inner/outer ranges");
     LIBCOMM_RETURN_IF_ERROR(comm->registerBuffer(c + 4096, 8192));
     LIBCOMM_RETURN_IF_ERROR(comm->registerBuffer(c + 4096, 8192));  // idempotent: a second reference
-    LIBCOMM_RETURN_IF_ERROR(expect(comm->freeRegistered(p), StatusCode::kInvalidUsage, {"still registered"}, "free"));
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->freeRegistered(p), StatusCode::kInvalidUsage, {"still registered"}, "free"));
     LIBCOMM_RETURN_IF_ERROR(comm->deregisterBuffer(c + 4096));
-    LIBCOMM_RETURN_IF_ERROR(expect(comm->freeRegistered(p), StatusCode::kInvalidUsage, {"still registered"}, "free2"));
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->freeRegistered(p), StatusCode::kInvalidUsage, {"still registered"}, "free2"));
     LIBCOMM_RETURN_IF_ERROR(comm->deregisterBuffer(c + 4096));
-    LIBCOMM_RETURN_IF_ERROR(expect(comm->deregisterBuffer(c + 4096), StatusCode::kInvalidArgument, {"not registered"}, "dereg"));
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->deregisterBuffer(c + 4096), StatusCode::kInvalidArgument, {"not registered"}, "dereg"));
     std::vector<char> plain(4096);
-    LIBCOMM_RETURN_IF_ERROR(expect(comm->registerBuffer(plain.data(), plain.size()), StatusCode::kInvalidUsage,
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->registerBuffer(plain.data(), plain.size()), StatusCode::kInvalidUsage,
                                    {"allocRegistered", "staging"}, "foreign memory"));
     if (comm->isRegistered(plain.data(), 16)) return libcomm::makeError(StatusCode::kInternalError, "plain registered?");
     LIBCOMM_RETURN_IF_ERROR(comm->freeRegistered(p));
-    return expect(comm->freeRegistered(p), StatusCode::kInvalidArgument, {"allocRegistered"}, "double free");
+    return expectStatus(comm->freeRegistered(p), StatusCode::kInvalidArgument, {"allocRegistered"}, "double free");
   });
   EXPECT_RANKS_OK(report);
 }

@@ -51,15 +51,6 @@ Status check(bool ok, const std::string& what) {
   return ok ? Status::ok() : libcomm::makeError(StatusCode::kInternalError, what);
 }
 
-Status expectError(const Status& st, StatusCode code, const std::vector<std::string>& words, const char* what) {
-  if (st.code() != code)
-    return libcomm::makeError(StatusCode::kInternalError, what, ": expected ", libcomm::statusCodeName(code), ", got ",
-                              st.toString());
-  for (const auto& w : words)
-    if (st.message().find(w) == std::string::npos)
-      return libcomm::makeError(StatusCode::kInternalError, what, ": message lacks '", w, "': ", st.toString());
-  return Status::ok();
-}
 
 long long msSince(libcomm::Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(libcomm::Clock::now() - t).count();
@@ -91,7 +82,7 @@ TEST_P(Finalize, FlushesQueuedCollectivesThenRefusesNewOnes) {
                                             want.data(), count));
     }
     Status later = comm->allGather(in.data(), out.data(), count, DataType::kFloat32, *stream);
-    LIBCOMM_RETURN_IF_ERROR(expectError(later, StatusCode::kInvalidUsage, {"finalized", "all_gather"},
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(later, StatusCode::kInvalidUsage, {"finalized", "all_gather"},
                                         "collective after finalize"));
     return stream->synchronize(libcomm::Deadline::after(5s));
   });
@@ -112,7 +103,7 @@ TEST_P(Finalize, AbortsWhatAPeerNeverJoinsAndSaysSo) {
       const auto start = libcomm::Clock::now();
       Status st = comm->finalize(500ms);
       const long long took = msSince(start);
-      LIBCOMM_RETURN_IF_ERROR(expectError(st, StatusCode::kTimeout, {"rank 0", "finalize", "1 collective", "seq 1"},
+      LIBCOMM_RETURN_IF_ERROR(expectStatus(st, StatusCode::kTimeout, {"rank 0", "finalize", "1 collective", "seq 1"},
                                           "finalize with a collective the peer never joins"));
       LIBCOMM_RETURN_IF_ERROR(check(took < 3000, "finalize(500 ms) took " + std::to_string(took) + " ms"));
       // The stream reports the aborted collective; nothing waits for the op deadline.
@@ -150,20 +141,14 @@ TEST_P(StoppedRanks, TimeoutNamesEveryStragglerByItsRank) {
     auto stream = libcomm::createHostStream("stopped");
     std::vector<float> a(8), b(32);
     if (ctx.rank % 2 == 1) {
-      const pid_t self = getpid();
-      if (fork() == 0) {  // resumes us after the survivors have timed out
-        sleep(6);
-        kill(self, SIGCONT);
-        _exit(0);
-      }
-      raise(SIGSTOP);
+      stopSelfFor(6s);  // resumed after the survivors have timed out
       return Status::ok();
     }
     usleep(200000);
     LIBCOMM_RETURN_IF_ERROR(comm->allGather(a.data(), b.data(), 8, DataType::kFloat32, *stream));
     Status st = stream->synchronize(libcomm::Deadline::after(15s));
     if (placement == Placement::kOneHost)
-      return expectError(st, StatusCode::kTimeout, {"all_gather seq 1", "not there yet: 1, 3"}, "two stopped peers");
+      return expectStatus(st, StatusCode::kTimeout, {"all_gather seq 1", "not there yet: 1, 3"}, "two stopped peers");
     if (st.message().find("rank 1") == std::string::npos && st.message().find("rank 3") == std::string::npos)
       return libcomm::makeError(StatusCode::kInternalError, "the error names neither stopped rank: ", st.toString());
     return check(st.code() == StatusCode::kTimeout || st.code() == StatusCode::kRemoteError,
@@ -260,7 +245,7 @@ Status lifeCycle(RankContext& ctx, Placement placement, bool abort) {
     });
     Status st = stream->synchronize(libcomm::Deadline::after(10s));
     aborter.join();
-    LIBCOMM_RETURN_IF_ERROR(expectError(st, StatusCode::kRemoteError, {"abort"}, "aborted collective"));
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(st, StatusCode::kRemoteError, {"abort"}, "aborted collective"));
   }
   // Rank 1 waits here for rank 0's abort, then both destroy their communicators.
   LIBCOMM_RETURN_IF_ERROR(ctx.bootstrap.barrier(libcomm::Deadline::after(20s)));
@@ -379,7 +364,7 @@ TEST_P(RandomKill, SurvivorsNameTheDeadRankInTime) {
       LIBCOMM_RETURN_IF_ERROR(check(i >= killAt, "collective " + std::to_string(i) + " failed before the kill at " +
                                                      std::to_string(killAt) + ": " + st.toString()));
       // Named first-hand, or through another survivor's failure notice.
-      return expectError(st, StatusCode::kRemoteError, {"rank " + std::to_string(victim)}, "killed peer");
+      return expectStatus(st, StatusCode::kRemoteError, {"rank " + std::to_string(victim)}, "killed peer");
     }
     return libcomm::makeError(StatusCode::kInternalError, "rank ", ctx.rank, " finished all ", kOps + 1,
                               " collectives although rank ", victim, " was killed at ", killAt);

@@ -396,13 +396,7 @@ TEST(UcxChannelFaults, StoppedPeerTimesOutNamingIt) {
     LIBCOMM_ASSIGN_OR_RETURN(auto ch, openChannel(ctx, othersOf(ctx.rank, 2)));
     LIBCOMM_RETURN_IF_ERROR(barrier(ctx));
     if (ctx.rank == 1) {
-      const pid_t self = getpid();
-      if (fork() == 0) {  // resumes this rank once rank 0 is done with it
-        usleep(2500000);
-        kill(self, SIGCONT);
-        _exit(0);
-      }
-      raise(SIGSTOP);
+      stopSelfFor(std::chrono::milliseconds(2500));  // resumed once rank 0 is done with it
       return Status::ok();  // rank 0 is gone by now: only a bounded teardown is asked of us
     }
     usleep(100000);

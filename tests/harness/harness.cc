@@ -390,6 +390,27 @@ RunReport runProcesses(const RunOptions& options, const RankBody& body) {
 
 const char* modeName(Mode mode) { return mode == Mode::kThreads ? "threads" : "processes"; }
 
+libcomm::Status expectStatus(const libcomm::Status& st, libcomm::StatusCode code, const std::vector<std::string>& words,
+                             const char* what) {
+  if (st.code() != code)
+    return libcomm::makeError(libcomm::StatusCode::kInternalError, what, ": expected ", libcomm::statusCodeName(code),
+                              ", got ", st.toString());
+  for (const auto& w : words)
+    if (st.message().find(w) == std::string::npos)
+      return libcomm::makeError(libcomm::StatusCode::kInternalError, what, ": message lacks '", w, "': ", st.toString());
+  return libcomm::Status::ok();
+}
+
+void stopSelfFor(std::chrono::milliseconds stopped) {
+  const pid_t self = getpid();
+  if (fork() == 0) {
+    usleep(static_cast<useconds_t>(std::chrono::duration_cast<std::chrono::microseconds>(stopped).count()));
+    kill(self, SIGCONT);
+    _exit(0);
+  }
+  raise(SIGSTOP);
+}
+
 std::string modeParamName(const ::testing::TestParamInfo<Mode>& info) { return modeName(info.param); }
 
 bool ranksCheckLeaks() {

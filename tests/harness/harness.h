@@ -108,6 +108,15 @@ class RanksTest : public ::testing::TestWithParam<Mode> {
 /// Names gtest parameters "threads" / "processes" (ctest labels select on them: mt / mp).
 std::string modeParamName(const ::testing::TestParamInfo<Mode>& info);
 
+/// OK when `st` has `code` and its message contains every one of `words`; otherwise an error
+/// naming `what`, the expectation and the status received.
+libcomm::Status expectStatus(const libcomm::Status& st, libcomm::StatusCode code, const std::vector<std::string>& words,
+                             const char* what);
+
+/// Processes mode only: stops the calling rank's process (SIGSTOP) and returns once a forked
+/// helper has resumed it, `stopped` later -- a rank that stays alive but makes no progress.
+void stopSelfFor(std::chrono::milliseconds stopped);
+
 // ---- Buffer patterns: integer-valued, so fp32 sums are exact, and |v| <= 30 so bf16 holds the sum
 // over 8 ranks exactly.
 
