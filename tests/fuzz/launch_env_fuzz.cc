@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bootstrap/boot_util.h"
+#include "bootstrap/launch_vars.h"
 #include "bootstrap/net_interfaces.h"
 #include "core/host_stream.h"
 #include "fuzz_check.h"
@@ -29,27 +30,12 @@ namespace {
 
 using namespace libcomm;
 
-const char* const kLauncherVars[] = {
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-    "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK",
-    "OMPI_COMM_WORLD_LOCAL_SIZE",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "SLURM_LOCALID",
-    "SLURM_JOB_ID",
-    "SLURM_STEP_ID",
-};
-
 std::vector<std::string> fuzzedNames() {
-  std::vector<std::string> names(std::begin(kLauncherVars), std::end(kLauncherVars));
+  // The launchers' variables, then every LIBCOMM_* setting not about logging (the launch settings
+  // are in both lists; they are fuzzed once).
+  std::vector<std::string> names;
+  for (const char* v : boot::launchVariables())
+    if (std::string_view(v).rfind("LIBCOMM_", 0) != 0) names.emplace_back(v);
   for (const SettingInfo& s : allSettings())
     if (std::string_view(s.name).rfind("LIBCOMM_LOG_", 0) != 0) names.emplace_back(s.name);
   return names;

@@ -15,6 +15,7 @@
 #include <optional>
 #include <thread>
 
+#include "bootstrap/launch_vars.h"
 #include "bootstrap/net_interfaces.h"
 #include "libcomm/bootstrap.h"
 #include "libcomm/launcher.h"
@@ -24,37 +25,11 @@ using namespace std::chrono_literals;
 
 namespace {
 
-const char* const kLaunchVars[] = {"LIBCOMM_RANK",
-                                   "LIBCOMM_WORLD_SIZE",
-                                   "LIBCOMM_LOCAL_RANK",
-                                   "LIBCOMM_LOCAL_SIZE",
-                                   "LIBCOMM_STORE_ADDR",
-                                   "LIBCOMM_STORE_DIR",
-                                   "LIBCOMM_SECRET",
-                                   "LIBCOMM_JOB_ID",
-                                   "LIBCOMM_HOST_STORE",
-                                   "RANK",
-                                   "WORLD_SIZE",
-                                   "LOCAL_RANK",
-                                   "LOCAL_WORLD_SIZE",
-                                   "MASTER_ADDR",
-                                   "MASTER_PORT",
-                                   "TORCHELASTIC_RUN_ID",
-                                   "OMPI_COMM_WORLD_RANK",
-                                   "OMPI_COMM_WORLD_SIZE",
-                                   "OMPI_COMM_WORLD_LOCAL_RANK",
-                                   "OMPI_COMM_WORLD_LOCAL_SIZE",
-                                   "SLURM_PROCID",
-                                   "SLURM_NTASKS",
-                                   "SLURM_LOCALID",
-                                   "SLURM_JOB_ID",
-                                   "SLURM_STEP_ID"};
-
 // Every test starts from an environment without launcher variables and gets the original back.
 class LaunchEnv : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (const char* v : kLaunchVars) {
+    for (const char* v : boot::launchVariables()) {
       const char* old = getenv(v);
       saved_[v] = old ? std::optional<std::string>(old) : std::nullopt;
       unsetenv(v);
@@ -399,10 +374,12 @@ LocalLaunchOptions shell(int n, const std::string& script, Milliseconds timeout 
 }
 
 TEST_F(LaunchEnv, LaunchLocalRunsEveryRankWithItsEnvironment) {
-  set({{"RANK", "5"}});  // the launcher's own launcher variables must not leak into the ranks
+  // The launcher's own launcher variables must not leak into the ranks.
+  set({{"RANK", "5"}, {"MASTER_ADDR", "10.0.0.1"}, {"SLURM_PROCID", "7"}});
   auto o = shell(3,
                  "test -n \"$LIBCOMM_RANK\" && test \"$LIBCOMM_WORLD_SIZE\" = 3 && test -n \"$LIBCOMM_SECRET\" && "
                  "test -n \"$LIBCOMM_STORE_ADDR\" && test \"$LIBCOMM_HOST_STORE\" = 0 && test -z \"$RANK\" && "
+                 "test -z \"$MASTER_ADDR\" && test -z \"$SLURM_PROCID\" && "
                  "test \"$EXTRA\" = yes");
   o.env = {{"EXTRA", "yes"}};
   Status s = launchLocal(o);

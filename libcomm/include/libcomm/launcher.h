@@ -28,8 +28,10 @@ struct LocalLaunchOptions {
 /// the others get SIGTERM, then SIGKILL after a grace period, and the error names the first rank
 /// that failed and how (exit code or signal). Blocks the calling thread; not reentrant.
 /// Each rank runs in its own process group (stopping a rank stops what it started) and is killed
-/// if the calling thread dies. Rank variables of an enclosing job (RANK, WORLD_SIZE, LOCAL_RANK,
-/// OMPI_COMM_WORLD_*, the LIBCOMM_* launch settings) are not passed on; `env` is applied last.
+/// if the calling thread dies. The variables that place a process in a job (the LIBCOMM_* launch
+/// settings and torchrun's, Open MPI's and Slurm's rank, size, store and job variables: everything
+/// resolveLaunchInfo reads) are not passed on, as they describe the launcher's own job; `env` is
+/// applied last.
 Status launchLocal(const LocalLaunchOptions& options);
 
 }  // namespace libcomm

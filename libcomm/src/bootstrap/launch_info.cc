@@ -6,8 +6,10 @@
 #include <climits>
 #include <cstdlib>
 #include <optional>
+#include <vector>
 
 #include "bootstrap/boot_util.h"
+#include "bootstrap/launch_vars.h"
 #include "bootstrap/sha256.h"
 #include "core/log.h"
 #include "libcomm/bootstrap.h"
@@ -35,6 +37,12 @@ constexpr Source kSources[] = {
     {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
 };
 constexpr size_t kSlurm = 3;
+
+// What resolveStore reads beyond the rank and size variables above.
+constexpr const char* kStoreVariables[] = {"LIBCOMM_STORE_ADDR", "LIBCOMM_STORE_DIR",   "LIBCOMM_SECRET",
+                                           "LIBCOMM_JOB_ID",     "LIBCOMM_HOST_STORE",  "MASTER_ADDR",
+                                           "MASTER_PORT",        "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
+                                           "SLURM_STEP_ID"};
 
 std::string env(const char* name) {
   // LIBCOMM_* names go through the settings registry (which also warns about unknown ones).
@@ -135,6 +143,20 @@ Status resolveStore(LaunchInfo& info) {
 }
 
 }  // namespace
+
+namespace boot {
+std::span<const char* const> launchVariables() {
+  static const std::vector<const char*> kAll = [] {
+    std::vector<const char*> all;
+    for (const Source& s : kSources)
+      for (const char* v : {s.rankVar, s.sizeVar, s.localRankVar, s.localSizeVar})
+        if (v) all.push_back(v);
+    all.insert(all.end(), std::begin(kStoreVariables), std::end(kStoreVariables));
+    return all;
+  }();
+  return kAll;
+}
+}  // namespace boot
 
 Result<LaunchInfo> resolveLaunchInfo(const LaunchOverrides& overrides) {
   std::vector<Claim> rankClaims, sizeClaims;

@@ -10,9 +10,9 @@
 
 #include <cerrno>
 #include <cstring>
-#include <set>
 
 #include "bootstrap/boot_util.h"
+#include "bootstrap/launch_vars.h"
 #include "bootstrap/sha256.h"
 #include "core/log.h"
 #include "libcomm/bootstrap.h"
@@ -25,25 +25,6 @@ namespace {
 // How long ranks get to exit after SIGTERM before SIGKILL.
 constexpr Milliseconds kTermGrace{2000};
 
-// Variables the children must not inherit: they would describe the launcher's own place in some
-// enclosing job and contradict (or outrank) the LIBCOMM_* values set for each rank.
-const std::set<std::string> kStripped = {"LIBCOMM_RANK",
-                                         "LIBCOMM_WORLD_SIZE",
-                                         "LIBCOMM_LOCAL_RANK",
-                                         "LIBCOMM_LOCAL_SIZE",
-                                         "LIBCOMM_STORE_ADDR",
-                                         "LIBCOMM_STORE_DIR",
-                                         "LIBCOMM_SECRET",
-                                         "LIBCOMM_JOB_ID",
-                                         "LIBCOMM_HOST_STORE",
-                                         "RANK",
-                                         "WORLD_SIZE",
-                                         "LOCAL_RANK",
-                                         "LOCAL_WORLD_SIZE",
-                                         "OMPI_COMM_WORLD_RANK",
-                                         "OMPI_COMM_WORLD_SIZE",
-                                         "OMPI_COMM_WORLD_LOCAL_RANK",
-                                         "OMPI_COMM_WORLD_LOCAL_SIZE"};
 
 Result<std::string> findProgram(const std::string& name) {
   if (name.empty()) return makeError(StatusCode::kInvalidArgument, "launchLocal: empty program name");
@@ -155,7 +136,10 @@ Status launchLocal(const LocalLaunchOptions& options) {
   for (char** e = environ; e && *e; ++e) {
     std::string entry(*e);
     std::string name = entry.substr(0, entry.find('='));
-    bool overridden = kStripped.count(name) > 0;
+    // The launcher's own place in an enclosing job (launchVariables) would contradict, or outrank,
+    // the LIBCOMM_* values set for each rank below.
+    bool overridden = false;
+    for (const char* v : boot::launchVariables()) overridden = overridden || name == v;
     for (const auto& [k, v] : options.env) overridden = overridden || k == name;
     if (!overridden) inherited.push_back(std::move(entry));
   }
