@@ -100,15 +100,7 @@ Status LocalHooks::bindViews(const libshard::ModelSpec& model) {
     b.phase = libshard::Phase::kBackward;
     b.recompute = k < plan_.checkpointed.size() && plan_.checkpointed[k];
     for (const libshard::ParamSpec& p : model.layers[k].params) {
-      const ParamPlacement* place = nullptr;
-      bool resident = false;
-      for (const ParamPlacement& q : plan_.layers[k].params)
-        if (q.name == p.name) place = &q;
-      if (!place) {
-        for (const ParamPlacement& q : plan_.resident.params)
-          if (q.name == p.name) place = &q;
-        resident = place != nullptr;
-      }
+      const auto [place, resident] = plan_.locate(static_cast<int>(k), p.name);
       if (!place || place->numel != p.numel())
         return libcomm::makeError(StatusCode::kInvalidArgument, "compute-only hooks: parameter '", p.name,
                                   "' of layer ", k, " is ", place ? "sized differently" : "missing", " in the plan");

@@ -180,17 +180,9 @@ Status Executor::bindViews(const ModelSpec& model) {
     f.phase = Phase::kForward;
     b.phase = Phase::kBackward;
     for (const ParamSpec& p : model.layers[k].params) {
-      // Look in the layer's group first, then the resident group, so the executor follows the
-      // planner's placement rather than re-deriving it from the kind.
-      const ParamPlacement* place = nullptr;
-      bool resident = false;
-      for (const ParamPlacement& q : group.params)
-        if (q.name == p.name) place = &q;
-      if (!place) {
-        for (const ParamPlacement& q : plan_.resident.params)
-          if (q.name == p.name) place = &q;
-        resident = place != nullptr;
-      }
+      // The planner's placement (the layer's group, else the resident group), not one re-derived
+      // from the kind.
+      const auto [place, resident] = plan_.locate(static_cast<int>(k), p.name);
       if (!place || place->numel != p.numel())
         return libcomm::makeError(StatusCode::kInvalidArgument, "executor: parameter '", p.name, "' of layer ", k,
                                   " is ", place ? "sized differently" : "missing", " in the plan");

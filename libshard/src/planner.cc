@@ -38,6 +38,15 @@ bool ShardPlan::backwardNeedsGather(int layer) const {
   return layers[k].paddedNumel > 0 && (layers[k].backwardReadsWeights || recomputed);
 }
 
+ShardPlan::Location ShardPlan::locate(int layer, std::string_view name) const {
+  if (layer < 0 || static_cast<size_t>(layer) >= layers.size()) return {};
+  for (const ParamPlacement& q : layers[static_cast<size_t>(layer)].params)
+    if (q.name == name) return {&q, false};
+  for (const ParamPlacement& q : resident.params)
+    if (q.name == name) return {&q, true};
+  return {};
+}
+
 int ShardPlan::numCheckpointed() const {
   return static_cast<int>(std::count(checkpointed.begin(), checkpointed.end(), true));
 }

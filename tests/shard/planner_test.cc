@@ -188,6 +188,24 @@ TEST(PlannerLayout, StateOffsetsEmptyLayersAndResidentGroup) {
   EXPECT_EQ(p.gradBufferNumel, 64u);  // embed/head, not the resident group
 }
 
+TEST(PlannerLayout, LocateFindsTheLayersGroupThenTheResidentGroup) {
+  ShardPlan p = planOrDie(smallLm(), options(2, 16));
+  const ShardPlan::Location wa = p.locate(1, "blocks.0.wa");
+  ASSERT_NE(wa.param, nullptr);
+  EXPECT_FALSE(wa.resident);
+  EXPECT_EQ(wa.param, &p.layers[1].params[0]);
+  const ShardPlan::Location norm = p.locate(2, "blocks.1.norm");
+  ASSERT_NE(norm.param, nullptr);
+  EXPECT_TRUE(norm.resident);
+  EXPECT_EQ(norm.param, &p.resident.params[1]);
+  EXPECT_EQ(p.locate(3, "final_norm.scale").param, &p.resident.params[2]);
+  // Not there: an unknown name, a parameter of another layer's group, a layer out of range.
+  EXPECT_EQ(p.locate(1, "blocks.0.nothing").param, nullptr);
+  EXPECT_EQ(p.locate(1, "blocks.1.wa").param, nullptr);
+  EXPECT_EQ(p.locate(-1, "blocks.0.wa").param, nullptr);
+  EXPECT_EQ(p.locate(5, "blocks.0.wa").param, nullptr);
+}
+
 TEST(PlannerLayout, WeightDecayFlagsAndShapesCarriedThrough) {
   ModelSpec m;
   ParamSpec bias = param("blocks.0.b", {3});

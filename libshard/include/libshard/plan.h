@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "libcomm/status.h"
@@ -144,6 +145,14 @@ struct ShardPlan {
   /// (paddedNumel > 0) and its backward reads them (LayerSpec::backwardReadsWeights) or it is
   /// checkpointed (recomputation reads them). False for an index out of range. Thread-safe.
   bool backwardNeedsGather(int layer) const;
+  /// Where parameter `name` of layer `layer` lives: in the layer's own group, else in the resident
+  /// group (norms; parameter names are unique in a model), as the planner placed it. `param` is
+  /// nullptr when neither holds it (or the layer is out of range). Thread-safe (reads the plan only).
+  struct Location {
+    const ParamPlacement* param = nullptr;
+    bool resident = false;
+  };
+  Location locate(int layer, std::string_view name) const;
   /// A multi-line human-readable report: options, per-layer table (numel, padding, shard, gather
   /// and gradient buffer, activation bytes kept in full / when checkpointed, checkpointed), the
   /// resident group, gather and gradient buffers, memory terms with formulas, budget verdict.
