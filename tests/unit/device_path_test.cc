@@ -105,34 +105,28 @@ TEST(ReduceGeometry, NothingToLaunchForZeroElements) {
   EXPECT_EQ(g.blocks, 0u);
 }
 
-TEST(ReduceGeometry, VectorsOf16BytesAndAScalarTail) {
-  // bf16: 8 per vector; 1000 = 125 vectors, no tail; 1003 = 125 vectors + 3.
-  auto g = cuda::reduceGeometry(1003, DataType::kBFloat16, true, 132);
-  EXPECT_EQ(g.elemsPerVector, 8u);
-  EXPECT_EQ(g.vectors, 125u);
-  EXPECT_EQ(g.tailStart, 1000u);
-  EXPECT_EQ(g.tail, 3u);
-  EXPECT_EQ(g.blocks, 1u);
+// The geometry's work split, as {elements per vector, vectors, tail start, tail, blocks}.
+void expectSplit(const cuda::ReduceGeometry& g, unsigned width, size_t vectors, size_t tailStart, size_t tail,
+                 unsigned blocks) {
+  EXPECT_EQ(g.elemsPerVector, width);
+  EXPECT_EQ(g.vectors, vectors);
+  EXPECT_EQ(g.tailStart, tailStart);
+  EXPECT_EQ(g.tail, tail);
+  EXPECT_EQ(g.blocks, blocks);
   EXPECT_EQ(g.threads, cuda::kReduceThreads);
+}
+
+TEST(ReduceGeometry, VectorsOf16BytesAndAScalarTail) {
+  // bf16: 8 per vector; 1003 = 125 vectors + 3.
+  expectSplit(cuda::reduceGeometry(1003, DataType::kBFloat16, true, 132), 8, 125, 1000, 3, 1);
   // fp32: 4 per vector.
-  g = cuda::reduceGeometry(10, DataType::kFloat32, true, 132);
-  EXPECT_EQ(g.elemsPerVector, 4u);
-  EXPECT_EQ(g.vectors, 2u);
-  EXPECT_EQ(g.tail, 2u);
+  expectSplit(cuda::reduceGeometry(10, DataType::kFloat32, true, 132), 4, 2, 8, 2, 1);
   // Fewer elements than a vector: all tail, still one block.
-  g = cuda::reduceGeometry(5, DataType::kBFloat16, true, 132);
-  EXPECT_EQ(g.vectors, 0u);
-  EXPECT_EQ(g.tail, 5u);
-  EXPECT_EQ(g.blocks, 1u);
+  expectSplit(cuda::reduceGeometry(5, DataType::kBFloat16, true, 132), 8, 0, 0, 5, 1);
 }
 
 TEST(ReduceGeometry, MisalignedPointersTakeTheScalarPathOverEverything) {
-  auto g = cuda::reduceGeometry(4096, DataType::kBFloat16, false, 132);
-  EXPECT_EQ(g.elemsPerVector, 1u);
-  EXPECT_EQ(g.vectors, 0u);
-  EXPECT_EQ(g.tailStart, 0u);
-  EXPECT_EQ(g.tail, 4096u);
-  EXPECT_EQ(g.blocks, 8u);  // 4096 / 512 threads
+  expectSplit(cuda::reduceGeometry(4096, DataType::kBFloat16, false, 132), 1, 0, 0, 4096, 8);  // 4096 / 512 threads
 }
 
 TEST(ReduceGeometry, BlocksCoverTheWorkUpToFourPerSm) {
