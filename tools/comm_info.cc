@@ -193,11 +193,22 @@ int printJson(const Report& r) {
           .field("why", row.why)
           .endObject();
     w.endArray();
+    w.key("selection_device").beginArray();
+    for (const auto& row : libcomm::deviceSelectionRows())
+      w.beginObject()
+          .field("collectives", row.collectives)
+          .field("placement", row.placement)
+          .field("inputs", row.inputs)
+          .field("algorithm", row.algorithm)
+          .field("why", row.why)
+          .endObject();
+    w.endArray();
   } else {
     w.null();
     w.field("configuration_error", r.config.status().toString());
     w.key("selection").null();
     w.key("selection_across_hosts").null();
+    w.key("selection_device").null();
   }
 
   w.key("settings").beginArray();

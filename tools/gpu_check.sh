@@ -57,6 +57,18 @@ summary() {
     IFS='|' read -r a b c d <<< "$r"
     printf '%-12s %-18s %6s  %s\n' "$a" "$b" "$c" "$d"
   done
+  if [ -s "$out/rs_kernel.log" ] && grep -q '%' "$out/rs_kernel.log"; then
+    echo "-- reduce_scatter kernel vs D2D copy, same run (target: ratio >= 80%; largest size per case):"
+    awk 'NR == 1 || /%/ { key = $1 " " $2; last[key] = $0; if (!(key in order)) { order[key] = ++n; keys[n] = key } }
+         NR == 1 { print } END { for (i = 1; i <= n; ++i) if (keys[i] != "ranks types") print last[keys[i]] }' "$out/rs_kernel.log"
+  fi
+  local f
+  for f in cb_own_2 cb_own_4 cb_nccl_1 cb_nccl_2; do
+    [ -s "$out/$f.log" ] || continue
+    echo "-- $f (comm_bench, device memory, 64 MiB; size count type redop root, then out-of-place and"
+    echo "   in-place: time algbw busbw #wrong; all_gather busbw against the D2D copy is the >= 80% target):"
+    grep -E '^# (all_gather|reduce_scatter)$|^ +6710886[0-9] ' "$out/$f.log"
+  done
   if [ -s "$out/copy_bench.log" ] && grep -q 'Mi ' "$out/copy_bench.log"; then
     echo "-- device-to-device copy (GB/s = bytes read + written per second; the reference for issue 5's targets):"
     grep -E '^ +size|Mi ' "$out/copy_bench.log"
@@ -115,7 +127,10 @@ targets=(copy_bench)
 [ ${#gtest_args[@]} -gt 0 ] || [ -f /usr/include/gtest/gtest.h ] && targets+=(cuda_stream_test cuda_backend_test)
 # With NCCL: its set-up on the device, and its CPU tests.
 grep -q "^-- shardcomm: NCCL ON" "$out/configure.log" && [ ${#targets[@]} -gt 1 ] && targets+=(nccl_init_test nccl_backend_test)
-# >>> GPU benchmarks to build: comm_bench on device memory, the reduce_scatter kernel bench (issue 5) <<<
+# The GPU benchmarks: comm_bench on device memory, the reduce_scatter kernel against a D2D copy.
+targets+=(comm_bench reduce_kernel_bench)
+# The device collectives' tests (gpu) and their host-side decisions (unit).
+[ ${#targets[@]} -gt 3 ] && targets+=(device_coll_test device_path_test)
 step build "${targets[*]}" -- cmake --build "$build" -j "$jobs" --target "${targets[@]}" || { summary; exit 1; }
 
 # ---- is there a GPU? -----------------------------------------------------------------------------
@@ -146,9 +161,21 @@ if [ ${#targets[@]} -gt 1 ]; then
 fi
 
 # ---- GPU benchmarks --------------------------------------------------------------------------------
-# >>> Issue 5, item 7 -- to add here as they land: comm_bench on device memory with 2 and 4 ranks
-# >>> sharing the GPU (own path) and NCCL at 1 rank; the reduce_scatter kernel (bf16 in, fp32
-# >>> accumulate) against the copy figure below, measured in this same run. <<<
+# comm_bench on device memory (every run checks its results): 2 and 4 ranks sharing the GPU on
+# libcomm's own path (registered buffers: CUDA IPC, copy engines, the reduce kernel), and NCCL at 1
+# rank (unregistered buffers) -- and at 2 ranks, for the own path's comparison.
+# 1, 8 and 64 MiB: every checked run copies and verifies its buffers on the host, which bounds the
+# size for the ~8 minutes the whole script may take.
+cb=("$build/bench/comm_bench" all --memory device -b 1M -e 64M -f 8 -d bf16 -O all -o sum -n 10 -w 3 -c 1 -T 120000)
+step cb_own_2 "comm_bench device, 2 ranks, own path" -- "${cb[@]}" -np 2 -R 1 -J "$out/cb_own_2.json"
+step cb_own_4 "comm_bench device, 4 ranks, own path" -- "${cb[@]}" -np 4 -R 1 -J "$out/cb_own_4.json"
+if grep -q "^-- shardcomm: NCCL ON" "$out/configure.log"; then
+  step cb_nccl_1 "comm_bench device, 1 rank, NCCL" -- "${cb[@]}" -np 1 -R 0 -J "$out/cb_nccl_1.json"
+  step cb_nccl_2 "comm_bench device, 2 ranks, NCCL" -- "${cb[@]}" -np 2 -R 0 -J "$out/cb_nccl_2.json"
+fi
+# The reduce_scatter kernel (bf16/fp32 in, fp32 sums) against a D2D copy of the same bytes, same run.
+step rs_kernel "reduce kernel vs D2D copy, 2/4/8 inputs, checked" -- \
+  "$build/bench/reduce_kernel_bench" --ranks 2,4,8 --min-mib 4 --max-mib 256 --json "$out/reduce_kernel.json"
 
 step copy_bench "D2D copy 1 MiB..1 GiB, checked" -- "$build/bench/copy_bench" --json "$out/copy_bench.json"
 

@@ -237,6 +237,14 @@ TEST(CommBenchOptions, FlagsAndPresets) {
   ASSERT_TRUE(o.isOk());
   EXPECT_EQ(sizeList(*o), (std::vector<size_t>{0, 100, 200}));
   EXPECT_EQ(o->ops.size(), 3u);
+
+  o = parse({"all", "--memory", "device", "-R", "0"});
+  ASSERT_TRUE(o.isOk()) << o.status().toString();
+  EXPECT_TRUE(o->deviceMemory);
+  EXPECT_FALSE(o->registered);
+  o = parse({"all", "-m", "host"});
+  ASSERT_TRUE(o.isOk());
+  EXPECT_FALSE(o->deviceMemory);
 }
 
 TEST(CommBenchOptions, UsageErrors) {
@@ -248,6 +256,7 @@ TEST(CommBenchOptions, UsageErrors) {
   EXPECT_FALSE(parse({"all_gather", "--frobnicate", "1"}).isOk());
   EXPECT_FALSE(parse({"all_gather", "reduce_scatter"}).isOk());
   EXPECT_FALSE(parse({"reduce_scatter", "-d", "float", "-O", "bf16"}).isOk());
+  EXPECT_FALSE(parse({"all", "--memory", "gpu"}).isOk());
   EXPECT_TRUE(parse({"-h"})->help);
 }
 

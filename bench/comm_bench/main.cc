@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "device.h"
 #include "libcomm/launcher.h"
 #include "libcomm/libcomm.h"
 #include "options.h"
@@ -106,8 +107,17 @@ int runRank(const Options& options) {
 
   auto comm = libcomm::Communicator::create(boot, *config);
   if (!comm.isOk()) return fail(rank, comm.status(), nullptr);
-  std::unique_ptr<libcomm::Stream> stream =
-      options.inlineStream ? libcomm::createInlineHostStream("comm_bench") : libcomm::createHostStream("comm_bench");
+  std::unique_ptr<libcomm::Stream> stream;
+  if (options.deviceMemory) {
+    auto dev = device::select(rank);
+    if (!dev.isOk()) return fail(rank, dev.status(), nullptr);
+    auto cs = libcomm::createCudaStream("comm_bench", *dev);
+    if (!cs.isOk()) return fail(rank, cs.status(), nullptr);
+    stream = std::move(cs).value();
+  } else {
+    stream =
+        options.inlineStream ? libcomm::createInlineHostStream("comm_bench") : libcomm::createHostStream("comm_bench");
+  }
 
   std::optional<Report> report;
   if (rank == 0) {

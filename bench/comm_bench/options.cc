@@ -38,6 +38,8 @@ Runs:
                           multiplies by 1/3
   -R, --registered 0|1    1: buffers from Communicator::allocRegistered (one-copy path; default)
                           0: plain page-aligned host memory (the staging path)
+  -m, --memory host|device    device: cudaMalloc buffers (rank r on GPU r % GPUs) on a CUDA stream;
+                          with -R 1 registered (libcomm's CUDA IPC path), -R 0 not (NCCL)
   -s, --stream thread|inline   thread: collectives are enqueued on a host stream and run by its
                           progress thread (default); inline: each runs on the calling thread
                           before the call returns (libcomm::createInlineHostStream; blocking, like MPI)
@@ -272,6 +274,11 @@ Result<Options> parseOptions(int argc, char** argv) {
       auto b = parseBool(flag, value);
       if (!b) return b.status();
       o.registered = *b;
+    } else if (flag == "-m" || flag == "--memory") {
+      if (value != "host" && value != "device")
+        return libcomm::makeError(libcomm::StatusCode::kInvalidArgument, flag, ": expected host or device, got '",
+                                  value, "'");
+      o.deviceMemory = value == "device";
     } else if (flag == "-s" || flag == "--stream") {
       if (value != "thread" && value != "inline")
         return libcomm::makeError(libcomm::StatusCode::kInvalidArgument, flag, ": expected thread or inline, got '",

@@ -47,6 +47,7 @@ struct Options {
   std::vector<libcomm::ReduceOp> ops{libcomm::ReduceOp::kSum};
 
   bool registered = true;   // -R
+  bool deviceMemory = false;  // --memory device: cudaMalloc buffers on a CUDA stream
   bool inlineStream = false;  // -s inline
   int numRanks = 0;         // -np: spawn this many local ranks (0: this process is one rank)
   std::string jsonPath;     // -J

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "check.h"
+#include "device.h"
 
 namespace comm_bench {
 
@@ -76,9 +77,13 @@ libcomm::Result<std::unique_ptr<Runner>> Runner::create(const Options& options, 
       }
     }
   }
-  LIBCOMM_RETURN_IF_ERROR(runner->allocate(runner->a_, aBytes + kSlackBytes, options.registered));
-  LIBCOMM_RETURN_IF_ERROR(runner->allocate(runner->b_, bBytes + kSlackBytes, options.registered));
-  LIBCOMM_RETURN_IF_ERROR(runner->allocate(runner->results_, n * kSlotFloats * sizeof(float), true));
+  if (options.deviceMemory) {
+    LIBCOMM_RETURN_IF_ERROR(device::select(comm.rank()).status());
+    runner->hostStream_ = libcomm::createHostStream("comm_bench host");
+  }
+  LIBCOMM_RETURN_IF_ERROR(runner->allocate(runner->a_, aBytes + kSlackBytes, options.registered, options.deviceMemory));
+  LIBCOMM_RETURN_IF_ERROR(runner->allocate(runner->b_, bBytes + kSlackBytes, options.registered, options.deviceMemory));
+  LIBCOMM_RETURN_IF_ERROR(runner->allocate(runner->results_, n * kSlotFloats * sizeof(float), true, false));
   return runner;
 }
 
@@ -93,8 +98,26 @@ Runner::~Runner() {
   release(results_);
 }
 
-Status Runner::allocate(Buffer& buffer, size_t bytes, bool registered) {
+Status Runner::allocate(Buffer& buffer, size_t bytes, bool registered, bool onDevice) {
   bytes = roundUp(bytes, 4096);
+  if (onDevice) {
+    LIBCOMM_ASSIGN_OR_RETURN(void* p, device::alloc(bytes));
+    buffer.ptr = static_cast<char*>(p);
+    buffer.bytes = bytes;
+    if (registered) {
+      Status s = comm_.registerBuffer(p, bytes);
+      if (!s.isOk()) {
+        device::release(p);
+        buffer.ptr = nullptr;
+        return s;
+      }
+    }
+    buffer.registered = registered;
+    buffer.host = static_cast<char*>(malloc(bytes));
+    if (!buffer.host) return libcomm::makeError(libcomm::StatusCode::kSystemError, "cannot allocate a host mirror");
+    memset(buffer.host, 0, bytes);
+    return Status::ok();
+  }
   if (registered) {
     LIBCOMM_ASSIGN_OR_RETURN(void* p, comm_.allocRegistered(bytes));
     buffer.ptr = static_cast<char*>(p);
@@ -115,6 +138,13 @@ Status Runner::allocate(Buffer& buffer, size_t bytes, bool registered) {
 
 void Runner::release(Buffer& buffer) {
   if (!buffer.ptr) return;
+  if (buffer.host) {
+    if (buffer.registered) (void)comm_.deregisterBuffer(buffer.ptr);
+    device::release(buffer.ptr);
+    free(buffer.host);
+    buffer.ptr = buffer.host = nullptr;
+    return;
+  }
   if (buffer.registered) {
     Status s = comm_.freeRegistered(buffer.ptr);
     if (!s.isOk()) fprintf(stderr, "comm_bench rank %d: freeRegistered: %s\n", comm_.rank(), s.toString().c_str());
@@ -160,8 +190,7 @@ Status Runner::runPlacement(const Row& row, bool inPlace, double& timeUs, int64_
 
   for (int i = 0; i < options_.warmup; ++i) LIBCOMM_RETURN_IF_ERROR(enqueue(row, send, recv));
   LIBCOMM_RETURN_IF_ERROR(sync("warmup", options_.warmup));
-  LIBCOMM_RETURN_IF_ERROR(comm_.barrier(stream_));
-  LIBCOMM_RETURN_IF_ERROR(sync("barrier before the timed loop", 1));
+  LIBCOMM_RETURN_IF_ERROR(barrierAll("barrier before the timed loop"));
 
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < options_.iters; ++i) LIBCOMM_RETURN_IF_ERROR(enqueue(row, send, recv));
@@ -183,10 +212,18 @@ Status Runner::runPlacement(const Row& row, bool inPlace, double& timeUs, int64_
   c.count = row.count;
   c.seq = ++checkSeq_;
   c.inPlace = inPlace;
-  prepareCheck(c, send, recv);
+  Buffer& sendBuf = row.coll == Coll::kAllGather && !inPlace ? a_ : (row.coll == Coll::kAllGather ? b_ : a_);
+  Buffer& recvBuf = row.coll == Coll::kAllGather ? b_ : (inPlace ? a_ : b_);
+  prepareCheck(c, sendBuf.mirror(send), recvBuf.mirror(recv));
+  if (options_.deviceMemory) LIBCOMM_RETURN_IF_ERROR(mirrorsToDevice());
   LIBCOMM_RETURN_IF_ERROR(enqueue(row, send, recv));
   LIBCOMM_RETURN_IF_ERROR(sync("checked run", 1));
-  wrong = static_cast<int64_t>(verifyCheck(c, send, recv));
+  if (options_.deviceMemory) {
+    LIBCOMM_RETURN_IF_ERROR(mirrorsToHost());
+    // Peers read this rank's input until they are done: nobody rewrites it for the next row before.
+    LIBCOMM_RETURN_IF_ERROR(barrierAll("barrier after the checked run"));
+  }
+  wrong = static_cast<int64_t>(verifyCheck(c, sendBuf.mirror(send), recvBuf.mirror(recv)));
   return Status::ok();
 }
 
@@ -198,8 +235,8 @@ Status Runner::exchange(Row& row, double timeOop, double timeIp, int64_t wrongOo
   memcpy(slots + comm_.rank() * sizeof(mine), mine, sizeof(mine));
   // In place; all_gather moves bytes without looking at them, so doubles travel as pairs of floats.
   LIBCOMM_RETURN_IF_ERROR(
-      comm_.allGather(slots + comm_.rank() * sizeof(mine), slots, kSlotFloats, DataType::kFloat32, stream_));
-  LIBCOMM_RETURN_IF_ERROR(sync("exchange of results", 1));
+      comm_.allGather(slots + comm_.rank() * sizeof(mine), slots, kSlotFloats, DataType::kFloat32, exchangeStream()));
+  LIBCOMM_RETURN_IF_ERROR(exchangeStream().synchronize(Deadline::after(timeout())).withContext("exchange of results"));
   double maxOop = 0, maxIp = 0, sumWrongOop = 0, sumWrongIp = 0;
   for (size_t r = 0; r < n; ++r) {
     double theirs[4];
@@ -248,9 +285,22 @@ Status Runner::run() {
   return Status::ok();
 }
 
-Status Runner::finalBarrier() {
-  LIBCOMM_RETURN_IF_ERROR(comm_.barrier(stream_));
-  return sync("final barrier", 1);
+Status Runner::finalBarrier() { return barrierAll("final barrier"); }
+
+Status Runner::barrierAll(const char* what) {
+  if (hostStream_) LIBCOMM_RETURN_IF_ERROR(sync(what, 1));  // the device work first, then the ranks meet
+  LIBCOMM_RETURN_IF_ERROR(comm_.barrier(exchangeStream()));
+  return exchangeStream().synchronize(Deadline::after(timeout())).withContext(what);
+}
+
+Status Runner::mirrorsToDevice() {
+  LIBCOMM_RETURN_IF_ERROR(device::toDevice(a_.ptr, a_.host, a_.bytes));
+  return device::toDevice(b_.ptr, b_.host, b_.bytes);
+}
+
+Status Runner::mirrorsToHost() {
+  LIBCOMM_RETURN_IF_ERROR(device::toHost(a_.host, a_.ptr, a_.bytes));
+  return device::toHost(b_.host, b_.ptr, b_.bytes);
 }
 
 }  // namespace comm_bench

@@ -35,8 +35,16 @@ class Runner {
     char* ptr = nullptr;
     size_t bytes = 0;
     bool registered = false;
+    char* host = nullptr;  // --memory device: the host mirror the data check works on
+    /// The mirror's address of `p` (a pointer into this buffer); `p` itself for host memory.
+    char* mirror(char* p) const { return host ? host + (p - ptr) : p; }
   };
-  libcomm::Status allocate(Buffer& buffer, size_t bytes, bool registered);
+  libcomm::Status allocate(Buffer& buffer, size_t bytes, bool registered, bool device);
+  /// Every rank reached it; the collective stream's work is done (device: through a host barrier).
+  libcomm::Status barrierAll(const char* what);
+  /// --memory device: copies a_ and b_ between the device and their mirrors.
+  libcomm::Status mirrorsToDevice();
+  libcomm::Status mirrorsToHost();
   void release(Buffer& buffer);
 
   libcomm::Status runRow(Row& row);
@@ -52,6 +60,10 @@ class Runner {
   const Options& options_;
   libcomm::Communicator& comm_;
   libcomm::Stream& stream_;
+  /// The stream of the host-memory exchanges (results_): stream_ itself, or with --memory device a
+  /// host stream of its own.
+  std::unique_ptr<libcomm::Stream> hostStream_;
+  libcomm::Stream& exchangeStream() { return hostStream_ ? *hostStream_ : stream_; }
   Report* report_;
   Buffer a_;        // all_gather send, reduce_scatter send (and in-place output)
   Buffer b_;        // all_gather recv (and in-place input), reduce_scatter recv

@@ -61,7 +61,7 @@ def check_json(exe):
     if not isinstance(doc, dict):
         fail("the document is not an object")
     for key in ["version", "host", "online_cpus", "kernels", "devices", "transports", "topology", "configuration",
-                "configuration_error", "selection", "selection_across_hosts", "settings"]:
+                "configuration_error", "selection", "selection_across_hosts", "selection_device", "settings"]:
         if key not in doc:
             fail("key %r missing; keys: %s" % (key, sorted(doc)))
     topo = doc["topology"]
@@ -104,6 +104,10 @@ def check_json(exe):
     if not across or any(set(r) != {"collectives", "placement", "algorithm", "why"} for r in across) \
             or sorted(r["algorithm"] for r in across) != ["hier", "ring"]:
         fail("selection_across_hosts rows malformed: %s" % across)
+    device = doc.get("selection_device")
+    if not device or any(set(r) != {"collectives", "placement", "inputs", "algorithm", "why"} for r in device) \
+            or {r["algorithm"] for r in device} != {"cuda_ipc", "nccl", "refused"}:
+        fail("selection_device rows malformed: %s" % device)
     names = {s["name"]: s for s in doc["settings"]}
     if names.get("LIBCOMM_TIMEOUT_MS", {}).get("value") != "300000":
         fail("LIBCOMM_TIMEOUT_MS missing or not its default: %s" % names.get("LIBCOMM_TIMEOUT_MS"))
@@ -116,7 +120,8 @@ def check_bad_setting(exe):
     if rc != 1:
         fail("an invalid LIBCOMM_ALGO must exit 1, got %d" % rc)
     doc = load(out, err)
-    if doc["configuration"] is not None or doc["selection"] is not None or doc["selection_across_hosts"] is not None:
+    if doc["configuration"] is not None or doc["selection"] is not None or doc["selection_across_hosts"] is not None \
+            or doc["selection_device"] is not None:
         fail("configuration and selection must be null when the settings are invalid")
     if "LIBCOMM_ALGO='bogus'" not in (doc["configuration_error"] or ""):
         fail("configuration_error does not name the setting: %s" % doc["configuration_error"])

@@ -55,7 +55,7 @@ struct CommConfig {
   /// first communicator that uses UCX sets UCX_TCP_KEEP* from it, where the user set none).
   Milliseconds peerTimeout{10000};
   /// Algorithm override ("" = the selector's choice; one host: "eager", "direct", "staged"; across
-  /// hosts: "ring", "hier"), from LIBCOMM_ALGO.
+  /// hosts: "ring", "hier"; device memory: "nccl", which host collectives ignore), from LIBCOMM_ALGO.
   std::string algo;
   /// Compare every collective's fingerprint across ranks (LIBCOMM_CHECK_MISMATCH).
   bool checkMismatch = true;

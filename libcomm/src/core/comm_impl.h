@@ -25,6 +25,22 @@ namespace ring {
 struct Env;
 class Link;
 }
+namespace cuda {
+class OwnPath;
+}
+namespace nccl {
+class Delegate;
+}
+
+/// OpDescriptor::algo of a collective on device memory (one host): a rank that called the same
+/// collective on host memory is named by the mismatch check.
+constexpr uint8_t kDeviceMarker = 0xD0;
+
+/// Where a device collective runs: the caller's CUDA stream and its device.
+struct DeviceTarget {
+  void* stream;  // cudaStream_t
+  int device;
+};
 
 class Communicator::Impl : public std::enable_shared_from_this<Impl> {
  public:
@@ -35,7 +51,7 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   Status submit(CollArgs args, Stream& stream);
   /// Runs collective `seq` (on the stream's thread), in sequence order. `blocking`: called on an
   /// inline stream (its waits follow blockingWait_, not progressWait_).
-  Status execute(const CollArgs& args, uint32_t seq, bool blocking);
+  Status execute(const CollArgs& args, uint32_t seq, bool blocking, const DeviceTarget* device = nullptr);
 
   /// Accounts for a collective its stream skipped or dropped without running it.
   void settleUnrun(const CollArgs& args, uint32_t seq);
@@ -66,9 +82,27 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   std::unique_ptr<CrossHost> cross_;
   /// The last collectives, for diagnosis (flight_recorder.h). Set by create(), never null after.
   std::shared_ptr<FlightRecorder> flight_;
+  /// Device memory (device_exec.cc): the own path on one host (null without CUDA, or across hosts)
+  /// and the NCCL delegate (null without NCCL; its communicator is made at the first collective
+  /// that needs it, over bootstrap_, which outlives the communicator by contract).
+  std::unique_ptr<cuda::OwnPath> own_;
+  std::unique_ptr<nccl::Delegate> nccl_;
+  Bootstrap* bootstrap_ = nullptr;
+
+  /// Which memory a call uses, from its pointers and its stream: true for device memory on a CUDA
+  /// stream, false for host memory on a host stream; kInvalidArgument for any mix (device_exec.cc).
+  Result<bool> checkMemory(const CollArgs& args, const Stream& stream) const;
+  /// Registered-memory calls for device pointers (device_exec.cc); `*handled` false for host ones.
+  Status registerDevice(void* ptr, size_t bytes, bool* handled);
+  Status deregisterDevice(void* ptr, bool* handled);
+  bool isRegisteredDevice(const void* ptr, size_t bytes) const;
 
  private:
-  Status run(const CollArgs& args, uint32_t seq, const OpDeadline& deadline, bool blocking);
+  Status run(const CollArgs& args, uint32_t seq, const OpDeadline& deadline, bool blocking, const DeviceTarget* device);
+  /// A collective on device memory: on one host the descriptor handshake, then the own path or
+  /// NCCL as the device table chooses from every rank's descriptor; across hosts NCCL.
+  Status runDevice(const CollArgs& args, uint32_t seq, const WaitContext& wait, const DeviceTarget& device);
+  Status runNccl(const CollArgs& args, const DeviceTarget& device, const OpDeadline& deadline, const std::string& what);
   /// Sleeps on cv_ until `pred` holds (true) or `at` passes (false).
   template <typename Pred>
   bool sleepUntil(Clock::time_point at, Pred pred);
@@ -77,6 +111,10 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// The fingerprint part of this rank's descriptor of collective `seq`.
   static shm::OpDescriptor describeOp(const CollArgs& args, uint32_t seq);
   Status checkFingerprints(const CollArgs& args, uint32_t seq, const std::vector<shm::OpDescriptor>& all) const;
+  /// Posts this rank's descriptor `d` of collective `seq`, waits for every peer's, fills posted_
+  /// (rank-indexed) and compares fingerprints. Returns whether every rank's input is registered.
+  Result<bool> exchangeDescriptors(const CollArgs& args, uint32_t seq, const shm::OpDescriptor& d,
+                                   const WaitContext& wait);
   /// This rank's descriptor `me` against rank `p`'s `theirs`: a mismatch names both calls.
   Status compareFingerprint(const CollArgs& args, uint32_t seq, const shm::OpDescriptor& me,
                             const shm::OpDescriptor& theirs, int p) const;

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "backends/cuda/device_path.h"
+#include "backends/nccl/nccl_path.h"
 #include "core/comm_impl.h"
 #include "core/cross_host.h"
 #include "core/log.h"
@@ -60,6 +62,7 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   auto impl = std::make_shared<Impl>();
   impl->rank_ = bootstrap.rank();
   impl->size_ = bootstrap.size();
+  impl->bootstrap_ = &bootstrap;
   impl->config_ = config;
   log::setThreadRank(impl->rank_);
   const Deadline deadline = Deadline::after(config.initTimeout);
@@ -72,6 +75,7 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
                      bootstrap.jobId().size(), " characters)");
   LIBCOMM_ASSIGN_OR_RETURN(impl->channel_, shm::Channel::create(impl->prefix_, impl->rank_, impl->size_, config));
   impl->local_ = std::make_unique<shm::LocalMemory>(impl->prefix_, impl->rank_);
+  impl->nccl_ = nccl::createDelegate();  // null without NCCL; its communicator is made on first use
   impl->peers_ = std::make_unique<shm::PeerMemory>(impl->rank_);
 
   InitInfo mine{};
@@ -116,6 +120,7 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   } else {
     LIBCOMM_RETURN_IF_ERROR(impl->channel_->connect(prefixes, deadline));
     impl->peers_->setPrefixes(prefixes);
+    impl->own_ = cuda::createOwnPath(impl->prefix_, impl->rank_, prefixes);  // null without CUDA
   }
   // Nobody may start a collective before everyone has mapped everyone's control block (or
   // connected its UCX endpoints).
@@ -144,7 +149,12 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   return impl;
 }
 
-Communicator::Impl::~Impl() = default;
+Communicator::Impl::~Impl() {
+  if (nccl_) {
+    Status s = nccl_->destroy(Deadline::after(std::min<Milliseconds>(config_.opTimeout, Milliseconds(10000))));
+    if (!s.isOk()) LIBCOMM_LOG(kWarn, "init") << "rank " << rank_ << ": " << s.toString();
+  }
+}
 
 namespace {
 
@@ -213,9 +223,19 @@ const CommConfig& Communicator::config() const { return impl_->config_; }
 
 Result<void*> Communicator::allocRegistered(size_t bytes) { return impl_->local_->allocate(bytes); }
 Status Communicator::freeRegistered(void* ptr) { return impl_->local_->free(ptr); }
-Status Communicator::registerBuffer(void* ptr, size_t bytes) { return impl_->local_->registerRange(ptr, bytes); }
-Status Communicator::deregisterBuffer(void* ptr) { return impl_->local_->deregisterRange(ptr); }
-bool Communicator::isRegistered(const void* ptr, size_t bytes) const { return impl_->local_->contains(ptr, bytes); }
+Status Communicator::registerBuffer(void* ptr, size_t bytes) {
+  bool device = false;
+  Status s = impl_->registerDevice(ptr, bytes, &device);
+  return device ? s : impl_->local_->registerRange(ptr, bytes);
+}
+Status Communicator::deregisterBuffer(void* ptr) {
+  bool device = false;
+  Status s = impl_->deregisterDevice(ptr, &device);
+  return device ? s : impl_->local_->deregisterRange(ptr);
+}
+bool Communicator::isRegistered(const void* ptr, size_t bytes) const {
+  return impl_->local_->contains(ptr, bytes) || impl_->isRegisteredDevice(ptr, bytes);
+}
 
 Status Communicator::allGather(const void* send, void* recv, size_t count, DataType dtype, Stream& stream) {
   CollArgs a;

@@ -28,7 +28,7 @@ const std::vector<SettingInfo> kSettings = {
     {"LIBCOMM_PEER_TIMEOUT_MS", SettingType::kInt, "10000",
      "a lost peer is named within this; across hosts it sizes TCP keepalive (UCX_TCP_KEEP*, unless set)"},
     // Algorithms.
-    {"LIBCOMM_ALGO", SettingType::kString, "", "force an algorithm: eager|direct|staged on one host, ring|hier across hosts (empty: the selector decides)"},
+    {"LIBCOMM_ALGO", SettingType::kString, "", "force an algorithm: eager|direct|staged on one host, ring|hier across hosts; nccl: NCCL for device memory (empty: the selector decides)"},
     {"LIBCOMM_CHECK_MISMATCH", SettingType::kBool, "1",
      "compare every collective's kind, count, dtypes, op and root across ranks"},
     {"LIBCOMM_COLL_TRACE", SettingType::kBool, "0", "log every collective with its algorithm at INFO"},
@@ -178,9 +178,9 @@ Result<CommConfig> CommConfig::fromEnvironment() {
   LIBCOMM_RETURN_IF_ERROR(settingBool("LIBCOMM_FLIGHT_RECORDER_SIGNAL").status());
   c.algo = settingValue("LIBCOMM_ALGO");
   if (!c.algo.empty() && c.algo != "direct" && c.algo != "staged" && c.algo != "eager" && c.algo != "ring" &&
-      c.algo != "hier")
+      c.algo != "hier" && c.algo != "nccl")
     return makeError(StatusCode::kInvalidArgument, "LIBCOMM_ALGO='", c.algo,
-                     "' is not one of: eager, direct, staged (one host), ring, hier (across hosts)");
+                     "' is not one of: eager, direct, staged (one host), ring, hier (across hosts), nccl (device memory)");
   LIBCOMM_RETURN_IF_ERROR(c.validate());
   return c;
 }

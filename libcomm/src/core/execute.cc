@@ -13,14 +13,14 @@
 #include "core/host_stream.h"
 #include "core/log.h"
 #include "core/selector.h"
+#include "backends/cuda/device_path.h"
+#include "libcomm/cuda.h"
 
 namespace libcomm {
 
 Status Communicator::Impl::submit(CollArgs args, Stream& stream) {
   LIBCOMM_RETURN_IF_ERROR(validateColl(&args, rank_, size_));
-  if (stream.kind() != StreamKind::kHost)
-    return makeError(StatusCode::kInvalidArgument, "rank ", rank_, ": ", collName(args.kind), " on stream '",
-                     stream.name(), "': only host streams are supported by this build (no CUDA backend)");
+  LIBCOMM_ASSIGN_OR_RETURN(const bool onDevice, checkMemory(args, stream));
   if (finalized_.load(std::memory_order_relaxed))
     return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", collName(args.kind),
                      " refused: the communicator was finalized");
@@ -31,6 +31,12 @@ Status Communicator::Impl::submit(CollArgs args, Stream& stream) {
   const uint32_t seq = nextSeq_.fetch_add(1) + 1;
   inflight_.fetch_add(1);
   flight_->enqueued(args, seq, stream.name(), size_);
+  if (onDevice) {
+    // Device collectives run their host part here, on the calling thread: the handshake with the
+    // peers, then enqueueing the device work on the caller's CUDA stream (device_exec.cc).
+    const DeviceTarget target{nativeCudaStream(stream), cuda::streamDevice(stream)};
+    return execute(args, seq, true, &target);
+  }
 
   // An inline stream runs the collective right here: no ticket, closure or label to allocate
   // (they are most of the per-call cost of a small collective).
@@ -119,7 +125,7 @@ void Communicator::Impl::settle(uint32_t seq) {
   wakeSleepers();
 }
 
-Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool blocking) {
+Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool blocking, const DeviceTarget* device) {
   log::setThreadRank(rank_);
   // Blocking: an inline stream runs it on the enqueuing thread, at once.
   flight_->started(seq, blocking);
@@ -143,7 +149,7 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool bloc
                                   " skipped: the communicator failed earlier: " + err.message());
       outcome = FlightState::kSkipped;
     } else {
-      st = run(args, seq, deadline, blocking);
+      st = run(args, seq, deadline, blocking, device);
     }
   }
   if (!st.isOk()) {
@@ -158,7 +164,8 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool bloc
   return st;
 }
 
-Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadline& deadline, bool blocking) {
+Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadline& deadline, bool blocking,
+                              const DeviceTarget* device) {
   struct Labelled {
     const CollArgs& args;
     uint32_t seq;
@@ -168,6 +175,7 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadl
                              return describeColl(l->args, l->seq);
                            }};
   const WaitPolicy& policy = blocking ? blockingWait_ : progressWait_;
+  if (device) return runDevice(args, seq, WaitContext{deadline, label, policy.spin, policy.yield}, *device);
   if (cross_) return runAcrossHosts(args, seq, WaitContext{deadline, label, policy.spin, policy.yield});
   passBases_.resize(size_);
   const mesh::OpEnv env{seq,          rank_, size_, *channel_, *peers_, {deadline, label, policy.spin, policy.yield},
@@ -191,18 +199,8 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadl
     flight_->chose(seq, Algo::kEager);
     mesh::fillEager(args, env);
   }
-  channel_->post(d);
-  LIBCOMM_RETURN_IF_ERROR(channel_->waitPosted(seq, env.wait));
-
-  // Collectives of one communicator run one at a time, in order: one scratch array serves them all.
-  std::vector<shm::OpDescriptor>& all = posted_;
-  all.resize(size_);
-  bool registered = true;
-  for (int p = 0; p < size_; ++p) {
-    all[p] = p == rank_ ? d : channel_->posted(p, seq);
-    registered = registered && all[p].inputRegistered;
-  }
-  LIBCOMM_RETURN_IF_ERROR(checkFingerprints(args, seq, all));
+  LIBCOMM_ASSIGN_OR_RETURN(const bool registered, exchangeDescriptors(args, seq, d, env.wait));
+  const std::vector<shm::OpDescriptor>& all = posted_;
 
   if (eager) {
     if (config_.collTrace)
@@ -222,6 +220,22 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadl
   channel_->publish(shm::Counter::kDone, seq);
   LIBCOMM_RETURN_IF_ERROR(channel_->waitAll(shm::Counter::kDone, seq, env.wait, "completion"));
   return Status::ok();
+}
+
+Result<bool> Communicator::Impl::exchangeDescriptors(const CollArgs& args, uint32_t seq, const shm::OpDescriptor& d,
+                                                     const WaitContext& wait) {
+  channel_->post(d);
+  LIBCOMM_RETURN_IF_ERROR(channel_->waitPosted(seq, wait));
+  // Collectives of one communicator run one at a time, in order: one scratch array serves them all.
+  std::vector<shm::OpDescriptor>& all = posted_;
+  all.resize(size_);
+  bool registered = true;
+  for (int p = 0; p < size_; ++p) {
+    all[p] = p == rank_ ? d : channel_->posted(p, seq);
+    registered = registered && all[p].inputRegistered;
+  }
+  LIBCOMM_RETURN_IF_ERROR(checkFingerprints(args, seq, all));
+  return registered;
 }
 
 shm::OpDescriptor Communicator::Impl::describeOp(const CollArgs& args, uint32_t seq) {
@@ -269,7 +283,12 @@ Status Communicator::Impl::compareFingerprint(const CollArgs& args, uint32_t seq
   if (o.eager != me.eager)
     scales = std::string(" (rank ") + std::to_string(rank_) + (me.eager ? " sent it eagerly" : " did not send it eagerly") +
              ", rank " + std::to_string(p) + " did the opposite: are LIBCOMM_ALGO or LIBCOMM_EAGER_BYTES set alike?)";
-  if (o.algo != me.algo)
+  if (o.algo != me.algo && (o.algo == kDeviceMarker || me.algo == kDeviceMarker))
+    scales = std::string(" (rank ") + std::to_string(rank_) + " called it on " +
+             (me.algo == kDeviceMarker ? "device memory (a CUDA stream)" : "host memory (a host stream)") + ", rank " +
+             std::to_string(p) + " on " + (o.algo == kDeviceMarker ? "device memory" : "host memory") +
+             ": all ranks must use the same kind of memory for one collective)";
+  else if (o.algo != me.algo)
     scales = std::string(" (rank ") + std::to_string(rank_) + " chose " + algoName(static_cast<Algo>(me.algo)) +
              " across hosts, rank " + std::to_string(p) + " chose " + algoName(static_cast<Algo>(o.algo)) +
              ": is LIBCOMM_ALGO set alike?)";

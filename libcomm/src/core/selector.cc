@@ -25,6 +25,12 @@ const Rule kRules[] = {
     {"*", Match::kNo, Match::kAny, Algo::kStaged, "an input is not registered: chunked copy through staging slots"},
 };
 
+// LIBCOMM_ALGO=nccl chooses for device memory only: host collectives see no override.
+const std::string& hostAlgo(const CommConfig& config) {
+  static const std::string none;
+  return config.algo == "nccl" ? none : config.algo;
+}
+
 bool matches(Match m, bool v) { return m == Match::kAny || (m == Match::kYes) == v; }
 
 const char* matchText(Match m, const char* yes, const char* no) {
@@ -40,22 +46,26 @@ const char* algoName(Algo a) {
     case Algo::kStaged: return "staged";
     case Algo::kRing: return "ring";
     case Algo::kHier: return "hier";
+    case Algo::kCudaIpc: return "cuda_ipc";
+    case Algo::kNccl: return "nccl";
   }
   return "?";
 }
 
 Result<bool> chooseEager(const SelectionQuery& q, const CommConfig& config) {
+  const std::string& algo = hostAlgo(config);
   const bool fits = q.bytes <= config.eagerBytes;
-  if (config.algo == "eager" && !fits && q.kind != CollKind::kBarrier)
+  if (algo == "eager" && !fits && q.kind != CollKind::kBarrier)
     return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=eager but the ", collName(q.kind), " input of ", q.bytes,
                      " bytes exceeds LIBCOMM_EAGER_BYTES=", config.eagerBytes);
   if (q.kind == CollKind::kBarrier) return true;
-  return fits && (config.algo.empty() || config.algo == "eager");
+  return fits && (algo.empty() || algo == "eager");
 }
 
-Result<Algo> selectAlgo(const SelectionQuery& q, const CommConfig& config, const char** why) {
-  if (config.algo == "ring" || config.algo == "hier")
-    return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=", config.algo,
+Result<Algo> selectAlgo(const SelectionQuery& q, const CommConfig& full, const char** why) {
+  const std::string& algo = hostAlgo(full);
+  if (algo == "ring" || algo == "hier")
+    return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=", algo,
                      " is an algorithm across hosts, but all ranks of this communicator share one host (use eager, "
                      "direct or staged, or unset it)");
   const Rule* chosen = nullptr;
@@ -68,8 +78,8 @@ Result<Algo> selectAlgo(const SelectionQuery& q, const CommConfig& config, const
   }
   if (!chosen) return makeError(StatusCode::kInternalError, "no selection rule for ", collName(q.kind));
   *why = chosen->why;
-  if (config.algo.empty() || q.kind == CollKind::kBarrier) return chosen->algo;
-  if (config.algo == "staged" || config.algo == "eager") {  // eager too large: staged is the general path
+  if (algo.empty() || q.kind == CollKind::kBarrier) return chosen->algo;
+  if (algo == "staged" || algo == "eager") {  // eager too large: staged is the general path
     *why = "LIBCOMM_ALGO=staged";
     return Algo::kStaged;
   }
@@ -87,14 +97,15 @@ namespace {
 bool hasHierForm(CollKind k) { return k == CollKind::kAllGather || k == CollKind::kReduceScatter; }
 }  // namespace
 
-Result<Algo> selectAcrossHosts(const CrossHostQuery& q, const CommConfig& config, const char** why) {
+Result<Algo> selectAcrossHosts(const CrossHostQuery& q, const CommConfig& full, const char** why) {
+  const std::string& algo = hostAlgo(full);
   const bool even = q.minRanksPerHost == q.maxRanksPerHost;
   const bool hierPossible = hasHierForm(q.kind) && even && q.minRanksPerHost >= 2;
-  if (config.algo == "ring") {
+  if (algo == "ring") {
     *why = "LIBCOMM_ALGO=ring";
     return Algo::kRing;
   }
-  if (config.algo == "hier") {
+  if (algo == "hier") {
     if (!hasHierForm(q.kind)) {
       *why = "LIBCOMM_ALGO=hier; this collective has only the ring form";
       return Algo::kRing;
@@ -105,8 +116,8 @@ Result<Algo> selectAcrossHosts(const CrossHostQuery& q, const CommConfig& config
     *why = "LIBCOMM_ALGO=hier";
     return Algo::kHier;
   }
-  if (!config.algo.empty())
-    return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=", config.algo,
+  if (!algo.empty())
+    return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=", algo,
                      " chooses among algorithms on one host, but this communicator spans ", q.hosts,
                      " hosts (use ring or hier, or unset it)");
   if (hierPossible) {
@@ -135,6 +146,77 @@ std::vector<CrossHostRow> crossHostSelectionRows() {
           {"*", "any", "ring", "one ring over all ranks (hosts in order, a host's ranks in order)"}};
 }
 
+namespace {
+
+enum class Hosts { kAny, kOne, kMany };
+
+struct DeviceRule {
+  const char* collectives;  // "*" or a collective name
+  Hosts hosts;
+  Match registered;
+  int minRanks;             // the row applies from this many ranks on (0: any)
+  Algo algo;                // kNccl, kCudaIpc; kEager marks a refusal
+  const char* why;
+};
+
+// First match wins. The own path covers one host's registered memory; its size thresholds are to be
+// set from tools/gpu_check.sh's measurements (issue 5): until then it is chosen at every size.
+const DeviceRule kDeviceRules[] = {
+    {"barrier", Hosts::kOne, Match::kAny, 0, Algo::kCudaIpc, "inter-process events only: no data moves"},
+    {"barrier", Hosts::kMany, Match::kAny, 0, Algo::kEager, "no barrier on CUDA streams across hosts yet"},
+    {"all_reduce", Hosts::kAny, Match::kAny, 0, Algo::kNccl, "the own path has all_gather and reduce_scatter only"},
+    {"broadcast", Hosts::kAny, Match::kAny, 0, Algo::kNccl, "the own path has all_gather and reduce_scatter only"},
+    {"*", Hosts::kMany, Match::kAny, 0, Algo::kNccl, "device memory across hosts"},
+    {"*", Hosts::kOne, Match::kNo, 0, Algo::kNccl, "an input is not registered: peers cannot map it through CUDA IPC"},
+    {"*", Hosts::kOne, Match::kYes, kMaxOwnPathRanks + 1, Algo::kNccl, "more ranks than the reduce kernel takes inputs"},
+    {"all_gather", Hosts::kOne, Match::kYes, 0, Algo::kCudaIpc,
+     "copy engines read the peers' registered inputs through IPC mappings; no SMs used"},
+    {"reduce_scatter", Hosts::kOne, Match::kYes, 0, Algo::kCudaIpc,
+     "one kernel reads every rank's chunk through IPC mappings, sums in fp32, writes once"},
+};
+
+const char* hostsText(Hosts h) { return h == Hosts::kAny ? "any" : (h == Hosts::kOne ? "one host" : "across hosts"); }
+
+}  // namespace
+
+Result<Algo> selectDevicePath(const DeviceQuery& q, const CommConfig& config, const char** why) {
+  const DeviceRule* chosen = nullptr;
+  for (const DeviceRule& r : kDeviceRules) {
+    if (std::string(r.collectives) != "*" && r.collectives != std::string(collName(q.kind))) continue;
+    if (r.hosts != Hosts::kAny && (r.hosts == Hosts::kOne) != q.singleHost) continue;
+    if (!matches(r.registered, q.inputsRegistered) || q.size < r.minRanks) continue;
+    chosen = &r;
+    break;
+  }
+  if (!chosen) return makeError(StatusCode::kInternalError, "no device selection rule for ", collName(q.kind));
+  *why = chosen->why;
+  if (chosen->algo == Algo::kEager)
+    return makeError(StatusCode::kInvalidUsage, collName(q.kind), " on a CUDA stream: ", chosen->why,
+                     " (synchronize the stream and call it on a host stream)");
+  Algo algo = chosen->algo;
+  if (config.algo == "nccl" && q.kind != CollKind::kBarrier) {
+    algo = Algo::kNccl;
+    *why = "LIBCOMM_ALGO=nccl";
+  }
+  if (algo == Algo::kNccl && !q.ncclBuilt)
+    return makeError(StatusCode::kInvalidUsage, collName(q.kind), " on device memory needs NCCL here (", *why,
+                     "), but libcomm was built without NCCL", algo == chosen->algo && q.singleHost && !q.inputsRegistered
+                         ? "; register every rank's input (Communicator::registerBuffer) to use the own path"
+                         : "");
+  return algo;
+}
+
+std::vector<DeviceRow> deviceSelectionRows() {
+  std::vector<DeviceRow> rows;
+  for (const DeviceRule& r : kDeviceRules) {
+    std::string placement = hostsText(r.hosts);
+    if (r.minRanks > 0) placement += ", > " + std::to_string(r.minRanks - 1) + " ranks";
+    rows.push_back({r.collectives, placement, matchText(r.registered, "registered", "unregistered"),
+                    r.algo == Algo::kEager ? "refused" : algoName(r.algo), r.why});
+  }
+  return rows;
+}
+
 std::string describeSelectionTable(const CommConfig& config) {
   std::ostringstream os;
   os << "algorithm selection (shared memory, one host; first matching row wins)\n";
@@ -154,6 +236,14 @@ std::string describeSelectionTable(const CommConfig& config) {
              r.algorithm.c_str(), r.why.c_str());
     os << line;
   }
+  os << "algorithm selection for device memory (CUDA streams; first matching row wins)\n";
+  for (const DeviceRow& r : deviceSelectionRows()) {
+    char line[512];
+    snprintf(line, sizeof(line), "  %-15s %-22s %-13s -> %-8s %s\n", r.collectives.c_str(), r.placement.c_str(),
+             r.inputs.c_str(), r.algorithm.c_str(), r.why.c_str());
+    os << line;
+  }
+  os << "  LIBCOMM_ALGO=nccl sends every device collective NCCL has to NCCL\n";
   if (!config.algo.empty()) os << "  override: LIBCOMM_ALGO=" << config.algo << "\n";
   return os.str();
 }

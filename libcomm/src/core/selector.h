@@ -13,7 +13,7 @@
 
 namespace libcomm {
 
-enum class Algo { kEager, kDirect, kStaged, kRing, kHier };
+enum class Algo { kEager, kDirect, kStaged, kRing, kHier, kCudaIpc, kNccl };
 const char* algoName(Algo a);
 
 struct SelectionQuery {
@@ -64,6 +64,35 @@ struct CrossHostRow {
   std::string why;
 };
 std::vector<CrossHostRow> crossHostSelectionRows();
+
+/// Device memory (collectives on CUDA streams): libcomm's own path (CUDA IPC: copy engines for
+/// all_gather, the reduce kernel for reduce_scatter, events for barrier) or NCCL.
+struct DeviceQuery {
+  CollKind kind;
+  bool singleHost;        // every rank shares this host
+  bool inputsRegistered;  // every rank that has an input has it in registered device memory
+  bool ncclBuilt;
+  int size;
+};
+
+/// kCudaIpc or kNccl from the device table; LIBCOMM_ALGO=nccl forces NCCL wherever NCCL has the
+/// collective (the host algorithms' names do not apply to device memory and are ignored here).
+/// kInvalidUsage when the choice needs NCCL and this build has none, or for a barrier on a CUDA
+/// stream across hosts.
+Result<Algo> selectDevicePath(const DeviceQuery& q, const CommConfig& config, const char** why);
+
+/// One row of the device table, as text (comm_info --json); first matching row wins.
+struct DeviceRow {
+  std::string collectives;
+  std::string placement;  // "one host", "across hosts", "any"
+  std::string inputs;     // "registered", "unregistered", "any"
+  std::string algorithm;  // "cuda_ipc", "nccl", "refused"
+  std::string why;
+};
+std::vector<DeviceRow> deviceSelectionRows();
+
+/// The most ranks the own path serves (the reduce kernel's inputs); more go to NCCL.
+constexpr int kMaxOwnPathRanks = 64;
 
 /// The table as text.
 std::string describeSelectionTable(const CommConfig& config);

@@ -25,6 +25,7 @@
 
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/cuda_error.h"
+#include "backends/cuda/device_path.h"
 #include "core/cpu_relax.h"
 #include "core/log.h"
 #include "libcomm/cuda.h"
@@ -263,6 +264,7 @@ class CudaStream final : public Stream {
   StreamKind kind() const override { return StreamKind::kCuda; }
   const std::string& name() const override { return state_->name; }
   cudaStream_t native() const { return stream_; }
+  int device() const { return state_->device; }
 
   Status record(Event& event) override {
     auto* ev = dynamic_cast<CudaEvent*>(&event);
@@ -384,6 +386,7 @@ class CudaStream final : public Stream {
 Result<std::unique_ptr<Stream>> createCudaStream(std::string name, int device) {
   const std::string what = "CUDA stream '" + name + "'";
   LIBCOMM_RETURN_IF_ERROR(cuda::checkDevice(device, what));
+  cuda::noteCudaInUse();
   cuda::DeviceGuard guard(device);
   LIBCOMM_RETURN_IF_ERROR(guard.status().withContext(what));
   cudaStream_t stream = nullptr;
@@ -395,6 +398,7 @@ Result<std::unique_ptr<Stream>> createCudaStream(std::string name, int device) {
 
 Result<std::unique_ptr<Event>> createCudaEvent(int device) {
   LIBCOMM_RETURN_IF_ERROR(cuda::checkDevice(device, "CUDA event"));
+  cuda::noteCudaInUse();
   cuda::DeviceGuard guard(device);
   LIBCOMM_RETURN_IF_ERROR(guard.status().withContext("CUDA event"));
   cudaEvent_t ev = nullptr;
@@ -406,6 +410,11 @@ Result<std::unique_ptr<Event>> createCudaEvent(int device) {
 void* nativeCudaStream(const Stream& stream) {
   const auto* cuda = dynamic_cast<const CudaStream*>(&stream);
   return cuda ? static_cast<void*>(cuda->native()) : nullptr;
+}
+
+int cuda::streamDevice(const Stream& stream) {
+  const auto* cuda = dynamic_cast<const CudaStream*>(&stream);
+  return cuda ? cuda->device() : -1;
 }
 
 }  // namespace libcomm

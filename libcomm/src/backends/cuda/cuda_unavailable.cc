@@ -1,6 +1,7 @@
 // The CUDA backend in a build without CUDA (LIBCOMM_WITH_CUDA=OFF, or no toolkit found): every
 // factory says "built without CUDA", so callers need no #ifdefs.
 
+#include "backends/cuda/device_path.h"
 #include "libcomm/cuda.h"
 
 namespace libcomm {
@@ -19,5 +20,13 @@ Result<std::unique_ptr<Stream>> createCudaStream(std::string name, int) {
 }
 Result<std::unique_ptr<Event>> createCudaEvent(int) { return unavailable("CUDA event"); }
 void* nativeCudaStream(const Stream&) { return nullptr; }
+
+namespace cuda {
+PointerInfo queryPointer(const void*, bool) { return {}; }
+bool cudaInUse() { return false; }
+void noteCudaInUse() {}
+int streamDevice(const Stream&) { return -1; }
+std::unique_ptr<OwnPath> createOwnPath(const std::string&, int, std::vector<std::string>) { return nullptr; }
+}  // namespace cuda
 
 }  // namespace libcomm

@@ -1,0 +1,78 @@
+#pragma once
+// The own path's state (device_path.h's OwnPath): this rank's registered device memory and the
+// records it publishes, the peers' memory and events opened through CUDA IPC, and this rank's
+// inter-process events. The collectives themselves are in cuda_collectives.cc.
+
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <mutex>
+
+#include "backends/cuda/device_path.h"
+#include "backends/cuda/ipc_record.h"
+#include "backends/shm/shm_segment.h"
+
+namespace libcomm::cuda {
+
+static_assert(sizeof(cudaIpcMemHandle_t) == kIpcHandleBytes, "IpcRecord carries a cudaIpcMemHandle_t");
+static_assert(sizeof(cudaIpcEventHandle_t) == kIpcHandleBytes, "IpcRecord carries a cudaIpcEventHandle_t");
+
+class OwnPathImpl final : public OwnPath {
+ public:
+  OwnPathImpl(std::string prefix, int rank, std::vector<std::string> prefixes)
+      : prefix_(std::move(prefix)), rank_(rank), prefixes_(std::move(prefixes)) {}
+  ~OwnPathImpl() override;
+
+  Status registerRange(void* p, size_t bytes) override;
+  Status deregisterRange(void* p) override;
+  bool isRegistered(const void* p, size_t bytes) const override;
+  bool locate(const void* p, size_t bytes, uint32_t* registration, uint64_t* offset) const override;
+  Status markReady(void* stream, int device) override;
+  Status run(const CollArgs& args, const std::vector<PeerInput>& inputs, void* stream, int device,
+             const std::string& what) override;
+  Status markDone(void* stream) override;
+  Status waitPeersDone(void* stream, const std::string& what) override;
+
+  /// The name of registration `id`'s record (and "events" for id 0) under `prefix`.
+  static std::string recordName(const std::string& prefix, uint32_t id);
+
+ private:
+  struct Local {
+    uint32_t id;
+    size_t bytes;
+    int refs;
+    shm::Segment record;  // the published IpcRecord; unlinked when the registration goes
+  };
+  struct PeerMapping {
+    char* range = nullptr;   // the registered range in this process
+    uint64_t bytes = 0;      // registered bytes
+    void* opened = nullptr;  // the allocation cudaIpcOpenMemHandle mapped (closed on destruction); null in-process
+    int device = -1;
+  };
+  struct PeerEvents {
+    cudaEvent_t ready = nullptr, done = nullptr;
+    bool opened = false;
+  };
+  const Local* findLocked(const void* p, size_t bytes) const;
+  Result<const char*> resolve(int peer, const PeerInput& in, int device, const std::string& what);
+  Result<PeerEvents*> peerEvents(int peer, int device, const std::string& what);
+  Result<IpcRecord> readRecord(int peer, uint32_t id, const std::string& what);
+  Status allGather(const CollArgs& args, const std::vector<const char*>& in, cudaStream_t s, const std::string& what);
+  Status reduceScatter(const CollArgs& args, const std::vector<const char*>& in, cudaStream_t s, int device,
+                       const std::string& what);
+
+  const std::string prefix_;
+  const int rank_;
+  const std::vector<std::string> prefixes_;
+  mutable std::mutex mu_;
+  uint32_t nextId_ = 1;
+  std::map<uintptr_t, Local> locals_;  // by registered pointer
+  std::map<std::pair<int, uint32_t>, PeerMapping> peers_;
+  // This rank's events (created on the first collective, on that collective's device).
+  int eventDevice_ = -1;
+  cudaEvent_t ready_ = nullptr, done_ = nullptr;
+  shm::Segment eventRecord_;
+  std::map<int, PeerEvents> peerEvents_;
+};
+
+}  // namespace libcomm::cuda

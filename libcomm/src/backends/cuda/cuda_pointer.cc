@@ -1,0 +1,37 @@
+// Pointer kinds and the own path's factory (contract: device_path.h).
+
+#include <atomic>
+
+#include "backends/cuda/cuda_error.h"
+#include "backends/cuda/cuda_own_path.h"
+
+namespace libcomm::cuda {
+namespace {
+std::atomic<bool> gCudaInUse{false};
+}  // namespace
+
+bool cudaInUse() { return gCudaInUse.load(std::memory_order_relaxed); }
+void noteCudaInUse() { gCudaInUse.store(true, std::memory_order_relaxed); }
+
+PointerInfo queryPointer(const void* p, bool evenBeforeCudaUse) {
+  PointerInfo info;
+  if (p == nullptr || !(evenBeforeCudaUse || cudaInUse())) return info;
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();  // an address CUDA does not know is host memory; leave no stale error
+    return info;
+  }
+  if (a.type == cudaMemoryTypeDevice) info.kind = PointerInfo::Kind::kDevice;
+  if (a.type == cudaMemoryTypeManaged) info.kind = PointerInfo::Kind::kManaged;
+  if (info.isDevice()) {
+    info.device = a.device;
+    noteCudaInUse();
+  }
+  return info;
+}
+
+std::unique_ptr<OwnPath> createOwnPath(const std::string& prefix, int rank, std::vector<std::string> prefixes) {
+  return std::make_unique<OwnPathImpl>(prefix, rank, std::move(prefixes));
+}
+
+}  // namespace libcomm::cuda

@@ -1,0 +1,114 @@
+#include "backends/cuda/ipc_record.h"
+
+#include <cstring>
+
+namespace libcomm::cuda {
+namespace {
+
+constexpr uint32_t kMagic = 0x5043494c;  // "LICP" little-endian
+constexpr uint16_t kVersion = 1;
+// Layout: magic u32 | version u16 | size u16 | kind u8 | pad[3] | device i32 | pid i32 | address u64 |
+// address2 u64 | allocOffset u64 | bytes u64 | handle[64] | handle2[64] | checksum u32 (FNV-1a of
+// everything before it), zero padding to kIpcRecordWireBytes.
+constexpr size_t kChecksumAt = 4 + 2 + 2 + 1 + 3 + 4 + 4 + 8 * 4 + 2 * kIpcHandleBytes;
+static_assert(kChecksumAt + 4 <= kIpcRecordWireBytes, "the record outgrew its wire size");
+
+uint32_t fnv1a(const unsigned char* p, size_t n) {
+  uint32_t h = 2166136261u;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 16777619u;
+  return h;
+}
+
+class Writer {
+ public:
+  explicit Writer(unsigned char* out) : p_(out) {}
+  void u(uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) *p_++ = static_cast<unsigned char>(v >> (8 * i));
+  }
+  void raw(const IpcHandle& h) {
+    std::memcpy(p_, h.data(), h.size());
+    p_ += h.size();
+  }
+
+ private:
+  unsigned char* p_;
+};
+
+class Reader {
+ public:
+  explicit Reader(const unsigned char* in) : p_(in) {}
+  uint64_t u(int bytes) {
+    uint64_t v = 0;
+    for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(*p_++) << (8 * i);
+    return v;
+  }
+  void raw(IpcHandle* h) {
+    std::memcpy(h->data(), p_, h->size());
+    p_ += h->size();
+  }
+
+ private:
+  const unsigned char* p_;
+};
+
+}  // namespace
+
+std::vector<unsigned char> encodeIpcRecord(const IpcRecord& r) {
+  std::vector<unsigned char> out(kIpcRecordWireBytes, 0);
+  Writer w(out.data());
+  w.u(kMagic, 4);
+  w.u(kVersion, 2);
+  w.u(kIpcRecordWireBytes, 2);
+  w.u(static_cast<uint8_t>(r.kind), 1);
+  w.u(0, 3);
+  w.u(static_cast<uint32_t>(r.device), 4);
+  w.u(static_cast<uint32_t>(r.pid), 4);
+  w.u(r.address, 8);
+  w.u(r.address2, 8);
+  w.u(r.allocOffset, 8);
+  w.u(r.bytes, 8);
+  w.raw(r.handle);
+  w.raw(r.handle2);
+  Writer(out.data() + kChecksumAt).u(fnv1a(out.data(), kChecksumAt), 4);
+  return out;
+}
+
+Result<IpcRecord> decodeIpcRecord(const void* data, size_t bytes, const std::string& from) {
+  auto bad = [&](auto&&... parts) {
+    return makeError(StatusCode::kInvalidUsage, "CUDA IPC record of ", from, ": ", parts...,
+                     " (a peer from another libcomm build, or a damaged record)");
+  };
+  if (data == nullptr || bytes < 8) return bad("only ", data ? bytes : 0, " bytes, need at least 8 for the header");
+  const auto* p = static_cast<const unsigned char*>(data);
+  Reader h(p);
+  const uint32_t magic = static_cast<uint32_t>(h.u(4));
+  const uint16_t version = static_cast<uint16_t>(h.u(2));
+  const uint16_t size = static_cast<uint16_t>(h.u(2));
+  if (magic != kMagic) return bad("magic 0x", std::hex, magic, " is not 0x", kMagic, std::dec);
+  if (version != kVersion) return bad("wire version ", version, ", this build reads version ", kVersion);
+  if (size != kIpcRecordWireBytes) return bad("declares ", size, " bytes, version 1 has ", kIpcRecordWireBytes);
+  if (bytes < kIpcRecordWireBytes) return bad("only ", bytes, " of its ", kIpcRecordWireBytes, " bytes are here");
+  const uint32_t sum = static_cast<uint32_t>(Reader(p + kChecksumAt).u(4));
+  if (sum != fnv1a(p, kChecksumAt)) return bad("checksum mismatch");
+  Reader r(p + 8);
+  IpcRecord out;
+  const uint8_t kind = static_cast<uint8_t>(r.u(1));
+  if (kind != static_cast<uint8_t>(IpcRecord::Kind::kMemory) && kind != static_cast<uint8_t>(IpcRecord::Kind::kEvents))
+    return bad("unknown kind ", static_cast<int>(kind));
+  out.kind = static_cast<IpcRecord::Kind>(kind);
+  (void)r.u(3);
+  out.device = static_cast<int32_t>(static_cast<uint32_t>(r.u(4)));
+  out.pid = static_cast<int32_t>(static_cast<uint32_t>(r.u(4)));
+  out.address = r.u(8);
+  out.address2 = r.u(8);
+  out.allocOffset = r.u(8);
+  out.bytes = r.u(8);
+  r.raw(&out.handle);
+  r.raw(&out.handle2);
+  if (out.device < 0) return bad("device ", out.device);
+  if (out.allocOffset + out.bytes < out.allocOffset || out.address + out.bytes < out.address)
+    return bad("range of ", out.bytes, " bytes at offset ", out.allocOffset, " overflows");
+  return out;
+}
+
+}  // namespace libcomm::cuda

@@ -1,0 +1,52 @@
+#pragma once
+// What a rank publishes so that its peers on the host can reach its registered device memory and
+// its inter-process events: CUDA IPC handles plus where the registered range lies in the allocation
+// the handle names. The wire form is versioned and sized, and its decoder rejects anything it does
+// not understand with an error naming the field, so a peer built from another libcomm (or a torn,
+// short or foreign record) is an error rather than a wrong pointer.
+//
+// Plain C++ (no CUDA headers): handles are 64 opaque bytes, the size of cudaIpcMemHandle_t and
+// cudaIpcEventHandle_t (static_asserted where CUDA is included). Built and unit-tested everywhere.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "libcomm/status.h"
+
+namespace libcomm::cuda {
+
+constexpr size_t kIpcHandleBytes = 64;
+using IpcHandle = std::array<unsigned char, kIpcHandleBytes>;
+
+struct IpcRecord {
+  enum class Kind : uint8_t { kMemory = 1, kEvents = 2 };
+  Kind kind = Kind::kMemory;
+  int32_t device = -1;  // the owner's CUDA device index
+  int32_t pid = 0;      // the owner's process: a peer in the same process uses `address` directly
+  // kMemory: the registered range [address, address + bytes), which starts `allocOffset` bytes into
+  // the allocation `handle` names. kEvents: `handle` is the "ready" event, `handle2` the "done" event,
+  // `address`/`address2` their cudaEvent_t values (for peers in the same process).
+  uint64_t address = 0;
+  uint64_t address2 = 0;
+  uint64_t allocOffset = 0;
+  uint64_t bytes = 0;
+  IpcHandle handle{};
+  IpcHandle handle2{};
+
+  bool operator==(const IpcRecord&) const = default;
+};
+
+/// Bytes of an encoded record (fixed for one wire version).
+constexpr size_t kIpcRecordWireBytes = 192;
+
+/// The wire form: magic, version, size, kind, the fields little-endian, and a checksum.
+std::vector<unsigned char> encodeIpcRecord(const IpcRecord& record);
+/// Decodes what encodeIpcRecord wrote. kInvalidUsage naming `from` (e.g. "rank 3's registration 7")
+/// and the field on: too short, wrong magic, another version, a size or kind this build does not
+/// know, a checksum mismatch, or a range that overflows.
+Result<IpcRecord> decodeIpcRecord(const void* data, size_t bytes, const std::string& from);
+
+}  // namespace libcomm::cuda

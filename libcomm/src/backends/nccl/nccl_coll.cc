@@ -1,0 +1,176 @@
+// Device collectives delegated to NCCL (contract and type mapping: nccl_path.h).
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <thread>
+
+#include "backends/cuda/cuda_error.h"
+#include "backends/cuda/cuda_reduce.h"
+#include "backends/nccl/nccl_comm.h"
+#include "backends/nccl/nccl_error.h"
+#include "backends/nccl/nccl_path.h"
+#include "libcomm/convert.h"
+
+namespace libcomm::nccl {
+namespace {
+
+ncclDataType_t ncclType(DataType t) { return t == DataType::kFloat32 ? ncclFloat32 : ncclBfloat16; }
+
+class DelegateImpl final : public Delegate {
+ public:
+  ~DelegateImpl() override = default;  // Comm's destructor aborts a communicator not destroyed
+
+  Status ensureComm(Bootstrap& boot, int rank, int size, int device, Deadline deadline) override {
+    if (comm_) {
+      if (comm_->device() != device)
+        return makeError(StatusCode::kInvalidUsage, "rank ", rank, ": NCCL collective on a stream of device ", device,
+                         ", but this rank's NCCL communicator was made for device ", comm_->device(),
+                         "; a communicator uses one device per rank");
+      return Status::ok();
+    }
+    LIBCOMM_ASSIGN_OR_RETURN(ncclUniqueId id, shareUniqueId(boot, deadline));
+    LIBCOMM_ASSIGN_OR_RETURN(comm_, initComm(id, rank, size, device, deadline));
+    return Status::ok();
+  }
+
+  Status destroy(Deadline deadline) override {
+    if (!comm_) return Status::ok();
+    Status s = comm_->destroy(deadline);
+    comm_.reset();
+    return s;
+  }
+
+  Status run(const CollArgs& a, void* stream, int device, Deadline deadline, const std::string& what) override {
+    if (!comm_) return makeError(StatusCode::kInternalError, what, ": no NCCL communicator");
+    cuda::DeviceGuard guard(device);
+    LIBCOMM_RETURN_IF_ERROR(guard.status().withContext(what));
+    s_ = static_cast<cudaStream_t>(stream);
+    deadline_ = deadline;
+    Status st = dispatch(a, device);
+    return st.isOk() ? st
+                     : st.withContext(detail::strCat(what, " (NCCL, rank ", comm_->rank(), " of ", comm_->size(), ")"));
+  }
+
+ private:
+  // NCCL's non-blocking communicators may answer ncclInProgress while a call is being enqueued:
+  // polls until it is, or the deadline passes.
+  Status check(ncclResult_t r, const char* call) {
+    if (r == ncclInProgress) {
+      for (;;) {
+        ncclResult_t state = ncclSuccess;
+        r = ncclCommGetAsyncError(comm_->get(), &state);
+        if (r != ncclSuccess) break;
+        r = state;
+        if (state != ncclInProgress) break;
+        if (deadline_.expired())
+          return makeError(StatusCode::kTimeout, call, ": NCCL did not finish enqueueing by the deadline");
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+    return statusFromNccl(r, call, __FILE__, __LINE__);
+  }
+
+  Result<void*> scratch(size_t bytes) {
+    void* p = nullptr;
+    LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaMallocAsync(&p, bytes, s_)));
+    return p;
+  }
+  void release(void* p) {
+    if (p) (void)cudaFreeAsync(p, s_);
+  }
+
+  Status kernel(const void* in, void* out, size_t count, DataType inType, bool accumulate, int device) {
+    cuda::ReduceLaunch l;
+    l.inputs[0] = in;
+    l.numInputs = 1;
+    l.out = out;
+    l.count = count;
+    l.inType = inType;
+    l.outType = DataType::kFloat32;
+    l.accumulate = accumulate;
+    return cuda::launchReduce(l, s_, device);
+  }
+
+  // The operator for `a` in `type`; a premulSum operator is created here and destroyed by the caller.
+  Result<ncclRedOp_t> op(const CollArgs& a, ncclDataType_t type) {
+    if (a.reduce.op == ReduceOp::kSum) return ncclSum;
+    if (a.reduce.op == ReduceOp::kAvg) return ncclAvg;
+    ncclRedOp_t made;
+    float f = a.reduce.scale;
+    uint16_t b = floatToBf16(f);
+    void* scalar = type == ncclFloat32 ? static_cast<void*>(&f) : static_cast<void*>(&b);
+    LIBCOMM_RETURN_IF_ERROR(check(ncclRedOpCreatePreMulSum(&made, scalar, type, ncclScalarHostImmediate, comm_->get()),
+                                  "ncclRedOpCreatePreMulSum"));
+    return made;
+  }
+  void dropOp(const CollArgs& a, ncclRedOp_t op) {
+    if (a.reduce.op == ReduceOp::kPremulSum) (void)ncclRedOpDestroy(op, comm_->get());
+  }
+
+  Status dispatch(const CollArgs& a, int device) {
+    ncclComm_t c = comm_->get();
+    switch (a.kind) {
+      case CollKind::kAllGather:
+        return check(ncclAllGather(a.send, a.recv, a.count, ncclType(a.inType), c, s_), "ncclAllGather");
+      case CollKind::kBroadcast:
+        return check(ncclBroadcast(a.send, a.recv, a.count, ncclType(a.inType), a.root, c, s_), "ncclBroadcast");
+      case CollKind::kAllReduce:
+      case CollKind::kReduceScatter:
+        return reduce(a, device);
+      case CollKind::kBarrier:
+        break;
+    }
+    return makeError(StatusCode::kInternalError, "no NCCL mapping for ", collName(a.kind));
+  }
+
+  Status reduce(const CollArgs& a, int device) {
+    const bool rs = a.kind == CollKind::kReduceScatter;
+    const int size = comm_->size();
+    const bool convert = a.inType != a.outType;  // bf16 in, fp32 out (reduce_scatter)
+    const DataType wire = convert ? DataType::kFloat32 : a.inType;
+    const void* in = a.send;
+    void* converted = nullptr;
+    void* target = a.recv;
+    Status st;
+    if (convert) {
+      const size_t n = rs ? a.count * size : a.count;
+      auto p = scratch(n * 4);
+      if (!p.isOk()) return p.status();
+      converted = *p;
+      st = kernel(a.send, converted, n, DataType::kBFloat16, false, device);
+      in = converted;
+    }
+    if (st.isOk() && a.reduce.accumulate) {
+      auto p = scratch(a.count * 4);
+      st = p.status();
+      if (st.isOk()) target = *p;
+    }
+    if (st.isOk()) {
+      auto o = op(a, ncclType(wire));
+      st = o.status();
+      if (st.isOk()) {
+        st = rs ? check(ncclReduceScatter(in, target, a.count, ncclType(wire), *o, comm_->get(), s_),
+                        "ncclReduceScatter")
+                : check(ncclAllReduce(in, target, a.count, ncclType(wire), *o, comm_->get(), s_), "ncclAllReduce");
+        dropOp(a, *o);
+      }
+    }
+    if (st.isOk() && target != a.recv) st = kernel(target, a.recv, a.count, DataType::kFloat32, true, device);
+    if (target != a.recv) release(target);
+    release(converted);
+    return st;
+  }
+
+  std::unique_ptr<Comm> comm_;
+  cudaStream_t s_ = nullptr;
+  Deadline deadline_ = Deadline::after(Milliseconds(0));
+};
+
+}  // namespace
+
+std::unique_ptr<Delegate> createDelegate() { return std::make_unique<DelegateImpl>(); }
+bool builtWithNccl() { return true; }
+
+}  // namespace libcomm::nccl

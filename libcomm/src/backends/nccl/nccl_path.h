@@ -1,0 +1,43 @@
+#pragma once
+// The NCCL backend as the communicator sees it (no NCCL headers, so core code compiles in every
+// build): device collectives delegated to NCCL on the caller's CUDA stream. Null without NCCL.
+//
+// Mapping: fp32 -> ncclFloat32, bf16 -> ncclBfloat16; sum -> ncclSum, avg -> ncclAvg, premulSum ->
+// an operator from ncclRedOpCreatePreMulSum (scale as a host scalar of the reduction's type),
+// destroyed once the call is enqueued. NCCL reduces in one type, so the mixed cases go through
+// libcomm's reduce kernel on the same stream:
+//  - reduce_scatter bf16 -> fp32: the input is converted to an fp32 scratch (exact), then NCCL
+//    reduces fp32 -- fp32 accumulation as the contract says, at twice the bytes on the wire;
+//  - accumulate into an fp32 output (reduce_scatter, all_reduce): NCCL writes a scratch that the
+//    kernel adds to the output.
+// Scratch comes from the stream-ordered allocator (cudaMallocAsync/cudaFreeAsync on the stream),
+// so it is reused from CUDA's pool rather than allocated anew after the first calls.
+
+#include <memory>
+#include <string>
+
+#include "core/collective.h"
+#include "libcomm/bootstrap.h"
+#include "libcomm/status.h"
+
+namespace libcomm::nccl {
+
+class Delegate {
+ public:
+  virtual ~Delegate() = default;
+  /// Creates the NCCL communicator on the first call (collective: every rank calls it at the same
+  /// collective; the unique id travels through `boot`); later calls check that `device` is the
+  /// device it was made for. Bounded by `deadline`.
+  virtual Status ensureComm(Bootstrap& boot, int rank, int size, int device, Deadline deadline) = 0;
+  /// Enqueues `args` on `stream` (a cudaStream_t of `device`); waits for NCCL's non-blocking enqueue
+  /// at most until `deadline`. `what` names the call in errors.
+  virtual Status run(const CollArgs& args, void* stream, int device, Deadline deadline, const std::string& what) = 0;
+  /// Finalizes and destroys the communicator, if one was made (bounded).
+  virtual Status destroy(Deadline deadline) = 0;
+};
+
+/// Null in builds without NCCL.
+std::unique_ptr<Delegate> createDelegate();
+bool builtWithNccl();
+
+}  // namespace libcomm::nccl

@@ -1,0 +1,425 @@
+// Collectives on device memory, on a real GPU: the own path (CUDA IPC: copy-engine all_gather, the
+// reduce_scatter kernel, the event barrier) and the NCCL delegation, with 1, 2 and 4 ranks sharing
+// one GPU as forked processes (rank r on device r % devices, so one rank per GPU where there are
+// enough), and 2 ranks as threads of one process (same-process peers use the pointer, no IPC open).
+// Fresh random data every run (the seed is printed), outputs poisoned with NaN first, results
+// checked against an fp64 reference. Also: mixing host and device memory and streams is refused,
+// registration is idempotent and refcounted.
+//
+// Without a device every test skips with "skipped: no CUDA device". The probe runs in a forked
+// child: the parent must not initialize CUDA before the harness forks the ranks (a CUDA context does
+// not survive fork).
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "harness.h"
+#include "libcomm/communicator.h"
+#include "libcomm/convert.h"
+#include "libcomm/cuda.h"
+
+namespace libcomm {
+namespace {
+
+using shardcomm::testing::Mode;
+using shardcomm::testing::RankContext;
+using shardcomm::testing::RunOptions;
+
+// ---- the device probe, in a child process -------------------------------------------------------
+
+struct Probe {
+  int devices = 0;
+  std::string why;
+};
+
+const Probe& probe() {
+  static Probe p = [] {
+    Probe r;
+    int fds[2];
+    if (pipe(fds) != 0) return Probe{0, "probe: pipe failed"};
+    const pid_t pid = fork();
+    if (pid == 0) {
+      close(fds[0]);
+      auto n = cudaDeviceCount();
+      const std::string msg = n.isOk() ? std::to_string(*n) : "0 " + n.status().message();
+      (void)!write(fds[1], msg.data(), msg.size());
+      _exit(0);
+    }
+    close(fds[1]);
+    std::string msg;
+    char buf[512];
+    ssize_t got;
+    while ((got = read(fds[0], buf, sizeof(buf))) > 0) msg.append(buf, got);
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    r.devices = atoi(msg.c_str());
+    if (r.devices == 0) r.why = msg.size() > 2 ? msg.substr(2) : "probe child said nothing";
+    return r;
+  }();
+  return p;
+}
+
+#define SKIP_WITHOUT_DEVICE()                                                             \
+  do {                                                                                    \
+    if (probe().devices == 0) {                                                           \
+      if (probe().why.find("no CUDA device") == std::string::npos) FAIL() << probe().why; \
+      GTEST_SKIP() << "skipped: " << probe().why;                                         \
+    }                                                                                     \
+  } while (0)
+
+// ---- data ----------------------------------------------------------------------------------------
+
+// Rank r's input under `seed`: values in [-1, 1], exactly representable in the input type.
+std::vector<double> inputValues(uint64_t seed, int rank, size_t n, DataType t) {
+  std::mt19937_64 g(seed * 1000003 + rank);
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  std::vector<double> v(n);
+  for (auto& x : v) {
+    const float f = d(g);
+    x = t == DataType::kBFloat16 ? bf16ToFloat(floatToBf16(f)) : f;
+  }
+  return v;
+}
+
+std::vector<unsigned char> encode(const std::vector<double>& v, DataType t) {
+  std::vector<unsigned char> out(v.size() * dataTypeSize(t));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (t == DataType::kFloat32) {
+      const float f = static_cast<float>(v[i]);
+      std::memcpy(out.data() + 4 * i, &f, 4);
+    } else {
+      const uint16_t b = floatToBf16(static_cast<float>(v[i]));
+      std::memcpy(out.data() + 2 * i, &b, 2);
+    }
+  }
+  return out;
+}
+
+std::vector<double> decode(const std::vector<unsigned char>& bytes, DataType t) {
+  std::vector<double> v(bytes.size() / dataTypeSize(t));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (t == DataType::kFloat32) {
+      float f;
+      std::memcpy(&f, bytes.data() + 4 * i, 4);
+      v[i] = f;
+    } else {
+      uint16_t b;
+      std::memcpy(&b, bytes.data() + 2 * i, 2);
+      v[i] = bf16ToFloat(b);
+    }
+  }
+  return v;
+}
+
+Status cudaOk(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::ok();
+  return makeError(StatusCode::kCudaError, what, ": ", cudaGetErrorString(e));
+}
+#define CU(call) LIBCOMM_RETURN_IF_ERROR(cudaOk((call), #call))
+
+// ---- one case --------------------------------------------------------------------------------------
+
+enum class CollKind { kAllGather, kReduceScatter, kAllReduce, kBroadcast };
+
+struct Case {
+  CollKind kind;  // kAllGather, kReduceScatter, kAllReduce, kBroadcast
+  DataType in, out;
+  ReduceOp op = ReduceOp::kSum;
+  bool accumulate = false;
+  bool inPlace = false;
+  bool registered = true;
+  const char* algo = "";  // LIBCOMM_ALGO
+};
+
+std::string describe(const Case& c) {
+  return detail::strCat(static_cast<int>(c.kind), "/", dataTypeName(c.in), "->", dataTypeName(c.out), "/",
+                        reduceOpName(c.op), c.accumulate ? "/acc" : "", c.inPlace ? "/inplace" : "",
+                        c.registered ? "/registered" : "/unregistered", *c.algo ? "/" : "", c.algo);
+}
+
+constexpr float kScale = 0.375f;
+
+// Runs case `c` with `count` elements per rank (all_gather/reduce_scatter) or in all, and checks it.
+Status runCase(Communicator& comm, Stream& stream, const Case& c, size_t count, uint64_t seed) {
+  const int r = comm.rank(), n = comm.size();
+  const std::string what = describe(c) + " count " + std::to_string(count) + " rank " + std::to_string(r);
+  const bool rs = c.kind == CollKind::kReduceScatter, ag = c.kind == CollKind::kAllGather;
+  const size_t inElems = rs ? count * n : count, outElems = ag ? count * n : count;
+  const size_t inEs = dataTypeSize(c.in), outEs = dataTypeSize(c.out);
+  // One allocation holds both sides (in place) or the input after the output.
+  const size_t outBytes = outElems * outEs, inBytes = inElems * inEs;
+  char* base = nullptr;
+  CU(cudaMalloc(&base, outBytes + inBytes + 256));
+  char *send = nullptr, *recv = nullptr;
+  if (!c.inPlace) {
+    recv = base;
+    send = base + (outBytes + 255) / 256 * 256;
+  } else if (ag) {
+    recv = base;
+    send = recv + r * count * inEs;  // send == recv + rank*count
+  } else if (rs) {
+    send = base;
+    recv = send + r * count * inEs;  // recv == send + rank*count
+  } else {
+    send = recv = base;
+  }
+  std::vector<std::vector<double>> inputs(n);
+  for (int p = 0; p < n; ++p) inputs[p] = inputValues(seed, p, inElems, c.in);
+  // Poison the output (NaN in both types), then write the input (in place: over the poison).
+  CU(cudaMemset(recv, 0xff, outBytes));
+  std::vector<double> prior;
+  if (c.accumulate) {
+    prior = inputValues(seed + 77, r, outElems, DataType::kFloat32);
+    const auto bytes = encode(prior, DataType::kFloat32);
+    CU(cudaMemcpy(recv, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+  }
+  const bool hasInput = c.kind != CollKind::kBroadcast || r == 0;
+  if (hasInput) {
+    const auto bytes = encode(inputs[r], c.in);
+    CU(cudaMemcpy(send, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+  }
+  if (c.registered) LIBCOMM_RETURN_IF_ERROR(comm.registerBuffer(base, outBytes + inBytes + 256));
+  ReduceOptions ro;
+  ro.op = c.op;
+  ro.scale = kScale;
+  ro.accumulate = c.accumulate;
+  Status st;
+  switch (c.kind) {
+    case CollKind::kAllGather:
+      st = comm.allGather(send, recv, count, c.in, stream);
+      break;
+    case CollKind::kReduceScatter:
+      st = comm.reduceScatter(send, recv, count, c.in, c.out, ro, stream);
+      break;
+    case CollKind::kAllReduce:
+      st = comm.allReduce(send, recv, count, c.in, ro, stream);
+      break;
+    case CollKind::kBroadcast:
+      st = comm.broadcast(send, recv, count, c.in, 0, stream);
+      break;
+  }
+  if (st.isOk()) st = stream.synchronize(Deadline::after(Milliseconds(60000)));
+  std::vector<unsigned char> got(outBytes);
+  if (st.isOk()) st = cudaOk(cudaMemcpy(got.data(), recv, outBytes, cudaMemcpyDeviceToHost), "copy back");
+  if (c.registered) {
+    // Peers may read this rank's input until their streams passed the collective: wait for all.
+    Status b = comm.barrier(stream);
+    if (b.isOk()) b = stream.synchronize(Deadline::after(Milliseconds(60000)));
+    Status d = comm.deregisterBuffer(base);
+    if (st.isOk()) st = b.isOk() ? d : b;
+  }
+  (void)cudaFree(base);
+  LIBCOMM_RETURN_IF_ERROR(st.withContext(what));
+
+  // fp64 reference and tolerance.
+  std::vector<double> want(outElems), tol(outElems, 0.0);
+  const double factor = c.op == ReduceOp::kAvg ? 1.0 / n : (c.op == ReduceOp::kPremulSum ? kScale : 1.0);
+  const bool lowp = c.out == DataType::kBFloat16 || (c.in == DataType::kBFloat16 && *c.algo && rs);
+  for (size_t i = 0; i < outElems; ++i) {
+    if (ag) {
+      want[i] = inputs[i / count][i % count];
+    } else if (c.kind == CollKind::kBroadcast) {
+      want[i] = inputs[0][i];
+    } else {
+      double sum = 0, mag = 0;
+      const size_t at = rs ? r * count + i : i;
+      for (int p = 0; p < n; ++p) {
+        sum += inputs[p][at];
+        mag += std::fabs(inputs[p][at]);
+      }
+      want[i] = sum * factor + (c.accumulate ? prior[i] : 0.0);
+      // fp32 sums: n roundings; bf16 output: one more rounding of the result (NCCL's bf16 reduces
+      // round at every step: n of them).
+      tol[i] = mag * std::fabs(factor) * (n + 2) *
+                   (c.out == DataType::kBFloat16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -22)) +
+               (lowp ? std::ldexp(std::fabs(want[i]), -7) : 0.0) + 1e-7;
+    }
+  }
+  const std::vector<double> out = decode(got, c.out);
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < outElems; ++i)
+    if (!(std::fabs(out[i] - want[i]) <= tol[i]) && bad++ == 0) first = i;
+  if (bad)
+    return makeError(StatusCode::kInternalError, what, ": ", bad, " of ", outElems, " elements wrong; first at ", first,
+                     ": got ", out[first], ", want ", want[first], " (tolerance ", tol[first], ", seed ", seed, ")");
+  return Status::ok();
+}
+
+std::vector<Case> ownCases() {
+  using K = CollKind;
+  const auto f = DataType::kFloat32, b = DataType::kBFloat16;
+  return {
+      {K::kAllGather, f, f},
+      {K::kAllGather, b, b},
+      {K::kAllGather, b, b, ReduceOp::kSum, false, true},
+      {K::kReduceScatter, b, b},
+      {K::kReduceScatter, b, f},
+      {K::kReduceScatter, f, f},
+      {K::kReduceScatter, b, f, ReduceOp::kAvg},
+      {K::kReduceScatter, b, b, ReduceOp::kPremulSum},
+      {K::kReduceScatter, b, f, ReduceOp::kSum, true},
+      {K::kReduceScatter, f, f, ReduceOp::kPremulSum, true},
+      {K::kReduceScatter, b, b, ReduceOp::kAvg, false, true},
+      {K::kReduceScatter, f, f, ReduceOp::kSum, false, true},
+  };
+}
+
+std::vector<Case> ncclCases() {
+  using K = CollKind;
+  const auto f = DataType::kFloat32, b = DataType::kBFloat16;
+  std::vector<Case> cases = {
+      {K::kAllGather, b, b, ReduceOp::kSum, false, false, false},
+      {K::kReduceScatter, b, b, ReduceOp::kSum, false, false, false},
+      {K::kReduceScatter, b, f, ReduceOp::kAvg, false, false, false},
+      {K::kReduceScatter, f, f, ReduceOp::kPremulSum, true, false, false},
+      {K::kAllReduce, f, f, ReduceOp::kSum, false, false, false},
+      {K::kAllReduce, b, b, ReduceOp::kAvg, false, true, false},
+      {K::kAllReduce, f, f, ReduceOp::kPremulSum, true, false, false},
+      {K::kBroadcast, b, b, ReduceOp::kSum, false, false, false},
+      {K::kBroadcast, f, f, ReduceOp::kSum, false, true, false},
+  };
+  // LIBCOMM_ALGO=nccl on registered buffers.
+  for (Case c : ownCases()) {
+    c.algo = "nccl";
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+uint64_t freshSeed() {
+  static const uint64_t seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  static bool printed = false;
+  if (!printed) {
+    printed = true;
+    printf("device_coll_test: seed %llu\n", static_cast<unsigned long long>(seed));
+  }
+  return seed;
+}
+
+Status runAll(RankContext& ctx, const std::vector<Case>& cases, uint64_t seed, bool withNccl) {
+  int devices = 0;
+  CU(cudaGetDeviceCount(&devices));
+  const int device = ctx.rank % devices;
+  CU(cudaSetDevice(device));
+  auto stream = createCudaStream("rank" + std::to_string(ctx.rank), device);
+  LIBCOMM_RETURN_IF_ERROR(stream.status());
+  // One communicator per LIBCOMM_ALGO value (an NCCL communicator takes a while to make).
+  std::map<std::string, std::unique_ptr<Communicator>> comms;
+  for (const Case& c : cases) {
+    if (!withNccl && (!c.registered || *c.algo || c.kind == CollKind::kAllReduce || c.kind == CollKind::kBroadcast))
+      continue;
+    auto& comm = comms[c.algo];
+    if (!comm) {
+      CommConfig config;
+      config.algo = c.algo;
+      config.collTrace = true;
+      LIBCOMM_ASSIGN_OR_RETURN(comm, Communicator::create(ctx.bootstrap, config));
+    }
+    for (size_t count : {size_t{0}, size_t{1}, size_t{12347}, size_t{1} << 20})
+      LIBCOMM_RETURN_IF_ERROR(runCase(*comm, **stream, c, count, seed + count));
+  }
+  for (auto& [algo, comm] : comms) LIBCOMM_RETURN_IF_ERROR(comm->finalize(Milliseconds(30000)));
+  return Status::ok();
+}
+
+bool haveNccl() {
+#ifdef LIBCOMM_TEST_HAVE_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+class DeviceCollTest : public ::testing::TestWithParam<int> {};
+
+// Runs `cases` as `size` forked ranks sharing the GPU(s).
+shardcomm::testing::RunReport runProcesses(int size, std::vector<Case> cases, bool withNccl) {
+  const uint64_t seed = freshSeed();
+  RunOptions o;
+  o.mode = Mode::kProcesses;
+  o.size = size;
+  o.deadline = std::chrono::milliseconds(300000);
+  return shardcomm::testing::runRanks(
+      o, [seed, cases, withNccl](RankContext& ctx) { return runAll(ctx, cases, seed, withNccl); });
+}
+
+TEST_P(DeviceCollTest, OwnPathProcessesSharingTheGpu) {
+  SKIP_WITHOUT_DEVICE();
+  EXPECT_RANKS_OK(runProcesses(GetParam(), ownCases(), false));
+}
+
+TEST_P(DeviceCollTest, NcclDelegation) {
+  SKIP_WITHOUT_DEVICE();
+  if (!haveNccl()) GTEST_SKIP() << "built without NCCL";
+  EXPECT_RANKS_OK(runProcesses(GetParam(), ncclCases(), true));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DeviceCollTest, ::testing::Values(1, 2, 4),
+                         [](const ::testing::TestParamInfo<int>& i) { return std::to_string(i.param) + "ranks"; });
+
+TEST(DeviceColl, OwnPathThreadsOfOneProcess) {
+  SKIP_WITHOUT_DEVICE();
+  const uint64_t seed = freshSeed();
+  RunOptions o;
+  o.mode = Mode::kThreads;
+  o.size = 2;
+  o.deadline = std::chrono::milliseconds(240000);
+  EXPECT_RANKS_OK(
+      shardcomm::testing::runRanks(o, [seed](RankContext& ctx) { return runAll(ctx, ownCases(), seed, false); }));
+}
+
+TEST(DeviceColl, MixingHostAndDeviceIsRefusedAndRegistrationIsRefcounted) {
+  SKIP_WITHOUT_DEVICE();
+  RunOptions o;
+  o.mode = Mode::kProcesses;
+  o.size = 1;
+  EXPECT_RANKS_OK(shardcomm::testing::runRanks(o, [](RankContext& ctx) -> Status {
+    auto comm = Communicator::create(ctx.bootstrap, CommConfig{});
+    LIBCOMM_RETURN_IF_ERROR(comm.status());
+    auto cs = createCudaStream("dev", 0);
+    LIBCOMM_RETURN_IF_ERROR(cs.status());
+    auto hs = createHostStream("host");
+    float* d = nullptr;
+    CU(cudaMalloc(&d, 4096));
+    std::vector<float> h(1024);
+    Communicator& c = **comm;
+    LIBCOMM_RETURN_IF_ERROR(shardcomm::testing::expectStatus(
+        c.allGather(d, d + 512, 16, DataType::kFloat32, *hs), StatusCode::kInvalidArgument,
+        {"rank 0", "all_gather", "device memory", "host stream"}, "device buffers on a host stream"));
+    LIBCOMM_RETURN_IF_ERROR(shardcomm::testing::expectStatus(
+        c.allGather(h.data(), h.data() + 512, 16, DataType::kFloat32, **cs), StatusCode::kInvalidArgument,
+        {"rank 0", "all_gather", "host memory", "CUDA stream"}, "host buffers on a CUDA stream"));
+    LIBCOMM_RETURN_IF_ERROR(shardcomm::testing::expectStatus(
+        c.allGather(d, h.data(), 16, DataType::kFloat32, **cs), StatusCode::kInvalidArgument,
+        {"recv buffer", "host memory"}, "a host recv with a device send"));
+    // Registration: idempotent, refcounted, released at zero.
+    LIBCOMM_RETURN_IF_ERROR(c.registerBuffer(d, 4096));
+    LIBCOMM_RETURN_IF_ERROR(c.registerBuffer(d, 4096));
+    if (!c.isRegistered(d + 100, 400)) return makeError(StatusCode::kInternalError, "not registered after register");
+    LIBCOMM_RETURN_IF_ERROR(shardcomm::testing::expectStatus(c.registerBuffer(d, 2048), StatusCode::kInvalidUsage,
+                                                             {"already registered"}, "a second size"));
+    LIBCOMM_RETURN_IF_ERROR(c.deregisterBuffer(d));
+    if (!c.isRegistered(d, 4096)) return makeError(StatusCode::kInternalError, "released after one of two deregisters");
+    LIBCOMM_RETURN_IF_ERROR(c.deregisterBuffer(d));
+    if (c.isRegistered(d, 4096)) return makeError(StatusCode::kInternalError, "still registered after both");
+    LIBCOMM_RETURN_IF_ERROR(shardcomm::testing::expectStatus(c.deregisterBuffer(d), StatusCode::kInvalidArgument,
+                                                             {"not registered"}, "a third deregister"));
+    (void)cudaFree(d);
+    return c.finalize(Milliseconds(10000));
+  }));
+}
+
+}  // namespace
+}  // namespace libcomm
