@@ -56,6 +56,31 @@ Status callBody(const RankBody& body, RankContext& ctx) {
   }
 }
 
+// Flight-recorder dumps (a collective that fails writes one) go to a directory of the running
+// test's own, under the test's working directory (the build tree), instead of the shared
+// $TMPDIR/libcomm-flight-<uid>: one test's dumps are never mistaken for another's, and no test
+// leaves files outside the build. A directory set before the process started (ctest ENVIRONMENT, a
+// tool reading the dumps afterwards) is kept. Set at each test's start, on the main thread, before
+// the test makes ranks; forked ranks inherit it.
+const bool kFlightDirPreset = getenv("LIBCOMM_FLIGHT_RECORDER_DIR") != nullptr;
+
+class FlightDirListener : public ::testing::EmptyTestEventListener {
+  void OnTestStart(const ::testing::TestInfo& info) override {
+    if (kFlightDirPreset) return;
+    char cwd[PATH_MAX];
+    if (!getcwd(cwd, sizeof(cwd))) return;
+    std::string name = std::string(info.test_suite_name()) + "." + info.name();
+    for (char& c : name)
+      if (c == '/') c = '_';
+    setenv("LIBCOMM_FLIGHT_RECORDER_DIR", (std::string(cwd) + "/flight-dumps/" + name).c_str(), 1);
+  }
+};
+
+[[maybe_unused]] const bool kFlightDirListener = [] {
+  ::testing::UnitTest::GetInstance()->listeners().Append(new FlightDirListener);
+  return true;
+}();
+
 std::string freshJobId() {
   static std::atomic<int> runs{0};
   return "harness-" + std::to_string(getpid()) + "-" + std::to_string(runs++);

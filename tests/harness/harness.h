@@ -14,7 +14,10 @@
 //  - in builds with LeakSanitizer, a child checks for leaks before it reports: memory the body
 //    still holds must be reachable (globals, live threads), or the rank fails;
 //  - killing a rank on purpose (SIGKILL, SIGSTOP) is for processes mode only; list the ranks that
-//    are meant to die in RunOptions::expectDeath.
+//    are meant to die in RunOptions::expectDeath;
+//  - flight-recorder dumps go to LIBCOMM_FLIGHT_RECORDER_DIR, which the harness sets at each test's
+//    start to <working directory>/flight-dumps/<Suite>.<Test> unless it was set before the test
+//    process started: no test leaves dumps in the shared /tmp default.
 
 #include <gtest/gtest.h>
 

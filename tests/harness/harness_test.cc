@@ -199,5 +199,15 @@ TEST(HarnessPatterns, CompareNamesFirstMismatch) {
   }
 }
 
+// Flight-recorder dumps of a test go to its own directory in the build tree, not the shared /tmp
+// default (ctest leaves LIBCOMM_FLIGHT_RECORDER_DIR unset for this test, so the harness picks it).
+TEST(HarnessPatterns, FlightDumpsGoToAPerTestDirectory) {
+  const char* dir = getenv("LIBCOMM_FLIGHT_RECORDER_DIR");
+  ASSERT_NE(dir, nullptr);
+  EXPECT_NE(std::string(dir).find("/flight-dumps/HarnessPatterns.FlightDumpsGoToAPerTestDirectory"),
+            std::string::npos)
+      << dir;
+}
+
 }  // namespace
 }  // namespace shardcomm::testing

@@ -10,6 +10,12 @@ cmake --install "$build_dir" --prefix "$work/prefix" > "$work/install.log"
 cmake -S "$src_dir/consumer" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$work/prefix" > "$work/configure.log"
 cmake --build "$work/cmake-build" > "$work/build.log"
 LD_LIBRARY_PATH="$work/prefix/lib:$work/prefix/lib64:${LD_LIBRARY_PATH:-}" "$work/cmake-build/consumer"
+# The tools that go with the package: installed executable, and they run from the prefix.
+for tool in comm_info flight_merge; do
+  [ -x "$work/prefix/bin/$tool" ] || { echo "check_install: $work/prefix/bin/$tool missing or not executable" >&2; exit 1; }
+done
+"$work/prefix/bin/flight_merge" --help > "$work/flight_merge.log" ||
+  { echo "check_install: the installed flight_merge does not run:" >&2; cat "$work/flight_merge.log" >&2; exit 1; }
 pcdir=$(dirname "$(find "$work/prefix" -name shardcomm.pc | head -1)")
 flags=$(PKG_CONFIG_PATH="$pcdir" pkg-config --cflags --libs shardcomm)
 # shellcheck disable=SC2086

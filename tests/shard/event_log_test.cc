@@ -109,16 +109,18 @@ libcomm::Result<Outcome> run(RankContext& ctx, const RunSpec& spec) {
       return Status::ok();
     }
     if (spec.perGroup) {
+      // Each group's host function writes that group's shard and nothing else: the group's stamp
+      // below lets its next-step gather start, so a write of any group not yet stamped would race
+      // with that gather (and hand the next step stale weights).
       const auto& order = e.updateOrder();
       for (size_t i = 0; i < order.size(); ++i) {
         const bool last = i + 1 == order.size();
+        const int group = order[i];
         LIBCOMM_RETURN_IF_ERROR(e.computeStream().enqueueHost(
-            [&, next, last] {
+            [&, next, last, group] {
               std::this_thread::sleep_for(spec.streamOptimizer);
-              if (last) {
-                toy::setWeights(plan, pool->state(), next);
-                out.optimizerFinished.push_back(libshard::EventLog::now());
-              }
+              toy::setGroupWeights(plan, pool->state(), group, next);
+              if (last) out.optimizerFinished.push_back(libshard::EventLog::now());
               return Status::ok();
             },
             "slow optimizer group"));
@@ -165,6 +167,16 @@ libcomm::Result<bool> allRanks(RankContext& ctx, bool mine) {
   return std::all_of(all.begin(), all.end(), [](uint8_t c) { return c == 1; });
 }
 
+// Runs `body` as one rank, then as two (threads), each within 60 s.
+void runAloneAndWithAPeer(const RankBody& body) {
+  for (int size : {1, 2}) {
+    RunOptions opts;
+    opts.size = size;
+    opts.deadline = std::chrono::seconds(60);
+    EXPECT_RANKS_OK(runRanks(opts, body));
+  }
+}
+
 Status brokenScheduleBody(RankContext& ctx) {
   LIBCOMM_ASSIGN_OR_RETURN(auto good, runOnce(ctx, false, std::chrono::milliseconds(10), 1));
   if (!good.check.isOk()) return good.check.withContext("the correct schedule");
@@ -196,12 +208,7 @@ Status brokenScheduleBody(RankContext& ctx) {
 }
 
 TEST(EventLogChecker, CatchesAScheduleThatBreaksRuleB) {
-  for (int size : {1, 2}) {
-    RunOptions opts;
-    opts.size = size;
-    opts.deadline = std::chrono::seconds(60);
-    EXPECT_RANKS_OK(runRanks(opts, brokenScheduleBody));
-  }
+  runAloneAndWithAPeer(brokenScheduleBody);
 }
 
 // How many gathers were hidden behind compute: a gather G of layer k counts when some compute of
@@ -266,6 +273,23 @@ TEST(EventLogChecker, PrefetchOverlapsAndSerializedDoesNot) {
   EXPECT_RANKS_OK(report);
 }
 
+// Runs the broken `spec` (two steps) with stream optimizers of baseMs, 4x and 16x that long until
+// every rank's checker caught it with a violation naming `words`: a starved ag thread could start
+// late enough to look gated. Any other verdict, or three passes, fails.
+Status expectEveryRankCatches(RankContext& ctx, RunSpec spec, int baseMs, const char* words, const char* broken) {
+  spec.steps = 2;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    spec.streamOptimizer = std::chrono::milliseconds(baseMs << (2 * attempt));
+    LIBCOMM_ASSIGN_OR_RETURN(auto bad, run(ctx, spec));
+    if (!bad.check.isOk() && bad.check.message().find(words) == std::string::npos)
+      return libcomm::makeError(StatusCode::kInternalError, broken, ": expected a violation naming '", words,
+                                "': ", bad.check.toString());
+    LIBCOMM_ASSIGN_OR_RETURN(const bool everyone, allRanks(ctx, !bad.check.isOk()));
+    if (everyone) return Status::ok();
+  }
+  return libcomm::makeError(StatusCode::kInternalError, "the checker passed ", broken, " 3 times");
+}
+
 // Removes the gate: the ag stream's waits for optimizer done and for each group's update.
 bool removeGate(libshard::Schedule& s) {
   const size_t before = s.ops.size();
@@ -279,7 +303,7 @@ bool removeGate(libshard::Schedule& s) {
 
 // The optimizer as a CUDA trainer runs it: enqueued on the compute stream between endStep and
 // optimizerDone, still running when optimizerDone returns. The gate must hold every gather of the
-// next step until it has finished, and the log must be able to show it when it does not.
+// next step until it has finished (the next test: the log shows it when it does not).
 Status gateBody(RankContext& ctx) {
   RunSpec spec;
   spec.steps = 3;
@@ -304,29 +328,25 @@ Status gateBody(RankContext& ctx) {
                                 " started before step ", e.step - 1, "'s optimizer finished");
   }
   if (gathers == 0) return libcomm::makeError(StatusCode::kInternalError, "no gathers after step 0 in the log");
-
-  // Without the gate the next step's gathers start while the optimizer sleeps. A starved ag thread
-  // could start late enough to look gated, so longer optimizers are tried until every rank caught it.
-  spec.edit = removeGate;
-  spec.steps = 2;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    spec.streamOptimizer = std::chrono::milliseconds(100 << (2 * attempt));
-    LIBCOMM_ASSIGN_OR_RETURN(auto bad, run(ctx, spec));
-    if (!bad.check.isOk() && bad.check.message().find("gate: step 1") == std::string::npos)
-      return libcomm::makeError(StatusCode::kInternalError, "expected a gate violation: ", bad.check.toString());
-    LIBCOMM_ASSIGN_OR_RETURN(const bool everyone, allRanks(ctx, !bad.check.isOk()));
-    if (everyone) return Status::ok();
-  }
-  return libcomm::makeError(StatusCode::kInternalError, "the checker passed a schedule without the gate 3 times");
+  return Status::ok();
 }
 
 TEST(EventLogChecker, OptimizerOnTheComputeStreamGatesTheNextStep) {
-  for (int size : {1, 2}) {
-    RunOptions opts;
-    opts.size = size;
-    opts.deadline = std::chrono::seconds(60);
-    EXPECT_RANKS_OK(runRanks(opts, gateBody));
-  }
+  runAloneAndWithAPeer(gateBody);
+}
+
+// Without the gate the next step's gathers start while the optimizer sleeps (and writes the shards
+// they read: a data race on purpose, so tools/sanitize.sh leaves this test out under TSan), and the
+// checker must say so.
+Status noGateBody(RankContext& ctx) {
+  RunSpec spec;
+  spec.threadedCompute = true;
+  spec.edit = removeGate;
+  return expectEveryRankCatches(ctx, spec, 100, "gate: step 1", "a schedule without the gate");
+}
+
+TEST(EventLogChecker, CatchesAScheduleWithoutTheOptimizerGate) {
+  runAloneAndWithAPeer(noGateBody);
 }
 
 // Removes the wait for its group's update from the next-step gather of the last leading group in
@@ -348,8 +368,8 @@ bool removeLastLeadingGroupWait(libshard::Schedule& s) {
 
 // Per-group gates: with an optimizer that takes a while per group, the next step's first gather
 // starts before the last group is updated (the point of the change: a single optimizer-done gate
-// would hold it), every gather still starts after its own group's update, and a schedule whose
-// gather does not wait for its group's update is caught by the checker.
+// would hold it), every gather still starts after its own group's update and reads that update's
+// weights (the next test: a schedule whose gather does not wait for its update is caught).
 Status perGroupGateBody(RankContext& ctx) {
   RunSpec spec;
   spec.steps = 3;
@@ -358,6 +378,11 @@ Status perGroupGateBody(RankContext& ctx) {
   spec.perGroup = true;
   LIBCOMM_ASSIGN_OR_RETURN(auto good, run(ctx, spec));
   LIBCOMM_RETURN_IF_ERROR(good.check.withContext("the correct schedule"));
+  // The early gathers read what they should: every compute saw its own step's weights (a group
+  // gathered before the optimizer wrote it would hand the next step the previous step's).
+  if (good.wrongWeights != 0)
+    return libcomm::makeError(StatusCode::kInternalError, good.wrongWeights,
+                              " weights read that were not the step's own: a gather ran ahead of its group's update");
   int early = 0;
   for (const LogEntry& e : good.log) {
     if (e.kind != LogKind::kGatherStart || e.step == 0) continue;
@@ -370,28 +395,27 @@ Status perGroupGateBody(RankContext& ctx) {
     return libcomm::makeError(StatusCode::kInternalError,
                               "no gather started before its previous step's last group "
                               "update: the gate is still global");
-  spec.edit = removeLastLeadingGroupWait;
-  spec.steps = 2;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    spec.streamOptimizer = std::chrono::milliseconds(60 << (2 * attempt));
-    LIBCOMM_ASSIGN_OR_RETURN(auto bad, run(ctx, spec));
-    if (!bad.check.isOk() && bad.check.message().find("before its optimizer update of step 0") == std::string::npos)
-      return libcomm::makeError(StatusCode::kInternalError,
-                                "expected a per-group gate violation: ", bad.check.toString());
-    LIBCOMM_ASSIGN_OR_RETURN(const bool everyone, allRanks(ctx, !bad.check.isOk()));
-    if (everyone) return Status::ok();
-  }
-  return libcomm::makeError(StatusCode::kInternalError,
-                            "the checker passed a gather that did not wait for its group's update 3 times");
+  return Status::ok();
 }
 
 TEST(EventLogChecker, PerGroupGateLetsLeadingGathersStartEarlyAndIsProven) {
-  for (int size : {1, 2}) {
-    RunOptions opts;
-    opts.size = size;
-    opts.deadline = std::chrono::seconds(60);
-    EXPECT_RANKS_OK(runRanks(opts, perGroupGateBody));
-  }
+  runAloneAndWithAPeer(perGroupGateBody);
+}
+
+// A schedule whose gather does not wait for its group's update is caught by the checker. The
+// gather then reads the shard the optimizer is writing: a data race on purpose, so
+// tools/sanitize.sh leaves this test out under TSan.
+Status perGroupMissingWaitBody(RankContext& ctx) {
+  RunSpec spec;
+  spec.threadedCompute = true;
+  spec.perGroup = true;
+  spec.edit = removeLastLeadingGroupWait;
+  return expectEveryRankCatches(ctx, spec, 60, "before its optimizer update of step 0",
+                                "a gather that did not wait for its group's update");
+}
+
+TEST(EventLogChecker, CatchesAGatherThatSkipsItsGroupUpdate) {
+  runAloneAndWithAPeer(perGroupMissingWaitBody);
 }
 
 TEST(EventLogChecker, CatchesPerturbedLogs) {

@@ -151,25 +151,27 @@ inline std::vector<double> flatten(const libshard::FlatGroup& g, const std::map<
   return flat;
 }
 
+/// Writes the step-`step` weights of one group (a layer index, -1: the resident group) into this
+/// rank's master shard and its bf16 copy, and touches nothing else: an optimizer that stamps
+/// groupUpdated(g) group by group may only have written the groups it stamped.
+inline void setGroupWeights(const libshard::ShardPlan& plan, libshard::ShardState& s, int group, int64_t step) {
+  const libshard::FlatGroup& g = group < 0 ? plan.resident : plan.layers[static_cast<size_t>(group)];
+  std::map<std::string, std::vector<double>> values;
+  for (const auto& p : g.params) {
+    auto& v = values[p.name];
+    for (size_t i = 0; i < p.numel; ++i) v.push_back(weightValue(p.name, p.kind, i, step));
+  }
+  const auto flat = flatten(g, values);
+  const size_t first = static_cast<size_t>(plan.options.rank) * g.shardNumel;
+  for (size_t j = 0; j < g.shardNumel; ++j) s.master[g.stateOffset + j] = static_cast<float>(flat[first + j]);
+  if (s.compute && g.shardNumel > 0)
+    libcomm::floatToBf16(s.master + g.stateOffset, s.compute + g.stateOffset, g.shardNumel);
+}
+
 /// Writes the step-`step` weights into this rank's master shard (and its bf16 copy).
 inline void setWeights(const libshard::ShardPlan& plan, libshard::ShardState& s, int64_t step) {
-  std::map<std::string, std::vector<double>> values;
-  auto collect = [&](const libshard::FlatGroup& g) {
-    for (const auto& p : g.params) {
-      auto& v = values[p.name];
-      for (size_t i = 0; i < p.numel; ++i) v.push_back(weightValue(p.name, p.kind, i, step));
-    }
-  };
-  auto write = [&](const libshard::FlatGroup& g) {
-    const auto flat = flatten(g, values);
-    const size_t first = static_cast<size_t>(plan.options.rank) * g.shardNumel;
-    for (size_t j = 0; j < g.shardNumel; ++j) s.master[g.stateOffset + j] = static_cast<float>(flat[first + j]);
-  };
-  for (const auto& g : plan.layers) collect(g);
-  collect(plan.resident);
-  for (const auto& g : plan.layers) write(g);
-  write(plan.resident);
-  if (s.compute) libcomm::floatToBf16(s.master, s.compute, s.numel);
+  for (size_t k = 0; k < plan.layers.size(); ++k) setGroupWeights(plan, s, static_cast<int>(k), step);
+  setGroupWeights(plan, s, -1, step);
 }
 
 /// Compares this rank's grad shard with the reference times `scale` (in fp32, as the executor

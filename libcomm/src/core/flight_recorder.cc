@@ -18,6 +18,7 @@
 
 #include "core/json_writer.h"
 #include "core/log.h"
+#include "libcomm/config.h"
 #include "libcomm/version.h"
 
 namespace libcomm {
@@ -275,7 +276,10 @@ std::shared_ptr<FlightRecorder> createFlightRecorder(const CommConfig& config, i
   id.commId = std::move(commId);
   id.members = std::move(members);
   id.capacity = config.flightRecorderEntries;
-  id.dir = config.flightRecorderDir;
+  // A config built in code leaves the directory empty unless it means one: the operator's
+  // LIBCOMM_FLIGHT_RECORDER_DIR still decides where dumps go (a test harness or a job script sets
+  // it for every process, whatever configs the program builds).
+  id.dir = config.flightRecorderDir.empty() ? settingValue("LIBCOMM_FLIGHT_RECORDER_DIR") : config.flightRecorderDir;
   id.opTimeoutMs = config.opTimeout.count();
   id.settings = {{"algo", config.algo.empty() ? "auto" : config.algo},
                  {"check_mismatch", config.checkMismatch ? "1" : "0"},

@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""tools/flight_merge on crafted dumps: agreement, a lagging rank, a mismatch, a missing rank, and
+bad input (malformed JSON, another format, missing fields, several communicators) -- each with the
+exit status (0 agree, 1 a problem found, 2 bad input) and the words a reader needs, never a
+traceback.
+
+  flight_merge_test.py PATH_TO_FLIGHT_MERGE
+"""
+import json, os, subprocess, sys, tempfile, unittest
+
+MERGE = None  # set from argv
+
+
+def entry(seq, op="all_gather", count=4096, state="done", start=True):
+    return {"seq": seq, "op": op, "count": count, "in_dtype": "fp32", "out_dtype": "fp32", "reduce_op": None,
+            "scale": None, "root": None, "in_place": False, "bytes": count * 4, "algorithm": "direct",
+            "stream": "s", "state": state, "enqueue_ns": 1000 * seq, "start_ns": 1000 * seq + 1 if start else None,
+            "end_ns": 1000 * seq + 2 if state == "done" else None, "error": None}
+
+
+def dump(rank, size, entries, comm="comm-a", reason="failure"):
+    return {"format": "libcomm-flight-recorder", "version": 1, "library_version": "test", "reason": reason,
+            "dump_time_ns": 1_700_000_000_000_000_000 + rank, "clock": "CLOCK_REALTIME", "rank": rank,
+            "world_size": size, "host": "h", "host_id": "h", "pid": 100 + rank, "job_id": "j", "communicator": comm,
+            "members": [], "settings": {}, "last_enqueued_seq": max((e["seq"] for e in entries), default=0),
+            "entries_dropped": 0, "first_error": None, "entries": entries}
+
+
+class FlightMerge(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def write(self, name, obj):
+        with open(os.path.join(self.dir, name), "w") as fh:
+            fh.write(obj if isinstance(obj, str) else json.dumps(obj))
+
+    def merge(self, *args):
+        r = subprocess.run([sys.executable, MERGE, *args], capture_output=True, text=True, timeout=60)
+        self.assertNotIn("Traceback", r.stderr, r.stderr)
+        return r
+
+    def merge_json(self, *args):
+        r = self.merge("--json", *args)
+        return r.returncode, (json.loads(r.stdout) if r.stdout else None), r.stderr
+
+    def test_agreeing_ranks_exit_0(self):
+        for r in range(3):
+            self.write(f"c.rank{r}.flight.json", dump(r, 3, [entry(s) for s in (1, 2, 3)]))
+        rc, res, err = self.merge_json(self.dir)
+        self.assertEqual(rc, 0, err)
+        self.assertIsNone(res["first_divergence"])
+        self.assertEqual(res["problems"], [])
+        self.assertEqual({int(k): v["last_completed"] for k, v in res["ranks"].items()}, {0: 3, 1: 3, 2: 3})
+        self.assertIn("the ranks agree", self.merge(self.dir).stdout)
+
+    def test_lagging_rank_named_with_the_first_divergent_seq(self):
+        late = [entry(s) for s in (1, 2, 3)] + [entry(4, state="failed")]
+        self.write("c.rank0.flight.json", dump(0, 3, late))
+        self.write("c.rank1.flight.json", dump(1, 3, [entry(s) for s in (1, 2, 3)], reason="signal"))
+        self.write("c.rank2.flight.json", dump(2, 3, late))
+        rc, res, err = self.merge_json(self.dir)
+        self.assertEqual(rc, 1, err)
+        self.assertEqual(res["first_divergence"]["kind"], "lag")
+        self.assertEqual(res["first_divergence"]["seq"], 4)
+        self.assertEqual(res["first_divergence"]["lagging"], [1])
+        text = self.merge(self.dir)
+        self.assertEqual(text.returncode, 1)
+        self.assertIn("rank(s) 1 never enqueued seq 4 (all_gather, 4096 x fp32); rank(s) 0,2 wait in it", text.stdout)
+
+    def test_mismatch_names_both_calls(self):
+        self.write("c.rank0.flight.json", dump(0, 2, [entry(1), entry(2, count=8)]))
+        self.write("c.rank1.flight.json", dump(1, 2, [entry(1), entry(2, op="reduce_scatter", count=8)]))
+        rc, res, err = self.merge_json(self.dir)
+        self.assertEqual(rc, 1, err)
+        self.assertEqual(res["first_divergence"]["kind"], "mismatch")
+        self.assertEqual(res["first_divergence"]["seq"], 2)
+        self.assertIn("rank(s) 0 called all_gather", res["first_divergence"]["text"])
+        self.assertIn("rank(s) 1 called reduce_scatter", res["first_divergence"]["text"])
+
+    def test_missing_rank_exit_1_and_named(self):
+        for r in (0, 2):
+            self.write(f"c.rank{r}.flight.json", dump(r, 4, [entry(1)]))
+        rc, res, err = self.merge_json(self.dir)
+        self.assertEqual(rc, 1, err)
+        self.assertEqual(res["missing"], [1, 3])
+        text = self.merge(self.dir).stdout
+        self.assertIn("rank 1: no dump", text)
+        self.assertIn("rank 3: no dump", text)
+
+    def test_malformed_json_is_a_clear_error(self):
+        self.write("c.rank0.flight.json", dump(0, 2, [entry(1)]))
+        self.write("c.rank1.flight.json", json.dumps(dump(1, 2, [entry(1)]))[:-40])  # cut short
+        r = self.merge(self.dir)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("c.rank1.flight.json: malformed JSON at line 1", r.stderr)
+        self.assertEqual(r.stdout, "")
+
+    def test_bad_input_exit_2(self):
+        cases = {
+            "other format": ({"format": "something-else", "version": 1}, "not a libcomm-flight-recorder dump"),
+            "newer version": (dict(dump(0, 1, []), version=99), "not a libcomm-flight-recorder dump"),
+            "not an object": ([1, 2], "not a JSON object"),
+            "no entries": ({k: v for k, v in dump(0, 1, []).items() if k != "entries"}, "field 'entries'"),
+            "entry without state": (dump(0, 1, [{k: v for k, v in entry(1).items() if k != "state"}]),
+                                    "entry 0 (seq 1) has no 'state'"),
+            "rank out of range": (dump(5, 2, []), "rank 5 outside world_size 2"),
+        }
+        for what, (obj, words) in cases.items():
+            with self.subTest(what):
+                path = os.path.join(self.dir, "x.flight.json")
+                self.write("x.flight.json", obj)
+                r = self.merge(path)
+                self.assertEqual(r.returncode, 2, r.stdout)
+                self.assertIn(words, r.stderr)
+        r = self.merge(os.path.join(self.dir, "absent.flight.json"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("absent.flight.json", r.stderr)
+
+    def test_empty_directory_and_several_communicators(self):
+        r = self.merge(self.dir)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("no dumps", r.stderr)
+        self.write("a.rank0.flight.json", dump(0, 1, [entry(1)], comm="comm-a"))
+        self.write("b.rank0.flight.json", dump(0, 1, [entry(1)], comm="comm-b"))
+        r = self.merge(self.dir)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("several communicators", r.stderr)
+        self.assertIn("comm-a, comm-b", r.stderr)
+        rc, res, err = self.merge_json("--comm", "comm-b", self.dir)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(res["communicator"], "comm-b")
+
+
+if __name__ == "__main__":
+    MERGE = sys.argv.pop(1)
+    unittest.main(verbosity=2)
