@@ -115,6 +115,9 @@ targets=(copy_bench)
 [ ${#gtest_args[@]} -gt 0 ] || [ -f /usr/include/gtest/gtest.h ] && targets+=(cuda_stream_test cuda_backend_test)
 # With NCCL: its set-up on the device, and its CPU tests.
 grep -q "^-- shardcomm: NCCL ON" "$out/configure.log" && [ ${#targets[@]} -gt 1 ] && targets+=(nccl_init_test nccl_backend_test)
+# The NCCL shim (plugins/nccl_shim): gpu.shim_compare_1rank runs these.
+grep -q "^-- shardcomm: NCCL shim ON" "$out/configure.log" && [ ${#targets[@]} -gt 1 ] &&
+  targets+=(shardcomm_nccl_shim shim_nccl_calls_real shim_nccl_calls_linked)
 # >>> GPU benchmarks to build: comm_bench on device memory, the reduce_scatter kernel bench (issue 5) <<<
 step build "${targets[*]}" -- cmake --build "$build" -j "$jobs" --target "${targets[@]}" || { summary; exit 1; }
 
