@@ -132,36 +132,37 @@ EXPORT ncclResult_t pncclGroupEnd(void) {
 
 static size_t size(ncclDataType_t t) { return t == ncclBfloat16 || t == ncclFloat16 ? 2 : t == ncclFloat64 ? 8 : 4; }
 
-EXPORT ncclResult_t pncclAllGather(const void* send, void* recv, size_t n, ncclDataType_t t, ncclComm_t comm,
-                                   cudaStream_t s) {
-  (void)s;
-  count("AllGather");
+/* Every collective of a one-rank communicator is a copy. */
+static ncclResult_t oneRankCopy(const char* name, const void* send, void* recv, size_t n, ncclDataType_t t,
+                                ncclComm_t comm) {
+  count(name);
   if (!comm || comm->nranks != 1) return fail(ncclInvalidUsage, "fake: one rank only");
   memmove(recv, send, n * size(t));
   return ncclSuccess;
+}
+
+EXPORT ncclResult_t pncclAllGather(const void* send, void* recv, size_t n, ncclDataType_t t, ncclComm_t comm,
+                                   cudaStream_t s) {
+  (void)s;
+  return oneRankCopy("AllGather", send, recv, n, t, comm);
 }
 
 EXPORT ncclResult_t pncclReduceScatter(const void* send, void* recv, size_t n, ncclDataType_t t, ncclRedOp_t op,
                                        ncclComm_t comm, cudaStream_t s) {
   (void)s;
   (void)op;
-  count("ReduceScatter");
-  if (!comm || comm->nranks != 1) return fail(ncclInvalidUsage, "fake: one rank only");
-  memmove(recv, send, n * size(t));
-  return ncclSuccess;
+  return oneRankCopy("ReduceScatter", send, recv, n, t, comm);
 }
 
 EXPORT ncclResult_t pncclAllReduce(const void* send, void* recv, size_t n, ncclDataType_t t, ncclRedOp_t op,
                                    ncclComm_t comm, cudaStream_t s) {
   (void)s;
   (void)op;
-  count("AllReduce");
-  if (!comm || comm->nranks != 1) return fail(ncclInvalidUsage, "fake: one rank only");
   /* As NCCL does: its own public group calls around the operation. */
   ncclResult_t (*start)(void) = (ncclResult_t(*)(void))dlsym(RTLD_DEFAULT, "ncclGroupStart");
   ncclResult_t (*end)(void) = (ncclResult_t(*)(void))dlsym(RTLD_DEFAULT, "ncclGroupEnd");
   if (start) start();
-  memmove(recv, send, n * size(t));
+  ncclResult_t r = oneRankCopy("AllReduce", send, recv, n, t, comm);
   if (end) end();
-  return ncclSuccess;
+  return r;
 }
