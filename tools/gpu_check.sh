@@ -131,6 +131,9 @@ grep -q "^-- shardcomm: NCCL ON" "$out/configure.log" && [ ${#targets[@]} -gt 1 
 targets+=(comm_bench reduce_kernel_bench)
 # The device collectives' tests (gpu) and their host-side decisions (unit).
 [ ${#targets[@]} -gt 3 ] && targets+=(device_coll_test device_path_test)
+# The NCCL shim (plugins/nccl_shim): gpu.shim_compare_1rank runs these.
+grep -q "^-- shardcomm: NCCL shim ON" "$out/configure.log" && [ ${#targets[@]} -gt 1 ] &&
+  targets+=(shardcomm_nccl_shim shim_nccl_calls_real shim_nccl_calls_linked)
 step build "${targets[*]}" -- cmake --build "$build" -j "$jobs" --target "${targets[@]}" || { summary; exit 1; }
 
 # ---- is there a GPU? -----------------------------------------------------------------------------

@@ -21,6 +21,12 @@ const std::vector<SettingInfo> kSettings = {
     {"LIBCOMM_LOG_LEVEL", SettingType::kString, "warn", "error|warn|info|debug|trace"},
     {"LIBCOMM_LOG_SUBSYS", SettingType::kString, "all", "comma list of subsystems: init,boot,shm,coll,stream,mem"},
     {"LIBCOMM_LOG_FILE", SettingType::kString, "", "log to this file instead of stderr (%h host, %p pid, %r rank)"},
+    // The NCCL shim (plugins/nccl_shim, libcomm_nccl.so; read there, declared here).
+    {"LIBCOMM_SHIM_DISABLE", SettingType::kBool, "0", "libcomm_nccl.so: 1 forwards every NCCL call to the real NCCL"},
+    {"LIBCOMM_NCCL_LIBRARY", SettingType::kString, "",
+     "libcomm_nccl.so: path of the real libnccl (empty: one already loaded, else the one found at build time)"},
+    {"LIBCOMM_SHIM_STORE_DIR", SettingType::kString, "",
+     "libcomm_nccl.so: directory where the ranks of an NCCL communicator meet (empty: $TMPDIR or /tmp, /libcomm-shim-<uid>)"},
     // Deadlines.
     {"LIBCOMM_TIMEOUT_MS", SettingType::kInt, "300000", "deadline of one collective once it starts on its stream"},
     {"LIBCOMM_INIT_TIMEOUT_MS", SettingType::kInt, "600000", "deadline of bootstrap and communicator creation"},

@@ -1,0 +1,233 @@
+// The exported NCCL API, part 1: versions, ids, communicators, memory, errors. Each function has
+// nccl.h's exact signature (the header is included, so the compiler checks them).
+
+#include <nccl.h>
+
+#include "core/log.h"
+#include "serve.h"
+#include "shim_state.h"
+
+namespace {
+
+using shim::CallScope;
+using shim::RealNccl;
+using shim::withReal;
+
+// Records a communicator made from unique ids (blocking, or non-blocking: ncclInProgress returns a
+// valid, not yet usable, comm).
+ncclResult_t recordInit(const CallScope& scope, ncclResult_t r, ncclComm_t* comm, int nranks, int rank,
+                        const ncclUniqueId* ids, int nIds) {
+  if (!scope.reentered() && (r == ncclSuccess || r == ncclInProgress) && comm && *comm && ids && nIds > 0)
+    shim::addComm(*comm, std::make_shared<shim::CommState>(rank, nranks, shim::rendezvousKey(ids, nIds)));
+  return scope.forwarded(r);
+}
+
+ncclResult_t initRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t* config) {
+  return withReal<&RealNccl::pCommInitRankConfig>("ncclCommInitRankConfig", [&](const CallScope& scope, auto fn) {
+    return recordInit(scope, fn(comm, nranks, commId, rank, config), comm, nranks, rank, &commId, 1);
+  });
+}
+
+ncclResult_t initRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
+  return withReal<&RealNccl::pCommInitRank>("ncclCommInitRank", [&](const CallScope& scope, auto fn) {
+    return recordInit(scope, fn(comm, nranks, commId, rank), comm, nranks, rank, &commId, 1);
+  });
+}
+
+ncclResult_t initRankScalable(ncclComm_t* comm, int nranks, int myrank, int nId, ncclUniqueId* commIds,
+                              ncclConfig_t* config) {
+  return withReal<&RealNccl::pCommInitRankScalable>("ncclCommInitRankScalable", [&](const CallScope& scope, auto fn) {
+    return recordInit(scope, fn(comm, nranks, myrank, nId, commIds, config), comm, nranks, myrank, commIds, nId);
+  });
+}
+
+// The calls that end a communicator's life: libcomm's side first (so nothing of it outlives the
+// real communicator), then NCCL. `remove`: the communicator leaves the side table; `abort`:
+// libcomm's pending work fails at once instead of being waited for.
+template <auto Member, typename... A>
+ncclResult_t endComm(const char* function, bool remove, bool abort, ncclComm_t comm, A... args) {
+  return withReal<Member>(function, [&](const CallScope& scope, auto fn) {
+    libcomm::Status own;
+    if (!scope.reentered()) {
+      if (auto state = remove ? shim::removeComm(comm) : shim::findComm(comm)) {
+        std::lock_guard<std::mutex> lock(state->mu);
+        if (abort)
+          shim::abortServed(*state);
+        else
+          own = shim::finalizeServed(*state);
+      }
+    }
+    ncclResult_t r = fn(comm, args...);
+    if (r == ncclSuccess && !own.isOk()) return shim::failWith(function, own);
+    return scope.forwarded(r);
+  });
+}
+
+ncclResult_t commFinalize(ncclComm_t comm) {
+  return endComm<&RealNccl::pCommFinalize>("ncclCommFinalize", false, false, comm);
+}
+ncclResult_t commDestroy(ncclComm_t comm) {
+  return endComm<&RealNccl::pCommDestroy>("ncclCommDestroy", true, false, comm);
+}
+ncclResult_t commAbort(ncclComm_t comm) { return endComm<&RealNccl::pCommAbort>("ncclCommAbort", true, true, comm); }
+ncclResult_t commRevoke(ncclComm_t comm, int revokeFlags) {
+  return endComm<&RealNccl::pCommRevoke>("ncclCommRevoke", false, true, comm, revokeFlags);
+}
+
+// Asynchronous errors of libcomm's side count as the communicator's own.
+ncclResult_t commGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
+  return withReal<&RealNccl::pCommGetAsyncError>("ncclCommGetAsyncError", [&](const CallScope& scope, auto fn) {
+    ncclResult_t r = fn(comm, asyncError);
+    if (scope.reentered() || r != ncclSuccess || asyncError == nullptr || *asyncError != ncclSuccess)
+      return scope.forwarded(r);
+    if (auto state = shim::findComm(comm)) {
+      std::lock_guard<std::mutex> lock(state->mu);
+      if (state->served) *asyncError = shim::toNcclResult(state->served->comm->asyncError());
+    }
+    return r;
+  });
+}
+
+// Registrations and ncclMemAlloc'ed memory are tracked for the route ("registered").
+ncclResult_t commRegister(const ncclComm_t comm, void* buff, size_t size, void** handle) {
+  return withReal<&RealNccl::pCommRegister>("ncclCommRegister", [&](const CallScope& scope, auto fn) {
+    ncclResult_t r = fn(comm, buff, size, handle);
+    if (scope.reentered() || r != ncclSuccess || handle == nullptr) return scope.forwarded(r);
+    if (auto state = shim::findComm(comm)) {
+      std::lock_guard<std::mutex> lock(state->mu);
+      uintptr_t begin = reinterpret_cast<uintptr_t>(buff);
+      state->registrations[*handle] = {begin, begin + size};
+    }
+    return r;
+  });
+}
+
+ncclResult_t commDeregister(const ncclComm_t comm, void* handle) {
+  return withReal<&RealNccl::pCommDeregister>("ncclCommDeregister", [&](const CallScope& scope, auto fn) {
+    if (!scope.reentered()) {
+      if (auto state = shim::findComm(comm)) {
+        std::lock_guard<std::mutex> lock(state->mu);
+        state->registrations.erase(handle);
+      }
+    }
+    return scope.forwarded(fn(comm, handle));
+  });
+}
+
+ncclResult_t memAlloc(void** ptr, size_t size) {
+  return withReal<&RealNccl::pMemAlloc>("ncclMemAlloc", [&](const CallScope& scope, auto fn) {
+    ncclResult_t r = fn(ptr, size);
+    if (!scope.reentered() && r == ncclSuccess && ptr != nullptr && *ptr != nullptr) shim::addAllocation(*ptr, size);
+    return scope.forwarded(r);
+  });
+}
+
+ncclResult_t memFree(void* ptr) {
+  return withReal<&RealNccl::pMemFree>("ncclMemFree", [&](const CallScope& scope, auto fn) {
+    if (!scope.reentered()) shim::removeAllocation(ptr);
+    return scope.forwarded(fn(ptr));
+  });
+}
+
+// The functions that return a string cannot return a code: on any failure they return a fixed text.
+const char* errorString(ncclResult_t result) noexcept {
+  try {
+    CallScope scope;
+    const RealNccl* real = shim::realNccl();
+    if (real != nullptr && real->pGetErrorString != nullptr) return real->pGetErrorString(result);
+  } catch (...) {
+  }
+  switch (result) {
+    case ncclSuccess:
+      return "no error";
+    case ncclUnhandledCudaError:
+      return "unhandled cuda error";
+    case ncclSystemError:
+      return "unhandled system error";
+    case ncclInternalError:
+      return "internal error";
+    case ncclInvalidArgument:
+      return "invalid argument";
+    case ncclInvalidUsage:
+      return "invalid usage";
+    case ncclRemoteError:
+      return "remote process exited or there was a network error";
+    case ncclInProgress:
+      return "NCCL operation in progress";
+    default:
+      return "unknown result code";
+  }
+}
+
+const char* lastError(ncclComm_t comm) noexcept {
+  try {
+    CallScope scope;
+    if (!scope.reentered())
+      if (const char* own = shim::ownLastError()) return own;
+    const RealNccl* real = shim::realNccl();
+    if (real == nullptr) return shim::loadError().c_str();
+    if (real->pGetLastError != nullptr) return real->pGetLastError(comm);
+  } catch (...) {
+  }
+  return "";
+}
+
+void resetDebugInit() noexcept {
+  try {
+    CallScope scope;
+    const RealNccl* real = shim::realNccl();
+    if (real != nullptr && real->pResetDebugInit != nullptr) real->pResetDebugInit();
+  } catch (...) {
+  }
+}
+
+}  // namespace
+
+LIBCOMM_SHIM_FORWARD(GetVersion, (int* version), (version))
+LIBCOMM_SHIM_FORWARD(GetUniqueId, (ncclUniqueId * uniqueId), (uniqueId))
+LIBCOMM_SHIM_DEFINE(ncclResult_t, CommInitRankConfig,
+                    (ncclComm_t * comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t* config),
+                    initRankConfig, (comm, nranks, commId, rank, config))
+LIBCOMM_SHIM_DEFINE(ncclResult_t, CommInitRank, (ncclComm_t * comm, int nranks, ncclUniqueId commId, int rank),
+                    initRank, (comm, nranks, commId, rank))
+LIBCOMM_SHIM_DEFINE(ncclResult_t, CommInitRankScalable,
+                    (ncclComm_t * newcomm, int nranks, int myrank, int nId, ncclUniqueId* commIds,
+                     ncclConfig_t* config),
+                    initRankScalable, (newcomm, nranks, myrank, nId, commIds, config))
+// Communicators made from other communicators have no unique id of their own: the shim keeps
+// nothing for them, and their collectives go to NCCL.
+LIBCOMM_SHIM_FORWARD(CommInitAll, (ncclComm_t * comm, int ndev, const int* devlist), (comm, ndev, devlist))
+LIBCOMM_SHIM_FORWARD(CommSplit, (ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config),
+                     (comm, color, key, newcomm, config))
+LIBCOMM_SHIM_FORWARD(CommShrink,
+                     (ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm,
+                      ncclConfig_t* config, int shrinkFlags),
+                     (comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags))
+LIBCOMM_SHIM_DEFINE(ncclResult_t, CommFinalize, (ncclComm_t comm), commFinalize, (comm))
+LIBCOMM_SHIM_DEFINE(ncclResult_t, CommDestroy, (ncclComm_t comm), commDestroy, (comm))
+LIBCOMM_SHIM_DEFINE(ncclResult_t, CommAbort, (ncclComm_t comm), commAbort, (comm))
+LIBCOMM_SHIM_DEFINE(ncclResult_t, CommRevoke, (ncclComm_t comm, int revokeFlags), commRevoke, (comm, revokeFlags))
+LIBCOMM_SHIM_DEFINE(const char*, GetErrorString, (ncclResult_t result), errorString, (result))
+LIBCOMM_SHIM_DEFINE(const char*, GetLastError, (ncclComm_t comm), lastError, (comm))
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+LIBCOMM_SHIM_DEFINE(void, ResetDebugInit, (), resetDebugInit, ())
+#pragma GCC diagnostic pop
+LIBCOMM_SHIM_DEFINE(ncclResult_t, CommGetAsyncError, (ncclComm_t comm, ncclResult_t* asyncError), commGetAsyncError,
+                    (comm, asyncError))
+LIBCOMM_SHIM_FORWARD(CommCount, (const ncclComm_t comm, int* count), (comm, count))
+LIBCOMM_SHIM_FORWARD(CommCuDevice, (const ncclComm_t comm, int* device), (comm, device))
+LIBCOMM_SHIM_FORWARD(CommUserRank, (const ncclComm_t comm, int* rank), (comm, rank))
+LIBCOMM_SHIM_DEFINE(ncclResult_t, CommRegister, (const ncclComm_t comm, void* buff, size_t size, void** handle),
+                    commRegister, (comm, buff, size, handle))
+LIBCOMM_SHIM_DEFINE(ncclResult_t, CommDeregister, (const ncclComm_t comm, void* handle), commDeregister, (comm, handle))
+LIBCOMM_SHIM_FORWARD(CommWindowRegister, (ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int winFlags),
+                     (comm, buff, size, win, winFlags))
+LIBCOMM_SHIM_FORWARD(CommWindowDeregister, (ncclComm_t comm, ncclWindow_t win), (comm, win))
+LIBCOMM_SHIM_DEFINE(ncclResult_t, MemAlloc, (void** ptr, size_t size), memAlloc, (ptr, size))
+LIBCOMM_SHIM_DEFINE(ncclResult_t, MemFree, (void* ptr), memFree, (ptr))
+LIBCOMM_SHIM_FORWARD(RedOpCreatePreMulSum,
+                     (ncclRedOp_t * op, void* scalar, ncclDataType_t datatype, ncclScalarResidence_t residence,
+                      ncclComm_t comm),
+                     (op, scalar, datatype, residence, comm))
+LIBCOMM_SHIM_FORWARD(RedOpDestroy, (ncclRedOp_t op, ncclComm_t comm), (op, comm))

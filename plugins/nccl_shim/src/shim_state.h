@@ -1,0 +1,155 @@
+#pragma once
+// The shim's state and its C boundary.
+//
+//  - The application holds the real ncclComm_t: NCCL calls some of its own public functions
+//    internally, so a preloaded shim sees real communicators and must never hand out wrappers.
+//    What the shim knows about a communicator lives in a side table keyed by that pointer.
+//  - A thread-local call depth tells calls from the application (depth 1) from calls NCCL makes
+//    to its own public functions while the shim is calling it (depth > 1, re-entry): those are
+//    forwarded untouched, so the shim never loops and never counts NCCL's internal groups.
+//  - Group nesting is per thread, as NCCL's is.
+//  - Every exported function runs its body inside boundary(): exceptions become an
+//    ncclResult_t, and errors of the shim's own are remembered for ncclGetLastError.
+
+#include <nccl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+#include "libcomm/status.h"
+#include "real_nccl.h"
+#include "route.h"
+
+namespace shim {
+
+struct ServedComm;  // serve.h: libcomm's objects for one NCCL communicator
+
+/// What the shim knows about one real NCCL communicator.
+struct CommState {
+  CommState(int rank, int nranks, std::string rendezvousKey);
+  ~CommState();
+  const int rank;
+  const int nranks;
+  /// Derived from the unique id(s) the communicator was made from: the same on every rank of it,
+  /// different for every communicator (serve.cc names the libcomm rendezvous after it).
+  const std::string rendezvousKey;
+
+  std::mutex mu;  // guards what follows
+  /// ncclCommRegister handle -> [begin, end).
+  std::map<void*, std::pair<uintptr_t, uintptr_t>> registrations;
+  /// Created by the first collective libcomm serves.
+  std::unique_ptr<ServedComm> served;
+};
+
+/// The side table. Thread-safe.
+void addComm(ncclComm_t comm, std::shared_ptr<CommState> state);
+std::shared_ptr<CommState> findComm(ncclComm_t comm);
+std::shared_ptr<CommState> removeComm(ncclComm_t comm);
+
+/// ncclMemAlloc'ed ranges (process-wide). Thread-safe.
+void addAllocation(void* ptr, size_t bytes);
+void removeAllocation(void* ptr);
+/// True when [ptr, ptr+bytes) lies in one ncclMemAlloc'ed range or one registration of `state`.
+bool isRegistered(CommState* state, const void* ptr, size_t bytes);
+
+/// A stable key for unique ids: hex of a 64-bit FNV-1a hash of their bytes.
+std::string rendezvousKey(const ncclUniqueId* ids, int n);
+
+/// LIBCOMM_SHIM_DISABLE, read once (a malformed value forwards everything, with a warning).
+bool shimDisabled();
+
+/// Group nesting of the calling thread.
+int groupDepth();
+void groupEntered();
+void groupLeft();
+
+/// Logs at INFO, once per process for each (collective, path, reason), which path it took.
+void logRouteOnce(Collective collective, const RouteDecision& decision);
+
+/// libcomm's code as NCCL's (they share numbering; kTimeout becomes ncclRemoteError).
+ncclResult_t toNcclResult(const libcomm::Status& status);
+/// Records an error of the shim's own for ncclGetLastError on this thread; returns its code.
+ncclResult_t failWith(const char* function, const libcomm::Status& status);
+/// The shim's last error on this thread, or nullptr when NCCL's is newer (or there is none).
+const char* ownLastError();
+
+/// Marks one exported call on this thread; depth > 1 is NCCL calling its own public functions.
+class CallScope {
+ public:
+  CallScope();
+  ~CallScope();
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
+  bool reentered() const { return reentered_; }
+  /// The result of a forwarded call: an error makes NCCL's last error the newer one.
+  ncclResult_t forwarded(ncclResult_t result) const;
+
+ private:
+  bool reentered_;
+};
+
+/// Runs `body` (returning ncclResult_t), mapping any exception to an error code and message.
+template <typename F>
+ncclResult_t boundary(const char* function, F&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return failWith(function, libcomm::Status(libcomm::StatusCode::kSystemError, "out of memory"));
+  } catch (const std::exception& e) {
+    return failWith(function,
+                    libcomm::Status(libcomm::StatusCode::kInternalError, std::string("exception: ") + e.what()));
+  } catch (...) {
+    return failWith(function, libcomm::Status(libcomm::StatusCode::kInternalError, "unknown exception"));
+  }
+}
+
+/// The error every call returns when the real NCCL could not be loaded.
+ncclResult_t realNcclMissing(const char* function);
+/// The error for an entry point the loaded NCCL lacks.
+ncclResult_t entryMissing(const char* function);
+
+/// Runs `body(scope, fn)` inside boundary(), where `fn` is the real NCCL's `Member` entry point,
+/// once the real library and that entry point are known to be there.
+template <auto Member, typename F>
+ncclResult_t withReal(const char* function, F&& body) noexcept {
+  return boundary(function, [&]() -> ncclResult_t {
+    CallScope scope;
+    const RealNccl* real = realNccl();
+    if (real == nullptr) return realNcclMissing(function);
+    auto fn = real->*Member;
+    if (fn == nullptr) return entryMissing(function);
+    return body(scope, fn);
+  });
+}
+
+/// Calls the real NCCL's `Member` entry point with the arguments, as a forwarded call.
+template <auto Member>
+struct Forwarder {
+  const char* function;
+  template <typename... A>
+  ncclResult_t operator()(A... args) const noexcept {
+    return withReal<Member>(function, [&](const CallScope& scope, auto fn) { return scope.forwarded(fn(args...)); });
+  }
+};
+
+}  // namespace shim
+
+#define LIBCOMM_SHIM_EXPORT extern "C" __attribute__((visibility("default")))
+
+/// Defines ncclNAME and pncclNAME with the signature `params` (checked against nccl.h's
+/// declarations), both running the shim's `impl` with `args`. pncclNAME is the shim's too, not a
+/// bare forward: a profiler that defines ncclNAME and calls pncclNAME must get the same routing
+/// and group bookkeeping.
+#define LIBCOMM_SHIM_DEFINE(ret, name, params, impl, args)        \
+  LIBCOMM_SHIM_EXPORT ret nccl##name params { return impl args; } \
+  LIBCOMM_SHIM_EXPORT ret pnccl##name params { return impl args; }
+
+/// Defines ncclNAME and pncclNAME as plain forwards to the real pncclNAME.
+#define LIBCOMM_SHIM_FORWARD(name, params, args) \
+  LIBCOMM_SHIM_DEFINE(ncclResult_t, name, params, (::shim::Forwarder<&::shim::RealNccl::p##name>{"nccl" #name}), args)
