@@ -45,6 +45,13 @@ fi
 
 # The library and the harnesses get coverage and sanitizers; only the harnesses link libFuzzer.
 san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+# No device code: nvcc's host compiler is g++, whose ASan runtime cannot share a process with
+# clang's ("incompatible ASan runtimes"), and no parser here touches CUDA. A build directory
+# configured before this rule is configured again.
+if [ -f "$build/CMakeCache.txt" ] && ! grep -q '^LIBCOMM_WITH_CUDA:[A-Z]*=OFF$' "$build/CMakeCache.txt"; then
+  echo "fuzz: $build was configured with CUDA; configuring it again without"
+  rm -f "$build/CMakeCache.txt"
+fi
 if [ ! -f "$build/CMakeCache.txt" ]; then
   generator=()
   command -v ninja > /dev/null && generator=(-G Ninja)
@@ -55,7 +62,7 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
     -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link $san" -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link $san" \
     -DCMAKE_EXE_LINKER_FLAGS="$san" -DCMAKE_SHARED_LINKER_FLAGS="$san" \
     -DSHARDCOMM_FUZZ=ON -DSHARDCOMM_WITH_UCX=OFF -DSHARDCOMM_BUILD_BENCH=OFF -DSHARDCOMM_BUILD_TOOLS=OFF \
-    -DSHARDCOMM_BUILD_EXAMPLES=OFF > "$build/configure.log" 2>&1 ||
+    -DSHARDCOMM_BUILD_EXAMPLES=OFF -DLIBCOMM_WITH_CUDA=OFF -DLIBCOMM_WITH_NCCL=OFF > "$build/configure.log" 2>&1 ||
     { cat "$build/configure.log"; echo "fuzz: configuring $build failed" >&2; exit 1; }
 fi
 start=$SECONDS
