@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "libcomm/cuda.h"
+#include "gate.h"
 
 namespace libcomm {
 namespace {
@@ -42,22 +43,7 @@ class CudaStreamTest : public ::testing::Test {
   }
 };
 
-// A latch host functions block on; bounded, so a broken test cannot hang CUDA's callback thread.
-class Gate {
- public:
-  Gate() : future_(promise_.get_future().share()) {}
-  void open() { promise_.set_value(); }
-  std::function<Status()> item() const {
-    return [f = future_] {
-      if (f.wait_for(10s) != std::future_status::ready) return makeError(StatusCode::kTimeout, "gate never opened");
-      return Status::ok();
-    };
-  }
-
- private:
-  std::promise<void> promise_;
-  std::shared_future<void> future_;
-};
+using test::Gate;
 
 #define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/host_stream.h"
+#include "gate.h"
 #include "libcomm/config.h"
 
 namespace libcomm {
@@ -27,22 +28,7 @@ using namespace std::chrono_literals;
 
 Deadline soon() { return Deadline::after(Milliseconds(10000)); }
 
-// A latch that work items block on; their wait is bounded so a broken test cannot hang.
-class Gate {
- public:
-  Gate() : future_(promise_.get_future().share()) {}
-  void open() { promise_.set_value(); }
-  std::function<Status()> item() const {
-    return [f = future_] {
-      if (f.wait_for(10s) != std::future_status::ready) return makeError(StatusCode::kTimeout, "gate never opened");
-      return Status::ok();
-    };
-  }
-
- private:
-  std::promise<void> promise_;
-  std::shared_future<void> future_;
-};
+using test::Gate;
 
 TEST(HostStream, RunsItemsInOrder) {
   auto s = createHostStream("order");
