@@ -199,6 +199,63 @@ TEST_P(TimeoutTest, NamesMissingRanks) {
 INSTANTIATE_TEST_SUITE_P(Kinds, TimeoutTest, ::testing::Values(Kind::kInProcess, Kind::kFile, Kind::kTcp),
                          [](const auto& info) { return std::string(kindName(info.param)); });
 
+class SideChannelTest : public ::testing::TestWithParam<Kind> {};
+
+// Every rank publishes, overwrites and removes keys (with characters a file name cannot hold) and
+// reads everyone's; an absent key comes back empty at once. Rank 0 also uses its side channel while
+// its own bootstrap is parked in a round that rank 1 joins late: the two do not wait on each other.
+TEST_P(SideChannelTest, PublishLookupRemoveWhileARoundWaits) {
+  Job job(GetParam(), 3);
+  auto statuses = job.run([](Bootstrap& b) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto side, b.openSideChannel(Deadline::after(5s)));
+    const std::string mine = "k/" + std::to_string(b.rank()) + " _%x";
+    LIBCOMM_RETURN_IF_ERROR(side->publish(mine, "first", Deadline::after(5s)));
+    LIBCOMM_RETURN_IF_ERROR(side->publish(mine, "value of " + std::to_string(b.rank()), Deadline::after(5s)));
+    LIBCOMM_RETURN_IF_ERROR(b.barrier(Deadline::after(10s)));
+    const std::vector<std::string> keys = {"k/0 _%x", "k/1 _%x", "k/2 _%x", "k/absent"};
+    auto start = Clock::now();
+    LIBCOMM_ASSIGN_OR_RETURN(auto got, side->lookup(keys, Deadline::after(5s)));
+    if (Clock::now() - start > 1s) return makeError(StatusCode::kInternalError, "lookup waited for the absent key");
+    if (got.size() != 4 || got[3])
+      return makeError(StatusCode::kInternalError, "the absent key came back, or the wrong number of values");
+    for (int r = 0; r < 3; ++r)
+      if (got[r] != "value of " + std::to_string(r))
+        return makeError(StatusCode::kInternalError, "rank ", r, "'s value came back as '", got[r].value_or("<none>"), "'");
+    LIBCOMM_RETURN_IF_ERROR(b.barrier(Deadline::after(10s)));
+    if (b.rank() == 1) {
+      LIBCOMM_RETURN_IF_ERROR(side->remove(mine, Deadline::after(5s)));
+      std::this_thread::sleep_for(500ms);  // rank 0 is parked in the round below meanwhile
+    }
+    Status inRound;
+    std::thread round([&] { inRound = b.barrier(Deadline::after(10s)); });
+    if (b.rank() == 0) {
+      // While the barrier waits for rank 1: the side channel answers, and sees rank 1's removal.
+      const Deadline limit = Deadline::after(3s);
+      bool removed = false;
+      while (!removed && !limit.expired()) {
+        auto again = side->lookup(keys, Deadline::after(1s));
+        if (!again.isOk()) {
+          round.join();
+          return again.status();
+        }
+        removed = !(*again)[1];
+        if (!removed) std::this_thread::sleep_for(10ms);
+      }
+      if (!removed) {
+        round.join();
+        return makeError(StatusCode::kInternalError, "rank 1's removal never showed during the round");
+      }
+    }
+    round.join();
+    LIBCOMM_RETURN_IF_ERROR(inRound);
+    return side->remove(mine, Deadline::after(5s));
+  });
+  expectAllOk(statuses);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, SideChannelTest, ::testing::Values(Kind::kInProcess, Kind::kFile, Kind::kTcp),
+                         [](const auto& info) { return std::string(kindName(info.param)); });
+
 TEST(InProcessBootstrap, SizeMismatchIsInvalidUsage) {
   auto b = createInProcessBootstraps(2);
   auto statuses = runThreads(2, [&](int r) -> Status {

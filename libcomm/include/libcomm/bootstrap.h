@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,25 @@
 #include "libcomm/status.h"
 
 namespace libcomm {
+
+/// A small key-value board next to the rendezvous, for diagnosis while the job runs: libcomm
+/// publishes each rank's collective progress there, so that a rank whose collective times out can
+/// say which ranks had not arrived without asking them (a stopped or busy rank cannot answer).
+/// Values are overwritten, never queued. Thread-safe, and independent of the Bootstrap's own calls
+/// (the TCP store gives it a connection of its own), so that it may be used while a collective
+/// round of the Bootstrap is waiting.
+class SideChannel {
+ public:
+  virtual ~SideChannel() = default;
+  /// Sets `key` to `value` (a few dozen bytes; keys are printable ASCII).
+  virtual Status publish(const std::string& key, const std::string& value, Deadline deadline) = 0;
+  /// Deletes `key`; an absent key is fine.
+  virtual Status remove(const std::string& key, Deadline deadline) = 0;
+  /// The values of `keys`, in order; std::nullopt for a key nobody published. Never waits for an
+  /// absent key to appear.
+  virtual Result<std::vector<std::optional<std::string>>> lookup(const std::vector<std::string>& keys,
+                                                                 Deadline deadline) = 0;
+};
 
 class Bootstrap {
  public:
@@ -39,6 +59,10 @@ class Bootstrap {
   virtual Status send(int peer, uint32_t tag, const void* data, size_t bytes, Deadline deadline) = 0;
   /// Receives exactly `bytes` bytes sent by `peer` under `tag`; a size mismatch is kInvalidUsage.
   virtual Status recv(int peer, uint32_t tag, void* data, size_t bytes, Deadline deadline) = 0;
+  /// Opens a side channel (above) on this rendezvous. Not collective. The default answers
+  /// kInvalidUsage ("no side channel"): a Bootstrap written outside libcomm need not offer one, and
+  /// a communicator over it then names only the peers a timed-out rank was waiting on.
+  virtual Result<std::unique_ptr<SideChannel>> openSideChannel(Deadline deadline);
 };
 
 /// `size` connected bootstraps for ranks that are threads of this process (index = rank).

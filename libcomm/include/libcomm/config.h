@@ -54,6 +54,13 @@ struct CommConfig {
   /// or cut link is declared lost by TCP keepalive probes sized to fit this (process-wide: the
   /// first communicator that uses UCX sets UCX_TCP_KEEP* from it, where the user set none).
   Milliseconds peerTimeout{10000};
+  /// Across hosts: how often a rank publishes how far it has got (the last collective called,
+  /// started and finished) on the bootstrap's side channel, so that a rank whose collective times
+  /// out can name the ranks that had not arrived (LIBCOMM_PROGRESS_REPORT_MS; 0: never, and a
+  /// timeout names only the peers it waited on). Used at most every opTimeout / 4, so that a
+  /// report is never as old as the timeout it explains. One store write per interval per rank,
+  /// only while collectives run.
+  Milliseconds progressReportInterval{1000};
   /// Algorithm override ("" = the selector's choice; one host: "eager", "direct", "staged"; across
   /// hosts: "ring", "hier"; device memory: "nccl", which host collectives ignore), from LIBCOMM_ALGO.
   std::string algo;

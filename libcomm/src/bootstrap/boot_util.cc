@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "bootstrap/sha256.h"
+#include "libcomm/bootstrap.h"
 
 namespace libcomm::boot {
 
@@ -97,3 +98,11 @@ void Backoff::sleep(Deadline deadline) {
 }
 
 }  // namespace libcomm::boot
+
+namespace libcomm {
+
+Result<std::unique_ptr<SideChannel>> Bootstrap::openSideChannel(Deadline /*deadline*/) {
+  return makeError(StatusCode::kInvalidUsage, "bootstrap '", describe(), "' has no side channel");
+}
+
+}  // namespace libcomm

@@ -5,6 +5,7 @@
 // Names, all prefixed with the job id so several jobs can share a directory:
 //   <job>.c<round>.r<rank>          rank's contribution to collective round <round>
 //   <job>.p<src>-<dst>.t<tag>.<seq> the <seq>-th message from src to dst under tag (deleted on read)
+//   <job>.s.<key>                   the side channel's value of <key> (overwritten in place)
 //   .<job>.tmp.<rank>.<pid>.<n>     a file being written
 
 #include <fcntl.h>
@@ -12,6 +13,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <atomic>
+#include <cctype>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -44,10 +47,122 @@ Status makeDirs(const std::string& dir) {
   return Status::ok();
 }
 
+// Whole files written and read by one process: a file written under a temporary name and renamed
+// into place is complete whenever it exists. Shared by a rank's bootstrap and its side channels
+// (one temporary-name counter, so that their temporary files never collide). Thread-safe.
+struct RankFiles {
+  RankFiles(std::string d, std::string j, int r) : dir(std::move(d)), jobId(std::move(j)), rank(r) {}
+  const std::string dir;
+  const std::string jobId;
+  const int rank;
+  std::atomic<uint64_t> tmpCounter{0};
+
+  Status writeAtomic(const std::string& path, const void* data, size_t bytes) {
+    std::string tmp = dir + "/." + jobId + ".tmp." + std::to_string(rank) + "." + std::to_string(getpid()) + "." +
+                      std::to_string(tmpCounter.fetch_add(1));
+    int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0)
+      return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank, " cannot create ", tmp, ": ",
+                       boot::errnoText(errno));
+    const char* p = static_cast<const char*>(data);
+    size_t done = 0;
+    while (done < bytes) {
+      ssize_t n = write(fd, p + done, bytes - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        int err = errno;
+        close(fd);
+        unlink(tmp.c_str());
+        return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank, " cannot write ", tmp, ": ",
+                         boot::errnoText(err));
+      }
+      done += static_cast<size_t>(n);
+    }
+    // No fsync: the files only need to be visible to the other ranks while the job runs, not to
+    // survive a crash, and rename alone gives readers all-or-nothing contents.
+    close(fd);
+    if (rename(tmp.c_str(), path.c_str()) != 0) {
+      int err = errno;
+      unlink(tmp.c_str());
+      return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank, " cannot rename ", tmp, " to ", path,
+                       ": ", boot::errnoText(err));
+    }
+    return Status::ok();
+  }
+
+  Result<std::optional<std::string>> readIfExists(const std::string& path) const {
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) return std::optional<std::string>();
+      return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank, " cannot open ", path, ": ",
+                       boot::errnoText(errno));
+    }
+    std::string content;
+    char buf[65536];
+    while (true) {
+      ssize_t n = read(fd, buf, sizeof(buf));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        int err = errno;
+        close(fd);
+        return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank, " cannot read ", path, ": ",
+                         boot::errnoText(err));
+      }
+      if (n == 0) break;
+      content.append(buf, static_cast<size_t>(n));
+    }
+    close(fd);
+    return std::optional<std::string>(std::move(content));
+  }
+};
+
+// The side channel: one file per key, <job>.s.<key> with the key's unsafe characters escaped.
+class FileSideChannel final : public SideChannel {
+ public:
+  explicit FileSideChannel(std::shared_ptr<RankFiles> files) : files_(std::move(files)) {}
+
+  Status publish(const std::string& key, const std::string& value, Deadline) override {
+    return files_->writeAtomic(pathOf(key), value.data(), value.size());
+  }
+  Status remove(const std::string& key, Deadline) override {
+    if (unlink(pathOf(key).c_str()) != 0 && errno != ENOENT)
+      return makeError(StatusCode::kSystemError, "file bootstrap: rank ", files_->rank, " cannot remove ", pathOf(key),
+                       ": ", boot::errnoText(errno));
+    return Status::ok();
+  }
+  Result<std::vector<std::optional<std::string>>> lookup(const std::vector<std::string>& keys, Deadline) override {
+    std::vector<std::optional<std::string>> out;
+    for (const std::string& key : keys) {
+      LIBCOMM_ASSIGN_OR_RETURN(std::optional<std::string> value, files_->readIfExists(pathOf(key)));
+      out.push_back(std::move(value));
+    }
+    return out;
+  }
+
+ private:
+  std::string pathOf(const std::string& key) const {
+    static const char* hex = "0123456789abcdef";
+    std::string name;
+    for (unsigned char c : key) {
+      if (isalnum(c) || c == '-' || c == '.') {
+        name += static_cast<char>(c);
+      } else {
+        name += '_';
+        name += hex[c >> 4];
+        name += hex[c & 15];
+      }
+    }
+    return files_->dir + "/" + files_->jobId + ".s." + name;
+  }
+
+  std::shared_ptr<RankFiles> files_;
+};
+
 class FileBootstrap final : public Bootstrap {
  public:
   FileBootstrap(std::string dir, std::string jobId, int rank, int size)
-      : dir_(std::move(dir)), jobId_(std::move(jobId)), rank_(rank), size_(size) {}
+      : dir_(dir), jobId_(jobId), rank_(rank), size_(size),
+        files_(std::make_shared<RankFiles>(std::move(dir), std::move(jobId), rank)) {}
 
   ~FileBootstrap() override {
     // Files of the last completed round stay: another rank may still be reading them, and only a
@@ -58,6 +173,10 @@ class FileBootstrap final : public Bootstrap {
   int size() const override { return size_; }
   const std::string& jobId() const override { return jobId_; }
   std::string describe() const override { return "file " + dir_; }
+
+  Result<std::unique_ptr<SideChannel>> openSideChannel(Deadline) override {
+    return std::unique_ptr<SideChannel>(std::make_unique<FileSideChannel>(files_));
+  }
 
   Status hello(Deadline deadline) {
     uint32_t mine[2] = {kHelloMagic, static_cast<uint32_t>(size_)};
@@ -83,7 +202,7 @@ class FileBootstrap final : public Bootstrap {
   Status send(int peer, uint32_t tag, const void* data, size_t bytes, Deadline deadline) override {
     LIBCOMM_RETURN_IF_ERROR(checkPeer("send", peer));
     uint64_t seq = sendSeq_[{peer, tag}]++;
-    return writeAtomic(p2pName(rank_, peer, tag, seq), data, bytes);
+    return files_->writeAtomic(p2pName(rank_, peer, tag, seq), data, bytes);
   }
 
   Status recv(int peer, uint32_t tag, void* data, size_t bytes, Deadline deadline) override {
@@ -92,7 +211,7 @@ class FileBootstrap final : public Bootstrap {
     std::string path = p2pName(peer, rank_, tag, seq);
     boot::Backoff backoff(kFirstPoll, kMaxPoll);
     while (true) {
-      LIBCOMM_ASSIGN_OR_RETURN(std::optional<std::string> content, readIfExists(path));
+      LIBCOMM_ASSIGN_OR_RETURN(std::optional<std::string> content, files_->readIfExists(path));
       if (content) {
         ++recvSeq_[{peer, tag}];
         unlink(path.c_str());
@@ -126,74 +245,16 @@ class FileBootstrap final : public Bootstrap {
            "." + std::to_string(seq);
   }
 
-  Status writeAtomic(const std::string& path, const void* data, size_t bytes) {
-    std::string tmp = dir_ + "/." + jobId_ + ".tmp." + std::to_string(rank_) + "." + std::to_string(getpid()) + "." +
-                      std::to_string(tmpCounter_++);
-    int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0)
-      return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank_, " cannot create ", tmp, ": ",
-                       boot::errnoText(errno));
-    const char* p = static_cast<const char*>(data);
-    size_t done = 0;
-    while (done < bytes) {
-      ssize_t n = write(fd, p + done, bytes - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        int err = errno;
-        close(fd);
-        unlink(tmp.c_str());
-        return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank_, " cannot write ", tmp, ": ",
-                         boot::errnoText(err));
-      }
-      done += static_cast<size_t>(n);
-    }
-    // No fsync: the files only need to be visible to the other ranks while the job runs, not to
-    // survive a crash, and rename alone gives readers all-or-nothing contents.
-    close(fd);
-    if (rename(tmp.c_str(), path.c_str()) != 0) {
-      int err = errno;
-      unlink(tmp.c_str());
-      return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank_, " cannot rename ", tmp, " to ", path,
-                       ": ", boot::errnoText(err));
-    }
-    return Status::ok();
-  }
-
-  Result<std::optional<std::string>> readIfExists(const std::string& path) {
-    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      if (errno == ENOENT) return std::optional<std::string>();
-      return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank_, " cannot open ", path, ": ",
-                       boot::errnoText(errno));
-    }
-    std::string content;
-    char buf[65536];
-    while (true) {
-      ssize_t n = read(fd, buf, sizeof(buf));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        int err = errno;
-        close(fd);
-        return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank_, " cannot read ", path, ": ",
-                         boot::errnoText(err));
-      }
-      if (n == 0) break;
-      content.append(buf, static_cast<size_t>(n));
-    }
-    close(fd);
-    return std::optional<std::string>(std::move(content));
-  }
-
   Status collective(const char* op, const void* mine, void* all, size_t bytes, Deadline deadline) {
     const uint64_t round = round_++;
-    LIBCOMM_RETURN_IF_ERROR(writeAtomic(roundName(round, rank_), mine, bytes));
+    LIBCOMM_RETURN_IF_ERROR(files_->writeAtomic(roundName(round, rank_), mine, bytes));
     std::vector<std::optional<std::string>> got(size_);
     int pending = size_;
     boot::Backoff backoff(kFirstPoll, kMaxPoll);
     while (true) {
       for (int r = 0; r < size_; ++r) {
         if (got[r]) continue;
-        LIBCOMM_ASSIGN_OR_RETURN(got[r], readIfExists(roundName(round, r)));
+        LIBCOMM_ASSIGN_OR_RETURN(got[r], files_->readIfExists(roundName(round, r)));
         if (got[r]) --pending;
       }
       if (pending == 0) break;
@@ -222,8 +283,8 @@ class FileBootstrap final : public Bootstrap {
   const std::string jobId_;
   const int rank_;
   const int size_;
+  std::shared_ptr<RankFiles> files_;
   uint64_t round_ = 0;
-  uint64_t tmpCounter_ = 0;
   std::map<std::pair<int, uint32_t>, uint64_t> sendSeq_;
   std::map<std::pair<int, uint32_t>, uint64_t> recvSeq_;
 };

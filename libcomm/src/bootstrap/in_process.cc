@@ -36,6 +36,37 @@ struct Shared {
   std::map<uint64_t, Round> rounds;
   // Point-to-point mailboxes keyed by (source, destination, tag); FIFO keeps per-tag order.
   std::map<std::tuple<int, int, uint32_t>, std::deque<std::vector<char>>> mailboxes;
+  // The side channel's board (its own lock: a side channel never waits behind a round).
+  std::mutex boardMutex;
+  std::map<std::string, std::string> board;
+};
+
+class InProcessSideChannel final : public SideChannel {
+ public:
+  explicit InProcessSideChannel(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
+
+  Status publish(const std::string& key, const std::string& value, Deadline) override {
+    std::lock_guard<std::mutex> lock(shared_->boardMutex);
+    shared_->board[key] = value;
+    return Status::ok();
+  }
+  Status remove(const std::string& key, Deadline) override {
+    std::lock_guard<std::mutex> lock(shared_->boardMutex);
+    shared_->board.erase(key);
+    return Status::ok();
+  }
+  Result<std::vector<std::optional<std::string>>> lookup(const std::vector<std::string>& keys, Deadline) override {
+    std::vector<std::optional<std::string>> out;
+    std::lock_guard<std::mutex> lock(shared_->boardMutex);
+    for (const std::string& key : keys) {
+      auto it = shared_->board.find(key);
+      out.push_back(it == shared_->board.end() ? std::nullopt : std::optional<std::string>(it->second));
+    }
+    return out;
+  }
+
+ private:
+  std::shared_ptr<Shared> shared_;
 };
 
 class InProcessBootstrap final : public Bootstrap {
@@ -46,6 +77,10 @@ class InProcessBootstrap final : public Bootstrap {
   int size() const override { return shared_->size; }
   const std::string& jobId() const override { return shared_->jobId; }
   std::string describe() const override { return "in-process"; }
+
+  Result<std::unique_ptr<SideChannel>> openSideChannel(Deadline) override {
+    return std::unique_ptr<SideChannel>(std::make_unique<InProcessSideChannel>(shared_));
+  }
 
   Status allGather(const void* mine, void* all, size_t bytes, Deadline deadline) override {
     return collective("allGather", mine, all, bytes, deadline);

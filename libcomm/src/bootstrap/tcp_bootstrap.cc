@@ -4,9 +4,12 @@
 // Keys: job/id                      the job id, set by rank 0
 //       c/<round>/<rank>            rank's contribution to collective round <round>
 //       p/<src>/<dst>/<tag>/<seq>   the <seq>-th message from src to dst under tag
+//       s/<key>                     the side channel's value of <key> (over a connection of its own)
 
+#include <algorithm>
 #include <cstring>
 #include <map>
+#include <mutex>
 
 #include "bootstrap/boot_util.h"
 #include "bootstrap/sha256.h"
@@ -20,15 +23,72 @@ constexpr uint32_t kHelloMagic = 0x54424f4f;  // "TBOO"
 // Room left in a reply for the per-value length prefixes.
 constexpr size_t kReplyOverhead = 4096;
 
+// The side channel: a store connection of its own (a collective round of the bootstrap may be
+// parked on the main one), authenticated without claiming a rank, behind a mutex.
+class TcpSideChannel final : public SideChannel {
+ public:
+  explicit TcpSideChannel(std::unique_ptr<boot::TcpStoreClient> client) : client_(std::move(client)) {}
+
+  Status publish(const std::string& key, const std::string& value, Deadline deadline) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return client_->set("s/" + key, value, deadline);
+  }
+  Status remove(const std::string& key, Deadline deadline) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return client_->remove("s/" + key, deadline);
+  }
+  Result<std::vector<std::optional<std::string>>> lookup(const std::vector<std::string>& keys,
+                                                         Deadline deadline) override {
+    std::vector<std::string> wanted;
+    for (const std::string& key : keys) wanted.push_back("s/" + key);
+    std::lock_guard<std::mutex> lock(mu_);
+    // A get answers only when every key exists: ask with no wait, and when some are missing, ask
+    // again for the others (a key removed in between just comes back missing after a few tries).
+    std::vector<std::optional<std::string>> out(keys.size());
+    std::vector<size_t> ask(keys.size());
+    for (size_t i = 0; i < ask.size(); ++i) ask[i] = i;
+    for (int attempt = 0; attempt < 3 && !ask.empty(); ++attempt) {
+      std::vector<std::string> asked;
+      for (size_t i : ask) asked.push_back(wanted[i]);
+      std::vector<std::string> missing;
+      auto got = client_->get(asked, false, Deadline::after(Milliseconds(0)), &missing);
+      if (got.isOk()) {
+        for (size_t j = 0; j < ask.size(); ++j) out[ask[j]] = std::move((*got)[j]);
+        return out;
+      }
+      if (got.status().code() != StatusCode::kTimeout) return got.status();
+      std::vector<size_t> present;
+      for (size_t i : ask)
+        if (std::find(missing.begin(), missing.end(), wanted[i]) == missing.end()) present.push_back(i);
+      ask = std::move(present);
+      if (deadline.expired()) break;
+    }
+    return out;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unique_ptr<boot::TcpStoreClient> client_;
+};
+
 class TcpBootstrap final : public Bootstrap {
  public:
-  TcpBootstrap(std::unique_ptr<boot::TcpStoreClient> client, int rank, int size)
-      : client_(std::move(client)), rank_(rank), size_(size) {}
+  TcpBootstrap(std::unique_ptr<boot::TcpStoreClient> client, std::string host, int port, std::string secret, int rank,
+               int size)
+      : client_(std::move(client)), host_(std::move(host)), port_(port), secret_(std::move(secret)), rank_(rank),
+        size_(size) {}
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const std::string& jobId() const override { return jobId_; }
   std::string describe() const override { return "tcp " + client_->address(); }
+
+  Result<std::unique_ptr<SideChannel>> openSideChannel(Deadline deadline) override {
+    auto client = boot::TcpStoreClient::connect(host_, port_, secret_, kNoRank, deadline);
+    if (!client.isOk())
+      return client.status().withContext("rank " + std::to_string(rank_) + ": opening a side channel");
+    return std::unique_ptr<SideChannel>(std::make_unique<TcpSideChannel>(std::move(*client)));
+  }
 
   Status join(std::string jobId, Deadline deadline) {
     if (rank_ == 0) {
@@ -146,7 +206,13 @@ class TcpBootstrap final : public Bootstrap {
     return Status::ok();
   }
 
+  // A connection that claims no rank: the store allows one connection per rank.
+  static constexpr int kNoRank = -1;
+
   std::unique_ptr<boot::TcpStoreClient> client_;
+  const std::string host_;
+  const int port_;
+  const std::string secret_;
   const int rank_;
   const int size_;
   std::string jobId_;
@@ -169,7 +235,7 @@ Result<std::unique_ptr<Bootstrap>> createTcpBootstrap(const std::string& host, i
                      ": empty job secret (set LIBCOMM_SECRET)");
   if (!jobId.empty()) LIBCOMM_RETURN_IF_ERROR(boot::checkJobId(jobId));
   LIBCOMM_ASSIGN_OR_RETURN(auto client, boot::TcpStoreClient::connect(host, port, secret, rank, deadline));
-  auto bootstrap = std::make_unique<TcpBootstrap>(std::move(client), rank, size);
+  auto bootstrap = std::make_unique<TcpBootstrap>(std::move(client), host, port, secret, rank, size);
   LIBCOMM_RETURN_IF_ERROR(bootstrap->join(jobId, deadline));
   LIBCOMM_LOG(kInfo, "boot") << "tcp bootstrap: rank " << rank << " of " << size << " joined job " << bootstrap->jobId()
                              << " at " << host << ":" << port;

@@ -20,7 +20,8 @@
 
 namespace libcomm {
 
-struct CrossHost;  // cross_host.h
+struct CrossHost;      // cross_host.h
+class ProgressBoard;   // progress_board.h
 namespace ring {
 struct Env;
 class Link;
@@ -140,6 +141,7 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   // only threads that must wait sleep on cv_ (counted in sleepers_, so that settle() takes mu_
   // only when someone sleeps).
   std::atomic<uint32_t> lastExecuted_{0};
+  std::atomic<uint32_t> lastStarted_{0};  // the last collective execute() began (progress board)
   std::atomic<int> inflight_{0};
   std::atomic<int> sleepers_{0};
   std::mutex mu_;
@@ -156,6 +158,14 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   std::atomic<bool> finalized_{false};
   int inflight() const { return inflight_.load(); }
   uint32_t lastExecuted() const { return lastExecuted_.load(); }
+
+ private:
+  /// Across hosts: this rank's progress on the bootstrap's side channel, read back when a
+  /// collective times out (progress_board.h). Null on one host, or where the bootstrap has no side
+  /// channel or reports are off. Last: its reporter reads the counters above until it is stopped.
+  std::unique_ptr<ProgressBoard> board_;
+  Status withStragglers(Status st, uint32_t seq);
+  void openProgressBoard(Bootstrap& bootstrap, const std::string& commId, Deadline deadline);
 };
 
 }  // namespace libcomm

@@ -14,6 +14,7 @@
 #include "core/comm_impl.h"
 #include "core/cross_host.h"
 #include "core/log.h"
+#include "core/progress_board.h"
 #include "core/selector.h"
 #include "reduce/reduce_impl.h"
 #include "topology/hosts.h"
@@ -117,6 +118,8 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   if (impl->hosts_.numHosts() > 1) {
     // Ranks on other hosts share no memory: every collective goes around a ring over UCX.
     LIBCOMM_RETURN_IF_ERROR(impl->connectAcrossHosts(bootstrap, prefixes, deadline));
+    // Before the barrier below: every rank's first report exists once anyone starts a collective.
+    impl->openProgressBoard(bootstrap, prefixes[0].substr(1), deadline);
   } else {
     LIBCOMM_RETURN_IF_ERROR(impl->channel_->connect(prefixes, deadline));
     impl->peers_->setPrefixes(prefixes);

@@ -33,6 +33,9 @@ const std::vector<SettingInfo> kSettings = {
     {"LIBCOMM_PEER_CHECK_MS", SettingType::kInt, "100", "how often a blocked wait checks that its peers are alive"},
     {"LIBCOMM_PEER_TIMEOUT_MS", SettingType::kInt, "10000",
      "a lost peer is named within this; across hosts it sizes TCP keepalive (UCX_TCP_KEEP*, unless set)"},
+    {"LIBCOMM_PROGRESS_REPORT_MS", SettingType::kInt, "1000",
+     "across hosts: how often a rank publishes its progress on the bootstrap store, so that a timeout can name the "
+     "ranks that had not arrived (at most every op timeout / 4); 0: never"},
     // Algorithms.
     {"LIBCOMM_ALGO", SettingType::kString, "", "force an algorithm: eager|direct|staged on one host, ring|hier across hosts; nccl: NCCL for device memory (empty: the selector decides)"},
     {"LIBCOMM_CHECK_MISMATCH", SettingType::kBool, "1",
@@ -146,6 +149,7 @@ Result<CommConfig> CommConfig::fromEnvironment() {
   LIBCOMM_ASSIGN_OR_RETURN(long long initMs, settingInt("LIBCOMM_INIT_TIMEOUT_MS"));
   LIBCOMM_ASSIGN_OR_RETURN(long long peerMs, settingInt("LIBCOMM_PEER_CHECK_MS"));
   LIBCOMM_ASSIGN_OR_RETURN(long long peerTimeoutMs, settingInt("LIBCOMM_PEER_TIMEOUT_MS"));
+  LIBCOMM_ASSIGN_OR_RETURN(long long reportMs, settingInt("LIBCOMM_PROGRESS_REPORT_MS"));
   LIBCOMM_ASSIGN_OR_RETURN(long long chunk, settingInt("LIBCOMM_STAGING_CHUNK"));
   LIBCOMM_ASSIGN_OR_RETURN(long long eager, settingInt("LIBCOMM_EAGER_BYTES"));
   LIBCOMM_ASSIGN_OR_RETURN(long long spinUs, settingInt("LIBCOMM_SPIN_US"));
@@ -168,6 +172,7 @@ Result<CommConfig> CommConfig::fromEnvironment() {
   c.initTimeout = Milliseconds(initMs);
   c.peerCheckInterval = Milliseconds(peerMs);
   c.peerTimeout = Milliseconds(peerTimeoutMs);
+  c.progressReportInterval = Milliseconds(reportMs);
   c.stagingChunkBytes = static_cast<size_t>(chunk);
   c.hostId = settingValue("LIBCOMM_HOST_ID");
   if (c.hostId.size() >= 64)
@@ -207,6 +212,9 @@ Status CommConfig::validate() const {
     return makeError(StatusCode::kInvalidArgument, "deadlines are inverted: the peer check interval (LIBCOMM_PEER_CHECK_MS, ",
                      ms(peerCheckInterval), ") must be shorter than the peer timeout (LIBCOMM_PEER_TIMEOUT_MS, ",
                      ms(peerTimeout), ")");
+  if (progressReportInterval.count() < 0)
+    return makeError(StatusCode::kInvalidArgument, "the progress report interval (LIBCOMM_PROGRESS_REPORT_MS) must be >= 0 ",
+                     "(0: no reports), got ", ms(progressReportInterval));
   if (stagingChunkBytes < 4096 || stagingChunkBytes > (size_t{1} << 30))
     return makeError(StatusCode::kInvalidArgument, "the staging chunk (LIBCOMM_STAGING_CHUNK) must be in [4096, 2^30], got ",
                      stagingChunkBytes);

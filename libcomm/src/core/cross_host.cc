@@ -27,6 +27,7 @@
 
 #include "core/comm_impl.h"
 #include "core/log.h"
+#include "core/progress_board.h"
 #include "core/selector.h"
 #include "reduce/copy.h"
 #include "reduce/reduce.h"
@@ -154,7 +155,35 @@ Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, const std::v
 
 Status Communicator::Impl::runAcrossHosts(const CollArgs& args, uint32_t seq, const WaitContext& wait) {
   Status st = runRing(args, seq, wait);
-  return st.isOk() ? st : explainWithNotices(std::move(st));
+  return st.isOk() ? st : withStragglers(explainWithNotices(std::move(st)), seq);
+}
+
+void Communicator::Impl::openProgressBoard(Bootstrap& bootstrap, const std::string& commId, Deadline deadline) {
+  if (config_.progressReportInterval.count() == 0) return;
+  // Never as old as the timeout it explains; never so often that the store notices.
+  const Milliseconds interval =
+      std::max(Milliseconds(10), std::min(config_.progressReportInterval, config_.opTimeout / 4));
+  auto read = [this] {
+    return RankProgress{nextSeq_.load(std::memory_order_relaxed), lastStarted_.load(std::memory_order_relaxed),
+                        lastExecuted_.load(std::memory_order_relaxed), failed_.load(std::memory_order_relaxed)};
+  };
+  auto board = ProgressBoard::open(bootstrap, commId, rank_, size_, interval, read, deadline);
+  if (!board.isOk()) {
+    // Not fatal: collectives work without it, and a timeout then names the peers it waited on.
+    const bool unsupported = board.status().code() == StatusCode::kInvalidUsage;
+    LIBCOMM_LOG(kWarn, "init") << "rank " << rank_ << ": no progress reports across hosts"
+                               << (unsupported ? "" : " (a timeout will name only the peers it waited on)") << ": "
+                               << board.status().message();
+    return;
+  }
+  board_ = std::move(*board);
+}
+
+Status Communicator::Impl::withStragglers(Status st, uint32_t seq) {
+  if (!board_ || st.code() != StatusCode::kTimeout) return st;
+  // Bounded well inside the op timeout: the peers this rank now fails are waiting for its notice.
+  const Deadline cap = Deadline::after(std::min(Milliseconds(500), config_.opTimeout / 10));
+  return Status(st.code(), st.message() + "; " + board_->stragglers(seq, cap));
 }
 
 Status Communicator::Impl::explainWithNotices(Status st) {

@@ -129,6 +129,7 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool bloc
   log::setThreadRank(rank_);
   // Blocking: an inline stream runs it on the enqueuing thread, at once.
   flight_->started(seq, blocking);
+  lastStarted_.store(seq, std::memory_order_relaxed);
   const OpDeadline deadline(config_.opTimeout);
   Status st;
   FlightState outcome = FlightState::kDone;

@@ -1,0 +1,157 @@
+// The progress board (progress_board.h): each rank's entry on the bootstrap's side channel, kept
+// current by a reporter thread, and read by a rank whose collective timed out.
+
+#include "core/progress_board.h"
+
+#include <pthread.h>
+
+#include <charconv>
+#include <sstream>
+
+#include "core/log.h"
+
+namespace libcomm {
+namespace {
+
+// Bounds of the reporter's own calls, so that stopping it (communicator destruction) is bounded.
+constexpr Milliseconds kPublishBound{1000};
+constexpr Milliseconds kRemoveBound{1000};
+
+// Sequence numbers wrap at 2^32: `a` is at or past `b` when the distance from b is under 2^31.
+bool reached(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) >= 0; }
+
+bool parseU32(std::string_view text, uint32_t* out) {
+  if (text.empty()) return false;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), *out);
+  return ec == std::errc() && end == text.data() + text.size();
+}
+
+}  // namespace
+
+std::string encodeProgress(const RankProgress& p) {
+  return "v1 " + std::to_string(p.called) + " " + std::to_string(p.started) + " " + std::to_string(p.finished) + " " +
+         (p.failed ? "1" : "0");
+}
+
+bool decodeProgress(std::string_view text, RankProgress* out) {
+  std::vector<std::string_view> fields;
+  while (!text.empty()) {
+    const size_t space = text.find(' ');
+    fields.push_back(text.substr(0, space));
+    if (space == std::string_view::npos) break;
+    text.remove_prefix(space + 1);
+    if (text.empty()) return false;  // a trailing space
+  }
+  if (fields.size() != 5 || fields[0] != "v1") return false;
+  RankProgress p;
+  uint32_t failed = 0;
+  if (!parseU32(fields[1], &p.called) || !parseU32(fields[2], &p.started) || !parseU32(fields[3], &p.finished) ||
+      !parseU32(fields[4], &failed) || failed > 1)
+    return false;
+  p.failed = failed == 1;
+  *out = p;
+  return true;
+}
+
+std::string describeStragglers(uint32_t seq, int self, const std::vector<std::optional<std::string>>& reports) {
+  std::string list, details;
+  for (int r = 0; r < static_cast<int>(reports.size()); ++r) {
+    if (r == self) continue;
+    std::string why;
+    RankProgress p;
+    if (!reports[r]) {
+      why = "no progress report: its communicator is gone, or its reports failed";
+    } else if (!decodeProgress(*reports[r], &p)) {
+      why = "unreadable progress report";
+    } else if (reached(p.started, seq)) {
+      continue;  // there
+    } else if (p.failed) {
+      why = "its communicator failed; last finished seq " + std::to_string(p.finished);
+    } else if (reached(p.called, seq)) {
+      why = "called it, but its stream has not reached it: last started seq " + std::to_string(p.started);
+    } else if (p.called == 0) {
+      why = "has called no collective yet";
+    } else {
+      why = "has not called it; last called seq " + std::to_string(p.called) + ", finished seq " +
+            std::to_string(p.finished);
+    }
+    list += (list.empty() ? "" : ", ") + std::to_string(r);
+    details += (details.empty() ? "" : "; ") + std::to_string(r) + ": " + why;
+  }
+  if (list.empty()) return "";
+  return "not there yet: " + list + " (" + details + ")";
+}
+
+Result<std::unique_ptr<ProgressBoard>> ProgressBoard::open(Bootstrap& bootstrap, const std::string& commId, int rank,
+                                                           int size, Milliseconds interval, Reader read,
+                                                           Deadline deadline) {
+  LIBCOMM_ASSIGN_OR_RETURN(std::unique_ptr<SideChannel> side, bootstrap.openSideChannel(deadline));
+  std::unique_ptr<ProgressBoard> board(new ProgressBoard(std::move(side), commId, rank, size, interval, std::move(read)));
+  board->published_ = board->read_();
+  LIBCOMM_RETURN_IF_ERROR(board->side_->publish(board->keyOf(rank), encodeProgress(board->published_), deadline));
+  board->reporter_ = std::thread([b = board.get()] {
+    pthread_setname_np(pthread_self(), "libcomm-board");
+    log::setThreadRank(b->rank_);
+    std::unique_lock<std::mutex> lock(b->mu_);
+    while (!b->stop_.wait_for(lock, b->interval_, [b] { return b->stopping_; })) {
+      if (!b->broken_.empty()) continue;
+      lock.unlock();
+      b->report();
+      lock.lock();
+    }
+  });
+  return board;
+}
+
+ProgressBoard::ProgressBoard(std::unique_ptr<SideChannel> side, std::string commId, int rank, int size,
+                             Milliseconds interval, Reader read)
+    : side_(std::move(side)), commId_(std::move(commId)), rank_(rank), size_(size), interval_(interval),
+      read_(std::move(read)) {}
+
+ProgressBoard::~ProgressBoard() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  stop_.notify_all();
+  if (reporter_.joinable()) reporter_.join();
+  Status removed = side_->remove(keyOf(rank_), Deadline::after(kRemoveBound));
+  if (!removed.isOk())
+    LIBCOMM_LOG(kDebug, "coll") << "rank " << rank_ << ": removing its progress report: " << removed.toString();
+}
+
+std::string ProgressBoard::keyOf(int rank) const { return "progress/" + commId_ + "/" + std::to_string(rank); }
+
+void ProgressBoard::report() {
+  const RankProgress now = read_();
+  if (now == published_) return;
+  Status st = side_->publish(keyOf(rank_), encodeProgress(now), Deadline::after(kPublishBound));
+  if (st.isOk()) {
+    published_ = now;
+    return;
+  }
+  // A side channel that failed once (a lost store connection) stays failed: stop, say so once.
+  LIBCOMM_LOG(kWarn, "coll") << "rank " << rank_ << ": progress reports stopped (a timeout will not be able to "
+                             << "name the ranks on other hosts that had not arrived): " << st.toString();
+  std::lock_guard<std::mutex> lock(mu_);
+  broken_ = st.message();
+}
+
+std::string ProgressBoard::stragglers(uint32_t seq, Deadline deadline) {
+  std::vector<std::string> keys;
+  for (int r = 0; r < size_; ++r) keys.push_back(keyOf(r));
+  auto reports = side_->lookup(keys, deadline);
+  if (!reports.isOk()) return "progress reports of the other ranks unreadable: " + reports.status().message();
+  const std::string text = describeStragglers(seq, rank_, *reports);
+  std::ostringstream out;
+  out << "by the ranks' progress reports (each at most " << interval_.count() << " ms old), ";
+  if (text.empty())
+    out << "every rank has started seq " << seq << " (what is missing is data, not a rank: see their own errors)";
+  else
+    out << "ranks " << text;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!broken_.empty()) out << "; this rank's own reports stopped earlier: " << broken_;
+  return out.str();
+}
+
+}  // namespace libcomm

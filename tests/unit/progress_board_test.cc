@@ -1,0 +1,129 @@
+// The progress board (core/progress_board.h): its entries, how a timed-out rank describes the
+// ranks that had not arrived, and the reporter thread on a real in-process side channel.
+
+#include "core/progress_board.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "libcomm/bootstrap.h"
+
+namespace libcomm {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(ProgressBoard, EntriesRoundTripAndGarbageIsRefused) {
+  const RankProgress p{7, 6, 5, true};
+  RankProgress q;
+  ASSERT_TRUE(decodeProgress(encodeProgress(p), &q));
+  EXPECT_EQ(q, p);
+  ASSERT_TRUE(decodeProgress(encodeProgress(RankProgress{}), &q));
+  EXPECT_EQ(q, RankProgress{});
+  for (const char* bad : {"", "v1", "v1 1 2 3", "v1 1 2 3 0 ", "v2 1 2 3 0", "v1 1 2 3 2", "v1 -1 2 3 0",
+                          "v1 1 2 x 0", "v1 1  2 3 0", "v1 4294967296 0 0 0"})
+    EXPECT_FALSE(decodeProgress(bad, &q)) << "'" << bad << "'";
+}
+
+TEST(ProgressBoard, DescribesEachStragglerByWhatItWasDoing) {
+  std::vector<std::optional<std::string>> reports = {
+      encodeProgress({5, 5, 4, false}),  // rank 0: the asker itself, left out whatever it says
+      encodeProgress({5, 5, 4, false}),  // in seq 5: there
+      encodeProgress({4, 4, 4, false}),  // has not called seq 5
+      encodeProgress({5, 4, 4, false}),  // called it, its stream is still on seq 4
+      encodeProgress({0, 0, 0, false}),  // nothing called yet
+      encodeProgress({3, 3, 3, true}),   // failed
+      std::nullopt,                      // no entry
+      std::string("garbage"),
+      encodeProgress({6, 6, 5, false}),  // past it: there
+  };
+  const std::string text = describeStragglers(5, 0, reports);
+  EXPECT_NE(text.find("not there yet: 2, 3, 4, 5, 6, 7 ("), std::string::npos) << text;
+  for (const char* want : {"2: has not called it; last called seq 4, finished seq 4",
+                           "3: called it, but its stream has not reached it: last started seq 4",
+                           "4: has called no collective yet", "5: its communicator failed; last finished seq 3",
+                           "6: no progress report", "7: unreadable progress report"})
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  EXPECT_EQ(text.find("1:"), std::string::npos) << text;
+  EXPECT_EQ(text.find("8:"), std::string::npos) << text;
+  EXPECT_EQ(describeStragglers(5, 0, {reports[0], reports[1], reports[8]}), "");
+}
+
+TEST(ProgressBoard, SequenceNumbersWrapAround) {
+  // A rank at seq 2 is past one waiting in seq 2^32 - 1 (the counter wrapped); one at 2^32 - 2 is not.
+  const uint32_t seq = 0xffffffffu;
+  const std::vector<std::optional<std::string>> reports = {encodeProgress({seq, seq, seq - 1, false}),
+                                                           encodeProgress({2, 2, 1, false}),
+                                                           encodeProgress({seq - 1, seq - 1, seq - 1, false})};
+  EXPECT_NE(describeStragglers(seq, 0, reports).find("not there yet: 2 ("), std::string::npos)
+      << describeStragglers(seq, 0, reports);
+}
+
+// A Bootstrap written outside libcomm keeps the default: no side channel, and no board.
+class NoSideChannel final : public Bootstrap {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const std::string& jobId() const override { return id_; }
+  std::string describe() const override { return "custom"; }
+  Status allGather(const void*, void*, size_t, Deadline) override { return Status::ok(); }
+  Status barrier(Deadline) override { return Status::ok(); }
+  Status send(int, uint32_t, const void*, size_t, Deadline) override { return Status::ok(); }
+  Status recv(int, uint32_t, void*, size_t, Deadline) override { return Status::ok(); }
+
+ private:
+  std::string id_ = "custom-job";
+};
+
+TEST(ProgressBoard, ABootstrapWithoutASideChannelGivesNoBoard) {
+  NoSideChannel bootstrap;
+  auto board = ProgressBoard::open(bootstrap, "c", 0, 1, 10ms, [] { return RankProgress{}; }, Deadline::after(1s));
+  ASSERT_FALSE(board.isOk());
+  EXPECT_EQ(board.status().code(), StatusCode::kInvalidUsage);
+  EXPECT_NE(board.status().message().find("no side channel"), std::string::npos) << board.status().toString();
+}
+
+// Three ranks' boards on one in-process side channel: the reporters publish what changed, a reader
+// sees it within a few intervals, and a destroyed board leaves no entry behind.
+TEST(ProgressBoard, ReportersPublishChangesAndCleanUp) {
+  auto bootstraps = createInProcessBootstraps(3);
+  std::atomic<uint32_t> called[3] = {}, started[3] = {};
+  std::vector<std::unique_ptr<ProgressBoard>> boards;
+  for (int r = 0; r < 3; ++r) {
+    auto read = [&, r] { return RankProgress{called[r].load(), started[r].load(), 0, false}; };
+    auto board = ProgressBoard::open(*bootstraps[r], "comm-x", r, 3, 20ms, read, Deadline::after(1s));
+    ASSERT_TRUE(board.isOk()) << board.status().toString();
+    boards.push_back(std::move(*board));
+  }
+  // Everyone's first entry exists at once: nobody has called seq 1.
+  std::string text = boards[0]->stragglers(1, Deadline::after(1s));
+  EXPECT_NE(text.find("not there yet: 1, 2 (1: has called no collective yet; 2: has called no collective yet)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("at most 20 ms old"), std::string::npos) << text;
+
+  called[1] = started[1] = 1;  // rank 1 is in seq 1
+  called[2] = 1;               // rank 2 called it, but its stream has not started it
+  const Deadline limit = Deadline::after(5s);
+  while (!limit.expired() && boards[0]->stragglers(1, Deadline::after(1s)).find("not there yet: 2 (") == std::string::npos)
+    std::this_thread::sleep_for(5ms);
+  text = boards[0]->stragglers(1, Deadline::after(1s));
+  EXPECT_NE(text.find("not there yet: 2 (2: called it, but its stream has not reached it: last started seq 0)"),
+            std::string::npos)
+      << text;
+
+  started[2] = 1;
+  while (!limit.expired() && boards[0]->stragglers(1, Deadline::after(1s)).find("every rank has started seq 1") ==
+                                 std::string::npos)
+    std::this_thread::sleep_for(5ms);
+  EXPECT_NE(boards[0]->stragglers(1, Deadline::after(1s)).find("every rank has started seq 1"), std::string::npos);
+
+  boards[2].reset();
+  text = boards[0]->stragglers(1, Deadline::after(1s));
+  EXPECT_NE(text.find("not there yet: 2 (2: no progress report"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace libcomm
