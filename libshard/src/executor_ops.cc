@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "device/device_memory.h"
 #include "libshard/executor.h"
 #include "shard_internal.h"
 
@@ -29,7 +30,7 @@ Status Executor::runOp(const ScheduleOp& op) {
     case OpKind::kWait:
       // An inline compute stream would block in its wait: block here instead, where a timeout or a
       // failed collective is reported as the hook's error, naming what it waited for.
-      if (op.stream == StreamId::kCompute && !options_.threadedComputeStream) LIBCOMM_RETURN_IF_ERROR(hostWait(op));
+      if (op.stream == StreamId::kCompute && inlineCompute_) LIBCOMM_RETURN_IF_ERROR(hostWait(op));
       return stream(op.stream).wait(*events_[static_cast<size_t>(op.event)]);
     case OpKind::kRecord: {
       const ScheduleEvent& ev = schedule_.events[static_cast<size_t>(op.event)];
@@ -57,6 +58,13 @@ Status Executor::runOp(const ScheduleOp& op) {
       return stream(op.stream).record(*events_[static_cast<size_t>(op.event)]);
     }
     case OpKind::kHostWait:
+      // CPU compute runs on the trainer's thread, which therefore waits. A CUDA trainer's compute
+      // runs on the compute stream, whose kWait (just before) orders it: the thread goes on, and
+      // only a gather or reduce-scatter that has already failed is reported here.
+      if (device_) {
+        Status now = events_[static_cast<size_t>(op.event)]->query();
+        if (now.isOk() || now.code() == StatusCode::kInProgress) return Status::ok();
+      }
       return hostWait(op);
     case OpKind::kHostSync: {
       Status st = stream(op.stream).synchronize(libcomm::Deadline::after(options_.waitTimeout));
@@ -165,7 +173,9 @@ Status Executor::runReduce(const ScheduleOp& op) {
   // The resident accumulator is zeroed right behind its reduce-scatter (the next step's first
   // backward adds into it, ordered by endStep's drain); layer gradient buffers are zeroed by the
   // schedule's own kZeroGrad ops, which it places where they cost least.
-  if (resident)
+  if (resident && device_)
+    LIBCOMM_RETURN_IF_ERROR(detail::zeroDeviceAsync(st, send, zeroBytes, pool_.device()));
+  else if (resident)
     LIBCOMM_RETURN_IF_ERROR(st.enqueueHost(
         [send, zeroBytes] {
           std::memset(send, 0, zeroBytes);
@@ -190,7 +200,7 @@ namespace libshard {
 
 // Zeroes the part of a gradient buffer layer `op.layer` used, on the rs stream after its
 // reduce-scatter: the next backward that gets the buffer finds zeros, so a gradient it does not
-// write is zero rather than a stale value. (On a CUDA stream this becomes a memset node.)
+// write is zero rather than a stale value. On a CUDA stream: cudaMemsetAsync.
 Status Executor::runZero(const ScheduleOp& op) {
   void* buf = pool_.gradBuffer(op.gradBuffer);
   const size_t bytes = plan_.layers[static_cast<size_t>(op.layer)].paddedNumel * libcomm::dataTypeSize(computeType_);
@@ -201,6 +211,17 @@ Status Executor::runZero(const ScheduleOp& op) {
   e.buffer = -1;
   e.microBatch = -1;
   const bool log = log_.enabled();
+  if (device_) {
+    // A host function must not call CUDA: the memset is device work, the log entry a host function.
+    if (buf) LIBCOMM_RETURN_IF_ERROR(detail::zeroDeviceAsync(st, buf, bytes, pool_.device()));
+    if (!log) return Status::ok();
+    return st.enqueueHost(
+        [this, e] {
+          log_.add(e);
+          return Status::ok();
+        },
+        "log grad zeroed");
+  }
   return st.enqueueHost(
       [this, buf, bytes, e, log] {
         if (buf) std::memset(buf, 0, bytes);
