@@ -134,8 +134,9 @@ libcomm::Result<std::unique_ptr<Executor>> Executor::create(const ModelSpec& mod
     return bad("the buffer pool was not allocated for this plan");
   LIBCOMM_RETURN_IF_ERROR(checkScheduleAgainstPlan(schedule, plan));
   if (pool.memory() == MemoryKind::kDevice && options.scaleGradients)
-    return bad("scaleGradients is a host pass over the grad shard, and the buffer pool is device memory: leave it "
-               "off and fold pendingGradScale() into the optimizer");
+    return bad(
+        "scaleGradients is a host pass over the grad shard, and the buffer pool is device memory: leave it "
+        "off and fold pendingGradScale() into the optimizer");
 
   std::unique_ptr<Executor> ex(new Executor(plan, std::move(schedule), pool, agComm, rsComm, options));
   LIBCOMM_RETURN_IF_ERROR(ex->bindViews(model));

@@ -216,9 +216,10 @@ class Executor {
   const Schedule& schedule() const { return schedule_; }
   /// True when the executor runs on CUDA streams over device memory (a device pool). Thread-safe.
   bool onDevice() const { return device_; }
-  /// This rank's sharded state (the pool's; device pointers on a device pool). Safe to touch from the trainer's thread between
-  /// endStep and optimizerDone (the optimizer's window) and before the first beginStep; during a
-  /// step the streams read the shards (gathers) and write the grad shard (reduce-scatters).
+  /// This rank's sharded state (the pool's; device pointers on a device pool). Safe to touch from
+  /// the trainer's thread between endStep and optimizerDone (the optimizer's window) and before the
+  /// first beginStep; during a step the streams read the shards (gathers) and write the grad shard
+  /// (reduce-scatters). On a device pool, "touch" means work enqueued on computeStream().
   ShardState& state() { return pool_.state(); }
   /// The event log (disabled unless ExecutorOptions::eventLogCapacity > 0). Read it only between
   /// endStep and the next beginStep, after synchronize() (the optimizer stamps are written by the

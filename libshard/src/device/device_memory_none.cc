@@ -1,8 +1,8 @@
 // libshard's device memory in a build without CUDA: every call gives libcomm's answer ("built
 // without CUDA"), so callers get one message whichever library they asked.
 
-#include "libcomm/cuda.h"
 #include "device/device_memory.h"
+#include "libcomm/cuda.h"
 
 namespace libshard::detail {
 
