@@ -20,8 +20,10 @@
 // Last, the event log (entries written by host functions on the CUDA streams) must pass
 // checkEventLog: rules A/B, gradient buffers, the optimizer gate.
 //
-// Without a device every test skips with "skipped: no CUDA device", decided on the main thread by a
+// Without a device the gpu tests skip with "skipped: no CUDA device", decided on the main thread by a
 // forked child (the parent must not initialize CUDA before the harness forks the ranks).
+// ShardExecHostTwin runs the same body on host memory and host streams, everywhere (label mt): it
+// checks the test itself on the CPU path.
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -113,6 +115,133 @@ Status cudaOk(cudaError_t e, const char* what) {
   return libcomm::makeError(StatusCode::kCudaError, what, ": ", cudaGetErrorName(e), ": ", cudaGetErrorString(e));
 }
 #define CU(call) LIBCOMM_RETURN_IF_ERROR(cudaOk((call), #call))
+
+// ---- the body's memory operations: CUDA, or the host twin -------------------------------------------
+// The rank body below is written once against this interface. On a GPU it runs with CudaOps: device
+// scratch, pinned staging, copies/memsets/kernels on the executor's compute stream. HostOps runs
+// the same body over a host pool and host streams (the twin test, which runs everywhere): it
+// proves the test's own bookkeeping -- expected values, hook order, log counts -- on the CPU path,
+// so that a GPU run failing points at the device path, not at the test.
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual libshard::MemoryKind memory() const = 0;
+  /// Scratch the compute stream's work reads and writes (device memory on a GPU).
+  virtual Status allocScratch(void** p, size_t bytes) = 0;
+  /// Host memory the compute stream's copies read (pinned on a GPU); stays valid until ~Ops.
+  virtual Status allocStaging(void** p, size_t bytes) = 0;
+  /// Synchronous copy/fill, any memory, finished on return and visible to every stream.
+  virtual Status copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual Status fill(void* dst, int byte, size_t bytes) = 0;
+  /// In order on the compute stream.
+  virtual Status copyOn(libcomm::Stream& s, void* dst, const void* src, size_t bytes) = 0;
+  virtual Status fillOn(libcomm::Stream& s, void* dst, int byte, size_t bytes) = 0;
+  /// dst[i] += src[i], i < n, dst fp32 or bf16 bits; src fp32 scratch.
+  virtual Status accumulateOn(libcomm::Stream& s, void* dst, bool bf16, const float* src, size_t n) = 0;
+};
+
+class CudaOps final : public Ops {
+ public:
+  ~CudaOps() override {
+    for (void* p : scratch_) (void)cudaFree(p);
+    for (void* p : staging_) (void)cudaFreeHost(p);
+  }
+  libshard::MemoryKind memory() const override { return libshard::MemoryKind::kDevice; }
+  Status allocScratch(void** p, size_t bytes) override {
+    CU(cudaMalloc(p, bytes));
+    scratch_.push_back(*p);
+    return Status::ok();
+  }
+  Status allocStaging(void** p, size_t bytes) override {
+    CU(cudaMallocHost(p, bytes));
+    staging_.push_back(*p);
+    return Status::ok();
+  }
+  // cudaMemcpy/cudaMemset run on the legacy default stream, which libcomm's non-blocking streams
+  // do not wait for: finish them before returning.
+  Status copy(void* dst, const void* src, size_t bytes) override {
+    CU(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+    CU(cudaDeviceSynchronize());
+    return Status::ok();
+  }
+  Status fill(void* dst, int byte, size_t bytes) override {
+    CU(cudaMemset(dst, byte, bytes));
+    CU(cudaDeviceSynchronize());
+    return Status::ok();
+  }
+  Status copyOn(libcomm::Stream& s, void* dst, const void* src, size_t bytes) override {
+    CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, native(s)));
+    return Status::ok();
+  }
+  Status fillOn(libcomm::Stream& s, void* dst, int byte, size_t bytes) override {
+    CU(cudaMemsetAsync(dst, byte, bytes, native(s)));
+    return Status::ok();
+  }
+  Status accumulateOn(libcomm::Stream& s, void* dst, bool bf16, const float* src, size_t n) override {
+    CU(static_cast<cudaError_t>(shardcomm::testing::gpu::launchAccumulate(dst, bf16, src, n, native(s))));
+    return Status::ok();
+  }
+
+ private:
+  static cudaStream_t native(libcomm::Stream& s) { return static_cast<cudaStream_t>(libcomm::nativeCudaStream(s)); }
+  std::vector<void*> scratch_, staging_;
+};
+
+// The CPU path: the compute stream is inline, so work enqueued on it runs on the trainer's thread
+// in order, as the CPU trainer's compute does.
+class HostOps final : public Ops {
+ public:
+  libshard::MemoryKind memory() const override { return libshard::MemoryKind::kHost; }
+  Status allocScratch(void** p, size_t bytes) override { return allocStaging(p, bytes); }
+  Status allocStaging(void** p, size_t bytes) override {
+    blocks_.emplace_back(bytes);
+    *p = blocks_.back().data();
+    return Status::ok();
+  }
+  Status copy(void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    return Status::ok();
+  }
+  Status fill(void* dst, int byte, size_t bytes) override {
+    std::memset(dst, byte, bytes);
+    return Status::ok();
+  }
+  Status copyOn(libcomm::Stream& s, void* dst, const void* src, size_t bytes) override {
+    return s.enqueueHost(
+        [=] {
+          std::memcpy(dst, src, bytes);
+          return Status::ok();
+        },
+        "test copy");
+  }
+  Status fillOn(libcomm::Stream& s, void* dst, int byte, size_t bytes) override {
+    return s.enqueueHost(
+        [=] {
+          std::memset(dst, byte, bytes);
+          return Status::ok();
+        },
+        "test fill");
+  }
+  Status accumulateOn(libcomm::Stream& s, void* dst, bool bf16, const float* src, size_t n) override {
+    return s.enqueueHost(
+        [=] {
+          for (size_t i = 0; i < n; ++i) {
+            if (bf16) {
+              auto* d = static_cast<uint16_t*>(dst);
+              d[i] = libcomm::floatToBf16(libcomm::bf16ToFloat(d[i]) + src[i]);
+            } else {
+              static_cast<float*>(dst)[i] += src[i];
+            }
+          }
+          return Status::ok();
+        },
+        "test accumulate");
+  }
+
+ private:
+  std::vector<std::vector<unsigned char>> blocks_;
+};
 
 // ---- data: fresh per run (seed), exact in bf16 and fp32 ------------------------------------------
 
@@ -206,16 +335,13 @@ struct Snapshot {
   std::string name;
 };
 
-// Pinned host memory (the copies on the compute stream are asynchronous).
-struct Pinned {
-  void* p = nullptr;
-  ~Pinned() {
-    if (p) (void)cudaFreeHost(p);
-  }
-};
-
 Status runPrecision(RankContext& ctx, libcomm::Communicator& ag, libcomm::Communicator& rs, int dev, uint64_t seed,
-                    libshard::Precision precision) {
+                    libshard::Precision precision, bool onDevice) {
+  std::unique_ptr<Ops> ops;
+  if (onDevice)
+    ops = std::make_unique<CudaOps>();
+  else
+    ops = std::make_unique<HostOps>();
   const Model m = tinyLm();
   libshard::PlanOptions po;
   po.worldSize = ctx.size;
@@ -227,18 +353,24 @@ Status runPrecision(RankContext& ctx, libcomm::Communicator& ag, libcomm::Commun
   po.gradBuffers = 2;
   LIBCOMM_ASSIGN_OR_RETURN(ShardPlan plan, libshard::ShardPlanner(po).plan(m.spec));
   libshard::PoolOptions pool_options;
-  pool_options.memory = libshard::MemoryKind::kDevice;
+  pool_options.memory = ops->memory();
   pool_options.device = dev;
   LIBCOMM_ASSIGN_OR_RETURN(auto pool, libshard::BufferPool::create(plan, ag, rs, pool_options));
   LIBCOMM_ASSIGN_OR_RETURN(auto schedule, libshard::Schedule::build(plan));
   const int gathersPerStep = schedule.count(libshard::OpKind::kAllGather);
+  int beginsPerStep = 0;  // compute begins the log must show: one per begin hook
+  for (const auto& op : schedule.ops)
+    beginsPerStep += op.kind == libshard::OpKind::kHook &&
+                     (op.hook == libshard::HookKind::kBeginForward || op.hook == libshard::HookKind::kBeginBackward);
   libshard::ExecutorOptions eo;
   eo.waitTimeout = std::chrono::seconds(60);
   eo.eventLogCapacity = 1 << 15;
   LIBCOMM_ASSIGN_OR_RETURN(auto ex, libshard::Executor::create(m.spec, plan, schedule, *pool, ag, rs, eo));
-  if (!ex->onDevice() || ex->computeStream().kind() != libcomm::StreamKind::kCuda)
-    return libcomm::makeError(StatusCode::kInternalError, "a device pool did not give CUDA streams");
-  auto* cs = static_cast<cudaStream_t>(libcomm::nativeCudaStream(ex->computeStream()));
+  if (ex->onDevice() != onDevice ||
+      ex->computeStream().kind() != (onDevice ? libcomm::StreamKind::kCuda : libcomm::StreamKind::kHost))
+    return libcomm::makeError(StatusCode::kInternalError, "a ", libshard::memoryKindName(ops->memory()),
+                              " pool gave the wrong kind of streams");
+  libcomm::Stream& cs = ex->computeStream();
   const bool bf16 = precision == libshard::Precision::kBf16;
   const size_t es = bf16 ? 2 : 4;
   const libshard::ShardState state = pool->state();
@@ -248,30 +380,25 @@ Status runPrecision(RankContext& ctx, libcomm::Communicator& ag, libcomm::Commun
   size_t totalParams = 0;
   for (const auto& l : m.spec.layers)
     for (const auto& p : l.params) totalParams += p.numel();
-  Pinned hMaster, hCompute, hGrads;
-  CU(cudaMallocHost(&hMaster.p, n * 4));
-  CU(cudaMallocHost(&hCompute.p, n * 2));
-  CU(cudaMallocHost(&hGrads.p, kMicro * totalParams * 4));
-  auto* master = static_cast<float*>(hMaster.p);
-  auto* compute = bf16 ? static_cast<uint16_t*>(hCompute.p) : nullptr;
-  auto* grads = static_cast<float*>(hGrads.p);
+  void *hMaster = nullptr, *hCompute = nullptr, *hGrads = nullptr, *arena = nullptr, *dGradsRaw = nullptr;
+  LIBCOMM_RETURN_IF_ERROR(ops->allocStaging(&hMaster, n * 4));
+  LIBCOMM_RETURN_IF_ERROR(ops->allocStaging(&hCompute, n * 2));
+  LIBCOMM_RETURN_IF_ERROR(ops->allocStaging(&hGrads, kMicro * totalParams * 4));
+  auto* master = static_cast<float*>(hMaster);
+  auto* compute = bf16 ? static_cast<uint16_t*>(hCompute) : nullptr;
+  auto* grads = static_cast<float*>(hGrads);
   const size_t arenaElems = 2 * kMicro * totalParams;  // every weight view, forward and backward
-  void* arena = nullptr;
-  float* dGrads = nullptr;
-  CU(cudaMalloc(&arena, arenaElems * es));
-  CU(cudaMalloc(&dGrads, kMicro * totalParams * 4));
-  struct DevFree {
-    void* p;
-    ~DevFree() { (void)cudaFree(p); }
-  } freeArena{arena}, freeGrads{dGrads};
+  LIBCOMM_RETURN_IF_ERROR(ops->allocScratch(&arena, arenaElems * es));
+  LIBCOMM_RETURN_IF_ERROR(ops->allocScratch(&dGradsRaw, kMicro * totalParams * 4));
+  auto* dGrads = static_cast<float*>(dGradsRaw);
 
   // Step 0's shards, and poison in every gather buffer: a gather must write all of it.
   fillShards(m, plan, seed, 0, master, compute);
-  CU(cudaMemcpy(state.master, master, n * 4, cudaMemcpyHostToDevice));
-  if (bf16) CU(cudaMemcpy(state.compute, compute, n * 2, cudaMemcpyHostToDevice));
+  LIBCOMM_RETURN_IF_ERROR(ops->copy(state.master, master, n * 4));
+  if (bf16) LIBCOMM_RETURN_IF_ERROR(ops->copy(state.compute, compute, n * 2));
   for (size_t b = 0; b < plan.gatherBuffers.size(); ++b)
-    if (void* p = pool->gatherBuffer(static_cast<int>(b))) CU(cudaMemset(p, 0xff, plan.gatherBuffers[b].numel * es));
-  CU(cudaDeviceSynchronize());  // the legacy stream's copies: the executor's streams do not wait for it
+    if (void* p = pool->gatherBuffer(static_cast<int>(b)))
+      LIBCOMM_RETURN_IF_ERROR(ops->fill(p, 0xff, plan.gatherBuffers[b].numel * es));
 
   std::vector<size_t> paramOffset;  // each parameter's offset in a micro-batch's gradients, spec order
   {
@@ -294,9 +421,9 @@ Status runPrecision(RankContext& ctx, libcomm::Communicator& ag, libcomm::Commun
         for (size_t i = 0; i < numel; ++i)
           grads[mb * totalParams + paramOffset[p] + i] = gradValue(seed, step, ctx.rank, mb, p, i);
       }
-    CU(cudaMemcpyAsync(dGrads, grads, kMicro * totalParams * 4, cudaMemcpyHostToDevice, cs));
+    LIBCOMM_RETURN_IF_ERROR(ops->copyOn(cs, dGrads, grads, kMicro * totalParams * 4));
     // Poison the grad shard: micro-batch 0's reduce-scatter must overwrite every element.
-    CU(cudaMemsetAsync(state.grad, 0xff, n * 4, cs));
+    LIBCOMM_RETURN_IF_ERROR(ops->fillOn(cs, state.grad, 0xff, n * 4));
 
     std::vector<Snapshot> snaps;
     size_t used = 0;
@@ -304,7 +431,7 @@ Status runPrecision(RankContext& ctx, libcomm::Communicator& ag, libcomm::Commun
       for (const auto& w : v.weights) {
         if (!w.data) continue;
         if (used + w.numel > arenaElems) return libcomm::makeError(StatusCode::kInternalError, "arena too small");
-        CU(cudaMemcpyAsync(static_cast<char*>(arena) + used * es, w.data, w.numel * es, cudaMemcpyDeviceToDevice, cs));
+        LIBCOMM_RETURN_IF_ERROR(ops->copyOn(cs, static_cast<char*>(arena) + used * es, w.data, w.numel * es));
         snaps.push_back(
             {used, w.numel, m.pidx.at(std::string(w.name)), v.microBatch, v.layer, v.phase, std::string(w.name)});
         used += w.numel;
@@ -329,9 +456,8 @@ Status runPrecision(RankContext& ctx, libcomm::Communicator& ag, libcomm::Commun
           if (!writesGrad(layer, j, mb)) continue;
           if (!g.data) return libcomm::makeError(StatusCode::kInternalError, at, ": no gradient view for ", g.name);
           const size_t p = m.pidx.at(std::string(g.name));
-          const int e = shardcomm::testing::gpu::launchAccumulate(
-              g.data, g.dtype == libcomm::DataType::kBFloat16, dGrads + mb * totalParams + paramOffset[p], g.numel, cs);
-          CU(static_cast<cudaError_t>(e));
+          LIBCOMM_RETURN_IF_ERROR(ops->accumulateOn(cs, g.data, g.dtype == libcomm::DataType::kBFloat16,
+                                                    dGrads + mb * totalParams + paramOffset[p], g.numel));
         }
         LIBCOMM_RETURN_IF_ERROR(ex->endBackward(k));
       }
@@ -340,7 +466,7 @@ Status runPrecision(RankContext& ctx, libcomm::Communicator& ag, libcomm::Commun
 
     // The grad shard: the exact reduce-scatter of every rank's gradients, padding zero.
     std::vector<float> got(n);
-    CU(cudaMemcpy(got.data(), state.grad, n * 4, cudaMemcpyDeviceToHost));
+    LIBCOMM_RETURN_IF_ERROR(ops->copy(got.data(), state.grad, n * 4));
     auto checkGroup = [&](const FlatGroup& g) -> Status {
       const auto want = groupFlat(m, g, [&](const std::string& name, size_t p, size_t i) {
         const auto [k, j] = m.where.at(name);
@@ -362,7 +488,7 @@ Status runPrecision(RankContext& ctx, libcomm::Communicator& ag, libcomm::Commun
 
     // The weights every hook handed out, as the compute stream saw them.
     std::vector<unsigned char> seen(used * es);
-    if (used) CU(cudaMemcpy(seen.data(), arena, used * es, cudaMemcpyDeviceToHost));
+    if (used) LIBCOMM_RETURN_IF_ERROR(ops->copy(seen.data(), arena, used * es));
     for (const Snapshot& s : snaps)
       for (size_t i = 0; i < s.numel; ++i) {
         float v;
@@ -382,8 +508,8 @@ Status runPrecision(RankContext& ctx, libcomm::Communicator& ag, libcomm::Commun
 
     // The "optimizer": the next step's shards, copied in on the compute stream, then the gate.
     fillShards(m, plan, seed, step + 1, master, compute);
-    CU(cudaMemcpyAsync(state.master, master, n * 4, cudaMemcpyHostToDevice, cs));
-    if (bf16) CU(cudaMemcpyAsync(state.compute, compute, n * 2, cudaMemcpyHostToDevice, cs));
+    LIBCOMM_RETURN_IF_ERROR(ops->copyOn(cs, state.master, master, n * 4));
+    if (bf16) LIBCOMM_RETURN_IF_ERROR(ops->copyOn(cs, state.compute, compute, n * 2));
     for (int g : ex->updateOrder()) LIBCOMM_RETURN_IF_ERROR(ex->groupUpdated(g));
     LIBCOMM_RETURN_IF_ERROR(ex->optimizerDone());
   }
@@ -404,9 +530,9 @@ Status runPrecision(RankContext& ctx, libcomm::Communicator& ag, libcomm::Commun
     if (gathers[static_cast<size_t>(s)] != gathersPerStep)
       return libcomm::makeError(StatusCode::kInternalError, "step ", s, ": ", gathers[static_cast<size_t>(s)],
                                 " gathers logged, the schedule has ", gathersPerStep);
-    if (begins[static_cast<size_t>(s)] != 2 * kMicro * static_cast<int>(m.spec.layers.size()))
+    if (begins[static_cast<size_t>(s)] != beginsPerStep)
       return libcomm::makeError(StatusCode::kInternalError, "step ", s, ": ", begins[static_cast<size_t>(s)],
-                                " compute begins logged");
+                                " compute begins logged, the schedule has ", beginsPerStep);
   }
 
   // Peers read this rank's registered shards until their streams pass the collectives: everyone
@@ -416,15 +542,18 @@ Status runPrecision(RankContext& ctx, libcomm::Communicator& ag, libcomm::Commun
   return pool->freeAll();
 }
 
-Status rankBody(RankContext& ctx, uint64_t seed) {
-  int devices = 0;
-  CU(cudaGetDeviceCount(&devices));
-  const int dev = ctx.rank % devices;
-  CU(cudaSetDevice(dev));
+Status rankBody(RankContext& ctx, uint64_t seed, bool onDevice) {
+  int dev = 0;
+  if (onDevice) {
+    int devices = 0;
+    CU(cudaGetDeviceCount(&devices));
+    dev = ctx.rank % devices;
+    CU(cudaSetDevice(dev));
+  }
   LIBCOMM_ASSIGN_OR_RETURN(auto ag, libcomm::Communicator::create(ctx.bootstrap, libcomm::CommConfig{}));
   LIBCOMM_ASSIGN_OR_RETURN(auto rs, libcomm::Communicator::create(ctx.bootstrap, libcomm::CommConfig{}));
   for (auto precision : {libshard::Precision::kBf16, libshard::Precision::kFp32}) {
-    Status st = runPrecision(ctx, *ag, *rs, dev, seed, precision);
+    Status st = runPrecision(ctx, *ag, *rs, dev, seed, precision, onDevice);
     if (!st.isOk())
       return st.withContext(std::string("rank ") + std::to_string(ctx.rank) + ", " +
                             (precision == libshard::Precision::kBf16 ? "bf16" : "fp32"));
@@ -432,24 +561,29 @@ Status rankBody(RankContext& ctx, uint64_t seed) {
   return Status::ok();
 }
 
-void runTwoRanks(Mode mode) {
+void runTwoRanks(Mode mode, bool onDevice) {
   const uint64_t seed = std::random_device{}() | (static_cast<uint64_t>(std::random_device{}()) << 32);
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
   RunOptions o;
   o.mode = mode;
   o.size = 2;
   o.deadline = std::chrono::seconds(240);
-  EXPECT_RANKS_OK(shardcomm::testing::runRanks(o, [seed](RankContext& ctx) { return rankBody(ctx, seed); }));
+  EXPECT_RANKS_OK(
+      shardcomm::testing::runRanks(o, [seed, onDevice](RankContext& ctx) { return rankBody(ctx, seed, onDevice); }));
 }
 
 TEST(ShardExecGpu, TinyLmScheduleOnCudaStreamsThreads) {
   SKIP_WITHOUT_DEVICE();
-  runTwoRanks(Mode::kThreads);
+  runTwoRanks(Mode::kThreads, /*onDevice=*/true);
 }
 
 TEST(ShardExecGpu, TinyLmScheduleOnCudaStreamsProcesses) {
   SKIP_WITHOUT_DEVICE();
-  runTwoRanks(Mode::kProcesses);
+  runTwoRanks(Mode::kProcesses, /*onDevice=*/true);
 }
+
+// The same body on host memory and host streams (no device needed): the test's own checks hold on
+// the CPU path, so that a failure of the tests above is the device path's.
+TEST(ShardExecHostTwin, TinyLmScheduleOnHostStreams) { runTwoRanks(Mode::kThreads, /*onDevice=*/false); }
 
 }  // namespace
