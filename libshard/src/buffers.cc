@@ -71,6 +71,7 @@ Status BufferPool::allocateAll(const ShardPlan& plan) {
   // Hand out the views, in plannedAllocations() order.
   size_t i = 0;
   state_.numel = plan.stateNumel;
+  state_.onDevice = options_.memory == MemoryKind::kDevice;
   state_.master = static_cast<float*>(allocations_[i++].data);
   state_.grad = static_cast<float*>(allocations_[i++].data);
   if (plan.options.precision == Precision::kBf16) state_.compute = static_cast<uint16_t*>(allocations_[i++].data);

@@ -3,7 +3,9 @@
 // (kCudaError) in a CUDA build on a machine without one, "built without CUDA" (kInvalidUsage)
 // otherwise -- and host memory stays the default, with host streams. On a machine with a device
 // the same tests check the accepted side instead (a device pool, the executor on CUDA streams,
-// scaleGradients refused). The gpu test (tests/gpu/shard_exec_gpu_test) runs the schedule there.
+// scaleGradients refused); and the host-only code (ShardedAdamW, checkpoints) refuses a state
+// marked as device memory instead of dereferencing it. The gpu test (tests/gpu/shard_exec_gpu_test) runs the schedule
+// there.
 
 #include <gtest/gtest.h>
 
@@ -14,7 +16,9 @@
 #include "libcomm/communicator.h"
 #include "libcomm/cuda.h"
 #include "libshard/buffers.h"
+#include "libshard/checkpoint.h"
 #include "libshard/executor.h"
+#include "libshard/optimizer.h"
 #include "libshard/schedule.h"
 
 namespace shardcomm::testing {
@@ -64,7 +68,7 @@ Status devicePolicy(RankContext& ctx) {
   // A device here: the accepted side.
   if (!pool.isOk()) return pool.status().withContext("device pool on a machine with a device");
   auto& p = *pool.value();
-  if (p.memory() != libshard::MemoryKind::kDevice || p.device() != 0)
+  if (p.memory() != libshard::MemoryKind::kDevice || p.device() != 0 || !p.state().onDevice)
     return libcomm::makeError(StatusCode::kInternalError, "pool says ", libshard::memoryKindName(p.memory()));
   uint64_t planned = 0;
   for (const auto& a : libshard::BufferPool::plannedAllocations(plan)) planned += a.bytes;
@@ -98,7 +102,7 @@ Status hostDefault(RankContext& ctx) {
   const auto spec = toy::makeSpec();
   LIBCOMM_ASSIGN_OR_RETURN(auto plan, libshard::ShardPlanner(libshard::PlanOptions{}).plan(spec));
   LIBCOMM_ASSIGN_OR_RETURN(auto pool, libshard::BufferPool::create(plan, *c.ag, *c.rs));
-  if (pool->memory() != libshard::MemoryKind::kHost)
+  if (pool->memory() != libshard::MemoryKind::kHost || pool->state().onDevice)
     return libcomm::makeError(StatusCode::kInternalError, "default pool memory is ",
                               libshard::memoryKindName(pool->memory()));
   // Host memory the CPU can write: the executor's CPU path is unchanged.
@@ -110,6 +114,33 @@ Status hostDefault(RankContext& ctx) {
   if (ex->onDevice() || ex->computeStream().kind() != libcomm::StreamKind::kHost)
     return libcomm::makeError(StatusCode::kInternalError, "a host pool did not give host streams");
   return Status::ok();
+}
+
+// A device state's pointers are never dereferenced on the host: refused before any access (the
+// pointers here point nowhere on purpose).
+TEST(DevicePool, HostOnlyCodeRefusesADeviceState) {
+  const auto spec = toy::makeSpec();
+  auto plan = libshard::ShardPlanner(libshard::PlanOptions{}).plan(spec);
+  ASSERT_TRUE(plan.isOk()) << plan.status().toString();
+  auto* nowhere = reinterpret_cast<float*>(uintptr_t{0x10});
+  libshard::ShardState device;
+  device.numel = plan->stateNumel;
+  device.master = device.grad = device.adamM = device.adamV = nowhere;
+  device.compute = reinterpret_cast<uint16_t*>(nowhere);
+  device.onDevice = true;
+  auto adam = libshard::ShardedAdamW::create(*plan, libshard::AdamWConfig{});
+  ASSERT_TRUE(adam.isOk()) << adam.status().toString();
+  auto norm = adam->step(device, 1.0f, nullptr, nullptr, libcomm::Deadline::after(std::chrono::seconds(5)));
+  ASSERT_FALSE(norm.isOk());
+  EXPECT_EQ(norm.status().code(), StatusCode::kInvalidUsage);
+  EXPECT_NE(norm.status().message().find("device memory"), std::string::npos) << norm.status().toString();
+  const std::string dir = ::testing::TempDir() + "device_pool_test_ckpt";
+  Status save = libshard::saveCheckpointShard(dir, *plan, device);
+  EXPECT_EQ(save.code(), StatusCode::kInvalidUsage) << save.toString();
+  EXPECT_NE(save.message().find("device memory"), std::string::npos) << save.toString();
+  Status load = libshard::loadCheckpoint(dir, *plan, device);
+  EXPECT_EQ(load.code(), StatusCode::kInvalidUsage) << load.toString();
+  EXPECT_NE(load.message().find("device memory"), std::string::npos) << load.toString();
 }
 
 TEST(DevicePool, DeviceMemoryIsRefusedWithoutAUsableDeviceSayingWhy) {
