@@ -1,7 +1,8 @@
 // libshard's Executor, unchanged, on CUDA streams over device memory (issue 5, item 2): tinylm's
 // layers (tinylm::buildModelSpec, 3 blocks) planned for 2 ranks sharing the GPU, as threads of one
-// process (same-process peers) and as forked processes (CUDA IPC), bf16 and fp32, 3 steps of 2
-// micro-batches (micro-batch 1 accumulates into the grad shard).
+// process (same-process peers) and as forked processes (CUDA IPC), 3 steps of 2 micro-batches
+// (micro-batch 1 accumulates into the grad shard): bf16 with separate all_gather and reduce-scatter
+// communicators (three streams), fp32 with one communicator for both (two streams).
 //
 // The "compute" between the hooks is device work on Executor::computeStream():
 //  - every begin hook: the weights it hands out are copied (cudaMemcpyAsync, device to device)
@@ -552,11 +553,14 @@ Status rankBody(RankContext& ctx, uint64_t seed, bool onDevice) {
   }
   LIBCOMM_ASSIGN_OR_RETURN(auto ag, libcomm::Communicator::create(ctx.bootstrap, libcomm::CommConfig{}));
   LIBCOMM_ASSIGN_OR_RETURN(auto rs, libcomm::Communicator::create(ctx.bootstrap, libcomm::CommConfig{}));
+  // bf16 with gathers and reduce-scatters on two communicators (three streams); fp32 with one
+  // communicator for both (gathers and reduce-scatters share one stream).
   for (auto precision : {libshard::Precision::kBf16, libshard::Precision::kFp32}) {
-    Status st = runPrecision(ctx, *ag, *rs, dev, seed, precision, onDevice);
+    const bool bf16 = precision == libshard::Precision::kBf16;
+    Status st = runPrecision(ctx, *ag, bf16 ? *rs : *ag, dev, seed, precision, onDevice);
     if (!st.isOk())
       return st.withContext(std::string("rank ") + std::to_string(ctx.rank) + ", " +
-                            (precision == libshard::Precision::kBf16 ? "bf16" : "fp32"));
+                            (bf16 ? "bf16, two communicators" : "fp32, one communicator"));
   }
   return Status::ok();
 }
