@@ -160,15 +160,16 @@ class CudaOps final : public Ops {
     return Status::ok();
   }
   // cudaMemcpy/cudaMemset run on the legacy default stream, which libcomm's non-blocking streams
-  // do not wait for: finish them before returning.
+  // do not wait for: finish them before returning (that stream only: the other rank's streams in
+  // this process are none of this rank's business).
   Status copy(void* dst, const void* src, size_t bytes) override {
     CU(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
-    CU(cudaDeviceSynchronize());
+    CU(cudaStreamSynchronize(cudaStreamLegacy));
     return Status::ok();
   }
   Status fill(void* dst, int byte, size_t bytes) override {
     CU(cudaMemset(dst, byte, bytes));
-    CU(cudaDeviceSynchronize());
+    CU(cudaStreamSynchronize(cudaStreamLegacy));
     return Status::ok();
   }
   Status copyOn(libcomm::Stream& s, void* dst, const void* src, size_t bytes) override {

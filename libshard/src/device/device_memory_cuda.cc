@@ -58,9 +58,11 @@ libcomm::Result<void*> allocDevice(size_t bytes, int device) {
   void* p = nullptr;
   LIBSHARD_CUDA(cudaMalloc(&p, bytes));
   // cudaMemset runs on the legacy default stream, which non-blocking streams (libcomm's) do not
-  // wait for: finish it here, once, at set-up.
+  // wait for: finish it here, once, at set-up. Only that stream: a device-wide synchronize would
+  // also wait for other ranks' work in this process (ranks as threads), which may wait for them.
   Status st = cudaStatus(cudaMemset(p, 0, bytes), "cudaMemset", __FILE__, __LINE__);
-  if (st.isOk()) st = cudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize", __FILE__, __LINE__);
+  if (st.isOk())
+    st = cudaStatus(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize(legacy)", __FILE__, __LINE__);
   if (!st.isOk()) {
     (void)cudaFree(p);
     return st;
