@@ -1,8 +1,9 @@
-// Executor: what each schedule op does on the streams.
+// Executor: its streams, and what each schedule op does on them.
 
 #include <cstring>
 
 #include "device/device_memory.h"
+#include "libcomm/cuda.h"
 #include "libshard/executor.h"
 #include "shard_internal.h"
 
@@ -10,6 +11,65 @@ namespace libshard {
 
 using libcomm::Status;
 using libcomm::StatusCode;
+
+// The streams and events: host ones over a host pool, CUDA ones over a device pool.
+Status Executor::createStreams() {
+  const std::string suffix = ".r" + std::to_string(rank_);
+  const bool twoStreams = &agComm_ != &rsComm_;
+  if (device_) {
+    // The same schedule on CUDA streams: every event a CUDA stream records or waits on must be a
+    // CUDA event (libcomm refuses mixing), so all three streams are CUDA ones.
+    const int dev = pool_.device();
+    auto context = [&](const char* what) {
+      return "libshard rank " + std::to_string(rank_) + ": creating the executor's " + what + " on CUDA device " +
+             std::to_string(dev);
+    };
+    for (size_t e = 0; e < schedule_.events.size(); ++e) {
+      auto ev = libcomm::createCudaEvent(dev);
+      if (!ev.isOk()) return ev.status().withContext(context("events"));
+      events_.push_back(std::move(ev).value());
+    }
+    std::vector<std::pair<std::unique_ptr<libcomm::Stream>*, std::string>> streams = {
+        {&compute_, "shard.compute" + suffix}, {&ag_, "shard.ag" + suffix}};
+    if (twoStreams) streams.push_back({&rs_, "shard.rs" + suffix});
+    for (auto& [slot, name] : streams) {
+      auto st = libcomm::createCudaStream(name, dev);
+      if (!st.isOk()) return st.status().withContext(context(("stream '" + name + "'").c_str()));
+      *slot = std::move(st).value();
+    }
+    return Status::ok();
+  }
+  for (size_t e = 0; e < schedule_.events.size(); ++e) events_.push_back(libcomm::createHostEvent());
+  // An inline stream's own wait bound is never reached: the executor waits for the event on the
+  // host first, with its own deadline and error context (runOp), so the stream's wait finds it done.
+  compute_ = options_.threadedComputeStream
+                 ? libcomm::createHostStream("shard.compute" + suffix)
+                 : libcomm::createInlineHostStream("shard.compute" + suffix, options_.waitTimeout);
+  ag_ = libcomm::createHostStream("shard.ag" + suffix);
+  // One communicator runs its collectives in call order: with a single one, gathers and
+  // reduce-scatters share one stream so that its order is the enqueue order on every rank.
+  if (twoStreams) rs_ = libcomm::createHostStream("shard.rs" + suffix);
+  return Status::ok();
+}
+
+// Compute begin/end entries. On the CPU the trainer computes on this thread between the hooks, so
+// the hook's time is the compute's. On CUDA streams the hooks return before the compute stream gets
+// there: the entry is written when the stream reaches it, after the waits the begin hook enqueued
+// and before the releases the end hook records.
+Status Executor::logCompute(LogKind kind) {
+  if (!device_) {
+    log_.add(logEntry(kind));
+    return Status::ok();
+  }
+  if (!log_.enabled()) return Status::ok();
+  LogEntry e = logEntry(kind);
+  return compute_->enqueueHost(
+      [this, e] {
+        log_.add(e);
+        return Status::ok();
+      },
+      kind == LogKind::kComputeBegin ? "log compute begin" : "log compute end");
+}
 
 libcomm::Stream& Executor::stream(StreamId id) {
   switch (id) {
