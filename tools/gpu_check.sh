@@ -129,8 +129,9 @@ targets=(copy_bench)
 grep -q "^-- shardcomm: NCCL ON" "$out/configure.log" && [ ${#targets[@]} -gt 1 ] && targets+=(nccl_init_test nccl_backend_test)
 # The GPU benchmarks: comm_bench on device memory, the reduce_scatter kernel against a D2D copy.
 targets+=(comm_bench reduce_kernel_bench)
-# The device collectives' tests (gpu) and their host-side decisions (unit).
-[ ${#targets[@]} -gt 3 ] && targets+=(device_coll_test device_path_test)
+# The device collectives' tests (gpu) and their host-side decisions (unit); libshard's executor on
+# CUDA streams (gpu, with its host twin) and its device pool policy (unit, the device side here).
+[ ${#targets[@]} -gt 3 ] && targets+=(device_coll_test device_path_test shard_exec_gpu_test device_pool_test)
 # The NCCL shim (plugins/nccl_shim): gpu.shim_compare_1rank runs these.
 grep -q "^-- shardcomm: NCCL shim ON" "$out/configure.log" && [ ${#targets[@]} -gt 1 ] &&
   targets+=(shardcomm_nccl_shim shim_nccl_calls_real shim_nccl_calls_linked)
@@ -153,8 +154,9 @@ fi
 
 # ---- tests -----------------------------------------------------------------------------------------
 if [ ${#targets[@]} -gt 1 ]; then
-  step gpu_tests "ctest: gpu, cuda.* and nccl.* tests" -- \
-    ctest --test-dir "$build" --output-on-failure -R '^(gpu|cuda|nccl)\.' --timeout 300
+  step gpu_tests "ctest: gpu, cuda.*, nccl.* and libshard's device tests" -- \
+    ctest --test-dir "$build" --output-on-failure -R '^(gpu|cuda|nccl)\.|^shard\.(DevicePool|ShardExecHostTwin)\.' \
+    --timeout 300
   # On a GPU machine no gpu test may skip: a skip means the device was not usable. (The cuda.find_nccl
   # tests may: they skip without pkg-config, or without NCCL in the toolkit when it came from a wheel.)
   if grep -qE 'gpu\..*Skipped' "$out/gpu_tests.log"; then

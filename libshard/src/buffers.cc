@@ -5,12 +5,15 @@
 #include <cstring>
 #include <sstream>
 
+#include "device/device_memory.h"
 #include "shard_internal.h"
 
 namespace libshard {
 
 using libcomm::Status;
 using libcomm::StatusCode;
+
+const char* memoryKindName(MemoryKind kind) { return kind == MemoryKind::kDevice ? "device" : "host"; }
 
 std::vector<PoolAllocation> BufferPool::plannedAllocations(const ShardPlan& plan) {
   const uint64_t n = plan.stateNumel;
@@ -32,11 +35,17 @@ std::vector<PoolAllocation> BufferPool::plannedAllocations(const ShardPlan& plan
 }
 
 libcomm::Result<std::unique_ptr<BufferPool>> BufferPool::create(const ShardPlan& plan, libcomm::Communicator& agComm,
-                                                                libcomm::Communicator& rsComm) {
+                                                                libcomm::Communicator& rsComm, PoolOptions options) {
   if (plan.options.gradBuffers < 1)
     return libcomm::makeError(StatusCode::kInvalidArgument, "BufferPool: plan has gradBuffers ",
                               plan.options.gradBuffers, " (need >= 1)");
-  std::unique_ptr<BufferPool> pool(new BufferPool(agComm, rsComm));
+  if (options.memory == MemoryKind::kDevice) {
+    Status st = detail::checkCudaDevice(options.device);
+    if (!st.isOk())
+      return st.withContext("BufferPool rank " + std::to_string(agComm.rank()) + ": device memory on CUDA device " +
+                            std::to_string(options.device) + " asked for");
+  }
+  std::unique_ptr<BufferPool> pool(new BufferPool(agComm, rsComm, options));
   Status st = pool->allocateAll(plan);
   if (!st.isOk()) {
     (void)pool->freeAll();
@@ -50,21 +59,19 @@ Status BufferPool::allocateAll(const ShardPlan& plan) {
   for (PoolAllocation& a : allocations_) {
     if (a.bytes == 0) continue;  // nothing to hold: no pointer, no bytes
     libcomm::Communicator& comm = a.fromGatherComm ? agComm_ : rsComm_;
-    auto mem = comm.allocRegistered(a.bytes);
+    auto mem = allocateOne(comm, a);
     if (!mem.isOk())
       return mem.status().withContext("BufferPool rank " + std::to_string(comm.rank()) + ": allocating " + a.name +
-                                      " (" + std::to_string(a.bytes) + " bytes)");
+                                      " (" + std::to_string(a.bytes) + " bytes of " + memoryKindName(options_.memory) +
+                                      " memory)");
     a.data = mem.value();
-    // Padding and not-yet-written elements must read as zero: the gradient path relies on free
-    // buffers being zero, and padding flows into norms and checksums. Fresh shared memory is
-    // zero already, but other backends (device memory) promise nothing.
-    std::memset(a.data, 0, a.bytes);
     current_ += a.bytes;
     if (current_ > peak_) peak_ = current_;
   }
   // Hand out the views, in plannedAllocations() order.
   size_t i = 0;
   state_.numel = plan.stateNumel;
+  state_.onDevice = options_.memory == MemoryKind::kDevice;
   state_.master = static_cast<float*>(allocations_[i++].data);
   state_.grad = static_cast<float*>(allocations_[i++].data);
   if (plan.options.precision == Precision::kBf16) state_.compute = static_cast<uint16_t*>(allocations_[i++].data);
@@ -76,6 +83,33 @@ Status BufferPool::allocateAll(const ShardPlan& plan) {
   return Status::ok();
 }
 
+// Zero-filled, and reachable by `comm`'s peers: registered host memory, or device memory
+// registered with the communicator (CUDA IPC for the own path's peers).
+libcomm::Result<void*> BufferPool::allocateOne(libcomm::Communicator& comm, const PoolAllocation& a) {
+  if (options_.memory == MemoryKind::kHost) {
+    LIBCOMM_ASSIGN_OR_RETURN(void* p, comm.allocRegistered(a.bytes));
+    // Padding and not-yet-written elements must read as zero: the gradient path relies on free
+    // buffers being zero, and padding flows into norms and checksums. Fresh shared memory is
+    // zero already, but other backends promise nothing.
+    std::memset(p, 0, a.bytes);
+    return p;
+  }
+  LIBCOMM_ASSIGN_OR_RETURN(void* p, detail::allocDevice(a.bytes, options_.device));  // zero-filled
+  Status st = comm.registerBuffer(p, a.bytes);
+  if (!st.isOk()) {
+    (void)detail::freeDevice(p, options_.device);
+    return st.withContext("registering it with the communicator");
+  }
+  return p;
+}
+
+Status BufferPool::freeOne(libcomm::Communicator& comm, void* data) {
+  if (options_.memory == MemoryKind::kHost) return comm.freeRegistered(data);
+  Status st = comm.deregisterBuffer(data);
+  Status f = detail::freeDevice(data, options_.device);
+  return st.isOk() ? f : st;
+}
+
 BufferPool::~BufferPool() { (void)freeAll(); }
 
 Status BufferPool::freeAll() {
@@ -83,7 +117,7 @@ Status BufferPool::freeAll() {
   for (PoolAllocation& a : allocations_) {
     if (!a.data) continue;
     libcomm::Communicator& comm = a.fromGatherComm ? agComm_ : rsComm_;
-    Status st = comm.freeRegistered(a.data);
+    Status st = freeOne(comm, a.data);
     if (!st.isOk() && first.isOk()) first = st.withContext("BufferPool: freeing " + a.name);
     a.data = nullptr;
     current_ -= a.bytes;

@@ -19,6 +19,9 @@ Status checkLoadTarget(const ShardPlan& plan, const ShardState& state) {
   const int rank = plan.options.rank, world = plan.options.worldSize;
   if (world < 1 || rank < 0 || rank >= world)
     return libcomm::makeError(StatusCode::kInvalidArgument, "checkpoint load: plan has rank ", rank, " of ", world);
+  if (state.onDevice)
+    return libcomm::makeError(StatusCode::kInvalidUsage,
+                              "checkpoint load: the state is device memory; load into host memory and copy it over");
   if (state.numel != plan.stateNumel)
     return libcomm::makeError(StatusCode::kInvalidArgument, "checkpoint load: state has ", state.numel,
                               " elements, the plan ", plan.stateNumel);

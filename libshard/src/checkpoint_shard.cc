@@ -71,6 +71,9 @@ Status checkSaveArgs(const ShardPlan& plan, const ShardState& state) {
   const int rank = plan.options.rank, world = plan.options.worldSize;
   if (world < 1 || rank < 0 || rank >= world)
     return libcomm::makeError(StatusCode::kInvalidArgument, "checkpoint save: plan has rank ", rank, " of ", world);
+  if (state.onDevice)
+    return libcomm::makeError(StatusCode::kInvalidUsage,
+                              "checkpoint save: the state is device memory; copy it to the host first");
   if (state.numel != plan.stateNumel)
     return libcomm::makeError(StatusCode::kInvalidArgument, "checkpoint save: state has ", state.numel,
                               " elements, the plan ", plan.stateNumel);

@@ -105,6 +105,8 @@ Executor::Executor(const ShardPlan& plan, Schedule schedule, BufferPool& pool, l
       options_(options),
       rank_(agComm.rank()),
       computeType_(detail::computeDataType(plan)),
+      device_(pool.memory() == MemoryKind::kDevice),
+      inlineCompute_(!options.threadedComputeStream && pool.memory() != MemoryKind::kDevice),
       log_(options.eventLogCapacity) {
   gradScale_ = 1.0f / (static_cast<float>(plan.options.worldSize) * static_cast<float>(plan.options.microBatches));
 }
@@ -130,20 +132,14 @@ libcomm::Result<std::unique_ptr<Executor>> Executor::create(const ModelSpec& mod
   if (pool.state().numel != plan.stateNumel || !pool.state().master)
     return bad("the buffer pool was not allocated for this plan");
   LIBCOMM_RETURN_IF_ERROR(checkScheduleAgainstPlan(schedule, plan));
+  if (pool.memory() == MemoryKind::kDevice && options.scaleGradients)
+    return bad(
+        "scaleGradients is a host pass over the grad shard, and the buffer pool is device memory: leave it "
+        "off and fold pendingGradScale() into the optimizer");
 
   std::unique_ptr<Executor> ex(new Executor(plan, std::move(schedule), pool, agComm, rsComm, options));
   LIBCOMM_RETURN_IF_ERROR(ex->bindViews(model));
-  for (size_t e = 0; e < ex->schedule_.events.size(); ++e) ex->events_.push_back(libcomm::createHostEvent());
-  const std::string suffix = ".r" + std::to_string(ex->rank_);
-  // An inline stream's own wait bound is never reached: the executor waits for the event on the
-  // host first, with its own deadline and error context (runOp), so the stream's wait finds it done.
-  ex->compute_ = options.threadedComputeStream
-                     ? libcomm::createHostStream("shard.compute" + suffix)
-                     : libcomm::createInlineHostStream("shard.compute" + suffix, options.waitTimeout);
-  ex->ag_ = libcomm::createHostStream("shard.ag" + suffix);
-  // One communicator runs its collectives in call order: with a single one, gathers and
-  // reduce-scatters share one stream so that its order is the enqueue order on every rank.
-  if (&agComm != &rsComm) ex->rs_ = libcomm::createHostStream("shard.rs" + suffix);
+  LIBCOMM_RETURN_IF_ERROR(ex->createStreams());
   return ex;
 }
 
@@ -251,7 +247,10 @@ Status Executor::enterHook(HookKind kind, int layer, const char* call) {
         op.hook == HookKind::kGroupUpdated && op.kind == OpKind::kHook ? " (or optimizerDone)" : "", " next");
   }
   hook_ = &op;
-  if (kind == HookKind::kEndForward || kind == HookKind::kEndBackward) log_.add(logEntry(LogKind::kComputeEnd));
+  if (kind == HookKind::kEndForward || kind == HookKind::kEndBackward) {
+    Status st = logCompute(LogKind::kComputeEnd);
+    if (!st.isOk()) return fail(st.withContext(where()));
+  }
   for (++cursor_; cursor_ < schedule_.ops.size() && schedule_.ops[cursor_].kind != OpKind::kHook; ++cursor_) {
     Status st = runOp(schedule_.ops[cursor_]);
     if (!st.isOk()) return fail(st.withContext(where()));
@@ -281,7 +280,7 @@ libcomm::Result<const LayerViews*> Executor::beginForward(int layer) {
   LayerViews& v = forward_[static_cast<size_t>(layer)];
   v.step = step_;
   v.microBatch = hook_->microBatch;
-  log_.add(logEntry(LogKind::kComputeBegin));
+  if (Status st = logCompute(LogKind::kComputeBegin); !st.isOk()) return fail(st.withContext(where()));
   return &v;
 }
 
@@ -303,7 +302,7 @@ libcomm::Result<const LayerViews*> Executor::beginBackward(int layer) {
     // layer's, so hand out nothing rather than wrong weights.
     v.weights[i].data = hook_->buffer >= 0 ? forward_[k].weights[i].data : nullptr;
   }
-  log_.add(logEntry(LogKind::kComputeBegin));
+  if (Status st = logCompute(LogKind::kComputeBegin); !st.isOk()) return fail(st.withContext(where()));
   return &v;
 }
 

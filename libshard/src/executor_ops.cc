@@ -1,7 +1,9 @@
-// Executor: what each schedule op does on the streams.
+// Executor: its streams, and what each schedule op does on them.
 
 #include <cstring>
 
+#include "device/device_memory.h"
+#include "libcomm/cuda.h"
 #include "libshard/executor.h"
 #include "shard_internal.h"
 
@@ -9,6 +11,65 @@ namespace libshard {
 
 using libcomm::Status;
 using libcomm::StatusCode;
+
+// The streams and events: host ones over a host pool, CUDA ones over a device pool.
+Status Executor::createStreams() {
+  const std::string suffix = ".r" + std::to_string(rank_);
+  const bool twoStreams = &agComm_ != &rsComm_;
+  if (device_) {
+    // The same schedule on CUDA streams: every event a CUDA stream records or waits on must be a
+    // CUDA event (libcomm refuses mixing), so all three streams are CUDA ones.
+    const int dev = pool_.device();
+    auto context = [&](const char* what) {
+      return "libshard rank " + std::to_string(rank_) + ": creating the executor's " + what + " on CUDA device " +
+             std::to_string(dev);
+    };
+    for (size_t e = 0; e < schedule_.events.size(); ++e) {
+      auto ev = libcomm::createCudaEvent(dev);
+      if (!ev.isOk()) return ev.status().withContext(context("events"));
+      events_.push_back(std::move(ev).value());
+    }
+    std::vector<std::pair<std::unique_ptr<libcomm::Stream>*, std::string>> streams = {
+        {&compute_, "shard.compute" + suffix}, {&ag_, "shard.ag" + suffix}};
+    if (twoStreams) streams.push_back({&rs_, "shard.rs" + suffix});
+    for (auto& [slot, name] : streams) {
+      auto st = libcomm::createCudaStream(name, dev);
+      if (!st.isOk()) return st.status().withContext(context(("stream '" + name + "'").c_str()));
+      *slot = std::move(st).value();
+    }
+    return Status::ok();
+  }
+  for (size_t e = 0; e < schedule_.events.size(); ++e) events_.push_back(libcomm::createHostEvent());
+  // An inline stream's own wait bound is never reached: the executor waits for the event on the
+  // host first, with its own deadline and error context (runOp), so the stream's wait finds it done.
+  compute_ = options_.threadedComputeStream
+                 ? libcomm::createHostStream("shard.compute" + suffix)
+                 : libcomm::createInlineHostStream("shard.compute" + suffix, options_.waitTimeout);
+  ag_ = libcomm::createHostStream("shard.ag" + suffix);
+  // One communicator runs its collectives in call order: with a single one, gathers and
+  // reduce-scatters share one stream so that its order is the enqueue order on every rank.
+  if (twoStreams) rs_ = libcomm::createHostStream("shard.rs" + suffix);
+  return Status::ok();
+}
+
+// Compute begin/end entries. On the CPU the trainer computes on this thread between the hooks, so
+// the hook's time is the compute's. On CUDA streams the hooks return before the compute stream gets
+// there: the entry is written when the stream reaches it, after the waits the begin hook enqueued
+// and before the releases the end hook records.
+Status Executor::logCompute(LogKind kind) {
+  if (!device_) {
+    log_.add(logEntry(kind));
+    return Status::ok();
+  }
+  if (!log_.enabled()) return Status::ok();
+  LogEntry e = logEntry(kind);
+  return compute_->enqueueHost(
+      [this, e] {
+        log_.add(e);
+        return Status::ok();
+      },
+      kind == LogKind::kComputeBegin ? "log compute begin" : "log compute end");
+}
 
 libcomm::Stream& Executor::stream(StreamId id) {
   switch (id) {
@@ -29,7 +90,7 @@ Status Executor::runOp(const ScheduleOp& op) {
     case OpKind::kWait:
       // An inline compute stream would block in its wait: block here instead, where a timeout or a
       // failed collective is reported as the hook's error, naming what it waited for.
-      if (op.stream == StreamId::kCompute && !options_.threadedComputeStream) LIBCOMM_RETURN_IF_ERROR(hostWait(op));
+      if (op.stream == StreamId::kCompute && inlineCompute_) LIBCOMM_RETURN_IF_ERROR(hostWait(op));
       return stream(op.stream).wait(*events_[static_cast<size_t>(op.event)]);
     case OpKind::kRecord: {
       const ScheduleEvent& ev = schedule_.events[static_cast<size_t>(op.event)];
@@ -57,6 +118,13 @@ Status Executor::runOp(const ScheduleOp& op) {
       return stream(op.stream).record(*events_[static_cast<size_t>(op.event)]);
     }
     case OpKind::kHostWait:
+      // CPU compute runs on the trainer's thread, which therefore waits. A CUDA trainer's compute
+      // runs on the compute stream, whose kWait (just before) orders it: the thread goes on, and
+      // only a gather or reduce-scatter that has already failed is reported here.
+      if (device_) {
+        Status now = events_[static_cast<size_t>(op.event)]->query();
+        if (now.isOk() || now.code() == StatusCode::kInProgress) return Status::ok();
+      }
       return hostWait(op);
     case OpKind::kHostSync: {
       Status st = stream(op.stream).synchronize(libcomm::Deadline::after(options_.waitTimeout));
@@ -165,7 +233,9 @@ Status Executor::runReduce(const ScheduleOp& op) {
   // The resident accumulator is zeroed right behind its reduce-scatter (the next step's first
   // backward adds into it, ordered by endStep's drain); layer gradient buffers are zeroed by the
   // schedule's own kZeroGrad ops, which it places where they cost least.
-  if (resident)
+  if (resident && device_)
+    LIBCOMM_RETURN_IF_ERROR(detail::zeroDeviceAsync(st, send, zeroBytes, pool_.device()));
+  else if (resident)
     LIBCOMM_RETURN_IF_ERROR(st.enqueueHost(
         [send, zeroBytes] {
           std::memset(send, 0, zeroBytes);
@@ -190,7 +260,7 @@ namespace libshard {
 
 // Zeroes the part of a gradient buffer layer `op.layer` used, on the rs stream after its
 // reduce-scatter: the next backward that gets the buffer finds zeros, so a gradient it does not
-// write is zero rather than a stale value. (On a CUDA stream this becomes a memset node.)
+// write is zero rather than a stale value. On a CUDA stream: cudaMemsetAsync.
 Status Executor::runZero(const ScheduleOp& op) {
   void* buf = pool_.gradBuffer(op.gradBuffer);
   const size_t bytes = plan_.layers[static_cast<size_t>(op.layer)].paddedNumel * libcomm::dataTypeSize(computeType_);
@@ -201,6 +271,17 @@ Status Executor::runZero(const ScheduleOp& op) {
   e.buffer = -1;
   e.microBatch = -1;
   const bool log = log_.enabled();
+  if (device_) {
+    // A host function must not call CUDA: the memset is device work, the log entry a host function.
+    if (buf) LIBCOMM_RETURN_IF_ERROR(detail::zeroDeviceAsync(st, buf, bytes, pool_.device()));
+    if (!log) return Status::ok();
+    return st.enqueueHost(
+        [this, e] {
+          log_.add(e);
+          return Status::ok();
+        },
+        "log grad zeroed");
+  }
   return st.enqueueHost(
       [this, buf, bytes, e, log] {
         if (buf) std::memset(buf, 0, bytes);

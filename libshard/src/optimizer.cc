@@ -194,6 +194,10 @@ libcomm::Result<double> ShardedAdamW::step(ShardState& state, float gradScale, l
 libcomm::Result<double> ShardedAdamW::beginStep(ShardState& state, float gradScale, libcomm::Communicator* comm,
                                                 libcomm::Stream* stream, libcomm::Deadline deadline) {
   pending_ = Pending{};
+  if (state.onDevice)
+    return libcomm::makeError(StatusCode::kInvalidUsage,
+                              "AdamW: the state is device memory; ShardedAdamW runs on the host (a device trainer "
+                              "brings its own optimizer on the executor's compute stream)");
   if (state.numel != stateNumel_)
     return libcomm::makeError(StatusCode::kInvalidArgument, "AdamW: state has ", state.numel, " elements, the plan ",
                               stateNumel_);

@@ -15,6 +15,13 @@
 // internally (the shared-memory backend maps whole pages); that slack is libcomm's and is not
 // counted, so the measured figure is comparable with the plan to the byte. Empty arrays (no norm
 // parameters, fp32 mode's compute copy) are not allocated and count 0.
+//
+// Where the memory lives (PoolOptions::memory): host memory from Communicator::allocRegistered (the
+// CPU path), or device memory (cudaMalloc on PoolOptions::device, registered with the same
+// communicator through Communicator::registerBuffer, so that libcomm's device path reads peers'
+// shards in place over CUDA IPC). An Executor built on a device pool runs its streams as CUDA
+// streams; see executor.h. Device memory is declared in every build: without CUDA, or without a
+// usable device, create() refuses it with libcomm's answer ("built without CUDA", "no CUDA device").
 
 #include <cstddef>
 #include <cstdint>
@@ -28,6 +35,18 @@
 #include "libshard/state.h"
 
 namespace libshard {
+
+/// Where a pool's buffers live.
+enum class MemoryKind { kHost, kDevice };
+
+/// "host" / "device".
+const char* memoryKindName(MemoryKind kind);
+
+struct PoolOptions {
+  MemoryKind memory = MemoryKind::kHost;
+  /// The CUDA device of MemoryKind::kDevice (ignored for host memory).
+  int device = 0;
+};
 
 /// One allocation the pool makes (or would make) for a plan.
 struct PoolAllocation {
@@ -46,9 +65,13 @@ class BufferPool {
   /// fp32 grad shard (the reduce-scatters' output), the gradient buffers and the resident
   /// accumulator (their inputs). PoolAllocation::fromGatherComm records which. The two may be the
   /// same object; both must outlive the pool. On failure nothing stays allocated. Not thread-safe
-  /// with respect to other pool calls.
+  /// with respect to other pool calls. With MemoryKind::kDevice every array is device memory
+  /// (zero-filled before create returns) and every pointer the pool hands out, ShardState's
+  /// included, is a device pointer; the device is checked first, so a machine without one gets
+  /// libcomm's "no CUDA device" (kCudaError) or "built without CUDA" (kInvalidUsage) answer, with
+  /// this rank's context, before anything is allocated.
   static libcomm::Result<std::unique_ptr<BufferPool>> create(const ShardPlan& plan, libcomm::Communicator& agComm,
-                                                             libcomm::Communicator& rsComm);
+                                                             libcomm::Communicator& rsComm, PoolOptions options = {});
 
   /// The allocations create() makes for `plan`, in order, with their requested bytes (data null).
   /// Their sum is what the pool measures; a correct plan's libshardBytes equals it.
@@ -62,6 +85,11 @@ class BufferPool {
   /// Frees every allocation now; the first libcomm error, if any. Idempotent. After it, every
   /// pointer the pool handed out is invalid.
   libcomm::Status freeAll();
+
+  /// Where the buffers live, as create() was asked. Thread-safe.
+  MemoryKind memory() const { return options_.memory; }
+  /// The CUDA device of a device pool. Thread-safe.
+  int device() const { return options_.device; }
 
   /// The flat state arrays (views into the pool). Valid until freeAll()/destruction.
   ShardState& state() { return state_; }
@@ -85,11 +113,15 @@ class BufferPool {
   std::string describe() const;
 
  private:
-  BufferPool(libcomm::Communicator& agComm, libcomm::Communicator& rsComm) : agComm_(agComm), rsComm_(rsComm) {}
+  BufferPool(libcomm::Communicator& agComm, libcomm::Communicator& rsComm, PoolOptions options)
+      : agComm_(agComm), rsComm_(rsComm), options_(options) {}
   libcomm::Status allocateAll(const ShardPlan& plan);
+  libcomm::Result<void*> allocateOne(libcomm::Communicator& comm, const PoolAllocation& a);
+  libcomm::Status freeOne(libcomm::Communicator& comm, void* data);
 
   libcomm::Communicator& agComm_;
   libcomm::Communicator& rsComm_;
+  PoolOptions options_;
   std::vector<PoolAllocation> allocations_;
   ShardState state_;
   std::vector<void*> gatherBuffers_;

@@ -15,11 +15,28 @@
 //
 // Compute on the CPU runs on the trainer's thread: every begin hook makes the compute stream wait
 // for the buffers it hands out AND blocks the calling thread on them (bounded by waitTimeout), and
-// every end hook records the releases on the compute stream. A CUDA trainer would enqueue its
-// kernels on the compute stream between the hooks; the schedule stays the same.
+// every end hook records the releases on the compute stream.
+//
+// On a GPU (a BufferPool of MemoryKind::kDevice) the same schedule runs on CUDA streams: the
+// executor makes its compute, all_gather and reduce-scatter streams and its events CUDA ones on the
+// pool's device, and the trainer enqueues its kernels on computeStream() between the hooks. Then:
+//  - begin hooks do not block the calling thread: the compute stream's wait is the ordering (a
+//    hook still returns the error of a gather or reduce-scatter that has already failed);
+//  - the views and ShardState point to device memory; gradient buffers and the resident
+//    accumulator are zeroed with cudaMemsetAsync on the reduce-scatter stream;
+//  - endStep still drains every stream before it returns (ShardState::grad is final then), and
+//    the optimizer -- device work the trainer enqueues on computeStream(), or host work whose
+//    results it copies back with copies enqueued there -- is ordered before the next step's
+//    gathers by groupUpdated/optimizerDone as on CPU (a plain cudaMemcpy runs on the legacy
+//    default stream, which the executor's non-blocking streams do not wait for);
+//  - ExecutorOptions::scaleGradients is refused (it is a host pass over the grad shard: fold
+//    pendingGradScale() into the optimizer), and threadedComputeStream does not apply;
+//  - the event log's compute begin/end entries are written when the compute stream reaches the
+//    hook (host functions on it), not when the hook is called, so checkEventLog proves the same
+//    rules on a GPU. Logging costs a host function per entry: leave it off outside tests.
 //
 // Threading: all hooks must be called from one thread at a time (the trainer's). The streams'
-// own threads run the collectives and write the event log.
+// own threads (CUDA's callback thread on a GPU) run the collectives and write the event log.
 //
 // Errors: a failed collective, a lost peer or an expired wait makes the hook return an error
 // naming the rank, step, micro-batch and layer; the executor then aborts its communicators (so the
@@ -97,6 +114,7 @@ struct ExecutorOptions {
   /// endStep multiplies the grad shard by gradScale() (one pass). Off by default: the optimizer
   /// folds the scale into its update instead, saving the pass. Either way the optimizer is given
   /// Executor::pendingGradScale(), which is 1 when this is on, so the scale is applied once.
+  /// Host memory only: with a device pool, create() refuses it (kInvalidArgument).
   bool scaleGradients = false;
   /// How the compute stream runs on a host (CPU) build. Inline (the default): its items run on the
   /// trainer's thread as the hooks enqueue them -- a release is recorded the moment the end hook is
@@ -105,7 +123,7 @@ struct ExecutorOptions {
   /// the thread adds nothing but a hand-off per record and wait: with as many busy threads as cores,
   /// each hand-off waits for the scheduler (measured: ~100 wake-ups per step, 50-70 us of run delay
   /// each, on the 2-core VM; docs/PERFORMANCE.md). Work a trainer enqueues on computeStream() runs
-  /// before the enqueue returns when inline.
+  /// before the enqueue returns when inline. Ignored with a device pool (CUDA streams).
   bool threadedComputeStream = false;
 };
 
@@ -116,7 +134,9 @@ class Executor {
   /// communicators gathers and reduce-scatters overlap; passing the same one for both is valid and
   /// puts both on one stream. `model` must be the spec the plan was made from. The plan and the
   /// schedule are copied; `pool` and the communicators must outlive the executor. Not collective:
-  /// nothing is communicated until beginStep.
+  /// nothing is communicated until beginStep. The streams and events follow the pool's memory:
+  /// host ones for host memory, CUDA ones on BufferPool::device() for device memory (see the file
+  /// comment).
   static libcomm::Result<std::unique_ptr<Executor>> create(const ModelSpec& model, const ShardPlan& plan,
                                                            Schedule schedule, BufferPool& pool,
                                                            libcomm::Communicator& agComm, libcomm::Communicator& rsComm,
@@ -194,9 +214,12 @@ class Executor {
   /// The executor's copies of the plan and the schedule, unchanged for its lifetime. Thread-safe.
   const ShardPlan& plan() const { return plan_; }
   const Schedule& schedule() const { return schedule_; }
-  /// This rank's sharded state (the pool's). Safe to touch from the trainer's thread between
-  /// endStep and optimizerDone (the optimizer's window) and before the first beginStep; during a
-  /// step the streams read the shards (gathers) and write the grad shard (reduce-scatters).
+  /// True when the executor runs on CUDA streams over device memory (a device pool). Thread-safe.
+  bool onDevice() const { return device_; }
+  /// This rank's sharded state (the pool's; device pointers on a device pool). Safe to touch from
+  /// the trainer's thread between endStep and optimizerDone (the optimizer's window) and before the
+  /// first beginStep; during a step the streams read the shards (gathers) and write the grad shard
+  /// (reduce-scatters). On a device pool, "touch" means work enqueued on computeStream().
   ShardState& state() { return pool_.state(); }
   /// The event log (disabled unless ExecutorOptions::eventLogCapacity > 0). Read it only between
   /// endStep and the next beginStep, after synchronize() (the optimizer stamps are written by the
@@ -220,6 +243,8 @@ class Executor {
   libcomm::Status runReduce(const ScheduleOp& op);
   libcomm::Status runZero(const ScheduleOp& op);
   libcomm::Status hostWait(const ScheduleOp& op);
+  libcomm::Status createStreams();
+  libcomm::Status logCompute(LogKind kind);
   libcomm::Status fail(libcomm::Status st);
   libcomm::Stream& stream(StreamId id);
   LogEntry logEntry(LogKind kind) const;
@@ -234,6 +259,8 @@ class Executor {
   int rank_ = 0;
   float gradScale_ = 1.0f;
   libcomm::DataType computeType_ = libcomm::DataType::kFloat32;
+  bool device_ = false;         // CUDA streams and events, device memory (the pool's)
+  bool inlineCompute_ = false;  // the compute stream runs its items on the trainer's thread
   EventLog log_;
   std::vector<std::unique_ptr<libcomm::Event>> events_;
   std::unique_ptr<libcomm::Stream> compute_, ag_, rs_;  // rs_ null when both comms are one

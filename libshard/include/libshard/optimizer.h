@@ -85,6 +85,7 @@ class ShardedAdamW {
   /// collective order. Without `comm` (nullptr) the plan's world size must be 1. Returns the
   /// global gradient norm before clipping. The state is not modified when an error is returned or
   /// the norm is not finite. Not thread-safe: one step at a time per optimizer and per state.
+  /// Host memory only: a state in device memory (ShardState::onDevice) is kInvalidUsage.
   libcomm::Result<double> step(ShardState& state, float gradScale, libcomm::Communicator* comm, libcomm::Stream* stream,
                                libcomm::Deadline deadline);
 

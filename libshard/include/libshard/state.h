@@ -17,6 +17,9 @@ struct ShardState {
   float* adamM = nullptr;    // AdamW first moment
   float* adamV = nullptr;    // AdamW second moment
   uint64_t step = 0;         // optimizer steps taken (AdamW bias correction; saved in checkpoints)
+  /// The arrays are device memory (a BufferPool of MemoryKind::kDevice): host code must not touch
+  /// them. ShardedAdamW and the checkpoint functions, which run on the host, refuse such a state.
+  bool onDevice = false;
 };
 
 }  // namespace libshard
