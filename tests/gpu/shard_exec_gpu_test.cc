@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "config.h"  // examples/tinylm: buildModelSpec
+#include "device_probe.h"
 #include "harness.h"
 #include "libcomm/communicator.h"
 #include "libcomm/convert.h"
@@ -70,49 +71,6 @@ using shardcomm::testing::gpu::Ops;
 
 constexpr int kSteps = 3;
 constexpr int kMicro = 2;
-
-// ---- the device probe, in a child process (as device_coll_test) ----------------------------------
-
-struct Probe {
-  int devices = 0;
-  std::string why;
-};
-
-const Probe& probe() {
-  static Probe p = [] {
-    Probe r;
-    int fds[2];
-    if (pipe(fds) != 0) return Probe{0, "probe: pipe failed"};
-    const pid_t pid = fork();
-    if (pid == 0) {
-      close(fds[0]);
-      auto n = libcomm::cudaDeviceCount();
-      const std::string msg = n.isOk() ? std::to_string(*n) : "0 " + n.status().message();
-      (void)!write(fds[1], msg.data(), msg.size());
-      _exit(0);
-    }
-    close(fds[1]);
-    std::string msg;
-    char buf[512];
-    ssize_t got;
-    while ((got = read(fds[0], buf, sizeof(buf))) > 0) msg.append(buf, static_cast<size_t>(got));
-    close(fds[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    r.devices = atoi(msg.c_str());
-    if (r.devices == 0) r.why = msg.size() > 2 ? msg.substr(2) : "probe child said nothing";
-    return r;
-  }();
-  return p;
-}
-
-#define SKIP_WITHOUT_DEVICE()                                                             \
-  do {                                                                                    \
-    if (probe().devices == 0) {                                                           \
-      if (probe().why.find("no CUDA device") == std::string::npos) FAIL() << probe().why; \
-      GTEST_SKIP() << "skipped: " << probe().why;                                         \
-    }                                                                                     \
-  } while (0)
 
 // ---- data: fresh per run (seed), exact in bf16 and fp32 ------------------------------------------
 
