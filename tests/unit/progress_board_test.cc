@@ -106,13 +106,14 @@ TEST(ProgressBoard, ReportersPublishChangesAndCleanUp) {
 
   called[1] = started[1] = 1;  // rank 1 is in seq 1
   called[2] = 1;               // rank 2 called it, but its stream has not started it
+  // The two reporters publish independently, so wait for the state both changes lead to, not for
+  // the first one (rank 1's report alone already reads "not there yet: 2 (2: has called no ...)").
+  const std::string rank2Waits = "not there yet: 2 (2: called it, but its stream has not reached it: last started seq 0)";
   const Deadline limit = Deadline::after(5s);
-  while (!limit.expired() && boards[0]->stragglers(1, Deadline::after(1s)).find("not there yet: 2 (") == std::string::npos)
+  while (!limit.expired() && boards[0]->stragglers(1, Deadline::after(1s)).find(rank2Waits) == std::string::npos)
     std::this_thread::sleep_for(5ms);
   text = boards[0]->stragglers(1, Deadline::after(1s));
-  EXPECT_NE(text.find("not there yet: 2 (2: called it, but its stream has not reached it: last started seq 0)"),
-            std::string::npos)
-      << text;
+  EXPECT_NE(text.find(rank2Waits), std::string::npos) << text;
 
   started[2] = 1;
   while (!limit.expired() && boards[0]->stragglers(1, Deadline::after(1s)).find("every rank has started seq 1") ==
