@@ -425,6 +425,28 @@ TEST(UcxChannelFaults, StoppedPeerTimesOutNamingIt) {
   EXPECT_RANKS_OK(report);
 }
 
+// The mismatch check's fingerprint exchange has a step of its own; a timeout in it says so instead
+// of printing the reserved step number.
+TEST(UcxChannelFaults, TimeoutInTheFingerprintExchangeSaysSo) {
+  auto report = runRanks(processes(2), [](RankContext& ctx) -> Status {
+    uint64_t theirs = 0;
+    LIBCOMM_ASSIGN_OR_RETURN(auto ch, openChannel(ctx, othersOf(ctx.rank, 2)));
+    LIBCOMM_RETURN_IF_ERROR(barrier(ctx));
+    if (ctx.rank == 0) {
+      LIBCOMM_ASSIGN_OR_RETURN(Request r, ch->postRecv(1, Tag{9, libcomm::ucx::kFingerprintStep, 0}, &theirs, sizeof(theirs)));
+      Status st = ch->wait(std::span<Request>(&r, 1), waitContext(milliseconds(200)), "fingerprint");
+      LIBCOMM_RETURN_IF_ERROR(expectError(st, StatusCode::kTimeout,
+                                          {"no message yet from rank 1", "seq 9 fingerprint exchange"},
+                                          "missing fingerprint"));
+      if (st.message().find("step 4095") != std::string::npos)
+        return makeError(StatusCode::kInternalError, "the reserved step number leaked: ", st.message());
+      (void)ch->drain(Deadline::after(milliseconds(1000)));
+    }
+    return barrier(ctx);
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 // Rank 2 goes away (killed here; a rank that finished and exited without closing its channel
 // looks the same to UCX) while rank 0 still waits for rank 1: that must not fail a wait that does
 // not need rank 2.

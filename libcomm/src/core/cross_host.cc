@@ -72,8 +72,7 @@ class UcxRingLink final : public ring::Link {
   ring::IdleWork* idle_ = nullptr;
 };
 
-constexpr uint32_t kFingerprintStep = ucx::kMaxStep;  // no algorithm step reaches it
-constexpr ucx::Tag kNoticeTag{};                      // control class: matches nothing else
+constexpr ucx::Tag kNoticeTag{};  // control class: matches nothing else
 
 // How long a failing rank spends telling its neighbours, and a failed wait looks for a notice
 // from the peer it lost (the notice travels ahead of the connection's close, so it is normally
@@ -243,8 +242,8 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
     shm::OpDescriptor mine = describeOp(args, seq);
     mine.algo = static_cast<uint8_t>(algo);
     shm::OpDescriptor theirs;
-    LIBCOMM_ASSIGN_OR_RETURN(uint64_t in, link.recv(cross_->prev, kFingerprintStep, 0, &theirs, sizeof(theirs)));
-    LIBCOMM_ASSIGN_OR_RETURN(uint64_t out, link.send(cross_->next, kFingerprintStep, 0, &mine, sizeof(mine)));
+    LIBCOMM_ASSIGN_OR_RETURN(uint64_t in, link.recv(cross_->prev, ucx::kFingerprintStep, 0, &theirs, sizeof(theirs)));
+    LIBCOMM_ASSIGN_OR_RETURN(uint64_t out, link.send(cross_->next, ucx::kFingerprintStep, 0, &mine, sizeof(mine)));
     LIBCOMM_RETURN_IF_ERROR(link.wait(in, wait));
     LIBCOMM_RETURN_IF_ERROR(link.wait(out, wait));
     LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, mine, theirs, cross_->prev));

@@ -39,6 +39,9 @@ inline constexpr int kChunkShift = 0, kStepShift = kChunkBits, kSeqShift = kStep
 inline constexpr uint32_t kMaxRanks = 1u << kSourceBits;
 inline constexpr uint32_t kMaxStep = (1u << kStepBits) - 1;
 inline constexpr uint32_t kMaxChunk = (1u << kChunkBits) - 1;
+/// The step of the mismatch check's fingerprint exchange (LIBCOMM_CHECK_MISMATCH): no algorithm
+/// step reaches it.
+inline constexpr uint32_t kFingerprintStep = kMaxStep;
 inline constexpr uint64_t kFullTagMask = ~0ull;
 
 /// True when `tag` fits the layout (step and chunk in range; the seq is truncated by design).

@@ -18,6 +18,7 @@ namespace {
 constexpr auto kSleepSlice = std::chrono::milliseconds(20);
 
 std::string describeTag(const Tag& t) {
+  if (t.step == kFingerprintStep) return "seq " + std::to_string(t.seq) + " fingerprint exchange";
   return "seq " + std::to_string(t.seq) + " step " + std::to_string(t.step) + " chunk " + std::to_string(t.chunk);
 }
 
