@@ -1,11 +1,14 @@
 // CommConfig::fromEnvironment: every LIBCOMM_* knob parses, defaults hold, and a bad value is an
-// error naming the variable (never silently replaced by a default).
+// error naming the variable (never silently replaced by a default). Also the wait policies chosen
+// from the spin settings (core/wait_policy.h).
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <chrono>
 #include <string>
 
+#include "core/wait_policy.h"
 #include "libcomm/config.h"
 
 namespace {
@@ -60,6 +63,72 @@ TEST(CommConfig, SpinIsReadAndRangeChecked) {
     EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(c.status().message().find("LIBCOMM_SPIN_US"), std::string::npos) << c.status().toString();
   }
+}
+
+TEST(CommConfig, ProgressSpinIsReadAndRangeChecked) {
+  {
+    auto c = CommConfig::fromEnvironment();
+    ASSERT_TRUE(c.isOk()) << c.status().toString();
+    EXPECT_LT(c->progressSpin.count(), 0) << "automatic progress-thread spin by default";
+  }
+  {
+    ScopedEnv e("LIBCOMM_PROGRESS_SPIN_US", "0");
+    auto c = CommConfig::fromEnvironment();
+    ASSERT_TRUE(c.isOk()) << c.status().toString();
+    EXPECT_EQ(c->progressSpin.count(), 0);
+  }
+  for (const char* bad : {"-2", "1000001", "long"}) {
+    ScopedEnv e("LIBCOMM_PROGRESS_SPIN_US", bad);
+    auto c = CommConfig::fromEnvironment();
+    ASSERT_FALSE(c.isOk()) << bad;
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(c.status().message().find("LIBCOMM_PROGRESS_SPIN_US"), std::string::npos) << c.status().toString();
+  }
+  CommConfig code;
+  code.progressSpin = std::chrono::microseconds(2000000);
+  EXPECT_EQ(code.validate().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(code.validate().message().find("LIBCOMM_PROGRESS_SPIN_US"), std::string::npos);
+  code = CommConfig{};
+  code.blockingSpin = std::chrono::microseconds(2000000);
+  EXPECT_NE(code.validate().message().find("LIBCOMM_SPIN_US"), std::string::npos);
+}
+
+// Who polls how long (core/wait_policy.h): by the ranks sharing this machine's cores.
+TEST(WaitPolicies, FollowTheCoresAndTheSettings) {
+  using std::chrono::microseconds;
+  using std::chrono::nanoseconds;
+  const CommConfig automatic;
+  struct Case {
+    int ranks, cpus;
+    long long blockingSpinUs, blockingYieldUs, progressSpinUs;
+  };
+  const Case cases[] = {
+      {2, 2, 1000, 0, 20},    // this development VM: no core left for a polling progress thread
+      {2, 6, 1000, 0, 1000},  // three threads per rank fit
+      {2, 5, 1000, 0, 20},    // 6 threads on 5 cores
+      {1, 3, 1000, 0, 1000},
+      {4, 2, 0, 1000, 20},    // ranks outnumber cores: blocking calls yield
+      {8, 112, 1000, 0, 1000},
+      {1, 1, 1000, 0, 20},
+  };
+  for (const Case& k : cases) {
+    const auto p = libcomm::chooseWaitPolicies(automatic, k.ranks, k.cpus);
+    SCOPED_TRACE(std::to_string(k.ranks) + " ranks on " + std::to_string(k.cpus) + " cores");
+    EXPECT_EQ(p.blocking.spin, nanoseconds(microseconds(k.blockingSpinUs)));
+    EXPECT_EQ(p.blocking.yield, nanoseconds(microseconds(k.blockingYieldUs)));
+    EXPECT_EQ(p.progress.spin, nanoseconds(microseconds(k.progressSpinUs)));
+    EXPECT_EQ(p.progress.yield, nanoseconds(0));
+  }
+  CommConfig set;
+  set.blockingSpin = microseconds(7);
+  set.progressSpin = microseconds(0);
+  for (int cpus : {1, 2, 64}) {
+    const auto p = libcomm::chooseWaitPolicies(set, 4, cpus);
+    EXPECT_EQ(p.blocking.spin, nanoseconds(microseconds(7))) << "a setting never yields";
+    EXPECT_EQ(p.blocking.yield, nanoseconds(0));
+    EXPECT_EQ(p.progress.spin, nanoseconds(0));
+  }
+  EXPECT_GE(libcomm::usableCpuCount(), 1);
 }
 
 TEST(CommConfig, BadValuesNameTheVariable) {

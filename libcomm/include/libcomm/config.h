@@ -77,9 +77,13 @@ struct CommConfig {
   /// else to do) polls for its peers before sleeping, from LIBCOMM_SPIN_US. Negative: automatic --
   /// 1 ms of polling when this host's ranks fit its usable cores; else 1 ms of polling with
   /// sched_yield() in between (a pure spin would hold the core the awaited peer needs).
-  /// Collectives on threaded streams always poll 20 us: their progress threads share the cores
-  /// with the caller's compute.
+  /// Collectives on threaded streams follow progressSpin.
   std::chrono::microseconds blockingSpin{-1};
+  /// How long a threaded stream's progress thread polls for its peers before sleeping, from
+  /// LIBCOMM_PROGRESS_SPIN_US. Negative: automatic -- 1 ms where the cores fit three threads per
+  /// rank on this machine (compute and two streams' progress threads), else 20 us: there a longer
+  /// poll takes the core from the caller's compute (docs/PERFORMANCE.md, "Progress-thread polling").
+  std::chrono::microseconds progressSpin{-1};
   /// This rank's host id (LIBCOMM_HOST_ID): ranks with equal ids share a host. Empty: hostname
   /// plus kernel boot id. Set it to tell apart "hosts" that are containers or network namespaces
   /// of one machine.

@@ -15,6 +15,7 @@
 #include "core/collective.h"
 #include "core/flight_recorder.h"
 #include "core/op_deadline.h"
+#include "core/wait_policy.h"
 #include "libcomm/communicator.h"
 #include "topology/hosts.h"
 
@@ -69,11 +70,7 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   std::string prefix_;
   topology::HostGroups hosts_;
   /// How waits poll before sleeping: in collectives called on inline streams (blocking calls) and
-  /// in those run by a threaded stream's progress thread.
-  struct WaitPolicy {
-    std::chrono::nanoseconds spin;
-    std::chrono::nanoseconds yield;
-  };
+  /// in those run by a threaded stream's progress thread. Chosen at creation (wait_policy.h).
   WaitPolicy blockingWait_{std::chrono::microseconds(20), {}};
   WaitPolicy progressWait_{std::chrono::microseconds(20), {}};
   std::unique_ptr<shm::Channel> channel_;

@@ -1,7 +1,6 @@
 // Communicator: creation over a Bootstrap, registered memory, and the public collective entry
 // points (validation and enqueue; execution is in execute.cc).
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +15,7 @@
 #include "core/log.h"
 #include "core/progress_board.h"
 #include "core/selector.h"
+#include "core/wait_policy.h"
 #include "reduce/reduce_impl.h"
 #include "topology/hosts.h"
 #include "topology/machine.h"
@@ -40,20 +40,6 @@ struct InitInfo {
 };
 constexpr uint32_t kInitMagic = 0x53434f4d;  // "SCOM"
 constexpr uint32_t kInitVersion = 3;
-
-// How blocking calls (collectives on inline streams) wait. PERF-NOTES: a wait that sleeps pays a
-// wake-up of ~25-30 us in this VM, and under load two ranks that each spin shorter than that fall
-// into taking turns to sleep (every collective then costs a wake-up): polling for ~1 ms keeps them
-// out of it. But when ranks outnumber cores the spinner holds the core its peer needs: then it
-// polls with sched_yield() in between, which hands the core to the peer.
-Communicator::Impl::WaitPolicy blockingWaitPolicy(const CommConfig& config, int ranksOnHost) {
-  using std::chrono::microseconds;
-  if (config.blockingSpin.count() >= 0) return {config.blockingSpin, {}};
-  cpu_set_t set;
-  const int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-  if (ranksOnHost <= cpus) return {microseconds(1000), {}};
-  return {{}, microseconds(1000)};
-}
 
 }  // namespace
 
@@ -114,7 +100,9 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   }
   impl->hosts_ = topology::HostGroups::fromIds(hostIds);
   const int ranksHere = static_cast<int>(impl->hosts_.ranks[impl->hosts_.hostOf[impl->rank_]].size());
-  impl->blockingWait_ = blockingWaitPolicy(config, std::max(ranksHere, ranksOnMachine));
+  const WaitPolicies waits = chooseWaitPolicies(config, std::max(ranksHere, ranksOnMachine), usableCpuCount());
+  impl->blockingWait_ = waits.blocking;
+  impl->progressWait_ = waits.progress;
   if (impl->hosts_.numHosts() > 1) {
     // Ranks on other hosts share no memory: every collective goes around a ring over UCX.
     LIBCOMM_RETURN_IF_ERROR(impl->connectAcrossHosts(bootstrap, prefixes, deadline));
@@ -142,7 +130,9 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
                              << std::chrono::duration_cast<std::chrono::microseconds>(impl->blockingWait_.spin).count()
                              << " us, then yield for "
                              << std::chrono::duration_cast<std::chrono::microseconds>(impl->blockingWait_.yield).count()
-                             << " us before sleeping";
+                             << " us before sleeping, progress threads spin "
+                             << std::chrono::duration_cast<std::chrono::microseconds>(impl->progressWait_.spin).count()
+                             << " us";
   // Discovering the machine takes tens of milliseconds (hwloc reads sysfs and the PCI tree): only
   // when debug lines are on, and once per process.
   static std::once_flag machineLogged;

@@ -52,6 +52,9 @@ const std::vector<SettingInfo> kSettings = {
     {"LIBCOMM_SPIN_US", SettingType::kInt, "-1",
      "microseconds a collective on an inline stream polls for its peers before sleeping; -1: 1000 (with "
      "sched_yield between polls when this host's ranks outnumber its cores)"},
+    {"LIBCOMM_PROGRESS_SPIN_US", SettingType::kInt, "-1",
+     "microseconds a threaded stream's progress thread polls for its peers before sleeping; -1: 1000 when "
+     "this machine's cores fit three threads per rank, else 20"},
     {"LIBCOMM_HOST_ID", SettingType::kString, "",
      "this rank's host id: ranks with equal ids share a host (empty: hostname and kernel boot id)"},
     // Flight recorder (core/flight_recorder.h, docs/FLIGHT-RECORDER.md).
@@ -156,6 +159,11 @@ Result<CommConfig> CommConfig::fromEnvironment() {
   if (spinUs < -1 || spinUs > 1000000)
     return makeError(StatusCode::kInvalidArgument, "LIBCOMM_SPIN_US must be -1 (automatic) or in [0, 10^6], got ", spinUs);
   c.blockingSpin = std::chrono::microseconds(spinUs);
+  LIBCOMM_ASSIGN_OR_RETURN(long long progressSpinUs, settingInt("LIBCOMM_PROGRESS_SPIN_US"));
+  if (progressSpinUs < -1 || progressSpinUs > 1000000)
+    return makeError(StatusCode::kInvalidArgument,
+                     "LIBCOMM_PROGRESS_SPIN_US must be -1 (automatic) or in [0, 10^6], got ", progressSpinUs);
+  c.progressSpin = std::chrono::microseconds(progressSpinUs);
   if (eager < 0 || eager > (1LL << 20))
     return makeError(StatusCode::kInvalidArgument, "LIBCOMM_EAGER_BYTES must be in [0, 2^20], got ", eager);
   c.eagerBytes = static_cast<size_t>(eager);
@@ -221,6 +229,14 @@ Status CommConfig::validate() const {
   if (eagerBytes > (size_t{1} << 20))
     return makeError(StatusCode::kInvalidArgument, "the eager limit (LIBCOMM_EAGER_BYTES) must be in [0, 2^20], got ",
                      eagerBytes);
+  // Negative: automatic. A poll longer than a second would outlast a peer check.
+  if (blockingSpin.count() > 1000000)
+    return makeError(StatusCode::kInvalidArgument, "the blocking-call spin (LIBCOMM_SPIN_US) must be at most 10^6 us, got ",
+                     blockingSpin.count());
+  if (progressSpin.count() > 1000000)
+    return makeError(StatusCode::kInvalidArgument,
+                     "the progress-thread spin (LIBCOMM_PROGRESS_SPIN_US) must be at most 10^6 us, got ",
+                     progressSpin.count());
   return Status::ok();
 }
 
