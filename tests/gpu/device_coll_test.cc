@@ -148,6 +148,10 @@ Status runCase(Communicator& comm, Stream& stream, const Case& c, size_t count, 
     const auto bytes = encode(inputs[r], c.in);
     CU(cudaMemcpy(send, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
   }
+  // cudaMemset and cudaMemcpy from pageable memory run on the legacy default stream and may return
+  // before the device has written; libcomm's streams are non-blocking and do not wait for that
+  // stream, and the peers read this input after this rank's ready event on `stream`. Finish it.
+  CU(cudaStreamSynchronize(cudaStreamLegacy));
   if (c.registered) LIBCOMM_RETURN_IF_ERROR(comm.registerBuffer(base, outBytes + inBytes + 256));
   ReduceOptions ro;
   ro.op = c.op;
