@@ -22,15 +22,23 @@ libcomm::Result<int> select(int rank) {
   LIBCOMM_RETURN_IF_ERROR(check(cudaSetDevice(d), "cudaSetDevice"));
   return d;
 }
+// cudaMemset and cudaMemcpy from pageable memory run on the legacy default stream and may return
+// before the device has written; libcomm's CUDA streams are non-blocking and do not wait for that
+// stream (nor do the peers, who read this rank's input after its ready event): finish it here.
+libcomm::Status finishLegacy() {
+  return check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize(legacy)");
+}
 libcomm::Result<void*> alloc(size_t bytes) {
   void* p = nullptr;
   LIBCOMM_RETURN_IF_ERROR(check(cudaMalloc(&p, bytes), "cudaMalloc"));
   LIBCOMM_RETURN_IF_ERROR(check(cudaMemset(p, 0, bytes), "cudaMemset"));
+  LIBCOMM_RETURN_IF_ERROR(finishLegacy());
   return p;
 }
 void release(void* p) { (void)cudaFree(p); }
 libcomm::Status toDevice(void* dst, const void* src, size_t bytes) {
-  return check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to the device");
+  LIBCOMM_RETURN_IF_ERROR(check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to the device"));
+  return finishLegacy();
 }
 libcomm::Status toHost(void* dst, const void* src, size_t bytes) {
   return check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to the host");

@@ -153,6 +153,8 @@ int main(int argc, char** argv) {
         }
         CHECK_CUDA(cudaMemcpy(in, host.data(), host.size(), cudaMemcpyHostToDevice));
         CHECK_CUDA(cudaMemset(out, 0xff, count * outEs));  // NaN in both output types
+        // Both went on the legacy stream, which the non-blocking `s` does not wait for.
+        CHECK_CUDA(cudaStreamSynchronize(cudaStreamLegacy));
         libcomm::cuda::ReduceLaunch l;
         l.numInputs = ranks;
         for (int r = 0; r < ranks; ++r) l.inputs[r] = in + r * inBytes;
