@@ -176,7 +176,13 @@ step cb_own_2 "comm_bench device, 2 ranks, own path" -- "${cb[@]}" -np 2 -R 1 -J
 step cb_own_4 "comm_bench device, 4 ranks, own path" -- "${cb[@]}" -np 4 -R 1 -J "$out/cb_own_4.json"
 if grep -q "^-- shardcomm: NCCL ON" "$out/configure.log"; then
   step cb_nccl_1 "comm_bench device, 1 rank, NCCL" -- "${cb[@]}" -np 1 -R 0 -J "$out/cb_nccl_1.json"
-  step cb_nccl_2 "comm_bench device, 2 ranks, NCCL" -- "${cb[@]}" -np 2 -R 0 -J "$out/cb_nccl_2.json"
+  # NCCL refuses two ranks of one communicator on one GPU ("Duplicate GPU detected").
+  gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ' || true)
+  if [ "${gpus:-0}" -ge 2 ]; then
+    step cb_nccl_2 "comm_bench device, 2 ranks, NCCL" -- "${cb[@]}" -np 2 -R 0 -J "$out/cb_nccl_2.json"
+  else
+    rows+=("cb_nccl_2|not run|0|NCCL needs a GPU per rank; this machine has ${gpus:-0}")
+  fi
 fi
 # The reduce_scatter kernel (bf16/fp32 in, fp32 sums) against a D2D copy of the same bytes, same run.
 step rs_kernel "reduce kernel vs D2D copy, 2/4/8 inputs, checked" -- \
