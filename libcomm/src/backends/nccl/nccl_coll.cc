@@ -44,6 +44,9 @@ class DelegateImpl final : public Delegate {
 
   Status run(const CollArgs& a, void* stream, int device, Deadline deadline, const std::string& what) override {
     if (!comm_) return makeError(StatusCode::kInternalError, what, ": no NCCL communicator");
+    // Nothing to move (every rank has the same count): no scratch of 0 bytes from cudaMallocAsync,
+    // no NCCL call with null buffers.
+    if (a.count == 0) return Status::ok();
     cuda::DeviceGuard guard(device);
     LIBCOMM_RETURN_IF_ERROR(guard.status().withContext(what));
     s_ = static_cast<cudaStream_t>(stream);
