@@ -104,9 +104,18 @@ Status serveReduceScatter(CommState& state, ncclComm_t comm, const void* send, v
 
 Status finalizeServed(CommState& state) {
   if (!state.served) return Status::ok();
-  Status st = state.served->comm->finalize(state.served->comm->config().opTimeout);
+  // A device collective counts as finished for Communicator::finalize once it is enqueued, and the
+  // stream's destructor waits only 5 s: without this drain, work still queued (behind the caller's
+  // kernels, which it waits for) would run after the communicator closed its peers' IPC mappings
+  // (faults or garbage), and its errors would be lost. ncclCommFinalize flushes, so wait here, as
+  // long as the op timeout allows; on a timeout finalize aborts what is left.
+  const libcomm::Milliseconds timeout = state.served->comm->config().opTimeout;
+  Status drained = state.served->stream->synchronize(libcomm::Deadline::after(timeout));
+  if (!drained.isOk())
+    drained = drained.withContext("rank " + std::to_string(state.rank) + ": draining libcomm's stream");
+  Status st = state.served->comm->finalize(timeout);
   state.served.reset();
-  return st;
+  return drained.isOk() ? st : drained;
 }
 
 void abortServed(CommState& state) {
