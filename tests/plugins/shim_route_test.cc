@@ -120,6 +120,16 @@ TEST(Route, HostOrUnknownMemoryGoesToNccl) {
   }
 }
 
+TEST(Route, StreamsBeingCapturedGoToNccl) {
+  for (Collective c : {Collective::kAllGather, Collective::kReduceScatter}) {
+    RouteInput in = servable(c);
+    in.capturing = true;
+    expectForward(in, "captured into a CUDA graph");
+    in.registered = true;
+    expectForward(in, "captured into a CUDA graph");
+  }
+}
+
 TEST(Route, TheFirstReasonWins) {
   // Disabled beats everything; a group beats an unknown communicator.
   RouteInput in = servable(Collective::kReduceScatter);

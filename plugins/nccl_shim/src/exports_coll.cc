@@ -29,10 +29,20 @@ shim::MemoryKind memoryKind(const void* ptr) {
   }
 }
 
+// True when `stream` is being captured into a CUDA graph, or when that cannot be told.
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    cudaGetLastError();  // as in memoryKind: leave nothing behind for the caller's error checks
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
 // Gathers the route's inputs, cheapest first: what needs libcomm or CUDA is asked only when the
 // answer could still change the decision.
 shim::RouteDecision route(shim::RouteInput in, const std::shared_ptr<shim::CommState>& state, const void* send,
-                          size_t sendBytes, const void* recv, size_t recvBytes) {
+                          size_t sendBytes, const void* recv, size_t recvBytes, cudaStream_t stream) {
   in.disabled = shim::shimDisabled();
   in.groupDepth = shim::groupDepth();
   in.commKnown = state != nullptr;
@@ -40,6 +50,7 @@ shim::RouteDecision route(shim::RouteInput in, const std::shared_ptr<shim::CommS
   if (!in.disabled && in.groupDepth == 0 && state) {
     in.support = shim::libcommSupport();
     if (in.support.canServeDevice) {
+      in.capturing = capturing(stream);
       in.sendMemory = memoryKind(send);
       in.recvMemory = memoryKind(recv);
       in.registered =
@@ -64,7 +75,8 @@ ncclResult_t allGather(const void* sendbuff, void* recvbuff, size_t sendcount, n
     in.count = sendcount;
     in.dtype = datatype;
     size_t bytes = sendcount * elem;
-    if (route(in, state, sendbuff, bytes, recvbuff, bytes * (state ? state->nranks : 0)).path == shim::Path::kForward)
+    if (route(in, state, sendbuff, bytes, recvbuff, bytes * (state ? state->nranks : 0), stream).path ==
+        shim::Path::kForward)
       return toNccl();
     std::lock_guard<std::mutex> lock(state->mu);
     libcomm::Status st = shim::serveAllGather(*state, comm, sendbuff, recvbuff, sendcount, elem, stream);
@@ -85,7 +97,8 @@ ncclResult_t reduceScatter(const void* sendbuff, void* recvbuff, size_t recvcoun
     in.dtype = datatype;
     in.op = op;
     size_t bytes = recvcount * (datatype == ncclBfloat16 ? 2 : 4);
-    if (route(in, state, sendbuff, bytes * (state ? state->nranks : 0), recvbuff, bytes).path == shim::Path::kForward)
+    if (route(in, state, sendbuff, bytes * (state ? state->nranks : 0), recvbuff, bytes, stream).path ==
+        shim::Path::kForward)
       return toNccl();
     std::lock_guard<std::mutex> lock(state->mu);
     libcomm::Status st = shim::serveReduceScatter(*state, comm, sendbuff, recvbuff, recvcount, datatype, op, stream);

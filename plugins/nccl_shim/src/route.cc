@@ -88,6 +88,11 @@ RouteDecision decideRoute(const RouteInput& in) {
   }
   // Before the memory kinds: callers look those up (a CUDA call) only when libcomm could serve.
   if (!in.support.canServeDevice) return forward(in.support.why);
+  // libcomm's handshake with the peers runs on the host when the call is made: in a captured
+  // stream it would run once, at capture, and each replay of the graph would only replay the
+  // device work against stale peer state. NCCL's kernels are made to be captured.
+  if (in.capturing)
+    return forward("the stream is being captured into a CUDA graph (libcomm's host-side handshake cannot be replayed)");
   if (!isDeviceMemory(in.sendMemory) || !isDeviceMemory(in.recvMemory))
     return forward(std::string("buffers are not device memory (send ") + memoryKindName(in.sendMemory) + ", recv " +
                    memoryKindName(in.recvMemory) + ")");

@@ -7,7 +7,8 @@
 // Every rank of a communicator must reach the same decision for the same call, or the ranks would
 // wait in different libraries. Every input is therefore the same on all ranks for a well-formed
 // program (the collective's kind, count, dtype and op; group nesting; how the communicator was
-// made; the kind of memory, which NCCL programs allocate alike on every rank), except
+// made; whether the stream is being captured into a CUDA graph; the kind of memory, which NCCL
+// programs allocate alike on every rank), except
 // `registered`, which is reported but never decides alone.
 
 #include <nccl.h>
@@ -49,6 +50,9 @@ struct RouteInput {
   MemoryKind sendMemory = MemoryKind::kUnknown;
   MemoryKind recvMemory = MemoryKind::kUnknown;
   bool registered = false;  // both buffers in ncclCommRegister'ed or ncclMemAlloc'ed ranges
+  /// The caller's stream is being captured into a CUDA graph (or its capture state could not be
+  /// read). Asked, like the memory kinds, only when libcomm could serve.
+  bool capturing = false;
   LibcommSupport support;
 };
 

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 
+#include "backends/cuda/cuda_error.h"  // DeviceGuard
 #include "libcomm/config.h"
 #include "libcomm/cuda.h"
 #include "libcomm/types.h"
@@ -39,10 +40,18 @@ Status ensureServed(CommState& state, ncclComm_t nccl) {
   if (real == nullptr || real->pCommCuDevice == nullptr || real->pCommCuDevice(nccl, &device) != ncclSuccess)
     return libcomm::makeError(StatusCode::kInternalError, "ncclCommCuDevice failed for rank ", state.rank);
   LIBCOMM_ASSIGN_OR_RETURN(s->stream, libcomm::createCudaStream("nccl-shim", device));
-  LIBCOMM_RETURN_IF_ERROR(
-      cudaStatus(cudaEventCreateWithFlags(&s->callerDone, cudaEventDisableTiming), "cudaEventCreate"));
-  LIBCOMM_RETURN_IF_ERROR(
-      cudaStatus(cudaEventCreateWithFlags(&s->libcommDone, cudaEventDisableTiming), "cudaEventCreate"));
+  s->device = device;
+  // cudaEventCreate makes the event on the calling thread's current device, and cudaEventRecord
+  // refuses an event of another device than the stream's: make both on the communicator's device
+  // (where the caller's stream and libcomm's are), whatever device the caller's thread has current.
+  {
+    libcomm::cuda::DeviceGuard guard(device);
+    LIBCOMM_RETURN_IF_ERROR(guard.status());
+    LIBCOMM_RETURN_IF_ERROR(
+        cudaStatus(cudaEventCreateWithFlags(&s->callerDone, cudaEventDisableTiming), "cudaEventCreate"));
+    LIBCOMM_RETURN_IF_ERROR(
+        cudaStatus(cudaEventCreateWithFlags(&s->libcommDone, cudaEventDisableTiming), "cudaEventCreate"));
+  }
   state.served = std::move(s);
   return Status::ok();
 }
@@ -51,6 +60,11 @@ Status ensureServed(CommState& state, ncclComm_t nccl) {
 template <typename F>
 Status ordered(ServedComm& s, cudaStream_t caller, F&& enqueue) {
   auto native = static_cast<cudaStream_t>(libcomm::nativeCudaStream(*s.stream));
+  // As NCCL does: the communicator's device is current for the call, so that stream 0 (the legacy
+  // default stream of the current device) means that device's, and the events (made there) may be
+  // recorded on it. The caller's current device is restored after.
+  libcomm::cuda::DeviceGuard guard(s.device);
+  LIBCOMM_RETURN_IF_ERROR(guard.status());
   LIBCOMM_RETURN_IF_ERROR(cudaStatus(cudaEventRecord(s.callerDone, caller), "cudaEventRecord"));
   LIBCOMM_RETURN_IF_ERROR(cudaStatus(cudaStreamWaitEvent(native, s.callerDone, 0), "cudaStreamWaitEvent"));
   LIBCOMM_RETURN_IF_ERROR(enqueue(*s.stream));
@@ -90,9 +104,18 @@ Status serveReduceScatter(CommState& state, ncclComm_t comm, const void* send, v
 
 Status finalizeServed(CommState& state) {
   if (!state.served) return Status::ok();
-  Status st = state.served->comm->finalize(state.served->comm->config().opTimeout);
+  // A device collective counts as finished for Communicator::finalize once it is enqueued, and the
+  // stream's destructor waits only 5 s: without this drain, work still queued (behind the caller's
+  // kernels, which it waits for) would run after the communicator closed its peers' IPC mappings
+  // (faults or garbage), and its errors would be lost. ncclCommFinalize flushes, so wait here, as
+  // long as the op timeout allows; on a timeout finalize aborts what is left.
+  const libcomm::Milliseconds timeout = state.served->comm->config().opTimeout;
+  Status drained = state.served->stream->synchronize(libcomm::Deadline::after(timeout));
+  if (!drained.isOk())
+    drained = drained.withContext("rank " + std::to_string(state.rank) + ": draining libcomm's stream");
+  Status st = state.served->comm->finalize(timeout);
   state.served.reset();
-  return st;
+  return drained.isOk() ? st : drained;
 }
 
 void abortServed(CommState& state) {

@@ -28,6 +28,7 @@ struct ServedComm {
   std::unique_ptr<libcomm::Bootstrap> bootstrap;
   std::unique_ptr<libcomm::Communicator> comm;
   std::unique_ptr<libcomm::Stream> stream;  // a libcomm CUDA stream on the communicator's device
+  int device = -1;                          // the communicator's device (ncclCommCuDevice)
   cudaEvent_t callerDone = nullptr;         // recorded on the caller's stream, waited by `stream`
   cudaEvent_t libcommDone = nullptr;        // recorded on `stream`, waited by the caller's stream
 };
