@@ -10,6 +10,7 @@
 
 #include "core/wait_policy.h"
 #include "libcomm/config.h"
+#include "libcomm/deadline.h"
 
 namespace {
 
@@ -183,6 +184,24 @@ TEST(CommConfig, InvertedDeadlinesAreRefusedNamingBothSettings) {
   code = CommConfig{};
   code.stagingChunkBytes = 100;
   EXPECT_EQ(code.validate().code(), StatusCode::kInvalidArgument);
+}
+
+// "No limit" written as a huge number of milliseconds (10^13 ms, 317 years) is past what the clock
+// can add to now: the deadline must not wrap into the past and time every collective out at once.
+TEST(CommConfig, HugeTimeoutsDoNotExpireAtOnce) {
+  ScopedEnv op("LIBCOMM_TIMEOUT_MS", "10000000000000");
+  ScopedEnv init("LIBCOMM_INIT_TIMEOUT_MS", "20000000000000");
+  auto c = CommConfig::fromEnvironment();
+  ASSERT_TRUE(c.isOk()) << c.status().toString();
+  for (libcomm::Milliseconds t : {c->opTimeout, c->initTimeout, libcomm::Milliseconds::max()}) {
+    const libcomm::Deadline d = libcomm::Deadline::after(t);
+    EXPECT_FALSE(d.expired()) << t.count() << " ms";
+    EXPECT_GT(d.remaining(), libcomm::Milliseconds(24LL * 3600 * 1000 * 365)) << t.count() << " ms";
+  }
+  // Ordinary timeouts are unchanged.
+  const libcomm::Deadline soon = libcomm::Deadline::after(libcomm::Milliseconds(60000));
+  EXPECT_LE(soon.remaining(), libcomm::Milliseconds(60000));
+  EXPECT_GT(soon.remaining(), libcomm::Milliseconds(50000));
 }
 
 TEST(CommConfig, EveryKnobIsDeclaredWithADoc) {
