@@ -3,7 +3,8 @@
 
   comm_info_check.py COMM_INFO text         plain run: exit 0, every section present
   comm_info_check.py COMM_INFO json         --json: one JSON object, the same content, sane values
-  comm_info_check.py COMM_INFO bad-setting  --json with an invalid LIBCOMM_ALGO: exit 1, still JSON, error named
+  comm_info_check.py COMM_INFO bad-setting  --json with an invalid LIBCOMM_ALGO: exit 1, still JSON, error named;
+                                           a bad LIBCOMM_LOG_LEVEL or LIBCOMM_NT_STORE_BYTES: exit 1, named
   comm_info_check.py COMM_INFO odd-bytes    --json with quotes, newlines and invalid UTF-8 in a setting: parses
 """
 import json
@@ -127,6 +128,12 @@ def check_bad_setting(exe):
         fail("configuration_error does not name the setting: %s" % doc["configuration_error"])
     if "topology" not in doc or "devices" not in doc:
         fail("the machine part must still be there")
+    # Settings read outside CommConfig (the logger, the reduction kernels) are checked as well.
+    for name, value in ((b"LIBCOMM_LOG_LEVEL", b"verbose"), (b"LIBCOMM_NT_STORE_BYTES", b"abc")):
+        rc, out, err = run(exe, [], {name: value})
+        text = out.decode("utf-8", "replace")
+        if rc != 1 or name.decode() not in text:
+            fail("%s=%s: comm_info must exit 1 naming it, got %d:\n%s" % (name.decode(), value.decode(), rc, text[-400:]))
 
 
 def check_odd_bytes(exe):

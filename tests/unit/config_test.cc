@@ -137,6 +137,9 @@ TEST(CommConfig, BadValuesNameTheVariable) {
       {"LIBCOMM_TIMEOUT_MS", "0"},          {"LIBCOMM_INIT_TIMEOUT_MS", "-5"}, {"LIBCOMM_PEER_CHECK_MS", "x"},
       {"LIBCOMM_EAGER_BYTES", "2000000"},   {"LIBCOMM_STAGING_CHUNK", "100"},  {"LIBCOMM_ALGO", "ring-of-fire"},
       {"LIBCOMM_CHECK_MISMATCH", "maybe"},    {"LIBCOMM_PEER_TIMEOUT_MS", "0"},
+      // Process-wide settings, read elsewhere; a typo must not pass for the default (or silence).
+      {"LIBCOMM_LOG_LEVEL", "verbose"},     {"LIBCOMM_LOG_SUBSYS", "init,shm"}, {"LIBCOMM_NT_STORE_BYTES", "-1"},
+      {"LIBCOMM_NT_STORE_BYTES", "16M"},    {"LIBCOMM_HOST_STORE", "maybe"},
       {"LIBCOMM_HOST_ID", "a-host-id-that-is-far-too-long-to-fit-the-handshake-field-of-64-characters"},
   };
   for (const auto& [name, value] : cases) {
@@ -145,6 +148,15 @@ TEST(CommConfig, BadValuesNameTheVariable) {
     ASSERT_FALSE(c.isOk()) << name << "=" << value;
     EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << c.status().toString();
     EXPECT_NE(c.status().message().find(name), std::string::npos) << c.status().toString();
+  }
+}
+
+TEST(CommConfig, LogSettingsTheLoggerKnowsAreAccepted) {
+  ScopedEnv level("LIBCOMM_LOG_LEVEL", "INFO");
+  for (const char* list : {"all", "init,boot,coll,stream,mem,ucx,shim", "ucx,", ""}) {
+    ScopedEnv subsys("LIBCOMM_LOG_SUBSYS", list);
+    auto c = CommConfig::fromEnvironment();
+    EXPECT_TRUE(c.isOk()) << "'" << list << "': " << c.status().toString();
   }
 }
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <ctime>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -30,17 +31,21 @@ FILE* gFile = nullptr;
 int gProcessRank = -1;
 thread_local int tRank = -1;
 
-Level parseLevel(const char* s) {
-  if (!s) return Level::kWarn;
+// Empty when the value names no level.
+std::optional<Level> levelFromName(const char* s) {
+  if (!s || !*s) return Level::kWarn;
   std::string v(s);
-  for (auto& c : v) c = static_cast<char>(tolower(c));
+  for (auto& c : v) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
   if (v == "error") return Level::kError;
   if (v == "warn" || v == "warning") return Level::kWarn;
   if (v == "info") return Level::kInfo;
   if (v == "debug") return Level::kDebug;
   if (v == "trace") return Level::kTrace;
-  return Level::kWarn;
+  return std::nullopt;
 }
+
+// Logging cannot fail: an unknown level logs at the default (CommConfig::fromEnvironment refuses it).
+Level parseLevel(const char* s) { return levelFromName(s).value_or(Level::kWarn); }
 
 void loadLocked() {
   Config c;
@@ -104,6 +109,8 @@ const char* levelName(Level l) {
 }
 
 }  // namespace
+
+bool isLevelName(const std::string& value) { return levelFromName(value.c_str()).has_value(); }
 
 // A child forked while another thread held the log lock would block on its first line: hold the
 // lock across fork() so the child starts with it free.
