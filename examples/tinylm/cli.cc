@@ -169,17 +169,20 @@ libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args) {
        [&](const std::string& f, const std::string& s) { return parseFloat(f, s, t.adamw.weightDecay); }},
       {"--clip", [&](const std::string& f, const std::string& s) { return parseFloat(f, s, t.clipNorm); }},
       {"--save-checkpoint",
-       [&](const std::string&, const std::string& s) {
+       [&](const std::string& f, const std::string& s) {
+         if (s.empty()) return usageError(f, s, "needs a path");
          t.saveCheckpoint = s;
          return Status::ok();
        }},
       {"--event-log-dump",
-       [&](const std::string&, const std::string& s) {
+       [&](const std::string& f, const std::string& s) {
+         if (s.empty()) return usageError(f, s, "needs a path");
          t.eventLogDump = s;
          return Status::ok();
        }},
       {"--load-checkpoint",
-       [&](const std::string&, const std::string& s) {
+       [&](const std::string& f, const std::string& s) {
+         if (s.empty()) return usageError(f, s, "needs a path");
          t.loadCheckpoint = s;
          return Status::ok();
        }},
