@@ -86,7 +86,7 @@ int printText(const Report& r) {
     printf("  shm   NOT available: /dev/shm is missing\n");
   printf("  ucx   %s\n", ucxLine(r.ucx).c_str());
   if (r.cudaDevices.isOk())
-    printf("  cuda  built, %d device%s (CUDA streams and events; no collectives on them yet)\n\n",
+    printf("  cuda  built, %d device%s (CUDA streams and events, device collectives: docs/GPU.md)\n\n",
            r.cudaDevices.value(), r.cudaDevices.value() == 1 ? "" : "s");
   else
     printf("  cuda  %s: %s\n\n", libcomm::builtWithCuda() ? "built" : "not built",
