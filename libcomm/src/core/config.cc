@@ -9,6 +9,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "bootstrap/net_interfaces.h"
 #include "core/host_stream.h"
 #include "core/log.h"
 
@@ -223,6 +224,9 @@ Result<CommConfig> CommConfig::fromEnvironment() {
     return makeError(StatusCode::kInvalidArgument, "LIBCOMM_NT_STORE_BYTES must be >= 0 (0: never), got ", ntBytes);
   LIBCOMM_RETURN_IF_ERROR(settingBool("LIBCOMM_HOST_STORE").status());
   LIBCOMM_RETURN_IF_ERROR(checkLogSettings());
+  // Parsed where the store is placed, which a single rank or a file store never reaches.
+  if (const std::string ifname = settingValue("LIBCOMM_SOCKET_IFNAME"); !ifname.empty())
+    LIBCOMM_RETURN_IF_ERROR(boot::parseIfnamePattern(ifname).status());
   LIBCOMM_ASSIGN_OR_RETURN(long long flight, settingInt("LIBCOMM_FLIGHT_RECORDER"));
   if (flight < 0 || flight > (1LL << 20))
     return makeError(StatusCode::kInvalidArgument, "LIBCOMM_FLIGHT_RECORDER must be in [0, 2^20], got ", flight);
