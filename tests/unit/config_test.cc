@@ -8,6 +8,7 @@
 #include <chrono>
 #include <string>
 
+#include "core/log.h"
 #include "core/wait_policy.h"
 #include "libcomm/config.h"
 #include "libcomm/deadline.h"
@@ -214,6 +215,24 @@ TEST(CommConfig, HugeTimeoutsDoNotExpireAtOnce) {
   const libcomm::Deadline soon = libcomm::Deadline::after(libcomm::Milliseconds(60000));
   EXPECT_LE(soon.remaining(), libcomm::Milliseconds(60000));
   EXPECT_GT(soon.remaining(), libcomm::Milliseconds(50000));
+}
+
+// A log file that cannot be opened is said, not just replaced by stderr.
+TEST(CommConfig, AnUnopenableLogFileIsSaid) {
+  {
+    ScopedEnv file("LIBCOMM_LOG_FILE", "/nonexistent-shardcomm-dir/log.%p");
+    libcomm::log::reloadConfig();
+    testing::internal::CaptureStderr();
+    LIBCOMM_LOG(kError, "init") << "first line";
+    LIBCOMM_LOG(kError, "init") << "second line";
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("WARN init: cannot open LIBCOMM_LOG_FILE '/nonexistent-shardcomm-dir/log."), std::string::npos)
+        << err;
+    EXPECT_NE(err.find("logging to stderr instead"), std::string::npos) << err;
+    EXPECT_NE(err.find("first line"), std::string::npos) << err;
+    EXPECT_EQ(err.find("cannot open", err.find("first line")), std::string::npos) << "said once: " << err;
+  }
+  libcomm::log::reloadConfig();
 }
 
 TEST(CommConfig, EveryKnobIsDeclaredWithADoc) {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <cerrno>
 #include <ctime>
 #include <mutex>
 #include <optional>
@@ -76,7 +77,8 @@ std::string hostName() {
   return buf;
 }
 
-FILE* fileLocked() {
+// `note`: what the caller should log first (a log file that cannot be opened).
+FILE* fileLocked(std::string& note) {
   if (gFile) return gFile;
   if (gConfig.filePattern.empty()) return gFile = stderr;
   std::string path;
@@ -93,7 +95,10 @@ FILE* fileLocked() {
     }
   }
   gFile = fopen(path.c_str(), "a");
-  if (!gFile) gFile = stderr;
+  if (!gFile) {
+    note = "cannot open LIBCOMM_LOG_FILE '" + path + "' (" + strerror(errno) + "): logging to stderr instead";
+    gFile = stderr;
+  }
   return gFile;
 }
 
@@ -143,11 +148,13 @@ void write(Level level, const char* subsys, const std::string& text) {
   snprintf(stamp, sizeof(stamp), "%02d:%02d:%02d.%06lld", tmv.tm_hour, tmv.tm_min, tmv.tm_sec,
            static_cast<long long>(us % 1000000));
   int rank = tRank >= 0 ? tRank : gProcessRank;
-  std::string line = std::string("[") + stamp + " " + host + ":" + std::to_string(getpid()) + " r" +
-                     (rank >= 0 ? std::to_string(rank) : std::string("?")) + "] " + levelName(level) + " " +
-                     subsys + ": " + text + "\n";
+  const std::string prefix = std::string("[") + stamp + " " + host + ":" + std::to_string(getpid()) + " r" +
+                             (rank >= 0 ? std::to_string(rank) : std::string("?")) + "] ";
+  const std::string line = prefix + levelName(level) + " " + subsys + ": " + text + "\n";
   std::lock_guard<std::mutex> lock(gMutex);
-  FILE* f = fileLocked();
+  std::string note;
+  FILE* f = fileLocked(note);
+  if (!note.empty()) fputs((prefix + "WARN init: " + note + "\n").c_str(), f);
   fputs(line.c_str(), f);
   fflush(f);
 }
