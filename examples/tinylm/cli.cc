@@ -97,7 +97,8 @@ const char* cliUsage() {
          "  --describe            print the shard plan first\n"
          "  --save-checkpoint DIR save a sharded checkpoint at the end (DIR must not hold one)\n"
          "  --load-checkpoint DIR resume from a checkpoint (any world size), up to --steps\n"
-         "  --timeout SECONDS     bound on every wait (default 300)\n";
+         "  --timeout SECONDS     bound on every wait (default 300); the communicators' op timeout in place of\n"
+         "                        LIBCOMM_TIMEOUT_MS (and twice it in place of LIBCOMM_INIT_TIMEOUT_MS)\n";
 }
 
 libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args) {
