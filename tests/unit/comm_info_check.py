@@ -43,7 +43,8 @@ def check_text(exe):
         fail("comm_info exited %d\n%s\n%s" % (rc, text, err.decode("utf-8", "replace")))
     for section in ["shardcomm libcomm ", "\nkernels\n", "\ndevices\n", "  GPUs:", "  NICs:", "  RDMA devices:",
                     "\ntransports\n", "  shm ", "  ucx ", "  cuda ", "\ntopology\n", "configuration (effective)",
-                    "algorithm selection", "settings (environment variables)", "LIBCOMM_TIMEOUT_MS"]:
+                    "algorithm selection", "settings (environment variables)", "LIBCOMM_TIMEOUT_MS",
+                    "lost peer named within 10000 ms", "progress reports across hosts: every 1000 ms"]:
         if section not in text:
             fail("section %r missing from the plain output:\n%s" % (section, text))
     rc, out, _ = run(exe, ["--help"])
@@ -112,7 +113,8 @@ def check_json(exe):
     names = {s["name"]: s for s in doc["settings"]}
     if names.get("LIBCOMM_TIMEOUT_MS", {}).get("value") != "300000":
         fail("LIBCOMM_TIMEOUT_MS missing or not its default: %s" % names.get("LIBCOMM_TIMEOUT_MS"))
-    if doc["configuration"]["op_timeout_ms"] != 300000 or doc["configuration_error"] is not None:
+    if doc["configuration"]["op_timeout_ms"] != 300000 or doc["configuration"].get("peer_timeout_ms") != 10000 \
+            or doc["configuration"].get("progress_report_ms") != 1000 or doc["configuration_error"] is not None:
         fail("configuration malformed: %s / %s" % (doc["configuration"], doc["configuration_error"]))
 
 
