@@ -273,6 +273,9 @@ TEST(CommBenchOptions, UsageErrorsSayWhatIsWrong) {
   o = parse({"all_gather", "-b=8"});
   ASSERT_FALSE(o.isOk());
   EXPECT_NE(o.status().message().find("next argument"), std::string::npos) << o.status().message();
+  o = parse({"all_gather", "-np", "40000"});
+  ASSERT_FALSE(o.isOk());
+  EXPECT_NE(o.status().message().find("at most 1024"), std::string::npos) << o.status().message();
   o = parse({"all_gather", "--minbytes=8"});
   ASSERT_TRUE(o.isOk()) << o.status().toString();
   EXPECT_EQ(o->minBytes, 8u);

@@ -293,6 +293,8 @@ Result<Options> parseOptions(int argc, char** argv) {
       o.inlineStream = value == "inline";
     } else if (isNp) {
       s = setInt(flag, value, 1, o.numRanks);
+      // As tinylm and shard_bench: a typo such as -np 40000 would fork that many processes.
+      if (s.isOk() && o.numRanks > 1024) return usageError(flag, value, "at most 1024 local ranks");
     } else if (flag == "-J" || flag == "--output_file") {
       o.jsonPath = value;
     } else if (flag == "-a" || flag == "--print_algo") {
