@@ -236,10 +236,14 @@ std::string headerLine(const TrainOptions& o, int world, int firstStep) {
   std::string split = per % world == 0 ? std::to_string(per / world)
                                        : std::to_string(per / world) + "-" + std::to_string(per / world + 1);
   const std::string mode = o.mode == TrainMode::kFull ? "" : std::string(", mode ") + trainModeName(o.mode);
+  // "steps 0..-1" read like a bug: --steps 0, or a checkpoint already at (or past) --steps.
+  const std::string steps = firstStep < o.steps ? libcomm::detail::strCat("steps ", firstStep, "..", o.steps - 1)
+                                                : libcomm::detail::strCat("no steps to run (from step ", firstStep,
+                                                                          " to --steps ", o.steps, ")");
   return libcomm::detail::strCat("tinylm: ", world, world == 1 ? " rank" : " ranks", ", ",
                                  libshard::precisionName(o.precision), ", ", o.model.describe(), ", global batch ",
                                  o.globalBatch, " = ", o.microBatches, " micro-batch(es) x ", per, " sequences (",
-                                 split, " per rank), steps ", firstStep, "..", o.steps - 1, mode);
+                                 split, " per rank), ", steps, mode);
 }
 
 std::vector<std::string> rankLines(const std::vector<RankSummary>& ranks) {

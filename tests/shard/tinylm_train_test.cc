@@ -363,6 +363,15 @@ TEST(TinyLmTrainOptions, BadOptionsAreNamed) {
   EXPECT_NE(st.message().find("fewer than the 7 ranks"), std::string::npos) << st.toString();
 }
 
+TEST(TinyLmTrainOptions, HeaderLineSaysWhenThereIsNothingToRun) {
+  TrainOptions o = tinyOptions(Precision::kFp32, 6);
+  EXPECT_NE(tinylm::headerLine(o, 2, 0).find(", steps 0..5"), std::string::npos) << tinylm::headerLine(o, 2, 0);
+  EXPECT_NE(tinylm::headerLine(o, 2, 8).find("no steps to run (from step 8 to --steps 6)"), std::string::npos)
+      << tinylm::headerLine(o, 2, 8);
+  o.steps = 0;
+  EXPECT_EQ(tinylm::headerLine(o, 2, 0).find(".."), std::string::npos) << tinylm::headerLine(o, 2, 0);
+}
+
 TEST(TinyLmTrainOptions, CommandLine) {
   auto ok = tinylm::parseCli({"-np", "4", "--steps", "3", "--precision=fp32", "--memory-budget", "2M", "--describe"});
   ASSERT_TRUE(ok.isOk()) << ok.status().toString();
