@@ -6,6 +6,8 @@
 #include <stdlib.h>
 
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include "core/log.h"
@@ -233,6 +235,48 @@ TEST(CommConfig, AnUnopenableLogFileIsSaid) {
     EXPECT_EQ(err.find("cannot open", err.find("first line")), std::string::npos) << "said once: " << err;
   }
   libcomm::log::reloadConfig();
+}
+
+std::string readFile(const std::string& path) {
+  std::string text;
+  if (std::FILE* f = std::fopen(path.c_str(), "r")) {
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) text.append(buf, n);
+    std::fclose(f);
+  }
+  return text;
+}
+
+// LIBCOMM_LOG_FILE's %r: the first lines come before any communicator knows the rank (the settings
+// at start-up); they used to go to "<pattern>.-1", every rank's into the same file. The launcher's
+// rank names the file from the start, and a rank learnt later moves the lines after it.
+TEST(CommConfig, LogFileRankIsTheLaunchersRankFromTheFirstLine) {
+  char tmpl[] = "/tmp/config-test-log-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  {
+    ScopedEnv file("LIBCOMM_LOG_FILE", (dir + "/log.%r").c_str());
+    ScopedEnv rank("LIBCOMM_RANK", "3");
+    libcomm::log::reloadConfig();
+    LIBCOMM_LOG(kError, "init") << "line before any communicator";
+    const std::string text = readFile(dir + "/log.3");
+    EXPECT_NE(text.find(" r3] ERROR init: line before any communicator"), std::string::npos) << text;
+    EXPECT_EQ(readFile(dir + "/log.-1"), "");
+  }
+  {
+    ScopedEnv file("LIBCOMM_LOG_FILE", (dir + "/solo.%r").c_str());
+    unsetenv("LIBCOMM_RANK");  // ScopedEnv above restored whatever was there
+    for (const char* v : {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"})
+      if (getenv(v)) GTEST_SKIP() << v << " is set in this environment";
+    libcomm::log::reloadConfig();
+    LIBCOMM_LOG(kError, "init") << "rank unknown";
+    libcomm::log::setThreadRank(5);  // what a communicator does once it knows
+    LIBCOMM_LOG(kError, "init") << "rank known";
+    EXPECT_NE(readFile(dir + "/solo.-1").find("rank unknown"), std::string::npos);
+    EXPECT_NE(readFile(dir + "/solo.5").find("rank known"), std::string::npos) << readFile(dir + "/solo.5");
+  }
+  libcomm::log::reloadConfig();
+  std::filesystem::remove_all(dir);
 }
 
 TEST(CommConfig, EveryKnobIsDeclaredWithADoc) {
