@@ -5,6 +5,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -86,7 +87,7 @@ int printText(const Report& r) {
     printf("  shm   NOT available: /dev/shm is missing\n");
   printf("  ucx   %s\n", ucxLine(r.ucx).c_str());
   if (r.cudaDevices.isOk())
-    printf("  cuda  built, %d device%s (CUDA streams and events; no collectives on them yet)\n\n",
+    printf("  cuda  built, %d device%s (CUDA streams and events, device collectives: docs/GPU.md)\n\n",
            r.cudaDevices.value(), r.cudaDevices.value() == 1 ? "" : "s");
   else
     printf("  cuda  %s: %s\n\n", libcomm::builtWithCuda() ? "built" : "not built",
@@ -99,11 +100,20 @@ int printText(const Report& r) {
     return 1;
   }
   const libcomm::CommConfig& c = r.config.value();
+  // As core/cross_host.cc applies it: capped at a quarter of the op timeout, so that a timeout
+  // always has recent reports to name the absent ranks with.
+  const long long reportMs =
+      c.progressReportInterval.count() == 0
+          ? 0
+          : std::max<long long>(10, std::min<long long>(c.progressReportInterval.count(), c.opTimeout.count() / 4));
   printf(
       "configuration (effective)\n  host id: %s\n  collective deadline: %lld ms, creation deadline: %lld ms, "
-      "peer check every %lld ms\n  mismatch check: %s, collective trace: %s\n\n",
+      "peer check every %lld ms, lost peer named within %lld ms\n  progress reports across hosts: %s\n"
+      "  mismatch check: %s, collective trace: %s\n\n",
       r.hostId.c_str(), static_cast<long long>(c.opTimeout.count()), static_cast<long long>(c.initTimeout.count()),
-      static_cast<long long>(c.peerCheckInterval.count()), c.checkMismatch ? "on" : "off", c.collTrace ? "on" : "off");
+      static_cast<long long>(c.peerCheckInterval.count()), static_cast<long long>(c.peerTimeout.count()),
+      reportMs == 0 ? "off" : ("every " + std::to_string(reportMs) + " ms").c_str(), c.checkMismatch ? "on" : "off",
+      c.collTrace ? "on" : "off");
   printf("%s\n", libcomm::describeSelectionTable(c).c_str());
   printf("settings (environment variables)\n%s", libcomm::describeSettings().c_str());
   return 0;
@@ -166,6 +176,8 @@ int printJson(const Report& r) {
         .field("op_timeout_ms", static_cast<long long>(c.opTimeout.count()))
         .field("init_timeout_ms", static_cast<long long>(c.initTimeout.count()))
         .field("peer_check_ms", static_cast<long long>(c.peerCheckInterval.count()))
+        .field("peer_timeout_ms", static_cast<long long>(c.peerTimeout.count()))
+        .field("progress_report_ms", static_cast<long long>(c.progressReportInterval.count()))
         .field("algo_override", c.algo)
         .field("check_mismatch", c.checkMismatch)
         .field("coll_trace", c.collTrace)

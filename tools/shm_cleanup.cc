@@ -7,10 +7,22 @@
 #include "backends/shm/shm_segment.h"
 
 int main(int argc, char** argv) {
-  bool quiet = argc > 1 && (strcmp(argv[1], "-q") == 0);
-  if (argc > 1 && !quiet) {
-    printf("usage: shm_cleanup [-q]\n  Removes /dev/shm/shardcomm.* segments whose owner process is gone.\n");
-    return strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 ? 0 : 2;
+  constexpr const char* kUsage =
+      "usage: shm_cleanup [-q]\n  Removes /dev/shm/shardcomm.* segments whose owner process is gone.\n"
+      "  -q   print nothing\n";
+  bool quiet = false;
+  for (int i = 1; i < argc; ++i) {
+    if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+      printf("%s", kUsage);
+      return 0;
+    }
+    if (strcmp(argv[i], "-q") == 0) {
+      quiet = true;
+      continue;
+    }
+    // Before anything is removed: "-q --dry-run" must not sweep.
+    fprintf(stderr, "shm_cleanup: unknown argument '%s'\n%s", argv[i], kUsage);
+    return 2;
   }
   int removed = libcomm::shm::sweepStaleSegments(!quiet);
   if (!quiet) printf("shm_cleanup: removed %d stale segment(s)\n", removed);

@@ -260,5 +260,26 @@ TEST(CommBenchOptions, UsageErrors) {
   EXPECT_TRUE(parse({"-h"})->help);
 }
 
+// A misspelt collective or a short flag with '=' says what is wrong, not "collective given twice?"
+// or "needs a value".
+TEST(CommBenchOptions, UsageErrorsSayWhatIsWrong) {
+  auto o = parse({"allgather", "-np", "2"});
+  ASSERT_FALSE(o.isOk());
+  EXPECT_NE(o.status().message().find("'allgather': neither a flag nor a collective"), std::string::npos)
+      << o.status().message();
+  o = parse({"all_gather", "reduce_scatter"});
+  ASSERT_FALSE(o.isOk());
+  EXPECT_NE(o.status().message().find("a second collective"), std::string::npos) << o.status().message();
+  o = parse({"all_gather", "-b=8"});
+  ASSERT_FALSE(o.isOk());
+  EXPECT_NE(o.status().message().find("next argument"), std::string::npos) << o.status().message();
+  o = parse({"all_gather", "-np", "40000"});
+  ASSERT_FALSE(o.isOk());
+  EXPECT_NE(o.status().message().find("at most 1024"), std::string::npos) << o.status().message();
+  o = parse({"all_gather", "--minbytes=8"});
+  ASSERT_TRUE(o.isOk()) << o.status().toString();
+  EXPECT_EQ(o->minBytes, 8u);
+}
+
 }  // namespace
 }  // namespace comm_bench

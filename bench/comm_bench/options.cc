@@ -211,11 +211,18 @@ Result<Options> parseOptions(int argc, char** argv) {
       o.childArgs.push_back(flag);
       continue;
     }
-    if (flag.empty() || flag[0] != '-') return usageError("argument", flag, "unexpected (collective given twice?)");
+    if (flag.empty() || flag[0] != '-') {
+      if (flag == "all_gather" || flag == "reduce_scatter" || flag == "all")
+        return usageError("argument", flag, "a second collective (name one: all_gather, reduce_scatter or all)");
+      return usageError("argument", flag, "neither a flag nor a collective (all_gather, reduce_scatter or all)");
+    }
     std::string value;
-    if (auto eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
+    const size_t eq = flag.find('=');
+    if (flag.rfind("--", 0) == 0 && eq != std::string::npos) {
       value = flag.substr(eq + 1);
       flag = flag.substr(0, eq);
+    } else if (eq != std::string::npos) {
+      return usageError("flag", flag, "a short flag takes its value as the next argument (-b 8, or --minbytes=8)");
     } else {
       if (i + 1 >= args.size()) return libcomm::makeError(StatusCode::kInvalidArgument, flag, " needs a value");
       value = args[++i];
@@ -286,6 +293,8 @@ Result<Options> parseOptions(int argc, char** argv) {
       o.inlineStream = value == "inline";
     } else if (isNp) {
       s = setInt(flag, value, 1, o.numRanks);
+      // As tinylm and shard_bench: a typo such as -np 40000 would fork that many processes.
+      if (s.isOk() && o.numRanks > 1024) return usageError(flag, value, "at most 1024 local ranks");
     } else if (flag == "-J" || flag == "--output_file") {
       o.jsonPath = value;
     } else if (flag == "-a" || flag == "--print_algo") {

@@ -97,7 +97,8 @@ const char* cliUsage() {
          "  --describe            print the shard plan first\n"
          "  --save-checkpoint DIR save a sharded checkpoint at the end (DIR must not hold one)\n"
          "  --load-checkpoint DIR resume from a checkpoint (any world size), up to --steps\n"
-         "  --timeout SECONDS     bound on every wait (default 300)\n";
+         "  --timeout SECONDS     bound on every wait (default 300); the communicators' op timeout in place of\n"
+         "                        LIBCOMM_TIMEOUT_MS (and twice it in place of LIBCOMM_INIT_TIMEOUT_MS)\n";
 }
 
 libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args) {
@@ -169,17 +170,20 @@ libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args) {
        [&](const std::string& f, const std::string& s) { return parseFloat(f, s, t.adamw.weightDecay); }},
       {"--clip", [&](const std::string& f, const std::string& s) { return parseFloat(f, s, t.clipNorm); }},
       {"--save-checkpoint",
-       [&](const std::string&, const std::string& s) {
+       [&](const std::string& f, const std::string& s) {
+         if (s.empty()) return usageError(f, s, "needs a path");
          t.saveCheckpoint = s;
          return Status::ok();
        }},
       {"--event-log-dump",
-       [&](const std::string&, const std::string& s) {
+       [&](const std::string& f, const std::string& s) {
+         if (s.empty()) return usageError(f, s, "needs a path");
          t.eventLogDump = s;
          return Status::ok();
        }},
       {"--load-checkpoint",
-       [&](const std::string&, const std::string& s) {
+       [&](const std::string& f, const std::string& s) {
+         if (s.empty()) return usageError(f, s, "needs a path");
          t.loadCheckpoint = s;
          return Status::ok();
        }},
@@ -232,10 +236,14 @@ std::string headerLine(const TrainOptions& o, int world, int firstStep) {
   std::string split = per % world == 0 ? std::to_string(per / world)
                                        : std::to_string(per / world) + "-" + std::to_string(per / world + 1);
   const std::string mode = o.mode == TrainMode::kFull ? "" : std::string(", mode ") + trainModeName(o.mode);
+  // "steps 0..-1" read like a bug: --steps 0, or a checkpoint already at (or past) --steps.
+  const std::string steps = firstStep < o.steps ? libcomm::detail::strCat("steps ", firstStep, "..", o.steps - 1)
+                                                : libcomm::detail::strCat("no steps to run (from step ", firstStep,
+                                                                          " to --steps ", o.steps, ")");
   return libcomm::detail::strCat("tinylm: ", world, world == 1 ? " rank" : " ranks", ", ",
                                  libshard::precisionName(o.precision), ", ", o.model.describe(), ", global batch ",
                                  o.globalBatch, " = ", o.microBatches, " micro-batch(es) x ", per, " sequences (",
-                                 split, " per rank), steps ", firstStep, "..", o.steps - 1, mode);
+                                 split, " per rank), ", steps, mode);
 }
 
 std::vector<std::string> rankLines(const std::vector<RankSummary>& ranks) {

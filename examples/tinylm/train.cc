@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 
 #include "libcomm/convert.h"
@@ -130,6 +131,8 @@ Status validateTrainOptions(const TrainOptions& o) {
     return invalid(trainModeName(o.mode), " mode trains nothing real: it cannot save or load checkpoints");
   if (o.mode == TrainMode::kComputeOnly && o.eventLogCheck)
     return invalid("compute-only mode runs no executor: there is no event log to check");
+  if (!o.eventLogDump.empty() && !o.eventLogCheck)
+    return invalid("an event log dump (--event-log-dump) needs the event log recorded (--event-log-check)");
   const AdamWConfig& a = o.adamw;
   if (!(a.lr >= 0) || !(a.beta1 >= 0 && a.beta1 < 1) || !(a.beta2 >= 0 && a.beta2 < 1) || !(a.eps > 0) ||
       !(a.weightDecay >= 0) || !(o.clipNorm == o.clipNorm))
@@ -199,6 +202,14 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
   std::unique_ptr<StepHooks> hooks;
   const bool local = o.mode == TrainMode::kComputeOnly;
   Status setup = [&]() -> Status {
+    // saveSharded refuses a directory that holds a checkpoint; found out only there, at the end,
+    // it would throw away the whole run.
+    if (!o.saveCheckpoint.empty()) {
+      std::error_code ec;
+      if (std::filesystem::exists(std::filesystem::path(o.saveCheckpoint) / libshard::kCheckpointIndexFile, ec))
+        return invalid("--save-checkpoint '", o.saveCheckpoint, "' already holds a checkpoint (",
+                       libshard::kCheckpointIndexFile, " exists); save into a fresh directory");
+    }
     LIBCOMM_ASSIGN_OR_RETURN(result.plan, libshard::ShardPlanner(trainPlanOptions(o, world, rank)).plan(spec));
     const libshard::ShardPlan& plan = result.plan;
     LIBCOMM_ASSIGN_OR_RETURN(pool, libshard::BufferPool::create(plan, agComm, rsComm));

@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -37,6 +38,7 @@
 #include <vector>
 
 #include "harness.h"
+#include "libshard/checkpoint.h"
 #include "libshard/plan.h"
 #include "tinylm/cli.h"
 #include "tinylm/reference.h"
@@ -306,6 +308,31 @@ TEST(TinyLmTrainThreads, ThreeRanksMatchReference) {
   expectMatches(train(o, 3, Mode::kThreads), reference(o), kFp32, "threads W=3");
 }
 
+// A save into a directory that already holds a checkpoint is refused at set-up, on every rank,
+// before a step is trained (it used to fail only at the end, throwing the run away).
+TEST(TinyLmTrainThreads, SaveIntoAnExistingCheckpointIsRefusedBeforeTraining) {
+  TempDir tmp;
+  const std::string dir = tmp.sub("ckpt");
+  std::filesystem::create_directories(dir);
+  if (std::FILE* f = std::fopen((dir + "/" + libshard::kCheckpointIndexFile).c_str(), "w")) std::fclose(f);
+  TrainOptions o = tinyOptions(Precision::kFp32, 3);
+  o.saveCheckpoint = dir;
+  std::atomic<int> stepsRun{0};
+  o.onStep = [&stepsRun](const tinylm::StepRecord&) { ++stepsRun; };
+  RunOptions ro;
+  ro.mode = Mode::kThreads;
+  ro.size = 2;
+  ro.deadline = std::chrono::seconds(60);
+  auto report = shardcomm::testing::runRanks(ro, [&o](RankContext& ctx) -> Status {
+    auto r = tinylm::runSharded(o, ctx.bootstrap);
+    if (r.isOk()) return libcomm::makeError(StatusCode::kInternalError, "saving over a checkpoint was not refused");
+    if (r.status().message().find("already holds a checkpoint") == std::string::npos) return r.status();
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+  EXPECT_EQ(stepsRun.load(), 0);
+}
+
 // ---- options, the batch split and the command line -------------------------------------------------
 
 TEST(TinyLmTrainOptions, EverySequenceOnceInReferenceOrder) {
@@ -336,6 +363,15 @@ TEST(TinyLmTrainOptions, BadOptionsAreNamed) {
   EXPECT_NE(st.message().find("fewer than the 7 ranks"), std::string::npos) << st.toString();
 }
 
+TEST(TinyLmTrainOptions, HeaderLineSaysWhenThereIsNothingToRun) {
+  TrainOptions o = tinyOptions(Precision::kFp32, 6);
+  EXPECT_NE(tinylm::headerLine(o, 2, 0).find(", steps 0..5"), std::string::npos) << tinylm::headerLine(o, 2, 0);
+  EXPECT_NE(tinylm::headerLine(o, 2, 8).find("no steps to run (from step 8 to --steps 6)"), std::string::npos)
+      << tinylm::headerLine(o, 2, 8);
+  o.steps = 0;
+  EXPECT_EQ(tinylm::headerLine(o, 2, 0).find(".."), std::string::npos) << tinylm::headerLine(o, 2, 0);
+}
+
 TEST(TinyLmTrainOptions, CommandLine) {
   auto ok = tinylm::parseCli({"-np", "4", "--steps", "3", "--precision=fp32", "--memory-budget", "2M", "--describe"});
   ASSERT_TRUE(ok.isOk()) << ok.status().toString();
@@ -355,6 +391,9 @@ TEST(TinyLmTrainOptions, CommandLine) {
       {{"--global-batch", "10", "--micro-batches", "3"}, "not a multiple"},
       {{"-np", "0"}, "out of range"},
       {{"--describe=yes"}, "takes no value"},
+      {{"--event-log-dump", "/tmp/log"}, "--event-log-check"},  // would write nothing
+      {{"--save-checkpoint="}, "needs a path"},
+      {{"--load-checkpoint", ""}, "needs a path"},
   };
   for (const auto& [args, want] : bad) {
     auto r = tinylm::parseCli(args);

@@ -3,7 +3,8 @@
 
   comm_info_check.py COMM_INFO text         plain run: exit 0, every section present
   comm_info_check.py COMM_INFO json         --json: one JSON object, the same content, sane values
-  comm_info_check.py COMM_INFO bad-setting  --json with an invalid LIBCOMM_ALGO: exit 1, still JSON, error named
+  comm_info_check.py COMM_INFO bad-setting  --json with an invalid LIBCOMM_ALGO: exit 1, still JSON, error named;
+                                           a bad LIBCOMM_LOG_LEVEL or LIBCOMM_NT_STORE_BYTES: exit 1, named
   comm_info_check.py COMM_INFO odd-bytes    --json with quotes, newlines and invalid UTF-8 in a setting: parses
 """
 import json
@@ -42,7 +43,8 @@ def check_text(exe):
         fail("comm_info exited %d\n%s\n%s" % (rc, text, err.decode("utf-8", "replace")))
     for section in ["shardcomm libcomm ", "\nkernels\n", "\ndevices\n", "  GPUs:", "  NICs:", "  RDMA devices:",
                     "\ntransports\n", "  shm ", "  ucx ", "  cuda ", "\ntopology\n", "configuration (effective)",
-                    "algorithm selection", "settings (environment variables)", "LIBCOMM_TIMEOUT_MS"]:
+                    "algorithm selection", "settings (environment variables)", "LIBCOMM_TIMEOUT_MS",
+                    "lost peer named within 10000 ms", "progress reports across hosts: every 1000 ms"]:
         if section not in text:
             fail("section %r missing from the plain output:\n%s" % (section, text))
     rc, out, _ = run(exe, ["--help"])
@@ -111,7 +113,8 @@ def check_json(exe):
     names = {s["name"]: s for s in doc["settings"]}
     if names.get("LIBCOMM_TIMEOUT_MS", {}).get("value") != "300000":
         fail("LIBCOMM_TIMEOUT_MS missing or not its default: %s" % names.get("LIBCOMM_TIMEOUT_MS"))
-    if doc["configuration"]["op_timeout_ms"] != 300000 or doc["configuration_error"] is not None:
+    if doc["configuration"]["op_timeout_ms"] != 300000 or doc["configuration"].get("peer_timeout_ms") != 10000 \
+            or doc["configuration"].get("progress_report_ms") != 1000 or doc["configuration_error"] is not None:
         fail("configuration malformed: %s / %s" % (doc["configuration"], doc["configuration_error"]))
 
 
@@ -127,6 +130,12 @@ def check_bad_setting(exe):
         fail("configuration_error does not name the setting: %s" % doc["configuration_error"])
     if "topology" not in doc or "devices" not in doc:
         fail("the machine part must still be there")
+    # Settings read outside CommConfig (the logger, the reduction kernels) are checked as well.
+    for name, value in ((b"LIBCOMM_LOG_LEVEL", b"verbose"), (b"LIBCOMM_NT_STORE_BYTES", b"abc")):
+        rc, out, err = run(exe, [], {name: value})
+        text = out.decode("utf-8", "replace")
+        if rc != 1 or name.decode() not in text:
+            fail("%s=%s: comm_info must exit 1 naming it, got %d:\n%s" % (name.decode(), value.decode(), rc, text[-400:]))
 
 
 def check_odd_bytes(exe):

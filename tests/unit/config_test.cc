@@ -6,10 +6,14 @@
 #include <stdlib.h>
 
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
 #include <string>
 
+#include "core/log.h"
 #include "core/wait_policy.h"
 #include "libcomm/config.h"
+#include "libcomm/deadline.h"
 
 namespace {
 
@@ -136,6 +140,9 @@ TEST(CommConfig, BadValuesNameTheVariable) {
       {"LIBCOMM_TIMEOUT_MS", "0"},          {"LIBCOMM_INIT_TIMEOUT_MS", "-5"}, {"LIBCOMM_PEER_CHECK_MS", "x"},
       {"LIBCOMM_EAGER_BYTES", "2000000"},   {"LIBCOMM_STAGING_CHUNK", "100"},  {"LIBCOMM_ALGO", "ring-of-fire"},
       {"LIBCOMM_CHECK_MISMATCH", "maybe"},    {"LIBCOMM_PEER_TIMEOUT_MS", "0"},
+      // Process-wide settings, read elsewhere; a typo must not pass for the default (or silence).
+      {"LIBCOMM_LOG_LEVEL", "verbose"},     {"LIBCOMM_LOG_SUBSYS", "init,shm"}, {"LIBCOMM_NT_STORE_BYTES", "-1"},
+      {"LIBCOMM_NT_STORE_BYTES", "16M"},    {"LIBCOMM_HOST_STORE", "maybe"},  {"LIBCOMM_SOCKET_IFNAME", "^"},
       {"LIBCOMM_HOST_ID", "a-host-id-that-is-far-too-long-to-fit-the-handshake-field-of-64-characters"},
   };
   for (const auto& [name, value] : cases) {
@@ -144,6 +151,15 @@ TEST(CommConfig, BadValuesNameTheVariable) {
     ASSERT_FALSE(c.isOk()) << name << "=" << value;
     EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << c.status().toString();
     EXPECT_NE(c.status().message().find(name), std::string::npos) << c.status().toString();
+  }
+}
+
+TEST(CommConfig, LogSettingsTheLoggerKnowsAreAccepted) {
+  ScopedEnv level("LIBCOMM_LOG_LEVEL", "INFO");
+  for (const char* list : {"all", "init,boot,coll,stream,mem,ucx,shim", "ucx,", ""}) {
+    ScopedEnv subsys("LIBCOMM_LOG_SUBSYS", list);
+    auto c = CommConfig::fromEnvironment();
+    EXPECT_TRUE(c.isOk()) << "'" << list << "': " << c.status().toString();
   }
 }
 
@@ -183,6 +199,84 @@ TEST(CommConfig, InvertedDeadlinesAreRefusedNamingBothSettings) {
   code = CommConfig{};
   code.stagingChunkBytes = 100;
   EXPECT_EQ(code.validate().code(), StatusCode::kInvalidArgument);
+}
+
+// "No limit" written as a huge number of milliseconds (10^13 ms, 317 years) is past what the clock
+// can add to now: the deadline must not wrap into the past and time every collective out at once.
+TEST(CommConfig, HugeTimeoutsDoNotExpireAtOnce) {
+  ScopedEnv op("LIBCOMM_TIMEOUT_MS", "10000000000000");
+  ScopedEnv init("LIBCOMM_INIT_TIMEOUT_MS", "20000000000000");
+  auto c = CommConfig::fromEnvironment();
+  ASSERT_TRUE(c.isOk()) << c.status().toString();
+  for (libcomm::Milliseconds t : {c->opTimeout, c->initTimeout, libcomm::Milliseconds::max()}) {
+    const libcomm::Deadline d = libcomm::Deadline::after(t);
+    EXPECT_FALSE(d.expired()) << t.count() << " ms";
+    EXPECT_GT(d.remaining(), libcomm::Milliseconds(24LL * 3600 * 1000 * 365)) << t.count() << " ms";
+  }
+  // Ordinary timeouts are unchanged.
+  const libcomm::Deadline soon = libcomm::Deadline::after(libcomm::Milliseconds(60000));
+  EXPECT_LE(soon.remaining(), libcomm::Milliseconds(60000));
+  EXPECT_GT(soon.remaining(), libcomm::Milliseconds(50000));
+}
+
+// A log file that cannot be opened is said, not just replaced by stderr.
+TEST(CommConfig, AnUnopenableLogFileIsSaid) {
+  {
+    ScopedEnv file("LIBCOMM_LOG_FILE", "/nonexistent-shardcomm-dir/log.%p");
+    libcomm::log::reloadConfig();
+    testing::internal::CaptureStderr();
+    LIBCOMM_LOG(kError, "init") << "first line";
+    LIBCOMM_LOG(kError, "init") << "second line";
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("WARN init: cannot open LIBCOMM_LOG_FILE '/nonexistent-shardcomm-dir/log."), std::string::npos)
+        << err;
+    EXPECT_NE(err.find("logging to stderr instead"), std::string::npos) << err;
+    EXPECT_NE(err.find("first line"), std::string::npos) << err;
+    EXPECT_EQ(err.find("cannot open", err.find("first line")), std::string::npos) << "said once: " << err;
+  }
+  libcomm::log::reloadConfig();
+}
+
+std::string readFile(const std::string& path) {
+  std::string text;
+  if (std::FILE* f = std::fopen(path.c_str(), "r")) {
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) text.append(buf, n);
+    std::fclose(f);
+  }
+  return text;
+}
+
+// LIBCOMM_LOG_FILE's %r: the first lines come before any communicator knows the rank (the settings
+// at start-up); they used to go to "<pattern>.-1", every rank's into the same file. The launcher's
+// rank names the file from the start, and a rank learnt later moves the lines after it.
+TEST(CommConfig, LogFileRankIsTheLaunchersRankFromTheFirstLine) {
+  char tmpl[] = "/tmp/config-test-log-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  {
+    ScopedEnv file("LIBCOMM_LOG_FILE", (dir + "/log.%r").c_str());
+    ScopedEnv rank("LIBCOMM_RANK", "3");
+    libcomm::log::reloadConfig();
+    LIBCOMM_LOG(kError, "init") << "line before any communicator";
+    const std::string text = readFile(dir + "/log.3");
+    EXPECT_NE(text.find(" r3] ERROR init: line before any communicator"), std::string::npos) << text;
+    EXPECT_EQ(readFile(dir + "/log.-1"), "");
+  }
+  {
+    ScopedEnv file("LIBCOMM_LOG_FILE", (dir + "/solo.%r").c_str());
+    unsetenv("LIBCOMM_RANK");  // ScopedEnv above restored whatever was there
+    for (const char* v : {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"})
+      if (getenv(v)) GTEST_SKIP() << v << " is set in this environment";
+    libcomm::log::reloadConfig();
+    LIBCOMM_LOG(kError, "init") << "rank unknown";
+    libcomm::log::setThreadRank(5);  // what a communicator does once it knows
+    LIBCOMM_LOG(kError, "init") << "rank known";
+    EXPECT_NE(readFile(dir + "/solo.-1").find("rank unknown"), std::string::npos);
+    EXPECT_NE(readFile(dir + "/solo.5").find("rank known"), std::string::npos) << readFile(dir + "/solo.5");
+  }
+  libcomm::log::reloadConfig();
+  std::filesystem::remove_all(dir);
 }
 
 TEST(CommConfig, EveryKnobIsDeclaredWithADoc) {

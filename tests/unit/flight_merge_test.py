@@ -123,7 +123,7 @@ class FlightMerge(unittest.TestCase):
     def test_empty_directory_and_several_communicators(self):
         r = self.merge(self.dir)
         self.assertEqual(r.returncode, 2)
-        self.assertIn("no dumps", r.stderr)
+        self.assertIn("no dumps (*.flight.json) in " + self.dir, r.stderr)
         self.write("a.rank0.flight.json", dump(0, 1, [entry(1)], comm="comm-a"))
         self.write("b.rank0.flight.json", dump(0, 1, [entry(1)], comm="comm-b"))
         r = self.merge(self.dir)
@@ -133,6 +133,22 @@ class FlightMerge(unittest.TestCase):
         rc, res, err = self.merge_json("--comm", "comm-b", self.dir)
         self.assertEqual(rc, 0, err)
         self.assertEqual(res["communicator"], "comm-b")
+        # A --comm that matches nothing says so and lists what is there (was: "no dumps").
+        r = self.merge("--comm", "comm-c", self.dir)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("no dump of communicator comm-c; the dumps are of: comm-a, comm-b", r.stderr)
+
+    def test_dropped_entries_are_not_reported_as_nothing_started(self):
+        # Both ranks' recorders kept only seqs 50..52, all still queued: what ran is older than that.
+        for rank in (0, 1):
+            self.write(f"c.rank{rank}.flight.json",
+                       dump(rank, 2, [entry(s, state="queued", start=False) for s in (50, 51, 52)]))
+        r = self.merge(self.dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("rank 0: enqueued 52, started before 50, completed before 50", r.stdout)
+        self.assertIn("entries before 50 dropped", r.stdout)
+        rc, res, err = self.merge_json(self.dir)
+        self.assertEqual(res["ranks"]["0"]["last_started"], 0)  # --json keeps its numbers
 
 
 if __name__ == "__main__":

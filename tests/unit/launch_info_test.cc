@@ -60,6 +60,16 @@ class LaunchEnv : public ::testing::Test {
 
 TEST_F(LaunchEnv, NothingSetIsAnErrorThatSaysWhatToSet) { expectError(StatusCode::kInvalidArgument, {"LIBCOMM_RANK"}); }
 
+// Under MPICH's or Intel MPI's mpirun only PMI_* are set: the error says they are not read, and how
+// to pass them on, rather than suggesting the mpirun the user just used.
+TEST_F(LaunchEnv, PmiVariablesAreNamedAsNotRead) {
+  if (getenv("PMI_RANK") || getenv("PMI_SIZE")) GTEST_SKIP() << "PMI_RANK or PMI_SIZE is set in this environment";
+  set({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}});
+  expectError(StatusCode::kInvalidArgument, {"PMI_RANK is set", "LIBCOMM_RANK=$PMI_RANK"});
+  unsetenv("PMI_RANK");
+  unsetenv("PMI_SIZE");
+}
+
 TEST_F(LaunchEnv, ExplicitSingleRankNeedsNoStore) {
   auto info = resolveLaunchInfo({0, 1});
   ASSERT_TRUE(info.isOk()) << info.status().toString();

@@ -12,8 +12,13 @@ using Milliseconds = std::chrono::milliseconds;
 
 class Deadline {
  public:
-  /// A deadline `timeout` from now.
-  static Deadline after(Milliseconds timeout) { return Deadline(Clock::now() + timeout); }
+  /// A deadline `timeout` from now. A timeout beyond what the clock can hold (LIBCOMM_TIMEOUT_MS=10^13
+  /// for "no limit") is never(): added to now it would wrap around into the past and expire at once.
+  static Deadline after(Milliseconds timeout) {
+    const Clock::time_point now = Clock::now();
+    if (timeout >= std::chrono::duration_cast<Milliseconds>(Clock::time_point::max() - now)) return never();
+    return Deadline(now + timeout);
+  }
   /// A deadline that never expires; for waits that are bounded some other way (tests only).
   static Deadline never() { return Deadline(Clock::time_point::max()); }
   explicit Deadline(Clock::time_point at) : at_(at) {}

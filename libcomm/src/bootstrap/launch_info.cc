@@ -181,10 +181,18 @@ Result<LaunchInfo> resolveLaunchInfo(const LaunchOverrides& overrides) {
   }
   LIBCOMM_ASSIGN_OR_RETURN(std::optional<Claim> rank, settle(rankClaims, "ranks"));
   LIBCOMM_ASSIGN_OR_RETURN(std::optional<Claim> size, settle(sizeClaims, "world sizes"));
-  if (!rank || !size)
+  if (!rank || !size) {
+    // MPICH and Intel MPI (Hydra) set PMI_RANK and PMI_SIZE, which are not read: their mpirun looks
+    // like Open MPI's, and comm_bench and tinylm take PMI_RANK as "started as a rank".
+    const std::string pmi = getenv("PMI_RANK") ? std::string(
+                                                     " (PMI_RANK is set: MPICH and Intel MPI are not read; "
+                                                     "pass LIBCOMM_RANK=$PMI_RANK LIBCOMM_WORLD_SIZE=$PMI_SIZE)")
+                                               : std::string();
     return makeError(StatusCode::kInvalidArgument, "cannot tell this process's ", !rank ? "rank" : "world size",
-                     ": set LIBCOMM_RANK and LIBCOMM_WORLD_SIZE, or start it with torchrun, mpirun, srun or "
-                     "libcomm's local launcher");
+                     ": set LIBCOMM_RANK and LIBCOMM_WORLD_SIZE, or start it with torchrun, Open MPI's mpirun, srun "
+                     "or libcomm's local launcher",
+                     pmi);
+  }
   if (size->value < 1)
     return makeError(StatusCode::kInvalidArgument, size->who, "=", size->value, " must be at least 1");
   if (rank->value < 0 || rank->value >= size->value)

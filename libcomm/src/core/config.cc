@@ -2,12 +2,14 @@
 
 #include "libcomm/config.h"
 
+#include <algorithm>
 #include <cassert>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <sstream>
 
+#include "bootstrap/net_interfaces.h"
 #include "core/host_stream.h"
 #include "core/log.h"
 
@@ -19,7 +21,8 @@ namespace {
 const std::vector<SettingInfo> kSettings = {
     // Logging (read by core/log.cc directly, declared here so they are documented and not "unknown").
     {"LIBCOMM_LOG_LEVEL", SettingType::kString, "warn", "error|warn|info|debug|trace"},
-    {"LIBCOMM_LOG_SUBSYS", SettingType::kString, "all", "comma list of subsystems: init,boot,shm,coll,stream,mem"},
+    {"LIBCOMM_LOG_SUBSYS", SettingType::kString, "all",
+     "comma list of subsystems: init,boot,coll,stream,mem,ucx,shim (all: every one)"},
     {"LIBCOMM_LOG_FILE", SettingType::kString, "", "log to this file instead of stderr (%h host, %p pid, %r rank)"},
     // The NCCL shim (plugins/nccl_shim, libcomm_nccl.so; read there, declared here).
     {"LIBCOMM_SHIM_DISABLE", SettingType::kBool, "0", "libcomm_nccl.so: 1 forwards every NCCL call to the real NCCL"},
@@ -77,6 +80,31 @@ const std::vector<SettingInfo> kSettings = {
     {"LIBCOMM_SOCKET_IFNAME", SettingType::kString, "",
      "where a hosted TCP store listens, as NCCL_SOCKET_IFNAME: eth,ib =eth0 ^docker ^=eth1; unset: no lo, docker*"},
 };
+
+// LIBCOMM_LOG_* are read by core/log.cc, which cannot fail: a typo there would silently mean the
+// default level, or no lines at all. Checked with the other settings instead.
+Status checkLogSettings() {
+  const std::string level = settingValue("LIBCOMM_LOG_LEVEL");
+  if (!log::isLevelName(level))
+    return makeError(StatusCode::kInvalidArgument, "LIBCOMM_LOG_LEVEL='", level,
+                     "' is not a level (use error, warn, info, debug or trace)");
+  const char* subsys = getenv("LIBCOMM_LOG_SUBSYS");
+  std::string list = subsys ? subsys : "";
+  for (size_t at = 0; at <= list.size();) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    const std::string item = list.substr(at, comma - at);
+    at = comma + 1;
+    bool known = item.empty() || item == "all";
+    for (const char* k : log::kSubsystems) known = known || item == k;
+    if (!known) {
+      std::string all;
+      for (const char* k : log::kSubsystems) all += std::string(all.empty() ? "" : ",") + k;
+      return makeError(StatusCode::kInvalidArgument, "LIBCOMM_LOG_SUBSYS='", list, "': unknown subsystem '", item,
+                       "' (use a comma list of ", all, ", or all)");
+    }
+  }
+  return Status::ok();
+}
 
 const SettingInfo* find(const char* name) {
   for (const auto& s : kSettings)
@@ -189,6 +217,16 @@ Result<CommConfig> CommConfig::fromEnvironment() {
   // Read by every host stream (core/host_stream.cc); checked here so that a typo is an error, not a
   // warning that scrolls by.
   LIBCOMM_RETURN_IF_ERROR(parseStreamPriority(settingValue("LIBCOMM_STREAM_PRIORITY")).status());
+  // Process-wide too (applied by the first Communicator::create, or by the bootstrap); here so that
+  // comm_info, which creates no communicator, reports them as well.
+  LIBCOMM_ASSIGN_OR_RETURN(long long ntBytes, settingInt("LIBCOMM_NT_STORE_BYTES"));
+  if (ntBytes < 0)
+    return makeError(StatusCode::kInvalidArgument, "LIBCOMM_NT_STORE_BYTES must be >= 0 (0: never), got ", ntBytes);
+  LIBCOMM_RETURN_IF_ERROR(settingBool("LIBCOMM_HOST_STORE").status());
+  LIBCOMM_RETURN_IF_ERROR(checkLogSettings());
+  // Parsed where the store is placed, which a single rank or a file store never reaches.
+  if (const std::string ifname = settingValue("LIBCOMM_SOCKET_IFNAME"); !ifname.empty())
+    LIBCOMM_RETURN_IF_ERROR(boot::parseIfnamePattern(ifname).status());
   LIBCOMM_ASSIGN_OR_RETURN(long long flight, settingInt("LIBCOMM_FLIGHT_RECORDER"));
   if (flight < 0 || flight > (1LL << 20))
     return makeError(StatusCode::kInvalidArgument, "LIBCOMM_FLIGHT_RECORDER must be in [0, 2^20], got ", flight);

@@ -4,12 +4,15 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -21,6 +24,7 @@ struct Config {
   bool allSubsys = true;
   std::set<std::string> subsys;
   std::string filePattern;
+  int launchRank = -1;  // from the launcher's variables, until a communicator says (setThreadRank)
 };
 
 std::mutex gMutex;
@@ -28,19 +32,39 @@ Config gConfig;
 std::atomic<bool> gLoaded{false};
 FILE* gFile = nullptr;
 int gProcessRank = -1;
+int gFileRank = -1;  // the rank the open log file's %r was given
 thread_local int tRank = -1;
 
-Level parseLevel(const char* s) {
-  if (!s) return Level::kWarn;
+// This process's rank as its launcher tells it (the order of launch_info.cc), -1 if none does.
+// The first line is often logged before any communicator knows the rank (settings at start-up), and
+// LIBCOMM_LOG_FILE's %r must not then name every rank's file "-1". Read with getenv: the settings
+// registry logs, and this runs under the log lock.
+int rankFromLaunchVariables() {
+  for (const char* name : {"LIBCOMM_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}) {
+    const char* v = getenv(name);
+    if (!v || !*v) continue;
+    char* end = nullptr;
+    const long r = strtol(v, &end, 10);
+    if (*end == '\0' && r >= 0 && r <= INT32_MAX) return static_cast<int>(r);
+  }
+  return -1;
+}
+
+// Empty when the value names no level.
+std::optional<Level> levelFromName(const char* s) {
+  if (!s || !*s) return Level::kWarn;
   std::string v(s);
-  for (auto& c : v) c = static_cast<char>(tolower(c));
+  for (auto& c : v) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
   if (v == "error") return Level::kError;
   if (v == "warn" || v == "warning") return Level::kWarn;
   if (v == "info") return Level::kInfo;
   if (v == "debug") return Level::kDebug;
   if (v == "trace") return Level::kTrace;
-  return Level::kWarn;
+  return std::nullopt;
 }
+
+// Logging cannot fail: an unknown level logs at the default (CommConfig::fromEnvironment refuses it).
+Level parseLevel(const char* s) { return levelFromName(s).value_or(Level::kWarn); }
 
 void loadLocked() {
   Config c;
@@ -59,6 +83,7 @@ void loadLocked() {
     }
   }
   if (const char* f = getenv("LIBCOMM_LOG_FILE")) c.filePattern = f;
+  c.launchRank = rankFromLaunchVariables();
   gConfig = c;
   if (gFile && gFile != stderr) fclose(gFile);
   gFile = nullptr;
@@ -71,7 +96,10 @@ std::string hostName() {
   return buf;
 }
 
-FILE* fileLocked() {
+int processRankLocked() { return gProcessRank >= 0 ? gProcessRank : gConfig.launchRank; }
+
+// `note`: what the caller should log first (a log file that cannot be opened).
+FILE* fileLocked(std::string& note) {
   if (gFile) return gFile;
   if (gConfig.filePattern.empty()) return gFile = stderr;
   std::string path;
@@ -81,14 +109,17 @@ FILE* fileLocked() {
       char k = gConfig.filePattern[++i];
       if (k == 'h') path += hostName();
       else if (k == 'p') path += std::to_string(getpid());
-      else if (k == 'r') path += std::to_string(gProcessRank);
+      else if (k == 'r') path += std::to_string(gFileRank = processRankLocked());
       else path += k;
     } else {
       path += c;
     }
   }
   gFile = fopen(path.c_str(), "a");
-  if (!gFile) gFile = stderr;
+  if (!gFile) {
+    note = "cannot open LIBCOMM_LOG_FILE '" + path + "' (" + strerror(errno) + "): logging to stderr instead";
+    gFile = stderr;
+  }
   return gFile;
 }
 
@@ -104,6 +135,8 @@ const char* levelName(Level l) {
 }
 
 }  // namespace
+
+bool isLevelName(const std::string& value) { return levelFromName(value.c_str()).has_value(); }
 
 // A child forked while another thread held the log lock would block on its first line: hold the
 // lock across fork() so the child starts with it free.
@@ -135,12 +168,14 @@ void write(Level level, const char* subsys, const std::string& text) {
   char stamp[32];
   snprintf(stamp, sizeof(stamp), "%02d:%02d:%02d.%06lld", tmv.tm_hour, tmv.tm_min, tmv.tm_sec,
            static_cast<long long>(us % 1000000));
-  int rank = tRank >= 0 ? tRank : gProcessRank;
-  std::string line = std::string("[") + stamp + " " + host + ":" + std::to_string(getpid()) + " r" +
-                     (rank >= 0 ? std::to_string(rank) : std::string("?")) + "] " + levelName(level) + " " +
-                     subsys + ": " + text + "\n";
+  int rank = tRank >= 0 ? tRank : gProcessRank >= 0 ? gProcessRank : gConfig.launchRank;
+  const std::string prefix = std::string("[") + stamp + " " + host + ":" + std::to_string(getpid()) + " r" +
+                             (rank >= 0 ? std::to_string(rank) : std::string("?")) + "] ";
+  const std::string line = prefix + levelName(level) + " " + subsys + ": " + text + "\n";
   std::lock_guard<std::mutex> lock(gMutex);
-  FILE* f = fileLocked();
+  std::string note;
+  FILE* f = fileLocked(note);
+  if (!note.empty()) fputs((prefix + "WARN init: " + note + "\n").c_str(), f);
   fputs(line.c_str(), f);
   fflush(f);
 }
@@ -149,7 +184,14 @@ void setThreadRank(int rank) {
   if (tRank == rank) return;  // called per collective: no lock on the common path
   tRank = rank;
   std::lock_guard<std::mutex> lock(gMutex);
-  if (gProcessRank < 0) gProcessRank = rank;
+  if (gProcessRank >= 0) return;
+  gProcessRank = rank;
+  // A file opened before the rank was known, with another rank in its name: later lines go to
+  // the file of this rank.
+  if (gFile && gFile != stderr && gFileRank != rank && gConfig.filePattern.find("%r") != std::string::npos) {
+    fclose(gFile);
+    gFile = nullptr;
+  }
 }
 
 void reloadConfig() {

@@ -1,7 +1,7 @@
 #pragma once
 // libcomm's one logging system.
 //   LIBCOMM_LOG_LEVEL  = error|warn|info|debug|trace   (default warn)
-//   LIBCOMM_LOG_SUBSYS = comma list of subsystems to show (init,boot,shm,coll,stream,mem,all); default all
+//   LIBCOMM_LOG_SUBSYS = comma list of subsystems to show (kSubsystems, or all); default all
 //   LIBCOMM_LOG_FILE   = path; %h host, %p pid, %r rank are substituted; default stderr
 // Every line carries wall time, host, pid and rank: "[12:00:01.123456 host:4242 r1] WARN boot: ...".
 //
@@ -13,6 +13,12 @@
 namespace libcomm::log {
 
 enum class Level : int { kError = 0, kWarn = 1, kInfo = 2, kDebug = 3, kTrace = 4 };
+
+/// Every subsystem a line is written under: what LIBCOMM_LOG_SUBSYS accepts, besides "all".
+inline constexpr const char* kSubsystems[] = {"init", "boot", "coll", "stream", "mem", "ucx", "shim"};
+
+/// True for a LIBCOMM_LOG_LEVEL value the logger understands (any case; empty: the default).
+bool isLevelName(const std::string& value);
 
 /// True when a line of this level and subsystem would be written. Cheap after the first call.
 bool enabled(Level level, const char* subsys);
