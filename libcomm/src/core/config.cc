@@ -106,6 +106,14 @@ Status checkLogSettings() {
   return Status::ok();
 }
 
+// A poll length in microseconds: -1 (automatic) or [0, 10^6].
+Result<std::chrono::microseconds> spinSetting(const char* name) {
+  LIBCOMM_ASSIGN_OR_RETURN(long long us, settingInt(name));
+  if (us < -1 || us > 1000000)
+    return makeError(StatusCode::kInvalidArgument, name, " must be -1 (automatic) or in [0, 10^6], got ", us);
+  return std::chrono::microseconds(us);
+}
+
 const SettingInfo* find(const char* name) {
   for (const auto& s : kSettings)
     if (strcmp(s.name, name) == 0) return &s;
@@ -183,15 +191,8 @@ Result<CommConfig> CommConfig::fromEnvironment() {
   LIBCOMM_ASSIGN_OR_RETURN(long long reportMs, settingInt("LIBCOMM_PROGRESS_REPORT_MS"));
   LIBCOMM_ASSIGN_OR_RETURN(long long chunk, settingInt("LIBCOMM_STAGING_CHUNK"));
   LIBCOMM_ASSIGN_OR_RETURN(long long eager, settingInt("LIBCOMM_EAGER_BYTES"));
-  LIBCOMM_ASSIGN_OR_RETURN(long long spinUs, settingInt("LIBCOMM_SPIN_US"));
-  if (spinUs < -1 || spinUs > 1000000)
-    return makeError(StatusCode::kInvalidArgument, "LIBCOMM_SPIN_US must be -1 (automatic) or in [0, 10^6], got ", spinUs);
-  c.blockingSpin = std::chrono::microseconds(spinUs);
-  LIBCOMM_ASSIGN_OR_RETURN(long long progressSpinUs, settingInt("LIBCOMM_PROGRESS_SPIN_US"));
-  if (progressSpinUs < -1 || progressSpinUs > 1000000)
-    return makeError(StatusCode::kInvalidArgument,
-                     "LIBCOMM_PROGRESS_SPIN_US must be -1 (automatic) or in [0, 10^6], got ", progressSpinUs);
-  c.progressSpin = std::chrono::microseconds(progressSpinUs);
+  LIBCOMM_ASSIGN_OR_RETURN(c.blockingSpin, spinSetting("LIBCOMM_SPIN_US"));
+  LIBCOMM_ASSIGN_OR_RETURN(c.progressSpin, spinSetting("LIBCOMM_PROGRESS_SPIN_US"));
   if (eager < 0 || eager > (1LL << 20))
     return makeError(StatusCode::kInvalidArgument, "LIBCOMM_EAGER_BYTES must be in [0, 2^20], got ", eager);
   c.eagerBytes = static_cast<size_t>(eager);
@@ -267,7 +268,7 @@ Status CommConfig::validate() const {
   if (eagerBytes > (size_t{1} << 20))
     return makeError(StatusCode::kInvalidArgument, "the eager limit (LIBCOMM_EAGER_BYTES) must be in [0, 2^20], got ",
                      eagerBytes);
-  // Negative: automatic. A poll longer than a second would outlast a peer check.
+  // Negative: automatic; at most a second, as the environment settings allow.
   if (blockingSpin.count() > 1000000)
     return makeError(StatusCode::kInvalidArgument, "the blocking-call spin (LIBCOMM_SPIN_US) must be at most 10^6 us, got ",
                      blockingSpin.count());
