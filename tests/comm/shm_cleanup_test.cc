@@ -36,6 +36,23 @@ void useCommunicator(bool die) {
   if (die) raise(SIGKILL);
 }
 
+TEST(ShmSegment, ExistsSaysWhetherTheNameIsThere) {
+  const std::string name = "/shardcomm." + std::to_string(getpid()) + ".exists_test.g1";
+  auto before = libcomm::shm::Segment::exists(name);
+  ASSERT_TRUE(before.isOk()) << before.status().toString();
+  EXPECT_FALSE(before.value());
+  {
+    auto seg = libcomm::shm::Segment::create(name, 64);
+    ASSERT_TRUE(seg.isOk()) << seg.status().toString();
+    auto during = libcomm::shm::Segment::exists(name);
+    ASSERT_TRUE(during.isOk()) << during.status().toString();
+    EXPECT_TRUE(during.value());
+  }
+  auto after = libcomm::shm::Segment::exists(name);  // unlinked with its owner
+  ASSERT_TRUE(after.isOk()) << after.status().toString();
+  EXPECT_FALSE(after.value());
+}
+
 TEST(ShmHygiene, DestroyedCommunicatorLeavesNothing) {
   pid_t child = fork();
   if (child == 0) {

@@ -85,6 +85,16 @@ Result<Segment> Segment::create(const std::string& name, size_t bytes) {
   return s;
 }
 
+Result<bool> Segment::exists(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) {
+    if (errno == ENOENT) return false;
+    return sysError("shm_open", name, errno);
+  }
+  close(fd);
+  return true;
+}
+
 Result<Segment> Segment::open(const std::string& name, size_t bytes) {
   int fd = shm_open(name.c_str(), O_RDWR, 0600);
   if (fd < 0) return sysError("shm_open", name, errno);

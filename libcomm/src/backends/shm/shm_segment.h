@@ -31,6 +31,9 @@ class Segment {
   /// Maps an existing segment created by another rank (read-write). `bytes` 0 maps the whole
   /// segment; otherwise the segment must be at least that large.
   static Result<Segment> open(const std::string& name, size_t bytes = 0);
+  /// Whether a segment of that name exists (false only when shm_open says ENOENT; any other
+  /// failure is a kSystemError). Maps nothing. Thread-safe.
+  static Result<bool> exists(const std::string& name);
 
   void* data() const { return data_; }
   size_t size() const { return size_; }
