@@ -1,8 +1,10 @@
 // What the GPU paths decide on the host, tested without a device: the CUDA IPC record's wire form
-// (round trip; short, foreign, newer, damaged input refused with a clear error), the reduce kernel's
-// launch geometry, and the device selection table.
+// (round trip; short, foreign, older, newer, damaged input refused with a clear error), who counts
+// as "this process" for a record, the reduce kernel's launch geometry, and the device selection table.
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstring>
 
@@ -20,7 +22,7 @@ IpcRecord sampleRecord() {
   IpcRecord r;
   r.kind = IpcRecord::Kind::kMemory;
   r.device = 3;
-  r.pid = 4242;
+  r.owner = {4242, 0xf0000000effffffcull};  // a namespace inode with bits in every byte that counts
   r.address = 0x7f0012345600ull;
   r.allocOffset = 4096;
   r.bytes = 1 << 20;
@@ -47,7 +49,7 @@ TEST(IpcRecord, RoundTripsEveryField) {
   IpcRecord ev;
   ev.kind = IpcRecord::Kind::kEvents;
   ev.device = 0;
-  ev.pid = 1;
+  ev.owner = {1, 4026531836ull};
   ev.address = 0x1000;
   ev.address2 = 0x2000;
   ev.handle2.fill(0xab);
@@ -72,8 +74,11 @@ TEST(IpcRecord, RefusesForeignNewerAndDamagedRecords) {
   wire[0] ^= 0xff;
   expectRefused(wire, wire.size(), "magic");
   wire = good;
-  wire[4] = 2;  // version 2
-  expectRefused(wire, wire.size(), "wire version 2");
+  wire[4] = 3;  // a newer version
+  expectRefused(wire, wire.size(), "wire version 3, this build reads version 2");
+  wire = good;
+  wire[4] = 1;  // version 1: the pid without its namespace
+  expectRefused(wire, wire.size(), "wire version 1, this build reads version 2");
   wire = good;
   wire[6] = 100;  // declared size
   expectRefused(wire, wire.size(), "declares 100 bytes");
@@ -98,6 +103,61 @@ TEST(IpcRecord, RefusesUnknownKindAndOverflowingRange) {
   r.device = -1;
   wire = cuda::encodeIpcRecord(r);
   expectRefused(wire, wire.size(), "device -1");
+}
+
+TEST(IpcRecord, CarriesTheOwnersPidNamespace) {
+  IpcRecord r = sampleRecord();
+  const auto before = cuda::encodeIpcRecord(r);
+  r.owner.pidNamespace ^= 1;
+  const auto after = cuda::encodeIpcRecord(r);
+  EXPECT_NE(before, after);
+  auto back = cuda::decodeIpcRecord(after.data(), after.size(), "test");
+  ASSERT_TRUE(back.isOk()) << back.status().toString();
+  EXPECT_EQ(back->owner.pidNamespace, r.owner.pidNamespace);
+  EXPECT_EQ(back->owner.pid, 4242);
+}
+
+TEST(ProcessId, StableInAProcessAndNewInAForkedChild) {
+  const cuda::ProcessId self = cuda::thisProcess();
+  EXPECT_EQ(self.pid, static_cast<int32_t>(getpid()));
+  EXPECT_EQ(cuda::thisProcess(), self);
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const cuda::ProcessId mine = cuda::thisProcess();
+    const bool ok = write(fds[1], &mine, sizeof(mine)) == static_cast<ssize_t>(sizeof(mine));
+    _exit(ok ? 0 : 1);
+  }
+  close(fds[1]);
+  cuda::ProcessId fromChild;
+  ASSERT_EQ(read(fds[0], &fromChild, sizeof(fromChild)), static_cast<ssize_t>(sizeof(fromChild)));
+  close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_EQ(fromChild.pid, static_cast<int32_t>(child));
+  EXPECT_NE(fromChild.pid, self.pid);
+  EXPECT_EQ(fromChild.pidNamespace, self.pidNamespace);  // fork keeps the namespace
+  EXPECT_FALSE(cuda::sameProcess(fromChild, self));
+  EXPECT_EQ(cuda::thisProcess(), self);
+}
+
+TEST(ProcessId, SameOnlyForTheSamePidInTheSameKnownNamespace) {
+  const cuda::ProcessId a{100, 7};
+  EXPECT_TRUE(cuda::sameProcess(a, a));
+  EXPECT_FALSE(cuda::sameProcess({100, 8}, a));  // another container's process 100
+  EXPECT_FALSE(cuda::sameProcess({101, 7}, a));
+  // An unknown namespace is not taken for "this process": the peer opens the handle instead.
+  EXPECT_FALSE(cuda::sameProcess({100, 0}, {100, 0}));
+  EXPECT_FALSE(cuda::sameProcess({100, 0}, a));
+  EXPECT_FALSE(cuda::sameProcess(a, {100, 0}));
+  // ... and if that open fails, the error says why it may have been this process.
+  EXPECT_NE(cuda::ipcOpenHint({100, 0}, a).find("the owner's /proc/self/ns/pid was unreadable"), std::string::npos);
+  EXPECT_NE(cuda::ipcOpenHint(a, {100, 0}).find("this process's /proc/self/ns/pid"), std::string::npos);
+  EXPECT_EQ(cuda::ipcOpenHint({101, 0}, a), "");
+  EXPECT_EQ(cuda::ipcOpenHint({100, 8}, a), "");
 }
 
 TEST(ReduceGeometry, NothingToLaunchForZeroElements) {

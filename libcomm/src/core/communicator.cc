@@ -111,7 +111,7 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   } else {
     LIBCOMM_RETURN_IF_ERROR(impl->channel_->connect(prefixes, deadline));
     impl->peers_->setPrefixes(prefixes);
-    impl->own_ = cuda::createOwnPath(impl->prefix_, impl->rank_, prefixes);  // null without CUDA
+    impl->own_ = cuda::createOwnPath(impl->prefix_, impl->rank_, prefixes, config.opTimeout);  // null without CUDA
   }
   // Nobody may start a collective before everyone has mapped everyone's control block (or
   // connected its UCX endpoints).

@@ -6,8 +6,6 @@
 //    through the mappings, sums in fp32 and writes this rank's output once;
 //  - barrier: the event protocol alone.
 
-#include <unistd.h>
-
 #include <cstring>
 
 #include "backends/cuda/cuda_error.h"
@@ -28,7 +26,7 @@ Status OwnPathImpl::markReady(void* stream, int device) {
     IpcRecord rec;
     rec.kind = IpcRecord::Kind::kEvents;
     rec.device = device;
-    rec.pid = getpid();
+    rec.owner = thisProcess();
     rec.address = reinterpret_cast<uintptr_t>(ready_);
     rec.address2 = reinterpret_cast<uintptr_t>(done_);
     cudaIpcEventHandle_t h;
@@ -48,7 +46,11 @@ Status OwnPathImpl::markReady(void* stream, int device) {
 }
 
 Status OwnPathImpl::markDone(void* stream) {
-  return LIBCOMM_CUDA_STATUS(cudaEventRecord(done_, static_cast<cudaStream_t>(stream)));
+  auto s = static_cast<cudaStream_t>(stream);
+  // "done" must follow every own-path collective of this rank, also one on another stream: the host
+  // waits for it alone before it closes mappings. On the same stream the wait orders nothing new.
+  LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaStreamWaitEvent(s, done_, 0)));
+  return LIBCOMM_CUDA_STATUS(cudaEventRecord(done_, s));
 }
 
 Result<OwnPathImpl::PeerEvents*> OwnPathImpl::peerEvents(int peer, int device, const std::string& what) {
@@ -59,14 +61,16 @@ Result<OwnPathImpl::PeerEvents*> OwnPathImpl::peerEvents(int peer, int device, c
     return makeError(StatusCode::kInvalidUsage, what, ": rank ", peer,
                      "'s event record has the kind of a memory record");
   PeerEvents ev;
-  if (rec.pid == getpid()) {
+  const ProcessId self = thisProcess();
+  if (sameProcess(rec.owner, self)) {
     ev.ready = reinterpret_cast<cudaEvent_t>(rec.address);
     ev.done = reinterpret_cast<cudaEvent_t>(rec.address2);
   } else {
     DeviceGuard guard(device);
     cudaIpcEventHandle_t h;
     std::memcpy(&h, rec.handle.data(), sizeof(h));
-    const std::string ctx = detail::strCat(what, ": rank ", rank_, " opening the events of rank ", peer);
+    const std::string ctx =
+        detail::strCat(what, ": rank ", rank_, " opening the events of rank ", peer, ipcOpenHint(rec.owner, self));
     LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaIpcOpenEventHandle(&ev.ready, h)).withContext(ctx));
     std::memcpy(&h, rec.handle2.data(), sizeof(h));
     Status s = LIBCOMM_CUDA_STATUS(cudaIpcOpenEventHandle(&ev.done, h)).withContext(ctx);
@@ -99,11 +103,13 @@ Status OwnPathImpl::run(const CollArgs& args, const std::vector<PeerInput>& inpu
       in[p] = static_cast<const char*>(args.send);
       continue;
     }
+    const bool readsInputs = args.kind != CollKind::kBarrier && args.count != 0;
+    LIBCOMM_RETURN_IF_ERROR(dropDeregistered(p, readsInputs ? inputs[p].registration : 0, what));
     LIBCOMM_ASSIGN_OR_RETURN(PeerEvents * ev, peerEvents(p, device, what));
     LIBCOMM_RETURN_IF_ERROR(
         LIBCOMM_CUDA_STATUS(cudaStreamWaitEvent(s, ev->ready, 0))
             .withContext(detail::strCat(what, ": rank ", rank_, " waiting for rank ", p, "'s ready event")));
-    if (args.kind == CollKind::kBarrier || args.count == 0) continue;
+    if (!readsInputs) continue;
     LIBCOMM_ASSIGN_OR_RETURN(in[p], resolve(p, inputs[p], device, what));
   }
   if (args.kind == CollKind::kBarrier || args.count == 0) return Status::ok();

@@ -3,14 +3,26 @@
 // Records travel by name, as the shared-memory registrations do: registration `id` of a rank is a
 // small segment "<prefix>.g<id>" holding its encoded IpcRecord, and the rank's events are
 // "<prefix>.g0". Registration is not collective, so the bootstrap cannot carry them; a peer reads a
-// record on first use (the descriptor of a collective names the registration) and keeps the mapping
-// it opened until the communicator goes. Ids are never re-used, so a cached mapping never goes stale.
+// record on first use (the descriptor of a collective names the registration) and caches the mapping
+// it opened. Ids are never re-used, so a cached mapping never goes stale; but it pins the owner's
+// memory after the owner freed it, so it must not outlive the registration:
+//  - the owner withdraws the record (unlinks its segment) when the last reference goes, then
+//    increments its counter "<prefix>.gfree" (release);
+//  - a peer, at the start of each own-path collective, compares each peer's counter with the value
+//    it saw last (acquire); when it moved, every cached mapping of that peer whose record is gone is
+//    closed, after the host waited for this rank's "done" event: that event follows every earlier
+//    own-path collective of this rank (device_path.h, step 5), so nothing enqueued still reads
+//    through the mapping. The collective being started has enqueued nothing yet.
+// The waits are bounded by the op timeout; when one fails, the mappings are kept (leaked) and an
+// error logged, never closed under running work. The destructor does the same for everything.
 
 #include <cuda.h>
-#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <iterator>
+#include <thread>
 
 #include "backends/cuda/cuda_error.h"
 #include "backends/cuda/cuda_own_path.h"
@@ -41,6 +53,11 @@ Status allocationOf(const void* p, char** base, size_t* size) {
   return Status::ok();
 }
 
+std::atomic_ref<uint64_t> counterIn(const shm::Segment& seg) {
+  static_assert(std::atomic_ref<uint64_t>::is_always_lock_free, "the counter is shared between processes");
+  return std::atomic_ref<uint64_t>(*static_cast<uint64_t*>(seg.data()));
+}
+
 Result<shm::Segment> publish(const std::string& name, const IpcRecord& rec) {
   const std::vector<unsigned char> wire = encodeIpcRecord(rec);
   LIBCOMM_ASSIGN_OR_RETURN(shm::Segment seg, shm::Segment::create(name, wire.size()));
@@ -54,7 +71,24 @@ std::string OwnPathImpl::recordName(const std::string& prefix, uint32_t id) {
   return prefix + ".g" + std::to_string(id);
 }
 
+std::string OwnPathImpl::releasedName(const std::string& prefix) { return prefix + ".gfree"; }
+
 OwnPathImpl::~OwnPathImpl() {
+  if (done_) {
+    DeviceGuard guard(eventDevice_);
+    // At process exit the runtime may have gone first, and with it the context and everything in it.
+    if (cudaEventQuery(done_) == cudaErrorCudartUnloading) return;
+  }
+  const Status idle = waitOwnDone();
+  if (!idle.isOk()) {
+    size_t mapped = 0;
+    for (const auto& [key, m] : peers_) mapped += m.opened != nullptr;
+    LIBCOMM_LOG(kError, "mem") << "rank " << rank_ << ": destroying the CUDA own path with this rank's device work "
+                               << "unfinished; leaking " << mapped << " CUDA IPC mapping(s) of peers' memory and "
+                               << peerEvents_.size() << " peer event pair(s) rather than closing them under that "
+                               << "work: " << idle.message();
+    return;
+  }
   for (auto& [key, m] : peers_) {
     if (!m.opened) continue;
     DeviceGuard guard(m.device);
@@ -69,6 +103,21 @@ OwnPathImpl::~OwnPathImpl() {
     DeviceGuard guard(eventDevice_);
     if (ready_) (void)cudaEventDestroy(ready_);
     if (done_) (void)cudaEventDestroy(done_);
+  }
+}
+
+Status OwnPathImpl::waitOwnDone() const {
+  if (!done_) return Status::ok();  // no own-path collective yet
+  DeviceGuard guard(eventDevice_);
+  LIBCOMM_RETURN_IF_ERROR(guard.status());
+  const Deadline deadline = Deadline::after(timeout_);
+  for (;;) {
+    Status s = LIBCOMM_CUDA_STATUS(cudaEventQuery(done_));
+    if (s.code() != StatusCode::kInProgress) return s;
+    if (deadline.expired())
+      return makeError(StatusCode::kTimeout, "rank ", rank_, "'s last own-path collective has not finished on device ",
+                       eventDevice_, " after ", timeout_.count(), " ms (the op timeout)");
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
 }
 
@@ -105,11 +154,15 @@ Status OwnPathImpl::registerRange(void* p, size_t bytes) {
   IpcRecord rec;
   rec.kind = IpcRecord::Kind::kMemory;
   rec.device = info.device;
-  rec.pid = getpid();
+  rec.owner = thisProcess();
   rec.address = reinterpret_cast<uintptr_t>(p);
   rec.allocOffset = offset;
   rec.bytes = bytes;
   std::memcpy(rec.handle.data(), &h, sizeof(h));
+  if (!released_.valid()) {
+    // Before the first record: a peer that read a record finds the counter.
+    LIBCOMM_ASSIGN_OR_RETURN(released_, shm::Segment::create(releasedName(prefix_), sizeof(uint64_t)));
+  }
   const uint32_t id = nextId_++;
   LIBCOMM_ASSIGN_OR_RETURN(shm::Segment seg, publish(recordName(prefix_, id), rec));
   locals_.emplace(reinterpret_cast<uintptr_t>(p), Local{id, bytes, 1, std::move(seg)});
@@ -122,7 +175,12 @@ Status OwnPathImpl::deregisterRange(void* p) {
   auto it = locals_.find(reinterpret_cast<uintptr_t>(p));
   if (it == locals_.end())
     return makeError(StatusCode::kInvalidArgument, "rank ", rank_, ": deregisterBuffer(", p, "): not registered");
-  if (--it->second.refs == 0) locals_.erase(it);  // the record's segment is unlinked with it
+  if (--it->second.refs == 0) {
+    // The record's segment is unlinked with it; the counter moves after that, so a peer that sees
+    // the new value finds the record gone.
+    locals_.erase(it);
+    counterIn(released_).fetch_add(1, std::memory_order_release);
+  }
   return Status::ok();
 }
 
@@ -163,19 +221,27 @@ Result<IpcRecord> OwnPathImpl::readRecord(int peer, uint32_t id, const std::stri
 Result<const char*> OwnPathImpl::resolve(int peer, const PeerInput& in, int device, const std::string& what) {
   auto it = peers_.find({peer, in.registration});
   if (it == peers_.end()) {
+    if (!peerCounters_.count(peer)) {
+      // Read before the record: a withdrawal of any record read from now on moves it past `seen`.
+      PeerCounter c;
+      LIBCOMM_ASSIGN_OR_RETURN(c.segment, shm::Segment::open(releasedName(prefixes_[peer]), sizeof(uint64_t)));
+      c.seen = counterIn(c.segment).load(std::memory_order_acquire);
+      peerCounters_.emplace(peer, std::move(c));
+    }
     LIBCOMM_ASSIGN_OR_RETURN(IpcRecord rec, readRecord(peer, in.registration, what));
     PeerMapping m;
     m.bytes = rec.bytes;
     m.device = device;
-    if (rec.pid == getpid()) {
+    const ProcessId self = thisProcess();
+    if (sameProcess(rec.owner, self)) {
       m.range = reinterpret_cast<char*>(rec.address);  // a rank of this process: the pointer itself
     } else {
       cudaIpcMemHandle_t h;
       std::memcpy(&h, rec.handle.data(), sizeof(h));
-      LIBCOMM_RETURN_IF_ERROR(
-          LIBCOMM_CUDA_STATUS(cudaIpcOpenMemHandle(&m.opened, h, cudaIpcMemLazyEnablePeerAccess))
-              .withContext(detail::strCat(what, ": rank ", rank_, " opening registration ", in.registration,
-                                          " of rank ", peer, " (device ", rec.device, ")")));
+      LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaIpcOpenMemHandle(&m.opened, h, cudaIpcMemLazyEnablePeerAccess))
+                                  .withContext(detail::strCat(what, ": rank ", rank_, " opening registration ",
+                                                              in.registration, " of rank ", peer, " (device ",
+                                                              rec.device, ")", ipcOpenHint(rec.owner, self))));
       m.range = static_cast<char*>(m.opened) + rec.allocOffset;
     }
     it = peers_.emplace(std::make_pair(peer, in.registration), m).first;
@@ -185,6 +251,50 @@ Result<const char*> OwnPathImpl::resolve(int peer, const PeerInput& in, int devi
     return makeError(StatusCode::kInvalidUsage, what, ": rank ", peer, "'s input [+", in.offset, ", ", in.bytes,
                      " B) runs past its registration ", in.registration, " of ", m.bytes, " bytes");
   return m.range + in.offset;
+}
+
+Status OwnPathImpl::dropDeregistered(int peer, uint32_t named, const std::string& what) {
+  auto c = peerCounters_.find(peer);
+  if (c == peerCounters_.end()) return Status::ok();  // nothing of this peer cached
+  const uint64_t now = counterIn(c->second.segment).load(std::memory_order_acquire);
+  if (now == c->second.seen) return Status::ok();
+  std::vector<std::pair<int, uint32_t>> gone;
+  for (auto it = peers_.lower_bound({peer, 0}); it != peers_.end() && it->first.first == peer; ++it) {
+    LIBCOMM_ASSIGN_OR_RETURN(const bool exists, shm::Segment::exists(recordName(prefixes_[peer], it->first.second)));
+    if (exists) continue;
+    // The starting collective reads it: the peer deregistered it too early. Fail as a first read
+    // would; the mapping is left alone (the destructor closes it).
+    if (it->first.second == named) return readRecord(peer, named, what).status();
+    gone.push_back(it->first);
+  }
+  c->second.seen = now;
+  if (gone.empty()) return Status::ok();
+  size_t opened = 0;
+  for (const auto& key : gone) opened += peers_.at(key).opened != nullptr;
+  if (opened) {
+    const Status idle = waitOwnDone();
+    if (!idle.isOk()) {
+      LIBCOMM_LOG(kError, "mem") << what << ": rank " << rank_ << " leaks " << opened << " CUDA IPC mapping(s) of rank "
+                                 << peer << "'s deregistered memory rather than closing them under device work it "
+                                 << "could not see finish (they are looked at again when rank " << peer
+                                 << " deregisters more): " << idle.message();
+      return Status::ok();
+    }
+  }
+  for (const auto& key : gone) {
+    const PeerMapping& m = peers_.at(key);
+    if (m.opened) {
+      DeviceGuard guard(m.device);
+      const Status closed = LIBCOMM_CUDA_STATUS(cudaIpcCloseMemHandle(m.opened));
+      if (!closed.isOk())
+        LIBCOMM_LOG(kWarn, "mem") << what << ": rank " << rank_ << " closing its mapping of rank " << peer
+                                  << "'s registration " << key.second << ": " << closed.message();
+    }
+    peers_.erase(key);
+  }
+  LIBCOMM_LOG(kDebug, "mem") << what << ": rank " << rank_ << " dropped " << gone.size() << " mapping(s) of rank "
+                             << peer << "'s deregistered memory (" << opened << " opened through CUDA IPC)";
+  return Status::ok();
 }
 
 }  // namespace libcomm::cuda

@@ -1,7 +1,8 @@
 #pragma once
 // The own path's state (device_path.h's OwnPath): this rank's registered device memory and the
 // records it publishes, the peers' memory and events opened through CUDA IPC, and this rank's
-// inter-process events. The collectives themselves are in cuda_collectives.cc.
+// inter-process events, and the counters through which a rank tells its peers that it deregistered
+// something. The collectives themselves are in cuda_collectives.cc.
 
 #include <cuda_runtime_api.h>
 
@@ -19,8 +20,9 @@ static_assert(sizeof(cudaIpcEventHandle_t) == kIpcHandleBytes, "IpcRecord carrie
 
 class OwnPathImpl final : public OwnPath {
  public:
-  OwnPathImpl(std::string prefix, int rank, std::vector<std::string> prefixes)
-      : prefix_(std::move(prefix)), rank_(rank), prefixes_(std::move(prefixes)) {}
+  /// `timeout` bounds the host's waits for this rank's device work (the communicator's op timeout).
+  OwnPathImpl(std::string prefix, int rank, std::vector<std::string> prefixes, Milliseconds timeout)
+      : prefix_(std::move(prefix)), rank_(rank), prefixes_(std::move(prefixes)), timeout_(timeout) {}
   ~OwnPathImpl() override;
 
   Status registerRange(void* p, size_t bytes) override;
@@ -35,6 +37,9 @@ class OwnPathImpl final : public OwnPath {
 
   /// The name of registration `id`'s record (and "events" for id 0) under `prefix`.
   static std::string recordName(const std::string& prefix, uint32_t id);
+  /// The name of the deregistration counter under `prefix`: a uint64_t the owner increments (release)
+  /// after it withdrew a record, so that its peers know when to look for mappings to close.
+  static std::string releasedName(const std::string& prefix);
 
  private:
   struct Local {
@@ -46,8 +51,12 @@ class OwnPathImpl final : public OwnPath {
   struct PeerMapping {
     char* range = nullptr;   // the registered range in this process
     uint64_t bytes = 0;      // registered bytes
-    void* opened = nullptr;  // the allocation cudaIpcOpenMemHandle mapped (closed on destruction); null in-process
+    void* opened = nullptr;  // the allocation cudaIpcOpenMemHandle mapped; null in-process
     int device = -1;
+  };
+  struct PeerCounter {
+    shm::Segment segment;  // the peer's releasedName counter
+    uint64_t seen = 0;     // its value when this rank last looked for withdrawn records
   };
   struct PeerEvents {
     cudaEvent_t ready = nullptr, done = nullptr;
@@ -57,6 +66,12 @@ class OwnPathImpl final : public OwnPath {
   Result<const char*> resolve(int peer, const PeerInput& in, int device, const std::string& what);
   Result<PeerEvents*> peerEvents(int peer, int device, const std::string& what);
   Result<IpcRecord> readRecord(int peer, uint32_t id, const std::string& what);
+  // Closes the cached mappings of `peer`'s registrations withdrawn since the last look (when its
+  // counter moved). `named`: the registration the starting collective reads (0: none); withdrawn,
+  // it fails the collective as "deregistered while in use?".
+  Status dropDeregistered(int peer, uint32_t named, const std::string& what);
+  // Waits on the host, at most timeout_, for this rank's "done" event (every own-path collective so far).
+  Status waitOwnDone() const;
   Status allGather(const CollArgs& args, const std::vector<const char*>& in, cudaStream_t s, const std::string& what);
   Status reduceScatter(const CollArgs& args, const std::vector<const char*>& in, cudaStream_t s, int device,
                        const std::string& what);
@@ -64,10 +79,14 @@ class OwnPathImpl final : public OwnPath {
   const std::string prefix_;
   const int rank_;
   const std::vector<std::string> prefixes_;
+  const Milliseconds timeout_;
   mutable std::mutex mu_;
   uint32_t nextId_ = 1;
   std::map<uintptr_t, Local> locals_;  // by registered pointer
+  shm::Segment released_;              // this rank's deregistration counter (made with the first registration)
+  // The collectives' side (their calling thread): what this rank opened of its peers.
   std::map<std::pair<int, uint32_t>, PeerMapping> peers_;
+  std::map<int, PeerCounter> peerCounters_;  // of the peers this rank has mappings of
   // This rank's events (created on the first collective, on that collective's device).
   int eventDevice_ = -1;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;

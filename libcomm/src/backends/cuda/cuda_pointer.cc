@@ -30,8 +30,9 @@ PointerInfo queryPointer(const void* p, bool evenBeforeCudaUse) {
   return info;
 }
 
-std::unique_ptr<OwnPath> createOwnPath(const std::string& prefix, int rank, std::vector<std::string> prefixes) {
-  return std::make_unique<OwnPathImpl>(prefix, rank, std::move(prefixes));
+std::unique_ptr<OwnPath> createOwnPath(const std::string& prefix, int rank, std::vector<std::string> prefixes,
+                                       Milliseconds timeout) {
+  return std::make_unique<OwnPathImpl>(prefix, rank, std::move(prefixes), timeout);
 }
 
 }  // namespace libcomm::cuda

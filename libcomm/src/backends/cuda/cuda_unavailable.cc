@@ -26,7 +26,9 @@ PointerInfo queryPointer(const void*, bool) { return {}; }
 bool cudaInUse() { return false; }
 void noteCudaInUse() {}
 int streamDevice(const Stream&) { return -1; }
-std::unique_ptr<OwnPath> createOwnPath(const std::string&, int, std::vector<std::string>) { return nullptr; }
+std::unique_ptr<OwnPath> createOwnPath(const std::string&, int, std::vector<std::string>, Milliseconds) {
+  return nullptr;
+}
 }  // namespace cuda
 
 }  // namespace libcomm

@@ -9,7 +9,8 @@
 //   2. post the descriptor of s (shared memory)            -- host handshake A
 //   3. wait until every peer posted s; then, for each peer p, cudaStreamWaitEvent(p's ready);
 //   4. enqueue the copies / the kernel that read the peers' inputs through IPC mappings;
-//   5. record r's "done" event; publish done(s)             -- host handshake B
+//   5. record r's "done" event, after a wait on its previous record (so that it follows every own-path
+//      collective of r, whatever its stream); publish done(s)  -- host handshake B
 //   6. wait until every peer published done(s); then wait on every peer's "done" event.
 // A wait on an event captures its last record as of the call, so p must not re-record "ready" for
 // s+1 before r has enqueued its wait for s: p records it only after it passed handshake B of s,
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "core/collective.h"
+#include "libcomm/deadline.h"
 #include "libcomm/status.h"
 #include "libcomm/stream.h"
 
@@ -65,7 +67,8 @@ class OwnPath {
   /// the IPC record for the peers. kInvalidArgument for memory CUDA IPC cannot share (managed,
   /// stream-ordered pools, host).
   virtual Status registerRange(void* p, size_t bytes) = 0;
-  /// Drops one reference; at zero the record is withdrawn. kInvalidArgument when `p` is not registered.
+  /// Drops one reference; at zero the record is withdrawn, and the peers close their mappings of it
+  /// at their next own-path collective. kInvalidArgument when `p` is not registered.
   virtual Status deregisterRange(void* p) = 0;
   virtual bool isRegistered(const void* p, size_t bytes) const = 0;
   /// The registration that holds [p, p + bytes), if any.
@@ -85,7 +88,9 @@ class OwnPath {
 };
 
 /// `prefix`: the communicator's shared-memory segment prefix (records are published under it);
-/// `prefixes[p]`: peer p's. Null in builds without CUDA.
-std::unique_ptr<OwnPath> createOwnPath(const std::string& prefix, int rank, std::vector<std::string> prefixes);
+/// `prefixes[p]`: peer p's; `timeout`: the longest the host waits for this rank's device work before
+/// it closes mappings (the op timeout). Null in builds without CUDA.
+std::unique_ptr<OwnPath> createOwnPath(const std::string& prefix, int rank, std::vector<std::string> prefixes,
+                                       Milliseconds timeout);
 
 }  // namespace libcomm::cuda

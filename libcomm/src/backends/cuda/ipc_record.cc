@@ -1,16 +1,20 @@
 #include "backends/cuda/ipc_record.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstring>
 
 namespace libcomm::cuda {
 namespace {
 
 constexpr uint32_t kMagic = 0x5043494c;  // "LICP" little-endian
-constexpr uint16_t kVersion = 1;
-// Layout: magic u32 | version u16 | size u16 | kind u8 | pad[3] | device i32 | pid i32 | address u64 |
-// address2 u64 | allocOffset u64 | bytes u64 | handle[64] | handle2[64] | checksum u32 (FNV-1a of
-// everything before it), zero padding to kIpcRecordWireBytes.
-constexpr size_t kChecksumAt = 4 + 2 + 2 + 1 + 3 + 4 + 4 + 8 * 4 + 2 * kIpcHandleBytes;
+// Version 2 added the owner's pid namespace (version 1 had the pid alone).
+constexpr uint16_t kVersion = 2;
+// Layout: magic u32 | version u16 | size u16 | kind u8 | pad[3] | device i32 | pid i32 | pidNamespace u64 |
+// address u64 | address2 u64 | allocOffset u64 | bytes u64 | handle[64] | handle2[64] | checksum u32
+// (FNV-1a of everything before it), zero padding to kIpcRecordWireBytes.
+constexpr size_t kChecksumAt = 4 + 2 + 2 + 1 + 3 + 4 + 4 + 8 + 8 * 4 + 2 * kIpcHandleBytes;
 static_assert(kChecksumAt + 4 <= kIpcRecordWireBytes, "the record outgrew its wire size");
 
 uint32_t fnv1a(const unsigned char* p, size_t n) {
@@ -53,6 +57,26 @@ class Reader {
 
 }  // namespace
 
+ProcessId thisProcess() {
+  // Not cached: a forked rank must not answer with its parent's pid. The stat is one system call,
+  // made only when a record is published or first read.
+  ProcessId id;
+  id.pid = static_cast<int32_t>(getpid());
+  struct stat st;
+  if (stat("/proc/self/ns/pid", &st) == 0) id.pidNamespace = static_cast<uint64_t>(st.st_ino);
+  return id;
+}
+
+bool sameProcess(const ProcessId& owner, const ProcessId& self) { return owner.pidNamespace != 0 && owner == self; }
+
+std::string ipcOpenHint(const ProcessId& owner, const ProcessId& self) {
+  if (owner.pid != self.pid || (owner.pidNamespace != 0 && self.pidNamespace != 0)) return "";
+  return detail::strCat("; the owner has this process's pid ", self.pid, " but a pid namespace is unknown (",
+                        owner.pidNamespace == 0 ? "the owner's" : "this process's",
+                        " /proc/self/ns/pid was unreadable), so it was taken for another process; if it is this "
+                        "one, CUDA IPC cannot open its own handles: make /proc readable");
+}
+
 std::vector<unsigned char> encodeIpcRecord(const IpcRecord& r) {
   std::vector<unsigned char> out(kIpcRecordWireBytes, 0);
   Writer w(out.data());
@@ -62,7 +86,8 @@ std::vector<unsigned char> encodeIpcRecord(const IpcRecord& r) {
   w.u(static_cast<uint8_t>(r.kind), 1);
   w.u(0, 3);
   w.u(static_cast<uint32_t>(r.device), 4);
-  w.u(static_cast<uint32_t>(r.pid), 4);
+  w.u(static_cast<uint32_t>(r.owner.pid), 4);
+  w.u(r.owner.pidNamespace, 8);
   w.u(r.address, 8);
   w.u(r.address2, 8);
   w.u(r.allocOffset, 8);
@@ -86,7 +111,8 @@ Result<IpcRecord> decodeIpcRecord(const void* data, size_t bytes, const std::str
   const uint16_t size = static_cast<uint16_t>(h.u(2));
   if (magic != kMagic) return bad("magic 0x", std::hex, magic, " is not 0x", kMagic, std::dec);
   if (version != kVersion) return bad("wire version ", version, ", this build reads version ", kVersion);
-  if (size != kIpcRecordWireBytes) return bad("declares ", size, " bytes, version 1 has ", kIpcRecordWireBytes);
+  if (size != kIpcRecordWireBytes)
+    return bad("declares ", size, " bytes, version ", kVersion, " has ", kIpcRecordWireBytes);
   if (bytes < kIpcRecordWireBytes) return bad("only ", bytes, " of its ", kIpcRecordWireBytes, " bytes are here");
   const uint32_t sum = static_cast<uint32_t>(Reader(p + kChecksumAt).u(4));
   if (sum != fnv1a(p, kChecksumAt)) return bad("checksum mismatch");
@@ -98,7 +124,8 @@ Result<IpcRecord> decodeIpcRecord(const void* data, size_t bytes, const std::str
   out.kind = static_cast<IpcRecord::Kind>(kind);
   (void)r.u(3);
   out.device = static_cast<int32_t>(static_cast<uint32_t>(r.u(4)));
-  out.pid = static_cast<int32_t>(static_cast<uint32_t>(r.u(4)));
+  out.owner.pid = static_cast<int32_t>(static_cast<uint32_t>(r.u(4)));
+  out.owner.pidNamespace = r.u(8);
   out.address = r.u(8);
   out.address2 = r.u(8);
   out.allocOffset = r.u(8);

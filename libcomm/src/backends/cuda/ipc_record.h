@@ -3,7 +3,8 @@
 // its inter-process events: CUDA IPC handles plus where the registered range lies in the allocation
 // the handle names. The wire form is versioned and sized, and its decoder rejects anything it does
 // not understand with an error naming the field, so a peer built from another libcomm (or a torn,
-// short or foreign record) is an error rather than a wrong pointer.
+// short or foreign record) is an error rather than a wrong pointer. The owner is named by pid and
+// pid namespace, so that only a peer in the very same process uses the record's raw pointers.
 //
 // Plain C++ (no CUDA headers): handles are 64 opaque bytes, the size of cudaIpcMemHandle_t and
 // cudaIpcEventHandle_t (static_asserted where CUDA is included). Built and unit-tested everywhere.
@@ -21,11 +22,33 @@ namespace libcomm::cuda {
 constexpr size_t kIpcHandleBytes = 64;
 using IpcHandle = std::array<unsigned char, kIpcHandleBytes>;
 
+/// A process, as far as "may I use its addresses as they are" goes: its pid and the inode of its pid
+/// namespace (/proc/self/ns/pid; 0 where that cannot be read). Ranks in different pid namespaces of
+/// one host (containers) can have the same pid, so the pid alone does not say "this process". (Not
+/// shm::ProcessId, which tells whether a peer is still alive.)
+struct ProcessId {
+  int32_t pid = 0;
+  uint64_t pidNamespace = 0;
+
+  bool operator==(const ProcessId&) const = default;
+};
+
+/// The calling process, read afresh on every call (a forked child is another process). Thread-safe.
+ProcessId thisProcess();
+/// Whether `owner` is `self`: the same pid in the same, known pid namespace. An unknown namespace
+/// (0) on either side answers false even when the pids match, so the peer opens the IPC handle
+/// instead of dereferencing a pointer that may belong to another process; if it was this process
+/// after all, CUDA refuses to open its own handle and the error says why (ipcOpenHint).
+bool sameProcess(const ProcessId& owner, const ProcessId& self);
+/// A note for the error of a failed cudaIpcOpen*Handle: why it may have been this process's own
+/// handle (pids match, a namespace unknown); empty otherwise.
+std::string ipcOpenHint(const ProcessId& owner, const ProcessId& self);
+
 struct IpcRecord {
   enum class Kind : uint8_t { kMemory = 1, kEvents = 2 };
   Kind kind = Kind::kMemory;
   int32_t device = -1;  // the owner's CUDA device index
-  int32_t pid = 0;      // the owner's process: a peer in the same process uses `address` directly
+  ProcessId owner;      // a peer in the same process (sameProcess) uses `address` directly
   // kMemory: the registered range [address, address + bytes), which starts `allocOffset` bytes into
   // the allocation `handle` names. kEvents: `handle` is the "ready" event, `handle2` the "done" event,
   // `address`/`address2` their cudaEvent_t values (for peers in the same process).
