@@ -100,6 +100,24 @@ TEST_P(CommFailures, MismatchedCountsNameBothSides) {
   EXPECT_RANKS_OK(report);
 }
 
+// The partials' type decides the size of every message of a reduce_scatter across hosts, so ranks
+// must agree on it: refused at creation, naming the setting and both values.
+TEST(CommErrors, ReducePartialsThatDifferAreRefusedAtCreation) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    libcomm::CommConfig c = quickConfig(ctx.rank, Placement::kAcrossHosts);
+    c.reducePartials = ctx.rank == 0 ? DataType::kBFloat16 : DataType::kFloat32;
+    auto comm = libcomm::Communicator::create(ctx.bootstrap, c);
+    if (comm.isOk()) return libcomm::makeError(StatusCode::kInternalError, "created despite different partials");
+    return expectStatus(comm.status(), StatusCode::kInvalidUsage,
+                        {"LIBCOMM_RS_PARTIALS differs", ctx.rank == 0 ? "rank 1 has fp32" : "rank 0 has bf16",
+                         ctx.rank == 0 ? "this rank bf16" : "this rank fp32"},
+                        "partials mismatch");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 TEST_P(CommFailures, DifferentCollectivesAreNamed) {
   const Placement placement = GetParam();
   RunOptions opts;

@@ -141,6 +141,7 @@ struct RsVariant {
   float scale;
   bool accumulate, inPlace;
   const char* name;
+  DataType partials = DataType::kFloat32;  // the type partial sums travel in (ring::Env::partials)
 };
 
 Status reduceScatterCase(RankContext& ctx, const RingCase& k, const RsVariant& v, uint32_t id,
@@ -164,14 +165,16 @@ Status reduceScatterCase(RankContext& ctx, const RingCase& k, const RsVariant& v
   a.inPlace = v.inPlace;
   BootstrapLink link(ctx.bootstrap, id);
   libcomm::ring::WaitContext wait{libcomm::OpDeadline(std::chrono::seconds(30)), {}};
-  LIBCOMM_RETURN_IF_ERROR(libcomm::ring::reduceScatter(a, envFor(ctx, k, link, wait), scratch));
+  libcomm::ring::Env env = envFor(ctx, k, link, wait);
+  env.partials = v.partials;
+  LIBCOMM_RETURN_IF_ERROR(libcomm::ring::reduceScatter(a, env, scratch));
   if (!link.drained()) return libcomm::makeError(StatusCode::kInternalError, "operations left unwaited");
   const float scale = v.op == ReduceOp::kAvg         ? 1.0f / static_cast<float>(n)
                       : v.op == ReduceOp::kPremulSum ? v.scale
                                                      : 1.0f;
   std::vector<double> want(k.count), tol(k.count, 0.0);
   for (size_t i = 0; i < k.count; ++i) {
-    float sum = 0.0f;  // integer data: exact in fp32 in any order
+    float sum = 0.0f;  // integer data: exact in fp32 in any order, and in bf16 (|sum| <= 150 < 2^8)
     for (size_t p = 0; p < n; ++p)
       sum += static_cast<float>(
           rounded(v.in, intValue(static_cast<int>(p), static_cast<size_t>(ctx.rank), i, static_cast<int>(id))));
@@ -200,6 +203,16 @@ TEST_P(RingAlgorithms, MatchTheReferenceAtEverySizeChunkWindowAndRound) {
                "reduce_scatter fp32 premulSum 0.5, accumulate"},
               {DataType::kFloat32, DataType::kFloat32, ReduceOp::kSum, 1.0f, false, true,
                "reduce_scatter fp32 in place"},
+              // bf16 partials on the wire: bf16 input as is; fp32 input (a two-level ring's host
+              // sums) narrowed before each send.
+              {DataType::kBFloat16, DataType::kFloat32, ReduceOp::kSum, 1.0f, false, false,
+               "reduce_scatter bf16->fp32 sum, bf16 partials", DataType::kBFloat16},
+              {DataType::kBFloat16, DataType::kBFloat16, ReduceOp::kAvg, 1.0f, false, true,
+               "reduce_scatter bf16 avg in place, bf16 partials", DataType::kBFloat16},
+              {DataType::kBFloat16, DataType::kFloat32, ReduceOp::kSum, 1.0f, true, false,
+               "reduce_scatter bf16->fp32 sum, accumulate, bf16 partials", DataType::kBFloat16},
+              {DataType::kFloat32, DataType::kFloat32, ReduceOp::kPremulSum, 0.5f, false, false,
+               "reduce_scatter fp32 premulSum 0.5, bf16 partials", DataType::kBFloat16},
           };
           libcomm::ring::Scratch scratch;
           uint32_t id = 0;

@@ -127,6 +127,12 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   Result<char*> bounceBuffer(size_t bytes);
   Status ringAllReduce(const CollArgs& args, ring::Env& env);
   Status ringBroadcast(const CollArgs& args, const ring::Env& env);
+  /// The type a reduce_scatter's partial sums travel in between hosts: config_.reducePartials for
+  /// bf16 input, fp32 otherwise (and for every other collective).
+  DataType partialsAcrossHosts(const CollArgs& args) const {
+    return args.kind == CollKind::kReduceScatter && args.inType == DataType::kBFloat16 ? config_.reducePartials
+                                                                                        : DataType::kFloat32;
+  }
   /// `st` (an error of collective `seq`) with the cause a ring neighbour's failure notice gives.
   Status explainWithNotices(Status st);
   /// After this rank failed with `why`: tells its ring neighbours, then closes its UCX endpoints

@@ -33,13 +33,14 @@ struct InitInfo {
   int32_t pid;
   uint64_t stagingSlotBytes;
   uint64_t eagerBytes;
+  uint8_t reducePartials;  // DataType
   char host[64];    // hostname, for messages
   char hostId[64];  // topology::localHostId: equal ids share a host
   char bootId[40];  // topology::kernelBootId: equal ids share the machine's cores
   char prefix[192];
 };
 constexpr uint32_t kInitMagic = 0x53434f4d;  // "SCOM"
-constexpr uint32_t kInitVersion = 3;
+constexpr uint32_t kInitVersion = 4;
 
 }  // namespace
 
@@ -72,6 +73,7 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   mine.pid = getpid();
   mine.stagingSlotBytes = config.stagingChunkBytes;
   mine.eagerBytes = config.eagerBytes;
+  mine.reducePartials = static_cast<uint8_t>(config.reducePartials);
   gethostname(mine.host, sizeof(mine.host) - 1);
   const std::string hostId = topology::localHostId(config.hostId);
   strncpy(mine.hostId, hostId.c_str(), sizeof(mine.hostId) - 1);
@@ -94,6 +96,10 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
     if (o.eagerBytes != mine.eagerBytes)
       return makeError(StatusCode::kInvalidUsage, "rank ", impl->rank_, ": LIBCOMM_EAGER_BYTES differs: rank ", r,
                        " has ", o.eagerBytes, ", this rank ", mine.eagerBytes, "; set it alike on all ranks");
+    if (o.reducePartials != mine.reducePartials)
+      return makeError(StatusCode::kInvalidUsage, "rank ", impl->rank_, ": LIBCOMM_RS_PARTIALS differs: rank ", r,
+                       " has ", dataTypeName(static_cast<DataType>(o.reducePartials)), ", this rank ",
+                       dataTypeName(config.reducePartials), "; set it alike on all ranks");
     prefixes[r] = std::string(o.prefix, strnlen(o.prefix, sizeof(o.prefix)));
     hostIds[r] = std::string(o.hostId, strnlen(o.hostId, sizeof(o.hostId)));
     ranksOnMachine += !bootId.empty() && std::string(o.bootId, strnlen(o.bootId, sizeof(o.bootId))) == bootId;

@@ -46,6 +46,9 @@ const std::vector<SettingInfo> kSettings = {
     {"LIBCOMM_COLL_TRACE", SettingType::kBool, "0", "log every collective with its algorithm at INFO"},
     {"LIBCOMM_NT_STORE_BYTES", SettingType::kInt, "16777216",
      "process-wide: reduction outputs of at least this many bytes use streaming (non-temporal) stores; 0: never"},
+    {"LIBCOMM_RS_PARTIALS", SettingType::kString, "fp32",
+     "across hosts, reduce_scatter of bf16 input: the type partial sums travel in between hosts: fp32 (error at "
+     "fp32's level) | bf16 (half the bytes; every host hop rounds the partial to bf16)"},
     {"LIBCOMM_STAGING_CHUNK", SettingType::kInt, "1048576", "bytes per staging chunk for unregistered buffers"},
     {"LIBCOMM_STREAM_PRIORITY", SettingType::kString, "inherit",
      "process-wide: scheduling precedence of host streams' progress threads: inherit | nice:N (-20..19) | "
@@ -234,6 +237,14 @@ Result<CommConfig> CommConfig::fromEnvironment() {
   c.flightRecorderEntries = static_cast<size_t>(flight);
   c.flightRecorderDir = settingValue("LIBCOMM_FLIGHT_RECORDER_DIR");
   LIBCOMM_RETURN_IF_ERROR(settingBool("LIBCOMM_FLIGHT_RECORDER_SIGNAL").status());
+  const std::string partials = settingValue("LIBCOMM_RS_PARTIALS");
+  if (partials == "fp32" || partials.empty()) {
+    c.reducePartials = DataType::kFloat32;
+  } else if (partials == "bf16") {
+    c.reducePartials = DataType::kBFloat16;
+  } else {
+    return makeError(StatusCode::kInvalidArgument, "LIBCOMM_RS_PARTIALS='", partials, "' is not fp32 or bf16");
+  }
   c.algo = settingValue("LIBCOMM_ALGO");
   if (!c.algo.empty() && c.algo != "direct" && c.algo != "staged" && c.algo != "eager" && c.algo != "ring" &&
       c.algo != "hier" && c.algo != "nccl")
@@ -268,6 +279,9 @@ Status CommConfig::validate() const {
   if (eagerBytes > (size_t{1} << 20))
     return makeError(StatusCode::kInvalidArgument, "the eager limit (LIBCOMM_EAGER_BYTES) must be in [0, 2^20], got ",
                      eagerBytes);
+  if (reducePartials != DataType::kFloat32 && reducePartials != DataType::kBFloat16)
+    return makeError(StatusCode::kInvalidArgument, "reduce_scatter partials (LIBCOMM_RS_PARTIALS) must be fp32 or bf16, got type ",
+                     static_cast<int>(reducePartials));
   // Negative: automatic; at most a second, as the environment settings allow.
   if (blockingSpin.count() > 1000000)
     return makeError(StatusCode::kInvalidArgument, "the blocking-call spin (LIBCOMM_SPIN_US) must be at most 10^6 us, got ",

@@ -250,7 +250,8 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
   }
   if (config_.collTrace)
     LIBCOMM_LOG(kInfo, "coll") << describeColl(args, seq) << ": " << algoName(algo) << " across "
-                               << hosts_.numHosts() << " hosts (" << why << ")";
+                               << hosts_.numHosts() << " hosts (" << why << ")"
+                               << (partialsAcrossHosts(args) == DataType::kBFloat16 ? ", bf16 partials" : "");
   if (algo == Algo::kHier) return runHier(args, seq, wait, link);
 
   ring::Env env;
@@ -262,6 +263,7 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
     case CollKind::kAllGather:
       return ring::allGather(args, env);
     case CollKind::kReduceScatter:
+      env.partials = partialsAcrossHosts(args);
       return ring::reduceScatter(args, env, cross_->scratch);
     case CollKind::kAllReduce:
       return ringAllReduce(args, env);
@@ -354,6 +356,7 @@ Status Communicator::Impl::runHier(const CollArgs& args, uint32_t seq, const Wai
   env.rail.pos = x.hostIndex;
   env.rail.link = &link;
   env.rail.wait = &wait;
+  env.rail.partials = partialsAcrossHosts(args);
 
   Status st = gather ? hier::allGather(a, env, &x.progress) : hier::reduceScatter(a, env, x.hostSums, x.scratch);
   LIBCOMM_RETURN_IF_ERROR(st);

@@ -283,7 +283,8 @@ std::shared_ptr<FlightRecorder> createFlightRecorder(const CommConfig& config, i
   id.opTimeoutMs = config.opTimeout.count();
   id.settings = {{"algo", config.algo.empty() ? "auto" : config.algo},
                  {"check_mismatch", config.checkMismatch ? "1" : "0"},
-                 {"eager_bytes", std::to_string(config.eagerBytes)}};
+                 {"eager_bytes", std::to_string(config.eagerBytes)},
+                 {"rs_partials", dataTypeName(config.reducePartials)}};
   auto recorder = std::make_shared<FlightRecorder>(std::move(id));
   registerFlightRecorderForSignal(recorder);
   return recorder;

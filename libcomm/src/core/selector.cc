@@ -236,6 +236,8 @@ std::string describeSelectionTable(const CommConfig& config) {
              r.algorithm.c_str(), r.why.c_str());
     os << line;
   }
+  os << "  reduce_scatter of bf16 input: partial sums travel between hosts as " << dataTypeName(config.reducePartials)
+     << " (LIBCOMM_RS_PARTIALS)\n";
   os << "algorithm selection for device memory (CUDA streams; first matching row wins)\n";
   for (const DeviceRow& r : deviceSelectionRows()) {
     char line[512];

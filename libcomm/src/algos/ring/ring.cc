@@ -85,7 +85,10 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
   const int n = static_cast<int>(env.order.size());
   if (a.count == 0) return Status::ok();
   const size_t inEs = dataTypeSize(a.inType), outEs = dataTypeSize(a.outType);
-  const bool wide = a.inType == DataType::kFloat32;
+  // The partials' type on the wire (ring.h): fp32 unless the caller asked for bf16.
+  const DataType wType = env.partials == DataType::kBFloat16 ? DataType::kBFloat16 : DataType::kFloat32;
+  const size_t wEs = dataTypeSize(wType);
+  const bool direct = a.inType == wType;  // the input is already in the wire's type
   const char* in = static_cast<const char*>(a.send);
   char* out = static_cast<char*>(a.recv);
   auto inputBlock = [&](int p) {
@@ -119,21 +122,49 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
   Link& link = *env.link;
   const WaitContext& ctx = *env.wait;
   const int next = env.order[wrap(env.pos + 1, n)], prev = env.order[wrap(env.pos - 1, n)];
-  const size_t ce = chunkElems(env, sizeof(float));
+  const size_t ce = chunkElems(env, wEs);
   const size_t window = static_cast<size_t>(std::max(1, env.window));
   // Partials of two consecutive steps are alive at once (one being received, one being sent on):
-  // two fp32 copies of a round's share of a block. Rounds bound that memory for large counts.
-  const size_t roundElems = std::max(ce, env.roundBytes / sizeof(float) / ce * ce);
+  // two copies of a round's share of a block. Rounds bound that memory for large counts.
+  const size_t roundElems = std::max(ce, env.roundBytes / wEs / ce * ce);
   const size_t maxRound = std::min(roundElems, a.count);
-  if (scratch.partials.size() < 2 * maxRound) scratch.partials.resize(2 * maxRound);
-  if (!wide && scratch.widened.size() < ce) scratch.widened.resize(ce);
+  if (scratch.partials.size() * sizeof(float) < 2 * maxRound * wEs)
+    scratch.partials.resize((2 * maxRound * wEs + sizeof(float) - 1) / sizeof(float));
+  if (!direct && scratch.widened.size() < ce) scratch.widened.resize(ce);
+  char* const slots = reinterpret_cast<char*>(scratch.partials.data());
 
-  // My input's chunk [lo, lo + len) of block p, as fp32 (widened into scratch when bf16).
-  auto mine = [&](int p, size_t lo, size_t len) -> Result<const float*> {
+  // `partial` (wire type) + this rank's input chunk [lo, lo + len) of block p, into `dst`: the
+  // next partial (wire type, in place) or the output. Sums are fp32 either way; where the two
+  // types differ, the bf16 one is widened first so that each addition rounds only once.
+  auto combine = [&](void* partial, int p, size_t lo, size_t len, bool last) -> Status {
     LIBCOMM_RETURN_IF_ERROR(need(p, lo, len));
-    if (wide) return reinterpret_cast<const float*>(inputBlock(p)) + lo;
-    reduce::bf16ToFloat(reinterpret_cast<const uint16_t*>(inputBlock(p)) + lo, scratch.widened.data(), len);
-    return scratch.widened.data();
+    const void* own = inputBlock(p) + lo * inEs;
+    const void* both[2] = {partial, own};
+    DataType t = wType;
+    if (!direct) {
+      float* w = scratch.widened.data();
+      if (wType == DataType::kFloat32) {  // bf16 input, fp32 partials
+        reduce::bf16ToFloat(static_cast<const uint16_t*>(own), w, len);
+        both[1] = w;
+      } else {  // fp32 input (a two-level ring's host sums), bf16 partials
+        reduce::bf16ToFloat(static_cast<const uint16_t*>(partial), w, len);
+        both[0] = w;
+      }
+      t = DataType::kFloat32;
+    }
+    if (last) {
+      finish(both, 2, t, lo, len);
+      return Status::ok();
+    }
+    reduce::ReduceArgs r;
+    r.inputs = both;
+    r.numInputs = 2;
+    r.inType = t;
+    r.out = partial;
+    r.outType = wType;
+    r.count = len;
+    reduce::reduce(r);
+    return Status::ok();
   };
 
   PendingSends sends;
@@ -143,7 +174,7 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
     const size_t chunks = (relems + ce - 1) / ce;
     const size_t units = static_cast<size_t>(n - 1) * chunks;
     // The partial received at step s, chunk c; steps of one parity share a slot.
-    auto slot = [&](int s, size_t c) { return scratch.partials.data() + static_cast<size_t>(s & 1) * relems + c * ce; };
+    auto slot = [&](int s, size_t c) { return slots + (static_cast<size_t>(s & 1) * relems + c * ce) * wEs; };
     // A slot is reused two steps later; posting a receive into it waits for the send that last
     // read it (unit u - chunks), so look ahead no further than sends have been issued.
     const size_t ahead = std::min(window, chunks);
@@ -155,50 +186,45 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
         const int s = static_cast<int>(posted / chunks);
         const size_t c = posted % chunks, len = std::min(ce, relems - c * ce);
         // Slot (s, c) was read by the send of unit (s - 1, c): the partial of step s - 2, or, at
-        // s == 1 with a bf16 input, the widened input that step 0 sent.
-        if (s >= 2 || (s == 1 && !wide)) LIBCOMM_RETURN_IF_ERROR(sends.wait(posted - chunks, link, ctx));
+        // s == 1 with an input not in the wire's type, the converted input that step 0 sent.
+        if (s >= 2 || (s == 1 && !direct)) LIBCOMM_RETURN_IF_ERROR(sends.wait(posted - chunks, link, ctx));
         LIBCOMM_ASSIGN_OR_RETURN(
             recvOp[posted], link.recv(prev, env.stepBase + static_cast<uint32_t>(s), static_cast<uint32_t>(r0 / ce + c),
-                                      slot(s, c), len * sizeof(float)));
+                                      slot(s, c), len * wEs));
       }
       const int s = static_cast<int>(u / chunks);
       const size_t c = u % chunks, lo = r0 + c * ce, len = std::min(ce, relems - c * ce);
       // Send the partial of block (pos - s - 1), chunk c.
-      const float* src;
+      const void* src;
       if (s == 0) {
         LIBCOMM_RETURN_IF_ERROR(need(env.pos - 1, lo, len));
-        if (wide) {
-          src = reinterpret_cast<const float*>(inputBlock(env.pos - 1)) + lo;
+        const char* first = inputBlock(env.pos - 1) + lo * inEs;
+        if (direct) {
+          src = first;
         } else {
-          float* widened = slot(1, c);
-          reduce::bf16ToFloat(reinterpret_cast<const uint16_t*>(inputBlock(env.pos - 1)) + lo, widened, len);
-          src = widened;
+          char* converted = slot(1, c);
+          if (wType == DataType::kFloat32)
+            reduce::bf16ToFloat(reinterpret_cast<const uint16_t*>(first), reinterpret_cast<float*>(converted), len);
+          else
+            reduce::floatToBf16(reinterpret_cast<const float*>(first), reinterpret_cast<uint16_t*>(converted), len);
+          src = converted;
         }
       } else {
         // It arrived at step s - 1 (block (pos - (s - 1) - 2)); add this rank's input in place.
         LIBCOMM_RETURN_IF_ERROR(link.wait(recvOp[u - chunks], ctx));
-        float* partial = slot(s - 1, c);
-        LIBCOMM_ASSIGN_OR_RETURN(const float* own, mine(env.pos - s - 1, lo, len));
-        const void* both[2] = {partial, own};
-        reduce::ReduceArgs r;
-        r.inputs = both;
-        r.numInputs = 2;
-        r.out = partial;
-        r.count = len;
-        reduce::reduce(r);
+        char* partial = slot(s - 1, c);
+        LIBCOMM_RETURN_IF_ERROR(combine(partial, env.pos - s - 1, lo, len, false));
         src = partial;
       }
       if (u >= window) LIBCOMM_RETURN_IF_ERROR(sends.wait(u - window, link, ctx));
       LIBCOMM_ASSIGN_OR_RETURN(sends.op[u], link.send(next, env.stepBase + static_cast<uint32_t>(s),
-                                                      static_cast<uint32_t>(r0 / ce + c), src, len * sizeof(float)));
+                                                      static_cast<uint32_t>(r0 / ce + c), src, len * wEs));
     }
     // The last step brings this rank's own block: add its input and write the output.
     for (size_t c = 0; c < chunks; ++c) {
       const size_t u = units - chunks + c, lo = r0 + c * ce, len = std::min(ce, relems - c * ce);
       LIBCOMM_RETURN_IF_ERROR(link.wait(recvOp[u], ctx));
-      LIBCOMM_ASSIGN_OR_RETURN(const float* own, mine(env.pos, lo, len));
-      const void* both[2] = {slot(n - 2, c), own};
-      finish(both, 2, DataType::kFloat32, lo, len);
+      LIBCOMM_RETURN_IF_ERROR(combine(slot(n - 2, c), env.pos, lo, len, true));
     }
     for (size_t u = 0; u < units; ++u) LIBCOMM_RETURN_IF_ERROR(sends.wait(u, link, ctx));
   }

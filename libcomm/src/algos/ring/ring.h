@@ -10,8 +10,12 @@
 //   reduce_scatter:  at step s, position i sends its partial sum of block (i - s - 1) and receives
 //                    the partial of block (i - s - 2), adds its own input to it and sends that on;
 //                    at the last step the block received is its own, and the sum goes to the
-//                    output. Partial sums always travel as fp32 (bf16 inputs are widened first),
-//                    so the sum is accumulated in fp32 whatever the number of hops.
+//                    output. Partial sums travel as fp32 by default (bf16 inputs are widened
+//                    first), so the sum is accumulated in fp32 whatever the number of hops. With
+//                    Env::partials = bf16 they travel as bf16: half the bytes, but each hop
+//                    rounds the partial to bf16 (8 significant bits), so the error grows with the
+//                    number of hops (docs/PERFORMANCE.md, "bf16 -> fp32 reduce_scatter error").
+//                    Every addition is still formed in fp32 and rounded once.
 //
 // The transport is a Link (the UCX channel implements it). The algorithms are written once here
 // and know nothing of UCX.
@@ -80,9 +84,11 @@ class Hooks {
 struct Env {
   std::vector<int> order;  // ranks in ring order; order[pos] is this rank
   int pos = 0;
-  size_t chunkBytes = 1 << 20;    // bytes per chunk (of fp32 partials for reduce_scatter)
+  size_t chunkBytes = 1 << 20;    // bytes per chunk (of partials for reduce_scatter)
   int window = 4;                 // chunks in flight per direction
-  size_t roundBytes = 64u << 20;  // reduce_scatter: fp32 partial bytes per block per round
+  size_t roundBytes = 64u << 20;  // reduce_scatter: partial bytes per block per round
+  /// reduce_scatter: the type partial sums travel in, fp32 or bf16 (CommConfig::reducePartials).
+  DataType partials = DataType::kFloat32;
   uint32_t stepBase = 0;          // added to every step number (two rings within one collective)
   /// reduce_scatter: the input holds one block per ring position, in ring order (block p belongs
   /// to order[p]), instead of one per rank at the rank's index.
@@ -93,7 +99,7 @@ struct Env {
 };
 
 /// Elements per chunk of a ring over elements of `elementBytes` (all_gather: the data type's size;
-/// reduce_scatter: 4, its partials are fp32).
+/// reduce_scatter: the size of Env::partials).
 inline size_t chunkElems(const Env& env, size_t elementBytes) {
   return env.chunkBytes / elementBytes > 0 ? env.chunkBytes / elementBytes : 1;
 }
