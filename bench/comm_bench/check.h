@@ -29,6 +29,9 @@ struct CheckCase {
   size_t count = 0;  // elements per rank
   uint64_t seq = 0;  // distinct for every checked run, so stale results never pass
   bool inPlace = false;
+  /// The communicator sends a bf16-input reduce_scatter's partial sums as bf16 between hosts
+  /// (LIBCOMM_RS_PARTIALS=bf16): each rounds to bf16 on the way, which the bound then allows.
+  bool bf16Partials = false;
 };
 
 /// Writes this rank's input into `send` and poisons the output (and its guard) in `recv`. `send`

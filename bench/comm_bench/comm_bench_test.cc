@@ -186,6 +186,19 @@ TEST(CommBenchCheck, ReduceScatterCatchesBf16Accumulation) {
   EXPECT_GT(w.wrong(), 100u);
 }
 
+TEST(CommBenchCheck, Bf16PartialsWidenTheBoundOnlyWhenSet) {
+  World w(Coll::kReduceScatter, DataType::kBFloat16, DataType::kFloat32, ReduceOp::kSum, 8, 4096);
+  w.base.bf16Partials = true;  // LIBCOMM_RS_PARTIALS=bf16: rounding partials to bf16 is the contract
+  w.reduceScatter(Strategy::kBf16Accumulate);
+  EXPECT_EQ(w.wrong(), 0u);
+  float v = loadElem(w.recv[2], DataType::kFloat32, 5);
+  storeElem(w.recv[2], DataType::kFloat32, 5, v + 4096.0f);  // far past any rounding
+  EXPECT_EQ(w.wrong(), 1u);
+  World fp32In(Coll::kReduceScatter, DataType::kFloat32, DataType::kFloat32, ReduceOp::kSum, 4, 64);
+  fp32In.base.bf16Partials = true;  // fp32 input: partials stay fp32, the sum stays exact
+  EXPECT_EQ(reduceTolerance(fp32In.rankCase(0), 1000.0, 2000.0), 0.0);
+}
+
 TEST(CommBenchCheck, ReduceScatterCatchesInputChangeAndGuard) {
   World w(Coll::kReduceScatter, DataType::kBFloat16, DataType::kBFloat16, ReduceOp::kSum, 3, 64);
   w.reduceScatter(Strategy::kSumThenScale);

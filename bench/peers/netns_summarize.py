@@ -69,8 +69,14 @@ def main():
             failures.append(f"{run['shape']} {run['coll']} UCX_TLS={run['tls']} {label} round {run['rep']}: "
                             f"exit {run['rc']} (log: {run['log']})")
             continue
+        # One input type per run: fp32 ("float") unless a variant's flags chose another (e.g.
+        # --datatype=bf16); with several (-d all) the first one's rows are taken.
+        dtype = None
         for row in read_json_lines(run["json"], "netns_summarize"):
-            if row.get("coll") != run["coll"] or row.get("dtype") != "float":
+            if row.get("coll") != run["coll"]:
+                continue
+            dtype = dtype or row.get("dtype")
+            if row.get("dtype") != dtype:
                 continue
             if row.get("wrong"):
                 wrong.append(f"{run['shape']} {run['coll']} {label} size {row['size']}: {row['wrong']} wrong")
