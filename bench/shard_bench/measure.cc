@@ -57,6 +57,9 @@ RankFigures figuresOf(const std::vector<tinylm::StepRecord>& steps, double lastL
   f.optimizerMs = median(optimizer);
   f.cpuMs = median(cpu);
   f.exposedFraction = f.stepMs > 0 ? f.exposedMs / f.stepMs : 0.0;
+  // Means, not medians: they add up to the mean exposed time, so the hooks' shares compare.
+  for (const tinylm::StepRecord& s : steps)
+    for (int k = 0; k < tinylm::kExposedPlaces; ++k) f.exposedAtMs[k] += s.exposedAtSeconds[k] * 1e3 / steps.size();
   f.lastLoss = lastLoss;
   f.lastGradNorm = lastGradNorm;
   f.samples = static_cast<int32_t>(steps.size());
@@ -109,6 +112,7 @@ libcomm::Result<SizeResult> measureSize(const Options& o, const SizeSpec& size, 
       out.stepMs = std::max(out.stepMs, f.stepMs);
       out.exposedMs = std::max(out.exposedMs, f.exposedMs);
       out.exposedFraction = std::max(out.exposedFraction, f.exposedFraction);
+      for (int k = 0; k < tinylm::kExposedPlaces; ++k) out.exposedAtMs[k] = std::max(out.exposedAtMs[k], f.exposedAtMs[k]);
       out.computeMs = std::max(out.computeMs, f.computeMs);
       out.optimizerMs = std::max(out.optimizerMs, f.optimizerMs);
       out.cpuMs += f.cpuMs;

@@ -21,6 +21,7 @@ struct RankFigures {
   double optimizerMs = 0;
   double cpuMs = 0;            // process CPU time per step
   double exposedFraction = 0;  // exposedMs / stepMs
+  double exposedAtMs[tinylm::kExposedPlaces] = {};  // by hook (tinylm::ExposedAt), means per step
   double lastLoss = 0;         // rank 0's view of the last step of the first repeat
   double lastGradNorm = 0;
   int32_t samples = 0;
@@ -32,6 +33,7 @@ struct ModeResult {
   double stepMs = 0;
   double exposedMs = 0;
   double exposedFraction = 0;
+  double exposedAtMs[tinylm::kExposedPlaces] = {};  // by hook, each the max over ranks of the means
   double computeMs = 0;
   double optimizerMs = 0;
   double cpuMs = 0;

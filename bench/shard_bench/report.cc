@@ -107,6 +107,12 @@ void Report::addSize(const SizeResult& r) {
                 ms(f.stepMs).c_str(), ms(f.exposedMs).c_str(), 100.0 * f.exposedFraction, ms(f.computeMs).c_str(),
                 ms(f.optimizerMs).c_str(), ms(f.cpuMs).c_str());
   }
+  const ModeResult& ov = r.mode(BenchMode::kOverlap);
+  std::string at;
+  for (int k = 0; k < tinylm::kExposedPlaces; ++k)
+    at += libcomm::detail::strCat(k ? ", " : "", tinylm::exposedAtName(static_cast<tinylm::ExposedAt>(k)), " ",
+                                  ms(ov.exposedAtMs[k]));
+  std::printf("#  overlap's exposed time by hook (ms, means per step, slowest rank each): %s\n", at.c_str());
   const Derived d = derive(r, cores_);
   std::printf("#  overlap / max(compute-only, comm-only) %s, serialized / overlap %s, comm-only / compute-only %s\n",
               ratio(d.overlapVsIdeal).c_str(), ratio(d.serializedVsOverlap).c_str(), ratio(d.commVsCompute).c_str());
@@ -131,11 +137,16 @@ void Report::writeJson(const SizeResult& r, const Derived& d) {
       ",\"micro_batches\":", options_.microBatches, ",\"prefetch\":", options_.prefetchDepth, ",\"params\":", r.params);
   for (BenchMode mode : kModes) {
     const ModeResult& f = r.mode(mode);
+    std::string at;
+    for (int k = 0; k < tinylm::kExposedPlaces; ++k)
+      at += libcomm::detail::strCat(k ? "," : "", "\"", tinylm::exposedAtName(static_cast<tinylm::ExposedAt>(k)),
+                                    "\":", jsonNumber(f.exposedAtMs[k]));
     std::fprintf(json_,
                  "{\"record\":\"mode\",%s,\"mode\":\"%s\",\"step_ms\":%s,\"exposed_ms\":%s,\"exposed_frac\":%s,"
-                 "\"compute_ms\":%s,\"optimizer_ms\":%s,\"cpu_ms\":%s,\"samples\":%d,\"repeats\":%d}\n",
+                 "\"exposed_at_ms\":{%s},\"compute_ms\":%s,\"optimizer_ms\":%s,\"cpu_ms\":%s,\"samples\":%d,"
+                 "\"repeats\":%d}\n",
                  common.c_str(), benchModeName(mode), jsonNumber(f.stepMs).c_str(), jsonNumber(f.exposedMs).c_str(),
-                 jsonNumber(f.exposedFraction).c_str(), jsonNumber(f.computeMs).c_str(),
+                 jsonNumber(f.exposedFraction).c_str(), at.c_str(), jsonNumber(f.computeMs).c_str(),
                  jsonNumber(f.optimizerMs).c_str(), jsonNumber(f.cpuMs).c_str(), f.samples, options_.repeats);
   }
   std::fprintf(json_,

@@ -118,6 +118,13 @@ const char* trainModeName(TrainMode mode) {
   return "?";
 }
 
+const char* exposedAtName(ExposedAt at) {
+  static const char* const kNames[kExposedPlaces] = {"beginStep",     "beginForward", "endForward",   "beginBackward",
+                                                     "endBackward",   "endStep",      "optimizerDone"};
+  const int i = static_cast<int>(at);
+  return i >= 0 && i < kExposedPlaces ? kNames[i] : "?";
+}
+
 Status validateTrainOptions(const TrainOptions& o) {
   LIBCOMM_RETURN_IF_ERROR(o.model.validate());
   if (o.steps < 0) return invalid("steps = ", o.steps, " (must be >= 0)");
@@ -289,6 +296,7 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
     const StepRecord& r = result.steps[i];
     mine.stepSeconds += r.seconds;
     mine.exposedCommSeconds += r.exposedCommSeconds;
+    for (int k = 0; k < kExposedPlaces; ++k) mine.exposedAtSeconds[k] += r.exposedAtSeconds[k];
     mine.computeSeconds += r.computeSeconds;
     mine.optimizerSeconds += r.optimizerSeconds;
   }
@@ -297,6 +305,7 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
     const double n = mine.timedSteps;
     mine.stepSeconds /= n;
     mine.exposedCommSeconds /= n;
+    for (double& s : mine.exposedAtSeconds) s /= n;
     mine.computeSeconds /= n;
     mine.optimizerSeconds /= n;
   }

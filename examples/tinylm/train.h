@@ -77,12 +77,30 @@ enum class TrainMode { kFull, kComputeOnly, kCommOnly };
 const char* trainModeName(TrainMode mode);
 
 /// One step as one rank saw it. loss and gradNorm are global (the same on every rank).
+/// Where the trainer's thread waited for communication: the executor's hooks (on the CPU a hook
+/// that waits blocks this thread). Tells which collectives the schedule failed to hide: a gather
+/// not ready at beginForward/beginBackward, a reduce-scatter enqueue that found no core at
+/// endBackward, the last reduce-scatters at endStep.
+enum class ExposedAt : int {
+  kBeginStep,
+  kBeginForward,
+  kEndForward,
+  kBeginBackward,
+  kEndBackward,
+  kEndStep,
+  kOptimizerDone,
+};
+constexpr int kExposedPlaces = 7;
+/// "beginStep", "beginForward", ...: the hook's name.
+const char* exposedAtName(ExposedAt at);
+
 struct StepRecord {
   int step = 0;
   double loss = 0.0;      // mean token cross-entropy, weights before this step's update
   double gradNorm = 0.0;  // global gradient norm before clipping
   double seconds = 0.0;
   double exposedCommSeconds = 0.0;
+  double exposedAtSeconds[kExposedPlaces] = {};  // exposedCommSeconds by hook (ExposedAt)
   double computeSeconds = 0.0;
   double optimizerSeconds = 0.0;
   double cpuSeconds = 0.0;  // process CPU time during the step, all threads
@@ -123,6 +141,7 @@ struct RankSummary {
   int32_t timedSteps = 0;    // the steps the means cover (all but the first, when there are two or more)
   double stepSeconds = 0.0;  // means over the timed steps
   double exposedCommSeconds = 0.0;
+  double exposedAtSeconds[kExposedPlaces] = {};  // by hook (ExposedAt)
   double computeSeconds = 0.0;
   double optimizerSeconds = 0.0;
   uint64_t poolPeakBytes = 0;            // BufferPool::peakBytes()

@@ -30,13 +30,16 @@ double processCpuSeconds() {
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
-// Runs a hook and adds its duration to `acc`: on the CPU a hook that waits blocks this thread,
-// so the time spent in hooks is the communication the step could not hide.
+// Runs a hook and adds its duration to the step's exposed time, in total and at `at`: on the CPU a
+// hook that waits blocks this thread, so the time spent in hooks is the communication the step
+// could not hide.
 template <typename F>
-auto timedHook(double& acc, F&& hook) {
+auto timedHook(StepRecord& rec, ExposedAt at, F&& hook) {
   const auto t0 = std::chrono::steady_clock::now();
   auto r = hook();
-  acc += secondsSince(t0);
+  const double s = secondsSince(t0);
+  rec.exposedCommSeconds += s;
+  rec.exposedAtSeconds[static_cast<int>(at)] += s;
   return r;
 }
 
@@ -147,7 +150,7 @@ libcomm::Result<StepRecord> TrainLoop::step(int s) {
   const int numLayers = layers_.numLayers();
   const double cpu0 = processCpuSeconds();
   const auto t0 = Clock::now();
-  LIBCOMM_RETURN_IF_ERROR(timedHook(rec.exposedCommSeconds, [&] { return hooks_.beginStep(); }));
+  LIBCOMM_RETURN_IF_ERROR(timedHook(rec, ExposedAt::kBeginStep, [&] { return hooks_.beginStep(); }));
   double lossSum = 0.0;
   for (int m = 0; m < options_.microBatches; ++m) {
     auto tc = Clock::now();
@@ -156,25 +159,25 @@ libcomm::Result<StepRecord> TrainLoop::step(int s) {
     if (!st.isOk()) return fail(st, s, m, -1, "data");
     for (int k = 0; k < numLayers; ++k) {
       LIBCOMM_ASSIGN_OR_RETURN(const libshard::LayerViews* v,
-                               timedHook(rec.exposedCommSeconds, [&] { return hooks_.beginForward(k); }));
+                               timedHook(rec, ExposedAt::kBeginForward, [&] { return hooks_.beginForward(k); }));
       tc = Clock::now();
       st = layerPtrs_[size_t(k)]->forward(*v);
       rec.computeSeconds += secondsSince(tc);
       if (!st.isOk()) return fail(st, s, m, k, "forward");
-      LIBCOMM_RETURN_IF_ERROR(timedHook(rec.exposedCommSeconds, [&] { return hooks_.endForward(k); }));
+      LIBCOMM_RETURN_IF_ERROR(timedHook(rec, ExposedAt::kEndForward, [&] { return hooks_.endForward(k); }));
     }
     if (compute) lossSum += layers_.tensors().lossSum;
     for (int k = numLayers - 1; k >= 0; --k) {
       LIBCOMM_ASSIGN_OR_RETURN(const libshard::LayerViews* v,
-                               timedHook(rec.exposedCommSeconds, [&] { return hooks_.beginBackward(k); }));
+                               timedHook(rec, ExposedAt::kBeginBackward, [&] { return hooks_.beginBackward(k); }));
       tc = Clock::now();
       st = layerPtrs_[size_t(k)]->backward(*v);
       rec.computeSeconds += secondsSince(tc);
       if (!st.isOk()) return fail(st, s, m, k, "backward");
-      LIBCOMM_RETURN_IF_ERROR(timedHook(rec.exposedCommSeconds, [&] { return hooks_.endBackward(k); }));
+      LIBCOMM_RETURN_IF_ERROR(timedHook(rec, ExposedAt::kEndBackward, [&] { return hooks_.endBackward(k); }));
     }
   }
-  LIBCOMM_RETURN_IF_ERROR(timedHook(rec.exposedCommSeconds, [&] { return hooks_.endStep(); }));
+  LIBCOMM_RETURN_IF_ERROR(timedHook(rec, ExposedAt::kEndStep, [&] { return hooks_.endStep(); }));
 
   const auto to = Clock::now();
   auto norm = optimize();
@@ -186,7 +189,7 @@ libcomm::Result<StepRecord> TrainLoop::step(int s) {
     return fail(libcomm::makeError(StatusCode::kInternalError, "gradient norm is ", *norm, " (diverged)"), s, -1, -1,
                 "optimizer");
   rec.gradNorm = *norm;
-  LIBCOMM_RETURN_IF_ERROR(timedHook(rec.exposedCommSeconds, [&] { return hooks_.optimizerDone(); }));
+  LIBCOMM_RETURN_IF_ERROR(timedHook(rec, ExposedAt::kOptimizerDone, [&] { return hooks_.optimizerDone(); }));
   rec.seconds = secondsSince(t0);
   rec.cpuSeconds = processCpuSeconds() - cpu0;
 

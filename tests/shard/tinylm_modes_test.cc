@@ -56,7 +56,15 @@ Status checkSteps(const TrainOptions& o, const tinylm::TrainResult& r) {
     return libcomm::makeError(StatusCode::kInternalError, r.steps.size(), " steps recorded of ", o.steps);
   for (const StepRecord& s : r.steps) {
     const char* wrong = nullptr;
-    if (!(s.seconds > 0) || s.exposedCommSeconds < 0 || s.computeSeconds < 0 || s.optimizerSeconds < 0 ||
+    double byHook = 0;
+    bool negative = false;
+    for (double at : s.exposedAtSeconds) {
+      byHook += at;
+      negative = negative || at < 0;
+    }
+    if (negative || std::fabs(byHook - s.exposedCommSeconds) > 1e-9 + 1e-9 * s.exposedCommSeconds)
+      wrong = "the exposed time by hook does not add up to the exposed time";
+    else if (!(s.seconds > 0) || s.exposedCommSeconds < 0 || s.computeSeconds < 0 || s.optimizerSeconds < 0 ||
         s.cpuSeconds < 0 || s.exposedCommSeconds + s.computeSeconds + s.optimizerSeconds > s.seconds * 1.001 + 1e-6)
       wrong = "the parts of the step do not fit in its time";
     else if (o.mode == TrainMode::kCommOnly && (s.loss != 0.0 || s.gradNorm != 0.0))
