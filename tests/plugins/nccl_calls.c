@@ -6,7 +6,11 @@
  *                      last errors, and calls that must fail (an init with no device, bad arguments)
  *   nccl_calls gpu     one rank on device 0: all_gather, reduce_scatter (fp32, bf16 sum/avg),
  *                      all_reduce, broadcast and a group, printing checksums of the results;
- *                      exits 77 with "skipped: no CUDA device" where there is none
+ *                      buffers registered with ncclCommRegister before the first collective (the
+ *                      shim registers them with libcomm when its communicator is made), after it,
+ *                      and from ncclMemAlloc (which libcomm's CUDA IPC cannot share: the shim must
+ *                      still serve it, unregistered); exits 77 with "skipped: no CUDA device"
+ *                      where there is none
  * Unique ids differ from run to run: only their validity is printed. */
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -102,8 +106,11 @@ static int gpu(void) {
     CHECK_CUDA(cudaMemset(b, 0, n * sizeof(float)));                            \
   } while (0)
 
+  void *ha, *hb, *hc;
+  CHECK_NCCL(ncclCommRegister(comm, a, n * sizeof(float), &ha));
   CHECK_NCCL(ncclAllGather(a, b, n, ncclFloat32, comm, s));
   RESULT("allGather fp32");
+  CHECK_NCCL(ncclCommRegister(comm, b, n * sizeof(float), &hb));
   CHECK_NCCL(ncclReduceScatter(a, b, n, ncclFloat32, ncclSum, comm, s));
   RESULT("reduceScatter fp32 sum");
   CHECK_NCCL(ncclReduceScatter(a, b, n / 2, ncclBfloat16, ncclAvg, comm, s));
@@ -116,6 +123,16 @@ static int gpu(void) {
   CHECK_NCCL(ncclAllGather(a, b, n / 2, ncclFloat32, comm, s));
   CHECK_NCCL(ncclGroupEnd());
   RESULT("allGather fp32 in a group");
+  float* c = NULL;
+  CHECK_NCCL(ncclMemAlloc((void**)&c, n * sizeof(float)));
+  CHECK_CUDA(cudaMemcpy(c, a, n * sizeof(float), cudaMemcpyDeviceToDevice));
+  CHECK_NCCL(ncclCommRegister(comm, c, n * sizeof(float), &hc));
+  CHECK_NCCL(ncclAllGather(c, b, n, ncclFloat32, comm, s));
+  RESULT("allGather fp32 from ncclMemAlloc");
+  CHECK_NCCL(ncclCommDeregister(comm, hc));
+  CHECK_NCCL(ncclMemFree(c));
+  CHECK_NCCL(ncclCommDeregister(comm, hb));
+  CHECK_NCCL(ncclCommDeregister(comm, ha));
   CHECK_NCCL(ncclCommFinalize(comm));
   CHECK_NCCL(ncclCommDestroy(comm));
   cudaFree(a);

@@ -50,6 +50,16 @@ class StoreOwningBootstrap final : public Bootstrap {
   std::unique_ptr<Bootstrap> inner_;
 };
 
+}  // namespace
+
+namespace boot {
+std::unique_ptr<Bootstrap> keepStoreWith(std::unique_ptr<TcpStoreServer> server, std::unique_ptr<Bootstrap> bootstrap) {
+  return std::make_unique<StoreOwningBootstrap>(std::move(server), std::move(bootstrap));
+}
+}  // namespace boot
+
+namespace {
+
 // Where this job's store listens and where this rank connects (store_placement.h has the rule).
 Result<boot::StorePlacement> placeStore(const LaunchInfo& info) {
   boot::StoreSite site;
@@ -89,7 +99,7 @@ Result<std::unique_ptr<Bootstrap>> createBootstrapFromEnvironment(Deadline deadl
   LIBCOMM_ASSIGN_OR_RETURN(
       std::unique_ptr<Bootstrap> inner,
       createTcpBootstrap(where.dialHost, server->port(), info.secret, info.rank, info.size, deadline, info.jobId));
-  return std::unique_ptr<Bootstrap>(std::make_unique<StoreOwningBootstrap>(std::move(server), std::move(inner)));
+  return boot::keepStoreWith(std::move(server), std::move(inner));
 }
 
 }  // namespace libcomm

@@ -27,6 +27,12 @@ Result<std::unique_ptr<TcpStoreServer>> startTcpStoreWithOptions(const std::stri
 /// destroying the store, so that ranks finishing their last collective do not lose it under them.
 int waitForClientsToLeave(TcpStoreServer& server, Deadline deadline);
 
+/// The bootstrap of the rank that hosts `server`: `bootstrap` (connected to that store), which keeps
+/// the store alive; its destructor closes `bootstrap`, then waits (up to 60 s) for the other ranks to
+/// disconnect before stopping the store. createBootstrapFromEnvironment and libcomm_nccl's
+/// rendezvous use it.
+std::unique_ptr<Bootstrap> keepStoreWith(std::unique_ptr<TcpStoreServer> server, std::unique_ptr<Bootstrap> bootstrap);
+
 /// An authenticated connection to the store. Calls are synchronous and not thread-safe; after a
 /// call fails on the connection itself (lost, timed out mid-reply) every later call fails too.
 class TcpStoreClient {

@@ -29,7 +29,9 @@ const std::vector<SettingInfo> kSettings = {
     {"LIBCOMM_NCCL_LIBRARY", SettingType::kString, "",
      "libcomm_nccl.so: path of the real libnccl (empty: one already loaded, else the one found at build time)"},
     {"LIBCOMM_SHIM_STORE_DIR", SettingType::kString, "",
-     "libcomm_nccl.so: directory where the ranks of an NCCL communicator meet (empty: $TMPDIR or /tmp, /libcomm-shim-<uid>)"},
+     "libcomm_nccl.so: a directory every rank shares, where the ranks of an NCCL communicator meet for libcomm "
+     "(empty: through the NCCL communicator itself, rank 0 hosting a TCP store on the address LIBCOMM_SOCKET_IFNAME "
+     "selects)"},
     // Deadlines.
     {"LIBCOMM_TIMEOUT_MS", SettingType::kInt, "300000", "deadline of one collective once it starts on its stream"},
     {"LIBCOMM_INIT_TIMEOUT_MS", SettingType::kInt, "600000", "deadline of bootstrap and communicator creation"},

@@ -78,7 +78,7 @@ ncclResult_t allGather(const void* sendbuff, void* recvbuff, size_t sendcount, n
     if (route(in, state, sendbuff, bytes, recvbuff, bytes * (state ? state->nranks : 0), stream).path ==
         shim::Path::kForward)
       return toNccl();
-    std::lock_guard<std::mutex> lock(state->mu);
+    std::lock_guard<std::mutex> serving(state->serveMu);
     libcomm::Status st = shim::serveAllGather(*state, comm, sendbuff, recvbuff, sendcount, elem, stream);
     return st.isOk() ? ncclSuccess : shim::failWith(kFn, st);
   });
@@ -100,7 +100,7 @@ ncclResult_t reduceScatter(const void* sendbuff, void* recvbuff, size_t recvcoun
     if (route(in, state, sendbuff, bytes * (state ? state->nranks : 0), recvbuff, bytes, stream).path ==
         shim::Path::kForward)
       return toNccl();
-    std::lock_guard<std::mutex> lock(state->mu);
+    std::lock_guard<std::mutex> serving(state->serveMu);
     libcomm::Status st = shim::serveReduceScatter(*state, comm, sendbuff, recvbuff, recvcount, datatype, op, stream);
     return st.isOk() ? ncclSuccess : shim::failWith(kFn, st);
   });

@@ -43,14 +43,15 @@ ncclResult_t initRankScalable(ncclComm_t* comm, int nranks, int myrank, int nId,
 
 // The calls that end a communicator's life: libcomm's side first (so nothing of it outlives the
 // real communicator), then NCCL. `remove`: the communicator leaves the side table; `abort`:
-// libcomm's pending work fails at once instead of being waited for.
+// libcomm's pending work fails at once instead of being waited for, also a served call in progress
+// on another thread (serve.h: abortServed). The state stays alive through the shared_ptr while a
+// served call on another thread still holds it.
 template <auto Member, typename... A>
 ncclResult_t endComm(const char* function, bool remove, bool abort, ncclComm_t comm, A... args) {
   return withReal<Member>(function, [&](const CallScope& scope, auto fn) {
     libcomm::Status own;
     if (!scope.reentered()) {
       if (auto state = remove ? shim::removeComm(comm) : shim::findComm(comm)) {
-        std::lock_guard<std::mutex> lock(state->mu);
         if (abort)
           shim::abortServed(*state);
         else
@@ -74,30 +75,25 @@ ncclResult_t commRevoke(ncclComm_t comm, int revokeFlags) {
   return endComm<&RealNccl::pCommRevoke>("ncclCommRevoke", false, true, comm, revokeFlags);
 }
 
-// Asynchronous errors of libcomm's side count as the communicator's own.
+// Asynchronous errors of libcomm's side count as the communicator's own. A watchdog thread calls
+// this while collectives run: it takes only the short lock, never the one a served call holds.
 ncclResult_t commGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   return withReal<&RealNccl::pCommGetAsyncError>("ncclCommGetAsyncError", [&](const CallScope& scope, auto fn) {
     ncclResult_t r = fn(comm, asyncError);
     if (scope.reentered() || r != ncclSuccess || asyncError == nullptr || *asyncError != ncclSuccess)
       return scope.forwarded(r);
-    if (auto state = shim::findComm(comm)) {
-      std::lock_guard<std::mutex> lock(state->mu);
-      if (state->served) *asyncError = shim::toNcclResult(state->served->comm->asyncError());
-    }
+    if (auto state = shim::findComm(comm)) *asyncError = shim::toNcclResult(shim::servedAsyncError(*state));
     return r;
   });
 }
 
-// Registrations and ncclMemAlloc'ed memory are tracked for the route ("registered").
+// Registrations and ncclMemAlloc'ed memory are tracked for the route ("registered"), and
+// registrations are passed on to libcomm's Communicator (serve.h: addRegistration).
 ncclResult_t commRegister(const ncclComm_t comm, void* buff, size_t size, void** handle) {
   return withReal<&RealNccl::pCommRegister>("ncclCommRegister", [&](const CallScope& scope, auto fn) {
     ncclResult_t r = fn(comm, buff, size, handle);
     if (scope.reentered() || r != ncclSuccess || handle == nullptr) return scope.forwarded(r);
-    if (auto state = shim::findComm(comm)) {
-      std::lock_guard<std::mutex> lock(state->mu);
-      uintptr_t begin = reinterpret_cast<uintptr_t>(buff);
-      state->registrations[*handle] = {begin, begin + size};
-    }
+    if (auto state = shim::findComm(comm)) shim::addRegistration(*state, *handle, buff, size);
     return r;
   });
 }
@@ -105,10 +101,7 @@ ncclResult_t commRegister(const ncclComm_t comm, void* buff, size_t size, void**
 ncclResult_t commDeregister(const ncclComm_t comm, void* handle) {
   return withReal<&RealNccl::pCommDeregister>("ncclCommDeregister", [&](const CallScope& scope, auto fn) {
     if (!scope.reentered()) {
-      if (auto state = shim::findComm(comm)) {
-        std::lock_guard<std::mutex> lock(state->mu);
-        state->registrations.erase(handle);
-      }
+      if (auto state = shim::findComm(comm)) shim::removeRegistration(*state, handle);
     }
     return scope.forwarded(fn(comm, handle));
   });

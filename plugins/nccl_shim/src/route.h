@@ -49,7 +49,9 @@ struct RouteInput {
   ncclRedOp_t op = ncclSum;  // reduce_scatter only
   MemoryKind sendMemory = MemoryKind::kUnknown;
   MemoryKind recvMemory = MemoryKind::kUnknown;
-  bool registered = false;  // both buffers in ncclCommRegister'ed or ncclMemAlloc'ed ranges
+  /// Both buffers in ncclCommRegister'ed or ncclMemAlloc'ed ranges: registered with NCCL. Whether
+  /// libcomm holds them too (serve.h: addRegistration) decides libcomm's own selection, not this.
+  bool registered = false;
   /// The caller's stream is being captured into a CUDA graph (or its capture state could not be
   /// read). Asked, like the memory kinds, only when libcomm could serve.
   bool capturing = false;

@@ -1,13 +1,14 @@
 #include "serve.h"
 
-#include <unistd.h>
-
-#include <cstdlib>
+#include <optional>
 
 #include "backends/cuda/cuda_error.h"  // DeviceGuard
+#include "core/log.h"
 #include "libcomm/config.h"
 #include "libcomm/cuda.h"
 #include "libcomm/types.h"
+#include "real_nccl.h"
+#include "rendezvous.h"
 
 namespace shim {
 namespace {
@@ -20,39 +21,65 @@ Status cudaStatus(cudaError_t e, const char* call) {
   return libcomm::makeError(StatusCode::kCudaError, call, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
 }
 
-std::string storeDir() {
-  std::string dir = libcomm::settingValue("LIBCOMM_SHIM_STORE_DIR");
-  if (!dir.empty()) return dir;
-  const char* tmp = getenv("TMPDIR");
-  return std::string(tmp && *tmp ? tmp : "/tmp") + "/libcomm-shim-" + std::to_string(getuid());
+// Offers libcomm the registrations it does not hold yet. `state.mu` held, `state.served` set.
+void offerRegistrations(CommState& state) {
+  for (const Registrations::Range& r : state.registrations.pending()) {
+    Status st = state.served->comm->registerBuffer(r.ptr, r.bytes);
+    state.registrations.setHeld(r.handle, st.isOk() ? Registrations::Held::kByLibcomm : Registrations::Held::kRefused);
+    if (st.isOk()) continue;
+    const std::string why = state.who() + ": libcomm does not register a range that ncclCommRegister registered (" +
+                            st.message() + "); collectives on it take libcomm's unregistered path (NCCL below libcomm)";
+    if (state.refusalLogged) {
+      LIBCOMM_LOG(kDebug, "shim") << why;
+    } else {
+      state.refusalLogged = true;
+      LIBCOMM_LOG(kInfo, "shim") << why << "; further refusals on this communicator are logged at debug";
+    }
+  }
 }
 
 Status ensureServed(CommState& state, ncclComm_t nccl) {
   if (state.served) return Status::ok();
-  auto s = std::make_unique<ServedComm>();
-  LIBCOMM_ASSIGN_OR_RETURN(libcomm::CommConfig config, libcomm::CommConfig::fromEnvironment());
-  LIBCOMM_ASSIGN_OR_RETURN(
-      s->bootstrap, libcomm::createFileBootstrap(storeDir(), "nccl-" + state.rendezvousKey, state.rank, state.nranks,
-                                                 libcomm::Deadline::after(config.initTimeout)));
-  LIBCOMM_ASSIGN_OR_RETURN(s->comm, libcomm::Communicator::create(*s->bootstrap, config));
-  int device = 0;
-  const RealNccl* real = realNccl();
-  if (real == nullptr || real->pCommCuDevice == nullptr || real->pCommCuDevice(nccl, &device) != ncclSuccess)
-    return libcomm::makeError(StatusCode::kInternalError, "ncclCommCuDevice failed for rank ", state.rank);
-  LIBCOMM_ASSIGN_OR_RETURN(s->stream, libcomm::createCudaStream("nccl-shim", device));
-  s->device = device;
-  // cudaEventCreate makes the event on the calling thread's current device, and cudaEventRecord
-  // refuses an event of another device than the stream's: make both on the communicator's device
-  // (where the caller's stream and libcomm's are), whatever device the caller's thread has current.
-  {
+  LIBCOMM_RETURN_IF_ERROR(state.serveFailed);
+  if (state.aborting.load())
+    return libcomm::makeError(StatusCode::kInvalidUsage, state.who(), ": the communicator was aborted");
+  auto made = [&]() -> libcomm::Result<std::unique_ptr<ServedComm>> {
+    auto s = std::make_unique<ServedComm>();
+    LIBCOMM_ASSIGN_OR_RETURN(libcomm::CommConfig config, libcomm::CommConfig::fromEnvironment());
+    int device = 0;
+    const RealNccl* real = realNccl();
+    if (real == nullptr || real->pCommCuDevice == nullptr || real->pCommCuDevice(nccl, &device) != ncclSuccess)
+      return libcomm::makeError(StatusCode::kInternalError, "ncclCommCuDevice failed for ", state.who());
+    LIBCOMM_ASSIGN_OR_RETURN(s->bootstrap, rendezvous(state, nccl, device, config));
+    auto comm = libcomm::Communicator::create(*s->bootstrap, config);
+    if (!comm.isOk()) return comm.status().withContext(state.who() + ": creating libcomm's communicator");
+    s->comm = std::move(comm).value();
+    LIBCOMM_ASSIGN_OR_RETURN(s->stream, libcomm::createCudaStream("nccl-shim", device));
+    s->device = device;
+    // cudaEventCreate makes the event on the calling thread's current device, and cudaEventRecord
+    // refuses an event of another device than the stream's: make both on the communicator's device
+    // (where the caller's stream and libcomm's are), whatever device the caller's thread has current.
     libcomm::cuda::DeviceGuard guard(device);
     LIBCOMM_RETURN_IF_ERROR(guard.status());
     LIBCOMM_RETURN_IF_ERROR(
         cudaStatus(cudaEventCreateWithFlags(&s->callerDone, cudaEventDisableTiming), "cudaEventCreate"));
     LIBCOMM_RETURN_IF_ERROR(
         cudaStatus(cudaEventCreateWithFlags(&s->libcommDone, cudaEventDisableTiming), "cudaEventCreate"));
+    return s;
+  }();
+  if (!made.isOk()) {
+    // Sticky: the other ranks failed too, or are left waiting on this one; a retry would pair this
+    // rank's next call with their later ones.
+    state.serveFailed = made.status().withContext("libcomm_nccl could not serve this communicator");
+    return state.serveFailed;
   }
-  state.served = std::move(s);
+  std::lock_guard<std::mutex> lock(state.mu);
+  if (state.aborting.load()) {
+    made.value()->comm->abort();
+    return libcomm::makeError(StatusCode::kInvalidUsage, state.who(), ": the communicator was aborted");
+  }
+  state.served = std::move(made).value();
+  offerRegistrations(state);
   return Status::ok();
 }
 
@@ -103,25 +130,67 @@ Status serveReduceScatter(CommState& state, ncclComm_t comm, const void* send, v
 }
 
 Status finalizeServed(CommState& state) {
+  std::lock_guard<std::mutex> serving(state.serveMu);
+  if (state.serveFailed.isOk())
+    state.serveFailed = libcomm::makeError(StatusCode::kInvalidUsage, state.who(), ": ncclCommFinalize was called");
   if (!state.served) return Status::ok();
   // A device collective counts as finished for Communicator::finalize once it is enqueued, and the
   // stream's destructor waits only 5 s: without this drain, work still queued (behind the caller's
   // kernels, which it waits for) would run after the communicator closed its peers' IPC mappings
   // (faults or garbage), and its errors would be lost. ncclCommFinalize flushes, so wait here, as
-  // long as the op timeout allows; on a timeout finalize aborts what is left.
-  const libcomm::Milliseconds timeout = state.served->comm->config().opTimeout;
-  Status drained = state.served->stream->synchronize(libcomm::Deadline::after(timeout));
-  if (!drained.isOk())
-    drained = drained.withContext("rank " + std::to_string(state.rank) + ": draining libcomm's stream");
-  Status st = state.served->comm->finalize(timeout);
-  state.served.reset();
+  // long as the op timeout allows; on a timeout finalize aborts what is left. `served` stays
+  // published meanwhile, so that an abort from another thread reaches it.
+  ServedComm& served = *state.served;
+  const libcomm::Milliseconds timeout = served.comm->config().opTimeout;
+  Status drained = served.stream->synchronize(libcomm::Deadline::after(timeout));
+  if (!drained.isOk()) drained = drained.withContext(state.who() + ": draining libcomm's stream");
+  Status st = served.comm->finalize(timeout);
+  std::unique_ptr<ServedComm> gone;
+  {
+    std::lock_guard<std::mutex> lock(state.mu);
+    gone = std::move(state.served);
+    state.registrations.forgetLibcomm();
+  }
+  gone.reset();
   return drained.isOk() ? st : drained;
 }
 
 void abortServed(CommState& state) {
-  if (!state.served) return;
-  state.served->comm->abort();
-  state.served.reset();
+  state.aborting.store(true);
+  {
+    // Fails a served call in progress at once, so that serveMu below is not held for long.
+    std::lock_guard<std::mutex> lock(state.mu);
+    if (state.served) state.served->comm->abort();
+  }
+  std::unique_ptr<ServedComm> gone;
+  std::lock_guard<std::mutex> serving(state.serveMu);
+  if (state.serveFailed.isOk())
+    state.serveFailed = libcomm::makeError(StatusCode::kInvalidUsage, state.who(), ": the communicator was aborted");
+  {
+    std::lock_guard<std::mutex> lock(state.mu);
+    gone = std::move(state.served);
+    state.registrations.forgetLibcomm();
+  }
+  gone.reset();  // outside mu: the stream's destructor may wait
+}
+
+Status servedAsyncError(CommState& state) {
+  std::lock_guard<std::mutex> lock(state.mu);
+  return state.served ? state.served->comm->asyncError() : Status::ok();
+}
+
+void addRegistration(CommState& state, void* handle, void* ptr, size_t bytes) {
+  std::lock_guard<std::mutex> lock(state.mu);
+  state.registrations.add(handle, ptr, bytes);
+  if (state.served) offerRegistrations(state);
+}
+
+void removeRegistration(CommState& state, void* handle) {
+  std::lock_guard<std::mutex> lock(state.mu);
+  std::optional<Registrations::Range> r = state.registrations.remove(handle);
+  if (!r || r->held != Registrations::Held::kByLibcomm || !state.served) return;
+  Status st = state.served->comm->deregisterBuffer(r->ptr);
+  if (!st.isOk()) LIBCOMM_LOG(kWarn, "shim") << state.who() << ": libcomm's deregisterBuffer: " << st.message();
 }
 
 }  // namespace shim

@@ -1,5 +1,6 @@
 #include "shim_state.h"
 
+#include <map>
 #include <set>
 #include <tuple>
 #include <unordered_map>
@@ -34,6 +35,10 @@ thread_local bool tOwnErrorNewest = false;
 CommState::CommState(int rank_, int nranks_, std::string key)
     : rank(rank_), nranks(nranks_), rendezvousKey(std::move(key)) {}
 CommState::~CommState() = default;
+
+std::string CommState::who() const {
+  return "rank " + std::to_string(rank) + " of " + std::to_string(nranks) + " (communicator " + rendezvousKey + ")";
+}
 
 void addComm(ncclComm_t comm, std::shared_ptr<CommState> state) {
   Tables& t = tables();
@@ -88,9 +93,7 @@ bool isRegistered(CommState* state, const void* ptr, size_t bytes) {
   }
   if (state == nullptr) return false;
   std::lock_guard<std::mutex> lock(state->mu);
-  for (const auto& [handle, range] : state->registrations)
-    if (begin >= range.first && end <= range.second) return true;
-  return false;
+  return state->registrations.contains(begin, end);
 }
 
 std::string rendezvousKey(const ncclUniqueId* ids, int n) {

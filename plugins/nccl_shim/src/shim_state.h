@@ -13,9 +13,9 @@
 
 #include <nccl.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -24,6 +24,7 @@
 
 #include "libcomm/status.h"
 #include "real_nccl.h"
+#include "registrations.h"
 #include "route.h"
 
 namespace shim {
@@ -37,12 +38,32 @@ struct CommState {
   const int rank;
   const int nranks;
   /// Derived from the unique id(s) the communicator was made from: the same on every rank of it,
-  /// different for every communicator (serve.cc names the libcomm rendezvous after it).
+  /// different for every communicator (rendezvous.cc names libcomm's rendezvous after it).
   const std::string rendezvousKey;
+  /// "rank 1 of 4 (communicator 0123456789abcdef)", for messages.
+  std::string who() const;
 
-  std::mutex mu;  // guards what follows
-  /// ncclCommRegister handle -> [begin, end).
-  std::map<void*, std::pair<uintptr_t, uintptr_t>> registrations;
+  // Two locks, taken in this order, so that quick queries never wait for a served collective:
+  //  - serveMu serializes the served collectives of this communicator and the changes of `served`
+  //    (made by the first served collective, released by finalize/abort). It is held across a whole
+  //    served call, including the rendezvous, so only those calls and finalize/abort take it.
+  //  - mu guards the fields below it, and is held only for short reads and updates
+  //    (ncclCommGetAsyncError, ncclCommRegister/Deregister), never across a collective.
+  // `served` changes only with both held, so holding either one keeps it alive.
+  std::mutex serveMu;
+  /// Why this communicator serves nothing more (guarded by serveMu): the rendezvous or libcomm's
+  /// Communicator failed (a broadcast that never finished may have wedged the NCCL communicator, and
+  /// a retry could meet other ranks' later calls), or the communicator was finalized or aborted.
+  /// Later served calls return it at once.
+  libcomm::Status serveFailed;
+  /// Set by ncclCommAbort/Revoke before they wait for serveMu: a rendezvous in progress gives up.
+  std::atomic<bool> aborting{false};
+
+  std::mutex mu;
+  /// ncclCommRegister'ed ranges, and which of them libcomm holds.
+  Registrations registrations;
+  /// libcomm refused a registration and said why at INFO (once per communicator).
+  bool refusalLogged = false;
   /// Created by the first collective libcomm serves.
   std::unique_ptr<ServedComm> served;
 };

@@ -1,0 +1,108 @@
+#include "rendezvous.h"
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "backends/cuda/cuda_error.h"  // DeviceGuard, LIBCOMM_CUDA_STATUS
+#include "bootstrap/boot_util.h"       // Backoff
+#include "core/log.h"
+#include "real_nccl.h"
+#include "store_rendezvous.h"
+
+namespace shim {
+namespace {
+
+using libcomm::Deadline;
+using libcomm::makeError;
+using libcomm::Result;
+using libcomm::Status;
+using libcomm::StatusCode;
+
+// Where the NCCL side of a failure is described.
+std::string ncclText(const RealNccl& real, ncclComm_t nccl, ncclResult_t r) {
+  std::string text = real.pGetErrorString ? real.pGetErrorString(r) : "error " + std::to_string(r);
+  const char* last = real.pGetLastError ? real.pGetLastError(nccl) : nullptr;
+  if (last && *last) text += std::string(" (") + last + ")";
+  return text;
+}
+
+// Waits for `stream` to finish, polling, until the deadline or an abort of the communicator. Never
+// an unbounded wait: a rank that never reaches the broadcast must turn into an error.
+Status waitStream(const CommState& s, cudaStream_t stream, Deadline deadline, libcomm::Milliseconds timeout) {
+  libcomm::boot::Backoff backoff(libcomm::Milliseconds(1), libcomm::Milliseconds(20));
+  for (;;) {
+    Status st = LIBCOMM_CUDA_STATUS(cudaStreamQuery(stream));
+    if (st.code() != StatusCode::kInProgress) return st;
+    if (s.aborting.load()) return makeError(StatusCode::kRemoteError, "the communicator was aborted meanwhile");
+    if (deadline.expired())
+      return makeError(StatusCode::kTimeout, "not finished after ", timeout.count(),
+                       " ms (LIBCOMM_INIT_TIMEOUT_MS): a rank of the communicator did not reach this collective, or "
+                       "failed before its broadcast (see its log)");
+    backoff.sleep(deadline);
+  }
+}
+
+// Broadcasts `block` from rank 0 to every rank through the real NCCL (its entry point, never the
+// shim's own export), on a private non-blocking stream of `device`.
+Status broadcastBlock(const CommState& s, ncclComm_t nccl, int device, RendezvousBlock& block, Deadline deadline,
+                      libcomm::Milliseconds timeout) {
+  const RealNccl* real = realNccl();
+  if (real == nullptr || real->pBroadcast == nullptr)
+    return makeError(StatusCode::kInternalError, "the real NCCL has no pncclBroadcast");
+  libcomm::cuda::DeviceGuard guard(device);
+  LIBCOMM_RETURN_IF_ERROR(guard.status());
+  cudaStream_t stream = nullptr;
+  LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)));
+  // Stream-ordered allocation and copies: cudaFree and cudaMemcpy may wait for the whole device
+  // (the caller's queued work included), an unbounded wait; cudaFreeAsync after the broadcast on its
+  // own stream is safe even when the broadcast never finishes.
+  void* buffer = nullptr;
+  Status st = LIBCOMM_CUDA_STATUS(cudaMallocAsync(&buffer, block.size(), stream));
+  if (st.isOk() && s.rank == 0)
+    st = LIBCOMM_CUDA_STATUS(cudaMemcpyAsync(buffer, block.data(), block.size(), cudaMemcpyHostToDevice, stream));
+  if (st.isOk()) {
+    ncclResult_t r = real->pBroadcast(buffer, buffer, block.size(), ncclUint8, 0, nccl, stream);
+    // A non-blocking communicator may still be enqueueing: wait for that the same bounded way.
+    libcomm::boot::Backoff backoff(libcomm::Milliseconds(1), libcomm::Milliseconds(20));
+    while (r == ncclInProgress && real->pCommGetAsyncError && !deadline.expired() && !s.aborting.load()) {
+      backoff.sleep(deadline);
+      ncclResult_t async = ncclSuccess;
+      r = real->pCommGetAsyncError(nccl, &async);
+      if (r == ncclSuccess) r = async;
+    }
+    if (r != ncclSuccess) st = makeError(StatusCode::kRemoteError, "ncclBroadcast: ", ncclText(*real, nccl, r));
+  }
+  if (st.isOk()) st = waitStream(s, stream, deadline, timeout).withContext("waiting for the broadcast");
+  if (st.isOk()) {
+    // The stream is idle, so this copy into pageable memory returns at once.
+    st = LIBCOMM_CUDA_STATUS(cudaMemcpyAsync(block.data(), buffer, block.size(), cudaMemcpyDeviceToHost, stream));
+    if (st.isOk()) st = waitStream(s, stream, deadline, timeout).withContext("copying the message back");
+  }
+  if (buffer) (void)cudaFreeAsync(buffer, stream);
+  (void)cudaStreamDestroy(stream);  // returns at once; CUDA releases it when its work is done
+  return st;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<libcomm::Bootstrap>> rendezvous(const CommState& s, ncclComm_t nccl, int device,
+                                                       const libcomm::CommConfig& config) {
+  const Deadline deadline = Deadline::after(config.initTimeout);
+  const std::string dir = libcomm::settingValue("LIBCOMM_SHIM_STORE_DIR");
+  Result<std::unique_ptr<libcomm::Bootstrap>> out =
+      dir.empty() ? storeRendezvous(
+                        {s.rank, s.nranks, s.rendezvousKey},
+                        [&](RendezvousBlock& block) {
+                          return broadcastBlock(s, nccl, device, block, deadline, config.initTimeout);
+                        },
+                        deadline)
+                  : libcomm::createFileBootstrap(dir, "nccl-" + s.rendezvousKey, s.rank, s.nranks, deadline);
+  if (!out.isOk())
+    return out.status().withContext(s.who() + ": libcomm's rendezvous" +
+                                    (dir.empty() ? "" : " in LIBCOMM_SHIM_STORE_DIR=" + dir));
+  LIBCOMM_LOG(kInfo, "shim") << s.who() << ": libcomm's rendezvous: " << out.value()->describe();
+  return out;
+}
+
+}  // namespace shim
