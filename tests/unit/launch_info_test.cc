@@ -255,6 +255,13 @@ TEST_F(LaunchEnv, FromEnvironmentHostsTheStoreOnRankZero) {
     if (all[0] != 10 || all[1] != 11) return makeError(StatusCode::kInternalError, "bad allGather");
     if ((b->describe().find("hosted") != std::string::npos) != (r == 0))
       return makeError(StatusCode::kInternalError, "rank ", r, ": ", b->describe());
+    // Both ranks, the store's host included, have a side channel (the progress board's).
+    LIBCOMM_ASSIGN_OR_RETURN(auto side, b->openSideChannel(Deadline::after(10s)));
+    LIBCOMM_RETURN_IF_ERROR(side->publish("from/" + std::to_string(r), "hello", Deadline::after(10s)));
+    LIBCOMM_RETURN_IF_ERROR(b->barrier(Deadline::after(10s)));
+    LIBCOMM_ASSIGN_OR_RETURN(auto got, side->lookup({"from/0", "from/1"}, Deadline::after(10s)));
+    if (got.size() != 2 || got[0] != "hello" || got[1] != "hello")
+      return makeError(StatusCode::kInternalError, "rank ", r, ": side channel values did not come back");
     // Destroying rank 0's bootstrap waits until rank 1 has disconnected before stopping the store.
     return b->barrier(Deadline::after(10s));
   };

@@ -43,6 +43,11 @@ class StoreOwningBootstrap final : public Bootstrap {
   Status recv(int peer, uint32_t tag, void* data, size_t bytes, Deadline deadline) override {
     return inner_->recv(peer, tag, data, bytes, deadline);
   }
+  // Without this, the store's own rank had no side channel, so no progress board: its timeouts
+  // named only the peers it waited on, and the others never saw how far it had got.
+  Result<std::unique_ptr<SideChannel>> openSideChannel(Deadline deadline) override {
+    return inner_->openSideChannel(deadline);
+  }
 
  private:
   // Declared first so that it is destroyed last, after the client connected to it.
