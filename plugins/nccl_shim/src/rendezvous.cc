@@ -45,8 +45,8 @@ Status waitStream(const CommState& s, cudaStream_t stream, Deadline deadline, li
 
 // Broadcasts `block` from rank 0 to every rank through the real NCCL (its entry point, never the
 // shim's own export), on a private non-blocking stream of `device`.
-Status broadcastBlock(const CommState& s, ncclComm_t nccl, int device, RendezvousBlock& block, Deadline deadline,
-                      libcomm::Milliseconds timeout) {
+Status broadcastBlock(const CommState& s, ncclComm_t nccl, int device, cudaStream_t after, RendezvousBlock& block,
+                      Deadline deadline, libcomm::Milliseconds timeout) {
   const RealNccl* real = realNccl();
   if (real == nullptr || real->pBroadcast == nullptr)
     return makeError(StatusCode::kInternalError, "the real NCCL has no pncclBroadcast");
@@ -54,6 +54,19 @@ Status broadcastBlock(const CommState& s, ncclComm_t nccl, int device, Rendezvou
   LIBCOMM_RETURN_IF_ERROR(guard.status());
   cudaStream_t stream = nullptr;
   LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)));
+  // Behind the caller's earlier work, which may hold NCCL collectives of this communicator: the
+  // broadcast must not run before them (rendezvous.h). The event may go once the wait is enqueued.
+  {
+    cudaEvent_t callerSoFar = nullptr;
+    Status ordered = LIBCOMM_CUDA_STATUS(cudaEventCreateWithFlags(&callerSoFar, cudaEventDisableTiming));
+    if (ordered.isOk()) ordered = LIBCOMM_CUDA_STATUS(cudaEventRecord(callerSoFar, after));
+    if (ordered.isOk()) ordered = LIBCOMM_CUDA_STATUS(cudaStreamWaitEvent(stream, callerSoFar, 0));
+    if (callerSoFar) (void)cudaEventDestroy(callerSoFar);
+    if (!ordered.isOk()) {
+      (void)cudaStreamDestroy(stream);
+      return ordered.withContext("ordering the broadcast after the caller's stream");
+    }
+  }
   // Stream-ordered allocation and copies: cudaFree and cudaMemcpy may wait for the whole device
   // (the caller's queued work included), an unbounded wait; cudaFreeAsync after the broadcast on its
   // own stream is safe even when the broadcast never finishes.
@@ -87,14 +100,14 @@ Status broadcastBlock(const CommState& s, ncclComm_t nccl, int device, Rendezvou
 }  // namespace
 
 Result<std::unique_ptr<libcomm::Bootstrap>> rendezvous(const CommState& s, ncclComm_t nccl, int device,
-                                                       const libcomm::CommConfig& config) {
+                                                       const libcomm::CommConfig& config, cudaStream_t after) {
   const Deadline deadline = Deadline::after(config.initTimeout);
   const std::string dir = libcomm::settingValue("LIBCOMM_SHIM_STORE_DIR");
   Result<std::unique_ptr<libcomm::Bootstrap>> out =
       dir.empty() ? storeRendezvous(
                         {s.rank, s.nranks, s.rendezvousKey},
                         [&](RendezvousBlock& block) {
-                          return broadcastBlock(s, nccl, device, block, deadline, config.initTimeout);
+                          return broadcastBlock(s, nccl, device, after, block, deadline, config.initTimeout);
                         },
                         deadline)
                   : libcomm::createFileBootstrap(dir, "nccl-" + s.rendezvousKey, s.rank, s.nranks, deadline);

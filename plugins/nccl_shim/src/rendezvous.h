@@ -8,7 +8,9 @@
 // selects; unset: no loopback, no container bridges; loopback for a communicator of one rank) under
 // a fresh random secret and job id, and broadcasts where it is (rendezvous_msg.h) with the real
 // NCCL's broadcast of a small device buffer on a private stream, waited for against the init
-// timeout. Every rank then joins that store. If rank 0 cannot host the store, it broadcasts why, so
+// timeout. The private stream first waits for the work already on the caller's stream: NCCL runs a
+// communicator's collectives in the order they were issued only when their streams order them, and
+// the caller's stream may hold earlier NCCL collectives of this communicator. Every rank then joins that store. If rank 0 cannot host the store, it broadcasts why, so
 // the others fail at once with its reason. The store side is store_rendezvous.h (tested on CPU);
 // this file adds the broadcast on the device.
 //
@@ -26,9 +28,10 @@
 namespace shim {
 
 /// The bootstrap for libcomm's Communicator of `nccl` (device `device`). Collective over the NCCL
-/// communicator; bounded by config.initTimeout; gives up early when state.aborting is set. Errors
-/// name the rank, the step that failed and why.
+/// communicator, after the work already on `after` (the caller's stream); bounded by
+/// config.initTimeout; gives up early when state.aborting is set. Errors name the rank, the step
+/// that failed and why.
 libcomm::Result<std::unique_ptr<libcomm::Bootstrap>> rendezvous(const CommState& state, ncclComm_t nccl, int device,
-                                                                const libcomm::CommConfig& config);
+                                                                const libcomm::CommConfig& config, cudaStream_t after);
 
 }  // namespace shim

@@ -38,7 +38,8 @@ void offerRegistrations(CommState& state) {
   }
 }
 
-Status ensureServed(CommState& state, ncclComm_t nccl) {
+// `caller`: the stream of the served call that makes it (the rendezvous runs after its work).
+Status ensureServed(CommState& state, ncclComm_t nccl, cudaStream_t caller) {
   if (state.served) return Status::ok();
   LIBCOMM_RETURN_IF_ERROR(state.serveFailed);
   if (state.aborting.load())
@@ -50,7 +51,7 @@ Status ensureServed(CommState& state, ncclComm_t nccl) {
     const RealNccl* real = realNccl();
     if (real == nullptr || real->pCommCuDevice == nullptr || real->pCommCuDevice(nccl, &device) != ncclSuccess)
       return libcomm::makeError(StatusCode::kInternalError, "ncclCommCuDevice failed for ", state.who());
-    LIBCOMM_ASSIGN_OR_RETURN(s->bootstrap, rendezvous(state, nccl, device, config));
+    LIBCOMM_ASSIGN_OR_RETURN(s->bootstrap, rendezvous(state, nccl, device, config, caller));
     auto comm = libcomm::Communicator::create(*s->bootstrap, config);
     if (!comm.isOk()) return comm.status().withContext(state.who() + ": creating libcomm's communicator");
     s->comm = std::move(comm).value();
@@ -110,7 +111,7 @@ ServedComm::~ServedComm() {
 
 Status serveAllGather(CommState& state, ncclComm_t comm, const void* send, void* recv, size_t count,
                       size_t elementBytes, cudaStream_t stream) {
-  LIBCOMM_RETURN_IF_ERROR(ensureServed(state, comm));
+  LIBCOMM_RETURN_IF_ERROR(ensureServed(state, comm, stream));
   // A copy: any element of 2, 4 or 8 bytes travels as bf16 or fp32 elements.
   libcomm::DataType as = elementBytes == 2 ? libcomm::DataType::kBFloat16 : libcomm::DataType::kFloat32;
   size_t n = elementBytes == 8 ? count * 2 : count;
@@ -120,7 +121,7 @@ Status serveAllGather(CommState& state, ncclComm_t comm, const void* send, void*
 
 Status serveReduceScatter(CommState& state, ncclComm_t comm, const void* send, void* recv, size_t count,
                           ncclDataType_t dtype, ncclRedOp_t op, cudaStream_t stream) {
-  LIBCOMM_RETURN_IF_ERROR(ensureServed(state, comm));
+  LIBCOMM_RETURN_IF_ERROR(ensureServed(state, comm, stream));
   libcomm::DataType t = dtype == ncclBfloat16 ? libcomm::DataType::kBFloat16 : libcomm::DataType::kFloat32;
   libcomm::ReduceOptions options;
   options.op = op == ncclAvg ? libcomm::ReduceOp::kAvg : libcomm::ReduceOp::kSum;
