@@ -16,14 +16,17 @@ namespace {
 using namespace std::chrono_literals;
 
 TEST(ProgressBoard, EntriesRoundTripAndGarbageIsRefused) {
-  const RankProgress p{7, 6, 5, true};
+  const RankProgress p{7, 6, 5, true, false};
   RankProgress q;
   ASSERT_TRUE(decodeProgress(encodeProgress(p), &q));
   EXPECT_EQ(q, p);
+  const RankProgress last{7, 7, 7, false, true};
+  ASSERT_TRUE(decodeProgress(encodeProgress(last), &q));
+  EXPECT_EQ(q, last);
   ASSERT_TRUE(decodeProgress(encodeProgress(RankProgress{}), &q));
   EXPECT_EQ(q, RankProgress{});
-  for (const char* bad : {"", "v1", "v1 1 2 3", "v1 1 2 3 0 ", "v2 1 2 3 0", "v1 1 2 3 2", "v1 -1 2 3 0",
-                          "v1 1 2 x 0", "v1 1  2 3 0", "v1 4294967296 0 0 0"})
+  for (const char* bad : {"", "v2", "v2 1 2 3 0", "v2 1 2 3 0 0 ", "v1 1 2 3 0", "v3 1 2 3 0 0", "v2 1 2 3 2 0",
+                          "v2 1 2 3 0 2", "v2 -1 2 3 0 0", "v2 1 2 x 0 0", "v2 1  2 3 0 0", "v2 4294967296 0 0 0 0"})
     EXPECT_FALSE(decodeProgress(bad, &q)) << "'" << bad << "'";
 }
 
@@ -38,16 +41,20 @@ TEST(ProgressBoard, DescribesEachStragglerByWhatItWasDoing) {
       std::nullopt,                      // no entry
       std::string("garbage"),
       encodeProgress({6, 6, 5, false}),  // past it: there
+      encodeProgress({5, 5, 5, false, true}),  // reached it, then its communicator went: there
+      encodeProgress({4, 4, 4, false, true}),  // went before it
   };
   const std::string text = describeStragglers(5, 0, reports);
-  EXPECT_NE(text.find("not there yet: 2, 3, 4, 5, 6, 7 ("), std::string::npos) << text;
+  EXPECT_NE(text.find("not there yet: 2, 3, 4, 5, 6, 7, 10 ("), std::string::npos) << text;
   for (const char* want : {"2: has not called it; last called seq 4, finished seq 4",
                            "3: called it, but its stream has not reached it: last started seq 4",
                            "4: has called no collective yet", "5: its communicator failed; last finished seq 3",
-                           "6: no progress report", "7: unreadable progress report"})
+                           "6: no progress report", "7: unreadable progress report",
+                           "10: its communicator is gone (destroyed); last called seq 4, finished seq 4"})
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   EXPECT_EQ(text.find("1:"), std::string::npos) << text;
   EXPECT_EQ(text.find("8:"), std::string::npos) << text;
+  EXPECT_EQ(text.find("9:"), std::string::npos) << text;
   EXPECT_EQ(describeStragglers(5, 0, {reports[0], reports[1], reports[8]}), "");
 }
 
@@ -87,7 +94,7 @@ TEST(ProgressBoard, ABootstrapWithoutASideChannelGivesNoBoard) {
 
 // Three ranks' boards on one in-process side channel: the reporters publish what changed, a reader
 // sees it within a few intervals, and a destroyed board leaves no entry behind.
-TEST(ProgressBoard, ReportersPublishChangesAndCleanUp) {
+TEST(ProgressBoard, ReportersPublishChangesAndLeaveALastEntry) {
   auto bootstraps = createInProcessBootstraps(3);
   std::atomic<uint32_t> called[3] = {}, started[3] = {};
   std::vector<std::unique_ptr<ProgressBoard>> boards;
@@ -121,9 +128,15 @@ TEST(ProgressBoard, ReportersPublishChangesAndCleanUp) {
     std::this_thread::sleep_for(5ms);
   EXPECT_NE(boards[0]->stragglers(1, Deadline::after(1s)).find("every rank has started seq 1"), std::string::npos);
 
+  // A board that goes leaves its last entry, marked gone: it had started seq 1, so it counts as
+  // there for seq 1, and for seq 2 it is described as gone rather than as silent.
   boards[2].reset();
-  text = boards[0]->stragglers(1, Deadline::after(1s));
-  EXPECT_NE(text.find("not there yet: 2 (2: no progress report"), std::string::npos) << text;
+  EXPECT_NE(boards[0]->stragglers(1, Deadline::after(1s)).find("every rank has started seq 1"), std::string::npos);
+  text = boards[0]->stragglers(2, Deadline::after(1s));
+  EXPECT_NE(text.find("not there yet: 1, 2 (1: has not called it; last called seq 1, finished seq 0; 2: its "
+                      "communicator is gone (destroyed); last called seq 1, finished seq 0)"),
+            std::string::npos)
+      << text;
 }
 
 }  // namespace

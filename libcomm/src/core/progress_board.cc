@@ -15,7 +15,7 @@ namespace {
 
 // Bounds of the reporter's own calls, so that stopping it (communicator destruction) is bounded.
 constexpr Milliseconds kPublishBound{1000};
-constexpr Milliseconds kRemoveBound{1000};
+constexpr Milliseconds kLastBound{1000};
 
 // Sequence numbers wrap at 2^32: `a` is at or past `b` when the distance from b is under 2^31.
 bool reached(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) >= 0; }
@@ -29,8 +29,8 @@ bool parseU32(std::string_view text, uint32_t* out) {
 }  // namespace
 
 std::string encodeProgress(const RankProgress& p) {
-  return "v1 " + std::to_string(p.called) + " " + std::to_string(p.started) + " " + std::to_string(p.finished) + " " +
-         (p.failed ? "1" : "0");
+  return "v2 " + std::to_string(p.called) + " " + std::to_string(p.started) + " " + std::to_string(p.finished) + " " +
+         (p.failed ? "1" : "0") + " " + (p.gone ? "1" : "0");
 }
 
 bool decodeProgress(std::string_view text, RankProgress* out) {
@@ -42,13 +42,14 @@ bool decodeProgress(std::string_view text, RankProgress* out) {
     text.remove_prefix(space + 1);
     if (text.empty()) return false;  // a trailing space
   }
-  if (fields.size() != 5 || fields[0] != "v1") return false;
+  if (fields.size() != 6 || fields[0] != "v2") return false;
   RankProgress p;
-  uint32_t failed = 0;
+  uint32_t failed = 0, gone = 0;
   if (!parseU32(fields[1], &p.called) || !parseU32(fields[2], &p.started) || !parseU32(fields[3], &p.finished) ||
-      !parseU32(fields[4], &failed) || failed > 1)
+      !parseU32(fields[4], &failed) || failed > 1 || !parseU32(fields[5], &gone) || gone > 1)
     return false;
   p.failed = failed == 1;
+  p.gone = gone == 1;
   *out = p;
   return true;
 }
@@ -64,7 +65,10 @@ std::string describeStragglers(uint32_t seq, int self, const std::vector<std::op
     } else if (!decodeProgress(*reports[r], &p)) {
       why = "unreadable progress report";
     } else if (reached(p.started, seq)) {
-      continue;  // there
+      continue;  // there (also when it has gone since: it arrived)
+    } else if (p.gone) {
+      why = "its communicator is gone (destroyed); last called seq " + std::to_string(p.called) + ", finished seq " +
+            std::to_string(p.finished);
     } else if (p.failed) {
       why = "its communicator failed; last finished seq " + std::to_string(p.finished);
     } else if (reached(p.called, seq)) {
@@ -115,9 +119,12 @@ ProgressBoard::~ProgressBoard() {
   }
   stop_.notify_all();
   if (reporter_.joinable()) reporter_.join();
-  Status removed = side_->remove(keyOf(rank_), Deadline::after(kRemoveBound));
-  if (!removed.isOk())
-    LIBCOMM_LOG(kDebug, "coll") << "rank " << rank_ << ": removing its progress report: " << removed.toString();
+  if (!broken_.empty()) return;  // a side channel that failed stays failed
+  RankProgress last = read_();  // the owner's counters outlive the board (the communicator destroys it first)
+  last.gone = true;
+  Status st = side_->publish(keyOf(rank_), encodeProgress(last), Deadline::after(kLastBound));
+  if (!st.isOk())
+    LIBCOMM_LOG(kDebug, "coll") << "rank " << rank_ << ": publishing its last progress report: " << st.toString();
 }
 
 std::string ProgressBoard::keyOf(int rank) const { return "progress/" + commId_ + "/" + std::to_string(rank); }

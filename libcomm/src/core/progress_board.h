@@ -12,9 +12,13 @@
 // per rank; nothing on the collective's own path but three relaxed counters the communicator keeps
 // anyway.
 //
-// Entries are text, "v1 <called> <started> <finished> <failed>", under the key
+// Entries are text, "v2 <called> <started> <finished> <failed> <gone>", under the key
 // "progress/<communicator id>/<rank>". Every rank publishes its first entry during creation, before
-// the last init barrier, so a missing entry later means a rank whose board failed.
+// the last init barrier, so a missing entry later means a rank whose board failed. A destroyed
+// communicator leaves its last entry, marked gone, rather than none: a rank that reached a
+// collective, timed out in it and went away before its peers timed out is then still counted as
+// having arrived (and one that went away before is described as such). The entries stay until the
+// job's store goes: one short key per rank and communicator.
 
 #include <atomic>
 #include <condition_variable>
@@ -40,6 +44,7 @@ struct RankProgress {
   uint32_t started = 0;   // the last one that began to run (its stream reached it)
   uint32_t finished = 0;  // the last one settled, done or failed
   bool failed = false;    // the communicator failed (asyncError is set)
+  bool gone = false;      // the communicator was destroyed; this is its last entry
   bool operator==(const RankProgress&) const = default;
 };
 
@@ -57,12 +62,13 @@ class ProgressBoard {
   using Reader = std::function<RankProgress()>;
 
   /// Opens a side channel on `bootstrap`, publishes this rank's first entry and starts the
-  /// reporter, which calls `read` every `interval`. kInvalidUsage when the bootstrap offers no
+  /// reporter, which calls `read` every `interval` (and once more from the destructor: `read` must
+  /// stay callable until the board is destroyed). kInvalidUsage when the bootstrap offers no
   /// side channel.
   static Result<std::unique_ptr<ProgressBoard>> open(Bootstrap& bootstrap, const std::string& commId, int rank,
                                                      int size, Milliseconds interval, Reader read, Deadline deadline);
-  /// Stops the reporter and removes this rank's entry (both bounded: at most one publish and one
-  /// removal of at most a second each).
+  /// Stops the reporter and publishes this rank's last entry, marked gone (both bounded: at most
+  /// two publishes of at most a second each; none after the side channel failed).
   ~ProgressBoard();
   ProgressBoard(const ProgressBoard&) = delete;
   ProgressBoard& operator=(const ProgressBoard&) = delete;
