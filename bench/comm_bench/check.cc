@@ -11,8 +11,9 @@
 //  - avg, premulsum, fp32 output: (2n + 2) * u * s * sum_r |x_r|, with s = 1/n (avg) or the
 //    premulsum scale: covers scaling each input before an n-term fp32 sum, or scaling the exact sum
 //    once (with 1/n itself rounded), whichever the implementation does;
-//  - bf16 partials (LIBCOMM_RS_PARTIALS=bf16, bf16 input): plus (n - 1) * 2^-9 * |s| * sum_r |x_r|,
-//    one bf16 rounding of a partial sum (at most sum_r |x_r|) per hop, scaled at the end;
+//  - bf16 partials (LIBCOMM_RS_PARTIALS=bf16, bf16 input): plus (n - 1) * 2^-8 * |s| * sum_r |x_r|,
+//    one bf16 rounding (at most 2^-8 of the value: 8 significant bits) of a partial sum (at most
+//    sum_r |x_r|) per hop, scaled at the end;
 //  - bf16 output: the fp32 bound t plus one bf16 rounding: t + 2^-8 * (|expected| + t).
 // all_gather output is compared bit for bit.
 
@@ -174,7 +175,7 @@ double reduceTolerance(const CheckCase& c, double expected, double sumAbs) {
     const double s = c.op == ReduceOp::kAvg         ? 1.0 / c.nranks
                      : c.op == ReduceOp::kPremulSum ? std::fabs(static_cast<double>(c.scale))
                                                     : 1.0;
-    t += (c.nranks - 1) * 0x1p-9 * s * sumAbs;
+    t += (c.nranks - 1) * 0x1p-8 * s * sumAbs;
   }
   if (c.outType == DataType::kBFloat16) t += 0x1p-8 * (std::fabs(expected) + t);
   return t;

@@ -299,9 +299,9 @@ Status precisionBody(RankContext& ctx, const PrecisionRun& run) {
            "%.3g (fp32 eps %.3g); bf16 partials simulated: %.3g\n",
            n, run.hosts, run.what, run.bf16Partials ? "bf16" : "fp32", maxErr, std::ldexp(1.0, -23), maxBf16);
   // An fp32 sum of n terms rounds n - 1 times, each by at most eps32 / 2 of the partial sum. bf16
-  // partials round each partial sent on to bf16 as well (at most 2^-9 of it), once per host hop:
-  // fewer than n - 1 of them.
-  const double bound = (n - 1) * (std::ldexp(1.0, -24) + (run.bf16Partials ? std::ldexp(1.0, -9) : 0.0));
+  // partials round each partial sent on to bf16 as well (at most 2^-8 of it: 8 significant bits),
+  // once per ring hop: fewer than n - 1 of them.
+  const double bound = (n - 1) * (std::ldexp(1.0, -24) + (run.bf16Partials ? std::ldexp(1.0, -8) : 0.0));
   // Six hosts: four partials are rounded to bf16 on the way, which must show (else bf16 did not
   // travel); at two hosts the partial sent is a bf16 input itself and nothing is lost.
   if (run.bf16Partials && run.hosts >= 3 && maxErr <= (n - 1) * std::ldexp(1.0, -24))

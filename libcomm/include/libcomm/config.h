@@ -71,8 +71,10 @@ struct CommConfig {
   bool collTrace = false;
   /// Across hosts, a reduce_scatter of bf16 input: the type its partial sums travel in between
   /// hosts (LIBCOMM_RS_PARTIALS: fp32 or bf16). fp32 keeps the error at fp32's level whatever the
-  /// number of hosts; bf16 halves the bytes between hosts, but every host hop rounds the partial
-  /// to bf16, so the error grows with the hops (docs/PERFORMANCE.md). Every rank must use the same.
+  /// number of hosts; bf16 halves the bytes between hosts, but every ring hop rounds the partial
+  /// to bf16 (one per host on the two-level algorithm; one per rank on the flat ring, hops inside a
+  /// host included), so the error grows with the hops (docs/PERFORMANCE.md). Every rank must use
+  /// the same.
   DataType reducePartials = DataType::kFloat32;
   /// Bytes per staging chunk for unregistered buffers (LIBCOMM_STAGING_CHUNK).
   size_t stagingChunkBytes = 1 << 20;

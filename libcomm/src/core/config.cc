@@ -50,7 +50,8 @@ const std::vector<SettingInfo> kSettings = {
      "process-wide: reduction outputs of at least this many bytes use streaming (non-temporal) stores; 0: never"},
     {"LIBCOMM_RS_PARTIALS", SettingType::kString, "fp32",
      "across hosts, reduce_scatter of bf16 input: the type partial sums travel in between hosts: fp32 (error at "
-     "fp32's level) | bf16 (half the bytes; every host hop rounds the partial to bf16)"},
+     "fp32's level) | bf16 (half the bytes; every ring hop rounds the partial to bf16: one per host on the two-level algorithm, one "
+     "per rank on the flat ring)"},
     {"LIBCOMM_STAGING_CHUNK", SettingType::kInt, "1048576", "bytes per staging chunk for unregistered buffers"},
     {"LIBCOMM_STREAM_PRIORITY", SettingType::kString, "inherit",
      "process-wide: scheduling precedence of host streams' progress threads: inherit | nice:N (-20..19) | "

@@ -128,7 +128,13 @@ Status Communicator::Impl::runDevice(const CollArgs& args, uint32_t seq, const W
 
   std::vector<cuda::PeerInput> inputs(size_);
   for (int p = 0; p < size_; ++p) inputs[p] = {all[p].inputSegment, all[p].inputOffset, all[p].inputBytes};
-  LIBCOMM_RETURN_IF_ERROR(own_->run(args, inputs, device.stream, device.device, what));
+  if (Status ran = own_->run(args, inputs, device.stream, device.device, what); !ran.isOk()) {
+    // Copies enqueued before the failure may still read peers' memory through IPC mappings: "done"
+    // must follow them too, or a later close of those mappings (deregistration, destruction) would
+    // not wait for them.
+    (void)own_->markDone(device.stream);
+    return ran;
+  }
   LIBCOMM_RETURN_IF_ERROR(own_->markDone(device.stream).withContext(what));
   channel_->publish(shm::Counter::kDone, seq);
   LIBCOMM_RETURN_IF_ERROR(channel_->waitAll(shm::Counter::kDone, seq, wait, "device completion"));

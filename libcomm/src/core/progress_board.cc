@@ -66,11 +66,11 @@ std::string describeStragglers(uint32_t seq, int self, const std::vector<std::op
       why = "unreadable progress report";
     } else if (reached(p.started, seq)) {
       continue;  // there (also when it has gone since: it arrived)
+    } else if (p.failed) {
+      why = "its communicator failed; last finished seq " + std::to_string(p.finished);
     } else if (p.gone) {
       why = "its communicator is gone (destroyed); last called seq " + std::to_string(p.called) + ", finished seq " +
             std::to_string(p.finished);
-    } else if (p.failed) {
-      why = "its communicator failed; last finished seq " + std::to_string(p.finished);
     } else if (reached(p.called, seq)) {
       why = "called it, but its stream has not reached it: last started seq " + std::to_string(p.started);
     } else if (p.called == 0) {

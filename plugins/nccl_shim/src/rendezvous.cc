@@ -54,19 +54,6 @@ Status broadcastBlock(const CommState& s, ncclComm_t nccl, int device, cudaStrea
   LIBCOMM_RETURN_IF_ERROR(guard.status());
   cudaStream_t stream = nullptr;
   LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)));
-  // Behind the caller's earlier work, which may hold NCCL collectives of this communicator: the
-  // broadcast must not run before them (rendezvous.h). The event may go once the wait is enqueued.
-  {
-    cudaEvent_t callerSoFar = nullptr;
-    Status ordered = LIBCOMM_CUDA_STATUS(cudaEventCreateWithFlags(&callerSoFar, cudaEventDisableTiming));
-    if (ordered.isOk()) ordered = LIBCOMM_CUDA_STATUS(cudaEventRecord(callerSoFar, after));
-    if (ordered.isOk()) ordered = LIBCOMM_CUDA_STATUS(cudaStreamWaitEvent(stream, callerSoFar, 0));
-    if (callerSoFar) (void)cudaEventDestroy(callerSoFar);
-    if (!ordered.isOk()) {
-      (void)cudaStreamDestroy(stream);
-      return ordered.withContext("ordering the broadcast after the caller's stream");
-    }
-  }
   // Stream-ordered allocation and copies: cudaFree and cudaMemcpy may wait for the whole device
   // (the caller's queued work included), an unbounded wait; cudaFreeAsync after the broadcast on its
   // own stream is safe even when the broadcast never finishes.
@@ -74,6 +61,18 @@ Status broadcastBlock(const CommState& s, ncclComm_t nccl, int device, cudaStrea
   Status st = LIBCOMM_CUDA_STATUS(cudaMallocAsync(&buffer, block.size(), stream));
   if (st.isOk() && s.rank == 0)
     st = LIBCOMM_CUDA_STATUS(cudaMemcpyAsync(buffer, block.data(), block.size(), cudaMemcpyHostToDevice, stream));
+  // Only now behind the caller's earlier work, which may hold NCCL collectives of this communicator:
+  // the broadcast must not run before them (rendezvous.h). The copy above comes first because a
+  // copy from pageable memory may return only when its stream got to it: behind a caller's kernel
+  // that never ends (a dead peer), with no deadline and no way for an abort to get in.
+  if (st.isOk()) {
+    cudaEvent_t callerSoFar = nullptr;
+    st = LIBCOMM_CUDA_STATUS(cudaEventCreateWithFlags(&callerSoFar, cudaEventDisableTiming));
+    if (st.isOk()) st = LIBCOMM_CUDA_STATUS(cudaEventRecord(callerSoFar, after));
+    if (st.isOk()) st = LIBCOMM_CUDA_STATUS(cudaStreamWaitEvent(stream, callerSoFar, 0));
+    if (callerSoFar) (void)cudaEventDestroy(callerSoFar);  // the wait is enqueued: it may go
+    if (!st.isOk()) st = st.withContext("ordering the broadcast after the caller's stream");
+  }
   if (st.isOk()) {
     ncclResult_t r = real->pBroadcast(buffer, buffer, block.size(), ncclUint8, 0, nccl, stream);
     // A non-blocking communicator may still be enqueueing: wait for that the same bounded way.
