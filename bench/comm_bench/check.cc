@@ -168,15 +168,12 @@ uint16_t floatToBf16(float f) {
 
 double reduceTolerance(const CheckCase& c, double expected, double sumAbs) {
   constexpr double kU = 0x1p-24;
-  double t = 0;
-  if (c.op == ReduceOp::kAvg) t = (2.0 * c.nranks + 2) * kU * sumAbs / c.nranks;
-  if (c.op == ReduceOp::kPremulSum) t = (2.0 * c.nranks + 2) * kU * std::fabs(static_cast<double>(c.scale)) * sumAbs;
-  if (c.bf16Partials && c.inType == DataType::kBFloat16) {
-    const double s = c.op == ReduceOp::kAvg         ? 1.0 / c.nranks
-                     : c.op == ReduceOp::kPremulSum ? std::fabs(static_cast<double>(c.scale))
-                                                    : 1.0;
-    t += (c.nranks - 1) * 0x1p-8 * s * sumAbs;
-  }
+  // |s|: the op's scale (sum: 1, exact).
+  const double s = c.op == ReduceOp::kAvg         ? 1.0 / c.nranks
+                   : c.op == ReduceOp::kPremulSum ? std::fabs(static_cast<double>(c.scale))
+                                                  : 1.0;
+  double t = c.op == ReduceOp::kSum ? 0.0 : (2.0 * c.nranks + 2) * kU * s * sumAbs;
+  if (c.bf16Partials && c.inType == DataType::kBFloat16) t += (c.nranks - 1) * 0x1p-8 * s * sumAbs;
   if (c.outType == DataType::kBFloat16) t += 0x1p-8 * (std::fabs(expected) + t);
   return t;
 }
