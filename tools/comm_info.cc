@@ -183,7 +183,7 @@ int printJson(const Report& r) {
         .field("coll_trace", c.collTrace)
         .field("staging_chunk_bytes", static_cast<unsigned long long>(c.stagingChunkBytes))
         .field("eager_bytes", static_cast<unsigned long long>(c.eagerBytes))
-        .field("rs_partials", libcomm::dataTypeName(c.reducePartials))
+        .field("rs_partials", libcomm::partialsTypeName(c.reducePartials))
         .field("blocking_spin_us", static_cast<long long>(c.blockingSpin.count()))
         .endObject();
     w.key("configuration_error").null();

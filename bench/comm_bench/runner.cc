@@ -212,7 +212,7 @@ Status Runner::runPlacement(const Row& row, bool inPlace, double& timeUs, int64_
   c.count = row.count;
   c.seq = ++checkSeq_;
   c.inPlace = inPlace;
-  c.bf16Partials = comm_.config().reducePartials == libcomm::DataType::kBFloat16;
+  c.bf16Partials = comm_.config().reducePartials == libcomm::PartialsType::kBFloat16;
   Buffer& sendBuf = row.coll == Coll::kAllGather && !inPlace ? a_ : (row.coll == Coll::kAllGather ? b_ : a_);
   Buffer& recvBuf = row.coll == Coll::kAllGather ? b_ : (inPlace ? a_ : b_);
   prepareCheck(c, sendBuf.mirror(send), recvBuf.mirror(recv));

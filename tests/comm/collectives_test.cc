@@ -163,6 +163,7 @@ struct Placement {
   int hosts = 1;
   bool interleaved = false;
   const char* algo = "";  // LIBCOMM_ALGO across hosts ("": the selector's choice)
+  libcomm::PartialsType partials = libcomm::PartialsType::kFloat32;  // LIBCOMM_RS_PARTIALS
 };
 
 Status matrixBody(RankContext& ctx, Placement placement = {}) {
@@ -171,6 +172,7 @@ Status matrixBody(RankContext& ctx, Placement placement = {}) {
     const int host = placement.interleaved ? ctx.rank % placement.hosts : ctx.rank * placement.hosts / ctx.size;
     config.hostId = "matrix-host-" + std::to_string(host);
     config.algo = placement.algo;
+    config.reducePartials = placement.partials;
   }
   config.stagingChunkBytes = 64 << 10;  // small slots: many staging rounds even at moderate counts
   config.opTimeout = std::chrono::seconds(60);
@@ -239,22 +241,41 @@ INSTANTIATE_TEST_SUITE_P(Ucx, CrossHostMatrix,
                                            std::make_tuple(Mode::kProcesses, 3, 3, false, ""),
                                            std::make_tuple(Mode::kProcesses, 5, 2, true, "")));
 
+// fp64 partials (LIBCOMM_RS_PARTIALS=fp64) over both algorithms: 3 hosts x 2 ranks (two-level, fp64
+// host sums on the rails) and the flat ring over the same hosts; every op, type and accumulate.
+class CrossHostMatrixFp64Partials : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CrossHostMatrixFp64Partials, AllCasesCorrect) {
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = 6;
+  opts.deadline = std::chrono::seconds(240);
+  const Placement placement{3, false, GetParam(), libcomm::PartialsType::kFloat64};
+  RunReport report = runRanks(opts, [&](RankContext& ctx) { return matrixBody(ctx, placement); });
+  EXPECT_RANKS_OK(report);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ucx, CrossHostMatrixFp64Partials, ::testing::Values("hier", "ring"));
+
 // bf16 input, fp32 accumulation across hosts: the partial sums travel as fp32 by default, so the
 // error of the result against an exact (fp64) sum stays at fp32's level however many ranks (ring
 // hops) add to it. Measured at 2 and 6 ranks, flat ring and two-level, and set beside what bf16
 // partials would give (simulated here: rounded to bf16 after every addition). With
 // LIBCOMM_RS_PARTIALS=bf16 (CommConfig::reducePartials) the same runs measure the real bf16-wire
-// variant against its own bound. Figures: docs/PERFORMANCE.md.
+// variant against its own bound. With fp64 partials every element must be the exact sum rounded
+// once to fp32, bit for bit: the same (at most half an fp32 ulp) at 2 and at 6 ranks. Figures:
+// docs/PERFORMANCE.md.
 struct PrecisionRun {
   int ranks, hosts;
   const char* what;
-  bool bf16Partials = false;
+  libcomm::PartialsType partials = libcomm::PartialsType::kFloat32;
 };
 
 Status precisionBody(RankContext& ctx, const PrecisionRun& run) {
   libcomm::CommConfig config;
   config.hostId = "precision-host-" + std::to_string(ctx.rank * run.hosts / ctx.size);
-  if (run.bf16Partials) config.reducePartials = DataType::kBFloat16;
+  config.reducePartials = run.partials;
+  const bool bf16Partials = run.partials == libcomm::PartialsType::kBFloat16;
   LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
   auto stream = libcomm::createInlineHostStream("precision");
   const int n = ctx.size, r = ctx.rank;
@@ -273,6 +294,9 @@ Status precisionBody(RankContext& ctx, const PrecisionRun& run) {
                                               {}, *stream));
   // Errors normalized by sum |x|: the fp32 result, and bf16 partials (every addition rounded).
   double worst = 0, worstBf16 = 0;
+  double worstUlps = 0;  // |result - exact| in fp32 ulps of the exact sum: 0.5 when rounded once
+  size_t notRoundedOnce = 0;  // elements that differ from the exact sum rounded once to fp32
+  size_t firstNotRoundedOnce = 0;
   for (size_t i = 0; i < count; ++i) {
     double exact = 0, magnitude = 0;
     float bf16Partial = 0;
@@ -282,29 +306,39 @@ Status precisionBody(RankContext& ctx, const PrecisionRun& run) {
       magnitude += std::fabs(x);
       bf16Partial = static_cast<float>(rounded(DataType::kBFloat16, bf16Partial + static_cast<float>(x)));
     }
+    // The inputs are multiples of 2^-25 below 2^6 in magnitude (noisyValue, shifted by at most 4):
+    // their sum is exact in fp64.
+    if (out[i] != static_cast<float>(exact) && notRoundedOnce++ == 0) firstNotRoundedOnce = i;
+    if (exact != 0) worstUlps = std::max(worstUlps, std::fabs(out[i] - exact) / std::ldexp(1.0, std::ilogb(exact) - 23));
     if (magnitude == 0) continue;
     worst = std::max(worst, std::fabs(out[i] - exact) / magnitude);
     worstBf16 = std::max(worstBf16, std::fabs(bf16Partial - exact) / magnitude);
   }
-  const float mine[2] = {static_cast<float>(worst), static_cast<float>(worstBf16)};
-  std::vector<float> all(2 * n);
-  LIBCOMM_RETURN_IF_ERROR(comm->allGather(mine, all.data(), 2, DataType::kFloat32, *stream));
-  double maxErr = 0, maxBf16 = 0;
+  const float mine[3] = {static_cast<float>(worst), static_cast<float>(worstBf16), static_cast<float>(worstUlps)};
+  std::vector<float> all(3 * n);
+  LIBCOMM_RETURN_IF_ERROR(comm->allGather(mine, all.data(), 3, DataType::kFloat32, *stream));
+  double maxErr = 0, maxBf16 = 0, maxUlps = 0;
   for (int p = 0; p < n; ++p) {
-    maxErr = std::max(maxErr, static_cast<double>(all[2 * p]));
-    maxBf16 = std::max(maxBf16, static_cast<double>(all[2 * p + 1]));
+    maxErr = std::max(maxErr, static_cast<double>(all[3 * p]));
+    maxBf16 = std::max(maxBf16, static_cast<double>(all[3 * p + 1]));
+    maxUlps = std::max(maxUlps, static_cast<double>(all[3 * p + 2]));
   }
   if (r == 0)
     printf("precision: bf16 -> fp32 reduce_scatter, %d ranks on %d hosts (%s), %s partials: max error / sum|x| = "
-           "%.3g (fp32 eps %.3g); bf16 partials simulated: %.3g\n",
-           n, run.hosts, run.what, run.bf16Partials ? "bf16" : "fp32", maxErr, std::ldexp(1.0, -23), maxBf16);
+           "%.3g (fp32 eps %.3g), in fp32 ulps of the exact sum %.3g; bf16 partials simulated: %.3g\n",
+           n, run.hosts, run.what, libcomm::partialsTypeName(run.partials), maxErr, std::ldexp(1.0, -23), maxUlps,
+           maxBf16);
   // An fp32 sum of n terms rounds n - 1 times, each by at most eps32 / 2 of the partial sum. bf16
   // partials round each partial sent on to bf16 as well (at most 2^-8 of it: 8 significant bits),
   // once per ring hop: fewer than n - 1 of them.
-  const double bound = (n - 1) * (std::ldexp(1.0, -24) + (run.bf16Partials ? std::ldexp(1.0, -8) : 0.0));
+  const double bound = (n - 1) * (std::ldexp(1.0, -24) + (bf16Partials ? std::ldexp(1.0, -8) : 0.0));
+  if (run.partials == libcomm::PartialsType::kFloat64 && notRoundedOnce > 0)
+    return libcomm::makeError(libcomm::StatusCode::kInternalError, "rank ", r, ": fp64 partials, but ", notRoundedOnce,
+                              " of ", count, " elements are not the exact sum rounded once (first: element ",
+                              firstNotRoundedOnce, ", ", out[firstNotRoundedOnce], ") at ", n, " ranks (", run.what, ")");
   // Six hosts: four partials are rounded to bf16 on the way, which must show (else bf16 did not
   // travel); at two hosts the partial sent is a bf16 input itself and nothing is lost.
-  if (run.bf16Partials && run.hosts >= 3 && maxErr <= (n - 1) * std::ldexp(1.0, -24))
+  if (bf16Partials && run.hosts >= 3 && maxErr <= (n - 1) * std::ldexp(1.0, -24))
     return libcomm::makeError(libcomm::StatusCode::kInternalError, "rank ", r, ": bf16 partials but the error ", maxErr,
                               " is at fp32's level at ", n, " ranks on ", run.hosts, " hosts (", run.what,
                               "): did the partials travel as fp32?");
@@ -317,7 +351,12 @@ Status precisionBody(RankContext& ctx, const PrecisionRun& run) {
 TEST(UcxPrecision, Bf16ReduceScatterErrorStaysAtFp32Level) {
   for (const PrecisionRun& run :
        {PrecisionRun{2, 2, "ring"}, PrecisionRun{6, 6, "ring"}, PrecisionRun{6, 3, "two-level"},
-        PrecisionRun{2, 2, "ring", true}, PrecisionRun{6, 6, "ring", true}, PrecisionRun{6, 3, "two-level", true}}) {
+        PrecisionRun{2, 2, "ring", libcomm::PartialsType::kBFloat16},
+        PrecisionRun{6, 6, "ring", libcomm::PartialsType::kBFloat16},
+        PrecisionRun{6, 3, "two-level", libcomm::PartialsType::kBFloat16},
+        PrecisionRun{2, 2, "ring", libcomm::PartialsType::kFloat64},
+        PrecisionRun{6, 6, "ring", libcomm::PartialsType::kFloat64},
+        PrecisionRun{6, 3, "two-level", libcomm::PartialsType::kFloat64}}) {
     RunOptions opts;
     opts.mode = Mode::kProcesses;
     opts.size = run.ranks;

@@ -107,7 +107,7 @@ TEST(CommErrors, ReducePartialsThatDifferAreRefusedAtCreation) {
   opts.size = 2;
   auto report = runRanks(opts, [](RankContext& ctx) -> Status {
     libcomm::CommConfig c = quickConfig(ctx.rank, Placement::kAcrossHosts);
-    c.reducePartials = ctx.rank == 0 ? DataType::kBFloat16 : DataType::kFloat32;
+    c.reducePartials = ctx.rank == 0 ? libcomm::PartialsType::kBFloat16 : libcomm::PartialsType::kFloat32;
     auto comm = libcomm::Communicator::create(ctx.bootstrap, c);
     if (comm.isOk()) return libcomm::makeError(StatusCode::kInternalError, "created despite different partials");
     return expectStatus(comm.status(), StatusCode::kInvalidUsage,

@@ -141,7 +141,8 @@ struct RsVariant {
   float scale;
   bool accumulate, inPlace;
   const char* name;
-  DataType partials = DataType::kFloat32;  // the type partial sums travel in (ring::Env::partials)
+  // The type partial sums travel in (ring::Env::partials).
+  libcomm::PartialsType partials = libcomm::PartialsType::kFloat32;
 };
 
 Status reduceScatterCase(RankContext& ctx, const RingCase& k, const RsVariant& v, uint32_t id,
@@ -206,13 +207,24 @@ TEST_P(RingAlgorithms, MatchTheReferenceAtEverySizeChunkWindowAndRound) {
               // bf16 partials on the wire: bf16 input as is; fp32 input (a two-level ring's host
               // sums) narrowed before each send.
               {DataType::kBFloat16, DataType::kFloat32, ReduceOp::kSum, 1.0f, false, false,
-               "reduce_scatter bf16->fp32 sum, bf16 partials", DataType::kBFloat16},
+               "reduce_scatter bf16->fp32 sum, bf16 partials", libcomm::PartialsType::kBFloat16},
               {DataType::kBFloat16, DataType::kBFloat16, ReduceOp::kAvg, 1.0f, false, true,
-               "reduce_scatter bf16 avg in place, bf16 partials", DataType::kBFloat16},
+               "reduce_scatter bf16 avg in place, bf16 partials", libcomm::PartialsType::kBFloat16},
               {DataType::kBFloat16, DataType::kFloat32, ReduceOp::kSum, 1.0f, true, false,
-               "reduce_scatter bf16->fp32 sum, accumulate, bf16 partials", DataType::kBFloat16},
+               "reduce_scatter bf16->fp32 sum, accumulate, bf16 partials", libcomm::PartialsType::kBFloat16},
               {DataType::kFloat32, DataType::kFloat32, ReduceOp::kPremulSum, 0.5f, false, false,
-               "reduce_scatter fp32 premulSum 0.5, bf16 partials", DataType::kBFloat16},
+               "reduce_scatter fp32 premulSum 0.5, bf16 partials", libcomm::PartialsType::kBFloat16},
+              // fp64 partials: bf16 or fp32 input widened before the first send, every addition
+              // exact, one rounding into the output (the integer data is exact in every type, so
+              // the result equals the other variants' bit for bit).
+              {DataType::kBFloat16, DataType::kFloat32, ReduceOp::kSum, 1.0f, false, false,
+               "reduce_scatter bf16->fp32 sum, fp64 partials", libcomm::PartialsType::kFloat64},
+              {DataType::kBFloat16, DataType::kBFloat16, ReduceOp::kSum, 1.0f, false, true,
+               "reduce_scatter bf16 sum in place, fp64 partials", libcomm::PartialsType::kFloat64},
+              {DataType::kBFloat16, DataType::kFloat32, ReduceOp::kPremulSum, 0.5f, true, false,
+               "reduce_scatter bf16->fp32 premulSum 0.5, accumulate, fp64 partials", libcomm::PartialsType::kFloat64},
+              {DataType::kFloat32, DataType::kFloat32, ReduceOp::kAvg, 1.0f, false, true,
+               "reduce_scatter fp32 avg in place, fp64 partials", libcomm::PartialsType::kFloat64},
           };
           libcomm::ring::Scratch scratch;
           uint32_t id = 0;

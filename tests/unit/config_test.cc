@@ -51,19 +51,20 @@ TEST(CommConfig, DefaultsWhenNothingIsSet) {
   EXPECT_EQ(c->stagingChunkBytes, 1u << 20);
   EXPECT_LT(c->blockingSpin.count(), 0) << "automatic blocking spin by default";
   EXPECT_TRUE(c->checkMismatch);
-  EXPECT_EQ(c->reducePartials, libcomm::DataType::kFloat32) << "fp32 partials across hosts by default";
+  EXPECT_EQ(c->reducePartials, libcomm::PartialsType::kFloat32) << "fp32 partials across hosts by default";
 }
 
-TEST(CommConfig, ReducePartialsAreFp32OrBf16) {
-  for (const auto& [value, want] : {std::pair{"fp32", libcomm::DataType::kFloat32},
-                                    std::pair{"bf16", libcomm::DataType::kBFloat16},
-                                    std::pair{"", libcomm::DataType::kFloat32}}) {
+TEST(CommConfig, ReducePartialsAreFp32Bf16OrFp64) {
+  for (const auto& [value, want] : {std::pair{"fp32", libcomm::PartialsType::kFloat32},
+                                    std::pair{"bf16", libcomm::PartialsType::kBFloat16},
+                                    std::pair{"fp64", libcomm::PartialsType::kFloat64},
+                                    std::pair{"", libcomm::PartialsType::kFloat32}}) {
     ScopedEnv e("LIBCOMM_RS_PARTIALS", value);
     auto c = CommConfig::fromEnvironment();
     ASSERT_TRUE(c.isOk()) << value << ": " << c.status().toString();
     EXPECT_EQ(c->reducePartials, want) << value;
   }
-  for (const char* bad : {"fp16", "BF16", "bf16 "}) {
+  for (const char* bad : {"fp16", "BF16", "bf16 ", "double"}) {
     ScopedEnv e("LIBCOMM_RS_PARTIALS", bad);
     auto c = CommConfig::fromEnvironment();
     ASSERT_FALSE(c.isOk()) << "'" << bad << "'";
@@ -71,7 +72,7 @@ TEST(CommConfig, ReducePartialsAreFp32OrBf16) {
     EXPECT_NE(c.status().message().find("LIBCOMM_RS_PARTIALS"), std::string::npos) << c.status().toString();
   }
   CommConfig code;
-  code.reducePartials = static_cast<libcomm::DataType>(7);
+  code.reducePartials = static_cast<libcomm::PartialsType>(7);
   EXPECT_EQ(code.validate().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(code.validate().message().find("LIBCOMM_RS_PARTIALS"), std::string::npos);
 }

@@ -665,6 +665,75 @@ TEST(Reduce, Avx512MatchesPortableWithSpecials) {
   }
 }
 
+// ---- fp64 partial sums (reduce.h): widening, one rounding -------------------------------------
+
+// The bf16 nearest to a double in bf16's normal range, ties to even, from its two neighbours.
+float oracleDoubleToBf16(double v) {
+  int e = 0;
+  const double m = std::frexp(std::fabs(v), &e);  // |v| = m * 2^e, m in [0.5, 1)
+  const double steps = std::floor(std::ldexp(m, 8));  // bf16 keeps 8 significant bits
+  const double lo = std::ldexp(steps, e - 8), hi = std::ldexp(steps + 1, e - 8);
+  const double below = std::fabs(v) - lo, above = hi - std::fabs(v);  // both exact
+  const double pick = below < above ? lo : above < below ? hi : (std::fmod(steps, 2.0) == 0 ? lo : hi);
+  return static_cast<float>(v < 0 ? -pick : pick);
+}
+
+TEST(ReduceWide, DoubleToBf16RoundsOnce) {
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> mant(1.0, 2.0);
+  std::uniform_int_distribution<int> exp(-120, 120);
+  for (int i = 0; i < 200000; ++i) {
+    const double v = std::ldexp(mant(rng), exp(rng)) * (i % 2 ? -1 : 1);
+    ASSERT_EQ(doubleToBf16Scalar(v), floatToBf16Scalar(oracleDoubleToBf16(v))) << std::hexfloat << v;
+  }
+  // Near a tie between two bf16 values, rounding to fp32 first would land on the tie and then go
+  // to the even neighbour; one rounding goes by the side of the tie the value is on.
+  for (uint16_t b : {uint16_t{0x3f80}, uint16_t{0x4040}, uint16_t{0xc2aa}, uint16_t{0x0080}, uint16_t{0x7f00}}) {
+    const double low = bf16ToFloatScalar(b), high = bf16ToFloatScalar(static_cast<uint16_t>(b + 1));
+    const double mid = (low + high) / 2, nudge = std::fabs(mid) * 0x1p-40;
+    EXPECT_EQ(doubleToBf16Scalar(mid + (mid > 0 ? nudge : -nudge)), b + 1) << std::hex << b;
+    EXPECT_EQ(doubleToBf16Scalar(mid - (mid > 0 ? nudge : -nudge)), b) << std::hex << b;
+    EXPECT_EQ(doubleToBf16Scalar(mid), (b & 1) ? b + 1 : b) << std::hex << b << ": a tie goes to even";
+  }
+  EXPECT_EQ(doubleToBf16Scalar(std::numeric_limits<double>::infinity()), 0x7f80);
+  EXPECT_EQ(doubleToBf16Scalar(-std::numeric_limits<double>::infinity()), 0xff80);
+  EXPECT_EQ(doubleToBf16Scalar(1e300), 0x7f80) << "overflow rounds to infinity";
+  EXPECT_EQ(doubleToBf16Scalar(0.0), 0x0000);
+  EXPECT_EQ(doubleToBf16Scalar(-0.0), 0x8000);
+  const uint16_t nan = doubleToBf16Scalar(std::numeric_limits<double>::quiet_NaN());
+  EXPECT_EQ(nan & 0x7f80, 0x7f80);
+  EXPECT_NE(nan & 0x007f, 0) << "NaN stays NaN";
+}
+
+TEST(ReduceWide, SumsAreExactAndRoundedOnce) {
+  // Terms whose fp32 sum loses bits (1 + 2^-30 - 1), widened from bf16 and fp32, added, rounded.
+  const float f[3] = {1.0f, 0x1p-30f, -1.0f};
+  std::vector<double> sum(1);
+  for (int k = 0; k < 3; ++k) widenToDouble(&f[k], DataType::kFloat32, sum.data(), 1, k > 0);
+  EXPECT_EQ(sum[0], 0x1p-30);
+  float out = 0;
+  roundFromDouble(sum.data(), &out, DataType::kFloat32, 1, 1.0f, false);
+  EXPECT_EQ(out, 0x1p-30f) << "fp32 additions in this order give 0";
+  const uint16_t b[2] = {floatToBf16Scalar(3.0f), floatToBf16Scalar(-0.5f)};
+  std::vector<double> s2(2);
+  widenToDouble(b, DataType::kBFloat16, s2.data(), 2, false);
+  EXPECT_EQ(s2[0], 3.0);
+  EXPECT_EQ(s2[1], -0.5);
+  const double more[2] = {1.0, 0.25};
+  addDoubles(more, s2.data(), 2);
+  EXPECT_EQ(s2[0], 4.0);
+  EXPECT_EQ(s2[1], -0.25);
+  // Scale and accumulate: out = scale * sum + old, formed in fp64 and rounded once.
+  float acc[2] = {1.0f, 2.0f};
+  roundFromDouble(s2.data(), acc, DataType::kFloat32, 2, 0.5f, true);
+  EXPECT_EQ(acc[0], 3.0f);
+  EXPECT_EQ(acc[1], 1.875f);
+  uint16_t accB[2] = {floatToBf16Scalar(1.0f), floatToBf16Scalar(2.0f)};
+  roundFromDouble(s2.data(), accB, DataType::kBFloat16, 2, 0.5f, true);
+  EXPECT_EQ(bf16ToFloatScalar(accB[0]), 3.0f);
+  EXPECT_EQ(bf16ToFloatScalar(accB[1]), 1.875f);
+}
+
 TEST(Reduce, KernelNameAndForcePortable) {
   EXPECT_STREQ(kernelName(), cpuHasAvx512() ? "avx512" : "portable");
   forcePortable(true);

@@ -37,6 +37,15 @@ bool isSecretSetting(const char* name);
 /// A table of all settings with their effective values and docs (for tools/comm_info).
 std::string describeSettings();
 
+/// The type a reduce_scatter's partial sums travel in between hosts (CommConfig::reducePartials).
+enum class PartialsType : uint8_t {
+  kFloat32 = 0,   // bf16 input is widened: every hop adds in fp32 and rounds once
+  kBFloat16 = 1,  // bf16 input only: half of fp32's bytes; every hop rounds to bf16
+  kFloat64 = 2,   // every hop adds exactly (within fp64's 53 bits); the output rounds once
+};
+/// "fp32" / "bf16" / "fp64".
+const char* partialsTypeName(PartialsType t);
+
 /// Per-communicator configuration. Defaults come from the registry (environment).
 ///
 /// Deadlines are layered, and validate() refuses an inverted set: a blocked wait checks its peers
@@ -69,13 +78,15 @@ struct CommConfig {
   bool checkMismatch = true;
   /// Log each collective's algorithm choice (LIBCOMM_COLL_TRACE).
   bool collTrace = false;
-  /// Across hosts, a reduce_scatter of bf16 input: the type its partial sums travel in between
-  /// hosts (LIBCOMM_RS_PARTIALS: fp32 or bf16). fp32 keeps the error at fp32's level whatever the
-  /// number of hosts; bf16 halves the bytes between hosts, but every ring hop rounds the partial
-  /// to bf16 (one per host on the two-level algorithm; one per rank on the flat ring, hops inside a
-  /// host included), so the error grows with the hops (docs/PERFORMANCE.md). Every rank must use
-  /// the same.
-  DataType reducePartials = DataType::kFloat32;
+  /// Across hosts, the type a reduce_scatter's partial sums travel in between hosts
+  /// (LIBCOMM_RS_PARTIALS, PartialsType). fp32 (the default; bf16 input is widened first) keeps
+  /// the error at fp32's level whatever the number of hosts. bf16 (bf16 input only) halves the
+  /// bytes between hosts, but every ring hop rounds the partial to bf16 (one per host on the
+  /// two-level algorithm; one per rank on the flat ring, hops inside a host included), so the
+  /// error grows with the hops. fp64 (bf16 and fp32 input) doubles fp32's bytes and makes every
+  /// addition exact, so the result is the exact sum rounded once, the same at any number of hops
+  /// (docs/PERFORMANCE.md). Every rank must use the same.
+  PartialsType reducePartials = PartialsType::kFloat32;
   /// Bytes per staging chunk for unregistered buffers (LIBCOMM_STAGING_CHUNK).
   size_t stagingChunkBytes = 1 << 20;
   /// Collectives whose per-rank input is at most this many bytes travel with their arrival

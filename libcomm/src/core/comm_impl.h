@@ -127,11 +127,13 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   Result<char*> bounceBuffer(size_t bytes);
   Status ringAllReduce(const CollArgs& args, ring::Env& env);
   Status ringBroadcast(const CollArgs& args, const ring::Env& env);
-  /// The type a reduce_scatter's partial sums travel in between hosts: config_.reducePartials for
-  /// bf16 input, fp32 otherwise (and for every other collective).
-  DataType partialsAcrossHosts(const CollArgs& args) const {
-    return args.kind == CollKind::kReduceScatter && args.inType == DataType::kBFloat16 ? config_.reducePartials
-                                                                                        : DataType::kFloat32;
+  /// The type a reduce_scatter's partial sums travel in between hosts: config_.reducePartials,
+  /// except that bf16 partials apply to bf16 input only; fp32 for every other collective.
+  PartialsType partialsAcrossHosts(const CollArgs& args) const {
+    if (args.kind != CollKind::kReduceScatter) return PartialsType::kFloat32;
+    if (config_.reducePartials == PartialsType::kBFloat16 && args.inType != DataType::kBFloat16)
+      return PartialsType::kFloat32;
+    return config_.reducePartials;
   }
   /// `st` (an error of collective `seq`) with the cause a ring neighbour's failure notice gives.
   Status explainWithNotices(Status st);

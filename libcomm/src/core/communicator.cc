@@ -33,7 +33,7 @@ struct InitInfo {
   int32_t pid;
   uint64_t stagingSlotBytes;
   uint64_t eagerBytes;
-  uint8_t reducePartials;  // DataType
+  uint8_t reducePartials;  // PartialsType
   char host[64];    // hostname, for messages
   char hostId[64];  // topology::localHostId: equal ids share a host
   char bootId[40];  // topology::kernelBootId: equal ids share the machine's cores
@@ -98,8 +98,8 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
                        " has ", o.eagerBytes, ", this rank ", mine.eagerBytes, "; set it alike on all ranks");
     if (o.reducePartials != mine.reducePartials)
       return makeError(StatusCode::kInvalidUsage, "rank ", impl->rank_, ": LIBCOMM_RS_PARTIALS differs: rank ", r,
-                       " has ", dataTypeName(static_cast<DataType>(o.reducePartials)), ", this rank ",
-                       dataTypeName(config.reducePartials), "; set it alike on all ranks");
+                       " has ", partialsTypeName(static_cast<PartialsType>(o.reducePartials)), ", this rank ",
+                       partialsTypeName(config.reducePartials), "; set it alike on all ranks");
     prefixes[r] = std::string(o.prefix, strnlen(o.prefix, sizeof(o.prefix)));
     hostIds[r] = std::string(o.hostId, strnlen(o.hostId, sizeof(o.hostId)));
     ranksOnMachine += !bootId.empty() && std::string(o.bootId, strnlen(o.bootId, sizeof(o.bootId))) == bootId;

@@ -49,9 +49,9 @@ const std::vector<SettingInfo> kSettings = {
     {"LIBCOMM_NT_STORE_BYTES", SettingType::kInt, "16777216",
      "process-wide: reduction outputs of at least this many bytes use streaming (non-temporal) stores; 0: never"},
     {"LIBCOMM_RS_PARTIALS", SettingType::kString, "fp32",
-     "across hosts, reduce_scatter of bf16 input: the type partial sums travel in between hosts: fp32 (error at "
+     "across hosts, reduce_scatter: the type partial sums travel in between hosts: fp32 (bf16 input widened; error at "
      "fp32's level) | bf16 (half the bytes; every ring hop rounds the partial to bf16: one per host on the two-level algorithm, one "
-     "per rank on the flat ring)"},
+     "per rank on the flat ring) | fp64 (bf16 and fp32 input; twice fp32's bytes; exact sums, rounded once at the end)"},
     {"LIBCOMM_STAGING_CHUNK", SettingType::kInt, "1048576", "bytes per staging chunk for unregistered buffers"},
     {"LIBCOMM_STREAM_PRIORITY", SettingType::kString, "inherit",
      "process-wide: scheduling precedence of host streams' progress threads: inherit | nice:N (-20..19) | "
@@ -242,11 +242,13 @@ Result<CommConfig> CommConfig::fromEnvironment() {
   LIBCOMM_RETURN_IF_ERROR(settingBool("LIBCOMM_FLIGHT_RECORDER_SIGNAL").status());
   const std::string partials = settingValue("LIBCOMM_RS_PARTIALS");
   if (partials == "fp32" || partials.empty()) {
-    c.reducePartials = DataType::kFloat32;
+    c.reducePartials = PartialsType::kFloat32;
   } else if (partials == "bf16") {
-    c.reducePartials = DataType::kBFloat16;
+    c.reducePartials = PartialsType::kBFloat16;
+  } else if (partials == "fp64") {
+    c.reducePartials = PartialsType::kFloat64;
   } else {
-    return makeError(StatusCode::kInvalidArgument, "LIBCOMM_RS_PARTIALS='", partials, "' is not fp32 or bf16");
+    return makeError(StatusCode::kInvalidArgument, "LIBCOMM_RS_PARTIALS='", partials, "' is not fp32, bf16 or fp64");
   }
   c.algo = settingValue("LIBCOMM_ALGO");
   if (!c.algo.empty() && c.algo != "direct" && c.algo != "staged" && c.algo != "eager" && c.algo != "ring" &&
@@ -282,8 +284,10 @@ Status CommConfig::validate() const {
   if (eagerBytes > (size_t{1} << 20))
     return makeError(StatusCode::kInvalidArgument, "the eager limit (LIBCOMM_EAGER_BYTES) must be in [0, 2^20], got ",
                      eagerBytes);
-  if (reducePartials != DataType::kFloat32 && reducePartials != DataType::kBFloat16)
-    return makeError(StatusCode::kInvalidArgument, "reduce_scatter partials (LIBCOMM_RS_PARTIALS) must be fp32 or bf16, got type ",
+  if (reducePartials != PartialsType::kFloat32 && reducePartials != PartialsType::kBFloat16 &&
+      reducePartials != PartialsType::kFloat64)
+    return makeError(StatusCode::kInvalidArgument,
+                     "reduce_scatter partials (LIBCOMM_RS_PARTIALS) must be fp32, bf16 or fp64, got type ",
                      static_cast<int>(reducePartials));
   // Negative: automatic; at most a second, as the environment settings allow.
   if (blockingSpin.count() > 1000000)
@@ -294,6 +298,18 @@ Status CommConfig::validate() const {
                      "the progress-thread spin (LIBCOMM_PROGRESS_SPIN_US) must be at most 10^6 us, got ",
                      progressSpin.count());
   return Status::ok();
+}
+
+const char* partialsTypeName(PartialsType t) {
+  switch (t) {
+    case PartialsType::kFloat32:
+      return "fp32";
+    case PartialsType::kBFloat16:
+      return "bf16";
+    case PartialsType::kFloat64:
+      return "fp64";
+  }
+  return "unknown";
 }
 
 }  // namespace libcomm

@@ -251,7 +251,9 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
   if (config_.collTrace)
     LIBCOMM_LOG(kInfo, "coll") << describeColl(args, seq) << ": " << algoName(algo) << " across "
                                << hosts_.numHosts() << " hosts (" << why << ")"
-                               << (partialsAcrossHosts(args) == DataType::kBFloat16 ? ", bf16 partials" : "");
+                               << (partialsAcrossHosts(args) != PartialsType::kFloat32
+                                       ? std::string(", ") + partialsTypeName(partialsAcrossHosts(args)) + " partials"
+                                       : std::string());
   if (algo == Algo::kHier) return runHier(args, seq, wait, link);
 
   ring::Env env;

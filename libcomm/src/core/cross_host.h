@@ -44,7 +44,7 @@ struct CrossHost {
   std::vector<std::vector<int>> ranks;  // [host][local index] -> global rank
 
   ring::Scratch scratch;         // the ring reduce_scatter's fp32 partials (flat and rail rings)
-  std::vector<float> hostSums;   // two-level reduce_scatter: the host's partial sums
+  std::vector<double> hostSums;  // two-level reduce_scatter: the host's partial sums (fp32, or fp64 with fp64 partials)
   std::vector<char> padded;  // all_reduce: its zero-padded copy
   uint32_t progress = 0;     // this rank's shm kProgress value (hierarchical all_gather)
   // Registered memory standing in for a working buffer that is not registered (the host peers

@@ -284,7 +284,7 @@ std::shared_ptr<FlightRecorder> createFlightRecorder(const CommConfig& config, i
   id.settings = {{"algo", config.algo.empty() ? "auto" : config.algo},
                  {"check_mismatch", config.checkMismatch ? "1" : "0"},
                  {"eager_bytes", std::to_string(config.eagerBytes)},
-                 {"rs_partials", dataTypeName(config.reducePartials)}};
+                 {"rs_partials", partialsTypeName(config.reducePartials)}};
   auto recorder = std::make_shared<FlightRecorder>(std::move(id));
   registerFlightRecorderForSignal(recorder);
   return recorder;

@@ -236,8 +236,18 @@ std::string describeSelectionTable(const CommConfig& config) {
              r.algorithm.c_str(), r.why.c_str());
     os << line;
   }
-  os << "  reduce_scatter of bf16 input: partial sums travel between hosts as " << dataTypeName(config.reducePartials)
-     << " (LIBCOMM_RS_PARTIALS)\n";
+  switch (config.reducePartials) {
+    case PartialsType::kFloat32:
+      os << "  reduce_scatter: partial sums travel between hosts as fp32, bf16 input widened (LIBCOMM_RS_PARTIALS)\n";
+      break;
+    case PartialsType::kBFloat16:
+      os << "  reduce_scatter: partial sums travel between hosts as bf16 for bf16 input, fp32 for fp32 input "
+            "(LIBCOMM_RS_PARTIALS)\n";
+      break;
+    case PartialsType::kFloat64:
+      os << "  reduce_scatter: partial sums travel between hosts as fp64, exact sums rounded once (LIBCOMM_RS_PARTIALS)\n";
+      break;
+  }
   os << "algorithm selection for device memory (CUDA streams; first matching row wins)\n";
   for (const DeviceRow& r : deviceSelectionRows()) {
     char line[512];

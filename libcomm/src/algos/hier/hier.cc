@@ -80,19 +80,27 @@ class PublishProgress final : public ring::Hooks {
 };
 
 // reduce_scatter: the host's partial sum of a chunk of the block at rail position (host) q,
-// computed when the rail ring is about to read it.
+// computed when the rail ring is about to read it. fp32, or fp64 (exact) when the rail's partials
+// are fp64.
 class LocalSums final : public ring::Hooks {
  public:
-  LocalSums(const CollArgs& a, const Env& env, float* sums) : a_(a), env_(env), sums_(sums), inputs_(env.base.size()) {}
+  LocalSums(const CollArgs& a, const Env& env, void* sums, bool wide)
+      : a_(a), env_(env), sums_(sums), wide_(wide), inputs_(env.base.size()) {}
   Status inputNeeded(int q, size_t lo, size_t len) override {
     const size_t inEs = dataTypeSize(a_.inType);
     const size_t block = static_cast<size_t>(env_.ranks[q][env_.localIndex]);
     for (size_t k = 0; k < inputs_.size(); ++k) inputs_[k] = env_.base[k] + (block * a_.count + lo) * inEs;
+    const size_t at = static_cast<size_t>(q) * a_.count + lo;
+    if (wide_) {
+      double* sum = static_cast<double*>(sums_) + at;
+      for (size_t k = 0; k < inputs_.size(); ++k) reduce::widenToDouble(inputs_[k], a_.inType, sum, len, k > 0);
+      return Status::ok();
+    }
     reduce::ReduceArgs r;
     r.inputs = inputs_.data();
     r.numInputs = static_cast<int>(inputs_.size());
     r.inType = a_.inType;
-    r.out = sums_ + static_cast<size_t>(q) * a_.count + lo;
+    r.out = static_cast<float*>(sums_) + at;
     r.outType = DataType::kFloat32;
     r.count = len;
     reduce::reduce(r);
@@ -102,7 +110,8 @@ class LocalSums final : public ring::Hooks {
  private:
   const CollArgs& a_;
   const Env& env_;
-  float* sums_;
+  void* sums_;
+  bool wide_;
   std::vector<const void*> inputs_;
 };
 
@@ -153,13 +162,15 @@ Status allGather(const CollArgs& a, Env& env, uint32_t* progress) {
   return copies.finish(*env.wait);
 }
 
-Status reduceScatter(const CollArgs& a, Env& env, std::vector<float>& sumsBuffer, ring::Scratch& ringScratch) {
+Status reduceScatter(const CollArgs& a, Env& env, std::vector<double>& sumsBuffer, ring::Scratch& ringScratch) {
   const int hosts = static_cast<int>(env.ranks.size());
   if (a.count == 0) return Status::ok();
-  if (sumsBuffer.size() < static_cast<size_t>(hosts) * a.count) sumsBuffer.resize(static_cast<size_t>(hosts) * a.count);
-  LocalSums sums(a, env, sumsBuffer.data());
-  // The rail reduce-scatters the host sums (fp32): the scale of the whole reduction applies once,
-  // at the end, with the world's size.
+  const bool wide = env.rail.partials == PartialsType::kFloat64;
+  const size_t sumBytes = static_cast<size_t>(hosts) * a.count * (wide ? sizeof(double) : sizeof(float));
+  if (sumsBuffer.size() * sizeof(double) < sumBytes) sumsBuffer.resize((sumBytes + sizeof(double) - 1) / sizeof(double));
+  LocalSums sums(a, env, sumsBuffer.data(), wide);
+  // The rail reduce-scatters the host sums (fp32, or fp64 with fp64 partials): the scale of the
+  // whole reduction applies once, at the end, with the world's size.
   CollArgs rs = a;
   rs.send = sumsBuffer.data();
   rs.inType = DataType::kFloat32;
@@ -169,6 +180,7 @@ Status reduceScatter(const CollArgs& a, Env& env, std::vector<float>& sumsBuffer
   rs.reduce.scale = scale;
   ring::Env rail = env.rail;
   rail.inputByPosition = true;
+  rail.inputFp64 = wide;
   rail.hooks = &sums;
   return ring::reduceScatter(rs, rail, ringScratch);
 }

@@ -52,6 +52,6 @@ struct Env {
 Status allGather(const CollArgs& a, Env& env, uint32_t* progress);
 /// reduce_scatter of the inputs in env.base (a.send is this rank's, env.base[localIndex]). `sums`
 /// holds the host's partial sums (one block per host); `ring` is the rail ring's scratch.
-Status reduceScatter(const CollArgs& a, Env& env, std::vector<float>& sums, ring::Scratch& ring);
+Status reduceScatter(const CollArgs& a, Env& env, std::vector<double>& sums, ring::Scratch& ring);
 
 }  // namespace libcomm::hier

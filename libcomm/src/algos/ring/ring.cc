@@ -7,6 +7,7 @@
 #include "algos/ring/ring.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "reduce/copy.h"
 #include "reduce/reduce.h"
@@ -84,11 +85,14 @@ Status allGather(const CollArgs& a, const Env& env) {
 Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
   const int n = static_cast<int>(env.order.size());
   if (a.count == 0) return Status::ok();
-  const size_t inEs = dataTypeSize(a.inType), outEs = dataTypeSize(a.outType);
-  // The partials' type on the wire (ring.h): fp32 unless the caller asked for bf16.
-  const DataType wType = env.partials == DataType::kBFloat16 ? DataType::kBFloat16 : DataType::kFloat32;
-  const size_t wEs = dataTypeSize(wType);
-  const bool direct = a.inType == wType;  // the input is already in the wire's type
+  // The partials' type on the wire (ring.h): fp32 unless the caller asked for bf16 or fp64. With
+  // fp64 (`wide`) every step has its own loops (reduce.h, "fp64 partial sums"); wType is unused.
+  const bool wide = env.partials == PartialsType::kFloat64;
+  const DataType wType = env.partials == PartialsType::kBFloat16 ? DataType::kBFloat16 : DataType::kFloat32;
+  const size_t wEs = wide ? sizeof(double) : dataTypeSize(wType);
+  const size_t inEs = env.inputFp64 ? sizeof(double) : dataTypeSize(a.inType), outEs = dataTypeSize(a.outType);
+  // The input is already in the wire's type: sent as it is at step 0.
+  const bool direct = wide ? env.inputFp64 : a.inType == wType;
   const char* in = static_cast<const char*>(a.send);
   char* out = static_cast<char*>(a.recv);
   auto inputBlock = [&](int p) {
@@ -112,8 +116,26 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
     r.accumulate = a.reduce.accumulate;
     reduce::reduce(r);
   };
+  // fp64: `dst` = the input chunk [lo, lo + len) of block p, widened (or added, when `add`).
+  auto widen = [&](double* dst, int p, size_t lo, size_t len, bool add) {
+    const char* own = inputBlock(p) + lo * inEs;
+    if (env.inputFp64) {
+      if (add)
+        reduce::addDoubles(reinterpret_cast<const double*>(own), dst, len);
+      else
+        std::memcpy(dst, own, len * sizeof(double));
+    } else {
+      reduce::widenToDouble(own, a.inType, dst, len, add);
+    }
+  };
   if (n == 1) {
     LIBCOMM_RETURN_IF_ERROR(need(0, 0, a.count));
+    if (wide) {
+      std::vector<double> sum(a.count);
+      widen(sum.data(), 0, 0, a.count, false);
+      reduce::roundFromDouble(sum.data(), out, a.outType, a.count, scale, a.reduce.accumulate);
+      return Status::ok();
+    }
     const void* only[1] = {inputBlock(0)};
     finish(only, 1, a.inType, 0, a.count);
     return Status::ok();
@@ -128,9 +150,9 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
   // two copies of a round's share of a block. Rounds bound that memory for large counts.
   const size_t roundElems = std::max(ce, env.roundBytes / wEs / ce * ce);
   const size_t maxRound = std::min(roundElems, a.count);
-  if (scratch.partials.size() * sizeof(float) < 2 * maxRound * wEs)
-    scratch.partials.resize((2 * maxRound * wEs + sizeof(float) - 1) / sizeof(float));
-  if (!direct && scratch.widened.size() < ce) scratch.widened.resize(ce);
+  if (scratch.partials.size() * sizeof(double) < 2 * maxRound * wEs)
+    scratch.partials.resize((2 * maxRound * wEs + sizeof(double) - 1) / sizeof(double));
+  if (!direct && !wide && scratch.widened.size() < ce) scratch.widened.resize(ce);
   char* const slots = reinterpret_cast<char*>(scratch.partials.data());
 
   // `partial` (wire type) + this rank's input chunk [lo, lo + len) of block p: into `partial` (the
@@ -138,6 +160,12 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
   // types differ, the bf16 one is widened first so that each addition rounds only once.
   auto combine = [&](void* partial, int p, size_t lo, size_t len, bool last) -> Status {
     LIBCOMM_RETURN_IF_ERROR(need(p, lo, len));
+    if (wide) {  // exact in fp64; the output is rounded once
+      double* sum = static_cast<double*>(partial);
+      widen(sum, p, lo, len, true);
+      if (last) reduce::roundFromDouble(sum, out + lo * outEs, a.outType, len, scale, a.reduce.accumulate);
+      return Status::ok();
+    }
     const void* own = inputBlock(p) + lo * inEs;
     const void* both[2] = {partial, own};
     DataType t = wType;
@@ -203,7 +231,9 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
           src = first;
         } else {
           char* converted = slot(1, c);
-          if (wType == DataType::kFloat32)
+          if (wide)
+            widen(reinterpret_cast<double*>(converted), env.pos - 1, lo, len, false);
+          else if (wType == DataType::kFloat32)
             reduce::bf16ToFloat(reinterpret_cast<const uint16_t*>(first), reinterpret_cast<float*>(converted), len);
           else
             reduce::floatToBf16(reinterpret_cast<const float*>(first), reinterpret_cast<uint16_t*>(converted), len);

@@ -15,7 +15,9 @@
 //                    Env::partials = bf16 they travel as bf16: half the bytes, but each hop
 //                    rounds the partial to bf16 (8 significant bits), so the error grows with the
 //                    number of hops (docs/PERFORMANCE.md, "bf16 -> fp32 reduce_scatter error").
-//                    Every addition is still formed in fp32 and rounded once.
+//                    Every addition is still formed in fp32 and rounded once. With fp64 they
+//                    travel as fp64: twice fp32's bytes, every addition exact (within 53 bits),
+//                    and the output is the exact sum rounded once, whatever the number of hops.
 //
 // The transport is a Link (the UCX channel implements it). The algorithms are written once here
 // and know nothing of UCX.
@@ -26,6 +28,7 @@
 
 #include "backends/shm/shm_channel.h"
 #include "core/collective.h"
+#include "libcomm/config.h"
 #include "libcomm/status.h"
 
 namespace libcomm::ring {
@@ -59,9 +62,10 @@ class Link {
   virtual void setIdleWork(IdleWork* work) { (void)work; }
 };
 
-/// Scratch the reduce_scatter ring keeps between collectives (fp32 partial sums).
+/// Scratch the reduce_scatter ring keeps between collectives (partial sums; doubles, so that fp64
+/// partials are aligned).
 struct Scratch {
-  std::vector<float> partials;
+  std::vector<double> partials;
   std::vector<float> widened;
 };
 
@@ -87,8 +91,13 @@ struct Env {
   size_t chunkBytes = 1 << 20;    // bytes per chunk (of partials for reduce_scatter)
   int window = 4;                 // chunks in flight per direction
   size_t roundBytes = 64u << 20;  // reduce_scatter: partial bytes per block per round
-  /// reduce_scatter: the type partial sums travel in, fp32 or bf16 (CommConfig::reducePartials).
-  DataType partials = DataType::kFloat32;
+  /// reduce_scatter: the type partial sums travel in (CommConfig::reducePartials). bf16 expects
+  /// bf16 input or fp32 input (a two-level ring's host sums); fp64 expects bf16 or fp32 input, or
+  /// fp64 input when inputFp64.
+  PartialsType partials = PartialsType::kFloat32;
+  /// reduce_scatter with fp64 partials: the input holds fp64 values (a two-level ring's host sums),
+  /// whatever args.inType says.
+  bool inputFp64 = false;
   uint32_t stepBase = 0;          // added to every step number (two rings within one collective)
   /// reduce_scatter: the input holds one block per ring position, in ring order (block p belongs
   /// to order[p]), instead of one per rank at the rank's index.
