@@ -25,6 +25,30 @@ leftovers() {  # namespaces of run $1, and processes of this test still running
   p=$(grep -las -- "fixture[-]test-$$" /proc/[0-9]*/cmdline | wc -l)
   echo "$n namespaces, $p processes"
 }
+# Waits (up to 30 s) until $1 ranks run (processes whose command line is this test's "sh -c ...",
+# not netns.sh's, which carries the tag too): the hosts are all set up then. A fixed sleep here
+# made the test flaky on a loaded machine (killed mid-setup, fewer namespaces than expected).
+wait_running() {
+  local i f n
+  for i in $(seq 300); do
+    n=0
+    for f in $(grep -las -- "fixture[-]test-$$" /proc/[0-9]*/cmdline); do
+      tr '\0' ' ' < "$f" 2> /dev/null | grep -q '^sh -c ' && n=$((n + 1))
+    done
+    [ "$n" -ge "$1" ] && return 0
+    sleep 0.1
+  done
+  echo "note: $1 ranks did not start within 30 s"
+}
+# Waits (up to 10 s) until nothing of run $1 is left; prints what is left then.
+wait_swept() {
+  local i
+  for i in $(seq 100); do
+    [ "$(leftovers "$1")" = "0 namespaces, 0 processes" ] && break
+    sleep 0.1
+  done
+  leftovers "$1"
+}
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
@@ -49,15 +73,17 @@ finish
 check "a run past --timeout" 124 "$rc"
 check "a timed-out run cleans up" "0 namespaces, 0 processes" "$(leftovers "$pid")"
 
-start --hosts 2 --kill-rank 0 --kill-after-ms 200 -- sh -c "sleep 1 # $tag"
+# (The ranks outlive the kill by seconds, so that a late timer on a loaded machine still kills a
+# running rank.)
+start --hosts 2 --kill-rank 0 --kill-after-ms 200 -- sh -c "sleep 3 # $tag"
 finish
 check "--kill-rank: a survivor that exits 0 fails the run" 1 "$rc"
-start --hosts 2 --kill-rank 1 --kill-after-ms 200 --survivor-rc 4 -- sh -c "sleep 1; exit 4 # $tag"
+start --hosts 2 --kill-rank 1 --kill-after-ms 200 --survivor-rc 4 -- sh -c "sleep 3; exit 4 # $tag"
 finish
 check "--kill-rank: survivors exiting with --survivor-rc pass" 0 "$rc"
 
 start --hosts 2 -- sh -c "sleep 30 # $tag"
-sleep 1
+wait_running 2
 kill -TERM "$pid"
 finish
 check "SIGTERM ends the run" 143 "$rc"
@@ -65,7 +91,7 @@ check "a terminated run cleans up" "0 namespaces, 0 processes" "$(leftovers "$pi
 
 # SIGKILL leaves everything behind; the next run sweeps it.
 start --hosts 2 -- sh -c "sleep 30 # $tag"
-sleep 1
+wait_running 2
 kill -KILL "$pid"
 wait "$pid" 2> /dev/null
 dead=$pid
@@ -74,8 +100,8 @@ start --hosts 1 -- true
 finish
 check "the next run passes" 0 "$rc"
 # (Under ctest -j, another test's run may be the one that sweeps them: either way they must go.)
-sleep 1  # the killed run's helpers notice within 0.5 s that it is gone
-check "the next run sweeps them: nothing is left of either" "0 namespaces, 0 processes" "$(leftovers "$dead")"
+# (The killed run's helpers notice within 0.5 s that it is gone; allow for a loaded machine.)
+check "the next run sweeps them: nothing is left of either" "0 namespaces, 0 processes" "$(wait_swept "$dead")"
 check "the killed run's directory is swept too" 0 "$(ls -d /tmp/shardcomm-netns-"$dead"-* 2> /dev/null | wc -l)"
 
 [ "$failures" = 0 ] && { echo "fixture_test: PASS"; exit 0; }
