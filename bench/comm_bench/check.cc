@@ -15,6 +15,8 @@
 //    one bf16 rounding (at most 2^-8 of the value: 8 significant bits) of a partial sum (at most
 //    sum_r |x_r|) per hop, scaled at the end;
 //  - bf16 output: the fp32 bound t plus one bf16 rounding: t + 2^-8 * (|expected| + t).
+// fp64 partials (LIBCOMM_RS_PARTIALS=fp64) are checked against the fp32 bounds: exact sums rounded
+// once stay inside them.
 // all_gather output is compared bit for bit.
 
 #include "check.h"

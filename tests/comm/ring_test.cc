@@ -143,15 +143,24 @@ struct RsVariant {
   const char* name;
   // The type partial sums travel in (ring::Env::partials).
   libcomm::PartialsType partials = libcomm::PartialsType::kFloat32;
+  // The input holds fp64 values (ring::Env::inputFp64, a two-level ring's fp64 host sums; `in` is
+  // then ignored).
+  bool fp64Input = false;
 };
 
 Status reduceScatterCase(RankContext& ctx, const RingCase& k, const RsVariant& v, uint32_t id,
                          libcomm::ring::Scratch& scratch) {
-  const size_t n = static_cast<size_t>(ctx.size), ies = libcomm::dataTypeSize(v.in), oes = libcomm::dataTypeSize(v.out);
+  const size_t n = static_cast<size_t>(ctx.size), oes = libcomm::dataTypeSize(v.out);
+  const size_t ies = v.fp64Input ? sizeof(double) : libcomm::dataTypeSize(v.in);
   std::vector<char> in(n * k.count * ies + 1), out(k.count * oes + 1);
   for (size_t q = 0; q < n; ++q)
-    for (size_t i = 0; i < k.count; ++i)
-      store(in.data(), v.in, q * k.count + i, intValue(ctx.rank, q, i, static_cast<int>(id)));
+    for (size_t i = 0; i < k.count; ++i) {
+      const float x = intValue(ctx.rank, q, i, static_cast<int>(id));
+      if (v.fp64Input)
+        reinterpret_cast<double*>(in.data())[q * k.count + i] = x;
+      else
+        store(in.data(), v.in, q * k.count + i, x);
+    }
   for (size_t i = 0; i < k.count; ++i) store(out.data(), v.out, i, static_cast<float>(i % 5));
   libcomm::CollArgs a;
   a.kind = libcomm::CollKind::kReduceScatter;
@@ -168,6 +177,7 @@ Status reduceScatterCase(RankContext& ctx, const RingCase& k, const RsVariant& v
   libcomm::ring::WaitContext wait{libcomm::OpDeadline(std::chrono::seconds(30)), {}};
   libcomm::ring::Env env = envFor(ctx, k, link, wait);
   env.partials = v.partials;
+  env.inputFp64 = v.fp64Input;
   LIBCOMM_RETURN_IF_ERROR(libcomm::ring::reduceScatter(a, env, scratch));
   if (!link.drained()) return libcomm::makeError(StatusCode::kInternalError, "operations left unwaited");
   const float scale = v.op == ReduceOp::kAvg         ? 1.0f / static_cast<float>(n)
@@ -225,6 +235,12 @@ TEST_P(RingAlgorithms, MatchTheReferenceAtEverySizeChunkWindowAndRound) {
                "reduce_scatter bf16->fp32 premulSum 0.5, accumulate, fp64 partials", libcomm::PartialsType::kFloat64},
               {DataType::kFloat32, DataType::kFloat32, ReduceOp::kAvg, 1.0f, false, true,
                "reduce_scatter fp32 avg in place, fp64 partials", libcomm::PartialsType::kFloat64},
+              // fp64 input (a two-level ring's fp64 host sums): sent as it is at step 0.
+              {DataType::kFloat32, DataType::kFloat32, ReduceOp::kPremulSum, 0.5f, true, false,
+               "reduce_scatter fp64 input -> fp32 premulSum 0.5, accumulate, fp64 partials",
+               libcomm::PartialsType::kFloat64, true},
+              {DataType::kFloat32, DataType::kBFloat16, ReduceOp::kSum, 1.0f, false, false,
+               "reduce_scatter fp64 input -> bf16 sum, fp64 partials", libcomm::PartialsType::kFloat64, true},
           };
           libcomm::ring::Scratch scratch;
           uint32_t id = 0;

@@ -33,12 +33,12 @@ wait_running() {
   for i in $(seq 300); do
     n=0
     for f in $(grep -las -- "fixture[-]test-$$" /proc/[0-9]*/cmdline); do
-      tr '\0' ' ' < "$f" 2> /dev/null | grep -q '^sh -c ' && n=$((n + 1))
+      { tr '\0' ' ' < "$f"; } 2> /dev/null | grep -q '^sh -c ' && n=$((n + 1))
     done
     [ "$n" -ge "$1" ] && return 0
     sleep 0.1
   done
-  echo "note: $1 ranks did not start within 30 s"
+  check "$1 ranks start within 30 s (a shell that execs its last command hides them)" started never
 }
 # Waits (up to 10 s) until nothing of run $1 is left; prints what is left then.
 wait_swept() {

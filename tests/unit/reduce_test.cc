@@ -19,6 +19,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -667,12 +668,15 @@ TEST(Reduce, Avx512MatchesPortableWithSpecials) {
 
 // ---- fp64 partial sums (reduce.h): widening, one rounding -------------------------------------
 
-// The bf16 nearest to a double in bf16's normal range, ties to even, from its two neighbours.
+// The bf16 nearest to a double, ties to even, from its two neighbours (subnormals and overflow
+// to infinity included: the upper neighbour of the largest bf16 is 2^128, infinity as a float).
 float oracleDoubleToBf16(double v) {
   int e = 0;
-  const double m = std::frexp(std::fabs(v), &e);  // |v| = m * 2^e, m in [0.5, 1)
-  const double steps = std::floor(std::ldexp(m, 8));  // bf16 keeps 8 significant bits
-  const double lo = std::ldexp(steps, e - 8), hi = std::ldexp(steps + 1, e - 8);
+  std::frexp(std::fabs(v), &e);  // |v| = m * 2^e, m in [0.5, 1)
+  // bf16 keeps 8 significant bits; below 2^-126 its step stays 2^-133 (subnormals).
+  const int step = std::max(e - 8, -133);
+  const double steps = std::floor(std::ldexp(std::fabs(v), -step));
+  const double lo = std::ldexp(steps, step), hi = std::ldexp(steps + 1, step);
   const double below = std::fabs(v) - lo, above = hi - std::fabs(v);  // both exact
   const double pick = below < above ? lo : above < below ? hi : (std::fmod(steps, 2.0) == 0 ? lo : hi);
   return static_cast<float>(v < 0 ? -pick : pick);
@@ -681,7 +685,7 @@ float oracleDoubleToBf16(double v) {
 TEST(ReduceWide, DoubleToBf16RoundsOnce) {
   std::mt19937_64 rng(7);
   std::uniform_real_distribution<double> mant(1.0, 2.0);
-  std::uniform_int_distribution<int> exp(-120, 120);
+  std::uniform_int_distribution<int> exp(-140, 127);  // bf16's subnormals to past its largest value
   for (int i = 0; i < 200000; ++i) {
     const double v = std::ldexp(mant(rng), exp(rng)) * (i % 2 ? -1 : 1);
     ASSERT_EQ(doubleToBf16Scalar(v), floatToBf16Scalar(oracleDoubleToBf16(v))) << std::hexfloat << v;

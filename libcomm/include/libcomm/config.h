@@ -84,8 +84,10 @@ struct CommConfig {
   /// bytes between hosts, but every ring hop rounds the partial to bf16 (one per host on the
   /// two-level algorithm; one per rank on the flat ring, hops inside a host included), so the
   /// error grows with the hops. fp64 (bf16 and fp32 input) doubles fp32's bytes and makes every
-  /// addition exact, so the result is the exact sum rounded once, the same at any number of hops
-  /// (docs/PERFORMANCE.md). Every rank must use the same.
+  /// addition exact (within fp64's 53 bits, reduce.h), so the result is the exact sum rounded once,
+  /// the same at any number of hops (docs/PERFORMANCE.md). It concerns host memory across hosts:
+  /// a communicator on one host sums in fp32 in one pass, and device memory across hosts goes to
+  /// NCCL. Every rank must use the same.
   PartialsType reducePartials = PartialsType::kFloat32;
   /// Bytes per staging chunk for unregistered buffers (LIBCOMM_STAGING_CHUNK).
   size_t stagingChunkBytes = 1 << 20;

@@ -43,7 +43,7 @@ struct CrossHost {
   int hostIndex = 0, localIndex = 0;
   std::vector<std::vector<int>> ranks;  // [host][local index] -> global rank
 
-  ring::Scratch scratch;         // the ring reduce_scatter's fp32 partials (flat and rail rings)
+  ring::Scratch scratch;         // the ring reduce_scatter's partials (flat and rail rings)
   std::vector<double> hostSums;  // two-level reduce_scatter: the host's partial sums (fp32, or fp64 with fp64 partials)
   std::vector<char> padded;  // all_reduce: its zero-padded copy
   uint32_t progress = 0;     // this rank's shm kProgress value (hierarchical all_gather)

@@ -52,14 +52,16 @@ void reduce(const ReduceArgs& args);
 /// fp64 partial sums (CommConfig::reducePartials = fp64; algos/ring). Portable loops: memory
 /// bound, and used only on that opt-in path.
 /// out[i] = in[i], or out[i] += in[i] when `add`, with `in` of type t widened to fp64. Widening is
-/// exact, and so is each addition while the sum fits in fp64's 53 significant bits (bf16 values
-/// spanning less than about 2^44, fp32 values less than 2^28, for sums of a few hundred terms).
+/// exact, and so is each addition while the sum fits in fp64's 53 significant bits: for N terms,
+/// bf16 values whose magnitudes span less than about 2^(45 - log2 N), fp32 values less than
+/// 2^(29 - log2 N).
 void widenToDouble(const void* in, DataType t, double* out, size_t n, bool add);
 /// out[i] += in[i] (fp64 host sums into fp64 partials).
 void addDoubles(const double* in, double* out, size_t n);
-/// out[i] = scale * in[i] (+ out[i] when accumulating), in outType: formed in fp64, then rounded to
-/// outType once, to nearest even. With scale 1 and no accumulation, an exact sum in `in` becomes
-/// its correctly rounded value.
+/// out[i] = scale * in[i] (+ out[i] when accumulating), in outType: formed in fp64 (the product and
+/// the sum each round at fp64's precision), then rounded to outType, to nearest even. With scale 1
+/// and no accumulation that is the one rounding: an exact sum in `in` becomes its correctly
+/// rounded value.
 void roundFromDouble(const double* in, void* out, DataType outType, size_t n, float scale, bool accumulate);
 /// `v` rounded to bf16 (raw bits) once, to nearest even, as floatToBf16 does for fp32.
 uint16_t doubleToBf16Scalar(double v);

@@ -156,8 +156,9 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
   char* const slots = reinterpret_cast<char*>(scratch.partials.data());
 
   // `partial` (wire type) + this rank's input chunk [lo, lo + len) of block p: into `partial` (the
-  // next partial, wire type, in place), or, when `last`, into the output. Sums are fp32 either way; where the two
-  // types differ, the bf16 one is widened first so that each addition rounds only once.
+  // next partial, wire type, in place), or, when `last`, into the output. Sums are fp64 with fp64
+  // partials, fp32 otherwise; where fp32 and bf16 meet, the bf16 one is widened first so that each
+  // addition rounds only once.
   auto combine = [&](void* partial, int p, size_t lo, size_t len, bool last) -> Status {
     LIBCOMM_RETURN_IF_ERROR(need(p, lo, len));
     if (wide) {  // exact in fp64; the output is rounded once

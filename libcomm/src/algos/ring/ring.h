@@ -16,8 +16,9 @@
 //                    rounds the partial to bf16 (8 significant bits), so the error grows with the
 //                    number of hops (docs/PERFORMANCE.md, "bf16 -> fp32 reduce_scatter error").
 //                    Every addition is still formed in fp32 and rounded once. With fp64 they
-//                    travel as fp64: twice fp32's bytes, every addition exact (within 53 bits),
-//                    and the output is the exact sum rounded once, whatever the number of hops.
+//                    travel as fp64: twice fp32's bytes, every addition exact (within 53 bits:
+//                    reduce.h), and the output is the exact sum rounded once, whatever the number
+//                    of hops.
 //
 // The transport is a Link (the UCX channel implements it). The algorithms are written once here
 // and know nothing of UCX.
