@@ -172,8 +172,8 @@ Status matrixBody(RankContext& ctx, Placement placement = {}) {
     const int host = placement.interleaved ? ctx.rank % placement.hosts : ctx.rank * placement.hosts / ctx.size;
     config.hostId = "matrix-host-" + std::to_string(host);
     config.algo = placement.algo;
-    config.reducePartials = placement.partials;
   }
+  config.reducePartials = placement.partials;
   config.stagingChunkBytes = 64 << 10;  // small slots: many staging rounds even at moderate counts
   config.opTimeout = std::chrono::seconds(60);
   LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
@@ -256,6 +256,21 @@ TEST_P(CrossHostMatrixFp64Partials, AllCasesCorrect) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ucx, CrossHostMatrixFp64Partials, ::testing::Values("hier", "ring"));
+
+// The same setting on one host: reduce_scatter's sums are formed in fp64 there too (mesh passes).
+class OneHostFp64Partials : public ::testing::TestWithParam<int> {};
+
+TEST_P(OneHostFp64Partials, AllCasesCorrect) {
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = GetParam();
+  opts.deadline = std::chrono::seconds(240);
+  const Placement placement{1, false, "", libcomm::PartialsType::kFloat64};
+  RunReport report = runRanks(opts, [&](RankContext& ctx) { return matrixBody(ctx, placement); });
+  EXPECT_RANKS_OK(report);
+}
+
+INSTANTIATE_TEST_SUITE_P(Processes, OneHostFp64Partials, ::testing::Values(4));
 
 // bf16 input, fp32 accumulation across hosts: the partial sums travel as fp32 by default, so the
 // error of the result against an exact (fp64) sum stays at fp32's level however many ranks (ring
@@ -351,6 +366,7 @@ Status precisionBody(RankContext& ctx, const PrecisionRun& run) {
 TEST(UcxPrecision, Bf16ReduceScatterErrorStaysAtFp32Level) {
   for (const PrecisionRun& run :
        {PrecisionRun{2, 2, "ring"}, PrecisionRun{6, 6, "ring"}, PrecisionRun{6, 3, "two-level"},
+        PrecisionRun{6, 1, "one host"}, PrecisionRun{6, 1, "one host", libcomm::PartialsType::kFloat64},
         PrecisionRun{2, 2, "ring", libcomm::PartialsType::kBFloat16},
         PrecisionRun{6, 6, "ring", libcomm::PartialsType::kBFloat16},
         PrecisionRun{6, 3, "two-level", libcomm::PartialsType::kBFloat16},

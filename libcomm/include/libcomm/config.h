@@ -85,9 +85,9 @@ struct CommConfig {
   /// two-level algorithm; one per rank on the flat ring, hops inside a host included), so the
   /// error grows with the hops. fp64 (bf16 and fp32 input) doubles fp32's bytes and makes every
   /// addition exact (within fp64's 53 bits, reduce.h), so the result is the exact sum rounded once,
-  /// the same at any number of hops (docs/PERFORMANCE.md). It concerns host memory across hosts:
-  /// a communicator on one host sums in fp32 in one pass, and device memory across hosts goes to
-  /// NCCL. Every rank must use the same.
+  /// the same at any number of hops and hosts (docs/PERFORMANCE.md): a communicator on one host
+  /// forms its reduce_scatter sums in fp64 too. It concerns host memory: device memory goes to
+  /// the CUDA path or NCCL, which do not read it. Every rank must use the same.
   PartialsType reducePartials = PartialsType::kFloat32;
   /// Bytes per staging chunk for unregistered buffers (LIBCOMM_STAGING_CHUNK).
   size_t stagingChunkBytes = 1 << 20;

@@ -179,8 +179,15 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadl
   if (device) return runDevice(args, seq, WaitContext{deadline, label, policy.spin, policy.yield}, *device);
   if (cross_) return runAcrossHosts(args, seq, WaitContext{deadline, label, policy.spin, policy.yield});
   passBases_.resize(size_);
-  const mesh::OpEnv env{seq,          rank_, size_, *channel_, *peers_, {deadline, label, policy.spin, policy.yield},
-                        stageRound_, passBases_.data()};
+  const mesh::OpEnv env{seq,
+                        rank_,
+                        size_,
+                        *channel_,
+                        *peers_,
+                        {deadline, label, policy.spin, policy.yield},
+                        stageRound_,
+                        passBases_.data(),
+                        args.kind == CollKind::kReduceScatter && config_.reducePartials == PartialsType::kFloat64};
   const size_t inputBytes = args.count * args.inputParts(size_) * dataTypeSize(args.inType);
   const SelectionQuery query{args.kind, false, args.inPlace, inputBytes};
   LIBCOMM_ASSIGN_OR_RETURN(const bool eager, chooseEager(query, config_));

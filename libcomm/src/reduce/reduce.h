@@ -1,6 +1,6 @@
 #pragma once
 // Element conversion and the fused n-way reduction every reduce-style collective is built on.
-// The accumulation is always fp32. A vectorised (AVX-512) implementation is chosen at run time
+// The accumulation is fp32 (except the opt-in fp64 partial sums at the end). A vectorised (AVX-512) implementation is chosen at run time
 // when the CPU has it; a portable one otherwise (on x86-64 itself built for SSE2 and for AVX2, the
 // loader picking one). All give bit-identical results, except which payload a NaN result carries
 // when several NaNs meet (IEEE leaves that open; the result is a NaN either way).

@@ -35,6 +35,21 @@ Status reducePass(const CollArgs& a, const OpEnv& env, const PassView& v, size_t
     in = many.data();
   }
   for (int p = 0; p < env.size; ++p) in[p] = v.at(p, part, lo);
+  if (env.exactSums) {
+    // In blocks of a few KiB of fp64: every input of a block is read before its output is written
+    // (the output may be this rank's own input, in place).
+    constexpr size_t kBlock = 1024;
+    double sum[kBlock];
+    const size_t inEs = dataTypeSize(a.inType), outEs = dataTypeSize(a.outType);
+    for (size_t b = 0; b < hi - lo; b += kBlock) {
+      const size_t len = std::min(kBlock, hi - lo - b);
+      for (int p = 0; p < env.size; ++p)
+        reduce::widenToDouble(static_cast<const char*>(in[p]) + b * inEs, a.inType, sum, len, p > 0);
+      reduce::roundFromDouble(sum, static_cast<char*>(out) + b * outEs, a.outType, len, a.postScale(env.size),
+                              a.reduce.accumulate);
+    }
+    return Status::ok();
+  }
   reduce::ReduceArgs r;
   r.inputs = in;
   r.numInputs = env.size;
