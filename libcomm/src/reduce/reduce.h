@@ -56,6 +56,9 @@ void reduce(const ReduceArgs& args);
 /// bf16 values whose magnitudes span less than about 2^(45 - log2 N), fp32 values less than
 /// 2^(29 - log2 N).
 void widenToDouble(const void* in, DataType t, double* out, size_t n, bool add);
+/// out[i] = sum over k of inputs[k][i], inputs of type t widened to fp64, added in order k = 0..
+/// numInputs - 1 (exact within the range above). numInputs >= 1.
+void sumToDouble(const void* const* inputs, int numInputs, DataType t, double* out, size_t n);
 /// out[i] += in[i] (fp64 host sums into fp64 partials).
 void addDoubles(const double* in, double* out, size_t n);
 /// out[i] = scale * in[i] (+ out[i] when accumulating), in outType: formed in fp64 (the product and

@@ -32,6 +32,10 @@ void widenToDouble(const void* in, DataType t, double* out, size_t n, bool add) 
   }
 }
 
+void sumToDouble(const void* const* inputs, int numInputs, DataType t, double* out, size_t n) {
+  for (int k = 0; k < numInputs; ++k) widenToDouble(inputs[k], t, out, n, k > 0);
+}
+
 void addDoubles(const double* in, double* out, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] += in[i];
 }

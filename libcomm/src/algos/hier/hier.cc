@@ -92,8 +92,8 @@ class LocalSums final : public ring::Hooks {
     for (size_t k = 0; k < inputs_.size(); ++k) inputs_[k] = env_.base[k] + (block * a_.count + lo) * inEs;
     const size_t at = static_cast<size_t>(q) * a_.count + lo;
     if (wide_) {
-      double* sum = static_cast<double*>(sums_) + at;
-      for (size_t k = 0; k < inputs_.size(); ++k) reduce::widenToDouble(inputs_[k], a_.inType, sum, len, k > 0);
+      reduce::sumToDouble(inputs_.data(), static_cast<int>(inputs_.size()), a_.inType, static_cast<double*>(sums_) + at,
+                          len);
       return Status::ok();
     }
     reduce::ReduceArgs r;

@@ -43,8 +43,9 @@ Status reducePass(const CollArgs& a, const OpEnv& env, const PassView& v, size_t
     const size_t inEs = dataTypeSize(a.inType), outEs = dataTypeSize(a.outType);
     for (size_t b = 0; b < hi - lo; b += kBlock) {
       const size_t len = std::min(kBlock, hi - lo - b);
-      for (int p = 0; p < env.size; ++p)
-        reduce::widenToDouble(static_cast<const char*>(in[p]) + b * inEs, a.inType, sum, len, p > 0);
+      if (b > 0)
+        for (int p = 0; p < env.size; ++p) in[p] = static_cast<const char*>(in[p]) + kBlock * inEs;
+      reduce::sumToDouble(in, env.size, a.inType, sum, len);
       reduce::roundFromDouble(sum, static_cast<char*>(out) + b * outEs, a.outType, len, a.postScale(env.size),
                               a.reduce.accumulate);
     }
