@@ -31,20 +31,26 @@ using libcomm::ucx::Request;
 using libcomm::ucx::Tag;
 using std::chrono::milliseconds;
 
-enum class Tls { kDefault, kTcp };
+// kTcpOneEndpoint: tcp, every message on the peer-failure endpoint (CommConfig::ucxBulkBytes 0).
+enum class Tls { kDefault, kTcp, kTcpOneEndpoint };
+
+// Data messages of this many bytes and more take a peer's bulk endpoint (0: none).
+size_t gBulkBytes = libcomm::CommConfig{}.ucxBulkBytes;
 
 // Called in the rank process before its UCX context exists (UCX reads UCX_* once, at init).
 void selectTransports(Tls tls) {
-  if (tls == Tls::kTcp)
-    setenv("UCX_TLS", "tcp", 1);
-  else
+  if (tls == Tls::kDefault)
     unsetenv("UCX_TLS");
+  else
+    setenv("UCX_TLS", "tcp", 1);
+  gBulkBytes = tls == Tls::kTcpOneEndpoint ? 0 : libcomm::CommConfig{}.ucxBulkBytes;
 }
 
 libcomm::CommConfig testConfig() {
   libcomm::CommConfig c;
   c.opTimeout = milliseconds(10000);
   c.initTimeout = milliseconds(20000);
+  c.ucxBulkBytes = gBulkBytes;
   return c;
 }
 
@@ -195,8 +201,11 @@ Status exchangeAllSizes(RankContext& ctx, Tls tls) {
     return makeError(StatusCode::kInternalError, ch->pendingRequests(), " requests pending after wait");
   for (int p : ch->peers())
     for (int m = 0; m < n; ++m) LIBCOMM_RETURN_IF_ERROR(check(in[p * n + m], p, ctx.rank, m));
-  if (ch->describePeer(ch->peers().front()).empty())
-    return makeError(StatusCode::kInternalError, "no endpoint description");
+  const std::string described = ch->describePeer(ch->peers().front());
+  if (described.empty()) return makeError(StatusCode::kInternalError, "no endpoint description");
+  if ((described.find("bulk endpoint") != std::string::npos) != (gBulkBytes > 0))
+    return makeError(StatusCode::kInternalError, "bulk endpoint ", gBulkBytes > 0 ? "missing" : "present",
+                     " in the description:\n", described);
   return barrier(ctx);  // nobody closes while a peer still waits
 }
 
@@ -287,9 +296,12 @@ TEST(UcxChannelThreads, ChannelsOfOneProcessShareTheContext) {
   EXPECT_RANKS_OK(report);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, UcxChannelData, ::testing::Values(Tls::kDefault, Tls::kTcp),
+INSTANTIATE_TEST_SUITE_P(Transports, UcxChannelData,
+                         ::testing::Values(Tls::kDefault, Tls::kTcp, Tls::kTcpOneEndpoint),
                          [](const ::testing::TestParamInfo<Tls>& i) {
-                           return std::string(i.param == Tls::kTcp ? "tcp" : "default");
+                           return std::string(i.param == Tls::kTcp           ? "tcp"
+                                              : i.param == Tls::kTcpOneEndpoint ? "tcp_one_endpoint"
+                                                                                : "default");
                          });
 
 // ---- errors ---------------------------------------------------------------------------------

@@ -89,6 +89,14 @@ struct CommConfig {
   /// forms its reduce_scatter sums in fp64 too. It concerns host memory: device memory goes to
   /// the CUDA path or NCCL, which do not read it. Every rank must use the same.
   PartialsType reducePartials = PartialsType::kFloat32;
+  /// Across hosts (UCX): messages of at least this many bytes travel on a second endpoint per
+  /// peer, created without UCX's peer-failure mode (LIBCOMM_UCX_BULK_BYTES; 0: every message on
+  /// the first). With that mode UCX 1.13 keeps rendezvous off transports that cannot invalidate
+  /// registered memory, tcp among them, and moves large messages as copied fragments instead of
+  /// zero-copy; measured at 2 hosts x 1 rank, all_gather runs 1.1-1.3x faster on the second
+  /// endpoint (docs/PERFORMANCE.md). A lost peer is still named within peerTimeout: the first
+  /// endpoint keeps the mode, and a reset connection fails the second one's requests at once.
+  size_t ucxBulkBytes = 65536;
   /// Bytes per staging chunk for unregistered buffers (LIBCOMM_STAGING_CHUNK).
   size_t stagingChunkBytes = 1 << 20;
   /// Collectives whose per-rank input is at most this many bytes travel with their arrival

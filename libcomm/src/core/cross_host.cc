@@ -426,7 +426,7 @@ Status Communicator::Impl::ringBroadcast(const CollArgs& args, const ring::Env& 
   char* out = static_cast<char*>(args.recv);
   if (hop == 0 && !args.inPlace && bytes > 0) reduce::copyBytes(out, args.send, bytes);
   if (n == 1 || bytes == 0) return Status::ok();
-  const size_t chunkBytes = std::max<size_t>(es, env.chunkBytes / es * es);
+  const size_t chunkBytes = ring::chunkElems(env, es) * es;
   const size_t chunks = (bytes + chunkBytes - 1) / chunkBytes;
   std::vector<uint64_t> recvs(chunks), sends;
   auto chunkLen = [&](size_t c) { return std::min(chunkBytes, bytes - c * chunkBytes); };

@@ -124,7 +124,7 @@ Status allGather(const CollArgs& a, Env& env, uint32_t* progress) {
   char* out = static_cast<char*>(a.recv);
   const int myRank = env.ranks[h0][me];
   const uint32_t base = *progress;
-  const size_t ce = ring::chunkElems(env.rail, es);
+  const size_t ce = ring::allGatherChunkElems(env.rail, es, a.count);
   const size_t chunks = (a.count + ce - 1) / ce;
   const size_t units = static_cast<size_t>(hosts - 1) * chunks;
   *progress = base + 2 + static_cast<uint32_t>(units);  // what the next collective starts from

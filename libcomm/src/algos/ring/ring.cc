@@ -46,7 +46,7 @@ Status allGather(const CollArgs& a, const Env& env) {
   Link& link = *env.link;
   const WaitContext& ctx = *env.wait;
   const int next = env.order[wrap(env.pos + 1, n)], prev = env.order[wrap(env.pos - 1, n)];
-  const size_t ce = chunkElems(env, es);
+  const size_t ce = allGatherChunkElems(env, es, a.count);
   const size_t chunks = (a.count + ce - 1) / ce;
   const size_t units = static_cast<size_t>(n - 1) * chunks;
   const size_t window = static_cast<size_t>(std::max(1, env.window));

@@ -23,6 +23,7 @@
 // The transport is a Link (the UCX channel implements it). The algorithms are written once here
 // and know nothing of UCX.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -89,7 +90,8 @@ class Hooks {
 struct Env {
   std::vector<int> order;  // ranks in ring order; order[pos] is this rank
   int pos = 0;
-  size_t chunkBytes = 1 << 20;    // bytes per chunk (of partials for reduce_scatter)
+  /// Bytes per chunk (of partials for reduce_scatter); 0: automatic (chunkElems, allGatherChunkElems).
+  size_t chunkBytes = 0;
   int window = 4;                 // chunks in flight per direction
   size_t roundBytes = 64u << 20;  // reduce_scatter: partial bytes per block per round
   /// reduce_scatter: the type partial sums travel in (CommConfig::reducePartials). bf16 expects
@@ -108,10 +110,22 @@ struct Env {
   const WaitContext* wait = nullptr;
 };
 
-/// Elements per chunk of a ring over elements of `elementBytes` (all_gather: the data type's size;
-/// reduce_scatter: the size of Env::partials).
+/// Elements per chunk of a reduce_scatter ring over partials of `elementBytes` (the size of
+/// Env::partials): Env::chunkBytes, automatically 1 MiB.
 inline size_t chunkElems(const Env& env, size_t elementBytes) {
-  return env.chunkBytes / elementBytes > 0 ? env.chunkBytes / elementBytes : 1;
+  const size_t bytes = env.chunkBytes > 0 ? env.chunkBytes : size_t{1} << 20;
+  return bytes / elementBytes > 0 ? bytes / elementBytes : 1;
+}
+
+/// Elements per chunk of an all_gather ring over blocks of `count` elements of `elementBytes`:
+/// Env::chunkBytes, automatically half a block within [1 MiB, 8 MiB]. Over UCX's zero-copy
+/// rendezvous (ucx::Channel's bulk endpoint) each message costs a handshake, and at 2 hosts x 1
+/// rank 1 MiB chunks ran at 0.67x the speed of 8 MiB ones for 64 MiB (docs/PERFORMANCE.md); two
+/// chunks per block still let a ring forward the first while the second arrives.
+inline size_t allGatherChunkElems(const Env& env, size_t elementBytes, size_t count) {
+  size_t bytes = env.chunkBytes;
+  if (bytes == 0) bytes = std::clamp(count * elementBytes / 2, size_t{1} << 20, size_t{8} << 20);
+  return bytes / elementBytes > 0 ? bytes / elementBytes : 1;
 }
 
 /// NCCL's all_gather semantics (in place when args.inPlace). The output has a block per rank (at

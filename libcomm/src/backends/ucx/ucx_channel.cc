@@ -80,6 +80,17 @@ Status Channel::connect(const std::vector<std::string>& addresses, const std::ve
       return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": rank ", p,
                        " has no UCX worker (UCX failed to start there, or it was built without UCX: see its log)");
   }
+  auto onError = [](void* arg, ucp_ep_h, ucs_status_t status) {
+    auto* pr = static_cast<Peer*>(arg);
+    if (pr->failure != UCS_OK) return;
+    pr->failure = status;
+    pr->failedAt = Clock::now();
+    ++pr->channel->lostPeers_;
+    // Not a warning by itself: a peer that finished and closed its channel looks the same. A wait
+    // that still needed the peer reports the loss as its error.
+    LIBCOMM_LOG(kInfo, "ucx") << "rank " << pr->channel->rank_ << ": UCX endpoint to rank " << pr->rank
+                              << " closed or failed: " << ucs_status_string(status);
+  };
   for (int p : peers) {
     auto peer = std::make_unique<Peer>();
     peer->channel = this;
@@ -91,22 +102,21 @@ Status Channel::connect(const std::vector<std::string>& addresses, const std::ve
     // PEER mode: the error handler hears of a dead peer within milliseconds (and UCX then keeps
     // to transports with error handling: tcp, even on one host).
     ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    ep.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t status) {
-      auto* pr = static_cast<Peer*>(arg);
-      if (pr->failure != UCS_OK) return;
-      pr->failure = status;
-      pr->failedAt = Clock::now();
-      ++pr->channel->lostPeers_;
-      // Not a warning by itself: a peer that finished and closed its channel looks the same. A wait
-      // that still needed the peer reports the loss as its error.
-      LIBCOMM_LOG(kInfo, "ucx") << "rank " << pr->channel->rank_ << ": UCX endpoint to rank " << pr->rank
-                                << " closed or failed: " << ucs_status_string(status);
-    };
+    ep.err_handler.cb = onError;
     ep.err_handler.arg = peer.get();
     ucs_status_t st = ucp_ep_create(worker_, &ep, &peer->ep);
     if (st != UCS_OK)
       return makeError(StatusCode::kRemoteError, "rank ", rank_, ": creating the UCX endpoint to rank ", p,
                        " failed: ", ucs_status_string(st));
+    if (config_.ucxBulkBytes > 0) {
+      ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;  // see Peer::bulk
+      st = ucp_ep_create(worker_, &ep, &peer->bulk);
+      if (st != UCS_OK) {
+        peers_[p] = std::move(peer);
+        return makeError(StatusCode::kRemoteError, "rank ", rank_, ": creating the UCX bulk endpoint to rank ", p,
+                         " failed: ", ucs_status_string(st));
+      }
+    }
     peers_[p] = std::move(peer);
   }
   peerList_ = peers;
@@ -115,18 +125,22 @@ Status Channel::connect(const std::vector<std::string>& addresses, const std::ve
   // Wire-up: one message each way per peer. It also checks that the peer is the rank it should
   // be, in a communicator of the same size. The buffers are members: after a failure UCX may
   // still use them until drain() or the destructor.
+  // With a bulk endpoint, a second hello goes over it (same tag, same content: either may match
+  // either receive), so that its wire-up is done here too, not in the first large collective.
   const size_t n = peers.size();
-  hello_.reset(new uint64_t[2 * (n + 1)]());
+  const size_t perPeer = config_.ucxBulkBytes > 0 ? 2 : 1;
+  hello_.reset(new uint64_t[2 * (perPeer * n + 1)]());
   hello_[0] = kHelloMagic;
   hello_[1] = (static_cast<uint64_t>(size_) << 32) | static_cast<uint32_t>(rank_);
   std::vector<Request> reqs;
   const auto start = Clock::now();
-  for (size_t i = 0; i < n; ++i) {
-    LIBCOMM_ASSIGN_OR_RETURN(Request r, post(TagClass::kConnect, true, peers[i], Tag{}, &hello_[2 * (i + 1)], 16));
+  for (size_t i = 0; i < perPeer * n; ++i) {
+    LIBCOMM_ASSIGN_OR_RETURN(Request r,
+                             post(TagClass::kConnect, true, peers[i % n], Tag{}, &hello_[2 * (i + 1)], 16));
     reqs.push_back(r);
   }
-  for (size_t i = 0; i < n; ++i) {
-    LIBCOMM_ASSIGN_OR_RETURN(Request r, post(TagClass::kConnect, false, peers[i], Tag{}, &hello_[0], 16));
+  for (size_t i = 0; i < perPeer * n; ++i) {
+    LIBCOMM_ASSIGN_OR_RETURN(Request r, post(TagClass::kConnect, false, peers[i % n], Tag{}, &hello_[0], 16, i >= n));
     reqs.push_back(r);
   }
   const WaitContext ctx{OpDeadline::fixed(deadline),
@@ -139,10 +153,11 @@ Status Channel::connect(const std::vector<std::string>& addresses, const std::ve
     return st.withContext("connecting to UCX peers [" + listRanks(peers) +
                           "] (every listed peer must list this rank too)");
   }
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < perPeer * n; ++i) {
     const uint64_t magic = hello_[2 * (i + 1)], who = hello_[2 * (i + 1) + 1];
-    if (magic != kHelloMagic || static_cast<int>(who & 0xffffffffu) != peers[i] || static_cast<int>(who >> 32) != size_)
-      return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": the UCX peer at rank ", peers[i],
+    const int expected = peers[i % n];
+    if (magic != kHelloMagic || static_cast<int>(who & 0xffffffffu) != expected || static_cast<int>(who >> 32) != size_)
+      return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": the UCX peer at rank ", expected,
                        "'s address answered as rank ", static_cast<int>(who & 0xffffffffu), " of ",
                        static_cast<int>(who >> 32), (magic != kHelloMagic ? " (not a libcomm channel)" : ""),
                        "; expected rank ", peers[i], " of ", size_);
@@ -224,7 +239,8 @@ Result<Request> Channel::postControlRecv(int peer, const Tag& tag, void* dst, si
   return post(TagClass::kControl, true, peer, tag, dst, bytes);
 }
 
-Result<Request> Channel::post(TagClass cls, bool isRecv, int peer, const Tag& tag, void* buffer, size_t bytes) {
+Result<Request> Channel::post(TagClass cls, bool isRecv, int peer, const Tag& tag, void* buffer, size_t bytes,
+                              bool bulk) {
   LIBCOMM_RETURN_IF_ERROR(checkPeer(peer, isRecv ? "receive" : "send"));
   if (!tagFits(tag))
     return makeError(StatusCode::kInvalidArgument, "rank ", rank_, ": UCX tag step ", tag.step, " chunk ", tag.chunk,
@@ -259,7 +275,9 @@ Result<Request> Channel::post(TagClass cls, bool isRecv, int peer, const Tag& ta
       slot->done = true;
       ++*slot->completions;
     };
-    r = ucp_tag_send_nbx(peers_[peer]->ep, buffer, bytes, wireTag(cls, static_cast<uint32_t>(rank_), tag), &p);
+    const Peer& to = *peers_[peer];
+    bulk = to.bulk && (bulk || (cls == TagClass::kData && bytes >= config_.ucxBulkBytes));
+    r = ucp_tag_send_nbx(bulk ? to.bulk : to.ep, buffer, bytes, wireTag(cls, static_cast<uint32_t>(rank_), tag), &p);
   }
   if (r == nullptr) {
     s.done = true;  // completed at once (small messages; a receive whose message was already here)
@@ -295,6 +313,10 @@ std::string Channel::describePeer(int peer) const {
   FILE* f = open_memstream(&buf, &len);
   if (!f) return "";
   ucp_ep_print_info(peers_[peer]->ep, f);
+  if (peers_[peer]->bulk) {
+    fprintf(f, "bulk endpoint (messages of %zu bytes and more):\n", config_.ucxBulkBytes);
+    ucp_ep_print_info(peers_[peer]->bulk, f);
+  }
   fclose(f);
   std::string out(buf, len);
   free(buf);
@@ -378,14 +400,21 @@ Status Channel::disconnect(Deadline deadline) {
 
 void Channel::closeEndpoint(Peer& peer, bool force, std::vector<void*>* closing) {
   if (peer.closed || !peer.ep) return;
-  ucp_request_param_t cp{};
-  cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  auto close = [&](ucp_ep_h ep, uint32_t flags) {
+    ucp_request_param_t cp{};
+    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    cp.flags = flags;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &cp);
+    if (UCS_PTR_IS_PTR(r)) closing->push_back(r);
+  };
   // A graceful close flushes first, which never ends towards a stopped or cut-off peer: only
-  // after a clean run.
-  cp.flags = (force || peer.failure != UCS_OK) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-  ucs_status_ptr_t r = ucp_ep_close_nbx(peer.ep, &cp);
-  if (UCS_PTR_IS_PTR(r)) closing->push_back(r);
+  // after a clean run. The bulk endpoint has no forced close (UCX allows it only with the
+  // peer-failure mode); its flush is bounded by the caller's deadline (settleCloses), and what is
+  // left of it goes with the worker.
+  close(peer.ep, (force || peer.failure != UCS_OK) ? UCP_EP_CLOSE_FLAG_FORCE : 0);
+  if (peer.bulk) close(peer.bulk, 0);
   peer.ep = nullptr;
+  peer.bulk = nullptr;
   peer.closed = true;
 }
 

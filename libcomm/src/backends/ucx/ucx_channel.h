@@ -131,7 +131,10 @@ class Channel {
   struct Slot;
   struct Peer;
   Channel(int rank, int size, const CommConfig& config);
-  Result<Request> post(TagClass cls, bool isRecv, int peer, const Tag& tag, void* buffer, size_t bytes);
+  /// `bulk`: send on the peer's bulk endpoint (Peer::bulk). Data sends of ucxBulkBytes and more
+  /// go there anyway.
+  Result<Request> post(TagClass cls, bool isRecv, int peer, const Tag& tag, void* buffer, size_t bytes,
+                       bool bulk = false);
   Status checkPeer(int peer, const char* what) const;
   Slot& acquireSlot();
   void releaseSlot(Slot& s);
