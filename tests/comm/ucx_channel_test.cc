@@ -400,6 +400,57 @@ TEST(UcxChannelFaults, KilledPeerIsNamedWithinASecond) {
   EXPECT_RANKS_OK(report);
 }
 
+// Rank 1 dies while 8 MiB messages travel both ways on the bulk endpoint (rendezvous under way).
+// UCX never ends those requests (an endpoint without the peer-failure mode), but rank 0 hears of
+// the death through the other endpoint: named at once, and a teardown that does not wait for them.
+TEST(UcxChannelFaults, KilledPeerMidRendezvousIsNamedAndTeardownIsQuick) {
+  RunOptions o = processes(2);
+  o.expectDeath = {1};
+  auto report = runRanks(o, [](RankContext& ctx) -> Status {
+    selectTransports(Tls::kTcp);
+    constexpr size_t kBytes = size_t(8) << 20;
+    constexpr int kInFlight = 4, kDieInRound = 3;
+    std::vector<uint8_t> out(kBytes * kInFlight, 3), in(kBytes * kInFlight);
+    LIBCOMM_ASSIGN_OR_RETURN(auto ch, openChannel(ctx, othersOf(ctx.rank, 2)));
+    LIBCOMM_RETURN_IF_ERROR(barrier(ctx));
+    const int peer = 1 - ctx.rank;
+    for (int round = 0;; ++round) {
+      std::vector<Request> reqs;
+      for (int c = 0; c < kInFlight; ++c) {
+        LIBCOMM_ASSIGN_OR_RETURN(Request r, ch->postRecv(peer, Tag{uint32_t(round), 0, uint32_t(c)},
+                                                         in.data() + c * kBytes, kBytes));
+        reqs.push_back(r);
+        LIBCOMM_ASSIGN_OR_RETURN(Request s, ch->postSend(peer, Tag{uint32_t(round), 0, uint32_t(c)},
+                                                         out.data() + c * kBytes, kBytes));
+        reqs.push_back(s);
+      }
+      if (ctx.rank == 1 && round == kDieInRound) {
+        for (auto until = Clock::now() + milliseconds(5); Clock::now() < until;) (void)ch->test(reqs[0]);
+        raise(SIGKILL);
+      }
+      const auto start = Clock::now();
+      Status st = ch->wait(reqs, waitContext(milliseconds(20000)), "bulk-phase");
+      if (st.isOk()) {
+        if (round > kDieInRound) return makeError(StatusCode::kInternalError, "round ", round, " ended without rank 1");
+        continue;
+      }
+      const long long waited = msSince(start);
+      LIBCOMM_RETURN_IF_ERROR(expectError(st, StatusCode::kRemoteError, {"rank 0", "peer rank 1 lost", "bulk-phase"},
+                                          "peer killed mid-rendezvous"));
+      if (waited > 1500) return makeError(StatusCode::kInternalError, "the death was reported after ", waited, " ms");
+      const auto teardown = Clock::now();
+      Status drained = ch->drain(Deadline::after(milliseconds(2000)));
+      ch.reset();
+      printf("[ucx] rank 0: death reported %lld ms into round %d's wait; drain + teardown %lld ms (%s)\n", waited,
+             round, msSince(teardown), drained.isOk() ? "all requests settled" : drained.message().c_str());
+      if (msSince(teardown) > 1000)
+        return makeError(StatusCode::kInternalError, "teardown after the death took ", msSince(teardown), " ms");
+      return Status::ok();
+    }
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 // Rank 1 stops (SIGSTOP) with a large send of rank 0 in flight: UCX notices nothing, so rank 0's
 // op deadline must, naming rank 1; teardown must not wait for the stopped peer.
 TEST(UcxChannelFaults, StoppedPeerTimesOutNamingIt) {

@@ -150,7 +150,9 @@ class Channel {
   Status lostPeerError(std::span<Request> requests, const WaitContext& ctx, const char* phase) const;
   Status timeoutError(std::span<Request> requests, const WaitContext& ctx, const char* phase) const;
   unsigned progressAll();
-  bool progressUntilIdle(Deadline deadline);
+  /// Progresses until no request is pending (with `liveOnly`, none of a peer not lost), or the
+  /// deadline: true when idle.
+  bool progressUntilIdle(Deadline deadline, bool liveOnly = false);
   void cancelReceives();
   void closeEndpoints(bool force, Deadline deadline);
   /// Starts closing `peer`'s endpoint (forced if `force` or the peer failed); the close request,
