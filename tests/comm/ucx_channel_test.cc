@@ -32,18 +32,20 @@ using libcomm::ucx::Tag;
 using std::chrono::milliseconds;
 
 // kTcpOneEndpoint: tcp, every message on the peer-failure endpoint (CommConfig::ucxBulkBytes 0).
-enum class Tls { kDefault, kTcp, kTcpOneEndpoint };
+// kTcpMixedEndpoints: tcp, odd ranks without a bulk endpoint, even ranks with one.
+enum class Tls { kDefault, kTcp, kTcpOneEndpoint, kTcpMixedEndpoints };
 
 // Data messages of this many bytes and more take a peer's bulk endpoint (0: none).
 size_t gBulkBytes = libcomm::CommConfig{}.ucxBulkBytes;
 
 // Called in the rank process before its UCX context exists (UCX reads UCX_* once, at init).
-void selectTransports(Tls tls) {
+void selectTransports(Tls tls, int rank) {
   if (tls == Tls::kDefault)
     unsetenv("UCX_TLS");
   else
     setenv("UCX_TLS", "tcp", 1);
-  gBulkBytes = tls == Tls::kTcpOneEndpoint ? 0 : libcomm::CommConfig{}.ucxBulkBytes;
+  const bool none = tls == Tls::kTcpOneEndpoint || (tls == Tls::kTcpMixedEndpoints && rank % 2 == 1);
+  gBulkBytes = none ? 0 : libcomm::CommConfig{}.ucxBulkBytes;
 }
 
 libcomm::CommConfig testConfig() {
@@ -167,7 +169,7 @@ class UcxChannelData : public ::testing::TestWithParam<Tls> {};
 // Every rank sends every size to every other rank; half the receives are posted before the sends,
 // half after (the message then waits in UCX as unexpected).
 Status exchangeAllSizes(RankContext& ctx, Tls tls) {
-  selectTransports(tls);
+  selectTransports(tls, ctx.rank);
   const std::vector<size_t> sizes = {0, 1, 3, 4093, 65537, size_t(8) << 20};
   const int n = static_cast<int>(sizes.size());
   // Buffers before the channel: on an early return the channel (destroyed first) settles every
@@ -224,7 +226,7 @@ TEST_P(UcxChannelData, ThreeRanksExchangeEverySize) {
 TEST_P(UcxChannelData, ManyInFlightOutOfOrder) {
   const Tls tls = GetParam();
   auto report = runRanks(processes(2), [tls](RankContext& ctx) -> Status {
-    selectTransports(tls);
+    selectTransports(tls, ctx.rank);
     const int peer = 1 - ctx.rank;
     constexpr int kMessages = 64;
     auto sizeOf = [](int m) { return static_cast<size_t>(m * 4099 % 200003); };  // 0 .. ~200 KB
@@ -297,11 +299,14 @@ TEST(UcxChannelThreads, ChannelsOfOneProcessShareTheContext) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, UcxChannelData,
-                         ::testing::Values(Tls::kDefault, Tls::kTcp, Tls::kTcpOneEndpoint),
+                         ::testing::Values(Tls::kDefault, Tls::kTcp, Tls::kTcpOneEndpoint, Tls::kTcpMixedEndpoints),
                          [](const ::testing::TestParamInfo<Tls>& i) {
-                           return std::string(i.param == Tls::kTcp           ? "tcp"
-                                              : i.param == Tls::kTcpOneEndpoint ? "tcp_one_endpoint"
-                                                                                : "default");
+                           switch (i.param) {
+                             case Tls::kTcp: return std::string("tcp");
+                             case Tls::kTcpOneEndpoint: return std::string("tcp_one_endpoint");
+                             case Tls::kTcpMixedEndpoints: return std::string("tcp_mixed_endpoints");
+                             default: return std::string("default");
+                           }
                          });
 
 // ---- errors ---------------------------------------------------------------------------------
@@ -407,7 +412,7 @@ TEST(UcxChannelFaults, KilledPeerMidRendezvousIsNamedAndTeardownIsQuick) {
   RunOptions o = processes(2);
   o.expectDeath = {1};
   auto report = runRanks(o, [](RankContext& ctx) -> Status {
-    selectTransports(Tls::kTcp);
+    selectTransports(Tls::kTcp, ctx.rank);
     constexpr size_t kBytes = size_t(8) << 20;
     constexpr int kInFlight = 4, kDieInRound = 3;
     std::vector<uint8_t> out(kBytes * kInFlight, 3), in(kBytes * kInFlight);

@@ -16,6 +16,8 @@ namespace libcomm::ucx {
 namespace {
 
 constexpr uint64_t kHelloMagic = 0x5343554358303031ull;  // "SCUCX001"
+// In the hello's second word (size << 32 | rank): the sender has a bulk endpoint (Peer::bulk).
+constexpr uint64_t kHelloBulkFlag = uint64_t{1} << 62;
 
 // Teardown bounds (the destructor never waits longer than about their sum).
 // Cancelled receives complete at the next progress; what is still pending after this is stuck
@@ -123,45 +125,57 @@ Status Channel::connect(const std::vector<std::string>& addresses, const std::ve
   connected_ = true;
 
   // Wire-up: one message each way per peer. It also checks that the peer is the rank it should
-  // be, in a communicator of the same size. The buffers are members: after a failure UCX may
-  // still use them until drain() or the destructor.
-  // With a bulk endpoint, a second hello goes over it (same tag, same content: either may match
-  // either receive), so that its wire-up is done here too, not in the first large collective.
+  // be, in a communicator of the same size, and says whether the peer has a bulk endpoint (ranks
+  // may differ there: the setting is per process). The buffers are members: after a failure UCX
+  // may still use them until drain() or the destructor.
   const size_t n = peers.size();
-  const size_t perPeer = config_.ucxBulkBytes > 0 ? 2 : 1;
-  hello_.reset(new uint64_t[2 * (perPeer * n + 1)]());
+  hello_.reset(new uint64_t[2 * (2 * n + 1)]());
   hello_[0] = kHelloMagic;
-  hello_[1] = (static_cast<uint64_t>(size_) << 32) | static_cast<uint32_t>(rank_);
-  std::vector<Request> reqs;
+  hello_[1] = (static_cast<uint64_t>(size_) << 32) | static_cast<uint32_t>(rank_) |
+              (config_.ucxBulkBytes > 0 ? kHelloBulkFlag : 0);
   const auto start = Clock::now();
-  for (size_t i = 0; i < perPeer * n; ++i) {
-    LIBCOMM_ASSIGN_OR_RETURN(Request r,
-                             post(TagClass::kConnect, true, peers[i % n], Tag{}, &hello_[2 * (i + 1)], 16));
-    reqs.push_back(r);
-  }
-  for (size_t i = 0; i < perPeer * n; ++i) {
-    LIBCOMM_ASSIGN_OR_RETURN(Request r, post(TagClass::kConnect, false, peers[i % n], Tag{}, &hello_[0], 16, i >= n));
-    reqs.push_back(r);
-  }
   const WaitContext ctx{OpDeadline::fixed(deadline),
                         OpLabel{nullptr, [](const void*) { return std::string("UCX connection set-up"); }},
                         std::chrono::microseconds(20),
                         {}};
-  Status st = wait(reqs, ctx, "wire-up");
-  if (!st.isOk()) {
-    (void)drain(Deadline::after(kForceCloseBound));
-    return st.withContext("connecting to UCX peers [" + listRanks(peers) +
-                          "] (every listed peer must list this rank too)");
-  }
-  for (size_t i = 0; i < perPeer * n; ++i) {
-    const uint64_t magic = hello_[2 * (i + 1)], who = hello_[2 * (i + 1) + 1];
-    const int expected = peers[i % n];
-    if (magic != kHelloMagic || static_cast<int>(who & 0xffffffffu) != expected || static_cast<int>(who >> 32) != size_)
-      return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": the UCX peer at rank ", expected,
-                       "'s address answered as rank ", static_cast<int>(who & 0xffffffffu), " of ",
-                       static_cast<int>(who >> 32), (magic != kHelloMagic ? " (not a libcomm channel)" : ""),
-                       "; expected rank ", peers[i], " of ", size_);
-  }
+  // One round of hellos: receives into slots [first, first + n) of hello_, sends over each peer's
+  // bulk endpoint or not; `expectFrom(i)` says whether peer i sends one this round.
+  auto round = [&](size_t first, uint32_t step, bool overBulk, auto expectFrom) -> Status {
+    std::vector<Request> reqs;
+    for (size_t i = 0; i < n; ++i) {
+      if (!expectFrom(i)) continue;
+      LIBCOMM_ASSIGN_OR_RETURN(Request r, post(TagClass::kConnect, true, peers[i], Tag{0, step, 0},
+                                               &hello_[2 * (first + i + 1)], 16));
+      reqs.push_back(r);
+    }
+    for (size_t i = 0; i < n && (!overBulk || config_.ucxBulkBytes > 0); ++i) {
+      LIBCOMM_ASSIGN_OR_RETURN(Request r,
+                               post(TagClass::kConnect, false, peers[i], Tag{0, step, 0}, &hello_[0], 16, overBulk));
+      reqs.push_back(r);
+    }
+    Status st = wait(reqs, ctx, overBulk ? "wire-up of the bulk endpoints" : "wire-up");
+    if (!st.isOk()) {
+      (void)drain(Deadline::after(kForceCloseBound));
+      return st.withContext("connecting to UCX peers [" + listRanks(peers) +
+                            "] (every listed peer must list this rank too)");
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (!expectFrom(i)) continue;
+      const uint64_t magic = hello_[2 * (first + i + 1)], who = hello_[2 * (first + i + 1) + 1] & ~kHelloBulkFlag;
+      if (magic != kHelloMagic || static_cast<int>(who & 0xffffffffu) != peers[i] ||
+          static_cast<int>(who >> 32) != size_)
+        return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": the UCX peer at rank ", peers[i],
+                         "'s address answered as rank ", static_cast<int>(who & 0xffffffffu), " of ",
+                         static_cast<int>(who >> 32), (magic != kHelloMagic ? " (not a libcomm channel)" : ""),
+                         "; expected rank ", peers[i], " of ", size_);
+    }
+    return Status::ok();
+  };
+  LIBCOMM_RETURN_IF_ERROR(round(0, 0, false, [](size_t) { return true; }));
+  // A second round over the bulk endpoints, so that they are wired up here too, not in the first
+  // large collective: from the peers whose hello said they have one.
+  auto peerHasBulk = [&](size_t i) { return (hello_[2 * (i + 1) + 1] & kHelloBulkFlag) != 0; };
+  LIBCOMM_RETURN_IF_ERROR(round(n, 1, true, peerHasBulk));
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
   LIBCOMM_LOG(kInfo, "ucx") << "rank " << rank_ << ": UCX channel connected to ranks [" << listRanks(peers) << "] in "
                             << us << " us; worker address " << address_.size() << " B; " << context_->describe();
