@@ -166,7 +166,7 @@ TEST(CommConfig, BadValuesNameTheVariable) {
       {"LIBCOMM_CHECK_MISMATCH", "maybe"},    {"LIBCOMM_PEER_TIMEOUT_MS", "0"},
       // Process-wide settings, read elsewhere; a typo must not pass for the default (or silence).
       {"LIBCOMM_LOG_LEVEL", "verbose"},     {"LIBCOMM_LOG_SUBSYS", "init,shm"}, {"LIBCOMM_NT_STORE_BYTES", "-1"},
-      {"LIBCOMM_UCX_BULK_BYTES", "-1"},
+      {"LIBCOMM_UCX_BULK_BYTES", "-2"},
       {"LIBCOMM_NT_STORE_BYTES", "16M"},    {"LIBCOMM_HOST_STORE", "maybe"},  {"LIBCOMM_SOCKET_IFNAME", "^"},
       {"LIBCOMM_HOST_ID", "a-host-id-that-is-far-too-long-to-fit-the-handshake-field-of-64-characters"},
   };

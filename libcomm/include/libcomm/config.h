@@ -93,10 +93,12 @@ struct CommConfig {
   /// peer, created without UCX's peer-failure mode (LIBCOMM_UCX_BULK_BYTES; 0: every message on
   /// the first). With that mode UCX 1.13 keeps rendezvous off transports that cannot invalidate
   /// registered memory, tcp among them, and moves large messages as copied fragments instead of
-  /// zero-copy; measured at 2 hosts x 1 rank, all_gather runs 1.1-1.3x faster on the second
-  /// endpoint (docs/PERFORMANCE.md). A lost peer is still named within peerTimeout: the first
-  /// endpoint keeps the mode, and a reset connection fails the second one's requests at once.
-  size_t ucxBulkBytes = 65536;
+  /// zero-copy; measured at 2 hosts x 1 rank, all_gather runs 1.2-1.25x faster on the second
+  /// endpoint (docs/PERFORMANCE.md). A lost peer is still named within peerTimeout, through the
+  /// first endpoint (UCX reports nothing on the second). Negative: automatic -- 64 KiB where this
+  /// machine lists no RDMA device (/sys/class/infiniband), else 0: over RDMA the first endpoint
+  /// may have zero-copy already, and an endpoint without the mode is untested there.
+  int64_t ucxBulkBytes = -1;
   /// Bytes per staging chunk for unregistered buffers (LIBCOMM_STAGING_CHUNK).
   size_t stagingChunkBytes = 1 << 20;
   /// Collectives whose per-rank input is at most this many bytes travel with their arrival

@@ -58,9 +58,10 @@ const std::vector<SettingInfo> kSettings = {
      "fifo:N (SCHED_FIFO 1..99); falls back to inherit with a warning where not permitted"},
     {"LIBCOMM_EAGER_BYTES", SettingType::kInt, "16384",
      "inputs up to this size (bytes per rank) are copied in with the arrival handshake; 0: off"},
-    {"LIBCOMM_UCX_BULK_BYTES", SettingType::kInt, "65536",
+    {"LIBCOMM_UCX_BULK_BYTES", SettingType::kInt, "-1",
      "across hosts: UCX messages of at least this many bytes use a second endpoint per peer without UCX's "
-     "peer-failure mode, which allows zero-copy rendezvous on tcp; 0: off"},
+     "peer-failure mode, which allows zero-copy rendezvous on tcp; 0: off; -1: 65536 where this machine "
+     "lists no RDMA device, else off"},
     {"LIBCOMM_SPIN_US", SettingType::kInt, "-1",
      "microseconds a collective on an inline stream polls for its peers before sleeping; -1: 1000 (with "
      "sched_yield between polls when this host's ranks outnumber its cores)"},
@@ -206,8 +207,10 @@ Result<CommConfig> CommConfig::fromEnvironment() {
     return makeError(StatusCode::kInvalidArgument, "LIBCOMM_EAGER_BYTES must be in [0, 2^20], got ", eager);
   c.eagerBytes = static_cast<size_t>(eager);
   LIBCOMM_ASSIGN_OR_RETURN(long long bulk, settingInt("LIBCOMM_UCX_BULK_BYTES"));
-  if (bulk < 0) return makeError(StatusCode::kInvalidArgument, "LIBCOMM_UCX_BULK_BYTES must be >= 0 (0: off), got ", bulk);
-  c.ucxBulkBytes = static_cast<size_t>(bulk);
+  if (bulk < -1)
+    return makeError(StatusCode::kInvalidArgument, "LIBCOMM_UCX_BULK_BYTES must be >= 0 (0: off) or -1 (automatic), got ",
+                     bulk);
+  c.ucxBulkBytes = bulk;
   LIBCOMM_ASSIGN_OR_RETURN(c.checkMismatch, settingBool("LIBCOMM_CHECK_MISMATCH"));
   LIBCOMM_ASSIGN_OR_RETURN(c.collTrace, settingBool("LIBCOMM_COLL_TRACE"));
   if (opMs <= 0) return makeError(StatusCode::kInvalidArgument, "LIBCOMM_TIMEOUT_MS must be > 0, got ", opMs);

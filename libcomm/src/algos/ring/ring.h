@@ -124,7 +124,7 @@ inline size_t chunkElems(const Env& env, size_t elementBytes) {
 /// chunks per block still let a ring forward the first while the second arrives.
 inline size_t allGatherChunkElems(const Env& env, size_t elementBytes, size_t count) {
   size_t bytes = env.chunkBytes;
-  if (bytes == 0) bytes = std::clamp(count * elementBytes / 2, size_t{1} << 20, size_t{8} << 20);
+  if (bytes == 0) bytes = std::clamp((count + 1) / 2 * elementBytes, size_t{1} << 20, size_t{8} << 20);
   return bytes / elementBytes > 0 ? bytes / elementBytes : 1;
 }
 

@@ -4,6 +4,7 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -15,7 +16,7 @@
 namespace libcomm::ucx {
 namespace {
 
-constexpr uint64_t kHelloMagic = 0x5343554358303031ull;  // "SCUCX001"
+constexpr uint64_t kHelloMagic = 0x5343554358303032ull;  // "SCUCX002"
 // In the hello's second word (size << 32 | rank): the sender has a bulk endpoint (Peer::bulk).
 constexpr uint64_t kHelloBulkFlag = uint64_t{1} << 62;
 
@@ -34,7 +35,17 @@ std::string listRanks(const std::vector<int>& ranks) {
 
 }  // namespace
 
-Channel::Channel(int rank, int size, const CommConfig& config) : rank_(rank), size_(size), config_(config) {}
+Channel::Channel(int rank, int size, const CommConfig& config) : rank_(rank), size_(size), config_(config) {
+  if (config.ucxBulkBytes >= 0) {
+    bulkBytes_ = static_cast<size_t>(config.ucxBulkBytes);
+  } else {
+    // Automatic: on where UCX can only have tcp (and shared memory) between hosts.
+    std::error_code ec;
+    const bool rdma = std::filesystem::is_directory("/sys/class/infiniband", ec) &&
+                      !std::filesystem::is_empty("/sys/class/infiniband", ec);
+    bulkBytes_ = rdma ? 0 : 65536;
+  }
+}
 
 Result<std::unique_ptr<Channel>> Channel::create(int rank, int size, const CommConfig& config) {
   if (size < 1 || rank < 0 || rank >= size)
@@ -110,7 +121,7 @@ Status Channel::connect(const std::vector<std::string>& addresses, const std::ve
     if (st != UCS_OK)
       return makeError(StatusCode::kRemoteError, "rank ", rank_, ": creating the UCX endpoint to rank ", p,
                        " failed: ", ucs_status_string(st));
-    if (config_.ucxBulkBytes > 0) {
+    if (bulkBytes_ > 0) {
       ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;  // see Peer::bulk
       st = ucp_ep_create(worker_, &ep, &peer->bulk);
       if (st != UCS_OK) {
@@ -132,7 +143,7 @@ Status Channel::connect(const std::vector<std::string>& addresses, const std::ve
   hello_.reset(new uint64_t[2 * (2 * n + 1)]());
   hello_[0] = kHelloMagic;
   hello_[1] = (static_cast<uint64_t>(size_) << 32) | static_cast<uint32_t>(rank_) |
-              (config_.ucxBulkBytes > 0 ? kHelloBulkFlag : 0);
+              (bulkBytes_ > 0 ? kHelloBulkFlag : 0);
   const auto start = Clock::now();
   const WaitContext ctx{OpDeadline::fixed(deadline),
                         OpLabel{nullptr, [](const void*) { return std::string("UCX connection set-up"); }},
@@ -148,7 +159,7 @@ Status Channel::connect(const std::vector<std::string>& addresses, const std::ve
                                                &hello_[2 * (first + i + 1)], 16));
       reqs.push_back(r);
     }
-    for (size_t i = 0; i < n && (!overBulk || config_.ucxBulkBytes > 0); ++i) {
+    for (size_t i = 0; i < n && (!overBulk || bulkBytes_ > 0); ++i) {
       LIBCOMM_ASSIGN_OR_RETURN(Request r,
                                post(TagClass::kConnect, false, peers[i], Tag{0, step, 0}, &hello_[0], 16, overBulk));
       reqs.push_back(r);
@@ -255,6 +266,9 @@ Result<Request> Channel::postControlRecv(int peer, const Tag& tag, void* dst, si
 
 Result<Request> Channel::post(TagClass cls, bool isRecv, int peer, const Tag& tag, void* buffer, size_t bytes,
                               bool bulk) {
+  if (!worker_)
+    return makeError(StatusCode::kRemoteError, "rank ", rank_, ": UCX ", isRecv ? "receive" : "send",
+                     " refused: the channel was closed after an error");
   LIBCOMM_RETURN_IF_ERROR(checkPeer(peer, isRecv ? "receive" : "send"));
   if (!tagFits(tag))
     return makeError(StatusCode::kInvalidArgument, "rank ", rank_, ": UCX tag step ", tag.step, " chunk ", tag.chunk,
@@ -290,7 +304,7 @@ Result<Request> Channel::post(TagClass cls, bool isRecv, int peer, const Tag& ta
       ++*slot->completions;
     };
     const Peer& to = *peers_[peer];
-    bulk = to.bulk && (bulk || (cls == TagClass::kData && bytes >= config_.ucxBulkBytes));
+    bulk = to.bulk && (bulk || (cls == TagClass::kData && bytes >= bulkBytes_));
     r = ucp_tag_send_nbx(bulk ? to.bulk : to.ep, buffer, bytes, wireTag(cls, static_cast<uint32_t>(rank_), tag), &p);
   }
   if (r == nullptr) {
@@ -328,7 +342,7 @@ std::string Channel::describePeer(int peer) const {
   if (!f) return "";
   ucp_ep_print_info(peers_[peer]->ep, f);
   if (peers_[peer]->bulk) {
-    fprintf(f, "bulk endpoint (messages of %zu bytes and more):\n", config_.ucxBulkBytes);
+    fprintf(f, "bulk endpoint (messages of %zu bytes and more):\n", bulkBytes_);
     ucp_ep_print_info(peers_[peer]->bulk, f);
   }
   fclose(f);
@@ -338,6 +352,7 @@ std::string Channel::describePeer(int peer) const {
 }
 
 unsigned Channel::progressAll() {
+  if (!worker_) return 0;
   // Bounded: a steady stream of arrivals must not keep a caller from its deadline checks.
   unsigned total = 0;
   for (int i = 0; i < 64; ++i) {
@@ -349,7 +364,7 @@ unsigned Channel::progressAll() {
 }
 
 void Channel::sleepOnWorker(std::chrono::milliseconds slice) {
-  if (ucp_worker_arm(worker_) != UCS_OK) return;  // UCS_ERR_BUSY: events are waiting; progress again
+  if (!worker_ || ucp_worker_arm(worker_) != UCS_OK) return;  // UCS_ERR_BUSY: events are waiting; progress again
   pollfd pfd{efd_, POLLIN, 0};
   (void)poll(&pfd, 1, static_cast<int>(std::max<long long>(slice.count(), 1)));
 }
@@ -390,12 +405,14 @@ Status Channel::drain(Deadline deadline) {
   std::vector<void*> closing;
   for (int p : peerList_)
     if (close[p]) closeEndpoint(*peers_[p], true, &closing);
-  settleCloses(&closing, deadline);
+  const Deadline closePart = deadline.min(Deadline::after(kForceCloseBound));
+  settleCloses(&closing, closePart);
   // A lost peer's rendezvous on its bulk endpoint never ends: UCX does not fail the requests of an
   // endpoint without the peer-failure mode (seen with a killed peer: its 8 MiB sends and the
-  // receives it had matched stay pending), and no connection can move their data any more. They
-  // are left to the worker's end; waiting for them would only hold the caller's error back.
-  if (!idle) idle = progressUntilIdle(deadline, true);
+  // receives it had matched stay pending), and no connection can move their data any more. A
+  // stopped peer's may end only if it wakes up. Both go with the worker below; waiting for the
+  // lost ones would only hold the caller's error back.
+  if (!idle) idle = progressUntilIdle(closePart, true);
   // Every handle the caller still holds becomes stale: the requests are settled here.
   size_t left = 0, ofLost = 0;
   for (const auto& s : slots_) {
@@ -407,13 +424,32 @@ Status Channel::drain(Deadline deadline) {
       ofLost += peerLost(s->peer);
     }
   }
+  if (left > 0) {
+    LIBCOMM_LOG(kInfo, "ucx") << "rank " << rank_ << ": " << left << " UCX requests (" << ofLost
+                              << " of lost peers) still pending after cancelling and closing: destroying the "
+                                 "worker with them, so that none can touch a buffer any more";
+    retireWorker();
+  }
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
   LIBCOMM_LOG(kDebug, "ucx") << "rank " << rank_ << ": UCX channel drained in " << ms << " ms, " << left
-                             << " requests still pending";
-  if (left == 0) return Status::ok();
-  return makeError(StatusCode::kTimeout, "rank ", rank_, ": ", left, " UCX requests (", ofLost,
-                   " of lost peers) still pending after cancelling and closing; their buffers stay in use until "
-                   "the channel is destroyed");
+                             << " requests abandoned";
+  return Status::ok();
+}
+
+void Channel::retireWorker() {
+  if (!worker_) return;
+  // UCX releases the endpoints and the requests with the worker: no pointer to them may survive.
+  for (const auto& s : slots_) {
+    s->request = nullptr;
+    if (s->inUse) releaseSlot(*s);
+  }
+  for (int p : peerList_) {
+    peers_[p]->ep = nullptr;
+    peers_[p]->bulk = nullptr;
+    peers_[p]->closed = true;
+  }
+  ucp_worker_destroy(worker_);
+  worker_ = nullptr;
 }
 
 Status Channel::disconnect(Deadline deadline) {

@@ -108,12 +108,14 @@ class Channel {
   bool aborted() const { return aborted_.load(std::memory_order_acquire); }
 
   /// After an error: cancels every pending receive and waits (until `deadline`) until no request
-  /// is pending; endpoints with requests still pending are force-closed (their peers are then
-  /// lost to this channel). OK when no UCX request can touch a user buffer any more.
+  /// is pending; endpoints with requests still pending are closed (their peers are then lost to
+  /// this channel). What is still pending after that (a lost or stopped peer's rendezvous on its
+  /// bulk endpoint, which UCX can neither fail nor force-close) goes with the worker, and the
+  /// channel refuses everything after. OK when no UCX request can touch a user buffer any more.
   Status drain(Deadline deadline);
-  /// When this rank gives up on the communicator (after an error of its own): drains, then
-  /// force-closes every endpoint, so that the peers' waits on this rank fail at once (kRemoteError
-  /// naming it) instead of at their deadline. The channel is unusable afterwards.
+  /// When this rank gives up on the communicator (after an error of its own): drains, then closes
+  /// every endpoint (the peer-failure ones forced), so that the peers' waits on this rank fail at
+  /// once (kRemoteError naming it) instead of at their deadline. The channel is unusable afterwards.
   Status disconnect(Deadline deadline);
 
   int rank() const { return rank_; }
@@ -154,6 +156,9 @@ class Channel {
   /// deadline: true when idle.
   bool progressUntilIdle(Deadline deadline, bool liveOnly = false);
   void cancelReceives();
+  /// Destroys the worker with whatever it still holds (its endpoints and pending requests), so
+  /// that no UCX request can touch a user buffer any more; the channel refuses everything after.
+  void retireWorker();
   void closeEndpoints(bool force, Deadline deadline);
   /// Starts closing `peer`'s endpoint (forced if `force` or the peer failed); the close request,
   /// if any, goes to *closing.
@@ -166,6 +171,7 @@ class Channel {
   int rank_;
   int size_;
   CommConfig config_;
+  size_t bulkBytes_ = 0;  // CommConfig::ucxBulkBytes resolved (0: no bulk endpoints)
   std::shared_ptr<Context> context_;
   ucp_worker* worker_ = nullptr;
   int efd_ = -1;

@@ -30,13 +30,14 @@ struct Channel::Peer {
   Channel* channel = nullptr;
   int rank = -1;
   ucp_ep_h ep = nullptr;  // UCP_ERR_HANDLING_MODE_PEER: control messages, small data, liveness
-  /// Data messages of CommConfig::ucxBulkBytes and more (null when that is 0). Created without
-  /// the peer-failure mode: with it, UCX 1.13 allows rendezvous only on transports that can
-  /// invalidate registered memory, which tcp cannot, and moves large messages as active-message
-  /// fragments copied on both sides (measured: 17x the sendmsg calls of a zero-copy put). Its
-  /// requests still fail at once when the connection resets (UCX calls the error handler of any
-  /// endpoint that has one); a silent host is named by the first endpoint's keepalive. UCX cannot
-  /// force-close it: closing flushes, bounded by the caller's deadline.
+  /// Data messages of CommConfig::ucxBulkBytes and more (null when there are none). Created
+  /// without the peer-failure mode: with it, UCX 1.13 allows rendezvous only on transports that
+  /// can invalidate registered memory, which tcp cannot, and moves large messages as
+  /// active-message fragments copied on both sides (measured: 17x the sendmsg calls of a
+  /// zero-copy put). UCX reports nothing on it when the peer dies and never ends its requests:
+  /// the peer's loss is heard on `ep`, and drain() leaves what is still pending to the worker's
+  /// destruction (retireWorker). UCX cannot force-close it: closing flushes, bounded by drain's
+  /// deadline.
   ucp_ep_h bulk = nullptr;
   ucs_status_t failure = UCS_OK;  // set once, by the endpoint's error handler
   Clock::time_point failedAt{};

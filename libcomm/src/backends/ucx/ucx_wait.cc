@@ -81,6 +81,8 @@ Status Channel::waitAny(std::span<Request> requests, size_t* index, const WaitCo
 }
 
 Result<bool> Channel::test(Request& request) {
+  if (!worker_)
+    return makeError(StatusCode::kRemoteError, "rank ", rank_, ": UCX test refused: the channel was closed after an error");
   LIBCOMM_ASSIGN_OR_RETURN(Slot * s, lookup(request));
   if (!s->done) progressAll();
   if (!s->done) return false;
@@ -106,6 +108,9 @@ Status Channel::stopReason(std::span<Request> requests, const WaitContext& ctx, 
 
 Status Channel::waitImpl(std::span<Request> requests, bool any, size_t* index, const WaitContext& ctx,
                          const char* phase) {
+  if (!worker_)
+    return makeError(StatusCode::kRemoteError, "rank ", rank_, ": UCX wait in ", ctx.op.str(), " (", phase,
+                     ") refused: the channel was closed after an error");
   bool done = false;
   LIBCOMM_RETURN_IF_ERROR(collect(requests, any, index, &done, ctx, phase));
   if (done) return Status::ok();
