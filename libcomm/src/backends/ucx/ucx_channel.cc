@@ -328,9 +328,11 @@ bool Channel::peerLost(int peer) const {
   return peer >= 0 && peer < size_ && peers_[peer] && peers_[peer]->failure != UCS_OK;
 }
 
-size_t Channel::pendingRequests() const {
+size_t Channel::pendingRequests() const { return pendingCount(false); }
+
+size_t Channel::pendingCount(bool liveOnly) const {
   size_t n = 0;
-  for (const auto& s : slots_) n += s->inUse && !s->done;
+  for (const auto& s : slots_) n += s->inUse && !s->done && !(liveOnly && peerLost(s->peer));
   return n;
 }
 
@@ -370,14 +372,9 @@ void Channel::sleepOnWorker(std::chrono::milliseconds slice) {
 }
 
 bool Channel::progressUntilIdle(Deadline deadline, bool liveOnly) {
-  auto pending = [&] {
-    size_t n = 0;
-    for (const auto& s : slots_) n += s->inUse && !s->done && !(liveOnly && peerLost(s->peer));
-    return n;
-  };
   for (;;) {
     progressAll();
-    if (pending() == 0) return true;
+    if (pendingCount(liveOnly) == 0) return true;
     if (deadline.expired()) return false;
     sleepOnWorker(std::min<std::chrono::milliseconds>(std::chrono::milliseconds(5), deadline.remaining()));
   }

@@ -156,6 +156,8 @@ class Channel {
   /// deadline: true when idle.
   bool progressUntilIdle(Deadline deadline, bool liveOnly = false);
   void cancelReceives();
+  /// Requests not yet complete (with `liveOnly`, only those of peers not lost).
+  size_t pendingCount(bool liveOnly) const;
   /// Destroys the worker with whatever it still holds (its endpoints and pending requests), so
   /// that no UCX request can touch a user buffer any more; the channel refuses everything after.
   void retireWorker();
