@@ -185,6 +185,8 @@ int printJson(const Report& r) {
         .field("eager_bytes", static_cast<unsigned long long>(c.eagerBytes))
         .field("rs_partials", libcomm::partialsTypeName(c.reducePartials))
         .field("blocking_spin_us", static_cast<long long>(c.blockingSpin.count()))
+        .field("progress_spin_us", static_cast<long long>(c.progressSpin.count()))
+        .field("ucx_bulk_bytes", static_cast<long long>(c.ucxBulkBytes))
         .endObject();
     w.key("configuration_error").null();
     w.key("selection").beginArray();

@@ -108,10 +108,8 @@ void Report::addSize(const SizeResult& r) {
                 ms(f.optimizerMs).c_str(), ms(f.cpuMs).c_str());
   }
   const ModeResult& ov = r.mode(BenchMode::kOverlap);
-  std::string at;
-  for (int k = 0; k < tinylm::kExposedPlaces; ++k)
-    at += libcomm::detail::strCat(k ? ", " : "", tinylm::exposedAtName(static_cast<tinylm::ExposedAt>(k)), " ",
-                                  ms(ov.exposedAtMs[k]));
+  const std::string at = tinylm::joinExposedAt(
+      ", ", [&](const char* name, int k) { return libcomm::detail::strCat(name, " ", ms(ov.exposedAtMs[k])); });
   std::printf("#  overlap's exposed time by hook (ms, means per step, slowest rank each): %s\n", at.c_str());
   const Derived d = derive(r, cores_);
   std::printf("#  overlap / max(compute-only, comm-only) %s, serialized / overlap %s, comm-only / compute-only %s\n",
@@ -137,10 +135,9 @@ void Report::writeJson(const SizeResult& r, const Derived& d) {
       ",\"micro_batches\":", options_.microBatches, ",\"prefetch\":", options_.prefetchDepth, ",\"params\":", r.params);
   for (BenchMode mode : kModes) {
     const ModeResult& f = r.mode(mode);
-    std::string at;
-    for (int k = 0; k < tinylm::kExposedPlaces; ++k)
-      at += libcomm::detail::strCat(k ? "," : "", "\"", tinylm::exposedAtName(static_cast<tinylm::ExposedAt>(k)),
-                                    "\":", jsonNumber(f.exposedAtMs[k]));
+    const std::string at = tinylm::joinExposedAt(",", [&](const char* name, int k) {
+      return libcomm::detail::strCat("\"", name, "\":", jsonNumber(f.exposedAtMs[k]));
+    });
     std::fprintf(json_,
                  "{\"record\":\"mode\",%s,\"mode\":\"%s\",\"step_ms\":%s,\"exposed_ms\":%s,\"exposed_frac\":%s,"
                  "\"exposed_at_ms\":{%s},\"compute_ms\":%s,\"optimizer_ms\":%s,\"cpu_ms\":%s,\"samples\":%d,"

@@ -255,10 +255,9 @@ std::vector<std::string> rankLines(const std::vector<RankSummary>& ranks) {
                                           fmt("%.1f", pct), "%), compute ", fmt("%.3f", r.computeSeconds * 1e3),
                                           " ms, optimizer ", fmt("%.3f", r.optimizerSeconds * 1e3), " ms (mean of ",
                                           r.timedSteps, r.timedSteps == 1 ? " step)" : " steps)"));
-    std::string at;
-    for (int k = 0; k < kExposedPlaces; ++k)
-      at += libcomm::detail::strCat(k ? ", " : "", exposedAtName(static_cast<ExposedAt>(k)), " ",
-                                    fmt("%.3f", r.exposedAtSeconds[k] * 1e3));
+    const std::string at = joinExposedAt(", ", [&](const char* name, int k) {
+      return libcomm::detail::strCat(name, " ", fmt("%.3f", r.exposedAtSeconds[k] * 1e3));
+    });
     out.push_back(libcomm::detail::strCat("rank ", r.rank, ": exposed comm by hook (ms): ", at));
     out.push_back(libcomm::detail::strCat(
         "rank ", r.rank, ": libshard peak ", groupDigits(r.poolPeakBytes), " B, plan ",

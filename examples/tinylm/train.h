@@ -93,6 +93,17 @@ enum class ExposedAt : int {
 constexpr int kExposedPlaces = 7;
 /// "beginStep", "beginForward", ...: the hook's name.
 const char* exposedAtName(ExposedAt at);
+/// The hooks' entries in ExposedAt order, joined by `separator`; `item(name, k)` writes hook k's
+/// entry (the by-hook reports of tinylm and shard_bench, text and JSON).
+template <class Item>
+std::string joinExposedAt(const char* separator, Item item) {
+  std::string out;
+  for (int k = 0; k < kExposedPlaces; ++k) {
+    if (k > 0) out += separator;
+    out += item(exposedAtName(static_cast<ExposedAt>(k)), k);
+  }
+  return out;
+}
 
 struct StepRecord {
   int step = 0;

@@ -267,6 +267,11 @@ std::string FlightRecorder::toJson(std::string_view reason) const {
   return w.str() + "\n";
 }
 
+namespace {
+// A setting whose negative value means "chosen automatically" (CommConfig's convention).
+std::string autoOr(long long value) { return value < 0 ? "auto" : std::to_string(value); }
+}  // namespace
+
 std::shared_ptr<FlightRecorder> createFlightRecorder(const CommConfig& config, int rank, int size, std::string jobId,
                                                      std::string commId, std::vector<FlightMember> members) {
   FlightIdentity id;
@@ -284,7 +289,10 @@ std::shared_ptr<FlightRecorder> createFlightRecorder(const CommConfig& config, i
   id.settings = {{"algo", config.algo.empty() ? "auto" : config.algo},
                  {"check_mismatch", config.checkMismatch ? "1" : "0"},
                  {"eager_bytes", std::to_string(config.eagerBytes)},
-                 {"rs_partials", partialsTypeName(config.reducePartials)}};
+                 {"rs_partials", partialsTypeName(config.reducePartials)},
+                 {"ucx_bulk_bytes", autoOr(config.ucxBulkBytes)},
+                 {"blocking_spin_us", autoOr(config.blockingSpin.count())},
+                 {"progress_spin_us", autoOr(config.progressSpin.count())}};
   auto recorder = std::make_shared<FlightRecorder>(std::move(id));
   registerFlightRecorderForSignal(recorder);
   return recorder;
