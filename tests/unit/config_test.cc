@@ -146,6 +146,10 @@ TEST(WaitPolicies, FollowTheCoresAndTheSettings) {
     EXPECT_EQ(p.blocking.yield, nanoseconds(microseconds(k.blockingYieldUs)));
     EXPECT_EQ(p.progress.spin, nanoseconds(microseconds(k.progressSpinUs)));
     EXPECT_EQ(p.progress.yield, nanoseconds(0));
+    // Then up to 1 ms on a sleeping host thread's core, yielding where the rank's threads do not fit.
+    EXPECT_EQ(p.progress.borrow, nanoseconds(microseconds(1000)));
+    EXPECT_EQ(p.progress.borrowYields, k.progressSpinUs != 1000);
+    EXPECT_EQ(p.blocking.borrow, nanoseconds(0)) << "a blocking call's own thread is the one waiting";
   }
   CommConfig set;
   set.blockingSpin = microseconds(7);
@@ -155,6 +159,7 @@ TEST(WaitPolicies, FollowTheCoresAndTheSettings) {
     EXPECT_EQ(p.blocking.spin, nanoseconds(microseconds(7))) << "a setting never yields";
     EXPECT_EQ(p.blocking.yield, nanoseconds(0));
     EXPECT_EQ(p.progress.spin, nanoseconds(0));
+    EXPECT_EQ(p.progress.borrow, nanoseconds(0)) << "a setting is a plain poll of that length";
   }
   EXPECT_GE(libcomm::usableCpuCount(), 1);
 }

@@ -67,7 +67,8 @@ const std::vector<SettingInfo> kSettings = {
      "sched_yield between polls when this host's ranks outnumber its cores)"},
     {"LIBCOMM_PROGRESS_SPIN_US", SettingType::kInt, "-1",
      "microseconds a threaded stream's progress thread polls for its peers before sleeping; -1: 1000 when "
-     "this machine's cores fit three threads per rank, else 20"},
+     "this machine's cores fit three threads per rank, else 20, and up to 1000 more while a host thread of "
+     "the process sleeps in a stream wait (on its core)"},
     {"LIBCOMM_HOST_ID", SettingType::kString, "",
      "this rank's host id: ranks with equal ids share a host (empty: hostname and kernel boot id)"},
     // Flight recorder (core/flight_recorder.h, docs/FLIGHT-RECORDER.md).

@@ -176,15 +176,16 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadl
                              return describeColl(l->args, l->seq);
                            }};
   const WaitPolicy& policy = blocking ? blockingWait_ : progressWait_;
-  if (device) return runDevice(args, seq, WaitContext{deadline, label, policy.spin, policy.yield}, *device);
-  if (cross_) return runAcrossHosts(args, seq, WaitContext{deadline, label, policy.spin, policy.yield});
+  const WaitContext wait{deadline, label, policy.spin, policy.yield, policy.borrow, policy.borrowYields};
+  if (device) return runDevice(args, seq, wait, *device);
+  if (cross_) return runAcrossHosts(args, seq, wait);
   passBases_.resize(size_);
   const mesh::OpEnv env{seq,
                         rank_,
                         size_,
                         *channel_,
                         *peers_,
-                        {deadline, label, policy.spin, policy.yield},
+                        wait,
                         stageRound_,
                         passBases_.data(),
                         args.kind == CollKind::kReduceScatter && config_.reducePartials == PartialsType::kFloat64};

@@ -11,6 +11,7 @@
 
 #include "core/cpu_relax.h"
 #include "core/host_stream.h"
+#include "core/host_waits.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -149,6 +150,7 @@ class Core {
     spinBriefly([&] { return completed_.load(std::memory_order_acquire) >= target; });
     lock.lock();
     auto waiting = syncTargets_.insert(target);
+    const hostwait::Sleeping sleeping;  // lends this core to a polling progress thread
     const bool done = waitUntil(doneCv_, lock, deadline,
                                 [&] { return completed_.load(std::memory_order_relaxed) >= target || stop_; });
     syncTargets_.erase(waiting);
@@ -363,6 +365,7 @@ class HostEvent final : public Event {
     auto done = [&] { return rec->done.load(std::memory_order_acquire); };
     if (!spinBriefly(done)) {
       std::unique_lock<std::mutex> lock(rec->mu);
+      const hostwait::Sleeping sleeping;  // lends this core to a polling progress thread
       if (!waitUntil(rec->cv, lock, deadline, done))
         return makeError(StatusCode::kTimeout, rec->describe(), " did not complete by the deadline");
     }
@@ -494,6 +497,7 @@ class InlineHostStream final : public Stream {
     bool completed = spinBriefly(done);
     if (!completed) {
       std::unique_lock<std::mutex> lock(rec->mu);
+      const hostwait::Sleeping sleeping;  // lends this core to a polling progress thread
       completed = waitUntil(rec->cv, lock, Deadline::after(waitTimeout_), done);
     }
     Status s;

@@ -25,6 +25,11 @@ struct WaitContext {
   std::chrono::nanoseconds spin{std::chrono::microseconds(20)};
   /// After the spin, how long it polls with sched_yield() between polls before sleeping.
   std::chrono::nanoseconds yield{0};
+  /// Then, while a host thread of this process sleeps in a host-stream wait, how long it polls on
+  /// that thread's core (progress threads only; core/host_waits.h), with sched_yield() between
+  /// polls when borrowYields.
+  std::chrono::nanoseconds borrow{0};
+  bool borrowYields = false;
 };
 
 }  // namespace libcomm

@@ -18,12 +18,11 @@ WaitPolicies chooseWaitPolicies(const CommConfig& config, int ranksOnMachine, in
   } else {
     p.blocking = {{}, kLong};
   }
+  const bool threadsFit = kThreadsPerRank * static_cast<long long>(ranksOnMachine) <= usableCpus;
   if (config.progressSpin.count() >= 0) {
     p.progress = {config.progressSpin, {}};
-  } else if (kThreadsPerRank * static_cast<long long>(ranksOnMachine) <= usableCpus) {
-    p.progress = {kLong, {}};
   } else {
-    p.progress = {kShort, {}};
+    p.progress = {threadsFit ? kLong : kShort, {}, kLong, !threadsFit};
   }
   return p;
 }

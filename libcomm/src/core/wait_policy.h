@@ -17,8 +17,12 @@
 //   - progress, otherwise:                poll 20 us, then sleep (a longer poll takes the core
 //                                         from the caller's compute: docs/PERFORMANCE.md,
 //                                         "Progress-thread polling").
+// Either progress policy then goes on polling for up to 1 ms more while a host thread of the
+// process sleeps in a stream wait, on that thread's core (core/host_waits.h: at most one borrower
+// per sleeper), with sched_yield() between polls where the rank's three threads do not fit the
+// cores, so that a runnable thread of another rank on that core still gets it.
 // LIBCOMM_SPIN_US and LIBCOMM_PROGRESS_SPIN_US (CommConfig::blockingSpin / progressSpin) replace
-// the automatic choice with a plain poll of that length.
+// the automatic choice with a plain poll of that length (and no borrowed poll).
 
 #include <chrono>
 
@@ -29,6 +33,10 @@ namespace libcomm {
 struct WaitPolicy {
   std::chrono::nanoseconds spin;   // poll this long
   std::chrono::nanoseconds yield;  // then poll with sched_yield() in between this long; then sleep
+  // Progress waits: then poll on a sleeping host thread's core this long (core/host_waits.h),
+  // yielding between polls when borrowYields; then sleep.
+  std::chrono::nanoseconds borrow{0};
+  bool borrowYields = false;
 };
 
 struct WaitPolicies {

@@ -10,6 +10,7 @@
 #include <new>
 
 #include "core/cpu_relax.h"
+#include "core/host_waits.h"
 #include "core/log.h"
 
 namespace libcomm::shm {
@@ -177,6 +178,14 @@ Status Channel::waitWord(int peer, const std::atomic<uint32_t>& word, uint32_t t
       if ((i & 7) == 0 && (Clock::now() >= yieldEnd || cb.failed.load() != 0 || aborted())) break;
     }
   }
+
+  // Then a progress thread polls on, on the core of a host thread that sleeps until it is done.
+  const hostwait::Poll borrowed = hostwait::pollOnBorrowedCore(ctx, [&] {
+    if (seqReached(word.load(std::memory_order_acquire), target)) return hostwait::Poll::kDone;
+    return cb.failed.load(std::memory_order_relaxed) != 0 || aborted() ? hostwait::Poll::kStop
+                                                                       : hostwait::Poll::kAgain;
+  });
+  if (borrowed == hostwait::Poll::kDone) return Status::ok();
 
   const Deadline deadline = ctx.deadline.get();
   auto lastCheck = Clock::now();

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "backends/ucx/ucx_channel_state.h"
+#include "core/host_waits.h"
 
 namespace libcomm::ucx {
 namespace {
@@ -158,6 +159,21 @@ Status Channel::waitImpl(std::span<Request> requests, bool any, size_t* index, c
       if (Clock::now() >= yieldEnd || aborted()) break;
     }
   }
+  // 2b. A progress thread polls on, on the core of a host thread that sleeps until it is done.
+  Status failed;
+  const hostwait::Poll borrowed = hostwait::pollOnBorrowedCore(ctx, [&] {
+    ucp_worker_progress(worker_);
+    if (completions_ != seen) {
+      seen = completions_;
+      failed = collect(requests, any, index, &done, ctx, phase);
+      if (!failed.isOk()) return hostwait::Poll::kStop;
+      if (done) return hostwait::Poll::kDone;
+    }
+    return lostPeers_ != lostSeen || aborted() ? hostwait::Poll::kStop : hostwait::Poll::kAgain;
+  });
+  LIBCOMM_RETURN_IF_ERROR(failed);
+  if (borrowed == hostwait::Poll::kDone) return Status::ok();
+  LIBCOMM_RETURN_IF_ERROR(checkLost());
   // 3. Sleep on the event fd in slices; every wake-up checks abort, lost peers and the deadline.
   for (;;) {
     progressAll();
