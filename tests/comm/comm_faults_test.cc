@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backends/shm/shm_channel.h"
+#include "core/host_waits.h"
 #include "gate.h"
 #include "harness.h"
 #include "libcomm/libcomm.h"
@@ -226,6 +227,40 @@ TEST(ShmChannelNames, TimeoutNamesCommunicatorRanks) {
   for (const char* want : {"rank 4: timed out", "waiting for rank 6", "not there yet: 6"})
     EXPECT_NE(st.message().find(want), std::string::npos) << want << ": " << st.toString();
   EXPECT_EQ(st.message().find("not there yet: 6, 9"), std::string::npos) << st.toString();
+}
+
+// A progress thread's wait that polls on a sleeping host thread's core (core/host_waits.h) still
+// sees its peer, and still ends at the collective's deadline with the usual error, however long
+// it may borrow.
+TEST(ShmChannelBorrowedPoll, SeesThePeerAndKeepsTheDeadline) {
+  libcomm::CommConfig config;
+  const std::string prefix = "/shardcomm." + std::to_string(getpid()) + ".borrow-test";
+  auto a = libcomm::shm::Channel::create(prefix + ".0", 0, 2, config, {0, 1});
+  auto b = libcomm::shm::Channel::create(prefix + ".1", 1, 2, config, {0, 1});
+  ASSERT_TRUE(a.isOk() && b.isOk());
+  ASSERT_TRUE((*a)->connect({prefix + ".0", prefix + ".1"}, libcomm::Deadline::after(5s)).isOk());
+  const libcomm::hostwait::Sleeping sleeper;  // as if the trainer's thread slept in a stream wait
+  for (bool yields : {false, true}) {
+    SCOPED_TRACE(yields ? "yielding" : "spinning");
+    const uint32_t seq = yields ? 2 : 1;
+    libcomm::WaitContext wait{libcomm::OpDeadline(std::chrono::milliseconds(10000)), {}, {}, {}, 60s, yields};
+    std::thread peer([&] {
+      std::this_thread::sleep_for(30ms);
+      (*b)->publish(libcomm::shm::Counter::kDone, seq);
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    const Status st = (*a)->waitAll(libcomm::shm::Counter::kDone, seq, wait, "completion");
+    peer.join();
+    EXPECT_TRUE(st.isOk()) << st.toString();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+
+    libcomm::WaitContext late{libcomm::OpDeadline(std::chrono::milliseconds(100)), {}, {}, {}, 60s, yields};
+    const auto t1 = std::chrono::steady_clock::now();
+    const Status timeout = (*a)->waitAll(libcomm::shm::Counter::kDone, seq + 10, late, "completion");
+    EXPECT_EQ(timeout.code(), StatusCode::kTimeout) << timeout.toString();
+    EXPECT_NE(timeout.message().find("waiting for rank 1"), std::string::npos) << timeout.toString();
+    EXPECT_LT(std::chrono::steady_clock::now() - t1, 5s) << "the borrowed poll outlived the deadline";
+  }
 }
 
 // ---- what an aborted communicator leaves behind ----------------------------------------------------

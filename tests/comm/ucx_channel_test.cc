@@ -10,12 +10,14 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "backends/ucx/ucx_channel.h"
 #include "backends/ucx/ucx_context.h"
+#include "core/host_waits.h"
 #include "harness.h"
 
 namespace shardcomm::testing {
@@ -408,11 +410,20 @@ TEST(UcxChannelFaults, KilledPeerIsNamedWithinASecond) {
 // Rank 1 dies while 8 MiB messages travel both ways on the bulk endpoint (rendezvous under way).
 // UCX never ends those requests (an endpoint without the peer-failure mode), but rank 0 hears of
 // the death through the other endpoint: named at once, and a teardown that does not wait for them.
-TEST(UcxChannelFaults, KilledPeerMidRendezvousIsNamedAndTeardownIsQuick) {
+// `borrowing`: rank 0 waits as a progress thread whose caller sleeps, polling on the caller's core
+// for as long as it may (core/host_waits.h) -- the death must be named as quickly.
+void killPeerMidRendezvous(bool borrowing) {
   RunOptions o = processes(2);
   o.expectDeath = {1};
-  auto report = runRanks(o, [](RankContext& ctx) -> Status {
+  auto report = runRanks(o, [borrowing](RankContext& ctx) -> Status {
     selectTransports(Tls::kTcp, ctx.rank);
+    std::optional<libcomm::hostwait::Sleeping> caller;
+    libcomm::WaitContext wait = waitContext(milliseconds(20000));
+    if (borrowing) {
+      caller.emplace();
+      wait.borrow = std::chrono::seconds(60);
+      wait.borrowYields = true;
+    }
     constexpr size_t kBytes = size_t(8) << 20;
     constexpr int kInFlight = 4, kDieInRound = 3;
     std::vector<uint8_t> out(kBytes * kInFlight, 3), in(kBytes * kInFlight);
@@ -436,7 +447,7 @@ TEST(UcxChannelFaults, KilledPeerMidRendezvousIsNamedAndTeardownIsQuick) {
           for (auto until = Clock::now() + milliseconds(5); Clock::now() < until;) (void)ch->test(reqs[0]);
           raise(SIGKILL);
         }
-        return ch->wait(reqs, waitContext(milliseconds(20000)), "bulk-phase");
+        return ch->wait(reqs, wait, "bulk-phase");
       };
       Status st = runRound();
       if (st.isOk()) {
@@ -465,6 +476,9 @@ TEST(UcxChannelFaults, KilledPeerMidRendezvousIsNamedAndTeardownIsQuick) {
   });
   EXPECT_RANKS_OK(report);
 }
+
+TEST(UcxChannelFaults, KilledPeerMidRendezvousIsNamedAndTeardownIsQuick) { killPeerMidRendezvous(false); }
+TEST(UcxChannelFaults, KilledPeerIsNamedDuringABorrowedPoll) { killPeerMidRendezvous(true); }
 
 // Rank 1 stops (SIGSTOP) with a large send of rank 0 in flight: UCX notices nothing, so rank 0's
 // op deadline must, naming rank 1; teardown must not wait for the stopped peer.

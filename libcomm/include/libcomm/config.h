@@ -114,8 +114,9 @@ struct CommConfig {
   /// LIBCOMM_PROGRESS_SPIN_US. Negative: automatic -- 1 ms where the cores fit three threads per
   /// rank on this machine (compute and two streams' progress threads), else 20 us: there a longer
   /// poll takes the core from the caller's compute (docs/PERFORMANCE.md, "Progress-thread polling").
-  /// Automatic only: then up to 1 ms more while a host thread of the process sleeps in a stream
-  /// wait, on that thread's core (one progress thread per sleeping thread; "Borrowed cores").
+  /// Automatic only: then up to 1 ms more while a host thread of the process sleeps in a host
+  /// stream's wait, on that thread's core (at most one progress thread per sleeping thread;
+  /// docs/PERFORMANCE.md, "Borrowed cores").
   std::chrono::microseconds progressSpin{-1};
   /// This rank's host id (LIBCOMM_HOST_ID): ranks with equal ids share a host. Empty: hostname
   /// plus kernel boot id. Set it to tell apart "hosts" that are containers or network namespaces

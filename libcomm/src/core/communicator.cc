@@ -138,9 +138,15 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
                              << std::chrono::duration_cast<std::chrono::microseconds>(impl->blockingWait_.yield).count()
                              << " us before sleeping, progress threads spin "
                              << std::chrono::duration_cast<std::chrono::microseconds>(impl->progressWait_.spin).count()
-                             << " us, then up to "
-                             << std::chrono::duration_cast<std::chrono::microseconds>(impl->progressWait_.borrow).count()
-                             << " us on a sleeping caller's core" << (impl->progressWait_.borrowYields ? " (yielding)" : "");
+                             << " us"
+                             << (impl->progressWait_.borrow.count() > 0
+                                     ? detail::strCat(", then up to ",
+                                                      std::chrono::duration_cast<std::chrono::microseconds>(
+                                                          impl->progressWait_.borrow)
+                                                          .count(),
+                                                      " us on a sleeping caller's core",
+                                                      impl->progressWait_.borrowYields ? " (yielding)" : "")
+                                     : std::string());
   // Discovering the machine takes tens of milliseconds (hwloc reads sysfs and the PCI tree): only
   // when debug lines are on, and once per process.
   static std::once_flag machineLogged;

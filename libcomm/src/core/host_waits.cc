@@ -16,6 +16,18 @@ Sleeping::~Sleeping() { gSleepers.fetch_sub(1, std::memory_order_relaxed); }
 
 bool anySleeping() { return gSleepers.load(std::memory_order_relaxed) > 0; }
 
+bool lendersSuffice() {
+  return gSleepers.load(std::memory_order_relaxed) >= gBorrowers.load(std::memory_order_relaxed);
+}
+
+bool realtimeThread() {
+  thread_local const bool realtime = [] {
+    const int policy = sched_getscheduler(0) & ~SCHED_RESET_ON_FORK;
+    return policy == SCHED_FIFO || policy == SCHED_RR;
+  }();
+  return realtime;
+}
+
 BorrowedCore::BorrowedCore() {
   int b = gBorrowers.load(std::memory_order_relaxed);
   while (b < gSleepers.load(std::memory_order_relaxed)) {

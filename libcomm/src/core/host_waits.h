@@ -9,9 +9,14 @@
 // PERF-NOTES) is what the sleeping thread would otherwise wait for, once per message.
 //
 // The board counts the host threads asleep in such a wait and the progress threads polling on
-// their cores; a progress thread borrows only while borrowers are fewer than sleepers, so polling
-// never takes more cores than sleeping threads gave up. Process-wide: any stream's sleeper lends
-// to any communicator's progress thread.
+// their cores. A progress thread starts borrowing only while borrowers are fewer than sleepers, and
+// stops at its next check once they outnumber the sleepers, so polling takes no more cores than
+// sleeping threads gave up, give or take one check (32 polls, or 8 when yielding). Process-wide:
+// any host stream's sleeper lends to any communicator's progress thread. The count is of sleepers,
+// not of free cores: a thread that sleeps until a host stream's compute item is done gives its core
+// to that stream's thread, not to a borrower. Hence the yields between polls wherever the threads
+// do not fit the cores, and no borrowing at all by a real-time (LIBCOMM_STREAM_PRIORITY=fifo)
+// thread there, for which sched_yield() gives way to nobody else. CUDA streams' waits do not lend.
 
 #include <sched.h>
 
@@ -34,6 +39,11 @@ class Sleeping {
 
 /// True while some host thread of the process sleeps in a host-stream wait.
 bool anySleeping();
+/// True while the sleepers are at least as many as the borrowers.
+bool lendersSuffice();
+/// True when the calling thread runs under a real-time policy (SCHED_FIFO / SCHED_RR). Cached
+/// per thread: a progress thread sets its policy once, before its first wait.
+bool realtimeThread();
 
 /// A sleeping thread's core, held by a polling progress thread for the holder's lifetime; empty
 /// (held() false) when every sleeper's core is already lent.
@@ -54,15 +64,17 @@ enum class Poll { kAgain, kDone, kStop };
 
 /// The borrowed phase of a progress thread's wait, between its own poll and its sleep: polls with
 /// `poll()` (kDone: the wait is over; kStop: leave for the sleep phase, which reports failures)
-/// on a sleeping host thread's core while one sleeps, for at most ctx.borrow, with sched_yield()
-/// between polls when ctx.borrowYields. Returns kDone or kStop; kStop at once when ctx.borrow is
-/// zero (blocking waits, explicit poll settings) or no core is free to borrow.
+/// on a sleeping host thread's core while one sleeps, for at most ctx.borrow and never past the
+/// collective's deadline, with sched_yield() between polls when ctx.borrowYields. Returns kDone or
+/// kStop; kStop at once when ctx.borrow is zero (blocking waits, explicit poll settings), no core
+/// is free to borrow, or the poll would have to yield on a real-time thread.
 template <class PollFn>
 Poll pollOnBorrowedCore(const WaitContext& ctx, PollFn&& poll) {
-  if (ctx.borrow.count() <= 0 || !anySleeping()) return Poll::kStop;
+  if (ctx.borrow.count() <= 0 || !anySleeping() || (ctx.borrowYields && realtimeThread())) return Poll::kStop;
   BorrowedCore core;
   if (!core.held()) return Poll::kStop;
   const auto end = std::chrono::steady_clock::now() + ctx.borrow;
+  const unsigned checkMask = ctx.borrowYields ? 7 : 31;  // a yield may last a scheduler slice
   for (unsigned i = 1;; ++i) {
     if (ctx.borrowYields) {
       sched_yield();
@@ -71,7 +83,9 @@ Poll pollOnBorrowedCore(const WaitContext& ctx, PollFn&& poll) {
     }
     const Poll p = poll();
     if (p != Poll::kAgain) return p;
-    if ((i & 31) == 0 && (!anySleeping() || std::chrono::steady_clock::now() >= end)) return Poll::kStop;
+    if ((i & checkMask) == 0 &&
+        (!lendersSuffice() || std::chrono::steady_clock::now() >= end || ctx.deadline.get().expired()))
+      return Poll::kStop;
   }
 }
 

@@ -12,7 +12,8 @@
 // (docs/DESIGN-NOTES.md, "UCX transport"). Tags: ucx_tag.h.
 //
 // Waiting happens on the calling thread: no progress thread (2 cores). wait()/waitAny() drive the
-// worker, polling for WaitContext::spin (then yielding for WaitContext::yield), then sleeping on
+// worker, polling for WaitContext::spin (then yielding for WaitContext::yield, then, a threaded
+// stream's wait, polling on a sleeping host thread's core: core/host_waits.h), then sleeping on
 // the worker's event fd in slices of at most 20 ms; between slices they check the deadline, the
 // abort flag and the peers' failures. A peer's failure (the endpoint's error handler, fired by
 // UCX within milliseconds of a process death) fails every wait on a request to or from it with

@@ -1,5 +1,6 @@
-// ucx::Channel waits: progress the worker on the calling thread -- poll, then yield, then sleep on
-// the worker's event fd in bounded slices -- and turn what stops a wait into an error that names
+// ucx::Channel waits: progress the worker on the calling thread -- poll, then yield, then poll on a
+// sleeping host thread's core (core/host_waits.h), then sleep on the worker's event fd in bounded
+// slices -- and turn what stops a wait into an error that names
 // this rank, the peer, the collective and the phase.
 
 #include <poll.h>
