@@ -3,8 +3,9 @@
 //
 // A threaded stream's progress thread polls only briefly before it sleeps (wait_policy.h): a long
 // poll would take the core from the caller's compute. But when the caller has nothing to compute,
-// it sleeps in a host-stream wait (Stream::synchronize, Event::synchronize, a stream waiting for an
-// event), and its core is free. While it sleeps, one progress thread of the process may go on
+// it sleeps in a host-stream wait (Stream::synchronize, Event::synchronize, an inline stream's wait
+// for an event), and its core is free. (A threaded stream's own thread waiting for an event does
+// not lend: it is a progress thread itself.) While it sleeps, one progress thread of the process may go on
 // polling on that core instead of sleeping itself; its wake-up (~25-30 us in the development VM,
 // PERF-NOTES) is what the sleeping thread would otherwise wait for, once per message.
 //
