@@ -83,8 +83,9 @@ Result<std::shared_ptr<Context>> Context::acquire(Milliseconds peerTimeout) {
   std::vector<std::string> applied = set;
   if (getenv("UCX_RESOLVE_REMOTE_EP_ID") == nullptr) {
     st = ucp_config_modify(config, "RESOLVE_REMOTE_EP_ID", "y");
-    if (st == UCS_OK) applied.push_back("RESOLVE_REMOTE_EP_ID=y");
-    if (st != UCS_OK)
+    if (st == UCS_OK)
+      applied.push_back("RESOLVE_REMOTE_EP_ID=y");
+    else
       LIBCOMM_LOG(kWarn, "ucx") << "UCX: setting RESOLVE_REMOTE_EP_ID=y failed (" << ucs_status_string(st)
                                 << "); a stopped peer's endpoints may abort the process at teardown";
   }

@@ -125,17 +125,22 @@ Status Channel::waitImpl(std::span<Request> requests, bool any, size_t* index, c
   };
   LIBCOMM_RETURN_IF_ERROR(checkLost());
 
+  // One poll of phases 1 to 2b: progress the worker, and collect what completed since the last
+  // look (sets `done`).
+  uint64_t seen = completions_;
+  auto pollOnce = [&]() -> Status {
+    ucp_worker_progress(worker_);
+    if (completions_ == seen) return Status::ok();
+    seen = completions_;
+    return collect(requests, any, index, &done, ctx, phase);
+  };
+
   // 1. Poll. The clock is read every 32 polls only (a read costs about as much as a poll of an
   //    idle worker), and the spin's end is set by the first read.
-  uint64_t seen = completions_;
   Clock::time_point spinEnd{};
   for (unsigned i = 1;; ++i) {
-    ucp_worker_progress(worker_);
-    if (completions_ != seen) {
-      seen = completions_;
-      LIBCOMM_RETURN_IF_ERROR(collect(requests, any, index, &done, ctx, phase));
-      if (done) return Status::ok();
-    }
+    LIBCOMM_RETURN_IF_ERROR(pollOnce());
+    if (done) return Status::ok();
     if ((i & 31) == 0) {
       LIBCOMM_RETURN_IF_ERROR(checkLost());
       if (aborted()) break;
@@ -149,12 +154,8 @@ Status Channel::waitImpl(std::span<Request> requests, bool any, size_t* index, c
     const auto yieldEnd = Clock::now() + ctx.yield;
     for (unsigned i = 1;; ++i) {
       sched_yield();
-      ucp_worker_progress(worker_);
-      if (completions_ != seen) {
-        seen = completions_;
-        LIBCOMM_RETURN_IF_ERROR(collect(requests, any, index, &done, ctx, phase));
-        if (done) return Status::ok();
-      }
+      LIBCOMM_RETURN_IF_ERROR(pollOnce());
+      if (done) return Status::ok();
       if ((i & 7) != 0) continue;
       LIBCOMM_RETURN_IF_ERROR(checkLost());
       if (Clock::now() >= yieldEnd || aborted()) break;
@@ -163,13 +164,9 @@ Status Channel::waitImpl(std::span<Request> requests, bool any, size_t* index, c
   // 2b. A progress thread polls on, on the core of a host thread that sleeps until it is done.
   Status failed;
   const hostwait::Poll borrowed = hostwait::pollOnBorrowedCore(ctx, [&] {
-    ucp_worker_progress(worker_);
-    if (completions_ != seen) {
-      seen = completions_;
-      failed = collect(requests, any, index, &done, ctx, phase);
-      if (!failed.isOk()) return hostwait::Poll::kStop;
-      if (done) return hostwait::Poll::kDone;
-    }
+    failed = pollOnce();
+    if (!failed.isOk()) return hostwait::Poll::kStop;
+    if (done) return hostwait::Poll::kDone;
     return lostPeers_ != lostSeen || aborted() ? hostwait::Poll::kStop : hostwait::Poll::kAgain;
   });
   LIBCOMM_RETURN_IF_ERROR(failed);
