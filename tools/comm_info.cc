@@ -12,6 +12,7 @@
 #include <string>
 
 #include "backends/ucx/ucx_info.h"
+#include "core/host_stream.h"
 #include "core/json_writer.h"
 #include "core/selector.h"
 #include "libcomm/libcomm.h"
@@ -109,11 +110,11 @@ int printText(const Report& r) {
   printf(
       "configuration (effective)\n  host id: %s\n  collective deadline: %lld ms, creation deadline: %lld ms, "
       "peer check every %lld ms, lost peer named within %lld ms\n  progress reports across hosts: %s\n"
-      "  mismatch check: %s, collective trace: %s\n\n",
+      "  mismatch check: %s, collective trace: %s\n  progress threads: %s\n\n",
       r.hostId.c_str(), static_cast<long long>(c.opTimeout.count()), static_cast<long long>(c.initTimeout.count()),
       static_cast<long long>(c.peerCheckInterval.count()), static_cast<long long>(c.peerTimeout.count()),
       reportMs == 0 ? "off" : ("every " + std::to_string(reportMs) + " ms").c_str(), c.checkMismatch ? "on" : "off",
-      c.collTrace ? "on" : "off");
+      c.collTrace ? "on" : "off", libcomm::describeGrantedPriority(libcomm::defaultStreamPriority()).c_str());
   printf("%s\n", libcomm::describeSelectionTable(c).c_str());
   printf("settings (environment variables)\n%s", libcomm::describeSettings().c_str());
   return 0;
@@ -187,6 +188,7 @@ int printJson(const Report& r) {
         .field("blocking_spin_us", static_cast<long long>(c.blockingSpin.count()))
         .field("progress_spin_us", static_cast<long long>(c.progressSpin.count()))
         .field("ucx_bulk_bytes", static_cast<long long>(c.ucxBulkBytes))
+        .field("progress_threads", libcomm::describeGrantedPriority(libcomm::defaultStreamPriority()))
         .endObject();
     w.key("configuration_error").null();
     w.key("selection").beginArray();

@@ -454,8 +454,9 @@ TEST(InlineHostStream, WaitOnAnEventThatNeverCompletesTimesOut) {
 
 // ---- progress-thread priority (LIBCOMM_STREAM_PRIORITY) -----------------------------------------
 
-TEST(StreamPriority, ParsesTheThreeKindsAndRefusesTheRest) {
-  for (const char* ok : {"", "inherit", "nice:-20", "nice:0", "nice:19", "fifo:1", "fifo:99"})
+TEST(StreamPriority, ParsesEveryKindAndRefusesTheRest) {
+  for (const char* ok : {"", "inherit", "nice:-20", "nice:0", "nice:19", "fifo:1", "fifo:99", "slice:100",
+                         "slice:100000"})
     EXPECT_TRUE(parseStreamPriority(ok).isOk()) << ok;
   auto n = parseStreamPriority("nice:-5");
   ASSERT_TRUE(n.isOk());
@@ -466,7 +467,14 @@ TEST(StreamPriority, ParsesTheThreeKindsAndRefusesTheRest) {
   ASSERT_TRUE(f.isOk());
   EXPECT_EQ(f->kind, StreamPriority::Kind::kFifo);
   EXPECT_EQ(f->value, 3);
-  for (const char* bad : {"nice", "nice:", "nice:20", "nice:-21", "fifo:0", "fifo:100", "fifo:x", "rr:1", "nice:1x"}) {
+  auto sl = parseStreamPriority("slice:250");
+  ASSERT_TRUE(sl.isOk());
+  EXPECT_EQ(sl->kind, StreamPriority::Kind::kSlice);
+  EXPECT_EQ(sl->value, 250);
+  EXPECT_EQ(sl->describe(), "slice:250");
+  EXPECT_EQ(parseStreamPriority("")->kind, StreamPriority::Kind::kInherit) << "unset means inherit";
+  for (const char* bad : {"nice", "nice:", "nice:20", "nice:-21", "fifo:0", "fifo:100", "fifo:x", "rr:1", "nice:1x",
+                          "slice:99", "slice:100001", "slice:", "auto"}) {
     auto r = parseStreamPriority(bad);
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(r.status().message().find("LIBCOMM_STREAM_PRIORITY"), std::string::npos) << r.status().toString();
@@ -478,6 +486,7 @@ struct ThreadPolicy {
   int policy = -1;  // without SCHED_RESET_ON_FORK
   int nice = 0;
   bool resetOnFork = false;
+  long long sliceNs = 0;  // the fair scheduler's slice as sched_getattr reports it (0: none)
 };
 
 ThreadPolicy policyOnStream(const StreamPriority& priority) {
@@ -492,6 +501,7 @@ ThreadPolicy policyOnStream(const StreamPriority& priority) {
                      seen.resetOnFork = (p & SCHED_RESET_ON_FORK) != 0;
                      errno = 0;
                      seen.nice = getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
+                     seen.sliceNs = currentFairSliceNs();
                      return Status::ok();
                    },
                    "read policy")
@@ -505,6 +515,24 @@ TEST(StreamPriority, InheritLeavesTheThreadAlone) {
   const ThreadPolicy t = policyOnStream(StreamPriority{});
   EXPECT_EQ(t.policy, SCHED_OTHER);
   EXPECT_EQ(t.nice, mine);
+  EXPECT_EQ(t.sliceNs, currentFairSliceNs()) << "the slice differs from the creating thread's";
+}
+
+// The slice kinds need no privileges; where the kernel has no custom slices (before Linux 6.12) the
+// thread keeps its scheduling and the stream works all the same.
+TEST(StreamPriority, SliceIsGrantedWhereTheKernelHasCustomSlices) {
+  const int mine = getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
+  const long long callerSlice = currentFairSliceNs();
+  const ThreadPolicy t = policyOnStream({StreamPriority::Kind::kSlice, 250});
+  EXPECT_EQ(t.policy, SCHED_OTHER);
+  EXPECT_EQ(t.nice, mine) << "asking for a slice changed the nice value";
+  if (fairSliceSupported()) {
+    EXPECT_EQ(t.sliceNs, 250000);
+    EXPECT_TRUE(t.resetOnFork) << "a thread forked from a host function would inherit the short slice";
+  } else {
+    GTEST_LOG_(INFO) << "this kernel has no custom fair-scheduler slices; checked only that the stream runs";
+  }
+  EXPECT_EQ(currentFairSliceNs(), callerSlice) << "the caller's thread changed";
 }
 
 TEST(StreamPriority, NiceIsAppliedToTheProgressThreadOnly) {

@@ -54,8 +54,9 @@ const std::vector<SettingInfo> kSettings = {
      "per rank on the flat ring) | fp64 (bf16 and fp32 input; twice fp32's bytes; exact sums, rounded once at the end)"},
     {"LIBCOMM_STAGING_CHUNK", SettingType::kInt, "1048576", "bytes per staging chunk for unregistered buffers"},
     {"LIBCOMM_STREAM_PRIORITY", SettingType::kString, "inherit",
-     "process-wide: scheduling precedence of host streams' progress threads: inherit | nice:N (-20..19) | "
-     "fifo:N (SCHED_FIFO 1..99); falls back to inherit with a warning where not permitted"},
+     "process-wide: scheduling of host streams' progress threads: inherit | nice:N (-20..19) | "
+     "fifo:N (SCHED_FIFO 1..99) | slice:US (a fair-scheduler time slice of 100..100000 us, Linux 6.12+); "
+     "falls back to inherit with a warning where not granted"},
     {"LIBCOMM_EAGER_BYTES", SettingType::kInt, "16384",
      "inputs up to this size (bytes per rank) are copied in with the arrival handshake; 0: off"},
     {"LIBCOMM_UCX_BULK_BYTES", SettingType::kInt, "-1",

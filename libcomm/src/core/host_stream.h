@@ -13,15 +13,33 @@ namespace libcomm {
 
 /// Scheduling precedence of a progress thread (LIBCOMM_STREAM_PRIORITY; see parseStreamPriority).
 struct StreamPriority {
-  enum class Kind { kInherit, kNice, kFifo };
+  enum class Kind { kInherit, kNice, kFifo, kSlice };
   Kind kind = Kind::kInherit;
-  int value = 0;  // kNice: the nice value (-20..19); kFifo: the SCHED_FIFO priority (1..99)
+  // kNice: the nice value (-20..19); kFifo: the SCHED_FIFO priority (1..99); kSlice: the time slice
+  // asked of the kernel's fair scheduler, in microseconds (kMinSliceUs..100000).
+  int value = 0;
   std::string describe() const;
 };
 
-/// Parses "inherit" (or empty), "nice:N" (N in -20..19) or "fifo:N" (N in 1..99); anything else is
-/// kInvalidArgument naming LIBCOMM_STREAM_PRIORITY.
+/// The shortest fair-scheduler slice the kernel grants (Linux 6.12+).
+constexpr int kMinSliceUs = 100;
+
+/// Parses "inherit" (or empty), "nice:N" (N in -20..19), "fifo:N" (N in 1..99) or "slice:US" (US in
+/// 100..100000); anything else is kInvalidArgument naming LIBCOMM_STREAM_PRIORITY.
 Result<StreamPriority> parseStreamPriority(const std::string& text);
+
+/// The calling thread's fair-scheduler slice as the kernel reports it (sched_getattr), in
+/// nanoseconds: 0 where the kernel has no custom slices (or it could not be read). Thread-safe.
+long long currentFairSliceNs();
+
+/// Whether this kernel honours a thread's request for a custom fair-scheduler slice (Linux 6.12+,
+/// EEVDF), tried once on a scratch thread. Thread-safe.
+bool fairSliceSupported();
+
+/// What `p` gives a progress thread on this machine, for comm_info: "as inherited", "nice:-5",
+/// "250 us fair-scheduler slice (slice:250)", "as inherited (slice:250 not granted: this kernel
+/// grants no custom slices)", ... Thread-safe.
+std::string describeGrantedPriority(const StreamPriority& p);
 
 /// The process-wide default, from LIBCOMM_STREAM_PRIORITY (read once; a malformed value is logged
 /// and ignored here -- CommConfig::fromEnvironment reports it as an error). Thread-safe.
