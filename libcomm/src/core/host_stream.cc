@@ -82,10 +82,11 @@ struct KernelSchedAttr {
 // Asks the fair scheduler for a shorter time slice for the calling thread, keeping its policy and
 // nice value. Under EEVDF (Linux 6.12+) a thread's virtual deadline is its eligible time plus its
 // slice, so a woken thread with a short slice preempts one running on the default slice (1.4 ms in
-// the development VM) at once, instead of queueing behind it until that slice ends. It gets no more CPU time than before,
-// only sooner, in shorter turns. Needs no privileges. Returns 0, or an errno value: ENOTSUP where
-// the kernel ignores the request (older kernels accept the call and drop the slice, so it is read
-// back), EPERM for a thread under a real-time policy (slices are the fair scheduler's).
+// the development VM) at once, instead of queueing behind it until that slice ends. It gets no more
+// CPU time than before, only sooner, in shorter turns. Needs no privileges. Returns 0, or an errno
+// value: ENOTSUP where the kernel ignores the request (older kernels accept the call and drop the
+// slice, so it is read back), EPERM for a thread under a real-time policy (slices are the fair
+// scheduler's).
 int setFairSlice(std::chrono::microseconds slice) {
   KernelSchedAttr attr;
   if (syscall(SYS_sched_getattr, 0, &attr, sizeof attr, 0) != 0) return errno;
