@@ -1,5 +1,6 @@
 #pragma once
-// Cores lent by sleeping host threads to polling progress threads.
+// Cores lent by sleeping host threads to polling progress threads, and the poll phases of every
+// transport's wait (pollBeforeSleeping) that use them.
 //
 // A threaded stream's progress thread polls only briefly before it sleeps (wait_policy.h): a long
 // poll would take the core from the caller's compute. But when the caller has nothing to compute,
@@ -88,6 +89,49 @@ Poll pollOnBorrowedCore(const WaitContext& ctx, PollFn&& poll) {
         (!lendersSuffice() || std::chrono::steady_clock::now() >= end || ctx.deadline.get().expired()))
       return Poll::kStop;
   }
+}
+
+/// Every phase of a transport's wait before it sleeps (wait_policy.h has the reasoning):
+///   1. poll for ctx.spin, with a pause between polls when `pause` (the clock is read every 32
+///      polls only, and not at all by a wait that ends before the first 32: a read costs as much
+///      as a pause);
+///   2. poll for ctx.yield with sched_yield() between polls (ranks outnumber cores: the peer waited
+///      for may be the thread that gets the core; a yield costs ~1 us here, a futex wake-up 25-30);
+///   3. pollOnBorrowedCore, while a host thread of the process sleeps.
+/// `poll()` is one look: kDone (the wait is over), kStop (leave: the transport's sleep phase says
+/// why) or kAgain. `stop()` is true when the wait must go to the sleep phase at once (a failed or
+/// lost peer, an abort); it is asked every 32 polls while spinning and every 8 while yielding.
+/// Returns kDone or kStop; the transport sleeps after kStop, and its sleep phase reports errors.
+template <class PollFn, class StopFn>
+Poll pollBeforeSleeping(const WaitContext& ctx, bool pause, PollFn&& poll, StopFn&& stop) {
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point spinEnd{};
+  for (unsigned i = 1;; ++i) {
+    if (pause) cpuRelax();
+    const Poll p = poll();
+    if (p != Poll::kAgain) return p;
+    if ((i & 31) == 0) {
+      if (stop()) return Poll::kStop;
+      const auto now = Clock::now();
+      if (i == 32) spinEnd = now + ctx.spin;
+      if (now >= spinEnd) break;
+    }
+  }
+  if (ctx.yield.count() > 0) {
+    const auto yieldEnd = Clock::now() + ctx.yield;
+    for (unsigned i = 1;; ++i) {
+      sched_yield();
+      const Poll p = poll();
+      if (p != Poll::kAgain) return p;
+      if ((i & 7) != 0) continue;
+      if (stop()) return Poll::kStop;
+      if (Clock::now() >= yieldEnd) break;
+    }
+  }
+  return pollOnBorrowedCore(ctx, [&] {
+    const Poll p = poll();
+    return p == Poll::kAgain && stop() ? Poll::kStop : p;
+  });
 }
 
 }  // namespace libcomm::hostwait

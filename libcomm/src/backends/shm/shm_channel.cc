@@ -2,14 +2,12 @@
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <climits>
 #include <cstring>
 #include <new>
 
-#include "core/cpu_relax.h"
 #include "core/host_waits.h"
 #include "core/log.h"
 
@@ -155,37 +153,14 @@ Status Channel::waitWord(int peer, const std::atomic<uint32_t>& word, uint32_t t
   if (seqReached(word.load(std::memory_order_acquire), target)) return Status::ok();
 
   // Poll after every pause (one pause is ~30 ns here; polling only every 64 of them made each
-  // handshake ~2 us late). The clock is read only every 32 polls, and not at all by a wait that
-  // ends before the first 32 (most waits of small collectives): a clock read costs as much as a
-  // pause.
-  Clock::time_point spinEnd{};
-  for (unsigned i = 1;; ++i) {
-    cpuRelax();
-    if (seqReached(word.load(std::memory_order_acquire), target)) return Status::ok();
-    if ((i & 31) == 0) {
-      const auto now = Clock::now();
-      if (i == 32) spinEnd = now + ctx.spin;
-      if (now >= spinEnd) break;
-    }
-  }
-  // Then, when ranks outnumber cores, hand the core over between polls: the peer we wait for may
-  // be the thread that gets it (a wake-up from a futex sleep costs ~25-30 us here, a yield ~1 us).
-  if (ctx.yield.count() > 0) {
-    const auto yieldEnd = Clock::now() + ctx.yield;
-    for (unsigned i = 1;; ++i) {
-      sched_yield();
-      if (seqReached(word.load(std::memory_order_acquire), target)) return Status::ok();
-      if ((i & 7) == 0 && (Clock::now() >= yieldEnd || cb.failed.load() != 0 || aborted())) break;
-    }
-  }
-
-  // Then a progress thread polls on, on the core of a host thread that sleeps until it is done.
-  const hostwait::Poll borrowed = hostwait::pollOnBorrowedCore(ctx, [&] {
-    if (seqReached(word.load(std::memory_order_acquire), target)) return hostwait::Poll::kDone;
-    return cb.failed.load(std::memory_order_relaxed) != 0 || aborted() ? hostwait::Poll::kStop
-                                                                       : hostwait::Poll::kAgain;
-  });
-  if (borrowed == hostwait::Poll::kDone) return Status::ok();
+  // handshake ~2 us late), then yielding, then on a sleeping thread's core (core/host_waits.h).
+  const hostwait::Poll polled = hostwait::pollBeforeSleeping(
+      ctx, /*pause=*/true,
+      [&] {
+        return seqReached(word.load(std::memory_order_acquire), target) ? hostwait::Poll::kDone : hostwait::Poll::kAgain;
+      },
+      [&] { return cb.failed.load(std::memory_order_relaxed) != 0 || aborted(); });
+  if (polled == hostwait::Poll::kDone) return Status::ok();
 
   const Deadline deadline = ctx.deadline.get();
   auto lastCheck = Clock::now();

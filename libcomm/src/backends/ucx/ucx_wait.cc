@@ -4,7 +4,6 @@
 // this rank, the peer, the collective and the phase.
 
 #include <poll.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <map>
@@ -125,54 +124,27 @@ Status Channel::waitImpl(std::span<Request> requests, bool any, size_t* index, c
   };
   LIBCOMM_RETURN_IF_ERROR(checkLost());
 
-  // One poll of phases 1 to 2b: progress the worker, and collect what completed since the last
-  // look (sets `done`).
+  // One look of the poll phases (core/host_waits.h: poll, yield, borrowed core): progress the
+  // worker, and collect what completed since the last look (sets `done`). A poll of an idle worker
+  // costs about as much as a pause, so there is no pause between polls.
   uint64_t seen = completions_;
-  auto pollOnce = [&]() -> Status {
-    ucp_worker_progress(worker_);
-    if (completions_ == seen) return Status::ok();
-    seen = completions_;
-    return collect(requests, any, index, &done, ctx, phase);
-  };
-
-  // 1. Poll. The clock is read every 32 polls only (a read costs about as much as a poll of an
-  //    idle worker), and the spin's end is set by the first read.
-  Clock::time_point spinEnd{};
-  for (unsigned i = 1;; ++i) {
-    LIBCOMM_RETURN_IF_ERROR(pollOnce());
-    if (done) return Status::ok();
-    if ((i & 31) == 0) {
-      LIBCOMM_RETURN_IF_ERROR(checkLost());
-      if (aborted()) break;
-      const auto now = Clock::now();
-      if (i == 32) spinEnd = now + ctx.spin;
-      if (now >= spinEnd) break;
-    }
-  }
-  // 2. Poll with the core handed over in between (ranks outnumber cores).
-  if (ctx.yield.count() > 0 && !aborted()) {
-    const auto yieldEnd = Clock::now() + ctx.yield;
-    for (unsigned i = 1;; ++i) {
-      sched_yield();
-      LIBCOMM_RETURN_IF_ERROR(pollOnce());
-      if (done) return Status::ok();
-      if ((i & 7) != 0) continue;
-      LIBCOMM_RETURN_IF_ERROR(checkLost());
-      if (Clock::now() >= yieldEnd || aborted()) break;
-    }
-  }
-  // 2b. A progress thread polls on, on the core of a host thread that sleeps until it is done.
   Status failed;
-  const hostwait::Poll borrowed = hostwait::pollOnBorrowedCore(ctx, [&] {
-    failed = pollOnce();
-    if (!failed.isOk()) return hostwait::Poll::kStop;
-    if (done) return hostwait::Poll::kDone;
-    return lostPeers_ != lostSeen || aborted() ? hostwait::Poll::kStop : hostwait::Poll::kAgain;
-  });
+  const hostwait::Poll polled = hostwait::pollBeforeSleeping(
+      ctx, /*pause=*/false,
+      [&] {
+        ucp_worker_progress(worker_);
+        if (completions_ != seen) {
+          seen = completions_;
+          failed = collect(requests, any, index, &done, ctx, phase);
+          if (!failed.isOk()) return hostwait::Poll::kStop;
+        }
+        return done ? hostwait::Poll::kDone : hostwait::Poll::kAgain;
+      },
+      [&] { return lostPeers_ != lostSeen || aborted(); });
   LIBCOMM_RETURN_IF_ERROR(failed);
-  if (borrowed == hostwait::Poll::kDone) return Status::ok();
+  if (polled == hostwait::Poll::kDone) return Status::ok();
   LIBCOMM_RETURN_IF_ERROR(checkLost());
-  // 3. Sleep on the event fd in slices; every wake-up checks abort, lost peers and the deadline.
+  // Then sleep on the event fd in slices; every wake-up checks abort, lost peers and the deadline.
   for (;;) {
     progressAll();
     if (completions_ != seen) {
