@@ -99,8 +99,11 @@ std::string joinPath(const std::string& dir, const std::string& name);
 /// Reads exactly n bytes at offset; a short read is a "truncated" kInvalidArgument.
 libcomm::Status preadExact(int fd, void* buf, size_t n, uint64_t offset, const std::string& path);
 libcomm::Status pwriteAll(int fd, const void* buf, size_t n, uint64_t offset, const std::string& path);
-/// Whole small file (an index) into a string.
-libcomm::Result<std::string> readWholeFile(const std::string& path);
+/// The largest index file a reader accepts: far above any real model's (a few hundred bytes per
+/// parameter), and a bound on the allocation a damaged or foreign file can cause.
+inline constexpr uint64_t kMaxIndexBytes = uint64_t{256} << 20;
+/// Whole small file (an index) into a string; a file over `maxBytes` is kInvalidArgument.
+libcomm::Result<std::string> readWholeFile(const std::string& path, uint64_t maxBytes = kMaxIndexBytes);
 
 /// Creates a temporary file next to `path`, lets `write` fill it, fsyncs it, renames it to `path`
 /// and fsyncs the directory. On any failure the temporary is removed and `path` is untouched.
@@ -108,6 +111,11 @@ libcomm::Result<std::string> readWholeFile(const std::string& path);
 /// "already exists") instead, atomically where the filesystem has hard links.
 libcomm::Status writeFileAtomically(const std::string& path, const std::function<libcomm::Status(int fd)>& write,
                                     bool replace = true);
+
+/// fsync() of a directory, so that the entries made in it are durable.
+libcomm::Status fsyncDirectory(const std::string& dir);
+/// mkdir(dir) unless it exists, then fsync() of its parent so that the new entry is durable.
+libcomm::Status makeDirectoryDurably(const std::string& dir);
 
 /// Streams the data area of a file being written, computing the chunk checksums on the way.
 class ChunkedWriter {

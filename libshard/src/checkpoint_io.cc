@@ -93,7 +93,7 @@ Status pwriteAll(int fd, const void* buf, size_t n, uint64_t offset, const std::
   return Status::ok();
 }
 
-libcomm::Result<std::string> readWholeFile(const std::string& path) {
+libcomm::Result<std::string> readWholeFile(const std::string& path, uint64_t maxBytes) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) {
     if (errno == ENOENT) return badFile(path, "missing (no such file)");
@@ -101,6 +101,8 @@ libcomm::Result<std::string> readWholeFile(const std::string& path) {
   }
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return systemError("cannot stat", path, errno);
+  if (static_cast<uint64_t>(st.st_size) > maxBytes)
+    return badFile(path, "is ", st.st_size, " bytes, more than the ", maxBytes, " a checkpoint index may have");
   std::string text(static_cast<size_t>(st.st_size), '\0');
   LIBCOMM_RETURN_IF_ERROR(preadExact(fd.get(), text.data(), text.size(), 0, path));
   return text;
@@ -149,10 +151,28 @@ Status writeFileAtomically(const std::string& path, const std::function<Status(i
     return fail(systemError("cannot rename temporary file '" + tmp + "' to", path, err));
   }
   // The rename is durable only once the directory entry is.
+  return fsyncDirectory(dir);
+}
+
+Status fsyncDirectory(const std::string& dir) {
   Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dfd.get() < 0) return systemError("cannot open directory to fsync it", dir, errno);
   if (::fsync(dfd.get()) != 0) return systemError("cannot fsync directory", dir, errno);
   return Status::ok();
+}
+
+Status makeDirectoryDurably(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0755) != 0) {
+    if (errno == EEXIST) return Status::ok();
+    return systemError("cannot create checkpoint directory", dir, errno);
+  }
+  // A new directory's own entry is durable only once its parent's is: without this, a power loss
+  // can take the directory away with every file fsynced inside it.
+  std::string parent = dir;
+  while (parent.size() > 1 && parent.back() == '/') parent.pop_back();
+  const size_t slash = parent.rfind('/');
+  parent = slash == std::string::npos ? "." : (slash == 0 ? "/" : parent.substr(0, slash));
+  return fsyncDirectory(parent);
 }
 
 Status ChunkedWriter::append(const float* data, size_t n) {
@@ -221,7 +241,10 @@ libcomm::Result<std::unique_ptr<ChunkedFile>> ChunkedFile::open(const std::strin
                    "): the header is corrupt");
   if (h.version != kCheckpointVersion)
     return badFile(path, "format version ", h.version, "; this build reads version ", kCheckpointVersion);
-  if (h.chunkElems == 0 || (h.sections != 1 && h.sections != 3) || h.numel > (uint64_t{1} << 56))
+  // Chunks above this build's size are refused, not just zero ones: a reader holds one whole chunk
+  // in memory, so the header must not be able to ask for an arbitrary allocation.
+  if (h.chunkElems == 0 || h.chunkElems > kChunkElems || (h.sections != 1 && h.sections != 3) ||
+      h.numel > (uint64_t{1} << 56))
     return badFile(path, "header describes an impossible layout (chunk ", h.chunkElems, ", sections ", h.sections,
                    ", numel ", h.numel, ")");
   f->layout_ = layoutOf(h);
@@ -267,7 +290,7 @@ Status ChunkedFile::read(uint64_t first, size_t n, float* dst) {
       LIBCOMM_RETURN_IF_ERROR(loadChunk(chunk, dst));
     } else {
       if (chunk != cachedChunk_) {
-        cache_.resize(ce);
+        cache_.resize(static_cast<size_t>(chunkLen));
         cachedChunk_ = UINT64_MAX;  // stays invalid if the load fails
         LIBCOMM_RETURN_IF_ERROR(loadChunk(chunk, cache_.data()));
         cachedChunk_ = chunk;

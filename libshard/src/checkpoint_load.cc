@@ -128,7 +128,8 @@ Status loadForPlan(ParamSource& source, const std::vector<LayoutParam>& srcParam
 }  // namespace ckpt
 
 Status loadCheckpoint(const std::string& dir, const ShardPlan& plan, ShardState& state) {
-  LIBCOMM_RETURN_IF_ERROR(checkLoadTarget(plan, state));
+  LIBCOMM_RETURN_IF_ERROR(
+      checkLoadTarget(plan, state).withContext("rank " + std::to_string(plan.options.rank) + ", checkpoint '" + dir + "'"));
   LIBCOMM_ASSIGN_OR_RETURN(CheckpointIndex x, readIndex(dir));
   std::unique_ptr<ParamSource> source = makeShardedSource(dir, x);
   std::vector<std::vector<float>> tmp;
@@ -138,14 +139,17 @@ Status loadCheckpoint(const std::string& dir, const ShardPlan& plan, ShardState&
 }
 
 Status importFullModel(const std::string& path, const ShardPlan& plan, ShardState& state, bool restoreOptimizerState) {
-  LIBCOMM_RETURN_IF_ERROR(checkLoadTarget(plan, state));
+  LIBCOMM_RETURN_IF_ERROR(
+      checkLoadTarget(plan, state).withContext("rank " + std::to_string(plan.options.rank) + ", full-model file '" + path + "'"));
   LIBCOMM_ASSIGN_OR_RETURN(auto file, ChunkedFile::open(path, kFullMagic, "full-model"));
   const FileHeader& h = file->header();
   LIBCOMM_ASSIGN_OR_RETURN(std::vector<LayoutParam> params, parseParamList(file->indexText(), path));
-  for (const LayoutParam& p : params)
-    if (p.offset + p.numel > h.numel)
-      return badFile(path, "parameter '", p.name, "' at [", p.offset, ", ", p.offset + p.numel, ") lies outside the ",
-                     h.numel, " elements of each section");
+  for (const LayoutParam& p : params) {
+    uint64_t end = 0;
+    if (__builtin_add_overflow(p.offset, p.numel, &end) || end > h.numel)
+      return badFile(path, "parameter '", p.name, "' at offset ", p.offset, " with ", p.numel,
+                     " elements lies outside the ", h.numel, " elements of each section");
+  }
   const bool withMoments = restoreOptimizerState && h.sections == 3;
   FullSource source(*file);
   std::vector<std::vector<float>> tmp;

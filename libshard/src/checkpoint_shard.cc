@@ -110,10 +110,10 @@ std::string checkpointShardFileName(int rank, int worldSize) {
 }
 
 Status saveCheckpointShard(const std::string& dir, const ShardPlan& plan, const ShardState& state) {
-  LIBCOMM_RETURN_IF_ERROR(checkSaveArgs(plan, state));
+  LIBCOMM_RETURN_IF_ERROR(
+      checkSaveArgs(plan, state).withContext("rank " + std::to_string(plan.options.rank) + ", checkpoint '" + dir + "'"));
   LIBCOMM_RETURN_IF_ERROR(refuseCompleteCheckpoint(dir, "checkpoint save"));
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
-    return systemError("cannot create checkpoint directory", dir, errno);
+  LIBCOMM_RETURN_IF_ERROR(makeDirectoryDurably(dir));
   const std::string path = joinPath(dir, checkpointShardFileName(plan.options.rank, plan.options.worldSize));
   FileHeader h{};
   std::memcpy(h.magic, kShardMagic, sizeof(h.magic));

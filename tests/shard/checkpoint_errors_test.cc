@@ -6,6 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -285,6 +290,87 @@ TEST(Checkpoint, CraftedIndexNumbersAreRejectedWithoutThrowingOrWrapping) {
     EXPECT_FALSE(loadCheckpoint(dir, w.plans[0], w.states[0]->view).isOk());
     EXPECT_TRUE(before.sameAs(*w.states[0]));
   }
+}
+
+// Rewrites the full-model file `src` as `dst` with its parameter list and header edited, every
+// checksum recomputed: the damage must be found by the reader's checks of the numbers themselves.
+void craftFullModelFile(const std::string& src, const std::string& dst, const std::function<void(std::string&)>& editList,
+                        const std::function<void(ckpt::FileHeader&)>& editHeader) {
+  auto f = ckpt::ChunkedFile::open(src, ckpt::kFullMagic, "full-model");
+  ASSERT_TRUE(f.isOk()) << f.status().toString();
+  ckpt::FileHeader h = f.value()->header();
+  std::vector<float> data(static_cast<size_t>(h.sections * h.numel));
+  ASSERT_TRUE(f.value()->read(0, data.size(), data.data()).isOk());
+  std::string list = f.value()->indexText();
+  editList(list);
+  editHeader(h);
+  h.indexBytes = static_cast<uint32_t>(list.size());
+  const ckpt::FileLayout layout = ckpt::layoutOf(h);
+  const int fd = ::open(dst.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ckpt::ChunkedWriter w(fd, dst, layout.dataOffset, h.chunkElems);
+  ASSERT_TRUE(w.append(data.data(), data.size()).isOk());
+  ASSERT_TRUE(ckpt::writeTableAndHeader(fd, dst, h, list, w.finish()).isOk());
+  ::close(fd);
+}
+
+// Numbers a damaged or hostile file could carry that every checksum vouches for: each is refused
+// with a clear error before it can cost an allocation or shift data, and no state changes.
+TEST(Checkpoint, CraftedNumbersInFullModelFilesAndIndexesAreRefused) {
+  const ModelSpec model = testModel(2, 5, 11);
+  TempDir tmp;
+  savedWorld(model, 2, tmp.sub("ckpt"), 4);
+  const std::string full = tmp.sub("model.full");
+  ASSERT_TRUE(exportFullModel(tmp.sub("ckpt"), full, true).isOk());
+  auto keepList = [](std::string&) {};
+  auto keepHeader = [](ckpt::FileHeader&) {};
+  struct Case {
+    std::string name;
+    std::function<void(std::string&)> list;
+    std::function<void(ckpt::FileHeader&)> header;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      // A reader holds a whole chunk: a chunk of 2^32 elements would be a 16 GiB allocation.
+      {"chunk size beyond the format's", keepList, [](ckpt::FileHeader& h) { h.chunkElems = UINT32_MAX; },
+       "impossible layout"},
+      {"parameter offset that wraps",
+       [](std::string& list) {
+         const size_t line = list.find("param ");
+         ASSERT_NE(line, std::string::npos);
+         size_t at = line;
+         for (int field = 0; field < 4; ++field) at = list.find(' ', at) + 1;  // the offset is field 4
+         list.replace(at, list.find(' ', at) - at, "18446744073709551615");
+       },
+       keepHeader, "lies outside"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string path = tmp.sub("crafted.full");
+    craftFullModelFile(full, path, c.list, c.header);
+    World w = makeWorld(model, 2, 16, 5.0f);
+    for (int r = 0; r < 2; ++r) {
+      Snapshot before(*w.states[r]);
+      Status st = importFullModel(path, w.plans[r], w.states[r]->view, true);
+      ASSERT_FALSE(st.isOk()) << "rank " << r << " imported a crafted file";
+      EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.toString();
+      EXPECT_NE(st.message().find(path), std::string::npos) << st.toString();
+      EXPECT_NE(st.message().find(c.expect), std::string::npos) << st.toString();
+      EXPECT_TRUE(before.sameAs(*w.states[r])) << "rank " << r;
+    }
+  }
+  // An index file far larger than any index (a sparse or foreign file under that name) is refused
+  // by its size, before it is read into memory.
+  const std::string dir = tmp.sub("big-index");
+  fs::copy(tmp.sub("ckpt"), dir);
+  fs::resize_file(dir + "/" + kCheckpointIndexFile, ckpt::kMaxIndexBytes + 1);
+  World w = makeWorld(model, 2, 16, 5.0f);
+  Snapshot before(*w.states[0]);
+  Status st = loadCheckpoint(dir, w.plans[0], w.states[0]->view);
+  ASSERT_FALSE(st.isOk());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.toString();
+  EXPECT_NE(st.message().find("a checkpoint index may have"), std::string::npos) << st.toString();
+  EXPECT_TRUE(before.sameAs(*w.states[0]));
 }
 
 TEST(Checkpoint, SavesAreAtomicAndLeaveNoTemporaries) {
