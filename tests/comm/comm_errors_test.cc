@@ -224,6 +224,45 @@ TEST_P(CommFailures, AbortFromAnotherThreadUnblocksAWaiter) {
   EXPECT_RANKS_OK(report);
 }
 
+// Seq 1 waits for an absent peer on one stream, seq 2 waits for its turn on another; an abort fails
+// the communicator. Seq 2 is then skipped on its own thread while seq 1 is still inside the
+// channel: the skipped one must leave the channel (single-threaded, across hosts: UCX) to seq 1
+// until seq 1 is done -- touching it at once raced with seq 1's wait (a TSan report, or a crash).
+TEST_P(CommFailures, CollectiveSkippedOnASecondStreamLeavesTheChannelToTheRunningOne) {
+  const Placement placement = GetParam();
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [placement](RankContext& ctx) -> Status {
+    auto config = quickConfig(ctx.rank, placement);
+    config.opTimeout = std::chrono::seconds(30);
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+    if (ctx.rank == 1) {
+      LIBCOMM_RETURN_IF_ERROR(ctx.bootstrap.barrier(libcomm::Deadline::after(std::chrono::seconds(20))));
+      return Status::ok();
+    }
+    auto first = libcomm::createHostStream("first");
+    auto second = libcomm::createHostStream("second");
+    std::vector<float> a(8), b(16), c(8), d(16);
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(a.data(), b.data(), 8, DataType::kFloat32, *first));
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(c.data(), d.data(), 8, DataType::kFloat32, *second));
+    const auto start = libcomm::Clock::now();
+    std::thread aborter([&] {
+      usleep(300000);
+      comm->abort();
+    });
+    Status st1 = first->synchronize(libcomm::Deadline::after(std::chrono::seconds(10)));
+    Status st2 = second->synchronize(libcomm::Deadline::after(std::chrono::seconds(10)));
+    aborter.join();
+    LIBCOMM_RETURN_IF_ERROR(ctx.bootstrap.barrier(libcomm::Deadline::after(std::chrono::seconds(20))));
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(libcomm::Clock::now() - start);
+    if (waited > std::chrono::seconds(5))
+      return libcomm::makeError(StatusCode::kInternalError, "abort took ", waited.count(), " ms to end both");
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(st1, StatusCode::kRemoteError, {"abort", "seq 1"}, "seq 1"));
+    return expectStatus(st2, StatusCode::kRemoteError, {"seq 2", "abort"}, "seq 2");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 INSTANTIATE_TEST_SUITE_P(Placements, CommFailures, ::testing::Values(Placement::kOneHost, Placement::kAcrossHosts),
                          [](const ::testing::TestParamInfo<Placement>& info) { return placementName(info.param); });
 

@@ -4,6 +4,8 @@
 // layout and address exchange without UCX traffic.
 
 #include <gtest/gtest.h>
+
+#include <array>
 #include <signal.h>
 #include <unistd.h>
 
@@ -312,6 +314,41 @@ INSTANTIATE_TEST_SUITE_P(Transports, UcxChannelData,
                          });
 
 // ---- errors ---------------------------------------------------------------------------------
+
+// A channel used as a communicator uses it -- a control receive posted for its whole life (the
+// failure notice), one message each way -- closes gracefully (endpoints flushed) at the end of a
+// clean run; a data receive still pending makes the close a forced one.
+TEST(UcxChannelClose, CleanRunClosesGracefullyAndPendingDataForcesIt) {
+  auto report = runRanks(processes(2), [](RankContext& ctx) -> Status {
+    const int peer = 1 - ctx.rank;
+    for (bool leaveDataPending : {false, true}) {
+      const Channel::CloseCounts before = Channel::closeCounts();
+      {
+        std::array<char, 64> notice{};
+        uint32_t out = 40 + static_cast<uint32_t>(ctx.rank), in = 0, never = 0;
+        LIBCOMM_ASSIGN_OR_RETURN(auto ch, openChannel(ctx, {peer}));
+        LIBCOMM_RETURN_IF_ERROR(ch->postControlRecv(peer, Tag{}, notice.data(), notice.size()).status());
+        std::vector<Request> reqs;
+        LIBCOMM_ASSIGN_OR_RETURN(Request r, ch->postRecv(peer, Tag{1, 0, 0}, &in, sizeof(in)));
+        reqs.push_back(r);
+        LIBCOMM_ASSIGN_OR_RETURN(Request s, ch->postSend(peer, Tag{1, 0, 0}, &out, sizeof(out)));
+        reqs.push_back(s);
+        LIBCOMM_RETURN_IF_ERROR(ch->wait(reqs, waitContext(milliseconds(15000)), "exchange"));
+        if (in != 40u + static_cast<uint32_t>(peer)) return makeError(StatusCode::kInternalError, "got ", in);
+        if (leaveDataPending) LIBCOMM_RETURN_IF_ERROR(ch->postRecv(peer, Tag{2, 0, 0}, &never, sizeof(never)).status());
+        LIBCOMM_RETURN_IF_ERROR(barrier(ctx));  // nobody closes while a peer still waits
+      }
+      const Channel::CloseCounts after = Channel::closeCounts();
+      const uint64_t graceful = after.graceful - before.graceful, forced = after.forced - before.forced;
+      if (graceful != (leaveDataPending ? 0u : 1u) || forced != (leaveDataPending ? 1u : 0u))
+        return makeError(StatusCode::kInternalError, leaveDataPending ? "with" : "without",
+                         " a data receive pending: closed gracefully ", graceful, " and forced ", forced, " times");
+      LIBCOMM_RETURN_IF_ERROR(barrier(ctx));
+    }
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+}
 
 TEST(UcxChannelErrors, WrongSizeIsAnErrorNamingBothSizes) {
   auto report = runRanks(processes(2), [](RankContext& ctx) -> Status {

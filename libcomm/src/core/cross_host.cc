@@ -239,9 +239,11 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
   flight_->chose(seq, algo);
   UcxRingLink link(*cross_->channel, seq);
   if (n > 1) {
-    shm::OpDescriptor mine = describeOp(args, seq);
+    // In CrossHost, not on the stack: a failed wait returns with these still posted.
+    shm::OpDescriptor& mine = cross_->fingerprintOut;
+    shm::OpDescriptor& theirs = cross_->fingerprintIn;
+    mine = describeOp(args, seq);
     mine.algo = static_cast<uint8_t>(algo);
-    shm::OpDescriptor theirs;
     LIBCOMM_ASSIGN_OR_RETURN(uint64_t in, link.recv(cross_->prev, ucx::kFingerprintStep, 0, &theirs, sizeof(theirs)));
     LIBCOMM_ASSIGN_OR_RETURN(uint64_t out, link.send(cross_->next, ucx::kFingerprintStep, 0, &mine, sizeof(mine)));
     LIBCOMM_RETURN_IF_ERROR(link.wait(in, wait));
@@ -272,12 +274,12 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
     case CollKind::kBroadcast:
       return ringBroadcast(args, env);
     case CollKind::kBarrier: {
-      float mine = static_cast<float>(rank_);
-      std::vector<float> all(static_cast<size_t>(n));
+      cross_->barrierOut = static_cast<float>(rank_);
+      cross_->barrierIn.resize(static_cast<size_t>(n));  // once: a later resize would move it
       CollArgs gather;
       gather.kind = CollKind::kAllGather;
-      gather.send = &mine;
-      gather.recv = all.data();
+      gather.send = &cross_->barrierOut;
+      gather.recv = cross_->barrierIn.data();
       gather.count = 1;
       return ring::allGather(gather, env);
     }

@@ -28,9 +28,17 @@ struct CrossHost {
     std::array<char, kNoticeBytes> text{};
   };
 
-  // Declared before the channel, so destroyed after it: UCX may write into a pending receive's
-  // buffer until the channel is gone.
+  // Everything UCX sends from or receives into is declared before the channel, so destroyed after
+  // it, and lives as long as the communicator: a collective that fails returns with its messages
+  // still posted, and the worker goes on progressing them (the failure notices, the drain) until
+  // the channel closes. Stack or per-call buffers would be written after they are gone.
   std::vector<std::unique_ptr<NoticeSlot>> notices;  // one per UCX peer
+  shm::OpDescriptor fingerprintOut{}, fingerprintIn{};  // the collective check with the ring neighbours
+  float barrierOut = 0;
+  std::vector<float> barrierIn;  // a barrier's all_gather of one value per rank (sized once)
+  ring::Scratch scratch;         // the ring reduce_scatter's partials (flat and rail rings)
+  std::vector<double> hostSums;  // two-level reduce_scatter: the host's partial sums (fp32, or fp64 with fp64 partials)
+  std::vector<char> padded;      // all_reduce: its zero-padded copy
   std::unique_ptr<ucx::Channel> channel;
 
   std::vector<int> order;  // flat ring: ranks in ring order
@@ -43,9 +51,6 @@ struct CrossHost {
   int hostIndex = 0, localIndex = 0;
   std::vector<std::vector<int>> ranks;  // [host][local index] -> global rank
 
-  ring::Scratch scratch;         // the ring reduce_scatter's partials (flat and rail rings)
-  std::vector<double> hostSums;  // two-level reduce_scatter: the host's partial sums (fp32, or fp64 with fp64 partials)
-  std::vector<char> padded;  // all_reduce: its zero-padded copy
   uint32_t progress = 0;     // this rank's shm kProgress value (hierarchical all_gather)
   // Registered memory standing in for a working buffer that is not registered (the host peers
   // read it), from Impl::local_; grown on demand.

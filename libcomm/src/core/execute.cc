@@ -133,9 +133,11 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool bloc
   const OpDeadline deadline(config_.opTimeout);
   Status st;
   FlightState outcome = FlightState::kDone;
+  bool turnNeverCame = false;
   if (lastExecuted_.load() + 1 != seq && !failed_.load()) {
     // An earlier collective of this communicator (on another stream) has not run yet.
     bool inOrder = sleepUntil(deadline.get().at(), [&] { return lastExecuted_.load() + 1 == seq || failed_.load(); });
+    turnNeverCame = !inOrder;
     if (!inOrder)
       st = makeError(StatusCode::kTimeout, "rank ", rank_, ": ", describeColl(args, seq), " reached its stream before ",
                      "collective seq ", lastExecuted_.load() + 1,
@@ -156,7 +158,15 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool bloc
   if (!st.isOk()) {
     if (outcome == FlightState::kDone) outcome = FlightState::kFailed;
     fail(st);
-    disconnectAcrossHosts(st);  // on this (the executing) thread: the UCX channel is single-threaded
+    // Telling the peers takes the UCX channel, which is single-threaded and belongs to the
+    // collective whose turn it is. A collective skipped because the communicator failed may be
+    // ahead of its turn, with an earlier one still running on another stream: it waits for that
+    // one as settleUnrun does (it fails or finishes within its own deadline). One whose turn timed
+    // out leaves the telling to the collectives still to come, or to the communicator's end.
+    if (cross_ && !turnNeverCame &&
+        (lastExecuted_.load() + 1 == seq ||
+         sleepUntil(Deadline::after(config_.opTimeout).at(), [&] { return lastExecuted_.load() + 1 == seq; })))
+      disconnectAcrossHosts(st);
   }
   flight_->finished(seq, outcome, st);
   // After the peers were told (above): the dump takes milliseconds they need not wait for.

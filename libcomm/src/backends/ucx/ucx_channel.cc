@@ -275,6 +275,7 @@ Result<Request> Channel::post(TagClass cls, bool isRecv, int peer, const Tag& ta
                      " out of range (step <= ", kMaxStep, ", chunk <= ", kMaxChunk, ")");
   Slot& s = acquireSlot();
   s.isRecv = isRecv;
+  s.control = cls == TagClass::kControl;
   s.peer = peer;
   s.tag = tag;
   s.bytes = bytes;
@@ -321,6 +322,7 @@ Result<Request> Channel::post(TagClass cls, bool isRecv, int peer, const Tag& ta
 void Channel::abort() {
   aborted_.store(true, std::memory_order_release);
   // Wakes a waiter sleeping on the event fd; documented as safe from any thread.
+  std::lock_guard<std::mutex> lock(signalMu_);
   if (worker_) ucp_worker_signal(worker_);
 }
 
@@ -330,10 +332,19 @@ bool Channel::peerLost(int peer) const {
 
 size_t Channel::pendingRequests() const { return pendingCount(false); }
 
-size_t Channel::pendingCount(bool liveOnly) const {
+size_t Channel::pendingCount(bool liveOnly, bool dataOnly) const {
   size_t n = 0;
-  for (const auto& s : slots_) n += s->inUse && !s->done && !(liveOnly && peerLost(s->peer));
+  for (const auto& s : slots_)
+    n += s->inUse && !s->done && !(liveOnly && peerLost(s->peer)) && !(dataOnly && s->control);
   return n;
+}
+
+namespace {
+std::atomic<uint64_t> gGracefulCloses{0}, gForcedCloses{0};
+}  // namespace
+
+Channel::CloseCounts Channel::closeCounts() {
+  return {gGracefulCloses.load(std::memory_order_relaxed), gForcedCloses.load(std::memory_order_relaxed)};
 }
 
 std::string Channel::describePeer(int peer) const {
@@ -445,6 +456,7 @@ void Channel::retireWorker() {
     peers_[p]->bulk = nullptr;
     peers_[p]->closed = true;
   }
+  std::lock_guard<std::mutex> lock(signalMu_);
   ucp_worker_destroy(worker_);
   worker_ = nullptr;
 }
@@ -509,15 +521,23 @@ Channel::~Channel() {
   const auto start = Clock::now();
   bool unclean = aborted() || lostPeers_ > 0 || timedOut_;
   if (pendingRequests() > 0) {
-    unclean = true;
+    // The receives of failure notices are posted for the channel's whole life, so they are pending
+    // in every run: cancelled here, they do not make the close a forced one (a forced close skips
+    // the flush, and a last message that had left this rank's queue only locally could be lost to
+    // a neighbour still waiting for it). Data still pending does.
+    if (pendingCount(false, /*dataOnly=*/true) > 0) unclean = true;
     cancelReceives();
     (void)progressUntilIdle(Deadline::after(kCancelBound));
   }
   closeEndpoints(unclean, Deadline::after(unclean ? kForceCloseBound : kGracefulCloseBound));
+  (unclean ? gForcedCloses : gGracefulCloses).fetch_add(1, std::memory_order_relaxed);
   for (const auto& s : slots_)
     if (s->request) ucp_request_free(s->request);  // a pending one is released by the worker's end
-  ucp_worker_destroy(worker_);
-  worker_ = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(signalMu_);
+    ucp_worker_destroy(worker_);
+    worker_ = nullptr;
+  }
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
   LIBCOMM_LOG(kDebug, "ucx") << "rank " << rank_ << ": UCX channel closed (" << (unclean ? "forced" : "graceful")
                              << ") in " << ms << " ms";

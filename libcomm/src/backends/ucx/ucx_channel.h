@@ -33,6 +33,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -130,6 +131,14 @@ class Channel {
   /// UCX's description of the endpoint to `peer` (lanes, transports, devices); "" if none.
   std::string describePeer(int peer) const;
 
+  /// How the channels of this process closed at destruction so far: gracefully (endpoints flushed:
+  /// every message sent has left) or forced (an error, a lost peer, or data still pending).
+  struct CloseCounts {
+    uint64_t graceful = 0;
+    uint64_t forced = 0;
+  };
+  static CloseCounts closeCounts();
+
  private:
   struct Slot;
   struct Peer;
@@ -158,7 +167,8 @@ class Channel {
   bool progressUntilIdle(Deadline deadline, bool liveOnly = false);
   void cancelReceives();
   /// Requests not yet complete (with `liveOnly`, only those of peers not lost).
-  size_t pendingCount(bool liveOnly) const;
+  /// Requests not complete; `liveOnly`: not to lost peers; `dataOnly`: no control messages.
+  size_t pendingCount(bool liveOnly, bool dataOnly = false) const;
   /// Destroys the worker with whatever it still holds (its endpoints and pending requests), so
   /// that no UCX request can touch a user buffer any more; the channel refuses everything after.
   void retireWorker();
@@ -189,6 +199,9 @@ class Channel {
   bool timedOut_ = false;
   bool connected_ = false;
   std::atomic<bool> aborted_{false};
+  // abort() may come from any thread: it signals the worker under this lock, and the owning
+  // thread destroys the worker under it, so that a signal never reaches a destroyed worker.
+  std::mutex signalMu_;
 };
 
 /// Exchanges worker addresses over `bootstrap`: collective, every rank calls it (with an empty

@@ -17,6 +17,7 @@ struct Channel::Slot {
   bool inUse = false;
   bool done = false;
   bool isRecv = false;
+  bool control = false;  // a control message (TagClass::kControl): a failure notice
   int peer = -1;
   Tag tag;
   size_t bytes = 0;

@@ -48,5 +48,6 @@ Status Channel::disconnect(Deadline) { return Status::ok(); }
 bool Channel::peerLost(int) const { return false; }
 size_t Channel::pendingRequests() const { return 0; }
 std::string Channel::describePeer(int) const { return ""; }
+Channel::CloseCounts Channel::closeCounts() { return {}; }
 
 }  // namespace libcomm::ucx
