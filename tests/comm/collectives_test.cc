@@ -241,6 +241,35 @@ INSTANTIATE_TEST_SUITE_P(Ucx, CrossHostMatrix,
                                            std::make_tuple(Mode::kProcesses, 3, 3, false, ""),
                                            std::make_tuple(Mode::kProcesses, 5, 2, true, "")));
 
+// A broadcast across hosts of more 1 MiB chunks than the root keeps in flight (64): the send window
+// turns over, and every chunk arrives where it belongs, from both ranks as root.
+TEST(CrossHostBroadcast, MoreChunksThanTheSendWindowArriveIntact) {
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = 2;
+  opts.deadline = std::chrono::seconds(120);
+  RunReport report = runRanks(opts, [](RankContext& ctx) -> Status {
+    libcomm::CommConfig config;
+    config.hostId = "bcast-host-" + std::to_string(ctx.rank);
+    config.opTimeout = std::chrono::seconds(60);
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+    auto stream = libcomm::createHostStream("bcast");
+    const size_t count = (size_t{70} << 20) / sizeof(float) + 123;  // 70 MiB and a short last chunk
+    std::vector<float> buf(count);
+    for (int root = 0; root < 2; ++root) {
+      for (size_t i = 0; i < count; ++i)
+        buf[i] = ctx.rank == root ? static_cast<float>((i * 7 + static_cast<size_t>(root)) % 1000003) : -1.0f;
+      LIBCOMM_RETURN_IF_ERROR(comm->broadcast(buf.data(), buf.data(), count, DataType::kFloat32, root, *stream));
+      LIBCOMM_RETURN_IF_ERROR(stream->synchronize(libcomm::Deadline::after(std::chrono::seconds(60))));
+      for (size_t i = 0; i < count; ++i)
+        if (buf[i] != static_cast<float>((i * 7 + static_cast<size_t>(root)) % 1000003))
+          return libcomm::makeError(libcomm::StatusCode::kInternalError, "root ", root, ": element ", i, " is ", buf[i]);
+    }
+    return comm->asyncError();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 // fp64 partials (LIBCOMM_RS_PARTIALS=fp64) over both algorithms: 3 hosts x 2 ranks (two-level, fp64
 // host sums on the rails) and the flat ring over the same hosts; every op, type and accumulate.
 class CrossHostMatrixFp64Partials : public ::testing::TestWithParam<const char*> {};

@@ -54,7 +54,7 @@ class UcxRingLink final : public ring::Link {
     ucx::Request& r = requests_[op];
     // Host-local copies first, while the message is on its way; then block.
     while (idle_ && r.valid()) {
-      LIBCOMM_ASSIGN_OR_RETURN(bool done, channel_.test(r));
+      LIBCOMM_ASSIGN_OR_RETURN(bool done, channel_.test(r, &ctx, "ring"));
       if (done || !idle_->step()) break;
     }
     return channel_.wait(std::span<ucx::Request>(&r, 1), ctx, "ring");
@@ -417,6 +417,9 @@ Status Communicator::Impl::ringAllReduce(const CollArgs& args, ring::Env& env) {
   return Status::ok();
 }
 
+// Far below the 64 Ki chunk numbers a tag holds.
+constexpr size_t kBroadcastSendWindow = 64;
+
 Status Communicator::Impl::ringBroadcast(const CollArgs& args, const ring::Env& env) {
   // A chain from the root along the ring, chunk by chunk; each rank forwards a chunk as soon as it
   // has it, with the next chunk's receive already posted.
@@ -444,12 +447,18 @@ Status Communicator::Impl::ringBroadcast(const CollArgs& args, const ring::Env& 
       LIBCOMM_RETURN_IF_ERROR(env.link->wait(recvs[c], *env.wait));
     }
     if (hop < n - 1) {
+      // A window of sends in flight: chunk numbers wrap in the tag (past 64 Ki chunks), and two
+      // messages with one tag must not be in flight at once (a short last chunk on the small-message
+      // endpoint could overtake a full one with its tag on the bulk endpoint).
+      if (sends.size() >= kBroadcastSendWindow)
+        LIBCOMM_RETURN_IF_ERROR(env.link->wait(sends[sends.size() - kBroadcastSendWindow], *env.wait));
       LIBCOMM_ASSIGN_OR_RETURN(uint64_t s, env.link->send(cross_->next, 0, static_cast<uint32_t>(c),
                                                           out + c * chunkBytes, chunkLen(c)));
       sends.push_back(s);
     }
   }
-  for (uint64_t s : sends) LIBCOMM_RETURN_IF_ERROR(env.link->wait(s, *env.wait));
+  for (size_t i = sends.size() > kBroadcastSendWindow ? sends.size() - kBroadcastSendWindow : 0; i < sends.size(); ++i)
+    LIBCOMM_RETURN_IF_ERROR(env.link->wait(sends[i], *env.wait));
   return Status::ok();
 }
 

@@ -102,8 +102,9 @@ class Channel {
   /// Invalid entries are skipped, so a fixed array of in-flight slots can be passed as is; none
   /// valid is kInvalidUsage. Errors as for wait().
   Status waitAny(std::span<Request> requests, size_t* index, const WaitContext& ctx, const char* phase);
-  /// Progresses once; true (and `request` reset) if it completed. Its error if it failed.
-  Result<bool> test(Request& request);
+  /// Progresses once; true (and `request` reset) if it completed. Its error if it failed, naming
+  /// the collective and phase when `ctx` is given.
+  Result<bool> test(Request& request, const WaitContext* ctx = nullptr, const char* phase = "test");
 
   /// Makes pending and later waits fail promptly (kRemoteError). Any thread, any time.
   void abort();

@@ -41,7 +41,7 @@ Result<Request> Channel::postControlSend(int, const Tag&, const void*, size_t) {
 Result<Request> Channel::postControlRecv(int, const Tag&, void*, size_t) { return unavailable("receive"); }
 Status Channel::wait(std::span<Request>, const WaitContext&, const char*) { return unavailable("wait"); }
 Status Channel::waitAny(std::span<Request>, size_t*, const WaitContext&, const char*) { return unavailable("wait"); }
-Result<bool> Channel::test(Request&) { return unavailable("test"); }
+Result<bool> Channel::test(Request&, const WaitContext*, const char*) { return unavailable("test"); }
 void Channel::abort() { aborted_.store(true); }
 Status Channel::drain(Deadline) { return Status::ok(); }
 Status Channel::disconnect(Deadline) { return Status::ok(); }
