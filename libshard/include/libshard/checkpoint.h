@@ -93,8 +93,9 @@ libcomm::Status saveCheckpoint(const std::string& dir, const std::vector<ShardPl
 /// On error `state` is unchanged.
 libcomm::Status loadCheckpoint(const std::string& dir, const ShardPlan& plan, ShardState& state);
 
-/// Reads every byte of every file of the checkpoint in `dir` and checks every checksum and the
-/// index's consistency. OK means any world size can load it.
+/// Reads every file of the checkpoint in `dir` -- header, index, chunk table and every data chunk
+/// (not the zero padding that aligns them) -- and checks every checksum and the index's
+/// consistency. OK means any world size can load it.
 libcomm::Status verifyCheckpoint(const std::string& dir);
 
 /// What a checkpoint holds, from its index.
