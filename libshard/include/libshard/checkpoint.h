@@ -40,7 +40,10 @@
 // rank. Each checkpoint goes into a directory of its own (e.g. step-00001000): a directory that
 // already holds a complete checkpoint (its index exists) is refused by both phases, before
 // anything is written, so a save never destroys the previous good checkpoint. A directory left by
-// an interrupted save (shard files, no index) may be saved into again.
+// an interrupted save (shard files, no index) may be saved into again. A process killed while
+// writing leaves its temporary (".<final name>.tmp-<pid>-<n>", dot-named, never read by a load);
+// no save removes it, since on a shared filesystem its pid may belong to a live writer on another
+// host. Delete such files once no save into the directory is running.
 //
 // Errors: kSystemError for failed system calls (the path and errno text in the message),
 // kInvalidArgument for a checkpoint that is missing a file, truncated, corrupt (checksum, magic,
