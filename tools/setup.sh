@@ -31,9 +31,11 @@ if [ -x /usr/local/cuda/bin/nvcc ]; then
   cuda=(-DLIBCOMM_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DCUDAToolkit_ROOT=/usr/local/cuda)
   [ -f /usr/local/cuda/include/nccl.h ] && cuda+=(-DLIBCOMM_WITH_NCCL=ON)
 fi
-if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release "${cuda[@]}" > "$build.configure.log" 2>&1 ||
-    { cat "$build.configure.log"; exit 1; }
-  rm -f "$build.configure.log"
+# Configured once; again when the last try failed (CMake writes its cache even then, but no build
+# files), so that a rerun after fixing the cause works without deleting the build directory.
+if [ ! -f "$build/build.ninja" ] && [ ! -f "$build/Makefile" ]; then
+  mkdir -p "$build"
+  cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release "${cuda[@]}" > "$build/configure.log" 2>&1 ||
+    { cat "$build/configure.log"; exit 1; }
 fi
 cmake --build "$build" -j "$(nproc)"

@@ -81,6 +81,7 @@ run() {
   local log=$1 json=$2
   shift 2
   { printf '%q ' "$@"; printf -- '-J %q\n' "$json"; } >>"$commands"
+  rm -f "$json"  # the peers append to -J files: a rerun into the same OUT_DIR must not count twice
   # In the background, so that stopping compare.sh (trap below) can stop the run too; timeout passes the
   # signal on to mpirun / the forked gloo ranks.
   timeout "$RUN_TIMEOUT" "$@" -J "$json" >"$log" 2>&1 &
@@ -175,11 +176,12 @@ fi
 # --- The sweep -------------------------------------------------------------------------------------------------
 # A program that fails (or times out) for a collective and rank count is not run again for them.
 declare -A failed
+any_failed=0
 sweep() {  # sweep IMPL COLL N REP CMD...
   local key=$1-$2-np$3
   if [[ -n ${failed[$key]:-} ]]; then return; fi
   run "$OUT_DIR/logs/$key-r$4.log" "$OUT_DIR/runs/$key-r$4.jsonl" "${@:5}" ||
-    { failed[$key]=1; note "$1 $2 np$3: not repeated after that failure"; }
+    { failed[$key]=1; any_failed=1; note "$1 $2 np$3: not repeated after that failure"; }
 }
 for rep in $(seq 1 "$REPEATS"); do
   for n in $RANKS; do
@@ -206,7 +208,11 @@ for rep in $(seq 1 "$REPEATS"); do
 done
 
 note "# finished $(date -Is), load $(cut -d' ' -f1-3 /proc/loadavg); exact commands: $commands"
-python3 "$here/summarize.py" --notes "$notes" --ours shardcomm -o "$OUT_DIR/summary.md" "$OUT_DIR/runs"
+rc=0
+python3 "$here/summarize.py" --notes "$notes" --ours shardcomm -o "$OUT_DIR/summary.md" "$OUT_DIR/runs" || rc=1
 python3 "$here/summarize.py" --ours shardcomm-inline --metric time -o "$OUT_DIR/summary-inline-latency.md" \
-  "$OUT_DIR/runs" > /dev/null
+  "$OUT_DIR/runs" > /dev/null || rc=1
 echo "compare.sh: results in $OUT_DIR (summary.md, settings.txt, commands.txt, runs/, logs/, probe/)"
+# Wrong results (the summaries list them) or a failed run (settings.txt notes it) fail the comparison.
+((any_failed)) && echo "compare.sh: some runs failed; see FAILED in $notes" >&2 && rc=1
+exit $rc

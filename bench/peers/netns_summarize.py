@@ -165,7 +165,9 @@ def main():
     if args.output:
         with open(args.output, "w", encoding="utf-8") as fh:
             fh.write(text + "\n")
-    return 1 if wrong else 0
+    # A failed run (a wrong result makes comm_bench exit 1, a hang ends in timeout's 124) fails the
+    # comparison as a wrong result does: the summary above still shows what did run.
+    return 1 if wrong or failures else 0
 
 
 if __name__ == "__main__":

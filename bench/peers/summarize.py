@@ -114,6 +114,7 @@ def main():
     metric = "time_us" if args.metric == "time" else "busbw"
     samples = defaultdict(list)
     memcpy = defaultdict(list)
+    wrong = []  # rows whose check found wrong elements: never in a median, always reported
     settings = {}  # (impl label, coll, nranks) -> settings text
     ours_impls = set()
     for r in rows:
@@ -131,6 +132,10 @@ def main():
         elif impl not in PEERS:
             ours_impls.add(impl)
         key = (label, r["coll"], int(r["nranks"]), bool(r.get("inplace")), int(r["size"]))
+        if int(r.get("wrong", 0) or 0) > 0:
+            wrong.append(f"{impl} {r['coll']} {r['nranks']} ranks {'in place' if r.get('inplace') else 'out of place'} "
+                         f"{human(int(r['size']))}: {r['wrong']} wrong elements")
+            continue
         samples[key].append(float(r[metric]))
         settings[(label, r["coll"], int(r["nranks"]))] = r.get("settings", "")
 
@@ -194,12 +199,17 @@ def main():
                            f"{fmt(statistics.median(m2) if m2 else None)} | {no}/{nm}/{ng} |")
             out.append("")
 
+    if wrong:
+        out.append("**Wrong results** (left out of every median above):")
+        out += [f"- {w}" for w in wrong]
+        out.append("")
     text = "\n".join(out) + "\n"
     sys.stdout.write(text)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as fh:
             fh.write(text)
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

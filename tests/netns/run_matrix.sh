@@ -8,6 +8,9 @@
 # Ranks on different hosts talk over UCX (the ring of libcomm/src/core/cross_host.cc).
 #
 #   tests/netns/run_matrix.sh [--bench PATH] [--launcher env|torchrun|mpirun] [--shapes "2x2 3x1 2x3"] [--kill]
+#                             [--case-timeout SEC]
+# --case-timeout bounds each case (netns.sh's watchdog; default 300 s). Keep it well under the
+# caller's own limit (CTest's TIMEOUT), so that a stuck case fails here, with its log printed.
 # Exit status: 0 every case passed; 1 a case failed; 77 namespaces cannot be made here (or a case
 # skipped, and none failed). Variables such as LIBCOMM_LOG_LEVEL or UCX_TLS pass through to every rank.
 set -uo pipefail
@@ -17,12 +20,14 @@ bench=$root/build/bench/comm_bench
 launcher="env"
 shapes="2x2 3x1 2x3"
 kill_case=0
+case_timeout=300
 while [ $# -gt 0 ]; do
   case "$1" in
     --bench) bench=$2; shift 2 ;;
     --launcher) launcher=$2; shift 2 ;;
     --shapes) shapes=$2; shift 2 ;;
     --kill) kill_case=1; shift ;;
+    --case-timeout) case_timeout=$2; shift 2 ;;
     *) echo "run_matrix: unknown option '$1' (see the top of $0)" >&2; exit 2 ;;
   esac
 done
@@ -42,7 +47,7 @@ runCase() {
   shift
   local start rc
   start=$(date +%s%N)
-  "$netns" run --hosts "$k" --ranks-per-host "$r" --launcher "$launcher" --timeout 300 "${opts[@]}" \
+  "$netns" run --hosts "$k" --ranks-per-host "$r" --launcher "$launcher" --timeout "$case_timeout" "${opts[@]}" \
     -- "$bench" "$@" > "$log" 2>&1
   rc=$?
   local took verdict
