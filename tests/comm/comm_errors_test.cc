@@ -263,6 +263,98 @@ TEST_P(CommFailures, CollectiveSkippedOnASecondStreamLeavesTheChannelToTheRunnin
   EXPECT_RANKS_OK(report);
 }
 
+// Whether a rank's all_reduce is in place is its own business (its pointers); the algorithm must
+// still be the same on every rank. Rank 0 in place and rank 1 out of place chose staged and direct
+// and waited for each other until the deadline; now both see that a rank is in place.
+TEST(CommAgreement, MixedInPlaceAllReduceIsCorrect) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig(ctx.rank)));
+    auto s = libcomm::createHostStream("mixed");
+    const size_t n = size_t{1} << 16;  // 256 KiB: past the eager size
+    LIBCOMM_ASSIGN_OR_RETURN(void* in, comm->allocRegistered(n * sizeof(float)));
+    LIBCOMM_ASSIGN_OR_RETURN(void* other, comm->allocRegistered(n * sizeof(float)));
+    float* x = static_cast<float*>(in);
+    for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(ctx.rank + 1) + static_cast<float>(i % 7);
+    float* out = ctx.rank == 0 ? x : static_cast<float*>(other);
+    LIBCOMM_RETURN_IF_ERROR(comm->allReduce(x, out, n, DataType::kFloat32, libcomm::ReduceOptions{}, *s));
+    LIBCOMM_RETURN_IF_ERROR(s->synchronize(libcomm::Deadline::after(std::chrono::seconds(10))));
+    for (size_t i = 0; i < n; ++i)
+      if (out[i] != 3.0f + 2.0f * static_cast<float>(i % 7))
+        return libcomm::makeError(StatusCode::kInternalError, "element ", i, " is ", out[i]);
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// LIBCOMM_ALGO set on one rank only: a mismatch error at once, naming the setting, not a wait
+// until the deadline.
+TEST(CommAgreement, AlgoSettingThatDiffersIsNamedAtOnce) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    auto config = quickConfig(ctx.rank);
+    config.opTimeout = std::chrono::seconds(30);
+    if (ctx.rank == 0) config.algo = "staged";
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+    auto s = libcomm::createHostStream("algo");
+    const size_t n = size_t{1} << 16;
+    LIBCOMM_ASSIGN_OR_RETURN(void* in, comm->allocRegistered(n * sizeof(float)));
+    LIBCOMM_ASSIGN_OR_RETURN(void* out, comm->allocRegistered(2 * n * sizeof(float)));
+    const auto start = libcomm::Clock::now();
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(in, out, n, DataType::kFloat32, *s));
+    Status st = s->synchronize(libcomm::Deadline::after(std::chrono::seconds(20)));
+    if (libcomm::Clock::now() - start > std::chrono::seconds(10))
+      return libcomm::makeError(StatusCode::kInternalError, "the mismatch took until the deadline");
+    return expectStatus(st, StatusCode::kInvalidUsage, {"LIBCOMM_ALGO is", "staged", "unset", "seq 1"}, "algo");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// A broadcast's root decides whose memory is read: compared even with the mismatch check off
+// (the eager path returned the non-root's stale eager area as the result).
+TEST(CommAgreement, BroadcastRootsThatDifferFailWithTheCheckOff) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    auto config = quickConfig(ctx.rank);
+    config.checkMismatch = false;
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+    auto s = libcomm::createHostStream("bcast");
+    std::vector<float> buf(16, static_cast<float>(ctx.rank));
+    LIBCOMM_RETURN_IF_ERROR(comm->broadcast(buf.data(), buf.data(), buf.size(), DataType::kFloat32, ctx.rank, *s));
+    Status st = s->synchronize(libcomm::Deadline::after(std::chrono::seconds(10)));
+    return expectStatus(st, StatusCode::kInvalidUsage, {"collective mismatch", "root"}, "roots");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// A staging chunk that is not a multiple of any element size: the slots are rounded up to cache
+// lines, so the reduce kernels get element-aligned pointers (3 ranks, fp32 and bf16 reduce_scatter).
+TEST(CommAgreement, OddStagingChunkReducesCorrectly) {
+  RunOptions opts;
+  opts.size = 3;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    auto config = quickConfig(ctx.rank);
+    config.stagingChunkBytes = 4097;
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+    auto s = libcomm::createHostStream("odd");
+    const size_t n = 100003;
+    std::vector<float> in(n * 3), out(n);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(ctx.rank + 1) * static_cast<float>(i % 5);
+    LIBCOMM_RETURN_IF_ERROR(comm->reduceScatter(in.data(), out.data(), n, DataType::kFloat32, DataType::kFloat32,
+                                                libcomm::ReduceOptions{}, *s));
+    LIBCOMM_RETURN_IF_ERROR(s->synchronize(libcomm::Deadline::after(std::chrono::seconds(20))));
+    for (size_t i = 0; i < n; ++i) {
+      const float want = 6.0f * static_cast<float>((static_cast<size_t>(ctx.rank) * n + i) % 5);
+      if (out[i] != want) return libcomm::makeError(StatusCode::kInternalError, "element ", i, " is ", out[i], ", not ", want);
+    }
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 INSTANTIATE_TEST_SUITE_P(Placements, CommFailures, ::testing::Values(Placement::kOneHost, Placement::kAcrossHosts),
                          [](const ::testing::TestParamInfo<Placement>& info) { return placementName(info.param); });
 

@@ -107,7 +107,7 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// Wakes the threads in sleepUntil, if there are any (the per-call path takes no lock otherwise).
   void wakeSleepers();
   /// The fingerprint part of this rank's descriptor of collective `seq`.
-  static shm::OpDescriptor describeOp(const CollArgs& args, uint32_t seq);
+  shm::OpDescriptor describeOp(const CollArgs& args, uint32_t seq) const;
   Status checkFingerprints(const CollArgs& args, uint32_t seq, const std::vector<shm::OpDescriptor>& all) const;
   /// Posts this rank's descriptor `d` of collective `seq`, waits for every peer's, fills posted_
   /// (rank-indexed) and compares fingerprints. Returns whether every rank's input is registered.

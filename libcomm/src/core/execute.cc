@@ -226,8 +226,13 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadl
       LIBCOMM_LOG(kInfo, "coll") << label.str() << ": eager (input <= " << config_.eagerBytes << " B)";
     return mesh::runEager(args, env);
   }
+  // Chosen from every rank's descriptor, so that all ranks choose alike: whether any rank is in
+  // place (another rank's in-place all_reduce rules out direct for everyone), whether every input
+  // is registered; LIBCOMM_ALGO was compared with the descriptors.
+  bool anyInPlace = false;
+  for (const shm::OpDescriptor& o : all) anyInPlace = anyInPlace || o.inPlace;
   const char* why = "";
-  LIBCOMM_ASSIGN_OR_RETURN(Algo algo, selectAlgo({args.kind, registered, args.inPlace, inputBytes}, config_, &why));
+  LIBCOMM_ASSIGN_OR_RETURN(Algo algo, selectAlgo({args.kind, registered, anyInPlace, inputBytes}, config_, &why));
   flight_->chose(seq, algo);
   if (config_.collTrace) LIBCOMM_LOG(kInfo, "coll") << label.str() << ": " << algoName(algo) << " (" << why << ")";
   if (args.count > 0) {
@@ -257,7 +262,7 @@ Result<bool> Communicator::Impl::exchangeDescriptors(const CollArgs& args, uint3
   return registered;
 }
 
-shm::OpDescriptor Communicator::Impl::describeOp(const CollArgs& args, uint32_t seq) {
+shm::OpDescriptor Communicator::Impl::describeOp(const CollArgs& args, uint32_t seq) const {
   shm::OpDescriptor d;
   d.seq = seq;
   d.kind = static_cast<uint8_t>(args.kind);
@@ -268,6 +273,7 @@ shm::OpDescriptor Communicator::Impl::describeOp(const CollArgs& args, uint32_t 
   d.count = args.count;
   d.scale = args.reduce.scale;
   d.inPlace = args.inPlace;
+  d.algoSetting = algoSettingCode(config_);
   return d;
 }
 
@@ -282,9 +288,11 @@ Status Communicator::Impl::compareFingerprint(const CollArgs& args, uint32_t seq
   if (o.seq != seq)
     return makeError(StatusCode::kInternalError, "rank ", rank_, ": rank ", p, " posted seq ", o.seq, " for ",
                      describeColl(args, seq));
-  // The kind and count decide how much of a peer's memory is read: always checked.
-  bool differs =
-      o.kind != me.kind || o.count != me.count || o.inType != me.inType || o.eager != me.eager || o.algo != me.algo;
+  // The kind, count, type and (broadcast) root decide how much of a peer's memory is read and
+  // whose; the algorithm settings decide how: always checked.
+  bool differs = o.kind != me.kind || o.count != me.count || o.inType != me.inType || o.eager != me.eager ||
+                 o.algo != me.algo || o.algoSetting != me.algoSetting ||
+                 (me.kind == static_cast<uint8_t>(CollKind::kBroadcast) && o.root != me.root);
   if (config_.checkMismatch)
     differs = differs || o.outType != me.outType || o.redOp != me.redOp || o.root != me.root ||
               (me.redOp == static_cast<uint8_t>(ReduceOp::kPremulSum) && o.scale != me.scale);
@@ -311,6 +319,10 @@ Status Communicator::Impl::compareFingerprint(const CollArgs& args, uint32_t seq
     scales = std::string(" (rank ") + std::to_string(rank_) + " chose " + algoName(static_cast<Algo>(me.algo)) +
              " across hosts, rank " + std::to_string(p) + " chose " + algoName(static_cast<Algo>(o.algo)) +
              ": is LIBCOMM_ALGO set alike?)";
+  if (o.algoSetting != me.algoSetting && o.algo == me.algo)
+    scales = std::string(" (LIBCOMM_ALGO is ") + algoSettingName(me.algoSetting) + " on rank " + std::to_string(rank_) +
+             " and " + algoSettingName(o.algoSetting) + " on rank " + std::to_string(p) +
+             ": ranks that choose different algorithms cannot meet; set it alike on every rank)";
   if (o.scale != me.scale)
     scales = " (premulSum scale " + std::to_string(me.scale) + " here, " + std::to_string(o.scale) + " on rank " +
              std::to_string(p) + ")";

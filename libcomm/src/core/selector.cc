@@ -52,6 +52,15 @@ const char* algoName(Algo a) {
   return "?";
 }
 
+uint8_t algoSettingCode(const CommConfig& config) {
+  const std::string& algo = hostAlgo(config);
+  for (Algo a : {Algo::kEager, Algo::kDirect, Algo::kStaged, Algo::kRing, Algo::kHier})
+    if (algo == algoName(a)) return static_cast<uint8_t>(1 + static_cast<int>(a));
+  return 0;
+}
+
+const char* algoSettingName(uint8_t code) { return code == 0 ? "unset" : algoName(static_cast<Algo>(code - 1)); }
+
 Result<bool> chooseEager(const SelectionQuery& q, const CommConfig& config) {
   const std::string& algo = hostAlgo(config);
   const bool fits = q.bytes <= config.eagerBytes;

@@ -1,4 +1,6 @@
 #pragma once
+
+#include <cstdint>
 // Algorithm selection: an explicit table {collective x input memory x layout -> algorithm}, first
 // matching row wins. Printable (Communicator::describeSelection, tools/comm_info); LIBCOMM_ALGO
 // overrides it; LIBCOMM_COLL_TRACE=1 logs every choice.
@@ -15,6 +17,13 @@ namespace libcomm {
 
 enum class Algo { kEager, kDirect, kStaged, kRing, kHier, kCudaIpc, kNccl };
 const char* algoName(Algo a);
+
+/// LIBCOMM_ALGO as it bears on host memory, as a small code that ranks compare in their
+/// descriptors (ranks that chose different algorithms would wait for each other until the
+/// deadline): 0 unset (or nccl, which chooses for device memory only), else 1 + the Algo named.
+uint8_t algoSettingCode(const CommConfig& config);
+/// The setting a code stands for ("unset" for 0).
+const char* algoSettingName(uint8_t code);
 
 struct SelectionQuery {
   CollKind kind;

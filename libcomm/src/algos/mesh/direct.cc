@@ -16,8 +16,14 @@ Status runDirect(const CollArgs& args, const OpEnv& env, const std::vector<shm::
       view.base[p] = static_cast<const char*>(args.send);
       continue;
     }
+    // The bytes this rank will read, not those the peer announced: the mapping is bounds-checked
+    // for what is read (the descriptors' kind, count and type were compared, so the two agree).
     const shm::OpDescriptor& d = inputs[p];
-    LIBCOMM_ASSIGN_OR_RETURN(view.base[p], env.peers.resolve(p, d.inputSegment, d.inputOffset, d.inputBytes));
+    const uint64_t reads = static_cast<uint64_t>(args.count) * args.inputParts(env.size) * view.elemSize;
+    if (d.inputBytes != reads)
+      return makeError(StatusCode::kInvalidUsage, "rank ", env.rank, ": rank ", p, " announced ", d.inputBytes,
+                       " input bytes for seq ", env.seq, " where ", reads, " are read");
+    LIBCOMM_ASSIGN_OR_RETURN(view.base[p], env.peers.resolve(p, d.inputSegment, d.inputOffset, reads));
   }
   return runPass(args, env, view, 0, args.count);
 }

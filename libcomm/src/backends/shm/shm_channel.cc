@@ -45,7 +45,9 @@ const char* counterName(Counter c) {
 Channel::Channel(int rank, int size, const CommConfig& config)
     : rank_(rank),
       size_(size),
-      slotBytes_(config.stagingChunkBytes),
+      // Both rounded up to cache lines: the second slot and the eager areas then start aligned for
+      // any element type (the reduce kernels need element-aligned pointers), whatever the settings.
+      slotBytes_((config.stagingChunkBytes + 63) / 64 * 64),
       eagerBytes_((config.eagerBytes + 63) / 64 * 64),
       config_(config) {}
 
@@ -209,7 +211,9 @@ Status Channel::waitAll(Counter c, uint32_t target, const WaitContext& ctx, cons
 
 void Channel::markFailed(const std::string& reason) {
   ControlBlock& cb = mine();
-  if (cb.failed.load() == 0) {
+  // One writer of the reason (an abort on a user thread and a failing collective may both get
+  // here): peers read it once `failed` is set, so it must not be written twice at once.
+  if (!failClaimed_.exchange(true) && cb.failed.load() == 0) {
     size_t n = std::min(reason.size(), sizeof(cb.failReason) - 1);
     memcpy(cb.failReason, reason.data(), n);
     cb.failReason[n] = '\0';

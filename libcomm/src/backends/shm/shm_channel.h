@@ -31,6 +31,7 @@ struct OpDescriptor {
   uint8_t outType = 0;     // DataType
   uint8_t redOp = 0;       // ReduceOp
   int32_t root = -1;
+  uint8_t algoSetting = 0;  // LIBCOMM_ALGO for host memory (selector.h algoSettingCode): must agree
   uint64_t count = 0;
   float scale = 1.0f;
   uint8_t inPlace = 0;
@@ -156,6 +157,7 @@ class Channel {
   int rank_;
   int size_;
   size_t slotBytes_;
+  std::atomic<bool> failClaimed_{false};  // markFailed: the first caller writes the reason
   size_t eagerBytes_;
   CommConfig config_;
   std::vector<Segment> segments_;       // index = rank (own one created, peers' opened)
