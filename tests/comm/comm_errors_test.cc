@@ -331,7 +331,8 @@ TEST(CommAgreement, BroadcastRootsThatDifferFailWithTheCheckOff) {
 }
 
 // A staging chunk that is not a multiple of any element size: the slots are rounded up to cache
-// lines, so the reduce kernels get element-aligned pointers (3 ranks, fp32 and bf16 reduce_scatter).
+// lines, so the reduce kernels get element-aligned pointers (3 ranks, an fp32 reduce_scatter that
+// takes many staging rounds).
 TEST(CommAgreement, OddStagingChunkReducesCorrectly) {
   RunOptions opts;
   opts.size = 3;
