@@ -38,7 +38,8 @@ struct Options {
 
 libcomm::WaitContext waitContext(std::chrono::microseconds spin) {
   return libcomm::WaitContext{libcomm::OpDeadline(std::chrono::milliseconds(60000)),
-                              libcomm::OpLabel{nullptr, [](const void*) { return std::string("bench"); }}, spin, {}};
+                              libcomm::OpLabel{nullptr, [](const void*) { return std::string("bench"); }},
+                              libcomm::WaitPolicy{spin, {}}};
 }
 
 double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }

@@ -221,7 +221,7 @@ TEST(ShmChannelNames, TimeoutNamesCommunicatorRanks) {
   const std::vector<std::string> prefixes = {prefix + ".0", prefix + ".1", prefix + ".2"};
   ASSERT_TRUE((*a)->connect(prefixes, libcomm::Deadline::after(5s)).isOk());
   (*c)->publish(libcomm::shm::Counter::kDone, 1);  // index 2 (rank 9) is there; index 1 (rank 6) is not
-  libcomm::WaitContext wait{libcomm::OpDeadline(std::chrono::milliseconds(100)), {}, {}, {}};
+  libcomm::WaitContext wait{libcomm::OpDeadline(std::chrono::milliseconds(100)), {}, libcomm::WaitPolicy{}};
   const Status st = (*a)->waitAll(libcomm::shm::Counter::kDone, 1, wait, "completion");
   ASSERT_EQ(st.code(), StatusCode::kTimeout) << st.toString();
   for (const char* want : {"rank 4: timed out", "waiting for rank 6", "not there yet: 6"})
@@ -243,7 +243,7 @@ TEST(ShmChannelBorrowedPoll, SeesThePeerAndKeepsTheDeadline) {
   for (bool yields : {false, true}) {
     SCOPED_TRACE(yields ? "yielding" : "spinning");
     const uint32_t seq = yields ? 2 : 1;
-    libcomm::WaitContext wait{libcomm::OpDeadline(std::chrono::milliseconds(10000)), {}, {}, {}, 60s, yields};
+    libcomm::WaitContext wait{libcomm::OpDeadline(std::chrono::milliseconds(10000)), {}, libcomm::WaitPolicy{{}, {}, 60s, yields}};
     std::thread peer([&] {
       std::this_thread::sleep_for(30ms);
       (*b)->publish(libcomm::shm::Counter::kDone, seq);
@@ -254,7 +254,7 @@ TEST(ShmChannelBorrowedPoll, SeesThePeerAndKeepsTheDeadline) {
     EXPECT_TRUE(st.isOk()) << st.toString();
     EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
 
-    libcomm::WaitContext late{libcomm::OpDeadline(std::chrono::milliseconds(100)), {}, {}, {}, 60s, yields};
+    libcomm::WaitContext late{libcomm::OpDeadline(std::chrono::milliseconds(100)), {}, libcomm::WaitPolicy{{}, {}, 60s, yields}};
     const auto t1 = std::chrono::steady_clock::now();
     const Status timeout = (*a)->waitAll(libcomm::shm::Counter::kDone, seq + 10, late, "completion");
     EXPECT_EQ(timeout.code(), StatusCode::kTimeout) << timeout.toString();

@@ -78,8 +78,7 @@ libcomm::Result<std::unique_ptr<Channel>> openChannel(RankContext& ctx, const st
 libcomm::WaitContext waitContext(milliseconds timeout) {
   return libcomm::WaitContext{libcomm::OpDeadline(timeout),
                               libcomm::OpLabel{nullptr, [](const void*) { return std::string("test-op seq 7"); }},
-                              std::chrono::microseconds(20),
-                              {}};
+                              libcomm::WaitPolicy{std::chrono::microseconds(20), {}}};
 }
 
 Status barrier(RankContext& ctx) { return ctx.bootstrap.barrier(Deadline::after(milliseconds(20000))); }
@@ -458,8 +457,8 @@ void killPeerMidRendezvous(bool borrowing) {
     libcomm::WaitContext wait = waitContext(milliseconds(20000));
     if (borrowing) {
       caller.emplace();
-      wait.borrow = std::chrono::seconds(60);
-      wait.borrowYields = true;
+      wait.policy.borrow = std::chrono::seconds(60);
+      wait.policy.borrowYields = true;
     }
     constexpr size_t kBytes = size_t(8) << 20;
     constexpr int kInFlight = 4, kDieInRound = 3;

@@ -21,8 +21,8 @@ using Clock = std::chrono::steady_clock;
 
 WaitContext borrowing(std::chrono::nanoseconds borrow, bool yields = false) {
   WaitContext ctx{OpDeadline(Milliseconds(1000)), {}};
-  ctx.borrow = borrow;
-  ctx.borrowYields = yields;
+  ctx.policy.borrow = borrow;
+  ctx.policy.borrowYields = yields;
   return ctx;
 }
 

@@ -221,7 +221,7 @@ void Communicator::Impl::disconnectAcrossHosts(const Status& why) {
     if (r.isOk()) sends.push_back(*r);
   }
   if (!sends.empty()) {
-    const WaitContext ctx{OpDeadline::fixed(Deadline::after(kNoticeSendBound)), {}, {}, {}};
+    const WaitContext ctx{OpDeadline::fixed(Deadline::after(kNoticeSendBound)), {}, WaitPolicy{}};
     Status sent = ch.wait(sends, ctx, "failure notice");
     if (!sent.isOk()) LIBCOMM_LOG(kDebug, "coll") << "rank " << rank_ << ": failure notice: " << sent.toString();
   }

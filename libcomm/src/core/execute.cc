@@ -186,7 +186,7 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadl
                              return describeColl(l->args, l->seq);
                            }};
   const WaitPolicy& policy = blocking ? blockingWait_ : progressWait_;
-  const WaitContext wait{deadline, label, policy.spin, policy.yield, policy.borrow, policy.borrowYields};
+  const WaitContext wait{deadline, label, policy};
   if (device) return runDevice(args, seq, wait, *device);
   if (cross_) return runAcrossHosts(args, seq, wait);
   passBases_.resize(size_);

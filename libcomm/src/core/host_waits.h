@@ -66,19 +66,19 @@ enum class Poll { kAgain, kDone, kStop };
 
 /// The borrowed phase of a progress thread's wait, between its own poll and its sleep: polls with
 /// `poll()` (kDone: the wait is over; kStop: leave for the sleep phase, which reports failures)
-/// on a sleeping host thread's core while one sleeps, for at most ctx.borrow and never past the
-/// collective's deadline, with sched_yield() between polls when ctx.borrowYields. Returns kDone or
-/// kStop; kStop at once when ctx.borrow is zero (blocking waits, explicit poll settings), no core
+/// on a sleeping host thread's core while one sleeps, for at most ctx.policy.borrow and never past the
+/// collective's deadline, with sched_yield() between polls when ctx.policy.borrowYields. Returns kDone or
+/// kStop; kStop at once when ctx.policy.borrow is zero (blocking waits, explicit poll settings), no core
 /// is free to borrow, or the poll would have to yield on a real-time thread.
 template <class PollFn>
 Poll pollOnBorrowedCore(const WaitContext& ctx, PollFn&& poll) {
-  if (ctx.borrow.count() <= 0 || !anySleeping() || (ctx.borrowYields && realtimeThread())) return Poll::kStop;
+  if (ctx.policy.borrow.count() <= 0 || !anySleeping() || (ctx.policy.borrowYields && realtimeThread())) return Poll::kStop;
   BorrowedCore core;
   if (!core.held()) return Poll::kStop;
-  const auto end = std::chrono::steady_clock::now() + ctx.borrow;
-  const unsigned checkMask = ctx.borrowYields ? 7 : 31;  // a yield may last a scheduler slice
+  const auto end = std::chrono::steady_clock::now() + ctx.policy.borrow;
+  const unsigned checkMask = ctx.policy.borrowYields ? 7 : 31;  // a yield may last a scheduler slice
   for (unsigned i = 1;; ++i) {
-    if (ctx.borrowYields) {
+    if (ctx.policy.borrowYields) {
       sched_yield();
     } else {
       cpuRelax();
@@ -92,10 +92,10 @@ Poll pollOnBorrowedCore(const WaitContext& ctx, PollFn&& poll) {
 }
 
 /// Every phase of a transport's wait before it sleeps (wait_policy.h has the reasoning):
-///   1. poll for ctx.spin, with a pause between polls when `pause` (the clock is read every 32
+///   1. poll for ctx.policy.spin, with a pause between polls when `pause` (the clock is read every 32
 ///      polls only, and not at all by a wait that ends before the first 32: a read costs as much
 ///      as a pause);
-///   2. poll for ctx.yield with sched_yield() between polls (ranks outnumber cores: the peer waited
+///   2. poll for ctx.policy.yield with sched_yield() between polls (ranks outnumber cores: the peer waited
 ///      for may be the thread that gets the core; a yield costs ~1 us here, a futex wake-up 25-30);
 ///   3. pollOnBorrowedCore, while a host thread of the process sleeps.
 /// `poll()` is one look: kDone (the wait is over), kStop (leave: the transport's sleep phase says
@@ -113,12 +113,12 @@ Poll pollBeforeSleeping(const WaitContext& ctx, bool pause, PollFn&& poll, StopF
     if ((i & 31) == 0) {
       if (stop()) return Poll::kStop;
       const auto now = Clock::now();
-      if (i == 32) spinEnd = now + ctx.spin;
+      if (i == 32) spinEnd = now + ctx.policy.spin;
       if (now >= spinEnd) break;
     }
   }
-  if (ctx.yield.count() > 0) {
-    const auto yieldEnd = Clock::now() + ctx.yield;
+  if (ctx.policy.yield.count() > 0) {
+    const auto yieldEnd = Clock::now() + ctx.policy.yield;
     for (unsigned i = 1;; ++i) {
       sched_yield();
       const Poll p = poll();

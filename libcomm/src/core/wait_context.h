@@ -1,12 +1,13 @@
 #pragma once
 // What a blocking wait needs to know about the collective it serves, whatever the transport
 // (shared memory or UCX): the collective's deadline (started lazily, see op_deadline.h), its name
-// for error messages (formatted only when an error needs it), and how long to poll before sleeping.
+// for error messages (formatted only when an error needs it), and how to poll before sleeping.
 
 #include <chrono>
 #include <string>
 
 #include "core/op_deadline.h"
+#include "core/wait_policy.h"
 
 namespace libcomm {
 
@@ -21,15 +22,8 @@ struct OpLabel {
 struct WaitContext {
   OpDeadline deadline;
   OpLabel op;
-  /// How long a wait polls before it sleeps (see CommConfig::blockingSpin).
-  std::chrono::nanoseconds spin{std::chrono::microseconds(20)};
-  /// After the spin, how long it polls with sched_yield() between polls before sleeping.
-  std::chrono::nanoseconds yield{0};
-  /// Then, while a host thread of this process sleeps in a host-stream wait, how long it polls on
-  /// that thread's core (progress threads only; core/host_waits.h), with sched_yield() between
-  /// polls when borrowYields.
-  std::chrono::nanoseconds borrow{0};
-  bool borrowYields = false;
+  /// How long it polls, and how, before it sleeps (wait_policy.h; the phases: core/host_waits.h).
+  WaitPolicy policy{std::chrono::microseconds(20), {}};
 };
 
 }  // namespace libcomm

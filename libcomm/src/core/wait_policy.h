@@ -31,8 +31,8 @@
 namespace libcomm {
 
 struct WaitPolicy {
-  std::chrono::nanoseconds spin;   // poll this long
-  std::chrono::nanoseconds yield;  // then poll with sched_yield() in between this long; then sleep
+  std::chrono::nanoseconds spin{0};   // poll this long
+  std::chrono::nanoseconds yield{0};  // then poll with sched_yield() in between this long; then sleep
   // Progress waits: then poll on a sleeping host thread's core this long (core/host_waits.h),
   // yielding between polls when borrowYields; then sleep.
   std::chrono::nanoseconds borrow{0};

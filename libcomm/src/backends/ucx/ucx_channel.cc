@@ -147,8 +147,7 @@ Status Channel::connect(const std::vector<std::string>& addresses, const std::ve
   const auto start = Clock::now();
   const WaitContext ctx{OpDeadline::fixed(deadline),
                         OpLabel{nullptr, [](const void*) { return std::string("UCX connection set-up"); }},
-                        std::chrono::microseconds(20),
-                        {}};
+                        WaitPolicy{std::chrono::microseconds(20), {}}};
   // One round of hellos: receives into slots [first, first + n) of hello_, sends over each peer's
   // bulk endpoint or not; `expectFrom(i)` says whether peer i sends one this round.
   auto round = [&](size_t first, uint32_t step, bool overBulk, auto expectFrom) -> Status {
