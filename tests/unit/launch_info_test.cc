@@ -419,6 +419,46 @@ TEST_F(LaunchEnv, LaunchLocalNamesTheFailedRankAndStopsTheOthers) {
   expectNoChildrenLeft();
 }
 
+// Ranks that end within one poll cannot be ordered by time: the crash (a signal) is blamed, not
+// the peer that exited with an error just after it, and the peer is named too.
+TEST_F(LaunchEnv, LaunchLocalBlamesTheCrashOverThePeerThatExitedAfterIt) {
+  Status s = launchLocal(shell(3,
+                               "if [ \"$LIBCOMM_RANK\" = 2 ]; then sleep 0.3; kill -SEGV $$; fi; "
+                               "if [ \"$LIBCOMM_RANK\" = 0 ]; then sleep 0.302; exit 1; fi; exec sleep 30"));
+  EXPECT_EQ(s.code(), StatusCode::kRemoteError) << s.toString();
+  EXPECT_NE(s.message().find("rank 2 of 3"), std::string::npos) << s.toString();
+  EXPECT_NE(s.message().find("signal 11"), std::string::npos) << s.toString();
+  expectNoChildrenLeft();
+}
+
+// What a failed rank started in the background is stopped with the other ranks, not orphaned.
+TEST_F(LaunchEnv, LaunchLocalStopsWhatAFailedRankLeftRunning) {
+  const std::string marker = "sleep 77" + std::to_string(getpid() % 1000);
+  Status s = launchLocal(
+      shell(2, "if [ \"$LIBCOMM_RANK\" = 1 ]; then " + marker + " & sleep 0.2; exit 3; fi; exec sleep 30"));
+  EXPECT_NE(s.message().find("rank 1 of 2"), std::string::npos) << s.toString();
+  expectNoChildrenLeft();
+  bool left = true;
+  for (auto until = Clock::now() + 3s; left && Clock::now() < until;) {
+    left = std::system(("pgrep -f '^" + marker + "$' > /dev/null").c_str()) == 0;
+    if (left) std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_FALSE(left) << "'" << marker << "' started by the failed rank is still running";
+  std::system(("pkill -f '^" + marker + "$'").c_str());
+}
+
+// The caller's env is applied last: it may replace the launcher's own LIBCOMM_* values.
+TEST_F(LaunchEnv, LaunchLocalEnvReplacesTheLaunchersValues) {
+  // /proc/<pid>/environ is the environment as exec'd, duplicates and all (a shell's own view
+  // keeps one of them).
+  auto o = shell(2, "test \"$(tr '\\0' '\\n' < /proc/$$/environ | grep -c '^LIBCOMM_JOB_ID=')\" = 1 && "
+                    "tr '\\0' '\\n' < /proc/$$/environ | grep -qx 'LIBCOMM_JOB_ID=mine'");
+  o.env = {{"LIBCOMM_JOB_ID", "mine"}};
+  Status s = launchLocal(o);
+  EXPECT_TRUE(s.isOk()) << s.toString();
+  expectNoChildrenLeft();
+}
+
 TEST_F(LaunchEnv, LaunchLocalTimeoutKillsEveryone) {
   auto start = Clock::now();
   // The rank ignores SIGTERM, so only the SIGKILL after the grace period stops it.

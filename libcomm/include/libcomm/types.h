@@ -18,7 +18,9 @@ const char* dataTypeName(DataType t);
 
 enum class ReduceOp : uint8_t {
   kSum = 0,
-  kAvg = 1,        // sum divided by the world size, computed in fp32
+  kAvg = 1,        // the fp32 sum times fl(1 / world size), as NCCL's float avg (not the correctly
+                   // rounded sum / size: the two differ by an ulp for some sums when the size is no
+                   // power of two); the same on every rank and path
   kPremulSum = 2,  // the sum times ReduceOptions::scale, applied once to the fp32 sum; every rank must
                    // pass the same scale (the mismatch check compares them), so this equals NCCL's
                    // "multiply each input, then sum" up to one rounding

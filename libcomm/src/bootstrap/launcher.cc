@@ -60,14 +60,22 @@ struct Child {
   bool running = false;
 };
 
-// Reaps whichever children have ended; returns the first rank that failed on its own, or -1.
+// Reaps whichever children have ended; returns the rank to blame for a failure, or -1. Ranks that
+// ended within one poll cannot be told apart by time, so a rank killed by a signal (a crash) is
+// blamed before one that exited with an error (often a peer that saw the crash), and `how` names
+// the others that failed in the same poll too.
 int reap(std::vector<Child>& children, bool blocking, std::string* how) {
   int failed = -1;
+  bool failedBySignal = false;
+  std::string others;
   for (size_t r = 0; r < children.size(); ++r) {
     Child& c = children[r];
     if (!c.running) continue;
     int status = 0;
-    pid_t got = waitpid(c.pid, &status, blocking ? 0 : WNOHANG);
+    pid_t got;
+    do {
+      got = waitpid(c.pid, &status, blocking ? 0 : WNOHANG);
+    } while (got < 0 && errno == EINTR && blocking);
     if (got == 0 || (got < 0 && errno == EINTR)) continue;
     c.running = false;
     if (got < 0) {
@@ -76,11 +84,18 @@ int reap(std::vector<Child>& children, bool blocking, std::string* how) {
                                  << ") was reaped elsewhere; its exit status is unknown";
       continue;
     }
-    if (failed < 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+    const bool bySignal = WIFSIGNALED(status);
+    if (failed < 0 || (bySignal && !failedBySignal)) {
+      if (failed >= 0) others += (others.empty() ? "" : ", ") + std::to_string(failed) + " (" + *how + ")";
       failed = static_cast<int>(r);
+      failedBySignal = bySignal;
       *how = describeWait(status);
+    } else {
+      others += (others.empty() ? "" : ", ") + std::to_string(r) + " (" + describeWait(status) + ")";
     }
   }
+  if (failed >= 0 && !others.empty()) *how += "; also failed: rank " + others;
   return failed;
 }
 
@@ -91,24 +106,25 @@ std::vector<int> runningRanks(const std::vector<Child>& children) {
   return out;
 }
 
-// SIGTERM to every running rank's process group, SIGKILL to what is left after the grace period,
-// then reap everything so no zombie stays behind.
+// SIGTERM to every rank's process group, SIGKILL to what is left after the grace period, then
+// reap everything so no zombie stays behind. Also the groups of ranks that already ended: what a
+// failed rank started (its group outlives it while any member lives) must not be left running.
 void stopAll(std::vector<Child>& children) {
   std::string ignored;
   for (const Child& c : children)
-    if (c.running) kill(-c.pid, SIGTERM);
+    if (c.pid > 0) kill(-c.pid, SIGTERM);
   Deadline grace = Deadline::after(kTermGrace);
   boot::Backoff backoff(Milliseconds(1), Milliseconds(20));
   while (!runningRanks(children).empty() && !grace.expired()) {
     reap(children, false, &ignored);
     if (!runningRanks(children).empty()) backoff.sleep(grace);
   }
-  for (const Child& c : children)
-    if (c.running) {
+  for (const Child& c : children) {
+    if (c.running)
       LIBCOMM_LOG(kWarn, "boot") << "launchLocal: pid " << c.pid << " ignored SIGTERM for " << kTermGrace.count()
                                  << " ms; sending SIGKILL";
-      kill(-c.pid, SIGKILL);
-    }
+    if (c.pid > 0) kill(-c.pid, SIGKILL);  // the group's stragglers as well
+  }
   reap(children, true, &ignored);
 }
 
@@ -146,14 +162,20 @@ Status launchLocal(const LocalLaunchOptions& options) {
   std::vector<std::vector<std::string>> envs(options.numRanks, inherited);
   for (int r = 0; r < options.numRanks; ++r) {
     auto& e = envs[r];
-    e.push_back("LIBCOMM_RANK=" + std::to_string(r));
-    e.push_back("LIBCOMM_WORLD_SIZE=" + std::to_string(options.numRanks));
-    e.push_back("LIBCOMM_LOCAL_RANK=" + std::to_string(r));
-    e.push_back("LIBCOMM_LOCAL_SIZE=" + std::to_string(options.numRanks));
-    e.push_back("LIBCOMM_STORE_ADDR=" + storeAddr);
-    e.push_back("LIBCOMM_SECRET=" + secret);
-    e.push_back("LIBCOMM_JOB_ID=" + jobId);
-    e.push_back("LIBCOMM_HOST_STORE=0");
+    // options.env is applied last: a name it sets replaces the launcher's own value.
+    auto add = [&](const char* name, const std::string& value) {
+      for (const auto& [k, v] : options.env)
+        if (k == name) return;
+      e.push_back(std::string(name) + "=" + value);
+    };
+    add("LIBCOMM_RANK", std::to_string(r));
+    add("LIBCOMM_WORLD_SIZE", std::to_string(options.numRanks));
+    add("LIBCOMM_LOCAL_RANK", std::to_string(r));
+    add("LIBCOMM_LOCAL_SIZE", std::to_string(options.numRanks));
+    add("LIBCOMM_STORE_ADDR", storeAddr);
+    add("LIBCOMM_SECRET", secret);
+    add("LIBCOMM_JOB_ID", jobId);
+    add("LIBCOMM_HOST_STORE", "0");
     for (const auto& [k, v] : options.env) e.push_back(k + "=" + v);
   }
   std::vector<char*> argv;

@@ -20,8 +20,11 @@ namespace libcomm {
 namespace {
 
 constexpr uint32_t kHelloMagic = 0x54424f4f;  // "TBOO"
-// Room left in a reply for the per-value length prefixes.
-constexpr size_t kReplyOverhead = 4096;
+// The larger of a request setting one value (its key and fields: under kRequestRoom bytes besides
+// the value) and the reply to a get of `ranks` values (a 4-byte count, then each value with a
+// 4-byte length): both must fit the store's message bound.
+constexpr uint64_t kRequestRoom = 256;
+constexpr uint64_t messageBytes(uint64_t bytes, uint64_t ranks) { return kRequestRoom + 4 + ranks * (4 + bytes); }
 
 // The side channel: a store connection of its own (a collective round of the bootstrap may be
 // parked on the main one), authenticated without claiming a rank, behind a mutex.
@@ -129,7 +132,7 @@ class TcpBootstrap final : public Bootstrap {
 
   Status send(int peer, uint32_t tag, const void* data, size_t bytes, Deadline deadline) override {
     LIBCOMM_RETURN_IF_ERROR(checkPeer("send", peer));
-    if (bytes > boot::kMaxPayloadBytes - kReplyOverhead)
+    if (bytes > boot::kMaxPayloadBytes || messageBytes(bytes, 1) > boot::kMaxPayloadBytes)
       return makeError(StatusCode::kInvalidArgument, "tcp bootstrap send: rank ", rank_, " to peer ", peer, ": ", bytes,
                        " bytes is over the store's message bound");
     uint64_t seq = sendSeq_[{peer, tag}]++;
@@ -173,7 +176,7 @@ class TcpBootstrap final : public Bootstrap {
   }
 
   Status collective(const char* op, const void* mine, void* all, size_t bytes, Deadline deadline) {
-    if (bytes * static_cast<size_t>(size_) > boot::kMaxPayloadBytes - kReplyOverhead)
+    if (bytes > boot::kMaxPayloadBytes || messageBytes(bytes, static_cast<uint64_t>(size_)) > boot::kMaxPayloadBytes)
       return makeError(StatusCode::kInvalidArgument, "tcp bootstrap ", op, ": rank ", rank_, ": ", bytes, " bytes x ",
                        size_, " ranks is over the store's message bound of ", boot::kMaxPayloadBytes);
     const uint64_t round = round_++;

@@ -134,7 +134,10 @@ class Server final : public TcpStoreServer {
     next = state_.nextDeadline(next);
     for (auto& [id, c] : conns_) {
       if (!c->authed) next = std::min(next, c->acceptedAt + options_.handshakeTimeout);
-      if (c->inPos < c->in.size() || c->closing) next = std::min(next, c->lastProgress + options_.stallTimeout);
+      // As expire() judges: a parked connection (its get waits for keys) is not stalled, so its
+      // stall time is no deadline (counting it made every poll return at once once it passed).
+      if (!state_.parked(c->id) && (c->inPos < c->in.size() || c->closing))
+        next = std::min(next, c->lastProgress + options_.stallTimeout);
     }
     if (next <= now) return 0;
     return static_cast<int>(std::chrono::duration_cast<Milliseconds>(next - now).count()) + 1;
