@@ -420,11 +420,21 @@ TEST_F(LaunchEnv, LaunchLocalNamesTheFailedRankAndStopsTheOthers) {
 }
 
 // Ranks that end within one poll cannot be ordered by time: the crash (a signal) is blamed, not
-// the peer that exited with an error just after it, and the peer is named too.
+// the peer that exited with an error just after it, and the peer is named too. Rank 0 exits only
+// once rank 2 is dead (a zombie, or already reaped), so whichever poll sees rank 0 has seen rank
+// 2 as well, however loaded the machine.
 TEST_F(LaunchEnv, LaunchLocalBlamesTheCrashOverThePeerThatExitedAfterIt) {
-  Status s = launchLocal(shell(3,
-                               "if [ \"$LIBCOMM_RANK\" = 2 ]; then sleep 0.3; kill -SEGV $$; fi; "
-                               "if [ \"$LIBCOMM_RANK\" = 0 ]; then sleep 0.302; exit 1; fi; exec sleep 30"));
+  char dirTemplate[] = "/tmp/shardcomm-blame-XXXXXX";
+  ASSERT_NE(mkdtemp(dirTemplate), nullptr);
+  const std::string pidFile = std::string(dirTemplate) + "/rank2.pid";
+  Status s = launchLocal(shell(
+      3, "if [ \"$LIBCOMM_RANK\" = 2 ]; then echo $$ > " + pidFile + ".tmp; mv " + pidFile + ".tmp " + pidFile +
+             "; sleep 0.2; kill -SEGV $$; fi; "
+             "if [ \"$LIBCOMM_RANK\" = 0 ]; then "
+             "while [ ! -s " + pidFile + " ]; do sleep 0.01; done; p=$(cat " + pidFile + "); "
+             "while [ -e /proc/$p ] && [ \"$(cut -d' ' -f3 /proc/$p/stat 2>/dev/null)\" != Z ]; do sleep 0.005; done; "
+             "exit 1; fi; exec sleep 30"));
+  std::filesystem::remove_all(dirTemplate);
   EXPECT_EQ(s.code(), StatusCode::kRemoteError) << s.toString();
   EXPECT_NE(s.message().find("rank 2 of 3"), std::string::npos) << s.toString();
   EXPECT_NE(s.message().find("signal 11"), std::string::npos) << s.toString();
