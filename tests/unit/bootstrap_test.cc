@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <thread>
@@ -156,9 +157,9 @@ TEST_P(BootstrapTest, AllGatherBarrierSendRecv) {
   Job job(kind, n);
   expectAllOk(job.run(exercise));
   // Every rank deleted its file of each round once the next round completed: only the last
-  // round's files are left.
+  // round's files are left, and the run file.
   if (kind == Kind::kFile) {
-    EXPECT_EQ(job.dir.count(), static_cast<size_t>(n));
+    EXPECT_EQ(job.dir.count(), static_cast<size_t>(n) + 1);
   }
 }
 
@@ -284,6 +285,68 @@ TEST(FileBootstrap, JobsShareADirectory) {
   expectAllOk(statuses);
   EXPECT_EQ(createFileBootstrap(dir.path, "bad/id", 0, 1, Deadline::after(1s)).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+// A job id used again: the files an earlier run left (its last round, or a crashed run's hello)
+// are never read as the new run's.
+TEST(FileBootstrap, ALaterRunOfTheSameJobNeverReadsTheEarlierRunsFiles) {
+  TempDir dir;
+  // Run 1: hello and one allGather; its round-1 files stay (nobody deletes a last round).
+  expectAllOk(runThreads(2, [&](int r) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto b, createFileBootstrap(dir.path, "again", r, 2, Deadline::after(10s)));
+    int mine = 100 + r, all[2];
+    return b->allGather(&mine, all, sizeof(mine), Deadline::after(10s));
+  }));
+  // Run 2: rank 1 is late to its allGather. Rank 0 must wait for it, not take run 1's value.
+  expectAllOk(runThreads(2, [&](int r) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto b, createFileBootstrap(dir.path, "again", r, 2, Deadline::after(10s)));
+    if (r == 1) std::this_thread::sleep_for(300ms);
+    int mine = 200 + r, all[2];
+    LIBCOMM_RETURN_IF_ERROR(b->allGather(&mine, all, sizeof(mine), Deadline::after(10s)));
+    if (all[0] != 200 || all[1] != 201)
+      return makeError(StatusCode::kInternalError, "rank ", r, " read ", all[0], ", ", all[1],
+                       " where this run gave 200, 201");
+    return Status::ok();
+  }));
+  // Rank 0 of run 2 removed run 1's files: what is left is run 2's last round and the run file.
+  EXPECT_EQ(dir.count(), 3u);
+}
+
+TEST(FileBootstrap, ACrashedRunsHelloDoesNotStandInForAMissingRank) {
+  TempDir dir;
+  // Run 1 says hello with both ranks and ends (as a crash right after would): its hello files stay.
+  expectAllOk(runThreads(2, [&](int r) -> Status {
+    return createFileBootstrap(dir.path, "crashed", r, 2, Deadline::after(10s)).status();
+  }));
+  // Run 2: rank 0 alone. Run 1's hello of rank 1 must not complete it.
+  auto lone0 = createFileBootstrap(dir.path, "crashed", 0, 2, Deadline::after(500ms));
+  ASSERT_EQ(lone0.status().code(), StatusCode::kTimeout) << lone0.status().toString();
+  EXPECT_NE(lone0.status().message().find("ranks not arrived: 1"), std::string::npos) << lone0.status().toString();
+  // Run 3: rank 1 alone. The run file rank 0 of run 2 left does not change, so rank 1 does not join it.
+  auto lone1 = createFileBootstrap(dir.path, "crashed", 1, 2, Deadline::after(500ms));
+  ASSERT_EQ(lone1.status().code(), StatusCode::kTimeout) << lone1.status().toString();
+  EXPECT_NE(lone1.status().message().find("did not change"), std::string::npos) << lone1.status().toString();
+  // And one that started before rank 0 still joins it.
+  expectAllOk(runThreads(2, [&](int r) -> Status {
+    if (r == 0) std::this_thread::sleep_for(200ms);
+    LIBCOMM_ASSIGN_OR_RETURN(auto b, createFileBootstrap(dir.path, "crashed", r, 2, Deadline::after(10s)));
+    return b->barrier(Deadline::after(10s));
+  }));
+}
+
+TEST(FileBootstrap, ForeignRunFileAndSizeMismatchAreNamed) {
+  TempDir dir;
+  {
+    std::ofstream(dir.path + "/junk.run") << "not a run file";
+  }
+  auto s = createFileBootstrap(dir.path, "junk", 1, 2, Deadline::after(500ms));
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidUsage) << s.status().toString();
+  EXPECT_NE(s.status().message().find("junk.run"), std::string::npos) << s.status().toString();
+  auto statuses = runThreads(2, [&](int r) -> Status {
+    return createFileBootstrap(dir.path, "sizes", r, r == 0 ? 2 : 3, Deadline::after(3s)).status();
+  });
+  EXPECT_EQ(statuses[1].code(), StatusCode::kInvalidArgument) << statuses[1].toString();
+  EXPECT_NE(statuses[1].message().find("rank 0 was told size 2"), std::string::npos) << statuses[1].toString();
 }
 
 TEST(Sha256, KnownAnswers) {

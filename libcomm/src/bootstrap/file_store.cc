@@ -2,12 +2,22 @@
 // directory for one host, or a shared file system). Every file is written under a temporary name
 // and renamed into place, so a file that exists is complete; readers poll with backoff.
 //
+// A job id may be reused by a later run (a script that always sets LIBCOMM_JOB_ID=train), and a
+// run that crashed leaves its files behind. So every run gets a fresh random nonce, chosen by
+// rank 0, and all its files carry it; files of earlier runs can never be read as this run's.
+// Rank 0 publishes the nonce in <job>.run and rewrites that file with a rising beat count while
+// it waits for the others to say hello; another rank takes the nonce only once it has seen the
+// file change, that is, from a rank 0 that is alive now, not from a run file an earlier run left.
+// Before it publishes a nonce, rank 0 removes the files of the job's earlier runs.
+//
 // Names, all prefixed with the job id so several jobs can share a directory:
-//   <job>.c<round>.r<rank>          rank's contribution to collective round <round>
-//   <job>.p<src>-<dst>.t<tag>.<seq> the <seq>-th message from src to dst under tag (deleted on read)
-//   <job>.s.<key>                   the side channel's value of <key> (overwritten in place)
-//   .<job>.tmp.<rank>.<pid>.<n>     a file being written
+//   <job>.run                               rank 0's nonce and beat count
+//   <job>.<nonce>.c<round>.r<rank>          rank's contribution to collective round <round>
+//   <job>.<nonce>.p<src>-<dst>.t<tag>.<seq> the <seq>-th message from src to dst under tag (deleted on read)
+//   <job>.<nonce>.s.<key>                   the side channel's value of <key> (overwritten in place)
+//   .<job>.<nonce>.tmp.<rank>.<pid>.<n>     a file being written (.<job>.run.tmp... for the run file)
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,6 +26,7 @@
 #include <atomic>
 #include <cctype>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <optional>
 
@@ -29,6 +40,8 @@ namespace {
 constexpr Milliseconds kFirstPoll{1};
 constexpr Milliseconds kMaxPoll{50};
 constexpr uint32_t kHelloMagic = 0x46424f4f;  // "FBOO": catches a foreign file with our name
+constexpr uint32_t kRunMagic = 0x4e524246;    // "FBRN": the run file
+constexpr size_t kNonceHexChars = 16;
 
 Status makeDirs(const std::string& dir) {
   std::string path;
@@ -51,14 +64,15 @@ Status makeDirs(const std::string& dir) {
 // into place is complete whenever it exists. Shared by a rank's bootstrap and its side channels
 // (one temporary-name counter, so that their temporary files never collide). Thread-safe.
 struct RankFiles {
-  RankFiles(std::string d, std::string j, int r) : dir(std::move(d)), jobId(std::move(j)), rank(r) {}
+  /// prefix: what every name of this rank's files starts with (<job>.<nonce>, or <job>.run).
+  RankFiles(std::string d, std::string p, int r) : dir(std::move(d)), prefix(std::move(p)), rank(r) {}
   const std::string dir;
-  const std::string jobId;
+  const std::string prefix;
   const int rank;
   std::atomic<uint64_t> tmpCounter{0};
 
   Status writeAtomic(const std::string& path, const void* data, size_t bytes) {
-    std::string tmp = dir + "/." + jobId + ".tmp." + std::to_string(rank) + "." + std::to_string(getpid()) + "." +
+    std::string tmp = dir + "/." + prefix + ".tmp." + std::to_string(rank) + "." + std::to_string(getpid()) + "." +
                       std::to_string(tmpCounter.fetch_add(1));
     int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0)
@@ -152,7 +166,7 @@ class FileSideChannel final : public SideChannel {
         name += hex[c & 15];
       }
     }
-    return files_->dir + "/" + files_->jobId + ".s." + name;
+    return files_->dir + "/" + files_->prefix + ".s." + name;
   }
 
   std::shared_ptr<RankFiles> files_;
@@ -160,9 +174,9 @@ class FileSideChannel final : public SideChannel {
 
 class FileBootstrap final : public Bootstrap {
  public:
-  FileBootstrap(std::string dir, std::string jobId, int rank, int size)
+  FileBootstrap(std::string dir, std::string jobId, const std::string& nonce, int rank, int size)
       : dir_(dir), jobId_(jobId), rank_(rank), size_(size),
-        files_(std::make_shared<RankFiles>(std::move(dir), std::move(jobId), rank)) {}
+        files_(std::make_shared<RankFiles>(std::move(dir), jobId + "." + nonce, rank)) {}
 
   ~FileBootstrap() override {
     // Files of the last completed round stay: another rank may still be reading them, and only a
@@ -178,14 +192,15 @@ class FileBootstrap final : public Bootstrap {
     return std::unique_ptr<SideChannel>(std::make_unique<FileSideChannel>(files_));
   }
 
-  Status hello(Deadline deadline) {
+  /// The first round. `whileWaiting` runs at every poll (rank 0's beat).
+  Status hello(Deadline deadline, const std::function<Status()>& whileWaiting) {
     uint32_t mine[2] = {kHelloMagic, static_cast<uint32_t>(size_)};
     std::vector<uint32_t> all(2 * size_);
-    LIBCOMM_RETURN_IF_ERROR(collective("hello", mine, all.data(), sizeof(mine), deadline));
+    LIBCOMM_RETURN_IF_ERROR(collective("hello", mine, all.data(), sizeof(mine), deadline, whileWaiting));
     for (int r = 0; r < size_; ++r) {
       if (all[2 * r] != kHelloMagic)
         return makeError(StatusCode::kInvalidUsage, "file bootstrap: rank ", rank_, " found a foreign file for rank ",
-                         r, " of job ", jobId_, " in ", dir_, " (a stale job with the same id?)");
+                         r, " of job ", jobId_, " in ", dir_, " (a foreign file with this run's name?)");
       if (all[2 * r + 1] != static_cast<uint32_t>(size_))
         return makeError(StatusCode::kInvalidArgument, "file bootstrap: rank ", rank_, " was told size ", size_,
                          " but rank ", r, " was told size ", all[2 * r + 1], " (job ", jobId_, ")");
@@ -238,14 +253,15 @@ class FileBootstrap final : public Bootstrap {
   }
 
   std::string roundName(uint64_t round, int rank) const {
-    return dir_ + "/" + jobId_ + ".c" + std::to_string(round) + ".r" + std::to_string(rank);
+    return dir_ + "/" + files_->prefix + ".c" + std::to_string(round) + ".r" + std::to_string(rank);
   }
   std::string p2pName(int src, int dst, uint32_t tag, uint64_t seq) const {
-    return dir_ + "/" + jobId_ + ".p" + std::to_string(src) + "-" + std::to_string(dst) + ".t" + std::to_string(tag) +
-           "." + std::to_string(seq);
+    return dir_ + "/" + files_->prefix + ".p" + std::to_string(src) + "-" + std::to_string(dst) + ".t" +
+           std::to_string(tag) + "." + std::to_string(seq);
   }
 
-  Status collective(const char* op, const void* mine, void* all, size_t bytes, Deadline deadline) {
+  Status collective(const char* op, const void* mine, void* all, size_t bytes, Deadline deadline,
+                    const std::function<Status()>& whileWaiting = nullptr) {
     const uint64_t round = round_++;
     LIBCOMM_RETURN_IF_ERROR(files_->writeAtomic(roundName(round, rank_), mine, bytes));
     std::vector<std::optional<std::string>> got(size_);
@@ -258,6 +274,7 @@ class FileBootstrap final : public Bootstrap {
         if (got[r]) --pending;
       }
       if (pending == 0) break;
+      if (whileWaiting) LIBCOMM_RETURN_IF_ERROR(whileWaiting());
       if (deadline.expired()) {
         std::vector<int> missing;
         for (int r = 0; r < size_; ++r)
@@ -289,6 +306,95 @@ class FileBootstrap final : public Bootstrap {
   std::map<std::pair<int, uint32_t>, uint64_t> recvSeq_;
 };
 
+// <job>.run: which run of the job is the current one, and a beat count that rank 0 raises while it
+// waits for the others.
+struct RunFile {
+  uint32_t magic = kRunMagic;
+  uint32_t size = 0;
+  uint64_t beat = 0;
+  char nonce[kNonceHexChars] = {};
+
+  bool operator==(const RunFile& o) const {
+    return magic == o.magic && size == o.size && beat == o.beat && memcmp(nonce, o.nonce, sizeof(nonce)) == 0;
+  }
+  std::string nonceText() const { return std::string(nonce, sizeof(nonce)); }
+};
+
+bool isHex(const std::string& s, size_t pos, size_t n) {
+  if (s.size() < pos + n) return false;
+  for (size_t i = pos; i < pos + n; ++i)
+    if (!isxdigit(static_cast<unsigned char>(s[i]))) return false;
+  return true;
+}
+
+// Rank 0, before a run of `jobId` starts: removes what earlier runs of the job left in `dir`
+// (<job>.<nonce>.* and .<job>.<nonce>.tmp.*). Names of other jobs never match: after "<job>." comes
+// a nonce of exactly 16 hex digits and a dot.
+Status removeEarlierRuns(const std::string& dir, const std::string& jobId) {
+  DIR* d = opendir(dir.c_str());
+  if (!d)
+    return makeError(StatusCode::kSystemError, "file bootstrap: rank 0 cannot list ", dir, ": ",
+                     boot::errnoText(errno));
+  std::vector<std::string> stale;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    for (const std::string& head : {jobId + ".", "." + jobId + "."}) {
+      if (name.compare(0, head.size(), head) == 0 && isHex(name, head.size(), kNonceHexChars) &&
+          name.size() > head.size() + kNonceHexChars && name[head.size() + kNonceHexChars] == '.')
+        stale.push_back(name);
+    }
+  }
+  closedir(d);
+  for (const std::string& name : stale) {
+    const std::string path = dir + "/" + name;
+    if (unlink(path.c_str()) != 0 && errno != ENOENT)
+      return makeError(StatusCode::kSystemError, "file bootstrap: rank 0 cannot remove ", path,
+                       " (left by an earlier run of job ", jobId, "): ", boot::errnoText(errno));
+  }
+  if (!stale.empty())
+    LIBCOMM_LOG(kInfo, "boot") << "file bootstrap: removed " << stale.size() << " files of earlier runs of job "
+                               << jobId << " from " << dir;
+  return Status::ok();
+}
+
+Result<std::optional<RunFile>> readRunFile(RankFiles& files, const std::string& path) {
+  LIBCOMM_ASSIGN_OR_RETURN(std::optional<std::string> content, files.readIfExists(path));
+  if (!content) return std::optional<RunFile>();
+  RunFile run;
+  if (content->size() != sizeof(run))
+    return makeError(StatusCode::kInvalidUsage, "file bootstrap: rank ", files.rank, " found ", path, " with ",
+                     content->size(), " bytes where a run file has ", sizeof(run),
+                     " (a foreign file with this job's name?)");
+  memcpy(&run, content->data(), sizeof(run));
+  if (run.magic != kRunMagic || !isHex(run.nonceText(), 0, kNonceHexChars))
+    return makeError(StatusCode::kInvalidUsage, "file bootstrap: rank ", files.rank, " found ", path,
+                     " that is not a run file (a foreign file with this job's name?)");
+  return std::optional<RunFile>(run);
+}
+
+// Another rank than 0: waits until the run file changes (rank 0 wrote it after this rank first
+// looked, so rank 0 is alive and the nonce is this run's) and returns the nonce.
+Result<std::string> awaitLiveRun(RankFiles& files, const std::string& path, const std::string& jobId, int size,
+                                 Deadline deadline) {
+  LIBCOMM_ASSIGN_OR_RETURN(std::optional<RunFile> first, readRunFile(files, path));
+  boot::Backoff backoff(kFirstPoll, kMaxPoll);
+  while (true) {
+    backoff.sleep(deadline);
+    LIBCOMM_ASSIGN_OR_RETURN(std::optional<RunFile> now, readRunFile(files, path));
+    if (now && (!first || !(*now == *first))) {
+      if (now->size != static_cast<uint32_t>(size))
+        return makeError(StatusCode::kInvalidArgument, "file bootstrap: rank ", files.rank, " was told size ", size,
+                         " but rank 0 was told size ", now->size, " (job ", jobId, ")");
+      return now->nonceText();
+    }
+    if (deadline.expired())
+      return makeError(StatusCode::kTimeout, "file bootstrap: rank ", files.rank, " of ", size,
+                       " found no live rank 0 of job ", jobId, " before its deadline: ", path,
+                       first ? " did not change (left by an earlier run? rank 0 rewrites it while it waits)"
+                             : " never appeared (is rank 0 running, with the same LIBCOMM_STORE_DIR and job id?)");
+  }
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Bootstrap>> createFileBootstrap(const std::string& dir, const std::string& jobId, int rank,
@@ -298,8 +404,26 @@ Result<std::unique_ptr<Bootstrap>> createFileBootstrap(const std::string& dir, c
   if (dir.empty()) return makeError(StatusCode::kInvalidArgument, "file bootstrap: empty directory");
   LIBCOMM_RETURN_IF_ERROR(boot::checkJobId(jobId).withContext("file bootstrap"));
   LIBCOMM_RETURN_IF_ERROR(makeDirs(dir));
-  auto bootstrap = std::make_unique<FileBootstrap>(dir, jobId, rank, size);
-  LIBCOMM_RETURN_IF_ERROR(bootstrap->hello(deadline));
+  RankFiles runFiles(dir, jobId + ".run", rank);
+  const std::string runPath = dir + "/" + jobId + ".run";
+  std::function<Status()> beat;
+  RunFile run;
+  std::string nonce;
+  if (rank == 0) {
+    LIBCOMM_RETURN_IF_ERROR(removeEarlierRuns(dir, jobId));
+    nonce = boot::randomHex(kNonceHexChars / 2);
+    run.size = static_cast<uint32_t>(size);
+    memcpy(run.nonce, nonce.data(), kNonceHexChars);
+    LIBCOMM_RETURN_IF_ERROR(runFiles.writeAtomic(runPath, &run, sizeof(run)));
+    beat = [&] {
+      ++run.beat;
+      return runFiles.writeAtomic(runPath, &run, sizeof(run));
+    };
+  } else {
+    LIBCOMM_ASSIGN_OR_RETURN(nonce, awaitLiveRun(runFiles, runPath, jobId, size, deadline));
+  }
+  auto bootstrap = std::make_unique<FileBootstrap>(dir, jobId, nonce, rank, size);
+  LIBCOMM_RETURN_IF_ERROR(bootstrap->hello(deadline, beat));
   LIBCOMM_LOG(kInfo, "boot") << "file bootstrap: rank " << rank << " of " << size << " joined job " << jobId << " in "
                              << dir;
   return std::unique_ptr<Bootstrap>(std::move(bootstrap));

@@ -140,6 +140,9 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// After this rank failed with `why`: tells its ring neighbours, then closes its UCX endpoints
   /// (once), so its peers stop waiting for it. On the thread that runs collectives.
   void disconnectAcrossHosts(const Status& why);
+  /// disconnectAcrossHosts once collective seq has its turn on the channel (waits for it, up to
+  /// the collective timeout; gives up silently after).
+  void disconnectInTurn(const Status& why, uint32_t seq);
 
   std::atomic<uint32_t> nextSeq_{0};
   // Ordering and idle accounting are atomics, so a collective that finds its turn takes no lock;

@@ -86,16 +86,19 @@ void Communicator::Impl::settleUnrun(const CollArgs& args, uint32_t seq) {
   const Status st = makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq),
                               " never ran: its stream failed earlier or was destroyed, so this rank cannot take part");
   flight_->finished(seq, FlightState::kSkipped, st);
-  if (cross_) {
-    // Telling the peers takes the UCX channel, which only the collective whose turn it is may use:
-    // wait for the earlier ones (they fail fast once this rank has failed).
-    const Deadline turn = Deadline::after(config_.opTimeout);
-    fail(st);
-    if (sleepUntil(turn.at(), [&] { return lastExecuted_.load() + 1 == seq; })) disconnectAcrossHosts(st);
-  } else {
-    fail(st);
-  }
+  fail(st);
+  if (cross_) disconnectInTurn(st, seq);
   settle(seq);
+}
+
+void Communicator::Impl::disconnectInTurn(const Status& why, uint32_t seq) {
+  // Telling the peers takes the UCX channel, which is single-threaded and belongs to the
+  // collective whose turn it is. Collective seq may be ahead of its turn, with an earlier one still
+  // running on another stream: it waits for that one (which fails fast once this rank has failed,
+  // or finishes within its own deadline).
+  if (lastExecuted_.load() + 1 == seq ||
+      sleepUntil(Deadline::after(config_.opTimeout).at(), [&] { return lastExecuted_.load() + 1 == seq; }))
+    disconnectAcrossHosts(why);
 }
 
 template <typename Pred>
@@ -158,15 +161,9 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool bloc
   if (!st.isOk()) {
     if (outcome == FlightState::kDone) outcome = FlightState::kFailed;
     fail(st);
-    // Telling the peers takes the UCX channel, which is single-threaded and belongs to the
-    // collective whose turn it is. A collective skipped because the communicator failed may be
-    // ahead of its turn, with an earlier one still running on another stream: it waits for that
-    // one as settleUnrun does (it fails or finishes within its own deadline). One whose turn timed
-    // out leaves the telling to the collectives still to come, or to the communicator's end.
-    if (cross_ && !turnNeverCame &&
-        (lastExecuted_.load() + 1 == seq ||
-         sleepUntil(Deadline::after(config_.opTimeout).at(), [&] { return lastExecuted_.load() + 1 == seq; })))
-      disconnectAcrossHosts(st);
+    // One whose turn timed out leaves telling the peers to the collectives still to come, or to
+    // the communicator's end.
+    if (cross_ && !turnNeverCame) disconnectInTurn(st, seq);
   }
   flight_->finished(seq, outcome, st);
   // After the peers were told (above): the dump takes milliseconds they need not wait for.

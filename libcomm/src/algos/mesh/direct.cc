@@ -21,8 +21,8 @@ Status runDirect(const CollArgs& args, const OpEnv& env, const std::vector<shm::
     const shm::OpDescriptor& d = inputs[p];
     const uint64_t reads = static_cast<uint64_t>(args.count) * args.inputParts(env.size) * view.elemSize;
     if (d.inputBytes != reads)
-      return makeError(StatusCode::kInvalidUsage, "rank ", env.rank, ": rank ", p, " announced ", d.inputBytes,
-                       " input bytes for seq ", env.seq, " where ", reads, " are read");
+      return makeError(StatusCode::kInvalidUsage, "rank ", env.rank, ": ", env.wait.op.str(), ": rank ", p,
+                       " announced ", d.inputBytes, " input bytes where ", reads, " are read");
     LIBCOMM_ASSIGN_OR_RETURN(view.base[p], env.peers.resolve(p, d.inputSegment, d.inputOffset, reads));
   }
   return runPass(args, env, view, 0, args.count);
