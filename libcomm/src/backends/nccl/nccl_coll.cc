@@ -63,7 +63,7 @@ class DelegateImpl final : public Delegate {
     if (r == ncclInProgress) {
       for (;;) {
         ncclResult_t state = ncclSuccess;
-        r = ncclCommGetAsyncError(comm_->get(), &state);
+        r = LIBCOMM_NCCL_FN(CommGetAsyncError)(comm_->get(), &state);
         if (r != ncclSuccess) break;
         r = state;
         if (state != ncclInProgress) break;
@@ -104,21 +104,21 @@ class DelegateImpl final : public Delegate {
     float f = a.reduce.scale;
     uint16_t b = floatToBf16(f);
     void* scalar = type == ncclFloat32 ? static_cast<void*>(&f) : static_cast<void*>(&b);
-    LIBCOMM_RETURN_IF_ERROR(check(ncclRedOpCreatePreMulSum(&made, scalar, type, ncclScalarHostImmediate, comm_->get()),
+    LIBCOMM_RETURN_IF_ERROR(check(LIBCOMM_NCCL_FN(RedOpCreatePreMulSum)(&made, scalar, type, ncclScalarHostImmediate, comm_->get()),
                                   "ncclRedOpCreatePreMulSum"));
     return made;
   }
   void dropOp(const CollArgs& a, ncclRedOp_t op) {
-    if (a.reduce.op == ReduceOp::kPremulSum) (void)ncclRedOpDestroy(op, comm_->get());
+    if (a.reduce.op == ReduceOp::kPremulSum) (void)LIBCOMM_NCCL_FN(RedOpDestroy)(op, comm_->get());
   }
 
   Status dispatch(const CollArgs& a, int device) {
     ncclComm_t c = comm_->get();
     switch (a.kind) {
       case CollKind::kAllGather:
-        return check(ncclAllGather(a.send, a.recv, a.count, ncclType(a.inType), c, s_), "ncclAllGather");
+        return check(LIBCOMM_NCCL_FN(AllGather)(a.send, a.recv, a.count, ncclType(a.inType), c, s_), "ncclAllGather");
       case CollKind::kBroadcast:
-        return check(ncclBroadcast(a.send, a.recv, a.count, ncclType(a.inType), a.root, c, s_), "ncclBroadcast");
+        return check(LIBCOMM_NCCL_FN(Broadcast)(a.send, a.recv, a.count, ncclType(a.inType), a.root, c, s_), "ncclBroadcast");
       case CollKind::kAllReduce:
       case CollKind::kReduceScatter:
         return reduce(a, device);
@@ -154,9 +154,9 @@ class DelegateImpl final : public Delegate {
       auto o = op(a, ncclType(wire));
       st = o.status();
       if (st.isOk()) {
-        st = rs ? check(ncclReduceScatter(in, target, a.count, ncclType(wire), *o, comm_->get(), s_),
+        st = rs ? check(LIBCOMM_NCCL_FN(ReduceScatter)(in, target, a.count, ncclType(wire), *o, comm_->get(), s_),
                         "ncclReduceScatter")
-                : check(ncclAllReduce(in, target, a.count, ncclType(wire), *o, comm_->get(), s_), "ncclAllReduce");
+                : check(LIBCOMM_NCCL_FN(AllReduce)(in, target, a.count, ncclType(wire), *o, comm_->get(), s_), "ncclAllReduce");
         dropOp(a, *o);
       }
     }

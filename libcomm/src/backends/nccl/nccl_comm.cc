@@ -34,7 +34,7 @@ static_assert(sizeof(IdRecord) == 256, "the record is part of the bootstrap wire
 ncclResult_t pollComm(ncclComm_t comm, Deadline deadline, ncclResult_t* callResult) {
   for (;;) {
     ncclResult_t state = ncclSuccess;
-    *callResult = ncclCommGetAsyncError(comm, &state);
+    *callResult = LIBCOMM_NCCL_FN(CommGetAsyncError)(comm, &state);
     if (*callResult != ncclSuccess) return state;
     if (state != ncclInProgress || deadline.expired()) return state;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -44,8 +44,9 @@ ncclResult_t pollComm(ncclComm_t comm, Deadline deadline, ncclResult_t* callResu
 }  // namespace
 
 Result<ncclUniqueId> makeUniqueId() {
+  LIBCOMM_RETURN_IF_ERROR(library().status());
   ncclUniqueId id;
-  LIBCOMM_RETURN_IF_ERROR(LIBCOMM_NCCL_STATUS(ncclGetUniqueId(&id)));
+  LIBCOMM_RETURN_IF_ERROR(LIBCOMM_NCCL_CALL(GetUniqueId, &id));
   return id;
 }
 
@@ -83,14 +84,14 @@ Result<ncclUniqueId> shareUniqueId(Bootstrap& boot, Deadline deadline, const Uni
 Comm::~Comm() {
   if (!comm_) return;
   cuda::DeviceGuard guard(device_);
-  (void)ncclCommAbort(comm_);
+  (void)LIBCOMM_NCCL_FN(CommAbort)(comm_);
 }
 
 Status Comm::destroy(Deadline deadline) {
   if (!comm_) return Status::ok();
   const std::string who = detail::strCat("rank ", rank_, " of ", size_, " (device ", device_, ")");
   cuda::DeviceGuard guard(device_);
-  Status s = LIBCOMM_NCCL_STATUS(ncclCommFinalize(comm_));
+  Status s = LIBCOMM_NCCL_CALL(CommFinalize, comm_);
   if (s.isOk() || s.code() == StatusCode::kInProgress) {
     ncclResult_t call = ncclSuccess;
     const ncclResult_t state = pollComm(comm_, deadline, &call);
@@ -99,11 +100,11 @@ Status Comm::destroy(Deadline deadline) {
       s = makeError(StatusCode::kTimeout, "NCCL communicator of ", who, " did not finalize by the deadline; aborted");
   }
   if (!s.isOk()) {
-    (void)ncclCommAbort(comm_);
+    (void)LIBCOMM_NCCL_FN(CommAbort)(comm_);
     comm_ = nullptr;
     return s.withContext(detail::strCat("destroying the NCCL communicator of ", who));
   }
-  s = LIBCOMM_NCCL_STATUS(ncclCommDestroy(comm_));
+  s = LIBCOMM_NCCL_CALL(CommDestroy, comm_);
   comm_ = nullptr;
   return s.isOk() ? s : s.withContext(detail::strCat("destroying the NCCL communicator of ", who));
 }
@@ -112,13 +113,14 @@ Result<std::unique_ptr<Comm>> initComm(const ncclUniqueId& id, int rank, int siz
   const std::string who = detail::strCat("rank ", rank, " of ", size, " (device ", device, ")");
   if (size < 1 || rank < 0 || rank >= size)
     return makeError(StatusCode::kInvalidArgument, "NCCL communicator: ", who, " is not a rank of the world");
+  LIBCOMM_RETURN_IF_ERROR(library().status().withContext("NCCL communicator of " + who));
   LIBCOMM_RETURN_IF_ERROR(cuda::checkDevice(device, "NCCL communicator of " + who));
   cuda::DeviceGuard guard(device);
   LIBCOMM_RETURN_IF_ERROR(guard.status());
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // returns at once; we poll, so that the wait for the peers has a deadline
   ncclComm_t comm = nullptr;
-  Status s = LIBCOMM_NCCL_STATUS(ncclCommInitRankConfig(&comm, size, id, rank, &config));
+  Status s = LIBCOMM_NCCL_CALL(CommInitRankConfig, &comm, size, id, rank, &config);
   if (s.code() == StatusCode::kInProgress) s = Status::ok();
   if (s.isOk() && comm) {
     ncclResult_t call = ncclSuccess;
@@ -129,7 +131,7 @@ Result<std::unique_ptr<Comm>> initComm(const ncclUniqueId& id, int rank, int siz
                     " was not ready by the deadline (a peer that never joined?); aborted");
   }
   if (!s.isOk()) {
-    if (comm) (void)ncclCommAbort(comm);
+    if (comm) (void)LIBCOMM_NCCL_FN(CommAbort)(comm);
     return s.withContext(detail::strCat("creating the NCCL communicator of ", who));
   }
   LIBCOMM_LOG(kInfo, "init") << "NCCL communicator ready: " << who;

@@ -3,6 +3,7 @@
 
 #include <nccl.h>
 
+#include "backends/nccl/nccl_library.h"
 #include "libcomm/status.h"
 
 namespace libcomm::nccl {
@@ -17,5 +18,9 @@ Status statusFromNccl(ncclResult_t result, const char* call, const char* file, i
 
 }  // namespace libcomm::nccl
 
-/// The Status of an NCCL call, naming the call and where it was made.
+/// The Status of an NCCL result, naming the expression and where it was made.
 #define LIBCOMM_NCCL_STATUS(call) ::libcomm::nccl::statusFromNccl((call), #call, __FILE__, __LINE__)
+/// Calls nccl<name>(args...) through the loaded library (nccl_library.h) and returns its Status,
+/// naming the call.
+#define LIBCOMM_NCCL_CALL(name, ...) \
+  ::libcomm::nccl::statusFromNccl(LIBCOMM_NCCL_FN(name)(__VA_ARGS__), "nccl" #name, __FILE__, __LINE__)
