@@ -172,7 +172,7 @@ class Core {
   const std::string& name() const { return name_; }
 
   Status enqueue(Item item) {
-    std::unique_lock<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (stop_)
       return makeError(StatusCode::kInvalidUsage, "stream '", name_, "' is being destroyed; '", item.label,
                        "' refused");
@@ -180,14 +180,7 @@ class Core {
     if (item.record) item.record->position = item.seq;
     queue_.push_back(std::move(item));
     enqueued_.store(queue_.back().seq, std::memory_order_release);
-    if (sleeping_) {
-      workCv_.notify_one();
-      static const bool kYieldOnWake = getenv("LIBCOMM_EXP_YIELD_ON_WAKE") != nullptr;
-      if (kYieldOnWake) {
-        lock.unlock();
-        sched_yield();
-      }
-    }
+    if (sleeping_) workCv_.notify_one();
     return Status::ok();
   }
 
