@@ -263,6 +263,12 @@ Status Executor::beginStep() {
   if (!error_.isOk()) return error_;
   const ScheduleOp& op = schedule_.ops[cursor_];
   if (!primed_ && op.kind == OpKind::kHook && op.hook == HookKind::kBeginStep) {
+    // Work enqueued on the compute stream before the first step (a checkpoint loaded there, an
+    // init kernel) touches the state: the communication streams start after it.
+    Status gate = compute_->record(*startGate_);
+    if (gate.isOk()) gate = ag_->wait(*startGate_);
+    if (gate.isOk() && rs_) gate = rs_->wait(*startGate_);
+    if (!gate.isOk()) return fail(gate.withContext(where() + ", beginStep: waiting for the compute stream"));
     // No previous step's group hooks issued this step's leading gathers: issue them here.
     for (const ScheduleOp& first : schedule_.firstStepOps) {
       Status st = runOp(first);

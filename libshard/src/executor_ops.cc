@@ -24,10 +24,10 @@ Status Executor::createStreams() {
       return "libshard rank " + std::to_string(rank_) + ": creating the executor's " + what + " on CUDA device " +
              std::to_string(dev);
     };
-    for (size_t e = 0; e < schedule_.events.size(); ++e) {
+    for (size_t e = 0; e <= schedule_.events.size(); ++e) {
       auto ev = libcomm::createCudaEvent(dev);
       if (!ev.isOk()) return ev.status().withContext(context("events"));
-      events_.push_back(std::move(ev).value());
+      (e < schedule_.events.size() ? events_.emplace_back() : startGate_) = std::move(ev).value();
     }
     std::vector<std::pair<std::unique_ptr<libcomm::Stream>*, std::string>> streams = {
         {&compute_, "shard.compute" + suffix}, {&ag_, "shard.ag" + suffix}};
@@ -40,6 +40,7 @@ Status Executor::createStreams() {
     return Status::ok();
   }
   for (size_t e = 0; e < schedule_.events.size(); ++e) events_.push_back(libcomm::createHostEvent());
+  startGate_ = libcomm::createHostEvent();
   // An inline stream's own wait bound is never reached: the executor waits for the event on the
   // host first, with its own deadline and error context (runOp), so the stream's wait finds it done.
   compute_ = options_.threadedComputeStream

@@ -52,6 +52,9 @@ class Builder {
     LIBCOMM_RETURN_IF_ERROR(checkPlan());
     makeEvents();
     listUses();
+    // A depth beyond the step's uses gathers nothing more ("as deep as the buffers allow"); capped
+    // so that use index + depth cannot overflow.
+    s_.prefetchDepth = std::min(s_.prefetchDepth, static_cast<int>(uses_.size()));
     emitStep();
     return Status::ok();
   }

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -452,6 +453,42 @@ TEST(ExecutorOptions, ComputeStreamIsInlineUnlessAskedForAThread) {
       if (net.wrongWeights != 0)
         return libcomm::makeError(StatusCode::kInternalError, net.wrongWeights, " wrong weights seen");
     }
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// state() may be touched before the first beginStep by work enqueued on computeStream() (the
+// device contract: a checkpoint loaded there). The first step's gathers wait for that work.
+TEST(ExecutorOptions, FirstGathersWaitForComputeStreamWorkBeforeTheFirstStep) {
+  RunOptions opts;
+  opts.size = 1;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    libshard::ExecutorOptions eo;
+    eo.threadedComputeStream = true;
+    eo.eventLogCapacity = 4096;
+    eo.waitTimeout = std::chrono::seconds(20);
+    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, {1, Precision::kFp32}, testConfig(), eo));
+    int64_t initDone = 0;
+    LIBCOMM_RETURN_IF_ERROR(rig->ex->computeStream().enqueueHost(
+        [&] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          toy::setWeights(rig->plan, rig->ex->state(), 0);
+          initDone = libshard::EventLog::now();
+          return Status::ok();
+        },
+        "init weights"));
+    LIBCOMM_RETURN_IF_ERROR(rig->ex->beginStep());
+    LIBCOMM_RETURN_IF_ERROR(rig->ex->synchronize());
+    int gathers = 0;
+    for (const auto& e : rig->ex->eventLog().entries()) {
+      if (e.kind != libshard::LogKind::kGatherStart) continue;
+      ++gathers;
+      if (e.ns < initDone)
+        return libcomm::makeError(StatusCode::kInternalError, "the all_gather of layer ", e.layer, " started ",
+                                  (initDone - e.ns) / 1000, " us before the work enqueued ahead of beginStep ended");
+    }
+    if (gathers == 0) return libcomm::makeError(StatusCode::kInternalError, "no gather in the first step's log");
     return Status::ok();
   });
   EXPECT_RANKS_OK(report);

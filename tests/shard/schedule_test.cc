@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <string>
 #include <vector>
 
@@ -177,6 +179,26 @@ TEST(Schedule, PrefetchDepthDecidesWhereGathersAreIssued) {
   // Three buffers, depth 2, and more micro-batches: still rule B everywhere.
   expectStaticRuleB(build(planFor(spec, 3, 2, 3)));
   expectStaticRuleB(build(planFor(toy::makeSpec(), 3, 1, 2, 3)));
+}
+
+// "As deep as it goes": a huge depth (INT_MAX) issues the same gathers as one past the step's
+// uses (it overflowed, and dropped half the gathers silently).
+TEST(Schedule, AnyDepthBeyondTheStepGathersTheSame) {
+  const auto spec = blocksOnly(4);
+  auto count = [](const Schedule& s) {
+    int n = 0;
+    for (const ScheduleOp& op : s.ops) n += op.kind == OpKind::kAllGather ? 1 : 0;
+    for (const ScheduleOp& op : s.firstStepOps) n += op.kind == OpKind::kAllGather ? 1 : 0;
+    return n;
+  };
+  libshard::ScheduleOptions o;
+  o.prefetchDepth = 100;
+  Schedule deep = build(planFor(spec, 1, 1), o);
+  o.prefetchDepth = std::numeric_limits<int>::max();
+  Schedule huge = build(planFor(spec, 1, 1), o);
+  EXPECT_EQ(count(huge), count(deep)) << huge.describe();
+  EXPECT_EQ(huge.describe(), deep.describe());
+  expectStaticRuleB(huge);
 }
 
 TEST(Schedule, SerializedWaitsForEveryReduceScatter) {

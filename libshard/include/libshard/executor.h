@@ -264,6 +264,10 @@ class Executor {
   EventLog log_;
   std::vector<std::unique_ptr<libcomm::Event>> events_;
   std::unique_ptr<libcomm::Stream> compute_, ag_, rs_;  // rs_ null when both comms are one
+  // Recorded on the compute stream at the first beginStep; the ag and rs streams wait for it, so
+  // work the trainer enqueued there before the first step (loading weights) is done before a gather
+  // reads the shards or a reduce-scatter writes them.
+  std::unique_ptr<libcomm::Event> startGate_;
 
   // Position in the schedule.
   size_t cursor_ = 0;    // the next op, always a hook between calls
