@@ -46,8 +46,19 @@ Status checkScheduleAgainstPlan(const Schedule& s, const ShardPlan& plan) {
                               "): ", args...);
   };
   std::map<std::pair<int, int>, int> backwardGrad;  // (layer, micro-batch) -> grad buffer its hooks use
+  std::map<int, int> lastGradWriter;                 // grad buffer -> the layer whose backward wrote it last
   for (size_t i = 0; i < s.ops.size(); ++i) {
     const ScheduleOp& op = s.ops[i];
+    if (op.kind == OpKind::kZeroGrad) {
+      // Zeroing clears what the buffer's last writer wrote (the rest is zero already): any other
+      // layer's range could leave stale gradients, or write past the buffer's end.
+      auto it = lastGradWriter.find(op.gradBuffer);
+      if (it == lastGradWriter.end() || it->second != op.layer)
+        return bad(i, "zeroes grad buffer ", op.gradBuffer, " for layer ", op.layer, ", but ",
+                   it == lastGradWriter.end() ? std::string("no backward wrote that buffer before")
+                                              : "the last backward to write it was layer " + std::to_string(it->second));
+      continue;
+    }
     if (op.kind == OpKind::kAllGather) {
       const bool resident = op.layer < 0;
       const FlatGroup& g = resident ? plan.resident : plan.layers[static_cast<size_t>(op.layer)];
@@ -72,6 +83,7 @@ Status checkScheduleAgainstPlan(const Schedule& s, const ShardPlan& plan) {
       if (!gradBufferFits(plan, g, op.gradBuffer))
         return bad(i, "grad buffer ", op.gradBuffer, " is not one the plan gives this layer (", plan.gradBuffers.size(),
                    " grad buffers; the layer's dedicated one: ", g.gradBuffer, ")");
+      lastGradWriter[op.gradBuffer] = op.layer;
       auto [it, fresh] = backwardGrad.try_emplace({op.layer, op.microBatch}, op.gradBuffer);
       if (!fresh && it->second != op.gradBuffer)
         return bad(i, "ends the backward in grad buffer ", op.gradBuffer, " but began it in ", it->second);

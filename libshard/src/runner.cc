@@ -2,7 +2,9 @@
 
 #include "libshard/runner.h"
 
+#include <exception>
 #include <string>
+#include <typeinfo>
 
 namespace libshard {
 
@@ -20,6 +22,23 @@ Status Runner::fail(Status st, int micro, int layer, const char* what) {
   return named;
 }
 
+namespace {
+
+// Runs a trainer callback; an exception it throws becomes an error (the step then fails like a
+// callback that returned one, and the executor aborts, so peers stop waiting for this rank).
+template <typename Fn>
+Status guarded(Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    return libcomm::makeError(StatusCode::kInternalError, "threw ", typeid(e).name(), ": ", e.what());
+  } catch (...) {
+    return libcomm::makeError(StatusCode::kInternalError, "threw an exception that is not a std::exception");
+  }
+}
+
+}  // namespace
+
 Status Runner::step() {
   const int numLayers = static_cast<int>(executor_.plan().layers.size());
   if (static_cast<int>(layers_.size()) != numLayers)
@@ -28,29 +47,29 @@ Status Runner::step() {
   LIBCOMM_RETURN_IF_ERROR(executor_.beginStep());
   for (int m = 0; m < executor_.plan().options.microBatches; ++m) {
     if (hooks_.beforeMicroBatch) {
-      Status st = hooks_.beforeMicroBatch(m);
+      Status st = guarded([&] { return hooks_.beforeMicroBatch(m); });
       if (!st.isOk()) return fail(st, m, -1, "beforeMicroBatch");
     }
     for (int k = 0; k < numLayers; ++k) {
       LIBCOMM_ASSIGN_OR_RETURN(const LayerViews* v, executor_.beginForward(k));
-      Status st = layers_[static_cast<size_t>(k)]->forward(*v);
+      Status st = guarded([&] { return layers_[static_cast<size_t>(k)]->forward(*v); });
       if (!st.isOk()) return fail(st, m, k, "forward");
       LIBCOMM_RETURN_IF_ERROR(executor_.endForward(k));
     }
     if (hooks_.afterForward) {
-      Status st = hooks_.afterForward(m);
+      Status st = guarded([&] { return hooks_.afterForward(m); });
       if (!st.isOk()) return fail(st, m, -1, "afterForward");
     }
     for (int k = numLayers - 1; k >= 0; --k) {
       LIBCOMM_ASSIGN_OR_RETURN(const LayerViews* v, executor_.beginBackward(k));
-      Status st = layers_[static_cast<size_t>(k)]->backward(*v);
+      Status st = guarded([&] { return layers_[static_cast<size_t>(k)]->backward(*v); });
       if (!st.isOk()) return fail(st, m, k, "backward");
       LIBCOMM_RETURN_IF_ERROR(executor_.endBackward(k));
     }
   }
   LIBCOMM_RETURN_IF_ERROR(executor_.endStep());
   if (hooks_.optimizer) {
-    Status st = hooks_.optimizer(executor_);
+    Status st = guarded([&] { return hooks_.optimizer(executor_); });
     if (!st.isOk()) return fail(st, -1, -1, "optimizer");
   }
   return executor_.optimizerDone();

@@ -15,6 +15,7 @@
 #include <csignal>
 #include <cstdint>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -213,6 +214,7 @@ struct ToyFaults {
   int layer = -1;
   bool kill = false;                          // raise(SIGKILL) there (processes mode)
   bool fail = false;                          // return an error there
+  bool throwThere = false;                    // throw std::runtime_error there
   std::chrono::milliseconds computeDelay{0};  // every forward takes this long, checking its weights
   bool tolerateWrongWeights = false;          // record instead of failing (the broken-schedule test)
 };
@@ -287,6 +289,7 @@ class ToyNet {
     if (v.step == faults_.step && k == faults_.layer) {
       if (faults_.kill) raise(SIGKILL);
       if (faults_.fail) return libcomm::makeError(StatusCode::kInternalError, "injected failure");
+      if (faults_.throwThere) throw std::runtime_error("injected exception");
     }
     LIBCOMM_RETURN_IF_ERROR(checkWeights(k, v));
     // A slow compute that keeps looking at its weights (are they still ours?), in 1 ms slices so

@@ -124,6 +124,15 @@ Status refusesBrokenSchedules(RankContext& ctx) {
          return i;
        },
        "not the one the layer's backward"},
+      {"zeroing a rotating grad buffer over the (larger) embedding's range",
+       [&](Schedule& s) {
+         const size_t i = findOp(s, [&](const ScheduleOp& op) {
+           return op.kind == OpKind::kZeroGrad && op.gradBuffer != embedGrad;
+         });
+         if (i < s.ops.size()) s.ops[i].layer = 0;
+         return i;
+       },
+       "zeroes grad buffer"},
   };
 
   {  // The schedule as built is accepted.

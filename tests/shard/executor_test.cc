@@ -325,6 +325,33 @@ TEST(ExecutorFaults, FailingLayerAbortsPeersFast) {
   EXPECT_RANKS_OK(report);
 }
 
+// A layer that throws: the step fails saying so (not an exception through the runner), the
+// executor aborts so the peer is told at once, and the next step reports the first error.
+TEST(ExecutorFaults, ThrowingLayerFailsTheStepAndAbortsPeers) {
+  RunOptions opts;
+  opts.size = 2;
+  opts.deadline = std::chrono::seconds(60);
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, {1, Precision::kFp32}, testConfig(std::chrono::seconds(40))));
+    toy::ToyFaults faults;
+    faults.step = 0;
+    faults.layer = 1;
+    faults.throwThere = ctx.rank == 0;
+    toy::ToyNet net(rig->spec, rig->plan, faults);
+    libshard::Runner runner(*rig->ex, net.layers());
+    const auto start = libcomm::Clock::now();
+    Status st = runner.step();
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(libcomm::Clock::now() - start);
+    if (waited > std::chrono::seconds(10))
+      return libcomm::makeError(StatusCode::kInternalError, "failure took ", waited.count(), " ms to surface");
+    if (ctx.rank != 0) return expectError(st, {StatusCode::kRemoteError}, {"rank 0"}, "peer");
+    LIBCOMM_RETURN_IF_ERROR(
+        expectError(st, {StatusCode::kInternalError}, {"injected exception", "layer 1", "forward"}, "throwing rank"));
+    return expectError(runner.step(), {StatusCode::kInternalError}, {"injected exception"}, "the next step");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 TEST(ExecutorFaults, DestroyedMidStepAbortsPeersFast) {
   RunOptions opts;
   opts.size = 2;
