@@ -42,6 +42,7 @@ class Checker {
 
   Status run() {
     collect();
+    checkComplete();
     checkRuleA();
     checkRuleB();
     checkGradBuffers();
@@ -128,6 +129,11 @@ class Checker {
     for (auto& [key, u] : uses_) {
       if (u.begin < 0 || u.end < 0) fail(useName(u), ": begin or end missing");
       if (u.buffer >= 0 && u.release < 0) fail(useName(u), ": never released buffer ", bufName(u.buffer));
+      // A use holds its buffer until its compute is over: a release before that let a gather
+      // overwrite weights the compute was still reading.
+      if (u.release >= 0 && u.end >= 0 && u.release < u.end)
+        fail("rule B: ", useName(u), " released ", bufName(u.buffer), " at ", at(u.release),
+             " before its compute ended at ", at(u.end));
       auto& first = stepFirstBegin_[u.step];
       if (u.begin >= 0 && (first == 0 || u.begin < first)) first = u.begin;
       auto& last = stepLastEnd_[u.step];
@@ -137,6 +143,28 @@ class Checker {
       gathers_.push_back(pair(LogKind::kGatherStart, LogKind::kGatherEnd, false, static_cast<int>(b), "all_gather"));
     for (int g = -1; g < static_cast<int>(plan_.gradBuffers.size()); ++g)
       reduces_[g] = pair(LogKind::kReduceStart, LogKind::kReduceEnd, true, g, "reduce_scatter");
+  }
+
+  // Every step the log holds whole (it has its endStep) ran every layer forward and backward in
+  // every micro-batch, and reduced the resident group once: a log with a use left out would
+  // otherwise prove nothing about it.
+  void checkComplete() {
+    const bool resident = plan_.resident.paddedNumel > 0;
+    for (const auto& [step, end] : stepEnd_) {
+      if (!stepFirstBegin_.count(step)) continue;  // the step began before the log did
+      for (int m = 0; m < plan_.options.microBatches; ++m)
+        for (Phase phase : {Phase::kForward, Phase::kBackward})
+          for (int k = 0; k < static_cast<int>(plan_.layers.size()); ++k)
+            if (!uses_.count({step, m, static_cast<int>(phase), k}))
+              fail("step ", step, " ended at ", at(end), " with no ", phaseName(phase), " of layer ", k,
+                   " in micro-batch ", m);
+      if (!resident) continue;
+      int reduced = 0;
+      for (const Span& r : reduces_[-1]) reduced += r.step == step ? 1 : 0;
+      if (reduced != 1)
+        fail("step ", step, " ended at ", at(end), " with ", reduced,
+             " reduce_scatters of the resident group (once per step)");
+    }
   }
 
   void checkRuleA() {

@@ -502,6 +502,43 @@ TEST(EventLogChecker, CatchesPerturbedLogs) {
       log[rs].ns = log[end].ns - 1;
       LIBCOMM_RETURN_IF_ERROR(expectCaught(log, "grad buffer", "early reduce-scatter"));
     }
+    // Rule B: a use that releases its buffer before its compute ends.
+    {
+      auto log = run.log;
+      size_t release = log.size(), begin = log.size();
+      for (size_t i = 0; i < log.size(); ++i) {
+        const LogEntry& e = log[i];
+        if (e.layer != 1 || e.step != 1 || e.phase != libshard::Phase::kForward) continue;
+        if (e.kind == LogKind::kRelease) release = i;
+        if (e.kind == LogKind::kComputeBegin) begin = i;
+      }
+      if (release == log.size() || begin == log.size()) return libcomm::makeError(StatusCode::kInternalError, "no entries");
+      log[release].ns = log[begin].ns + 1;
+      LIBCOMM_RETURN_IF_ERROR(expectCaught(log, "before its compute ended", "release before the compute ended"));
+    }
+    // Completeness: a step whose log lacks a backward (and its reduce-scatter), or the resident
+    // group's reduce-scatter.
+    {
+      auto log = run.log;
+      log.erase(std::remove_if(log.begin(), log.end(),
+                               [](const LogEntry& e) {
+                                 return e.step == 0 && e.layer == 2 &&
+                                        (e.phase == libshard::Phase::kBackward || e.kind == LogKind::kReduceStart ||
+                                         e.kind == LogKind::kReduceEnd);
+                               }),
+                log.end());
+      LIBCOMM_RETURN_IF_ERROR(expectCaught(log, "with no backward of layer 2", "missing backward"));
+    }
+    {
+      auto log = run.log;
+      log.erase(std::remove_if(log.begin(), log.end(),
+                               [](const LogEntry& e) {
+                                 return e.step == 0 && e.gradBuffer == -1 &&
+                                        (e.kind == LogKind::kReduceStart || e.kind == LogKind::kReduceEnd);
+                               }),
+                log.end());
+      LIBCOMM_RETURN_IF_ERROR(expectCaught(log, "reduce_scatters of the resident group", "missing resident reduce"));
+    }
     return Status::ok();
   });
   EXPECT_RANKS_OK(report);
