@@ -62,32 +62,41 @@ void planMemory(const ModelSpec& model, ShardPlan& plan) {
   m.push_back(term("resident gradient accumulator", 4 * plan.resident.paddedNumel,
                    "4 B x " + elems(plan.resident.paddedNumel) + " (resident group, fp32)"));
 
-  uint64_t fullBytes = 0, keptBytes = 0, scratch = 0;
+  // Activations, per micro-batch: forward keeps each layer's activationBytes, or its
+  // checkpointActivationBytes when checkpointed; backward runs from the last layer down and frees
+  // each layer's after its backward. So the end of forward holds the most, except while a
+  // checkpointed layer k is recomputed: then the layers before it hold what they kept, and k holds
+  // its full activationBytes again (its kept bytes among them).
+  uint64_t fullBytes = 0, keptBytes = 0, prefix = 0, recomputePeak = 0;
   int full = 0, kept = 0;
-  std::string scratchFrom;
+  std::string peakFrom;
   for (size_t k = 0; k < model.layers.size(); ++k) {
     const LayerSpec& l = model.layers[k];
     if (plan.checkpointed[k]) {
       ++kept;
       keptBytes += l.checkpointActivationBytes;
-      if (l.activationBytes > scratch || scratchFrom.empty()) {  // the earliest of the largest
-        scratch = l.activationBytes;
-        scratchFrom = l.name;
+      if (prefix + l.activationBytes > recomputePeak) {  // the earliest of the largest
+        recomputePeak = prefix + l.activationBytes;
+        peakFrom = l.name;
       }
+      prefix += l.checkpointActivationBytes;
     } else {
       ++full;
       fullBytes += l.activationBytes;
+      prefix += l.activationBytes;
     }
   }
-  m.push_back(term("activations", fullBytes + keptBytes,
+  const uint64_t endOfForward = fullBytes + keptBytes;
+  m.push_back(term("activations", endOfForward,
                    std::to_string(full) + " layers in full (" + groupDigits(fullBytes) + " B) + " +
                        std::to_string(kept) + " checkpointed (" + groupDigits(keptBytes) + " B kept)",
                    false));
-  // Backward of a checkpointed layer first recomputes its forward, which needs that layer's full
-  // activations once more; one layer at a time, so the largest one bounds it.
+  const uint64_t scratch = recomputePeak > endOfForward ? recomputePeak - endOfForward : 0;
   m.push_back(term("recompute scratch", scratch,
-                   kept == 0 ? std::string("no layer checkpointed")
-                             : "largest activationBytes of a checkpointed layer (" + scratchFrom + ")",
+                   kept == 0       ? std::string("no layer checkpointed")
+                   : scratch == 0 ? std::string("every recompute fits in what the end of forward held")
+                                  : "the recompute of " + peakFrom + " (what the layers before it kept, plus its " +
+                                        "activationBytes) above the end of forward",
                    false));
 
   plan.libshardBytes = 0;
@@ -99,83 +108,88 @@ void planMemory(const ModelSpec& model, ShardPlan& plan) {
   plan.memory = std::move(m);
 }
 
-struct Candidate {
-  int layer;
-  int64_t act;     // activationBytes
-  int64_t saving;  // activationBytes - checkpointActivationBytes
-};
-
-// The candidates (other than m) whose activation is no larger than candidate m's, by saving
-// (ties: earlier layer first): the best companions of m when m is the set's largest activation.
-std::vector<size_t> companionsOf(const std::vector<Candidate>& cands, size_t m) {
-  std::vector<size_t> others;
-  for (size_t j = 0; j < cands.size(); ++j)
-    if (j != m && cands[j].act <= cands[m].act) others.push_back(j);
-  std::stable_sort(others.begin(), others.end(), [&](size_t a, size_t b) { return cands[a].saving > cands[b].saving; });
-  return others;
-}
-
 }  // namespace
 
-// Checkpoints as few layers as make the plan fit the budget. A set's net saving is the sum of its
-// savings minus its largest activation (the recompute scratch), so plain "largest saving first"
-// can pick far more layers than needed (one huge-activation layer makes every set containing it
-// expensive). Exact instead, in O(n^2 log n): every candidate is tried as the set's largest
-// activation, completed by the best savings at or below it. Among sets of the minimal size the
-// one leaving the most headroom wins; remaining ties go to earlier layers, so uniform blocks
-// checkpoint blocks.0, blocks.1, ... in order.
+// Checkpoints as few layers as make the plan fit the budget: an exact search over the candidates
+// (layers with block weights) in layer order. The activations fit when the end of forward fits,
+// T0 - (savings of the chosen) <= A (A: the budget less every other term; T0: all activations in
+// full), and when every chosen layer k's recompute fits, P0(k) + act(k) - (savings of the chosen
+// before k) <= A (P0(k): the activations of the layers before k in full). Every constraint gets
+// easier the more was saved before it, so among the choices of c layers from the first i
+// candidates the one with the largest savings dominates: best[c], a table of O(n^2). The fewest
+// layers c whose best savings reach T0 - A win; ties go to earlier layers, so uniform blocks
+// checkpoint blocks.0, blocks.1, ... in order. Checkpointing one more layer never raises the peak,
+// so when even all candidates do not fit, that choice says what the budget would need.
 Status planCheckpoints(const ModelSpec& model, ShardPlan& plan) {
   planMemory(model, plan);
   const uint64_t budget = plan.options.memoryBudgetBytes;
   if (budget == 0 || plan.totalBytes <= budget) return Status::ok();
 
+  struct Candidate {
+    int layer;
+    uint64_t act, saving, before;  // activationBytes, act - checkpointActivationBytes, P0
+  };
   std::vector<Candidate> cands;
+  uint64_t allActivations = 0;  // T0
   for (size_t k = 0; k < plan.layers.size(); ++k) {
-    const auto& ps = plan.layers[k].params;
-    if (!std::any_of(ps.begin(), ps.end(), [](const ParamPlacement& p) { return p.kind == ParamKind::kBlock; }))
-      continue;
     const LayerSpec& l = model.layers[k];
-    cands.push_back({static_cast<int>(k), static_cast<int64_t>(l.activationBytes),
-                     static_cast<int64_t>(l.activationBytes - l.checkpointActivationBytes)});
+    const auto& ps = plan.layers[k].params;
+    if (std::any_of(ps.begin(), ps.end(), [](const ParamPlacement& p) { return p.kind == ParamKind::kBlock; }))
+      cands.push_back({static_cast<int>(k), l.activationBytes, l.activationBytes - l.checkpointActivationBytes,
+                       allActivations});
+    allActivations += l.activationBytes;
   }
+  const uint64_t others = plan.totalBytes - allActivations;  // no layer checkpointed: no scratch
 
-  // bestNet[size]: the largest net saving of any set of that size, and the m that achieves it.
-  // A set's net saving is its savings minus its largest activation, so with m as the largest, the
-  // best set of a size is m plus a prefix of companionsOf(m).
-  const uint64_t total0 = plan.totalBytes;
-  const int64_t excess = static_cast<int64_t>(total0 - budget);
-  std::vector<int64_t> bestNet(cands.size() + 1, INT64_MIN);
-  std::vector<size_t> bestM(cands.size() + 1, 0);
-  for (size_t m = 0; m < cands.size(); ++m) {
-    const std::vector<size_t> others = companionsOf(cands, m);
-    int64_t net = cands[m].saving - cands[m].act;
-    for (size_t size = 1; size <= others.size() + 1; ++size) {
-      if (size > 1) net += cands[others[size - 2]].saving;
-      if (net > bestNet[size]) {  // strict: the earliest m wins a tie
-        bestNet[size] = net;
-        bestM[size] = m;
+  auto needWithAll = [&]() {
+    std::fill(plan.checkpointed.begin(), plan.checkpointed.end(), false);
+    for (const Candidate& c : cands) plan.checkpointed[static_cast<size_t>(c.layer)] = true;
+    planMemory(model, plan);
+    const uint64_t need = plan.totalBytes;
+    std::fill(plan.checkpointed.begin(), plan.checkpointed.end(), false);
+    planMemory(model, plan);
+    return need;
+  };
+  auto impossible = [&](uint64_t need) {
+    return makeError(StatusCode::kInvalidUsage, "plan: memory budget ", budget, " B per rank cannot be met: need ",
+                     need, " B even with all ", cands.size(), " checkpointable (block) layers checkpointed, short by ",
+                     need - budget, " B (libshard's own buffers alone are ", plan.libshardBytes, " B)");
+  };
+  if (budget < others) return impossible(needWithAll());
+  const uint64_t room = budget - others;                                       // A
+  const uint64_t mustSave = allActivations > room ? allActivations - room : 0;  // T0 - A
+
+  const size_t n = cands.size();
+  constexpr int64_t kNone = -1;
+  std::vector<int64_t> best(n + 1, kNone);
+  best[0] = 0;
+  std::vector<std::vector<bool>> took(n, std::vector<bool>(n + 1, false));
+  for (size_t i = 0; i < n; ++i) {
+    const Candidate& c = cands[i];
+    for (size_t cnt = i + 1; cnt >= 1; --cnt) {  // descending: best[cnt - 1] is still row i's
+      if (best[cnt - 1] == kNone) continue;
+      const auto savedBefore = static_cast<uint64_t>(best[cnt - 1]);
+      if (c.before + c.act - savedBefore > room) continue;  // its recompute would not fit
+      const auto with = static_cast<int64_t>(savedBefore + c.saving);
+      if (with > best[cnt]) {  // strict: a tie keeps the earlier layers
+        best[cnt] = with;
+        took[i][cnt] = true;
       }
     }
   }
-  int64_t bestEver = 0;  // checkpointing nothing saves nothing
-  for (size_t size = 1; size <= cands.size(); ++size) {
-    bestEver = std::max(bestEver, bestNet[size]);
-    if (bestNet[size] < excess) continue;
-    const size_t m = bestM[size];
-    const std::vector<size_t> others = companionsOf(cands, m);
-    plan.checkpointed[cands[m].layer] = true;
-    for (size_t i = 0; i + 1 < size; ++i) plan.checkpointed[cands[others[i]].layer] = true;
-    planMemory(model, plan);
-    const uint64_t predicted = total0 - static_cast<uint64_t>(bestNet[size]);
-    if (plan.totalBytes != predicted || plan.totalBytes > budget)
-      return makeError(StatusCode::kInternalError, "planner: checkpointing ", size, " layers should total ", predicted,
-                       " B but the plan totals ", plan.totalBytes, " B (budget ", budget, " B)");
-    return Status::ok();
+  size_t count = 0;
+  while (count <= n && (best[count] == kNone || static_cast<uint64_t>(best[count]) < mustSave)) ++count;
+  if (count > n) return impossible(needWithAll());
+  for (size_t i = n, cnt = count; i-- > 0 && cnt > 0;) {
+    if (!took[i][cnt]) continue;
+    plan.checkpointed[static_cast<size_t>(cands[i].layer)] = true;
+    --cnt;
   }
-  const uint64_t need = plan.totalBytes - static_cast<uint64_t>(bestEver);
-  return makeError(StatusCode::kInvalidUsage, "plan: memory budget ", budget, " B per rank cannot be met: need ", need,
-                   " B even with the best choice among ", cands.size(), " checkpointable (block) layers, short by ",
-                   need - budget, " B (libshard's own buffers alone are ", plan.libshardBytes, " B)");
+  planMemory(model, plan);
+  if (plan.totalBytes > budget || plan.numCheckpointed() != static_cast<int>(count))
+    return makeError(StatusCode::kInternalError, "planner: checkpointing ", count, " layers should fit ", budget,
+                     " B but the plan totals ", plan.totalBytes, " B with ", plan.numCheckpointed(), " checkpointed");
+  return Status::ok();
 }
 
 }  // namespace libshard::planner_detail

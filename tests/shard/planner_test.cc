@@ -377,15 +377,19 @@ ShardPlan planWithBudget(const ModelSpec& m, uint64_t budget) {
 }
 
 // Reference: the total of checkpointing exactly the layers in `mask` (bit i = layer i), from the
-// no-budget total: each checkpointed layer drops act - ckpt and the largest act returns as scratch.
+// no-budget total, by following one micro-batch: forward keeps act (ckpt when checkpointed) per
+// layer; the backward of a checkpointed layer k recomputes it, holding what the layers before it
+// kept plus its act. The peak of the two replaces all activations in full.
 uint64_t totalWith(const ModelSpec& m, uint64_t total0, uint32_t mask) {
-  uint64_t total = total0, scratch = 0;
+  uint64_t all = 0, prefix = 0, peak = 0;
   for (size_t k = 0; k < m.layers.size(); ++k) {
-    if (!(mask >> k & 1)) continue;
-    total -= m.layers[k].activationBytes - m.layers[k].checkpointActivationBytes;
-    scratch = std::max(scratch, m.layers[k].activationBytes);
+    const LayerSpec& l = m.layers[k];
+    all += l.activationBytes;
+    const bool ckpt = mask >> k & 1;
+    if (ckpt) peak = std::max(peak, prefix + l.activationBytes);
+    prefix += ckpt ? l.checkpointActivationBytes : l.activationBytes;
   }
-  return total + scratch;
+  return total0 - all + std::max(peak, prefix);
 }
 
 bool isCandidate(const LayerSpec& l) {
@@ -423,18 +427,17 @@ TEST(PlannerCheckpoint, NoBudgetOrFittingBudgetCheckpointsNothing) {
 }
 
 TEST(PlannerCheckpoint, UniformBlocksTakeTheEarliestAndTheFewest) {
-  // Six blocks saving 900 each; checkpointing k of them saves 900 k - 1000 (the recompute scratch),
-  // so one alone never helps: even a budget 1 B short needs two.
+  // Six blocks saving 900 each: a budget 1 B short needs one, the earliest.
   const ModelSpec m = blocksWithActivations(std::vector<std::pair<uint64_t, uint64_t>>(6, {1000, 100}));
   const uint64_t total0 = planWithBudget(m, 0).totalBytes;
-  const ShardPlan two = planWithBudget(m, total0 - 1);
-  EXPECT_EQ(two.checkpointed, (std::vector<bool>{false, true, true, false, false, false, false}));
-  EXPECT_EQ(two.totalBytes, total0 - 800);
-  EXPECT_EQ(termBytes(two, "recompute scratch"), 1000u);
-  EXPECT_EQ(termBytes(two, "activations"), 500u + 4 * 1000 + 2 * 100);
-  EXPECT_NE(findTerm(two, "recompute scratch")->formula.find("blocks.0"), std::string::npos);
+  const ShardPlan one = planWithBudget(m, total0 - 1);
+  EXPECT_EQ(one.checkpointed, (std::vector<bool>{false, true, false, false, false, false, false}));
+  EXPECT_EQ(one.totalBytes, total0 - 900);
+  // Its recompute holds 500 (embed) + 1000, far below the end of forward.
+  EXPECT_EQ(termBytes(one, "recompute scratch"), 0u);
+  EXPECT_EQ(termBytes(one, "activations"), 500u + 5 * 1000 + 100);
 
-  for (uint64_t excess : {1, 800, 801, 1700, 2600, 4400}) {
+  for (uint64_t excess : {1, 800, 901, 1700, 2600, 4400}) {
     SCOPED_TRACE(::testing::Message() << "excess " << excess);
     const uint64_t budget = total0 - excess;
     const ShardPlan p = planWithBudget(m, budget);
@@ -450,15 +453,43 @@ TEST(PlannerCheckpoint, UniformBlocksTakeTheEarliestAndTheFewest) {
   }
 }
 
-TEST(PlannerCheckpoint, AvoidsAHugeActivationLayerThatLargestSavingFirstWouldPick) {
-  // blocks.0 saves the most (1000) but its 10,000 B come back as recompute scratch; two of the
-  // 900 B blocks net 900 on their own. Largest-saving-first would need all five and still fail.
-  const ModelSpec m = blocksWithActivations({{10000, 9000}, {900, 0}, {900, 0}, {900, 0}, {900, 0}});
+TEST(PlannerCheckpoint, ALayerWhoseRecomputeWouldSetThePeakIsLeftOut) {
+  // The last block saves the most (9900), but recomputing it holds everything before it in full
+  // plus its 10,000 B: as much as no checkpointing at all. One 900 B block does it instead.
+  const ModelSpec m = blocksWithActivations({{900, 0}, {900, 0}, {900, 0}, {900, 0}, {10000, 100}});
   const uint64_t total0 = planWithBudget(m, 0).totalBytes;
   const ShardPlan p = planWithBudget(m, total0 - 800);
-  EXPECT_EQ(p.checkpointed, (std::vector<bool>{false, false, true, true, false, false}));
+  EXPECT_EQ(p.checkpointed, (std::vector<bool>{false, true, false, false, false, false}));
   EXPECT_EQ(p.totalBytes, total0 - 900);
-  EXPECT_EQ(bruteForceMinimum(m, total0, total0 - 800), 2);
+  EXPECT_EQ(totalWith(m, total0, 1u << 5), total0) << "the last block alone gains nothing";
+  EXPECT_EQ(bruteForceMinimum(m, total0, total0 - 800), 1);
+  // A huge layer early on saves what its recompute leaves: 12,300 B in full, 10,500 B while it is
+  // recomputed. That 1800 B beats two small blocks (whose second recompute then sets the peak).
+  const ModelSpec early = blocksWithActivations({{10000, 1000}, {900, 0}, {900, 0}});
+  const uint64_t total1 = planWithBudget(early, 0).totalBytes;
+  const ShardPlan q = planWithBudget(early, total1 - 1500);
+  EXPECT_EQ(q.checkpointed, (std::vector<bool>{false, true, false, false}));
+  EXPECT_EQ(q.totalBytes, total1 - 1800);
+  EXPECT_EQ(termBytes(q, "recompute scratch"), 10500u - 3300u);
+  EXPECT_EQ(bruteForceMinimum(early, total1, total1 - 1500), 1);
+}
+
+TEST(PlannerCheckpoint, RecomputeIsNotCountedOnTopOfWhatTheLayerKept) {
+  // The recompute of a checkpointed block frees nothing it kept but holds no more than its
+  // activationBytes, and the layers after it have freed theirs: with a large head after two
+  // blocks, one checkpointed block is enough for a budget 1 B short, and two fit 1000 B short.
+  ModelSpec m;
+  m.layers.push_back(layer("embed", {param("embed.w", {32, 8}, ParamKind::kEmbedding)}, 0, 0));
+  for (int i = 0; i < 2; ++i) {
+    const std::string b = "blocks." + std::to_string(i);
+    m.layers.push_back(layer(b, {param(b + ".w", {8, 8})}, 1000, 100));
+  }
+  m.layers.push_back(layer("head", {param("head.w", {32, 8}, ParamKind::kHead)}, 5000, 0));
+  const uint64_t total0 = planWithBudget(m, 0).totalBytes;
+  EXPECT_EQ(planWithBudget(m, total0 - 1).numCheckpointed(), 1);
+  const ShardPlan two = planWithBudget(m, total0 - 1000);
+  EXPECT_EQ(two.numCheckpointed(), 2);
+  EXPECT_EQ(two.totalBytes, total0 - 1800);
 }
 
 TEST(PlannerCheckpoint, MatchesBruteForceOnRandomSpecs) {
@@ -494,9 +525,12 @@ TEST(PlannerCheckpoint, MatchesBruteForceOnRandomSpecs) {
 TEST(PlannerCheckpoint, ImpossibleBudgetNamesBudgetNeedAndShortfall) {
   const ModelSpec m = blocksWithActivations(std::vector<std::pair<uint64_t, uint64_t>>(6, {1000, 100}));
   const uint64_t total0 = planWithBudget(m, 0).totalBytes;
-  const uint64_t need = total0 - (6 * 900 - 1000);  // all six checkpointed
+  // All six checkpointed: the end of forward holds 500 + 6 x 100, the last block's recompute
+  // 500 + 5 x 100 + 1000 = 2000 of the 6500 in full.
+  const uint64_t need = total0 - 6500 + 2000;
+  // Five reach that too (the end of forward then holds 2000 as well): the fewest win.
   const ShardPlan all = planWithBudget(m, need);
-  EXPECT_EQ(all.numCheckpointed(), 6);
+  EXPECT_EQ(all.numCheckpointed(), 5);
   EXPECT_EQ(all.totalBytes, need);
 
   PlanOptions o = options(2, 16);
@@ -679,7 +713,7 @@ TEST(PlannerDescribe, MentionsEveryLayerBufferTermAndVerdict) {
   EXPECT_NE(d.find("1,000,000"), std::string::npos) << "thousands separators\n" << d;
   EXPECT_NE(d.find("MiB"), std::string::npos);
   EXPECT_NE(d.find("yes"), std::string::npos) << "a checkpointed layer\n" << d;
-  EXPECT_NE(d.find("fits with 2 of"), std::string::npos) << d;
+  EXPECT_NE(d.find("fits with 1 of"), std::string::npos) << d;
   EXPECT_NE(planWithBudget(m, 0).describe().find("budget: none"), std::string::npos);
   // Every layer row sits on its own line, in order.
   size_t at = 0;

@@ -136,7 +136,11 @@ RunOutput train(const TrainOptions& o, int world, Mode mode = Mode::kProcesses) 
                                 r.plan.libshardBytes, " B");
     const int perMicro = o.globalBatch / o.microBatches;
     const bool even = perMicro % ctx.size == 0;
-    if ((even && me.activationBytes != me.planActivationBytes) || me.activationBytes > me.planActivationBytes ||
+    // Even batches: the plan's activation terms are what the layers held, to the byte (the peak
+    // during a checkpointed block's recompute too).
+    if ((even && (me.activationBytes != me.planActivationBytes ||
+                  me.activationPeakBytes != me.planActivationPeakBytes)) ||
+        me.activationBytes > me.planActivationBytes ||
         me.activationPeakBytes > me.planActivationPeakBytes || me.activationBytes == 0)
       return libcomm::makeError(StatusCode::kInternalError, "activations ", me.activationBytes, " B (peak ",
                                 me.activationPeakBytes, " B), plan ", me.planActivationBytes, " B (peak ",

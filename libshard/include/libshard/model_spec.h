@@ -37,10 +37,12 @@ struct LayerSpec {
   std::string name;  // unique within the model, e.g. "embed", "blocks.3", "final_norm", "head"
   std::vector<ParamSpec> params;
   /// Activation bytes this layer keeps from forward to backward for one micro-batch, per rank,
-  /// when it is not checkpointed ...
+  /// when it is not checkpointed (held from its forward until its backward is over; the planner
+  /// assumes a micro-batch's backward runs before the next one's forward) ...
   uint64_t activationBytes = 0;
   /// ... and when it is (what checkpointing still keeps: typically the layer's input). The layer
-  /// is then recomputed in backward, which needs its weights gathered again.
+  /// is then recomputed in backward, which needs its weights gathered again, and holds its
+  /// activationBytes (these bytes among them) while it runs.
   uint64_t checkpointActivationBytes = 0;
   /// False for a layer whose backward needs none of its own (non-norm) weights -- an embedding
   /// lookup, whose weight gradient is a scatter of the output gradient and whose input needs no
