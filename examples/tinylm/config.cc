@@ -12,6 +12,7 @@ namespace tinylm {
 namespace {
 
 constexpr uint64_t kMaxMatrixElements = uint64_t{1} << 31;
+constexpr int kMaxLayers = 1 << 16;
 
 libshard::ParamSpec param(std::string name, std::vector<int64_t> shape, libshard::ParamKind kind) {
   libshard::ParamSpec p;
@@ -37,6 +38,10 @@ libcomm::Status TinyLmConfig::validate() const {
       return libcomm::makeError(StatusCode::kInvalidArgument, "tinylm config: ", f.name, " = ", f.value,
                                 " (must be >= ", f.min, ")");
   }
+  // Two parameters per block: a layer count beyond this is no model that runs here.
+  if (layers > kMaxLayers)
+    return libcomm::makeError(StatusCode::kInvalidArgument, "tinylm config: layers = ", layers, " (must be <= ",
+                              kMaxLayers, ")");
   // Kernels index a weight matrix with size_t, but token ids are int32 and the spec's extents are
   // int64: keeping every matrix under 2^31 elements keeps all of it comfortably in range.
   const uint64_t vd = uint64_t(vocab) * uint64_t(dim), hd = uint64_t(hidden) * uint64_t(dim);
@@ -59,7 +64,7 @@ LayerActivationBytes embedActivationBytes(const TinyLmConfig&, size_t tokens) {
 
 LayerActivationBytes blockActivationBytes(const TinyLmConfig& cfg, size_t tokens) {
   const uint64_t t = tokens;
-  return {4 * t * uint64_t(cfg.dim + cfg.hidden), 4 * t * uint64_t(cfg.dim)};
+  return {4 * t * (uint64_t(cfg.dim) + uint64_t(cfg.hidden)), 4 * t * uint64_t(cfg.dim)};
 }
 
 LayerActivationBytes finalNormActivationBytes(const TinyLmConfig& cfg, size_t tokens) {
@@ -69,7 +74,7 @@ LayerActivationBytes finalNormActivationBytes(const TinyLmConfig& cfg, size_t to
 
 LayerActivationBytes headActivationBytes(const TinyLmConfig& cfg, size_t tokens) {
   const uint64_t t = tokens;
-  return {4 * t * uint64_t(cfg.dim + cfg.vocab + 1), 4 * t * uint64_t(cfg.dim + 1)};
+  return {4 * t * (uint64_t(cfg.dim) + uint64_t(cfg.vocab) + 1), 4 * t * (uint64_t(cfg.dim) + 1)};
 }
 
 std::vector<libshard::ParamSpec> allParams(const TinyLmConfig& cfg) {

@@ -33,6 +33,7 @@ libcomm::Status ModelSpec::validate() const {
   using libcomm::StatusCode;
   if (layers.empty()) return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: no layers");
   std::set<std::string> layerNames, paramNames;
+  uint64_t total = 0;
   for (size_t k = 0; k < layers.size(); ++k) {
     const LayerSpec& l = layers[k];
     if (l.name.empty()) return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: layer ", k, " has no name");
@@ -49,10 +50,26 @@ libcomm::Status ModelSpec::validate() const {
         return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: parameter name '", p.name, "' used twice");
       if (p.shape.empty())
         return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: parameter '", p.name, "' has an empty shape");
-      for (int64_t e : p.shape)
+      // Element counts and byte sizes stay exact: no parameter, and no model, may reach 2^56
+      // elements (an fp32 copy of that much is 256 PiB).
+      constexpr uint64_t kMaxElems = uint64_t{1} << 56;
+      uint64_t numel = 1;
+      for (int64_t e : p.shape) {
         if (e < 1)
           return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: parameter '", p.name, "' has extent ", e,
                                     " (every extent must be >= 1)");
+        if (static_cast<uint64_t>(e) > kMaxElems / numel)
+          return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: parameter '", p.name,
+                                    "' has more than 2^56 elements");
+        numel *= static_cast<uint64_t>(e);
+      }
+      total += numel;
+      if (total > kMaxElems)
+        return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: the model has more than 2^56 elements (at '",
+                                  p.name, "')");
+      if (static_cast<uint8_t>(p.kind) > static_cast<uint8_t>(ParamKind::kHead))
+        return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: parameter '", p.name, "' has kind ",
+                                  static_cast<int>(p.kind), ", not a ParamKind");
     }
   }
   return libcomm::Status::ok();

@@ -70,7 +70,8 @@ Status validateOptions(const PlanOptions& o) {
     return bad("precision ", static_cast<int>(o.precision), " is not a known Precision");
   const size_t elemBytes = libcomm::dataTypeSize(computeType(o.precision));
   const size_t a = o.alignmentBytes;
-  if (a < 16 || (a & (a - 1)) != 0) return bad("alignmentBytes ", a, " (must be a power of two >= 16)");
+  if (a < 16 || a > (size_t{1} << 30) || (a & (a - 1)) != 0)
+    return bad("alignmentBytes ", a, " (must be a power of two from 16 to 1 GiB)");
   if (a % elemBytes != 0)
     return bad("alignmentBytes ", a, " is not a multiple of the ", precisionName(o.precision), " element size ",
                elemBytes);

@@ -571,7 +571,8 @@ TEST(PlannerErrors, InvalidOptionsNameTheOption) {
   expectInvalid([](PlanOptions& o) { o.worldSize = -3; }, "worldSize -3");
   expectInvalid([](PlanOptions& o) { o.rank = 2; }, "rank 2");
   expectInvalid([](PlanOptions& o) { o.rank = -1; }, "rank -1");
-  for (size_t a : {0, 8, 24, 48, 100, 129})
+  for (size_t a : {size_t{0}, size_t{8}, size_t{24}, size_t{48}, size_t{100}, size_t{129}, size_t{1} << 31,
+                   size_t{1} << 63})
     expectInvalid([a](PlanOptions& o) { o.alignmentBytes = a; }, "alignmentBytes " + std::to_string(a));
   expectInvalid([](PlanOptions& o) { o.precision = static_cast<Precision>(7); }, "precision");
   expectInvalid([](PlanOptions& o) { o.blockBuffers = 1; }, "blockBuffers 1");
@@ -607,6 +608,21 @@ TEST(PlannerErrors, InvalidSpecsAreRejected) {
   ModelSpec act = smallLm();
   act.layers[4].checkpointActivationBytes = 301;
   expectSpecError(act, "checkpointActivationBytes");
+  // Element counts that would wrap: 2^32 x 2^32 (was planned as an empty parameter) and
+  // 3 x (2^62 + 1); and a total over several parameters.
+  ModelSpec wrap = smallLm();
+  wrap.layers[1].params[1].shape = {int64_t{1} << 32, int64_t{1} << 32};
+  expectSpecError(wrap, "blocks.0.wa' has more than 2^56 elements");
+  wrap.layers[1].params[1].shape = {3, (int64_t{1} << 62) + 1};
+  expectSpecError(wrap, "blocks.0.wa' has more than 2^56 elements");
+  ModelSpec sum = smallLm();
+  sum.layers[1].params[1].shape = {int64_t{1} << 55};
+  sum.layers[2].params[1].shape = {int64_t{1} << 55};
+  sum.layers[3].params[0].shape = {int64_t{1} << 55};
+  expectSpecError(sum, "the model has more than 2^56 elements");
+  ModelSpec kind = smallLm();
+  kind.layers[1].params[1].kind = static_cast<ParamKind>(9);
+  expectSpecError(kind, "kind 9, not a ParamKind");
 }
 
 // ---- whole-plan properties ---------------------------------------------------------------------

@@ -446,6 +446,13 @@ TEST(Spec, DescribesTheModelLayerByLayer) {
   EXPECT_EQ(spec.layers[5].activationBytes, 4u * 128 * (16 + 100 + 1));
   EXPECT_FALSE((TinyLmConfig{1, 16, 64, 3, 32}).validate().isOk());
   EXPECT_FALSE((TinyLmConfig{100, 16, 0, 3, 32}).validate().isOk());
+  // A layer count no model here runs (it aborted building the spec), and sizes summed in 64 bits
+  // (dim + hidden in int wrapped).
+  EXPECT_FALSE((TinyLmConfig{100, 16, 64, std::numeric_limits<int>::max(), 32}).validate().isOk());
+  const TinyLmConfig wide{2, 1, std::numeric_limits<int>::max(), 1, 1};
+  EXPECT_EQ(tinylm::blockActivationBytes(wide, 1).kept, 4ull * (1ull + std::numeric_limits<int>::max()));
+  EXPECT_EQ(tinylm::headActivationBytes(TinyLmConfig{std::numeric_limits<int>::max(), 1, 1, 1, 1}, 1).kept,
+            4ull * (2ull + std::numeric_limits<int>::max()));
 }
 
 const TinyLmConfig kTrainConfig{32, 16, 32, 2, 16};
