@@ -1,9 +1,19 @@
 // The flight recorder's ring: wrap-around keeps the newest entries, oldest first, with what was
-// recorded; the JSON dump names its format and the communicator.
+// recorded; the JSON dump names its format and the communicator. Dumps: never through a link, whole even when
+// two threads dump at once, and never into a default directory another user could have prepared.
 
 #include "core/flight_recorder.h"
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
 
 namespace libcomm {
 namespace {
@@ -61,6 +71,184 @@ TEST(FlightRecorder, OffRecordsNothing) {
   r->enqueued(a, 1, "s", 2);
   r->finished(1, FlightState::kDone, Status::ok());
   EXPECT_TRUE(r->snapshot().empty());
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A fresh directory under the build tree's temporary space, removed at the end.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/flight-recorder-test.XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+// A whole dump: one JSON object whose braces and brackets balance (the fields hold none), ending in
+// a newline. A dump cut short or two interleaved would not be.
+bool wholeDump(const std::string& text) {
+  if (text.size() < 2 || text.front() != '{' || text.substr(text.size() - 2) != "}\n") return false;
+  int depth = 0;
+  bool inString = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (inString) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        inString = false;
+      continue;
+    }
+    if (c == '"')
+      inString = true;
+    else if (c == '{' || c == '[')
+      ++depth;
+    else if (c == '}' || c == ']') {
+      if (--depth < 0) return false;
+      if (depth == 0 && i != text.size() - 2) return false;
+    }
+  }
+  return depth == 0 && !inString;
+}
+
+void record(FlightRecorder& r, uint32_t seq) {
+  CollArgs a;
+  a.kind = CollKind::kAllGather;
+  a.count = seq;
+  r.enqueued(a, seq, "s", 2);
+  r.started(seq, true);
+  r.finished(seq, FlightState::kDone, Status::ok());
+}
+
+TEST(FlightRecorder, DumpNeverWritesThroughALinkAtItsTemporaryName) {
+  // The temporary file's name was predictable (<target>.tmp.<pid>) and opened without O_EXCL or
+  // O_NOFOLLOW: a link planted there made the dump overwrite whatever it pointed at.
+  TempDir dir;
+  const std::string victim = dir.path + "/victim", target = dir.path + "/d.flight.json";
+  { std::ofstream(victim) << "precious"; }
+  const std::string pid = std::to_string(getpid());
+  ASSERT_EQ(symlink(victim.c_str(), (target + ".tmp." + pid).c_str()), 0);
+  for (int n = 0; n < 64; ++n) symlink(victim.c_str(), (target + ".tmp." + pid + "." + std::to_string(n)).c_str());
+  auto r = makeRecorder(8);
+  record(*r, 1);
+  auto path = r->dump("api", target);
+  ASSERT_TRUE(path.isOk()) << path.status().toString();
+  EXPECT_EQ(readFile(victim), "precious");
+  EXPECT_TRUE(wholeDump(readFile(target))) << readFile(target);
+  struct stat st;
+  ASSERT_EQ(lstat(target.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  // A link at the target itself is replaced, not followed.
+  std::filesystem::remove(target);
+  ASSERT_EQ(symlink(victim.c_str(), target.c_str()), 0);
+  ASSERT_TRUE(r->dump("api", target).isOk());
+  EXPECT_EQ(readFile(victim), "precious");
+  ASSERT_EQ(lstat(target.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+}
+
+TEST(FlightRecorder, TwoThreadsDumpingToOnePathBothAlwaysSucceed) {
+  // Both used to write one temporary file (named by the pid alone): one's rename found it gone,
+  // or published the other's half-written file.
+  TempDir dir;
+  const std::string target = dir.path + "/d.flight.json";
+  auto r = makeRecorder(64);
+  for (uint32_t seq = 1; seq <= 40; ++seq) record(*r, seq);
+  std::atomic<int> failures{0};
+  std::string firstFailure;
+  std::mutex mu;
+  auto dumper = [&] {
+    for (int round = 0; round < 200; ++round) {
+      auto p = r->dump("api", target);
+      if (!p.isOk()) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (failures++ == 0) firstFailure = p.status().toString();
+      }
+    }
+  };
+  std::atomic<bool> done{false};
+  std::atomic<int> torn{0};
+  std::thread reader([&] {
+    while (!done.load()) {
+      const std::string text = readFile(target);
+      if (!text.empty() && !wholeDump(text)) ++torn;
+    }
+  });
+  std::thread a(dumper), b(dumper);
+  a.join();
+  b.join();
+  done = true;
+  reader.join();
+  EXPECT_EQ(failures.load(), 0) << firstFailure;
+  EXPECT_EQ(torn.load(), 0) << "a reader saw a dump that was not whole";
+  EXPECT_TRUE(wholeDump(readFile(target)));
+  for (const auto& f : std::filesystem::directory_iterator(dir.path))
+    EXPECT_EQ(f.path().filename(), "d.flight.json") << "a temporary file was left behind";
+}
+
+TEST(FlightRecorder, TheDefaultDirectoryMustBeOursAndWritableByNobodyElse) {
+  // $TMPDIR/libcomm-flight-<uid> is a name anyone can predict in a directory anyone can write:
+  // made first by another user, or left writable to others, it could hold links that redirect
+  // the dump. It used to be taken whatever its owner and mode.
+  TempDir tmp;
+  const char* oldTmp = getenv("TMPDIR");
+  const std::string saved = oldTmp ? oldTmp : "";
+  setenv("TMPDIR", tmp.path.c_str(), 1);
+  const std::string dir = tmp.path + "/libcomm-flight-" + std::to_string(getuid());
+  auto r = makeRecorder(8);
+  EXPECT_EQ(r->defaultPath().rfind(dir + "/", 0), 0u) << r->defaultPath();
+  record(*r, 1);
+  auto refused = [&](const char* why) {
+    auto p = r->dump("api", "");
+    EXPECT_FALSE(p.isOk()) << why << ": written to " << (p.isOk() ? *p : "");
+    if (p.isOk()) return;
+    EXPECT_NE(p.status().message().find(dir), std::string::npos) << p.status().toString();
+    EXPECT_NE(p.status().message().find(why), std::string::npos) << p.status().toString();
+    EXPECT_NE(p.status().message().find("rank 1"), std::string::npos) << p.status().toString();
+  };
+
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  ASSERT_EQ(chmod(dir.c_str(), 0777), 0);
+  refused("writable by group or others (mode 0777)");
+  ASSERT_EQ(chmod(dir.c_str(), 0775), 0);
+  refused("writable by group or others (mode 0775)");
+  if (geteuid() == 0) {  // only root can give a directory away
+    ASSERT_EQ(chmod(dir.c_str(), 0755), 0);
+    ASSERT_EQ(chown(dir.c_str(), 4242, 4242), 0);
+    refused("owned by uid 4242");
+  }
+  std::filesystem::remove_all(dir);
+  const std::string elsewhere = tmp.path + "/elsewhere";
+  ASSERT_EQ(mkdir(elsewhere.c_str(), 0700), 0);
+  ASSERT_EQ(symlink(elsewhere.c_str(), dir.c_str()), 0);
+  refused("symbolic link");
+  EXPECT_TRUE(std::filesystem::is_empty(elsewhere));
+  std::filesystem::remove(dir);
+
+  // Absent: made private, and used.
+  auto p = r->dump("api", "");
+  ASSERT_TRUE(p.isOk()) << p.status().toString();
+  EXPECT_EQ(*p, r->defaultPath());
+  struct stat st;
+  ASSERT_EQ(stat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  EXPECT_TRUE(wholeDump(readFile(*p)));
+  // A directory the user names is the user's choice: group-writable is taken.
+  const std::string shared = tmp.path + "/shared";
+  ASSERT_EQ(mkdir(shared.c_str(), 0700), 0);
+  ASSERT_EQ(chmod(shared.c_str(), 0777), 0);
+  EXPECT_TRUE(r->dump("api", shared + "/x.flight.json").isOk());
+
+  if (oldTmp)
+    setenv("TMPDIR", saved.c_str(), 1);
+  else
+    unsetenv("TMPDIR");
 }
 
 }  // namespace

@@ -7,12 +7,14 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -197,34 +199,105 @@ std::string safeName(std::string_view s) {
   return out;
 }
 
-Status makeDirs(const std::string& dir) {
+// `lastMode`: the mode of the last component, if this call creates it.
+Status makeDirs(const std::string& dir, mode_t lastMode) {
   for (size_t i = 1; i <= dir.size(); ++i) {
     if (i < dir.size() && dir[i] != '/') continue;
     const std::string part = dir.substr(0, i);
-    if (mkdir(part.c_str(), 0755) != 0 && errno != EEXIST)
+    if (mkdir(part.c_str(), i == dir.size() ? lastMode : 0755) != 0 && errno != EEXIST)
       return makeError(StatusCode::kSystemError, "flight recorder: cannot create directory ", part, ": ",
                        strerror(errno));
   }
   return Status::ok();
 }
 
-Status writeWhole(const std::string& path, const std::string& text) {
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return makeError(StatusCode::kSystemError, "flight recorder: cannot create ", path, ": ", strerror(errno));
+// Opens the directory a dump goes to. The default directory has a name anyone can predict, under
+// a directory anyone can write (/tmp): another user could have made it first and put links in it
+// that point at our files, so it must be a real directory (not a link), ours, and writable by
+// nobody else. A directory the user named is the user's choice and is only opened.
+Result<int> openDumpDir(const std::string& dir, bool isDefault) {
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | (isDefault ? O_NOFOLLOW : 0));
+  if (fd < 0) {
+    const int err = errno;
+    struct stat link;
+    if (isDefault && lstat(dir.c_str(), &link) == 0 && S_ISLNK(link.st_mode))
+      return makeError(StatusCode::kSystemError, "flight recorder: refusing the default dump directory ", dir,
+                       ": it is a symbolic link (remove it, or set LIBCOMM_FLIGHT_RECORDER_DIR)");
+    return makeError(StatusCode::kSystemError, "flight recorder: cannot open directory ", dir, ": ", strerror(err));
+  }
+  if (!isDefault) return fd;
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return makeError(StatusCode::kSystemError, "flight recorder: cannot stat directory ", dir, ": ", strerror(err));
+  }
+  std::string why;
+  if (st.st_uid != geteuid())
+    why =
+        "it is owned by uid " + std::to_string(st.st_uid) + ", not by this process's uid " + std::to_string(geteuid());
+  else if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
+    why = "it is writable by group or others (mode " + [&] {
+      char m[8];
+      snprintf(m, sizeof(m), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+      return std::string(m);
+    }() + ")";
+  if (!why.empty()) {
+    close(fd);
+    return makeError(StatusCode::kSystemError, "flight recorder: refusing the default dump directory ", dir, ": ", why,
+                     "; another user could redirect the dump through links there (remove it or make it "
+                     "private, chmod go-w; or set LIBCOMM_FLIGHT_RECORDER_DIR)");
+  }
+  return fd;
+}
+
+// Tells apart the temporary files of concurrent dumps of one process (two threads dumping the same
+// communicator, the signal thread and a failure).
+std::atomic<uint64_t> gTempCounter{0};
+
+// A temporary name nobody can guess ahead: the pid and a per-call counter keep the calls of this
+// process apart, random bits keep another user from filling the names it will use.
+std::string tempName(const std::string& base) {
+  const uint64_t n = gTempCounter.fetch_add(1, std::memory_order_relaxed);
+  uint64_t r = 0;
+  if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != static_cast<ssize_t>(sizeof(r)))
+    r = static_cast<uint64_t>(flightNowNs()) * 0x9e3779b97f4a7c15ull ^ n;
+  char tail[24];
+  snprintf(tail, sizeof(tail), ".%016llx", static_cast<unsigned long long>(r));
+  return base + ".tmp." + std::to_string(getpid()) + "." + std::to_string(n) + tail;
+}
+
+// Writes `text` to a new file in `dirFd` and returns its name. O_EXCL and O_NOFOLLOW: the name is
+// new to this call, and a file or link already there under it is never opened or followed.
+Result<std::string> writeTemp(int dirFd, const std::string& dir, const std::string& base, const std::string& text) {
+  std::string name;
+  int fd = -1;
+  for (int attempt = 0; fd < 0; ++attempt) {
+    name = tempName(base);
+    fd = openat(dirFd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    // EEXIST: a name taken already, which random bits make all but impossible.
+    if (fd < 0 && (errno != EEXIST || attempt == 16))
+      return makeError(StatusCode::kSystemError, "flight recorder: cannot create ", dir, "/", name, ": ",
+                       strerror(errno));
+  }
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = write(fd, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      const int err = errno;
+      const int err = n < 0 ? errno : ENOSPC;
       close(fd);
-      return makeError(StatusCode::kSystemError, "flight recorder: writing ", path, ": ", strerror(err));
+      unlinkat(dirFd, name.c_str(), 0);
+      return makeError(StatusCode::kSystemError, "flight recorder: writing ", dir, "/", name, ": ", strerror(err));
     }
     done += static_cast<size_t>(n);
   }
-  if (close(fd) != 0)
-    return makeError(StatusCode::kSystemError, "flight recorder: writing ", path, ": ", strerror(errno));
-  return Status::ok();
+  if (close(fd) != 0) {
+    const int err = errno;
+    unlinkat(dirFd, name.c_str(), 0);
+    return makeError(StatusCode::kSystemError, "flight recorder: writing ", dir, "/", name, ": ", strerror(err));
+  }
+  return name;
 }
 
 }  // namespace
@@ -299,26 +372,43 @@ std::shared_ptr<FlightRecorder> createFlightRecorder(const CommConfig& config, i
 }
 
 std::string FlightRecorder::defaultPath() const {
-  std::string dir = id_.dir;
-  if (dir.empty()) {
-    const char* tmp = getenv("TMPDIR");
-    dir = std::string(tmp && *tmp ? tmp : "/tmp") + "/libcomm-flight-" + std::to_string(getuid());
-  }
+  const std::string dir = id_.dir.empty() ? defaultDir() : id_.dir;
   return dir + "/" + safeName(id_.commId) + ".rank" + std::to_string(id_.rank) + ".flight.json";
+}
+
+std::string FlightRecorder::defaultDir() {
+  const char* tmp = getenv("TMPDIR");
+  return std::string(tmp && *tmp ? tmp : "/tmp") + "/libcomm-flight-" + std::to_string(getuid());
 }
 
 Result<std::string> FlightRecorder::dump(std::string_view reason, const std::string& path) const {
   const std::string target = path.empty() ? defaultPath() : path;
+  const bool isDefaultDir = path.empty() && id_.dir.empty();
   const size_t slash = target.rfind('/');
-  if (slash != std::string::npos && slash > 0) LIBCOMM_RETURN_IF_ERROR(makeDirs(target.substr(0, slash)));
-  const std::string tmp = target + ".tmp." + std::to_string(getpid());
-  Status st = writeWhole(tmp, toJson(reason));
-  if (st.isOk() && rename(tmp.c_str(), target.c_str()) != 0)
-    st = makeError(StatusCode::kSystemError, "flight recorder: renaming ", tmp, " to ", target, ": ", strerror(errno));
-  if (!st.isOk()) {
-    unlink(tmp.c_str());
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : target.substr(0, slash);
+  const std::string base = slash == std::string::npos ? target : target.substr(slash + 1);
+  auto fail = [&](const Status& st) {
     return Status(st.code(), "rank " + std::to_string(id_.rank) + ": " + st.message());
+  };
+  if (base.empty())
+    return fail(makeError(StatusCode::kInvalidArgument, "flight recorder: dump path ", target, " names no file"));
+  if (slash != std::string::npos && slash > 0) {
+    // The default directory is made private to this user (whatever the umask, it is then never
+    // writable by others, which openDumpDir requires); a directory the user names gets 0755.
+    if (Status st = makeDirs(dir, isDefaultDir ? 0700 : 0755); !st.isOk()) return fail(st);
   }
+  Result<int> dirFd = openDumpDir(dir, isDefaultDir);
+  if (!dirFd.isOk()) return fail(dirFd.status());
+  Result<std::string> tmp = writeTemp(*dirFd, dir, base, toJson(reason));
+  Status st = tmp.status();
+  // renameat replaces a link named like the target, never what it points at.
+  if (st.isOk() && renameat(*dirFd, tmp->c_str(), *dirFd, base.c_str()) != 0) {
+    st = makeError(StatusCode::kSystemError, "flight recorder: renaming ", dir, "/", *tmp, " to ", target, ": ",
+                   strerror(errno));
+    unlinkat(*dirFd, tmp->c_str(), 0);
+  }
+  close(*dirFd);
+  if (!st.isOk()) return fail(st);
   return target;
 }
 

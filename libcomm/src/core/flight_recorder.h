@@ -126,11 +126,17 @@ class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
   std::vector<FlightEntry> snapshot() const;
   /// The dump: identity, settings, `reason`, and snapshot(). One JSON object.
   std::string toJson(std::string_view reason) const;
-  /// Writes toJson(reason) to `path` (empty: defaultPath()) through a temporary file and a rename,
-  /// so a reader never sees half a dump. Returns the path written.
+  /// Writes toJson(reason) to `path` (empty: defaultPath()) through a temporary file of a name new
+  /// to this call and a rename, so a reader never sees half a dump, and concurrent dumps (any
+  /// threads) each publish a whole one. The temporary file is never a link followed or a file
+  /// reused; the default directory (defaultDir()) is refused unless it is a directory of this user
+  /// writable by nobody else. Returns the path written. Thread-safe.
   Result<std::string> dump(std::string_view reason, const std::string& path) const;
   /// <dir>/<communicator id>.rank<r>.flight.json
   std::string defaultPath() const;
+  /// Where dumps go when neither the dump nor the settings name a directory:
+  /// $TMPDIR (or /tmp) /libcomm-flight-<uid>.
+  static std::string defaultDir();
 
   /// After collective `seq` failed with `st`: the first time per communicator, dumps with reason
   /// "failure" and logs where (WARN; ERROR if the dump could not be written). Later calls do
