@@ -121,43 +121,78 @@ void FlightRecorder::keepError(uint32_t seq, const std::string& text) {
   errors_.emplace_back(seq, text);
 }
 
+bool FlightRecorder::readSlot(const Slot& s, const TimeBase& time, FlightEntry* out) const {
+  FlightEntry& e = *out;
+  const uint32_t seq = s.seq.load(std::memory_order_acquire);
+  if (seq == 0) return false;
+  // State first (acquire): the times its writer stored before it are then visible.
+  e.state = static_cast<FlightState>(s.state.load(std::memory_order_acquire));
+  e.kind = static_cast<CollKind>(s.kind.load(std::memory_order_relaxed));
+  e.inType = static_cast<DataType>(s.inType.load(std::memory_order_relaxed));
+  e.outType = static_cast<DataType>(s.outType.load(std::memory_order_relaxed));
+  e.op = static_cast<ReduceOp>(s.op.load(std::memory_order_relaxed));
+  e.scale = s.scale.load(std::memory_order_relaxed);
+  e.inPlace = s.inPlace.load(std::memory_order_relaxed) != 0;
+  e.root = s.root.load(std::memory_order_relaxed);
+  e.algo = s.algo.load(std::memory_order_relaxed);
+  e.count = s.count.load(std::memory_order_relaxed);
+  e.bytes = s.bytes.load(std::memory_order_relaxed);
+  e.enqueueNs = time.toNs(s.enqueueAt.load(std::memory_order_relaxed));
+  e.startNs = time.toNs(s.startAt.load(std::memory_order_relaxed));
+  e.endNs = time.toNs(s.endAt.load(std::memory_order_relaxed));
+  char name[kStreamNameBytes + 1] = {};
+  for (size_t w = 0; w < kStreamNameBytes / 8; ++w) {
+    const uint64_t word = s.stream[w].load(std::memory_order_relaxed);
+    memcpy(name + 8 * w, &word, 8);
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (s.seq.load(std::memory_order_relaxed) != seq) return false;  // reused while read: a newer one is there now
+  e.seq = seq;
+  e.stream = name;
+  return true;
+}
+
 std::vector<FlightEntry> FlightRecorder::snapshot() const {
   std::vector<FlightEntry> out;
   if (capacity_ == 0) return out;
   const TimeBase time = timeBase();
   out.reserve(capacity_);
   for (size_t i = 0; i < capacity_; ++i) {
-    const Slot& s = slots_[i];
     FlightEntry e;
-    const uint32_t seq = s.seq.load(std::memory_order_acquire);
-    if (seq == 0) continue;
-    // State first (acquire): the times its writer stored before it are then visible.
-    e.state = static_cast<FlightState>(s.state.load(std::memory_order_acquire));
-    e.kind = static_cast<CollKind>(s.kind.load(std::memory_order_relaxed));
-    e.inType = static_cast<DataType>(s.inType.load(std::memory_order_relaxed));
-    e.outType = static_cast<DataType>(s.outType.load(std::memory_order_relaxed));
-    e.op = static_cast<ReduceOp>(s.op.load(std::memory_order_relaxed));
-    e.scale = s.scale.load(std::memory_order_relaxed);
-    e.inPlace = s.inPlace.load(std::memory_order_relaxed) != 0;
-    e.root = s.root.load(std::memory_order_relaxed);
-    e.algo = s.algo.load(std::memory_order_relaxed);
-    e.count = s.count.load(std::memory_order_relaxed);
-    e.bytes = s.bytes.load(std::memory_order_relaxed);
-    e.enqueueNs = time.toNs(s.enqueueAt.load(std::memory_order_relaxed));
-    e.startNs = time.toNs(s.startAt.load(std::memory_order_relaxed));
-    e.endNs = time.toNs(s.endAt.load(std::memory_order_relaxed));
-    char name[kStreamNameBytes + 1] = {};
-    for (size_t w = 0; w < kStreamNameBytes / 8; ++w) {
-      const uint64_t word = s.stream[w].load(std::memory_order_relaxed);
-      memcpy(name + 8 * w, &word, 8);
-    }
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (s.seq.load(std::memory_order_relaxed) != seq) continue;  // reused while read: a newer one is there now
-    e.seq = seq;
-    e.stream = name;
-    out.push_back(std::move(e));
+    if (readSlot(slots_[i], time, &e)) out.push_back(std::move(e));
   }
-  std::sort(out.begin(), out.end(), [](const FlightEntry& a, const FlightEntry& b) { return a.seq < b.seq; });
+  // The slots are read one after another while collectives may go on: a slot read early can still
+  // hold a collective a full ring older than one read late, and a slot being refilled is skipped.
+  // A dump must be a window of consecutive seqs ending at the newest (entries_dropped and
+  // flight_merge's "never enqueued" count on it), so: keep only the last `capacity` seqs, read the
+  // slots of those missing again (they were written meanwhile), and if one is still missing, drop
+  // everything older than it.
+  auto byseq = [](const FlightEntry& a, const FlightEntry& b) { return a.seq < b.seq; };
+  std::sort(out.begin(), out.end(), byseq);
+  for (int pass = 0; !out.empty(); ++pass) {
+    const uint32_t newest = out.back().seq;
+    const uint32_t oldest = newest > capacity_ ? static_cast<uint32_t>(newest - capacity_ + 1) : 1;
+    out.erase(out.begin(), std::lower_bound(out.begin(), out.end(), oldest,
+                                            [](const FlightEntry& e, uint32_t s) { return e.seq < s; }));
+    if (out.size() == static_cast<size_t>(newest - oldest + 1) || pass == 3) break;
+    std::vector<uint32_t> missing;
+    uint32_t want = oldest;
+    for (const FlightEntry& e : out) {
+      for (; want < e.seq; ++want) missing.push_back(want);
+      want = e.seq + 1;
+    }
+    for (uint32_t seq : missing) {
+      FlightEntry e;
+      // A newer seq found there moves the window on; the next pass drops what fell out of it.
+      if (readSlot(slotOf(seq), time, &e) && e.seq >= seq) out.push_back(std::move(e));
+    }
+    std::sort(out.begin(), out.end(), byseq);
+  }
+  for (size_t i = out.size(); i-- > 1;)
+    if (out[i - 1].seq + 1 != out[i].seq) {
+      out.erase(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
+    }
   std::lock_guard<std::mutex> lock(errMu_);
   for (const auto& [seq, text] : errors_) {
     auto it = std::lower_bound(out.begin(), out.end(), seq, [](const FlightEntry& e, uint32_t s) { return e.seq < s; });

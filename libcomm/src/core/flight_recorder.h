@@ -122,7 +122,9 @@ class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
   inline void finished(uint32_t seq, FlightState state, const Status& why);
 
   // ---- Reading. Thread-safe; callable while collectives run. ----
-  /// The recorded collectives, oldest first.
+  /// The recorded collectives, oldest first: consecutive seqs ending at the newest one seen, at
+  /// most capacity() of them, even while collectives run (older entries it could not read whole
+  /// in that window are left out, as if dropped).
   std::vector<FlightEntry> snapshot() const;
   /// The dump: identity, settings, `reason`, and snapshot(). One JSON object.
   std::string toJson(std::string_view reason) const;
@@ -172,6 +174,8 @@ class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
     }
   };
   TimeBase timeBase() const;
+  /// Copies slot `s` into `out`; false if it is empty or was refilled while read.
+  bool readSlot(const Slot& s, const TimeBase& time, FlightEntry* out) const;
   void keepError(uint32_t seq, const std::string& text);
 
   FlightIdentity id_;
