@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -317,6 +318,24 @@ TEST(CommConfig, EveryKnobIsDeclaredWithADoc) {
   }
   EXPECT_TRUE(sawSpin);
   EXPECT_NE(libcomm::describeSettings().find("LIBCOMM_SPIN_US"), std::string::npos);
+}
+
+TEST(CommConfig, FlightRecorderSizeIsBoundedInCode) {
+  // SIZE_MAX made the ring's power-of-two rounding loop forever (Communicator::create hung), and
+  // 2^32 threw bad_alloc; the environment variable was already held to 2^20.
+  for (size_t bad : {SIZE_MAX, size_t{1} << 32, (size_t{1} << 20) + 1}) {
+    CommConfig c;
+    c.flightRecorderEntries = bad;
+    const libcomm::Status st = c.validate();
+    ASSERT_FALSE(st.isOk()) << bad;
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("flightRecorderEntries"), std::string::npos) << st.toString();
+    EXPECT_NE(st.message().find("LIBCOMM_FLIGHT_RECORDER"), std::string::npos) << st.toString();
+    EXPECT_NE(st.message().find(std::to_string(bad)), std::string::npos) << st.toString();
+  }
+  CommConfig most;
+  most.flightRecorderEntries = size_t{1} << 20;
+  EXPECT_TRUE(most.validate().isOk()) << most.validate().toString();
 }
 
 }  // namespace

@@ -122,8 +122,9 @@ struct CommConfig {
   /// plus kernel boot id. Set it to tell apart "hosts" that are containers or network namespaces
   /// of one machine.
   std::string hostId;
-  /// Collectives this communicator's flight recorder remembers (LIBCOMM_FLIGHT_RECORDER; 0: off).
-  /// Dumped on the first failed collective, on SIGUSR1 and by Communicator::dumpFlightRecorder.
+  /// Collectives this communicator's flight recorder remembers (LIBCOMM_FLIGHT_RECORDER; 0: off;
+  /// at most 2^20). Dumped on the first failed collective, on SIGUSR1 and by
+  /// Communicator::dumpFlightRecorder.
   size_t flightRecorderEntries = 2000;
   /// Directory of flight-recorder dumps (LIBCOMM_FLIGHT_RECORDER_DIR; empty: $TMPDIR or /tmp,
   /// then libcomm-flight-<uid>).

@@ -18,6 +18,9 @@ extern char** environ;
 namespace libcomm {
 namespace {
 
+// The largest flight-recorder ring (CommConfig::flightRecorderEntries, LIBCOMM_FLIGHT_RECORDER).
+constexpr size_t kMaxFlightRecorderEntries = size_t{1} << 20;
+
 const std::vector<SettingInfo> kSettings = {
     // Logging (read by core/log.cc directly, declared here so they are documented and not "unknown").
     {"LIBCOMM_LOG_LEVEL", SettingType::kString, "warn", "error|warn|info|debug|trace"},
@@ -246,7 +249,7 @@ Result<CommConfig> CommConfig::fromEnvironment() {
   if (const std::string ifname = settingValue("LIBCOMM_SOCKET_IFNAME"); !ifname.empty())
     LIBCOMM_RETURN_IF_ERROR(boot::parseIfnamePattern(ifname).status());
   LIBCOMM_ASSIGN_OR_RETURN(long long flight, settingInt("LIBCOMM_FLIGHT_RECORDER"));
-  if (flight < 0 || flight > (1LL << 20))
+  if (flight < 0 || flight > static_cast<long long>(kMaxFlightRecorderEntries))
     return makeError(StatusCode::kInvalidArgument, "LIBCOMM_FLIGHT_RECORDER must be in [0, 2^20], got ", flight);
   c.flightRecorderEntries = static_cast<size_t>(flight);
   c.flightRecorderDir = settingValue("LIBCOMM_FLIGHT_RECORDER_DIR");
@@ -308,6 +311,13 @@ Status CommConfig::validate() const {
     return makeError(StatusCode::kInvalidArgument,
                      "the progress-thread spin (LIBCOMM_PROGRESS_SPIN_US) must be at most 10^6 us, got ",
                      progressSpin.count());
+  // The ring is rounded up to a power of two and allocated whole: a size past 2^20 (2^20 slots of
+  // 192 bytes: 192 MiB per communicator) is a mistake, and SIZE_MAX could not be rounded at all.
+  if (flightRecorderEntries > kMaxFlightRecorderEntries)
+    return makeError(StatusCode::kInvalidArgument,
+                     "the flight recorder size (LIBCOMM_FLIGHT_RECORDER, CommConfig::flightRecorderEntries) must be "
+                     "in [0, 2^20], got ",
+                     flightRecorderEntries);
   return Status::ok();
 }
 

@@ -72,9 +72,12 @@ int64_t monotonicNs() {
   return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
 }
 
+// The ring's size: CommConfig::validate allows at most 2^20 entries; a recorder made directly is
+// held to that too (rounding SIZE_MAX up would never end).
+constexpr size_t kMaxCapacity = size_t{1} << 20;
 size_t roundUpToPowerOfTwo(size_t n) {
   size_t p = 1;
-  while (p < n) p <<= 1;
+  while (p < n && p < kMaxCapacity) p <<= 1;
   return p;
 }
 
