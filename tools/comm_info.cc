@@ -231,6 +231,7 @@ int printJson(const Report& r) {
   w.key("settings").beginArray();
   for (const auto& s : libcomm::allSettings()) {
     const char* v = getenv(s.name);
+    if (v && !*v) v = nullptr;  // empty counts as not set (libcomm::settingValue)
     w.beginObject().field("name", s.name).field("type", settingTypeName(s.type));
     w.field("value", v ? (libcomm::isSecretSetting(s.name) ? "(not shown)" : v) : s.defaultValue);
     w.field("set", v != nullptr).field("default", s.defaultValue).field("doc", s.doc).endObject();

@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "core/log.h"
 #include "core/wait_policy.h"
@@ -318,6 +320,36 @@ TEST(CommConfig, EveryKnobIsDeclaredWithADoc) {
   }
   EXPECT_TRUE(sawSpin);
   EXPECT_NE(libcomm::describeSettings().find("LIBCOMM_SPIN_US"), std::string::npos);
+}
+
+TEST(CommConfig, AnEmptyValueIsTheDefault) {
+  // `export LIBCOMM_X=$UNSET` sets the empty string: that must read as unset (the default, and
+  // nothing said), for every type; it used to turn a default 1 into 0 and an integer into an error.
+  for (const auto& s : libcomm::allSettings())
+    if (getenv(s.name) && *getenv(s.name)) GTEST_SKIP() << s.name << " is set in this environment";
+  std::vector<std::unique_ptr<ScopedEnv>> empty;
+  for (const auto& s : libcomm::allSettings()) empty.push_back(std::make_unique<ScopedEnv>(s.name, ""));
+  auto c = CommConfig::fromEnvironment();
+  ASSERT_TRUE(c.isOk()) << c.status().toString();
+  EXPECT_TRUE(c->checkMismatch) << "LIBCOMM_CHECK_MISMATCH= is the default 1";
+  EXPECT_EQ(c->opTimeout.count(), 300000) << "LIBCOMM_TIMEOUT_MS= is the default";
+  EXPECT_EQ(c->eagerBytes, 16384u);
+  EXPECT_EQ(c->flightRecorderEntries, 2000u);
+  auto signal = libcomm::settingBool("LIBCOMM_FLIGHT_RECORDER_SIGNAL");
+  ASSERT_TRUE(signal.isOk()) << signal.status().toString();
+  EXPECT_TRUE(*signal) << "LIBCOMM_FLIGHT_RECORDER_SIGNAL= is the default 1";
+  EXPECT_EQ(libcomm::settingValue("LIBCOMM_STREAM_PRIORITY"), "inherit");
+  EXPECT_EQ(libcomm::describeSettings().find("(set)"), std::string::npos) << "an empty value is not shown as set";
+  {
+    ScopedEnv one("LIBCOMM_CHECK_MISMATCH", "");
+    auto alone = CommConfig::fromEnvironment();
+    ASSERT_TRUE(alone.isOk()) << alone.status().toString();
+    EXPECT_TRUE(alone->checkMismatch);
+  }
+  // A variable with no default stays "not set", empty or not.
+  auto rank = libcomm::settingInt("LIBCOMM_RANK");
+  ASSERT_FALSE(rank.isOk());
+  EXPECT_NE(rank.status().message().find("LIBCOMM_RANK is not set"), std::string::npos) << rank.status().toString();
 }
 
 TEST(CommConfig, FlightRecorderSizeIsBoundedInCode) {

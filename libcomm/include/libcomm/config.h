@@ -24,8 +24,9 @@ struct SettingInfo {
 /// Every declared setting, in declaration order. Thread-safe.
 const std::vector<SettingInfo>& allSettings();
 
-/// The raw value of a declared setting: the environment's if set, else the default.
-/// Asking for an undeclared name is an internal error (assert). Thread-safe.
+/// The raw value of a declared setting: the environment's if set to a non-empty value, else the
+/// default (`LIBCOMM_X=` counts as not set, for every type, as `export X=$UNSET` in a job script
+/// means). Asking for an undeclared name is an internal error (assert). Thread-safe.
 std::string settingValue(const char* name);
 /// Typed accessors; a malformed value in the environment is kInvalidArgument naming the variable.
 Result<long long> settingInt(const char* name);

@@ -129,6 +129,13 @@ Result<std::chrono::microseconds> spinSetting(const char* name) {
   return std::chrono::microseconds(us);
 }
 
+// A variable set to the empty string counts as not set, for every type: `export X=$UNSET` in a job
+// script must not turn a default 1 into 0 or a default deadline into an error.
+const char* setValue(const char* name) {
+  const char* v = getenv(name);
+  return v && *v ? v : nullptr;
+}
+
 const SettingInfo* find(const char* name) {
   for (const auto& s : kSettings)
     if (strcmp(s.name, name) == 0) return &s;
@@ -145,7 +152,7 @@ void warnUnknownOnce() {
         LIBCOMM_LOG(kWarn, "init") << "unknown setting " << name << " is ignored (tools/comm_info lists them all)";
     }
     for (const auto& s : kSettings) {
-      const char* v = getenv(s.name);
+      const char* v = setValue(s.name);
       if (v && strcmp(v, s.defaultValue) != 0)
         LIBCOMM_LOG(kInfo, "init") << "setting " << s.name << "=" << (isSecretSetting(s.name) ? "(set, not shown)" : v)
                                    << " (default '" << s.defaultValue << "')";
@@ -164,8 +171,7 @@ std::string settingValue(const char* name) {
   const SettingInfo* s = find(name);
   assert(s && "undeclared setting");
   warnUnknownOnce();
-  const char* v = getenv(name);
-  if (v) return v;
+  if (const char* v = setValue(name)) return v;
   return s ? s->defaultValue : "";
 }
 
@@ -190,7 +196,7 @@ Result<bool> settingBool(const char* name) {
 std::string describeSettings() {
   std::ostringstream os;
   for (const auto& s : kSettings) {
-    const char* v = getenv(s.name);
+    const char* v = setValue(s.name);
     const char* shown = v ? (isSecretSetting(s.name) ? "(not shown)" : v) : s.defaultValue;
     os << "  " << s.name << " = " << shown << (v ? "  (set)" : "") << "\n      " << s.doc << "\n";
   }
