@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""tools/flight_merge on crafted dumps: agreement, a lagging rank, a mismatch, a missing rank, and
+"""tools/flight_merge on crafted dumps: agreement, a lagging rank, a rank that enqueued a collective its
+stream never started while the others are in it, a mismatch, a missing rank, and
 bad input (malformed JSON, another format, missing fields, several communicators) -- each with the
 exit status (0 agree, 1 a problem found, 2 bad input) and the words a reader needs, never a
 traceback.
@@ -70,6 +71,29 @@ class FlightMerge(unittest.TestCase):
         text = self.merge(self.dir)
         self.assertEqual(text.returncode, 1)
         self.assertIn("rank(s) 1 never enqueued seq 4 (all_gather, 4096 x fp32); rank(s) 0,2 wait in it", text.stdout)
+
+    def test_rank_that_enqueued_but_never_started_is_named(self):
+        # Ranks 0 and 1 are in seq 4 (one failed, one still running); rank 2 called it too, but its
+        # stream never reached it. It used to say "the ranks agree" (exit 0), as every rank had it.
+        done = [entry(s) for s in (1, 2, 3)]
+        self.write("c.rank0.flight.json", dump(0, 3, done + [entry(4, state="failed")]))
+        self.write("c.rank1.flight.json", dump(1, 3, done + [entry(4, state="running")], reason="signal"))
+        self.write("c.rank2.flight.json", dump(2, 3, done + [entry(4, state="queued", start=False)], reason="signal"))
+        rc, res, err = self.merge_json(self.dir)
+        self.assertEqual(rc, 1, err)
+        self.assertEqual(res["first_divergence"]["kind"], "not_started")
+        self.assertEqual(res["first_divergence"]["seq"], 4)
+        self.assertEqual(res["first_divergence"]["lagging"], [2])
+        text = self.merge(self.dir)
+        self.assertEqual(text.returncode, 1)
+        self.assertIn("rank(s) 2 enqueued but not started seq 4 (all_gather, 4096 x fp32)", text.stdout)
+        self.assertIn("rank(s) 0,1 wait in it since", text.stdout)
+        self.assertNotIn("the ranks agree", text.stdout)
+        # Every rank queued and none started is no disagreement (a stream behind on every rank).
+        for r in range(3):
+            self.write(f"c.rank{r}.flight.json", dump(r, 3, done + [entry(4, state="queued", start=False)]))
+        rc, res, err = self.merge_json(self.dir)
+        self.assertEqual(rc, 0, err)
 
     def test_mismatch_names_both_calls(self):
         self.write("c.rank0.flight.json", dump(0, 2, [entry(1), entry(2, count=8)]))
