@@ -370,4 +370,14 @@ TEST(CommConfig, FlightRecorderSizeIsBoundedInCode) {
   EXPECT_TRUE(most.validate().isOk()) << most.validate().toString();
 }
 
+TEST(CommConfig, AHostIdSetInCodeMustFitTheExchange) {
+  CommConfig c;
+  c.hostId = std::string(63, 'h');
+  EXPECT_TRUE(c.validate().isOk()) << c.validate().toString();
+  c.hostId = std::string(64, 'h');
+  const libcomm::Status st = c.validate();
+  ASSERT_FALSE(st.isOk());
+  EXPECT_NE(st.message().find("hostId"), std::string::npos) << st.toString();
+}
+
 }  // namespace

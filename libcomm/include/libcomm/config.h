@@ -121,7 +121,7 @@ struct CommConfig {
   std::chrono::microseconds progressSpin{-1};
   /// This rank's host id (LIBCOMM_HOST_ID): ranks with equal ids share a host. Empty: hostname
   /// plus kernel boot id. Set it to tell apart "hosts" that are containers or network namespaces
-  /// of one machine.
+  /// of one machine. At most 63 characters.
   std::string hostId;
   /// Collectives this communicator's flight recorder remembers (LIBCOMM_FLIGHT_RECORDER; 0: off;
   /// at most 2^20). Dumped on the first failed collective, on SIGUSR1 and by

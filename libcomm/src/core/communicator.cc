@@ -35,7 +35,7 @@ struct InitInfo {
   uint64_t eagerBytes;
   uint8_t reducePartials;  // PartialsType
   char host[64];    // hostname, for messages
-  char hostId[64];  // topology::localHostId: equal ids share a host
+  char hostId[topology::kMaxHostIdLength + 1];  // topology::localHostId: equal ids share a host
   char bootId[40];  // topology::kernelBootId: equal ids share the machine's cores
   char prefix[192];
 };

@@ -12,6 +12,7 @@
 #include "bootstrap/net_interfaces.h"
 #include "core/host_stream.h"
 #include "core/log.h"
+#include "topology/hosts.h"
 
 extern char** environ;
 
@@ -238,7 +239,7 @@ Result<CommConfig> CommConfig::fromEnvironment() {
   c.progressReportInterval = Milliseconds(reportMs);
   c.stagingChunkBytes = static_cast<size_t>(chunk);
   c.hostId = settingValue("LIBCOMM_HOST_ID");
-  if (c.hostId.size() >= 64)
+  if (c.hostId.size() > topology::kMaxHostIdLength)
     return makeError(StatusCode::kInvalidArgument, "LIBCOMM_HOST_ID must be shorter than 64 characters, got ",
                      c.hostId.size());
   // Read by every host stream (core/host_stream.cc); checked here so that a typo is an error, not a
@@ -324,6 +325,11 @@ Status CommConfig::validate() const {
                      "the flight recorder size (LIBCOMM_FLIGHT_RECORDER, CommConfig::flightRecorderEntries) must be "
                      "in [0, 2^20], got ",
                      flightRecorderEntries);
+  // Exchanged at creation in a fixed 64-byte field: a longer id would be cut, and two hosts whose
+  // ids differ only past the cut would be taken for one.
+  if (hostId.size() > topology::kMaxHostIdLength)
+    return makeError(StatusCode::kInvalidArgument, "the host id (LIBCOMM_HOST_ID, CommConfig::hostId) must be at most ",
+                     topology::kMaxHostIdLength, " characters, got ", hostId.size());
   return Status::ok();
 }
 

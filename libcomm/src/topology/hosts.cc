@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -16,14 +18,24 @@ std::string kernelBootId() {
   return bootId;
 }
 
+std::string hostIdFrom(const std::string& hostname, const std::string& bootId) {
+  const std::string host = hostname.empty() ? "unknown-host" : hostname;
+  const std::string boot = bootId.empty() ? "" : "/" + bootId.substr(0, 8);
+  if (host.size() + boot.size() <= kMaxHostIdLength) return host + boot;
+  // FNV-1a, 64 bits: the same on every machine and build, unlike std::hash.
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : host) h = (h ^ c) * 1099511628211ull;
+  char hash[18];
+  snprintf(hash, sizeof(hash), "~%016llx", static_cast<unsigned long long>(h));
+  const size_t keep = kMaxHostIdLength - (sizeof(hash) - 1) - boot.size();
+  return host.substr(0, keep) + hash + boot;
+}
+
 std::string localHostId(const std::string& configured) {
   if (!configured.empty()) return configured;
   char name[256] = {};
   if (gethostname(name, sizeof(name) - 1) != 0) name[0] = '\0';
-  std::string id = name[0] ? name : "unknown-host";
-  const std::string bootId = kernelBootId();
-  if (!bootId.empty()) id += "/" + bootId.substr(0, 8);
-  return id;
+  return hostIdFrom(name, kernelBootId());
 }
 
 HostGroups HostGroups::fromIds(const std::vector<std::string>& idOfRank) {

@@ -10,10 +10,19 @@
 
 namespace libcomm::topology {
 
+/// The longest host id: ranks exchange it in a 64-byte field at communicator creation.
+constexpr size_t kMaxHostIdLength = 63;
+
 /// This process's host id: `configured` when non-empty (CommConfig::hostId, LIBCOMM_HOST_ID), else
-/// "<hostname>/<first 8 characters of the kernel boot id>" -- the boot id tells apart two machines
-/// (or containers on two machines) that share a hostname.
+/// hostIdFrom(hostname, kernel boot id).
 std::string localHostId(const std::string& configured);
+
+/// "<hostname>/<first 8 characters of the boot id>" -- the boot id tells apart two machines (or
+/// containers on two machines) that share a hostname. Where that would be longer than
+/// kMaxHostIdLength, the hostname is cut and a hash of the whole of it added
+/// ("<first 37 characters>~<16 hex digits>/<boot id>"), so the id fits and both parts still tell
+/// hosts apart. No boot id: the hostname alone (cut the same way). Pure.
+std::string hostIdFrom(const std::string& hostname, const std::string& bootId);
 
 /// The running kernel's boot id ("" where it cannot be read). Ranks with equal boot ids share the
 /// machine's cores whatever their host ids say (network namespaces, containers).
