@@ -19,10 +19,13 @@ std::vector<EnvDefault> environmentDefaults(Milliseconds peerTimeout) {
   // declared lost after idle + count * interval: about a quarter of the budget idle, probes every
   // eighth of it (at least 1 s each: the kernel counts whole seconds), and as many probes as then
   // fit -- the 10 s default gives 2 s + 8 x 1 s. A budget under 2 s still gets 1 s + 1 probe.
+  // Linux refuses an idle time or interval above 32767 s and more than 127 probes: past about 36
+  // hours of budget the link is declared lost sooner than the budget, never with a refused value.
+  constexpr long long kMaxSeconds = 32767, kMaxProbes = 127;
   const long long budget = std::max<long long>(2, peerTimeout.count() / 1000);
-  const long long idle = std::max<long long>(1, budget / 4);
-  const long long interval = std::max<long long>(1, budget / 8);
-  const long long count = std::max<long long>(1, (budget - idle) / interval);
+  const long long idle = std::min(kMaxSeconds, std::max<long long>(1, budget / 4));
+  const long long interval = std::min(kMaxSeconds, std::max<long long>(1, budget / 8));
+  const long long count = std::min(kMaxProbes, std::max<long long>(1, (budget - idle) / interval));
   return {{"UCX_TCP_KEEPIDLE", std::to_string(idle) + "s"},
           {"UCX_TCP_KEEPINTVL", std::to_string(interval) + "s"},
           {"UCX_TCP_KEEPCNT", std::to_string(count)}};
