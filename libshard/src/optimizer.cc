@@ -216,11 +216,15 @@ libcomm::Result<double> ShardedAdamW::beginStep(ShardState& state, float gradSca
 
   double sumsq = 0;
   for (const OptimizerRange& r : ranges_) sumsq += sumSquares(state.grad + r.begin, r.count, gradScale);
-  double total = sumsq;
+  // The norm travels as fp32 (one allReduce element), so a sum past FLT_MAX is inf and the step is
+  // skipped; alone, this rank skips it too, so one rank and many agree on which steps run. It also
+  // keeps every g^2 of a step that runs finite in fp32 (each is at most the sum), so no second
+  // moment overflows to inf and freezes its weight.
+  double total = std::isfinite(static_cast<float>(sumsq)) ? sumsq : HUGE_VAL;
   if (comm != nullptr) {
     // The buffer must live until the stream has passed the allReduce even if the wait below times
     // out, so a host item queued after it holds the last reference.
-    auto buf = std::make_shared<float>(static_cast<float>(sumsq));
+    auto buf = std::make_shared<float>(static_cast<float>(total));
     LIBCOMM_RETURN_IF_ERROR(
         comm->allReduce(buf.get(), buf.get(), 1, libcomm::DataType::kFloat32, libcomm::ReduceOptions{}, *stream));
     LIBCOMM_RETURN_IF_ERROR(

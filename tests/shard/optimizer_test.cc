@@ -249,6 +249,31 @@ TEST(ShardedAdamW, NonFiniteNormSkipsTheStep) {
   for (float x : st.m) EXPECT_EQ(x, 0.0f);
 }
 
+// Finite gradients whose squares pass FLT_MAX: one rank skips the step as many ranks do (their
+// norm travels as fp32); with clipping off the step used to run and put inf into the second
+// moment, freezing that weight silently.
+TEST(ShardedAdamW, ANormPastFltMaxSkipsTheStepOnOneRankToo) {
+  const ModelSpec model = testModel(1, 4, 6);
+  const ShardPlan plan = planOrFail(model, 1, 0);
+  AdamWConfig config;
+  config.clipNorm = 0;
+  auto opt = ShardedAdamW::create(plan, config);
+  ASSERT_TRUE(opt.isOk());
+  OwnedState st(plan);
+  initState(plan, st);
+  fillGrads(plan, st, 0);
+  forEachOwned(plan, [&](const ParamPlacement& p, size_t j, size_t i) {
+    if (p.name == "blocks.0.w2" && j == 3) st.grad[i] = 1e21f;
+  });
+  const std::vector<float> before = st.master;
+  auto norm = opt->step(st.view, 1.0f, nullptr, nullptr, libcomm::Deadline::never());
+  ASSERT_TRUE(norm.isOk());
+  EXPECT_FALSE(std::isfinite(norm.value()));
+  EXPECT_EQ(st.view.step, 0u);
+  EXPECT_EQ(st.master, before);
+  for (float x : st.v) EXPECT_TRUE(std::isfinite(x));
+}
+
 // The step in parts, as a trainer that stamps each group goes: the norm first (updateGroup before
 // it is refused), then the groups in a different order than step() takes them -- the result is
 // the reference's bit for bit -- and endStep refuses to end a step with a group left out.

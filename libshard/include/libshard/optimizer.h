@@ -32,7 +32,8 @@
 // A parameter is decayed when its ParamPlacement::weightDecay is true and its kind is not kNorm.
 // A non-finite global norm skips the step: nothing is written, state.step is not advanced, and the
 // non-finite norm is returned so the caller can see it (every rank sees the same norm, so every
-// rank skips together).
+// rank skips together). The sum of squares is rounded to fp32 (it travels as one fp32 element), so
+// a sum past FLT_MAX is non-finite too, on one rank as on many.
 
 #include <cstddef>
 #include <cstdint>
