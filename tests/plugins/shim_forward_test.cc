@@ -156,6 +156,21 @@ TEST(Forward, LastErrorIsTheShimsOnlyWhileItIsTheNewest) {
   EXPECT_STREQ(ncclGetLastError(nullptr), "fake: ncclCommCount: comm or count is NULL");
 }
 
+TEST(Forward, LastErrorPointerSurvivesTheNextError) {
+  // NCCL's last error is a fixed buffer: a caller may keep the pointer. The shim's must stay valid
+  // too when the next error of the shim's own comes (its text then is that newer error's).
+  std::vector<float> a(4), b(4);
+  EXPECT_EQ(ncclAlltoAll(a.data(), b.data(), 1, ncclFloat32, nullptr, nullptr), ncclInternalError);
+  const char* first = ncclGetLastError(nullptr);
+  ASSERT_NE(std::string(first).find("has no pncclAlltoAll"), std::string::npos) << first;
+  // A longer message than the first (the fake has no pncclCommWindowRegister either).
+  ncclWindow_t win = nullptr;
+  EXPECT_EQ(ncclCommWindowRegister(nullptr, a.data(), 16, &win, 0), ncclInternalError);
+  const char* second = ncclGetLastError(nullptr);
+  ASSERT_EQ(second, first);
+  EXPECT_NE(std::string(first).find("has no pncclCommWindowRegister"), std::string::npos) << first;
+}
+
 TEST(Disabled, EverythingIsForwarded) {
   ncclComm_t comm = initOneRank();
   std::vector<float> a(4, 2.0f), b(4);

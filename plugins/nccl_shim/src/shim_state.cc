@@ -27,8 +27,6 @@ Tables& tables() {
 
 thread_local int tCallDepth = 0;
 thread_local int tGroupDepth = 0;
-thread_local std::string tOwnError;
-thread_local bool tOwnErrorNewest = false;
 
 }  // namespace
 
@@ -141,31 +139,11 @@ void logRouteOnce(Collective collective, const RouteDecision& decision) {
                              << ": " << decision.reason << " (logged once)";
 }
 
-ncclResult_t failWith(const char* function, const libcomm::Status& status) {
-  try {
-    tOwnError = std::string("libcomm_nccl: ") + function + ": " + status.toString();
-    tOwnErrorNewest = true;
-    LIBCOMM_LOG(kWarn, "shim") << tOwnError;
-  } catch (...) {
-    tOwnErrorNewest = false;
-  }
-  return toNcclResult(status);
-}
-
-ncclResult_t toNcclResult(const libcomm::Status& status) {
-  int code = static_cast<int>(status.code());
-  if (status.code() == libcomm::StatusCode::kTimeout) return ncclRemoteError;
-  if (code < 0 || code >= ncclNumResults) return ncclInternalError;
-  return static_cast<ncclResult_t>(code);
-}
-
-const char* ownLastError() { return tOwnErrorNewest ? tOwnError.c_str() : nullptr; }
-
 CallScope::CallScope() : reentered_(++tCallDepth > 1) {}
 CallScope::~CallScope() { --tCallDepth; }
 
 ncclResult_t CallScope::forwarded(ncclResult_t result) const {
-  if (!reentered_ && result != ncclSuccess && result != ncclInProgress) tOwnErrorNewest = false;
+  if (!reentered_ && result != ncclSuccess && result != ncclInProgress) ncclErrorIsNewest();
   return result;
 }
 

@@ -22,6 +22,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "errors.h"
 #include "libcomm/status.h"
 #include "real_nccl.h"
 #include "registrations.h"
@@ -92,13 +93,6 @@ void groupLeft();
 
 /// Logs at INFO, once per process for each (collective, path, reason), which path it took.
 void logRouteOnce(Collective collective, const RouteDecision& decision);
-
-/// libcomm's code as NCCL's (they share numbering; kTimeout becomes ncclRemoteError).
-ncclResult_t toNcclResult(const libcomm::Status& status);
-/// Records an error of the shim's own for ncclGetLastError on this thread; returns its code.
-ncclResult_t failWith(const char* function, const libcomm::Status& status);
-/// The shim's last error on this thread, or nullptr when NCCL's is newer (or there is none).
-const char* ownLastError();
 
 /// Marks one exported call on this thread; depth > 1 is NCCL calling its own public functions.
 class CallScope {

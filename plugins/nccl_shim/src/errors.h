@@ -1,0 +1,33 @@
+#pragma once
+// The shim's own errors: the ncclResult_t a libcomm Status becomes, and the text ncclGetLastError
+// returns for them.
+//
+// ncclGetLastError hands out a pointer the caller may keep, as NCCL's does (NCCL's is a fixed
+// buffer): the shim's text lives in a fixed thread-local buffer too, overwritten (never freed) by
+// the thread's next error.
+
+#include <nccl.h>
+
+#include <cstddef>
+
+#include "libcomm/status.h"
+
+namespace shim {
+
+/// The size of the buffer ncclGetLastError returns for the shim's own errors (longer texts are cut).
+inline constexpr size_t kOwnErrorBytes = 1024;
+
+/// libcomm's code as NCCL's (they share numbering; kTimeout becomes ncclRemoteError).
+ncclResult_t toNcclResult(const libcomm::Status& status);
+
+/// Records an error of the shim's own for ncclGetLastError on this thread ("libcomm_nccl:
+/// <function>: <status>") and logs it at WARN; returns its code.
+ncclResult_t failWith(const char* function, const libcomm::Status& status);
+/// The shim's last error on this thread, or nullptr when NCCL's is newer (or there is none). The
+/// buffer is the thread's for its lifetime: the pointer stays valid, its text changes with the
+/// thread's next error.
+const char* ownLastError();
+/// A forwarded call reported an error: NCCL's last error is now this thread's newest.
+void ncclErrorIsNewest();
+
+}  // namespace shim
