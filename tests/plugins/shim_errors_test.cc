@@ -47,5 +47,19 @@ TEST(Errors, NcclsErrorReplacesTheShimsOnThisThreadOnly) {
   EXPECT_EQ(ownLastError(), nullptr);
 }
 
+TEST(Errors, AFailureIsNeverInProgressNorSuccess) {
+  // libcomm's kInProgress (a stream or event not finished) is no answer a failed call may give: a
+  // non-blocking NCCL caller would take ncclInProgress for "still running, no error".
+  EXPECT_EQ(failWith("ncclAllGather", Status(StatusCode::kInProgress, "stream not finished")), ncclInternalError);
+  EXPECT_NE(std::string(ownLastError()).find("stream not finished"), std::string::npos);
+  EXPECT_EQ(failureResult(Status::ok()), ncclInternalError);
+  EXPECT_EQ(failureResult(Status(StatusCode::kTimeout, "t")), ncclRemoteError);
+  EXPECT_EQ(failureResult(Status(StatusCode::kCudaError, "c")), ncclUnhandledCudaError);
+  EXPECT_EQ(failureResult(Status(StatusCode::kInvalidUsage, "u")), ncclInvalidUsage);
+  // As a state (ncclCommGetAsyncError's answer), in progress stays in progress.
+  EXPECT_EQ(toNcclResult(Status(StatusCode::kInProgress, "i")), ncclInProgress);
+  EXPECT_EQ(toNcclResult(Status::ok()), ncclSuccess);
+}
+
 }  // namespace
 }  // namespace shim

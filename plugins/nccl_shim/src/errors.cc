@@ -38,9 +38,14 @@ ncclResult_t toNcclResult(const libcomm::Status& status) {
   return static_cast<ncclResult_t>(code);
 }
 
+ncclResult_t failureResult(const libcomm::Status& status) {
+  ncclResult_t r = toNcclResult(status);
+  return r == ncclSuccess || r == ncclInProgress ? ncclInternalError : r;
+}
+
 ncclResult_t failWith(const char* function, const libcomm::Status& status) {
   record(function, status);
-  return toNcclResult(status);
+  return failureResult(status);
 }
 
 const char* ownLastError() { return tOwnErrorNewest ? tOwnError : nullptr; }

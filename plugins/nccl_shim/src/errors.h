@@ -17,11 +17,16 @@ namespace shim {
 /// The size of the buffer ncclGetLastError returns for the shim's own errors (longer texts are cut).
 inline constexpr size_t kOwnErrorBytes = 1024;
 
-/// libcomm's code as NCCL's (they share numbering; kTimeout becomes ncclRemoteError).
+/// libcomm's code as NCCL's (they share numbering; kTimeout becomes ncclRemoteError). For a state,
+/// not only a failure: ncclCommGetAsyncError's answer may be ncclInProgress.
 ncclResult_t toNcclResult(const libcomm::Status& status);
+/// The code a failed call returns for `status`: toNcclResult, except that it is never ncclSuccess
+/// nor ncclInProgress (a non-blocking caller reads those as "no error"): a libcomm operation still
+/// in progress when the shim had to answer is the shim's fault, ncclInternalError.
+ncclResult_t failureResult(const libcomm::Status& status);
 
 /// Records an error of the shim's own for ncclGetLastError on this thread ("libcomm_nccl:
-/// <function>: <status>") and logs it at WARN; returns its code.
+/// <function>: <status>") and logs it at WARN; returns failureResult(status).
 ncclResult_t failWith(const char* function, const libcomm::Status& status);
 /// The shim's last error on this thread, or nullptr when NCCL's is newer (or there is none). The
 /// buffer is the thread's for its lifetime: the pointer stays valid, its text changes with the
