@@ -61,5 +61,27 @@ TEST(Errors, AFailureIsNeverInProgressNorSuccess) {
   EXPECT_EQ(toNcclResult(Status::ok()), ncclSuccess);
 }
 
+TEST(Errors, EndingACommunicatorFailsOnlyWhileItStillExists) {
+  const Status failed(StatusCode::kRemoteError, "libcomm's finalize failed");
+  // ncclCommDestroy/Abort: the real call freed the communicator, so the call succeeds (a caller that
+  // fell back to ncclCommAbort on an error would pass a freed pointer); libcomm's failure is noted.
+  EXPECT_EQ(endResult(ncclSuccess, failed, /*freesComm=*/true), EndResult::kRealNoteOwnError);
+  // ncclCommFinalize/Revoke: the communicator is still there, so libcomm's failure is the call's.
+  EXPECT_EQ(endResult(ncclSuccess, failed, /*freesComm=*/false), EndResult::kOwnError);
+  // The real call's failure, or libcomm's success: the real result.
+  EXPECT_EQ(endResult(ncclRemoteError, failed, true), EndResult::kReal);
+  EXPECT_EQ(endResult(ncclRemoteError, failed, false), EndResult::kReal);
+  EXPECT_EQ(endResult(ncclSuccess, Status::ok(), true), EndResult::kReal);
+  EXPECT_EQ(endResult(ncclInProgress, Status::ok(), false), EndResult::kReal);
+}
+
+TEST(Errors, ANotedErrorIsTheLastErrorWithoutACode) {
+  ncclErrorIsNewest();
+  noteError("ncclCommDestroy", Status(StatusCode::kRemoteError, "peer 3 gone"));
+  ASSERT_NE(ownLastError(), nullptr);
+  EXPECT_NE(std::string(ownLastError()).find("libcomm_nccl: ncclCommDestroy: "), std::string::npos);
+  EXPECT_NE(std::string(ownLastError()).find("peer 3 gone"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace shim

@@ -48,8 +48,15 @@ ncclResult_t failWith(const char* function, const libcomm::Status& status) {
   return failureResult(status);
 }
 
+void noteError(const char* function, const libcomm::Status& status) { record(function, status); }
+
 const char* ownLastError() { return tOwnErrorNewest ? tOwnError : nullptr; }
 
 void ncclErrorIsNewest() { tOwnErrorNewest = false; }
+
+EndResult endResult(ncclResult_t real, const libcomm::Status& own, bool freesComm) {
+  if (real != ncclSuccess || own.isOk()) return EndResult::kReal;
+  return freesComm ? EndResult::kRealNoteOwnError : EndResult::kOwnError;
+}
 
 }  // namespace shim

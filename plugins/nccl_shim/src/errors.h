@@ -1,6 +1,6 @@
 #pragma once
-// The shim's own errors: the ncclResult_t a libcomm Status becomes, and the text ncclGetLastError
-// returns for them.
+// The shim's own errors: the ncclResult_t a libcomm Status becomes, the text ncclGetLastError
+// returns for them, and what the calls that end a communicator return when libcomm's side failed.
 //
 // ncclGetLastError hands out a pointer the caller may keep, as NCCL's does (NCCL's is a fixed
 // buffer): the shim's text lives in a fixed thread-local buffer too, overwritten (never freed) by
@@ -28,11 +28,29 @@ ncclResult_t failureResult(const libcomm::Status& status);
 /// Records an error of the shim's own for ncclGetLastError on this thread ("libcomm_nccl:
 /// <function>: <status>") and logs it at WARN; returns failureResult(status).
 ncclResult_t failWith(const char* function, const libcomm::Status& status);
+/// The same record and WARN line, for a failure the call does not return (its result stands).
+void noteError(const char* function, const libcomm::Status& status);
 /// The shim's last error on this thread, or nullptr when NCCL's is newer (or there is none). The
 /// buffer is the thread's for its lifetime: the pointer stays valid, its text changes with the
 /// thread's next error.
 const char* ownLastError();
 /// A forwarded call reported an error: NCCL's last error is now this thread's newest.
 void ncclErrorIsNewest();
+
+/// What ncclCommFinalize/Destroy/Abort/Revoke return, from the real call's result and libcomm's
+/// side's status (OK when there was nothing to end).
+enum class EndResult {
+  /// The real call's result: it failed, or libcomm's side did not.
+  kReal,
+  /// libcomm's side failed and the real call succeeded, leaving the communicator alive (Finalize,
+  /// Revoke): the call fails with libcomm's error.
+  kOwnError,
+  /// libcomm's side failed and the real call succeeded and freed the communicator (Destroy, Abort):
+  /// success, since a caller that falls back to ncclCommAbort on an error would pass a freed
+  /// pointer; libcomm's failure goes to the last error and the log.
+  kRealNoteOwnError,
+};
+/// `freesComm`: a successful real call frees the communicator (Destroy, Abort).
+EndResult endResult(ncclResult_t real, const libcomm::Status& own, bool freesComm);
 
 }  // namespace shim

@@ -42,10 +42,12 @@ ncclResult_t initRankScalable(ncclComm_t* comm, int nranks, int myrank, int nId,
 }
 
 // The calls that end a communicator's life: libcomm's side first (so nothing of it outlives the
-// real communicator), then NCCL. `remove`: the communicator leaves the side table; `abort`:
-// libcomm's pending work fails at once instead of being waited for, also a served call in progress
-// on another thread (serve.h: abortServed). The state stays alive through the shared_ptr while a
-// served call on another thread still holds it.
+// real communicator), then NCCL. `remove`: the communicator leaves the side table, and the real
+// call frees it when it succeeds (Destroy, Abort); `abort`: libcomm's pending work fails at once
+// instead of being waited for, also a served call in progress on another thread (serve.h:
+// abortServed). The state stays alive through the shared_ptr while a served call on another thread
+// still holds it. A failure of libcomm's side fails the call only while the communicator still
+// exists (errors.h: endResult).
 template <auto Member, typename... A>
 ncclResult_t endComm(const char* function, bool remove, bool abort, ncclComm_t comm, A... args) {
   return withReal<Member>(function, [&](const CallScope& scope, auto fn) {
@@ -59,7 +61,15 @@ ncclResult_t endComm(const char* function, bool remove, bool abort, ncclComm_t c
       }
     }
     ncclResult_t r = fn(comm, args...);
-    if (r == ncclSuccess && !own.isOk()) return shim::failWith(function, own);
+    switch (shim::endResult(r, own, remove)) {
+      case shim::EndResult::kOwnError:
+        return shim::failWith(function, own);
+      case shim::EndResult::kRealNoteOwnError:
+        shim::noteError(function, own.withContext("the communicator is released, but libcomm's side of it failed"));
+        return r;
+      case shim::EndResult::kReal:
+        break;
+    }
     return scope.forwarded(r);
   });
 }
