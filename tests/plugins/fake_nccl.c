@@ -4,7 +4,9 @@
  * missing. Communicators are plain structs; collectives copy host memory as one rank would.
  * Like NCCL, some entry points call the library's own public functions (through the global scope,
  * which the shim interposes on): pncclCommInitRank calls ncclCommCount, pncclAllReduce runs inside
- * ncclGroupStart/ncclGroupEnd. fakeNcclCalls(name) counts the calls each entry point received. */
+ * ncclGroupStart/ncclGroupEnd. fakeNcclCalls(name) counts the calls each entry point received;
+ * fakeNcclSetAsyncError(comm, code, text) makes a communicator report an asynchronous error, with
+ * that text as the library's last error (as NCCL's own threads record one). */
 #include <dlfcn.h>
 #include <nccl.h>
 #include <pthread.h>
@@ -16,6 +18,7 @@
 struct ncclComm {
   int rank;
   int nranks;
+  ncclResult_t asyncError; /* what pncclCommGetAsyncError reports (fakeNcclSetAsyncError) */
 };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -77,6 +80,7 @@ EXPORT ncclResult_t pncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId
   struct ncclComm* c = malloc(sizeof *c);
   c->rank = rank;
   c->nranks = nranks;
+  c->asyncError = ncclSuccess;
   *comm = c;
   /* As NCCL does: a public function of its own, called through the global scope. */
   ncclResult_t (*publicCount)(const ncclComm_t, int*) =
@@ -103,6 +107,18 @@ EXPORT ncclResult_t pncclCommUserRank(const ncclComm_t comm, int* rank) {
   count("CommUserRank");
   if (!comm || !rank) return fail(ncclInvalidArgument, "fake: comm or rank is NULL");
   *rank = comm->rank;
+  return ncclSuccess;
+}
+
+EXPORT void fakeNcclSetAsyncError(ncclComm_t comm, ncclResult_t r, const char* message) {
+  comm->asyncError = r;
+  if (message) fail(r, message);
+}
+
+EXPORT ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
+  count("CommGetAsyncError");
+  if (!comm || !asyncError) return fail(ncclInvalidArgument, "fake: ncclCommGetAsyncError: comm or asyncError is NULL");
+  *asyncError = comm->asyncError;
   return ncclSuccess;
 }
 

@@ -52,6 +52,16 @@ int fakeGroupDepth() {
   return n;
 }
 
+// Makes `comm` report an asynchronous error through the fake, with `text` as NCCL's last error.
+void setAsyncError(ncclComm_t comm, ncclResult_t r, const char* text) {
+  void* h = dlopen(FAKE_NCCL_PATH, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(h, nullptr);
+  auto fn = reinterpret_cast<void (*)(ncclComm_t, ncclResult_t, const char*)>(dlsym(h, "fakeNcclSetAsyncError"));
+  ASSERT_NE(fn, nullptr);
+  fn(comm, r, text);
+  dlclose(h);
+}
+
 ncclComm_t initOneRank() {
   ncclUniqueId id;
   EXPECT_EQ(ncclGetUniqueId(&id), ncclSuccess);
@@ -169,6 +179,27 @@ TEST(Forward, LastErrorPointerSurvivesTheNextError) {
   const char* second = ncclGetLastError(nullptr);
   ASSERT_EQ(second, first);
   EXPECT_NE(std::string(first).find("has no pncclCommWindowRegister"), std::string::npos) << first;
+}
+
+TEST(Forward, AnAsyncErrorMakesNcclsLastErrorTheNewest) {
+  ncclComm_t comm = initOneRank();
+  std::vector<float> a(4), b(4);
+  ncclResult_t async = ncclInternalError;
+  EXPECT_EQ(ncclAlltoAll(a.data(), b.data(), 1, ncclFloat32, comm, nullptr), ncclInternalError);  // the shim's
+  // No asynchronous error, or one still in progress: the shim's error stays the newest.
+  EXPECT_EQ(ncclCommGetAsyncError(comm, &async), ncclSuccess);
+  EXPECT_EQ(async, ncclSuccess);
+  setAsyncError(comm, ncclInProgress, nullptr);
+  EXPECT_EQ(ncclCommGetAsyncError(comm, &async), ncclSuccess);
+  EXPECT_EQ(async, ncclInProgress);
+  EXPECT_NE(std::string(ncclGetLastError(comm)).find("libcomm_nccl: ncclAlltoAll"), std::string::npos);
+  // NCCL reports one: its text is what a watchdog reads next.
+  setAsyncError(comm, ncclRemoteError, "fake: async: peer 1 is gone");
+  EXPECT_EQ(ncclCommGetAsyncError(comm, &async), ncclSuccess);
+  EXPECT_EQ(async, ncclRemoteError);
+  EXPECT_STREQ(ncclGetLastError(comm), "fake: async: peer 1 is gone");
+  setAsyncError(comm, ncclSuccess, nullptr);
+  EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
 }
 
 TEST(Disabled, EverythingIsForwarded) {

@@ -86,12 +86,17 @@ ncclResult_t commRevoke(ncclComm_t comm, int revokeFlags) {
 }
 
 // Asynchronous errors of libcomm's side count as the communicator's own. A watchdog thread calls
-// this while collectives run: it takes only the short lock, never the one a served call holds.
+// this while collectives run: it takes only the short lock, never the one a served call holds. An
+// asynchronous error NCCL reports is NCCL's newest error, as a failed call's is: the watchdog's
+// ncclGetLastError must show NCCL's text, not an older one of the shim's.
 ncclResult_t commGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   return withReal<&RealNccl::pCommGetAsyncError>("ncclCommGetAsyncError", [&](const CallScope& scope, auto fn) {
     ncclResult_t r = fn(comm, asyncError);
-    if (scope.reentered() || r != ncclSuccess || asyncError == nullptr || *asyncError != ncclSuccess)
-      return scope.forwarded(r);
+    if (scope.reentered() || r != ncclSuccess || asyncError == nullptr) return scope.forwarded(r);
+    if (*asyncError != ncclSuccess) {
+      (void)scope.forwarded(*asyncError);  // ncclInProgress is no error: the shim's then stays newest
+      return r;
+    }
     if (auto state = shim::findComm(comm)) *asyncError = shim::toNcclResult(shim::servedAsyncError(*state));
     return r;
   });
