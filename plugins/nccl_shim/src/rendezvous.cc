@@ -19,11 +19,18 @@ using libcomm::Result;
 using libcomm::Status;
 using libcomm::StatusCode;
 
-// Where the NCCL side of a failure is described.
-std::string ncclText(const RealNccl& real, ncclComm_t nccl, ncclResult_t r) {
+Status abortedMeanwhile() { return makeError(StatusCode::kRemoteError, "the communicator was aborted meanwhile"); }
+
+// Where the NCCL side of a failure is described (NCCL's last error only while the communicator is
+// not being aborted: CommState::whileLive).
+std::string ncclText(const CommState& s, const RealNccl& real, ncclComm_t nccl, ncclResult_t r) {
   std::string text = real.pGetErrorString ? real.pGetErrorString(r) : "error " + std::to_string(r);
-  const char* last = real.pGetLastError ? real.pGetLastError(nccl) : nullptr;
-  if (last && *last) text += std::string(" (") + last + ")";
+  std::string last;
+  s.whileLive([&] {
+    const char* l = real.pGetLastError ? real.pGetLastError(nccl) : nullptr;
+    if (l) last = l;
+  });
+  if (!last.empty()) text += " (" + last + ")";
   return text;
 }
 
@@ -34,7 +41,7 @@ Status waitStream(const CommState& s, cudaStream_t stream, Deadline deadline, li
   for (;;) {
     Status st = LIBCOMM_CUDA_STATUS(cudaStreamQuery(stream));
     if (st.code() != StatusCode::kInProgress) return st;
-    if (s.aborting.load()) return makeError(StatusCode::kRemoteError, "the communicator was aborted meanwhile");
+    if (s.aborting.load()) return abortedMeanwhile();
     if (deadline.expired())
       return makeError(StatusCode::kTimeout, "not finished after ", timeout.count(),
                        " ms (LIBCOMM_INIT_TIMEOUT_MS): a rank of the communicator did not reach this collective, or "
@@ -73,17 +80,24 @@ Status broadcastBlock(const CommState& s, ncclComm_t nccl, int device, cudaStrea
     if (callerSoFar) (void)cudaEventDestroy(callerSoFar);  // the wait is enqueued: it may go
     if (!st.isOk()) st = st.withContext("ordering the broadcast after the caller's stream");
   }
+  if (st.isOk() && s.aborting.load()) st = abortedMeanwhile();
   if (st.isOk()) {
+    // Not under ncclMu: NCCL's broadcast may wait for the peers, and only NCCL's own abort ends
+    // that wait (an abort from another thread meets it as it would the application's collective).
     ncclResult_t r = real->pBroadcast(buffer, buffer, block.size(), ncclUint8, 0, nccl, stream);
     // A non-blocking communicator may still be enqueueing: wait for that the same bounded way.
     libcomm::boot::Backoff backoff(libcomm::Milliseconds(1), libcomm::Milliseconds(20));
-    while (r == ncclInProgress && real->pCommGetAsyncError && !deadline.expired() && !s.aborting.load()) {
+    while (r == ncclInProgress && real->pCommGetAsyncError && !deadline.expired()) {
       backoff.sleep(deadline);
       ncclResult_t async = ncclSuccess;
-      r = real->pCommGetAsyncError(nccl, &async);
+      if (!s.whileLive([&] { r = real->pCommGetAsyncError(nccl, &async); })) {
+        st = abortedMeanwhile();
+        break;
+      }
       if (r == ncclSuccess) r = async;
     }
-    if (r != ncclSuccess) st = makeError(StatusCode::kRemoteError, "ncclBroadcast: ", ncclText(*real, nccl, r));
+    if (st.isOk() && r != ncclSuccess)
+      st = makeError(StatusCode::kRemoteError, "ncclBroadcast: ", ncclText(s, *real, nccl, r));
   }
   if (st.isOk()) st = waitStream(s, stream, deadline, timeout).withContext("waiting for the broadcast");
   if (st.isOk()) {

@@ -29,7 +29,8 @@ namespace shim {
 
 /// The bootstrap for libcomm's Communicator of `nccl` (device `device`). Collective over the NCCL
 /// communicator, after the work already on `after` (the caller's stream); bounded by
-/// config.initTimeout; gives up early when state.aborting is set. Errors name the rank, the step
+/// config.initTimeout; gives up early when state.aborting is set, after which it makes no quick call
+/// on `nccl` (CommState::whileLive). Errors name the rank, the step
 /// that failed and why.
 libcomm::Result<std::unique_ptr<libcomm::Bootstrap>> rendezvous(const CommState& state, ncclComm_t nccl, int device,
                                                                 const libcomm::CommConfig& config, cudaStream_t after);

@@ -49,7 +49,11 @@ Status ensureServed(CommState& state, ncclComm_t nccl, cudaStream_t caller) {
     LIBCOMM_ASSIGN_OR_RETURN(libcomm::CommConfig config, libcomm::CommConfig::fromEnvironment());
     int device = 0;
     const RealNccl* real = realNccl();
-    if (real == nullptr || real->pCommCuDevice == nullptr || real->pCommCuDevice(nccl, &device) != ncclSuccess)
+    ncclResult_t found = ncclInternalError;
+    if (real != nullptr && real->pCommCuDevice != nullptr &&
+        !state.whileLive([&] { found = real->pCommCuDevice(nccl, &device); }))
+      return libcomm::makeError(StatusCode::kInvalidUsage, state.who(), ": the communicator was aborted");
+    if (found != ncclSuccess)
       return libcomm::makeError(StatusCode::kInternalError, "ncclCommCuDevice failed for ", state.who());
     LIBCOMM_ASSIGN_OR_RETURN(s->bootstrap, rendezvous(state, nccl, device, config, caller));
     auto comm = libcomm::Communicator::create(*s->bootstrap, config);
@@ -131,6 +135,12 @@ Status serveReduceScatter(CommState& state, ncclComm_t comm, const void* send, v
 }
 
 Status finalizeServed(CommState& state) {
+  {
+    // Aborted (or revoked) before libcomm's Communicator existed: nothing is left to release, and a
+    // rendezvous still in progress must not be waited for (abortServed).
+    std::lock_guard<std::mutex> lock(state.mu);
+    if (state.aborting.load() && !state.served) return Status::ok();
+  }
   std::lock_guard<std::mutex> serving(state.serveMu);
   if (state.serveFailed.isOk())
     state.serveFailed = libcomm::makeError(StatusCode::kInvalidUsage, state.who(), ": ncclCommFinalize was called");
@@ -157,11 +167,19 @@ Status finalizeServed(CommState& state) {
 }
 
 void abortServed(CommState& state) {
-  state.aborting.store(true);
   {
-    // Fails a served call in progress at once, so that serveMu below is not held for long.
+    // Waits only for a quick call on the real communicator in progress; none starts after this.
+    std::lock_guard<std::mutex> nccl(state.ncclMu);
+    state.aborting.store(true);
+  }
+  {
     std::lock_guard<std::mutex> lock(state.mu);
-    if (state.served) state.served->comm->abort();
+    // No libcomm Communicator: nothing of libcomm's to release, and a served call making one (in
+    // its rendezvous) is not waited for. It checks `aborting` under mu before it publishes one
+    // (ensureServed), so none appears after this.
+    if (!state.served) return;
+    // Fails a served call in progress at once, so that serveMu below is not held for long.
+    state.served->comm->abort();
   }
   std::unique_ptr<ServedComm> gone;
   std::lock_guard<std::mutex> serving(state.serveMu);

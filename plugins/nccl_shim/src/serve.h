@@ -46,11 +46,16 @@ libcomm::Status serveReduceScatter(CommState& state, ncclComm_t comm, const void
 
 /// Waits (bounded by the op timeout) for what libcomm runs for this communicator, then releases it.
 /// Waits for a served call in progress on another thread (ncclCommFinalize while collectives are
-/// still being issued is the application's error anyway). Takes the locks itself.
+/// still being issued is the application's error anyway), except after an abort or revoke that
+/// found no libcomm Communicator (nothing to release; see abortServed). Takes the locks itself.
 libcomm::Status finalizeServed(CommState& state);
 /// Makes libcomm's pending work for this communicator fail at once (a served call in progress
-/// included, and a rendezvous in progress gives up), then releases it. Takes the locks itself, and
-/// waits for serveMu only after that, so it waits for no collective to run its course.
+/// included), then releases it; the real communicator may be freed as soon as it returns. Takes
+/// the locks itself. Never waits for a rendezvous in progress, which may wait for its peers up to
+/// the init timeout, or sit in the real broadcast that only NCCL's own abort, called after this,
+/// ends: that call sees `aborting`, makes no further quick call on the real communicator
+/// (CommState::whileLive), and releases what it made itself. Once libcomm's Communicator exists,
+/// waits for serveMu after aborting it, so it waits for no collective to run its course.
 void abortServed(CommState& state);
 
 /// libcomm's first asynchronous error for this communicator (OK when none, or nothing served yet).

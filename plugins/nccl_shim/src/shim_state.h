@@ -47,18 +47,35 @@ struct CommState {
   // Two locks, taken in this order, so that quick queries never wait for a served collective:
   //  - serveMu serializes the served collectives of this communicator and the changes of `served`
   //    (made by the first served collective, released by finalize/abort). It is held across a whole
-  //    served call, including the rendezvous, so only those calls and finalize/abort take it.
+  //    served call, including the rendezvous, so only those calls and finalize/abort take it, and
+  //    abort only once `served` exists (a rendezvous in progress is not waited for: serve.h).
   //  - mu guards the fields below it, and is held only for short reads and updates
   //    (ncclCommGetAsyncError, ncclCommRegister/Deregister), never across a collective.
-  // `served` changes only with both held, so holding either one keeps it alive.
+  // `served` changes only with both held, so holding either one keeps it alive. A third, ncclMu,
+  // is taken alone or last (below).
   std::mutex serveMu;
   /// Why this communicator serves nothing more (guarded by serveMu): the rendezvous or libcomm's
   /// Communicator failed (a broadcast that never finished may have wedged the NCCL communicator, and
   /// a retry could meet other ranks' later calls), or the communicator was finalized or aborted.
   /// Later served calls return it at once.
   libcomm::Status serveFailed;
-  /// Set by ncclCommAbort/Revoke before they wait for serveMu: a rendezvous in progress gives up.
+  /// Set by ncclCommAbort/Revoke (with ncclMu held): a rendezvous in progress gives up, and a
+  /// served call makes no further quick call on the real communicator (whileLive).
   std::atomic<bool> aborting{false};
+  /// Held around each quick call a served call makes on the real communicator besides NCCL's
+  /// broadcast (ncclCommCuDevice, ncclCommGetAsyncError, ncclGetLastError), and by abort while it
+  /// sets `aborting`: once abortServed has returned, none is in progress and none starts, so the
+  /// real ncclCommAbort may free the communicator.
+  mutable std::mutex ncclMu;
+  /// Runs `call` (quick, on the real communicator) with ncclMu held, unless the communicator is
+  /// being aborted; false when it did not run.
+  template <typename F>
+  bool whileLive(F&& call) const {
+    std::lock_guard<std::mutex> lock(ncclMu);
+    if (aborting.load()) return false;
+    call();
+    return true;
+  }
 
   std::mutex mu;
   /// ncclCommRegister'ed ranges, and which of them libcomm holds.
