@@ -35,6 +35,11 @@ int spawnRanks(const CliOptions& o, const char* argv0) {
       spawnLocalRanks(o.numRanks, argv0, o.childArgs, jobTimeout(o.train.timeout, o.train.steps + 4LL));
   if (!st.isOk()) {
     std::fprintf(stderr, "tinylm: %d local ranks: %s\n", o.numRanks, st.toString().c_str());
+    if (st.code() == libcomm::StatusCode::kTimeout)
+      std::fprintf(stderr,
+                   "tinylm: the job's limit is (steps + 4) x --timeout (%lld ms); a model whose steps compute "
+                   "longer than --timeout needs a larger one\n",
+                   static_cast<long long>(o.train.timeout.count()));
     return kExitFail;
   }
   return 0;
