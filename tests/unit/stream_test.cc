@@ -575,5 +575,68 @@ TEST(StreamPriority, AMalformedSettingFailsCommConfig) {
   EXPECT_NE(c.status().message().find("LIBCOMM_STREAM_PRIORITY"), std::string::npos) << c.status().toString();
 }
 
+// A wait carries the record it waits for; it must not renumber it (the event's messages named an
+// item of the waiting stream as the recording stream's).
+TEST(HostStreamReview, AWaitDoesNotRenumberTheRecordItWaitsFor) {
+  auto a = createHostStream("a");
+  auto b = createHostStream("b");
+  auto e = createHostEvent();
+  test::Gate gate;
+  ASSERT_TRUE(a->enqueueHost(gate.item(), "block").isOk());  // a #1
+  ASSERT_TRUE(a->record(*e).isOk());                         // a #2
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(b->enqueueHost([] { return Status::ok(); }, "noop").isOk());
+  ASSERT_TRUE(b->wait(*e).isOk());  // b #6
+  const Status q = e->query();
+  EXPECT_NE(q.message().find("item #2 of stream 'a'"), std::string::npos) << q.toString();
+  const Status s = e->synchronize(Deadline::after(20ms));
+  EXPECT_NE(s.message().find("item #2 of stream 'a'"), std::string::npos) << s.toString();
+  gate.open();
+  ASSERT_TRUE(b->synchronize(Deadline::after(10s)).isOk());
+}
+
+// An inline stream runs items on the threads that enqueue them: while another thread's item runs,
+// the stream is not idle (synchronize returned OK and query OK at once).
+TEST(HostStreamReview, InlineStreamIsBusyWhileAnotherThreadRunsAnItem) {
+  auto s = createInlineHostStream("inl", 10000ms);
+  test::Gate gate;
+  std::atomic<bool> started{false};
+  auto item = gate.item();
+  std::thread t([&] {
+    (void)s->enqueueHost(
+        [&] {
+          started = true;
+          return item();
+        },
+        "long");
+  });
+  while (!started) std::this_thread::yield();
+  const Status q = s->query();
+  const Status sy = s->synchronize(Deadline::after(50ms));
+  gate.open();
+  t.join();
+  EXPECT_EQ(q.code(), StatusCode::kInProgress) << q.toString();
+  EXPECT_EQ(sy.code(), StatusCode::kTimeout) << sy.toString();
+  EXPECT_TRUE(s->synchronize(Deadline::after(10s)).isOk());
+  EXPECT_TRUE(s->query().isOk());
+}
+
+// synchronize from one of the stream's own items would wait for itself: refused at once.
+TEST(HostStreamReview, SynchronizeFromItsOwnItemIsRefused) {
+  for (bool threaded : {true, false}) {
+    auto s = threaded ? createHostStream("self") : createInlineHostStream("self", 10000ms);
+    Stream* raw = s.get();
+    Status inner;
+    ASSERT_TRUE(s->enqueueHost(
+                     [&] {
+                       inner = raw->synchronize(Deadline::never());
+                       return Status::ok();
+                     },
+                     "sync inside")
+                    .isOk());
+    ASSERT_TRUE(s->synchronize(Deadline::after(10s)).isOk());
+    EXPECT_EQ(inner.code(), StatusCode::kInvalidUsage) << (threaded ? "threaded: " : "inline: ") << inner.toString();
+  }
+}
+
 }  // namespace
 }  // namespace libcomm

@@ -108,6 +108,10 @@ void applyPriority(const StreamPriority& p, const std::string& stream) {
   int err = 0;
   if (p.kind == StreamPriority::Kind::kNice) {
     if (setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), p.value) != 0) err = errno;
+    // As with fifo and slice: a thread forked from a host function starts at nice 0 (the flag
+    // resets a negative nice in the child), and setting it needs no privilege.
+    sched_param sp{};
+    if (err == 0) (void)sched_setscheduler(0, SCHED_OTHER | SCHED_RESET_ON_FORK, &sp);
   } else if (p.kind == StreamPriority::Kind::kSlice) {
     err = setFairSlice(std::chrono::microseconds(p.value));
   } else {
@@ -177,7 +181,10 @@ class Core {
       return makeError(StatusCode::kInvalidUsage, "stream '", name_, "' is being destroyed; '", item.label,
                        "' refused");
     item.seq = enqueued_.load(std::memory_order_relaxed) + 1;
-    if (item.record) item.record->position = item.seq;
+    // A record's position is the recording stream's item number; a wait item carries the record it
+    // waits for and must leave its number alone (another stream's number would name an item the
+    // recording stream does not have, and two waiting streams would write it at once).
+    if (item.kind == ItemKind::kRecord) item.record->position = item.seq;
     queue_.push_back(std::move(item));
     enqueued_.store(queue_.back().seq, std::memory_order_release);
     if (sleeping_) workCv_.notify_one();
@@ -487,6 +494,10 @@ class HostStream final : public Stream {
   }
 
   Status synchronize(Deadline deadline) override {
+    // From one of its own items it would wait for itself until the deadline (forever with none).
+    if (std::this_thread::get_id() == thread_.get_id())
+      return makeError(StatusCode::kInvalidUsage, "stream '", name(), "': synchronize called from one of its own ",
+                       "host functions (it would wait for itself)");
     LIBCOMM_RETURN_IF_ERROR(core_->waitIdle(deadline));
     return core_->stickyError();
   }
@@ -515,7 +526,7 @@ class InlineHostStream final : public Stream {
   Status record(Event& event) override {
     auto* host = dynamic_cast<HostEvent*>(&event);
     if (!host) return makeError(StatusCode::kInvalidArgument, "stream '", name_, "': record of a non-host event");
-    std::unique_lock<std::mutex> run;
+    std::unique_lock<std::timed_mutex> run;
     LIBCOMM_RETURN_IF_ERROR(enter(run, "record event"));
     auto rec = std::make_shared<RecordState>();
     rec->streamName = name_;
@@ -530,7 +541,7 @@ class InlineHostStream final : public Stream {
     if (!host) return makeError(StatusCode::kInvalidArgument, "stream '", name_, "': wait on a non-host event");
     auto rec = host->last();
     if (!rec || (rec->done.load(std::memory_order_acquire) && rec->status.isOk())) return Status::ok();
-    std::unique_lock<std::mutex> run;
+    std::unique_lock<std::timed_mutex> run;
     LIBCOMM_RETURN_IF_ERROR(enter(run, "wait"));
     const uint64_t seq = ++items_;
     if (!asyncError().isOk()) return Status::ok();  // skipped, as on a threaded stream
@@ -565,7 +576,7 @@ class InlineHostStream final : public Stream {
   template <typename Fn>
   Status runItem(const char* what, Fn& fn, bool* ran) {
     *ran = false;
-    std::unique_lock<std::mutex> run;
+    std::unique_lock<std::timed_mutex> run;
     LIBCOMM_RETURN_IF_ERROR(enter(run, what));
     const uint64_t seq = ++items_;
     if (failed_.load(std::memory_order_acquire)) return Status::ok();  // skipped, as on a threaded stream
@@ -582,8 +593,30 @@ class InlineHostStream final : public Stream {
     return Status::ok();
   }
 
-  Status synchronize(Deadline) override { return asyncError(); }
-  Status query() const override { return asyncError(); }
+  // Items run on the threads that enqueue them: another thread's item may be running now.
+  Status synchronize(Deadline deadline) override {
+    if (runner_.load(std::memory_order_relaxed) == std::this_thread::get_id())
+      return makeError(StatusCode::kInvalidUsage, "inline stream '", name_,
+                       "': synchronize called from one of its own items (it would wait for itself)");
+    std::unique_lock<std::timed_mutex> run(runMu_, std::defer_lock);
+    const bool idle = deadline.at() == Clock::time_point::max() ? (run.lock(), true) : run.try_lock_until(deadline.at());
+    if (!idle)
+      return makeError(StatusCode::kTimeout, "inline stream '", name_,
+                       "': an item another thread runs did not finish by the deadline");
+    return asyncError();
+  }
+  Status query() const override {
+    Status err = asyncError();
+    if (!err.isOk()) return err;
+    // An item or a wait in progress holds runMu_ (never try_lock it on the thread that holds it).
+    bool busy = runner_.load(std::memory_order_relaxed) == std::this_thread::get_id();
+    if (!busy) {
+      std::unique_lock<std::timed_mutex> run(runMu_, std::try_to_lock);
+      busy = !run.owns_lock();
+    }
+    if (busy) return makeError(StatusCode::kInProgress, "inline stream '", name_, "': an item is running");
+    return Status::ok();
+  }
   Status asyncError() const override {
     if (!failed_.load(std::memory_order_acquire)) return Status::ok();
     std::lock_guard<std::mutex> lock(errMu_);
@@ -594,11 +627,11 @@ class InlineHostStream final : public Stream {
   // Serialises items; refuses re-entry from inside an item (which would deadlock on runMu_).
   // (runner_ is only ever this thread's id while this thread runs an item, so a relaxed load
   // cannot see this thread's id spuriously.)
-  Status enter(std::unique_lock<std::mutex>& run, const char* what) {
+  Status enter(std::unique_lock<std::timed_mutex>& run, const char* what) {
     if (runner_.load(std::memory_order_relaxed) == std::this_thread::get_id())
       return makeError(StatusCode::kInvalidUsage, "inline stream '", name_, "': '", what,
                        "' enqueued from inside one of its own items");
-    run = std::unique_lock<std::mutex>(runMu_);
+    run = std::unique_lock<std::timed_mutex>(runMu_);
     return Status::ok();
   }
   void setError(const Status& s) {
@@ -612,7 +645,7 @@ class InlineHostStream final : public Stream {
 
   const std::string name_;
   const Milliseconds waitTimeout_;
-  std::mutex runMu_;
+  mutable std::timed_mutex runMu_;
   std::atomic<std::thread::id> runner_{};
   uint64_t items_ = 0;  // under runMu_
   mutable std::mutex errMu_;
