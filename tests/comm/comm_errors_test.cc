@@ -5,6 +5,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -488,6 +490,87 @@ TEST(CommMemory, RegistrationIsIdempotentAndRefcounted) {
     return expectStatus(comm->freeRegistered(p), StatusCode::kInvalidArgument, {"allocRegistered"}, "double free");
   });
   EXPECT_RANKS_OK(report);
+}
+
+// A recv buffer that starts in registered memory but runs past its allocation is refused with the
+// sizes (it was written past the end of the mapping: SIGSEGV).
+TEST(CommErrors, BufferRunningPastItsRegisteredAllocationIsRefused) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
+    auto s = libcomm::createHostStream("small");
+    const size_t n = 1 << 16;
+    LIBCOMM_ASSIGN_OR_RETURN(void* out, comm->allocRegistered(n * 2));  // half of what is written
+    LIBCOMM_ASSIGN_OR_RETURN(void* in, comm->allocRegistered(n * 4));
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allReduce(in, out, n, DataType::kFloat32, {}, *s),
+                                         StatusCode::kInvalidArgument,
+                                         {"rank", "all_reduce", "recv buffer", "131072 bytes left"}, "short recv"));
+    std::vector<float> gathered(2 * n);
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allGather(out, gathered.data(), n, DataType::kFloat32, *s),
+                                         StatusCode::kInvalidArgument, {"send buffer", "262144 bytes"}, "short send"));
+    // The same buffers at sizes that fit still work.
+    LIBCOMM_RETURN_IF_ERROR(comm->allReduce(in, out, n / 2, DataType::kFloat32, {}, *s));
+    LIBCOMM_RETURN_IF_ERROR(s->synchronize(libcomm::Deadline::after(std::chrono::seconds(30))));
+    LIBCOMM_RETURN_IF_ERROR(comm->freeRegistered(out));
+    return comm->freeRegistered(in);
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// A config built in code is checked like one read from the environment.
+TEST(CommErrors, ValidateRefusesAnUnknownAlgorithm) {
+  libcomm::CommConfig c;
+  c.algo = "stagged";
+  const Status st = c.validate();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.toString();
+  EXPECT_NE(st.message().find("'stagged'"), std::string::npos) << st.toString();
+}
+
+// A NaN premulSum scale is a bad argument (it was reported as a mismatch of a rank with itself).
+TEST(CommErrors, NonFinitePremulSumScaleIsRefused) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
+    auto s = libcomm::createHostStream("nan");
+    std::vector<float> a(16, 1.f), b(16);
+    libcomm::ReduceOptions o;
+    o.op = libcomm::ReduceOp::kPremulSum;
+    o.scale = NAN;
+    return expectStatus(comm->allReduce(a.data(), b.data(), 16, DataType::kFloat32, o, *s),
+                        StatusCode::kInvalidArgument, {"scale", "not finite"}, "nan scale");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// A Bootstrap of the application's own that names a rank outside [0, size) is refused (SIGSEGV
+// with rank 1 of 1, a double free with size 0).
+struct OutOfRangeBootstrap : libcomm::Bootstrap {
+  OutOfRangeBootstrap(int r, int n) : r_(r), n_(n) {}
+  int rank() const override { return r_; }
+  int size() const override { return n_; }
+  const std::string& jobId() const override { return id_; }
+  std::string describe() const override { return "test bootstrap"; }
+  Status allGather(const void* mine, void* all, size_t bytes, libcomm::Deadline) override {
+    std::memcpy(all, mine, bytes);
+    return Status::ok();
+  }
+  Status barrier(libcomm::Deadline) override { return Status::ok(); }
+  Status send(int, uint32_t, const void*, size_t, libcomm::Deadline) override { return Status::ok(); }
+  Status recv(int, uint32_t, void*, size_t, libcomm::Deadline) override { return Status::ok(); }
+  int r_, n_;
+  std::string id_ = "out-of-range";
+};
+
+TEST(CommErrors, BootstrapRankOutsideItsSizeIsRefused) {
+  for (auto [r, n] : {std::pair{1, 1}, std::pair{0, 0}, std::pair{-1, 2}}) {
+    OutOfRangeBootstrap b(r, n);
+    auto c = libcomm::Communicator::create(b, quickConfig());
+    ASSERT_FALSE(c.isOk()) << r << " of " << n;
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << c.status().toString();
+    EXPECT_NE(c.status().message().find("test bootstrap"), std::string::npos) << c.status().toString();
+  }
 }
 
 }  // namespace

@@ -3,10 +3,13 @@
 
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -51,6 +54,29 @@ TEST(ShmSegment, ExistsSaysWhetherTheNameIsThere) {
   auto after = libcomm::shm::Segment::exists(name);  // unlinked with its owner
   ASSERT_TRUE(after.isOk()) << after.status().toString();
   EXPECT_FALSE(after.value());
+}
+
+// More than /dev/shm holds: an error naming /dev/shm, not a segment whose first store raises
+// SIGBUS. In a child with a mount namespace of its own and a 16 MiB /dev/shm (needs root).
+TEST(ShmSegment, MoreThanDevShmHoldsIsAnErrorNotABusError) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (unshare(CLONE_NEWNS) != 0 || mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=16m") != 0)
+      _exit(77);
+    const std::string name = "/shardcomm." + std::to_string(getpid()) + ".too_big.g1";
+    auto seg = libcomm::shm::Segment::create(name, 64 << 20);
+    if (seg.isOk()) {
+      memset(seg.value().data(), 1, seg.value().size());  // SIGBUS before the fix
+      _exit(1);
+    }
+    _exit(seg.status().message().find("/dev/shm") != std::string::npos ? 0 : 2);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) GTEST_SKIP() << "no private mount namespace here (not root?)";
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: the segment was made; 2: the error does not name /dev/shm";
 }
 
 TEST(ShmHygiene, DestroyedCommunicatorLeavesNothing) {

@@ -47,6 +47,11 @@ constexpr uint32_t kInitVersion = 4;
 Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap& bootstrap, const CommConfig& config) {
   LIBCOMM_RETURN_IF_ERROR(config.validate().withContext("rank " + std::to_string(bootstrap.rank()) +
                                                         ": creating a communicator"));
+  // The built-in bootstraps check this; a Bootstrap of the application's own may not.
+  if (bootstrap.size() < 1 || bootstrap.rank() < 0 || bootstrap.rank() >= bootstrap.size())
+    return makeError(StatusCode::kInvalidArgument, "creating a communicator: the bootstrap (",
+                     bootstrap.describe(), ") says rank ", bootstrap.rank(), " of ", bootstrap.size(),
+                     "; a rank must lie in [0, size) and size be >= 1");
   auto impl = std::make_shared<Impl>();
   impl->rank_ = bootstrap.rank();
   impl->size_ = bootstrap.size();

@@ -272,16 +272,18 @@ Result<CommConfig> CommConfig::fromEnvironment() {
     return makeError(StatusCode::kInvalidArgument, "LIBCOMM_RS_PARTIALS='", partials, "' is not fp32, bf16 or fp64");
   }
   c.algo = settingValue("LIBCOMM_ALGO");
-  if (!c.algo.empty() && c.algo != "direct" && c.algo != "staged" && c.algo != "eager" && c.algo != "ring" &&
-      c.algo != "hier" && c.algo != "nccl")
-    return makeError(StatusCode::kInvalidArgument, "LIBCOMM_ALGO='", c.algo,
-                     "' is not one of: eager, direct, staged (one host), ring, hier (across hosts), nccl (device memory)");
   LIBCOMM_RETURN_IF_ERROR(c.validate());
   return c;
 }
 
 Status CommConfig::validate() const {
   auto ms = [](Milliseconds m) { return std::to_string(m.count()) + " ms"; };
+  // Checked here, not only when read from the environment: a name set in code that is not an
+  // algorithm would be taken for "direct" by the selector, with errors about the wrong thing.
+  if (!algo.empty() && algo != "direct" && algo != "staged" && algo != "eager" && algo != "ring" && algo != "hier" &&
+      algo != "nccl")
+    return makeError(StatusCode::kInvalidArgument, "LIBCOMM_ALGO='", algo,
+                     "' (CommConfig::algo) is not one of: eager, direct, staged (one host), ring, hier (across hosts), nccl (device memory)");
   if (opTimeout.count() <= 0 || initTimeout.count() <= 0 || peerCheckInterval.count() <= 0 || peerTimeout.count() <= 0)
     return makeError(StatusCode::kInvalidArgument, "every deadline must be positive: op timeout ", ms(opTimeout),
                      ", init timeout ", ms(initTimeout), ", peer check ", ms(peerCheckInterval), ", peer timeout ",

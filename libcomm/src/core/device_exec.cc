@@ -5,6 +5,8 @@
 // NCCL directly. The host part runs on the calling thread: a device collective returns once its
 // device work is enqueued on the caller's stream, after every peer has called it too.
 
+#include <tuple>
+
 #include "backends/cuda/device_path.h"
 #include "backends/nccl/nccl_path.h"
 #include "core/comm_impl.h"
@@ -28,6 +30,19 @@ Result<bool> Communicator::Impl::checkMemory(const CollArgs& args, const Stream&
   const bool sends = args.count > 0 && args.hasInput(rank_) && args.send != nullptr;
   const bool recvs = args.count > 0 && args.recv != nullptr;
   if (stream.kind() == StreamKind::kHost) {
+    // A buffer that starts in registered memory but runs past its allocation would be read or
+    // written past the end of a mapping (validateColl checked that these products fit).
+    const size_t inBytes = args.count * args.inputParts(size_) * dataTypeSize(args.inType);
+    const size_t outBytes =
+        args.count * (args.kind == CollKind::kAllGather ? static_cast<size_t>(size_) : 1) * dataTypeSize(args.outType);
+    for (auto [p, bytes, name] : {std::tuple<const void*, size_t, const char*>{sends ? args.send : nullptr, inBytes, "send"},
+                                  {recvs ? args.recv : nullptr, outBytes, "recv"}}) {
+      if (!p) continue;
+      const size_t left = local_->bytesLeftIfOverrun(p, bytes);
+      if (left != SIZE_MAX)
+        return bad(name, " buffer ", p, " needs ", bytes, " bytes but lies in a registered allocation with ", left,
+                   " bytes left from there (allocRegistered)");
+    }
     if (!cuda::cudaInUse()) return false;  // no CUDA in this process yet: no device pointer to find
     for (auto [p, name] : {std::pair<const void*, const char*>{sends ? args.send : nullptr, "send"},
                            {recvs ? args.recv : nullptr, "recv"}}) {

@@ -276,7 +276,8 @@ shm::OpDescriptor Communicator::Impl::describeOp(const CollArgs& args, uint32_t 
 
 Status Communicator::Impl::checkFingerprints(const CollArgs& args, uint32_t seq,
                                              const std::vector<shm::OpDescriptor>& all) const {
-  for (int p = 0; p < size_; ++p) LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, all[rank_], all[p], p));
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_) LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, all[rank_], all[p], p));
   return Status::ok();
 }
 
@@ -320,7 +321,7 @@ Status Communicator::Impl::compareFingerprint(const CollArgs& args, uint32_t seq
     scales = std::string(" (LIBCOMM_ALGO is ") + algoSettingName(me.algoSetting) + " on rank " + std::to_string(rank_) +
              " and " + algoSettingName(o.algoSetting) + " on rank " + std::to_string(p) +
              ": ranks that choose different algorithms cannot meet; set it alike on every rank)";
-  if (o.scale != me.scale)
+  if (me.redOp == static_cast<uint8_t>(ReduceOp::kPremulSum) && o.redOp == me.redOp && o.scale != me.scale)
     scales = " (premulSum scale " + std::to_string(me.scale) + " here, " + std::to_string(o.scale) + " on rank " +
              std::to_string(p) + ")";
   return makeError(StatusCode::kInvalidUsage, "collective mismatch at seq ", seq, ": rank ", rank_, " called ",

@@ -1,5 +1,6 @@
 // Argument checks for every collective, done on the calling thread before anything is enqueued.
 
+#include <cmath>
 #include <cstdint>
 #include <sstream>
 
@@ -55,6 +56,8 @@ Status validateColl(CollArgs* a, int rank, int size) {
   const bool reduces = a->kind == CollKind::kReduceScatter || a->kind == CollKind::kAllReduce;
   if (reduces && op != ReduceOp::kSum && op != ReduceOp::kAvg && op != ReduceOp::kPremulSum)
     return bad("unsupported reduction op code ", static_cast<int>(op));
+  if (reduces && op == ReduceOp::kPremulSum && !std::isfinite(a->reduce.scale))
+    return bad("premulSum scale ", a->reduce.scale, " is not finite");
   if (a->kind != CollKind::kReduceScatter && a->inType != a->outType)
     return bad("input and output types must match (", dataTypeName(a->inType), " vs ", dataTypeName(a->outType), ")");
   if (a->kind == CollKind::kReduceScatter && a->inType == DataType::kFloat32 && a->outType == DataType::kBFloat16)

@@ -70,6 +70,18 @@ bool LocalMemory::contains(const void* ptr, size_t bytes) const {
   return findLocked(ptr, bytes) != nullptr;
 }
 
+size_t LocalMemory::bytesLeftIfOverrun(const void* ptr, size_t bytes) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  auto it = allocations_.upper_bound(p);
+  if (it == allocations_.begin()) return SIZE_MAX;
+  --it;
+  const size_t into = p - it->first;
+  if (into >= it->second.bytes) return SIZE_MAX;  // past this allocation: not in one
+  const size_t left = it->second.bytes - into;
+  return bytes > left ? left : SIZE_MAX;
+}
+
 bool LocalMemory::locate(const void* ptr, size_t bytes, Location* out) const {
   std::lock_guard<std::mutex> lock(mu_);
   const Allocation* a = findLocked(ptr, bytes);

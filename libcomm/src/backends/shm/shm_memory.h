@@ -30,6 +30,9 @@ class LocalMemory {
   Status registerRange(void* ptr, size_t bytes);
   Status deregisterRange(void* ptr);
   bool contains(const void* ptr, size_t bytes) const;
+  /// When [ptr, ptr + bytes) starts inside an allocation but runs past its end: how many bytes the
+  /// allocation has from ptr on (else SIZE_MAX: inside one, or outside all).
+  size_t bytesLeftIfOverrun(const void* ptr, size_t bytes) const;
   /// The segment and offset of [ptr, ptr+bytes) when it lies inside one allocation.
   bool locate(const void* ptr, size_t bytes, Location* out) const;
   /// Name of segment `id` of rank `rank` of the communicator with this prefix.

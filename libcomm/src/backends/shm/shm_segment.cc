@@ -59,17 +59,20 @@ Result<Segment> Segment::create(const std::string& name, size_t bytes) {
   size_t size = pageRound(bytes == 0 ? 1 : bytes);
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) return sysError("shm_open", name, errno);
-  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
-    int err = errno;
+  // Pages are reserved now: ftruncate alone succeeds past /dev/shm's size, MAP_POPULATE does not
+  // report the pages it could not fill, and the first store to them would raise SIGBUS.
+  int err = posix_fallocate(fd, 0, static_cast<off_t>(size));
+  if (err == EOPNOTSUPP || err == EINVAL) err = ftruncate(fd, static_cast<off_t>(size)) == 0 ? 0 : errno;
+  if (err != 0) {
     close(fd);
     shm_unlink(name.c_str());
-    return makeError(StatusCode::kSystemError, "ftruncate(", name, ", ", size, " bytes) failed: ", strerror(err),
-                     " -- is /dev/shm large enough? (df -h /dev/shm)");
+    return makeError(StatusCode::kSystemError, "reserving ", size, " bytes for shared-memory segment ", name,
+                     " failed: ", strerror(err), " -- is /dev/shm large enough? (df -h /dev/shm)");
   }
   // MAP_POPULATE touches every page now; a fresh page costs ~11 us here (PERF-NOTES), which must
   // not land on the first collective.
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  int err = errno;
+  err = errno;
   close(fd);
   if (p == MAP_FAILED) {
     shm_unlink(name.c_str());
