@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -571,6 +572,78 @@ TEST(CommErrors, BootstrapRankOutsideItsSizeIsRefused) {
     EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << c.status().toString();
     EXPECT_NE(c.status().message().find("test bootstrap"), std::string::npos) << c.status().toString();
   }
+}
+
+// A forked child of rank 0 that calls a collective on the parent's communicator is refused (it
+// took part as rank 0, unseen: rank 1 got the child's data, the parent's own call other data).
+TEST(CommErrors, ACollectiveFromAForkedChildIsRefused) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
+    auto s = libcomm::createInlineHostStream("fork");
+    std::vector<float> x(8, float(ctx.rank + 1)), y(8, -1);
+    if (ctx.rank == 0) {
+      int fds[2];
+      if (pipe(fds) != 0) return libcomm::makeError(StatusCode::kSystemError, "pipe");
+      const pid_t pid = fork();
+      if (pid == 0) {
+        std::vector<float> cx(8, 100.0f), cy(8);
+        const Status st = comm->allReduce(cx.data(), cy.data(), 8, DataType::kFloat32, {}, *s);
+        const char refused = !st.isOk() && st.code() == StatusCode::kInvalidUsage &&
+                                     st.message().find("forked child") != std::string::npos &&
+                                     !comm->allocRegistered(64).isOk()
+                                 ? 1
+                                 : 0;
+        (void)!write(fds[1], &refused, 1);
+        _exit(0);
+      }
+      char refused = 0;
+      (void)!read(fds[0], &refused, 1);
+      close(fds[0]);
+      close(fds[1]);
+      int ws = 0;
+      waitpid(pid, &ws, 0);
+      if (!refused) return libcomm::makeError(StatusCode::kInternalError, "the forked child's all_reduce was not refused");
+    }
+    LIBCOMM_RETURN_IF_ERROR(comm->allReduce(x.data(), y.data(), 8, DataType::kFloat32, {}, *s));
+    if (y[0] != 3.0f) return libcomm::makeError(StatusCode::kInternalError, "rank ", ctx.rank, " got ", y[0], ", not 3");
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// A forked child that destroys its copy (exit() does, for a global) leaves the parent's
+// communicator working (it unlinked the parent's registered segments).
+TEST(CommErrors, AForkedChildDestroyingItsCopyLeavesTheParentWorking) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
+    auto s = libcomm::createHostStream("fork");
+    const size_t n = 1 << 16;
+    LIBCOMM_ASSIGN_OR_RETURN(void* p, comm->allocRegistered(n * sizeof(float)));
+    float* in = static_cast<float*>(p);
+    for (size_t i = 0; i < n; ++i) in[i] = float(ctx.rank + 1);
+    std::vector<float> out(2 * n);
+    if (ctx.rank == 0) {
+      const pid_t pid = fork();
+      if (pid == 0) {
+        comm->abort();  // ignored in the child
+        comm.reset();
+        _exit(0);
+      }
+      int ws = 0;
+      waitpid(pid, &ws, 0);
+    }
+    LIBCOMM_RETURN_IF_ERROR(ctx.bootstrap.barrier(libcomm::Deadline::after(std::chrono::seconds(10))));
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(in, out.data(), n, DataType::kFloat32, *s));
+    LIBCOMM_RETURN_IF_ERROR(s->synchronize(libcomm::Deadline::after(std::chrono::seconds(10))));
+    if (out[0] != 1.0f || out[n] != 2.0f)
+      return libcomm::makeError(StatusCode::kInternalError, "rank ", ctx.rank, " gathered ", out[0], ", ", out[n]);
+    return comm->freeRegistered(p);
+  });
+  EXPECT_RANKS_OK(report);
 }
 
 }  // namespace

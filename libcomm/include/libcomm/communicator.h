@@ -12,6 +12,10 @@
 // Memory: buffers from allocRegistered() are visible to the peers, and collectives whose input
 // lies in registered memory move each byte once (peers read it directly). Any other buffer works
 // too, through a chunked staging copy.
+//
+// Processes: a communicator serves the process that made it. In a forked child every call is
+// refused with kInvalidUsage (abort() is ignored) and destroying the child's copy leaves the
+// parent's shared memory alone; a child that needs collectives makes a communicator of its own.
 
 #include <cstddef>
 #include <memory>
@@ -51,9 +55,13 @@ class Communicator {
   const CommConfig& config() const;
 
   // ---- Registered memory. Thread-safe. ----
-  /// Allocates `bytes` of host memory that peers can read directly; touched once up front.
+  /// Allocates `bytes` of host memory that peers can read directly; touched once up front. More
+  /// than /dev/shm holds is a kSystemError saying so.
   Result<void*> allocRegistered(size_t bytes);
   /// Frees memory from allocRegistered. Fails with kInvalidUsage while registrations of it remain.
+  /// A peer that has read the memory directly keeps its mapping until the communicator is
+  /// destroyed, so the pages return to the system then; a program that allocates and frees
+  /// registered memory again and again should reuse its buffers instead.
   Status freeRegistered(void* ptr);
   /// Registers [ptr, ptr+bytes). Idempotent and refcounted: each call must be matched by a
   /// deregisterBuffer. The range must lie inside memory from allocRegistered (kInvalidUsage

@@ -3,6 +3,8 @@
 // communicator destroyed with work still queued stays valid until that work has run (and failed
 // fast, after the destructor aborted it).
 
+#include <unistd.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <memory>
@@ -164,6 +166,13 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
  public:
   /// Set by finalize(): new collectives are refused.
   std::atomic<bool> finalized_{false};
+  // The process that made the communicator. A forked child shares its shared memory but none of
+  // its threads: it may not take part (it would act as this rank, unseen), and its copy's
+  // destruction must not unlink or fail what the parent still uses.
+  pid_t ownerPid_ = 0;
+  bool inForkedChild() const { return getpid() != ownerPid_; }
+  /// kInvalidUsage in a forked child, naming `what`.
+  Status refuseInForkedChild(const char* what) const;
   int inflight() const { return inflight_.load(); }
   uint32_t lastExecuted() const { return lastExecuted_.load(); }
 

@@ -53,6 +53,7 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
                      bootstrap.describe(), ") says rank ", bootstrap.rank(), " of ", bootstrap.size(),
                      "; a rank must lie in [0, size) and size be >= 1");
   auto impl = std::make_shared<Impl>();
+  impl->ownerPid_ = getpid();
   impl->rank_ = bootstrap.rank();
   impl->size_ = bootstrap.size();
   impl->bootstrap_ = &bootstrap;
@@ -202,7 +203,20 @@ Result<std::unique_ptr<Communicator>> Communicator::create(Bootstrap& bootstrap)
 
 Communicator::Communicator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
+Status Communicator::Impl::refuseInForkedChild(const char* what) const {
+  if (!inForkedChild()) return Status::ok();
+  return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", what, " called from a forked child (pid ", getpid(),
+                   ") of the process that made the communicator (pid ", ownerPid_,
+                   "); a communicator serves only that process: make a new one in the child");
+}
+
 Communicator::~Communicator() {
+  if (impl_ && impl_->inForkedChild()) {
+    // The child's copy: its threads do not exist here, and its segments and control blocks are the
+    // parent's. Left as it is (the child's memory goes with the child).
+    new std::shared_ptr<Impl>(std::move(impl_));
+    return;
+  }
   if (!impl_ || impl_->finalized_.load()) return;  // finalize() flushed or aborted already
   if (!impl_->waitIdle(Deadline::after(impl_->config_.opTimeout))) {
     LIBCOMM_LOG(kWarn, "init") << "rank " << impl_->rank_
@@ -212,6 +226,7 @@ Communicator::~Communicator() {
 }
 
 Status Communicator::finalize(Milliseconds timeout) {
+  LIBCOMM_RETURN_IF_ERROR(impl_->refuseInForkedChild("finalize"));
   impl_->finalized_.store(true);
   const Clock::time_point start = Clock::now();
   if (impl_->waitIdle(Deadline::after(timeout))) return impl_->asyncError();
@@ -233,14 +248,22 @@ int Communicator::rank() const { return impl_->rank_; }
 int Communicator::size() const { return impl_->size_; }
 const CommConfig& Communicator::config() const { return impl_->config_; }
 
-Result<void*> Communicator::allocRegistered(size_t bytes) { return impl_->local_->allocate(bytes); }
-Status Communicator::freeRegistered(void* ptr) { return impl_->local_->free(ptr); }
+Result<void*> Communicator::allocRegistered(size_t bytes) {
+  LIBCOMM_RETURN_IF_ERROR(impl_->refuseInForkedChild("allocRegistered"));
+  return impl_->local_->allocate(bytes);
+}
+Status Communicator::freeRegistered(void* ptr) {
+  LIBCOMM_RETURN_IF_ERROR(impl_->refuseInForkedChild("freeRegistered"));
+  return impl_->local_->free(ptr);
+}
 Status Communicator::registerBuffer(void* ptr, size_t bytes) {
+  LIBCOMM_RETURN_IF_ERROR(impl_->refuseInForkedChild("registerBuffer"));
   bool device = false;
   Status s = impl_->registerDevice(ptr, bytes, &device);
   return device ? s : impl_->local_->registerRange(ptr, bytes);
 }
 Status Communicator::deregisterBuffer(void* ptr) {
+  LIBCOMM_RETURN_IF_ERROR(impl_->refuseInForkedChild("deregisterBuffer"));
   bool device = false;
   Status s = impl_->deregisterDevice(ptr, &device);
   return device ? s : impl_->local_->deregisterRange(ptr);
@@ -302,7 +325,14 @@ Status Communicator::barrier(Stream& stream) {
 }
 
 Status Communicator::asyncError() const { return impl_->asyncError(); }
-void Communicator::abort() { impl_->abort("abort() called on rank " + std::to_string(impl_->rank_)); }
+void Communicator::abort() {
+  // A forked child's abort would fail the parent's communicator, which the child does not own.
+  if (impl_->inForkedChild()) {
+    LIBCOMM_LOG(kWarn, "init") << impl_->refuseInForkedChild("abort").message() << "; ignored";
+    return;
+  }
+  impl_->abort("abort() called on rank " + std::to_string(impl_->rank_));
+}
 std::string Communicator::flightRecorderJson() const { return impl_->flight_->toJson("api"); }
 Result<std::string> Communicator::dumpFlightRecorder(const std::string& path) const {
   return impl_->flight_->dump("api", path);

@@ -19,6 +19,7 @@
 namespace libcomm {
 
 Status Communicator::Impl::submit(CollArgs args, Stream& stream) {
+  if (inForkedChild()) return refuseInForkedChild(collName(args.kind));
   LIBCOMM_RETURN_IF_ERROR(validateColl(&args, rank_, size_));
   LIBCOMM_ASSIGN_OR_RETURN(const bool onDevice, checkMemory(args, stream));
   if (finalized_.load(std::memory_order_relaxed))

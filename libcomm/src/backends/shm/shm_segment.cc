@@ -40,6 +40,7 @@ Segment& Segment::operator=(Segment&& o) noexcept {
     size_ = o.size_;
     name_ = std::move(o.name_);
     owner_ = o.owner_;
+    creator_ = o.creator_;
     o.data_ = nullptr;
     o.size_ = 0;
     o.owner_ = false;
@@ -49,7 +50,8 @@ Segment& Segment::operator=(Segment&& o) noexcept {
 
 void Segment::reset() {
   if (data_) munmap(data_, size_);
-  if (owner_ && !name_.empty()) shm_unlink(name_.c_str());
+  // Only in the process that created it: a forked child's copy must leave the name to its parent.
+  if (owner_ && !name_.empty() && getpid() == creator_) shm_unlink(name_.c_str());
   data_ = nullptr;
   size_ = 0;
   owner_ = false;
@@ -84,6 +86,7 @@ Result<Segment> Segment::create(const std::string& name, size_t bytes) {
   s.size_ = size;
   s.name_ = name;
   s.owner_ = true;
+  s.creator_ = getpid();
   LIBCOMM_LOG(kDebug, "mem") << "created segment " << name << " (" << size << " bytes)";
   return s;
 }

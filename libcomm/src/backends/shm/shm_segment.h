@@ -46,6 +46,7 @@ class Segment {
   size_t size_ = 0;
   std::string name_;
   bool owner_ = false;
+  pid_t creator_ = 0;  // the process that created (and alone unlinks) it
 };
 
 /// The name prefix of every segment of one communicator of this process.
