@@ -519,6 +519,25 @@ TEST(CommErrors, BufferRunningPastItsRegisteredAllocationIsRefused) {
   EXPECT_RANKS_OK(report);
 }
 
+// A refused call names the sequence number it would have had.
+TEST(CommErrors, ArgumentErrorsNameTheNextSequenceNumber) {
+  RunOptions opts;
+  opts.size = 1;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
+    auto s = libcomm::createInlineHostStream("seq");
+    std::vector<float> a(4, 1.f), b(4);
+    LIBCOMM_RETURN_IF_ERROR(comm->allReduce(a.data(), b.data(), 4, DataType::kFloat32, {}, *s));
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allReduce(nullptr, b.data(), 4, DataType::kFloat32, {}, *s),
+                                         StatusCode::kInvalidArgument, {"rank 0", "all_reduce", "(next seq 2)"},
+                                         "null send"));
+    LIBCOMM_RETURN_IF_ERROR(comm->finalize(std::chrono::milliseconds(5000)));
+    return expectStatus(comm->allReduce(a.data(), b.data(), 4, DataType::kFloat32, {}, *s),
+                        StatusCode::kInvalidUsage, {"all_reduce (next seq 2)", "finalized"}, "after finalize");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 // A config built in code is checked like one read from the environment.
 TEST(CommErrors, ValidateRefusesAnUnknownAlgorithm) {
   libcomm::CommConfig c;

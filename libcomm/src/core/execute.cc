@@ -20,11 +20,13 @@ namespace libcomm {
 
 Status Communicator::Impl::submit(CollArgs args, Stream& stream) {
   if (inForkedChild()) return refuseInForkedChild(collName(args.kind));
-  LIBCOMM_RETURN_IF_ERROR(validateColl(&args, rank_, size_));
+  // A refused call takes no sequence number; its errors name the one it would have had.
+  if (Status v = validateColl(&args, rank_, size_); !v.isOk())
+    return makeError(v.code(), v.message(), " (next seq ", nextSeq_.load() + 1, ")");
   LIBCOMM_ASSIGN_OR_RETURN(const bool onDevice, checkMemory(args, stream));
   if (finalized_.load(std::memory_order_relaxed))
-    return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", collName(args.kind),
-                     " refused: the communicator was finalized");
+    return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", collName(args.kind), " (next seq ",
+                     nextSeq_.load() + 1, ") refused: the communicator was finalized");
   Status err = failed_.load() ? asyncError() : Status::ok();
   if (!err.isOk())
     return Status(err.code(), "rank " + std::to_string(rank_) + ": " + collName(args.kind) +
