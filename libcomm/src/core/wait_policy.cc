@@ -4,6 +4,8 @@
 
 #include <sched.h>
 
+#include <cerrno>
+
 namespace libcomm {
 
 WaitPolicies chooseWaitPolicies(const CommConfig& config, int ranksOnMachine, int usableCpus) {
@@ -28,9 +30,19 @@ WaitPolicies chooseWaitPolicies(const CommConfig& config, int ranksOnMachine, in
 }
 
 int usableCpuCount() {
-  cpu_set_t set;
-  const int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-  return cpus > 0 ? cpus : 1;
+  // A set sized for the machine: a fixed cpu_set_t holds 1024 CPUs, and sched_getaffinity fails
+  // (EINVAL) on a machine with more.
+  for (int n = 1024; n <= (1 << 20); n *= 4) {
+    cpu_set_t* set = CPU_ALLOC(n);
+    if (!set) break;
+    const size_t bytes = CPU_ALLOC_SIZE(n);
+    const bool ok = sched_getaffinity(0, bytes, set) == 0;
+    const int cpus = ok ? CPU_COUNT_S(bytes, set) : 0;
+    CPU_FREE(set);
+    if (ok) return cpus > 0 ? cpus : 1;
+    if (errno != EINVAL) break;
+  }
+  return 1;
 }
 
 }  // namespace libcomm
