@@ -300,43 +300,20 @@ TEST(ExecutorFaults, KilledPeerGivesErrorNotHang) {
   EXPECT_RANKS_OK(report);
 }
 
-TEST(ExecutorFaults, FailingLayerAbortsPeersFast) {
+// Rank 0's layer 1 fails in step 0's forward, by returning an error or by throwing: the step
+// fails on rank 0 naming it (an exception does not pass through the runner), the executor aborts
+// so rank 1 learns of it from the abort (a long op timeout: not from a timeout), and rank 0's next
+// step reports the first error.
+void expectFailingLayerAbortsPeersFast(bool throwIt) {
   RunOptions opts;
   opts.size = 2;
   opts.deadline = std::chrono::seconds(60);
-  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
-    // A long op timeout: the peer must learn of the failure from the abort, not from a timeout.
+  auto report = runRanks(opts, [throwIt](RankContext& ctx) -> Status {
     LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, {1, Precision::kFp32}, testConfig(std::chrono::seconds(40))));
     toy::ToyFaults faults;
     faults.step = 0;
     faults.layer = 1;
-    faults.fail = ctx.rank == 0;
-    toy::ToyNet net(rig->spec, rig->plan, faults);
-    libshard::Runner runner(*rig->ex, net.layers());
-    const auto start = libcomm::Clock::now();
-    Status st = runner.step();
-    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(libcomm::Clock::now() - start);
-    if (waited > std::chrono::seconds(10))
-      return libcomm::makeError(StatusCode::kInternalError, "failure took ", waited.count(), " ms to surface");
-    if (ctx.rank == 0)
-      return expectError(st, {StatusCode::kInternalError}, {"injected failure", "step 0", "layer 1"}, "failing rank");
-    return expectError(st, {StatusCode::kRemoteError}, {"rank 0"}, "peer");
-  });
-  EXPECT_RANKS_OK(report);
-}
-
-// A layer that throws: the step fails saying so (not an exception through the runner), the
-// executor aborts so the peer is told at once, and the next step reports the first error.
-TEST(ExecutorFaults, ThrowingLayerFailsTheStepAndAbortsPeers) {
-  RunOptions opts;
-  opts.size = 2;
-  opts.deadline = std::chrono::seconds(60);
-  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
-    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, {1, Precision::kFp32}, testConfig(std::chrono::seconds(40))));
-    toy::ToyFaults faults;
-    faults.step = 0;
-    faults.layer = 1;
-    faults.throwThere = ctx.rank == 0;
+    (throwIt ? faults.throwThere : faults.fail) = ctx.rank == 0;
     toy::ToyNet net(rig->spec, rig->plan, faults);
     libshard::Runner runner(*rig->ex, net.layers());
     const auto start = libcomm::Clock::now();
@@ -345,12 +322,17 @@ TEST(ExecutorFaults, ThrowingLayerFailsTheStepAndAbortsPeers) {
     if (waited > std::chrono::seconds(10))
       return libcomm::makeError(StatusCode::kInternalError, "failure took ", waited.count(), " ms to surface");
     if (ctx.rank != 0) return expectError(st, {StatusCode::kRemoteError}, {"rank 0"}, "peer");
+    const char* what = throwIt ? "injected exception" : "injected failure";
     LIBCOMM_RETURN_IF_ERROR(
-        expectError(st, {StatusCode::kInternalError}, {"injected exception", "layer 1", "forward"}, "throwing rank"));
-    return expectError(runner.step(), {StatusCode::kInternalError}, {"injected exception"}, "the next step");
+        expectError(st, {StatusCode::kInternalError}, {what, "step 0", "layer 1", "forward"}, "failing rank"));
+    return expectError(runner.step(), {StatusCode::kInternalError}, {what}, "the next step");
   });
   EXPECT_RANKS_OK(report);
 }
+
+TEST(ExecutorFaults, FailingLayerAbortsPeersFast) { expectFailingLayerAbortsPeersFast(false); }
+
+TEST(ExecutorFaults, ThrowingLayerFailsTheStepAndAbortsPeers) { expectFailingLayerAbortsPeersFast(true); }
 
 TEST(ExecutorFaults, DestroyedMidStepAbortsPeersFast) {
   RunOptions opts;
