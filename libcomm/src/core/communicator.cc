@@ -1,6 +1,7 @@
 // Communicator: creation over a Bootstrap, registered memory, and the public collective entry
 // points (validation and enqueue; execution is in execute.cc).
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -42,7 +43,11 @@ struct InitInfo {
 constexpr uint32_t kInitMagic = 0x53434f4d;  // "SCOM"
 constexpr uint32_t kInitVersion = 4;
 
+std::atomic<uint64_t> gForks{0};  // processForks()
+
 }  // namespace
+
+uint64_t processForks() { return gForks.load(std::memory_order_relaxed); }
 
 Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap& bootstrap, const CommConfig& config) {
   LIBCOMM_RETURN_IF_ERROR(config.validate().withContext("rank " + std::to_string(bootstrap.rank()) +
@@ -52,8 +57,11 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
     return makeError(StatusCode::kInvalidArgument, "creating a communicator: the bootstrap (",
                      bootstrap.describe(), ") says rank ", bootstrap.rank(), " of ", bootstrap.size(),
                      "; a rank must lie in [0, size) and size be >= 1");
+  static std::once_flag watchForks;
+  std::call_once(watchForks, [] { pthread_atfork(nullptr, nullptr, [] { gForks.fetch_add(1); }); });
   auto impl = std::make_shared<Impl>();
   impl->ownerPid_ = getpid();
+  impl->ownerForks_ = processForks();
   impl->rank_ = bootstrap.rank();
   impl->size_ = bootstrap.size();
   impl->bootstrap_ = &bootstrap;
@@ -326,8 +334,8 @@ Status Communicator::barrier(Stream& stream) {
 
 Status Communicator::asyncError() const { return impl_->asyncError(); }
 void Communicator::abort() {
-  // A forked child's abort would fail the parent's communicator, which the child does not own.
-  // Silently: a lock another thread of the parent held at the fork (the log's) may never be free.
+  // A forked child's abort would fail the parent's communicator, which the child does not own:
+  // ignored (it returns nothing to say so in).
   if (impl_->inForkedChild()) return;
   impl_->abort("abort() called on rank " + std::to_string(impl_->rank_));
 }

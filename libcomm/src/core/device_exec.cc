@@ -5,7 +5,7 @@
 // NCCL directly. The host part runs on the calling thread: a device collective returns once its
 // device work is enqueued on the caller's stream, after every peer has called it too.
 
-#include <tuple>
+#include <array>
 
 #include "backends/cuda/device_path.h"
 #include "backends/nccl/nccl_path.h"
@@ -35,14 +35,13 @@ Result<bool> Communicator::Impl::checkMemory(const CollArgs& args, const Stream&
     const size_t inBytes = args.count * args.inputParts(size_) * dataTypeSize(args.inType);
     const size_t outBytes =
         args.count * (args.kind == CollKind::kAllGather ? static_cast<size_t>(size_) : 1) * dataTypeSize(args.outType);
-    for (auto [p, bytes, name] : {std::tuple<const void*, size_t, const char*>{sends ? args.send : nullptr, inBytes, "send"},
-                                  {recvs ? args.recv : nullptr, outBytes, "recv"}}) {
-      if (!p) continue;
-      const size_t left = local_->bytesLeftIfOverrun(p, bytes);
-      if (left != SIZE_MAX)
-        return bad(name, " buffer ", p, " needs ", bytes, " bytes but lies in a registered allocation with ", left,
-                   " bytes left from there (allocRegistered)");
-    }
+    const std::array<shm::LocalMemory::Span, 2> spans{{{sends ? args.send : nullptr, inBytes},
+                                                       {recvs ? args.recv : nullptr, outBytes}}};
+    const std::array<size_t, 2> left = local_->bytesLeftIfOverrun(spans);
+    for (size_t i = 0; i < spans.size(); ++i)
+      if (left[i] != SIZE_MAX)
+        return bad(i == 0 ? "send" : "recv", " buffer ", spans[i].ptr, " needs ", spans[i].bytes,
+                   " bytes but lies in a registered allocation with ", left[i], " bytes left from there (allocRegistered)");
     if (!cuda::cudaInUse()) return false;  // no CUDA in this process yet: no device pointer to find
     for (auto [p, name] : {std::pair<const void*, const char*>{sends ? args.send : nullptr, "send"},
                            {recvs ? args.recv : nullptr, "recv"}}) {

@@ -14,6 +14,7 @@ Result<void*> LocalMemory::allocate(size_t bytes) {
   LIBCOMM_ASSIGN_OR_RETURN(Segment seg, Segment::create(segmentName(prefix_, id), bytes));
   void* p = seg.data();
   allocations_.emplace(reinterpret_cast<uintptr_t>(p), Allocation{std::move(seg), id, bytes});
+  allocationCount_.store(allocations_.size(), std::memory_order_relaxed);
   return p;
 }
 
@@ -30,16 +31,23 @@ Status LocalMemory::free(void* ptr) {
                      reinterpret_cast<void*>(reg->first), " is still registered (", reg->second.refs,
                      " registrations); deregister it first");
   allocations_.erase(it);
+  allocationCount_.store(allocations_.size(), std::memory_order_relaxed);
   return Status::ok();
 }
 
-const LocalMemory::Allocation* LocalMemory::findLocked(const void* ptr, size_t bytes) const {
-  auto p = reinterpret_cast<uintptr_t>(ptr);
+const LocalMemory::Allocation* LocalMemory::atOrBelowLocked(uintptr_t p, size_t* into) const {
   auto it = allocations_.upper_bound(p);
   if (it == allocations_.begin()) return nullptr;
   --it;
-  if (p - it->first > it->second.bytes || bytes > it->second.bytes - (p - it->first)) return nullptr;
+  *into = p - it->first;
   return &it->second;
+}
+
+const LocalMemory::Allocation* LocalMemory::findLocked(const void* ptr, size_t bytes) const {
+  size_t into = 0;
+  const Allocation* a = atOrBelowLocked(reinterpret_cast<uintptr_t>(ptr), &into);
+  if (!a || into > a->bytes || bytes > a->bytes - into) return nullptr;
+  return a;
 }
 
 Status LocalMemory::registerRange(void* ptr, size_t bytes) {
@@ -70,16 +78,18 @@ bool LocalMemory::contains(const void* ptr, size_t bytes) const {
   return findLocked(ptr, bytes) != nullptr;
 }
 
-size_t LocalMemory::bytesLeftIfOverrun(const void* ptr, size_t bytes) const {
+std::array<size_t, 2> LocalMemory::bytesLeftIfOverrun(const std::array<Span, 2>& spans) const {
+  std::array<size_t, 2> left{SIZE_MAX, SIZE_MAX};
+  if (allocationCount_.load(std::memory_order_relaxed) == 0) return left;
   std::lock_guard<std::mutex> lock(mu_);
-  const auto p = reinterpret_cast<uintptr_t>(ptr);
-  auto it = allocations_.upper_bound(p);
-  if (it == allocations_.begin()) return SIZE_MAX;
-  --it;
-  const size_t into = p - it->first;
-  if (into >= it->second.bytes) return SIZE_MAX;  // past this allocation: not in one
-  const size_t left = it->second.bytes - into;
-  return bytes > left ? left : SIZE_MAX;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    if (!spans[i].ptr) continue;
+    size_t into = 0;
+    const Allocation* a = atOrBelowLocked(reinterpret_cast<uintptr_t>(spans[i].ptr), &into);
+    if (!a || into >= a->bytes) continue;  // not inside an allocation
+    if (spans[i].bytes > a->bytes - into) left[i] = a->bytes - into;
+  }
+  return left;
 }
 
 bool LocalMemory::locate(const void* ptr, size_t bytes, Location* out) const {

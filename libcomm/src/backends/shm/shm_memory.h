@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <array>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -30,9 +32,14 @@ class LocalMemory {
   Status registerRange(void* ptr, size_t bytes);
   Status deregisterRange(void* ptr);
   bool contains(const void* ptr, size_t bytes) const;
-  /// When [ptr, ptr + bytes) starts inside an allocation but runs past its end: how many bytes the
-  /// allocation has from ptr on (else SIZE_MAX: inside one, or outside all).
-  size_t bytesLeftIfOverrun(const void* ptr, size_t bytes) const;
+  struct Span {
+    const void* ptr;
+    size_t bytes;
+  };
+  /// For each span that starts inside an allocation but runs past its end: how many bytes the
+  /// allocation has from the span's start on (SIZE_MAX for the others: inside one, or outside all,
+  /// or null). Both under one lock, and none taken while nothing is allocated (a check per call).
+  std::array<size_t, 2> bytesLeftIfOverrun(const std::array<Span, 2>& spans) const;
   /// The segment and offset of [ptr, ptr+bytes) when it lies inside one allocation.
   bool locate(const void* ptr, size_t bytes, Location* out) const;
   /// Name of segment `id` of rank `rank` of the communicator with this prefix.
@@ -50,12 +57,16 @@ class LocalMemory {
     int refs;
   };
   const Allocation* findLocked(const void* ptr, size_t bytes) const;
+  /// The allocation with the highest base at or below `p` (nullptr when none), and `p`'s offset
+  /// from that base in *into (which may lie past the allocation's end).
+  const Allocation* atOrBelowLocked(uintptr_t p, size_t* into) const;
 
   std::string prefix_;
   int rank_;
   mutable std::mutex mu_;
   uint32_t nextId_ = 1;
   std::map<uintptr_t, Allocation> allocations_;       // keyed by base address
+  std::atomic<size_t> allocationCount_{0};            // allocations_.size(), read without mu_
   std::map<uintptr_t, Registration> registrations_;   // keyed by registered pointer
 };
 
