@@ -238,10 +238,7 @@ Result<CommConfig> CommConfig::fromEnvironment() {
   c.peerTimeout = Milliseconds(peerTimeoutMs);
   c.progressReportInterval = Milliseconds(reportMs);
   c.stagingChunkBytes = static_cast<size_t>(chunk);
-  c.hostId = settingValue("LIBCOMM_HOST_ID");
-  if (c.hostId.size() > topology::kMaxHostIdLength)
-    return makeError(StatusCode::kInvalidArgument, "LIBCOMM_HOST_ID must be shorter than 64 characters, got ",
-                     c.hostId.size());
+  c.hostId = settingValue("LIBCOMM_HOST_ID");  // its length: validate() below
   // Read by every host stream (core/host_stream.cc); checked here so that a typo is an error, not a
   // warning that scrolls by.
   LIBCOMM_RETURN_IF_ERROR(parseStreamPriority(settingValue("LIBCOMM_STREAM_PRIORITY")).status());

@@ -3,11 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdint>
-#include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
+
+#include "bootstrap/sha256.h"
 
 namespace libcomm::topology {
 
@@ -22,12 +22,9 @@ std::string hostIdFrom(const std::string& hostname, const std::string& bootId) {
   const std::string host = hostname.empty() ? "unknown-host" : hostname;
   const std::string boot = bootId.empty() ? "" : "/" + bootId.substr(0, 8);
   if (host.size() + boot.size() <= kMaxHostIdLength) return host + boot;
-  // FNV-1a, 64 bits: the same on every machine and build, unlike std::hash.
-  uint64_t h = 14695981039346656037ull;
-  for (unsigned char c : host) h = (h ^ c) * 1099511628211ull;
-  char hash[18];
-  snprintf(hash, sizeof(hash), "~%016llx", static_cast<unsigned long long>(h));
-  const size_t keep = kMaxHostIdLength - (sizeof(hash) - 1) - boot.size();
+  // 16 hex digits of the hostname's SHA-256: the same on every machine and build, unlike std::hash.
+  const std::string hash = "~" + boot::toHex(boot::sha256(host)).substr(0, 16);
+  const size_t keep = kMaxHostIdLength - hash.size() - boot.size();
   return host.substr(0, keep) + hash + boot;
 }
 
