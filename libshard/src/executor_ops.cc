@@ -24,11 +24,14 @@ Status Executor::createStreams() {
       return "libshard rank " + std::to_string(rank_) + ": creating the executor's " + what + " on CUDA device " +
              std::to_string(dev);
     };
+    // The schedule's events, then the first step's gate.
     for (size_t e = 0; e <= schedule_.events.size(); ++e) {
       auto ev = libcomm::createCudaEvent(dev);
       if (!ev.isOk()) return ev.status().withContext(context("events"));
-      (e < schedule_.events.size() ? events_.emplace_back() : startGate_) = std::move(ev).value();
+      events_.push_back(std::move(ev).value());
     }
+    startGate_ = std::move(events_.back());
+    events_.pop_back();
     std::vector<std::pair<std::unique_ptr<libcomm::Stream>*, std::string>> streams = {
         {&compute_, "shard.compute" + suffix}, {&ag_, "shard.ag" + suffix}};
     if (twoStreams) streams.push_back({&rs_, "shard.rs" + suffix});

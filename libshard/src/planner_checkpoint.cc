@@ -141,14 +141,11 @@ Status planCheckpoints(const ModelSpec& model, ShardPlan& plan) {
   }
   const uint64_t others = plan.totalBytes - allActivations;  // no layer checkpointed: no scratch
 
+  // The plan is an error then, so it is left as measured.
   auto needWithAll = [&]() {
-    std::fill(plan.checkpointed.begin(), plan.checkpointed.end(), false);
     for (const Candidate& c : cands) plan.checkpointed[static_cast<size_t>(c.layer)] = true;
     planMemory(model, plan);
-    const uint64_t need = plan.totalBytes;
-    std::fill(plan.checkpointed.begin(), plan.checkpointed.end(), false);
-    planMemory(model, plan);
-    return need;
+    return plan.totalBytes;
   };
   auto impossible = [&](uint64_t need) {
     return makeError(StatusCode::kInvalidUsage, "plan: memory budget ", budget, " B per rank cannot be met: need ",
