@@ -7,6 +7,7 @@
 
 #include <sched.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -565,6 +566,40 @@ TEST(StreamPriority, FifoWhereAllowedOtherwiseTheStreamStillWorks) {
     EXPECT_EQ(t.policy, SCHED_OTHER);  // degraded, with a warning; the item ran all the same
   }
   EXPECT_EQ(sched_getscheduler(0) & ~SCHED_RESET_ON_FORK, SCHED_OTHER) << "the caller's thread changed";
+}
+
+// comm_info's "progress threads" line says what a progress thread gets, not what was asked for: it
+// printed "fifo:2" in an unprivileged process, whose progress threads keep the inherited policy.
+TEST(StreamPriority, TheDescriptionSaysWhetherThePriorityIsGranted) {
+  const StreamPriority fifo{StreamPriority::Kind::kFifo, 2};
+  const StreamPriority raise{StreamPriority::Kind::kNice, -5};
+  const std::string here = describeGrantedPriority(fifo);
+  if (fifoPermitted())
+    EXPECT_EQ(here, "fifo:2");
+  else
+    EXPECT_EQ(here.rfind("as inherited (fifo:2 not granted here", 0), 0u) << here;
+  // Lowering one's precedence is always granted.
+  EXPECT_EQ(describeGrantedPriority({StreamPriority::Kind::kNice, 19}), "nice:19");
+  EXPECT_EQ(describeGrantedPriority(StreamPriority{}), "as inherited");
+  if (geteuid() != 0) return;
+  // As root: a child that gives up its privileges and real-time/nice limits is granted neither.
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const rlimit none{0, 0};
+    if (setrlimit(RLIMIT_RTPRIO, &none) != 0 || setrlimit(RLIMIT_NICE, &none) != 0 || setgid(65534) != 0 ||
+        setuid(65534) != 0)
+      _exit(3);
+    const std::string f = describeGrantedPriority(fifo), n = describeGrantedPriority(raise);
+    _exit(f.rfind("as inherited (fifo:2 not granted here", 0) == 0 &&
+                  n.rfind("as inherited (nice:-5 not granted here", 0) == 0 && f.find("CAP_SYS_NICE") != std::string::npos
+              ? 0
+              : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "(3: could not drop privileges; 1: a refused priority was described as granted)";
 }
 
 TEST(StreamPriority, AMalformedSettingFailsCommConfig) {

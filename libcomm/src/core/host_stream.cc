@@ -103,34 +103,49 @@ int setFairSlice(std::chrono::microseconds slice) {
 // Why: with as many busy compute threads as cores, a woken progress thread otherwise waits for the
 // scheduler (tens to hundreds of microseconds), and a collective's handshake needs the progress
 // threads of every rank on a core at once (docs/PERFORMANCE.md, "libshard step time").
-void applyPriority(const StreamPriority& p, const std::string& stream) {
-  if (p.kind == StreamPriority::Kind::kInherit) return;
-  int err = 0;
+// Applies `p` to the calling thread; 0, or the errno value of the refusal.
+int trySetPriority(const StreamPriority& p) {
+  if (p.kind == StreamPriority::Kind::kInherit) return 0;
   if (p.kind == StreamPriority::Kind::kNice) {
-    if (setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), p.value) != 0) err = errno;
+    if (setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), p.value) != 0) return errno;
     // As with fifo and slice: a thread forked from a host function starts at nice 0 (the flag
     // resets a negative nice in the child), and setting it needs no privilege.
     sched_param sp{};
-    if (err == 0) (void)sched_setscheduler(0, SCHED_OTHER | SCHED_RESET_ON_FORK, &sp);
-  } else if (p.kind == StreamPriority::Kind::kSlice) {
-    err = setFairSlice(std::chrono::microseconds(p.value));
-  } else {
-    sched_param sp{};
-    sp.sched_priority = p.value;
-    // Reset on fork: a child forked from a host function must not inherit a real-time policy.
-    if (sched_setscheduler(0, SCHED_FIFO | SCHED_RESET_ON_FORK, &sp) != 0) err = errno;
+    (void)sched_setscheduler(0, SCHED_OTHER | SCHED_RESET_ON_FORK, &sp);
+    return 0;
   }
+  if (p.kind == StreamPriority::Kind::kSlice) return setFairSlice(std::chrono::microseconds(p.value));
+  sched_param sp{};
+  sp.sched_priority = p.value;
+  // Reset on fork: a child forked from a host function must not inherit a real-time policy.
+  return sched_setscheduler(0, SCHED_FIFO | SCHED_RESET_ON_FORK, &sp) != 0 ? errno : 0;
+}
+
+// What granting `p` takes, for the messages of a refusal.
+const char* priorityNeeds(const StreamPriority& p) {
+  switch (p.kind) {
+    case StreamPriority::Kind::kSlice:
+      return "needs Linux 6.12 or later (custom slices of the EEVDF scheduler) and a thread under SCHED_OTHER or "
+             "SCHED_BATCH";
+    case StreamPriority::Kind::kFifo:
+      return "needs CAP_SYS_NICE, or RLIMIT_RTPRIO high enough";
+    default:
+      return "needs CAP_SYS_NICE, or RLIMIT_NICE high enough";
+  }
+}
+
+// Gives the calling (progress) thread the asked-for precedence over the process's other threads.
+// Why: with as many busy compute threads as cores, a woken progress thread otherwise waits for the
+// scheduler (tens to hundreds of microseconds), and a collective's handshake needs the progress
+// threads of every rank on a core at once (docs/PERFORMANCE.md, "libshard step time").
+void applyPriority(const StreamPriority& p, const std::string& stream) {
+  const int err = trySetPriority(p);
   if (err == 0) return;
   static std::once_flag once;
   std::call_once(once, [&] {
-    const char* needs = p.kind == StreamPriority::Kind::kSlice
-                            ? "Needs Linux 6.12 or later (custom slices of the EEVDF scheduler) and a thread under "
-                              "SCHED_OTHER or SCHED_BATCH"
-                        : p.kind == StreamPriority::Kind::kFifo ? "Needs CAP_SYS_NICE, or RLIMIT_RTPRIO high enough"
-                                                                : "Needs CAP_SYS_NICE, or RLIMIT_NICE high enough";
     LIBCOMM_LOG(kWarn, "stream") << "LIBCOMM_STREAM_PRIORITY=" << p.describe() << ": not granted here ("
                                  << strerror(err) << "); progress threads (first: stream '" << stream
-                                 << "') keep the scheduling they inherited. " << needs;
+                                 << "') keep the scheduling they inherited. It " << priorityNeeds(p);
   });
 }
 
@@ -740,15 +755,17 @@ bool fairSliceSupported() {
 }
 
 std::string describeGrantedPriority(const StreamPriority& p) {
-  switch (p.kind) {
-    case StreamPriority::Kind::kInherit:
-      return "as inherited";
-    case StreamPriority::Kind::kSlice:
-      if (!fairSliceSupported()) return "as inherited (" + p.describe() + " not granted: this kernel grants no custom slices)";
-      return std::to_string(p.value) + " us fair-scheduler slice (" + p.describe() + ")";
-    default:
-      return p.describe();
-  }
+  if (p.kind == StreamPriority::Kind::kInherit) return "as inherited";
+  // Tried on a scratch thread, as a progress thread would ask for it: whether it is granted depends
+  // on the kernel, the process's privileges and its limits, none of which the setting shows.
+  int err = 0;
+  std::thread([&] { err = trySetPriority(p); }).join();
+  if (err != 0)
+    return detail::strCat("as inherited (", p.describe(), " not granted here: ", strerror(err), "; it ",
+                          priorityNeeds(p), ")");
+  if (p.kind == StreamPriority::Kind::kSlice)
+    return std::to_string(p.value) + " us fair-scheduler slice (" + p.describe() + ")";
+  return p.describe();
 }
 
 std::unique_ptr<Stream> createInlineHostStream(std::string name, Milliseconds waitTimeout) {

@@ -37,8 +37,8 @@ long long currentFairSliceNs();
 bool fairSliceSupported();
 
 /// What `p` gives a progress thread on this machine, for comm_info: "as inherited", "nice:-5",
-/// "250 us fair-scheduler slice (slice:250)", "as inherited (slice:250 not granted: this kernel
-/// grants no custom slices)", ... Thread-safe.
+/// "250 us fair-scheduler slice (slice:250)", "as inherited (fifo:2 not granted here: Operation not
+/// permitted; it needs CAP_SYS_NICE, ...)". Tried on a scratch thread each call. Thread-safe.
 std::string describeGrantedPriority(const StreamPriority& p);
 
 /// The process-wide default, from LIBCOMM_STREAM_PRIORITY (read once; a malformed value is logged
