@@ -602,6 +602,37 @@ TEST(StreamPriority, TheDescriptionSaysWhetherThePriorityIsGranted) {
   EXPECT_EQ(WEXITSTATUS(status), 0) << "(3: could not drop privileges; 1: a refused priority was described as granted)";
 }
 
+// A forked child holds a copy of the stream but not its progress thread. Before: work enqueued in
+// the child was accepted and never ran, and destroying the copy waited for the thread (6 s: the
+// drain and join timeouts) and then warned that it was "still inside a host function".
+TEST(HostStreamFork, AForkedChildIsRefusedAndDestroysItsCopyAtOnce) {
+  auto s = createHostStream("parent");
+  test::Gate gate;
+  ASSERT_TRUE(s->enqueueHost(gate.item(), "busy at the fork").isOk());
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int bad = 0;
+    const Status e = s->enqueueHost([] { return Status::ok(); }, "in the child");
+    if (e.code() != StatusCode::kInvalidUsage || e.message().find("forked child") == std::string::npos) bad |= 1;
+    if (s->synchronize(Deadline::after(Milliseconds(2000))).code() != StatusCode::kInvalidUsage) bad |= 2;
+    if (s->query().code() != StatusCode::kInvalidUsage) bad |= 4;
+    const auto t0 = std::chrono::steady_clock::now();
+    s.reset();
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(500)) bad |= 8;
+    _exit(bad);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  gate.open();
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "bits: 1 enqueue accepted, 2 synchronize, 4 query not refused, "
+                                       "8 destroying the copy waited";
+  // The parent's stream is untouched.
+  ASSERT_TRUE(s->enqueueHost([] { return Status::ok(); }, "after").isOk());
+  EXPECT_TRUE(s->synchronize(Deadline::after(Milliseconds(10000))).isOk());
+}
+
 TEST(StreamPriority, AMalformedSettingFailsCommConfig) {
   ASSERT_EQ(setenv("LIBCOMM_STREAM_PRIORITY", "fifo:1000", 1), 0);
   auto c = CommConfig::fromEnvironment();

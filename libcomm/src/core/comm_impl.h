@@ -17,6 +17,7 @@
 #include "core/collective.h"
 #include "core/flight_recorder.h"
 #include "core/op_deadline.h"
+#include "core/process_forks.h"
 #include "core/wait_policy.h"
 #include "libcomm/communicator.h"
 #include "topology/hosts.h"
@@ -45,10 +46,6 @@ struct DeviceTarget {
   void* stream;  // cudaStream_t
   int device;
 };
-
-/// How many forks lie between the first communicator's process and this one: raised in every
-/// forked child by an atfork handler that the first Communicator::create installs.
-uint64_t processForks();
 
 class Communicator::Impl : public std::enable_shared_from_this<Impl> {
  public:

@@ -43,11 +43,7 @@ struct InitInfo {
 constexpr uint32_t kInitMagic = 0x53434f4d;  // "SCOM"
 constexpr uint32_t kInitVersion = 4;
 
-std::atomic<uint64_t> gForks{0};  // processForks()
-
 }  // namespace
-
-uint64_t processForks() { return gForks.load(std::memory_order_relaxed); }
 
 Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap& bootstrap, const CommConfig& config) {
   LIBCOMM_RETURN_IF_ERROR(config.validate().withContext("rank " + std::to_string(bootstrap.rank()) +
@@ -57,8 +53,6 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
     return makeError(StatusCode::kInvalidArgument, "creating a communicator: the bootstrap (",
                      bootstrap.describe(), ") says rank ", bootstrap.rank(), " of ", bootstrap.size(),
                      "; a rank must lie in [0, size) and size be >= 1");
-  static std::once_flag watchForks;
-  std::call_once(watchForks, [] { pthread_atfork(nullptr, nullptr, [] { gForks.fetch_add(1); }); });
   auto impl = std::make_shared<Impl>();
   impl->ownerPid_ = getpid();
   impl->ownerForks_ = processForks();

@@ -33,6 +33,7 @@
 #include <typeinfo>
 
 #include "core/log.h"
+#include "core/process_forks.h"
 #include "libcomm/config.h"
 
 namespace libcomm {
@@ -190,7 +191,17 @@ class Core {
 
   const std::string& name() const { return name_; }
 
+  // A fork copies the stream but not its progress thread, nor whatever lock that thread held at the
+  // fork: in a forked child nothing may wait for the thread or take the stream's locks.
+  bool inForkedChild() const { return processForks() != forks_; }
+  Status refusedInForkedChild(const std::string& what) const {
+    return makeError(StatusCode::kInvalidUsage, "stream '", name_, "': ", what, " in a forked child (pid ", getpid(),
+                     "); the stream was made before the fork and its progress thread stayed in the parent. "
+                     "Make a new stream in the child");
+  }
+
   Status enqueue(Item item) {
+    if (inForkedChild()) return refusedInForkedChild("'" + item.label + "' refused");
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_)
       return makeError(StatusCode::kInvalidUsage, "stream '", name_, "' is being destroyed; '", item.label,
@@ -208,6 +219,7 @@ class Core {
 
   // Waits until every item enqueued before the call has finished (run, skipped or failed).
   Status waitIdle(Deadline deadline) {
+    if (inForkedChild()) return refusedInForkedChild("synchronize refused");
     std::unique_lock<std::mutex> lock(mu_);
     const uint64_t target = enqueued_.load(std::memory_order_relaxed);
     if (completed_.load(std::memory_order_relaxed) >= target) return Status::ok();
@@ -226,11 +238,13 @@ class Core {
   }
 
   Status stickyError() const {
+    if (inForkedChild()) return refusedInForkedChild("error state unknown");
     std::lock_guard<std::mutex> lock(mu_);
     return error_;
   }
 
   Status query() const {
+    if (inForkedChild()) return refusedInForkedChild("query refused");
     std::lock_guard<std::mutex> lock(mu_);
     if (!error_.isOk()) return error_;
     if (completed_.load(std::memory_order_relaxed) < enqueued_.load(std::memory_order_relaxed))
@@ -239,6 +253,7 @@ class Core {
   }
 
   std::string position() const {
+    if (inForkedChild()) return detail::strCat("stream '", name_, "' (made before a fork; its thread is in the parent)");
     std::lock_guard<std::mutex> lock(mu_);
     return positionLocked();
   }
@@ -388,6 +403,7 @@ class Core {
 
   const std::string name_;
   const StreamPriority priority_;
+  const uint64_t forks_ = processForks();  // at creation: see inForkedChild()
   mutable std::mutex mu_;
   std::condition_variable workCv_;  // progress thread sleeps here when the queue is empty
   std::condition_variable doneCv_;  // synchronize() and the destructor sleep here
@@ -460,6 +476,14 @@ class HostStream final : public Stream {
   }
 
   ~HostStream() override {
+    if (core_->inForkedChild()) {
+      // The progress thread is not in this process: neither joined nor detached (both act on the
+      // parent's thread's descriptor), and the core is left as it is, its locks possibly held.
+      // Both are leaked; the memory is the child's copy of the parent's.
+      new std::thread(std::move(thread_));
+      new std::shared_ptr<Core>(std::move(core_));
+      return;
+    }
     const bool onOwnThread = std::this_thread::get_id() == thread_.get_id();
     Status drained = onOwnThread ? makeError(StatusCode::kInvalidUsage, "destroyed from its own host function")
                                  : core_->waitIdle(Deadline::after(options_.destroyDrainTimeout));
