@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """tools/flight_merge on crafted dumps: agreement, a lagging rank, a rank that enqueued a collective its
 stream never started while the others are in it, a mismatch, a missing rank, and
-bad input (malformed JSON, another format, missing fields, several communicators) -- each with the
+bad input (malformed JSON, another format, missing fields or fields of another type, several communicators;
+with --comm, other communicators' and unreadable dumps passed over) -- each with the
 exit status (0 agree, 1 a problem found, 2 bad input) and the words a reader needs, never a
 traceback.
 
@@ -143,6 +144,47 @@ class FlightMerge(unittest.TestCase):
         r = self.merge(os.path.join(self.dir, "absent.flight.json"))
         self.assertEqual(r.returncode, 2)
         self.assertIn("absent.flight.json", r.stderr)
+
+    def test_fields_of_the_wrong_type_exit_2(self):
+        # Present but of another type: these went on to a traceback (exit 1, read as "divergence").
+        cases = {
+            "count a list": ({"count": [1]}, "entry 1 (seq 2): 'count' is [1], not an integer"),
+            "start_ns a string": ({"start_ns": "5"}, "entry 1 (seq 2): 'start_ns' is \"5\", not an integer or null"),
+            "start_ns past int64": ({"start_ns": 10**30}, "entry 1 (seq 2): 'start_ns' is 1000000000000000000000000000000, "
+                                                          "not an integer or null (0 to 2^63-1)"),
+            "scale a string": ({"scale": "x"}, "entry 1 (seq 2): 'scale' is \"x\", not a number or null"),
+            "state null": ({"state": None}, "entry 1 (seq 2): 'state' is null, not a string"),
+            "seq true": ({"seq": True}, "entry 1 has no integer 'seq'"),
+        }
+        for what, (bad, words) in cases.items():
+            with self.subTest(what):
+                # Rank 1 lags at seq 2, so the merge reads rank 0's seq 2 to describe the lag.
+                self.write("c.rank0.flight.json", dump(0, 2, [entry(1), dict(entry(2), **bad)]))
+                self.write("c.rank1.flight.json", dump(1, 2, [entry(1)]))
+                r = self.merge(self.dir)
+                self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+                self.assertIn("c.rank0.flight.json: " + words, r.stderr)
+
+    def test_comm_reads_only_that_communicators_dumps(self):
+        # The default directory holds every job's dumps: another job's newer-format or broken dump
+        # must not stop the merge of the communicator asked for.
+        for r in range(2):
+            self.write(f"a.rank{r}.flight.json", dump(r, 2, [entry(1)], comm="comm-a"))
+        self.write("z.rank0.flight.json", dict(dump(0, 1, [entry(1, count="many")], comm="comm-z"), version=2))
+        self.write("cut.rank0.flight.json", json.dumps(dump(0, 1, [entry(1)], comm="comm-y"))[:-40])
+        self.write("list.rank0.flight.json", [1, 2])
+        rc, res, err = self.merge_json("--comm", "comm-a", self.dir)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(res["communicator"], "comm-a")
+        self.assertIn("passed over " + os.path.join(self.dir, "cut.rank0.flight.json") + ": malformed JSON", err)
+        self.assertIn("passed over " + os.path.join(self.dir, "list.rank0.flight.json") + ": not a dump", err)
+        self.assertNotIn("z.rank0", err)  # a readable dump of another communicator is not this one's business
+        # Without --comm every file counts; a bad dump of the communicator asked for still fails.
+        self.assertEqual(self.merge(self.dir).returncode, 2)
+        self.write("a.rank1.flight.json", dict(dump(1, 2, [entry(1)], comm="comm-a"), version=99))
+        r = self.merge("--comm", "comm-a", self.dir)
+        self.assertEqual(r.returncode, 2, r.stdout)
+        self.assertIn("a.rank1.flight.json: not a libcomm-flight-recorder dump", r.stderr)
 
     def test_empty_directory_and_several_communicators(self):
         r = self.merge(self.dir)
