@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "shm_cleanup: unknown argument '%s'\n%s", argv[i], kUsage);
     return 2;
   }
-  int removed = libcomm::shm::sweepStaleSegments(!quiet);
+  int removed = libcomm::shm::sweepStaleSegments(!quiet).removed;
   if (!quiet) printf("shm_cleanup: removed %d stale segment(s)\n", removed);
   return 0;
 }

@@ -29,6 +29,22 @@ std::vector<std::string> segmentsOf(pid_t pid) {
   return found;
 }
 
+// Runs `body` in a forked child with a /dev/shm of its own (a private mount namespace: needs root),
+// so that what it sweeps is only what it made. Returns the child's exit code; 77: no namespace.
+template <typename Body>
+int withPrivateDevShm(Body body) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (unshare(CLONE_NEWNS) != 0 || mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=16m") != 0)
+      _exit(77);
+    _exit(body());
+  }
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 // Creates a one-rank communicator with a registered buffer; returns after destroying it, or dies
 // holding it when `die` is set.
 void useCommunicator(bool die) {
@@ -102,7 +118,7 @@ TEST(ShmHygiene, SweepRemovesWhatAKilledRunLeft) {
   ASSERT_EQ(waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFSIGNALED(status));
   ASSERT_FALSE(segmentsOf(child).empty()) << "a killed run should have left its segments";
-  EXPECT_GE(libcomm::shm::sweepStaleSegments(false), static_cast<int>(segmentsOf(child).size()));
+  EXPECT_GE(libcomm::shm::sweepStaleSegments(false).removed, static_cast<int>(segmentsOf(child).size()));
   EXPECT_TRUE(segmentsOf(child).empty());
   // Segments of live processes (this one) are never touched by the sweep.
   auto boots = libcomm::createInProcessBootstraps(1);
@@ -112,6 +128,56 @@ TEST(ShmHygiene, SweepRemovesWhatAKilledRunLeft) {
   ASSERT_GT(mine, 0u);
   libcomm::shm::sweepStaleSegments(false);
   EXPECT_EQ(segmentsOf(getpid()).size(), mine);
+}
+
+// A container started with --ipc=host shares /dev/shm but not the pid namespace: there, the pid
+// in a live segment's name belongs to no process, and a sweep (every process's first communicator)
+// used to unlink it. The sweep runs as pid 1 of a new pid namespace (needs root).
+TEST(ShmHygiene, SweepInAnotherPidNamespaceKeepsALiveSegment) {
+  const int rc = withPrivateDevShm([] {
+    const std::string name = "/shardcomm." + std::to_string(getpid()) + ".pidns_test.r0.c0.ctl";
+    auto seg = libcomm::shm::Segment::create(name, 64);
+    if (!seg.isOk()) return 3;
+    const pid_t child = fork();
+    if (child == 0) {
+      if (unshare(CLONE_NEWPID) != 0) _exit(78);
+      const pid_t sweeper = fork();  // the first process in the new namespace
+      if (sweeper == 0) _exit(libcomm::shm::sweepStaleSegments(false).removed == 0 ? 0 : 4);
+      int status = 0;
+      _exit(waitpid(sweeper, &status, 0) == sweeper && WIFEXITED(status) ? WEXITSTATUS(status) : 5);
+    }
+    int status = 0;
+    if (waitpid(child, &status, 0) != child || !WIFEXITED(status)) return 5;
+    if (WEXITSTATUS(status) != 0) return WEXITSTATUS(status);
+    auto still = libcomm::shm::Segment::exists(name);
+    return still.isOk() && still.value() ? 0 : 4;
+  });
+  if (rc == 77) GTEST_SKIP() << "no private mount namespace here (not root?)";
+  if (rc == 78) GTEST_SKIP() << "unshare(CLONE_NEWPID) refused (not root?)";
+  EXPECT_EQ(rc, 0) << "3: the segment could not be made; 4: the sweep removed the live segment; 5: a child died";
+}
+
+// The owner's lock goes with the owner: a killed owner's segment is removed although a peer still
+// maps it (a peer's mapping takes no lock).
+TEST(ShmHygiene, SweepRemovesASegmentOnlyItsDeadOwnerHeld) {
+  const int rc = withPrivateDevShm([] {
+    const pid_t owner = fork();
+    if (owner == 0) {
+      auto seg = libcomm::shm::Segment::create("/shardcomm." + std::to_string(getpid()) + ".dead_test.g1", 64);
+      if (!seg.isOk()) _exit(3);
+      raise(SIGKILL);
+    }
+    int status = 0;
+    if (waitpid(owner, &status, 0) != owner || !WIFSIGNALED(status)) return 3;
+    const std::string name = "/shardcomm." + std::to_string(owner) + ".dead_test.g1";
+    auto peer = libcomm::shm::Segment::open(name);  // a peer's mapping does not keep it
+    if (!peer.isOk()) return 3;
+    if (libcomm::shm::sweepStaleSegments(false).removed != 1) return 4;
+    auto still = libcomm::shm::Segment::exists(name);
+    return still.isOk() && !still.value() ? 0 : 4;
+  });
+  if (rc == 77) GTEST_SKIP() << "no private mount namespace here (not root?)";
+  EXPECT_EQ(rc, 0) << "3: set-up failed; 4: the dead owner's segment was not removed";
 }
 
 }  // namespace

@@ -27,6 +27,70 @@ size_t pageRound(size_t bytes) {
   return (bytes + page - 1) / page * page;
 }
 
+// Whole-file open-file-description locks. The owner's (shared) lock belongs to the open file, which
+// its mapping keeps open after close(fd): it lasts until the owner's last mapping goes, however the
+// owner ends. The sweep's (exclusive) lock is granted only when no owner holds one.
+int lockFile(int fd, short type, int cmd) {
+  struct flock fl {};
+  fl.l_type = type;
+  fl.l_whence = SEEK_SET;
+  int rc;
+  do rc = fcntl(fd, cmd, &fl);
+  while (rc != 0 && errno == EINTR);
+  return rc == 0 ? 0 : errno;
+}
+
+// Whether `name` still names the file open as `fd` (a sweep may have unlinked it, and another
+// process made a new one of the same name, in between).
+bool namesFile(const std::string& name, int fd) {
+  const int named = shm_open(name.c_str(), O_RDONLY, 0);
+  if (named < 0) return false;
+  struct stat a, b;
+  const bool same = fstat(fd, &a) == 0 && fstat(named, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+  close(named);
+  return same;
+}
+
+// Opens a new segment holding the owner's lock. A sweep that opened the name between our O_EXCL
+// create and our lock may hold its exclusive lock, and unlinks the name before it lets go: we wait
+// for it (briefly: a sweep holds it for one unlink; a bound, so that a stopped sweep cannot hang
+// us), and then the name is gone or another file's, so we make it again.
+Result<int> createLocked(const std::string& name) {
+  for (int attempt = 1;; ++attempt) {
+    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) return sysError("shm_open", name, errno);
+    int err = lockFile(fd, F_RDLCK, F_OFD_SETLK);
+    if (err == EACCES) err = EAGAIN;  // either means "held" (fcntl(2))
+    for (int waited = 0; err == EAGAIN && waited < 1000; ++waited) {
+      usleep(1000);
+      err = lockFile(fd, F_RDLCK, F_OFD_SETLK);
+      if (err == EACCES) err = EAGAIN;
+    }
+    // EINVAL: a kernel before 3.15 has no OFD locks; the sweep then falls back to the pid alone.
+    if (err != 0 && err != EINVAL) {
+      close(fd);
+      if (err != EAGAIN) shm_unlink(name.c_str());  // EAGAIN: the sweep unlinks it
+      return makeError(StatusCode::kSystemError, "locking new shared-memory segment ", name,
+                       " (F_OFD_SETLK) failed: ", strerror(err), " (errno ", err, ")",
+                       err == EAGAIN ? "; a /dev/shm sweep of another process has held it for 1 s" : "");
+    }
+    if (namesFile(name, fd)) return fd;
+    close(fd);
+    if (attempt == 3)
+      return makeError(StatusCode::kSystemError, "shared-memory segment ", name,
+                       " was removed by a concurrent /dev/shm sweep while being created, 3 times");
+  }
+}
+
+// Whether a process of that pid runs in this pid namespace (EPERM: it runs, as another user).
+bool pidRunsHere(long pid) { return kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM; }
+
+std::string ownerOf(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return "";
+  return "owned by uid " + std::to_string(st.st_uid) + ": ";
+}
+
 }  // namespace
 
 Segment::~Segment() { reset(); }
@@ -49,9 +113,10 @@ Segment& Segment::operator=(Segment&& o) noexcept {
 }
 
 void Segment::reset() {
-  if (data_) munmap(data_, size_);
   // Only in the process that created it: a forked child's copy must leave the name to its parent.
+  // Before unmapping, which drops the owner's lock: the name never outlives it.
   if (owner_ && !name_.empty() && getpid() == creator_) shm_unlink(name_.c_str());
+  if (data_) munmap(data_, size_);
   data_ = nullptr;
   size_ = 0;
   owner_ = false;
@@ -59,8 +124,7 @@ void Segment::reset() {
 
 Result<Segment> Segment::create(const std::string& name, size_t bytes) {
   size_t size = pageRound(bytes == 0 ? 1 : bytes);
-  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) return sysError("shm_open", name, errno);
+  LIBCOMM_ASSIGN_OR_RETURN(const int fd, createLocked(name));
   // Pages are reserved now: ftruncate alone succeeds past /dev/shm's size, MAP_POPULATE does not
   // report the pages it could not fill, and the first store to them would raise SIGBUS.
   int err = posix_fallocate(fd, 0, static_cast<off_t>(size));
@@ -72,7 +136,7 @@ Result<Segment> Segment::create(const std::string& name, size_t bytes) {
                      " failed: ", strerror(err), " -- is /dev/shm large enough? (df -h /dev/shm)");
   }
   // MAP_POPULATE touches every page now; a fresh page costs ~11 us here (PERF-NOTES), which must
-  // not land on the first collective.
+  // not land on the first collective. The mapping keeps the file, so the owner's lock, after close.
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   err = errno;
   close(fd);
@@ -174,26 +238,55 @@ bool processAlive(const ProcessId& id) {
   return true;
 }
 
-int sweepStaleSegments(bool verbose) {
+SweepResult sweepStaleSegments(bool verbose) {
+  SweepResult result;
   DIR* dir = opendir("/dev/shm");
-  if (!dir) return 0;
-  int removed = 0;
+  if (!dir) return result;
   while (struct dirent* e = readdir(dir)) {
     const char* prefix = "shardcomm.";
     if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
     char* end = nullptr;
     long pid = strtol(e->d_name + strlen(prefix), &end, 10);
     if (pid <= 0 || !end || *end != '.') continue;
-    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM) continue;  // owner still running
-    std::string name = std::string("/") + e->d_name;
-    if (shm_unlink(name.c_str()) == 0) {
-      ++removed;
-      if (verbose) printf("removed %s (owner pid %ld is gone)\n", name.c_str(), pid);
-      LIBCOMM_LOG(kInfo, "mem") << "removed stale segment " << name << " (owner pid " << pid << " is gone)";
+    // A process of that pid may be the owner (of a library too old to take the lock): keep.
+    if (pidRunsHere(pid)) continue;
+    const std::string name = std::string("/") + e->d_name;
+    const std::string path = std::string("/dev/shm/") + e->d_name;
+    auto skip = [&](const char* what, int err) {
+      std::string reason = ownerOf(path) + what + ": " + strerror(err);
+      LIBCOMM_LOG(kInfo, "mem") << "left stale-looking segment " << name << " (owner pid " << pid
+                                << " not running here): " << reason;
+      result.skipped.push_back({name, std::move(reason)});
+    };
+    const int fd = shm_open(name.c_str(), O_RDWR, 0);
+    if (fd < 0) {
+      if (errno != ENOENT) skip("opening it to see whether its owner still maps it", errno);
+      continue;
     }
+    // Held: its owner still maps it (from another pid namespace, where the name's pid means nothing
+    // here). EINVAL (no OFD locks, before Linux 3.15): the pid alone decides, as before locks.
+    const int err = lockFile(fd, F_WRLCK, F_OFD_SETLK);
+    if (err == EAGAIN || err == EACCES || !namesFile(name, fd)) {
+      close(fd);
+      continue;
+    }
+    if (err != 0 && err != EINVAL) {
+      skip("locking it (F_OFD_SETLK)", err);
+      close(fd);
+      continue;
+    }
+    // Unlinked while we hold the lock, so an owner that made it a moment ago makes it again.
+    if (shm_unlink(name.c_str()) == 0) {
+      ++result.removed;
+      if (verbose) printf("removed %s (unused; owner pid %ld is gone)\n", name.c_str(), pid);
+      LIBCOMM_LOG(kInfo, "mem") << "removed stale segment " << name << " (owner pid " << pid << " is gone)";
+    } else if (errno != ENOENT) {
+      skip("unlinking it", errno);
+    }
+    close(fd);
   }
   closedir(dir);
-  return removed;
+  return result;
 }
 
 }  // namespace libcomm::shm

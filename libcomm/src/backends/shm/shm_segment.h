@@ -1,14 +1,19 @@
 #pragma once
 // POSIX shared-memory segments: the memory peers on one host read directly.
 //
-// Names: "/shardcomm.<pid>.<job>.r<rank>.c<comm>.<what>". The owner's pid comes first so that a
-// sweep can remove what a killed run left behind (sweepStaleSegments); the job id keeps runs apart,
-// so a later run never trips over an earlier run's leftovers even before the sweep.
+// Names: "/shardcomm.<pid>.<job>.r<rank>.c<comm>.<what>". The job id keeps runs apart, so a later
+// run never trips over an earlier run's leftovers even before the sweep (sweepStaleSegments).
+//
+// Whether a segment's owner still lives is told by a lock, not by the pid in its name: the owner
+// holds an open-file-description lock (F_OFD_SETLK) on the segment for as long as it maps it, and
+// the kernel drops it when the owner unmaps or dies. A pid means nothing in another pid namespace
+// sharing /dev/shm (a container run with --ipc=host), and pids are reused; a lock is neither.
 
 #include <sys/types.h>
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "libcomm/status.h"
 
@@ -26,7 +31,8 @@ class Segment {
   Segment& operator=(const Segment&) = delete;
 
   /// Creates, sizes and maps a new segment; its pages are touched once so that the first
-  /// collective does not pay for page faults. Fails if the name exists.
+  /// collective does not pay for page faults, and it holds the owner's lock (above) while mapped
+  /// here, in forked children too. Fails if the name exists.
   static Result<Segment> create(const std::string& name, size_t bytes);
   /// Maps an existing segment created by another rank (read-write). `bytes` 0 maps the whole
   /// segment; otherwise the segment must be at least that large.
@@ -52,9 +58,23 @@ class Segment {
 /// The name prefix of every segment of one communicator of this process.
 std::string segmentPrefix(const std::string& jobId, int rank, unsigned commIndex);
 
-/// Removes /dev/shm entries of shardcomm whose owning process no longer exists. Returns how many
-/// were removed. Safe to call concurrently with live jobs (live owners' segments are kept).
-int sweepStaleSegments(bool verbose);
+/// What a sweep did: how many segments it removed, and the stale-looking ones it had to leave.
+struct SweepResult {
+  struct Skipped {
+    std::string name;    // "/shardcomm...."
+    std::string reason;  // why it was left, e.g. "owned by uid 1001: unlinking it: Permission denied"
+  };
+  int removed = 0;
+  std::vector<Skipped> skipped;
+};
+
+/// Removes /dev/shm entries of shardcomm that no process maps as owner any more: nobody holds the
+/// owner's lock and no process of the name's pid runs in this pid namespace (the second keeps the
+/// segments of a library too old to take the lock; a pid is never enough on its own). Segments it
+/// cannot open or unlink (another user's) are reported in `skipped`. Safe to call concurrently
+/// with live jobs in any pid namespace, and from several processes at once. `verbose` prints each
+/// removal on stdout.
+SweepResult sweepStaleSegments(bool verbose);
 
 /// Peer liveness by pid: a process identity that survives pid reuse (pid + start time).
 struct ProcessId {
