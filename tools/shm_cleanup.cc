@@ -1,5 +1,7 @@
 // shm_cleanup: removes the shared-memory segments that killed shardcomm runs left in /dev/shm.
-// Segments whose owning process still runs are kept, so it is safe to run at any time.
+// Segments whose owner still maps them are kept, whatever its pid namespace, so it is safe to run
+// at any time. Stale-looking segments it cannot remove (another user's, when not root) are listed
+// on stderr with the reason; the exit status stays 0.
 
 #include <cstdio>
 #include <cstring>
@@ -8,7 +10,8 @@
 
 int main(int argc, char** argv) {
   constexpr const char* kUsage =
-      "usage: shm_cleanup [-q]\n  Removes /dev/shm/shardcomm.* segments whose owner process is gone.\n"
+      "usage: shm_cleanup [-q]\n  Removes /dev/shm/shardcomm.* segments whose owner process is gone, and lists\n"
+      "  those it cannot remove (another user's) with the reason.\n"
       "  -q   print nothing\n";
   bool quiet = false;
   for (int i = 1; i < argc; ++i) {
@@ -24,7 +27,13 @@ int main(int argc, char** argv) {
     fprintf(stderr, "shm_cleanup: unknown argument '%s'\n%s", argv[i], kUsage);
     return 2;
   }
-  int removed = libcomm::shm::sweepStaleSegments(!quiet).removed;
-  if (!quiet) printf("shm_cleanup: removed %d stale segment(s)\n", removed);
+  const libcomm::shm::SweepResult result = libcomm::shm::sweepStaleSegments(!quiet);
+  if (quiet) return 0;
+  for (const auto& s : result.skipped) fprintf(stderr, "shm_cleanup: left %s: %s\n", s.name.c_str(), s.reason.c_str());
+  printf("shm_cleanup: removed %d stale segment(s)", result.removed);
+  if (!result.skipped.empty())
+    printf(", left %zu that could not be checked or removed (listed on stderr; run as their owner or root)",
+           result.skipped.size());
+  printf("\n");
   return 0;
 }
