@@ -1,6 +1,11 @@
 // comm_info: what libcomm would do on this machine -- version, kernels, devices (GPUs, NICs, RDMA),
 // transports, topology, the effective configuration, the algorithm selection table and every
 // setting with its value. `--json` prints the same as one JSON object.
+//
+// The configuration is the effective one, resolved as libcomm resolves it: the progress-report
+// interval as capped by the op timeout, the UCX bulk threshold as this machine's RDMA devices make
+// it. The poll-before-sleep lengths depend on how many of a communicator's ranks share this
+// machine, known only at creation: when automatic they are reported as "auto" (core/wait_policy.h).
 
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -11,9 +16,11 @@
 #include <cstring>
 #include <string>
 
+#include "backends/ucx/ucx_channel.h"
 #include "backends/ucx/ucx_info.h"
 #include "core/host_stream.h"
 #include "core/json_writer.h"
+#include "core/progress_board.h"
 #include "core/selector.h"
 #include "libcomm/libcomm.h"
 #include "reduce/reduce.h"
@@ -76,6 +83,19 @@ std::string ucxLine(const libcomm::ucx::UcxInfo& u) {
   return s;
 }
 
+// A wait's poll length: the setting, or "auto" (chosen at creation from the ranks sharing the cores).
+std::string spinText(std::chrono::microseconds spin) {
+  return spin.count() < 0 ? "auto" : std::to_string(spin.count()) + " us";
+}
+
+void spinJson(JsonWriter& w, const char* key, std::chrono::microseconds spin) {
+  w.key(key);
+  if (spin.count() < 0)
+    w.value("auto");
+  else
+    w.value(static_cast<long long>(spin.count()));
+}
+
 int printText(const Report& r) {
   printf("shardcomm libcomm %s on %s (%ld online cpus)\n\n", libcomm::versionString(), r.host.c_str(), r.onlineCpus);
   printf("kernels\n  reduction / bf16 conversion: %s\n\n", libcomm::reduce::kernelName());
@@ -101,19 +121,19 @@ int printText(const Report& r) {
     return 1;
   }
   const libcomm::CommConfig& c = r.config.value();
-  // As core/cross_host.cc applies it: capped at a quarter of the op timeout, so that a timeout
-  // always has recent reports to name the absent ranks with.
-  const long long reportMs =
-      c.progressReportInterval.count() == 0
-          ? 0
-          : std::max<long long>(10, std::min<long long>(c.progressReportInterval.count(), c.opTimeout.count() / 4));
+  const long long reportMs = libcomm::progressReportEvery(c).count();
+  const size_t bulk = libcomm::ucx::bulkBytesFor(c);
+  const std::string bulkText = (bulk == 0 ? std::string("off") : "from " + std::to_string(bulk) + " bytes") +
+                               (c.ucxBulkBytes < 0 ? " (auto)" : "");
   printf(
       "configuration (effective)\n  host id: %s\n  collective deadline: %lld ms, creation deadline: %lld ms, "
       "peer check every %lld ms, lost peer named within %lld ms\n  progress reports across hosts: %s\n"
+      "  UCX bulk endpoint: %s\n  poll before sleeping: %s (blocking calls), %s (progress threads)\n"
       "  mismatch check: %s, collective trace: %s\n  progress threads: %s\n\n",
       r.hostId.c_str(), static_cast<long long>(c.opTimeout.count()), static_cast<long long>(c.initTimeout.count()),
       static_cast<long long>(c.peerCheckInterval.count()), static_cast<long long>(c.peerTimeout.count()),
-      reportMs == 0 ? "off" : ("every " + std::to_string(reportMs) + " ms").c_str(), c.checkMismatch ? "on" : "off",
+      reportMs == 0 ? "off" : ("every " + std::to_string(reportMs) + " ms").c_str(), bulkText.c_str(),
+      spinText(c.blockingSpin).c_str(), spinText(c.progressSpin).c_str(), c.checkMismatch ? "on" : "off",
       c.collTrace ? "on" : "off", libcomm::describeGrantedPriority(libcomm::defaultStreamPriority()).c_str());
   printf("%s\n", libcomm::describeSelectionTable(c).c_str());
   printf("settings (environment variables)\n%s", libcomm::describeSettings().c_str());
@@ -178,18 +198,18 @@ int printJson(const Report& r) {
         .field("init_timeout_ms", static_cast<long long>(c.initTimeout.count()))
         .field("peer_check_ms", static_cast<long long>(c.peerCheckInterval.count()))
         .field("peer_timeout_ms", static_cast<long long>(c.peerTimeout.count()))
-        .field("progress_report_ms", static_cast<long long>(c.progressReportInterval.count()))
+        .field("progress_report_ms", static_cast<long long>(libcomm::progressReportEvery(c).count()))
         .field("algo_override", c.algo)
         .field("check_mismatch", c.checkMismatch)
         .field("coll_trace", c.collTrace)
         .field("staging_chunk_bytes", static_cast<unsigned long long>(c.stagingChunkBytes))
         .field("eager_bytes", static_cast<unsigned long long>(c.eagerBytes))
         .field("rs_partials", libcomm::partialsTypeName(c.reducePartials))
-        .field("blocking_spin_us", static_cast<long long>(c.blockingSpin.count()))
-        .field("progress_spin_us", static_cast<long long>(c.progressSpin.count()))
-        .field("ucx_bulk_bytes", static_cast<long long>(c.ucxBulkBytes))
-        .field("progress_threads", libcomm::describeGrantedPriority(libcomm::defaultStreamPriority()))
-        .endObject();
+        .field("ucx_bulk_bytes", static_cast<unsigned long long>(libcomm::ucx::bulkBytesFor(c)))
+        .field("ucx_bulk_bytes_auto", c.ucxBulkBytes < 0);
+    spinJson(w, "blocking_spin_us", c.blockingSpin);
+    spinJson(w, "progress_spin_us", c.progressSpin);
+    w.field("progress_threads", libcomm::describeGrantedPriority(libcomm::defaultStreamPriority())).endObject();
     w.key("configuration_error").null();
     w.key("selection").beginArray();
     for (const auto& row : libcomm::selectionRows())

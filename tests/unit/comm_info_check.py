@@ -116,6 +116,41 @@ def check_json(exe):
     if doc["configuration"]["op_timeout_ms"] != 300000 or doc["configuration"].get("peer_timeout_ms") != 10000 \
             or doc["configuration"].get("progress_report_ms") != 1000 or doc["configuration_error"] is not None:
         fail("configuration malformed: %s / %s" % (doc["configuration"], doc["configuration_error"]))
+    check_json_effective(exe)
+
+
+def check_json_effective(exe):
+    """The configuration is the effective one, resolved as libcomm resolves it, never a sentinel."""
+    rc, out, err = run(exe, ["--json"], {b"LIBCOMM_TIMEOUT_MS": b"2000"})
+    if rc != 0:
+        fail("comm_info --json with LIBCOMM_TIMEOUT_MS=2000 exited %d: %s" % (rc, err.decode("utf-8", "replace")))
+    conf = load(out, err)["configuration"]
+    # cross_host.cc: reports at most every op timeout / 4.
+    if conf.get("progress_report_ms") != 500:
+        fail("LIBCOMM_TIMEOUT_MS=2000 makes progress reports every 500 ms, JSON says %s" % conf.get("progress_report_ms"))
+    # ucx_channel.cc: automatic is 64 KiB where /sys/class/infiniband lists no device, else 0.
+    ib = "/sys/class/infiniband"
+    expected_bulk = 0 if os.path.isdir(ib) and os.listdir(ib) else 65536
+    if conf.get("ucx_bulk_bytes") != expected_bulk or conf.get("ucx_bulk_bytes_auto") is not True:
+        fail("automatic ucx_bulk_bytes must be %d here (auto true): %s" % (expected_bulk, conf))
+    if conf.get("blocking_spin_us") != "auto" or conf.get("progress_spin_us") != "auto":
+        fail("automatic spins must say \"auto\": %s" % conf)
+    rc, out, err = run(exe, ["--json"], {b"LIBCOMM_SPIN_US": b"50", b"LIBCOMM_UCX_BULK_BYTES": b"4096",
+                                         b"LIBCOMM_PROGRESS_REPORT_MS": b"0"})
+    if rc != 0:
+        fail("comm_info --json with set values exited %d: %s" % (rc, err.decode("utf-8", "replace")))
+    conf = load(out, err)["configuration"]
+    if conf.get("blocking_spin_us") != 50 or conf.get("progress_spin_us") != "auto" \
+            or conf.get("ucx_bulk_bytes") != 4096 or conf.get("ucx_bulk_bytes_auto") is not False \
+            or conf.get("progress_report_ms") != 0:
+        fail("set values must come back as set: %s" % conf)
+    rc, out, _ = run(exe, [], {b"LIBCOMM_TIMEOUT_MS": b"2000"})
+    text = out.decode("utf-8", "replace")
+    for line in ["progress reports across hosts: every 500 ms", "UCX bulk endpoint: %s (auto)" %
+                 ("off" if expected_bulk == 0 else "from %d bytes" % expected_bulk),
+                 "poll before sleeping: auto (blocking calls), auto (progress threads)"]:
+        if line not in text:
+            fail("%r missing from the plain output:\n%s" % (line, text))
 
 
 def check_bad_setting(exe):

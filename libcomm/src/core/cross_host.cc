@@ -158,10 +158,8 @@ Status Communicator::Impl::runAcrossHosts(const CollArgs& args, uint32_t seq, co
 }
 
 void Communicator::Impl::openProgressBoard(Bootstrap& bootstrap, const std::string& commId, Deadline deadline) {
-  if (config_.progressReportInterval.count() == 0) return;
-  // Never as old as the timeout it explains; never so often that the store notices.
-  const Milliseconds interval =
-      std::max(Milliseconds(10), std::min(config_.progressReportInterval, config_.opTimeout / 4));
+  const Milliseconds interval = progressReportEvery(config_);
+  if (interval.count() == 0) return;
   auto read = [this] {
     return RankProgress{nextSeq_.load(std::memory_order_relaxed), lastStarted_.load(std::memory_order_relaxed),
                         lastExecuted_.load(std::memory_order_relaxed), failed_.load(std::memory_order_relaxed)};

@@ -5,6 +5,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <charconv>
 #include <sstream>
 
@@ -84,6 +85,11 @@ std::string describeStragglers(uint32_t seq, int self, const std::vector<std::op
   }
   if (list.empty()) return "";
   return "not there yet: " + list + " (" + details + ")";
+}
+
+Milliseconds progressReportEvery(const CommConfig& config) {
+  if (config.progressReportInterval.count() == 0) return Milliseconds(0);
+  return std::max(Milliseconds(10), std::min(config.progressReportInterval, config.opTimeout / 4));
 }
 
 Result<std::unique_ptr<ProgressBoard>> ProgressBoard::open(Bootstrap& bootstrap, const std::string& commId, int rank,

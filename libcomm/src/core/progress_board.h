@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "libcomm/bootstrap.h"
+#include "libcomm/config.h"
 #include "libcomm/deadline.h"
 #include "libcomm/status.h"
 
@@ -47,6 +48,12 @@ struct RankProgress {
   bool gone = false;      // the communicator was destroyed; this is its last entry
   bool operator==(const RankProgress&) const = default;
 };
+
+/// How often a rank of a communicator across hosts publishes its entry (0: never, no board):
+/// CommConfig::progressReportInterval, at most a quarter of the op timeout (a report is never as old
+/// as the timeout it explains) and at least 10 ms (never so often that the store notices). comm_info
+/// reports this value.
+Milliseconds progressReportEvery(const CommConfig& config);
 
 std::string encodeProgress(const RankProgress& p);
 /// False for anything but what encodeProgress writes.

@@ -4,7 +4,6 @@
 #include <poll.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -36,15 +35,7 @@ std::string listRanks(const std::vector<int>& ranks) {
 }  // namespace
 
 Channel::Channel(int rank, int size, const CommConfig& config) : rank_(rank), size_(size), config_(config) {
-  if (config.ucxBulkBytes >= 0) {
-    bulkBytes_ = static_cast<size_t>(config.ucxBulkBytes);
-  } else {
-    // Automatic: on where UCX can only have tcp (and shared memory) between hosts.
-    std::error_code ec;
-    const bool rdma = std::filesystem::is_directory("/sys/class/infiniband", ec) &&
-                      !std::filesystem::is_empty("/sys/class/infiniband", ec);
-    bulkBytes_ = rdma ? 0 : 65536;
-  }
+  bulkBytes_ = bulkBytesFor(config);
 }
 
 Result<std::unique_ptr<Channel>> Channel::create(int rank, int size, const CommConfig& config) {

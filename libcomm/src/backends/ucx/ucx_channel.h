@@ -210,4 +210,9 @@ class Channel {
 /// lengths, then the blobs padded to the longest. Returns every rank's address (index = rank).
 Result<std::vector<std::string>> exchangeAddresses(Bootstrap& bootstrap, const std::string& mine, Deadline deadline);
 
+/// The size from which data messages take the bulk endpoint on this machine (0: no bulk endpoints):
+/// CommConfig::ucxBulkBytes, or when that is automatic (negative) 64 KiB where
+/// /sys/class/infiniband lists no RDMA device, else 0. Built with or without UCX (comm_info).
+size_t bulkBytesFor(const CommConfig& config);
+
 }  // namespace libcomm::ucx

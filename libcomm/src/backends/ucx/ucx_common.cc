@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 
 #include "backends/ucx/ucx_channel.h"
 #include "backends/ucx/ucx_context.h"
@@ -29,6 +30,15 @@ std::vector<EnvDefault> environmentDefaults(Milliseconds peerTimeout) {
   return {{"UCX_TCP_KEEPIDLE", std::to_string(idle) + "s"},
           {"UCX_TCP_KEEPINTVL", std::to_string(interval) + "s"},
           {"UCX_TCP_KEEPCNT", std::to_string(count)}};
+}
+
+size_t bulkBytesFor(const CommConfig& config) {
+  if (config.ucxBulkBytes >= 0) return static_cast<size_t>(config.ucxBulkBytes);
+  // Automatic: on where UCX can only have tcp (and shared memory) between hosts.
+  std::error_code ec;
+  const bool rdma = std::filesystem::is_directory("/sys/class/infiniband", ec) &&
+                    !std::filesystem::is_empty("/sys/class/infiniband", ec);
+  return rdma ? 0 : 65536;
 }
 
 Result<std::vector<std::string>> exchangeAddresses(Bootstrap& bootstrap, const std::string& mine, Deadline deadline) {
