@@ -9,6 +9,9 @@ set(LIBCOMM_WITH_CUDA AUTO CACHE STRING "CUDA streams/events and kernels: AUTO (
 set_property(CACHE LIBCOMM_WITH_CUDA PROPERTY STRINGS AUTO ON OFF)
 set(LIBCOMM_WITH_NCCL AUTO CACHE STRING "NCCL backend (needs CUDA): AUTO (when found), ON (required) or OFF")
 set_property(CACHE LIBCOMM_WITH_NCCL PROPERTY STRINGS AUTO ON OFF)
+include(ShardcommOptions)
+shardcomm_tristate(LIBCOMM_WITH_CUDA)
+shardcomm_tristate(LIBCOMM_WITH_NCCL)
 
 set(SHARDCOMM_HAVE_CUDA OFF)
 if(NOT LIBCOMM_WITH_CUDA STREQUAL "OFF")
