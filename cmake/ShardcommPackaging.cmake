@@ -19,10 +19,6 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/shardcommConfigVersion.cm
   VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/shardcommConfig.cmake ${PROJECT_BINARY_DIR}/shardcommConfigVersion.cmake
   DESTINATION ${SHARDCOMM_CMAKE_DIR})
-# The package config finds NCCL as the build did (find_dependency(NCCL)).
-if(SHARDCOMM_HAVE_NCCL)
-  install(FILES ${PROJECT_SOURCE_DIR}/cmake/FindNCCL.cmake DESTINATION ${SHARDCOMM_CMAKE_DIR})
-endif()
 
 # The .pc file finds its prefix relative to itself, so the tree can be installed anywhere
 # (cmake --install --prefix ...) and still be found through PKG_CONFIG_PATH.
