@@ -27,8 +27,9 @@
 #       rank failed (each rank's status is listed), 2 usage, 77 namespaces cannot be made here,
 #       124 the run timed out.
 #   tools/netns.sh sweep
-#       Delete namespaces (and end their processes) and run directories (/tmp/shardcomm-netns-<pid>-*)
-#       left by runs whose netns.sh was killed; run does this first anyway.
+#       Delete namespaces (and end their processes), their /etc/netns/<ns> files and run directories
+#       (/tmp/shardcomm-netns-<pid>-*) left by runs whose netns.sh (or test script) was killed; run
+#       does this first anyway.
 #
 # The bridge lives in its own "switch" namespace and both ends of each veth pair are created inside
 # namespaces, so the root namespace is never touched. Namespace names carry the creating
@@ -82,6 +83,16 @@ sweep() {
     nsDelete "$ns"
   done
   local dir
+  # Per-namespace files ("ip netns exec" mounts /etc/netns/<ns>/* over /etc), which a creator killed
+  # with SIGKILL (a ctest timeout) leaves with or without its namespace: same rule.
+  for dir in /etc/netns/"$kPrefix"[0-9]*-*; do
+    [ -d "$dir" ] || continue
+    pid=${dir#/etc/netns/"$kPrefix"}
+    pid=${pid%%-*}
+    [[ "$pid" =~ ^[0-9]+$ ]] && ! kill -0 "$pid" 2> /dev/null || continue
+    say "removing stale $dir (its creator, pid $pid, is gone)"
+    rm -rf "$dir"
+  done
   for dir in /tmp/shardcomm-netns-*-*; do
     [ -d "$dir" ] || continue
     pid=${dir#/tmp/shardcomm-netns-}

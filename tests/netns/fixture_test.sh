@@ -104,6 +104,17 @@ check "the next run passes" 0 "$rc"
 check "the next run sweeps them: nothing is left of either" "0 namespaces, 0 processes" "$(wait_swept "$dead")"
 check "the killed run's directory is swept too" 0 "$(ls -d /tmp/shardcomm-netns-"$dead"-* 2> /dev/null | wc -l)"
 
+# A script killed with SIGKILL (socket_ifname_test.sh at a ctest timeout) leaves /etc/netns/<ns>
+# files: the sweep removes those whose creator is gone and keeps a live creator's.
+sh -c 'exit 0' & gone=$!
+wait "$gone"
+mkdir -p "/etc/netns/shcn$gone-ifa" "/etc/netns/shcn$$-live"
+echo "127.0.0.1 localhost" > "/etc/netns/shcn$gone-ifa/hosts"
+"$netns" sweep > /dev/null
+check "sweep removes a dead creator's /etc/netns entry" gone "$([ -e "/etc/netns/shcn$gone-ifa" ] && echo left || echo gone)"
+check "sweep keeps a live creator's /etc/netns entry" kept "$([ -e "/etc/netns/shcn$$-live" ] && echo kept || echo gone)"
+rm -rf "/etc/netns/shcn$$-live" "/etc/netns/shcn$gone-ifa"
+
 [ "$failures" = 0 ] && { echo "fixture_test: PASS"; exit 0; }
 echo "fixture_test: $failures FAILED"
 exit 1

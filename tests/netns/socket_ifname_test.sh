@@ -22,7 +22,9 @@ why=$("$netns" probe) || { echo "$why"; exit 77; }
 "$netns" sweep
 
 A="shcn$$-ifa" B="shcn$$-ifb" port=29611
-out=$(mktemp -d /tmp/shardcomm-ifname-XXXXXX)
+# Names with this script's pid: if it is killed (SIGKILL at a ctest timeout, no trap runs), the next
+# "netns.sh sweep" removes the namespaces, their /etc/netns files and this directory.
+out=$(mktemp -d /tmp/shardcomm-netns-$$-ifname-XXXXXX)
 cleanup() {
   local ns pids
   for ns in "$A" "$B"; do
