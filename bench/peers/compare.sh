@@ -76,7 +76,9 @@ mpi_flags() {  # mpi_flags CONFIG COLL
   echo
 }
 
-# run LOG JSON CMD...: one program run, logged; a failure is recorded and the comparison goes on.
+# run LOG JSON CMD...: one program run, logged; a failure is noted in settings.txt, fails the comparison
+# (any_failed: compare.sh exits 1 at the end) and the comparison goes on.
+any_failed=0
 run() {
   local log=$1 json=$2
   shift 2
@@ -91,6 +93,7 @@ run() {
   child=""
   if ((rc != 0)); then
     note "FAILED (exit $rc$( ((rc == 124)) && echo ", timed out after ${RUN_TIMEOUT}s")): $*  (log: $log)"
+    any_failed=1
     return 1
   fi
   grep -v '^#' "$log" | grep -q . || note "WARNING: no result rows from: $*  (log: $log)"
@@ -133,13 +136,21 @@ have_memcpy=0; have memcpy && have_memcpy=1
 # Stage 1 compares the transport settings; stage 2 tries forcing each coll/tuned algorithm on the winner.
 # Probes are short (-n 5 at 64K, 1M, 16M, 256M), unchecked, ranked by geometric-mean busbw.
 declare -A best_mpi
+bytes() {  # bytes SIZE: 8, 64K, 256M, 1G in bytes (the peers' suffixes, whole numbers)
+  local n=${1%[KkMmGg]}
+  case ${1: -1} in K | k) n=$((n << 10)) ;; M | m) n=$((n << 20)) ;; G | g) n=$((n << 30)) ;; esac
+  echo "$n"
+}
+# The probe starts at 64K, or at MAX_BYTES when that is smaller (the peers refuse -b above -e).
+probe_min=$(bytes "$MAX_BYTES")
+((probe_min > 65536)) && probe_min=64K
 mpi_probe() {  # mpi_probe CONFIG COLL N
   local flags
   flags=$(mpi_flags "$1" "$2") || return 1
   # shellcheck disable=SC2086  # flags is a word list by design
   run "$OUT_DIR/probe/$1-$2-np$3.log" "$OUT_DIR/probe/$1-$2-np$3.jsonl" \
     env PEER_SETTINGS="config=$1: $flags" "${MPIRUN[@]}" -np "$3" $flags "${MALLOC_ENV[@]}" \
-    -x PEER_SETTINGS "$PEERS_DIR/mpi_bench" "$2" -b 64K -e "$MAX_BYTES" -f 16 -n 5 -w 2 -c 0
+    -x PEER_SETTINGS "$PEERS_DIR/mpi_bench" "$2" -b "$probe_min" -e "$MAX_BYTES" -f 16 -n 5 -w 2 -c 0
 }
 if ((have_mpi)) && [[ -n $MPI_BEST ]]; then
   note "# Open MPI: $(mpirun --version 2>&1 | head -1); configuration given in MPI_BEST, not probed"
@@ -156,7 +167,11 @@ elif ((have_mpi)); then
       for cfg in $MPI_CONFIGS; do mpi_probe "$cfg" "$coll" "$n"; done
       ranked=$(python3 "$here/summarize.py" --rank-mpi "$OUT_DIR/probe" "$coll" "$n")
       note "# Open MPI probe $coll np$n, transports (geomean busbw GB/s, best first): $ranked"
-      [[ -n $ranked ]] || continue
+      if [[ -z $ranked ]]; then
+        note "openmpi $coll np$n: NOT MEASURED: no probe run gave results (see FAILED above)"
+        any_failed=1
+        continue
+      fi
       best=${ranked%%=*}
       if ((MPI_PROBE_ALGOS)); then
         algs="1 2 3 4 5"  # linear bruck recursive_doubling ring neighbor (+ two_proc at 2 ranks; elsewhere it aborts)
@@ -176,12 +191,11 @@ fi
 # --- The sweep -------------------------------------------------------------------------------------------------
 # A program that fails (or times out) for a collective and rank count is not run again for them.
 declare -A failed
-any_failed=0
 sweep() {  # sweep IMPL COLL N REP CMD...
   local key=$1-$2-np$3
   if [[ -n ${failed[$key]:-} ]]; then return; fi
   run "$OUT_DIR/logs/$key-r$4.log" "$OUT_DIR/runs/$key-r$4.jsonl" "${@:5}" ||
-    { failed[$key]=1; any_failed=1; note "$1 $2 np$3: not repeated after that failure"; }
+    { failed[$key]=1; note "$1 $2 np$3: not repeated after that failure"; }
 }
 for rep in $(seq 1 "$REPEATS"); do
   for n in $RANKS; do
@@ -213,6 +227,7 @@ python3 "$here/summarize.py" --notes "$notes" --ours shardcomm -o "$OUT_DIR/summ
 python3 "$here/summarize.py" --ours shardcomm-inline --metric time -o "$OUT_DIR/summary-inline-latency.md" \
   "$OUT_DIR/runs" > /dev/null || rc=1
 echo "compare.sh: results in $OUT_DIR (summary.md, settings.txt, commands.txt, runs/, logs/, probe/)"
-# Wrong results (the summaries list them) or a failed run (settings.txt notes it) fail the comparison.
+# Wrong results (the summaries list them) or a failed run -- probe, sweep or memcpy; settings.txt notes
+# it -- fail the comparison, so a broken mpirun never passes as a comparison without Open MPI.
 ((any_failed)) && echo "compare.sh: some runs failed; see FAILED in $notes" >&2 && rc=1
 exit $rc

@@ -4,8 +4,9 @@
 //   gloo_bench all_gather -np 4 -b 8 -e 256M -f 2 -J out.jsonl     forks 4 ranks itself
 //   GLOO_BENCH_RANK=r GLOO_BENCH_SIZE=n GLOO_BENCH_STORE=/shared/dir gloo_bench ...   one rank per process
 //
-// Rendezvous goes through gloo's FileStore in a fresh temporary directory (or GLOO_BENCH_STORE, which must be
-// empty and the same for every rank). Rank 0 prints the table and writes the JSON lines.
+// Rendezvous goes through gloo's FileStore in a fresh temporary directory under $TMPDIR (removed at the end,
+// also on SIGTERM/SIGINT/SIGHUP; forked ranks die with the parent), or in GLOO_BENCH_STORE, which must be
+// empty and the same for every rank. Rank 0 prints the table and writes the JSON lines.
 //
 // This Gloo (Debian 0.5.0, 2022) offers reduce-scatter only as the old-style in-place algorithm class
 // gloo::ReduceScatterHalvingDoubling; there is no gloo::reduce_scatter(opts) yet. Its result lands in the first
@@ -19,9 +20,12 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/transport/tcp/device.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 
+#include <cerrno>
 #include <chrono>
+#include <iterator>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -158,6 +162,7 @@ int runRank(const Options& o, int rank, int nranks, const std::string& storeDir)
         bench.allGather() ? "" : "in-place only in gloo: out-of-place = memcpy into its buffer + in-place run";
     FILE* json = rank == 0 ? peers::openJson(o) : nullptr;
     if (rank == 0) peers::printHeader("gloo", o, nranks, settings);
+    long wrong = 0;  // summed over ranks (every rank has the sums), sizes and placements
     for (size_t requested : sizes) {
       const size_t count = requested / sizeof(float) / nranks;
       const size_t size = count * nranks * sizeof(float);
@@ -169,6 +174,7 @@ int runRank(const Options& o, int rank, int nranks, const std::string& storeDir)
       bench.prepare(count);
       Result oop = bench.measure(false);
       Result ip = bench.measure(true);
+      wrong += std::max(oop.wrong, 0L) + std::max(ip.wrong, 0L);
       if (rank == 0) {
         peers::printRow(size, count, "float", redop, oop, ip);
         peers::writeJson(json, "gloo", o, "float", redop, nranks, size, count, oop, false, settings, note);
@@ -177,6 +183,12 @@ int runRank(const Options& o, int rank, int nranks, const std::string& storeDir)
     }
     if (rank == 0) peers::printFooter();
     if (json != nullptr) std::fclose(json);
+    // As comm_bench: a check that found wrong elements fails the run. Rank 0 says so; the others
+    // have finished too, so spawn() stopping them loses nothing.
+    if (wrong > 0 && rank == 0) {
+      std::fprintf(stderr, "gloo_bench: %ld wrong elements (see #wrong); exit 1\n", wrong);
+      return 1;
+    }
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gloo_bench: rank %d of %d (%s): %s\n", rank, nranks, o.coll.c_str(), e.what());
@@ -184,31 +196,71 @@ int runRank(const Options& o, int rank, int nranks, const std::string& storeDir)
   }
 }
 
+// A stop signal (compare.sh's timeout sends SIGTERM; ^C) kills the ranks from the handler, so that
+// spawn() still reaps them and removes the store directory before dying of that signal.
+constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGHUP};
+volatile sig_atomic_t gStopSignal = 0;
+pid_t gRankPids[1024];  // parseArgs caps -np only at > 0; ranks past this many are not killed by the handler
+volatile sig_atomic_t gRankCount = 0;
+
+extern "C" void onStopSignal(int sig) {
+  gStopSignal = sig;
+  for (int i = 0; i < gRankCount; ++i) kill(gRankPids[i], SIGKILL);
+}
+
 /// Forks nranks processes and waits; the first failure kills the others, which would otherwise wait for the
-/// dead rank until gloo's timeout.
+/// dead rank until gloo's timeout. The FileStore lives in a fresh directory under $TMPDIR (default /tmp),
+/// removed at the end, also when a stop signal ends the run.
 int spawn(const Options& o) {
-  char dirTemplate[] = "/tmp/gloo_bench.XXXXXX";
-  if (mkdtemp(dirTemplate) == nullptr) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string dirTemplate = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/gloo_bench.XXXXXX";
+  if (mkdtemp(dirTemplate.data()) == nullptr) {
     std::perror("gloo_bench: mkdtemp");
     return 1;
   }
   const std::string dir = dirTemplate;
   std::fflush(stdout);
+
+  // Stop signals stay blocked while forking: a rank never runs the parent's handler, and the parent's
+  // handler never sees a half-written pid list.
+  sigset_t stopSet, oldSet;
+  sigemptyset(&stopSet);
+  for (int sig : kStopSignals) sigaddset(&stopSet, sig);
+  sigprocmask(SIG_BLOCK, &stopSet, &oldSet);
+  struct sigaction act {};
+  act.sa_handler = onStopSignal;  // no SA_RESTART: wait() returns EINTR and the loop looks again
+  sigemptyset(&act.sa_mask);
+  for (int sig : kStopSignals) sigaction(sig, &act, nullptr);
+
+  const pid_t parent = getpid();
   std::vector<pid_t> pids;
   for (int r = 0; r < o.nranks; ++r) {
     pid_t pid = fork();
     if (pid < 0) {
       std::perror("gloo_bench: fork");
       for (pid_t p : pids) kill(p, SIGKILL);
-      return 1;
+      break;
     }
-    if (pid == 0) _exit(runRank(o, r, o.nranks, dir));
+    if (pid == 0) {
+      // A parent killed outright (SIGKILL runs no handler) takes its ranks with it.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);
+      for (int sig : kStopSignals) signal(sig, SIG_DFL);
+      sigprocmask(SIG_SETMASK, &oldSet, nullptr);
+      _exit(runRank(o, r, o.nranks, dir));
+    }
     pids.push_back(pid);
+    if (gRankCount < static_cast<int>(std::size(gRankPids))) {
+      gRankPids[gRankCount] = pid;
+      gRankCount = gRankCount + 1;
+    }
   }
-  int failures = 0;
+  int failures = pids.size() == static_cast<size_t>(o.nranks) ? 0 : 1;
+  sigprocmask(SIG_SETMASK, &oldSet, nullptr);
   while (!pids.empty()) {
     int status = 0;
     pid_t pid = wait(&status);
+    if (pid < 0 && errno == EINTR) continue;  // a stop signal: its handler has killed the ranks
     if (pid < 0) break;
     std::erase(pids, pid);
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
@@ -221,6 +273,11 @@ int spawn(const Options& o) {
   }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
+  if (gStopSignal != 0) {  // die of the signal, as the caller expects
+    const int sig = gStopSignal;
+    signal(sig, SIG_DFL);
+    raise(sig);
+  }
   return failures == 0 ? 0 : 1;
 }
 

@@ -26,11 +26,6 @@ inline void copyOnce(void* dst, const void* src, size_t bytes) {
   asm volatile("" : : "r"(dst) : "memory");
 }
 
-double medianOf(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 /// Copies of `bytes` per repetition needed to fill kRepetitionUs, from one timed copy.
 int copiesPerRepetition(char* dst, const char* src, size_t bytes) {
   copyOnce(dst, src, bytes);
@@ -49,7 +44,7 @@ double timeOneCore(char* dst, const char* src, size_t bytes, int reps) {
     for (int i = 0; i < copies; ++i) copyOnce(dst, src, bytes);
     samples.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / copies);
   }
-  return medianOf(samples);
+  return peers::median(samples);
 }
 
 /// Two cores: one copy of `bytes` is split in two; a helper thread copies the upper half while the caller
@@ -81,7 +76,7 @@ class TwoCoreCopier {
       for (int i = 0; i < copies; ++i) handOff(dst, src, lower);
       samples.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / copies);
     }
-    return medianOf(samples);
+    return peers::median(samples);
   }
 
  private:

@@ -125,6 +125,7 @@ int main(int argc, char** argv) {
   FILE* json = rank == 0 ? peers::openJson(o) : nullptr;
   if (rank == 0) peers::printHeader("openmpi", o, nranks, settings);
   const char* redop = bench.allGather() ? "none" : "sum";
+  long wrong = 0;  // rank 0: summed over sizes and placements
 
   for (size_t requested : sizes) {
     const size_t count = requested / sizeof(float) / nranks;
@@ -135,10 +136,16 @@ int main(int argc, char** argv) {
       peers::printRow(size, count, "float", redop, oop, ip);
       peers::writeJson(json, "openmpi", o, "float", redop, nranks, size, count, oop, false, settings);
       peers::writeJson(json, "openmpi", o, "float", redop, nranks, size, count, ip, true, settings);
+      wrong += std::max(oop.wrong, 0L) + std::max(ip.wrong, 0L);
     }
   }
   if (rank == 0) peers::printFooter();
   if (json != nullptr) std::fclose(json);
   MPI_Finalize();
+  // As comm_bench: a check that found wrong elements fails the run (mpirun passes rank 0's status on).
+  if (wrong > 0) {
+    std::fprintf(stderr, "mpi_bench: %ld wrong elements (see #wrong); exit 1\n", wrong);
+    return 1;
+  }
   return 0;
 }

@@ -8,7 +8,8 @@ the median busbw of every comm_bench variant and of Open MPI at each size, each 
 
 The manifest (runs.tsv, written by netns_compare.sh) lists one program run per line: its shape, collective,
 UCX_TLS, label, kind (shardcomm or openmpi), round, exit status, JSON-lines file, log and command line.
-Prints the tables and writes them to -o. Exit status 1 when a result row reports wrong elements.
+Prints the tables and writes them to -o. A result row that reports wrong elements is listed and left
+out of every median; exit status 1 when there is one, or a run failed.
 Python 3 standard library only.
 """
 import argparse
@@ -79,7 +80,9 @@ def main():
             if row.get("dtype") != dtype:
                 continue
             if row.get("wrong"):
+                # Reported below and left out of the medians, as summarize.py does.
                 wrong.append(f"{run['shape']} {run['coll']} {label} size {row['size']}: {row['wrong']} wrong")
+                continue
             busbw[key + (bool(row.get("inplace")),)][label][int(row["size"])].append(float(row["busbw"]))
 
     out = []

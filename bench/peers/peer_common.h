@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -124,16 +125,32 @@ inline Options parseArgs(int argc, char** argv, const std::vector<std::string>& 
       std::exit(2);
     }
   }
-  if (o.maxBytes < o.minBytes) o.maxBytes = o.minBytes;
+  // As comm_bench: a sweep that ends below its start is a mistake, not a request for one size.
+  if (o.minBytes > o.maxBytes) {
+    std::fprintf(stderr, "%s: -b %zu is larger than -e %zu\n", argv[0], o.minBytes, o.maxBytes);
+    std::exit(2);
+  }
   return o;
 }
 
-/// The requested sizes, before rounding to a multiple of nranks * element size.
+/// The requested sizes, before rounding to a multiple of nranks * element size: -b, then times -f up
+/// to -e. As comm_bench's sizeList, 0 is followed by 1 (no factor moves 0). Never empty once
+/// parseArgs has accepted the options (-b <= -e).
 inline std::vector<size_t> sweep(const Options& o) {
   std::vector<size_t> sizes;
-  for (double s = static_cast<double>(o.minBytes); s <= static_cast<double>(o.maxBytes) * 1.0000001; s *= o.factor)
+  const double last = static_cast<double>(o.maxBytes) * 1.0000001;
+  for (double s = static_cast<double>(o.minBytes); s <= last; s = s == 0 ? 1 : s * o.factor)
     sizes.push_back(static_cast<size_t>(s));
   return sizes;
+}
+
+/// The median of `v` (empty: 0); for an even count the mean of the two middle values, as
+/// summarize.py's statistics.median takes it.
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t mid = v.size() / 2;
+  return v.size() % 2 ? v[mid] : (v[mid - 1] + v[mid]) / 2;
 }
 
 /// Page-aligned, huge-page-advised and touched once, so no timed iteration pays first-touch faults

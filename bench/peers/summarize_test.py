@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""netns_summarize.py on crafted JSON lines: a row with wrong elements is reported and left
+out of every median.
+
+  summarize_test.py            (finds the scripts beside itself)
+"""
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def row(impl, busbw, wrong=0, size=1024, coll="all_gather", nranks=2, **extra):
+    r = {"impl": impl, "coll": coll, "dtype": "float", "outtype": "float", "op": "none", "nranks": nranks,
+         "size": size, "count": size // 4 // nranks, "time_us": 1.0, "algbw": busbw, "busbw": busbw,
+         "wrong": wrong, "inplace": False, "registered": True, "iters": 2, "warmup": 1, "settings": ""}
+    r.update(extra)
+    return r
+
+
+class Summaries(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def jsonl(self, name, rows):
+        path = os.path.join(self.dir, name)
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in rows)
+        return path
+
+    def run_script(self, script, *args):
+        return subprocess.run([sys.executable, os.path.join(HERE, script), *args], capture_output=True, text=True,
+                              timeout=60)
+
+    def test_netns_wrong_rows_are_left_out_of_the_median(self):
+        manifest = os.path.join(self.dir, "runs.tsv")
+        fields = ["shape", "hosts", "ranks_per_host", "coll", "tls", "label", "kind", "rep", "rc", "json", "log",
+                  "command"]
+        with open(manifest, "w", encoding="utf-8", newline="") as fh:
+            w = csv.DictWriter(fh, fields, delimiter="\t", quoting=csv.QUOTE_NONE)
+            w.writeheader()
+            # Both runs exit 0; the second's row reports 3 wrong elements (and a busbw that would move the median).
+            for rep, busbw, wrong in ((1, 1.0, 0), (2, 100.0, 3)):
+                w.writerow({"shape": "2x1", "hosts": 2, "ranks_per_host": 1, "coll": "all_gather", "tls": "tcp",
+                            "label": "shardcomm", "kind": "shardcomm", "rep": rep, "rc": 0,
+                            "json": self.jsonl(f"r{rep}.jsonl", [row("shardcomm", busbw, wrong)]),
+                            "log": f"r{rep}.log", "command": f"comm_bench round {rep}"})
+        res = self.run_script("netns_summarize.py", "--manifest", manifest)
+        self.assertEqual(res.returncode, 1, res.stdout + res.stderr)
+        self.assertIn("| 1 KiB | 1.000 |", res.stdout)  # the median of the one good round, not of 1 and 100
+        self.assertIn("size 1024: 3 wrong", res.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
