@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "check.h"
 #include "options.h"
+#include "report.h"
 
 namespace comm_bench {
 namespace {
@@ -292,6 +294,52 @@ TEST(CommBenchOptions, UsageErrorsSayWhatIsWrong) {
   o = parse({"all_gather", "--minbytes=8"});
   ASSERT_TRUE(o.isOk()) << o.status().toString();
   EXPECT_EQ(o->minBytes, 8u);
+}
+
+// Device buffers run on a CUDA stream: -s inline would be ignored while the header and JSON said inline.
+TEST(CommBenchOptions, DeviceMemoryRefusesAnInlineStream) {
+  auto o = parse({"all", "-m", "device", "-s", "inline"});
+  ASSERT_FALSE(o.isOk());
+  EXPECT_NE(o.status().message().find("-s inline is for host memory"), std::string::npos) << o.status().message();
+  EXPECT_TRUE(parse({"all", "-m", "host", "-s", "inline"}).isOk());
+  EXPECT_TRUE(parse({"all", "-m", "device", "-s", "thread"}).isOk());
+}
+
+// The JSON lines say which memory and stream a row was measured with, and name device runs apart
+// (summarize.py puts one column per impl).
+TEST(CommBenchReport, JsonNamesMemoryAndStream) {
+  struct Case {
+    std::vector<std::string> args;
+    const char* want;
+  };
+  const Case cases[] = {
+      {{"all_gather"}, R"("memory":"host","stream":"thread","iters":20,"warmup":5,"impl":"shardcomm"})"},
+      {{"all_gather", "-s", "inline"}, R"("memory":"host","stream":"inline","iters":20,"warmup":5,"impl":"shardcomm-inline"})"},
+      {{"all_gather", "-m", "device"}, R"("memory":"device","stream":"cuda","iters":20,"warmup":5,"impl":"shardcomm-device"})"},
+  };
+  const std::string path = testing::TempDir() + "comm_bench_report_test.jsonl";
+  for (const Case& c : cases) {
+    auto args = c.args;
+    args.insert(args.end(), {"-J", path});
+    auto o = parse(args);
+    ASSERT_TRUE(o.isOk()) << o.status().toString();
+    {
+      Report report(*o, 2);
+      ASSERT_TRUE(report.openJson().isOk());
+      Row row;
+      row.bytes = 8;
+      row.count = 1;
+      row.outOfPlace = {true, 1.0, 0};
+      report.addRow(row);
+    }
+    FILE* f = fopen(path.c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    char line[1024] = {};
+    ASSERT_NE(fgets(line, sizeof(line), f), nullptr);
+    fclose(f);
+    EXPECT_NE(std::string(line).find(c.want), std::string::npos) << line;
+  }
+  std::remove(path.c_str());
 }
 
 }  // namespace

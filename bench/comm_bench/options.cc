@@ -42,7 +42,8 @@ Runs:
                           with -R 1 registered (libcomm's CUDA IPC path), -R 0 not (NCCL)
   -s, --stream thread|inline   thread: collectives are enqueued on a host stream and run by its
                           progress thread (default); inline: each runs on the calling thread
-                          before the call returns (libcomm::createInlineHostStream; blocking, like MPI)
+                          before the call returns (libcomm::createInlineHostStream; blocking, like MPI).
+                          Host memory only: -m device always uses a CUDA stream
 Ranks:
   -np, --nranks N         start N ranks on this host (libcomm::launchLocal), each running this
                           command without -np. Without it, rank and size come from the
@@ -315,6 +316,13 @@ Result<Options> parseOptions(int argc, char** argv) {
   if (o.colls.empty()) {
     return libcomm::makeError(StatusCode::kInvalidArgument,
                               "name a collective: all_gather, reduce_scatter or all (or use --quick)");
+  }
+  if (o.deviceMemory && o.inlineStream) {
+    // Device buffers are driven by a CUDA stream; an inline host stream would be ignored while the
+    // header and the JSON lines said inline.
+    return libcomm::makeError(StatusCode::kInvalidArgument,
+                              "-s inline is for host memory: with -m device the collectives run on a CUDA stream "
+                              "(leave -s out)");
   }
   if (o.minBytes > o.maxBytes) {
     return libcomm::makeError(StatusCode::kInvalidArgument, "-b ", o.minBytes, " is larger than -e ", o.maxBytes);

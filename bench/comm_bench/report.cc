@@ -18,6 +18,18 @@ std::string typeColumn(const TypePair& t) {
 
 const char* opColumn(const Row& r) { return r.coll == Coll::kAllGather ? "none" : opName(r.op); }
 
+const char* memoryName(const Options& o) { return o.deviceMemory ? "device" : "host"; }
+
+// What runs the collectives: with device memory a CUDA stream (parseOptions refuses -s inline
+// there), otherwise the host stream -s chose.
+const char* streamName(const Options& o) { return o.deviceMemory ? "cuda" : o.inlineStream ? "inline" : "thread"; }
+
+// summarize.py puts one column per impl: host memory on a progress thread, host memory inline and
+// device memory are measured differently and must not share a median.
+const char* implName(const Options& o) {
+  return o.deviceMemory ? "shardcomm-device" : o.inlineStream ? "shardcomm-inline" : "shardcomm";
+}
+
 }  // namespace
 
 double algBandwidth(size_t bytes, double timeUs) { return timeUs > 0 ? static_cast<double>(bytes) / timeUs / 1e3 : 0; }
@@ -48,9 +60,11 @@ void Report::printHeader(const std::string& bootstrap, const std::vector<RankInf
          bootstrap.c_str());
   std::string step = options_.stepBytes ? std::to_string(options_.stepBytes) + "(bytes)"
                                         : std::to_string(options_.stepFactor) + "(factor)";
-  printf("#  minBytes %zu maxBytes %zu step: %s warmup iters: %d iters: %d validation: %d registered: %d stream: %s\n",
-         options_.minBytes, options_.maxBytes, step.c_str(), options_.warmup, options_.iters, options_.check ? 1 : 0,
-         options_.registered ? 1 : 0, options_.inlineStream ? "inline" : "thread");
+  printf(
+      "#  minBytes %zu maxBytes %zu step: %s warmup iters: %d iters: %d validation: %d registered: %d memory: %s "
+      "stream: %s\n",
+      options_.minBytes, options_.maxBytes, step.c_str(), options_.warmup, options_.iters, options_.check ? 1 : 0,
+      options_.registered ? 1 : 0, memoryName(options_), streamName(options_));
   std::string types, ops;
   for (Coll c : options_.colls)
     for (const TypePair& t : typePairs(options_, c))
@@ -64,7 +78,7 @@ void Report::printHeader(const std::string& bootstrap, const std::vector<RankInf
     printf("#  types:%s\n", types.c_str());
   printf("#\n# Using ranks\n");
   for (size_t r = 0; r < ranks.size(); ++r) {
-    printf("#  Rank %2zu Pid %7d on %10s  [host memory, %s]\n", r, ranks[r].pid, ranks[r].host,
+    printf("#  Rank %2zu Pid %7d on %10s  [%s memory, %s]\n", r, ranks[r].pid, ranks[r].host, memoryName(options_),
            options_.registered ? "registered" : "unregistered");
   }
   if (!selection.empty()) {
@@ -145,11 +159,11 @@ void Report::writeJson(const Row& row, const Measurement& m, bool inPlace) {
   fprintf(json_,
           "{\"coll\":\"%s\",\"dtype\":\"%s\",\"outtype\":\"%s\",\"op\":\"%s\",\"nranks\":%d,\"size\":%zu,"
           "\"count\":%zu,\"time_us\":%.3f,\"algbw\":%.4f,\"busbw\":%.4f,\"wrong\":%s,\"inplace\":%s,"
-          "\"registered\":%s,\"stream\":\"%s\",\"iters\":%d,\"warmup\":%d,\"impl\":\"%s\"}\n",
+          "\"registered\":%s,\"memory\":\"%s\",\"stream\":\"%s\",\"iters\":%d,\"warmup\":%d,\"impl\":\"%s\"}\n",
           collName(row.coll), typeName(row.types.in), typeName(row.types.out), opColumn(row), nranks_, row.bytes,
           row.count, m.timeUs, algbw, busBandwidth(algbw, nranks_), wrong.c_str(), inPlace ? "true" : "false",
-          options_.registered ? "true" : "false", options_.inlineStream ? "inline" : "thread", options_.iters, options_.warmup,
-          options_.inlineStream ? "shardcomm-inline" : "shardcomm");
+          options_.registered ? "true" : "false", memoryName(options_), streamName(options_), options_.iters,
+          options_.warmup, implName(options_));
   fflush(json_);
 }
 

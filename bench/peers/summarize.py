@@ -8,7 +8,8 @@ Every *.jsonl file named (or found in a named directory) is read. Per collective
 size it prints each implementation's median busbw over the repeated runs, our ratio to Open MPI and to Gloo,
 and the memcpy GB/s at that size (one core and two), with the Open MPI/Gloo settings beside the table.
 "ours" is comm_bench's impl (any impl that is not openmpi, gloo or memcpy; --ours picks one if there are
-several). When the input holds Open MPI runs with different settings, the settings with the best geometric
+several: shardcomm, shardcomm-inline, shardcomm-device; a row with "memory" other than host counts as
+IMPL-MEMORY). When the input holds Open MPI runs with different settings, the settings with the best geometric
 mean busbw (over all sizes of that collective and rank count) are shown, and the others are listed.
 Python 3 standard library only.
 """
@@ -126,6 +127,11 @@ def main():
             continue
         if r["coll"] == "reduce_scatter" and r.get("op", "sum") != "sum":
             continue
+        # comm_bench names device-memory runs shardcomm-device; a row from elsewhere that says only
+        # "memory":"device" is kept apart as well: device and host runs never share a median.
+        memory = r.get("memory", "host")
+        if impl not in PEERS and memory != "host" and not impl.endswith("-" + memory):
+            impl = f"{impl}-{memory}"
         label = impl
         if impl == "openmpi":
             label = "openmpi|" + r.get("settings", "")

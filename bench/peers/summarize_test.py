@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""netns_summarize.py on crafted JSON lines: a row with wrong elements is reported and left
-out of every median.
+"""summarize.py and netns_summarize.py on crafted JSON lines: a row with wrong elements is reported and left
+out of every median; comm_bench's host- and device-memory runs are never pooled into one median.
 
   summarize_test.py            (finds the scripts beside itself)
 """
@@ -58,6 +58,16 @@ class Summaries(unittest.TestCase):
         self.assertEqual(res.returncode, 1, res.stdout + res.stderr)
         self.assertIn("| 1 KiB | 1.000 |", res.stdout)  # the median of the one good round, not of 1 and 100
         self.assertIn("size 1024: 3 wrong", res.stdout)
+
+    def test_host_and_device_memory_runs_are_not_pooled(self):
+        self.jsonl("host.jsonl", [row("shardcomm", 1.0, memory="host")])
+        self.jsonl("device.jsonl", [row("shardcomm", 100.0, memory="device")])
+        res = self.run_script("summarize.py", "--ours", "shardcomm", self.dir)
+        self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
+        self.assertIn("| 1 KiB | 1.00 |", res.stdout)  # host only: no median of 1 and 100
+        self.assertNotIn("50.50", res.stdout)
+        res = self.run_script("summarize.py", "--ours", "shardcomm-device", self.dir)
+        self.assertIn("| 1 KiB | 100.00 |", res.stdout)
 
 
 if __name__ == "__main__":
