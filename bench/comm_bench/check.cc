@@ -144,9 +144,20 @@ uint64_t verifyReduceScatter(const CheckCase& c, const void* send, const void* r
     const double got = load(recv, c.outType, i);
     wrong += !(std::fabs(got - expected) <= reduceTolerance(c, expected, sumAbs));
   }
+  const size_t total = static_cast<size_t>(c.nranks) * c.count;
   if (!c.inPlace) {
     wrong += countUnpoisoned(recv, c.outType, c.count, c.count + kGuardElems);
-    wrong += countChangedInput(c, send, static_cast<size_t>(c.nranks) * c.count);
+    wrong += countChangedInput(c, send, total);
+  } else {
+    // recv is send's chunk [first, first + count): the other chunks are input the collective must
+    // leave alone (send is const), and past the end of send the guard keeps its poison. A write of
+    // count + k elements lands in the next rank's chunk, or in the guard for the last rank.
+    Pattern pat(c.coll, c.rank, c.seq);
+    for (size_t i = 0; i < total; ++i) {
+      if (i >= first && i < first + c.count) continue;
+      wrong += bits(send, c.inType, i) != bitsOf(pat.value(i), c.inType);
+    }
+    wrong += countUnpoisoned(send, c.inType, total, total + kGuardElems);
   }
   return wrong;
 }
@@ -191,7 +202,10 @@ void prepareCheck(const CheckCase& c, void* send, void* recv) {
   }
   Pattern pat(c.coll, c.rank, c.seq);
   for (size_t i = 0; i < n * c.count; ++i) store(send, c.inType, i, pat.value(i));
-  if (!c.inPlace) poison(recv, c.outType, 0, c.count + kGuardElems);
+  if (!c.inPlace)
+    poison(recv, c.outType, 0, c.count + kGuardElems);
+  else
+    poison(send, c.inType, n * c.count, n * c.count + kGuardElems);  // recv lies inside send: guard send's end
 }
 
 uint64_t verifyCheck(const CheckCase& c, const void* send, const void* recv) {

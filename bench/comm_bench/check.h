@@ -36,10 +36,13 @@ struct CheckCase {
 
 /// Writes this rank's input into `send` and poisons the output (and its guard) in `recv`. `send`
 /// and `recv` are the pointers the collective is called with (in place: one inside the other).
+/// Past the end of the output -- in place reduce_scatter: of `send` -- kGuardElems elements must
+/// be writable.
 void prepareCheck(const CheckCase& c, void* send, void* recv);
 
 /// Counts wrong elements: outputs that differ from the expected values, guard elements that lost
-/// their poison, and (out of place) input elements the collective changed.
+/// their poison, and input elements the collective changed (out of place: all of them; in place
+/// reduce_scatter: those outside recv's `count` elements).
 uint64_t verifyCheck(const CheckCase& c, const void* send, const void* recv);
 
 /// Absolute tolerance for one reduce_scatter output element whose exact value is `expected` and

@@ -210,6 +210,47 @@ TEST(CommBenchCheck, ReduceScatterCatchesInputChangeAndGuard) {
   EXPECT_EQ(w.wrong(), 2u);
 }
 
+// In place, recv is rank r's chunk of send: a write of count + 1 elements lands in the next rank's
+// chunk, or past the end of send for the last rank; both must count as wrong.
+TEST(CommBenchCheck, InPlaceReduceScatterCatchesAWritePastItsChunk) {
+  for (DataType t : {DataType::kFloat32, DataType::kBFloat16}) {
+    const int n = 3;
+    const size_t count = 64, elem = libcomm::dataTypeSize(t);
+    CheckCase base;
+    base.coll = Coll::kReduceScatter;
+    base.inType = base.outType = t;
+    base.nranks = n;
+    base.count = count;
+    base.seq = 11;
+    base.inPlace = true;
+    auto rankCase = [&](int r) {
+      CheckCase c = base;
+      c.rank = r;
+      return c;
+    };
+    std::vector<std::vector<char>> buf(n, std::vector<char>((n * count + kGuardElems) * elem));
+    for (int r = 0; r < n; ++r) prepareCheck(rankCase(r), buf[r].data(), buf[r].data() + r * count * elem);
+    // The sums first, from every rank's unchanged input; then each rank's chunk is overwritten.
+    std::vector<std::vector<float>> sums(n, std::vector<float>(count, 0.0f));
+    for (int r = 0; r < n; ++r)
+      for (int q = 0; q < n; ++q)
+        for (size_t i = 0; i < count; ++i) sums[r][i] += loadElem(buf[q], t, r * count + i);
+    for (int r = 0; r < n; ++r)
+      for (size_t i = 0; i < count; ++i) storeElem(buf[r], t, r * count + i, sums[r][i]);
+    auto wrong = [&](int r) { return verifyCheck(rankCase(r), buf[r].data(), buf[r].data() + r * count * elem); };
+    for (int r = 0; r < n; ++r) ASSERT_EQ(wrong(r), 0u) << typeName(t) << " rank " << r;
+    for (int r : {0, n - 1}) {
+      std::vector<char> saved = buf[r];
+      storeElem(buf[r], t, r * count + count, 123.0f);  // recv[count]
+      EXPECT_GE(wrong(r), 1u) << typeName(t) << " rank " << r << ": a write one element past recv";
+      buf[r] = saved;
+      storeElem(buf[r], t, r == 0 ? count * n - 1 : 0, 123.0f);  // another rank's chunk, far from recv
+      EXPECT_GE(wrong(r), 1u) << typeName(t) << " rank " << r << ": a write into another chunk";
+      buf[r] = saved;
+    }
+  }
+}
+
 TEST(CommBenchCheck, Bf16Conversion) {
   EXPECT_EQ(floatToBf16(1.0f), 0x3f80);
   EXPECT_EQ(bf16ToFloat(0x3f80), 1.0f);

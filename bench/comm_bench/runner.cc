@@ -72,7 +72,7 @@ libcomm::Result<std::unique_ptr<Runner>> Runner::create(const Options& options, 
         aBytes = std::max(aBytes, row.count * in);
         bBytes = std::max(bBytes, (n * row.count + kGuardElems) * out);
       } else {
-        aBytes = std::max(aBytes, n * row.count * in);
+        aBytes = std::max(aBytes, (n * row.count + kGuardElems) * in);  // in place, the guard follows send
         bBytes = std::max(bBytes, (row.count + kGuardElems) * out);
       }
     }
