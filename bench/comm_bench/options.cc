@@ -49,10 +49,11 @@ Ranks:
                           command without -np. Without it, rank and size come from the
                           environment (LIBCOMM_*, torchrun, Open MPI, Slurm); with none of
                           those set, this process runs alone as one rank
-  -T, --timeout MS        deadline of each collective (the communicator's op timeout), of the
-                          bootstrap and of communicator creation (default: LIBCOMM_TIMEOUT_MS and
-                          LIBCOMM_INIT_TIMEOUT_MS). With -np the launcher also stops a job that
-                          runs past MS times the number of collectives it has to run
+  -T, --timeout MS        deadline of each collective (the communicator's op timeout); the
+                          bootstrap and communicator creation get 2 x MS, so that init outlasts
+                          an op deadline (default: LIBCOMM_TIMEOUT_MS and LIBCOMM_INIT_TIMEOUT_MS).
+                          With -np the launcher also stops a job that runs past MS times the
+                          number of collectives it has to run
 Output (rank 0 prints):
   -J, --output_file F     one JSON object per (size, placement) to F (JSON lines)
   -a, --print_algo 0|1    print libcomm's algorithm selection table at start (default 0)
