@@ -8,16 +8,13 @@
 // Exit 0 when every run succeeded (whether or not the targets are met: speed is reported, not
 // asserted), 1 on a failure of any rank, 2 on bad flags.
 
-#include <sched.h>
-
-#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "cores.h"
 #include "libcomm/libcomm.h"
 #include "measure.h"
 #include "options.h"
@@ -29,14 +26,6 @@ namespace {
 
 constexpr int kExitFail = 1;
 constexpr int kExitUsage = 2;
-
-// The CPUs this process may run on (its affinity mask): the ranks, started alike, share them.
-int usableCores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
-}
 
 int fail(int rank, const libcomm::Status& st) {
   if (rank < 0)
@@ -76,9 +65,15 @@ int runRank(const Options& o) {
   auto rs = libcomm::Communicator::create(boot, *config);
   if (!rs.isOk()) return fail(rank, rs.status());
 
+  // The CPU bound divides the CPU time of every rank by the cores of every machine the ranks run on.
+  const RankCpus mine = myCpus();
+  std::vector<RankCpus> cpus(static_cast<size_t>(boot.size()));
+  libcomm::Status cs = boot.allGather(&mine, cpus.data(), sizeof(RankCpus), libcomm::Deadline::after(timeout));
+  if (!cs.isOk()) return fail(rank, cs.withContext("exchanging the ranks' CPUs"));
+
   std::optional<Report> report;
   if (rank == 0) {
-    report.emplace(o, usableCores());
+    report.emplace(o, coresOverMachines(cpus));
     const libcomm::Status st = report->openJson();
     if (!st.isOk()) return fail(rank, st);
     report->printHeader(boot.size(), boot.describe());

@@ -23,7 +23,7 @@ struct Derived {
   double serializedVsOverlap = 0;  // serialized step / overlap step
   double commVsCompute = 0;        // comm-only step / compute-only step
   /// What the cores allow when communication is CPU work: the CPU time of compute-only plus that of
-  /// comm-only, spread over every core. No schedule beats it on a host without copy engines.
+  /// comm-only (summed over ranks), spread over every core of every machine the ranks run on. No schedule beats it on a host without copy engines.
   double cpuBound = 0;
   double overlapVsCpuBound = 0;
   /// Target 1: overlap step <= 1.15 x ideal, when compute-only and comm-only are within 2x.
@@ -31,7 +31,7 @@ struct Derived {
   /// Target 2: exposed communication < 10% of the overlap step, when comm-only < 0.7 x compute-only.
   Verdict exposedSmall = Verdict::kNotApplicable;
 };
-/// `cores`: the CPUs the ranks may run on.
+/// `cores`: the CPUs the ranks may run on, over all their machines (coresOverMachines).
 Derived derive(const SizeResult& r, int cores);
 
 inline constexpr double kIdealSlack = 1.15;
@@ -41,7 +41,7 @@ inline constexpr double kExposedLimit = 0.10;
 
 class Report {
  public:
-  /// `cores`: the CPUs this host gives the ranks (for the CPU bound).
+  /// `cores`: the CPUs the ranks may run on, over all their machines (for the CPU bound).
   Report(const Options& options, int cores) : options_(options), cores_(cores) {}
   ~Report();
   Report(const Report&) = delete;
