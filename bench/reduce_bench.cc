@@ -97,6 +97,12 @@ std::string sizeName(size_t bytes) {
   return std::to_string(bytes >> 10) + " KiB";
 }
 
+int usageError(const char* prog, const std::string& why) {
+  std::fprintf(stderr, "reduce_bench: %s\nusage: %s [--max-mib N] [--portable] [--nt on|off|auto] [--json]\n",
+               why.c_str(), prog);
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -105,18 +111,26 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--max-mib" && i + 1 < argc) {
-      maxMib = std::stoul(argv[++i]);
+      // The sizes are 64 KiB, 1 MiB and 256 MiB: below 1 none is left.
+      const std::string v = argv[++i];
+      const bool digits = !v.empty() && v.size() <= 7 && v.find_first_not_of("0123456789") == std::string::npos;
+      if (!digits || std::stoul(v) < 1)
+        return usageError(argv[0], "--max-mib '" + v + "': expected a whole number of MiB from 1 to 9999999");
+      maxMib = std::stoul(v);
     } else if (a == "--portable") {
       reduce::forcePortable(true);
     } else if (a == "--nt" && i + 1 < argc) {
       const std::string v = argv[++i];
-      if (v == "on") reduce::detail::setNtStoreThresholdBytes(0);
-      if (v == "off") reduce::detail::setNtStoreThresholdBytes(SIZE_MAX);
+      if (v == "on")
+        reduce::detail::setNtStoreThresholdBytes(0);
+      else if (v == "off")
+        reduce::detail::setNtStoreThresholdBytes(SIZE_MAX);
+      else if (v != "auto")
+        return usageError(argv[0], "--nt '" + v + "': expected on, off or auto");
     } else if (a == "--json") {
       json = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--max-mib N] [--portable] [--nt on|off|auto] [--json]\n", argv[0]);
-      return 2;
+      return usageError(argv[0], "unknown or incomplete argument '" + a + "'");
     }
   }
 
