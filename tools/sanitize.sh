@@ -16,6 +16,13 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 mode=${1:-}
 shift || true
 supp=$root/tools/sanitizers
+# The sanitizers' option parser splits on spaces, ':' and ',': the suppression paths below are
+# single-quoted inside the option strings (which it understands), so a checkout path with a space or
+# colon works. A path with a single quote cannot be quoted that way.
+case $supp in
+  *\'*) echo "sanitize.sh: the checkout path '$root' holds a single quote, which the sanitizer options cannot carry" >&2
+       exit 2 ;;
+esac
 case "$mode" in
   asan)
     sanitize="address;undefined"
@@ -23,8 +30,8 @@ case "$mode" in
     # _exit). abort_on_error=0 so a report exits with exitcode, not SIGABRT, and the harness names
     # the rank by its exit status.
     export ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:abort_on_error=0:exitcode=23:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1"
-    export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0:exitcode=23"
-    export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:exitcode=24:suppressions=$supp/ubsan.supp"
+    export LSAN_OPTIONS="suppressions='$supp/lsan.supp':print_suppressions=0:exitcode=23"
+    export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:exitcode=24:suppressions='$supp/ubsan.supp'"
     # hwloc's pci plugin leaves ~1 KB that libpciaccess still points to when hwloc_topology_destroy
     # dlcloses the plugin (libcomm destroys its topology; reachable again if libpciaccess stays
     # loaded). The frames are in unloaded modules by the time LeakSanitizer reports, so no
@@ -34,7 +41,7 @@ case "$mode" in
     ;;
   tsan)
     sanitize="thread"
-    export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:exitcode=66:suppressions=$supp/tsan.supp:print_suppressions=0"
+    export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:exitcode=66:suppressions='$supp/tsan.supp':print_suppressions=0"
     # UCX's libucm patches madvise(), which glibc calls on a thread's stack as the thread ends,
     # after TSan has retired the thread: the hook's rwlock then crashes TSan (SIGSEGV in
     # __tsan::MutexPreReadLock from ucm_madvise). Without the mmap hooks UCX registers memory

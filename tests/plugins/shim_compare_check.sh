@@ -21,11 +21,19 @@ if [ "$(cat "$out/real.rc")" = 77 ]; then
   cat "$out/real.out"
   exit 77
 fi
-run preload LD_PRELOAD="$shim" "$real"
+# LD_PRELOAD splits on spaces and colons and cannot quote: a shim path with either is not preloaded.
+compared="preload linked"
+case $shim in
+  *[\ :]*)
+    echo "NOTE: the LD_PRELOAD run is skipped: LD_PRELOAD cannot name '$shim' (it splits on spaces and colons)"
+    compared=linked
+    ;;
+  *) run preload LD_PRELOAD="$shim" "$real" ;;
+esac
 run linked "$linked"
 
 status=0
-for name in preload linked; do
+for name in $compared; do
   if ! grep -q "shim: real NCCL: " "$out/$name.err"; then
     echo "FAIL ($name): the shim did not load (no 'real NCCL:' line on stderr):"
     cat "$out/$name.err"
@@ -41,5 +49,5 @@ for name in preload linked; do
 done
 echo "--- real NCCL alone (exit $(cat "$out/real.rc")):"
 cat "$out/real.out"
-[ $status = 0 ] && echo "PASS: LD_PRELOAD and linked runs print the same as the real NCCL"
+[ $status = 0 ] && echo "PASS: the $compared runs print the same as the real NCCL"
 exit $status
