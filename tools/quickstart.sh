@@ -6,10 +6,18 @@
 #     with libshard (one `step <n> loss <value>` line per step, then each rank's step time,
 #     exposed communication and memory against the plan; the event log is checked on every step).
 # Exits non-zero as soon as either fails.
+#   tools/quickstart.sh                      set up, build in build/, run both
+#   tools/quickstart.sh --run-only BUILD_DIR  run both from an existing build (the ctest
+#                                            tools.quickstart runs exactly these commands)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-"$root/tools/setup.sh" "$root/build"
-"$root/build/bench/comm_bench" --quick
+if [ "${1:-}" = --run-only ]; then
+  build=${2:?usage: tools/quickstart.sh [--run-only BUILD_DIR]}
+else
+  build=$root/build
+  "$root/tools/setup.sh" "$build"
+fi
+"$build/bench/comm_bench" --quick
 echo
-exec "$root/build/examples/tinylm/tinylm" -np 4 --steps 10 --global-batch 32 --dim 128 --hidden 512 --layers 4 \
+exec "$build/examples/tinylm/tinylm" -np 4 --steps 10 --global-batch 32 --dim 128 --hidden 512 --layers 4 \
   --event-log-check

@@ -63,6 +63,9 @@ excluded=(
   '^packaging\.install_and_consume$'
   # A benchmark peer (bench/peers), not built here; and it links Gloo, which is not instrumented.
   '^bench\.gloo_bench_stopped$'
+  # The README's first command (comm_bench --quick, tinylm -np 4): minutes when instrumented, and
+  # both programs run under the sanitizers in their own tests (bench.comm_bench_*, shard.tinylm_*).
+  '^tools\.quickstart$'
 )
 if [ "$mode" = tsan ]; then
   excluded+=(
