@@ -103,6 +103,52 @@ TEST_P(CommFailures, MismatchedCountsNameBothSides) {
   EXPECT_RANKS_OK(report);
 }
 
+// LIBCOMM_ALGO=direct with one rank's input unregistered: every rank learns which rank's input it
+// was, at which collective (the message said "a rank's", with neither rank nor seq).
+TEST(CommErrors, ForcedDirectNamesTheUnregisteredRankAndSeq) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    auto config = quickConfig(ctx.rank);
+    config.algo = "direct";
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+    auto s = libcomm::createHostStream("direct");
+    const size_t n = size_t{1} << 16;  // past the eager size
+    LIBCOMM_ASSIGN_OR_RETURN(void* reg, comm->allocRegistered(n * sizeof(float)));
+    std::vector<float> plain(n), out(2 * n);
+    const void* in = ctx.rank == 0 ? reg : plain.data();
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(in, out.data(), n, DataType::kFloat32, *s));
+    Status st = s->synchronize(libcomm::Deadline::after(std::chrono::seconds(10)));
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(st, StatusCode::kInvalidUsage,
+                                         {"rank " + std::to_string(ctx.rank) + ": all_gather seq 1",
+                                          "LIBCOMM_ALGO=direct", "rank 1's", "registered memory"},
+                                         "direct on unregistered memory"));
+    return comm->freeRegistered(reg);
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// LIBCOMM_ALGO=eager on an input past LIBCOMM_EAGER_BYTES names the rank and the collective's seq.
+TEST(CommErrors, ForcedEagerTooLargeNamesRankAndSeq) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    auto config = quickConfig(ctx.rank);
+    config.algo = "eager";
+    config.eagerBytes = 1024;
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+    auto s = libcomm::createHostStream("eager");
+    std::vector<float> a(4, 1.0f), b(8), big(1024), bigOut(2048);
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(a.data(), b.data(), 4, DataType::kFloat32, *s));
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(big.data(), bigOut.data(), big.size(), DataType::kFloat32, *s));
+    return expectStatus(
+        s->synchronize(libcomm::Deadline::after(std::chrono::seconds(10))), StatusCode::kInvalidUsage,
+        {"rank " + std::to_string(ctx.rank) + ": all_gather seq 2", "4096 bytes", "LIBCOMM_EAGER_BYTES=1024"},
+        "eager too large");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 // The partials' type decides the size of every message of a reduce_scatter across hosts, so ranks
 // must agree on it: refused at creation, naming the setting and both values.
 TEST(CommErrors, ReducePartialsThatDifferAreRefusedAtCreation) {

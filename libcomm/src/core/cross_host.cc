@@ -231,9 +231,13 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
   const int n = size_;
   const size_t inputBytes = args.count * args.inputParts(n) * dataTypeSize(args.inType);
   const char* why = "";
-  LIBCOMM_ASSIGN_OR_RETURN(const Algo algo, selectAcrossHosts({args.kind, inputBytes, hosts_.numHosts(),
-                                                               cross_->fewestPerHost, cross_->mostPerHost},
-                                                              config_, &why));
+  Result<Algo> choice = selectAcrossHosts(
+      {args.kind, inputBytes, hosts_.numHosts(), cross_->fewestPerHost, cross_->mostPerHost}, config_, &why);
+  if (!choice.isOk())
+    return choice.status()
+        .withContext("rank " + std::to_string(rank_) + ": " + describeColl(args, seq))
+        .addFrame(__FILE__, __LINE__);
+  const Algo algo = *choice;
   flight_->chose(seq, algo);
   UcxRingLink link(*cross_->channel, seq);
   if (n > 1) {

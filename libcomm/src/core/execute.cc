@@ -200,8 +200,13 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadl
                         passBases_.data(),
                         args.kind == CollKind::kReduceScatter && config_.reducePartials == PartialsType::kFloat64};
   const size_t inputBytes = args.count * args.inputParts(size_) * dataTypeSize(args.inType);
+  // The selector's errors say what the setting cannot do; which rank and collective, added here.
+  auto named = [&](auto choice) -> decltype(choice) {
+    if (choice.isOk()) return choice;
+    return choice.status().withContext("rank " + std::to_string(rank_) + ": " + describeColl(args, seq));
+  };
   const SelectionQuery query{args.kind, false, args.inPlace, inputBytes};
-  LIBCOMM_ASSIGN_OR_RETURN(const bool eager, chooseEager(query, config_));
+  LIBCOMM_ASSIGN_OR_RETURN(const bool eager, named(chooseEager(query, config_)));
 
   shm::OpDescriptor d = describeOp(args, seq);
   d.eager = eager;
@@ -230,9 +235,14 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadl
   // place (another rank's in-place all_reduce rules out direct for everyone), whether every input
   // is registered; LIBCOMM_ALGO was compared with the descriptors.
   bool anyInPlace = false;
-  for (const shm::OpDescriptor& o : all) anyInPlace = anyInPlace || o.inPlace;
+  int unregistered = -1;
+  for (int p = 0; p < size_; ++p) {
+    anyInPlace = anyInPlace || all[p].inPlace;
+    if (!all[p].inputRegistered && unregistered < 0) unregistered = p;
+  }
   const char* why = "";
-  LIBCOMM_ASSIGN_OR_RETURN(Algo algo, selectAlgo({args.kind, registered, anyInPlace, inputBytes}, config_, &why));
+  LIBCOMM_ASSIGN_OR_RETURN(
+      const Algo algo, named(selectAlgo({args.kind, registered, anyInPlace, inputBytes, unregistered}, config_, &why)));
   flight_->chose(seq, algo);
   if (config_.collTrace) LIBCOMM_LOG(kInfo, "coll") << label.str() << ": " << algoName(algo) << " (" << why << ")";
   if (args.count > 0) {

@@ -94,8 +94,10 @@ Result<Algo> selectAlgo(const SelectionQuery& q, const CommConfig& full, const c
   }
   // "direct"
   if (!q.inputsRegistered)
-    return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=direct but a rank's ", collName(q.kind),
-                     " input is not in registered memory (use allocRegistered, or unset LIBCOMM_ALGO)");
+    return makeError(
+        StatusCode::kInvalidUsage, "LIBCOMM_ALGO=direct but ",
+        q.unregisteredRank >= 0 ? "rank " + std::to_string(q.unregisteredRank) + "'s" : std::string("a rank's"),
+        " input is not in registered memory (use allocRegistered, or unset LIBCOMM_ALGO)");
   if (chosen->algo == Algo::kStaged)  // the in-place all_reduce rule: direct would be wrong, not slow
     return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=direct cannot run ", collName(q.kind), ": ", chosen->why);
   *why = "LIBCOMM_ALGO=direct";

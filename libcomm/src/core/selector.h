@@ -30,15 +30,18 @@ struct SelectionQuery {
   bool inputsRegistered;  // every rank that has an input has it in registered memory
   bool inPlace;
   size_t bytes;           // bytes of the input of a rank that has one (same on every rank)
+  int unregisteredRank = -1;  // a rank whose input is not registered, for messages (-1: none known)
 };
 
 /// Whether a collective travels eagerly (its input copied into the eager area and posted with
 /// the arrival handshake). Decided before arrival from what every rank knows alike: the size.
-/// LIBCOMM_ALGO=eager on a too-large input is kInvalidUsage.
+/// LIBCOMM_ALGO=eager on a too-large input is kInvalidUsage. Errors name the setting and the sizes;
+/// the caller adds the rank and the collective (execute.cc).
 Result<bool> chooseEager(const SelectionQuery& q, const CommConfig& config);
 
 /// The table's choice, or the LIBCOMM_ALGO override where it is possible. An override that cannot
-/// run (direct on unregistered memory) is kInvalidUsage.
+/// run (direct on unregistered memory: the message names q.unregisteredRank) is kInvalidUsage; the
+/// caller adds the rank and the collective.
 Result<Algo> selectAlgo(const SelectionQuery& q, const CommConfig& config, const char** why);
 
 /// Across hosts (ranks that do not all share memory).

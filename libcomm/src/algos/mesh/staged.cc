@@ -17,9 +17,9 @@ Status runStaged(const CollArgs& args, const OpEnv& env) {
   const size_t parts = args.inputParts(env.size);
   const size_t perRound = env.channel.stagingSlotBytes() / (parts * es);
   if (perRound == 0)
-    return makeError(StatusCode::kInvalidUsage, "rank ", env.rank, ": staging slot of ",
-                     env.channel.stagingSlotBytes(), " bytes is too small for ", parts, " parts at ", env.size,
-                     " ranks; raise LIBCOMM_STAGING_CHUNK");
+    return makeError(StatusCode::kInvalidUsage, "rank ", env.rank, ": ", describeColl(args, env.seq),
+                     ": staging slot of ", env.channel.stagingSlotBytes(), " bytes is too small for ", parts,
+                     " parts of ", es, "-byte elements at ", env.size, " ranks; raise LIBCOMM_STAGING_CHUNK");
   const bool haveInput = args.hasInput(env.rank);
   const char* send = static_cast<const char*>(args.send);
 
