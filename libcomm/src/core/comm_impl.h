@@ -138,7 +138,9 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
       return PartialsType::kFloat32;
     return config_.reducePartials;
   }
-  /// `st` (an error of collective `seq`) with the cause a ring neighbour's failure notice gives.
+  /// `st` (an error of collective `seq`) with the cause a ring neighbour's failure notice gives,
+  /// where `st` is a wait that failed on a peer (kRemoteError, kTimeout); this rank's own findings
+  /// (kInvalidUsage, ...) are returned as they are.
   Status explainWithNotices(Status st);
   /// After this rank failed with `why`: tells its ring neighbours, then closes its UCX endpoints
   /// (once), so its peers stop waiting for it. On the thread that runs collectives.

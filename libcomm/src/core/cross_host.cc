@@ -184,6 +184,12 @@ Status Communicator::Impl::withStragglers(Status st, uint32_t seq) {
 }
 
 Status Communicator::Impl::explainWithNotices(Status st) {
+  // An error this rank found itself (a mismatch, a refused setting, a bug) is the cause as far as
+  // it knows: a peer's notice that arrived meanwhile is often the same fault seen from the other
+  // side (both neighbours of a mismatched rank detect it), and would turn the caller's invalid
+  // usage into a remote error. Only a wait that failed on a peer (lost, failed or silent) takes
+  // the peer's reason.
+  if (st.code() != StatusCode::kRemoteError && st.code() != StatusCode::kTimeout) return st;
   ucx::Channel& ch = *cross_->channel;
   const Deadline look = Deadline::after(kNoticeLookBound);
   for (;;) {
@@ -199,7 +205,8 @@ Status Communicator::Impl::explainWithNotices(Status st) {
       }
       anyLost = anyLost || ch.peerLost(slot->from);
     }
-    // Only a lost peer may have sent a notice first; otherwise this rank's error is the cause.
+    // A lost peer's notice travels ahead of its close: worth a short look. No peer lost and no
+    // notice: this rank's error is all there is to say.
     if (!anyLost || look.expired()) return st;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
