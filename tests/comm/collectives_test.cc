@@ -3,12 +3,16 @@
 // One rank body runs the whole matrix for one world size, so process start-up is paid once.
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "coll_check.h"
@@ -265,6 +269,63 @@ TEST(CrossHostBroadcast, MoreChunksThanTheSendWindowArriveIntact) {
         if (buf[i] != static_cast<float>((i * 7 + static_cast<size_t>(root)) % 1000003))
           return libcomm::makeError(libcomm::StatusCode::kInternalError, "root ", root, ": element ", i, " is ", buf[i]);
     }
+    return comm->asyncError();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// Distinct shared-memory segments of other processes mapped into this one (/proc/self/maps): host
+// peers' registered memory, mapped once per segment and kept until the communicator is destroyed.
+size_t peerSegmentsMapped() {
+  FILE* f = fopen("/proc/self/maps", "r");
+  if (!f) return 0;
+  const std::string own = "/shardcomm." + std::to_string(getpid()) + ".";
+  std::set<std::string> seen;
+  char line[4096];
+  while (fgets(line, sizeof(line), f)) {
+    const char* path = strstr(line, "/dev/shm/shardcomm.");
+    if (path && !strstr(path, own.c_str())) seen.insert(path);
+  }
+  fclose(f);
+  return seen.size();
+}
+
+// The two-level all_gather's registered stand-in for an unregistered output, over counts that grow
+// by 64 KiB of output a step: it grows geometrically, so a host peer maps O(log) segments of it, not
+// one per step (each mapping stays until the communicator is destroyed). 2 hosts x 2 ranks.
+TEST(UcxBounceBuffer, GrowsGeometricallyOverCreepingCounts) {
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = 4;
+  opts.deadline = std::chrono::seconds(120);
+  RunReport report = runRanks(opts, [](RankContext& ctx) -> Status {
+    libcomm::CommConfig config;
+    config.hostId = "bounce-host-" + std::to_string(ctx.rank / 2);
+    config.opTimeout = std::chrono::seconds(60);
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+    auto stream = libcomm::createInlineHostStream("bounce");
+    const size_t n = static_cast<size_t>(ctx.size), step = 4096;  // 4096 floats x 4 ranks: 64 KiB of output
+    const int steps = 40;
+    std::vector<float> in(step * steps), out(step * steps * n);
+    size_t before = 0;
+    for (int k = 1; k <= steps; ++k) {
+      const size_t count = step * static_cast<size_t>(k);
+      for (size_t i = 0; i < count; ++i) in[i] = intValue(ctx.rank, 0, i, k);
+      LIBCOMM_RETURN_IF_ERROR(comm->allGather(in.data(), out.data(), count, DataType::kFloat32, *stream));
+      for (size_t p = 0; p < n; ++p)
+        for (size_t i = 0; i < count; i += 97)
+          if (out[p * count + i] != intValue(static_cast<int>(p), 0, i, k))
+            return libcomm::makeError(libcomm::StatusCode::kInternalError, "count ", count, ": rank ", p, "'s element ",
+                                      i, " is ", out[p * count + i]);
+      if (k == 1) before = peerSegmentsMapped();
+    }
+    const size_t grown = peerSegmentsMapped() - before;
+    // Output 64 KiB at the first step, 40x that at the last: growing by 1.5x takes ceil(log1.5(40))
+    // = 10 steps (39 when each size is allocated exactly).
+    if (grown > 10)
+      return libcomm::makeError(libcomm::StatusCode::kInternalError, "rank ", ctx.rank, ": the host peer's stand-in ",
+                                "buffer was mapped ", grown, " more times over ", steps - 1,
+                                " growing all_gathers; growing by 1.5x needs at most 10");
     return comm->asyncError();
   });
   EXPECT_RANKS_OK(report);

@@ -70,6 +70,10 @@ class LocalMemory {
   std::map<uintptr_t, Registration> registrations_;   // keyed by registered pointer
 };
 
+// A peer's segment stays mapped here until this object (the communicator) is destroyed, also after
+// the peer freed it: nothing tells this rank that it did, and ids are never reused, so a freed
+// segment's pages return to the system only then. Allocations that peers read and that are
+// replaced by larger ones should grow geometrically (Communicator::Impl::bounceBuffer does).
 class PeerMemory {
  public:
   explicit PeerMemory(int rank) : rank_(rank) {}
