@@ -11,11 +11,15 @@
 //                    kProgress counter). The copies run while the rail waits for the network
 //                    (ring::IdleWork), so the two levels overlap; what is left is copied after.
 //   reduce_scatter:  rank (h, l) sums, over its host's L ranks, the input blocks of ranks (h', l)
-//                    for every host h' (fp32, read straight from the peers' inputs), and the rail
+//                    for every host h' (read straight from the peers' inputs), and the rail
 //                    ring reduce-scatters those H partial sums: each rank ends with its block
 //                    summed over all ranks. The local sums are computed chunk by chunk just before
 //                    the ring needs them (ring::Hooks::inputNeeded), so they overlap the messages
-//                    in flight. Partial sums are fp32 at both levels whatever the input type.
+//                    in flight. The partials' type is ring::Env::partials (LIBCOMM_RS_PARTIALS):
+//                    fp32 (the default) forms the host sums in fp32 and sends them as fp32 whatever
+//                    the input type; bf16 forms them in fp32 and narrows them to bf16 for the rail
+//                    (bf16 input only; fp32 input keeps fp32); fp64 forms and sends them in fp64 at
+//                    both levels, the output rounded once.
 //
 // Across hosts each rank sends and receives (H - 1) / (H L - 1) of what a flat ring over all
 // ranks would; the rest moves through shared memory. The caller (core/cross_host.cc) exchanges
