@@ -331,6 +331,44 @@ TEST(UcxBounceBuffer, GrowsGeometricallyOverCreepingCounts) {
   EXPECT_RANKS_OK(report);
 }
 
+// The two-level all_gather at 3 hosts x 2 ranks with blocks of two chunks and more (the matrix's
+// 6-rank blocks are one chunk): unregistered, in and out of place, counts growing then shrinking.
+TEST(UcxTwoLevelAllGather, SeveralChunksPerBlockOnThreeHosts) {
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = 6;
+  opts.deadline = std::chrono::seconds(120);
+  RunReport report = runRanks(opts, [](RankContext& ctx) -> Status {
+    libcomm::CommConfig config;
+    config.hostId = "chunks-host-" + std::to_string(ctx.rank / 2);
+    config.opTimeout = std::chrono::seconds(60);
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+    auto stream = libcomm::createInlineHostStream("chunks");
+    const size_t n = static_cast<size_t>(ctx.size);
+    // Blocks of 4 MiB and more: two chunks each (allGatherChunkElems), and a ragged last one.
+    const size_t counts[] = {size_t{1} << 20, (size_t{1} << 20) + 3, size_t{3} << 19, 5, (size_t{2} << 20) + 1};
+    std::vector<float> in(counts[4]), out(counts[4] * n);
+    int salt = 0;
+    for (bool inPlace : {false, true}) {
+      for (size_t count : counts) {
+        ++salt;
+        float* send = inPlace ? out.data() + static_cast<size_t>(ctx.rank) * count : in.data();
+        std::fill(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(count * n), NAN);
+        for (size_t i = 0; i < count; ++i) send[i] = intValue(ctx.rank, 0, i, salt);
+        LIBCOMM_RETURN_IF_ERROR(comm->allGather(send, out.data(), count, DataType::kFloat32, *stream));
+        for (size_t p = 0; p < n; ++p)
+          for (size_t i = 0; i < count; ++i)
+            if (out[p * count + i] != intValue(static_cast<int>(p), 0, i, salt))
+              return libcomm::makeError(libcomm::StatusCode::kInternalError, "count ", count,
+                                        inPlace ? " in place" : " out of place", ": rank ", p, "'s element ", i, " is ",
+                                        out[p * count + i]);
+      }
+    }
+    return comm->asyncError();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 // fp64 partials (LIBCOMM_RS_PARTIALS=fp64) over both algorithms: 3 hosts x 2 ranks (two-level, fp64
 // host sums on the rails) and the flat ring over the same hosts; every op, type and accumulate.
 class CrossHostMatrixFp64Partials : public ::testing::TestWithParam<const char*> {};
