@@ -177,6 +177,41 @@ TEST(CommErrors, ForcedEagerTooLargeNamesRankAndSeq) {
   EXPECT_RANKS_OK(report);
 }
 
+// An LIBCOMM_ALGO that cannot run on the communicator's hosts is refused when it is created, on
+// every rank, naming the setting, the rank that has it and the hosts (it failed at the first
+// collective it concerned, barrier included for direct across hosts, or never for hier's all_reduce).
+TEST(CommErrors, AlgoSettingThatCannotRunOnTheHostsIsRefusedAtCreation) {
+  struct Setup {
+    int ranks, hosts;
+    const char* algo0;  // rank 0's setting
+    const char* algo;   // the other ranks'
+    std::vector<std::string> words;
+  };
+  const Setup setups[] = {
+      {2, 1, "hier", "hier", {"LIBCOMM_ALGO=hier", "one host"}},
+      {2, 1, "ring", "ring", {"LIBCOMM_ALGO=ring", "one host"}},
+      {2, 2, "direct", "direct", {"LIBCOMM_ALGO=direct", "2 hosts"}},
+      {2, 2, "staged", "", {"LIBCOMM_ALGO=staged", "rank 0", "2 hosts"}},
+      {3, 3, "hier", "hier", {"LIBCOMM_ALGO=hier", "at least 2 ranks on every host", "1 to 1"}},
+      {3, 2, "hier", "hier", {"LIBCOMM_ALGO=hier", "equally many", "1 to 2"}},
+  };
+  for (const Setup& setup : setups) {
+    RunOptions opts;
+    opts.size = setup.ranks;
+    auto report = runRanks(opts, [&setup](RankContext& ctx) -> Status {
+      auto config = quickConfig(ctx.rank);
+      config.hostId = "algo-host-" + std::to_string(ctx.rank * setup.hosts / ctx.size);
+      config.algo = ctx.rank == 0 ? setup.algo0 : setup.algo;
+      auto comm = libcomm::Communicator::create(ctx.bootstrap, config);
+      const std::string what = std::string("LIBCOMM_ALGO=") + setup.algo0 + " on " + std::to_string(setup.ranks) +
+                               " ranks, " + std::to_string(setup.hosts) + " hosts";
+      if (comm.isOk()) return libcomm::makeError(StatusCode::kInternalError, what, ": created");
+      return expectStatus(comm.status(), StatusCode::kInvalidUsage, setup.words, what.c_str());
+    });
+    EXPECT_RANKS_OK(report);
+  }
+}
+
 // The partials' type decides the size of every message of a reduce_scatter across hosts, so ranks
 // must agree on it: refused at creation, naming the setting and both values.
 TEST(CommErrors, ReducePartialsThatDifferAreRefusedAtCreation) {

@@ -35,13 +35,14 @@ struct InitInfo {
   uint64_t stagingSlotBytes;
   uint64_t eagerBytes;
   uint8_t reducePartials;  // PartialsType
+  uint8_t algoSetting;     // algoSettingCode: checked against the hosts by every rank
   char host[64];    // hostname, for messages
   char hostId[topology::kMaxHostIdLength + 1];  // topology::localHostId: equal ids share a host
   char bootId[40];  // topology::kernelBootId: equal ids share the machine's cores
   char prefix[192];
 };
 constexpr uint32_t kInitMagic = 0x53434f4d;  // "SCOM"
-constexpr uint32_t kInitVersion = 4;
+constexpr uint32_t kInitVersion = 5;
 
 }  // namespace
 
@@ -82,6 +83,7 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   mine.stagingSlotBytes = config.stagingChunkBytes;
   mine.eagerBytes = config.eagerBytes;
   mine.reducePartials = static_cast<uint8_t>(config.reducePartials);
+  mine.algoSetting = algoSettingCode(config);
   gethostname(mine.host, sizeof(mine.host) - 1);
   const std::string hostId = topology::localHostId(config.hostId);
   strncpy(mine.hostId, hostId.c_str(), sizeof(mine.hostId) - 1);
@@ -113,6 +115,24 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
     ranksOnMachine += !bootId.empty() && std::string(o.bootId, strnlen(o.bootId, sizeof(o.bootId))) == bootId;
   }
   impl->hosts_ = topology::HostGroups::fromIds(hostIds);
+  // A LIBCOMM_ALGO that cannot run on these hosts fails here rather than at the first collective
+  // it concerns. Every rank checks every rank's setting, so all fail alike, naming the same one
+  // (a rank failing alone would leave its peers waiting for it until the init timeout).
+  for (int r = 0; r < impl->size_; ++r) {
+    const Status placement = checkAlgoPlacement(algoSettingName(all[r].algoSetting), impl->hosts_.numHosts(),
+                                                impl->hosts_.minRanksPerHost(), impl->hosts_.maxRanksPerHost());
+    if (!placement.isOk())
+      return placement.withContext(
+          detail::strCat("rank ", impl->rank_, ": creating a communicator across ", impl->hosts_.describe(),
+                         all[r].algoSetting == mine.algoSetting
+                             ? std::string()
+                             : detail::strCat(" (rank ", r, "'s setting; this rank's is ",
+                                              algoSettingName(mine.algoSetting), ")")));
+  }
+  // hier does not reach every collective: said once here (LIBCOMM_COLL_TRACE says it per collective).
+  if (impl->rank_ == 0 && impl->hosts_.numHosts() > 1 && std::string(algoSettingName(mine.algoSetting)) == "hier")
+    LIBCOMM_LOG(kInfo, "init") << "LIBCOMM_ALGO=hier: all_gather and reduce_scatter take the two-level algorithm; "
+                                  "all_reduce, broadcast and barrier have only the ring form and take it";
   const int ranksHere = static_cast<int>(impl->hosts_.ranks[impl->hosts_.hostOf[impl->rank_]].size());
   const WaitPolicies waits = chooseWaitPolicies(config, std::max(ranksHere, ranksOnMachine), usableCpuCount());
   impl->blockingWait_ = waits.blocking;

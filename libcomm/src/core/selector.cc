@@ -71,12 +71,28 @@ Result<bool> chooseEager(const SelectionQuery& q, const CommConfig& config) {
   return fits && (algo.empty() || algo == "eager");
 }
 
+Status checkAlgoPlacement(const std::string& algo, int hosts, int fewestPerHost, int mostPerHost) {
+  if (hosts <= 1) {
+    if (algo == "ring" || algo == "hier")
+      return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=", algo,
+                       " is an algorithm across hosts, but all ranks of this communicator share one host (use eager, "
+                       "direct or staged, or unset it)");
+    return Status::ok();
+  }
+  if (algo == "eager" || algo == "direct" || algo == "staged")
+    return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=", algo,
+                     " chooses among algorithms on one host, but this communicator spans ", hosts,
+                     " hosts (use ring or hier, or unset it)");
+  if (algo == "hier" && (fewestPerHost < 2 || fewestPerHost != mostPerHost))
+    return makeError(StatusCode::kInvalidUsage,
+                     "LIBCOMM_ALGO=hier needs at least 2 ranks on every host and equally many on each (hosts have ",
+                     fewestPerHost, " to ", mostPerHost, "; use ring, or unset it)");
+  return Status::ok();
+}
+
 Result<Algo> selectAlgo(const SelectionQuery& q, const CommConfig& full, const char** why) {
   const std::string& algo = hostAlgo(full);
-  if (algo == "ring" || algo == "hier")
-    return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=", algo,
-                     " is an algorithm across hosts, but all ranks of this communicator share one host (use eager, "
-                     "direct or staged, or unset it)");
+  LIBCOMM_RETURN_IF_ERROR(checkAlgoPlacement(algo, 1, 0, 0));
   const Rule* chosen = nullptr;
   for (const Rule& r : kRules) {
     std::string coll = r.collectives;
@@ -112,25 +128,21 @@ Result<Algo> selectAcrossHosts(const CrossHostQuery& q, const CommConfig& full, 
   const std::string& algo = hostAlgo(full);
   const bool even = q.minRanksPerHost == q.maxRanksPerHost;
   const bool hierPossible = hasHierForm(q.kind) && even && q.minRanksPerHost >= 2;
+  // Communicator creation refused settings that cannot run on these hosts; checked again here,
+  // for callers of the selector alone (tests).
+  LIBCOMM_RETURN_IF_ERROR(checkAlgoPlacement(algo, q.hosts, q.minRanksPerHost, q.maxRanksPerHost));
   if (algo == "ring") {
     *why = "LIBCOMM_ALGO=ring";
     return Algo::kRing;
   }
   if (algo == "hier") {
-    if (!hasHierForm(q.kind)) {
+    if (!hasHierForm(q.kind)) {  // as config.h says: hier is the two-level form where one exists
       *why = "LIBCOMM_ALGO=hier; this collective has only the ring form";
       return Algo::kRing;
     }
-    if (!hierPossible)
-      return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=hier needs at least 2 ranks on every host and equally "
-                       "many on each (hosts have ", q.minRanksPerHost, " to ", q.maxRanksPerHost, ")");
     *why = "LIBCOMM_ALGO=hier";
     return Algo::kHier;
   }
-  if (!algo.empty())
-    return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=", algo,
-                     " chooses among algorithms on one host, but this communicator spans ", q.hosts,
-                     " hosts (use ring or hier, or unset it)");
   if (hierPossible) {
     *why = "several ranks per host: each crosses hosts with 1/(ranks per host) of the data, the rest moves in shared memory";
     return Algo::kHier;

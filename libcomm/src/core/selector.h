@@ -39,6 +39,14 @@ struct SelectionQuery {
 /// the caller adds the rank and the collective (execute.cc).
 Result<bool> chooseEager(const SelectionQuery& q, const CommConfig& config);
 
+/// Whether LIBCOMM_ALGO=`algo` (a host algorithm's name; anything else passes) can run on a
+/// communicator over `hosts` hosts with fewestPerHost..mostPerHost ranks on each: eager, direct and
+/// staged need one host; ring and hier several; hier also at least 2 ranks on every host, equally
+/// many. kInvalidUsage naming the setting and the hosts otherwise. Communicator creation checks
+/// every rank's setting with it, so a setting that cannot run fails there, on every rank, rather
+/// than at the first collective it concerns.
+Status checkAlgoPlacement(const std::string& algo, int hosts, int fewestPerHost, int mostPerHost);
+
 /// The table's choice, or the LIBCOMM_ALGO override where it is possible. An override that cannot
 /// run (direct on unregistered memory: the message names q.unregisteredRank) is kInvalidUsage; the
 /// caller adds the rank and the collective.
@@ -56,6 +64,8 @@ struct CrossHostQuery {
 /// share memory, ranks with equal local index form one ring per index across hosts). Every rank
 /// computes it from what all know alike (the host groups, the size, the setting), and the ring
 /// fingerprint carries it, so a rank with another LIBCOMM_ALGO is named, not waited for.
+/// LIBCOMM_ALGO=hier gives all_gather and reduce_scatter the two-level form; all_reduce, broadcast
+/// and barrier have only the ring form and take it.
 Result<Algo> selectAcrossHosts(const CrossHostQuery& q, const CommConfig& config, const char** why);
 
 /// One row of the table, as text (for comm_info --json); the eager row comes first.
