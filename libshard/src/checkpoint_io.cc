@@ -113,12 +113,22 @@ Status writeFileAtomically(const std::string& path, const std::function<Status(i
   const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
   const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
   // A dot name with ".tmp-" can never be a final name, and pid + counter keep concurrent writers
-  // (ranks as threads or processes) apart.
+  // (ranks as threads or processes) apart. A name already taken is a temporary left by a killed
+  // writer whose pid this process now has (pids are reused, from 1 again in each container), or a
+  // live writer's on another host: neither is ours to remove, so the next counter is tried.
   static std::atomic<uint64_t> counter{0};
-  const std::string tmp =
-      joinPath(dir, "." + base + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-  if (fd.get() < 0) return systemError("cannot create temporary file", tmp, errno);
+  constexpr int kNameAttempts = 100;
+  std::string tmp;
+  Fd fd;
+  for (int attempt = 0; attempt < kNameAttempts && fd.get() < 0; ++attempt) {
+    tmp = joinPath(dir, "." + base + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    fd = Fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+    if (fd.get() < 0 && errno != EEXIST) return systemError("cannot create temporary file", tmp, errno);
+  }
+  if (fd.get() < 0)
+    return libcomm::makeError(libcomm::StatusCode::kSystemError, "cannot create a temporary file for '", path,
+                              "': the ", kNameAttempts, " names tried (the last '", tmp,
+                              "') all exist; remove the leftover .tmp- files once no save into '", dir, "' runs");
   auto fail = [&](Status st) {
     fd = Fd();
     ::unlink(tmp.c_str());

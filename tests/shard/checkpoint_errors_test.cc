@@ -449,5 +449,27 @@ TEST(Checkpoint, SavesAreAtomicAndLeaveNoTemporaries) {
             StatusCode::kSystemError);
 }
 
+// A temporary left by a killed save whose pid this process now has (containers reuse pids) does
+// not block a later save: the next name is taken, and the stranger's file is left alone.
+TEST(Checkpoint, ATemporaryLeftByAKilledWriterWithOurPidDoesNotBlockASave) {
+  TempDir tmp;
+  const std::string path = tmp.sub(checkpointShardFileName(0, 1));
+  // The counter starts at 0 in a fresh process (ctest runs each test alone); a few more cover a
+  // run of the whole binary.
+  std::vector<std::string> stale;
+  for (int n = 0; n < 16; ++n) {
+    stale.push_back(
+        tmp.sub("." + checkpointShardFileName(0, 1) + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(n)));
+    std::FILE* f = std::fopen(stale.back().c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fclose(f);
+  }
+  Status st = ckpt::writeFileAtomically(path, [](int fd) { return ckpt::pwriteAll(fd, "data", 4, 0, "test"); });
+  EXPECT_TRUE(st.isOk()) << st.toString();
+  EXPECT_EQ(readBytes(path), std::vector<char>({'d', 'a', 't', 'a'}));
+  EXPECT_EQ(tempNamesIn(tmp.path()).size(), stale.size());
+  for (const std::string& s : stale) EXPECT_TRUE(fs::exists(s)) << s;
+}
+
 }  // namespace
 }  // namespace libshard

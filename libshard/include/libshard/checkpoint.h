@@ -36,14 +36,19 @@
 // Multi-process coordination is the caller's: every rank calls saveCheckpointShard(); a barrier
 // (Bootstrap::barrier, or Communicator::barrier and a synchronize of its stream); rank 0 calls
 // writeCheckpointIndex(); a barrier again before anyone relies on the checkpoint. Loading needs
-// no coordination (each rank reads what it needs) but the directory must be visible to every
-// rank. Each checkpoint goes into a directory of its own (e.g. step-00001000): a directory that
-// already holds a complete checkpoint (its index exists) is refused by both phases, before
-// anything is written, so a save never destroys the previous good checkpoint. A directory left by
-// an interrupted save (shard files, no index) may be saved into again. A process killed while
-// writing leaves its temporary (".<final name>.tmp-<pid>-<n>", dot-named, never read by a load);
-// no save removes it, since on a shared filesystem its pid may belong to a live writer on another
-// host. Delete such files once no save into the directory is running.
+// no coordination to run (each rank reads what it needs; the directory must be visible to every
+// rank), but its outcome can differ between ranks: a rank reads only the chunks its new shard
+// needs, so one rank may load while another finds a corrupt chunk or a missing file. Before
+// using the loaded state (training on it), the ranks must agree that every load succeeded, e.g.
+// an allGather of each rank's ok over the bootstrap, as examples/tinylm does. Each checkpoint
+// goes into a directory of its own (e.g. step-00001000): a directory that already holds a
+// complete checkpoint (its index exists) is refused by both phases, before anything is written,
+// so a save never destroys the previous good checkpoint. A directory left by an interrupted save
+// (shard files, no index) may be saved into again. A process killed while writing leaves its
+// temporary (".<final name>.tmp-<pid>-<n>", dot-named, never read by a load); no save removes
+// it, since on a shared filesystem its pid may belong to a live writer on another host (or
+// another container: pids are reused). A later writer whose name is taken tries the next one.
+// Delete such files once no save into the directory is running.
 //
 // Errors: kSystemError for failed system calls (the path and errno text in the message),
 // kInvalidArgument for a checkpoint that is missing a file, truncated, corrupt (checksum, magic,
@@ -93,7 +98,8 @@ libcomm::Status saveCheckpoint(const std::string& dir, const std::vector<ShardPl
 /// Loads the checkpoint in `dir` into `state`, laid out by `plan` (rank plan.options.rank of
 /// plan.options.worldSize: any world size). Fills master, adamM, adamV (padding zero) and step,
 /// and refreshes state.compute from master when it is non-null; leaves state.grad alone.
-/// On error `state` is unchanged.
+/// On error `state` is unchanged. Another rank's load of the same checkpoint may fail where this
+/// one succeeded (it reads other chunks): agree on the outcome before training (see above).
 libcomm::Status loadCheckpoint(const std::string& dir, const ShardPlan& plan, ShardState& state);
 
 /// Reads every file of the checkpoint in `dir` -- header, index, chunk table and every data chunk
