@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -476,6 +477,25 @@ TEST_F(LaunchEnv, LaunchLocalTimeoutKillsEveryone) {
   EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.toString();
   EXPECT_NE(s.message().find("ranks 0,1"), std::string::npos) << s.toString();
   EXPECT_LT(Clock::now() - start, 6s);
+  expectNoChildrenLeft();
+}
+
+// A caller that ignores SIGCHLD (inherited from its own parent, say) has its children reaped by
+// the kernel: launchLocal must still see each rank's status, and the caller's setting comes back.
+TEST_F(LaunchEnv, LaunchLocalSeesFailuresWhenTheCallerIgnoresSigchld) {
+  struct sigaction ignore {
+  }, before{}, after{};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  ASSERT_EQ(sigaction(SIGCHLD, &ignore, &before), 0);
+  Status failed = launchLocal(shell(2, "exit 3"));
+  Status ok = launchLocal(shell(2, "exit 0"));
+  sigaction(SIGCHLD, nullptr, &after);
+  sigaction(SIGCHLD, &before, nullptr);
+  EXPECT_EQ(failed.code(), StatusCode::kRemoteError) << failed.toString();
+  EXPECT_NE(failed.message().find("code 3"), std::string::npos) << failed.toString();
+  EXPECT_TRUE(ok.isOk()) << ok.toString();
+  EXPECT_EQ(after.sa_handler, SIG_IGN) << "the caller's SIGCHLD disposition was not restored";
   expectNoChildrenLeft();
 }
 

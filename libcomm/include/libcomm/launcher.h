@@ -31,7 +31,11 @@ struct LocalLaunchOptions {
 /// if the calling thread dies. The variables that place a process in a job (the LIBCOMM_* launch
 /// settings and torchrun's, Open MPI's and Slurm's rank, size, store and job variables: everything
 /// resolveLaunchInfo reads) are not passed on, as they describe the launcher's own job; `env` is
-/// applied last.
+/// applied last. A rank whose exit status cannot be read counts as failed: when the caller ignores
+/// SIGCHLD (or set SA_NOCLDWAIT), which would let the kernel reap the ranks unseen, the default
+/// disposition is set for the call and the caller's restored before it returns. That setting is
+/// process-wide: no other thread should change SIGCHLD, or wait for any child (waitpid(-1)),
+/// meanwhile.
 Status launchLocal(const LocalLaunchOptions& options);
 
 }  // namespace libcomm

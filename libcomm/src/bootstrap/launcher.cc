@@ -78,21 +78,19 @@ int reap(std::vector<Child>& children, bool blocking, std::string* how) {
     } while (got < 0 && errno == EINTR && blocking);
     if (got == 0 || (got < 0 && errno == EINTR)) continue;
     c.running = false;
-    if (got < 0) {
-      // ECHILD: someone else reaped it (SIGCHLD ignored, or a stray waitpid(-1)); its status is lost.
-      LIBCOMM_LOG(kWarn, "boot") << "launchLocal: rank " << r << " (pid " << c.pid
-                                 << ") was reaped elsewhere; its exit status is unknown";
-      continue;
-    }
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
-    const bool bySignal = WIFSIGNALED(status);
+    // ECHILD: someone else reaped it (a stray waitpid(-1) in the caller); its status is lost, and
+    // a rank that cannot be shown to have succeeded counts as failed.
+    const bool lost = got < 0;
+    if (!lost && WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+    const bool bySignal = !lost && WIFSIGNALED(status);
+    const std::string what = lost ? "was reaped elsewhere (its exit status is unknown)" : describeWait(status);
     if (failed < 0 || (bySignal && !failedBySignal)) {
       if (failed >= 0) others += (others.empty() ? "" : ", ") + std::to_string(failed) + " (" + *how + ")";
       failed = static_cast<int>(r);
       failedBySignal = bySignal;
-      *how = describeWait(status);
+      *how = what;
     } else {
-      others += (others.empty() ? "" : ", ") + std::to_string(r) + " (" + describeWait(status) + ")";
+      others += (others.empty() ? "" : ", ") + std::to_string(r) + " (" + what + ")";
     }
   }
   if (failed >= 0 && !others.empty()) *how += "; also failed: rank " + others;
@@ -127,6 +125,30 @@ void stopAll(std::vector<Child>& children) {
   }
   reap(children, true, &ignored);
 }
+
+// While SIGCHLD is ignored (or handled with SA_NOCLDWAIT), the kernel reaps children itself and
+// waitpid cannot tell how a rank ended: a caller may have inherited that from its own parent. The
+// default disposition is put in place for the launch, and the caller's restored after it.
+class ChildStatusKept {
+ public:
+  ChildStatusKept() {
+    if (sigaction(SIGCHLD, nullptr, &before_) != 0) return;
+    if (before_.sa_handler != SIG_IGN && !(before_.sa_flags & SA_NOCLDWAIT)) return;
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    changed_ = sigaction(SIGCHLD, &dfl, nullptr) == 0;
+  }
+  ~ChildStatusKept() {
+    if (changed_) sigaction(SIGCHLD, &before_, nullptr);
+  }
+  ChildStatusKept(const ChildStatusKept&) = delete;
+  ChildStatusKept& operator=(const ChildStatusKept&) = delete;
+
+ private:
+  struct sigaction before_ {};
+  bool changed_ = false;
+};
 
 }  // namespace
 
@@ -187,6 +209,7 @@ Status launchLocal(const LocalLaunchOptions& options) {
     envps[r].push_back(nullptr);
   }
 
+  const ChildStatusKept keepStatus;  // declared before the children: restored after the last is reaped
   LIBCOMM_LOG(kInfo, "boot") << "launchLocal: starting " << options.numRanks << " ranks of " << program << " (store "
                              << storeAddr << ", job " << jobId << ")";
   std::vector<Child> children(options.numRanks);
