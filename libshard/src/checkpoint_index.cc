@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include "checkpoint_format.h"
 
@@ -215,14 +216,17 @@ std::string formatIndex(const CheckpointIndex& x) {
      << "step " << x.step << "\n"
      << "state_numel " << x.stateNumel << "\n"
      << "groups " << x.groups.size() << "\n";
+  // Each group's parameters, in their order among all parameters: one pass, not one per group (a
+  // model of 16384 layers took seconds).
+  std::vector<std::vector<const LayoutParam*>> byGroup(x.groups.size());
+  for (const LayoutParam& p : x.params)
+    if (p.group >= 0 && static_cast<size_t>(p.group) < byGroup.size())
+      byGroup[static_cast<size_t>(p.group)].push_back(&p);
   for (size_t g = 0; g < x.groups.size(); ++g) {
     const LayoutGroup& gr = x.groups[g];
-    size_t n = 0;
-    for (const LayoutParam& p : x.params) n += p.group == static_cast<int>(g);
     os << "group " << escape(gr.name) << " " << gr.layer << " " << gr.numel << " " << gr.paddedNumel << " "
-       << gr.shardNumel << " " << gr.stateOffset << " " << n << "\n";
-    for (const LayoutParam& p : x.params)
-      if (p.group == static_cast<int>(g)) os << paramLine(p);
+       << gr.shardNumel << " " << gr.stateOffset << " " << byGroup[g].size() << "\n";
+    for (const LayoutParam* p : byGroup[g]) os << paramLine(*p);
   }
   os << "files " << x.files.size() << "\n";
   for (const ShardFileEntry& f : x.files) {
