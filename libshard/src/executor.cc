@@ -2,6 +2,7 @@
 
 #include "libshard/executor.h"
 
+#include <cstdint>
 #include <map>
 #include <sstream>
 #include <utility>
@@ -144,6 +145,9 @@ libcomm::Result<std::unique_ptr<Executor>> Executor::create(const ModelSpec& mod
   if (pool.state().numel != plan.stateNumel || !pool.state().master)
     return bad("the buffer pool was not allocated for this plan");
   LIBCOMM_RETURN_IF_ERROR(checkScheduleAgainstPlan(schedule, plan));
+  if (options.eventLogCapacity > 0 && (plan.gatherBuffers.size() > INT16_MAX || plan.gradBuffers.size() > INT16_MAX))
+    return bad("the event log numbers buffers in 16 bits: ", plan.gatherBuffers.size(), " gather and ",
+               plan.gradBuffers.size(), " gradient buffers do not fit; turn the log off (eventLogCapacity 0)");
   if (pool.memory() == MemoryKind::kDevice && options.scaleGradients)
     return bad(
         "scaleGradients is a host pass over the grad shard, and the buffer pool is device memory: leave it "
@@ -355,7 +359,7 @@ LogEntry Executor::logEntry(LogKind kind) const {
   e.step = static_cast<int32_t>(step_);
   if (hook_) {
     e.layer = hook_->layer;
-    e.microBatch = static_cast<int16_t>(hook_->microBatch);
+    e.microBatch = static_cast<int32_t>(hook_->microBatch);
     e.phase = hook_->phase;
     e.buffer = static_cast<int16_t>(hook_->buffer);
     e.gradBuffer = static_cast<int16_t>(hook_->gradBuffer);

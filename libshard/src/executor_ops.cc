@@ -217,7 +217,7 @@ Status Executor::runReduce(const ScheduleOp& op) {
   libcomm::Stream& st = stream(StreamId::kReduce);
   LogEntry e = logEntry(LogKind::kReduceStart);
   e.layer = op.layer;
-  e.microBatch = static_cast<int16_t>(op.microBatch);
+  e.microBatch = static_cast<int32_t>(op.microBatch);
   e.gradBuffer = static_cast<int16_t>(op.gradBuffer);
   e.buffer = -1;
   if (log_.enabled())

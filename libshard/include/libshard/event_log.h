@@ -38,9 +38,9 @@ const char* logKindName(LogKind k);
 struct LogEntry {
   int64_t ns = 0;  // steady clock, nanoseconds
   int32_t step = -1;
-  int32_t layer = -1;  // -1: the resident group, or none
-  int16_t microBatch = -1;
-  int16_t buffer = -1;      // gather buffer (gathers, compute, releases)
+  int32_t layer = -1;       // -1: the resident group, or none
+  int32_t microBatch = -1;  // as wide as PlanOptions::microBatches (an int16 wrapped past 32767)
+  int16_t buffer = -1;      // gather buffer (gathers, compute, releases); Executor::create checks they fit
   int16_t gradBuffer = -1;  // grad buffer (reduce-scatters, backward compute)
   LogKind kind = LogKind::kGatherStart;
   Phase phase = Phase::kForward;
