@@ -119,8 +119,9 @@ const char* trainModeName(TrainMode mode) {
 }
 
 const char* exposedAtName(ExposedAt at) {
-  static const char* const kNames[kExposedPlaces] = {"beginStep",     "beginForward", "endForward",   "beginBackward",
-                                                     "endBackward",   "endStep",      "optimizerDone"};
+  static const char* const kNames[kExposedPlaces] = {"beginStep",     "beginForward", "endForward",
+                                                     "beginBackward", "endBackward",  "endStep",
+                                                     "optimizerNorm", "groupUpdated", "optimizerDone"};
   const int i = static_cast<int>(at);
   return i >= 0 && i < kExposedPlaces ? kNames[i] : "?";
 }

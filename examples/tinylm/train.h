@@ -31,11 +31,14 @@
 //
 // Timing, per step (the trainer's thread is the compute thread on CPU):
 //   step time     beginStep .. optimizerDone returned (data generation, compute, hooks, optimizer);
-//   exposed comm  time inside the executor's hooks: blocked waiting for a gather (rule A), a free
-//                 gradient buffer, or the end-of-step drain (endStep), plus the hooks' own
-//                 bookkeeping (microseconds). Communication that overlaps compute is not in it;
+//   exposed comm  time the trainer's thread spent on communication: inside the executor's hooks
+//                 (blocked waiting for a gather (rule A), a free gradient buffer, or the end-of-step
+//                 drain (endStep), plus the hooks' own bookkeeping, microseconds), and waiting for
+//                 the optimizer's grad-norm allReduce (ShardedAdamW::normCommSeconds). Communication
+//                 that overlaps compute is not in it;
 //   compute       the layers' forward/backward and the data;
-//   optimizer     ShardedAdamW::step, including its grad-norm allReduce;
+//   optimizer     the optimizer's own work: ShardedAdamW's beginStep, updateGroup and endStep less
+//                 the allReduce and the groupUpdated hooks, which are exposed comm;
 //   cpu           CPU time of the whole process over the step: the trainer's thread and the
 //                 streams' threads that run (and wait for) the collectives.
 //
@@ -78,9 +81,9 @@ const char* trainModeName(TrainMode mode);
 
 /// One step as one rank saw it. loss and gradNorm are global (the same on every rank).
 /// Where the trainer's thread waited for communication: the executor's hooks (on the CPU a hook
-/// that waits blocks this thread). Tells which collectives the schedule failed to hide: a gather
-/// not ready at beginForward/beginBackward, a reduce-scatter enqueue that found no core at
-/// endBackward, the last reduce-scatters at endStep.
+/// that waits blocks this thread) and the optimizer's norm allReduce. Tells which collectives the
+/// schedule failed to hide: a gather not ready at beginForward/beginBackward, a reduce-scatter
+/// enqueue that found no core at endBackward, the last reduce-scatters at endStep, the norm.
 enum class ExposedAt : int {
   kBeginStep,
   kBeginForward,
@@ -88,9 +91,11 @@ enum class ExposedAt : int {
   kBeginBackward,
   kEndBackward,
   kEndStep,
+  kOptimizerNorm,  // not a hook: the optimizer's grad-norm allReduce, waited for on this thread
+  kGroupUpdated,   // the groupUpdated hooks between the optimizer's group updates
   kOptimizerDone,
 };
-constexpr int kExposedPlaces = 7;
+constexpr int kExposedPlaces = 9;
 /// "beginStep", "beginForward", ...: the hook's name.
 const char* exposedAtName(ExposedAt at);
 /// The hooks' entries in ExposedAt order, joined by `separator`; `item(name, k)` writes hook k's

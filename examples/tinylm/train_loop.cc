@@ -30,6 +30,11 @@ double processCpuSeconds() {
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
+void addExposed(StepRecord& rec, ExposedAt at, double seconds) {
+  rec.exposedCommSeconds += seconds;
+  rec.exposedAtSeconds[static_cast<int>(at)] += seconds;
+}
+
 // Runs a hook and adds its duration to the step's exposed time, in total and at `at`: on the CPU a
 // hook that waits blocks this thread, so the time spent in hooks is the communication the step
 // could not hide.
@@ -37,9 +42,7 @@ template <typename F>
 auto timedHook(StepRecord& rec, ExposedAt at, F&& hook) {
   const auto t0 = std::chrono::steady_clock::now();
   auto r = hook();
-  const double s = secondsSince(t0);
-  rec.exposedCommSeconds += s;
-  rec.exposedAtSeconds[static_cast<int>(at)] += s;
+  addExposed(rec, at, secondsSince(t0));
   return r;
 }
 
@@ -105,8 +108,9 @@ libcomm::Result<double> TrainLoop::globalLoss(double localLossSum) {
 // The optimizer's step in each mode; returns the global gradient norm (comm-only: 0). The norm
 // (and with it the clipping factor) comes first, since every update needs it; then the groups are
 // updated in the hooks' order, each stamped at once, so that the next step's gathers of the first
-// ones run while the others are being updated.
-libcomm::Result<double> TrainLoop::optimize() {
+// ones run while the others are being updated. The norm's allReduce and the groupUpdated hooks
+// block this thread on communication: they go into `rec`'s exposed time.
+libcomm::Result<double> TrainLoop::optimize(StepRecord& rec) {
   const auto deadline = libcomm::Deadline::after(options_.timeout);
   double norm = 0.0;
   switch (options_.mode) {
@@ -115,19 +119,21 @@ libcomm::Result<double> TrainLoop::optimize() {
       break;
     }
     case TrainMode::kCommOnly: {  // the collective, none of the arithmetic
-      LIBCOMM_ASSIGN_OR_RETURN(norm, normAllReduceOnly());
-      for (int g : hooks_.updateOrder()) LIBCOMM_RETURN_IF_ERROR(hooks_.groupUpdated(g));
+      LIBCOMM_ASSIGN_OR_RETURN(norm, timedHook(rec, ExposedAt::kOptimizerNorm, [&] { return normAllReduceOnly(); }));
+      for (int g : hooks_.updateOrder())
+        LIBCOMM_RETURN_IF_ERROR(timedHook(rec, ExposedAt::kGroupUpdated, [&] { return hooks_.groupUpdated(g); }));
       return norm;
     }
     case TrainMode::kFull: {
-      LIBCOMM_ASSIGN_OR_RETURN(norm,
-                               optimizer_.beginStep(hooks_.state(), gradScale_, &rsComm_, stream_.get(), deadline));
+      auto begun = optimizer_.beginStep(hooks_.state(), gradScale_, &rsComm_, stream_.get(), deadline);
+      addExposed(rec, ExposedAt::kOptimizerNorm, optimizer_.normCommSeconds());
+      LIBCOMM_ASSIGN_OR_RETURN(norm, std::move(begun));
       break;
     }
   }
   for (int g : hooks_.updateOrder()) {
     LIBCOMM_RETURN_IF_ERROR(optimizer_.updateGroup(hooks_.state(), g));
-    LIBCOMM_RETURN_IF_ERROR(hooks_.groupUpdated(g));
+    LIBCOMM_RETURN_IF_ERROR(timedHook(rec, ExposedAt::kGroupUpdated, [&] { return hooks_.groupUpdated(g); }));
   }
   LIBCOMM_RETURN_IF_ERROR(optimizer_.endStep(hooks_.state()));
   return norm;
@@ -180,8 +186,10 @@ libcomm::Result<StepRecord> TrainLoop::step(int s) {
   LIBCOMM_RETURN_IF_ERROR(timedHook(rec, ExposedAt::kEndStep, [&] { return hooks_.endStep(); }));
 
   const auto to = Clock::now();
-  auto norm = optimize();
-  rec.optimizerSeconds = secondsSince(to);
+  const double exposedBefore = rec.exposedCommSeconds;
+  auto norm = optimize(rec);
+  // The optimizer's own work: what of optimize() was not communication.
+  rec.optimizerSeconds = std::max(0.0, secondsSince(to) - (rec.exposedCommSeconds - exposedBefore));
   if (!norm.isOk()) return fail(norm.status(), s, -1, -1, "optimizer");
   // ShardedAdamW skips a step with a non-finite norm; the reference would not, and a silent skip
   // would shift every later step's data against the optimizer's step count. Stop instead.

@@ -41,7 +41,7 @@ class TrainLoop {
   libcomm::Status loadMicroBatch(int step, int micro);
   libcomm::Status fail(libcomm::Status st, int step, int micro, int layer, const char* what);
   libcomm::Result<double> globalLoss(double localLossSum);
-  libcomm::Result<double> optimize();
+  libcomm::Result<double> optimize(StepRecord& rec);
   libcomm::Result<double> normAllReduceOnly();
 
   const TrainOptions& options_;

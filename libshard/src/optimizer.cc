@@ -4,6 +4,7 @@
 #include "libshard/optimizer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -194,6 +195,7 @@ libcomm::Result<double> ShardedAdamW::step(ShardState& state, float gradScale, l
 libcomm::Result<double> ShardedAdamW::beginStep(ShardState& state, float gradScale, libcomm::Communicator* comm,
                                                 libcomm::Stream* stream, libcomm::Deadline deadline) {
   pending_ = Pending{};
+  normCommSeconds_ = 0.0;
   if (state.onDevice)
     return libcomm::makeError(StatusCode::kInvalidUsage,
                               "AdamW: the state is device memory; ShardedAdamW runs on the host (a device trainer "
@@ -224,12 +226,14 @@ libcomm::Result<double> ShardedAdamW::beginStep(ShardState& state, float gradSca
   if (comm != nullptr) {
     // The buffer must live until the stream has passed the allReduce even if the wait below times
     // out, so a host item queued after it holds the last reference.
+    const auto t0 = std::chrono::steady_clock::now();
     auto buf = std::make_shared<float>(static_cast<float>(total));
     LIBCOMM_RETURN_IF_ERROR(
         comm->allReduce(buf.get(), buf.get(), 1, libcomm::DataType::kFloat32, libcomm::ReduceOptions{}, *stream));
     LIBCOMM_RETURN_IF_ERROR(
         stream->enqueueHost([keep = buf]() { return libcomm::Status::ok(); }, "adamw grad-norm buffer release"));
     libcomm::Status st = stream->synchronize(deadline);
+    normCommSeconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!st.isOk()) return st.withContext("AdamW: global gradient norm allReduce").addFrame(__FILE__, __LINE__);
     total = static_cast<double>(*buf);
   }

@@ -2,7 +2,8 @@
 // bench/shard_bench measures against the normal run: they run, their step records are plausible
 // (the parts of a step fit in it; comm-only computes nothing), compute-only does the same
 // computation as a real step 0, and comm-only drives the real executor (its event log proves
-// rules A and B). Options that a mode cannot honour are refused.
+// rules A and B). The optimizer's norm allReduce and groupUpdated hooks count as exposed
+// communication wherever they run. Options that a mode cannot honour are refused.
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -67,6 +68,12 @@ Status checkSteps(const TrainOptions& o, const tinylm::TrainResult& r) {
     else if (!(s.seconds > 0) || s.exposedCommSeconds < 0 || s.computeSeconds < 0 || s.optimizerSeconds < 0 ||
         s.cpuSeconds < 0 || s.exposedCommSeconds + s.computeSeconds + s.optimizerSeconds > s.seconds * 1.001 + 1e-6)
       wrong = "the parts of the step do not fit in its time";
+    else if ((o.mode != TrainMode::kComputeOnly) !=
+             (s.exposedAtSeconds[static_cast<int>(tinylm::ExposedAt::kOptimizerNorm)] > 0))
+      wrong = "the optimizer's norm allReduce is not in the exposed time (compute-only: has none and is)";
+    else if (o.mode != TrainMode::kComputeOnly &&
+             !(s.exposedAtSeconds[static_cast<int>(tinylm::ExposedAt::kGroupUpdated)] > 0))
+      wrong = "the groupUpdated hooks are not in the exposed time";
     else if (o.mode == TrainMode::kCommOnly && (s.loss != 0.0 || s.gradNorm != 0.0))
       wrong = "comm-only computed something";
     else if (o.mode != TrainMode::kCommOnly && !(s.loss > 0 && std::isfinite(s.loss)))

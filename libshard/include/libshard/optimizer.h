@@ -108,6 +108,12 @@ class ShardedAdamW {
   /// (nothing is written then); advances state.step otherwise.
   libcomm::Status endStep(ShardState& state);
 
+  /// Seconds the last beginStep (or step) spent on its grad-norm allReduce, from enqueueing it
+  /// until its stream was synchronized; 0 without a communicator. On a host the caller's thread is
+  /// blocked all that time: a trainer counts it as communication it did not hide. Not thread-safe
+  /// against beginStep.
+  double normCommSeconds() const { return normCommSeconds_; }
+
   /// Changes the learning rate used by later steps. Not thread-safe against step().
   void setLearningRate(float lr) { config_.lr = lr; }
   /// The hyperparameters in use (lr as last set). Not thread-safe against setLearningRate().
@@ -143,6 +149,7 @@ class ShardedAdamW {
     std::vector<bool> updated;  // per group
   };
   Pending pending_;
+  double normCommSeconds_ = 0.0;
 };
 
 /// The decay rule: weightDecay set and not a norm parameter. Pure; thread-safe.
