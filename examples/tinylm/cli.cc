@@ -95,7 +95,8 @@ const char* cliUsage() {
          "  --event-log-check     record the executor's event log and prove its rules at the end\n"
          "  --event-log-dump PATH with --event-log-check: also write each rank's log to PATH.r<rank> (text)\n"
          "  --describe            print the shard plan first\n"
-         "  --save-checkpoint DIR save a sharded checkpoint at the end (DIR must not hold one)\n"
+         "  --save-checkpoint DIR save a sharded checkpoint at the end (DIR must not hold one; it or its\n"
+         "                        parent must be a writable directory: checked before training)\n"
          "  --load-checkpoint DIR resume from a checkpoint (any world size), up to --steps\n"
          "  --timeout SECONDS     bound on every wait (default 300); the communicators' op timeout in place of\n"
          "                        LIBCOMM_TIMEOUT_MS (and twice it in place of LIBCOMM_INIT_TIMEOUT_MS)\n";

@@ -2,8 +2,12 @@
 
 #include "tinylm/train.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 
@@ -60,6 +64,53 @@ uint64_t memoryTerm(const libshard::ShardPlan& plan, const char* name) {
   return 0;
 }
 
+// What would make saveSharded fail at the end of the run, throwing the whole run away, is found
+// at set-up instead: a directory that already holds a checkpoint (saves refuse it), one that
+// cannot be created (saveCheckpointShard creates it; its parent must exist) or written. Nothing is
+// created here, so the save's own durable mkdir is the one that makes the directory.
+Status checkSaveDirectory(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(fs::path(dir) / libshard::kCheckpointIndexFile, ec))
+    return invalid("--save-checkpoint '", dir, "' already holds a checkpoint (", libshard::kCheckpointIndexFile,
+                   " exists); save into a fresh directory");
+  const fs::file_status st = fs::status(dir, ec);
+  std::string where = dir;  // what must be writable: the directory, or the parent it is made in
+  if (fs::exists(st)) {
+    if (!fs::is_directory(st)) return invalid("--save-checkpoint '", dir, "' exists and is not a directory");
+  } else {
+    std::string trimmed = dir;
+    while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+    fs::path parent = fs::path(trimmed).parent_path();
+    if (parent.empty()) parent = ".";
+    where = parent.string();
+    if (!fs::is_directory(parent, ec))
+      return invalid("--save-checkpoint '", dir, "': its parent directory '", where,
+                     "' does not exist (the save creates only the last component)");
+  }
+  if (::access(where.c_str(), W_OK | X_OK) != 0)
+    return invalid("--save-checkpoint '", dir, "': cannot write in '", where, "': ", std::strerror(errno));
+  return Status::ok();
+}
+
+// --event-log-check keeps every entry of the run, preallocated: about a dozen per layer and
+// micro-batch and step (see ExecutorOptions; the margin is cheap), up to a bound that keeps a long
+// run from asking for more memory than a machine has.
+constexpr uint64_t kMaxEventLogEntries = uint64_t{1} << 24;
+
+libcomm::Result<size_t> eventLogCapacity(size_t steps, const libshard::ShardPlan& plan, int microBatches) {
+  // In long double: steps x layers x micro-batches may pass 2^64.
+  const long double perStep = 64.0L + 16.0L * static_cast<long double>(plan.layers.size()) * microBatches;
+  const long double entries = 64.0L + static_cast<long double>(steps) * perStep;
+  if (entries > static_cast<long double>(kMaxEventLogEntries))
+    return invalid("--event-log-check keeps every entry of the run in memory: ", steps, " steps of ",
+                   plan.layers.size(), " layers x ", microBatches, " micro-batches need about ",
+                   static_cast<double>(entries), " entries, more than the ", kMaxEventLogEntries, " (",
+                   kMaxEventLogEntries * sizeof(libshard::LogEntry) >> 20,
+                   " MiB) it may preallocate; check a run of fewer steps");
+  return static_cast<size_t>(entries);
+}
+
 // Every rank learns whether every rank succeeded, so that a failure on one rank (a full disk while
 // saving, say) stops all of them instead of leaving the others in a barrier until the deadline.
 Status agreeOnOutcome(libcomm::Bootstrap& boot, const Status& mine, const char* what, libcomm::Deadline deadline) {
@@ -72,12 +123,16 @@ Status agreeOnOutcome(libcomm::Bootstrap& boot, const Status& mine, const char* 
   return Status::ok();
 }
 
-Status saveSharded(const std::string& dir, const libshard::ShardPlan& plan, const libshard::ShardState& state,
-                   libcomm::Bootstrap& boot, libcomm::Deadline deadline) {
-  LIBCOMM_RETURN_IF_ERROR(
-      agreeOnOutcome(boot, libshard::saveCheckpointShard(dir, plan, state), "saving checkpoint shards", deadline));
-  const Status index = boot.rank() == 0 ? libshard::writeCheckpointIndex(dir, plan) : Status::ok();
-  return agreeOnOutcome(boot, index, "writing the checkpoint index", deadline);
+// Each agreement's deadline starts once this rank's own writing is done: writing and fsyncing a
+// shard may take longer than a collective's timeout, and only the wait for the other ranks is
+// bounded by it (as set-up's agreement is).
+Status saveSharded(const TrainOptions& o, const libshard::ShardPlan& plan, const libshard::ShardState& state,
+                   libcomm::Bootstrap& boot) {
+  const Status shard = libshard::saveCheckpointShard(o.saveCheckpoint, plan, state);
+  if (o.onShardSaved) o.onShardSaved();
+  LIBCOMM_RETURN_IF_ERROR(agreeOnOutcome(boot, shard, "saving checkpoint shards", libcomm::Deadline::after(o.timeout)));
+  const Status index = boot.rank() == 0 ? libshard::writeCheckpointIndex(o.saveCheckpoint, plan) : Status::ok();
+  return agreeOnOutcome(boot, index, "writing the checkpoint index", libcomm::Deadline::after(o.timeout));
 }
 
 // Compute-only mode's optimizer plan: the same groups and state size, but declared a world of
@@ -210,14 +265,7 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
   std::unique_ptr<StepHooks> hooks;
   const bool local = o.mode == TrainMode::kComputeOnly;
   Status setup = [&]() -> Status {
-    // saveSharded refuses a directory that holds a checkpoint; found out only there, at the end,
-    // it would throw away the whole run.
-    if (!o.saveCheckpoint.empty()) {
-      std::error_code ec;
-      if (std::filesystem::exists(std::filesystem::path(o.saveCheckpoint) / libshard::kCheckpointIndexFile, ec))
-        return invalid("--save-checkpoint '", o.saveCheckpoint, "' already holds a checkpoint (",
-                       libshard::kCheckpointIndexFile, " exists); save into a fresh directory");
-    }
+    if (!o.saveCheckpoint.empty()) LIBCOMM_RETURN_IF_ERROR(checkSaveDirectory(o.saveCheckpoint));
     LIBCOMM_ASSIGN_OR_RETURN(result.plan, libshard::ShardPlanner(trainPlanOptions(o, world, rank)).plan(spec));
     const libshard::ShardPlan& plan = result.plan;
     LIBCOMM_ASSIGN_OR_RETURN(pool, libshard::BufferPool::create(plan, agComm, rsComm));
@@ -226,9 +274,11 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
       Status st = libshard::loadCheckpoint(o.loadCheckpoint, plan, pool->state());
       if (!st.isOk()) return st.withContext("tinylm trainer: resuming from '" + o.loadCheckpoint + "'");
     }
-    result.firstStep = static_cast<int>(pool->state().step);
-    if (result.firstStep > o.steps)
-      return invalid("the checkpoint is at step ", result.firstStep, ", past --steps ", o.steps);
+    // Compared before the narrowing: a step past INT_MAX must not wrap into range.
+    const uint64_t at = pool->state().step;
+    if (at > static_cast<uint64_t>(o.steps))
+      return invalid("the checkpoint is at step ", at, ", past --steps ", o.steps);
+    result.firstStep = static_cast<int>(at);
 
     libshard::AdamWConfig ac;
     ac.lr = o.adamw.lr;
@@ -250,8 +300,9 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
     LIBCOMM_ASSIGN_OR_RETURN(auto schedule, libshard::Schedule::build(plan, so));
     libshard::ExecutorOptions eo;
     eo.waitTimeout = o.timeout;
-    // About a dozen entries per layer and micro-batch (see ExecutorOptions); the margin is cheap.
-    if (o.eventLogCheck) eo.eventLogCapacity = 64 + toRun * (64 + 16 * plan.layers.size() * size_t(o.microBatches));
+    if (o.eventLogCheck) {
+      LIBCOMM_ASSIGN_OR_RETURN(eo.eventLogCapacity, eventLogCapacity(toRun, plan, o.microBatches));
+    }
     LIBCOMM_ASSIGN_OR_RETURN(executor,
                              libshard::Executor::create(spec, plan, std::move(schedule), *pool, agComm, rsComm, eo));
     hooks = std::make_unique<ExecutorHooks>(*executor);
@@ -288,8 +339,7 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
   hooks.reset();
   executor.reset();  // drains its streams before the state is read by a save or freed
 
-  if (!o.saveCheckpoint.empty())
-    LIBCOMM_RETURN_IF_ERROR(saveSharded(o.saveCheckpoint, plan, pool->state(), boot, deadline()));
+  if (!o.saveCheckpoint.empty()) LIBCOMM_RETURN_IF_ERROR(saveSharded(o, plan, pool->state(), boot));
 
   // The first step pays for first touches and workspace growth; means skip it when there are more.
   const size_t skip = result.steps.size() >= 2 ? 1 : 0;

@@ -28,6 +28,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -35,6 +36,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "harness.h"
@@ -335,6 +338,93 @@ TEST(TinyLmTrainThreads, SaveIntoAnExistingCheckpointIsRefusedBeforeTraining) {
   });
   EXPECT_RANKS_OK(report);
   EXPECT_EQ(stepsRun.load(), 0);
+}
+
+// A save whose writing takes longer than --timeout is not a failed save: each rank's own
+// writing is not a wait, only the ranks' agreement afterwards is (it used to share the deadline
+// with the writing, and a slow disk failed the run with no index written).
+TEST(TinyLmTrainThreads, ASaveSlowerThanTheTimeoutSucceeds) {
+  TempDir tmp;
+  TrainOptions o = tinyOptions(Precision::kFp32, 2);
+  o.timeout = std::chrono::milliseconds(2000);
+  o.saveCheckpoint = tmp.sub("ckpt");
+  o.onShardSaved = [] { std::this_thread::sleep_for(std::chrono::milliseconds(2500)); };
+  RunOptions ro;
+  ro.mode = Mode::kThreads;
+  ro.size = 2;
+  ro.deadline = std::chrono::seconds(60);
+  auto report = shardcomm::testing::runRanks(
+      ro, [&o](RankContext& ctx) -> Status { return tinylm::runSharded(o, ctx.bootstrap).status(); });
+  EXPECT_RANKS_OK(report);
+  const Status verified = libshard::verifyCheckpoint(o.saveCheckpoint);
+  EXPECT_TRUE(verified.isOk()) << verified.toString();
+}
+
+// Runs `o` on two ranks as threads; every rank must fail at set-up, before a step, with an error
+// that contains `want`.
+void expectRefusedAtSetUp(TrainOptions o, const std::string& want, int world = 2) {
+  std::atomic<int> stepsRun{0};
+  o.onStep = [&stepsRun](const tinylm::StepRecord&) { ++stepsRun; };
+  RunOptions ro;
+  ro.mode = Mode::kThreads;
+  ro.size = world;
+  ro.deadline = std::chrono::seconds(60);
+  auto report = shardcomm::testing::runRanks(ro, [&o, &want](RankContext& ctx) -> Status {
+    auto r = tinylm::runSharded(o, ctx.bootstrap);
+    if (r.isOk()) return libcomm::makeError(StatusCode::kInternalError, "ran, instead of refusing: ", want);
+    if (r.status().message().find(want) == std::string::npos) return r.status();
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+  EXPECT_EQ(stepsRun.load(), 0) << want;
+}
+
+// --event-log-check preallocates the whole run's log: a run too long for it is refused with the
+// numbers (it used to die of bad_alloc, or take all the memory there is).
+TEST(TinyLmTrainThreads, AnEventLogTooLargeToPreallocateIsRefused) {
+  TrainOptions o = tinyOptions(Precision::kFp32, 2000000000);
+  expectRefusedAtSetUp(o, "--event-log-check keeps every entry of the run in memory");
+}
+
+// A checkpoint's step is 64 bits; one past INT_MAX is past any --steps, and said so (narrowed to
+// an int first, it wrapped negative and the run started from a negative step).
+TEST(TinyLmTrainThreads, ACheckpointStepPastIntMaxIsRefused) {
+  TempDir tmp;
+  TrainOptions o = tinyOptions(Precision::kFp32, 3);
+  auto plan = libshard::ShardPlanner(tinylm::trainPlanOptions(o, 1, 0)).plan(tinylm::trainModelSpec(o, 1));
+  ASSERT_TRUE(plan.isOk()) << plan.status().toString();
+  std::vector<float> master(plan->stateNumel, 0.5f), grad(plan->stateNumel), m(plan->stateNumel), v(plan->stateNumel);
+  libshard::ShardState state;
+  state.numel = plan->stateNumel;
+  state.master = master.data();
+  state.grad = grad.data();
+  state.adamM = m.data();
+  state.adamV = v.data();
+  state.step = (uint64_t{1} << 32) + 1;  // as an int: 1, a step inside --steps
+  const Status saved = libshard::saveCheckpoint(tmp.sub("ckpt"), {*plan}, {&state});
+  ASSERT_TRUE(saved.isOk()) << saved.toString();
+  o.loadCheckpoint = tmp.sub("ckpt");
+  expectRefusedAtSetUp(o, "the checkpoint is at step 4294967297, past --steps 3", 1);
+}
+
+// Any --save-checkpoint directory that cannot be written is found at set-up, before a step is
+// trained: one whose parent is missing, and one inside a directory that is not writable.
+TEST(TinyLmTrainThreads, AnUnwritableSaveDirectoryIsRefusedBeforeTraining) {
+  TempDir tmp;
+  TrainOptions o = tinyOptions(Precision::kFp32, 3);
+  o.saveCheckpoint = tmp.sub("no-such-parent/ckpt");
+  expectRefusedAtSetUp(o, "its parent directory '" + tmp.sub("no-such-parent") + "' does not exist");
+  std::filesystem::create_directories(tmp.sub("locked"));
+  std::filesystem::permissions(tmp.sub("locked"),
+                               std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+  if (::access(tmp.sub("locked").c_str(), W_OK) != 0) {  // root may write anyway: then nothing to check
+    o.saveCheckpoint = tmp.sub("locked/ckpt");
+    expectRefusedAtSetUp(o, "cannot write in '" + tmp.sub("locked") + "'");
+  }
+  std::filesystem::permissions(tmp.sub("locked"), std::filesystem::perms::owner_all);
+  if (std::FILE* f = std::fopen(tmp.sub("file").c_str(), "w")) std::fclose(f);
+  o.saveCheckpoint = tmp.sub("file");
+  expectRefusedAtSetUp(o, "exists and is not a directory");
 }
 
 // ---- options, the batch split and the command line -------------------------------------------------
