@@ -2,6 +2,7 @@
 
 #include "tinylm/cli.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cinttypes>
 #include <cstdio>
@@ -228,6 +229,18 @@ libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args) {
                               "-np starts local ranks itself, but this process already is a rank of a job "
                               "(LIBCOMM_RANK, RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID is set)");
   return o;
+}
+
+libcomm::Milliseconds jobDeadline(const CliOptions& o) {
+  const TrainOptions& t = o.train;
+  const long long checkpoints = (t.loadCheckpoint.empty() ? 0 : 1) + (t.saveCheckpoint.empty() ? 0 : 1);
+  const libcomm::Milliseconds waits = jobTimeout(t.timeout, t.steps + 4LL + 2 * checkpoints);
+  if (checkpoints == 0) return waits;
+  const double bytes = 12.0 * static_cast<double>(trainModelSpec(t, std::max(1, o.numRanks)).numel());
+  const double ioMs = 1000.0 * bytes / (double(kCheckpointMiBPerSecond) * (1 << 20));
+  const double kMaxJobMs = 30.0 * 24 * 3600 * 1000;
+  const double total = std::min(kMaxJobMs, static_cast<double>(waits.count()) + checkpoints * ioMs);
+  return libcomm::Milliseconds(static_cast<long long>(total));
 }
 
 std::string stepLine(const StepRecord& r) { return "step " + std::to_string(r.step) + " loss " + fmt("%.6f", r.loss); }

@@ -21,6 +21,16 @@ struct CliOptions {
   std::vector<std::string> childArgs;
 };
 
+/// The -np job's deadline, past which the launcher kills every rank. Ranks bound each wait by
+/// --timeout themselves; this catches what they cannot (a rank stuck in compute or in I/O), so it
+/// is generous: (steps + 4) x --timeout, plus for each of --load-checkpoint and --save-checkpoint
+/// the checkpoint's reading or writing at kCheckpointMiBPerSecond (12 bytes per parameter: weights
+/// and both moments; a rank's own I/O is not bounded by --timeout) and 2 x --timeout for the ranks'
+/// agreement around it. Capped at 30 days. Pure.
+libcomm::Milliseconds jobDeadline(const CliOptions& options);
+/// The slowest checkpoint I/O the job deadline allows for, all ranks together.
+inline constexpr int kCheckpointMiBPerSecond = 10;
+
 /// Parses argv[1..]. kInvalidArgument with a message naming the flag and the problem.
 libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args);
 /// The --help text.

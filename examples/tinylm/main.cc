@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "libcomm/bootstrap.h"
-#include "libshard/checkpoint.h"
 #include "libshard/plan.h"
 #include "libshard/schedule.h"
 #include "tinylm/cli.h"
@@ -30,16 +29,18 @@ constexpr int kExitUsage = 2;
 // -np: the launcher starts the ranks, each running this command without -np.
 int spawnRanks(const CliOptions& o, const char* argv0) {
   // Ranks bound every wait by --timeout themselves; the job deadline only catches what they
-  // cannot (a rank stuck in compute), so it is generous: a timeout per step and some.
-  const libcomm::Status st =
-      spawnLocalRanks(o.numRanks, argv0, o.childArgs, jobTimeout(o.train.timeout, o.train.steps + 4LL));
+  // cannot (a rank stuck in compute or checkpoint I/O), so it is generous (jobDeadline).
+  const libcomm::Milliseconds limit = jobDeadline(o);
+  const libcomm::Status st = spawnLocalRanks(o.numRanks, argv0, o.childArgs, limit);
   if (!st.isOk()) {
     std::fprintf(stderr, "tinylm: %d local ranks: %s\n", o.numRanks, st.toString().c_str());
     if (st.code() == libcomm::StatusCode::kTimeout)
       std::fprintf(stderr,
-                   "tinylm: the job's limit is (steps + 4) x --timeout (%lld ms); a model whose steps compute "
-                   "longer than --timeout needs a larger one\n",
-                   static_cast<long long>(o.train.timeout.count()));
+                   "tinylm: the job's limit (%lld ms) is (steps + 4) x --timeout (%lld ms), plus, with a checkpoint "
+                   "to load or save, 2 x --timeout and its I/O at %d MiB/s each; steps that compute longer than "
+                   "--timeout, or slower checkpoint I/O, need a larger --timeout\n",
+                   static_cast<long long>(limit.count()), static_cast<long long>(o.train.timeout.count()),
+                   kCheckpointMiBPerSecond);
     return kExitFail;
   }
   return 0;
@@ -53,15 +54,13 @@ int fail(int rank, const libcomm::Status& st) {
   return kExitFail;
 }
 
-// --describe: the plan as rank 0 will have it, before anything is allocated.
-libcomm::Status describePlan(const TrainOptions& t, int world) {
-  LIBCOMM_ASSIGN_OR_RETURN(auto plan,
-                           libshard::ShardPlanner(trainPlanOptions(t, world, 0)).plan(trainModelSpec(t, world)));
-  LIBCOMM_ASSIGN_OR_RETURN(auto schedule, libshard::Schedule::build(plan));
+// --describe: rank 0's plan and the size of its schedule.
+void describePlan(const libshard::ShardPlan& plan) {
   std::printf("%s", plan.describe().c_str());
-  std::printf("schedule: %zu ops per step (%d all_gathers, %d reduce_scatters)\n", schedule.ops.size(),
-              schedule.count(libshard::OpKind::kAllGather), schedule.count(libshard::OpKind::kReduceScatter));
-  return libcomm::Status::ok();
+  auto schedule = libshard::Schedule::build(plan);
+  if (!schedule.isOk()) return;  // set-up built it already: cannot fail here
+  std::printf("schedule: %zu ops per step (%d all_gathers, %d reduce_scatters)\n", schedule->ops.size(),
+              schedule->count(libshard::OpKind::kAllGather), schedule->count(libshard::OpKind::kReduceScatter));
 }
 
 int runRank(CliOptions o) {
@@ -75,17 +74,14 @@ int runRank(CliOptions o) {
   if (!st.isOk()) return fail(rank, st);
 
   if (rank == 0) {
-    int firstStep = 0;
-    if (!t.loadCheckpoint.empty()) {
-      auto info = libshard::readCheckpointInfo(t.loadCheckpoint);
-      if (!info.isOk()) return fail(rank, info.status());
-      firstStep = static_cast<int>(info->step);
-    }
-    std::printf("%s\n", headerLine(t, world, firstStep).c_str());
-    if (o.describe) {
-      st = describePlan(t, world);
-      if (!st.isOk()) return fail(rank, st);
-    }
+    // Printed once every rank's set-up has succeeded: what could fail here (the checkpoint to
+    // resume from, the plan) is found in set-up, where every rank learns of it; checked here by
+    // rank 0 alone, it would leave the others waiting for rank 0 until their timeout.
+    const bool describe = o.describe;
+    t.onStart = [&t, world, describe](int firstStep, const libshard::ShardPlan& plan) {
+      std::printf("%s\n", headerLine(t, world, firstStep).c_str());
+      if (describe) describePlan(plan);
+    };
     t.onStep = [](const StepRecord& r) { std::printf("%s\n", stepLine(r).c_str()); };
   }
 

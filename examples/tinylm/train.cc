@@ -310,6 +310,7 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
   }();
   LIBCOMM_RETURN_IF_ERROR(agreeOnOutcome(boot, setup, "tinylm trainer set-up", deadline()));
   const libshard::ShardPlan& plan = result.plan;
+  if (o.onStart) o.onStart(result.firstStep, plan);
   const size_t stepsToRun = static_cast<size_t>(o.steps - result.firstStep);
 
   TrainLoop loop(o, *hooks, *adamw, rsComm, maxMicroBatchTokens(o, world));

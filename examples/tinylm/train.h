@@ -149,14 +149,17 @@ struct TrainOptions {
   /// agreement after set-up and after each phase of a save. A rank's own work (writing its
   /// checkpoint shard, say) is not a wait: a slower rank's, beyond this rank's, is.
   std::chrono::milliseconds timeout{300000};
+  /// Called on every rank once every rank's set-up has succeeded, before the first step, with the
+  /// step the run starts from (0, or the checkpoint's) and this rank's plan (e.g. to print them).
+  std::function<void(int firstStep, const libshard::ShardPlan& plan)> onStart;
   /// Called on every rank after each step, with that step's record (e.g. to print it as it goes).
   std::function<void(const StepRecord&)> onStep;
-};
-
-/// A rank's figures, exchanged so that every rank (rank 0 prints them) has all of them. POD.
   /// Called on every rank once it has written its checkpoint shard (saveCheckpoint), before the
   /// ranks agree that every shard was saved; tests make a save slow with it.
   std::function<void()> onShardSaved;
+};
+
+/// A rank's figures, exchanged so that every rank (rank 0 prints them) has all of them. POD.
 struct RankSummary {
   int32_t rank = 0;
   int32_t timedSteps = 0;    // the steps the means cover (all but the first, when there are two or more)

@@ -466,6 +466,21 @@ TEST(TinyLmTrainOptions, HeaderLineSaysWhenThereIsNothingToRun) {
   EXPECT_EQ(tinylm::headerLine(o, 2, 0).find(".."), std::string::npos) << tinylm::headerLine(o, 2, 0);
 }
 
+// The -np job's deadline allows for checkpoint I/O: 2 x --timeout and the checkpoint's bytes at
+// kCheckpointMiBPerSecond for each of load and save, on top of (steps + 4) x --timeout.
+TEST(TinyLmTrainOptions, JobDeadlineAllowsForCheckpointIo) {
+  auto plain = tinylm::parseCli({"-np", "2", "--steps", "3", "--timeout", "10", "--layers", "8", "--dim", "256"});
+  ASSERT_TRUE(plain.isOk()) << plain.status().toString();
+  EXPECT_EQ(tinylm::jobDeadline(*plain).count(), 7 * 10000);
+  auto both = tinylm::parseCli({"-np", "2", "--steps", "3", "--timeout", "10", "--layers", "8", "--dim", "256",
+                                "--save-checkpoint", "/tmp/a", "--load-checkpoint", "/tmp/b"});
+  ASSERT_TRUE(both.isOk()) << both.status().toString();
+  const double bytes = 12.0 * static_cast<double>(tinylm::trainModelSpec(both->train, 2).numel());
+  const double ioMs = 1000.0 * bytes / (tinylm::kCheckpointMiBPerSecond * 1048576.0);
+  EXPECT_GT(ioMs, 100.0);  // a model big enough for the I/O term to show
+  EXPECT_NEAR(static_cast<double>(tinylm::jobDeadline(*both).count()), (7 + 4) * 10000 + 2 * ioMs, 2.0);
+}
+
 TEST(TinyLmTrainOptions, CommandLine) {
   auto ok = tinylm::parseCli({"-np", "4", "--steps", "3", "--precision=fp32", "--memory-budget", "2M", "--describe"});
   ASSERT_TRUE(ok.isOk()) << ok.status().toString();

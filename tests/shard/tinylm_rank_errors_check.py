@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Every rank of a tinylm job reports a problem found before training, not only rank 0.
+
+  tinylm_rank_errors_check.py TINYLM
+
+Two ranks are started by hand, as mpirun would start them (LIBCOMM_* variables, rank 0 hosting the
+store), with a --load-checkpoint that does not exist. Rank 0 used to read the checkpoint's step
+alone, before the ranks' set-up, and exit; rank 1 then waited for it until its bootstrap or
+communicator timed out and reported that instead. Now the checkpoint is found missing in set-up,
+where every rank learns the outcome: both ranks must exit 1, soon, naming the checkpoint.
+"""
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+TIMEOUT_S = 10  # --timeout: rank 1 would wait up to 2 x this for a rank 0 that is gone
+
+
+def fail(msg):
+    print("FAIL: " + msg)
+    sys.exit(1)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    if len(sys.argv) != 2:
+        fail("usage: tinylm_rank_errors_check.py TINYLM")
+    exe = sys.argv[1]
+    with tempfile.TemporaryDirectory(prefix="tinylm-ranks-") as tmp:
+        missing = os.path.join(tmp, "no-such-checkpoint")
+        base = {k: v for k, v in os.environ.items() if not k.startswith("LIBCOMM_")}
+        base.update({
+            "LIBCOMM_WORLD_SIZE": "2",
+            "LIBCOMM_STORE_ADDR": "127.0.0.1:%d" % free_port(),
+            "LIBCOMM_SECRET": "tinylm-rank-errors",
+            "LIBCOMM_JOB_ID": "tinylm-rank-errors",
+        })
+        args = [exe, "--steps", "2", "--vocab", "32", "--dim", "8", "--hidden", "8", "--layers", "1",
+                "--seq-len", "4", "--timeout", str(TIMEOUT_S), "--load-checkpoint", missing]
+        start = time.monotonic()
+        procs = []
+        for rank in (0, 1):
+            env = dict(base, LIBCOMM_RANK=str(rank))
+            procs.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        outs = []
+        for rank, p in enumerate(procs):
+            try:
+                out, err = p.communicate(timeout=6 * TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                fail("rank %d still running after %d s" % (rank, 6 * TIMEOUT_S))
+            outs.append((p.returncode, out.decode(errors="replace"), err.decode(errors="replace")))
+        elapsed = time.monotonic() - start
+        for rank, (code, out, err) in enumerate(outs):
+            if code != 1:
+                fail("rank %d exited %d, expected 1\nstdout:\n%s\nstderr:\n%s" % (rank, code, out, err))
+            if missing not in err:
+                fail("rank %d does not report the missing checkpoint:\n%s" % (rank, err))
+        # Both learn of it at set-up: well within one --timeout, where waiting for a departed
+        # rank 0 would take at least one.
+        if elapsed > TIMEOUT_S:
+            fail("the ranks took %.1f s to report it (--timeout %d s)" % (elapsed, TIMEOUT_S))
+    print("OK: every rank reported the missing checkpoint in %.1f s" % elapsed)
+
+
+if __name__ == "__main__":
+    main()
