@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -125,14 +126,23 @@ Status agreeOnOutcome(libcomm::Bootstrap& boot, const Status& mine, const char* 
 
 // Each agreement's deadline starts once this rank's own writing is done: writing and fsyncing a
 // shard may take longer than a collective's timeout, and only the wait for the other ranks is
-// bounded by it (as set-up's agreement is).
+// bounded by it (as set-up's agreement is). While rank 0 writes the index the others wait for it:
+// they allow it, on top of the timeout, what their own shard took (the same fsyncs, on the same
+// filesystem).
 Status saveSharded(const TrainOptions& o, const libshard::ShardPlan& plan, const libshard::ShardState& state,
                    libcomm::Bootstrap& boot) {
+  const auto t0 = std::chrono::steady_clock::now();
   const Status shard = libshard::saveCheckpointShard(o.saveCheckpoint, plan, state);
-  if (o.onShardSaved) o.onShardSaved();
+  if (o.onCheckpointWritten) o.onCheckpointWritten(false);
+  const auto ownWrite = std::chrono::duration_cast<libcomm::Milliseconds>(std::chrono::steady_clock::now() - t0);
   LIBCOMM_RETURN_IF_ERROR(agreeOnOutcome(boot, shard, "saving checkpoint shards", libcomm::Deadline::after(o.timeout)));
-  const Status index = boot.rank() == 0 ? libshard::writeCheckpointIndex(o.saveCheckpoint, plan) : Status::ok();
-  return agreeOnOutcome(boot, index, "writing the checkpoint index", libcomm::Deadline::after(o.timeout));
+  Status index = Status::ok();
+  if (boot.rank() == 0) {
+    index = libshard::writeCheckpointIndex(o.saveCheckpoint, plan);
+    if (o.onCheckpointWritten) o.onCheckpointWritten(true);
+  }
+  const libcomm::Milliseconds allowance = boot.rank() == 0 ? o.timeout : o.timeout + ownWrite;
+  return agreeOnOutcome(boot, index, "writing the checkpoint index", libcomm::Deadline::after(allowance));
 }
 
 // Compute-only mode's optimizer plan: the same groups and state size, but declared a world of

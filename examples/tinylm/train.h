@@ -154,9 +154,10 @@ struct TrainOptions {
   std::function<void(int firstStep, const libshard::ShardPlan& plan)> onStart;
   /// Called on every rank after each step, with that step's record (e.g. to print it as it goes).
   std::function<void(const StepRecord&)> onStep;
-  /// Called on every rank once it has written its checkpoint shard (saveCheckpoint), before the
-  /// ranks agree that every shard was saved; tests make a save slow with it.
-  std::function<void()> onShardSaved;
+  /// Called on every rank once it has written its checkpoint shard (saveCheckpoint; index false),
+  /// and on rank 0 once it has written the index (true), each before the ranks agree on that
+  /// phase's outcome; tests make a save slow with it.
+  std::function<void(bool index)> onCheckpointWritten;
 };
 
 /// A rank's figures, exchanged so that every rank (rank 0 prints them) has all of them. POD.
