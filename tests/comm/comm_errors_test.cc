@@ -73,6 +73,21 @@ TEST(CommErrors, BadArgumentsAreRefusedOnTheCallingThread) {
                                    StatusCode::kInvalidArgument, {"accumulate"}, "accumulate bf16"));
     LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->broadcast(a.data(), b.data(), 4, DataType::kFloat32, 5, *s),
                                    StatusCode::kInvalidArgument, {"root 5"}, "bad root"));
+    // A pointer off its element size's alignment (the device reduce kernel faults on one, and the
+    // fault kills the process's CUDA context): refused for every kind of memory.
+    char* bytes = reinterpret_cast<char*>(b.data());
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(
+        comm->allGather(reinterpret_cast<float*>(bytes + 2), a.data(), 4, DataType::kFloat32, *s),
+        StatusCode::kInvalidArgument, {"rank " + std::to_string(ctx.rank), "all_gather", "send buffer", "aligned", "4"},
+        "fp32 send 2-byte aligned"));
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(
+        comm->reduceScatter(b.data(), reinterpret_cast<char*>(a.data()) + 2, 4, DataType::kBFloat16, DataType::kFloat32, sum, *s),
+        StatusCode::kInvalidArgument, {"reduce_scatter", "recv buffer", "aligned", "4"}, "fp32 recv 2-byte aligned"));
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allReduce(bytes + 1, bytes + 257, 4, DataType::kBFloat16, sum, *s),
+                                         StatusCode::kInvalidArgument, {"all_reduce", "send buffer", "aligned"},
+                                         "bf16 send at an odd address"));
+    // bf16 needs 2 bytes only.
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(bytes + 2, a.data(), 4, DataType::kBFloat16, *s));
     // Count 0 accepts null pointers and still completes on every rank.
     LIBCOMM_RETURN_IF_ERROR(comm->allGather(nullptr, nullptr, 0, DataType::kFloat32, *s));
     LIBCOMM_RETURN_IF_ERROR(s->synchronize(libcomm::Deadline::after(std::chrono::seconds(10))));

@@ -72,6 +72,10 @@ class Communicator {
   bool isRegistered(const void* ptr, size_t bytes) const;
 
   // ---- Collectives. Enqueued on `stream`, return at once; argument errors return at once. ----
+  // send and recv must be aligned to their element size (4 bytes for fp32, 2 for bf16), whatever
+  // memory they lie in: a misaligned pointer is kInvalidArgument naming the rank, the collective
+  // and the buffer (on a GPU it would fault and end the process's CUDA context). NCCL accepts
+  // misaligned buffers; libcomm does not, on any path.
   /// recv holds size()*count elements, rank r's in [r*count, (r+1)*count). In place when
   /// send == recv + rank*count (in elements).
   Status allGather(const void* send, void* recv, size_t count, DataType dtype, Stream& stream);
