@@ -72,7 +72,7 @@ TEST(CommErrors, BadArgumentsAreRefusedOnTheCallingThread) {
                                                        acc, *s),
                                    StatusCode::kInvalidArgument, {"accumulate"}, "accumulate bf16"));
     LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->broadcast(a.data(), b.data(), 4, DataType::kFloat32, 5, *s),
-                                   StatusCode::kInvalidArgument, {"root 5"}, "bad root"));
+                                         StatusCode::kInvalidArgument, {"root 5"}, "bad root"));
     // A pointer off its element size's alignment (the device reduce kernel faults on one, and the
     // fault kills the process's CUDA context): refused for every kind of memory.
     char* bytes = reinterpret_cast<char*>(b.data());
@@ -81,7 +81,8 @@ TEST(CommErrors, BadArgumentsAreRefusedOnTheCallingThread) {
         StatusCode::kInvalidArgument, {"rank " + std::to_string(ctx.rank), "all_gather", "send buffer", "aligned", "4"},
         "fp32 send 2-byte aligned"));
     LIBCOMM_RETURN_IF_ERROR(expectStatus(
-        comm->reduceScatter(b.data(), reinterpret_cast<char*>(a.data()) + 2, 4, DataType::kBFloat16, DataType::kFloat32, sum, *s),
+        comm->reduceScatter(b.data(), reinterpret_cast<char*>(a.data()) + 2, 4, DataType::kBFloat16, DataType::kFloat32,
+                            sum, *s),
         StatusCode::kInvalidArgument, {"reduce_scatter", "recv buffer", "aligned", "4"}, "fp32 recv 2-byte aligned"));
     LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allReduce(bytes + 1, bytes + 257, 4, DataType::kBFloat16, sum, *s),
                                          StatusCode::kInvalidArgument, {"all_reduce", "send buffer", "aligned"},

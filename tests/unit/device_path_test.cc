@@ -1,6 +1,7 @@
 // What the GPU paths decide on the host, tested without a device: the CUDA IPC record's wire form
 // (round trip; short, foreign, older, newer, damaged input refused with a clear error), who counts
-// as "this process" for a record, the reduce kernel's launch geometry, and the device selection table.
+// as "this process" for a record and how a peer's memory is reached, the reduce kernel's launch
+// geometry, and the device selection table.
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -158,6 +159,19 @@ TEST(ProcessId, SameOnlyForTheSamePidInTheSameKnownNamespace) {
   EXPECT_NE(cuda::ipcOpenHint(a, {100, 0}).find("this process's /proc/self/ns/pid"), std::string::npos);
   EXPECT_EQ(cuda::ipcOpenHint({101, 0}, a), "");
   EXPECT_EQ(cuda::ipcOpenHint({100, 8}, a), "");
+}
+
+TEST(PeerReach, ARankOfThisProcessOnAnotherDeviceNeedsPeerAccess) {
+  using cuda::PeerReach;
+  EXPECT_EQ(cuda::peerReach(true, 0, 0, false), PeerReach::kPointer);
+  // Threads of one process on two GPUs: the kernel on device 0 loads device 1's memory only after
+  // peer access is enabled; without a path between them the collective is refused.
+  EXPECT_EQ(cuda::peerReach(true, 0, 1, true), PeerReach::kEnablePeerAccess);
+  EXPECT_EQ(cuda::peerReach(true, 1, 0, true), PeerReach::kEnablePeerAccess);
+  EXPECT_EQ(cuda::peerReach(true, 0, 1, false), PeerReach::kUnreachable);
+  // Another process: the IPC open (lazy peer access) whatever the devices.
+  EXPECT_EQ(cuda::peerReach(false, 0, 0, false), PeerReach::kIpc);
+  EXPECT_EQ(cuda::peerReach(false, 0, 1, false), PeerReach::kIpc);
 }
 
 TEST(ReduceGeometry, NothingToLaunchForZeroElements) {

@@ -53,6 +53,19 @@ Status allocationOf(const void* p, char** base, size_t* size) {
   return Status::ok();
 }
 
+// Lets kernels on the current device load `peerDevice`'s memory (process-wide, never undone; a
+// second call, from this rank or another on the device, answers "already enabled").
+Status enablePeerAccess(int peerDevice, const std::string& what) {
+  const cudaError_t e = cudaDeviceEnablePeerAccess(peerDevice, 0);
+  if (e == cudaSuccess) return Status::ok();
+  (void)cudaGetLastError();  // not sticky, but it stays the "last error" a later launch check would read
+  if (e == cudaErrorPeerAccessAlreadyEnabled) return Status::ok();
+  int current = -1;
+  (void)cudaGetDevice(&current);
+  return statusFromCuda(e, "cudaDeviceEnablePeerAccess", __FILE__, __LINE__)
+      .withContext(detail::strCat(what, ": enabling peer access from device ", current, " to device ", peerDevice));
+}
+
 std::atomic_ref<uint64_t> counterIn(const shm::Segment& seg) {
   static_assert(std::atomic_ref<uint64_t>::is_always_lock_free, "the counter is shared between processes");
   return std::atomic_ref<uint64_t>(*static_cast<uint64_t*>(seg.data()));
@@ -233,7 +246,21 @@ Result<const char*> OwnPathImpl::resolve(int peer, const PeerInput& in, int devi
     m.bytes = rec.bytes;
     m.device = device;
     const ProcessId self = thisProcess();
-    if (sameProcess(rec.owner, self)) {
+    const bool inProcess = sameProcess(rec.owner, self);
+    int canAccess = 0;
+    if (inProcess && rec.device != device && cudaDeviceCanAccessPeer(&canAccess, device, rec.device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      canAccess = 0;
+    }
+    const PeerReach reach = peerReach(inProcess, device, rec.device, canAccess != 0);
+    if (reach == PeerReach::kUnreachable)
+      return makeError(StatusCode::kInvalidUsage, what, ": rank ", rank_, " on device ", device,
+                       " cannot read registration ", in.registration, " of rank ", peer,
+                       " (a thread of this process, on device ", rec.device,
+                       "): CUDA reports no peer access between the two devices; leave the buffers unregistered "
+                       "so that NCCL moves the data");
+    if (reach == PeerReach::kEnablePeerAccess) LIBCOMM_RETURN_IF_ERROR(enablePeerAccess(rec.device, what));
+    if (inProcess) {
       m.range = reinterpret_cast<char*>(rec.address);  // a rank of this process: the pointer itself
     } else {
       cudaIpcMemHandle_t h;

@@ -69,6 +69,12 @@ ProcessId thisProcess() {
 
 bool sameProcess(const ProcessId& owner, const ProcessId& self) { return owner.pidNamespace != 0 && owner == self; }
 
+PeerReach peerReach(bool sameProcess, int device, int ownerDevice, bool canAccessPeer) {
+  if (!sameProcess) return PeerReach::kIpc;
+  if (device == ownerDevice) return PeerReach::kPointer;
+  return canAccessPeer ? PeerReach::kEnablePeerAccess : PeerReach::kUnreachable;
+}
+
 std::string ipcOpenHint(const ProcessId& owner, const ProcessId& self) {
   if (owner.pid != self.pid || (owner.pidNamespace != 0 && self.pidNamespace != 0)) return "";
   return detail::strCat("; the owner has this process's pid ", self.pid, " but a pid namespace is unknown (",

@@ -44,6 +44,20 @@ bool sameProcess(const ProcessId& owner, const ProcessId& self);
 /// handle (pids match, a namespace unknown); empty otherwise.
 std::string ipcOpenHint(const ProcessId& owner, const ProcessId& self);
 
+/// How a rank on `device` reads a peer's registered memory on `ownerDevice`. A rank of this process
+/// uses the owner's pointer; on another device that pointer is another device's memory, which a
+/// kernel (the reduce kernel) may load only once this process enabled peer access to that device --
+/// without it the load is an illegal address, which ends the process's CUDA context.
+enum class PeerReach {
+  kPointer,           // this process, same device: the pointer as it is
+  kEnablePeerAccess,  // this process, another device it can reach: cudaDeviceEnablePeerAccess first
+  kUnreachable,       // this process, another device it cannot reach (cudaDeviceCanAccessPeer: no)
+  kIpc,               // another process: cudaIpcOpenMemHandle, which enables peer access itself
+};
+/// `canAccessPeer`: cudaDeviceCanAccessPeer(device, ownerDevice); read only for kEnablePeerAccess
+/// vs kUnreachable.
+PeerReach peerReach(bool sameProcess, int device, int ownerDevice, bool canAccessPeer);
+
 struct IpcRecord {
   enum class Kind : uint8_t { kMemory = 1, kEvents = 2 };
   Kind kind = Kind::kMemory;
