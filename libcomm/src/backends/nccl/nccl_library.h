@@ -22,17 +22,35 @@
 namespace libcomm::nccl {
 
 // Every host function nccl.h declares, by the name after "nccl". The member types below are taken
-// from the header (decltype), so they always match the installed NCCL.
+// from the header (decltype), so they always match the installed NCCL. Written against 2.28.9;
+// the entry points added since 2.27 are listed only when the header has them, so that an older
+// nccl.h (a Python wheel's) still builds: those members do not exist there. Checked by
+// tests/unit/nccl_header_versions_check.py.
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 3)
+#define LIBCOMM_NCCL_FUNCTIONS_2_27(X) X(CommShrink) X(CommWindowRegister) X(CommWindowDeregister)
+#else
+#define LIBCOMM_NCCL_FUNCTIONS_2_27(X)
+#endif
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 3)
+#define LIBCOMM_NCCL_FUNCTIONS_2_28(X) X(AlltoAll) X(Gather) X(Scatter)
+#else
+#define LIBCOMM_NCCL_FUNCTIONS_2_28(X)
+#endif
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 7)
+#define LIBCOMM_NCCL_FUNCTIONS_2_28_7(X) X(CommRevoke)
+#else
+#define LIBCOMM_NCCL_FUNCTIONS_2_28_7(X)
+#endif
 #define LIBCOMM_NCCL_FUNCTIONS(X)                                                                                     \
   X(MemAlloc)                                                                                                         \
   X(MemFree)                                                                                                          \
   X(GetVersion)                                                                                                       \
   X(GetUniqueId) X(CommInitRankConfig) X(CommInitRank) X(CommInitAll) X(CommFinalize) X(CommDestroy) X(CommAbort)     \
-      X(CommRevoke) X(CommSplit) X(CommShrink) X(CommInitRankScalable) X(GetErrorString) X(GetLastError)              \
-          X(ResetDebugInit) X(CommGetAsyncError) X(CommCount) X(CommCuDevice) X(CommUserRank) X(CommRegister)         \
-              X(CommDeregister) X(CommWindowRegister) X(CommWindowDeregister) X(RedOpCreatePreMulSum) X(RedOpDestroy) \
-                  X(Reduce) X(Bcast) X(Broadcast) X(AllReduce) X(ReduceScatter) X(AllGather) X(AlltoAll) X(Gather)    \
-                      X(Scatter) X(Send) X(Recv) X(GroupStart) X(GroupEnd) X(GroupSimulateEnd)
+      X(CommSplit) X(CommInitRankScalable) X(GetErrorString) X(GetLastError) X(ResetDebugInit) X(CommGetAsyncError)   \
+          X(CommCount) X(CommCuDevice) X(CommUserRank) X(CommRegister) X(CommDeregister) X(RedOpCreatePreMulSum)      \
+              X(RedOpDestroy) X(Reduce) X(Bcast) X(Broadcast) X(AllReduce) X(ReduceScatter) X(AllGather) X(Send)      \
+                  X(Recv) X(GroupStart) X(GroupEnd) X(GroupSimulateEnd) LIBCOMM_NCCL_FUNCTIONS_2_27(X)                \
+                      LIBCOMM_NCCL_FUNCTIONS_2_28(X) LIBCOMM_NCCL_FUNCTIONS_2_28_7(X)
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"  // pncclResetDebugInit
