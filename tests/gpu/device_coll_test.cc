@@ -4,8 +4,9 @@
 // enough), and 2 ranks as threads of one process (same-process peers use the pointer, no IPC open).
 // Fresh random data every run (the seed is printed), outputs poisoned with NaN first, results
 // checked against an fp64 reference. Also: mixing host and device memory and streams is refused,
-// registration is idempotent and refcounted, and a peer's mappings of a deregistered buffer are
-// closed (the owner's freed memory comes back).
+// registration is idempotent and refcounted, a peer's mappings of a deregistered buffer are
+// closed (the owner's freed memory comes back), and the cross-process ordering holds for inputs
+// written and overwritten on the collective's stream with no host synchronization around it.
 //
 // Without a device every test skips with "skipped: no CUDA device". The probe runs in a forked
 // child: the parent must not initialize CUDA before the harness forks the ranks (a CUDA context does
@@ -30,6 +31,7 @@
 #include "libcomm/communicator.h"
 #include "libcomm/convert.h"
 #include "libcomm/cuda.h"
+#include "spin_kernel.h"
 
 namespace libcomm {
 namespace {
@@ -303,7 +305,8 @@ Status runAll(RankContext& ctx, const std::vector<Case>& cases, uint64_t seed, b
       continue;
     auto& comm = comms[c.algo];
     if (!comm) {
-      CommConfig config;
+      // From the environment: gpu_check.sh shortens the op timeout (LIBCOMM_TIMEOUT_MS).
+      LIBCOMM_ASSIGN_OR_RETURN(CommConfig config, CommConfig::fromEnvironment());
       config.algo = c.algo;
       config.collTrace = true;
       LIBCOMM_ASSIGN_OR_RETURN(comm, Communicator::create(ctx.bootstrap, config));
@@ -364,7 +367,9 @@ Status releaseRounds(RankContext& ctx) {
   const int devices = rd.devices, device = rd.device;
   Stream& s = *rd.stream;
   // The default choice for registered inputs on one host: the own path (selector.cc).
-  LIBCOMM_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, Communicator::create(ctx.bootstrap, CommConfig{}));
+  LIBCOMM_ASSIGN_OR_RETURN(CommConfig config, CommConfig::fromEnvironment());
+  config.algo = "";
+  LIBCOMM_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, Communicator::create(ctx.bootstrap, config));
   const int n = comm->size();
   auto settle = [&]() -> Status {
     LIBCOMM_RETURN_IF_ERROR(comm->barrier(s));
@@ -422,6 +427,104 @@ TEST_P(DeviceCollTest, OwnPathClosesMappingsOfDeregisteredBuffers) {
   o.deadline = std::chrono::milliseconds(300000);
   EXPECT_RANKS_OK(shardcomm::testing::runRanks(o, [](RankContext& ctx) { return releaseRounds(ctx); }));
 }
+
+// ---- ordering against work the host never waited for --------------------------------------------
+
+// Rank `rank`'s input in round `round` of orderRounds: integers, exact in fp32.
+float orderValue(int round, int rank, size_t i) {
+  return static_cast<float>((i % 2048) + 2048 * (static_cast<size_t>(rank) + 8 * static_cast<size_t>(round)));
+}
+
+// The cross-process protocol (device_path.h) without host synchronization to hide a gap in it. Each
+// round, on the collective's own stream: a spin kernel (rank 0: 150 ms, the others: 5 ms), an
+// asynchronous copy of the round's input from pinned memory, the own-path all_gather, and at once an
+// overwrite of the input with NaN. Nothing is synchronized until the last round is enqueued.
+//  - Without the wait on a peer's "ready" event, ranks 1.. copy rank 0's input before rank 0's stream
+//    has written it (behind its long spin): they get the previous round's NaN.
+//  - Without the wait on the peers' "done" events, ranks 1.. overwrite their inputs before rank 0
+//    (still spinning) has copied them: rank 0 gets NaN.
+Status orderRounds(RankContext& ctx) {
+  constexpr int kRounds = 4;
+  constexpr size_t kCount = size_t{1} << 20;  // fp32 elements per rank: 4 MiB
+  constexpr size_t kInBytes = kCount * sizeof(float);
+  LIBCOMM_ASSIGN_OR_RETURN(RankDevice rd, rankDevice(ctx));
+  Stream& stream = *rd.stream;
+  void* s = nativeCudaStream(stream);
+  LIBCOMM_ASSIGN_OR_RETURN(CommConfig config, CommConfig::fromEnvironment());
+  config.algo = "";
+  config.collTrace = true;
+  LIBCOMM_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, Communicator::create(ctx.bootstrap, config));
+  const int n = comm->size();
+  float* in = nullptr;
+  float* out = nullptr;
+  float* staged = nullptr;  // pinned: the copies from it are asynchronous
+  CU(cudaMalloc(&in, kInBytes));
+  CU(cudaMalloc(&out, kInBytes * n * kRounds));
+  CU(cudaMallocHost(&staged, kInBytes * kRounds));
+  for (int round = 0; round < kRounds; ++round)
+    for (size_t i = 0; i < kCount; ++i) staged[round * kCount + i] = orderValue(round, ctx.rank, i);
+  CU(cudaMemset(in, 0xff, kInBytes));
+  CU(cudaMemset(out, 0xff, kInBytes * n * kRounds));
+  CU(cudaStreamSynchronize(cudaStreamLegacy));  // set-up only; nothing below waits on the host
+  LIBCOMM_RETURN_IF_ERROR(comm->registerBuffer(in, kInBytes));
+  const uint64_t spinNs = ctx.rank == 0 ? 150'000'000 : 5'000'000;
+  Status st;
+  for (int round = 0; round < kRounds && st.isOk(); ++round) {
+    const std::string what = detail::strCat("rank ", ctx.rank, " round ", round);
+    if (int e = shardcomm::testing::gpu::launchSpin(spinNs, s); e != 0) {
+      st = cudaOk(static_cast<cudaError_t>(e), "launchSpin");
+      break;
+    }
+    st = cudaOk(cudaMemcpyAsync(in, staged + round * kCount, kInBytes, cudaMemcpyHostToDevice,
+                                static_cast<cudaStream_t>(s)),
+                "writing the input");
+    if (st.isOk()) st = comm->allGather(in, out + round * kCount * n, kCount, DataType::kFloat32, stream);
+    if (st.isOk()) st = cudaOk(cudaMemsetAsync(in, 0xff, kInBytes, static_cast<cudaStream_t>(s)), "overwriting the input");
+    st = st.withContext(what);
+  }
+  if (st.isOk()) st = stream.synchronize(Deadline::after(Milliseconds(30000)));
+  std::vector<float> got(kCount * n * kRounds);
+  if (st.isOk()) st = cudaOk(cudaMemcpy(got.data(), out, got.size() * sizeof(float), cudaMemcpyDeviceToHost), "copy back");
+  // The peers' reads of `in` are behind this barrier on every stream; then deregister and free.
+  Status b = comm->barrier(stream);
+  if (b.isOk()) b = stream.synchronize(Deadline::after(Milliseconds(30000)));
+  Status d = comm->deregisterBuffer(in);
+  if (st.isOk()) st = b.isOk() ? d : b;
+  if (st.isOk()) st = comm->barrier(stream);  // peers drop their mappings of `in` before it is freed
+  if (st.isOk()) st = stream.synchronize(Deadline::after(Milliseconds(30000)));
+  (void)cudaFree(in);
+  (void)cudaFree(out);
+  (void)cudaFreeHost(staged);
+  LIBCOMM_RETURN_IF_ERROR(st);
+  for (int round = 0; round < kRounds; ++round) {
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < kCount * n; ++i) {
+      const float want = orderValue(round, static_cast<int>(i / kCount), i % kCount);
+      if (!(got[round * kCount * n + i] == want) && bad++ == 0) first = i;
+    }
+    if (bad)
+      return makeError(StatusCode::kInternalError, "rank ", ctx.rank, " round ", round, ": ", bad, " of ", kCount * n,
+                       " elements wrong, first at ", first, " (rank ", first / kCount, "'s chunk): got ",
+                       got[round * kCount * n + first], ", want ", orderValue(round, static_cast<int>(first / kCount), first % kCount),
+                       " -- NaN there means a read before its owner wrote it (\"ready\") or after its owner "
+                       "overwrote it (\"done\")");
+  }
+  return comm->finalize(Milliseconds(30000));
+}
+
+class DeviceOrderTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(DeviceOrderTest, OwnPathOrdersWorkTheHostNeverWaitedFor) {
+  SKIP_WITHOUT_DEVICE();
+  RunOptions o;
+  o.mode = Mode::kProcesses;
+  o.size = GetParam();
+  o.deadline = std::chrono::milliseconds(120000);
+  EXPECT_RANKS_OK(shardcomm::testing::runRanks(o, [](RankContext& ctx) { return orderRounds(ctx); }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DeviceOrderTest, ::testing::Values(2, 4),
+                         [](const ::testing::TestParamInfo<int>& i) { return std::to_string(i.param) + "ranks"; });
 
 TEST_P(DeviceCollTest, OwnPathProcessesSharingTheGpu) {
   SKIP_WITHOUT_DEVICE();
