@@ -8,10 +8,12 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <map>
 
 #include "backends/cuda/device_path.h"
 #include "backends/cuda/ipc_record.h"
 #include "backends/cuda/launch_geometry.h"
+#include "backends/cuda/range_lookup.h"
 #include "core/selector.h"
 
 namespace libcomm {
@@ -172,6 +174,27 @@ TEST(PeerReach, ARankOfThisProcessOnAnotherDeviceNeedsPeerAccess) {
   // Another process: the IPC open (lazy peer access) whatever the devices.
   EXPECT_EQ(cuda::peerReach(false, 0, 0, false), PeerReach::kIpc);
   EXPECT_EQ(cuda::peerReach(false, 0, 1, false), PeerReach::kIpc);
+}
+
+TEST(RangeLookup, ABufferInsideAnyRegistrationIsFoundAlsoWhenRangesOverlap) {
+  std::map<uintptr_t, size_t> ranges;  // start -> bytes
+  const auto bytesOf = [](size_t b) { return b; };
+  auto find = [&](uintptr_t a, size_t bytes) -> long {
+    auto it = cuda::coveringRange(ranges, a, bytes, bytesOf);
+    return it == ranges.end() ? -1 : static_cast<long>(it->first);
+  };
+  EXPECT_EQ(find(0x1000, 1), -1);
+  ranges[0x1000] = 0x1000;  // [0x1000, 0x2000)
+  ranges[0x1100] = 0x100;   // [0x1100, 0x1200): nested in the first
+  EXPECT_EQ(find(0x1000, 0x1000), 0x1000);
+  EXPECT_EQ(find(0x1100, 0x100), 0x1100);  // the nearest start that holds it
+  // Past the nested range's end but inside the outer one: the closest lower start (0x1100) does
+  // not hold it; the outer registration does.
+  EXPECT_EQ(find(0x1180, 0x200), 0x1000);
+  EXPECT_EQ(find(0x1300, 0x10), 0x1000);
+  EXPECT_EQ(find(0x1f00, 0x101), -1);  // runs past every range
+  EXPECT_EQ(find(0xfff, 2), -1);       // starts below every range
+  EXPECT_EQ(find(0x2000, 1), -1);
 }
 
 TEST(ReduceGeometry, NothingToLaunchForZeroElements) {

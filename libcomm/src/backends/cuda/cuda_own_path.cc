@@ -21,11 +21,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <iterator>
 #include <thread>
 
 #include "backends/cuda/cuda_error.h"
 #include "backends/cuda/cuda_own_path.h"
+#include "backends/cuda/range_lookup.h"
 #include "core/log.h"
 
 namespace libcomm::cuda {
@@ -197,25 +197,20 @@ Status OwnPathImpl::deregisterRange(void* p) {
   return Status::ok();
 }
 
-const OwnPathImpl::Local* OwnPathImpl::findLocked(const void* p, size_t bytes) const {
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  auto it = locals_.upper_bound(a);
-  if (it == locals_.begin()) return nullptr;
-  --it;
-  return a + bytes <= it->first + it->second.bytes ? &it->second : nullptr;
+std::map<uintptr_t, OwnPathImpl::Local>::const_iterator OwnPathImpl::findLocked(const void* p, size_t bytes) const {
+  return coveringRange(locals_, reinterpret_cast<uintptr_t>(p), bytes, [](const Local& l) { return l.bytes; });
 }
 
 bool OwnPathImpl::isRegistered(const void* p, size_t bytes) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return findLocked(p, bytes) != nullptr;
+  return findLocked(p, bytes) != locals_.end();
 }
 
 bool OwnPathImpl::locate(const void* p, size_t bytes, uint32_t* registration, uint64_t* offset) const {
   std::lock_guard<std::mutex> lock(mu_);
-  const Local* l = findLocked(p, bytes);
-  if (!l) return false;
-  auto it = std::prev(locals_.upper_bound(reinterpret_cast<uintptr_t>(p)));  // the registration holding p
-  *registration = l->id;
+  const auto it = findLocked(p, bytes);
+  if (it == locals_.end()) return false;
+  *registration = it->second.id;
   *offset = reinterpret_cast<uintptr_t>(p) - it->first;
   return true;
 }

@@ -62,7 +62,8 @@ class OwnPathImpl final : public OwnPath {
     cudaEvent_t ready = nullptr, done = nullptr;
     bool opened = false;
   };
-  const Local* findLocked(const void* p, size_t bytes) const;
+  // The registration holding [p, p + bytes) (overlapping registrations too), or locals_.end().
+  std::map<uintptr_t, Local>::const_iterator findLocked(const void* p, size_t bytes) const;
   Result<const char*> resolve(int peer, const PeerInput& in, int device, const std::string& what);
   Result<PeerEvents*> peerEvents(int peer, int device, const std::string& what);
   Result<IpcRecord> readRecord(int peer, uint32_t id, const std::string& what);
@@ -70,6 +71,8 @@ class OwnPathImpl final : public OwnPath {
   // counter moved). `named`: the registration the starting collective reads (0: none); withdrawn,
   // it fails the collective as "deregistered while in use?".
   Status dropDeregistered(int peer, uint32_t named, const std::string& what);
+  // Creates this rank's "ready" and "done" events on `device` and publishes their record; all or nothing.
+  Status makeEvents(int device);
   // Waits on the host, at most timeout_, for this rank's "done" event (every own-path collective so far).
   Status waitOwnDone() const;
   Status allGather(const CollArgs& args, const std::vector<const char*>& in, cudaStream_t s, const std::string& what);
