@@ -17,32 +17,52 @@ namespace libcomm::cuda {
 
 Status OwnPathImpl::markReady(void* stream, int device) {
   if (eventDevice_ < 0) {
-    DeviceGuard guard(device);
-    LIBCOMM_RETURN_IF_ERROR(guard.status());
-    const unsigned flags = cudaEventInterprocess | cudaEventDisableTiming;
-    LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaEventCreateWithFlags(&ready_, flags)));
-    LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaEventCreateWithFlags(&done_, flags)));
-    eventDevice_ = device;
-    IpcRecord rec;
-    rec.kind = IpcRecord::Kind::kEvents;
-    rec.device = device;
-    rec.owner = thisProcess();
-    rec.address = reinterpret_cast<uintptr_t>(ready_);
-    rec.address2 = reinterpret_cast<uintptr_t>(done_);
-    cudaIpcEventHandle_t h;
-    LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaIpcGetEventHandle(&h, ready_)));
-    std::memcpy(rec.handle.data(), &h, sizeof(h));
-    LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaIpcGetEventHandle(&h, done_)));
-    std::memcpy(rec.handle2.data(), &h, sizeof(h));
-    const std::vector<unsigned char> wire = encodeIpcRecord(rec);
-    LIBCOMM_ASSIGN_OR_RETURN(eventRecord_, shm::Segment::create(recordName(prefix_, 0), wire.size()));
-    std::memcpy(eventRecord_.data(), wire.data(), wire.size());
+    LIBCOMM_RETURN_IF_ERROR(makeEvents(device));
   } else if (device != eventDevice_) {
     return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": a device collective on a stream of device ", device,
                      ", but this rank's earlier ones ran on device ", eventDevice_,
                      "; a communicator uses one device per rank (create one communicator per device)");
   }
   return LIBCOMM_CUDA_STATUS(cudaEventRecord(ready_, static_cast<cudaStream_t>(stream)));
+}
+
+Status OwnPathImpl::makeEvents(int device) {
+  DeviceGuard guard(device);
+  LIBCOMM_RETURN_IF_ERROR(guard.status());
+  const unsigned flags = cudaEventInterprocess | cudaEventDisableTiming;
+  cudaEvent_t ready = nullptr, done = nullptr;
+  // All or nothing: on a failure the events made so far are destroyed and this rank stays without
+  // events (the next collective tries again), never with events that no record names.
+  auto made = [&]() -> Result<shm::Segment> {
+    LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaEventCreateWithFlags(&ready, flags)));
+    LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaEventCreateWithFlags(&done, flags)));
+    IpcRecord rec;
+    rec.kind = IpcRecord::Kind::kEvents;
+    rec.device = device;
+    rec.owner = thisProcess();
+    rec.address = reinterpret_cast<uintptr_t>(ready);
+    rec.address2 = reinterpret_cast<uintptr_t>(done);
+    cudaIpcEventHandle_t h;
+    LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaIpcGetEventHandle(&h, ready)));
+    std::memcpy(rec.handle.data(), &h, sizeof(h));
+    LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaIpcGetEventHandle(&h, done)));
+    std::memcpy(rec.handle2.data(), &h, sizeof(h));
+    const std::vector<unsigned char> wire = encodeIpcRecord(rec);
+    LIBCOMM_ASSIGN_OR_RETURN(shm::Segment seg, shm::Segment::create(recordName(prefix_, 0), wire.size()));
+    std::memcpy(seg.data(), wire.data(), wire.size());
+    return seg;
+  }();
+  if (!made.isOk()) {
+    if (ready) (void)cudaEventDestroy(ready);
+    if (done) (void)cudaEventDestroy(done);
+    return made.status().withContext(
+        detail::strCat("rank ", rank_, ": making its inter-process events on device ", device));
+  }
+  eventRecord_ = std::move(*made);
+  ready_ = ready;
+  done_ = done;
+  eventDevice_ = device;
+  return Status::ok();
 }
 
 Status OwnPathImpl::markDone(void* stream) {

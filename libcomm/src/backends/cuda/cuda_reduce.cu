@@ -116,6 +116,9 @@ Status launchReduce(const ReduceLaunch& l, void* stream, int device) {
   p.scale = l.scale;
   p.accumulate = l.accumulate ? 1 : 0;
   auto s = static_cast<cudaStream_t>(stream);
+  // The launch's error is read from the thread's last error: take an earlier, unrelated one off it
+  // first (not sticky, or the launch fails with it too), so that only this launch is blamed.
+  (void)cudaGetLastError();
   if (l.inType == DataType::kFloat32)
     reduceKernel<float, float><<<g.blocks, g.threads, 0, s>>>(p);
   else if (l.outType == DataType::kFloat32)

@@ -10,8 +10,11 @@
 //    reduces fp32 -- fp32 accumulation as the contract says, at twice the bytes on the wire;
 //  - accumulate into an fp32 output (reduce_scatter, all_reduce): NCCL writes a scratch that the
 //    kernel adds to the output.
-// Scratch comes from the stream-ordered allocator (cudaMallocAsync/cudaFreeAsync on the stream),
-// so it is reused from CUDA's pool rather than allocated anew after the first calls.
+// Scratch comes from the stream-ordered allocator (cudaMallocAsync/cudaFreeAsync on the stream):
+// a later call on the stream reuses a freed block, but the device's default pool keeps freed
+// memory only until the next synchronization (its release threshold is 0 unless the process raises
+// cudaMemPoolAttrReleaseThreshold, which libcomm leaves to it: the pool is the process's), so
+// after a synchronize the next call allocates from the driver again.
 
 #include <memory>
 #include <string>
