@@ -183,6 +183,9 @@ Status runCase(Communicator& comm, Stream& stream, const Case& c, size_t count, 
     Status b = comm.barrier(stream);
     if (b.isOk()) b = stream.synchronize(Deadline::after(Milliseconds(60000)));
     Status d = comm.deregisterBuffer(base);
+    // The peers close their mappings of it at their next own-path collective: one before cudaFree
+    // (communicator.h).
+    if (d.isOk() && b.isOk()) d = comm.barrier(stream);
     if (st.isOk()) st = b.isOk() ? d : b;
   }
   (void)cudaFree(base);
@@ -397,6 +400,7 @@ Status releaseRounds(RankContext& ctx) {
                          releaseValue(round, static_cast<int>(i / kCount), i % kCount));
     LIBCOMM_RETURN_IF_ERROR(settle().withContext(what));  // the peers have read `in`
     LIBCOMM_RETURN_IF_ERROR(comm->deregisterBuffer(in).withContext(what));
+    LIBCOMM_RETURN_IF_ERROR(settle().withContext(what));  // the peers close their mappings of `in`
     CU(cudaFree(in));
     if (round == 0) {
       LIBCOMM_RETURN_IF_ERROR(settle());

@@ -66,6 +66,11 @@ class Communicator {
   /// Registers [ptr, ptr+bytes). Idempotent and refcounted: each call must be matched by a
   /// deregisterBuffer. The range must lie inside memory from allocRegistered (kInvalidUsage
   /// otherwise; such buffers still work with every collective, through staging).
+  /// Device memory (cudaMalloc) registers too (docs/GPU.md): the peers on the host map it through
+  /// CUDA IPC. They close those mappings at their next own-path collective after the last
+  /// deregisterBuffer, so separate the deregistration from cudaFree by a collective on a CUDA
+  /// stream that every rank calls (a barrier; its return on the host is enough): freeing memory
+  /// that another process still has mapped is undefined in CUDA.
   Status registerBuffer(void* ptr, size_t bytes);
   Status deregisterBuffer(void* ptr);
   /// True when [ptr, ptr+bytes) lies in memory peers can reach directly.
