@@ -10,8 +10,11 @@
 // Bootstrap.
 //
 // Memory: buffers from allocRegistered() are visible to the peers, and collectives whose input
-// lies in registered memory move each byte once (peers read it directly). Any other buffer works
-// too, through a chunked staging copy.
+// lies in registered memory move each byte once (peers read it directly). Any other host buffer
+// works too, through a chunked staging copy. Device memory (cudaMalloc) registered with
+// registerBuffer is read by the peers of one host through CUDA IPC; unregistered device memory,
+// and device memory across hosts, goes to NCCL, and without NCCL such a collective is refused
+// with kInvalidUsage (docs/GPU.md).
 //
 // Processes: a communicator serves the process that made it. In a forked child every call is
 // refused with kInvalidUsage (abort() is ignored) and destroying the child's copy leaves the
@@ -64,16 +67,20 @@ class Communicator {
   /// registered memory again and again should reuse its buffers instead.
   Status freeRegistered(void* ptr);
   /// Registers [ptr, ptr+bytes). Idempotent and refcounted: each call must be matched by a
-  /// deregisterBuffer. The range must lie inside memory from allocRegistered (kInvalidUsage
-  /// otherwise; such buffers still work with every collective, through staging).
-  /// Device memory (cudaMalloc) registers too (docs/GPU.md): the peers on the host map it through
-  /// CUDA IPC. They close those mappings at their next own-path collective after the last
-  /// deregisterBuffer, so separate the deregistration from cudaFree by a collective on a CUDA
-  /// stream that every rank calls (a barrier; its return on the host is enough): freeing memory
-  /// that another process still has mapped is undefined in CUDA.
+  /// deregisterBuffer. Host memory: the range must lie inside memory from allocRegistered
+  /// (kInvalidUsage otherwise; such buffers still work with every collective, through staging).
+  /// Device memory: the range must lie in one cudaMalloc allocation (pools, cuMemCreate and
+  /// managed memory are refused); it is published to the peers of this host through CUDA IPC, so
+  /// that the own device path can read it. On a communicator that spans hosts it is kInvalidUsage
+  /// (device memory goes through NCCL there, nothing to register). The peers close their IPC
+  /// mappings at their next own-path collective after the last deregisterBuffer, so separate the
+  /// deregistration from cudaFree by a collective on a CUDA stream that every rank calls (a
+  /// barrier; its return on the host is enough): freeing memory that another process still has
+  /// mapped is undefined in CUDA.
   Status registerBuffer(void* ptr, size_t bytes);
   Status deregisterBuffer(void* ptr);
-  /// True when [ptr, ptr+bytes) lies in memory peers can reach directly.
+  /// True when [ptr, ptr+bytes) lies in memory peers can reach directly: allocRegistered memory,
+  /// or device memory registered with registerBuffer.
   bool isRegistered(const void* ptr, size_t bytes) const;
 
   // ---- Collectives. Enqueued on `stream`, return at once; argument errors return at once. ----
