@@ -72,8 +72,11 @@ std::vector<std::unique_ptr<Bootstrap>> createInProcessBootstraps(int size, std:
 /// Rendezvous through files in `dir` (which must be shared by all ranks; it is created if
 /// missing). `jobId` must be the same on all ranks; it scopes the files inside `dir`.
 /// Collective: returns once every rank has joined and agreed on `size`. Each rank deletes its
-/// files as soon as no rank can still read them; the last round's files stay until `dir` is
-/// removed, so a job id must not be reused in the same directory.
+/// files as soon as no rank can still read them; the last round's files stay until the next run
+/// of the job id in `dir` (or until `dir` is removed). A job id may be reused there by later runs:
+/// rank 0 starts each run under a fresh nonce and removes what earlier runs of that id left, and
+/// the other ranks join only a rank 0 that is alive. Two runs of one job id in one directory must
+/// not overlap in time (the second's rank 0 would remove the first's files).
 Result<std::unique_ptr<Bootstrap>> createFileBootstrap(const std::string& dir, const std::string& jobId, int rank,
                                                        int size, Deadline deadline);
 
