@@ -143,7 +143,8 @@ TEST(Route, TheFirstReasonWins) {
 }
 
 TEST(Route, ThisBuildsAnswerIsHonest) {
-  // No GPU on CI machines; and libcomm's collectives take no CUDA streams yet in any case.
+  // No GPU on CI machines; and serving stays off in any case until the device path has been
+  // checked on a GPU (route.cc's kLibcommCommunicatorTakesCudaStreams).
   const LibcommSupport& s = libcommSupport();
   EXPECT_FALSE(s.canServeDevice);
   EXPECT_FALSE(s.why.empty());
