@@ -12,8 +12,10 @@ using Milliseconds = std::chrono::milliseconds;
 
 class Deadline {
  public:
-  /// A deadline `timeout` from now. A timeout beyond what the clock can hold (LIBCOMM_TIMEOUT_MS=10^13
-  /// for "no limit") is never(): added to now it would wrap around into the past and expire at once.
+  /// A deadline `timeout` from now. A timeout beyond what the clock can hold (about 292 years of
+  /// nanoseconds; e.g. LIBCOMM_TIMEOUT_MS=10^13 written for "no limit", which CommConfig::validate
+  /// accepts only with a still larger LIBCOMM_INIT_TIMEOUT_MS) is never(): added to now it would
+  /// wrap around into the past and expire at once.
   static Deadline after(Milliseconds timeout) {
     const Clock::time_point now = Clock::now();
     if (timeout >= std::chrono::duration_cast<Milliseconds>(Clock::time_point::max() - now)) return never();

@@ -2,7 +2,7 @@
 // Ordered execution queues (Stream) and the markers between them (Event).
 //
 // Two implementations sit behind this interface: host streams (a queue drained by one progress
-// thread; this file) and CUDA streams (a later backend). Code written against Stream/Event only --
+// thread; this file) and CUDA streams (libcomm/cuda.h). Code written against Stream/Event only --
 // libshard's executor in particular -- runs unchanged on either.
 //
 // Semantics follow CUDA's:

@@ -2,8 +2,10 @@
 // EventLog: timestamps of what the Executor did -- gathers and reduce-scatters as their streams ran
 // them, compute begin/end from the trainer's hooks, buffer releases and optimizer done as the
 // compute stream passed them, step end -- and checkEventLog, which proves the schedule's rules
-// from those timestamps alone, step by step. Cheap enough to leave on: a preallocated array, one
-// atomic increment and one steady-clock read per entry.
+// from those timestamps alone, step by step. On host streams it is cheap enough to leave on: a
+// preallocated array, one atomic increment and one steady-clock read per entry. On CUDA streams
+// every entry also costs a host function enqueued on the stream that reaches it (executor.h), which
+// stalls that stream: leave it off there outside tests.
 
 #include <atomic>
 #include <cstddef>
