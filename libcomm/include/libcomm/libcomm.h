@@ -6,6 +6,7 @@
 #include "libcomm/convert.h"
 #include "libcomm/cuda.h"
 #include "libcomm/deadline.h"
+#include "libcomm/launcher.h"
 #include "libcomm/status.h"
 #include "libcomm/stream.h"
 #include "libcomm/types.h"

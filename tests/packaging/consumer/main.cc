@@ -1,4 +1,5 @@
 // Two ranks as threads, one all_gather, checked: proves the installed headers and library work.
+// Everything comes through <libcomm/libcomm.h> alone, as the README tells users.
 #include <cstdio>
 #include <thread>
 #include <vector>
@@ -33,6 +34,10 @@ int main() {
   auto gpu = libcomm::createCudaStream("consumer-gpu");
   printf("consumer: CUDA %s: %s\n", libcomm::builtWithCuda() ? "built" : "not built",
          gpu.isOk() ? "stream made" : gpu.status().message().c_str());
+  // launchLocal comes with the umbrella header too (the README points users at it); linked, not run
+  // (it would start processes). A volatile pointer keeps the reference through the optimizer.
+  libcomm::Status (*volatile launch)(const libcomm::LocalLaunchOptions&) = &libcomm::launchLocal;
+  if (launch == nullptr) ++failures;
   printf("consumer: %s (libcomm %s)\n", failures ? "FAILED" : "ok", libcomm::versionString());
   return failures ? 1 : 0;
 }
