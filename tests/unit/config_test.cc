@@ -9,7 +9,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
 #include <memory>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -189,11 +193,53 @@ TEST(CommConfig, BadValuesNameTheVariable) {
 
 TEST(CommConfig, LogSettingsTheLoggerKnowsAreAccepted) {
   ScopedEnv level("LIBCOMM_LOG_LEVEL", "INFO");
-  for (const char* list : {"all", "init,boot,coll,stream,mem,ucx,shim", "ucx,", ""}) {
+  for (const char* list : {"all", "init,boot,coll,stream,mem,ucx,nccl,shim", "ucx,", ""}) {
     ScopedEnv subsys("LIBCOMM_LOG_SUBSYS", list);
     auto c = CommConfig::fromEnvironment();
     EXPECT_TRUE(c.isOk()) << "'" << list << "': " << c.status().toString();
   }
+}
+
+// Every subsystem a line is logged under, in the sources (SHARDCOMM_SOURCE_DIR, from CMake), is one
+// that LIBCOMM_LOG_SUBSYS accepts: a line under another name could be shown only with "all".
+TEST(CommConfig, EverySubsystemTheSourcesLogUnderCanBeSelected) {
+  const std::filesystem::path root = SHARDCOMM_SOURCE_DIR;
+  // Calls of LIBCOMM_LOG, log::enabled and log::write name their subsystem with a string literal, the
+  // second argument; a call whose second argument is not one is reported, so that none goes unseen.
+  const std::regex args(R"re(\(\s*[\w:]+\s*,\s*("([^"]*)")?)re");
+  std::map<std::string, std::string> found;  // subsystem -> first place it is used
+  std::vector<std::string> problems;
+  size_t calls = 0;
+  for (const char* dir : {"libcomm", "libshard", "plugins", "tools", "bench", "examples", "tests"}) {
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(root / dir)) {
+      const std::string ext = entry.path().extension().string();
+      if (!entry.is_regular_file() || (ext != ".h" && ext != ".cc" && ext != ".cu" && ext != ".cuh")) continue;
+      const std::string where = std::filesystem::relative(entry.path(), root).string();
+      if (where == "libcomm/src/core/log.h" || where == "libcomm/src/core/log.cc") continue;  // the logger itself
+      std::ifstream in(entry.path());
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      for (const std::string name : {"LIBCOMM_LOG", "log::enabled", "log::write"}) {
+        for (size_t at = text.find(name + "("); at != std::string::npos; at = text.find(name + "(", at + 1)) {
+          const std::string call = text.substr(at + name.size(), 200);  // a regex over the call only: fast
+          std::smatch m;
+          if (!std::regex_search(call, m, args, std::regex_constants::match_continuous)) continue;
+          ++calls;
+          if (!m[1].matched) problems.push_back(where + ": " + name + m.str(0) + "... (the subsystem is not a literal)");
+          else found.emplace(m[2].str(), where);
+        }
+      }
+    }
+  }
+  EXPECT_GT(calls, 50u) << "too few logging calls found under " << root << ": is the scan looking in the right place?";
+  for (const auto& [subsys, where] : found) {
+    bool known = false;
+    for (const char* k : libcomm::log::kSubsystems) known = known || subsys == k;
+    EXPECT_TRUE(known) << "'" << subsys << "' (" << where << ") is not in core/log.h's kSubsystems";
+    ScopedEnv env("LIBCOMM_LOG_SUBSYS", subsys.c_str());
+    auto c = CommConfig::fromEnvironment();
+    EXPECT_TRUE(c.isOk()) << "LIBCOMM_LOG_SUBSYS=" << subsys << " (" << where << "): " << c.status().toString();
+  }
+  for (const std::string& p : problems) ADD_FAILURE() << p;
 }
 
 TEST(CommConfig, InvertedDeadlinesAreRefusedNamingBothSettings) {

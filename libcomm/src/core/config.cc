@@ -26,7 +26,7 @@ const std::vector<SettingInfo> kSettings = {
     // Logging (read by core/log.cc directly, declared here so they are documented and not "unknown").
     {"LIBCOMM_LOG_LEVEL", SettingType::kString, "warn", "error|warn|info|debug|trace"},
     {"LIBCOMM_LOG_SUBSYS", SettingType::kString, "all",
-     "comma list of subsystems: init,boot,coll,stream,mem,ucx,shim (all: every one)"},
+     "comma list of subsystems: init,boot,coll,stream,mem,ucx,nccl,shim (all: every one)"},
     {"LIBCOMM_LOG_FILE", SettingType::kString, "", "log to this file instead of stderr (%h host, %p pid, %r rank)"},
     // The NCCL shim (plugins/nccl_shim, libcomm_nccl.so; read there, declared here).
     {"LIBCOMM_SHIM_DISABLE", SettingType::kBool, "0", "libcomm_nccl.so: 1 forwards every NCCL call to the real NCCL"},

@@ -15,7 +15,7 @@ namespace libcomm::log {
 enum class Level : int { kError = 0, kWarn = 1, kInfo = 2, kDebug = 3, kTrace = 4 };
 
 /// Every subsystem a line is written under: what LIBCOMM_LOG_SUBSYS accepts, besides "all".
-inline constexpr const char* kSubsystems[] = {"init", "boot", "coll", "stream", "mem", "ucx", "shim"};
+inline constexpr const char* kSubsystems[] = {"init", "boot", "coll", "stream", "mem", "ucx", "nccl", "shim"};
 
 /// True for a LIBCOMM_LOG_LEVEL value the logger understands (any case; empty: the default).
 bool isLevelName(const std::string& value);
