@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Every rank of a tinylm job reports a problem found before training, not only rank 0.
 
-  tinylm_rank_errors_check.py TINYLM
+  tinylm_rank_errors_check.py TINYLM [SCALE]
+
+SCALE (SHARDCOMM_TEST_TIMEOUT_SCALE, default 1) multiplies --timeout and the time limits below, for
+the sanitizer builds, whose tinylm starts several times slower.
 
 Two ranks are started by hand, as mpirun would start them (LIBCOMM_* variables, rank 0 hosting the
 store), with a --load-checkpoint that does not exist. Rank 0 used to read the checkpoint's step
@@ -16,7 +19,7 @@ import sys
 import tempfile
 import time
 
-TIMEOUT_S = 10  # --timeout: rank 1 would wait up to 2 x this for a rank 0 that is gone
+BASE_TIMEOUT_S = 10  # --timeout: rank 1 would wait up to 2 x this for a rank 0 that is gone
 
 
 def fail(msg):
@@ -31,9 +34,13 @@ def free_port():
 
 
 def main():
-    if len(sys.argv) != 2:
-        fail("usage: tinylm_rank_errors_check.py TINYLM")
+    if len(sys.argv) not in (2, 3):
+        fail("usage: tinylm_rank_errors_check.py TINYLM [SCALE]")
     exe = sys.argv[1]
+    scale = int(sys.argv[2]) if len(sys.argv) == 3 else 1
+    if scale < 1:
+        fail("SCALE must be a positive whole number, not %d" % scale)
+    TIMEOUT_S = BASE_TIMEOUT_S * scale
     with tempfile.TemporaryDirectory(prefix="tinylm-ranks-") as tmp:
         missing = os.path.join(tmp, "no-such-checkpoint")
         base = {k: v for k, v in os.environ.items() if not k.startswith("LIBCOMM_")}
