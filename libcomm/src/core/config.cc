@@ -46,7 +46,7 @@ const std::vector<SettingInfo> kSettings = {
      "across hosts: how often a rank publishes its progress on the bootstrap store, so that a timeout can name the "
      "ranks that had not arrived (at most every op timeout / 4); 0: never"},
     // Algorithms.
-    {"LIBCOMM_ALGO", SettingType::kString, "", "force an algorithm: eager|direct|staged on one host, ring|hier across hosts (hier: all_gather and reduce_scatter; the rest take the ring); nccl: NCCL for device memory (empty: the selector decides). One the hosts cannot run fails communicator creation"},
+    {"LIBCOMM_ALGO", SettingType::kString, "", "force an algorithm: eager|direct|staged on one host, ring|hier across hosts (hier: all_gather and reduce_scatter; the rest take the ring); nccl: NCCL for device memory (empty: the selector decides). One the hosts cannot run fails communicator creation (hier: >= 2 ranks on every host, equally many, whichever collectives run)"},
     {"LIBCOMM_CHECK_MISMATCH", SettingType::kBool, "1",
      "compare every collective's kind, count, dtypes, op and root across ranks"},
     {"LIBCOMM_COLL_TRACE", SettingType::kBool, "0", "log every collective with its algorithm at INFO"},
