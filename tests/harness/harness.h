@@ -49,6 +49,17 @@ struct RankContext {
 
 using RankBody = std::function<libcomm::Status(RankContext&)>;
 
+#ifndef SHARDCOMM_TEST_TIMEOUT_SCALE
+#define SHARDCOMM_TEST_TIMEOUT_SCALE 1
+#endif
+/// SHARDCOMM_TEST_TIMEOUT_SCALE (tests/CMakeLists.txt: 5 under ASan+UBSan, 10 under TSan, else 1),
+/// which also multiplies every ctest TIMEOUT. For the limits of tests whose own work takes most of
+/// the time (a run of 32,770 micro-batches), not for limits a test checks it is held to.
+template <typename Duration>
+constexpr Duration scaledForSanitizers(Duration d) {
+  return d * SHARDCOMM_TEST_TIMEOUT_SCALE;
+}
+
 struct RunOptions {
   Mode mode = Mode::kThreads;
   int size = 2;
