@@ -315,8 +315,9 @@ INSTANTIATE_TEST_SUITE_P(Transports, UcxChannelData,
 // ---- errors ---------------------------------------------------------------------------------
 
 // A channel used as a communicator uses it -- a control receive posted for its whole life (the
-// failure notice), one message each way -- closes gracefully (endpoints flushed) at the end of a
-// clean run; a data receive still pending makes the close a forced one.
+// failure notice), one message each way -- closes gracefully (its endpoint flushed) at the end of
+// a clean run; a data receive still pending makes the close a forced one. (Counts are per endpoint;
+// each rank here has one.)
 TEST(UcxChannelClose, CleanRunClosesGracefullyAndPendingDataForcesIt) {
   auto report = runRanks(processes(2), [](RankContext& ctx) -> Status {
     const int peer = 1 - ctx.rank;
@@ -344,6 +345,52 @@ TEST(UcxChannelClose, CleanRunClosesGracefullyAndPendingDataForcesIt) {
                          " a data receive pending: closed gracefully ", graceful, " and forced ", forced, " times");
       LIBCOMM_RETURN_IF_ERROR(barrier(ctx));
     }
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// Never closed; reachable, for the harness's leak check at a rank's end.
+Channel* volatile gLeftOpen = nullptr;
+
+// A peer that finished first must not cost the others their flush: rank 2 exits without closing
+// its channel (UCX cannot tell that from a death), rank 0 sees it lost, sends rank 1 a last message
+// (complete only locally) and closes. Its endpoint to rank 2 is forced, the one to rank 1 flushed
+// (every endpoint was forced before, and the last message could be lost to rank 1).
+TEST(UcxChannelClose, APeerThatLeftFirstForcesOnlyItsOwnEndpoint) {
+  auto report = runRanks(processes(3), [](RankContext& ctx) -> Status {
+    uint64_t last = 77, got = 0;
+    std::array<char, 64> notice{};
+    LIBCOMM_ASSIGN_OR_RETURN(auto ch, openChannel(ctx, othersOf(ctx.rank, 3)));
+    LIBCOMM_RETURN_IF_ERROR(barrier(ctx));  // the last bootstrap round: rank 2 leaves after it
+    if (ctx.rank == 2) {
+      gLeftOpen = ch.release();  // exits with its endpoints open, as a finished rank may
+      return Status::ok();
+    }
+    if (ctx.rank == 1) {
+      LIBCOMM_ASSIGN_OR_RETURN(Request r, ch->postRecv(0, Tag{3, 0, 0}, &got, sizeof(got)));
+      LIBCOMM_RETURN_IF_ERROR(ch->wait({&r, 1}, waitContext(milliseconds(15000)), "last message"));
+      return got == last ? Status::ok() : makeError(StatusCode::kInternalError, "got ", got, " from rank 0");
+    }
+    const Channel::CloseCounts before = Channel::closeCounts();
+    {
+      // Progress, as a communicator's notice receive lets it, until rank 2's departure is seen.
+      LIBCOMM_ASSIGN_OR_RETURN(Request n, ch->postControlRecv(1, Tag{}, notice.data(), notice.size()));
+      for (const auto until = Clock::now() + milliseconds(10000); !ch->peerLost(2) && Clock::now() < until;) {
+        LIBCOMM_RETURN_IF_ERROR(ch->test(n).status());
+        usleep(1000);
+      }
+      if (!ch->peerLost(2))
+        return makeError(StatusCode::kInternalError, "rank 2's departure was not seen: the test proves nothing");
+      LIBCOMM_ASSIGN_OR_RETURN(Request s, ch->postSend(1, Tag{3, 0, 0}, &last, sizeof(last)));
+      LIBCOMM_RETURN_IF_ERROR(ch->wait({&s, 1}, waitContext(milliseconds(15000)), "last message"));
+    }
+    ch.reset();
+    const Channel::CloseCounts after = Channel::closeCounts();
+    const uint64_t graceful = after.graceful - before.graceful, forced = after.forced - before.forced;
+    if (graceful != 1 || forced != 1)
+      return makeError(StatusCode::kInternalError, "rank 0's endpoints to ranks 1 (alive) and 2 (left) closed ",
+                       graceful, " gracefully and ", forced, " forced; want 1 and 1");
     return Status::ok();
   });
   EXPECT_RANKS_OK(report);

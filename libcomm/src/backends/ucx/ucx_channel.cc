@@ -454,7 +454,7 @@ void Channel::retireWorker() {
 Status Channel::disconnect(Deadline deadline) {
   if (!worker_) return Status::ok();
   Status st = drain(deadline);
-  closeEndpoints(true, deadline);
+  (void)closeEndpoints(std::vector<bool>(size_, true), deadline);
   return st;
 }
 
@@ -497,30 +497,48 @@ size_t Channel::settleCloses(std::vector<void*>* closing, Deadline deadline) {
   return left;
 }
 
-void Channel::closeEndpoints(bool force, Deadline deadline) {
+Channel::CloseCounts Channel::closeEndpoints(const std::vector<bool>& force, Deadline deadline) {
   std::vector<void*> closing;
-  for (int p : peerList_) closeEndpoint(*peers_[p], force, &closing);
+  CloseCounts counts;
+  for (int p : peerList_) {
+    Peer& peer = *peers_[p];
+    if (peer.closed || !peer.ep) continue;
+    const bool forced = force[p] || peer.failure != UCS_OK;
+    ++(forced ? counts.forced : counts.graceful);
+    closeEndpoint(peer, forced, &closing);
+  }
   const size_t left = settleCloses(&closing, deadline);
   if (left > 0)
     LIBCOMM_LOG(kWarn, "ucx") << "rank " << rank_ << ": " << left
                               << " UCX endpoint(s) did not close in time; destroying the worker anyway";
+  return counts;
 }
 
 Channel::~Channel() {
   if (!worker_) return;
   const auto start = Clock::now();
-  bool unclean = aborted() || lostPeers_ > 0 || timedOut_;
+  // Decided per peer: a graceful close flushes, so that a last message that left this rank's queue
+  // only locally still reaches a neighbour waiting for it; a forced one skips that. Lost peers'
+  // endpoints are forced (closeEndpoints), and only theirs: a peer that finished and exited first
+  // looks lost too, and must not cost the others their flush. After an abort or a timeout every
+  // endpoint is forced: this rank has failed, and the peer that stopped is not known (a flush
+  // towards it never ends, PoC finding 8).
+  std::vector<bool> force(size_, aborted() || timedOut_);
   if (pendingRequests() > 0) {
     // The receives of failure notices are posted for the channel's whole life, so they are pending
-    // in every run: cancelled here, they do not make the close a forced one (a forced close skips
-    // the flush, and a last message that had left this rank's queue only locally could be lost to
-    // a neighbour still waiting for it). Data still pending does.
-    if (pendingCount(false, /*dataOnly=*/true) > 0) unclean = true;
+    // in every run: cancelled here, they do not force a close. Data still pending to or from a
+    // peer forces that peer's.
+    for (const auto& s : slots_)
+      if (s->inUse && !s->done && !s->control) force[s->peer] = true;
     cancelReceives();
     (void)progressUntilIdle(Deadline::after(kCancelBound));
   }
-  closeEndpoints(unclean, Deadline::after(unclean ? kForceCloseBound : kGracefulCloseBound));
-  (unclean ? gForcedCloses : gGracefulCloses).fetch_add(1, std::memory_order_relaxed);
+  const bool anyGraceful = std::any_of(peerList_.begin(), peerList_.end(), [&](int p) {
+    return !force[p] && peers_[p]->failure == UCS_OK && !peers_[p]->closed;
+  });
+  const CloseCounts counts = closeEndpoints(force, Deadline::after(anyGraceful ? kGracefulCloseBound : kForceCloseBound));
+  gGracefulCloses.fetch_add(counts.graceful, std::memory_order_relaxed);
+  gForcedCloses.fetch_add(counts.forced, std::memory_order_relaxed);
   for (const auto& s : slots_)
     if (s->request) ucp_request_free(s->request);  // a pending one is released by the worker's end
   {
@@ -529,8 +547,8 @@ Channel::~Channel() {
     worker_ = nullptr;
   }
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
-  LIBCOMM_LOG(kDebug, "ucx") << "rank " << rank_ << ": UCX channel closed (" << (unclean ? "forced" : "graceful")
-                             << ") in " << ms << " ms";
+  LIBCOMM_LOG(kDebug, "ucx") << "rank " << rank_ << ": UCX channel closed in " << ms << " ms (" << counts.graceful
+                             << " endpoint(s) flushed, " << counts.forced << " forced)";
 }
 
 }  // namespace libcomm::ucx

@@ -132,8 +132,9 @@ class Channel {
   /// UCX's description of the endpoint to `peer` (lanes, transports, devices); "" if none.
   std::string describePeer(int peer) const;
 
-  /// How the channels of this process closed at destruction so far: gracefully (endpoints flushed:
-  /// every message sent has left) or forced (an error, a lost peer, or data still pending).
+  /// How the endpoints of this process's channels closed at their destruction so far, one count per
+  /// peer: gracefully (flushed: every message sent to it has left) or forced (the peer was lost,
+  /// data to or from it was still pending, or the channel had aborted or timed out).
   struct CloseCounts {
     uint64_t graceful = 0;
     uint64_t forced = 0;
@@ -173,7 +174,9 @@ class Channel {
   /// Destroys the worker with whatever it still holds (its endpoints and pending requests), so
   /// that no UCX request can touch a user buffer any more; the channel refuses everything after.
   void retireWorker();
-  void closeEndpoints(bool force, Deadline deadline);
+  /// Closes every open endpoint, forced where `force` (index = rank) says so or the peer was lost;
+  /// waits for the closes until `deadline`. Returns how many were flushed and how many forced.
+  CloseCounts closeEndpoints(const std::vector<bool>& force, Deadline deadline);
   /// Starts closing `peer`'s endpoint (forced if `force` or the peer failed); the close request,
   /// if any, goes to *closing.
   void closeEndpoint(Peer& peer, bool force, std::vector<void*>* closing);
