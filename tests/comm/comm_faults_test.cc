@@ -1,7 +1,8 @@
 // Fault suite (ctest label `fault`): finalize with and without stragglers, what an aborted
 // communicator leaves behind (file descriptors, threads, /dev/shm segments), and ranks killed with
 // SIGKILL at random points of a mixed workload. Every case runs with the ranks on one host (shared
-// memory) and on separate "hosts" (the UCX ring over loopback).
+// memory) and on separate "hosts" (the UCX ring over loopback); a send refused on a lost peer, across
+// hosts.
 //
 // The suite must pass `ctest -L fault --repeat until-fail:20`: no test may depend on lucky timing,
 // and every bound checked here is one the library promises (CommConfig::peerTimeout + 2 s).
@@ -362,6 +363,47 @@ TEST_P(AbortLeaks, NoFdThreadOrSegmentOutlivesAnAbortedCommunicator) {
 
 INSTANTIATE_TEST_SUITE_P(Placements, AbortLeaks, ::testing::Values(Placement::kOneHost, Placement::kAcrossHosts),
                          placementName);
+
+// ---- a post refused on a lost peer ----------------------------------------------------------------
+
+// A send or receive refused because its peer was lost names the collective, as a failed wait does;
+// on an inline stream nothing else adds it. Ring 0 -> 1 -> 2, a broadcast from rank 0: rank 2 dies
+// after sending its fingerprint, while rank 1 still waits for rank 0's (rank 0 starts late) and sees
+// the death there; then rank 1 must forward rank 0's data to rank 2, and that send is refused.
+TEST(KilledPeerAcrossHosts, ARefusedPostNamesTheCollectiveOnAnInlineStream) {
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = 3;
+  opts.expectDeath = {2};
+  opts.deadline = 30s;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm,
+                             libcomm::Communicator::create(ctx.bootstrap, faultConfig(ctx.rank, Placement::kAcrossHosts)));
+    auto stream = libcomm::createInlineHostStream("inline");
+    std::vector<float> data(1024, ctx.rank == 0 ? 5.0f : 0.0f);
+    LIBCOMM_RETURN_IF_ERROR(comm->barrier(*stream));
+    LIBCOMM_RETURN_IF_ERROR(stream->synchronize(libcomm::Deadline::after(10s)));
+    auto broadcast = [&] {  // an inline stream runs it in the call; its error comes from the stream
+      Status st = comm->broadcast(data.data(), data.data(), data.size(), DataType::kFloat32, 0, *stream);
+      return st.isOk() ? stream->synchronize(libcomm::Deadline::after(10s)) : st;
+    };
+    if (ctx.rank == 2) {
+      std::thread([] {
+        usleep(200000);
+        raise(SIGKILL);
+      }).detach();
+      (void)broadcast();  // its fingerprint goes out; rank 1's data never comes
+      for (;;) pause();
+    }
+    if (ctx.rank == 0) {
+      usleep(600000);
+      return broadcast();  // needs nothing from rank 2 but the fingerprint sent before its death
+    }
+    return expectStatus(broadcast(), StatusCode::kRemoteError,
+                        {"peer rank 2 was lost", "broadcast seq", "posting a send to rank 2"}, "refused send");
+  });
+  EXPECT_RANKS_OK(report);
+}
 
 // ---- SIGKILL at a random point of a mixed workload -------------------------------------------------
 

@@ -36,18 +36,21 @@ namespace libcomm {
 namespace {
 
 // ring::Link over the UCX channel: (step, chunk) of collective `seq` become the message's tag.
+// `op` names the collective in the errors of refused posts (a lost peer), as the waits' do.
 class UcxRingLink final : public ring::Link {
  public:
-  UcxRingLink(ucx::Channel& channel, uint32_t seq) : channel_(channel), seq_(seq) {}
+  UcxRingLink(ucx::Channel& channel, uint32_t seq, const OpLabel& op) : channel_(channel), seq_(seq), op_(op) {}
 
   Result<uint64_t> send(int peer, uint32_t step, uint32_t chunk, const void* src, size_t bytes) override {
-    LIBCOMM_ASSIGN_OR_RETURN(ucx::Request r, channel_.postSend(peer, tagOf(step, chunk), src, bytes));
-    requests_.push_back(r);
+    Result<ucx::Request> r = channel_.postSend(peer, tagOf(step, chunk), src, bytes);
+    if (!r.isOk()) return refused(r.status(), "a send to", peer);
+    requests_.push_back(*r);
     return requests_.size() - 1;
   }
   Result<uint64_t> recv(int peer, uint32_t step, uint32_t chunk, void* dst, size_t bytes) override {
-    LIBCOMM_ASSIGN_OR_RETURN(ucx::Request r, channel_.postRecv(peer, tagOf(step, chunk), dst, bytes));
-    requests_.push_back(r);
+    Result<ucx::Request> r = channel_.postRecv(peer, tagOf(step, chunk), dst, bytes);
+    if (!r.isOk()) return refused(r.status(), "a receive from", peer);
+    requests_.push_back(*r);
     return requests_.size() - 1;
   }
   Status wait(uint64_t op, const WaitContext& ctx) override {
@@ -65,9 +68,16 @@ class UcxRingLink final : public ring::Link {
   // Chunk numbers wrap at the tag's width: messages with equal tags from one sender match
   // receives in posting order, and the ring posts a step's receives in chunk order.
   ucx::Tag tagOf(uint32_t step, uint32_t chunk) const { return ucx::Tag{seq_, step, chunk & ucx::kMaxChunk}; }
+  // In the waits' form: "... (during all_gather seq 3 (count 8 per rank, fp32), posting a send to rank 2)".
+  Status refused(const Status& st, const char* what, int peer) const {
+    return Status(st.code(), st.message() + " (during " + op_.str() + ", posting " + what + " rank " +
+                                 std::to_string(peer) + ")")
+        .addFrame(__FILE__, __LINE__);
+  }
 
   ucx::Channel& channel_;
   uint32_t seq_;
+  OpLabel op_;
   std::vector<ucx::Request> requests_;
   ring::IdleWork* idle_ = nullptr;
 };
@@ -246,7 +256,7 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
         .addFrame(__FILE__, __LINE__);
   const Algo algo = *choice;
   flight_->chose(seq, algo);
-  UcxRingLink link(*cross_->channel, seq);
+  UcxRingLink link(*cross_->channel, seq, wait.op);
   if (n > 1) {
     // In CrossHost, not on the stack: a failed wait returns with these still posted.
     shm::OpDescriptor& mine = cross_->fingerprintOut;
