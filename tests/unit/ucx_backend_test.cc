@@ -51,6 +51,33 @@ TEST(UcxBackend, ContextIsSharedAndSetsKeepaliveDefaultsOnlyWhereUnset) {
   EXPECT_EQ(d.find("UCX_TCP_KEEPIDLE"), std::string::npos) << d;
 }
 
+// Each context sizes keepalive for the communicator that creates it: once the first is released, a
+// context for a shorter peer timeout replaces the values libcomm set (they stuck, and the log said
+// the user had set them), but still not a value the user set meanwhile.
+TEST(UcxBackend, ALaterContextRecomputesTheKeepaliveDefaultsLibcommSet) {
+  if (!ucx::builtWithUcx()) GTEST_SKIP() << "this build has no UCX";
+  for (const char* name : {"UCX_TCP_KEEPIDLE", "UCX_TCP_KEEPINTVL", "UCX_TCP_KEEPCNT"}) unsetenv(name);
+  ASSERT_NE(ucx::environmentDefaults(std::chrono::milliseconds(10000))[0].value,
+            ucx::environmentDefaults(std::chrono::milliseconds(3000))[0].value)
+      << "the test needs timeouts with different defaults";
+  for (long long ms : {10000LL, 3000LL}) {
+    auto context = ucx::Context::acquire(std::chrono::milliseconds(ms));  // released at the iteration's end
+    ASSERT_TRUE(context.isOk()) << context.status().toString();
+    const std::string d = (*context)->describe();
+    for (const auto& e : ucx::environmentDefaults(std::chrono::milliseconds(ms))) {
+      const char* now = getenv(e.name.c_str());
+      EXPECT_EQ(std::string(now ? now : "(unset)"), e.value) << e.name << " for a " << ms << " ms peer timeout";
+      EXPECT_NE(d.find(e.name + "=" + e.value), std::string::npos) << ms << " ms: " << d;
+    }
+  }
+  setenv("UCX_TCP_KEEPIDLE", "7s", 1);  // the user's, between two contexts
+  auto context = ucx::Context::acquire(std::chrono::milliseconds(10000));
+  ASSERT_TRUE(context.isOk()) << context.status().toString();
+  EXPECT_STREQ(getenv("UCX_TCP_KEEPIDLE"), "7s");
+  EXPECT_STREQ(getenv("UCX_TCP_KEEPCNT"), "8");
+  EXPECT_EQ((*context)->describe().find("UCX_TCP_KEEPIDLE"), std::string::npos) << (*context)->describe();
+}
+
 TEST(UcxBackend, KeepaliveFitsThePeerTimeout) {
   // Declared lost after idle + count * interval: never later than the budget, and never with a
   // zero field (the kernel would refuse it).

@@ -63,7 +63,8 @@ struct CommConfig {
   /// How long a lost peer may go unnoticed: a killed process on this host is seen at the next
   /// peer check; across hosts a killed process resets its connections at once, and a silent host
   /// or cut link is declared lost by TCP keepalive probes sized to fit this (process-wide: the
-  /// first communicator that uses UCX sets UCX_TCP_KEEP* from it, where the user set none).
+  /// communicator that creates the process's UCX context sets UCX_TCP_KEEP* from it, where the
+  /// user set none; communicators created while that context lives share its values).
   Milliseconds peerTimeout{10000};
   /// Across hosts: how often a rank publishes how far it has got (the last collective called,
   /// started and finished) on the bootstrap's side channel, so that a rank whose collective times

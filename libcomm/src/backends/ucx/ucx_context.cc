@@ -5,6 +5,7 @@
 #include <ucp/api/ucp.h>
 
 #include <cstdlib>
+#include <map>
 #include <mutex>
 
 #include "bootstrap/net_interfaces.h"
@@ -16,15 +17,31 @@ namespace {
 
 std::mutex gMu;
 std::weak_ptr<Context> gContext;  // guarded by gMu
+// The defaults libcomm set (name -> value), guarded by gMu. A later context (the last channel
+// released the one before) recomputes them for its own peer timeout while they still hold the
+// value libcomm gave them; any other value is the user's and stays.
+std::map<std::string, std::string> gSetByLibcomm;
 
-// Sets each default the user has not set; returns "NAME=value" for each one set.
-std::vector<std::string> applyEnvironmentDefaults(Milliseconds peerTimeout) {
-  std::vector<std::string> set;
+struct AppliedDefaults {
+  std::vector<std::string> set;   // "NAME=value" for each one libcomm set now
+  std::vector<std::string> user;  // "NAME=value" for each one left as the user set it
+};
+
+AppliedDefaults applyEnvironmentDefaults(Milliseconds peerTimeout) {
+  AppliedDefaults out;
   for (const EnvDefault& d : environmentDefaults(peerTimeout)) {
-    if (getenv(d.name.c_str()) != nullptr) continue;
-    if (setenv(d.name.c_str(), d.value.c_str(), 0) == 0) set.push_back(d.name + "=" + d.value);
+    const char* now = getenv(d.name.c_str());
+    const auto ours = gSetByLibcomm.find(d.name);
+    if (now != nullptr && (ours == gSetByLibcomm.end() || ours->second != now)) {
+      out.user.push_back(d.name + "=" + now);
+      continue;
+    }
+    if (setenv(d.name.c_str(), d.value.c_str(), 1) == 0) {
+      gSetByLibcomm[d.name] = d.value;
+      out.set.push_back(d.name + "=" + d.value);
+    }
   }
-  return set;
+  return out;
 }
 
 }  // namespace
@@ -60,7 +77,7 @@ Result<std::shared_ptr<Context>> Context::acquire(Milliseconds peerTimeout) {
   std::lock_guard<std::mutex> lock(gMu);
   if (auto existing = gContext.lock()) return existing;
 
-  const std::vector<std::string> set = applyEnvironmentDefaults(peerTimeout);
+  const AppliedDefaults defaults = applyEnvironmentDefaults(peerTimeout);
   if (const char* ka = getenv("UCX_KEEPALIVE_INTERVAL"))
     LIBCOMM_LOG(kWarn, "ucx") << "UCX_KEEPALIVE_INTERVAL=" << ka
                               << " is set: measured with UCX 1.13, a short interval keeps the tcp sockets busy, so "
@@ -80,7 +97,7 @@ Result<std::shared_ptr<Context>> Context::acquire(Milliseconds peerTimeout) {
   // by then, the unanswered request stayed queued, and destroying the worker aborted the process
   // in a UCX assertion (removed in later UCX releases) about 1 run in 10 of the stopped-peer test.
   // The user's UCX_RESOLVE_REMOTE_EP_ID still decides.
-  std::vector<std::string> applied = set;
+  std::vector<std::string> applied = defaults.set;
   if (getenv("UCX_RESOLVE_REMOTE_EP_ID") == nullptr) {
     st = ucp_config_modify(config, "RESOLVE_REMOTE_EP_ID", "y");
     if (st == UCS_OK)
@@ -109,8 +126,10 @@ Result<std::shared_ptr<Context>> Context::acquire(Milliseconds peerTimeout) {
   std::string settings;
   for (const auto& s : applied) settings += (settings.empty() ? "" : " ") + s;
   if (!settings.empty()) ctx->description_ += "; set " + settings;
+  std::string user;
+  for (const auto& u : defaults.user) user += " " + u;
   LIBCOMM_LOG(kInfo, "ucx") << "context ready: " << ctx->description_
-                            << (set.empty() ? "; UCX_TCP_KEEP* all set by the user" : "");
+                            << (user.empty() ? "" : "; left as the user set them:" + user);
   gContext = ctx;
   return ctx;
 }

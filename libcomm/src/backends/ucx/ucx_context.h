@@ -5,11 +5,14 @@
 // Before UCX reads its configuration, the context sets TCP keepalive defaults where the user has
 // not set them (UCX_TCP_KEEPIDLE/KEEPINTVL/KEEPCNT), sized so that a silent peer is declared lost
 // within the peer timeout (CommConfig::peerTimeout) of the communicator that creates the context:
-// measured on this machine, an idle link cut is then noticed in seconds instead of ~18 s. UCX transport settings take effect only through the
-// environment (ucp_config_modify is accepted but ignored for them in UCX 1.13), hence setenv --
-// once, before any UCX configuration is read; getenv racing with it on another thread is the
-// caller's concern, as for any process-wide setting. UCX_KEEPALIVE_INTERVAL is never touched: a
-// short interval keeps the sockets busy, and the kernel's keepalive then never fires.
+// measured on this machine, an idle link cut is then noticed in seconds instead of ~18 s. UCX
+// transport settings take effect only through the environment (ucp_config_modify is accepted but
+// ignored for them in UCX 1.13), hence setenv -- before the context reads UCX's configuration;
+// getenv racing with it on another thread is the caller's concern, as for any process-wide
+// setting. A context created after the previous one was released recomputes the values libcomm
+// set for its own peer timeout (a value that is not libcomm's is the user's, and stays).
+// UCX_KEEPALIVE_INTERVAL is never touched: a short interval keeps the sockets busy, and the
+// kernel's keepalive then never fires.
 
 #include <memory>
 #include <string>
@@ -38,15 +41,17 @@ class Context {
  public:
   /// The process's context, created on first use; the last reference cleans it up. Thread-safe.
   /// Without UCX (or when UCX cannot start) an error naming the reason.
-  /// `peerTimeout` sizes the keepalive defaults when this call creates the context; a context that
-  /// already exists keeps its settings (they are process-wide).
+  /// `peerTimeout` sizes the keepalive defaults when this call creates the context (also replacing
+  /// the values an earlier, released context had set); a context that already exists keeps its
+  /// settings (they are process-wide).
   static Result<std::shared_ptr<Context>> acquire(Milliseconds peerTimeout = Milliseconds(10000));
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
   ucp_context* handle() const { return handle_; }
-  /// "UCX 1.13.1" and the environment defaults this process applied (for logs, comm_info).
+  /// "UCX 1.13.1" and the settings this context applied ("; set UCX_TCP_KEEPIDLE=2s ..."; for logs,
+  /// comm_info).
   const std::string& describe() const { return description_; }
 
  private:
