@@ -1,8 +1,8 @@
 // Fault suite (ctest label `fault`): finalize with and without stragglers, what an aborted
 // communicator leaves behind (file descriptors, threads, /dev/shm segments), and ranks killed with
 // SIGKILL at random points of a mixed workload. Every case runs with the ranks on one host (shared
-// memory) and on separate "hosts" (the UCX ring over loopback); a send refused on a lost peer, across
-// hosts.
+// memory) and on separate "hosts" (the UCX ring over loopback); a send refused on a lost peer and an
+// abort's failure notice, across hosts.
 //
 // The suite must pass `ctest -L fault --repeat until-fail:20`: no test may depend on lucky timing,
 // and every bound checked here is one the library promises (CommConfig::peerTimeout + 2 s).
@@ -401,6 +401,39 @@ TEST(KilledPeerAcrossHosts, ARefusedPostNamesTheCollectiveOnAnInlineStream) {
     }
     return expectStatus(broadcast(), StatusCode::kRemoteError,
                         {"peer rank 2 was lost", "broadcast seq", "posting a send to rank 2"}, "refused send");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// An aborted rank still sends its failure notice: its peer learns of the abort, not only that the
+// rank went away ("peer rank 1 lost": the notice's send was refused once the channel had aborted).
+TEST(AbortAcrossHosts, ThePeersHearOfTheAbortFromItsNotice) {
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = 2;
+  opts.deadline = 30s;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm,
+                             libcomm::Communicator::create(ctx.bootstrap, faultConfig(ctx.rank, Placement::kAcrossHosts)));
+    auto stream = libcomm::createInlineHostStream("inline");
+    std::vector<float> in(8, 1.0f), out(16);
+    auto allGather = [&] {  // an inline stream runs it in the call; its error comes from the stream
+      Status st = comm->allGather(in.data(), out.data(), in.size(), DataType::kFloat32, *stream);
+      return st.isOk() ? stream->synchronize(libcomm::Deadline::after(10s)) : st;
+    };
+    if (ctx.rank == 1) {
+      // Waits for rank 0, which comes late, and is aborted meanwhile.
+      std::thread aborter([&] {
+        usleep(200000);
+        comm->abort();
+      });
+      Status st = allGather();
+      aborter.join();
+      return expectStatus(st, StatusCode::kRemoteError, {"abort"}, "aborted collective");
+    }
+    usleep(600000);
+    return expectStatus(allGather(), StatusCode::kRemoteError, {"rank 1 failed", "abort() called on rank 1"},
+                        "the peer's abort");
   });
   EXPECT_RANKS_OK(report);
 }

@@ -15,7 +15,8 @@
 //
 // Failure: as with shared memory, a communicator that failed stays failed. The rank that fails
 // marks itself failed on the shared-memory channel (its host peers see it), sends its error to its
-// UCX peers (a failure notice), then cancels what is pending (a
+// UCX peers (a failure notice; after abort() too, naming the abort as the cause), then cancels what
+// is pending (a
 // receive left pending could still write into the caller's buffer) and force-closes its endpoints.
 // Its neighbours' waits then fail at once; they read the notice, so their errors carry the cause,
 // and pass it on around the ring the same way.
@@ -24,6 +25,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "core/comm_impl.h"
 #include "core/log.h"
@@ -226,19 +228,30 @@ void Communicator::Impl::disconnectAcrossHosts(const Status& why) {
   if (!cross_ || cross_->disconnected) return;
   cross_->disconnected = true;
   ucx::Channel& ch = *cross_->channel;
-  // The notice: this rank's error, cut to the notice's size.
+  // The notice: the communicator's first error (the cause: "abort() called on rank R" where the
+  // abort made a wait fail), else this one, cut to the notice's size.
+  const Status first = asyncError();
   std::array<char, CrossHost::kNoticeBytes> text{};
-  strncpy(text.data(), why.message().c_str(), text.size() - 1);
+  strncpy(text.data(), (first.isOk() ? why : first).message().c_str(), text.size() - 1);
   std::vector<ucx::Request> sends;
   for (const auto& slot : cross_->notices) {
     if (ch.peerLost(slot->from)) continue;
     auto r = ch.postControlSend(slot->from, kNoticeTag, text.data(), text.size());
     if (r.isOk()) sends.push_back(*r);
   }
-  if (!sends.empty()) {
-    const WaitContext ctx{OpDeadline::fixed(Deadline::after(kNoticeSendBound)), {}, WaitPolicy{}};
-    Status sent = ch.wait(sends, ctx, "failure notice");
-    if (!sent.isOk()) LIBCOMM_LOG(kDebug, "coll") << "rank " << rank_ << ": failure notice: " << sent.toString();
+  // Polled, not waited for: after abort() a wait fails at once, and the notice is all an aborting
+  // rank has left to say. A notice to a lost peer fails its test; one to a stopped peer, the bound.
+  const Deadline bound = Deadline::after(kNoticeSendBound);
+  for (ucx::Request& r : sends) {
+    while (r.valid()) {
+      Result<bool> sent = ch.test(r);
+      if (!sent.isOk()) {
+        LIBCOMM_LOG(kDebug, "coll") << "rank " << rank_ << ": failure notice: " << sent.status().toString();
+        break;
+      }
+      if (*sent || bound.expired()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
   Status st = ch.disconnect(Deadline::after(std::chrono::seconds(2)));
   if (!st.isOk()) LIBCOMM_LOG(kWarn, "coll") << "rank " << rank_ << ": closing the UCX endpoints: " << st.toString();

@@ -185,8 +185,8 @@ Status Channel::connect(const std::vector<std::string>& addresses, const std::ve
   return Status::ok();
 }
 
-Status Channel::checkPeer(int peer, const char* what) const {
-  if (aborted())
+Status Channel::checkPeer(int peer, const char* what, bool evenIfAborted) const {
+  if (aborted() && !evenIfAborted)
     return makeError(StatusCode::kRemoteError, "rank ", rank_, ": UCX ", what, " refused: the channel was aborted");
   if (peer < 0 || peer >= size_ || !peers_[peer])
     return makeError(StatusCode::kInvalidArgument, "rank ", rank_, ": UCX ", what, " to/from rank ", peer,
@@ -259,7 +259,8 @@ Result<Request> Channel::post(TagClass cls, bool isRecv, int peer, const Tag& ta
   if (!worker_)
     return makeError(StatusCode::kRemoteError, "rank ", rank_, ": UCX ", isRecv ? "receive" : "send",
                      " refused: the channel was closed after an error");
-  LIBCOMM_RETURN_IF_ERROR(checkPeer(peer, isRecv ? "receive" : "send"));
+  // A control send is the failure notice, which an aborting rank still owes its peers.
+  LIBCOMM_RETURN_IF_ERROR(checkPeer(peer, isRecv ? "receive" : "send", cls == TagClass::kControl && !isRecv));
   if (!tagFits(tag))
     return makeError(StatusCode::kInvalidArgument, "rank ", rank_, ": UCX tag step ", tag.step, " chunk ", tag.chunk,
                      " out of range (step <= ", kMaxStep, ", chunk <= ", kMaxChunk, ")");

@@ -86,7 +86,8 @@ class Channel {
   /// arrives where possible: an early message is held by UCX and copied once more.
   Result<Request> postRecv(int peer, const Tag& tag, void* dst, size_t bytes);
   /// Control messages (their own tag class: they never match data messages), e.g. the notice a
-  /// failing rank sends its neighbours. Otherwise as postSend/postRecv.
+  /// failing rank sends its neighbours. Otherwise as postSend/postRecv, except that a control send
+  /// is accepted after abort() too (an aborting rank's notice; poll it with test(): waits fail).
   Result<Request> postControlSend(int peer, const Tag& tag, const void* src, size_t bytes);
   Result<Request> postControlRecv(int peer, const Tag& tag, void* dst, size_t bytes);
 
@@ -149,7 +150,7 @@ class Channel {
   /// go there anyway.
   Result<Request> post(TagClass cls, bool isRecv, int peer, const Tag& tag, void* buffer, size_t bytes,
                        bool bulk = false);
-  Status checkPeer(int peer, const char* what) const;
+  Status checkPeer(int peer, const char* what, bool evenIfAborted = false) const;
   Slot& acquireSlot();
   void releaseSlot(Slot& s);
   Result<Slot*> lookup(const Request& r) const;
