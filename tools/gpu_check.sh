@@ -22,8 +22,9 @@
 # Logs are written under <build-dir>/gpu_check_logs and archived when the script ends, however it
 # ends (an EXIT trap).
 #
-# Every step runs in its own process group, killed (TERM, then KILL) when its time is up: ctest's
-# --timeout does not override the tests' TIMEOUT properties, and the tests' own waits are long.
+# Every step runs in its own process group, killed (TERM, then KILL) when its time is up, or when
+# the script itself gets INT or TERM: ctest's --timeout does not override the tests' TIMEOUT
+# properties, and the tests' own waits are long.
 # The tests get a 30 s op timeout and a 90 s init timeout (LIBCOMM_TIMEOUT_MS,
 # LIBCOMM_INIT_TIMEOUT_MS; CommConfig::fromEnvironment reads them), unless already set.
 #
@@ -36,6 +37,7 @@
 # Exit: 0 all passed; 1 a step failed or ran out of time; 77 no GPU here (after configuring and
 # building, so that a machine without a GPU still checks the build and the script itself).
 set -uo pipefail
+set +m  # each step's setsid must not fork (limited)
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build-gpu}
 out=${OUT:-$build/gpu_check}
@@ -57,29 +59,46 @@ say() { echo "gpu_check: $*"; }
 elapsed() { echo $(($(date +%s) - t_start)); }
 left() { echo $((budget - $(elapsed))); }
 
+# stop_group PID: TERM to the process group PID leads, KILL to what is left of it 3 s later.
+stop_group() {
+  local pid=$1 i
+  kill -TERM -- "-$pid" 2> /dev/null
+  for i in $(seq 15); do
+    kill -0 "$pid" 2> /dev/null || break
+    sleep 0.2
+  done
+  kill -KILL -- "-$pid" 2> /dev/null
+  wait "$pid" 2> /dev/null
+}
+
 # limited SECS LOG CMD...: runs CMD with its output in LOG, in a process group of its own, and
 # kills the whole group when SECS have passed. Returns CMD's status, or 124 when it was killed.
+# setsid runs CMD in its own process (so $! is CMD, and its group) only when it is not a group
+# leader already: with job control (set -m, or SHELLOPTS=monitor in the environment) a background
+# job leads a group, setsid forks and returns at once, and the step would look done. Hence set +m
+# below. running/running_log name the step under way, which finish stops if the script is ended.
+running=
+running_log=
 limited() {
   local secs=$1 log=$2
   shift 2
   setsid "$@" > "$log" 2>&1 < /dev/null &
   local pid=$! end=$(($(date +%s) + secs))
+  running=$pid
+  running_log=$log
   while kill -0 "$pid" 2> /dev/null; do
     if [ "$(date +%s)" -ge "$end" ]; then
-      kill -TERM -- "-$pid" 2> /dev/null
-      local i
-      for i in $(seq 15); do
-        kill -0 "$pid" 2> /dev/null || break
-        sleep 0.2
-      done
-      kill -KILL -- "-$pid" 2> /dev/null
-      wait "$pid" 2> /dev/null
+      stop_group "$pid"
+      running=
       echo "gpu_check: killed after ${secs} s" >> "$log"
       return 124
     fi
     sleep 0.2
   done
   wait "$pid"
+  local rc=$?
+  running=
+  return $rc
 }
 
 # step NAME CAP NEED NOTE -- command...: runs the command for at most CAP seconds and what is left
@@ -173,10 +192,21 @@ summary() {
   fi
 }
 
-# However the script ends: the failures, the table (also to summary.txt), the archive.
+# However the script ends: the step still running (INT or TERM ended the script) stopped with its
+# whole group, then the failures, the table (also to summary.txt), the archive.
 finish() {
   local rc=$?
   trap - EXIT
+  if [ -n "$running" ]; then
+    local name
+    name=$(basename "$running_log" .log)
+    say "stopping $name (pid $running) and its process group"
+    stop_group "$running"
+    echo "gpu_check: stopped when the script was ended" >> "$running_log"
+    rows+=("$name|STOPPED|0|the script was ended (INT or TERM) while it ran; log: logs/$name.log")
+    failed_steps+=("$name")
+  fi
+  failures
   failures
   summary | tee "$out/summary.txt"
   tar -czf "$out/logs.tar.gz" -C "$build" gpu_check_logs 2> /dev/null || say "could not archive $logs"

@@ -4,7 +4,9 @@
 #  - at most 8 files come back from $OUT (the tool drops the rest, unchosen);
 #  - the summary table is printed last and saved, also when a step fails or runs out of time;
 #  - a failed test's own output reaches stdout;
-#  - a hanging step is killed with everything it started, within its time.
+#  - a hanging step is killed with everything it started, within its time, or when the script
+#    itself is ended (TERM);
+#  - a step's result is its own, also when the script runs with job control (setsid then forks).
 #   gpu_check_script_check.sh <shardcomm source dir>
 set -uo pipefail
 src=$(cd "$1" && pwd)
@@ -49,6 +51,11 @@ case "${FAKE_CTEST:-}" in
     echo $! > "$FAKE_PIDFILE"
     wait
     ;;
+  slowfail)
+    sleep 2
+    echo done > "$FAKE_MARKER"
+    exit 8
+    ;;
   fail)
     echo "    Start 1: gpu.Fake.Passes"
     echo "1/2 Test #1: gpu.Fake.Passes ...................   Passed    0.01 sec"
@@ -66,14 +73,20 @@ EOF
 printf '#!/bin/sh\n[ "$1" = "-L" ] && echo "GPU 0: Stub" || echo "Stub GPU, 0, 1 MiB"\n' > "$work/bin/nvidia-smi"
 chmod +x "$work/bin/"* "$work/cuda/bin/nvcc"
 
-# run NAME ENV...: runs the script with the stubs; sets rc, secs, and $work/NAME.out (stdout+stderr).
-run() {
+# start NAME ENV...: starts the script with the stubs in the background (its pid in $script), with
+# its stdout and stderr in $work/NAME.out.
+start() {
   local name=$1
   shift
-  local t0
   t0=$(date +%s)
   env "$@" OUT="$work/$name/out" CUDA_ROOT="$work/cuda" PATH="$work/bin:$PATH" \
-    "$src/tools/gpu_check.sh" "$work/$name/build" > "$work/$name.out" 2>&1
+    "$src/tools/gpu_check.sh" "$work/$name/build" > "$work/$name.out" 2>&1 &
+  script=$!
+}
+# run NAME ENV...: runs the script with the stubs to its end; sets rc and secs.
+run() {
+  start "$@"
+  wait "$script"
   rc=$?
   secs=$(($(date +%s) - t0))
 }
@@ -129,6 +142,39 @@ grep -qE "not run +0 +out of time" "$work/budget/out/summary.txt" || bad "budget
 child=$(cat "$work/ctest2.pid" 2> /dev/null || true)
 [ -n "$child" ] && alive "$child" && kill "$child"
 
+# With job control (SHELLOPTS=monitor: each background job leads a process group) setsid forks and
+# returns at once: the step must still be reported by its own outcome, once it has ended.
+rm -f "$work/slow.done"
+run monitor FAKE_DEVICE=1 FAKE_CTEST=slowfail FAKE_MARKER="$work/slow.done" SHELLOPTS=monitor
+[ $rc -eq 1 ] || bad "monitor: exit $rc, want 1"
+check_common monitor
+grep -qE "^gpu_tests +FAILED \(exit 8\)" "$work/monitor/out/summary.txt" ||
+  bad "monitor: gpu_tests (exit 8 after 2 s) is not reported as failed with exit 8"
+[ -e "$work/slow.done" ] || bad "monitor: the script ended before the gpu_tests step did"
+
+# TERM to the script while a step runs: the step (in a session of its own) is stopped with it.
+start term FAKE_DEVICE=1 FAKE_CTEST=hang FAKE_PIDFILE="$work/ctest3.pid"
+for i in $(seq 200); do
+  [ -s "$work/ctest3.pid" ] && break
+  sleep 0.1
+done
+kill -TERM "$script"
+wait "$script"
+rc=$?
+[ $rc -eq 1 ] || bad "term: exit $rc, want 1"
+check_common term
+grep -qE "^gpu_tests +STOPPED" "$work/term/out/summary.txt" || bad "term: no STOPPED row for gpu_tests"
+child=$(cat "$work/ctest3.pid" 2> /dev/null || true)
+[ -n "$child" ] || bad "term: the ctest stub never started its child"
+for i in $(seq 10); do
+  [ -n "$child" ] && alive "$child" || break
+  sleep 0.2
+done
+if [ -n "$child" ] && alive "$child"; then
+  bad "term: the running step's child (pid $child) outlived the script"
+  kill "$child"
+fi
+
 if [ $fail -ne 0 ]; then
   for f in "$work"/*.out; do
     echo "==== $f"
@@ -136,4 +182,4 @@ if [ $fail -ne 0 ]; then
   done
   exit 1
 fi
-echo "gpu_check_script_check: ok (4 runs)"
+echo "gpu_check_script_check: ok (6 runs)"
