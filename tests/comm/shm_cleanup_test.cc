@@ -2,13 +2,17 @@
 // segments that the sweep (tools/shm_cleanup, and every process's first communicator) removes.
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -93,6 +97,42 @@ TEST(ShmSegment, MoreThanDevShmHoldsIsAnErrorNotABusError) {
   if (WIFEXITED(status) && WEXITSTATUS(status) == 77) GTEST_SKIP() << "no private mount namespace here (not root?)";
   ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
   EXPECT_EQ(WEXITSTATUS(status), 0) << "1: the segment was made; 2: the error does not name /dev/shm";
+}
+
+// A descriptor for the new segment but none for checking that the name is still ours (EMFILE):
+// the error says so, and the name is removed. It said "File exists" (the name was taken for a
+// sweep's doing and made again) and left the file until the process ended. In a child, as the
+// limit is per process.
+TEST(ShmSegment, NoDescriptorToCheckTheNewSegmentIsThatErrorAndLeavesNothing) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const std::string name = "/shardcomm." + std::to_string(getpid()) + ".emfile.g1";
+    const int lowest = open("/dev/null", O_RDONLY);  // the lowest free descriptor
+    if (lowest < 0) _exit(5);
+    close(lowest);
+    rlimit before{};
+    getrlimit(RLIMIT_NOFILE, &before);
+    rlimit one = before;
+    one.rlim_cur = static_cast<rlim_t>(lowest) + 1;  // room for the segment's descriptor alone
+    if (setrlimit(RLIMIT_NOFILE, &one) != 0) _exit(5);
+    auto seg = libcomm::shm::Segment::create(name, 64);
+    setrlimit(RLIMIT_NOFILE, &before);
+    if (seg.isOk()) _exit(1);
+    if (seg.status().message().find("Too many open files") == std::string::npos ||
+        seg.status().message().find(name) == std::string::npos) {
+      fprintf(stderr, "%s\n", seg.status().toString().c_str());
+      _exit(2);
+    }
+    auto left = libcomm::shm::Segment::exists(name);
+    _exit(left.isOk() && !left.value() ? 0 : 3);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  shm_unlink(("/shardcomm." + std::to_string(pid) + ".emfile.g1").c_str());
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: the segment was made with no descriptor left; 2: the error is not "
+                                       "EMFILE's or does not name the segment (above); 3: the name was left in "
+                                       "/dev/shm; 5: set-up failed";
 }
 
 TEST(ShmHygiene, DestroyedCommunicatorLeavesNothing) {

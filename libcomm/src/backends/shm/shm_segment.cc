@@ -40,21 +40,27 @@ int lockFile(int fd, short type, int cmd) {
   return rc == 0 ? 0 : errno;
 }
 
-// Whether `name` still names the file open as `fd` (a sweep may have unlinked it, and another
-// process made a new one of the same name, in between).
-bool namesFile(const std::string& name, int fd) {
+// Whether `name` still names the file open as `fd`: false when the name is gone (ENOENT) or names
+// another file (a sweep unlinked it, and another process made a new one of the same name, in
+// between). Any other failure to tell (EMFILE, say) is an error: it says nothing about the name.
+Result<bool> namesFile(const std::string& name, int fd) {
   const int named = shm_open(name.c_str(), O_RDONLY, 0);
-  if (named < 0) return false;
+  if (named < 0) {
+    if (errno == ENOENT) return false;
+    return sysError("shm_open", name, errno);
+  }
   struct stat a, b;
-  const bool same = fstat(fd, &a) == 0 && fstat(named, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+  int err = fstat(fd, &a) == 0 && fstat(named, &b) == 0 ? 0 : errno;
   close(named);
-  return same;
+  if (err != 0) return sysError("fstat", name, err);
+  return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
 // Opens a new segment holding the owner's lock. A sweep that opened the name between our O_EXCL
 // create and our lock may hold its exclusive lock, and unlinks the name before it lets go: we wait
 // for it (briefly: a sweep holds it for one unlink; a bound, so that a stopped sweep cannot hang
-// us), and then the name is gone or another file's, so we make it again.
+// us), and then the name is gone or another file's, so we make it again. When we cannot tell
+// (namesFile fails: EMFILE, say), the name is still ours: it is removed and that error returned.
 Result<int> createLocked(const std::string& name) {
   for (int attempt = 1;; ++attempt) {
     const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
@@ -74,8 +80,15 @@ Result<int> createLocked(const std::string& name) {
                        " (F_OFD_SETLK) failed: ", strerror(err), " (errno ", err, ")",
                        err == EAGAIN ? "; a /dev/shm sweep of another process has held it for 1 s" : "");
     }
-    if (namesFile(name, fd)) return fd;
+    const Result<bool> ours = namesFile(name, fd);
+    if (ours.isOk() && ours.value()) return fd;
     close(fd);
+    if (!ours.isOk()) {
+      // Nothing says a sweep took the name: it is still ours, and left alone it would stay until
+      // this process ends (a sweep keeps the segments of a running pid).
+      shm_unlink(name.c_str());
+      return ours.status().withContext("checking new shared-memory segment " + name);
+    }
     if (attempt == 3)
       return makeError(StatusCode::kSystemError, "shared-memory segment ", name,
                        " was removed by a concurrent /dev/shm sweep while being created, 3 times");
@@ -266,7 +279,13 @@ SweepResult sweepStaleSegments(bool verbose) {
     // Held: its owner still maps it (from another pid namespace, where the name's pid means nothing
     // here). EINVAL (no OFD locks, before Linux 3.15): the pid alone decides, as before locks.
     const int err = lockFile(fd, F_WRLCK, F_OFD_SETLK);
-    if (err == EAGAIN || err == EACCES || !namesFile(name, fd)) {
+    if (err == EAGAIN || err == EACCES) {
+      close(fd);
+      continue;
+    }
+    // Another file of that name now, or one we cannot check (namesFile's error): left alone.
+    const Result<bool> same = namesFile(name, fd);
+    if (!same.isOk() || !same.value()) {
       close(fd);
       continue;
     }
