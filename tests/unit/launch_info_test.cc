@@ -499,6 +499,62 @@ TEST_F(LaunchEnv, LaunchLocalSeesFailuresWhenTheCallerIgnoresSigchld) {
   expectNoChildrenLeft();
 }
 
+// Two launches at once while the caller ignores SIGCHLD: the one that started first must not put
+// SIG_IGN back while the other's ranks run (the kernel then reaped them, and successful ranks were
+// reported as failed). B starts once A has changed the disposition; A's ranks end once B's run.
+TEST_F(LaunchEnv, ConcurrentLaunchesKeepEachOthersRanksStatus) {
+  char dirTemplate[] = "/tmp/shardcomm-sigchld-XXXXXX";
+  ASSERT_NE(mkdtemp(dirTemplate), nullptr);
+  const std::string started = std::string(dirTemplate) + "/b_started";
+  struct sigaction ignore {
+  }, before{}, now{}, after{};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  ASSERT_EQ(sigaction(SIGCHLD, &ignore, &before), 0);
+  auto a = std::async(std::launch::async, [&] {
+    return launchLocal(shell(2, "while [ ! -e " + started + " ]; do sleep 0.01; done; exit 0", 10s));
+  });
+  bool changed = false;
+  for (auto until = Clock::now() + 5s; !changed && Clock::now() < until;) {
+    sigaction(SIGCHLD, nullptr, &now);
+    changed = now.sa_handler == SIG_DFL;
+    if (!changed) std::this_thread::sleep_for(1ms);
+  }
+  Status b = launchLocal(shell(2, "touch " + started + "; sleep 1; exit 0", 10s));
+  Status sa = a.get();
+  sigaction(SIGCHLD, nullptr, &after);
+  sigaction(SIGCHLD, &before, nullptr);
+  std::filesystem::remove_all(dirTemplate);
+  EXPECT_TRUE(changed) << "the first launch never set SIGCHLD's default disposition";
+  EXPECT_TRUE(sa.isOk()) << "A: " << sa.toString();
+  EXPECT_TRUE(b.isOk()) << "B: " << b.toString();
+  EXPECT_EQ(after.sa_handler, SIG_IGN) << "the caller's SIGCHLD disposition was not restored";
+  expectNoChildrenLeft();
+}
+
+volatile sig_atomic_t sigchldSeen = 0;
+
+// A caller's SIGCHLD handler with SA_NOCLDWAIT keeps running during a launch (it was replaced by
+// SIG_DFL); only the flag goes, and comes back after.
+TEST_F(LaunchEnv, LaunchLocalKeepsTheCallersSigchldHandler) {
+  struct sigaction handler {
+  }, before{}, after{};
+  handler.sa_handler = [](int) { sigchldSeen = sigchldSeen + 1; };
+  handler.sa_flags = SA_RESTART | SA_NOCLDWAIT;
+  sigemptyset(&handler.sa_mask);
+  sigchldSeen = 0;
+  ASSERT_EQ(sigaction(SIGCHLD, &handler, &before), 0);
+  Status s = launchLocal(shell(2, "exit 0"));
+  const int seen = sigchldSeen;
+  sigaction(SIGCHLD, nullptr, &after);
+  sigaction(SIGCHLD, &before, nullptr);
+  EXPECT_TRUE(s.isOk()) << s.toString();
+  EXPECT_GE(seen, 1) << "the caller's handler did not run for the ranks' ends";
+  EXPECT_EQ(after.sa_handler, handler.sa_handler) << "the caller's handler was not restored";
+  EXPECT_TRUE(after.sa_flags & SA_NOCLDWAIT) << "SA_NOCLDWAIT was not restored";
+  expectNoChildrenLeft();
+}
+
 TEST_F(LaunchEnv, LaunchLocalRejectsAMissingProgram) {
   LocalLaunchOptions o;
   o.numRanks = 2;

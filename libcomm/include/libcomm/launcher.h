@@ -26,16 +26,16 @@ struct LocalLaunchOptions {
 
 /// Starts the ranks and waits for all of them. When one rank fails (non-zero exit or a signal),
 /// the others get SIGTERM, then SIGKILL after a grace period, and the error names the first rank
-/// that failed and how (exit code or signal). Blocks the calling thread; not reentrant.
+/// that failed and how (exit code or signal). Blocks the calling thread; threads may launch at once.
 /// Each rank runs in its own process group (stopping a rank stops what it started) and is killed
 /// if the calling thread dies. The variables that place a process in a job (the LIBCOMM_* launch
 /// settings and torchrun's, Open MPI's and Slurm's rank, size, store and job variables: everything
 /// resolveLaunchInfo reads) are not passed on, as they describe the launcher's own job; `env` is
 /// applied last. A rank whose exit status cannot be read counts as failed: when the caller ignores
 /// SIGCHLD (or set SA_NOCLDWAIT), which would let the kernel reap the ranks unseen, the default
-/// disposition is set for the call and the caller's restored before it returns. That setting is
-/// process-wide: no other thread should change SIGCHLD, or wait for any child (waitpid(-1)),
-/// meanwhile.
+/// disposition (or the caller's handler without SA_NOCLDWAIT) is set while any launch runs, and
+/// the caller's restored when the last launch returns. That setting is process-wide: no other
+/// thread should change SIGCHLD, or wait for any child (waitpid(-1)), meanwhile.
 Status launchLocal(const LocalLaunchOptions& options);
 
 }  // namespace libcomm

@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 
 #include "bootstrap/boot_util.h"
 #include "bootstrap/launch_vars.h"
@@ -127,27 +128,39 @@ void stopAll(std::vector<Child>& children) {
 }
 
 // While SIGCHLD is ignored (or handled with SA_NOCLDWAIT), the kernel reaps children itself and
-// waitpid cannot tell how a rank ended: a caller may have inherited that from its own parent. The
-// default disposition is put in place for the launch, and the caller's restored after it.
+// waitpid cannot tell how a rank ended: a caller may have inherited that from its own parent. For
+// the launch, SIG_IGN becomes SIG_DFL and a handler loses SA_NOCLDWAIT (it still runs). The setting
+// is process-wide, so launches running at once share it: the first saves the caller's and changes
+// it, the last restores it (each restoring its own would put SIG_IGN back under another's ranks).
 class ChildStatusKept {
  public:
   ChildStatusKept() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (users_++ > 0) return;
     if (sigaction(SIGCHLD, nullptr, &before_) != 0) return;
     if (before_.sa_handler != SIG_IGN && !(before_.sa_flags & SA_NOCLDWAIT)) return;
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    sigemptyset(&dfl.sa_mask);
-    changed_ = sigaction(SIGCHLD, &dfl, nullptr) == 0;
+    struct sigaction kept = before_;
+    kept.sa_flags &= ~SA_NOCLDWAIT;
+    if (before_.sa_handler == SIG_IGN) {
+      kept.sa_handler = SIG_DFL;
+      kept.sa_flags &= ~SA_SIGINFO;
+    }
+    changed_ = sigaction(SIGCHLD, &kept, nullptr) == 0;
   }
   ~ChildStatusKept() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (--users_ > 0) return;
     if (changed_) sigaction(SIGCHLD, &before_, nullptr);
+    changed_ = false;
   }
   ChildStatusKept(const ChildStatusKept&) = delete;
   ChildStatusKept& operator=(const ChildStatusKept&) = delete;
 
  private:
-  struct sigaction before_ {};
-  bool changed_ = false;
+  static inline std::mutex mutex_;
+  static inline int users_ = 0;  // launches running now
+  static inline struct sigaction before_ {};
+  static inline bool changed_ = false;
 };
 
 }  // namespace
