@@ -633,6 +633,44 @@ TEST(HostStreamFork, AForkedChildIsRefusedAndDestroysItsCopyAtOnce) {
   EXPECT_TRUE(s->synchronize(Deadline::after(Milliseconds(10000))).isOk());
 }
 
+// An event recorded on a stream before a fork completes on that stream's progress thread, which
+// stayed in the parent. Before: in the child query() said kInProgress forever, synchronize() slept
+// until its deadline and reported a plain timeout, and a new stream's wait on the event held its
+// progress thread until the deadline of its synchronize.
+TEST(HostStreamFork, AForkedChildIsRefusedTheEventsRecordedBeforeTheFork) {
+  auto s = createHostStream("parent");
+  auto e = createHostEvent();
+  Gate gate;
+  ASSERT_TRUE(s->enqueueHost(gate.item(), "busy at the fork").isOk());
+  ASSERT_TRUE(s->record(*e).isOk());
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int bad = 0;
+    auto refused = [](const Status& st) {
+      return st.code() == StatusCode::kInvalidUsage && st.message().find("forked child") != std::string::npos;
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!refused(e->query())) bad |= 1;
+    if (!refused(e->synchronize(Deadline::after(2s)))) bad |= 2;
+    auto fresh = createHostStream("child");
+    if (!refused(fresh->wait(*e))) bad |= 4;
+    if (!fresh->synchronize(Deadline::after(2s)).isOk()) bad |= 8;
+    auto inl = createInlineHostStream("child-inline", 2000ms);
+    if (!refused(inl->wait(*e)) || !inl->asyncError().isOk()) bad |= 16;
+    if (std::chrono::steady_clock::now() - t0 > 1s) bad |= 32;
+    _exit(bad);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  gate.open();
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "bits: not refused: 1 query, 2 synchronize, 4 a new stream's wait, "
+                                       "16 a new inline stream's wait; 8 the new stream failed, 32 took over 1 s";
+  // In the parent the event completes as before.
+  EXPECT_TRUE(e->synchronize(Deadline::after(10s)).isOk());
+}
+
 TEST(StreamPriority, AMalformedSettingFailsCommConfig) {
   ASSERT_EQ(setenv("LIBCOMM_STREAM_PRIORITY", "fifo:1000", 1), 0);
   auto c = CommConfig::fromEnvironment();

@@ -12,6 +12,11 @@
 //    call; an event that was never recorded counts as complete;
 //  - an error in a work item is sticky on its stream: later items are skipped (their events still
 //    complete, carrying the error) and synchronize()/asyncError() report the first cause.
+//
+// Processes: a threaded host stream serves the process that made it (a fork does not copy its
+// progress thread). In a forked child its calls are refused with kInvalidUsage, as are query,
+// synchronize and Stream::wait on an event recorded on it before the fork that had not completed
+// by then; destroying the child's copy returns at once. A child makes streams of its own.
 
 #include <functional>
 #include <memory>

@@ -173,6 +173,10 @@ struct RecordState {
     cv.notify_all();
   }
   std::string describe() const;
+  /// OK, or kInvalidUsage naming `what` when this record has not completed, its stream was made
+  /// before a fork and this is the forked child: the progress thread that would complete it stayed
+  /// in the parent (and `mu` may have been held by that thread at the fork).
+  Status refusedInForkedChild(const std::string& what) const;
 };
 
 enum class ItemKind { kHost, kRecord, kWait };
@@ -192,7 +196,8 @@ class Core {
   const std::string& name() const { return name_; }
 
   // A fork copies the stream but not its progress thread, nor whatever lock that thread held at the
-  // fork: in a forked child nothing may wait for the thread or take the stream's locks.
+  // fork: in a forked child nothing may wait for the thread, take the stream's locks or wait for
+  // one of its event records (RecordState::refusedInForkedChild).
   bool inForkedChild() const { return processForks() != forks_; }
   Status refusedInForkedChild(const std::string& what) const {
     return makeError(StatusCode::kInvalidUsage, "stream '", name_, "': ", what, " in a forked child (pid ", getpid(),
@@ -422,6 +427,13 @@ class Core {
   std::shared_ptr<RecordState> waitingOn_;
 };
 
+Status RecordState::refusedInForkedChild(const std::string& what) const {
+  if (done.load(std::memory_order_acquire)) return Status::ok();
+  auto core = stream.lock();
+  if (!core || !core->inForkedChild()) return Status::ok();
+  return core->refusedInForkedChild(detail::strCat("event record at item #", position, ": ", what, " refused"));
+}
+
 std::string RecordState::describe() const {
   std::string s = detail::strCat("event record at item #", position, " of stream '", streamName, "'");
   if (auto core = stream.lock()) s += detail::strCat(" (", core->position(), ")");
@@ -435,6 +447,7 @@ class HostEvent final : public Event {
   Status query() const override {
     auto rec = last();
     if (!rec) return Status::ok();
+    LIBCOMM_RETURN_IF_ERROR(rec->refusedInForkedChild("query"));
     if (!rec->done.load(std::memory_order_acquire))
       return makeError(StatusCode::kInProgress, rec->describe(), " has not completed");
     return rec->status;
@@ -443,6 +456,7 @@ class HostEvent final : public Event {
   Status synchronize(Deadline deadline) const override {
     auto rec = last();
     if (!rec) return Status::ok();
+    LIBCOMM_RETURN_IF_ERROR(rec->refusedInForkedChild("synchronize"));
     auto done = [&] { return rec->done.load(std::memory_order_acquire); };
     if (!spinBriefly(done)) {
       std::unique_lock<std::mutex> lock(rec->mu);
@@ -523,6 +537,8 @@ class HostStream final : public Stream {
     auto rec = host->last();
     // Never recorded, or already completed without error: nothing to order against.
     if (!rec || (rec->done.load(std::memory_order_acquire) && rec->status.isOk())) return Status::ok();
+    // Refused now: the record would never complete, and the wait would hold this stream's thread.
+    LIBCOMM_RETURN_IF_ERROR(rec->refusedInForkedChild(detail::strCat("wait on stream '", name(), "'")));
     std::string label = detail::strCat("wait for event record #", rec->position, " of stream '", rec->streamName, "'");
     return core_->enqueue(Item{ItemKind::kWait, 0, std::move(label), {}, std::move(rec)});
   }
@@ -580,6 +596,7 @@ class InlineHostStream final : public Stream {
     if (!host) return makeError(StatusCode::kInvalidArgument, "stream '", name_, "': wait on a non-host event");
     auto rec = host->last();
     if (!rec || (rec->done.load(std::memory_order_acquire) && rec->status.isOk())) return Status::ok();
+    LIBCOMM_RETURN_IF_ERROR(rec->refusedInForkedChild(detail::strCat("wait on inline stream '", name_, "'")));
     std::unique_lock<std::mutex> run;
     LIBCOMM_RETURN_IF_ERROR(enter(run, "wait"));
     const uint64_t seq = ++items_;
