@@ -235,8 +235,8 @@ Status Communicator::Impl::refuseInForkedChild(const char* what) const {
 Communicator::~Communicator() {
   if (impl_ && impl_->inForkedChild()) {
     // The child's copy: its threads do not exist here, and its segments and control blocks are the
-    // parent's. Left as it is (the child's memory goes with the child).
-    new std::shared_ptr<Impl>(std::move(impl_));
+    // parent's. Left as it is, kept reachable (the child's memory goes with the child).
+    abandonInForkedChild(std::move(impl_));
     return;
   }
   if (!impl_ || impl_->finalized_.load()) return;  // finalize() flushed or aborted already
