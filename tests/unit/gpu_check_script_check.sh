@@ -118,14 +118,16 @@ tar -tzf "$work/failing/out/logs.tar.gz" | grep -q "gpu_check_logs/gpu_tests.log
 run hanging FAKE_DEVICE=1 FAKE_CTEST=hang FAKE_PIDFILE="$work/ctest.pid" GPU_CHECK_STEP_S=3
 [ $rc -eq 1 ] || bad "hanging: exit $rc, want 1"
 check_common hanging
-[ "$secs" -le 20 ] || bad "hanging: took $secs s with 3 s per step"
+[ "$secs" -le 40 ] || bad "hanging: took $secs s with 3 s per step"
 grep -qE "^gpu_tests +TIMEOUT" "$work/hanging/out/summary.txt" || bad "hanging: no TIMEOUT row for gpu_tests"
 grep -qE "^cb_own_2 +ok" "$work/hanging/out/summary.txt" || bad "hanging: the steps after the hang did not run"
-# alive PID: running, not a zombie awaiting its (new) parent's wait.
+# alive PID: running, not a zombie awaiting its (new) parent's wait. The time bounds here and below
+# are loose (ctest -j2 runs this next to heavy tests; it failed once in a full run at 20 s and 2 s):
+# they tell a bounded stop from a step left to run for its 1000 s.
 alive() { ps -o stat= -p "$1" 2> /dev/null | grep -qv '^Z'; }
 child=$(cat "$work/ctest.pid" 2> /dev/null || true)
 [ -n "$child" ] || bad "hanging: the ctest stub never started its child"
-for i in $(seq 10); do
+for i in $(seq 50); do
   [ -n "$child" ] && alive "$child" || break
   sleep 0.2
 done
@@ -137,7 +139,7 @@ fi
 run budget FAKE_DEVICE=1 FAKE_CTEST=hang FAKE_PIDFILE="$work/ctest2.pid" GPU_CHECK_BUDGET_S=12
 [ $rc -eq 1 ] || bad "budget: exit $rc, want 1"
 check_common budget
-[ "$secs" -le 20 ] || bad "budget: took $secs s with a 12 s budget"
+[ "$secs" -le 40 ] || bad "budget: took $secs s with a 12 s budget"
 grep -qE "not run +0 +out of time" "$work/budget/out/summary.txt" || bad "budget: no step was left out for lack of time"
 child=$(cat "$work/ctest2.pid" 2> /dev/null || true)
 [ -n "$child" ] && alive "$child" && kill "$child"
@@ -166,7 +168,7 @@ check_common term
 grep -qE "^gpu_tests +STOPPED" "$work/term/out/summary.txt" || bad "term: no STOPPED row for gpu_tests"
 child=$(cat "$work/ctest3.pid" 2> /dev/null || true)
 [ -n "$child" ] || bad "term: the ctest stub never started its child"
-for i in $(seq 10); do
+for i in $(seq 50); do
   [ -n "$child" ] && alive "$child" || break
   sleep 0.2
 done
