@@ -125,16 +125,22 @@ grep -qE "^cb_own_2 +ok" "$work/hanging/out/summary.txt" || bad "hanging: the st
 # are loose (ctest -j2 runs this next to heavy tests; it failed once in a full run at 20 s and 2 s):
 # they tell a bounded stop from a step left to run for its 1000 s.
 alive() { ps -o stat= -p "$1" 2> /dev/null | grep -qv '^Z'; }
-child=$(cat "$work/ctest.pid" 2> /dev/null || true)
-[ -n "$child" ] || bad "hanging: the ctest stub never started its child"
-for i in $(seq 50); do
-  [ -n "$child" ] && alive "$child" || break
-  sleep 0.2
-done
-if [ -n "$child" ] && alive "$child"; then
-  bad "hanging: the hung step's child (pid $child) outlived it"
-  kill "$child"
-fi
+# expect_gone NAME PIDFILE WHAT: the ctest stub's child (its pid in PIDFILE) started and is gone
+# within 10 s; else "NAME: WHAT (pid ...) outlived ..." and it is killed.
+expect_gone() {
+  local name=$1 pidfile=$2 what=$3 child i
+  child=$(cat "$pidfile" 2> /dev/null || true)
+  [ -n "$child" ] || bad "$name: the ctest stub never started its child"
+  for i in $(seq 50); do
+    [ -n "$child" ] && alive "$child" || break
+    sleep 0.2
+  done
+  if [ -n "$child" ] && alive "$child"; then
+    bad "$name: $what (pid $child)"
+    kill "$child"
+  fi
+}
+expect_gone hanging "$work/ctest.pid" "the hung step's child outlived it"
 
 run budget FAKE_DEVICE=1 FAKE_CTEST=hang FAKE_PIDFILE="$work/ctest2.pid" GPU_CHECK_BUDGET_S=12
 [ $rc -eq 1 ] || bad "budget: exit $rc, want 1"
@@ -166,16 +172,7 @@ rc=$?
 [ $rc -eq 1 ] || bad "term: exit $rc, want 1"
 check_common term
 grep -qE "^gpu_tests +STOPPED" "$work/term/out/summary.txt" || bad "term: no STOPPED row for gpu_tests"
-child=$(cat "$work/ctest3.pid" 2> /dev/null || true)
-[ -n "$child" ] || bad "term: the ctest stub never started its child"
-for i in $(seq 50); do
-  [ -n "$child" ] && alive "$child" || break
-  sleep 0.2
-done
-if [ -n "$child" ] && alive "$child"; then
-  bad "term: the running step's child (pid $child) outlived the script"
-  kill "$child"
-fi
+expect_gone term "$work/ctest3.pid" "the running step's child outlived the script"
 
 if [ $fail -ne 0 ]; then
   for f in "$work"/*.out; do
