@@ -213,7 +213,7 @@ TEST_P(CollectiveMatrix, AllCasesCorrect) {
   RunOptions opts;
   opts.mode = std::get<0>(GetParam());
   opts.size = std::get<1>(GetParam());
-  opts.deadline = std::chrono::seconds(240);
+  opts.deadline = scaledForSanitizers(std::chrono::seconds(240));
   RunReport report = runRanks(opts, [](RankContext& ctx) { return matrixBody(ctx); });
   EXPECT_RANKS_OK(report);
 }
@@ -230,7 +230,7 @@ TEST_P(CrossHostMatrix, AllCasesCorrect) {
   RunOptions opts;
   opts.mode = std::get<0>(GetParam());
   opts.size = std::get<1>(GetParam());
-  opts.deadline = std::chrono::seconds(240);
+  opts.deadline = scaledForSanitizers(std::chrono::seconds(240));
   const Placement placement{std::get<2>(GetParam()), std::get<3>(GetParam()), std::get<4>(GetParam())};
   RunReport report = runRanks(opts, [&](RankContext& ctx) { return matrixBody(ctx, placement); });
   EXPECT_RANKS_OK(report);
@@ -251,7 +251,7 @@ TEST(CrossHostBroadcast, MoreChunksThanTheSendWindowArriveIntact) {
   RunOptions opts;
   opts.mode = Mode::kProcesses;
   opts.size = 2;
-  opts.deadline = std::chrono::seconds(120);
+  opts.deadline = scaledForSanitizers(std::chrono::seconds(120));
   RunReport report = runRanks(opts, [](RankContext& ctx) -> Status {
     libcomm::CommConfig config;
     config.hostId = "bcast-host-" + std::to_string(ctx.rank);
@@ -297,7 +297,7 @@ TEST(UcxBounceBuffer, GrowsGeometricallyOverCreepingCounts) {
   RunOptions opts;
   opts.mode = Mode::kProcesses;
   opts.size = 4;
-  opts.deadline = std::chrono::seconds(120);
+  opts.deadline = scaledForSanitizers(std::chrono::seconds(120));
   RunReport report = runRanks(opts, [](RankContext& ctx) -> Status {
     libcomm::CommConfig config;
     config.hostId = "bounce-host-" + std::to_string(ctx.rank / 2);
@@ -337,7 +337,7 @@ TEST(UcxTwoLevelAllGather, SeveralChunksPerBlockOnThreeHosts) {
   RunOptions opts;
   opts.mode = Mode::kProcesses;
   opts.size = 6;
-  opts.deadline = std::chrono::seconds(120);
+  opts.deadline = scaledForSanitizers(std::chrono::seconds(120));
   RunReport report = runRanks(opts, [](RankContext& ctx) -> Status {
     libcomm::CommConfig config;
     config.hostId = "chunks-host-" + std::to_string(ctx.rank / 2);
@@ -377,7 +377,7 @@ TEST_P(CrossHostMatrixFp64Partials, AllCasesCorrect) {
   RunOptions opts;
   opts.mode = Mode::kProcesses;
   opts.size = 6;
-  opts.deadline = std::chrono::seconds(240);
+  opts.deadline = scaledForSanitizers(std::chrono::seconds(240));
   const Placement placement{3, false, GetParam(), libcomm::PartialsType::kFloat64};
   RunReport report = runRanks(opts, [&](RankContext& ctx) { return matrixBody(ctx, placement); });
   EXPECT_RANKS_OK(report);
@@ -392,7 +392,7 @@ TEST_P(OneHostFp64Partials, AllCasesCorrect) {
   RunOptions opts;
   opts.mode = Mode::kProcesses;
   opts.size = GetParam();
-  opts.deadline = std::chrono::seconds(240);
+  opts.deadline = scaledForSanitizers(std::chrono::seconds(240));
   const Placement placement{1, false, "", libcomm::PartialsType::kFloat64};
   RunReport report = runRanks(opts, [&](RankContext& ctx) { return matrixBody(ctx, placement); });
   EXPECT_RANKS_OK(report);
@@ -504,7 +504,7 @@ TEST(UcxPrecision, Bf16ReduceScatterErrorStaysAtFp32Level) {
     RunOptions opts;
     opts.mode = Mode::kProcesses;
     opts.size = run.ranks;
-    opts.deadline = std::chrono::seconds(120);
+    opts.deadline = scaledForSanitizers(std::chrono::seconds(120));
     RunReport report = runRanks(opts, [&](RankContext& ctx) { return precisionBody(ctx, run); });
     EXPECT_RANKS_OK(report);
   }

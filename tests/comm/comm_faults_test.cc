@@ -396,7 +396,9 @@ TEST(KilledPeerAcrossHosts, ARefusedPostNamesTheCollectiveOnAnInlineStream) {
       for (;;) pause();
     }
     if (ctx.rank == 0) {
-      usleep(600000);
+      // Rank 2 dies at 200 ms; rank 1 must have seen it before this data reaches it. The 400 ms
+      // between grow under the sanitizers, where three slowed processes share two cores.
+      std::this_thread::sleep_for(200ms + scaledForSanitizers(400ms));
       return broadcast();  // needs nothing from rank 2 but the fingerprint sent before its death
     }
     return expectStatus(broadcast(), StatusCode::kRemoteError,
@@ -431,7 +433,9 @@ TEST(AbortAcrossHosts, ThePeersHearOfTheAbortFromItsNotice) {
       aborter.join();
       return expectStatus(st, StatusCode::kRemoteError, {"abort"}, "aborted collective");
     }
-    usleep(600000);
+    // Rank 1 aborts at 200 ms, which must come before this rank's data; the 400 ms between grow
+    // under the sanitizers, as above.
+    std::this_thread::sleep_for(200ms + scaledForSanitizers(400ms));
     return expectStatus(allGather(), StatusCode::kRemoteError, {"rank 1 failed", "abort() called on rank 1"},
                         "the peer's abort");
   });

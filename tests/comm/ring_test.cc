@@ -201,7 +201,7 @@ class RingAlgorithms : public RanksTest {};
 TEST_P(RingAlgorithms, MatchTheReferenceAtEverySizeChunkWindowAndRound) {
   for (int size : {1, 2, 3, 5}) {
     RunOptions options;
-    options.deadline = std::chrono::seconds(120);
+    options.deadline = scaledForSanitizers(std::chrono::seconds(120));
     auto report = run(
         size,
         [](RankContext& ctx) -> Status {

@@ -244,7 +244,7 @@ TEST_P(CheckpointRanks, SaveWithBarriersThenLoad) {
   const std::string dir = tmp.sub("ckpt");
   auto body = [dir](shardcomm::testing::RankContext& ctx) -> Status {
     const ModelSpec model = testModel(2, 5, 11);
-    const auto deadline = libcomm::Deadline::after(std::chrono::seconds(60));
+    const auto deadline = libcomm::Deadline::after(shardcomm::testing::scaledForSanitizers(std::chrono::seconds(60)));
     LIBCOMM_ASSIGN_OR_RETURN(ShardPlan plan, makePlan(model, ctx.size, ctx.rank));
     OwnedState st(plan);
     fillState(plan, st, 12);

@@ -215,7 +215,7 @@ TEST_P(ExecutorMatrix, ExactGradientsAndProvenSchedule) {
   RunOptions opts;
   opts.mode = std::get<0>(GetParam());
   opts.size = std::get<1>(GetParam());
-  opts.deadline = std::chrono::seconds(240);
+  opts.deadline = scaledForSanitizers(std::chrono::seconds(240));
   EXPECT_RANKS_OK(runRanks(opts, matrixBody));
 }
 
@@ -269,7 +269,7 @@ TEST(ExecutorFaults, KilledPeerGivesErrorNotHang) {
   opts.mode = Mode::kProcesses;
   opts.size = 3;
   opts.expectDeath = {1};
-  opts.deadline = std::chrono::seconds(60);
+  opts.deadline = scaledForSanitizers(std::chrono::seconds(60));
   auto report = runRanks(opts, [](RankContext& ctx) -> Status {
     // Timeouts far beyond the 12 s allowed below: only the dead-peer detection can end the step in
     // time, so the fast path is what is checked, never a timeout that happens to be short.
@@ -307,7 +307,7 @@ TEST(ExecutorFaults, KilledPeerGivesErrorNotHang) {
 void expectFailingLayerAbortsPeersFast(bool throwIt) {
   RunOptions opts;
   opts.size = 2;
-  opts.deadline = std::chrono::seconds(60);
+  opts.deadline = scaledForSanitizers(std::chrono::seconds(60));
   auto report = runRanks(opts, [throwIt](RankContext& ctx) -> Status {
     LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, {1, Precision::kFp32}, testConfig(std::chrono::seconds(40))));
     toy::ToyFaults faults;
@@ -337,7 +337,7 @@ TEST(ExecutorFaults, ThrowingLayerFailsTheStepAndAbortsPeers) { expectFailingLay
 TEST(ExecutorFaults, DestroyedMidStepAbortsPeersFast) {
   RunOptions opts;
   opts.size = 2;
-  opts.deadline = std::chrono::seconds(120);
+  opts.deadline = scaledForSanitizers(std::chrono::seconds(120));
   auto report = runRanks(opts, [](RankContext& ctx) -> Status {
     // Long timeouts: without the abort, rank 0's drain would sit out its waitTimeout on the gathers
     // rank 1 has not joined, and rank 1 would wait out its op timeout for a rank that is gone.

@@ -347,10 +347,14 @@ TEST(TinyLmTrainThreads, SaveIntoAnExistingCheckpointIsRefusedBeforeTraining) {
 TEST(TinyLmTrainThreads, ASaveSlowerThanTheTimeoutSucceeds) {
   TempDir tmp;
   TrainOptions o = tinyOptions(Precision::kFp32, 2);
-  o.timeout = std::chrono::milliseconds(2000);
+  // The timeout also bounds every collective of the steps, so it grows under the sanitizers (two
+  // slowed rank threads on a loaded machine drift apart); the writing stays longer than it.
+  o.timeout = shardcomm::testing::scaledForSanitizers(std::chrono::milliseconds(2000));
   o.saveCheckpoint = tmp.sub("ckpt");
   // Every shard and the index (rank 0, while the others wait for it) written slowly.
-  o.onCheckpointWritten = [](bool) { std::this_thread::sleep_for(std::chrono::milliseconds(2500)); };
+  o.onCheckpointWritten = [](bool) {
+    std::this_thread::sleep_for(shardcomm::testing::scaledForSanitizers(std::chrono::milliseconds(2500)));
+  };
   RunOptions ro;
   ro.mode = Mode::kThreads;
   ro.size = 2;
