@@ -54,7 +54,10 @@ using RankBody = std::function<libcomm::Status(RankContext&)>;
 #endif
 /// SHARDCOMM_TEST_TIMEOUT_SCALE (tests/CMakeLists.txt: 5 under ASan+UBSan, 10 under TSan, else 1),
 /// which also multiplies every ctest TIMEOUT. For the limits of tests whose own work takes most of
-/// the time (a run of 32,770 micro-batches), not for limits a test checks it is held to.
+/// the time (a run of 32,770 micro-batches, the collective matrices), and for upper bounds a test
+/// checks (a death noticed within a second): the Release suite holds those to their values, and
+/// the sanitizer suites, which look for memory and thread errors, only to a hang's order. Lower
+/// bounds (a 500 ms timeout must not end a wait at 100 ms) are never scaled.
 template <typename Duration>
 constexpr Duration scaledForSanitizers(Duration d) {
   return d * SHARDCOMM_TEST_TIMEOUT_SCALE;
