@@ -275,7 +275,7 @@ TEST(CrossHostBroadcast, MoreChunksThanTheSendWindowArriveIntact) {
 }
 
 // Distinct shared-memory segments of other processes mapped into this one (/proc/self/maps): host
-// peers' registered memory, mapped once per segment and kept until the communicator is destroyed.
+// peers' registered memory (and the peers' channel areas), mapped once per segment.
 size_t peerSegmentsMapped() {
   FILE* f = fopen("/proc/self/maps", "r");
   if (!f) return 0;
@@ -292,7 +292,7 @@ size_t peerSegmentsMapped() {
 
 // The two-level all_gather's registered stand-in for an unregistered output, over counts that grow
 // by 64 KiB of output a step: it grows geometrically, so a host peer maps O(log) segments of it, not
-// one per step (each mapping stays until the communicator is destroyed). 2 hosts x 2 ranks.
+// one per step. 2 hosts x 2 ranks.
 TEST(UcxBounceBuffer, GrowsGeometricallyOverCreepingCounts) {
   RunOptions opts;
   opts.mode = Mode::kProcesses;
@@ -330,6 +330,82 @@ TEST(UcxBounceBuffer, GrowsGeometricallyOverCreepingCounts) {
   });
   EXPECT_RANKS_OK(report);
 }
+
+// Registered inputs freed and allocated anew before every collective, read in place by the host
+// peers: each rank's peers drop the mapping of the freed segment when they map the new one, so the
+// segments mapped from peers stay as many as after the first collective (before, one more per
+// peer and round stayed mapped, with its pages, until the communicator was destroyed). One host
+// (direct all_gather) and 2 hosts x 2 ranks (two-level reduce_scatter, host sums read in place).
+class FreedPeerSegments : public ::testing::TestWithParam<int> {};
+
+TEST_P(FreedPeerSegments, AreUnmappedWhenTheirOwnersAllocateAnew) {
+  const int hosts = GetParam();
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = hosts == 1 ? 3 : 4;
+  opts.deadline = scaledForSanitizers(std::chrono::seconds(120));
+  RunReport report = runRanks(opts, [hosts](RankContext& ctx) -> Status {
+    libcomm::CommConfig config;
+    if (hosts > 1) config.hostId = "freed-host-" + std::to_string(ctx.rank * hosts / ctx.size);
+    config.eagerBytes = 0;
+    config.opTimeout = std::chrono::seconds(60);
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+    auto stream = libcomm::createInlineHostStream("freed");
+    const size_t n = static_cast<size_t>(ctx.size), count = 12345;
+    const size_t inCount = hosts == 1 ? count : count * n;  // all_gather: count; reduce_scatter: count per rank
+    std::vector<float> out(hosts == 1 ? count * n : count);
+    void* in = nullptr;
+    size_t baseline = 0;
+    const int rounds = 6;
+    for (int k = 1; k <= rounds; ++k) {
+      // A new segment each round (sizes differ, so that no allocator could hand the old one back).
+      LIBCOMM_ASSIGN_OR_RETURN(void* next, comm->allocRegistered((inCount + static_cast<size_t>(k)) * sizeof(float)));
+      if (in) LIBCOMM_RETURN_IF_ERROR(comm->freeRegistered(in));
+      in = next;
+      float* f = static_cast<float*>(in);
+      for (size_t i = 0; i < inCount; ++i) f[i] = intValue(ctx.rank, i / count, i % count, k);
+      if (hosts == 1) {
+        LIBCOMM_RETURN_IF_ERROR(comm->allGather(in, out.data(), count, DataType::kFloat32, *stream));
+        for (size_t p = 0; p < n; ++p)
+          for (size_t i = 0; i < count; ++i)
+            if (out[p * count + i] != intValue(static_cast<int>(p), 0, i, k))
+              return libcomm::makeError(libcomm::StatusCode::kInternalError, "round ", k, ": rank ", p, "'s element ",
+                                        i, " is ", out[p * count + i]);
+      } else {
+        LIBCOMM_RETURN_IF_ERROR(comm->reduceScatter(in, out.data(), count, DataType::kFloat32, DataType::kFloat32,
+                                                    libcomm::ReduceOptions{}, *stream));
+        for (size_t i = 0; i < count; ++i) {
+          float want = 0;
+          for (int p = 0; p < ctx.size; ++p) want += intValue(p, static_cast<size_t>(ctx.rank), i, k);
+          if (out[i] != want)
+            return libcomm::makeError(libcomm::StatusCode::kInternalError, "round ", k, ": element ", i, " is ", out[i],
+                                      ", not ", want);
+        }
+      }
+      const size_t mapped = peerSegmentsMapped();
+      if (k == 1) {
+        baseline = mapped;
+        // The host peers' inputs were read in place: each one is mapped here.
+        const size_t hostPeers = static_cast<size_t>(ctx.size / hosts - 1);
+        if (baseline < hostPeers)
+          return libcomm::makeError(libcomm::StatusCode::kInternalError, "rank ", ctx.rank, ": ", baseline,
+                                    " peer segments mapped after the first collective, fewer than the ", hostPeers,
+                                    " host peers' inputs it read");
+      } else if (mapped != baseline) {
+        return libcomm::makeError(libcomm::StatusCode::kInternalError, "rank ", ctx.rank, ": round ", k, ": ", mapped,
+                                  " peer segments mapped, ", baseline,
+                                  " after the first round; the freed inputs' mappings were kept");
+      }
+    }
+    LIBCOMM_RETURN_IF_ERROR(comm->freeRegistered(in));
+    return comm->asyncError();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+std::string hostsName(const ::testing::TestParamInfo<int>& info) { return info.param == 1 ? "OneHost" : "TwoHosts"; }
+INSTANTIATE_TEST_SUITE_P(Processes, FreedPeerSegments, ::testing::Values(1), hostsName);
+INSTANTIATE_TEST_SUITE_P(Ucx, FreedPeerSegments, ::testing::Values(2), hostsName);
 
 // The two-level all_gather at 3 hosts x 2 ranks with blocks of two chunks and more (the matrix's
 // 6-rank blocks are one chunk): unregistered, in and out of place, counts growing then shrinking.

@@ -62,9 +62,9 @@ class Communicator {
   /// than /dev/shm holds is a kSystemError saying so.
   Result<void*> allocRegistered(size_t bytes);
   /// Frees memory from allocRegistered. Fails with kInvalidUsage while registrations of it remain.
-  /// A peer that has read the memory directly keeps its mapping until the communicator is
-  /// destroyed, so the pages return to the system then; a program that allocates and frees
-  /// registered memory again and again should reuse its buffers instead.
+  /// A host peer that has read the memory directly keeps its mapping until its next collective
+  /// that reads a segment it has not mapped yet (a new allocation of any rank), so the pages return
+  /// to the system then; reusing buffers is still cheaper than allocating them again and again.
   Status freeRegistered(void* ptr);
   /// Registers [ptr, ptr+bytes). Idempotent and refcounted: each call must be matched by a
   /// deregisterBuffer. Host memory: the range must lie inside memory from allocRegistered

@@ -396,7 +396,7 @@ Status Communicator::Impl::runHier(const CollArgs& args, uint32_t seq, const Wai
     if (l == x.localIndex) {
       env.base[l] = work;
     } else if (bytes > 0) {
-      LIBCOMM_ASSIGN_OR_RETURN(env.base[l], peers_->resolve(l, o.inputSegment, o.inputOffset, o.inputBytes));
+      LIBCOMM_ASSIGN_OR_RETURN(env.base[l], peers_->resolve(l, o.inputSegment, o.inputOffset, o.inputBytes, seq));
     }
   }
   env.rail.order = x.railOrder;

@@ -54,7 +54,7 @@ struct CrossHost {
   uint32_t progress = 0;     // this rank's shm kProgress value (hierarchical all_gather)
   // Registered memory standing in for a working buffer that is not registered (the host peers
   // read it), from Impl::local_; grown on demand, by 1.5x at least (Impl::bounceBuffer): the
-  // host peers keep every size's mapping until the communicator is destroyed.
+  // host peers map each new size once (and drop the mapping of the size it replaced).
   void* bounce = nullptr;
   size_t bounceBytes = 0;
   bool disconnected = false;

@@ -1,7 +1,7 @@
 #pragma once
 // Registered memory on one host: this rank's segments (allocRegistered) with their registration
-// counts, and the cache of peers' segments mapped on first use. Every peer segment is mapped once
-// and stays mapped until the communicator is destroyed.
+// counts, and the cache of peers' segments mapped on first use. Every peer segment is mapped once;
+// a mapping whose segment its owner has freed is dropped when a later collective maps a new one.
 
 #include <cstddef>
 #include <cstdint>
@@ -70,23 +70,35 @@ class LocalMemory {
   std::map<uintptr_t, Registration> registrations_;   // keyed by registered pointer
 };
 
-// A peer's segment stays mapped here until this object (the communicator) is destroyed, also after
-// the peer freed it: nothing tells this rank that it did, and ids are never reused, so a freed
-// segment's pages return to the system only then. Allocations that peers read and that are
-// replaced by larger ones should grow geometrically (Communicator::Impl::bounceBuffer does).
+// A peer's segment is mapped on first use and stays mapped while its owner keeps it. The owner's
+// free unlinks the name and tells nobody, so a freed segment's pages would stay with every rank that
+// mapped it; instead, whenever a collective needs a segment not mapped yet (the peer allocated
+// anew), the mappings whose names are gone are dropped first. Collectives of a communicator run one
+// at a time, so a mapping last used by an earlier collective has no reader left; the running
+// collective's own mappings (stamped with its seq) are kept whatever happened to their names. Ids
+// are never reused, so a name that is gone never comes back. A program that frees and then maps
+// nothing new keeps its last freed mappings until the communicator is destroyed.
 class PeerMemory {
  public:
   explicit PeerMemory(int rank) : rank_(rank) {}
   void setPrefixes(std::vector<std::string> prefixes) { prefixes_ = std::move(prefixes); }
-  /// Address of [offset, offset+bytes) of segment `id` of rank `peer`, mapping it on first use.
+  /// Address of [offset, offset+bytes) of segment `id` of rank `peer` for collective `seq`, mapping
+  /// it on first use (and then dropping the mappings of segments their owners freed, above).
   /// Bounds are checked against the segment's real size (a bad descriptor is an error, not a crash).
-  Result<const char*> resolve(int peer, uint32_t id, uint64_t offset, uint64_t bytes);
+  Result<const char*> resolve(int peer, uint32_t id, uint64_t offset, uint64_t bytes, uint32_t seq);
 
  private:
+  struct Mapped {
+    Segment segment;
+    uint32_t lastSeq;  // the last collective that resolved it
+  };
+  /// Drops the mappings not used by collective `seq` whose segment names no longer exist.
+  void dropFreedLocked(uint32_t seq);
+
   int rank_;
   std::vector<std::string> prefixes_;
   std::mutex mu_;
-  std::map<std::pair<int, uint32_t>, Segment> mapped_;
+  std::map<std::pair<int, uint32_t>, Mapped> mapped_;
 };
 
 }  // namespace libcomm::shm
