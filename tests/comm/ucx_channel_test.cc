@@ -165,6 +165,77 @@ TEST(UcxAddresses, ExchangeKeepsLengthsAndEmptyEntries) {
   EXPECT_RANKS_OK(report);
 }
 
+// A bootstrap that hands the real one rank 1's worker-address contribution spoiled in one way:
+// what a rank of another build, or something else writing to the store, would put there.
+enum class Spoil { kGarbage, kTruncated, kBitFlip };
+
+class SpoilingBootstrap final : public libcomm::Bootstrap {
+ public:
+  SpoilingBootstrap(libcomm::Bootstrap& real, Spoil how) : real_(real), how_(how) {}
+  int rank() const override { return real_.rank(); }
+  int size() const override { return real_.size(); }
+  const std::string& jobId() const override { return real_.jobId(); }
+  std::string describe() const override { return real_.describe(); }
+  Status allGather(const void* mine, void* all, size_t bytes, Deadline deadline) override {
+    ++round_;
+    std::vector<uint8_t> out(static_cast<const uint8_t*>(mine), static_cast<const uint8_t*>(mine) + bytes);
+    if (real_.rank() == 1) {
+      if (round_ == 1 && how_ == Spoil::kTruncated) {
+        uint32_t length = 0;  // announces 5 bytes fewer: the frame's tail is cut off
+        memcpy(&length, out.data(), 4);
+        length -= 5;
+        memcpy(out.data(), &length, 4);
+      } else if (round_ == 2 && how_ == Spoil::kGarbage) {
+        for (size_t i = 0; i < bytes; ++i) out[i] = static_cast<uint8_t>(i * 37 + 11);
+      } else if (round_ == 2 && how_ == Spoil::kBitFlip) {
+        out[bytes / 2] ^= 0x04;
+      }
+    }
+    return real_.allGather(out.data(), all, bytes, deadline);
+  }
+  Status barrier(Deadline deadline) override { return real_.barrier(deadline); }
+  Status send(int peer, uint32_t tag, const void* data, size_t bytes, Deadline deadline) override {
+    return real_.send(peer, tag, data, bytes, deadline);
+  }
+  Status recv(int peer, uint32_t tag, void* data, size_t bytes, Deadline deadline) override {
+    return real_.recv(peer, tag, data, bytes, deadline);
+  }
+
+ private:
+  libcomm::Bootstrap& real_;
+  Spoil how_;
+  int round_ = 0;
+};
+
+// Every rank refuses a worker address that is not whole, before anything reaches UCX (which trusts
+// what it is given), and names the rank it came from: each of the three ranks says "rank 1".
+class UcxAddressSpoiled : public ::testing::TestWithParam<Spoil> {};
+
+TEST_P(UcxAddressSpoiled, EveryRankNamesTheRankAtFault) {
+  const Spoil how = GetParam();
+  auto report = runRanks(processes(3), [how](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto ch, Channel::create(ctx.rank, ctx.size, testConfig()));
+    SpoilingBootstrap boot(ctx.bootstrap, how);
+    auto got = libcomm::ucx::exchangeAddresses(boot, ch->address(), Deadline::after(milliseconds(20000)));
+    if (ctx.rank == 1) {
+      if (got.isOk()) return Status::ok();  // its own entry is its own address: nothing to refuse here
+      return makeError(StatusCode::kInternalError, "rank 1 refused the others: ", got.status().toString());
+    }
+    const char* why = how == Spoil::kGarbage ? "header" : how == Spoil::kTruncated ? "bytes of address" : "checksum";
+    return expectError(got.status(), StatusCode::kInvalidUsage,
+                       {"rank " + std::to_string(ctx.rank) + ": rank 1's UCX worker address", why},
+                       "spoiled address");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+INSTANTIATE_TEST_SUITE_P(Spoil, UcxAddressSpoiled,
+                         ::testing::Values(Spoil::kGarbage, Spoil::kTruncated, Spoil::kBitFlip),
+                         [](const ::testing::TestParamInfo<Spoil>& info) {
+                           return info.param == Spoil::kGarbage ? "garbage"
+                                  : info.param == Spoil::kTruncated ? "truncated" : "bit_flip";
+                         });
+
 // ---- data path over real UCX ----------------------------------------------------------------
 
 class UcxChannelData : public ::testing::TestWithParam<Tls> {};
@@ -409,6 +480,52 @@ TEST(UcxChannelClose, APeerThatLeftFirstForcesOnlyItsOwnEndpoint) {
                        graceful, " gracefully and ", forced, " forced; want 1 and 1");
     const char closed = 1;
     return ctx.bootstrap.send(1, kClosedTag, &closed, 1, Deadline::after(milliseconds(20000)));
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// Nothing lost at the end of a job: a message its sender sent before leaving (a peer that finished
+// and closed first looks lost) is still received by a receive posted after the loss was seen;
+// before, the post was refused. A receive from the lost peer for which nothing came fails the wait
+// at once, naming the peer, not at its deadline.
+TEST(UcxChannelClose, AMessageThatArrivedBeforeItsSenderLeftIsStillReceived) {
+  constexpr uint32_t kClosedTag = 0x5c105ee;
+  auto report = runRanks(processes(2), [](RankContext& ctx) -> Status {
+    const uint64_t last = 0x1a57u;
+    LIBCOMM_ASSIGN_OR_RETURN(auto ch, openChannel(ctx, {1 - ctx.rank}));
+    LIBCOMM_RETURN_IF_ERROR(barrier(ctx));
+    if (ctx.rank == 0) {
+      LIBCOMM_ASSIGN_OR_RETURN(Request s, ch->postSend(1, Tag{4, 0, 0}, &last, sizeof(last)));
+      LIBCOMM_RETURN_IF_ERROR(ch->wait({&s, 1}, waitContext(milliseconds(15000)), "last message"));
+      ch.reset();  // a clean close: the message is flushed to rank 1 first
+      const char closed = 1;
+      return ctx.bootstrap.send(1, kClosedTag, &closed, 1, Deadline::after(milliseconds(20000)));
+    }
+    char closed = 0;
+    LIBCOMM_RETURN_IF_ERROR(ctx.bootstrap.recv(0, kClosedTag, &closed, 1, Deadline::after(milliseconds(20000))));
+    // Progress, as a communicator's notice receive lets it, until rank 0's departure is seen; the
+    // message is read off the connection on the way and waits in the worker, unmatched.
+    std::array<char, 64> notice{};
+    LIBCOMM_ASSIGN_OR_RETURN(Request n, ch->postControlRecv(0, Tag{}, notice.data(), notice.size()));
+    for (const auto until = Clock::now() + milliseconds(10000); !ch->peerLost(0) && Clock::now() < until;) {
+      LIBCOMM_RETURN_IF_ERROR(ch->test(n).status());
+      usleep(1000);
+    }
+    if (!ch->peerLost(0))
+      return makeError(StatusCode::kInternalError, "rank 0's departure was not seen: the test proves nothing");
+    uint64_t got = 0, never = 0;
+    LIBCOMM_ASSIGN_OR_RETURN(Request r, ch->postRecv(0, Tag{4, 0, 0}, &got, sizeof(got)));
+    LIBCOMM_RETURN_IF_ERROR(ch->wait({&r, 1}, waitContext(milliseconds(15000)), "message from a peer that left"));
+    if (got != last) return makeError(StatusCode::kInternalError, "got ", got, " from rank 0, not ", last);
+    LIBCOMM_ASSIGN_OR_RETURN(Request m, ch->postRecv(0, Tag{5, 0, 0}, &never, sizeof(never)));
+    const auto start = Clock::now();
+    LIBCOMM_RETURN_IF_ERROR(expectError(ch->wait({&m, 1}, waitContext(milliseconds(15000)), "message never sent"),
+                                        StatusCode::kRemoteError, {"peer rank 0 lost", "message never sent"},
+                                        "receive from a peer that left"));
+    if (msSince(start) > scaledForSanitizers(2000LL))
+      return makeError(StatusCode::kInternalError, "the receive nothing came for failed after ", msSince(start),
+                       " ms, not at once");
+    return Status::ok();
   });
   EXPECT_RANKS_OK(report);
 }

@@ -127,12 +127,40 @@ def launch_env():
     }
 
 
+def fnv1a64(data):
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def ucx_frame(address, magic=0x41554353, length=None, hash_=None):
+    """A worker address as exchangeAddresses frames it: magic, length, FNV-1a 64, the address."""
+    return struct.pack("<IIQ", magic, len(address) if length is None else length,
+                       fnv1a64(address) if hash_ is None else hash_) + address
+
+
 def ucx_address():
     def case(world, rank, mine, others, blobs=b""):
         head = bytes([(world - 1) | (rank << 3)]) + bytes([len(mine)]) + mine
         return head + b"".join(u32(n) for n in others) + blobs
+
+    # Two ranks, this one rank 0: the blobs are cycled from index (rank x longest), so the peer's
+    # frame written twice lands whole in its slot when it is the longest entry.
+    def two(peer_frame, mine=b"addr0"):
+        return case(2, 0, mine, [len(peer_frame)], peer_frame + peer_frame)
+
+    good = b"peer-worker-address-1"
+    flipped = bytearray(ucx_frame(good))
+    flipped[20] ^= 0x10
     return {
-        "two_ranks": case(2, 0, b"addr0", [6], b"addr-1"),
+        "two_ranks": two(ucx_frame(good)),
+        "two_ranks_peer_empty": case(2, 0, b"addr0", [0]),
+        "bad_magic": two(ucx_frame(good, magic=0x12345678)),
+        "bad_length": two(ucx_frame(good, length=len(good) - 1)),
+        "bad_checksum": two(bytes(flipped)),
+        "header_only": two(ucx_frame(b"")[:16] + b"\0" * 8),
+        "unframed": case(2, 0, b"addr0", [6], b"addr-1"),
         "four_ranks_mixed": case(4, 2, b"x" * 20, [79, 0, 215], bytes(range(256))),
         "one_rank": case(1, 0, b"solo", []),
         "all_empty": case(3, 1, b"", [0, 0]),

@@ -185,14 +185,14 @@ Status Channel::connect(const std::vector<std::string>& addresses, const std::ve
   return Status::ok();
 }
 
-Status Channel::checkPeer(int peer, const char* what, bool evenIfAborted) const {
+Status Channel::checkPeer(int peer, const char* what, bool evenIfAborted, bool evenIfLost) const {
   if (aborted() && !evenIfAborted)
     return makeError(StatusCode::kRemoteError, "rank ", rank_, ": UCX ", what, " refused: the channel was aborted");
   if (peer < 0 || peer >= size_ || !peers_[peer])
     return makeError(StatusCode::kInvalidArgument, "rank ", rank_, ": UCX ", what, " to/from rank ", peer,
                      ", which is not a connected peer of this channel (peers: ", listRanks(peerList_), ")");
   const Peer& p = *peers_[peer];
-  if (p.failure != UCS_OK) {
+  if (p.failure != UCS_OK && !evenIfLost) {
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - p.failedAt).count();
     return makeError(StatusCode::kRemoteError, "rank ", rank_, ": UCX ", what, " refused: peer rank ", peer,
                      " was lost ", ms, " ms ago (UCX '", ucs_status_string(p.failure), "')");
@@ -259,8 +259,11 @@ Result<Request> Channel::post(TagClass cls, bool isRecv, int peer, const Tag& ta
   if (!worker_)
     return makeError(StatusCode::kRemoteError, "rank ", rank_, ": UCX ", isRecv ? "receive" : "send",
                      " refused: the channel was closed after an error");
-  // A control send is the failure notice, which an aborting rank still owes its peers.
-  LIBCOMM_RETURN_IF_ERROR(checkPeer(peer, isRecv ? "receive" : "send", cls == TagClass::kControl && !isRecv));
+  // A control send is the failure notice, which an aborting rank still owes its peers. A receive
+  // from a lost peer is still posted: a message that arrived before the peer left (a peer that
+  // finished and closed first looks lost too) waits in the worker and matches it; when nothing
+  // came, the wait fails naming the lost peer (lostPeerError).
+  LIBCOMM_RETURN_IF_ERROR(checkPeer(peer, isRecv ? "receive" : "send", cls == TagClass::kControl && !isRecv, isRecv));
   if (!tagFits(tag))
     return makeError(StatusCode::kInvalidArgument, "rank ", rank_, ": UCX tag step ", tag.step, " chunk ", tag.chunk,
                      " out of range (step <= ", kMaxStep, ", chunk <= ", kMaxChunk, ")");

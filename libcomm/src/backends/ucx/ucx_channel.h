@@ -150,7 +150,9 @@ class Channel {
   /// go there anyway.
   Result<Request> post(TagClass cls, bool isRecv, int peer, const Tag& tag, void* buffer, size_t bytes,
                        bool bulk = false);
-  Status checkPeer(int peer, const char* what, bool evenIfAborted = false) const;
+  /// `evenIfLost`: a peer lost but not closed passes (a receive: what it sent before it left
+  /// still arrives; nothing else from it does, and a wait fails on the lost peer then).
+  Status checkPeer(int peer, const char* what, bool evenIfAborted = false, bool evenIfLost = false) const;
   Slot& acquireSlot();
   void releaseSlot(Slot& s);
   Result<Slot*> lookup(const Request& r) const;
@@ -211,7 +213,9 @@ class Channel {
 
 /// Exchanges worker addresses over `bootstrap`: collective, every rank calls it (with an empty
 /// `mine` if it has no worker; connecting to it is then an error naming it). Two rounds: the
-/// lengths, then the blobs padded to the longest. Returns every rank's address (index = rank).
+/// lengths, then the blobs padded to the longest. Each address travels framed (magic, length,
+/// checksum), and an entry that is not a whole libcomm address is kInvalidUsage naming its rank,
+/// on every rank. Returns every rank's address (index = rank).
 Result<std::vector<std::string>> exchangeAddresses(Bootstrap& bootstrap, const std::string& mine, Deadline deadline);
 
 /// The size from which data messages take the bulk endpoint on this machine (0: no bulk endpoints):

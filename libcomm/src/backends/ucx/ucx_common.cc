@@ -13,6 +13,54 @@ namespace {
 // Far above any worker address seen (79-215 B here, a few KiB with many IB devices); a larger
 // length is garbage, not an address.
 constexpr uint32_t kMaxAddressBytes = 1u << 20;
+
+// Each non-empty address travels framed, so that what reaches ucp_ep_create (which trusts its
+// input) is an address a libcomm worker produced, whole: a 16-byte header of magic, the address's
+// length and its 64-bit FNV-1a hash, then the address. Every rank checks every entry, so all of
+// them name the rank whose entry is bad; an empty entry (no worker) stays empty.
+constexpr uint32_t kFrameMagic = 0x41554353;  // "SCUA"
+constexpr size_t kFrameHeader = 16;
+
+uint64_t fnv1a64(const char* p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<uint8_t>(p[i])) * 0x100000001b3ull;
+  return h;
+}
+
+std::string frameAddress(const std::string& address) {
+  if (address.empty()) return address;
+  std::string f(kFrameHeader + address.size(), '\0');
+  const uint32_t length = static_cast<uint32_t>(address.size());
+  const uint64_t hash = fnv1a64(address.data(), address.size());
+  memcpy(f.data(), &kFrameMagic, 4);
+  memcpy(f.data() + 4, &length, 4);
+  memcpy(f.data() + 8, &hash, 8);
+  memcpy(f.data() + kFrameHeader, address.data(), address.size());
+  return f;
+}
+
+// The address inside rank `from`'s frame, or an error naming it (as seen by rank `rank`).
+Result<std::string> unframeAddress(const std::string& frame, int rank, int from) {
+  if (frame.empty()) return frame;
+  auto bad = [&](const std::string& why) {
+    return makeError(StatusCode::kInvalidUsage, "rank ", rank, ": rank ", from, "'s UCX worker address (", frame.size(),
+                     " bytes through the bootstrap) is not usable: ", why,
+                     "; is rank ", from, " running a different libcomm build, or is something else writing to the "
+                     "bootstrap store?");
+  };
+  if (frame.size() < kFrameHeader) return bad("shorter than its " + std::to_string(kFrameHeader) + "-byte header");
+  uint32_t magic = 0, length = 0;
+  uint64_t hash = 0;
+  memcpy(&magic, frame.data(), 4);
+  memcpy(&length, frame.data() + 4, 4);
+  memcpy(&hash, frame.data() + 8, 8);
+  if (magic != kFrameMagic) return bad("it does not start with a libcomm address header");
+  if (length != frame.size() - kFrameHeader)
+    return bad("its header says " + std::to_string(length) + " bytes of address, " +
+               std::to_string(frame.size() - kFrameHeader) + " came");
+  if (hash != fnv1a64(frame.data() + kFrameHeader, length)) return bad("its checksum does not match (corrupted)");
+  return frame.substr(kFrameHeader);
+}
 }  // namespace
 
 std::vector<EnvDefault> environmentDefaults(Milliseconds peerTimeout) {
@@ -44,10 +92,11 @@ size_t bulkBytesFor(const CommConfig& config) {
 Result<std::vector<std::string>> exchangeAddresses(Bootstrap& bootstrap, const std::string& mine, Deadline deadline) {
   const int size = bootstrap.size();
   const int rank = bootstrap.rank();
-  if (mine.size() > kMaxAddressBytes)
+  if (mine.size() + kFrameHeader > kMaxAddressBytes)
     return makeError(StatusCode::kInternalError, "rank ", rank, ": UCX worker address of ", mine.size(),
-                     " bytes is larger than the ", kMaxAddressBytes, " bytes allowed");
-  const uint32_t myLength = static_cast<uint32_t>(mine.size());
+                     " bytes is larger than the ", kMaxAddressBytes - kFrameHeader, " bytes allowed");
+  const std::string framed = frameAddress(mine);
+  const uint32_t myLength = static_cast<uint32_t>(framed.size());
   std::vector<uint32_t> lengths(size);
   LIBCOMM_RETURN_IF_ERROR(
       bootstrap.allGather(&myLength, lengths.data(), sizeof(uint32_t), deadline)
@@ -62,11 +111,17 @@ Result<std::vector<std::string>> exchangeAddresses(Bootstrap& bootstrap, const s
   std::vector<std::string> out(size);
   if (longest == 0) return out;
   std::string padded(longest, '\0');
-  memcpy(padded.data(), mine.data(), mine.size());
+  memcpy(padded.data(), framed.data(), std::min<size_t>(framed.size(), longest));  // (a bootstrap that lied)
   std::string all(static_cast<size_t>(longest) * size, '\0');
   LIBCOMM_RETURN_IF_ERROR(bootstrap.allGather(padded.data(), all.data(), longest, deadline)
                               .withContext("rank " + std::to_string(rank) + ": exchanging UCX worker addresses"));
-  for (int r = 0; r < size; ++r) out[r] = all.substr(static_cast<size_t>(r) * longest, lengths[r]);
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) {
+      out[r] = mine;
+      continue;
+    }
+    LIBCOMM_ASSIGN_OR_RETURN(out[r], unframeAddress(all.substr(static_cast<size_t>(r) * longest, lengths[r]), rank, r));
+  }
   return out;
 }
 

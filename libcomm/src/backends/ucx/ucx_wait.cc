@@ -113,6 +113,9 @@ Status Channel::waitImpl(std::span<Request> requests, bool any, size_t* index, c
     return makeError(StatusCode::kRemoteError, "rank ", rank_, ": UCX wait in ", ctx.op.str(), " (", phase,
                      ") refused: the channel was closed after an error");
   bool done = false;
+  // With a peer lost, the worker is progressed once before anything is judged: a receive from that
+  // peer whose message arrived before it left completes there (never at its post), and is no loss.
+  if (lostPeers_ > 0) progressAll();
   LIBCOMM_RETURN_IF_ERROR(collect(requests, any, index, &done, ctx, phase));
   if (done) return Status::ok();
   // Peers lost before or during the wait: checked whenever the count changes (cheap to watch).
