@@ -389,6 +389,19 @@ INSTANTIATE_TEST_SUITE_P(Transports, UcxChannelData,
 // failure notice), one message each way -- closes gracefully (its endpoint flushed) at the end of
 // a clean run; a data receive still pending makes the close a forced one. (Counts are per endpoint;
 // each rank here has one.)
+// Progresses `ch`, as a communicator's failure-notice receive (from rank `from`, into `notice`,
+// which must outlive the channel) lets it, until it has seen rank `lost` go (10 s at most).
+Status progressUntilLost(Channel& ch, int from, int lost, std::array<char, 64>& notice) {
+  LIBCOMM_ASSIGN_OR_RETURN(Request n, ch.postControlRecv(from, Tag{}, notice.data(), notice.size()));
+  for (const auto until = Clock::now() + milliseconds(10000); !ch.peerLost(lost) && Clock::now() < until;) {
+    LIBCOMM_RETURN_IF_ERROR(ch.test(n).status());
+    usleep(1000);
+  }
+  if (!ch.peerLost(lost))
+    return makeError(StatusCode::kInternalError, "rank ", lost, "'s departure was not seen: the test proves nothing");
+  return Status::ok();
+}
+
 TEST(UcxChannelClose, CleanRunClosesGracefullyAndPendingDataForcesIt) {
   constexpr uint32_t kClosedTag = 0x5c105ed;
   auto report = runRanks(processes(2), [](RankContext& ctx) -> Status {
@@ -461,14 +474,7 @@ TEST(UcxChannelClose, APeerThatLeftFirstForcesOnlyItsOwnEndpoint) {
     }
     const Channel::CloseCounts before = Channel::closeCounts();
     {
-      // Progress, as a communicator's notice receive lets it, until rank 2's departure is seen.
-      LIBCOMM_ASSIGN_OR_RETURN(Request n, ch->postControlRecv(1, Tag{}, notice.data(), notice.size()));
-      for (const auto until = Clock::now() + milliseconds(10000); !ch->peerLost(2) && Clock::now() < until;) {
-        LIBCOMM_RETURN_IF_ERROR(ch->test(n).status());
-        usleep(1000);
-      }
-      if (!ch->peerLost(2))
-        return makeError(StatusCode::kInternalError, "rank 2's departure was not seen: the test proves nothing");
+      LIBCOMM_RETURN_IF_ERROR(progressUntilLost(*ch, 1, 2, notice));
       LIBCOMM_ASSIGN_OR_RETURN(Request s, ch->postSend(1, Tag{3, 0, 0}, &last, sizeof(last)));
       LIBCOMM_RETURN_IF_ERROR(ch->wait({&s, 1}, waitContext(milliseconds(15000)), "last message"));
     }
@@ -503,16 +509,9 @@ TEST(UcxChannelClose, AMessageThatArrivedBeforeItsSenderLeftIsStillReceived) {
     }
     char closed = 0;
     LIBCOMM_RETURN_IF_ERROR(ctx.bootstrap.recv(0, kClosedTag, &closed, 1, Deadline::after(milliseconds(20000))));
-    // Progress, as a communicator's notice receive lets it, until rank 0's departure is seen; the
-    // message is read off the connection on the way and waits in the worker, unmatched.
+    // The message is read off the connection on the way and waits in the worker, unmatched.
     std::array<char, 64> notice{};
-    LIBCOMM_ASSIGN_OR_RETURN(Request n, ch->postControlRecv(0, Tag{}, notice.data(), notice.size()));
-    for (const auto until = Clock::now() + milliseconds(10000); !ch->peerLost(0) && Clock::now() < until;) {
-      LIBCOMM_RETURN_IF_ERROR(ch->test(n).status());
-      usleep(1000);
-    }
-    if (!ch->peerLost(0))
-      return makeError(StatusCode::kInternalError, "rank 0's departure was not seen: the test proves nothing");
+    LIBCOMM_RETURN_IF_ERROR(progressUntilLost(*ch, 0, 0, notice));
     uint64_t got = 0, never = 0;
     LIBCOMM_ASSIGN_OR_RETURN(Request r, ch->postRecv(0, Tag{4, 0, 0}, &got, sizeof(got)));
     LIBCOMM_RETURN_IF_ERROR(ch->wait({&r, 1}, waitContext(milliseconds(15000)), "message from a peer that left"));
