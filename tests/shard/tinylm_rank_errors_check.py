@@ -13,6 +13,7 @@ communicator timed out and reported that instead. Now the checkpoint is found mi
 where every rank learns the outcome: both ranks must exit 1, soon, naming the checkpoint.
 """
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -28,9 +29,26 @@ def fail(msg):
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port on 127.0.0.1 free now, below the kernel's ephemeral range (as tests/harness/ports.h
+    picks one): other tests' outgoing connections never take it, and no client dialling it before
+    the store is up can connect to itself there."""
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo = int(f.read().split()[0])
+            if lo > 2048:
+                low = lo
+    except (OSError, ValueError, IndexError):
+        pass
+    for _ in range(200):
+        port = random.randint(1024 + (low - 1024) // 2, low - 1)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return low - 1
 
 
 def main():

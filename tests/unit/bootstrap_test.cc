@@ -20,6 +20,7 @@
 #include "bootstrap/sha256.h"
 #include "bootstrap/tcp_store.h"
 #include "bootstrap/tcp_wire.h"
+#include "ports.h"
 
 using namespace libcomm;
 using namespace std::chrono_literals;
@@ -472,15 +473,7 @@ TEST(TcpStore, HostileClientsAreDroppedWhileAJobRuns) {
 }
 
 TEST(TcpStore, ClientRetriesUntilTheStoreIsUp) {
-  int probe = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a = {};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  ASSERT_EQ(bind(probe, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  getsockname(probe, reinterpret_cast<sockaddr*>(&a), &len);
-  const int port = ntohs(a.sin_port);
-  close(probe);
+  const int port = shardcomm::testing::unusedLoopbackPort();
   auto client = std::async(std::launch::async, [port] {
     return createTcpBootstrap("127.0.0.1", port, kSecret, 0, 1, Deadline::after(10s)).status();
   });
@@ -495,6 +488,32 @@ TEST(TcpStore, ClientRetriesUntilTheStoreIsUp) {
   EXPECT_EQ(again.status().code(), StatusCode::kSystemError);
   EXPECT_NE(again.status().message().find("127.0.0.1:" + std::to_string(port)), std::string::npos);
   EXPECT_NE(again.status().message().find("already in use"), std::string::npos) << again.status().toString();
+}
+
+// A connect to this host's port P from source port P, while nothing listens on P, connects the
+// socket to itself (TCP's simultaneous open). connectOnce must not take that for the store: the
+// client would wait for a challenge that never comes while the store could not bind its port.
+TEST(TcpWire, AConnectionToItselfIsToldApart) {
+  int self = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(self, 0);
+  sockaddr_in a = {};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(shardcomm::testing::unusedLoopbackPort()));
+  ASSERT_EQ(bind(self, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(connect(self, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << "no simultaneous open here";
+  EXPECT_TRUE(boot::connectedToItself(self));
+  close(self);
+
+  // A real connection is not.
+  int bound = 0;
+  auto listener = boot::listenOn("127.0.0.1", 0, &bound);
+  ASSERT_TRUE(listener.isOk()) << listener.status().toString();
+  auto fd = boot::connectOnce("127.0.0.1", bound, Deadline::after(5s));
+  ASSERT_TRUE(fd.isOk()) << fd.status().toString();
+  EXPECT_FALSE(boot::connectedToItself(*fd));
+  close(*fd);
+  close(*listener);
 }
 
 TEST(TcpStore, NoStoreTimesOutNamingTheAddress) {

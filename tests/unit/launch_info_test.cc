@@ -20,6 +20,7 @@
 #include "bootstrap/net_interfaces.h"
 #include "libcomm/bootstrap.h"
 #include "libcomm/launcher.h"
+#include "ports.h"
 
 using namespace libcomm;
 using namespace std::chrono_literals;
@@ -232,17 +233,7 @@ TEST_F(LaunchEnv, BadValuesNameTheVariable) {
   expectError(StatusCode::kInvalidArgument, {"LIBCOMM_STORE_DIR", "LIBCOMM_STORE_ADDR"});
 }
 
-int freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a = {};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+int freePort() { return shardcomm::testing::unusedLoopbackPort(); }
 
 // Two ranks as threads (the rank comes from overrides; the rest from the environment); rank 0
 // hosts the TCP store in-process.

@@ -278,6 +278,12 @@ Result<int> connectOnce(const std::string& host, int port, Deadline deadline) {
           err = errno;
       }
     }
+    if (err == 0 && connectedToItself(fd)) {
+      close(fd);
+      last = makeError(StatusCode::kSystemError, "connect to ", host, ":", port,
+                       ": the connection came back to its own socket (nothing listens there yet)");
+      continue;
+    }
     if (err == 0) {
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -289,6 +295,15 @@ Result<int> connectOnce(const std::string& host, int port, Deadline deadline) {
   }
   freeaddrinfo(list);
   return last;
+}
+
+bool connectedToItself(int fd) {
+  struct sockaddr_storage mine = {}, peer = {};
+  socklen_t mineLen = sizeof(mine), peerLen = sizeof(peer);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &mineLen) != 0 ||
+      getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peerLen) != 0)
+    return false;
+  return mineLen == peerLen && addressText(mine) == addressText(peer);
 }
 
 Result<int> listenOn(const std::string& host, int port, int* boundPort) {

@@ -136,7 +136,14 @@ Result<int> listenOn(const std::string& host, int port, int* boundPort);
 std::string addressText(const struct sockaddr_storage& addr);
 
 /// One connection attempt to host:port (resolved with getaddrinfo), bounded by `deadline`.
-/// Returns the connected fd (TCP_NODELAY, close-on-exec) or the error of this attempt.
+/// Returns the connected fd (TCP_NODELAY, close-on-exec) or the error of this attempt. A
+/// connection that came back to its own socket is an error of the attempt (below).
 Result<int> connectOnce(const std::string& host, int port, Deadline deadline);
+/// Whether connected socket `fd` is connected to itself: its local address is its peer's. TCP
+/// allows that when the kernel picks the destination port as the source port of a connect to this
+/// host while nothing listens there (a simultaneous open with itself); the client would then wait
+/// for a store that cannot start (its port is taken) until its deadline. A store port inside the
+/// ephemeral range (ip_local_port_range) that clients dial before it is up makes it possible.
+bool connectedToItself(int fd);
 
 }  // namespace libcomm::boot

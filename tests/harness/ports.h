@@ -1,0 +1,43 @@
+#pragma once
+// A TCP port on 127.0.0.1 that is free now, for tests that must name a store's port before the
+// store starts. It lies below the kernel's ephemeral range (ip_local_port_range), so the many
+// outgoing connections of tests running alongside (UCX over tcp, the stores' clients) never take
+// it, and no client can ever connect to itself on it while it waits for the store (both happen
+// with a port from bind(port 0), which is drawn from that range). Header only: no link needed.
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <random>
+
+namespace shardcomm::testing {
+
+inline int unusedLoopbackPort() {
+  int low = 32768;  // the kernel's default lower bound, when the file cannot be read
+  if (FILE* f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    int lo = 0, hi = 0;
+    if (fscanf(f, "%d %d", &lo, &hi) == 2 && lo > 2048) low = lo;
+    fclose(f);
+  }
+  std::random_device seed;
+  std::mt19937 pick(seed());
+  std::uniform_int_distribution<int> port(1024 + (low - 1024) / 2, low - 1);  // e.g. 16896..32767
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int p = port(pick);
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_in a = {};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(p));
+    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    close(fd);
+    if (free) return p;
+  }
+  return low - 1;  // 200 taken ports in a row: let the test's own bind say so
+}
+
+}  // namespace shardcomm::testing
