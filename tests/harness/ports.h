@@ -1,6 +1,6 @@
 #pragma once
 // A TCP port on 127.0.0.1 that is free now, for tests that must name a store's port before the
-// store starts. It lies below the kernel's ephemeral range (ip_local_port_range), so the many
+// store starts. It lies outside the kernel's ephemeral range (ip_local_port_range), so the many
 // outgoing connections of tests running alongside (UCX over tcp, the stores' clients) never take
 // it, and no client can ever connect to itself on it while it waits for the store (both happen
 // with a port from bind(port 0), which is drawn from that range). Header only: no link needed.
@@ -16,15 +16,20 @@
 namespace shardcomm::testing {
 
 inline int unusedLoopbackPort() {
-  int low = 32768;  // the kernel's default lower bound, when the file cannot be read
+  // Outside the ephemeral range: below it where there is room (16896..32767 for the default
+  // 32768..60999), else above it; the default range when the file cannot be read.
+  int lo = 32768, hi = 60999;
   if (FILE* f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
-    int lo = 0, hi = 0;
-    if (fscanf(f, "%d %d", &lo, &hi) == 2 && lo > 2048) low = lo;
+    int l = 0, h = 0;
+    if (fscanf(f, "%d %d", &l, &h) == 2 && l > 0 && h >= l) lo = l, hi = h;
     fclose(f);
   }
+  int first = 1024 + (lo - 1024) / 2, last = lo - 1;
+  if (lo <= 2048 && hi < 64511) first = hi + 1, last = 65535;  // too little room below: above
+  if (first > last) first = 16384, last = 32767;                // no room outside: best effort
   std::random_device seed;
   std::mt19937 pick(seed());
-  std::uniform_int_distribution<int> port(1024 + (low - 1024) / 2, low - 1);  // e.g. 16896..32767
+  std::uniform_int_distribution<int> port(first, last);
   for (int attempt = 0; attempt < 200; ++attempt) {
     const int p = port(pick);
     const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -37,7 +42,7 @@ inline int unusedLoopbackPort() {
     close(fd);
     if (free) return p;
   }
-  return low - 1;  // 200 taken ports in a row: let the test's own bind say so
+  return last;  // 200 taken ports in a row: let the test's own bind say so
 }
 
 }  // namespace shardcomm::testing

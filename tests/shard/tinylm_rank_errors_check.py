@@ -29,26 +29,31 @@ def fail(msg):
 
 
 def free_port():
-    """A port on 127.0.0.1 free now, below the kernel's ephemeral range (as tests/harness/ports.h
+    """A port on 127.0.0.1 free now, outside the kernel's ephemeral range (as tests/harness/ports.h
     picks one): other tests' outgoing connections never take it, and no client dialling it before
     the store is up can connect to itself there."""
-    low = 32768
+    lo, hi = 32768, 60999
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            lo = int(f.read().split()[0])
-            if lo > 2048:
-                low = lo
-    except (OSError, ValueError, IndexError):
+            l, h = (int(v) for v in f.read().split()[:2])
+            if 0 < l <= h:
+                lo, hi = l, h
+    except (OSError, ValueError):
         pass
+    first, last = 1024 + (lo - 1024) // 2, lo - 1
+    if lo <= 2048 and hi < 64511:  # too little room below the range: above it
+        first, last = hi + 1, 65535
+    if first > last:  # no room outside: best effort
+        first, last = 16384, 32767
     for _ in range(200):
-        port = random.randint(1024 + (low - 1024) // 2, low - 1)
+        port = random.randint(first, last)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
-    return low - 1
+    return last
 
 
 def main():

@@ -499,11 +499,18 @@ TEST(TcpWire, AConnectionToItselfIsToldApart) {
   sockaddr_in a = {};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(shardcomm::testing::unusedLoopbackPort()));
+  const int port = shardcomm::testing::unusedLoopbackPort();
+  a.sin_port = htons(static_cast<uint16_t>(port));
   ASSERT_EQ(bind(self, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
   ASSERT_EQ(connect(self, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << "no simultaneous open here";
   EXPECT_TRUE(boot::connectedToItself(self));
-  close(self);
+  // Closed as connectOnce closes it, it leaves the port to the store at once (an orderly close
+  // would hold it in TIME_WAIT, which a listener's SO_REUSEADDR does not override here).
+  boot::closeWithoutTimeWait(self);
+  int storePort = 0;
+  auto store = boot::listenOn("127.0.0.1", port, &storePort);
+  ASSERT_TRUE(store.isOk()) << store.status().toString();
+  close(*store);
 
   // A real connection is not.
   int bound = 0;

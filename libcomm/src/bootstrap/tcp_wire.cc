@@ -279,7 +279,7 @@ Result<int> connectOnce(const std::string& host, int port, Deadline deadline) {
       }
     }
     if (err == 0 && connectedToItself(fd)) {
-      close(fd);
+      closeWithoutTimeWait(fd);
       last = makeError(StatusCode::kSystemError, "connect to ", host, ":", port,
                        ": the connection came back to its own socket (nothing listens there yet)");
       continue;
@@ -304,6 +304,12 @@ bool connectedToItself(int fd) {
       getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peerLen) != 0)
     return false;
   return mineLen == peerLen && addressText(mine) == addressText(peer);
+}
+
+void closeWithoutTimeWait(int fd) {
+  const linger reset{1, 0};
+  setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+  close(fd);
 }
 
 Result<int> listenOn(const std::string& host, int port, int* boundPort) {

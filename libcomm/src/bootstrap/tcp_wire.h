@@ -145,5 +145,8 @@ Result<int> connectOnce(const std::string& host, int port, Deadline deadline);
 /// for a store that cannot start (its port is taken) until its deadline. A store port inside the
 /// ephemeral range (ip_local_port_range) that clients dial before it is up makes it possible.
 bool connectedToItself(int fd);
+/// Closes `fd` with a reset instead of the orderly close (SO_LINGER 0), so that it leaves no
+/// TIME_WAIT behind holding its port: used on a connection to itself, whose port is the store's.
+void closeWithoutTimeWait(int fd);
 
 }  // namespace libcomm::boot

@@ -321,12 +321,11 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
 
 Result<char*> Communicator::Impl::bounceBuffer(size_t bytes) {
   if (cross_->bounceBytes < bytes) {
-    // Grown by half at least: every host peer maps each new segment and keeps the mapping until
-    // the communicator is destroyed (shm::PeerMemory never unmaps; segment ids are not reused),
-    // so growing to each new size exactly left a peer holding the sum of all of them when sizes
-    // creep up. By 1.5x the growths are at most log1.5(largest / first) + 1, and a peer holds at
-    // most 3x the last segment, which is under 1.5x the largest size asked for. (Doubling would
-    // hold a little less stale but reserve up to twice the size asked for in /dev/shm, real
+    // Grown by half at least: every host peer maps each new segment (and drops its mapping of the
+    // one it replaces then: shm::PeerMemory), and a growth costs a new segment, its first touch and
+    // a new mapping in every host peer; growing to each new size exactly paid that on every
+    // collective when sizes creep up. By 1.5x the growths are at most log1.5(largest / first) + 1.
+    // (Doubling would grow less often but reserve up to twice the size asked for in /dev/shm, real
     // memory, also where sizes do not creep.)
     size_t grown = std::max(bytes, cross_->bounceBytes + cross_->bounceBytes / 2);
     if (cross_->bounce) LIBCOMM_RETURN_IF_ERROR(local_->free(cross_->bounce));

@@ -108,19 +108,27 @@ Result<std::vector<std::string>> exchangeAddresses(Bootstrap& bootstrap, const s
                        lengths[r], " bytes (at most ", kMaxAddressBytes, " allowed): not a libcomm peer of this version?");
     longest = std::max(longest, lengths[r]);
   }
+  // This rank's own entry is checked too (after the second round, which every rank enters or none
+  // does), so that the rank whose entry went wrong fails as well, naming itself.
+  auto changed = [&](size_t returned) {
+    return makeError(StatusCode::kInvalidUsage, "rank ", rank, ": rank ", rank,
+                     "'s UCX worker address came back from the bootstrap changed (", framed.size(), " bytes sent, ",
+                     returned, " returned); is something else writing to the bootstrap store?");
+  };
   std::vector<std::string> out(size);
-  if (longest == 0) return out;
+  if (longest == 0) {
+    if (myLength != 0) return changed(0);
+    return out;
+  }
   std::string padded(longest, '\0');
   memcpy(padded.data(), framed.data(), std::min<size_t>(framed.size(), longest));  // (a bootstrap that lied)
   std::string all(static_cast<size_t>(longest) * size, '\0');
   LIBCOMM_RETURN_IF_ERROR(bootstrap.allGather(padded.data(), all.data(), longest, deadline)
                               .withContext("rank " + std::to_string(rank) + ": exchanging UCX worker addresses"));
   for (int r = 0; r < size; ++r) {
-    if (r == rank) {
-      out[r] = mine;
-      continue;
-    }
-    LIBCOMM_ASSIGN_OR_RETURN(out[r], unframeAddress(all.substr(static_cast<size_t>(r) * longest, lengths[r]), rank, r));
+    const std::string entry = all.substr(static_cast<size_t>(r) * longest, lengths[r]);
+    LIBCOMM_ASSIGN_OR_RETURN(out[r], unframeAddress(entry, rank, r));
+    if (r == rank && entry != framed) return changed(entry.size());
   }
   return out;
 }
