@@ -233,12 +233,10 @@ TEST_F(LaunchEnv, BadValuesNameTheVariable) {
   expectError(StatusCode::kInvalidArgument, {"LIBCOMM_STORE_DIR", "LIBCOMM_STORE_ADDR"});
 }
 
-int freePort() { return shardcomm::testing::unusedLoopbackPort(); }
-
 // Two ranks as threads (the rank comes from overrides; the rest from the environment); rank 0
 // hosts the TCP store in-process.
 TEST_F(LaunchEnv, FromEnvironmentHostsTheStoreOnRankZero) {
-  std::string addr = "127.0.0.1:" + std::to_string(freePort());
+  std::string addr = "127.0.0.1:" + std::to_string(shardcomm::testing::unusedLoopbackPort());
   set({{"LIBCOMM_WORLD_SIZE", "2"}, {"LIBCOMM_STORE_ADDR", addr.c_str()}, {"LIBCOMM_SECRET", "t0p"}});
   auto rank = [](int r) -> Status {
     LIBCOMM_ASSIGN_OR_RETURN(auto b, createBootstrapFromEnvironment(Deadline::after(10s), {r, -1}));
@@ -294,7 +292,7 @@ TEST_F(LaunchEnv, OneHostJobKeepsTheStoreOffTheNetwork) {
   for (const auto& a : *here)
     if (!a.loopback && a.family == AF_INET && pub.empty()) pub = a.address;
   if (pub.empty()) GTEST_SKIP() << "no non-loopback IPv4 address here: " << boot::describeInterfaces(*here);
-  const int port = freePort();
+  const int port = shardcomm::testing::unusedLoopbackPort();
   const std::string addr = pub + ":" + std::to_string(port);
   set({{"LIBCOMM_WORLD_SIZE", "2"},
        {"LIBCOMM_LOCAL_SIZE", "2"},
@@ -346,7 +344,7 @@ TEST_F(LaunchEnv, StorePlacementErrorsComeBeforeAnyConnection) {
   struct Ifname {
     ~Ifname() { unsetenv("LIBCOMM_SOCKET_IFNAME"); }
   } restore;
-  const std::string addr = "localhost:" + std::to_string(freePort());
+  const std::string addr = "localhost:" + std::to_string(shardcomm::testing::unusedLoopbackPort());
   set({{"LIBCOMM_WORLD_SIZE", "4"},
        {"LIBCOMM_LOCAL_SIZE", "2"},
        {"LIBCOMM_STORE_ADDR", addr.c_str()},

@@ -5,6 +5,8 @@
 
 #include <cstring>
 
+#include "core/fnv1a.h"
+
 namespace libcomm::cuda {
 namespace {
 
@@ -16,12 +18,6 @@ constexpr uint16_t kVersion = 2;
 // (FNV-1a of everything before it), zero padding to kIpcRecordWireBytes.
 constexpr size_t kChecksumAt = 4 + 2 + 2 + 1 + 3 + 4 + 4 + 8 + 8 * 4 + 2 * kIpcHandleBytes;
 static_assert(kChecksumAt + 4 <= kIpcRecordWireBytes, "the record outgrew its wire size");
-
-uint32_t fnv1a(const unsigned char* p, size_t n) {
-  uint32_t h = 2166136261u;
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 16777619u;
-  return h;
-}
 
 class Writer {
  public:
@@ -100,7 +96,7 @@ std::vector<unsigned char> encodeIpcRecord(const IpcRecord& r) {
   w.u(r.bytes, 8);
   w.raw(r.handle);
   w.raw(r.handle2);
-  Writer(out.data() + kChecksumAt).u(fnv1a(out.data(), kChecksumAt), 4);
+  Writer(out.data() + kChecksumAt).u(fnv1a32(out.data(), kChecksumAt), 4);
   return out;
 }
 
@@ -121,7 +117,7 @@ Result<IpcRecord> decodeIpcRecord(const void* data, size_t bytes, const std::str
     return bad("declares ", size, " bytes, version ", kVersion, " has ", kIpcRecordWireBytes);
   if (bytes < kIpcRecordWireBytes) return bad("only ", bytes, " of its ", kIpcRecordWireBytes, " bytes are here");
   const uint32_t sum = static_cast<uint32_t>(Reader(p + kChecksumAt).u(4));
-  if (sum != fnv1a(p, kChecksumAt)) return bad("checksum mismatch");
+  if (sum != fnv1a32(p, kChecksumAt)) return bad("checksum mismatch");
   Reader r(p + 8);
   IpcRecord out;
   const uint8_t kind = static_cast<uint8_t>(r.u(1));

@@ -7,6 +7,7 @@
 
 #include "backends/ucx/ucx_channel.h"
 #include "backends/ucx/ucx_context.h"
+#include "core/fnv1a.h"
 
 namespace libcomm::ucx {
 namespace {
@@ -20,12 +21,6 @@ constexpr uint32_t kMaxAddressBytes = 1u << 20;
 // them name the rank whose entry is bad; an empty entry (no worker) stays empty.
 constexpr uint32_t kFrameMagic = 0x41554353;  // "SCUA"
 constexpr size_t kFrameHeader = 16;
-
-uint64_t fnv1a64(const char* p, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<uint8_t>(p[i])) * 0x100000001b3ull;
-  return h;
-}
 
 std::string frameAddress(const std::string& address) {
   if (address.empty()) return address;
