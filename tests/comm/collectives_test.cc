@@ -339,14 +339,30 @@ TEST(UcxBounceBuffer, GrowsGeometricallyOverCreepingCounts) {
   EXPECT_RANKS_OK(report);
 }
 
-// Registered inputs freed and allocated anew before every collective, read in place by the host
-// peers: each rank's peers drop the mapping of the freed segment when they map the new one, so the
-// segments mapped from peers stay as many as after the first collective (before, one more per
-// peer and round stayed mapped, with its pages, until the communicator was destroyed). One host
-// (direct all_gather) and 2 hosts x 2 ranks (two-level reduce_scatter, host sums read in place).
+// The ids of the registered segments (".s<id>") of other processes mapped here, one per segment.
+std::multiset<unsigned> peerRegisteredIdsMapped() {
+  std::multiset<unsigned> ids;
+  for (const std::string& name : peerSegmentNames()) {
+    const size_t dot = name.rfind(".s");
+    if (dot == std::string::npos || dot + 2 == name.size() ||
+        name.find_first_not_of("0123456789", dot + 2) != std::string::npos)
+      continue;
+    ids.insert(static_cast<unsigned>(std::stoul(name.substr(dot + 2))));
+  }
+  return ids;
+}
+
+// Registered inputs freed and allocated anew before every collective (segment id k in round k on
+// every rank), read in place by the host peers. When round k's collective returns, no peer input
+// of an earlier round is mapped: each owner freed it before calling round k, and the collective
+// exchanged descriptors with it (before, the freed segments stayed mapped until the owner's next
+// segment was mapped). Then the last inputs are freed and a barrier follows, which maps nothing:
+// after it, none is mapped (before, they stayed until the communicator was destroyed).
+// One host (direct all_gather) and 2 hosts x 2 ranks (two-level reduce_scatter, host sums read in
+// place).
 class FreedPeerSegments : public ::testing::TestWithParam<int> {};
 
-TEST_P(FreedPeerSegments, AreUnmappedWhenTheirOwnersAllocateAnew) {
+TEST_P(FreedPeerSegments, AreUnmappedAfterTheNextCollective) {
   const int hosts = GetParam();
   RunOptions opts;
   opts.mode = Mode::kProcesses;
@@ -363,49 +379,62 @@ TEST_P(FreedPeerSegments, AreUnmappedWhenTheirOwnersAllocateAnew) {
     const size_t inCount = hosts == 1 ? count : count * n;  // all_gather: count; reduce_scatter: count per rank
     std::vector<float> out(hosts == 1 ? count * n : count);
     void* in = nullptr;
-    size_t baseline = 0;
-    const int rounds = 6;
-    for (int k = 1; k <= rounds; ++k) {
+    const unsigned rounds = 6;
+    for (unsigned k = 1; k <= rounds; ++k) {
       // A new segment each round (sizes differ, so that no allocator could hand the old one back).
-      LIBCOMM_ASSIGN_OR_RETURN(void* next, comm->allocRegistered((inCount + static_cast<size_t>(k)) * sizeof(float)));
+      LIBCOMM_ASSIGN_OR_RETURN(void* next, comm->allocRegistered((inCount + k) * sizeof(float)));
       if (in) LIBCOMM_RETURN_IF_ERROR(comm->freeRegistered(in));
       in = next;
       float* f = static_cast<float*>(in);
-      for (size_t i = 0; i < inCount; ++i) f[i] = intValue(ctx.rank, i / count, i % count, k);
+      for (size_t i = 0; i < inCount; ++i) f[i] = intValue(ctx.rank, i / count, i % count, static_cast<int>(k));
       if (hosts == 1) {
         LIBCOMM_RETURN_IF_ERROR(comm->allGather(in, out.data(), count, DataType::kFloat32, *stream));
-        for (size_t p = 0; p < n; ++p)
-          for (size_t i = 0; i < count; ++i)
-            if (out[p * count + i] != intValue(static_cast<int>(p), 0, i, k))
-              return libcomm::makeError(libcomm::StatusCode::kInternalError, "round ", k, ": rank ", p, "'s element ",
-                                        i, " is ", out[p * count + i]);
       } else {
         LIBCOMM_RETURN_IF_ERROR(comm->reduceScatter(in, out.data(), count, DataType::kFloat32, DataType::kFloat32,
                                                     libcomm::ReduceOptions{}, *stream));
+      }
+      // Errors are the stream's (sticky); the output means something only once it has none.
+      LIBCOMM_RETURN_IF_ERROR(stream->synchronize(libcomm::Deadline::after(std::chrono::seconds(60))));
+      if (hosts == 1) {
+        for (size_t p = 0; p < n; ++p)
+          for (size_t i = 0; i < count; ++i)
+            if (out[p * count + i] != intValue(static_cast<int>(p), 0, i, static_cast<int>(k)))
+              return libcomm::makeError(libcomm::StatusCode::kInternalError, "round ", k, ": rank ", p, "'s element ",
+                                        i, " is ", out[p * count + i]);
+      } else {
         for (size_t i = 0; i < count; ++i) {
           float want = 0;
-          for (int p = 0; p < ctx.size; ++p) want += intValue(p, static_cast<size_t>(ctx.rank), i, k);
+          for (int p = 0; p < ctx.size; ++p) want += intValue(p, static_cast<size_t>(ctx.rank), i, static_cast<int>(k));
           if (out[i] != want)
             return libcomm::makeError(libcomm::StatusCode::kInternalError, "round ", k, ": element ", i, " is ", out[i],
                                       ", not ", want);
         }
       }
-      const size_t mapped = peerSegmentsMapped();
+      const std::multiset<unsigned> mapped = peerRegisteredIdsMapped();
+      if (!mapped.empty() && *mapped.begin() < k)
+        return libcomm::makeError(libcomm::StatusCode::kInternalError, "rank ", ctx.rank, ": round ", k,
+                                  ": a host peer's segment ", *mapped.begin(),
+                                  " is still mapped, freed by its owner before it called this round's collective");
+      // Round 1: the host peers' inputs were read in place, and nobody frees one before every rank
+      // has looked (later rounds' inputs may be unmapped already: a peer that went on freed it).
       if (k == 1) {
-        baseline = mapped;
-        // The host peers' inputs were read in place: each one is mapped here.
         const size_t hostPeers = static_cast<size_t>(ctx.size / hosts - 1);
-        if (baseline < hostPeers)
-          return libcomm::makeError(libcomm::StatusCode::kInternalError, "rank ", ctx.rank, ": ", baseline,
-                                    " peer segments mapped after the first collective, fewer than the ", hostPeers,
-                                    " host peers' inputs it read");
-      } else if (mapped != baseline) {
-        return libcomm::makeError(libcomm::StatusCode::kInternalError, "rank ", ctx.rank, ": round ", k, ": ", mapped,
-                                  " peer segments mapped, ", baseline,
-                                  " after the first round; the freed inputs' mappings were kept");
+        if (mapped.count(1) != hostPeers)
+          return libcomm::makeError(libcomm::StatusCode::kInternalError, "rank ", ctx.rank, ": ", mapped.count(1),
+                                    " host peers' inputs mapped after the first collective, which read all ",
+                                    hostPeers, " in place");
+        LIBCOMM_RETURN_IF_ERROR(ctx.bootstrap.barrier(libcomm::Deadline::after(std::chrono::seconds(60))));
       }
     }
+    // The barrier completes only after every rank entered it, so after every free.
     LIBCOMM_RETURN_IF_ERROR(comm->freeRegistered(in));
+    LIBCOMM_RETURN_IF_ERROR(comm->barrier(*stream));
+    LIBCOMM_RETURN_IF_ERROR(stream->synchronize(libcomm::Deadline::after(std::chrono::seconds(60))));
+    const std::multiset<unsigned> left = peerRegisteredIdsMapped();
+    if (!left.empty())
+      return libcomm::makeError(libcomm::StatusCode::kInternalError, "rank ", ctx.rank, ": ", left.size(),
+                                " host peers' segments (the last ", *left.begin(),
+                                ") still mapped after their owners freed them and a barrier ran");
     return comm->asyncError();
   });
   EXPECT_RANKS_OK(report);
@@ -593,6 +622,7 @@ TEST(UcxPrecision, Bf16ReduceScatterErrorStaysAtFp32Level) {
     EXPECT_RANKS_OK(report);
   }
 }
+
 
 }  // namespace
 }  // namespace shardcomm::testing

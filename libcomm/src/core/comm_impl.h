@@ -96,6 +96,9 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// Registered-memory calls for device pointers (device_exec.cc); `*handled` false for host ones.
   Status registerDevice(void* ptr, size_t bytes, bool* handled);
   Status deregisterDevice(void* ptr, bool* handled);
+  /// Frees a segment of local_ and counts it in this rank's control block, so that the host peers
+  /// drop their mappings of it at their next collective (shm::PeerMemory).
+  Status freeSegment(void* ptr);
   bool isRegisteredDevice(const void* ptr, size_t bytes) const;
 
  private:

@@ -73,7 +73,7 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   LIBCOMM_ASSIGN_OR_RETURN(impl->channel_, shm::Channel::create(impl->prefix_, impl->rank_, impl->size_, config));
   impl->local_ = std::make_unique<shm::LocalMemory>(impl->prefix_, impl->rank_);
   impl->nccl_ = nccl::createDelegate();  // null without NCCL; its communicator is made on first use
-  impl->peers_ = std::make_unique<shm::PeerMemory>(impl->rank_);
+  impl->peers_ = std::make_unique<shm::PeerMemory>();
 
   InitInfo mine{};
   mine.magic = kInitMagic;
@@ -144,7 +144,7 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
     impl->openProgressBoard(bootstrap, prefixes[0].substr(1), deadline);
   } else {
     LIBCOMM_RETURN_IF_ERROR(impl->channel_->connect(prefixes, deadline));
-    impl->peers_->setPrefixes(prefixes);
+    impl->peers_->attach(impl->channel_.get(), prefixes);
     impl->own_ = cuda::createOwnPath(impl->prefix_, impl->rank_, prefixes, config.opTimeout);  // null without CUDA
   }
   // Nobody may start a collective before everyone has mapped everyone's control block (or
@@ -276,7 +276,12 @@ Result<void*> Communicator::allocRegistered(size_t bytes) {
 }
 Status Communicator::freeRegistered(void* ptr) {
   LIBCOMM_RETURN_IF_ERROR(impl_->refuseInForkedChild("freeRegistered"));
-  return impl_->local_->free(ptr);
+  return impl_->freeSegment(ptr);
+}
+Status Communicator::Impl::freeSegment(void* ptr) {
+  LIBCOMM_RETURN_IF_ERROR(local_->free(ptr));
+  channel_->noteSegmentFreed();
+  return Status::ok();
 }
 Status Communicator::registerBuffer(void* ptr, size_t bytes) {
   LIBCOMM_RETURN_IF_ERROR(impl_->refuseInForkedChild("registerBuffer"));

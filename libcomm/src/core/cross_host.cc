@@ -123,7 +123,7 @@ Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, const std::v
   for (int r : here) localPrefixes.push_back(prefixes[r]);
   LIBCOMM_ASSIGN_OR_RETURN(auto local, shm::Channel::create(prefix_ + ".h", cross->localIndex, perHost, config_, here));
   channel_ = std::move(local);
-  peers_ = std::make_unique<shm::PeerMemory>(cross->localIndex);
+  peers_ = std::make_unique<shm::PeerMemory>();
 
   // Every rank takes part in the address exchange, also one whose worker failed (with an empty
   // address): otherwise its peers would wait for it until the deadline.
@@ -136,7 +136,7 @@ Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, const std::v
   std::vector<std::string> localControl;
   for (const std::string& p : localPrefixes) localControl.push_back(p + ".h");
   LIBCOMM_RETURN_IF_ERROR(channel_->connect(localControl, deadline));
-  peers_->setPrefixes(localPrefixes);
+  peers_->attach(channel_.get(), localPrefixes);
 
   std::vector<int> peers;
   auto addPeer = [&](int p) {
@@ -328,7 +328,7 @@ Result<char*> Communicator::Impl::bounceBuffer(size_t bytes) {
     // (Doubling would grow less often but reserve up to twice the size asked for in /dev/shm, real
     // memory, also where sizes do not creep.)
     size_t grown = std::max(bytes, cross_->bounceBytes + cross_->bounceBytes / 2);
-    if (cross_->bounce) LIBCOMM_RETURN_IF_ERROR(local_->free(cross_->bounce));
+    if (cross_->bounce) LIBCOMM_RETURN_IF_ERROR(freeSegment(cross_->bounce));
     cross_->bounce = nullptr;
     cross_->bounceBytes = 0;
     Result<void*> segment = local_->allocate(grown);
@@ -395,7 +395,7 @@ Status Communicator::Impl::runHier(const CollArgs& args, uint32_t seq, const Wai
     if (l == x.localIndex) {
       env.base[l] = work;
     } else if (bytes > 0) {
-      LIBCOMM_ASSIGN_OR_RETURN(env.base[l], peers_->resolve(l, o.inputSegment, o.inputOffset, o.inputBytes, seq));
+      LIBCOMM_ASSIGN_OR_RETURN(env.base[l], peers_->resolve(l, o.inputSegment, o.inputOffset, o.inputBytes));
     }
   }
   env.rail.order = x.railOrder;

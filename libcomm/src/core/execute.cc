@@ -159,6 +159,8 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool bloc
       outcome = FlightState::kSkipped;
     } else {
       st = run(args, seq, deadline, blocking, device);
+      // Between collectives: no host collective of this communicator reads peer memory now.
+      if (st.isOk()) peers_->dropFreed();
     }
   }
   if (!st.isOk()) {

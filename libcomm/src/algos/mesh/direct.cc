@@ -23,7 +23,7 @@ Status runDirect(const CollArgs& args, const OpEnv& env, const std::vector<shm::
     if (d.inputBytes != reads)
       return makeError(StatusCode::kInvalidUsage, "rank ", env.rank, ": ", env.wait.op.str(), ": rank ", p,
                        " announced ", d.inputBytes, " input bytes where ", reads, " are read");
-    LIBCOMM_ASSIGN_OR_RETURN(view.base[p], env.peers.resolve(p, d.inputSegment, d.inputOffset, reads, env.seq));
+    LIBCOMM_ASSIGN_OR_RETURN(view.base[p], env.peers.resolve(p, d.inputSegment, d.inputOffset, reads));
   }
   return runPass(args, env, view, 0, args.count);
 }

@@ -68,6 +68,7 @@ Result<std::unique_ptr<Channel>> Channel::create(const std::string& prefix, int 
   cb->version = ControlBlock::kVersion;
   cb->rank = rank;
   cb->pid = self.pid;
+  cb->freedSegments.store(0);
   cb->startTime = self.startTime;
   cb->stagingSlotBytes = ch->slotBytes_;
   cb->eagerBytes = ch->eagerBytes_;

@@ -60,13 +60,16 @@ static_assert(sizeof(OpDescriptor) <= 56, "a post slot must stay one cache line"
 
 struct alignas(64) ControlBlock {
   static constexpr uint64_t kMagic = 0x53484152444d4d31ull;  // "SHARDMM1"
-  static constexpr uint32_t kVersion = 2;
+  static constexpr uint32_t kVersion = 3;
 
   uint64_t magic;
   uint32_t version;
   int32_t rank;
   int32_t pid;
-  uint32_t pad0;
+  // Registered segments this rank has freed (unlinked) so far, bumped after each unlink: a peer
+  // that sees it move drops its mappings of this rank's segments that are gone (PeerMemory). In the
+  // line peers otherwise only read, which it changes as rarely as frees happen.
+  std::atomic<uint32_t> freedSegments;
   uint64_t startTime;
   uint64_t stagingSlotBytes;
   uint64_t eagerBytes;
@@ -133,6 +136,12 @@ class Channel {
   uint32_t counter(int r, Counter c) const {
     return blocks_[r]->counters[static_cast<int>(c)].load(std::memory_order_acquire);
   }
+  /// Counts one registered segment of this rank freed; call after its name was unlinked.
+  void noteSegmentFreed() { mine().freedSegments.fetch_add(1, std::memory_order_release); }
+  /// How many registered segments rank r has freed so far (every unlink before it is visible).
+  uint32_t segmentsFreed(int r) const { return blocks_[r]->freedSegments.load(std::memory_order_acquire); }
+  /// The communicator rank of channel rank r (for messages).
+  int name(int r) const { return names_.empty() ? r : names_[r]; }
 
   /// Marks this rank failed (peers see kRemoteError with `reason`) and wakes everyone.
   void markFailed(const std::string& reason);
@@ -148,8 +157,6 @@ class Channel {
   Status waitWord(int peer, const std::atomic<uint32_t>& word, uint32_t target, const WaitContext& ctx,
                   const char* phase, const char* wordName);
   Status peerFailure(int peer, const WaitContext& ctx, const char* phase) const;
-  /// The communicator rank of channel rank r (for messages).
-  int name(int r) const { return names_.empty() ? r : names_[r]; }
   /// After a timeout: the peers whose word at `offset` in their control block has not reached
   /// `target` ("1, 3"), so the message names every straggler, not only the one waited on.
   std::string notReached(size_t offset, uint32_t target) const;

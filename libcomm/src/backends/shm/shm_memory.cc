@@ -108,40 +108,50 @@ size_t LocalMemory::allocatedBytes() const {
   return total;
 }
 
-Result<const char*> PeerMemory::resolve(int peer, uint32_t id, uint64_t offset, uint64_t bytes, uint32_t seq) {
+void PeerMemory::attach(const Channel* channel, std::vector<std::string> prefixes) {
+  channel_ = channel;
+  prefixes_ = std::move(prefixes);
+  freedSeen_.assign(prefixes_.size(), 0);
+}
+
+Result<const char*> PeerMemory::resolve(int peer, uint32_t id, uint64_t offset, uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   auto key = std::make_pair(peer, id);
   auto it = mapped_.find(key);
+  const int self = channel_->name(channel_->rank()), owner = channel_->name(peer);
   if (it == mapped_.end()) {
-    dropFreedLocked(seq);
     auto seg = Segment::open(LocalMemory::segmentName(prefixes_[peer], id));
     if (!seg.isOk())
-      return seg.status().withContext("rank " + std::to_string(rank_) + " mapping registered segment " +
-                                      std::to_string(id) + " of rank " + std::to_string(peer));
-    LIBCOMM_LOG(kDebug, "mem") << "mapped segment " << id << " of rank " << peer << " (" << seg->size() << " bytes)";
-    it = mapped_.emplace(key, Mapped{std::move(seg.value()), seq}).first;
+      return seg.status().withContext("rank " + std::to_string(self) + " mapping registered segment " +
+                                      std::to_string(id) + " of rank " + std::to_string(owner));
+    LIBCOMM_LOG(kDebug, "mem") << "mapped segment " << id << " of rank " << owner << " (" << seg->size() << " bytes)";
+    it = mapped_.emplace(key, std::move(seg.value())).first;
   }
-  it->second.lastSeq = seq;
-  const Segment& s = it->second.segment;
+  const Segment& s = it->second;
   if (offset > s.size() || bytes > s.size() - offset)
-    return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": rank ", peer, " described a buffer at offset ",
+    return makeError(StatusCode::kInvalidUsage, "rank ", self, ": rank ", owner, " described a buffer at offset ",
                      offset, " + ", bytes, " bytes of its segment ", id, ", which has only ", s.size(), " bytes");
   return static_cast<const char*>(s.data()) + offset;
 }
 
-void PeerMemory::dropFreedLocked(uint32_t seq) {
-  for (auto it = mapped_.begin(); it != mapped_.end();) {
-    if (it->second.lastSeq != seq) {
+void PeerMemory::dropFreed() {
+  for (int peer = 0; peer < static_cast<int>(freedSeen_.size()); ++peer) {
+    if (peer == channel_->rank()) continue;
+    const uint32_t freed = channel_->segmentsFreed(peer);
+    if (freed == freedSeen_[peer]) continue;
+    freedSeen_[peer] = freed;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = mapped_.lower_bound({peer, 0}); it != mapped_.end() && it->first.first == peer;) {
       // A failed check (not ENOENT) keeps the mapping: dropping one still in use would be worse.
-      Result<bool> present = Segment::exists(it->second.segment.name());
+      Result<bool> present = Segment::exists(it->second.name());
       if (present.isOk() && !present.value()) {
-        LIBCOMM_LOG(kDebug, "mem") << "unmapped segment " << it->first.second << " of rank " << it->first.first
-                                   << ": freed by its owner";
+        LIBCOMM_LOG(kDebug, "mem") << "unmapped segment " << it->first.second << " of rank "
+                                   << channel_->name(peer) << ": freed by its owner";
         it = mapped_.erase(it);
         continue;
       }
+      ++it;
     }
-    ++it;
   }
 }
 

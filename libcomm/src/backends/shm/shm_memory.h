@@ -1,7 +1,7 @@
 #pragma once
 // Registered memory on one host: this rank's segments (allocRegistered) with their registration
 // counts, and the cache of peers' segments mapped on first use. Every peer segment is mapped once;
-// a mapping whose segment its owner has freed is dropped when a later collective maps a new one.
+// a mapping whose segment its owner has freed is dropped once a later collective has completed.
 
 #include <cstddef>
 #include <cstdint>
@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/shm/shm_channel.h"
 #include "backends/shm/shm_segment.h"
 #include "libcomm/status.h"
 
@@ -71,34 +72,35 @@ class LocalMemory {
 };
 
 // A peer's segment is mapped on first use and stays mapped while its owner keeps it. The owner's
-// free unlinks the name and tells nobody, so a freed segment's pages would stay with every rank that
-// mapped it; instead, whenever a collective needs a segment not mapped yet (the peer allocated
-// anew), the mappings whose names are gone are dropped first. Collectives of a communicator run one
-// at a time, so a mapping last used by an earlier collective has no reader left; the running
-// collective's own mappings (stamped with its seq) are kept whatever happened to their names. Ids
-// are never reused, so a name that is gone never comes back. A program that frees and then maps
-// nothing new keeps its last freed mappings until the communicator is destroyed.
+// free unlinks the name, so the mapping is all that keeps the pages; the owner then bumps its
+// count of freed segments in its control block (Channel::noteSegmentFreed). When a collective has
+// completed, a rank compares every host peer's count with the one it saw last (one load per peer
+// from a line that changes only on frees); where it moved, it drops its mappings of that peer's
+// segments whose names are gone. Collectives of a communicator run one at a time and read peer
+// memory only while they run, so no mapping has a reader then. Ids are never reused, so a name that
+// is gone never comes back. A collective that exchanged descriptors with the host peers sees every
+// free they made before they called it (the count is bumped before their descriptor is posted):
+// an owner that frees a segment and allocates a new one for the next collective leaves its peers
+// with the new mapping only. A free made later is seen after a later collective.
 class PeerMemory {
  public:
-  explicit PeerMemory(int rank) : rank_(rank) {}
-  void setPrefixes(std::vector<std::string> prefixes) { prefixes_ = std::move(prefixes); }
-  /// Address of [offset, offset+bytes) of segment `id` of rank `peer` for collective `seq`, mapping
-  /// it on first use (and then dropping the mappings of segments their owners freed, above).
-  /// Bounds are checked against the segment's real size (a bad descriptor is an error, not a crash).
-  Result<const char*> resolve(int peer, uint32_t id, uint64_t offset, uint64_t bytes, uint32_t seq);
+  /// `channel`: the host's control plane (peer indices, their freed counts and names in messages);
+  /// `prefixes[r]`: channel rank r's segment prefix. Both fixed for the communicator's life.
+  void attach(const Channel* channel, std::vector<std::string> prefixes);
+  /// Address of [offset, offset+bytes) of segment `id` of channel rank `peer`, mapping it on first
+  /// use. Bounds are checked against the segment's real size (a bad descriptor is an error, not a
+  /// crash).
+  Result<const char*> resolve(int peer, uint32_t id, uint64_t offset, uint64_t bytes);
+  /// Once a collective completed (none running): drops the mappings of segments their owners freed
+  /// since the last call (above).
+  void dropFreed();
 
  private:
-  struct Mapped {
-    Segment segment;
-    uint32_t lastSeq;  // the last collective that resolved it
-  };
-  /// Drops the mappings not used by collective `seq` whose segment names no longer exist.
-  void dropFreedLocked(uint32_t seq);
-
-  int rank_;
+  const Channel* channel_ = nullptr;
   std::vector<std::string> prefixes_;
+  std::vector<uint32_t> freedSeen_;  // per channel rank; touched only between collectives
   std::mutex mu_;
-  std::map<std::pair<int, uint32_t>, Mapped> mapped_;
+  std::map<std::pair<int, uint32_t>, Segment> mapped_;  // by (channel rank, segment id)
 };
 
 }  // namespace libcomm::shm
