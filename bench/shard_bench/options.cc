@@ -2,12 +2,11 @@
 
 #include "options.h"
 
-#include <charconv>
-#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
 
+#include "tinylm/flags.h"
 #include "tinylm/launch.h"
 
 namespace shard_bench {
@@ -56,20 +55,8 @@ SizeSpec makeSize(const char* name, int vocab, int dim, int hidden, int layers, 
   return s;
 }
 
-Status usageError(const std::string& flag, const std::string& value, const std::string& why) {
-  return libcomm::makeError(StatusCode::kInvalidArgument, flag, value.empty() ? "" : " '" + value + "'", ": ", why);
-}
-
-Status parseInt(const std::string& flag, const std::string& s, int lo, int hi, int& out) {
-  int v = 0;
-  const char* end = s.data() + s.size();
-  auto [p, ec] = std::from_chars(s.data(), end, v);
-  if (s.empty() || ec != std::errc() || p != end) return usageError(flag, s, "not an integer");
-  if (v < lo || v > hi)
-    return usageError(flag, s, "out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  out = v;
-  return Status::ok();
-}
+using tinylm::flags::parseInt;
+using tinylm::flags::usageError;
 
 Status parseSizes(const std::string& flag, const std::string& list, std::vector<SizeSpec>& out) {
   out.clear();
@@ -149,8 +136,8 @@ libcomm::Result<Options> parseOptions(const std::vector<std::string>& args) {
       return parseInt(f, s, lo, std::numeric_limits<int>::max(), overrides[f]);
     };
   };
-  using Handler = std::function<Status(const std::string&, const std::string&)>;
-  std::map<std::string, Handler> valued = {
+  tinylm::flags::Table table;
+  table.valued = {
       {"-np", intFlag(o.numRanks, 1, 1024)},
       {"--sizes", [&](const std::string& f, const std::string& s) { return parseSizes(f, s, o.sizes); }},
       {"--vocab", overrideFlag(2)},
@@ -178,38 +165,10 @@ libcomm::Result<Options> parseOptions(const std::vector<std::string>& args) {
          return Status::ok();
        }},
   };
-  const std::map<std::string, std::string> aliases = {
-      {"-w", "--warmup"}, {"-n", "--steps"}, {"-r", "--repeats"}, {"-T", "--timeout"}};
-
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i], value;
-    if (flag == "-h" || flag == "--help") {
-      o.help = true;
-      return o;
-    }
-    if (flag == "--quick") {
-      o.childArgs.push_back(flag);
-      continue;
-    }
-    bool inlineValue = false;
-    if (const size_t eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag.resize(eq);
-      inlineValue = true;
-    }
-    if (auto a = aliases.find(flag); a != aliases.end()) flag = a->second;
-    auto h = valued.find(flag);
-    if (h == valued.end()) return usageError(flag, "", "unknown flag (see --help)");
-    if (!inlineValue) {
-      if (i + 1 >= args.size()) return usageError(flag, "", "needs a value");
-      value = args[++i];
-    }
-    LIBCOMM_RETURN_IF_ERROR(h->second(flag, value));
-    if (flag != "-np") {
-      o.childArgs.push_back(flag);
-      o.childArgs.push_back(value);
-    }
-  }
+  table.aliases = {{"-w", "--warmup"}, {"-n", "--steps"}, {"-r", "--repeats"}, {"-T", "--timeout"}};
+  table.switches = {{"--quick", &o.quick}};  // applied above, before the others; forwarded here
+  LIBCOMM_RETURN_IF_ERROR(tinylm::flags::parse(args, table, &o.childArgs, &o.help));
+  if (o.help) return o;
 
   for (SizeSpec& s : o.sizes) {
     for (const auto& [flag, v] : overrides) {

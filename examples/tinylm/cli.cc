@@ -3,13 +3,12 @@
 #include "tinylm/cli.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
 #include <limits>
-#include <map>
+
+#include "tinylm/flags.h"
 
 namespace tinylm {
 
@@ -20,32 +19,8 @@ using libcomm::StatusCode;
 
 constexpr long long kIntMax = std::numeric_limits<int>::max();
 
-Status usageError(const std::string& flag, const std::string& value, const std::string& why) {
-  return libcomm::makeError(StatusCode::kInvalidArgument, flag, value.empty() ? "" : " '" + value + "'", ": ", why);
-}
-
-// A whole-string integer in [lo, hi]; K/M/G (binary) suffixes when `sizes`.
-Status parseInt(const std::string& flag, const std::string& s, long long lo, long long hi, long long& out,
-                bool sizes = false) {
-  long long mult = 1;
-  std::string digits = s;
-  if (sizes && !digits.empty()) {
-    const char c = digits.back();
-    const int shift = (c == 'K' || c == 'k') ? 10 : (c == 'M' || c == 'm') ? 20 : (c == 'G' || c == 'g') ? 30 : 0;
-    if (shift) {
-      mult = 1LL << shift;
-      digits.pop_back();
-    }
-  }
-  long long v = 0;
-  const char* end = digits.data() + digits.size();
-  auto [p, ec] = std::from_chars(digits.data(), end, v);
-  if (digits.empty() || ec != std::errc() || p != end) return usageError(flag, s, "not an integer");
-  if (v > hi / mult || v < lo / mult || v * mult < lo || v * mult > hi)
-    return usageError(flag, s, "out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  out = v * mult;
-  return Status::ok();
-}
+using flags::parseInt;
+using flags::usageError;
 
 Status parseFloat(const std::string& flag, const std::string& s, float& out) {
   char* end = nullptr;
@@ -115,8 +90,8 @@ libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args) {
       return Status::ok();
     };
   };
-  using Handler = std::function<Status(const std::string&, const std::string&)>;
-  std::map<std::string, Handler> valued = {
+  flags::Table table;
+  table.valued = {
       {"-np", intFlag(o.numRanks, 1, 1024)},
       {"--steps", intFlag(t.steps, 0)},
       {"--global-batch", intFlag(t.globalBatch, 1)},
@@ -190,39 +165,10 @@ libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args) {
          return Status::ok();
        }},
   };
-  const std::map<std::string, bool*> switches = {
+  table.switches = {
       {"--serialize", &t.serialize}, {"--event-log-check", &t.eventLogCheck}, {"--describe", &o.describe}};
-
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i], value;
-    bool inlineValue = false;
-    if (const size_t eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag.resize(eq);
-      inlineValue = true;
-    }
-    if (flag == "-h" || flag == "--help") {
-      o.help = true;
-      return o;
-    }
-    if (auto sw = switches.find(flag); sw != switches.end()) {
-      if (inlineValue) return usageError(flag, value, "takes no value");
-      *sw->second = true;
-      o.childArgs.push_back(args[i]);
-      continue;
-    }
-    auto h = valued.find(flag);
-    if (h == valued.end()) return usageError(flag, "", "unknown flag (see --help)");
-    if (!inlineValue) {
-      if (i + 1 >= args.size()) return usageError(flag, "", "needs a value");
-      value = args[++i];
-    }
-    LIBCOMM_RETURN_IF_ERROR(h->second(flag, value));
-    if (flag != "-np") {
-      o.childArgs.push_back(flag);
-      o.childArgs.push_back(value);
-    }
-  }
+  LIBCOMM_RETURN_IF_ERROR(flags::parse(args, table, &o.childArgs, &o.help));
+  if (o.help) return o;
   LIBCOMM_RETURN_IF_ERROR(validateTrainOptions(t, o.numRanks > 0 ? o.numRanks : 1));
   if (o.numRanks > 0 && launchedAsRank())
     return libcomm::makeError(StatusCode::kInvalidArgument,

@@ -44,6 +44,7 @@
 #include "libshard/checkpoint.h"
 #include "libshard/plan.h"
 #include "tinylm/cli.h"
+#include "tinylm/flags.h"
 #include "tinylm/reference.h"
 #include "tinylm/train.h"
 
@@ -515,6 +516,49 @@ TEST(TinyLmTrainOptions, CommandLine) {
     ASSERT_FALSE(r.isOk()) << args[0];
     EXPECT_NE(r.status().message().find(want), std::string::npos) << r.status().toString();
   }
+}
+
+// The flag parser tinylm and shard_bench share (tinylm/flags.h): both spellings of a value, aliases
+// forwarded under the full name, -np kept back, switches, help that stops the parse, int ranges.
+TEST(TinyLmTrainOptions, SharedFlagParser) {
+  int n = 0, steps = 0;
+  bool quick = false, help = false;
+  tinylm::flags::Table table;
+  table.valued = {
+      {"-np", [&](const std::string& f, const std::string& v) { return tinylm::flags::parseInt(f, v, 1, 8, n); }},
+      {"--steps",
+       [&](const std::string& f, const std::string& v) { return tinylm::flags::parseInt(f, v, 1, 100, steps); }}};
+  table.switches = {{"--quick", &quick}};
+  table.aliases = {{"-n", "--steps"}};
+  std::vector<std::string> forward;
+  ASSERT_TRUE(tinylm::flags::parse({"-np", "2", "-n", "7", "--quick"}, table, &forward, &help).isOk());
+  EXPECT_EQ(n, 2);
+  EXPECT_EQ(steps, 7);
+  EXPECT_TRUE(quick);
+  EXPECT_FALSE(help);
+  EXPECT_EQ(forward, (std::vector<std::string>{"--steps", "7", "--quick"}));
+  forward.clear();
+  ASSERT_TRUE(tinylm::flags::parse({"--steps=9", "--help", "--no-such-flag"}, table, &forward, &help).isOk());
+  EXPECT_TRUE(help);
+  EXPECT_EQ(steps, 9);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"-n"}, "--steps: needs a value"},
+      {{"-np", "9"}, "-np '9': out of range [1, 8]"},
+      {{"--steps", "99999999999"}, "out of range"},
+      {{"--steps", "3x"}, "not an integer"},
+      {{"--quick=1"}, "--quick '1': takes no value"},
+      {{"-x"}, "-x: unknown flag"},
+  };
+  for (const auto& [args, want] : bad) {
+    help = false;
+    const libcomm::Status st = tinylm::flags::parse(args, table, &forward, &help);
+    ASSERT_FALSE(st.isOk()) << args[0];
+    EXPECT_NE(st.message().find(want), std::string::npos) << st.toString();
+  }
+  long long bytes = 0;
+  ASSERT_TRUE(tinylm::flags::parseInt("--budget", "3K", 1, 1LL << 40, bytes, true).isOk());
+  EXPECT_EQ(bytes, 3072);
+  EXPECT_FALSE(tinylm::flags::parseInt("--budget", "2G", 1, 1LL << 30, bytes, true).isOk());
 }
 
 }  // namespace
