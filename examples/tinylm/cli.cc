@@ -182,8 +182,7 @@ libcomm::Milliseconds jobDeadline(const CliOptions& o) {
   const long long checkpoints = (t.loadCheckpoint.empty() ? 0 : 1) + (t.saveCheckpoint.empty() ? 0 : 1);
   const libcomm::Milliseconds waits = jobTimeout(t.timeout, t.steps + 4LL + 2 * checkpoints);
   if (checkpoints == 0) return waits;
-  const double bytes = 12.0 * static_cast<double>(trainModelSpec(t, std::max(1, o.numRanks)).numel());
-  const double ioMs = 1000.0 * bytes / (double(kCheckpointMiBPerSecond) * (1 << 20));
+  const double ioMs = static_cast<double>(checkpointIoAllowance(t, std::max(1, o.numRanks)).count());
   const double kMaxJobMs = 30.0 * 24 * 3600 * 1000;
   const double total = std::min(kMaxJobMs, static_cast<double>(waits.count()) + checkpoints * ioMs);
   return libcomm::Milliseconds(static_cast<long long>(total));

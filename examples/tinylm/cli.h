@@ -28,8 +28,6 @@ struct CliOptions {
 /// and both moments; a rank's own I/O is not bounded by --timeout) and 2 x --timeout for the ranks'
 /// agreement around it. Capped at 30 days. Pure.
 libcomm::Milliseconds jobDeadline(const CliOptions& options);
-/// The slowest checkpoint I/O the job deadline allows for, all ranks together.
-inline constexpr int kCheckpointMiBPerSecond = 10;
 
 /// Parses argv[1..]. kInvalidArgument with a message naming the flag and the problem.
 libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -126,22 +127,25 @@ Status agreeOnOutcome(libcomm::Bootstrap& boot, const Status& mine, const char* 
 
 // Each agreement's deadline starts once this rank's own writing is done: writing and fsyncing a
 // shard may take longer than a collective's timeout, and only the wait for the other ranks is
-// bounded by it (as set-up's agreement is). While rank 0 writes the index the others wait for it:
-// they allow it, on top of the timeout, what their own shard took (the same fsyncs, on the same
-// filesystem).
+// bounded by it (as set-up's agreement is). Another rank's writing may take longer than this
+// rank's (a slower disk, a busier server): every wait for the others allows, on top of the timeout,
+// the checkpoint I/O the run budgets for (checkpointIoAllowance) or what this rank's own shard
+// took, whichever is longer. Rank 0, which writes the index while the others wait, waits for them
+// the timeout alone afterwards: they are only waiting.
 Status saveSharded(const TrainOptions& o, const libshard::ShardPlan& plan, const libshard::ShardState& state,
                    libcomm::Bootstrap& boot) {
   const auto t0 = std::chrono::steady_clock::now();
   const Status shard = libshard::saveCheckpointShard(o.saveCheckpoint, plan, state);
   if (o.onCheckpointWritten) o.onCheckpointWritten(false);
   const auto ownWrite = std::chrono::duration_cast<libcomm::Milliseconds>(std::chrono::steady_clock::now() - t0);
-  LIBCOMM_RETURN_IF_ERROR(agreeOnOutcome(boot, shard, "saving checkpoint shards", libcomm::Deadline::after(o.timeout)));
+  const libcomm::Milliseconds others = o.timeout + std::max(ownWrite, checkpointIoAllowance(o, boot.size()));
+  LIBCOMM_RETURN_IF_ERROR(agreeOnOutcome(boot, shard, "saving checkpoint shards", libcomm::Deadline::after(others)));
   Status index = Status::ok();
   if (boot.rank() == 0) {
     index = libshard::writeCheckpointIndex(o.saveCheckpoint, plan);
     if (o.onCheckpointWritten) o.onCheckpointWritten(true);
   }
-  const libcomm::Milliseconds allowance = boot.rank() == 0 ? o.timeout : o.timeout + ownWrite;
+  const libcomm::Milliseconds allowance = boot.rank() == 0 ? o.timeout : others;
   return agreeOnOutcome(boot, index, "writing the checkpoint index", libcomm::Deadline::after(allowance));
 }
 
@@ -240,6 +244,12 @@ libshard::ModelSpec trainModelSpec(const TrainOptions& o, int worldSize) {
   return buildModelSpec(o.model, maxMicroBatchTokens(o, worldSize));
 }
 
+libcomm::Milliseconds checkpointIoAllowance(const TrainOptions& o, int worldSize) {
+  const double bytes = 12.0 * static_cast<double>(trainModelSpec(o, worldSize).numel());
+  const double ms = 1000.0 * bytes / (double(kCheckpointMiBPerSecond) * (1 << 20));
+  return libcomm::Milliseconds(static_cast<long long>(std::ceil(ms)));
+}
+
 libshard::PlanOptions trainPlanOptions(const TrainOptions& o, int worldSize, int rank) {
   libshard::PlanOptions p;
   p.worldSize = worldSize;
@@ -318,7 +328,11 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
     hooks = std::make_unique<ExecutorHooks>(*executor);
     return Status::ok();
   }();
-  LIBCOMM_RETURN_IF_ERROR(agreeOnOutcome(boot, setup, "tinylm trainer set-up", deadline()));
+  // A peer loading a checkpoint may read for longer than this rank did (checkpointIoAllowance).
+  const libcomm::Milliseconds setupWait =
+      o.loadCheckpoint.empty() ? o.timeout : o.timeout + checkpointIoAllowance(o, world);
+  LIBCOMM_RETURN_IF_ERROR(
+      agreeOnOutcome(boot, setup, "tinylm trainer set-up", libcomm::Deadline::after(setupWait)));
   const libshard::ShardPlan& plan = result.plan;
   if (o.onStart) o.onStart(result.firstStep, plan);
   const size_t stepsToRun = static_cast<size_t>(o.steps - result.firstStep);

@@ -209,6 +209,15 @@ size_t maxMicroBatchTokens(const TrainOptions& options, int worldSize);
 libshard::ModelSpec trainModelSpec(const TrainOptions& options, int worldSize);
 libshard::PlanOptions trainPlanOptions(const TrainOptions& options, int worldSize, int rank);
 
+/// The slowest checkpoint I/O a run allows for, all ranks together.
+inline constexpr int kCheckpointMiBPerSecond = 10;
+/// How long reading or writing this model's whole checkpoint (12 bytes a parameter: weights and
+/// both AdamW moments) takes at kCheckpointMiBPerSecond. A rank's own checkpoint I/O has no
+/// deadline; what waits for it does allow this much on top of --timeout: the ranks' agreement after
+/// a load or a save (a peer's I/O may be that much slower than this rank's) and the -np job's
+/// deadline (cli.h).
+libcomm::Milliseconds checkpointIoAllowance(const TrainOptions& options, int worldSize);
+
 /// Trains as rank agComm.rank() of agComm.size(). Collective over the two communicators (which
 /// must be distinct communicators of the same ranks, on `bootstrap`); every rank passes the same
 /// options. On an error the executor aborts both communicators, so peers fail fast rather than

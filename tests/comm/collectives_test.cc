@@ -293,7 +293,6 @@ std::set<std::string> peerSegmentNames() {
   fclose(f);
   return seen;
 }
-size_t peerSegmentsMapped() { return peerSegmentNames().size(); }
 
 // The two-level all_gather's registered stand-in for an unregistered output, over counts that grow
 // by 64 KiB of output a step: it grows geometrically, so a host peer maps O(log) segments of it over

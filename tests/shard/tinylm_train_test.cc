@@ -367,6 +367,38 @@ TEST(TinyLmTrainThreads, ASaveSlowerThanTheTimeoutSucceeds) {
   EXPECT_TRUE(verified.isOk()) << verified.toString();
 }
 
+// One rank's shard written later than the other's by more than --timeout (a slower disk, a busier
+// file server): the other's wait allows the checkpoint I/O the run budgets for on top of the
+// timeout (before, it waited the timeout alone, failed, and no index was written). The model is
+// large enough (about 1 M parameters) for that budget to be about a second.
+TEST(TinyLmTrainThreads, ASaveOneRankWritesSlowerThanTheOthersSucceeds) {
+  TempDir tmp;
+  TrainOptions o = tinyOptions(Precision::kFp32, 2);
+  o.model.vocab = 4096;
+  o.model.dim = 128;
+  o.eventLogCheck = false;
+  o.timeout = shardcomm::testing::scaledForSanitizers(std::chrono::milliseconds(1000));
+  o.saveCheckpoint = tmp.sub("ckpt");
+  const libcomm::Milliseconds io = tinylm::checkpointIoAllowance(o, 2);
+  ASSERT_GE(io.count(), 800) << "the model is too small for the test";
+  const libcomm::Milliseconds lag = o.timeout + io / 2;
+  RunOptions ro;
+  ro.mode = Mode::kThreads;
+  ro.size = 2;
+  ro.deadline = std::chrono::seconds(120);
+  auto report = shardcomm::testing::runRanks(ro, [&o, lag](RankContext& ctx) -> Status {
+    TrainOptions mine = o;
+    if (ctx.rank == 1)
+      mine.onCheckpointWritten = [lag](bool index) {
+        if (!index) std::this_thread::sleep_for(lag);
+      };
+    return tinylm::runSharded(mine, ctx.bootstrap).status();
+  });
+  EXPECT_RANKS_OK(report);
+  const Status verified = libshard::verifyCheckpoint(o.saveCheckpoint);
+  EXPECT_TRUE(verified.isOk()) << verified.toString();
+}
+
 // Runs `o` on two ranks as threads; every rank must fail at set-up, before a step, with an error
 // that contains `want`.
 void expectRefusedAtSetUp(TrainOptions o, const std::string& want, int world = 2) {
