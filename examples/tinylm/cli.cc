@@ -184,7 +184,7 @@ libcomm::Milliseconds jobDeadline(const CliOptions& o) {
   if (checkpoints == 0) return waits;
   const double ioMs = static_cast<double>(checkpointIoAllowance(t, std::max(1, o.numRanks)).count());
   const double kMaxJobMs = 30.0 * 24 * 3600 * 1000;
-  const double total = std::min(kMaxJobMs, static_cast<double>(waits.count()) + checkpoints * ioMs);
+  const double total = std::min(kMaxJobMs, static_cast<double>(waits.count()) + 2.0 * checkpoints * ioMs);
   return libcomm::Milliseconds(static_cast<long long>(total));
 }
 

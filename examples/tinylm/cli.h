@@ -24,9 +24,9 @@ struct CliOptions {
 /// The -np job's deadline, past which the launcher kills every rank. Ranks bound each wait by
 /// --timeout themselves; this catches what they cannot (a rank stuck in compute or in I/O), so it
 /// is generous: (steps + 4) x --timeout, plus for each of --load-checkpoint and --save-checkpoint
-/// the checkpoint's reading or writing at kCheckpointMiBPerSecond (12 bytes per parameter: weights
-/// and both moments; a rank's own I/O is not bounded by --timeout) and 2 x --timeout for the ranks'
-/// agreement around it. Capped at 30 days. Pure.
+/// 2 x (--timeout + checkpointIoAllowance): the rank's own reading or writing, which --timeout does
+/// not bound, and the ranks' agreement after it, which waits up to --timeout plus that allowance
+/// for a slower peer (train.h). Capped at 30 days. Pure.
 libcomm::Milliseconds jobDeadline(const CliOptions& options);
 
 /// Parses argv[1..]. kInvalidArgument with a message naming the flag and the problem.

@@ -37,7 +37,7 @@ int spawnRanks(const CliOptions& o, const char* argv0) {
     if (st.code() == libcomm::StatusCode::kTimeout)
       std::fprintf(stderr,
                    "tinylm: the job's limit (%lld ms) is (steps + 4) x --timeout (%lld ms), plus, with a checkpoint "
-                   "to load or save, 2 x --timeout and its I/O at %d MiB/s each; steps that compute longer than "
+                   "to load or save, 2 x (--timeout + its I/O at %d MiB/s) each; steps that compute longer than "
                    "--timeout, or slower checkpoint I/O, need a larger --timeout\n",
                    static_cast<long long>(limit.count()), static_cast<long long>(o.train.timeout.count()),
                    kCheckpointMiBPerSecond);

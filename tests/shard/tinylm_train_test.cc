@@ -370,28 +370,39 @@ TEST(TinyLmTrainThreads, ASaveSlowerThanTheTimeoutSucceeds) {
 // One rank's shard written later than the other's by more than --timeout (a slower disk, a busier
 // file server): the other's wait allows the checkpoint I/O the run budgets for on top of the
 // timeout (before, it waited the timeout alone, failed, and no index was written). The model is
-// large enough (about 1 M parameters) for that budget to be about a second.
+// large enough (about 1 M parameters) for that budget to be about a second. Rank 1 finishes its
+// shard the timeout plus half the budget after rank 0 finished its own (measured from that moment,
+// so that the two ranks' write times do not eat the margin).
 TEST(TinyLmTrainThreads, ASaveOneRankWritesSlowerThanTheOthersSucceeds) {
   TempDir tmp;
   TrainOptions o = tinyOptions(Precision::kFp32, 2);
   o.model.vocab = 4096;
   o.model.dim = 128;
   o.eventLogCheck = false;
-  o.timeout = shardcomm::testing::scaledForSanitizers(std::chrono::milliseconds(1000));
+  // Also every collective's bound in the steps: as in ASaveSlowerThanTheTimeoutSucceeds.
+  o.timeout = shardcomm::testing::scaledForSanitizers(std::chrono::milliseconds(2000));
   o.saveCheckpoint = tmp.sub("ckpt");
   const libcomm::Milliseconds io = tinylm::checkpointIoAllowance(o, 2);
   ASSERT_GE(io.count(), 800) << "the model is too small for the test";
-  const libcomm::Milliseconds lag = o.timeout + io / 2;
+  const auto lag = o.timeout + io / 2;
+  std::atomic<int64_t> rank0Wrote{0};  // steady_clock ticks; 0 until rank 0's shard is written
   RunOptions ro;
   ro.mode = Mode::kThreads;
   ro.size = 2;
   ro.deadline = std::chrono::seconds(120);
-  auto report = shardcomm::testing::runRanks(ro, [&o, lag](RankContext& ctx) -> Status {
+  auto report = shardcomm::testing::runRanks(ro, [&o, &rank0Wrote, lag](RankContext& ctx) -> Status {
     TrainOptions mine = o;
-    if (ctx.rank == 1)
-      mine.onCheckpointWritten = [lag](bool index) {
-        if (!index) std::this_thread::sleep_for(lag);
-      };
+    mine.onCheckpointWritten = [&rank0Wrote, lag, rank = ctx.rank](bool index) {
+      if (index) return;
+      using Clock = std::chrono::steady_clock;
+      if (rank == 0) {
+        rank0Wrote.store(Clock::now().time_since_epoch().count());
+        return;
+      }
+      const auto giveUp = Clock::now() + std::chrono::seconds(60);
+      while (rank0Wrote.load() == 0 && Clock::now() < giveUp) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::this_thread::sleep_until(Clock::time_point(Clock::duration(rank0Wrote.load())) + lag);
+    };
     return tinylm::runSharded(mine, ctx.bootstrap).status();
   });
   EXPECT_RANKS_OK(report);
@@ -505,8 +516,8 @@ TEST(TinyLmTrainOptions, HeaderLineSaysWhenThereIsNothingToRun) {
   EXPECT_EQ(tinylm::headerLine(o, 2, 0).find(".."), std::string::npos) << tinylm::headerLine(o, 2, 0);
 }
 
-// The -np job's deadline allows for checkpoint I/O: 2 x --timeout and the checkpoint's bytes at
-// kCheckpointMiBPerSecond for each of load and save, on top of (steps + 4) x --timeout.
+// The -np job's deadline allows for checkpoint I/O: 2 x (--timeout + the checkpoint's bytes at
+// kCheckpointMiBPerSecond) for each of load and save, on top of (steps + 4) x --timeout.
 TEST(TinyLmTrainOptions, JobDeadlineAllowsForCheckpointIo) {
   auto plain = tinylm::parseCli({"-np", "2", "--steps", "3", "--timeout", "10", "--layers", "8", "--dim", "256"});
   ASSERT_TRUE(plain.isOk()) << plain.status().toString();
@@ -517,7 +528,7 @@ TEST(TinyLmTrainOptions, JobDeadlineAllowsForCheckpointIo) {
   const double bytes = 12.0 * static_cast<double>(tinylm::trainModelSpec(both->train, 2).numel());
   const double ioMs = 1000.0 * bytes / (tinylm::kCheckpointMiBPerSecond * 1048576.0);
   EXPECT_GT(ioMs, 100.0);  // a model big enough for the I/O term to show
-  EXPECT_NEAR(static_cast<double>(tinylm::jobDeadline(*both).count()), (7 + 4) * 10000 + 2 * ioMs, 2.0);
+  EXPECT_NEAR(static_cast<double>(tinylm::jobDeadline(*both).count()), (7 + 4) * 10000 + 4 * ioMs, 4.0);
 }
 
 TEST(TinyLmTrainOptions, CommandLine) {

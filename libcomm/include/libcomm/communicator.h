@@ -62,10 +62,11 @@ class Communicator {
   /// than /dev/shm holds is a kSystemError saying so.
   Result<void*> allocRegistered(size_t bytes);
   /// Frees memory from allocRegistered. Fails with kInvalidUsage while registrations of it remain.
-  /// A host peer that has read the memory directly drops its mapping as it completes a later
-  /// collective: at the latest the first host-memory one that this rank calls after the free (for
-  /// a broadcast across hosts, a later one), so the pages return to the system then; reusing
-  /// buffers is still cheaper than allocating them again and again.
+  /// A host peer that has read the memory directly drops its mapping when it completes a later
+  /// collective that heard from this rank after the free: on one host, the first collective this
+  /// rank calls after it; across hosts, the first non-empty all_gather, reduce_scatter, all_reduce
+  /// or barrier (a broadcast, an empty collective or a device one may not carry the news). The
+  /// pages return to the system then; reusing buffers is still cheaper than allocating them again.
   Status freeRegistered(void* ptr);
   /// Registers [ptr, ptr+bytes). Idempotent and refcounted: each call must be matched by a
   /// deregisterBuffer. Host memory: the range must lie inside memory from allocRegistered
