@@ -535,6 +535,55 @@ INSTANTIATE_TEST_SUITE_P(StreamKinds, SkippedCollective,
                                   placementName(std::get<1>(info.param));
                          });
 
+// Across hosts, a collective that never runs (its stream failed earlier, or was destroyed) waits
+// for its turn on the UCX channel to tell the peers. Rank 1's seq 1 is held behind slow user work
+// on one stream while seqs 2-5 are skipped on another: the four waits end together, one op timeout
+// after the first failure (each used to wait a timeout of its own, one after another: draining
+// the second stream took four timeouts).
+TEST(CommErrors, CollectivesThatNeverRanWaitForTheirTurnOneTimeoutInAll) {
+  RunOptions opts;
+  opts.size = 2;
+  const auto timeout = scaledForSanitizers(std::chrono::milliseconds(1000));
+  auto report = runRanks(opts, [timeout](RankContext& ctx) -> Status {
+    auto config = quickConfig(ctx.rank, Placement::kAcrossHosts);
+    config.opTimeout = timeout;
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+    std::vector<float> in(4, 1.0f), out(8);
+    const libcomm::Deadline patience = libcomm::Deadline::after(20 * timeout);
+    if (ctx.rank == 0) {
+      auto s = libcomm::createHostStream("plain");
+      for (int k = 0; k < 5; ++k)
+        LIBCOMM_RETURN_IF_ERROR(comm->allGather(in.data(), out.data(), 4, DataType::kFloat32, *s));
+      const Status st = s->synchronize(patience);
+      if (st.isOk()) return libcomm::makeError(StatusCode::kInternalError, "rank 0's collectives succeeded");
+      return Status::ok();
+    }
+    auto held = libcomm::createHostStream("held"), failing = libcomm::createHostStream("failing");
+    LIBCOMM_RETURN_IF_ERROR(held->enqueueHost(
+        [timeout] {
+          std::this_thread::sleep_for(6 * timeout);
+          return Status::ok();
+        },
+        "slow user work"));
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(in.data(), out.data(), 4, DataType::kFloat32, *held));
+    LIBCOMM_RETURN_IF_ERROR(
+        failing->enqueueHost([] { return Status(StatusCode::kInternalError, "user work failed"); }, "user work"));
+    const auto start = libcomm::Clock::now();
+    for (int k = 0; k < 4; ++k)
+      LIBCOMM_RETURN_IF_ERROR(comm->allGather(in.data(), out.data(), 4, DataType::kFloat32, *failing));
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(failing->synchronize(patience), StatusCode::kInternalError,
+                                         {"user work failed"}, "failing stream"));
+    const auto took = libcomm::Clock::now() - start;
+    if (took > 2 * timeout)
+      return libcomm::makeError(StatusCode::kInternalError, "the four skipped collectives took ",
+                                std::chrono::duration_cast<std::chrono::milliseconds>(took).count(),
+                                " ms to settle; one op timeout is ", timeout.count(), " ms");
+    (void)held->synchronize(patience);
+    return expectStatus(comm->asyncError(), StatusCode::kInvalidUsage, {"never ran"}, "communicator");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 // Collective seq 1 waits on a threaded stream behind a slow item; seq 2 is called on an inline
 // stream meanwhile. The inline call must wait for seq 1 to run (collectives of a communicator run in
 // call order) -- running it first would pair it with the peer's seq 1 and fail the seq check.

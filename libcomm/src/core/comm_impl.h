@@ -148,8 +148,9 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// After this rank failed with `why`: tells its ring neighbours, then closes its UCX endpoints
   /// (once), so its peers stop waiting for it. On the thread that runs collectives.
   void disconnectAcrossHosts(const Status& why);
-  /// disconnectAcrossHosts once collective seq has its turn on the channel (waits for it, up to
-  /// the collective timeout; gives up silently after).
+  /// disconnectAcrossHosts once collective seq has its turn on the channel (waits for it, or for
+  /// another collective to have done it, until one op timeout after the communicator's first
+  /// failure; gives up silently after).
   void disconnectInTurn(const Status& why, uint32_t seq);
 
   std::atomic<uint32_t> nextSeq_{0};
@@ -168,6 +169,9 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   mutable std::mutex errMu_;
   Status asyncError_;
   std::atomic<bool> failed_{false};  // asyncError_ is set; readable without errMu_
+  // One op timeout from the first failure (under errMu_): how long collectives that did not run
+  // may wait, all together, for their turn to tell the peers across hosts (disconnectInTurn).
+  Deadline disconnectBy_ = Deadline::never();
 
  public:
   /// Set by finalize(): new collectives are refused.

@@ -225,8 +225,7 @@ Status Communicator::Impl::explainWithNotices(Status st) {
 }
 
 void Communicator::Impl::disconnectAcrossHosts(const Status& why) {
-  if (!cross_ || cross_->disconnected) return;
-  cross_->disconnected = true;
+  if (!cross_ || cross_->disconnected.load()) return;
   ucx::Channel& ch = *cross_->channel;
   // The notice: the communicator's first error (the cause: "abort() called on rank R" where the
   // abort made a wait fail), else this one, cut to the notice's size.
@@ -255,6 +254,9 @@ void Communicator::Impl::disconnectAcrossHosts(const Status& why) {
   }
   Status st = ch.disconnect(Deadline::after(std::chrono::seconds(2)));
   if (!st.isOk()) LIBCOMM_LOG(kWarn, "coll") << "rank " << rank_ << ": closing the UCX endpoints: " << st.toString();
+  // Last: a collective that sees it stops waiting for its turn and leaves the channel alone.
+  cross_->disconnected.store(true);
+  wakeSleepers();
 }
 
 Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const WaitContext& wait) {

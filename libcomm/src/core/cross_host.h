@@ -57,7 +57,9 @@ struct CrossHost {
   // host peers map each new size once (and drop the mapping of the size it replaced).
   void* bounce = nullptr;
   size_t bounceBytes = 0;
-  bool disconnected = false;
+  // Set by the collective whose turn it is when it tells the peers this rank failed; read by
+  // collectives waiting for their turn to do so (Impl::disconnectInTurn), which then need not.
+  std::atomic<bool> disconnected{false};
 };
 
 }  // namespace libcomm

@@ -98,10 +98,17 @@ void Communicator::Impl::disconnectInTurn(const Status& why, uint32_t seq) {
   // Telling the peers takes the UCX channel, which is single-threaded and belongs to the
   // collective whose turn it is. Collective seq may be ahead of its turn, with an earlier one still
   // running on another stream: it waits for that one (which fails fast once this rank has failed,
-  // or finishes within its own deadline).
-  if (lastExecuted_.load() + 1 == seq ||
-      sleepUntil(Deadline::after(config_.opTimeout).at(), [&] { return lastExecuted_.load() + 1 == seq; }))
-    disconnectAcrossHosts(why);
+  // or finishes within its own deadline), unless another collective has told the peers meanwhile.
+  // The wait ends one op timeout after the communicator's first failure, whichever collective
+  // waits: a destroyed stream drops its queued collectives one after another, and each waiting a
+  // timeout of its own made the stream's destruction take one timeout per collective.
+  Deadline until = Deadline::after(config_.opTimeout);
+  {
+    std::lock_guard<std::mutex> lock(errMu_);
+    until = until.min(disconnectBy_);
+  }
+  auto ready = [&] { return lastExecuted_.load() + 1 == seq || cross_->disconnected.load(); };
+  if (ready() || sleepUntil(until.at(), ready)) disconnectAcrossHosts(why);
 }
 
 template <typename Pred>
@@ -349,6 +356,7 @@ void Communicator::Impl::fail(const Status& st) {
     std::lock_guard<std::mutex> lock(errMu_);
     if (!asyncError_.isOk()) return;
     asyncError_ = st;
+    disconnectBy_ = Deadline::after(config_.opTimeout);
     failed_.store(true);
   }
   {
@@ -369,7 +377,10 @@ Status Communicator::Impl::asyncError() const {
 void Communicator::Impl::abort(const std::string& why) {
   {
     std::lock_guard<std::mutex> lock(errMu_);
-    if (asyncError_.isOk()) asyncError_ = makeError(StatusCode::kRemoteError, "rank ", rank_, ": ", why);
+    if (asyncError_.isOk()) {
+      asyncError_ = makeError(StatusCode::kRemoteError, "rank ", rank_, ": ", why);
+      disconnectBy_ = Deadline::after(config_.opTimeout);
+    }
     failed_.store(true);
   }
   channel_->abort();
