@@ -118,13 +118,15 @@ Status OwnPathImpl::run(const CollArgs& args, const std::vector<PeerInput>& inpu
   DeviceGuard guard(device);
   LIBCOMM_RETURN_IF_ERROR(guard.status().withContext(what));
   std::vector<const char*> in(size, nullptr);
+  // One bound for every peer's unmapping below (each may wait for this rank's device work).
+  const Deadline unmapBy = Deadline::after(timeout_);
   for (int p = 0; p < size; ++p) {
     if (p == rank_) {
       in[p] = static_cast<const char*>(args.send);
       continue;
     }
     const bool readsInputs = args.kind != CollKind::kBarrier && args.count != 0;
-    LIBCOMM_RETURN_IF_ERROR(dropDeregistered(p, readsInputs ? inputs[p].registration : 0, what));
+    LIBCOMM_RETURN_IF_ERROR(dropDeregistered(p, readsInputs ? inputs[p].registration : 0, what, unmapBy));
     LIBCOMM_ASSIGN_OR_RETURN(PeerEvents * ev, peerEvents(p, device, what));
     LIBCOMM_RETURN_IF_ERROR(
         LIBCOMM_CUDA_STATUS(cudaStreamWaitEvent(s, ev->ready, 0))

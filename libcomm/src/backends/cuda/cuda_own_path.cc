@@ -92,7 +92,7 @@ OwnPathImpl::~OwnPathImpl() {
     // At process exit the runtime may have gone first, and with it the context and everything in it.
     if (cudaEventQuery(done_) == cudaErrorCudartUnloading) return;
   }
-  const Status idle = waitOwnDone();
+  const Status idle = waitOwnDone(Deadline::after(timeout_));
   if (!idle.isOk()) {
     size_t mapped = 0;
     for (const auto& [key, m] : peers_) mapped += m.opened != nullptr;
@@ -119,17 +119,16 @@ OwnPathImpl::~OwnPathImpl() {
   }
 }
 
-Status OwnPathImpl::waitOwnDone() const {
+Status OwnPathImpl::waitOwnDone(Deadline deadline) const {
   if (!done_) return Status::ok();  // no own-path collective yet
   DeviceGuard guard(eventDevice_);
   LIBCOMM_RETURN_IF_ERROR(guard.status());
-  const Deadline deadline = Deadline::after(timeout_);
   for (;;) {
     Status s = LIBCOMM_CUDA_STATUS(cudaEventQuery(done_));
     if (s.code() != StatusCode::kInProgress) return s;
     if (deadline.expired())
       return makeError(StatusCode::kTimeout, "rank ", rank_, "'s last own-path collective has not finished on device ",
-                       eventDevice_, " after ", timeout_.count(), " ms (the op timeout)");
+                       eventDevice_, " by the deadline (the op timeout, ", timeout_.count(), " ms)");
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
 }
@@ -275,7 +274,7 @@ Result<const char*> OwnPathImpl::resolve(int peer, const PeerInput& in, int devi
   return m.range + in.offset;
 }
 
-Status OwnPathImpl::dropDeregistered(int peer, uint32_t named, const std::string& what) {
+Status OwnPathImpl::dropDeregistered(int peer, uint32_t named, const std::string& what, Deadline deadline) {
   auto c = peerCounters_.find(peer);
   if (c == peerCounters_.end()) return Status::ok();  // nothing of this peer cached
   const uint64_t now = counterIn(c->second.segment).load(std::memory_order_acquire);
@@ -294,7 +293,7 @@ Status OwnPathImpl::dropDeregistered(int peer, uint32_t named, const std::string
   size_t opened = 0;
   for (const auto& key : gone) opened += peers_.at(key).opened != nullptr;
   if (opened) {
-    const Status idle = waitOwnDone();
+    const Status idle = waitOwnDone(deadline);
     if (!idle.isOk()) {
       LIBCOMM_LOG(kError, "mem") << what << ": rank " << rank_ << " leaks " << opened << " CUDA IPC mapping(s) of rank "
                                  << peer << "'s deregistered memory rather than closing them under device work it "

@@ -69,12 +69,13 @@ class OwnPathImpl final : public OwnPath {
   Result<IpcRecord> readRecord(int peer, uint32_t id, const std::string& what);
   // Closes the cached mappings of `peer`'s registrations withdrawn since the last look (when its
   // counter moved). `named`: the registration the starting collective reads (0: none); withdrawn,
-  // it fails the collective as "deregistered while in use?".
-  Status dropDeregistered(int peer, uint32_t named, const std::string& what);
+  // it fails the collective as "deregistered while in use?". The wait for this rank's device work
+  // before closing ends at `deadline`, one for the whole collective (every peer's call shares it).
+  Status dropDeregistered(int peer, uint32_t named, const std::string& what, Deadline deadline);
   // Creates this rank's "ready" and "done" events on `device` and publishes their record; all or nothing.
   Status makeEvents(int device);
-  // Waits on the host, at most timeout_, for this rank's "done" event (every own-path collective so far).
-  Status waitOwnDone() const;
+  // Waits on the host, until `deadline`, for this rank's "done" event (every own-path collective so far).
+  Status waitOwnDone(Deadline deadline) const;
   Status allGather(const CollArgs& args, const std::vector<const char*>& in, cudaStream_t s, const std::string& what);
   Status reduceScatter(const CollArgs& args, const std::vector<const char*>& in, cudaStream_t s, int device,
                        const std::string& what);
