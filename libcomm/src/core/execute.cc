@@ -14,6 +14,7 @@
 #include "core/log.h"
 #include "core/selector.h"
 #include "backends/cuda/device_path.h"
+#include "backends/nccl/nccl_path.h"
 #include "libcomm/cuda.h"
 
 namespace libcomm {
@@ -385,6 +386,9 @@ void Communicator::Impl::abort(const std::string& why) {
   }
   channel_->abort();
   if (cross_) cross_->channel->abort();  // a running wait fails now; its thread then disconnects
+  // NCCL kernels waiting for a peer that will not come would otherwise keep the device busy, and
+  // whatever synchronizes it next (cudaFree of the caller's buffers, say) would wait for ever.
+  if (nccl_) nccl_->abort();
   std::lock_guard<std::mutex> lock(mu_);
   cv_.notify_all();
 }

@@ -3,7 +3,9 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "backends/cuda/cuda_error.h"
@@ -23,6 +25,8 @@ class DelegateImpl final : public Delegate {
   ~DelegateImpl() override = default;  // Comm's destructor aborts a communicator not destroyed
 
   Status ensureComm(Bootstrap& boot, int rank, int size, int device, Deadline deadline) override {
+    const Holder hold(*this);
+    if (aborted_.load()) return makeError(StatusCode::kRemoteError, "rank ", rank, ": the NCCL communicator was aborted");
     if (comm_) {
       if (comm_->device() != device)
         return makeError(StatusCode::kInvalidUsage, "rank ", rank, ": NCCL collective on a stream of device ", device,
@@ -36,13 +40,22 @@ class DelegateImpl final : public Delegate {
   }
 
   Status destroy(Deadline deadline) override {
+    const Holder hold(*this);
     if (!comm_) return Status::ok();
     Status s = comm_->destroy(deadline);
     comm_.reset();
     return s;
   }
 
+  void abort() override {
+    aborted_.store(true);
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (lock.owns_lock()) comm_.reset();  // ~Comm aborts it; else the holder does as it returns
+  }
+
   Status run(const CollArgs& a, void* stream, int device, Deadline deadline, const std::string& what) override {
+    const Holder hold(*this);
+    if (aborted_.load()) return makeError(StatusCode::kRemoteError, what, ": the NCCL communicator was aborted");
     if (!comm_) return makeError(StatusCode::kInternalError, what, ": no NCCL communicator");
     // Nothing to move (every rank has the same count): no scratch of 0 bytes from cudaMallocAsync,
     // no NCCL call with null buffers.
@@ -166,6 +179,19 @@ class DelegateImpl final : public Delegate {
     return st;
   }
 
+  // The calls above hold mu_ while they use comm_. abort() may come from any thread at any time:
+  // it aborts at once when mu_ is free, else the holder does on its way out (it sees aborted_,
+  // set before abort() tried the lock).
+  struct Holder {
+    explicit Holder(DelegateImpl& d) : d(d), lock(d.mu_) {}
+    ~Holder() {
+      if (d.aborted_.load()) d.comm_.reset();
+    }
+    DelegateImpl& d;
+    std::lock_guard<std::mutex> lock;
+  };
+  std::mutex mu_;
+  std::atomic<bool> aborted_{false};
   std::unique_ptr<Comm> comm_;
   cudaStream_t s_ = nullptr;
   Deadline deadline_ = Deadline::after(Milliseconds(0));

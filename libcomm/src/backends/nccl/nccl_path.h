@@ -37,6 +37,11 @@ class Delegate {
   virtual Status run(const CollArgs& args, void* stream, int device, Deadline deadline, const std::string& what) = 0;
   /// Finalizes and destroys the communicator, if one was made (bounded).
   virtual Status destroy(Deadline deadline) = 0;
+  /// Aborts the communicator (ncclCommAbort: NCCL kernels still waiting for a peer end, so that
+  /// freeing device memory or synchronizing the device afterwards cannot hang on them); later
+  /// calls fail. Any thread; does not wait for a call in progress on another thread (that call
+  /// aborts the communicator as it returns).
+  virtual void abort() = 0;
 };
 
 /// Null in builds without NCCL.
