@@ -25,6 +25,10 @@ namespace {
 
 // How long ranks get to exit after SIGTERM before SIGKILL.
 constexpr Milliseconds kTermGrace{2000};
+// How long stopAll waits for killed ranks to be reapable. SIGKILL takes effect when a process
+// leaves the kernel, which one in uninterruptible sleep (a hung device driver or network
+// filesystem) may never do.
+constexpr Milliseconds kKillGrace{5000};
 
 
 Result<std::string> findProgram(const std::string& name) {
@@ -65,7 +69,7 @@ struct Child {
 // ended within one poll cannot be told apart by time, so a rank killed by a signal (a crash) is
 // blamed before one that exited with an error (often a peer that saw the crash), and `how` names
 // the others that failed in the same poll too.
-int reap(std::vector<Child>& children, bool blocking, std::string* how) {
+int reap(std::vector<Child>& children, std::string* how) {
   int failed = -1;
   bool failedBySignal = false;
   std::string others;
@@ -73,10 +77,7 @@ int reap(std::vector<Child>& children, bool blocking, std::string* how) {
     Child& c = children[r];
     if (!c.running) continue;
     int status = 0;
-    pid_t got;
-    do {
-      got = waitpid(c.pid, &status, blocking ? 0 : WNOHANG);
-    } while (got < 0 && errno == EINTR && blocking);
+    const pid_t got = waitpid(c.pid, &status, WNOHANG);
     if (got == 0 || (got < 0 && errno == EINTR)) continue;
     c.running = false;
     // ECHILD: someone else reaped it (a stray waitpid(-1) in the caller); its status is lost, and
@@ -105,26 +106,36 @@ std::vector<int> runningRanks(const std::vector<Child>& children) {
   return out;
 }
 
-// SIGTERM to every rank's process group, SIGKILL to what is left after the grace period, then
-// reap everything so no zombie stays behind. Also the groups of ranks that already ended: what a
-// failed rank started (its group outlives it while any member lives) must not be left running.
-void stopAll(std::vector<Child>& children) {
+// Reaps children as they end until none runs or `deadline` passes.
+void reapUntil(std::vector<Child>& children, Deadline deadline) {
   std::string ignored;
+  boot::Backoff backoff(Milliseconds(1), Milliseconds(20));
+  while (!runningRanks(children).empty() && !deadline.expired()) {
+    reap(children, &ignored);
+    if (!runningRanks(children).empty()) backoff.sleep(deadline);
+  }
+}
+
+// SIGTERM to every rank's process group, SIGKILL to what is left after the grace period, then
+// reap everything so no zombie stays behind (within a bound: a process stuck in the kernel is
+// named and left). Also the groups of ranks that already ended: what a failed rank started (its
+// group outlives it while any member lives) must not be left running.
+void stopAll(std::vector<Child>& children) {
   for (const Child& c : children)
     if (c.pid > 0) kill(-c.pid, SIGTERM);
-  Deadline grace = Deadline::after(kTermGrace);
-  boot::Backoff backoff(Milliseconds(1), Milliseconds(20));
-  while (!runningRanks(children).empty() && !grace.expired()) {
-    reap(children, false, &ignored);
-    if (!runningRanks(children).empty()) backoff.sleep(grace);
-  }
+  reapUntil(children, Deadline::after(kTermGrace));
   for (const Child& c : children) {
     if (c.running)
       LIBCOMM_LOG(kWarn, "boot") << "launchLocal: pid " << c.pid << " ignored SIGTERM for " << kTermGrace.count()
                                  << " ms; sending SIGKILL";
     if (c.pid > 0) kill(-c.pid, SIGKILL);  // the group's stragglers as well
   }
-  reap(children, true, &ignored);
+  reapUntil(children, Deadline::after(kKillGrace));
+  for (const Child& c : children)
+    if (c.running)
+      LIBCOMM_LOG(kError, "boot") << "launchLocal: pid " << c.pid << " is still there " << kKillGrace.count()
+                                  << " ms after SIGKILL (stuck in the kernel: a hung device or filesystem?); "
+                                  << "leaving it unreaped";
 }
 
 // While SIGCHLD is ignored (or handled with SA_NOCLDWAIT), the kernel reaps children itself and
@@ -275,7 +286,7 @@ Status launchLocal(const LocalLaunchOptions& options) {
   boot::Backoff backoff(Milliseconds(1), Milliseconds(20));
   std::string how;
   while (!runningRanks(children).empty()) {
-    int failed = reap(children, false, &how);
+    int failed = reap(children, &how);
     if (failed >= 0) {
       std::vector<int> others = runningRanks(children);
       stopAll(children);
