@@ -169,6 +169,10 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool bloc
       st = run(args, seq, deadline, blocking, device);
       // Between collectives: no host collective of this communicator reads peer memory now.
       if (st.isOk()) peers_->dropFreed();
+      // It succeeded, but the communicator failed meanwhile (a collective dropped on another
+      // stream): it holds the turn, so it tells the peers across hosts now. The dropped ones may
+      // have given up waiting for that turn (disconnectInTurn).
+      if (st.isOk() && cross_ && failed_.load()) disconnectAcrossHosts(asyncError());
     }
   }
   if (!st.isOk()) {

@@ -35,22 +35,32 @@ class DelegateImpl final : public Delegate {
       return Status::ok();
     }
     LIBCOMM_ASSIGN_OR_RETURN(ncclUniqueId id, shareUniqueId(boot, deadline));
-    LIBCOMM_ASSIGN_OR_RETURN(comm_, initComm(id, rank, size, device, deadline));
+    LIBCOMM_ASSIGN_OR_RETURN(comm_, initComm(id, rank, size, device, deadline, &aborted_));
     return Status::ok();
   }
 
   Status destroy(Deadline deadline) override {
     const Holder hold(*this);
     if (!comm_) return Status::ok();
-    Status s = comm_->destroy(deadline);
+    Status s = comm_->destroy(deadline, &aborted_);
     comm_.reset();
     return s;
   }
 
   void abort() override {
     aborted_.store(true);
-    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-    if (lock.owns_lock()) comm_.reset();  // ~Comm aborts it; else the holder does as it returns
+    // Either the lock is free (abort here), or a call holds it (busy_: it aborts as it returns,
+    // having seen aborted_ after its unlock). A failed try_lock with no holder (one just taking or
+    // leaving the lock, or a spurious failure) tries again.
+    for (;;) {
+      if (mu_.try_lock()) {
+        comm_.reset();  // ~Comm calls ncclCommAbort
+        mu_.unlock();
+        return;
+      }
+      if (busy_.load()) return;
+      std::this_thread::yield();
+    }
   }
 
   Status run(const CollArgs& a, void* stream, int device, Deadline deadline, const std::string& what) override {
@@ -82,6 +92,7 @@ class DelegateImpl final : public Delegate {
         if (state != ncclInProgress) break;
         if (deadline_.expired())
           return makeError(StatusCode::kTimeout, call, ": NCCL did not finish enqueueing by the deadline");
+        if (aborted_.load()) return makeError(StatusCode::kRemoteError, call, ": the NCCL communicator was aborted");
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
     }
@@ -179,18 +190,28 @@ class DelegateImpl final : public Delegate {
     return st;
   }
 
-  // The calls above hold mu_ while they use comm_. abort() may come from any thread at any time:
-  // it aborts at once when mu_ is free, else the holder does on its way out (it sees aborted_,
-  // set before abort() tried the lock).
+  // The calls above hold mu_ while they use comm_ (busy_ says so). abort() may come from any thread
+  // at any time: it aborts at once when mu_ is free, else the holder does on its way out: it
+  // unlocks, then looks at aborted_ (set before abort() tried the lock), and aborts under the lock
+  // taken again. Their waits (NCCL's enqueue, the set-up and the finalize polls) end early once
+  // aborted_ is set, so the abort is not held off until their deadlines.
   struct Holder {
-    explicit Holder(DelegateImpl& d) : d(d), lock(d.mu_) {}
+    explicit Holder(DelegateImpl& d) : d(d) {
+      d.mu_.lock();
+      d.busy_.store(true);
+    }
     ~Holder() {
-      if (d.aborted_.load()) d.comm_.reset();
+      d.busy_.store(false);
+      d.mu_.unlock();
+      if (d.aborted_.load()) {
+        std::lock_guard<std::mutex> lock(d.mu_);
+        d.comm_.reset();
+      }
     }
     DelegateImpl& d;
-    std::lock_guard<std::mutex> lock;
   };
   std::mutex mu_;
+  std::atomic<bool> busy_{false};
   std::atomic<bool> aborted_{false};
   std::unique_ptr<Comm> comm_;
   cudaStream_t s_ = nullptr;

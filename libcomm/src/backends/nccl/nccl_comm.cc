@@ -31,12 +31,12 @@ static_assert(sizeof(IdRecord) == 256, "the record is part of the bootstrap wire
 
 // Polls NCCL's asynchronous state of `comm` until it is no longer in progress or the deadline
 // passes (then ncclInProgress). NCCL's set-up takes milliseconds to seconds: 1 ms sleeps suffice.
-ncclResult_t pollComm(ncclComm_t comm, Deadline deadline, ncclResult_t* callResult) {
+ncclResult_t pollComm(ncclComm_t comm, Deadline deadline, ncclResult_t* callResult, const std::atomic<bool>* stop) {
   for (;;) {
     ncclResult_t state = ncclSuccess;
     *callResult = LIBCOMM_NCCL_FN(CommGetAsyncError)(comm, &state);
     if (*callResult != ncclSuccess) return state;
-    if (state != ncclInProgress || deadline.expired()) return state;
+    if (state != ncclInProgress || deadline.expired() || (stop && stop->load())) return state;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
@@ -87,17 +87,19 @@ Comm::~Comm() {
   (void)LIBCOMM_NCCL_FN(CommAbort)(comm_);
 }
 
-Status Comm::destroy(Deadline deadline) {
+Status Comm::destroy(Deadline deadline, const std::atomic<bool>* stop) {
   if (!comm_) return Status::ok();
   const std::string who = detail::strCat("rank ", rank_, " of ", size_, " (device ", device_, ")");
   cuda::DeviceGuard guard(device_);
   Status s = LIBCOMM_NCCL_CALL(CommFinalize, comm_);
   if (s.isOk() || s.code() == StatusCode::kInProgress) {
     ncclResult_t call = ncclSuccess;
-    const ncclResult_t state = pollComm(comm_, deadline, &call);
+    const ncclResult_t state = pollComm(comm_, deadline, &call, stop);
     s = call != ncclSuccess ? LIBCOMM_NCCL_STATUS(call) : LIBCOMM_NCCL_STATUS(state);
     if (s.code() == StatusCode::kInProgress)
-      s = makeError(StatusCode::kTimeout, "NCCL communicator of ", who, " did not finalize by the deadline; aborted");
+      s = stop && stop->load()
+              ? makeError(StatusCode::kRemoteError, "NCCL communicator of ", who, " aborted while finalizing")
+              : makeError(StatusCode::kTimeout, "NCCL communicator of ", who, " did not finalize by the deadline; aborted");
   }
   if (!s.isOk()) {
     (void)LIBCOMM_NCCL_FN(CommAbort)(comm_);
@@ -109,7 +111,8 @@ Status Comm::destroy(Deadline deadline) {
   return s.isOk() ? s : s.withContext(detail::strCat("destroying the NCCL communicator of ", who));
 }
 
-Result<std::unique_ptr<Comm>> initComm(const ncclUniqueId& id, int rank, int size, int device, Deadline deadline) {
+Result<std::unique_ptr<Comm>> initComm(const ncclUniqueId& id, int rank, int size, int device, Deadline deadline,
+                                       const std::atomic<bool>* stop) {
   const std::string who = detail::strCat("rank ", rank, " of ", size, " (device ", device, ")");
   if (size < 1 || rank < 0 || rank >= size)
     return makeError(StatusCode::kInvalidArgument, "NCCL communicator: ", who, " is not a rank of the world");
@@ -124,11 +127,13 @@ Result<std::unique_ptr<Comm>> initComm(const ncclUniqueId& id, int rank, int siz
   if (s.code() == StatusCode::kInProgress) s = Status::ok();
   if (s.isOk() && comm) {
     ncclResult_t call = ncclSuccess;
-    const ncclResult_t state = pollComm(comm, deadline, &call);
+    const ncclResult_t state = pollComm(comm, deadline, &call, stop);
     s = call != ncclSuccess ? LIBCOMM_NCCL_STATUS(call) : LIBCOMM_NCCL_STATUS(state);
     if (s.code() == StatusCode::kInProgress)
-      s = makeError(StatusCode::kTimeout, "NCCL communicator of ", who,
-                    " was not ready by the deadline (a peer that never joined?); aborted");
+      s = stop && stop->load()
+              ? makeError(StatusCode::kRemoteError, "NCCL communicator of ", who, " aborted while being created")
+              : makeError(StatusCode::kTimeout, "NCCL communicator of ", who,
+                          " was not ready by the deadline (a peer that never joined?); aborted");
   }
   if (!s.isOk()) {
     if (comm) (void)LIBCOMM_NCCL_FN(CommAbort)(comm);

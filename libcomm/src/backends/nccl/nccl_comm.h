@@ -5,6 +5,7 @@
 
 #include <nccl.h>
 
+#include <atomic>
 #include <functional>
 
 #include "libcomm/bootstrap.h"
@@ -33,9 +34,9 @@ class Comm {
   int rank() const { return rank_; }
   int size() const { return size_; }
   int device() const { return device_; }
-  /// ncclCommFinalize (waiting for outstanding work, bounded by `deadline`; at the deadline the
-  /// communicator is aborted and kTimeout returned), then ncclCommDestroy.
-  Status destroy(Deadline deadline);
+  /// ncclCommFinalize (waiting for outstanding work, bounded by `deadline`; at the deadline, or
+  /// once `*stop` is set, the communicator is aborted and an error returned), then ncclCommDestroy.
+  Status destroy(Deadline deadline, const std::atomic<bool>* stop = nullptr);
 
  private:
   ncclComm_t comm_;
@@ -44,7 +45,9 @@ class Comm {
 
 /// Creates rank `rank` of a `size`-rank communicator on CUDA device `device`, non-blocking: polls
 /// ncclCommGetAsyncError until it is ready; at the deadline, or on an error, aborts it and returns
-/// kTimeout / the error, naming rank, size and device.
-Result<std::unique_ptr<Comm>> initComm(const ncclUniqueId& id, int rank, int size, int device, Deadline deadline);
+/// kTimeout / the error, naming rank, size and device; once `*stop` is set, aborts it and returns
+/// kRemoteError.
+Result<std::unique_ptr<Comm>> initComm(const ncclUniqueId& id, int rank, int size, int device, Deadline deadline,
+                                       const std::atomic<bool>* stop = nullptr);
 
 }  // namespace libcomm::nccl
