@@ -490,6 +490,33 @@ TEST(TcpStore, ClientRetriesUntilTheStoreIsUp) {
   EXPECT_NE(again.status().message().find("already in use"), std::string::npos) << again.status().toString();
 }
 
+// resolveHost: a numeric address converts at once; a name (localhost: /etc/hosts, no name server)
+// is looked up on the helper thread and comes back the same; an empty name is an error naming it.
+TEST(TcpWire, HostsResolveWithinTheirDeadline) {
+  struct addrinfo hints = {};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  auto text = [](const struct addrinfo* ai) {
+    char buf[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(ai->ai_addr)->sin_addr, buf, sizeof(buf));
+    return std::string(buf) + ":" +
+           std::to_string(ntohs(reinterpret_cast<const sockaddr_in*>(ai->ai_addr)->sin_port));
+  };
+  for (const char* host : {"127.0.0.1", "localhost"}) {
+    auto r = boot::resolveHost(host, "4242", hints, Deadline::after(5s));
+    ASSERT_TRUE(r.isOk()) << host << ": " << r.status().toString();
+    ASSERT_NE(r->get(), nullptr);
+    EXPECT_EQ(text(r->get()), "127.0.0.1:4242") << host;
+  }
+  auto empty = boot::resolveHost("", "4242", hints, Deadline::after(5s));
+  EXPECT_FALSE(empty.isOk());
+  auto bad = boot::resolveHost("127.0.0.1", "no-such-service", hints, Deadline::after(5s));
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("cannot resolve '127.0.0.1'"), std::string::npos) << bad.status().toString();
+}
+
 // A connect to this host's port P from source port P, while nothing listens on P, connects the
 // socket to itself (TCP's simultaneous open). connectOnce must not take that for the store: the
 // client would wait for a challenge that never comes while the store could not bind its port.

@@ -66,13 +66,13 @@ std::unique_ptr<Bootstrap> keepStoreWith(std::unique_ptr<TcpStoreServer> server,
 namespace {
 
 // Where this job's store listens and where this rank connects (store_placement.h has the rule).
-Result<boot::StorePlacement> placeStore(const LaunchInfo& info) {
+Result<boot::StorePlacement> placeStore(const LaunchInfo& info, Deadline deadline) {
   boot::StoreSite site;
   site.host = info.storeHost;
   site.size = info.size;
   site.localSize = info.localSize;
   site.ifname = settingValue("LIBCOMM_SOCKET_IFNAME");
-  site.resolved = boot::resolveNumeric(info.storeHost);
+  site.resolved = boot::resolveNumeric(info.storeHost, deadline);
   LIBCOMM_ASSIGN_OR_RETURN(site.here, boot::listAddresses());
   Result<boot::StorePlacement> placed = boot::placeStore(site);
   if (!placed.isOk())
@@ -91,7 +91,7 @@ Result<std::unique_ptr<Bootstrap>> createBootstrapFromEnvironment(Deadline deadl
     return std::move(single[0]);
   }
   if (!info.storeDir.empty()) return createFileBootstrap(info.storeDir, info.jobId, info.rank, info.size, deadline);
-  LIBCOMM_ASSIGN_OR_RETURN(boot::StorePlacement where, placeStore(info));
+  LIBCOMM_ASSIGN_OR_RETURN(boot::StorePlacement where, placeStore(info, deadline));
   if (!info.hostsStore)
     return createTcpBootstrap(where.dialHost, info.storePort, info.secret, info.rank, info.size, deadline, info.jobId);
   auto started = startTcpStore(where.listenHost, info.storePort, info.secret);

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 
+#include "bootstrap/tcp_wire.h"
+
 namespace libcomm::boot {
 namespace {
 
@@ -88,19 +90,19 @@ Result<StorePlacement> placeStore(const StoreSite& site) {
   return p;
 }
 
-std::vector<std::string> resolveNumeric(const std::string& host) {
+std::vector<std::string> resolveNumeric(const std::string& host, Deadline deadline) {
   struct addrinfo hints = {};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  struct addrinfo* list = nullptr;
   std::vector<std::string> out;
-  if (host.empty() || getaddrinfo(host.c_str(), nullptr, &hints, &list) != 0) return out;
-  for (struct addrinfo* i = list; i; i = i->ai_next) {
+  if (host.empty()) return out;
+  Result<AddrInfo> resolved = resolveHost(host, "", hints, deadline);
+  if (!resolved.isOk()) return out;
+  for (struct addrinfo* i = resolved->get(); i; i = i->ai_next) {
     char text[NI_MAXHOST];
     if (getnameinfo(i->ai_addr, i->ai_addrlen, text, sizeof(text), nullptr, 0, NI_NUMERICHOST) != 0) continue;
     if (std::find(out.begin(), out.end(), text) == out.end()) out.emplace_back(text);
   }
-  freeaddrinfo(list);
   return out;
 }
 

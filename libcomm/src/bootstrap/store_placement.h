@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "bootstrap/net_interfaces.h"
+#include "libcomm/deadline.h"
 
 namespace libcomm::boot {
 
@@ -44,8 +45,9 @@ struct StorePlacement {
 /// Applies the rule above. Pure: no lookups, no sockets.
 Result<StorePlacement> placeStore(const StoreSite& site);
 
-/// The numeric addresses `host` resolves to (getaddrinfo; numeric input is returned as is). Empty
-/// when it does not resolve: connecting or listening then reports that with its own error.
-std::vector<std::string> resolveNumeric(const std::string& host);
+/// The numeric addresses `host` resolves to (numeric input is returned as is; a name is looked up
+/// until `deadline`: resolveHost). Empty when it does not resolve in time: connecting or listening
+/// then reports that with its own error.
+std::vector<std::string> resolveNumeric(const std::string& host, Deadline deadline);
 
 }  // namespace libcomm::boot

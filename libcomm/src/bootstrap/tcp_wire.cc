@@ -11,7 +11,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
 
 #include "bootstrap/boot_util.h"
 #include "bootstrap/sha256.h"
@@ -247,18 +251,65 @@ Result<Frame> recvFrame(int fd, Deadline deadline, const std::string& what) {
   return frame;
 }
 
+void AddrInfoFree::operator()(struct addrinfo* list) const {
+  if (list) freeaddrinfo(list);
+}
+
+Result<AddrInfo> resolveHost(const std::string& host, const std::string& service, const struct addrinfo& hints,
+                             Deadline deadline) {
+  auto failed = [&](int rc) {
+    // EAI_AGAIN is a resolver hiccup worth retrying; any other failure (no such name) is final.
+    return makeError(rc == EAI_AGAIN ? StatusCode::kSystemError : StatusCode::kInvalidArgument, "cannot resolve '",
+                     host, "': ", gai_strerror(rc));
+  };
+  struct addrinfo numeric = hints;
+  numeric.ai_flags |= AI_NUMERICHOST;
+  struct addrinfo* list = nullptr;
+  int rc = getaddrinfo(host.c_str(), service.empty() ? nullptr : service.c_str(), &numeric, &list);
+  if (rc == 0) return AddrInfo(list);
+  if (rc != EAI_NONAME) return failed(rc);
+  // A name: the lookup may wait for a name server for tens of seconds, past any deadline.
+  struct Lookup {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    int rc = 0;
+    struct addrinfo* list = nullptr;
+    ~Lookup() {
+      if (list) freeaddrinfo(list);
+    }
+  };
+  auto lookup = std::make_shared<Lookup>();
+  try {
+    std::thread([lookup, host, service, hints] {
+      struct addrinfo* found = nullptr;
+      const int r = getaddrinfo(host.c_str(), service.empty() ? nullptr : service.c_str(), &hints, &found);
+      std::lock_guard<std::mutex> lock(lookup->mu);
+      lookup->rc = r;
+      lookup->list = found;
+      lookup->done = true;
+      lookup->cv.notify_all();
+    }).detach();
+  } catch (const std::system_error& e) {
+    return makeError(StatusCode::kSystemError, "cannot resolve '", host, "': no thread for the lookup: ", e.what());
+  }
+  std::unique_lock<std::mutex> lock(lookup->mu);
+  if (!lookup->cv.wait_until(lock, deadline.at(), [&] { return lookup->done; }))
+    return makeError(StatusCode::kTimeout, "cannot resolve '", host,
+                     "' by the deadline: the name server did not answer (give a numeric address to skip the lookup)");
+  if (lookup->rc != 0) return failed(lookup->rc);
+  return AddrInfo(std::exchange(lookup->list, nullptr));
+}
+
 Result<int> connectOnce(const std::string& host, int port, Deadline deadline) {
   struct addrinfo hints = {};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
-  struct addrinfo* list = nullptr;
-  std::string portText = std::to_string(port);
-  int rc = getaddrinfo(host.c_str(), portText.c_str(), &hints, &list);
-  // EAI_AGAIN is a resolver hiccup worth retrying; any other failure (no such name) is final.
-  if (rc != 0)
-    return makeError(rc == EAI_AGAIN ? StatusCode::kSystemError : StatusCode::kInvalidArgument,
-                     "cannot resolve store host '", host, "': ", gai_strerror(rc));
+  const std::string portText = std::to_string(port);
+  Result<AddrInfo> resolved = resolveHost(host, portText, hints, deadline);
+  if (!resolved.isOk()) return resolved.status().withContext("store host");
+  struct addrinfo* list = resolved->get();
   Status last = makeError(StatusCode::kSystemError, "no address for ", host);
   for (struct addrinfo* ai = list; ai; ai = ai->ai_next) {
     int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
@@ -287,13 +338,11 @@ Result<int> connectOnce(const std::string& host, int port, Deadline deadline) {
     if (err == 0) {
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      freeaddrinfo(list);
       return fd;
     }
     close(fd);
     last = makeError(StatusCode::kSystemError, "connect to ", host, ":", port, ": ", errnoText(err));
   }
-  freeaddrinfo(list);
   return last;
 }
 
@@ -317,9 +366,9 @@ Result<int> listenOn(const std::string& host, int port, int* boundPort) {
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
-  struct addrinfo* list = nullptr;
-  int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &list);
-  if (rc != 0) return makeError(StatusCode::kInvalidArgument, "cannot resolve '", host, "': ", gai_strerror(rc));
+  LIBCOMM_ASSIGN_OR_RETURN(AddrInfo resolved,
+                           resolveHost(host, std::to_string(port), hints, Deadline::after(kListenResolveBound)));
+  struct addrinfo* list = resolved.get();
   int fd = socket(list->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   int one = 1;
   // SO_REUSEADDR only skips TIME_WAIT leftovers of an earlier listener; a live listener on the
@@ -327,7 +376,6 @@ Result<int> listenOn(const std::string& host, int port, int* boundPort) {
   if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (fd < 0 || bind(fd, list->ai_addr, list->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
     int err = errno;
-    freeaddrinfo(list);
     if (fd >= 0) close(fd);
     const std::string where =
         (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
@@ -346,7 +394,6 @@ Result<int> listenOn(const std::string& host, int port, int* boundPort) {
                        "need privileges; pick a port of 1024 or above)");
     return makeError(StatusCode::kSystemError, "cannot listen on ", where, ": ", errnoText(err));
   }
-  freeaddrinfo(list);
   struct sockaddr_storage addr = {};
   socklen_t len = sizeof(addr);
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);

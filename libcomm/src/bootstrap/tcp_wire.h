@@ -17,9 +17,11 @@
 //   kDelete {key}                                       -> kOk
 // Strings and values are u32 length + bytes.
 
+#include <netdb.h>
 #include <sys/socket.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -129,9 +131,24 @@ Status recvAll(int fd, void* data, size_t n, Deadline deadline, const std::strin
 Status sendFrame(int fd, MsgType type, std::string_view payload, Deadline deadline, const std::string& what);
 Result<Frame> recvFrame(int fd, Deadline deadline, const std::string& what);
 
+/// getaddrinfo's answer, freed with it.
+struct AddrInfoFree {
+  void operator()(struct addrinfo* list) const;
+};
+using AddrInfo = std::unique_ptr<struct addrinfo, AddrInfoFree>;
+/// getaddrinfo(host, service, hints) bounded by `deadline`. A numeric host is converted at once; a
+/// name is looked up on a helper thread, which the caller leaves behind when the deadline passes
+/// first (the resolver cannot be interrupted: it ends at its own timeout, and frees its answer):
+/// kTimeout naming the host. Failures: kSystemError for EAI_AGAIN (a resolver hiccup worth
+/// retrying), else kInvalidArgument, with the resolver's text.
+Result<AddrInfo> resolveHost(const std::string& host, const std::string& service, const struct addrinfo& hints,
+                             Deadline deadline);
+
 /// Listens on exactly host:port (port 0: any free one): a non-blocking, close-on-exec socket, with
-/// the port actually bound stored in `*boundPort`. EADDRINUSE is an error naming the address.
+/// the port actually bound stored in `*boundPort`. EADDRINUSE is an error naming the address. A
+/// host name is resolved within kListenResolveBound.
 Result<int> listenOn(const std::string& host, int port, int* boundPort);
+inline constexpr Milliseconds kListenResolveBound{10000};
 /// "10.0.0.1:5678" for a socket address.
 std::string addressText(const struct sockaddr_storage& addr);
 
