@@ -544,12 +544,14 @@ TEST(CommErrors, CollectivesThatNeverRanWaitForTheirTurnOneTimeoutInAll) {
   RunOptions opts;
   opts.size = 2;
   const auto timeout = scaledForSanitizers(std::chrono::milliseconds(1000));
+  // Seq 1 is held 3 timeouts (the four waits took 4 before); the run takes about that long.
+  opts.deadline = 8 * timeout + std::chrono::seconds(20);
   auto report = runRanks(opts, [timeout](RankContext& ctx) -> Status {
     auto config = quickConfig(ctx.rank, Placement::kAcrossHosts);
     config.opTimeout = timeout;
     LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
     std::vector<float> in(4, 1.0f), out(8);
-    const libcomm::Deadline patience = libcomm::Deadline::after(20 * timeout);
+    const libcomm::Deadline patience = libcomm::Deadline::after(6 * timeout);
     if (ctx.rank == 0) {
       auto s = libcomm::createHostStream("plain");
       for (int k = 0; k < 5; ++k)
@@ -561,7 +563,7 @@ TEST(CommErrors, CollectivesThatNeverRanWaitForTheirTurnOneTimeoutInAll) {
     auto held = libcomm::createHostStream("held"), failing = libcomm::createHostStream("failing");
     LIBCOMM_RETURN_IF_ERROR(held->enqueueHost(
         [timeout] {
-          std::this_thread::sleep_for(6 * timeout);
+          std::this_thread::sleep_for(3 * timeout);
           return Status::ok();
         },
         "slow user work"));
