@@ -15,6 +15,13 @@
 // fork(): the child keeps the handler but has neither the thread nor a right to the parent's pipe
 // (its byte would make the parent dump). An atfork handler closes the child's copy of the pipe,
 // and the child's first communicator makes its own pipe and thread.
+//
+// The thread is running, parked in read(), before the first communicator's create returns: a
+// program that forks right after could otherwise fork while the thread is still starting. Under
+// AddressSanitizer (GCC 12's runtime does not lock its allocator around fork) a thread starting at
+// the fork can leave an allocator lock held in the child, whose next malloc or exit-time leak
+// check then waits forever; CI's ASan run hung that way in
+// ShmHygiene.AForkedChildEndingThroughExitLeavesTheParentsSegmentsAndNoLeak.
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -23,6 +30,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <future>
+#include <memory>
 #include <thread>
 
 #include "core/flight_recorder.h"
@@ -68,8 +77,13 @@ void afterForkInChild() {
   if (fd >= 0) close(fd);
 }
 
-void listen(int readFd) {
+// How long the first communicator waits for the thread to start; a thread that has not started by
+// then still listens once it does.
+constexpr std::chrono::seconds kListenerStartBound(5);
+
+void listen(int readFd, std::shared_ptr<std::promise<void>> started) {
   log::setThreadRank(-1);
+  started->set_value();  // nothing below allocates until a signal arrives
   char buf[64];
   for (;;) {
     const ssize_t n = read(readFd, buf, sizeof(buf));
@@ -90,14 +104,20 @@ void ensureListening(Registry& r) {
     return;
   }
   fcntl(fds[1], F_SETFL, O_NONBLOCK);  // the handler must never block
+  std::future<void> running;
   try {
-    std::thread(listen, fds[0]).detach();
+    auto started = std::make_shared<std::promise<void>>();
+    running = started->get_future();
+    std::thread(listen, fds[0], std::move(started)).detach();
   } catch (const std::exception& e) {
     LIBCOMM_LOG(kWarn, "init") << "flight recorder: cannot start the SIGUSR1 thread (" << e.what() << ")";
     close(fds[0]);
     close(fds[1]);
     return;
   }
+  if (running.wait_for(kListenerStartBound) != std::future_status::ready)
+    LIBCOMM_LOG(kWarn, "init") << "flight recorder: the SIGUSR1 thread had not started after "
+                               << kListenerStartBound.count() << " s; it listens once it does";
   r.listeningPid = getpid();
   gWakeFd.store(fds[1]);
   if (r.installed) return;
