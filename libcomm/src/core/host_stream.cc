@@ -43,6 +43,9 @@ namespace {
 // but a short one saves the futex round trip for back-to-back small items.
 constexpr std::chrono::microseconds kSpinTime{5};
 
+// How long a new stream waits for its progress thread to start (HostStream's constructor).
+constexpr Milliseconds kThreadStartBound{5000};
+
 
 template <typename Pred>
 bool spinBriefly(Pred pred) {
@@ -268,6 +271,8 @@ class Core {
     pthread_setname_np(pthread_self(), threadName.substr(0, 15).c_str());
     applyPriority(priority_, name_);
     std::unique_lock<std::mutex> lock(mu_);
+    started_ = true;
+    doneCv_.notify_all();
     for (;;) {
       if (queue_.empty() && !stop_) {
         idleWait(lock);
@@ -331,6 +336,12 @@ class Core {
                                       "' was destroyed before reaching this event record (item #", item.seq, ")"));
     }
     return dropped.size();
+  }
+
+  // True when the progress thread has entered its loop within `timeout`.
+  bool waitStarted(Milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return waitUntil(doneCv_, lock, Deadline::after(timeout), [&] { return started_; });
   }
 
   // True when the progress thread has left its loop within `timeout`.
@@ -421,6 +432,7 @@ class Core {
   std::atomic<bool> stop_{false};       // written under mu_; read lock-free by a waiting progress thread
   bool sleeping_ = false;
   std::multiset<uint64_t> syncTargets_;  // targets of the threads sleeping in waitIdle()
+  bool started_ = false;  // the progress thread has entered its loop
   bool exited_ = false;
   Status error_;
   bool running_ = false;
@@ -491,6 +503,13 @@ class HostStream final : public Stream {
       : core_(std::make_shared<Core>(std::move(name), options.priority)), options_(options) {
     // The thread co-owns the core: if it must be detached, what it touches stays alive.
     thread_ = std::thread([core = core_] { core->run(); });
+    // Returns with the thread in its loop, done starting: a program that forks right after must not
+    // fork a thread in the middle of its start (under GCC 12's AddressSanitizer, whose allocator
+    // is not locked around fork, the child could inherit an allocator lock held and hang in its
+    // next malloc). Past the bound the stream works all the same; its thread starts late.
+    if (!core_->waitStarted(kThreadStartBound))
+      LIBCOMM_LOG(kWarn, "stream") << "progress thread of stream '" << core_->name() << "' had not started after "
+                                   << kThreadStartBound.count() << " ms";
   }
 
   ~HostStream() override {
