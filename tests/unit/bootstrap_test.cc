@@ -580,6 +580,65 @@ TEST(TcpStore, VanishedServerIsARemoteError) {
   EXPECT_EQ(b[0]->barrier(Deadline::after(1s)).code(), StatusCode::kRemoteError);
 }
 
+// A lookup on the side channel ends by its own deadline although another thread's publish holds
+// the connection, waiting on a store that does not answer (stopped with SIGSTOP, in a child forked
+// before this process has threads). A rank whose collective timed out asks who had not arrived
+// with a fraction of a second to spare; the lookup waited for the publish's whole deadline, and
+// then a reply grace on top.
+TEST(TcpStore, ASideChannelLookupEndsByItsDeadlineWhileAPublishWaits) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t store = fork();
+  ASSERT_GE(store, 0);
+  if (store == 0) {
+    close(fds[0]);
+    auto server = startTcpStore("127.0.0.1", 0, kSecret);
+    const int port = server.isOk() ? (*server)->port() : -1;
+    if (write(fds[1], &port, sizeof(port)) != sizeof(port)) _exit(3);
+    for (;;) pause();
+  }
+  close(fds[1]);
+  int port = -1;
+  const bool gotPort = read(fds[0], &port, sizeof(port)) == sizeof(port) && port > 0;
+  close(fds[0]);
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  } reap{store};
+  ASSERT_TRUE(gotPort);
+  auto b = createTcpBootstrap("127.0.0.1", port, kSecret, 0, 1, Deadline::after(10s));
+  ASSERT_TRUE(b.isOk()) << b.status().toString();
+  auto side = (*b)->openSideChannel(Deadline::after(10s));
+  ASSERT_TRUE(side.isOk()) << side.status().toString();
+  ASSERT_TRUE((*side)->publish("progress", "1", Deadline::after(10s)).isOk());
+  ASSERT_EQ(kill(store, SIGSTOP), 0);
+  int stopped = 0;  // a stop takes effect later than kill returns: wait for it
+  ASSERT_EQ(waitpid(store, &stopped, WUNTRACED), store);
+  ASSERT_TRUE(WIFSTOPPED(stopped));
+  std::atomic<bool> published{false};
+  Status publish;
+  std::thread publisher([&] {
+    publish = (*side)->publish("progress", "2", Deadline::after(10s));
+    published = true;
+  });
+  std::this_thread::sleep_for(100ms);  // the publisher has sent its set and holds the connection
+  const auto start = Clock::now();
+  auto got = (*side)->lookup({"progress"}, Deadline::after(200ms));
+  const auto took = std::chrono::duration_cast<Milliseconds>(Clock::now() - start);
+  const bool publishWasWaiting = !published.load();
+  kill(store, SIGKILL);  // the publish ends at once (connection closed)
+  publisher.join();
+  EXPECT_TRUE(publishWasWaiting) << "the publish ended before the lookup: " << publish.toString();
+  EXPECT_LT(took, 5s) << "the lookup waited for the publish's deadline";
+  ASSERT_FALSE(got.isOk());
+  EXPECT_EQ(got.status().code(), StatusCode::kTimeout) << got.status().toString();
+  EXPECT_NE(got.status().message().find("lookup"), std::string::npos) << got.status().toString();
+  EXPECT_FALSE(publish.isOk());
+}
+
 // Ranks as forked processes. They are forked before the store (and its thread) exists, learn its
 // port through a pipe, and report through their exit status.
 TEST(TcpStore, ForkedProcesses) {

@@ -50,6 +50,11 @@ class TcpStoreClient {
   /// the keys that never appeared.
   Result<std::vector<std::string>> get(const std::vector<std::string>& keys, bool take, Deadline deadline,
                                        std::vector<std::string>* missing = nullptr);
+  /// Like get without take, but the store answers at once with what it has (kTimeout and
+  /// `missing` when some keys are absent), and the answer must arrive by `replyBy`: for a caller
+  /// whose whole budget is a short deadline.
+  Result<std::vector<std::string>> getNow(const std::vector<std::string>& keys, Deadline replyBy,
+                                          std::vector<std::string>* missing = nullptr);
 
   const std::string& address() const { return address_; }
 
@@ -57,6 +62,9 @@ class TcpStoreClient {
   TcpStoreClient(int fd, std::string address, int rank) : fd_(fd), address_(std::move(address)), rank_(rank) {}
   Status handshake(const std::string& secret, Deadline deadline);
   Result<Frame> call(MsgType type, const std::string& payload, Deadline replyDeadline, const char* op);
+  // A get whose keys the store waits for up to `storeWaitMs`; its answer must arrive by `replyBy`.
+  Result<std::vector<std::string>> getWithin(const std::vector<std::string>& keys, bool take, uint32_t storeWaitMs,
+                                             Deadline replyBy, std::vector<std::string>* missing);
 
   int fd_;
   std::string address_;

@@ -119,10 +119,21 @@ Status TcpStoreClient::remove(const std::string& key, Deadline deadline) {
 Result<std::vector<std::string>> TcpStoreClient::get(const std::vector<std::string>& keys, bool take, Deadline deadline,
                                                      std::vector<std::string>* missing) {
   long long ms = std::min<long long>(deadline.remaining().count(), std::numeric_limits<uint32_t>::max() - 1);
+  return getWithin(keys, take, static_cast<uint32_t>(ms), withGrace(deadline), missing);
+}
+
+Result<std::vector<std::string>> TcpStoreClient::getNow(const std::vector<std::string>& keys, Deadline replyBy,
+                                                        std::vector<std::string>* missing) {
+  return getWithin(keys, false, 0, replyBy, missing);
+}
+
+Result<std::vector<std::string>> TcpStoreClient::getWithin(const std::vector<std::string>& keys, bool take,
+                                                           uint32_t storeWaitMs, Deadline replyBy,
+                                                           std::vector<std::string>* missing) {
   WireWriter w;
-  w.u32(take ? kTake : 0).u32(static_cast<uint32_t>(ms)).u32(static_cast<uint32_t>(keys.size()));
+  w.u32(take ? kTake : 0).u32(storeWaitMs).u32(static_cast<uint32_t>(keys.size()));
   for (const auto& key : keys) w.bytes(key);
-  LIBCOMM_ASSIGN_OR_RETURN(Frame reply, call(MsgType::kGet, w.take(), withGrace(deadline), "get"));
+  LIBCOMM_ASSIGN_OR_RETURN(Frame reply, call(MsgType::kGet, w.take(), replyBy, "get"));
   std::vector<std::string> list;
   if (reply.type == MsgType::kValues && parseStringList(reply.payload, &list) && list.size() == keys.size()) {
     return list;
