@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -839,6 +840,83 @@ TEST(CommErrors, AForkedChildDestroyingItsCopyLeavesTheParentWorking) {
     return comm->freeRegistered(p);
   });
   EXPECT_RANKS_OK(report);
+}
+
+// A pair of communicators across hosts (each rank on a host of its own, so over UCX) on two threads
+// of this process; runs one all_gather. Returns the pair, or the first rank's error.
+libcomm::Result<std::vector<std::unique_ptr<libcomm::Communicator>>> pairAcrossHosts(const std::string& tag) {
+  auto boots = libcomm::createInProcessBootstraps(2);
+  std::vector<std::unique_ptr<libcomm::Communicator>> comms(2);
+  std::vector<Status> st(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      libcomm::CommConfig c = quickConfig(r, Placement::kAcrossHosts);
+      c.hostId = tag + std::to_string(r);
+      c.initTimeout = std::chrono::milliseconds(20000);
+      auto comm = libcomm::Communicator::create(*boots[r], c);
+      if (!comm.isOk()) {
+        st[r] = comm.status();
+        return;
+      }
+      auto s = libcomm::createHostStream("pair");
+      std::vector<float> in(256, float(r)), out(512);
+      st[r] = (*comm)->allGather(in.data(), out.data(), in.size(), DataType::kFloat32, *s);
+      if (st[r].isOk()) st[r] = s->synchronize(libcomm::Deadline::after(std::chrono::seconds(10)));
+      if (st[r].isOk() && (out[0] != 0.0f || out[256] != 1.0f))
+        st[r] = libcomm::makeError(StatusCode::kInternalError, "rank ", r, " gathered ", out[0], ", ", out[256]);
+      comms[r] = std::move(*comm);
+    });
+  for (auto& t : threads) t.join();
+  for (const Status& s : st) LIBCOMM_RETURN_IF_ERROR(s);
+  return comms;
+}
+
+// Forks; the child runs `body` under a 60 s alarm and exits with its result. Returns the child's
+// wait status.
+int inAChild(const std::function<int()>& body) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    alarm(60);
+    _exit(body());
+  }
+  int ws = -1;
+  if (pid > 0) waitpid(pid, &ws, 0);
+  return ws;
+}
+
+// UCX does not survive fork(): a child forked while the parent had communicators across hosts
+// cannot make its own (measured with UCX 1.13: its wire-up timed out after the whole init deadline
+// with a message about stopped peers, also with a fresh UCX context). It is refused at once, saying
+// why; a child forked after the parent destroyed them makes its own as usual.
+TEST(CommErrors, ACommunicatorAcrossHostsInAChildForkedWhileUcxWasInUseIsRefusedAtOnce) {
+  auto pair = pairAcrossHosts("fork-parent-");
+  ASSERT_TRUE(pair.isOk()) << pair.status().toString();
+  const int refused = inAChild([] {
+    const auto start = std::chrono::steady_clock::now();
+    auto child = pairAcrossHosts("fork-child-");
+    if (child.isOk()) return 1;
+    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(5)) return 2;
+    const std::string& m = child.status().message();
+    if (child.status().code() != StatusCode::kInvalidUsage || m.find("fork") == std::string::npos ||
+        m.find("UCX") == std::string::npos) {
+      fprintf(stderr, "%s\n", child.status().toString().c_str());
+      return 3;
+    }
+    return 0;
+  });
+  ASSERT_TRUE(WIFEXITED(refused)) << "wait status " << refused;
+  EXPECT_EQ(WEXITSTATUS(refused), 0) << "1: the child made a communicator across hosts; 2: refused only after 5 s; "
+                                        "3: not refused as kInvalidUsage naming UCX and fork (above)";
+  pair->clear();
+  const int fresh = inAChild([] {
+    auto child = pairAcrossHosts("fork-fresh-");
+    if (!child.isOk()) fprintf(stderr, "%s\n", child.status().toString().c_str());
+    return child.isOk() ? 0 : 1;
+  });
+  ASSERT_TRUE(WIFEXITED(fresh)) << "wait status " << fresh;
+  EXPECT_EQ(WEXITSTATUS(fresh), 0) << "a child forked after the parent destroyed its communicators across hosts "
+                                      "could not make its own (above)";
 }
 
 }  // namespace

@@ -19,6 +19,10 @@
 // Processes: a communicator serves the process that made it. In a forked child every call is
 // refused with kInvalidUsage (abort() is ignored) and destroying the child's copy leaves the
 // parent's shared memory alone; a child that needs collectives makes a communicator of its own.
+// Except across hosts: UCX does not survive fork(), so in a child forked while the parent had a
+// communicator across hosts, making one across hosts is refused at once with kInvalidUsage
+// (destroy them before forking, or exec). A new stream or communicator returns with its threads
+// running, so a fork right after it does not copy a thread in the middle of its start.
 
 #include <cstddef>
 #include <memory>

@@ -14,6 +14,7 @@
 // UCX_KEEPALIVE_INTERVAL is never touched: a short interval keeps the sockets busy, and the
 // kernel's keepalive then never fires.
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,8 @@ class Context {
  public:
   /// The process's context, created on first use; the last reference cleans it up. Thread-safe.
   /// Without UCX (or when UCX cannot start) an error naming the reason.
+  /// In a process forked while its parent had a context in use: kInvalidUsage saying so (UCX does
+  /// not survive fork(); a new context there connects to nothing either).
   /// `peerTimeout` sizes the keepalive defaults when this call creates the context (also replacing
   /// the values an earlier, released context had set); a context that already exists keeps its
   /// settings (they are process-wide).
@@ -58,6 +61,8 @@ class Context {
   Context() = default;
   ucp_context* handle_ = nullptr;
   std::string description_;
+  uint64_t forks_ = 0;  // processForks() when made: another count means this is a forked child's copy
+  int pid_ = 0;         // the process that made it
 };
 
 }  // namespace libcomm::ucx
