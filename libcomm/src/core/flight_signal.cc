@@ -14,7 +14,8 @@
 //
 // fork(): the child keeps the handler but has neither the thread nor a right to the parent's pipe
 // (its byte would make the parent dump). An atfork handler closes the child's copy of the pipe,
-// and the child's first communicator makes its own pipe and thread.
+// and the child's first communicator makes its own pipe and thread. The registry's lock is held
+// across the fork, so the child finds it free.
 //
 // The thread is running, parked in read(), before the first communicator's create returns: a
 // program that forks right after could otherwise fork while the thread is still starting. Under
@@ -72,7 +73,14 @@ void onSignal(int sig, siginfo_t* info, void* context) {
   }
 }
 
+// The registry's lock is held across fork() (taken in the prepare handler), so that the child
+// starts with it free and the list whole: a child forked while another thread registered a
+// recorder would otherwise block for ever in its first communicator's registration. Nothing logs
+// or takes another lock while holding it, so the order of fork handlers cannot deadlock.
+void beforeFork() { registry().mu.lock(); }
+void afterForkInParent() { registry().mu.unlock(); }
 void afterForkInChild() {
+  registry().mu.unlock();
   const int fd = gWakeFd.exchange(-1);
   if (fd >= 0) close(fd);
 }
@@ -93,14 +101,20 @@ void listen(int readFd, std::shared_ptr<std::promise<void>> started) {
   }
 }
 
+// What ensureListening has to say, logged once the registry's lock is released.
+struct Said {
+  std::string warning;
+  std::string debug;
+};
+
 // With the registry's lock held: the handler and this process's listening thread exist.
-void ensureListening(Registry& r) {
+void ensureListening(Registry& r, Said* said) {
   if (r.listeningPid == getpid()) return;
   r.live.clear();  // a forked child's copies of its parent's recorders are not its own
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
-    LIBCOMM_LOG(kWarn, "init") << "flight recorder: no pipe for SIGUSR1 (" << strerror(errno)
-                               << "); dumps only on failure and through the API";
+    said->warning = detail::strCat("flight recorder: no pipe for SIGUSR1 (", strerror(errno),
+                                   "); dumps only on failure and through the API");
     return;
   }
   fcntl(fds[1], F_SETFL, O_NONBLOCK);  // the handler must never block
@@ -110,34 +124,32 @@ void ensureListening(Registry& r) {
     running = started->get_future();
     std::thread(listen, fds[0], std::move(started)).detach();
   } catch (const std::exception& e) {
-    LIBCOMM_LOG(kWarn, "init") << "flight recorder: cannot start the SIGUSR1 thread (" << e.what() << ")";
+    said->warning = detail::strCat("flight recorder: cannot start the SIGUSR1 thread (", e.what(), ")");
     close(fds[0]);
     close(fds[1]);
     return;
   }
   if (running.wait_for(kListenerStartBound) != std::future_status::ready)
-    LIBCOMM_LOG(kWarn, "init") << "flight recorder: the SIGUSR1 thread had not started after "
-                               << kListenerStartBound.count() << " s; it listens once it does";
+    said->warning = detail::strCat("flight recorder: the SIGUSR1 thread had not started after ",
+                                   kListenerStartBound.count(), " s; it listens once it does");
   r.listeningPid = getpid();
   gWakeFd.store(fds[1]);
   if (r.installed) return;
-  static std::once_flag atfork;
-  std::call_once(atfork, [] { pthread_atfork(nullptr, nullptr, afterForkInChild); });
   struct sigaction sa;
   memset(&sa, 0, sizeof(sa));
   sa.sa_sigaction = onSignal;
   sa.sa_flags = SA_SIGINFO | SA_RESTART;
   sigemptyset(&sa.sa_mask);
   if (sigaction(SIGUSR1, &sa, &gPrevious) != 0) {
-    LIBCOMM_LOG(kWarn, "init") << "flight recorder: cannot install the SIGUSR1 handler: " << strerror(errno);
+    said->warning = detail::strCat("flight recorder: cannot install the SIGUSR1 handler: ", strerror(errno));
     return;
   }
   r.installed = true;
   const bool chained = (gPrevious.sa_flags & SA_SIGINFO) ? gPrevious.sa_sigaction != nullptr
                                                          : (gPrevious.sa_handler != SIG_DFL &&
                                                             gPrevious.sa_handler != SIG_IGN);
-  LIBCOMM_LOG(kDebug, "init") << "flight recorder: SIGUSR1 dumps every communicator's recorder"
-                              << (chained ? ", then calls the handler installed before" : "");
+  said->debug = detail::strCat("flight recorder: SIGUSR1 dumps every communicator's recorder",
+                               chained ? ", then calls the handler installed before" : "");
 }
 
 }  // namespace
@@ -146,12 +158,19 @@ void registerFlightRecorderForSignal(const std::shared_ptr<FlightRecorder>& reco
   if (!recorder->enabled()) return;
   Result<bool> on = settingBool("LIBCOMM_FLIGHT_RECORDER_SIGNAL");
   if (!on.isOk() || !*on) return;  // a malformed value is reported by CommConfig::fromEnvironment
+  static std::once_flag atfork;
+  std::call_once(atfork, [] { pthread_atfork(beforeFork, afterForkInParent, afterForkInChild); });
   Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  ensureListening(r);
-  // Drop the recorders of destroyed communicators, so the list stays as long as the live ones.
-  std::erase_if(r.live, [](const std::weak_ptr<FlightRecorder>& w) { return w.expired(); });
-  r.live.push_back(recorder);
+  Said said;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    ensureListening(r, &said);
+    // Drop the recorders of destroyed communicators, so the list stays as long as the live ones.
+    std::erase_if(r.live, [](const std::weak_ptr<FlightRecorder>& w) { return w.expired(); });
+    r.live.push_back(recorder);
+  }
+  if (!said.warning.empty()) LIBCOMM_LOG(kWarn, "init") << said.warning;
+  if (!said.debug.empty()) LIBCOMM_LOG(kDebug, "init") << said.debug;
 }
 
 int dumpAllFlightRecorders(std::string_view reason) {
