@@ -890,6 +890,7 @@ int inAChild(const std::function<int()>& body) {
 // with a message about stopped peers, also with a fresh UCX context). It is refused at once, saying
 // why; a child forked after the parent destroyed them makes its own as usual.
 TEST(CommErrors, ACommunicatorAcrossHostsInAChildForkedWhileUcxWasInUseIsRefusedAtOnce) {
+  if (kThreadSanitizer) GTEST_SKIP() << "the children start threads, which ThreadSanitizer ends them for";
   auto pair = pairAcrossHosts("fork-parent-");
   ASSERT_TRUE(pair.isOk()) << pair.status().toString();
   const int refused = inAChild([] {

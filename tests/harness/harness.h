@@ -32,6 +32,7 @@
 
 #include "libcomm/bootstrap.h"
 #include "libcomm/status.h"
+#include "sanitizer_build.h"
 
 namespace shardcomm::testing {
 

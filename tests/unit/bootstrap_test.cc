@@ -11,6 +11,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -580,63 +583,122 @@ TEST(TcpStore, VanishedServerIsARemoteError) {
   EXPECT_EQ(b[0]->barrier(Deadline::after(1s)).code(), StatusCode::kRemoteError);
 }
 
-// A lookup on the side channel ends by its own deadline although another thread's publish holds
-// the connection, waiting on a store that does not answer (stopped with SIGSTOP, in a child forked
-// before this process has threads). A rank whose collective timed out asks who had not arrived
-// with a fraction of a second to spare; the lookup waited for the publish's whole deadline, and
-// then a reply grace on top.
-TEST(TcpStore, ASideChannelLookupEndsByItsDeadlineWhileAPublishWaits) {
-  int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
-  const pid_t store = fork();
-  ASSERT_GE(store, 0);
-  if (store == 0) {
-    close(fds[0]);
-    auto server = startTcpStore("127.0.0.1", 0, kSecret);
-    const int port = server.isOk() ? (*server)->port() : -1;
-    if (write(fds[1], &port, sizeof(port)) != sizeof(port)) _exit(3);
-    for (;;) pause();
-  }
-  close(fds[1]);
-  int port = -1;
-  const bool gotPort = read(fds[0], &port, sizeof(port)) == sizeof(port) && port > 0;
-  close(fds[0]);
-  struct Reap {
-    pid_t pid;
-    ~Reap() {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
+// A TCP store in a child process (forked before this process has threads) that the test can stop
+// with SIGSTOP: a store that takes requests (the kernel queues them) and never answers.
+class StoppableStore {
+ public:
+  StoppableStore() {
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      close(fds[0]);
+      auto server = startTcpStore("127.0.0.1", 0, kSecret);
+      const int port = server.isOk() ? (*server)->port() : -1;
+      if (write(fds[1], &port, sizeof(port)) != sizeof(port)) _exit(3);
+      for (;;) pause();
     }
-  } reap{store};
-  ASSERT_TRUE(gotPort);
-  auto b = createTcpBootstrap("127.0.0.1", port, kSecret, 0, 1, Deadline::after(10s));
-  ASSERT_TRUE(b.isOk()) << b.status().toString();
-  auto side = (*b)->openSideChannel(Deadline::after(10s));
+    close(fds[1]);
+    if (pid_ > 0 && read(fds[0], &port_, sizeof(port_)) != sizeof(port_)) port_ = -1;
+    close(fds[0]);
+  }
+  ~StoppableStore() { kill(); }
+  int port() const { return port_; }
+  // Returns once the store has stopped (a stop takes effect later than kill() returns).
+  bool stop() {
+    int ws = 0;
+    return pid_ > 0 && ::kill(pid_, SIGSTOP) == 0 && waitpid(pid_, &ws, WUNTRACED) == pid_ && WIFSTOPPED(ws);
+  }
+  void kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);  // its connections close at once
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  // True when a connection of the store holds bytes it has not read (/proc/net/tcp's rx_queue of a
+  // socket on its port): a request is waiting for the stopped store.
+  bool hasUnreadRequest() const {
+    std::ifstream in("/proc/net/tcp");
+    std::string line;
+    std::getline(in, line);  // the header
+    char local[64] = {0}, queues[64] = {0};
+    while (std::getline(in, line)) {
+      if (sscanf(line.c_str(), "%*s %63s %*s %*s %63s", local, queues) != 2) continue;
+      const char* colon = strchr(local, ':');
+      const char* split = strchr(queues, ':');
+      if (colon && split && strtol(colon + 1, nullptr, 16) == port_ && strtoul(split + 1, nullptr, 16) > 0) return true;
+    }
+    return false;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = -1;
+};
+
+// A side channel of a 1-rank TCP bootstrap on `store`, with one key published while it answered.
+Result<std::unique_ptr<SideChannel>> sideChannelOn(StoppableStore& store, std::unique_ptr<Bootstrap>* keep) {
+  if (store.port() <= 0) return makeError(StatusCode::kInternalError, "no store");
+  LIBCOMM_ASSIGN_OR_RETURN(*keep, createTcpBootstrap("127.0.0.1", store.port(), kSecret, 0, 1, Deadline::after(10s)));
+  LIBCOMM_ASSIGN_OR_RETURN(auto side, (*keep)->openSideChannel(Deadline::after(10s)));
+  LIBCOMM_RETURN_IF_ERROR(side->publish("progress", "1", Deadline::after(10s)));
+  return side;
+}
+
+// A lookup on the side channel ends by its own deadline although another thread's publish holds
+// the connection, waiting on a store that does not answer. A rank whose collective timed out asks
+// who had not arrived with a fraction of a second to spare; the lookup waited for the publish's
+// whole deadline, and then a reply grace on top.
+TEST(TcpStore, ASideChannelLookupEndsByItsDeadlineWhileAPublishWaits) {
+  StoppableStore store;
+  std::unique_ptr<Bootstrap> b;
+  auto side = sideChannelOn(store, &b);
   ASSERT_TRUE(side.isOk()) << side.status().toString();
-  ASSERT_TRUE((*side)->publish("progress", "1", Deadline::after(10s)).isOk());
-  ASSERT_EQ(kill(store, SIGSTOP), 0);
-  int stopped = 0;  // a stop takes effect later than kill returns: wait for it
-  ASSERT_EQ(waitpid(store, &stopped, WUNTRACED), store);
-  ASSERT_TRUE(WIFSTOPPED(stopped));
+  ASSERT_TRUE(store.stop());
   std::atomic<bool> published{false};
   Status publish;
   std::thread publisher([&] {
     publish = (*side)->publish("progress", "2", Deadline::after(10s));
     published = true;
   });
-  std::this_thread::sleep_for(100ms);  // the publisher has sent its set and holds the connection
+  // The publisher holds the connection once its request waits at the store.
+  const Deadline sent = Deadline::after(10s);
+  while (!store.hasUnreadRequest() && !sent.expired()) std::this_thread::sleep_for(1ms);
+  const bool publishSent = !sent.expired();
   const auto start = Clock::now();
   auto got = (*side)->lookup({"progress"}, Deadline::after(200ms));
   const auto took = std::chrono::duration_cast<Milliseconds>(Clock::now() - start);
   const bool publishWasWaiting = !published.load();
-  kill(store, SIGKILL);  // the publish ends at once (connection closed)
+  store.kill();  // the publish ends at once (connection closed)
   publisher.join();
+  ASSERT_TRUE(publishSent) << "the publish's request never reached the store's socket";
   EXPECT_TRUE(publishWasWaiting) << "the publish ended before the lookup: " << publish.toString();
   EXPECT_LT(took, 5s) << "the lookup waited for the publish's deadline";
   ASSERT_FALSE(got.isOk());
   EXPECT_EQ(got.status().code(), StatusCode::kTimeout) << got.status().toString();
   EXPECT_NE(got.status().message().find("lookup"), std::string::npos) << got.status().toString();
   EXPECT_FALSE(publish.isOk());
+}
+
+// A lookup whose own request the store leaves unanswered is a timeout by its deadline (plus the
+// store's least time to answer), not a success with every value absent (a missing reply was
+// taken for the store's "these keys are missing", and the lookup then said that no rank had ever
+// reported).
+TEST(TcpStore, ASideChannelLookupTheStoreNeverAnswersIsATimeout) {
+  StoppableStore store;
+  std::unique_ptr<Bootstrap> b;
+  auto side = sideChannelOn(store, &b);
+  ASSERT_TRUE(side.isOk()) << side.status().toString();
+  ASSERT_TRUE(store.stop());
+  const auto start = Clock::now();
+  auto got = (*side)->lookup({"progress", "absent"}, Deadline::after(200ms));
+  const auto took = std::chrono::duration_cast<Milliseconds>(Clock::now() - start);
+  store.kill();
+  ASSERT_FALSE(got.isOk()) << "a lookup the store never answered succeeded";
+  EXPECT_EQ(got.status().code(), StatusCode::kTimeout) << got.status().toString();
+  EXPECT_NE(got.status().message().find("lookup"), std::string::npos) << got.status().toString();
+  EXPECT_GE(took, 150ms) << "the lookup did not wait for its deadline";
+  EXPECT_LT(took, 5s);
 }
 
 // Ranks as forked processes. They are forked before the store (and its thread) exists, learn its

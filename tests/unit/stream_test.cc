@@ -21,6 +21,7 @@
 #include "core/host_stream.h"
 #include "gate.h"
 #include "libcomm/config.h"
+#include "sanitizer_build.h"
 
 namespace libcomm {
 namespace {
@@ -637,17 +638,7 @@ TEST(HostStreamFork, AForkedChildIsRefusedAndDestroysItsCopyAtOnce) {
 // stayed in the parent. Before: in the child query() said kInProgress forever, synchronize() slept
 // until its deadline and reported a plain timeout, and a new stream's wait on the event held its
 // progress thread until the deadline of its synchronize.
-#if defined(__SANITIZE_THREAD__)
-constexpr bool kThreadSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-constexpr bool kThreadSanitizer = true;
-#else
-constexpr bool kThreadSanitizer = false;
-#endif
-#else
-constexpr bool kThreadSanitizer = false;
-#endif
+using shardcomm::testing::kThreadSanitizer;
 
 TEST(HostStreamFork, AForkedChildIsRefusedTheEventsRecordedBeforeTheFork) {
   auto s = createHostStream("parent");

@@ -26,6 +26,8 @@ constexpr uint32_t kHelloMagic = 0x54424f4f;  // "TBOO"
 // 4-byte length): both must fit the store's message bound.
 constexpr uint64_t kRequestRoom = 256;
 constexpr uint64_t messageBytes(uint64_t bytes, uint64_t ranks) { return kRequestRoom + 4 + ranks * (4 + bytes); }
+// The least time a side-channel lookup gives the store to answer (see lookup).
+constexpr Milliseconds kLookupReplyFloor{100};
 
 // The side channel: a store connection of its own (a collective round of the bootstrap may be
 // parked on the main one), authenticated without claiming a rank, one call at a time. Every call
@@ -58,12 +60,18 @@ class TcpSideChannel final : public SideChannel {
       std::vector<std::string> asked;
       for (size_t i : ask) asked.push_back(wanted[i]);
       std::vector<std::string> missing;
-      auto got = client_->getNow(asked, deadline, &missing);
+      // The store answers at once; a reply later than the floor breaks the connection (it would be
+      // out of step), and with it this rank's progress reports, so the floor is well above a
+      // store's answer time on a loaded host.
+      auto got = client_->getNow(asked, later(deadline, Deadline::after(kLookupReplyFloor)), &missing);
       if (got.isOk()) {
         for (size_t j = 0; j < ask.size(); ++j) out[ask[j]] = std::move((*got)[j]);
         return out;
       }
-      if (got.status().code() != StatusCode::kTimeout) return got.status();
+      // Only the store's own answer lists missing keys; a timeout without that list is the reply
+      // that never came.
+      if (got.status().code() != StatusCode::kTimeout || missing.empty())
+        return got.status().withContext("side channel lookup");
       std::vector<size_t> present;
       for (size_t i : ask)
         if (std::find(missing.begin(), missing.end(), wanted[i]) == missing.end()) present.push_back(i);
@@ -82,13 +90,18 @@ class TcpSideChannel final : public SideChannel {
     for (std::chrono::microseconds pause(20); !lock.owns_lock(); pause = std::min(2 * pause, kLongestPause)) {
       if (deadline.expired())
         return makeError(StatusCode::kTimeout, "side channel ", op, " on tcp store ", client_->address(),
-                         ": another call on this rank's side channel (its progress report) held the connection "
+                         ": another call on this side channel (a progress report or a lookup) held the connection "
                          "past the deadline");
       std::this_thread::sleep_for(pause);
       (void)lock.try_lock();
     }
+    if (deadline.expired())  // taken after its deadline (the last pause): a call now could only time out
+      return makeError(StatusCode::kTimeout, "side channel ", op, " on tcp store ", client_->address(),
+                       ": the connection came free only after the deadline");
     return lock;
   }
+
+  static Deadline later(Deadline a, Deadline b) { return a.at() >= b.at() ? a : b; }
 
   std::mutex mu_;
   std::unique_ptr<boot::TcpStoreClient> client_;

@@ -75,8 +75,9 @@ void onSignal(int sig, siginfo_t* info, void* context) {
 
 // The registry's lock is held across fork() (taken in the prepare handler), so that the child
 // starts with it free and the list whole: a child forked while another thread registered a
-// recorder would otherwise block for ever in its first communicator's registration. Nothing logs
-// or takes another lock while holding it, so the order of fork handlers cannot deadlock.
+// recorder would otherwise block for ever in its first communicator's registration. It is held
+// only for short list updates, never while logging, taking another of libcomm's locks or waiting
+// for the thread to start, so libcomm's fork handlers cannot deadlock with each other.
 void beforeFork() { registry().mu.lock(); }
 void afterForkInParent() { registry().mu.unlock(); }
 void afterForkInChild() {
@@ -105,6 +106,7 @@ void listen(int readFd, std::shared_ptr<std::promise<void>> started) {
 struct Said {
   std::string warning;
   std::string debug;
+  std::future<void> starting;  // the new thread's start, waited for without the lock
 };
 
 // With the registry's lock held: the handler and this process's listening thread exist.
@@ -129,9 +131,7 @@ void ensureListening(Registry& r, Said* said) {
     close(fds[1]);
     return;
   }
-  if (running.wait_for(kListenerStartBound) != std::future_status::ready)
-    said->warning = detail::strCat("flight recorder: the SIGUSR1 thread had not started after ",
-                                   kListenerStartBound.count(), " s; it listens once it does");
+  said->starting = std::move(running);
   r.listeningPid = getpid();
   gWakeFd.store(fds[1]);
   if (r.installed) return;
@@ -169,6 +169,9 @@ void registerFlightRecorderForSignal(const std::shared_ptr<FlightRecorder>& reco
     std::erase_if(r.live, [](const std::weak_ptr<FlightRecorder>& w) { return w.expired(); });
     r.live.push_back(recorder);
   }
+  if (said.starting.valid() && said.starting.wait_for(kListenerStartBound) != std::future_status::ready)
+    LIBCOMM_LOG(kWarn, "init") << "flight recorder: the SIGUSR1 thread had not started after "
+                               << kListenerStartBound.count() << " s; it listens once it does";
   if (!said.warning.empty()) LIBCOMM_LOG(kWarn, "init") << said.warning;
   if (!said.debug.empty()) LIBCOMM_LOG(kDebug, "init") << said.debug;
 }

@@ -5,6 +5,7 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -19,6 +20,25 @@ namespace {
 
 std::mutex gMu;
 std::weak_ptr<Context> gContext;  // guarded by gMu
+// Read without gMu, so that a child forked while another thread held gMu (making the context)
+// is refused instead of blocking on it for ever: the fork count and pid at which the live context
+// was made, or is being made; kNoContext when there is none. A hint only (set under gMu, cleared
+// by the context's end): the check under gMu decides.
+constexpr uint64_t kNoContext = UINT64_MAX;
+std::atomic<uint64_t> gContextForks{kNoContext};
+std::atomic<int> gContextPid{0};
+
+Status refusedAfterFork(int parentPid) {
+  // Measured with UCX 1.13: a new context made in such a child connects to nothing either (UCX's
+  // progress thread, which the parent had running, is not in the child, and UCX still counts it
+  // as running); the peers' wire-up timed out after the whole init deadline with a message about
+  // stopped peers. Said at once instead.
+  return makeError(StatusCode::kInvalidUsage, "UCX: this process (pid ", getpid(), ") was forked from one (pid ",
+                   parentPid,
+                   ") that had UCX in use, and UCX's process-wide state (its progress thread) does not survive "
+                   "fork(): no communicator across hosts can be made here. Destroy the parent's communicators "
+                   "across hosts before forking, or start the child with exec");
+}
 // The defaults libcomm set (name -> value), guarded by gMu. A later context (the last channel
 // released the one before) recomputes them for its own peer timeout while they still hold the
 // value libcomm gave them; any other value is the user's and stays.
@@ -76,19 +96,22 @@ void noteSocketIfname() {
 }  // namespace
 
 Result<std::shared_ptr<Context>> Context::acquire(Milliseconds peerTimeout) {
+  const uint64_t forks = processForks();
+  const uint64_t madeAt = gContextForks.load();
+  if (madeAt != kNoContext && madeAt != forks) return refusedAfterFork(gContextPid.load());
   std::lock_guard<std::mutex> lock(gMu);
   if (auto existing = gContext.lock()) {
-    if (existing->forks_ == processForks()) return existing;
-    // The child's copy of a context its parent had in use at the fork. Measured with UCX 1.13: a
-    // new context made here connects to nothing either (UCX's progress thread, which the parent
-    // had running, is not in the child, and UCX still counts it as running), and the peers' wire-up
-    // timed out after the whole init deadline with a message about stopped peers. Said at once:
-    return makeError(StatusCode::kInvalidUsage, "UCX: this process (pid ", getpid(),
-                     ") was forked from one (pid ", existing->pid_,
-                     ") that had UCX in use, and UCX's process-wide state (its progress thread) does not survive "
-                     "fork(): no communicator across hosts can be made here. Destroy the parent's communicators "
-                     "across hosts before forking, or start the child with exec");
+    if (existing->forks_ == forks) return existing;
+    return refusedAfterFork(existing->pid_);  // the child's copy of a context its parent had in use
   }
+  gContextForks.store(forks);
+  gContextPid.store(getpid());
+  Result<std::shared_ptr<Context>> made = create(peerTimeout, forks);
+  if (!made.isOk()) gContextForks.store(kNoContext);
+  return made;
+}
+
+Result<std::shared_ptr<Context>> Context::create(Milliseconds peerTimeout, uint64_t forks) {
 
   const AppliedDefaults defaults = applyEnvironmentDefaults(peerTimeout);
   if (const char* ka = getenv("UCX_KEEPALIVE_INTERVAL"))
@@ -133,7 +156,7 @@ Result<std::shared_ptr<Context>> Context::acquire(Milliseconds peerTimeout) {
 
   std::shared_ptr<Context> ctx(new Context());
   ctx->handle_ = handle;
-  ctx->forks_ = processForks();
+  ctx->forks_ = forks;
   ctx->pid_ = getpid();
   unsigned major = 0, minor = 0, release = 0;
   ucp_get_version(&major, &minor, &release);
@@ -151,6 +174,7 @@ Result<std::shared_ptr<Context>> Context::acquire(Milliseconds peerTimeout) {
 
 Context::~Context() {
   if (handle_) ucp_cleanup(handle_);
+  gContextForks.store(kNoContext);
 }
 
 }  // namespace libcomm::ucx

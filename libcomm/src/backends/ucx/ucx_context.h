@@ -59,6 +59,8 @@ class Context {
 
  private:
   Context() = default;
+  // Makes the context (with gMu held): environment defaults, ucp_init.
+  static Result<std::shared_ptr<Context>> create(Milliseconds peerTimeout, uint64_t forks);
   ucp_context* handle_ = nullptr;
   std::string description_;
   uint64_t forks_ = 0;  // processForks() when made: another count means this is a forked child's copy
