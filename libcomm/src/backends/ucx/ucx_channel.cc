@@ -511,10 +511,23 @@ Channel::CloseCounts Channel::closeEndpoints(const std::vector<bool>& force, Dea
     ++(forced ? counts.forced : counts.graceful);
     closeEndpoint(peer, forced, &closing);
   }
+  const auto start = Clock::now();
   const size_t left = settleCloses(&closing, deadline);
-  if (left > 0)
-    LIBCOMM_LOG(kWarn, "ucx") << "rank " << rank_ << ": " << left
-                              << " UCX endpoint(s) did not close in time; destroying the worker anyway";
+  if (left == 0) return counts;
+  const auto waited = std::chrono::duration_cast<Milliseconds>(Clock::now() - start).count();
+  if (counts.forced == 0 && !aborted() && !timedOut_) {
+    // A clean end: every collective completed and every close flushes. Measured with UCX 1.13
+    // (tcp, a bulk endpoint next to the peer one): the flush completes only once the peer's worker
+    // progresses, so a rank that closes while a peer is busy elsewhere (or finished, not yet
+    // closing) waits the whole bound. Nothing is lost: a peer still waiting for this rank's data
+    // would be progressing. Not a warning.
+    LIBCOMM_LOG(kInfo, "ucx") << "rank " << rank_ << ": " << left << " UCX endpoint(s) still flushing after "
+                              << waited << " ms (a peer not closing yet: busy elsewhere, or idle); every "
+                              << "collective had completed, so the worker is destroyed with them";
+    return counts;
+  }
+  LIBCOMM_LOG(kWarn, "ucx") << "rank " << rank_ << ": " << left << " UCX endpoint(s) did not close in " << waited
+                            << " ms; destroying the worker anyway";
   return counts;
 }
 
