@@ -10,12 +10,12 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <thread>
 
 #include "bootstrap/boot_util.h"
 #include "bootstrap/sha256.h"
 #include "bootstrap/tcp_store.h"
 #include "core/log.h"
+#include "core/poll_until.h"
 
 namespace libcomm {
 namespace {
@@ -82,19 +82,13 @@ class TcpSideChannel final : public SideChannel {
   }
 
  private:
-  // The connection, by `deadline`. Polled with try_lock rather than a timed lock: ThreadSanitizer
-  // does not see a timed lock taken, and reports its unlock.
+  // The connection, by `deadline` (pollUntil: a try_lock, not a timed lock).
   Result<std::unique_lock<std::mutex>> take(Deadline deadline, const char* op) {
-    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-    constexpr std::chrono::microseconds kLongestPause(1000);
-    for (std::chrono::microseconds pause(20); !lock.owns_lock(); pause = std::min(2 * pause, kLongestPause)) {
-      if (deadline.expired())
-        return makeError(StatusCode::kTimeout, "side channel ", op, " on tcp store ", client_->address(),
-                         ": another call on this side channel (a progress report or a lookup) held the connection "
-                         "past the deadline");
-      std::this_thread::sleep_for(pause);
-      (void)lock.try_lock();
-    }
+    std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
+    if (!pollUntil(deadline, [&] { return lock.try_lock(); }))
+      return makeError(StatusCode::kTimeout, "side channel ", op, " on tcp store ", client_->address(),
+                       ": another call on this side channel (a progress report or a lookup) held the connection "
+                       "past the deadline");
     if (deadline.expired())  // taken after its deadline (the last pause): a call now could only time out
       return makeError(StatusCode::kTimeout, "side channel ", op, " on tcp store ", client_->address(),
                        ": the connection came free only after the deadline");

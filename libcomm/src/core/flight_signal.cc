@@ -29,7 +29,6 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -37,6 +36,7 @@
 
 #include "core/flight_recorder.h"
 #include "core/log.h"
+#include "core/poll_until.h"
 #include "libcomm/config.h"
 
 namespace libcomm {
@@ -174,17 +174,10 @@ void registerFlightRecorderForSignal(const std::shared_ptr<FlightRecorder>& reco
     std::erase_if(r.live, [](const std::weak_ptr<FlightRecorder>& w) { return w.expired(); });
     r.live.push_back(recorder);
   }
-  if (said.starting) {
-    const Deadline bound = Deadline::after(kListenerStartBound);
-    std::chrono::microseconds pause(20);
-    while (gListenersStarted.load() == said.startedBefore && !bound.expired()) {
-      std::this_thread::sleep_for(pause);
-      pause = std::min(2 * pause, std::chrono::microseconds(1000));
-    }
-    if (gListenersStarted.load() == said.startedBefore)
-      LIBCOMM_LOG(kWarn, "init") << "flight recorder: the SIGUSR1 thread had not started after "
-                                 << kListenerStartBound.count() << " s; it listens once it does";
-  }
+  if (said.starting && !pollUntil(Deadline::after(kListenerStartBound),
+                                   [&] { return gListenersStarted.load() != said.startedBefore; }))
+    LIBCOMM_LOG(kWarn, "init") << "flight recorder: the SIGUSR1 thread had not started after "
+                               << kListenerStartBound.count() << " s; it listens once it does";
   if (!said.warning.empty()) LIBCOMM_LOG(kWarn, "init") << said.warning;
   if (!said.debug.empty()) LIBCOMM_LOG(kDebug, "init") << said.debug;
 }

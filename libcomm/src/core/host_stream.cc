@@ -33,6 +33,7 @@
 #include <typeinfo>
 
 #include "core/log.h"
+#include "core/poll_until.h"
 #include "core/process_forks.h"
 #include "libcomm/config.h"
 
@@ -677,17 +678,10 @@ class InlineHostStream final : public Stream {
     if (runner_.load(std::memory_order_relaxed) == std::this_thread::get_id())
       return makeError(StatusCode::kInvalidUsage, "inline stream '", name_,
                        "': synchronize called from one of its own items (it would wait for itself)");
-    // Polled with try_lock rather than a timed lock: ThreadSanitizer does not see a timed lock
-    // taken, and reports its unlock.
-    std::unique_lock<std::mutex> run(runMu_, std::try_to_lock);
-    constexpr std::chrono::microseconds kLongestPause(1000);
-    for (std::chrono::microseconds pause(20); !run.owns_lock(); pause = std::min(2 * pause, kLongestPause)) {
-      if (deadline.expired())
-        return makeError(StatusCode::kTimeout, "inline stream '", name_,
-                         "': an item another thread runs did not finish by the deadline");
-      std::this_thread::sleep_for(pause);
-      (void)run.try_lock();
-    }
+    std::unique_lock<std::mutex> run(runMu_, std::defer_lock);
+    if (!pollUntil(deadline, [&] { return run.try_lock(); }))
+      return makeError(StatusCode::kTimeout, "inline stream '", name_,
+                       "': an item another thread runs did not finish by the deadline");
     return asyncError();
   }
   Status query() const override {
