@@ -142,7 +142,8 @@ class ChunkedWriter {
 libcomm::Status writeTableAndHeader(int fd, const std::string& path, FileHeader header, const std::string& indexText,
                                     const std::vector<uint32_t>& crcs);
 
-/// A checkpoint data file opened for reading: header, index text and chunk table checked.
+/// A checkpoint data file opened for reading: header, index text and chunk table checked. Holds
+/// the descriptor, the index text and one chunk, whatever the file's size.
 class ChunkedFile {
  public:
   /// Checks magic, version, header checksum, size, index and table checksums. `kind` names the
@@ -165,7 +166,6 @@ class ChunkedFile {
   FileHeader header_{};
   FileLayout layout_;
   std::string index_;
-  std::vector<uint32_t> crcs_;
   std::vector<float> cache_;
   uint64_t cachedChunk_ = UINT64_MAX;
 };

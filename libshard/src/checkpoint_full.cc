@@ -25,9 +25,10 @@ Status exportFullModel(const std::string& checkpointDir, const std::string& path
     packed.push_back(std::move(q));
   }
   const std::string indexText = formatParamList(packed);
-  if (indexText.size() > UINT32_MAX)
+  if (indexText.size() > kMaxIndexBytes)  // what a reader accepts (ChunkedFile::open)
     return libcomm::makeError(libcomm::StatusCode::kInvalidArgument, "full-model export of '", checkpointDir,
-                              "': the parameter list is too long for the format (", indexText.size(), " bytes)");
+                              "': the parameter list is too long for the format (", indexText.size(),
+                              " bytes, at most ", kMaxIndexBytes, ")");
 
   FileHeader h{};
   std::memcpy(h.magic, kFullMagic, sizeof(h.magic));

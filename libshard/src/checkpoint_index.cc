@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <vector>
 
 #include "checkpoint_format.h"
@@ -74,7 +75,7 @@ bool parseShape(const std::string& s, std::vector<int64_t>& shape) {
   std::string part;
   while (std::getline(in, part, 'x')) {
     uint64_t v;
-    if (!parseU64(part, v) || v == 0 || v > (uint64_t{1} << 48)) return false;
+    if (!parseU64(part, v) || v == 0 || v > (uint64_t{1} << 56)) return false;  // ModelSpec's bound
     shape.push_back(static_cast<int64_t>(v));
   }
   return !shape.empty();
@@ -94,25 +95,16 @@ std::string paramLine(const LayoutParam& p) {
          std::to_string(p.offset) + " " + std::to_string(p.numel) + " " + shapeText(p.shape) + "\n";
 }
 
-// Reads the file's lines as token lists, with 1-based line numbers for errors.
+// Reads the text's lines as token lists, one line at a time (a damaged or foreign file costs no
+// more memory than its text), with 1-based line numbers for errors.
 class Lines {
  public:
-  Lines(const std::string& text, std::string path) : path_(std::move(path)) {
-    std::stringstream in(text);
-    std::string line;
-    while (std::getline(in, line)) {
-      std::stringstream ls(line);
-      std::vector<std::string> tokens;
-      std::string t;
-      while (ls >> t) tokens.push_back(t);
-      lines_.push_back(std::move(tokens));
-    }
-  }
-  bool done() const { return next_ >= lines_.size(); }
+  Lines(std::string_view text, std::string path) : text_(text), path_(std::move(path)) {}
+  bool done() const { return at_ >= text_.size(); }
   /// The next line, which must start with `key` and have `fields` fields after it.
   Result<std::vector<std::string>> expect(const std::string& key, size_t fields) {
     if (done()) return badFile(path_, "ends early: expected a '", key, "' line");
-    const std::vector<std::string>& t = lines_[next_++];
+    const std::vector<std::string> t = nextLine(fields + 2);
     if (t.empty() || t[0] != key || t.size() != fields + 1)
       return badFile(path_, "line ", next_, ": expected '", key, "' with ", fields, " fields, got '",
                      t.empty() ? "" : t[0], "' with ", t.empty() ? 0 : t.size() - 1);
@@ -143,9 +135,28 @@ class Lines {
   }
 
  private:
+  // The next line's blank-separated tokens; stops collecting after `most` (the line is wrong then,
+  // and its length is all that matters).
+  std::vector<std::string> nextLine(size_t most) {
+    size_t end = text_.find('\n', at_);
+    if (end == std::string_view::npos) end = text_.size();
+    const std::string_view line = text_.substr(at_, end - at_);
+    at_ = end + 1;
+    ++next_;
+    constexpr std::string_view kBlanks = " \t\r\v\f";
+    std::vector<std::string> tokens;
+    for (size_t i = line.find_first_not_of(kBlanks); i != std::string_view::npos && tokens.size() < most;) {
+      const size_t j = std::min(line.find_first_of(kBlanks, i), line.size());
+      tokens.emplace_back(line.substr(i, j - i));
+      i = line.find_first_not_of(kBlanks, j);
+    }
+    return tokens;
+  }
+
+  std::string_view text_;
   std::string path_;
-  std::vector<std::vector<std::string>> lines_;
-  size_t next_ = 0;
+  size_t at_ = 0;    // start of the next line in text_
+  size_t next_ = 0;  // lines read so far
 };
 
 Status checkUniqueNames(const std::vector<LayoutParam>& params, const std::string& path) {
@@ -255,7 +266,7 @@ Result<CheckpointIndex> parseIndex(const std::string& text, const std::string& p
   const uint32_t computed = crc32c(text.data(), last);
   if (computed != stored) return badFile(path, "index checksum mismatch: the index is corrupt");
 
-  Lines in(text.substr(0, last), path);
+  Lines in(std::string_view(text).substr(0, last), path);
   CheckpointIndex x;
   LIBCOMM_ASSIGN_OR_RETURN(auto tag, in.expect(kIndexTag, 1));
   uint64_t v;

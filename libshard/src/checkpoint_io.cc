@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <new>
 
 #include "checkpoint_format.h"
 
@@ -134,7 +135,12 @@ Status writeFileAtomically(const std::string& path, const std::function<Status(i
     ::unlink(tmp.c_str());
     return st;
   };
-  Status st = write(fd.get());
+  Status st;
+  try {  // a writer's buffers (export's, say) may fail to allocate: the temporary goes all the same
+    st = write(fd.get());
+  } catch (const std::bad_alloc&) {
+    st = libcomm::makeError(libcomm::StatusCode::kSystemError, "out of memory while writing '", path, "'");
+  }
   if (!st.isOk()) return fail(st);
   if (::fsync(fd.get()) != 0) return fail(systemError("cannot fsync", tmp, errno));
   if (::close(fd.release()) != 0) return fail(systemError("cannot close", tmp, errno));
@@ -160,8 +166,9 @@ Status writeFileAtomically(const std::string& path, const std::function<Status(i
     const int err = errno;
     return fail(systemError("cannot rename temporary file '" + tmp + "' to", path, err));
   }
-  // The rename is durable only once the directory entry is.
-  return fsyncDirectory(dir);
+  // The rename is durable only once the directory entry is. A failure here leaves the file in
+  // place: the error says so (an index in place marks the checkpoint complete all the same).
+  return fsyncDirectory(dir).withContext("'" + path + "' is in place, but it may not survive a crash");
 }
 
 Status fsyncDirectory(const std::string& dir) {
@@ -251,12 +258,15 @@ libcomm::Result<std::unique_ptr<ChunkedFile>> ChunkedFile::open(const std::strin
                    "): the header is corrupt");
   if (h.version != kCheckpointVersion)
     return badFile(path, "format version ", h.version, "; this build reads version ", kCheckpointVersion);
-  // Chunks above this build's size are refused, not just zero ones: a reader holds one whole chunk
-  // in memory, so the header must not be able to ask for an arbitrary allocation.
-  if (h.chunkElems == 0 || h.chunkElems > kChunkElems || (h.sections != 1 && h.sections != 3) ||
-      h.numel > (uint64_t{1} << 56))
-    return badFile(path, "header describes an impossible layout (chunk ", h.chunkElems, ", sections ", h.sections,
-                   ", numel ", h.numel, ")");
+  // The chunk size is the format's: a reader holds one chunk in memory, and a tiny one would make
+  // the chunk table as large as the data (a crafted sparse file of a few bytes on disk could then
+  // ask for any allocation). The index text is bounded as an index file is; shard files have none.
+  const uint64_t maxIndex = std::memcmp(magic, kShardMagic, sizeof(h.magic)) == 0 ? 0 : kMaxIndexBytes;
+  if (h.chunkElems != kChunkElems || (h.sections != 1 && h.sections != 3) || h.numel > (uint64_t{1} << 56) ||
+      h.indexBytes > maxIndex)
+    return badFile(path, "header describes an impossible layout (chunk ", h.chunkElems, " elements, sections ",
+                   h.sections, ", numel ", h.numel, ", index ", h.indexBytes, " bytes); this build writes chunks of ",
+                   kChunkElems, " elements and at most ", maxIndex, " index bytes in such a file");
   f->layout_ = layoutOf(h);
   if (size < f->layout_.fileBytes) return badFile(path, "truncated: ", size, " bytes, expected ", f->layout_.fileBytes);
   if (size > f->layout_.fileBytes)
@@ -265,10 +275,16 @@ libcomm::Result<std::unique_ptr<ChunkedFile>> ChunkedFile::open(const std::strin
   f->index_.resize(h.indexBytes);
   LIBCOMM_RETURN_IF_ERROR(preadExact(f->fd_.get(), f->index_.data(), h.indexBytes, kHeaderBytes, path));
   if (crc32c(f->index_.data(), f->index_.size()) != h.indexCrc) return badFile(path, "parameter index is corrupt");
-  f->crcs_.resize(f->layout_.numChunks);
-  LIBCOMM_RETURN_IF_ERROR(preadExact(f->fd_.get(), f->crcs_.data(), f->crcs_.size() * 4, f->layout_.tableOffset, path));
-  if (crc32c(f->crcs_.data(), f->crcs_.size() * 4) != h.tableCrc)
-    return badFile(path, "chunk checksum table is corrupt");
+  // The table is checked here in pieces and read an entry at a time with its chunk (loadChunk):
+  // memory stays the same whatever size the header claims.
+  uint32_t tableCrc = 0;
+  std::vector<uint32_t> piece(std::min<uint64_t>(f->layout_.numChunks, 16384));
+  for (uint64_t at = 0; at < f->layout_.numChunks; at += piece.size()) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(piece.size(), f->layout_.numChunks - at));
+    LIBCOMM_RETURN_IF_ERROR(preadExact(f->fd_.get(), piece.data(), n * 4, f->layout_.tableOffset + at * 4, path));
+    tableCrc = crc32c(piece.data(), n * 4, tableCrc);
+  }
+  if (tableCrc != h.tableCrc) return badFile(path, "chunk checksum table is corrupt");
   return f;
 }
 
@@ -277,11 +293,13 @@ Status ChunkedFile::loadChunk(uint64_t chunk, float* into) {
   const uint64_t first = chunk * header_.chunkElems;
   const uint64_t len = std::min<uint64_t>(header_.chunkElems, total - first);
   const uint64_t byteBegin = layout_.dataOffset + first * 4;
+  uint32_t stored = 0;  // the table as open() checked it: the descriptor holds that file
+  LIBCOMM_RETURN_IF_ERROR(preadExact(fd_.get(), &stored, 4, layout_.tableOffset + chunk * 4, path_));
   LIBCOMM_RETURN_IF_ERROR(preadExact(fd_.get(), into, len * 4, byteBegin, path_));
   const uint32_t got = crc32c(into, len * 4);
-  if (got != crcs_[chunk])
+  if (got != stored)
     return badFile(path_, "checksum mismatch in data chunk ", chunk, " (bytes [", byteBegin, ", ", byteBegin + len * 4,
-                   ")): stored ", hex32(crcs_[chunk]), ", computed ", hex32(got));
+                   ")): stored ", hex32(stored), ", computed ", hex32(got));
   return Status::ok();
 }
 

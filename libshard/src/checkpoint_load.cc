@@ -127,9 +127,16 @@ Status loadForPlan(ParamSource& source, const std::vector<LayoutParam>& srcParam
 
 }  // namespace ckpt
 
-Status loadCheckpoint(const std::string& dir, const ShardPlan& plan, ShardState& state) {
-  LIBCOMM_RETURN_IF_ERROR(
-      checkLoadTarget(plan, state).withContext("rank " + std::to_string(plan.options.rank) + ", checkpoint '" + dir + "'"));
+namespace {
+
+// Every error of a load names the loading rank: ranks read different files and chunks, so which
+// rank failed is half of what happened.
+std::string loaderName(const ShardPlan& plan) {
+  return "rank " + std::to_string(plan.options.rank) + " of " + std::to_string(plan.options.worldSize);
+}
+
+Status loadCheckpointImpl(const std::string& dir, const ShardPlan& plan, ShardState& state) {
+  LIBCOMM_RETURN_IF_ERROR(checkLoadTarget(plan, state).withContext("checkpoint '" + dir + "'"));
   LIBCOMM_ASSIGN_OR_RETURN(CheckpointIndex x, readIndex(dir));
   std::unique_ptr<ParamSource> source = makeShardedSource(dir, x);
   std::vector<std::vector<float>> tmp;
@@ -138,9 +145,9 @@ Status loadCheckpoint(const std::string& dir, const ShardPlan& plan, ShardState&
   return Status::ok();
 }
 
-Status importFullModel(const std::string& path, const ShardPlan& plan, ShardState& state, bool restoreOptimizerState) {
-  LIBCOMM_RETURN_IF_ERROR(
-      checkLoadTarget(plan, state).withContext("rank " + std::to_string(plan.options.rank) + ", full-model file '" + path + "'"));
+Status importFullModelImpl(const std::string& path, const ShardPlan& plan, ShardState& state,
+                           bool restoreOptimizerState) {
+  LIBCOMM_RETURN_IF_ERROR(checkLoadTarget(plan, state).withContext("full-model file '" + path + "'"));
   LIBCOMM_ASSIGN_OR_RETURN(auto file, ChunkedFile::open(path, kFullMagic, "full-model"));
   const FileHeader& h = file->header();
   LIBCOMM_ASSIGN_OR_RETURN(std::vector<LayoutParam> params, parseParamList(file->indexText(), path));
@@ -157,6 +164,16 @@ Status importFullModel(const std::string& path, const ShardPlan& plan, ShardStat
       loadForPlan(source, params, withMoments ? 3 : 1, plan, "full-model file '" + path + "'", tmp));
   commit(state, tmp, withMoments ? h.step : 0);
   return Status::ok();
+}
+
+}  // namespace
+
+Status loadCheckpoint(const std::string& dir, const ShardPlan& plan, ShardState& state) {
+  return loadCheckpointImpl(dir, plan, state).withContext(loaderName(plan) + " loading");
+}
+
+Status importFullModel(const std::string& path, const ShardPlan& plan, ShardState& state, bool restoreOptimizerState) {
+  return importFullModelImpl(path, plan, state, restoreOptimizerState).withContext(loaderName(plan) + " importing");
 }
 
 }  // namespace libshard

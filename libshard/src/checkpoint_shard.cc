@@ -3,6 +3,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -32,10 +33,17 @@ Result<std::unique_ptr<ChunkedFile>> openShardFile(const std::string& dir, const
   return f;
 }
 
+// Keeps at most kMaxOpenShardFiles shard files open (the least recently used is closed first):
+// a load at a smaller world size, or an export, walks every old shard once per group, and one
+// descriptor (and one cached chunk) per old rank would run out of descriptors with a thousand.
+// A file opened again is checked again against the index.
 class ShardedSource final : public ParamSource {
  public:
+  static constexpr size_t kMaxOpenShardFiles = 64;
+
   ShardedSource(std::string dir, const CheckpointIndex& index)
-      : dir_(std::move(dir)), index_(index), files_(static_cast<size_t>(index.world)) {}
+      : dir_(std::move(dir)), index_(index), files_(static_cast<size_t>(index.world)),
+        lastUse_(static_cast<size_t>(index.world), 0) {}
 
   Status read(const LayoutParam& p, int section, uint64_t first, size_t n, float* dst) override {
     const LayoutGroup& g = index_.groups[static_cast<size_t>(p.group)];
@@ -55,16 +63,27 @@ class ShardedSource final : public ParamSource {
 
  private:
   Result<ChunkedFile*> file(int rank) {
-    std::unique_ptr<ChunkedFile>& f = files_[static_cast<size_t>(rank)];
-    if (!f) {
-      LIBCOMM_ASSIGN_OR_RETURN(f, openShardFile(dir_, index_, rank));
+    const size_t r = static_cast<size_t>(rank);
+    lastUse_[r] = ++clock_;
+    if (files_[r]) return files_[r].get();
+    if (open_.size() == kMaxOpenShardFiles) {
+      auto lru = std::min_element(open_.begin(), open_.end(),
+                                  [&](size_t a, size_t b) { return lastUse_[a] < lastUse_[b]; });
+      files_[*lru].reset();
+      *lru = open_.back();
+      open_.pop_back();
     }
-    return f.get();
+    LIBCOMM_ASSIGN_OR_RETURN(files_[r], openShardFile(dir_, index_, rank));
+    open_.push_back(r);
+    return files_[r].get();
   }
 
   std::string dir_;
   CheckpointIndex index_;
-  std::vector<std::unique_ptr<ChunkedFile>> files_;
+  std::vector<std::unique_ptr<ChunkedFile>> files_;  // index = old rank; null when closed
+  std::vector<uint64_t> lastUse_;                    // index = old rank
+  std::vector<size_t> open_;                         // ranks whose file is open
+  uint64_t clock_ = 0;
 };
 
 Status checkSaveArgs(const ShardPlan& plan, const ShardState& state) {
@@ -153,6 +172,9 @@ Status writeCheckpointIndex(const std::string& dir, const ShardPlan& plan) {
   }
   const std::string text = formatIndex(x);
   const std::string path = joinPath(dir, kCheckpointIndexFile);
+  if (text.size() > kMaxIndexBytes)  // what readIndex accepts
+    return libcomm::makeError(StatusCode::kInvalidArgument, "checkpoint index for '", dir, "' would be ", text.size(),
+                              " bytes, more than the ", kMaxIndexBytes, " a reader accepts");
   return writeFileAtomically(
       path, [&](int fd) { return pwriteAll(fd, text.data(), text.size(), 0, path); }, /*replace=*/false);
 }

@@ -21,7 +21,8 @@
 // names, same shapes; layers, kinds, alignment and world size may differ), and for each parameter
 // element of the loading rank's new shards reads it from whichever old shard file holds it, with
 // pread, chunk by chunk: only the 1 MiB checksum chunks that hold needed elements are read, and
-// every chunk read is checked against its CRC32C before use. Padding is zero. Everything is read
+// every chunk read is checked against its CRC32C before use; at most 64 shard files are open at
+// a time, whatever the old world size. Padding is zero. Everything is read
 // into temporaries first; the destination state is written only once the whole load has
 // succeeded, so an error leaves it untouched (the price: 12 bytes of temporary memory per state
 // element -- master, m and v -- until the commit).
@@ -51,9 +52,12 @@
 // Delete such files once no save into the directory is running.
 //
 // Errors: kSystemError for failed system calls (the path and errno text in the message),
+// kSystemError too when a file is in place but the fsync of its directory failed (the message says
+// so; the file may not survive a crash),
 // kInvalidArgument for a checkpoint that is missing a file, truncated, corrupt (checksum, magic,
 // version) or does not match the model, and for a save into a directory that already holds a
-// checkpoint; the message names the file or directory and what is wrong.
+// checkpoint; the message names the file or directory and what is wrong, and a load's or an
+// import's error names the loading rank ("rank 1 of 4 loading: ...").
 //
 // All functions are reentrant: different ranks (threads) may save or load concurrently, as long
 // as no two calls write the same file or the same ShardState.
