@@ -66,14 +66,19 @@ class Communicator {
   /// than /dev/shm holds is a kSystemError saying so.
   Result<void*> allocRegistered(size_t bytes);
   /// Frees memory from allocRegistered. Fails with kInvalidUsage while registrations of it remain.
+  /// Waits, like cudaFree, until no collective of this communicator is queued or running (one may
+  /// use the memory), at most the op timeout (LIBCOMM_TIMEOUT_MS); then kTimeout, with the memory
+  /// still allocated. So synchronize the streams first, or free from a thread that does not hold
+  /// up the collectives in flight (a stream's own host function would wait for the collectives
+  /// behind it).
   /// A host peer that has read the memory directly drops its mapping when it completes a later
   /// collective that heard from this rank after the free: on one host, the first collective this
   /// rank calls after it; across hosts, the first non-empty all_gather, reduce_scatter, all_reduce
   /// or barrier (a broadcast, an empty collective or a device one may not carry the news). The
   /// pages return to the system then; reusing buffers is still cheaper than allocating them again.
   Status freeRegistered(void* ptr);
-  /// Registers [ptr, ptr+bytes). Idempotent and refcounted: each call must be matched by a
-  /// deregisterBuffer. Host memory: the range must lie inside memory from allocRegistered
+  /// Registers [ptr, ptr+bytes) (an empty range is kInvalidArgument). Idempotent and refcounted:
+  /// each call must be matched by a deregisterBuffer. Host memory: the range must lie inside memory from allocRegistered
   /// (kInvalidUsage otherwise; such buffers still work with every collective, through staging).
   /// Device memory: the range must lie in one cudaMalloc allocation (pools, cuMemCreate and
   /// managed memory are refused); it is published to the peers of this host through CUDA IPC, so

@@ -276,6 +276,20 @@ Result<void*> Communicator::allocRegistered(size_t bytes) {
 }
 Status Communicator::freeRegistered(void* ptr) {
   LIBCOMM_RETURN_IF_ERROR(impl_->refuseInForkedChild("freeRegistered"));
+  LIBCOMM_RETURN_IF_ERROR(impl_->local_->checkFreeable(ptr));
+  // A collective still queued or running may use this memory: unmapping it under one crashed the
+  // process (its stream then read an unmapped address). Like cudaFree, which waits for the
+  // device, the free waits until no collective of this communicator is in flight, at most one op
+  // timeout; after that the memory stays allocated and the caller hears why. (The internal frees
+  // of a running collective, its bounce buffer's, go straight to freeSegment.)
+  if (impl_->inflight() > 0) {
+    const Clock::time_point start = Clock::now();
+    if (!impl_->waitIdle(Deadline::after(impl_->config_.opTimeout)))
+      return makeError(StatusCode::kTimeout, "rank ", impl_->rank_, ": freeRegistered(", ptr, ") waited ",
+                       std::chrono::duration_cast<Milliseconds>(Clock::now() - start).count(), " ms for ",
+                       impl_->inflight(), " collective(s) in flight (the first is seq ", impl_->lastExecuted() + 1,
+                       ") to finish; the memory stays allocated: synchronize their streams before freeing it");
+  }
   return impl_->freeSegment(ptr);
 }
 Status Communicator::Impl::freeSegment(void* ptr) {

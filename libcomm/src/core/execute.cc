@@ -168,7 +168,10 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool bloc
     } else {
       st = run(args, seq, deadline, blocking, device);
       // Between collectives: no host collective of this communicator reads peer memory now.
-      if (st.isOk()) peers_->dropFreed();
+      if (st.isOk()) {
+        peers_->dropFreed();
+        channel_->catchUp(shm::Counter::kDone, seq);
+      }
       // It succeeded, but the communicator failed meanwhile (a collective dropped on another
       // stream): it holds the turn, so it tells the peers across hosts now. The dropped ones may
       // have given up waiting for that turn (disconnectInTurn).
@@ -261,7 +264,7 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadl
   if (config_.collTrace) LIBCOMM_LOG(kInfo, "coll") << label.str() << ": " << algoName(algo) << " (" << why << ")";
   if (args.count > 0) {
     Status st = algo == Algo::kDirect ? mesh::runDirect(args, env, all) : mesh::runStaged(args, env);
-    LIBCOMM_RETURN_IF_ERROR(st);
+    LIBCOMM_RETURN_IF_ERROR(channel_->blameFailedPeer(st, env.wait, algoName(algo)));
   }
   // Direct collectives read the peers' own buffers and staged ones their slots: nobody may return
   // (and let its user overwrite a buffer) while a peer may still be reading.

@@ -139,6 +139,17 @@ Status Channel::waitPosted(uint32_t seq, const WaitContext& ctx) {
   return Status::ok();
 }
 
+Status Channel::blameFailedPeer(const Status& st, const WaitContext& ctx, const char* phase) const {
+  if (st.isOk()) return st;
+  for (int i = 1; i < size_; ++i) {
+    const int peer = (rank_ + i) % size_;
+    if (blocks_[peer]->failed.load(std::memory_order_acquire) != 0)
+      return makeError(StatusCode::kRemoteError, peerFailure(peer, ctx, phase).message(),
+                       "; this rank then ran into: ", st.message());
+  }
+  return st;
+}
+
 Status Channel::peerFailure(int peer, const WaitContext& ctx, const char* phase) const {
   const ControlBlock& cb = *blocks_[peer];
   std::string reason(cb.failReason, strnlen(cb.failReason, sizeof(cb.failReason)));

@@ -120,6 +120,14 @@ class Channel {
 
   /// Stores `value` in this rank's counter and wakes whoever waits on it.
   void publish(Counter c, uint32_t value);
+  /// Sets this rank's counter `c` to `value`, waking no one, unless it holds that already: after a
+  /// collective that had no use for it (an eager one, one NCCL ran), so that it stays within one
+  /// collective of the sequence. A later wait compares it wrapping (seqReached): 2^31 such
+  /// collectives in a row would have left it far enough behind to pass for ahead.
+  void catchUp(Counter c, uint32_t value) {
+    std::atomic<uint32_t>& word = mine().counters[static_cast<int>(c)];
+    if (word.load(std::memory_order_relaxed) != value) word.store(value, std::memory_order_release);
+  }
   /// Announces this rank's collective d.seq (descriptor and arrival at once).
   void post(const OpDescriptor& d);
   /// Waits until every peer posted collective `seq` (failures as for waitCounter).
@@ -130,6 +138,12 @@ class Channel {
   /// (kRemoteError with its reason), died (kRemoteError), this communicator aborted
   /// (kRemoteError naming this rank), or the deadline passed (kTimeout naming the peer).
   Status waitCounter(int peer, Counter c, uint32_t target, const WaitContext& ctx, const char* phase);
+  /// `st` (an error of this rank's own work in a collective, e.g. reading a peer's memory) when no
+  /// peer has failed; else that peer's failure (kRemoteError, its reason), `st` as context. A peer
+  /// that posted a collective and failed since (it timed out waiting for this rank, say) does not
+  /// finish it and may have removed the memory it announced: its failure is the cause, the missing
+  /// segment only what this rank ran into.
+  Status blameFailedPeer(const Status& st, const WaitContext& ctx, const char* phase) const;
   /// waitCounter for every peer but this rank.
   Status waitAll(Counter c, uint32_t target, const WaitContext& ctx, const char* phase);
   /// Rank r's counter now (no wait).

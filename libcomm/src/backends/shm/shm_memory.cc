@@ -1,5 +1,7 @@
 #include "backends/shm/shm_memory.h"
 
+#include <algorithm>
+
 #include "core/log.h"
 
 namespace libcomm::shm {
@@ -9,27 +11,47 @@ std::string LocalMemory::segmentName(const std::string& prefix, uint32_t id) {
 }
 
 Result<void*> LocalMemory::allocate(size_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
-  uint32_t id = nextId_++;
+  uint32_t id = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    id = nextId_++;
+  }
+  // Made outside the lock: creating and touching a large segment takes seconds (4 GiB: 18 s on a
+  // 2-core VM), and every collective's memory check takes this lock; holding it stalled them all.
   LIBCOMM_ASSIGN_OR_RETURN(Segment seg, Segment::create(segmentName(prefix_, id), bytes));
   void* p = seg.data();
+  std::lock_guard<std::mutex> lock(mu_);
   allocations_.emplace(reinterpret_cast<uintptr_t>(p), Allocation{std::move(seg), id, bytes});
   allocationCount_.store(allocations_.size(), std::memory_order_relaxed);
   return p;
 }
 
-Status LocalMemory::free(void* ptr) {
-  std::lock_guard<std::mutex> lock(mu_);
+Status LocalMemory::checkFreeableLocked(const void* ptr, std::map<uintptr_t, Allocation>::iterator* at) {
   auto it = allocations_.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == allocations_.end())
     return makeError(StatusCode::kInvalidArgument, "rank ", rank_, ": freeRegistered(", ptr,
                      "): not a pointer returned by allocRegistered");
-  uintptr_t lo = it->first, hi = lo + it->second.bytes;
+  // An allocation of 0 bytes still has its base address, which registerBuffer(base, 0) may not
+  // take (refused there), but the base counts as inside it all the same.
+  const uintptr_t lo = it->first, hi = lo + std::max<size_t>(it->second.bytes, 1);
   auto reg = registrations_.lower_bound(lo);
   if (reg != registrations_.end() && reg->first < hi)
     return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": freeRegistered(", ptr, "): range ",
                      reinterpret_cast<void*>(reg->first), " is still registered (", reg->second.refs,
                      " registrations); deregister it first");
+  if (at) *at = it;
+  return Status::ok();
+}
+
+Status LocalMemory::checkFreeable(const void* ptr) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return checkFreeableLocked(ptr, nullptr);
+}
+
+Status LocalMemory::free(void* ptr) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<uintptr_t, Allocation>::iterator it;
+  LIBCOMM_RETURN_IF_ERROR(checkFreeableLocked(ptr, &it));
   allocations_.erase(it);
   allocationCount_.store(allocations_.size(), std::memory_order_relaxed);
   return Status::ok();
@@ -51,6 +73,11 @@ const LocalMemory::Allocation* LocalMemory::findLocked(const void* ptr, size_t b
 }
 
 Status LocalMemory::registerRange(void* ptr, size_t bytes) {
+  // An empty range names no memory, and one at an allocation's end would be taken for the next
+  // allocation's (which may start there) by every later lookup.
+  if (bytes == 0)
+    return makeError(StatusCode::kInvalidArgument, "rank ", rank_, ": registerBuffer(", ptr,
+                     ", 0 bytes): an empty range cannot be registered");
   std::lock_guard<std::mutex> lock(mu_);
   if (!findLocked(ptr, bytes))
     return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": registerBuffer(", ptr, ", ", bytes,

@@ -30,6 +30,8 @@ class LocalMemory {
 
   Result<void*> allocate(size_t bytes);
   Status free(void* ptr);
+  /// What free() would refuse (not an allocation, still registered), without freeing.
+  Status checkFreeable(const void* ptr);
   Status registerRange(void* ptr, size_t bytes);
   Status deregisterRange(void* ptr);
   bool contains(const void* ptr, size_t bytes) const;
@@ -58,6 +60,7 @@ class LocalMemory {
     int refs;
   };
   const Allocation* findLocked(const void* ptr, size_t bytes) const;
+  Status checkFreeableLocked(const void* ptr, std::map<uintptr_t, Allocation>::iterator* at);
   /// The allocation with the highest base at or below `p` (nullptr when none), and `p`'s offset
   /// from that base in *into (which may lie past the allocation's end).
   const Allocation* atOrBelowLocked(uintptr_t p, size_t* into) const;
