@@ -114,10 +114,16 @@ BufferPool::~BufferPool() { (void)freeAll(); }
 
 Status BufferPool::freeAll() {
   Status first;
+  // A host free waits for the communicator's collectives in flight, up to its op timeout; when one
+  // timed out (a stream held up), the rest of that communicator's memory is left to it (it goes
+  // with the communicator) instead of each allocation waiting a timeout of its own.
+  bool gaveUp[2] = {false, false};
   for (PoolAllocation& a : allocations_) {
     if (!a.data) continue;
     libcomm::Communicator& comm = a.fromGatherComm ? agComm_ : rsComm_;
-    Status st = freeOne(comm, a.data);
+    bool& skip = gaveUp[a.fromGatherComm ? 0 : 1];
+    Status st = skip ? Status::ok() : freeOne(comm, a.data);
+    if (st.code() == libcomm::StatusCode::kTimeout) skip = true;
     if (!st.isOk() && first.isOk()) first = st.withContext("BufferPool: freeing " + a.name);
     a.data = nullptr;
     current_ -= a.bytes;

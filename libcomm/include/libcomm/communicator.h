@@ -68,7 +68,7 @@ class Communicator {
   /// Frees memory from allocRegistered. Fails with kInvalidUsage while registrations of it remain.
   /// Waits, like cudaFree, until no collective of this communicator is queued or running (one may
   /// use the memory), at most the op timeout (LIBCOMM_TIMEOUT_MS); then kTimeout, with the memory
-  /// still allocated. So synchronize the streams first, or free from a thread that does not hold
+  /// still allocated (released with the communicator). So synchronize the streams first, or free from a thread that does not hold
   /// up the collectives in flight (a stream's own host function would wait for the collectives
   /// behind it).
   /// A host peer that has read the memory directly drops its mapping when it completes a later

@@ -280,8 +280,10 @@ Status Communicator::freeRegistered(void* ptr) {
   // A collective still queued or running may use this memory: unmapping it under one crashed the
   // process (its stream then read an unmapped address). Like cudaFree, which waits for the
   // device, the free waits until no collective of this communicator is in flight, at most one op
-  // timeout; after that the memory stays allocated and the caller hears why. (The internal frees
-  // of a running collective, its bounce buffer's, go straight to freeSegment.)
+  // timeout; after that the memory stays allocated and the caller hears why. (After a failure the
+  // queued collectives are skipped as their streams reach them, so the wait is short unless a
+  // stream is held up. The internal frees of a running collective, its bounce buffer's, go
+  // straight to freeSegment.)
   if (impl_->inflight() > 0) {
     const Clock::time_point start = Clock::now();
     if (!impl_->waitIdle(Deadline::after(impl_->config_.opTimeout)))
