@@ -513,10 +513,25 @@ TEST_P(SkippedCollective, FailsPeersAtOnceAndTeardownIsQuick) {
       LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
       auto s = makeStream(choice, "skip");
       std::vector<float> a(8), b(16);
-      if (ctx.rank == 1)  // the trainer's own work on the stream fails: the collective is skipped
-        LIBCOMM_RETURN_IF_ERROR(s->enqueueHost([] { return Status(StatusCode::kInternalError, "user work failed"); },
-                                               "user work"));
-      LIBCOMM_RETURN_IF_ERROR(comm->allGather(a.data(), b.data(), 8, DataType::kFloat32, *s));
+      // The trainer's own work on rank 1's stream fails: the collective is skipped. On an inline
+      // stream both calls say so at once (the work ran inside the call; the collective did not).
+      const bool inlineOne = choice == StreamChoice::kInline && ctx.rank == 1;
+      if (ctx.rank == 1) {
+        Status work = s->enqueueHost([] { return Status(StatusCode::kInternalError, "user work failed"); }, "user work");
+        if (inlineOne)
+          LIBCOMM_RETURN_IF_ERROR(expectStatus(work, StatusCode::kInternalError, {"user work failed"}, "inline work"));
+        else
+          LIBCOMM_RETURN_IF_ERROR(work);
+      }
+      Status coll = comm->allGather(a.data(), b.data(), 8, DataType::kFloat32, *s);
+      if (inlineOne)
+        LIBCOMM_RETURN_IF_ERROR(expectStatus(coll, StatusCode::kInternalError,
+                                             {"'all_gather' skipped: the stream failed earlier", "user work failed"},
+                                             "inline collective"));
+      else if (choice == StreamChoice::kInline)  // rank 0's ran, and failed on rank 1's news
+        LIBCOMM_RETURN_IF_ERROR(expectStatus(coll, StatusCode::kRemoteError, {"rank 1", "never ran"}, "inline peer"));
+      else
+        LIBCOMM_RETURN_IF_ERROR(coll);
       Status st = s->synchronize(libcomm::Deadline::after(std::chrono::seconds(10)));
       if (ctx.rank == 0) LIBCOMM_RETURN_IF_ERROR(expectStatus(st, StatusCode::kRemoteError, {"rank 1", "never ran"}, "peer"));
       if (ctx.rank == 1)

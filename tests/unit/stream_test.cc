@@ -385,11 +385,19 @@ TEST(InlineHostStream, RecordCompletesAtOnceAndWaitBlocksOnAThreadedStream) {
   EXPECT_TRUE(inl->asyncError().isOk());
 }
 
+// The item runs inside the call, so the call returns its error (and the skipped ones' calls say
+// so): a caller that checks what a blocking call returns is not told OK about a failure.
 TEST(InlineHostStream, ErrorIsStickyLaterItemsSkipped) {
   auto s = createInlineHostStream("inline");
-  ASSERT_TRUE(s->enqueueHost([] { return makeError(StatusCode::kSystemError, "boom"); }, "fails").isOk());
+  Status first = s->enqueueHost([] { return makeError(StatusCode::kSystemError, "boom"); }, "fails");
+  EXPECT_EQ(first.code(), StatusCode::kSystemError);
+  EXPECT_NE(first.message().find("boom"), std::string::npos) << first.message();
   bool ran = false;
-  ASSERT_TRUE(s->enqueueHost([&] { ran = true; return Status::ok(); }, "later").isOk());
+  Status later = s->enqueueHost([&] { ran = true; return Status::ok(); }, "later");
+  EXPECT_EQ(later.code(), StatusCode::kSystemError);
+  EXPECT_NE(later.message().find("'later' skipped: the stream failed earlier"), std::string::npos)
+      << later.message();
+  EXPECT_NE(later.message().find("boom"), std::string::npos) << later.message();
   EXPECT_FALSE(ran);
   Status st = s->synchronize(soon());
   EXPECT_EQ(st.code(), StatusCode::kSystemError);
@@ -446,8 +454,9 @@ TEST(InlineHostStream, WaitOnAnEventThatNeverCompletesTimesOut) {
   ASSERT_TRUE(threaded->enqueueHost(gate.item(), "gate").isOk());
   ASSERT_TRUE(threaded->record(*ev).isOk());
   const auto start = Clock::now();
-  ASSERT_TRUE(inl->wait(*ev).isOk());
+  Status waited = inl->wait(*ev);
   EXPECT_LT(Clock::now() - start, 5s);
+  EXPECT_EQ(waited.code(), StatusCode::kTimeout) << waited.toString();
   Status st = inl->asyncError();
   EXPECT_EQ(st.code(), StatusCode::kTimeout);
   EXPECT_NE(st.message().find("inline"), std::string::npos) << st.message();

@@ -71,7 +71,9 @@ std::unique_ptr<Stream> createHostStream(std::string name);
 /// Creates an inline host stream: no progress thread; every item runs on the thread that enqueues
 /// it, before the enqueueing call returns (a collective on it is a blocking call, as in MPI), and
 /// Stream::wait blocks the caller until the event completes (bounded by `waitTimeout`; then the
-/// stream fails with kTimeout). For latency-bound callers that would synchronize right after
+/// stream fails with kTimeout). An item's error is the enqueueing call's result too (and, as on
+/// any stream, sticky); once the stream failed, every later item is skipped and its call returns
+/// the sticky error, saying "skipped". For latency-bound callers that would synchronize right after
 /// anyway: it saves the hand-off to a progress thread (microseconds, more when that thread sleeps).
 /// Do not use it where the caller must keep going while a collective waits for its peers (e.g.
 /// collectives of two communicators called in different orders on different ranks). Items run one

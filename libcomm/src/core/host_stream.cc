@@ -624,7 +624,7 @@ class InlineHostStream final : public Stream {
     std::unique_lock<std::mutex> run;
     LIBCOMM_RETURN_IF_ERROR(enter(run, "wait"));
     const uint64_t seq = ++items_;
-    if (!asyncError().isOk()) return Status::ok();  // skipped, as on a threaded stream
+    if (!asyncError().isOk()) return skipped(seq, "wait");
     // Wait for the record captured above (a re-record of the event after this call must not move
     // the target, as on a threaded stream).
     auto done = [&] { return rec->done.load(std::memory_order_acquire); };
@@ -642,7 +642,7 @@ class InlineHostStream final : public Stream {
       s = rec->status.withContext(
           detail::strCat("inline stream '", name_, "' item #", seq, " (wait for ", rec->describe(), ")"));
     setError(s);
-    return Status::ok();
+    return s;
   }
 
   Status enqueueHost(std::function<Status()> fn, std::string label) override {
@@ -659,7 +659,7 @@ class InlineHostStream final : public Stream {
     std::unique_lock<std::mutex> run;
     LIBCOMM_RETURN_IF_ERROR(enter(run, what));
     const uint64_t seq = ++items_;
-    if (failed_.load(std::memory_order_acquire)) return Status::ok();  // skipped, as on a threaded stream
+    if (failed_.load(std::memory_order_acquire)) return skipped(seq, what);
     *ran = true;
     runner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
     Status s;
@@ -669,8 +669,19 @@ class InlineHostStream final : public Stream {
       s = makeError(StatusCode::kInternalError, "host function threw an exception");
     }
     runner_.store(std::thread::id(), std::memory_order_relaxed);
-    if (!s.isOk()) setError(s.withContext(detail::strCat("inline stream '", name_, "' item #", seq, " '", what, "'")));
-    return Status::ok();
+    if (s.isOk()) return s;
+    // Sticky, as on a threaded stream, and also the call's own result: the item ran inside it (a
+    // collective here is a blocking call, and its caller checks what it returns).
+    s = s.withContext(detail::strCat("inline stream '", name_, "' item #", seq, " '", what, "'"));
+    setError(s);
+    return s;
+  }
+
+  // An item not run because the stream failed earlier (as on a threaded stream): the call says so.
+  Status skipped(uint64_t seq, const char* what) const {
+    const Status err = asyncError();
+    return Status(err.code(), detail::strCat("inline stream '", name_, "' item #", seq, " '", what,
+                                             "' skipped: the stream failed earlier: ", err.message()));
   }
 
   // Items run on the threads that enqueue them: another thread's item may be running now.
