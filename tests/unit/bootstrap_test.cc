@@ -275,6 +275,28 @@ TEST(InProcessBootstrap, SizeMismatchIsInvalidUsage) {
   expectAllOk(statuses);
 }
 
+// A world size above kMaxWorldSize is refused by every bootstrap before it allocates anything per
+// rank, naming the value: 2e9 made the hello rounds' tables (4 and 2 words per rank, counted in
+// int) overflow and throw std::length_error out of the library; 2e8 allocated GBs first.
+TEST(Bootstrap, AWorldSizeAboveTheBoundIsRefusedNamingIt) {
+  auto server = startTcpStore("127.0.0.1", 0, kSecret);
+  ASSERT_TRUE(server.isOk()) << server.status().toString();
+  TempDir dir;
+  for (int size : {2000000000, 200000000, kMaxWorldSize + 1}) {
+    const std::string value = std::to_string(size);
+    auto start = Clock::now();
+    auto tcp = createTcpBootstrap("127.0.0.1", (*server)->port(), kSecret, 0, size, Deadline::after(1s));
+    EXPECT_EQ(tcp.status().code(), StatusCode::kInvalidArgument) << tcp.status().toString();
+    EXPECT_NE(tcp.status().message().find("world size " + value), std::string::npos) << tcp.status().toString();
+    auto file = createFileBootstrap(dir.path, "huge", 0, size, Deadline::after(1s));
+    EXPECT_EQ(file.status().code(), StatusCode::kInvalidArgument) << file.status().toString();
+    EXPECT_NE(file.status().message().find("world size " + value), std::string::npos) << file.status().toString();
+    EXPECT_LT(Clock::now() - start, 500ms) << "refused at once, not after waiting for " << size << " ranks";
+    EXPECT_TRUE(createInProcessBootstraps(size).empty());
+  }
+  EXPECT_EQ(dir.count(), 0u) << "a refused rank 0 wrote nothing";
+}
+
 TEST(FileBootstrap, JobsShareADirectory) {
   TempDir dir;
   auto statuses = runThreads(4, [&](int t) -> Status {

@@ -233,6 +233,32 @@ TEST_F(LaunchEnv, BadValuesNameTheVariable) {
   expectError(StatusCode::kInvalidArgument, {"LIBCOMM_STORE_DIR", "LIBCOMM_STORE_ADDR"});
 }
 
+// A world size above kMaxWorldSize is refused naming the variable, for either store: with
+// LIBCOMM_WORLD_SIZE=2000000000, createBootstrapFromEnvironment threw std::length_error from the
+// bootstrap's hello round (its table's size overflowed an int).
+TEST_F(LaunchEnv, AWorldSizeAboveTheBoundIsRefusedNamingTheVariable) {
+  const std::string addr = "127.0.0.1:" + std::to_string(shardcomm::testing::unusedLoopbackPort());
+  char tmpl[] = "/tmp/shardcomm_launch_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  set({{"LIBCOMM_RANK", "0"}, {"LIBCOMM_WORLD_SIZE", "2000000000"}, {"LIBCOMM_SECRET", "x"}});
+  for (const char* store : {"LIBCOMM_STORE_ADDR", "LIBCOMM_STORE_DIR"}) {
+    unsetenv("LIBCOMM_STORE_ADDR");
+    unsetenv("LIBCOMM_STORE_DIR");
+    set({{store, store == std::string("LIBCOMM_STORE_DIR") ? dir.c_str() : addr.c_str()}, {"LIBCOMM_JOB_ID", "j"}});
+    expectError(StatusCode::kInvalidArgument, {"LIBCOMM_WORLD_SIZE=2000000000", "1048576"});
+    auto b = createBootstrapFromEnvironment(Deadline::after(1s));
+    EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << store << ": " << b.status().toString();
+    EXPECT_NE(b.status().message().find("LIBCOMM_WORLD_SIZE=2000000000"), std::string::npos) << b.status().toString();
+  }
+  expectError(StatusCode::kInvalidArgument, {"explicit size=1048577"}, {0, kMaxWorldSize + 1});
+  set({{"LIBCOMM_WORLD_SIZE", std::to_string(kMaxWorldSize).c_str()}});
+  auto most = resolveLaunchInfo();
+  ASSERT_TRUE(most.isOk()) << most.status().toString();
+  EXPECT_EQ(most->size, kMaxWorldSize);
+  std::filesystem::remove_all(dir);
+}
+
 // Two ranks as threads (the rank comes from overrides; the rest from the environment); rank 0
 // hosts the TCP store in-process.
 TEST_F(LaunchEnv, FromEnvironmentHostsTheStoreOnRankZero) {

@@ -19,6 +19,12 @@
 
 namespace libcomm {
 
+/// The largest world size a bootstrap accepts (resolveLaunchInfo and every create*Bootstrap refuse
+/// more, naming the value): 2^20 ranks, far beyond any job libcomm runs, yet small enough that the
+/// per-rank tables a rendezvous builds (a few bytes per rank) stay a few MiB and every count fits
+/// an int. A backend may allow fewer (UCX's tag layout: 65536) and says so when it is chosen.
+inline constexpr int kMaxWorldSize = 1 << 20;
+
 /// A small key-value board next to the rendezvous, for diagnosis while the job runs: libcomm
 /// publishes each rank's collective progress there, so that a rank whose collective times out can
 /// say which ranks had not arrived without asking them (a stopped or busy rank cannot answer).

@@ -78,6 +78,15 @@ Result<std::pair<std::string, int>> parseHostPort(const std::string& text, const
   return std::make_pair(host, static_cast<int>(p));
 }
 
+Status checkRankAndSize(const char* who, int rank, int size) {
+  if (size < 1 || size > kMaxWorldSize)
+    return makeError(StatusCode::kInvalidArgument, who, ": world size ", size, " is outside [1, ", kMaxWorldSize,
+                     "] (kMaxWorldSize)");
+  if (rank < 0 || rank >= size)
+    return makeError(StatusCode::kInvalidArgument, who, ": rank ", rank, " is outside [0, ", size, ")");
+  return Status::ok();
+}
+
 Status checkJobId(const std::string& jobId) {
   if (jobId.empty() || jobId.size() > 128)
     return makeError(StatusCode::kInvalidArgument, "job id '", jobId, "' must have 1 to 128 characters");

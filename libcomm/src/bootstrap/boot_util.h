@@ -21,6 +21,9 @@ std::string errnoText(int err);
 std::string joinRanks(const std::vector<int>& ranks);
 /// Splits "host:port" or "[v6addr]:port"; the port must be in [0, 65535].
 Result<std::pair<std::string, int>> parseHostPort(const std::string& text, const char* what);
+/// `who` ("tcp bootstrap") was asked for rank `rank` of `size`: size in [1, kMaxWorldSize] (above it,
+/// the per-rank tables of a rendezvous would not fit memory, or their sizes an int), rank in [0, size).
+Status checkRankAndSize(const char* who, int rank, int size);
 /// Job ids end up in file names and shared-memory names: letters, digits, '-', '_', '.'.
 Status checkJobId(const std::string& jobId);
 /// Deadline-bounded exponential backoff for polling loops: sleeps the current step (never past

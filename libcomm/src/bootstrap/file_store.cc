@@ -195,15 +195,16 @@ class FileBootstrap final : public Bootstrap {
   /// The first round. `whileWaiting` runs at every poll (rank 0's beat).
   Status hello(Deadline deadline, const std::function<Status()>& whileWaiting) {
     uint32_t mine[2] = {kHelloMagic, static_cast<uint32_t>(size_)};
-    std::vector<uint32_t> all(2 * size_);
+    std::vector<uint32_t> all(2 * static_cast<size_t>(size_));
     LIBCOMM_RETURN_IF_ERROR(collective("hello", mine, all.data(), sizeof(mine), deadline, whileWaiting));
     for (int r = 0; r < size_; ++r) {
-      if (all[2 * r] != kHelloMagic)
+      const uint32_t* theirs = &all[2 * static_cast<size_t>(r)];
+      if (theirs[0] != kHelloMagic)
         return makeError(StatusCode::kInvalidUsage, "file bootstrap: rank ", rank_, " found a foreign file for rank ",
                          r, " of job ", jobId_, " in ", dir_, " (a foreign file with this run's name?)");
-      if (all[2 * r + 1] != static_cast<uint32_t>(size_))
+      if (theirs[1] != static_cast<uint32_t>(size_))
         return makeError(StatusCode::kInvalidArgument, "file bootstrap: rank ", rank_, " was told size ", size_,
-                         " but rank ", r, " was told size ", all[2 * r + 1], " (job ", jobId_, ")");
+                         " but rank ", r, " was told size ", theirs[1], " (job ", jobId_, ")");
     }
     return Status::ok();
   }
@@ -288,7 +289,7 @@ class FileBootstrap final : public Bootstrap {
       if (got[r]->size() != bytes)
         return makeError(StatusCode::kInvalidUsage, "file bootstrap ", op, " #", round, ": rank ", rank_, " passed ",
                          bytes, " bytes but rank ", r, " passed ", got[r]->size());
-      if (bytes) memcpy(static_cast<char*>(all) + r * bytes, got[r]->data(), bytes);
+      if (bytes) memcpy(static_cast<char*>(all) + static_cast<size_t>(r) * bytes, got[r]->data(), bytes);
     }
     // Every rank has now written round `round`, so every rank has finished reading round-1: our
     // file of that round has no readers left.
@@ -399,8 +400,7 @@ Result<std::string> awaitLiveRun(RankFiles& files, const std::string& path, cons
 
 Result<std::unique_ptr<Bootstrap>> createFileBootstrap(const std::string& dir, const std::string& jobId, int rank,
                                                        int size, Deadline deadline) {
-  if (size < 1 || rank < 0 || rank >= size)
-    return makeError(StatusCode::kInvalidArgument, "file bootstrap: rank ", rank, " is outside [0, ", size, ")");
+  LIBCOMM_RETURN_IF_ERROR(boot::checkRankAndSize("file bootstrap", rank, size));
   if (dir.empty()) return makeError(StatusCode::kInvalidArgument, "file bootstrap: empty directory");
   LIBCOMM_RETURN_IF_ERROR(boot::checkJobId(jobId).withContext("file bootstrap"));
   LIBCOMM_RETURN_IF_ERROR(makeDirs(dir));

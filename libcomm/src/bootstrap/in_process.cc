@@ -164,7 +164,8 @@ class InProcessBootstrap final : public Bootstrap {
           status = makeError(StatusCode::kInvalidUsage, "in-process ", op, " #", number, ": rank ", rank_, " passed ",
                              bytes, " bytes but rank ", r, " passed ", round.contributions[r].size());
       for (int r = 0; r < n && status.isOk(); ++r)
-        if (bytes) memcpy(static_cast<char*>(all) + r * bytes, round.contributions[r].data(), bytes);
+        if (bytes)
+          memcpy(static_cast<char*>(all) + static_cast<size_t>(r) * bytes, round.contributions[r].data(), bytes);
     }
     if (++round.leftCount == n) shared_->rounds.erase(number);
     return status;
@@ -179,8 +180,8 @@ class InProcessBootstrap final : public Bootstrap {
 
 std::vector<std::unique_ptr<Bootstrap>> createInProcessBootstraps(int size, std::string jobId) {
   std::vector<std::unique_ptr<Bootstrap>> out;
-  if (size < 1) {
-    LIBCOMM_LOG(kError, "boot") << "createInProcessBootstraps: size " << size << " < 1; returning none";
+  if (Status valid = boot::checkRankAndSize("createInProcessBootstraps", 0, size); !valid.isOk()) {
+    LIBCOMM_LOG(kError, "boot") << valid.message() << "; returning none";
     return out;
   }
   if (jobId.empty()) jobId = "inproc-" + boot::randomHex(8);

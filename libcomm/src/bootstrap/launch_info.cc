@@ -193,8 +193,9 @@ Result<LaunchInfo> resolveLaunchInfo(const LaunchOverrides& overrides) {
                      "or libcomm's local launcher",
                      pmi);
   }
-  if (size->value < 1)
-    return makeError(StatusCode::kInvalidArgument, size->who, "=", size->value, " must be at least 1");
+  if (size->value < 1 || size->value > kMaxWorldSize)
+    return makeError(StatusCode::kInvalidArgument, size->who, "=", size->value, " is outside [1, ", kMaxWorldSize,
+                     "] (kMaxWorldSize, the most ranks libcomm bootstraps)");
   if (rank->value < 0 || rank->value >= size->value)
     return makeError(StatusCode::kInvalidArgument, rank->who, "=", rank->value, " is outside [0, ", size->value,
                      ") given by ", size->who);

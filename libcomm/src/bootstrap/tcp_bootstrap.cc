@@ -137,10 +137,10 @@ class TcpBootstrap final : public Bootstrap {
     boot::Digest jobHash = boot::sha256(jobId_);
     uint32_t mine[4] = {kHelloMagic, static_cast<uint32_t>(size_), 0, 0};
     memcpy(&mine[2], jobHash.data(), 8);
-    std::vector<uint32_t> all(4 * size_);
+    std::vector<uint32_t> all(4 * static_cast<size_t>(size_));
     LIBCOMM_RETURN_IF_ERROR(collective("hello", mine, all.data(), sizeof(mine), deadline));
     for (int r = 0; r < size_; ++r) {
-      const uint32_t* theirs = &all[4 * r];
+      const uint32_t* theirs = &all[4 * static_cast<size_t>(r)];
       if (theirs[0] != kHelloMagic || theirs[1] != static_cast<uint32_t>(size_))
         return makeError(StatusCode::kInvalidArgument, "tcp bootstrap: rank ", rank_, " was told size ", size_,
                          " but rank ", r, " was told size ", theirs[1], " (store ", client_->address(), ")");
@@ -229,7 +229,7 @@ class TcpBootstrap final : public Bootstrap {
       if (values[r].size() != bytes)
         return makeError(StatusCode::kInvalidUsage, "tcp bootstrap ", op, " #", round, ": rank ", rank_, " passed ",
                          bytes, " bytes but rank ", r, " passed ", values[r].size());
-      if (bytes) memcpy(static_cast<char*>(all) + r * bytes, values[r].data(), bytes);
+      if (bytes) memcpy(static_cast<char*>(all) + static_cast<size_t>(r) * bytes, values[r].data(), bytes);
     }
     // Everyone has set this round's key, so everyone is done reading the previous round.
     if (round > 0) LIBCOMM_RETURN_IF_ERROR(client_->remove(roundKey(round - 1, rank_), deadline));
@@ -255,8 +255,7 @@ class TcpBootstrap final : public Bootstrap {
 
 Result<std::unique_ptr<Bootstrap>> createTcpBootstrap(const std::string& host, int port, const std::string& secret,
                                                       int rank, int size, Deadline deadline, const std::string& jobId) {
-  if (size < 1 || rank < 0 || rank >= size)
-    return makeError(StatusCode::kInvalidArgument, "tcp bootstrap: rank ", rank, " is outside [0, ", size, ")");
+  LIBCOMM_RETURN_IF_ERROR(boot::checkRankAndSize("tcp bootstrap", rank, size));
   if (port <= 0 || port > 65535)
     return makeError(StatusCode::kInvalidArgument, "tcp bootstrap: rank ", rank, ": store port ", port,
                      " outside [1, 65535]");
