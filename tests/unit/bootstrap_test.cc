@@ -18,11 +18,13 @@
 #include <fstream>
 #include <functional>
 #include <future>
+#include <optional>
 #include <thread>
 
 #include "bootstrap/sha256.h"
 #include "bootstrap/tcp_store.h"
 #include "bootstrap/tcp_wire.h"
+#include "core/log.h"
 #include "ports.h"
 
 using namespace libcomm;
@@ -420,6 +422,54 @@ TEST(TcpStore, WrongSecretIsRefused) {
   EXPECT_LT(Clock::now() - start, 2s) << "a refused secret must not be retried until the deadline";
   auto good = createTcpBootstrap("127.0.0.1", (*server)->port(), kSecret, 0, 1, Deadline::after(10s));
   EXPECT_TRUE(good.isOk()) << good.status().toString();
+}
+
+// Refusals of a wrong secret go through the strangers' WARN limit (10 a second, README) like every
+// other unauthenticated connection the store drops: a loop of wrong-secret handshakes logged one
+// WARN each (5443 lines in 2 s).
+TEST(TcpStore, WrongSecretRefusalsShareTheStrangersWarnLimit) {
+  TempDir dir;
+  const std::string logPath = dir.path + "/store.log";
+  const char* oldFile = getenv("LIBCOMM_LOG_FILE");
+  const char* oldLevel = getenv("LIBCOMM_LOG_LEVEL");
+  const std::optional<std::string> savedFile = oldFile ? std::optional<std::string>(oldFile) : std::nullopt;
+  const std::optional<std::string> savedLevel = oldLevel ? std::optional<std::string>(oldLevel) : std::nullopt;
+  setenv("LIBCOMM_LOG_FILE", logPath.c_str(), 1);
+  setenv("LIBCOMM_LOG_LEVEL", "warn", 1);
+  log::reloadConfig();
+  constexpr int kTries = 200;
+  Clock::duration took{};
+  {
+    auto server = startTcpStore("127.0.0.1", 0, kSecret);
+    ASSERT_TRUE(server.isOk()) << server.status().toString();
+    const auto start = Clock::now();
+    for (int i = 0; i < kTries; ++i) {
+      auto c = boot::TcpStoreClient::connect("127.0.0.1", (*server)->port(), "not-the-secret", i % 4,
+                                             Deadline::after(5s));
+      ASSERT_EQ(c.status().code(), StatusCode::kInvalidArgument) << c.status().toString();
+    }
+    took = Clock::now() - start;
+  }  // the store's thread has ended: every line it wrote is in the file
+  for (const auto& [name, value] : {std::pair{"LIBCOMM_LOG_FILE", savedFile}, {"LIBCOMM_LOG_LEVEL", savedLevel}}) {
+    if (value)
+      setenv(name, value->c_str(), 1);
+    else
+      unsetenv(name);
+  }
+  log::reloadConfig();
+  std::ifstream in(logPath);
+  int refusals = 0, warns = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(" WARN ") != std::string::npos) ++warns;
+    if (line.find("wrong job secret") != std::string::npos) ++refusals;
+  }
+  // The limit's windows start at the first WARN: a run of `took` spans at most took/1s + 1 of them,
+  // each with 10 refusals and one line counting those left out.
+  const int windows = static_cast<int>(std::chrono::duration_cast<std::chrono::seconds>(took).count()) + 1;
+  EXPECT_GE(refusals, 1) << "the refusals must still be logged";
+  EXPECT_LE(refusals, 10 * windows) << kTries << " refusals in "
+                                     << std::chrono::duration_cast<Milliseconds>(took).count() << " ms";
+  EXPECT_LE(warns, 11 * windows);
 }
 
 TEST(TcpStore, SetGetTakeDeleteAndDuplicateRanks) {

@@ -293,8 +293,11 @@ class Server final : public TcpStoreServer {
         std::string expected = clientProof(secret_, c.nonce, clientNonce, req.rank);
         if (!constantTimeEqual(reinterpret_cast<const uint8_t*>(expected.data()), expected.size(),
                                reinterpret_cast<const uint8_t*>(req.proof.data()), req.proof.size())) {
-          LIBCOMM_LOG(kWarn, "boot") << "tcp store " << host_ << ":" << port_ << ": refusing " << c.peer
-                                     << " (claims rank " << req.rank << "): wrong job secret";
+          // Still a stranger: a loop of wrong-secret handshakes (a misconfigured job retrying, or
+          // someone guessing) shares the strangers' WARN budget rather than filling the log.
+          if (mayWarnAboutStranger())
+            LIBCOMM_LOG(kWarn, "boot") << "tcp store " << host_ << ":" << port_ << ": refusing " << c.peer
+                                       << " (claims rank " << req.rank << "): wrong job secret";
           send(c, MsgType::kError, "authentication failed: wrong job secret");
           c.closing = true;
           if (c.out.empty()) c.closed = true;
