@@ -340,6 +340,38 @@ TEST(FileBootstrap, ALaterRunOfTheSameJobNeverReadsTheEarlierRunsFiles) {
   EXPECT_EQ(dir.count(), 3u);
 }
 
+// Rank 0's cleanup of earlier runs removes exactly its own job's run files. It removed every
+// "<job>.<16 hex digits>.*": job "exp" deleted the run file and round files of job
+// "exp.deadbeefdeadbeef" (made here by hand: such a job id is refused now, since its names read
+// as a run of "exp").
+TEST(FileBootstrap, ARunRemovesOnlyItsOwnJobsFilesOfEarlierRuns) {
+  TempDir dir;
+  const std::vector<std::string> others = {
+      "exp.deadbeefdeadbeef.run",                    // job exp.deadbeefdeadbeef's run file
+      "exp.deadbeefdeadbeef.0123456789abcdef.c0.r1",  // and its hello of rank 1
+      "exp.fedcba9876543210.notes",                  // no file of a run
+      ".exp.fedcba9876543210.tmp.0.x.1",
+      "expo.fedcba9876543210.c0.r0",
+  };
+  const std::vector<std::string> stale = {
+      "exp.fedcba9876543210.c3.r0",         "exp.fedcba9876543210.p0-1.t5.2",
+      "exp.fedcba9876543210.s.progress_2f0", ".exp.fedcba9876543210.tmp.0.123.4",
+  };
+  for (const auto& names : {others, stale})
+    for (const std::string& name : names) std::ofstream(dir.path + "/" + name) << "x";
+  auto b = createFileBootstrap(dir.path, "exp", 0, 1, Deadline::after(2s));
+  ASSERT_TRUE(b.isOk()) << b.status().toString();
+  for (const std::string& name : others) EXPECT_TRUE(fs::exists(dir.path + "/" + name)) << name << " was removed";
+  for (const std::string& name : stale) EXPECT_FALSE(fs::exists(dir.path + "/" + name)) << name << " was left";
+
+  auto refused = createFileBootstrap(dir.path, "exp.deadbeefdeadbeef", 0, 1, Deadline::after(2s));
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status().toString();
+  EXPECT_NE(refused.status().message().find("'exp.deadbeefdeadbeef'"), std::string::npos)
+      << refused.status().toString();
+  for (const char* fine : {"exp.deadbeefdeadbee", "exp.deadbeefdeadbeef0", "deadbeefdeadbeef.x", "slurm-12.0"})
+    EXPECT_TRUE(createFileBootstrap(dir.path, fine, 0, 1, Deadline::after(2s)).isOk()) << fine;
+}
+
 TEST(FileBootstrap, ACrashedRunsHelloDoesNotStandInForAMissingRank) {
   TempDir dir;
   // Run 1 says hello with both ranks and ends (as a crash right after would): its hello files stay.

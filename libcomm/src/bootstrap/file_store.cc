@@ -29,6 +29,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <string_view>
 
 #include "bootstrap/boot_util.h"
 #include "core/log.h"
@@ -321,16 +322,71 @@ struct RunFile {
   std::string nonceText() const { return std::string(nonce, sizeof(nonce)); }
 };
 
-bool isHex(const std::string& s, size_t pos, size_t n) {
+bool isHex(std::string_view s, size_t pos, size_t n) {
   if (s.size() < pos + n) return false;
   for (size_t i = pos; i < pos + n; ++i)
     if (!isxdigit(static_cast<unsigned char>(s[i]))) return false;
   return true;
 }
 
-// Rank 0, before a run of `jobId` starts: removes what earlier runs of the job left in `dir`
-// (<job>.<nonce>.* and .<job>.<nonce>.tmp.*). Names of other jobs never match: after "<job>." comes
-// a nonce of exactly 16 hex digits and a dot.
+// Takes `what` off the front of `s`, if it is there.
+bool take(std::string_view& s, std::string_view what) {
+  if (s.substr(0, what.size()) != what) return false;
+  s.remove_prefix(what.size());
+  return true;
+}
+
+// Takes one or more decimal digits off the front of `s`.
+bool takeDigits(std::string_view& s) {
+  size_t n = 0;
+  while (n < s.size() && isdigit(static_cast<unsigned char>(s[n]))) ++n;
+  s.remove_prefix(n);
+  return n > 0;
+}
+
+// Whether `rest`, what follows "<job>.<nonce>." (or ".<job>.<nonce>." when `hidden`), is the rest
+// of a name a run gives its files (the list at the top of this file), and nothing else.
+bool isRunFileRest(std::string_view rest, bool hidden) {
+  std::string_view s = rest;
+  if (hidden)
+    return take(s, "tmp.") && takeDigits(s) && take(s, ".") && takeDigits(s) && take(s, ".") && takeDigits(s) &&
+           s.empty();
+  if (take(s, "c") && takeDigits(s) && take(s, ".r") && takeDigits(s) && s.empty()) return true;
+  s = rest;
+  if (take(s, "p") && takeDigits(s) && take(s, "-") && takeDigits(s) && take(s, ".t") && takeDigits(s) &&
+      take(s, ".") && takeDigits(s) && s.empty())
+    return true;
+  s = rest;
+  if (!take(s, "s.") || s.empty()) return false;
+  for (unsigned char c : s)  // FileSideChannel::pathOf's escaped key
+    if (!isalnum(c) && c != '-' && c != '.' && c != '_') return false;
+  return true;
+}
+
+// A job id the file store refuses: one with a part after a '.' of exactly 16 hex digits, the shape
+// of a nonce ("exp.deadbeefdeadbeef"). The files of such a job (exp.deadbeefdeadbeef.run,
+// exp.deadbeefdeadbeef.<nonce>.c0.r1) are named like the files of a run of a shorter job ("exp",
+// under nonce deadbeefdeadbeef), whose rank 0 would remove them as its earlier runs' (see
+// removeEarlierRuns). Without such ids every name is exactly one job's.
+Status checkNoNonceInJobId(const std::string& jobId) {
+  for (size_t dot = jobId.find('.'); dot != std::string::npos; dot = jobId.find('.', dot + 1)) {
+    const size_t end = dot + 1 + kNonceHexChars;
+    if (isHex(jobId, dot + 1, kNonceHexChars) && (end == jobId.size() || jobId[end] == '.'))
+      return makeError(StatusCode::kInvalidArgument, "file bootstrap: job id '", jobId, "' has a part of ",
+                       kNonceHexChars, " hex digits ('", jobId.substr(dot + 1, kNonceHexChars),
+                       "'), which is how the file store names a run, so its files could be taken for those of job '",
+                       jobId.substr(0, dot), "'; use another job id (a different length of that part will do)");
+  }
+  return Status::ok();
+}
+
+// Rank 0, before a run of `jobId` starts: removes what earlier runs of the job left in `dir`.
+// A name is removed only when it is exactly one of a run's names: the job id, one nonce of 16 hex
+// digits, then one of the known endings (isRunFileRest), so that the files of another job, or
+// anything else that merely starts with "<job>.", stay. That the parse is exact needs one more
+// thing: a side-channel name ends in an escaped key, which may contain dots and so could continue
+// the name of another job whose id starts with "<job>.<16 hex digits>.". Such ids are refused
+// (checkNoNonceInJobId), so no other job's file can be read as this job's.
 Status removeEarlierRuns(const std::string& dir, const std::string& jobId) {
   DIR* d = opendir(dir.c_str());
   if (!d)
@@ -339,9 +395,11 @@ Status removeEarlierRuns(const std::string& dir, const std::string& jobId) {
   std::vector<std::string> stale;
   while (dirent* e = readdir(d)) {
     const std::string name = e->d_name;
-    for (const std::string& head : {jobId + ".", "." + jobId + "."}) {
-      if (name.compare(0, head.size(), head) == 0 && isHex(name, head.size(), kNonceHexChars) &&
-          name.size() > head.size() + kNonceHexChars && name[head.size() + kNonceHexChars] == '.')
+    for (bool hidden : {false, true}) {
+      const std::string head = (hidden ? "." : "") + jobId + ".";
+      const size_t rest = head.size() + kNonceHexChars + 1;
+      if (name.compare(0, head.size(), head) == 0 && isHex(name, head.size(), kNonceHexChars) && name.size() > rest &&
+          name[rest - 1] == '.' && isRunFileRest(std::string_view(name).substr(rest), hidden))
         stale.push_back(name);
     }
   }
@@ -403,6 +461,7 @@ Result<std::unique_ptr<Bootstrap>> createFileBootstrap(const std::string& dir, c
   LIBCOMM_RETURN_IF_ERROR(boot::checkRankAndSize("file bootstrap", rank, size));
   if (dir.empty()) return makeError(StatusCode::kInvalidArgument, "file bootstrap: empty directory");
   LIBCOMM_RETURN_IF_ERROR(boot::checkJobId(jobId).withContext("file bootstrap"));
+  LIBCOMM_RETURN_IF_ERROR(checkNoNonceInJobId(jobId));
   LIBCOMM_RETURN_IF_ERROR(makeDirs(dir));
   RankFiles runFiles(dir, jobId + ".run", rank);
   const std::string runPath = dir + "/" + jobId + ".run";
