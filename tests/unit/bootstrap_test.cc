@@ -657,6 +657,30 @@ TEST(TcpWire, AConnectionToItselfIsToldApart) {
   close(*listener);
 }
 
+// A store host name that does not resolve is tried again until the deadline, like a store that is
+// not up yet (on Kubernetes the master's name appears only once its pod is up); it failed at once
+// with kInvalidArgument. The name is under the reserved domain "invalid" (RFC 6761), which never
+// resolves and which libcomm answers without asking a name server. What can never resolve still
+// fails at once.
+TEST(TcpStore, AStoreHostNameThatDoesNotResolveIsRetriedUntilTheDeadline) {
+  const std::string host = "store.shardcomm-test.invalid";
+  auto start = Clock::now();
+  auto b = createTcpBootstrap(host, 29613, kSecret, 1, 2, Deadline::after(300ms));
+  const auto took = Clock::now() - start;
+  EXPECT_EQ(b.status().code(), StatusCode::kTimeout) << b.status().toString();
+  EXPECT_NE(b.status().message().find("cannot resolve '" + host + "': the name did not resolve"), std::string::npos)
+      << b.status().toString();
+  EXPECT_GE(took, 250ms) << "given up before the deadline: " << b.status().toString();
+  EXPECT_LT(took, 2s) << "the deadline was overrun";
+
+  for (const char* never : {"", "store host", "[::1", "::1::2"}) {
+    start = Clock::now();
+    auto bad = createTcpBootstrap(never, 29613, kSecret, 1, 2, Deadline::after(5s));
+    EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << "'" << never << "': " << bad.status().toString();
+    EXPECT_LT(Clock::now() - start, 1s) << "'" << never << "' was tried again";
+  }
+}
+
 TEST(TcpStore, NoStoreTimesOutNamingTheAddress) {
   auto start = Clock::now();
   auto b = createTcpBootstrap("127.0.0.1", 1, kSecret, 1, 2, Deadline::after(300ms));

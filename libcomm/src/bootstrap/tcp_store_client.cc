@@ -39,6 +39,9 @@ Result<std::unique_ptr<TcpStoreClient>> TcpStoreClient::connect(const std::strin
                                   << " attempt(s)";
       return client;
     }
+    // An address that can never work (not a host name, a port that is no number) fails at once;
+    // one that may yet (nothing listens there, or the name does not resolve: on Kubernetes the
+    // store's host name appears only once its pod is up) is tried again until the deadline.
     if (fd.status().code() == StatusCode::kInvalidArgument) return fd.status();
     if (deadline.expired())
       return makeError(StatusCode::kTimeout, "rank ", rank, " could not reach the tcp store at ", address, " in ",

@@ -10,11 +10,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <string_view>
 #include <thread>
 
 #include "bootstrap/boot_util.h"
@@ -28,6 +30,33 @@ void putLe32(uint8_t* p, uint32_t v) {
 }
 uint32_t getLe32(const uint8_t* p) {
   return uint32_t(p[0]) | (uint32_t(p[1]) << 8) | (uint32_t(p[2]) << 16) | (uint32_t(p[3]) << 24);
+}
+
+// Whether getaddrinfo's `rc` says the name has no address (yet), rather than that the request was
+// malformed: such a name may resolve later (on Kubernetes a pod's name appears once the pod is up).
+bool nameDidNotResolve(int rc) {
+#ifdef EAI_NODATA
+  if (rc == EAI_NODATA) return true;
+#endif
+  return rc == EAI_NONAME || rc == EAI_AGAIN;
+}
+
+// A name under the reserved top-level domain "invalid" (RFC 6761 6.4: it never resolves, and
+// resolver libraries should answer so at once, which glibc leaves to the name server).
+bool underInvalidDomain(std::string name) {
+  if (!name.empty() && name.back() == '.') name.pop_back();
+  for (char& c : name) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
+  return name == "invalid" || name.ends_with(".invalid");
+}
+
+// Whether `host`, which is not a numeric address, can be a host name at all: letters, digits, '-',
+// '_' and '.', at most 253 of them. Anything else (a space, a ':' of a malformed IPv6 address)
+// never resolves, however long one waits.
+bool mayBeHostName(const std::string& host) {
+  if (host.empty() || host.size() > 253) return false;
+  for (unsigned char c : host)
+    if (!isalnum(c) && c != '-' && c != '_' && c != '.') return false;
+  return true;
 }
 
 // Waits for `events` on fd until the deadline, in slices, so that a deadline far away never turns
@@ -258,16 +287,30 @@ void AddrInfoFree::operator()(struct addrinfo* list) const {
 Result<AddrInfo> resolveHost(const std::string& host, const std::string& service, const struct addrinfo& hints,
                              Deadline deadline) {
   auto failed = [&](int rc) {
-    // EAI_AGAIN is a resolver hiccup worth retrying; any other failure (no such name) is final.
-    return makeError(rc == EAI_AGAIN ? StatusCode::kSystemError : StatusCode::kInvalidArgument, "cannot resolve '",
-                     host, "': ", gai_strerror(rc));
+    // A name without an address may get one (a resolver hiccup, or a host that is not up yet):
+    // worth retrying. Any other failure is a malformed request, and final.
+    if (nameDidNotResolve(rc))
+      return makeError(StatusCode::kSystemError, "cannot resolve '", host, "': the name did not resolve (",
+                       gai_strerror(rc), ")");
+    return makeError(StatusCode::kInvalidArgument, "cannot resolve '", host, "': ", gai_strerror(rc));
   };
+  // What can never resolve is refused before any lookup, so that no caller retries it: with
+  // AI_NUMERICSERV, getaddrinfo answers a service that is no number with EAI_NONAME, as it answers
+  // a name that has no address.
+  if ((hints.ai_flags & AI_NUMERICSERV) && !service.empty() &&
+      service.find_first_not_of("0123456789") != std::string::npos)
+    return makeError(StatusCode::kInvalidArgument, "cannot resolve '", host, "': service '", service,
+                     "' is not a port number");
   struct addrinfo numeric = hints;
   numeric.ai_flags |= AI_NUMERICHOST;
   struct addrinfo* list = nullptr;
   int rc = getaddrinfo(host.c_str(), service.empty() ? nullptr : service.c_str(), &numeric, &list);
   if (rc == 0) return AddrInfo(list);
   if (rc != EAI_NONAME) return failed(rc);
+  if (!mayBeHostName(host))
+    return makeError(StatusCode::kInvalidArgument, "cannot resolve '", host,
+                     "': it is neither a numeric address nor a host name");
+  if (underInvalidDomain(host)) return failed(EAI_NONAME);
   // A name: the lookup may wait for a name server for tens of seconds, past any deadline.
   struct Lookup {
     std::mutex mu;

@@ -139,8 +139,11 @@ using AddrInfo = std::unique_ptr<struct addrinfo, AddrInfoFree>;
 /// getaddrinfo(host, service, hints) bounded by `deadline`. A numeric host is converted at once; a
 /// name is looked up on a helper thread, which the caller leaves behind when the deadline passes
 /// first (the resolver cannot be interrupted: it ends at its own timeout, and frees its answer):
-/// kTimeout naming the host. Failures: kSystemError for EAI_AGAIN (a resolver hiccup worth
-/// retrying), else kInvalidArgument, with the resolver's text.
+/// kTimeout naming the host. Failures: kSystemError when the name did not resolve (EAI_NONAME,
+/// EAI_AGAIN, EAI_NODATA: it may yet, as a pod's name appears once the pod is up), at once for a
+/// name under the reserved domain "invalid"; kInvalidArgument for what can never resolve (an
+/// empty host, one that is neither a numeric address nor a host name, a service that is no
+/// number under AI_NUMERICSERV, and the resolver's other errors), with the resolver's text.
 Result<AddrInfo> resolveHost(const std::string& host, const std::string& service, const struct addrinfo& hints,
                              Deadline deadline);
 
@@ -152,8 +155,9 @@ inline constexpr Milliseconds kListenResolveBound{10000};
 /// "10.0.0.1:5678" for a socket address.
 std::string addressText(const struct sockaddr_storage& addr);
 
-/// One connection attempt to host:port (resolved with getaddrinfo), bounded by `deadline`.
-/// Returns the connected fd (TCP_NODELAY, close-on-exec) or the error of this attempt. A
+/// One connection attempt to host:port (resolved with resolveHost), bounded by `deadline`.
+/// Returns the connected fd (TCP_NODELAY, close-on-exec) or the error of this attempt: a name
+/// that did not resolve is kSystemError, like a refused connection (worth another attempt). A
 /// connection that came back to its own socket is an error of the attempt (below).
 Result<int> connectOnce(const std::string& host, int port, Deadline deadline);
 /// Whether connected socket `fd` is connected to itself: its local address is its peer's. TCP
