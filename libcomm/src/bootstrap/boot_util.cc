@@ -101,8 +101,11 @@ Status checkJobId(const std::string& jobId) {
 }
 
 void Backoff::sleep(Deadline deadline) {
-  Milliseconds wait = std::min(step_, deadline.remaining());
-  if (wait.count() > 0) std::this_thread::sleep_for(wait);
+  // Until the deadline itself when it comes first, not until the last whole millisecond before it:
+  // a caller polling until expired() spun through that last millisecond (hundreds of tries).
+  const Clock::time_point now = Clock::now();
+  const Clock::time_point until = deadline.at() - now > step_ ? now + step_ : deadline.at();
+  if (until > now) std::this_thread::sleep_until(until);
   step_ = std::min(step_ * 2, max_);
 }
 
