@@ -219,7 +219,7 @@ TEST_F(LaunchEnv, BadValuesNameTheVariable) {
   set({{"LIBCOMM_RANK", "4"}});
   expectError(StatusCode::kInvalidArgument, {"LIBCOMM_RANK=4", "LIBCOMM_WORLD_SIZE"});
   set({{"LIBCOMM_RANK", "-1"}});
-  expectError(StatusCode::kInvalidArgument, {"LIBCOMM_RANK=-1"});
+  expectError(StatusCode::kInvalidArgument, {"LIBCOMM_RANK='-1'"});
   set({{"LIBCOMM_RANK", "0"}, {"LIBCOMM_WORLD_SIZE", "0"}});
   expectError(StatusCode::kInvalidArgument, {"LIBCOMM_WORLD_SIZE=0"});
   set({{"LIBCOMM_WORLD_SIZE", "4"}, {"LIBCOMM_LOCAL_RANK", "2"}, {"LIBCOMM_LOCAL_SIZE", "2"}});
@@ -231,6 +231,46 @@ TEST_F(LaunchEnv, BadValuesNameTheVariable) {
   expectError(StatusCode::kInvalidArgument, {"LIBCOMM_STORE_ADDR"});
   set({{"LIBCOMM_STORE_ADDR", "h:1"}, {"LIBCOMM_STORE_DIR", "/x"}});
   expectError(StatusCode::kInvalidArgument, {"LIBCOMM_STORE_DIR", "LIBCOMM_STORE_ADDR"});
+}
+
+// Ranks, sizes and ports are decimal digits and nothing else: strtol took " 1", "+2" and a port
+// of " 29612" or "+29612", so a mangled value (a stray space, a sign) went unnoticed.
+TEST_F(LaunchEnv, NumbersAreDigitsOnly) {
+  auto good = [] {
+    set({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29612"}});
+    unsetenv("LOCAL_RANK");
+  };
+  set({{"LIBCOMM_SECRET", "s"}});
+  good();
+  ASSERT_TRUE(resolveLaunchInfo().isOk()) << resolveLaunchInfo().status().toString();
+  const std::pair<const char*, const char*> bad[] = {{"RANK", " 1"},
+                                                     {"RANK", "1 "},
+                                                     {"RANK", "+1"},
+                                                     {"RANK", "0x1"},
+                                                     {"RANK", "01e0"},
+                                                     {"WORLD_SIZE", "+2"},
+                                                     {"WORLD_SIZE", "2\n"},
+                                                     {"WORLD_SIZE", "99999999999"},
+                                                     {"LOCAL_RANK", "-0"},
+                                                     {"MASTER_PORT", " 29612"},
+                                                     {"MASTER_PORT", "+29612"},
+                                                     {"MASTER_PORT", "29612.0"}};
+  for (const auto& [name, value] : bad) {
+    set({{name, value}});
+    const std::string said = std::string(name) + "='" + value + "'";
+    expectError(StatusCode::kInvalidArgument, {said.c_str()});
+    good();
+  }
+  for (const char* addr : {"127.0.0.1: +29612", "127.0.0.1:+29612", "127.0.0.1: 29612", "127.0.0.1:29612 ",
+                           "127.0.0.1:-1", "127.0.0.1:"}) {
+    set({{"LIBCOMM_STORE_ADDR", addr}});
+    const std::string said = std::string("LIBCOMM_STORE_ADDR='") + addr + "'";
+    expectError(StatusCode::kInvalidArgument, {said.c_str()});
+  }
+  set({{"LIBCOMM_STORE_ADDR", "127.0.0.1:029612"}});  // leading zeros are still digits
+  auto info = resolveLaunchInfo();
+  ASSERT_TRUE(info.isOk()) << info.status().toString();
+  EXPECT_EQ(info->storePort, 29612);
 }
 
 // A world size above kMaxWorldSize is refused naming the variable, for either store: with

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -55,6 +56,15 @@ std::string joinRanks(const std::vector<int>& ranks) {
   return s;
 }
 
+std::optional<long long> parseDigits(std::string_view text, long long max) {
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string_view::npos) return std::nullopt;
+  unsigned long long value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || value > static_cast<unsigned long long>(max))
+    return std::nullopt;
+  return static_cast<long long>(value);
+}
+
 Result<std::pair<std::string, int>> parseHostPort(const std::string& text, const char* what) {
   std::string host, port;
   if (!text.empty() && text[0] == '[') {
@@ -70,12 +80,11 @@ Result<std::pair<std::string, int>> parseHostPort(const std::string& text, const
     host = text.substr(0, colon);
     port = text.substr(colon + 1);
   }
-  char* end = nullptr;
-  errno = 0;
-  long p = strtol(port.c_str(), &end, 10);
-  if (host.empty() || port.empty() || *end != '\0' || errno != 0 || p < 0 || p > 65535)
-    return makeError(StatusCode::kInvalidArgument, what, "='", text, "' is not host:port with a port in [0, 65535]");
-  return std::make_pair(host, static_cast<int>(p));
+  std::optional<long long> p = parseDigits(port, 65535);
+  if (host.empty() || !p)
+    return makeError(StatusCode::kInvalidArgument, what, "='", text,
+                     "' is not host:port with a port of digits in [0, 65535]");
+  return std::make_pair(host, static_cast<int>(*p));
 }
 
 Status checkRankAndSize(const char* who, int rank, int size) {

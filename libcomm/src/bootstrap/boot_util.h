@@ -1,7 +1,9 @@
 #pragma once
 // Small helpers shared by the bootstrap implementations and the launcher.
 
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -19,7 +21,11 @@ std::string randomHex(size_t bytes);
 std::string errnoText(int err);
 /// "1,3,5" for a list of ranks.
 std::string joinRanks(const std::vector<int>& ranks);
-/// Splits "host:port" or "[v6addr]:port"; the port must be in [0, 65535].
+/// `text` as a number written in decimal digits only, when it is one and at most `max`: no sign, no
+/// spaces, no other base. strtol's leniency (leading spaces, '+') let " 1" and "+2" through as
+/// ranks and sizes; no launcher writes them, so they are typos or mangled values.
+std::optional<long long> parseDigits(std::string_view text, long long max);
+/// Splits "host:port" or "[v6addr]:port"; the port must be digits in [0, 65535].
 Result<std::pair<std::string, int>> parseHostPort(const std::string& text, const char* what);
 /// `who` ("tcp bootstrap") was asked for rank `rank` of `size`: size in [1, kMaxWorldSize] (above it,
 /// the per-rank tables of a rendezvous would not fit memory, or their sizes an int), rank in [0, size).

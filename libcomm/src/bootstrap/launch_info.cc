@@ -2,7 +2,6 @@
 // Open MPI or Slurm; the rendezvous (TCP store or file store), secret and job id from LIBCOMM_*
 // with launcher fallbacks.
 
-#include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <optional>
@@ -51,15 +50,15 @@ std::string env(const char* name) {
   return v ? v : "";
 }
 
+// Ranks, sizes and ports: none is ever negative, so digits only (boot::parseDigits).
 Result<std::optional<int>> envInt(const char* name) {
   std::string v = env(name);
   if (v.empty()) return std::optional<int>();
-  char* end = nullptr;
-  errno = 0;
-  long long x = strtoll(v.c_str(), &end, 10);
-  if (errno != 0 || end == v.c_str() || *end != '\0' || x < INT_MIN || x > INT_MAX)
-    return makeError(StatusCode::kInvalidArgument, name, "='", v, "' is not an integer");
-  return std::optional<int>(static_cast<int>(x));
+  std::optional<long long> x = boot::parseDigits(v, INT_MAX);
+  if (!x)
+    return makeError(StatusCode::kInvalidArgument, name, "='", v,
+                     "' is not a number of decimal digits (no sign or spaces) up to ", INT_MAX);
+  return std::optional<int>(static_cast<int>(*x));
 }
 
 // One claimed value of rank or size: who claims it and what it is.
