@@ -20,6 +20,7 @@
 #include <future>
 #include <optional>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include "bootstrap/sha256.h"
@@ -432,6 +433,71 @@ int rawConnect(int port) {
   return fd;
 }
 
+// Sends libcomm's log (WARN and up) to a file of its own while it lives; text() is what was written.
+class LogCapture {
+ public:
+  LogCapture() {
+    for (auto& [name, saved] : saved_)
+      if (const char* v = getenv(name)) saved = v;
+    setenv("LIBCOMM_LOG_FILE", path_.c_str(), 1);
+    setenv("LIBCOMM_LOG_LEVEL", "warn", 1);
+    log::reloadConfig();
+  }
+  ~LogCapture() {
+    for (const auto& [name, saved] : saved_) {
+      if (saved)
+        setenv(name, saved->c_str(), 1);
+      else
+        unsetenv(name);
+    }
+    log::reloadConfig();
+  }
+  std::string text() const {
+    std::ifstream in(path_);
+    std::stringstream all;
+    all << in.rdbuf();
+    return all.str();
+  }
+
+ private:
+  TempDir dir_;
+  const std::string path_ = dir_.path + "/log";
+  std::pair<const char*, std::optional<std::string>> saved_[2] = {{"LIBCOMM_LOG_FILE", {}}, {"LIBCOMM_LOG_LEVEL", {}}};
+};
+
+// A connection to the store that has proven the secret as `rank`, for clients that misbehave only
+// after the handshake. Blocking; -1 (after a test failure) when the handshake did not complete.
+int authedRawConnect(int port, int32_t rank) {
+  int fd = rawConnect(port);
+  auto challenge = boot::recvFrame(fd, Deadline::after(5s), "test client");
+  EXPECT_TRUE(challenge.isOk() && challenge->type == boot::MsgType::kChallenge) << challenge.status().toString();
+  if (!challenge.isOk()) {
+    close(fd);
+    return -1;
+  }
+  const std::string clientNonce(boot::kNonceBytes, 'n');
+  boot::WireWriter auth;
+  auth.raw(clientNonce)
+      .u32(static_cast<uint32_t>(rank))
+      .raw(boot::clientProof(kSecret, challenge->payload, clientNonce, rank));
+  Status sent = boot::sendFrame(fd, boot::MsgType::kAuth, auth.take(), Deadline::after(5s), "test client");
+  auto answer = sent.isOk() ? boot::recvFrame(fd, Deadline::after(5s), "test client") : Result<boot::Frame>(sent);
+  EXPECT_TRUE(answer.isOk() && answer->type == boot::MsgType::kAuthOk) << answer.status().toString();
+  if (!answer.isOk() || answer->type != boot::MsgType::kAuthOk) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// A get request frame: the store waits up to `waitMs` for the keys.
+std::string getFrame(const std::vector<std::string>& keys, uint32_t waitMs) {
+  boot::WireWriter w;
+  w.u32(0).u32(waitMs).u32(static_cast<uint32_t>(keys.size()));
+  for (const std::string& key : keys) w.bytes(key);
+  return boot::encodeFrame(boot::MsgType::kGet, w.take());
+}
+
 // True once the server has closed `fd` (EOF or reset), reading and discarding anything it sent.
 bool closedByServerWithin(int fd, Milliseconds limit) {
   Deadline d = Deadline::after(limit);
@@ -461,15 +527,7 @@ TEST(TcpStore, WrongSecretIsRefused) {
 // other unauthenticated connection the store drops: a loop of wrong-secret handshakes logged one
 // WARN each (5443 lines in 2 s).
 TEST(TcpStore, WrongSecretRefusalsShareTheStrangersWarnLimit) {
-  TempDir dir;
-  const std::string logPath = dir.path + "/store.log";
-  const char* oldFile = getenv("LIBCOMM_LOG_FILE");
-  const char* oldLevel = getenv("LIBCOMM_LOG_LEVEL");
-  const std::optional<std::string> savedFile = oldFile ? std::optional<std::string>(oldFile) : std::nullopt;
-  const std::optional<std::string> savedLevel = oldLevel ? std::optional<std::string>(oldLevel) : std::nullopt;
-  setenv("LIBCOMM_LOG_FILE", logPath.c_str(), 1);
-  setenv("LIBCOMM_LOG_LEVEL", "warn", 1);
-  log::reloadConfig();
+  LogCapture capture;
   constexpr int kTries = 200;
   Clock::duration took{};
   {
@@ -483,14 +541,7 @@ TEST(TcpStore, WrongSecretRefusalsShareTheStrangersWarnLimit) {
     }
     took = Clock::now() - start;
   }  // the store's thread has ended: every line it wrote is in the file
-  for (const auto& [name, value] : {std::pair{"LIBCOMM_LOG_FILE", savedFile}, {"LIBCOMM_LOG_LEVEL", savedLevel}}) {
-    if (value)
-      setenv(name, value->c_str(), 1);
-    else
-      unsetenv(name);
-  }
-  log::reloadConfig();
-  std::ifstream in(logPath);
+  std::istringstream in(capture.text());
   int refusals = 0, warns = 0;
   for (std::string line; std::getline(in, line);) {
     if (line.find(" WARN ") != std::string::npos) ++warns;
@@ -578,6 +629,81 @@ TEST(TcpStore, HostileClientsAreDroppedWhileAJobRuns) {
     EXPECT_TRUE(closedByServerWithin(fds[i], 3s)) << attacks[i].first << " connection was not dropped";
     close(fds[i]);
   }
+}
+
+// While a client's get is parked, the store reads nothing more from it: it read on and buffered
+// whatever the client sent meanwhile (all 96 MiB here, without end), though it could only answer
+// those requests after the get. It still sees a parked client hang up.
+TEST(TcpStore, WhileAGetIsParkedTheStoreBuffersNothingMoreFromItsClient) {
+  auto server = startTcpStore("127.0.0.1", 0, kSecret);
+  ASSERT_TRUE(server.isOk()) << server.status().toString();
+  const int port = (*server)->port();
+  const int fd = authedRawConnect(port, 0);
+  ASSERT_GE(fd, 0);
+  const std::string get = getFrame({"never"}, 10000);
+  ASSERT_EQ(::send(fd, get.data(), get.size(), MSG_NOSIGNAL), ssize_t(get.size()));
+  // Then as much as the store takes, up to 96 MiB, until it has taken nothing for 300 ms.
+  const std::string chunk(1 << 16, '\0');
+  size_t taken = 0;
+  const Deadline limit = Deadline::after(5s);
+  auto lastTaken = Clock::now();
+  while (taken < (96u << 20) && !limit.expired() && Clock::now() - lastTaken < 300ms) {
+    pollfd p = {fd, POLLOUT, 0};
+    if (poll(&p, 1, 50) <= 0) continue;
+    ssize_t n = ::send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      taken += static_cast<size_t>(n);
+      lastTaken = Clock::now();
+    }
+  }
+  // What the sockets' buffers hold (a few MiB on loopback), not what the client sent.
+  EXPECT_LT(taken, 32u << 20) << "the store took " << (taken >> 20) << " MiB behind a parked get";
+  close(fd);  // its hang-up waits behind what the store has not read: seen when the get ends
+
+  // A client that hangs up while its get is parked, having sent nothing more, is seen to at once
+  // (not at the get's deadline, 10 s away): its rank is free again.
+  const int quiet = authedRawConnect(port, 1);
+  ASSERT_GE(quiet, 0);
+  ASSERT_EQ(::send(quiet, get.data(), get.size(), MSG_NOSIGNAL), ssize_t(get.size()));
+  std::this_thread::sleep_for(50ms);
+  close(quiet);
+  Result<std::unique_ptr<boot::TcpStoreClient>> other = makeError(StatusCode::kTimeout, "not tried");
+  for (const Deadline d = Deadline::after(2s); !other.isOk() && !d.expired(); std::this_thread::sleep_for(20ms))
+    other = boot::TcpStoreClient::connect("127.0.0.1", port, kSecret, 1, Deadline::after(1s));
+  ASSERT_TRUE(other.isOk()) << "the parked client's hang-up went unseen: " << other.status().toString();
+  ASSERT_TRUE((*other)->set("k", "v", Deadline::after(5s)).isOk());
+  auto got = (*other)->get({"k"}, false, Deadline::after(5s));
+  ASSERT_TRUE(got.isOk()) << got.status().toString();
+  EXPECT_EQ(got.value()[0], "v");
+}
+
+// A client that sends gets without reading the replies (each a few bytes asking for a 16 MiB
+// value) is dropped, with a WARN naming it, once its unread replies pass twice the frame bound;
+// they grew the store's memory without limit.
+TEST(TcpStore, AClientThatDoesNotReadItsRepliesIsDropped) {
+  LogCapture capture;
+  auto server = startTcpStore("127.0.0.1", 0, kSecret);
+  ASSERT_TRUE(server.isOk()) << server.status().toString();
+  const int port = (*server)->port();
+  const int fd = authedRawConnect(port, 3);
+  ASSERT_GE(fd, 0);
+  boot::WireWriter set;
+  set.bytes("big").bytes(std::string(16 << 20, 'x'));
+  ASSERT_TRUE(boot::sendFrame(fd, boot::MsgType::kSet, set.take(), Deadline::after(5s), "test client").isOk());
+  auto ok = boot::recvFrame(fd, Deadline::after(5s), "test client");
+  ASSERT_TRUE(ok.isOk() && ok->type == boot::MsgType::kOk) << ok.status().toString();
+  std::string gets;
+  for (int i = 0; i < 12; ++i) gets += getFrame({"big"}, 0);  // 192 MiB of replies
+  ASSERT_TRUE(boot::sendAll(fd, gets.data(), gets.size(), Deadline::after(5s), "test client").isOk());
+  // Dropped: rank 3 is free again.
+  bool freed = false;
+  for (const Deadline d = Deadline::after(5s); !freed && !d.expired(); std::this_thread::sleep_for(20ms))
+    freed = boot::TcpStoreClient::connect("127.0.0.1", port, kSecret, 3, Deadline::after(1s)).isOk();
+  EXPECT_TRUE(freed) << "the store kept the client that does not read";
+  close(fd);
+  server->reset();  // every line the store wrote is in the file
+  const std::string log = capture.text();
+  EXPECT_NE(log.find("(rank 3): does not read its replies"), std::string::npos) << log;
 }
 
 TEST(TcpStore, ClientRetriesUntilTheStoreIsUp) {

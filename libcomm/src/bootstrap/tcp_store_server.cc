@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <deque>
@@ -28,6 +29,13 @@ constexpr size_t kReadChunk = 1 << 16;
 constexpr size_t kMaxReadPerWakeup = 1 << 20;
 constexpr Milliseconds kStrangerWarnWindow{1000};
 constexpr int kStrangerWarnsPerWindow = 10;
+// A client reads each reply before it sends its next request, so it never leaves more than one
+// reply unread (at most a whole frame). One that keeps sending requests without reading the
+// replies (a get of a large value is a few bytes that ask for megabytes) is dropped once this much
+// waits for it; without a bound its replies would grow the store's memory for ever.
+constexpr size_t kMaxUnsentBytes = 2 * (kHeaderBytes + kMaxPayloadBytes);
+// Sent bytes at the front of `out` are dropped once they are this many and half of it.
+constexpr size_t kCompactOutBytes = 1 << 20;
 
 struct Conn {
   uint64_t id = 0;
@@ -98,7 +106,11 @@ class Server final : public TcpStoreServer {
       fds.push_back({wakeFd_, POLLIN, 0});
       fds.push_back({listenFd_, static_cast<short>(Clock::now() >= acceptPausedUntil_ ? POLLIN : 0), 0});
       for (auto& [id, conn] : conns_) {
-        short events = conn->closing ? 0 : POLLIN;
+        // While a get of this client is parked, its later requests could only pile up in `in`
+        // (replies go in request order): they stay in the socket, where TCP holds the client
+        // back, and only a hang-up is watched for. (A client that sent more meanwhile is seen to
+        // hang up only once its get ends: its FIN waits behind the bytes not read.)
+        short events = conn->closing ? 0 : state_.parked(conn->id) ? POLLRDHUP : POLLIN;
         if (conn->outPos < conn->out.size()) events |= POLLOUT;
         fds.push_back({conn->fd, events, 0});
         polled.push_back(conn.get());
@@ -114,13 +126,16 @@ class Server final : public TcpStoreServer {
       for (size_t i = 0; rc > 0 && i < polled.size(); ++i) {
         Conn& c = *polled[i];
         short re = fds[i + 2].revents;
-        if (!c.closed && (re & (POLLIN | POLLHUP | POLLERR))) readFrom(c);
+        if (!c.closed && (re & (POLLIN | POLLRDHUP | POLLHUP | POLLERR))) readFrom(c);
         if (!c.closed && (re & POLLOUT)) flush(c);
       }
       while (!resume_.empty()) {
         auto it = conns_.find(resume_.front());
         resume_.pop_front();
-        if (it != conns_.end() && !it->second->closed) handleFrames(*it->second);
+        if (it == conns_.end() || it->second->closed) continue;
+        // Its input was not read while the get was parked: the stall clock restarts now.
+        it->second->lastProgress = std::max(it->second->lastProgress, Clock::now());
+        handleFrames(*it->second);
       }
       expire();
       reap();
@@ -207,6 +222,9 @@ class Server final : public TcpStoreServer {
   void send(Conn& c, MsgType type, std::string_view payload) {
     c.out += encodeFrame(type, payload);
     flush(c);
+    if (!c.closed && c.out.size() - c.outPos > kMaxUnsentBytes)
+      drop(c, "does not read its replies: " + std::to_string(c.out.size() - c.outPos) +
+                  " bytes wait to be sent, over the bound of " + std::to_string(kMaxUnsentBytes));
   }
 
   void flush(Conn& c) {
@@ -217,7 +235,13 @@ class Server final : public TcpStoreServer {
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (c.outPos > kCompactOutBytes && 2 * c.outPos > c.out.size()) {
+          c.out.erase(0, c.outPos);
+          c.outPos = 0;
+        }
+        return;
+      }
       LIBCOMM_LOG(kDebug, "boot") << "tcp store: " << c.who() << " went away while we sent: " << errnoText(errno);
       c.closed = true;
       return;
@@ -259,7 +283,8 @@ class Server final : public TcpStoreServer {
   }
 
   void handleFrames(Conn& c) {
-    // While a get is parked, later frames stay buffered: replies must come in request order.
+    // While a get is parked, later frames stay buffered (those read with it; no more are read
+    // until it is answered): replies must come in request order.
     // Framing and parsing are the pure functions of tcp_wire (fuzzed in tests/fuzz); this loop
     // only owns the buffer and the order.
     while (!c.closed && !c.closing && !state_.parked(c.id)) {
