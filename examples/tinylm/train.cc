@@ -132,17 +132,24 @@ Status agreeOnOutcome(libcomm::Bootstrap& boot, const Status& mine, const char* 
 // the checkpoint I/O the run budgets for (checkpointIoAllowance) or what this rank's own shard
 // took, whichever is longer. Rank 0, which writes the index while the others wait, waits for them
 // the timeout alone afterwards: they are only waiting.
+// Rank 0's save tag reaches every rank first (libshard/checkpoint.h): the index then takes no
+// shard file of another save, such as one an interrupted earlier run left at the same step.
 Status saveSharded(const TrainOptions& o, const libshard::ShardPlan& plan, const libshard::ShardState& state,
                    libcomm::Bootstrap& boot) {
+  const uint32_t mine = boot.rank() == 0 ? libshard::newCheckpointSaveTag() : 0;
+  std::vector<uint32_t> tags(static_cast<size_t>(boot.size()));
+  LIBCOMM_RETURN_IF_ERROR(boot.allGather(&mine, tags.data(), sizeof(mine), libcomm::Deadline::after(o.timeout))
+                              .withContext("sharing the checkpoint's save tag"));
+  const uint32_t tag = tags[0];
   const auto t0 = std::chrono::steady_clock::now();
-  const Status shard = libshard::saveCheckpointShard(o.saveCheckpoint, plan, state);
+  const Status shard = libshard::saveCheckpointShard(o.saveCheckpoint, plan, state, tag);
   if (o.onCheckpointWritten) o.onCheckpointWritten(false);
   const auto ownWrite = std::chrono::duration_cast<libcomm::Milliseconds>(std::chrono::steady_clock::now() - t0);
   const libcomm::Milliseconds others = o.timeout + std::max(ownWrite, checkpointIoAllowance(o, boot.size()));
   LIBCOMM_RETURN_IF_ERROR(agreeOnOutcome(boot, shard, "saving checkpoint shards", libcomm::Deadline::after(others)));
   Status index = Status::ok();
   if (boot.rank() == 0) {
-    index = libshard::writeCheckpointIndex(o.saveCheckpoint, plan);
+    index = libshard::writeCheckpointIndex(o.saveCheckpoint, plan, tag);
     if (o.onCheckpointWritten) o.onCheckpointWritten(true);
   }
   const libcomm::Milliseconds allowance = boot.rank() == 0 ? o.timeout : others;

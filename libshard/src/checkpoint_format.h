@@ -49,7 +49,7 @@ struct FileHeader {
   uint32_t tableCrc;  // CRC32C of the chunk table (no padding): the file's content checksum
   uint32_t indexBytes;
   uint32_t indexCrc;
-  uint32_t reserved;
+  uint32_t saveTag;  // shard files: the save they belong to (writeCheckpointIndex checks it); 0: none
   uint32_t headerCrc;  // CRC32C of the 60 bytes before it
 };
 static_assert(sizeof(FileHeader) == kHeaderBytes, "FileHeader must be 64 bytes with no padding");
@@ -96,6 +96,8 @@ libcomm::Status badFile(const std::string& path, Args&&... args) {
 }
 
 std::string joinPath(const std::string& dir, const std::string& name);
+/// "0x" and 8 hex digits.
+std::string hex32(uint32_t v);
 /// Reads exactly n bytes at offset; a short read is a "truncated" kInvalidArgument.
 libcomm::Status preadExact(int fd, void* buf, size_t n, uint64_t offset, const std::string& path);
 libcomm::Status pwriteAll(int fd, const void* buf, size_t n, uint64_t offset, const std::string& path);

@@ -21,13 +21,13 @@ using libcomm::Status;
 
 uint64_t align64(uint64_t n) { return (n + 63) / 64 * 64; }
 
+}  // namespace
+
 std::string hex32(uint32_t v) {
   char buf[16];
   std::snprintf(buf, sizeof(buf), "0x%08x", v);
   return buf;
 }
-
-}  // namespace
 
 FileLayout layoutOf(const FileHeader& h) {
   FileLayout l;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <random>
 
 #include "checkpoint_format.h"
 
@@ -128,7 +129,15 @@ std::string checkpointShardFileName(int rank, int worldSize) {
   return "rank-" + std::to_string(rank) + "-of-" + std::to_string(worldSize) + ".shard";
 }
 
-Status saveCheckpointShard(const std::string& dir, const ShardPlan& plan, const ShardState& state) {
+uint32_t newCheckpointSaveTag() {
+  std::random_device rd;
+  uint32_t tag = 0;
+  while (tag == 0) tag = rd();
+  return tag;
+}
+
+Status saveCheckpointShard(const std::string& dir, const ShardPlan& plan, const ShardState& state,
+                           uint32_t saveTag) {
   LIBCOMM_RETURN_IF_ERROR(
       checkSaveArgs(plan, state).withContext("rank " + std::to_string(plan.options.rank) + ", checkpoint '" + dir + "'"));
   LIBCOMM_RETURN_IF_ERROR(refuseCompleteCheckpoint(dir, "checkpoint save"));
@@ -143,6 +152,7 @@ Status saveCheckpointShard(const std::string& dir, const ShardPlan& plan, const 
   h.numel = state.numel;
   h.step = state.step;
   h.chunkElems = kChunkElems;
+  h.saveTag = saveTag;
   const FileLayout layout = layoutOf(h);
   return writeFileAtomically(path, [&](int fd) -> Status {
     ChunkedWriter w(fd, path, layout.dataOffset, h.chunkElems);
@@ -152,7 +162,7 @@ Status saveCheckpointShard(const std::string& dir, const ShardPlan& plan, const 
   });
 }
 
-Status writeCheckpointIndex(const std::string& dir, const ShardPlan& plan) {
+Status writeCheckpointIndex(const std::string& dir, const ShardPlan& plan, uint32_t saveTag) {
   LIBCOMM_RETURN_IF_ERROR(refuseCompleteCheckpoint(dir, "checkpoint index"));
   CheckpointIndex x = indexFromPlan(plan);
   for (int r = 0; r < x.world; ++r) {
@@ -164,6 +174,13 @@ Status writeCheckpointIndex(const std::string& dir, const ShardPlan& plan) {
         h.numel != x.stateNumel)
       return badFile(path, "holds rank ", h.rank, " of ", h.world, " with ", h.numel,
                      " elements; the plan expects rank ", r, " of ", x.world, " with ", x.stateNumel);
+    // A file of another save (an earlier attempt's, at the same step, left where this save's rank
+    // failed to write; or a concurrent save's) would make a checkpoint that mixes two states and
+    // loads without complaint.
+    if (saveTag != 0 && h.saveTag != saveTag)
+      return badFile(path, "was written by another save (save tag ", hex32(h.saveTag), ", this save's is ",
+                     hex32(saveTag), "): rank ", r,
+                     "'s saveCheckpointShard did not complete in this save; the checkpoint is not complete");
     if (r == 0) x.step = h.step;
     if (h.step != x.step)
       return badFile(path, "is at step ", h.step, " but rank 0's file is at step ", x.step,
@@ -190,8 +207,10 @@ Status saveCheckpoint(const std::string& dir, const std::vector<ShardPlan>& plan
                                 plans[r].options.rank, " of ", plans[r].options.worldSize);
     if (!states[r]) return libcomm::makeError(StatusCode::kInvalidArgument, "checkpoint save: states[", r, "] is null");
   }
-  for (size_t r = 0; r < plans.size(); ++r) LIBCOMM_RETURN_IF_ERROR(saveCheckpointShard(dir, plans[r], *states[r]));
-  return writeCheckpointIndex(dir, plans[0]);
+  const uint32_t tag = newCheckpointSaveTag();
+  for (size_t r = 0; r < plans.size(); ++r)
+    LIBCOMM_RETURN_IF_ERROR(saveCheckpointShard(dir, plans[r], *states[r], tag));
+  return writeCheckpointIndex(dir, plans[0], tag);
 }
 
 Status verifyCheckpoint(const std::string& dir) {

@@ -409,6 +409,41 @@ TEST(Checkpoint, AnIndexOfEmptyLinesIsRefusedAtItsFirstLine) {
   EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 256 * 1024) << "peak grew by " << after.ru_maxrss - before.ru_maxrss << " KiB";
 }
 
+// The index takes no shard file of another save. A restarted run saves step 8 into the directory
+// an interrupted save of step 8 left (rank 1's file only), and this time rank 1 fails to write:
+// without save tags rank 0 indexed the stale file next to its own, and the checkpoint mixed two
+// states and loaded without complaint.
+TEST(Checkpoint, TheIndexTakesNoShardFileOfAnotherSave) {
+  const ModelSpec model = testModel(2, 5, 11);
+  TempDir tmp;
+  const std::string dir = tmp.sub("step-8");
+  World earlier = makeWorld(model, 2, 16, 0.0f), now = makeWorld(model, 2, 16, 0.0f);
+  for (int r = 0; r < 2; ++r) {
+    fillState(earlier.plans[r], *earlier.states[r], 8, /*salt=*/1);
+    fillState(now.plans[r], *now.states[r], 8, /*salt=*/2);
+  }
+  const uint32_t interrupted = newCheckpointSaveTag(), tag = newCheckpointSaveTag();
+  ASSERT_NE(interrupted, 0u);
+  ASSERT_NE(interrupted, tag);
+  ASSERT_TRUE(saveCheckpointShard(dir, earlier.plans[1], earlier.states[1]->view, interrupted).isOk());
+  ASSERT_TRUE(saveCheckpointShard(dir, now.plans[0], now.states[0]->view, tag).isOk());
+  Status st = writeCheckpointIndex(dir, now.plans[0], tag);
+  ASSERT_FALSE(st.isOk()) << "indexed another save's file";
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.toString();
+  for (const std::string& word : {std::string("rank-1-of-2.shard"), std::string("another save"), ckpt::hex32(tag),
+                                  ckpt::hex32(interrupted), std::string("not complete")})
+    EXPECT_NE(st.message().find(word), std::string::npos) << word << " missing: " << st.toString();
+  EXPECT_FALSE(fs::exists(dir + "/" + kCheckpointIndexFile));
+  // Once rank 1 writes its file in this save, the same call succeeds and every rank loads this save.
+  ASSERT_TRUE(saveCheckpointShard(dir, now.plans[1], now.states[1]->view, tag).isOk());
+  ASSERT_TRUE(writeCheckpointIndex(dir, now.plans[0], tag).isOk());
+  World loaded = makeWorld(model, 2);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(loadCheckpoint(dir, loaded.plans[r], loaded.states[r]->view).isOk());
+    EXPECT_TRUE(checkState(loaded.plans[r], *loaded.states[r], 8, true, /*salt=*/2).isOk()) << "rank " << r;
+  }
+}
+
 TEST(Checkpoint, SavesAreAtomicAndLeaveNoTemporaries) {
   const ModelSpec model = testModel(2, 5, 11);
   TempDir tmp;

@@ -34,9 +34,12 @@
 // step. Importing restores m, v and step when the file has the moments and the caller asks for
 // them; otherwise m = v = 0 and step = 0 (a fresh optimizer on the imported weights).
 //
-// Multi-process coordination is the caller's: every rank calls saveCheckpointShard(); a barrier
-// (Bootstrap::barrier, or Communicator::barrier and a synchronize of its stream); rank 0 calls
-// writeCheckpointIndex(); a barrier again before anyone relies on the checkpoint. Loading needs
+// Multi-process coordination is the caller's: rank 0 draws a save tag (newCheckpointSaveTag) and
+// every rank learns it; every rank calls saveCheckpointShard() with it; the ranks agree that every
+// one succeeded (an allGather of each rank's ok over the bootstrap -- a bare barrier would let rank
+// 0 go on after another rank's failure); rank 0 calls writeCheckpointIndex() with the tag; the ranks
+// agree on that outcome before anyone relies on the checkpoint. examples/tinylm/train.cc
+// (saveSharded) does exactly this. The tag is what keeps a file of another save out of the index. Loading needs
 // no coordination to run (each rank reads what it needs; the directory must be visible to every
 // rank), but its outcome can differ between ranks: a rank reads only the chunks its new shard
 // needs, so one rank may load while another finds a corrupt chunk or a missing file. Before
@@ -45,7 +48,9 @@
 // goes into a directory of its own (e.g. step-00001000): a directory that already holds a
 // complete checkpoint (its index exists) is refused by both phases, before anything is written,
 // so a save never destroys the previous good checkpoint. A directory left by an interrupted save
-// (shard files, no index) may be saved into again. A process killed while writing leaves its
+// (shard files, no index) may be saved into again. One save into a directory at a time: a second,
+// concurrent one may replace a shard file after the first wrote its index (a load or
+// verifyCheckpoint then reports that file as rewritten after the index). A process killed while writing leaves its
 // temporary (".<final name>.tmp-<pid>-<n>", dot-named, never read by a load); no save removes
 // it, since on a shared filesystem its pid may belong to a live writer on another host (or
 // another container: pids are reused). A later writer whose name is taken tries the next one.
@@ -81,17 +86,26 @@ inline constexpr const char* kCheckpointIndexFile = "index.txt";
 /// "rank-<rank>-of-<worldSize>.shard".
 std::string checkpointShardFileName(int rank, int worldSize);
 
+/// A fresh random save tag (never 0), for one save: rank 0 draws it and every rank passes the
+/// same one to both phases (share it the way the ranks agree on the outcome, e.g. an allGather over
+/// the bootstrap, as examples/tinylm does).
+uint32_t newCheckpointSaveTag();
+
 /// Phase 1 of a save, on every rank: writes this rank's shard file of `state` (laid out by `plan`,
-/// rank plan.options.rank) into `dir`, creating `dir` if it is missing (its parent must exist).
-/// Reads state.master/adamM/adamV/step only. kInvalidArgument, with nothing written, when `dir`
-/// already holds a complete checkpoint (index.txt exists).
-libcomm::Status saveCheckpointShard(const std::string& dir, const ShardPlan& plan, const ShardState& state);
+/// rank plan.options.rank) into `dir`, creating `dir` if it is missing (its parent must exist),
+/// marked with `saveTag`. Reads state.master/adamM/adamV/step only. kInvalidArgument, with nothing
+/// written, when `dir` already holds a complete checkpoint (index.txt exists).
+libcomm::Status saveCheckpointShard(const std::string& dir, const ShardPlan& plan, const ShardState& state,
+                                    uint32_t saveTag = 0);
 
 /// Phase 2 of a save, on rank 0 after every rank's saveCheckpointShard succeeded: checks every
-/// shard file's header (rank, world, size, same step), then writes the index with their checksums.
-/// `plan` is any rank's plan (the layout is the same on all ranks). Never replaces an existing
-/// index: kInvalidArgument when one is there (or appears concurrently), and the old one stays.
-libcomm::Status writeCheckpointIndex(const std::string& dir, const ShardPlan& plan);
+/// shard file's header (rank, world, size, same step, and, unless `saveTag` is 0, that phase 1
+/// marked it with `saveTag`), then writes the index with their checksums. `plan` is any rank's
+/// plan (the layout is the same on all ranks). Never replaces an existing index: kInvalidArgument
+/// when one is there (or appears concurrently), and the old one stays. Without a tag, a file left
+/// at the same step by an earlier, interrupted save is taken for this save's when this save's
+/// rank did not write its own: the checkpoint would mix two states.
+libcomm::Status writeCheckpointIndex(const std::string& dir, const ShardPlan& plan, uint32_t saveTag = 0);
 
 /// Both phases for a world whose ranks all live in this process (tests, tools, single-process
 /// trainers): plans[r] and states[r] belong to rank r. Refuses a directory holding a checkpoint,
