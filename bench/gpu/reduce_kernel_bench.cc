@@ -12,12 +12,15 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backends/cuda/cuda_reduce.h"
@@ -70,6 +73,20 @@ struct Row {
   bool ok;
 };
 
+// A flag's value: decimal digits only, within [lo, hi]; otherwise a usage error (exit 2) naming it.
+bool parseFlagNumber(const std::string& flag, std::string_view v, long long lo, long long hi, long long* out) {
+  long long x = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (v.empty() || !isdigit(static_cast<unsigned char>(v[0])) || ec != std::errc() || end != v.data() + v.size() ||
+      x < lo || x > hi) {
+    std::fprintf(stderr, "reduce_kernel_bench: %s '%.*s': not a whole number in [%lld, %lld]\n", flag.c_str(),
+                 static_cast<int>(v.size()), v.data(), lo, hi);
+    return false;
+  }
+  *out = x;
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -85,20 +102,23 @@ int main(int argc, char** argv) {
       return 2;
     }
     ++i;
-    if (a == "--min-mib")
-      minMiB = std::strtoull(v, nullptr, 10);
-    else if (a == "--max-mib")
-      maxMiB = std::strtoull(v, nullptr, 10);
-    else if (a == "--device")
-      device = std::atoi(v);
-    else if (a == "--json")
+    long long x = 0;
+    if (a == "--min-mib" || a == "--max-mib") {
+      if (!parseFlagNumber(a, v, 1, 1 << 20, &x)) return 2;
+      (a == "--min-mib" ? minMiB : maxMiB) = static_cast<size_t>(x);
+    } else if (a == "--device") {
+      if (!parseFlagNumber(a, v, 0, 1023, &x)) return 2;
+      device = static_cast<int>(x);
+    } else if (a == "--json") {
       json = v;
-    else if (a == "--ranks") {
+    } else if (a == "--ranks") {
       rankList.clear();
-      for (const char* p = v; *p;) {
-        rankList.push_back(std::atoi(p));
-        while (*p && *p != ',') ++p;
-        if (*p == ',') ++p;
+      for (std::string_view rest = v;;) {
+        const size_t comma = rest.find(',');
+        if (!parseFlagNumber(a, rest.substr(0, comma), 1, 64, &x)) return 2;
+        rankList.push_back(static_cast<int>(x));
+        if (comma == std::string_view::npos) break;
+        rest.remove_prefix(comma + 1);
       }
     } else {
       std::fprintf(stderr, "reduce_kernel_bench: unknown flag %s\n", a.c_str());

@@ -91,7 +91,8 @@ TEST(CommConfig, SpinIsReadAndRangeChecked) {
     ASSERT_TRUE(c.isOk()) << c.status().toString();
     EXPECT_EQ(c->blockingSpin.count(), 250);
   }
-  for (const char* bad : {"-2", "1000001", "fast"}) {
+  // Blanks and a '+' are no part of a number either (strtoll alone took " 5" and "+5" as 5).
+  for (const char* bad : {"-2", "1000001", "fast", " 5", "+5", "5 ", "-", "--5"}) {
     ScopedEnv e("LIBCOMM_SPIN_US", bad);
     auto c = CommConfig::fromEnvironment();
     ASSERT_FALSE(c.isOk()) << bad;

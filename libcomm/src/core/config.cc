@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cctype>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -179,10 +181,13 @@ std::string settingValue(const char* name) {
 Result<long long> settingInt(const char* name) {
   std::string v = settingValue(name);
   if (v.empty()) return makeError(StatusCode::kInvalidArgument, name, " is not set and has no default");
+  // Digits with an optional '-', nothing else: strtoll alone also takes leading blanks and a '+'
+  // (" 5", "+5"), which no one writes on purpose.
+  const size_t digits = v[0] == '-' ? 1 : 0;
   char* end = nullptr;
   errno = 0;
   long long x = strtoll(v.c_str(), &end, 10);
-  if (errno != 0 || end == v.c_str() || *end != '\0')
+  if (v.size() == digits || !isdigit(static_cast<unsigned char>(v[digits])) || errno != 0 || *end != '\0')
     return makeError(StatusCode::kInvalidArgument, name, "='", v, "' is not an integer");
   return x;
 }
