@@ -164,6 +164,18 @@ TEST(StorePlacement, NameThatIsLoopbackHereListensOnTheSelectedInterface) {
   auto wildcard = placeStore(site("0.0.0.0", {"0.0.0.0"}, 4, 1, "eth1"));
   ASSERT_TRUE(wildcard.isOk()) << wildcard.status().toString();
   EXPECT_EQ(wildcard->listenHost, "10.1.0.1");
+  // A rank that only connects cannot use a wildcard in a job across hosts: it dialled its own
+  // address, and timed out after the whole init deadline saying the store was unreachable.
+  for (const char* any : {"0.0.0.0", "::"}) {
+    StoreSite joiner = site(any, {any}, 4, 1, "eth1");
+    joiner.hostsStore = false;
+    auto refused = placeStore(joiner);
+    ASSERT_FALSE(refused.isOk()) << any << " gave " << refused->dialHost;
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.status().message().find(std::string("store address ") + any), std::string::npos)
+        << refused.status().toString();
+    EXPECT_NE(refused.status().message().find("LIBCOMM_STORE_ADDR"), std::string::npos) << refused.status().toString();
+  }
   auto none = placeStore(site("node1", {"127.0.1.1"}, 4, 2, "wlan"));
   ASSERT_FALSE(none.isOk());
   EXPECT_NE(none.status().message().find("interfaces here: lo (127.0.0.1, ::1)"), std::string::npos)

@@ -72,6 +72,7 @@ Result<boot::StorePlacement> placeStore(const LaunchInfo& info, Deadline deadlin
   site.size = info.size;
   site.localSize = info.localSize;
   site.ifname = settingValue("LIBCOMM_SOCKET_IFNAME");
+  site.hostsStore = info.hostsStore;
   site.resolved = boot::resolveNumeric(info.storeHost, deadline);
   LIBCOMM_ASSIGN_OR_RETURN(site.here, boot::listAddresses());
   Result<boot::StorePlacement> placed = boot::placeStore(site);

@@ -64,6 +64,13 @@ Result<StorePlacement> placeStore(const StoreSite& site) {
                        " is loopback, but the job spans hosts (", site.localSize, " of its ", site.size,
                        " ranks on this host): the other hosts cannot reach it. Give an address of this host that "
                        "they reach (LIBCOMM_STORE_ADDR=host:port or MASTER_ADDR)");
+    if (wildcard && spansHosts && !site.hostsStore)
+      return makeError(StatusCode::kInvalidArgument, "the store address ", site.host,
+                       " means every interface of the host that starts the store, not an address to connect to: this "
+                       "rank does not host the store, and the job spans hosts (",
+                       site.localSize, " of its ", site.size,
+                       " ranks on this host), so it cannot tell where the store is. Give every rank an address of "
+                       "the hosting rank's host (LIBCOMM_STORE_ADDR=host:port or MASTER_ADDR)");
     LIBCOMM_ASSIGN_OR_RETURN(std::vector<NetAddress> chosen, selectAddresses(site.here, site.ifname));
     p.listenHost = p.dialHost = chosen.front().address;
     p.why = (wildcard ? "the store address " + site.host + " would be every interface"

@@ -15,7 +15,8 @@
 //    address is 0.0.0.0 / :: : the store listens on the first address LIBCOMM_SOCKET_IFNAME selects
 //    (unset: the default rule of selectAddresses);
 //  - a literal loopback address ("127.0.0.1", "localhost") for a job that spans hosts is an error:
-//    the other hosts cannot reach it.
+//    the other hosts cannot reach it; so is 0.0.0.0 / :: for a rank that does not host the store
+//    in such a job (it names no host to connect to: the rank would dial its own address).
 // A job whose placement is unknown (no local size from any launcher) keeps the given address.
 
 #include <string>
@@ -33,6 +34,7 @@ struct StoreSite {
   int localSize = -1;            // -1: unknown
   std::vector<NetAddress> here;  // this host's addresses
   std::string ifname;            // LIBCOMM_SOCKET_IFNAME; empty: unset
+  bool hostsStore = true;        // this rank starts the store (else it only connects)
 };
 
 struct StorePlacement {
