@@ -205,6 +205,34 @@ TEST_P(TimeoutTest, NamesMissingRanks) {
   expectAllOk(statuses);
 }
 
+// Rank 0 gives up on an allGather that rank 1 joins late. Rank 1 then fails too (it completed
+// with rank 0's data before, while rank 0 reported failure), and rank 0's next collective is
+// refused, naming the round that failed: its round numbers no longer match rank 1's, so the retry
+// would have paired with rank 1's next, different call.
+TEST_P(TimeoutTest, ALateRankFailsAndTheRankThatGaveUpIsRefusedAfter) {
+  Job job(GetParam(), 2);
+  auto statuses = job.run([](Bootstrap& b) -> Status {
+    LIBCOMM_RETURN_IF_ERROR(b.barrier(Deadline::after(10s)));
+    int x = b.rank() + 10, all[2];
+    if (b.rank() == 1) {
+      std::this_thread::sleep_for(700ms);
+      Status late = b.allGather(&x, all, sizeof(x), Deadline::after(5s));
+      if (late.isOk()) return makeError(StatusCode::kInternalError, "the late rank completed a round rank 0 left");
+      if (late.message().find("gave up") == std::string::npos)
+        return makeError(StatusCode::kInternalError, "late rank: unhelpful message: ", late.toString());
+      return Status::ok();
+    }
+    Status s = b.allGather(&x, all, sizeof(x), Deadline::after(200ms));
+    if (s.code() != StatusCode::kTimeout) return makeError(StatusCode::kInternalError, "expected timeout: ", s.toString());
+    Status again = b.allGather(&x, all, sizeof(x), Deadline::after(2s));
+    if (again.isOk() || again.message().find("refused: collective #") == std::string::npos ||
+        again.message().find("timed out") == std::string::npos)
+      return makeError(StatusCode::kInternalError, "the retry: ", again.toString());
+    return Status::ok();
+  });
+  expectAllOk(statuses);
+}
+
 INSTANTIATE_TEST_SUITE_P(Kinds, TimeoutTest, ::testing::Values(Kind::kInProcess, Kind::kFile, Kind::kTcp),
                          [](const auto& info) { return std::string(kindName(info.param)); });
 

@@ -109,6 +109,22 @@ Status checkJobId(const std::string& jobId) {
   return Status::ok();
 }
 
+Status RoundGuard::check(const char* who, const char* op, uint64_t round, int rank) const {
+  if (first_.isOk()) return Status::ok();
+  return makeError(first_.code(), who, " ", op, " #", round, ": rank ", rank, " refused: collective #", round_,
+                   " failed, so the ranks' rounds no longer line up and no later collective of this bootstrap can "
+                   "be trusted (make a new one): ",
+                   first_.message());
+}
+
+void RoundGuard::fail(uint64_t round, const Status& why) {
+  if (why.isOk() || !first_.isOk()) return;
+  first_ = why;
+  round_ = round;
+}
+
+std::string RoundGuard::abandonedMarker(size_t bytes) { return std::string(bytes + 1, '\xA5'); }
+
 void Backoff::sleep(Deadline deadline) {
   // Until the deadline itself when it comes first, not until the last whole millisecond before it:
   // a caller polling until expired() spun through that last millisecond (hundreds of tries).

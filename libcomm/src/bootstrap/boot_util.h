@@ -32,6 +32,28 @@ Result<std::pair<std::string, int>> parseHostPort(const std::string& text, const
 Status checkRankAndSize(const char* who, int rank, int size);
 /// Job ids end up in file names and shared-memory names: letters, digits, '-', '_', '.'.
 Status checkJobId(const std::string& jobId);
+/// The collective rounds of a rendezvous bootstrap (TCP store, file store). Once a round failed (it
+/// timed out, say), the ranks' round numbers no longer line up: a rank that gave up on round k calls
+/// its next collective round k+1, while a late rank still joins round k and would pair its next
+/// call with the other's retry. So every later collective is refused, naming the round that failed.
+/// A rank that gives up on a round also leaves abandonedMarker() as its contribution: a late rank
+/// then fails too (isAbandoned), instead of completing with the data of a rank that reported
+/// failure -- unless it read the real contribution first (a race of milliseconds).
+class RoundGuard {
+ public:
+  /// OK, or the refusal of collective `op` #`round` because an earlier one failed.
+  Status check(const char* who, const char* op, uint64_t round, int rank) const;
+  /// Round `round` failed with `why`; the first failure is the one later refusals name.
+  void fail(uint64_t round, const Status& why);
+  /// A contribution no rank passing `bytes` bytes makes (bytes + 1 bytes of 0xA5).
+  static std::string abandonedMarker(size_t bytes);
+  static bool isAbandoned(const std::string& value, size_t bytes) { return value == abandonedMarker(bytes); }
+
+ private:
+  Status first_;
+  uint64_t round_ = 0;
+};
+
 /// Deadline-bounded exponential backoff for polling loops: sleeps the current step (never past
 /// the deadline), then doubles it up to `max`.
 class Backoff {

@@ -265,6 +265,14 @@ class FileBootstrap final : public Bootstrap {
   Status collective(const char* op, const void* mine, void* all, size_t bytes, Deadline deadline,
                     const std::function<Status()>& whileWaiting = nullptr) {
     const uint64_t round = round_++;
+    LIBCOMM_RETURN_IF_ERROR(rounds_.check("file bootstrap", op, round, rank_));
+    Status st = runRound(op, round, mine, all, bytes, deadline, whileWaiting);
+    rounds_.fail(round, st);
+    return st;
+  }
+
+  Status runRound(const char* op, uint64_t round, const void* mine, void* all, size_t bytes, Deadline deadline,
+                  const std::function<Status()>& whileWaiting) {
     LIBCOMM_RETURN_IF_ERROR(files_->writeAtomic(roundName(round, rank_), mine, bytes));
     std::vector<std::optional<std::string>> got(size_);
     int pending = size_;
@@ -281,12 +289,18 @@ class FileBootstrap final : public Bootstrap {
         std::vector<int> missing;
         for (int r = 0; r < size_; ++r)
           if (!got[r]) missing.push_back(r);
+        // Late ranks must not complete this round with a contribution whose owner reported failure.
+        const std::string marker = boot::RoundGuard::abandonedMarker(bytes);
+        (void)files_->writeAtomic(roundName(round, rank_), marker.data(), marker.size());
         return makeError(StatusCode::kTimeout, "file bootstrap ", op, " #", round, ": rank ", rank_, " of ", size_,
                          " timed out in ", dir_, " (job ", jobId_, "); ranks not arrived: ", boot::joinRanks(missing));
       }
       backoff.sleep(deadline);
     }
     for (int r = 0; r < size_; ++r) {
+      if (boot::RoundGuard::isAbandoned(*got[r], bytes))
+        return makeError(StatusCode::kRemoteError, "file bootstrap ", op, " #", round, ": rank ", rank_, " of ", size_,
+                         ": rank ", r, " gave up on this round (it timed out waiting) before this rank arrived");
       if (got[r]->size() != bytes)
         return makeError(StatusCode::kInvalidUsage, "file bootstrap ", op, " #", round, ": rank ", rank_, " passed ",
                          bytes, " bytes but rank ", r, " passed ", got[r]->size());
@@ -304,6 +318,7 @@ class FileBootstrap final : public Bootstrap {
   const int size_;
   std::shared_ptr<RankFiles> files_;
   uint64_t round_ = 0;
+  boot::RoundGuard rounds_;
   std::map<std::pair<int, uint32_t>, uint64_t> sendSeq_;
   std::map<std::pair<int, uint32_t>, uint64_t> recvSeq_;
 };

@@ -125,6 +125,13 @@ class InProcessBootstrap final : public Bootstrap {
 
   Status collective(const char* op, const void* mine, void* all, size_t bytes, Deadline deadline) {
     const uint64_t number = round_++;
+    LIBCOMM_RETURN_IF_ERROR(rounds_.check("in-process", op, number, rank_));
+    Status st = runRound(op, number, mine, all, bytes, deadline);
+    rounds_.fail(number, st);
+    return st;
+  }
+
+  Status runRound(const char* op, uint64_t number, const void* mine, void* all, size_t bytes, Deadline deadline) {
     const int n = shared_->size;
     std::unique_lock<std::mutex> lock(shared_->mutex);
     Round& round = shared_->rounds[number];
@@ -174,6 +181,7 @@ class InProcessBootstrap final : public Bootstrap {
   std::shared_ptr<Shared> shared_;
   const int rank_;
   uint64_t round_ = 0;
+  boot::RoundGuard rounds_;
 };
 
 }  // namespace

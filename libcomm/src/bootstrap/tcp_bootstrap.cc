@@ -207,6 +207,13 @@ class TcpBootstrap final : public Bootstrap {
       return makeError(StatusCode::kInvalidArgument, "tcp bootstrap ", op, ": rank ", rank_, ": ", bytes, " bytes x ",
                        size_, " ranks is over the store's message bound of ", boot::kMaxPayloadBytes);
     const uint64_t round = round_++;
+    LIBCOMM_RETURN_IF_ERROR(rounds_.check("tcp bootstrap", op, round, rank_));
+    Status st = runRound(op, round, mine, all, bytes, deadline);
+    rounds_.fail(round, st);
+    return st;
+  }
+
+  Status runRound(const char* op, uint64_t round, const void* mine, void* all, size_t bytes, Deadline deadline) {
     LIBCOMM_RETURN_IF_ERROR(
         client_->set(roundKey(round, rank_), std::string(static_cast<const char*>(mine), bytes), deadline));
     std::vector<std::string> keys;
@@ -220,12 +227,18 @@ class TcpBootstrap final : public Bootstrap {
       for (int r = 0; r < size_; ++r)
         for (const auto& k : missingKeys)
           if (k == keys[r]) missing.push_back(r);
+      // Late ranks must not complete this round with a contribution whose owner reported failure.
+      (void)client_->set(roundKey(round, rank_), boot::RoundGuard::abandonedMarker(bytes),
+                         Deadline::after(kAbandonBound));
       return makeError(StatusCode::kTimeout, "tcp bootstrap ", op, " #", round, ": rank ", rank_, " of ", size_,
                        " timed out (store ", client_->address(), ", job ", jobId_,
                        "); ranks not arrived: ", boot::joinRanks(missing));
     }
     const auto& values = got.value();
     for (int r = 0; r < size_; ++r) {
+      if (boot::RoundGuard::isAbandoned(values[r], bytes))
+        return makeError(StatusCode::kRemoteError, "tcp bootstrap ", op, " #", round, ": rank ", rank_, " of ", size_,
+                         ": rank ", r, " gave up on this round (it timed out waiting) before this rank arrived");
       if (values[r].size() != bytes)
         return makeError(StatusCode::kInvalidUsage, "tcp bootstrap ", op, " #", round, ": rank ", rank_, " passed ",
                          bytes, " bytes but rank ", r, " passed ", values[r].size());
@@ -235,6 +248,9 @@ class TcpBootstrap final : public Bootstrap {
     if (round > 0) LIBCOMM_RETURN_IF_ERROR(client_->remove(roundKey(round - 1, rank_), deadline));
     return Status::ok();
   }
+
+  // How long a rank that gave up on a round tries to leave its marker (its own deadline has passed).
+  static constexpr Milliseconds kAbandonBound{1000};
 
   // A connection that claims no rank: the store allows one connection per rank.
   static constexpr int kNoRank = -1;
@@ -247,6 +263,7 @@ class TcpBootstrap final : public Bootstrap {
   const int size_;
   std::string jobId_;
   uint64_t round_ = 0;
+  boot::RoundGuard rounds_;
   std::map<std::pair<int, uint32_t>, uint64_t> sendSeq_;
   std::map<std::pair<int, uint32_t>, uint64_t> recvSeq_;
 };
