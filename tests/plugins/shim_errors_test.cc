@@ -37,14 +37,43 @@ TEST(Errors, LongTextsAreCut) {
   EXPECT_EQ(std::string(text).rfind("libcomm_nccl: ncclLong: ", 0), 0u) << text;
 }
 
-TEST(Errors, NcclsErrorReplacesTheShimsOnThisThreadOnly) {
-  (void)failWith("ncclMine", Status(StatusCode::kInvalidArgument, "mine"));
+// One buffer for the process, as NCCL's: another thread (a watchdog) sees a worker thread's error,
+// and the text stays readable after that thread ended (a thread-local buffer dangled then: its
+// memory went to the next thread started).
+TEST(Errors, TheLastErrorIsTheProcesssAndOutlivesItsThread) {
+  ncclErrorIsNewest();
+  const char* seen = nullptr;
+  std::thread([&] {
+    (void)failWith("ncclWorker", Status(StatusCode::kRemoteError, "peer 2 gone"));
+    seen = ownLastError();
+  }).join();
+  std::thread([] {
+    volatile char scratch[4096];  // a new thread's stack and TLS where the old one's were
+    for (auto& c : scratch) c = 0;
+  }).join();
+  ASSERT_NE(seen, nullptr);
+  EXPECT_EQ(ownLastError(), seen);
+  EXPECT_NE(std::string(seen).find("libcomm_nccl: ncclWorker: "), std::string::npos) << seen;
+  EXPECT_NE(std::string(seen).find("peer 2 gone"), std::string::npos) << seen;
+  ncclErrorIsNewest();  // NCCL's error is newer, for every thread
   const char* other = "unset";
   std::thread([&] { other = ownLastError(); }).join();
-  EXPECT_EQ(other, nullptr);  // another thread has no error of the shim's
-  ASSERT_NE(ownLastError(), nullptr);
-  ncclErrorIsNewest();
+  EXPECT_EQ(other, nullptr);
   EXPECT_EQ(ownLastError(), nullptr);
+}
+
+// ncclCommGetAsyncError's libcomm error becomes the last error (a watchdog's ncclGetLastError shows
+// libcomm's text), also again after NCCL's was newer (logged once while it stays the same).
+TEST(Errors, APolledAsyncErrorIsTheLastErrorAgainAfterNccls) {
+  ncclErrorIsNewest();
+  const Status gone(StatusCode::kRemoteError, "rank 0: peer rank 3 died during all_gather seq 9");
+  noteAsyncError("ncclCommGetAsyncError", gone);
+  ASSERT_NE(ownLastError(), nullptr);
+  EXPECT_NE(std::string(ownLastError()).find("peer rank 3 died"), std::string::npos) << ownLastError();
+  ncclErrorIsNewest();
+  noteAsyncError("ncclCommGetAsyncError", gone);
+  ASSERT_NE(ownLastError(), nullptr);
+  EXPECT_NE(std::string(ownLastError()).find("seq 9"), std::string::npos) << ownLastError();
 }
 
 TEST(Errors, AFailureIsNeverInProgressNorSuccess) {

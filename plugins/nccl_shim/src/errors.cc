@@ -1,6 +1,9 @@
 #include "errors.h"
 
+#include <atomic>
 #include <cstdio>
+#include <cstring>
+#include <mutex>
 #include <string>
 
 #include "core/log.h"
@@ -8,23 +11,38 @@
 namespace shim {
 namespace {
 
-// Fixed for the thread's lifetime, as NCCL's own last-error buffer is: a pointer ncclGetLastError
-// handed out stays valid across later errors (a std::string here was reallocated, freeing it).
-thread_local char tOwnError[kOwnErrorBytes] = "";
-thread_local bool tOwnErrorNewest = false;
+// One buffer for the process, as NCCL's own last error is (a global char[1024]): a pointer
+// ncclGetLastError handed out stays valid for the process's life and shows the latest error, whichever
+// thread had it (a watchdog thread reads what a worker thread's call failed with). Written under a
+// lock; read, as NCCL's, without one. A thread-local buffer dangled once its thread ended and hid
+// one thread's error from the others.
+std::mutex gOwnErrorMu;
+char gOwnError[kOwnErrorBytes] = "";
+std::atomic<bool> gOwnErrorNewest{false};  // the shim's error is newer than NCCL's (process-wide, too)
 
-void record(const char* function, const libcomm::Status& status) noexcept {
+// `quietIfSame`: an error already in the buffer is made the newest again without another WARN line
+// (a watchdog polls the same asynchronous error many times a second).
+void record(const char* function, const libcomm::Status& status, bool quietIfSame = false) noexcept {
+  std::string line;
   try {
     const std::string text = status.toString();
+    char fresh[kOwnErrorBytes];
     // snprintf cuts what does not fit and always ends the buffer with a NUL.
-    std::snprintf(tOwnError, sizeof(tOwnError), "libcomm_nccl: %s: %s", function, text.c_str());
+    std::snprintf(fresh, sizeof(fresh), "libcomm_nccl: %s: %s", function, text.c_str());
+    std::lock_guard<std::mutex> lock(gOwnErrorMu);
+    const bool same = std::strcmp(fresh, gOwnError) == 0;
+    if (!same) std::memcpy(gOwnError, fresh, sizeof(fresh));
+    gOwnErrorNewest.store(true);
+    if (same && quietIfSame) return;
+    line = gOwnError;
   } catch (...) {
-    std::snprintf(tOwnError, sizeof(tOwnError), "libcomm_nccl: %s: %s", function,
+    std::lock_guard<std::mutex> lock(gOwnErrorMu);
+    std::snprintf(gOwnError, sizeof(gOwnError), "libcomm_nccl: %s: %s", function,
                   libcomm::statusCodeName(status.code()));
+    gOwnErrorNewest.store(true);
   }
-  tOwnErrorNewest = true;
   try {
-    LIBCOMM_LOG(kWarn, "shim") << tOwnError;
+    LIBCOMM_LOG(kWarn, "shim") << line;
   } catch (...) {
   }
 }
@@ -50,9 +68,11 @@ ncclResult_t failWith(const char* function, const libcomm::Status& status) {
 
 void noteError(const char* function, const libcomm::Status& status) { record(function, status); }
 
-const char* ownLastError() { return tOwnErrorNewest ? tOwnError : nullptr; }
+void noteAsyncError(const char* function, const libcomm::Status& status) { record(function, status, true); }
 
-void ncclErrorIsNewest() { tOwnErrorNewest = false; }
+const char* ownLastError() { return gOwnErrorNewest.load() ? gOwnError : nullptr; }
+
+void ncclErrorIsNewest() { gOwnErrorNewest.store(false); }
 
 EndResult endResult(ncclResult_t real, const libcomm::Status& own, bool freesComm) {
   if (real != ncclSuccess || own.isOk()) return EndResult::kReal;

@@ -2,9 +2,9 @@
 // The shim's own errors: the ncclResult_t a libcomm Status becomes, the text ncclGetLastError
 // returns for them, and what the calls that end a communicator return when libcomm's side failed.
 //
-// ncclGetLastError hands out a pointer the caller may keep, as NCCL's does (NCCL's is a fixed
-// buffer): the shim's text lives in a fixed thread-local buffer too, overwritten (never freed) by
-// the thread's next error.
+// ncclGetLastError hands out a pointer the caller may keep, as NCCL's does (NCCL's is one fixed
+// buffer for the process): the shim's text lives in one fixed buffer for the process too,
+// overwritten (never freed) by the next error of any thread.
 
 #include <nccl.h>
 
@@ -25,14 +25,15 @@ ncclResult_t toNcclResult(const libcomm::Status& status);
 /// in progress when the shim had to answer is the shim's fault, ncclInternalError.
 ncclResult_t failureResult(const libcomm::Status& status);
 
-/// Records an error of the shim's own for ncclGetLastError on this thread ("libcomm_nccl:
+/// Records an error of the shim's own for ncclGetLastError ("libcomm_nccl:
 /// <function>: <status>") and logs it at WARN; returns failureResult(status).
 ncclResult_t failWith(const char* function, const libcomm::Status& status);
 /// The same record and WARN line, for a failure the call does not return (its result stands).
 void noteError(const char* function, const libcomm::Status& status);
-/// The shim's last error on this thread, or nullptr when NCCL's is newer (or there is none). The
-/// buffer is the thread's for its lifetime: the pointer stays valid, its text changes with the
-/// thread's next error.
+/// noteError for an asynchronous error polled again and again: logged once while it stays the same.
+void noteAsyncError(const char* function, const libcomm::Status& status);
+/// The shim's last error (of any thread), or nullptr when NCCL's is newer (or there is none). The
+/// buffer is the process's: the pointer stays valid, its text changes with the next error.
 const char* ownLastError();
 /// A forwarded call reported an error: NCCL's last error is now this thread's newest.
 void ncclErrorIsNewest();

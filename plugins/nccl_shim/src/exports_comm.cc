@@ -97,7 +97,12 @@ ncclResult_t commGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
       (void)scope.forwarded(*asyncError);  // ncclInProgress is no error: the shim's then stays newest
       return r;
     }
-    if (auto state = shim::findComm(comm)) *asyncError = shim::toNcclResult(shim::servedAsyncError(*state));
+    if (auto state = shim::findComm(comm)) {
+      const libcomm::Status own = shim::servedAsyncError(*state);
+      *asyncError = shim::toNcclResult(own);
+      // The watchdog's next ncclGetLastError shows libcomm's text (rank, peer, collective, seq).
+      if (!own.isOk() && own.code() != libcomm::StatusCode::kInProgress) shim::noteAsyncError("ncclCommGetAsyncError", own);
+    }
     return r;
   });
 }
