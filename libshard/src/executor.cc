@@ -130,6 +130,8 @@ libcomm::Result<std::unique_ptr<Executor>> Executor::create(const ModelSpec& mod
                                                             libcomm::Communicator& rsComm, ExecutorOptions options) {
   auto bad = [](auto&&... args) { return libcomm::makeError(StatusCode::kInvalidArgument, "executor: ", args...); };
   LIBCOMM_RETURN_IF_ERROR(schedule.validate());
+  if (options.waitTimeout.count() <= 0)  // every wait would report a timeout at once
+    return bad("waitTimeout is ", options.waitTimeout.count(), " ms; it bounds every wait and must be positive");
   if (agComm.size() != plan.options.worldSize || rsComm.size() != plan.options.worldSize)
     return bad("communicators have ", agComm.size(), "/", rsComm.size(), " ranks, the plan ", plan.options.worldSize);
   if (agComm.rank() != plan.options.rank || rsComm.rank() != plan.options.rank)

@@ -34,8 +34,16 @@ libcomm::Status ModelSpec::validate() const {
   if (layers.empty()) return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: no layers");
   std::set<std::string> layerNames, paramNames;
   uint64_t total = 0;
+  // Activation bytes are summed (and differences taken) by the planner's memory prediction: all of
+  // them together stay below 2^62 (4 EiB), so no sum wraps into a plan that "fits".
+  constexpr uint64_t kMaxActivationBytes = uint64_t{1} << 62;
+  uint64_t activations = 0;
   for (size_t k = 0; k < layers.size(); ++k) {
     const LayerSpec& l = layers[k];
+    if (l.activationBytes > kMaxActivationBytes - activations)
+      return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: layer '", l.name, "': activationBytes ",
+                                l.activationBytes, " brings the model's activations past 2^62 bytes");
+    activations += l.activationBytes;
     if (l.name.empty()) return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: layer ", k, " has no name");
     if (!layerNames.insert(l.name).second)
       return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: layer name '", l.name, "' used twice");

@@ -152,6 +152,7 @@ libcomm::Result<ShardedAdamW> ShardedAdamW::create(const ShardPlan& plan, const 
   opt.config_ = config;
   opt.stateNumel_ = plan.stateNumel;
   opt.worldSize_ = world;
+  opt.rank_ = rank;
   opt.precision_ = plan.options.precision;
   std::vector<OptimizerRange> raw;
   for (const FlatGroup& g : plan.layers) LIBCOMM_RETURN_IF_ERROR(addGroupRanges(g, rank, plan.stateNumel, raw));
@@ -192,8 +193,35 @@ libcomm::Result<double> ShardedAdamW::step(ShardState& state, float gradScale, l
   return norm;
 }
 
+std::string ShardedAdamW::where(const ShardState& state) const {
+  return "rank " + std::to_string(rank_) + " of " + std::to_string(worldSize_) + ", optimizer step " +
+         std::to_string(state.step + 1);
+}
+
 libcomm::Result<double> ShardedAdamW::beginStep(ShardState& state, float gradScale, libcomm::Communicator* comm,
                                                 libcomm::Stream* stream, libcomm::Deadline deadline) {
+  auto r = beginStepImpl(state, gradScale, comm, stream, deadline);
+  if (!r.isOk()) return r.status().withContext(where(state));
+  return r;
+}
+
+libcomm::Status ShardedAdamW::updateGroup(ShardState& state, int group) {
+  return updateGroupImpl(state, group).withContext(where(state));
+}
+
+libcomm::Status ShardedAdamW::endStep(ShardState& state) { return endStepImpl(state).withContext(where(state)); }
+
+libcomm::Result<double> ShardedAdamW::beginStepImpl(ShardState& state, float gradScale, libcomm::Communicator* comm,
+                                                    libcomm::Stream* stream, libcomm::Deadline deadline) {
+  // A second beginStep would reset which groups were updated, and a group already updated would be
+  // updated again (the same bias correction, twice the step) with every call returning OK.
+  if (pending_.active) {
+    size_t done = 0;
+    for (bool u : pending_.updated) done += u ? 1 : 0;
+    return libcomm::makeError(StatusCode::kInvalidUsage, "AdamW: beginStep while a step is in progress (", done,
+                              " of ", pending_.updated.size(),
+                              " groups updated): update the rest and call endStep, or cancelStep to start over");
+  }
   pending_ = Pending{};
   normCommSeconds_ = 0.0;
   if (state.onDevice)
@@ -246,7 +274,7 @@ libcomm::Result<double> ShardedAdamW::beginStep(ShardState& state, float gradSca
   return norm;
 }
 
-libcomm::Status ShardedAdamW::updateGroup(ShardState& state, int group) {
+libcomm::Status ShardedAdamW::updateGroupImpl(ShardState& state, int group) {
   if (!pending_.active)
     return libcomm::makeError(StatusCode::kInvalidUsage, "AdamW: updateGroup(", group,
                               ") before beginStep: the gradient norm (clipping) must come first");
@@ -293,7 +321,7 @@ libcomm::Status ShardedAdamW::updateGroup(ShardState& state, int group) {
   return libcomm::Status::ok();
 }
 
-libcomm::Status ShardedAdamW::endStep(ShardState& state) {
+libcomm::Status ShardedAdamW::endStepImpl(ShardState& state) {
   if (!pending_.active) return libcomm::makeError(StatusCode::kInvalidUsage, "AdamW: endStep before beginStep");
   for (size_t k = 0; k < groups_.size(); ++k)
     if (!pending_.updated[k] && !groups_[k].ranges.empty())

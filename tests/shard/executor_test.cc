@@ -467,6 +467,26 @@ TEST(ExecutorOptions, ComputeStreamIsInlineUnlessAskedForAThread) {
   EXPECT_RANKS_OK(report);
 }
 
+// A wait bound of zero or less made every wait report a timeout at the first step; refused at
+// create, naming the option.
+TEST(ExecutorOptions, ANonPositiveWaitTimeoutIsRefused) {
+  RunOptions opts;
+  opts.size = 1;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    for (auto bound : {std::chrono::milliseconds(0), std::chrono::milliseconds(-5)}) {
+      libshard::ExecutorOptions eo;
+      eo.waitTimeout = bound;
+      auto rig = makeRig(ctx, {1, Precision::kFp32}, testConfig(), eo);
+      if (rig.isOk()) return libcomm::makeError(StatusCode::kInternalError, "waitTimeout ", bound.count(), " accepted");
+      if (rig.status().code() != StatusCode::kInvalidArgument ||
+          rig.status().message().find("waitTimeout") == std::string::npos)
+        return libcomm::makeError(StatusCode::kInternalError, "unhelpful: ", rig.status().toString());
+    }
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 // state() may be touched before the first beginStep by work enqueued on computeStream() (the
 // device contract: a checkpoint loaded there). The first step's gathers wait for that work.
 TEST(ExecutorOptions, FirstGathersWaitForComputeStreamWorkBeforeTheFirstStep) {

@@ -301,6 +301,13 @@ TEST(ShardedAdamW, GroupByGroupMatchesTheReferenceAndNeedsTheNormFirst) {
       EXPECT_EQ(opt->updateGroup(st.view, 0).code(), StatusCode::kInvalidUsage);  // twice
       EXPECT_EQ(opt->endStep(st.view).code(), StatusCode::kInvalidUsage);
       EXPECT_EQ(st.view.step, 0u);
+      // A second beginStep in the same step would forget that group 0 was updated, and update it
+      // again (it did, with every call OK): refused, naming the rank and the step.
+      Status again = opt->beginStep(st.view, scale, nullptr, nullptr, libcomm::Deadline::never()).status();
+      EXPECT_EQ(again.code(), StatusCode::kInvalidUsage) << again.toString();
+      EXPECT_NE(again.message().find("rank 0 of 1, optimizer step 1"), std::string::npos) << again.toString();
+      EXPECT_NE(again.message().find("1 of " + std::to_string(plan.layers.size() + 1) + " groups updated"), std::string::npos) << again.toString();
+      opt->cancelStep();
       initState(plan, st);  // start over: the refused step wrote group 0
       std::fill(st.m.begin(), st.m.end(), 0.0f);
       std::fill(st.v.begin(), st.v.end(), 0.0f);

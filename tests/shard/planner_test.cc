@@ -623,6 +623,12 @@ TEST(PlannerErrors, InvalidSpecsAreRejected) {
   ModelSpec kind = smallLm();
   kind.layers[1].params[1].kind = static_cast<ParamKind>(9);
   expectSpecError(kind, "kind 9, not a ParamKind");
+  // Activations the memory prediction sums: two layers of 2^63 bytes wrapped to a plan that "fit"
+  // a 100 kB budget with nothing checkpointed.
+  ModelSpec huge = smallLm();
+  huge.layers[1].activationBytes = uint64_t{1} << 63;
+  huge.layers[2].activationBytes = uint64_t{1} << 63;
+  expectSpecError(huge, "past 2^62 bytes");
 }
 
 // ---- whole-plan properties ---------------------------------------------------------------------

@@ -56,7 +56,7 @@ struct ModelSpec {
   std::vector<LayerSpec> layers;  // in forward execution order
 
   /// kInvalidArgument naming the first problem: no layers, duplicate names, an empty shape or a
-  /// zero extent, checkpointActivationBytes > activationBytes.
+  /// zero extent, checkpointActivationBytes > activationBytes, activations past 2^62 bytes in all.
   libcomm::Status validate() const;
   /// Sum of numel() over all parameters.
   size_t numel() const;

@@ -37,6 +37,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "libcomm/communicator.h"
@@ -96,8 +97,9 @@ class ShardedAdamW {
   ///
   /// beginStep: the global gradient norm (the allReduce, with `comm`) and the clipping factor; the
   /// arguments and the returned norm are step()'s. Every update of the step needs that factor, so
-  /// it must come first: updateGroup before it is kInvalidUsage. A non-finite norm makes the step a
-  /// skipped one (updateGroup and endStep then write nothing).
+  /// it must come first: updateGroup before it is kInvalidUsage, and so is a second beginStep
+  /// before endStep. A non-finite norm makes the step a skipped one (updateGroup and endStep then
+  /// write nothing). Errors of beginStep, updateGroup and endStep name the rank and the step.
   libcomm::Result<double> beginStep(ShardState& state, float gradScale, libcomm::Communicator* comm,
                                     libcomm::Stream* stream, libcomm::Deadline deadline);
   /// AdamW on this rank's part of group `group` (a layer index, -1: the resident group) and the
@@ -107,6 +109,9 @@ class ShardedAdamW {
   /// Ends the step: kInvalidUsage unless every group holding parameters of this rank was updated
   /// (nothing is written then); advances state.step otherwise.
   libcomm::Status endStep(ShardState& state);
+  /// Forgets the step in progress, so that beginStep may start one again. The groups updated so
+  /// far stay updated (their weights and moments moved): restore the state before stepping again.
+  void cancelStep() { pending_ = Pending{}; }
 
   /// Seconds the last beginStep (or step) spent on its grad-norm allReduce, from enqueueing it
   /// until its stream was synchronized; 0 without a communicator. On a host the caller's thread is
@@ -127,10 +132,18 @@ class ShardedAdamW {
 
  private:
   ShardedAdamW() = default;
+  // The public calls add where(state) to every error of these.
+  libcomm::Result<double> beginStepImpl(ShardState& state, float gradScale, libcomm::Communicator* comm,
+                                        libcomm::Stream* stream, libcomm::Deadline deadline);
+  libcomm::Status updateGroupImpl(ShardState& state, int group);
+  libcomm::Status endStepImpl(ShardState& state);
+  /// "rank 1 of 4, optimizer step 12".
+  std::string where(const ShardState& state) const;
 
   AdamWConfig config_;
   size_t stateNumel_ = 0;
   int worldSize_ = 1;
+  int rank_ = 0;
   Precision precision_ = Precision::kBf16;
   std::vector<OptimizerRange> ranges_;
   size_t paramElements_ = 0;
