@@ -18,6 +18,7 @@
 #include <fstream>
 #include <functional>
 #include <future>
+#include <mutex>
 #include <optional>
 #include <regex>
 #include <sstream>
@@ -347,6 +348,34 @@ TEST(FileBootstrap, JobsShareADirectory) {
 
 // A job id used again: the files an earlier run left (its last round, or a crashed run's hello)
 // are never read as the new run's.
+// Two processes started with the same rank: the second is refused at once. Both wrote the rank's
+// files before (the last rename won) and rank 0 gathered whichever came last. Rank 2 comes late,
+// so that rank 0 is still beating (alive) when both rank-1 processes look for it.
+TEST(FileBootstrap, ASecondProcessWithTheSameRankIsRefused) {
+  TempDir dir;
+  std::atomic<int> refused{0}, joined{0};
+  std::string why;
+  std::mutex whyMu;
+  expectAllOk(runThreads(4, [&](int t) -> Status {
+    const int rank = t <= 1 ? t : t - 1;  // threads 1 and 2 both claim rank 1
+    if (rank == 2) std::this_thread::sleep_for(1s);
+    auto b = createFileBootstrap(dir.path, "twins", rank, 3, Deadline::after(10s));
+    if (b.isOk()) {
+      if (rank == 1) ++joined;
+      int x = rank, all[3];
+      return b.value()->allGather(&x, all, sizeof(x), Deadline::after(10s));
+    }
+    if (rank != 1) return b.status();
+    ++refused;
+    std::lock_guard<std::mutex> lock(whyMu);
+    why = b.status().toString();
+    return Status::ok();
+  }));
+  EXPECT_EQ(joined.load(), 1);
+  EXPECT_EQ(refused.load(), 1);
+  EXPECT_NE(why.find("another process already started as rank 1"), std::string::npos) << why;
+}
+
 TEST(FileBootstrap, ALaterRunOfTheSameJobNeverReadsTheEarlierRunsFiles) {
   TempDir dir;
   // Run 1: hello and one allGather; its round-1 files stay (nobody deletes a last round).

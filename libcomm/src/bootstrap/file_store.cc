@@ -15,6 +15,7 @@
 //   <job>.<nonce>.c<round>.r<rank>          rank's contribution to collective round <round>
 //   <job>.<nonce>.p<src>-<dst>.t<tag>.<seq> the <seq>-th message from src to dst under tag (deleted on read)
 //   <job>.<nonce>.s.<key>                   the side channel's value of <key> (overwritten in place)
+//   <job>.<nonce>.k<rank>                   rank's claim (made with O_EXCL: one process per rank)
 //   .<job>.<nonce>.tmp.<rank>.<pid>.<n>     a file being written (.<job>.run.tmp... for the run file)
 
 #include <dirent.h>
@@ -368,6 +369,8 @@ bool isRunFileRest(std::string_view rest, bool hidden) {
            s.empty();
   if (take(s, "c") && takeDigits(s) && take(s, ".r") && takeDigits(s) && s.empty()) return true;
   s = rest;
+  if (take(s, "k") && takeDigits(s) && s.empty()) return true;
+  s = rest;
   if (take(s, "p") && takeDigits(s) && take(s, "-") && takeDigits(s) && take(s, ".t") && takeDigits(s) &&
       take(s, ".") && takeDigits(s) && s.empty())
     return true;
@@ -496,6 +499,20 @@ Result<std::unique_ptr<Bootstrap>> createFileBootstrap(const std::string& dir, c
   } else {
     LIBCOMM_ASSIGN_OR_RETURN(nonce, awaitLiveRun(runFiles, runPath, jobId, size, deadline));
   }
+  // One process per rank: two started with the same rank would both write its files (the last
+  // rename wins) and the others would gather whichever came last. The TCP store refuses a second
+  // connection for a rank; here the rank's claim file is made exclusively.
+  const std::string claim = dir + "/" + jobId + "." + nonce + ".k" + std::to_string(rank);
+  const int claimFd = open(claim.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (claimFd < 0) {
+    if (errno == EEXIST)
+      return makeError(StatusCode::kInvalidArgument, "file bootstrap: rank ", rank, " of job ", jobId, " in ", dir,
+                       ": another process already started as rank ", rank,
+                       " of this run (", claim, " exists); every process of a job needs a rank of its own");
+    return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank, ": cannot create ", claim, ": ",
+                     boot::errnoText(errno));
+  }
+  close(claimFd);
   auto bootstrap = std::make_unique<FileBootstrap>(dir, jobId, nonce, rank, size);
   LIBCOMM_RETURN_IF_ERROR(bootstrap->hello(deadline, beat));
   LIBCOMM_LOG(kInfo, "boot") << "file bootstrap: rank " << rank << " of " << size << " joined job " << jobId << " in "
