@@ -182,8 +182,12 @@ class FileBootstrap final : public Bootstrap {
 
   ~FileBootstrap() override {
     // Files of the last completed round stay: another rank may still be reading them, and only a
-    // later round would prove otherwise. They are small and scoped by the job id.
+    // later round would prove otherwise. They are small and scoped by the job id. The rank's claim
+    // has no readers: it goes (one of a killed process goes with the run's other files).
+    if (!claim_.empty()) unlink(claim_.c_str());
   }
+  /// The rank's claim file (made by createFileBootstrap), removed with the bootstrap.
+  void ownClaim(std::string path) { claim_ = std::move(path); }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -320,6 +324,7 @@ class FileBootstrap final : public Bootstrap {
   std::shared_ptr<RankFiles> files_;
   uint64_t round_ = 0;
   boot::RoundGuard rounds_;
+  std::string claim_;
   std::map<std::pair<int, uint32_t>, uint64_t> sendSeq_;
   std::map<std::pair<int, uint32_t>, uint64_t> recvSeq_;
 };
@@ -514,6 +519,7 @@ Result<std::unique_ptr<Bootstrap>> createFileBootstrap(const std::string& dir, c
   }
   close(claimFd);
   auto bootstrap = std::make_unique<FileBootstrap>(dir, jobId, nonce, rank, size);
+  bootstrap->ownClaim(claim);
   LIBCOMM_RETURN_IF_ERROR(bootstrap->hello(deadline, beat));
   LIBCOMM_LOG(kInfo, "boot") << "file bootstrap: rank " << rank << " of " << size << " joined job " << jobId << " in "
                              << dir;
