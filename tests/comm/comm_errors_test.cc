@@ -691,6 +691,16 @@ TEST(CommMemory, RegistrationIsIdempotentAndRefcounted) {
   EXPECT_RANKS_OK(report);
 }
 
+// Enqueues a host function that holds `s` until `release` is set: what comes after it waits.
+Status holdStreamUntil(libcomm::Stream& s, const std::atomic<bool>& release) {
+  return s.enqueueHost(
+      [&release] {
+        while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        return Status::ok();
+      },
+      "hold");
+}
+
 // freeRegistered of memory that a queued collective uses waits for that collective (it unmapped
 // the memory under it: SIGSEGV in the stream's thread), and when the collective cannot finish
 // within the op timeout it leaves the memory allocated and says why.
@@ -723,12 +733,7 @@ TEST(CommMemory, FreeingMemoryOfACollectiveInFlightWaitsForIt) {
         LIBCOMM_RETURN_IF_ERROR(comm->freeRegistered(in));
       } else if (ctx.rank == 0) {
         // Held until the free has given up; rank 1 joins only then (else it would time out).
-        LIBCOMM_RETURN_IF_ERROR(s->enqueueHost(
-            [&release] {
-              while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-              return Status::ok();
-            },
-            "hold"));
+        LIBCOMM_RETURN_IF_ERROR(holdStreamUntil(*s, release));
         LIBCOMM_RETURN_IF_ERROR(comm->allReduce(in, out, n, DataType::kFloat32, {}, *s));
         Status refused = expectStatus(comm->freeRegistered(in), StatusCode::kTimeout,
                                       {"rank 0", "freeRegistered", "1 collective(s) in flight",
@@ -782,12 +787,7 @@ TEST(CommErrors, APeerThatPostedAndFailedSinceIsReportedAsFailed) {
       return ctx.bootstrap.barrier(until);
     }
     std::atomic<bool> release{false};
-    LIBCOMM_RETURN_IF_ERROR(s->enqueueHost(
-        [&release] {
-          while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-          return Status::ok();
-        },
-        "hold"));
+    LIBCOMM_RETURN_IF_ERROR(holdStreamUntil(*s, release));
     LIBCOMM_RETURN_IF_ERROR(comm->allReduce(in, out, n, DataType::kFloat32, {}, *s));
     const Status met = ctx.bootstrap.barrier(until);
     release.store(true);
