@@ -212,11 +212,12 @@ TEST_P(TimeoutTest, NamesMissingRanks) {
 // would have paired with rank 1's next, different call.
 TEST_P(TimeoutTest, ALateRankFailsAndTheRankThatGaveUpIsRefusedAfter) {
   Job job(GetParam(), 2);
-  auto statuses = job.run([](Bootstrap& b) -> Status {
+  std::atomic<bool> gaveUp{false};
+  auto statuses = job.run([&gaveUp](Bootstrap& b) -> Status {
     LIBCOMM_RETURN_IF_ERROR(b.barrier(Deadline::after(10s)));
     int x = b.rank() + 10, all[2];
-    if (b.rank() == 1) {
-      std::this_thread::sleep_for(700ms);
+    if (b.rank() == 1) {  // arrives once rank 0 has given up
+      for (auto until = Clock::now() + 20s; !gaveUp.load() && Clock::now() < until;) std::this_thread::sleep_for(5ms);
       Status late = b.allGather(&x, all, sizeof(x), Deadline::after(5s));
       if (late.isOk()) return makeError(StatusCode::kInternalError, "the late rank completed a round rank 0 left");
       if (late.message().find("gave up") == std::string::npos)
@@ -224,6 +225,7 @@ TEST_P(TimeoutTest, ALateRankFailsAndTheRankThatGaveUpIsRefusedAfter) {
       return Status::ok();
     }
     Status s = b.allGather(&x, all, sizeof(x), Deadline::after(200ms));
+    gaveUp.store(true);
     if (s.code() != StatusCode::kTimeout) return makeError(StatusCode::kInternalError, "expected timeout: ", s.toString());
     Status again = b.allGather(&x, all, sizeof(x), Deadline::after(2s));
     if (again.isOk() || again.message().find("refused: collective #") == std::string::npos ||
@@ -349,8 +351,9 @@ TEST(FileBootstrap, JobsShareADirectory) {
 // A job id used again: the files an earlier run left (its last round, or a crashed run's hello)
 // are never read as the new run's.
 // Two processes started with the same rank: the second is refused at once. Both wrote the rank's
-// files before (the last rename won) and rank 0 gathered whichever came last. Rank 2 comes late,
-// so that rank 0 is still beating (alive) when both rank-1 processes look for it.
+// files before (the last rename won) and rank 0 gathered whichever came last. Rank 2 comes only
+// once one rank-1 process was refused: until then rank 0 waits for the hellos, beating (alive), so
+// both rank-1 processes find it and claim the rank.
 TEST(FileBootstrap, ASecondProcessWithTheSameRankIsRefused) {
   TempDir dir;
   std::atomic<int> refused{0}, joined{0};
@@ -358,7 +361,8 @@ TEST(FileBootstrap, ASecondProcessWithTheSameRankIsRefused) {
   std::mutex whyMu;
   expectAllOk(runThreads(4, [&](int t) -> Status {
     const int rank = t <= 1 ? t : t - 1;  // threads 1 and 2 both claim rank 1
-    if (rank == 2) std::this_thread::sleep_for(1s);
+    for (auto until = Clock::now() + 20s; rank == 2 && refused.load() == 0 && Clock::now() < until;)
+      std::this_thread::sleep_for(10ms);
     auto b = createFileBootstrap(dir.path, "twins", rank, 3, Deadline::after(10s));
     if (b.isOk()) {
       if (rank == 1) ++joined;
