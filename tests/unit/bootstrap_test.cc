@@ -741,7 +741,12 @@ TEST(TcpStore, WhileAGetIsParkedTheStoreBuffersNothingMoreFromItsClient) {
 // A client that sends gets without reading the replies (each a few bytes asking for a 16 MiB
 // value) is dropped, with a WARN naming it, once its unread replies pass twice the frame bound;
 // they grew the store's memory without limit.
+#ifndef SHARDCOMM_TEST_TIMEOUT_SCALE
+#define SHARDCOMM_TEST_TIMEOUT_SCALE 1
+#endif
+// The store copies 16 MiB per reply: under a sanitizer, 12 of them take seconds (TSan: over 5 s).
 TEST(TcpStore, AClientThatDoesNotReadItsRepliesIsDropped) {
+  constexpr auto kPatience = 5s * SHARDCOMM_TEST_TIMEOUT_SCALE;
   LogCapture capture;
   auto server = startTcpStore("127.0.0.1", 0, kSecret);
   ASSERT_TRUE(server.isOk()) << server.status().toString();
@@ -755,10 +760,10 @@ TEST(TcpStore, AClientThatDoesNotReadItsRepliesIsDropped) {
   ASSERT_TRUE(ok.isOk() && ok->type == boot::MsgType::kOk) << ok.status().toString();
   std::string gets;
   for (int i = 0; i < 12; ++i) gets += getFrame({"big"}, 0);  // 192 MiB of replies
-  ASSERT_TRUE(boot::sendAll(fd, gets.data(), gets.size(), Deadline::after(5s), "test client").isOk());
+  ASSERT_TRUE(boot::sendAll(fd, gets.data(), gets.size(), Deadline::after(kPatience), "test client").isOk());
   // Dropped: rank 3 is free again.
   bool freed = false;
-  for (const Deadline d = Deadline::after(5s); !freed && !d.expired(); std::this_thread::sleep_for(20ms))
+  for (const Deadline d = Deadline::after(kPatience); !freed && !d.expired(); std::this_thread::sleep_for(20ms))
     freed = boot::TcpStoreClient::connect("127.0.0.1", port, kSecret, 3, Deadline::after(1s)).isOk();
   EXPECT_TRUE(freed) << "the store kept the client that does not read";
   close(fd);
