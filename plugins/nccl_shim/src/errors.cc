@@ -23,26 +23,22 @@ std::atomic<bool> gOwnErrorNewest{false};  // the shim's error is newer than NCC
 // `quietIfSame`: an error already in the buffer is made the newest again without another WARN line
 // (a watchdog polls the same asynchronous error many times a second).
 void record(const char* function, const libcomm::Status& status, bool quietIfSame = false) noexcept {
-  std::string line;
+  char fresh[kOwnErrorBytes];
+  // snprintf cuts what does not fit and always ends the buffer with a NUL.
   try {
-    const std::string text = status.toString();
-    char fresh[kOwnErrorBytes];
-    // snprintf cuts what does not fit and always ends the buffer with a NUL.
-    std::snprintf(fresh, sizeof(fresh), "libcomm_nccl: %s: %s", function, text.c_str());
+    std::snprintf(fresh, sizeof(fresh), "libcomm_nccl: %s: %s", function, status.toString().c_str());
+  } catch (...) {  // the text could not be made: the code's name stands in for it
+    std::snprintf(fresh, sizeof(fresh), "libcomm_nccl: %s: %s", function, libcomm::statusCodeName(status.code()));
+  }
+  {
     std::lock_guard<std::mutex> lock(gOwnErrorMu);
     const bool same = std::strcmp(fresh, gOwnError) == 0;
     if (!same) std::memcpy(gOwnError, fresh, sizeof(fresh));
     gOwnErrorNewest.store(true);
     if (same && quietIfSame) return;
-    line = gOwnError;
-  } catch (...) {
-    std::lock_guard<std::mutex> lock(gOwnErrorMu);
-    std::snprintf(gOwnError, sizeof(gOwnError), "libcomm_nccl: %s: %s", function,
-                  libcomm::statusCodeName(status.code()));
-    gOwnErrorNewest.store(true);
   }
   try {
-    LIBCOMM_LOG(kWarn, "shim") << line;
+    LIBCOMM_LOG(kWarn, "shim") << fresh;
   } catch (...) {
   }
 }
