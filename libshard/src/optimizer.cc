@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "libcomm/convert.h"
@@ -28,6 +29,31 @@ namespace libshard {
 namespace {
 
 using libcomm::StatusCode;
+
+// A step count travels in the grad-norm allReduce as three fp32 integers of 22 bits each (every
+// integer below 2^24 is exact in fp32, and a sum with zeros leaves it exact).
+constexpr size_t kStepSlots = 3;
+constexpr int kStepSlotBits = 22;
+
+void encodeStep(uint64_t step, float* out) {
+  for (size_t i = 0; i < kStepSlots; ++i)
+    out[i] = static_cast<float>((step >> (kStepSlotBits * i)) & ((uint64_t{1} << kStepSlotBits) - 1));
+}
+
+// nullopt for slots that hold no such integers (a peer that sent something else).
+std::optional<uint64_t> decodeStep(const float* in) {
+  uint64_t step = 0;
+  for (size_t i = 0; i < kStepSlots; ++i) {
+    const float f = in[i];
+    if (!(f >= 0.0f && f < static_cast<float>(uint64_t{1} << kStepSlotBits)) || f != std::floor(f))
+      return std::nullopt;
+    const uint64_t part = static_cast<uint64_t>(f);
+    const size_t shift = kStepSlotBits * i;
+    if (shift + kStepSlotBits > 64 && (part >> (64 - shift)) != 0) return std::nullopt;  // past 64 bits
+    step |= part << shift;
+  }
+  return step;
+}
 
 struct StepCoeffs {
   float gradScale, coef, beta1, oneMinusBeta1, beta2, oneMinusBeta2, bc1, bc2, eps, lr, wd;
@@ -254,16 +280,35 @@ libcomm::Result<double> ShardedAdamW::beginStepImpl(ShardState& state, float gra
   if (comm != nullptr) {
     // The buffer must live until the stream has passed the allReduce even if the wait below times
     // out, so a host item queued after it holds the last reference.
+    //
+    // The same allReduce carries every rank's optimizer step, so that a rank whose state was
+    // re-created (or loaded from another checkpoint) is refused instead of stepping with another
+    // bias correction: slot 0 is the squared norm, and rank r writes its step into slots
+    // 1 + 3r .. 3 + 3r as three 22-bit integers (exact in fp32) with zeros in every other rank's
+    // slots, so the sum hands every rank every step exactly.
     const auto t0 = std::chrono::steady_clock::now();
-    auto buf = std::make_shared<float>(static_cast<float>(total));
+    const size_t n = 1 + kStepSlots * static_cast<size_t>(worldSize_);
+    auto buf = std::shared_ptr<float[]>(new float[n]());
+    buf[0] = static_cast<float>(total);
+    encodeStep(state.step, &buf[1 + kStepSlots * static_cast<size_t>(rank_)]);
     LIBCOMM_RETURN_IF_ERROR(
-        comm->allReduce(buf.get(), buf.get(), 1, libcomm::DataType::kFloat32, libcomm::ReduceOptions{}, *stream));
+        comm->allReduce(buf.get(), buf.get(), n, libcomm::DataType::kFloat32, libcomm::ReduceOptions{}, *stream));
     LIBCOMM_RETURN_IF_ERROR(
         stream->enqueueHost([keep = buf]() { return libcomm::Status::ok(); }, "adamw grad-norm buffer release"));
     libcomm::Status st = stream->synchronize(deadline);
     normCommSeconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!st.isOk()) return st.withContext("AdamW: global gradient norm allReduce").addFrame(__FILE__, __LINE__);
-    total = static_cast<double>(*buf);
+    for (int p = 0; p < worldSize_; ++p) {
+      const std::optional<uint64_t> peerStep = decodeStep(&buf[1 + kStepSlots * static_cast<size_t>(p)]);
+      if (peerStep != state.step)
+        return libcomm::makeError(
+            StatusCode::kInvalidUsage, "AdamW: rank ", p, " is at optimizer step ",
+            peerStep ? std::to_string(*peerStep + 1) : std::string("(unreadable)"), ", this rank at step ",
+            state.step + 1,
+            ": every rank must step from the same optimizer state (was one rank's state re-created, or loaded "
+            "from another checkpoint?); nothing was updated");
+    }
+    total = static_cast<double>(buf[0]);
   }
   const double norm = std::sqrt(total);
   pending_.active = true;

@@ -399,10 +399,45 @@ Status clipAcrossRanks(RankContext& ctx) {
   return comm->asyncError();
 }
 
+// A rank whose optimizer state was re-created (step 0) while the others are at step 2 would step
+// with another bias correction; every rank's beginStep refuses, naming the odd rank, and nothing is
+// written.
+Status aRankAtAnotherStepIsRefused(RankContext& ctx) {
+  const ModelSpec model = testModel(3, 7, 13);
+  LIBCOMM_ASSIGN_OR_RETURN(ShardPlan plan, makePlan(model, ctx.size, ctx.rank));
+  libcomm::CommConfig config;
+  config.opTimeout = std::chrono::seconds(60);
+  LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+  auto stream = libcomm::createHostStream("adamw-step-rank" + std::to_string(ctx.rank));
+  LIBCOMM_ASSIGN_OR_RETURN(ShardedAdamW opt, ShardedAdamW::create(plan, AdamWConfig{}));
+  OwnedState st(plan);
+  initState(plan, st);
+  const auto deadline = libcomm::Deadline::after(std::chrono::seconds(60));
+  for (int s = 0; s < 2; ++s) {
+    fillGrads(plan, st, s);
+    LIBCOMM_RETURN_IF_ERROR(opt.step(st.view, 1.0f, comm.get(), stream.get(), deadline).status());
+  }
+  if (st.view.step != 2) return libcomm::makeError(StatusCode::kInternalError, "step ", st.view.step, " after 2");
+  const int odd = 1;
+  if (ctx.rank == odd) st.view.step = 0;  // the state of this rank started over
+  const std::vector<float> before(st.view.master, st.view.master + st.view.numel);
+  auto r = opt.step(st.view, 1.0f, comm.get(), stream.get(), deadline);
+  if (r.isOk()) return libcomm::makeError(StatusCode::kInternalError, "a step across ranks at steps 3 and 1 ran");
+  const std::string msg = r.status().message();
+  const std::string other = ctx.rank == odd ? "rank 0 is at optimizer step 3, this rank at step 1"
+                                            : "rank 1 is at optimizer step 1, this rank at step 3";
+  if (r.status().code() != StatusCode::kInvalidUsage || msg.find(other) == std::string::npos)
+    return libcomm::makeError(StatusCode::kInternalError, "unexpected error: ", r.status().toString());
+  if (!std::equal(before.begin(), before.end(), st.view.master) || st.view.step != (ctx.rank == odd ? 0u : 2u))
+    return libcomm::makeError(StatusCode::kInternalError, "the refused step wrote the state");
+  return comm->asyncError();
+}
+
 class AdamWRanks : public shardcomm::testing::RanksTest {};
 
 TEST_P(AdamWRanks, ClippingAcrossTwoRanksMatchesReference) { EXPECT_RANKS_OK(run(2, clipAcrossRanks)); }
 TEST_P(AdamWRanks, ClippingAcrossThreeRanksMatchesReference) { EXPECT_RANKS_OK(run(3, clipAcrossRanks)); }
+TEST_P(AdamWRanks, ARankAtAnotherOptimizerStepIsRefused) { EXPECT_RANKS_OK(run(3, aRankAtAnotherStepIsRefused)); }
 
 SHARDCOMM_INSTANTIATE_BOTH_MODES(AdamWRanks);
 

@@ -34,6 +34,11 @@
 // non-finite norm is returned so the caller can see it (every rank sees the same norm, so every
 // rank skips together). The sum of squares is rounded to fp32 (it travels as one fp32 element), so
 // a sum past FLT_MAX is non-finite too, on one rank as on many.
+//
+// The same allReduce carries each rank's state.step (3 more fp32 elements per rank), and a rank
+// at another step than this one makes beginStep fail with kInvalidUsage naming that rank and both
+// steps, before anything is written: a rank whose state was re-created or loaded from another
+// checkpoint would otherwise step with another bias correction, silently.
 
 #include <cstddef>
 #include <cstdint>
