@@ -327,6 +327,7 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
     LIBCOMM_ASSIGN_OR_RETURN(auto schedule, libshard::Schedule::build(plan, so));
     libshard::ExecutorOptions eo;
     eo.waitTimeout = o.timeout;
+    eo.firstStep = result.firstStep;  // a resumed run's diagnostics name the checkpoint's steps
     if (o.eventLogCheck) {
       LIBCOMM_ASSIGN_OR_RETURN(eo.eventLogCapacity, eventLogCapacity(toRun, plan, o.microBatches));
     }

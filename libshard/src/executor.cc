@@ -120,7 +120,8 @@ Executor::Executor(const ShardPlan& plan, Schedule schedule, BufferPool& pool, l
       computeType_(detail::computeDataType(plan)),
       device_(pool.memory() == MemoryKind::kDevice),
       inlineCompute_(!options.threadedComputeStream && pool.memory() != MemoryKind::kDevice),
-      log_(options.eventLogCapacity) {
+      log_(options.eventLogCapacity),
+      step_(options.firstStep) {
   gradScale_ = 1.0f / (static_cast<float>(plan.options.worldSize) * static_cast<float>(plan.options.microBatches));
 }
 
@@ -132,6 +133,8 @@ libcomm::Result<std::unique_ptr<Executor>> Executor::create(const ModelSpec& mod
   LIBCOMM_RETURN_IF_ERROR(schedule.validate());
   if (options.waitTimeout.count() <= 0)  // every wait would report a timeout at once
     return bad("waitTimeout is ", options.waitTimeout.count(), " ms; it bounds every wait and must be positive");
+  if (options.firstStep < 0 || options.firstStep > INT32_MAX)  // the event log numbers steps in 32 bits
+    return bad("firstStep is ", options.firstStep, "; it must be in 0..", INT32_MAX);
   if (agComm.size() != plan.options.worldSize || rsComm.size() != plan.options.worldSize)
     return bad("communicators have ", agComm.size(), "/", rsComm.size(), " ranks, the plan ", plan.options.worldSize);
   if (agComm.rank() != plan.options.rank || rsComm.rank() != plan.options.rank)

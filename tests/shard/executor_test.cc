@@ -487,6 +487,50 @@ TEST(ExecutorOptions, ANonPositiveWaitTimeoutIsRefused) {
   EXPECT_RANKS_OK(report);
 }
 
+// A trainer resuming from a checkpoint at step 5 numbers its steps from 5: the executor's step(),
+// the views, the event log and its errors count from ExecutorOptions::firstStep (they said 0 after
+// every resume before). Out of range is refused at create.
+TEST(ExecutorOptions, StepsCountFromTheFirstStepGiven) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    for (int64_t bad : {int64_t{-1}, int64_t{INT32_MAX} + 1}) {
+      libshard::ExecutorOptions eo;
+      eo.firstStep = bad;
+      auto rig = makeRig(ctx, {1, Precision::kFp32}, testConfig(), eo);
+      LIBCOMM_RETURN_IF_ERROR(expectError(rig.status(), {StatusCode::kInvalidArgument}, {"firstStep"}, "bad firstStep"));
+    }
+    libshard::ExecutorOptions eo;
+    eo.firstStep = 5;
+    eo.eventLogCapacity = 4096;
+    eo.waitTimeout = std::chrono::seconds(20);
+    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, {1, Precision::kFp32}, testConfig(), eo));
+    if (rig->ex->step() != 5) return libcomm::makeError(StatusCode::kInternalError, "step() ", rig->ex->step());
+    toy::setWeights(rig->plan, rig->pool->state(), 5);
+    toy::ToyNet net(rig->spec, rig->plan);  // checks every view's weights against its step
+    libshard::RunnerHooks hooks;
+    hooks.optimizer = [&](libshard::Executor& e) -> Status {
+      toy::setWeights(rig->plan, e.state(), e.step() + 1);
+      return Status::ok();
+    };
+    libshard::Runner runner(*rig->ex, net.layers(), hooks);
+    for (int s = 0; s < 2; ++s) LIBCOMM_RETURN_IF_ERROR(runner.step());
+    if (net.wrongWeights != 0)
+      return libcomm::makeError(StatusCode::kInternalError, net.wrongWeights, " wrong weights seen");
+    if (rig->ex->step() != 7) return libcomm::makeError(StatusCode::kInternalError, "step() ", rig->ex->step());
+    LIBCOMM_RETURN_IF_ERROR(rig->ex->synchronize());
+    const auto entries = rig->ex->eventLog().entries();
+    for (const libshard::LogEntry& e : entries)
+      if (e.step < 5 || e.step > 7)
+        return libcomm::makeError(StatusCode::kInternalError, "event log entry of step ", e.step);
+    LIBCOMM_RETURN_IF_ERROR(libshard::checkEventLog(entries, rig->plan));
+    // Out of order: the error names the step the trainer is at.
+    const Status st = rig->ex->endForward(0);
+    return expectError(st, {StatusCode::kInvalidUsage}, {"step 7"}, "out-of-order hook");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 // state() may be touched before the first beginStep by work enqueued on computeStream() (the
 // device contract: a checkpoint loaded there). The first step's gathers wait for that work.
 TEST(ExecutorOptions, FirstGathersWaitForComputeStreamWorkBeforeTheFirstStep) {

@@ -125,6 +125,11 @@ struct ExecutorOptions {
   /// each, on the 2-core VM; docs/PERFORMANCE.md). Work a trainer enqueues on computeStream() runs
   /// before the enqueue returns when inline. Ignored with a device pool (CUDA streams).
   bool threadedComputeStream = false;
+  /// The number of the first step: what step(), LayerViews::step, the event log and error messages
+  /// count from. A trainer resuming from a checkpoint passes the state's ShardState::step, so that
+  /// its diagnostics name the same steps as its optimizer and its log. 0..INT32_MAX (the event log
+  /// numbers steps in 32 bits).
+  int64_t firstStep = 0;
 };
 
 class Executor {
@@ -203,7 +208,8 @@ class Executor {
   /// 1 when ExecutorOptions::scaleGradients made endStep apply it already. Passing this (never
   /// gradScale()) to ShardedAdamW::step scales exactly once in both modes. Thread-safe.
   float pendingGradScale() const { return options_.scaleGradients ? 1.0f : gradScale_; }
-  /// The step in progress (or the next one, between optimizerDone and beginStep); starts at 0.
+  /// The step in progress (or the next one, between optimizerDone and beginStep); starts at
+  /// ExecutorOptions::firstStep (0 by default).
   /// Advanced by optimizerDone; read it from the trainer's thread.
   int64_t step() const { return step_; }
   /// The sticky error, or OK. Set by a failing hook, abort() or a mid-step destruction; read it
