@@ -71,6 +71,11 @@ Result<std::unique_ptr<Channel>> Channel::create(int rank, int size, const CommC
 
 Status Channel::connect(const std::vector<std::string>& addresses, const std::vector<int>& peers, Deadline deadline) {
   if (connected_) return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": UCX channel connected twice");
+  // A connect that failed part-way leaves endpoints whose error handlers point at their Peer; a
+  // second attempt would replace those Peers under them. One attempt per channel.
+  if (connectTried_)
+    return makeError(StatusCode::kInvalidUsage, "rank ", rank_,
+                     ": UCX channel connect after a failed connect; create a new channel to retry");
   if (addresses.size() != static_cast<size_t>(size_))
     return makeError(StatusCode::kInvalidArgument, "rank ", rank_, ": ", addresses.size(), " UCX addresses for ", size_,
                      " ranks");
@@ -95,6 +100,7 @@ Status Channel::connect(const std::vector<std::string>& addresses, const std::ve
     LIBCOMM_LOG(kInfo, "ucx") << "rank " << pr->channel->rank_ << ": UCX endpoint to rank " << pr->rank
                               << " closed or failed: " << ucs_status_string(status);
   };
+  connectTried_ = true;
   for (int p : peers) {
     auto peer = std::make_unique<Peer>();
     peer->channel = this;

@@ -205,6 +205,7 @@ class Channel {
   int lostPeers_ = 0;
   bool timedOut_ = false;
   bool connected_ = false;
+  bool connectTried_ = false;  // connect() got as far as creating endpoints
   std::atomic<bool> aborted_{false};
   // abort() may come from any thread: it signals the worker under this lock, and the owning
   // thread destroys the worker under it, so that a signal never reaches a destroyed worker.
