@@ -96,6 +96,19 @@ EXPORT ncclResult_t pncclCommDestroy(ncclComm_t comm) {
   return ncclSuccess;
 }
 
+/* Two host functions of the device API (nccl_device.h, a C++ header: the argument types are left
+ * opaque here). The other device-API entry points are missing, as in an older NCCL. */
+EXPORT int pncclLLA2ACalcSlots(int maxElts, int maxEltSize) {
+  count("LLA2ACalcSlots");
+  return maxElts * 1000 + maxEltSize; /* recognisable, not NCCL's formula */
+}
+
+EXPORT ncclResult_t pncclDevCommCreate(ncclComm_t comm, const void* reqs, void* outDevComm) {
+  count("DevCommCreate");
+  if (!comm || !reqs || !outDevComm) return fail(ncclInvalidArgument, "fake: ncclDevCommCreate: a NULL argument");
+  return ncclSuccess;
+}
+
 EXPORT ncclResult_t pncclCommCount(const ncclComm_t comm, int* n) {
   count("CommCount");
   if (!comm || !n) return fail(ncclInvalidArgument, "fake: ncclCommCount: comm or count is NULL");

@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <nccl.h>
+#include <nccl_device.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -213,6 +214,37 @@ TEST(Disabled, EverythingIsForwarded) {
   EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
 }
 
+// The device API's host functions (NCCL 2.28): plain forwards, with NCCL's errors and the shim's
+// own for an entry point the library lacks. A program linked to the shim in NCCL's place needs them.
+TEST(Forward, DeviceApiHostFunctionsAreForwarded) {
+  EXPECT_EQ(ncclLLA2ACalcSlots(3, 16), 3016);
+  EXPECT_EQ(fakeCalls("LLA2ACalcSlots"), 1);
+
+  ncclUniqueId id{};
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  ncclComm_t comm = nullptr;
+  ASSERT_EQ(ncclCommInitRank(&comm, 1, id, 0), ncclSuccess);
+  ncclDevCommRequirements_t reqs{};
+  ncclDevComm_t devComm{};
+  EXPECT_EQ(ncclDevCommCreate(comm, &reqs, &devComm), ncclSuccess);
+  EXPECT_EQ(fakeCalls("DevCommCreate"), 1);
+  EXPECT_EQ(ncclDevCommCreate(comm, nullptr, &devComm), ncclInvalidArgument);  // the fake's answer
+  EXPECT_EQ(fakeCalls("DevCommCreate"), 2);
+  EXPECT_STREQ(ncclGetLastError(comm), "fake: ncclDevCommCreate: a NULL argument");
+
+  // The fake has no pncclDevCommDestroy and no pncclLsaBarrierCreateRequirement.
+  EXPECT_EQ(ncclDevCommDestroy(comm, &devComm), ncclInternalError);
+  std::string err = ncclGetLastError(comm);
+  EXPECT_NE(err.find("has no pncclDevCommDestroy"), std::string::npos) << err;
+  ncclTeam_t team{};
+  ncclLsaBarrierHandle_t barrier{};
+  ncclDevResourceRequirements_t req{};
+  EXPECT_EQ(ncclLsaBarrierCreateRequirement(team, 1, &barrier, &req), ncclInternalError);
+  err = ncclGetLastError(nullptr);
+  EXPECT_NE(err.find("has no pncclLsaBarrierCreateRequirement"), std::string::npos) << err;
+  EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+}
+
 TEST(MissingReal, EveryCallFailsSayingWhy) {
   int version = 0;
   EXPECT_EQ(ncclGetVersion(&version), ncclSystemError);
@@ -223,6 +255,10 @@ TEST(MissingReal, EveryCallFailsSayingWhy) {
   std::vector<float> a(4), b(4);
   EXPECT_EQ(ncclAllGather(a.data(), b.data(), 4, ncclFloat32, nullptr, nullptr), ncclSystemError);
   EXPECT_STREQ(ncclGetErrorString(ncclInvalidUsage), "invalid usage");
+  EXPECT_EQ(ncclLLA2ACalcSlots(3, 16), -1);  // no count, and the last error says why
+  err = ncclGetLastError(nullptr);
+  EXPECT_NE(err.find("ncclLLA2ACalcSlots"), std::string::npos) << err;
+  EXPECT_NE(err.find("cannot load the real NCCL"), std::string::npos) << err;
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
   ncclResetDebugInit();  // void: must simply return
