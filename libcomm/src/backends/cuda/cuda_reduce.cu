@@ -40,7 +40,7 @@ __device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float x) {
 }
 
 template <typename In, typename Out>
-__global__ void __launch_bounds__(kReduceThreads) reduceKernel(Params p) {
+__global__ void __launch_bounds__(kReduceThreads, kReduceBlocksPerSm) reduceKernel(Params p) {
   constexpr int kV = 16 / sizeof(In);  // elements per 16-byte load
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
