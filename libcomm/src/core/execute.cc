@@ -375,6 +375,9 @@ void Communicator::Impl::fail(const Status& st) {
   LIBCOMM_LOG(kDebug, "coll") << st.toString();  // the stream logs the failure at WARN
   // Peers blocked on this rank learn why at once instead of waiting for their deadline.
   channel_->markFailed(st.message());
+  // A failed communicator runs nothing more, NCCL's included; its kernels still waiting for a peer
+  // would keep the device busy, and the next cudaFree or synchronize would wait on them (abort()).
+  if (nccl_) nccl_->abort();
 }
 
 Status Communicator::Impl::asyncError() const {
