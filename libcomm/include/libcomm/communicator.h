@@ -82,8 +82,8 @@ class Communicator {
   /// (kInvalidUsage otherwise; such buffers still work with every collective, through staging).
   /// Device memory: the range must lie in one cudaMalloc allocation (pools, cuMemCreate and
   /// managed memory are refused); it is published to the peers of this host through CUDA IPC, so
-  /// that the own device path can read it. On a communicator that spans hosts it is kInvalidUsage
-  /// (device memory goes through NCCL there, nothing to register). The peers close their IPC
+  /// that the own device path can read it. On a communicator that spans hosts it is accepted and
+  /// does nothing (device memory goes through NCCL there, which needs no registration). The peers close their IPC
   /// mappings at their next own-path collective after the last deregisterBuffer, so separate the
   /// deregistration from cudaFree by a collective on a CUDA stream that every rank calls (a
   /// barrier; its return on the host is enough): freeing memory that another process still has

@@ -72,17 +72,28 @@ Result<bool> Communicator::Impl::checkMemory(const CollArgs& args, const Stream&
 
 Status Communicator::Impl::registerDevice(void* ptr, size_t bytes, bool* handled) {
   *handled = false;
-  if (!cuda::queryPointer(ptr, true).isDevice()) return Status::ok();
+  // Memory from allocRegistered is host memory: no need to ask CUDA.
+  if (local_->contains(ptr, bytes > 0 ? bytes : 1) || !cuda::queryPointer(ptr, true).isDevice()) return Status::ok();
   *handled = true;
-  if (!own_)
-    return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": registering device memory ", ptr,
-                     ": this communicator spans hosts, where device memory goes through NCCL (nothing to register)");
+  if (!own_) {
+    // Across hosts device memory goes through NCCL, which needs no registration: accepted, so that
+    // a trainer written for one host (libshard's device pool) runs across hosts unchanged.
+    if (bytes == 0) return makeError(StatusCode::kInvalidArgument, "rank ", rank_, ": registering an empty range");
+    LIBCOMM_LOG(kDebug, "cuda") << "rank " << rank_ << ": device memory " << ptr << " (" << bytes
+                                << " B) registered on a communicator across hosts: nothing to do, NCCL moves it";
+    return Status::ok();
+  }
   return own_->registerRange(ptr, bytes);
 }
 
 Status Communicator::Impl::deregisterDevice(void* ptr, bool* handled) {
-  *handled = own_ && own_->isRegistered(ptr, 1);
-  return *handled ? own_->deregisterRange(ptr) : Status::ok();
+  if (own_) {
+    *handled = own_->isRegistered(ptr, 1);
+    return *handled ? own_->deregisterRange(ptr) : Status::ok();
+  }
+  // Across hosts registering device memory did nothing (above), and neither does this.
+  *handled = !local_->contains(ptr, 1) && cuda::queryPointer(ptr, true).isDevice();
+  return Status::ok();
 }
 
 bool Communicator::Impl::isRegisteredDevice(const void* ptr, size_t bytes) const {

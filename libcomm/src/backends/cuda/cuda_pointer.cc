@@ -1,5 +1,7 @@
 // Pointer kinds and the own path's factory (contract: device_path.h).
 
+#include <dlfcn.h>
+
 #include <atomic>
 
 #include "backends/cuda/cuda_error.h"
@@ -13,9 +15,20 @@ std::atomic<bool> gCudaInUse{false};
 bool cudaInUse() { return gCudaInUse.load(std::memory_order_relaxed); }
 void noteCudaInUse() { gCudaInUse.store(true, std::memory_order_relaxed); }
 
+// Whether the CUDA driver library is in the process. Asking the runtime about a pointer starts
+// CUDA (a context, and a process that can no longer fork usable children); device memory exists
+// only once something loaded the driver, so without it every pointer is host memory. RTLD_NOLOAD
+// loads nothing.
+bool driverLoaded() {
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (h == nullptr) return false;
+  dlclose(h);
+  return true;
+}
+
 PointerInfo queryPointer(const void* p, bool evenBeforeCudaUse) {
   PointerInfo info;
-  if (p == nullptr || !(evenBeforeCudaUse || cudaInUse())) return info;
+  if (p == nullptr || !(cudaInUse() || (evenBeforeCudaUse && driverLoaded()))) return info;
   cudaPointerAttributes a{};
   if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
     (void)cudaGetLastError();  // an address CUDA does not know is host memory; leave no stale error

@@ -41,7 +41,8 @@ struct PointerInfo {
 
 /// The kind of memory `p` points to (cudaPointerGetAttributes). Host for plain or pinned host
 /// memory, in builds without CUDA, and in processes where libcomm has not used CUDA yet (see
-/// cudaInUse) unless `evenBeforeCudaUse`: host collectives never initialize CUDA. Finding device
+/// cudaInUse) unless `evenBeforeCudaUse` and the CUDA driver is loaded (by anyone: device memory
+/// cannot exist before): host collectives and registrations never initialize CUDA. Finding device
 /// memory marks the process as using CUDA. Thread-safe.
 PointerInfo queryPointer(const void* p, bool evenBeforeCudaUse = false);
 /// Whether this process has made a CUDA stream or event through libcomm (host collectives check
