@@ -145,15 +145,16 @@ step() {
 failures() {
   local f=$out/failures.txt
   : > "$f"
-  if [ -s "$logs/gpu_tests.log" ]; then
+  local s
+  for s in gpu_tests gpu_coll_tests; do
+    [ -s "$logs/$s.log" ] || continue
     awk '/^ *Start +[0-9]+:|^The following tests|tests passed, [0-9]+ tests failed/ { keep = 0 }
          /Test +#[0-9]+:.*(\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout|Not Run|SEGFAULT|Child aborted)/ { keep = 1 }
-         keep' "$logs/gpu_tests.log" >> "$f"
-    sed -n '/The following tests FAILED/,$p' "$logs/gpu_tests.log" >> "$f"
-  fi
-  local s
+         keep' "$logs/$s.log" >> "$f"
+    sed -n '/The following tests FAILED/,$p' "$logs/$s.log" >> "$f"
+  done
   for s in "${failed_steps[@]}"; do
-    [ "$s" = gpu_tests ] && continue
+    [ "$s" = gpu_tests ] || [ "$s" = gpu_coll_tests ] && continue
     { echo "==== $s: the last 60 lines of logs/$s.log"; tail -n 60 "$logs/$s.log"; } >> "$f"
   done
   if [ -s "$f" ]; then
@@ -206,7 +207,6 @@ finish() {
     rows+=("$name|STOPPED|0|the script was ended (INT or TERM) while it ran; log: logs/$name.log")
     failed_steps+=("$name")
   fi
-  failures
   failures
   summary | tee "$out/summary.txt"
   tar -czf "$out/logs.tar.gz" -C "$build" gpu_check_logs 2> /dev/null || say "could not archive $logs"
@@ -305,19 +305,24 @@ fi
 step copy_bench 45 10 "D2D copy 1 MiB..1 GiB, checked" -- "$build/bench/copy_bench" --json "$logs/copy_bench.json"
 # The reduce_scatter kernel (bf16/fp32 in, fp32 sums) against a D2D copy of the same bytes, same run.
 step rs_kernel 60 15 "reduce kernel vs D2D copy, 2/4/8 inputs, checked" -- \
-  "$build/bench/reduce_kernel_bench" --ranks 2,4,8 --min-mib 4 --max-mib 256 --json "$logs/reduce_kernel.json"
+  "$build/bench/reduce_kernel_bench" --ranks 2,4,8 --min-mib 4 --max-mib 64 --json "$logs/reduce_kernel.json"
 
 # ---- tests -----------------------------------------------------------------------------------------
 # Only what uses the device: the gpu tests, the cuda/nccl unit tests (with a device they take their
 # device branches), libshard's device pool and host twin. Not the CPU-only build checks
 # (cuda.build_options configures the project three times; cuda.find_nccl_*; nccl.header_versions).
+# Two steps, the quick ones first (streams, NCCL set-up, the unit tests' device branches), so that a
+# hang among the multi-rank collectives costs only the second step.
 if [ $have_tests -eq 1 ]; then
-  step gpu_tests 180 60 "ctest: gpu, cuda.*, nccl.* and libshard's device tests" -- \
-    ctest --test-dir "$build" --output-on-failure -R '^(gpu|cuda|nccl)\.|^shard\.(DevicePool|ShardExecHostTwin)\.' \
+  step gpu_tests 90 30 "ctest: CUDA streams, NCCL set-up, cuda.*, nccl.*, libshard's device pool" -- \
+    ctest --test-dir "$build" --output-on-failure \
+    -R '^gpu\.(CudaStreamTest|NcclInitGpu)\.|^(cuda|nccl)\.|^shard\.(DevicePool|ShardExecHostTwin)\.' \
     -E '^cuda\.(build_options|find_nccl_)|^nccl\.header_versions$'
+  step gpu_coll_tests 180 60 "ctest: the device collectives (own path, NCCL), libshard on CUDA streams, the shim" -- \
+    ctest --test-dir "$build" --output-on-failure -R '^gpu\.' -E '^gpu\.(CudaStreamTest|NcclInitGpu)\.'
   # On a GPU machine no gpu test may skip: a skip means the device was not usable.
-  if grep -qE 'gpu\..*Skipped' "$logs/gpu_tests.log"; then
-    rows+=("gpu_skips|FAILED|0|gpu tests skipped on a machine with a GPU; see logs/gpu_tests.log")
+  if grep -qE 'gpu\..*Skipped' "$logs/gpu_tests.log" "$logs/gpu_coll_tests.log" 2> /dev/null; then
+    rows+=("gpu_skips|FAILED|0|gpu tests skipped on a machine with a GPU; see logs/gpu_tests.log, logs/gpu_coll_tests.log")
     failed=1
   fi
 fi
