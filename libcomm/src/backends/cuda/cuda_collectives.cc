@@ -90,7 +90,7 @@ Result<OwnPathImpl::PeerEvents*> OwnPathImpl::peerEvents(int peer, int device, c
     cudaIpcEventHandle_t h;
     std::memcpy(&h, rec.handle.data(), sizeof(h));
     const std::string ctx =
-        detail::strCat(what, ": rank ", rank_, " opening the events of rank ", peer, ipcOpenHint(rec.owner, self));
+        detail::strCat(what, ": rank ", rank_, " opening the events of rank ", peer);
     LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaIpcOpenEventHandle(&ev.ready, h)).withContext(ctx));
     std::memcpy(&h, rec.handle2.data(), sizeof(h));
     Status s = LIBCOMM_CUDA_STATUS(cudaIpcOpenEventHandle(&ev.done, h)).withContext(ctx);

@@ -262,7 +262,7 @@ Result<const char*> OwnPathImpl::resolve(int peer, const PeerInput& in, int devi
       LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaIpcOpenMemHandle(&m.opened, h, cudaIpcMemLazyEnablePeerAccess))
                                   .withContext(detail::strCat(what, ": rank ", rank_, " opening registration ",
                                                               in.registration, " of rank ", peer, " (device ",
-                                                              rec.device, ")", ipcOpenHint(rec.owner, self))));
+                                                              rec.device, ")")));
       m.range = static_cast<char*>(m.opened) + rec.allocOffset;
     }
     it = peers_.emplace(std::make_pair(peer, in.registration), m).first;

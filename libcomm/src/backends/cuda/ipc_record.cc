@@ -1,9 +1,12 @@
 #include "backends/cuda/ipc_record.h"
 
-#include <sys/stat.h>
+#include <pthread.h>
+#include <sys/random.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
+#include <mutex>
 
 #include "core/fnv1a.h"
 
@@ -11,9 +14,10 @@ namespace libcomm::cuda {
 namespace {
 
 constexpr uint32_t kMagic = 0x5043494c;  // "LICP" little-endian
-// Version 2 added the owner's pid namespace (version 1 had the pid alone).
-constexpr uint16_t kVersion = 2;
-// Layout: magic u32 | version u16 | size u16 | kind u8 | pad[3] | device i32 | pid i32 | pidNamespace u64 |
+// Version 2 added the owner's pid namespace (version 1 had the pid alone); version 3 has a random
+// process token in its place.
+constexpr uint16_t kVersion = 3;
+// Layout: magic u32 | version u16 | size u16 | kind u8 | pad[3] | device i32 | pid i32 | process token u64 |
 // address u64 | address2 u64 | allocOffset u64 | bytes u64 | handle[64] | handle2[64] | checksum u32
 // (FNV-1a of everything before it), zero padding to kIpcRecordWireBytes.
 constexpr size_t kChecksumAt = 4 + 2 + 2 + 1 + 3 + 4 + 4 + 8 + 8 * 4 + 2 * kIpcHandleBytes;
@@ -53,30 +57,52 @@ class Reader {
 
 }  // namespace
 
+namespace {
+
+// This process's token: random, made on first use and again in a forked child (the atfork handler
+// clears it; the pid check covers a child made some other way), so that no two live processes share
+// one whatever their pid namespaces.
+std::mutex gTokenMu;
+int32_t gTokenPid = 0;
+uint64_t gToken = 0;
+
+uint64_t newToken() {
+  uint64_t t = 0;
+  while (t == 0) {
+    if (getrandom(&t, sizeof t, 0) != static_cast<ssize_t>(sizeof t)) {
+      // No getrandom (very old kernels): time and pid, still distinct between live processes here.
+      t = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) * 0x9e3779b97f4a7c15ull ^
+          static_cast<uint64_t>(getpid());
+    }
+  }
+  return t;
+}
+
+}  // namespace
+
 ProcessId thisProcess() {
-  // Not cached: a forked rank must not answer with its parent's pid. The stat is one system call,
-  // made only when a record is published or first read.
+  static const bool atforkRegistered = [] {
+    pthread_atfork(nullptr, nullptr, [] { gTokenPid = 0; });  // the child: forget the parent's token
+    return true;
+  }();
+  (void)atforkRegistered;
   ProcessId id;
   id.pid = static_cast<int32_t>(getpid());
-  struct stat st;
-  if (stat("/proc/self/ns/pid", &st) == 0) id.pidNamespace = static_cast<uint64_t>(st.st_ino);
+  std::lock_guard<std::mutex> lock(gTokenMu);
+  if (gTokenPid != id.pid) {
+    gToken = newToken();
+    gTokenPid = id.pid;
+  }
+  id.token = gToken;
   return id;
 }
 
-bool sameProcess(const ProcessId& owner, const ProcessId& self) { return owner.pidNamespace != 0 && owner == self; }
+bool sameProcess(const ProcessId& owner, const ProcessId& self) { return owner.token != 0 && owner == self; }
 
 PeerReach peerReach(bool sameProcess, int device, int ownerDevice, bool canAccessPeer) {
   if (!sameProcess) return PeerReach::kIpc;
   if (device == ownerDevice) return PeerReach::kPointer;
   return canAccessPeer ? PeerReach::kEnablePeerAccess : PeerReach::kUnreachable;
-}
-
-std::string ipcOpenHint(const ProcessId& owner, const ProcessId& self) {
-  if (owner.pid != self.pid || (owner.pidNamespace != 0 && self.pidNamespace != 0)) return "";
-  return detail::strCat("; the owner has this process's pid ", self.pid, " but a pid namespace is unknown (",
-                        owner.pidNamespace == 0 ? "the owner's" : "this process's",
-                        " /proc/self/ns/pid was unreadable), so it was taken for another process; if it is this "
-                        "one, CUDA IPC cannot open its own handles: make /proc readable");
 }
 
 std::vector<unsigned char> encodeIpcRecord(const IpcRecord& r) {
@@ -89,7 +115,7 @@ std::vector<unsigned char> encodeIpcRecord(const IpcRecord& r) {
   w.u(0, 3);
   w.u(static_cast<uint32_t>(r.device), 4);
   w.u(static_cast<uint32_t>(r.owner.pid), 4);
-  w.u(r.owner.pidNamespace, 8);
+  w.u(r.owner.token, 8);
   w.u(r.address, 8);
   w.u(r.address2, 8);
   w.u(r.allocOffset, 8);
@@ -127,7 +153,7 @@ Result<IpcRecord> decodeIpcRecord(const void* data, size_t bytes, const std::str
   (void)r.u(3);
   out.device = static_cast<int32_t>(static_cast<uint32_t>(r.u(4)));
   out.owner.pid = static_cast<int32_t>(static_cast<uint32_t>(r.u(4)));
-  out.owner.pidNamespace = r.u(8);
+  out.owner.token = r.u(8);
   out.address = r.u(8);
   out.address2 = r.u(8);
   out.allocOffset = r.u(8);

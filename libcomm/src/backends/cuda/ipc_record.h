@@ -3,8 +3,8 @@
 // its inter-process events: CUDA IPC handles plus where the registered range lies in the allocation
 // the handle names. The wire form is versioned and sized, and its decoder rejects anything it does
 // not understand with an error naming the field, so a peer built from another libcomm (or a torn,
-// short or foreign record) is an error rather than a wrong pointer. The owner is named by pid and
-// pid namespace, so that only a peer in the very same process uses the record's raw pointers.
+// short or foreign record) is an error rather than a wrong pointer. The owner is named by pid and a
+// random process token, so that only a peer in the very same process uses the record's raw pointers.
 //
 // Plain C++ (no CUDA headers): handles are 64 opaque bytes, the size of cudaIpcMemHandle_t and
 // cudaIpcEventHandle_t (static_asserted where CUDA is included). Built and unit-tested everywhere.
@@ -22,27 +22,25 @@ namespace libcomm::cuda {
 constexpr size_t kIpcHandleBytes = 64;
 using IpcHandle = std::array<unsigned char, kIpcHandleBytes>;
 
-/// A process, as far as "may I use its addresses as they are" goes: its pid and the inode of its pid
-/// namespace (/proc/self/ns/pid; 0 where that cannot be read). Ranks in different pid namespaces of
-/// one host (containers) can have the same pid, so the pid alone does not say "this process". (Not
-/// shm::ProcessId, which tells whether a peer is still alive.)
+/// A process, as far as "may I use its addresses as they are" goes: its pid and a random 64-bit
+/// token of the process (made on first use, and anew in a forked child). Ranks in different pid
+/// namespaces of one host (containers) can have the same pid, so the pid alone does not say "this
+/// process"; the token does, without reading /proc (the inode of /proc/self/ns/pid, used before,
+/// is not readable in every sandbox). (Not shm::ProcessId, which tells whether a peer is still
+/// alive.)
 struct ProcessId {
   int32_t pid = 0;
-  uint64_t pidNamespace = 0;
+  uint64_t token = 0;  // never 0 for a live process
 
   bool operator==(const ProcessId&) const = default;
 };
 
-/// The calling process, read afresh on every call (a forked child is another process). Thread-safe.
+/// The calling process (a forked child is another process, with a token of its own). Thread-safe.
 ProcessId thisProcess();
-/// Whether `owner` is `self`: the same pid in the same, known pid namespace. An unknown namespace
-/// (0) on either side answers false even when the pids match, so the peer opens the IPC handle
-/// instead of dereferencing a pointer that may belong to another process; if it was this process
-/// after all, CUDA refuses to open its own handle and the error says why (ipcOpenHint).
+/// Whether `owner` is `self`: the same pid and token. A token of 0 (a record that names no
+/// process) is never this process, so the peer opens the IPC handle instead of dereferencing a
+/// pointer that may belong to another process.
 bool sameProcess(const ProcessId& owner, const ProcessId& self);
-/// A note for the error of a failed cudaIpcOpen*Handle: why it may have been this process's own
-/// handle (pids match, a namespace unknown); empty otherwise.
-std::string ipcOpenHint(const ProcessId& owner, const ProcessId& self);
 
 /// How a rank on `device` reads a peer's registered memory on `ownerDevice`. A rank of this process
 /// uses the owner's pointer; on another device that pointer is another device's memory, which a
