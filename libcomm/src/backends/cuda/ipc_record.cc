@@ -4,9 +4,9 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
-#include <mutex>
 
 #include "core/fnv1a.h"
 
@@ -59,12 +59,11 @@ class Reader {
 
 namespace {
 
-// This process's token: random, made on first use and again in a forked child (the atfork handler
-// clears it; the pid check covers a child made some other way), so that no two live processes share
-// one whatever their pid namespaces.
-std::mutex gTokenMu;
-int32_t gTokenPid = 0;
-uint64_t gToken = 0;
+// This process's token: random, made on first use, and forgotten in a forked child (the atfork
+// handler, registered before the first token exists), which then makes its own; so no two live
+// processes share one whatever their pid namespaces. Atomic, not locked: a lock held by another
+// thread at a fork would stay held in the child.
+std::atomic<uint64_t> gToken{0};
 
 uint64_t newToken() {
   uint64_t t = 0;
@@ -78,22 +77,21 @@ uint64_t newToken() {
   return t;
 }
 
+uint64_t processToken() {
+  static const int atfork = pthread_atfork(nullptr, nullptr, [] { gToken.store(0); });
+  (void)atfork;
+  uint64_t t = gToken.load();
+  if (t != 0) return t;
+  const uint64_t fresh = newToken();
+  return gToken.compare_exchange_strong(t, fresh) ? fresh : t;  // t: another thread's, made first
+}
+
 }  // namespace
 
 ProcessId thisProcess() {
-  static const bool atforkRegistered = [] {
-    pthread_atfork(nullptr, nullptr, [] { gTokenPid = 0; });  // the child: forget the parent's token
-    return true;
-  }();
-  (void)atforkRegistered;
   ProcessId id;
   id.pid = static_cast<int32_t>(getpid());
-  std::lock_guard<std::mutex> lock(gTokenMu);
-  if (gTokenPid != id.pid) {
-    gToken = newToken();
-    gTokenPid = id.pid;
-  }
-  id.token = gToken;
+  id.token = processToken();
   return id;
 }
 

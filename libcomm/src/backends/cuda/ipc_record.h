@@ -23,7 +23,7 @@ constexpr size_t kIpcHandleBytes = 64;
 using IpcHandle = std::array<unsigned char, kIpcHandleBytes>;
 
 /// A process, as far as "may I use its addresses as they are" goes: its pid and a random 64-bit
-/// token of the process (made on first use, and anew in a forked child). Ranks in different pid
+/// token of the process (made on first use; a child made by fork() makes its own). Ranks in different pid
 /// namespaces of one host (containers) can have the same pid, so the pid alone does not say "this
 /// process"; the token does, without reading /proc (the inode of /proc/self/ns/pid, used before,
 /// is not readable in every sandbox). (Not shm::ProcessId, which tells whether a peer is still
