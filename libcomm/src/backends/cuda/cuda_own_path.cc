@@ -152,6 +152,10 @@ Status OwnPathImpl::registerRange(void* p, size_t bytes) {
                      "); CUDA IPC shares only device allocations");
   DeviceGuard guard(info.device);
   LIBCOMM_RETURN_IF_ERROR(guard.status().withContext(what()));
+  // cuMemGetAddressRange is a driver call: it needs the device's context current on this thread,
+  // which the guard leaves alone when the device was the thread's already (a thread that never made
+  // a runtime call binding it). cudaSetDevice makes the primary context current.
+  LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaSetDevice(info.device)).withContext(what()));
   char* base = nullptr;
   size_t allocBytes = 0;
   LIBCOMM_RETURN_IF_ERROR(allocationOf(p, &base, &allocBytes).withContext(what()));
