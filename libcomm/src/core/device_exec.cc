@@ -79,7 +79,7 @@ Status Communicator::Impl::registerDevice(void* ptr, size_t bytes, bool* handled
     // Across hosts device memory goes through NCCL, which needs no registration: accepted, so that
     // a trainer written for one host (libshard's device pool) runs across hosts unchanged.
     if (bytes == 0) return makeError(StatusCode::kInvalidArgument, "rank ", rank_, ": registering an empty range");
-    LIBCOMM_LOG(kDebug, "cuda") << "rank " << rank_ << ": device memory " << ptr << " (" << bytes
+    LIBCOMM_LOG(kDebug, "mem") << "rank " << rank_ << ": device memory " << ptr << " (" << bytes
                                 << " B) registered on a communicator across hosts: nothing to do, NCCL moves it";
     return Status::ok();
   }
