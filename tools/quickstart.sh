@@ -9,11 +9,32 @@
 #   tools/quickstart.sh                      set up, build in build/, run both
 #   tools/quickstart.sh --run-only BUILD_DIR  run both from an existing build (the ctest
 #                                            tools.quickstart runs exactly these commands)
+# Any other argument is a usage error (exit 2), found before anything is installed or built.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-if [ "${1:-}" = --run-only ]; then
-  build=${2:?usage: tools/quickstart.sh [--run-only BUILD_DIR]}
-else
+usage="usage: tools/quickstart.sh [--run-only BUILD_DIR]"
+usage_error() {
+  echo "quickstart: $1" >&2
+  echo "$usage" >&2
+  exit 2
+}
+run_only=0
+case "$#:${1:-}" in
+  0:) ;;
+  *:-h | *:--help)
+    echo "$usage"
+    exit 0
+    ;;
+  1:--run-only) usage_error "--run-only needs the build directory to run from" ;;
+  2:--run-only)
+    run_only=1
+    build=$2
+    [ -d "$build" ] || usage_error "--run-only: '$build' is not a directory"
+    ;;
+  *:--run-only) usage_error "--run-only takes one build directory, got $(($# - 1)) arguments" ;;
+  *) usage_error "unknown argument '$1'" ;;
+esac
+if [ "$run_only" = 0 ]; then
   build=$root/build
   "$root/tools/setup.sh" "$build"
 fi
