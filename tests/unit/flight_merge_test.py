@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """tools/flight_merge on crafted dumps: agreement, a lagging rank, a rank that enqueued a collective its
-stream never started while the others are in it, a mismatch, a missing rank, and
+stream never started while the others are in it, a mismatch, a missing rank, ranks that failed, and
 bad input (malformed JSON, another format, missing fields or fields of another type, several communicators;
 with --comm, other communicators' and unreadable dumps passed over) -- each with the
 exit status (0 agree, 1 a problem found, 2 bad input) and the words a reader needs, never a
@@ -13,19 +13,19 @@ import json, os, subprocess, sys, tempfile, unittest
 MERGE = None  # set from argv
 
 
-def entry(seq, op="all_gather", count=4096, state="done", start=True):
+def entry(seq, op="all_gather", count=4096, state="done", start=True, error=None):
     return {"seq": seq, "op": op, "count": count, "in_dtype": "fp32", "out_dtype": "fp32", "reduce_op": None,
             "scale": None, "root": None, "in_place": False, "bytes": count * 4, "algorithm": "direct",
             "stream": "s", "state": state, "enqueue_ns": 1000 * seq, "start_ns": 1000 * seq + 1 if start else None,
-            "end_ns": 1000 * seq + 2 if state == "done" else None, "error": None}
+            "end_ns": 1000 * seq + 2 if state == "done" else None, "error": error}
 
 
-def dump(rank, size, entries, comm="comm-a", reason="failure"):
+def dump(rank, size, entries, comm="comm-a", reason="failure", first_error=None):
     return {"format": "libcomm-flight-recorder", "version": 1, "library_version": "test", "reason": reason,
             "dump_time_ns": 1_700_000_000_000_000_000 + rank, "clock": "CLOCK_REALTIME", "rank": rank,
             "world_size": size, "host": "h", "host_id": "h", "pid": 100 + rank, "job_id": "j", "communicator": comm,
             "members": [], "settings": {}, "last_enqueued_seq": max((e["seq"] for e in entries), default=0),
-            "entries_dropped": 0, "first_error": None, "entries": entries}
+            "entries_dropped": 0, "first_error": first_error, "entries": entries}
 
 
 class FlightMerge(unittest.TestCase):
@@ -72,6 +72,46 @@ class FlightMerge(unittest.TestCase):
         text = self.merge(self.dir)
         self.assertEqual(text.returncode, 1)
         self.assertIn("rank(s) 1 never enqueued seq 4 (all_gather, 4096 x fp32); rank(s) 0,2 wait in it", text.stdout)
+
+    def test_ranks_that_failed_are_named_with_their_first_error(self):
+        # LIBCOMM_ALGO=eager comm_bench all_gather -b 1M -np 2: both ranks fail seq 1 with the same
+        # error; rank 0 had enqueued seq 2 (skipped: the communicator had failed) before it stopped,
+        # rank 1 had not. That said "rank(s) 1 never enqueued seq 2 ...; rank(s) 0 wait in it",
+        # blaming rank 1 while nobody waits.
+        def err(r):
+            return f"rank {r}: all_gather seq 1 (262144 x fp32): eager is for at most 16384 bytes per rank"
+        self.write("c.rank0.flight.json", dump(0, 2, [entry(1, count=262144, state="failed", error=err(0)),
+                                                      entry(2, count=262144, state="skipped", error="skipped")],
+                                               first_error=err(0)))
+        self.write("c.rank1.flight.json", dump(1, 2, [entry(1, count=262144, state="failed", error=err(1))],
+                                               first_error=err(1)))
+        rc, res, err_ = self.merge_json(self.dir)
+        self.assertEqual(rc, 1, err_)
+        self.assertIsNone(res["first_divergence"])
+        self.assertEqual(res["ranks"]["0"]["failed"],
+                         {"seq": 1, "state": "failed", "collective": "all_gather, 262144 x fp32", "error": err(0)})
+        text = self.merge(self.dir)
+        self.assertEqual(text.returncode, 1)
+        for r in (0, 1):
+            self.assertIn(f"rank {r} failed in seq 1 (all_gather, 262144 x fp32): first error: {err(r)}", text.stdout)
+        self.assertNotIn("never enqueued", text.stdout)
+        self.assertNotIn("wait in it", text.stdout)
+        # Every rank failed the same collective and nothing else was enqueued: that is no agreement
+        # (it said "the ranks agree", exit 0).
+        for r in range(3):
+            self.write(f"c.rank{r}.flight.json", dump(r, 3, [entry(1), entry(2, state="failed", error=err(r))],
+                                                      first_error=err(r)))
+        text = self.merge(self.dir)
+        self.assertEqual(text.returncode, 1, text.stdout)
+        self.assertNotIn("the ranks agree", text.stdout)
+        self.assertIn("rank 2 failed in seq 2 (all_gather, 4096 x fp32): first error: " + err(2), text.stdout)
+        # A lag stays a lag: the ranks that timed out waiting in it are listed as failed as well.
+        self.write("c.rank2.flight.json", dump(2, 3, [entry(1)], reason="signal"))
+        text = self.merge(self.dir)
+        self.assertEqual(text.returncode, 1)
+        self.assertIn("rank(s) 2 never enqueued seq 2 (all_gather, 4096 x fp32); rank(s) 0,1 wait in it", text.stdout)
+        self.assertIn("rank 0 failed in seq 2", text.stdout)
+        self.assertNotIn("rank 2 failed", text.stdout)
 
     def test_rank_that_enqueued_but_never_started_is_named(self):
         # Ranks 0 and 1 are in seq 4 (one failed, one still running); rank 2 called it too, but its
