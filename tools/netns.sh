@@ -15,9 +15,10 @@
 #                                (Open MPI's mpirun inside host 0; OMPI_COMM_WORLD_* + LIBCOMM_STORE_ADDR)
 #         --store S              tcp (default: rank 0 hosts the store on 10.213.0.1) or file (a
 #                                directory under /tmp, which all hosts share)
-#         --port P               TCP store port on host 0, default 29500
-#         --mtu N                MTU of every link (veth ends and bridge)
-#         --timeout S            whole-run limit in seconds (default 120); past it every rank is killed
+#         --port P               TCP store port on host 0, 1 to 65535, default 29500
+#         --mtu N                MTU of every link (veth ends and bridge), 68 to 65535
+#         --timeout S            whole-run limit in seconds, at least 1 (default 120); past it every
+#                                rank is killed
 #         --kill-rank N --kill-after-ms T
 #                                SIGKILL rank N T ms after it started. The run then passes when rank N
 #                                died of it and every other rank exited non-zero (the survivors noticed)
@@ -25,7 +26,7 @@
 #       Each rank gets LIBCOMM_HOST_ID=host<i> (and the launcher's variables, a per-run secret and
 #       job id); its output lines are prefixed with "[r<rank> host<i>]". Exit status: 0 pass, 1 a
 #       rank failed (each rank's status is listed), 2 usage, 77 namespaces cannot be made here,
-#       124 the run timed out.
+#       124 the run timed out. Every option is checked before anything is made (exit 2).
 #   tools/netns.sh sweep
 #       Delete namespaces (and end their processes), their /etc/netns/<ns> files and run directories
 #       (/tmp/shardcomm-netns-<pid>-*) left by runs whose netns.sh (or test script) was killed; run
@@ -220,6 +221,9 @@ runMain() {
   local survivor_rc=""
   while [ $# -gt 0 ]; do
     case "$1" in
+      --hosts | --ranks-per-host | --launcher | --store | --port | --mtu | --timeout | --kill-rank | --kill-after-ms | \
+        --survivor-rc)
+        [ $# -ge 2 ] || die "run: $1 needs a value" ;;&
       --hosts) K=$2; shift 2 ;;
       --ranks-per-host) R=$2; shift 2 ;;
       --launcher) launcher=$2; shift 2 ;;
@@ -235,12 +239,23 @@ runMain() {
     esac
   done
   [ $# -gt 0 ] || die "run: no command after --"
-  local n
-  for n in "$K" "$R" "$port" "$timeout" ${mtu:+"$mtu"} ${kill_rank:+"$kill_rank"} ${kill_after:+"$kill_after"}; do
-    [[ "$n" =~ ^[0-9]+$ ]] || die "run: '$n' is not a number"
+  # Whole numbers of at most 9 digits (bash arithmetic wraps past 2^63, and reads a leading 0 as
+  # octal: 10# below).
+  local opt n
+  for opt in "--hosts $K" "--ranks-per-host $R" "--port $port" "--timeout $timeout" ${mtu:+"--mtu $mtu"} \
+    ${kill_rank:+"--kill-rank $kill_rank"} ${kill_after:+"--kill-after-ms $kill_after"} \
+    ${survivor_rc:+"--survivor-rc $survivor_rc"}; do
+    n=${opt#* }
+    [[ "$n" =~ ^[0-9]{1,9}$ ]] || die "run: ${opt%% *} '$n' is not a whole number (0 to 999999999)"
   done
+  K=$((10#$K)) R=$((10#$R)) port=$((10#$port)) timeout=$((10#$timeout))
+  [ -z "$mtu" ] || mtu=$((10#$mtu))
   [ "$K" -ge 1 ] && [ "$K" -le 200 ] || die "run: --hosts $K is outside [1, 200]"
   [ "$R" -ge 1 ] || die "run: --ranks-per-host must be at least 1"
+  [ "$port" -ge 1 ] && [ "$port" -le 65535 ] || die "run: --port $port is outside [1, 65535]"
+  [ "$timeout" -ge 1 ] || die "run: --timeout $timeout: the run needs at least 1 s"
+  # 68: the least a Linux veth or bridge takes (and IPv4 needs); 65535: the most a veth takes.
+  [ -z "$mtu" ] || { [ "$mtu" -ge 68 ] && [ "$mtu" -le 65535 ]; } || die "run: --mtu $mtu is outside [68, 65535]"
   case "$launcher" in env | torchrun | mpirun) ;; *) die "run: --launcher '$launcher' is not env, torchrun or mpirun" ;; esac
   case "$store" in tcp | file) ;; *) die "run: --store '$store' is not tcp or file" ;; esac
   local size=$((K * R))
