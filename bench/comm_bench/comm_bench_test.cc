@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -381,6 +382,31 @@ TEST(CommBenchReport, JsonNamesMemoryAndStream) {
     EXPECT_NE(std::string(line).find(c.want), std::string::npos) << line;
   }
   std::remove(path.c_str());
+}
+
+// A -J file that cannot be written (a full disk: /dev/full) fails the run, naming the file and errno.
+// It used to end in PASS and exit 0, with the file cut short.
+TEST(CommBenchReport, JsonWriteErrorFailsTheRun) {
+  auto o = parse({"all_gather", "-J", "/dev/full"});
+  ASSERT_TRUE(o.isOk()) << o.status().toString();
+  Report report(*o, 2);
+  ASSERT_TRUE(report.openJson().isOk());
+  Row row;
+  row.bytes = 8;
+  row.count = 1;
+  row.outOfPlace = {true, 1.0, 0};
+  report.addRow(row);
+  const libcomm::Status written = report.closeJson();
+  ASSERT_FALSE(written.isOk());
+  EXPECT_NE(written.message().find("cannot write -J file '/dev/full': " + std::string(strerror(ENOSPC))),
+            std::string::npos)
+      << written.message();
+  EXPECT_FALSE(report.printSummary(written));
+  // Without -J there is nothing to close.
+  auto plain = parse({"all_gather"});
+  ASSERT_TRUE(plain.isOk());
+  Report none(*plain, 2);
+  EXPECT_TRUE(none.closeJson().isOk());
 }
 
 }  // namespace

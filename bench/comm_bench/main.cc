@@ -135,7 +135,8 @@ int runRank(const Options& options) {
     (*comm)->abort();
     return fail(rank, s, rep);
   }
-  const bool pass = rep ? rep->printSummary(Status::ok()) : true;
+  // A -J file that could not be written whole fails the run, as a wrong result does.
+  const bool pass = rep ? rep->printSummary(rep->closeJson()) : true;
   // Nobody exits before rank 0 has printed: a launcher stops the others once one rank exits non-zero.
   s = (*runner)->finalBarrier();
   if (!s.isOk()) {
@@ -144,6 +145,14 @@ int runRank(const Options& options) {
   }
   const int64_t wrong = (*runner)->totalWrong();
   return (pass && wrong == 0) ? 0 : kExitFail;
+}
+
+// Output that could not be written fails the program: a table lost to a full disk must not end in 0.
+int checkStdout(int rc) {
+  const Status s = stdoutStatus();
+  if (s.isOk()) return rc;
+  fprintf(stderr, "comm_bench: %s\n", s.message().c_str());
+  return rc == 0 ? kExitFail : rc;
 }
 
 }  // namespace
@@ -158,8 +167,8 @@ int main(int argc, char** argv) {
   }
   if (options->help) {
     fputs(usageText(), stdout);
-    return 0;
+    return checkStdout(0);
   }
-  if (options->numRanks > 0) return spawnRanks(*options, argv[0]);
-  return runRank(*options);
+  if (options->numRanks > 0) return checkStdout(spawnRanks(*options, argv[0]));
+  return checkStdout(runRank(*options));
 }

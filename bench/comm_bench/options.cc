@@ -59,7 +59,8 @@ Output (rank 0 prints):
   -a, --print_algo 0|1    print libcomm's algorithm selection table at start (default 0)
   -h, --help              this text
 Exit status: 0 when every run succeeded and every check passed; 1 on wrong results or an
-error (printed with the libcomm Status); 2 on a usage error.
+error (printed with the libcomm Status; output that could not be written, -J or stdout, is
+one); 2 on a usage error.
 )";
 
 libcomm::Status usageError(std::string_view flag, std::string_view value, std::string_view why) {

@@ -30,7 +30,24 @@ const char* implName(const Options& o) {
   return o.deviceMemory ? "shardcomm-device" : o.inlineStream ? "shardcomm-inline" : "shardcomm";
 }
 
+// The first failed write to stdout, as errno (-1: failed, reason unknown). glibc drops what it could
+// not write and keeps only the stream's error flag, so the reason is taken when it happens.
+int stdoutErrno = 0;
+
+std::string errnoText(int err) { return err > 0 ? strerror(err) : "a write failed"; }
+
 }  // namespace
+
+void flushStdout() {
+  if ((fflush(stdout) != 0 || ferror(stdout)) && stdoutErrno == 0) stdoutErrno = errno > 0 ? errno : -1;
+}
+
+libcomm::Status stdoutStatus() {
+  flushStdout();
+  if (stdoutErrno == 0) return libcomm::Status::ok();
+  return libcomm::makeError(libcomm::StatusCode::kSystemError,
+                            "cannot write standard output: ", errnoText(stdoutErrno));
+}
 
 double algBandwidth(size_t bytes, double timeUs) { return timeUs > 0 ? static_cast<double>(bytes) / timeUs / 1e3 : 0; }
 
@@ -40,6 +57,24 @@ Report::Report(const Options& options, int nranks) : options_(options), nranks_(
 
 Report::~Report() {
   if (json_) fclose(json_);
+}
+
+void Report::jsonFailed(int err) {
+  if (!jsonError_.isOk()) return;
+  jsonError_ = libcomm::makeError(libcomm::StatusCode::kSystemError, "cannot write -J file '", options_.jsonPath,
+                                  "': ", errnoText(err));
+  // Said at once: the run goes on (the other ranks are in it), and fails at its end.
+  fprintf(stderr, "comm_bench: %s; its lines from here on are lost, and the run will FAIL\n",
+          jsonError_.message().c_str());
+}
+
+libcomm::Status Report::closeJson() {
+  if (json_) {
+    errno = 0;
+    if (fclose(json_) != 0) jsonFailed(errno);
+    json_ = nullptr;
+  }
+  return jsonError_;
 }
 
 libcomm::Status Report::openJson() {
@@ -87,7 +122,7 @@ void Report::printHeader(const std::string& bootstrap, const std::vector<RankInf
     for (std::string line; std::getline(lines, line);) printf("#  %s\n", line.c_str());
   }
   printf("#\n");
-  fflush(stdout);
+  flushStdout();
 }
 
 void Report::beginTable(Coll coll) {
@@ -101,7 +136,7 @@ void Report::beginTable(Coll coll) {
          "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
   printf("# %11s %12s %11s %9s %6s %8s %7s %7s %7s %8s %7s %7s %7s\n", "(B)", "(elements)", "", "", "", "(us)",
          "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
-  fflush(stdout);
+  flushStdout();
 }
 
 void Report::printMeasurement(const Measurement& m, size_t bytes) {
@@ -125,7 +160,7 @@ void Report::addRow(const Row& row) {
   printMeasurement(row.outOfPlace, row.bytes);
   printMeasurement(row.inPlace, row.bytes);
   printf("\n");
-  fflush(stdout);
+  flushStdout();
   for (int p = 0; p < 2; ++p) {
     const Measurement& m = p == 0 ? row.outOfPlace : row.inPlace;
     if (!m.ran) continue;
@@ -149,22 +184,24 @@ void Report::endTable() {
   else
     printf("# Out of bounds values : not checked (-c 0)\n");
   printf("# Avg bus bandwidth    : %g\n#\n", busbwCount_ ? busbwSum_ / busbwCount_ : 0.0);
-  fflush(stdout);
+  flushStdout();
 }
 
 void Report::writeJson(const Row& row, const Measurement& m, bool inPlace) {
-  if (!json_) return;
+  if (!json_ || !jsonError_.isOk()) return;
   const double algbw = algBandwidth(row.bytes, m.timeUs);
   const std::string wrong = m.wrong < 0 ? "null" : std::to_string(m.wrong);
-  fprintf(json_,
-          "{\"coll\":\"%s\",\"dtype\":\"%s\",\"outtype\":\"%s\",\"op\":\"%s\",\"nranks\":%d,\"size\":%zu,"
-          "\"count\":%zu,\"time_us\":%.3f,\"algbw\":%.4f,\"busbw\":%.4f,\"wrong\":%s,\"inplace\":%s,"
-          "\"registered\":%s,\"memory\":\"%s\",\"stream\":\"%s\",\"iters\":%d,\"warmup\":%d,\"impl\":\"%s\"}\n",
-          collName(row.coll), typeName(row.types.in), typeName(row.types.out), opColumn(row), nranks_, row.bytes,
-          row.count, m.timeUs, algbw, busBandwidth(algbw, nranks_), wrong.c_str(), inPlace ? "true" : "false",
-          options_.registered ? "true" : "false", memoryName(options_), streamName(options_), options_.iters,
-          options_.warmup, implName(options_));
-  fflush(json_);
+  errno = 0;
+  const int n =
+      fprintf(json_,
+              "{\"coll\":\"%s\",\"dtype\":\"%s\",\"outtype\":\"%s\",\"op\":\"%s\",\"nranks\":%d,\"size\":%zu,"
+              "\"count\":%zu,\"time_us\":%.3f,\"algbw\":%.4f,\"busbw\":%.4f,\"wrong\":%s,\"inplace\":%s,"
+              "\"registered\":%s,\"memory\":\"%s\",\"stream\":\"%s\",\"iters\":%d,\"warmup\":%d,\"impl\":\"%s\"}\n",
+              collName(row.coll), typeName(row.types.in), typeName(row.types.out), opColumn(row), nranks_, row.bytes,
+              row.count, m.timeUs, algbw, busBandwidth(algbw, nranks_), wrong.c_str(), inPlace ? "true" : "false",
+              options_.registered ? "true" : "false", memoryName(options_), streamName(options_), options_.iters,
+              options_.warmup, implName(options_));
+  if (n < 0 || fflush(json_) != 0) jsonFailed(errno);
 }
 
 bool Report::printSummary(const libcomm::Status& error) {
@@ -179,7 +216,7 @@ bool Report::printSummary(const libcomm::Status& error) {
     printf(" -- FAIL (%s)\n", error.toString().c_str());
   else
     printf(" -- %s\n", pass ? "PASS" : "FAIL");
-  fflush(stdout);
+  flushStdout();
   return pass;
 }
 

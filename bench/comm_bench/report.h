@@ -44,6 +44,9 @@ class Report {
 
   /// Opens the -J file (truncating it); a no-op without -J.
   libcomm::Status openJson();
+  /// Closes the -J file. Returns the first failed write to it (naming the file and errno), if any:
+  /// a row that could not be written is reported on stderr when it happens, and the run goes on.
+  libcomm::Status closeJson();
   void printHeader(const std::string& bootstrap, const std::vector<RankInfo>& ranks, const std::string& selection);
   void beginTable(Coll coll);
   void addRow(const Row& row);
@@ -54,10 +57,12 @@ class Report {
  private:
   void printMeasurement(const Measurement& m, size_t bytes);
   void writeJson(const Row& row, const Measurement& m, bool inPlace);
+  void jsonFailed(int err);
 
   const Options& options_;
   int nranks_;
   FILE* json_ = nullptr;
+  libcomm::Status jsonError_;  // the first failed write to json_
   // Per table.
   double busbwSum_ = 0;
   int busbwCount_ = 0;
@@ -68,6 +73,12 @@ class Report {
   double peakBusbw_[2] = {0, 0};  // by Coll
   bool ranColl_[2] = {false, false};
 };
+
+/// fflush(stdout), keeping the first failed write's errno (report.cc prints through stdout).
+void flushStdout();
+/// Ok, or the first failed write to stdout (after flushing what is left), naming errno. A table
+/// that could not be written must not end in exit status 0.
+libcomm::Status stdoutStatus();
 
 /// GB/s for `bytes` in `timeUs` (10^9 bytes per second, as nccl-tests).
 double algBandwidth(size_t bytes, double timeUs);

@@ -19,6 +19,7 @@
 #include "measure.h"
 #include "options.h"
 #include "report.h"
+#include "tinylm/cli.h"
 #include "tinylm/launch.h"
 
 namespace shard_bench {
@@ -86,10 +87,21 @@ int runRank(const Options& o) {
     }
     if (report) report->addSize(*r);
   }
-  if (report) report->printSummary(libcomm::Status::ok());
+  // A -J file that could not be written whole fails the run.
+  const libcomm::Status written = report ? report->closeJson() : libcomm::Status::ok();
+  if (report) report->printSummary(written);
   // Nobody exits before rank 0 has printed: the launcher stops the others once one rank exits.
   const libcomm::Status st = boot.barrier(libcomm::Deadline::after(timeout));
-  return st.isOk() ? 0 : fail(rank, st);
+  if (!st.isOk()) return fail(rank, st);
+  return written.isOk() ? 0 : kExitFail;
+}
+
+// Output that could not be written fails the program: a table lost to a full disk must not end in 0.
+int checkStdout(int rc) {
+  const libcomm::Status st = tinylm::stdoutStatus();
+  if (st.isOk()) return rc;
+  std::fprintf(stderr, "shard_bench: %s\n", st.message().c_str());
+  return rc == 0 ? kExitFail : rc;
 }
 
 }  // namespace
@@ -105,8 +117,8 @@ int main(int argc, char** argv) {
   }
   if (options->help) {
     std::fputs(usageText(), stdout);
-    return 0;
+    return checkStdout(0);
   }
-  if (options->numRanks > 0) return spawnRanks(*options, argv[0]);
-  return runRank(*options);
+  if (options->numRanks > 0) return checkStdout(spawnRanks(*options, argv[0]));
+  return checkStdout(runRank(*options));
 }

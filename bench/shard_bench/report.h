@@ -49,6 +49,9 @@ class Report {
 
   /// Opens the -J file (truncating it); a no-op without -J.
   libcomm::Status openJson();
+  /// Closes the -J file. Returns the first failed write to it (naming the file and errno), if any:
+  /// a size that could not be written is reported on stderr when it happens, and the run goes on.
+  libcomm::Status closeJson();
   void printHeader(int worldSize, const std::string& bootstrap);
   void addSize(const SizeResult& r);
   /// The last line; `error` is the run's failure, if any.
@@ -56,10 +59,12 @@ class Report {
 
  private:
   void writeJson(const SizeResult& r, const Derived& d);
+  void jsonFailed(int err);
 
   const Options& options_;
   int cores_ = 1;
   FILE* json_ = nullptr;
+  libcomm::Status jsonError_;  // the first failed write to json_
   int worldSize_ = 1;
   std::vector<std::pair<std::string, Derived>> sizes_;
 };

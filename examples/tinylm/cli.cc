@@ -3,9 +3,11 @@
 #include "tinylm/cli.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "tinylm/flags.h"
@@ -39,6 +41,22 @@ std::string fmt(const char* f, double v) {
 }
 
 }  // namespace
+
+namespace {
+// The first failed write to stdout, as errno (-1: failed, reason unknown).
+int stdoutErrno = 0;
+}  // namespace
+
+void flushStdout() {
+  if ((std::fflush(stdout) != 0 || std::ferror(stdout)) && stdoutErrno == 0) stdoutErrno = errno > 0 ? errno : -1;
+}
+
+libcomm::Status stdoutStatus() {
+  flushStdout();
+  if (stdoutErrno == 0) return libcomm::Status::ok();
+  return libcomm::makeError(libcomm::StatusCode::kSystemError, "cannot write standard output: ",
+                            stdoutErrno > 0 ? std::strerror(stdoutErrno) : "a write failed");
+}
 
 std::string groupDigits(uint64_t v) {
   const std::string digits = std::to_string(v);

@@ -61,6 +61,7 @@ void describePlan(const libshard::ShardPlan& plan) {
   if (!schedule.isOk()) return;  // set-up built it already: cannot fail here
   std::printf("schedule: %zu ops per step (%d all_gathers, %d reduce_scatters)\n", schedule->ops.size(),
               schedule->count(libshard::OpKind::kAllGather), schedule->count(libshard::OpKind::kReduceScatter));
+  flushStdout();
 }
 
 int runRank(CliOptions o) {
@@ -80,9 +81,13 @@ int runRank(CliOptions o) {
     const bool describe = o.describe;
     t.onStart = [&t, world, describe](int firstStep, const libshard::ShardPlan& plan) {
       std::printf("%s\n", headerLine(t, world, firstStep).c_str());
+      flushStdout();
       if (describe) describePlan(plan);
     };
-    t.onStep = [](const StepRecord& r) { std::printf("%s\n", stepLine(r).c_str()); };
+    t.onStep = [](const StepRecord& r) {
+      std::printf("%s\n", stepLine(r).c_str());
+      flushStdout();
+    };
   }
 
   auto result = runSharded(t, *boot);
@@ -99,8 +104,17 @@ int runRank(CliOptions o) {
                 t.eventLogCheck ? ", event log proves rules A, B and the optimizer gate on every step" : "",
                 t.saveCheckpoint.empty() ? "" : (", checkpoint saved to " + t.saveCheckpoint).c_str(),
                 verdict.empty() ? "PASS" : ("FAIL: " + verdict).c_str());
+    flushStdout();
   }
   return verdict.empty() ? 0 : kExitFail;
+}
+
+// Output that could not be written fails the program (rank 0 prints; the launcher then fails the job).
+int checkStdout(int rc) {
+  const libcomm::Status st = stdoutStatus();
+  if (st.isOk()) return rc;
+  std::fprintf(stderr, "tinylm: %s\n", st.message().c_str());
+  return rc == 0 ? kExitFail : rc;
 }
 
 }  // namespace
@@ -119,8 +133,8 @@ int main(int argc, char** argv) {
   }
   if (options->help) {
     std::fputs(cliUsage(), stdout);
-    return 0;
+    return checkStdout(0);
   }
-  if (options->numRanks > 0) return spawnRanks(*options, argv[0]);
-  return runRank(std::move(options).value());
+  if (options->numRanks > 0) return checkStdout(spawnRanks(*options, argv[0]));
+  return checkStdout(runRank(std::move(options).value()));
 }
