@@ -84,12 +84,15 @@ int fail(int rank, const Status& s, Report* report) {
 }
 
 int runRank(const Options& options) {
-  auto config = libcomm::CommConfig::fromEnvironment();
+  // Validated after -T: the deadlines it sets replace LIBCOMM_TIMEOUT_MS and LIBCOMM_INIT_TIMEOUT_MS,
+  // which must not fail the run for a combination it does not use.
+  auto config = libcomm::CommConfig::readEnvironment();
   if (!config.isOk()) return fail(-1, config.status(), nullptr);
   if (options.timeoutMs) {
     config->opTimeout = Milliseconds(options.timeoutMs);
     config->initTimeout = Milliseconds(2 * options.timeoutMs);  // must outlast the op deadline
   }
+  if (Status v = config->validate(); !v.isOk()) return fail(-1, v, nullptr);
   const libcomm::Deadline initDeadline = libcomm::Deadline::after(config->initTimeout);
 
   auto bootstrap = makeBootstrap(initDeadline);

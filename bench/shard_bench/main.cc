@@ -56,10 +56,12 @@ int runRank(const Options& o) {
   if (!b.isOk()) return fail(-1, b.status());
   libcomm::Bootstrap& boot = **b;
   const int rank = boot.rank();
-  auto config = libcomm::CommConfig::fromEnvironment();
+  // Validated after -T has replaced both deadlines: an environment's pair it does not use must not fail.
+  auto config = libcomm::CommConfig::readEnvironment();
   if (!config.isOk()) return fail(rank, config.status());
   config->opTimeout = timeout;
   config->initTimeout = 2 * timeout;  // must outlast the op deadline (CommConfig::validate)
+  if (const libcomm::Status v = config->validate(); !v.isOk()) return fail(rank, v);
   // One pair of communicators for every run: creating them is set-up, not what is measured.
   auto ag = libcomm::Communicator::create(boot, *config);
   if (!ag.isOk()) return fail(rank, ag.status());

@@ -408,9 +408,12 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
 }
 
 libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstrap& boot) {
-  LIBCOMM_ASSIGN_OR_RETURN(libcomm::CommConfig config, libcomm::CommConfig::fromEnvironment());
+  // Validated after --timeout has replaced both deadlines: an environment's pair it does not use
+  // (LIBCOMM_INIT_TIMEOUT_MS below the default op timeout) must not fail the run.
+  LIBCOMM_ASSIGN_OR_RETURN(libcomm::CommConfig config, libcomm::CommConfig::readEnvironment());
   config.opTimeout = o.timeout;
   config.initTimeout = 2 * o.timeout;  // must outlast the op deadline (CommConfig::validate)
+  LIBCOMM_RETURN_IF_ERROR(config.validate());
   LIBCOMM_ASSIGN_OR_RETURN(auto ag, libcomm::Communicator::create(boot, config));
   LIBCOMM_ASSIGN_OR_RETURN(auto rs, libcomm::Communicator::create(boot, config));
   return runSharded(o, boot, *ag, *rs);

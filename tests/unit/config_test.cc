@@ -281,6 +281,30 @@ TEST(CommConfig, InvertedDeadlinesAreRefusedNamingBothSettings) {
   EXPECT_EQ(code.validate().code(), StatusCode::kInvalidArgument);
 }
 
+// A program whose flag sets both deadlines (comm_bench -T, tinylm --timeout) reads the environment
+// without the pair check, overrides, then validates: an inverted pair it replaces must not fail it
+// (LIBCOMM_INIT_TIMEOUT_MS=60000 under the default 300 s op timeout did), while a malformed value
+// still does, and fromEnvironment still refuses the inverted pair.
+TEST(CommConfig, ReadEnvironmentLeavesTheDeadlinePairToValidate) {
+  ScopedEnv init("LIBCOMM_INIT_TIMEOUT_MS", "60000");
+  ASSERT_FALSE(CommConfig::fromEnvironment().isOk());
+  auto c = CommConfig::readEnvironment();
+  ASSERT_TRUE(c.isOk()) << c.status().toString();
+  EXPECT_EQ(c->initTimeout.count(), 60000);
+  const libcomm::Status inverted = c->validate();
+  EXPECT_EQ(inverted.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(inverted.message().find("inverted"), std::string::npos) << inverted.toString();
+  c->opTimeout = libcomm::Milliseconds(1000);
+  c->initTimeout = libcomm::Milliseconds(2000);
+  EXPECT_TRUE(c->validate().isOk()) << c->validate().toString();
+  {
+    ScopedEnv bad("LIBCOMM_TIMEOUT_MS", "soon");
+    auto r = CommConfig::readEnvironment();
+    ASSERT_FALSE(r.isOk());
+    EXPECT_NE(r.status().message().find("LIBCOMM_TIMEOUT_MS"), std::string::npos) << r.status().toString();
+  }
+}
+
 // "No limit" written as a huge number of milliseconds (10^13 ms, 317 years) is past what the clock
 // can add to now: the deadline must not wrap into the past and time every collective out at once.
 TEST(CommConfig, HugeTimeoutsDoNotExpireAtOnce) {

@@ -137,7 +137,14 @@ struct CommConfig {
   std::string flightRecorderDir;
 
   /// Reads every field from the registry; malformed values and inverted deadlines are errors.
+  /// readEnvironment() then validate(). Thread-safe (reads the environment only).
   static Result<CommConfig> fromEnvironment();
+  /// Reads every field from the registry; a malformed value is an error, but what validate()
+  /// checks (layered deadlines, the algorithm's name, the host id's length) is not. For a caller
+  /// that overrides fields from its own flags (a --timeout setting both deadlines): override, then
+  /// call validate(), so that an environment value the flags replace cannot fail it.
+  /// Communicator::create validates too. Thread-safe (reads the environment only).
+  static Result<CommConfig> readEnvironment();
   /// kInvalidArgument naming the settings when a value is out of range or the deadlines are not
   /// layered (peerCheckInterval < peerTimeout, opTimeout < initTimeout). Communicator::create
   /// calls it, so a config built in code is checked too.

@@ -210,6 +210,12 @@ std::string describeSettings() {
 }
 
 Result<CommConfig> CommConfig::fromEnvironment() {
+  LIBCOMM_ASSIGN_OR_RETURN(CommConfig c, readEnvironment());
+  LIBCOMM_RETURN_IF_ERROR(c.validate());
+  return c;
+}
+
+Result<CommConfig> CommConfig::readEnvironment() {
   CommConfig c;
   LIBCOMM_ASSIGN_OR_RETURN(long long opMs, settingInt("LIBCOMM_TIMEOUT_MS"));
   LIBCOMM_ASSIGN_OR_RETURN(long long initMs, settingInt("LIBCOMM_INIT_TIMEOUT_MS"));
@@ -243,7 +249,7 @@ Result<CommConfig> CommConfig::fromEnvironment() {
   c.peerTimeout = Milliseconds(peerTimeoutMs);
   c.progressReportInterval = Milliseconds(reportMs);
   c.stagingChunkBytes = static_cast<size_t>(chunk);
-  c.hostId = settingValue("LIBCOMM_HOST_ID");  // its length: validate() below
+  c.hostId = settingValue("LIBCOMM_HOST_ID");  // its length: validate()
   // Read by every host stream (core/host_stream.cc); checked here so that a typo is an error, not a
   // warning that scrolls by.
   LIBCOMM_RETURN_IF_ERROR(parseStreamPriority(settingValue("LIBCOMM_STREAM_PRIORITY")).status());
@@ -274,7 +280,6 @@ Result<CommConfig> CommConfig::fromEnvironment() {
     return makeError(StatusCode::kInvalidArgument, "LIBCOMM_RS_PARTIALS='", partials, "' is not fp32, bf16 or fp64");
   }
   c.algo = settingValue("LIBCOMM_ALGO");
-  LIBCOMM_RETURN_IF_ERROR(c.validate());
   return c;
 }
 
