@@ -290,8 +290,8 @@ TEST(CommBenchOptions, FlagsAndPresets) {
   EXPECT_EQ(typePairs(*o, Coll::kReduceScatter).size(), 3u);  // float, bf16, bf16>float
   EXPECT_EQ(typePairs(*o, Coll::kAllGather).size(), 2u);
 
-  o = parse({"all_gather", "-i", "100", "-b", "0", "-e", "250", "--op=all"});
-  ASSERT_TRUE(o.isOk());
+  o = parse({"reduce_scatter", "-i", "100", "-b", "0", "-e", "250", "--op=all"});
+  ASSERT_TRUE(o.isOk()) << o.status().toString();
   EXPECT_EQ(sizeList(*o), (std::vector<size_t>{0, 100, 200}));
   EXPECT_EQ(o->ops.size(), 3u);
 
@@ -332,10 +332,49 @@ TEST(CommBenchOptions, UsageErrorsSayWhatIsWrong) {
   EXPECT_NE(o.status().message().find("next argument"), std::string::npos) << o.status().message();
   o = parse({"all_gather", "-np", "40000"});
   ASSERT_FALSE(o.isOk());
-  EXPECT_NE(o.status().message().find("at most 1024"), std::string::npos) << o.status().message();
+  EXPECT_NE(o.status().message().find("a number of local ranks in [1, 1024]"), std::string::npos)
+      << o.status().message();
   o = parse({"all_gather", "--minbytes=8"});
   ASSERT_TRUE(o.isOk()) << o.status().toString();
   EXPECT_EQ(o->minBytes, 8u);
+}
+
+// A misspelt flag at the end is unknown, not short of a value; a negative number says what the
+// flag takes; and flags the run would ignore are refused, not printed in a header of a run that
+// did not use them.
+TEST(CommBenchOptions, UsageErrorsSayTheRangeAndRefuseIgnoredFlags) {
+  struct Case {
+    std::vector<std::string> args;
+    const char* want;
+  };
+  const Case cases[] = {
+      {{"all_gather", "--bogus"}, "flag '--bogus': unknown"},
+      {{"all_gather", "-x"}, "flag '-x': unknown"},
+      {{"all_gather", "-np", "-2"}, "-np '-2': negative: expected a number of local ranks in [1, 1024]"},
+      {{"all_gather", "-np", "0"}, "-np '0': out of range: expected a number of local ranks in [1, 1024]"},
+      {{"all_gather", "-n", "-1"}, "-n '-1': negative: expected a whole number in [1, 100000000]"},
+      {{"all_gather", "-w", "x"}, "-w 'x': not a number: expected a whole number in [0, 100000000]"},
+      {{"all_gather", "-T", "-1"}, "-T '-1': negative: expected a whole number of milliseconds in [1, 2^40]"},
+      {{"all_gather", "-T", "0"}, "-T '0': out of range: expected a whole number of milliseconds in [1, 2^40]"},
+      {{"all_gather", "-b", "-5"}, "-b '-5': negative: expected a size in bytes, 0 or more"},
+      {{"all_gather", "-e", "lots"}, "-e 'lots': not a size: expected a size in bytes"},
+      {{"all_gather", "-f", "-3"}, "-f '-3': negative: expected a whole number, at least 2"},
+      {{"all_gather", "-O", "float"}, "-O is an option of reduce_scatter"},
+      {{"all_gather", "-o", "avg"}, "-o is an option of reduce_scatter"},
+      {{"all_gather", "--op=sum"}, "--op is an option of reduce_scatter"},
+      {{"reduce_scatter", "-f", "2", "-i", "8"}, "-f (multiply the size each step) and -i (add bytes each step)"},
+      {{"all", "-i", "8", "--stepfactor=4"}, "are two kinds of step: give one"},
+      {{"all_gather", "-n"}, "-n needs a value"},
+  };
+  for (const Case& c : cases) {
+    auto o = parse(c.args);
+    ASSERT_FALSE(o.isOk()) << c.args.back();
+    EXPECT_NE(o.status().message().find(c.want), std::string::npos) << o.status().message();
+  }
+  // Both collectives, or reduce_scatter alone, take them.
+  EXPECT_TRUE(parse({"all", "-O", "float", "-o", "avg"}).isOk());
+  EXPECT_TRUE(parse({"reduce_scatter", "-O", "same", "-o", "premulsum", "-i", "8"}).isOk());
+  EXPECT_TRUE(parse({"all_gather", "-i", "8", "-b", "8", "-e", "64"}).isOk());
 }
 
 // Device buffers run on a CUDA stream: -s inline would be ignored while the header and JSON said inline.

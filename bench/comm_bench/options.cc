@@ -1,6 +1,8 @@
 #include "options.h"
 
+#include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -25,7 +27,7 @@ down to a multiple of nranks * element size as nccl-tests does; count is element
   -b, --minbytes N        smallest size (default 32M; all: 4)
   -e, --maxbytes N        largest size (default 32M; all: 64M)
   -f, --stepfactor N      multiply the size by N each step (default 2; all: 4)
-  -i, --stepbytes N       add N bytes each step instead of multiplying
+  -i, --stepbytes N       add N bytes each step instead of multiplying (not with -f)
 Runs:
   -n, --iters N           timed iterations per size and placement (default 20)
   -w, --warmup_iters N    untimed iterations before them (default 5)
@@ -34,6 +36,7 @@ Runs:
   -O, --outtype same|float|bf16|all      reduce_scatter output type (default same as the input;
                           all: all). -d bf16 -O float = bf16 in, fp32 accumulation, fp32 out.
                           fp32 in with bf16 out is refused by libcomm and skipped.
+                          -O and -o are reduce_scatter's: refused for all_gather alone.
   -o, --op sum|avg|premulsum|all         reduce_scatter operation (default sum); premulsum
                           multiplies by 1/3
   -R, --registered 0|1    1: buffers from Communicator::allocRegistered (one-copy path; default)
@@ -67,19 +70,44 @@ libcomm::Status usageError(std::string_view flag, std::string_view value, std::s
   return libcomm::makeError(StatusCode::kInvalidArgument, flag, " '", value, "': ", why);
 }
 
-Result<uint64_t> parseUnsigned(std::string_view flag, const std::string& v) {
-  if (v.empty() || !isdigit(static_cast<unsigned char>(v[0]))) return usageError(flag, v, "not a number");
+// Every flag, short and long; anything else is "unknown" before it is asked for a value.
+constexpr std::string_view kFlags[][2] = {
+    {"-b", "--minbytes"}, {"-e", "--maxbytes"},     {"-f", "--stepfactor"},  {"-i", "--stepbytes"},
+    {"-n", "--iters"},    {"-w", "--warmup_iters"}, {"-c", "--check"},       {"-d", "--datatype"},
+    {"-O", "--outtype"},  {"-o", "--op"},           {"-R", "--registered"},  {"-m", "--memory"},
+    {"-s", "--stream"},   {"-np", "--nranks"},      {"-J", "--output_file"}, {"-a", "--print_algo"},
+    {"-T", "--timeout"},
+};
+
+bool knownFlag(std::string_view flag) {
+  for (const auto& names : kFlags)
+    if (flag == names[0] || flag == names[1]) return true;
+  return false;
+}
+
+// `range` says what the flag takes ("a whole number in [1, 100000000]"): every error repeats it.
+Result<uint64_t> parseUnsigned(std::string_view flag, const std::string& v, std::string_view range) {
+  if (v.empty() || !isdigit(static_cast<unsigned char>(v[0])))
+    return usageError(
+        flag, v,
+        libcomm::detail::strCat(!v.empty() && v[0] == '-' ? "negative" : "not a number", ": expected ", range));
   char* end = nullptr;
   errno = 0;
   unsigned long long x = strtoull(v.c_str(), &end, 10);
-  if (errno != 0 || *end != '\0') return usageError(flag, v, "not a whole number");
+  if (errno != 0 || *end != '\0') return usageError(flag, v, libcomm::detail::strCat("expected ", range));
   return static_cast<uint64_t>(x);
 }
+
+constexpr const char* kSizeRange =
+    "a size in bytes, 0 or more: digits with an optional K, M or G suffix (below 2^30 G)";
 
 Result<uint64_t> parseBytes(std::string_view flag, const std::string& v) {
   size_t digits = 0;
   while (digits < v.size() && isdigit(static_cast<unsigned char>(v[digits]))) ++digits;
-  if (digits == 0) return usageError(flag, v, "not a size");
+  if (digits == 0)
+    return usageError(
+        flag, v,
+        libcomm::detail::strCat(!v.empty() && v[0] == '-' ? "negative" : "not a size", ": expected ", kSizeRange));
   std::string suffix = v.substr(digits);
   for (auto& ch : suffix) ch = static_cast<char>(toupper(static_cast<unsigned char>(ch)));
   int shift = 0;
@@ -93,9 +121,10 @@ Result<uint64_t> parseBytes(std::string_view flag, const std::string& v) {
     shift = 30;
   else
     return usageError(flag, v, "unknown suffix (use K, M or G)");
-  auto n = parseUnsigned(flag, v.substr(0, digits));
+  auto n = parseUnsigned(flag, v.substr(0, digits), kSizeRange);
   if (!n) return n.status();
-  if (*n > (std::numeric_limits<uint64_t>::max() >> 34)) return usageError(flag, v, "too large");
+  if (*n > (std::numeric_limits<uint64_t>::max() >> 34))
+    return usageError(flag, v, libcomm::detail::strCat("too large: expected ", kSizeRange));
   return *n << shift;
 }
 
@@ -120,11 +149,14 @@ Result<std::vector<ReduceOp>> parseOps(std::string_view flag, const std::string&
   return usageError(flag, v, "expected sum, avg, premulsum or all");
 }
 
-// Sets a positive int field from a flag value.
-libcomm::Status setInt(std::string_view flag, const std::string& v, int minValue, int& out) {
-  auto n = parseUnsigned(flag, v);
+// Sets an int field from a flag value in [minValue, maxValue]; `what` is what it counts.
+libcomm::Status setInt(std::string_view flag, const std::string& v, int minValue, int& out, int maxValue = 100000000,
+                       std::string_view what = "whole number") {
+  const std::string range = libcomm::detail::strCat("a ", what, " in [", minValue, ", ", maxValue, "]");
+  auto n = parseUnsigned(flag, v, range);
   if (!n) return n.status();
-  if (*n < static_cast<uint64_t>(minValue) || *n > 100000000) return usageError(flag, v, "out of range");
+  if (*n < static_cast<uint64_t>(minValue) || *n > static_cast<uint64_t>(maxValue))
+    return usageError(flag, v, libcomm::detail::strCat("out of range: expected ", range));
   out = static_cast<int>(*n);
   return libcomm::Status::ok();
 }
@@ -203,6 +235,8 @@ Result<Options> parseOptions(int argc, char** argv) {
   }
 
   bool collSeen = false;
+  bool stepFactorGiven = false, stepBytesGiven = false;
+  std::string reduceFlag;  // the last -O / -o given: options of reduce_scatter only
   for (size_t i = 0; i < args.size(); ++i) {
     std::string flag = args[i];
     if (flag == "-h" || flag == "--help") {
@@ -226,7 +260,10 @@ Result<Options> parseOptions(int argc, char** argv) {
       flag = flag.substr(0, eq);
     } else if (eq != std::string::npos) {
       return usageError("flag", flag, "a short flag takes its value as the next argument (-b 8, or --minbytes=8)");
-    } else {
+    }
+    // Unknown before "needs a value": a trailing misspelt flag is misspelt, not short of a value.
+    if (!knownFlag(flag)) return usageError("flag", flag, "unknown (comm_bench --help lists the flags)");
+    if (eq == std::string::npos) {
       if (i + 1 >= args.size()) return libcomm::makeError(StatusCode::kInvalidArgument, flag, " needs a value");
       value = args[++i];
     }
@@ -245,15 +282,17 @@ Result<Options> parseOptions(int argc, char** argv) {
       if (!n) return n.status();
       o.maxBytes = *n;
     } else if (flag == "-f" || flag == "--stepfactor") {
-      auto n = parseUnsigned(flag, value);
+      auto n = parseUnsigned(flag, value, "a whole number, at least 2");
       if (!n) return n.status();
       if (*n < 2) return usageError(flag, value, "the factor must be at least 2 (use -i for a fixed step)");
       o.stepFactor = *n;
+      stepFactorGiven = true;
     } else if (flag == "-i" || flag == "--stepbytes") {
       auto n = parseBytes(flag, value);
       if (!n) return n.status();
       if (*n == 0) return usageError(flag, value, "the step must be positive");
       o.stepBytes = *n;
+      stepBytesGiven = true;
     } else if (flag == "-n" || flag == "--iters") {
       s = setInt(flag, value, 1, o.iters);
     } else if (flag == "-w" || flag == "--warmup_iters") {
@@ -267,6 +306,7 @@ Result<Options> parseOptions(int argc, char** argv) {
       if (!t) return t.status();
       o.dtypes = *t;
     } else if (flag == "-O" || flag == "--outtype") {
+      reduceFlag = flag;
       if (value == "same") {
         o.outSame = true;
         o.outTypes.clear();
@@ -277,6 +317,7 @@ Result<Options> parseOptions(int argc, char** argv) {
         o.outTypes = *t;
       }
     } else if (flag == "-o" || flag == "--op") {
+      reduceFlag = flag;
       auto ops = parseOps(flag, value);
       if (!ops) return ops.status();
       o.ops = *ops;
@@ -295,9 +336,8 @@ Result<Options> parseOptions(int argc, char** argv) {
                                   value, "'");
       o.inlineStream = value == "inline";
     } else if (isNp) {
-      s = setInt(flag, value, 1, o.numRanks);
       // As tinylm and shard_bench: a typo such as -np 40000 would fork that many processes.
-      if (s.isOk() && o.numRanks > 1024) return usageError(flag, value, "at most 1024 local ranks");
+      s = setInt(flag, value, 1, o.numRanks, 1024, "number of local ranks");
     } else if (flag == "-J" || flag == "--output_file") {
       o.jsonPath = value;
     } else if (flag == "-a" || flag == "--print_algo") {
@@ -305,12 +345,14 @@ Result<Options> parseOptions(int argc, char** argv) {
       if (!b) return b.status();
       o.printAlgo = *b;
     } else if (flag == "-T" || flag == "--timeout") {
-      auto n = parseUnsigned(flag, value);
+      constexpr const char* kRange = "a whole number of milliseconds in [1, 2^40]";
+      auto n = parseUnsigned(flag, value, kRange);
       if (!n) return n.status();
-      if (*n == 0 || *n > (1ull << 40)) return usageError(flag, value, "out of range");
+      if (*n == 0 || *n > (1ull << 40))
+        return usageError(flag, value, libcomm::detail::strCat("out of range: expected ", kRange));
       o.timeoutMs = static_cast<long long>(*n);
     } else {
-      return usageError("flag", flag, "unknown");
+      return usageError("flag", flag, "unknown");  // in kFlags but not handled here: a bug
     }
     if (!s.isOk()) return s;
   }
@@ -319,6 +361,15 @@ Result<Options> parseOptions(int argc, char** argv) {
     return libcomm::makeError(StatusCode::kInvalidArgument,
                               "name a collective: all_gather, reduce_scatter or all (or use --quick)");
   }
+  // Flags that would be ignored are refused: the header would describe a run that did not happen.
+  if (stepFactorGiven && stepBytesGiven)
+    return libcomm::makeError(StatusCode::kInvalidArgument,
+                              "-f (multiply the size each step) and -i (add bytes each step) are two kinds of step: "
+                              "give one");
+  if (!reduceFlag.empty() && std::find(o.colls.begin(), o.colls.end(), Coll::kReduceScatter) == o.colls.end())
+    return libcomm::makeError(StatusCode::kInvalidArgument, reduceFlag,
+                              " is an option of reduce_scatter (its output type and reduction); all_gather neither "
+                              "converts nor reduces (use -d for its type, or run reduce_scatter or all)");
   if (o.deviceMemory && o.inlineStream) {
     // Device buffers are driven by a CUDA stream; an inline host stream would be ignored while the
     // header and the JSON lines said inline.

@@ -38,7 +38,8 @@ RUN_TIMEOUT=${RUN_TIMEOUT:-1800}
 SKIP=${SKIP:-}
 OUT_DIR=${OUT_DIR:-$BUILD_DIR/peers-compare-$(date +%Y%m%d-%H%M%S)}
 COLLS="all_gather reduce_scatter"
-SWEEP=(-b "$MIN_BYTES" -e "$MAX_BYTES" -f 2 -n "$ITERS" -w "$WARMUP" -c 1 -d float -o sum)
+# The reduction is every program's default (sum); comm_bench refuses -o for all_gather, which has none.
+SWEEP=(-b "$MIN_BYTES" -e "$MAX_BYTES" -f 2 -n "$ITERS" -w "$WARMUP" -c 1 -d float)
 
 mkdir -p "$OUT_DIR/runs" "$OUT_DIR/logs" "$OUT_DIR/probe" || exit 1
 notes=$OUT_DIR/settings.txt
