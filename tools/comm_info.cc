@@ -18,6 +18,7 @@
 
 #include "backends/ucx/ucx_channel.h"
 #include "backends/ucx/ucx_info.h"
+#include "bootstrap/launch_vars.h"
 #include "core/host_stream.h"
 #include "core/json_writer.h"
 #include "core/progress_board.h"
@@ -36,7 +37,8 @@ constexpr const char* kUsage =
     "  Prints libcomm's version, kernels, devices (GPUs, NICs, RDMA), transports (shm, ucx, cuda),\n"
     "  machine topology, effective configuration, algorithm selection table and settings.\n"
     "  --json   the same as one JSON object on stdout\n"
-    "  Exits 1 when the LIBCOMM_* settings are invalid (the error is part of the output).\n";
+    "  Exits 1 when a LIBCOMM_* setting is invalid, as libcomm (or libcomm_nccl.so) would read it\n"
+    "  (the error, naming it, is part of the output).\n";
 
 struct ShmState {
   bool available = false;
@@ -52,7 +54,20 @@ struct Report {
   const libcomm::topology::MachineTopology* machine = nullptr;
   libcomm::Result<libcomm::CommConfig> config = libcomm::Status(libcomm::StatusCode::kInternalError, "not read");
   std::string hostId;  // the id this process would send at communicator creation
+  /// The settings no CommConfig field holds, each parsed as its reader parses it: ok, or the first
+  /// malformed one.
+  libcomm::Status settings;
 };
+
+// The launch settings (read by the bootstrap, which comm_info does not start) with the library's
+// own checks, then every boolean by its registry type (LIBCOMM_SHIM_DISABLE is read by
+// libcomm_nccl.so with settingBool). CommConfig::fromEnvironment covers the rest.
+libcomm::Status checkOtherSettings() {
+  LIBCOMM_RETURN_IF_ERROR(libcomm::boot::checkLaunchSettings());
+  for (const auto& s : libcomm::allSettings())
+    if (s.type == libcomm::SettingType::kBool) LIBCOMM_RETURN_IF_ERROR(libcomm::settingBool(s.name).status());
+  return libcomm::Status::ok();
+}
 
 Report gather() {
   Report r;
@@ -70,6 +85,7 @@ Report gather() {
   r.machine = &libcomm::topology::machineTopology();
   r.config = libcomm::CommConfig::fromEnvironment();
   if (r.config.isOk()) r.hostId = libcomm::topology::localHostId(r.config.value().hostId);
+  r.settings = checkOtherSettings();
   return r;
 }
 
@@ -137,6 +153,10 @@ int printText(const Report& r) {
       c.collTrace ? "on" : "off", libcomm::describeGrantedPriority(libcomm::defaultStreamPriority()).c_str());
   printf("%s\n", libcomm::describeSelectionTable(c).c_str());
   printf("settings (environment variables)\n%s", libcomm::describeSettings().c_str());
+  if (!r.settings.isOk()) {
+    printf("\nsettings error: %s\n", r.settings.toString().c_str());
+    return 1;
+  }
   return 0;
 }
 
@@ -257,9 +277,14 @@ int printJson(const Report& r) {
     w.field("set", v != nullptr).field("default", s.defaultValue).field("doc", s.doc).endObject();
   }
   w.endArray();
+  w.key("settings_error");
+  if (r.settings.isOk())
+    w.null();
+  else
+    w.value(r.settings.toString());
   w.endObject();
   printf("%s\n", w.str().c_str());
-  return r.config.isOk() ? 0 : 1;
+  return r.config.isOk() && r.settings.isOk() ? 0 : 1;
 }
 
 }  // namespace

@@ -4,7 +4,8 @@
   comm_info_check.py COMM_INFO text         plain run: exit 0, every section present
   comm_info_check.py COMM_INFO json         --json: one JSON object, the same content, sane values
   comm_info_check.py COMM_INFO bad-setting  --json with an invalid LIBCOMM_ALGO: exit 1, still JSON, error named;
-                                           a bad LIBCOMM_LOG_LEVEL or LIBCOMM_NT_STORE_BYTES: exit 1, named
+                                           a bad LIBCOMM_LOG_LEVEL or LIBCOMM_NT_STORE_BYTES: exit 1, named;
+                                           so are launch settings and LIBCOMM_SHIM_DISABLE (settings_error)
   comm_info_check.py COMM_INFO odd-bytes    --json with quotes, newlines and invalid UTF-8 in a setting: parses
 """
 import json
@@ -171,20 +172,54 @@ def check_bad_setting(exe):
         text = out.decode("utf-8", "replace")
         if rc != 1 or name.decode() not in text:
             fail("%s=%s: comm_info must exit 1 naming it, got %d:\n%s" % (name.decode(), value.decode(), rc, text[-400:]))
+    # Settings no CommConfig field holds -- the launch settings the bootstrap reads, and the NCCL
+    # shim's -- parsed as their readers parse them. They used to be shown raw, with exit 0.
+    for env, words in (({b"LIBCOMM_RANK": b"abc"}, "LIBCOMM_RANK='abc' is not a number"),
+                       ({b"LIBCOMM_WORLD_SIZE": b"0"}, "LIBCOMM_WORLD_SIZE=0 is outside [1, "),
+                       ({b"LIBCOMM_RANK": b"2", b"LIBCOMM_WORLD_SIZE": b"2"}, "LIBCOMM_RANK=2 is outside [0, 2)"),
+                       ({b"LIBCOMM_STORE_ADDR": b"nonsense"}, "LIBCOMM_STORE_ADDR='nonsense' is not host:port"),
+                       ({b"LIBCOMM_LOCAL_RANK": b"-3"}, "LIBCOMM_LOCAL_RANK='-3' is not a number"),
+                       ({b"LIBCOMM_JOB_ID": b"a b"}, "LIBCOMM_JOB_ID"),
+                       ({b"LIBCOMM_SHIM_DISABLE": b"maybe"}, "LIBCOMM_SHIM_DISABLE='maybe' is not a boolean"),
+                       ({b"LIBCOMM_HOST_STORE": b"maybe"}, "LIBCOMM_HOST_STORE='maybe' is not a boolean")):
+        shown = " ".join("%s=%s" % (k.decode(), v.decode()) for k, v in env.items())
+        rc, out, err = run(exe, [], env)
+        text = out.decode("utf-8", "replace")
+        if rc != 1 or words not in text:
+            fail("%s: comm_info must exit 1 saying %r, got %d:\n%s" % (shown, words, rc, text[-600:]))
+        rc, out, err = run(exe, ["--json"], env)
+        doc = load(out, err)
+        error = (doc.get("settings_error") or "") + (doc.get("configuration_error") or "")
+        if rc != 1 or words not in error:
+            fail("%s --json: exit %d, errors %r; want 1 and %r" % (shown, rc, error, words))
+    # Well-formed launch settings are no error.
+    rc, out, err = run(exe, ["--json"], {b"LIBCOMM_RANK": b"1", b"LIBCOMM_WORLD_SIZE": b"2", b"LIBCOMM_LOCAL_RANK": b"0",
+                                         b"LIBCOMM_STORE_ADDR": b"10.0.0.1:29500", b"LIBCOMM_SHIM_DISABLE": b"1"})
+    doc = load(out, err)
+    if rc != 0 or doc.get("settings_error") is not None:
+        fail("well-formed launch settings: exit %d, settings_error %r" % (rc, doc.get("settings_error")))
 
 
 def check_odd_bytes(exe):
-    value = b'job "7"\\ with\nnewline\ttab \x01 and \xff\xfe bytes \xc3\xbc'
-    rc, out, err = run(exe, ["--json"], {b"LIBCOMM_JOB_ID": value, b"LIBCOMM_SECRET": b"hunter2"})
+    value = b'lib "7"\\ with\nnewline\ttab \x01 and \xff\xfe bytes \xc3\xbc'
+    # A path (read by libcomm_nccl.so as it is): any bytes are well-formed.
+    rc, out, err = run(exe, ["--json"], {b"LIBCOMM_NCCL_LIBRARY": value, b"LIBCOMM_SECRET": b"hunter2"})
     if rc != 0:
         fail("comm_info --json exited %d: %s" % (rc, err.decode("utf-8", "replace")))
     doc = load(out, err)
     names = {s["name"]: s for s in doc["settings"]}
     expected = value.decode("utf-8", "replace")  # U+FFFD per invalid byte, as the writer does
-    if names["LIBCOMM_JOB_ID"]["value"] != expected:
-        fail("LIBCOMM_JOB_ID came back as %r, expected %r" % (names["LIBCOMM_JOB_ID"]["value"], expected))
-    if not names["LIBCOMM_JOB_ID"]["set"]:
-        fail("LIBCOMM_JOB_ID must be reported as set")
+    if names["LIBCOMM_NCCL_LIBRARY"]["value"] != expected:
+        fail("LIBCOMM_NCCL_LIBRARY came back as %r, expected %r" % (names["LIBCOMM_NCCL_LIBRARY"]["value"], expected))
+    if not names["LIBCOMM_NCCL_LIBRARY"]["set"]:
+        fail("LIBCOMM_NCCL_LIBRARY must be reported as set")
+    # A job id of such bytes is malformed (the bootstrap refuses it): exit 1, and the JSON still parses.
+    rc, out, err = run(exe, ["--json"], {b"LIBCOMM_JOB_ID": value})
+    doc = load(out, err)
+    if rc != 1 or "LIBCOMM_JOB_ID" not in (doc.get("settings_error") or ""):
+        fail("an odd LIBCOMM_JOB_ID: exit %d, settings_error %r" % (rc, doc.get("settings_error")))
+    if {s["name"]: s for s in doc["settings"]}["LIBCOMM_JOB_ID"]["value"] != expected:
+        fail("LIBCOMM_JOB_ID did not come back as it was set")
     if names["LIBCOMM_SECRET"]["value"] != "(not shown)" or b"hunter2" in out:
         fail("the secret must never be printed")
 

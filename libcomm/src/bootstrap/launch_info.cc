@@ -155,6 +155,35 @@ std::span<const char* const> launchVariables() {
   }();
   return kAll;
 }
+
+Status checkLaunchSettings() {
+  const Source& s = kSources[0];
+  LIBCOMM_ASSIGN_OR_RETURN(std::optional<int> rank, envInt(s.rankVar));
+  LIBCOMM_ASSIGN_OR_RETURN(std::optional<int> size, envInt(s.sizeVar));
+  LIBCOMM_ASSIGN_OR_RETURN(std::optional<int> localRank, envInt(s.localRankVar));
+  LIBCOMM_ASSIGN_OR_RETURN(std::optional<int> localSize, envInt(s.localSizeVar));
+  if (size && (*size < 1 || *size > kMaxWorldSize))
+    return makeError(StatusCode::kInvalidArgument, s.sizeVar, "=", *size, " is outside [1, ", kMaxWorldSize,
+                     "] (kMaxWorldSize, the most ranks libcomm bootstraps)");
+  if (rank && size && *rank >= *size)
+    return makeError(StatusCode::kInvalidArgument, s.rankVar, "=", *rank, " is outside [0, ", *size, ") given by ",
+                     s.sizeVar);
+  if (localSize && (*localSize < 1 || (size && *localSize > *size)))
+    return makeError(StatusCode::kInvalidArgument, s.localSizeVar, "=", *localSize, " is outside [1, ",
+                     size ? *size : kMaxWorldSize, "]");
+  // Below the local size, else below the world size (as resolveLaunchInfo bounds it).
+  if (localRank && (localSize || size) && *localRank >= (localSize ? *localSize : *size))
+    return makeError(StatusCode::kInvalidArgument, s.localRankVar, "=", *localRank, " is outside [0, ",
+                     localSize ? *localSize : *size, ")");
+  const std::string dir = env("LIBCOMM_STORE_DIR"), addr = env("LIBCOMM_STORE_ADDR");
+  if (!dir.empty() && !addr.empty())
+    return makeError(StatusCode::kInvalidArgument, "both LIBCOMM_STORE_DIR='", dir, "' and LIBCOMM_STORE_ADDR='", addr,
+                     "' are set; choose the file store or the TCP store");
+  if (!addr.empty()) LIBCOMM_RETURN_IF_ERROR(parseHostPort(addr, "LIBCOMM_STORE_ADDR").status());
+  const std::string jobId = env("LIBCOMM_JOB_ID");
+  if (!jobId.empty()) LIBCOMM_RETURN_IF_ERROR(checkJobId(jobId).withContext("LIBCOMM_JOB_ID"));
+  return settingBool("LIBCOMM_HOST_STORE").status();
+}
 }  // namespace boot
 
 Result<LaunchInfo> resolveLaunchInfo(const LaunchOverrides& overrides) {

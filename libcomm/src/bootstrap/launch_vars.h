@@ -4,6 +4,8 @@
 
 #include <span>
 
+#include "libcomm/status.h"
+
 namespace libcomm::boot {
 
 /// Every variable resolveLaunchInfo() reads: the LIBCOMM_* launch settings (rank, size, store,
@@ -12,5 +14,14 @@ namespace libcomm::boot {
 /// and the tests and the fuzz target clear them from the same list, so a variable added to
 /// resolveLaunchInfo must be added here too.
 std::span<const char* const> launchVariables();
+
+/// The LIBCOMM_* launch settings that are set, each checked with the parser and range
+/// resolveLaunchInfo() applies to it, for a process that need not be in a job (comm_info): ranks
+/// and sizes of decimal digits, LIBCOMM_WORLD_SIZE in [1, kMaxWorldSize], LIBCOMM_RANK below it and
+/// LIBCOMM_LOCAL_RANK below LIBCOMM_LOCAL_SIZE where both are set, LIBCOMM_STORE_ADDR as host:port
+/// (not with LIBCOMM_STORE_DIR), LIBCOMM_JOB_ID's characters, LIBCOMM_HOST_STORE a boolean. What
+/// only a whole launch decides (a rendezvous for a size above 1, other launchers' variables) is
+/// left to resolveLaunchInfo. kInvalidArgument naming the variable. Thread-safe.
+Status checkLaunchSettings();
 
 }  // namespace libcomm::boot
