@@ -36,6 +36,11 @@ struct LocalLaunchOptions {
 /// disposition (or the caller's handler without SA_NOCLDWAIT) is set while any launch runs, and
 /// the caller's restored when the last launch returns. That setting is process-wide: no other
 /// thread should change SIGCHLD, or wait for any child (waitpid(-1)), meanwhile.
+/// Ranks stopped by the launcher (after a failure, the deadline or a signal) unlink none of their
+/// shared-memory segments: the launcher removes the job's once it has reaped them, and says so in
+/// the error. SIGINT, SIGTERM and SIGHUP, where their action is the default, are caught while a
+/// launch runs: the ranks are stopped and their segments removed (said at WARN), then the signal
+/// is raised again when the last launch returns, so that the process still ends by it.
 Status launchLocal(const LocalLaunchOptions& options);
 
 }  // namespace libcomm

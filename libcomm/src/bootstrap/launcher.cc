@@ -8,10 +8,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
 
+#include "backends/shm/shm_segment.h"
 #include "bootstrap/boot_util.h"
 #include "bootstrap/launch_vars.h"
 #include "bootstrap/sha256.h"
@@ -174,6 +176,74 @@ class ChildStatusKept {
   static inline bool changed_ = false;
 };
 
+// SIGINT, SIGTERM and SIGHUP while ranks run: by default they would end the launcher at once, the
+// ranks dying with it (PR_SET_PDEATHSIG) and leaving their shared-memory segments behind, with no
+// word said. Where the caller left a signal's default action, a handler notes it while any launch
+// runs; the launches stop their ranks and remove the job's segments, and the last one to finish
+// puts the default back and raises the signal again, so the process still ends by it (exit status
+// 128 + n in a shell). A caller's own handler is left alone. Process-wide and counted, as above.
+class StopSignals {
+ public:
+  StopSignals() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (users_++ > 0) return;
+    caught_.store(0);
+    for (size_t i = 0; i < std::size(kSignals); ++i) {
+      installed_[i] = false;
+      struct sigaction before {};
+      if (sigaction(kSignals[i], nullptr, &before) != 0 || before.sa_handler != SIG_DFL ||
+          (before.sa_flags & SA_SIGINFO))
+        continue;
+      struct sigaction note {};
+      note.sa_handler = onSignal;
+      sigemptyset(&note.sa_mask);
+      installed_[i] = sigaction(kSignals[i], &note, nullptr) == 0;
+    }
+  }
+  ~StopSignals() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (--users_ > 0) return;
+    for (size_t i = 0; i < std::size(kSignals); ++i) {
+      if (!installed_[i]) continue;
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      sigemptyset(&dfl.sa_mask);
+      sigaction(kSignals[i], &dfl, nullptr);
+      installed_[i] = false;
+    }
+    if (const int sig = caught_.exchange(0)) raise(sig);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+  /// The signal that asked the launches to stop, or 0.
+  static int caught() { return caught_.load(); }
+
+ private:
+  static void onSignal(int sig) { caught_.store(sig); }
+
+  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
+  static inline std::mutex mutex_;
+  static inline int users_ = 0;
+  static inline bool installed_[std::size(kSignals)] = {};
+  static inline std::atomic<int> caught_{0};
+};
+
+// A rank stopped by a signal unlinks none of its segments; once the ranks are reaped, what they
+// made for the job is removed. Says what was done ("" when nothing was there).
+std::string removeSegments(const std::vector<Child>& children, const std::string& jobId) {
+  std::vector<pid_t> reaped;
+  for (const Child& c : children)
+    if (c.pid > 0 && !c.running) reaped.push_back(c.pid);
+  const shm::SweepResult r = shm::removeJobSegments(jobId, reaped);
+  std::string said;
+  if (r.removed > 0)
+    said = "; removed " + std::to_string(r.removed) + " shared-memory segment" + (r.removed == 1 ? "" : "s") +
+           " of job " + jobId + " from /dev/shm";
+  for (const auto& s : r.skipped) said += "; could not remove " + s.name + ": " + s.reason;
+  return said;
+}
+
 }  // namespace
 
 Status launchLocal(const LocalLaunchOptions& options) {
@@ -233,7 +303,13 @@ Status launchLocal(const LocalLaunchOptions& options) {
     envps[r].push_back(nullptr);
   }
 
+  // The job id the ranks use (options.env may set its own), which names their segments.
+  std::string ranksJobId = jobId;
+  for (const auto& [k, v] : options.env)
+    if (k == "LIBCOMM_JOB_ID") ranksJobId = v;
+
   const ChildStatusKept keepStatus;  // declared before the children: restored after the last is reaped
+  const StopSignals stopSignals;     // likewise (its last user may re-raise a signal caught meanwhile)
   LIBCOMM_LOG(kInfo, "boot") << "launchLocal: starting " << options.numRanks << " ranks of " << program << " (store "
                              << storeAddr << ", job " << jobId << ")";
   std::vector<Child> children(options.numRanks);
@@ -291,13 +367,25 @@ Status launchLocal(const LocalLaunchOptions& options) {
       std::vector<int> others = runningRanks(children);
       stopAll(children);
       return makeError(StatusCode::kRemoteError, "launchLocal: rank ", failed, " of ", options.numRanks, " (", program,
-                       ") ", how, others.empty() ? std::string() : "; stopped ranks " + boot::joinRanks(others));
+                       ") ", how, others.empty() ? std::string() : "; stopped ranks " + boot::joinRanks(others),
+                       removeSegments(children, ranksJobId));
+    }
+    if (const int sig = StopSignals::caught()) {
+      std::vector<int> left = runningRanks(children);
+      stopAll(children);
+      const Status st = makeError(StatusCode::kSystemError, "launchLocal: interrupted by SIG", sigabbrev_np(sig),
+                                  ": stopped ranks ", boot::joinRanks(left), " of ", options.numRanks, " (", program,
+                                  ")", removeSegments(children, ranksJobId));
+      // Said here: the process ends by the signal once the launches return (StopSignals).
+      LIBCOMM_LOG(kWarn, "boot") << st.message();
+      return st;
     }
     if (deadline.expired()) {
       std::vector<int> left = runningRanks(children);
       stopAll(children);
       return makeError(StatusCode::kTimeout, "launchLocal: ranks ", boot::joinRanks(left), " of ", options.numRanks,
-                       " (", program, ") still running after ", options.timeout.count(), " ms; killed them");
+                       " (", program, ") still running after ", options.timeout.count(), " ms; killed them",
+                       removeSegments(children, ranksJobId));
     }
     backoff.sleep(deadline);
   }

@@ -205,10 +205,42 @@ Result<Segment> Segment::open(const std::string& name, size_t bytes) {
   return s;
 }
 
+namespace {
+// "shardcomm.<pid>.<job>.r": every segment of one process in one job (in /dev/shm, without the '/').
+std::string processJobPrefix(long pid, const std::string& jobId) {
+  std::ostringstream os;
+  os << "shardcomm." << pid << "." << jobId << ".r";
+  return os.str();
+}
+}  // namespace
+
 std::string segmentPrefix(const std::string& jobId, int rank, unsigned commIndex) {
   std::ostringstream os;
-  os << "/shardcomm." << getpid() << "." << jobId << ".r" << rank << ".c" << commIndex;
+  os << "/" << processJobPrefix(getpid(), jobId) << rank << ".c" << commIndex;
   return os.str();
+}
+
+SweepResult removeJobSegments(const std::string& jobId, const std::vector<pid_t>& pids) {
+  SweepResult result;
+  if (jobId.empty() || pids.empty()) return result;
+  std::vector<std::string> prefixes;
+  for (pid_t pid : pids) prefixes.push_back(processJobPrefix(pid, jobId));
+  DIR* dir = opendir("/dev/shm");
+  if (!dir) return result;
+  while (struct dirent* e = readdir(dir)) {
+    bool ours = false;
+    for (const std::string& p : prefixes) ours = ours || strncmp(e->d_name, p.c_str(), p.size()) == 0;
+    if (!ours) continue;
+    const std::string name = std::string("/") + e->d_name;
+    if (shm_unlink(name.c_str()) == 0) {
+      ++result.removed;
+      LIBCOMM_LOG(kInfo, "mem") << "removed segment " << name << " of job " << jobId << " (its rank was stopped)";
+    } else if (errno != ENOENT) {
+      result.skipped.push_back({name, std::string("unlinking it: ") + strerror(errno)});
+    }
+  }
+  closedir(dir);
+  return result;
 }
 
 ProcessId ProcessId::self() {

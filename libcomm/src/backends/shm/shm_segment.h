@@ -68,6 +68,11 @@ struct SweepResult {
   std::vector<Skipped> skipped;
 };
 
+/// Removes the segments that the processes `pids` made for job `jobId` (segmentPrefix's names),
+/// whatever their state: for a launcher whose ranks it stopped with a signal, which unlinks
+/// nothing, once it has reaped them (no process of the job maps them then). Thread-safe.
+SweepResult removeJobSegments(const std::string& jobId, const std::vector<pid_t>& pids);
+
 /// Removes /dev/shm entries of shardcomm that no process maps as owner any more: nobody holds the
 /// owner's lock and no process of the name's pid runs in this pid namespace (the second keeps the
 /// segments of a library too old to take the lock; a pid is never enough on its own). Segments it
