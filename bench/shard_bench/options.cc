@@ -2,6 +2,8 @@
 
 #include "options.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <map>
 #include <optional>
@@ -25,7 +27,10 @@ constexpr const char* kUsage =
     "  -np W                 start W local rank processes (else: one rank of a launched job, or alone)\n"
     "  --sizes LIST          comma-separated built-in sizes: comm-heavy, mixed, compute-heavy, or all (default)\n"
     "  --vocab V --dim D --hidden H --layers L --seq-len T --seqs-per-rank S\n"
-    "                        override that field in every selected size (the size's name gets a '*')\n"
+    "                        override that field in every selected size (the size's name gets a '*'); a\n"
+    "                        rank's micro-batch, T x S tokens, is bounded as `tinylm --help` says (every\n"
+    "                        activation under 2^31 elements, the -np ranks' activations within this machine's\n"
+    "                        memory): checked before anything is allocated\n"
     "  --precision P         bf16 | fp32: gathered weights and gradients, in every size (default: the size's)\n"
     "  --micro-batches M     gradient accumulation steps per step (default 1)\n"
     "  --prefetch D          gathers ahead of compute in the overlap schedule (default 1)\n"
@@ -182,6 +187,19 @@ libcomm::Result<Options> parseOptions(const std::vector<std::string>& args) {
     }
     if (!overrides.empty()) s.name += "*";
     if (precision) s.precision = *precision;
+    // Before anything is allocated: every rank's micro-batch is seqs-per-rank sequences, whatever
+    // the world; with -np W, W ranks share this machine's memory. The global batch (seqs-per-rank x
+    // ranks x micro-batches) is an int.
+    const int here = std::max(o.numRanks, 1);
+    LIBCOMM_RETURN_IF_ERROR(s.model.validate().withContext("size " + s.name));
+    const std::string flags =
+        libcomm::detail::strCat("size ", s.name, ": --seq-len ", s.model.seqLen, " x --seqs-per-rank ", s.seqsPerRank);
+    LIBCOMM_RETURN_IF_ERROR(tinylm::checkMicroBatchTokens(s.model, uint64_t(s.seqsPerRank) * uint64_t(s.model.seqLen),
+                                                          flags, here, tinylm::physicalMemoryBytes()));
+    if (int64_t{s.seqsPerRank} * here * o.microBatches > std::numeric_limits<int>::max())
+      return libcomm::makeError(StatusCode::kInvalidArgument, "size ", s.name, ": --seqs-per-rank ", s.seqsPerRank,
+                                " x ", here, " ranks x --micro-batches ", o.microBatches,
+                                " sequences per step is more than 2^31 - 1");
     const Status st = tinylm::validateTrainOptions(trainOptions(o, s, BenchMode::kOverlap, 1));
     if (!st.isOk()) return st.withContext("size " + s.name);
   }

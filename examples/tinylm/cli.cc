@@ -79,6 +79,10 @@ const char* cliUsage() {
          "  --seed S              data and initialisation seed (default 1)\n"
          "  --precision P         fp32 | bf16: gathered weights and gradients (default bf16)\n"
          "  --vocab V --dim D --hidden H --layers L --seq-len T   model size (default 256 64 256 2 64)\n"
+         "                        a rank's micro-batch, T x ceil(B / M / W) tokens, must keep every activation\n"
+         "                        (tokens x max(D, H, V)) under 2^31 elements, and the activations and scratch\n"
+         "                        of the ranks on this machine (about 4 x tokens x ((L+5) D + (L+3) H + 2 V)\n"
+         "                        bytes each) within its physical memory: checked before anything is allocated\n"
          "  --lr X --weight-decay X --clip X   AdamW (defaults 0.003 0.1 1; --clip 0: no clipping)\n"
          "  --memory-budget BYTES per-rank budget (K/M/G suffixes); blocks checkpoint activations to fit\n"
          "  --alignment BYTES     shard alignment, a power of two >= 16 (default 128)\n"
@@ -187,7 +191,8 @@ libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args) {
       {"--serialize", &t.serialize}, {"--event-log-check", &t.eventLogCheck}, {"--describe", &o.describe}};
   LIBCOMM_RETURN_IF_ERROR(flags::parse(args, table, &o.childArgs, &o.help));
   if (o.help) return o;
-  LIBCOMM_RETURN_IF_ERROR(validateTrainOptions(t, o.numRanks > 0 ? o.numRanks : 1));
+  // -np W: the W ranks share this machine's memory.
+  LIBCOMM_RETURN_IF_ERROR(validateTrainOptions(t, o.numRanks > 0 ? o.numRanks : 1, o.numRanks > 0 ? o.numRanks : 1));
   if (o.numRanks > 0 && launchedAsRank())
     return libcomm::makeError(StatusCode::kInvalidArgument,
                               "-np starts local ranks itself, but this process already is a rank of a job "

@@ -2,6 +2,9 @@
 
 #include "tinylm/config.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <limits>
 #include <sstream>
 
@@ -22,6 +25,9 @@ libshard::ParamSpec param(std::string name, std::vector<int64_t> shape, libshard
   p.weightDecay = kind != libshard::ParamKind::kNorm;
   return p;
 }
+
+// The widest activation a token has: [T, dim], [T, hidden] or [T, vocab].
+uint64_t widestActivation(const TinyLmConfig& cfg) { return uint64_t(std::max({1, cfg.dim, cfg.hidden, cfg.vocab})); }
 
 }  // namespace
 
@@ -48,6 +54,48 @@ libcomm::Status TinyLmConfig::validate() const {
   if (vd >= kMaxMatrixElements || hd >= kMaxMatrixElements)
     return libcomm::makeError(StatusCode::kInvalidArgument, "tinylm config: a weight matrix has >= 2^31 elements (",
                               describe(), ")");
+  return libcomm::Status::ok();
+}
+
+uint64_t maxTokensPerMicroBatch(const TinyLmConfig& cfg) { return (kMaxMatrixElements - 1) / widestActivation(cfg); }
+
+uint64_t layerMemoryBytes(const TinyLmConfig& cfg, uint64_t tokens) {
+  const uint64_t layers = uint64_t(std::max(cfg.layers, 0)), d = uint64_t(std::max(cfg.dim, 0)),
+                 h = uint64_t(std::max(cfg.hidden, 0)), v = uint64_t(std::max(cfg.vocab, 0));
+  // fp32 elements per token: x_0..x_L, z and the gradient (dim each), every block's pre-activation,
+  // the softmax; the Workspace's normed and its gradient (dim), rstd, hidden, act and its gradient
+  // (hidden), logits (vocab). Then 4-byte ids, targets and the embedding's index scratch.
+  const uint64_t floatsPerToken = (layers + 3) * d + layers * h + v + (2 * d + 1 + 3 * h + v);
+  const uint64_t perToken = 4 * floatsPerToken + 3 * 4;
+  // Per micro-batch whatever its size: the bf16 weight-gradient block (64 Ki floats), a norm scale,
+  // the embedding's per-id offsets and cursors.
+  const uint64_t fixed = 4 * ((uint64_t{64} << 10) + d + 2 * v + 1);
+  const long double bytes = static_cast<long double>(tokens) * static_cast<long double>(perToken) + fixed;
+  return bytes >= 0x1p64L ? UINT64_MAX : static_cast<uint64_t>(bytes);
+}
+
+uint64_t physicalMemoryBytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), pageSize = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || pageSize <= 0) return UINT64_MAX;
+  return uint64_t(pages) * uint64_t(pageSize);
+}
+
+libcomm::Status checkMicroBatchTokens(const TinyLmConfig& cfg, uint64_t tokens, const std::string& flags, int ranksHere,
+                                      uint64_t memoryBytes) {
+  using libcomm::StatusCode;
+  const uint64_t most = maxTokensPerMicroBatch(cfg);
+  if (tokens > most)
+    return libcomm::makeError(StatusCode::kInvalidArgument, flags, " = ", tokens,
+                              " tokens per rank and micro-batch, more than the ", most,
+                              " this model allows: every activation, up to tokens x ", widestActivation(cfg),
+                              " (max of dim, hidden, vocab) elements, must stay under 2^31");
+  const long double need = static_cast<long double>(layerMemoryBytes(cfg, tokens)) * std::max(ranksHere, 1);
+  if (need > static_cast<long double>(memoryBytes))
+    return libcomm::makeError(StatusCode::kInvalidArgument, flags, " = ", tokens,
+                              " tokens per rank and micro-batch, whose activations and scratch (",
+                              layerMemoryBytes(cfg, tokens) >> 20, " MiB per rank",
+                              ranksHere > 1 ? libcomm::detail::strCat(" x ", ranksHere, " ranks here") : "",
+                              ") exceed this machine's memory (", memoryBytes >> 20, " MiB)");
   return libcomm::Status::ok();
 }
 

@@ -58,6 +58,27 @@ LayerActivationBytes blockActivationBytes(const TinyLmConfig& cfg, size_t tokens
 LayerActivationBytes finalNormActivationBytes(const TinyLmConfig& cfg, size_t tokens);
 LayerActivationBytes headActivationBytes(const TinyLmConfig& cfg, size_t tokens);
 
+/// The most tokens one micro-batch of one rank may have: every activation tensor ([T, dim],
+/// [T, hidden], [T, vocab]) stays under 2^31 elements, as validate() keeps every weight matrix (and
+/// T under 2^31, the int32 token counts the trainer reports). Pure.
+uint64_t maxTokensPerMicroBatch(const TinyLmConfig& cfg);
+
+/// What the trainer's layers (layers.h) and their kernels' scratch (workspace.h) hold at most for
+/// micro-batches of `tokens` tokens: token ids and targets, every block's input and pre-activation,
+/// the final norm's output, the gradient buffer, the softmax, and every Workspace slot at its
+/// largest (nothing checkpointed: the most the plan can ask for). An upper bound. Pure.
+uint64_t layerMemoryBytes(const TinyLmConfig& cfg, uint64_t tokens);
+
+/// This machine's physical memory in bytes (sysconf), or UINT64_MAX when it cannot be told.
+uint64_t physicalMemoryBytes();
+
+/// kInvalidArgument, saying `flags` first (where the tokens come from, e.g. "--seq-len 64 x 8
+/// sequences per rank and micro-batch"), unless a micro-batch of `tokens` tokens per rank fits:
+/// at most maxTokensPerMicroBatch(cfg), and `ranksHere` ranks' layerMemoryBytes within
+/// `memoryBytes` (this machine's memory, for ranks sharing it). `cfg` must validate.
+libcomm::Status checkMicroBatchTokens(const TinyLmConfig& cfg, uint64_t tokens, const std::string& flags, int ranksHere,
+                                      uint64_t memoryBytes);
+
 /// The model for libshard, layers in execution order:
 ///   "embed"      : "embed.weight"      [vocab, dim]   kEmbedding
 ///   "blocks.i"   : "blocks.i.norm"     [dim]          kNorm (no weight decay)

@@ -225,7 +225,7 @@ Status validateTrainOptions(const TrainOptions& o) {
   return Status::ok();
 }
 
-Status validateTrainOptions(const TrainOptions& o, int worldSize) {
+Status validateTrainOptions(const TrainOptions& o, int worldSize, int ranksHere) {
   LIBCOMM_RETURN_IF_ERROR(validateTrainOptions(o));
   if (worldSize < 1) return invalid("world size ", worldSize);
   const int perMicro = o.globalBatch / o.microBatches;
@@ -233,7 +233,12 @@ Status validateTrainOptions(const TrainOptions& o, int worldSize) {
     return invalid("global batch ", o.globalBatch, " / micro-batches ", o.microBatches, " = ", perMicro,
                    " sequences per micro-batch, fewer than the ", worldSize,
                    " ranks (each rank needs at least one sequence per micro-batch)");
-  return Status::ok();
+  // Before anything is allocated: the layers size their activations for this (TinyLmLayers).
+  const int64_t seqs = (int64_t{perMicro} + worldSize - 1) / worldSize;
+  const std::string flags = libcomm::detail::strCat(
+      "--seq-len ", o.model.seqLen, " x ", seqs, " sequences (--global-batch ", o.globalBatch, " / --micro-batches ",
+      o.microBatches, " / ", worldSize, worldSize == 1 ? " rank)" : " ranks)");
+  return checkMicroBatchTokens(o.model, maxMicroBatchTokens(o, worldSize), flags, ranksHere, physicalMemoryBytes());
 }
 
 SequenceRange rankSequences(int globalBatch, int microBatches, int worldSize, int rank, int micro) {
@@ -243,7 +248,7 @@ SequenceRange rankSequences(int globalBatch, int microBatches, int worldSize, in
 }
 
 size_t maxMicroBatchTokens(const TrainOptions& o, int worldSize) {
-  const int per = o.globalBatch / o.microBatches;
+  const int64_t per = o.globalBatch / o.microBatches;
   return size_t((per + worldSize - 1) / worldSize) * size_t(o.model.seqLen);
 }
 

@@ -191,8 +191,11 @@ struct TrainResult {
 
 /// Checks the options alone (world size aside): kInvalidArgument naming the field.
 libcomm::Status validateTrainOptions(const TrainOptions& options);
-/// ... and against a world size (S = B / M >= W).
-libcomm::Status validateTrainOptions(const TrainOptions& options, int worldSize);
+/// ... and against a world size: S = B / M >= W, and the micro-batch of the rank with the most
+/// sequences, ceil(S / W) x seqLen tokens, within checkMicroBatchTokens (config.h): at most
+/// maxTokensPerMicroBatch, and `ranksHere` ranks' layerMemoryBytes within this machine's physical
+/// memory (1: this rank's alone; tinylm -np W: the W ranks it starts here).
+libcomm::Status validateTrainOptions(const TrainOptions& options, int worldSize, int ranksHere = 1);
 
 /// The sequences of the global batch that `rank` computes in micro-batch `micro`: [first, end).
 struct SequenceRange {

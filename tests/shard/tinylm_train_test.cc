@@ -507,6 +507,43 @@ TEST(TinyLmTrainOptions, BadOptionsAreNamed) {
   EXPECT_NE(st.message().find("fewer than the 7 ranks"), std::string::npos) << st.toString();
 }
 
+// A rank's micro-batch is bounded before the layers allocate for it: every activation under 2^31
+// elements, and the ranks' activations and scratch within the memory given (tinylm died of
+// bad_alloc on --seq-len 2147483647, or filled the machine's memory).
+TEST(TinyLmTrainOptions, MicroBatchTokensAreBoundedBeforeAnyAllocation) {
+  tinylm::TinyLmConfig cfg;  // vocab 256 is the widest: 2^31 / 256 tokens, less one element
+  const uint64_t most = tinylm::maxTokensPerMicroBatch(cfg);
+  EXPECT_EQ(most, ((uint64_t{1} << 31) - 1) / 256);
+  const uint64_t plenty = UINT64_MAX;
+  EXPECT_TRUE(tinylm::checkMicroBatchTokens(cfg, most, "T", 1, plenty).isOk());
+  const Status over = tinylm::checkMicroBatchTokens(cfg, most + 1, "--seq-len X", 1, plenty);
+  EXPECT_EQ(over.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(over.message().rfind("--seq-len X = 8388608 tokens", 0), 0u) << over.toString();
+  EXPECT_NE(over.message().find("2^31"), std::string::npos) << over.toString();
+  // Memory: the bytes of every rank on the machine; an upper bound on what the layers can hold.
+  const uint64_t perRank = tinylm::layerMemoryBytes(cfg, 1000);
+  EXPECT_GE(perRank, 4u * 1000 * (3 * 64 + 2 * 256 + 256 + 64 + 256));  // x, z, grad, preActs, probs, normed, logits
+  EXPECT_TRUE(tinylm::checkMicroBatchTokens(cfg, 1000, "T", 2, 2 * perRank).isOk());
+  const Status full = tinylm::checkMicroBatchTokens(cfg, 1000, "T", 2, 2 * perRank - 1);
+  EXPECT_EQ(full.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(full.message().find("exceed this machine's memory"), std::string::npos) << full.toString();
+  // The command line: the rank with the most sequences counts, -np's ranks share the machine.
+  auto seq = tinylm::parseCli({"--seq-len", "2147483647", "--steps", "1"});
+  ASSERT_FALSE(seq.isOk());
+  EXPECT_NE(seq.status().message().find("--seq-len 2147483647 x 8 sequences (--global-batch 8 / --micro-batches 1 / 1 "
+                                        "rank) = 17179869176 tokens"),
+            std::string::npos)
+      << seq.status().toString();
+  auto batch = tinylm::parseCli({"-np", "3", "--global-batch", "2147483647"});
+  ASSERT_FALSE(batch.isOk());
+  EXPECT_NE(batch.status().message().find("x 715827883 sequences"), std::string::npos) << batch.status().toString();
+  EXPECT_TRUE(tinylm::parseCli({"--seq-len", "1024", "--global-batch", "16"}).isOk());
+  // The trainer checks it too, before set-up allocates anything.
+  TrainOptions o = tinyOptions(Precision::kFp32);
+  o.model.seqLen = 1 << 30;
+  EXPECT_EQ(tinylm::validateTrainOptions(o, 2).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(TinyLmTrainOptions, HeaderLineSaysWhenThereIsNothingToRun) {
   TrainOptions o = tinyOptions(Precision::kFp32, 6);
   EXPECT_NE(tinylm::headerLine(o, 2, 0).find(", steps 0..5"), std::string::npos) << tinylm::headerLine(o, 2, 0);

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""The tinylm and shard_bench commands' answers to flags they cannot honour, end to end.
+
+  tinylm_cli_check.py TINYLM SHARD_BENCH [SCALE]
+
+SCALE (SHARDCOMM_TEST_TIMEOUT_SCALE, default 1) multiplies the time limits, for the sanitizer
+builds.
+
+A usage error is the command's answer to a flag it cannot honour, however it finds out (parsing,
+or set-up reading the files the flags name): exit 2, before a step is trained and before the
+memory the flags imply is asked for, with one line that names the flags, then the pointer to
+--help; no source frames, no repeated prefixes. Every command runs with its address space capped
+(RLIMIT_AS), so that a regression that does try to allocate what the flags imply fails here
+instead of taking the machine's memory; not in the AddressSanitizer and ThreadSanitizer builds,
+which reserve terabytes of address space for their shadow memory.
+"""
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+
+ADDRESS_SPACE_BYTES = 8 << 30  # far below what the oversized cases imply, far above a tiny run
+
+
+def fail(msg):
+    print("FAIL: " + msg)
+    sys.exit(1)
+
+
+def limit_memory():
+    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_BYTES, ADDRESS_SPACE_BYTES))
+
+
+def sanitized(exe):
+    """Whether `exe` carries a sanitizer runtime that maps shadow memory (it cannot start capped)."""
+    with open(exe, "rb") as f:
+        data = f.read()
+    return any(s in data for s in (b"__asan_init", b"__tsan_init", b"__msan_init", b"__hwasan_init"))
+
+
+class Runner:
+    def __init__(self, tinylm, shard_bench, scale, tmp):
+        self.exe = {"tinylm": tinylm, "shard_bench": shard_bench}
+        self.scale = scale
+        self.tmp = tmp
+        self.failures = []
+        self.capped = not any(sanitized(e) for e in self.exe.values())
+
+    def run(self, prog, args, timeout_s=60):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LIBCOMM_")}
+        try:
+            p = subprocess.run([self.exe[prog]] + args, cwd=self.tmp, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, timeout=timeout_s * self.scale,
+                               preexec_fn=limit_memory if self.capped else None)
+        except subprocess.TimeoutExpired:
+            fail("%s %s: still running after %d s" % (prog, " ".join(args), timeout_s * self.scale))
+        return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+
+    def usage_error(self, prog, args, wants):
+        """`prog args` must be refused as a usage error whose line contains every string in `wants`."""
+        what = "%s %s" % (prog, " ".join(args))
+        code, out, err = self.run(prog, args)
+        lines = [l for l in err.splitlines() if l.strip()]
+        problems = []
+        if code != 2:
+            problems.append("exited %d, expected 2 (usage)" % code)
+        if out.strip():
+            problems.append("printed to stdout (it should refuse before the header)")
+        if len(lines) != 2 or lines[1] != "(%s --help lists the flags)" % prog:
+            problems.append("stderr is not one error line and the --help pointer")
+        if lines:
+            first = lines[0]
+            if not first.startswith(prog + ": "):
+                problems.append("the error line does not start with '%s: '" % prog)
+            if "[at " in first:
+                problems.append("the error line carries source frames")
+            for w in ("tinylm trainer", "invalid argument:", "set-up:"):
+                if w in first:
+                    problems.append("the error line carries the prefix '%s'" % w)
+            for w in wants:
+                if w not in first:
+                    problems.append("the error line does not say '%s'" % w)
+        if problems:
+            self.failures.append("%s:\n  %s\n  stdout: %r\n  stderr: %r" % (what, "\n  ".join(problems), out[-400:],
+                                                                           err[-1200:]))
+        else:
+            print("ok: %s -> %s" % (what, lines[0]))
+
+
+def main():
+    if len(sys.argv) not in (3, 4):
+        fail("usage: tinylm_cli_check.py TINYLM SHARD_BENCH [SCALE]")
+    scale = int(sys.argv[3]) if len(sys.argv) == 4 else 1
+    if scale < 1:
+        fail("SCALE must be a positive whole number, not %d" % scale)
+    with tempfile.TemporaryDirectory(prefix="tinylm-cli-") as tmp:
+        r = Runner(os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2]), scale, tmp)
+
+        # Tokens per rank and micro-batch, and the activations they imply: refused before the
+        # layers allocate them (they died of bad_alloc, or filled the machine's memory).
+        r.usage_error("tinylm", ["--seq-len", "2147483647", "--steps", "1"],
+                      ["--seq-len 2147483647", "--global-batch 8", "2^31"])
+        r.usage_error("tinylm", ["--global-batch", "2147483647", "--steps", "1"], ["--global-batch 2147483647", "2^31"])
+        r.usage_error("tinylm", ["-np", "2", "--seq-len", "2147483647", "--steps", "1"], ["--seq-len 2147483647", "2^31"])
+        r.usage_error("tinylm", ["--vocab", "2", "--dim", "1", "--hidden", "1", "--layers", "65536", "--seq-len",
+                                 "1073741823", "--global-batch", "1", "--steps", "1"], ["memory"])
+        r.usage_error("shard_bench", ["--seq-len", "2147483647", "--sizes", "mixed", "-w", "1", "-n", "1", "-r", "1"],
+                      ["--seq-len 2147483647", "--seqs-per-rank 2", "2^31"])
+
+        if r.failures:
+            fail("%d case(s):\n%s" % (len(r.failures), "\n".join(r.failures)))
+    print("OK: every case answered as expected")
+
+
+if __name__ == "__main__":
+    main()
