@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""The tinylm and shard_bench commands' answers to flags they cannot honour, end to end.
+"""The tinylm and shard_bench commands' answers to flags they cannot honour, end to end, and the
+README's account of what tinylm checks and when it fails.
 
-  tinylm_cli_check.py TINYLM SHARD_BENCH [SCALE]
+  tinylm_cli_check.py TINYLM SHARD_BENCH README [SCALE]
 
 SCALE (SHARDCOMM_TEST_TIMEOUT_SCALE, default 1) multiplies the time limits, for the sanitizer
 builds.
@@ -13,8 +14,16 @@ memory the flags imply is asked for, with one line that names the flags, then th
 (RLIMIT_AS), so that a regression that does try to allocate what the flags imply fails here
 instead of taking the machine's memory; not in the AddressSanitizer and ThreadSanitizer builds,
 which reserve terabytes of address space for their shadow memory.
+
+The README's account of tinylm: PASS is the memory-against-the-plan verdict (and, with
+--event-log-check, the event log's rules), not a judgement of the losses (a --lr too large raises
+the loss and still passes); the comparison with the unsharded reference is in the tests; the
+command exits 1 when training diverges to a non-finite gradient norm. Each part is run, and the
+README must say it (it claimed that tinylm checks itself against the reference and that it
+exits non-zero on any failed training step).
 """
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -57,6 +66,33 @@ class Runner:
             fail("%s %s: still running after %d s" % (prog, " ".join(args), timeout_s * self.scale))
         return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
 
+    def readme_holds(self, readme_path):
+        """README.md says what tinylm's PASS checks and when it exits non-zero, and both hold."""
+        with open(readme_path, encoding="utf-8") as f:
+            readme = " ".join(f.read().split())  # one line: phrases may wrap anywhere
+        problems = []
+        if re.search(r"tinylm[^.]*checks itself against", readme):
+            problems.append("the README says tinylm checks itself against the reference (only its tests do)")
+        for w in ("PASS says that every rank's measured memory agreed with its plan", "does not judge the losses",
+                  "tinylm_train_test", "exits 1 when a rank fails", "non-finite"):
+            if w not in readme:
+                problems.append("the README does not say '%s'" % w)
+        # What it says, run: a --lr that makes the loss grow passes; one that makes the gradient
+        # norm overflow stops the run with exit 1, saying so.
+        code, out, err = self.run("tinylm", ["--lr", "5", "--steps", "10"])
+        losses = [float(l.split()[3]) for l in out.splitlines() if l.startswith("step ")]
+        if code != 0 or not out.rstrip().endswith("-- PASS") or len(losses) != 10 or not losses[-1] > losses[0]:
+            problems.append("tinylm --lr 5 --steps 10 does not pass with a growing loss: exit %d\n%s%s" %
+                            (code, out[-600:], err[-600:]))
+        code, out, err = self.run("tinylm", ["--lr", "1e30", "--steps", "3"])
+        if code != 1 or "diverged" not in err or "PASS" in out:
+            problems.append("tinylm --lr 1e30 --steps 3 does not exit 1 saying it diverged: exit %d\n%s%s" %
+                            (code, out[-600:], err[-600:]))
+        if problems:
+            self.failures.append("README.md on tinylm:\n  " + "\n  ".join(problems))
+        else:
+            print("ok: README.md says what tinylm's PASS checks and when it exits non-zero, and both hold")
+
     def usage_error(self, prog, args, wants):
         """`prog args` must be refused as a usage error whose line contains every string in `wants`."""
         what = "%s %s" % (prog, " ".join(args))
@@ -89,9 +125,9 @@ class Runner:
 
 
 def main():
-    if len(sys.argv) not in (3, 4):
-        fail("usage: tinylm_cli_check.py TINYLM SHARD_BENCH [SCALE]")
-    scale = int(sys.argv[3]) if len(sys.argv) == 4 else 1
+    if len(sys.argv) not in (4, 5):
+        fail("usage: tinylm_cli_check.py TINYLM SHARD_BENCH README [SCALE]")
+    scale = int(sys.argv[4]) if len(sys.argv) == 5 else 1
     if scale < 1:
         fail("SCALE must be a positive whole number, not %d" % scale)
     with tempfile.TemporaryDirectory(prefix="tinylm-cli-") as tmp:
@@ -107,6 +143,8 @@ def main():
                                  "1073741823", "--global-batch", "1", "--steps", "1"], ["memory"])
         r.usage_error("shard_bench", ["--seq-len", "2147483647", "--sizes", "mixed", "-w", "1", "-n", "1", "-r", "1"],
                       ["--seq-len 2147483647", "--seqs-per-rank 2", "2^31"])
+
+        r.readme_holds(os.path.abspath(sys.argv[3]))
 
         if r.failures:
             fail("%d case(s):\n%s" % (len(r.failures), "\n".join(r.failures)))
