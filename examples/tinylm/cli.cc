@@ -94,8 +94,11 @@ const char* cliUsage() {
          "  --event-log-dump PATH with --event-log-check: also write each rank's log to PATH.r<rank> (text)\n"
          "  --describe            print the shard plan first\n"
          "  --save-checkpoint DIR save a sharded checkpoint at the end (DIR must not hold one; it or its\n"
-         "                        parent must be a writable directory: checked before training)\n"
-         "  --load-checkpoint DIR resume from a checkpoint (any world size), up to --steps\n"
+         "                        parent must be a writable directory: checked before training), with the\n"
+         "                        run's seed in DIR/tinylm.txt\n"
+         "  --load-checkpoint DIR resume from a checkpoint (any world size), up to --steps: the run it continues\n"
+         "                        must have the same --precision and --seed (checked; a checkpoint saved by an\n"
+         "                        older tinylm does not record its seed)\n"
          "  --timeout SECONDS     bound on every wait (default 300); the communicators' op timeout in place of\n"
          "                        LIBCOMM_TIMEOUT_MS (and twice it in place of LIBCOMM_INIT_TIMEOUT_MS)\n";
 }

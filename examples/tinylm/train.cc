@@ -2,6 +2,7 @@
 
 #include "tinylm/train.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -95,6 +96,73 @@ Status checkSaveDirectory(const std::string& dir) {
   return Status::ok();
 }
 
+// kRunInfoFile, written as libshard writes its files: under a temporary name, fsync'd, renamed
+// over the final name (the index, written after it, fsyncs the directory).
+Status writeRunInfo(const TrainOptions& o) {
+  const std::string path = o.saveCheckpoint + "/" + kRunInfoFile;
+  const std::string tmp = o.saveCheckpoint + "/." + kRunInfoFile + ".tmp-" + std::to_string(::getpid());
+  const std::string text = libcomm::detail::strCat("tinylm-checkpoint 1\nseed ", o.seed, "\n");
+  auto sysError = [](const std::string& what, const std::string& file) {
+    return libcomm::makeError(StatusCode::kSystemError, "tinylm trainer: cannot ", what, " '", file,
+                              "': ", std::strerror(errno));
+  };
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return sysError("create", tmp);
+  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
+  const Status st = written ? Status::ok() : sysError("write", tmp);
+  ::close(fd);
+  if (st.isOk() && ::rename(tmp.c_str(), path.c_str()) == 0) return Status::ok();
+  const Status failed = st.isOk() ? sysError("rename into place", tmp) : st;
+  ::unlink(tmp.c_str());
+  return failed;
+}
+
+// The seed kRunInfoFile records in `dir`, or none when the file is absent.
+libcomm::Result<std::optional<uint64_t>> readRunSeed(const std::string& dir) {
+  const std::string path = dir + "/" + kRunInfoFile;
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (!f) {
+    if (errno == ENOENT) return std::optional<uint64_t>();
+    return libcomm::makeError(StatusCode::kSystemError, "tinylm trainer: cannot read '", path,
+                              "': ", std::strerror(errno));
+  }
+  char line[256];
+  bool tagged = false;
+  std::optional<uint64_t> seed;
+  for (int n = 0; n < 64 && std::fgets(line, sizeof(line), f); ++n) {
+    unsigned long long v = 0;
+    char rest = 0;
+    if (n == 0)
+      tagged = std::sscanf(line, "tinylm-checkpoint %llu %c", &v, &rest) == 1;
+    else if (std::strncmp(line, "seed ", 5) == 0 && std::sscanf(line + 5, "%llu %c", &v, &rest) == 1 &&
+             line[5] >= '0' && line[5] <= '9')
+      seed = v;
+  }
+  std::fclose(f);
+  if (!tagged || !seed)
+    return libcomm::makeError(StatusCode::kInvalidArgument, "tinylm trainer: '", path,
+                              "' is not a tinylm checkpoint record (no 'tinylm-checkpoint' line or no seed)");
+  return seed;
+}
+
+// A resume continues the run that saved the checkpoint: the same precision (libshard would load the
+// fp32 masters into either, but the steps after would not be the saved run's) and the same seed
+// (the data; another seed is another task). Read before anything is allocated.
+Status checkResume(const TrainOptions& o) {
+  const std::string& dir = o.loadCheckpoint;
+  auto info = libshard::readCheckpointInfo(dir);
+  if (!info.isOk()) return info.status().withContext("tinylm trainer: resuming from '" + dir + "'");
+  if (info->precision != o.precision)
+    return invalid("--precision ", libshard::precisionName(o.precision), ": the checkpoint in '", dir,
+                   "' was saved in ", libshard::precisionName(info->precision), " (", libshard::kCheckpointIndexFile,
+                   "); resume with --precision ", libshard::precisionName(info->precision));
+  LIBCOMM_ASSIGN_OR_RETURN(const std::optional<uint64_t> seed, readRunSeed(dir));
+  if (seed && *seed != o.seed)
+    return invalid("--seed ", o.seed, ": the checkpoint in '", dir, "' was saved by a run with --seed ", *seed, " (",
+                   kRunInfoFile, "), whose data it was trained on; resume with --seed ", *seed);
+  return Status::ok();
+}
+
 // --event-log-check keeps every entry of the run, preallocated: about a dozen per layer and
 // micro-batch and step (see ExecutorOptions; the margin is cheap), up to a bound that keeps a long
 // run from asking for more memory than a machine has.
@@ -149,7 +217,8 @@ Status saveSharded(const TrainOptions& o, const libshard::ShardPlan& plan, const
   LIBCOMM_RETURN_IF_ERROR(agreeOnOutcome(boot, shard, "saving checkpoint shards", libcomm::Deadline::after(others)));
   Status index = Status::ok();
   if (boot.rank() == 0) {
-    index = libshard::writeCheckpointIndex(o.saveCheckpoint, plan, tag);
+    index = writeRunInfo(o);
+    if (index.isOk()) index = libshard::writeCheckpointIndex(o.saveCheckpoint, plan, tag);
     if (o.onCheckpointWritten) o.onCheckpointWritten(true);
   }
   const libcomm::Milliseconds allowance = boot.rank() == 0 ? o.timeout : others;
@@ -298,6 +367,7 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
   const bool local = o.mode == TrainMode::kComputeOnly;
   Status setup = [&]() -> Status {
     if (!o.saveCheckpoint.empty()) LIBCOMM_RETURN_IF_ERROR(checkSaveDirectory(o.saveCheckpoint));
+    if (!o.loadCheckpoint.empty()) LIBCOMM_RETURN_IF_ERROR(checkResume(o));
     LIBCOMM_ASSIGN_OR_RETURN(result.plan, libshard::ShardPlanner(trainPlanOptions(o, world, rank)).plan(spec));
     const libshard::ShardPlan& plan = result.plan;
     LIBCOMM_ASSIGN_OR_RETURN(pool, libshard::BufferPool::create(plan, agComm, rsComm));

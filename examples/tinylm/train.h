@@ -74,6 +74,12 @@
 
 namespace tinylm {
 
+/// tinylm's own record in a checkpoint directory, next to libshard's files (which ignore it): what
+/// a resume must match that libshard's index does not hold. Text, one "key value" a line after a
+/// "tinylm-checkpoint 1" line: "seed <n>". Readers ignore keys they do not know; a checkpoint
+/// without the file (saved by a tinylm before it, or by another program) has no seed to check.
+inline constexpr const char* kRunInfoFile = "tinylm.txt";
+
 /// What a run does; everything but kFull is a benchmark baseline (see above).
 enum class TrainMode { kFull, kComputeOnly, kCommOnly };
 /// "full" / "compute-only" / "comm-only".
@@ -141,8 +147,13 @@ struct TrainOptions {
   /// With eventLogCheck: also write each rank's log as text to "<eventLogDump>.r<rank>" (one entry a
   /// line: ns, step, kind, layer, micro-batch, phase, buffer, grad buffer), for timelines.
   std::string eventLogDump;
-  std::string loadCheckpoint;      // a checkpoint directory to resume from (any world size)
-  std::string saveCheckpoint;      // a fresh directory to save into once `steps` is reached
+  /// A checkpoint directory to resume from (any world size). A resume continues the run that saved
+  /// it: the checkpoint's precision (its index) and seed (kRunInfoFile, when there is one) must be
+  /// this run's, or set-up refuses it naming both.
+  std::string loadCheckpoint;
+  /// A fresh directory to save into once `steps` is reached: libshard's sharded checkpoint, plus
+  /// kRunInfoFile, which rank 0 writes before the index.
+  std::string saveCheckpoint;
   /// kComputeOnly / kCommOnly: the benchmark baselines described at the top of this file.
   TrainMode mode = TrainMode::kFull;
   /// Bound on every wait: a collective, a hook's wait, the optimizer's allReduce, the ranks'

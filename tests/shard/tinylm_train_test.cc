@@ -477,6 +477,32 @@ TEST(TinyLmTrainThreads, AnUnwritableSaveDirectoryIsRefusedBeforeTraining) {
   expectRefusedAtSetUp(o, "exists and is not a directory");
 }
 
+// A resume continues the run that saved the checkpoint: another --seed (other data, another loss
+// curve) or another --precision than the checkpoint's is refused at set-up, naming both values (both
+// used to be accepted silently). The seed is tinylm's own record next to libshard's files
+// (tinylm.txt, train.h); a checkpoint without it (an older tinylm's) still resumes.
+TEST(TinyLmTrainThreads, AResumeWithAnotherSeedOrPrecisionIsRefused) {
+  TempDir tmp;
+  TrainOptions save = tinyOptions(Precision::kBf16, 2);
+  save.saveCheckpoint = tmp.sub("ckpt");
+  train(save, 2, Mode::kThreads);
+  TrainOptions resume = tinyOptions(Precision::kBf16, 3);
+  resume.loadCheckpoint = save.saveCheckpoint;
+  resume.seed = 8;
+  expectRefusedAtSetUp(resume,
+                       "--seed 8: the checkpoint in '" + save.saveCheckpoint + "' was saved by a run with --seed 7");
+  resume.seed = 7;
+  resume.precision = Precision::kFp32;
+  expectRefusedAtSetUp(resume, "--precision fp32: the checkpoint in '" + save.saveCheckpoint + "' was saved in bf16");
+  // The same seed and precision resume (at another world size too).
+  resume.precision = Precision::kBf16;
+  EXPECT_EQ(train(resume, 1, Mode::kThreads).firstStep, 2);
+  // An older tinylm's checkpoint has no record of the seed: nothing to compare, and it resumes.
+  ASSERT_TRUE(std::filesystem::remove(save.saveCheckpoint + "/tinylm.txt"));
+  resume.seed = 8;
+  EXPECT_EQ(train(resume, 2, Mode::kThreads).steps, 1);
+}
+
 // ---- options, the batch split and the command line -------------------------------------------------
 
 TEST(TinyLmTrainOptions, EverySequenceOnceInReferenceOrder) {
