@@ -84,10 +84,11 @@ const char* cliUsage() {
          "                        of the ranks on this machine (about 4 x tokens x ((L+5) D + (L+3) H + 2 V)\n"
          "                        bytes each) within its physical memory: checked before anything is allocated\n"
          "  --lr X --weight-decay X --clip X   AdamW (defaults 0.003 0.1 1; --clip 0: no clipping)\n"
-         "  --memory-budget BYTES per-rank budget (K/M/G suffixes); blocks checkpoint activations to fit\n"
+         "  --memory-budget BYTES per-rank budget (K/M/G/T suffixes); blocks checkpoint activations to fit\n"
          "  --alignment BYTES     shard alignment, a power of two >= 16 (default 128)\n"
          "  --prefetch D          gathers ahead of compute (default 1)\n"
-         "  --serialize           no overlap of communication and compute (baseline)\n"
+         "  --serialize           no overlap of communication and compute (baseline): gathers nothing ahead,\n"
+         "                        so it takes no --prefetch other than 1\n"
          "  --mode M              full | compute-only | comm-only: a benchmark baseline that keeps only the\n"
          "                        compute or only the communication of a step (default full)\n"
          "  --event-log-check     record the executor's event log and prove its rules at the end\n"
@@ -194,6 +195,11 @@ libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args) {
       {"--serialize", &t.serialize}, {"--event-log-check", &t.eventLogCheck}, {"--describe", &o.describe}};
   LIBCOMM_RETURN_IF_ERROR(flags::parse(args, table, &o.childArgs, &o.help));
   if (o.help) return o;
+  // The serialized schedule issues no gather ahead of compute: a depth would only allocate buffers.
+  if (t.serialize && t.prefetchDepth != 1)
+    return usageError("--prefetch", std::to_string(t.prefetchDepth),
+                      "--serialize gathers nothing ahead of compute, so a prefetch depth has no effect (leave "
+                      "--prefetch out, or drop --serialize)");
   // -np W: the W ranks share this machine's memory.
   LIBCOMM_RETURN_IF_ERROR(validateTrainOptions(t, o.numRanks > 0 ? o.numRanks : 1, o.numRanks > 0 ? o.numRanks : 1));
   if (o.numRanks > 0 && launchedAsRank())

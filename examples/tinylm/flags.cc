@@ -2,6 +2,7 @@
 
 #include "tinylm/flags.h"
 
+#include <cctype>
 #include <charconv>
 
 namespace tinylm::flags {
@@ -17,19 +18,27 @@ Status parseInt(const std::string& flag, const std::string& s, long long lo, lon
   long long mult = 1;
   std::string digits = s;
   if (sizes && !digits.empty()) {
-    const char c = digits.back();
-    const int shift = (c == 'K' || c == 'k') ? 10 : (c == 'M' || c == 'm') ? 20 : (c == 'G' || c == 'g') ? 30 : 0;
+    const char c = static_cast<char>(std::toupper(static_cast<unsigned char>(digits.back())));
+    const int shift = c == 'K' ? 10 : c == 'M' ? 20 : c == 'G' ? 30 : c == 'T' ? 40 : 0;
     if (shift) {
       mult = 1LL << shift;
       digits.pop_back();
     }
   }
+  const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
   long long v = 0;
   const char* end = digits.data() + digits.size();
   auto [p, ec] = std::from_chars(digits.data(), end, v);
-  if (digits.empty() || ec != std::errc() || p != end) return usageError(flag, s, "not an integer");
+  // A whole number too long for 64 bits is out of range, not "not an integer".
+  if (!digits.empty() && p == end && ec == std::errc::result_out_of_range)
+    return usageError(flag, s, "out of range " + range);
+  if (digits.empty() || ec != std::errc() || p != end)
+    return usageError(flag, s,
+                      sizes ? "not a size: a whole number of bytes, optionally with a K, M, G or T suffix (x 2^10, "
+                              "2^20, 2^30, 2^40)"
+                            : "not an integer");
   if (v > hi / mult || v < lo / mult || v * mult < lo || v * mult > hi)
-    return usageError(flag, s, "out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return usageError(flag, s, "out of range " + range);
   out = v * mult;
   return Status::ok();
 }

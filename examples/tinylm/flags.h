@@ -15,7 +15,7 @@ namespace tinylm::flags {
 
 libcomm::Status usageError(const std::string& flag, const std::string& value, const std::string& why);
 
-/// A whole-string integer in [lo, hi]; K/M/G (binary) suffixes when `sizes`.
+/// A whole-string integer in [lo, hi]; K/M/G/T (binary) suffixes when `sizes`.
 libcomm::Status parseInt(const std::string& flag, const std::string& s, long long lo, long long hi, long long& out,
                          bool sizes = false);
 /// The same into an int.

@@ -6,7 +6,10 @@
 //   tinylm --steps 10 ...             one rank, alone
 // Rank 0 prints `step <n> loss <value>` per step, then each rank's step time, exposed
 // communication and memory against the plan. Exit 0 on success, 1 on a failure (any rank's error,
-// or measured memory that disagrees with the plan), 2 on bad flags.
+// training that diverges, or measured memory that disagrees with the plan), 2 on flags it cannot
+// honour: the parser's errors, and the options errors set-up finds in the files the flags name
+// (train.h, isOptionsError), printed as the parser's are: the message alone, once (-np checks
+// them before it starts the ranks), no source frames. Other errors keep their code and frames.
 
 #include <cstdio>
 #include <memory>
@@ -26,8 +29,21 @@ namespace {
 constexpr int kExitFail = 1;
 constexpr int kExitUsage = 2;
 
+// A flag that cannot be honoured: the message alone (it names the flag), and where to look.
+int usage(const std::string& who, const libcomm::Status& st) {
+  std::fprintf(stderr, "%s: %s\n(tinylm --help lists the flags)\n", who.c_str(), st.message().c_str());
+  return kExitUsage;
+}
+
 // -np: the launcher starts the ranks, each running this command without -np.
 int spawnRanks(const CliOptions& o, const char* argv0) {
+  // What every rank's set-up would refuse, said once here instead of by every rank.
+  const libcomm::Status pre = checkRunOptions(o.train, o.numRanks);
+  if (isOptionsError(pre)) return usage("tinylm", pre);
+  if (!pre.isOk()) {
+    std::fprintf(stderr, "tinylm: %s\n", pre.toString().c_str());
+    return kExitFail;
+  }
   // Ranks bound every wait by --timeout themselves; the job deadline only catches what they
   // cannot (a rank stuck in compute or checkpoint I/O), so it is generous (jobDeadline).
   const libcomm::Milliseconds limit = jobDeadline(o);
@@ -46,11 +62,11 @@ int spawnRanks(const CliOptions& o, const char* argv0) {
   return 0;
 }
 
-int fail(int rank, const libcomm::Status& st) {
-  if (rank < 0)
-    std::fprintf(stderr, "tinylm: %s\n", st.toString().c_str());
-  else
-    std::fprintf(stderr, "tinylm rank %d: %s\n", rank, st.toString().c_str());
+// A rank's error; `world` 1 (a rank alone) names no rank.
+int fail(int rank, int world, const libcomm::Status& st) {
+  const std::string who = rank < 0 || world == 1 ? "tinylm" : "tinylm rank " + std::to_string(rank);
+  if (isOptionsError(st)) return usage(who, st);
+  std::fprintf(stderr, "%s: %s\n", who.c_str(), st.toString().c_str());
   return kExitFail;
 }
 
@@ -67,12 +83,13 @@ void describePlan(const libshard::ShardPlan& plan) {
 int runRank(CliOptions o) {
   const auto deadline = libcomm::Deadline::after(o.train.timeout);
   auto b = rankBootstrap(deadline);
-  if (!b.isOk()) return fail(-1, b.status());
+  if (!b.isOk()) return fail(-1, 1, b.status());
   std::unique_ptr<libcomm::Bootstrap> boot = std::move(b).value();
   const int rank = boot->rank(), world = boot->size();
   TrainOptions& t = o.train;
+  // Options that do not suit the job's world size (a batch smaller than it): the flags' error.
   libcomm::Status st = validateTrainOptions(t, world);
-  if (!st.isOk()) return fail(rank, st);
+  if (!st.isOk()) return usage(world == 1 ? "tinylm" : "tinylm rank " + std::to_string(rank), st);
 
   if (rank == 0) {
     // Printed once every rank's set-up has succeeded: what could fail here (the checkpoint to
@@ -91,7 +108,7 @@ int runRank(CliOptions o) {
   }
 
   auto result = runSharded(t, *boot);
-  if (!result.isOk()) return fail(rank, result.status());
+  if (!result.isOk()) return fail(rank, world, result.status());
   // Every rank has every rank's summary, so all of them reach the same verdict and exit code.
   const std::string verdict = memoryVerdict(result->ranks);
   if (rank == 0) {

@@ -3,9 +3,11 @@
 #include "tinylm/train.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -13,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <random>
 
 #include "libcomm/convert.h"
 #include "libshard/buffers.h"
@@ -35,6 +38,12 @@ namespace {
 template <typename... Args>
 Status invalid(Args&&... args) {
   return libcomm::makeError(StatusCode::kInvalidArgument, "tinylm trainer: ", std::forward<Args>(args)...);
+}
+
+// An options error (isOptionsError): the message starts with the flag, as the parser's do.
+template <typename... Args>
+Status optionsError(const char* flag, Args&&... args) {
+  return libcomm::makeError(StatusCode::kInvalidArgument, flag, std::forward<Args>(args)...);
 }
 
 // Writes this rank's slice of every parameter's initial value into its master shard: each element
@@ -67,33 +76,60 @@ uint64_t memoryTerm(const libshard::ShardPlan& plan, const char* name) {
   return 0;
 }
 
+// Creates and removes at once what the save will create in `where`: a directory (when the save
+// makes `dir`), else a file. Permissions alone do not tell (root passes access() on a read-only
+// or virtual file system such as /proc); trying does.
+Status probeWritable(const std::string& dir, const std::string& where, bool makeDir) {
+  // Unique among ranks probing the same shared directory at once, whichever hosts or containers
+  // (where pids repeat) they run in: the pid, a per-process count and a random number.
+  static std::atomic<unsigned> counter{0};
+  const std::string probe = where + "/.tinylm-probe-" + std::to_string(::getpid()) + "-" +
+                            std::to_string(counter.fetch_add(1)) + "-" + std::to_string(std::random_device{}());
+  int made = -1;
+  if (makeDir) {
+    made = ::mkdir(probe.c_str(), 0700);
+  } else if (const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600); fd >= 0) {
+    ::close(fd);
+    made = 0;
+  }
+  if (made != 0)
+    return optionsError("--save-checkpoint '", dir, "': cannot write in '", where, "': creating a ",
+                        makeDir ? "directory" : "file", " there failed: ", std::strerror(errno));
+  if (makeDir)
+    ::rmdir(probe.c_str());
+  else
+    ::unlink(probe.c_str());
+  return Status::ok();
+}
+
 // What would make saveSharded fail at the end of the run, throwing the whole run away, is found
 // at set-up instead: a directory that already holds a checkpoint (saves refuse it), one that
-// cannot be created (saveCheckpointShard creates it; its parent must exist) or written. Nothing is
-// created here, so the save's own durable mkdir is the one that makes the directory.
+// cannot be created (saveCheckpointShard creates it; its parent must exist) or written. Only a
+// probe is created here, and removed at once, so the save's own durable mkdir is the one that
+// makes the directory.
 Status checkSaveDirectory(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::exists(fs::path(dir) / libshard::kCheckpointIndexFile, ec))
-    return invalid("--save-checkpoint '", dir, "' already holds a checkpoint (", libshard::kCheckpointIndexFile,
-                   " exists); save into a fresh directory");
+    return optionsError("--save-checkpoint '", dir, "' already holds a checkpoint (", libshard::kCheckpointIndexFile,
+                        " exists); save into a fresh directory");
   const fs::file_status st = fs::status(dir, ec);
-  std::string where = dir;  // what must be writable: the directory, or the parent it is made in
   if (fs::exists(st)) {
-    if (!fs::is_directory(st)) return invalid("--save-checkpoint '", dir, "' exists and is not a directory");
-  } else {
-    std::string trimmed = dir;
-    while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
-    fs::path parent = fs::path(trimmed).parent_path();
-    if (parent.empty()) parent = ".";
-    where = parent.string();
-    if (!fs::is_directory(parent, ec))
-      return invalid("--save-checkpoint '", dir, "': its parent directory '", where,
-                     "' does not exist (the save creates only the last component)");
+    if (!fs::is_directory(st)) return optionsError("--save-checkpoint '", dir, "' exists and is not a directory");
+    return probeWritable(dir, dir, false);
   }
-  if (::access(where.c_str(), W_OK | X_OK) != 0)
-    return invalid("--save-checkpoint '", dir, "': cannot write in '", where, "': ", std::strerror(errno));
-  return Status::ok();
+  std::string trimmed = dir;
+  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+  fs::path parent = fs::path(trimmed).parent_path();
+  if (parent.empty()) parent = ".";
+  const std::string where = parent.string();  // the save makes `dir` in it
+  const fs::file_status pst = fs::status(parent, ec);
+  if (fs::exists(pst) && !fs::is_directory(pst))
+    return optionsError("--save-checkpoint '", dir, "': '", where, "' is not a directory");
+  if (!fs::exists(pst))
+    return optionsError("--save-checkpoint '", dir, "': its parent directory '", where,
+                        "' does not exist (the save creates only the last component)");
+  return probeWritable(dir, where, true);
 }
 
 // kRunInfoFile, written as libshard writes its files: under a temporary name, fsync'd, renamed
@@ -147,20 +183,41 @@ libcomm::Result<std::optional<uint64_t>> readRunSeed(const std::string& dir) {
 
 // A resume continues the run that saved the checkpoint: the same precision (libshard would load the
 // fp32 masters into either, but the steps after would not be the saved run's) and the same seed
-// (the data; another seed is another task). Read before anything is allocated.
-Status checkResume(const TrainOptions& o) {
+// (the data; another seed is another task), and a checkpoint not past --steps. Read before anything
+// is allocated; returns the checkpoint's step.
+libcomm::Result<uint64_t> checkResume(const TrainOptions& o) {
+  namespace fs = std::filesystem;
   const std::string& dir = o.loadCheckpoint;
+  std::error_code ec;
+  if (!fs::exists(fs::path(dir) / libshard::kCheckpointIndexFile, ec))
+    return optionsError("--load-checkpoint '", dir, "': ",
+                        fs::is_directory(dir, ec)
+                            ? std::string("holds no complete checkpoint (no ") + libshard::kCheckpointIndexFile + ")"
+                            : std::string("no such directory"));
   auto info = libshard::readCheckpointInfo(dir);
   if (!info.isOk()) return info.status().withContext("tinylm trainer: resuming from '" + dir + "'");
   if (info->precision != o.precision)
-    return invalid("--precision ", libshard::precisionName(o.precision), ": the checkpoint in '", dir,
-                   "' was saved in ", libshard::precisionName(info->precision), " (", libshard::kCheckpointIndexFile,
-                   "); resume with --precision ", libshard::precisionName(info->precision));
+    return optionsError("--precision ", libshard::precisionName(o.precision), ": the checkpoint in '", dir,
+                        "' was saved in ", libshard::precisionName(info->precision), " (",
+                        libshard::kCheckpointIndexFile, "); resume with --precision ",
+                        libshard::precisionName(info->precision));
   LIBCOMM_ASSIGN_OR_RETURN(const std::optional<uint64_t> seed, readRunSeed(dir));
   if (seed && *seed != o.seed)
-    return invalid("--seed ", o.seed, ": the checkpoint in '", dir, "' was saved by a run with --seed ", *seed, " (",
-                   kRunInfoFile, "), whose data it was trained on; resume with --seed ", *seed);
-  return Status::ok();
+    return optionsError("--seed ", o.seed, ": the checkpoint in '", dir, "' was saved by a run with --seed ", *seed,
+                        " (", kRunInfoFile, "), whose data it was trained on; resume with --seed ", *seed);
+  if (info->step > static_cast<uint64_t>(o.steps))
+    return optionsError("--steps ", o.steps, ": the checkpoint in '", dir, "' is at step ", info->step,
+                        ", past it; train to --steps ", info->step, " or more");
+  return info->step;
+}
+
+// The plan of `rank`; a --memory-budget it cannot meet is the flag's error.
+libcomm::Result<libshard::ShardPlan> planRank(const TrainOptions& o, int world, int rank,
+                                              const libshard::ModelSpec& spec) {
+  auto plan = libshard::ShardPlanner(trainPlanOptions(o, world, rank)).plan(spec);
+  if (!plan.isOk() && o.memoryBudgetBytes > 0 && plan.status().message().find("memory budget") != std::string::npos)
+    return optionsError("--memory-budget ", o.memoryBudgetBytes, ": ", plan.status().message());
+  return plan;
 }
 
 // --event-log-check keeps every entry of the run, preallocated: about a dozen per layer and
@@ -173,11 +230,11 @@ libcomm::Result<size_t> eventLogCapacity(size_t steps, const libshard::ShardPlan
   const long double perStep = 64.0L + 16.0L * static_cast<long double>(plan.layers.size()) * microBatches;
   const long double entries = 64.0L + static_cast<long double>(steps) * perStep;
   if (entries > static_cast<long double>(kMaxEventLogEntries))
-    return invalid("--event-log-check keeps every entry of the run in memory: ", steps, " steps of ",
-                   plan.layers.size(), " layers x ", microBatches, " micro-batches need about ",
-                   static_cast<double>(entries), " entries, more than the ", kMaxEventLogEntries, " (",
-                   kMaxEventLogEntries * sizeof(libshard::LogEntry) >> 20,
-                   " MiB) it may preallocate; check a run of fewer steps");
+    return optionsError("--event-log-check", " keeps every entry of the run in memory: ", steps, " steps of ",
+                        plan.layers.size(), " layers x ", microBatches, " micro-batches need about ",
+                        static_cast<double>(entries), " entries, more than the ", kMaxEventLogEntries, " (",
+                        kMaxEventLogEntries * sizeof(libshard::LogEntry) >> 20,
+                        " MiB) it may preallocate; check a run of fewer steps");
   return static_cast<size_t>(entries);
 }
 
@@ -187,7 +244,7 @@ Status agreeOnOutcome(libcomm::Bootstrap& boot, const Status& mine, const char* 
   const int32_t ok = mine.isOk() ? 1 : 0;
   std::vector<int32_t> all(static_cast<size_t>(boot.size()));
   LIBCOMM_RETURN_IF_ERROR(boot.allGather(&ok, all.data(), sizeof(ok), deadline));
-  if (!mine.isOk()) return mine.withContext(what);
+  if (!mine.isOk()) return isOptionsError(mine) ? mine : mine.withContext(what);
   for (size_t r = 0; r < all.size(); ++r)
     if (!all[r]) return libcomm::makeError(StatusCode::kRemoteError, what, ": rank ", r, " failed");
   return Status::ok();
@@ -269,6 +326,23 @@ const char* exposedAtName(ExposedAt at) {
                                                      "optimizerNorm", "groupUpdated", "optimizerDone"};
   const int i = static_cast<int>(at);
   return i >= 0 && i < kExposedPlaces ? kNames[i] : "?";
+}
+
+bool isOptionsError(const Status& st) {
+  return st.code() == StatusCode::kInvalidArgument && st.message().rfind("--", 0) == 0;
+}
+
+Status checkRunOptions(const TrainOptions& o, int worldSize) {
+  LIBCOMM_RETURN_IF_ERROR(validateTrainOptions(o, worldSize));
+  if (!o.saveCheckpoint.empty()) LIBCOMM_RETURN_IF_ERROR(checkSaveDirectory(o.saveCheckpoint));
+  uint64_t from = 0;
+  if (!o.loadCheckpoint.empty()) {
+    LIBCOMM_ASSIGN_OR_RETURN(from, checkResume(o));
+  }
+  LIBCOMM_ASSIGN_OR_RETURN(const libshard::ShardPlan plan, planRank(o, worldSize, 0, trainModelSpec(o, worldSize)));
+  if (o.eventLogCheck)
+    LIBCOMM_RETURN_IF_ERROR(eventLogCapacity(static_cast<size_t>(o.steps - from), plan, o.microBatches).status());
+  return Status::ok();
 }
 
 Status validateTrainOptions(const TrainOptions& o) {
@@ -367,8 +441,8 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
   const bool local = o.mode == TrainMode::kComputeOnly;
   Status setup = [&]() -> Status {
     if (!o.saveCheckpoint.empty()) LIBCOMM_RETURN_IF_ERROR(checkSaveDirectory(o.saveCheckpoint));
-    if (!o.loadCheckpoint.empty()) LIBCOMM_RETURN_IF_ERROR(checkResume(o));
-    LIBCOMM_ASSIGN_OR_RETURN(result.plan, libshard::ShardPlanner(trainPlanOptions(o, world, rank)).plan(spec));
+    if (!o.loadCheckpoint.empty()) LIBCOMM_RETURN_IF_ERROR(checkResume(o).status());
+    LIBCOMM_ASSIGN_OR_RETURN(result.plan, planRank(o, world, rank, spec));
     const libshard::ShardPlan& plan = result.plan;
     LIBCOMM_ASSIGN_OR_RETURN(pool, libshard::BufferPool::create(plan, agComm, rsComm));
     initMasterShard(o.model, o.seed, plan, pool->state());

@@ -208,6 +208,21 @@ libcomm::Status validateTrainOptions(const TrainOptions& options);
 /// memory (1: this rank's alone; tinylm -np W: the W ranks it starts here).
 libcomm::Status validateTrainOptions(const TrainOptions& options, int worldSize, int ranksHere = 1);
 
+/// An error in the options that only the files they name, or the plan, can show -- a
+/// --save-checkpoint directory that holds a checkpoint or cannot be written, a --load-checkpoint
+/// that is missing, of another --seed or --precision, or past --steps, a --memory-budget the plan
+/// cannot meet, an --event-log-check run too long to record -- as runSharded's set-up (and
+/// checkRunOptions) report them: kInvalidArgument whose message starts with the flag ("--seed 8:
+/// ..."), as the command line's own errors do, with no other context. The tinylm command reports
+/// these as usage errors (exit 2, the message alone). Pure.
+bool isOptionsError(const libcomm::Status& status);
+
+/// validateTrainOptions(options, worldSize), then every options error of the above that set-up
+/// would find, without training or allocating (rank 0's plan): for a launcher that starts the ranks
+/// itself (tinylm -np) to report it once, instead of every rank. Reads the checkpoint directories
+/// (and creates and removes a probe in the one to save into).
+libcomm::Status checkRunOptions(const TrainOptions& options, int worldSize);
+
 /// The sequences of the global batch that `rank` computes in micro-batch `micro`: [first, end).
 struct SequenceRange {
   int first = 0;

@@ -71,7 +71,9 @@ TrainLoop::TrainLoop(const TrainOptions& options, StepHooks& hooks, libshard::Sh
 }
 
 Status TrainLoop::fail(Status st, int step, int micro, int layer, const char* what) {
-  std::string where = libcomm::detail::strCat("tinylm rank ", rank_, ", step ", step);
+  // No rank or program name: whoever reports the error says which rank it was (tinylm's main,
+  // shard_bench, the test harness).
+  std::string where = libcomm::detail::strCat("step ", step);
   if (micro >= 0) where += ", micro-batch " + std::to_string(micro);
   if (layer >= 0)
     where += libcomm::detail::strCat(", layer ", layer, " '", hooks_.plan().layers[size_t(layer)].name, "'");
@@ -131,6 +133,15 @@ libcomm::Result<double> TrainLoop::optimize(StepRecord& rec) {
       break;
     }
   }
+  // ShardedAdamW skips a step with a non-finite norm; the reference would not, and a silent skip
+  // would shift every later step's data against the optimizer's step count. Stop instead, before
+  // any group is updated and gathered again: the norm is global, so every rank stops right here
+  // and none is left in a gather the others never issue. Not a bug but what these options (the
+  // learning rate, most likely) do to this model.
+  if (!std::isfinite(norm))
+    return libcomm::makeError(StatusCode::kInvalidArgument, "training diverged: the gradient norm is ", norm, " (--lr ",
+                              options_.adamw.lr, ", --clip ", options_.clipNorm,
+                              "); stopped rather than skip the step: a smaller --lr may help");
   for (int g : hooks_.updateOrder()) {
     LIBCOMM_RETURN_IF_ERROR(optimizer_.updateGroup(hooks_.state(), g));
     LIBCOMM_RETURN_IF_ERROR(timedHook(rec, ExposedAt::kGroupUpdated, [&] { return hooks_.groupUpdated(g); }));
@@ -191,11 +202,6 @@ libcomm::Result<StepRecord> TrainLoop::step(int s) {
   // The optimizer's own work: what of optimize() was not communication.
   rec.optimizerSeconds = std::max(0.0, secondsSince(to) - (rec.exposedCommSeconds - exposedBefore));
   if (!norm.isOk()) return fail(norm.status(), s, -1, -1, "optimizer");
-  // ShardedAdamW skips a step with a non-finite norm; the reference would not, and a silent skip
-  // would shift every later step's data against the optimizer's step count. Stop instead.
-  if (!std::isfinite(*norm))
-    return fail(libcomm::makeError(StatusCode::kInternalError, "gradient norm is ", *norm, " (diverged)"), s, -1, -1,
-                "optimizer");
   rec.gradNorm = *norm;
   LIBCOMM_RETURN_IF_ERROR(timedHook(rec, ExposedAt::kOptimizerDone, [&] { return hooks_.optimizerDone(); }));
   rec.seconds = secondsSince(t0);

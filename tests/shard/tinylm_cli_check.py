@@ -93,6 +93,33 @@ class Runner:
         else:
             print("ok: README.md says what tinylm's PASS checks and when it exits non-zero, and both hold")
 
+    def failure(self, prog, args, wants, unwanted):
+        """`prog args` must fail (exit 1) with one line on stderr that says every string in `wants`
+        and none in `unwanted`."""
+        what = "%s %s" % (prog, " ".join(args))
+        code, out, err = self.run(prog, args)
+        lines = [l for l in err.splitlines() if l.strip()]
+        problems = []
+        if code != 1:
+            problems.append("exited %d, expected 1" % code)
+        if len(lines) != 1:
+            problems.append("stderr is not one line")
+        for w in wants:
+            if w not in err:
+                problems.append("stderr does not say '%s'" % w)
+        for w in unwanted:
+            if w in err:
+                problems.append("stderr says '%s'" % w)
+        if problems:
+            self.failures.append("%s:\n  %s\n  stderr: %r" % (what, "\n  ".join(problems), err[-1200:]))
+        else:
+            print("ok: %s -> %s" % (what, lines[0]))
+
+    def succeeds(self, prog, args):
+        code, out, err = self.run(prog, args)
+        if code != 0:
+            fail("%s %s: exited %d\n%s%s" % (prog, " ".join(args), code, out[-600:], err[-1200:]))
+
     def usage_error(self, prog, args, wants):
         """`prog args` must be refused as a usage error whose line contains every string in `wants`."""
         what = "%s %s" % (prog, " ".join(args))
@@ -145,6 +172,42 @@ def main():
                       ["--seq-len 2147483647", "--seqs-per-rank 2", "2^31"])
 
         r.readme_holds(os.path.abspath(sys.argv[3]))
+
+        # Values the parser cannot take say why, with what it accepts.
+        r.usage_error("tinylm", ["--steps", "99999999999999999999"], ["--steps '99999999999999999999'",
+                                                                      "out of range [0, 2147483647]"])
+        r.usage_error("tinylm", ["--memory-budget", "1X"], ["--memory-budget '1X'", "K, M, G or T"])
+        r.usage_error("tinylm", ["--serialize", "--prefetch", "4"], ["--prefetch '4'", "--serialize"])
+
+        # What set-up finds against the files the flags name: the same kind of answer, once, before
+        # a step (these exited 1 with "tinylm rank 0: invalid argument: tinylm trainer set-up:
+        # tinylm trainer: ... [at train.cc:...]"; a save under /proc failed only after training).
+        tiny = ["--vocab", "32", "--dim", "8", "--hidden", "8", "--layers", "1", "--seq-len", "4", "--global-batch", "4"]
+        with open(os.path.join(tmp, "afile"), "w"):
+            pass
+        r.usage_error("tinylm", tiny + ["--save-checkpoint", "afile/ck"], ["--save-checkpoint 'afile/ck'",
+                                                                          "'afile' is not a directory"])
+        if os.path.isdir("/proc/self"):
+            r.usage_error("tinylm", tiny + ["--save-checkpoint", "/proc/foo"], ["--save-checkpoint '/proc/foo'",
+                                                                               "cannot write in '/proc'"])
+        r.succeeds("tinylm", tiny + ["--steps", "2", "--seed", "5", "--save-checkpoint", "ck"])
+        for np in ([], ["-np", "2"]):
+            r.usage_error("tinylm", np + tiny + ["--steps", "2", "--save-checkpoint", "ck"],
+                          ["--save-checkpoint 'ck' already holds a checkpoint"])
+            r.usage_error("tinylm", np + tiny + ["--steps", "3", "--seed", "6", "--load-checkpoint", "ck"],
+                          ["--seed 6", "--seed 5"])
+            r.usage_error("tinylm", np + tiny + ["--steps", "3", "--seed", "5", "--precision", "fp32",
+                                                 "--load-checkpoint", "ck"], ["--precision fp32", "bf16"])
+            r.usage_error("tinylm", np + tiny + ["--steps", "1", "--seed", "5", "--load-checkpoint", "ck"],
+                          ["--steps 1", "at step 2"])
+            r.usage_error("tinylm", np + tiny + ["--steps", "3", "--load-checkpoint", "no-such-ck"],
+                          ["--load-checkpoint 'no-such-ck'"])
+            r.usage_error("tinylm", np + tiny + ["--memory-budget", "1K"], ["--memory-budget 1024"])
+        r.succeeds("tinylm", tiny + ["--steps", "3", "--seed", "5", "--load-checkpoint", "ck"])
+
+        # Divergence is the run's failure, not a bug: exit 1, one line saying so, no "internal error".
+        r.failure("tinylm", ["--lr", "1e30", "--steps", "3"], ["training diverged", "--lr"],
+                  ["internal error", "tinylm rank 0: tinylm rank 0"])
 
         if r.failures:
             fail("%d case(s):\n%s" % (len(r.failures), "\n".join(r.failures)))

@@ -10,7 +10,8 @@ Two ranks are started by hand, as mpirun would start them (LIBCOMM_* variables, 
 store), with a --load-checkpoint that does not exist. Rank 0 used to read the checkpoint's step
 alone, before the ranks' set-up, and exit; rank 1 then waited for it until its bootstrap or
 communicator timed out and reported that instead. Now the checkpoint is found missing in set-up,
-where every rank learns the outcome: both ranks must exit 1, soon, naming the checkpoint.
+where every rank learns the outcome: both ranks must exit 2 (a flag that names no checkpoint is a
+usage error), soon, naming the checkpoint.
 """
 import os
 import random
@@ -91,8 +92,8 @@ def main():
             outs.append((p.returncode, out.decode(errors="replace"), err.decode(errors="replace")))
         elapsed = time.monotonic() - start
         for rank, (code, out, err) in enumerate(outs):
-            if code != 1:
-                fail("rank %d exited %d, expected 1\nstdout:\n%s\nstderr:\n%s" % (rank, code, out, err))
+            if code != 2:
+                fail("rank %d exited %d, expected 2\nstdout:\n%s\nstderr:\n%s" % (rank, code, out, err))
             if missing not in err:
                 fail("rank %d does not report the missing checkpoint:\n%s" % (rank, err))
         # Both learn of it at set-up: well within one --timeout, where waiting for a departed

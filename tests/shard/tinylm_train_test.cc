@@ -335,6 +335,8 @@ TEST(TinyLmTrainThreads, SaveIntoAnExistingCheckpointIsRefusedBeforeTraining) {
     auto r = tinylm::runSharded(o, ctx.bootstrap);
     if (r.isOk()) return libcomm::makeError(StatusCode::kInternalError, "saving over a checkpoint was not refused");
     if (r.status().message().find("already holds a checkpoint") == std::string::npos) return r.status();
+    if (!tinylm::isOptionsError(r.status()))  // the flag's error, as tinylm reports it (exit 2)
+      return libcomm::makeError(StatusCode::kInternalError, "not an options error: ", r.status().toString());
     return Status::ok();
   });
   EXPECT_RANKS_OK(report);
@@ -410,8 +412,8 @@ TEST(TinyLmTrainThreads, ASaveOneRankWritesSlowerThanTheOthersSucceeds) {
   EXPECT_TRUE(verified.isOk()) << verified.toString();
 }
 
-// Runs `o` on two ranks as threads; every rank must fail at set-up, before a step, with an error
-// that contains `want`.
+// Runs `o` on two ranks as threads; every rank must fail at set-up, before a step, with an options
+// error (the flag's, as tinylm reports it: exit 2, the message alone) that contains `want`.
 void expectRefusedAtSetUp(TrainOptions o, const std::string& want, int world = 2) {
   std::atomic<int> stepsRun{0};
   o.onStep = [&stepsRun](const tinylm::StepRecord&) { ++stepsRun; };
@@ -423,6 +425,8 @@ void expectRefusedAtSetUp(TrainOptions o, const std::string& want, int world = 2
     auto r = tinylm::runSharded(o, ctx.bootstrap);
     if (r.isOk()) return libcomm::makeError(StatusCode::kInternalError, "ran, instead of refusing: ", want);
     if (r.status().message().find(want) == std::string::npos) return r.status();
+    if (!tinylm::isOptionsError(r.status()))
+      return libcomm::makeError(StatusCode::kInternalError, "not an options error: ", r.status().toString());
     return Status::ok();
   });
   EXPECT_RANKS_OK(report);
@@ -454,11 +458,13 @@ TEST(TinyLmTrainThreads, ACheckpointStepPastIntMaxIsRefused) {
   const Status saved = libshard::saveCheckpoint(tmp.sub("ckpt"), {*plan}, {&state});
   ASSERT_TRUE(saved.isOk()) << saved.toString();
   o.loadCheckpoint = tmp.sub("ckpt");
-  expectRefusedAtSetUp(o, "the checkpoint is at step 4294967297, past --steps 3", 1);
+  expectRefusedAtSetUp(o, "--steps 3: the checkpoint in '" + o.loadCheckpoint + "' is at step 4294967297, past it", 1);
 }
 
 // Any --save-checkpoint directory that cannot be written is found at set-up, before a step is
-// trained: one whose parent is missing, and one inside a directory that is not writable.
+// trained: one whose parent is missing or is a file (it said "does not exist"), one inside a
+// directory that is not writable, and one that permissions do not rule out but that cannot be made
+// (under /proc, where root passes access(): it failed only when the save came, after training).
 TEST(TinyLmTrainThreads, AnUnwritableSaveDirectoryIsRefusedBeforeTraining) {
   TempDir tmp;
   TrainOptions o = tinyOptions(Precision::kFp32, 3);
@@ -475,6 +481,38 @@ TEST(TinyLmTrainThreads, AnUnwritableSaveDirectoryIsRefusedBeforeTraining) {
   if (std::FILE* f = std::fopen(tmp.sub("file").c_str(), "w")) std::fclose(f);
   o.saveCheckpoint = tmp.sub("file");
   expectRefusedAtSetUp(o, "exists and is not a directory");
+  o.saveCheckpoint = tmp.sub("file/ckpt");
+  expectRefusedAtSetUp(o, "'" + tmp.sub("file") + "' is not a directory");
+  if (std::filesystem::is_directory("/proc/self")) {
+    o.saveCheckpoint = "/proc/tinylm-ckpt";
+    expectRefusedAtSetUp(o, "cannot write in '/proc'");
+  }
+  // The probes leave nothing behind.
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(tmp.sub("locked")), {}), 0);
+}
+
+// A learning rate that makes the gradient norm overflow stops the run at that step, reported as
+// what it is (it said "internal error", as if tinylm had a bug).
+TEST(TinyLmTrainThreads, DivergenceIsReportedAsSuch) {
+  TrainOptions o = tinyOptions(Precision::kFp32, 4);
+  o.adamw.lr = 1e30f;
+  std::atomic<int> stepsRun{0};
+  o.onStep = [&stepsRun](const tinylm::StepRecord&) { ++stepsRun; };
+  RunOptions ro;
+  ro.mode = Mode::kThreads;
+  ro.size = 2;
+  ro.deadline = std::chrono::seconds(60);
+  auto report = shardcomm::testing::runRanks(ro, [&o](RankContext& ctx) -> Status {
+    auto r = tinylm::runSharded(o, ctx.bootstrap);
+    if (r.isOk()) return libcomm::makeError(StatusCode::kInternalError, "--lr 1e30 trained 4 steps");
+    const Status& st = r.status();
+    if (st.code() != StatusCode::kInvalidArgument || st.message().find("training diverged") == std::string::npos ||
+        st.message().find("--lr 1e+30") == std::string::npos || tinylm::isOptionsError(st))
+      return libcomm::makeError(StatusCode::kInternalError, "not reported as divergence: ", st.toString());
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+  EXPECT_LT(stepsRun.load(), 2 * 4);
 }
 
 // A resume continues the run that saved the checkpoint: another --seed (other data, another loss
@@ -616,12 +654,49 @@ TEST(TinyLmTrainOptions, CommandLine) {
       {{"--event-log-dump", "/tmp/log"}, "--event-log-check"},  // would write nothing
       {{"--save-checkpoint="}, "needs a path"},
       {{"--load-checkpoint", ""}, "needs a path"},
+      // A number too long for 64 bits is out of range (it said "not an integer"), with the range.
+      {{"--steps", "99999999999999999999"}, "--steps '99999999999999999999': out of range [0, 2147483647]"},
+      // A size says which suffixes it takes (it said "not an integer").
+      {{"--memory-budget", "1X"}, "K, M, G or T suffix"},
+      // The serialized schedule gathers nothing ahead: a depth would only allocate (it was accepted).
+      {{"--serialize", "--prefetch", "4"}, "--prefetch '4': --serialize gathers nothing ahead"},
   };
   for (const auto& [args, want] : bad) {
     auto r = tinylm::parseCli(args);
     ASSERT_FALSE(r.isOk()) << args[0];
     EXPECT_NE(r.status().message().find(want), std::string::npos) << r.status().toString();
   }
+  auto tera = tinylm::parseCli({"--memory-budget", "1T", "--serialize", "--prefetch", "1"});
+  ASSERT_TRUE(tera.isOk()) << tera.status().toString();
+  EXPECT_EQ(tera->train.memoryBudgetBytes, uint64_t{1} << 40);
+}
+
+// What set-up refuses as the flags' error, checkRunOptions finds without training (tinylm -np
+// reports it once, before it starts the ranks); anything else is no options error.
+TEST(TinyLmTrainOptions, CheckRunOptionsFindsWhatSetUpWould) {
+  TempDir tmp;
+  TrainOptions o = tinyOptions(Precision::kFp32, 3);
+  EXPECT_TRUE(tinylm::checkRunOptions(o, 2).isOk());
+  std::filesystem::create_directories(tmp.sub("ckpt"));
+  if (std::FILE* f = std::fopen((tmp.sub("ckpt") + "/" + libshard::kCheckpointIndexFile).c_str(), "w")) std::fclose(f);
+  o.saveCheckpoint = tmp.sub("ckpt");
+  Status st = tinylm::checkRunOptions(o, 2);
+  EXPECT_TRUE(tinylm::isOptionsError(st)) << st.toString();
+  o.saveCheckpoint.clear();
+  o.loadCheckpoint = tmp.sub("none");
+  st = tinylm::checkRunOptions(o, 2);
+  EXPECT_TRUE(tinylm::isOptionsError(st)) << st.toString();
+  EXPECT_NE(st.message().find("no such directory"), std::string::npos) << st.toString();
+  o.loadCheckpoint = tmp.sub("ckpt");  // an index that is no index: the file's error, not the flag's
+  st = tinylm::checkRunOptions(o, 2);
+  EXPECT_FALSE(st.isOk());
+  EXPECT_FALSE(tinylm::isOptionsError(st)) << st.toString();
+  o.loadCheckpoint.clear();
+  o.memoryBudgetBytes = 1024;
+  st = tinylm::checkRunOptions(o, 2);
+  EXPECT_TRUE(tinylm::isOptionsError(st)) << st.toString();
+  EXPECT_EQ(st.message().rfind("--memory-budget 1024: ", 0), 0u) << st.toString();
+  EXPECT_FALSE(tinylm::isOptionsError(libcomm::makeError(StatusCode::kInternalError, "--x")));
 }
 
 // The flag parser tinylm and shard_bench share (tinylm/flags.h): both spellings of a value, aliases
@@ -651,6 +726,7 @@ TEST(TinyLmTrainOptions, SharedFlagParser) {
       {{"-n"}, "--steps: needs a value"},
       {{"-np", "9"}, "-np '9': out of range [1, 8]"},
       {{"--steps", "99999999999"}, "out of range"},
+      {{"--steps", "99999999999999999999"}, "--steps '99999999999999999999': out of range [1, 100]"},
       {{"--steps", "3x"}, "not an integer"},
       {{"--quick=1"}, "--quick '1': takes no value"},
       {{"-x"}, "-x: unknown flag"},
