@@ -1,0 +1,163 @@
+// The files the trainer's flags name (run_files.h).
+
+#include "tinylm/run_files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <random>
+
+#include "libshard/checkpoint.h"
+
+namespace tinylm {
+
+using libcomm::Status;
+using libcomm::StatusCode;
+
+namespace {
+
+// Creates and removes at once what the save will create in `where`: a directory (when the save
+// makes `dir`), else a file. Permissions alone do not tell (root passes access() on a read-only
+// or virtual file system such as /proc); trying does.
+Status probeWritable(const std::string& dir, const std::string& where, bool makeDir) {
+  // Unique among ranks probing the same shared directory at once, whichever hosts or containers
+  // (where pids repeat) they run in: the pid, a per-process count and a random number.
+  static std::atomic<unsigned> counter{0};
+  const std::string probe = where + "/.tinylm-probe-" + std::to_string(::getpid()) + "-" +
+                            std::to_string(counter.fetch_add(1)) + "-" + std::to_string(std::random_device{}());
+  int made = -1;
+  if (makeDir) {
+    made = ::mkdir(probe.c_str(), 0700);
+  } else if (const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600); fd >= 0) {
+    ::close(fd);
+    made = 0;
+  }
+  if (made != 0)
+    return optionsError("--save-checkpoint '", dir, "': cannot write in '", where, "': creating a ",
+                        makeDir ? "directory" : "file", " there failed: ", std::strerror(errno));
+  if (makeDir)
+    ::rmdir(probe.c_str());
+  else
+    ::unlink(probe.c_str());
+  return Status::ok();
+}
+
+// The seed kRunInfoFile records in `dir`, or none when the file is absent.
+libcomm::Result<std::optional<uint64_t>> readRunSeed(const std::string& dir) {
+  const std::string path = dir + "/" + kRunInfoFile;
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (!f) {
+    if (errno == ENOENT) return std::optional<uint64_t>();
+    return libcomm::makeError(StatusCode::kSystemError, "tinylm trainer: cannot read '", path,
+                              "': ", std::strerror(errno));
+  }
+  char line[256];
+  bool tagged = false;
+  std::optional<uint64_t> seed;
+  for (int n = 0; n < 64 && std::fgets(line, sizeof(line), f); ++n) {
+    unsigned long long v = 0;
+    char rest = 0;
+    if (n == 0)
+      tagged = std::sscanf(line, "tinylm-checkpoint %llu %c", &v, &rest) == 1;
+    else if (std::strncmp(line, "seed ", 5) == 0 && std::sscanf(line + 5, "%llu %c", &v, &rest) == 1 &&
+             line[5] >= '0' && line[5] <= '9')
+      seed = v;
+  }
+  std::fclose(f);
+  if (!tagged || !seed)
+    return libcomm::makeError(StatusCode::kInvalidArgument, "tinylm trainer: '", path,
+                              "' is not a tinylm checkpoint record (no 'tinylm-checkpoint' line or no seed)");
+  return seed;
+}
+
+}  // namespace
+
+// What would make saveSharded fail at the end of the run, throwing the whole run away, is found
+// at set-up instead: a directory that already holds a checkpoint (saves refuse it), one that
+// cannot be created (saveCheckpointShard creates it; its parent must exist) or written. Only a
+// probe is created here, and removed at once, so the save's own durable mkdir is the one that
+// makes the directory.
+Status checkSaveDirectory(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(fs::path(dir) / libshard::kCheckpointIndexFile, ec))
+    return optionsError("--save-checkpoint '", dir, "' already holds a checkpoint (", libshard::kCheckpointIndexFile,
+                        " exists); save into a fresh directory");
+  const fs::file_status st = fs::status(dir, ec);
+  if (fs::exists(st)) {
+    if (!fs::is_directory(st)) return optionsError("--save-checkpoint '", dir, "' exists and is not a directory");
+    return probeWritable(dir, dir, false);
+  }
+  std::string trimmed = dir;
+  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+  fs::path parent = fs::path(trimmed).parent_path();
+  if (parent.empty()) parent = ".";
+  const std::string where = parent.string();  // the save makes `dir` in it
+  const fs::file_status pst = fs::status(parent, ec);
+  if (fs::exists(pst) && !fs::is_directory(pst))
+    return optionsError("--save-checkpoint '", dir, "': '", where, "' is not a directory");
+  if (!fs::exists(pst))
+    return optionsError("--save-checkpoint '", dir, "': its parent directory '", where,
+                        "' does not exist (the save creates only the last component)");
+  return probeWritable(dir, where, true);
+}
+
+// kRunInfoFile, written as libshard writes its files: under a temporary name, fsync'd, renamed
+// over the final name (the index, written after it, fsyncs the directory).
+Status writeRunInfo(const TrainOptions& o) {
+  const std::string path = o.saveCheckpoint + "/" + kRunInfoFile;
+  const std::string tmp = o.saveCheckpoint + "/." + kRunInfoFile + ".tmp-" + std::to_string(::getpid());
+  const std::string text = libcomm::detail::strCat("tinylm-checkpoint 1\nseed ", o.seed, "\n");
+  auto sysError = [](const std::string& what, const std::string& file) {
+    return libcomm::makeError(StatusCode::kSystemError, "tinylm trainer: cannot ", what, " '", file,
+                              "': ", std::strerror(errno));
+  };
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return sysError("create", tmp);
+  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
+  const Status st = written ? Status::ok() : sysError("write", tmp);
+  ::close(fd);
+  if (st.isOk() && ::rename(tmp.c_str(), path.c_str()) == 0) return Status::ok();
+  const Status failed = st.isOk() ? sysError("rename into place", tmp) : st;
+  ::unlink(tmp.c_str());
+  return failed;
+}
+
+// A resume continues the run that saved the checkpoint: the same precision (libshard would load the
+// fp32 masters into either, but the steps after would not be the saved run's) and the same seed
+// (the data; another seed is another task), and a checkpoint not past --steps. Read before anything
+// is allocated; returns the checkpoint's step.
+libcomm::Result<uint64_t> checkResume(const TrainOptions& o) {
+  namespace fs = std::filesystem;
+  const std::string& dir = o.loadCheckpoint;
+  std::error_code ec;
+  if (!fs::exists(fs::path(dir) / libshard::kCheckpointIndexFile, ec))
+    return optionsError("--load-checkpoint '", dir, "': ",
+                        fs::is_directory(dir, ec)
+                            ? std::string("holds no complete checkpoint (no ") + libshard::kCheckpointIndexFile + ")"
+                            : std::string("no such directory"));
+  auto info = libshard::readCheckpointInfo(dir);
+  if (!info.isOk()) return info.status().withContext("tinylm trainer: resuming from '" + dir + "'");
+  if (info->precision != o.precision)
+    return optionsError("--precision ", libshard::precisionName(o.precision), ": the checkpoint in '", dir,
+                        "' was saved in ", libshard::precisionName(info->precision), " (",
+                        libshard::kCheckpointIndexFile, "); resume with --precision ",
+                        libshard::precisionName(info->precision));
+  LIBCOMM_ASSIGN_OR_RETURN(const std::optional<uint64_t> seed, readRunSeed(dir));
+  if (seed && *seed != o.seed)
+    return optionsError("--seed ", o.seed, ": the checkpoint in '", dir, "' was saved by a run with --seed ", *seed,
+                        " (", kRunInfoFile, "), whose data it was trained on; resume with --seed ", *seed);
+  if (info->step > static_cast<uint64_t>(o.steps))
+    return optionsError("--steps ", o.steps, ": the checkpoint in '", dir, "' is at step ", info->step,
+                        ", past it; train to --steps ", info->step, " or more");
+  return info->step;
+}
+
+}  // namespace tinylm

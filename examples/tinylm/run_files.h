@@ -1,0 +1,37 @@
+#pragma once
+// The files the trainer's flags name, checked at set-up before anything is allocated (train.h:
+// options errors): the directory --save-checkpoint saves into, the checkpoint --load-checkpoint
+// resumes, and tinylm's own record in a checkpoint directory (kRunInfoFile). Internal to the
+// trainer (train.cc). Reentrant: ranks as threads may check and write at once (one writer per file).
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "libcomm/status.h"
+#include "tinylm/train.h"
+
+namespace tinylm {
+
+/// An options error (isOptionsError): kInvalidArgument whose message starts with the flag, as the
+/// parser's do.
+template <typename... Args>
+libcomm::Status optionsError(const char* flag, Args&&... args) {
+  return libcomm::makeError(libcomm::StatusCode::kInvalidArgument, flag, std::forward<Args>(args)...);
+}
+
+/// An options error unless a save into `dir` can succeed as far as can be told before it: `dir`
+/// holds no checkpoint and is a directory, or its parent is; creating there what the save will
+/// create (a probe, removed at once) works.
+libcomm::Status checkSaveDirectory(const std::string& dir);
+
+/// An options error unless options.loadCheckpoint holds a checkpoint this run may resume: its
+/// precision and (kRunInfoFile's) seed are the options', its step is not past options.steps.
+/// Returns that step. A checkpoint that is there but unreadable is the checkpoint's error, not
+/// the flag's.
+libcomm::Result<uint64_t> checkResume(const TrainOptions& options);
+
+/// Writes kRunInfoFile for `options` into options.saveCheckpoint (rank 0, before the index).
+libcomm::Status writeRunInfo(const TrainOptions& options);
+
+}  // namespace tinylm
