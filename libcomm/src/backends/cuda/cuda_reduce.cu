@@ -45,15 +45,14 @@ __global__ void __launch_bounds__(kReduceThreads, kReduceBlocksPerSm) reduceKern
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   for (size_t v = tid; v < p.vectors; v += stride) {
+    // The sum starts from the first input, not from +0, as the host kernels do: a sum of -0s is -0.
     float acc[kV];
-#pragma unroll
-    for (int k = 0; k < kV; ++k) acc[k] = 0.f;
     for (int i = 0; i < p.n; ++i) {
       const uint4 raw = reinterpret_cast<const uint4*>(p.in[i])[v];
       In e[kV];
       memcpy(e, &raw, sizeof(raw));
 #pragma unroll
-      for (int k = 0; k < kV; ++k) acc[k] += toFloat(e[k]);
+      for (int k = 0; k < kV; ++k) acc[k] = i == 0 ? toFloat(e[k]) : acc[k] + toFloat(e[k]);
     }
     // kV outputs: 16 bytes (bf16 out, or fp32 from fp32) or 32 bytes (fp32 from bf16).
     constexpr int kChunks = (kV * sizeof(Out) + 15) / 16;
@@ -65,7 +64,9 @@ __global__ void __launch_bounds__(kReduceThreads, kReduceBlocksPerSm) reduceKern
       for (int c = 0; c < kChunks; ++c) old[c] = dst[c];
       memcpy(o, old, sizeof(o));
 #pragma unroll
-      for (int k = 0; k < kV; ++k) o[k] = fromFloat<Out>(toFloat(o[k]) + acc[k] * p.scale);
+      // Rounded product, then rounded sum: never one fused multiply-add (nvcc would contract
+      // `a + b * c`), so the result is the host kernels' to the bit.
+      for (int k = 0; k < kV; ++k) o[k] = fromFloat<Out>(__fadd_rn(toFloat(o[k]), __fmul_rn(acc[k], p.scale)));
     } else {
 #pragma unroll
       for (int k = 0; k < kV; ++k) o[k] = fromFloat<Out>(acc[k] * p.scale);
@@ -76,10 +77,10 @@ __global__ void __launch_bounds__(kReduceThreads, kReduceBlocksPerSm) reduceKern
     for (int c = 0; c < kChunks; ++c) dst[c] = packed[c];
   }
   for (size_t i = p.tailStart + tid; i < p.count; i += stride) {
-    float acc = 0.f;
-    for (int k = 0; k < p.n; ++k) acc += toFloat(static_cast<const In*>(p.in[k])[i]);
+    float acc = toFloat(static_cast<const In*>(p.in[0])[i]);
+    for (int k = 1; k < p.n; ++k) acc += toFloat(static_cast<const In*>(p.in[k])[i]);
     Out* o = static_cast<Out*>(p.out) + i;
-    *o = fromFloat<Out>(p.accumulate ? toFloat(*o) + acc * p.scale : acc * p.scale);
+    *o = fromFloat<Out>(p.accumulate ? __fadd_rn(toFloat(*o), __fmul_rn(acc, p.scale)) : acc * p.scale);
   }
 }
 
