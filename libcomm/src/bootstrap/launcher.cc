@@ -128,8 +128,8 @@ void stopAll(std::vector<Child>& children) {
   reapUntil(children, Deadline::after(kTermGrace));
   for (const Child& c : children) {
     if (c.running)
-      LIBCOMM_LOG(kWarn, "boot") << "launchLocal: pid " << c.pid << " ignored SIGTERM for " << kTermGrace.count()
-                                 << " ms; sending SIGKILL";
+      LIBCOMM_LOG(kWarn, "boot") << "launchLocal: pid " << c.pid << " did not end within " << kTermGrace.count()
+                                 << " ms of SIGTERM (it ignores or handles it, or is stopped); sending SIGKILL";
     if (c.pid > 0) kill(-c.pid, SIGKILL);  // the group's stragglers as well
   }
   reapUntil(children, Deadline::after(kKillGrace));
