@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -84,6 +85,14 @@ __global__ void __launch_bounds__(kReduceThreads, kReduceBlocksPerSm) reduceKern
   }
 }
 
+// fp32 to bf16, round to nearest even (NaN stays NaN): one element per thread and step. The NCCL
+// path's bf16 output after an fp32 reduction; memory-bound either way, so no vector loads.
+__global__ void __launch_bounds__(kReduceThreads) toBf16Kernel(const float* in, __nv_bfloat16* out, size_t count) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
+    out[i] = __float2bfloat16_rn(in[i]);
+}
+
 int smCount(int device) {
   static std::mutex mu;
   static std::vector<int> counts;
@@ -96,6 +105,17 @@ int smCount(int device) {
 }
 
 }  // namespace
+
+Status launchToBf16(const float* in, void* out, size_t count, void* stream, int device) {
+  if (count == 0) return Status::ok();
+  const size_t perBlock = kReduceThreads;
+  const size_t cap = static_cast<size_t>(smCount(device)) * kReduceBlocksPerSm;
+  const unsigned blocks = static_cast<unsigned>(std::min((count + perBlock - 1) / perBlock, cap));
+  (void)cudaGetLastError();  // as in launchReduce: blame only this launch
+  toBf16Kernel<<<blocks, kReduceThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      in, static_cast<__nv_bfloat16*>(out), count);
+  return LIBCOMM_CUDA_STATUS(cudaGetLastError());
+}
 
 Status launchReduce(const ReduceLaunch& l, void* stream, int device) {
   if (l.numInputs < 1 || l.numInputs > kMaxReduceInputs)

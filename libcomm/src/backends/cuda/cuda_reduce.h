@@ -27,4 +27,8 @@ struct ReduceLaunch {
 /// launch error, if any; faults during the run surface through the stream.
 Status launchReduce(const ReduceLaunch& launch, void* stream, int device);
 
+/// out[i] = bf16(in[i]) (round to nearest even) for `count` elements, on `stream` of `device`: the
+/// NCCL path's bf16 output after it reduced in fp32.
+Status launchToBf16(const float* in, void* out, size_t count, void* stream, int device);
+
 }  // namespace libcomm::cuda

@@ -155,7 +155,10 @@ class DelegateImpl final : public Delegate {
   Status reduce(const CollArgs& a, int device) {
     const bool rs = a.kind == CollKind::kReduceScatter;
     const int size = comm_->size();
-    const bool convert = a.inType != a.outType;  // bf16 in, fp32 out (reduce_scatter)
+    // bf16 input travels as fp32: NCCL reduces in its wire type, and a bf16 wire would round every
+    // partial sum to bf16 between ring steps. A bf16 output is rounded once, at the end.
+    const bool convert = a.inType == DataType::kBFloat16;
+    const bool bf16Out = a.outType == DataType::kBFloat16;
     const DataType wire = convert ? DataType::kFloat32 : a.inType;
     const void* in = a.send;
     void* converted = nullptr;
@@ -169,7 +172,7 @@ class DelegateImpl final : public Delegate {
       st = kernel(a.send, converted, n, DataType::kBFloat16, false, device);
       in = converted;
     }
-    if (st.isOk() && a.reduce.accumulate) {
+    if (st.isOk() && (a.reduce.accumulate || bf16Out)) {  // NCCL writes fp32 sums, the output differs
       auto p = scratch(a.count * 4);
       st = p.status();
       if (st.isOk()) target = *p;
@@ -184,7 +187,9 @@ class DelegateImpl final : public Delegate {
         dropOp(a, *o);
       }
     }
-    if (st.isOk() && target != a.recv) st = kernel(target, a.recv, a.count, DataType::kFloat32, true, device);
+    if (st.isOk() && target != a.recv)
+      st = bf16Out ? cuda::launchToBf16(static_cast<const float*>(target), a.recv, a.count, s_, device)
+                   : kernel(target, a.recv, a.count, DataType::kFloat32, true, device);
     if (target != a.recv) release(target);
     release(converted);
     return st;
