@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -21,6 +22,7 @@
 #include "libcomm/bootstrap.h"
 #include "libcomm/launcher.h"
 #include "ports.h"
+#include "sanitizer_build.h"
 
 using namespace libcomm;
 using namespace std::chrono_literals;
@@ -533,6 +535,40 @@ TEST_F(LaunchEnv, LaunchLocalTimeoutKillsEveryone) {
   EXPECT_NE(s.message().find("ranks 0,1"), std::string::npos) << s.toString();
   EXPECT_LT(Clock::now() - start, 6s);
   expectNoChildrenLeft();
+}
+
+// SIGTERM to a process whose launching thread blocks it (another thread takes it): the launch stops
+// its ranks and the process still ends by the signal. The re-raise went to the launching thread
+// only (raise), where it stayed pending, and the process lived on as if nothing had been asked.
+TEST_F(LaunchEnv, ASignalTakenByAnotherThreadStillEndsTheProcess) {
+  if (shardcomm::testing::kThreadSanitizer) GTEST_SKIP() << "the child starts a thread (TSan ends it)";
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::thread launching([] {
+      sigset_t term;
+      sigemptyset(&term);
+      sigaddset(&term, SIGTERM);
+      pthread_sigmask(SIG_BLOCK, &term, nullptr);
+      (void)launchLocal(shell(2, "sleep 20", 30s));
+    });
+    launching.join();
+    _exit(0);  // alive after the signal: the defect
+  }
+  std::this_thread::sleep_for(500ms);  // the ranks are running
+  ASSERT_EQ(kill(child, SIGTERM), 0);
+  int status = 0;
+  const auto start = Clock::now();
+  pid_t got = 0;
+  while ((got = waitpid(child, &status, WNOHANG)) == 0 && Clock::now() - start < 15s)
+    std::this_thread::sleep_for(20ms);
+  if (got == 0) {
+    kill(child, SIGKILL);
+    waitpid(child, &status, 0);
+    FAIL() << "the process did not end within 15 s of SIGTERM";
+  }
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM)
+      << "status " << status << (WIFEXITED(status) ? ": it exited normally" : "");
 }
 
 // A caller that ignores SIGCHLD (inherited from its own parent, say) has its children reaped by

@@ -3,6 +3,7 @@
 #include "libcomm/launcher.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -196,9 +197,24 @@ class StopSignals {
         continue;
       struct sigaction note {};
       note.sa_handler = onSignal;
+      note.sa_flags = SA_RESTART;  // the caller's other threads' blocking calls do not see EINTR
       sigemptyset(&note.sa_mask);
       installed_[i] = sigaction(kSignals[i], &note, nullptr) == 0;
     }
+    // A child forked (without exec) while a launch runs is no launcher: it gets the defaults back.
+    static const int atfork = pthread_atfork(nullptr, nullptr, [] {
+      for (size_t i = 0; i < std::size(kSignals); ++i) {
+        if (!installed_[i]) continue;
+        struct sigaction dfl {};
+        dfl.sa_handler = SIG_DFL;
+        sigemptyset(&dfl.sa_mask);
+        sigaction(kSignals[i], &dfl, nullptr);
+        installed_[i] = false;
+      }
+      users_ = 0;
+      caught_.store(0);
+    });
+    (void)atfork;
   }
   ~StopSignals() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -211,7 +227,9 @@ class StopSignals {
       sigaction(kSignals[i], &dfl, nullptr);
       installed_[i] = false;
     }
-    if (const int sig = caught_.exchange(0)) raise(sig);
+    // To the process, not this thread (raise): the launching thread may block the signal while
+    // another thread took it, and the process must still end by it.
+    if (const int sig = caught_.exchange(0)) kill(getpid(), sig);
   }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
@@ -228,6 +246,13 @@ class StopSignals {
   static inline bool installed_[std::size(kSignals)] = {};
   static inline std::atomic<int> caught_{0};
 };
+
+// A launch's error, logged as well when a signal came meanwhile: the process ends by that signal
+// as the launches return (StopSignals), before its caller could say why the ranks failed.
+Status saidIfInterrupted(Status st) {
+  if (StopSignals::caught() != 0) LIBCOMM_LOG(kError, "boot") << st.message();
+  return st;
+}
 
 // A rank stopped by a signal unlinks none of its segments; once the ranks are reaped, what they
 // made for the job is removed. Says what was done ("" when nothing was there).
@@ -366,9 +391,10 @@ Status launchLocal(const LocalLaunchOptions& options) {
     if (failed >= 0) {
       std::vector<int> others = runningRanks(children);
       stopAll(children);
-      return makeError(StatusCode::kRemoteError, "launchLocal: rank ", failed, " of ", options.numRanks, " (", program,
-                       ") ", how, others.empty() ? std::string() : "; stopped ranks " + boot::joinRanks(others),
-                       removeSegments(children, ranksJobId));
+      return saidIfInterrupted(makeError(StatusCode::kRemoteError, "launchLocal: rank ", failed, " of ",
+                                         options.numRanks, " (", program, ") ", how,
+                                         others.empty() ? std::string() : "; stopped ranks " + boot::joinRanks(others),
+                                         removeSegments(children, ranksJobId)));
     }
     if (const int sig = StopSignals::caught()) {
       std::vector<int> left = runningRanks(children);
@@ -383,9 +409,10 @@ Status launchLocal(const LocalLaunchOptions& options) {
     if (deadline.expired()) {
       std::vector<int> left = runningRanks(children);
       stopAll(children);
-      return makeError(StatusCode::kTimeout, "launchLocal: ranks ", boot::joinRanks(left), " of ", options.numRanks,
-                       " (", program, ") still running after ", options.timeout.count(), " ms; killed them",
-                       removeSegments(children, ranksJobId));
+      return saidIfInterrupted(makeError(StatusCode::kTimeout, "launchLocal: ranks ", boot::joinRanks(left), " of ",
+                                         options.numRanks, " (", program, ") still running after ",
+                                         options.timeout.count(), " ms; killed them",
+                                         removeSegments(children, ranksJobId)));
     }
     backoff.sleep(deadline);
   }
