@@ -255,4 +255,31 @@ TEST(ShmHygiene, SweepRemovesASegmentOnlyItsDeadOwnerHeld) {
   EXPECT_EQ(rc, 0) << "3: set-up failed; 4: the dead owner's segment was not removed";
 }
 
+// A launcher removes what its stopped ranks made, by their pids and job id: a segment of that name
+// whose owner lives (the same pid and job id in another pid namespace sharing /dev/shm, or a pid
+// reused since) is left, as the sweep leaves it; a dead owner's goes.
+TEST(ShmHygiene, RemovingAJobsSegmentsLeavesALiveOwnersSegment) {
+  const int rc = withPrivateDevShm([] {
+    const std::string job = "jobseg_test";
+    const std::string live = "/shardcomm." + std::to_string(getpid()) + "." + job + ".r0.c0.ctl";
+    auto seg = libcomm::shm::Segment::create(live, 64);  // held by this live process
+    if (!seg.isOk()) return 3;
+    const libcomm::shm::SweepResult r = libcomm::shm::removeJobSegments(job, {getpid()});
+    auto still = libcomm::shm::Segment::exists(live);
+    if (!still.isOk() || !still.value() || r.removed != 0 || r.skipped.size() != 1) return 4;
+    const pid_t owner = fork();
+    if (owner == 0) {
+      auto dead = libcomm::shm::Segment::create("/shardcomm." + std::to_string(getpid()) + "." + job + ".r1.c0.ctl", 64);
+      if (!dead.isOk()) _exit(3);
+      raise(SIGKILL);
+    }
+    int status = 0;
+    if (waitpid(owner, &status, 0) != owner || !WIFSIGNALED(status)) return 3;
+    const libcomm::shm::SweepResult gone = libcomm::shm::removeJobSegments(job, {owner});
+    return gone.removed == 1 ? 0 : 5;
+  });
+  if (rc == 77) GTEST_SKIP() << "no private mount namespace here (not root?)";
+  EXPECT_EQ(rc, 0) << "3: set-up failed; 4: the live owner's segment was removed; 5: the dead owner's was not";
+}
+
 }  // namespace

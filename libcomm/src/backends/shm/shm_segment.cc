@@ -232,12 +232,28 @@ SweepResult removeJobSegments(const std::string& jobId, const std::vector<pid_t>
     for (const std::string& p : prefixes) ours = ours || strncmp(e->d_name, p.c_str(), p.size()) == 0;
     if (!ours) continue;
     const std::string name = std::string("/") + e->d_name;
+    // As the sweep does: a segment whose owner's lock is held is mapped by a live process (a rank of
+    // another pid namespace with the same pid and job id, or a reused pid): left alone.
+    const int fd = shm_open(name.c_str(), O_RDWR, 0);
+    if (fd < 0) {
+      if (errno != ENOENT) result.skipped.push_back({name, std::string("opening it: ") + strerror(errno)});
+      continue;
+    }
+    const int err = lockFile(fd, F_WRLCK, F_OFD_SETLK);
+    const Result<bool> same = namesFile(name, fd);
+    if (err == EAGAIN || err == EACCES || !same.isOk() || !same.value()) {
+      if (err == EAGAIN || err == EACCES)
+        result.skipped.push_back({name, "still mapped by a live process (its lock is held)"});
+      close(fd);
+      continue;
+    }
     if (shm_unlink(name.c_str()) == 0) {
       ++result.removed;
       LIBCOMM_LOG(kInfo, "mem") << "removed segment " << name << " of job " << jobId << " (its rank was stopped)";
     } else if (errno != ENOENT) {
       result.skipped.push_back({name, std::string("unlinking it: ") + strerror(errno)});
     }
+    close(fd);
   }
   closedir(dir);
   return result;

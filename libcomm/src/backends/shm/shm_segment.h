@@ -68,9 +68,10 @@ struct SweepResult {
   std::vector<Skipped> skipped;
 };
 
-/// Removes the segments that the processes `pids` made for job `jobId` (segmentPrefix's names),
-/// whatever their state: for a launcher whose ranks it stopped with a signal, which unlinks
-/// nothing, once it has reaped them (no process of the job maps them then). Thread-safe.
+/// Removes the segments that the processes `pids` made for job `jobId` (segmentPrefix's names):
+/// for a launcher whose ranks it stopped with a signal, which unlinks nothing, once it has reaped
+/// them. A segment whose owner's lock is still held is left (in `skipped`): a live process made it
+/// (the same pid and job id in another pid namespace sharing /dev/shm, or a reused pid). Thread-safe.
 SweepResult removeJobSegments(const std::string& jobId, const std::vector<pid_t>& pids);
 
 /// Removes /dev/shm entries of shardcomm that no process maps as owner any more: nobody holds the
