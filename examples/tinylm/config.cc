@@ -59,13 +59,14 @@ libcomm::Status TinyLmConfig::validate() const {
 
 uint64_t maxTokensPerMicroBatch(const TinyLmConfig& cfg) { return (kMaxMatrixElements - 1) / widestActivation(cfg); }
 
-uint64_t layerMemoryBytes(const TinyLmConfig& cfg, uint64_t tokens) {
+uint64_t layerMemoryBytes(const TinyLmConfig& cfg, uint64_t tokens, bool checkpointing) {
   const uint64_t layers = uint64_t(std::max(cfg.layers, 0)), d = uint64_t(std::max(cfg.dim, 0)),
                  h = uint64_t(std::max(cfg.hidden, 0)), v = uint64_t(std::max(cfg.vocab, 0));
   // fp32 elements per token: x_0..x_L, z and the gradient (dim each), every block's pre-activation,
   // the softmax; the Workspace's normed and its gradient (dim), rstd, hidden, act and its gradient
   // (hidden), logits (vocab). Then 4-byte ids, targets and the embedding's index scratch.
-  const uint64_t floatsPerToken = (layers + 3) * d + layers * h + v + (2 * d + 1 + 3 * h + v);
+  const uint64_t preActs = checkpointing ? std::min<uint64_t>(layers, 1) : layers;  // blocks keeping theirs
+  const uint64_t floatsPerToken = (layers + 3) * d + preActs * h + v + (2 * d + 1 + 3 * h + v);
   const uint64_t perToken = 4 * floatsPerToken + 3 * 4;
   // Per micro-batch whatever its size: the bf16 weight-gradient block (64 Ki floats), a norm scale,
   // the embedding's per-id offsets and cursors.
@@ -81,7 +82,7 @@ uint64_t physicalMemoryBytes() {
 }
 
 libcomm::Status checkMicroBatchTokens(const TinyLmConfig& cfg, uint64_t tokens, const std::string& flags, int ranksHere,
-                                      uint64_t memoryBytes) {
+                                      uint64_t memoryBytes, bool checkpointing) {
   using libcomm::StatusCode;
   const uint64_t most = maxTokensPerMicroBatch(cfg);
   if (tokens > most)
@@ -89,11 +90,12 @@ libcomm::Status checkMicroBatchTokens(const TinyLmConfig& cfg, uint64_t tokens, 
                               " tokens per rank and micro-batch, more than the ", most,
                               " this model allows: every activation, up to tokens x ", widestActivation(cfg),
                               " (max of dim, hidden, vocab) elements, must stay under 2^31");
-  const long double need = static_cast<long double>(layerMemoryBytes(cfg, tokens)) * std::max(ranksHere, 1);
+  const uint64_t perRank = layerMemoryBytes(cfg, tokens, checkpointing);
+  const long double need = static_cast<long double>(perRank) * std::max(ranksHere, 1);
   if (need > static_cast<long double>(memoryBytes))
     return libcomm::makeError(StatusCode::kInvalidArgument, flags, " = ", tokens,
                               " tokens per rank and micro-batch, whose activations and scratch (",
-                              layerMemoryBytes(cfg, tokens) >> 20, " MiB per rank",
+                              perRank >> 20, " MiB per rank", checkpointing ? " with every block but one checkpointed" : "",
                               ranksHere > 1 ? libcomm::detail::strCat(" x ", ranksHere, " ranks here") : "",
                               ") exceed this machine's memory (", memoryBytes >> 20, " MiB)");
   return libcomm::Status::ok();

@@ -66,8 +66,10 @@ uint64_t maxTokensPerMicroBatch(const TinyLmConfig& cfg);
 /// What the trainer's layers (layers.h) and their kernels' scratch (workspace.h) hold at most for
 /// micro-batches of `tokens` tokens: token ids and targets, every block's input and pre-activation,
 /// the final norm's output, the gradient buffer, the softmax, and every Workspace slot at its
-/// largest (nothing checkpointed: the most the plan can ask for). An upper bound. Pure.
-uint64_t layerMemoryBytes(const TinyLmConfig& cfg, uint64_t tokens);
+/// largest. With `checkpointing` (a memory budget lets the plan checkpoint blocks), every block but
+/// one may drop its pre-activation, so only one is counted: the least the plan can get by with.
+/// Otherwise nothing is checkpointed: an upper bound. Pure.
+uint64_t layerMemoryBytes(const TinyLmConfig& cfg, uint64_t tokens, bool checkpointing = false);
 
 /// This machine's physical memory in bytes (sysconf), or UINT64_MAX when it cannot be told.
 uint64_t physicalMemoryBytes();
@@ -75,9 +77,10 @@ uint64_t physicalMemoryBytes();
 /// kInvalidArgument, saying `flags` first (where the tokens come from, e.g. "--seq-len 64 x 8
 /// sequences per rank and micro-batch"), unless a micro-batch of `tokens` tokens per rank fits:
 /// at most maxTokensPerMicroBatch(cfg), and `ranksHere` ranks' layerMemoryBytes within
-/// `memoryBytes` (this machine's memory, for ranks sharing it). `cfg` must validate.
+/// `memoryBytes` (this machine's memory, for ranks sharing it), counted with `checkpointing` as
+/// above. `cfg` must validate.
 libcomm::Status checkMicroBatchTokens(const TinyLmConfig& cfg, uint64_t tokens, const std::string& flags, int ranksHere,
-                                      uint64_t memoryBytes);
+                                      uint64_t memoryBytes, bool checkpointing = false);
 
 /// The model for libshard, layers in execution order:
 ///   "embed"      : "embed.weight"      [vocab, dim]   kEmbedding

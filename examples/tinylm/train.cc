@@ -232,7 +232,9 @@ Status validateTrainOptions(const TrainOptions& o, int worldSize, int ranksHere)
   const std::string flags = libcomm::detail::strCat(
       "--seq-len ", o.model.seqLen, " x ", seqs, " sequences (--global-batch ", o.globalBatch, " / --micro-batches ",
       o.microBatches, " / ", worldSize, worldSize == 1 ? " rank)" : " ranks)");
-  return checkMicroBatchTokens(o.model, maxMicroBatchTokens(o, worldSize), flags, ranksHere, physicalMemoryBytes());
+  // With a memory budget the plan may checkpoint blocks: counted at the least it can get by with.
+  return checkMicroBatchTokens(o.model, maxMicroBatchTokens(o, worldSize), flags, ranksHere, physicalMemoryBytes(),
+                               o.memoryBudgetBytes > 0);
 }
 
 SequenceRange rankSequences(int globalBatch, int microBatches, int worldSize, int rank, int micro) {

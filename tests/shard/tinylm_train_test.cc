@@ -591,6 +591,14 @@ TEST(TinyLmTrainOptions, MicroBatchTokensAreBoundedBeforeAnyAllocation) {
   const Status full = tinylm::checkMicroBatchTokens(cfg, 1000, "T", 2, 2 * perRank - 1);
   EXPECT_EQ(full.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(full.message().find("exceed this machine's memory"), std::string::npos) << full.toString();
+  // With a memory budget the plan may checkpoint every block but one: a run that only fits so is
+  // not refused (it was, with every block's pre-activation counted).
+  tinylm::TinyLmConfig deep = cfg;
+  deep.layers = 48;
+  const uint64_t all = tinylm::layerMemoryBytes(deep, 1000), least = tinylm::layerMemoryBytes(deep, 1000, true);
+  EXPECT_EQ(all - least, 4u * 1000 * 47 * uint64_t(deep.hidden));  // 47 pre-activations not held
+  EXPECT_FALSE(tinylm::checkMicroBatchTokens(deep, 1000, "T", 1, least).isOk());
+  EXPECT_TRUE(tinylm::checkMicroBatchTokens(deep, 1000, "T", 1, least, true).isOk());
   // The command line: the rank with the most sequences counts, -np's ranks share the machine.
   auto seq = tinylm::parseCli({"--seq-len", "2147483647", "--steps", "1"});
   ASSERT_FALSE(seq.isOk());
