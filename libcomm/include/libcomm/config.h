@@ -92,8 +92,10 @@ struct CommConfig {
   /// error grows with the hops. fp64 (bf16 and fp32 input) doubles fp32's bytes and makes every
   /// addition exact (within fp64's 53 bits, reduce.h), so the result is the exact sum rounded once,
   /// the same at any number of hops and hosts (docs/PERFORMANCE.md): a communicator on one host
-  /// forms its reduce_scatter sums in fp64 too. It concerns host memory: device memory goes to
-  /// the CUDA path or NCCL, which do not read it. Every rank must use the same.
+  /// forms its reduce_scatter sums in fp64 too. On device memory only bf16 matters, on the NCCL
+  /// path: a bf16-in, bf16-out reduction then goes to NCCL in bf16 (half the bytes, a bf16 rounding
+  /// per ring step) instead of fp32 rounded once; the CUDA own path always sums in fp32. Every rank
+  /// must use the same.
   PartialsType reducePartials = PartialsType::kFloat32;
   /// Across hosts (UCX): messages of at least this many bytes travel on a second endpoint per
   /// peer, created without UCX's peer-failure mode (LIBCOMM_UCX_BULK_BYTES; 0: every message on

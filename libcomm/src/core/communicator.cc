@@ -72,7 +72,8 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
                      bootstrap.jobId().size(), " characters)");
   LIBCOMM_ASSIGN_OR_RETURN(impl->channel_, shm::Channel::create(impl->prefix_, impl->rank_, impl->size_, config));
   impl->local_ = std::make_unique<shm::LocalMemory>(impl->prefix_, impl->rank_);
-  impl->nccl_ = nccl::createDelegate();  // null without NCCL; its communicator is made on first use
+  // Null without NCCL; its communicator is made on first use.
+  impl->nccl_ = nccl::createDelegate(config.reducePartials == PartialsType::kBFloat16);
   impl->peers_ = std::make_unique<shm::PeerMemory>();
 
   InitInfo mine{};

@@ -22,6 +22,7 @@ ncclDataType_t ncclType(DataType t) { return t == DataType::kFloat32 ? ncclFloat
 
 class DelegateImpl final : public Delegate {
  public:
+  explicit DelegateImpl(bool bf16Wire) : bf16Wire_(bf16Wire) {}
   ~DelegateImpl() override = default;  // Comm's destructor aborts a communicator not destroyed
 
   Status ensureComm(Bootstrap& boot, int rank, int size, int device, Deadline deadline) override {
@@ -156,9 +157,10 @@ class DelegateImpl final : public Delegate {
     const bool rs = a.kind == CollKind::kReduceScatter;
     const int size = comm_->size();
     // bf16 input travels as fp32: NCCL reduces in its wire type, and a bf16 wire would round every
-    // partial sum to bf16 between ring steps. A bf16 output is rounded once, at the end.
-    const bool convert = a.inType == DataType::kBFloat16;
+    // partial sum to bf16 between ring steps. A bf16 output is rounded once, at the end -- unless
+    // the communicator asked for bf16 partials (bf16Wire_), for bf16 output only.
     const bool bf16Out = a.outType == DataType::kBFloat16;
+    const bool convert = a.inType == DataType::kBFloat16 && !(bf16Out && bf16Wire_);
     const DataType wire = convert ? DataType::kFloat32 : a.inType;
     const void* in = a.send;
     void* converted = nullptr;
@@ -172,7 +174,7 @@ class DelegateImpl final : public Delegate {
       st = kernel(a.send, converted, n, DataType::kBFloat16, false, device);
       in = converted;
     }
-    if (st.isOk() && (a.reduce.accumulate || bf16Out)) {  // NCCL writes fp32 sums, the output differs
+    if (st.isOk() && (a.reduce.accumulate || (bf16Out && convert))) {  // NCCL's output is not the result
       auto p = scratch(a.count * 4);
       st = p.status();
       if (st.isOk()) target = *p;
@@ -215,6 +217,7 @@ class DelegateImpl final : public Delegate {
     }
     DelegateImpl& d;
   };
+  const bool bf16Wire_;
   std::mutex mu_;
   std::atomic<bool> busy_{false};
   std::atomic<bool> aborted_{false};
@@ -225,7 +228,7 @@ class DelegateImpl final : public Delegate {
 
 }  // namespace
 
-std::unique_ptr<Delegate> createDelegate() { return std::make_unique<DelegateImpl>(); }
+std::unique_ptr<Delegate> createDelegate(bool bf16Wire) { return std::make_unique<DelegateImpl>(bf16Wire); }
 bool builtWithNccl() { return true; }
 
 }  // namespace libcomm::nccl

@@ -9,7 +9,9 @@
 //  - reduce_scatter bf16 -> fp32: the input is converted to an fp32 scratch (exact), then NCCL
 //    reduces fp32 -- fp32 accumulation as the contract says, at twice the bytes on the wire;
 //  - accumulate into an fp32 output (reduce_scatter, all_reduce): NCCL writes a scratch that the
-//    kernel adds to the output.
+//    kernel adds to the output;
+//  - bf16 -> bf16 (reduce_scatter, all_reduce): fp32 as above, then one rounding to bf16, unless
+//    the delegate was made for a bf16 wire (createDelegate).
 // Scratch comes from the stream-ordered allocator (cudaMallocAsync/cudaFreeAsync on the stream):
 // a later call on the stream reuses a freed block, but the device's default pool keeps freed
 // memory only until the next synchronization (its release threshold is 0 unless the process raises
@@ -44,8 +46,10 @@ class Delegate {
   virtual void abort() = 0;
 };
 
-/// Null in builds without NCCL.
-std::unique_ptr<Delegate> createDelegate();
+/// Null in builds without NCCL. `bf16Wire`: a reduction of bf16 input to bf16 output goes to NCCL
+/// in bf16 (LIBCOMM_RS_PARTIALS=bf16: half the bytes, every ring step rounding the partial sum to
+/// bf16); otherwise in fp32, rounded to bf16 once at the end.
+std::unique_ptr<Delegate> createDelegate(bool bf16Wire = false);
 bool builtWithNccl();
 
 }  // namespace libcomm::nccl

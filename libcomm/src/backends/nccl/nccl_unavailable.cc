@@ -4,6 +4,6 @@
 #include "backends/nccl/nccl_path.h"
 
 namespace libcomm::nccl {
-std::unique_ptr<Delegate> createDelegate() { return nullptr; }
+std::unique_ptr<Delegate> createDelegate(bool) { return nullptr; }
 bool builtWithNccl() { return false; }
 }  // namespace libcomm::nccl
