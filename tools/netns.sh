@@ -250,6 +250,11 @@ runMain() {
   done
   K=$((10#$K)) R=$((10#$R)) port=$((10#$port)) timeout=$((10#$timeout))
   [ -z "$mtu" ] || mtu=$((10#$mtu))
+  # Normalised too: --kill-rank 01 named a pid file "pid.01" no rank writes, --survivor-rc 03 never
+  # equalled an exit status.
+  [ -z "$kill_rank" ] || kill_rank=$((10#$kill_rank))
+  [ -z "$kill_after" ] || kill_after=$((10#$kill_after))
+  [ -z "$survivor_rc" ] || survivor_rc=$((10#$survivor_rc))
   [ "$K" -ge 1 ] && [ "$K" -le 200 ] || die "run: --hosts $K is outside [1, 200]"
   [ "$R" -ge 1 ] || die "run: --ranks-per-host must be at least 1"
   [ "$port" -ge 1 ] && [ "$port" -le 65535 ] || die "run: --port $port is outside [1, 65535]"
