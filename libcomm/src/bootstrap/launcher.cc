@@ -203,14 +203,7 @@ class StopSignals {
     }
     // A child forked (without exec) while a launch runs is no launcher: it gets the defaults back.
     static const int atfork = pthread_atfork(nullptr, nullptr, [] {
-      for (size_t i = 0; i < std::size(kSignals); ++i) {
-        if (!installed_[i]) continue;
-        struct sigaction dfl {};
-        dfl.sa_handler = SIG_DFL;
-        sigemptyset(&dfl.sa_mask);
-        sigaction(kSignals[i], &dfl, nullptr);
-        installed_[i] = false;
-      }
+      restoreDefaults();
       users_ = 0;
       caught_.store(0);
     });
@@ -219,14 +212,7 @@ class StopSignals {
   ~StopSignals() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (--users_ > 0) return;
-    for (size_t i = 0; i < std::size(kSignals); ++i) {
-      if (!installed_[i]) continue;
-      struct sigaction dfl {};
-      dfl.sa_handler = SIG_DFL;
-      sigemptyset(&dfl.sa_mask);
-      sigaction(kSignals[i], &dfl, nullptr);
-      installed_[i] = false;
-    }
+    restoreDefaults();
     // To the process, not this thread (raise): the launching thread may block the signal while
     // another thread took it, and the process must still end by it.
     if (const int sig = caught_.exchange(0)) kill(getpid(), sig);
@@ -239,6 +225,17 @@ class StopSignals {
 
  private:
   static void onSignal(int sig) { caught_.store(sig); }
+  // The default action back for each signal this class took (async-signal-safe: sigaction only).
+  static void restoreDefaults() {
+    for (size_t i = 0; i < std::size(kSignals); ++i) {
+      if (!installed_[i]) continue;
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      sigemptyset(&dfl.sa_mask);
+      sigaction(kSignals[i], &dfl, nullptr);
+      installed_[i] = false;
+    }
+  }
 
   static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
   static inline std::mutex mutex_;
