@@ -151,12 +151,7 @@ int runRank(const Options& options) {
 }
 
 // Output that could not be written fails the program: a table lost to a full disk must not end in 0.
-int checkStdout(int rc) {
-  const Status s = stdoutStatus();
-  if (s.isOk()) return rc;
-  fprintf(stderr, "comm_bench: %s\n", s.message().c_str());
-  return rc == 0 ? kExitFail : rc;
-}
+int checkStdout(int rc) { return shardcomm::program::exitCheckingStdout("comm_bench", rc, kExitFail); }
 
 }  // namespace
 }  // namespace comm_bench

@@ -30,62 +30,20 @@ const char* implName(const Options& o) {
   return o.deviceMemory ? "shardcomm-device" : o.inlineStream ? "shardcomm-inline" : "shardcomm";
 }
 
-// The first failed write to stdout, as errno (-1: failed, reason unknown). glibc drops what it could
-// not write and keeps only the stream's error flag, so the reason is taken when it happens.
-int stdoutErrno = 0;
-
-std::string errnoText(int err) { return err > 0 ? strerror(err) : "a write failed"; }
-
 }  // namespace
-
-void flushStdout() {
-  if ((fflush(stdout) != 0 || ferror(stdout)) && stdoutErrno == 0) stdoutErrno = errno > 0 ? errno : -1;
-}
-
-libcomm::Status stdoutStatus() {
-  flushStdout();
-  if (stdoutErrno == 0) return libcomm::Status::ok();
-  return libcomm::makeError(libcomm::StatusCode::kSystemError,
-                            "cannot write standard output: ", errnoText(stdoutErrno));
-}
 
 double algBandwidth(size_t bytes, double timeUs) { return timeUs > 0 ? static_cast<double>(bytes) / timeUs / 1e3 : 0; }
 
 double busBandwidth(double algbw, int nranks) { return algbw * (nranks - 1) / nranks; }
 
-Report::Report(const Options& options, int nranks) : options_(options), nranks_(nranks) {}
+Report::Report(const Options& options, int nranks)
+    : options_(options), nranks_(nranks), json_("comm_bench", options.jsonPath) {}
 
-Report::~Report() {
-  if (json_) fclose(json_);
-}
+Report::~Report() = default;
 
-void Report::jsonFailed(int err) {
-  if (!jsonError_.isOk()) return;
-  jsonError_ = libcomm::makeError(libcomm::StatusCode::kSystemError, "cannot write -J file '", options_.jsonPath,
-                                  "': ", errnoText(err));
-  // Said at once: the run goes on (the other ranks are in it), and fails at its end.
-  fprintf(stderr, "comm_bench: %s; its lines from here on are lost, and the run will FAIL\n",
-          jsonError_.message().c_str());
-}
+libcomm::Status Report::closeJson() { return json_.close(); }
 
-libcomm::Status Report::closeJson() {
-  if (json_) {
-    errno = 0;
-    if (fclose(json_) != 0) jsonFailed(errno);
-    json_ = nullptr;
-  }
-  return jsonError_;
-}
-
-libcomm::Status Report::openJson() {
-  if (options_.jsonPath.empty()) return libcomm::Status::ok();
-  json_ = fopen(options_.jsonPath.c_str(), "w");
-  if (!json_) {
-    return libcomm::makeError(libcomm::StatusCode::kSystemError, "cannot open -J file '", options_.jsonPath,
-                              "': ", strerror(errno));
-  }
-  return libcomm::Status::ok();
-}
+libcomm::Status Report::openJson() { return json_.open(); }
 
 void Report::printHeader(const std::string& bootstrap, const std::vector<RankInfo>& ranks,
                          const std::string& selection) {
@@ -122,7 +80,7 @@ void Report::printHeader(const std::string& bootstrap, const std::vector<RankInf
     for (std::string line; std::getline(lines, line);) printf("#  %s\n", line.c_str());
   }
   printf("#\n");
-  flushStdout();
+  shardcomm::program::flushStdout();
 }
 
 void Report::beginTable(Coll coll) {
@@ -136,7 +94,7 @@ void Report::beginTable(Coll coll) {
          "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
   printf("# %11s %12s %11s %9s %6s %8s %7s %7s %7s %8s %7s %7s %7s\n", "(B)", "(elements)", "", "", "", "(us)",
          "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
-  flushStdout();
+  shardcomm::program::flushStdout();
 }
 
 void Report::printMeasurement(const Measurement& m, size_t bytes) {
@@ -160,7 +118,7 @@ void Report::addRow(const Row& row) {
   printMeasurement(row.outOfPlace, row.bytes);
   printMeasurement(row.inPlace, row.bytes);
   printf("\n");
-  flushStdout();
+  shardcomm::program::flushStdout();
   for (int p = 0; p < 2; ++p) {
     const Measurement& m = p == 0 ? row.outOfPlace : row.inPlace;
     if (!m.ran) continue;
@@ -184,24 +142,23 @@ void Report::endTable() {
   else
     printf("# Out of bounds values : not checked (-c 0)\n");
   printf("# Avg bus bandwidth    : %g\n#\n", busbwCount_ ? busbwSum_ / busbwCount_ : 0.0);
-  flushStdout();
+  shardcomm::program::flushStdout();
 }
 
 void Report::writeJson(const Row& row, const Measurement& m, bool inPlace) {
-  if (!json_ || !jsonError_.isOk()) return;
+  FILE* out = json_.stream();
+  if (!out) return;
   const double algbw = algBandwidth(row.bytes, m.timeUs);
   const std::string wrong = m.wrong < 0 ? "null" : std::to_string(m.wrong);
-  errno = 0;
-  const int n =
-      fprintf(json_,
+  json_.recordWritten(
+      fprintf(out,
               "{\"coll\":\"%s\",\"dtype\":\"%s\",\"outtype\":\"%s\",\"op\":\"%s\",\"nranks\":%d,\"size\":%zu,"
               "\"count\":%zu,\"time_us\":%.3f,\"algbw\":%.4f,\"busbw\":%.4f,\"wrong\":%s,\"inplace\":%s,"
               "\"registered\":%s,\"memory\":\"%s\",\"stream\":\"%s\",\"iters\":%d,\"warmup\":%d,\"impl\":\"%s\"}\n",
               collName(row.coll), typeName(row.types.in), typeName(row.types.out), opColumn(row), nranks_, row.bytes,
               row.count, m.timeUs, algbw, busBandwidth(algbw, nranks_), wrong.c_str(), inPlace ? "true" : "false",
               options_.registered ? "true" : "false", memoryName(options_), streamName(options_), options_.iters,
-              options_.warmup, implName(options_));
-  if (n < 0 || fflush(json_) != 0) jsonFailed(errno);
+              options_.warmup, implName(options_)) >= 0);
 }
 
 bool Report::printSummary(const libcomm::Status& error) {
@@ -216,7 +173,7 @@ bool Report::printSummary(const libcomm::Status& error) {
     printf(" -- FAIL (%s)\n", error.toString().c_str());
   else
     printf(" -- %s\n", pass ? "PASS" : "FAIL");
-  flushStdout();
+  shardcomm::program::flushStdout();
   return pass;
 }
 

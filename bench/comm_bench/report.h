@@ -9,6 +9,7 @@
 
 #include "libcomm/status.h"
 #include "options.h"
+#include "program_output.h"
 
 namespace comm_bench {
 
@@ -57,12 +58,10 @@ class Report {
  private:
   void printMeasurement(const Measurement& m, size_t bytes);
   void writeJson(const Row& row, const Measurement& m, bool inPlace);
-  void jsonFailed(int err);
 
   const Options& options_;
   int nranks_;
-  FILE* json_ = nullptr;
-  libcomm::Status jsonError_;  // the first failed write to json_
+  shardcomm::program::JsonLinesFile json_;
   // Per table.
   double busbwSum_ = 0;
   int busbwCount_ = 0;
@@ -73,12 +72,6 @@ class Report {
   double peakBusbw_[2] = {0, 0};  // by Coll
   bool ranColl_[2] = {false, false};
 };
-
-/// fflush(stdout), keeping the first failed write's errno (report.cc prints through stdout).
-void flushStdout();
-/// Ok, or the first failed write to stdout (after flushing what is left), naming errno. A table
-/// that could not be written must not end in exit status 0.
-libcomm::Status stdoutStatus();
 
 /// GB/s for `bytes` in `timeUs` (10^9 bytes per second, as nccl-tests).
 double algBandwidth(size_t bytes, double timeUs);

@@ -99,12 +99,7 @@ int runRank(const Options& o) {
 }
 
 // Output that could not be written fails the program: a table lost to a full disk must not end in 0.
-int checkStdout(int rc) {
-  const libcomm::Status st = tinylm::stdoutStatus();
-  if (st.isOk()) return rc;
-  std::fprintf(stderr, "shard_bench: %s\n", st.message().c_str());
-  return rc == 0 ? kExitFail : rc;
-}
+int checkStdout(int rc) { return shardcomm::program::exitCheckingStdout("shard_bench", rc, kExitFail); }
 
 }  // namespace
 }  // namespace shard_bench

@@ -63,36 +63,9 @@ Derived derive(const SizeResult& r, int cores) {
   return d;
 }
 
-Report::~Report() {
-  if (json_) std::fclose(json_);
-}
+libcomm::Status Report::closeJson() { return json_.close(); }
 
-void Report::jsonFailed(int err) {
-  if (!jsonError_.isOk()) return;
-  jsonError_ = libcomm::makeError(libcomm::StatusCode::kSystemError, "cannot write -J file '", options_.jsonPath,
-                                  "': ", err > 0 ? std::strerror(err) : "a write failed");
-  // Said at once: the run goes on (the other ranks are in it), and fails at its end.
-  std::fprintf(stderr, "shard_bench: %s; its lines from here on are lost, and the run will FAIL\n",
-               jsonError_.message().c_str());
-}
-
-libcomm::Status Report::closeJson() {
-  if (json_) {
-    errno = 0;
-    if (std::fclose(json_) != 0) jsonFailed(errno);
-    json_ = nullptr;
-  }
-  return jsonError_;
-}
-
-libcomm::Status Report::openJson() {
-  if (options_.jsonPath.empty()) return libcomm::Status::ok();
-  json_ = std::fopen(options_.jsonPath.c_str(), "w");
-  if (!json_)
-    return libcomm::makeError(libcomm::StatusCode::kSystemError, "cannot open -J file '", options_.jsonPath,
-                              "': ", std::strerror(errno));
-  return libcomm::Status::ok();
-}
+libcomm::Status Report::openJson() { return json_.open(); }
 
 void Report::printHeader(int worldSize, const std::string& bootstrap) {
   worldSize_ = worldSize;
@@ -111,7 +84,7 @@ void Report::printHeader(int worldSize, const std::string& bootstrap) {
   std::printf("# %-14s %-12s %9s %9s %7s %9s %9s %9s\n", "size", "mode", "step", "exposed", "exposed", "compute",
               "optimizer", "cpu");
   std::printf("# %-14s %-12s %9s %9s %7s %9s %9s %9s\n", "", "", "(ms)", "(ms)", "(%)", "(ms)", "(ms)", "(ms)");
-  tinylm::flushStdout();
+  shardcomm::program::flushStdout();
 }
 
 void Report::addSize(const SizeResult& r) {
@@ -138,20 +111,20 @@ void Report::addSize(const SizeResult& r) {
               kComparableRatio, verdictName(d.withinIdeal));
   std::printf("; target exposed < %.0f%% [when comm-only < %.1f x compute-only]: %s\n#\n", 100 * kExposedLimit,
               kCommLightRatio, verdictName(d.exposedSmall));
-  tinylm::flushStdout();
+  shardcomm::program::flushStdout();
   sizes_.emplace_back(r.size.name, d);
   writeJson(r, d);
 }
 
 void Report::writeJson(const SizeResult& r, const Derived& d) {
-  if (!json_ || !jsonError_.isOk()) return;
+  FILE* out = json_.stream();
+  if (!out) return;
   const tinylm::TinyLmConfig& m = r.size.model;
   const std::string common = libcomm::detail::strCat(
       "\"bench\":\"shard_bench\",\"size\":\"", r.size.name, "\",\"nranks\":", r.worldSize, ",\"precision\":\"",
       libshard::precisionName(r.size.precision), "\",\"vocab\":", m.vocab, ",\"dim\":", m.dim, ",\"hidden\":", m.hidden,
       ",\"layers\":", m.layers, ",\"seq_len\":", m.seqLen, ",\"tokens_per_rank\":", r.tokensPerRank,
       ",\"micro_batches\":", options_.microBatches, ",\"prefetch\":", options_.prefetchDepth, ",\"params\":", r.params);
-  errno = 0;
   bool written = true;
   for (BenchMode mode : kModes) {
     const ModeResult& f = r.mode(mode);
@@ -159,7 +132,7 @@ void Report::writeJson(const SizeResult& r, const Derived& d) {
       return libcomm::detail::strCat("\"", name, "\":", jsonNumber(f.exposedAtMs[k]));
     });
     written &=
-        std::fprintf(json_,
+        std::fprintf(out,
                      "{\"record\":\"mode\",%s,\"mode\":\"%s\",\"step_ms\":%s,\"exposed_ms\":%s,\"exposed_frac\":%s,"
                      "\"exposed_at_ms\":{%s},\"compute_ms\":%s,\"optimizer_ms\":%s,\"cpu_ms\":%s,\"samples\":%d,"
                      "\"repeats\":%d}\n",
@@ -167,7 +140,7 @@ void Report::writeJson(const SizeResult& r, const Derived& d) {
                      jsonNumber(f.exposedFraction).c_str(), at.c_str(), jsonNumber(f.computeMs).c_str(),
                      jsonNumber(f.optimizerMs).c_str(), jsonNumber(f.cpuMs).c_str(), f.samples, options_.repeats) >= 0;
   }
-  written &= std::fprintf(json_,
+  written &= std::fprintf(out,
                           "{\"record\":\"size\",%s,\"overlap_vs_ideal\":%s,\"serialized_vs_overlap\":%s,"
                           "\"comm_vs_compute\":%s,\"cores\":%d,\"cpu_bound_ms\":%s,\"overlap_vs_cpu_bound\":%s,"
                           "\"target_within_ideal\":\"%s\",\"target_exposed\":\"%s\"}\n",
@@ -175,7 +148,7 @@ void Report::writeJson(const SizeResult& r, const Derived& d) {
                           jsonNumber(d.serializedVsOverlap).c_str(), jsonNumber(d.commVsCompute).c_str(), cores_,
                           jsonNumber(d.cpuBound).c_str(), jsonNumber(d.overlapVsCpuBound).c_str(),
                           verdictName(d.withinIdeal), verdictName(d.exposedSmall)) >= 0;
-  if (!written || std::fflush(json_) != 0) jsonFailed(errno);
+  json_.recordWritten(written);
 }
 
 void Report::printSummary(const libcomm::Status& error) {
@@ -196,7 +169,7 @@ void Report::printSummary(const libcomm::Status& error) {
     std::printf(" -- OK\n");
   else
     std::printf(" -- FAIL (%s)\n", error.toString().c_str());
-  tinylm::flushStdout();
+  shardcomm::program::flushStdout();
 }
 
 }  // namespace shard_bench

@@ -9,6 +9,7 @@
 #include "libcomm/status.h"
 #include "measure.h"
 #include "options.h"
+#include "program_output.h"
 
 namespace shard_bench {
 
@@ -42,8 +43,8 @@ inline constexpr double kExposedLimit = 0.10;
 class Report {
  public:
   /// `cores`: the CPUs the ranks may run on, over all their machines (for the CPU bound).
-  Report(const Options& options, int cores) : options_(options), cores_(cores) {}
-  ~Report();
+  Report(const Options& options, int cores)
+      : options_(options), cores_(cores), json_("shard_bench", options.jsonPath) {}
   Report(const Report&) = delete;
   Report& operator=(const Report&) = delete;
 
@@ -59,12 +60,10 @@ class Report {
 
  private:
   void writeJson(const SizeResult& r, const Derived& d);
-  void jsonFailed(int err);
 
   const Options& options_;
   int cores_ = 1;
-  FILE* json_ = nullptr;
-  libcomm::Status jsonError_;  // the first failed write to json_
+  shardcomm::program::JsonLinesFile json_;
   int worldSize_ = 1;
   std::vector<std::pair<std::string, Derived>> sizes_;
 };

@@ -42,22 +42,6 @@ std::string fmt(const char* f, double v) {
 
 }  // namespace
 
-namespace {
-// The first failed write to stdout, as errno (-1: failed, reason unknown).
-int stdoutErrno = 0;
-}  // namespace
-
-void flushStdout() {
-  if ((std::fflush(stdout) != 0 || std::ferror(stdout)) && stdoutErrno == 0) stdoutErrno = errno > 0 ? errno : -1;
-}
-
-libcomm::Status stdoutStatus() {
-  flushStdout();
-  if (stdoutErrno == 0) return libcomm::Status::ok();
-  return libcomm::makeError(libcomm::StatusCode::kSystemError, "cannot write standard output: ",
-                            stdoutErrno > 0 ? std::strerror(stdoutErrno) : "a write failed");
-}
-
 std::string groupDigits(uint64_t v) {
   const std::string digits = std::to_string(v);
   std::string out;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "libcomm/status.h"
+#include "program_output.h"  // tools/common
 #include "tinylm/launch.h"  // launchedAsRank, which parseCli consults for -np
 #include "tinylm/train.h"
 
@@ -47,11 +48,8 @@ std::string memoryVerdict(const std::vector<RankSummary>& ranks);
 /// 1234567 -> "1,234,567" (report lines). Reentrant.
 std::string groupDigits(uint64_t v);
 
-/// fflush(stdout), keeping the errno of the first failed write to it: glibc drops what it could not
-/// write and keeps only the stream's error flag. Call it after printing (tinylm, shard_bench).
-void flushStdout();
-/// Ok, or the first failed write to stdout (after flushing what is left), naming errno: a report
-/// lost to a full disk or a closed pipe must not end in exit status 0.
-libcomm::Status stdoutStatus();
+/// fflush(stdout) keeping the first failed write's errno (tools/common/program_output.h): call it
+/// after printing.
+using shardcomm::program::flushStdout;
 
 }  // namespace tinylm

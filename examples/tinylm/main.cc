@@ -127,12 +127,7 @@ int runRank(CliOptions o) {
 }
 
 // Output that could not be written fails the program (rank 0 prints; the launcher then fails the job).
-int checkStdout(int rc) {
-  const libcomm::Status st = stdoutStatus();
-  if (st.isOk()) return rc;
-  std::fprintf(stderr, "tinylm: %s\n", st.message().c_str());
-  return rc == 0 ? kExitFail : rc;
-}
+int checkStdout(int rc) { return shardcomm::program::exitCheckingStdout("tinylm", rc, kExitFail); }
 
 }  // namespace
 }  // namespace tinylm
