@@ -144,6 +144,38 @@ Status resolveStore(LaunchInfo& info) {
 }  // namespace
 
 namespace boot {
+namespace {
+
+// A placement setting and the variable it came from (for messages).
+struct Placement {
+  const char* name;
+  std::optional<int> value;
+};
+
+// The ranges of a rank's placement, for those of the four that are known: the world size in
+// [1, kMaxWorldSize], the rank in [0, size), the local size in [1, size], the local rank below the
+// local size (else below the size). kInvalidArgument naming the variable. One rule for
+// resolveLaunchInfo and checkLaunchSettings.
+Status checkPlacement(const Placement& rank, const Placement& size, const Placement& localRank,
+                      const Placement& localSize) {
+  if (size.value && (*size.value < 1 || *size.value > kMaxWorldSize))
+    return makeError(StatusCode::kInvalidArgument, size.name, "=", *size.value, " is outside [1, ", kMaxWorldSize,
+                     "] (kMaxWorldSize, the most ranks libcomm bootstraps)");
+  if (rank.value && size.value && (*rank.value < 0 || *rank.value >= *size.value))
+    return makeError(StatusCode::kInvalidArgument, rank.name, "=", *rank.value, " is outside [0, ", *size.value,
+                     ") given by ", size.name);
+  if (localSize.value && (*localSize.value < 1 || (size.value && *localSize.value > *size.value)))
+    return makeError(StatusCode::kInvalidArgument, localSize.name, "=", *localSize.value, " is outside [1, ",
+                     size.value ? *size.value : kMaxWorldSize, "]");
+  const std::optional<int> localBound = localSize.value ? localSize.value : size.value;
+  if (localRank.value && localBound && (*localRank.value < 0 || *localRank.value >= *localBound))
+    return makeError(StatusCode::kInvalidArgument, localRank.name, "=", *localRank.value, " is outside [0, ",
+                     *localBound, ")");
+  return Status::ok();
+}
+
+}  // namespace
+
 std::span<const char* const> launchVariables() {
   static const std::vector<const char*> kAll = [] {
     std::vector<const char*> all;
@@ -162,19 +194,8 @@ Status checkLaunchSettings() {
   LIBCOMM_ASSIGN_OR_RETURN(std::optional<int> size, envInt(s.sizeVar));
   LIBCOMM_ASSIGN_OR_RETURN(std::optional<int> localRank, envInt(s.localRankVar));
   LIBCOMM_ASSIGN_OR_RETURN(std::optional<int> localSize, envInt(s.localSizeVar));
-  if (size && (*size < 1 || *size > kMaxWorldSize))
-    return makeError(StatusCode::kInvalidArgument, s.sizeVar, "=", *size, " is outside [1, ", kMaxWorldSize,
-                     "] (kMaxWorldSize, the most ranks libcomm bootstraps)");
-  if (rank && size && *rank >= *size)
-    return makeError(StatusCode::kInvalidArgument, s.rankVar, "=", *rank, " is outside [0, ", *size, ") given by ",
-                     s.sizeVar);
-  if (localSize && (*localSize < 1 || (size && *localSize > *size)))
-    return makeError(StatusCode::kInvalidArgument, s.localSizeVar, "=", *localSize, " is outside [1, ",
-                     size ? *size : kMaxWorldSize, "]");
-  // Below the local size, else below the world size (as resolveLaunchInfo bounds it).
-  if (localRank && (localSize || size) && *localRank >= (localSize ? *localSize : *size))
-    return makeError(StatusCode::kInvalidArgument, s.localRankVar, "=", *localRank, " is outside [0, ",
-                     localSize ? *localSize : *size, ")");
+  LIBCOMM_RETURN_IF_ERROR(checkPlacement({s.rankVar, rank}, {s.sizeVar, size}, {s.localRankVar, localRank},
+                                         {s.localSizeVar, localSize}));
   const std::string dir = env("LIBCOMM_STORE_DIR"), addr = env("LIBCOMM_STORE_ADDR");
   if (!dir.empty() && !addr.empty())
     return makeError(StatusCode::kInvalidArgument, "both LIBCOMM_STORE_DIR='", dir, "' and LIBCOMM_STORE_ADDR='", addr,
@@ -221,12 +242,7 @@ Result<LaunchInfo> resolveLaunchInfo(const LaunchOverrides& overrides) {
                      "or libcomm's local launcher",
                      pmi);
   }
-  if (size->value < 1 || size->value > kMaxWorldSize)
-    return makeError(StatusCode::kInvalidArgument, size->who, "=", size->value, " is outside [1, ", kMaxWorldSize,
-                     "] (kMaxWorldSize, the most ranks libcomm bootstraps)");
-  if (rank->value < 0 || rank->value >= size->value)
-    return makeError(StatusCode::kInvalidArgument, rank->who, "=", rank->value, " is outside [0, ", size->value,
-                     ") given by ", size->who);
+  LIBCOMM_RETURN_IF_ERROR(boot::checkPlacement({rank->who.c_str(), rank->value}, {size->who.c_str(), size->value}, {}, {}));
 
   LaunchInfo info;
   info.rank = rank->value;
@@ -253,12 +269,9 @@ Result<LaunchInfo> resolveLaunchInfo(const LaunchOverrides& overrides) {
       localSizeVar = s.localSizeVar;
     }
   }
-  if (localSizeVar && (info.localSize < 1 || info.localSize > info.size))
-    return makeError(StatusCode::kInvalidArgument, localSizeVar, "=", info.localSize, " is outside [1, ", info.size,
-                     "]");
-  if (localRankVar && (info.localRank < 0 || info.localRank >= (localSizeVar ? info.localSize : info.size)))
-    return makeError(StatusCode::kInvalidArgument, localRankVar, "=", info.localRank, " is outside [0, ",
-                     localSizeVar ? info.localSize : info.size, ")");
+  LIBCOMM_RETURN_IF_ERROR(boot::checkPlacement({}, {"world size", info.size},
+                                         {localRankVar, localRankVar ? std::optional<int>(info.localRank) : std::nullopt},
+                                         {localSizeVar, localSizeVar ? std::optional<int>(info.localSize) : std::nullopt}));
 
   LIBCOMM_RETURN_IF_ERROR(resolveStore(info));
   std::string where = !info.storeDir.empty()    ? "file store " + info.storeDir
