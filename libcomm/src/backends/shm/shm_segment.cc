@@ -220,6 +220,41 @@ std::string segmentPrefix(const std::string& jobId, int rank, unsigned commIndex
   return os.str();
 }
 
+namespace {
+
+// One segment a sweep or a launcher would remove, unless its owner still maps it: opened, the
+// owner's lock taken (held: a live owner maps it, perhaps from another pid namespace, where the
+// name's pid means nothing here; EINVAL, no OFD locks before Linux 3.15: not held), checked to be
+// the file of that name still, and unlinked while locked, so that an owner that made it a moment
+// ago makes it again.
+struct Removal {
+  enum Kind { kRemoved, kGone, kHeld, kReplaced, kFailed } kind;
+  const char* what = "";  // kFailed: the step that failed, with `err`
+  int err = 0;
+};
+
+Removal removeUnlessHeld(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0)
+    return errno == ENOENT ? Removal{Removal::kGone}
+                           : Removal{Removal::kFailed, "opening it to see whether its owner still maps it", errno};
+  const int err = lockFile(fd, F_WRLCK, F_OFD_SETLK);
+  Removal r{Removal::kRemoved};
+  if (err == EAGAIN || err == EACCES) {
+    r = {Removal::kHeld};
+  } else if (const Result<bool> same = namesFile(name, fd); !same.isOk() || !same.value()) {
+    r = {Removal::kReplaced};  // another file of that name now, or one we cannot check: left alone
+  } else if (err != 0 && err != EINVAL) {
+    r = {Removal::kFailed, "locking it (F_OFD_SETLK)", err};
+  } else if (shm_unlink(name.c_str()) != 0) {
+    r = errno == ENOENT ? Removal{Removal::kGone} : Removal{Removal::kFailed, "unlinking it", errno};
+  }
+  close(fd);
+  return r;
+}
+
+}  // namespace
+
 SweepResult removeJobSegments(const std::string& jobId, const std::vector<pid_t>& pids) {
   SweepResult result;
   if (jobId.empty() || pids.empty()) return result;
@@ -234,26 +269,15 @@ SweepResult removeJobSegments(const std::string& jobId, const std::vector<pid_t>
     const std::string name = std::string("/") + e->d_name;
     // As the sweep does: a segment whose owner's lock is held is mapped by a live process (a rank of
     // another pid namespace with the same pid and job id, or a reused pid): left alone.
-    const int fd = shm_open(name.c_str(), O_RDWR, 0);
-    if (fd < 0) {
-      if (errno != ENOENT) result.skipped.push_back({name, std::string("opening it: ") + strerror(errno)});
-      continue;
-    }
-    const int err = lockFile(fd, F_WRLCK, F_OFD_SETLK);
-    const Result<bool> same = namesFile(name, fd);
-    if (err == EAGAIN || err == EACCES || !same.isOk() || !same.value()) {
-      if (err == EAGAIN || err == EACCES)
-        result.skipped.push_back({name, "still mapped by a live process (its lock is held)"});
-      close(fd);
-      continue;
-    }
-    if (shm_unlink(name.c_str()) == 0) {
+    const Removal r = removeUnlessHeld(name);
+    if (r.kind == Removal::kRemoved) {
       ++result.removed;
       LIBCOMM_LOG(kInfo, "mem") << "removed segment " << name << " of job " << jobId << " (its rank was stopped)";
-    } else if (errno != ENOENT) {
-      result.skipped.push_back({name, std::string("unlinking it: ") + strerror(errno)});
+    } else if (r.kind == Removal::kHeld) {
+      result.skipped.push_back({name, "still mapped by a live process (its lock is held)"});
+    } else if (r.kind == Removal::kFailed) {
+      result.skipped.push_back({name, std::string(r.what) + ": " + strerror(r.err)});
     }
-    close(fd);
   }
   closedir(dir);
   return result;
@@ -319,38 +343,14 @@ SweepResult sweepStaleSegments(bool verbose) {
                                 << " not running here): " << reason;
       result.skipped.push_back({name, std::move(reason)});
     };
-    const int fd = shm_open(name.c_str(), O_RDWR, 0);
-    if (fd < 0) {
-      if (errno != ENOENT) skip("opening it to see whether its owner still maps it", errno);
-      continue;
-    }
-    // Held: its owner still maps it (from another pid namespace, where the name's pid means nothing
-    // here). EINVAL (no OFD locks, before Linux 3.15): the pid alone decides, as before locks.
-    const int err = lockFile(fd, F_WRLCK, F_OFD_SETLK);
-    if (err == EAGAIN || err == EACCES) {
-      close(fd);
-      continue;
-    }
-    // Another file of that name now, or one we cannot check (namesFile's error): left alone.
-    const Result<bool> same = namesFile(name, fd);
-    if (!same.isOk() || !same.value()) {
-      close(fd);
-      continue;
-    }
-    if (err != 0 && err != EINVAL) {
-      skip("locking it (F_OFD_SETLK)", err);
-      close(fd);
-      continue;
-    }
-    // Unlinked while we hold the lock, so an owner that made it a moment ago makes it again.
-    if (shm_unlink(name.c_str()) == 0) {
+    const Removal r = removeUnlessHeld(name);
+    if (r.kind == Removal::kRemoved) {
       ++result.removed;
       if (verbose) printf("removed %s (unused; owner pid %ld is gone)\n", name.c_str(), pid);
       LIBCOMM_LOG(kInfo, "mem") << "removed stale segment " << name << " (owner pid " << pid << " is gone)";
-    } else if (errno != ENOENT) {
-      skip("unlinking it", errno);
+    } else if (r.kind == Removal::kFailed) {
+      skip(r.what, r.err);
     }
-    close(fd);
   }
   closedir(dir);
   return result;
