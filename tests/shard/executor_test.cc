@@ -253,6 +253,22 @@ libcomm::Result<std::unique_ptr<Rig>> makeRig(RankContext& ctx, const Variant& v
   return rig;
 }
 
+// `steps` steps of the toy net through a Runner, the optimizer writing the next step's weights:
+// every view must show the weights of its step (the state must hold the current step's).
+Status runToySteps(Rig& rig, int steps) {
+  toy::ToyNet net(rig.spec, rig.plan);
+  libshard::RunnerHooks hooks;
+  hooks.optimizer = [&](libshard::Executor& e) -> Status {
+    toy::setWeights(rig.plan, e.state(), e.step() + 1);
+    return Status::ok();
+  };
+  libshard::Runner runner(*rig.ex, net.layers(), hooks);
+  for (int s = 0; s < steps; ++s) LIBCOMM_RETURN_IF_ERROR(runner.step());
+  if (net.wrongWeights != 0)
+    return libcomm::makeError(StatusCode::kInternalError, net.wrongWeights, " wrong weights seen");
+  return Status::ok();
+}
+
 Status expectError(const Status& st, std::initializer_list<StatusCode> codes, std::initializer_list<const char*> words,
                    const char* what) {
   bool codeOk = false;
@@ -451,16 +467,7 @@ TEST(ExecutorOptions, ComputeStreamIsInlineUnlessAskedForAThread) {
       if (computeThreads != (threaded ? 1 : 0))
         return libcomm::makeError(StatusCode::kInternalError, computeThreads, " compute-stream threads with ",
                                   threaded ? "a threaded" : "an inline", " compute stream");
-      toy::ToyNet net(rig->spec, rig->plan);
-      libshard::RunnerHooks hooks;
-      hooks.optimizer = [&](libshard::Executor& e) -> Status {
-        toy::setWeights(rig->plan, e.state(), e.step() + 1);
-        return Status::ok();
-      };
-      libshard::Runner runner(*rig->ex, net.layers(), hooks);
-      for (int s = 0; s < 2; ++s) LIBCOMM_RETURN_IF_ERROR(runner.step());
-      if (net.wrongWeights != 0)
-        return libcomm::makeError(StatusCode::kInternalError, net.wrongWeights, " wrong weights seen");
+      LIBCOMM_RETURN_IF_ERROR(runToySteps(*rig, 2));
     }
     return Status::ok();
   });
@@ -507,16 +514,7 @@ TEST(ExecutorOptions, StepsCountFromTheFirstStepGiven) {
     LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, {1, Precision::kFp32}, testConfig(), eo));
     if (rig->ex->step() != 5) return libcomm::makeError(StatusCode::kInternalError, "step() ", rig->ex->step());
     toy::setWeights(rig->plan, rig->pool->state(), 5);
-    toy::ToyNet net(rig->spec, rig->plan);  // checks every view's weights against its step
-    libshard::RunnerHooks hooks;
-    hooks.optimizer = [&](libshard::Executor& e) -> Status {
-      toy::setWeights(rig->plan, e.state(), e.step() + 1);
-      return Status::ok();
-    };
-    libshard::Runner runner(*rig->ex, net.layers(), hooks);
-    for (int s = 0; s < 2; ++s) LIBCOMM_RETURN_IF_ERROR(runner.step());
-    if (net.wrongWeights != 0)
-      return libcomm::makeError(StatusCode::kInternalError, net.wrongWeights, " wrong weights seen");
+    LIBCOMM_RETURN_IF_ERROR(runToySteps(*rig, 2));  // the views' weights are checked against their step
     if (rig->ex->step() != 7) return libcomm::makeError(StatusCode::kInternalError, "step() ", rig->ex->step());
     LIBCOMM_RETURN_IF_ERROR(rig->ex->synchronize());
     const auto entries = rig->ex->eventLog().entries();
