@@ -195,7 +195,7 @@ libcomm::Result<Options> parseOptions(const std::vector<std::string>& args) {
     const std::string flags =
         libcomm::detail::strCat("size ", s.name, ": --seq-len ", s.model.seqLen, " x --seqs-per-rank ", s.seqsPerRank);
     LIBCOMM_RETURN_IF_ERROR(tinylm::checkMicroBatchTokens(s.model, uint64_t(s.seqsPerRank) * uint64_t(s.model.seqLen),
-                                                          flags, here, tinylm::physicalMemoryBytes()));
+                                                          flags, here, tinylm::usableMemory()));
     if (int64_t{s.seqsPerRank} * here * o.microBatches > std::numeric_limits<int>::max())
       return libcomm::makeError(StatusCode::kInvalidArgument, "size ", s.name, ": --seqs-per-rank ", s.seqsPerRank,
                                 " x ", here, " ranks x --micro-batches ", o.microBatches,

@@ -5,7 +5,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include "tinylm/check.h"
@@ -75,14 +79,59 @@ uint64_t layerMemoryBytes(const TinyLmConfig& cfg, uint64_t tokens, bool checkpo
   return bytes >= 0x1p64L ? UINT64_MAX : static_cast<uint64_t>(bytes);
 }
 
-uint64_t physicalMemoryBytes() {
+namespace {
+
+// The first line of `path` as a byte count: "max" (v2's no limit) or anything unreadable is none.
+std::optional<uint64_t> readLimit(const std::string& path) {
+  std::ifstream in(path);
+  std::string word;
+  if (!(in >> word) || word.empty() || word.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  errno = 0;
+  const unsigned long long v = std::strtoull(word.c_str(), nullptr, 10);
+  if (errno == ERANGE) return std::nullopt;
+  return uint64_t(v);
+}
+
+}  // namespace
+
+MemoryLimit usableMemory(const std::string& root) {
+  MemoryLimit limit;
   const long pages = ::sysconf(_SC_PHYS_PAGES), pageSize = ::sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || pageSize <= 0) return UINT64_MAX;
-  return uint64_t(pages) * uint64_t(pageSize);
+  if (pages > 0 && pageSize > 0) limit.bytes = uint64_t(pages) * uint64_t(pageSize);
+  // /proc/self/cgroup: "0::/path" (v2) and "N:controller,...:/path" (v1). The limits of the cgroup
+  // and of each ancestor all apply; where a cgroup namespace hides the outer path, the mount's root
+  // holds the container's own files.
+  std::ifstream groups(root + "/proc/self/cgroup");
+  for (std::string line; std::getline(groups, line);) {
+    const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    std::string dir, file;
+    if (line.compare(0, a, "0") == 0 && controllers.empty()) {
+      dir = root + "/sys/fs/cgroup";
+      file = "memory.max";
+    } else if (("," + controllers + ",").find(",memory,") != std::string::npos) {
+      dir = root + "/sys/fs/cgroup/memory";
+      file = "memory.limit_in_bytes";
+    } else {
+      continue;
+    }
+    for (std::string at = path.empty() || path[0] != '/' ? "/" : path;;) {
+      const std::optional<uint64_t> v = readLimit(dir + (at == "/" ? "" : at) + "/" + file);
+      if (v && *v < limit.bytes) {
+        limit.bytes = *v;
+        limit.what = libcomm::detail::strCat("the limit of cgroup ", at, " (its ", file, ")");
+      }
+      if (at == "/") break;
+      const size_t slash = at.find_last_of('/');
+      at = slash == 0 ? "/" : at.substr(0, slash);
+    }
+  }
+  return limit;
 }
 
 libcomm::Status checkMicroBatchTokens(const TinyLmConfig& cfg, uint64_t tokens, const std::string& flags, int ranksHere,
-                                      uint64_t memoryBytes, bool checkpointing) {
+                                      const MemoryLimit& memory, bool checkpointing) {
   using libcomm::StatusCode;
   const uint64_t most = maxTokensPerMicroBatch(cfg);
   if (tokens > most)
@@ -92,12 +141,12 @@ libcomm::Status checkMicroBatchTokens(const TinyLmConfig& cfg, uint64_t tokens, 
                               " (max of dim, hidden, vocab) elements, must stay under 2^31");
   const uint64_t perRank = layerMemoryBytes(cfg, tokens, checkpointing);
   const long double need = static_cast<long double>(perRank) * std::max(ranksHere, 1);
-  if (need > static_cast<long double>(memoryBytes))
+  if (need > static_cast<long double>(memory.bytes))
     return libcomm::makeError(StatusCode::kInvalidArgument, flags, " = ", tokens,
                               " tokens per rank and micro-batch, whose activations and scratch (",
                               perRank >> 20, " MiB per rank", checkpointing ? " with every block but one checkpointed" : "",
                               ranksHere > 1 ? libcomm::detail::strCat(" x ", ranksHere, " ranks here") : "",
-                              ") exceed this machine's memory (", memoryBytes >> 20, " MiB)");
+                              ") exceed ", memory.what, ": ", memory.bytes >> 20, " MiB");
   return libcomm::Status::ok();
 }
 

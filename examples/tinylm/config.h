@@ -71,16 +71,25 @@ uint64_t maxTokensPerMicroBatch(const TinyLmConfig& cfg);
 /// Otherwise nothing is checkpointed: an upper bound. Pure.
 uint64_t layerMemoryBytes(const TinyLmConfig& cfg, uint64_t tokens, bool checkpointing = false);
 
-/// This machine's physical memory in bytes (sysconf), or UINT64_MAX when it cannot be told.
-uint64_t physicalMemoryBytes();
+/// The memory this process may fill, and what sets it, for messages.
+struct MemoryLimit {
+  uint64_t bytes = UINT64_MAX;
+  std::string what = "this machine's memory";
+};
+
+/// The smaller of this machine's physical memory (sysconf) and the memory limit of this process's
+/// cgroup: cgroup v2's memory.max, v1's memory.limit_in_bytes, of its own cgroup and every ancestor
+/// (a container's or a batch job's limit sits at any of them). `root` prefixes /proc and /sys, for
+/// tests. bytes is UINT64_MAX when nothing can be told.
+MemoryLimit usableMemory(const std::string& root = "");
 
 /// kInvalidArgument, saying `flags` first (where the tokens come from, e.g. "--seq-len 64 x 8
 /// sequences per rank and micro-batch"), unless a micro-batch of `tokens` tokens per rank fits:
 /// at most maxTokensPerMicroBatch(cfg), and `ranksHere` ranks' layerMemoryBytes within
-/// `memoryBytes` (this machine's memory, for ranks sharing it), counted with `checkpointing` as
+/// `memory` (usableMemory(), for ranks sharing the machine), counted with `checkpointing` as
 /// above. `cfg` must validate.
 libcomm::Status checkMicroBatchTokens(const TinyLmConfig& cfg, uint64_t tokens, const std::string& flags, int ranksHere,
-                                      uint64_t memoryBytes, bool checkpointing = false);
+                                      const MemoryLimit& memory, bool checkpointing = false);
 
 /// The model for libshard, layers in execution order:
 ///   "embed"      : "embed.weight"      [vocab, dim]   kEmbedding

@@ -233,7 +233,7 @@ Status validateTrainOptions(const TrainOptions& o, int worldSize, int ranksHere)
       "--seq-len ", o.model.seqLen, " x ", seqs, " sequences (--global-batch ", o.globalBatch, " / --micro-batches ",
       o.microBatches, " / ", worldSize, worldSize == 1 ? " rank)" : " ranks)");
   // With a memory budget the plan may checkpoint blocks: counted at the least it can get by with.
-  return checkMicroBatchTokens(o.model, maxMicroBatchTokens(o, worldSize), flags, ranksHere, physicalMemoryBytes(),
+  return checkMicroBatchTokens(o.model, maxMicroBatchTokens(o, worldSize), flags, ranksHere, usableMemory(),
                                o.memoryBudgetBytes > 0);
 }
 

@@ -35,6 +35,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -578,7 +579,7 @@ TEST(TinyLmTrainOptions, MicroBatchTokensAreBoundedBeforeAnyAllocation) {
   tinylm::TinyLmConfig cfg;  // vocab 256 is the widest: 2^31 / 256 tokens, less one element
   const uint64_t most = tinylm::maxTokensPerMicroBatch(cfg);
   EXPECT_EQ(most, ((uint64_t{1} << 31) - 1) / 256);
-  const uint64_t plenty = UINT64_MAX;
+  const tinylm::MemoryLimit plenty;  // none
   EXPECT_TRUE(tinylm::checkMicroBatchTokens(cfg, most, "T", 1, plenty).isOk());
   const Status over = tinylm::checkMicroBatchTokens(cfg, most + 1, "--seq-len X", 1, plenty);
   EXPECT_EQ(over.code(), StatusCode::kInvalidArgument);
@@ -587,8 +588,8 @@ TEST(TinyLmTrainOptions, MicroBatchTokensAreBoundedBeforeAnyAllocation) {
   // Memory: the bytes of every rank on the machine; an upper bound on what the layers can hold.
   const uint64_t perRank = tinylm::layerMemoryBytes(cfg, 1000);
   EXPECT_GE(perRank, 4u * 1000 * (3 * 64 + 2 * 256 + 256 + 64 + 256));  // x, z, grad, preActs, probs, normed, logits
-  EXPECT_TRUE(tinylm::checkMicroBatchTokens(cfg, 1000, "T", 2, 2 * perRank).isOk());
-  const Status full = tinylm::checkMicroBatchTokens(cfg, 1000, "T", 2, 2 * perRank - 1);
+  EXPECT_TRUE(tinylm::checkMicroBatchTokens(cfg, 1000, "T", 2, {2 * perRank}).isOk());
+  const Status full = tinylm::checkMicroBatchTokens(cfg, 1000, "T", 2, {2 * perRank - 1});
   EXPECT_EQ(full.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(full.message().find("exceed this machine's memory"), std::string::npos) << full.toString();
   // With a memory budget the plan may checkpoint every block but one: a run that only fits so is
@@ -597,8 +598,8 @@ TEST(TinyLmTrainOptions, MicroBatchTokensAreBoundedBeforeAnyAllocation) {
   deep.layers = 48;
   const uint64_t all = tinylm::layerMemoryBytes(deep, 1000), least = tinylm::layerMemoryBytes(deep, 1000, true);
   EXPECT_EQ(all - least, 4u * 1000 * 47 * uint64_t(deep.hidden));  // 47 pre-activations not held
-  EXPECT_FALSE(tinylm::checkMicroBatchTokens(deep, 1000, "T", 1, least).isOk());
-  EXPECT_TRUE(tinylm::checkMicroBatchTokens(deep, 1000, "T", 1, least, true).isOk());
+  EXPECT_FALSE(tinylm::checkMicroBatchTokens(deep, 1000, "T", 1, {least}).isOk());
+  EXPECT_TRUE(tinylm::checkMicroBatchTokens(deep, 1000, "T", 1, {least}, true).isOk());
   // The command line: the rank with the most sequences counts, -np's ranks share the machine.
   auto seq = tinylm::parseCli({"--seq-len", "2147483647", "--steps", "1"});
   ASSERT_FALSE(seq.isOk());
@@ -614,6 +615,47 @@ TEST(TinyLmTrainOptions, MicroBatchTokensAreBoundedBeforeAnyAllocation) {
   TrainOptions o = tinyOptions(Precision::kFp32);
   o.model.seqLen = 1 << 30;
   EXPECT_EQ(tinylm::validateTrainOptions(o, 2).code(), StatusCode::kInvalidArgument);
+}
+
+// The memory bound is the process's cgroup limit where that is below the machine's memory (a
+// container or batch job got the machine's whole memory as its bound, and was OOM-killed instead).
+TEST(TinyLmTrainOptions, MemoryBoundIsTheCgroupLimit) {
+  char tmpl[] = "/tmp/tinylm-cgroup-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::filesystem::path root = tmpl;
+  auto put = [&](const std::string& rel, const std::string& text) {
+    std::filesystem::create_directories((root / rel).parent_path());
+    std::ofstream(root / rel) << text;
+  };
+  const uint64_t physical = tinylm::usableMemory("/nonexistent").bytes;  // no cgroup files there
+  ASSERT_GT(physical, uint64_t{4} << 30);
+  // v2: the parent's limit binds (the job's own says "max"); a garbled file is no limit.
+  put("proc/self/cgroup", "0::/job/step\n");
+  put("sys/fs/cgroup/job/memory.max", "1073741824\n");
+  put("sys/fs/cgroup/job/step/memory.max", "max\n");
+  put("sys/fs/cgroup/memory.max", "12x\n");
+  tinylm::MemoryLimit v2 = tinylm::usableMemory(root.string());
+  EXPECT_EQ(v2.bytes, uint64_t{1} << 30);
+  EXPECT_EQ(v2.what, "the limit of cgroup /job (its memory.max)");
+  // v1 (memory among other controllers): "unlimited" is a huge number; the root's limit binds.
+  put("proc/self/cgroup", "5:pids:/other\n4:cpu,memory:/a\n0::/\n");
+  put("sys/fs/cgroup/memory/a/memory.limit_in_bytes", "9223372036854771712\n");
+  put("sys/fs/cgroup/memory/memory.limit_in_bytes", "2147483648\n");
+  tinylm::MemoryLimit v1 = tinylm::usableMemory(root.string());
+  EXPECT_EQ(v1.bytes, uint64_t{2} << 30);
+  EXPECT_EQ(v1.what, "the limit of cgroup / (its memory.limit_in_bytes)");
+  // Limits above the machine's memory do not raise it.
+  put("sys/fs/cgroup/memory/memory.limit_in_bytes", std::to_string(physical + 4096) + "\n");
+  tinylm::MemoryLimit none = tinylm::usableMemory(root.string());
+  EXPECT_EQ(none.bytes, physical);
+  EXPECT_EQ(none.what, "this machine's memory");
+  EXPECT_LE(tinylm::usableMemory().bytes, physical);  // this process's own, whatever it is
+  // The refusal names the limit.
+  tinylm::TinyLmConfig cfg;
+  const Status st = tinylm::checkMicroBatchTokens(cfg, 1u << 20, "T", 1, v2);
+  EXPECT_NE(st.message().find("exceed the limit of cgroup /job (its memory.max): 1024 MiB"), std::string::npos)
+      << st.toString();
+  std::filesystem::remove_all(root);
 }
 
 TEST(TinyLmTrainOptions, HeaderLineSaysWhenThereIsNothingToRun) {
