@@ -53,18 +53,18 @@ Result<std::unique_ptr<Channel>> Channel::create(int rank, int size, const CommC
   // different streams' threads.
   wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
   ucp_worker_h worker = nullptr;
-  ucs_status_t st = ucp_worker_create(ch->context_->handle(), &wp, &worker);
+  ucs_status_t st = api().ucp_worker_create(ch->context_->handle(), &wp, &worker);
   if (st != UCS_OK)
-    return makeError(StatusCode::kSystemError, "rank ", rank, ": ucp_worker_create failed: ", ucs_status_string(st));
+    return makeError(StatusCode::kSystemError, "rank ", rank, ": ucp_worker_create failed: ", api().ucs_status_string(st));
   ch->worker_ = worker;
-  if ((st = ucp_worker_get_efd(worker, &ch->efd_)) != UCS_OK)
-    return makeError(StatusCode::kSystemError, "rank ", rank, ": ucp_worker_get_efd failed: ", ucs_status_string(st));
+  if ((st = api().ucp_worker_get_efd(worker, &ch->efd_)) != UCS_OK)
+    return makeError(StatusCode::kSystemError, "rank ", rank, ": ucp_worker_get_efd failed: ", api().ucs_status_string(st));
   ucp_worker_attr_t wa{};
   wa.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS;
-  if ((st = ucp_worker_query(worker, &wa)) != UCS_OK)
-    return makeError(StatusCode::kSystemError, "rank ", rank, ": ucp_worker_query failed: ", ucs_status_string(st));
+  if ((st = api().ucp_worker_query(worker, &wa)) != UCS_OK)
+    return makeError(StatusCode::kSystemError, "rank ", rank, ": ucp_worker_query failed: ", api().ucs_status_string(st));
   ch->address_.assign(reinterpret_cast<const char*>(wa.address), wa.address_length);
-  ucp_worker_release_address(worker, wa.address);
+  api().ucp_worker_release_address(worker, wa.address);
   ch->peers_.resize(size);
   return ch;
 }
@@ -98,7 +98,7 @@ Status Channel::connect(const std::vector<std::string>& addresses, const std::ve
     // Not a warning by itself: a peer that finished and closed its channel looks the same. A wait
     // that still needed the peer reports the loss as its error.
     LIBCOMM_LOG(kInfo, "ucx") << "rank " << pr->channel->rank_ << ": UCX endpoint to rank " << pr->rank
-                              << " closed or failed: " << ucs_status_string(status);
+                              << " closed or failed: " << api().ucs_status_string(status);
   };
   connectTried_ = true;
   for (int p : peers) {
@@ -114,17 +114,17 @@ Status Channel::connect(const std::vector<std::string>& addresses, const std::ve
     ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = onError;
     ep.err_handler.arg = peer.get();
-    ucs_status_t st = ucp_ep_create(worker_, &ep, &peer->ep);
+    ucs_status_t st = api().ucp_ep_create(worker_, &ep, &peer->ep);
     if (st != UCS_OK)
       return makeError(StatusCode::kRemoteError, "rank ", rank_, ": creating the UCX endpoint to rank ", p,
-                       " failed: ", ucs_status_string(st));
+                       " failed: ", api().ucs_status_string(st));
     if (bulkBytes_ > 0) {
       ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;  // see Peer::bulk
-      st = ucp_ep_create(worker_, &ep, &peer->bulk);
+      st = api().ucp_ep_create(worker_, &ep, &peer->bulk);
       if (st != UCS_OK) {
         peers_[p] = std::move(peer);
         return makeError(StatusCode::kRemoteError, "rank ", rank_, ": creating the UCX bulk endpoint to rank ", p,
-                         " failed: ", ucs_status_string(st));
+                         " failed: ", api().ucs_status_string(st));
       }
     }
     peers_[p] = std::move(peer);
@@ -201,7 +201,7 @@ Status Channel::checkPeer(int peer, const char* what, bool evenIfAborted, bool e
   if (p.failure != UCS_OK && !evenIfLost) {
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - p.failedAt).count();
     return makeError(StatusCode::kRemoteError, "rank ", rank_, ": UCX ", what, " refused: peer rank ", peer,
-                     " was lost ", ms, " ms ago (UCX '", ucs_status_string(p.failure), "')");
+                     " was lost ", ms, " ms ago (UCX '", api().ucs_status_string(p.failure), "')");
   }
   if (p.closed)
     return makeError(StatusCode::kRemoteError, "rank ", rank_, ": UCX ", what, " refused: the endpoint to rank ", peer,
@@ -228,7 +228,7 @@ Channel::Slot& Channel::acquireSlot() {
 }
 
 void Channel::releaseSlot(Slot& s) {
-  if (s.request) ucp_request_free(s.request);
+  if (s.request) api().ucp_request_free(s.request);
   s.request = nullptr;
   s.inUse = false;
   ++s.generation;
@@ -296,7 +296,7 @@ Result<Request> Channel::post(TagClass cls, bool isRecv, int peer, const Tag& ta
       ++*slot->completions;
     };
     // The sender's rank is in the tag (wireTag), so the full mask matches this peer only.
-    r = ucp_tag_recv_nbx(worker_, buffer, bytes, wireTag(cls, static_cast<uint32_t>(peer), tag), kFullTagMask, &p);
+    r = api().ucp_tag_recv_nbx(worker_, buffer, bytes, wireTag(cls, static_cast<uint32_t>(peer), tag), kFullTagMask, &p);
   } else {
     p.cb.send = [](void*, ucs_status_t status, void* user) {
       auto* slot = static_cast<Slot*>(user);
@@ -306,7 +306,7 @@ Result<Request> Channel::post(TagClass cls, bool isRecv, int peer, const Tag& ta
     };
     const Peer& to = *peers_[peer];
     bulk = to.bulk && (bulk || (cls == TagClass::kData && bytes >= bulkBytes_));
-    r = ucp_tag_send_nbx(bulk ? to.bulk : to.ep, buffer, bytes, wireTag(cls, static_cast<uint32_t>(rank_), tag), &p);
+    r = api().ucp_tag_send_nbx(bulk ? to.bulk : to.ep, buffer, bytes, wireTag(cls, static_cast<uint32_t>(rank_), tag), &p);
   }
   if (r == nullptr) {
     s.done = true;  // completed at once (small messages; a receive whose message was already here)
@@ -323,7 +323,7 @@ void Channel::abort() {
   aborted_.store(true, std::memory_order_release);
   // Wakes a waiter sleeping on the event fd; documented as safe from any thread.
   std::lock_guard<std::mutex> lock(signalMu_);
-  if (worker_) ucp_worker_signal(worker_);
+  if (worker_) api().ucp_worker_signal(worker_);
 }
 
 bool Channel::peerLost(int peer) const {
@@ -353,10 +353,10 @@ std::string Channel::describePeer(int peer) const {
   size_t len = 0;
   FILE* f = open_memstream(&buf, &len);
   if (!f) return "";
-  ucp_ep_print_info(peers_[peer]->ep, f);
+  api().ucp_ep_print_info(peers_[peer]->ep, f);
   if (peers_[peer]->bulk) {
     fprintf(f, "bulk endpoint (messages of %zu bytes and more):\n", bulkBytes_);
-    ucp_ep_print_info(peers_[peer]->bulk, f);
+    api().ucp_ep_print_info(peers_[peer]->bulk, f);
   }
   fclose(f);
   std::string out(buf, len);
@@ -369,7 +369,7 @@ unsigned Channel::progressAll() {
   // Bounded: a steady stream of arrivals must not keep a caller from its deadline checks.
   unsigned total = 0;
   for (int i = 0; i < 64; ++i) {
-    const unsigned n = ucp_worker_progress(worker_);
+    const unsigned n = api().ucp_worker_progress(worker_);
     if (n == 0) break;
     total += n;
   }
@@ -377,7 +377,7 @@ unsigned Channel::progressAll() {
 }
 
 void Channel::sleepOnWorker(std::chrono::milliseconds slice) {
-  if (!worker_ || ucp_worker_arm(worker_) != UCS_OK) return;  // UCS_ERR_BUSY: events are waiting; progress again
+  if (!worker_ || api().ucp_worker_arm(worker_) != UCS_OK) return;  // UCS_ERR_BUSY: events are waiting; progress again
   pollfd pfd{efd_, POLLIN, 0};
   (void)poll(&pfd, 1, static_cast<int>(std::max<long long>(slice.count(), 1)));
 }
@@ -395,7 +395,7 @@ void Channel::cancelReceives() {
   // A tag receive belongs to the worker, not to an endpoint: a lost peer never completes it.
   // Cancelled, it completes with UCS_ERR_CANCELED (one already matched mid-rendezvous may not).
   for (const auto& s : slots_)
-    if (s->inUse && !s->done && s->isRecv && s->request) ucp_request_cancel(worker_, s->request);
+    if (s->inUse && !s->done && s->isRecv && s->request) api().ucp_request_cancel(worker_, s->request);
 }
 
 Status Channel::drain(Deadline deadline) {
@@ -457,7 +457,7 @@ void Channel::retireWorker() {
     peers_[p]->closed = true;
   }
   std::lock_guard<std::mutex> lock(signalMu_);
-  ucp_worker_destroy(worker_);
+  api().ucp_worker_destroy(worker_);
   worker_ = nullptr;
 }
 
@@ -474,7 +474,7 @@ void Channel::closeEndpoint(Peer& peer, bool force, std::vector<void*>* closing)
     ucp_request_param_t cp{};
     cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     cp.flags = flags;
-    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &cp);
+    ucs_status_ptr_t r = api().ucp_ep_close_nbx(ep, &cp);
     if (UCS_PTR_IS_PTR(r)) closing->push_back(r);
   };
   // A graceful close flushes first, which never ends towards a stopped or cut-off peer: only
@@ -493,8 +493,8 @@ size_t Channel::settleCloses(std::vector<void*>* closing, Deadline deadline) {
     progressAll();
     closing->erase(std::remove_if(closing->begin(), closing->end(),
                                   [](void* r) {
-                                    if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
-                                    ucp_request_free(r);
+                                    if (api().ucp_request_check_status(r) == UCS_INPROGRESS) return false;
+                                    api().ucp_request_free(r);
                                     return true;
                                   }),
                    closing->end());
@@ -502,7 +502,7 @@ size_t Channel::settleCloses(std::vector<void*>* closing, Deadline deadline) {
     sleepOnWorker(std::chrono::milliseconds(1));
   }
   const size_t left = closing->size();
-  for (void* r : *closing) ucp_request_free(r);  // released by UCX once it completes
+  for (void* r : *closing) api().ucp_request_free(r);  // released by UCX once it completes
   closing->clear();
   return left;
 }
@@ -563,10 +563,10 @@ Channel::~Channel() {
   gGracefulCloses.fetch_add(counts.graceful, std::memory_order_relaxed);
   gForcedCloses.fetch_add(counts.forced, std::memory_order_relaxed);
   for (const auto& s : slots_)
-    if (s->request) ucp_request_free(s->request);  // a pending one is released by the worker's end
+    if (s->request) api().ucp_request_free(s->request);  // a pending one is released by the worker's end
   {
     std::lock_guard<std::mutex> lock(signalMu_);
-    ucp_worker_destroy(worker_);
+    api().ucp_worker_destroy(worker_);
     worker_ = nullptr;
   }
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();

@@ -2,9 +2,8 @@
 // Internals of ucx::Channel shared by ucx_channel.cc (set-up, posting, teardown) and ucx_wait.cc
 // (waiting and its errors): the request slots and the per-peer state.
 
-#include <ucp/api/ucp.h>
-
 #include "backends/ucx/ucx_channel.h"
+#include "backends/ucx/ucx_library.h"  // UCX's headers, and its functions (api())
 
 namespace libcomm::ucx {
 

@@ -2,7 +2,6 @@
 
 #include "backends/ucx/ucx_context.h"
 
-#include <ucp/api/ucp.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -10,6 +9,7 @@
 #include <map>
 #include <mutex>
 
+#include "backends/ucx/ucx_library.h"
 #include "bootstrap/net_interfaces.h"
 #include "core/log.h"
 #include "core/process_forks.h"
@@ -112,7 +112,6 @@ Result<std::shared_ptr<Context>> Context::acquire(Milliseconds peerTimeout) {
 }
 
 Result<std::shared_ptr<Context>> Context::create(Milliseconds peerTimeout, uint64_t forks) {
-
   const AppliedDefaults defaults = applyEnvironmentDefaults(peerTimeout);
   if (const char* ka = getenv("UCX_KEEPALIVE_INTERVAL"))
     LIBCOMM_LOG(kWarn, "ucx") << "UCX_KEEPALIVE_INTERVAL=" << ka
@@ -121,12 +120,14 @@ Result<std::shared_ptr<Context>> Context::create(Milliseconds peerTimeout, uint6
                                  "and its op deadline instead";
 
   noteSocketIfname();
+  // Loaded only now, after the defaults above are in the environment it reads.
+  LIBCOMM_RETURN_IF_ERROR(library().status());
 
   ucp_config_t* config = nullptr;
-  ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+  ucs_status_t st = api().ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK)
     return makeError(StatusCode::kSystemError,
-                     "UCX: reading its configuration (UCX_* variables) failed: ", ucs_status_string(st));
+                     "UCX: reading its configuration (UCX_* variables) failed: ", api().ucs_status_string(st));
   // Every endpoint learns its remote endpoint's id while it is created (during the hello), not at
   // its first rendezvous. UCX 1.13's default resolves it up front only for endpoints in the
   // peer-failure mode; a bulk endpoint asked at its first large send, and when the peer had stopped
@@ -135,11 +136,11 @@ Result<std::shared_ptr<Context>> Context::create(Milliseconds peerTimeout, uint6
   // The user's UCX_RESOLVE_REMOTE_EP_ID still decides.
   std::vector<std::string> applied = defaults.set;
   if (getenv("UCX_RESOLVE_REMOTE_EP_ID") == nullptr) {
-    st = ucp_config_modify(config, "RESOLVE_REMOTE_EP_ID", "y");
+    st = api().ucp_config_modify(config, "RESOLVE_REMOTE_EP_ID", "y");
     if (st == UCS_OK)
       applied.push_back("RESOLVE_REMOTE_EP_ID=y");
     else
-      LIBCOMM_LOG(kWarn, "ucx") << "UCX: setting RESOLVE_REMOTE_EP_ID=y failed (" << ucs_status_string(st)
+      LIBCOMM_LOG(kWarn, "ucx") << "UCX: setting RESOLVE_REMOTE_EP_ID=y failed (" << api().ucs_status_string(st)
                                 << "); a stopped peer's endpoints may abort the process at teardown";
   }
   ucp_params_t params{};
@@ -148,10 +149,10 @@ Result<std::shared_ptr<Context>> Context::create(Milliseconds peerTimeout, uint6
   // Communicators may run their collectives on different threads, each on its own worker.
   params.mt_workers_shared = 1;
   ucp_context_h handle = nullptr;
-  st = ucp_init(&params, config, &handle);
-  ucp_config_release(config);
+  st = api().ucp_init_version(UCP_API_MAJOR, UCP_API_MINOR, &params, config, &handle);
+  api().ucp_config_release(config);
   if (st != UCS_OK)
-    return makeError(StatusCode::kSystemError, "UCX: ucp_init failed: ", ucs_status_string(st),
+    return makeError(StatusCode::kSystemError, "UCX: ucp_init failed: ", api().ucs_status_string(st),
                      " (are UCX_TLS / UCX_NET_DEVICES valid on this host?)");
 
   std::shared_ptr<Context> ctx(new Context());
@@ -159,7 +160,7 @@ Result<std::shared_ptr<Context>> Context::create(Milliseconds peerTimeout, uint6
   ctx->forks_ = forks;
   ctx->pid_ = getpid();
   unsigned major = 0, minor = 0, release = 0;
-  ucp_get_version(&major, &minor, &release);
+  api().ucp_get_version(&major, &minor, &release);
   ctx->description_ = "UCX " + std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
   std::string settings;
   for (const auto& s : applied) settings += (settings.empty() ? "" : " ") + s;
@@ -173,7 +174,7 @@ Result<std::shared_ptr<Context>> Context::create(Milliseconds peerTimeout, uint6
 }
 
 Context::~Context() {
-  if (handle_) ucp_cleanup(handle_);
+  if (handle_) api().ucp_cleanup(handle_);
   gContextForks.store(kNoContext);
 }
 

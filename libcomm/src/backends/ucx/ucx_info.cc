@@ -4,8 +4,6 @@
 
 #include "backends/ucx/ucx_info.h"
 
-#include <ucp/api/ucp.h>
-
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +11,7 @@
 #include <sstream>
 
 #include "backends/ucx/ucx_context.h"
+#include "backends/ucx/ucx_library.h"
 
 namespace libcomm::ucx {
 namespace {
@@ -37,7 +36,12 @@ std::vector<std::string> parseResources(const std::string& report) {
 UcxInfo queryUcxInfo() {
   UcxInfo info;
   info.built = true;
-  info.version = ucp_get_version_string();
+  auto lib = library();
+  if (!lib.isOk()) {
+    info.error = lib.status().message();
+    return info;
+  }
+  info.version = (*lib)->ucp_get_version_string();
   if (const char* tls = getenv("UCX_TLS")) info.tls = tls;
   auto ctx = Context::acquire();
   if (!ctx.isOk()) {
@@ -51,7 +55,7 @@ UcxInfo queryUcxInfo() {
     info.error = std::string("open_memstream failed: ") + strerror(errno);
     return info;
   }
-  ucp_context_print_info((*ctx)->handle(), report);
+  api().ucp_context_print_info((*ctx)->handle(), report);
   fclose(report);
   info.transports = parseResources(std::string(buf, len));
   free(buf);

@@ -40,9 +40,9 @@ Status Channel::completionStatus(const Slot& s, const WaitContext* ctx, const ch
   const Peer* p = peers_[s.peer].get();
   if (p && p->failure != UCS_OK)
     return makeError(StatusCode::kRemoteError, "rank ", rank_, ": peer rank ", s.peer, " lost", where, ": UCX '",
-                     ucs_status_string(p->failure), "'");
+                     api().ucs_status_string(p->failure), "'");
   return makeError(StatusCode::kRemoteError, "rank ", rank_, ": UCX ", s.isRecv ? "receive from" : "send to",
-                   " rank ", s.peer, " failed", where, ": ", ucs_status_string(s.status));
+                   " rank ", s.peer, " failed", where, ": ", api().ucs_status_string(s.status));
 }
 
 Status Channel::collect(std::span<Request> requests, bool any, size_t* index, bool* done, const WaitContext& ctx,
@@ -135,7 +135,7 @@ Status Channel::waitImpl(std::span<Request> requests, bool any, size_t* index, c
   const hostwait::Poll polled = hostwait::pollBeforeSleeping(
       ctx, /*pause=*/false,
       [&] {
-        ucp_worker_progress(worker_);
+        api().ucp_worker_progress(worker_);
         if (completions_ != seen) {
           seen = completions_;
           failed = collect(requests, any, index, &done, ctx, phase);
@@ -156,11 +156,11 @@ Status Channel::waitImpl(std::span<Request> requests, bool any, size_t* index, c
       if (done) return Status::ok();
     }
     LIBCOMM_RETURN_IF_ERROR(stopReason(requests, ctx, phase));
-    const ucs_status_t armed = ucp_worker_arm(worker_);
+    const ucs_status_t armed = api().ucp_worker_arm(worker_);
     if (armed == UCS_ERR_BUSY) continue;  // events arrived since the last progress
     if (armed != UCS_OK)
       return makeError(StatusCode::kSystemError, "rank ", rank_, ": ucp_worker_arm failed in ", ctx.op.str(), ": ",
-                       ucs_status_string(armed));
+                       api().ucs_status_string(armed));
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(ctx.deadline.get().at() - Clock::now());
     pollfd pfd{efd_, POLLIN, 0};
     (void)poll(&pfd, 1, static_cast<int>(std::clamp<long long>(left.count(), 1, kSleepSlice.count())));
@@ -179,7 +179,7 @@ Status Channel::lostPeerError(std::span<Request> requests, const WaitContext& ct
     named[s.peer] = true;
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - peer.failedAt).count();
     lost += (lost.empty() ? "" : "; ") + std::string("peer rank ") + std::to_string(s.peer) + " lost " +
-            std::to_string(ms) + " ms ago: UCX '" + ucs_status_string(peer.failure) + "'";
+            std::to_string(ms) + " ms ago: UCX '" + api().ucs_status_string(peer.failure) + "'";
   }
   if (lost.empty()) return Status::ok();
   return makeError(StatusCode::kRemoteError, "rank ", rank_, ": ", lost, " (during ", ctx.op.str(), ", ", phase,
