@@ -100,6 +100,22 @@ TEST(Route, ReduceScatterServesFp32AndBf16SumAndAvgOnly) {
   }
 }
 
+// Counts whose bytes over all ranks overflow a size_t go to NCCL (the shim's sizes would wrap).
+TEST(Route, CountsWhoseBytesOverflowGoToNccl) {
+  RouteInput in = servable(Collective::kAllGather);
+  in.dtype = ncclFloat64;  // 8 bytes, 4 ranks: SIZE_MAX / 32 elements fit, one more does not
+  in.count = SIZE_MAX / 32;
+  EXPECT_EQ(decideRoute(in).path, Path::kServe) << decideRoute(in).reason;
+  in.count = SIZE_MAX / 32 + 1;
+  expectForward(in, "does not fit in size_t");
+  RouteInput rs = servable(Collective::kReduceScatter);
+  rs.count = SIZE_MAX / 8 + 1;  // bf16, 4 ranks
+  expectForward(rs, "does not fit in size_t");
+  rs.nranks = 0;
+  rs.count = 1;
+  expectForward(rs, "does not fit in size_t");
+}
+
 TEST(Route, LibcommThatCannotServeSaysWhy) {
   RouteInput in = servable(Collective::kAllGather);
   in.support = {false, "libcomm was built without CUDA"};

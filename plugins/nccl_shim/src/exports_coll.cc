@@ -74,7 +74,7 @@ ncclResult_t allGather(const void* sendbuff, void* recvbuff, size_t sendcount, n
     in.collective = shim::Collective::kAllGather;
     in.count = sendcount;
     in.dtype = datatype;
-    size_t bytes = sendcount * elem;
+    size_t bytes = sendcount * elem;  // wrapped only in calls the route forwards (it checks the product)
     if (route(in, state, sendbuff, bytes, recvbuff, bytes * (state ? state->nranks : 0), stream).path ==
         shim::Path::kForward)
       return toNccl();
@@ -96,7 +96,7 @@ ncclResult_t reduceScatter(const void* sendbuff, void* recvbuff, size_t recvcoun
     in.count = recvcount;
     in.dtype = datatype;
     in.op = op;
-    size_t bytes = recvcount * (datatype == ncclBfloat16 ? 2 : 4);
+    size_t bytes = recvcount * (datatype == ncclBfloat16 ? 2 : 4);  // as above
     if (route(in, state, sendbuff, bytes * (state ? state->nranks : 0), recvbuff, bytes, stream).path ==
         shim::Path::kForward)
       return toNccl();

@@ -1,5 +1,7 @@
 #include "route.h"
 
+#include <cstdint>
+
 #include <libcomm/cuda.h>
 
 namespace shim {
@@ -86,6 +88,12 @@ RouteDecision decideRoute(const RouteInput& in) {
       return forward("reduce_scatter is served for fp32 and bf16 only");
     if (in.op != ncclSum && in.op != ncclAvg) return forward("reduce_scatter is served for ncclSum and ncclAvg only");
   }
+  // The buffers' byte sizes (count x element x ranks) must fit a size_t, or the registration
+  // lookup and libcomm's counts would see wrapped sizes: NCCL judges such a call.
+  const size_t elem = in.collective == Collective::kAllGather ? allGatherElementBytes(in.dtype)
+                                                              : (in.dtype == ncclBfloat16 ? 2 : 4);
+  if (in.nranks <= 0 || in.count > SIZE_MAX / elem / static_cast<size_t>(in.nranks))
+    return forward("the buffers' byte size (count x element size x ranks) does not fit in size_t");
   // Before the memory kinds: callers look those up (a CUDA call) only when libcomm could serve.
   if (!in.support.canServeDevice) return forward(in.support.why);
   // libcomm's handshake with the peers runs on the host when the call is made: in a captured

@@ -25,7 +25,7 @@ Status cudaStatus(cudaError_t e, const char* call) {
 void offerRegistrations(CommState& state) {
   for (const Registrations::Range& r : state.registrations.pending()) {
     Status st = state.served->comm->registerBuffer(r.ptr, r.bytes);
-    state.registrations.setHeld(r.handle, st.isOk() ? Registrations::Held::kByLibcomm : Registrations::Held::kRefused);
+    state.registrations.setHeld(r.id, st.isOk() ? Registrations::Held::kByLibcomm : Registrations::Held::kRefused);
     if (st.isOk()) continue;
     const std::string why = state.who() + ": libcomm does not register a range that ncclCommRegister registered (" +
                             st.message() + "); collectives on it take libcomm's unregistered path (NCCL below libcomm)";
