@@ -52,9 +52,22 @@ Status probeWritable(const std::string& dir, const std::string& where, bool make
 // The seed kRunInfoFile records in `dir`, or none when the file is absent.
 libcomm::Result<std::optional<uint64_t>> readRunSeed(const std::string& dir) {
   const std::string path = dir + "/" + kRunInfoFile;
-  std::FILE* f = std::fopen(path.c_str(), "r");
-  if (!f) {
+  // Not fopen: a FIFO in its place would block the open for ever (O_NONBLOCK), and only a regular
+  // file is read.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
     if (errno == ENOENT) return std::optional<uint64_t>();
+    return libcomm::makeError(StatusCode::kSystemError, "tinylm trainer: cannot read '", path,
+                              "': ", std::strerror(errno));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return libcomm::makeError(StatusCode::kInvalidArgument, "tinylm trainer: '", path, "' is not a regular file");
+  }
+  std::FILE* f = ::fdopen(fd, "r");
+  if (!f) {
+    ::close(fd);
     return libcomm::makeError(StatusCode::kSystemError, "tinylm trainer: cannot read '", path,
                               "': ", std::strerror(errno));
   }
@@ -87,9 +100,13 @@ libcomm::Result<std::optional<uint64_t>> readRunSeed(const std::string& dir) {
 Status checkSaveDirectory(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (fs::exists(fs::path(dir) / libshard::kCheckpointIndexFile, ec))
+  // symlink_status: an index that is a link (dangling too) counts, as it does for the save (lstat).
+  if (fs::exists(fs::symlink_status(fs::path(dir) / libshard::kCheckpointIndexFile, ec)))
     return optionsError("--save-checkpoint '", dir, "' already holds a checkpoint (", libshard::kCheckpointIndexFile,
                         " exists); save into a fresh directory");
+  if (fs::is_symlink(fs::symlink_status(dir, ec)) && !fs::exists(fs::status(dir, ec)))
+    return optionsError("--save-checkpoint '", dir, "' is a symbolic link to nothing (",
+                        fs::read_symlink(dir, ec).string(), " does not exist)");
   const fs::file_status st = fs::status(dir, ec);
   if (fs::exists(st)) {
     if (!fs::is_directory(st)) return optionsError("--save-checkpoint '", dir, "' exists and is not a directory");
@@ -122,8 +139,8 @@ Status writeRunInfo(const TrainOptions& o) {
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return sysError("create", tmp);
   const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
-  const Status st = written ? Status::ok() : sysError("write", tmp);
-  ::close(fd);
+  Status st = written ? Status::ok() : sysError("write", tmp);
+  if (::close(fd) != 0 && st.isOk()) st = sysError("close", tmp);
   if (st.isOk() && ::rename(tmp.c_str(), path.c_str()) == 0) return Status::ok();
   const Status failed = st.isOk() ? sysError("rename into place", tmp) : st;
   ::unlink(tmp.c_str());
@@ -142,7 +159,8 @@ libcomm::Result<uint64_t> checkResume(const TrainOptions& o) {
     return optionsError("--load-checkpoint '", dir, "': ",
                         fs::is_directory(dir, ec)
                             ? std::string("holds no complete checkpoint (no ") + libshard::kCheckpointIndexFile + ")"
-                            : std::string("no such directory"));
+                        : fs::exists(dir, ec) ? std::string("is not a directory")
+                                              : std::string("no such directory"));
   auto info = libshard::readCheckpointInfo(dir);
   if (!info.isOk()) return info.status().withContext("tinylm trainer: resuming from '" + dir + "'");
   if (info->precision != o.precision)

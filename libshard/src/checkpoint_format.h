@@ -10,6 +10,8 @@
 //   [tableOffset, data)     one CRC32C (u32) per data chunk, zero-padded to a multiple of 64
 //   [dataOffset, end)       sections x numel fp32 elements, checksummed in chunks of chunkElems
 
+#include <sys/stat.h>
+
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -105,6 +107,9 @@ libcomm::Status pwriteAll(int fd, const void* buf, size_t n, uint64_t offset, co
 /// parameter), and a bound on the allocation a damaged or foreign file can cause.
 inline constexpr uint64_t kMaxIndexBytes = uint64_t{256} << 20;
 /// Whole small file (an index) into a string; a file over `maxBytes` is kInvalidArgument.
+/// Opens `path` for reading, refusing what is not a regular file (a FIFO would block the open
+/// with no deadline) with a badFile error naming `kind`; fills `st`.
+libcomm::Result<Fd> openRegularFile(const std::string& path, struct stat* st, const std::string& kind);
 libcomm::Result<std::string> readWholeFile(const std::string& path, uint64_t maxBytes = kMaxIndexBytes);
 
 /// Creates a temporary file next to `path`, lets `write` fill it, fsyncs it, renames it to `path`

@@ -11,8 +11,32 @@ namespace libshard {
 using libcomm::Status;
 using namespace ckpt;  // NOLINT: this file is the checkpoint implementation
 
+namespace {
+
+// The export replaces whatever file is at `path`: refused when that is one of the files it reads
+// (the index or a shard file of `checkpointDir`, by device and inode, so other spellings of the
+// path count too). Renaming over it would destroy the checkpoint being exported.
+Status checkNotReadFile(const std::string& checkpointDir, const CheckpointIndex& x, const std::string& path) {
+  struct stat target {};
+  if (::stat(path.c_str(), &target) != 0) return Status::ok();  // nothing there (or unreadable: the write says)
+  std::vector<std::string> read = {kCheckpointIndexFile};
+  for (const ShardFileEntry& f : x.files) read.push_back(f.file);
+  for (const std::string& name : read) {
+    struct stat st {};
+    const std::string file = joinPath(checkpointDir, name);
+    if (::stat(file.c_str(), &st) == 0 && st.st_dev == target.st_dev && st.st_ino == target.st_ino)
+      return libcomm::makeError(libcomm::StatusCode::kInvalidArgument, "full-model export of '", checkpointDir,
+                                "' into '", path, "': that is the checkpoint's own file '", file,
+                                "', which the export reads and would replace; choose another path");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
 Status exportFullModel(const std::string& checkpointDir, const std::string& path, bool withOptimizerState) {
   LIBCOMM_ASSIGN_OR_RETURN(CheckpointIndex x, readIndex(checkpointDir));
+  LIBCOMM_RETURN_IF_ERROR(checkNotReadFile(checkpointDir, x, path));
   std::unique_ptr<ParamSource> source = makeShardedSource(checkpointDir, x);
 
   std::vector<LayoutParam> packed;

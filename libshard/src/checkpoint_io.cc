@@ -94,14 +94,28 @@ Status pwriteAll(int fd, const void* buf, size_t n, uint64_t offset, const std::
   return Status::ok();
 }
 
-libcomm::Result<std::string> readWholeFile(const std::string& path, uint64_t maxBytes) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+libcomm::Result<Fd> openRegularFile(const std::string& path, struct stat* st, const std::string& kind) {
+  // O_NONBLOCK: opening a FIFO for reading would wait for a writer, with no deadline; for a regular
+  // file it changes nothing.
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (fd.get() < 0) {
-    if (errno == ENOENT) return badFile(path, "missing (no such file)");
+    if (errno == ENOENT) return badFile(path, "missing (no such ", kind, ")");
     return systemError("cannot open", path, errno);
   }
+  if (::fstat(fd.get(), st) != 0) return systemError("cannot stat", path, errno);
+  if (!S_ISREG(st->st_mode))
+    return badFile(path, "is ",
+                   S_ISDIR(st->st_mode)    ? "a directory"
+                   : S_ISFIFO(st->st_mode) ? "a named pipe (FIFO)"
+                   : S_ISSOCK(st->st_mode) ? "a socket"
+                                           : "a device",
+                   ", not a regular file: not a ", kind);
+  return fd;
+}
+
+libcomm::Result<std::string> readWholeFile(const std::string& path, uint64_t maxBytes) {
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return systemError("cannot stat", path, errno);
+  LIBCOMM_ASSIGN_OR_RETURN(Fd fd, openRegularFile(path, &st, "file"));
   if (static_cast<uint64_t>(st.st_size) > maxBytes)
     return badFile(path, "is ", st.st_size, " bytes, more than the ", maxBytes, " a checkpoint index may have");
   std::string text(static_cast<size_t>(st.st_size), '\0');
@@ -121,8 +135,11 @@ Status writeFileAtomically(const std::string& path, const std::function<Status(i
   constexpr int kNameAttempts = 100;
   std::string tmp;
   Fd fd;
+  // The final name may be up to NAME_MAX (255) bytes: the temporary keeps as much of it as fits
+  // beside its suffix (at most 1 + 5 + 10 + 1 + 20 bytes).
+  const std::string stem = base.substr(0, std::min<size_t>(base.size(), 255 - 37));
   for (int attempt = 0; attempt < kNameAttempts && fd.get() < 0; ++attempt) {
-    tmp = joinPath(dir, "." + base + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    tmp = joinPath(dir, "." + stem + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
     fd = Fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
     if (fd.get() < 0 && errno != EEXIST) return systemError("cannot create temporary file", tmp, errno);
   }
@@ -180,8 +197,15 @@ Status fsyncDirectory(const std::string& dir) {
 
 Status makeDirectoryDurably(const std::string& dir) {
   if (::mkdir(dir.c_str(), 0755) != 0) {
-    if (errno == EEXIST) return Status::ok();
-    return systemError("cannot create checkpoint directory", dir, errno);
+    if (errno != EEXIST) return systemError("cannot create checkpoint directory", dir, errno);
+    // Something is there: a directory (or a link to one) will do, anything else fails here rather
+    // than at the first file written into it.
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0) return systemError("cannot use checkpoint directory", dir, errno);
+    if (!S_ISDIR(st.st_mode))
+      return libcomm::makeError(libcomm::StatusCode::kInvalidArgument, "checkpoint directory '", dir,
+                                "' exists and is not a directory");
+    return Status::ok();
   }
   // A new directory's own entry is durable only once its parent's is: without this, a power loss
   // can take the directory away with every file fsynced inside it.
@@ -239,13 +263,8 @@ libcomm::Result<std::unique_ptr<ChunkedFile>> ChunkedFile::open(const std::strin
                                                                 const char* kind) {
   auto f = std::unique_ptr<ChunkedFile>(new ChunkedFile());
   f->path_ = path;
-  f->fd_ = Fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (f->fd_.get() < 0) {
-    if (errno == ENOENT) return badFile(path, "missing (no such ", kind, " file)");
-    return systemError("cannot open", path, errno);
-  }
   struct stat st {};
-  if (::fstat(f->fd_.get(), &st) != 0) return systemError("cannot stat", path, errno);
+  LIBCOMM_ASSIGN_OR_RETURN(f->fd_, openRegularFile(path, &st, std::string(kind) + " file"));
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size < kHeaderBytes) return badFile(path, "truncated: ", size, " bytes, less than the 64-byte header");
   FileHeader& h = f->header_;

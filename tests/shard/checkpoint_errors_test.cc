@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -88,6 +89,26 @@ TEST(Checkpoint, CorruptionIsDetectedAndOverwritesNothing) {
          fs::copy_file(file(tmp.sub("other-step"), r1), file(d, r1), fs::copy_options::overwrite_existing);
        },
        {r1, "does not belong to this checkpoint"}},
+      // Not regular files: a FIFO blocked the open for ever (waiting for a writer), a directory
+      // failed as "Is a directory" without saying what was expected.
+      {"rank file replaced by a named pipe",
+       [&](const std::string& d) {
+         fs::remove(file(d, r1));
+         ASSERT_EQ(::mkfifo(file(d, r1).c_str(), 0644), 0);
+       },
+       {r1, "is a named pipe (FIFO), not a regular file"}},
+      {"index replaced by a named pipe",
+       [&](const std::string& d) {
+         fs::remove(file(d, kCheckpointIndexFile));
+         ASSERT_EQ(::mkfifo(file(d, kCheckpointIndexFile).c_str(), 0644), 0);
+       },
+       {kCheckpointIndexFile, "named pipe"}},
+      {"rank file replaced by a directory",
+       [&](const std::string& d) {
+         fs::remove(file(d, r0));
+         fs::create_directory(file(d, r0));
+       },
+       {r0, "is a directory, not a regular file"}},
       {"rank file rewritten after the index",
        [&](const std::string& d) {
          fs::copy_file(file(tmp.sub("other-values"), r0), file(d, r0), fs::copy_options::overwrite_existing);
@@ -189,6 +210,13 @@ TEST(Checkpoint, FullModelFileErrorsOverwriteNothing) {
        "parameter index is corrupt"},
       {"a shard file instead", [&] { return tmp.sub("ckpt") + "/rank-0-of-2.shard"; }, "bad magic"},
       {"missing", [&] { return tmp.sub("nothing.full"); }, "missing"},
+      {"a named pipe",
+       [&] {
+         const std::string p = tmp.sub("fifo.full");
+         EXPECT_EQ(::mkfifo(p.c_str(), 0644), 0);
+         return p;
+       },
+       "is a named pipe (FIFO), not a regular file"},
   };
   World w = makeWorld(model, 3, 16, 5.0f);
   for (const Case& c : cases) {
@@ -202,6 +230,35 @@ TEST(Checkpoint, FullModelFileErrorsOverwriteNothing) {
     EXPECT_NE(st.message().find(c.expect), std::string::npos) << st.toString();
     EXPECT_TRUE(before.sameAs(*w.states[0]));
   }
+}
+
+// Exporting into one of the checkpoint's own files (the index, a shard file, by any spelling of the
+// path) is refused: the rename over it destroyed the checkpoint being exported.
+TEST(Checkpoint, ExportIntoTheCheckpointsOwnFilesIsRefused) {
+  const ModelSpec model = testModel(2, 5, 11);
+  TempDir tmp;
+  const std::string dir = tmp.sub("ckpt");
+  savedWorld(model, 2, dir, 4);
+  for (const std::string& target :
+       {dir + "/" + kCheckpointIndexFile, dir + "/rank-1-of-2.shard", dir + "/./rank-0-of-2.shard"}) {
+    SCOPED_TRACE(target);
+    const std::vector<char> before = readBytes(target);
+    const Status st = exportFullModel(dir, target, true);
+    ASSERT_FALSE(st.isOk());
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.toString();
+    EXPECT_NE(st.message().find("which the export reads and would replace"), std::string::npos) << st.toString();
+    EXPECT_EQ(readBytes(target), before);
+  }
+  EXPECT_TRUE(verifyCheckpoint(dir).isOk());
+  // A new file in the same directory is fine, also under the longest name a file may have (its
+  // temporary name had run past NAME_MAX).
+  EXPECT_TRUE(exportFullModel(dir, dir + "/model.full", false).isOk());
+  const std::string longest = dir + "/" + std::string(250, 'm') + ".full";
+  const Status st = exportFullModel(dir, longest, false);
+  EXPECT_TRUE(st.isOk()) << st.toString();
+  EXPECT_TRUE(fs::exists(longest));
+  EXPECT_TRUE(tempNamesIn(dir).empty());
+  EXPECT_TRUE(verifyCheckpoint(dir).isOk());
 }
 
 // Rewrites the index of `dir` with `edit` applied to its lines, then seals it with a correct

@@ -28,6 +28,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -47,6 +48,7 @@
 #include "tinylm/cli.h"
 #include "tinylm/flags.h"
 #include "tinylm/reference.h"
+#include "tinylm/run_files.h"
 #include "tinylm/train.h"
 
 namespace {
@@ -342,6 +344,43 @@ TEST(TinyLmTrainThreads, SaveIntoAnExistingCheckpointIsRefusedBeforeTraining) {
   });
   EXPECT_RANKS_OK(report);
   EXPECT_EQ(stepsRun.load(), 0);
+}
+
+// Save and load paths that are not what they seem are named at set-up (found by a review): a
+// dangling link as the save directory, or as its index, passed the check (it followed links, the
+// save does not) and the run trained to fail at the end; a FIFO as tinylm.txt blocked the resume
+// for ever; a plain file as --load-checkpoint was "no such directory".
+TEST(TinyLmTrainThreads, OddSaveAndLoadPathsAreNamedBeforeTraining) {
+  namespace fs = std::filesystem;
+  TempDir tmp;
+  fs::create_symlink(tmp.sub("nowhere"), tmp.sub("dangling"));
+  Status st = tinylm::checkSaveDirectory(tmp.sub("dangling"));
+  EXPECT_NE(st.message().find("is a symbolic link to nothing"), std::string::npos) << st.toString();
+  fs::create_directories(tmp.sub("d"));
+  fs::create_symlink("/nonexistent", tmp.sub("d") + "/" + libshard::kCheckpointIndexFile);
+  st = tinylm::checkSaveDirectory(tmp.sub("d"));
+  EXPECT_NE(st.message().find("already holds a checkpoint"), std::string::npos) << st.toString();
+  fs::create_directories(tmp.sub("real"));
+  fs::create_directory_symlink(tmp.sub("real"), tmp.sub("link"));
+  EXPECT_TRUE(tinylm::checkSaveDirectory(tmp.sub("link")).isOk());  // a link to a directory is fine
+  // Loading.
+  TrainOptions o = tinyOptions(Precision::kFp32, 2);
+  o.loadCheckpoint = tmp.sub("afile");
+  std::ofstream(o.loadCheckpoint) << "x";
+  auto r = tinylm::checkResume(o);
+  ASSERT_FALSE(r.isOk());
+  EXPECT_NE(r.status().message().find("is not a directory"), std::string::npos) << r.status().toString();
+  TrainOptions save = tinyOptions(Precision::kFp32, 1);
+  save.saveCheckpoint = tmp.sub("ckpt");
+  train(save, 1, Mode::kThreads);
+  o.loadCheckpoint = save.saveCheckpoint;
+  ASSERT_TRUE(tinylm::checkResume(o).isOk()) << tinylm::checkResume(o).status().toString();
+  const std::string info = save.saveCheckpoint + "/" + tinylm::kRunInfoFile;
+  fs::remove(info);
+  ASSERT_EQ(::mkfifo(info.c_str(), 0644), 0);
+  r = tinylm::checkResume(o);  // returned at once (a blocked open would hang the test)
+  ASSERT_FALSE(r.isOk());
+  EXPECT_NE(r.status().message().find("is not a regular file"), std::string::npos) << r.status().toString();
 }
 
 // A save whose writing takes longer than --timeout is not a failed save: each rank's own
