@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,6 +35,9 @@ using libcomm::StatusCode;
 // integer below 2^24 is exact in fp32, and a sum with zeros leaves it exact).
 constexpr size_t kStepSlots = 3;
 constexpr int kStepSlotBits = 22;
+// Each rank's slots in that allReduce: its step, then its learning rate (one fp32 as it is, exact
+// in a sum with zeros).
+constexpr size_t kRankSlots = kStepSlots + 1;
 
 void encodeStep(uint64_t step, float* out) {
   for (size_t i = 0; i < kStepSlots; ++i)
@@ -130,11 +134,21 @@ double sumSquares(const float* grad, size_t n, float scale) {
   return s;
 }
 
+}  // namespace
+
+libcomm::Status checkLearningRate(float lr) {
+  if (!(lr >= 0) || !std::isfinite(lr))
+    return libcomm::makeError(StatusCode::kInvalidArgument, "AdamW: lr must be finite and >= 0; got lr = ", lr);
+  return libcomm::Status::ok();
+}
+
+namespace {
+
 libcomm::Status checkConfig(const AdamWConfig& c) {
   auto bad = [](const char* what, float value) {
     return libcomm::makeError(StatusCode::kInvalidArgument, "AdamW: ", what, " = ", value);
   };
-  if (!(c.lr >= 0) || !std::isfinite(c.lr)) return bad("lr must be finite and >= 0; got lr", c.lr);
+  LIBCOMM_RETURN_IF_ERROR(checkLearningRate(c.lr));
   if (!(c.beta1 >= 0 && c.beta1 < 1)) return bad("beta1 must be in [0, 1); got beta1", c.beta1);
   if (!(c.beta2 >= 0 && c.beta2 < 1)) return bad("beta2 must be in [0, 1); got beta2", c.beta2);
   if (!(c.eps > 0) || !std::isfinite(c.eps)) return bad("eps must be finite and > 0; got eps", c.eps);
@@ -287,10 +301,12 @@ libcomm::Result<double> ShardedAdamW::beginStepImpl(ShardState& state, float gra
     // 1 + 3r .. 3 + 3r as three 22-bit integers (exact in fp32) with zeros in every other rank's
     // slots, so the sum hands every rank every step exactly.
     const auto t0 = std::chrono::steady_clock::now();
-    const size_t n = 1 + kStepSlots * static_cast<size_t>(worldSize_);
+    const size_t n = 1 + kRankSlots * static_cast<size_t>(worldSize_);
     auto buf = std::shared_ptr<float[]>(new float[n]());
     buf[0] = static_cast<float>(total);
-    encodeStep(state.step, &buf[1 + kStepSlots * static_cast<size_t>(rank_)]);
+    float* mine = &buf[1 + kRankSlots * static_cast<size_t>(rank_)];
+    encodeStep(state.step, mine);
+    mine[kStepSlots] = config_.lr;
     LIBCOMM_RETURN_IF_ERROR(
         comm->allReduce(buf.get(), buf.get(), n, libcomm::DataType::kFloat32, libcomm::ReduceOptions{}, *stream));
     LIBCOMM_RETURN_IF_ERROR(
@@ -299,7 +315,8 @@ libcomm::Result<double> ShardedAdamW::beginStepImpl(ShardState& state, float gra
     normCommSeconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!st.isOk()) return st.withContext("AdamW: global gradient norm allReduce").addFrame(__FILE__, __LINE__);
     for (int p = 0; p < worldSize_; ++p) {
-      const std::optional<uint64_t> peerStep = decodeStep(&buf[1 + kStepSlots * static_cast<size_t>(p)]);
+      const float* theirs = &buf[1 + kRankSlots * static_cast<size_t>(p)];
+      const std::optional<uint64_t> peerStep = decodeStep(theirs);
       if (peerStep != state.step)
         return libcomm::makeError(
             StatusCode::kInvalidUsage, "AdamW: rank ", p, " is at optimizer step ",
@@ -307,6 +324,12 @@ libcomm::Result<double> ShardedAdamW::beginStepImpl(ShardState& state, float gra
             state.step + 1,
             ": every rank must step from the same optimizer state (was one rank's state re-created, or loaded "
             "from another checkpoint?); nothing was updated");
+      // Bit for bit: ranks with different learning rates would hold different models from here on.
+      if (std::memcmp(&theirs[kStepSlots], &config_.lr, sizeof(float)) != 0)
+        return libcomm::makeError(StatusCode::kInvalidUsage, "AdamW: rank ", p, " steps with learning rate ",
+                                  theirs[kStepSlots], ", this rank with ", config_.lr,
+                                  ": every rank must use the same one (setLearningRate on every rank, from the same "
+                                  "schedule); nothing was updated");
     }
     total = static_cast<double>(buf[0]);
   }

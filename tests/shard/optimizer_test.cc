@@ -338,6 +338,16 @@ TEST(ShardedAdamW, RejectsBadArguments) {
     ASSERT_FALSE(opt.isOk());
     EXPECT_EQ(opt.status().code(), StatusCode::kInvalidArgument);
   }
+  // A learning rate from a schedule gone wrong is refused and leaves the one in use.
+  auto scheduled = ShardedAdamW::create(one, AdamWConfig{});
+  ASSERT_TRUE(scheduled.isOk());
+  for (float lr : {NAN, -1.0f, INFINITY}) {
+    const Status set = scheduled->setLearningRate(lr);
+    EXPECT_EQ(set.code(), StatusCode::kInvalidArgument) << lr;
+    EXPECT_NE(set.message().find("lr must be finite and >= 0"), std::string::npos) << set.toString();
+    EXPECT_EQ(scheduled->config().lr, AdamWConfig{}.lr);
+  }
+  EXPECT_TRUE(scheduled->setLearningRate(0.0f).isOk());
   auto opt2 = ShardedAdamW::create(two, AdamWConfig{});
   ASSERT_TRUE(opt2.isOk());
   OwnedState st2(two);
@@ -433,11 +443,46 @@ Status aRankAtAnotherStepIsRefused(RankContext& ctx) {
   return comm->asyncError();
 }
 
+// Ranks whose learning-rate schedules disagree would hold different models from that step on:
+// every rank's beginStep refuses, naming the odd rank and both rates, and nothing is written;
+// once they agree again the step runs.
+Status aRankWithAnotherLearningRateIsRefused(RankContext& ctx) {
+  const ModelSpec model = testModel(3, 7, 13);
+  LIBCOMM_ASSIGN_OR_RETURN(ShardPlan plan, makePlan(model, ctx.size, ctx.rank));
+  libcomm::CommConfig config;
+  config.opTimeout = std::chrono::seconds(60);
+  LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+  auto stream = libcomm::createHostStream("adamw-lr-rank" + std::to_string(ctx.rank));
+  LIBCOMM_ASSIGN_OR_RETURN(ShardedAdamW opt, ShardedAdamW::create(plan, AdamWConfig{}));
+  OwnedState st(plan);
+  initState(plan, st);
+  fillGrads(plan, st, 0);
+  const auto deadline = libcomm::Deadline::after(std::chrono::seconds(60));
+  const int odd = 2;
+  LIBCOMM_RETURN_IF_ERROR(opt.setLearningRate(ctx.rank == odd ? 0.5f : 0.25f));
+  const std::vector<float> before(st.view.master, st.view.master + st.view.numel);
+  auto r = opt.step(st.view, 1.0f, comm.get(), stream.get(), deadline);
+  if (r.isOk()) return libcomm::makeError(StatusCode::kInternalError, "a step with learning rates 0.25 and 0.5 ran");
+  const std::string other = ctx.rank == odd ? "rank 0 steps with learning rate 0.25, this rank with 0.5"
+                                            : "rank 2 steps with learning rate 0.5, this rank with 0.25";
+  if (r.status().code() != StatusCode::kInvalidUsage || r.status().message().find(other) == std::string::npos)
+    return libcomm::makeError(StatusCode::kInternalError, "unexpected error: ", r.status().toString());
+  if (!std::equal(before.begin(), before.end(), st.view.master) || st.view.step != 0)
+    return libcomm::makeError(StatusCode::kInternalError, "the refused step wrote the state");
+  LIBCOMM_RETURN_IF_ERROR(opt.setLearningRate(0.25f));
+  LIBCOMM_RETURN_IF_ERROR(opt.step(st.view, 1.0f, comm.get(), stream.get(), deadline).status());
+  if (st.view.step != 1) return libcomm::makeError(StatusCode::kInternalError, "step ", st.view.step, " after 1");
+  return comm->asyncError();
+}
+
 class AdamWRanks : public shardcomm::testing::RanksTest {};
 
 TEST_P(AdamWRanks, ClippingAcrossTwoRanksMatchesReference) { EXPECT_RANKS_OK(run(2, clipAcrossRanks)); }
 TEST_P(AdamWRanks, ClippingAcrossThreeRanksMatchesReference) { EXPECT_RANKS_OK(run(3, clipAcrossRanks)); }
 TEST_P(AdamWRanks, ARankAtAnotherOptimizerStepIsRefused) { EXPECT_RANKS_OK(run(3, aRankAtAnotherStepIsRefused)); }
+TEST_P(AdamWRanks, ARankWithAnotherLearningRateIsRefused) {
+  EXPECT_RANKS_OK(run(3, aRankWithAnotherLearningRateIsRefused));
+}
 
 SHARDCOMM_INSTANTIATE_BOTH_MODES(AdamWRanks);
 

@@ -35,10 +35,11 @@
 // rank skips together). The sum of squares is rounded to fp32 (it travels as one fp32 element), so
 // a sum past FLT_MAX is non-finite too, on one rank as on many.
 //
-// The same allReduce carries each rank's state.step (3 more fp32 elements per rank), and a rank
-// at another step than this one makes beginStep fail with kInvalidUsage naming that rank and both
-// steps, before anything is written: a rank whose state was re-created or loaded from another
-// checkpoint would otherwise step with another bias correction, silently.
+// The same allReduce carries each rank's state.step and learning rate (4 more fp32 elements per
+// rank), and a rank at another step, or with another learning rate, than this one makes beginStep
+// fail with kInvalidUsage naming that rank and both values, before anything is written: a rank
+// whose state was re-created or loaded from another checkpoint would otherwise step with another
+// bias correction, and ranks whose schedules disagree would hold different models, silently.
 
 #include <cstddef>
 #include <cstdint>
@@ -72,6 +73,9 @@ struct OptimizerRange {
   size_t count = 0;
   bool decay = false;
 };
+
+/// kInvalidArgument unless `lr` is finite and >= 0.
+libcomm::Status checkLearningRate(float lr);
 
 class ShardedAdamW {
  public:
@@ -124,8 +128,14 @@ class ShardedAdamW {
   /// against beginStep.
   double normCommSeconds() const { return normCommSeconds_; }
 
-  /// Changes the learning rate used by later steps. Not thread-safe against step().
-  void setLearningRate(float lr) { config_.lr = lr; }
+  /// Changes the learning rate used by later steps: kInvalidArgument (and lr unchanged) unless it
+  /// is finite and >= 0. Every rank must set the same one: the next beginStep compares them (see
+  /// the top of this file). Not thread-safe against step().
+  libcomm::Status setLearningRate(float lr) {
+    LIBCOMM_RETURN_IF_ERROR(checkLearningRate(lr));
+    config_.lr = lr;
+    return libcomm::Status::ok();
+  }
   /// The hyperparameters in use (lr as last set). Not thread-safe against setLearningRate().
   const AdamWConfig& config() const { return config_; }
   /// The parameter runs of this rank's shard (state order); everything else is padding. Fixed at
