@@ -2,6 +2,7 @@
 
 #include "libshard/executor.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <sstream>
@@ -147,8 +148,24 @@ libcomm::Result<std::unique_ptr<Executor>> Executor::create(const ModelSpec& mod
     return bad("the schedule was not built from this plan");
   if (model.layers.size() != plan.layers.size())
     return bad("the model has ", model.layers.size(), " layers, the plan ", plan.layers.size());
-  if (pool.state().numel != plan.stateNumel || !pool.state().master)
+  if (pool.state().numel != plan.stateNumel || (plan.stateNumel > 0 && !pool.state().master))
     return bad("the buffer pool was not allocated for this plan");
+  // Buffer by buffer: a pool made for another plan with the same state size (fewer gradient
+  // buffers, another precision) handed out views with no memory behind them.
+  {
+    const std::vector<PoolAllocation> want = BufferPool::plannedAllocations(plan);
+    const std::vector<PoolAllocation>& have = pool.allocations();
+    for (size_t i = 0; i < std::max(want.size(), have.size()); ++i) {
+      if (i < want.size() && i < have.size() && want[i].name == have[i].name && want[i].bytes == have[i].bytes)
+        continue;
+      auto describe = [](const std::vector<PoolAllocation>& v, size_t at) {
+        return at < v.size() ? "'" + v[at].name + "' of " + std::to_string(v[at].bytes) + " bytes"
+                             : std::string("nothing");
+      };
+      return bad("the buffer pool was not allocated for this plan: its allocation ", i, " is ", describe(have, i),
+                 ", the plan's ", describe(want, i));
+    }
+  }
   LIBCOMM_RETURN_IF_ERROR(checkScheduleAgainstPlan(schedule, plan));
   if (options.eventLogCapacity > 0 && (plan.gatherBuffers.size() > INT16_MAX || plan.gradBuffers.size() > INT16_MAX))
     return bad("the event log numbers buffers in 16 bits: ", plan.gatherBuffers.size(), " gather and ",

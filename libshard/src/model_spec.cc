@@ -80,6 +80,9 @@ libcomm::Status ModelSpec::validate() const {
                                   static_cast<int>(p.kind), ", not a ParamKind");
     }
   }
+  if (total == 0)
+    return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: no layer has a parameter (",
+                              layers.size(), " layers): there is nothing to shard or train");
   return libcomm::Status::ok();
 }
 

@@ -75,11 +75,16 @@ Status validateOptions(const PlanOptions& o) {
   if (a % elemBytes != 0)
     return bad("alignmentBytes ", a, " is not a multiple of the ", precisionName(o.precision), " element size ",
                elemBytes);
-  if (o.blockBuffers < 2) return bad("blockBuffers ", o.blockBuffers, " (must be >= 2)");
+  // Bounded so that the memory prediction's sums stay exact (with the bound on the padded model in
+  // plan()): no buffer count times buffer size wraps.
+  constexpr int kMaxBuffers = 1024;
+  if (o.blockBuffers < 2 || o.blockBuffers > kMaxBuffers)
+    return bad("blockBuffers ", o.blockBuffers, " (must be 2 to ", kMaxBuffers, ")");
   if (o.prefetchDepth < 1 || o.prefetchDepth >= o.blockBuffers)
     return bad("prefetchDepth ", o.prefetchDepth, " with blockBuffers ", o.blockBuffers,
                " (must be 1 <= prefetchDepth < blockBuffers)");
-  if (o.gradBuffers < 1) return bad("gradBuffers ", o.gradBuffers, " (must be >= 1)");
+  if (o.gradBuffers < 1 || o.gradBuffers > kMaxBuffers)
+    return bad("gradBuffers ", o.gradBuffers, " (must be 1 to ", kMaxBuffers, ")");
   if (o.microBatches < 1) return bad("microBatches ", o.microBatches, " (must be >= 1)");
   return Status::ok();
 }
@@ -300,6 +305,24 @@ libcomm::Result<ShardPlan> ShardPlanner::plan(const ModelSpec& model) const {
   plan.resident = buildGroup("resident", -1, norms, alignElems, options_.worldSize);
   plan.resident.stateOffset = stateOffset;
   plan.stateNumel = stateOffset + plan.resident.shardNumel;
+  // The model padded for this world and alignment stays under 2^48 elements (a PiB of fp32), so
+  // the memory prediction's terms and their sums are exact: a huge alignment x world size made
+  // them wrap into a plan that "fit" any budget. (Padding adds at most alignment x world elements
+  // per group and alignment per parameter, so the groups' sums below cannot wrap themselves.)
+  constexpr uint64_t kMaxPaddedElems = uint64_t{1} << 48;
+  uint64_t padded = plan.resident.paddedNumel;
+  for (const FlatGroup& g : plan.layers) padded += g.paddedNumel;
+  if (padded > kMaxPaddedElems)
+    return makeError(StatusCode::kInvalidArgument, "plan: the model, padded for ", options_.worldSize, " ranks at ",
+                     options_.alignmentBytes, "-byte alignment, has ", padded,
+                     " elements, more than the 2^48 a plan can describe (a smaller alignmentBytes pads less)");
+  // The schedule holds ops for every micro-batch's pass over every layer.
+  constexpr uint64_t kMaxLayerPasses = uint64_t{1} << 22;
+  const uint64_t passes = static_cast<uint64_t>(options_.microBatches) * model.layers.size();
+  if (passes > kMaxLayerPasses)
+    return makeError(StatusCode::kInvalidArgument, "plan: microBatches ", options_.microBatches, " x ",
+                     model.layers.size(), " layers = ", passes, " layer passes per step, more than the ",
+                     kMaxLayerPasses, " a schedule may hold (its ops are built for every one)");
 
   const SizeClasses classes = classify(plan);
   assignGatherBuffers(plan, classes);

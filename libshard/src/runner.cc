@@ -44,6 +44,10 @@ Status Runner::step() {
   if (static_cast<int>(layers_.size()) != numLayers)
     return libcomm::makeError(StatusCode::kInvalidArgument, "runner: ", layers_.size(), " layers for a plan of ",
                               numLayers);
+  for (size_t k = 0; k < layers_.size(); ++k)
+    if (layers_[k] == nullptr)
+      return libcomm::makeError(StatusCode::kInvalidArgument, "runner: layer ", k, " ('",
+                                executor_.plan().layers[k].name, "') is a null Layer*");
   LIBCOMM_RETURN_IF_ERROR(executor_.beginStep());
   for (int m = 0; m < executor_.plan().options.microBatches; ++m) {
     if (hooks_.beforeMicroBatch) {

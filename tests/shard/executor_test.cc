@@ -429,6 +429,37 @@ TEST(ExecutorHooks, OutOfOrderCallsAreRefusedAndHarmless) {
   EXPECT_RANKS_OK(report);
 }
 
+// Parts that do not belong together are refused with what is wrong (found by a review): a
+// Runner given a null Layer* crashed in its first forward, and an Executor accepted a pool made
+// for another plan of the same state size (fewer gradient buffers) and handed out null views.
+TEST(ExecutorHooks, MisassembledPartsAreRefused) {
+  RunOptions opts;
+  opts.size = 1;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, {1, Precision::kFp32}, testConfig()));
+    toy::ToyNet net(rig->spec, rig->plan);
+    std::vector<libshard::Layer*> layers = net.layers();
+    layers[1] = nullptr;
+    libshard::Runner runner(*rig->ex, layers);
+    LIBCOMM_RETURN_IF_ERROR(
+        expectError(runner.step(), {StatusCode::kInvalidArgument}, {"layer 1", "is a null Layer*"}, "null layer"));
+    // A pool for the same model with one gradient buffer fewer: the same state, other buffers.
+    libshard::PlanOptions fewer = rig->plan.options;
+    fewer.gradBuffers = rig->plan.options.gradBuffers - 1;
+    if (fewer.gradBuffers < 1) return libcomm::makeError(StatusCode::kInternalError, "the rig has one grad buffer");
+    LIBCOMM_ASSIGN_OR_RETURN(libshard::ShardPlan other, libshard::ShardPlanner(fewer).plan(rig->spec));
+    if (other.stateNumel != rig->plan.stateNumel || other.gradBuffers.size() == rig->plan.gradBuffers.size())
+      return libcomm::makeError(StatusCode::kInternalError, "the other plan does not differ as meant");
+    LIBCOMM_ASSIGN_OR_RETURN(auto otherPool, libshard::BufferPool::create(other, *rig->ag, *rig->rs));
+    LIBCOMM_ASSIGN_OR_RETURN(auto schedule, libshard::Schedule::build(rig->plan));
+    auto ex = libshard::Executor::create(rig->spec, rig->plan, schedule, *otherPool, *rig->ag, *rig->rs);
+    if (ex.isOk()) return libcomm::makeError(StatusCode::kInternalError, "an executor took another plan's pool");
+    return expectError(ex.status(), {StatusCode::kInvalidArgument},
+                       {"the buffer pool was not allocated for this plan: its allocation"}, "other pool");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 // Threads of this process whose name starts with `prefix` (a host stream's thread is "hs:<name>").
 int threadsNamed(const std::string& prefix) {
   int n = 0;

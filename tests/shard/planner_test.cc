@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include <climits>
+
 #include <algorithm>
 #include <cstdint>
 #include <random>
@@ -580,6 +582,20 @@ TEST(PlannerErrors, InvalidOptionsNameTheOption) {
   expectInvalid([](PlanOptions& o) { o.prefetchDepth = 2; }, "prefetchDepth 2");
   expectInvalid([](PlanOptions& o) { o.gradBuffers = 0; }, "gradBuffers 0");
   expectInvalid([](PlanOptions& o) { o.microBatches = 0; }, "microBatches 0");
+  expectInvalid([](PlanOptions& o) { o.blockBuffers = 1025; }, "blockBuffers 1025 (must be 2 to 1024)");
+  expectInvalid([](PlanOptions& o) { o.gradBuffers = 1025; }, "gradBuffers 1025 (must be 1 to 1024)");
+  // A schedule of INT_MAX micro-batches was built op by op until memory ran out (bad_alloc).
+  expectInvalid([](PlanOptions& o) { o.microBatches = INT_MAX; }, "layer passes per step, more than the 4194304");
+  // An alignment x world size whose padding took the memory prediction past 2^64: it wrapped into
+  // a plan that "fit" a 1 TiB budget.
+  {
+    PlanOptions huge = options(1 << 30, size_t{1} << 30, Precision::kFp32);
+    huge.memoryBudgetBytes = uint64_t{1} << 40;
+    auto r = ShardPlanner(huge).plan(smallLm());
+    ASSERT_FALSE(r.isOk());
+    EXPECT_NE(r.status().message().find("more than the 2^48 a plan can describe"), std::string::npos)
+        << r.status().toString();
+  }
   // The valid edges.
   PlanOptions o = options(8, 16);
   o.rank = 7;
@@ -599,6 +615,9 @@ TEST(PlannerErrors, InvalidSpecsAreRejected) {
     EXPECT_NE(r.status().message().find(mention), std::string::npos) << r.status().message();
   };
   expectSpecError(ModelSpec{}, "no layers");
+  ModelSpec empty = smallLm();  // layers, but not one parameter among them
+  for (LayerSpec& l : empty.layers) l.params.clear();
+  expectSpecError(empty, "no layer has a parameter");
   ModelSpec dup = smallLm();
   dup.layers[2].name = "blocks.0";
   expectSpecError(dup, "blocks.0");
