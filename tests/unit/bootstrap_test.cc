@@ -888,6 +888,45 @@ TEST(TcpStore, NoStoreTimesOutNamingTheAddress) {
   EXPECT_LT(Clock::now() - start, 1500ms);
 }
 
+// Something that is not the store on its port, announcing a long first message (a fake store, or
+// a stray server whose bytes happen to frame): the client reads no more than a challenge's bytes
+// and says so at once (it allocated up to 64 MiB and waited for them until its init deadline).
+TEST(TcpStore, AnOverlongChallengeIsRefusedUnread) {
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(listener, 4), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
+  std::promise<void> done;
+  std::thread fake([&] {
+    const int c = accept(listener, nullptr, nullptr);
+    if (c >= 0) {
+      const std::string frame = boot::encodeFrame(boot::MsgType::kChallenge, std::string(1 << 20, 'x'));
+      // The header and a little of the payload; the rest never comes.
+      (void)!write(c, frame.data(), 64);
+      done.get_future().wait_for(10s);
+      close(c);
+    }
+  });
+  auto start = Clock::now();
+  auto b = createTcpBootstrap("127.0.0.1", port, kSecret, 1, 2, Deadline::after(10s));
+  const auto took = Clock::now() - start;
+  done.set_value();
+  fake.join();
+  close(listener);
+  ASSERT_FALSE(b.isOk());
+  EXPECT_EQ(b.status().code(), StatusCode::kRemoteError) << b.status().toString();
+  EXPECT_NE(b.status().message().find("announced a message of 1048576 bytes where at most 32 belong"),
+            std::string::npos)
+      << b.status().toString();
+  EXPECT_LT(took, 5s);
+}
+
 TEST(TcpStore, VanishedServerIsARemoteError) {
   auto server = startTcpStore("127.0.0.1", 0, kSecret);
   ASSERT_TRUE(server.isOk());

@@ -15,6 +15,10 @@ namespace {
 // A parked get is answered by the server at its own deadline; the client waits this much longer
 // for that answer, which names the missing keys, before giving up on its own.
 constexpr Milliseconds kReplyGrace{250};
+// How long after connecting the store's challenge may take, and how long its answer to the proof
+// may be (a proof, or an error text).
+constexpr Milliseconds kChallengeWait{30000};
+constexpr uint32_t kMaxHandshakeReply = 4096;
 
 Deadline withGrace(Deadline d) {
   if (d.at() == Clock::time_point::max()) return d;
@@ -54,7 +58,17 @@ TcpStoreClient::~TcpStoreClient() { close(fd_); }
 
 Status TcpStoreClient::handshake(const std::string& secret, Deadline deadline) {
   std::string what = "rank " + std::to_string(rank_) + ": handshake with tcp store " + address_;
-  LIBCOMM_ASSIGN_OR_RETURN(Frame challenge, recvFrame(fd_, deadline, what));
+  // The store sends its challenge as soon as it accepts. A program of another kind on the port (an
+  // HTTP server, another framework's store) sends nothing, or something else: said within
+  // kChallengeWait instead of at the init deadline, and nothing it announces is allocated before
+  // the server has proved it knows the secret.
+  const Deadline challengeBy = deadline.min(Deadline::after(kChallengeWait));
+  Result<Frame> heard = recvFrame(fd_, challengeBy, what, kNonceBytes);
+  if (!heard.isOk() && heard.status().code() == StatusCode::kTimeout && !deadline.expired())
+    return makeError(StatusCode::kRemoteError, what, ": no challenge within ", kChallengeWait.count(),
+                     " ms of connecting: is a shardcomm tcp store listening there? (another program may hold the "
+                     "port: `ss -ltnp` names it)");
+  LIBCOMM_ASSIGN_OR_RETURN(Frame challenge, std::move(heard));
   if (challenge.type != MsgType::kChallenge || challenge.payload.size() != kNonceBytes)
     return makeError(StatusCode::kRemoteError, what, ": expected a challenge, got message type ",
                      static_cast<int>(challenge.type));
@@ -65,7 +79,7 @@ Status TcpStoreClient::handshake(const std::string& secret, Deadline deadline) {
       .u32(static_cast<uint32_t>(rank_))
       .raw(clientProof(secret, challenge.payload, clientNonce, rank_));
   LIBCOMM_RETURN_IF_ERROR(sendFrame(fd_, MsgType::kAuth, auth.take(), deadline, what));
-  LIBCOMM_ASSIGN_OR_RETURN(Frame answer, recvFrame(fd_, deadline, what));
+  LIBCOMM_ASSIGN_OR_RETURN(Frame answer, recvFrame(fd_, deadline, what, kMaxHandshakeReply));
   if (answer.type == MsgType::kError) {
     bool secret = answer.payload.find("secret") != std::string::npos;
     return makeError(StatusCode::kInvalidArgument, what, ": refused: ", answer.payload,

@@ -268,13 +268,16 @@ Status sendFrame(int fd, MsgType type, std::string_view payload, Deadline deadli
   return sendAll(fd, frame.data(), frame.size(), deadline, what);
 }
 
-Result<Frame> recvFrame(int fd, Deadline deadline, const std::string& what) {
+Result<Frame> recvFrame(int fd, Deadline deadline, const std::string& what, uint32_t maxPayload) {
   uint8_t header[kHeaderBytes];
   LIBCOMM_RETURN_IF_ERROR(recvAll(fd, header, sizeof(header), deadline, what));
   Frame frame;
   uint32_t length = 0;
   Status valid = decodeHeader(header, &frame.type, &length);
   if (!valid.isOk()) return valid.withContext(what);
+  if (length > maxPayload)
+    return makeError(StatusCode::kRemoteError, what, ": the peer announced a message of ", length,
+                     " bytes where at most ", maxPayload, " belong; not read");
   frame.payload.resize(length);
   LIBCOMM_RETURN_IF_ERROR(recvAll(fd, frame.payload.data(), length, deadline, what));
   return frame;

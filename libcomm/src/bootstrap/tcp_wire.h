@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -129,7 +130,10 @@ std::string serverProof(std::string_view secret, std::string_view serverNonce, s
 Status sendAll(int fd, const void* data, size_t n, Deadline deadline, const std::string& what);
 Status recvAll(int fd, void* data, size_t n, Deadline deadline, const std::string& what);
 Status sendFrame(int fd, MsgType type, std::string_view payload, Deadline deadline, const std::string& what);
-Result<Frame> recvFrame(int fd, Deadline deadline, const std::string& what);
+/// One frame; a payload announced longer than `maxPayload` is kRemoteError before any of it is
+/// read (the header's own bound, 64 MiB, applies whatever `maxPayload` says).
+Result<Frame> recvFrame(int fd, Deadline deadline, const std::string& what,
+                        uint32_t maxPayload = std::numeric_limits<uint32_t>::max());
 
 /// getaddrinfo's answer, freed with it.
 struct AddrInfoFree {

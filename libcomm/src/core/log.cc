@@ -115,7 +115,7 @@ FILE* fileLocked(std::string& note) {
       path += c;
     }
   }
-  gFile = fopen(path.c_str(), "a");
+  gFile = fopen(path.c_str(), "ae");  // close-on-exec: no child of the process inherits it
   if (!gFile) {
     note = "cannot open LIBCOMM_LOG_FILE '" + path + "' (" + strerror(errno) + "): logging to stderr instead";
     gFile = stderr;
