@@ -67,7 +67,7 @@ int spawnRanks(const Options& options, const char* argv0) {
 }
 
 libcomm::Result<std::unique_ptr<libcomm::Bootstrap>> makeBootstrap(libcomm::Deadline deadline) {
-  if (launchedAsRank()) return libcomm::createBootstrapFromEnvironment(deadline);
+  if (libcomm::startedAsRank()) return libcomm::createBootstrapFromEnvironment(deadline);
   // Nobody launched us as part of a job: run alone, without a store.
   auto all = libcomm::createInProcessBootstraps(1);
   return std::move(all[0]);

@@ -8,6 +8,8 @@
 #include <limits>
 #include <string_view>
 
+#include "libcomm/bootstrap.h"
+
 namespace comm_bench {
 
 using libcomm::DataType;
@@ -188,18 +190,6 @@ const char* opName(ReduceOp op) {
 
 const char* usageText() { return kUsage; }
 
-bool launchedAsRank() {
-  auto has = [](const char* name) {
-    const char* v = getenv(name);
-    return v != nullptr && *v != '\0';
-  };
-  if (has("LIBCOMM_RANK") || has("LIBCOMM_WORLD_SIZE")) return true;
-  if (has("RANK") && has("WORLD_SIZE")) return true;
-  if (has("OMPI_COMM_WORLD_RANK") || has("PMI_RANK")) return true;
-  const char* ntasks = getenv("SLURM_NTASKS");
-  return has("SLURM_PROCID") && ntasks != nullptr && atoi(ntasks) > 1;
-}
-
 Result<Options> parseOptions(int argc, char** argv) {
   Options o;
   std::vector<std::string> args(argv + 1, argv + argc);
@@ -231,7 +221,7 @@ Result<Options> parseOptions(int argc, char** argv) {
     o.iters = 5;
     o.warmup = 2;
     o.check = true;
-    if (!launchedAsRank()) o.numRanks = 4;
+    if (!libcomm::startedAsRank()) o.numRanks = 4;
   }
 
   bool collSeen = false;
@@ -380,10 +370,10 @@ Result<Options> parseOptions(int argc, char** argv) {
   if (o.minBytes > o.maxBytes) {
     return libcomm::makeError(StatusCode::kInvalidArgument, "-b ", o.minBytes, " is larger than -e ", o.maxBytes);
   }
-  if (o.numRanks > 0 && launchedAsRank()) {
+  if (std::string which; o.numRanks > 0 && libcomm::startedAsRank(&which)) {
     return libcomm::makeError(StatusCode::kInvalidArgument,
-                              "-np starts ranks itself, but this process was already started as a rank "
-                              "(LIBCOMM_RANK, RANK, OMPI_COMM_WORLD_RANK or SLURM_PROCID is set)");
+                              "-np starts ranks itself, but this process was already started as a rank (", which,
+                              " is set)");
   }
   for (Coll c : o.colls) {
     if (typePairs(o, c).empty()) {

@@ -71,8 +71,4 @@ std::vector<size_t> sizeList(const Options& o);
 /// takes every (-d, -O) pair the API allows (fp32 in, bf16 out is refused, so it is left out).
 std::vector<TypePair> typePairs(const Options& o, Coll coll);
 
-/// True when a launcher (ours, torchrun, Open MPI, Slurm with several tasks) already started this
-/// process as one rank of a job.
-bool launchedAsRank();
-
 }  // namespace comm_bench

@@ -128,7 +128,7 @@ libcomm::Result<Options> parseOptions(const std::vector<std::string>& args) {
       o.warmupSteps = 1;
       o.timedSteps = 3;
       o.repeats = 1;
-      if (!tinylm::launchedAsRank()) o.numRanks = 2;
+      if (!libcomm::startedAsRank()) o.numRanks = 2;
     }
   // Field overrides apply to every selected size, whatever the order of the flags.
   std::map<std::string, int> overrides;
@@ -203,7 +203,7 @@ libcomm::Result<Options> parseOptions(const std::vector<std::string>& args) {
     const Status st = tinylm::validateTrainOptions(trainOptions(o, s, BenchMode::kOverlap, 1));
     if (!st.isOk()) return st.withContext("size " + s.name);
   }
-  if (o.numRanks > 0 && tinylm::launchedAsRank())
+  if (o.numRanks > 0 && libcomm::startedAsRank())
     return libcomm::makeError(StatusCode::kInvalidArgument,
                               "-np starts local ranks itself, but this process already is a rank of a job");
   return o;

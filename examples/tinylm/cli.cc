@@ -186,10 +186,10 @@ libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args) {
                       "--prefetch out, or drop --serialize)");
   // -np W: the W ranks share this machine's memory.
   LIBCOMM_RETURN_IF_ERROR(validateTrainOptions(t, o.numRanks > 0 ? o.numRanks : 1, o.numRanks > 0 ? o.numRanks : 1));
-  if (o.numRanks > 0 && launchedAsRank())
+  if (std::string which; o.numRanks > 0 && libcomm::startedAsRank(&which))
     return libcomm::makeError(StatusCode::kInvalidArgument,
-                              "-np starts local ranks itself, but this process already is a rank of a job "
-                              "(LIBCOMM_RANK, RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID is set)");
+                              "-np starts local ranks itself, but this process already is a rank of a job (", which,
+                              " is set)");
   return o;
 }
 

@@ -8,7 +8,7 @@
 
 #include "libcomm/status.h"
 #include "program_output.h"  // tools/common
-#include "tinylm/launch.h"  // launchedAsRank, which parseCli consults for -np
+#include "tinylm/launch.h"
 #include "tinylm/train.h"
 
 namespace tinylm {

@@ -22,18 +22,6 @@ std::string selfPath(const char* argv0) {
 
 }  // namespace
 
-bool launchedAsRank() {
-  auto has = [](const char* name) {
-    const char* v = std::getenv(name);
-    return v != nullptr && *v != '\0';
-  };
-  if (has("LIBCOMM_RANK") || has("LIBCOMM_WORLD_SIZE")) return true;
-  if (has("RANK") && has("WORLD_SIZE")) return true;
-  if (has("OMPI_COMM_WORLD_RANK") || has("PMI_RANK")) return true;
-  const char* ntasks = std::getenv("SLURM_NTASKS");
-  return has("SLURM_PROCID") && ntasks != nullptr && std::atoi(ntasks) > 1;
-}
-
 libcomm::Milliseconds jobTimeout(libcomm::Milliseconds perWait, long long waits) {
   const long long kMaxJobMs = 30LL * 24 * 3600 * 1000;
   waits = std::max(1LL, waits);
@@ -52,7 +40,7 @@ libcomm::Status spawnLocalRanks(int numRanks, const char* argv0, const std::vect
 }
 
 libcomm::Result<std::unique_ptr<libcomm::Bootstrap>> rankBootstrap(libcomm::Deadline deadline) {
-  if (launchedAsRank()) return libcomm::createBootstrapFromEnvironment(deadline);
+  if (libcomm::startedAsRank()) return libcomm::createBootstrapFromEnvironment(deadline);
   return std::move(libcomm::createInProcessBootstraps(1)[0]);
 }
 

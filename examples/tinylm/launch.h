@@ -14,10 +14,6 @@
 
 namespace tinylm {
 
-/// True when the environment says this process is one rank of a launched job (LIBCOMM_RANK,
-/// torchrun's RANK + WORLD_SIZE, Open MPI, PMI, or a Slurm step of several tasks).
-bool launchedAsRank();
-
 /// Starts `numRanks` processes of this executable (found through /proc/self/exe, else `argv0`)
 /// with `args`, waits for all of them, and fails naming the first rank that failed. `jobTimeout`
 /// bounds the whole job: ranks still running past it are killed. Blocks; not reentrant.
@@ -28,7 +24,7 @@ libcomm::Status spawnLocalRanks(int numRanks, const char* argv0, const std::vect
 /// per-wait timeout cannot overflow the launcher's clock arithmetic).
 libcomm::Milliseconds jobTimeout(libcomm::Milliseconds perWait, long long waits);
 
-/// This process's bootstrap: from the job's environment when launchedAsRank(), else a world of
+/// This process's bootstrap: from the job's environment when libcomm::startedAsRank(), else a world of
 /// one (nobody launched us: run alone). Collective across the job's ranks.
 libcomm::Result<std::unique_ptr<libcomm::Bootstrap>> rankBootstrap(libcomm::Deadline deadline);
 

@@ -64,6 +64,32 @@ class LaunchEnv : public ::testing::Test {
 
 TEST_F(LaunchEnv, NothingSetIsAnErrorThatSaysWhatToSet) { expectError(StatusCode::kInvalidArgument, {"LIBCOMM_RANK"}); }
 
+// A launcher's rank or size variable alone makes the process a rank (comm_bench and tinylm then
+// take their rendezvous from the environment, where resolveLaunchInfo names what is missing):
+// RANK without WORLD_SIZE, or WORLD_SIZE alone, each ran as a job of one and said PASS.
+TEST_F(LaunchEnv, OneVariableOfALauncherMakesARank) {
+  if (getenv("PMI_RANK") || getenv("PMI_SIZE")) GTEST_SKIP() << "PMI_RANK or PMI_SIZE is set in this environment";
+  std::string which;
+  EXPECT_FALSE(startedAsRank(&which));
+  for (const char* var : {"LIBCOMM_RANK", "LIBCOMM_WORLD_SIZE", "RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+                          "OMPI_COMM_WORLD_SIZE"}) {
+    SCOPED_TRACE(var);
+    set({{var, "1"}});
+    which.clear();
+    EXPECT_TRUE(startedAsRank(&which));
+    EXPECT_EQ(which, var);
+    expectError(StatusCode::kInvalidArgument, {"cannot tell this process's", var, "is set, but no"});
+    unsetenv(var);
+  }
+  // Slurm: a one-task step is not a job of ranks; a task count that does not read as 1 is.
+  set({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}});
+  EXPECT_FALSE(startedAsRank());
+  set({{"SLURM_NTASKS", "abc"}});
+  EXPECT_TRUE(startedAsRank(&which));
+  EXPECT_EQ(which, "SLURM_PROCID with SLURM_NTASKS=abc");
+  expectError(StatusCode::kInvalidArgument, {"SLURM_NTASKS"});
+}
+
 // Under MPICH's or Intel MPI's mpirun only PMI_* are set: the error says they are not read, and how
 // to pass them on, rather than suggesting the mpirun the user just used.
 TEST_F(LaunchEnv, PmiVariablesAreNamedAsNotRead) {

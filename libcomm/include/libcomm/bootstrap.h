@@ -148,6 +148,14 @@ struct LaunchOverrides {
 /// (under torchrun a secret derived from TORCHELASTIC_RUN_ID is accepted, with a warning).
 Result<LaunchInfo> resolveLaunchInfo(const LaunchOverrides& overrides = {});
 
+/// True when a launcher started this process as a rank of a job: any rank or world-size variable
+/// resolveLaunchInfo() reads is set (one alone is enough: resolveLaunchInfo then says what is
+/// missing), or PMI_RANK/PMI_SIZE (MPICH, Intel MPI), or Slurm's SLURM_PROCID in a step whose
+/// SLURM_NTASKS is not 1. A tool that can also launch its own ranks (`-np`) runs as a rank then,
+/// rather than as a job of one. `which`, when given, is set to the variable that says so. Reads
+/// the environment only; thread-safe.
+bool startedAsRank(std::string* which = nullptr);
+
 /// resolveLaunchInfo() + the matching bootstrap (hosting the TCP store when hostsStore is set;
 /// the returned bootstrap keeps it alive, and its destructor waits, up to 60 s, for the other
 /// ranks to disconnect before stopping the store). A world of size 1 gets an in-process bootstrap.

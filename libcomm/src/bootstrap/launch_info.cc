@@ -207,6 +207,23 @@ Status checkLaunchSettings() {
 }
 }  // namespace boot
 
+bool startedAsRank(std::string* which) {
+  auto set = [&](const char* name) {
+    if (env(name).empty()) return false;
+    if (which) *which = name;
+    return true;
+  };
+  for (size_t i = 0; i < std::size(kSources); ++i)
+    if (i != kSlurm && (set(kSources[i].rankVar) || set(kSources[i].sizeVar))) return true;
+  if (set("PMI_RANK") || set("PMI_SIZE")) return true;
+  // Slurm's are there in a one-task step as well (srun -n 1, or a batch script's shell): a task of
+  // a step of more tasks, or of a task count that does not read as 1, is a rank.
+  const std::string ntasks = env("SLURM_NTASKS");
+  if (env("SLURM_PROCID").empty() || ntasks.empty() || ntasks == "1") return false;
+  if (which) *which = "SLURM_PROCID with SLURM_NTASKS=" + ntasks;
+  return true;
+}
+
 Result<LaunchInfo> resolveLaunchInfo(const LaunchOverrides& overrides) {
   std::vector<Claim> rankClaims, sizeClaims;
   if (overrides.rank >= 0) rankClaims.push_back({"explicit rank", overrides.rank, "explicit"});
@@ -237,7 +254,11 @@ Result<LaunchInfo> resolveLaunchInfo(const LaunchOverrides& overrides) {
                                                      " (PMI_RANK is set: MPICH and Intel MPI are not read; "
                                                      "pass LIBCOMM_RANK=$PMI_RANK LIBCOMM_WORLD_SIZE=$PMI_SIZE)")
                                                : std::string();
-    return makeError(StatusCode::kInvalidArgument, "cannot tell this process's ", !rank ? "rank" : "world size",
+    // One of the two given: say which, so that a launcher that set half of its pair is found.
+    const std::string half = rank   ? " (" + rank->who + " is set, but no world size)"
+                             : size ? " (" + size->who + " is set, but no rank)"
+                                    : std::string();
+    return makeError(StatusCode::kInvalidArgument, "cannot tell this process's ", !rank ? "rank" : "world size", half,
                      ": set LIBCOMM_RANK and LIBCOMM_WORLD_SIZE, or start it with torchrun, Open MPI's mpirun, srun "
                      "or libcomm's local launcher",
                      pmi);
