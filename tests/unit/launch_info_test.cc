@@ -356,6 +356,30 @@ TEST_F(LaunchEnv, FromEnvironmentHostsTheStoreOnRankZero) {
   EXPECT_TRUE(s1.isOk()) << s1.toString();
 }
 
+// The store's host keeps it up for ranks still connected only for the peer timeout: a rank that
+// stays (stopped, hung after a failure) delayed the host's exit by a fixed minute.
+TEST_F(LaunchEnv, TheStoreWaitsForRanksStillConnectedOnlyThePeerTimeout) {
+  std::string addr = "127.0.0.1:" + std::to_string(shardcomm::testing::unusedLoopbackPort());
+  set({{"LIBCOMM_WORLD_SIZE", "2"}, {"LIBCOMM_STORE_ADDR", addr.c_str()}, {"LIBCOMM_SECRET", "t0p"},
+       {"LIBCOMM_PEER_TIMEOUT_MS", "700"}});
+  std::unique_ptr<Bootstrap> b[2];
+  auto make = [&](int r) { return createBootstrapFromEnvironment(Deadline::after(10s), {r, -1}); };
+  auto r1 = std::async(std::launch::async, make, 1);
+  auto r0 = make(0);
+  auto made1 = r1.get();
+  ASSERT_TRUE(r0.isOk()) << r0.status().toString();
+  ASSERT_TRUE(made1.isOk()) << made1.status().toString();
+  b[0] = std::move(*r0);
+  b[1] = std::move(*made1);  // stays connected while rank 0's goes
+  const auto start = std::chrono::steady_clock::now();
+  b[0].reset();
+  const auto took = std::chrono::steady_clock::now() - start;
+  unsetenv("LIBCOMM_PEER_TIMEOUT_MS");
+  EXPECT_GE(took, 600ms);
+  EXPECT_LT(took, 20s);  // the fixed linger was 60 s
+  b[1].reset();
+}
+
 // A plain TCP connection attempt; true when something accepted it.
 bool accepts(const std::string& host, int port) {
   int fd = socket(host.find(':') == std::string::npos ? AF_INET : AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);

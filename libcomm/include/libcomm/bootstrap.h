@@ -157,8 +157,9 @@ Result<LaunchInfo> resolveLaunchInfo(const LaunchOverrides& overrides = {});
 bool startedAsRank(std::string* which = nullptr);
 
 /// resolveLaunchInfo() + the matching bootstrap (hosting the TCP store when hostsStore is set;
-/// the returned bootstrap keeps it alive, and its destructor waits, up to 60 s, for the other
-/// ranks to disconnect before stopping the store). A world of size 1 gets an in-process bootstrap.
+/// the returned bootstrap keeps it alive, and its destructor waits, up to the peer timeout
+/// (LIBCOMM_PEER_TIMEOUT_MS, 10 s by default), for the other ranks to disconnect before stopping
+/// the store). A world of size 1 gets an in-process bootstrap.
 Result<std::unique_ptr<Bootstrap>> createBootstrapFromEnvironment(Deadline deadline,
                                                                   const LaunchOverrides& overrides = {});
 

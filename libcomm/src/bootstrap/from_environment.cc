@@ -10,23 +10,29 @@ namespace libcomm {
 namespace {
 
 // How long the rank hosting the store keeps it up, once its own bootstrap is gone, for the other
-// ranks to finish with it. Even after a final barrier they may still be reading its reply.
-constexpr Milliseconds kStoreLinger{60000};
+// ranks to finish with it (even after a final barrier they may still be reading its reply): the
+// peer timeout, LIBCOMM_PEER_TIMEOUT_MS (10 s by default). A rank still connected after that is
+// one libcomm would call lost anywhere else, typically stopped or hung after a failure; a fixed
+// minute delayed every failed job's exit by that much, whatever its timeouts said.
+Milliseconds storeLinger() {
+  Result<long long> ms = settingInt("LIBCOMM_PEER_TIMEOUT_MS");
+  return ms.isOk() && *ms > 0 ? Milliseconds(*ms) : Milliseconds(10000);
+}
 
 // The bootstrap of the rank that hosts the TCP store.
 class StoreOwningBootstrap final : public Bootstrap {
  public:
   StoreOwningBootstrap(std::unique_ptr<TcpStoreServer> server, std::unique_ptr<Bootstrap> inner)
-      : server_(std::move(server)), inner_(std::move(inner)) {}
+      : server_(std::move(server)), inner_(std::move(inner)), linger_(storeLinger()) {}
 
   ~StoreOwningBootstrap() override {
     std::string job = inner_->jobId();
     inner_.reset();
-    int left = boot::waitForClientsToLeave(*server_, Deadline::after(kStoreLinger));
+    int left = boot::waitForClientsToLeave(*server_, Deadline::after(linger_));
     if (left > 0)
       LIBCOMM_LOG(kWarn, "boot") << "job " << job << ": stopping the tcp store while " << left
-                                 << " rank(s) are still connected after " << kStoreLinger.count()
-                                 << " ms; they will get remote errors";
+                                 << " rank(s) are still connected after " << linger_.count()
+                                 << " ms (LIBCOMM_PEER_TIMEOUT_MS); they will get remote errors";
   }
 
   int rank() const override { return inner_->rank(); }
@@ -53,6 +59,7 @@ class StoreOwningBootstrap final : public Bootstrap {
   // Declared first so that it is destroyed last, after the client connected to it.
   std::unique_ptr<TcpStoreServer> server_;
   std::unique_ptr<Bootstrap> inner_;
+  const Milliseconds linger_;
 };
 
 }  // namespace
