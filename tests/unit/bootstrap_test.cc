@@ -18,6 +18,7 @@
 #include <fstream>
 #include <functional>
 #include <future>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <regex>
@@ -26,6 +27,7 @@
 
 #include "bootstrap/sha256.h"
 #include "bootstrap/tcp_store.h"
+#include "bootstrap/tcp_store_state.h"
 #include "bootstrap/tcp_wire.h"
 #include "core/log.h"
 #include "ports.h"
@@ -925,6 +927,51 @@ TEST(TcpStore, AnOverlongChallengeIsRefusedUnread) {
             std::string::npos)
       << b.status().toString();
   EXPECT_LT(took, 5s);
+}
+
+// The store's parked gets, without sockets: each answered once, with its values, when its last key
+// comes; keys taken by another get in between are waited for again; a key listed twice counts
+// once. 512 gets of all 512 keys (one bootstrap round of 512 ranks) are all answered: rechecking
+// every key of every get on each set made such a round O(N^3).
+TEST(TcpStoreState, ParkedGetsAreAnsweredOnceByTheirLastKey) {
+  std::map<uint64_t, std::vector<std::pair<boot::MsgType, std::string>>> replies;
+  boot::StoreState st([&](uint64_t conn, boot::MsgType type, std::string payload) {
+    replies[conn].emplace_back(type, std::move(payload));
+  });
+  const auto later = Clock::now() + 1h;
+  constexpr int kRanks = 512;
+  std::vector<std::string> keys;
+  for (int r = 0; r < kRanks; ++r) keys.push_back("c/0/" + std::to_string(r));
+  for (int r = 0; r < kRanks; ++r) st.get(1000 + r, keys, false, later);
+  for (int r = 0; r < kRanks; ++r) st.set(r, keys[r], "v" + std::to_string(r));
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_EQ(replies[1000 + r].size(), 1u) << "get " << r;
+    EXPECT_EQ(replies[1000 + r][0].first, boot::MsgType::kValues);
+    boot::WireReader in(replies[1000 + r][0].second);
+    uint32_t n = 0;
+    ASSERT_TRUE(in.u32(&n));
+    ASSERT_EQ(n, static_cast<uint32_t>(kRanks));
+    for (int k = 0; k < kRanks; ++k) {
+      std::string v;
+      ASSERT_TRUE(in.bytes(&v));
+      ASSERT_EQ(v, "v" + std::to_string(k));
+    }
+    EXPECT_FALSE(st.parked(1000 + r));
+  }
+  // A key taken by another get before the last key came is waited for again.
+  replies.clear();
+  st.get(1, {"a", "b", "b"}, false, later);  // "b" twice
+  st.get(2, {"a"}, true, later);
+  st.set(9, "a", "1");  // answers 2, which takes it
+  ASSERT_EQ(replies[2].size(), 1u);
+  EXPECT_TRUE(st.parked(1));
+  st.set(9, "b", "2");  // 1's last key, but "a" is gone again
+  EXPECT_TRUE(replies[1].empty());
+  EXPECT_TRUE(st.parked(1));
+  st.set(9, "a", "3");
+  ASSERT_EQ(replies[1].size(), 1u);
+  EXPECT_EQ(replies[1][0].first, boot::MsgType::kValues);
+  EXPECT_FALSE(st.parked(1));
 }
 
 TEST(TcpStore, VanishedServerIsARemoteError) {

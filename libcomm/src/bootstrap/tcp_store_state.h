@@ -42,6 +42,7 @@ class StoreState {
     std::vector<std::string> keys;
     bool take = false;
     Clock::time_point deadline;
+    size_t watched = 0;  // keys of this get in watchers_ (missing when last looked at)
   };
 
   void tryAnswer(uint64_t conn);
