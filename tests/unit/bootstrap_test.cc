@@ -168,9 +168,9 @@ TEST_P(BootstrapTest, AllGatherBarrierSendRecv) {
   Job job(kind, n);
   expectAllOk(job.run(exercise));
   // Every rank deleted its file of each round once the next round completed: only the last
-  // round's files are left, and the run file.
+  // round's files are left, the run file and rank 0's lock file.
   if (kind == Kind::kFile) {
-    EXPECT_EQ(job.dir.count(), static_cast<size_t>(n) + 1);
+    EXPECT_EQ(job.dir.count(), static_cast<size_t>(n) + 2);
   }
 }
 
@@ -401,8 +401,39 @@ TEST(FileBootstrap, ALaterRunOfTheSameJobNeverReadsTheEarlierRunsFiles) {
                        " where this run gave 200, 201");
     return Status::ok();
   }));
-  // Rank 0 of run 2 removed run 1's files: what is left is run 2's last round and the run file.
-  EXPECT_EQ(dir.count(), 3u);
+  // Rank 0 of run 2 removed run 1's files: what is left is run 2's last round, the run file and
+  // the job's lock file.
+  EXPECT_EQ(dir.count(), 4u);
+}
+
+// A second rank 0 of a job whose run is live in the same directory is refused at once, naming the
+// lock; the live run is untouched and completes, and once it has ended the job id may run again.
+// (It removed the live run's files and rewrote its run file, and the two runs swapped ranks.)
+TEST(FileBootstrap, ASecondLiveRunOfAJobIsRefused) {
+  TempDir dir;
+  std::promise<void> secondTried;
+  auto secondTriedF = secondTried.get_future().share();
+  expectAllOk(runThreads(2, [&](int r) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto b, createFileBootstrap(dir.path, "live", r, 2, Deadline::after(10s)));
+    if (r == 0) {
+      auto second = createFileBootstrap(dir.path, "live", 0, 2, Deadline::after(2s));
+      secondTried.set_value();
+      if (second.isOk()) return makeError(StatusCode::kInternalError, "a second rank 0 joined a live run");
+      if (second.status().code() != StatusCode::kInvalidArgument ||
+          second.status().message().find("another run of this job is live") == std::string::npos ||
+          second.status().message().find("live.lock") == std::string::npos)
+        return makeError(StatusCode::kInternalError, "unexpected: ", second.status().toString());
+    }
+    secondTriedF.wait();
+    int mine = 300 + r, all[2];
+    LIBCOMM_RETURN_IF_ERROR(b->allGather(&mine, all, sizeof(mine), Deadline::after(10s)));
+    if (all[0] != 300 || all[1] != 301) return makeError(StatusCode::kInternalError, "the live run's data changed");
+    return Status::ok();
+  }));
+  // Ended: the next run takes the lock.
+  expectAllOk(runThreads(2, [&](int r) -> Status {
+    return createFileBootstrap(dir.path, "live", r, 2, Deadline::after(10s)).status();
+  }));
 }
 
 // Rank 0's cleanup of earlier runs removes exactly its own job's run files. It removed every

@@ -12,6 +12,7 @@
 //
 // Names, all prefixed with the job id so several jobs can share a directory:
 //   <job>.run                               rank 0's nonce and beat count
+//   <job>.lock                              flock'ed by the live run's rank 0 (one live run per job id)
 //   <job>.<nonce>.c<round>.r<rank>          rank's contribution to collective round <round>
 //   <job>.<nonce>.p<src>-<dst>.t<tag>.<seq> the <seq>-th message from src to dst under tag (deleted on read)
 //   <job>.<nonce>.s.<key>                   the side channel's value of <key> (overwritten in place)
@@ -20,6 +21,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -185,9 +187,13 @@ class FileBootstrap final : public Bootstrap {
     // later round would prove otherwise. They are small and scoped by the job id. The rank's claim
     // has no readers: it goes (one of a killed process goes with the run's other files).
     if (!claim_.empty()) unlink(claim_.c_str());
+    // The lock file stays (removing it would let a run lock a file another is about to open).
+    if (lockFd_ >= 0) close(lockFd_);
   }
   /// The rank's claim file (made by createFileBootstrap), removed with the bootstrap.
   void ownClaim(std::string path) { claim_ = std::move(path); }
+  /// Rank 0's locked "<job>.lock" descriptor (-1 on other ranks), closed with the bootstrap.
+  void ownLock(int fd) { lockFd_ = fd; }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -325,6 +331,7 @@ class FileBootstrap final : public Bootstrap {
   uint64_t round_ = 0;
   boot::RoundGuard rounds_;
   std::string claim_;
+  int lockFd_ = -1;
   std::map<std::pair<int, uint32_t>, uint64_t> sendSeq_;
   std::map<std::pair<int, uint32_t>, uint64_t> recvSeq_;
 };
@@ -491,6 +498,34 @@ Result<std::unique_ptr<Bootstrap>> createFileBootstrap(const std::string& dir, c
   std::function<Status()> beat;
   RunFile run;
   std::string nonce;
+  // Rank 0 holds an exclusive lock on "<job>.lock" for the bootstrap's life: a second rank 0 of the
+  // same job id in the same directory (another run started while this one lives) is refused at
+  // once. Without it, it removed this run's files and rewrote the run file, the two rank 0s took
+  // turns beating it, and the other ranks joined either run: two jobs swapped ranks, silently.
+  int lockFd = -1;
+  if (rank == 0) {
+    const std::string lockPath = dir + "/" + jobId + ".lock";
+    lockFd = open(lockPath.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lockFd < 0)
+      return makeError(StatusCode::kSystemError, "file bootstrap: rank 0 cannot open ", lockPath, ": ",
+                       boot::errnoText(errno));
+    if (flock(lockFd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      close(lockFd);
+      if (err == EWOULDBLOCK)
+        return makeError(StatusCode::kInvalidArgument, "file bootstrap: rank 0 of job ", jobId, " in ", dir,
+                         ": another run of this job is live (its rank 0 holds ", lockPath,
+                         "); give this run another LIBCOMM_JOB_ID, or wait for that one to end");
+      return makeError(StatusCode::kSystemError, "file bootstrap: rank 0 cannot lock ", lockPath, ": ",
+                       boot::errnoText(err));
+    }
+  }
+  struct LockCloser {
+    int* fd;
+    ~LockCloser() {
+      if (*fd >= 0) close(*fd);  // releases the lock (until the bootstrap takes it over)
+    }
+  } lockCloser{&lockFd};
   if (rank == 0) {
     LIBCOMM_RETURN_IF_ERROR(removeEarlierRuns(dir, jobId));
     nonce = boot::randomHex(kNonceHexChars / 2);
@@ -520,6 +555,8 @@ Result<std::unique_ptr<Bootstrap>> createFileBootstrap(const std::string& dir, c
   close(claimFd);
   auto bootstrap = std::make_unique<FileBootstrap>(dir, jobId, nonce, rank, size);
   bootstrap->ownClaim(claim);
+  bootstrap->ownLock(lockFd);
+  lockFd = -1;
   LIBCOMM_RETURN_IF_ERROR(bootstrap->hello(deadline, beat));
   LIBCOMM_LOG(kInfo, "boot") << "file bootstrap: rank " << rank << " of " << size << " joined job " << jobId << " in "
                              << dir;
