@@ -650,6 +650,27 @@ TEST(TcpStore, WrongSecretRefusalsShareTheStrangersWarnLimit) {
   EXPECT_LE(warns, 11 * windows);
 }
 
+// World sizes that disagree fail on every rank at once, naming both sizes. Rank 0 told 3 and rank
+// 1 told 2: rank 1 saw it, but rank 0 waited for a rank 2 until its deadline and then said only
+// "ranks not arrived: 2".
+TEST(TcpStore, AWorldSizeMismatchFailsEveryRankAtOnce) {
+  auto server = startTcpStore("127.0.0.1", 0, kSecret);
+  ASSERT_TRUE(server.isOk());
+  const int port = (*server)->port();
+  const auto start = Clock::now();
+  auto statuses = runThreads(2, [&](int r) -> Status {
+    return createTcpBootstrap("127.0.0.1", port, kSecret, r, r == 0 ? 3 : 2, Deadline::after(20s)).status();
+  });
+  EXPECT_LT(Clock::now() - start, 10s);
+  EXPECT_EQ(statuses[0].code(), StatusCode::kInvalidArgument) << statuses[0].toString();
+  EXPECT_NE(statuses[0].message().find("rank 0 was told size 3 but rank 1 was told size 2, so ranks 2..2 will not come"),
+            std::string::npos)
+      << statuses[0].toString();
+  EXPECT_EQ(statuses[1].code(), StatusCode::kInvalidArgument) << statuses[1].toString();
+  EXPECT_NE(statuses[1].message().find("rank 1 was told size 2 but rank 0 was told size 3"), std::string::npos)
+      << statuses[1].toString();
+}
+
 TEST(TcpStore, SetGetTakeDeleteAndDuplicateRanks) {
   auto server = startTcpStore("127.0.0.1", 0, kSecret);
   ASSERT_TRUE(server.isOk());

@@ -21,6 +21,9 @@ namespace libcomm {
 namespace {
 
 constexpr uint32_t kHelloMagic = 0x54424f4f;  // "TBOO"
+// A hello contribution left, for a rank rank 0 waits for, by a rank told a smaller world size:
+// {magic, its size, its rank, 0}.
+constexpr uint32_t kSizeMismatchMagic = 0x54425a45;  // "TBZE"
 // The larger of a request setting one value (its key and fields: under kRequestRoom bytes besides
 // the value) and the reply to a get of `ranks` values (a 4-byte count, then each value with a
 // 4-byte length): both must fit the store's message bound.
@@ -123,12 +126,28 @@ class TcpBootstrap final : public Bootstrap {
   Status join(std::string jobId, Deadline deadline) {
     if (rank_ == 0) {
       if (jobId.empty()) jobId = "job-" + boot::randomHex(8);
+      LIBCOMM_RETURN_IF_ERROR(client_->set("job/size", std::to_string(size_), deadline));
       LIBCOMM_RETURN_IF_ERROR(client_->set("job/id", jobId, deadline));
-    } else if (jobId.empty()) {
-      auto got = client_->get({"job/id"}, false, deadline);
+    } else {
+      // Rank 0's world size first: a rank told a smaller one than rank 0 would leave rank 0 waiting
+      // in the hello below for ranks that never come, until its deadline, with only "ranks not
+      // arrived" to say. This rank tells it at once instead (hello contributions for those ranks
+      // that say why), and fails itself. (A rank told a larger size is seen in the hello.)
+      auto got = client_->get({"job/size", "job/id"}, false, deadline);
       if (!got.isOk())
-        return got.status().withContext("rank " + std::to_string(rank_) + " waiting for rank 0 to publish the job id");
-      jobId = got.value()[0];
+        return got.status().withContext("rank " + std::to_string(rank_) + " waiting for rank 0 to publish the job");
+      if (jobId.empty()) jobId = got.value()[1];
+      const std::optional<long long> theirs = boot::parseDigits(got.value()[0], kMaxWorldSize);
+      if (theirs && *theirs > size_) {
+        // This rank's own contribution, and those of the ranks past this rank's world.
+        const uint32_t why[4] = {kSizeMismatchMagic, static_cast<uint32_t>(size_), static_cast<uint32_t>(rank_), 0};
+        const std::string marker(reinterpret_cast<const char*>(why), sizeof(why));
+        (void)client_->set(roundKey(0, rank_), marker, Deadline::after(kAbandonBound));
+        for (int q = size_; q < *theirs; ++q) (void)client_->set(roundKey(0, q), marker, Deadline::after(kAbandonBound));
+      }
+      if (!theirs || *theirs != size_)
+        return makeError(StatusCode::kInvalidArgument, "tcp bootstrap: rank ", rank_, " was told size ", size_,
+                         " but rank 0 was told size ", got.value()[0], " (store ", client_->address(), ")");
     }
     LIBCOMM_RETURN_IF_ERROR(boot::checkJobId(jobId));
     jobId_ = jobId;
@@ -141,6 +160,10 @@ class TcpBootstrap final : public Bootstrap {
     LIBCOMM_RETURN_IF_ERROR(collective("hello", mine, all.data(), sizeof(mine), deadline));
     for (int r = 0; r < size_; ++r) {
       const uint32_t* theirs = &all[4 * static_cast<size_t>(r)];
+      if (theirs[0] == kSizeMismatchMagic)
+        return makeError(StatusCode::kInvalidArgument, "tcp bootstrap: rank ", rank_, " was told size ", size_,
+                         " but rank ", theirs[2], " was told size ", theirs[1], ", so ranks ", theirs[1], "..",
+                         size_ - 1, " will not come (store ", client_->address(), ")");
       if (theirs[0] != kHelloMagic || theirs[1] != static_cast<uint32_t>(size_))
         return makeError(StatusCode::kInvalidArgument, "tcp bootstrap: rank ", rank_, " was told size ", size_,
                          " but rank ", r, " was told size ", theirs[1], " (store ", client_->address(), ")");
