@@ -5,6 +5,7 @@
 #include <atomic>
 #include <vector>
 
+#include "core/load_once.h"
 #include "core/log.h"
 #include "libcomm/config.h"
 
@@ -27,18 +28,8 @@ void bind(Library& lib) {
 #undef LIBCOMM_NCCL_BIND
 }
 
-struct Loaded {
-  Library lib;
-  Status status;
-};
-
-Loaded load() {
-  struct Candidate {
-    std::string path;
-    int flags;
-    const char* why;
-  };
-  std::vector<Candidate> candidates;
+Result<Library> load() {
+  std::vector<LibraryCandidate> candidates;
   if (std::string env = settingValue("LIBCOMM_NCCL_LIBRARY"); !env.empty()) {
     candidates.push_back({env, RTLD_NOW | RTLD_LOCAL, "LIBCOMM_NCCL_LIBRARY"});
   } else {
@@ -46,65 +37,39 @@ Loaded load() {
     candidates.push_back({LIBCOMM_DEFAULT_NCCL, RTLD_NOW | RTLD_LOCAL, "found at build time"});
     candidates.push_back({"libnccl.so.2", RTLD_NOW | RTLD_LOCAL, "loader search path"});
   }
-  std::string tried;
-  auto note = [&](const Candidate& c, const std::string& what) {
-    tried += (tried.empty() ? "" : "; ") + c.path + " (" + c.why + "): " + what;
-  };
-  for (const Candidate& c : candidates) {
-    dlerror();
-    void* h = dlopen(c.path.c_str(), c.flags);
-    if (h == nullptr) {
-      if ((c.flags & RTLD_NOLOAD) == 0) {
-        const char* e = dlerror();
-        note(c, e ? e : "cannot be opened");
-      }
-      continue;
-    }
+  auto isNccl = [](void* h) -> std::string {
     const void* version = dlsym(h, "pncclGetVersion");
     const void* standIn = standInBase.load();
     if (version != nullptr && standIn != nullptr && objectBase(version) == standIn) {
       Dl_info info{};
-      note(c, std::string("is libcomm's NCCL stand-in (") +
-                  (dladdr(version, &info) && info.dli_fname ? info.dli_fname : "?") + "), not NCCL");
+      std::string why = std::string("is libcomm's NCCL stand-in (") +
+                        (dladdr(version, &info) && info.dli_fname ? info.dli_fname : "?") + "), not NCCL";
       dlclose(h);
-      continue;
+      return why;
     }
     if (version == nullptr) {
-      note(c, "has no pncclGetVersion (not NCCL?)");
       dlclose(h);
-      continue;
+      return "has no pncclGetVersion (not NCCL?)";
     }
-    Loaded out;
-    out.lib.handle = h;
-    out.lib.path = c.path;
-    out.lib.why = c.why;
-    bind(out.lib);
-    LIBCOMM_LOG(kInfo, "nccl") << "NCCL: " << c.path << " (" << c.why << ")";
-    return out;
-  }
-  Loaded out;
-  out.status = makeError(StatusCode::kSystemError, "cannot load NCCL: ", tried);
-  return out;
+    return "";
+  };
+  LIBCOMM_ASSIGN_OR_RETURN(OpenedLibrary opened, openFirstLibrary(candidates, isNccl, "NCCL"));
+  Library lib;
+  lib.handle = opened.handle;
+  lib.path = opened.from.path;
+  lib.why = opened.from.why;
+  bind(lib);
+  LIBCOMM_LOG(kInfo, "nccl") << "NCCL: " << lib.path << " (" << lib.why << ")";
+  return lib;
 }
 
-const Loaded& loaded() {
-  // Never destroyed: NCCL may be called during exit, after static destructors.
-  static const Loaded* l = new Loaded(load());
-  return *l;
-}
-
-std::atomic<const Library*> ready{nullptr};
+using Loaded = LoadOnce<Library, load>;
 
 }  // namespace
 
-Result<const Library*> library() {
-  const Loaded& l = loaded();
-  if (!l.status.isOk()) return l.status;
-  ready.store(&l.lib, std::memory_order_release);
-  return &l.lib;
-}
+Result<const Library*> library() { return Loaded::get(); }
 
-const Library* loadedLibrary() { return ready.load(std::memory_order_acquire); }
+const Library* loadedLibrary() { return Loaded::ifLoaded(); }
 
 void declareStandIn(const void* address) { standInBase.store(objectBase(address)); }
 

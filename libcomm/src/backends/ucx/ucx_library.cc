@@ -4,20 +4,15 @@
 
 #include <dlfcn.h>
 
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
+#include "core/load_once.h"
 #include "core/log.h"
 
 namespace libcomm::ucx {
 namespace {
-
-struct Loaded {
-  Library lib;
-  Status status;
-};
 
 // Binds every function; the name of the first one missing, or "" when none is.
 std::string bind(Library& lib) {
@@ -29,66 +24,35 @@ std::string bind(Library& lib) {
   return "";
 }
 
-Loaded load() {
-  struct Candidate {
-    std::string path;
-    int flags;
-    const char* why;
-  };
-  const std::vector<Candidate> candidates = {
+Result<Library> load() {
+  const std::vector<LibraryCandidate> candidates = {
       {"libucp.so.0", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD, "already loaded"},
       {LIBCOMM_DEFAULT_UCX, RTLD_NOW | RTLD_LOCAL, "found at build time"},
       {"libucp.so.0", RTLD_NOW | RTLD_LOCAL, "loader search path"},
   };
-  std::string tried;
-  auto note = [&](const Candidate& c, const std::string& what) {
-    tried += (tried.empty() ? "" : "; ") + c.path + " (" + c.why + "): " + what;
+  Library lib;
+  auto hasEveryFunction = [&lib](void* h) -> std::string {
+    lib.handle = h;
+    // A refused one is not closed: UCX's constructors may have run, and unloading it is not supported.
+    const std::string missing = bind(lib);
+    return missing.empty() ? "" : "has no " + missing + " (not UCX, or a UCX older than the one libcomm was built with)";
   };
-  for (const Candidate& c : candidates) {
-    dlerror();
-    void* h = dlopen(c.path.c_str(), c.flags);
-    if (h == nullptr) {
-      if ((c.flags & RTLD_NOLOAD) == 0) {
-        const char* e = dlerror();
-        note(c, e ? e : "cannot be opened");
-      }
-      continue;
-    }
-    Loaded out;
-    out.lib.handle = h;
-    out.lib.path = c.path;
-    out.lib.why = c.why;
-    if (const std::string missing = bind(out.lib); !missing.empty()) {
-      note(c, "has no " + missing + " (not UCX, or a UCX older than the one libcomm was built with)");
-      continue;  // not closed: UCX's constructors may have run, and unloading it is not supported
-    }
-    LIBCOMM_LOG(kDebug, "ucx") << "UCX: " << c.path << " (" << c.why << ")";
-    return out;
-  }
-  Loaded out;
-  out.status = makeError(StatusCode::kSystemError, "cannot load UCX (install libucx0): ", tried);
-  return out;
+  LIBCOMM_ASSIGN_OR_RETURN(OpenedLibrary opened,
+                           openFirstLibrary(candidates, hasEveryFunction, "UCX (install libucx0)"));
+  lib.path = opened.from.path;
+  lib.why = opened.from.why;
+  LIBCOMM_LOG(kDebug, "ucx") << "UCX: " << lib.path << " (" << lib.why << ")";
+  return lib;
 }
 
-const Loaded& loaded() {
-  // Never destroyed: UCX may be called during exit, after static destructors.
-  static const Loaded* l = new Loaded(load());
-  return *l;
-}
-
-std::atomic<const Library*> ready{nullptr};
+using Loaded = LoadOnce<Library, load>;
 
 }  // namespace
 
-Result<const Library*> library() {
-  const Loaded& l = loaded();
-  if (!l.status.isOk()) return l.status;
-  ready.store(&l.lib, std::memory_order_release);
-  return &l.lib;
-}
+Result<const Library*> library() { return Loaded::get(); }
 
 const Library& api() {
-  const Library* lib = ready.load(std::memory_order_acquire);
+  const Library* lib = Loaded::ifLoaded();
   if (lib == nullptr) {
     std::fprintf(stderr, "libcomm: internal error: a UCX function was called before UCX was loaded\n");
     std::abort();
