@@ -1,6 +1,8 @@
 // Executor: its streams, and what each schedule op does on them.
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "device/device_memory.h"
 #include "libcomm/cuda.h"
@@ -136,10 +138,10 @@ Status Executor::runOp(const ScheduleOp& op) {
       // A collective stream's timeout usually hides a peer problem its communicator already knows;
       // the compute stream runs no collective, so its failure (a trainer's work item, a wait that
       // expired) is its own and is reported as it is, never as a communicator's.
-      Status cause;
-      if (op.stream == StreamId::kGather) cause = agComm_.asyncError();
-      if (op.stream == StreamId::kReduce) cause = rsComm_.asyncError();
-      if (!cause.isOk() && st.code() == StatusCode::kTimeout) st = cause;
+      if (st.code() == StatusCode::kTimeout && op.stream != StreamId::kCompute) {
+        const Status cause = communicatorCause(op.stream == StreamId::kGather ? agComm_ : rsComm_);
+        if (!cause.isOk()) st = cause;
+      }
       return st.withContext(std::string("waiting for the ") + streamIdName(op.stream) + " stream to drain");
     }
     case OpKind::kAllGather:
@@ -152,6 +154,25 @@ Status Executor::runOp(const ScheduleOp& op) {
   return libcomm::makeError(StatusCode::kInternalError, "executor: unknown op kind");
 }
 
+namespace {
+
+// How long a timed-out wait gives the communicator's own error a chance to land: by default the
+// collective's op timeout equals waitTimeout, so the two expire together, and the communicator's
+// error, which names the peer it waited on, may come a moment after the wait gave up.
+constexpr std::chrono::milliseconds kCauseGrace{2000};
+
+}  // namespace
+
+Status Executor::communicatorCause(libcomm::Communicator& comm) const {
+  const auto until = std::chrono::steady_clock::now() + kCauseGrace;
+  Status cause = comm.asyncError();
+  while (cause.isOk() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    cause = comm.asyncError();
+  }
+  return cause;
+}
+
 Status Executor::hostWait(const ScheduleOp& op) {
   const ScheduleEvent& ev = schedule_.events[static_cast<size_t>(op.event)];
   Status st = events_[static_cast<size_t>(op.event)]->synchronize(libcomm::Deadline::after(options_.waitTimeout));
@@ -159,10 +180,12 @@ Status Executor::hostWait(const ScheduleOp& op) {
   // An expired wait usually hides a collective that is stuck on a peer: name that cause if the
   // communicator already knows it.
   const bool gather = ev.kind == EventKind::kGathered;
-  Status cause = (gather ? agComm_ : rsComm_).asyncError();
   std::string what = gather ? "all_gather into buffer '" + plan_.gatherBuffers[static_cast<size_t>(ev.index)].name + "'"
                             : "event " + ev.name;
-  if (!cause.isOk() && st.code() == StatusCode::kTimeout) st = cause;
+  if (st.code() == StatusCode::kTimeout) {
+    const Status cause = communicatorCause(gather ? agComm_ : rsComm_);
+    if (!cause.isOk()) st = cause;
+  }
   return st.withContext("waiting " + std::to_string(options_.waitTimeout.count()) + " ms at most for " + what);
 }
 

@@ -248,6 +248,9 @@ class Executor {
   libcomm::Status runGather(const ScheduleOp& op);
   libcomm::Status runReduce(const ScheduleOp& op);
   libcomm::Status runZero(const ScheduleOp& op);
+  // The error of `comm` after a wait on its stream timed out, waiting a moment for it (see
+  // executor_ops.cc); OK when it has none.
+  libcomm::Status communicatorCause(libcomm::Communicator& comm) const;
   libcomm::Status hostWait(const ScheduleOp& op);
   libcomm::Status createStreams();
   libcomm::Status logCompute(LogKind kind);
