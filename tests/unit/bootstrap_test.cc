@@ -503,6 +503,18 @@ TEST(FileBootstrap, ForeignRunFileAndSizeMismatchAreNamed) {
   });
   EXPECT_EQ(statuses[1].code(), StatusCode::kInvalidArgument) << statuses[1].toString();
   EXPECT_NE(statuses[1].message().find("rank 0 was told size 2"), std::string::npos) << statuses[1].toString();
+  // Rank 0 told the larger size fails at once too (it waited for a rank 2 until its deadline).
+  const auto start = Clock::now();
+  statuses = runThreads(2, [&](int r) -> Status {
+    return createFileBootstrap(dir.path, "bigger", r, r == 0 ? 3 : 2, Deadline::after(20s)).status();
+  });
+  EXPECT_LT(Clock::now() - start, 10s);
+  EXPECT_EQ(statuses[0].code(), StatusCode::kInvalidArgument) << statuses[0].toString();
+  EXPECT_NE(statuses[0].message().find("rank 0 was told size 3 but a rank was told size 2, so ranks 2..2 will not come"),
+            std::string::npos)
+      << statuses[0].toString();
+  EXPECT_NE(statuses[1].message().find("rank 1 was told size 2 but rank 0 was told size 3"), std::string::npos)
+      << statuses[1].toString();
 }
 
 TEST(Sha256, KnownAnswers) {

@@ -44,6 +44,9 @@ namespace {
 constexpr Milliseconds kFirstPoll{1};
 constexpr Milliseconds kMaxPoll{50};
 constexpr uint32_t kHelloMagic = 0x46424f4f;  // "FBOO": catches a foreign file with our name
+// A hello file left, for rank 0 to read, by a rank told a smaller world size than rank 0:
+// {magic, its size}.
+constexpr uint32_t kSizeMismatchMagic = 0x46425a45;  // "FBZE"
 constexpr uint32_t kRunMagic = 0x4e524246;    // "FBRN": the run file
 constexpr size_t kNonceHexChars = 16;
 
@@ -176,6 +179,11 @@ class FileSideChannel final : public SideChannel {
   std::shared_ptr<RankFiles> files_;
 };
 
+// The file of `rank`'s contribution to collective round `round` of the run named `prefix`.
+std::string roundPath(const std::string& dir, const std::string& prefix, uint64_t round, int rank) {
+  return dir + "/" + prefix + ".c" + std::to_string(round) + ".r" + std::to_string(rank);
+}
+
 class FileBootstrap final : public Bootstrap {
  public:
   FileBootstrap(std::string dir, std::string jobId, const std::string& nonce, int rank, int size)
@@ -211,6 +219,10 @@ class FileBootstrap final : public Bootstrap {
     LIBCOMM_RETURN_IF_ERROR(collective("hello", mine, all.data(), sizeof(mine), deadline, whileWaiting));
     for (int r = 0; r < size_; ++r) {
       const uint32_t* theirs = &all[2 * static_cast<size_t>(r)];
+      if (theirs[0] == kSizeMismatchMagic)
+        return makeError(StatusCode::kInvalidArgument, "file bootstrap: rank ", rank_, " was told size ", size_,
+                         " but a rank was told size ", theirs[1], ", so ranks ", theirs[1], "..", size_ - 1,
+                         " will not come (job ", jobId_, ")");
       if (theirs[0] != kHelloMagic)
         return makeError(StatusCode::kInvalidUsage, "file bootstrap: rank ", rank_, " found a foreign file for rank ",
                          r, " of job ", jobId_, " in ", dir_, " (a foreign file with this run's name?)");
@@ -265,9 +277,7 @@ class FileBootstrap final : public Bootstrap {
     return Status::ok();
   }
 
-  std::string roundName(uint64_t round, int rank) const {
-    return dir_ + "/" + files_->prefix + ".c" + std::to_string(round) + ".r" + std::to_string(rank);
-  }
+  std::string roundName(uint64_t round, int rank) const { return roundPath(dir_, files_->prefix, round, rank); }
   std::string p2pName(int src, int dst, uint32_t tag, uint64_t seq) const {
     return dir_ + "/" + files_->prefix + ".p" + std::to_string(src) + "-" + std::to_string(dst) + ".t" +
            std::to_string(tag) + "." + std::to_string(seq);
@@ -462,20 +472,15 @@ Result<std::optional<RunFile>> readRunFile(RankFiles& files, const std::string& 
 }
 
 // Another rank than 0: waits until the run file changes (rank 0 wrote it after this rank first
-// looked, so rank 0 is alive and the nonce is this run's) and returns the nonce.
-Result<std::string> awaitLiveRun(RankFiles& files, const std::string& path, const std::string& jobId, int size,
-                                 Deadline deadline) {
+// looked, so rank 0 is alive and the nonce is this run's) and returns it (rank 0's nonce and size).
+Result<RunFile> awaitLiveRun(RankFiles& files, const std::string& path, const std::string& jobId, int size,
+                             Deadline deadline) {
   LIBCOMM_ASSIGN_OR_RETURN(std::optional<RunFile> first, readRunFile(files, path));
   boot::Backoff backoff(kFirstPoll, kMaxPoll);
   while (true) {
     backoff.sleep(deadline);
     LIBCOMM_ASSIGN_OR_RETURN(std::optional<RunFile> now, readRunFile(files, path));
-    if (now && (!first || !(*now == *first))) {
-      if (now->size != static_cast<uint32_t>(size))
-        return makeError(StatusCode::kInvalidArgument, "file bootstrap: rank ", files.rank, " was told size ", size,
-                         " but rank 0 was told size ", now->size, " (job ", jobId, ")");
-      return now->nonceText();
-    }
+    if (now && (!first || !(*now == *first))) return *now;
     if (deadline.expired())
       return makeError(StatusCode::kTimeout, "file bootstrap: rank ", files.rank, " of ", size,
                        " found no live rank 0 of job ", jobId, " before its deadline: ", path,
@@ -537,7 +542,22 @@ Result<std::unique_ptr<Bootstrap>> createFileBootstrap(const std::string& dir, c
       return runFiles.writeAtomic(runPath, &run, sizeof(run));
     };
   } else {
-    LIBCOMM_ASSIGN_OR_RETURN(nonce, awaitLiveRun(runFiles, runPath, jobId, size, deadline));
+    LIBCOMM_ASSIGN_OR_RETURN(RunFile live, awaitLiveRun(runFiles, runPath, jobId, size, deadline));
+    nonce = live.nonceText();
+    if (live.size != static_cast<uint32_t>(size)) {
+      // Rank 0, told a larger size, would wait in the hello for ranks that never come, until its
+      // deadline, and then say only "ranks not arrived". This rank's hello file and those of the
+      // ranks past its world say why instead, so rank 0 fails at once too.
+      if (live.size > static_cast<uint32_t>(size)) {
+        RankFiles hello(dir, jobId + "." + nonce, rank);
+        const uint32_t why[2] = {kSizeMismatchMagic, static_cast<uint32_t>(size)};
+        (void)hello.writeAtomic(roundPath(dir, hello.prefix, 0, rank), why, sizeof(why));
+        for (int q = size; q < static_cast<int>(live.size); ++q)
+          (void)hello.writeAtomic(roundPath(dir, hello.prefix, 0, q), why, sizeof(why));
+      }
+      return makeError(StatusCode::kInvalidArgument, "file bootstrap: rank ", rank, " was told size ", size,
+                       " but rank 0 was told size ", live.size, " (job ", jobId, ")");
+    }
   }
   // One process per rank: two started with the same rank would both write its files (the last
   // rename wins) and the others would gather whichever came last. The TCP store refuses a second
