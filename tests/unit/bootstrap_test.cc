@@ -952,6 +952,14 @@ TEST(TcpStore, NoStoreTimesOutNamingTheAddress) {
   EXPECT_EQ(b.status().code(), StatusCode::kTimeout) << b.status().toString();
   EXPECT_NE(b.status().message().find("127.0.0.1:1"), std::string::npos) << b.status().toString();
   EXPECT_LT(Clock::now() - start, 1500ms);
+  // Why the attempts failed, not the deadline's cut of the last one: a closed loopback port is
+  // refused at once, and the error said "timed out" whenever the last attempt met the deadline.
+  const int closed = shardcomm::testing::unusedLoopbackPort();
+  for (int i = 0; i < 5; ++i) {
+    auto c = createTcpBootstrap("127.0.0.1", closed, kSecret, 1, 2, Deadline::after(200ms));
+    EXPECT_EQ(c.status().code(), StatusCode::kTimeout) << c.status().toString();
+    EXPECT_NE(c.status().message().find("Connection refused"), std::string::npos) << c.status().toString();
+  }
 }
 
 // Something that is not the store on its port, announcing a long first message (a fake store, or

@@ -33,6 +33,10 @@ Result<std::unique_ptr<TcpStoreClient>> TcpStoreClient::connect(const std::strin
   std::string address = host + ":" + std::to_string(port);
   Backoff backoff(Milliseconds(10), Milliseconds(500));
   int attempts = 0;
+  // What the attempts said, for the final error: the last one is often cut short by the deadline
+  // itself ("timed out"), which hides why the others failed ("refused", a name that does not
+  // resolve).
+  std::string lastReason;
   while (true) {
     ++attempts;
     Result<int> fd = connectOnce(host, port, deadline);
@@ -47,9 +51,11 @@ Result<std::unique_ptr<TcpStoreClient>> TcpStoreClient::connect(const std::strin
     // one that may yet (nothing listens there, or the name does not resolve: on Kubernetes the
     // store's host name appears only once its pod is up) is tried again until the deadline.
     if (fd.status().code() == StatusCode::kInvalidArgument) return fd.status();
+    const bool cutShort = fd.status().code() == StatusCode::kTimeout && deadline.expired();
+    if (!cutShort || lastReason.empty()) lastReason = fd.status().message();
     if (deadline.expired())
       return makeError(StatusCode::kTimeout, "rank ", rank, " could not reach the tcp store at ", address, " in ",
-                       attempts, " attempts before its deadline; last error: ", fd.status().message());
+                       attempts, " attempts before its deadline; last error: ", lastReason);
     backoff.sleep(deadline);
   }
 }

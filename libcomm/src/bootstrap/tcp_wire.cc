@@ -369,10 +369,13 @@ Result<int> connectOnce(const std::string& host, int port, Deadline deadline) {
       if (err == EINPROGRESS) {
         Status waited = waitFor(fd, POLLOUT, deadline, "connect to " + host + ":" + portText);
         socklen_t len = sizeof(err);
-        if (!waited.isOk())
-          err = ETIMEDOUT;
-        else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
-          err = errno;
+        if (!waited.isOk()) {
+          // Cut short by the deadline (kTimeout): the caller tells this from the kernel's answers.
+          close(fd);
+          last = waited;
+          continue;
+        }
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
       }
     }
     if (err == 0 && connectedToItself(fd)) {
