@@ -373,13 +373,42 @@ TEST(ShardedAdamW, RejectsBadArguments) {
 
 // ---- Across ranks: the clip coefficient comes from the allReduced norm of every rank's shard.
 
-Status clipAcrossRanks(RankContext& ctx) {
-  const ModelSpec model = testModel(3, 7, 13);
-  LIBCOMM_ASSIGN_OR_RETURN(ShardPlan plan, makePlan(model, ctx.size, ctx.rank));
+// One rank of the tests across ranks: its plan of a 3-layer model, a communicator (60 s op
+// timeout) and a host stream for the grad-norm allReduce.
+struct AdamWRank {
+  ModelSpec model = testModel(3, 7, 13);
+  ShardPlan plan;
+  std::unique_ptr<libcomm::Communicator> comm;
+  std::unique_ptr<libcomm::Stream> stream;
+};
+
+libcomm::Result<AdamWRank> setUpRank(RankContext& ctx, const std::string& streamName) {
+  AdamWRank r;
+  LIBCOMM_ASSIGN_OR_RETURN(r.plan, makePlan(r.model, ctx.size, ctx.rank));
   libcomm::CommConfig config;
   config.opTimeout = std::chrono::seconds(60);
-  LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
-  auto stream = libcomm::createHostStream("adamw-rank" + std::to_string(ctx.rank));
+  LIBCOMM_ASSIGN_OR_RETURN(r.comm, libcomm::Communicator::create(ctx.bootstrap, config));
+  r.stream = libcomm::createHostStream(streamName + "-rank" + std::to_string(ctx.rank));
+  return r;
+}
+
+// A step every rank must refuse: kInvalidUsage whose message has `expected`, and the state as it
+// was (master weights, step).
+Status expectStepRefused(AdamWRank& r, ShardedAdamW& opt, OwnedState& st, const std::string& expected) {
+  const std::vector<float> before(st.view.master, st.view.master + st.view.numel);
+  const uint64_t stepBefore = st.view.step;
+  auto refused = opt.step(st.view, 1.0f, r.comm.get(), r.stream.get(), libcomm::Deadline::after(std::chrono::seconds(60)));
+  if (refused.isOk()) return libcomm::makeError(StatusCode::kInternalError, "a step was not refused: ", expected);
+  if (refused.status().code() != StatusCode::kInvalidUsage || refused.status().message().find(expected) == std::string::npos)
+    return libcomm::makeError(StatusCode::kInternalError, "unexpected error: ", refused.status().toString());
+  if (!std::equal(before.begin(), before.end(), st.view.master) || st.view.step != stepBefore)
+    return libcomm::makeError(StatusCode::kInternalError, "the refused step wrote the state");
+  return Status::ok();
+}
+
+Status clipAcrossRanks(RankContext& ctx) {
+  LIBCOMM_ASSIGN_OR_RETURN(AdamWRank r, setUpRank(ctx, "adamw"));
+  const ShardPlan& plan = r.plan;
   AdamWConfig cfg;
   cfg.lr = 1e-2f;
   cfg.weightDecay = 0.1f;
@@ -387,12 +416,12 @@ Status clipAcrossRanks(RankContext& ctx) {
   LIBCOMM_ASSIGN_OR_RETURN(ShardedAdamW opt, ShardedAdamW::create(plan, cfg));
   OwnedState st(plan);
   initState(plan, st);
-  Reference ref(model, cfg);
+  Reference ref(r.model, cfg);
   const float scale = 1.0f / static_cast<float>(ctx.size * 2);  // world x 2 micro-batches
   for (int s = 0; s < 3; ++s) {
     fillGrads(plan, st, s);
     const auto deadline = libcomm::Deadline::after(std::chrono::seconds(60));
-    LIBCOMM_ASSIGN_OR_RETURN(double norm, opt.step(st.view, scale, comm.get(), stream.get(), deadline));
+    LIBCOMM_ASSIGN_OR_RETURN(double norm, opt.step(st.view, scale, r.comm.get(), r.stream.get(), deadline));
     const double want = ref.norm(s, scale);
     if (!(std::fabs(norm - want) <= 1e-6 * want))
       return libcomm::makeError(StatusCode::kInternalError, "step ", s, ": global norm ", norm, ", reference ", want);
@@ -406,73 +435,50 @@ Status clipAcrossRanks(RankContext& ctx) {
     ref.update(s, scale, norm);
     LIBCOMM_RETURN_IF_ERROR(compareWithReference(plan, st, ref).withContext("step " + std::to_string(s)));
   }
-  return comm->asyncError();
+  return r.comm->asyncError();
 }
 
 // A rank whose optimizer state was re-created (step 0) while the others are at step 2 would step
 // with another bias correction; every rank's beginStep refuses, naming the odd rank, and nothing is
 // written.
 Status aRankAtAnotherStepIsRefused(RankContext& ctx) {
-  const ModelSpec model = testModel(3, 7, 13);
-  LIBCOMM_ASSIGN_OR_RETURN(ShardPlan plan, makePlan(model, ctx.size, ctx.rank));
-  libcomm::CommConfig config;
-  config.opTimeout = std::chrono::seconds(60);
-  LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
-  auto stream = libcomm::createHostStream("adamw-step-rank" + std::to_string(ctx.rank));
-  LIBCOMM_ASSIGN_OR_RETURN(ShardedAdamW opt, ShardedAdamW::create(plan, AdamWConfig{}));
-  OwnedState st(plan);
-  initState(plan, st);
+  LIBCOMM_ASSIGN_OR_RETURN(AdamWRank r, setUpRank(ctx, "adamw-step"));
+  LIBCOMM_ASSIGN_OR_RETURN(ShardedAdamW opt, ShardedAdamW::create(r.plan, AdamWConfig{}));
+  OwnedState st(r.plan);
+  initState(r.plan, st);
   const auto deadline = libcomm::Deadline::after(std::chrono::seconds(60));
   for (int s = 0; s < 2; ++s) {
-    fillGrads(plan, st, s);
-    LIBCOMM_RETURN_IF_ERROR(opt.step(st.view, 1.0f, comm.get(), stream.get(), deadline).status());
+    fillGrads(r.plan, st, s);
+    LIBCOMM_RETURN_IF_ERROR(opt.step(st.view, 1.0f, r.comm.get(), r.stream.get(), deadline).status());
   }
   if (st.view.step != 2) return libcomm::makeError(StatusCode::kInternalError, "step ", st.view.step, " after 2");
   const int odd = 1;
   if (ctx.rank == odd) st.view.step = 0;  // the state of this rank started over
-  const std::vector<float> before(st.view.master, st.view.master + st.view.numel);
-  auto r = opt.step(st.view, 1.0f, comm.get(), stream.get(), deadline);
-  if (r.isOk()) return libcomm::makeError(StatusCode::kInternalError, "a step across ranks at steps 3 and 1 ran");
-  const std::string msg = r.status().message();
-  const std::string other = ctx.rank == odd ? "rank 0 is at optimizer step 3, this rank at step 1"
-                                            : "rank 1 is at optimizer step 1, this rank at step 3";
-  if (r.status().code() != StatusCode::kInvalidUsage || msg.find(other) == std::string::npos)
-    return libcomm::makeError(StatusCode::kInternalError, "unexpected error: ", r.status().toString());
-  if (!std::equal(before.begin(), before.end(), st.view.master) || st.view.step != (ctx.rank == odd ? 0u : 2u))
-    return libcomm::makeError(StatusCode::kInternalError, "the refused step wrote the state");
-  return comm->asyncError();
+  LIBCOMM_RETURN_IF_ERROR(expectStepRefused(r, opt, st,
+                                            ctx.rank == odd ? "rank 0 is at optimizer step 3, this rank at step 1"
+                                                            : "rank 1 is at optimizer step 1, this rank at step 3"));
+  return r.comm->asyncError();
 }
 
 // Ranks whose learning-rate schedules disagree would hold different models from that step on:
 // every rank's beginStep refuses, naming the odd rank and both rates, and nothing is written;
 // once they agree again the step runs.
 Status aRankWithAnotherLearningRateIsRefused(RankContext& ctx) {
-  const ModelSpec model = testModel(3, 7, 13);
-  LIBCOMM_ASSIGN_OR_RETURN(ShardPlan plan, makePlan(model, ctx.size, ctx.rank));
-  libcomm::CommConfig config;
-  config.opTimeout = std::chrono::seconds(60);
-  LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
-  auto stream = libcomm::createHostStream("adamw-lr-rank" + std::to_string(ctx.rank));
-  LIBCOMM_ASSIGN_OR_RETURN(ShardedAdamW opt, ShardedAdamW::create(plan, AdamWConfig{}));
-  OwnedState st(plan);
-  initState(plan, st);
-  fillGrads(plan, st, 0);
-  const auto deadline = libcomm::Deadline::after(std::chrono::seconds(60));
+  LIBCOMM_ASSIGN_OR_RETURN(AdamWRank r, setUpRank(ctx, "adamw-lr"));
+  LIBCOMM_ASSIGN_OR_RETURN(ShardedAdamW opt, ShardedAdamW::create(r.plan, AdamWConfig{}));
+  OwnedState st(r.plan);
+  initState(r.plan, st);
+  fillGrads(r.plan, st, 0);
   const int odd = 2;
   LIBCOMM_RETURN_IF_ERROR(opt.setLearningRate(ctx.rank == odd ? 0.5f : 0.25f));
-  const std::vector<float> before(st.view.master, st.view.master + st.view.numel);
-  auto r = opt.step(st.view, 1.0f, comm.get(), stream.get(), deadline);
-  if (r.isOk()) return libcomm::makeError(StatusCode::kInternalError, "a step with learning rates 0.25 and 0.5 ran");
-  const std::string other = ctx.rank == odd ? "rank 0 steps with learning rate 0.25, this rank with 0.5"
-                                            : "rank 2 steps with learning rate 0.5, this rank with 0.25";
-  if (r.status().code() != StatusCode::kInvalidUsage || r.status().message().find(other) == std::string::npos)
-    return libcomm::makeError(StatusCode::kInternalError, "unexpected error: ", r.status().toString());
-  if (!std::equal(before.begin(), before.end(), st.view.master) || st.view.step != 0)
-    return libcomm::makeError(StatusCode::kInternalError, "the refused step wrote the state");
+  LIBCOMM_RETURN_IF_ERROR(expectStepRefused(r, opt, st,
+                                            ctx.rank == odd ? "rank 0 steps with learning rate 0.25, this rank with 0.5"
+                                                            : "rank 2 steps with learning rate 0.5, this rank with 0.25"));
   LIBCOMM_RETURN_IF_ERROR(opt.setLearningRate(0.25f));
-  LIBCOMM_RETURN_IF_ERROR(opt.step(st.view, 1.0f, comm.get(), stream.get(), deadline).status());
+  LIBCOMM_RETURN_IF_ERROR(
+      opt.step(st.view, 1.0f, r.comm.get(), r.stream.get(), libcomm::Deadline::after(std::chrono::seconds(60))).status());
   if (st.view.step != 1) return libcomm::makeError(StatusCode::kInternalError, "step ", st.view.step, " after 1");
-  return comm->asyncError();
+  return r.comm->asyncError();
 }
 
 class AdamWRanks : public shardcomm::testing::RanksTest {};
