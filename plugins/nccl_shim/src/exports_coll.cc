@@ -96,7 +96,7 @@ ncclResult_t reduceScatter(const void* sendbuff, void* recvbuff, size_t recvcoun
     in.count = recvcount;
     in.dtype = datatype;
     in.op = op;
-    size_t bytes = recvcount * (datatype == ncclBfloat16 ? 2 : 4);  // as above
+    size_t bytes = recvcount * shim::reduceScatterElementBytes(datatype);  // as above
     if (route(in, state, sendbuff, bytes * (state ? state->nranks : 0), recvbuff, bytes, stream).path ==
         shim::Path::kForward)
       return toNccl();

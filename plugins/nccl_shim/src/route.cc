@@ -91,7 +91,7 @@ RouteDecision decideRoute(const RouteInput& in) {
   // The buffers' byte sizes (count x element x ranks) must fit a size_t, or the registration
   // lookup and libcomm's counts would see wrapped sizes: NCCL judges such a call.
   const size_t elem = in.collective == Collective::kAllGather ? allGatherElementBytes(in.dtype)
-                                                              : (in.dtype == ncclBfloat16 ? 2 : 4);
+                                                              : reduceScatterElementBytes(in.dtype);
   if (in.nranks <= 0 || in.count > SIZE_MAX / elem / static_cast<size_t>(in.nranks))
     return forward("the buffers' byte size (count x element size x ranks) does not fit in size_t");
   // Before the memory kinds: callers look those up (a CUDA call) only when libcomm could serve.

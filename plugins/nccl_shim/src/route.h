@@ -71,4 +71,8 @@ RouteDecision decideRoute(const RouteInput& in);
 /// of 2, 4 or 8 bytes can travel as bf16 or fp32 elements); 0 when it cannot.
 size_t allGatherElementBytes(ncclDataType_t dtype);
 
+/// The element size a reduce_scatter of `dtype` is routed by: 2 for bf16, else fp32's 4 (only
+/// those two are served; the route forwards every other type).
+inline size_t reduceScatterElementBytes(ncclDataType_t dtype) { return dtype == ncclBfloat16 ? 2 : 4; }
+
 }  // namespace shim
