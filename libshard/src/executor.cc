@@ -148,7 +148,7 @@ libcomm::Result<std::unique_ptr<Executor>> Executor::create(const ModelSpec& mod
     return bad("the schedule was not built from this plan");
   if (model.layers.size() != plan.layers.size())
     return bad("the model has ", model.layers.size(), " layers, the plan ", plan.layers.size());
-  if (pool.state().numel != plan.stateNumel || (plan.stateNumel > 0 && !pool.state().master))
+  if (pool.state().numel != plan.stateNumel || !pool.state().master)
     return bad("the buffer pool was not allocated for this plan");
   // Buffer by buffer: a pool made for another plan with the same state size (fewer gradient
   // buffers, another precision) handed out views with no memory behind them.
