@@ -289,8 +289,9 @@ libcomm::Result<double> ShardedAdamW::beginStepImpl(ShardState& state, float gra
   // The norm travels as fp32 (one allReduce element), so a sum past FLT_MAX is inf and the step is
   // skipped; alone, this rank skips it too, so one rank and many agree on which steps run. It also
   // keeps every g^2 of a step that runs finite in fp32 (each is at most the sum), so no second
-  // moment overflows to inf and freezes its weight.
-  double total = std::isfinite(static_cast<float>(sumsq)) ? sumsq : HUGE_VAL;
+  // moment overflows to inf and freezes its weight. A NaN stays NaN (inf + NaN is NaN in the
+  // allReduce too), so that the caller can tell a gradient that went NaN from one that overflowed.
+  double total = std::isnan(sumsq) || std::isfinite(static_cast<float>(sumsq)) ? sumsq : HUGE_VAL;
   if (comm != nullptr) {
     // The buffer must live until the stream has passed the allReduce even if the wait below times
     // out, so a host item queued after it holds the last reference.

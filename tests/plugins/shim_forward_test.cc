@@ -167,6 +167,22 @@ TEST(Forward, LastErrorIsTheShimsOnlyWhileItIsTheNewest) {
   EXPECT_STREQ(ncclGetLastError(nullptr), "fake: ncclCommCount: comm or count is NULL");
 }
 
+// NCCL 2.28's ncclCommShrink dereferences a NULL communicator (a crash in the real library): the
+// shim refuses it as NCCL's other calls refuse one, and forwards every other communicator.
+TEST(Forward, ShrinkOfANullCommunicatorIsRefused) {
+  ncclComm_t out = nullptr;
+  int exclude = 1;
+  EXPECT_EQ(ncclCommShrink(nullptr, &exclude, 1, &out, nullptr, 0), ncclInvalidArgument);
+  const std::string text = ncclGetLastError(nullptr);
+  EXPECT_NE(text.find("libcomm_nccl: ncclCommShrink"), std::string::npos) << text;
+  EXPECT_NE(text.find("comm is NULL"), std::string::npos) << text;
+  ncclComm_t comm = initOneRank();
+  // The fake has no pncclCommShrink: forwarded, so the shim says the real library lacks it.
+  EXPECT_EQ(ncclCommShrink(comm, &exclude, 1, &out, nullptr, 0), ncclInternalError);
+  EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("has no pncclCommShrink"), std::string::npos);
+  EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+}
+
 TEST(Forward, LastErrorPointerSurvivesTheNextError) {
   // NCCL's last error is a fixed buffer: a caller may keep the pointer. The shim's must stay valid
   // too when the next error of the shim's own comes (its text then is that newer error's).

@@ -243,7 +243,7 @@ TEST(ShardedAdamW, NonFiniteNormSkipsTheStep) {
   const std::vector<float> before = st.master;
   auto norm = opt->step(st.view, 1.0f, nullptr, nullptr, libcomm::Deadline::never());
   ASSERT_TRUE(norm.isOk());
-  EXPECT_FALSE(std::isfinite(norm.value()));
+  EXPECT_TRUE(std::isnan(norm.value())) << "a NaN gradient is reported as NaN, not " << norm.value();
   EXPECT_EQ(st.view.step, 0u);
   EXPECT_EQ(st.master, before);
   for (float x : st.m) EXPECT_EQ(x, 0.0f);
@@ -268,7 +268,7 @@ TEST(ShardedAdamW, ANormPastFltMaxSkipsTheStepOnOneRankToo) {
   const std::vector<float> before = st.master;
   auto norm = opt->step(st.view, 1.0f, nullptr, nullptr, libcomm::Deadline::never());
   ASSERT_TRUE(norm.isOk());
-  EXPECT_FALSE(std::isfinite(norm.value()));
+  EXPECT_TRUE(std::isinf(norm.value())) << norm.value();
   EXPECT_EQ(st.view.step, 0u);
   EXPECT_EQ(st.master, before);
   for (float x : st.v) EXPECT_TRUE(std::isfinite(x));
@@ -481,11 +481,32 @@ Status aRankWithAnotherLearningRateIsRefused(RankContext& ctx) {
   return r.comm->asyncError();
 }
 
+// A NaN in one rank's gradient and an overflowing sum of squares in another's: every rank sees the
+// norm NaN (not inf: the caller can tell the two apart) and skips the step.
+Status aNanOnOneRankIsNanOnEvery(RankContext& ctx) {
+  LIBCOMM_ASSIGN_OR_RETURN(AdamWRank r, setUpRank(ctx, "adamw-nan"));
+  LIBCOMM_ASSIGN_OR_RETURN(ShardedAdamW opt, ShardedAdamW::create(r.plan, AdamWConfig{}));
+  OwnedState st(r.plan);
+  initState(r.plan, st);
+  fillGrads(r.plan, st, 0);
+  if (st.view.numel == 0) return libcomm::makeError(StatusCode::kInternalError, "rank ", ctx.rank, " owns nothing");
+  if (ctx.rank == 1) st.view.grad[0] = NAN;
+  if (ctx.rank == 0) st.view.grad[0] = 1e21f;
+  const std::vector<float> before(st.view.master, st.view.master + st.view.numel);
+  LIBCOMM_ASSIGN_OR_RETURN(
+      double norm, opt.step(st.view, 1.0f, r.comm.get(), r.stream.get(), libcomm::Deadline::after(std::chrono::seconds(60))));
+  if (!std::isnan(norm)) return libcomm::makeError(StatusCode::kInternalError, "norm ", norm, ", expected NaN");
+  if (st.view.step != 0 || !std::equal(before.begin(), before.end(), st.view.master))
+    return libcomm::makeError(StatusCode::kInternalError, "the skipped step wrote the state");
+  return r.comm->asyncError();
+}
+
 class AdamWRanks : public shardcomm::testing::RanksTest {};
 
 TEST_P(AdamWRanks, ClippingAcrossTwoRanksMatchesReference) { EXPECT_RANKS_OK(run(2, clipAcrossRanks)); }
 TEST_P(AdamWRanks, ClippingAcrossThreeRanksMatchesReference) { EXPECT_RANKS_OK(run(3, clipAcrossRanks)); }
 TEST_P(AdamWRanks, ARankAtAnotherOptimizerStepIsRefused) { EXPECT_RANKS_OK(run(3, aRankAtAnotherStepIsRefused)); }
+TEST_P(AdamWRanks, ANanOnOneRankIsNanOnEveryRank) { EXPECT_RANKS_OK(run(3, aNanOnOneRankIsNanOnEvery)); }
 TEST_P(AdamWRanks, ARankWithAnotherLearningRateIsRefused) {
   EXPECT_RANKS_OK(run(3, aRankWithAnotherLearningRateIsRefused));
 }

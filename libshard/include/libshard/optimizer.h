@@ -32,8 +32,9 @@
 // A parameter is decayed when its ParamPlacement::weightDecay is true and its kind is not kNorm.
 // A non-finite global norm skips the step: nothing is written, state.step is not advanced, and the
 // non-finite norm is returned so the caller can see it (every rank sees the same norm, so every
-// rank skips together). The sum of squares is rounded to fp32 (it travels as one fp32 element), so
-// a sum past FLT_MAX is non-finite too, on one rank as on many.
+// rank skips together): NaN when any rank's gradient holds a NaN, else inf. The sum of squares is
+// rounded to fp32 (it travels as one fp32 element), so a sum past FLT_MAX is inf too, on one rank
+// as on many.
 //
 // The same allReduce carries each rank's state.step and learning rate (4 more fp32 elements per
 // rank), and a rank at another step, or with another learning rate, than this one makes beginStep

@@ -81,6 +81,17 @@ ncclResult_t commDestroy(ncclComm_t comm) {
   return endComm<&RealNccl::pCommDestroy>("ncclCommDestroy", true, false, comm);
 }
 ncclResult_t commAbort(ncclComm_t comm) { return endComm<&RealNccl::pCommAbort>("ncclCommAbort", true, true, comm); }
+
+// NCCL 2.28's ncclCommShrink reads the communicator before it checks it, so a NULL one crashes the
+// process inside NCCL; the shim answers as NCCL's other calls answer a NULL communicator.
+ncclResult_t commShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm,
+                        ncclConfig_t* config, int shrinkFlags) {
+  if (comm == nullptr)
+    return shim::failWith("ncclCommShrink", libcomm::makeError(libcomm::StatusCode::kInvalidArgument,
+                                                               "comm is NULL (nothing to shrink)"));
+  return shim::Forwarder<&RealNccl::pCommShrink>{"ncclCommShrink"}(comm, excludeRanksList, excludeRanksCount, newcomm,
+                                                                   config, shrinkFlags);
+}
 ncclResult_t commRevoke(ncclComm_t comm, int revokeFlags) {
   return endComm<&RealNccl::pCommRevoke>("ncclCommRevoke", false, true, comm, revokeFlags);
 }
@@ -212,10 +223,10 @@ LIBCOMM_SHIM_DEFINE(ncclResult_t, CommInitRankScalable,
 LIBCOMM_SHIM_FORWARD(CommInitAll, (ncclComm_t * comm, int ndev, const int* devlist), (comm, ndev, devlist))
 LIBCOMM_SHIM_FORWARD(CommSplit, (ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config),
                      (comm, color, key, newcomm, config))
-LIBCOMM_SHIM_FORWARD(CommShrink,
-                     (ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm,
-                      ncclConfig_t* config, int shrinkFlags),
-                     (comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags))
+LIBCOMM_SHIM_DEFINE(ncclResult_t, CommShrink,
+                    (ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm,
+                     ncclConfig_t* config, int shrinkFlags),
+                    commShrink, (comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags))
 LIBCOMM_SHIM_DEFINE(ncclResult_t, CommFinalize, (ncclComm_t comm), commFinalize, (comm))
 LIBCOMM_SHIM_DEFINE(ncclResult_t, CommDestroy, (ncclComm_t comm), commDestroy, (comm))
 LIBCOMM_SHIM_DEFINE(ncclResult_t, CommAbort, (ncclComm_t comm), commAbort, (comm))
