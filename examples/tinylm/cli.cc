@@ -80,10 +80,11 @@ const char* cliUsage() {
          "  --describe            print the shard plan first\n"
          "  --save-checkpoint DIR save a sharded checkpoint at the end (DIR must not hold one; it or its\n"
          "                        parent must be a writable directory: checked before training), with the\n"
-         "                        run's seed in DIR/tinylm.txt\n"
+         "                        run's settings in DIR/tinylm.txt\n"
          "  --load-checkpoint DIR resume from a checkpoint (any world size), up to --steps: the run it continues\n"
-         "                        must have the same --precision and --seed (checked; a checkpoint saved by an\n"
-         "                        older tinylm does not record its seed)\n"
+         "                        must have the same --precision, --seed, --seq-len and --global-batch (checked;\n"
+         "                        an older tinylm recorded the seed alone); other --micro-batches, --lr,\n"
+         "                        --weight-decay or --clip than the saved run's are allowed and printed\n"
          "  --timeout SECONDS     bound on every wait (default 300); the communicators' op timeout in place of\n"
          "                        LIBCOMM_TIMEOUT_MS (and twice it in place of LIBCOMM_INIT_TIMEOUT_MS)\n";
 }

@@ -96,8 +96,11 @@ int runRank(CliOptions o) {
     // resume from, the plan) is found in set-up, where every rank learns of it; checked here by
     // rank 0 alone, it would leave the others waiting for rank 0 until their timeout.
     const bool describe = o.describe;
-    t.onStart = [&t, world, describe](int firstStep, const libshard::ShardPlan& plan) {
+    t.onStart = [&t, world, describe](int firstStep, const libshard::ShardPlan& plan, const std::string& changes) {
       std::printf("%s\n", headerLine(t, world, firstStep).c_str());
+      if (!changes.empty())
+        std::printf("tinylm: resuming '%s' with other settings than the run that saved it: %s\n",
+                    t.loadCheckpoint.c_str(), changes.c_str());
       flushStdout();
       if (describe) describePlan(plan);
     };

@@ -9,8 +9,10 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <random>
 
@@ -49,14 +51,45 @@ Status probeWritable(const std::string& dir, const std::string& where, bool make
   return Status::ok();
 }
 
-// The seed kRunInfoFile records in `dir`, or none when the file is absent.
-libcomm::Result<std::optional<uint64_t>> readRunSeed(const std::string& dir) {
+// What kRunInfoFile records, key by key ("seed" -> "7"), or none when the file is absent.
+using RunInfo = std::map<std::string, std::string>;
+
+// The settings of a run that kRunInfoFile records, in the order it writes them: the first three
+// choose which tokens every step trains on, so a resume must keep them; the others may change (a
+// new learning rate for the rest of a run), and a resume that changes them says so.
+struct RecordedSetting {
+  const char* key;  // the flag without its dashes
+  bool data;        // chooses the data: a resume must match it
+  std::string (*value)(const TrainOptions&);
+};
+
+// The shortest decimal that reads back as x (0.003, not 0.00300000003); 9 digits always do.
+std::string floatText(float x) {
+  char buf[32];
+  for (int digits = 1; digits <= 9; ++digits) {
+    std::snprintf(buf, sizeof(buf), "%.*g", digits, static_cast<double>(x));
+    if (std::strtof(buf, nullptr) == x) break;
+  }
+  return buf;
+}
+
+const RecordedSetting kRecorded[] = {
+    {"seed", true, [](const TrainOptions& o) { return std::to_string(o.seed); }},
+    {"seq-len", true, [](const TrainOptions& o) { return std::to_string(o.model.seqLen); }},
+    {"global-batch", true, [](const TrainOptions& o) { return std::to_string(o.globalBatch); }},
+    {"micro-batches", false, [](const TrainOptions& o) { return std::to_string(o.microBatches); }},
+    {"lr", false, [](const TrainOptions& o) { return floatText(o.adamw.lr); }},
+    {"weight-decay", false, [](const TrainOptions& o) { return floatText(o.adamw.weightDecay); }},
+    {"clip", false, [](const TrainOptions& o) { return floatText(o.clipNorm); }},
+};
+
+libcomm::Result<std::optional<RunInfo>> readRunInfo(const std::string& dir) {
   const std::string path = dir + "/" + kRunInfoFile;
   // Not fopen: a FIFO in its place would block the open for ever (O_NONBLOCK), and only a regular
   // file is read.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
-    if (errno == ENOENT) return std::optional<uint64_t>();
+    if (errno == ENOENT) return std::optional<RunInfo>();
     return libcomm::makeError(StatusCode::kSystemError, "tinylm trainer: cannot read '", path,
                               "': ", std::strerror(errno));
   }
@@ -73,21 +106,23 @@ libcomm::Result<std::optional<uint64_t>> readRunSeed(const std::string& dir) {
   }
   char line[256];
   bool tagged = false;
-  std::optional<uint64_t> seed;
+  RunInfo info;
   for (int n = 0; n < 64 && std::fgets(line, sizeof(line), f); ++n) {
     unsigned long long v = 0;
     char rest = 0;
-    if (n == 0)
+    if (n == 0) {
       tagged = std::sscanf(line, "tinylm-checkpoint %llu %c", &v, &rest) == 1;
-    else if (std::strncmp(line, "seed ", 5) == 0 && std::sscanf(line + 5, "%llu %c", &v, &rest) == 1 &&
-             line[5] >= '0' && line[5] <= '9')
-      seed = v;
+      continue;
+    }
+    char key[64], value[64];
+    if (std::sscanf(line, "%63s %63s %c", key, value, &rest) == 2) info[key] = value;
   }
   std::fclose(f);
-  if (!tagged || !seed)
+  const auto seed = info.find("seed");
+  if (!tagged || seed == info.end() || seed->second.find_first_not_of("0123456789") != std::string::npos)
     return libcomm::makeError(StatusCode::kInvalidArgument, "tinylm trainer: '", path,
                               "' is not a tinylm checkpoint record (no 'tinylm-checkpoint' line or no seed)");
-  return seed;
+  return std::optional<RunInfo>(std::move(info));
 }
 
 }  // namespace
@@ -131,7 +166,8 @@ Status checkSaveDirectory(const std::string& dir) {
 Status writeRunInfo(const TrainOptions& o) {
   const std::string path = o.saveCheckpoint + "/" + kRunInfoFile;
   const std::string tmp = o.saveCheckpoint + "/." + kRunInfoFile + ".tmp-" + std::to_string(::getpid());
-  const std::string text = libcomm::detail::strCat("tinylm-checkpoint 1\nseed ", o.seed, "\n");
+  std::string text = "tinylm-checkpoint 1\n";
+  for (const RecordedSetting& r : kRecorded) text += libcomm::detail::strCat(r.key, " ", r.value(o), "\n");
   auto sysError = [](const std::string& what, const std::string& file) {
     return libcomm::makeError(StatusCode::kSystemError, "tinylm trainer: cannot ", what, " '", file,
                               "': ", std::strerror(errno));
@@ -141,6 +177,13 @@ Status writeRunInfo(const TrainOptions& o) {
   const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
   Status st = written ? Status::ok() : sysError("write", tmp);
   if (::close(fd) != 0 && st.isOk()) st = sysError("close", tmp);
+  // A checkpoint that another save completed in this directory since the set-up check keeps its
+  // own record (its index is written last); the index write would refuse this save anyway.
+  struct stat index {};
+  if (st.isOk() && ::lstat((o.saveCheckpoint + "/" + libshard::kCheckpointIndexFile).c_str(), &index) == 0)
+    st = libcomm::makeError(StatusCode::kInvalidUsage, "tinylm trainer: '", o.saveCheckpoint,
+                            "' received a complete checkpoint (", libshard::kCheckpointIndexFile,
+                            ") from another run while this one trained; nothing of this save was written over it");
   if (st.isOk() && ::rename(tmp.c_str(), path.c_str()) == 0) return Status::ok();
   const Status failed = st.isOk() ? sysError("rename into place", tmp) : st;
   ::unlink(tmp.c_str());
@@ -148,10 +191,10 @@ Status writeRunInfo(const TrainOptions& o) {
 }
 
 // A resume continues the run that saved the checkpoint: the same precision (libshard would load the
-// fp32 masters into either, but the steps after would not be the saved run's) and the same seed
-// (the data; another seed is another task), and a checkpoint not past --steps. Read before anything
-// is allocated; returns the checkpoint's step.
-libcomm::Result<uint64_t> checkResume(const TrainOptions& o) {
+// fp32 masters into either, but the steps after would not be the saved run's) and the same data
+// (seed, sequence length, global batch: kRunInfoFile's data settings; other data is another task),
+// and a checkpoint not past --steps. Read before anything is allocated.
+libcomm::Result<ResumePoint> checkResume(const TrainOptions& o) {
   namespace fs = std::filesystem;
   const std::string& dir = o.loadCheckpoint;
   std::error_code ec;
@@ -168,14 +211,26 @@ libcomm::Result<uint64_t> checkResume(const TrainOptions& o) {
                         "' was saved in ", libshard::precisionName(info->precision), " (",
                         libshard::kCheckpointIndexFile, "); resume with --precision ",
                         libshard::precisionName(info->precision));
-  LIBCOMM_ASSIGN_OR_RETURN(const std::optional<uint64_t> seed, readRunSeed(dir));
-  if (seed && *seed != o.seed)
-    return optionsError("--seed ", o.seed, ": the checkpoint in '", dir, "' was saved by a run with --seed ", *seed,
-                        " (", kRunInfoFile, "), whose data it was trained on; resume with --seed ", *seed);
+  ResumePoint point;
+  LIBCOMM_ASSIGN_OR_RETURN(const std::optional<RunInfo> run, readRunInfo(dir));
+  // Keys a record lacks (an older tinylm recorded only the seed) are not compared.
+  for (const RecordedSetting& r : kRecorded) {
+    if (!run) break;
+    const auto saved = run->find(r.key);
+    const std::string now = r.value(o);
+    if (saved == run->end() || saved->second == now) continue;
+    if (r.data)
+      return optionsError("--", r.key, " ", now, ": the checkpoint in '", dir, "' was saved by a run with --", r.key,
+                          " ", saved->second, " (", kRunInfoFile, "), whose data it was trained on; resume with --",
+                          r.key, " ", saved->second);
+    point.changed += libcomm::detail::strCat(point.changed.empty() ? "" : ", ", "--", r.key, " ", saved->second,
+                                             " -> ", now);
+  }
   if (info->step > static_cast<uint64_t>(o.steps))
     return optionsError("--steps ", o.steps, ": the checkpoint in '", dir, "' is at step ", info->step,
                         ", past it; train to --steps ", info->step, " or more");
-  return info->step;
+  point.step = info->step;
+  return point;
 }
 
 }  // namespace tinylm

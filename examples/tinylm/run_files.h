@@ -25,11 +25,18 @@ libcomm::Status optionsError(const char* flag, Args&&... args) {
 /// create (a probe, removed at once) works.
 libcomm::Status checkSaveDirectory(const std::string& dir);
 
+/// Where a resume starts: the checkpoint's step, and the settings this run changes against the run
+/// that saved it ("--lr 0.003 -> 0.001, --clip 1 -> 0.5"; empty when none or unrecorded).
+struct ResumePoint {
+  uint64_t step = 0;
+  std::string changed;
+};
+
 /// An options error unless options.loadCheckpoint holds a checkpoint this run may resume: its
-/// precision and (kRunInfoFile's) seed are the options', its step is not past options.steps.
-/// Returns that step. A checkpoint that is there but unreadable is the checkpoint's error, not
-/// the flag's.
-libcomm::Result<uint64_t> checkResume(const TrainOptions& options);
+/// precision and the data settings kRunInfoFile records (seed, sequence length, global batch) are
+/// the options', its step is not past options.steps. A checkpoint that is there but unreadable is
+/// the checkpoint's error, not the flag's.
+libcomm::Result<ResumePoint> checkResume(const TrainOptions& options);
 
 /// Writes kRunInfoFile for `options` into options.saveCheckpoint (rank 0, before the index).
 libcomm::Status writeRunInfo(const TrainOptions& options);

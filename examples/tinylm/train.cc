@@ -188,7 +188,8 @@ Status checkRunOptions(const TrainOptions& o, int worldSize) {
   if (!o.saveCheckpoint.empty()) LIBCOMM_RETURN_IF_ERROR(checkSaveDirectory(o.saveCheckpoint));
   uint64_t from = 0;
   if (!o.loadCheckpoint.empty()) {
-    LIBCOMM_ASSIGN_OR_RETURN(from, checkResume(o));
+    LIBCOMM_ASSIGN_OR_RETURN(const ResumePoint point, checkResume(o));
+    from = point.step;
   }
   LIBCOMM_ASSIGN_OR_RETURN(const libshard::ShardPlan plan, planRank(o, worldSize, 0, trainModelSpec(o, worldSize)));
   if (o.eventLogCheck)
@@ -292,9 +293,13 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
   std::unique_ptr<libshard::Executor> executor;
   std::unique_ptr<StepHooks> hooks;
   const bool local = o.mode == TrainMode::kComputeOnly;
+  std::string resumeChanges;
   Status setup = [&]() -> Status {
     if (!o.saveCheckpoint.empty()) LIBCOMM_RETURN_IF_ERROR(checkSaveDirectory(o.saveCheckpoint));
-    if (!o.loadCheckpoint.empty()) LIBCOMM_RETURN_IF_ERROR(checkResume(o).status());
+    if (!o.loadCheckpoint.empty()) {
+      LIBCOMM_ASSIGN_OR_RETURN(const ResumePoint point, checkResume(o));
+      resumeChanges = point.changed;
+    }
     LIBCOMM_ASSIGN_OR_RETURN(result.plan, planRank(o, world, rank, spec));
     const libshard::ShardPlan& plan = result.plan;
     LIBCOMM_ASSIGN_OR_RETURN(pool, libshard::BufferPool::create(plan, agComm, rsComm));
@@ -344,7 +349,7 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
   LIBCOMM_RETURN_IF_ERROR(
       agreeOnOutcome(boot, setup, "tinylm trainer set-up", libcomm::Deadline::after(setupWait)));
   const libshard::ShardPlan& plan = result.plan;
-  if (o.onStart) o.onStart(result.firstStep, plan);
+  if (o.onStart) o.onStart(result.firstStep, plan, resumeChanges);
   const size_t stepsToRun = static_cast<size_t>(o.steps - result.firstStep);
 
   TrainLoop loop(o, *hooks, *adamw, rsComm, maxMicroBatchTokens(o, world));

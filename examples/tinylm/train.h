@@ -74,10 +74,12 @@
 
 namespace tinylm {
 
-/// tinylm's own record in a checkpoint directory, next to libshard's files (which ignore it): what
-/// a resume must match that libshard's index does not hold. Text, one "key value" a line after a
-/// "tinylm-checkpoint 1" line: "seed <n>". Readers ignore keys they do not know; a checkpoint
-/// without the file (saved by a tinylm before it, or by another program) has no seed to check.
+/// tinylm's own record in a checkpoint directory, next to libshard's files (which ignore it): the
+/// run's settings that libshard's index does not hold. Text, one "key value" a line after a
+/// "tinylm-checkpoint 1" line: seed, seq-len, global-batch (the data: a resume must keep them),
+/// micro-batches, lr, weight-decay, clip (a resume may change them, and says so). Readers ignore
+/// keys they do not know and compare only the keys present (an older tinylm recorded the seed
+/// alone); a checkpoint without the file (saved by another program) has nothing to compare.
 inline constexpr const char* kRunInfoFile = "tinylm.txt";
 
 /// What a run does; everything but kFull is a benchmark baseline (see above).
@@ -148,8 +150,8 @@ struct TrainOptions {
   /// line: ns, step, kind, layer, micro-batch, phase, buffer, grad buffer), for timelines.
   std::string eventLogDump;
   /// A checkpoint directory to resume from (any world size). A resume continues the run that saved
-  /// it: the checkpoint's precision (its index) and seed (kRunInfoFile, when there is one) must be
-  /// this run's, or set-up refuses it naming both.
+  /// it: the checkpoint's precision (its index) and data settings (kRunInfoFile, when there is one)
+  /// must be this run's, or set-up refuses it naming both values.
   std::string loadCheckpoint;
   /// A fresh directory to save into once `steps` is reached: libshard's sharded checkpoint, plus
   /// kRunInfoFile, which rank 0 writes before the index.
@@ -162,7 +164,8 @@ struct TrainOptions {
   std::chrono::milliseconds timeout{300000};
   /// Called on every rank once every rank's set-up has succeeded, before the first step, with the
   /// step the run starts from (0, or the checkpoint's) and this rank's plan (e.g. to print them).
-  std::function<void(int firstStep, const libshard::ShardPlan& plan)> onStart;
+  /// `resumeChanges`: the settings this run changes against the checkpoint's run (ResumePoint).
+  std::function<void(int firstStep, const libshard::ShardPlan& plan, const std::string& resumeChanges)> onStart;
   /// Called on every rank after each step, with that step's record (e.g. to print it as it goes).
   std::function<void(const StepRecord&)> onStep;
   /// Called on every rank once it has written its checkpoint shard (saveCheckpoint; index false),

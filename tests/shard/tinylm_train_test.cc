@@ -409,6 +409,38 @@ TEST(TinyLmTrainThreads, ASaveSlowerThanTheTimeoutSucceeds) {
   EXPECT_TRUE(verified.isOk()) << verified.toString();
 }
 
+// Another run completes a checkpoint in the same directory while this one trains (concurrent saves
+// into one directory are unsupported, but must not mix): this save fails naming it, and the
+// other checkpoint's tinylm.txt is not written over (rank 0 used to replace it before the index
+// write refused the save).
+TEST(TinyLmTrainThreads, ASaveIntoADirectoryAnotherRunCompletedIsRefusedWithoutWritingOverIt) {
+  TempDir tmp;
+  TrainOptions o = tinyOptions(Precision::kFp32, 1);
+  o.saveCheckpoint = tmp.sub("ckpt");
+  const std::string other = "tinylm-checkpoint 1\nseed 99\n";
+  std::atomic<bool> once{false};
+  o.onCheckpointWritten = [&](bool index) {  // between the shards and rank 0's record and index
+    if (index || once.exchange(true)) return;
+    std::ofstream(o.saveCheckpoint + "/tinylm.txt") << other;
+    std::ofstream(o.saveCheckpoint + "/" + libshard::kCheckpointIndexFile) << "another run's index\n";
+  };
+  RunOptions ro;
+  ro.mode = Mode::kThreads;
+  ro.size = 2;
+  ro.deadline = std::chrono::seconds(60);
+  auto report = shardcomm::testing::runRanks(ro, [&o](RankContext& ctx) -> Status {
+    auto r = tinylm::runSharded(o, ctx.bootstrap);
+    if (r.isOk()) return libcomm::makeError(StatusCode::kInternalError, "the save succeeded");
+    const std::string want = ctx.rank == 0 ? "received a complete checkpoint" : "rank 0 failed";
+    if (r.status().message().find(want) == std::string::npos) return r.status();
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+  std::ifstream in(o.saveCheckpoint + "/tinylm.txt");
+  const std::string kept((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(kept, other);
+}
+
 // One rank's shard written later than the other's by more than --timeout (a slower disk, a busier
 // file server): the other's wait allows the checkpoint I/O the run budgets for on top of the
 // timeout (before, it waited the timeout alone, failed, and no index was written). The model is
@@ -555,29 +587,56 @@ TEST(TinyLmTrainThreads, DivergenceIsReportedAsSuch) {
   EXPECT_LT(stepsRun.load(), 2 * 4);
 }
 
-// A resume continues the run that saved the checkpoint: another --seed (other data, another loss
-// curve) or another --precision than the checkpoint's is refused at set-up, naming both values (both
-// used to be accepted silently). The seed is tinylm's own record next to libshard's files
-// (tinylm.txt, train.h); a checkpoint without it (an older tinylm's) still resumes.
-TEST(TinyLmTrainThreads, AResumeWithAnotherSeedOrPrecisionIsRefused) {
+// A resume continues the run that saved the checkpoint: other data (--seed, --seq-len,
+// --global-batch: another loss curve, another task) or another --precision than the checkpoint's
+// is refused at set-up, naming both values (all used to be accepted silently, but the seed). The
+// data settings are tinylm's own record next to libshard's files (tinylm.txt, train.h); the
+// optimizer's settings may change, and the resume names what changed. A checkpoint whose record
+// has the seed alone (an older tinylm's) compares only the seed; one without a record resumes.
+TEST(TinyLmTrainThreads, AResumeWithOtherDataOrPrecisionIsRefused) {
   TempDir tmp;
   TrainOptions save = tinyOptions(Precision::kBf16, 2);
   save.saveCheckpoint = tmp.sub("ckpt");
   train(save, 2, Mode::kThreads);
+  const std::string dir = save.saveCheckpoint;
   TrainOptions resume = tinyOptions(Precision::kBf16, 3);
-  resume.loadCheckpoint = save.saveCheckpoint;
+  resume.loadCheckpoint = dir;
   resume.seed = 8;
-  expectRefusedAtSetUp(resume,
-                       "--seed 8: the checkpoint in '" + save.saveCheckpoint + "' was saved by a run with --seed 7");
+  expectRefusedAtSetUp(resume, "--seed 8: the checkpoint in '" + dir + "' was saved by a run with --seed 7");
   resume.seed = 7;
+  resume.model.seqLen = 9;
+  expectRefusedAtSetUp(resume, "--seq-len 9: the checkpoint in '" + dir + "' was saved by a run with --seq-len 8");
+  resume.model.seqLen = 8;
+  resume.globalBatch = 12;
+  expectRefusedAtSetUp(resume,
+                       "--global-batch 12: the checkpoint in '" + dir + "' was saved by a run with --global-batch 24");
+  resume.globalBatch = 24;
   resume.precision = Precision::kFp32;
-  expectRefusedAtSetUp(resume, "--precision fp32: the checkpoint in '" + save.saveCheckpoint + "' was saved in bf16");
-  // The same seed and precision resume (at another world size too).
+  expectRefusedAtSetUp(resume, "--precision fp32: the checkpoint in '" + dir + "' was saved in bf16");
   resume.precision = Precision::kBf16;
+  // The same data resumes (at another world size too), and says which optimizer settings changed.
+  ASSERT_TRUE(tinylm::checkResume(resume).isOk()) << tinylm::checkResume(resume).status().toString();
+  EXPECT_EQ(tinylm::checkResume(resume)->changed, "");
+  resume.adamw.lr = 0.25f;
+  resume.microBatches = 2;
+  auto point = tinylm::checkResume(resume);
+  ASSERT_TRUE(point.isOk()) << point.status().toString();
+  EXPECT_EQ(point->step, 2u);
+  EXPECT_EQ(point->changed, "--micro-batches 1 -> 2, --lr 0.003 -> 0.25");
+  std::string seen = "(not called)";
+  resume.onStart = [&seen](int, const libshard::ShardPlan&, const std::string& changes) { seen = changes; };
   EXPECT_EQ(train(resume, 1, Mode::kThreads).firstStep, 2);
-  // An older tinylm's checkpoint has no record of the seed: nothing to compare, and it resumes.
-  ASSERT_TRUE(std::filesystem::remove(save.saveCheckpoint + "/tinylm.txt"));
+  EXPECT_EQ(seen, point->changed);
+  // An older tinylm's record has the seed alone: only the seed is compared.
+  const std::string info = dir + "/tinylm.txt";
+  std::ofstream(info, std::ios::trunc) << "tinylm-checkpoint 1\nseed 7\n";
+  resume.model.seqLen = 9;
+  ASSERT_TRUE(tinylm::checkResume(resume).isOk()) << tinylm::checkResume(resume).status().toString();
   resume.seed = 8;
+  EXPECT_FALSE(tinylm::checkResume(resume).isOk());
+  // A checkpoint with no record at all (another program's): nothing to compare, and it resumes.
+  ASSERT_TRUE(std::filesystem::remove(info));
+  resume.model.seqLen = 8;
   EXPECT_EQ(train(resume, 2, Mode::kThreads).steps, 1);
 }
 
