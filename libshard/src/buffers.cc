@@ -2,6 +2,8 @@
 
 #include "libshard/buffers.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -72,6 +74,7 @@ Status BufferPool::allocateAll(const ShardPlan& plan) {
   size_t i = 0;
   state_.numel = plan.stateNumel;
   state_.onDevice = options_.memory == MemoryKind::kDevice;
+  state_.writable = &writable_;
   state_.master = static_cast<float*>(allocations_[i++].data);
   state_.grad = static_cast<float*>(allocations_[i++].data);
   if (plan.options.precision == Precision::kBf16) state_.compute = static_cast<uint16_t*>(allocations_[i++].data);
@@ -110,9 +113,23 @@ Status BufferPool::freeOne(libcomm::Communicator& comm, void* data) {
   return st.isOk() ? f : st;
 }
 
-BufferPool::~BufferPool() { (void)freeAll(); }
+BufferPool::~BufferPool() {
+  if (executor_ != nullptr) {
+    // Returning would free memory the executor's streams may still be reading and writing, and its
+    // destructor would then drain them over freed memory: stop here, saying what happened.
+    std::fprintf(stderr,
+                 "libshard: a BufferPool was destroyed while the Executor built on it still exists; destroy the "
+                 "Executor first (its streams use the pool's memory until it is gone)\n");
+    std::abort();
+  }
+  (void)freeAll();
+}
 
 Status BufferPool::freeAll() {
+  if (executor_ != nullptr)
+    return libcomm::makeError(libcomm::StatusCode::kInvalidUsage,
+                              "BufferPool::freeAll: an Executor built on this pool still exists; destroy it first "
+                              "(its streams use the pool's memory); nothing was freed");
   Status first;
   // A host free waits for the communicator's collectives in flight, up to its op timeout; when one
   // timed out (a stream held up), the rest of that communicator's memory is left to it (it goes

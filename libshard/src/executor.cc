@@ -150,6 +150,9 @@ libcomm::Result<std::unique_ptr<Executor>> Executor::create(const ModelSpec& mod
     return bad("the model has ", model.layers.size(), " layers, the plan ", plan.layers.size());
   if (pool.state().numel != plan.stateNumel || !pool.state().master)
     return bad("the buffer pool was not allocated for this plan");
+  if (pool.executor_ != nullptr)  // two schedules on one set of buffers would overwrite each other's
+    return libcomm::makeError(StatusCode::kInvalidUsage,
+                              "executor: the buffer pool already has an Executor; destroy that one first");
   // Buffer by buffer: a pool made for another plan with the same state size (fewer gradient
   // buffers, another precision) handed out views with no memory behind them.
   {
@@ -178,6 +181,8 @@ libcomm::Result<std::unique_ptr<Executor>> Executor::create(const ModelSpec& mod
   std::unique_ptr<Executor> ex(new Executor(plan, std::move(schedule), pool, agComm, rsComm, options));
   LIBCOMM_RETURN_IF_ERROR(ex->bindViews(model));
   LIBCOMM_RETURN_IF_ERROR(ex->createStreams());
+  pool.executor_ = ex.get();
+  pool.writable_.store(true);  // until the first beginStep
   return ex;
 }
 
@@ -197,6 +202,10 @@ Executor::~Executor() {
   rs_.reset();
   ag_.reset();
   compute_.reset();
+  if (pool_.executor_ == this) {
+    pool_.executor_ = nullptr;
+    pool_.writable_.store(true);
+  }
 }
 
 Status Executor::bindViews(const ModelSpec& model) {
@@ -314,7 +323,9 @@ Status Executor::beginStep() {
     }
     primed_ = true;
   }
-  return enterHook(HookKind::kBeginStep, -1, "beginStep");
+  LIBCOMM_RETURN_IF_ERROR(enterHook(HookKind::kBeginStep, -1, "beginStep"));
+  pool_.writable_.store(false);  // (already, unless this is the first step)
+  return Status::ok();
 }
 
 Status Executor::groupUpdated(int group) { return enterHook(HookKind::kGroupUpdated, group, "groupUpdated"); }
@@ -359,6 +370,7 @@ Status Executor::endStep() {
     for (size_t i = 0; i < plan_.stateNumel; ++i) g[i] *= gradScale_;
   }
   log_.add(logEntry(LogKind::kStepEnd));
+  pool_.writable_.store(true);  // the optimizer's window, until optimizerDone
   return Status::ok();
 }
 
@@ -369,6 +381,7 @@ Status Executor::optimizerDone() {
          schedule_.ops[cursor_].hook == HookKind::kGroupUpdated)
     LIBCOMM_RETURN_IF_ERROR(enterHook(HookKind::kGroupUpdated, schedule_.ops[cursor_].layer, "optimizerDone"));
   LIBCOMM_RETURN_IF_ERROR(enterHook(HookKind::kOptimizerDone, -1, "optimizerDone"));
+  pool_.writable_.store(false);  // the next step's gathers read the shards from here on
   primed_ = true;
   hook_ = nullptr;
   ++step_;

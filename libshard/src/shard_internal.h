@@ -3,8 +3,10 @@
 
 #include <cstddef>
 
+#include "libcomm/status.h"
 #include "libcomm/types.h"
 #include "libshard/plan.h"
+#include "libshard/state.h"
 
 namespace libshard::detail {
 
@@ -14,5 +16,14 @@ inline libcomm::DataType computeDataType(const ShardPlan& plan) {
   return plan.options.precision == Precision::kBf16 ? libcomm::DataType::kBFloat16 : libcomm::DataType::kFloat32;
 }
 inline size_t computeElementSize(const ShardPlan& plan) { return libcomm::dataTypeSize(computeDataType(plan)); }
+
+/// kInvalidUsage, naming `who`, unless the trainer may write `state` now (ShardState::writable).
+inline libcomm::Status checkWritable(const ShardState& state, const char* who) {
+  if (state.writable == nullptr || state.writable->load(std::memory_order_acquire)) return libcomm::Status::ok();
+  return libcomm::makeError(libcomm::StatusCode::kInvalidUsage, who,
+                            ": an Executor's step is running on this state (its collectives read and write the "
+                            "shards from beginStep to endStep, and from optimizerDone on for the next step); "
+                            "write it between endStep and optimizerDone, or before the first beginStep");
+}
 
 }  // namespace libshard::detail

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -20,8 +21,10 @@
 #include "harness.h"
 #include "libcomm/communicator.h"
 #include "libshard/buffers.h"
+#include "libshard/checkpoint.h"
 #include "libshard/event_log.h"
 #include "libshard/executor.h"
+#include "libshard/optimizer.h"
 #include "libshard/runner.h"
 #include "libshard/schedule.h"
 
@@ -427,6 +430,98 @@ TEST(ExecutorHooks, OutOfOrderCallsAreRefusedAndHarmless) {
     return ex.status();
   });
   EXPECT_RANKS_OK(report);
+}
+
+// The shards are the trainer's to write only where the executor's streams leave them alone: before
+// the first beginStep and between endStep and optimizerDone. An optimizer step or a checkpoint load
+// mid-step (raced the gathers and reduce-scatters) and after optimizerDone (the next step's
+// gathers already read the shards) is refused and writes nothing (found by a review: both ran).
+// A second executor on the pool, and freeing the pool under the executor, are refused too.
+TEST(ExecutorHooks, TheStateIsWritableOnlyInTheOptimizersWindow) {
+  RunOptions opts;
+  opts.size = 1;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, {1, Precision::kFp32}, testConfig()));
+    libshard::Executor& ex = *rig->ex;
+    libshard::ShardState& state = ex.state();
+    char tmpl[] = "/tmp/shard-window-XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) return libcomm::makeError(StatusCode::kSystemError, "mkdtemp failed");
+    struct RemoveAll {
+      std::string path;
+      ~RemoveAll() {
+        std::error_code ec;
+        std::filesystem::remove_all(path, ec);
+      }
+    } cleanup{tmpl};
+    const std::string ckpt = cleanup.path + "/c";
+    LIBCOMM_RETURN_IF_ERROR(libshard::saveCheckpointShard(ckpt, rig->plan, state, 1));
+    LIBCOMM_RETURN_IF_ERROR(libshard::writeCheckpointIndex(ckpt, rig->plan, 1));
+    LIBCOMM_ASSIGN_OR_RETURN(libshard::ShardedAdamW opt, libshard::ShardedAdamW::create(rig->plan, {}));
+    const auto never = libcomm::Deadline::never();
+    auto refused = [&](const char* when) -> Status {
+      const std::vector<float> before(state.master, state.master + state.numel);
+      LIBCOMM_RETURN_IF_ERROR(expectError(opt.step(state, 1.0f, nullptr, nullptr, never).status(),
+                                          {StatusCode::kInvalidUsage}, {"AdamW: beginStep", "an Executor's step"},
+                                          when));
+      LIBCOMM_RETURN_IF_ERROR(expectError(libshard::loadCheckpoint(ckpt, rig->plan, state),
+                                          {StatusCode::kInvalidUsage}, {"checkpoint load", "an Executor's step"},
+                                          when));
+      if (!std::equal(before.begin(), before.end(), state.master))
+        return libcomm::makeError(StatusCode::kInternalError, when, ": a refused call wrote the master shard");
+      return Status::ok();
+    };
+    LIBCOMM_RETURN_IF_ERROR(libshard::loadCheckpoint(ckpt, rig->plan, state));  // before the first step
+    LIBCOMM_RETURN_IF_ERROR(ex.beginStep());
+    LIBCOMM_RETURN_IF_ERROR(refused("after beginStep"));
+    toy::ToyNet net(rig->spec, rig->plan);
+    const int L = static_cast<int>(rig->plan.layers.size());
+    for (int k = 0; k < L; ++k) {
+      LIBCOMM_ASSIGN_OR_RETURN(auto* v, ex.beginForward(k));
+      LIBCOMM_RETURN_IF_ERROR(net.layers()[static_cast<size_t>(k)]->forward(*v));
+      LIBCOMM_RETURN_IF_ERROR(ex.endForward(k));
+    }
+    for (int k = L - 1; k >= 0; --k) {
+      LIBCOMM_ASSIGN_OR_RETURN(auto* v, ex.beginBackward(k));
+      if (k == L - 1) LIBCOMM_RETURN_IF_ERROR(refused("mid-backward"));
+      LIBCOMM_RETURN_IF_ERROR(net.layers()[static_cast<size_t>(k)]->backward(*v));
+      LIBCOMM_RETURN_IF_ERROR(ex.endBackward(k));
+    }
+    LIBCOMM_RETURN_IF_ERROR(ex.endStep());
+    LIBCOMM_RETURN_IF_ERROR(opt.step(state, ex.pendingGradScale(), nullptr, nullptr, never).status());
+    if (state.step != 1) return libcomm::makeError(StatusCode::kInternalError, "the window's step did not run");
+    LIBCOMM_RETURN_IF_ERROR(ex.optimizerDone());
+    LIBCOMM_RETURN_IF_ERROR(refused("after optimizerDone"));
+    // One executor per pool; the pool outlives it.
+    LIBCOMM_ASSIGN_OR_RETURN(auto schedule, libshard::Schedule::build(rig->plan));
+    LIBCOMM_RETURN_IF_ERROR(
+        expectError(libshard::Executor::create(rig->spec, rig->plan, schedule, *rig->pool, *rig->ag, *rig->rs).status(),
+                    {StatusCode::kInvalidUsage}, {"already has an Executor"}, "second executor"));
+    LIBCOMM_RETURN_IF_ERROR(expectError(rig->pool->freeAll(), {StatusCode::kInvalidUsage},
+                                        {"an Executor built on this pool still exists", "nothing was freed"},
+                                        "freeAll"));
+    LIBCOMM_RETURN_IF_ERROR(ex.synchronize());
+    rig->ex.reset();  // the executor gone, the state is the trainer's again
+    LIBCOMM_RETURN_IF_ERROR(libshard::loadCheckpoint(ckpt, rig->plan, rig->pool->state()));
+    return rig->pool->freeAll();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// Destroying the pool under its executor would free memory the executor's streams use (and the
+// executor's destructor would drain them over it): the process stops, saying so.
+TEST(ExecutorHooksDeathTest, DestroyingThePoolBeforeItsExecutorStopsTheProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        RunOptions opts;
+        opts.size = 1;
+        (void)runRanks(opts, [](RankContext& ctx) -> Status {
+          LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, {1, Precision::kFp32}, testConfig()));
+          rig->pool.reset();
+          return Status::ok();
+        });
+      },
+      "a BufferPool was destroyed while the Executor built on it still exists");
 }
 
 // Parts that do not belong together are refused with what is wrong (found by a review): a

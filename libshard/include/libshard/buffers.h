@@ -23,6 +23,7 @@
 // streams; see executor.h. Device memory is declared in every build: without CUDA, or without a
 // usable device, create() refuses it with libcomm's answer ("built without CUDA", "no CUDA device").
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -77,12 +78,16 @@ class BufferPool {
   /// Their sum is what the pool measures; a correct plan's libshardBytes equals it.
   static std::vector<PoolAllocation> plannedAllocations(const ShardPlan& plan);
 
-  /// Frees everything (errors from libcomm are ignored here; call freeAll() to see them).
+  /// Frees everything (errors from libcomm are ignored here; call freeAll() to see them). An
+  /// Executor built on the pool must be destroyed first: its streams may still read and write the
+  /// pool's memory. Destroying the pool under a live Executor is a programming error that would
+  /// free memory its collectives use; it ends the process with a message saying so.
   ~BufferPool();
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;
 
-  /// Frees every allocation now; the first libcomm error, if any. Idempotent. After it, every
+  /// Frees every allocation now; the first libcomm error, if any. Idempotent. Refused
+  /// (kInvalidUsage, nothing freed) while an Executor built on the pool exists. After it, every
   /// pointer the pool handed out is invalid.
   libcomm::Status freeAll();
 
@@ -115,6 +120,8 @@ class BufferPool {
  private:
   BufferPool(libcomm::Communicator& agComm, libcomm::Communicator& rsComm, PoolOptions options)
       : agComm_(agComm), rsComm_(rsComm), options_(options) {}
+  friend class Executor;  // binds itself (executor_) and opens and closes the state (writable_)
+
   libcomm::Status allocateAll(const ShardPlan& plan);
   libcomm::Result<void*> allocateOne(libcomm::Communicator& comm, const PoolAllocation& a);
   libcomm::Status freeOne(libcomm::Communicator& comm, void* data);
@@ -129,6 +136,8 @@ class BufferPool {
   float* residentGrad_ = nullptr;
   uint64_t current_ = 0;
   uint64_t peak_ = 0;
+  const void* executor_ = nullptr;   // the Executor built on this pool, while it exists
+  std::atomic<bool> writable_{true};  // ShardState::writable
 };
 
 }  // namespace libshard

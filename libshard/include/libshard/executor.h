@@ -138,7 +138,8 @@ class Executor {
   /// `rsComm` the reduce-scatters: collectives of one communicator run in call order, so with two
   /// communicators gathers and reduce-scatters overlap; passing the same one for both is valid and
   /// puts both on one stream. `model` must be the spec the plan was made from. The plan and the
-  /// schedule are copied; `pool` and the communicators must outlive the executor. Not collective:
+  /// schedule are copied; `pool` and the communicators must outlive the executor (a pool takes one
+  /// executor at a time: kInvalidUsage while another exists). Not collective:
   /// nothing is communicated until beginStep. The streams and events follow the pool's memory:
   /// host ones for host memory, CUDA ones on BufferPool::device() for device memory (see the file
   /// comment).
@@ -226,6 +227,7 @@ class Executor {
   /// the trainer's thread between endStep and optimizerDone (the optimizer's window) and before the
   /// first beginStep; during a step the streams read the shards (gathers) and write the grad shard
   /// (reduce-scatters). On a device pool, "touch" means work enqueued on computeStream().
+  /// ShardedAdamW and loadCheckpoint refuse the state outside those windows (ShardState::writable).
   ShardState& state() { return pool_.state(); }
   /// The event log (disabled unless ExecutorOptions::eventLogCapacity > 0). Read it only between
   /// endStep and the next beginStep, after synchronize() (the optimizer stamps are written by the

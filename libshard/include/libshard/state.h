@@ -4,6 +4,7 @@
 // owned by whoever allocated it (libshard's BufferPool allocates it as libcomm registered memory,
 // so that all_gather reads it in place).
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -20,6 +21,12 @@ struct ShardState {
   /// The arrays are device memory (a BufferPool of MemoryKind::kDevice): host code must not touch
   /// them. ShardedAdamW and the checkpoint functions, which run on the host, refuse such a state.
   bool onDevice = false;
+  /// A BufferPool's state points to the pool's flag: false while an Executor's step runs on it
+  /// (from beginStep to endStep, and from optimizerDone, whose next step's gathers read the
+  /// shards, on), true when the trainer may write the shards (before the first beginStep, in the
+  /// optimizer's window between endStep and optimizerDone, with no executor). ShardedAdamW and
+  /// loadCheckpoint refuse a state that is not writable. Null: no pool (nothing to check).
+  const std::atomic<bool>* writable = nullptr;
 };
 
 }  // namespace libshard
