@@ -12,6 +12,7 @@
 # New inputs the fuzzer finds stay in $FUZZ_BUILD/fuzz-corpus/<name>/ (the checked-in corpus is
 # only read); a crash is saved as $FUZZ_BUILD/crashes/<name>/crash-<sha1>. Once fixed, copy it to
 # tests/fuzz/corpus/<name>/regression-<what> so that ctest -L fuzz replays it from then on.
+case "${1:-}" in -h | --help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;; esac  # the comment above
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${FUZZ_BUILD:-$root/build-fuzz}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's second command: builds if needed, then runs the whole default test suite.
 #   tools/run_tests.sh [extra ctest arguments, e.g. -L unit]
+case "${1:-}" in -h | --help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;; esac  # the comment above
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/tools/setup.sh" "$root/build"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the programs of the unit, mt and mp suites with sanitizers and runs those suites.
+# Builds the programs of the unit, mt, mp and fault suites with sanitizers and runs those suites.
 #   tools/sanitize.sh asan|tsan [extra ctest arguments, e.g. -R '^comm\.']
 #     asan  AddressSanitizer (leaks included) + UndefinedBehaviorSanitizer, in ./build-asan
 #     tsan  ThreadSanitizer, in ./build-tsan
@@ -13,6 +13,7 @@
 #              SANITIZE_BUILD_ONLY=1 (configure and build, run nothing),
 #              SANITIZE_PRINT_SELECTION=1 (print the ctest arguments that choose the tests, one a
 #              line, and nothing else; tests/unit/sanitize_programs_check.py reads them).
+case "${1:-}" in -h | --help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;; esac  # the comment above
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 mode=${1:-}

@@ -2,6 +2,7 @@
 # Installs what shardcomm needs (Debian 12 packages; run as root or with sudo available), then
 # configures and builds it (Release) in ./build. Idempotent: a second run only rebuilds what changed.
 #   tools/setup.sh [build-dir]
+case "${1:-}" in -h | --help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;; esac  # the comment above
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
