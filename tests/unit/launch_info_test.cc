@@ -377,6 +377,12 @@ TEST_F(LaunchEnv, TheStoreWaitsForRanksStillConnectedOnlyThePeerTimeout) {
   unsetenv("LIBCOMM_PEER_TIMEOUT_MS");
   EXPECT_GE(took, 600ms);
   EXPECT_LT(took, 20s);  // the fixed linger was 60 s
+  // The store is gone with rank 0: the rank left behind is told who hosted it, not only that "the
+  // store closed the connection".
+  Status lost = b[1]->barrier(Deadline::after(10s));
+  EXPECT_EQ(lost.code(), StatusCode::kRemoteError) << lost.toString();
+  EXPECT_NE(lost.message().find("lost the tcp store, which rank 0 hosts (has rank 0 exited?)"), std::string::npos)
+      << lost.toString();
   b[1].reset();
 }
 

@@ -100,8 +100,13 @@ Result<std::unique_ptr<Bootstrap>> createBootstrapFromEnvironment(Deadline deadl
   }
   if (!info.storeDir.empty()) return createFileBootstrap(info.storeDir, info.jobId, info.rank, info.size, deadline);
   LIBCOMM_ASSIGN_OR_RETURN(boot::StorePlacement where, placeStore(info, deadline));
-  if (!info.hostsStore)
-    return createTcpBootstrap(where.dialHost, info.storePort, info.secret, info.rank, info.size, deadline, info.jobId);
+  if (!info.hostsStore) {
+    // Rank 0 hosts the store unless LIBCOMM_HOST_STORE chose otherwise (launch_info.cc): then
+    // whoever it is, this rank cannot tell.
+    const std::string storeHost = settingValue("LIBCOMM_HOST_STORE").empty() ? "rank 0" : "";
+    return boot::createTcpBootstrapHostedBy(where.dialHost, info.storePort, info.secret, info.rank, info.size,
+                                            deadline, info.jobId, storeHost);
+  }
   auto started = startTcpStore(where.listenHost, info.storePort, info.secret);
   if (!started.isOk())
     // Under torchrun, MASTER_PORT may already carry torch's own store.

@@ -107,9 +107,9 @@ class TcpSideChannel final : public SideChannel {
 class TcpBootstrap final : public Bootstrap {
  public:
   TcpBootstrap(std::unique_ptr<boot::TcpStoreClient> client, std::string host, int port, std::string secret, int rank,
-               int size)
+               int size, std::string storeHost)
       : client_(std::move(client)), host_(std::move(host)), port_(port), secret_(std::move(secret)), rank_(rank),
-        size_(size) {}
+        size_(size), storeHost_(std::move(storeHost)) {}
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -120,6 +120,7 @@ class TcpBootstrap final : public Bootstrap {
     auto client = boot::TcpStoreClient::connect(host_, port_, secret_, kNoRank, deadline);
     if (!client.isOk())
       return client.status().withContext("rank " + std::to_string(rank_) + ": opening a side channel");
+    (*client)->setHostName(storeHost_);
     return std::unique_ptr<SideChannel>(std::make_unique<TcpSideChannel>(std::move(*client)));
   }
 
@@ -284,6 +285,7 @@ class TcpBootstrap final : public Bootstrap {
   const std::string secret_;
   const int rank_;
   const int size_;
+  const std::string storeHost_;  // who hosts the store, when known ("rank 0"), for error messages
   std::string jobId_;
   uint64_t round_ = 0;
   boot::RoundGuard rounds_;
@@ -295,6 +297,13 @@ class TcpBootstrap final : public Bootstrap {
 
 Result<std::unique_ptr<Bootstrap>> createTcpBootstrap(const std::string& host, int port, const std::string& secret,
                                                       int rank, int size, Deadline deadline, const std::string& jobId) {
+  return boot::createTcpBootstrapHostedBy(host, port, secret, rank, size, deadline, jobId, "");
+}
+
+Result<std::unique_ptr<Bootstrap>> boot::createTcpBootstrapHostedBy(const std::string& host, int port,
+                                                                    const std::string& secret, int rank, int size,
+                                                                    Deadline deadline, const std::string& jobId,
+                                                                    const std::string& storeHost) {
   LIBCOMM_RETURN_IF_ERROR(boot::checkRankAndSize("tcp bootstrap", rank, size));
   if (port <= 0 || port > 65535)
     return makeError(StatusCode::kInvalidArgument, "tcp bootstrap: rank ", rank, ": store port ", port,
@@ -304,7 +313,8 @@ Result<std::unique_ptr<Bootstrap>> createTcpBootstrap(const std::string& host, i
                      ": empty job secret (set LIBCOMM_SECRET)");
   if (!jobId.empty()) LIBCOMM_RETURN_IF_ERROR(boot::checkJobId(jobId));
   LIBCOMM_ASSIGN_OR_RETURN(auto client, boot::TcpStoreClient::connect(host, port, secret, rank, deadline));
-  auto bootstrap = std::make_unique<TcpBootstrap>(std::move(client), host, port, secret, rank, size);
+  client->setHostName(storeHost);
+  auto bootstrap = std::make_unique<TcpBootstrap>(std::move(client), host, port, secret, rank, size, storeHost);
   LIBCOMM_RETURN_IF_ERROR(bootstrap->join(jobId, deadline));
   LIBCOMM_LOG(kInfo, "boot") << "tcp bootstrap: rank " << rank << " of " << size << " joined job " << bootstrap->jobId()
                              << " at " << host << ":" << port;

@@ -57,6 +57,9 @@ class TcpStoreClient {
                                           std::vector<std::string>* missing = nullptr);
 
   const std::string& address() const { return address_; }
+  /// Who hosts the store ("rank 0"), when this rank knows: a connection the store closes or
+  /// resets then fails naming it as the likely cause (the host exited). Empty: not known.
+  void setHostName(std::string who) { hostName_ = std::move(who); }
 
  private:
   TcpStoreClient(int fd, std::string address, int rank) : fd_(fd), address_(std::move(address)), rank_(rank) {}
@@ -69,7 +72,15 @@ class TcpStoreClient {
   int fd_;
   std::string address_;
   int rank_;
+  std::string hostName_;
   Status broken_;
 };
+
+/// createTcpBootstrap for a rank that knows which process hosts the store (`storeHost`, e.g.
+/// "rank 0"; TcpStoreClient::setHostName): createBootstrapFromEnvironment's.
+Result<std::unique_ptr<Bootstrap>> createTcpBootstrapHostedBy(const std::string& host, int port,
+                                                              const std::string& secret, int rank, int size,
+                                                              Deadline deadline, const std::string& jobId,
+                                                              const std::string& storeHost);
 
 }  // namespace libcomm::boot

@@ -106,11 +106,17 @@ Result<Frame> TcpStoreClient::call(MsgType type, const std::string& payload, Dea
   Status sent = sendFrame(fd_, type, payload, replyDeadline, what);
   Result<Frame> reply = sent.isOk() ? recvFrame(fd_, replyDeadline, what) : Result<Frame>(sent);
   if (!reply.isOk()) {
+    // A store that closes or resets the connection has, almost always, stopped with its process:
+    // say which process that is when known (a rank's peers see it as a lost store, not as a peer).
+    Status failed = reply.status();
+    if (failed.code() == StatusCode::kRemoteError && !hostName_.empty())
+      failed = failed.withContext("lost the tcp store, which " + hostName_ + " hosts (has " + hostName_ +
+                                  " exited?)");
     // The connection is out of step (a reply may still be in flight) or gone: no later call can
     // trust it.
     broken_ = makeError(StatusCode::kRemoteError, "rank ", rank_, ": connection to tcp store ", address_,
-                        " unusable after an earlier failure: ", reply.status().message());
-    return reply.status();
+                        " unusable after an earlier failure: ", failed.message());
+    return failed;
   }
   if (reply->type == MsgType::kError) {
     broken_ = makeError(StatusCode::kRemoteError, what, ": store reported: ", reply->payload);
