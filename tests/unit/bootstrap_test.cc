@@ -510,7 +510,7 @@ TEST(FileBootstrap, ForeignRunFileAndSizeMismatchAreNamed) {
   });
   EXPECT_LT(Clock::now() - start, 10s);
   EXPECT_EQ(statuses[0].code(), StatusCode::kInvalidArgument) << statuses[0].toString();
-  EXPECT_NE(statuses[0].message().find("rank 0 was told size 3 but a rank was told size 2, so ranks 2..2 will not come"),
+  EXPECT_NE(statuses[0].message().find("rank 0 was told size 3 but rank 1 was told size 2, so ranks 2..2 will not come"),
             std::string::npos)
       << statuses[0].toString();
   EXPECT_NE(statuses[1].message().find("rank 1 was told size 2 but rank 0 was told size 3"), std::string::npos)

@@ -219,9 +219,11 @@ class FileBootstrap final : public Bootstrap {
     LIBCOMM_RETURN_IF_ERROR(collective("hello", mine, all.data(), sizeof(mine), deadline, whileWaiting));
     for (int r = 0; r < size_; ++r) {
       const uint32_t* theirs = &all[2 * static_cast<size_t>(r)];
+      // The lowest slot that holds such a record is its writer's own (it fills its own slot and
+      // those past its world, all above its rank); with several such ranks, one of them.
       if (theirs[0] == kSizeMismatchMagic)
         return makeError(StatusCode::kInvalidArgument, "file bootstrap: rank ", rank_, " was told size ", size_,
-                         " but a rank was told size ", theirs[1], ", so ranks ", theirs[1], "..", size_ - 1,
+                         " but rank ", r, " was told size ", theirs[1], ", so ranks ", theirs[1], "..", size_ - 1,
                          " will not come (job ", jobId_, ")");
       if (theirs[0] != kHelloMagic)
         return makeError(StatusCode::kInvalidUsage, "file bootstrap: rank ", rank_, " found a foreign file for rank ",
