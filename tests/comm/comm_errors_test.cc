@@ -270,6 +270,36 @@ TEST_P(CommFailures, DifferentCollectivesAreNamed) {
   EXPECT_RANKS_OK(report);
 }
 
+// A call that one rank refused (a null pointer) and the others ran used to shift every later call of
+// that rank by one against its peers': with the same shapes, each collective paired with the peers'
+// previous one and delivered its data, silently (found by a review). The count of refused calls is
+// part of every fingerprint: the next collective fails on every rank, naming the refusal.
+TEST_P(CommFailures, ACallOneRankRefusedFailsTheNextCollectiveOnEveryRank) {
+  const Placement placement = GetParam();
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [placement](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig(ctx.rank, placement)));
+    auto s = libcomm::createHostStream("refused");
+    std::vector<float> a(8, static_cast<float>(ctx.rank)), b(16);
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(a.data(), b.data(), 8, DataType::kFloat32, *s));  // seq 1, everywhere
+    if (ctx.rank == 1)
+      LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allGather(nullptr, b.data(), 8, DataType::kFloat32, *s),
+                                           StatusCode::kInvalidArgument, {"(next seq 2)"}, "refused call"));
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(a.data(), b.data(), 8, DataType::kFloat32, *s));  // seq 2
+    const Status st = s->synchronize(libcomm::Deadline::after(std::chrono::seconds(20)));
+    const std::vector<std::string> words =
+        ctx.rank == 0 ? std::vector<std::string>{"collective mismatch at seq 2",
+                                                 "rank 0 had 0 and rank 1 1 calls refused before this one"}
+                      : std::vector<std::string>{"collective mismatch at seq 2",
+                                                 "rank 1 had 1 and rank 0 0 calls refused before this one",
+                                                 "this rank's last refused call: rank 1: all_gather"};
+    return expectStatus(Status(st.isOk() ? StatusCode::kOk : StatusCode::kInvalidUsage, st.message()),
+                        StatusCode::kInvalidUsage, words, "the call after the refusal");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 TEST_P(CommFailures, KilledRankIsNamedBySurvivors) {
   const Placement placement = GetParam();
   RunOptions opts;
@@ -802,6 +832,22 @@ TEST(CommErrors, APeerThatPostedAndFailedSinceIsReportedAsFailed) {
 // An allocation of 0 bytes frees cleanly, and an empty range is never registered: one at an
 // allocation's base slipped past free()'s check and, left behind, belonged to the next allocation
 // made at that address (which could then be neither registered nor freed).
+// An allocation no process can map is refused with the rank and the size (SIZE_MAX wrapped to a
+// zero-page segment in the rounding and failed in mmap with "Invalid argument").
+TEST(CommMemory, AnImpossibleAllocationIsRefusedNamingTheRank) {
+  RunOptions opts;
+  opts.size = 1;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
+    for (size_t bytes : {SIZE_MAX, SIZE_MAX - 100, SIZE_MAX / 2})
+      LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allocRegistered(bytes).status(), StatusCode::kInvalidArgument,
+                                           {"rank 0: allocRegistered(" + std::to_string(bytes) + " bytes)", "128 TiB"},
+                                           "impossible size"));
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 TEST(CommMemory, AnEmptyRangeIsNeverRegistered) {
   RunOptions opts;
   opts.size = 1;
@@ -843,6 +889,50 @@ TEST(CommErrors, BufferRunningPastItsRegisteredAllocationIsRefused) {
     LIBCOMM_RETURN_IF_ERROR(s->synchronize(libcomm::Deadline::after(std::chrono::seconds(30))));
     LIBCOMM_RETURN_IF_ERROR(comm->freeRegistered(out));
     return comm->freeRegistered(in);
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// A second thread calling a collective while another is inside one on the same communicator is
+// refused at once: the two interleaved taking sequence numbers and enqueueing, and a later number
+// that reached a shared stream first waited there for the earlier one until its timeout (found by
+// a review), and no order of two threads' calls is one every rank shares. The refusal counts as
+// one, so the next collective fails on every rank (the thread's call ran nowhere).
+TEST(CommErrors, ASecondThreadInsideACollectiveCallIsRefused) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
+    auto s = libcomm::createInlineHostStream("first-thread");
+    std::vector<float> a(4, 1.0f), b(4);
+    const auto deadline = libcomm::Deadline::after(std::chrono::seconds(30));
+    const uint32_t kGo = 77;
+    int go = 0;
+    if (ctx.rank == 1) {
+      // Rank 0's first thread waits inside its all_reduce until rank 1 calls it.
+      LIBCOMM_RETURN_IF_ERROR(ctx.bootstrap.recv(0, kGo, &go, sizeof(go), deadline));
+      LIBCOMM_RETURN_IF_ERROR(comm->allReduce(a.data(), b.data(), 4, DataType::kFloat32, {}, *s));
+    } else {
+      Status first;
+      std::thread inside([&] { first = comm->allReduce(a.data(), b.data(), 4, DataType::kFloat32, {}, *s); });
+      // Seq 1 is in the flight recorder once the first thread has taken it (it then runs inline).
+      while (comm->flightRecorderJson().find("\"seq\":1,") == std::string::npos &&
+             comm->flightRecorderJson().find("\"seq\": 1,") == std::string::npos && !deadline.expired())
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      auto other = libcomm::createInlineHostStream("second-thread");
+      const Status second = comm->barrier(*other);
+      LIBCOMM_RETURN_IF_ERROR(ctx.bootstrap.send(1, kGo, &go, sizeof(go), deadline));
+      inside.join();
+      LIBCOMM_RETURN_IF_ERROR(first);
+      LIBCOMM_RETURN_IF_ERROR(expectStatus(second, StatusCode::kInvalidUsage,
+                                           {"rank 0: barrier (next seq 2)",
+                                            "while another thread is inside a collective call on this communicator"},
+                                           "second thread"));
+    }
+    if (b[0] != 2.0f) return libcomm::makeError(StatusCode::kInternalError, "all_reduce gave ", b[0]);
+    const Status next = comm->barrier(*s);
+    return expectStatus(Status(next.isOk() ? StatusCode::kOk : StatusCode::kInvalidUsage, next.message()),
+                        StatusCode::kInvalidUsage, {"calls refused before this one"}, "the next collective");
   });
   EXPECT_RANKS_OK(report);
 }
@@ -930,6 +1020,7 @@ TEST(CommErrors, ACollectiveFromAForkedChildIsRefused) {
     LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
     auto s = libcomm::createInlineHostStream("fork");
     std::vector<float> x(8, float(ctx.rank + 1)), y(8, -1);
+    LIBCOMM_ASSIGN_OR_RETURN(void* mem, comm->allocRegistered(64));
     if (ctx.rank == 0) {
       int fds[2];
       if (pipe(fds) != 0) return libcomm::makeError(StatusCode::kSystemError, "pipe");
@@ -939,7 +1030,9 @@ TEST(CommErrors, ACollectiveFromAForkedChildIsRefused) {
         const Status st = comm->allReduce(cx.data(), cy.data(), 8, DataType::kFloat32, {}, *s);
         const char refused = !st.isOk() && st.code() == StatusCode::kInvalidUsage &&
                                      st.message().find("forked child") != std::string::npos &&
-                                     !comm->allocRegistered(64).isOk()
+                                     !comm->allocRegistered(64).isOk() &&
+                                     // (it took a lock the parent's threads may have held at the fork)
+                                     !comm->isRegistered(mem, 64)
                                  ? 1
                                  : 0;
         (void)!write(fds[1], &refused, 1);
@@ -955,7 +1048,8 @@ TEST(CommErrors, ACollectiveFromAForkedChildIsRefused) {
     }
     LIBCOMM_RETURN_IF_ERROR(comm->allReduce(x.data(), y.data(), 8, DataType::kFloat32, {}, *s));
     if (y[0] != 3.0f) return libcomm::makeError(StatusCode::kInternalError, "rank ", ctx.rank, " got ", y[0], ", not 3");
-    return Status::ok();
+    if (!comm->isRegistered(mem, 64)) return libcomm::makeError(StatusCode::kInternalError, "the parent lost its memory");
+    return comm->freeRegistered(mem);
   });
   EXPECT_RANKS_OK(report);
 }

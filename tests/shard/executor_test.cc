@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -391,6 +392,24 @@ TEST(ExecutorFaults, DestroyedMidStepAbortsPeersFast) {
   EXPECT_RANKS_OK(report);
 }
 
+// One micro-batch of the toy net through the hooks, forward then backward; `inFirstBackward` runs
+// while the first backward layer holds its views (between beginBackward and endBackward).
+Status toyPasses(libshard::Executor& ex, toy::ToyNet& net, const std::function<Status()>& inFirstBackward = {}) {
+  const int L = static_cast<int>(ex.plan().layers.size());
+  for (int k = 0; k < L; ++k) {
+    LIBCOMM_ASSIGN_OR_RETURN(auto* v, ex.beginForward(k));
+    LIBCOMM_RETURN_IF_ERROR(net.layers()[static_cast<size_t>(k)]->forward(*v));
+    LIBCOMM_RETURN_IF_ERROR(ex.endForward(k));
+  }
+  for (int k = L - 1; k >= 0; --k) {
+    LIBCOMM_ASSIGN_OR_RETURN(auto* v, ex.beginBackward(k));
+    if (k == L - 1 && inFirstBackward) LIBCOMM_RETURN_IF_ERROR(inFirstBackward());
+    LIBCOMM_RETURN_IF_ERROR(net.layers()[static_cast<size_t>(k)]->backward(*v));
+    LIBCOMM_RETURN_IF_ERROR(ex.endBackward(k));
+  }
+  return Status::ok();
+}
+
 TEST(ExecutorHooks, OutOfOrderCallsAreRefusedAndHarmless) {
   RunOptions opts;
   opts.size = 1;
@@ -405,17 +424,7 @@ TEST(ExecutorHooks, OutOfOrderCallsAreRefusedAndHarmless) {
     LIBCOMM_RETURN_IF_ERROR(expectError(ex.beginForward(-1).status(), {StatusCode::kInvalidUsage}, {}, "layer -1"));
     LIBCOMM_RETURN_IF_ERROR(expectError(ex.endForward(0), {StatusCode::kInvalidUsage}, {}, "end before begin"));
     toy::ToyNet net(rig->spec, rig->plan);
-    const int L = static_cast<int>(rig->plan.layers.size());
-    for (int k = 0; k < L; ++k) {
-      LIBCOMM_ASSIGN_OR_RETURN(auto* v, ex.beginForward(k));
-      LIBCOMM_RETURN_IF_ERROR(net.layers()[static_cast<size_t>(k)]->forward(*v));
-      LIBCOMM_RETURN_IF_ERROR(ex.endForward(k));
-    }
-    for (int k = L - 1; k >= 0; --k) {
-      LIBCOMM_ASSIGN_OR_RETURN(auto* v, ex.beginBackward(k));
-      LIBCOMM_RETURN_IF_ERROR(net.layers()[static_cast<size_t>(k)]->backward(*v));
-      LIBCOMM_RETURN_IF_ERROR(ex.endBackward(k));
-    }
+    LIBCOMM_RETURN_IF_ERROR(toyPasses(ex, net));
     LIBCOMM_RETURN_IF_ERROR(ex.endStep());
     // The gate is not optional: the next step needs optimizerDone first.
     LIBCOMM_RETURN_IF_ERROR(expectError(ex.beginStep(), {StatusCode::kInvalidUsage}, {"optimizerDone"}, "no gate"));
@@ -474,18 +483,7 @@ TEST(ExecutorHooks, TheStateIsWritableOnlyInTheOptimizersWindow) {
     LIBCOMM_RETURN_IF_ERROR(ex.beginStep());
     LIBCOMM_RETURN_IF_ERROR(refused("after beginStep"));
     toy::ToyNet net(rig->spec, rig->plan);
-    const int L = static_cast<int>(rig->plan.layers.size());
-    for (int k = 0; k < L; ++k) {
-      LIBCOMM_ASSIGN_OR_RETURN(auto* v, ex.beginForward(k));
-      LIBCOMM_RETURN_IF_ERROR(net.layers()[static_cast<size_t>(k)]->forward(*v));
-      LIBCOMM_RETURN_IF_ERROR(ex.endForward(k));
-    }
-    for (int k = L - 1; k >= 0; --k) {
-      LIBCOMM_ASSIGN_OR_RETURN(auto* v, ex.beginBackward(k));
-      if (k == L - 1) LIBCOMM_RETURN_IF_ERROR(refused("mid-backward"));
-      LIBCOMM_RETURN_IF_ERROR(net.layers()[static_cast<size_t>(k)]->backward(*v));
-      LIBCOMM_RETURN_IF_ERROR(ex.endBackward(k));
-    }
+    LIBCOMM_RETURN_IF_ERROR(toyPasses(ex, net, [&] { return refused("mid-backward"); }));
     LIBCOMM_RETURN_IF_ERROR(ex.endStep());
     LIBCOMM_RETURN_IF_ERROR(opt.step(state, ex.pendingGradScale(), nullptr, nullptr, never).status());
     if (state.step != 1) return libcomm::makeError(StatusCode::kInternalError, "the window's step did not run");

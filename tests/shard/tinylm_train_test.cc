@@ -126,6 +126,15 @@ class SharedOutput {
 
 // Trains on `world` ranks and returns rank 0's view. Every rank checks its own memory against
 // its plan before returning.
+// Two ranks as threads, a minute at most: the runs that must fail or be refused.
+RunOptions twoRankThreads() {
+  RunOptions ro;
+  ro.mode = Mode::kThreads;
+  ro.size = 2;
+  ro.deadline = std::chrono::seconds(60);
+  return ro;
+}
+
 RunOutput train(const TrainOptions& o, int world, Mode mode = Mode::kProcesses) {
   SharedOutput shared;
   EXPECT_NE(shared.get(), nullptr);
@@ -330,10 +339,7 @@ TEST(TinyLmTrainThreads, SaveIntoAnExistingCheckpointIsRefusedBeforeTraining) {
   o.saveCheckpoint = dir;
   std::atomic<int> stepsRun{0};
   o.onStep = [&stepsRun](const tinylm::StepRecord&) { ++stepsRun; };
-  RunOptions ro;
-  ro.mode = Mode::kThreads;
-  ro.size = 2;
-  ro.deadline = std::chrono::seconds(60);
+  const RunOptions ro = twoRankThreads();
   auto report = shardcomm::testing::runRanks(ro, [&o](RankContext& ctx) -> Status {
     auto r = tinylm::runSharded(o, ctx.bootstrap);
     if (r.isOk()) return libcomm::makeError(StatusCode::kInternalError, "saving over a checkpoint was not refused");
@@ -398,10 +404,7 @@ TEST(TinyLmTrainThreads, ASaveSlowerThanTheTimeoutSucceeds) {
   o.onCheckpointWritten = [](bool) {
     std::this_thread::sleep_for(shardcomm::testing::scaledForSanitizers(std::chrono::milliseconds(2500)));
   };
-  RunOptions ro;
-  ro.mode = Mode::kThreads;
-  ro.size = 2;
-  ro.deadline = std::chrono::seconds(60);
+  const RunOptions ro = twoRankThreads();
   auto report = shardcomm::testing::runRanks(
       ro, [&o](RankContext& ctx) -> Status { return tinylm::runSharded(o, ctx.bootstrap).status(); });
   EXPECT_RANKS_OK(report);
@@ -424,10 +427,7 @@ TEST(TinyLmTrainThreads, ASaveIntoADirectoryAnotherRunCompletedIsRefusedWithoutW
     std::ofstream(o.saveCheckpoint + "/tinylm.txt") << other;
     std::ofstream(o.saveCheckpoint + "/" + libshard::kCheckpointIndexFile) << "another run's index\n";
   };
-  RunOptions ro;
-  ro.mode = Mode::kThreads;
-  ro.size = 2;
-  ro.deadline = std::chrono::seconds(60);
+  const RunOptions ro = twoRankThreads();
   auto report = shardcomm::testing::runRanks(ro, [&o](RankContext& ctx) -> Status {
     auto r = tinylm::runSharded(o, ctx.bootstrap);
     if (r.isOk()) return libcomm::makeError(StatusCode::kInternalError, "the save succeeded");
@@ -570,10 +570,7 @@ TEST(TinyLmTrainThreads, DivergenceIsReportedAsSuch) {
   o.adamw.lr = 1e30f;
   std::atomic<int> stepsRun{0};
   o.onStep = [&stepsRun](const tinylm::StepRecord&) { ++stepsRun; };
-  RunOptions ro;
-  ro.mode = Mode::kThreads;
-  ro.size = 2;
-  ro.deadline = std::chrono::seconds(60);
+  const RunOptions ro = twoRankThreads();
   auto report = shardcomm::testing::runRanks(ro, [&o](RankContext& ctx) -> Status {
     auto r = tinylm::runSharded(o, ctx.bootstrap);
     if (r.isOk()) return libcomm::makeError(StatusCode::kInternalError, "--lr 1e30 trained 4 steps");

@@ -709,6 +709,21 @@ TEST_F(LaunchEnv, LaunchLocalRejectsAMissingProgram) {
   EXPECT_EQ(launchLocal(o).code(), StatusCode::kInvalidArgument);
   o.argv = {};
   EXPECT_EQ(launchLocal(o).code(), StatusCode::kInvalidArgument);
+  // A deadline already past, and names no rank could read (found by a review: both were accepted).
+  o.argv = {"/bin/true"};
+  o.timeout = Milliseconds(-5);
+  Status st = launchLocal(o);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("timeout -5 ms"), std::string::npos) << st.toString();
+  o.timeout = Milliseconds(10000);
+  for (const char* name : {"", "A=B"}) {
+    o.env = {{name, "1"}};
+    st = launchLocal(o);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << name;
+    EXPECT_NE(st.message().find("is empty or holds '='"), std::string::npos) << st.toString();
+  }
+  o.env = {{"SHARDCOMM_FINE", "1"}};
+  EXPECT_TRUE(launchLocal(o).isOk());
 }
 
 // End to end: this test binary relaunched as 3 ranks that bootstrap from their environment.

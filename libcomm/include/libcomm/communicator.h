@@ -63,7 +63,9 @@ class Communicator {
 
   // ---- Registered memory. Thread-safe. ----
   /// Allocates `bytes` of host memory that peers can read directly; touched once up front. More
-  /// than /dev/shm holds is a kSystemError saying so.
+  /// than /dev/shm holds is a kSystemError saying so. The memory belongs to this communicator:
+  /// destroying the communicator unmaps whatever of it was not freed, so no pointer into it (nor a
+  /// collective of another communicator reading it) may outlive the communicator.
   Result<void*> allocRegistered(size_t bytes);
   /// Frees memory from allocRegistered. Fails with kInvalidUsage while registrations of it remain.
   /// Waits, like cudaFree, until no collective of this communicator is queued or running (one may
@@ -91,10 +93,16 @@ class Communicator {
   Status registerBuffer(void* ptr, size_t bytes);
   Status deregisterBuffer(void* ptr);
   /// True when [ptr, ptr+bytes) lies in memory peers can reach directly: allocRegistered memory,
-  /// or device memory registered with registerBuffer.
+  /// or device memory registered with registerBuffer. False in a forked child.
   bool isRegistered(const void* ptr, size_t bytes) const;
 
   // ---- Collectives. Enqueued on `stream`, return at once; argument errors return at once. ----
+  // The call order is the collective order: every rank must make the same calls in the same order,
+  // so a communicator's collectives are issued by one thread at a time (a call made while another
+  // thread is inside one is refused, kInvalidUsage). A refused call (bad arguments, that) takes no
+  // sequence number and runs nowhere; when only some ranks refused it, the next collective fails on
+  // every rank naming the refusal (the ranks' calls no longer pair up). Ranks that all refuse the
+  // same call go on as if it had not been made.
   // send and recv must be aligned to their element size (4 bytes for fp32, 2 for bf16), whatever
   // memory they lie in: a misaligned pointer is kInvalidArgument naming the rank, the collective
   // and the buffer (on a GPU it would fault and end the process's CUDA context). NCCL accepts

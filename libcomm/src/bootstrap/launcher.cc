@@ -272,6 +272,13 @@ Status launchLocal(const LocalLaunchOptions& options) {
   if (options.numRanks < 1)
     return makeError(StatusCode::kInvalidArgument, "launchLocal: numRanks ", options.numRanks, " < 1");
   if (options.argv.empty()) return makeError(StatusCode::kInvalidArgument, "launchLocal: empty argv");
+  if (options.timeout.count() <= 0)  // every rank would be killed at once, "still running after -5 ms"
+    return makeError(StatusCode::kInvalidArgument, "launchLocal: timeout ", options.timeout.count(),
+                     " ms; it is the whole job's deadline and must be positive");
+  for (const auto& [name, value] : options.env)
+    if (name.empty() || name.find('=') != std::string::npos || name.find('\0') != std::string::npos)
+      return makeError(StatusCode::kInvalidArgument, "launchLocal: environment variable name '", name,
+                       "' (value '", value, "') is empty or holds '=': not a name a rank could read");
   LIBCOMM_ASSIGN_OR_RETURN(std::string program, findProgram(options.argv[0]));
   const Deadline deadline = Deadline::after(options.timeout);
 

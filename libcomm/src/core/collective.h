@@ -25,6 +25,11 @@ struct CollArgs {
   ReduceOptions reduce;
   int root = -1;
   bool inPlace = false;
+  /// Calls this rank refused before this one (mod 2^16), set when it takes its sequence number:
+  /// part of the fingerprint, so that a call refused on some ranks and run on others (every later
+  /// call then pairs with the peers' previous one) fails at the next collective instead of
+  /// pairing calls wrongly.
+  uint16_t refusedBefore = 0;
 
   /// Elements of the input each rank exposes to its peers, and how many "parts" it has: a
   /// reduce_scatter input is `size` parts of `count` elements, the others one part.

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -154,6 +155,14 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   void disconnectInTurn(const Status& why, uint32_t seq);
 
   std::atomic<uint32_t> nextSeq_{0};
+  // Calls refused before taking a sequence number (bad arguments, another thread inside a call),
+  // and the last one's message (under errMu_): CollArgs::refusedBefore.
+  std::atomic<uint32_t> refusedCalls_{0};
+  std::string lastRefusal_;
+  // The thread inside submit(), if any: collectives are issued by one thread at a time.
+  std::atomic<std::thread::id> caller_{};
+  /// Counts `st` as a refused call (refusedCalls_) and returns it.
+  Status refuse(Status st);
   // Ordering and idle accounting are atomics, so a collective that finds its turn takes no lock;
   // only threads that must wait sleep on cv_ (counted in sleepers_, so that settle() takes mu_
   // only when someone sleeps).

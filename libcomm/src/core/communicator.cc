@@ -273,7 +273,16 @@ const CommConfig& Communicator::config() const { return impl_->config_; }
 
 Result<void*> Communicator::allocRegistered(size_t bytes) {
   LIBCOMM_RETURN_IF_ERROR(impl_->refuseInForkedChild("allocRegistered"));
-  return impl_->local_->allocate(bytes);
+  // x86-64 and AArch64 user address spaces are 128 TiB (47 bits) with 4-level page tables: a larger
+  // request cannot be mapped, and near SIZE_MAX the page rounding wrapped to nothing.
+  constexpr size_t kMaxBytes = size_t{1} << 47;
+  const std::string what = "rank " + std::to_string(impl_->rank_) + ": allocRegistered(" + std::to_string(bytes) +
+                           " bytes)";
+  if (bytes > kMaxBytes)
+    return makeError(StatusCode::kInvalidArgument, what, ": more than 128 TiB, which no process can map");
+  Result<void*> p = impl_->local_->allocate(bytes);
+  if (!p.isOk()) return p.status().withContext(what);
+  return p;
 }
 Status Communicator::freeRegistered(void* ptr) {
   LIBCOMM_RETURN_IF_ERROR(impl_->refuseInForkedChild("freeRegistered"));
@@ -313,6 +322,10 @@ Status Communicator::deregisterBuffer(void* ptr) {
   return device ? s : impl_->local_->deregisterRange(ptr);
 }
 bool Communicator::isRegistered(const void* ptr, size_t bytes) const {
+  // In a forked child the parent's threads may have held the registry's lock at the fork: the
+  // child's copy of it stays locked for good, and taking it would hang. Nothing is registered for
+  // a child (every other call refuses it).
+  if (impl_->inForkedChild()) return false;
   return impl_->local_->contains(ptr, bytes) || impl_->isRegisteredDevice(ptr, bytes);
 }
 

@@ -19,12 +19,64 @@
 
 namespace libcomm {
 
+namespace {
+
+// Holds a communicator's caller slot for the duration of one submit(): true otherThread() when
+// another thread is inside a call (a thread re-entering from inside an item of its own inline
+// stream is not another one: the stream refuses that itself).
+class CallerGuard {
+ public:
+  explicit CallerGuard(std::atomic<std::thread::id>& slot) : slot_(slot) {
+    std::thread::id owner;
+    const std::thread::id me = std::this_thread::get_id();
+    if (slot_.compare_exchange_strong(owner, me, std::memory_order_acquire))
+      owns_ = true;
+    else
+      other_ = owner != me;
+  }
+  ~CallerGuard() {
+    if (owns_) slot_.store(std::thread::id(), std::memory_order_release);
+  }
+  CallerGuard(const CallerGuard&) = delete;
+  CallerGuard& operator=(const CallerGuard&) = delete;
+  bool otherThread() const { return other_; }
+
+ private:
+  std::atomic<std::thread::id>& slot_;
+  bool owns_ = false;
+  bool other_ = false;
+};
+
+}  // namespace
+
+Status Communicator::Impl::refuse(Status st) {
+  refusedCalls_.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(errMu_);
+  lastRefusal_ = st.message();
+  return st;
+}
+
 Status Communicator::Impl::submit(CollArgs args, Stream& stream) {
   if (inForkedChild()) return refuseInForkedChild(collName(args.kind));
-  // A refused call takes no sequence number; its errors name the one it would have had.
+  // Two threads at once would interleave taking sequence numbers and enqueueing (a later number
+  // could reach a shared stream first and wait there for the earlier one until its timeout), and
+  // their calls would reach each rank in whatever order the threads ran: no order every rank
+  // shares. Refused, as arguments are.
+  const CallerGuard caller(caller_);
+  if (caller.otherThread())
+    return refuse(makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", collName(args.kind), " (next seq ",
+                            nextSeq_.load() + 1,
+                            ") called while another thread is inside a collective call on this communicator: "
+                            "issue a communicator's collectives from one thread at a time, in the same order on "
+                            "every rank"));
+  // A refused call takes no sequence number; its errors name the one it would have had. Each is
+  // counted (CollArgs::refusedBefore), so that a call one rank refused and the others ran fails the
+  // next collective on every rank instead of pairing every later call with the peers' previous one.
   if (Status v = validateColl(&args, rank_, size_); !v.isOk())
-    return makeError(v.code(), v.message(), " (next seq ", nextSeq_.load() + 1, ")");
-  LIBCOMM_ASSIGN_OR_RETURN(const bool onDevice, checkMemory(args, stream));
+    return refuse(makeError(v.code(), v.message(), " (next seq ", nextSeq_.load() + 1, ")"));
+  Result<bool> memory = checkMemory(args, stream);
+  if (!memory.isOk()) return refuse(memory.status());
+  const bool onDevice = *memory;
   if (finalized_.load(std::memory_order_relaxed))
     return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", collName(args.kind), " (next seq ",
                      nextSeq_.load() + 1, ") refused: the communicator was finalized");
@@ -33,6 +85,7 @@ Status Communicator::Impl::submit(CollArgs args, Stream& stream) {
     return Status(err.code(), "rank " + std::to_string(rank_) + ": " + collName(args.kind) +
                                   " refused: the communicator failed earlier: " + err.message());
   const uint32_t seq = nextSeq_.fetch_add(1) + 1;
+  args.refusedBefore = static_cast<uint16_t>(refusedCalls_.load(std::memory_order_relaxed));
   inflight_.fetch_add(1);
   flight_->enqueued(args, seq, stream.name(), size_);
   if (onDevice) {
@@ -301,6 +354,7 @@ shm::OpDescriptor Communicator::Impl::describeOp(const CollArgs& args, uint32_t 
   d.scale = args.reduce.scale;
   d.inPlace = args.inPlace;
   d.algoSetting = algoSettingCode(config_);
+  d.refused = args.refusedBefore;
   return d;
 }
 
@@ -319,7 +373,7 @@ Status Communicator::Impl::compareFingerprint(const CollArgs& args, uint32_t seq
   // The kind, count, type and (broadcast) root decide how much of a peer's memory is read and
   // whose; the algorithm settings decide how: always checked.
   bool differs = o.kind != me.kind || o.count != me.count || o.inType != me.inType || o.eager != me.eager ||
-                 o.algo != me.algo || o.algoSetting != me.algoSetting ||
+                 o.algo != me.algo || o.algoSetting != me.algoSetting || o.refused != me.refused ||
                  (me.kind == static_cast<uint8_t>(CollKind::kBroadcast) && o.root != me.root);
   if (config_.checkMismatch)
     differs = differs || o.outType != me.outType || o.redOp != me.redOp || o.root != me.root ||
@@ -354,6 +408,18 @@ Status Communicator::Impl::compareFingerprint(const CollArgs& args, uint32_t seq
   if (me.redOp == static_cast<uint8_t>(ReduceOp::kPremulSum) && o.redOp == me.redOp && o.scale != me.scale)
     scales = " (premulSum scale " + std::to_string(me.scale) + " here, " + std::to_string(o.scale) + " on rank " +
              std::to_string(p) + ")";
+  if (o.refused != me.refused) {
+    std::string last;
+    {
+      std::lock_guard<std::mutex> lock(errMu_);
+      last = lastRefusal_;
+    }
+    scales = " (rank " + std::to_string(rank_) + " had " + std::to_string(me.refused) + " and rank " +
+             std::to_string(p) + " " + std::to_string(o.refused) +
+             " calls refused before this one: a call that some ranks refused and others ran pairs every later "
+             "call with another rank's previous one, so the ranks' calls no longer match" +
+             (last.empty() ? std::string() : "; this rank's last refused call: " + last) + ")";
+  }
   return makeError(StatusCode::kInvalidUsage, "collective mismatch at seq ", seq, ": rank ", rank_, " called ",
                    describeColl(args, seq), " but rank ", p, " called ", describeColl(theirs, seq), scales,
                    "; all ranks must call the same collectives in the same order with matching arguments");

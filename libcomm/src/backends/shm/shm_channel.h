@@ -32,6 +32,7 @@ struct OpDescriptor {
   uint8_t redOp = 0;       // ReduceOp
   int32_t root = -1;
   uint8_t algoSetting = 0;  // LIBCOMM_ALGO for host memory (selector.h algoSettingCode): must agree
+  uint16_t refused = 0;     // CollArgs::refusedBefore: must agree
   uint64_t count = 0;
   float scale = 1.0f;
   uint8_t inPlace = 0;
@@ -60,7 +61,7 @@ static_assert(sizeof(OpDescriptor) <= 56, "a post slot must stay one cache line"
 
 struct alignas(64) ControlBlock {
   static constexpr uint64_t kMagic = 0x53484152444d4d31ull;  // "SHARDMM1"
-  static constexpr uint32_t kVersion = 3;
+  static constexpr uint32_t kVersion = 4;
 
   uint64_t magic;
   uint32_t version;
