@@ -937,6 +937,38 @@ TEST(CommErrors, ASecondThreadInsideACollectiveCallIsRefused) {
   EXPECT_RANKS_OK(report);
 }
 
+// A peer that ended its communicator cleanly (finalize, or destroyed it with nothing in flight)
+// is named as such at once: its peers' next collective used to wait the whole op timeout and then
+// call it "alive but has not reached this collective" (found by a review).
+TEST(CommErrors, APeerThatEndedItsCommunicatorIsNamedAtOnce) {
+  for (const bool destroy : {false, true}) {
+    RunOptions opts;
+    opts.size = 2;
+    auto report = runRanks(opts, [destroy](RankContext& ctx) -> Status {
+      LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
+      auto s = libcomm::createInlineHostStream("ended");
+      std::vector<float> a(4, 1.0f), b(8);
+      LIBCOMM_RETURN_IF_ERROR(comm->allGather(a.data(), b.data(), 4, DataType::kFloat32, *s));  // seq 1
+      if (ctx.rank == 1) {
+        if (destroy) {
+          comm.reset();
+          return Status::ok();
+        }
+        return comm->finalize(std::chrono::milliseconds(5000));
+      }
+      const auto start = std::chrono::steady_clock::now();
+      const Status st = comm->allGather(a.data(), b.data(), 4, DataType::kFloat32, *s);  // seq 2
+      if (std::chrono::steady_clock::now() - start > std::chrono::milliseconds(2500))  // the op timeout is 3 s
+        return libcomm::makeError(StatusCode::kInternalError, "seq 2 waited until its deadline: ", st.toString());
+      return expectStatus(st, StatusCode::kRemoteError,
+                          {"rank 0: peer rank 1 ended its communicator (finalize, or destroyed it) after seq 1",
+                           "all_gather seq 2"},
+                          destroy ? "after a destroy" : "after finalize");
+    });
+    EXPECT_RANKS_OK(report);
+  }
+}
+
 // A refused call names the sequence number it would have had.
 TEST(CommErrors, ArgumentErrorsNameTheNextSequenceNumber) {
   RunOptions opts;

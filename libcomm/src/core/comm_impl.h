@@ -65,6 +65,9 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   void settle(uint32_t seq);
   Status asyncError() const;
   void abort(const std::string& why);
+  /// Tells this host's peers that this rank's communicator ended cleanly (Channel::markClosed):
+  /// after finalize, or a destruction with nothing in flight.
+  void markClosed();
   /// Waits until no collective is queued or running; false at the deadline.
   bool waitIdle(Deadline deadline);
 

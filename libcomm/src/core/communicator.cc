@@ -185,6 +185,11 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   return impl;
 }
 
+void Communicator::Impl::markClosed() {
+  // A failed communicator has told its peers already, with the reason.
+  if (!failed_.load() && channel_) channel_->markClosed(nextSeq_.load());
+}
+
 Communicator::Impl::~Impl() {
   if (nccl_) {
     Status s = nccl_->destroy(Deadline::after(std::min<Milliseconds>(config_.opTimeout, Milliseconds(10000))));
@@ -245,14 +250,19 @@ Communicator::~Communicator() {
     LIBCOMM_LOG(kWarn, "init") << "rank " << impl_->rank_
                                << ": communicator destroyed with collectives still queued; aborting them";
     impl_->abort("communicator destroyed with collectives still queued");
+    return;
   }
+  impl_->markClosed();
 }
 
 Status Communicator::finalize(Milliseconds timeout) {
   LIBCOMM_RETURN_IF_ERROR(impl_->refuseInForkedChild("finalize"));
   impl_->finalized_.store(true);
   const Clock::time_point start = Clock::now();
-  if (impl_->waitIdle(Deadline::after(timeout))) return impl_->asyncError();
+  if (impl_->waitIdle(Deadline::after(timeout))) {
+    impl_->markClosed();
+    return impl_->asyncError();
+  }
   const int left = impl_->inflight();
   const uint32_t next = impl_->lastExecuted() + 1;
   const std::string why = "finalize() found " + std::to_string(left) + " collective(s) unfinished after " +

@@ -76,6 +76,8 @@ Result<std::unique_ptr<Channel>> Channel::create(const std::string& prefix, int 
   cb->waiters.store(0);
   for (auto& c : cb->counters) c.store(0);
   cb->failed.store(0);
+  cb->closed.store(0);
+  cb->closedAfter.store(0);
   cb->failReason[0] = '\0';
   std::atomic_thread_fence(std::memory_order_seq_cst);
   // The magic goes last: a peer that maps the block early sees it incomplete, not half-written.
@@ -157,6 +159,13 @@ Status Channel::peerFailure(int peer, const WaitContext& ctx, const char* phase)
                    " (", phase, "): ", reason.empty() ? "no reason given" : reason);
 }
 
+Status Channel::peerClosed(int peer, const WaitContext& ctx, const char* phase) const {
+  return makeError(StatusCode::kRemoteError, "rank ", name(rank_), ": peer rank ", name(peer),
+                   " ended its communicator (finalize, or destroyed it) after seq ",
+                   blocks_[peer]->closedAfter.load(std::memory_order_relaxed), ", so it takes no part in ",
+                   ctx.op.str(), " (", phase, "); every rank must make the same collective calls before ending");
+}
+
 Status Channel::waitCounter(int peer, Counter c, uint32_t target, const WaitContext& ctx, const char* phase) {
   return waitWord(peer, blocks_[peer]->counters[static_cast<int>(c)], target, ctx, phase, counterName(c));
 }
@@ -173,7 +182,10 @@ Status Channel::waitWord(int peer, const std::atomic<uint32_t>& word, uint32_t t
       [&] {
         return seqReached(word.load(std::memory_order_acquire), target) ? hostwait::Poll::kDone : hostwait::Poll::kAgain;
       },
-      [&] { return cb.failed.load(std::memory_order_relaxed) != 0 || aborted(); });
+      [&] {
+        return cb.failed.load(std::memory_order_relaxed) != 0 || cb.closed.load(std::memory_order_relaxed) != 0 ||
+               aborted();
+      });
   if (polled == hostwait::Poll::kDone) return Status::ok();
 
   const Deadline deadline = ctx.deadline.get();
@@ -182,7 +194,7 @@ Status Channel::waitWord(int peer, const std::atomic<uint32_t>& word, uint32_t t
     cb.waiters.fetch_add(1, std::memory_order_seq_cst);
     uint32_t bell = cb.bell.load(std::memory_order_seq_cst);
     bool ready = seqReached(word.load(std::memory_order_acquire), target);
-    bool stop = ready || cb.failed.load() != 0 || aborted() || deadline.expired();
+    bool stop = ready || cb.failed.load() != 0 || cb.closed.load() != 0 || aborted() || deadline.expired();
     if (!stop) {
       auto slice = std::min<std::chrono::nanoseconds>(kSleepSlice, deadline.at() - Clock::now());
       if (slice.count() > 0) futexWait(&cb.bell, bell, slice);
@@ -191,6 +203,10 @@ Status Channel::waitWord(int peer, const std::atomic<uint32_t>& word, uint32_t t
 
     if (seqReached(word.load(std::memory_order_acquire), target)) return Status::ok();
     if (cb.failed.load(std::memory_order_acquire) != 0) return peerFailure(peer, ctx, phase);
+    // Every word of the collectives it completed was published before it closed: one not reached
+    // now never will be.
+    if (cb.closed.load(std::memory_order_acquire) != 0 && !seqReached(word.load(std::memory_order_acquire), target))
+      return peerClosed(peer, ctx, phase);
     if (aborted())
       return makeError(StatusCode::kRemoteError, "rank ", name(rank_), ": communicator aborted during ", ctx.op.str());
     if (deadline.expired()) {
@@ -231,6 +247,13 @@ void Channel::markFailed(const std::string& reason) {
     cb.failReason[n] = '\0';
     cb.failed.store(1, std::memory_order_release);
   }
+  wakeAll();
+}
+
+void Channel::markClosed(uint32_t lastSeq) {
+  ControlBlock& cb = mine();
+  cb.closedAfter.store(lastSeq, std::memory_order_relaxed);
+  cb.closed.store(1, std::memory_order_release);
   wakeAll();
 }
 

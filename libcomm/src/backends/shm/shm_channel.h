@@ -79,7 +79,11 @@ struct alignas(64) ControlBlock {
   std::atomic<uint32_t> waiters;
   alignas(64) std::atomic<uint32_t> counters[4];  // indexed by Counter
   alignas(64) std::atomic<uint32_t> failed;        // non-zero: this rank failed or aborted
-  char failReason[480];
+  // Non-zero: this rank ended its communicator cleanly (finalize, or destroyed with nothing in
+  // flight) once collective closedAfter was complete; it takes part in no later one.
+  std::atomic<uint32_t> closed;
+  std::atomic<uint32_t> closedAfter;
+  char failReason[472];
   // Two post slots, used by sequence parity: a rank writes post[s % 2] for collective s while a
   // slower peer may still read post[(s - 1) % 2]; nobody can still read post[(s - 2) % 2], since
   // every peer posted s - 1 (which this rank saw) only after finishing s - 2.
@@ -162,6 +166,10 @@ class Channel {
   void markFailed(const std::string& reason);
   /// Local abort: pending and future waits fail at once.
   void abort();
+  /// Marks this rank's communicator ended cleanly after collective `lastSeq` (every word of it
+  /// published): a peer waiting for a later one fails at once, saying so, instead of at its
+  /// deadline as for a rank "alive but not there yet".
+  void markClosed(uint32_t lastSeq);
   bool aborted() const { return aborted_.load(std::memory_order_acquire); }
 
  private:
@@ -172,6 +180,7 @@ class Channel {
   Status waitWord(int peer, const std::atomic<uint32_t>& word, uint32_t target, const WaitContext& ctx,
                   const char* phase, const char* wordName);
   Status peerFailure(int peer, const WaitContext& ctx, const char* phase) const;
+  Status peerClosed(int peer, const WaitContext& ctx, const char* phase) const;
   /// After a timeout: the peers whose word at `offset` in their control block has not reached
   /// `target` ("1, 3"), so the message names every straggler, not only the one waited on.
   std::string notReached(size_t offset, uint32_t target) const;
