@@ -220,6 +220,13 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool bloc
       outcome = FlightState::kSkipped;
     } else {
       st = run(args, seq, deadline, blocking, device);
+      // Aborted under it (abort(), a communicator destroyed or finalized with this one queued):
+      // the channels' waits say only "aborted"; the abort's reason is the communicator's error.
+      if (!st.isOk() && (channel_->aborted() || (cross_ && cross_->channel->aborted()))) {
+        const Status cause = asyncError();
+        if (!cause.isOk() && st.message().find(cause.message()) == std::string::npos)
+          st = Status(st.code(), st.message() + " (" + cause.message() + ")");
+      }
       // Between collectives: no host collective of this communicator reads peer memory now.
       if (st.isOk()) {
         peers_->dropFreed();
