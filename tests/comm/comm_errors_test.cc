@@ -285,7 +285,7 @@ TEST_P(CommFailures, ACallOneRankRefusedFailsTheNextCollectiveOnEveryRank) {
     LIBCOMM_RETURN_IF_ERROR(comm->allGather(a.data(), b.data(), 8, DataType::kFloat32, *s));  // seq 1, everywhere
     if (ctx.rank == 1)
       LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allGather(nullptr, b.data(), 8, DataType::kFloat32, *s),
-                                           StatusCode::kInvalidArgument, {"(next seq 2)"}, "refused call"));
+                                           StatusCode::kInvalidArgument, {"(next seq 2; unless every rank refused this call too"}, "refused call"));
     LIBCOMM_RETURN_IF_ERROR(comm->allGather(a.data(), b.data(), 8, DataType::kFloat32, *s));  // seq 2
     const Status st = s->synchronize(libcomm::Deadline::after(std::chrono::seconds(20)));
     const std::vector<std::string> words =
@@ -981,7 +981,7 @@ TEST(CommErrors, ArgumentErrorsNameTheNextSequenceNumber) {
     std::vector<float> a(4, 1.f), b(4);
     LIBCOMM_RETURN_IF_ERROR(comm->allReduce(a.data(), b.data(), 4, DataType::kFloat32, {}, *s));
     LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allReduce(nullptr, b.data(), 4, DataType::kFloat32, {}, *s),
-                                         StatusCode::kInvalidArgument, {"rank 0", "all_reduce", "(next seq 2)"},
+                                         StatusCode::kInvalidArgument, {"rank 0", "all_reduce", "(next seq 2; unless every rank refused this call too, the next collective fails on every rank)"},
                                          "null send"));
     LIBCOMM_RETURN_IF_ERROR(comm->finalize(std::chrono::milliseconds(5000)));
     return expectStatus(comm->allReduce(a.data(), b.data(), 4, DataType::kFloat32, {}, *s),

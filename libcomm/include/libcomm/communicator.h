@@ -101,8 +101,11 @@ class Communicator {
   // so a communicator's collectives are issued by one thread at a time (a call made while another
   // thread is inside one is refused, kInvalidUsage). A refused call (bad arguments, that) takes no
   // sequence number and runs nowhere; when only some ranks refused it, the next collective fails on
-  // every rank naming the refusal (the ranks' calls no longer pair up). Ranks that all refuse the
-  // same call go on as if it had not been made.
+  // every rank naming the refusal (the ranks' calls no longer pair up) -- also when the refusing
+  // rank retried the call correctly: a refusal on some ranks only is not recoverable. Ranks that
+  // all refuse the same call go on as if it had not been made. Not on device memory across hosts
+  // (NCCL runs those calls with no descriptor exchange): there a call refused on one rank only
+  // leaves the ranks' calls paired wrongly, as NCCL itself would.
   // send and recv must be aligned to their element size (4 bytes for fp32, 2 for bf16), whatever
   // memory they lie in: a misaligned pointer is kInvalidArgument naming the rank, the collective
   // and the buffer (on a GPU it would fault and end the process's CUDA context). NCCL accepts

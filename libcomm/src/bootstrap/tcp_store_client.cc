@@ -110,8 +110,8 @@ Result<Frame> TcpStoreClient::call(MsgType type, const std::string& payload, Dea
     // say which process that is when known (a rank's peers see it as a lost store, not as a peer).
     Status failed = reply.status();
     if (failed.code() == StatusCode::kRemoteError && !hostName_.empty())
-      failed = failed.withContext("lost the tcp store, which " + hostName_ + " hosts (has " + hostName_ +
-                                  " exited?)");
+      failed = failed.withContext("lost the tcp store, which " + hostName_ + " hosts unless LIBCOMM_HOST_STORE " +
+                                  "placed it elsewhere (has " + hostName_ + " exited?)");
     // The connection is out of step (a reply may still be in flight) or gone: no later call can
     // trust it.
     broken_ = makeError(StatusCode::kRemoteError, "rank ", rank_, ": connection to tcp store ", address_,

@@ -63,6 +63,8 @@ Status Communicator::Impl::submit(CollArgs args, Stream& stream) {
   // their calls would reach each rank in whatever order the threads ran: no order every rank
   // shares. Refused, as arguments are.
   const CallerGuard caller(caller_);
+  // Read while holding the slot: a second thread refused from here on counts for the next call.
+  const uint32_t refusedBefore = refusedCalls_.load(std::memory_order_relaxed);
   if (caller.otherThread())
     return refuse(makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", collName(args.kind), " (next seq ",
                             nextSeq_.load() + 1,
@@ -73,7 +75,8 @@ Status Communicator::Impl::submit(CollArgs args, Stream& stream) {
   // counted (CollArgs::refusedBefore), so that a call one rank refused and the others ran fails the
   // next collective on every rank instead of pairing every later call with the peers' previous one.
   if (Status v = validateColl(&args, rank_, size_); !v.isOk())
-    return refuse(makeError(v.code(), v.message(), " (next seq ", nextSeq_.load() + 1, ")"));
+    return refuse(makeError(v.code(), v.message(), " (next seq ", nextSeq_.load() + 1,
+                            "; unless every rank refused this call too, the next collective fails on every rank)"));
   Result<bool> memory = checkMemory(args, stream);
   if (!memory.isOk()) return refuse(memory.status());
   const bool onDevice = *memory;
@@ -85,7 +88,7 @@ Status Communicator::Impl::submit(CollArgs args, Stream& stream) {
     return Status(err.code(), "rank " + std::to_string(rank_) + ": " + collName(args.kind) +
                                   " refused: the communicator failed earlier: " + err.message());
   const uint32_t seq = nextSeq_.fetch_add(1) + 1;
-  args.refusedBefore = static_cast<uint16_t>(refusedCalls_.load(std::memory_order_relaxed));
+  args.refusedBefore = static_cast<uint16_t>(refusedBefore);
   inflight_.fetch_add(1);
   flight_->enqueued(args, seq, stream.name(), size_);
   if (onDevice) {
