@@ -37,6 +37,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -620,8 +621,13 @@ TEST(TinyLmTrainThreads, AResumeWithOtherDataOrPrecisionIsRefused) {
   ASSERT_TRUE(point.isOk()) << point.status().toString();
   EXPECT_EQ(point->step, 2u);
   EXPECT_EQ(point->changed, "--micro-batches 1 -> 2, --lr 0.003 -> 0.25");
+  // onStart runs on every rank's thread: the record is taken under a lock.
+  std::mutex seenLock;
   std::string seen = "(not called)";
-  resume.onStart = [&seen](int, const libshard::ShardPlan&, const std::string& changes) { seen = changes; };
+  resume.onStart = [&](int, const libshard::ShardPlan&, const std::string& changes) {
+    std::lock_guard<std::mutex> hold(seenLock);
+    seen = changes;
+  };
   EXPECT_EQ(train(resume, 1, Mode::kThreads).firstStep, 2);
   EXPECT_EQ(seen, point->changed);
   // An older tinylm's record has the seed alone: only the seed is compared.
