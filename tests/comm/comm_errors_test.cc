@@ -942,12 +942,16 @@ TEST(CommErrors, ASecondThreadInsideACollectiveCallIsRefused) {
 // A peer that ended its communicator cleanly (finalize, or destroyed it with nothing in flight)
 // is named as such at once: its peers' next collective used to wait the whole op timeout and then
 // call it "alive but has not reached this collective" (found by a review).
-TEST(CommErrors, APeerThatEndedItsCommunicatorIsNamedAtOnce) {
+// On one host the peer's control block says it closed; across hosts its "ended" notice arrives
+// ahead of its endpoints' close.
+TEST_P(CommFailures, APeerThatEndedItsCommunicatorIsNamedAtOnce) {
+  const Placement placement = GetParam();
   for (const bool destroy : {false, true}) {
     RunOptions opts;
     opts.size = 2;
-    auto report = runRanks(opts, [destroy](RankContext& ctx) -> Status {
-      LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
+    auto report = runRanks(opts, [destroy, placement](RankContext& ctx) -> Status {
+      LIBCOMM_ASSIGN_OR_RETURN(auto comm,
+                               libcomm::Communicator::create(ctx.bootstrap, quickConfig(ctx.rank, placement)));
       auto s = libcomm::createInlineHostStream("ended");
       std::vector<float> a(4, 1.0f), b(8);
       LIBCOMM_RETURN_IF_ERROR(comm->allGather(a.data(), b.data(), 4, DataType::kFloat32, *s));  // seq 1

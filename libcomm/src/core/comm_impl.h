@@ -145,13 +145,17 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
       return PartialsType::kFloat32;
     return config_.reducePartials;
   }
-  /// `st` (an error of collective `seq`) with the cause a ring neighbour's failure notice gives,
-  /// where `st` is a wait that failed on a peer (kRemoteError, kTimeout); this rank's own findings
-  /// (kInvalidUsage, ...) are returned as they are.
-  Status explainWithNotices(Status st);
+  /// `st` (an error of collective `seq`, `op`) with the cause a UCX peer's notice gives (it failed,
+  /// or it ended its communicator before `seq`), where `st` is a wait that failed on a peer
+  /// (kRemoteError, kTimeout); this rank's own findings (kInvalidUsage, ...) are returned as they are.
+  Status explainWithNotices(Status st, uint32_t seq, const OpLabel& op);
   /// After this rank failed with `why`: tells its ring neighbours, then closes its UCX endpoints
   /// (once), so its peers stop waiting for it. On the thread that runs collectives.
   void disconnectAcrossHosts(const Status& why);
+  /// When this rank ends its communicator cleanly after collective `lastSeq` (nothing in flight):
+  /// tells its UCX peers so (a kEnded notice), once, so that a peer waiting for it in a later
+  /// collective says so instead of "lost". Bounded (kNoticeSendBound); on the caller's thread.
+  void announceEndAcrossHosts(uint32_t lastSeq);
   /// disconnectAcrossHosts once collective seq has its turn on the channel (waits for it, or for
   /// another collective to have done it, until one op timeout after the communicator's first
   /// failure; gives up silently after).

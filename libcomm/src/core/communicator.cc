@@ -187,7 +187,10 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
 
 void Communicator::Impl::markClosed() {
   // A failed communicator has told its peers already, with the reason.
-  if (!failed_.load() && channel_) channel_->markClosed(nextSeq_.load());
+  if (failed_.load()) return;
+  const uint32_t lastSeq = nextSeq_.load();
+  if (channel_) channel_->markClosed(lastSeq);
+  if (cross_) announceEndAcrossHosts(lastSeq);
 }
 
 Communicator::Impl::~Impl() {

@@ -19,7 +19,9 @@
 // is pending (a
 // receive left pending could still write into the caller's buffer) and force-closes its endpoints.
 // Its neighbours' waits then fail at once; they read the notice, so their errors carry the cause,
-// and pass it on around the ring the same way.
+// and pass it on around the ring the same way. A rank that ends its communicator cleanly sends an
+// "ended after seq N" notice the same way before its endpoints close: a peer still waiting for it
+// in a later collective names that, not a lost peer.
 
 #include "core/cross_host.h"
 
@@ -166,7 +168,7 @@ Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, const std::v
 
 Status Communicator::Impl::runAcrossHosts(const CollArgs& args, uint32_t seq, const WaitContext& wait) {
   Status st = runRing(args, seq, wait);
-  return st.isOk() ? st : withStragglers(explainWithNotices(std::move(st)), seq);
+  return st.isOk() ? st : withStragglers(explainWithNotices(std::move(st), seq, wait.op), seq);
 }
 
 void Communicator::Impl::openProgressBoard(Bootstrap& bootstrap, const std::string& commId, Deadline deadline) {
@@ -195,7 +197,7 @@ Status Communicator::Impl::withStragglers(Status st, uint32_t seq) {
   return Status(st.code(), st.message() + "; " + board_->stragglers(seq, cap));
 }
 
-Status Communicator::Impl::explainWithNotices(Status st) {
+Status Communicator::Impl::explainWithNotices(Status st, uint32_t seq, const OpLabel& op) {
   // An error this rank found itself (a mismatch, a refused setting, a bug) is the cause as far as
   // it knows: a peer's notice that arrived meanwhile is often the same fault seen from the other
   // side (both neighbours of a mismatched rank detect it), and would turn the caller's invalid
@@ -207,13 +209,25 @@ Status Communicator::Impl::explainWithNotices(Status st) {
   for (;;) {
     bool anyLost = false;
     for (auto& slot : cross_->notices) {
-      if (!slot->request.valid()) continue;
-      Result<bool> arrived = ch.test(slot->request);
-      if (arrived.isOk() && *arrived) {
-        slot->text.back() = '\0';
-        LIBCOMM_LOG(kDebug, "coll") << "rank " << rank_ << ": failure notice from rank " << slot->from
-                                    << " explains: " << st.toString();
-        return makeError(StatusCode::kRemoteError, "rank ", rank_, ": rank ", slot->from, " failed: ", slot->text.data());
+      if (!slot->arrived && slot->request.valid()) {
+        Result<bool> arrived = ch.test(slot->request);
+        slot->arrived = arrived.isOk() && *arrived;
+        if (slot->arrived) slot->text.back() = '\0';
+      }
+      if (slot->arrived) {
+        const char* text = slot->text.data() + 1;
+        if (slot->text[0] == CrossHost::kFailed) {
+          LIBCOMM_LOG(kDebug, "coll") << "rank " << rank_ << ": failure notice from rank " << slot->from
+                                      << " explains: " << st.toString();
+          return makeError(StatusCode::kRemoteError, "rank ", rank_, ": rank ", slot->from, " failed: ", text);
+        }
+        // kEnded: the peer completed every collective up to its last; one after that it never joins.
+        const unsigned long last = strtoul(text, nullptr, 10);
+        if (slot->text[0] == CrossHost::kEnded && !shm::seqReached(static_cast<uint32_t>(last), seq))
+          return makeError(StatusCode::kRemoteError, "rank ", rank_, ": peer rank ", slot->from,
+                           " ended its communicator (finalize, or destroyed it) after seq ", last,
+                           ", so it takes no part in ", op.str(),
+                           "; every rank must make the same collective calls before ending");
       }
       anyLost = anyLost || ch.peerLost(slot->from);
     }
@@ -224,6 +238,44 @@ Status Communicator::Impl::explainWithNotices(Status st) {
   }
 }
 
+namespace {
+
+// Posts `text` (kind byte first) as a control message to every notice peer not lost, then polls
+// the sends until they left or kNoticeSendBound passed. Polled, not waited for: after abort() a
+// wait fails at once. A notice to a lost peer fails its test; one to a stopped peer, the bound.
+void sendNotices(ucx::Channel& ch, const CrossHost& cross, const std::array<char, CrossHost::kNoticeBytes>& text,
+                 int rank) {
+  std::vector<ucx::Request> sends;
+  for (const auto& slot : cross.notices) {
+    if (ch.peerLost(slot->from)) continue;
+    auto r = ch.postControlSend(slot->from, kNoticeTag, text.data(), text.size());
+    if (r.isOk()) sends.push_back(*r);
+  }
+  const Deadline bound = Deadline::after(kNoticeSendBound);
+  for (ucx::Request& r : sends) {
+    while (r.valid()) {
+      Result<bool> sent = ch.test(r);
+      if (!sent.isOk()) {
+        LIBCOMM_LOG(kDebug, "coll") << "rank " << rank << ": notice: " << sent.status().toString();
+        break;
+      }
+      if (*sent || bound.expired()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+}
+
+}  // namespace
+
+void Communicator::Impl::announceEndAcrossHosts(uint32_t lastSeq) {
+  if (!cross_ || cross_->ended || cross_->disconnected.load()) return;
+  cross_->ended = true;
+  std::array<char, CrossHost::kNoticeBytes> text{};
+  text[0] = CrossHost::kEnded;
+  snprintf(text.data() + 1, text.size() - 1, "%u", lastSeq);
+  sendNotices(*cross_->channel, *cross_, text, rank_);
+}
+
 void Communicator::Impl::disconnectAcrossHosts(const Status& why) {
   if (!cross_ || cross_->disconnected.load()) return;
   ucx::Channel& ch = *cross_->channel;
@@ -231,27 +283,10 @@ void Communicator::Impl::disconnectAcrossHosts(const Status& why) {
   // abort made a wait fail), else this one, cut to the notice's size.
   const Status first = asyncError();
   std::array<char, CrossHost::kNoticeBytes> text{};
-  strncpy(text.data(), (first.isOk() ? why : first).message().c_str(), text.size() - 1);
-  std::vector<ucx::Request> sends;
-  for (const auto& slot : cross_->notices) {
-    if (ch.peerLost(slot->from)) continue;
-    auto r = ch.postControlSend(slot->from, kNoticeTag, text.data(), text.size());
-    if (r.isOk()) sends.push_back(*r);
-  }
-  // Polled, not waited for: after abort() a wait fails at once, and the notice is all an aborting
-  // rank has left to say. A notice to a lost peer fails its test; one to a stopped peer, the bound.
-  const Deadline bound = Deadline::after(kNoticeSendBound);
-  for (ucx::Request& r : sends) {
-    while (r.valid()) {
-      Result<bool> sent = ch.test(r);
-      if (!sent.isOk()) {
-        LIBCOMM_LOG(kDebug, "coll") << "rank " << rank_ << ": failure notice: " << sent.status().toString();
-        break;
-      }
-      if (*sent || bound.expired()) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  }
+  text[0] = CrossHost::kFailed;
+  strncpy(text.data() + 1, (first.isOk() ? why : first).message().c_str(), text.size() - 2);
+  // After abort() the notice is all an aborting rank has left to say.
+  sendNotices(ch, *cross_, text, rank_);
   Status st = ch.disconnect(Deadline::after(std::chrono::seconds(2)));
   if (!st.isOk()) LIBCOMM_LOG(kWarn, "coll") << "rank " << rank_ << ": closing the UCX endpoints: " << st.toString();
   // Last: a collective that sees it stops waiting for its turn and leaves the channel alone.

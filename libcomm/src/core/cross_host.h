@@ -18,13 +18,19 @@
 namespace libcomm {
 
 struct CrossHost {
-  /// A failure notice: the error that made a rank give up on the communicator, sent to its UCX
-  /// peers just before it closes its endpoints, so that their errors carry the cause (and not
-  /// only "rank p was lost"). Fixed size: a UCX receive takes exactly the bytes it was posted for.
+  /// A notice a rank sends its UCX peers just before it closes its endpoints, so that their errors
+  /// carry the cause (and not only "rank p was lost"): the first byte is its kind, the rest text.
+  ///   kFailed: the error that made the rank give up on the communicator;
+  ///   kEnded:  the rank ended its communicator cleanly (finalize, or destroyed with nothing in
+  ///            flight) after the collective whose seq follows in decimal: it takes part in no
+  ///            later one (across hosts what shared memory's ControlBlock::closed says on a host).
+  /// Fixed size: a UCX receive takes exactly the bytes it was posted for.
   static constexpr size_t kNoticeBytes = 1024;
+  enum NoticeKind : char { kFailed = 'F', kEnded = 'E' };
   struct NoticeSlot {
     int from = -1;
     ucx::Request request;
+    bool arrived = false;  // the notice came (request reset then); one per peer and communicator
     std::array<char, kNoticeBytes> text{};
   };
 
@@ -60,6 +66,8 @@ struct CrossHost {
   // Set by the collective whose turn it is when it tells the peers this rank failed; read by
   // collectives waiting for their turn to do so (Impl::disconnectInTurn), which then need not.
   std::atomic<bool> disconnected{false};
+  // Set once this rank sent its kEnded notices (Impl::announceEndAcrossHosts).
+  bool ended = false;
 };
 
 }  // namespace libcomm
