@@ -13,9 +13,10 @@ namespace {
 using libcomm::Status;
 using libcomm::StatusCode;
 using libshard::LayerViews;
+using libshard::ConstTensorView;
 using libshard::TensorView;
 
-WeightView weightOf(const TensorView& v) {
+WeightView weightOf(const ConstTensorView& v) {
   return v.dtype == libcomm::DataType::kFloat32 ? WeightView::fp32(v.f32(), v.numel)
                                                 : WeightView::bf16(v.bf16(), v.numel);
 }

@@ -15,8 +15,8 @@ namespace libshard {
 using libcomm::Status;
 using libcomm::StatusCode;
 
-const TensorView* LayerViews::weight(std::string_view name) const {
-  for (const TensorView& v : weights)
+const ConstTensorView* LayerViews::weight(std::string_view name) const {
+  for (const ConstTensorView& v : weights)
     if (v.name == name) return &v;
   return nullptr;
 }

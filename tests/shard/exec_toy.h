@@ -197,7 +197,7 @@ inline Status checkGrads(const libshard::ShardPlan& plan, const libshard::ShardS
   return check(plan.resident);
 }
 
-inline float readElem(const libshard::TensorView& v, size_t i) {
+inline float readElem(const libshard::ConstTensorView& v, size_t i) {
   return v.f32() ? v.f32()[i] : libcomm::bf16ToFloat(v.bf16()[i]);
 }
 inline void addElem(const libshard::TensorView& v, size_t i, float x) {

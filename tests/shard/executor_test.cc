@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "exec_toy.h"
@@ -212,6 +213,16 @@ Status matrixBody(RankContext& ctx) {
   }
   return Status::ok();
 }
+
+// Weights are read only by type (the gather buffer is every use's); gradients are the trainer's
+// to write, and read as weights do.
+static_assert(std::is_same_v<decltype(std::declval<const libshard::ConstTensorView&>().f32()), const float*>);
+static_assert(std::is_same_v<decltype(std::declval<const libshard::ConstTensorView&>().bf16()), const uint16_t*>);
+static_assert(std::is_same_v<decltype(libshard::ConstTensorView::data), const void*>);
+static_assert(std::is_same_v<decltype(std::declval<const libshard::TensorView&>().f32()), float*>);
+static_assert(std::is_same_v<decltype(std::declval<libshard::LayerViews&>().weights[0]), libshard::ConstTensorView&>);
+static_assert(std::is_convertible_v<libshard::TensorView, libshard::ConstTensorView>);
+static_assert(!std::is_convertible_v<libshard::ConstTensorView, libshard::TensorView>);
 
 class ExecutorMatrix : public ::testing::TestWithParam<std::tuple<Mode, int>> {};
 

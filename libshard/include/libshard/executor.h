@@ -50,6 +50,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "libcomm/communicator.h"
@@ -66,19 +67,37 @@
 namespace libshard {
 
 /// A parameter (or its gradient) as the trainer sees it: flat, row-major, `numel` elements of
-/// `dtype` at `data`. Valid until the matching end hook.
-struct TensorView {
+/// `dtype` at `data`. Valid until the matching end hook. `Byte` says whether the trainer may write:
+/// `void` for gradients (TensorView), `const void` for weights (ConstTensorView: a gather buffer
+/// or the resident group, which every use of the layer reads and no hook writes back).
+template <typename Byte>
+struct BasicTensorView {
+  template <typename T>
+  using Elem = std::conditional_t<std::is_const_v<Byte>, const T, T>;
+
   std::string_view name;
   std::span<const int64_t> shape;
   ParamKind kind = ParamKind::kBlock;
   libcomm::DataType dtype = libcomm::DataType::kFloat32;
-  void* data = nullptr;
+  Byte* data = nullptr;
   size_t numel = 0;
 
   /// The data as fp32 / as bf16 bits; null when the dtype is the other one.
-  float* f32() const { return dtype == libcomm::DataType::kFloat32 ? static_cast<float*>(data) : nullptr; }
-  uint16_t* bf16() const { return dtype == libcomm::DataType::kBFloat16 ? static_cast<uint16_t*>(data) : nullptr; }
+  Elem<float>* f32() const {
+    return dtype == libcomm::DataType::kFloat32 ? static_cast<Elem<float>*>(data) : nullptr;
+  }
+  Elem<uint16_t>* bf16() const {
+    return dtype == libcomm::DataType::kBFloat16 ? static_cast<Elem<uint16_t>*>(data) : nullptr;
+  }
+  /// A writable view reads as a read-only one (never the other way).
+  operator BasicTensorView<const void>() const
+    requires(!std::is_const_v<Byte>)
+  {
+    return {name, shape, kind, dtype, data, numel};
+  }
 };
+using TensorView = BasicTensorView<void>;
+using ConstTensorView = BasicTensorView<const void>;
 
 /// What a begin hook hands out for one layer.
 struct LayerViews {
@@ -89,11 +108,11 @@ struct LayerViews {
   /// Backward of a checkpointed layer (plan.checkpointed): run its forward again first, from the
   /// input it kept, with the same weights.
   bool recompute = false;
-  /// The layer's parameters in ModelSpec order, in the compute type (read only). Norm parameters
+  /// The layer's parameters in ModelSpec order, in the compute type (read only, by type). Norm parameters
   /// point into the resident buffer, the others into the layer's gather buffer -- except in the
   /// backward of a layer that was not gathered for it (LayerSpec::backwardReadsWeights false and not
   /// checkpointed), where the non-norm ones have null data.
-  std::vector<TensorView> weights;
+  std::vector<ConstTensorView> weights;
   /// Backward only: the gradients, same order as `weights`. ADD this micro-batch's gradient into
   /// each view (+=). Non-norm views are in the compute type and hold zeros at beginBackward, so a
   /// trainer may also simply overwrite them; one it leaves alone contributes a zero gradient, never
@@ -101,7 +120,7 @@ struct LayerViews {
   std::vector<TensorView> grads;
 
   /// The view of the parameter called `name`, or null.
-  const TensorView* weight(std::string_view name) const;
+  const ConstTensorView* weight(std::string_view name) const;
   const TensorView* grad(std::string_view name) const;
 };
 
