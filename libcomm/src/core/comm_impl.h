@@ -74,6 +74,7 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   int rank_ = 0;
   int size_ = 1;
   CommConfig config_;
+  uint8_t algoSetting_ = 0;  // algoSettingCode(config_), in every descriptor: worked out once
   std::string prefix_;
   topology::HostGroups hosts_;
   /// How waits poll before sleeping: in collectives called on inline streams (blocking calls) and

@@ -61,6 +61,7 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   impl->size_ = bootstrap.size();
   impl->bootstrap_ = &bootstrap;
   impl->config_ = config;
+  impl->algoSetting_ = algoSettingCode(config);
   log::setThreadRank(impl->rank_);
   const Deadline deadline = Deadline::after(config.initTimeout);
   static std::once_flag sweepOnce;

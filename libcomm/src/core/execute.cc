@@ -363,7 +363,7 @@ shm::OpDescriptor Communicator::Impl::describeOp(const CollArgs& args, uint32_t 
   d.count = args.count;
   d.scale = args.reduce.scale;
   d.inPlace = args.inPlace;
-  d.algoSetting = algoSettingCode(config_);
+  d.algoSetting = algoSetting_;
   d.refused = args.refusedBefore;
   return d;
 }

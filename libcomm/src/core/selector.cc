@@ -1,6 +1,7 @@
 #include "core/selector.h"
 
 #include <sstream>
+#include <string_view>
 
 namespace libcomm {
 namespace {
@@ -28,6 +29,8 @@ const Rule kRules[] = {
 // LIBCOMM_ALGO=nccl chooses for device memory only: host collectives see no override.
 const std::string& hostAlgo(const CommConfig& config) {
   static const std::string none;
+  // Unset is the common case, and this runs on every collective: no compare then.
+  if (config.algo.empty()) return config.algo;
   return config.algo == "nccl" ? none : config.algo;
 }
 
@@ -64,7 +67,7 @@ const char* algoSettingName(uint8_t code) { return code == 0 ? "unset" : algoNam
 Result<bool> chooseEager(const SelectionQuery& q, const CommConfig& config) {
   const std::string& algo = hostAlgo(config);
   const bool fits = q.bytes <= config.eagerBytes;
-  if (algo == "eager" && !fits && q.kind != CollKind::kBarrier)
+  if (!fits && q.kind != CollKind::kBarrier && algo == "eager")
     return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=eager but the ", collName(q.kind), " input of ", q.bytes,
                      " bytes exceeds LIBCOMM_EAGER_BYTES=", config.eagerBytes);
   if (q.kind == CollKind::kBarrier) return true;
@@ -95,7 +98,7 @@ Result<Algo> selectAlgo(const SelectionQuery& q, const CommConfig& full, const c
   LIBCOMM_RETURN_IF_ERROR(checkAlgoPlacement(algo, 1, 0, 0));
   const Rule* chosen = nullptr;
   for (const Rule& r : kRules) {
-    std::string coll = r.collectives;
+    const std::string_view coll = r.collectives;
     if (coll != "*" && coll != collName(q.kind)) continue;
     if (!matches(r.registered, q.inputsRegistered) || !matches(r.inPlace, q.inPlace)) continue;
     chosen = &r;
