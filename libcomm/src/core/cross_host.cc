@@ -270,7 +270,7 @@ void sendNotices(ucx::Channel& ch, const CrossHost& cross, const std::array<char
 void Communicator::Impl::announceEndAcrossHosts(uint32_t lastSeq) {
   if (!cross_ || cross_->ended || cross_->disconnected.load()) return;
   cross_->ended = true;
-  std::array<char, CrossHost::kNoticeBytes> text{};
+  std::array<char, CrossHost::kNoticeBytes>& text = cross_->endedNotice;
   text[0] = CrossHost::kEnded;
   snprintf(text.data() + 1, text.size() - 1, "%u", lastSeq);
   sendNotices(*cross_->channel, *cross_, text, rank_);

@@ -39,6 +39,8 @@ struct CrossHost {
   // still posted, and the worker goes on progressing them (the failure notices, the drain) until
   // the channel closes. Stack or per-call buffers would be written after they are gone.
   std::vector<std::unique_ptr<NoticeSlot>> notices;  // one per UCX peer
+  std::array<char, kNoticeBytes> endedNotice{};       // what announceEndAcrossHosts sends (a send
+                                                      // may outlive its bound: a stopped peer)
   shm::OpDescriptor fingerprintOut{}, fingerprintIn{};  // the collective check with the ring neighbours
   float barrierOut = 0;
   std::vector<float> barrierIn;  // a barrier's all_gather of one value per rank (sized once)
