@@ -942,18 +942,19 @@ TEST(CommErrors, ASecondThreadInsideACollectiveCallIsRefused) {
 // A peer that ended its communicator cleanly (finalize, or destroyed it with nothing in flight)
 // is named as such at once: its peers' next collective used to wait the whole op timeout and then
 // call it "alive but has not reached this collective" (found by a review).
-// On one host the peer's control block says it closed; across hosts its "ended" notice arrives
-// ahead of its endpoints' close.
+// On one host the peer's control block says it closed; across hosts (three hosts: a ring where
+// rank 1 is a neighbour of both others) its "ended" notice arrives ahead of its endpoints' close,
+// or a neighbour's failure notice passes it on.
 TEST_P(CommFailures, APeerThatEndedItsCommunicatorIsNamedAtOnce) {
   const Placement placement = GetParam();
   for (const bool destroy : {false, true}) {
     RunOptions opts;
-    opts.size = 2;
+    opts.size = 3;
     auto report = runRanks(opts, [destroy, placement](RankContext& ctx) -> Status {
       LIBCOMM_ASSIGN_OR_RETURN(auto comm,
                                libcomm::Communicator::create(ctx.bootstrap, quickConfig(ctx.rank, placement)));
       auto s = libcomm::createInlineHostStream("ended");
-      std::vector<float> a(4, 1.0f), b(8);
+      std::vector<float> a(4, 1.0f), b(4 * static_cast<size_t>(ctx.size));
       LIBCOMM_RETURN_IF_ERROR(comm->allGather(a.data(), b.data(), 4, DataType::kFloat32, *s));  // seq 1
       if (ctx.rank == 1) {
         if (destroy) {
@@ -967,7 +968,8 @@ TEST_P(CommFailures, APeerThatEndedItsCommunicatorIsNamedAtOnce) {
       if (std::chrono::steady_clock::now() - start > std::chrono::milliseconds(2500))  // the op timeout is 3 s
         return libcomm::makeError(StatusCode::kInternalError, "seq 2 waited until its deadline: ", st.toString());
       return expectStatus(st, StatusCode::kRemoteError,
-                          {"rank 0: peer rank 1 ended its communicator (finalize, or destroyed it) after seq 1",
+                          {"rank " + std::to_string(ctx.rank) + ": ",
+                           "peer rank 1 ended its communicator (finalize, or destroyed it) after seq 1",
                            "all_gather seq 2"},
                           destroy ? "after a destroy" : "after finalize");
     });
