@@ -42,7 +42,7 @@ struct InitInfo {
   char prefix[192];
 };
 constexpr uint32_t kInitMagic = 0x53434f4d;  // "SCOM"
-constexpr uint32_t kInitVersion = 5;
+constexpr uint32_t kInitVersion = 6;  // 6: notices across hosts start with a kind byte
 
 }  // namespace
 

@@ -26,6 +26,8 @@
 #include "core/cross_host.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 

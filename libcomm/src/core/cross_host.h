@@ -18,7 +18,7 @@
 namespace libcomm {
 
 struct CrossHost {
-  /// A notice a rank sends its UCX peers just before it closes its endpoints, so that their errors
+  /// A notice a rank sends its UCX peers before it closes its endpoints, so that their errors
   /// carry the cause (and not only "rank p was lost"): the first byte is its kind, the rest text.
   ///   kFailed: the error that made the rank give up on the communicator;
   ///   kEnded:  the rank ended its communicator cleanly (finalize, or destroyed with nothing in

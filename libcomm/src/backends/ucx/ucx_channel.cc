@@ -382,20 +382,21 @@ void Channel::sleepOnWorker(std::chrono::milliseconds slice) {
   (void)poll(&pfd, 1, static_cast<int>(std::max<long long>(slice.count(), 1)));
 }
 
-bool Channel::progressUntilIdle(Deadline deadline, bool liveOnly) {
+bool Channel::progressUntilIdle(Deadline deadline, bool liveOnly, bool dataOnly) {
   for (;;) {
     progressAll();
-    if (pendingCount(liveOnly) == 0) return true;
+    if (pendingCount(liveOnly, dataOnly) == 0) return true;
     if (deadline.expired()) return false;
     sleepOnWorker(std::min<std::chrono::milliseconds>(std::chrono::milliseconds(5), deadline.remaining()));
   }
 }
 
-void Channel::cancelReceives() {
+void Channel::cancelReceives(bool includeControl) {
   // A tag receive belongs to the worker, not to an endpoint: a lost peer never completes it.
   // Cancelled, it completes with UCS_ERR_CANCELED (one already matched mid-rendezvous may not).
   for (const auto& s : slots_)
-    if (s->inUse && !s->done && s->isRecv && s->request) api().ucp_request_cancel(worker_, s->request);
+    if (s->inUse && !s->done && s->isRecv && s->request && (includeControl || !s->control))
+      api().ucp_request_cancel(worker_, s->request);
 }
 
 Status Channel::drain(Deadline deadline) {
@@ -548,18 +549,26 @@ Channel::~Channel() {
   // towards it never ends, PoC finding 8).
   std::vector<bool> force(size_, aborted() || timedOut_);
   if (pendingRequests() > 0) {
-    // The receives of failure notices are posted for the channel's whole life, so they are pending
-    // in every run: cancelled here, they do not force a close. Data still pending to or from a
-    // peer forces that peer's.
+    // The receives of notices are posted for the channel's whole life, so they are pending in
+    // every run: they do not force a close, and they stay posted while the endpoints close, so
+    // that a peer's "ended" notice arriving meanwhile still matches one (UCX warns about every
+    // message left unmatched). Data still pending to or from a peer, or a notice this rank could
+    // not deliver (a stopped peer), forces that peer's.
     for (const auto& s : slots_)
-      if (s->inUse && !s->done && !s->control) force[s->peer] = true;
-    cancelReceives();
-    (void)progressUntilIdle(Deadline::after(kCancelBound));
+      if (s->inUse && !s->done && (!s->control || !s->isRecv)) force[s->peer] = true;
+    cancelReceives(/*includeControl=*/false);
+    (void)progressUntilIdle(Deadline::after(kCancelBound), /*liveOnly=*/false, /*dataOnly=*/true);
   }
   const bool anyGraceful = std::any_of(peerList_.begin(), peerList_.end(), [&](int p) {
     return !force[p] && peers_[p]->failure == UCS_OK && !peers_[p]->closed;
   });
   const CloseCounts counts = closeEndpoints(force, Deadline::after(anyGraceful ? kGracefulCloseBound : kForceCloseBound));
+  // The endpoints are closed: no notice can arrive any more. The receives still posted for them
+  // are cancelled now, so that they go back to UCX before the worker does.
+  if (pendingRequests() > 0) {
+    cancelReceives();
+    (void)progressUntilIdle(Deadline::after(kCancelBound));
+  }
   gGracefulCloses.fetch_add(counts.graceful, std::memory_order_relaxed);
   gForcedCloses.fetch_add(counts.forced, std::memory_order_relaxed);
   for (const auto& s : slots_)

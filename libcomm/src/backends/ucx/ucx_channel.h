@@ -167,10 +167,11 @@ class Channel {
   Status lostPeerError(std::span<Request> requests, const WaitContext& ctx, const char* phase) const;
   Status timeoutError(std::span<Request> requests, const WaitContext& ctx, const char* phase) const;
   unsigned progressAll();
-  /// Progresses until no request is pending (with `liveOnly`, none of a peer not lost), or the
-  /// deadline: true when idle.
-  bool progressUntilIdle(Deadline deadline, bool liveOnly = false);
-  void cancelReceives();
+  /// Progresses until no request is pending (with `liveOnly`, none of a peer not lost; with
+  /// `dataOnly`, no data message), or the deadline: true when idle.
+  bool progressUntilIdle(Deadline deadline, bool liveOnly = false, bool dataOnly = false);
+  /// Cancels the pending receives (without `includeControl`, not the notices' receives).
+  void cancelReceives(bool includeControl = true);
   /// Requests not yet complete (with `liveOnly`, only those of peers not lost).
   /// Requests not complete; `liveOnly`: not to lost peers; `dataOnly`: no control messages.
   size_t pendingCount(bool liveOnly, bool dataOnly = false) const;
