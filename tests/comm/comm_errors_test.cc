@@ -895,6 +895,47 @@ TEST(CommErrors, BufferRunningPastItsRegisteredAllocationIsRefused) {
   EXPECT_RANKS_OK(report);
 }
 
+// The check above remembers where the last call's buffers lay (no lock or search per call): an
+// allocation made since (here in the address range remembered as outside every allocation) is
+// checked, a call that overruns the remembered allocation is still refused, and after a free and
+// a new, smaller allocation the new size counts.
+TEST(CommErrors, TheOverrunCheckSeesReallocatedBuffers) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
+    auto s = libcomm::createInlineHostStream("inline");
+    // Inputs small enough for the heap, far from the registered segments (an overrunning recv
+    // range must not reach them, or the overlap check answers first).
+    const size_t n = 1 << 14;  // floats in the first registered buffer
+    std::vector<float> in(n, 1.0f), plain(n / 2);
+    // Nothing allocated yet: the whole address space is remembered as outside every allocation.
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(in.data(), plain.data(), n / 4, DataType::kFloat32, *s));
+    LIBCOMM_ASSIGN_OR_RETURN(void* out, comm->allocRegistered(n * sizeof(float)));
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allGather(in.data(), out, n, DataType::kFloat32, *s),
+                                         StatusCode::kInvalidArgument, {"recv buffer", "65536 bytes left"},
+                                         "overrun of an allocation made since the last call"));
+    for (int i = 0; i < 3; ++i)  // remembered from the first call on
+      LIBCOMM_RETURN_IF_ERROR(comm->allGather(in.data(), out, n / 4, DataType::kFloat32, *s));
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allGather(in.data(), out, n, DataType::kFloat32, *s),
+                                         StatusCode::kInvalidArgument, {"recv buffer", "65536 bytes left"},
+                                         "overrun of the remembered allocation"));
+    LIBCOMM_RETURN_IF_ERROR(comm->freeRegistered(out));
+    LIBCOMM_ASSIGN_OR_RETURN(void* again, comm->allocRegistered(n / 4 * sizeof(float)));
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(in.data(), again, n / 8, DataType::kFloat32, *s));
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allGather(in.data(), again, n / 4, DataType::kFloat32, *s),
+                                         StatusCode::kInvalidArgument, {"recv buffer", "16384 bytes left"},
+                                         "overrun of the new, smaller allocation"));
+    // The send buffer moving between calls (remembered as outside every allocation) changes nothing.
+    std::vector<float> other(n / 8, 2.0f);
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(other.data(), again, n / 8, DataType::kFloat32, *s));
+    const float* got = static_cast<const float*>(again);
+    if (got[0] != 2.0f || got[n / 4 - 1] != 2.0f) return makeError(StatusCode::kInternalError, "wrong data");
+    return comm->freeRegistered(again);
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 // A second thread calling a collective while another is inside one on the same communicator is
 // refused at once: the two interleaved taking sequence numbers and enqueueing, and a later number
 // that reached a shared stream first waited there for the earlier one until its timeout (found by

@@ -53,8 +53,11 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   static Result<std::shared_ptr<Impl>> create(Bootstrap& bootstrap, const CommConfig& config);
   ~Impl();
 
-  /// Validates, assigns the next sequence number and enqueues. Called on the user's thread.
-  Status submit(CollArgs args, Stream& stream);
+  /// Validates (completing `args`: in place, refusals before), assigns the next sequence number
+  /// and enqueues. Called on the user's thread. By reference: a CollArgs passed by value was
+  /// copied through vector registers from fields just stored one by one, stalling on
+  /// store-forwarding on every call.
+  Status submit(CollArgs& args, Stream& stream);
   /// Runs collective `seq` (on the stream's thread), in sequence order. `blocking`: called on an
   /// inline stream (its waits follow blockingWait_, not progressWait_).
   Status execute(const CollArgs& args, uint32_t seq, bool blocking, const DeviceTarget* device = nullptr);
@@ -98,6 +101,9 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// Which memory a call uses, from its pointers and its stream: true for device memory on a CUDA
   /// stream, false for host memory on a host stream; kInvalidArgument for any mix (device_exec.cc).
   Result<bool> checkMemory(const CollArgs& args, const Stream& stream) const;
+  /// checkMemory's memo of where the last call's buffers lay (LocalMemory::bytesLeftIfOverrun);
+  /// used inside submit() only, under the caller slot.
+  mutable std::array<shm::LocalMemory::Region, 2> overrunMemo_{};
   /// Registered-memory calls for device pointers (device_exec.cc); `*handled` false for host ones.
   Status registerDevice(void* ptr, size_t bytes, bool* handled);
   Status deregisterDevice(void* ptr, bool* handled);

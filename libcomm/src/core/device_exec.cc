@@ -37,7 +37,7 @@ Result<bool> Communicator::Impl::checkMemory(const CollArgs& args, const Stream&
         args.count * (args.kind == CollKind::kAllGather ? static_cast<size_t>(size_) : 1) * dataTypeSize(args.outType);
     const std::array<shm::LocalMemory::Span, 2> spans{{{sends ? args.send : nullptr, inBytes},
                                                        {recvs ? args.recv : nullptr, outBytes}}};
-    const std::array<size_t, 2> left = local_->bytesLeftIfOverrun(spans);
+    const std::array<size_t, 2> left = local_->bytesLeftIfOverrun(spans, &overrunMemo_);
     for (size_t i = 0; i < spans.size(); ++i)
       if (left[i] != SIZE_MAX)
         return bad(i == 0 ? "send" : "recv", " buffer ", spans[i].ptr, " needs ", spans[i].bytes,

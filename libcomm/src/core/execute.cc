@@ -56,7 +56,7 @@ Status Communicator::Impl::refuse(Status st) {
   return st;
 }
 
-Status Communicator::Impl::submit(CollArgs args, Stream& stream) {
+Status Communicator::Impl::submit(CollArgs& args, Stream& stream) {
   if (inForkedChild()) return refuseInForkedChild(collName(args.kind));
   // Two threads at once would interleave taking sequence numbers and enqueueing (a later number
   // could reach a shared stream first and wait there for the earlier one until its timeout), and

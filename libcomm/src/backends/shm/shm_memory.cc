@@ -22,7 +22,7 @@ Result<void*> LocalMemory::allocate(size_t bytes) {
   void* p = seg.data();
   std::lock_guard<std::mutex> lock(mu_);
   allocations_.emplace(reinterpret_cast<uintptr_t>(p), Allocation{std::move(seg), id, bytes});
-  allocationCount_.store(allocations_.size(), std::memory_order_relaxed);
+  generation_.fetch_add(1, std::memory_order_release);
   return p;
 }
 
@@ -53,7 +53,7 @@ Status LocalMemory::free(void* ptr) {
   std::map<uintptr_t, Allocation>::iterator it;
   LIBCOMM_RETURN_IF_ERROR(checkFreeableLocked(ptr, &it));
   allocations_.erase(it);
-  allocationCount_.store(allocations_.size(), std::memory_order_relaxed);
+  generation_.fetch_add(1, std::memory_order_release);
   return Status::ok();
 }
 
@@ -105,16 +105,46 @@ bool LocalMemory::contains(const void* ptr, size_t bytes) const {
   return findLocked(ptr, bytes) != nullptr;
 }
 
-std::array<size_t, 2> LocalMemory::bytesLeftIfOverrun(const std::array<Span, 2>& spans) const {
+LocalMemory::Region LocalMemory::regionLocked(uintptr_t p) const {
+  Region r;
+  r.generation = generation_.load(std::memory_order_relaxed);
+  auto next = allocations_.upper_bound(p);
+  r.lo = 0;
+  r.hi = next == allocations_.end() ? UINTPTR_MAX : next->first;
+  if (next != allocations_.begin()) {
+    const auto& [base, a] = *std::prev(next);
+    if (p - base < a.bytes) {
+      r.inside = true;
+      r.lo = base;
+      r.hi = base + a.bytes;
+    } else {
+      r.lo = base + a.bytes;
+    }
+  }
+  return r;
+}
+
+std::array<size_t, 2> LocalMemory::bytesLeftIfOverrun(const std::array<Span, 2>& spans,
+                                                      std::array<Region, 2>* memo) const {
+  // An allocation or free racing this check concerns none of these spans (a buffer cannot be
+  // passed before its allocation returned, and freeing one in use is the caller's error), so a
+  // generation read before the check may serve for it.
+  const uint64_t generation = generation_.load(std::memory_order_acquire);
+  auto remembered = [&](size_t i) {
+    const auto p = reinterpret_cast<uintptr_t>(spans[i].ptr);
+    const Region& r = (*memo)[i];
+    return !spans[i].ptr || (r.generation == generation && p >= r.lo && p < r.hi);
+  };
+  if (!remembered(0) || !remembered(1)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < spans.size(); ++i)
+      if (spans[i].ptr) (*memo)[i] = regionLocked(reinterpret_cast<uintptr_t>(spans[i].ptr));
+  }
   std::array<size_t, 2> left{SIZE_MAX, SIZE_MAX};
-  if (allocationCount_.load(std::memory_order_relaxed) == 0) return left;
-  std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < spans.size(); ++i) {
-    if (!spans[i].ptr) continue;
-    size_t into = 0;
-    const Allocation* a = atOrBelowLocked(reinterpret_cast<uintptr_t>(spans[i].ptr), &into);
-    if (!a || into >= a->bytes) continue;  // not inside an allocation
-    if (spans[i].bytes > a->bytes - into) left[i] = a->bytes - into;
+    const Region& r = (*memo)[i];
+    const size_t fromHere = r.hi - reinterpret_cast<uintptr_t>(spans[i].ptr);
+    if (spans[i].ptr && r.inside && spans[i].bytes > fromHere) left[i] = fromHere;
   }
   return left;
 }

@@ -39,10 +39,20 @@ class LocalMemory {
     const void* ptr;
     size_t bytes;
   };
+  /// Where an address lies, as the allocations stood at `generation`: inside one allocation
+  /// [lo, hi) (hi: its end as asked), or in the gap [lo, hi) between two (inside false). The
+  /// default matches no address.
+  struct Region {
+    uint64_t generation = 0;
+    uintptr_t lo = 1, hi = 0;
+    bool inside = false;
+  };
   /// For each span that starts inside an allocation but runs past its end: how many bytes the
   /// allocation has from the span's start on (SIZE_MAX for the others: inside one, or outside all,
-  /// or null). Both under one lock, and none taken while nothing is allocated (a check per call).
-  std::array<size_t, 2> bytesLeftIfOverrun(const std::array<Span, 2>& spans) const;
+  /// or null). `memo` remembers the spans' regions between calls (one thread at a time per memo):
+  /// while no allocation came or went and each span starts in its remembered region, no lock is
+  /// taken and no map searched -- the case of a collective per call on the same buffers.
+  std::array<size_t, 2> bytesLeftIfOverrun(const std::array<Span, 2>& spans, std::array<Region, 2>* memo) const;
   /// The segment and offset of [ptr, ptr+bytes) when it lies inside one allocation.
   bool locate(const void* ptr, size_t bytes, Location* out) const;
   /// Name of segment `id` of rank `rank` of the communicator with this prefix.
@@ -64,13 +74,14 @@ class LocalMemory {
   /// The allocation with the highest base at or below `p` (nullptr when none), and `p`'s offset
   /// from that base in *into (which may lie past the allocation's end).
   const Allocation* atOrBelowLocked(uintptr_t p, size_t* into) const;
+  Region regionLocked(uintptr_t p) const;
 
   std::string prefix_;
   int rank_;
   mutable std::mutex mu_;
   uint32_t nextId_ = 1;
   std::map<uintptr_t, Allocation> allocations_;       // keyed by base address
-  std::atomic<size_t> allocationCount_{0};            // allocations_.size(), read without mu_
+  std::atomic<uint64_t> generation_{1};               // bumped under mu_ by every allocate and free
   std::map<uintptr_t, Registration> registrations_;   // keyed by registered pointer
 };
 
