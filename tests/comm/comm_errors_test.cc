@@ -1063,6 +1063,42 @@ TEST(CommErrors, NonFinitePremulSumScaleIsRefused) {
   EXPECT_RANKS_OK(report);
 }
 
+// A call repeating the last one's arguments skips the checks (a memo of the last call that passed
+// them): any argument that differs, down to the premulSum scale, makes them run again; a refused
+// call is refused again; an in-place call repeated stays in place.
+TEST(CommErrors, ARepeatedCallIsCheckedAgainWhenAnArgumentDiffers) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
+    auto s = libcomm::createInlineHostStream("repeat");
+    std::vector<float> a(16, 1.f), b(16);
+    libcomm::ReduceOptions o;
+    o.op = libcomm::ReduceOp::kPremulSum;
+    o.scale = 0.5f;
+    for (int i = 0; i < 2; ++i) LIBCOMM_RETURN_IF_ERROR(comm->allReduce(a.data(), b.data(), 16, DataType::kFloat32, o, *s));
+    if (b[0] != 1.0f) return makeError(StatusCode::kInternalError, "premulSum 0.5 of 2 ranks gave ", b[0]);
+    libcomm::ReduceOptions nan = o;
+    nan.scale = NAN;
+    for (int i = 0; i < 2; ++i)
+      LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allReduce(a.data(), b.data(), 16, DataType::kFloat32, nan, *s),
+                                           StatusCode::kInvalidArgument, {"scale", "not finite"}, "nan scale"));
+    // Each rank refused the same two calls: the next one runs.
+    LIBCOMM_RETURN_IF_ERROR(comm->allReduce(a.data(), b.data(), 16, DataType::kFloat32, o, *s));
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allReduce(a.data(), nullptr, 16, DataType::kFloat32, o, *s),
+                                         StatusCode::kInvalidArgument, {"recv buffer is null"}, "null recv"));
+    std::vector<float> g(8);
+    for (int i = 0; i < 3; ++i) {
+      g.assign(8, -1.f);
+      std::fill(g.begin() + 4 * ctx.rank, g.begin() + 4 * ctx.rank + 4, static_cast<float>(ctx.rank + 1));
+      LIBCOMM_RETURN_IF_ERROR(comm->allGather(g.data() + 4 * ctx.rank, g.data(), 4, DataType::kFloat32, *s));
+      if (g[0] != 1.f || g[7] != 2.f) return makeError(StatusCode::kInternalError, "in-place all_gather ", i, " wrong");
+    }
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 // A Bootstrap of the application's own that names a rank outside [0, size) is refused (SIGSEGV
 // with rank 1 of 1, a double free with size 0).
 struct OutOfRangeBootstrap : libcomm::Bootstrap {

@@ -104,6 +104,18 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// checkMemory's memo of where the last call's buffers lay (LocalMemory::bytesLeftIfOverrun);
   /// used inside submit() only, under the caller slot.
   mutable std::array<shm::LocalMemory::Region, 2> overrunMemo_{};
+  /// validateColl and checkMemory for a call, with a memo of the last host call that passed both:
+  /// the same arguments on a host stream, with no allocation made or freed since and CUDA still
+  /// unused in this process, pass again without the ~300 instructions of checks (a loop issuing
+  /// the same small collective). Errors are the caller's to count as refusals. Under the caller
+  /// slot. Returns whether the call is on device memory.
+  Result<bool> checkCall(CollArgs& args, const Stream& stream);
+  struct CheckedCall {
+    CollArgs args;
+    uint64_t generation = 0;
+    bool valid = false;
+  };
+  CheckedCall lastChecked_;
   /// Registered-memory calls for device pointers (device_exec.cc); `*handled` false for host ones.
   Status registerDevice(void* ptr, size_t bytes, bool* handled);
   Status deregisterDevice(void* ptr, bool* handled);

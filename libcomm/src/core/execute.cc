@@ -49,6 +49,29 @@ class CallerGuard {
 
 }  // namespace
 
+Result<bool> Communicator::Impl::checkCall(CollArgs& args, const Stream& stream) {
+  CheckedCall& last = lastChecked_;
+  const CollArgs& a = last.args;
+  const bool onHost = stream.kind() == StreamKind::kHost;
+  if (last.valid && onHost && args.kind == a.kind && args.send == a.send && args.recv == a.recv &&
+      args.count == a.count && args.inType == a.inType && args.outType == a.outType &&
+      args.reduce.op == a.reduce.op && args.reduce.accumulate == a.reduce.accumulate &&
+      std::memcmp(&args.reduce.scale, &a.reduce.scale, sizeof(float)) == 0 && args.root == a.root &&
+      last.generation == local_->generation() && !cuda::cudaInUse()) {
+    args.inPlace = a.inPlace;
+    return false;
+  }
+  last.valid = false;
+  if (Status v = validateColl(&args, rank_, size_); !v.isOk())
+    return makeError(v.code(), v.message(), " (next seq ", nextSeq_.load() + 1,
+                     "; unless every rank refused this call too, the next collective fails on every rank)");
+  // The generation before the check: an allocation made while it runs makes the memo stale.
+  const uint64_t generation = local_->generation();
+  LIBCOMM_ASSIGN_OR_RETURN(const bool onDevice, checkMemory(args, stream));
+  if (!onDevice && onHost && !cuda::cudaInUse()) last = CheckedCall{args, generation, true};
+  return onDevice;
+}
+
 Status Communicator::Impl::refuse(Status st) {
   refusedCalls_.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(errMu_);
@@ -74,10 +97,7 @@ Status Communicator::Impl::submit(CollArgs& args, Stream& stream) {
   // A refused call takes no sequence number; its errors name the one it would have had. Each is
   // counted (CollArgs::refusedBefore), so that a call one rank refused and the others ran fails the
   // next collective on every rank instead of pairing every later call with the peers' previous one.
-  if (Status v = validateColl(&args, rank_, size_); !v.isOk())
-    return refuse(makeError(v.code(), v.message(), " (next seq ", nextSeq_.load() + 1,
-                            "; unless every rank refused this call too, the next collective fails on every rank)"));
-  Result<bool> memory = checkMemory(args, stream);
+  Result<bool> memory = checkCall(args, stream);
   if (!memory.isOk()) return refuse(memory.status());
   const bool onDevice = *memory;
   if (finalized_.load(std::memory_order_relaxed))

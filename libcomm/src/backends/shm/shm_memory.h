@@ -53,6 +53,8 @@ class LocalMemory {
   /// while no allocation came or went and each span starts in its remembered region, no lock is
   /// taken and no map searched -- the case of a collective per call on the same buffers.
   std::array<size_t, 2> bytesLeftIfOverrun(const std::array<Span, 2>& spans, std::array<Region, 2>* memo) const;
+  /// Changes with every allocate and free (for memos of checks that depend on the allocations).
+  uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
   /// The segment and offset of [ptr, ptr+bytes) when it lies inside one allocation.
   bool locate(const void* ptr, size_t bytes, Location* out) const;
   /// Name of segment `id` of rank `rank` of the communicator with this prefix.
