@@ -412,10 +412,10 @@ Status Communicator::Impl::runHier(const CollArgs& args, uint32_t seq, const Wai
   shm::OpDescriptor d = describeOp(args, seq);
   d.algo = static_cast<uint8_t>(Algo::kHier);
   d.inputRegistered = 1;
-  d.inputSegment = loc.segment;
-  d.inputOffset = loc.offset;
-  d.inputBytes = bytes;
-  d.progressBase = x.progress;
+  d.place.segment = loc.segment;
+  d.place.offset = loc.offset;
+  d.place.bytes = bytes;
+  d.place.progressBase = x.progress;
   channel_->post(d);
   LIBCOMM_RETURN_IF_ERROR(channel_->waitPosted(seq, wait));
   hier::Env env;
@@ -430,11 +430,11 @@ Status Communicator::Impl::runHier(const CollArgs& args, uint32_t seq, const Wai
   for (int l = 0; l < perHost; ++l) {
     const shm::OpDescriptor o = l == x.localIndex ? d : channel_->posted(l, seq);
     LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, d, o, x.ranks[x.hostIndex][l]));
-    env.progressBase[l] = o.progressBase;
+    env.progressBase[l] = o.place.progressBase;
     if (l == x.localIndex) {
       env.base[l] = work;
     } else if (bytes > 0) {
-      LIBCOMM_ASSIGN_OR_RETURN(env.base[l], peers_->resolve(l, o.inputSegment, o.inputOffset, o.inputBytes));
+      LIBCOMM_ASSIGN_OR_RETURN(env.base[l], peers_->resolve(l, o.place.segment, o.place.offset, o.place.bytes));
     }
   }
   env.rail.order = x.railOrder;

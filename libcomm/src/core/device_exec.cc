@@ -126,13 +126,13 @@ Status Communicator::Impl::runDevice(const CollArgs& args, uint32_t seq, const W
   const size_t inputBytes = args.count * args.inputParts(size_) * dataTypeSize(args.inType);
   shm::OpDescriptor d = describeOp(args, seq);
   d.algo = kDeviceMarker;
-  d.inputBytes = args.hasInput(rank_) ? inputBytes : 0;
+  d.place.bytes = args.hasInput(rank_) ? inputBytes : 0;
   uint32_t registration = 0;
   uint64_t offset = 0;
-  d.inputRegistered = d.inputBytes == 0 || (own_ && own_->locate(args.send, d.inputBytes, &registration, &offset));
-  if (d.inputBytes && d.inputRegistered) {
-    d.inputSegment = registration;
-    d.inputOffset = offset;
+  d.inputRegistered = d.place.bytes == 0 || (own_ && own_->locate(args.send, d.place.bytes, &registration, &offset));
+  if (d.place.bytes && d.inputRegistered) {
+    d.place.segment = registration;
+    d.place.offset = offset;
   }
   // Step 1 of the own path's protocol, before this rank's arrival is posted -- wherever the own
   // path may be chosen (it is only when every rank's view allows it, so this rank's must).
@@ -152,7 +152,7 @@ Status Communicator::Impl::runDevice(const CollArgs& args, uint32_t seq, const W
   if (algo == Algo::kNccl) return runNccl(args, device, wait.deadline, what);
 
   std::vector<cuda::PeerInput> inputs(size_);
-  for (int p = 0; p < size_; ++p) inputs[p] = {all[p].inputSegment, all[p].inputOffset, all[p].inputBytes};
+  for (int p = 0; p < size_; ++p) inputs[p] = {all[p].place.segment, all[p].place.offset, all[p].place.bytes};
   if (Status ran = own_->run(args, inputs, device.stream, device.device, what); !ran.isOk()) {
     // Copies enqueued before the failure may still read peers' memory through IPC mappings: "done"
     // must follow them too, or a later close of those mappings (deregistration, destruction) would

@@ -309,27 +309,31 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadl
   LIBCOMM_ASSIGN_OR_RETURN(const bool eager, named(chooseEager(query, config_)));
 
   shm::OpDescriptor d = describeOp(args, seq);
-  d.eager = eager;
-  d.inputBytes = args.hasInput(rank_) ? inputBytes : 0;
-  // An eager input travels in the eager area, so where it lies does not matter (and the lookup,
-  // a lock and a map search, is worth skipping on the small-message path).
+  d.place.bytes = args.hasInput(rank_) ? inputBytes : 0;
+  // An eager input travels with the announcement, so where it lies does not matter (and the
+  // lookup, a lock and a map search, is worth skipping on the small-message path).
   shm::Location loc;
-  d.inputRegistered = d.inputBytes == 0 || (!eager && local_->locate(args.send, d.inputBytes, &loc));
-  if (d.inputBytes && d.inputRegistered) {
-    d.inputSegment = loc.segment;
-    d.inputOffset = loc.offset;
+  d.inputRegistered = d.place.bytes == 0 || (!eager && local_->locate(args.send, d.place.bytes, &loc));
+  if (d.place.bytes && d.inputRegistered) {
+    d.place.segment = loc.segment;
+    d.place.offset = loc.offset;
   }
   if (eager) {
     flight_->chose(seq, Algo::kEager);
-    mesh::fillEager(args, env);
+    // In the descriptor itself when it fits: decided from the call's size, the same on every rank
+    // (a broadcast's non-roots, which send nothing, decide as the root does).
+    d.eager = inputBytes <= shm::OpDescriptor::kInlineBytes ? shm::OpDescriptor::kEagerInline
+                                                            : shm::OpDescriptor::kEagerArea;
+    mesh::fillEager(args, env, d.eager == shm::OpDescriptor::kEagerInline ? d.inlined : nullptr);
   }
   LIBCOMM_ASSIGN_OR_RETURN(const bool registered, exchangeDescriptors(args, seq, d, env.wait));
   const std::vector<shm::OpDescriptor>& all = posted_;
 
   if (eager) {
     if (config_.collTrace)
-      LIBCOMM_LOG(kInfo, "coll") << label.str() << ": eager (input <= " << config_.eagerBytes << " B)";
-    return mesh::runEager(args, env);
+      LIBCOMM_LOG(kInfo, "coll") << label.str() << ": eager (input <= " << config_.eagerBytes << " B"
+                                 << (d.eager == shm::OpDescriptor::kEagerInline ? ", in the descriptor" : "") << ")";
+    return mesh::runEager(args, env, d.eager == shm::OpDescriptor::kEagerInline ? &all : nullptr);
   }
   // Chosen from every rank's descriptor, so that all ranks choose alike: whether any rank is in
   // place (another rank's in-place all_reduce rules out direct for everyone), whether every input

@@ -20,10 +20,10 @@ Status runDirect(const CollArgs& args, const OpEnv& env, const std::vector<shm::
     // for what is read (the descriptors' kind, count and type were compared, so the two agree).
     const shm::OpDescriptor& d = inputs[p];
     const uint64_t reads = static_cast<uint64_t>(args.count) * args.inputParts(env.size) * view.elemSize;
-    if (d.inputBytes != reads)
+    if (d.place.bytes != reads)
       return makeError(StatusCode::kInvalidUsage, "rank ", env.rank, ": ", env.wait.op.str(), ": rank ", p,
-                       " announced ", d.inputBytes, " input bytes where ", reads, " are read");
-    LIBCOMM_ASSIGN_OR_RETURN(view.base[p], env.peers.resolve(p, d.inputSegment, d.inputOffset, reads));
+                       " announced ", d.place.bytes, " input bytes where ", reads, " are read");
+    LIBCOMM_ASSIGN_OR_RETURN(view.base[p], env.peers.resolve(p, d.place.segment, d.place.offset, reads));
   }
   return runPass(args, env, view, 0, args.count);
 }

@@ -39,7 +39,7 @@ struct OpEnv {
   int size;
   shm::Channel& channel;
   shm::PeerMemory& peers;
-  shm::WaitContext wait;
+  const shm::WaitContext& wait;  // the collective's own (one deadline for all its waits)
   /// Staging rounds completed by this communicator so far (identical on every rank).
   uint32_t& stageRound;
   /// Scratch for PassView::base, `size` entries (collectives of a communicator run one at a time,
@@ -61,9 +61,11 @@ Status runPass(const CollArgs& args, const OpEnv& env, const PassView& view, siz
 Status runDirect(const CollArgs& args, const OpEnv& env, const std::vector<shm::OpDescriptor>& inputs);
 /// Staged: inputs copied through the staging slots in rounds.
 Status runStaged(const CollArgs& args, const OpEnv& env);
-/// Eager, step 1 (before arrival): copies this rank's input into its eager area.
-void fillEager(const CollArgs& args, const OpEnv& env);
-/// Eager, step 2 (after every peer arrived): the pass over the peers' eager areas.
-Status runEager(const CollArgs& args, const OpEnv& env);
+/// Eager, step 1 (before arrival): copies this rank's input into its eager area, or into `inlined`
+/// (its descriptor's OpDescriptor::inlined) when not null.
+void fillEager(const CollArgs& args, const OpEnv& env, unsigned char* inlined);
+/// Eager, step 2 (after every peer arrived): the pass over the peers' eager areas, or over the
+/// inputs inlined in the posted descriptors `inlined` when not null (every rank's, own included).
+Status runEager(const CollArgs& args, const OpEnv& env, const std::vector<shm::OpDescriptor>* inlined);
 
 }  // namespace libcomm::mesh

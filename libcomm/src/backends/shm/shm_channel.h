@@ -36,13 +36,26 @@ struct OpDescriptor {
   uint64_t count = 0;
   float scale = 1.0f;
   uint8_t inPlace = 0;
-  uint8_t inputRegistered = 0;  // input lies in a registered segment (see inputSegment/Offset)
-  uint8_t eager = 0;            // input was copied into the eager area before posting
+  uint8_t inputRegistered = 0;  // input lies in a registered segment (see place)
+  uint8_t eager = 0;            // kEagerArea or kEagerInline: the input travels with the announcement
   uint8_t algo = 0;             // across hosts: the algorithm chosen (all ranks must agree)
-  uint32_t inputSegment = 0;    // segment id in the owner's registry
-  uint32_t progressBase = 0;    // hierarchical all_gather: the owner's kProgress before it started
-  uint64_t inputOffset = 0;     // byte offset of the input inside that segment
-  uint64_t inputBytes = 0;
+  static constexpr uint8_t kEagerArea = 1;    // copied into the owner's eager area before posting
+  static constexpr uint8_t kEagerInline = 2;  // carried in `inlined`, in the post slot's own line
+  /// Where the input lies, for peers that read it in place.
+  struct Place {
+    uint32_t segment = 0;       // segment id in the owner's registry
+    uint32_t progressBase = 0;  // hierarchical all_gather: the owner's kProgress before it started
+    uint64_t offset = 0;        // byte offset of the input inside that segment
+    uint64_t bytes = 0;
+  };
+  static constexpr size_t kInlineBytes = sizeof(Place);
+  /// An eager input is not read in place, so one of at most kInlineBytes travels in the place's
+  /// bytes: the peer's read of the announcement brings the data with it, one cache line between
+  /// cores instead of two (the eager area's).
+  union {
+    Place place{};
+    unsigned char inlined[kInlineBytes];
+  };
 };
 
 // kProgress: how far a rank's part of a hierarchical all_gather has come (its local peers copy
@@ -61,7 +74,7 @@ static_assert(sizeof(OpDescriptor) <= 56, "a post slot must stay one cache line"
 
 struct alignas(64) ControlBlock {
   static constexpr uint64_t kMagic = 0x53484152444d4d31ull;  // "SHARDMM1"
-  static constexpr uint32_t kVersion = 4;
+  static constexpr uint32_t kVersion = 5;  // 5: eager inputs inlined in the descriptor
 
   uint64_t magic;
   uint32_t version;
