@@ -170,7 +170,7 @@ struct Placement {
   libcomm::PartialsType partials = libcomm::PartialsType::kFloat32;  // LIBCOMM_RS_PARTIALS
 };
 
-Status matrixBody(RankContext& ctx, Placement placement = {}) {
+Status matrixBody(RankContext& ctx, Placement placement = {}, std::vector<Case> (*cases)(int) = matrix) {
   libcomm::CommConfig config;
   if (placement.hosts > 1) {
     const int host = placement.interleaved ? ctx.rank % placement.hosts : ctx.rank * placement.hosts / ctx.size;
@@ -198,7 +198,7 @@ Status matrixBody(RankContext& ctx, Placement placement = {}) {
   pools.plainSend.reset(new char[pools.bytes]);
   pools.plainRecv.reset(new char[pools.bytes]);
   int salt = 0;
-  for (const Case& k : matrix(ctx.size)) {
+  for (const Case& k : cases(ctx.size)) {
     LIBCOMM_RETURN_IF_ERROR(runCase(*comm, *stream, pools, k, ++salt));
     if (k.count <= 1001) LIBCOMM_RETURN_IF_ERROR(runCase(*noEager, *inlineStream, pools, k, ++salt).withContext("eager off, inline stream"));
   }
@@ -222,6 +222,38 @@ INSTANTIATE_TEST_SUITE_P(Threads, CollectiveMatrix,
                          ::testing::Combine(::testing::Values(Mode::kThreads), ::testing::Values(1, 2, 3, 4, 7, 8)));
 INSTANTIATE_TEST_SUITE_P(Processes, CollectiveMatrix,
                          ::testing::Combine(::testing::Values(Mode::kProcesses), ::testing::Values(1, 2, 3, 4, 7, 8)));
+
+// Eager inputs of at most 24 bytes travel inside the descriptor, larger ones in the eager area:
+// every kind and type just below, at and above that size per rank (a reduce_scatter's input is
+// `size` parts).
+std::vector<Case> aroundTheInlineSize(int size) {
+  std::vector<Case> cases;
+  constexpr size_t kInline = 24;
+  for (DataType t : {DataType::kFloat32, DataType::kBFloat16}) {
+    const size_t es = libcomm::dataTypeSize(t);
+    for (size_t bytes : {kInline - es, kInline, kInline + es}) {
+      for (bool inPlace : {false, true}) {
+        cases.push_back({Coll::kAllGather, t, t, ReduceOp::kSum, bytes / es, inPlace, true});
+        cases.push_back({Coll::kAllReduce, t, t, ReduceOp::kAvg, bytes / es, inPlace, false});
+        cases.push_back({Coll::kBroadcast, t, t, ReduceOp::kSum, bytes / es, inPlace, true});
+        if (bytes % (es * static_cast<size_t>(size)) == 0)
+          cases.push_back({Coll::kReduceScatter, t, t, ReduceOp::kPremulSum, bytes / es / size, inPlace, false});
+      }
+    }
+  }
+  return cases;
+}
+
+TEST(CollectiveMatrix, EagerInputsAroundTheInlineSize) {
+  for (int size : {1, 2, 3, 4}) {
+    RunOptions opts;
+    opts.mode = Mode::kProcesses;
+    opts.size = size;
+    SCOPED_TRACE(std::to_string(size) + " ranks");
+    RunReport report = runRanks(opts, [](RankContext& ctx) { return matrixBody(ctx, {}, aroundTheInlineSize); });
+    EXPECT_RANKS_OK(report);
+  }
+}
 
 // Ranks on different hosts: the same matrix over the UCX ring (loopback).
 class CrossHostMatrix : public ::testing::TestWithParam<std::tuple<Mode, int, int, bool, const char*>> {};
