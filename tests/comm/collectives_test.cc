@@ -244,7 +244,7 @@ std::vector<Case> aroundTheInlineSize(int size) {
   return cases;
 }
 
-TEST(CollectiveMatrix, EagerInputsAroundTheInlineSize) {
+TEST(ProcessesEagerInline, InputsAroundTheInlineSizeAreCorrect) {  // "Processes": label mp
   for (int size : {1, 2, 3, 4}) {
     RunOptions opts;
     opts.mode = Mode::kProcesses;
