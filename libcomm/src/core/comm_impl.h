@@ -125,7 +125,8 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   bool isRegisteredDevice(const void* ptr, size_t bytes) const;
 
  private:
-  Status run(const CollArgs& args, uint32_t seq, const OpDeadline& deadline, bool blocking, const DeviceTarget* device);
+  /// `wait`: the collective's deadline (started by its first long wait), label and wait policy.
+  Status run(const CollArgs& args, uint32_t seq, const WaitContext& wait, const DeviceTarget* device);
   /// A collective on device memory: on one host the descriptor handshake, then the own path or
   /// NCCL as the device table chooses from every rank's descriptor; across hosts NCCL.
   Status runDevice(const CollArgs& args, uint32_t seq, const WaitContext& wait, const DeviceTarget& device);

@@ -220,13 +220,23 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool bloc
   // Blocking: an inline stream runs it on the enqueuing thread, at once.
   flight_->started(seq, blocking);
   lastStarted_.store(seq, std::memory_order_relaxed);
-  const OpDeadline deadline(config_.opTimeout);
+  struct Labelled {
+    const CollArgs& args;
+    uint32_t seq;
+  } labelled{args, seq};
+  const OpLabel label{&labelled, [](const void* c) {
+                        auto* l = static_cast<const Labelled*>(c);
+                        return describeColl(l->args, l->seq);
+                      }};
+  // The deadline is made in place (a copy of one just made, into the context, stalled every
+  // collective on store forwarding).
+  const WaitContext wait{OpDeadline(config_.opTimeout), label, blocking ? blockingWait_ : progressWait_};
   Status st;
   FlightState outcome = FlightState::kDone;
   bool turnNeverCame = false;
   if (lastExecuted_.load() + 1 != seq && !failed_.load()) {
     // An earlier collective of this communicator (on another stream) has not run yet.
-    bool inOrder = sleepUntil(deadline.get().at(), [&] { return lastExecuted_.load() + 1 == seq || failed_.load(); });
+    bool inOrder = sleepUntil(wait.deadline.get().at(), [&] { return lastExecuted_.load() + 1 == seq || failed_.load(); });
     turnNeverCame = !inOrder;
     if (!inOrder)
       st = makeError(StatusCode::kTimeout, "rank ", rank_, ": ", describeColl(args, seq), " reached its stream before ",
@@ -242,7 +252,7 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool bloc
                                   " skipped: the communicator failed earlier: " + err.message());
       outcome = FlightState::kSkipped;
     } else {
-      st = run(args, seq, deadline, blocking, device);
+      st = run(args, seq, wait, device);
       // Aborted under it (abort(), a communicator destroyed or finalized with this one queued):
       // the channels' waits say only "aborted"; the abort's reason is the communicator's error.
       if (!st.isOk() && (channel_->aborted() || (cross_ && cross_->channel->aborted()))) {
@@ -275,18 +285,7 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool bloc
   return st;
 }
 
-Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadline& deadline, bool blocking,
-                              const DeviceTarget* device) {
-  struct Labelled {
-    const CollArgs& args;
-    uint32_t seq;
-  } labelled{args, seq};
-  const shm::OpLabel label{&labelled, [](const void* c) {
-                             auto* l = static_cast<const Labelled*>(c);
-                             return describeColl(l->args, l->seq);
-                           }};
-  const WaitPolicy& policy = blocking ? blockingWait_ : progressWait_;
-  const WaitContext wait{deadline, label, policy};
+Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const WaitContext& wait, const DeviceTarget* device) {
   if (device) return runDevice(args, seq, wait, *device);
   if (cross_) return runAcrossHosts(args, seq, wait);
   passBases_.resize(size_);
@@ -331,7 +330,7 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadl
 
   if (eager) {
     if (config_.collTrace)
-      LIBCOMM_LOG(kInfo, "coll") << label.str() << ": eager (input <= " << config_.eagerBytes << " B"
+      LIBCOMM_LOG(kInfo, "coll") << wait.op.str() << ": eager (input <= " << config_.eagerBytes << " B"
                                  << (d.eager == shm::OpDescriptor::kEagerInline ? ", in the descriptor" : "") << ")";
     return mesh::runEager(args, env, d.eager == shm::OpDescriptor::kEagerInline ? &all : nullptr);
   }
@@ -348,7 +347,7 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const OpDeadl
   LIBCOMM_ASSIGN_OR_RETURN(
       const Algo algo, named(selectAlgo({args.kind, registered, anyInPlace, inputBytes, unregistered}, config_, &why)));
   flight_->chose(seq, algo);
-  if (config_.collTrace) LIBCOMM_LOG(kInfo, "coll") << label.str() << ": " << algoName(algo) << " (" << why << ")";
+  if (config_.collTrace) LIBCOMM_LOG(kInfo, "coll") << wait.op.str() << ": " << algoName(algo) << " (" << why << ")";
   if (args.count > 0) {
     Status st = algo == Algo::kDirect ? mesh::runDirect(args, env, all) : mesh::runStaged(args, env);
     LIBCOMM_RETURN_IF_ERROR(channel_->blameFailedPeer(st, env.wait, algoName(algo)));
