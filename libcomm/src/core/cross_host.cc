@@ -226,10 +226,7 @@ Status Communicator::Impl::explainWithNotices(Status st, uint32_t seq, const OpL
         // kEnded: the peer completed every collective up to its last; one after that it never joins.
         const unsigned long last = strtoul(text, nullptr, 10);
         if (slot->text[0] == CrossHost::kEnded && !shm::seqReached(static_cast<uint32_t>(last), seq))
-          return makeError(StatusCode::kRemoteError, "rank ", rank_, ": peer rank ", slot->from,
-                           " ended its communicator (finalize, or destroyed it) after seq ", last,
-                           ", so it takes no part in ", op.str(),
-                           "; every rank must make the same collective calls before ending");
+          return shm::peerEndedError(rank_, slot->from, last, op.str(), "");
       }
       anyLost = anyLost || ch.peerLost(slot->from);
     }

@@ -159,11 +159,16 @@ Status Channel::peerFailure(int peer, const WaitContext& ctx, const char* phase)
                    " (", phase, "): ", reason.empty() ? "no reason given" : reason);
 }
 
+Status peerEndedError(int rank, int peer, unsigned long lastSeq, const std::string& op, const char* phase) {
+  return makeError(StatusCode::kRemoteError, "rank ", rank, ": peer rank ", peer,
+                   " ended its communicator (finalize, or destroyed it) after seq ", lastSeq, ", so it takes no part in ",
+                   op, *phase ? " (" : "", phase, *phase ? ")" : "",
+                   "; every rank must make the same collective calls before ending");
+}
+
 Status Channel::peerClosed(int peer, const WaitContext& ctx, const char* phase) const {
-  return makeError(StatusCode::kRemoteError, "rank ", name(rank_), ": peer rank ", name(peer),
-                   " ended its communicator (finalize, or destroyed it) after seq ",
-                   blocks_[peer]->closedAfter.load(std::memory_order_relaxed), ", so it takes no part in ",
-                   ctx.op.str(), " (", phase, "); every rank must make the same collective calls before ending");
+  return peerEndedError(name(rank_), name(peer), blocks_[peer]->closedAfter.load(std::memory_order_relaxed),
+                        ctx.op.str(), phase);
 }
 
 Status Channel::waitCounter(int peer, Counter c, uint32_t target, const WaitContext& ctx, const char* phase) {

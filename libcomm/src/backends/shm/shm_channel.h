@@ -214,4 +214,9 @@ class Channel {
 /// a >= b on a wrapping 32-bit sequence.
 inline bool seqReached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
 
+/// kRemoteError: "rank R: peer rank P ended its communicator ... after seq N, so it takes no part
+/// in <op> (<phase>); ..." -- the same words whether a host peer's control block or a notice from
+/// another host told it. `phase` may be empty.
+Status peerEndedError(int rank, int peer, unsigned long lastSeq, const std::string& op, const char* phase);
+
 }  // namespace libcomm::shm
