@@ -120,6 +120,50 @@ TEST_P(Finalize, AbortsWhatAPeerNeverJoinsAndSaysSo) {
   EXPECT_RANKS_OK(report);
 }
 
+// finalize() from one thread while another is inside a collective call (outside the contract, made
+// safe): finalize waits for that call, and a third call made meanwhile is refused for the
+// finalize, taking no sequence number (it used to be refused as a second caller, and in a narrow
+// window could run after the peers had been told this rank ended).
+TEST_P(Finalize, WaitsForACallInsideAnotherThreadAndRefusesCallsMeanwhile) {
+  const Placement placement = GetParam();
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = 2;
+  auto report = runRanks(opts, [placement](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, faultConfig(ctx.rank, placement)));
+    auto s = libcomm::createInlineHostStream("finalize-race");
+    std::vector<float> a(4, 1.0f), b(4);
+    const auto deadline = libcomm::Deadline::after(30s);
+    const uint32_t kGo = 91;
+    int go = 0;
+    if (ctx.rank == 1) {
+      LIBCOMM_RETURN_IF_ERROR(ctx.bootstrap.recv(0, kGo, &go, sizeof(go), deadline));
+      LIBCOMM_RETURN_IF_ERROR(comm->allReduce(a.data(), b.data(), 4, DataType::kFloat32, {}, *s));
+      return ctx.bootstrap.barrier(deadline);
+    }
+    Status inside, finalized;
+    std::thread caller([&] { inside = comm->allReduce(a.data(), b.data(), 4, DataType::kFloat32, {}, *s); });
+    while (comm->flightRecorderJson().find("\"seq\":1,") == std::string::npos &&
+           comm->flightRecorderJson().find("\"seq\": 1,") == std::string::npos && !deadline.expired())
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::thread finalizer([&] { finalized = comm->finalize(20s); });
+    std::this_thread::sleep_for(200ms);  // finalize is waiting for the call inside
+    auto other = libcomm::createInlineHostStream("third-thread");
+    const Status meanwhile = comm->barrier(*other);
+    LIBCOMM_RETURN_IF_ERROR(ctx.bootstrap.send(1, kGo, &go, sizeof(go), deadline));
+    caller.join();
+    finalizer.join();
+    LIBCOMM_RETURN_IF_ERROR(inside.withContext("the call finalize waited for"));
+    LIBCOMM_RETURN_IF_ERROR(finalized.withContext("finalize"));
+    if (b[0] != 2.0f) return makeError(StatusCode::kInternalError, "all_reduce gave ", b[0]);
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(meanwhile, StatusCode::kInvalidUsage,
+                                         {"rank 0: barrier (next seq 2)", "another thread is finalizing"},
+                                         "a call while finalize waits"));
+    return ctx.bootstrap.barrier(deadline);
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 INSTANTIATE_TEST_SUITE_P(Placements, Finalize, ::testing::Values(Placement::kOneHost, Placement::kAcrossHosts),
                          placementName);
 

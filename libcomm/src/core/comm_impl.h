@@ -186,8 +186,10 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   // and the last one's message (under errMu_): CollArgs::refusedBefore.
   std::atomic<uint32_t> refusedCalls_{0};
   std::string lastRefusal_;
-  // The thread inside submit(), if any: collectives are issued by one thread at a time.
+  // The thread inside submit() or finalize(), if any: collectives are issued by one thread at a
+  // time, and none while finalize() runs.
   std::atomic<std::thread::id> caller_{};
+
   /// Counts `st` as a refused call (refusedCalls_) and returns it.
   Status refuse(Status st);
   // Ordering and idle accounting are atomics, so a collective that finds its turn takes no lock;
@@ -222,6 +224,11 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// kInvalidUsage in a forked child, naming `what`.
   Status refuseInForkedChild(const char* what) const;
   int inflight() const { return inflight_.load(); }
+  /// finalize(): takes caller_ (below) for the calling thread, waiting (sleeping in short steps)
+  /// while another thread is inside a collective call, until `deadline`; false when that call was
+  /// still inside at the deadline. True without taking it when this thread holds it already.
+  bool takeCallerSlot(Deadline deadline, bool* taken);
+  void releaseCallerSlot() { caller_.store(std::thread::id(), std::memory_order_release); }
   uint32_t lastExecuted() const { return lastExecuted_.load(); }
 
  private:

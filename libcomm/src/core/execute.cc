@@ -88,6 +88,9 @@ Status Communicator::Impl::submit(CollArgs& args, Stream& stream) {
   const CallerGuard caller(caller_);
   // Read while holding the slot: a second thread refused from here on counts for the next call.
   const uint32_t refusedBefore = refusedCalls_.load(std::memory_order_relaxed);
+  if (caller.otherThread() && finalized_.load())
+    return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", collName(args.kind), " (next seq ",
+                     nextSeq_.load() + 1, ") refused: another thread is finalizing the communicator");
   if (caller.otherThread())
     return refuse(makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", collName(args.kind), " (next seq ",
                             nextSeq_.load() + 1,
