@@ -901,6 +901,7 @@ TEST(CommErrors, BufferRunningPastItsRegisteredAllocationIsRefused) {
 // a new, smaller allocation the new size counts.
 TEST(CommErrors, TheOverrunCheckSeesReallocatedBuffers) {
   RunOptions opts;
+  opts.mode = Mode::kProcesses;  // heap inputs on the main heap, far from the mapped segments
   opts.size = 2;
   auto report = runRanks(opts, [](RankContext& ctx) -> Status {
     LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
@@ -920,12 +921,25 @@ TEST(CommErrors, TheOverrunCheckSeesReallocatedBuffers) {
     LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allGather(in.data(), out, n, DataType::kFloat32, *s),
                                          StatusCode::kInvalidArgument, {"recv buffer", "65536 bytes left"},
                                          "overrun of the remembered allocation"));
+    // A passing call remembered, then its buffer freed and smaller allocations made until one
+    // lands at the same address (the kernel fills free ranges from the top, so within a few). The
+    // same call now overruns and must be checked again.
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(in.data(), out, n / 4, DataType::kFloat32, *s));
     LIBCOMM_RETURN_IF_ERROR(comm->freeRegistered(out));
-    LIBCOMM_ASSIGN_OR_RETURN(void* again, comm->allocRegistered(n / 4 * sizeof(float)));
-    LIBCOMM_RETURN_IF_ERROR(comm->allGather(in.data(), again, n / 8, DataType::kFloat32, *s));
+    std::vector<void*> fillers;
+    void* again = nullptr;
+    for (int i = 0; i < 64 && again != out; ++i) {
+      if (again) fillers.push_back(again);
+      LIBCOMM_ASSIGN_OR_RETURN(again, comm->allocRegistered(n / 4 * sizeof(float)));
+    }
+    if (again != out)
+      return makeError(StatusCode::kInternalError, "no 16 KiB allocation of 64 landed at the freed ", out,
+                       ": the test needs the same address");
     LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allGather(in.data(), again, n / 4, DataType::kFloat32, *s),
                                          StatusCode::kInvalidArgument, {"recv buffer", "16384 bytes left"},
-                                         "overrun of the new, smaller allocation"));
+                                         "the remembered call, repeated on a smaller allocation at its address"));
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(in.data(), again, n / 8, DataType::kFloat32, *s));
+    for (void* f : fillers) LIBCOMM_RETURN_IF_ERROR(comm->freeRegistered(f));
     // The send buffer moving between calls (remembered as outside every allocation) changes nothing.
     std::vector<float> other(n / 8, 2.0f);
     LIBCOMM_RETURN_IF_ERROR(comm->allGather(other.data(), again, n / 8, DataType::kFloat32, *s));
@@ -1094,7 +1108,40 @@ TEST(CommErrors, ARepeatedCallIsCheckedAgainWhenAnArgumentDiffers) {
       LIBCOMM_RETURN_IF_ERROR(comm->allGather(g.data() + 4 * ctx.rank, g.data(), 4, DataType::kFloat32, *s));
       if (g[0] != 1.f || g[7] != 2.f) return makeError(StatusCode::kInternalError, "in-place all_gather ", i, " wrong");
     }
-    return Status::ok();
+    // Each remaining argument: a valid call remembered, then the same with that argument bad.
+    std::vector<float> r(8);
+    LIBCOMM_RETURN_IF_ERROR(comm->broadcast(a.data(), r.data(), 8, DataType::kFloat32, 1, *s));
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->broadcast(a.data(), r.data(), 8, DataType::kFloat32, 5, *s),
+                                         StatusCode::kInvalidArgument, {"root 5"}, "root out of range"));
+    LIBCOMM_RETURN_IF_ERROR(
+        comm->reduceScatter(a.data(), r.data(), 8, DataType::kFloat32, DataType::kFloat32, {}, *s));
+    LIBCOMM_RETURN_IF_ERROR(
+        expectStatus(comm->reduceScatter(a.data(), r.data(), 8, DataType::kFloat32, DataType::kBFloat16, {}, *s),
+                     StatusCode::kInvalidArgument, {"bf16 output"}, "fp32 -> bf16 reduce_scatter"));
+    libcomm::ReduceOptions acc;
+    acc.accumulate = true;
+    LIBCOMM_RETURN_IF_ERROR(comm->allReduce(a.data(), r.data(), 8, DataType::kFloat32, {}, *s));
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allReduce(r.data(), r.data(), 8, DataType::kFloat32, acc, *s),
+                                         StatusCode::kInvalidArgument, {"accumulate"}, "accumulate in place"));
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allReduce(a.data(), r.data(), SIZE_MAX / 4, DataType::kFloat32, {}, *s),
+                                         StatusCode::kInvalidArgument, {"overflows"}, "count overflows"));
+    // An in-place all_reduce repeated keeps its in-place flag: with the eager path off and
+    // registered memory, in place takes the staged algorithm, out of place direct (which would
+    // read peers' buffers while they are overwritten).
+    libcomm::CommConfig noEager = quickConfig();
+    noEager.eagerBytes = 0;
+    LIBCOMM_ASSIGN_OR_RETURN(auto plain, libcomm::Communicator::create(ctx.bootstrap, noEager));
+    LIBCOMM_ASSIGN_OR_RETURN(void* reg, plain->allocRegistered(64 * sizeof(float)));
+    float* x = static_cast<float*>(reg);
+    for (int i = 0; i < 3; ++i) {
+      std::fill(x, x + 64, static_cast<float>(ctx.rank + 1));
+      LIBCOMM_RETURN_IF_ERROR(plain->allReduce(x, x, 64, DataType::kFloat32, {}, *s));
+      if (x[0] != 3.f || x[63] != 3.f) return makeError(StatusCode::kInternalError, "in-place all_reduce ", i, " gave ", x[0]);
+    }
+    const std::string flight = plain->flightRecorderJson();
+    if (flight.find("direct") != std::string::npos || flight.find("staged") == std::string::npos)
+      return makeError(StatusCode::kInternalError, "repeated in-place all_reduce should all be staged: ", flight);
+    return plain->freeRegistered(reg);
   });
   EXPECT_RANKS_OK(report);
 }

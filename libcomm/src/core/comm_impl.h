@@ -106,7 +106,7 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   mutable std::array<shm::LocalMemory::Region, 2> overrunMemo_{};
   /// validateColl and checkMemory for a call, with a memo of the last host call that passed both:
   /// the same arguments on a host stream, with no allocation made or freed since and CUDA still
-  /// unused in this process, pass again without the ~300 instructions of checks (a loop issuing
+  /// unused in this process, pass again without the ~270 instructions of checks (a loop issuing
   /// the same small collective). Errors are the caller's to count as refusals. Under the caller
   /// slot. Returns whether the call is on device memory.
   Result<bool> checkCall(CollArgs& args, const Stream& stream);

@@ -425,7 +425,8 @@ Status Communicator::Impl::compareFingerprint(const CollArgs& args, uint32_t seq
   theirs.root = o.root;
   theirs.inPlace = o.inPlace;
   std::string scales;
-  if (o.eager != me.eager)
+  // Inline against eager area (1 vs 2) is decided by the size, which the message shows already.
+  if ((o.eager != 0) != (me.eager != 0))
     scales = std::string(" (rank ") + std::to_string(rank_) + (me.eager ? " sent it eagerly" : " did not send it eagerly") +
              ", rank " + std::to_string(p) + " did the opposite: are LIBCOMM_ALGO or LIBCOMM_EAGER_BYTES set alike?)";
   if (o.algo != me.algo && (o.algo == kDeviceMarker || me.algo == kDeviceMarker))

@@ -33,8 +33,9 @@ struct SelectionQuery {
   int unregisteredRank = -1;  // a rank whose input is not registered, for messages (-1: none known)
 };
 
-/// Whether a collective travels eagerly (its input copied into the eager area and posted with
-/// the arrival handshake). Decided before arrival from what every rank knows alike: the size.
+/// Whether a collective travels eagerly (its input copied into the eager area, or into the
+/// descriptor itself when it is at most OpDescriptor::kInlineBytes, and posted with the arrival
+/// handshake). Decided before arrival from what every rank knows alike: the size.
 /// LIBCOMM_ALGO=eager on a too-large input is kInvalidUsage. Errors name the setting and the sizes;
 /// the caller adds the rank and the collective (execute.cc).
 Result<bool> chooseEager(const SelectionQuery& q, const CommConfig& config);
