@@ -55,10 +55,11 @@ class Communicator {
   /// returns kTimeout saying how many collectives were unfinished. Either way, later collectives
   /// are refused with kInvalidUsage. Call it from one thread, after the last collective has been
   /// enqueued; abort() may still be called from others. (A collective call another thread is
-  /// inside of is waited for, within `timeout`; one made while finalize runs is refused.) Peers still waiting for this rank in a
-  /// later collective fail naming it as ended: at once on its host; across hosts once this object
-  /// is destroyed (its connections close then), or at their op timeout. Across hosts telling the
-  /// peers may add up to 0.5 s to `timeout` when one of them is stopped.
+  /// inside of is waited for, within `timeout`; one made while finalize runs is refused.) Peers
+  /// still waiting for this rank in a later collective fail naming it as ended: at once on its
+  /// host; across hosts once this object is destroyed (its connections close then), or at their
+  /// op timeout. Across hosts telling the peers may add up to 0.5 s to `timeout` when one of them
+  /// is stopped.
   Status finalize(Milliseconds timeout);
 
   int rank() const;

@@ -186,10 +186,6 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   // and the last one's message (under errMu_): CollArgs::refusedBefore.
   std::atomic<uint32_t> refusedCalls_{0};
   std::string lastRefusal_;
-  // The thread inside submit() or finalize(), if any: collectives are issued by one thread at a
-  // time, and none while finalize() runs.
-  std::atomic<std::thread::id> caller_{};
-
   /// Counts `st` as a refused call (refusedCalls_) and returns it.
   Status refuse(Status st);
   // Ordering and idle accounting are atomics, so a collective that finds its turn takes no lock;
@@ -214,6 +210,8 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
  public:
   /// Set by finalize(): new collectives are refused.
   std::atomic<bool> finalized_{false};
+  /// The thread inside submit() or finalize(), if any (core/caller_guard.h).
+  std::atomic<std::thread::id> caller_{};
   // The process that made the communicator. A forked child shares its shared memory but none of
   // its threads: it may not take part (it would act as this rank, unseen), and its copy's
   // destruction must not unlink or fail what the parent still uses.
@@ -224,11 +222,6 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// kInvalidUsage in a forked child, naming `what`.
   Status refuseInForkedChild(const char* what) const;
   int inflight() const { return inflight_.load(); }
-  /// finalize(): takes caller_ (below) for the calling thread, waiting (sleeping in short steps)
-  /// while another thread is inside a collective call, until `deadline`; false when that call was
-  /// still inside at the deadline. True without taking it when this thread holds it already.
-  bool takeCallerSlot(Deadline deadline, bool* taken);
-  void releaseCallerSlot() { caller_.store(std::thread::id(), std::memory_order_release); }
   uint32_t lastExecuted() const { return lastExecuted_.load(); }
 
  private:

@@ -11,6 +11,7 @@
 
 #include "backends/cuda/device_path.h"
 #include "backends/nccl/nccl_path.h"
+#include "core/caller_guard.h"
 #include "core/comm_impl.h"
 #include "core/cross_host.h"
 #include "core/log.h"
@@ -259,21 +260,6 @@ Communicator::~Communicator() {
   impl_->markClosed();
 }
 
-bool Communicator::Impl::takeCallerSlot(Deadline deadline, bool* taken) {
-  *taken = false;
-  const std::thread::id me = std::this_thread::get_id();
-  while (true) {
-    std::thread::id owner;
-    if (caller_.compare_exchange_strong(owner, me, std::memory_order_acquire)) {
-      *taken = true;
-      return true;
-    }
-    if (owner == me) return true;
-    if (deadline.expired()) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-}
-
 Status Communicator::finalize(Milliseconds timeout) {
   LIBCOMM_RETURN_IF_ERROR(impl_->refuseInForkedChild("finalize"));
   const Clock::time_point start = Clock::now();
@@ -281,15 +267,14 @@ Status Communicator::finalize(Milliseconds timeout) {
   // Outside the contract, but not to be left to chance: a collective call racing finalize from
   // another thread could take a sequence number after the peers were told this rank ended (and,
   // across hosts, drive the UCX worker beside the notices). finalize holds the caller slot, so
-  // such a call is refused ("being finalized"); one already inside a call is waited for. Without
+  // such a call is refused ("another thread is finalizing"); one already inside is waited for. Without
   // the slot (that call outlasted the timeout) finalize aborts below and tells no one it ended.
   impl_->finalized_.store(true);
-  bool taken = false;
-  const bool slot = impl_->takeCallerSlot(deadline, &taken);
-  const bool idle = slot && impl_->waitIdle(deadline);
-  if (idle) impl_->markClosed();
-  if (taken) impl_->releaseCallerSlot();
-  if (idle) return impl_->asyncError();
+  const CallerGuard caller(impl_->caller_, deadline);
+  if (!caller.otherThread() && impl_->waitIdle(deadline)) {
+    impl_->markClosed();
+    return impl_->asyncError();
+  }
   const int left = impl_->inflight();
   const uint32_t next = impl_->lastExecuted() + 1;
   const std::string why = "finalize() found " + std::to_string(left) + " collective(s) unfinished after " +

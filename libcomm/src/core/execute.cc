@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "algos/mesh/mesh.h"
+#include "core/caller_guard.h"
 #include "core/comm_impl.h"
 #include "core/cross_host.h"
 #include "core/host_stream.h"
@@ -18,36 +19,6 @@
 #include "libcomm/cuda.h"
 
 namespace libcomm {
-
-namespace {
-
-// Holds a communicator's caller slot for the duration of one submit(): true otherThread() when
-// another thread is inside a call (a thread re-entering from inside an item of its own inline
-// stream is not another one: the stream refuses that itself).
-class CallerGuard {
- public:
-  explicit CallerGuard(std::atomic<std::thread::id>& slot) : slot_(slot) {
-    std::thread::id owner;
-    const std::thread::id me = std::this_thread::get_id();
-    if (slot_.compare_exchange_strong(owner, me, std::memory_order_acquire))
-      owns_ = true;
-    else
-      other_ = owner != me;
-  }
-  ~CallerGuard() {
-    if (owns_) slot_.store(std::thread::id(), std::memory_order_release);
-  }
-  CallerGuard(const CallerGuard&) = delete;
-  CallerGuard& operator=(const CallerGuard&) = delete;
-  bool otherThread() const { return other_; }
-
- private:
-  std::atomic<std::thread::id>& slot_;
-  bool owns_ = false;
-  bool other_ = false;
-};
-
-}  // namespace
 
 Result<bool> Communicator::Impl::checkCall(CollArgs& args, const Stream& stream) {
   CheckedCall& last = lastChecked_;

@@ -16,8 +16,8 @@ namespace libcomm::mesh {
 void fillEager(const CollArgs& args, const OpEnv& env, unsigned char* inlined) {
   if (!args.hasInput(env.rank) || args.count == 0) return;
   const size_t bytes = args.count * args.inputParts(env.size) * dataTypeSize(args.inType);
-  memcpy(inlined ? inlined : reinterpret_cast<unsigned char*>(env.channel.eagerArea(env.rank, env.seq)), args.send,
-         bytes);
+  void* to = inlined ? static_cast<void*>(inlined) : env.channel.eagerArea(env.rank, env.seq);
+  memcpy(to, args.send, bytes);
 }
 
 Status runEager(const CollArgs& args, const OpEnv& env, const std::vector<shm::OpDescriptor>* inlined) {

@@ -172,7 +172,6 @@ class Channel {
   bool progressUntilIdle(Deadline deadline, bool liveOnly = false, bool dataOnly = false);
   /// Cancels the pending receives (without `includeControl`, not the notices' receives).
   void cancelReceives(bool includeControl = true);
-  /// Requests not yet complete (with `liveOnly`, only those of peers not lost).
   /// Requests not complete; `liveOnly`: not to lost peers; `dataOnly`: no control messages.
   size_t pendingCount(bool liveOnly, bool dataOnly = false) const;
   /// Destroys the worker with whatever it still holds (its endpoints and pending requests), so
