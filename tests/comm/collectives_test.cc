@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "coll_check.h"
+#include "core/log.h"
 #include "harness.h"
 
 namespace shardcomm::testing {
@@ -253,6 +254,77 @@ TEST(ProcessesEagerInline, InputsAroundTheInlineSizeAreCorrect) {  // "Processes
     RunReport report = runRanks(opts, [](RankContext& ctx) { return matrixBody(ctx, {}, aroundTheInlineSize); });
     EXPECT_RANKS_OK(report);
   }
+}
+
+// The cases above pass whichever way the input travels, so this one reads the collective trace
+// (LIBCOMM_COLL_TRACE's lines, in each rank's log file) to see that an input of at most 24 bytes
+// goes in the descriptor and a larger one through the eager area, for each collective kind.
+TEST(ProcessesEagerInline, OnlyInputsUpToTheInlineSizeTravelInTheDescriptor) {  // "Processes": label mp
+  char dir[] = "/tmp/shardcomm_inline_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string pattern = std::string(dir) + "/rank%r.log";
+  setenv("LIBCOMM_LOG_FILE", pattern.c_str(), 1);
+  setenv("LIBCOMM_LOG_LEVEL", "info", 1);
+  libcomm::log::reloadConfig();
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = 2;
+  RunReport report = runRanks(opts, [](RankContext& ctx) -> Status {
+    libcomm::CommConfig config;
+    config.collTrace = true;
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+    auto stream = libcomm::createInlineHostStream("inline-trace");
+    std::vector<float> in(16, 1.0f), out(32);
+    // 24 B and 28 B of input per rank, for each kind (a reduce_scatter's input is both ranks' parts).
+    for (size_t count : {6, 7}) {
+      LIBCOMM_RETURN_IF_ERROR(comm->allGather(in.data(), out.data(), count, DataType::kFloat32, *stream));
+      LIBCOMM_RETURN_IF_ERROR(comm->allReduce(in.data(), out.data(), count, DataType::kFloat32, {}, *stream));
+      LIBCOMM_RETURN_IF_ERROR(comm->broadcast(in.data(), out.data(), count, DataType::kFloat32, 0, *stream));
+    }
+    for (size_t count : {3, 4})  // 2 x 3 or 2 x 4 fp32 elements: 24 or 32 B
+      LIBCOMM_RETURN_IF_ERROR(
+          comm->reduceScatter(in.data(), out.data(), count, DataType::kFloat32, DataType::kFloat32, {}, *stream));
+    return comm->asyncError();
+  });
+  unsetenv("LIBCOMM_LOG_FILE");
+  unsetenv("LIBCOMM_LOG_LEVEL");
+  libcomm::log::reloadConfig();
+  EXPECT_RANKS_OK(report);
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string file = std::string(dir) + "/rank" + std::to_string(rank) + ".log";
+    std::string log;
+    if (FILE* f = fopen(file.c_str(), "r")) {
+      char buf[4096];
+      for (size_t n; (n = fread(buf, 1, sizeof(buf), f)) > 0;) log.append(buf, n);
+      fclose(f);
+    }
+    unlink(file.c_str());
+    SCOPED_TRACE("rank " + std::to_string(rank) + "'s log:\n" + log);
+    // The trace line of one collective: "<kind> seq N (count C ...): eager (input <= E B[, in the descriptor])".
+    auto traced = [&](const std::string& head, bool inDescriptor) {
+      size_t at = log.find(head);
+      if (at == std::string::npos) return false;
+      const std::string line = log.substr(at, log.find('\n', at) - at);
+      return line.find(": eager") != std::string::npos &&
+             (line.find("in the descriptor") != std::string::npos) == inDescriptor;
+    };
+    EXPECT_TRUE(traced("(count 6 per rank, fp32)", true)) << "all_gather of 24 B";
+    EXPECT_TRUE(traced("(count 7 per rank, fp32)", false)) << "all_gather of 28 B";
+    int kinds = 0;
+    for (const char* kind : {"all_reduce seq", "broadcast seq", "reduce_scatter seq"}) {
+      // Each kind's first line is the 24-byte call, its second the larger one.
+      size_t first = log.find(kind), second = first == std::string::npos ? first : log.find(kind, first + 1);
+      ASSERT_NE(second, std::string::npos) << kind << " traced fewer than twice";
+      const std::string a = log.substr(first, log.find('\n', first) - first);
+      const std::string b = log.substr(second, log.find('\n', second) - second);
+      EXPECT_NE(a.find("in the descriptor"), std::string::npos) << a;
+      EXPECT_NE(b.find(": eager"), std::string::npos) << b;
+      EXPECT_EQ(b.find("in the descriptor"), std::string::npos) << b;
+      ++kinds;
+    }
+    EXPECT_EQ(kinds, 3);
+  }
+  rmdir(dir);
 }
 
 // Ranks on different hosts: the same matrix over the UCX ring (loopback).
