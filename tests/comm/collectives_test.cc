@@ -292,12 +292,7 @@ TEST(ProcessesEagerInline, OnlyInputsUpToTheInlineSizeTravelInTheDescriptor) {  
   EXPECT_RANKS_OK(report);
   for (int rank = 0; rank < 2; ++rank) {
     const std::string file = std::string(dir) + "/rank" + std::to_string(rank) + ".log";
-    std::string log;
-    if (FILE* f = fopen(file.c_str(), "r")) {
-      char buf[4096];
-      for (size_t n; (n = fread(buf, 1, sizeof(buf), f)) > 0;) log.append(buf, n);
-      fclose(f);
-    }
+    const std::string log = readWholeFile(file);
     unlink(file.c_str());
     SCOPED_TRACE("rank " + std::to_string(rank) + "'s log:\n" + log);
     // The trace line of one collective: "<kind> seq N (count C ...): eager (input <= E B[, in the descriptor])".

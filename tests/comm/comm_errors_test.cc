@@ -1334,12 +1334,7 @@ TEST(CommErrors, ACleanEndWhileAPeerAcrossHostsIsStillBusyIsNoWarning) {
   unsetenv("LIBCOMM_LOG_FILE");
   unsetenv("LIBCOMM_LOG_LEVEL");
   libcomm::log::reloadConfig();
-  std::string log;
-  if (FILE* f = fopen(file.c_str(), "r")) {
-    char buf[4096];
-    for (size_t n; (n = fread(buf, 1, sizeof(buf), f)) > 0;) log.append(buf, n);
-    fclose(f);
-  }
+  const std::string log = readWholeFile(file);
   unlink(file.c_str());
   rmdir(dir);
   ASSERT_TRUE(made.isOk()) << made.toString();

@@ -9,8 +9,6 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -50,13 +48,6 @@ std::vector<std::string> dumpsIn(const std::string& dir) {
 // A rerun must not merge the dumps of an earlier run.
 void clearDumps(const std::string& dir) {
   for (const std::string& f : dumpsIn(dir)) unlink(f.c_str());
-}
-
-std::string readFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 // `size` ranks as processes, with the test's dump directory emptied first.
@@ -120,7 +111,7 @@ TEST(FlightRecorderAcrossProcesses, LaggingRankLeavesEveryDumpForFlightMerge) {
   const auto dumps = dumpsIn(dir);
   EXPECT_EQ(dumps.size(), 3u) << "dumps in " << dir;
   for (const std::string& f : dumps) {
-    const std::string text = readFile(f);
+    const std::string text = readWholeFile(f);
     const bool lagging = f.find(".rank2.") != std::string::npos;
     EXPECT_NE(text.find(lagging ? "\"reason\":\"api\"" : "\"reason\":\"failure\""), std::string::npos) << f;
     EXPECT_NE(text.find(lagging ? "\"last_enqueued_seq\":3" : "\"last_enqueued_seq\":4"), std::string::npos) << f;
@@ -149,7 +140,7 @@ TEST(FlightRecorderAcrossProcesses, SigusrOneDumpsAndTheProcessCarriesOn) {
       }
       if (path.empty())
         return libcomm::makeError(StatusCode::kTimeout, "no dump in ", dir, " within 10 s of SIGUSR1");
-      const std::string text = readFile(path);
+      const std::string text = readWholeFile(path);
       for (const char* want :
            {"\"format\":\"libcomm-flight-recorder\"", "\"version\":1", "\"reason\":\"signal\"", "\"rank\":0",
             "\"world_size\":2", "\"last_enqueued_seq\":2", "\"first_error\":null", "\"op_timeout_ms\":1500",

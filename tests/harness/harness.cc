@@ -426,6 +426,16 @@ libcomm::Status expectStatus(const libcomm::Status& st, libcomm::StatusCode code
   return libcomm::Status::ok();
 }
 
+std::string readWholeFile(const std::string& path) {
+  std::string text;
+  if (FILE* f = fopen(path.c_str(), "r")) {
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof(buf), f)) > 0;) text.append(buf, n);
+    fclose(f);
+  }
+  return text;
+}
+
 void stopSelfFor(std::chrono::milliseconds stopped) {
   const pid_t self = getpid();
   if (fork() == 0) {

@@ -131,6 +131,9 @@ std::string modeParamName(const ::testing::TestParamInfo<Mode>& info);
 libcomm::Status expectStatus(const libcomm::Status& st, libcomm::StatusCode code, const std::vector<std::string>& words,
                              const char* what);
 
+/// The whole text of a file (a log, a dump); empty when it cannot be read.
+std::string readWholeFile(const std::string& path);
+
 /// Processes mode only: stops the calling rank's process (SIGSTOP) and returns once a forked
 /// helper has resumed it, `stopped` later -- a rank that stays alive but makes no progress.
 void stopSelfFor(std::chrono::milliseconds stopped);
