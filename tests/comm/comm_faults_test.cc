@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -61,30 +62,38 @@ long long msSince(libcomm::Clock::time_point t) {
 
 // ---- finalize ------------------------------------------------------------------------------------
 
-class Finalize : public ::testing::TestWithParam<Placement> {};
+class Finalize : public ::testing::TestWithParam<Placement> {
+ protected:
+  // `size` ranks as processes, each running `body` with a communicator made for the placement.
+  RunReport runWithComm(int size, const std::function<Status(RankContext&, libcomm::Communicator&)>& body) {
+    const Placement placement = GetParam();
+    RunOptions opts;
+    opts.mode = Mode::kProcesses;
+    opts.size = size;
+    return runRanks(opts, [&](RankContext& ctx) -> Status {
+      LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, faultConfig(ctx.rank, placement)));
+      return body(ctx, *comm);
+    });
+  }
+};
 
 TEST_P(Finalize, FlushesQueuedCollectivesThenRefusesNewOnes) {
-  const Placement placement = GetParam();
-  RunOptions opts;
-  opts.mode = Mode::kProcesses;
-  opts.size = 3;
-  auto report = runRanks(opts, [placement](RankContext& ctx) -> Status {
-    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, faultConfig(ctx.rank, placement)));
+  auto report = runWithComm(3, [](RankContext& ctx, libcomm::Communicator& comm) -> Status {
     auto stream = libcomm::createHostStream("finalize");
     const size_t count = 4096;
     std::vector<float> in(count), out(count * ctx.size);
     fillPattern(in.data(), count, ctx.rank);
     // Queued, not waited for: finalize must flush them.
     for (int i = 0; i < 8; ++i)
-      LIBCOMM_RETURN_IF_ERROR(comm->allGather(in.data(), out.data(), count, DataType::kFloat32, *stream));
-    LIBCOMM_RETURN_IF_ERROR(comm->finalize(10s));
+      LIBCOMM_RETURN_IF_ERROR(comm.allGather(in.data(), out.data(), count, DataType::kFloat32, *stream));
+    LIBCOMM_RETURN_IF_ERROR(comm.finalize(10s));
     for (int r = 0; r < ctx.size; ++r) {
       std::vector<float> want(count);
       fillPattern(want.data(), count, r);
       LIBCOMM_RETURN_IF_ERROR(compareValues("all_gather block " + std::to_string(r), out.data() + r * count,
                                             want.data(), count));
     }
-    Status later = comm->allGather(in.data(), out.data(), count, DataType::kFloat32, *stream);
+    Status later = comm.allGather(in.data(), out.data(), count, DataType::kFloat32, *stream);
     LIBCOMM_RETURN_IF_ERROR(expectStatus(later, StatusCode::kInvalidUsage, {"finalized", "all_gather"},
                                         "collective after finalize"));
     return stream->synchronize(libcomm::Deadline::after(5s));
@@ -93,18 +102,13 @@ TEST_P(Finalize, FlushesQueuedCollectivesThenRefusesNewOnes) {
 }
 
 TEST_P(Finalize, AbortsWhatAPeerNeverJoinsAndSaysSo) {
-  const Placement placement = GetParam();
-  RunOptions opts;
-  opts.mode = Mode::kProcesses;
-  opts.size = 2;
-  auto report = runRanks(opts, [placement](RankContext& ctx) -> Status {
-    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, faultConfig(ctx.rank, placement)));
+  auto report = runWithComm(2, [](RankContext& ctx, libcomm::Communicator& comm) -> Status {
     auto stream = libcomm::createHostStream("finalize-stuck");
     std::vector<float> a(8), b(16);
     if (ctx.rank == 0) {
-      LIBCOMM_RETURN_IF_ERROR(comm->allGather(a.data(), b.data(), 8, DataType::kFloat32, *stream));
+      LIBCOMM_RETURN_IF_ERROR(comm.allGather(a.data(), b.data(), 8, DataType::kFloat32, *stream));
       const auto start = libcomm::Clock::now();
-      Status st = comm->finalize(500ms);
+      Status st = comm.finalize(500ms);
       const long long took = msSince(start);
       LIBCOMM_RETURN_IF_ERROR(expectStatus(st, StatusCode::kTimeout, {"rank 0", "finalize", "1 collective", "seq 1"},
                                           "finalize with a collective the peer never joins"));
@@ -125,12 +129,7 @@ TEST_P(Finalize, AbortsWhatAPeerNeverJoinsAndSaysSo) {
 // finalize, taking no sequence number (it used to be refused as a second caller, and in a narrow
 // window could run after the peers had been told this rank ended).
 TEST_P(Finalize, WaitsForACallInsideAnotherThreadAndRefusesCallsMeanwhile) {
-  const Placement placement = GetParam();
-  RunOptions opts;
-  opts.mode = Mode::kProcesses;
-  opts.size = 2;
-  auto report = runRanks(opts, [placement](RankContext& ctx) -> Status {
-    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, faultConfig(ctx.rank, placement)));
+  auto report = runWithComm(2, [](RankContext& ctx, libcomm::Communicator& comm) -> Status {
     auto s = libcomm::createInlineHostStream("finalize-race");
     std::vector<float> a(4, 1.0f), b(4);
     const auto deadline = libcomm::Deadline::after(30s);
@@ -138,18 +137,18 @@ TEST_P(Finalize, WaitsForACallInsideAnotherThreadAndRefusesCallsMeanwhile) {
     int go = 0;
     if (ctx.rank == 1) {
       LIBCOMM_RETURN_IF_ERROR(ctx.bootstrap.recv(0, kGo, &go, sizeof(go), deadline));
-      LIBCOMM_RETURN_IF_ERROR(comm->allReduce(a.data(), b.data(), 4, DataType::kFloat32, {}, *s));
+      LIBCOMM_RETURN_IF_ERROR(comm.allReduce(a.data(), b.data(), 4, DataType::kFloat32, {}, *s));
       return ctx.bootstrap.barrier(deadline);
     }
     Status inside, finalized;
-    std::thread caller([&] { inside = comm->allReduce(a.data(), b.data(), 4, DataType::kFloat32, {}, *s); });
-    while (comm->flightRecorderJson().find("\"seq\":1,") == std::string::npos &&
-           comm->flightRecorderJson().find("\"seq\": 1,") == std::string::npos && !deadline.expired())
+    std::thread caller([&] { inside = comm.allReduce(a.data(), b.data(), 4, DataType::kFloat32, {}, *s); });
+    while (comm.flightRecorderJson().find("\"seq\":1,") == std::string::npos &&
+           comm.flightRecorderJson().find("\"seq\": 1,") == std::string::npos && !deadline.expired())
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    std::thread finalizer([&] { finalized = comm->finalize(20s); });
+    std::thread finalizer([&] { finalized = comm.finalize(20s); });
     std::this_thread::sleep_for(200ms);  // finalize is waiting for the call inside
     auto other = libcomm::createInlineHostStream("third-thread");
-    const Status meanwhile = comm->barrier(*other);
+    const Status meanwhile = comm.barrier(*other);
     LIBCOMM_RETURN_IF_ERROR(ctx.bootstrap.send(1, kGo, &go, sizeof(go), deadline));
     caller.join();
     finalizer.join();
