@@ -307,15 +307,20 @@ libcomm::Result<ShardPlan> ShardPlanner::plan(const ModelSpec& model) const {
   plan.stateNumel = stateOffset + plan.resident.shardNumel;
   // The model padded for this world and alignment stays under 2^48 elements (a PiB of fp32), so
   // the memory prediction's terms and their sums are exact: a huge alignment x world size made
-  // them wrap into a plan that "fit" any budget. (Padding adds at most alignment x world elements
-  // per group and alignment per parameter, so the groups' sums below cannot wrap themselves.)
+  // them wrap into a plan that "fit" any budget. The sum is checked as it grows: one group may
+  // hold up to 2^64 / 32 elements, and 32 of them wrapped the total to 0.
   constexpr uint64_t kMaxPaddedElems = uint64_t{1} << 48;
   uint64_t padded = plan.resident.paddedNumel;
-  for (const FlatGroup& g : plan.layers) padded += g.paddedNumel;
-  if (padded > kMaxPaddedElems)
+  bool tooLarge = padded > kMaxPaddedElems;
+  for (size_t k = 0; k < plan.layers.size() && !tooLarge; ++k) {
+    tooLarge = plan.layers[k].paddedNumel > kMaxPaddedElems - padded;
+    if (!tooLarge) padded += plan.layers[k].paddedNumel;
+  }
+  if (tooLarge)
     return makeError(StatusCode::kInvalidArgument, "plan: the model, padded for ", options_.worldSize, " ranks at ",
-                     options_.alignmentBytes, "-byte alignment, has ", padded,
-                     " elements, more than the 2^48 a plan can describe (a smaller alignmentBytes pads less)");
+                     options_.alignmentBytes,
+                     "-byte alignment, has more than the 2^48 elements a plan can describe (a smaller alignmentBytes "
+                     "pads less)");
   // The schedule holds ops for every micro-batch's pass over every layer.
   constexpr uint64_t kMaxLayerPasses = uint64_t{1} << 22;
   const uint64_t passes = static_cast<uint64_t>(options_.microBatches) * model.layers.size();

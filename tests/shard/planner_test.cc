@@ -593,7 +593,24 @@ TEST(PlannerErrors, InvalidOptionsNameTheOption) {
     huge.memoryBudgetBytes = uint64_t{1} << 40;
     auto r = ShardPlanner(huge).plan(smallLm());
     ASSERT_FALSE(r.isOk());
-    EXPECT_NE(r.status().message().find("more than the 2^48 a plan can describe"), std::string::npos)
+    EXPECT_NE(r.status().message().find("more than the 2^48 elements a plan can describe"), std::string::npos)
+        << r.status().toString();
+  }
+  // 32 groups of 2^59 padded elements each (bf16 at 1 GiB alignment, 2^30 ranks): the guard's own
+  // sum wrapped to exactly 2^64 = 0 and the plan, with 2^60-byte buffers, "fit" a 1 TiB budget.
+  {
+    ModelSpec wide;
+    for (int k = 0; k < 32; ++k) {
+      LayerSpec l;
+      l.name = "emb" + std::to_string(k);
+      l.params.push_back({l.name + ".w", {1}, ParamKind::kEmbedding});
+      wide.layers.push_back(l);
+    }
+    PlanOptions huge = options(1 << 30, size_t{1} << 30, Precision::kBf16);
+    huge.memoryBudgetBytes = uint64_t{1} << 40;
+    auto r = ShardPlanner(huge).plan(wide);
+    ASSERT_FALSE(r.isOk()) << "a model padded to 2^64 elements was planned";
+    EXPECT_NE(r.status().message().find("more than the 2^48 elements a plan can describe"), std::string::npos)
         << r.status().toString();
   }
   // The valid edges.
