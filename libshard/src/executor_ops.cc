@@ -202,7 +202,7 @@ Status Executor::runGather(const ScheduleOp& op) {
   libcomm::Stream& st = stream(StreamId::kGather);
   LogEntry e = logEntry(LogKind::kGatherStart);
   // Issued by this step's optimizer hooks for the next step: logged as the next step's.
-  if (op.nextStep) e.step += 1;
+  if (op.nextStep) e.step = static_cast<int32_t>(step_ + 1);  // in 64 bits: firstStep may be INT32_MAX
   e.layer = op.layer;
   e.buffer = static_cast<int16_t>(op.buffer);
   e.microBatch = -1;

@@ -157,6 +157,13 @@ Status planCheckpoints(const ModelSpec& model, ShardPlan& plan) {
   const uint64_t mustSave = allActivations > room ? allActivations - room : 0;  // T0 - A
 
   const size_t n = cands.size();
+  // The table is n x (n + 1) choices: 32 MiB and ~10^8 steps at the bound, where 10^5 layers took
+  // 1.25 GB and minutes.
+  constexpr size_t kMaxCandidates = 16384;
+  if (n > kMaxCandidates)
+    return makeError(StatusCode::kInvalidArgument, "plan: memory budget ", budget, " B needs checkpointing, and the ",
+                     n, " checkpointable (block) layers are more than the ", kMaxCandidates,
+                     " the planner's exact choice searches (set memoryBudgetBytes 0 to plan without checkpointing)");
   constexpr int64_t kNone = -1;
   std::vector<int64_t> best(n + 1, kNone);
   best[0] = 0;

@@ -555,6 +555,22 @@ TEST(PlannerCheckpoint, ImpossibleBudgetNamesBudgetNeedAndShortfall) {
   EXPECT_NE(r2.status().message().find("short by"), std::string::npos) << r2.status().message();
 }
 
+// The exact choice is a table of n x (n + 1): past 16384 candidates it is refused with a way out,
+// where 10^5 layers took 1.25 GB and minutes.
+TEST(PlannerCheckpoint, TooManyCandidatesForTheExactChoiceIsRefused) {
+  const ModelSpec m = blocksWithActivations(std::vector<std::pair<uint64_t, uint64_t>>(16385, {1000, 100}));
+  const uint64_t total0 = planWithBudget(m, 0).totalBytes;
+  PlanOptions o = options(2, 16);
+  o.memoryBudgetBytes = total0 - 1;
+  auto r = ShardPlanner(o).plan(m);
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("16385 checkpointable (block) layers are more than the 16384"), std::string::npos)
+      << r.status().message();
+  // A budget that needs no checkpointing plans as before.
+  EXPECT_EQ(planWithBudget(m, total0).numCheckpointed(), 0);
+}
+
 // ---- errors ------------------------------------------------------------------------------------
 
 // Plans smallLm() with options(2) changed by `edit`; expects kInvalidArgument mentioning `mention`.
