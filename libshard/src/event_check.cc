@@ -301,9 +301,19 @@ class Checker {
         const auto times = timesReduced.find({w.layer, w.step, w.micro});
         const int reduced = times == timesReduced.end() ? 0 : times->second;
         if (reduced != 1) fail("grad buffer ", g, ": ", useName(w), " was reduce-scattered ", reduced, " times");
+        if (w.begin < 0) continue;
+        // Lost gradient: no zeroing of the buffer may end between the backward's begin and the
+        // start of its own reduce-scatter (a zeroing that ends there wiped some of what it wrote).
+        for (const Span& r : spans) {
+          if (r.layer != w.layer || r.step != w.step || r.micro != w.micro || r.start < w.begin) continue;
+          const auto z = std::upper_bound(zeroes.begin(), zeroes.end(), w.begin);
+          if (z != zeroes.end() && *z <= r.start)
+            fail("lost gradient: grad buffer ", g, " was zeroed at ", at(*z), " after ", useName(w), " began writing it at ",
+                 at(w.begin), " and before its reduce_scatter started at ", at(r.start));
+          break;
+        }
         // Stale contents: the last reduce-scatter of this buffer that started before the backward
         // began must have been followed by a zeroing, over before the backward began.
-        if (w.begin < 0) continue;
         const auto next = std::lower_bound(spans.begin(), spans.end(), w.begin,
                                            [](const Span& r, int64_t v) { return r.start < v; });
         if (next == spans.begin()) continue;

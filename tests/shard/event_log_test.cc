@@ -539,6 +539,28 @@ TEST(EventLogChecker, CatchesPerturbedLogs) {
       log.erase(log.begin() + static_cast<std::ptrdiff_t>(zero));
       LIBCOMM_RETURN_IF_ERROR(expectCaught(log, "stale gradient", "missing zeroing"));
     }
+    // Lost gradients: a zeroing of a grad buffer between a backward that wrote it and that
+    // backward's reduce-scatter (it passed as long as a zeroing also came before the backward).
+    {
+      auto log = run.log;
+      size_t end = log.size();
+      for (size_t i = 0; i < log.size() && end == log.size(); ++i)
+        if (log[i].kind == LogKind::kComputeEnd && log[i].step == 1 && log[i].phase == libshard::Phase::kBackward &&
+            log[i].gradBuffer >= 0)
+          end = i;
+      if (end == log.size()) return libcomm::makeError(StatusCode::kInternalError, "no backward entries");
+      const size_t rs = find(LogKind::kReduceStart, log[end].layer, 1);
+      size_t zero = log.size();
+      for (size_t i = 0; i < log.size(); ++i)
+        if (log[i].kind == LogKind::kGradZeroed && log[i].gradBuffer == log[end].gradBuffer) zero = i;
+      if (rs == log.size() || zero == log.size()) return libcomm::makeError(StatusCode::kInternalError, "no entries");
+      LogEntry wipe = log[zero];
+      wipe.step = 1;
+      wipe.ns = log[end].ns + 1;
+      if (wipe.ns > log[rs].ns) return libcomm::makeError(StatusCode::kInternalError, "no room before the reduce");
+      log.push_back(wipe);
+      LIBCOMM_RETURN_IF_ERROR(expectCaught(log, "lost gradient", "a zeroing before the reduce-scatter"));
+    }
     // Gradient buffers: a reduce-scatter that starts before its backward ended.
     {
       auto log = run.log;
