@@ -75,6 +75,7 @@ Status BufferPool::allocateAll(const ShardPlan& plan) {
   state_.numel = plan.stateNumel;
   state_.onDevice = options_.memory == MemoryKind::kDevice;
   state_.writable = &writable_;
+  state_.stamping = &stamping_;
   state_.master = static_cast<float*>(allocations_[i++].data);
   state_.grad = static_cast<float*>(allocations_[i++].data);
   if (plan.options.precision == Precision::kBf16) state_.compute = static_cast<uint16_t*>(allocations_[i++].data);

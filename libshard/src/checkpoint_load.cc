@@ -23,7 +23,7 @@ Status checkLoadTarget(const ShardPlan& plan, const ShardState& state) {
   if (state.onDevice)
     return libcomm::makeError(StatusCode::kInvalidUsage,
                               "checkpoint load: the state is device memory; load into host memory and copy it over");
-  LIBCOMM_RETURN_IF_ERROR(detail::checkWritable(state, "checkpoint load"));
+  LIBCOMM_RETURN_IF_ERROR(detail::checkWritable(state, "checkpoint load", true));
   if (state.numel != plan.stateNumel)
     return libcomm::makeError(StatusCode::kInvalidArgument, "checkpoint load: state has ", state.numel,
                               " elements, the plan ", plan.stateNumel);

@@ -183,6 +183,7 @@ libcomm::Result<std::unique_ptr<Executor>> Executor::create(const ModelSpec& mod
   LIBCOMM_RETURN_IF_ERROR(ex->createStreams());
   pool.executor_ = ex.get();
   pool.writable_.store(true);  // until the first beginStep
+  pool.stamping_.store(false);
   return ex;
 }
 
@@ -205,6 +206,7 @@ Executor::~Executor() {
   if (pool_.executor_ == this) {
     pool_.executor_ = nullptr;
     pool_.writable_.store(true);
+    pool_.stamping_.store(false);
   }
 }
 
@@ -328,7 +330,11 @@ Status Executor::beginStep() {
   return Status::ok();
 }
 
-Status Executor::groupUpdated(int group) { return enterHook(HookKind::kGroupUpdated, group, "groupUpdated"); }
+Status Executor::groupUpdated(int group) {
+  LIBCOMM_RETURN_IF_ERROR(enterHook(HookKind::kGroupUpdated, group, "groupUpdated"));
+  pool_.stamping_.store(true);  // its gather reads the group's shards: no rewriting the whole state now
+  return Status::ok();
+}
 
 libcomm::Result<const LayerViews*> Executor::beginForward(int layer) {
   LIBCOMM_RETURN_IF_ERROR(enterHook(HookKind::kBeginForward, layer, "beginForward"));
@@ -382,6 +388,7 @@ Status Executor::optimizerDone() {
     LIBCOMM_RETURN_IF_ERROR(enterHook(HookKind::kGroupUpdated, schedule_.ops[cursor_].layer, "optimizerDone"));
   LIBCOMM_RETURN_IF_ERROR(enterHook(HookKind::kOptimizerDone, -1, "optimizerDone"));
   pool_.writable_.store(false);  // the next step's gathers read the shards from here on
+  pool_.stamping_.store(false);
   primed_ = true;
   hook_ = nullptr;
   ++step_;

@@ -265,7 +265,7 @@ libcomm::Result<double> ShardedAdamW::beginStepImpl(ShardState& state, float gra
   }
   pending_ = Pending{};
   normCommSeconds_ = 0.0;
-  LIBCOMM_RETURN_IF_ERROR(detail::checkWritable(state, "AdamW: beginStep"));
+  LIBCOMM_RETURN_IF_ERROR(detail::checkWritable(state, "AdamW: beginStep", true));
   if (state.onDevice)
     return libcomm::makeError(StatusCode::kInvalidUsage,
                               "AdamW: the state is device memory; ShardedAdamW runs on the host (a device trainer "
@@ -355,7 +355,7 @@ libcomm::Status ShardedAdamW::updateGroupImpl(ShardState& state, int group) {
   const size_t gi = group < 0 ? groups_.size() - 1 : static_cast<size_t>(group);
   if (pending_.updated[gi])
     return libcomm::makeError(StatusCode::kInvalidUsage, "AdamW: group ", group, " updated twice in one step");
-  LIBCOMM_RETURN_IF_ERROR(detail::checkWritable(state, "AdamW: updateGroup"));
+  LIBCOMM_RETURN_IF_ERROR(detail::checkWritable(state, "AdamW: updateGroup", false));
   pending_.updated[gi] = true;
   if (pending_.skip) return libcomm::Status::ok();
   if (state.numel != stateNumel_)

@@ -17,13 +17,19 @@ inline libcomm::DataType computeDataType(const ShardPlan& plan) {
 }
 inline size_t computeElementSize(const ShardPlan& plan) { return libcomm::dataTypeSize(computeDataType(plan)); }
 
-/// kInvalidUsage, naming `who`, unless the trainer may write `state` now (ShardState::writable).
-inline libcomm::Status checkWritable(const ShardState& state, const char* who) {
-  if (state.writable == nullptr || state.writable->load(std::memory_order_acquire)) return libcomm::Status::ok();
-  return libcomm::makeError(libcomm::StatusCode::kInvalidUsage, who,
-                            ": an Executor's step is running on this state (its collectives read and write the "
-                            "shards from beginStep to endStep, and from optimizerDone on for the next step); "
-                            "write it between endStep and optimizerDone, or before the first beginStep");
+/// kInvalidUsage, naming `who`, unless the trainer may write `state` now (ShardState::writable);
+/// `wholeState`: also unless no next-step gather reads part of it yet (ShardState::stamping).
+inline libcomm::Status checkWritable(const ShardState& state, const char* who, bool wholeState) {
+  if (state.writable != nullptr && !state.writable->load(std::memory_order_acquire))
+    return libcomm::makeError(libcomm::StatusCode::kInvalidUsage, who,
+                              ": an Executor's step is running on this state (its collectives read and write the "
+                              "shards from beginStep to endStep, and from optimizerDone on for the next step); "
+                              "write it between endStep and optimizerDone, or before the first beginStep");
+  if (wholeState && state.stamping != nullptr && state.stamping->load(std::memory_order_acquire))
+    return libcomm::makeError(libcomm::StatusCode::kInvalidUsage, who,
+                              ": the executor's groupUpdated already started next-step gathers that read the updated "
+                              "groups' shards; only the groups still to update may be written until optimizerDone");
+  return libcomm::Status::ok();
 }
 
 }  // namespace libshard::detail

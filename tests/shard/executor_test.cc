@@ -500,6 +500,38 @@ TEST(ExecutorHooks, TheStateIsWritableOnlyInTheOptimizersWindow) {
     if (state.step != 1) return libcomm::makeError(StatusCode::kInternalError, "the window's step did not run");
     LIBCOMM_RETURN_IF_ERROR(ex.optimizerDone());
     LIBCOMM_RETURN_IF_ERROR(refused("after optimizerDone"));
+    // Once groupUpdated started a next-step gather, it reads that group's shards: a checkpoint
+    // load, or cancelStep and a fresh optimizer step, would race it (and the next step would
+    // compute with weights the master no longer holds); the groups still to update may go on.
+    // (The hooks alone: the toy net expects its own weights, not AdamW's.)
+    LIBCOMM_RETURN_IF_ERROR(ex.beginStep());
+    const int layers = static_cast<int>(rig->plan.layers.size());
+    for (int k = 0; k < layers; ++k) {
+      LIBCOMM_RETURN_IF_ERROR(ex.beginForward(k).status());
+      LIBCOMM_RETURN_IF_ERROR(ex.endForward(k));
+    }
+    for (int k = layers - 1; k >= 0; --k) {
+      LIBCOMM_RETURN_IF_ERROR(ex.beginBackward(k).status());
+      LIBCOMM_RETURN_IF_ERROR(ex.endBackward(k));
+    }
+    LIBCOMM_RETURN_IF_ERROR(ex.endStep());
+    const std::vector<int> order = ex.updateOrder();
+    if (order.size() < 2) return libcomm::makeError(StatusCode::kInternalError, "update order too short");
+    LIBCOMM_RETURN_IF_ERROR(opt.beginStep(state, ex.pendingGradScale(), nullptr, nullptr, never).status());
+    LIBCOMM_RETURN_IF_ERROR(opt.updateGroup(state, order[0]));
+    LIBCOMM_RETURN_IF_ERROR(ex.groupUpdated(order[0]));
+    const std::vector<float> stamped(state.master, state.master + state.numel);
+    LIBCOMM_RETURN_IF_ERROR(expectError(libshard::loadCheckpoint(ckpt, rig->plan, state), {StatusCode::kInvalidUsage},
+                                        {"checkpoint load", "groupUpdated already started"}, "load after groupUpdated"));
+    if (!std::equal(stamped.begin(), stamped.end(), state.master))
+      return libcomm::makeError(StatusCode::kInternalError, "a refused checkpoint load wrote the master shard");
+    LIBCOMM_RETURN_IF_ERROR(opt.updateGroup(state, order[1]));  // a group still to update: allowed
+    opt.cancelStep();
+    LIBCOMM_RETURN_IF_ERROR(expectError(opt.beginStep(state, ex.pendingGradScale(), nullptr, nullptr, never).status(),
+                                        {StatusCode::kInvalidUsage}, {"AdamW: beginStep", "groupUpdated already started"},
+                                        "a fresh optimizer step after groupUpdated"));
+    LIBCOMM_RETURN_IF_ERROR(ex.optimizerDone());
+    LIBCOMM_RETURN_IF_ERROR(ex.synchronize());
     // One executor per pool; the pool outlives it.
     LIBCOMM_ASSIGN_OR_RETURN(auto schedule, libshard::Schedule::build(rig->plan));
     LIBCOMM_RETURN_IF_ERROR(

@@ -138,6 +138,7 @@ class BufferPool {
   uint64_t peak_ = 0;
   const void* executor_ = nullptr;   // the Executor built on this pool, while it exists
   std::atomic<bool> writable_{true};  // ShardState::writable
+  std::atomic<bool> stamping_{false};  // ShardState::stamping
 };
 
 }  // namespace libshard

@@ -246,7 +246,9 @@ class Executor {
   /// the trainer's thread between endStep and optimizerDone (the optimizer's window) and before the
   /// first beginStep; during a step the streams read the shards (gathers) and write the grad shard
   /// (reduce-scatters). On a device pool, "touch" means work enqueued on computeStream().
-  /// ShardedAdamW and loadCheckpoint refuse the state outside those windows (ShardState::writable).
+  /// ShardedAdamW and loadCheckpoint refuse the state outside those windows (ShardState::writable),
+  /// and, once groupUpdated started a next-step gather, everything but updating the groups still
+  /// to update (ShardState::stamping).
   ShardState& state() { return pool_.state(); }
   /// The event log (disabled unless ExecutorOptions::eventLogCapacity > 0). Read it only between
   /// endStep and the next beginStep, after synchronize() (the optimizer stamps are written by the

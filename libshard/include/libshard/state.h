@@ -27,6 +27,12 @@ struct ShardState {
   /// optimizer's window between endStep and optimizerDone, with no executor). ShardedAdamW and
   /// loadCheckpoint refuse a state that is not writable. Null: no pool (nothing to check).
   const std::atomic<bool>* writable = nullptr;
+  /// A BufferPool's state points to the pool's flag: true once the executor's groupUpdated issued
+  /// a next-step gather in this window. That gather reads the updated group's shards, so from then
+  /// on only ShardedAdamW::updateGroup of the groups still to update may write the state:
+  /// loadCheckpoint and a fresh AdamW beginStep (after cancelStep) are refused until the next
+  /// window. Null: no pool.
+  const std::atomic<bool>* stamping = nullptr;
 };
 
 }  // namespace libshard
