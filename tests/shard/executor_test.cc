@@ -590,8 +590,17 @@ TEST(ExecutorHooks, MisassembledPartsAreRefused) {
     LIBCOMM_ASSIGN_OR_RETURN(auto schedule, libshard::Schedule::build(rig->plan));
     auto ex = libshard::Executor::create(rig->spec, rig->plan, schedule, *otherPool, *rig->ag, *rig->rs);
     if (ex.isOk()) return libcomm::makeError(StatusCode::kInternalError, "an executor took another plan's pool");
-    return expectError(ex.status(), {StatusCode::kInvalidArgument},
-                       {"the buffer pool was not allocated for this plan: its allocation"}, "other pool");
+    LIBCOMM_RETURN_IF_ERROR(expectError(ex.status(), {StatusCode::kInvalidArgument},
+                                        {"the buffer pool was not allocated for this plan: its allocation"},
+                                        "other pool"));
+    // The pool's memory belongs to the communicators it was made with; the ones a failed executor
+    // leaves are aborted, and a new executor with new ones on the old pool would have taken its
+    // half-written gradient buffers into the next step.
+    rig->ex.reset();
+    LIBCOMM_ASSIGN_OR_RETURN(auto freshAg, libcomm::Communicator::create(ctx.bootstrap, testConfig()));
+    auto swapped = libshard::Executor::create(rig->spec, rig->plan, schedule, *rig->pool, *freshAg, *rig->rs);
+    return expectError(swapped.status(), {StatusCode::kInvalidArgument},
+                       {"the buffer pool was made with other communicators"}, "other communicators");
   });
   EXPECT_RANKS_OK(report);
 }
