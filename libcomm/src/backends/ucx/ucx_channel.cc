@@ -123,13 +123,16 @@ Status Channel::connect(const std::vector<std::string>& addresses, const std::ve
       st = api().ucp_ep_create(worker_, &ep, &peer->bulk);
       if (st != UCS_OK) {
         peers_[p] = std::move(peer);
+        peerList_.push_back(p);  // its PEER endpoint is closed with the others
         return makeError(StatusCode::kRemoteError, "rank ", rank_, ": creating the UCX bulk endpoint to rank ", p,
                          " failed: ", api().ucs_status_string(st));
       }
     }
+    // Listed as soon as made: a later peer's failure leaves this one's endpoints to drain and the
+    // destructor, which close what peerList_ names.
     peers_[p] = std::move(peer);
+    peerList_.push_back(p);
   }
-  peerList_ = peers;
   connected_ = true;
 
   // Wire-up: one message each way per peer. It also checks that the peer is the rank it should

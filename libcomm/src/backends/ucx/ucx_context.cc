@@ -18,7 +18,9 @@
 namespace libcomm::ucx {
 namespace {
 
-std::mutex gMu;
+// Recursive: a context whose making failed is destroyed inside acquire, which holds it, and the
+// destructor takes it too.
+std::recursive_mutex gMu;
 std::weak_ptr<Context> gContext;  // guarded by gMu
 // Read without gMu, so that a child forked while another thread held gMu (making the context)
 // is refused instead of blocking on it for ever: the fork count and pid at which the live context
@@ -99,7 +101,7 @@ Result<std::shared_ptr<Context>> Context::acquire(Milliseconds peerTimeout) {
   const uint64_t forks = processForks();
   const uint64_t madeAt = gContextForks.load();
   if (madeAt != kNoContext && madeAt != forks) return refusedAfterFork(gContextPid.load());
-  std::lock_guard<std::mutex> lock(gMu);
+  std::lock_guard<std::recursive_mutex> lock(gMu);
   if (auto existing = gContext.lock()) {
     if (existing->forks_ == forks) return existing;
     return refusedAfterFork(existing->pid_);  // the child's copy of a context its parent had in use
@@ -174,8 +176,17 @@ Result<std::shared_ptr<Context>> Context::create(Milliseconds peerTimeout, uint6
 }
 
 Context::~Context() {
+  // A forked child's copy: gMu may have been held by a thread the fork did not copy, and the hint
+  // stays (the child is refused a context either way).
+  if (forks_ != processForks()) {
+    if (handle_) api().ucp_cleanup(handle_);
+    return;
+  }
+  // Under gMu: another thread's acquire may have made a new context since this one's last owner
+  // let go. Its hint stays, and its ucp_init does not overlap this ucp_cleanup.
+  std::lock_guard<std::recursive_mutex> lock(gMu);
   if (handle_) api().ucp_cleanup(handle_);
-  gContextForks.store(kNoContext);
+  if (gContext.expired()) gContextForks.store(kNoContext);
 }
 
 }  // namespace libcomm::ucx
