@@ -167,7 +167,7 @@ TEST(UcxAddresses, ExchangeKeepsLengthsAndEmptyEntries) {
 
 // A bootstrap that hands the real one rank 1's worker-address contribution spoiled in one way:
 // what a rank of another build, or something else writing to the store, would put there.
-enum class Spoil { kGarbage, kTruncated, kBitFlip };
+enum class Spoil { kGarbage, kTruncated, kBitFlip, kOverlong };
 
 class SpoilingBootstrap final : public libcomm::Bootstrap {
  public:
@@ -184,6 +184,9 @@ class SpoilingBootstrap final : public libcomm::Bootstrap {
         uint32_t length = 0;  // announces 5 bytes fewer: the frame's tail is cut off
         memcpy(&length, out.data(), 4);
         length -= 5;
+        memcpy(out.data(), &length, 4);
+      } else if (round_ == 1 && how_ == Spoil::kOverlong) {
+        const uint32_t length = (1u << 16) + 1;  // one byte past the bound, which was 1 MiB
         memcpy(out.data(), &length, 4);
       } else if (round_ == 2 && how_ == Spoil::kGarbage) {
         for (size_t i = 0; i < bytes; ++i) out[i] = static_cast<uint8_t>(i * 37 + 11);
@@ -217,6 +220,10 @@ TEST_P(UcxAddressSpoiled, EveryRankNamesTheRankAtFault) {
     LIBCOMM_ASSIGN_OR_RETURN(auto ch, Channel::create(ctx.rank, ctx.size, testConfig()));
     SpoilingBootstrap boot(ctx.bootstrap, how);
     auto got = libcomm::ucx::exchangeAddresses(boot, ch->address(), Deadline::after(milliseconds(20000)));
+    if (how == Spoil::kOverlong)  // refused by every rank, itself included, from the lengths alone
+      return expectError(got.status(), StatusCode::kInvalidUsage,
+                         {"rank " + std::to_string(ctx.rank) + ": rank 1 announced a UCX worker address of 65537 bytes"},
+                         "overlong address");
     if (ctx.rank == 1)  // its own entry came back spoiled: it fails too, naming itself
       return expectError(got.status(), StatusCode::kInvalidUsage, {"rank 1: rank 1's UCX worker address"},
                          "own spoiled address");
@@ -229,10 +236,12 @@ TEST_P(UcxAddressSpoiled, EveryRankNamesTheRankAtFault) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Spoil, UcxAddressSpoiled,
-                         ::testing::Values(Spoil::kGarbage, Spoil::kTruncated, Spoil::kBitFlip),
+                         ::testing::Values(Spoil::kGarbage, Spoil::kTruncated, Spoil::kBitFlip, Spoil::kOverlong),
                          [](const ::testing::TestParamInfo<Spoil>& info) {
-                           return info.param == Spoil::kGarbage ? "garbage"
-                                  : info.param == Spoil::kTruncated ? "truncated" : "bit_flip";
+                           return info.param == Spoil::kGarbage     ? "garbage"
+                                  : info.param == Spoil::kTruncated ? "truncated"
+                                  : info.param == Spoil::kBitFlip   ? "bit_flip"
+                                                                    : "overlong";
                          });
 
 // ---- data path over real UCX ----------------------------------------------------------------

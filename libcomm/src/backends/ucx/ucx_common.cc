@@ -12,8 +12,11 @@
 namespace libcomm::ucx {
 namespace {
 // Far above any worker address seen (79-215 B here, a few KiB with many IB devices); a larger
-// length is garbage, not an address.
-constexpr uint32_t kMaxAddressBytes = 1u << 20;
+// length is garbage, not an address. Every rank's entry is padded to the longest, so one bad
+// length made every rank allocate and move size x that (1 GiB per rank at 1024 ranks with the
+// former 1 MiB bound); the whole exchange is bounded too.
+constexpr uint32_t kMaxAddressBytes = 1u << 16;
+constexpr uint64_t kMaxExchangeBytes = uint64_t{1} << 28;
 
 // Each non-empty address travels framed, so that what reaches ucp_ep_create (which trusts its
 // input) is an address a libcomm worker produced, whole: a 16-byte header of magic, the address's
@@ -97,12 +100,20 @@ Result<std::vector<std::string>> exchangeAddresses(Bootstrap& bootstrap, const s
       bootstrap.allGather(&myLength, lengths.data(), sizeof(uint32_t), deadline)
           .withContext("rank " + std::to_string(rank) + ": exchanging UCX worker address lengths"));
   uint32_t longest = 0;
+  int longestRank = 0;
   for (int r = 0; r < size; ++r) {
     if (lengths[r] > kMaxAddressBytes)
       return makeError(StatusCode::kInvalidUsage, "rank ", rank, ": rank ", r, " announced a UCX worker address of ",
                        lengths[r], " bytes (at most ", kMaxAddressBytes, " allowed): not a libcomm peer of this version?");
-    longest = std::max(longest, lengths[r]);
+    if (lengths[r] > longest) {
+      longest = lengths[r];
+      longestRank = r;
+    }
   }
+  if (static_cast<uint64_t>(longest) * static_cast<uint64_t>(size) > kMaxExchangeBytes)
+    return makeError(StatusCode::kInvalidUsage, "rank ", rank, ": rank ", longestRank, " announced a UCX worker address of ",
+                     longest, " bytes; padded to that, the ", size, " ranks' addresses would take more than the ",
+                     kMaxExchangeBytes, " bytes allowed per rank");
   // This rank's own entry is checked too (after the second round, which every rank enters or none
   // does), so that the rank whose entry went wrong fails as well, naming itself.
   auto changed = [&](size_t returned) {
