@@ -165,7 +165,7 @@ Status Channel::connect(const std::vector<std::string>& addresses, const std::ve
     }
     Status st = wait(reqs, ctx, overBulk ? "wire-up of the bulk endpoints" : "wire-up");
     if (!st.isOk()) {
-      (void)drain(Deadline::after(kForceCloseBound));
+      drain(Deadline::after(kForceCloseBound));
       return st.withContext("connecting to UCX peers [" + listRanks(peers) +
                             "] (every listed peer must list this rank too)");
     }
@@ -402,8 +402,8 @@ void Channel::cancelReceives(bool includeControl) {
       api().ucp_request_cancel(worker_, s->request);
 }
 
-Status Channel::drain(Deadline deadline) {
-  if (!worker_) return Status::ok();
+void Channel::drain(Deadline deadline) {
+  if (!worker_) return;
   const auto start = Clock::now();
   cancelReceives();
   const Deadline firstPart = deadline.min(Deadline::after(kCancelBound));
@@ -445,7 +445,6 @@ Status Channel::drain(Deadline deadline) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
   LIBCOMM_LOG(kDebug, "ucx") << "rank " << rank_ << ": UCX channel drained in " << ms << " ms, " << left
                              << " requests abandoned";
-  return Status::ok();
 }
 
 void Channel::retireWorker() {
@@ -465,11 +464,10 @@ void Channel::retireWorker() {
   worker_ = nullptr;
 }
 
-Status Channel::disconnect(Deadline deadline) {
-  if (!worker_) return Status::ok();
-  Status st = drain(deadline);
+void Channel::disconnect(Deadline deadline) {
+  if (!worker_) return;
+  drain(deadline);
   (void)closeEndpoints(std::vector<bool>(size_, true), deadline);
-  return st;
 }
 
 void Channel::closeEndpoint(Peer& peer, bool force, std::vector<void*>* closing) {

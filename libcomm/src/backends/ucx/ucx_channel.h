@@ -115,12 +115,13 @@ class Channel {
   /// is pending; endpoints with requests still pending are closed (their peers are then lost to
   /// this channel). What is still pending after that (a lost or stopped peer's rendezvous on its
   /// bulk endpoint, which UCX can neither fail nor force-close) goes with the worker, and the
-  /// channel refuses everything after. OK when no UCX request can touch a user buffer any more.
-  Status drain(Deadline deadline);
+  /// channel refuses everything after. On return no UCX request can touch a user buffer any more
+  /// (it cannot fail: what does not end in time goes with the worker).
+  void drain(Deadline deadline);
   /// When this rank gives up on the communicator (after an error of its own): drains, then closes
   /// every endpoint (the peer-failure ones forced), so that the peers' waits on this rank fail at
   /// once (kRemoteError naming it) instead of at their deadline. The channel is unusable afterwards.
-  Status disconnect(Deadline deadline);
+  void disconnect(Deadline deadline);
 
   int rank() const { return rank_; }
   int size() const { return size_; }

@@ -43,8 +43,8 @@ Status Channel::wait(std::span<Request>, const WaitContext&, const char*) { retu
 Status Channel::waitAny(std::span<Request>, size_t*, const WaitContext&, const char*) { return unavailable("wait"); }
 Result<bool> Channel::test(Request&, const WaitContext*, const char*) { return unavailable("test"); }
 void Channel::abort() { aborted_.store(true); }
-Status Channel::drain(Deadline) { return Status::ok(); }
-Status Channel::disconnect(Deadline) { return Status::ok(); }
+void Channel::drain(Deadline) {}
+void Channel::disconnect(Deadline) {}
 bool Channel::peerLost(int) const { return false; }
 size_t Channel::pendingRequests() const { return 0; }
 std::string Channel::describePeer(int) const { return ""; }
