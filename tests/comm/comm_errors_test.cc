@@ -328,6 +328,49 @@ TEST_P(CommFailures, KilledRankIsNamedBySurvivors) {
   EXPECT_RANKS_OK(report);
 }
 
+// The same across hosts over tcp with 8 MiB blocks, the rank killed a few milliseconds into the
+// second collective: the blocks travel on the bulk endpoints (no peer-failure mode, so UCX never
+// fails their requests), and the death must still be named within seconds, not at the 20 s op
+// timeout, and the survivors' communicators must end without waiting for the lost transfers.
+TEST(CommErrors, KilledRankMidBulkTransferIsNamedBySurvivors) {
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = 3;
+  opts.expectDeath = {1};
+  opts.deadline = std::chrono::seconds(60);
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    setenv("UCX_TLS", "tcp", 1);  // this rank's process only
+    auto config = quickConfig(ctx.rank, Placement::kAcrossHosts);
+    config.opTimeout = std::chrono::seconds(20);
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+    auto s = libcomm::createHostStream("kill-bulk");
+    const size_t count = size_t{2} << 20;  // 8 MiB of fp32 per rank
+    LIBCOMM_ASSIGN_OR_RETURN(void* buf, comm->allocRegistered(3 * count * 4));
+    float* mine = static_cast<float*>(buf) + ctx.rank * count;
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(mine, buf, count, DataType::kFloat32, *s));
+    LIBCOMM_RETURN_IF_ERROR(s->synchronize(libcomm::Deadline::after(std::chrono::seconds(20))));
+    const auto start = libcomm::Clock::now();
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(mine, buf, count, DataType::kFloat32, *s));
+    if (ctx.rank == 1) {
+      usleep(3000);  // its blocks are on the wire
+      raise(SIGKILL);
+    }
+    Status st = s->synchronize(libcomm::Deadline::after(std::chrono::seconds(30)));
+    const long long waited = msSince(start);
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(st, StatusCode::kRemoteError, {"rank 1", "all_gather seq 2"}, "killed peer"));
+    if (waited > scaledForSanitizers(5000LL))
+      return libcomm::makeError(StatusCode::kInternalError, "the death was named after ", waited, " ms");
+    const auto teardown = libcomm::Clock::now();
+    LIBCOMM_RETURN_IF_ERROR(comm->freeRegistered(buf));
+    comm.reset();
+    if (msSince(teardown) > scaledForSanitizers(5000LL))
+      return libcomm::makeError(StatusCode::kInternalError, "the communicator took ", msSince(teardown),
+                                " ms to end after the death");
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 TEST_P(CommFailures, StoppedRankTimesOutNamingIt) {
   const Placement placement = GetParam();
   RunOptions opts;

@@ -56,10 +56,6 @@ Status check(bool ok, const std::string& what) {
 }
 
 
-long long msSince(libcomm::Clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(libcomm::Clock::now() - t).count();
-}
-
 // ---- finalize ------------------------------------------------------------------------------------
 
 class Finalize : public ::testing::TestWithParam<Placement> {

@@ -110,10 +110,6 @@ Status expectError(const Status& st, StatusCode code, const std::vector<std::str
   return Status::ok();
 }
 
-long long msSince(Clock::time_point t) {
-  return std::chrono::duration_cast<milliseconds>(Clock::now() - t).count();
-}
-
 RunOptions processes(int size, milliseconds deadline = milliseconds(25000)) {
   RunOptions o;
   o.mode = Mode::kProcesses;

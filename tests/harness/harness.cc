@@ -426,6 +426,10 @@ libcomm::Status expectStatus(const libcomm::Status& st, libcomm::StatusCode code
   return libcomm::Status::ok();
 }
 
+long long msSince(libcomm::Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(libcomm::Clock::now() - t).count();
+}
+
 std::string readWholeFile(const std::string& path) {
   std::string text;
   if (FILE* f = fopen(path.c_str(), "r")) {

@@ -131,6 +131,9 @@ std::string modeParamName(const ::testing::TestParamInfo<Mode>& info);
 libcomm::Status expectStatus(const libcomm::Status& st, libcomm::StatusCode code, const std::vector<std::string>& words,
                              const char* what);
 
+/// Milliseconds from `t` to now (libcomm's clock).
+long long msSince(libcomm::Clock::time_point t);
+
 /// The whole text of a file (a log, a dump); empty when it cannot be read.
 std::string readWholeFile(const std::string& path);
 
