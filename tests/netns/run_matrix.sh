@@ -4,7 +4,8 @@
 #   all      both collectives, fp32 and bf16, registered buffers, 8 B .. 1 MiB, every result checked
 #   staged   reduce_scatter from plain memory (staging path), every type and reduce op
 #   killed   (with --kill) a long all_gather; the last rank is SIGKILLed after 2 s and every
-#            survivor must exit with an error within comm_bench's -T deadline
+#            survivor must exit with an error within comm_bench's -T deadline, the log must say
+#            that the killed rank was lost, and no survivor may merely have timed out
 # Ranks on different hosts talk over UCX (the ring of libcomm/src/core/cross_host.cc).
 #
 #   tests/netns/run_matrix.sh [--bench PATH] [--launcher env|torchrun|mpirun] [--shapes "2x2 3x1 2x3"] [--kill]
@@ -39,6 +40,8 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
 # runCase NAME K R [netns.sh options] -- comm_bench arguments
+# With $lost set to a rank: the log must name it lost ("peer rank N [was ]lost"), and say no "timed out".
+lost=""
 runCase() {
   local name=$1 k=$2 r=$3
   shift 3
@@ -52,7 +55,11 @@ runCase() {
   rc=$?
   local took verdict
   took=$(( ($(date +%s%N) - start) / 1000000 ))
-  if [ "$rc" = 0 ]; then
+  if [ "$rc" = 0 ] && [ -n "$lost" ] && { ! grep -qE "peer rank $lost (was )?lost" "$log" || grep -q "timed out" "$log"; }; then
+    verdict="FAIL (rank $lost's death was not named as a loss, or a survivor timed out)"
+    failed=$((failed + 1))
+    cat "$log"
+  elif [ "$rc" = 0 ]; then
     verdict="PASS"
     passed=$((passed + 1))
   elif [ "$rc" = 77 ]; then
@@ -73,8 +80,10 @@ for shape in $shapes; do
   runCase all "$k" "$r" -- all -b 8 -e 1M -f 8 -n 2 -w 1 -c 1 -T 60000
   runCase staged "$k" "$r" -- reduce_scatter -R 0 -b 8 -e 256K -f 8 -n 2 -w 1 -c 1 -d all -O all -o all -T 60000
   if [ "$kill_case" = 1 ]; then
-    runCase killed "$k" "$r" --kill-rank $((k * r - 1)) --kill-after-ms 2000 --survivor-rc 1 \
+    lost=$((k * r - 1))
+    runCase killed "$k" "$r" --kill-rank "$lost" --kill-after-ms 2000 --survivor-rc 1 \
       -- all_gather -b 64M -e 64M -n 100000 -w 1 -c 0 -T 5000
+    lost=""
   fi
 done
 
