@@ -3,8 +3,12 @@
 // Built only where NCCL is (LIBCOMM_WITH_NCCL).
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -108,6 +112,37 @@ TEST(NcclUniqueId, RealIdIsSharedIntact) {
     ASSERT_TRUE(results[r].isOk()) << "rank " << r << ": " << results[r].status().toString();
     EXPECT_EQ(std::memcmp(results[r].value().internal, made[0].internal, sizeof(ncclUniqueId)), 0);
   }
+}
+
+// An NCCL older than the backend's entry points (here a stub "2.10" with GetVersion and
+// GetUniqueId only) is refused naming what it lacks, before any call through a null pointer. The
+// library is loaded once per process, so the test runs itself again in a fresh one for the stub.
+TEST(NcclLibrary, AnNcclLackingTheBackendsEntryPointsIsRefusedNamingThem) {
+  if (getenv("NCCL_OLD_STUB_CHILD") != nullptr) {
+    auto id = makeUniqueId();
+    ASSERT_FALSE(id.isOk());
+    EXPECT_EQ(id.status().code(), StatusCode::kSystemError) << id.status().toString();
+    EXPECT_TRUE(contains(id.status(), "lacks pncclCommInitRankConfig")) << id.status().toString();
+    EXPECT_TRUE(contains(id.status(), NCCL_OLD_STUB_PATH)) << id.status().toString();
+    EXPECT_FALSE(contains(id.status(), "pncclGetUniqueId")) << id.status().toString();
+    ncclUniqueId none{};
+    auto comm = initComm(none, 0, 1, 0, Deadline::after(Milliseconds(1000)));
+    ASSERT_FALSE(comm.isOk());
+    EXPECT_TRUE(contains(comm.status(), "lacks pncclCommInitRankConfig")) << comm.status().toString();
+    return;
+  }
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    setenv("NCCL_OLD_STUB_CHILD", "1", 1);
+    setenv("LIBCOMM_NCCL_LIBRARY", NCCL_OLD_STUB_PATH, 1);
+    execl("/proc/self/exe", "nccl_backend_test", "--gtest_filter=NcclLibrary.*", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "wait status " << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the stub NCCL was not refused as expected (the run above)";
 }
 
 TEST(NcclInit, ChecksRankAndDeviceBeforeCallingNccl) {

@@ -44,7 +44,7 @@ ncclResult_t pollComm(ncclComm_t comm, Deadline deadline, ncclResult_t* callResu
 }  // namespace
 
 Result<ncclUniqueId> makeUniqueId() {
-  LIBCOMM_RETURN_IF_ERROR(library().status());
+  LIBCOMM_RETURN_IF_ERROR(backendLibrary().status());
   ncclUniqueId id;
   LIBCOMM_RETURN_IF_ERROR(LIBCOMM_NCCL_CALL(GetUniqueId, &id));
   return id;
@@ -116,7 +116,7 @@ Result<std::unique_ptr<Comm>> initComm(const ncclUniqueId& id, int rank, int siz
   const std::string who = detail::strCat("rank ", rank, " of ", size, " (device ", device, ")");
   if (size < 1 || rank < 0 || rank >= size)
     return makeError(StatusCode::kInvalidArgument, "NCCL communicator: ", who, " is not a rank of the world");
-  LIBCOMM_RETURN_IF_ERROR(library().status().withContext("NCCL communicator of " + who));
+  LIBCOMM_RETURN_IF_ERROR(backendLibrary().status().withContext("NCCL communicator of " + who));
   LIBCOMM_RETURN_IF_ERROR(cuda::checkDevice(device, "NCCL communicator of " + who));
   cuda::DeviceGuard guard(device);
   LIBCOMM_RETURN_IF_ERROR(guard.status());

@@ -69,6 +69,32 @@ using Loaded = LoadOnce<Library, load>;
 
 Result<const Library*> library() { return Loaded::get(); }
 
+Result<const Library*> backendLibrary() {
+  LIBCOMM_ASSIGN_OR_RETURN(const Library* lib, library());
+  std::string missing;
+#define LIBCOMM_NCCL_NEEDED(name) \
+  if (lib->p##name == nullptr) missing += (missing.empty() ? "pnccl" : ", pnccl") + std::string(#name);
+  LIBCOMM_NCCL_NEEDED(GetUniqueId)
+  LIBCOMM_NCCL_NEEDED(CommInitRankConfig)
+  LIBCOMM_NCCL_NEEDED(CommGetAsyncError)
+  LIBCOMM_NCCL_NEEDED(CommFinalize)
+  LIBCOMM_NCCL_NEEDED(CommDestroy)
+  LIBCOMM_NCCL_NEEDED(CommAbort)
+  LIBCOMM_NCCL_NEEDED(GetErrorString)
+  LIBCOMM_NCCL_NEEDED(GetLastError)
+  LIBCOMM_NCCL_NEEDED(AllGather)
+  LIBCOMM_NCCL_NEEDED(ReduceScatter)
+  LIBCOMM_NCCL_NEEDED(AllReduce)
+  LIBCOMM_NCCL_NEEDED(Broadcast)
+  LIBCOMM_NCCL_NEEDED(RedOpCreatePreMulSum)
+  LIBCOMM_NCCL_NEEDED(RedOpDestroy)
+#undef LIBCOMM_NCCL_NEEDED
+  if (!missing.empty())
+    return makeError(StatusCode::kSystemError, "NCCL at ", lib->path, " (", lib->why, ") lacks ", missing,
+                     ", which libcomm's NCCL backend calls (NCCL 2.14 or newer has them all)");
+  return lib;
+}
+
 const Library* loadedLibrary() { return Loaded::ifLoaded(); }
 
 void declareStandIn(const void* address) { standInBase.store(objectBase(address)); }
