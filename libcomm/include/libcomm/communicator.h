@@ -136,7 +136,10 @@ class Communicator {
 
   // ---- Failure. ----
   /// The first error of any collective of this communicator, or OK. Non-blocking, sticky: after an
-  /// error, new collectives are refused with it. Thread-safe.
+  /// error, new collectives are refused with it. Thread-safe. It also asks NCCL (device memory
+  /// through NCCL): an error NCCL found after a call was enqueued -- a peer lost while its kernels
+  /// wait -- becomes this communicator's error, and its kernels are aborted. Ask it after a
+  /// synchronize of a CUDA stream timed out, to learn why and stop them.
   Status asyncError() const;
   /// Makes pending and future collectives fail at once (peers see kRemoteError naming this rank).
   /// Callable from any thread, returns in bounded time.

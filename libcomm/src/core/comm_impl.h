@@ -67,6 +67,9 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// Marks collective `seq` finished (run or not) for ordering and idle accounting.
   void settle(uint32_t seq);
   Status asyncError() const;
+  /// asyncError(), after asking NCCL for an error found since a call was enqueued (which then
+  /// fails the communicator, aborting NCCL's waiting kernels). Communicator::asyncError.
+  Status asyncErrorAskingNccl();
   void abort(const std::string& why);
   /// Tells this host's peers that this rank's communicator ended cleanly (Channel::markClosed):
   /// after finalize, or a destruction with nothing in flight.

@@ -403,7 +403,7 @@ Status Communicator::barrier(Stream& stream) {
   return impl_->submit(a, stream);
 }
 
-Status Communicator::asyncError() const { return impl_->asyncError(); }
+Status Communicator::asyncError() const { return impl_->asyncErrorAskingNccl(); }
 void Communicator::abort() {
   // A forked child's abort would fail the parent's communicator, which the child does not own:
   // ignored (it returns nothing to say so in).

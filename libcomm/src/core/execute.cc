@@ -459,6 +459,17 @@ Status Communicator::Impl::asyncError() const {
   return asyncError_;
 }
 
+Status Communicator::Impl::asyncErrorAskingNccl() {
+  Status st = asyncError();
+  // NCCL's own failures after a call was enqueued (a lost peer) surface only when asked: its
+  // kernels wait on meanwhile, so the communicator fails here, which aborts them.
+  if (!st.isOk() || !nccl_ || inForkedChild()) return st;
+  const Status nccl = nccl_->pollAsyncError();
+  if (nccl.isOk()) return st;
+  fail(nccl.withContext("rank " + std::to_string(rank_) + ": NCCL reported"));
+  return asyncError();
+}
+
 void Communicator::Impl::abort(const std::string& why) {
   {
     std::lock_guard<std::mutex> lock(errMu_);

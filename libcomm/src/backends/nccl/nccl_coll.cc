@@ -40,6 +40,12 @@ class DelegateImpl final : public Delegate {
     return Status::ok();
   }
 
+  Status pollAsyncError() override {
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock()) return Status::ok();
+    return asyncErrorLocked();
+  }
+
   Status destroy(Deadline deadline) override {
     const Holder hold(*this);
     if (!comm_) return Status::ok();
@@ -75,14 +81,29 @@ class DelegateImpl final : public Delegate {
     LIBCOMM_RETURN_IF_ERROR(guard.status().withContext(what));
     s_ = static_cast<cudaStream_t>(stream);
     deadline_ = deadline;
-    Status st = dispatch(a, device);
+    // A collective enqueued earlier may have failed since (its kernels then wait for ever): no new
+    // one behind it.
+    Status st = asyncErrorLocked();
+    if (st.isOk()) st = dispatch(a, device);
     return st.isOk() ? st
                      : st.withContext(detail::strCat(what, " (NCCL, rank ", comm_->rank(), " of ", comm_->size(), ")"));
   }
 
  private:
+  // With mu_ held (or from the call that holds it).
+  Status asyncErrorLocked() {
+    if (!comm_) return Status::ok();
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = LIBCOMM_NCCL_FN(CommGetAsyncError)(comm_->get(), &state);
+    if (r != ncclSuccess) return statusFromNccl(r, "ncclCommGetAsyncError", __FILE__, __LINE__);
+    if (state == ncclSuccess || state == ncclInProgress) return Status::ok();
+    return statusFromNccl(state, "an NCCL collective enqueued earlier", __FILE__, __LINE__);
+  }
+
   // NCCL's non-blocking communicators may answer ncclInProgress while a call is being enqueued:
-  // polls until it is, or the deadline passes.
+  // polls until it is, or the deadline passes. Given up while NCCL may still be enqueueing, the
+  // call may yet read the buffers and operator it was given: unsettled_ says not to free them, and
+  // the communicator is aborted as the call returns (Holder), which ends it.
   Status check(ncclResult_t r, const char* call) {
     if (r == ncclInProgress) {
       for (;;) {
@@ -91,9 +112,14 @@ class DelegateImpl final : public Delegate {
         if (r != ncclSuccess) break;
         r = state;
         if (state != ncclInProgress) break;
-        if (deadline_.expired())
-          return makeError(StatusCode::kTimeout, call, ": NCCL did not finish enqueueing by the deadline");
-        if (aborted_.load()) return makeError(StatusCode::kRemoteError, call, ": the NCCL communicator was aborted");
+        const bool late = deadline_.expired();
+        if (late || aborted_.load()) {
+          unsettled_ = true;
+          aborted_.store(true);
+          return late ? makeError(StatusCode::kTimeout, call, ": NCCL did not finish enqueueing by the deadline; "
+                                                              "communicator aborted")
+                      : makeError(StatusCode::kRemoteError, call, ": the NCCL communicator was aborted");
+        }
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
     }
@@ -106,7 +132,7 @@ class DelegateImpl final : public Delegate {
     return p;
   }
   void release(void* p) {
-    if (p) (void)cudaFreeAsync(p, s_);
+    if (p && !unsettled_) (void)cudaFreeAsync(p, s_);  // (unsettled: left to leak, see check)
   }
 
   Status kernel(const void* in, void* out, size_t count, DataType inType, bool accumulate, int device) {
@@ -134,7 +160,7 @@ class DelegateImpl final : public Delegate {
     return made;
   }
   void dropOp(const CollArgs& a, ncclRedOp_t op) {
-    if (a.reduce.op == ReduceOp::kPremulSum) (void)LIBCOMM_NCCL_FN(RedOpDestroy)(op, comm_->get());
+    if (a.reduce.op == ReduceOp::kPremulSum && !unsettled_) (void)LIBCOMM_NCCL_FN(RedOpDestroy)(op, comm_->get());
   }
 
   Status dispatch(const CollArgs& a, int device) {
@@ -224,6 +250,7 @@ class DelegateImpl final : public Delegate {
   std::unique_ptr<Comm> comm_;
   cudaStream_t s_ = nullptr;
   Deadline deadline_ = Deadline::after(Milliseconds(0));
+  bool unsettled_ = false;  // a call was given up while NCCL may still enqueue it (check)
 };
 
 }  // namespace

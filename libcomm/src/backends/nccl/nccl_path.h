@@ -37,6 +37,11 @@ class Delegate {
   /// Enqueues `args` on `stream` (a cudaStream_t of `device`); waits for NCCL's non-blocking enqueue
   /// at most until `deadline`. `what` names the call in errors.
   virtual Status run(const CollArgs& args, void* stream, int device, Deadline deadline, const std::string& what) = 0;
+  /// The error NCCL reports for the communicator after calls were enqueued (ncclCommGetAsyncError:
+  /// a peer lost, a network failure), OK when none or no communicator was made. Non-blocking; any
+  /// thread (OK while another thread's call holds the communicator: that call looks itself). NCCL's
+  /// kernels keep waiting after such an error until the communicator is aborted.
+  virtual Status pollAsyncError() = 0;
   /// Finalizes and destroys the communicator, if one was made (bounded).
   virtual Status destroy(Deadline deadline) = 0;
   /// Aborts the communicator (ncclCommAbort: NCCL kernels still waiting for a peer end, so that
