@@ -147,7 +147,7 @@ failures() {
   local f=$out/failures.txt
   : > "$f"
   local s
-  for s in gpu_tests gpu_coll_tests; do
+  for s in gpu_tests gpu_quick gpu_coll_tests; do
     [ -s "$logs/$s.log" ] || continue
     awk '/^ *Start +[0-9]+:|^The following tests|tests passed, [0-9]+ tests failed/ { keep = 0 }
          /Test +#[0-9]+:.*(\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout|Not Run|SEGFAULT|Child aborted)/ { keep = 1 }
@@ -155,7 +155,9 @@ failures() {
     sed -n '/The following tests FAILED/,$p' "$logs/$s.log" >> "$f"
   done
   for s in "${failed_steps[@]}"; do
-    [ "$s" = gpu_tests ] || [ "$s" = gpu_coll_tests ] && continue
+    # A test step's failed tests are above; its log's tail is added only when the step itself was
+    # killed (a test still running then printed nothing through ctest).
+    case "$s" in gpu_tests | gpu_quick | gpu_coll_tests) grep -q "gpu_check: killed after" "$logs/$s.log" || continue ;; esac
     { echo "==== $s: the last 60 lines of logs/$s.log"; tail -n 60 "$logs/$s.log"; } >> "$f"
   done
   if [ -s "$f" ]; then
@@ -223,6 +225,27 @@ if command -v nvidia-smi > /dev/null; then
 else
   say "devices: no nvidia-smi here"
 fi
+# A CUDA 13 toolkit needs a 580+ driver: on an older one every probe says "driver insufficient"
+# after the whole build. Compare the CUDA version the driver supports with nvcc's first, and take
+# the newest other toolkit under /usr/local the driver runs, if the default is too new.
+cuda_major() { "$1/bin/nvcc" --version 2> /dev/null | sed -n 's/.*release \([0-9]*\)\..*/\1/p' | head -1; }
+driver_cuda=$(nvidia-smi 2> /dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\)\..*/\1/p' | head -1)
+if [ -n "$driver_cuda" ] && [ -x "$cuda_root/bin/nvcc" ] && [ -z "${CUDA_ROOT:-}" ]; then
+  have=$(cuda_major "$cuda_root")
+  if [ -n "$have" ] && [ "$have" -gt "$driver_cuda" ]; then
+    best=""
+    for d in /usr/local/cuda-*; do
+      m=$(cuda_major "$d")
+      [ -n "$m" ] && [ "$m" -le "$driver_cuda" ] && { [ -z "$best" ] || [ "$m" -gt "$(cuda_major "$best")" ]; } && best=$d
+    done
+    if [ -n "$best" ]; then
+      say "the driver runs CUDA $driver_cuda at most and $cuda_root is CUDA $have: building with $best instead"
+      cuda_root=$best
+    else
+      say "the driver runs CUDA $driver_cuda at most and $cuda_root is CUDA $have, with no older toolkit here: the build will not run on this GPU"
+    fi
+  fi
+fi
 if [ ! -x "$cuda_root/bin/nvcc" ]; then
   say "no CUDA toolkit at $cuda_root (set CUDA_ROOT): cannot build the CUDA parts"
   rows+=("toolkit|FAILED|0|no nvcc under $cuda_root")
@@ -269,7 +292,8 @@ command -v ninja > /dev/null && generator=(-G Ninja)
 step configure 120 10 "Release, sm_90, CUDA ON, NCCL ${nccl_args[0]#-DLIBCOMM_WITH_NCCL=}" -- \
   cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DLIBCOMM_WITH_CUDA=ON "-DCMAKE_CUDA_COMPILER=$cuda_root/bin/nvcc" "-DCUDAToolkit_ROOT=$cuda_root" \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DSHARDCOMM_FUZZ=OFF "${nccl_args[@]}" "${gtest_args[@]}" || exit 1
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DSHARDCOMM_FUZZ=OFF -DSHARDCOMM_GPU_TEST_TIMEOUT=120 \
+  "${nccl_args[@]}" "${gtest_args[@]}" || exit 1
 grep -E '^-- shardcomm: (CUDA|NCCL)' "$logs/configure.log"
 
 have_tests=0
@@ -319,10 +343,16 @@ if [ $have_tests -eq 1 ]; then
     ctest --test-dir "$build" --output-on-failure \
     -R '^gpu\.(CudaStreamTest|NcclInitGpu)\.|^(cuda|nccl)\.|^shard\.(DevicePool|ShardExecHostTwin)\.' \
     -E '^cuda\.(build_options|find_nccl_)|^nccl\.header_versions$'
+  # One short own-path test first (2 ranks sharing the GPU): a quick yes or no on the whole path,
+  # even if a longer test hangs after it. Every gpu test's TIMEOUT is capped at 120 s (configure
+  # above), so a hung one ends with its output printed, not with its step killed.
+  quick='^gpu\.Ranks/DeviceOrderTest\.OwnPathOrdersWorkTheHostNeverWaitedFor/2ranks'
+  step gpu_quick 60 20 "ctest: one own-path test, 2 ranks" -- \
+    ctest --test-dir "$build" --output-on-failure -R "$quick"
   step gpu_coll_tests 180 60 "ctest: the device collectives (own path, NCCL), libshard on CUDA streams, the shim" -- \
-    ctest --test-dir "$build" --output-on-failure -R '^gpu\.' -E '^gpu\.(CudaStreamTest|NcclInitGpu)\.'
+    ctest --test-dir "$build" --output-on-failure -R '^gpu\.' -E "^gpu\.(CudaStreamTest|NcclInitGpu)\.|$quick"
   # On a GPU machine no gpu test may skip: a skip means the device was not usable.
-  if grep -qE 'gpu\..*Skipped' "$logs/gpu_tests.log" "$logs/gpu_coll_tests.log" 2> /dev/null; then
+  if grep -qE 'gpu\..*Skipped' "$logs/gpu_tests.log" "$logs/gpu_quick.log" "$logs/gpu_coll_tests.log" 2> /dev/null; then
     rows+=("gpu_skips|FAILED|0|gpu tests skipped on a machine with a GPU; see logs/gpu_tests.log, logs/gpu_coll_tests.log")
     failed=1
   fi

@@ -39,6 +39,7 @@ namespace {
 using shardcomm::testing::Mode;
 using shardcomm::testing::RankContext;
 using shardcomm::testing::RunOptions;
+using shardcomm::testing::gpuTestWait;
 
 // ---- data ----------------------------------------------------------------------------------------
 
@@ -175,13 +176,13 @@ Status runCase(Communicator& comm, Stream& stream, const Case& c, size_t count, 
       st = comm.broadcast(send, recv, count, c.in, 0, stream);
       break;
   }
-  if (st.isOk()) st = stream.synchronize(Deadline::after(Milliseconds(60000)));
+  if (st.isOk()) st = stream.synchronize(gpuTestWait());
   std::vector<unsigned char> got(outBytes);
   if (st.isOk()) st = cudaOk(cudaMemcpy(got.data(), recv, outBytes, cudaMemcpyDeviceToHost), "copy back");
-  if (c.registered) {
+  if (c.registered && st.isOk()) {  // (failed: the buffer is leaked below, so nobody waits)
     // Peers may read this rank's input until their streams passed the collective: wait for all.
     Status b = comm.barrier(stream);
-    if (b.isOk()) b = stream.synchronize(Deadline::after(Milliseconds(60000)));
+    if (b.isOk()) b = stream.synchronize(gpuTestWait());
     Status d = comm.deregisterBuffer(base);
     // The peers close their mappings of it at their next own-path collective: one before cudaFree
     // (communicator.h).
@@ -382,7 +383,7 @@ Status releaseRounds(RankContext& ctx) {
   const int n = comm->size();
   auto settle = [&]() -> Status {
     LIBCOMM_RETURN_IF_ERROR(comm->barrier(s));
-    return s.synchronize(Deadline::after(Milliseconds(60000)));
+    return s.synchronize(gpuTestWait());
   };
   float* out = nullptr;
   CU(cudaMalloc(&out, kInBytes * n));
@@ -398,7 +399,7 @@ Status releaseRounds(RankContext& ctx) {
     CU(cudaStreamSynchronize(cudaStreamLegacy));  // as in runCase: libcomm's streams do not wait for it
     LIBCOMM_RETURN_IF_ERROR(comm->registerBuffer(in, kInBytes).withContext(what));
     LIBCOMM_RETURN_IF_ERROR(comm->allGather(in, out, kCount, DataType::kFloat32, s).withContext(what));
-    LIBCOMM_RETURN_IF_ERROR(s.synchronize(Deadline::after(Milliseconds(60000))).withContext(what));
+    LIBCOMM_RETURN_IF_ERROR(s.synchronize(gpuTestWait()).withContext(what));
     CU(cudaMemcpy(got.data(), out, kInBytes * n, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < got.size(); ++i)
       if (got[i] != releaseValue(round, static_cast<int>(i / kCount), i % kCount))
@@ -492,16 +493,16 @@ Status orderRounds(RankContext& ctx) {
     if (st.isOk()) st = cudaOk(cudaMemsetAsync(in, 0xff, kInBytes, static_cast<cudaStream_t>(s)), "overwriting the input");
     st = st.withContext(what);
   }
-  if (st.isOk()) st = stream.synchronize(Deadline::after(Milliseconds(30000)));
+  if (st.isOk()) st = stream.synchronize(gpuTestWait());
   std::vector<float> got(kCount * n * kRounds);
   if (st.isOk()) st = cudaOk(cudaMemcpy(got.data(), out, got.size() * sizeof(float), cudaMemcpyDeviceToHost), "copy back");
   // The peers' reads of `in` are behind this barrier on every stream; then deregister and free.
   Status b = comm->barrier(stream);
-  if (b.isOk()) b = stream.synchronize(Deadline::after(Milliseconds(30000)));
+  if (b.isOk()) b = stream.synchronize(gpuTestWait());
   Status d = comm->deregisterBuffer(in);
   if (st.isOk()) st = b.isOk() ? d : b;
   if (st.isOk()) st = comm->barrier(stream);  // peers drop their mappings of `in` before it is freed
-  if (st.isOk()) st = stream.synchronize(Deadline::after(Milliseconds(30000)));
+  if (st.isOk()) st = stream.synchronize(gpuTestWait());
   if (st.isOk()) {  // else leaked: see runCase
     (void)cudaFree(in);
     (void)cudaFree(out);
@@ -571,7 +572,8 @@ TEST(DeviceColl, MixingHostAndDeviceIsRefusedAndRegistrationIsRefcounted) {
   o.mode = Mode::kProcesses;
   o.size = 1;
   EXPECT_RANKS_OK(shardcomm::testing::runRanks(o, [](RankContext& ctx) -> Status {
-    auto comm = Communicator::create(ctx.bootstrap, CommConfig{});
+    LIBCOMM_ASSIGN_OR_RETURN(CommConfig config, CommConfig::fromEnvironment());
+    auto comm = Communicator::create(ctx.bootstrap, config);
     LIBCOMM_RETURN_IF_ERROR(comm.status());
     auto cs = createCudaStream("dev", 0);
     LIBCOMM_RETURN_IF_ERROR(cs.status());

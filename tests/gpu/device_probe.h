@@ -47,6 +47,20 @@ inline const CudaProbe& cudaProbe() {
   return p;
 }
 
+/// How long a gpu test waits for a stream: the op timeout the communicators get from the
+/// environment (LIBCOMM_TIMEOUT_MS; tools/gpu_check.sh sets 30 s) and 5 s more, so that a hung
+/// collective fails the test soon after the communicator's own deadline -- and its error, which
+/// names the peer, comes first -- instead of after fixed minutes of the device machine's time.
+inline libcomm::Milliseconds gpuTestWaitSpan() {
+  static const long long ms = [] {
+    const char* v = std::getenv("LIBCOMM_TIMEOUT_MS");
+    const long long t = v ? std::atoll(v) : 0;
+    return (t > 0 ? t : 60000) + 5000;
+  }();
+  return libcomm::Milliseconds(ms);
+}
+inline libcomm::Deadline gpuTestWait() { return libcomm::Deadline::after(gpuTestWaitSpan()); }
+
 }  // namespace shardcomm::testing
 
 #define SKIP_WITHOUT_DEVICE()                                                                           \

@@ -192,7 +192,7 @@ Status runPrecision(RankContext& ctx, libcomm::Communicator& ag, libcomm::Commun
     beginsPerStep += op.kind == libshard::OpKind::kHook &&
                      (op.hook == libshard::HookKind::kBeginForward || op.hook == libshard::HookKind::kBeginBackward);
   libshard::ExecutorOptions eo;
-  eo.waitTimeout = std::chrono::seconds(60);
+  eo.waitTimeout = shardcomm::testing::gpuTestWaitSpan();
   eo.eventLogCapacity = 1 << 15;
   LIBCOMM_ASSIGN_OR_RETURN(auto ex, libshard::Executor::create(m.spec, plan, schedule, *pool, ag, rs, eo));
   if (ex->onDevice() != onDevice ||
@@ -367,7 +367,7 @@ Status runPrecision(RankContext& ctx, libcomm::Communicator& ag, libcomm::Commun
   // Peers read this rank's registered shards until their streams pass the collectives: everyone
   // drains (above) and meets before the pool is freed.
   ex.reset();
-  LIBCOMM_RETURN_IF_ERROR(ctx.bootstrap.barrier(libcomm::Deadline::after(std::chrono::milliseconds(60000))));
+  LIBCOMM_RETURN_IF_ERROR(ctx.bootstrap.barrier(shardcomm::testing::gpuTestWait()));
   return pool->freeAll();
 }
 
@@ -379,8 +379,10 @@ Status rankBody(RankContext& ctx, uint64_t seed, bool onDevice) {
     dev = ctx.rank % devices;
     CU(cudaSetDevice(dev));
   }
-  LIBCOMM_ASSIGN_OR_RETURN(auto ag, libcomm::Communicator::create(ctx.bootstrap, libcomm::CommConfig{}));
-  LIBCOMM_ASSIGN_OR_RETURN(auto rs, libcomm::Communicator::create(ctx.bootstrap, libcomm::CommConfig{}));
+  // The environment's timeouts (tools/gpu_check.sh: 30 s), not the 300 s default.
+  LIBCOMM_ASSIGN_OR_RETURN(libcomm::CommConfig config, libcomm::CommConfig::fromEnvironment());
+  LIBCOMM_ASSIGN_OR_RETURN(auto ag, libcomm::Communicator::create(ctx.bootstrap, config));
+  LIBCOMM_ASSIGN_OR_RETURN(auto rs, libcomm::Communicator::create(ctx.bootstrap, config));
   // bf16 with gathers and reduce-scatters on two communicators (three streams); fp32 with one
   // communicator for both (gathers and reduce-scatters share one stream).
   for (auto precision : {libshard::Precision::kBf16, libshard::Precision::kFp32}) {
