@@ -98,6 +98,10 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// and the NCCL delegate (null without NCCL; its communicator is made at the first collective
   /// that needs it, over bootstrap_, which outlives the communicator by contract).
   std::unique_ptr<cuda::OwnPath> own_;
+  uint32_t lastOwnSeq_ = 0;   // the last own-path collective this rank completed (kDeviceWaited)
+  bool ranOwnPath_ = false;
+  /// Before own_ goes: waits (briefly) until every local peer is past this rank's CUDA events.
+  void waitPeersPastOwnEvents();
   std::unique_ptr<nccl::Delegate> nccl_;
   Bootstrap* bootstrap_ = nullptr;
 

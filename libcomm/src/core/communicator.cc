@@ -196,6 +196,7 @@ void Communicator::Impl::markClosed() {
 }
 
 Communicator::Impl::~Impl() {
+  waitPeersPastOwnEvents();  // own_ (a member) destroys this rank's events after this body
   if (nccl_) {
     Status s = nccl_->destroy(Deadline::after(std::min<Milliseconds>(config_.opTimeout, Milliseconds(10000))));
     if (!s.isOk()) LIBCOMM_LOG(kWarn, "init") << "rank " << rank_ << ": " << s.toString();

@@ -163,7 +163,28 @@ Status Communicator::Impl::runDevice(const CollArgs& args, uint32_t seq, const W
   LIBCOMM_RETURN_IF_ERROR(own_->markDone(device.stream).withContext(what));
   channel_->publish(shm::Counter::kDone, seq);
   LIBCOMM_RETURN_IF_ERROR(channel_->waitAll(shm::Counter::kDone, seq, wait, "device completion"));
-  return own_->waitPeersDone(device.stream, what);
+  LIBCOMM_RETURN_IF_ERROR(own_->waitPeersDone(device.stream, what));
+  lastOwnSeq_ = seq;
+  ranOwnPath_ = true;
+  channel_->publish(shm::Counter::kDeviceWaited, seq);
+  return Status::ok();
+}
+
+void Communicator::Impl::waitPeersPastOwnEvents() {
+  if (!ranOwnPath_ || inForkedChild()) return;
+  // A local peer's last own-path collective ends with host calls that name this rank's "done"
+  // event (waitPeersDone); a peer thread of this process holds the event's raw handle. The event
+  // is destroyed with the own path, after every peer said it is past them, or failed, or ended
+  // (briefly bounded: a peer that is neither is stuck elsewhere, and its error will say so).
+  struct Label {
+    static std::string str(const void*) { return "the end of the communicator (its CUDA events)"; }
+  };
+  const WaitContext wait{OpDeadline(std::min<Milliseconds>(config_.opTimeout, Milliseconds(5000))),
+                         OpLabel{nullptr, &Label::str}, blockingWait_};
+  const Status st = channel_->waitAll(shm::Counter::kDeviceWaited, lastOwnSeq_, wait, "device events");
+  if (!st.isOk())
+    LIBCOMM_LOG(kDebug, "mem") << "rank " << rank_ << ": destroying its own-path events without every peer past "
+                                << "them: " << st.message();
 }
 
 }  // namespace libcomm

@@ -36,6 +36,7 @@ const char* counterName(Counter c) {
     case Counter::kStagePosted: return "stage-posted";
     case Counter::kStageConsumed: return "stage-consumed";
     case Counter::kProgress: return "progress";
+    case Counter::kDeviceWaited: return "device-waited";
   }
   return "?";
 }

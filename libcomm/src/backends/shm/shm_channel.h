@@ -59,8 +59,11 @@ struct OpDescriptor {
 };
 
 // kProgress: how far a rank's part of a hierarchical all_gather has come (its local peers copy
-// what it received across hosts as soon as it is in; core/cross_host.cc).
-enum class Counter : int { kDone = 0, kStagePosted = 1, kStageConsumed = 2, kProgress = 3 };
+// what it received across hosts as soon as it is in; core/cross_host.cc). kDeviceWaited: the last
+// own-path device collective whose peers' "done" events this rank has waited on (its host calls
+// that name those events are behind it), so that a rank ending its communicator destroys its
+// events only after every local peer is past them (core/device_exec.cc).
+enum class Counter : int { kDone = 0, kStagePosted = 1, kStageConsumed = 2, kProgress = 3, kDeviceWaited = 4 };
 
 /// A rank's announcement of collective `seq`: the descriptor and, in the same cache line, the
 /// stamp that publishes it, so a peer's arrival check and its read of the descriptor cost one
@@ -74,7 +77,7 @@ static_assert(sizeof(OpDescriptor) <= 56, "a post slot must stay one cache line"
 
 struct alignas(64) ControlBlock {
   static constexpr uint64_t kMagic = 0x53484152444d4d31ull;  // "SHARDMM1"
-  static constexpr uint32_t kVersion = 5;  // 5: eager inputs inlined in the descriptor
+  static constexpr uint32_t kVersion = 6;  // 5: eager inputs inlined in the descriptor; 6: kDeviceWaited
 
   uint64_t magic;
   uint32_t version;
@@ -90,7 +93,7 @@ struct alignas(64) ControlBlock {
 
   alignas(64) std::atomic<uint32_t> bell;
   std::atomic<uint32_t> waiters;
-  alignas(64) std::atomic<uint32_t> counters[4];  // indexed by Counter
+  alignas(64) std::atomic<uint32_t> counters[5];  // indexed by Counter
   alignas(64) std::atomic<uint32_t> failed;        // non-zero: this rank failed or aborted
   // Non-zero: this rank ended its communicator cleanly (finalize, or destroyed with nothing in
   // flight) once collective closedAfter was complete; it takes part in no later one.
