@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <xmmintrin.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -736,6 +737,39 @@ TEST(ReduceWide, SumsAreExactAndRoundedOnce) {
   roundFromDouble(s2.data(), accB, DataType::kBFloat16, 2, 0.5f, true);
   EXPECT_EQ(bf16ToFloatScalar(accB[0]), 3.0f);
   EXPECT_EQ(bf16ToFloatScalar(accB[1]), 1.875f);
+}
+
+// A caller's thread with flush-to-zero and denormals-are-zero set (torch.set_flush_denormal(True)
+// sets both) gets IEEE sums all the same, with every kernel and the fp64 path, and its mode back:
+// a rank that had set them formed 0 where the others formed 2e-39, and all_reduce results
+// differed between ranks.
+TEST(Reduce, TheCallersFlushToZeroModeDoesNotChangeTheSums) {
+  const unsigned saved = _mm_getcsr();
+  const float tiny = 1e-39f;  // a denormal
+  const size_t n = 37;        // a vector and a tail
+  std::vector<float> a(n, tiny), b(n, tiny), out(n);
+  const void* ins[] = {a.data(), b.data()};
+  for (bool portable : {true, false}) {
+    forcePortable(portable);
+    _mm_setcsr(saved | 0x8040);
+    ReduceArgs r;
+    r.inputs = ins;
+    r.numInputs = 2;
+    r.out = out.data();
+    r.count = n;
+    reduce(r);
+    const unsigned after = _mm_getcsr();
+    _mm_setcsr(saved);
+    EXPECT_EQ(after & 0x8040, 0x8040u) << "the caller's mode was not restored";
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], tiny + tiny) << kernelName() << " element " << i;
+  }
+  forcePortable(false);
+  std::vector<double> sums(n);
+  _mm_setcsr(saved | 0x8040);
+  sumToDouble(ins, 2, DataType::kFloat32, sums.data(), n);
+  roundFromDouble(sums.data(), out.data(), DataType::kFloat32, n, 1.0f, false);
+  _mm_setcsr(saved);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], tiny + tiny) << "fp64 path, element " << i;
 }
 
 TEST(Reduce, KernelNameAndForcePortable) {

@@ -287,6 +287,7 @@ void floatToBf16(const float* in, uint16_t* out, size_t n) {
 void reduce(const ReduceArgs& args) {
   assert(args.numInputs >= 1 || args.count == 0);
   if (args.count == 0 || args.numInputs < 1) return;
+  const IeeeArithmetic ieee;
   if (useAvx512()) return detail::reduceAvx512(args);
   detail::reducePortable(args);
 }

@@ -10,11 +10,40 @@
 
 #include <cstddef>
 #include <cstdint>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 #include "libcomm/convert.h"
 #include "libcomm/types.h"
 
 namespace libcomm::reduce {
+
+/// For its lifetime, the calling thread computes with IEEE denormals: its flush-to-zero and
+/// denormals-are-zero modes (MXCSR; torch.set_flush_denormal sets both) are cleared, and restored
+/// after. Every reduction below takes one, so that a rank whose thread set them forms the same sums
+/// as the others (an all_reduce's results are identical on every rank) and tiny values are not
+/// lost. Reading the mode costs a few cycles; writing it happens only when it was set.
+class IeeeArithmetic {
+ public:
+  IeeeArithmetic() {
+#if defined(__x86_64__) || defined(__i386__)
+    saved_ = _mm_getcsr();
+    if (saved_ & kFlushModes) _mm_setcsr(saved_ & ~kFlushModes);
+#endif
+  }
+  ~IeeeArithmetic() {
+#if defined(__x86_64__) || defined(__i386__)
+    if (saved_ & kFlushModes) _mm_setcsr(saved_);
+#endif
+  }
+  IeeeArithmetic(const IeeeArithmetic&) = delete;
+  IeeeArithmetic& operator=(const IeeeArithmetic&) = delete;
+
+ private:
+  static constexpr unsigned kFlushModes = 0x8040;  // FTZ (bit 15) and DAZ (bit 6)
+  unsigned saved_ = 0;
+};
 
 /// bf16 (raw bits) -> fp32; exact.
 void bf16ToFloat(const uint16_t* in, float* out, size_t n);

@@ -8,6 +8,7 @@
 namespace libcomm::reduce {
 
 void widenToDouble(const void* in, DataType t, double* out, size_t n, bool add) {
+  const IeeeArithmetic ieee;  // (denormals-are-zero would widen a tiny fp32 to 0)
   if (t == DataType::kFloat32) {
     const float* f = static_cast<const float*>(in);
     if (add) {
@@ -37,6 +38,7 @@ void sumToDouble(const void* const* inputs, int numInputs, DataType t, double* o
 }
 
 void addDoubles(const double* in, double* out, size_t n) {
+  const IeeeArithmetic ieee;
   for (size_t i = 0; i < n; ++i) out[i] += in[i];
 }
 
@@ -57,6 +59,7 @@ uint16_t doubleToBf16Scalar(double v) {
 }
 
 void roundFromDouble(const double* in, void* out, DataType outType, size_t n, float scale, bool accumulate) {
+  const IeeeArithmetic ieee;
   const double s = static_cast<double>(scale);
   if (outType == DataType::kFloat32) {
     float* o = static_cast<float*>(out);
