@@ -18,12 +18,15 @@ const char* dataTypeName(DataType t);
 
 enum class ReduceOp : uint8_t {
   kSum = 0,
-  kAvg = 1,        // the fp32 sum times fl(1 / world size), as NCCL's float avg (not the correctly
-                   // rounded sum / size: the two differ by an ulp for some sums when the size is no
-                   // power of two); the same on every rank and path
+  kAvg = 1,        // the fp32 sum times fl(1 / world size), the same on every rank and host path
+                   // (not the correctly rounded sum / size: the two differ by an ulp for some sums
+                   // when the size is no power of two)
   kPremulSum = 2,  // the sum times ReduceOptions::scale, applied once to the fp32 sum; every rank must
-                   // pass the same scale (the mismatch check compares them), so this equals NCCL's
-                   // "multiply each input, then sum" up to one rounding
+                   // pass the same scale (the mismatch check compares them)
+  // avg and premulSum scale the sum, where NCCL (and so libcomm's NCCL path) scales each input
+  // before summing: the results differ by roundings (NCCL rounds n products, libcomm one), and a
+  // sum past fp32's range is +-Inf here even when the scaled result would fit (two inputs of 3e38
+  // average to Inf, where NCCL gives 3e38).
 };
 
 /// "sum" / "avg" / "premulsum".

@@ -23,8 +23,9 @@ Status allGatherPass(const CollArgs& a, const OpEnv& env, const PassView& v, siz
   return Status::ok();
 }
 
-// Inputs are always combined in rank order, so every rank (and every algorithm) forms the same
-// fp32 sums: all_reduce results are identical on all ranks.
+// Inputs are always combined in rank order, so every rank (and every one-host algorithm: eager,
+// direct, staged) forms the same fp32 sums: all_reduce results are identical on all ranks. (Across
+// hosts the ring sums in ring order: identical on all ranks too, but not the one-host sums.)
 Status reducePass(const CollArgs& a, const OpEnv& env, const PassView& v, size_t lo, size_t hi, size_t part,
                   void* out) {
   const void* inputs[256];
