@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -384,6 +385,64 @@ TEST(CommBenchOptions, DeviceMemoryRefusesAnInlineStream) {
   EXPECT_NE(o.status().message().find("-s inline is for host memory"), std::string::npos) << o.status().message();
   EXPECT_TRUE(parse({"all", "-m", "host", "-s", "inline"}).isOk());
   EXPECT_TRUE(parse({"all", "-m", "device", "-s", "thread"}).isOk());
+}
+
+// Size sweeps: -i over a wide range is refused before anything is built (bad_alloc before), and a
+// huge -f stops at the first size past -e instead of wrapping around to a doubling sweep.
+TEST(CommBenchOptions, SizeSweepsAreBoundedAndNeverWrap) {
+  auto many = parse({"all_gather", "-b", "0", "-e", "1G", "-i", "1"});
+  ASSERT_FALSE(many.isOk());
+  EXPECT_NE(many.status().message().find("sizes, more than the 100000"), std::string::npos) << many.status().toString();
+  auto huge = parse({"all_gather", "-b", "4", "-e", "64", "-f", "4611686018427387906"});
+  ASSERT_TRUE(huge.isOk()) << huge.status().toString();
+  EXPECT_EQ(sizeList(*huge), std::vector<size_t>({4}));
+  auto steps = parse({"all_gather", "-b", "8", "-e", "40", "-i", "16"});
+  ASSERT_TRUE(steps.isOk()) << steps.status().toString();
+  EXPECT_EQ(sizeList(*steps), std::vector<size_t>({8, 24, 40}));
+  auto top = parse({"all_gather", "-b", "8", "-e", "64", "-f", "2"});
+  ASSERT_TRUE(top.isOk()) << top.status().toString();
+  EXPECT_EQ(sizeList(*top), std::vector<size_t>({8, 16, 32, 64}));
+}
+
+// The local job's deadline: the ops' sum, capped at 30 days, never 0 (with more ops than 30 days
+// has milliseconds, `-np 2 -n 100000000` failed at once: "timeout 0 ms").
+TEST(CommBenchOptions, TheLocalJobDeadlineIsNeverZero) {
+  constexpr long long kMonth = 30LL * 24 * 3600 * 1000;
+  EXPECT_EQ(localJobTimeoutMs(10, 1000), 10000);
+  EXPECT_EQ(localJobTimeoutMs(1000000, 300000000), kMonth / 1000000 * 1000000);
+  EXPECT_EQ(localJobTimeoutMs(kMonth, 1000), kMonth);
+  EXPECT_EQ(localJobTimeoutMs(kMonth * 100, 1000), kMonth);
+  EXPECT_GT(localJobTimeoutMs(kMonth - 1, 1000), 0);
+}
+
+// The JSON's bandwidths keep six significant digits at every size: with four decimals an 8-byte
+// row's 0.0000911 GB/s read 0.0001, and summarize.py's ratios at small sizes were off by up to 2x.
+TEST(CommBenchReport, JsonBandwidthsKeepTheirPrecisionAtSmallSizes) {
+  auto o = parse({"all_gather", "-J", testing::TempDir() + "comm_bench_precision_test.jsonl"});
+  ASSERT_TRUE(o.isOk()) << o.status().toString();
+  {
+    Report report(*o, 2);
+    ASSERT_TRUE(report.openJson().isOk());
+    Row row;
+    row.bytes = 8;
+    row.count = 1;
+    row.outOfPlace = {true, 43.909, 0};
+    report.addRow(row);
+  }
+  const std::string path = testing::TempDir() + "comm_bench_precision_test.jsonl";
+  FILE* f = fopen(path.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  char line[1024] = {};
+  ASSERT_NE(fgets(line, sizeof(line), f), nullptr);
+  fclose(f);
+  std::remove(path.c_str());
+  auto field = [&](const char* name) {
+    const char* at = strstr(line, name);
+    return at ? strtod(at + strlen(name), nullptr) : -1.0;
+  };
+  const double algbw = 8.0 / 43.909e-6 / 1e9;  // GB/s
+  EXPECT_NEAR(field("\"algbw\":"), algbw, algbw * 1e-5) << line;
+  EXPECT_NEAR(field("\"busbw\":"), algbw / 2, algbw / 2 * 1e-5) << line;
 }
 
 // The JSON lines say which memory and stream a row was measured with, and name device runs apart

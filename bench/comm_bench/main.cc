@@ -55,8 +55,7 @@ int spawnRanks(const Options& options, const char* argv0) {
   long long rows = 0;
   for (Coll coll : options.colls) rows += static_cast<long long>(planRows(options, coll, 1).size());
   const long long ops = 4 + rows * (1 + 2 * (options.warmup + options.iters + 2LL));
-  const long long kMaxJobMs = 30LL * 24 * 3600 * 1000;
-  launch.timeout = Milliseconds(std::min(kMaxJobMs / ops, waitMs) * ops);
+  launch.timeout = Milliseconds(localJobTimeoutMs(ops, waitMs));
 
   Status s = libcomm::launchLocal(launch);
   if (!s.isOk()) {

@@ -29,7 +29,7 @@ down to a multiple of nranks * element size as nccl-tests does; count is element
   -b, --minbytes N        smallest size (default 32M; all: 4)
   -e, --maxbytes N        largest size (default 32M; all: 64M)
   -f, --stepfactor N      multiply the size by N each step (default 2; all: 4)
-  -i, --stepbytes N       add N bytes each step instead of multiplying (not with -f)
+  -i, --stepbytes N       add N bytes each step instead of multiplying (not with -f; at most 100000 sizes)
 Runs:
   -n, --iters N           timed iterations per size and placement (default 20)
   -w, --warmup_iters N    untimed iterations before them (default 5)
@@ -189,6 +189,14 @@ const char* opName(ReduceOp op) {
 }
 
 const char* usageText() { return kUsage; }
+
+long long localJobTimeoutMs(long long ops, long long waitMs) {
+  constexpr long long kMaxJobMs = 30LL * 24 * 3600 * 1000;
+  // More ops than 30 days has milliseconds made the per-op share 0 ms, and the job failed at once
+  // saying its timeout was 0.
+  if (ops <= 0 || waitMs <= 0) return kMaxJobMs;
+  return ops >= kMaxJobMs ? kMaxJobMs : std::min(kMaxJobMs / ops, waitMs) * ops;
+}
 
 Result<Options> parseOptions(int argc, char** argv) {
   Options o;
@@ -367,6 +375,13 @@ Result<Options> parseOptions(int argc, char** argv) {
                               "-s inline is for host memory: with -m device the collectives run on a CUDA stream "
                               "(leave -s out)");
   }
+  // -i over a wide range: the sizes (and a row per size, type and op) were built before anything
+  // ran, and -b 0 -e 1G -i 1 ended in bad_alloc.
+  constexpr size_t kMaxSizes = 100000;
+  if (o.stepBytes > 0 && o.minBytes <= o.maxBytes && (o.maxBytes - o.minBytes) / o.stepBytes >= kMaxSizes)
+    return libcomm::makeError(StatusCode::kInvalidArgument, "-b ", o.minBytes, " -e ", o.maxBytes, " -i ", o.stepBytes,
+                              " make ", (o.maxBytes - o.minBytes) / o.stepBytes + 1, " sizes, more than the ",
+                              kMaxSizes, " a run may have (a larger -i, or -f)");
   if (o.minBytes > o.maxBytes) {
     return libcomm::makeError(StatusCode::kInvalidArgument, "-b ", o.minBytes, " is larger than -e ", o.maxBytes);
   }
@@ -389,9 +404,10 @@ std::vector<size_t> sizeList(const Options& o) {
   std::vector<size_t> sizes;
   for (size_t size = o.minBytes; size <= o.maxBytes;) {
     sizes.push_back(size);
-    size_t next = o.stepBytes ? size + o.stepBytes : (size == 0 ? 1 : size * o.stepFactor);
-    if (next <= size) break;  // overflow
-    size = next;
+    // The next size only if it is within -e: checked before the step, which could wrap around
+    // (a huge -f made 4 x f wrap to 8, and the run doubled while its header said -f).
+    if (o.stepBytes ? o.stepBytes > o.maxBytes - size : size != 0 && size > o.maxBytes / o.stepFactor) break;
+    size = o.stepBytes ? size + o.stepBytes : (size == 0 ? 1 : size * o.stepFactor);
   }
   return sizes;
 }

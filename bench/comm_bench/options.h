@@ -61,6 +61,10 @@ struct Options {
 /// Parses argv. Usage errors come back as kInvalidArgument naming the flag.
 libcomm::Result<Options> parseOptions(int argc, char** argv);
 
+/// The whole local job's deadline for `ops` collective steps of at most `waitMs` each: their sum,
+/// but at most 30 days (and never 0, however many ops).
+long long localJobTimeoutMs(long long ops, long long waitMs);
+
 /// The full usage text (printed by -h and after a usage error).
 const char* usageText();
 

@@ -153,7 +153,7 @@ void Report::writeJson(const Row& row, const Measurement& m, bool inPlace) {
   json_.recordWritten(
       fprintf(out,
               "{\"coll\":\"%s\",\"dtype\":\"%s\",\"outtype\":\"%s\",\"op\":\"%s\",\"nranks\":%d,\"size\":%zu,"
-              "\"count\":%zu,\"time_us\":%.3f,\"algbw\":%.4f,\"busbw\":%.4f,\"wrong\":%s,\"inplace\":%s,"
+              "\"count\":%zu,\"time_us\":%.3f,\"algbw\":%.6g,\"busbw\":%.6g,\"wrong\":%s,\"inplace\":%s,"
               "\"registered\":%s,\"memory\":\"%s\",\"stream\":\"%s\",\"iters\":%d,\"warmup\":%d,\"impl\":\"%s\"}\n",
               collName(row.coll), typeName(row.types.in), typeName(row.types.out), opColumn(row), nranks_, row.bytes,
               row.count, m.timeUs, algbw, busBandwidth(algbw, nranks_), wrong.c_str(), inPlace ? "true" : "false",

@@ -159,8 +159,8 @@ int main(int argc, char** argv) {
       const double us = threads == 1 ? us1 : us2, gb = threads == 1 ? gb1 : gb2;
       std::fprintf(json,
                    "{\"impl\":\"memcpy\",\"coll\":\"memcpy\",\"dtype\":\"byte\",\"op\":\"none\",\"nranks\":1,"
-                   "\"threads\":%d,\"size\":%zu,\"count\":%zu,\"time_us\":%.4f,\"algbw\":%.4f,\"busbw\":%.4f,"
-                   "\"gbps\":%.4f,\"wrong\":null,\"inplace\":false,\"registered\":false,\"iters\":%d,\"warmup\":0,"
+                   "\"threads\":%d,\"size\":%zu,\"count\":%zu,\"time_us\":%.4f,\"algbw\":%.6g,\"busbw\":%.6g,"
+                   "\"gbps\":%.6g,\"wrong\":null,\"inplace\":false,\"registered\":false,\"iters\":%d,\"warmup\":0,"
                    "\"settings\":\"glibc memcpy, median of %d\"}\n",
                    threads, size, size, us, gb, gb, gb, o.iters, o.iters);
     }

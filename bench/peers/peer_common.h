@@ -281,7 +281,7 @@ inline void writeJson(FILE* f, const char* impl, const Options& o, const char* d
   std::fprintf(
       f,
       "{\"impl\":\"%s\",\"coll\":\"%s\",\"dtype\":\"%s\",\"outtype\":\"%s\",\"op\":\"%s\",\"nranks\":%d,\"size\":%zu,"
-      "\"count\":%zu,\"time_us\":%.3f,\"algbw\":%.4f,\"busbw\":%.4f,\"wrong\":%s,\"inplace\":%s,"
+      "\"count\":%zu,\"time_us\":%.3f,\"algbw\":%.6g,\"busbw\":%.6g,\"wrong\":%s,\"inplace\":%s,"
       "\"registered\":false,\"iters\":%d,\"warmup\":%d,\"settings\":\"%s\"",
       impl, o.coll.c_str(), dtype, dtype, op, nranks, size, count, r.timeUs, r.algbw, r.busbw,
       r.wrong < 0 ? "null" : std::to_string(r.wrong).c_str(), inplace ? "true" : "false", o.iters, o.warmup,
