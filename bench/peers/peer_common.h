@@ -32,12 +32,18 @@ struct Options {
   std::string coll;             // first positional argument
 };
 
-/// Parses "256M", "4K", "1G" (binary multiples, as nccl-tests does). Returns false on junk.
+/// Parses "256M", "4K", "1G", "1.5M" (binary multiples, as nccl-tests does): digits and at most one
+/// point, then an optional suffix, at most 2^50 bytes. Returns false on anything else (strtod alone
+/// took "nan", "inf", "1e30" and "0x10").
 inline bool parseSize(const char* s, size_t* out) {
+  size_t digits = 0, points = 0;
+  const char* c = s;
+  for (; (*c >= '0' && *c <= '9') || *c == '.'; ++c) (*c == '.' ? points : digits) += 1;
+  if (digits == 0 || points > 1) return false;
   char* end = nullptr;
   errno = 0;
   double v = std::strtod(s, &end);
-  if (errno != 0 || end == s || v < 0) return false;
+  if (errno != 0 || end != c || v < 0) return false;
   double mult = 1;
   switch (*end) {
     case 'K':
@@ -58,8 +64,18 @@ inline bool parseSize(const char* s, size_t* out) {
     default:
       break;
   }
-  if (*end != '\0') return false;
+  if (*end != '\0' || v * mult > 1125899906842624.0) return false;  // 2^50
   *out = static_cast<size_t>(v * mult);
+  return true;
+}
+
+/// A whole decimal integer in [lo, hi] (atoi took "5x" as 5 and "yes" as 0).
+inline bool parseInt(const char* s, long long lo, long long hi, long long* out) {
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(s, &end, 10);
+  if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) return false;
+  *out = v;
   return true;
 }
 
@@ -94,26 +110,29 @@ inline Options parseArgs(int argc, char** argv, const std::vector<std::string>& 
     }
     const char* v = argv[++i];
     bool ok = true;
+    long long n = 0;
+    // Integers as comm_bench takes them: whole, in range (a factor as an integer of at least 2: one
+    // just above 1 made a sweep of millions of equal sizes; -np at most 1024, as comm_bench).
     if (flag == "-b")
       ok = parseSize(v, &o.minBytes);
     else if (flag == "-e")
       ok = parseSize(v, &o.maxBytes);
     else if (flag == "-f")
-      o.factor = std::atof(v), ok = o.factor > 1.0;
+      ok = parseInt(v, 2, 1 << 20, &n), o.factor = static_cast<double>(n);
     else if (flag == "-n")
-      o.iters = std::atoi(v), ok = o.iters > 0;
+      ok = parseInt(v, 1, INT32_MAX, &n), o.iters = static_cast<int>(n);
     else if (flag == "-w")
-      o.warmup = std::atoi(v), ok = o.warmup >= 0;
+      ok = parseInt(v, 0, INT32_MAX, &n), o.warmup = static_cast<int>(n);
     else if (flag == "-c")
-      o.check = std::atoi(v);
+      ok = parseInt(v, 0, 1, &n), o.check = static_cast<int>(n);
     else if (flag == "-d")
       o.dtype = v, ok = (o.dtype == "float");
     else if (flag == "-o")
       o.op = v, ok = (o.op == "sum");
     else if (flag == "-R")
-      o.registered = std::atoi(v);
+      ok = parseInt(v, 0, 1, &n), o.registered = static_cast<int>(n);
     else if (flag == "-np")
-      o.nranks = std::atoi(v), ok = o.nranks > 0;
+      ok = parseInt(v, 1, 1024, &n), o.nranks = static_cast<int>(n);
     else if (flag == "-J")
       o.jsonPath = v;
     else
@@ -264,11 +283,22 @@ inline void printFooter() {
   std::fflush(stdout);
 }
 
+/// `s` as the inside of a JSON string: quotes, backslashes and control characters escaped (a tab or
+/// a newline in PEER_SETTINGS made the line invalid JSON, and summarize dropped it).
 inline std::string jsonEscape(const std::string& s) {
   std::string out;
   for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", u);
+      out += buf;
+    } else {
+      out += c;
+    }
   }
   return out;
 }

@@ -34,6 +34,28 @@ TEST(PeerArgsDeathTest, MinAboveMaxIsRefused) {
   EXPECT_EXIT(parse({"reduce_scatter", "-b", "64M"}), testing::ExitedWithCode(2), "larger than -e");
 }
 
+// Values the flags' old parsers took (strtod: nan, inf, 1e30, 0x10; atof: a factor just above 1,
+// which swept millions of equal sizes; atoi: "5x", "yes"; -np without a bound) are refused.
+TEST(PeerArgsDeathTest, BadValuesAreRefused) {
+  for (const char* size : {"nan", "inf", "1e30", "0x10", "-8", "1.2.3", "", "4T", "2000000G"})
+    EXPECT_EXIT(parse({"all_gather", "-b", size, "-e", "64"}), testing::ExitedWithCode(2), "bad or unsupported flag -b")
+        << size;
+  const std::vector<std::vector<std::string>> bad = {
+      {"-f", "1.0000001"}, {"-f", "1"}, {"-f", "2.5"}, {"-n", "5x"}, {"-n", "0"}, {"-w", "-1"},
+      {"-c", "yes"},       {"-c", "2"}, {"-R", "x"},   {"-np", "0"}, {"-np", "40000"}};
+  for (const auto& flag : bad) {
+    std::vector<std::string> args = {"all_gather", flag[0], flag[1]};
+    EXPECT_EXIT(parse(args), testing::ExitedWithCode(2), "bad or unsupported flag " + flag[0]) << flag[1];
+  }
+  EXPECT_EQ(parse({"all_gather", "-b", "1.5K", "-e", "4K", "-f", "2", "-c", "0", "-np", "1024"}).minBytes, 1536u);
+}
+
+// Settings go into the JSON escaped: quotes, backslashes and control characters (a tab or newline
+// in PEER_SETTINGS made the line invalid JSON).
+TEST(PeerJson, ControlCharactersAreEscaped) {
+  EXPECT_EQ(peers::jsonEscape("a\tb \"q\" c\\d\nx\x01"), "a\\u0009b \\\"q\\\" c\\\\d\\u000ax\\u0001");
+}
+
 TEST(PeerMedian, EvenCountTakesTheMeanOfTheTwoMiddles) {
   EXPECT_DOUBLE_EQ(peers::median({4, 1, 3}), 3);
   EXPECT_DOUBLE_EQ(peers::median({4, 1, 3, 2}), 2.5);
