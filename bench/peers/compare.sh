@@ -40,6 +40,17 @@ OUT_DIR=${OUT_DIR:-$BUILD_DIR/peers-compare-$(date +%Y%m%d-%H%M%S)}
 COLLS="all_gather reduce_scatter"
 # The reduction is every program's default (sum); comm_bench refuses -o for all_gather, which has none.
 SWEEP=(-b "$MIN_BYTES" -e "$MAX_BYTES" -f 2 -n "$ITERS" -w "$WARMUP" -c 1 -d float)
+# The inline sweep covers MIN_BYTES..min(MAX_BYTES, INLINE_MAX_BYTES), and is left out when that is
+# empty (its -e after SWEEP's used to fall below -b, and comm_bench refused every run).
+bytes_of() {  # 64K -> 65536 (whole numbers with an optional K/M/G, as the sweeps take them)
+  local v=${1%[KkMmGg]} m=1
+  case ${1: -1} in K | k) m=1024 ;; M | m) m=$((1024 * 1024)) ;; G | g) m=$((1024 * 1024 * 1024)) ;; esac
+  echo $((v * m))
+}
+inline_e=$INLINE_MAX_BYTES
+(($(bytes_of "$MAX_BYTES") < $(bytes_of "$INLINE_MAX_BYTES"))) && inline_e=$MAX_BYTES
+inline_sweep=1
+(($(bytes_of "$MIN_BYTES") > $(bytes_of "$inline_e"))) && inline_sweep=0
 
 mkdir -p "$OUT_DIR/runs" "$OUT_DIR/logs" "$OUT_DIR/probe" || exit 1
 notes=$OUT_DIR/settings.txt
@@ -204,8 +215,8 @@ for rep in $(seq 1 "$REPEATS"); do
       [[ -n $ours ]] && sweep ours "$coll" "$n" "$rep" "$ours" "$coll" "${SWEEP[@]}" -R 1 -np "$n"
       # Small sizes again on an inline stream (each collective runs on the calling thread and
       # returns when done: the blocking model MPI's calls have).
-      [[ -n $ours ]] && sweep ours-inline "$coll" "$n" "$rep" "$ours" "$coll" "${SWEEP[@]}" -e "$INLINE_MAX_BYTES" \
-        -R 1 -s inline -np "$n"
+      [[ -n $ours ]] && ((inline_sweep)) && sweep ours-inline "$coll" "$n" "$rep" "$ours" "$coll" "${SWEEP[@]}" \
+        -e "$inline_e" -R 1 -s inline -np "$n"
       if ((have_mpi)) && [[ -n ${best_mpi[$coll-$n]:-} ]]; then
         cfg=${best_mpi[$coll-$n]}
         flags=$(mpi_flags "$cfg" "$coll")
