@@ -179,8 +179,11 @@ run() {
   fi
 }
 
-netns_run() {  # netns_run K R LAUNCHER: the netns.sh prefix of one run
-  echo "$netns" run --hosts "$1" --ranks-per-host "$2" --launcher "$3" --timeout "$RUN_TIMEOUT" ${MTU:+--mtu "$MTU"} --
+netns_run() {  # netns_run K R LAUNCHER: sets the array netns_cmd to the netns.sh prefix of one run
+  # (an array: echoed and split, a checkout path with a space broke every run)
+  netns_cmd=("$netns" run --hosts "$1" --ranks-per-host "$2" --launcher "$3" --timeout "$RUN_TIMEOUT")
+  [[ -n ${MTU:-} ]] && netns_cmd+=(--mtu "$MTU")
+  netns_cmd+=(--)
 }
 
 started=$SECONDS
@@ -201,16 +204,17 @@ for rep in $(seq 1 "$REPEATS"); do
               for item in "${items[@]}"; do
                 if [[ $item == -* ]]; then var_flags+=("$item"); else var_env+=("$item"); fi
               done
-              # shellcheck disable=SC2046,SC2086
+              netns_run "$k" "$r" env
+              # shellcheck disable=SC2086
               run "$shape" "$k" "$r" "$coll" "$tls" "$label" shardcomm "$rep" \
-                env "${tls_env[@]}" "${var_env[@]}" $(netns_run "$k" "$r" env) \
+                env "${tls_env[@]}" "${var_env[@]}" "${netns_cmd[@]}" \
                 "$ours" "$coll" "${SWEEP[@]}" -R 1 -T "$OP_TIMEOUT_MS" $COMM_BENCH_ARGS "${var_flags[@]}"
             done
           fi
           if [[ -n $mpi ]]; then
-            # shellcheck disable=SC2046
+            netns_run "$k" "$r" mpirun
             run "$shape" "$k" "$r" "$coll" "$tls" openmpi openmpi "$rep" \
-              env "${tls_env[@]}" "${mpi_env[@]}" $(netns_run "$k" "$r" mpirun) "$mpi" "$coll" "${SWEEP[@]}"
+              env "${tls_env[@]}" "${mpi_env[@]}" "${netns_cmd[@]}" "$mpi" "$coll" "${SWEEP[@]}"
           fi
         done
       done
