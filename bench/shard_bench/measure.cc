@@ -111,7 +111,7 @@ libcomm::Result<SizeResult> measureSize(const Options& o, const SizeSpec& size, 
       const RankFigures& f = all[size_t(r) * kNumModes + size_t(m)];
       out.stepMs = std::max(out.stepMs, f.stepMs);
       out.exposedMs = std::max(out.exposedMs, f.exposedMs);
-      out.exposedFraction = std::max(out.exposedFraction, f.exposedFraction);
+      out.exposedFraction = std::max(out.exposedFraction, f.exposedFraction);  // each rank its own share
       for (int k = 0; k < tinylm::kExposedPlaces; ++k) out.exposedAtMs[k] = std::max(out.exposedAtMs[k], f.exposedAtMs[k]);
       out.computeMs = std::max(out.computeMs, f.computeMs);
       out.optimizerMs = std::max(out.optimizerMs, f.optimizerMs);
