@@ -256,6 +256,73 @@ TEST(ProcessesEagerInline, InputsAroundTheInlineSizeAreCorrect) {  // "Processes
   }
 }
 
+// Every rank, and every one-host algorithm, forms the same fp32 sums: in rank order, bit for bit.
+// The matrix's integer inputs sum exactly in any order, so it cannot see a change of order (a
+// pass starting at the rank's own input, as all_gather's does, would pass it); these inputs are
+// not integers, and every rank compares its result with the rank-order sum it computes itself.
+TEST(ThreadsSumOrder, EveryRankAndAlgorithmFormsTheRankOrderSums) {  // "Threads": label mt
+  for (int size : {3, 5}) {
+    RunOptions opts;
+    opts.size = size;
+    SCOPED_TRACE(std::to_string(size) + " ranks");
+    RunReport report = runRanks(opts, [](RankContext& ctx) -> Status {
+      const int n = ctx.size;
+      for (const char* algo : {"eager", "direct", "staged"}) {
+        libcomm::CommConfig config;
+        config.algo = algo;
+        config.stagingChunkBytes = 4 << 10;  // several staging rounds, each a chunk boundary
+        LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+        auto stream = libcomm::createInlineHostStream("sum-order");
+        const size_t count = std::string(algo) == "eager" ? 61 : 5003;  // vectors and a tail
+        LIBCOMM_ASSIGN_OR_RETURN(void* sendMem, comm->allocRegistered(count * n * sizeof(float)));
+        LIBCOMM_ASSIGN_OR_RETURN(void* recvMem, comm->allocRegistered(count * n * sizeof(float)));
+        auto* send = static_cast<float*>(sendMem);
+        auto* recv = static_cast<float*>(recvMem);
+        auto value = [&](int r, size_t i) { return noisyValue(r, 0, i, 7) * (1.0f + static_cast<float>(r) * 0.37f); };
+        auto rankOrderSum = [&](size_t i) {
+          float acc = value(0, i);
+          for (int r = 1; r < n; ++r) acc += value(r, i);
+          return acc;
+        };
+        auto expectRankOrder = [&](const char* what, const float* got, size_t first, size_t len) -> Status {
+          for (size_t i = 0; i < len; ++i) {
+            const float want = rankOrderSum(first + i);
+            if (std::memcmp(&got[i], &want, sizeof(float)) != 0) {
+              char both[64];
+              snprintf(both, sizeof(both), "%.9g, the rank-order sum %.9g", got[i], want);
+              return libcomm::makeError(libcomm::StatusCode::kInternalError, "rank ", ctx.rank, ", ", algo, " ", what,
+                                        ": element ", first + i, " is ", both);
+            }
+          }
+          return Status::ok();
+        };
+        for (bool inPlace : {false, true}) {
+          // all_reduce over count * n elements (direct refuses it in place: peers read every input).
+          float* out = inPlace ? send : recv;
+          if (!(inPlace && std::string(algo) == "direct")) {
+            for (size_t i = 0; i < count * n; ++i) send[i] = value(ctx.rank, i);
+            LIBCOMM_RETURN_IF_ERROR(comm->allReduce(send, out, count * n, DataType::kFloat32, {}, *stream));
+            LIBCOMM_RETURN_IF_ERROR(
+                expectRankOrder(inPlace ? "all_reduce in place" : "all_reduce", out, 0, count * n));
+          }
+          // reduce_scatter: this rank's part of the same inputs.
+          for (size_t i = 0; i < count * n; ++i) send[i] = value(ctx.rank, i);
+          out = inPlace ? send + static_cast<size_t>(ctx.rank) * count : recv;
+          LIBCOMM_RETURN_IF_ERROR(
+              comm->reduceScatter(send, out, count, DataType::kFloat32, DataType::kFloat32, {}, *stream));
+          LIBCOMM_RETURN_IF_ERROR(expectRankOrder(inPlace ? "reduce_scatter in place" : "reduce_scatter", out,
+                                                  static_cast<size_t>(ctx.rank) * count, count));
+        }
+        LIBCOMM_RETURN_IF_ERROR(comm->freeRegistered(sendMem));
+        LIBCOMM_RETURN_IF_ERROR(comm->freeRegistered(recvMem));
+        LIBCOMM_RETURN_IF_ERROR(comm->asyncError());
+      }
+      return Status::ok();
+    });
+    EXPECT_RANKS_OK(report);
+  }
+}
+
 // The cases above pass whichever way the input travels, so this one reads the collective trace
 // (LIBCOMM_COLL_TRACE's lines, in each rank's log file) to see that an input of at most 24 bytes
 // goes in the descriptor and a larger one through the eager area, for each collective kind.
