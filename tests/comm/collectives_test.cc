@@ -60,7 +60,10 @@ std::vector<Case> matrix(int size) {
       for (bool inPlace : {false, true}) {
         for (DataType t : {DataType::kFloat32, DataType::kBFloat16}) {
           if (c != kLarge || t == DataType::kFloat32) cases.push_back({Coll::kAllGather, t, t, ReduceOp::kSum, c, inPlace, reg});
-          cases.push_back({Coll::kAllReduce, t, t, ReduceOp::kSum, c == kLarge ? 4099 : c, inPlace, reg});
+          // all_reduce with each op: avg and premulSum scale the sum once, on every path (the ring
+          // across hosts included).
+          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kPremulSum})
+            cases.push_back({Coll::kAllReduce, t, t, op, c == kLarge ? 4099 : c, inPlace, reg});
           cases.push_back({Coll::kBroadcast, t, t, ReduceOp::kSum, c == kLarge ? 4099 : c, inPlace, reg});
         }
         const std::pair<DataType, DataType> rsTypes[] = {{DataType::kFloat32, DataType::kFloat32},
@@ -74,6 +77,9 @@ std::vector<Case> matrix(int size) {
           }
         }
       }
+      // all_reduce adding its scaled sums into what recv held.
+      cases.push_back({Coll::kAllReduce, DataType::kFloat32, DataType::kFloat32, ReduceOp::kPremulSum,
+                       c == kLarge ? 4099 : c, false, reg, false, true});
       cases.push_back({Coll::kReduceScatter, DataType::kBFloat16, DataType::kFloat32, ReduceOp::kSum, c, false, reg, true});
       cases.push_back({Coll::kReduceScatter, DataType::kBFloat16, DataType::kBFloat16, ReduceOp::kAvg, c, false, reg, true});
       cases.push_back({Coll::kReduceScatter, DataType::kFloat32, DataType::kFloat32, ReduceOp::kSum, c, false, reg, false, true});
