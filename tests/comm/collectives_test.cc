@@ -684,6 +684,65 @@ TEST_P(OneHostFp64Partials, AllCasesCorrect) {
 
 INSTANTIATE_TEST_SUITE_P(Processes, OneHostFp64Partials, ::testing::Values(4));
 
+// fp64 partials make reduce_scatter's result the exact sum rounded once, bit for bit, wherever the
+// ranks are: one host, two hosts in blocks (two-level) or dealt round-robin (ring), four hosts.
+// The inputs span 2^12 in magnitude and are not integers, so fp32 partials would differ from the
+// exact sum (the fp64 matrices above use integers, which every mode sums exactly).
+TEST(CrossHostFp64Exact, ReduceScatterIsTheExactSumRoundedOnceAtEveryPlacement) {  // label mp
+  const Placement placements[] = {{1, false, "", libcomm::PartialsType::kFloat64},
+                                  {2, false, "", libcomm::PartialsType::kFloat64},
+                                  {2, true, "", libcomm::PartialsType::kFloat64},
+                                  {4, false, "", libcomm::PartialsType::kFloat64}};
+  for (const Placement& placement : placements) {
+    RunOptions opts;
+    opts.mode = Mode::kProcesses;
+    opts.size = 4;
+    opts.deadline = scaledForSanitizers(std::chrono::seconds(120));
+    SCOPED_TRACE(std::to_string(placement.hosts) + " hosts" + (placement.interleaved ? ", interleaved" : ""));
+    RunReport report = runRanks(opts, [&](RankContext& ctx) -> Status {
+      libcomm::CommConfig config;
+      if (placement.hosts > 1) {
+        const int host = placement.interleaved ? ctx.rank % placement.hosts : ctx.rank * placement.hosts / ctx.size;
+        config.hostId = "exact-host-" + std::to_string(host);
+      }
+      config.reducePartials = placement.partials;
+      LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+      auto stream = libcomm::createInlineHostStream("exact");
+      const int n = ctx.size;
+      const size_t count = 3001;
+      auto value = [](int r, size_t i) {
+        return noisyValue(r, 0, i, 3) * std::ldexp(1.0f, static_cast<int>((i * 7 + static_cast<size_t>(r) * 5) % 13));
+      };
+      const std::pair<DataType, DataType> types[] = {{DataType::kFloat32, DataType::kFloat32},
+                                                     {DataType::kBFloat16, DataType::kFloat32},
+                                                     {DataType::kBFloat16, DataType::kBFloat16}};
+      for (auto [in, out] : types) {
+        std::vector<char> send(count * n * 4), recv(count * 4);
+        for (size_t i = 0; i < count * n; ++i) store(send.data(), in, i, value(ctx.rank, i));
+        LIBCOMM_RETURN_IF_ERROR(comm->reduceScatter(send.data(), recv.data(), count, in, out, {}, *stream));
+        for (size_t i = 0; i < count; ++i) {
+          const size_t at = static_cast<size_t>(ctx.rank) * count + i;
+          double exact = 0;  // exact: a few fp32 or bf16 terms within 2^13 of each other
+          for (int p = 0; p < n; ++p) exact += rounded(in, value(p, at));
+          const bool same = out == DataType::kFloat32
+                                ? reinterpret_cast<const float*>(recv.data())[i] == static_cast<float>(exact)
+                                : reinterpret_cast<const uint16_t*>(recv.data())[i] ==
+                                      libcomm::reduce::doubleToBf16Scalar(exact);
+          if (!same) {
+            char both[80];
+            snprintf(both, sizeof(both), "%.9g, the exact sum %.17g rounded once", load(recv.data(), out, i), exact);
+            return libcomm::makeError(libcomm::StatusCode::kInternalError, "rank ", ctx.rank, ": ",
+                                      libcomm::dataTypeName(in), "->", libcomm::dataTypeName(out), " element ", i,
+                                      " is ", both);
+          }
+        }
+      }
+      return comm->asyncError();
+    });
+    EXPECT_RANKS_OK(report);
+  }
+}
+
 // bf16 input, fp32 accumulation across hosts: the partial sums travel as fp32 by default, so the
 // error of the result against an exact (fp64) sum stays at fp32's level however many ranks (ring
 // hops) add to it. Measured at 2 and 6 ranks, flat ring and two-level, and set beside what bf16
