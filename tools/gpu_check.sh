@@ -13,7 +13,9 @@
 # most what is left of it, and a step that would start with less than it needs is not run),
 # GPU_CHECK_STEP_S (the most any one step may take, below its own cap; for trying the script),
 # CUDA_ROOT (default /usr/local/cuda), JOBS (default nproc), NCCL_ROOT (else nccl.h in the toolkit,
-# else the nvidia-nccl Python wheel is used).
+# else the nvidia-nccl Python wheel is used), GPU_CHECK_ONLY (an extended regex: only the steps
+# whose names match run after the build, the others are listed as skipped -- for a short second
+# call on a still-warm machine, e.g. GPU_CHECK_ONLY='gpu_quick|cb_own_2').
 #
 # What comes back: the device tool returns at most 8 files from $OUT, so this writes three:
 #   summary.txt      the table printed last;
@@ -108,6 +110,11 @@ limited() {
 step() {
   local name=$1 cap=$2 need=$3 note=$4
   shift 5
+  if [ -n "${GPU_CHECK_ONLY:-}" ] && [ "$name" != configure ] && [ "$name" != build ] &&
+    ! [[ $name =~ ^($GPU_CHECK_ONLY)$ ]]; then
+    rows+=("$name|skipped|0|not in GPU_CHECK_ONLY")
+    return 0
+  fi
   local avail=$(($(left) - 10))
   [ "$avail" -lt "$cap" ] && cap=$avail
   if [ -n "${GPU_CHECK_STEP_S:-}" ] && [ "$GPU_CHECK_STEP_S" -lt "$cap" ]; then

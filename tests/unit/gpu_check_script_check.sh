@@ -153,6 +153,14 @@ grep -qE "not run +0 +out of time" "$work/budget/out/summary.txt" || bad "budget
 child=$(cat "$work/ctest2.pid" 2> /dev/null || true)
 [ -n "$child" ] && alive "$child" && kill "$child"
 
+# GPU_CHECK_ONLY: the named steps run, the others are listed as skipped (a short second call).
+run only FAKE_DEVICE=1 FAKE_CTEST=fail GPU_CHECK_ONLY='copy_bench|cb_own_2'
+[ $rc -eq 0 ] || bad "only: exit $rc, want 0 (the failing test steps were not to run)"
+check_common only
+grep -qE "^cb_own_2 +ok" "$work/only/out/summary.txt" || bad "only: cb_own_2 did not run"
+grep -qE "^gpu_tests +skipped +0 +not in GPU_CHECK_ONLY" "$work/only/out/summary.txt" || bad "only: gpu_tests was not skipped"
+grep -qE "^cb_own_4 +skipped" "$work/only/out/summary.txt" || bad "only: cb_own_4 was not skipped"
+
 # With job control (SHELLOPTS=monitor: each background job leads a process group) setsid forks and
 # returns at once: the step must still be reported by its own outcome, once it has ended.
 rm -f "$work/slow.done"
@@ -184,4 +192,4 @@ if [ $fail -ne 0 ]; then
   done
   exit 1
 fi
-echo "gpu_check_script_check: ok (6 runs)"
+echo "gpu_check_script_check: ok (7 runs)"
