@@ -40,7 +40,8 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
 # runCase NAME K R [netns.sh options] -- comm_bench arguments
-# With $lost set to a rank: the log must name it lost ("peer rank N [was ]lost"), and say no "timed out".
+# With $lost set to a rank: the log must name its loss ("peer rank N lost", "... was lost", over UCX;
+# "peer rank N (pid P) died", a peer on its host), and say no "timed out".
 lost=""
 runCase() {
   local name=$1 k=$2 r=$3
@@ -55,7 +56,7 @@ runCase() {
   rc=$?
   local took verdict
   took=$(( ($(date +%s%N) - start) / 1000000 ))
-  if [ "$rc" = 0 ] && [ -n "$lost" ] && { ! grep -qE "peer rank $lost (was )?lost" "$log" || grep -q "timed out" "$log"; }; then
+  if [ "$rc" = 0 ] && [ -n "$lost" ] && { ! grep -qE "peer rank $lost( \(pid [0-9]+\))? (died|was lost|lost)" "$log" || grep -q "timed out" "$log"; }; then
     verdict="FAIL (rank $lost's death was not named as a loss, or a survivor timed out)"
     failed=$((failed + 1))
     cat "$log"
