@@ -463,8 +463,10 @@ TEST(CommBenchReport, JsonNamesMemoryAndStream) {
   };
   const Case cases[] = {
       {{"all_gather"}, R"("memory":"host","stream":"thread","iters":20,"warmup":5,"impl":"shardcomm"})"},
-      {{"all_gather", "-s", "inline"}, R"("memory":"host","stream":"inline","iters":20,"warmup":5,"impl":"shardcomm-inline"})"},
-      {{"all_gather", "-m", "device"}, R"("memory":"device","stream":"cuda","iters":20,"warmup":5,"impl":"shardcomm-device"})"},
+      {{"all_gather", "-s", "inline"},
+       R"("memory":"host","stream":"inline","iters":20,"warmup":5,"impl":"shardcomm-inline"})"},
+      {{"all_gather", "-m", "device"},
+       R"("memory":"device","stream":"cuda","iters":20,"warmup":5,"impl":"shardcomm-device"})"},
   };
   for (const Case& c : cases) {
     const std::string line = jsonLineOf(c.args, 1.0);

@@ -40,9 +40,9 @@ TEST(PeerArgsDeathTest, BadValuesAreRefused) {
   for (const char* size : {"nan", "inf", "1e30", "0x10", "-8", "1.2.3", "", "4T", "2000000G"})
     EXPECT_EXIT(parse({"all_gather", "-b", size, "-e", "64"}), testing::ExitedWithCode(2), "bad or unsupported flag -b")
         << size;
-  const std::vector<std::vector<std::string>> bad = {
-      {"-f", "1.0000001"}, {"-f", "1"}, {"-f", "2.5"}, {"-n", "5x"}, {"-n", "0"}, {"-w", "-1"},
-      {"-c", "yes"},       {"-c", "2"}, {"-R", "x"},   {"-np", "0"}, {"-np", "40000"}};
+  const std::vector<std::vector<std::string>> bad = {{"-f", "1.0000001"}, {"-f", "1"},  {"-f", "2.5"},   {"-n", "5x"},
+                                                     {"-n", "0"},         {"-w", "-1"}, {"-c", "yes"},   {"-c", "2"},
+                                                     {"-R", "x"},         {"-np", "0"}, {"-np", "40000"}};
   for (const auto& flag : bad) {
     std::vector<std::string> args = {"all_gather", flag[0], flag[1]};
     EXPECT_EXIT(parse(args), testing::ExitedWithCode(2), "bad or unsupported flag " + flag[0]) << flag[1];

@@ -304,12 +304,15 @@ class Checker {
         if (w.begin < 0) continue;
         // Lost gradient: no zeroing of the buffer may end between the backward's begin and the
         // start of its own reduce-scatter (a zeroing that ends there wiped some of what it wrote).
-        for (const Span& r : spans) {
-          if (r.layer != w.layer || r.step != w.step || r.micro != w.micro || r.start < w.begin) continue;
+        const auto from =
+            std::lower_bound(spans.begin(), spans.end(), w.begin, [](const Span& r, int64_t v) { return r.start < v; });
+        for (auto it = from; it != spans.end(); ++it) {
+          const Span& r = *it;
+          if (r.layer != w.layer || r.step != w.step || r.micro != w.micro) continue;
           const auto z = std::upper_bound(zeroes.begin(), zeroes.end(), w.begin);
           if (z != zeroes.end() && *z <= r.start)
-            fail("lost gradient: grad buffer ", g, " was zeroed at ", at(*z), " after ", useName(w), " began writing it at ",
-                 at(w.begin), " and before its reduce_scatter started at ", at(r.start));
+            fail("lost gradient: grad buffer ", g, " was zeroed at ", at(*z), " after ", useName(w),
+                 " began writing it at ", at(w.begin), " and before its reduce_scatter started at ", at(r.start));
           break;
         }
         // Stale contents: the last reduce-scatter of this buffer that started before the backward

@@ -155,8 +155,9 @@ libcomm::Result<std::unique_ptr<Executor>> Executor::create(const ModelSpec& mod
   // buffers a failed step left half-written (gradients never reduced, partial resident sums) would
   // feed them into the next step.
   if (&agComm != &pool.agComm_ || &rsComm != &pool.rsComm_)
-    return bad("the buffer pool was made with other communicators (its memory is registered with those); make the "
-               "pool with the executor's communicators (after a failure: new communicators, a new pool)");
+    return bad(
+        "the buffer pool was made with other communicators (its memory is registered with those); make the "
+        "pool with the executor's communicators (after a failure: new communicators, a new pool)");
   if (pool.executor_ != nullptr)  // two schedules on one set of buffers would overwrite each other's
     return libcomm::makeError(StatusCode::kInvalidUsage,
                               "executor: the buffer pool already has an Executor; destroy that one first");

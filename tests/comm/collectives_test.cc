@@ -308,8 +308,7 @@ TEST(ThreadsSumOrder, EveryRankAndAlgorithmFormsTheRankOrderSums) {  // "Threads
           if (!(inPlace && std::string(algo) == "direct")) {
             for (size_t i = 0; i < count * n; ++i) send[i] = value(ctx.rank, i);
             LIBCOMM_RETURN_IF_ERROR(comm->allReduce(send, out, count * n, DataType::kFloat32, {}, *stream));
-            LIBCOMM_RETURN_IF_ERROR(
-                expectRankOrder(inPlace ? "all_reduce in place" : "all_reduce", out, 0, count * n));
+            LIBCOMM_RETURN_IF_ERROR(expectRankOrder(inPlace ? "all_reduce in place" : "all_reduce", out, 0, count * n));
           }
           // reduce_scatter: this rank's part of the same inputs.
           for (size_t i = 0; i < count * n; ++i) send[i] = value(ctx.rank, i);
@@ -724,10 +723,10 @@ TEST(CrossHostFp64Exact, ReduceScatterIsTheExactSumRoundedOnceAtEveryPlacement) 
           const size_t at = static_cast<size_t>(ctx.rank) * count + i;
           double exact = 0;  // exact: a few fp32 or bf16 terms within 2^13 of each other
           for (int p = 0; p < n; ++p) exact += rounded(in, value(p, at));
-          const bool same = out == DataType::kFloat32
-                                ? reinterpret_cast<const float*>(recv.data())[i] == static_cast<float>(exact)
-                                : reinterpret_cast<const uint16_t*>(recv.data())[i] ==
-                                      libcomm::reduce::doubleToBf16Scalar(exact);
+          const bool same =
+              out == DataType::kFloat32
+                  ? reinterpret_cast<const float*>(recv.data())[i] == static_cast<float>(exact)
+                  : reinterpret_cast<const uint16_t*>(recv.data())[i] == libcomm::reduce::doubleToBf16Scalar(exact);
           if (!same) {
             char both[80];
             snprintf(both, sizeof(both), "%.9g, the exact sum %.17g rounded once", load(recv.data(), out, i), exact);

@@ -55,7 +55,6 @@ Status check(bool ok, const std::string& what) {
   return ok ? Status::ok() : libcomm::makeError(StatusCode::kInternalError, what);
 }
 
-
 // ---- finalize ------------------------------------------------------------------------------------
 
 class Finalize : public ::testing::TestWithParam<Placement> {
@@ -67,7 +66,8 @@ class Finalize : public ::testing::TestWithParam<Placement> {
     opts.mode = Mode::kProcesses;
     opts.size = size;
     return runRanks(opts, [&](RankContext& ctx) -> Status {
-      LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, faultConfig(ctx.rank, placement)));
+      LIBCOMM_ASSIGN_OR_RETURN(auto comm,
+                               libcomm::Communicator::create(ctx.bootstrap, faultConfig(ctx.rank, placement)));
       return body(ctx, *comm);
     });
   }

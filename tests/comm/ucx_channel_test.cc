@@ -217,9 +217,10 @@ TEST_P(UcxAddressSpoiled, EveryRankNamesTheRankAtFault) {
     SpoilingBootstrap boot(ctx.bootstrap, how);
     auto got = libcomm::ucx::exchangeAddresses(boot, ch->address(), Deadline::after(milliseconds(20000)));
     if (how == Spoil::kOverlong)  // refused by every rank, itself included, from the lengths alone
-      return expectError(got.status(), StatusCode::kInvalidUsage,
-                         {"rank " + std::to_string(ctx.rank) + ": rank 1 announced a UCX worker address of 65537 bytes"},
-                         "overlong address");
+      return expectError(
+          got.status(), StatusCode::kInvalidUsage,
+          {"rank " + std::to_string(ctx.rank) + ": rank 1 announced a UCX worker address of 65537 bytes"},
+          "overlong address");
     if (ctx.rank == 1)  // its own entry came back spoiled: it fails too, naming itself
       return expectError(got.status(), StatusCode::kInvalidUsage, {"rank 1: rank 1's UCX worker address"},
                          "own spoiled address");

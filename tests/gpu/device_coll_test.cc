@@ -36,10 +36,10 @@
 namespace libcomm {
 namespace {
 
+using shardcomm::testing::gpuTestWait;
 using shardcomm::testing::Mode;
 using shardcomm::testing::RankContext;
 using shardcomm::testing::RunOptions;
-using shardcomm::testing::gpuTestWait;
 
 // ---- data ----------------------------------------------------------------------------------------
 

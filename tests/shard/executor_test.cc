@@ -522,14 +522,15 @@ TEST(ExecutorHooks, TheStateIsWritableOnlyInTheOptimizersWindow) {
     LIBCOMM_RETURN_IF_ERROR(ex.groupUpdated(order[0]));
     const std::vector<float> stamped(state.master, state.master + state.numel);
     LIBCOMM_RETURN_IF_ERROR(expectError(libshard::loadCheckpoint(ckpt, rig->plan, state), {StatusCode::kInvalidUsage},
-                                        {"checkpoint load", "groupUpdated already started"}, "load after groupUpdated"));
+                                        {"checkpoint load", "groupUpdated already started"},
+                                        "load after groupUpdated"));
     if (!std::equal(stamped.begin(), stamped.end(), state.master))
       return libcomm::makeError(StatusCode::kInternalError, "a refused checkpoint load wrote the master shard");
     LIBCOMM_RETURN_IF_ERROR(opt.updateGroup(state, order[1]));  // a group still to update: allowed
     opt.cancelStep();
-    LIBCOMM_RETURN_IF_ERROR(expectError(opt.beginStep(state, ex.pendingGradScale(), nullptr, nullptr, never).status(),
-                                        {StatusCode::kInvalidUsage}, {"AdamW: beginStep", "groupUpdated already started"},
-                                        "a fresh optimizer step after groupUpdated"));
+    LIBCOMM_RETURN_IF_ERROR(expectError(
+        opt.beginStep(state, ex.pendingGradScale(), nullptr, nullptr, never).status(), {StatusCode::kInvalidUsage},
+        {"AdamW: beginStep", "groupUpdated already started"}, "a fresh optimizer step after groupUpdated"));
     LIBCOMM_RETURN_IF_ERROR(ex.optimizerDone());
     LIBCOMM_RETURN_IF_ERROR(ex.synchronize());
     // One executor per pool; the pool outlives it.

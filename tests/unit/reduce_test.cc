@@ -17,8 +17,8 @@
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>
-#include <xmmintrin.h>
 #include <unistd.h>
+#include <xmmintrin.h>
 
 #include <algorithm>
 #include <cmath>

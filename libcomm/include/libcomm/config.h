@@ -94,8 +94,8 @@ struct CommConfig {
   /// the same at any number of hops and hosts (docs/PERFORMANCE.md): a communicator on one host
   /// forms its reduce_scatter sums in fp64 too. all_reduce is not covered: it sums in fp32 in any
   /// mode, in rank order on one host and in ring order across hosts, so across hosts its result
-  /// depends on how the ranks are spread over them (the same on every rank of one run). On device memory only bf16 matters, on the NCCL
-  /// path: a bf16-in, bf16-out reduction then goes to NCCL in bf16 (half the bytes, a bf16 rounding
+  /// depends on how the ranks are spread over them (the same on every rank of one run). On device
+  /// memory only bf16 matters, on the NCCL path: a bf16-in, bf16-out reduction then goes to NCCL in bf16 (half the bytes, a bf16 rounding
   /// per ring step) instead of fp32 rounded once; the CUDA own path always sums in fp32. Every rank
   /// must use the same.
   PartialsType reducePartials = PartialsType::kFloat32;

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <string>
 #include <vector>
@@ -98,8 +99,7 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// and the NCCL delegate (null without NCCL; its communicator is made at the first collective
   /// that needs it, over bootstrap_, which outlives the communicator by contract).
   std::unique_ptr<cuda::OwnPath> own_;
-  uint32_t lastOwnSeq_ = 0;   // the last own-path collective this rank completed (kDeviceWaited)
-  bool ranOwnPath_ = false;
+  std::optional<uint32_t> lastOwnSeq_;  // the last own-path collective this rank completed (kDeviceWaited)
   /// Before own_ goes: waits (briefly) until every local peer is past this rank's CUDA events.
   void waitPeersPastOwnEvents();
   std::unique_ptr<nccl::Delegate> nccl_;

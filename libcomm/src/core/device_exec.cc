@@ -165,13 +165,12 @@ Status Communicator::Impl::runDevice(const CollArgs& args, uint32_t seq, const W
   LIBCOMM_RETURN_IF_ERROR(channel_->waitAll(shm::Counter::kDone, seq, wait, "device completion"));
   LIBCOMM_RETURN_IF_ERROR(own_->waitPeersDone(device.stream, what));
   lastOwnSeq_ = seq;
-  ranOwnPath_ = true;
   channel_->publish(shm::Counter::kDeviceWaited, seq);
   return Status::ok();
 }
 
 void Communicator::Impl::waitPeersPastOwnEvents() {
-  if (!ranOwnPath_ || inForkedChild()) return;
+  if (!lastOwnSeq_ || inForkedChild()) return;
   // A local peer's last own-path collective ends with host calls that name this rank's "done"
   // event (waitPeersDone); a peer thread of this process holds the event's raw handle. The event
   // is destroyed with the own path, after every peer said it is past them, or failed, or ended
@@ -181,10 +180,10 @@ void Communicator::Impl::waitPeersPastOwnEvents() {
   };
   const WaitContext wait{OpDeadline(std::min<Milliseconds>(config_.opTimeout, Milliseconds(5000))),
                          OpLabel{nullptr, &Label::str}, blockingWait_};
-  const Status st = channel_->waitAll(shm::Counter::kDeviceWaited, lastOwnSeq_, wait, "device events");
+  const Status st = channel_->waitAll(shm::Counter::kDeviceWaited, *lastOwnSeq_, wait, "device events");
   if (!st.isOk())
     LIBCOMM_LOG(kDebug, "mem") << "rank " << rank_ << ": destroying its own-path events without every peer past "
-                                << "them: " << st.message();
+                               << "them: " << st.message();
 }
 
 }  // namespace libcomm

@@ -41,8 +41,8 @@
 // Errors: a failed collective, a lost peer or an expired wait makes the hook return an error
 // naming the rank, step, micro-batch and layer; the executor then aborts its communicators (so the
 // peers fail fast instead of waiting for their op timeout) and every later hook returns the same
-// error. A new Executor, with new communicators and a new BufferPool made with them (Executor::create
-// refuses a pool made with other communicators), is needed to continue.
+// error. A new Executor, with new communicators and a new BufferPool made with them
+// (Executor::create refuses a pool made with other communicators), is needed to continue.
 
 #include <chrono>
 #include <cstddef>

@@ -116,8 +116,9 @@ class DelegateImpl final : public Delegate {
         if (late || aborted_.load()) {
           unsettled_ = true;
           aborted_.store(true);
-          return late ? makeError(StatusCode::kTimeout, call, ": NCCL did not finish enqueueing by the deadline; "
-                                                              "communicator aborted")
+          return late ? makeError(StatusCode::kTimeout, call,
+                                  ": NCCL did not finish enqueueing by the deadline; "
+                                  "communicator aborted")
                       : makeError(StatusCode::kRemoteError, call, ": the NCCL communicator was aborted");
         }
         std::this_thread::sleep_for(std::chrono::microseconds(50));

@@ -69,9 +69,10 @@ struct Library {
 /// nullptr; pGetVersion never does.
 Result<const Library*> library();
 
-/// library(), refused (kSystemError, as a library that cannot be loaded, naming the library and what it lacks) when it lacks an
-/// entry point libcomm's NCCL backend calls: an NCCL older than 2.14 would crash on a null pointer
-/// there. (library() itself stays usable by the shim, which forwards what the library has.)
+/// library(), refused when it lacks an entry point libcomm's NCCL backend calls (kSystemError, as
+/// for a library that cannot be loaded, naming the library and what it lacks): an NCCL older than
+/// 2.14 would crash on a null pointer there. (library() itself stays usable by the shim, which
+/// forwards what the library has.)
 Result<const Library*> backendLibrary();
 
 /// The library when an earlier library() call succeeded, else nullptr (never loads).

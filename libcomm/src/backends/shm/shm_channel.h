@@ -93,7 +93,7 @@ struct alignas(64) ControlBlock {
 
   alignas(64) std::atomic<uint32_t> bell;
   std::atomic<uint32_t> waiters;
-  alignas(64) std::atomic<uint32_t> counters[5];  // indexed by Counter
+  alignas(64) std::atomic<uint32_t> counters[5];   // indexed by Counter
   alignas(64) std::atomic<uint32_t> failed;        // non-zero: this rank failed or aborted
   // Non-zero: this rank ended its communicator cleanly (finalize, or destroyed with nothing in
   // flight) once collective closedAfter was complete; it takes part in no later one.

@@ -111,9 +111,9 @@ Result<std::vector<std::string>> exchangeAddresses(Bootstrap& bootstrap, const s
     }
   }
   if (static_cast<uint64_t>(longest) * static_cast<uint64_t>(size) > kMaxExchangeBytes)
-    return makeError(StatusCode::kInvalidUsage, "rank ", rank, ": rank ", longestRank, " announced a UCX worker address of ",
-                     longest, " bytes; padded to that, the ", size, " ranks' addresses would take more than the ",
-                     kMaxExchangeBytes, " bytes allowed per rank");
+    return makeError(StatusCode::kInvalidUsage, "rank ", rank, ": rank ", longestRank,
+                     " announced a UCX worker address of ", longest, " bytes; padded to that, the ", size,
+                     " ranks' addresses would take more than the ", kMaxExchangeBytes, " bytes allowed per rank");
   // This rank's own entry is checked too (after the second round, which every rank enters or none
   // does), so that the rank whose entry went wrong fails as well, naming itself.
   auto changed = [&](size_t returned) {
