@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "coll_check.h"
-#include "core/log.h"
 #include "harness.h"
 
 namespace shardcomm::testing {
@@ -334,33 +333,30 @@ TEST(ThreadsSumOrder, EveryRankAndAlgorithmFormsTheRankOrderSums) {  // "Threads
 TEST(ProcessesEagerInline, OnlyInputsUpToTheInlineSizeTravelInTheDescriptor) {  // "Processes": label mp
   char dir[] = "/tmp/shardcomm_inline_XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
-  const std::string pattern = std::string(dir) + "/rank%r.log";
-  setenv("LIBCOMM_LOG_FILE", pattern.c_str(), 1);
-  setenv("LIBCOMM_LOG_LEVEL", "info", 1);
-  libcomm::log::reloadConfig();
   RunOptions opts;
   opts.mode = Mode::kProcesses;
   opts.size = 2;
-  RunReport report = runRanks(opts, [](RankContext& ctx) -> Status {
-    libcomm::CommConfig config;
-    config.collTrace = true;
-    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
-    auto stream = libcomm::createInlineHostStream("inline-trace");
-    std::vector<float> in(16, 1.0f), out(32);
-    // 24 B and 28 B of input per rank, for each kind (a reduce_scatter's input is both ranks' parts).
-    for (size_t count : {6, 7}) {
-      LIBCOMM_RETURN_IF_ERROR(comm->allGather(in.data(), out.data(), count, DataType::kFloat32, *stream));
-      LIBCOMM_RETURN_IF_ERROR(comm->allReduce(in.data(), out.data(), count, DataType::kFloat32, {}, *stream));
-      LIBCOMM_RETURN_IF_ERROR(comm->broadcast(in.data(), out.data(), count, DataType::kFloat32, 0, *stream));
-    }
-    for (size_t count : {3, 4})  // 2 x 3 or 2 x 4 fp32 elements: 24 or 32 B
-      LIBCOMM_RETURN_IF_ERROR(
-          comm->reduceScatter(in.data(), out.data(), count, DataType::kFloat32, DataType::kFloat32, {}, *stream));
-    return comm->asyncError();
-  });
-  unsetenv("LIBCOMM_LOG_FILE");
-  unsetenv("LIBCOMM_LOG_LEVEL");
-  libcomm::log::reloadConfig();
+  RunReport report;
+  {
+    const ScopedLogFile logs(std::string(dir) + "/rank%r.log", "info");
+    report = runRanks(opts, [](RankContext& ctx) -> Status {
+      libcomm::CommConfig config;
+      config.collTrace = true;
+      LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+      auto stream = libcomm::createInlineHostStream("inline-trace");
+      std::vector<float> in(16, 1.0f), out(32);
+      // 24 B and 28 B of input per rank, for each kind (a reduce_scatter's input is both ranks' parts).
+      for (size_t count : {6, 7}) {
+        LIBCOMM_RETURN_IF_ERROR(comm->allGather(in.data(), out.data(), count, DataType::kFloat32, *stream));
+        LIBCOMM_RETURN_IF_ERROR(comm->allReduce(in.data(), out.data(), count, DataType::kFloat32, {}, *stream));
+        LIBCOMM_RETURN_IF_ERROR(comm->broadcast(in.data(), out.data(), count, DataType::kFloat32, 0, *stream));
+      }
+      for (size_t count : {3, 4})  // 2 x 3 or 2 x 4 fp32 elements: 24 or 32 B
+        LIBCOMM_RETURN_IF_ERROR(
+            comm->reduceScatter(in.data(), out.data(), count, DataType::kFloat32, DataType::kFloat32, {}, *stream));
+      return comm->asyncError();
+    });
+  }
   EXPECT_RANKS_OK(report);
   for (int rank = 0; rank < 2; ++rank) {
     const std::string file = std::string(dir) + "/rank" + std::to_string(rank) + ".log";

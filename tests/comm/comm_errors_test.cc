@@ -15,7 +15,6 @@
 #include <thread>
 #include <vector>
 
-#include "core/log.h"
 #include "harness.h"
 #include "libcomm/libcomm.h"
 
@@ -1365,18 +1364,16 @@ TEST(CommErrors, ACleanEndWhileAPeerAcrossHostsIsStillBusyIsNoWarning) {
   char dir[] = "/tmp/shardcomm_closelog_XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
   const std::string file = std::string(dir) + "/log";
-  setenv("LIBCOMM_LOG_FILE", file.c_str(), 1);
-  setenv("LIBCOMM_LOG_LEVEL", "warn", 1);
-  libcomm::log::reloadConfig();
-  auto pair = pairAcrossHosts("close-");
-  Status made = pair.status();
-  if (pair.isOk()) {
-    (*pair)[0].reset();  // rank 1 does nothing meanwhile
-    (*pair)[1].reset();
+  Status made;
+  {
+    const ScopedLogFile logs(file, "warn");
+    auto pair = pairAcrossHosts("close-");
+    made = pair.status();
+    if (pair.isOk()) {
+      (*pair)[0].reset();  // rank 1 does nothing meanwhile
+      (*pair)[1].reset();
+    }
   }
-  unsetenv("LIBCOMM_LOG_FILE");
-  unsetenv("LIBCOMM_LOG_LEVEL");
-  libcomm::log::reloadConfig();
   const std::string log = readWholeFile(file);
   unlink(file.c_str());
   rmdir(dir);

@@ -14,13 +14,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "bootstrap/tcp_wire.h"
-#include "core/log.h"
 #include "harness.h"
 #include "libcomm/libcomm.h"
 
@@ -89,9 +89,7 @@ TEST(StoreUnderAttack, JobStartsWhilePortIsScannedAndFedGarbage) {
   char tmpl[] = "/tmp/shardcomm_attack_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const fs::path logs = tmpl;
-  setenv("LIBCOMM_LOG_FILE", (logs / "log.%p").c_str(), 1);
-  setenv("LIBCOMM_LOG_LEVEL", "warn", 1);
-  libcomm::log::reloadConfig();
+  auto logFile = std::make_unique<ScopedLogFile>(logs / "log.%p", "warn");
 
   Attacker attacker;
   RunOptions opts;
@@ -116,8 +114,7 @@ TEST(StoreUnderAttack, JobStartsWhilePortIsScannedAndFedGarbage) {
     return Status::ok();
   });
   attacker.stop();
-  unsetenv("LIBCOMM_LOG_FILE");
-  libcomm::log::reloadConfig();
+  logFile.reset();
 
   EXPECT_RANKS_OK(report);
   EXPECT_GE(attacker.connections(), 8) << "the attack did not get going";

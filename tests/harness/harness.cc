@@ -430,6 +430,18 @@ long long msSince(libcomm::Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(libcomm::Clock::now() - t).count();
 }
 
+ScopedLogFile::ScopedLogFile(const std::string& pattern, const char* level) {
+  setenv("LIBCOMM_LOG_FILE", pattern.c_str(), 1);
+  setenv("LIBCOMM_LOG_LEVEL", level, 1);
+  libcomm::log::reloadConfig();
+}
+
+ScopedLogFile::~ScopedLogFile() {
+  unsetenv("LIBCOMM_LOG_FILE");
+  unsetenv("LIBCOMM_LOG_LEVEL");
+  libcomm::log::reloadConfig();
+}
+
 std::string readWholeFile(const std::string& path) {
   std::string text;
   if (FILE* f = fopen(path.c_str(), "r")) {

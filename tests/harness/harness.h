@@ -134,6 +134,17 @@ libcomm::Status expectStatus(const libcomm::Status& st, libcomm::StatusCode code
 /// Milliseconds from `t` to now (libcomm's clock).
 long long msSince(libcomm::Clock::time_point t);
 
+/// For its lifetime, libcomm's log in this process (and in the ranks it forks) goes to `pattern`
+/// (LIBCOMM_LOG_FILE: %r the rank, %p the pid) at `level` (LIBCOMM_LOG_LEVEL); at its end both
+/// variables are unset and the log's configuration is read again.
+class ScopedLogFile {
+ public:
+  ScopedLogFile(const std::string& pattern, const char* level);
+  ~ScopedLogFile();
+  ScopedLogFile(const ScopedLogFile&) = delete;
+  ScopedLogFile& operator=(const ScopedLogFile&) = delete;
+};
+
 /// The whole text of a file (a log, a dump); empty when it cannot be read.
 std::string readWholeFile(const std::string& path);
 
