@@ -466,7 +466,8 @@ Status Communicator::Impl::asyncErrorAskingNccl() {
   if (!st.isOk() || !nccl_ || inForkedChild()) return st;
   const Status nccl = nccl_->pollAsyncError();
   if (nccl.isOk()) return st;
-  fail(nccl.withContext("rank " + std::to_string(rank_) + ": NCCL reported"));
+  fail(nccl.withContext("rank " + std::to_string(rank_) + ": NCCL reported, after collective seq " +
+                        std::to_string(lastExecuted_.load())));
   return asyncError();
 }
 
