@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -679,11 +680,12 @@ TEST_P(OneHostFp64Partials, AllCasesCorrect) {
 
 INSTANTIATE_TEST_SUITE_P(Processes, OneHostFp64Partials, ::testing::Values(4));
 
-// fp64 partials make reduce_scatter's result the exact sum rounded once, bit for bit, wherever the
-// ranks are: one host, two hosts in blocks (two-level) or dealt round-robin (ring), four hosts.
-// The inputs span 2^12 in magnitude and are not integers, so fp32 partials would differ from the
-// exact sum (the fp64 matrices above use integers, which every mode sums exactly).
-TEST(CrossHostFp64Exact, ReduceScatterIsTheExactSumRoundedOnceAtEveryPlacement) {  // label mp
+// fp64 partials make reduce_scatter's and all_reduce's results the exact sum rounded once, bit for
+// bit, wherever the ranks are: one host, two hosts in blocks (two-level) or dealt round-robin
+// (ring), four hosts. The inputs span 2^12 in magnitude and are not integers, so fp32 partials
+// would differ from the exact sum (the fp64 matrices above use integers, which every mode sums
+// exactly). `body` runs the collectives of one placement on a communicator made for it.
+void forEachFp64Placement(const std::function<Status(RankContext&, libcomm::Communicator&)>& body) {
   const Placement placements[] = {{1, false, "", libcomm::PartialsType::kFloat64},
                                   {2, false, "", libcomm::PartialsType::kFloat64},
                                   {2, true, "", libcomm::PartialsType::kFloat64},
@@ -702,40 +704,96 @@ TEST(CrossHostFp64Exact, ReduceScatterIsTheExactSumRoundedOnceAtEveryPlacement) 
       }
       config.reducePartials = placement.partials;
       LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
-      auto stream = libcomm::createInlineHostStream("exact");
-      const int n = ctx.size;
-      const size_t count = 3001;
-      auto value = [](int r, size_t i) {
-        return noisyValue(r, 0, i, 3) * std::ldexp(1.0f, static_cast<int>((i * 7 + static_cast<size_t>(r) * 5) % 13));
-      };
-      const std::pair<DataType, DataType> types[] = {{DataType::kFloat32, DataType::kFloat32},
-                                                     {DataType::kBFloat16, DataType::kFloat32},
-                                                     {DataType::kBFloat16, DataType::kBFloat16}};
-      for (auto [in, out] : types) {
-        std::vector<char> send(count * n * 4), recv(count * 4);
-        for (size_t i = 0; i < count * n; ++i) store(send.data(), in, i, value(ctx.rank, i));
-        LIBCOMM_RETURN_IF_ERROR(comm->reduceScatter(send.data(), recv.data(), count, in, out, {}, *stream));
-        for (size_t i = 0; i < count; ++i) {
-          const size_t at = static_cast<size_t>(ctx.rank) * count + i;
-          double exact = 0;  // exact: a few fp32 or bf16 terms within 2^13 of each other
-          for (int p = 0; p < n; ++p) exact += rounded(in, value(p, at));
-          const bool same =
-              out == DataType::kFloat32
-                  ? reinterpret_cast<const float*>(recv.data())[i] == static_cast<float>(exact)
-                  : reinterpret_cast<const uint16_t*>(recv.data())[i] == libcomm::reduce::doubleToBf16Scalar(exact);
-          if (!same) {
-            char both[80];
-            snprintf(both, sizeof(both), "%.9g, the exact sum %.17g rounded once", load(recv.data(), out, i), exact);
-            return libcomm::makeError(libcomm::StatusCode::kInternalError, "rank ", ctx.rank, ": ",
-                                      libcomm::dataTypeName(in), "->", libcomm::dataTypeName(out), " element ", i,
-                                      " is ", both);
-          }
-        }
-      }
+      LIBCOMM_RETURN_IF_ERROR(body(ctx, *comm));
       return comm->asyncError();
     });
     EXPECT_RANKS_OK(report);
   }
+}
+
+// Rank r's input element i for the exact-sum tests: a few fp32 terms within 2^13 of each other.
+float exactTestValue(int r, size_t i) {
+  return noisyValue(r, 0, i, 3) * std::ldexp(1.0f, static_cast<int>((i * 7 + static_cast<size_t>(r) * 5) % 13));
+}
+
+// Whether `got` (element i of type `out`) is `exact` rounded once; an error naming both if not.
+Status expectRoundedOnce(int rank, const char* what, DataType out, const void* got, size_t i, double exact) {
+  const bool same = out == DataType::kFloat32
+                        ? static_cast<const float*>(got)[i] == static_cast<float>(exact)
+                        : static_cast<const uint16_t*>(got)[i] == libcomm::reduce::doubleToBf16Scalar(exact);
+  if (same) return Status::ok();
+  char both[80];
+  snprintf(both, sizeof(both), "%.9g, the exact result %.17g rounded once", load(got, out, i), exact);
+  return libcomm::makeError(libcomm::StatusCode::kInternalError, "rank ", rank, ": ", what, " element ", i, " is ",
+                            both);
+}
+
+TEST(CrossHostFp64Exact, ReduceScatterIsTheExactSumRoundedOnceAtEveryPlacement) {  // label mp
+  forEachFp64Placement([](RankContext& ctx, libcomm::Communicator& comm) -> Status {
+    auto stream = libcomm::createInlineHostStream("exact");
+    const int n = ctx.size;
+    const size_t count = 3001;
+    const std::pair<DataType, DataType> types[] = {{DataType::kFloat32, DataType::kFloat32},
+                                                   {DataType::kBFloat16, DataType::kFloat32},
+                                                   {DataType::kBFloat16, DataType::kBFloat16}};
+    for (auto [in, out] : types) {
+      std::vector<char> send(count * n * 4), recv(count * 4);
+      for (size_t i = 0; i < count * n; ++i) store(send.data(), in, i, exactTestValue(ctx.rank, i));
+      LIBCOMM_RETURN_IF_ERROR(comm.reduceScatter(send.data(), recv.data(), count, in, out, {}, *stream));
+      const std::string what = std::string(libcomm::dataTypeName(in)) + "->" + libcomm::dataTypeName(out);
+      for (size_t i = 0; i < count; ++i) {
+        const size_t at = static_cast<size_t>(ctx.rank) * count + i;
+        double exact = 0;
+        for (int p = 0; p < n; ++p) exact += rounded(in, exactTestValue(p, at));
+        LIBCOMM_RETURN_IF_ERROR(expectRoundedOnce(ctx.rank, what.c_str(), out, recv.data(), i, exact));
+      }
+    }
+    return Status::ok();
+  });
+}
+
+// all_reduce with fp64 partials: sum and avg (1/4, exact) on fp32 and bf16, and an accumulation
+// into an fp32 output, each the exact result rounded once; the count leaves the ring's blocks
+// padded. With fp32 partials (all_reduce's ring order across hosts) the sums differ.
+TEST(CrossHostFp64Exact, AllReduceIsTheExactSumRoundedOnceAtEveryPlacement) {  // label mp
+  forEachFp64Placement([](RankContext& ctx, libcomm::Communicator& comm) -> Status {
+    auto stream = libcomm::createInlineHostStream("exact");
+    const int n = ctx.size;
+    const size_t count = 3001;
+    struct Case {
+      DataType type;
+      libcomm::ReduceOp op;
+      bool accumulate;
+    };
+    const Case cases[] = {{DataType::kFloat32, libcomm::ReduceOp::kSum, false},
+                          {DataType::kFloat32, libcomm::ReduceOp::kAvg, false},
+                          {DataType::kFloat32, libcomm::ReduceOp::kSum, true},
+                          {DataType::kBFloat16, libcomm::ReduceOp::kSum, false},
+                          {DataType::kBFloat16, libcomm::ReduceOp::kAvg, false}};
+    for (const Case& c : cases) {
+      std::vector<char> send(count * 4), recv(count * 4);
+      for (size_t i = 0; i < count; ++i) {
+        store(send.data(), c.type, i, exactTestValue(ctx.rank, i));
+        // What an accumulation adds to: another term of the same range.
+        store(recv.data(), c.type, i, exactTestValue(n + ctx.rank, i));
+      }
+      libcomm::ReduceOptions options;
+      options.op = c.op;
+      options.accumulate = c.accumulate;
+      LIBCOMM_RETURN_IF_ERROR(comm.allReduce(send.data(), recv.data(), count, c.type, options, *stream));
+      const std::string what = std::string("all_reduce ") + libcomm::dataTypeName(c.type) +
+                               (c.op == libcomm::ReduceOp::kAvg ? " avg" : " sum") +
+                               (c.accumulate ? " accumulated" : "");
+      for (size_t i = 0; i < count; ++i) {
+        double exact = 0;
+        for (int p = 0; p < n; ++p) exact += rounded(c.type, exactTestValue(p, i));
+        if (c.op == libcomm::ReduceOp::kAvg) exact /= n;  // 1/4: exact
+        if (c.accumulate) exact += exactTestValue(n + ctx.rank, i);
+        LIBCOMM_RETURN_IF_ERROR(expectRoundedOnce(ctx.rank, what.c_str(), c.type, recv.data(), i, exact));
+      }
+    }
+    return Status::ok();
+  });
 }
 
 // bf16 input, fp32 accumulation across hosts: the partial sums travel as fp32 by default, so the

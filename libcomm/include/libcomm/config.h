@@ -38,7 +38,7 @@ bool isSecretSetting(const char* name);
 /// A table of all settings with their effective values and docs (for tools/comm_info).
 std::string describeSettings();
 
-/// The type a reduce_scatter's partial sums travel in between hosts (CommConfig::reducePartials).
+/// The type a reduction's partial sums travel in between hosts (CommConfig::reducePartials).
 enum class PartialsType : uint8_t {
   kFloat32 = 0,   // bf16 input is widened: every hop adds in fp32 and rounds once
   kBFloat16 = 1,  // bf16 input only: half of fp32's bytes; every hop rounds to bf16
@@ -92,8 +92,10 @@ struct CommConfig {
   /// error grows with the hops. fp64 (bf16 and fp32 input) doubles fp32's bytes and makes every
   /// addition exact (within fp64's 53 bits, reduce.h), so the result is the exact sum rounded once,
   /// the same at any number of hops and hosts (docs/PERFORMANCE.md): a communicator on one host
-  /// forms its reduce_scatter sums in fp64 too. all_reduce is not covered: it sums in fp32 in any
-  /// mode, in rank order on one host and in ring order across hosts, so across hosts its result
+  /// forms its reduce_scatter sums in fp64 too. fp64 covers all_reduce as well (its ring moves
+  /// fp64 sums in both halves, twice fp32's bytes, and every rank rounds the same exact sums once,
+  /// an accumulation and the avg/premulSum scale included); with fp32 or bf16 all_reduce sums in
+  /// fp32, in rank order on one host and in ring order across hosts, so across hosts its result
   /// depends on how the ranks are spread over them (the same on every rank of one run). On device
   /// memory only bf16 matters, on the NCCL path: a bf16-in, bf16-out reduction then goes to NCCL in bf16 (half the bytes, a bf16 rounding
   /// per ring step) instead of fp32 rounded once; the CUDA own path always sums in fp32. Every rank

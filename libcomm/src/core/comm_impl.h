@@ -164,9 +164,12 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   Result<char*> bounceBuffer(size_t bytes);
   Status ringAllReduce(const CollArgs& args, ring::Env& env);
   Status ringBroadcast(const CollArgs& args, const ring::Env& env);
-  /// The type a reduce_scatter's partial sums travel in between hosts: config_.reducePartials,
-  /// except that bf16 partials apply to bf16 input only; fp32 for every other collective.
+  /// The type a reduction's partial sums travel in between hosts: config_.reducePartials for a
+  /// reduce_scatter, except that bf16 partials apply to bf16 input only; fp64 also for an all_reduce
+  /// (its ring is a reduce_scatter), which otherwise keeps fp32; fp32 for every other collective.
   PartialsType partialsAcrossHosts(const CollArgs& args) const {
+    if (args.kind == CollKind::kAllReduce && config_.reducePartials == PartialsType::kFloat64)
+      return PartialsType::kFloat64;
     if (args.kind != CollKind::kReduceScatter) return PartialsType::kFloat32;
     if (config_.reducePartials == PartialsType::kBFloat16 && args.inType != DataType::kBFloat16)
       return PartialsType::kFloat32;

@@ -449,13 +449,20 @@ Status Communicator::Impl::runHier(const CollArgs& args, uint32_t seq, const Wai
 }
 
 Status Communicator::Impl::ringAllReduce(const CollArgs& args, ring::Env& env) {
-  // reduce_scatter then all_gather over a copy padded to a multiple of the world size.
+  // reduce_scatter then all_gather over a copy padded to a multiple of the world size. With fp64
+  // partials the reduce_scatter leaves each rank's block as exact fp64 sums, the all_gather moves
+  // those, and every rank rounds them once at the end: the one-host result, bit for bit.
+  env.partials = partialsAcrossHosts(args);
+  const bool wide = env.partials == PartialsType::kFloat64;
   const size_t n = static_cast<size_t>(size_), es = dataTypeSize(args.inType);
+  const size_t ges = wide ? sizeof(double) : es;  // an element of the gathered sums
   const size_t part = (args.count + n - 1) / n;
+  // The gathered sums start at a multiple of 8 bytes (fp64 sums after a bf16 copy).
+  const size_t paddedBytes = (n * part * es + 7) / 8 * 8;
   std::vector<char>& scratch = cross_->padded;
-  if (scratch.size() < 2 * n * part * es) scratch.resize(2 * n * part * es);
+  if (scratch.size() < paddedBytes + n * part * ges) scratch.resize(paddedBytes + n * part * ges);
   char* padded = scratch.data();
-  char* gathered = padded + n * part * es;
+  char* gathered = padded + paddedBytes;
   if (args.count > 0) reduce::copyBytes(padded, args.send, args.count * es);
   // The padding only reaches sums past `count`, which are dropped; zeroed so that they stay defined.
   // None at count 0, where the scratch may still be empty (memset of its null data() is undefined).
@@ -463,21 +470,30 @@ Status Communicator::Impl::ringAllReduce(const CollArgs& args, ring::Env& env) {
   CollArgs rs = args;
   rs.kind = CollKind::kReduceScatter;
   rs.send = padded;
-  rs.recv = gathered + static_cast<size_t>(rank_) * part * es;
+  rs.recv = gathered + static_cast<size_t>(rank_) * part * ges;
   rs.count = part;
   rs.inPlace = false;
   rs.reduce.accumulate = false;  // into scratch; added to the output at the end
+  env.outputFp64 = wide;
   LIBCOMM_RETURN_IF_ERROR(ring::reduceScatter(rs, env, cross_->scratch));
+  env.outputFp64 = false;
   CollArgs ag;
   ag.kind = CollKind::kAllGather;
   ag.send = rs.recv;
   ag.recv = gathered;
-  ag.count = part;
-  ag.inType = ag.outType = args.outType;
+  // fp64 sums travel as pairs of fp32 elements: an all_gather only moves bytes.
+  ag.count = wide ? 2 * part : part;
+  ag.inType = ag.outType = wide ? DataType::kFloat32 : args.outType;
   ag.inPlace = true;
   env.stepBase = static_cast<uint32_t>(size_);  // the all_gather's steps follow the reduce_scatter's
   LIBCOMM_RETURN_IF_ERROR(ring::allGather(ag, env));
   if (args.count == 0) return Status::ok();
+  if (wide) {
+    // The scale (avg, premulSum) and an accumulation, in fp64, then the one rounding.
+    reduce::roundFromDouble(reinterpret_cast<const double*>(gathered), args.recv, args.outType, args.count,
+                            args.postScale(size_), args.reduce.accumulate);
+    return Status::ok();
+  }
   if (!args.reduce.accumulate) {
     reduce::copyBytes(args.recv, gathered, args.count * es);
     return Status::ok();

@@ -271,7 +271,8 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const WaitCon
                         wait,
                         stageRound_,
                         passBases_.data(),
-                        args.kind == CollKind::kReduceScatter && config_.reducePartials == PartialsType::kFloat64};
+                        (args.kind == CollKind::kReduceScatter || args.kind == CollKind::kAllReduce) &&
+                            config_.reducePartials == PartialsType::kFloat64};
   const size_t inputBytes = args.count * args.inputParts(size_) * dataTypeSize(args.inType);
   // The selector's errors say what the setting cannot do; which rank and collective, added here.
   auto named = [&](auto choice) -> decltype(choice) {

@@ -271,7 +271,8 @@ std::string describeSelectionTable(const CommConfig& config) {
             "(LIBCOMM_RS_PARTIALS)\n";
       break;
     case PartialsType::kFloat64:
-      os << "  reduce_scatter: partial sums travel between hosts as fp64, exact sums rounded once (LIBCOMM_RS_PARTIALS)\n";
+      os << "  reduce_scatter, all_reduce: partial sums travel between hosts as fp64, exact sums rounded once "
+            "(LIBCOMM_RS_PARTIALS)\n";
       break;
   }
   os << "algorithm selection for device memory (CUDA streams; first matching row wins)\n";

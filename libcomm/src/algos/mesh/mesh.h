@@ -45,9 +45,9 @@ struct OpEnv {
   /// Scratch for PassView::base, `size` entries (collectives of a communicator run one at a time,
   /// so one array serves them all and the small-message path allocates nothing).
   const char** passBases;
-  /// reduce_scatter with fp64 partials (CommConfig::reducePartials): sums formed exactly in fp64
-  /// and rounded once, as the cross-host algorithms do, so that the result does not depend on how
-  /// the ranks are spread over hosts.
+  /// reduce_scatter or all_reduce with fp64 partials (CommConfig::reducePartials): sums formed
+  /// exactly in fp64 and rounded once, as the cross-host algorithms do, so that the result does not
+  /// depend on how the ranks are spread over hosts.
   bool exactSums = false;
 };
 

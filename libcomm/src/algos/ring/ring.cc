@@ -90,7 +90,8 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
   const bool wide = env.partials == PartialsType::kFloat64;
   const DataType wType = env.partials == PartialsType::kBFloat16 ? DataType::kBFloat16 : DataType::kFloat32;
   const size_t wEs = wide ? sizeof(double) : dataTypeSize(wType);
-  const size_t inEs = env.inputFp64 ? sizeof(double) : dataTypeSize(a.inType), outEs = dataTypeSize(a.outType);
+  const size_t inEs = env.inputFp64 ? sizeof(double) : dataTypeSize(a.inType);
+  const size_t outEs = env.outputFp64 ? sizeof(double) : dataTypeSize(a.outType);
   // The input is already in the wire's type: sent as it is at step 0.
   const bool direct = wide ? env.inputFp64 : a.inType == wType;
   const char* in = static_cast<const char*>(a.send);
@@ -128,12 +129,20 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
       reduce::widenToDouble(own, a.inType, dst, len, add);
     }
   };
+  // fp64: the exact sums `sum` of output elements [lo, lo + len), rounded once into the output, or
+  // as they are (outputFp64).
+  auto finishWide = [&](const double* sum, size_t lo, size_t len) {
+    if (env.outputFp64)
+      std::memcpy(out + lo * outEs, sum, len * sizeof(double));
+    else
+      reduce::roundFromDouble(sum, out + lo * outEs, a.outType, len, scale, a.reduce.accumulate);
+  };
   if (n == 1) {
     LIBCOMM_RETURN_IF_ERROR(need(0, 0, a.count));
     if (wide) {
       std::vector<double> sum(a.count);
       widen(sum.data(), 0, 0, a.count, false);
-      reduce::roundFromDouble(sum.data(), out, a.outType, a.count, scale, a.reduce.accumulate);
+      finishWide(sum.data(), 0, a.count);
       return Status::ok();
     }
     const void* only[1] = {inputBlock(0)};
@@ -164,7 +173,7 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
     if (wide) {  // exact in fp64; the output is rounded once
       double* sum = static_cast<double*>(partial);
       widen(sum, p, lo, len, true);
-      if (last) reduce::roundFromDouble(sum, out + lo * outEs, a.outType, len, scale, a.reduce.accumulate);
+      if (last) finishWide(sum, lo, len);
       return Status::ok();
     }
     const void* own = inputBlock(p) + lo * inEs;

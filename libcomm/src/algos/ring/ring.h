@@ -101,6 +101,11 @@ struct Env {
   /// reduce_scatter with fp64 partials: the input holds fp64 values (a two-level ring's host sums),
   /// whatever args.inType says.
   bool inputFp64 = false;
+  /// reduce_scatter with fp64 partials: the output receives this rank's block of exact fp64 sums,
+  /// neither scaled nor rounded, whatever args.outType says (an all_reduce gathers them and rounds
+  /// once at the end, so that every rank rounds the same exact sums). args.reduce.accumulate must
+  /// be false.
+  bool outputFp64 = false;
   uint32_t stepBase = 0;          // added to every step number (two rings within one collective)
   /// reduce_scatter: the input holds one block per ring position, in ring order (block p belongs
   /// to order[p]), instead of one per rank at the rank's index.
