@@ -97,9 +97,9 @@ struct CommConfig {
   /// an accumulation and the avg/premulSum scale included); with fp32 or bf16 all_reduce sums in
   /// fp32, in rank order on one host and in ring order across hosts, so across hosts its result
   /// depends on how the ranks are spread over them (the same on every rank of one run). On device
-  /// memory only bf16 matters, on the NCCL path: a bf16-in, bf16-out reduction then goes to NCCL in bf16 (half the bytes, a bf16 rounding
-  /// per ring step) instead of fp32 rounded once; the CUDA own path always sums in fp32. Every rank
-  /// must use the same.
+  /// memory only bf16 matters, on the NCCL path: a bf16-in, bf16-out reduction then goes to NCCL
+  /// in bf16 (half the bytes, a bf16 rounding per ring step) instead of fp32 rounded once; the CUDA
+  /// own path always sums in fp32. Every rank must use the same.
   PartialsType reducePartials = PartialsType::kFloat32;
   /// Across hosts (UCX): messages of at least this many bytes travel on a second endpoint per
   /// peer, created without UCX's peer-failure mode (LIBCOMM_UCX_BULK_BYTES; 0: every message on

@@ -56,9 +56,9 @@ const std::vector<SettingInfo> kSettings = {
      "process-wide: reduction outputs of at least this many bytes use streaming (non-temporal) stores; 0: never"},
     {"LIBCOMM_RS_PARTIALS", SettingType::kString, "fp32",
      "across hosts, reduce_scatter: the type partial sums travel in between hosts: fp32 (bf16 input widened; error at "
-     "fp32's level) | bf16 (half the bytes; every ring hop rounds the partial to bf16: one per host on the two-level algorithm, one "
-     "per rank on the flat ring) | fp64 (bf16 and fp32 input; twice fp32's bytes; exact sums, rounded once at the end; "
-     "all_reduce too)"},
+     "fp32's level) | bf16 (half the bytes; every ring hop rounds the partial to bf16: one per host on the two-level "
+     "algorithm, one per rank on the flat ring) | fp64 (bf16 and fp32 input; twice fp32's bytes; exact sums, rounded "
+     "once at the end; all_reduce too)"},
     {"LIBCOMM_STAGING_CHUNK", SettingType::kInt, "1048576", "bytes per staging chunk for unregistered buffers"},
     {"LIBCOMM_STREAM_PRIORITY", SettingType::kString, "inherit",
      "process-wide: scheduling of host streams' progress threads: inherit | nice:N (-20..19) | "
