@@ -9,7 +9,9 @@
 
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -582,6 +584,86 @@ std::vector<KillCase> killCases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, RandomKill, ::testing::ValuesIn(killCases()), killCaseName);
+
+// Ranks of one host in different pid namespaces (containers that share /dev/shm and a host id but
+// not pids): a peer's pid names another process there, or none, so its liveness is judged by the
+// lock it holds on its control segment. A live peer that arrives late is waited for (it was taken
+// for dead at the first liveness check), and a killed one is still named as dead in time. Rank 1
+// runs as pid 2 of a new pid namespace (needs root), a pid that names a kernel thread outside it.
+int pidNamespaceRank(const std::string& dir, const std::string& job, int rank, bool killed) {
+  auto boot = libcomm::createFileBootstrap(dir, job, rank, 2, libcomm::Deadline::after(libcomm::Milliseconds(20000)));
+  if (!boot.isOk()) return 3;
+  libcomm::CommConfig config;
+  config.hostId = "pidns-host";
+  config.opTimeout = libcomm::Milliseconds(20000);
+  auto comm = libcomm::Communicator::create(**boot, config);
+  if (!comm.isOk()) return 4;
+  auto stream = libcomm::createInlineHostStream("pidns");
+  // Late by several liveness checks (LIBCOMM_PEER_CHECK_MS, 100 ms) and past the spin: rank 0 sleeps
+  // in its wait and asks whether rank 1 lives meanwhile.
+  if (rank == 1) {
+    usleep(500000);
+    if (killed) raise(SIGKILL);
+  }
+  float in[8], out[16];
+  for (int i = 0; i < 8; ++i) in[i] = static_cast<float>(rank * 8 + i);
+  const auto start = std::chrono::steady_clock::now();
+  const Status st = (*comm)->allGather(in, out, 8, DataType::kFloat32, *stream);
+  if (killed) {
+    const bool named = st.code() == StatusCode::kRemoteError && st.message().find("peer rank 1 (pid ") != std::string::npos &&
+                       st.message().find("died") != std::string::npos;
+    if (!named || msSince(start) > 5000) {
+      fprintf(stderr, "rank 0 after %lld ms: %s\n", static_cast<long long>(msSince(start)), st.toString().c_str());
+      return 10;
+    }
+    return 0;
+  }
+  if (!st.isOk()) {
+    fprintf(stderr, "rank %d: %s\n", rank, st.toString().c_str());
+    return 11;
+  }
+  for (int i = 0; i < 16; ++i)
+    if (out[i] != static_cast<float>(i)) return 12;
+  return (*comm)->finalize(libcomm::Milliseconds(5000)).isOk() ? 0 : 13;
+}
+
+TEST(PeerLiveness, AcrossPidNamespacesALatePeerIsWaitedForAndAKilledOneIsNamed) {
+  for (const bool killed : {false, true}) {
+    SCOPED_TRACE(killed ? "rank 1 killed" : "rank 1 late");
+    char dirTemplate[] = "/tmp/shardcomm-pidns-XXXXXX";
+    ASSERT_NE(mkdtemp(dirTemplate), nullptr);
+    const std::string dir = dirTemplate, job = "pidns" + std::to_string(getpid()) + (killed ? "k" : "l");
+    const pid_t first = fork();
+    if (first == 0) _exit(pidNamespaceRank(dir, job, 0, killed));
+    const pid_t second = fork();
+    if (second == 0) {
+      if (unshare(CLONE_NEWPID) != 0) _exit(78);
+      // pid 1 of the new namespace waits for rank 1, pid 2 (pid 1 could not kill itself).
+      auto runAndReport = [](const std::function<int()>& body) {
+        const pid_t pid = fork();
+        if (pid == 0) _exit(body());
+        int status = 0;
+        if (waitpid(pid, &status, 0) != pid) return 5;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      };
+      _exit(runAndReport([&] { return runAndReport([&] { return pidNamespaceRank(dir, job, 1, killed); }); }));
+    }
+    int s0 = 0, s1 = 0;
+    ASSERT_EQ(waitpid(second, &s1, 0), second);
+    if (WIFEXITED(s1) && WEXITSTATUS(s1) == 78) {
+      kill(first, SIGKILL);
+      waitpid(first, &s0, 0);
+      GTEST_SKIP() << "unshare(CLONE_NEWPID) refused (not root?)";
+    }
+    ASSERT_EQ(waitpid(first, &s0, 0), first);
+    EXPECT_TRUE(WIFEXITED(s0) && WEXITSTATUS(s0) == 0)
+        << "rank 0: " << s0 << " (10: the killed peer not named in time; 11: the collective failed; 12: wrong data)";
+    EXPECT_TRUE(WIFEXITED(s1) && WEXITSTATUS(s1) == (killed ? 128 + SIGKILL : 0)) << "rank 1: " << s1;
+    // The killed rank's segments; its files in the bootstrap directory.
+    libcomm::shm::sweepStaleSegments(false);
+    std::system(("rm -rf " + dir).c_str());
+  }
+}
 
 }  // namespace
 }  // namespace shardcomm::testing

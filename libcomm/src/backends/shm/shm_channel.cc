@@ -71,6 +71,7 @@ Result<std::unique_ptr<Channel>> Channel::create(const std::string& prefix, int 
   cb->pid = self.pid;
   cb->freedSegments.store(0);
   cb->startTime = self.startTime;
+  cb->pidNamespace = self.pidNamespace;
   cb->stagingSlotBytes = ch->slotBytes_;
   cb->eagerBytes = ch->eagerBytes_;
   cb->bell.store(0);
@@ -104,12 +105,21 @@ Status Channel::connect(const std::vector<std::string>& prefixes, Deadline deadl
                        ", staging slot ", cb->stagingSlotBytes, " bytes vs ours ", slotBytes_, ", eager area ",
                        cb->eagerBytes, " bytes vs ours ", eagerBytes_, ")");
     }
-    processes_[r] = ProcessId{cb->pid, cb->startTime};
+    processes_[r] = ProcessId{cb->pid, cb->startTime, cb->pidNamespace};
     blocks_[r] = cb;
     segments_[r] = std::move(seg.value());
   }
   (void)deadline;
   return Status::ok();
+}
+
+bool Channel::peerAlive(int r) const {
+  const ProcessId& peer = processes_[r];
+  const uint64_t mine = processes_[rank_].pidNamespace;
+  // Ranks of one host in different pid namespaces (containers that share /dev/shm but not pids):
+  // the peer's pid names another process here, or none.
+  if (peer.pidNamespace != 0 && mine != 0 && peer.pidNamespace != mine) return ownerHoldsSegment(segments_[r].name());
+  return processAlive(peer);
 }
 
 char* Channel::stagingSlot(int r, int slot) const {
@@ -226,9 +236,11 @@ Status Channel::waitWord(int peer, const std::atomic<uint32_t>& word, uint32_t t
     }
     if (Clock::now() - lastCheck >= config_.peerCheckInterval) {
       lastCheck = Clock::now();
-      if (!processAlive(processes_[peer])) {
-        return makeError(StatusCode::kRemoteError, "rank ", name(rank_), ": peer rank ", name(peer), " (pid ", processes_[peer].pid,
-                         ") died during ", ctx.op.str(), " (", phase, ")");
+      if (!peerAlive(peer)) {
+        const bool elsewhere = processes_[peer].pidNamespace != processes_[rank_].pidNamespace;
+        return makeError(StatusCode::kRemoteError, "rank ", name(rank_), ": peer rank ", name(peer), " (pid ",
+                         processes_[peer].pid, elsewhere ? " in another pid namespace" : "", ") died during ",
+                         ctx.op.str(), " (", phase, ")");
       }
     }
   }

@@ -1,12 +1,15 @@
 #pragma once
 // The shared-memory control plane of one communicator: one control block per rank (in its own
-// segment, written only by its owner), holding the counters peers wait on, the descriptor of the
-// rank's current collective, a failure flag, and the rank's two staging slots.
+// segment), holding the counters peers wait on, the descriptor of the rank's current collective, a
+// failure flag, and the rank's two staging slots. Only its owner writes a block, except its bell
+// and waiter count: a peer going to sleep on the bell counts itself in `waiters`, and a rank that
+// fails, aborts or closes rings every peer's bell (wakeAll).
 //
 // Waiting: a counter is read by spinning for a few microseconds, then by sleeping on the owner's
 // "bell" (a futex word bumped on every change) in short slices; between slices the waiter checks
-// its deadline, the abort flag and, every peerCheckInterval, that the peer process is alive. On
-// a 2-core machine long spins steal the core from the rank that would make progress.
+// its deadline, the abort flag and, every peerCheckInterval, that the peer process is alive (by
+// pid, or by its segment lock from another pid namespace). On a 2-core machine long spins steal
+// the core from the rank that would make progress.
 
 #include <atomic>
 #include <memory>
@@ -77,7 +80,8 @@ static_assert(sizeof(OpDescriptor) <= 56, "a post slot must stay one cache line"
 
 struct alignas(64) ControlBlock {
   static constexpr uint64_t kMagic = 0x53484152444d4d31ull;  // "SHARDMM1"
-  static constexpr uint32_t kVersion = 6;  // 5: eager inputs inlined in the descriptor; 6: kDeviceWaited
+  // 5: eager inputs inlined in the descriptor; 6: kDeviceWaited; 7: pidNamespace
+  static constexpr uint32_t kVersion = 7;
 
   uint64_t magic;
   uint32_t version;
@@ -90,6 +94,9 @@ struct alignas(64) ControlBlock {
   uint64_t startTime;
   uint64_t stagingSlotBytes;
   uint64_t eagerBytes;
+  // The owner's pid namespace (ProcessId::pidNamespace): a peer in another one judges the owner's
+  // liveness by its segment lock, not by a pid that names another process there, or none.
+  uint64_t pidNamespace;
 
   alignas(64) std::atomic<uint32_t> bell;
   std::atomic<uint32_t> waiters;
@@ -210,6 +217,9 @@ class Channel {
   std::vector<Segment> segments_;       // index = rank (own one created, peers' opened)
   std::vector<ControlBlock*> blocks_;
   std::vector<ProcessId> processes_;
+  /// Whether peer r's process still runs: by pid in this pid namespace, by the lock it holds on its
+  /// control segment from another one.
+  bool peerAlive(int r) const;
   std::vector<int> names_;
   std::atomic<bool> aborted_{false};
 };

@@ -286,6 +286,8 @@ SweepResult removeJobSegments(const std::string& jobId, const std::vector<pid_t>
 ProcessId ProcessId::self() {
   ProcessId id;
   id.pid = getpid();
+  struct stat ns;
+  if (stat("/proc/self/ns/pid", &ns) == 0) id.pidNamespace = static_cast<uint64_t>(ns.st_ino);
   std::ifstream f("/proc/self/stat");
   std::string line;
   std::getline(f, line);
@@ -321,6 +323,20 @@ bool processAlive(const ProcessId& id) {
   for (int i = 3; i <= 22 && rest >> field; ++i)
     if (i == 22) return std::stoull(field) == id.startTime;
   return true;
+}
+
+bool ownerHoldsSegment(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) return errno != ENOENT;  // gone: only its creator unlinks it, or a sweep of a dead one's
+  // The lock an exclusive one would meet: the owner's shared one, or none.
+  struct flock fl {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  int rc;
+  do rc = fcntl(fd, F_OFD_GETLK, &fl);
+  while (rc != 0 && errno == EINTR);
+  close(fd);
+  return rc != 0 || fl.l_type != F_UNLCK;
 }
 
 SweepResult sweepStaleSegments(bool verbose) {

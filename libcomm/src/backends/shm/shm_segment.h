@@ -12,6 +12,7 @@
 #include <sys/types.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -82,13 +83,22 @@ SweepResult removeJobSegments(const std::string& jobId, const std::vector<pid_t>
 /// removal on stdout.
 SweepResult sweepStaleSegments(bool verbose);
 
-/// Peer liveness by pid: a process identity that survives pid reuse (pid + start time).
+/// Peer liveness by pid: a process identity that survives pid reuse (pid + start time), and the
+/// pid namespace the pid means something in.
 struct ProcessId {
   pid_t pid = 0;
   unsigned long long startTime = 0;
+  /// The inode of /proc/self/ns/pid; 0 where it cannot be read.
+  uint64_t pidNamespace = 0;
   static ProcessId self();
 };
-/// False when the process is gone, a zombie, or its pid now belongs to another process.
+/// False when the process is gone, a zombie, or its pid now belongs to another process. Only for
+/// a process of this pid namespace: elsewhere its pid names another process or none.
 bool processAlive(const ProcessId& id);
+/// Whether the creator of segment `name` still holds it (its owner's lock, taken by create() and
+/// held while any of the owner's mappings lasts: a live owner, or a child it forked that still
+/// maps it). Works across pid namespaces. False when the name is gone or nobody holds the lock;
+/// true when it cannot tell (no OFD locks before Linux 3.15, or the name cannot be opened).
+bool ownerHoldsSegment(const std::string& name);
 
 }  // namespace libcomm::shm
