@@ -610,7 +610,8 @@ int pidNamespaceRank(const std::string& dir, const std::string& job, int rank, b
   const auto start = std::chrono::steady_clock::now();
   const Status st = (*comm)->allGather(in, out, 8, DataType::kFloat32, *stream);
   if (killed) {
-    const bool named = st.code() == StatusCode::kRemoteError && st.message().find("peer rank 1 (pid ") != std::string::npos &&
+    const bool named = st.code() == StatusCode::kRemoteError &&
+                       st.message().find("peer rank 1 (pid ") != std::string::npos &&
                        st.message().find("died") != std::string::npos;
     if (!named || msSince(start) > 5000) {
       fprintf(stderr, "rank 0 after %lld ms: %s\n", static_cast<long long>(msSince(start)), st.toString().c_str());
