@@ -937,6 +937,27 @@ TEST(CommErrors, BufferRunningPastItsRegisteredAllocationIsRefused) {
   EXPECT_RANKS_OK(report);
 }
 
+// An allocation of 0 bytes has its base address and no bytes: a buffer there was taken for one in a
+// gap between allocations, passed the check, and a collective wrote past the mapping (SIGSEGV;
+// found by a one-host review).
+TEST(CommErrors, ABufferAtAnEmptyAllocationIsRefused) {
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
+    auto s = libcomm::createInlineHostStream("empty");
+    const size_t n = 1 << 16;
+    std::vector<float> in(n, 1.0f);
+    LIBCOMM_ASSIGN_OR_RETURN(void* empty, comm->allocRegistered(0));
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allGather(in.data(), empty, n, DataType::kFloat32, *s),
+                                         StatusCode::kInvalidArgument, {"rank", "recv buffer", "0 bytes left"},
+                                         "recv at an empty allocation"));
+    return comm->freeRegistered(empty);
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 // The check above remembers where the last call's buffers lay (no lock or search per call): an
 // allocation made since (here in the address range remembered as outside every allocation) is
 // checked, a call that overruns the remembered allocation is still refused, and after a free and

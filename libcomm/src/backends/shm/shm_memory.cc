@@ -113,12 +113,16 @@ LocalMemory::Region LocalMemory::regionLocked(uintptr_t p) const {
   r.hi = next == allocations_.end() ? UINTPTR_MAX : next->first;
   if (next != allocations_.begin()) {
     const auto& [base, a] = *std::prev(next);
-    if (p - base < a.bytes) {
+    // The base of an allocation of 0 bytes is inside it, as freeRegistered has it: a buffer there
+    // has no bytes (it was taken for one in a gap, and a collective wrote past the mapping).
+    const size_t extent = std::max<size_t>(a.bytes, 1);
+    if (p - base < extent) {
       r.inside = true;
       r.lo = base;
-      r.hi = base + a.bytes;
+      r.hi = base + extent;
+      r.end = base + a.bytes;
     } else {
-      r.lo = base + a.bytes;
+      r.lo = base + extent;
     }
   }
   return r;
@@ -143,7 +147,7 @@ std::array<size_t, 2> LocalMemory::bytesLeftIfOverrun(const std::array<Span, 2>&
   std::array<size_t, 2> left{SIZE_MAX, SIZE_MAX};
   for (size_t i = 0; i < spans.size(); ++i) {
     const Region& r = (*memo)[i];
-    const size_t fromHere = r.hi - reinterpret_cast<uintptr_t>(spans[i].ptr);
+    const size_t fromHere = r.end - reinterpret_cast<uintptr_t>(spans[i].ptr);
     if (spans[i].ptr && r.inside && spans[i].bytes > fromHere) left[i] = fromHere;
   }
   return left;

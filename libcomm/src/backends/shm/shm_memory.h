@@ -46,6 +46,7 @@ class LocalMemory {
     uint64_t generation = 0;
     uintptr_t lo = 1, hi = 0;
     bool inside = false;
+    uintptr_t end = 0;  // inside: the allocation's end (== lo for one of 0 bytes, whose region is [lo, lo + 1))
   };
   /// For each span that starts inside an allocation but runs past its end: how many bytes the
   /// allocation has from the span's start on (SIZE_MAX for the others: inside one, or outside all,
