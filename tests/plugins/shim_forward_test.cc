@@ -261,6 +261,34 @@ TEST(Forward, DeviceApiHostFunctionsAreForwarded) {
   EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
 }
 
+// A NULL communicator is refused before the real NCCL sees it: NCCL 2.28.9 dereferences it in
+// ncclDevCommDestroy and the team functions (SIGSEGV; found by a shim review). The functions that
+// return no ncclResult_t give their failure value, and ncclGetLastError says why.
+TEST(Forward, DeviceApiHostFunctionsRefuseANullCommunicator) {
+  const int before = fakeCalls("DevCommCreate");
+  ncclDevCommRequirements_t reqs{};
+  ncclDevComm_t devComm{};
+  EXPECT_EQ(ncclDevCommCreate(nullptr, &reqs, &devComm), ncclInvalidArgument);
+  EXPECT_EQ(fakeCalls("DevCommCreate"), before);
+  EXPECT_EQ(ncclDevCommDestroy(nullptr, &devComm), ncclInvalidArgument);
+  std::string err = ncclGetLastError(nullptr);
+  EXPECT_NE(err.find("ncclDevCommDestroy"), std::string::npos) << err;
+  EXPECT_NE(err.find("comm is NULL"), std::string::npos) << err;
+  using TeamOf = ncclTeam_t (*)(ncclComm_t);
+  const TeamOf teams[] = {ncclTeamWorld, ncclTeamLsa, ncclTeamRail};
+  for (TeamOf teamOf : teams) {
+    const ncclTeam_t team = teamOf(nullptr);
+    EXPECT_EQ(team.nRanks, 0);
+    EXPECT_EQ(team.rank, 0);
+  }
+  err = ncclGetLastError(nullptr);
+  EXPECT_NE(err.find("ncclTeamRail"), std::string::npos) << err;
+  EXPECT_EQ(ncclTeamRankToWorld(nullptr, ncclTeam_t{}, 0), -1);
+  EXPECT_EQ(ncclTeamRankToLsa(nullptr, ncclTeam_t{}, 0), -1);
+  err = ncclGetLastError(nullptr);
+  EXPECT_NE(err.find("ncclTeamRankToLsa: invalid argument: comm is NULL"), std::string::npos) << err;
+}
+
 TEST(MissingReal, EveryCallFailsSayingWhy) {
   int version = 0;
   EXPECT_EQ(ncclGetVersion(&version), ncclSystemError);

@@ -32,10 +32,19 @@ Fn realEntry(const shim::RealNccl& real, const char* name, std::atomic<void*>& c
   return reinterpret_cast<Fn>(fn);
 }
 
+// Whether the call's first argument is a communicator, and NULL: NCCL 2.28.9 dereferences it in
+// ncclDevCommDestroy and the team functions (SIGSEGV), so the shim refuses it for all of them.
+template <typename First, typename... Rest>
+bool nullComm(First first, Rest...) {
+  if constexpr (std::is_same_v<First, ncclComm_t>) return first == nullptr;
+  return false;
+}
+inline bool nullComm() { return false; }
+
 // ncclNAME's call of the real pncclNAME, with the shim's error bookkeeping. A function that returns
 // ncclResult_t returns the shim's error when the real one cannot be called; the others return
 // `failed` (a value no caller takes for a result: -1 for a rank or count, an empty team) and the
-// shim's error is ncclGetLastError's.
+// shim's error is ncclGetLastError's. A NULL communicator is refused here (nullComm).
 template <typename Fn, typename Failed, typename... A>
 auto forwardDevice(const char* function, const char* realName, std::atomic<void*>& cache, Failed failed,
                    A... args) noexcept {
@@ -43,6 +52,8 @@ auto forwardDevice(const char* function, const char* realName, std::atomic<void*
   Ret out = failed;
   const ncclResult_t r = shim::boundary(function, [&]() -> ncclResult_t {
     CallScope scope;
+    if (nullComm(args...))
+      return shim::failWith(function, libcomm::Status(libcomm::StatusCode::kInvalidArgument, "comm is NULL"));
     const shim::RealNccl* real = shim::realNccl();
     if (real == nullptr) return shim::realNcclMissing(function);
     Fn fn = realEntry<Fn>(*real, realName, cache);
