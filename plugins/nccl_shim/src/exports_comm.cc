@@ -17,8 +17,14 @@ using shim::withReal;
 // valid, not yet usable, comm).
 ncclResult_t recordInit(const CallScope& scope, ncclResult_t r, ncclComm_t* comm, int nranks, int rank,
                         const ncclUniqueId* ids, int nIds) {
-  if (!scope.reentered() && (r == ncclSuccess || r == ncclInProgress) && comm && *comm && ids && nIds > 0)
-    shim::addComm(*comm, std::make_shared<shim::CommState>(rank, nranks, shim::rendezvousKey(ids, nIds)));
+  if (!scope.reentered() && (r == ncclSuccess || r == ncclInProgress) && comm && *comm && ids && nIds > 0) {
+    try {
+      shim::addComm(*comm, std::make_shared<shim::CommState>(rank, nranks, shim::rendezvousKey(ids, nIds)));
+    } catch (...) {
+      // Out of memory for the side table: the real communicator exists and is the application's
+      // (an error now would leave it unreleased); unrecorded, every call on it is forwarded.
+    }
+  }
   return scope.forwarded(r);
 }
 
@@ -68,6 +74,9 @@ ncclResult_t endComm(const char* function, bool remove, bool abort, ncclComm_t c
         shim::noteError(function, own.withContext("the communicator is released, but libcomm's side of it failed"));
         return r;
       case shim::EndResult::kReal:
+        // NCCL's own error (or ncclInProgress) is the answer; libcomm's side's failure is still
+        // ncclGetLastError's to tell.
+        if (!own.isOk()) shim::noteError(function, own);
         break;
     }
     return scope.forwarded(r);
@@ -87,8 +96,10 @@ ncclResult_t commAbort(ncclComm_t comm) { return endComm<&RealNccl::pCommAbort>(
 ncclResult_t commShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm,
                         ncclConfig_t* config, int shrinkFlags) {
   if (comm == nullptr)
-    return shim::failWith("ncclCommShrink", libcomm::makeError(libcomm::StatusCode::kInvalidArgument,
-                                                               "comm is NULL (nothing to shrink)"));
+    return shim::boundary("ncclCommShrink", [] {
+      return shim::failWith("ncclCommShrink", libcomm::makeError(libcomm::StatusCode::kInvalidArgument,
+                                                                 "comm is NULL (nothing to shrink)"));
+    });
   return shim::Forwarder<&RealNccl::pCommShrink>{"ncclCommShrink"}(comm, excludeRanksList, excludeRanksCount, newcomm,
                                                                    config, shrinkFlags);
 }
@@ -148,7 +159,10 @@ ncclResult_t memAlloc(void** ptr, size_t size) {
 
 ncclResult_t memFree(void* ptr) {
   return withReal<&RealNccl::pMemFree>("ncclMemFree", [&](const CallScope& scope, auto fn) {
-    if (!scope.reentered()) shim::removeAllocation(ptr);
+    // Re-entered too: NCCL 2.28.9 allocates its copy engines' memory from its asynchronous init
+    // job (depth 0: recorded) and frees it inside ncclCommDestroy (re-entry); a range left recorded
+    // after its free would make a later cudaMalloc at that address look registered.
+    shim::removeAllocation(ptr);
     return scope.forwarded(fn(ptr));
   });
 }
