@@ -3,6 +3,7 @@
 #include "tinylm/cli.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -24,12 +25,20 @@ constexpr long long kIntMax = std::numeric_limits<int>::max();
 using flags::parseInt;
 using flags::usageError;
 
+// A decimal number >= 0 that fp32 holds: no leading space, hex or exponent beyond fp32's range (strtof
+// took ' 0.1', 0x10 as 16 and 1e-60 as 0).
 Status parseFloat(const std::string& flag, const std::string& s, float& out) {
+  const size_t digits = !s.empty() && (s[0] == '+' || s[0] == '-') ? 1 : 0;
+  if (s.empty() || std::isspace(static_cast<unsigned char>(s[0])) ||
+      (s.size() > digits + 1 && s[digits] == '0' && (s[digits + 1] == 'x' || s[digits + 1] == 'X')))
+    return usageError(flag, s, "not a decimal number >= 0");
   char* end = nullptr;
+  errno = 0;
   const float v = std::strtof(s.c_str(), &end);
-  if (s.empty() || end != s.c_str() + s.size() || !(v == v) || v < 0 || v == std::numeric_limits<float>::infinity())
+  if (end != s.c_str() + s.size() || !(v == v) || v < 0 || v == std::numeric_limits<float>::infinity())
     return usageError(flag, s, "not a finite number >= 0");
-  out = v;
+  if (errno == ERANGE) return usageError(flag, s, "outside fp32's normal range");
+  out = v + 0.0f;  // -0 is 0
   return Status::ok();
 }
 

@@ -39,8 +39,8 @@ const char* cliUsage();
 std::string stepLine(const StepRecord& r);
 /// The header line: world, precision, model, batch split, steps.
 std::string headerLine(const TrainOptions& o, int worldSize, int firstStep);
-/// Two lines per rank: step time, exposed communication, compute and optimizer time (means); then
-/// libshard's peak bytes and the activation bytes against the plan.
+/// Three lines per rank: step time, exposed communication, compute and optimizer time (means); the
+/// exposed communication by hook; libshard's peak bytes and the activation bytes against the plan.
 std::vector<std::string> rankLines(const std::vector<RankSummary>& ranks);
 /// Empty when every rank's measured memory agrees with its plan (libshard's bytes equal, activations
 /// within the prediction), else what does not.

@@ -120,7 +120,8 @@ int runRank(CliOptions o) {
     char losses[96] = "no steps run";
     if (!steps.empty())
       std::snprintf(losses, sizeof(losses), "loss %.6f -> %.6f", steps.front().loss, steps.back().loss);
-    std::printf("tinylm: %d rank%s, %zu steps, %s%s%s -- %s\n", world, world == 1 ? "" : "s", steps.size(), losses,
+    std::printf("tinylm: %d rank%s, %zu step%s, %s%s%s -- %s\n", world, world == 1 ? "" : "s", steps.size(),
+                steps.size() == 1 ? "" : "s", losses,
                 t.eventLogCheck ? ", event log proves rules A, B and the optimizer gate on every step" : "",
                 t.saveCheckpoint.empty() ? "" : (", checkpoint saved to " + t.saveCheckpoint).c_str(),
                 verdict.empty() ? "PASS" : ("FAIL: " + verdict).c_str());

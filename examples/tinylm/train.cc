@@ -62,12 +62,17 @@ uint64_t memoryTerm(const libshard::ShardPlan& plan, const char* name) {
   return 0;
 }
 
-// The plan of `rank`; a --memory-budget it cannot meet is the flag's error.
+// The plan of `rank`; a --memory-budget it cannot meet is the flag's error, and so is a schedule
+// too large to build (--micro-batches x the model's layers: the planner's bound).
 libcomm::Result<libshard::ShardPlan> planRank(const TrainOptions& o, int world, int rank,
                                               const libshard::ModelSpec& spec) {
   auto plan = libshard::ShardPlanner(trainPlanOptions(o, world, rank)).plan(spec);
-  if (!plan.isOk() && o.memoryBudgetBytes > 0 && plan.status().message().find("memory budget") != std::string::npos)
-    return optionsError("--memory-budget ", o.memoryBudgetBytes, ": ", plan.status().message());
+  if (plan.isOk()) return plan;
+  const std::string& why = plan.status().message();
+  if (o.memoryBudgetBytes > 0 && why.find("memory budget") != std::string::npos)
+    return optionsError("--memory-budget ", o.memoryBudgetBytes, ": ", why);
+  if (why.find("layer passes per step") != std::string::npos)
+    return optionsError("--micro-batches ", o.microBatches, " with --layers ", o.model.layers, ": ", why);
   return plan;
 }
 

@@ -178,6 +178,15 @@ def main():
                                                                       "out of range [0, 2147483647]"])
         r.usage_error("tinylm", ["--memory-budget", "1X"], ["--memory-budget '1X'", "K, M, G or T"])
         r.usage_error("tinylm", ["--serialize", "--prefetch", "4"], ["--prefetch '4'", "--serialize"])
+        # strtof took these: leading space, hex (0x10 as 16), and an underflow to 0.
+        r.usage_error("tinylm", ["--lr", " 0.1"], ["--lr ' 0.1'", "decimal"])
+        r.usage_error("tinylm", ["--lr", "0x10"], ["--lr '0x10'", "decimal"])
+        r.usage_error("tinylm", ["--lr", "1e-60"], ["--lr '1e-60'", "fp32"])
+        # A schedule too large to build, found by the planner: the flags' error too (it exited 1
+        # with source frames).
+        for np in ([], ["-np", "2"]):
+            r.usage_error("tinylm", np + ["--global-batch", "2000000", "--micro-batches", "1000000", "--steps", "0"],
+                          ["--micro-batches 1000000", "--layers 2", "layer passes per step"])
 
         # What set-up finds against the files the flags name: the same kind of answer, once, before
         # a step (these exited 1 with "tinylm rank 0: invalid argument: tinylm trainer set-up:
