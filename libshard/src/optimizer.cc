@@ -191,6 +191,7 @@ libcomm::Result<ShardedAdamW> ShardedAdamW::create(const ShardPlan& plan, const 
     return libcomm::makeError(StatusCode::kInvalidArgument, "AdamW: plan has rank ", rank, " of world ", world);
   ShardedAdamW opt;
   opt.config_ = config;
+  opt.config_.lr = config.lr + 0.0f;  // -0 is 0 (setLearningRate)
   opt.stateNumel_ = plan.stateNumel;
   opt.worldSize_ = world;
   opt.rank_ = rank;
@@ -338,6 +339,7 @@ libcomm::Result<double> ShardedAdamW::beginStepImpl(ShardState& state, float gra
   }
   const double norm = std::sqrt(total);
   pending_.active = true;
+  pending_.state = &state;
   pending_.skip = !std::isfinite(norm);  // skipped step: see the header
   pending_.gradScale = gradScale;
   pending_.coef = config_.clipNorm > 0 ? static_cast<float>(std::min(1.0, config_.clipNorm / (norm + 1e-6))) : 1.0f;
@@ -355,12 +357,17 @@ libcomm::Status ShardedAdamW::updateGroupImpl(ShardState& state, int group) {
   const size_t gi = group < 0 ? groups_.size() - 1 : static_cast<size_t>(group);
   if (pending_.updated[gi])
     return libcomm::makeError(StatusCode::kInvalidUsage, "AdamW: group ", group, " updated twice in one step");
+  if (pending_.state != &state)
+    return libcomm::makeError(StatusCode::kInvalidUsage, "AdamW: updateGroup(", group,
+                              ") on another ShardState than this step's beginStep took");
   LIBCOMM_RETURN_IF_ERROR(detail::checkWritable(state, "AdamW: updateGroup", false));
-  pending_.updated[gi] = true;
-  if (pending_.skip) return libcomm::Status::ok();
   if (state.numel != stateNumel_)
     return libcomm::makeError(StatusCode::kInvalidArgument, "AdamW: state has ", state.numel, " elements, the plan ",
                               stateNumel_);
+  // Only once every check passed: a refused group counted as updated let endStep advance the step
+  // with it never written.
+  pending_.updated[gi] = true;
+  if (pending_.skip) return libcomm::Status::ok();
 
   StepCoeffs c{};
   c.gradScale = pending_.gradScale;
@@ -395,6 +402,8 @@ libcomm::Status ShardedAdamW::updateGroupImpl(ShardState& state, int group) {
 
 libcomm::Status ShardedAdamW::endStepImpl(ShardState& state) {
   if (!pending_.active) return libcomm::makeError(StatusCode::kInvalidUsage, "AdamW: endStep before beginStep");
+  if (pending_.state != &state)
+    return libcomm::makeError(StatusCode::kInvalidUsage, "AdamW: endStep on another ShardState than beginStep took");
   for (size_t k = 0; k < groups_.size(); ++k)
     if (!pending_.updated[k] && !groups_[k].ranges.empty())
       return libcomm::makeError(StatusCode::kInvalidUsage, "AdamW: endStep with group ",

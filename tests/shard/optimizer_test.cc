@@ -297,6 +297,11 @@ TEST(ShardedAdamW, GroupByGroupMatchesTheReferenceAndNeedsTheNormFirst) {
     auto norm = opt->beginStep(st.view, scale, nullptr, nullptr, libcomm::Deadline::never());
     ASSERT_TRUE(norm.isOk()) << norm.status().toString();
     if (s == 0) {  // a group left out: refused, nothing advanced
+      // Another state than beginStep's: refused, and the group is not counted as updated (it was,
+      // and endStep advanced the step with the group never written; found by a review).
+      OwnedState other(plan);
+      EXPECT_EQ(opt->updateGroup(other.view, 1).code(), StatusCode::kInvalidUsage);
+      EXPECT_EQ(opt->endStep(other.view).code(), StatusCode::kInvalidUsage);
       ASSERT_TRUE(opt->updateGroup(st.view, 0).isOk());
       EXPECT_EQ(opt->updateGroup(st.view, 0).code(), StatusCode::kInvalidUsage);  // twice
       EXPECT_EQ(opt->endStep(st.view).code(), StatusCode::kInvalidUsage);
@@ -478,6 +483,19 @@ Status aRankWithAnotherLearningRateIsRefused(RankContext& ctx) {
   LIBCOMM_RETURN_IF_ERROR(
       opt.step(st.view, 1.0f, r.comm.get(), r.stream.get(), libcomm::Deadline::after(std::chrono::seconds(60))).status());
   if (st.view.step != 1) return libcomm::makeError(StatusCode::kInternalError, "step ", st.view.step, " after 1");
+  // -0 on one rank and 0 on the others is the same learning rate (the ranks' bits differed, and
+  // every step failed naming 0 and -0; found by a review).
+  LIBCOMM_RETURN_IF_ERROR(opt.setLearningRate(ctx.rank == odd ? -0.0f : 0.0f));
+  if (std::signbit(opt.config().lr)) return libcomm::makeError(StatusCode::kInternalError, "lr kept its sign");
+  fillGrads(r.plan, st, 1);
+  LIBCOMM_RETURN_IF_ERROR(
+      opt.step(st.view, 1.0f, r.comm.get(), r.stream.get(), libcomm::Deadline::after(std::chrono::seconds(60)))
+          .status());
+  if (st.view.step != 2) return libcomm::makeError(StatusCode::kInternalError, "step ", st.view.step, " after 2");
+  AdamWConfig negativeZero;
+  negativeZero.lr = -0.0f;
+  LIBCOMM_ASSIGN_OR_RETURN(ShardedAdamW made, ShardedAdamW::create(r.plan, negativeZero));
+  if (std::signbit(made.config().lr)) return libcomm::makeError(StatusCode::kInternalError, "create kept lr's sign");
   return r.comm->asyncError();
 }
 

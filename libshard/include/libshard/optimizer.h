@@ -13,7 +13,11 @@
 //   t      = state.step + 1                                  (then stored back into state.step)
 //   g      = grad[i] * gradScale                             (Executor::pendingGradScale(): folds the
 //                                                             1/(world x microBatches) endStep did not apply)
-//   sumsq  = sum over this rank's parameter elements of double(g) * double(g)      (fp64, local)
+//   sumsq  = sum over this rank's parameter elements of double(g) * double(g)      (fp64, local), in
+//            this order: per run of parameter elements (ranges(), in state order), eight
+//            partial sums (element j of the run into partial j mod 8) added 0 + 1 + ... + 7; the
+//            runs' sums added in state order. A reference that sums otherwise differs in the
+//            last bits, and with clipping on its coef can then differ by an fp32 ulp.
 //   total  = sumsq                                          without a communicator, or
 //            double(allReduce_sum(float(sumsq)))             with one (fp32 on the wire)
 //   norm   = sqrt(total)                                     (fp64; the value step() returns)
@@ -134,7 +138,7 @@ class ShardedAdamW {
   /// the top of this file). Not thread-safe against step().
   libcomm::Status setLearningRate(float lr) {
     LIBCOMM_RETURN_IF_ERROR(checkLearningRate(lr));
-    config_.lr = lr;
+    config_.lr = lr + 0.0f;  // -0 is 0: the ranks compare the bits, and a sum of -0 and 0 is 0
     return libcomm::Status::ok();
   }
   /// The hyperparameters in use (lr as last set). Not thread-safe against setLearningRate().
@@ -172,6 +176,7 @@ class ShardedAdamW {
   // The step in progress (between beginStep and endStep).
   struct Pending {
     bool active = false;
+    const ShardState* state = nullptr;  // beginStep's: the step's updateGroup and endStep take that one
     bool skip = false;  // non-finite norm
     float gradScale = 1.0f;
     float coef = 1.0f;
