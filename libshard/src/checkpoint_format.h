@@ -104,7 +104,9 @@ std::string hex32(uint32_t v);
 libcomm::Status preadExact(int fd, void* buf, size_t n, uint64_t offset, const std::string& path);
 libcomm::Status pwriteAll(int fd, const void* buf, size_t n, uint64_t offset, const std::string& path);
 /// The largest index file a reader accepts: far above any real model's (a few hundred bytes per
-/// parameter), and a bound on the allocation a damaged or foreign file can cause.
+/// parameter), and a bound on the allocation a damaged or foreign file can cause: with shapes of
+/// at most kMaxParamDims extents, the parsed index takes a small multiple of the text (about 7x
+/// for a file of one-element parameters, the worst case).
 inline constexpr uint64_t kMaxIndexBytes = uint64_t{256} << 20;
 /// Whole small file (an index) into a string; a file over `maxBytes` is kInvalidArgument.
 /// Opens `path` for reading, refusing what is not a regular file (a FIFO would block the open
@@ -237,6 +239,7 @@ class ParamSource {
 };
 
 /// Reads from the shard files of a sharded checkpoint (each opened and checked on first use).
+/// `index` must outlive the source.
 std::unique_ptr<ParamSource> makeShardedSource(const std::string& dir, const CheckpointIndex& index);
 
 /// Loads `srcParams` (by name; must match the plan's parameters exactly, `what` names the source

@@ -74,6 +74,8 @@ bool parseShape(const std::string& s, std::vector<int64_t>& shape) {
   std::stringstream in(s);
   std::string part;
   while (std::getline(in, part, 'x')) {
+    // A 250 MiB line of 1x1x1... became a vector of 125 M extents (1 GiB; found by a review).
+    if (shape.size() == kMaxParamDims) return false;
     uint64_t v;
     if (!parseU64(part, v) || v == 0 || v > (uint64_t{1} << 56)) return false;  // ModelSpec's bound
     shape.push_back(static_cast<int64_t>(v));

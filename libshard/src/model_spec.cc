@@ -58,6 +58,9 @@ libcomm::Status ModelSpec::validate() const {
         return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: parameter name '", p.name, "' used twice");
       if (p.shape.empty())
         return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: parameter '", p.name, "' has an empty shape");
+      if (p.shape.size() > kMaxParamDims)
+        return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: parameter '", p.name, "' has ",
+                                  p.shape.size(), " extents, more than ", kMaxParamDims);
       // Element counts and byte sizes stay exact: no parameter, and no model, may reach 2^56
       // elements (an fp32 copy of that much is 256 PiB).
       constexpr uint64_t kMaxElems = uint64_t{1} << 56;

@@ -329,6 +329,16 @@ TEST(Checkpoint, CraftedIndexNumbersAreRejectedWithoutThrowingOrWrapping) {
          setField(l, "param", 6, "65536x65536x65536x65536");
        },
        "overflows 64 bits"},
+      // A shape of more extents than a parameter may have (kMaxParamDims): a 250 MiB line of
+      // 1x1x... became a vector of 125 M extents. One past the bound is refused by the parser.
+      {"65 extents",
+       [&](auto& l) {
+         std::string ones = "1";
+         for (size_t i = 1; i <= kMaxParamDims; ++i) ones += "x1";
+         setField(l, "param", 5, "1");
+         setField(l, "param", 6, ones);
+       },
+       "bad offset, numel or shape"},
       // offset + numel wraps around to a small end that "fits" the group.
       {"offset + numel wraps", [&](auto& l) { setField(l, "param", 4, "18446744073709551615"); }, "lies outside group"},
   };

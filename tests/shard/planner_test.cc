@@ -672,6 +672,12 @@ TEST(PlannerErrors, InvalidSpecsAreRejected) {
   sum.layers[2].params[1].shape = {int64_t{1} << 55};
   sum.layers[3].params[0].shape = {int64_t{1} << 55};
   expectSpecError(sum, "the model has more than 2^56 elements");
+  // More extents than a checkpoint index may carry (kMaxParamDims); that many is fine.
+  ModelSpec dims = smallLm();
+  dims.layers[1].params[1].shape.assign(kMaxParamDims + 1, 1);
+  expectSpecError(dims, "blocks.0.wa' has 65 extents, more than 64");
+  dims.layers[1].params[1].shape.assign(kMaxParamDims, 1);
+  EXPECT_TRUE(dims.validate().isOk());
   ModelSpec kind = smallLm();
   kind.layers[1].params[1].kind = static_cast<ParamKind>(9);
   expectSpecError(kind, "kind 9, not a ParamKind");

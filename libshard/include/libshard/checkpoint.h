@@ -14,8 +14,10 @@
 //                           group, numel, shape), and per shard file its size and the checksum of
 //                           its chunk table; the index ends with a CRC32C of itself. Its presence
 //                           marks a complete checkpoint.
-// Every file is written under a temporary name in the same directory, fsync'd, renamed over the
-// final name, and the directory fsync'd: a final name never holds a half-written file.
+// Every file is written under a temporary name in the same directory, fsync'd, moved to its final
+// name, and the directory fsync'd: a final name never holds a half-written file. Shard files are
+// renamed over it; the index is hard-linked to it (so that an existing index is never replaced;
+// renamed where the filesystem has no hard links) and the temporary name removed.
 //
 // Loading reads the index, checks that the checkpoint's parameters are exactly the model's (same
 // names, same shapes; layers, kinds, alignment and world size may differ), and for each parameter

@@ -23,9 +23,13 @@ enum class ParamKind : uint8_t {
 /// "block" / "norm" / "embedding" / "head".
 const char* paramKindName(ParamKind k);
 
+/// The most extents a parameter's shape may have: far beyond any real tensor's, and a bound on
+/// what a checkpoint index's shape may make a reader allocate.
+inline constexpr size_t kMaxParamDims = 64;
+
 struct ParamSpec {
   std::string name;             // unique within the model, e.g. "blocks.3.w1"
-  std::vector<int64_t> shape;   // row-major; every extent >= 1
+  std::vector<int64_t> shape;   // row-major; 1 to kMaxParamDims extents, every one >= 1
   ParamKind kind = ParamKind::kBlock;
   bool weightDecay = true;      // AdamW decoupled decay; forced off for kNorm, set false for biases
 
