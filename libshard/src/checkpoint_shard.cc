@@ -80,7 +80,7 @@ class ShardedSource final : public ParamSource {
   }
 
   std::string dir_;
-  const CheckpointIndex& index_;  // the caller's (a copy doubled a load's largest allocation)
+  const CheckpointIndex& index_;                     // the caller's (a copy doubled a load's largest allocation)
   std::vector<std::unique_ptr<ChunkedFile>> files_;  // index = old rank; null when closed
   std::vector<uint64_t> lastUse_;                    // index = old rank
   std::vector<size_t> open_;                         // ranks whose file is open
