@@ -77,7 +77,8 @@ std::unique_ptr<Stream> createHostStream(std::string name);
 /// anyway: it saves the hand-off to a progress thread (microseconds, more when that thread sleeps).
 /// Do not use it where the caller must keep going while a collective waits for its peers (e.g.
 /// collectives of two communicators called in different orders on different ranks). Items run one
-/// at a time even when several threads enqueue; enqueueing from inside an item is kInvalidUsage.
+/// at a time even when several threads enqueue; enqueueing from inside an item is kInvalidUsage (a
+/// collective called there is refused before it takes a sequence number, as bad arguments are).
 std::unique_ptr<Stream> createInlineHostStream(std::string name, Milliseconds waitTimeout = Milliseconds(600000));
 /// Creates an event usable with host streams (threaded or inline).
 std::unique_ptr<Event> createHostEvent();

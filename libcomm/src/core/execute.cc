@@ -71,6 +71,15 @@ Status Communicator::Impl::submit(CollArgs& args, Stream& stream) {
   // A refused call takes no sequence number; its errors name the one it would have had. Each is
   // counted (CollArgs::refusedBefore), so that a call one rank refused and the others ran fails the
   // next collective on every rank instead of pairing every later call with the peers' previous one.
+  // A call from inside an item of its own inline stream could never run (the stream would refuse
+  // the item): refused here, before it takes a number (it took one, and failed the communicator
+  // saying that the stream had failed or was destroyed).
+  if (insideInlineItem(stream))
+    return refuse(makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", collName(args.kind), " (next seq ",
+                            nextSeq_.load() + 1, ") called from inside an item of its own inline stream '",
+                            stream.name(),
+                            "': the stream runs one item at a time on the calling thread, so the collective would "
+                            "wait for the item that called it; call it after that item returns, or on another stream"));
   Result<bool> memory = checkCall(args, stream);
   if (!memory.isOk()) return refuse(memory.status());
   const bool onDevice = *memory;

@@ -651,6 +651,9 @@ class InlineHostStream final : public Stream {
     return runItem(label.c_str(), fn, &ran);  // skipped: destroying fn settles what it owns
   }
 
+  /// Whether this thread is running one of the stream's items now.
+  bool runningHere() const { return runner_.load(std::memory_order_relaxed) == std::this_thread::get_id(); }
+
   /// Runs `fn` as the next item on this thread (enqueueHost without the std::function). *ran is
   /// false when the item was skipped because the stream failed earlier.
   template <typename Fn>
@@ -718,7 +721,7 @@ class InlineHostStream final : public Stream {
   // (runner_ is only ever this thread's id while this thread runs an item, so a relaxed load
   // cannot see this thread's id spuriously.)
   Status enter(std::unique_lock<std::mutex>& run, const char* what) {
-    if (runner_.load(std::memory_order_relaxed) == std::this_thread::get_id())
+    if (runningHere())
       return makeError(StatusCode::kInvalidUsage, "inline stream '", name_, "': '", what,
                        "' enqueued from inside one of its own items");
     run = std::unique_lock<std::mutex>(runMu_);
@@ -752,6 +755,11 @@ bool runOnInlineStream(Stream& stream, const InlineItem& item, Status* enqueued,
   auto fn = [&item] { return item.run(item.context); };
   *enqueued = static_cast<InlineHostStream&>(stream).runItem(item.what, fn, ran);
   return true;
+}
+
+bool insideInlineItem(const Stream& stream) {
+  if (typeid(stream) != typeid(InlineHostStream)) return false;
+  return static_cast<const InlineHostStream&>(stream).runningHere();
 }
 
 std::string StreamPriority::describe() const {

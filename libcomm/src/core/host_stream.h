@@ -81,5 +81,8 @@ struct InlineItem {
 /// any stream, when the stream failed earlier). A failing item fails the stream. Returns false
 /// without doing anything when `stream` is any other stream.
 bool runOnInlineStream(Stream& stream, const InlineItem& item, Status* enqueued, bool* ran);
+/// Whether the calling thread is inside an item of `stream`, an inline host stream, now (where
+/// runOnInlineStream and enqueueHost refuse a new item); false for every other stream.
+bool insideInlineItem(const Stream& stream);
 
 }  // namespace libcomm
