@@ -1,8 +1,10 @@
 // Bad input, mismatched calls, dead and stopped peers, abort: every one must end in a clear error
 // naming rank, collective and sequence number -- never a hang, a crash or wrong data.
 
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -948,6 +950,42 @@ TEST(CommErrors, BufferRunningPastItsRegisteredAllocationIsRefused) {
     LIBCOMM_RETURN_IF_ERROR(s->synchronize(libcomm::Deadline::after(std::chrono::seconds(30))));
     LIBCOMM_RETURN_IF_ERROR(comm->freeRegistered(out));
     return comm->freeRegistered(in);
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// A registered segment whose name something else removed (systemd's RemoveIPC, a hand-run rm)
+// cannot be mapped by a peer: the error names the collective and its seq as well as the segment
+// (it named only the segment and the peer; found by a one-host review).
+TEST(CommErrors, APeerSegmentThatCannotBeMappedNamesTheCollective) {
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
+    auto s = libcomm::createInlineHostStream("unmapped");
+    const size_t n = 1 << 14;  // above the eager size: read in place (direct)
+    LIBCOMM_ASSIGN_OR_RETURN(void* in, comm->allocRegistered(n * sizeof(float)));
+    std::vector<float> out(2 * n);
+    if (ctx.rank == 1) {  // this process's registered segments of rank 1: ".../shardcomm.<pid>.<job>.r1.c<k>.s<id>"
+      const std::string mine = "shardcomm." + std::to_string(getpid()) + ".";
+      int removed = 0;
+      if (DIR* d = opendir("/dev/shm")) {
+        while (dirent* e = readdir(d)) {
+          const std::string name = e->d_name;
+          if (name.rfind(mine, 0) == 0 && name.find(".r1.c") != std::string::npos &&
+              name.find(".s", name.find(".r1.c")) != std::string::npos && shm_unlink(("/" + name).c_str()) == 0)
+            ++removed;
+        }
+        closedir(d);
+      }
+      if (removed == 0) return libcomm::makeError(StatusCode::kInternalError, "no registered segment to remove");
+    }
+    const Status st = comm->allGather(in, out.data(), n, DataType::kFloat32, *s);
+    if (ctx.rank == 1)
+      return st.isOk() ? libcomm::makeError(StatusCode::kInternalError, "rank 1 passed") : Status::ok();
+    return expectStatus(st, StatusCode::kSystemError,
+                        {"rank 0", "all_gather seq 1", "mapping registered segment", "of rank 1"}, "unmappable");
   });
   EXPECT_RANKS_OK(report);
 }

@@ -430,7 +430,9 @@ Status Communicator::Impl::runHier(const CollArgs& args, uint32_t seq, const Wai
     if (l == x.localIndex) {
       env.base[l] = work;
     } else if (bytes > 0) {
-      LIBCOMM_ASSIGN_OR_RETURN(env.base[l], peers_->resolve(l, o.place.segment, o.place.offset, o.place.bytes));
+      Result<const char*> mapped = peers_->resolve(l, o.place.segment, o.place.offset, o.place.bytes);
+      if (!mapped.isOk()) return mapped.status().withContext(describeColl(args, seq));
+      env.base[l] = *mapped;
     }
   }
   env.rail.order = x.railOrder;

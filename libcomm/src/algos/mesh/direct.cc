@@ -23,7 +23,10 @@ Status runDirect(const CollArgs& args, const OpEnv& env, const std::vector<shm::
     if (d.place.bytes != reads)
       return makeError(StatusCode::kInvalidUsage, "rank ", env.rank, ": ", env.wait.op.str(), ": rank ", p,
                        " announced ", d.place.bytes, " input bytes where ", reads, " are read");
-    LIBCOMM_ASSIGN_OR_RETURN(view.base[p], env.peers.resolve(p, d.place.segment, d.place.offset, reads));
+    // Mapping errors name the segment and the peer; the collective and its seq, added here.
+    Result<const char*> mapped = env.peers.resolve(p, d.place.segment, d.place.offset, reads);
+    if (!mapped.isOk()) return mapped.status().withContext(env.wait.op.str());
+    view.base[p] = *mapped;
   }
   return runPass(args, env, view, 0, args.count);
 }
