@@ -954,6 +954,43 @@ TEST(CommErrors, BufferRunningPastItsRegisteredAllocationIsRefused) {
   EXPECT_RANKS_OK(report);
 }
 
+// A rank that cannot set up its side of a new communicator (an invalid setting, a malformed one in
+// its environment) still joins the creation handshake and says so: its peers fail at once naming
+// it and the reason, where they waited for it until the init timeout and said it never came
+// (found by a one-host review).
+TEST(CommCreate, ARankThatCannotSetUpIsNamedByItsPeersAtOnce) {
+  for (const bool fromEnvironment : {false, true}) {
+    SCOPED_TRACE(fromEnvironment ? "malformed LIBCOMM_EAGER_BYTES" : "invalid CommConfig");
+    RunOptions opts;
+    opts.mode = Mode::kProcesses;  // the environment is the process's
+    opts.size = 3;
+    auto report = runRanks(opts, [&](RankContext& ctx) -> Status {
+      libcomm::CommConfig config = quickConfig();
+      config.initTimeout = libcomm::Milliseconds(60000);
+      const auto start = libcomm::Clock::now();
+      libcomm::Result<std::unique_ptr<libcomm::Communicator>> comm =
+          libcomm::makeError(StatusCode::kInternalError, "-");
+      if (ctx.rank == 1 && fromEnvironment) {
+        setenv("LIBCOMM_EAGER_BYTES", "lots", 1);
+        setenv("LIBCOMM_INIT_TIMEOUT_MS", "60000", 1);
+        comm = libcomm::Communicator::create(ctx.bootstrap);
+      } else {
+        if (ctx.rank == 1) config.eagerBytes = size_t{1} << 21;  // past the 2^20 limit
+        comm = libcomm::Communicator::create(ctx.bootstrap, config);
+      }
+      if (comm.isOk()) return libcomm::makeError(StatusCode::kInternalError, "the communicator was made");
+      if (msSince(start) > 10000)
+        return libcomm::makeError(StatusCode::kInternalError, "failed only after ", msSince(start),
+                                  " ms: ", comm.status().toString());
+      const std::string why = fromEnvironment ? "LIBCOMM_EAGER_BYTES" : "eager limit";
+      if (ctx.rank == 1) return expectStatus(comm.status(), StatusCode::kInvalidArgument, {why}, "the rank itself");
+      return expectStatus(comm.status(), StatusCode::kRemoteError,
+                          {"rank " + std::to_string(ctx.rank), "rank 1 could not set up its side", why}, "its peers");
+    });
+    EXPECT_RANKS_OK(report);
+  }
+}
+
 // A registered segment whose name something else removed (systemd's RemoveIPC, a hand-run rm)
 // cannot be mapped by a peer: the error names the collective and its seq as well as the segment
 // (it named only the segment and the peer; found by a one-host review).

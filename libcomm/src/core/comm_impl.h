@@ -51,7 +51,10 @@ struct DeviceTarget {
 
 class Communicator::Impl : public std::enable_shared_from_this<Impl> {
  public:
-  static Result<std::shared_ptr<Impl>> create(Bootstrap& bootstrap, const CommConfig& config);
+  /// `early`: an error found before (the environment's settings): this rank then only tells its
+  /// peers, in the creation handshake, and returns it.
+  static Result<std::shared_ptr<Impl>> create(Bootstrap& bootstrap, const CommConfig& config,
+                                              const Status& early = Status::ok());
   ~Impl();
 
   /// Validates (completing `args`: in place, refusals before), assigns the next sequence number

@@ -41,20 +41,72 @@ struct InitInfo {
   char hostId[topology::kMaxHostIdLength + 1];  // topology::localHostId: equal ids share a host
   char bootId[40];  // topology::kernelBootId: equal ids share the machine's cores
   char prefix[192];
+  // Non-zero: this rank could not set up its side (an invalid setting, a job id too long for its
+  // segment names, no room in /dev/shm); `setupError` says why, truncated.
+  uint8_t setupFailed;
+  char setupError[256];
 };
 constexpr uint32_t kInitMagic = 0x53434f4d;  // "SCOM"
-constexpr uint32_t kInitVersion = 6;  // 6: notices across hosts start with a kind byte
+constexpr uint32_t kInitVersion = 7;         // 6: notices across hosts start with a kind byte; 7: setupFailed
+
+// What a rank says once it has connected to its peers (the barrier before the first collective).
+struct ConnectInfo {
+  uint8_t failed;
+  char error[247];
+};
+
+// `st`'s message, truncated to fit `out` (terminated).
+template <size_t N>
+void copyMessage(const Status& st, char (&out)[N]) {
+  const std::string text = st.toString();
+  const size_t n = std::min(text.size(), N - 1);
+  std::memcpy(out, text.data(), n);
+  out[n] = '\0';
+}
+
+// The first rank that reported a failure (`failed(r)` non-zero, `why(r)` its text), as this rank's
+// error: its own status when it is this rank, else a remote error naming that rank; OK when none.
+template <typename Failed, typename Why>
+Status firstPeerFailure(int rank, int size, const Status& own, const char* step, Failed failed, Why why) {
+  for (int r = 0; r < size; ++r) {
+    if (!failed(r)) continue;
+    if (r == rank) return own;
+    return makeError(StatusCode::kRemoteError, "rank ", rank, ": creating a communicator: rank ", r, " could not ",
+                     step, ": ", why(r));
+  }
+  return Status::ok();
+}
 
 }  // namespace
 
-Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap& bootstrap, const CommConfig& config) {
-  LIBCOMM_RETURN_IF_ERROR(config.validate().withContext("rank " + std::to_string(bootstrap.rank()) +
-                                                        ": creating a communicator"));
+Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap& bootstrap, const CommConfig& config,
+                                                                       const Status& early) {
   // The built-in bootstraps check this; a Bootstrap of the application's own may not.
   if (bootstrap.size() < 1 || bootstrap.rank() < 0 || bootstrap.rank() >= bootstrap.size())
     return makeError(StatusCode::kInvalidArgument, "creating a communicator: the bootstrap (",
                      bootstrap.describe(), ") says rank ", bootstrap.rank(), " of ", bootstrap.size(),
                      "; a rank must lie in [0, size) and size be >= 1");
+  // A rank that cannot set up its side still takes part in the handshake below, saying so: its
+  // peers then fail at once naming it, where they waited for it until the init timeout (10 minutes
+  // by default) and said only that it never came.
+  const Status setup =
+      early.isOk()
+          ? config.validate().withContext("rank " + std::to_string(bootstrap.rank()) + ": creating a communicator")
+          : early;
+  if (!setup.isOk()) {
+    // The handshake needs a deadline the invalid settings may not give.
+    const Milliseconds wait = config.initTimeout.count() > 0 ? config.initTimeout : CommConfig{}.initTimeout;
+    InitInfo mine{};
+    mine.magic = kInitMagic;
+    mine.version = kInitVersion;
+    mine.rank = bootstrap.rank();
+    mine.setupFailed = 1;
+    copyMessage(setup, mine.setupError);
+    std::vector<InitInfo> all(static_cast<size_t>(bootstrap.size()));
+    // Whether the peers hear of it or not, this rank's answer is the same.
+    (void)bootstrap.allGather(&mine, all.data(), sizeof(InitInfo), Deadline::after(wait));
+    return setup;
+  }
   auto impl = std::make_shared<Impl>();
   impl->ownerPid_ = getpid();
   impl->ownerForks_ = processForks();
@@ -69,14 +121,26 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   std::call_once(sweepOnce, [] { shm::sweepStaleSegments(false); });
 
   impl->prefix_ = shm::segmentPrefix(bootstrap.jobId(), impl->rank_, gCommCounter.fetch_add(1));
-  if (impl->prefix_.size() >= sizeof(InitInfo::prefix))
-    return makeError(StatusCode::kInvalidArgument, "job id '", bootstrap.jobId(), "' is too long (",
-                     bootstrap.jobId().size(), " characters)");
-  LIBCOMM_ASSIGN_OR_RETURN(impl->channel_, shm::Channel::create(impl->prefix_, impl->rank_, impl->size_, config));
-  impl->local_ = std::make_unique<shm::LocalMemory>(impl->prefix_, impl->rank_);
-  // Null without NCCL; its communicator is made on first use.
-  impl->nccl_ = nccl::createDelegate(config.reducePartials == PartialsType::kBFloat16);
-  impl->peers_ = std::make_unique<shm::PeerMemory>();
+  // The prefix holds this process's pid and rank: near the limit, some ranks' are too long and
+  // others' not, so this one is said in the handshake (setupFailed).
+  Status mySetup = Status::ok();
+  if (impl->prefix_.size() >= sizeof(InitInfo::prefix)) {
+    mySetup = makeError(StatusCode::kInvalidArgument, "rank ", impl->rank_, ": job id '", bootstrap.jobId(),
+                        "' is too long (", bootstrap.jobId().size(), " characters) for segment names of at most ",
+                        sizeof(InitInfo::prefix) - 1, " characters");
+  } else {
+    auto channel = shm::Channel::create(impl->prefix_, impl->rank_, impl->size_, config);
+    if (channel.isOk())
+      impl->channel_ = std::move(*channel);
+    else
+      mySetup = channel.status();
+  }
+  if (mySetup.isOk()) {
+    impl->local_ = std::make_unique<shm::LocalMemory>(impl->prefix_, impl->rank_);
+    // Null without NCCL; its communicator is made on first use.
+    impl->nccl_ = nccl::createDelegate(config.reducePartials == PartialsType::kBFloat16);
+    impl->peers_ = std::make_unique<shm::PeerMemory>();
+  }
 
   InitInfo mine{};
   mine.magic = kInitMagic;
@@ -93,8 +157,17 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   const std::string bootId = topology::kernelBootId();
   strncpy(mine.bootId, bootId.c_str(), sizeof(mine.bootId) - 1);
   strncpy(mine.prefix, impl->prefix_.c_str(), sizeof(mine.prefix) - 1);
+  mine.setupFailed = mySetup.isOk() ? 0 : 1;
+  if (!mySetup.isOk()) copyMessage(mySetup, mine.setupError);
   std::vector<InitInfo> all(impl->size_);
   LIBCOMM_RETURN_IF_ERROR(bootstrap.allGather(&mine, all.data(), sizeof(InitInfo), deadline));
+  // Before the other checks: a rank that failed sent settings it does not hold.
+  for (int r = 0; r < impl->size_; ++r)
+    if (all[r].magic == kInitMagic && all[r].version == kInitVersion && all[r].setupFailed)
+      return firstPeerFailure(
+          impl->rank_, impl->size_, mySetup, "set up its side",
+          [&](int q) { return all[q].magic == kInitMagic && all[q].version == kInitVersion && all[q].setupFailed; },
+          [&](int q) { return std::string(all[q].setupError, strnlen(all[q].setupError, sizeof(all[q].setupError))); });
 
   std::vector<std::string> prefixes(impl->size_), hostIds(impl->size_);
   int ranksOnMachine = 0;  // ranks sharing this kernel (and so its cores), whatever their host ids
@@ -140,19 +213,31 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   const WaitPolicies waits = chooseWaitPolicies(config, std::max(ranksHere, ranksOnMachine), usableCpuCount());
   impl->blockingWait_ = waits.blocking;
   impl->progressWait_ = waits.progress;
+  Status connected;
   if (impl->hosts_.numHosts() > 1) {
-    // Ranks on other hosts share no memory: every collective goes around a ring over UCX.
-    LIBCOMM_RETURN_IF_ERROR(impl->connectAcrossHosts(bootstrap, prefixes, deadline));
+    // Ranks on other hosts share no memory: every collective goes around a ring over UCX. (Its
+    // address exchange is collective: a rank failing before it still leaves its peers waiting.)
+    connected = impl->connectAcrossHosts(bootstrap, prefixes, deadline);
     // Before the barrier below: every rank's first report exists once anyone starts a collective.
-    impl->openProgressBoard(bootstrap, prefixes[0].substr(1), deadline);
+    if (connected.isOk()) impl->openProgressBoard(bootstrap, prefixes[0].substr(1), deadline);
   } else {
-    LIBCOMM_RETURN_IF_ERROR(impl->channel_->connect(prefixes, deadline));
-    impl->peers_->attach(impl->channel_.get(), prefixes);
-    impl->own_ = cuda::createOwnPath(impl->prefix_, impl->rank_, prefixes, config.opTimeout);  // null without CUDA
+    connected = impl->channel_->connect(prefixes, deadline);
+    if (connected.isOk()) {
+      impl->peers_->attach(impl->channel_.get(), prefixes);
+      impl->own_ = cuda::createOwnPath(impl->prefix_, impl->rank_, prefixes, config.opTimeout);  // null without CUDA
+    }
   }
   // Nobody may start a collective before everyone has mapped everyone's control block (or
-  // connected its UCX endpoints).
-  LIBCOMM_RETURN_IF_ERROR(bootstrap.barrier(deadline));
+  // connected its UCX endpoints): the barrier, as an exchange in which a rank that could not
+  // connect says so, so that its peers fail at once naming it.
+  ConnectInfo me{};
+  me.failed = connected.isOk() ? 0 : 1;
+  if (!connected.isOk()) copyMessage(connected, me.error);
+  std::vector<ConnectInfo> connects(impl->size_);
+  LIBCOMM_RETURN_IF_ERROR(bootstrap.allGather(&me, connects.data(), sizeof(ConnectInfo), deadline));
+  LIBCOMM_RETURN_IF_ERROR(firstPeerFailure(
+      impl->rank_, impl->size_, connected, "connect to its peers", [&](int q) { return connects[q].failed != 0; },
+      [&](int q) { return std::string(connects[q].error, strnlen(connects[q].error, sizeof(connects[q].error))); }));
   std::vector<FlightMember> members;
   for (const InitInfo& o : all)
     members.push_back({std::string(o.host, strnlen(o.host, sizeof(o.host))),
@@ -225,14 +310,15 @@ Status applyProcessSettings() {
 }  // namespace
 
 Result<std::unique_ptr<Communicator>> Communicator::create(Bootstrap& bootstrap, const CommConfig& config) {
-  LIBCOMM_RETURN_IF_ERROR(applyProcessSettings());
-  LIBCOMM_ASSIGN_OR_RETURN(auto impl, Impl::create(bootstrap, config));
+  LIBCOMM_ASSIGN_OR_RETURN(auto impl, Impl::create(bootstrap, config, applyProcessSettings()));
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 
 Result<std::unique_ptr<Communicator>> Communicator::create(Bootstrap& bootstrap) {
-  LIBCOMM_ASSIGN_OR_RETURN(CommConfig config, CommConfig::fromEnvironment());
-  return create(bootstrap, config);
+  // A malformed setting in this rank's environment: its peers hear of it in the handshake.
+  Result<CommConfig> config = CommConfig::fromEnvironment();
+  if (!config.isOk()) return Impl::create(bootstrap, CommConfig{}, config.status()).status();
+  return create(bootstrap, *config);
 }
 
 Communicator::Communicator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
