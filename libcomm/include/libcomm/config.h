@@ -54,7 +54,9 @@ const char* partialsTypeName(PartialsType t);
 /// collective may take opTimeout, and creating a communicator -- which waits for the slowest rank
 /// to arrive -- may take initTimeout (> opTimeout).
 struct CommConfig {
-  /// Deadline for any one collective, from its start on the stream to its end.
+  /// Deadline for any one collective: its clock starts at the collective's first wait that outlasts
+  /// the spin (reading the clock on every call would cost the small ones), so it bounds the time
+  /// from about its start on the stream to its end.
   Milliseconds opTimeout{300000};
   /// Deadline for Communicator::create (bootstrap exchange, mapping peers).
   Milliseconds initTimeout{600000};

@@ -107,7 +107,9 @@ Result<Algo> selectAlgo(const SelectionQuery& q, const CommConfig& full, const c
   if (!chosen) return makeError(StatusCode::kInternalError, "no selection rule for ", collName(q.kind));
   *why = chosen->why;
   if (algo.empty() || q.kind == CollKind::kBarrier) return chosen->algo;
-  if (algo == "staged" || algo == "eager") {  // eager too large: staged is the general path
+  // LIBCOMM_ALGO=eager reaches here only for a collective too large for it, which chooseEager
+  // refused already; staged is the general path.
+  if (algo == "staged" || algo == "eager") {
     *why = "LIBCOMM_ALGO=staged";
     return Algo::kStaged;
   }
