@@ -107,8 +107,8 @@ Result<Algo> selectAlgo(const SelectionQuery& q, const CommConfig& full, const c
   if (!chosen) return makeError(StatusCode::kInternalError, "no selection rule for ", collName(q.kind));
   *why = chosen->why;
   if (algo.empty() || q.kind == CollKind::kBarrier) return chosen->algo;
-  // LIBCOMM_ALGO=eager reaches here only for a collective too large for it, which chooseEager
-  // refused already; staged is the general path.
+  // A collective never reaches here with LIBCOMM_ALGO=eager (chooseEager took what fits and refused
+  // the rest); any other caller is given staged, the general path.
   if (algo == "staged" || algo == "eager") {
     *why = "LIBCOMM_ALGO=staged";
     return Algo::kStaged;
