@@ -162,12 +162,10 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   std::vector<InitInfo> all(impl->size_);
   LIBCOMM_RETURN_IF_ERROR(bootstrap.allGather(&mine, all.data(), sizeof(InitInfo), deadline));
   // Before the other checks: a rank that failed sent settings it does not hold.
-  for (int r = 0; r < impl->size_; ++r)
-    if (all[r].magic == kInitMagic && all[r].version == kInitVersion && all[r].setupFailed)
-      return firstPeerFailure(
-          impl->rank_, impl->size_, mySetup, "set up its side",
-          [&](int q) { return all[q].magic == kInitMagic && all[q].version == kInitVersion && all[q].setupFailed; },
-          [&](int q) { return std::string(all[q].setupError, strnlen(all[q].setupError, sizeof(all[q].setupError))); });
+  LIBCOMM_RETURN_IF_ERROR(firstPeerFailure(
+      impl->rank_, impl->size_, mySetup, "set up its side",
+      [&](int q) { return all[q].magic == kInitMagic && all[q].version == kInitVersion && all[q].setupFailed; },
+      [&](int q) { return std::string(all[q].setupError, strnlen(all[q].setupError, sizeof(all[q].setupError))); }));
 
   std::vector<std::string> prefixes(impl->size_), hostIds(impl->size_);
   int ranksOnMachine = 0;  // ranks sharing this kernel (and so its cores), whatever their host ids
