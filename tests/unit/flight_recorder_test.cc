@@ -157,6 +157,48 @@ TEST(FlightRecorder, ASnapshotWhileCollectivesRunIsAWindowOfConsecutiveSeqs) {
   EXPECT_GT(nonEmpty, 0);
 }
 
+// A progress thread ends collective n - 1 while the caller enqueues collective n into the same slot
+// (a ring of one: more collectives in flight than it holds). The older one's end must never land
+// in the newer one's record: it checked the slot's seq and then stored, and a collective not yet
+// started was dumped "done" with the older one's end time (found by a flight-recorder review,
+// about once in 200,000 rounds here; this runs up to a million, or 3 seconds).
+TEST(FlightRecorder, AnOlderCollectivesEndNeverLandsInTheRecordThatTookItsSlot) {
+  auto r = makeRecorder(1);
+  CollArgs a;
+  a.kind = CollKind::kAllReduce;
+  a.count = 1;
+  std::atomic<uint32_t> go{0}, ended{0};
+  std::atomic<bool> stop{false};
+  std::thread stream([&] {
+    for (uint32_t n = 2; !stop.load(std::memory_order_relaxed); ++n) {
+      while (go.load(std::memory_order_acquire) != n)
+        if (stop.load(std::memory_order_relaxed)) return;
+      r->finished(n - 1, FlightState::kDone, Status::ok());  // on the stream's thread
+      ended.store(n, std::memory_order_release);
+    }
+  });
+  r->enqueued(a, 1, "s", 2);
+  r->started(1, false);
+  std::string bad;
+  uint32_t n = 2;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  for (; n <= 1000000 && bad.empty() && std::chrono::steady_clock::now() < until; ++n) {
+    go.store(n, std::memory_order_release);
+    r->enqueued(a, n, "s", 2);  // the caller's next collective takes the slot meanwhile
+    while (ended.load(std::memory_order_acquire) != n) {
+    }
+    const auto e = r->snapshot();
+    if (!e.empty() && e.back().seq == n && (e.back().state != FlightState::kQueued || e.back().endNs != 0))
+      bad = "seq " + std::to_string(n) + " never started, yet it is " + flightStateName(e.back().state) +
+            (e.back().endNs != 0 ? " with an end time" : "");
+    r->started(n, false);
+  }
+  stop = true;
+  go.store(0, std::memory_order_release);
+  stream.join();
+  EXPECT_TRUE(bad.empty()) << bad << " (after " << n << " rounds)";
+}
+
 TEST(FlightRecorder, DumpNeverWritesThroughALinkAtItsTemporaryName) {
   // The temporary file's name was predictable (<target>.tmp.<pid>) and opened without O_EXCL or
   // O_NOFOLLOW: a link planted there made the dump overwrite whatever it pointed at.

@@ -261,7 +261,7 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool bloc
     // the communicator's end.
     if (cross_ && !turnNeverCame) disconnectInTurn(st, seq);
   }
-  flight_->finished(seq, outcome, st);
+  flight_->finished(seq, outcome, st, blocking);
   // After the peers were told (above): the dump takes milliseconds they need not wait for.
   if (outcome == FlightState::kFailed) flight_->dumpOnFailure(seq, st);
   settle(seq);

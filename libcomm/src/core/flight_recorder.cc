@@ -128,8 +128,10 @@ bool FlightRecorder::readSlot(const Slot& s, const TimeBase& time, FlightEntry* 
   FlightEntry& e = *out;
   const uint32_t seq = s.seq.load(std::memory_order_acquire);
   if (seq == 0) return false;
-  // State first (acquire): the times its writer stored before it are then visible.
-  e.state = static_cast<FlightState>(s.state.load(std::memory_order_acquire));
+  // The stamp first (acquire): the times its writer stored before it are then visible.
+  const uint64_t stamp = s.stamp.load(std::memory_order_acquire);
+  if (stamp >> 32 != seq) return false;
+  e.state = static_cast<FlightState>(stamp & 0xff);
   e.kind = static_cast<CollKind>(s.kind.load(std::memory_order_relaxed));
   e.inType = static_cast<DataType>(s.inType.load(std::memory_order_relaxed));
   e.outType = static_cast<DataType>(s.outType.load(std::memory_order_relaxed));
@@ -140,9 +142,18 @@ bool FlightRecorder::readSlot(const Slot& s, const TimeBase& time, FlightEntry* 
   e.algo = s.algo.load(std::memory_order_relaxed);
   e.count = s.count.load(std::memory_order_relaxed);
   e.bytes = s.bytes.load(std::memory_order_relaxed);
-  e.enqueueNs = time.toNs(s.enqueueAt.load(std::memory_order_relaxed));
-  e.startNs = time.toNs(s.startAt.load(std::memory_order_relaxed));
-  e.endNs = time.toNs(s.endAt.load(std::memory_order_relaxed));
+  // A time only where the state says it happened, and in order: an older collective that lost the
+  // slot to this one may have stored its own in the race the top of flight_recorder.h describes.
+  const int64_t enqueueAt = s.enqueueAt.load(std::memory_order_relaxed);
+  int64_t startAt = s.startAt.load(std::memory_order_relaxed), endAt = s.endAt.load(std::memory_order_relaxed);
+  const bool began = e.state != FlightState::kQueued;  // skipped ones may have started first
+  const bool ended =
+      e.state == FlightState::kDone || e.state == FlightState::kFailed || e.state == FlightState::kSkipped;
+  if (!began || startAt < enqueueAt) startAt = 0;
+  if (!ended || endAt < (startAt != 0 ? startAt : enqueueAt)) endAt = 0;
+  e.enqueueNs = time.toNs(enqueueAt);
+  e.startNs = time.toNs(startAt);
+  e.endNs = time.toNs(endAt);
   char name[kStreamNameBytes + 1] = {};
   for (size_t w = 0; w < kStreamNameBytes / 8; ++w) {
     const uint64_t word = s.stream[w].load(std::memory_order_relaxed);

@@ -20,7 +20,14 @@
 // Writers of one slot are ordered by the collective's own life (enqueue happens before start,
 // start before end, on whatever threads they run). Only with more than N collectives in flight
 // can a new collective take the slot of one still running; the older one's late updates are then
-// dropped (the slot's sequence number no longer matches).
+// dropped. The state is exact: it shares one word with the sequence number it belongs to (the
+// stamp), which a progress thread updates with a compare-and-swap, so an update never lands in a
+// newer collective's record (a check then a store let a collective not yet run be dumped "done").
+// A collective run on the thread that enqueued it (an inline stream, a device collective) updates
+// it with a plain store: that thread holds the communicator's caller slot, so no newer collective
+// is enqueued meanwhile. Times and the algorithm are stored beside it and can, in that race, still
+// land in the newer record; a reader keeps a time only where the state says it happened and the
+// times are in order.
 
 #include <time.h>
 
@@ -119,7 +126,9 @@ class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
   /// The algorithm it runs with.
   inline void chose(uint32_t seq, Algo algo);
   /// It ended: kDone, kFailed (`why` says why) or kSkipped (never ran; `why` says why).
-  inline void finished(uint32_t seq, FlightState state, const Status& why);
+  /// `exclusive`: called on the thread that enqueued it, while it holds the communicator's caller
+  /// slot (an inline stream's collective), so no newer collective can take the slot meanwhile.
+  inline void finished(uint32_t seq, FlightState state, const Status& why, bool exclusive = false);
 
   // ---- Reading. Thread-safe; callable while collectives run. ----
   /// The recorded collectives, oldest first: consecutive seqs ending at the newest one seen, at
@@ -150,7 +159,8 @@ class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
   struct alignas(64) Slot {
     // 0 while the slot is being (re)filled for a new collective; else the collective's seq.
     std::atomic<uint32_t> seq{0};
-    std::atomic<uint8_t> state{0};
+    // The collective's seq (high half) and FlightState (low byte): updated as one (see the top).
+    std::atomic<uint64_t> stamp{0};
     std::atomic<uint8_t> kind{0}, inType{0}, outType{0}, op{0}, inPlace{0};
     std::atomic<int8_t> algo{-1};
     std::atomic<int32_t> root{-1};
@@ -161,6 +171,22 @@ class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
     std::atomic<uint64_t> stream[kStreamNameBytes / 8] = {};
   };
   Slot& slotOf(uint32_t seq) const { return slots_[seq & mask_]; }
+  static uint64_t stampOf(uint32_t seq, FlightState state) {
+    return static_cast<uint64_t>(seq) << 32 | static_cast<uint8_t>(state);
+  }
+  /// Moves collective `seq`'s slot to `state` if the slot still holds it (see the top).
+  static void restamp(Slot& s, uint32_t seq, FlightState state, bool exclusive) {
+    uint64_t cur = s.stamp.load(std::memory_order_relaxed);
+    if (cur >> 32 != seq) return;
+    // Release: a reader that sees the state sees the time stored before it.
+    if (exclusive) {
+      s.stamp.store(stampOf(seq, state), std::memory_order_release);
+      return;
+    }
+    while (
+        !s.stamp.compare_exchange_weak(cur, stampOf(seq, state), std::memory_order_release, std::memory_order_relaxed))
+      if (cur >> 32 != seq) return;
+  }
   /// A time stamp: counter ticks (useTsc_) or CLOCK_REALTIME ns.
   inline int64_t now() const;
   /// Converts now() readings to CLOCK_REALTIME ns (taken once per snapshot).
@@ -231,7 +257,7 @@ inline void FlightRecorder::enqueued(const CollArgs& args, uint32_t seq, const s
       for (size_t b = 8 * w; b < n; ++b) word |= static_cast<uint64_t>(static_cast<unsigned char>(stream[b])) << (8 * (b - 8 * w));
     s.stream[w].store(word, relaxed);
   }
-  s.state.store(static_cast<uint8_t>(FlightState::kQueued), relaxed);
+  s.stamp.store(stampOf(seq, FlightState::kQueued), relaxed);
   s.seq.store(seq, std::memory_order_release);
 }
 
@@ -240,8 +266,8 @@ inline void FlightRecorder::started(uint32_t seq, bool atEnqueue) {
   Slot& s = slotOf(seq);
   if (s.seq.load(std::memory_order_relaxed) != seq) return;  // taken by a newer collective
   s.startAt.store(atEnqueue ? s.enqueueAt.load(std::memory_order_relaxed) : now(), std::memory_order_relaxed);
-  // Release: a reader that sees "running" sees the start time.
-  s.state.store(static_cast<uint8_t>(FlightState::kRunning), std::memory_order_release);
+  // At enqueue: on the enqueuing thread, holding the caller slot.
+  restamp(s, seq, FlightState::kRunning, atEnqueue);
 }
 
 inline void FlightRecorder::chose(uint32_t seq, Algo algo) {
@@ -250,13 +276,13 @@ inline void FlightRecorder::chose(uint32_t seq, Algo algo) {
   if (s.seq.load(std::memory_order_relaxed) == seq) s.algo.store(static_cast<int8_t>(algo), std::memory_order_relaxed);
 }
 
-inline void FlightRecorder::finished(uint32_t seq, FlightState state, const Status& why) {
+inline void FlightRecorder::finished(uint32_t seq, FlightState state, const Status& why, bool exclusive) {
   if (capacity_ == 0) return;
   if (state != FlightState::kDone) keepError(seq, why.toString());
   Slot& s = slotOf(seq);
   if (s.seq.load(std::memory_order_relaxed) != seq) return;
   s.endAt.store(now(), std::memory_order_relaxed);
-  s.state.store(static_cast<uint8_t>(state), std::memory_order_release);
+  restamp(s, seq, state, exclusive);
 }
 
 /// The recorder of a new communicator: identity and settings from `config`; registered for
