@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -584,6 +585,46 @@ std::vector<KillCase> killCases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, RandomKill, ::testing::ValuesIn(killCases()), killCaseName);
+
+// A scratch buffer that cannot grow (rank 0's address space is limited just before an fp64
+// all_reduce across hosts, whose scratch is three times its input): the collective fails like any
+// other, naming itself, and the peer is told at once. std::bad_alloc went through to the stream as
+// "host function threw an exception", named nothing, and the peer waited out its op timeout (found
+// by a cross-host review). Not under sanitizers: their shadow memory needs the address space.
+TEST(ScratchAcrossHosts, ScratchThatCannotGrowFailsTheCollectiveAndTellsThePeer) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "built with a sanitizer";
+#endif
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    libcomm::CommConfig config = faultConfig(ctx.rank, Placement::kAcrossHosts);
+    config.reducePartials = libcomm::PartialsType::kFloat64;
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+    auto stream = libcomm::createInlineHostStream("scratch");
+    const size_t count = size_t{16} << 20;  // 64 MiB of fp32; fp64 scratch: 64 + 128 MiB
+    std::vector<float> in(count, 1.0f), out(count);
+    if (ctx.rank == 0) {
+      long pages = 0;
+      FILE* f = fopen("/proc/self/statm", "r");
+      if (f == nullptr || fscanf(f, "%ld", &pages) != 1) return libcomm::makeError(StatusCode::kInternalError, "statm");
+      fclose(f);
+      const rlim_t limit = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + (rlim_t{96} << 20);
+      const struct rlimit rl { limit, limit };
+      if (setrlimit(RLIMIT_AS, &rl) != 0) return libcomm::makeError(StatusCode::kInternalError, "setrlimit");
+    }
+    const auto start = libcomm::Clock::now();
+    const Status st = comm->allReduce(in.data(), out.data(), count, DataType::kFloat32, {}, *stream);
+    if (msSince(start) > 10000)
+      return libcomm::makeError(StatusCode::kInternalError, "failed only after ", msSince(start),
+                                " ms: ", st.toString());
+    if (ctx.rank == 0)
+      return expectStatus(st, StatusCode::kSystemError, {"rank 0", "all_reduce seq 1", "out of memory"}, "rank 0");
+    return expectStatus(st, StatusCode::kRemoteError, {"rank 1", "rank 0", "out of memory"}, "its peer");
+  });
+  EXPECT_RANKS_OK(report);
+}
 
 // Ranks of one host in different pid namespaces (containers that share /dev/shm and a host id but
 // not pids): a peer's pid names another process there, or none, so its liveness is judged by the

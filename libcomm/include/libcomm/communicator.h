@@ -119,7 +119,8 @@ class Communicator {
   /// send == recv + rank*count (in elements).
   Status allGather(const void* send, void* recv, size_t count, DataType dtype, Stream& stream);
   /// send holds size()*count elements of `inType`; recv gets this rank's `count` reduced elements
-  /// as `outType`. Accumulation is fp32. In place when recv == send + rank*count (in elements,
+  /// as `outType`. Accumulation is fp32 (fp64 with LIBCOMM_RS_PARTIALS=fp64, CommConfig::
+  /// reducePartials, on host memory). In place when recv == send + rank*count (in elements,
   /// same dtype only). outType bf16 from fp32 input is refused (no silent downcast of fp32 sums is
   /// needed by any caller).
   Status reduceScatter(const void* send, void* recv, size_t count, DataType inType, DataType outType,

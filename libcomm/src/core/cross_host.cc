@@ -71,8 +71,8 @@ class UcxRingLink final : public ring::Link {
   void setIdleWork(ring::IdleWork* work) override { idle_ = work; }
 
  private:
-  // Chunk numbers wrap at the tag's width: messages with equal tags from one sender match
-  // receives in posting order, and the ring posts a step's receives in chunk order.
+  // Chunk numbers wrap at the tag's width; the algorithms never have two messages of one tag in
+  // flight at once (ucx_tag.h).
   ucx::Tag tagOf(uint32_t step, uint32_t chunk) const { return ucx::Tag{seq_, step, chunk & ucx::kMaxChunk}; }
   // In the waits' form: "... (during all_gather seq 3 (count 8 per rank, fp32), posting a send to rank 2)".
   Status refused(const Status& st, const char* what, int peer) const {
@@ -221,7 +221,8 @@ Status Communicator::Impl::explainWithNotices(Status st, uint32_t seq, const OpL
         if (slot->text[0] == CrossHost::kFailed) {
           LIBCOMM_LOG(kDebug, "coll") << "rank " << rank_ << ": failure notice from rank " << slot->from
                                       << " explains: " << st.toString();
-          return makeError(StatusCode::kRemoteError, "rank ", rank_, ": rank ", slot->from, " failed: ", text);
+          return makeError(StatusCode::kRemoteError, "rank ", rank_, ": ", op.str(), ": rank ", slot->from,
+                           " failed: ", text);
         }
         // kEnded: the peer completed every collective up to its last; one after that it never joins.
         const unsigned long last = strtoul(text, nullptr, 10);

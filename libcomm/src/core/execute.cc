@@ -6,6 +6,8 @@
 //      peers were reading.
 
 #include <cstring>
+#include <exception>
+#include <new>
 
 #include "algos/mesh/mesh.h"
 #include "core/caller_guard.h"
@@ -235,7 +237,17 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool bloc
                                   " skipped: the communicator failed earlier: " + err.message());
       outcome = FlightState::kSkipped;
     } else {
-      st = run(args, seq, wait, device);
+      // A scratch buffer that cannot grow (std::bad_alloc) fails the collective like any error, so
+      // that the peers are told now: thrown past here, it reached the stream as "host function
+      // threw an exception", named no collective, and the peers waited out their op timeout.
+      try {
+        st = run(args, seq, wait, device);
+      } catch (const std::bad_alloc&) {
+        st = makeError(StatusCode::kSystemError, "rank ", rank_, ": ", describeColl(args, seq),
+                       ": out of memory for its scratch buffers");
+      } catch (const std::exception& e) {
+        st = makeError(StatusCode::kInternalError, "rank ", rank_, ": ", describeColl(args, seq), ": ", e.what());
+      }
       // Aborted under it (abort(), a communicator destroyed or finalized with this one queued):
       // the channels' waits say only "aborted"; the abort's reason is the communicator's error.
       if (!st.isOk() && (channel_->aborted() || (cross_ && cross_->channel->aborted()))) {

@@ -91,6 +91,10 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
   const DataType wType = env.partials == PartialsType::kBFloat16 ? DataType::kBFloat16 : DataType::kFloat32;
   const size_t wEs = wide ? sizeof(double) : dataTypeSize(wType);
   const size_t inEs = env.inputFp64 ? sizeof(double) : dataTypeSize(a.inType);
+  if (env.outputFp64 && (!wide || a.reduce.accumulate))
+    return makeError(StatusCode::kInternalError,
+                     "ring reduce_scatter: fp64 sums as output need fp64 partials and no "
+                     "accumulation");
   const size_t outEs = env.outputFp64 ? sizeof(double) : dataTypeSize(a.outType);
   // The input is already in the wire's type: sent as it is at step 0.
   const bool direct = wide ? env.inputFp64 : a.inType == wType;

@@ -52,8 +52,10 @@ class Link {
  public:
   virtual ~Link() = default;
   /// Starts sending `bytes` from `src` to rank `peer` as chunk `chunk` of step `step` of the
-  /// current collective. `src` must not change until the operation completes. Messages with equal
-  /// (step, chunk) from one sender arrive in the order they were sent.
+  /// current collective. `src` must not change until the operation completes. Two messages with
+  /// equal (step, chunk) from one sender must never be in flight at once: the UCX link sends large
+  /// ones on a second endpoint, where a short one can overtake a long one (chunk numbers wrap at
+  /// 65536, so an algorithm keeps its window of sends below that).
   virtual Result<uint64_t> send(int peer, uint32_t step, uint32_t chunk, const void* src, size_t bytes) = 0;
   /// Starts receiving exactly `bytes` from rank `peer`, chunk `chunk` of step `step`, into `dst`; a
   /// message of another size is an error.
@@ -137,7 +139,7 @@ inline size_t allGatherChunkElems(const Env& env, size_t elementBytes, size_t co
 /// the rank's index); a ring over a subset of the ranks fills only their blocks.
 Status allGather(const CollArgs& args, const Env& env);
 /// NCCL's reduce_scatter semantics, including bf16 input with fp32 accumulation, avg/premulSum,
-/// and CommConfig's accumulate-into-output for fp32 output.
+/// and ReduceOptions::accumulate (into an fp32 output).
 Status reduceScatter(const CollArgs& args, const Env& env, Scratch& scratch);
 
 }  // namespace libcomm::ring

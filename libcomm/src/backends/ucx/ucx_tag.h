@@ -15,9 +15,10 @@
 //   only workers of one communicator, so no message can reach another communicator's receives.
 // - The seq keeps a message of an aborted or timed-out collective from matching a receive of a
 //   later one (a stale message would have to outlive 2^18 collectives).
-// - Messages with equal tags from one sender match receives in the order they were sent (UCX
-//   orders tag matching per endpoint), so an algorithm with more than 65536 chunks per step may
-//   reuse chunk numbers as long as it posts its receives in chunk order.
+// - UCX orders tag matching per endpoint only, and a channel sends large messages on a second
+//   (bulk) endpoint: a short message can overtake a long one with the same tag. So an algorithm
+//   with more than 65536 chunks per step may reuse chunk numbers only once the earlier message of
+//   that number has completed (its window of sends in flight stays below 65536).
 
 #include <cstdint>
 
