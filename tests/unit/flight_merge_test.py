@@ -257,6 +257,60 @@ class FlightMerge(unittest.TestCase):
         self.assertEqual(res["ranks"]["0"]["last_started"], 0)  # --json keeps its numbers
 
 
+    # Found by a flight-recorder review: each of these misled, hung or printed a traceback.
+    def test_dumps_taken_a_moment_apart_are_no_lag(self):
+        # kill -USR1 on every rank of a running job: rank 0 dumped at seq 10, rank 1 at seq 12, all
+        # done. Rank 1 finished 11 and 12, so rank 0 took part in them.
+        self.write("c.rank0.flight.json", dump(0, 2, [entry(s) for s in range(1, 11)], reason="signal"))
+        self.write("c.rank1.flight.json", dump(1, 2, [entry(s) for s in range(1, 13)], reason="signal"))
+        r = self.merge(self.dir)
+        self.assertEqual(r.returncode, 0, r.stdout)
+        self.assertIn("the ranks agree", r.stdout)
+
+    def test_a_lag_seen_in_a_dump_older_than_the_collective_says_so(self):
+        # Rank 1's dump is older than rank 0's entry into seq 3 (enqueue_ns 3000 > its dump time 5).
+        late = [entry(1), entry(2), entry(3, state="running")]
+        self.write("c.rank0.flight.json", dict(dump(0, 2, late), dump_time_ns=10_000))
+        self.write("c.rank1.flight.json", dict(dump(1, 2, [entry(1), entry(2)]), dump_time_ns=5))
+        r = self.merge(self.dir)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("rank(s) 1 never enqueued seq 3", r.stdout)
+        self.assertIn("were dumped before the others enqueued it", r.stdout)
+
+    def test_garbage_that_would_recurse_or_loop_is_bad_input(self):
+        self.write("deep.flight.json", "[" * 100000)
+        r = self.merge(os.path.join(self.dir, "deep.flight.json"))
+        self.assertEqual(r.returncode, 2, r.stdout)
+        self.assertIn("nested too deeply", r.stderr)
+        self.write("huge.flight.json", dump(0, 10**12, [entry(1)]))
+        r = self.merge(os.path.join(self.dir, "huge.flight.json"))
+        self.assertEqual(r.returncode, 2, r.stdout)
+        self.assertIn("world_size 1000000000000 is not in 1..", r.stderr)
+        os.remove(os.path.join(self.dir, "deep.flight.json"))
+        os.remove(os.path.join(self.dir, "huge.flight.json"))
+        # One entry far ahead: seqs are taken as they are, not as a range to walk.
+        self.write("c.rank0.flight.json", dump(0, 2, [entry(1), entry(2**40)]))
+        self.write("c.rank1.flight.json", dump(1, 2, [entry(1)]))
+        r = self.merge(self.dir)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+    def test_a_recorder_turned_off_is_said_not_taken_for_a_lag(self):
+        self.write("c.rank0.flight.json", dump(0, 2, [entry(s) for s in (1, 2)]))
+        self.write("c.rank1.flight.json", dict(dump(1, 2, []), settings={"capacity": 0}))
+        r = self.merge(self.dir)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("rank 1: its flight recorder is off", r.stdout)
+        self.assertNotIn("never enqueued", r.stdout)
+
+    def test_control_characters_are_printed_escaped(self):
+        for rank in (0, 1):
+            self.write(f"c.rank{rank}.flight.json", dump(rank, 2, [entry(1)], comm="job\x1b[2Jx"))
+        r = self.merge(self.dir)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("\x1b", r.stdout)
+        self.assertIn("job\\x1b[2Jx", r.stdout)
+
+
 if __name__ == "__main__":
     MERGE = sys.argv.pop(1)
     unittest.main(verbosity=2)
