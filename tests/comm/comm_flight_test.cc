@@ -162,5 +162,32 @@ TEST(FlightRecorderAcrossProcesses, SigusrOneDumpsAndTheProcessCarriesOn) {
   EXPECT_NE(dumps[0].find(".rank0.flight.json"), std::string::npos) << dumps[0];
 }
 
+// A rank whose first failure is a collective its stream never ran (the stream had failed) leaves a
+// failure dump too: it is the rank its peers wait for, and it wrote none (found by a
+// flight-recorder review; flight_merge then said "rank 1: no dump").
+TEST(FlightRecorderAcrossProcesses, ACollectiveItsStreamNeverRanLeavesAFailureDump) {
+  const std::string dir = flightDir();
+  ASSERT_FALSE(dir.empty());
+  const RunOptions opts = freshProcesses(1, dir);
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, flightConfig()));
+    auto stream = libcomm::createHostStream("flight-skip");
+    LIBCOMM_RETURN_IF_ERROR(stream->enqueueHost(
+        [] { return libcomm::makeError(StatusCode::kInternalError, "the user's item failed"); }, "failing item"));
+    std::vector<float> in(kCount), out(kCount);
+    const Status enqueued = comm->allGather(in.data(), out.data(), kCount, DataType::kFloat32, *stream);
+    (void)stream->synchronize(libcomm::Deadline::after(10s));
+    if (enqueued.isOk() && comm->asyncError().isOk())
+      return libcomm::makeError(StatusCode::kInternalError, "the all_gather behind a failed item did not fail");
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+  const auto dumps = dumpsIn(dir);
+  ASSERT_EQ(dumps.size(), 1u) << "dumps in " << dir;
+  const std::string text = readWholeFile(dumps[0]);
+  EXPECT_NE(text.find("\"reason\":\"failure\""), std::string::npos) << text.substr(0, 600);
+  EXPECT_NE(text.find("\"state\":\"skipped\""), std::string::npos) << text.substr(0, 1200);
+}
+
 }  // namespace
 }  // namespace shardcomm::testing

@@ -153,6 +153,9 @@ void Communicator::Impl::settleUnrun(const CollArgs& args, uint32_t seq) {
   flight_->finished(seq, FlightState::kSkipped, st);
   fail(st);
   if (cross_) disconnectInTurn(st, seq);
+  // This rank's first failure may be this one (its stream failed or was destroyed): the rank its
+  // peers wait for leaves its dump too (once per communicator).
+  flight_->dumpOnFailure(seq, st);
   settle(seq);
 }
 
@@ -490,6 +493,7 @@ Status Communicator::Impl::asyncErrorAskingNccl() {
   if (nccl.isOk()) return st;
   fail(nccl.withContext("rank " + std::to_string(rank_) + ": NCCL reported, after collective seq " +
                         std::to_string(lastExecuted_.load())));
+  flight_->dumpOnFailure(lastExecuted_.load(), nccl);
   return asyncError();
 }
 

@@ -162,7 +162,17 @@ void ensureListening(Registry& r, Said* said) {
 void registerFlightRecorderForSignal(const std::shared_ptr<FlightRecorder>& recorder) {
   if (!recorder->enabled()) return;
   Result<bool> on = settingBool("LIBCOMM_FLIGHT_RECORDER_SIGNAL");
-  if (!on.isOk() || !*on) return;  // a malformed value is reported by CommConfig::fromEnvironment
+  if (!on.isOk()) {
+    // CommConfig::fromEnvironment refuses it, but a CommConfig made in code never reads it: said
+    // once, since an operator's kill -USR1 now ends the process instead of dumping.
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      LIBCOMM_LOG(kWarn, "init") << on.status().message()
+                                 << "; no SIGUSR1 handler is installed, so SIGUSR1 ends the process (its default)";
+    });
+    return;
+  }
+  if (!*on) return;
   static std::once_flag atfork;
   std::call_once(atfork, [] { pthread_atfork(beforeFork, afterForkInParent, afterForkInChild); });
   Registry& r = registry();
