@@ -38,7 +38,7 @@ constexpr const char* kUsage =
     "  machine topology, effective configuration, algorithm selection table and settings.\n"
     "  --json   the same as one JSON object on stdout\n"
     "  Exits 1 when a LIBCOMM_* setting is invalid, as libcomm (or libcomm_nccl.so) would read it\n"
-    "  (the error, naming it, is part of the output).\n";
+    "  (the error, naming it, is part of the output), and 2 on an unknown argument.\n";
 
 struct ShmState {
   bool available = false;
@@ -133,7 +133,11 @@ int printText(const Report& r) {
   printf("topology\n%s\n", r.machine->describeCpus().c_str());
 
   if (!r.config.isOk()) {
-    printf("configuration error: %s\n", r.config.status().toString().c_str());
+    // The settings listing and its own error still follow, as --json gives them: they show which
+    // variable is malformed.
+    printf("configuration error: %s\n\n", r.config.status().toString().c_str());
+    printf("settings (environment variables)\n%s", libcomm::describeSettings().c_str());
+    if (!r.settings.isOk()) printf("\nsettings error: %s\n", r.settings.toString().c_str());
     return 1;
   }
   const libcomm::CommConfig& c = r.config.value();

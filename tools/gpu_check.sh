@@ -39,6 +39,12 @@
 # Exit: 0 all passed; 1 a step failed or ran out of time; 77 no GPU here (after configuring and
 # building, so that a machine without a GPU still checks the build and the script itself).
 case "${1:-}" in -h | --help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;; esac  # the comment above
+# One optional argument, a directory: an option was taken for the build directory, and every step
+# after failed on it.
+if [ $# -gt 1 ] || [[ "${1:-}" == -* ]]; then
+  echo "usage: tools/gpu_check.sh [build-dir]  (settings in the environment; -h for help)" >&2
+  exit 2
+fi
 set -uo pipefail
 set +m  # each step's setsid must not fork (limited)
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -234,6 +234,7 @@ runMain() {
       --kill-rank) kill_rank=$2; shift 2 ;;
       --kill-after-ms) kill_after=$2; shift 2 ;;
       --survivor-rc) survivor_rc=$2; shift 2 ;;
+      -h | --help) usage; exit 0 ;;
       --) shift; break ;;
       *) die "run: unknown option '$1' (see the top of $self)" ;;
     esac
@@ -255,8 +256,9 @@ runMain() {
   [ -z "$kill_rank" ] || kill_rank=$((10#$kill_rank))
   [ -z "$kill_after" ] || kill_after=$((10#$kill_after))
   [ -z "$survivor_rc" ] || survivor_rc=$((10#$survivor_rc))
+  [ -z "$survivor_rc" ] || [ "$survivor_rc" -le 255 ] || die "run: --survivor-rc $survivor_rc is no exit status (0 to 255)"
   [ "$K" -ge 1 ] && [ "$K" -le 200 ] || die "run: --hosts $K is outside [1, 200]"
-  [ "$R" -ge 1 ] || die "run: --ranks-per-host must be at least 1"
+  [ "$R" -ge 1 ] && [ "$R" -le 64 ] || die "run: --ranks-per-host $R is outside [1, 64]"
   [ "$port" -ge 1 ] && [ "$port" -le 65535 ] || die "run: --port $port is outside [1, 65535]"
   [ "$timeout" -ge 1 ] || die "run: --timeout $timeout: the run needs at least 1 s"
   # 68: the least a Linux veth or bridge takes (and IPv4 needs); 65535: the most a veth takes.
@@ -269,6 +271,11 @@ runMain() {
     [ "$kill_rank" -lt "$size" ] || die "run: --kill-rank $kill_rank is outside [0, $size)"
   fi
 
+  # Cleaned up from here on: the probe's namespace too, if interrupted while it exists.
+  P="$kPrefix$$"
+  trap cleanup EXIT
+  trap 'say "interrupted"; exit 130' INT
+  trap 'say "terminated"; exit 143' TERM
   local why
   if ! why=$(probe); then
     say "SKIP: $why"
@@ -280,11 +287,7 @@ runMain() {
   fi
   sweep
 
-  P="$kPrefix$$"
   run=$(mktemp -d "/tmp/shardcomm-netns-$$-XXXXXX")
-  trap cleanup EXIT
-  trap 'say "interrupted"; exit 130' INT
-  trap 'say "terminated"; exit 143' TERM
   local uts=1
   command -v unshare > /dev/null || { uts=0; say "warning: no unshare: all hosts keep this machine's hostname"; }
   local secret job
@@ -405,12 +408,15 @@ EOF
 }
 
 # Runs on every exit of "run": ends what is still running in our namespaces and deletes them.
+# The comment at the top of this file.
+usage() { sed -n '2,/^set -uo/p' "$self" | sed '$d' | sed 's/^# \{0,1\}//'; }
+
 cleanup() {
   trap '' INT TERM
   [ -n "${watchdog:-}" ] && kill "$watchdog" 2> /dev/null
   [ -n "${killer:-}" ] && kill "$killer" 2> /dev/null
   local ns
-  for ns in $(ip netns list 2> /dev/null | awk '{print $1}' | grep -E "^$P-(sw|h[0-9]+)$"); do nsDelete "$ns"; done
+  for ns in $(ip netns list 2> /dev/null | awk '{print $1}' | grep -E "^$P-(sw|h[0-9]+|probe)$"); do nsDelete "$ns"; done
   [ -n "${run:-}" ] && rm -rf "$run"
 }
 
@@ -424,5 +430,6 @@ case "${1:-}" in
   sweep) sweep ;;
   run) shift; runMain "$@" ;;
   _rank) shift; rankMain "$@" ;;
-  *) sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2 ;;
+  -h | --help) usage; exit 0 ;;
+  *) usage; exit 2 ;;
 esac

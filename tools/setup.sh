@@ -3,6 +3,11 @@
 # configures and builds it (Release) in ./build. Idempotent: a second run only rebuilds what changed.
 #   tools/setup.sh [build-dir]
 case "${1:-}" in -h | --help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;; esac  # the comment above
+# One optional argument, a directory: an option (setup.sh -j2) was taken for a build directory.
+if [ $# -gt 1 ] || [[ "${1:-}" == -* ]]; then
+  echo "usage: tools/setup.sh [build-dir]  (no options; -h for help)" >&2
+  exit 2
+fi
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
@@ -17,7 +22,10 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   sudo_cmd=""
-  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo > /dev/null || { echo "setup: run as root, or install sudo: the packages need apt-get" >&2; exit 1; }
+    sudo_cmd="sudo"
+  fi
   export DEBIAN_FRONTEND=noninteractive
   $sudo_cmd apt-get update -qq
   $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null

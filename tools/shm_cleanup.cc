@@ -1,7 +1,7 @@
 // shm_cleanup: removes the shared-memory segments that killed shardcomm runs left in /dev/shm.
 // Segments whose owner still maps them are kept, whatever its pid namespace, so it is safe to run
 // at any time. Stale-looking segments it cannot remove (another user's, when not root) are listed
-// on stderr with the reason; the exit status stays 0.
+// on stderr with the reason; the exit status stays 0. Exit 1 when /dev/shm cannot be read at all.
 
 #include <cstdio>
 #include <cstring>
@@ -28,6 +28,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   const libcomm::shm::SweepResult result = libcomm::shm::sweepStaleSegments(!quiet);
+  // Said even with -q: nothing was looked at, so "removed 0" would be false comfort.
+  if (!result.error.empty()) {
+    fprintf(stderr, "shm_cleanup: %s\n", result.error.c_str());
+    return 1;
+  }
   if (quiet) return 0;
   for (const auto& s : result.skipped) fprintf(stderr, "shm_cleanup: left %s: %s\n", s.name.c_str(), s.reason.c_str());
   printf("shm_cleanup: removed %d stale segment(s)", result.removed);

@@ -166,6 +166,14 @@ def check_bad_setting(exe):
         fail("configuration_error does not name the setting: %s" % doc["configuration_error"])
     if "topology" not in doc or "devices" not in doc:
         fail("the machine part must still be there")
+    # The text form goes on after the configuration error with the settings listing (it stopped
+    # there, where --json gives both; found by a tools review).
+    rc, out, err = run(exe, [], {b"LIBCOMM_ALGO": b"bogus"})
+    text = out.decode("utf-8", "replace")
+    if rc != 1 or "configuration error" not in text or "settings (environment variables)" not in text \
+            or "LIBCOMM_ALGO = bogus" not in text:
+        fail("text mode with an invalid LIBCOMM_ALGO: exit 1, the error and the settings listing; got %d:\n%s"
+             % (rc, text[-600:]))
     # Settings read outside CommConfig (the logger, the reduction kernels) are checked as well.
     for name, value in ((b"LIBCOMM_LOG_LEVEL", b"verbose"), (b"LIBCOMM_NT_STORE_BYTES", b"abc")):
         rc, out, err = run(exe, [], {name: value})

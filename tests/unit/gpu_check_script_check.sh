@@ -185,6 +185,19 @@ check_common term
 grep -qE "^gpu_tests +STOPPED" "$work/term/out/summary.txt" || bad "term: no STOPPED row for gpu_tests"
 expect_gone term "$work/ctest3.pid" "the running step's child outlived the script"
 
+# An option where the build directory goes is a usage error before anything runs (it became the
+# build directory, and every step failed on it); so is setup.sh's.
+for script in gpu_check.sh setup.sh; do
+  for args in "--bogus" "-j2" "a b"; do
+    # shellcheck disable=SC2086
+    out=$(cd "$work" && "$src/tools/$script" $args 2>&1 < /dev/null)
+    rc=$?
+    [ $rc -eq 2 ] || bad "$script $args: exit $rc, want 2 ($out)"
+    case "$out" in *usage:*) ;; *) bad "$script $args: no usage line: $out" ;; esac
+  done
+done
+[ ! -e "$work/--bogus" ] && [ ! -e "$work/-j2" ] || bad "a refused option left a directory behind"
+
 if [ $fail -ne 0 ]; then
   for f in "$work"/*.out; do
     echo "==== $f"
@@ -192,4 +205,4 @@ if [ $fail -ne 0 ]; then
   done
   exit 1
 fi
-echo "gpu_check_script_check: ok (7 runs)"
+echo "gpu_check_script_check: ok (7 runs, and bad arguments refused)"

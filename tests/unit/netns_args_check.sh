@@ -45,6 +45,15 @@ refused "--port '99999999999999999999' is not a whole number" --port 99999999999
 refused "--timeout '-1' is not a whole number" --timeout -1
 refused "--survivor-rc 'x' is not a whole number" --kill-rank 0 --kill-after-ms 5 --survivor-rc x
 refused "unknown option '--bogus'" --bogus 1
+refused "--ranks-per-host 999999999 is outside [1, 64]" --ranks-per-host 999999999
+refused "--survivor-rc 300 is no exit status (0 to 255)" --kill-rank 0 --kill-after-ms 5 --survivor-rc 300
+# Help is an answer, not an error (it exited 2).
+for args in "--help" "-h" "run --help"; do
+  # shellcheck disable=SC2086
+  out=$(PATH="$work/bin:$PATH" "$netns" $args 2>&1)
+  rc=$?
+  [ "$rc" = 0 ] && [[ "$out" == *"network namespaces"* ]] || bad "netns.sh $args: exit $rc: $out"
+done
 rm -f "$work/calls"
 out=$(PATH="$work/bin:$PATH" "$netns" run --port 2>&1)
 rc=$?

@@ -342,7 +342,11 @@ bool ownerHoldsSegment(const std::string& name) {
 SweepResult sweepStaleSegments(bool verbose) {
   SweepResult result;
   DIR* dir = opendir("/dev/shm");
-  if (!dir) return result;
+  if (!dir) {
+    const int err = errno;
+    result.error = std::string("cannot open /dev/shm: ") + strerror(err) + " (errno " + std::to_string(err) + ")";
+    return result;
+  }
   while (struct dirent* e = readdir(dir)) {
     const char* prefix = "shardcomm.";
     if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;

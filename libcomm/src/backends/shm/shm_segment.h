@@ -67,6 +67,8 @@ struct SweepResult {
   };
   int removed = 0;
   std::vector<Skipped> skipped;
+  /// Non-empty when the sweep could not look at all (/dev/shm cannot be opened): why.
+  std::string error;
 };
 
 /// Removes the segments that the processes `pids` made for job `jobId` (segmentPrefix's names):
