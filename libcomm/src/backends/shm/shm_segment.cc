@@ -29,14 +29,16 @@ size_t pageRound(size_t bytes) {
 
 // Whole-file open-file-description locks. The owner's (shared) lock belongs to the open file, which
 // its mapping keeps open after close(fd): it lasts until the owner's last mapping goes, however the
-// owner ends. The sweep's (exclusive) lock is granted only when no owner holds one.
-int lockFile(int fd, short type, int cmd) {
+// owner ends. The sweep's (exclusive) lock is granted only when no owner holds one. With
+// F_OFD_GETLK, *found is the type of a lock that would conflict (F_UNLCK: none).
+int lockFile(int fd, short type, int cmd, short* found = nullptr) {
   struct flock fl {};
   fl.l_type = type;
   fl.l_whence = SEEK_SET;
   int rc;
   do rc = fcntl(fd, cmd, &fl);
   while (rc != 0 && errno == EINTR);
+  if (found) *found = fl.l_type;
   return rc == 0 ? 0 : errno;
 }
 
@@ -329,14 +331,10 @@ bool ownerHoldsSegment(const std::string& name) {
   const int fd = shm_open(name.c_str(), O_RDONLY, 0);
   if (fd < 0) return errno != ENOENT;  // gone: only its creator unlinks it, or a sweep of a dead one's
   // The lock an exclusive one would meet: the owner's shared one, or none.
-  struct flock fl {};
-  fl.l_type = F_WRLCK;
-  fl.l_whence = SEEK_SET;
-  int rc;
-  do rc = fcntl(fd, F_OFD_GETLK, &fl);
-  while (rc != 0 && errno == EINTR);
+  short held = F_UNLCK;
+  const int err = lockFile(fd, F_WRLCK, F_OFD_GETLK, &held);
   close(fd);
-  return rc != 0 || fl.l_type != F_UNLCK;
+  return err != 0 || held != F_UNLCK;
 }
 
 SweepResult sweepStaleSegments(bool verbose) {
