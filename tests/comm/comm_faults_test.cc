@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <random>
@@ -675,6 +676,16 @@ TEST(PeerLiveness, AcrossPidNamespacesALatePeerIsWaitedForAndAKilledOneIsNamed) 
     char dirTemplate[] = "/tmp/shardcomm-pidns-XXXXXX";
     ASSERT_NE(mkdtemp(dirTemplate), nullptr);
     const std::string dir = dirTemplate, job = "pidns" + std::to_string(getpid()) + (killed ? "k" : "l");
+    // On every way out, skips included: the bootstrap's files, and the killed rank's segments. Its
+    // names carry pid 2 (its own namespace's), which a sweep here keeps (a kernel thread has that
+    // pid); the owner's lock, gone with it, is what removeJobSegments goes by.
+    struct Cleanup {
+      std::string dir, job;
+      ~Cleanup() {
+        libcomm::shm::removeJobSegments(job, {2});
+        std::filesystem::remove_all(dir);
+      }
+    } cleanup{dir, job};
     const pid_t first = fork();
     if (first == 0) _exit(pidNamespaceRank(dir, job, 0, killed));
     const pid_t second = fork();
@@ -701,9 +712,6 @@ TEST(PeerLiveness, AcrossPidNamespacesALatePeerIsWaitedForAndAKilledOneIsNamed) 
     EXPECT_TRUE(WIFEXITED(s0) && WEXITSTATUS(s0) == 0)
         << "rank 0: " << s0 << " (10: the killed peer not named in time; 11: the collective failed; 12: wrong data)";
     EXPECT_TRUE(WIFEXITED(s1) && WEXITSTATUS(s1) == (killed ? 128 + SIGKILL : 0)) << "rank 1: " << s1;
-    // The killed rank's segments; its files in the bootstrap directory.
-    libcomm::shm::sweepStaleSegments(false);
-    std::system(("rm -rf " + dir).c_str());
   }
 }
 

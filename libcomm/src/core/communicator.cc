@@ -68,9 +68,9 @@ void copyMessage(const Status& st, char (&out)[N]) {
 // error: its own status when it is this rank, else a remote error naming that rank; OK when none.
 template <typename Failed, typename Why>
 Status firstPeerFailure(int rank, int size, const Status& own, const char* step, Failed failed, Why why) {
+  if (!own.isOk()) return own;  // this rank's own cause first, whoever else failed
   for (int r = 0; r < size; ++r) {
-    if (!failed(r)) continue;
-    if (r == rank) return own;
+    if (r == rank || !failed(r)) continue;
     return makeError(StatusCode::kRemoteError, "rank ", rank, ": creating a communicator: rank ", r, " could not ",
                      step, ": ", why(r));
   }
@@ -160,7 +160,10 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   mine.setupFailed = mySetup.isOk() ? 0 : 1;
   if (!mySetup.isOk()) copyMessage(mySetup, mine.setupError);
   std::vector<InitInfo> all(impl->size_);
-  LIBCOMM_RETURN_IF_ERROR(bootstrap.allGather(&mine, all.data(), sizeof(InitInfo), deadline));
+  const Status exchanged = bootstrap.allGather(&mine, all.data(), sizeof(InitInfo), deadline);
+  // This rank's own cause first: the exchange failing too says less.
+  LIBCOMM_RETURN_IF_ERROR(mySetup);
+  LIBCOMM_RETURN_IF_ERROR(exchanged);
   // Before the other checks: a rank that failed sent settings it does not hold.
   LIBCOMM_RETURN_IF_ERROR(firstPeerFailure(
       impl->rank_, impl->size_, mySetup, "set up its side",
@@ -232,7 +235,12 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   me.failed = connected.isOk() ? 0 : 1;
   if (!connected.isOk()) copyMessage(connected, me.error);
   std::vector<ConnectInfo> connects(impl->size_);
-  LIBCOMM_RETURN_IF_ERROR(bootstrap.allGather(&me, connects.data(), sizeof(ConnectInfo), deadline));
+  // A connection that failed by the creation deadline leaves none for the exchange: a short one of
+  // its own, so that the peers still hear of it.
+  const Deadline tell = deadline.expired() ? Deadline::after(config.peerTimeout) : deadline;
+  const Status exchangedConnects = bootstrap.allGather(&me, connects.data(), sizeof(ConnectInfo), tell);
+  LIBCOMM_RETURN_IF_ERROR(connected);
+  LIBCOMM_RETURN_IF_ERROR(exchangedConnects);
   LIBCOMM_RETURN_IF_ERROR(firstPeerFailure(
       impl->rank_, impl->size_, connected, "connect to its peers", [&](int q) { return connects[q].failed != 0; },
       [&](int q) { return std::string(connects[q].error, strnlen(connects[q].error, sizeof(connects[q].error))); }));

@@ -125,14 +125,19 @@ Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, const std::v
   // host peers open it after the address exchange below, which every rank enters after creating it.
   std::vector<std::string> localPrefixes;
   for (int r : here) localPrefixes.push_back(prefixes[r]);
-  LIBCOMM_ASSIGN_OR_RETURN(auto local, shm::Channel::create(prefix_ + ".h", cross->localIndex, perHost, config_, here));
-  channel_ = std::move(local);
-  peers_ = std::make_unique<shm::PeerMemory>();
+  auto local = shm::Channel::create(prefix_ + ".h", cross->localIndex, perHost, config_, here);
+  if (local.isOk()) {
+    channel_ = std::move(*local);
+    peers_ = std::make_unique<shm::PeerMemory>();
+  }
 
-  // Every rank takes part in the address exchange, also one whose worker failed (with an empty
-  // address): otherwise its peers would wait for it until the deadline.
-  auto channel = ucx::Channel::create(rank_, n, config_);
+  // Every rank takes part in the address exchange, also one whose host channel or worker failed
+  // (with an empty address): otherwise its peers would wait for it until the deadline, or, in the
+  // next bootstrap round, meet this rank's different one.
+  Result<std::unique_ptr<ucx::Channel>> channel =
+      local.isOk() ? ucx::Channel::create(rank_, n, config_) : Result<std::unique_ptr<ucx::Channel>>(local.status());
   auto addresses = ucx::exchangeAddresses(bootstrap, channel.isOk() ? (*channel)->address() : std::string(), deadline);
+  LIBCOMM_RETURN_IF_ERROR(local.status());
   LIBCOMM_RETURN_IF_ERROR(channel.status().withContext("creating the UCX worker for " + hosts_.describe()));
   LIBCOMM_RETURN_IF_ERROR(addresses.status());
   cross->channel = std::move(*channel);

@@ -73,11 +73,13 @@ ncclResult_t endComm(const char* function, bool remove, bool abort, ncclComm_t c
       case shim::EndResult::kRealNoteOwnError:
         shim::noteError(function, own.withContext("the communicator is released, but libcomm's side of it failed"));
         return r;
-      case shim::EndResult::kReal:
+      case shim::EndResult::kReal: {
         // NCCL's own error (or ncclInProgress) is the answer; libcomm's side's failure is still
-        // ncclGetLastError's to tell.
+        // ncclGetLastError's to tell (noted after forwarded(), which makes NCCL's error the newest).
+        const ncclResult_t answer = scope.forwarded(r);
         if (!own.isOk()) shim::noteError(function, own);
-        break;
+        return answer;
+      }
     }
     return scope.forwarded(r);
   });
