@@ -593,6 +593,22 @@ TEST_F(LaunchEnv, LaunchLocalTimeoutKillsEveryone) {
   expectNoChildrenLeft();
 }
 
+// A rank that ends well just before the deadline, while the launcher sleeps between its looks: a
+// success, or (ended just after) a timeout naming it, never a timeout of no rank at all (the
+// launcher reaped it, then saw the deadline past, and said "ranks  of 1 still running"; found by a
+// launcher review, in 8 of 21 runs near the deadline).
+TEST_F(LaunchEnv, ARankEndingAtTheDeadlineIsNoTimeoutOfNobody) {
+  for (const char* sleep : {"0.285", "0.29", "0.295"}) {
+    for (int round = 0; round < 3; ++round) {
+      const Status s = launchLocal(shell(1, std::string("sleep ") + sleep, 300ms));
+      if (s.isOk()) continue;
+      EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.toString();
+      EXPECT_NE(s.message().find("ranks 0 of 1"), std::string::npos) << "sleep " << sleep << ": " << s.toString();
+    }
+  }
+  expectNoChildrenLeft();
+}
+
 // SIGTERM to a process whose launching thread blocks it (another thread takes it): the launch stops
 // its ranks and the process still ends by the signal. The re-raise went to the launching thread
 // only (raise), where it stayed pending, and the process lived on as if nothing had been asked.

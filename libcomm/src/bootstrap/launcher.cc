@@ -400,6 +400,9 @@ Status launchLocal(const LocalLaunchOptions& options) {
                                          others.empty() ? std::string() : "; stopped ranks " + boot::joinRanks(others),
                                          removeSegments(children, ranksJobId)));
     }
+    // The last ranks may have ended well just now: not a timeout, even past the deadline (a job
+    // that succeeded was reported as "ranks  of 1 still running"; found by a launcher review).
+    if (runningRanks(children).empty()) break;
     if (const int sig = StopSignals::caught()) {
       std::vector<int> left = runningRanks(children);
       stopAll(children);
