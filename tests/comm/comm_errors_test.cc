@@ -4,8 +4,10 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1031,6 +1033,42 @@ TEST(CommCreate, ARankThatCannotMakeItsHostChannelFailsItsPeersAtOnce) {
                                 "the bootstrap rounds differed: ", comm.status().toString());
     if (ctx.rank == 1) return expectStatus(comm.status(), StatusCode::kSystemError, {"File exists"}, "the rank itself");
     return expectStatus(comm.status(), comm.status().code(), {"rank 0", "rank 1"}, "its peer");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// One host id on two machines (LIBCOMM_HOST_ID set alike): ranks of one host share /dev/shm, so
+// creation refuses it on every rank, naming both ranks; it failed later with "shm_open ... No such
+// file" (found by a topology review). Rank 1 runs on "another machine": a kernel boot id of its own,
+// bind-mounted over /proc's in a mount namespace of its own (needs root).
+TEST(CommCreate, OneHostIdOnTwoMachinesIsRefusedOnEveryRank) {
+  if (geteuid() != 0) GTEST_SKIP() << "bind-mounting a boot id needs root";
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = 2;
+  auto report = runRanks(opts, [&](RankContext& ctx) -> Status {
+    if (ctx.rank == 1) {
+      char fake[] = "/tmp/shardcomm-bootid-XXXXXX";
+      const int fd = mkstemp(fake);
+      if (fd < 0) return libcomm::makeError(StatusCode::kInternalError, "mkstemp");
+      const std::string id = "00000000-1111-2222-3333-444444444444\n";
+      const bool written = write(fd, id.data(), id.size()) == static_cast<ssize_t>(id.size());
+      close(fd);
+      const bool mounted = written && unshare(CLONE_NEWNS) == 0 &&
+                           mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0 &&
+                           mount(fake, "/proc/sys/kernel/random/boot_id", nullptr, MS_BIND, nullptr) == 0;
+      unlink(fake);
+      if (!mounted)
+        return libcomm::makeError(StatusCode::kInternalError, "cannot bind-mount a boot id: ", strerror(errno));
+    }
+    libcomm::CommConfig config = quickConfig();
+    config.hostId = "same-host-id";
+    auto comm = libcomm::Communicator::create(ctx.bootstrap, config);
+    if (comm.isOk()) return libcomm::makeError(StatusCode::kInternalError, "the communicator was made");
+    return expectStatus(comm.status(), StatusCode::kInvalidUsage,
+                        {"rank " + std::to_string(ctx.rank), "ranks 0 (", "and 1 (",
+                         "have the same host id 'same-host-id' but run on different machines", "LIBCOMM_HOST_ID"},
+                        "one host id, two machines");
   });
   EXPECT_RANKS_OK(report);
 }

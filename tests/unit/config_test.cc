@@ -451,4 +451,18 @@ TEST(CommConfig, AHostIdSetInCodeMustFitTheExchange) {
   EXPECT_NE(st.message().find("hostId"), std::string::npos) << st.toString();
 }
 
+// Printed in logs, errors and comm_info: a control character (a newline, an escape sequence) is
+// refused, naming where (found by a topology review); a default-style id passes.
+TEST(CommConfig, AHostIdMustBePrintable) {
+  CommConfig c;
+  c.hostId = "node-7.rack~2/0f3a9c1e";
+  EXPECT_TRUE(c.validate().isOk()) << c.validate().toString();
+  for (const std::string bad : {std::string("ab\ncd"), std::string("ab\x1b[31m"), std::string("caf\xc3\xa9")}) {
+    c.hostId = bad;
+    const libcomm::Status st = c.validate();
+    EXPECT_EQ(st.code(), libcomm::StatusCode::kInvalidArgument) << st.toString();
+    EXPECT_NE(st.message().find("printable ASCII; character "), std::string::npos) << st.toString();
+  }
+}
+
 }  // namespace

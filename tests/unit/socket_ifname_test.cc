@@ -32,6 +32,16 @@ std::string selected(std::string_view pattern, const std::vector<NetAddress>& al
   return out;
 }
 
+// An interface that is up but has no carrier (an unplugged port with a static address) comes after
+// those with one, whatever the kernel's order (it was chosen; found by a topology review).
+TEST(SocketIfname, InterfacesWithoutACarrierComeLast) {
+  const std::vector<NetAddress> unplugged = {{"lo", AF_INET, "127.0.0.1", true},
+                                             {"eth0", AF_INET, "10.0.0.1", false, false},
+                                             {"eth1", AF_INET, "10.1.0.1", false, true}};
+  EXPECT_EQ(selected("", unplugged), "eth1=10.1.0.1 eth0=10.0.0.1");
+  EXPECT_EQ(selected("eth", unplugged), "eth1=10.1.0.1 eth0=10.0.0.1");
+}
+
 TEST(SocketIfname, PrefixesSelectInInterfaceOrderIpv4First) {
   EXPECT_EQ(selected("eth"), "eth0=10.0.0.1 eth1=10.1.0.1 eth0=fd00::10");
   EXPECT_EQ(selected("ib,eth1"), "eth1=10.1.0.1 ib0=192.168.7.1");

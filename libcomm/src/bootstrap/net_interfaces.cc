@@ -43,12 +43,15 @@ bool isLinkLocal6(std::string_view address) {
   return inet_pton(AF_INET6, text.c_str(), &a) == 1 && IN6_IS_ADDR_LINKLOCAL(&a);
 }
 
-// IPv4 entries first, each family in the list's order.
+// Interfaces with a carrier first (one that is up but unplugged came first in the kernel's order
+// and was chosen), then IPv4 entries first, each family in the list's order.
 std::vector<NetAddress> ordered(const std::vector<NetAddress>& in) {
   std::vector<NetAddress> out;
-  for (int family : {AF_INET, AF_INET6})
-    for (const NetAddress& a : in)
-      if (a.family == family && !(family == AF_INET6 && isLinkLocal6(a.address))) out.push_back(a);
+  for (bool running : {true, false})
+    for (int family : {AF_INET, AF_INET6})
+      for (const NetAddress& a : in)
+        if (a.running == running && a.family == family && !(family == AF_INET6 && isLinkLocal6(a.address)))
+          out.push_back(a);
   return out;
 }
 
@@ -153,7 +156,7 @@ Result<std::vector<NetAddress>> listAddresses() {
                           ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr)
                           : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr);
     if (!inet_ntop(family, raw, text, sizeof(text))) continue;
-    out.push_back({i->ifa_name, family, text, (i->ifa_flags & IFF_LOOPBACK) != 0});
+    out.push_back({i->ifa_name, family, text, (i->ifa_flags & IFF_LOOPBACK) != 0, (i->ifa_flags & IFF_RUNNING) != 0});
   }
   freeifaddrs(list);
   return out;

@@ -21,6 +21,7 @@ struct NetAddress {
   int family = 0;       // AF_INET or AF_INET6
   std::string address;  // numeric: "10.0.0.1", "fd00::1"
   bool loopback = false;
+  bool running = true;  // has a carrier (IFF_RUNNING): an interface that is up but unplugged has not
 };
 
 struct IfnamePattern {
@@ -38,7 +39,8 @@ struct IfnamePattern {
 Result<IfnamePattern> parseIfnamePattern(std::string_view text);
 
 /// The addresses the bootstrap may use, best first: every address of the interfaces `pattern`
-/// selects (an empty pattern: the default rule below), IPv4 before IPv6, in interface order;
+/// selects (an empty pattern: the default rule below), those with a carrier before those without,
+/// then IPv4 before IPv6, in interface order;
 /// IPv6 link-local addresses never (they need a scope the store address cannot carry).
 /// Default rule: skip loopback and container/VM bridges (docker*, veth*, virbr*, br-*, cni*,
 /// podman*); if that leaves nothing, take those bridges; if still nothing, loopback.

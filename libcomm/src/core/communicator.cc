@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <mutex>
 
 #include "backends/cuda/device_path.h"
@@ -190,6 +191,24 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
     prefixes[r] = std::string(o.prefix, strnlen(o.prefix, sizeof(o.prefix)));
     hostIds[r] = std::string(o.hostId, strnlen(o.hostId, sizeof(o.hostId)));
     ranksOnMachine += !bootId.empty() && std::string(o.bootId, strnlen(o.bootId, sizeof(o.bootId))) == bootId;
+  }
+  // Ranks of one host id share memory through /dev/shm, so they must run on one machine: one host
+  // id given to two (LIBCOMM_HOST_ID set alike) failed later with "shm_open ... No such file". Every
+  // rank checks every rank, so all fail alike, naming the same two.
+  std::map<std::string, int> firstOfHost;
+  for (int r = 0; r < impl->size_; ++r) {
+    const auto [first, fresh] = firstOfHost.emplace(hostIds[r], r);
+    if (fresh) continue;
+    const InitInfo& a = all[first->second];
+    const InitInfo& b = all[r];
+    const std::string bootA(a.bootId, strnlen(a.bootId, sizeof(a.bootId)));
+    const std::string bootB(b.bootId, strnlen(b.bootId, sizeof(b.bootId)));
+    if (!bootA.empty() && !bootB.empty() && bootA != bootB)
+      return makeError(StatusCode::kInvalidUsage, "rank ", impl->rank_, ": ranks ", first->second, " (",
+                       std::string(a.host, strnlen(a.host, sizeof(a.host))), ") and ", r, " (",
+                       std::string(b.host, strnlen(b.host, sizeof(b.host))), ") have the same host id '", hostIds[r],
+                       "' but run on different machines (their kernel boot ids differ); ranks of one host share "
+                       "memory through /dev/shm: give each machine its own LIBCOMM_HOST_ID, or leave it unset");
   }
   impl->hosts_ = topology::HostGroups::fromIds(hostIds);
   // A LIBCOMM_ALGO that cannot run on these hosts fails here rather than at the first collective

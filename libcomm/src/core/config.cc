@@ -340,6 +340,14 @@ Status CommConfig::validate() const {
   if (hostId.size() > topology::kMaxHostIdLength)
     return makeError(StatusCode::kInvalidArgument, "the host id (LIBCOMM_HOST_ID, CommConfig::hostId) must be at most ",
                      topology::kMaxHostIdLength, " characters, got ", hostId.size());
+  // Printed in logs, errors and comm_info: a newline or an escape sequence would reach the terminal.
+  for (size_t i = 0; i < hostId.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(hostId[i]);
+    if (c < 0x20 || c > 0x7e)
+      return makeError(StatusCode::kInvalidArgument,
+                       "the host id (LIBCOMM_HOST_ID, CommConfig::hostId) must be printable ASCII; character ", i,
+                       " is byte ", static_cast<int>(c));
+  }
   return Status::ok();
 }
 

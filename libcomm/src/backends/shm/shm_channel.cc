@@ -93,9 +93,16 @@ Status Channel::connect(const std::vector<std::string>& prefixes, Deadline deadl
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     auto seg = Segment::open(prefixes[r] + ".ctl", segmentBytes());
-    if (!seg.isOk())
-      return seg.status().withContext("rank " + std::to_string(name(rank_)) + " mapping the control block of rank " +
-                                      std::to_string(name(r)));
+    if (!seg.isOk()) {
+      Status st = seg.status().withContext("rank " + std::to_string(name(rank_)) +
+                                           " mapping the control block of rank " + std::to_string(name(r)));
+      // Made, but not in this /dev/shm: the two share a host id, not a /dev/shm.
+      if (st.message().find("No such file") != std::string::npos)
+        st = Status(st.code(), st.message() +
+                                   " (ranks of one host id must share /dev/shm: a container needs "
+                                   "--ipc=host, or give it its own LIBCOMM_HOST_ID)");
+      return st;
+    }
     auto* cb = static_cast<ControlBlock*>(seg->data());
     auto* magic = reinterpret_cast<std::atomic<uint64_t>*>(&cb->magic);
     if (magic->load(std::memory_order_acquire) != ControlBlock::kMagic || cb->version != ControlBlock::kVersion ||
