@@ -174,18 +174,17 @@ class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
   static uint64_t stampOf(uint32_t seq, FlightState state) {
     return static_cast<uint64_t>(seq) << 32 | static_cast<uint8_t>(state);
   }
-  /// Moves collective `seq`'s slot to `state` if the slot still holds it (see the top).
+  /// Moves collective `seq`'s slot to `state` if the slot still holds it (see the top); the caller
+  /// saw the slot's seq be `seq`. Release: a reader that sees the state sees the time stored before.
   static void restamp(Slot& s, uint32_t seq, FlightState state, bool exclusive) {
-    uint64_t cur = s.stamp.load(std::memory_order_relaxed);
-    if (cur >> 32 != seq) return;
-    // Release: a reader that sees the state sees the time stored before it.
-    if (exclusive) {
+    if (exclusive) {  // no newer collective can take the slot meanwhile: still ours
       s.stamp.store(stampOf(seq, state), std::memory_order_release);
       return;
     }
-    while (
-        !s.stamp.compare_exchange_weak(cur, stampOf(seq, state), std::memory_order_release, std::memory_order_relaxed))
-      if (cur >> 32 != seq) return;
+    uint64_t cur = s.stamp.load(std::memory_order_relaxed);
+    while (cur >> 32 == seq && !s.stamp.compare_exchange_weak(cur, stampOf(seq, state), std::memory_order_release,
+                                                              std::memory_order_relaxed)) {
+    }
   }
   /// A time stamp: counter ticks (useTsc_) or CLOCK_REALTIME ns.
   inline int64_t now() const;

@@ -652,7 +652,11 @@ class InlineHostStream final : public Stream {
   }
 
   /// Whether this thread is running one of the stream's items now.
-  bool runningHere() const { return runner_.load(std::memory_order_relaxed) == std::this_thread::get_id(); }
+  bool runningHere() const {
+    // Nobody running an item (a collective's usual case) needs no look at this thread's id.
+    const std::thread::id runner = runner_.load(std::memory_order_relaxed);
+    return runner != std::thread::id() && runner == std::this_thread::get_id();
+  }
 
   /// Runs `fn` as the next item on this thread (enqueueHost without the std::function). *ran is
   /// false when the item was skipped because the stream failed earlier.
