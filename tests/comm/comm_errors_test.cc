@@ -22,6 +22,7 @@
 
 #include "harness.h"
 #include "libcomm/libcomm.h"
+#include "sanitizer_build.h"
 
 namespace shardcomm::testing {
 namespace {
@@ -1119,7 +1120,9 @@ TEST(CommErrors, ABufferAtAnEmptyAllocationIsRefused) {
   auto report = runRanks(opts, [](RankContext& ctx) -> Status {
     LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig()));
     auto s = libcomm::createInlineHostStream("empty");
-    const size_t n = 1 << 16;
+    // A recv span inside the empty allocation's one page: a longer one could reach a mapping after
+    // it (the input's, under ASan) and be refused as an overlap first.
+    const size_t n = 256;
     std::vector<float> in(n, 1.0f);
     LIBCOMM_ASSIGN_OR_RETURN(void* empty, comm->allocRegistered(0));
     LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allGather(in.data(), empty, n, DataType::kFloat32, *s),
@@ -1135,6 +1138,9 @@ TEST(CommErrors, ABufferAtAnEmptyAllocationIsRefused) {
 // checked, a call that overruns the remembered allocation is still refused, and after a free and
 // a new, smaller allocation the new size counts.
 TEST(CommErrors, TheOverrunCheckSeesReallocatedBuffers) {
+  // It needs a smaller allocation to land at a freed one's address, as the kernel refills a freed
+  // range; under ASan none of 64 did (2026-12-04), so the case is left to the plain builds.
+  if (shardcomm::testing::kAddressSanitizer) GTEST_SKIP() << "needs the kernel's placement of mappings (not ASan's)";
   RunOptions opts;
   opts.mode = Mode::kProcesses;  // heap inputs on the main heap, far from the mapped segments
   opts.size = 2;

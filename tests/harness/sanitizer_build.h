@@ -17,4 +17,18 @@ constexpr bool kThreadSanitizer = false;
 constexpr bool kThreadSanitizer = false;
 #endif
 
+// AddressSanitizer maps its own allocator's regions among the program's mappings, so where the
+// kernel places a new mapping (and what a freed range is refilled with) is not the plain build's.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+
 }  // namespace shardcomm::testing
