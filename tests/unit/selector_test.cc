@@ -64,6 +64,29 @@ TEST(SelectAcrossHosts, CrossHostAlgorithmsOnOneHostAreRefused) {
   EXPECT_NE(r.status().message().find("share one host"), std::string::npos) << r.status().toString();
 }
 
+// One host: an all_reduce runs direct in place only when every rank is in place and every input is
+// registered (two passes); a rank in place among ranks that are not, or an unregistered input, stages.
+TEST(SelectOneHost, AllReduceInPlaceIsDirectOnlyWhenEveryRankIs) {
+  auto one = [](bool registered, bool anyInPlace, bool allInPlace, const char* algo = "") {
+    CommConfig config;
+    config.algo = algo;
+    const char* why = "";
+    libcomm::SelectionQuery q{CollKind::kAllReduce, registered, anyInPlace, 1 << 20};
+    q.allInPlace = allInPlace;
+    return libcomm::selectAlgo(q, config, &why);
+  };
+  EXPECT_EQ(one(true, true, true).value(), Algo::kDirect);
+  EXPECT_EQ(one(true, false, false).value(), Algo::kDirect);
+  EXPECT_EQ(one(true, true, false).value(), Algo::kStaged);
+  EXPECT_EQ(one(false, true, true).value(), Algo::kStaged);
+  EXPECT_EQ(one(true, true, true, "direct").value(), Algo::kDirect);
+  auto mixed = one(true, true, false, "direct");
+  ASSERT_FALSE(mixed.isOk());
+  EXPECT_NE(mixed.status().message().find("cannot run all_reduce"), std::string::npos) << mixed.status().toString();
+  const std::string table = libcomm::describeSelectionTable(CommConfig{});
+  EXPECT_NE(table.find("all ranks"), std::string::npos) << table;
+}
+
 TEST(SelectAcrossHosts, TableListsBothRows) {
   const auto rows = libcomm::crossHostSelectionRows();
   ASSERT_EQ(rows.size(), 2u);

@@ -262,6 +262,9 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool bloc
       if (st.isOk()) {
         peers_->dropFreed();
         channel_->catchUp(shm::Counter::kDone, seq);
+        // One host: kProgress is the in-place all_reduce's "my chunk is reduced" (mesh/direct.cc);
+        // across hosts the two-level all_gather counts its own units in it.
+        if (!cross_) channel_->catchUp(shm::Counter::kProgress, seq);
       }
       // It succeeded, but the communicator failed meanwhile (a collective dropped on another
       // stream): it holds the turn, so it tells the peers across hosts now. The dropped ones may
@@ -336,15 +339,17 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const WaitCon
   // Chosen from every rank's descriptor, so that all ranks choose alike: whether any rank is in
   // place (another rank's in-place all_reduce rules out direct for everyone), whether every input
   // is registered; LIBCOMM_ALGO was compared with the descriptors.
-  bool anyInPlace = false;
+  bool anyInPlace = false, allInPlace = true;
   int unregistered = -1;
   for (int p = 0; p < size_; ++p) {
     anyInPlace = anyInPlace || all[p].inPlace;
+    allInPlace = allInPlace && all[p].inPlace;
     if (!all[p].inputRegistered && unregistered < 0) unregistered = p;
   }
   const char* why = "";
   LIBCOMM_ASSIGN_OR_RETURN(
-      const Algo algo, named(selectAlgo({args.kind, registered, anyInPlace, inputBytes, unregistered}, config_, &why)));
+      const Algo algo,
+      named(selectAlgo({args.kind, registered, anyInPlace, inputBytes, unregistered, allInPlace}, config_, &why)));
   flight_->chose(seq, algo);
   if (config_.collTrace) LIBCOMM_LOG(kInfo, "coll") << wait.op.str() << ": " << algoName(algo) << " (" << why << ")";
   if (args.count > 0) {

@@ -6,7 +6,8 @@
 namespace libcomm {
 namespace {
 
-enum class Match { kAny, kYes, kNo };
+// kAll is for the in-place column alone: every rank in place (kYes: some rank is).
+enum class Match { kAny, kYes, kNo, kAll };
 
 struct Rule {
   const char* collectives;  // "*" or one collective name
@@ -20,6 +21,8 @@ struct Rule {
 // byte once at every size, and staging only adds a copy.
 const Rule kRules[] = {
     {"barrier", Match::kAny, Match::kAny, Algo::kDirect, "no data: the descriptor handshake is the barrier"},
+    {"all_reduce", Match::kYes, Match::kAll, Algo::kDirect,
+     "two passes: each rank reduces its own chunk where it lies, then copies the others' reduced chunks"},
     {"all_reduce", Match::kAny, Match::kYes, Algo::kStaged,
      "every rank reads every input, so an in-place output would overwrite data peers still read"},
     {"*", Match::kYes, Match::kAny, Algo::kDirect, "inputs registered: peers read them in place, one copy"},
@@ -36,8 +39,22 @@ const std::string& hostAlgo(const CommConfig& config) {
 
 bool matches(Match m, bool v) { return m == Match::kAny || (m == Match::kYes) == v; }
 
+bool matchesPlacement(Match m, const SelectionQuery& q) {
+  return m == Match::kAll ? q.allInPlace : matches(m, q.inPlace);
+}
+
 const char* matchText(Match m, const char* yes, const char* no) {
-  return m == Match::kAny ? "any" : (m == Match::kYes ? yes : no);
+  switch (m) {
+    case Match::kAny:
+      return "any";
+    case Match::kYes:
+      return yes;
+    case Match::kNo:
+      return no;
+    case Match::kAll:
+      return "all ranks";
+  }
+  return "?";
 }
 
 }  // namespace
@@ -100,7 +117,7 @@ Result<Algo> selectAlgo(const SelectionQuery& q, const CommConfig& full, const c
   for (const Rule& r : kRules) {
     const std::string_view coll = r.collectives;
     if (coll != "*" && coll != collName(q.kind)) continue;
-    if (!matches(r.registered, q.inputsRegistered) || !matches(r.inPlace, q.inPlace)) continue;
+    if (!matches(r.registered, q.inputsRegistered) || !matchesPlacement(r.inPlace, q)) continue;
     chosen = &r;
     break;
   }

@@ -28,9 +28,10 @@ const char* algoSettingName(uint8_t code);
 struct SelectionQuery {
   CollKind kind;
   bool inputsRegistered;  // every rank that has an input has it in registered memory
-  bool inPlace;
+  bool inPlace;           // some rank is in place
   size_t bytes;           // bytes of the input of a rank that has one (same on every rank)
   int unregisteredRank = -1;  // a rank whose input is not registered, for messages (-1: none known)
+  bool allInPlace = false;    // every rank is in place
 };
 
 /// Whether a collective travels eagerly (its input copied into the eager area, or into the
