@@ -1,11 +1,12 @@
 // Inputs and the bounds the check uses.
 //
 // Inputs are integers m * 2^e with e in [0, 8]: m in [-128, 127] for all_gather (many distinct
-// values, so a misplaced element is noticed), m in [-16, 15] for reduce_scatter. Every input is
+// values, so a misplaced element is noticed), m in [-16, 15] for the reductions. Every input is
 // exact in bf16 and fp32, and every sum of up to 4096 of them is exact in fp32 -- but not in bf16
 // (e.g. 3*256 + 1), so an implementation that accumulates in bf16 fails the check.
 //
-// Expected values are computed in double (exactly). A reduce_scatter output element is compared
+// Expected values are computed in double (exactly). A reduced output element (reduce_scatter's or
+// all_reduce's) is compared
 // with an absolute tolerance derived from the reduction, u = 2^-24 (fp32 unit roundoff):
 //  - sum, fp32 output: 0 (exact: integer sums are exact in fp32 whatever the order);
 //  - avg, premulsum, fp32 output: (2n + 2) * u * s * sum_r |x_r|, with s = 1/n (avg) or the
@@ -17,7 +18,8 @@
 //  - bf16 output: the fp32 bound t plus one bf16 rounding: t + 2^-8 * (|expected| + t).
 // fp64 partials (LIBCOMM_RS_PARTIALS=fp64) are checked against the fp32 bounds: exact sums rounded
 // once stay inside them.
-// all_gather output is compared bit for bit.
+// all_gather output is compared bit for bit. all_reduce's output must also be the same bits on every
+// rank: the runner compares the ranks' outputDigest().
 
 #include "check.h"
 
@@ -124,14 +126,15 @@ uint64_t verifyAllGather(const CheckCase& c, const void* send, const void* recv)
   return wrong;
 }
 
-uint64_t verifyReduceScatter(const CheckCase& c, const void* send, const void* recv) {
+// Output elements [0, count) of recv that are not the reduction of every rank's input elements
+// [first, first + count) within reduceTolerance.
+uint64_t countWrongReductions(const CheckCase& c, size_t first, const void* recv) {
   std::vector<Pattern> pats;
   pats.reserve(c.nranks);
   for (int r = 0; r < c.nranks; ++r) pats.emplace_back(c.coll, r, c.seq);
   const double scale = c.op == ReduceOp::kAvg         ? 1.0 / c.nranks
                        : c.op == ReduceOp::kPremulSum ? static_cast<double>(c.scale)
                                                       : 1.0;
-  const size_t first = static_cast<size_t>(c.rank) * c.count;
   uint64_t wrong = 0;
   for (size_t i = 0; i < c.count; ++i) {
     double sum = 0, sumAbs = 0;
@@ -144,6 +147,19 @@ uint64_t verifyReduceScatter(const CheckCase& c, const void* send, const void* r
     const double got = load(recv, c.outType, i);
     wrong += !(std::fabs(got - expected) <= reduceTolerance(c, expected, sumAbs));
   }
+  return wrong;
+}
+
+uint64_t verifyAllReduce(const CheckCase& c, const void* send, const void* recv) {
+  uint64_t wrong = countWrongReductions(c, 0, recv);
+  wrong += countUnpoisoned(recv, c.outType, c.count, c.count + kGuardElems);
+  if (!c.inPlace) wrong += countChangedInput(c, send, c.count);
+  return wrong;
+}
+
+uint64_t verifyReduceScatter(const CheckCase& c, const void* send, const void* recv) {
+  const size_t first = static_cast<size_t>(c.rank) * c.count;
+  uint64_t wrong = countWrongReductions(c, first, recv);
   const size_t total = static_cast<size_t>(c.nranks) * c.count;
   if (!c.inPlace) {
     wrong += countUnpoisoned(recv, c.outType, c.count, c.count + kGuardElems);
@@ -193,6 +209,13 @@ double reduceTolerance(const CheckCase& c, double expected, double sumAbs) {
 
 void prepareCheck(const CheckCase& c, void* send, void* recv) {
   const size_t n = static_cast<size_t>(c.nranks);
+  if (c.coll == Coll::kAllReduce) {
+    // In place send == recv: the input is written over the poison, and only the guard keeps it.
+    poison(recv, c.outType, 0, c.count + kGuardElems);
+    Pattern pat(c.coll, c.rank, c.seq);
+    for (size_t i = 0; i < c.count; ++i) store(send, c.inType, i, pat.value(i));
+    return;
+  }
   if (c.coll == Coll::kAllGather) {
     // Poison first: in place, this rank's input lies inside the output.
     poison(recv, c.outType, 0, n * c.count + kGuardElems);
@@ -209,7 +232,23 @@ void prepareCheck(const CheckCase& c, void* send, void* recv) {
 }
 
 uint64_t verifyCheck(const CheckCase& c, const void* send, const void* recv) {
-  return c.coll == Coll::kAllGather ? verifyAllGather(c, send, recv) : verifyReduceScatter(c, send, recv);
+  switch (c.coll) {
+    case Coll::kAllGather:
+      return verifyAllGather(c, send, recv);
+    case Coll::kReduceScatter:
+      return verifyReduceScatter(c, send, recv);
+    case Coll::kAllReduce:
+      return verifyAllReduce(c, send, recv);
+  }
+  return c.count + 1;
+}
+
+uint32_t outputDigest(const CheckCase& c, const void* recv) {
+  if (c.coll != Coll::kAllReduce) return 0;
+  uint32_t h = 2166136261u;  // FNV-1a over the output's bytes
+  const auto* p = static_cast<const unsigned char*>(recv);
+  for (size_t i = 0, n = c.count * libcomm::dataTypeSize(c.outType); i < n; ++i) h = (h ^ p[i]) * 16777619u;
+  return h;
 }
 
 }  // namespace comm_bench

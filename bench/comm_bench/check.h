@@ -26,10 +26,10 @@ struct CheckCase {
   float scale = 1.0f;  // premulsum only
   int rank = 0;
   int nranks = 1;
-  size_t count = 0;  // elements per rank
+  size_t count = 0;  // elements per rank (all_reduce: of the buffer)
   uint64_t seq = 0;  // distinct for every checked run, so stale results never pass
   bool inPlace = false;
-  /// The communicator sends a bf16-input reduce_scatter's partial sums as bf16 between hosts
+  /// The communicator sends a bf16-input reduction's partial sums as bf16 between hosts
   /// (LIBCOMM_RS_PARTIALS=bf16): each rounds to bf16 on the way, which the bound then allows.
   bool bf16Partials = false;
 };
@@ -45,7 +45,11 @@ void prepareCheck(const CheckCase& c, void* send, void* recv);
 /// reduce_scatter: those outside recv's `count` elements).
 uint64_t verifyCheck(const CheckCase& c, const void* send, const void* recv);
 
-/// Absolute tolerance for one reduce_scatter output element whose exact value is `expected` and
+/// all_reduce: a hash of the output's bits, which must be equal on every rank (a reduction whose
+/// ranks round differently can stay within the tolerance on each); 0 for the other collectives.
+uint32_t outputDigest(const CheckCase& c, const void* recv);
+
+/// Absolute tolerance for one reduced output element whose exact value is `expected` and
 /// whose inputs have absolute values summing to `sumAbs` (exposed for unit tests of the bounds).
 double reduceTolerance(const CheckCase& c, double expected, double sumAbs);
 

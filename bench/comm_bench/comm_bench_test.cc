@@ -44,7 +44,7 @@ void storeElem(std::vector<char>& buf, DataType t, size_t i, float v) {
 
 float roundBf16(float v) { return bf16ToFloat(floatToBf16(v)); }
 
-// How a simulated reduce_scatter forms its result.
+// How a simulated reduce_scatter or all_reduce forms its result.
 enum class Strategy { kSumThenScale, kScaleEachInput, kBf16Accumulate, kReverseOrder };
 
 struct World {
@@ -78,7 +78,8 @@ struct World {
         for (size_t i = 0; i < base.count; ++i)
           storeElem(recv[r], base.outType, q * base.count + i, loadElem(send[q], base.inType, i));
   }
-  void reduceScatter(Strategy strategy) {
+  // reduce_scatter: rank r gets chunk r of the sums; all_reduce: every rank gets all of them.
+  void reduce(Strategy strategy) {
     const int n = base.nranks;
     const float scale = base.op == ReduceOp::kAvg ? 1.0f / n : base.op == ReduceOp::kPremulSum ? base.scale : 1.0f;
     for (int r = 0; r < n; ++r) {
@@ -86,7 +87,8 @@ struct World {
         float acc = 0;
         for (int k = 0; k < n; ++k) {
           const int q = strategy == Strategy::kReverseOrder ? n - 1 - k : k;
-          float x = loadElem(send[q], base.inType, r * base.count + i);
+          const size_t first = base.coll == Coll::kAllReduce ? 0 : r * base.count;
+          float x = loadElem(send[q], base.inType, first + i);
           if (strategy == Strategy::kScaleEachInput) x *= scale;
           acc += x;
           if (strategy == Strategy::kBf16Accumulate) acc = roundBf16(acc);
@@ -154,7 +156,7 @@ TEST(CommBenchCheck, ReduceScatterCorrectStrategiesPass) {
     for (Strategy s : {Strategy::kSumThenScale, Strategy::kScaleEachInput, Strategy::kReverseOrder}) {
       World w(Coll::kReduceScatter, rc.in, rc.out, rc.op, rc.n, 777);
       EXPECT_GT(w.wrong(), 0u);
-      w.reduceScatter(s);
+      w.reduce(s);
       EXPECT_EQ(w.wrong(), 0u) << typeName(rc.in) << ">" << typeName(rc.out) << " " << opName(rc.op) << " n=" << rc.n
                                << " strategy " << static_cast<int>(s);
     }
@@ -163,7 +165,7 @@ TEST(CommBenchCheck, ReduceScatterCorrectStrategiesPass) {
 
 TEST(CommBenchCheck, ReduceScatterSumIsExact) {
   World w(Coll::kReduceScatter, DataType::kFloat32, DataType::kFloat32, ReduceOp::kSum, 4, 500);
-  w.reduceScatter(Strategy::kSumThenScale);
+  w.reduce(Strategy::kSumThenScale);
   float v = loadElem(w.recv[3], DataType::kFloat32, 17);
   storeElem(w.recv[3], DataType::kFloat32, 17, std::nextafter(v, INFINITY));
   EXPECT_EQ(w.wrong(), 1u) << "one ulp off an exact sum";
@@ -173,11 +175,11 @@ TEST(CommBenchCheck, ReduceScatterSumIsExact) {
 TEST(CommBenchCheck, ReduceScatterCatchesAWrongScale) {
   World w(Coll::kReduceScatter, DataType::kFloat32, DataType::kFloat32, ReduceOp::kPremulSum, 3, 500);
   w.base.scale = 0.3334f;  // close to, but not, the scale the check expects
-  w.reduceScatter(Strategy::kSumThenScale);
+  w.reduce(Strategy::kSumThenScale);
   w.base.scale = kPremulScale;
   EXPECT_GT(w.wrong(), 400u);
   World avg(Coll::kReduceScatter, DataType::kBFloat16, DataType::kBFloat16, ReduceOp::kAvg, 4, 500);
-  avg.reduceScatter(Strategy::kSumThenScale);
+  avg.reduce(Strategy::kSumThenScale);
   ASSERT_EQ(avg.wrong(), 0u);
   for (size_t i = 0; i < 500; ++i)  // divided by n - 1 instead of n
     storeElem(avg.recv[1], DataType::kBFloat16, i, loadElem(avg.recv[1], DataType::kBFloat16, i) * 4 / 3);
@@ -186,14 +188,14 @@ TEST(CommBenchCheck, ReduceScatterCatchesAWrongScale) {
 
 TEST(CommBenchCheck, ReduceScatterCatchesBf16Accumulation) {
   World w(Coll::kReduceScatter, DataType::kBFloat16, DataType::kFloat32, ReduceOp::kSum, 8, 4096);
-  w.reduceScatter(Strategy::kBf16Accumulate);
+  w.reduce(Strategy::kBf16Accumulate);
   EXPECT_GT(w.wrong(), 100u);
 }
 
 TEST(CommBenchCheck, Bf16PartialsWidenTheBoundOnlyWhenSet) {
   World w(Coll::kReduceScatter, DataType::kBFloat16, DataType::kFloat32, ReduceOp::kSum, 8, 4096);
   w.base.bf16Partials = true;  // LIBCOMM_RS_PARTIALS=bf16: rounding partials to bf16 is the contract
-  w.reduceScatter(Strategy::kBf16Accumulate);
+  w.reduce(Strategy::kBf16Accumulate);
   EXPECT_EQ(w.wrong(), 0u);
   float v = loadElem(w.recv[2], DataType::kFloat32, 5);
   storeElem(w.recv[2], DataType::kFloat32, 5, v + 4096.0f);  // far past any rounding
@@ -205,7 +207,7 @@ TEST(CommBenchCheck, Bf16PartialsWidenTheBoundOnlyWhenSet) {
 
 TEST(CommBenchCheck, ReduceScatterCatchesInputChangeAndGuard) {
   World w(Coll::kReduceScatter, DataType::kBFloat16, DataType::kBFloat16, ReduceOp::kSum, 3, 64);
-  w.reduceScatter(Strategy::kSumThenScale);
+  w.reduce(Strategy::kSumThenScale);
   ASSERT_EQ(w.wrong(), 0u);
   storeElem(w.send[0], DataType::kBFloat16, 3 * 64 - 1, 99.0f);
   storeElem(w.recv[2], DataType::kBFloat16, 64, 0.0f);
@@ -253,6 +255,66 @@ TEST(CommBenchCheck, InPlaceReduceScatterCatchesAWritePastItsChunk) {
   }
 }
 
+TEST(CommBenchCheck, AllReduceCorrectStrategiesPass) {
+  const std::vector<RsCase> cases = {
+      {DataType::kFloat32, DataType::kFloat32, ReduceOp::kSum, 2},
+      {DataType::kFloat32, DataType::kFloat32, ReduceOp::kAvg, 7},
+      {DataType::kFloat32, DataType::kFloat32, ReduceOp::kPremulSum, 3},
+      {DataType::kBFloat16, DataType::kBFloat16, ReduceOp::kSum, 8},
+      {DataType::kBFloat16, DataType::kBFloat16, ReduceOp::kAvg, 3},
+      {DataType::kBFloat16, DataType::kBFloat16, ReduceOp::kPremulSum, 5},
+  };
+  for (const RsCase& rc : cases) {
+    for (Strategy s : {Strategy::kSumThenScale, Strategy::kScaleEachInput, Strategy::kReverseOrder}) {
+      World w(Coll::kAllReduce, rc.in, rc.out, rc.op, rc.n, 777);
+      EXPECT_GT(w.wrong(), 0u);
+      w.reduce(s);
+      EXPECT_EQ(w.wrong(), 0u) << typeName(rc.in) << " " << opName(rc.op) << " n=" << rc.n << " strategy "
+                               << static_cast<int>(s);
+    }
+  }
+}
+
+TEST(CommBenchCheck, AllReduceCatchesEachKindOfError) {
+  World w(Coll::kAllReduce, DataType::kFloat32, DataType::kFloat32, ReduceOp::kSum, 4, 500);
+  w.reduce(Strategy::kSumThenScale);
+  ASSERT_EQ(w.wrong(), 0u);
+  const float v = loadElem(w.recv[3], DataType::kFloat32, 17);
+  storeElem(w.recv[3], DataType::kFloat32, 17, std::nextafter(v, INFINITY));
+  EXPECT_EQ(w.wrong(), 1u) << "one ulp off an exact sum";
+  w.reduce(Strategy::kSumThenScale);
+  storeElem(w.recv[1], DataType::kFloat32, 500, 0.0f);
+  EXPECT_EQ(w.wrong(), 1u) << "a write past the end";
+  w = World(Coll::kAllReduce, DataType::kFloat32, DataType::kFloat32, ReduceOp::kSum, 4, 500);
+  w.reduce(Strategy::kSumThenScale);
+  storeElem(w.send[2], DataType::kFloat32, 499, 1.0e6f);
+  EXPECT_EQ(w.wrong(), 1u) << "an input changed out of place";
+  World bf(Coll::kAllReduce, DataType::kBFloat16, DataType::kBFloat16, ReduceOp::kSum, 8, 4096);
+  bf.reduce(Strategy::kBf16Accumulate);
+  EXPECT_GT(bf.wrong(), 100u) << "bf16 accumulation";
+}
+
+// Within the tolerance on every rank is not enough: every rank must hold the same bits.
+TEST(CommBenchCheck, AllReduceDigestTellsRanksApart) {
+  World w(Coll::kAllReduce, DataType::kFloat32, DataType::kFloat32, ReduceOp::kAvg, 3, 777);
+  w.reduce(Strategy::kSumThenScale);
+  ASSERT_EQ(w.wrong(), 0u);
+  const uint32_t d0 = outputDigest(w.rankCase(0), w.recv[0].data());
+  EXPECT_NE(d0, 0u);
+  EXPECT_EQ(outputDigest(w.rankCase(1), w.recv[1].data()), d0);
+  EXPECT_EQ(outputDigest(w.rankCase(2), w.recv[2].data()), d0);
+  // One ulp on rank 2, where avg's tolerance allows it: the check passes, the digest differs.
+  size_t i = 0;
+  while (loadElem(w.recv[2], DataType::kFloat32, i) == 0.0f) ++i;
+  storeElem(w.recv[2], DataType::kFloat32, i, std::nextafter(loadElem(w.recv[2], DataType::kFloat32, i), INFINITY));
+  EXPECT_EQ(w.wrong(), 0u);
+  EXPECT_NE(outputDigest(w.rankCase(2), w.recv[2].data()), d0);
+  // Only all_reduce's outputs are compared across ranks.
+  World rs(Coll::kReduceScatter, DataType::kFloat32, DataType::kFloat32, ReduceOp::kSum, 2, 64);
+  rs.reduce(Strategy::kSumThenScale);
+  EXPECT_EQ(outputDigest(rs.rankCase(0), rs.recv[0].data()), 0u);
+}
+
 TEST(CommBenchCheck, Bf16Conversion) {
   EXPECT_EQ(floatToBf16(1.0f), 0x3f80);
   EXPECT_EQ(bf16ToFloat(0x3f80), 1.0f);
@@ -295,6 +357,13 @@ TEST(CommBenchOptions, FlagsAndPresets) {
   ASSERT_TRUE(o.isOk()) << o.status().toString();
   EXPECT_EQ(sizeList(*o), (std::vector<size_t>{0, 100, 200}));
   EXPECT_EQ(o->ops.size(), 3u);
+
+  o = parse({"all_reduce", "-d", "all", "-o", "premulsum"});
+  ASSERT_TRUE(o.isOk()) << o.status().toString();
+  EXPECT_EQ(o->colls, std::vector<Coll>{Coll::kAllReduce});
+  ASSERT_EQ(typePairs(*o, Coll::kAllReduce).size(), 2u);  // float, bf16: all_reduce writes its input type
+  EXPECT_EQ(typePairs(*o, Coll::kAllReduce)[1].out, DataType::kBFloat16);
+  EXPECT_EQ(o->ops, std::vector<ReduceOp>{ReduceOp::kPremulSum});
 
   o = parse({"all", "--memory", "device", "-R", "0"});
   ASSERT_TRUE(o.isOk()) << o.status().toString();
@@ -363,6 +432,10 @@ TEST(CommBenchOptions, UsageErrorsSayTheRangeAndRefuseIgnoredFlags) {
       {{"all_gather", "-O", "float"}, "-O is an option of reduce_scatter"},
       {{"all_gather", "-o", "avg"}, "-o is an option of reduce_scatter"},
       {{"all_gather", "--op=sum"}, "--op is an option of reduce_scatter"},
+      {{"all_reduce", "-O", "float"},
+       "-O is an option of reduce_scatter (its output type); all_reduce writes its "
+       "input type"},
+      {{"all_reduce", "all_gather"}, "a second collective"},
       {{"reduce_scatter", "-f", "2", "-i", "8"}, "-f (multiply the size each step) and -i (add bytes each step)"},
       {{"all", "-i", "8", "--stepfactor=4"}, "are two kinds of step: give one"},
       {{"all_gather", "-n"}, "-n needs a value"},
@@ -372,8 +445,9 @@ TEST(CommBenchOptions, UsageErrorsSayTheRangeAndRefuseIgnoredFlags) {
     ASSERT_FALSE(o.isOk()) << c.args.back();
     EXPECT_NE(o.status().message().find(c.want), std::string::npos) << o.status().message();
   }
-  // Both collectives, or reduce_scatter alone, take them.
+  // Both collectives, or reduce_scatter alone, take them; all_reduce takes -o.
   EXPECT_TRUE(parse({"all", "-O", "float", "-o", "avg"}).isOk());
+  EXPECT_TRUE(parse({"all_reduce", "-o", "all", "-d", "all"}).isOk());
   EXPECT_TRUE(parse({"reduce_scatter", "-O", "same", "-o", "premulsum", "-i", "8"}).isOk());
   EXPECT_TRUE(parse({"all_gather", "-i", "8", "-b", "8", "-e", "64"}).isOk());
 }
@@ -452,6 +526,14 @@ TEST(CommBenchReport, JsonBandwidthsKeepTheirPrecisionAtSmallSizes) {
   const double algbw = 8.0 / 43.909e-6 / 1e9;  // GB/s
   EXPECT_NEAR(field("\"algbw\":"), algbw, algbw * 1e-5) << line;
   EXPECT_NEAR(field("\"busbw\":"), algbw / 2, algbw / 2 * 1e-5) << line;
+}
+
+// nccl-tests' bus bandwidth: all_reduce moves twice what all_gather and reduce_scatter do.
+TEST(CommBenchReport, BusBandwidthFactorPerCollective) {
+  EXPECT_DOUBLE_EQ(busBandwidth(Coll::kAllGather, 8.0, 4), 6.0);
+  EXPECT_DOUBLE_EQ(busBandwidth(Coll::kReduceScatter, 8.0, 4), 6.0);
+  EXPECT_DOUBLE_EQ(busBandwidth(Coll::kAllReduce, 8.0, 4), 12.0);
+  EXPECT_DOUBLE_EQ(busBandwidth(Coll::kAllReduce, 8.0, 1), 0.0);
 }
 
 // The JSON lines say which memory and stream a row was measured with, and name device runs apart

@@ -1,4 +1,4 @@
-// comm_bench: nccl-tests-style benchmark and data check of libcomm's all_gather and reduce_scatter.
+// comm_bench: nccl-tests-style benchmark and data check of libcomm's all_gather, reduce_scatter and all_reduce.
 // `comm_bench --help` (options.cc) is the manual; README.md next to this file says how to read it.
 
 #include <unistd.h>

@@ -19,13 +19,15 @@ using libcomm::StatusCode;
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: comm_bench all_gather|reduce_scatter|all [flags]
+constexpr const char* kUsage = R"(usage: comm_bench all_gather|reduce_scatter|all_reduce|all [flags]
        comm_bench --quick        same as: all -np 4 -b 4 -e 64M -f 4 -n 5 -w 2 -c 1
                                  (-np 4 only when not already started as a rank; flags override)
+       all = all_gather and reduce_scatter, the pair sharded training runs on.
 
 Sizes (suffix K, M, G = 2^10, 2^20, 2^30). A size is the bytes of the gathered buffer
 (all_gather) or of the send buffer (reduce_scatter): nranks * count * element size, rounded
 down to a multiple of nranks * element size as nccl-tests does; count is elements per rank.
+For all_reduce it is the bytes of either buffer: count * element size, count its elements.
   -b, --minbytes N        smallest size (default 32M; all: 4)
   -e, --maxbytes N        largest size (default 32M; all: 64M)
   -f, --stepfactor N      multiply the size by N each step (default 2; all: 4)
@@ -38,9 +40,9 @@ Runs:
   -O, --outtype same|float|bf16|all      reduce_scatter output type (default same as the input;
                           all: all). -d bf16 -O float = bf16 in, fp32 accumulation, fp32 out.
                           fp32 in with bf16 out is refused by libcomm and skipped.
-                          -O and -o are reduce_scatter's: refused for all_gather alone.
-  -o, --op sum|avg|premulsum|all         reduce_scatter operation (default sum); premulsum
-                          multiplies by 1/3
+                          -O is reduce_scatter's alone (all_reduce writes its input type).
+  -o, --op sum|avg|premulsum|all         reduction of reduce_scatter and all_reduce (default sum);
+                          premulsum multiplies by 1/3. Refused for all_gather alone.
   -R, --registered 0|1    1: buffers from Communicator::allocRegistered (one-copy path; default)
                           0: plain page-aligned host memory (the staging path)
   -m, --memory host|device    device: cudaMalloc buffers (rank r on GPU r % GPUs) on a CUDA stream;
@@ -174,7 +176,17 @@ void applyAllPreset(Options& o) {
 
 }  // namespace
 
-const char* collName(Coll c) { return c == Coll::kAllGather ? "all_gather" : "reduce_scatter"; }
+const char* collName(Coll c) {
+  switch (c) {
+    case Coll::kAllGather:
+      return "all_gather";
+    case Coll::kReduceScatter:
+      return "reduce_scatter";
+    case Coll::kAllReduce:
+      return "all_reduce";
+  }
+  return "?";
+}
 const char* typeName(DataType t) { return t == DataType::kFloat32 ? "float" : "bf16"; }
 const char* opName(ReduceOp op) {
   switch (op) {
@@ -210,7 +222,7 @@ Result<Options> parseOptions(int argc, char** argv) {
       o.quick = true;
     } else if (!a.empty() && a[0] == '-') {
       if (a.find('=') == std::string::npos && a != "-h" && a != "--help") ++i;  // skip the flag's value
-    } else if (collArg.empty() && (a == "all_gather" || a == "reduce_scatter" || a == "all")) {
+    } else if (collArg.empty() && (a == "all_gather" || a == "reduce_scatter" || a == "all_reduce" || a == "all")) {
       collArg = a;
     }
   }
@@ -223,6 +235,8 @@ Result<Options> parseOptions(int argc, char** argv) {
     o.colls = {Coll::kAllGather};
   } else if (collArg == "reduce_scatter") {
     o.colls = {Coll::kReduceScatter};
+  } else if (collArg == "all_reduce") {
+    o.colls = {Coll::kAllReduce};
   }
   if (o.quick) {
     applyAllPreset(o);
@@ -234,7 +248,7 @@ Result<Options> parseOptions(int argc, char** argv) {
 
   bool collSeen = false;
   bool stepFactorGiven = false, stepBytesGiven = false;
-  std::string reduceFlag;  // the last -O / -o given: options of reduce_scatter only
+  std::string outFlag, opFlag;  // the last -O and -o given: options of the reducing collectives
   for (size_t i = 0; i < args.size(); ++i) {
     std::string flag = args[i];
     if (flag == "-h" || flag == "--help") {
@@ -247,9 +261,11 @@ Result<Options> parseOptions(int argc, char** argv) {
       continue;
     }
     if (flag.empty() || flag[0] != '-') {
-      if (flag == "all_gather" || flag == "reduce_scatter" || flag == "all")
-        return usageError("argument", flag, "a second collective (name one: all_gather, reduce_scatter or all)");
-      return usageError("argument", flag, "neither a flag nor a collective (all_gather, reduce_scatter or all)");
+      if (flag == "all_gather" || flag == "reduce_scatter" || flag == "all_reduce" || flag == "all")
+        return usageError("argument", flag,
+                          "a second collective (name one: all_gather, reduce_scatter, all_reduce or all)");
+      return usageError("argument", flag,
+                        "neither a flag nor a collective (all_gather, reduce_scatter, all_reduce or all)");
     }
     std::string value;
     const size_t eq = flag.find('=');
@@ -304,7 +320,7 @@ Result<Options> parseOptions(int argc, char** argv) {
       if (!t) return t.status();
       o.dtypes = *t;
     } else if (flag == "-O" || flag == "--outtype") {
-      reduceFlag = flag;
+      outFlag = flag;
       if (value == "same") {
         o.outSame = true;
         o.outTypes.clear();
@@ -315,7 +331,7 @@ Result<Options> parseOptions(int argc, char** argv) {
         o.outTypes = *t;
       }
     } else if (flag == "-o" || flag == "--op") {
-      reduceFlag = flag;
+      opFlag = flag;
       auto ops = parseOps(flag, value);
       if (!ops) return ops.status();
       o.ops = *ops;
@@ -357,17 +373,25 @@ Result<Options> parseOptions(int argc, char** argv) {
 
   if (o.colls.empty()) {
     return libcomm::makeError(StatusCode::kInvalidArgument,
-                              "name a collective: all_gather, reduce_scatter or all (or use --quick)");
+                              "name a collective: all_gather, reduce_scatter, all_reduce or all (or use --quick)");
   }
   // Flags that would be ignored are refused: the header would describe a run that did not happen.
   if (stepFactorGiven && stepBytesGiven)
     return libcomm::makeError(StatusCode::kInvalidArgument,
                               "-f (multiply the size each step) and -i (add bytes each step) are two kinds of step: "
                               "give one");
-  if (!reduceFlag.empty() && std::find(o.colls.begin(), o.colls.end(), Coll::kReduceScatter) == o.colls.end())
-    return libcomm::makeError(StatusCode::kInvalidArgument, reduceFlag,
-                              " is an option of reduce_scatter (its output type and reduction); all_gather neither "
-                              "converts nor reduces (use -d for its type, or run reduce_scatter or all)");
+  const bool runsReduceScatter = std::find(o.colls.begin(), o.colls.end(), Coll::kReduceScatter) != o.colls.end();
+  if (!outFlag.empty() && !runsReduceScatter) {
+    const bool gather = o.colls == std::vector<Coll>{Coll::kAllGather};
+    return libcomm::makeError(StatusCode::kInvalidArgument, outFlag,
+                              " is an option of reduce_scatter (its output type); ",
+                              gather ? "all_gather neither converts nor reduces" : "all_reduce writes its input type",
+                              " (use -d for the type, or run reduce_scatter or all)");
+  }
+  if (!opFlag.empty() && std::none_of(o.colls.begin(), o.colls.end(), reduces))
+    return libcomm::makeError(StatusCode::kInvalidArgument, opFlag,
+                              " is an option of reduce_scatter and all_reduce (their reduction); all_gather does not "
+                              "reduce (run reduce_scatter, all_reduce or all)");
   if (o.deviceMemory && o.inlineStream) {
     // Device buffers are driven by a CUDA stream; an inline host stream would be ignored while the
     // header and the JSON lines said inline.
@@ -415,7 +439,7 @@ std::vector<size_t> sizeList(const Options& o) {
 std::vector<TypePair> typePairs(const Options& o, Coll coll) {
   std::vector<TypePair> pairs;
   for (DataType in : o.dtypes) {
-    if (coll == Coll::kAllGather) {
+    if (coll != Coll::kReduceScatter) {
       pairs.push_back({in, in});
       continue;
     }

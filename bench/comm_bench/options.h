@@ -11,10 +11,13 @@
 
 namespace comm_bench {
 
-enum class Coll { kAllGather, kReduceScatter };
+enum class Coll { kAllGather, kReduceScatter, kAllReduce };
+constexpr int kNumColls = 3;
 
-/// "all_gather" / "reduce_scatter".
+/// "all_gather" / "reduce_scatter" / "all_reduce".
 const char* collName(Coll c);
+/// reduce_scatter and all_reduce: they take -o (and reduce_scatter -O).
+inline bool reduces(Coll c) { return c != Coll::kAllGather; }
 /// "float" / "bf16" (the spelling of -d and of the JSON lines).
 const char* typeName(libcomm::DataType t);
 /// "sum" / "avg" / "premulsum".
@@ -28,7 +31,7 @@ struct TypePair {
 
 struct Options {
   std::vector<Coll> colls;
-  bool allMode = false;  // "all": both collectives, -d all, -O all by default
+  bool allMode = false;  // "all": all_gather and reduce_scatter, -d all, -O all by default
   bool quick = false;    // --quick preset
   bool help = false;
 
@@ -41,7 +44,8 @@ struct Options {
   bool check = true;
 
   std::vector<libcomm::DataType> dtypes{libcomm::DataType::kFloat32};
-  /// -O: empty means "same as the input type"; otherwise every listed output type (reduce_scatter).
+  /// -O: empty means "same as the input type"; otherwise every listed output type (reduce_scatter;
+  /// all_reduce's output type is always its input type).
   std::vector<libcomm::DataType> outTypes;
   bool outSame = true;  // -O same (default) also keeps in == out among the combinations
   std::vector<libcomm::ReduceOp> ops{libcomm::ReduceOp::kSum};
@@ -71,8 +75,9 @@ const char* usageText();
 /// The message sizes in bytes, as nccl-tests walks them (min, then *factor or +step, up to max).
 std::vector<size_t> sizeList(const Options& o);
 
-/// The type combinations `coll` runs with these options: all_gather uses in == out; reduce_scatter
-/// takes every (-d, -O) pair the API allows (fp32 in, bf16 out is refused, so it is left out).
+/// The type combinations `coll` runs with these options: all_gather and all_reduce use in == out;
+/// reduce_scatter takes every (-d, -O) pair the API allows (fp32 in, bf16 out is refused, so it is
+/// left out).
 std::vector<TypePair> typePairs(const Options& o, Coll coll);
 
 }  // namespace comm_bench

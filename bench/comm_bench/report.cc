@@ -16,7 +16,7 @@ std::string typeColumn(const TypePair& t) {
   return std::string(typeName(t.in)) + ">" + typeName(t.out);
 }
 
-const char* opColumn(const Row& r) { return r.coll == Coll::kAllGather ? "none" : opName(r.op); }
+const char* opColumn(const Row& r) { return reduces(r.coll) ? opName(r.op) : "none"; }
 
 const char* memoryName(const Options& o) { return o.deviceMemory ? "device" : "host"; }
 
@@ -34,7 +34,10 @@ const char* implName(const Options& o) {
 
 double algBandwidth(size_t bytes, double timeUs) { return timeUs > 0 ? static_cast<double>(bytes) / timeUs / 1e3 : 0; }
 
-double busBandwidth(double algbw, int nranks) { return algbw * (nranks - 1) / nranks; }
+double busBandwidth(Coll coll, double algbw, int nranks) {
+  const double factor = static_cast<double>(nranks - 1) / nranks;
+  return algbw * (coll == Coll::kAllReduce ? 2 * factor : factor);
+}
 
 Report::Report(const Options& options, int nranks)
     : options_(options), nranks_(nranks), json_("comm_bench", options.jsonPath) {}
@@ -63,9 +66,7 @@ void Report::printHeader(const std::string& bootstrap, const std::vector<RankInf
     for (const TypePair& t : typePairs(options_, c))
       types.append(" ").append(collName(c)).append(":").append(typeColumn(t));
   for (auto op : options_.ops) ops.append(ops.empty() ? "" : ",").append(opName(op));
-  const bool reduces =
-      std::find(options_.colls.begin(), options_.colls.end(), Coll::kReduceScatter) != options_.colls.end();
-  if (reduces)
+  if (std::any_of(options_.colls.begin(), options_.colls.end(), reduces))
     printf("#  types:%s  reduce ops: %s (premulsum scale 1/3)\n", types.c_str(), ops.c_str());
   else
     printf("#  types:%s\n", types.c_str());
@@ -97,13 +98,13 @@ void Report::beginTable(Coll coll) {
   shardcomm::program::flushStdout();
 }
 
-void Report::printMeasurement(const Measurement& m, size_t bytes) {
+void Report::printMeasurement(Coll coll, const Measurement& m, size_t bytes) {
   if (!m.ran) {
     printf(" %8s %7s %7s %7s", "N/A", "N/A", "N/A", "N/A");
     return;
   }
   const double algbw = algBandwidth(bytes, m.timeUs);
-  const double busbw = busBandwidth(algbw, nranks_);
+  const double busbw = busBandwidth(coll, algbw, nranks_);
   const char* timeFormat = m.timeUs >= 10000.0 ? " %8.0f" : m.timeUs >= 100.0 ? " %8.1f" : " %8.2f";
   printf(timeFormat, m.timeUs);
   printf(" %7.2f %7.2f", algbw, busbw);
@@ -115,14 +116,14 @@ void Report::printMeasurement(const Measurement& m, size_t bytes) {
 
 void Report::addRow(const Row& row) {
   printf("  %11zu %12zu %11s %9s %6d", row.bytes, row.count, typeColumn(row.types).c_str(), opColumn(row), -1);
-  printMeasurement(row.outOfPlace, row.bytes);
-  printMeasurement(row.inPlace, row.bytes);
+  printMeasurement(row.coll, row.outOfPlace, row.bytes);
+  printMeasurement(row.coll, row.inPlace, row.bytes);
   printf("\n");
   shardcomm::program::flushStdout();
   for (int p = 0; p < 2; ++p) {
     const Measurement& m = p == 0 ? row.outOfPlace : row.inPlace;
     if (!m.ran) continue;
-    const double busbw = busBandwidth(algBandwidth(row.bytes, m.timeUs), nranks_);
+    const double busbw = busBandwidth(row.coll, algBandwidth(row.bytes, m.timeUs), nranks_);
     busbwSum_ += busbw;
     ++busbwCount_;
     ++cases_;
@@ -156,16 +157,16 @@ void Report::writeJson(const Row& row, const Measurement& m, bool inPlace) {
               "\"count\":%zu,\"time_us\":%.3f,\"algbw\":%.6g,\"busbw\":%.6g,\"wrong\":%s,\"inplace\":%s,"
               "\"registered\":%s,\"memory\":\"%s\",\"stream\":\"%s\",\"iters\":%d,\"warmup\":%d,\"impl\":\"%s\"}\n",
               collName(row.coll), typeName(row.types.in), typeName(row.types.out), opColumn(row), nranks_, row.bytes,
-              row.count, m.timeUs, algbw, busBandwidth(algbw, nranks_), wrong.c_str(), inPlace ? "true" : "false",
-              options_.registered ? "true" : "false", memoryName(options_), streamName(options_), options_.iters,
-              options_.warmup, implName(options_)) >= 0);
+              row.count, m.timeUs, algbw, busBandwidth(row.coll, algbw, nranks_), wrong.c_str(),
+              inPlace ? "true" : "false", options_.registered ? "true" : "false", memoryName(options_),
+              streamName(options_), options_.iters, options_.warmup, implName(options_)) >= 0);
 }
 
 bool Report::printSummary(const libcomm::Status& error) {
   const bool pass = error.isOk() && totalWrong_ == 0;
   std::string wrong = options_.check ? std::to_string(totalWrong_) + " wrong" : "not checked";
   printf("comm_bench: %d ranks, %d cases, %s", nranks_, cases_, wrong.c_str());
-  for (Coll c : {Coll::kAllGather, Coll::kReduceScatter}) {
+  for (Coll c : {Coll::kAllGather, Coll::kReduceScatter, Coll::kAllReduce}) {
     if (ranColl_[static_cast<int>(c)])
       printf(", %s peak busbw %.2f GB/s", collName(c), peakBusbw_[static_cast<int>(c)]);
   }

@@ -15,7 +15,7 @@ namespace comm_bench {
 
 /// One placement (out-of-place or in-place) of one row, already combined over ranks.
 struct Measurement {
-  bool ran = false;    // false: not applicable (reduce_scatter in place needs in == out type)
+  bool ran = false;    // false: not applicable (in place needs in == out type)
   double timeUs = 0;   // per collective, the slowest rank's
   int64_t wrong = -1;  // summed over ranks; -1 when not checked
 };
@@ -24,8 +24,8 @@ struct Row {
   Coll coll = Coll::kAllGather;
   TypePair types{libcomm::DataType::kFloat32, libcomm::DataType::kFloat32};
   libcomm::ReduceOp op = libcomm::ReduceOp::kSum;
-  size_t bytes = 0;  // nranks * count * input element size
-  size_t count = 0;  // elements per rank
+  size_t bytes = 0;  // nranks * count * input element size (all_reduce: count * element size)
+  size_t count = 0;  // elements per rank (all_reduce: of the buffer)
   Measurement outOfPlace;
   Measurement inPlace;
 };
@@ -56,7 +56,7 @@ class Report {
   bool printSummary(const libcomm::Status& error);
 
  private:
-  void printMeasurement(const Measurement& m, size_t bytes);
+  void printMeasurement(Coll coll, const Measurement& m, size_t bytes);
   void writeJson(const Row& row, const Measurement& m, bool inPlace);
 
   const Options& options_;
@@ -69,13 +69,14 @@ class Report {
   // Whole run.
   int cases_ = 0;
   int64_t totalWrong_ = 0;
-  double peakBusbw_[2] = {0, 0};  // by Coll
-  bool ranColl_[2] = {false, false};
+  double peakBusbw_[kNumColls] = {};  // by Coll
+  bool ranColl_[kNumColls] = {};
 };
 
 /// GB/s for `bytes` in `timeUs` (10^9 bytes per second, as nccl-tests).
 double algBandwidth(size_t bytes, double timeUs);
-/// algbw * (n - 1) / n: the same factor for all_gather and reduce_scatter.
-double busBandwidth(double algbw, int nranks);
+/// nccl-tests' bus bandwidth: algbw * (n - 1) / n for all_gather and reduce_scatter, twice that for
+/// all_reduce (a reduce_scatter and an all_gather of the buffer).
+double busBandwidth(Coll coll, double algbw, int nranks);
 
 }  // namespace comm_bench

@@ -19,8 +19,10 @@ namespace {
 
 // Bytes of slack after every buffer: room for the check's guard elements and for count rounding.
 constexpr size_t kSlackBytes = 4096;
-// One exchange slot per rank: out-of-place time, in-place time, and the two wrong counts (doubles).
-constexpr size_t kSlotFloats = 8;
+// One exchange slot per rank, doubles: out-of-place time, in-place time, the two wrong counts and
+// the two output digests (all_reduce).
+constexpr size_t kSlotDoubles = 6;
+constexpr size_t kSlotFloats = kSlotDoubles * 2;
 
 size_t roundUp(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
@@ -28,8 +30,8 @@ std::string rowName(const Row& row, bool inPlace) {
   std::string types = typeName(row.types.in);
   if (row.types.out != row.types.in) types += std::string(">") + typeName(row.types.out);
   return libcomm::detail::strCat(collName(row.coll), " ", types,
-                                 row.coll == Coll::kReduceScatter ? std::string(" ") + opName(row.op) : "", " size ",
-                                 row.bytes, " count ", row.count, inPlace ? " in-place" : " out-of-place");
+                                 reduces(row.coll) ? std::string(" ") + opName(row.op) : "", " size ", row.bytes,
+                                 " count ", row.count, inPlace ? " in-place" : " out-of-place");
 }
 
 }  // namespace
@@ -37,7 +39,7 @@ std::string rowName(const Row& row, bool inPlace) {
 std::vector<Row> planRows(const Options& options, Coll coll, int nranks) {
   std::vector<Row> rows;
   const std::vector<libcomm::ReduceOp> sumOnly{libcomm::ReduceOp::kSum};
-  const auto& ops = coll == Coll::kReduceScatter ? options.ops : sumOnly;
+  const auto& ops = reduces(coll) ? options.ops : sumOnly;
   for (const TypePair& types : typePairs(options, coll)) {
     for (auto op : ops) {
       for (size_t size : sizeList(options)) {
@@ -45,11 +47,13 @@ std::vector<Row> planRows(const Options& options, Coll coll, int nranks) {
         row.coll = coll;
         row.types = types;
         row.op = op;
-        row.count = size / (static_cast<size_t>(nranks) * dataTypeSize(types.in));
-        row.bytes = static_cast<size_t>(nranks) * row.count * dataTypeSize(types.in);
+        // all_reduce's size is one buffer; the others' is nranks chunks of count elements.
+        const size_t chunks = coll == Coll::kAllReduce ? 1 : static_cast<size_t>(nranks);
+        row.count = size / (chunks * dataTypeSize(types.in));
+        row.bytes = chunks * row.count * dataTypeSize(types.in);
         // Planned placements; runRow() fills in the measurements.
         row.outOfPlace.ran = true;
-        row.inPlace.ran = coll == Coll::kAllGather || types.in == types.out;
+        row.inPlace.ran = types.in == types.out;
         rows.push_back(row);
       }
     }
@@ -71,6 +75,9 @@ libcomm::Result<std::unique_ptr<Runner>> Runner::create(const Options& options, 
       if (coll == Coll::kAllGather) {
         aBytes = std::max(aBytes, row.count * in);
         bBytes = std::max(bBytes, (n * row.count + kGuardElems) * out);
+      } else if (coll == Coll::kAllReduce) {
+        aBytes = std::max(aBytes, row.count * in);
+        bBytes = std::max(bBytes, (row.count + kGuardElems) * out);  // in place: send is recv
       } else {
         aBytes = std::max(aBytes, (n * row.count + kGuardElems) * in);  // in place, the guard follows send
         bBytes = std::max(bBytes, (row.count + kGuardElems) * out);
@@ -173,20 +180,21 @@ Status Runner::enqueue(const Row& row, const void* send, void* recv) {
   libcomm::ReduceOptions ro;
   ro.op = row.op;
   ro.scale = kPremulScale;
+  if (row.coll == Coll::kAllReduce) return comm_.allReduce(send, recv, row.count, row.types.in, ro, stream_);
   return comm_.reduceScatter(send, recv, row.count, row.types.in, row.types.out, ro, stream_);
 }
 
-Status Runner::runPlacement(const Row& row, bool inPlace, double& timeUs, int64_t& wrong) {
+Status Runner::runPlacement(const Row& row, bool inPlace, Placement& result) {
   const size_t rankOffset = static_cast<size_t>(comm_.rank()) * row.count * dataTypeSize(row.types.in);
-  char* send;
-  char* recv;
-  if (row.coll == Coll::kAllGather) {
-    recv = b_.ptr;
-    send = inPlace ? b_.ptr + rankOffset : a_.ptr;
-  } else {
-    send = a_.ptr;
-    recv = inPlace ? a_.ptr + rankOffset : b_.ptr;
-  }
+  // all_gather and all_reduce write b_ (in place, their input is in it too); reduce_scatter reads
+  // a_ and in place writes its own chunk of it.
+  const bool outputInA = row.coll == Coll::kReduceScatter && inPlace;
+  Buffer& sendBuf = row.coll == Coll::kReduceScatter || !inPlace ? a_ : b_;
+  Buffer& recvBuf = outputInA ? a_ : b_;
+  char* send = sendBuf.ptr;
+  char* recv = recvBuf.ptr;
+  if (inPlace && row.coll == Coll::kAllGather) send += rankOffset;
+  if (outputInA) recv += rankOffset;
 
   // Each queued collective holds a few hundred bytes until it has run: the loops wait for the
   // stream every kQueueWindow collectives, so that -n 100000000 does not queue tens of GB (one
@@ -205,9 +213,10 @@ Status Runner::runPlacement(const Row& row, bool inPlace, double& timeUs, int64_
   const auto start = std::chrono::steady_clock::now();
   LIBCOMM_RETURN_IF_ERROR(run(options_.iters, "timed loop"));
   const auto elapsed = std::chrono::steady_clock::now() - start;
-  timeUs = std::chrono::duration<double, std::micro>(elapsed).count() / options_.iters;
+  result.timeUs = std::chrono::duration<double, std::micro>(elapsed).count() / options_.iters;
 
-  wrong = -1;
+  result.wrong = -1;
+  result.digest = 0;
   if (!options_.check) return Status::ok();
   // Checked after the timed loop, so that state left behind by back-to-back runs is checked too.
   CheckCase c;
@@ -222,8 +231,6 @@ Status Runner::runPlacement(const Row& row, bool inPlace, double& timeUs, int64_
   c.seq = ++checkSeq_;
   c.inPlace = inPlace;
   c.bf16Partials = comm_.config().reducePartials == libcomm::PartialsType::kBFloat16;
-  Buffer& sendBuf = row.coll == Coll::kAllGather && !inPlace ? a_ : (row.coll == Coll::kAllGather ? b_ : a_);
-  Buffer& recvBuf = row.coll == Coll::kAllGather ? b_ : (inPlace ? a_ : b_);
   prepareCheck(c, sendBuf.mirror(send), recvBuf.mirror(recv));
   if (options_.deviceMemory) LIBCOMM_RETURN_IF_ERROR(mirrorsToDevice());
   LIBCOMM_RETURN_IF_ERROR(enqueue(row, send, recv));
@@ -233,13 +240,19 @@ Status Runner::runPlacement(const Row& row, bool inPlace, double& timeUs, int64_
     // Peers read this rank's input until they are done: nobody rewrites it for the next row before.
     LIBCOMM_RETURN_IF_ERROR(barrierAll("barrier after the checked run"));
   }
-  wrong = static_cast<int64_t>(verifyCheck(c, sendBuf.mirror(send), recvBuf.mirror(recv)));
+  result.wrong = static_cast<int64_t>(verifyCheck(c, sendBuf.mirror(send), recvBuf.mirror(recv)));
+  result.digest = outputDigest(c, recvBuf.mirror(recv));
   return Status::ok();
 }
 
-Status Runner::exchange(Row& row, double timeOop, double timeIp, int64_t wrongOop, int64_t wrongIp) {
+Status Runner::exchange(Row& row, const Placement& oop, const Placement& ip) {
   const size_t n = static_cast<size_t>(comm_.size());
-  const double mine[4] = {timeOop, timeIp, static_cast<double>(wrongOop), static_cast<double>(wrongIp)};
+  const double mine[kSlotDoubles] = {oop.timeUs,
+                                     ip.timeUs,
+                                     static_cast<double>(oop.wrong),
+                                     static_cast<double>(ip.wrong),
+                                     static_cast<double>(oop.digest),
+                                     static_cast<double>(ip.digest)};
   static_assert(sizeof(mine) == kSlotFloats * sizeof(float));
   char* slots = results_.ptr;
   memcpy(slots + comm_.rank() * sizeof(mine), mine, sizeof(mine));
@@ -248,14 +261,24 @@ Status Runner::exchange(Row& row, double timeOop, double timeIp, int64_t wrongOo
       comm_.allGather(slots + comm_.rank() * sizeof(mine), slots, kSlotFloats, DataType::kFloat32, exchangeStream()));
   LIBCOMM_RETURN_IF_ERROR(exchangeStream().synchronize(Deadline::after(timeout())).withContext("exchange of results"));
   double maxOop = 0, maxIp = 0, sumWrongOop = 0, sumWrongIp = 0;
+  double rank0Digest[2] = {0, 0};
+  int64_t disagreeing[2] = {0, 0};  // ranks whose output bits differ from rank 0's
   for (size_t r = 0; r < n; ++r) {
-    double theirs[4];
+    double theirs[kSlotDoubles];
     memcpy(theirs, slots + r * sizeof(theirs), sizeof(theirs));
     maxOop = std::max(maxOop, theirs[0]);
     maxIp = std::max(maxIp, theirs[1]);
     sumWrongOop += theirs[2];
     sumWrongIp += theirs[3];
+    for (int p = 0; p < 2; ++p) {
+      if (r == 0) rank0Digest[p] = theirs[4 + p];
+      disagreeing[p] += theirs[4 + p] != rank0Digest[p];
+    }
   }
+  // A rank whose all_reduce output differs from rank 0's counts as one wrong element even when
+  // each is within the tolerance: every rank must hold the same result.
+  sumWrongOop += sumWrongOop < 0 ? 0 : static_cast<double>(disagreeing[0]);
+  sumWrongIp += sumWrongIp < 0 ? 0 : static_cast<double>(disagreeing[1]);
   row.outOfPlace.timeUs = maxOop;
   row.inPlace.timeUs = maxIp;
   // Every rank checks or none does, so -1 summed over ranks stays negative.
@@ -265,18 +288,17 @@ Status Runner::exchange(Row& row, double timeOop, double timeIp, int64_t wrongOo
 }
 
 Status Runner::runRow(Row& row) {
-  double timeOop = 0, timeIp = 0;
-  int64_t wrongOop = -1, wrongIp = -1;
+  Placement oop, ip;
   auto context = [&](const Status& s, bool inPlace) {
     return s.withContext(libcomm::detail::strCat("rank ", comm_.rank(), ": ", rowName(row, inPlace)));
   };
-  Status s = runPlacement(row, false, timeOop, wrongOop);
+  Status s = runPlacement(row, false, oop);
   if (!s.isOk()) return context(s, false);
   if (row.inPlace.ran) {
-    s = runPlacement(row, true, timeIp, wrongIp);
+    s = runPlacement(row, true, ip);
     if (!s.isOk()) return context(s, true);
   }
-  s = exchange(row, timeOop, timeIp, wrongOop, wrongIp);
+  s = exchange(row, oop, ip);
   if (!s.isOk()) return context(s, row.inPlace.ran);
   for (const Measurement* m : {&row.outOfPlace, &row.inPlace})
     if (m->ran && m->wrong > 0) totalWrong_ += m->wrong;

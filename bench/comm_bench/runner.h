@@ -47,12 +47,19 @@ class Runner {
   libcomm::Status mirrorsToHost();
   void release(Buffer& buffer);
 
+  /// This rank's measurement of one placement.
+  struct Placement {
+    double timeUs = 0;    // per collective
+    int64_t wrong = -1;   // -1: not checked
+    uint32_t digest = 0;  // all_reduce: outputDigest() of the checked run
+  };
   libcomm::Status runRow(Row& row);
-  /// Warmup, barrier, timed loop, then (with -c 1) one checked run. Times in microseconds.
-  libcomm::Status runPlacement(const Row& row, bool inPlace, double& timeUs, int64_t& wrong);
+  /// Warmup, barrier, timed loop, then (with -c 1) one checked run.
+  libcomm::Status runPlacement(const Row& row, bool inPlace, Placement& result);
   libcomm::Status enqueue(const Row& row, const void* send, void* recv);
-  /// Combines per-rank results: max of the times, sum of the wrong counts.
-  libcomm::Status exchange(Row& row, double timeOop, double timeIp, int64_t wrongOop, int64_t wrongIp);
+  /// Combines per-rank results: max of the times, sum of the wrong counts, plus one per rank whose
+  /// all_reduce output bits differ from rank 0's.
+  libcomm::Status exchange(Row& row, const Placement& oop, const Placement& ip);
   /// Waits for the `ops` collectives queued on the stream; `what` names them in errors.
   libcomm::Status sync(const char* what, int ops);
   libcomm::Milliseconds timeout() const;
@@ -65,8 +72,8 @@ class Runner {
   std::unique_ptr<libcomm::Stream> hostStream_;
   libcomm::Stream& exchangeStream() { return hostStream_ ? *hostStream_ : stream_; }
   Report* report_;
-  Buffer a_;        // all_gather send, reduce_scatter send (and in-place output)
-  Buffer b_;        // all_gather recv (and in-place input), reduce_scatter recv
+  Buffer a_;        // send (reduce_scatter: also its in-place output); unused in place otherwise
+  Buffer b_;        // recv of all_gather and all_reduce (and their in-place input), reduce_scatter recv
   Buffer results_;  // per-rank slots for exchange()
   uint64_t checkSeq_ = 0;
   int64_t totalWrong_ = 0;

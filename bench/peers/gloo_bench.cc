@@ -1,5 +1,5 @@
-// gloo_bench: Gloo's allgather and reduce-scatter (fp32 sum) over its TCP transport on 127.0.0.1, measured the
-// way nccl-tests measures, so the numbers sit beside comm_bench's.
+// gloo_bench: Gloo's allgather, reduce-scatter and allreduce (ring; fp32 sum) over its TCP transport on 127.0.0.1,
+// measured the way nccl-tests measures, so the numbers sit beside comm_bench's.
 //
 //   gloo_bench all_gather -np 4 -b 8 -e 256M -f 2 -J out.jsonl     forks 4 ranks itself
 //   GLOO_BENCH_RANK=r GLOO_BENCH_SIZE=n GLOO_BENCH_STORE=/shared/dir gloo_bench ...   one rank per process
@@ -13,8 +13,10 @@
 // count elements of the (nranks * count) buffer. The out-of-place column is that algorithm after a memcpy of
 // the input into its buffer: what a caller with separate send/receive buffers has to do.
 #include <gloo/allgather.h>
+#include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/config.h>
+#include <gloo/math.h>
 #include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
@@ -46,7 +48,7 @@ std::string settingsText() {
   return "gloo " + std::to_string(GLOO_VERSION_MAJOR) + "." + std::to_string(GLOO_VERSION_MINOR) + "." +
          std::to_string(GLOO_VERSION_PATCH) +
          " tcp 127.0.0.1 FileStore; all_gather=gloo::allgather (ring), "
-         "reduce_scatter=ReduceScatterHalvingDoubling";
+         "reduce_scatter=ReduceScatterHalvingDoubling, all_reduce=gloo::allreduce (ring)";
 }
 
 class Bench {
@@ -58,6 +60,7 @@ class Bench {
   }
 
   bool allGather() const { return o_.coll == "all_gather"; }
+  bool allReduce() const { return o_.coll == "all_reduce"; }
 
   /// Sets up gloo's per-size state (buffers bound to the transport, scratch space) outside the timed loop.
   void prepare(size_t count) {
@@ -70,6 +73,19 @@ class Bench {
       ip_ = std::make_unique<gloo::AllgatherOptions>(ctx_);  // no input: the contribution is already in place
       ip_->setOutput(recv_, count * nranks_);
       ip_->setTag(kBenchTag);
+    } else if (allReduce()) {
+      using Fn = void (*)(void*, const void*, const void*, size_t);
+      arOop_ = std::make_unique<gloo::AllreduceOptions>(ctx_);
+      arOop_->setInput(send_, count);
+      arOop_->setOutput(recv_, count);
+      arOop_->setReduceFunction(static_cast<Fn>(&gloo::sum<float>));
+      arOop_->setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+      arOop_->setTag(kBenchTag);
+      arIp_ = std::make_unique<gloo::AllreduceOptions>(ctx_);  // no input: the output is reduced in place
+      arIp_->setOutput(recv_, count);
+      arIp_->setReduceFunction(static_cast<Fn>(&gloo::sum<float>));
+      arIp_->setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+      arIp_->setTag(kBenchTag);
     } else {
       rs_.reset();  // free the previous size's scratch before allocating the next
       rs_ = std::make_unique<gloo::ReduceScatterHalvingDoubling<float>>(
@@ -91,6 +107,10 @@ class Bench {
         peers::fillAllGather(send_, recv_, count_, rank_, nranks_, inplace);
         run(inplace);
         mine[1] = static_cast<double>(peers::checkAllGather(recv_, count_, nranks_));
+      } else if (allReduce()) {
+        peers::fillAllReduce(send_, recv_, count_, rank_, inplace);
+        run(inplace);
+        mine[1] = static_cast<double>(peers::checkAllReduce(recv_, count_, nranks_));
       } else {
         peers::fillReduceScatter(send_, recv_, count_, rank_, nranks_, inplace);
         run(inplace);
@@ -104,7 +124,7 @@ class Bench {
       slowest = std::max(slowest, all[2 * r]);
       wrong += all[2 * r + 1];
     }
-    return peers::makeResult(count_ * nranks_ * sizeof(float), slowest, nranks_,
+    return peers::makeResult(o_.coll, peers::sizeOf(o_.coll, count_, nranks_), slowest, nranks_,
                              o_.check ? static_cast<long>(wrong) : -1);
   }
 
@@ -112,6 +132,8 @@ class Bench {
   void run(bool inplace) {
     if (allGather()) {
       gloo::allgather(inplace ? *ip_ : *oop_);
+    } else if (allReduce()) {
+      gloo::allreduce(inplace ? *arIp_ : *arOop_);
     } else {
       if (!inplace) std::memcpy(recv_, send_, count_ * nranks_ * sizeof(float));
       rs_->run();
@@ -142,6 +164,7 @@ class Bench {
   float* send_ = nullptr;
   float* recv_ = nullptr;
   std::unique_ptr<gloo::AllgatherOptions> oop_, ip_;
+  std::unique_ptr<gloo::AllreduceOptions> arOop_, arIp_;
   std::unique_ptr<gloo::ReduceScatterHalvingDoubling<float>> rs_;
 };
 
@@ -158,14 +181,15 @@ int runRank(const Options& o, int rank, int nranks, const std::string& storeDir)
     Bench bench(o, ctx, sizes.back());
     const std::string settings = settingsText();
     const char* redop = bench.allGather() ? "none" : "sum";
-    const std::string note =
-        bench.allGather() ? "" : "in-place only in gloo: out-of-place = memcpy into its buffer + in-place run";
+    const std::string note = bench.allGather() || bench.allReduce()
+                                 ? ""
+                                 : "in-place only in gloo: out-of-place = memcpy into its buffer + in-place run";
     FILE* json = rank == 0 ? peers::openJson(o) : nullptr;
     if (rank == 0) peers::printHeader("gloo", o, nranks, settings);
     long wrong = 0;  // summed over ranks (every rank has the sums), sizes and placements
     for (size_t requested : sizes) {
-      const size_t count = requested / sizeof(float) / nranks;
-      const size_t size = count * nranks * sizeof(float);
+      const size_t count = requested / sizeof(float) / (bench.allReduce() ? 1 : nranks);
+      const size_t size = peers::sizeOf(o.coll, count, nranks);
       if (count == 0 && bench.allGather()) {
         // gloo::allgather takes offsets modulo the buffer size: an empty buffer dies of SIGFPE.
         if (rank == 0) std::printf("# size 0: skipped, gloo::allgather cannot take an empty buffer\n");
@@ -284,7 +308,7 @@ int spawn(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options o = peers::parseArgs(argc, argv, {"all_gather", "reduce_scatter"});
+  Options o = peers::parseArgs(argc, argv, {"all_gather", "reduce_scatter", "all_reduce"});
   const char* envRank = std::getenv("GLOO_BENCH_RANK");
   if (envRank == nullptr) {
     if (o.nranks == 0) o.nranks = 2;

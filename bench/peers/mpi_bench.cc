@@ -1,5 +1,6 @@
-// mpi_bench: MPI_Allgather and MPI_Reduce_scatter_block (fp32 sum) measured the way nccl-tests measures, so the
-// numbers sit beside comm_bench's. Run under mpirun; rank 0 prints the table and writes the JSON lines.
+// mpi_bench: MPI_Allgather, MPI_Reduce_scatter_block and MPI_Allreduce (fp32 sum) measured the way nccl-tests
+// measures, so the numbers sit beside comm_bench's. Run under mpirun; rank 0 prints the table and writes the JSON
+// lines.
 //
 //   mpirun -np 2 mpi_bench all_gather -b 8 -e 256M -f 2 -n 20 -w 5 -c 1 -J out.jsonl
 #include <mpi.h>
@@ -67,6 +68,10 @@ class Bench {
         peers::fillAllGather(send_, recv_, count, rank_, nranks_, inplace);
         run(count, inplace);
         mine = peers::checkAllGather(recv_, count, nranks_);
+      } else if (allReduce()) {
+        peers::fillAllReduce(send_, recv_, count, rank_, inplace);
+        run(count, inplace);
+        mine = peers::checkAllReduce(recv_, count, nranks_);
       } else {
         peers::fillReduceScatter(send_, recv_, count, rank_, nranks_, inplace);
         run(count, inplace);
@@ -74,10 +79,11 @@ class Bench {
       }
       MPI_Reduce(&mine, &wrong, 1, MPI_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
     }
-    return peers::makeResult(count * nranks_ * sizeof(float), slowest, nranks_, wrong);
+    return peers::makeResult(o_.coll, peers::sizeOf(o_.coll, count, nranks_), slowest, nranks_, wrong);
   }
 
   bool allGather() const { return o_.coll == "all_gather"; }
+  bool allReduce() const { return o_.coll == "all_reduce"; }
 
  private:
   void run(size_t count, bool inplace) {
@@ -86,6 +92,8 @@ class Bench {
     if (allGather()) {
       rc = inplace ? MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv_, c, MPI_FLOAT, MPI_COMM_WORLD)
                    : MPI_Allgather(send_, c, MPI_FLOAT, recv_, c, MPI_FLOAT, MPI_COMM_WORLD);
+    } else if (allReduce()) {
+      rc = MPI_Allreduce(inplace ? MPI_IN_PLACE : send_, recv_, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     } else {
       rc = MPI_Reduce_scatter_block(inplace ? MPI_IN_PLACE : send_, recv_, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     }
@@ -106,7 +114,7 @@ class Bench {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options o = peers::parseArgs(argc, argv, {"all_gather", "reduce_scatter"});
+  Options o = peers::parseArgs(argc, argv, {"all_gather", "reduce_scatter", "all_reduce"});
   MPI_Init(&argc, &argv);
   int rank = 0, nranks = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -115,7 +123,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mpi_bench: -np %d ignored; mpirun started %d ranks\n", o.nranks, nranks);
 
   const std::vector<size_t> sizes = peers::sweep(o);
-  // Counts are per rank (MPI takes int): size is rounded down to nranks * sizeof(float), as nccl-tests does.
+  // Counts are per rank (MPI takes int): size is rounded down to nranks * sizeof(float), as nccl-tests does
+  // (all_reduce: to sizeof(float), its count being the buffer's).
   if (sizes.back() / sizeof(float) > static_cast<size_t>(INT32_MAX)) {
     if (rank == 0) std::fprintf(stderr, "mpi_bench: -e too large for MPI int counts\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
@@ -128,8 +137,8 @@ int main(int argc, char** argv) {
   long wrong = 0;  // rank 0: summed over sizes and placements
 
   for (size_t requested : sizes) {
-    const size_t count = requested / sizeof(float) / nranks;
-    const size_t size = count * nranks * sizeof(float);
+    const size_t count = requested / sizeof(float) / (bench.allReduce() ? 1 : nranks);
+    const size_t size = peers::sizeOf(o.coll, count, nranks);
     Result oop = bench.measure(count, false);
     Result ip = bench.measure(count, true);
     if (rank == 0) {

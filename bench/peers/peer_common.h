@@ -224,6 +224,26 @@ inline long checkReduceScatter(const float* out, size_t count, int rank, int nra
   return wrong;
 }
 
+// all_reduce: every rank holds count inputs seedValue(r, i); every rank must end with sumValue(nranks, i). In
+// place, input and output are the same buffer; out of place the output starts poisoned with -1.
+inline void fillAllReduce(float* send, float* recv, size_t count, int rank, bool inplace) {
+  float* in = inplace ? recv : send;
+  for (size_t i = 0; i < count; ++i) in[i] = seedValue(rank, i);
+  if (!inplace)
+    for (size_t i = 0; i < count; ++i) recv[i] = -1.0f;
+}
+inline long checkAllReduce(const float* out, size_t count, int nranks) {
+  long wrong = 0;
+  for (size_t i = 0; i < count; ++i) wrong += out[i] != sumValue(nranks, i);
+  return wrong;
+}
+
+/// The bytes nccl-tests calls a collective's size: the gathered (all_gather) or send (reduce_scatter) buffer,
+/// nranks * count floats, or all_reduce's one buffer of count floats.
+inline size_t sizeOf(const std::string& coll, size_t count, int nranks) {
+  return (coll == "all_reduce" ? count : count * static_cast<size_t>(nranks)) * sizeof(float);
+}
+
 struct Result {
   double timeUs = 0;
   double algbw = 0;  // GB/s, 1e9
@@ -231,13 +251,13 @@ struct Result {
   long wrong = -1;  // -1: not checked
 };
 
-/// nccl-tests' definitions: algbw = size / time with size the gathered (all_gather) or send
-/// (reduce_scatter) buffer, busbw = algbw * (n - 1) / n.
-inline Result makeResult(size_t sizeBytes, double timeUs, int nranks, long wrong) {
+/// nccl-tests' definitions: algbw = size / time (sizeOf), busbw = algbw * (n - 1) / n, twice that for
+/// all_reduce.
+inline Result makeResult(const std::string& coll, size_t sizeBytes, double timeUs, int nranks, long wrong) {
   Result r;
   r.timeUs = timeUs;
   r.algbw = timeUs > 0 ? static_cast<double>(sizeBytes) / (timeUs * 1e3) : 0;
-  r.busbw = r.algbw * (nranks - 1) / nranks;
+  r.busbw = r.algbw * (nranks - 1) / nranks * (coll == "all_reduce" ? 2 : 1);
   r.wrong = wrong;
   return r;
 }
