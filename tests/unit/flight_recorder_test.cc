@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -217,13 +218,59 @@ TEST(FlightRecorder, DumpNeverWritesThroughALinkAtItsTemporaryName) {
   struct stat st;
   ASSERT_EQ(lstat(target.c_str(), &st), 0);
   EXPECT_TRUE(S_ISREG(st.st_mode));
-  // A link at the target itself is replaced, not followed.
+  // A link at the target itself is neither followed nor replaced: refused, and left as it was.
   std::filesystem::remove(target);
   ASSERT_EQ(symlink(victim.c_str(), target.c_str()), 0);
-  ASSERT_TRUE(r->dump("api", target).isOk());
+  auto linked = r->dump("api", target);
+  ASSERT_FALSE(linked.isOk());
+  EXPECT_NE(linked.status().message().find("is a symbolic link, not a regular file"), std::string::npos)
+      << linked.status().toString();
   EXPECT_EQ(readFile(victim), "precious");
   ASSERT_EQ(lstat(target.c_str(), &st), 0);
-  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_TRUE(S_ISLNK(st.st_mode));
+}
+
+// A dump renames a new file over its target: a FIFO, a device node or a socket there would be
+// replaced by a regular file (dumpFlightRecorder("/dev/null") as root replaced the system's
+// /dev/null, and "/dev/stdout" its link). Such a target is refused and left in place; no temporary
+// file is left behind either.
+TEST(FlightRecorder, DumpRefusesATargetThatIsNotARegularFile) {
+  TempDir dir;
+  auto r = makeRecorder(8);
+  record(*r, 1);
+  struct Case {
+    std::string path;
+    const char* kind;
+  };
+  std::vector<Case> cases;
+  const std::string fifo = dir.path + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  cases.push_back({fifo, "a FIFO"});
+  const std::string sub = dir.path + "/sub";
+  ASSERT_EQ(mkdir(sub.c_str(), 0700), 0);
+  cases.push_back({sub, "a directory"});
+  const std::string null = dir.path + "/null";
+  if (mknod(null.c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0) cases.push_back({null, "a character device"});
+  for (const Case& c : cases) {
+    struct stat before, after;
+    ASSERT_EQ(lstat(c.path.c_str(), &before), 0);
+    auto d = r->dump("api", c.path);
+    ASSERT_FALSE(d.isOk()) << c.path;
+    EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(d.status().message().find(std::string("is ") + c.kind + ", not a regular file"), std::string::npos)
+        << d.status().toString();
+    ASSERT_EQ(lstat(c.path.c_str(), &after), 0);
+    EXPECT_EQ(before.st_mode, after.st_mode) << c.path;
+    EXPECT_EQ(before.st_ino, after.st_ino) << c.path;
+  }
+  size_t entries = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir.path)) ++entries;
+  EXPECT_EQ(entries, cases.size()) << "a temporary file was left behind";
+  // A regular file there is replaced, as always.
+  const std::string file = dir.path + "/file";
+  { std::ofstream(file) << "old"; }
+  ASSERT_TRUE(r->dump("api", file).isOk());
+  EXPECT_TRUE(wholeDump(readFile(file)));
 }
 
 TEST(FlightRecorder, TwoThreadsDumpingToOnePathBothAlwaysSucceed) {

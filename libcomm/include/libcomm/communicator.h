@@ -152,7 +152,9 @@ class Communicator {
   /// first. Thread-safe; callable while collectives run (it never blocks them) and after a failure.
   std::string flightRecorderJson() const;
   /// Writes that dump to `path` (empty: LIBCOMM_FLIGHT_RECORDER_DIR/<communicator>.rank<r>.flight.json)
-  /// through a temporary file and a rename; returns the path written. Thread-safe, as above.
+  /// through a temporary file and a rename; returns the path written. A `path` that exists and is
+  /// not a regular file (a device such as /dev/null, a FIFO, a symbolic link such as /dev/stdout) is
+  /// refused, kInvalidArgument, and left as it is. Thread-safe, as above.
   Result<std::string> dumpFlightRecorder(const std::string& path = "") const;
 
   /// The algorithm selection table, printable (also via tools/comm_info).

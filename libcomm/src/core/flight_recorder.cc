@@ -392,6 +392,16 @@ std::string FlightRecorder::toJson(std::string_view reason) const {
 namespace {
 // A setting whose negative value means "chosen automatically" (CommConfig's convention).
 std::string autoOr(long long value) { return value < 0 ? "auto" : std::to_string(value); }
+const char* fileTypeName(mode_t mode) {
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISDIR(mode)) return "a directory";
+  return "not a regular file";
+}
+
 }  // namespace
 
 std::shared_ptr<FlightRecorder> createFlightRecorder(const CommConfig& config, int rank, int size, std::string jobId,
@@ -448,9 +458,20 @@ Result<std::string> FlightRecorder::dump(std::string_view reason, const std::str
   }
   Result<int> dirFd = openDumpDir(dir, isDefaultDir);
   if (!dirFd.isOk()) return fail(dirFd.status());
+  // The rename below replaces whatever has the target's name with a regular file: refused unless
+  // that is a regular file already. A device node (/dev/null as root), a FIFO, a socket or a link
+  // (/dev/stdout, or one planted in a shared directory) was replaced, and the system lost it.
+  struct stat existing;
+  if (fstatat(*dirFd, base.c_str(), &existing, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(existing.st_mode)) {
+    close(*dirFd);
+    return fail(makeError(StatusCode::kInvalidArgument, "flight recorder: dump path ", target, " is ",
+                          fileTypeName(existing.st_mode),
+                          ", not a regular file: a dump replaces its target by renaming a new file over it (name a "
+                          "regular file, or a path that does not exist yet)"));
+  }
   Result<std::string> tmp = writeTemp(*dirFd, dir, base, toJson(reason));
   Status st = tmp.status();
-  // renameat replaces a link named like the target, never what it points at.
+  // renameat replaces the name, never what it points at (a link made since the check above).
   if (st.isOk() && renameat(*dirFd, tmp->c_str(), *dirFd, base.c_str()) != 0) {
     st = makeError(StatusCode::kSystemError, "flight recorder: renaming ", dir, "/", *tmp, " to ", target, ": ",
                    strerror(errno));
