@@ -254,6 +254,25 @@ TEST(CommErrors, ReducePartialsThatDifferAreRefusedAtCreation) {
   EXPECT_RANKS_OK(report);
 }
 
+// A rank that does not compare the calls' descriptors beside one that does: the eager path gave
+// the one that does not a result of mismatched calls (sum on one rank, avg on the other) as a
+// success. Refused at creation, naming the setting and both values.
+TEST(CommErrors, MismatchChecksThatDifferAreRefusedAtCreation) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    libcomm::CommConfig c = quickConfig(ctx.rank);
+    c.checkMismatch = ctx.rank == 0;
+    auto comm = libcomm::Communicator::create(ctx.bootstrap, c);
+    if (comm.isOk()) return libcomm::makeError(StatusCode::kInternalError, "created despite different checks");
+    return expectStatus(comm.status(), StatusCode::kInvalidUsage,
+                        {"LIBCOMM_CHECK_MISMATCH differs", ctx.rank == 0 ? "rank 1 has 0" : "rank 0 has 1",
+                         ctx.rank == 0 ? "this rank 1" : "this rank 0"},
+                        "check mismatch");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 TEST_P(CommFailures, DifferentCollectivesAreNamed) {
   const Placement placement = GetParam();
   RunOptions opts;

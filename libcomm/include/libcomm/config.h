@@ -82,7 +82,8 @@ struct CommConfig {
   /// setting cannot run on the communicator's hosts: a one-host algorithm across hosts, ring or
   /// hier on one host, hier without at least 2 ranks on every host, equally many.
   std::string algo;
-  /// Compare every collective's fingerprint across ranks (LIBCOMM_CHECK_MISMATCH).
+  /// Compare every collective's fingerprint across ranks (LIBCOMM_CHECK_MISMATCH). Every rank must
+  /// have the same value: creation refuses ranks that differ (kInvalidUsage, naming both).
   bool checkMismatch = true;
   /// Log each collective's algorithm choice (LIBCOMM_COLL_TRACE).
   bool collTrace = false;

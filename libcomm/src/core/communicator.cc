@@ -38,6 +38,7 @@ struct InitInfo {
   uint64_t eagerBytes;
   uint8_t reducePartials;  // PartialsType
   uint8_t algoSetting;     // algoSettingCode: checked against the hosts by every rank
+  uint8_t checkMismatch;   // LIBCOMM_CHECK_MISMATCH: must agree
   char host[64];    // hostname, for messages
   char hostId[topology::kMaxHostIdLength + 1];  // topology::localHostId: equal ids share a host
   char bootId[40];  // topology::kernelBootId: equal ids share the machine's cores
@@ -48,7 +49,8 @@ struct InitInfo {
   char setupError[256];
 };
 constexpr uint32_t kInitMagic = 0x53434f4d;  // "SCOM"
-constexpr uint32_t kInitVersion = 7;         // 6: notices across hosts start with a kind byte; 7: setupFailed
+constexpr uint32_t kInitVersion =
+    8;  // 6: notices across hosts start with a kind byte; 7: setupFailed; 8: checkMismatch
 
 // What a rank says once it has connected to its peers (the barrier before the first collective).
 struct ConnectInfo {
@@ -152,6 +154,7 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   mine.eagerBytes = config.eagerBytes;
   mine.reducePartials = static_cast<uint8_t>(config.reducePartials);
   mine.algoSetting = algoSettingCode(config);
+  mine.checkMismatch = config.checkMismatch ? 1 : 0;
   gethostname(mine.host, sizeof(mine.host) - 1);
   const std::string hostId = topology::localHostId(config.hostId);
   strncpy(mine.hostId, hostId.c_str(), sizeof(mine.hostId) - 1);
@@ -188,6 +191,12 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
       return makeError(StatusCode::kInvalidUsage, "rank ", impl->rank_, ": LIBCOMM_RS_PARTIALS differs: rank ", r,
                        " has ", partialsTypeName(static_cast<PartialsType>(o.reducePartials)), ", this rank ",
                        partialsTypeName(config.reducePartials), "; set it alike on all ranks");
+    // A rank that does not compare the calls' descriptors with a rank that does: on the eager path
+    // the one that does not returned a result of mismatched calls as a success.
+    if (o.checkMismatch != mine.checkMismatch)
+      return makeError(StatusCode::kInvalidUsage, "rank ", impl->rank_, ": LIBCOMM_CHECK_MISMATCH differs: rank ", r,
+                       " has ", int{o.checkMismatch}, ", this rank ", int{mine.checkMismatch},
+                       "; set it alike on all ranks");
     prefixes[r] = std::string(o.prefix, strnlen(o.prefix, sizeof(o.prefix)));
     hostIds[r] = std::string(o.hostId, strnlen(o.hostId, sizeof(o.hostId)));
     ranksOnMachine += !bootId.empty() && std::string(o.bootId, strnlen(o.bootId, sizeof(o.bootId))) == bootId;
