@@ -51,8 +51,11 @@ class Communicator {
 
   /// Flushes, then closes: waits until every collective enqueued so far has finished, for at most
   /// `timeout`. Returns the communicator's first error, or OK after a clean run. When the time is
-  /// up it aborts what is left (as abort() does: peers see kRemoteError naming this rank) and
-  /// returns kTimeout saying how many collectives were unfinished. Either way, later collectives
+  /// up it aborts what is left (as abort() does: peers see kRemoteError naming this rank), gives the
+  /// aborted collectives up to 2 s more (at most the op timeout) to end -- a running one ends within
+  /// milliseconds; one queued behind other work of its stream (a host function that does not
+  /// return) is left to that stream -- and returns kTimeout saying how many collectives were
+  /// unfinished. So a finalize that times out returns within `timeout` + 2 s. Either way, later collectives
   /// are refused with kInvalidUsage. Call it from one thread, after the last collective has been
   /// enqueued; abort() may still be called from others. (A collective call another thread is
   /// inside of is waited for, within `timeout`; one made while finalize runs is refused.) Peers
