@@ -45,12 +45,21 @@ class Checker {
   }
 
   Status run() {
+    // Steps are numbered from 0 (ExecutorOptions::firstStep); the rules below look at step - 1.
+    for (size_t i = 0; i < log_.size(); ++i)
+      if (log_[i].step < 0) fail("entry ", i, " (", logKindName(log_[i].kind), ") has step ", log_[i].step);
+    if (violations_ > 0) return report();
     collect();
     checkComplete();
     checkRuleA();
     checkRuleB();
     checkGradBuffers();
     checkGate();
+    return report();
+  }
+
+ private:
+  Status report() const {
     if (violations_ == 0) return Status::ok();
     std::ostringstream os;
     os << "event log: " << violations_ << " violation(s) in " << log_.size() << " entries";
@@ -58,7 +67,6 @@ class Checker {
     return Status(StatusCode::kInternalError, os.str());
   }
 
- private:
   template <typename... Args>
   void fail(Args&&... args) {
     if (messages_.size() < 8) messages_.push_back(libcomm::detail::strCat(std::forward<Args>(args)...));
@@ -130,6 +138,20 @@ class Checker {
       if (e.kind == LogKind::kGroupUpdated) updates_[{e.step, e.layer}].push_back(e.ns);
       if (e.kind == LogKind::kGradZeroed) zeroes_[e.gradBuffer].push_back(e.ns);
       if (e.kind == LogKind::kGatherStart) gatherSteps_.insert(e.step);
+      // Micro-batch 0 of a layer overwrites the grad shard, later ones add into it; the resident
+      // group's one reduce-scatter a step overwrites (a flag the wrong way round lost gradients, or
+      // added the last step's in, and every other rule held).
+      if (e.kind == LogKind::kReduceStart) {
+        const int want = e.layer >= 0 && e.microBatch > 0 ? 1 : 0;
+        if (e.accumulate != want)
+          fail("grad shard: the reduce_scatter of ",
+               e.layer < 0 ? "the resident group" : "layer " + std::to_string(e.layer), " (step ", e.step,
+               ", micro-batch ", e.microBatch, ") ",
+               e.accumulate == 1   ? "adds into"
+               : e.accumulate == 0 ? "overwrites"
+                                   : "does not say whether it adds into",
+               " the grad shard; micro-batch 0 overwrites it, later ones add");
+      }
     }
     for (auto& [key, u] : uses_) {
       if (u.begin < 0 || u.end < 0) fail(useName(u), ": begin or end missing");

@@ -89,7 +89,15 @@ Status checkScheduleAgainstPlan(const Schedule& s, const ShardPlan& plan) {
       auto [it, fresh] = backwardGrad.try_emplace({op.layer, op.microBatch}, op.gradBuffer);
       if (!fresh && it->second != op.gradBuffer)
         return bad(i, "ends the backward in grad buffer ", op.gradBuffer, " but began it in ", it->second);
-    } else if (op.kind == OpKind::kReduceScatter && op.layer >= 0) {
+    } else if (op.kind == OpKind::kReduceScatter && op.layer < 0) {
+      if (op.accumulate)
+        return bad(i, "adds the resident gradient into the grad shard; once per step, it overwrites it");
+    } else if (op.kind == OpKind::kReduceScatter) {
+      // Micro-batch 0 overwrites the grad shard (no zeroing pass), later ones add into it: the other
+      // way round lost the earlier micro-batches' gradients, or added the last step's in.
+      if (op.accumulate != (op.microBatch > 0))
+        return bad(i, op.accumulate ? "adds" : "overwrites", " micro-batch ", op.microBatch, "'s gradient ",
+                   op.accumulate ? "into" : "over", " the grad shard; micro-batch 0 overwrites it, later ones add");
       auto it = backwardGrad.find({op.layer, op.microBatch});
       if (it == backwardGrad.end() || it->second != op.gradBuffer)
         return bad(i, "reduces grad buffer ", op.gradBuffer, ", not the one the layer's backward of micro-batch ",
@@ -134,8 +142,9 @@ libcomm::Result<std::unique_ptr<Executor>> Executor::create(const ModelSpec& mod
   LIBCOMM_RETURN_IF_ERROR(schedule.validate());
   if (options.waitTimeout.count() <= 0)  // every wait would report a timeout at once
     return bad("waitTimeout is ", options.waitTimeout.count(), " ms; it bounds every wait and must be positive");
-  if (options.firstStep < 0 || options.firstStep > INT32_MAX)  // the event log numbers steps in 32 bits
-    return bad("firstStep is ", options.firstStep, "; it must be in 0..", INT32_MAX);
+  // The event log numbers steps in 32 bits, and a step's optimizer issues gathers of the next.
+  if (options.firstStep < 0 || options.firstStep > ExecutorOptions::kLastStep)
+    return bad("firstStep is ", options.firstStep, "; it must be in 0..", ExecutorOptions::kLastStep);
   if (agComm.size() != plan.options.worldSize || rsComm.size() != plan.options.worldSize)
     return bad("communicators have ", agComm.size(), "/", rsComm.size(), " ranks, the plan ", plan.options.worldSize);
   if (agComm.rank() != plan.options.rank || rsComm.rank() != plan.options.rank)
@@ -318,6 +327,10 @@ Status Executor::enterHook(HookKind kind, int layer, const char* call) {
 
 Status Executor::beginStep() {
   if (!error_.isOk()) return error_;
+  if (step_ > ExecutorOptions::kLastStep)
+    return libcomm::makeError(StatusCode::kInvalidUsage, "libshard rank ", rank_, ": beginStep of step ", step_,
+                              ": steps are numbered up to ", ExecutorOptions::kLastStep,
+                              " (the event log numbers them in 32 bits)");
   const ScheduleOp& op = schedule_.ops[cursor_];
   if (!primed_ && op.kind == OpKind::kHook && op.hook == HookKind::kBeginStep) {
     // Work enqueued on the compute stream before the first step (a checkpoint loaded there, an

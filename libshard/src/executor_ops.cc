@@ -202,7 +202,7 @@ Status Executor::runGather(const ScheduleOp& op) {
   libcomm::Stream& st = stream(StreamId::kGather);
   LogEntry e = logEntry(LogKind::kGatherStart);
   // Issued by this step's optimizer hooks for the next step: logged as the next step's.
-  if (op.nextStep) e.step = static_cast<int32_t>(step_ + 1);  // in 64 bits: firstStep may be INT32_MAX
+  if (op.nextStep) e.step = static_cast<int32_t>(step_ + 1);  // at most INT32_MAX (ExecutorOptions::kLastStep)
   e.layer = op.layer;
   e.buffer = static_cast<int16_t>(op.buffer);
   e.microBatch = -1;
@@ -243,6 +243,7 @@ Status Executor::runReduce(const ScheduleOp& op) {
   e.microBatch = static_cast<int32_t>(op.microBatch);
   e.gradBuffer = static_cast<int16_t>(op.gradBuffer);
   e.buffer = -1;
+  e.accumulate = op.accumulate ? 1 : 0;
   if (log_.enabled())
     LIBCOMM_RETURN_IF_ERROR(st.enqueueHost(
         [this, e] {

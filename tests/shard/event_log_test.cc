@@ -561,6 +561,23 @@ TEST(EventLogChecker, CatchesPerturbedLogs) {
       log.push_back(wipe);
       LIBCOMM_RETURN_IF_ERROR(expectCaught(log, "lost gradient", "a zeroing before the reduce-scatter"));
     }
+    // The grad shard: a reduce-scatter of micro-batch 0 that adds into it (the last step's
+    // gradients, or garbage, added in), and the resident one likewise; a step number that wrapped.
+    {
+      auto log = run.log;
+      const size_t rs = find(LogKind::kReduceStart, 2, 0);
+      if (rs == log.size()) return libcomm::makeError(StatusCode::kInternalError, "no reduce entries");
+      log[rs].accumulate = 1;
+      LIBCOMM_RETURN_IF_ERROR(expectCaught(log, "adds into the grad shard", "micro-batch 0 accumulating"));
+      log = run.log;
+      const size_t resident = find(LogKind::kReduceStart, -1, 1);
+      if (resident == log.size()) return libcomm::makeError(StatusCode::kInternalError, "no resident reduce entry");
+      log[resident].accumulate = 1;
+      LIBCOMM_RETURN_IF_ERROR(expectCaught(log, "the resident group (step 1", "resident accumulating"));
+      log = run.log;
+      log[find(LogKind::kGatherStart, 2, 1)].step = INT32_MIN;
+      LIBCOMM_RETURN_IF_ERROR(expectCaught(log, "has step -2147483648", "a wrapped step number"));
+    }
     // Gradient buffers: a reduce-scatter that starts before its backward ended.
     {
       auto log = run.log;

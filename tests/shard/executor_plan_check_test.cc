@@ -124,6 +124,32 @@ Status refusesBrokenSchedules(RankContext& ctx) {
          return i;
        },
        "not the one the layer's backward"},
+      {"micro-batch 1's reduce-scatter overwrites micro-batch 0's gradient",
+       [&](Schedule& s) {
+         const size_t i = findOp(s, [](const ScheduleOp& op) {
+           return op.kind == OpKind::kReduceScatter && op.layer == 1 && op.microBatch == 1;
+         });
+         s.ops[i].accumulate = false;
+         return i;
+       },
+       "overwrites micro-batch 1's gradient over the grad shard"},
+      {"micro-batch 0's reduce-scatter adds into the last step's gradient",
+       [&](Schedule& s) {
+         const size_t i = findOp(s, [](const ScheduleOp& op) {
+           return op.kind == OpKind::kReduceScatter && op.layer == 2 && op.microBatch == 0;
+         });
+         s.ops[i].accumulate = true;
+         return i;
+       },
+       "adds micro-batch 0's gradient into the grad shard"},
+      {"the resident reduce-scatter adds into the grad shard",
+       [&](Schedule& s) {
+         const size_t i =
+             findOp(s, [](const ScheduleOp& op) { return op.kind == OpKind::kReduceScatter && op.layer < 0; });
+         s.ops[i].accumulate = true;
+         return i;
+       },
+       "adds the resident gradient into the grad shard"},
       {"zeroing a rotating grad buffer over the (larger) embedding's range",
        [&](Schedule& s) {
          const size_t i = findOp(s, [&](const ScheduleOp& op) {

@@ -44,6 +44,7 @@ struct LogEntry {
   int32_t microBatch = -1;  // as wide as PlanOptions::microBatches (an int16 wrapped past 32767)
   int16_t buffer = -1;      // gather buffer (gathers, compute, releases); Executor::create checks they fit
   int16_t gradBuffer = -1;  // grad buffer (reduce-scatters, backward compute)
+  int8_t accumulate = -1;   // reduce-scatter starts: 1 adds into the fp32 grad shard, 0 overwrites it
   LogKind kind = LogKind::kGatherStart;
   Phase phase = Phase::kForward;
 };
@@ -94,13 +95,16 @@ class EventLog {
 ///  - gradient buffers: no reduce-scatter overlapped a backward writing the same buffer; each
 ///    reduce-scatter started after the backward it reduces ended; every backward was reduced;
 ///  - the resident gradient was reduced after every backward of the step;
+///  - the grad shard: a layer's reduce-scatter of micro-batch 0 overwrites it and later ones add
+///    into it; the resident group's overwrites it;
 ///  - the stale-gradient rule: a backward writing a grad buffer after a reduce-scatter of it began
 ///    after a zeroing of the buffer that came after that reduce-scatter ended;
 ///  - the per-group optimizer gate: every all_gather of group g in step s started after g's update
 ///    stamp of step s-1; each update stamp of s-1 came after endStep of s-1 (which came after all of
 ///    s-1's collectives) and before optimizer done of s-1, once per group with parameters; a step
 ///    that gathers has an optimizer done of the step before.
-/// Returns OK or kInternalError listing the first violations (with times relative to the log's
+/// Steps are numbered from 0: an entry with a negative step is a violation, and nothing else is
+/// checked then. Returns OK or kInternalError listing the first violations (with times relative to the log's
 /// first entry). `plan` supplies buffer names, the number of gradient buffers and whether a
 /// resident group exists. It does not look at the schedule, so a schedule built or edited wrongly
 /// is caught too. Thread-safe and pure (reads its arguments only); pass a copy taken with

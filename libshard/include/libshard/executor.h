@@ -147,9 +147,11 @@ struct ExecutorOptions {
   bool threadedComputeStream = false;
   /// The number of the first step: what step(), LayerViews::step, the event log and error messages
   /// count from. A trainer resuming from a checkpoint passes the state's ShardState::step, so that
-  /// its diagnostics name the same steps as its optimizer and its log. 0..INT32_MAX (the event log
-  /// numbers steps in 32 bits).
+  /// its diagnostics name the same steps as its optimizer and its log. 0..kLastStep: the event log
+  /// numbers steps in 32 bits, and each step's optimizer hooks log gathers of the step after it
+  /// (beginStep of a step past kLastStep is refused).
   int64_t firstStep = 0;
+  static constexpr int64_t kLastStep = INT32_MAX - 1;
 };
 
 class Executor {
