@@ -353,6 +353,12 @@ TEST(Schedule, BuildRejectsInconsistentPlans) {
   auto tooSmall = toy;
   tooSmall.gradBuffers[static_cast<size_t>(toy.layers[0].gradBuffer)].numel -= 1;
   EXPECT_EQ(Schedule::build(tooSmall).status().code(), libcomm::StatusCode::kInvalidArgument);
+  // A prefetch depth below -1 is refused (-1 takes the plan's; -5 took it silently).
+  libshard::ScheduleOptions negative;
+  negative.prefetchDepth = -5;
+  auto r = Schedule::build(plan, negative);
+  EXPECT_EQ(r.status().code(), libcomm::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("prefetch depth -5"), std::string::npos) << r.status().toString();
 }
 
 // The toy's embedding (2,000+ elements against blocks of ~100) gets a gradient buffer of its own;

@@ -112,7 +112,7 @@ struct ScheduleOp {
 
 struct ScheduleOptions {
   /// How many all_gathers may run ahead of the compute that needs them; -1 takes the plan's
-  /// prefetchDepth; 0 gathers on demand only.
+  /// prefetchDepth; 0 gathers on demand only. Below -1 is refused (kInvalidArgument).
   int prefetchDepth = -1;
   /// Benchmark baseline with no overlap: gathers on demand, and each reduce-scatter is waited for
   /// by the trainer's thread before it goes on.
