@@ -12,6 +12,7 @@
 #   COMM_BENCH=<found under BUILD_DIR>  our benchmark; skipped with a message if missing
 #   OUT_DIR=$BUILD_DIR/peers-compare-<date>   results: runs/*.jsonl, logs/, probe/, settings.txt, summary.md
 #   RANKS="2 4"  REPEATS=3  MIN_BYTES=8  MAX_BYTES=256M  ITERS=20  WARMUP=5
+#   COLLS="all_gather reduce_scatter"   any of these and all_reduce (fp32; sum for the reductions)
 #   INLINE_MAX_BYTES=64K       ours is run again up to this size on an inline stream (blocking calls)
 #   MPI_CONFIGS="ob1-cma ob1-none ob1-emulated ucx-sm"   Open MPI transport settings to probe
 #   MPI_PROBE_ALGOS=1          then also try forcing each coll/tuned algorithm on the best transport
@@ -37,7 +38,7 @@ MPI_BEST=${MPI_BEST:-}
 RUN_TIMEOUT=${RUN_TIMEOUT:-1800}
 SKIP=${SKIP:-}
 OUT_DIR=${OUT_DIR:-$BUILD_DIR/peers-compare-$(date +%Y%m%d-%H%M%S)}
-COLLS="all_gather reduce_scatter"
+COLLS=${COLLS:-"all_gather reduce_scatter"}
 # The reduction is every program's default (sum); comm_bench refuses -o for all_gather, which has none.
 SWEEP=(-b "$MIN_BYTES" -e "$MAX_BYTES" -f 2 -n "$ITERS" -w "$WARMUP" -c 1 -d float)
 # The inline sweep covers MIN_BYTES..min(MAX_BYTES, INLINE_MAX_BYTES), and is left out when that is
@@ -83,6 +84,7 @@ mpi_flags() {  # mpi_flags CONFIG COLL
   if [[ -n $alg ]]; then
     local param=coll_tuned_allgather_algorithm
     [[ $2 == reduce_scatter ]] && param=coll_tuned_reduce_scatter_block_algorithm
+    [[ $2 == all_reduce ]] && param=coll_tuned_allreduce_algorithm
     echo -n " --mca coll_tuned_use_dynamic_rules 1 --mca $param $alg"
   fi
   echo
@@ -189,6 +191,7 @@ elif ((have_mpi)); then
         algs="1 2 3 4 5"  # linear bruck recursive_doubling ring neighbor (+ two_proc at 2 ranks; elsewhere it aborts)
         ((n == 2)) && algs="$algs 6"
         [[ $coll == reduce_scatter ]] && algs="1 2 3 4"  # basic_linear recursive_doubling recursive_halving butterfly
+        [[ $coll == all_reduce ]] && algs="1 2 3 4 5 6"  # basic_linear nonoverlapping recursive_doubling ring segmented_ring rabenseifner
         for k in $algs; do mpi_probe "$best+alg$k" "$coll" "$n"; done
         ranked=$(python3 "$here/summarize.py" --rank-mpi "$OUT_DIR/probe" "$coll" "$n")
         note "# Open MPI probe $coll np$n, all (no +alg: Open MPI's own algorithm choice): $ranked"

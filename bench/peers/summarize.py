@@ -123,9 +123,10 @@ def main():
         if impl == "memcpy":
             memcpy[(int(r.get("threads", 1)), int(r["size"]))].append(float(r["busbw"]))
             continue
-        if r.get("dtype") not in ("float", "fp32", "f32") or r.get("coll") not in ("all_gather", "reduce_scatter"):
+        if r.get("dtype") not in ("float", "fp32", "f32") or r.get("coll") not in ("all_gather", "reduce_scatter",
+                                                                                  "all_reduce"):
             continue
-        if r["coll"] == "reduce_scatter" and r.get("op", "sum") != "sum":
+        if r["coll"] in ("reduce_scatter", "all_reduce") and r.get("op", "sum") != "sum":
             continue
         # comm_bench names device-memory runs shardcomm-device; a row from elsewhere that says only
         # "memory":"device" is kept apart as well: device and host runs never share a median.
