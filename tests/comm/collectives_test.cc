@@ -80,6 +80,16 @@ std::vector<Case> matrix(int size) {
       // all_reduce adding its scaled sums into what recv held.
       cases.push_back({Coll::kAllReduce, DataType::kFloat32, DataType::kFloat32, ReduceOp::kPremulSum,
                        c == kLarge ? 4099 : c, false, reg, false, true});
+      // all_reduce over a multiple of the world size: across hosts the ring then reduces and
+      // gathers in the output itself, with no padded copy (the counts above are not multiples).
+      if (c == kLarge) {
+        for (bool inPlace : {false, true})
+          for (DataType t : {DataType::kFloat32, DataType::kBFloat16})
+            for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kPremulSum})
+              cases.push_back({Coll::kAllReduce, t, t, op, static_cast<size_t>(size) * 1031, inPlace, reg});
+        cases.push_back({Coll::kAllReduce, DataType::kFloat32, DataType::kFloat32, ReduceOp::kSum,
+                         static_cast<size_t>(size) * 1031, false, reg, false, true});
+      }
       cases.push_back({Coll::kReduceScatter, DataType::kBFloat16, DataType::kFloat32, ReduceOp::kSum, c, false, reg, true});
       cases.push_back({Coll::kReduceScatter, DataType::kBFloat16, DataType::kBFloat16, ReduceOp::kAvg, c, false, reg, true});
       cases.push_back({Coll::kReduceScatter, DataType::kFloat32, DataType::kFloat32, ReduceOp::kSum, c, false, reg, false, true});

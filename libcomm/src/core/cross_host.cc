@@ -457,12 +457,33 @@ Status Communicator::Impl::runHier(const CollArgs& args, uint32_t seq, const Wai
 }
 
 Status Communicator::Impl::ringAllReduce(const CollArgs& args, ring::Env& env) {
-  // reduce_scatter then all_gather over a copy padded to a multiple of the world size. With fp64
+  // reduce_scatter then all_gather, over a copy padded to a multiple of the world size unless the
+  // count is one already (and the sums are neither fp64 nor added to the output). With fp64
   // partials the reduce_scatter leaves each rank's block as exact fp64 sums, the all_gather moves
   // those, and every rank rounds them once at the end: the one-host result, bit for bit.
   env.partials = partialsAcrossHosts(args);
   const bool wide = env.partials == PartialsType::kFloat64;
   const size_t n = static_cast<size_t>(size_), es = dataTypeSize(args.inType);
+  if (!wide && !args.reduce.accumulate && args.count > 0 && args.count % n == 0) {
+    // No padding needed and nothing to add the sums to: the reduce_scatter reads the input where it
+    // is and writes this rank's block of the output, which the all_gather then fills in place (two
+    // copies of the whole buffer fewer; in place, the reduce_scatter is in place too).
+    const size_t block = args.count / n;
+    CollArgs rs = args;
+    rs.kind = CollKind::kReduceScatter;
+    rs.count = block;
+    rs.recv = static_cast<char*>(args.recv) + static_cast<size_t>(rank_) * block * es;
+    LIBCOMM_RETURN_IF_ERROR(ring::reduceScatter(rs, env, cross_->scratch));
+    CollArgs ag;
+    ag.kind = CollKind::kAllGather;
+    ag.send = rs.recv;
+    ag.recv = args.recv;
+    ag.count = block;
+    ag.inType = ag.outType = args.outType;
+    ag.inPlace = true;
+    env.stepBase = static_cast<uint32_t>(size_);  // the all_gather's steps follow the reduce_scatter's
+    return ring::allGather(ag, env);
+  }
   const size_t ges = wide ? sizeof(double) : es;  // an element of the gathered sums
   const size_t part = (args.count + n - 1) / n;
   // The gathered sums start at a multiple of 8 bytes (fp64 sums after a bf16 copy).
