@@ -3,6 +3,7 @@
 # per host), each with
 #   all      both collectives, fp32 and bf16, registered buffers, 8 B .. 1 MiB, every result checked
 #   staged   reduce_scatter from plain memory (staging path), every type and reduce op
+#   all_reduce  fp32 and bf16, every reduce op, 48 B .. 1.5 MiB, checked (the ranks' bits compared too)
 #   killed   (with --kill) a long all_gather; the last rank is SIGKILLed after 2 s and every
 #            survivor must exit with an error within comm_bench's -T deadline, the log must say
 #            that the killed rank was lost, and no survivor may merely have timed out
@@ -80,6 +81,9 @@ for shape in $shapes; do
   r=${shape#*x}
   runCase all "$k" "$r" -- all -b 8 -e 1M -f 8 -n 2 -w 1 -c 1 -T 60000
   runCase staged "$k" "$r" -- reduce_scatter -R 0 -b 8 -e 256K -f 8 -n 2 -w 1 -c 1 -d all -O all -o all -T 60000
+  # Counts that are multiples of 12 (fp32) and 24 (bf16): whole blocks at 3, 4 and 6 ranks, so 2x2
+  # and 2x3 take the two-level all_reduce and 3x1 the ring without a padded copy.
+  runCase all_reduce "$k" "$r" -- all_reduce -b 48 -e 3M -f 8 -n 2 -w 1 -c 1 -d all -o all -T 60000
   if [ "$kill_case" = 1 ]; then
     lost=$((k * r - 1))
     runCase killed "$k" "$r" --kill-rank "$lost" --kill-after-ms 2000 --survivor-rc 1 \

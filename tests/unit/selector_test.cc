@@ -13,11 +13,14 @@ using libcomm::CollKind;
 using libcomm::CommConfig;
 using libcomm::StatusCode;
 
-libcomm::Result<Algo> choose(CollKind kind, int hosts, int fewest, int most, const char* algo = "") {
+libcomm::Result<Algo> choose(CollKind kind, int hosts, int fewest, int most, const char* algo = "",
+                             bool splits = false) {
   CommConfig config;
   config.algo = algo;
   const char* why = "";
-  auto r = libcomm::selectAcrossHosts({kind, 1 << 20, hosts, fewest, most}, config, &why);
+  libcomm::CrossHostQuery q{kind, 1 << 20, hosts, fewest, most};
+  q.splits = splits;
+  auto r = libcomm::selectAcrossHosts(q, config, &why);
   if (r.isOk()) {
     EXPECT_STRNE(why, "") << "every choice says why";
   }
@@ -25,8 +28,8 @@ libcomm::Result<Algo> choose(CollKind kind, int hosts, int fewest, int most, con
 }
 
 // The choice, where one is expected (an error shows as a failure naming it).
-Algo pick(CollKind kind, int hosts, int fewest, int most, const char* algo = "") {
-  auto r = choose(kind, hosts, fewest, most, algo);
+Algo pick(CollKind kind, int hosts, int fewest, int most, const char* algo = "", bool splits = false) {
+  auto r = choose(kind, hosts, fewest, most, algo, splits);
   EXPECT_TRUE(r.isOk()) << r.status().toString();
   return r.isOk() ? r.value() : Algo::kEager;
 }
@@ -36,7 +39,9 @@ TEST(SelectAcrossHosts, TwoLevelWhenEveryHostHasEquallyManyRanks) {
   EXPECT_EQ(pick(CollKind::kReduceScatter, 4, 3, 3), Algo::kHier);
   EXPECT_EQ(pick(CollKind::kAllGather, 3, 1, 1), Algo::kRing);   // one rank per host
   EXPECT_EQ(pick(CollKind::kAllGather, 2, 2, 3), Algo::kRing);   // unequal hosts
-  EXPECT_EQ(pick(CollKind::kAllReduce, 2, 2, 2), Algo::kRing);   // no two-level form
+  EXPECT_EQ(pick(CollKind::kAllReduce, 2, 2, 2), Algo::kRing);   // a count that does not split in blocks
+  EXPECT_EQ(pick(CollKind::kAllReduce, 2, 2, 2, "", true), Algo::kHier);  // one that does
+  EXPECT_EQ(pick(CollKind::kAllReduce, 3, 1, 1, "", true), Algo::kRing);  // one rank per host
   EXPECT_EQ(pick(CollKind::kBroadcast, 2, 2, 2), Algo::kRing);
   EXPECT_EQ(pick(CollKind::kBarrier, 2, 2, 2), Algo::kRing);
 }
@@ -45,6 +50,8 @@ TEST(SelectAcrossHosts, OverridesApplyOrSayWhyNot) {
   EXPECT_EQ(pick(CollKind::kAllGather, 2, 2, 2, "ring"), Algo::kRing);
   EXPECT_EQ(pick(CollKind::kReduceScatter, 2, 2, 2, "hier"), Algo::kHier);
   EXPECT_EQ(pick(CollKind::kAllReduce, 2, 2, 2, "hier"), Algo::kRing);  // only the ring form exists
+  EXPECT_EQ(pick(CollKind::kAllReduce, 2, 2, 2, "hier", true), Algo::kHier);
+  EXPECT_EQ(pick(CollKind::kAllReduce, 2, 2, 2, "ring", true), Algo::kRing);
   auto uneven = choose(CollKind::kAllGather, 2, 1, 2, "hier");
   ASSERT_FALSE(uneven.isOk());
   EXPECT_EQ(uneven.status().code(), StatusCode::kInvalidUsage);
@@ -87,11 +94,13 @@ TEST(SelectOneHost, AllReduceInPlaceIsDirectOnlyWhenEveryRankIs) {
   EXPECT_NE(table.find("all ranks"), std::string::npos) << table;
 }
 
-TEST(SelectAcrossHosts, TableListsBothRows) {
+TEST(SelectAcrossHosts, TableListsEveryRow) {
   const auto rows = libcomm::crossHostSelectionRows();
-  ASSERT_EQ(rows.size(), 2u);
+  ASSERT_EQ(rows.size(), 3u);
   EXPECT_EQ(rows[0].algorithm, "hier");
-  EXPECT_EQ(rows[1].algorithm, "ring");
+  EXPECT_EQ(rows[1].algorithm, "hier");
+  EXPECT_EQ(rows[1].collectives, "all_reduce");
+  EXPECT_EQ(rows[2].algorithm, "ring");
   EXPECT_NE(libcomm::describeSelectionTable(CommConfig{}).find("across hosts"), std::string::npos);
 }
 

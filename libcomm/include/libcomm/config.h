@@ -77,8 +77,9 @@ struct CommConfig {
   Milliseconds progressReportInterval{1000};
   /// Algorithm override ("" = the selector's choice; one host: "eager", "direct", "staged"; across
   /// hosts: "ring", "hier"; device memory: "nccl", which host collectives ignore), from LIBCOMM_ALGO.
-  /// "hier" applies to all_gather and reduce_scatter; all_reduce, broadcast and barrier have only
-  /// the ring form. Communicator::create fails (kInvalidUsage, on every rank) when any rank's
+  /// "hier" applies to all_gather, reduce_scatter and an all_reduce whose count is a multiple of the
+  /// number of ranks and that does not accumulate; other all_reduces, broadcast and barrier have
+  /// only the ring form. Communicator::create fails (kInvalidUsage, on every rank) when any rank's
   /// setting cannot run on the communicator's hosts: a one-host algorithm across hosts, ring or
   /// hier on one host, hier without at least 2 ranks on every host, equally many.
   std::string algo;

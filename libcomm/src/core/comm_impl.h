@@ -32,6 +32,9 @@ namespace ring {
 struct Env;
 class Link;
 }
+namespace hier {
+struct Env;
+}
 namespace cuda {
 class OwnPath;
 }
@@ -166,6 +169,9 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// Registered memory of at least `bytes` standing in for an unregistered working buffer.
   Result<char*> bounceBuffer(size_t bytes);
   Status ringAllReduce(const CollArgs& args, ring::Env& env);
+  /// The two-level all_reduce (runHier): reduce_scatter, then all_gather, both in `work`, the
+  /// registered working buffer that holds the input (and ends holding the result).
+  Status hierAllReduce(const CollArgs& args, hier::Env& env, char* work);
   Status ringBroadcast(const CollArgs& args, const ring::Env& env);
   /// The type a reduction's partial sums travel in between hosts: config_.reducePartials for a
   /// reduce_scatter, except that bf16 partials apply to bf16 input only; fp64 also for an all_reduce

@@ -302,8 +302,10 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
   const int n = size_;
   const size_t inputBytes = args.count * args.inputParts(n) * dataTypeSize(args.inType);
   const char* why = "";
-  Result<Algo> choice = selectAcrossHosts(
-      {args.kind, inputBytes, hosts_.numHosts(), cross_->fewestPerHost, cross_->mostPerHost}, config_, &why);
+  CrossHostQuery query{args.kind, inputBytes, hosts_.numHosts(), cross_->fewestPerHost, cross_->mostPerHost};
+  query.splits = args.kind == CollKind::kAllReduce && args.count > 0 && args.count % static_cast<size_t>(n) == 0 &&
+                 !args.reduce.accumulate;
+  Result<Algo> choice = selectAcrossHosts(query, config_, &why);
   if (!choice.isOk())
     return choice.status()
         .withContext("rank " + std::to_string(rank_) + ": " + describeColl(args, seq))
@@ -386,14 +388,27 @@ Status Communicator::Impl::runHier(const CollArgs& args, uint32_t seq, const Wai
   const int perHost = static_cast<int>(x.ranks[x.hostIndex].size());
   const size_t es = dataTypeSize(args.inType);
   const bool gather = args.kind == CollKind::kAllGather;
+  // all_reduce (a count that is a multiple of the world size, no accumulation: the selector's
+  // condition) is a reduce_scatter and an all_gather in one working buffer, the output.
+  const bool whole = args.kind == CollKind::kAllReduce;
   // The working buffer the host peers read: all_gather's output, reduce_scatter's input. Where it
   // is not registered memory, a registered stand-in takes its place.
-  const size_t bytes = args.count * static_cast<size_t>(size_) * es;
+  const size_t bytes = args.count * (whole ? 1 : static_cast<size_t>(size_)) * es;
   CollArgs a = args;
-  char* work = static_cast<char*>(gather ? args.recv : const_cast<void*>(args.send));
+  char* work = static_cast<char*>(gather || whole ? args.recv : const_cast<void*>(args.send));
   shm::Location loc;
   const bool registered = bytes == 0 || local_->locate(work, bytes, &loc);
-  if (!registered) {
+  if (whole) {
+    // The input goes into the working buffer first (out of place, or a stand-in), where the
+    // reduce_scatter half reads it and writes this rank's block of sums.
+    if (!registered) {
+      LIBCOMM_ASSIGN_OR_RETURN(work, bounceBuffer(bytes));
+      if (!local_->locate(work, bytes, &loc))
+        return makeError(StatusCode::kInternalError, "rank ", rank_,
+                         ": the registered stand-in buffer is not registered");
+    }
+    if (work != args.send && bytes > 0) reduce::copyBytes(work, args.send, bytes);
+  } else if (!registered) {
     LIBCOMM_ASSIGN_OR_RETURN(work, bounceBuffer(bytes));
     if (!local_->locate(work, bytes, &loc))
       return makeError(StatusCode::kInternalError, "rank ", rank_, ": the registered stand-in buffer is not registered");
@@ -447,13 +462,44 @@ Status Communicator::Impl::runHier(const CollArgs& args, uint32_t seq, const Wai
   env.rail.wait = &wait;
   env.rail.partials = partialsAcrossHosts(args);
 
-  Status st = gather ? hier::allGather(a, env, &x.progress) : hier::reduceScatter(a, env, x.hostSums, x.scratch);
+  Status st = whole    ? hierAllReduce(args, env, work)
+              : gather ? hier::allGather(a, env, &x.progress)
+                       : hier::reduceScatter(a, env, x.hostSums, x.scratch);
   LIBCOMM_RETURN_IF_ERROR(st);
-  if (gather && !registered && bytes > 0) reduce::copyBytes(args.recv, work, bytes);
+  if ((gather || whole) && !registered && bytes > 0) reduce::copyBytes(args.recv, work, bytes);
   // The host peers read this rank's working buffer: nobody returns before all are done.
   channel_->publish(shm::Counter::kDone, seq);
   LIBCOMM_RETURN_IF_ERROR(channel_->waitAll(shm::Counter::kDone, seq, wait, "completion"));
   return Status::ok();
+}
+
+Status Communicator::Impl::hierAllReduce(const CollArgs& args, hier::Env& env, char* work) {
+  CrossHost& x = *cross_;
+  const size_t es = dataTypeSize(args.inType), block = args.count / static_cast<size_t>(size_);
+  char* mine = work + static_cast<size_t>(rank_) * block * es;
+  // Half 1: reduce_scatter in place in the working buffers; this rank's block of sums lands in its
+  // own place in `work`.
+  CollArgs rs = args;
+  rs.kind = CollKind::kReduceScatter;
+  rs.send = work;
+  rs.recv = mine;
+  rs.count = block;
+  rs.inPlace = true;
+  LIBCOMM_RETURN_IF_ERROR(hier::reduceScatter(rs, env, x.hostSums, x.scratch));
+  // Half 2 may start while host peers are still in half 1, reading their local index's blocks of
+  // `work` (hier.h): this rank writes those blocks only by copying them from that peer once its own
+  // all_gather half says they are there, which it does after its reduce_scatter half. The blocks
+  // it writes otherwise (its rail's) no host peer reads in half 1.
+  CollArgs ag;
+  ag.kind = CollKind::kAllGather;
+  ag.send = mine;
+  ag.recv = work;
+  ag.count = block;
+  ag.inType = ag.outType = args.outType;
+  ag.inPlace = true;
+  // The rail's steps: the all_gather's follow the reduce_scatter's (one per host).
+  env.rail.stepBase = static_cast<uint32_t>(env.ranks.size());
+  return hier::allGather(ag, env, &x.progress);
 }
 
 Status Communicator::Impl::ringAllReduce(const CollArgs& args, ring::Env& env) {

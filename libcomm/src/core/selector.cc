@@ -143,13 +143,16 @@ Result<Algo> selectAlgo(const SelectionQuery& q, const CommConfig& full, const c
 }
 
 namespace {
-bool hasHierForm(CollKind k) { return k == CollKind::kAllGather || k == CollKind::kReduceScatter; }
+bool hasHierForm(const CrossHostQuery& q) {
+  return q.kind == CollKind::kAllGather || q.kind == CollKind::kReduceScatter ||
+         (q.kind == CollKind::kAllReduce && q.splits);
+}
 }  // namespace
 
 Result<Algo> selectAcrossHosts(const CrossHostQuery& q, const CommConfig& full, const char** why) {
   const std::string& algo = hostAlgo(full);
   const bool even = q.minRanksPerHost == q.maxRanksPerHost;
-  const bool hierPossible = hasHierForm(q.kind) && even && q.minRanksPerHost >= 2;
+  const bool hierPossible = hasHierForm(q) && even && q.minRanksPerHost >= 2;
   // Communicator creation refused settings that cannot run on these hosts; checked again here,
   // for callers of the selector alone (tests).
   LIBCOMM_RETURN_IF_ERROR(checkAlgoPlacement(algo, q.hosts, q.minRanksPerHost, q.maxRanksPerHost));
@@ -158,7 +161,7 @@ Result<Algo> selectAcrossHosts(const CrossHostQuery& q, const CommConfig& full, 
     return Algo::kRing;
   }
   if (algo == "hier") {
-    if (!hasHierForm(q.kind)) {  // as config.h says: hier is the two-level form where one exists
+    if (!hasHierForm(q)) {  // as config.h says: hier is the two-level form where one exists
       *why = "LIBCOMM_ALGO=hier; this collective has only the ring form";
       return Algo::kRing;
     }
@@ -169,8 +172,8 @@ Result<Algo> selectAcrossHosts(const CrossHostQuery& q, const CommConfig& full, 
     *why = "several ranks per host: each crosses hosts with 1/(ranks per host) of the data, the rest moves in shared memory";
     return Algo::kHier;
   }
-  *why = hasHierForm(q.kind) ? "one rank on some host, or hosts with unequal rank counts: one ring over all ranks"
-                             : "one ring over all ranks";
+  *why = hasHierForm(q) ? "one rank on some host, or hosts with unequal rank counts: one ring over all ranks"
+                        : "one ring over all ranks";
   return Algo::kRing;
 }
 
@@ -188,6 +191,8 @@ std::vector<CrossHostRow> crossHostSelectionRows() {
   // measured 1.2-2.3x the flat ring from 64 KiB to 64 MiB (docs/PERFORMANCE.md, "Across hosts").
   return {{"all_gather, reduce_scatter", "every host has L >= 2 ranks, equally many", "hier",
            "one UCX ring per local index across hosts, shared memory inside each host, overlapped"},
+          {"all_reduce", "as above; count a multiple of the ranks, no accumulate", "hier",
+           "the two above in one working buffer: reduce_scatter, then all_gather"},
           {"*", "any", "ring", "one ring over all ranks (hosts in order, a host's ranks in order)"}};
 }
 

@@ -60,14 +60,18 @@ struct CrossHostQuery {
   size_t bytes;           // input bytes per rank
   int hosts;
   int minRanksPerHost, maxRanksPerHost;
+  /// all_reduce: its count is a positive multiple of the world size and it does not add into the
+  /// output, so that it splits into a reduce_scatter and an all_gather of whole blocks (the
+  /// two-level form then applies; the ring pads a copy otherwise).
+  bool splits = false;
 };
 
 /// The cross-host choice: kRing (every rank on one ring over UCX) or kHier (the ranks of a host
 /// share memory, ranks with equal local index form one ring per index across hosts). Every rank
 /// computes it from what all know alike (the host groups, the size, the setting), and the ring
 /// fingerprint carries it, so a rank with another LIBCOMM_ALGO is named, not waited for.
-/// LIBCOMM_ALGO=hier gives all_gather and reduce_scatter the two-level form; all_reduce, broadcast
-/// and barrier have only the ring form and take it.
+/// LIBCOMM_ALGO=hier gives all_gather, reduce_scatter and an all_reduce that splits the two-level
+/// form; other all_reduces, broadcast and barrier have only the ring form and take it.
 Result<Algo> selectAcrossHosts(const CrossHostQuery& q, const CommConfig& config, const char** why);
 
 /// One row of the table, as text (for comm_info --json); the eager row comes first.

@@ -52,10 +52,14 @@ struct Env {
 };
 
 /// all_gather into a.recv (this rank's working output; in place when a.inPlace). *progress is this
-/// rank's kProgress value; it is advanced past everything this collective publishes.
+/// rank's kProgress value; it is advanced past everything this collective publishes. Into the
+/// blocks of another local index it writes only copies from that local rank's output, each after
+/// that rank's kProgress said it is there: the two-level all_reduce (core/cross_host.cc) relies on
+/// this, running it in the buffer that host peers may still be reducing from.
 Status allGather(const CollArgs& a, Env& env, uint32_t* progress);
 /// reduce_scatter of the inputs in env.base (a.send is this rank's, env.base[localIndex]). `sums`
-/// holds the host's partial sums (one block per host); `ring` is the rail ring's scratch.
+/// holds the host's partial sums (one block per host); `ring` is the rail ring's scratch. Of the
+/// host peers' inputs it reads only the blocks of this rank's local index (ranks[h][localIndex]).
 Status reduceScatter(const CollArgs& a, Env& env, std::vector<double>& sums, ring::Scratch& ring);
 
 }  // namespace libcomm::hier
