@@ -762,43 +762,47 @@ TEST(CrossHostFp64Exact, ReduceScatterIsTheExactSumRoundedOnceAtEveryPlacement) 
 }
 
 // all_reduce with fp64 partials: sum and avg (1/4, exact) on fp32 and bf16, and an accumulation
-// into an fp32 output, each the exact result rounded once; the count leaves the ring's blocks
-// padded. With fp32 partials (all_reduce's ring order across hosts) the sums differ.
+// into an fp32 output, each the exact result rounded once. 3001 elements leave the ring's blocks
+// padded; 3004 split into whole blocks (the ring then rounds each block where it is reduced, and
+// two hosts of two ranks take the two-level form). With fp32 partials (all_reduce's ring order
+// across hosts) the sums differ.
 TEST(CrossHostFp64Exact, AllReduceIsTheExactSumRoundedOnceAtEveryPlacement) {  // label mp
   forEachFp64Placement([](RankContext& ctx, libcomm::Communicator& comm) -> Status {
     auto stream = libcomm::createInlineHostStream("exact");
     const int n = ctx.size;
-    const size_t count = 3001;
-    struct Case {
-      DataType type;
-      libcomm::ReduceOp op;
-      bool accumulate;
-    };
-    const Case cases[] = {{DataType::kFloat32, libcomm::ReduceOp::kSum, false},
-                          {DataType::kFloat32, libcomm::ReduceOp::kAvg, false},
-                          {DataType::kFloat32, libcomm::ReduceOp::kSum, true},
-                          {DataType::kBFloat16, libcomm::ReduceOp::kSum, false},
-                          {DataType::kBFloat16, libcomm::ReduceOp::kAvg, false}};
-    for (const Case& c : cases) {
-      std::vector<char> send(count * 4), recv(count * 4);
-      for (size_t i = 0; i < count; ++i) {
-        store(send.data(), c.type, i, exactTestValue(ctx.rank, i));
-        // What an accumulation adds to: another term of the same range.
-        store(recv.data(), c.type, i, exactTestValue(n + ctx.rank, i));
-      }
-      libcomm::ReduceOptions options;
-      options.op = c.op;
-      options.accumulate = c.accumulate;
-      LIBCOMM_RETURN_IF_ERROR(comm.allReduce(send.data(), recv.data(), count, c.type, options, *stream));
-      const std::string what = std::string("all_reduce ") + libcomm::dataTypeName(c.type) +
-                               (c.op == libcomm::ReduceOp::kAvg ? " avg" : " sum") +
-                               (c.accumulate ? " accumulated" : "");
-      for (size_t i = 0; i < count; ++i) {
-        double exact = 0;
-        for (int p = 0; p < n; ++p) exact += rounded(c.type, exactTestValue(p, i));
-        if (c.op == libcomm::ReduceOp::kAvg) exact /= n;  // 1/4: exact
-        if (c.accumulate) exact += exactTestValue(n + ctx.rank, i);
-        LIBCOMM_RETURN_IF_ERROR(expectRoundedOnce(ctx.rank, what.c_str(), c.type, recv.data(), i, exact));
+    for (const size_t count : {size_t{3001}, size_t{3004}}) {
+      struct Case {
+        DataType type;
+        libcomm::ReduceOp op;
+        bool accumulate;
+      };
+      const Case cases[] = {{DataType::kFloat32, libcomm::ReduceOp::kSum, false},
+                            {DataType::kFloat32, libcomm::ReduceOp::kAvg, false},
+                            {DataType::kFloat32, libcomm::ReduceOp::kSum, true},
+                            {DataType::kBFloat16, libcomm::ReduceOp::kSum, false},
+                            {DataType::kBFloat16, libcomm::ReduceOp::kAvg, false}};
+      for (const Case& c : cases) {
+        std::vector<char> send(count * 4), recv(count * 4);
+        for (size_t i = 0; i < count; ++i) {
+          store(send.data(), c.type, i, exactTestValue(ctx.rank, i));
+          // What an accumulation adds to: another term of the same range.
+          store(recv.data(), c.type, i, exactTestValue(n + ctx.rank, i));
+        }
+        libcomm::ReduceOptions options;
+        options.op = c.op;
+        options.accumulate = c.accumulate;
+        LIBCOMM_RETURN_IF_ERROR(comm.allReduce(send.data(), recv.data(), count, c.type, options, *stream));
+        const std::string what = std::string("all_reduce ") + libcomm::dataTypeName(c.type) +
+                                 (c.op == libcomm::ReduceOp::kAvg ? " avg" : " sum") +
+                                 (c.accumulate ? " accumulated" : "");
+        for (size_t i = 0; i < count; ++i) {
+          double exact = 0;
+          for (int p = 0; p < n; ++p) exact += rounded(c.type, exactTestValue(p, i));
+          if (c.op == libcomm::ReduceOp::kAvg) exact /= n;  // 1/4: exact
+          if (c.accumulate) exact += exactTestValue(n + ctx.rank, i);
+          LIBCOMM_RETURN_IF_ERROR(expectRoundedOnce(ctx.rank, (what + " count " + std::to_string(count)).c_str(),
+                                                    c.type, recv.data(), i, exact));
+        }
       }
     }
     return Status::ok();

@@ -504,16 +504,18 @@ Status Communicator::Impl::hierAllReduce(const CollArgs& args, hier::Env& env, c
 
 Status Communicator::Impl::ringAllReduce(const CollArgs& args, ring::Env& env) {
   // reduce_scatter then all_gather, over a copy padded to a multiple of the world size unless the
-  // count is one already (and the sums are neither fp64 nor added to the output). With fp64
+  // count is one already (and the sums are not added to the output). With fp64
   // partials the reduce_scatter leaves each rank's block as exact fp64 sums, the all_gather moves
   // those, and every rank rounds them once at the end: the one-host result, bit for bit.
   env.partials = partialsAcrossHosts(args);
   const bool wide = env.partials == PartialsType::kFloat64;
   const size_t n = static_cast<size_t>(size_), es = dataTypeSize(args.inType);
-  if (!wide && !args.reduce.accumulate && args.count > 0 && args.count % n == 0) {
+  if (!args.reduce.accumulate && args.count > 0 && args.count % n == 0) {
     // No padding needed and nothing to add the sums to: the reduce_scatter reads the input where it
     // is and writes this rank's block of the output, which the all_gather then fills in place (two
-    // copies of the whole buffer fewer; in place, the reduce_scatter is in place too).
+    // copies of the whole buffer fewer; in place, the reduce_scatter is in place too). With fp64
+    // partials each block is rounded once where it is reduced, with the op's scale, as every rank
+    // would round it: the all_gather then moves the rounded block, not its fp64 sums.
     const size_t block = args.count / n;
     CollArgs rs = args;
     rs.kind = CollKind::kReduceScatter;
