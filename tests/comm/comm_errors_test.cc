@@ -1370,8 +1370,8 @@ TEST(CommErrors, ARepeatedCallIsCheckedAgainWhenAnArgumentDiffers) {
     LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allReduce(a.data(), r.data(), SIZE_MAX / 4, DataType::kFloat32, {}, *s),
                                          StatusCode::kInvalidArgument, {"overflows"}, "count overflows"));
     // An in-place all_reduce repeated keeps its in-place flag: with the eager path off and
-    // registered memory, in place takes the staged algorithm, out of place direct (which would
-    // read peers' buffers while they are overwritten).
+    // registered memory, every rank in place takes direct's two passes; taken for out of place, it
+    // would run direct's one pass (which reads peers' buffers while they are overwritten).
     libcomm::CommConfig noEager = quickConfig();
     noEager.eagerBytes = 0;
     LIBCOMM_ASSIGN_OR_RETURN(auto plain, libcomm::Communicator::create(ctx.bootstrap, noEager));
@@ -1383,8 +1383,14 @@ TEST(CommErrors, ARepeatedCallIsCheckedAgainWhenAnArgumentDiffers) {
       if (x[0] != 3.f || x[63] != 3.f) return makeError(StatusCode::kInternalError, "in-place all_reduce ", i, " gave ", x[0]);
     }
     const std::string flight = plain->flightRecorderJson();
-    if (flight.find("direct") != std::string::npos || flight.find("staged") == std::string::npos)
-      return makeError(StatusCode::kInternalError, "repeated in-place all_reduce should all be staged: ", flight);
+    size_t inPlace = 0;
+    for (size_t at = flight.find("\"in_place\":true"); at != std::string::npos;
+         at = flight.find("\"in_place\":true", at + 1))
+      ++inPlace;
+    if (inPlace != 3 || flight.find("\"in_place\":false") != std::string::npos ||
+        flight.find("staged") != std::string::npos)
+      return makeError(StatusCode::kInternalError,
+                       "repeated in-place all_reduce should all be in place, direct: ", flight);
     return plain->freeRegistered(reg);
   });
   EXPECT_RANKS_OK(report);
