@@ -230,7 +230,10 @@ Status Runner::runPlacement(const Row& row, bool inPlace, Placement& result) {
   c.count = row.count;
   c.seq = ++checkSeq_;
   c.inPlace = inPlace;
-  c.bf16Partials = comm_.config().reducePartials == libcomm::PartialsType::kBFloat16;
+  // bf16 partials apply to a host reduce_scatter; a host all_reduce's ring keeps fp32 (on device
+  // memory NCCL decides, so the wider bound stays).
+  c.bf16Partials = comm_.config().reducePartials == libcomm::PartialsType::kBFloat16 &&
+                   (row.coll == Coll::kReduceScatter || options_.deviceMemory);
   prepareCheck(c, sendBuf.mirror(send), recvBuf.mirror(recv));
   if (options_.deviceMemory) LIBCOMM_RETURN_IF_ERROR(mirrorsToDevice());
   LIBCOMM_RETURN_IF_ERROR(enqueue(row, send, recv));

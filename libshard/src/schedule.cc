@@ -43,7 +43,9 @@ struct Gather {
 class Builder {
  public:
   Builder(const ShardPlan& plan, const ScheduleOptions& options, Schedule& s) : plan_(plan), s_(s) {
-    // -1 takes the plan's depth; below that is refused in checkPlan (-5 took the plan's silently).
+    // -1 takes the plan's depth; below that is refused in checkPlan (-5 took the plan's silently),
+    // with serialize too (which gathers on demand whatever the depth).
+    requestedDepth_ = options.prefetchDepth;
     s_.prefetchDepth =
         options.serialize ? 0 : (options.prefetchDepth != -1 ? options.prefetchDepth : plan.options.prefetchDepth);
     s_.serialize = options.serialize;
@@ -67,7 +69,8 @@ class Builder {
     if (plan_.layers.empty()) return bad("the plan has no layers");
     if (o.microBatches < 1) return bad("microBatches ", o.microBatches, " (need >= 1)");
     if (o.gradBuffers < 1) return bad("gradBuffers ", o.gradBuffers, " (need >= 1)");
-    if (s_.prefetchDepth < 0) return bad("prefetch depth ", s_.prefetchDepth, " (need >= 0, or -1 for the plan's)");
+    if (requestedDepth_ < -1) return bad("prefetch depth ", requestedDepth_, " (need >= 0, or -1 for the plan's)");
+    if (s_.prefetchDepth < 0) return bad("prefetch depth ", s_.prefetchDepth, " (need >= 0)");
     const int nbuf = static_cast<int>(plan_.gatherBuffers.size());
     for (size_t i = 0; i < plan_.gradBuffers.size(); ++i)
       if (plan_.gradBuffers[i].rotating) rotatingGrads_.push_back(static_cast<int>(i));
@@ -409,6 +412,7 @@ class Builder {
 
   const ShardPlan& plan_;
   Schedule& s_;
+  int requestedDepth_ = -1;  // ScheduleOptions::prefetchDepth as given
   std::vector<Use> uses_;
   std::vector<Gather> gathers_;
   std::vector<int> lastNeeded_;  // per use: index of the last gather serving a use <= it

@@ -294,6 +294,35 @@ TEST_P(CommFailures, DifferentCollectivesAreNamed) {
   EXPECT_RANKS_OK(report);
 }
 
+// Ranks that differ on accumulate: across hosts it decides whether an all_reduce splits into the
+// two-level form, and the ranks chose different algorithms (blamed on LIBCOMM_ALGO) or, with fp64
+// partials, gathered blocks of different sizes (found by a review). A collective mismatch on every
+// rank, naming the option, also where the check of the other arguments is off.
+TEST_P(CommFailures, AccumulateThatDiffersIsNamed) {
+  const Placement placement = GetParam();
+  for (bool check : {true, false}) {
+    RunOptions opts;
+    opts.size = 2;
+    auto report = runRanks(opts, [placement, check](RankContext& ctx) -> Status {
+      auto config = quickConfig(ctx.rank, placement);
+      config.checkMismatch = check;
+      config.reducePartials = libcomm::PartialsType::kFloat64;
+      LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+      auto s = libcomm::createHostStream("accumulate");
+      const size_t count = 2 * 1031;  // whole blocks at 2 ranks
+      std::vector<float> a(count, 1.0f), b(count, 0.0f);
+      libcomm::ReduceOptions options;
+      options.accumulate = ctx.rank == 0;
+      LIBCOMM_RETURN_IF_ERROR(comm->allReduce(a.data(), b.data(), count, DataType::kFloat32, options, *s));
+      const Status st = s->synchronize(libcomm::Deadline::after(std::chrono::seconds(20)));
+      return expectStatus(st, StatusCode::kInvalidUsage,
+                          {"collective mismatch at seq 1", "rank 0 adds the result into its output", "rank 1 does not"},
+                          "accumulate mismatch");
+    });
+    EXPECT_RANKS_OK(report);
+  }
+}
+
 // A call that one rank refused (a null pointer) and the others ran used to shift every later call of
 // that rank by one against its peers': with the same shapes, each collective paired with the peers'
 // previous one and delivered its data, silently (found by a review). The count of refused calls is

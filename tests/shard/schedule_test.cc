@@ -359,6 +359,10 @@ TEST(Schedule, BuildRejectsInconsistentPlans) {
   auto r = Schedule::build(plan, negative);
   EXPECT_EQ(r.status().code(), libcomm::StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("prefetch depth -5"), std::string::npos) << r.status().toString();
+  negative.serialize = true;  // gathers on demand whatever the depth: refused all the same
+  r = Schedule::build(plan, negative);
+  EXPECT_EQ(r.status().code(), libcomm::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("prefetch depth -5"), std::string::npos) << r.status().toString();
 }
 
 // The toy's embedding (2,000+ elements against blocks of ~100) gets a gradient buffer of its own;

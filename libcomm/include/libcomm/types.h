@@ -38,7 +38,8 @@ struct ReduceOptions {
   /// Factor for kPremulSum; ignored otherwise.
   float scale = 1.0f;
   /// fp32 output only: add the result to what the output buffer already holds (gradient
-  /// accumulation) instead of overwriting it. Not allowed in place.
+  /// accumulation) instead of overwriting it. Not allowed in place. Every rank must pass the same
+  /// value (a collective whose ranks differ fails on every rank as a collective mismatch).
   bool accumulate = false;
 };
 

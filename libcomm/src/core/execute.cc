@@ -391,6 +391,7 @@ shm::OpDescriptor Communicator::Impl::describeOp(const CollArgs& args, uint32_t 
   d.scale = args.reduce.scale;
   d.inPlace = args.inPlace;
   d.algoSetting = algoSetting_;
+  d.accumulate = args.reduce.accumulate ? 1 : 0;
   d.refused = args.refusedBefore;
   return d;
 }
@@ -409,8 +410,11 @@ Status Communicator::Impl::compareFingerprint(const CollArgs& args, uint32_t seq
                      describeColl(args, seq));
   // The kind, count, type and (broadcast) root decide how much of a peer's memory is read and
   // whose; the algorithm settings decide how: always checked.
+  // Accumulation too: across hosts it decides whether an all_reduce splits into the two-level form
+  // (and how its blocks travel).
   bool differs = o.kind != me.kind || o.count != me.count || o.inType != me.inType || o.eager != me.eager ||
                  o.algo != me.algo || o.algoSetting != me.algoSetting || o.refused != me.refused ||
+                 o.accumulate != me.accumulate ||
                  (me.kind == static_cast<uint8_t>(CollKind::kBroadcast) && o.root != me.root);
   if (config_.checkMismatch)
     differs = differs || o.outType != me.outType || o.redOp != me.redOp || o.root != me.root ||
@@ -423,6 +427,7 @@ Status Communicator::Impl::compareFingerprint(const CollArgs& args, uint32_t seq
   theirs.outType = static_cast<DataType>(o.outType);
   theirs.reduce.op = static_cast<ReduceOp>(o.redOp);
   theirs.reduce.scale = o.scale;
+  theirs.reduce.accumulate = o.accumulate != 0;
   theirs.root = o.root;
   theirs.inPlace = o.inPlace;
   std::string scales;
@@ -443,6 +448,10 @@ Status Communicator::Impl::compareFingerprint(const CollArgs& args, uint32_t seq
     scales = std::string(" (LIBCOMM_ALGO is ") + algoSettingName(me.algoSetting) + " on rank " + std::to_string(rank_) +
              " and " + algoSettingName(o.algoSetting) + " on rank " + std::to_string(p) +
              ": ranks that choose different algorithms cannot meet; set it alike on every rank)";
+  if (o.accumulate != me.accumulate)
+    scales = std::string(" (rank ") + std::to_string(me.accumulate ? rank_ : p) +
+             " adds the result into its output (ReduceOptions::accumulate), rank " +
+             std::to_string(me.accumulate ? p : rank_) + " does not: every rank must pass the same options)";
   if (me.redOp == static_cast<uint8_t>(ReduceOp::kPremulSum) && o.redOp == me.redOp && o.scale != me.scale)
     scales = " (premulSum scale " + std::to_string(me.scale) + " here, " + std::to_string(o.scale) + " on rank " +
              std::to_string(p) + ")";

@@ -35,6 +35,7 @@ struct OpDescriptor {
   uint8_t redOp = 0;       // ReduceOp
   int32_t root = -1;
   uint8_t algoSetting = 0;  // LIBCOMM_ALGO for host memory (selector.h algoSettingCode): must agree
+  uint8_t accumulate = 0;   // ReduceOptions::accumulate: must agree (across hosts it decides the algorithm)
   uint16_t refused = 0;     // CollArgs::refusedBefore: must agree
   uint64_t count = 0;
   float scale = 1.0f;
@@ -82,8 +83,8 @@ static_assert(sizeof(OpDescriptor) <= 56, "a post slot must stay one cache line"
 
 struct alignas(64) ControlBlock {
   static constexpr uint64_t kMagic = 0x53484152444d4d31ull;  // "SHARDMM1"
-  // 5: eager inputs inlined in the descriptor; 6: kDeviceWaited; 7: pidNamespace
-  static constexpr uint32_t kVersion = 7;
+  // 5: eager inputs inlined in the descriptor; 6: kDeviceWaited; 7: pidNamespace; 8: OpDescriptor::accumulate
+  static constexpr uint32_t kVersion = 8;
 
   uint64_t magic;
   uint32_t version;
