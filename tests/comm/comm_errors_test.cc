@@ -381,6 +381,53 @@ TEST_P(CommFailures, KilledRankIsNamedBySurvivors) {
   EXPECT_RANKS_OK(report);
 }
 
+// The two-pass in-place all_reduce (every rank in place, registered) waits for its peers' chunks
+// between its passes: a rank killed while the ranks loop over it is named by the survivors
+// within seconds, in whichever wait each was (arrival, a peer's chunk, completion), never waited
+// for until the op timeout.
+TEST(CommErrors, KilledRankMidInPlaceAllReduceIsNamedBySurvivors) {
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = 3;
+  opts.expectDeath = {1};
+  opts.deadline = scaledForSanitizers(std::chrono::seconds(60));
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    auto config = quickConfig(ctx.rank);
+    config.opTimeout = std::chrono::seconds(20);  // death must be noticed long before this
+    config.eagerBytes = 0;
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+    auto s = libcomm::createHostStream("kill-in-place");
+    const size_t count = size_t{64} << 10;  // 256 KiB of fp32: three chunks of whole cache lines
+    LIBCOMM_ASSIGN_OR_RETURN(void* buf, comm->allocRegistered(count * 4));
+    float* x = static_cast<float*>(buf);
+    std::fill(x, x + count, 1.0f);
+    LIBCOMM_RETURN_IF_ERROR(comm->allReduce(x, x, count, DataType::kFloat32, {}, *s));
+    LIBCOMM_RETURN_IF_ERROR(s->synchronize(libcomm::Deadline::after(std::chrono::seconds(10))));
+    if (x[0] != 3.0f || x[count - 1] != 3.0f)
+      return libcomm::makeError(StatusCode::kInternalError, "in-place all_reduce gave ", x[0]);
+    if (ctx.rank == 1) {
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        raise(SIGKILL);
+      }).detach();
+    }
+    const auto limit = libcomm::Clock::now() + scaledForSanitizers(std::chrono::seconds(30));
+    Status st;
+    libcomm::Clock::time_point lastOk = libcomm::Clock::now();
+    while (st.isOk() && libcomm::Clock::now() < limit) {
+      st = comm->allReduce(x, x, count, DataType::kFloat32, {}, *s);
+      if (st.isOk()) st = s->synchronize(libcomm::Deadline::after(std::chrono::seconds(25)));
+      if (st.isOk()) lastOk = libcomm::Clock::now();
+    }
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(libcomm::Clock::now() - lastOk);
+    if (waited > scaledForSanitizers(std::chrono::seconds(5)))
+      return libcomm::makeError(StatusCode::kInternalError, "death noticed only after ", waited.count(), " ms");
+    // A survivor may hear of the death first-hand, or from the other survivor's failure.
+    return expectStatus(st, StatusCode::kRemoteError, {"rank 1", "all_reduce seq"}, "killed peer");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 // The same across hosts over tcp with 8 MiB blocks, the rank killed a few milliseconds into the
 // second collective: the blocks travel on the bulk endpoints (no peer-failure mode, so UCX never
 // fails their requests), and the death must still be named within seconds, not at the 20 s op
