@@ -303,8 +303,7 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
   const size_t inputBytes = args.count * args.inputParts(n) * dataTypeSize(args.inType);
   const char* why = "";
   CrossHostQuery query{args.kind, inputBytes, hosts_.numHosts(), cross_->fewestPerHost, cross_->mostPerHost};
-  query.splits = args.kind == CollKind::kAllReduce && args.count > 0 && args.count % static_cast<size_t>(n) == 0 &&
-                 !args.reduce.accumulate;
+  query.splits = args.kind == CollKind::kAllReduce && splitsIntoBlocks(args);
   Result<Algo> choice = selectAcrossHosts(query, config_, &why);
   if (!choice.isOk())
     return choice.status()
@@ -388,8 +387,8 @@ Status Communicator::Impl::runHier(const CollArgs& args, uint32_t seq, const Wai
   const int perHost = static_cast<int>(x.ranks[x.hostIndex].size());
   const size_t es = dataTypeSize(args.inType);
   const bool gather = args.kind == CollKind::kAllGather;
-  // all_reduce (a count that is a multiple of the world size, no accumulation: the selector's
-  // condition) is a reduce_scatter and an all_gather in one working buffer, the output.
+  // all_reduce (splitsIntoBlocks: the selector's condition) is a reduce_scatter and an all_gather
+  // in one working buffer, the output.
   const bool whole = args.kind == CollKind::kAllReduce;
   // The working buffer the host peers read: all_gather's output, reduce_scatter's input. Where it
   // is not registered memory, a registered stand-in takes its place.
@@ -398,20 +397,16 @@ Status Communicator::Impl::runHier(const CollArgs& args, uint32_t seq, const Wai
   char* work = static_cast<char*>(gather || whole ? args.recv : const_cast<void*>(args.send));
   shm::Location loc;
   const bool registered = bytes == 0 || local_->locate(work, bytes, &loc);
-  if (whole) {
-    // The input goes into the working buffer first (out of place, or a stand-in), where the
-    // reduce_scatter half reads it and writes this rank's block of sums.
-    if (!registered) {
-      LIBCOMM_ASSIGN_OR_RETURN(work, bounceBuffer(bytes));
-      if (!local_->locate(work, bytes, &loc))
-        return makeError(StatusCode::kInternalError, "rank ", rank_,
-                         ": the registered stand-in buffer is not registered");
-    }
-    if (work != args.send && bytes > 0) reduce::copyBytes(work, args.send, bytes);
-  } else if (!registered) {
+  if (!registered) {
     LIBCOMM_ASSIGN_OR_RETURN(work, bounceBuffer(bytes));
     if (!local_->locate(work, bytes, &loc))
       return makeError(StatusCode::kInternalError, "rank ", rank_, ": the registered stand-in buffer is not registered");
+  }
+  if (whole) {
+    // The input goes into the working buffer first (out of place, or a stand-in), where the
+    // reduce_scatter half reads it and writes this rank's block of sums.
+    if (work != args.send && bytes > 0) reduce::copyBytes(work, args.send, bytes);
+  } else if (!registered) {
     if (gather) {
       a.recv = work;
       if (args.inPlace) {  // the own block is the input: it goes to the stand-in's place for it
@@ -510,7 +505,7 @@ Status Communicator::Impl::ringAllReduce(const CollArgs& args, ring::Env& env) {
   env.partials = partialsAcrossHosts(args);
   const bool wide = env.partials == PartialsType::kFloat64;
   const size_t n = static_cast<size_t>(size_), es = dataTypeSize(args.inType);
-  if (!args.reduce.accumulate && args.count > 0 && args.count % n == 0) {
+  if (splitsIntoBlocks(args)) {
     // No padding needed and nothing to add the sums to: the reduce_scatter reads the input where it
     // is and writes this rank's block of the output, which the all_gather then fills in place (two
     // copies of the whole buffer fewer; in place, the reduce_scatter is in place too). With fp64

@@ -336,9 +336,10 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const WaitCon
                                  << (d.eager == shm::OpDescriptor::kEagerInline ? ", in the descriptor" : "") << ")";
     return mesh::runEager(args, env, d.eager == shm::OpDescriptor::kEagerInline ? &all : nullptr);
   }
-  // Chosen from every rank's descriptor, so that all ranks choose alike: whether any rank is in
-  // place (another rank's in-place all_reduce rules out direct for everyone), whether every input
-  // is registered; LIBCOMM_ALGO was compared with the descriptors.
+  // Chosen from every rank's descriptor, so that all ranks choose alike: whether any rank and
+  // whether every rank is in place (an in-place all_reduce runs direct's two passes only when all
+  // are; one rank in place among others rules out direct for everyone), whether every input is
+  // registered; LIBCOMM_ALGO was compared with the descriptors.
   bool anyInPlace = false, allInPlace = true;
   int unregistered = -1;
   for (int p = 0; p < size_; ++p) {

@@ -65,10 +65,10 @@ struct OpDescriptor {
 // kProgress: how far a rank's part of a hierarchical all_gather has come (its local peers copy
 // what it received across hosts as soon as it is in; core/cross_host.cc). On a communicator within
 // one host: the seq of the in-place all_reduce whose own chunk this rank has reduced (the peers then
-// copy it; algos/mesh/direct.cc), caught up to every collective's seq after it (execute.cc). kDeviceWaited: the last
-// own-path device collective whose peers' "done" events this rank has waited on (its host calls
-// that name those events are behind it), so that a rank ending its communicator destroys its
-// events only after every local peer is past them (core/device_exec.cc).
+// copy it; algos/mesh/direct.cc), caught up to every collective's seq after it (execute.cc).
+// kDeviceWaited: the last own-path device collective whose peers' "done" events this rank has
+// waited on (its host calls that name those events are behind it), so that a rank ending its
+// communicator destroys its events only after every local peer is past them (core/device_exec.cc).
 enum class Counter : int { kDone = 0, kStagePosted = 1, kStageConsumed = 2, kProgress = 3, kDeviceWaited = 4 };
 
 /// A rank's announcement of collective `seq`: the descriptor and, in the same cache line, the
