@@ -155,6 +155,44 @@ TEST(CommErrors, OwnMismatchAcrossHostsIsReportedOverAPeersNotice) {
   }
 }
 
+// Across hosts a small input goes eager (one message to every rank) and a large one on the ring
+// (a fingerprint to the next rank, then ring steps): calls whose sizes differ across the eager
+// threshold choose different algorithms, whose messages never pair. The rank after a pair of ring
+// neighbours that differ still receives its predecessor's message at the fingerprint step, reads its
+// descriptor and names both calls; the others hear of it from that rank's notice. Never a timeout.
+TEST(CommErrors, EagerAndRingCallsAcrossHostsAreNamedNotWaitedFor) {
+  for (int ranks : {2, 3}) {
+    RunOptions opts;
+    opts.size = ranks;
+    auto report = runRanks(opts, [ranks](RankContext& ctx) -> Status {
+      LIBCOMM_ASSIGN_OR_RETURN(
+          auto comm, libcomm::Communicator::create(ctx.bootstrap, quickConfig(ctx.rank, Placement::kAcrossHosts)));
+      auto s = libcomm::createHostStream("eager-vs-ring");
+      const size_t small = 16, large = 8192;  // 64 B and 32 KiB per rank: eager and ring
+      std::vector<float> a(large, 1.0f), b(large * static_cast<size_t>(ranks));
+      const size_t count = ctx.rank == ranks - 2 ? small : large;  // 2 ranks: rank 0; 3 ranks: rank 1
+      const auto start = std::chrono::steady_clock::now();
+      LIBCOMM_RETURN_IF_ERROR(comm->allGather(a.data(), b.data(), count, DataType::kFloat32, *s));
+      Status st = s->synchronize(libcomm::Deadline::after(std::chrono::seconds(10)));
+      const auto took = std::chrono::steady_clock::now() - start;
+      const std::string what = std::to_string(ranks) + " ranks, rank " + std::to_string(ctx.rank);
+      if (took > std::chrono::seconds(2))
+        return libcomm::makeError(StatusCode::kInternalError, what, ": took ",
+                                  std::chrono::duration_cast<std::chrono::milliseconds>(took).count(),
+                                  " ms: ", st.toString());
+      // 3 ranks: rank 0's neighbours (2 before it, 1 after) -- rank 2 agrees with it; it hears of
+      // the mismatch from a notice.
+      if (ranks == 3 && ctx.rank == 0)
+        return expectStatus(Status(st.isOk() ? StatusCode::kOk : StatusCode::kInvalidUsage, st.message()),
+                            StatusCode::kInvalidUsage, {"mismatch", "count 16", "count 8192"}, what.c_str());
+      return expectStatus(st, StatusCode::kInvalidUsage,
+                          {"collective mismatch at seq 1", "count 16", "count 8192", "chose eager", "chose ring"},
+                          what.c_str());
+    });
+    EXPECT_RANKS_OK(report);
+  }
+}
+
 // LIBCOMM_ALGO=direct with one rank's input unregistered: every rank learns which rank's input it
 // was, at which collective (the message said "a rank's", with neither rank nor seq).
 TEST(CommErrors, ForcedDirectNamesTheUnregisteredRankAndSeq) {

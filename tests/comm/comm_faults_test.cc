@@ -413,6 +413,7 @@ INSTANTIATE_TEST_SUITE_P(Placements, AbortLeaks, ::testing::Values(Placement::kO
 // on an inline stream nothing else adds it. Ring 0 -> 1 -> 2, a broadcast from rank 0: rank 2 dies
 // after sending its fingerprint, while rank 1 still waits for rank 0's (rank 0 starts late) and sees
 // the death there; then rank 1 must forward rank 0's data to rank 2, and that send is refused.
+// (The ring forced: a collective this small would go eager, where each rank sends to each.)
 TEST(KilledPeerAcrossHosts, ARefusedPostNamesTheCollectiveOnAnInlineStream) {
   RunOptions opts;
   opts.mode = Mode::kProcesses;
@@ -420,8 +421,9 @@ TEST(KilledPeerAcrossHosts, ARefusedPostNamesTheCollectiveOnAnInlineStream) {
   opts.expectDeath = {2};
   opts.deadline = 30s;
   auto report = runRanks(opts, [](RankContext& ctx) -> Status {
-    LIBCOMM_ASSIGN_OR_RETURN(auto comm,
-                             libcomm::Communicator::create(ctx.bootstrap, faultConfig(ctx.rank, Placement::kAcrossHosts)));
+    libcomm::CommConfig config = faultConfig(ctx.rank, Placement::kAcrossHosts);
+    config.algo = "ring";
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
     auto stream = libcomm::createInlineHostStream("inline");
     std::vector<float> data(1024, ctx.rank == 0 ? 5.0f : 0.0f);
     LIBCOMM_RETURN_IF_ERROR(comm->barrier(*stream));
@@ -452,14 +454,17 @@ TEST(KilledPeerAcrossHosts, ARefusedPostNamesTheCollectiveOnAnInlineStream) {
 
 // An aborted rank still sends its failure notice: its peer learns of the abort, not only that the
 // rank went away ("peer rank 1 lost": the notice's send was refused once the channel had aborted).
+// On the ring: rank 0 needs a message rank 1 sends only after hearing from it. (Eager, rank 1's input
+// may have left before the abort, and rank 0's collective complete: AnEagerCollective... below.)
 TEST(AbortAcrossHosts, ThePeersHearOfTheAbortFromItsNotice) {
   RunOptions opts;
   opts.mode = Mode::kProcesses;
   opts.size = 2;
   opts.deadline = 30s;
   auto report = runRanks(opts, [](RankContext& ctx) -> Status {
-    LIBCOMM_ASSIGN_OR_RETURN(auto comm,
-                             libcomm::Communicator::create(ctx.bootstrap, faultConfig(ctx.rank, Placement::kAcrossHosts)));
+    libcomm::CommConfig config = faultConfig(ctx.rank, Placement::kAcrossHosts);
+    config.algo = "ring";
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
     auto stream = libcomm::createInlineHostStream("inline");
     std::vector<float> in(8, 1.0f), out(16);
     auto allGather = [&] {  // an inline stream runs it in the call; its error comes from the stream
@@ -481,6 +486,51 @@ TEST(AbortAcrossHosts, ThePeersHearOfTheAbortFromItsNotice) {
     std::this_thread::sleep_for(200ms + scaledForSanitizers(400ms));
     return expectStatus(allGather(), StatusCode::kRemoteError, {"rank 1 failed", "abort() called on rank 1"},
                         "the peer's abort");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// Eager across hosts, the same abort: rank 1's message may have left before its abort, so rank 0's
+// all_gather either completes with rank 1's data or fails naming the abort -- never wrong data, never
+// a hang -- and its next collective fails naming the abort.
+TEST(AbortAcrossHosts, AnEagerCollectiveCompletesWithTheDataOrNamesTheAbort) {
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = 2;
+  opts.deadline = 30s;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    libcomm::CommConfig config = faultConfig(ctx.rank, Placement::kAcrossHosts);
+    config.algo = "eager";
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+    auto stream = libcomm::createInlineHostStream("inline");
+    std::vector<float> in(8, static_cast<float>(ctx.rank + 1)), out(16, -1.0f);
+    auto allGather = [&] {
+      Status st = comm->allGather(in.data(), out.data(), in.size(), DataType::kFloat32, *stream);
+      return st.isOk() ? stream->synchronize(libcomm::Deadline::after(10s)) : st;
+    };
+    if (ctx.rank == 1) {
+      std::thread aborter([&] {
+        usleep(200000);
+        comm->abort();
+      });
+      Status st = allGather();
+      aborter.join();
+      return expectStatus(st, StatusCode::kRemoteError, {"abort"}, "aborted collective");
+    }
+    std::this_thread::sleep_for(200ms + scaledForSanitizers(400ms));
+    const auto start = std::chrono::steady_clock::now();
+    Status first = allGather();
+    if (first.isOk()) {
+      for (size_t i = 0; i < out.size(); ++i)
+        if (out[i] != static_cast<float>(i / 8 + 1))
+          return libcomm::makeError(StatusCode::kInternalError, "completed with element ", i, " = ", out[i]);
+    } else {
+      LIBCOMM_RETURN_IF_ERROR(
+          expectStatus(first, StatusCode::kRemoteError, {"rank 1 failed", "abort() called on rank 1"}, "first"));
+    }
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(allGather(), StatusCode::kRemoteError, {"rank 1", "abort() called on rank 1"},
+                                         "the next collective"));
+    return check(std::chrono::steady_clock::now() - start < 5s, "the abort was heard within 5 s");
   });
   EXPECT_RANKS_OK(report);
 }

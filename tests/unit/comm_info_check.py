@@ -105,7 +105,8 @@ def check_json(exe):
         fail("selection rows malformed: %s" % doc["selection"])
     across = doc.get("selection_across_hosts")
     if not across or any(set(r) != {"collectives", "placement", "algorithm", "why"} for r in across) \
-            or {r["algorithm"] for r in across} != {"hier", "ring"} or across[-1]["algorithm"] != "ring":
+            or {r["algorithm"] for r in across} != {"eager", "hier", "ring"} or across[0]["algorithm"] != "eager" \
+            or across[-1]["algorithm"] != "ring":
         fail("selection_across_hosts rows malformed: %s" % across)
     device = doc.get("selection_device")
     if not device or any(set(r) != {"collectives", "placement", "inputs", "algorithm", "why"} for r in device) \

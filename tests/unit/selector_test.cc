@@ -94,13 +94,51 @@ TEST(SelectOneHost, AllReduceInPlaceIsDirectOnlyWhenEveryRankIs) {
   EXPECT_NE(table.find("all ranks"), std::string::npos) << table;
 }
 
+// Small inputs (and barriers) go eager where every rank has an endpoint to every other (at most
+// kMaxEagerRanksAcrossHosts ranks); LIBCOMM_ALGO=ring/hier keep them on their algorithms, and
+// LIBCOMM_ALGO=eager is refused where it cannot run, naming the size or the ranks.
+TEST(SelectAcrossHosts, EagerForSmallInputsWhereEveryRankIsConnected) {
+  auto one = [](CollKind kind, size_t bytes, int ranks, const char* algo = "") {
+    CommConfig config;
+    config.algo = algo;
+    const char* why = "";
+    libcomm::CrossHostQuery q{kind, bytes, 2, ranks / 2, ranks - ranks / 2};
+    q.ranks = ranks;
+    q.splits = true;
+    return libcomm::selectAcrossHosts(q, config, &why);
+  };
+  const size_t eager = CommConfig{}.eagerBytes;
+  EXPECT_EQ(one(CollKind::kAllGather, eager, 4).value(), Algo::kEager);
+  EXPECT_EQ(one(CollKind::kAllGather, eager + 1, 4).value(), Algo::kHier);
+  EXPECT_EQ(one(CollKind::kAllReduce, 8, 2).value(), Algo::kEager);
+  EXPECT_EQ(one(CollKind::kReduceScatter, 64, 3).value(), Algo::kEager);
+  EXPECT_EQ(one(CollKind::kBroadcast, 64, 16).value(), Algo::kEager);
+  EXPECT_EQ(one(CollKind::kBarrier, 0, 16).value(), Algo::kEager);
+  EXPECT_EQ(one(CollKind::kBarrier, 0, 17).value(), Algo::kRing);  // beyond the mesh
+  EXPECT_EQ(one(CollKind::kAllGather, 64, 17).value(), Algo::kRing);
+  EXPECT_EQ(one(CollKind::kAllGather, 64, 4, "ring").value(), Algo::kRing);
+  EXPECT_EQ(one(CollKind::kAllGather, 64, 4, "hier").value(), Algo::kHier);
+  EXPECT_EQ(one(CollKind::kAllGather, 64, 4, "eager").value(), Algo::kEager);
+  auto big = one(CollKind::kAllGather, eager + 1, 4, "eager");
+  ASSERT_FALSE(big.isOk());
+  EXPECT_NE(big.status().message().find("LIBCOMM_EAGER_BYTES"), std::string::npos) << big.status().toString();
+  auto many = one(CollKind::kAllGather, 64, 17, "eager");
+  ASSERT_FALSE(many.isOk());
+  EXPECT_NE(many.status().message().find("17"), std::string::npos) << many.status().toString();
+  const libcomm::Status placement = libcomm::checkAlgoPlacement("eager", 2, 9, 9, 18);
+  EXPECT_EQ(placement.code(), StatusCode::kInvalidUsage);
+  EXPECT_NE(placement.message().find("at most 16 ranks"), std::string::npos) << placement.toString();
+  EXPECT_TRUE(libcomm::checkAlgoPlacement("eager", 2, 8, 8, 16).isOk());
+}
+
 TEST(SelectAcrossHosts, TableListsEveryRow) {
   const auto rows = libcomm::crossHostSelectionRows();
-  ASSERT_EQ(rows.size(), 3u);
-  EXPECT_EQ(rows[0].algorithm, "hier");
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(rows[0].algorithm, "eager");
   EXPECT_EQ(rows[1].algorithm, "hier");
-  EXPECT_EQ(rows[1].collectives, "all_reduce");
-  EXPECT_EQ(rows[2].algorithm, "ring");
+  EXPECT_EQ(rows[2].algorithm, "hier");
+  EXPECT_EQ(rows[2].collectives, "all_reduce");
+  EXPECT_EQ(rows[3].algorithm, "ring");
   EXPECT_NE(libcomm::describeSelectionTable(CommConfig{}).find("across hosts"), std::string::npos);
 }
 

@@ -76,7 +76,8 @@ struct CommConfig {
   /// only while collectives run.
   Milliseconds progressReportInterval{1000};
   /// Algorithm override ("" = the selector's choice; one host: "eager", "direct", "staged"; across
-  /// hosts: "ring", "hier"; device memory: "nccl", which host collectives ignore), from LIBCOMM_ALGO.
+  /// hosts: "eager" (at most 16 ranks), "ring", "hier"; device memory: "nccl", which host
+  /// collectives ignore), from LIBCOMM_ALGO. "eager" refuses inputs larger than eagerBytes.
   /// "hier" applies to all_gather, reduce_scatter and an all_reduce whose count is a multiple of the
   /// number of ranks and that does not accumulate; other all_reduces, broadcast and barrier have
   /// only the ring form. Communicator::create fails (kInvalidUsage, on every rank) when any rank's
@@ -118,7 +119,9 @@ struct CommConfig {
   /// Bytes per staging chunk for unregistered buffers (LIBCOMM_STAGING_CHUNK).
   size_t stagingChunkBytes = 1 << 20;
   /// Collectives whose per-rank input is at most this many bytes travel with their arrival
-  /// handshake (LIBCOMM_EAGER_BYTES; 0 turns it off).
+  /// handshake (LIBCOMM_EAGER_BYTES; 0 turns it off): on one host in the eager areas, across hosts
+  /// (communicators of at most 16 ranks) in one message with the fingerprint to each rank that
+  /// needs it. Every rank must have the same value: creation refuses ranks that differ.
   size_t eagerBytes = 16384;
   /// How long a collective called on an inline stream (a blocking call: its thread has nothing
   /// else to do) polls for its peers before sleeping, from LIBCOMM_SPIN_US. Negative: automatic --

@@ -27,6 +27,7 @@
 namespace libcomm {
 
 struct CrossHost;      // cross_host.h
+class UcxRingLink;     // cross_host.cc
 class ProgressBoard;   // progress_board.h
 namespace ring {
 struct Env;
@@ -180,6 +181,14 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// registered working buffer that holds the input (and ends holding the result).
   Status hierAllReduce(const CollArgs& args, hier::Env& env, char* work);
   Status ringBroadcast(const CollArgs& args, const ring::Env& env);
+  /// The eager algorithm across hosts: every rank sends its descriptor and what a peer needs of its
+  /// input straight to that peer, compares each descriptor that arrives, then does the
+  /// collective's work locally (mesh::runPass over the received inputs, in rank order).
+  Status eagerAcrossHosts(const CollArgs& args, uint32_t seq, const WaitContext& wait, UcxRingLink& link);
+  /// The descriptor at the start of a message of `length` bytes from rank `p` at the fingerprint
+  /// step, into *out; kInvalidUsage when the message is too short to hold one.
+  Status readFingerprint(const CollArgs& args, uint32_t seq, const char* message, size_t length, int p,
+                         shm::OpDescriptor* out) const;
   /// The type a reduction's partial sums travel in between hosts: config_.reducePartials for a
   /// reduce_scatter, except that bf16 partials apply to bf16 input only; fp64 also for an all_reduce
   /// (its ring is a reduce_scatter), which otherwise keeps fp32; fp32 for every other collective.

@@ -224,8 +224,9 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   // it concerns. Every rank checks every rank's setting, so all fail alike, naming the same one
   // (a rank failing alone would leave its peers waiting for it until the init timeout).
   for (int r = 0; r < impl->size_; ++r) {
-    const Status placement = checkAlgoPlacement(algoSettingName(all[r].algoSetting), impl->hosts_.numHosts(),
-                                                impl->hosts_.minRanksPerHost(), impl->hosts_.maxRanksPerHost());
+    const Status placement =
+        checkAlgoPlacement(algoSettingName(all[r].algoSetting), impl->hosts_.numHosts(), impl->hosts_.minRanksPerHost(),
+                           impl->hosts_.maxRanksPerHost(), impl->size_);
     if (!placement.isOk())
       return placement.withContext(
           detail::strCat("rank ", impl->rank_, ": creating a communicator across ", impl->hosts_.describe(),

@@ -1,10 +1,12 @@
 // Collectives of a communicator whose ranks span hosts (cross_host.h): ring algorithms (algos/ring)
 // over the UCX channel, and two-level ones (algos/hier) that add shared memory inside each host.
 //
-//   1. selection (selector.h, selectAcrossHosts): flat ring or hierarchical;
+//   1. selection (selector.h, selectAcrossHosts): eager (small inputs, barriers), flat ring or
+//      hierarchical;
 //   2. fingerprints: each rank sends its descriptor, with the choice, to the next rank on the flat
 //      ring and compares the previous rank's with its own; all pairs of neighbours agreeing means
-//      all ranks agree, and a mismatch names both calls;
+//      all ranks agree, and a mismatch names both calls. Eager: the descriptor travels in front of
+//      the data, to every rank that receives from this one (eagerAcrossHosts);
 //   3. the collective. Hierarchical: the host's ranks post their working buffers on the
 //      shared-memory channel (and compare fingerprints there too), run the two levels, and wait
 //      until every host peer is done reading. Flat ring: all_gather and reduce_scatter are the ring
@@ -31,6 +33,7 @@
 #include <cstring>
 #include <thread>
 
+#include "algos/mesh/mesh.h"
 #include "core/comm_impl.h"
 #include "core/log.h"
 #include "core/progress_board.h"
@@ -39,7 +42,6 @@
 #include "reduce/reduce.h"
 
 namespace libcomm {
-namespace {
 
 // ring::Link over the UCX channel: (step, chunk) of collective `seq` become the message's tag.
 // `op` names the collective in the errors of refused posts (a lost peer), as the waits' do.
@@ -59,6 +61,23 @@ class UcxRingLink final : public ring::Link {
     requests_.push_back(*r);
     return requests_.size() - 1;
   }
+  /// A receive of at most `capacity` bytes; the length arrives in *received (ucx::Channel::postRecv).
+  Result<uint64_t> recvUpTo(int peer, uint32_t step, uint32_t chunk, void* dst, size_t capacity, size_t* received) {
+    Result<ucx::Request> r = channel_.postRecv(peer, tagOf(step, chunk), dst, capacity, received);
+    if (!r.isOk()) return refused(r.status(), "a receive from", peer);
+    requests_.push_back(*r);
+    return requests_.size() - 1;
+  }
+  /// Waits until one of the operations [first, first + count), not yet reported, completed; its
+  /// id goes to *op. (They must have been posted one after another.)
+  Status waitAny(uint64_t first, size_t count, uint64_t* op, const WaitContext& ctx, const char* phase) {
+    size_t index = 0;
+    LIBCOMM_RETURN_IF_ERROR(
+        channel_.waitAny(std::span<ucx::Request>(requests_.data() + first, count), &index, ctx, phase));
+    *op = first + index;
+    return Status::ok();
+  }
+  uint64_t posted() const { return requests_.size(); }
   Status wait(uint64_t op, const WaitContext& ctx) override {
     ucx::Request& r = requests_[op];
     // Host-local copies first, while the message is on its way; then block.
@@ -87,6 +106,8 @@ class UcxRingLink final : public ring::Link {
   std::vector<ucx::Request> requests_;
   ring::IdleWork* idle_ = nullptr;
 };
+
+namespace {
 
 constexpr ucx::Tag kNoticeTag{};  // control class: matches nothing else
 
@@ -157,6 +178,16 @@ Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, const std::v
     addPeer(cross->railOrder[(cross->hostIndex + hosts - 1) % hosts]);
     addPeer(cross->railOrder[(cross->hostIndex + 1) % hosts]);
   }
+  // Every rank, where the eager algorithm can run (the same condition on every rank: the lists
+  // must be symmetric).
+  cross->meshed = n <= kMaxEagerRanksAcrossHosts;
+  if (cross->meshed) {
+    for (int p = 0; p < n; ++p) addPeer(p);
+    cross->eagerSlot = (CrossHost::kEagerHeader + config_.eagerBytes + 63) / 64 * 64;
+    cross->eagerIn.resize(static_cast<size_t>(n) * cross->eagerSlot);
+    cross->eagerOut.resize(static_cast<size_t>(n) * cross->eagerSlot);
+    cross->eagerLength.assign(static_cast<size_t>(n), 0);
+  }
   LIBCOMM_RETURN_IF_ERROR(cross->channel->connect(*addresses, peers, deadline));
   for (int p : peers) {
     auto slot = std::make_unique<CrossHost::NoticeSlot>();
@@ -165,9 +196,10 @@ Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, const std::v
                              cross->channel->postControlRecv(p, kNoticeTag, slot->text.data(), slot->text.size()));
     cross->notices.push_back(std::move(slot));
   }
-  LIBCOMM_LOG(kInfo, "init") << "rank " << rank_ << ": across " << hosts_.describe() << ": ring over UCX (previous rank "
-                             << cross->prev << ", next rank " << cross->next << ")"
+  LIBCOMM_LOG(kInfo, "init") << "rank " << rank_ << ": across " << hosts_.describe()
+                             << ": ring over UCX (previous rank " << cross->prev << ", next rank " << cross->next << ")"
                              << (cross->hasRails ? ", rails for the two-level algorithms" : "")
+                             << (cross->meshed ? ", endpoints to every rank for the eager algorithm" : "")
                              << "; shared memory with " << perHost - 1 << " host peer(s)";
   cross_ = std::move(cross);
   return Status::ok();
@@ -304,6 +336,7 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
   const char* why = "";
   CrossHostQuery query{args.kind, inputBytes, hosts_.numHosts(), cross_->fewestPerHost, cross_->mostPerHost};
   query.splits = args.kind == CollKind::kAllReduce && splitsIntoBlocks(args);
+  query.ranks = cross_->meshed ? n : 0;
   Result<Algo> choice = selectAcrossHosts(query, config_, &why);
   if (!choice.isOk())
     return choice.status()
@@ -312,24 +345,44 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
   const Algo algo = *choice;
   flight_->chose(seq, algo);
   UcxRingLink link(*cross_->channel, seq, wait.op);
+  if (config_.collTrace)
+    LIBCOMM_LOG(kInfo, "coll") << describeColl(args, seq) << ": " << algoName(algo) << " across " << hosts_.numHosts()
+                               << " hosts (" << why << ")"
+                               << (partialsAcrossHosts(args) == PartialsType::kFloat64 ||
+                                           (algo != Algo::kEager && partialsAcrossHosts(args) != PartialsType::kFloat32)
+                                       ? std::string(", ") + partialsTypeName(partialsAcrossHosts(args)) + " partials"
+                                       : std::string());  // eager sums in fp32, or fp64
+  // The eager algorithm checks fingerprints in its own messages.
+  if (algo == Algo::kEager) return eagerAcrossHosts(args, seq, wait, link);
   if (n > 1) {
     // In CrossHost, not on the stack: a failed wait returns with these still posted.
     shm::OpDescriptor& mine = cross_->fingerprintOut;
     shm::OpDescriptor& theirs = cross_->fingerprintIn;
     mine = describeOp(args, seq);
     mine.algo = static_cast<uint8_t>(algo);
-    LIBCOMM_ASSIGN_OR_RETURN(uint64_t in, link.recv(cross_->prev, ucx::kFingerprintStep, 0, &theirs, sizeof(theirs)));
-    LIBCOMM_ASSIGN_OR_RETURN(uint64_t out, link.send(cross_->next, ucx::kFingerprintStep, 0, &mine, sizeof(mine)));
-    LIBCOMM_RETURN_IF_ERROR(link.wait(in, wait));
-    LIBCOMM_RETURN_IF_ERROR(link.wait(out, wait));
+    uint64_t in = 0;
+    if (cross_->meshed) {
+      // Where the eager algorithm can run, a peer whose call differs may have chosen it and sent an
+      // eager message at this step: taken whole, so that its descriptor names the difference.
+      char* slot = cross_->eagerIn.data() + static_cast<size_t>(cross_->prev) * cross_->eagerSlot;
+      size_t& length = cross_->eagerLength[static_cast<size_t>(cross_->prev)];
+      LIBCOMM_ASSIGN_OR_RETURN(in,
+                               link.recvUpTo(cross_->prev, ucx::kFingerprintStep, 0, slot, cross_->eagerSlot, &length));
+      LIBCOMM_ASSIGN_OR_RETURN(uint64_t out, link.send(cross_->next, ucx::kFingerprintStep, 0, &mine, sizeof(mine)));
+      LIBCOMM_RETURN_IF_ERROR(link.wait(in, wait));
+      LIBCOMM_RETURN_IF_ERROR(link.wait(out, wait));
+      LIBCOMM_RETURN_IF_ERROR(readFingerprint(args, seq, slot, length, cross_->prev, &theirs));
+      if (length != sizeof(theirs) && theirs.algo == mine.algo)
+        return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq), ": rank ",
+                         cross_->prev, " sent a fingerprint of ", length, " bytes, not ", sizeof(theirs));
+    } else {
+      LIBCOMM_ASSIGN_OR_RETURN(in, link.recv(cross_->prev, ucx::kFingerprintStep, 0, &theirs, sizeof(theirs)));
+      LIBCOMM_ASSIGN_OR_RETURN(uint64_t out, link.send(cross_->next, ucx::kFingerprintStep, 0, &mine, sizeof(mine)));
+      LIBCOMM_RETURN_IF_ERROR(link.wait(in, wait));
+      LIBCOMM_RETURN_IF_ERROR(link.wait(out, wait));
+    }
     LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, mine, theirs, cross_->prev));
   }
-  if (config_.collTrace)
-    LIBCOMM_LOG(kInfo, "coll") << describeColl(args, seq) << ": " << algoName(algo) << " across "
-                               << hosts_.numHosts() << " hosts (" << why << ")"
-                               << (partialsAcrossHosts(args) != PartialsType::kFloat32
-                                       ? std::string(", ") + partialsTypeName(partialsAcrossHosts(args)) + " partials"
-                                       : std::string());
   if (algo == Algo::kHier) return runHier(args, seq, wait, link);
 
   ring::Env env;
@@ -624,6 +677,114 @@ Status Communicator::Impl::ringBroadcast(const CollArgs& args, const ring::Env& 
   }
   for (size_t i = sends.size() > kBroadcastSendWindow ? sends.size() - kBroadcastSendWindow : 0; i < sends.size(); ++i)
     LIBCOMM_RETURN_IF_ERROR(env.link->wait(sends[i], *env.wait));
+  return Status::ok();
+}
+
+Status Communicator::Impl::readFingerprint(const CollArgs& args, uint32_t seq, const char* message, size_t length,
+                                           int p, shm::OpDescriptor* out) const {
+  if (length < sizeof(*out))
+    return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq), ": rank ", p, " sent ",
+                     length, " bytes at the fingerprint step, fewer than a fingerprint (", sizeof(*out), ")");
+  memcpy(out, message, sizeof(*out));
+  return Status::ok();
+}
+
+Status Communicator::Impl::eagerAcrossHosts(const CollArgs& args, uint32_t seq, const WaitContext& wait,
+                                            UcxRingLink& link) {
+  // One message from each rank to each rank that needs something of it, at the fingerprint step:
+  // a header with the sender's descriptor, then its payload -- all_gather and all_reduce: the
+  // input; reduce_scatter: the receiver's block of it; broadcast: the root's input to every rank,
+  // and the others' bare descriptors to the root (so that the root checks every rank); barrier:
+  // descriptors only. Every message is checked against this rank's descriptor as it arrives,
+  // before anything is read from it. A rank that completes has matched every rank whose input it
+  // used, directly. The buffers are CrossHost's (a failed wait returns with receives still posted).
+  CrossHost& x = *cross_;
+  const int n = size_;
+  const size_t es = dataTypeSize(args.inType), payload = args.kind == CollKind::kBarrier ? 0 : args.count * es;
+  const size_t header = CrossHost::kEagerHeader;
+  const bool broadcast = args.kind == CollKind::kBroadcast;
+  auto talksTo = [&](int p) { return p != rank_ && (!broadcast || rank_ == args.root || p == args.root); };
+  auto carries = [&](int from) { return args.hasInput(from); };  // a message from `from` has a payload
+  const size_t slot = x.eagerSlot;
+  if (header + payload > slot)  // the selector keeps inputs within eagerBytes
+    return makeError(StatusCode::kInternalError, "rank ", rank_, ": ", describeColl(args, seq), ": ", payload,
+                     " bytes do not fit an eager message of ", slot);
+
+  shm::OpDescriptor mine = describeOp(args, seq);
+  mine.algo = static_cast<uint8_t>(Algo::kEager);
+  // Receives first, one after another (waitAny takes them as a run), then the sends.
+  const uint64_t firstRecv = link.posted();
+  int receives = 0;
+  for (int p = 0; p < n; ++p) {
+    if (!talksTo(p)) continue;
+    LIBCOMM_ASSIGN_OR_RETURN(
+        uint64_t op, link.recvUpTo(p, ucx::kFingerprintStep, 0, x.eagerIn.data() + static_cast<size_t>(p) * slot, slot,
+                                   &x.eagerLength[static_cast<size_t>(p)]));
+    (void)op;
+    ++receives;
+  }
+  std::vector<int> from(static_cast<size_t>(receives));  // the peer of each receive, in post order
+  for (int p = 0, i = 0; p < n; ++p)
+    if (talksTo(p)) from[static_cast<size_t>(i++)] = p;
+  std::vector<uint64_t> sends;
+  sends.reserve(static_cast<size_t>(n));
+  const char* input = static_cast<const char*>(args.send);
+  for (int q = 0; q < n; ++q) {
+    if (!talksTo(q)) continue;
+    // reduce_scatter: a message per receiver (its block); otherwise one message for all, built once.
+    const bool perReceiver = args.kind == CollKind::kReduceScatter;
+    char* message = x.eagerOut.data() + (perReceiver ? static_cast<size_t>(q) * slot : 0);
+    if (perReceiver || sends.empty()) {
+      memcpy(message, &mine, sizeof(mine));
+      if (carries(rank_) && payload > 0)
+        memcpy(message + header, perReceiver ? input + static_cast<size_t>(q) * payload : input, payload);
+    }
+    LIBCOMM_ASSIGN_OR_RETURN(uint64_t op,
+                             link.send(q, ucx::kFingerprintStep, 0, message, header + (carries(rank_) ? payload : 0)));
+    sends.push_back(op);
+  }
+
+  for (int k = 0; k < receives; ++k) {
+    uint64_t op = 0;
+    LIBCOMM_RETURN_IF_ERROR(link.waitAny(firstRecv, static_cast<size_t>(receives), &op, wait, "eager"));
+    const int p = from[op - firstRecv];
+    const char* message = x.eagerIn.data() + static_cast<size_t>(p) * slot;
+    const size_t length = x.eagerLength[static_cast<size_t>(p)];
+    shm::OpDescriptor theirs;
+    LIBCOMM_RETURN_IF_ERROR(readFingerprint(args, seq, message, length, p, &theirs));
+    LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, mine, theirs, p));
+    const size_t expected = header + (carries(p) ? payload : 0);
+    if (length != expected)
+      return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq), ": rank ", p,
+                       " sent an eager message of ", length, " bytes, not ", expected, " (same fingerprint)");
+  }
+
+  // The collective's work, as on one host's eager path: inputs combined in rank order.
+  passBases_.resize(static_cast<size_t>(n));
+  const mesh::OpEnv env{seq,
+                        rank_,
+                        n,
+                        *channel_,
+                        *peers_,
+                        wait,
+                        stageRound_,
+                        passBases_.data(),
+                        partialsAcrossHosts(args) == PartialsType::kFloat64};
+  mesh::PassView view = mesh::emptyView(env);
+  const bool scattered = args.kind == CollKind::kReduceScatter;
+  for (int p = 0; p < n; ++p) {
+    if (!carries(p)) continue;
+    if (p == rank_)  // reduce_scatter: this rank's own block of its input
+      view.base[p] = scattered ? input + static_cast<size_t>(rank_) * payload : input;
+    else
+      view.base[p] = x.eagerIn.data() + static_cast<size_t>(p) * slot + header;
+  }
+  // Every base points at the block a pass reads (reduce_scatter reads part `rank` of each input).
+  view.partStride = 0;
+  view.origin = 0;
+  view.elemSize = es;
+  LIBCOMM_RETURN_IF_ERROR(mesh::runPass(args, env, view, 0, args.kind == CollKind::kBarrier ? 0 : args.count));
+  for (uint64_t op : sends) LIBCOMM_RETURN_IF_ERROR(link.wait(op, wait));
   return Status::ok();
 }
 

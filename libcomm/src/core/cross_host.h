@@ -5,7 +5,10 @@
 //   - rails (when every host has the same number L >= 2 of ranks): the ranks of equal local index
 //     form one ring across the hosts each, in host order; with shared memory between the ranks of
 //     a host they make the two-level algorithms (algos/hier).
-// One UCX channel connects a rank to its flat-ring and rail neighbours.
+//   - eager (at most kMaxEagerRanksAcrossHosts ranks): small collectives and barriers, one
+//     message from every rank to every rank that needs its input, fingerprint in front.
+// One UCX channel connects a rank to its flat-ring and rail neighbours, and to every rank where
+// the eager algorithm can run.
 
 #include <array>
 #include <memory>
@@ -42,6 +45,16 @@ struct CrossHost {
   std::array<char, kNoticeBytes> endedNotice{};       // what announceEndAcrossHosts sends (a send
                                                       // may outlive its bound: a stopped peer)
   shm::OpDescriptor fingerprintOut{}, fingerprintIn{};  // the collective check with the ring neighbours
+  // Eager messages: a kEagerHeader-byte header holding the sender's descriptor, then its payload.
+  // One slot per rank (index = rank) in each direction, eagerSlot bytes: a header and eagerBytes,
+  // the most any peer sends at the fingerprint step, so that its descriptor can be read and named
+  // also when the peer chose another algorithm (a ring fingerprint from `prev` lands in its slot
+  // too). Sized once at connection, where `meshed`.
+  static constexpr size_t kEagerHeader = 64;
+  bool meshed = false;  // endpoints to every rank: the eager algorithm can run
+  size_t eagerSlot = 0;
+  std::vector<char> eagerIn, eagerOut;
+  std::vector<size_t> eagerLength;  // received lengths, index = rank
   float barrierOut = 0;
   std::vector<float> barrierIn;  // a barrier's all_gather of one value per rank (sized once)
   ring::Scratch scratch;         // the ring reduce_scatter's partials (flat and rail rings)

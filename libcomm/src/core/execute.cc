@@ -444,7 +444,8 @@ Status Communicator::Impl::compareFingerprint(const CollArgs& args, uint32_t seq
   else if (o.algo != me.algo)
     scales = std::string(" (rank ") + std::to_string(rank_) + " chose " + algoName(static_cast<Algo>(me.algo)) +
              " across hosts, rank " + std::to_string(p) + " chose " + algoName(static_cast<Algo>(o.algo)) +
-             ": is LIBCOMM_ALGO set alike?)";
+             (o.kind == me.kind && o.count == me.count && o.inType == me.inType ? ": is LIBCOMM_ALGO set alike?)"
+                                                                                : ", from the calls' sizes)");
   if (o.algoSetting != me.algoSetting && o.algo == me.algo)
     scales = std::string(" (LIBCOMM_ALGO is ") + algoSettingName(me.algoSetting) + " on rank " + std::to_string(rank_) +
              " and " + algoSettingName(o.algoSetting) + " on rank " + std::to_string(p) +

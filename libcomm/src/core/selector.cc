@@ -91,7 +91,7 @@ Result<bool> chooseEager(const SelectionQuery& q, const CommConfig& config) {
   return fits && (algo.empty() || algo == "eager");
 }
 
-Status checkAlgoPlacement(const std::string& algo, int hosts, int fewestPerHost, int mostPerHost) {
+Status checkAlgoPlacement(const std::string& algo, int hosts, int fewestPerHost, int mostPerHost, int ranks) {
   if (hosts <= 1) {
     if (algo == "ring" || algo == "hier")
       return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=", algo,
@@ -99,9 +99,14 @@ Status checkAlgoPlacement(const std::string& algo, int hosts, int fewestPerHost,
                        "direct or staged, or unset it)");
     return Status::ok();
   }
-  if (algo == "eager" || algo == "direct" || algo == "staged")
+  if (algo == "direct" || algo == "staged")
     return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=", algo,
                      " chooses among algorithms on one host, but this communicator spans ", hosts,
+                     " hosts (use eager, ring or hier, or unset it)");
+  if (algo == "eager" && ranks > kMaxEagerRanksAcrossHosts)
+    return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=eager runs across hosts on at most ",
+                     kMaxEagerRanksAcrossHosts,
+                     " ranks (every rank connected to every other), but this communicator has ", ranks, " over ", hosts,
                      " hosts (use ring or hier, or unset it)");
   if (algo == "hier" && (fewestPerHost < 2 || fewestPerHost != mostPerHost))
     return makeError(StatusCode::kInvalidUsage,
@@ -112,7 +117,7 @@ Status checkAlgoPlacement(const std::string& algo, int hosts, int fewestPerHost,
 
 Result<Algo> selectAlgo(const SelectionQuery& q, const CommConfig& full, const char** why) {
   const std::string& algo = hostAlgo(full);
-  LIBCOMM_RETURN_IF_ERROR(checkAlgoPlacement(algo, 1, 0, 0));
+  LIBCOMM_RETURN_IF_ERROR(checkAlgoPlacement(algo, 1, 0, 0, 0));
   const Rule* chosen = nullptr;
   for (const Rule& r : kRules) {
     const std::string_view coll = r.collectives;
@@ -155,7 +160,21 @@ Result<Algo> selectAcrossHosts(const CrossHostQuery& q, const CommConfig& full, 
   const bool hierPossible = hasHierForm(q) && even && q.minRanksPerHost >= 2;
   // Communicator creation refused settings that cannot run on these hosts; checked again here,
   // for callers of the selector alone (tests).
-  LIBCOMM_RETURN_IF_ERROR(checkAlgoPlacement(algo, q.hosts, q.minRanksPerHost, q.maxRanksPerHost));
+  LIBCOMM_RETURN_IF_ERROR(checkAlgoPlacement(algo, q.hosts, q.minRanksPerHost, q.maxRanksPerHost, q.ranks));
+  const bool meshed = q.ranks >= 2 && q.ranks <= kMaxEagerRanksAcrossHosts;
+  if (algo.empty() || algo == "eager") {
+    if (meshed && (q.kind == CollKind::kBarrier || q.bytes <= full.eagerBytes)) {
+      *why = algo.empty() ? "input <= LIBCOMM_EAGER_BYTES: one message to each rank that needs it, fingerprint included"
+                          : "LIBCOMM_ALGO=eager";
+      return Algo::kEager;
+    }
+    if (algo == "eager" && !meshed)
+      return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=eager runs across hosts on 2 to ",
+                       kMaxEagerRanksAcrossHosts, " ranks, not ", q.ranks);
+    if (algo == "eager")
+      return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=eager but the ", collName(q.kind), " input of ",
+                       q.bytes, " bytes exceeds LIBCOMM_EAGER_BYTES=", full.eagerBytes);
+  }
   if (algo == "ring") {
     *why = "LIBCOMM_ALGO=ring";
     return Algo::kRing;
@@ -187,9 +206,12 @@ std::vector<SelectionRow> selectionRows() {
 }
 
 std::vector<CrossHostRow> crossHostSelectionRows() {
-  // The same rules as selectAcrossHosts, as text. Size does not enter: the two-level algorithm
-  // measured 1.2-2.3x the flat ring from 64 KiB to 64 MiB (docs/PERFORMANCE.md, "Across hosts").
-  return {{"all_gather, reduce_scatter", "every host has L >= 2 ranks, equally many", "hier",
+  // The same rules as selectAcrossHosts, as text. Size enters only for eager: the two-level
+  // algorithm measured 1.2-2.3x the flat ring from 64 KiB to 64 MiB (docs/PERFORMANCE.md, "Across
+  // hosts"), and eager takes one network latency where both take several (one per ring step).
+  return {{"*", "input <= eager size, at most " + std::to_string(kMaxEagerRanksAcrossHosts) + " ranks", "eager",
+           "fingerprint and input in one message to each rank that needs it: one network latency"},
+          {"all_gather, reduce_scatter", "every host has L >= 2 ranks, equally many", "hier",
            "one UCX ring per local index across hosts, shared memory inside each host, overlapped"},
           {"all_reduce", "as above; count a multiple of the ranks, no accumulate", "hier",
            "the two above in one working buffer: reduce_scatter, then all_gather"},

@@ -41,13 +41,19 @@ struct SelectionQuery {
 /// the caller adds the rank and the collective (execute.cc).
 Result<bool> chooseEager(const SelectionQuery& q, const CommConfig& config);
 
+/// Across hosts, the most ranks for which every rank has a UCX endpoint to every other, and small
+/// collectives take the eager algorithm (one message from each rank to each rank that needs its
+/// input; cross_host.cc). Beyond it, endpoints go to ring and rail neighbours only.
+constexpr int kMaxEagerRanksAcrossHosts = 16;
+
 /// Whether LIBCOMM_ALGO=`algo` (a host algorithm's name; anything else passes) can run on a
-/// communicator over `hosts` hosts with fewestPerHost..mostPerHost ranks on each: eager, direct and
-/// staged need one host; ring and hier several; hier also at least 2 ranks on every host, equally
-/// many. kInvalidUsage naming the setting and the hosts otherwise. Communicator creation checks
+/// communicator of `ranks` ranks over `hosts` hosts with fewestPerHost..mostPerHost ranks on each:
+/// direct and staged need one host; ring and hier several; hier also at least 2 ranks on every
+/// host, equally many; eager runs on one host, and across hosts up to kMaxEagerRanksAcrossHosts
+/// ranks. kInvalidUsage naming the setting and the hosts otherwise. Communicator creation checks
 /// every rank's setting with it, so a setting that cannot run fails there, on every rank, rather
 /// than at the first collective it concerns.
-Status checkAlgoPlacement(const std::string& algo, int hosts, int fewestPerHost, int mostPerHost);
+Status checkAlgoPlacement(const std::string& algo, int hosts, int fewestPerHost, int mostPerHost, int ranks);
 
 /// The table's choice, or the LIBCOMM_ALGO override where it is possible. An override that cannot
 /// run (direct on unregistered memory: the message names q.unregisteredRank) is kInvalidUsage; the
@@ -64,14 +70,19 @@ struct CrossHostQuery {
   /// output, so that it splits into a reduce_scatter and an all_gather of whole blocks (the
   /// two-level form then applies; the ring pads a copy otherwise).
   bool splits = false;
+  /// Ranks in the communicator (0: unknown, and the eager algorithm is not considered).
+  int ranks = 0;
 };
 
-/// The cross-host choice: kRing (every rank on one ring over UCX) or kHier (the ranks of a host
-/// share memory, ranks with equal local index form one ring per index across hosts). Every rank
-/// computes it from what all know alike (the host groups, the size, the setting), and the ring
-/// fingerprint carries it, so a rank with another LIBCOMM_ALGO is named, not waited for.
-/// LIBCOMM_ALGO=hier gives all_gather, reduce_scatter and an all_reduce that splits the two-level
-/// form; other all_reduces, broadcast and barrier have only the ring form and take it.
+/// The cross-host choice: kEager (an input of at most CommConfig::eagerBytes, or a barrier, on at
+/// most kMaxEagerRanksAcrossHosts ranks: every rank sends its fingerprint and what a peer needs of
+/// its input straight to that peer, one network latency in all), kRing (every rank on one ring over
+/// UCX) or kHier (the ranks of a host share memory, ranks with equal local index form one ring per
+/// index across hosts). Every rank computes it from what all know alike (the host groups, the
+/// size, the settings), and the fingerprint carries it, so a rank with another LIBCOMM_ALGO is
+/// named, not waited for. LIBCOMM_ALGO=eager on a larger input is kInvalidUsage; LIBCOMM_ALGO=hier
+/// gives all_gather, reduce_scatter and an all_reduce that splits the two-level form; other
+/// all_reduces, broadcast and barrier have only the ring form and take it.
 Result<Algo> selectAcrossHosts(const CrossHostQuery& q, const CommConfig& config, const char** why);
 
 /// One row of the table, as text (for comm_info --json); the eager row comes first.

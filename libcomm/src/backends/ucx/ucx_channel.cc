@@ -227,6 +227,7 @@ Channel::Slot& Channel::acquireSlot() {
   s.request = nullptr;
   s.status = UCS_OK;
   s.info = {};
+  s.received = nullptr;
   return s;
 }
 
@@ -251,8 +252,11 @@ Result<Request> Channel::postSend(int peer, const Tag& tag, const void* src, siz
   return post(TagClass::kData, false, peer, tag, const_cast<void*>(src), bytes);
 }
 
-Result<Request> Channel::postRecv(int peer, const Tag& tag, void* dst, size_t bytes) {
-  return post(TagClass::kData, true, peer, tag, dst, bytes);
+Result<Request> Channel::postRecv(int peer, const Tag& tag, void* dst, size_t bytes, size_t* received) {
+  Result<Request> r = post(TagClass::kData, true, peer, tag, dst, bytes);
+  // Read only when a wait reports the request (finish), never by UCX's callback: set after posting.
+  if (r.isOk()) slots_[r->slot]->received = received;
+  return r;
 }
 
 Result<Request> Channel::postControlSend(int peer, const Tag& tag, const void* src, size_t bytes) {

@@ -84,7 +84,10 @@ class Channel {
   /// Receives exactly `bytes` bytes from `peer` under `tag` into `dst`. A message of another size
   /// fails the request (kInvalidUsage naming both sizes). Post receives before the matching send
   /// arrives where possible: an early message is held by UCX and copied once more.
-  Result<Request> postRecv(int peer, const Tag& tag, void* dst, size_t bytes);
+  /// With `received`: a message of at most `bytes` bytes, whose length is stored there when the
+  /// request is reported complete (a longer one still fails it). For messages whose size the
+  /// receiver learns from their first bytes (a fingerprint, then what it describes).
+  Result<Request> postRecv(int peer, const Tag& tag, void* dst, size_t bytes, size_t* received = nullptr);
   /// Control messages (their own tag class: they never match data messages), e.g. the notice a
   /// failing rank sends its neighbours. Otherwise as postSend/postRecv, except that a control send
   /// is accepted after abort() too (an aborting rank's notice; poll it with test(): waits fail).
@@ -159,6 +162,8 @@ class Channel {
   Result<Slot*> lookup(const Request& r) const;
   Request handleOf(const Slot& s) const;
   Status completionStatus(const Slot& s, const WaitContext* ctx, const char* phase) const;
+  /// A completed request reported: its status, the received length where asked for, the slot freed.
+  Status finish(Slot& s, const WaitContext* ctx, const char* phase);
   Status waitImpl(std::span<Request> requests, bool any, size_t* index, const WaitContext& ctx, const char* phase);
   // Reports completed requests; *done when the wait is satisfied.
   Status collect(std::span<Request> requests, bool any, size_t* index, bool* done, const WaitContext& ctx,

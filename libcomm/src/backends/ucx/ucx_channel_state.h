@@ -20,6 +20,7 @@ struct Channel::Slot {
   int peer = -1;
   Tag tag;
   size_t bytes = 0;
+  size_t* received = nullptr;  // a receive of at most `bytes` (postRecv): its length goes here
   ucs_status_t status = UCS_OK;
   ucp_tag_recv_info_t info{};  // receives: the matched message
   uint64_t* completions = nullptr;

@@ -36,7 +36,7 @@ Status Channel::connect(const std::vector<std::string>&, const std::vector<int>&
   return unavailable("connect");
 }
 Result<Request> Channel::postSend(int, const Tag&, const void*, size_t) { return unavailable("send"); }
-Result<Request> Channel::postRecv(int, const Tag&, void*, size_t) { return unavailable("receive"); }
+Result<Request> Channel::postRecv(int, const Tag&, void*, size_t, size_t*) { return unavailable("receive"); }
 Result<Request> Channel::postControlSend(int, const Tag&, const void*, size_t) { return unavailable("send"); }
 Result<Request> Channel::postControlRecv(int, const Tag&, void*, size_t) { return unavailable("receive"); }
 Status Channel::wait(std::span<Request>, const WaitContext&, const char*) { return unavailable("wait"); }

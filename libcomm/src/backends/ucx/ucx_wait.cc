@@ -27,14 +27,14 @@ std::string describeTag(const Tag& t) {
 
 Status Channel::completionStatus(const Slot& s, const WaitContext* ctx, const char* phase) const {
   const bool ok = s.status == UCS_OK;
-  if (ok && (!s.isRecv || s.info.length == s.bytes)) return Status::ok();
+  if (ok && (!s.isRecv || s.info.length == s.bytes || (s.received && s.info.length <= s.bytes))) return Status::ok();
   const std::string where = (ctx ? " in " + ctx->op.str() : std::string()) + " (" + phase + ", tag " +
                             describeTag(s.tag) + ")";
   if (s.isRecv && (ok || s.status == UCS_ERR_MESSAGE_TRUNCATED)) {
     // Never silent: a size mismatch means the ranks disagree about the collective.
     const std::string got = ok ? std::to_string(s.info.length) + " bytes" : "more than " + std::to_string(s.bytes) + " bytes";
-    return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": received ", got, " from rank ", s.peer,
-                     " where ", s.bytes, " were expected", where,
+    return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": received ", got, " from rank ", s.peer, " where ",
+                     s.received ? "at most " : "", s.bytes, " were expected", where,
                      "; do all ranks call the same collective with the same sizes?");
   }
   const Peer* p = peers_[s.peer].get();
@@ -43,6 +43,13 @@ Status Channel::completionStatus(const Slot& s, const WaitContext* ctx, const ch
                      api().ucs_status_string(p->failure), "'");
   return makeError(StatusCode::kRemoteError, "rank ", rank_, ": UCX ", s.isRecv ? "receive from" : "send to",
                    " rank ", s.peer, " failed", where, ": ", api().ucs_status_string(s.status));
+}
+
+Status Channel::finish(Slot& s, const WaitContext* ctx, const char* phase) {
+  Status st = completionStatus(s, ctx, phase);
+  if (st.isOk() && s.received) *s.received = s.info.length;
+  releaseSlot(s);
+  return st;
 }
 
 Status Channel::collect(std::span<Request> requests, bool any, size_t* index, bool* done, const WaitContext& ctx,
@@ -56,8 +63,7 @@ Status Channel::collect(std::span<Request> requests, bool any, size_t* index, bo
       ++pending;
       continue;
     }
-    Status st = completionStatus(*s, &ctx, phase);
-    releaseSlot(*s);
+    Status st = finish(*s, &ctx, phase);
     requests[i] = Request{};
     if (!st.isOk()) return st;
     if (any) {
@@ -87,8 +93,7 @@ Result<bool> Channel::test(Request& request, const WaitContext* ctx, const char*
   LIBCOMM_ASSIGN_OR_RETURN(Slot * s, lookup(request));
   if (!s->done) progressAll();
   if (!s->done) return false;
-  Status st = completionStatus(*s, ctx, phase);
-  releaseSlot(*s);
+  Status st = finish(*s, ctx, phase);
   request = Request{};
   if (!st.isOk()) return st;
   return true;
