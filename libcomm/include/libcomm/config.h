@@ -81,8 +81,9 @@ struct CommConfig {
   /// "hier" applies to all_gather, reduce_scatter and an all_reduce whose count is a multiple of the
   /// number of ranks and that does not accumulate; other all_reduces, broadcast and barrier have
   /// only the ring form. Communicator::create fails (kInvalidUsage, on every rank) when any rank's
-  /// setting cannot run on the communicator's hosts: a one-host algorithm across hosts, ring or
-  /// hier on one host, hier without at least 2 ranks on every host, equally many.
+  /// setting cannot run on the communicator's hosts: direct or staged across hosts, eager across
+  /// hosts on more than 16 ranks, ring or hier on one host, hier without at least 2 ranks on every
+  /// host, equally many.
   std::string algo;
   /// Compare every collective's fingerprint across ranks (LIBCOMM_CHECK_MISMATCH). Every rank must
   /// have the same value: creation refuses ranks that differ (kInvalidUsage, naming both).
