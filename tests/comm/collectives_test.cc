@@ -658,6 +658,60 @@ TEST(UcxTwoLevelAllGather, SeveralChunksPerBlockOnThreeHosts) {
   EXPECT_RANKS_OK(report);
 }
 
+// The eager algorithm across hosts needs an endpoint from every rank to every rank, made up to 16
+// ranks (kMaxEagerRanksAcrossHosts). At 16 ranks on 4 hosts, small collectives go eager: an
+// all_reduce has the bits of the one-host sum (fp32, rank order), an all_gather and a barrier are
+// right. At 17 they take the ring (fewer endpoints), with the same data and the sum within fp32's
+// bound. The flight recorder shows which algorithm ran.
+TEST(CrossHostEager, SixteenRanksGoEagerSeventeenTakeTheRing) {
+  for (int ranks : {16, 17}) {
+    RunOptions opts;
+    opts.mode = Mode::kThreads;
+    opts.size = ranks;
+    opts.deadline = scaledForSanitizers(std::chrono::seconds(120));
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+    RunReport report = runRanks(opts, [](RankContext& ctx) -> Status {
+      libcomm::CommConfig config;
+      config.hostId = "mesh-host-" + std::to_string(ctx.rank * 4 / ctx.size);
+      config.opTimeout = std::chrono::seconds(60);
+      LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+      auto stream = libcomm::createInlineHostStream("mesh");
+      const size_t count = 100, n = static_cast<size_t>(ctx.size);
+      std::vector<float> in(count), out(count * n, NAN);
+      for (size_t i = 0; i < count; ++i) in[i] = noisyValue(ctx.rank, 0, i, 5);
+      LIBCOMM_RETURN_IF_ERROR(comm->allReduce(in.data(), out.data(), count, DataType::kFloat32, {}, *stream));
+      const bool eager = ctx.size <= 16;
+      for (size_t i = 0; i < count; ++i) {
+        float sum = 0;
+        double exact = 0, bound = 0;
+        for (int p = 0; p < ctx.size; ++p) {
+          sum += noisyValue(p, 0, i, 5);
+          exact += noisyValue(p, 0, i, 5);
+          bound += std::fabs(noisyValue(p, 0, i, 5));
+        }
+        const bool ok = eager ? out[i] == sum : std::fabs(out[i] - exact) <= n * std::ldexp(1.0, -23) * bound;
+        if (!ok)
+          return libcomm::makeError(libcomm::StatusCode::kInternalError, "all_reduce element ", i, " is ", out[i],
+                                    ", the rank-order fp32 sum ", sum);
+      }
+      std::fill(out.begin(), out.end(), NAN);
+      LIBCOMM_RETURN_IF_ERROR(comm->allGather(in.data(), out.data(), count, DataType::kFloat32, *stream));
+      for (size_t j = 0; j < count * n; ++j)
+        if (out[j] != noisyValue(static_cast<int>(j / count), 0, j % count, 5))
+          return libcomm::makeError(libcomm::StatusCode::kInternalError, "all_gather element ", j, " is ", out[j]);
+      LIBCOMM_RETURN_IF_ERROR(comm->barrier(*stream));
+      LIBCOMM_RETURN_IF_ERROR(stream->synchronize(libcomm::Deadline::after(std::chrono::seconds(60))));
+      const std::string flight = comm->flightRecorderJson();
+      const bool sawEager = flight.find("\"algorithm\":\"eager\"") != std::string::npos;
+      if (sawEager != eager)
+        return libcomm::makeError(libcomm::StatusCode::kInternalError, eager ? "no" : "an", " eager collective at ",
+                                  ctx.size, " ranks: ", flight.substr(0, 2000));
+      return comm->asyncError();
+    });
+    EXPECT_RANKS_OK(report);
+  }
+}
+
 // fp64 partials (LIBCOMM_RS_PARTIALS=fp64) over both algorithms: 3 hosts x 2 ranks (two-level, fp64
 // host sums on the rails) and the flat ring over the same hosts; every op, type and accumulate.
 class CrossHostMatrixFp64Partials : public ::testing::TestWithParam<const char*> {};
