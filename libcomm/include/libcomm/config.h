@@ -120,7 +120,8 @@ struct CommConfig {
   /// Bytes per staging chunk for unregistered buffers (LIBCOMM_STAGING_CHUNK).
   size_t stagingChunkBytes = 1 << 20;
   /// Collectives whose per-rank input is at most this many bytes travel with their arrival
-  /// handshake (LIBCOMM_EAGER_BYTES; 0 turns it off): on one host in the eager areas, across hosts
+  /// handshake (LIBCOMM_EAGER_BYTES; 0 leaves it to barriers and empty collectives, which carry
+  /// no data): on one host in the eager areas, across hosts
   /// (communicators of at most 16 ranks) in one message with the fingerprint to each rank that
   /// needs it. Every rank must have the same value: creation refuses ranks that differ.
   size_t eagerBytes = 16384;

@@ -184,8 +184,9 @@ Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, const std::v
   if (cross->meshed) {
     for (int p = 0; p < n; ++p) addPeer(p);
     cross->eagerSlot = (CrossHost::kEagerHeader + config_.eagerBytes + 63) / 64 * 64;
+    cross->eagerScatterSlot = (CrossHost::kEagerHeader + config_.eagerBytes / static_cast<size_t>(n) + 63) / 64 * 64;
     cross->eagerIn.resize(static_cast<size_t>(n) * cross->eagerSlot);
-    cross->eagerOut.resize(static_cast<size_t>(n) * cross->eagerSlot);
+    cross->eagerOut.resize(std::max(cross->eagerSlot, static_cast<size_t>(n) * cross->eagerScatterSlot));
     cross->eagerLength.assign(static_cast<size_t>(n), 0);
   }
   LIBCOMM_RETURN_IF_ERROR(cross->channel->connect(*addresses, peers, deadline));
@@ -694,19 +695,27 @@ Status Communicator::Impl::eagerAcrossHosts(const CollArgs& args, uint32_t seq, 
   // One message from each rank to each rank that needs something of it, at the fingerprint step:
   // a header with the sender's descriptor, then its payload -- all_gather and all_reduce: the
   // input; reduce_scatter: the receiver's block of it; broadcast: the root's input to every rank,
-  // and the others' bare descriptors to the root (so that the root checks every rank); barrier:
+  // and the others' bare descriptors to the root and to their ring neighbours; barrier:
   // descriptors only. Every message is checked against this rank's descriptor as it arrives,
   // before anything is read from it. A rank that completes has matched every rank whose input it
-  // used, directly. The buffers are CrossHost's (a failed wait returns with receives still posted).
+  // used, directly. And every rank exchanges a message with its ring neighbours at this step, as
+  // the ring and two-level algorithms' fingerprints do: ranks whose calls differ (a root, or sizes
+  // on either side of the eager threshold) meet at some pair of neighbours, which names both calls
+  // at once (without the neighbours, an eager broadcast's non-root, say, left the ring rank after
+  // it waiting for a fingerprint until its deadline). The buffers are CrossHost's (a failed wait
+  // returns with receives still posted).
   CrossHost& x = *cross_;
   const int n = size_;
   const size_t es = dataTypeSize(args.inType), payload = args.kind == CollKind::kBarrier ? 0 : args.count * es;
   const size_t header = CrossHost::kEagerHeader;
   const bool broadcast = args.kind == CollKind::kBroadcast;
-  auto talksTo = [&](int p) { return p != rank_ && (!broadcast || rank_ == args.root || p == args.root); };
+  auto talksTo = [&](int p) {
+    return p != rank_ && (!broadcast || rank_ == args.root || p == args.root || p == x.prev || p == x.next);
+  };
   auto carries = [&](int from) { return args.hasInput(from); };  // a message from `from` has a payload
   const size_t slot = x.eagerSlot;
-  if (header + payload > slot)  // the selector keeps inputs within eagerBytes
+  // The selector keeps inputs within eagerBytes (a reduce_scatter's blocks within 1/n of it).
+  if (header + payload > (args.kind == CollKind::kReduceScatter ? x.eagerScatterSlot : slot))
     return makeError(StatusCode::kInternalError, "rank ", rank_, ": ", describeColl(args, seq), ": ", payload,
                      " bytes do not fit an eager message of ", slot);
 
@@ -733,7 +742,7 @@ Status Communicator::Impl::eagerAcrossHosts(const CollArgs& args, uint32_t seq, 
     if (!talksTo(q)) continue;
     // reduce_scatter: a message per receiver (its block); otherwise one message for all, built once.
     const bool perReceiver = args.kind == CollKind::kReduceScatter;
-    char* message = x.eagerOut.data() + (perReceiver ? static_cast<size_t>(q) * slot : 0);
+    char* message = x.eagerOut.data() + (perReceiver ? static_cast<size_t>(q) * x.eagerScatterSlot : 0);
     if (perReceiver || sends.empty()) {
       memcpy(message, &mine, sizeof(mine));
       if (carries(rank_) && payload > 0)

@@ -46,13 +46,15 @@ struct CrossHost {
                                                       // may outlive its bound: a stopped peer)
   shm::OpDescriptor fingerprintOut{}, fingerprintIn{};  // the collective check with the ring neighbours
   // Eager messages: a kEagerHeader-byte header holding the sender's descriptor, then its payload.
-  // One slot per rank (index = rank) in each direction, eagerSlot bytes: a header and eagerBytes,
+  // In, one slot per rank (index = rank), eagerSlot bytes: a header and eagerBytes,
   // the most any peer sends at the fingerprint step, so that its descriptor can be read and named
   // also when the peer chose another algorithm (a ring fingerprint from `prev` lands in its slot
-  // too). Sized once at connection, where `meshed`.
+  // too). Out, one message serves every receiver, except a reduce_scatter's: one per receiver, of
+  // at most eagerBytes / n of payload each (eagerScatterSlot apart). Sized once at connection,
+  // where `meshed`.
   static constexpr size_t kEagerHeader = 64;
   bool meshed = false;  // endpoints to every rank: the eager algorithm can run
-  size_t eagerSlot = 0;
+  size_t eagerSlot = 0, eagerScatterSlot = 0;
   std::vector<char> eagerIn, eagerOut;
   std::vector<size_t> eagerLength;  // received lengths, index = rank
   float barrierOut = 0;
