@@ -181,14 +181,17 @@ Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, const std::v
   // Every rank, where the eager algorithm can run (the same condition on every rank: the lists
   // must be symmetric).
   cross->meshed = n <= kMaxEagerRanksAcrossHosts;
+  cross->eagerSlot = CrossHost::kEagerHeader;
   if (cross->meshed) {
     for (int p = 0; p < n; ++p) addPeer(p);
     cross->eagerSlot = (CrossHost::kEagerHeader + config_.eagerBytes + 63) / 64 * 64;
     cross->eagerScatterSlot = (CrossHost::kEagerHeader + config_.eagerBytes / static_cast<size_t>(n) + 63) / 64 * 64;
-    cross->eagerIn.resize(static_cast<size_t>(n) * cross->eagerSlot);
     cross->eagerOut.resize(std::max(cross->eagerSlot, static_cast<size_t>(n) * cross->eagerScatterSlot));
-    cross->eagerLength.assign(static_cast<size_t>(n), 0);
+    cross->eagerFrom.reserve(static_cast<size_t>(n));
+    cross->eagerSends.reserve(static_cast<size_t>(n));
   }
+  cross->eagerIn.resize(static_cast<size_t>(n) * cross->eagerSlot);
+  cross->eagerLength.assign(static_cast<size_t>(n), 0);
   LIBCOMM_RETURN_IF_ERROR(cross->channel->connect(*addresses, peers, deadline));
   for (int p : peers) {
     auto slot = std::make_unique<CrossHost::NoticeSlot>();
@@ -358,30 +361,22 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
   if (n > 1) {
     // In CrossHost, not on the stack: a failed wait returns with these still posted.
     shm::OpDescriptor& mine = cross_->fingerprintOut;
-    shm::OpDescriptor& theirs = cross_->fingerprintIn;
     mine = describeOp(args, seq);
     mine.algo = static_cast<uint8_t>(algo);
-    uint64_t in = 0;
-    if (cross_->meshed) {
-      // Where the eager algorithm can run, a peer whose call differs may have chosen it and sent an
-      // eager message at this step: taken whole, so that its descriptor names the difference.
-      char* slot = cross_->eagerIn.data() + static_cast<size_t>(cross_->prev) * cross_->eagerSlot;
-      size_t& length = cross_->eagerLength[static_cast<size_t>(cross_->prev)];
-      LIBCOMM_ASSIGN_OR_RETURN(in,
-                               link.recvUpTo(cross_->prev, ucx::kFingerprintStep, 0, slot, cross_->eagerSlot, &length));
-      LIBCOMM_ASSIGN_OR_RETURN(uint64_t out, link.send(cross_->next, ucx::kFingerprintStep, 0, &mine, sizeof(mine)));
-      LIBCOMM_RETURN_IF_ERROR(link.wait(in, wait));
-      LIBCOMM_RETURN_IF_ERROR(link.wait(out, wait));
-      LIBCOMM_RETURN_IF_ERROR(readFingerprint(args, seq, slot, length, cross_->prev, &theirs));
-      if (length != sizeof(theirs) && theirs.algo == mine.algo)
-        return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq), ": rank ",
-                         cross_->prev, " sent a fingerprint of ", length, " bytes, not ", sizeof(theirs));
-    } else {
-      LIBCOMM_ASSIGN_OR_RETURN(in, link.recv(cross_->prev, ucx::kFingerprintStep, 0, &theirs, sizeof(theirs)));
-      LIBCOMM_ASSIGN_OR_RETURN(uint64_t out, link.send(cross_->next, ucx::kFingerprintStep, 0, &mine, sizeof(mine)));
-      LIBCOMM_RETURN_IF_ERROR(link.wait(in, wait));
-      LIBCOMM_RETURN_IF_ERROR(link.wait(out, wait));
-    }
+    // Into prev's slot, whole: where the eager algorithm can run, a peer whose call differs may
+    // have chosen it and sent an eager message at this step, whose descriptor names the difference.
+    char* slot = cross_->eagerIn.data() + static_cast<size_t>(cross_->prev) * cross_->eagerSlot;
+    size_t& length = cross_->eagerLength[static_cast<size_t>(cross_->prev)];
+    LIBCOMM_ASSIGN_OR_RETURN(uint64_t in,
+                             link.recvUpTo(cross_->prev, ucx::kFingerprintStep, 0, slot, cross_->eagerSlot, &length));
+    LIBCOMM_ASSIGN_OR_RETURN(uint64_t out, link.send(cross_->next, ucx::kFingerprintStep, 0, &mine, sizeof(mine)));
+    LIBCOMM_RETURN_IF_ERROR(link.wait(in, wait));
+    LIBCOMM_RETURN_IF_ERROR(link.wait(out, wait));
+    shm::OpDescriptor theirs;
+    LIBCOMM_RETURN_IF_ERROR(readFingerprint(args, seq, slot, length, cross_->prev, &theirs));
+    if (length != sizeof(theirs) && theirs.algo == mine.algo)
+      return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq), ": rank ",
+                       cross_->prev, " sent a fingerprint of ", length, " bytes, not ", sizeof(theirs));
     LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, mine, theirs, cross_->prev));
   }
   if (algo == Algo::kHier) return runHier(args, seq, wait, link);
@@ -712,57 +707,56 @@ Status Communicator::Impl::eagerAcrossHosts(const CollArgs& args, uint32_t seq, 
   auto talksTo = [&](int p) {
     return p != rank_ && (!broadcast || rank_ == args.root || p == args.root || p == x.prev || p == x.next);
   };
-  auto carries = [&](int from) { return args.hasInput(from); };  // a message from `from` has a payload
+  // A message from rank p carries a payload when p has an input (args.hasInput).
   const size_t slot = x.eagerSlot;
+  const bool perReceiver = args.kind == CollKind::kReduceScatter;  // a message per receiver: its block
+  const size_t outSlot = perReceiver ? x.eagerScatterSlot : slot;
   // The selector keeps inputs within eagerBytes (a reduce_scatter's blocks within 1/n of it).
-  if (header + payload > (args.kind == CollKind::kReduceScatter ? x.eagerScatterSlot : slot))
+  if (header + payload > outSlot)
     return makeError(StatusCode::kInternalError, "rank ", rank_, ": ", describeColl(args, seq), ": ", payload,
-                     " bytes do not fit an eager message of ", slot);
+                     " bytes do not fit an eager message of ", outSlot);
 
   shm::OpDescriptor mine = describeOp(args, seq);
   mine.algo = static_cast<uint8_t>(Algo::kEager);
   // Receives first, one after another (waitAny takes them as a run), then the sends.
+  // (The peer and send lists are CrossHost's, reserved at connection: nothing allocated per call.)
   const uint64_t firstRecv = link.posted();
-  int receives = 0;
+  std::vector<int>& from = x.eagerFrom;  // the peer of each receive, in post order
+  from.clear();
   for (int p = 0; p < n; ++p) {
     if (!talksTo(p)) continue;
-    LIBCOMM_ASSIGN_OR_RETURN(
-        uint64_t op, link.recvUpTo(p, ucx::kFingerprintStep, 0, x.eagerIn.data() + static_cast<size_t>(p) * slot, slot,
-                                   &x.eagerLength[static_cast<size_t>(p)]));
-    (void)op;
-    ++receives;
+    LIBCOMM_RETURN_IF_ERROR(link.recvUpTo(p, ucx::kFingerprintStep, 0, x.eagerIn.data() + static_cast<size_t>(p) * slot,
+                                          slot, &x.eagerLength[static_cast<size_t>(p)])
+                                .status());
+    from.push_back(p);
   }
-  std::vector<int> from(static_cast<size_t>(receives));  // the peer of each receive, in post order
-  for (int p = 0, i = 0; p < n; ++p)
-    if (talksTo(p)) from[static_cast<size_t>(i++)] = p;
-  std::vector<uint64_t> sends;
-  sends.reserve(static_cast<size_t>(n));
+  std::vector<uint64_t>& sends = x.eagerSends;
+  sends.clear();
   const char* input = static_cast<const char*>(args.send);
+  const size_t sent = header + (args.hasInput(rank_) ? payload : 0);
   for (int q = 0; q < n; ++q) {
     if (!talksTo(q)) continue;
     // reduce_scatter: a message per receiver (its block); otherwise one message for all, built once.
-    const bool perReceiver = args.kind == CollKind::kReduceScatter;
-    char* message = x.eagerOut.data() + (perReceiver ? static_cast<size_t>(q) * x.eagerScatterSlot : 0);
+    char* message = x.eagerOut.data() + (perReceiver ? static_cast<size_t>(q) * outSlot : 0);
     if (perReceiver || sends.empty()) {
       memcpy(message, &mine, sizeof(mine));
-      if (carries(rank_) && payload > 0)
+      if (sent > header)
         memcpy(message + header, perReceiver ? input + static_cast<size_t>(q) * payload : input, payload);
     }
-    LIBCOMM_ASSIGN_OR_RETURN(uint64_t op,
-                             link.send(q, ucx::kFingerprintStep, 0, message, header + (carries(rank_) ? payload : 0)));
+    LIBCOMM_ASSIGN_OR_RETURN(uint64_t op, link.send(q, ucx::kFingerprintStep, 0, message, sent));
     sends.push_back(op);
   }
 
-  for (int k = 0; k < receives; ++k) {
+  for (size_t k = 0; k < from.size(); ++k) {
     uint64_t op = 0;
-    LIBCOMM_RETURN_IF_ERROR(link.waitAny(firstRecv, static_cast<size_t>(receives), &op, wait, "eager"));
+    LIBCOMM_RETURN_IF_ERROR(link.waitAny(firstRecv, from.size(), &op, wait, "eager"));
     const int p = from[op - firstRecv];
     const char* message = x.eagerIn.data() + static_cast<size_t>(p) * slot;
     const size_t length = x.eagerLength[static_cast<size_t>(p)];
     shm::OpDescriptor theirs;
     LIBCOMM_RETURN_IF_ERROR(readFingerprint(args, seq, message, length, p, &theirs));
     LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, mine, theirs, p));
-    const size_t expected = header + (carries(p) ? payload : 0);
+    const size_t expected = header + (args.hasInput(p) ? payload : 0);
     if (length != expected)
       return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq), ": rank ", p,
                        " sent an eager message of ", length, " bytes, not ", expected, " (same fingerprint)");
@@ -780,11 +774,10 @@ Status Communicator::Impl::eagerAcrossHosts(const CollArgs& args, uint32_t seq, 
                         passBases_.data(),
                         partialsAcrossHosts(args) == PartialsType::kFloat64};
   mesh::PassView view = mesh::emptyView(env);
-  const bool scattered = args.kind == CollKind::kReduceScatter;
   for (int p = 0; p < n; ++p) {
-    if (!carries(p)) continue;
+    if (!args.hasInput(p)) continue;
     if (p == rank_)  // reduce_scatter: this rank's own block of its input
-      view.base[p] = scattered ? input + static_cast<size_t>(rank_) * payload : input;
+      view.base[p] = perReceiver ? input + static_cast<size_t>(rank_) * payload : input;
     else
       view.base[p] = x.eagerIn.data() + static_cast<size_t>(p) * slot + header;
   }

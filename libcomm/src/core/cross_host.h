@@ -44,19 +44,21 @@ struct CrossHost {
   std::vector<std::unique_ptr<NoticeSlot>> notices;  // one per UCX peer
   std::array<char, kNoticeBytes> endedNotice{};       // what announceEndAcrossHosts sends (a send
                                                       // may outlive its bound: a stopped peer)
-  shm::OpDescriptor fingerprintOut{}, fingerprintIn{};  // the collective check with the ring neighbours
-  // Eager messages: a kEagerHeader-byte header holding the sender's descriptor, then its payload.
-  // In, one slot per rank (index = rank), eagerSlot bytes: a header and eagerBytes,
-  // the most any peer sends at the fingerprint step, so that its descriptor can be read and named
-  // also when the peer chose another algorithm (a ring fingerprint from `prev` lands in its slot
-  // too). Out, one message serves every receiver, except a reduce_scatter's: one per receiver, of
-  // at most eagerBytes / n of payload each (eagerScatterSlot apart). Sized once at connection,
-  // where `meshed`.
+  shm::OpDescriptor fingerprintOut{};                 // this rank's side of the check with the ring neighbours
+  // What arrives at the fingerprint step: a ring fingerprint from `prev`, or an eager message (a
+  // kEagerHeader-byte header holding the sender's descriptor, then its payload). One slot per rank
+  // (index = rank), eagerSlot bytes: where `meshed`, a header and eagerBytes, the most any peer
+  // sends at that step, so that its descriptor can be read and named also when the peer chose
+  // another algorithm; else a header. Out (where `meshed`), one eager message serves every
+  // receiver, except a reduce_scatter's: one per receiver, of at most eagerBytes / n of payload
+  // each (eagerScatterSlot apart). All sized once at connection.
   static constexpr size_t kEagerHeader = 64;
   bool meshed = false;  // endpoints to every rank: the eager algorithm can run
   size_t eagerSlot = 0, eagerScatterSlot = 0;
   std::vector<char> eagerIn, eagerOut;
   std::vector<size_t> eagerLength;  // received lengths, index = rank
+  std::vector<int> eagerFrom;       // an eager collective's peers, in the order its receives were posted
+  std::vector<uint64_t> eagerSends;  // its sends (link operation ids)
   float barrierOut = 0;
   std::vector<float> barrierIn;  // a barrier's all_gather of one value per rank (sized once)
   ring::Scratch scratch;         // the ring reduce_scatter's partials (flat and rail rings)
