@@ -658,11 +658,12 @@ TEST(UcxTwoLevelAllGather, SeveralChunksPerBlockOnThreeHosts) {
   EXPECT_RANKS_OK(report);
 }
 
-// The eager algorithm across hosts needs an endpoint from every rank to every rank, made up to 16
-// ranks (kMaxEagerRanksAcrossHosts). At 16 ranks on 4 hosts, small collectives go eager: an
-// all_reduce has the bits of the one-host sum (fp32, rank order), an all_gather and a barrier are
-// right. At 17 they take the ring (fewer endpoints), with the same data and the sum within fp32's
-// bound. The flight recorder shows which algorithm ran.
+// The flat eager algorithm across hosts needs an endpoint from every rank to every rank, made up
+// to 16 ranks (kMaxEagerRanksAcrossHosts). At 16 ranks on 3 hosts (6, 5 and 5 ranks: no rails, so
+// not the two-level form), small collectives go eager: an all_reduce has the bits of the one-host
+// sum (fp32, rank order), an all_gather and a barrier are right. At 17 they take the ring (fewer
+// endpoints), with the same data and the sum within fp32's bound. The flight recorder shows which
+// algorithm ran.
 TEST(CrossHostEager, SixteenRanksGoEagerSeventeenTakeTheRing) {
   for (int ranks : {16, 17}) {
     RunOptions opts;
@@ -672,7 +673,7 @@ TEST(CrossHostEager, SixteenRanksGoEagerSeventeenTakeTheRing) {
     SCOPED_TRACE(std::to_string(ranks) + " ranks");
     RunReport report = runRanks(opts, [](RankContext& ctx) -> Status {
       libcomm::CommConfig config;
-      config.hostId = "mesh-host-" + std::to_string(ctx.rank * 4 / ctx.size);
+      config.hostId = "mesh-host-" + std::to_string(ctx.rank * 3 / ctx.size);
       config.opTimeout = std::chrono::seconds(60);
       LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
       auto stream = libcomm::createInlineHostStream("mesh");
@@ -706,6 +707,116 @@ TEST(CrossHostEager, SixteenRanksGoEagerSeventeenTakeTheRing) {
       if (sawEager != eager)
         return libcomm::makeError(libcomm::StatusCode::kInternalError, eager ? "no" : "an", " eager collective at ",
                                   ctx.size, " ranks: ", flight.substr(0, 2000));
+      return comm->asyncError();
+    });
+    EXPECT_RANKS_OK(report);
+  }
+}
+
+// The two-level eager form (rails layouts: hosts of L >= 2 ranks each) runs past 16 ranks, and
+// forms its sums in host order: each host's inputs summed in local order (fp32), then the host
+// sums added in host order, so every rank of an all_reduce has the same bits -- those, exactly. At
+// 2 hosts x 9 ranks (18: beyond the flat form's mesh) and 3 hosts x 2 ranks dealt round-robin (so
+// that host order is not rank order): all_reduce (also with a premulSum scale and accumulating),
+// reduce_scatter, all_gather in and out of place, broadcast from a rank that is not first on its
+// host, and barrier are right, and the flight recorder shows eager for every one of them.
+TEST(CrossHostEager, TwoLevelFormHasTheHostOrderBitsOnEveryRank) {
+  struct Layout {
+    int hosts, ranks;
+    bool interleaved;
+  };
+  for (const Layout& layout : {Layout{2, 18, false}, Layout{3, 6, true}}) {
+    RunOptions opts;
+    opts.mode = Mode::kThreads;
+    opts.size = layout.ranks;
+    opts.deadline = scaledForSanitizers(std::chrono::seconds(120));
+    SCOPED_TRACE(std::to_string(layout.hosts) + " hosts, " + std::to_string(layout.ranks) + " ranks");
+    RunReport report = runRanks(opts, [&layout](RankContext& ctx) -> Status {
+      const int hosts = layout.hosts, n = ctx.size;
+      auto hostOf = [&](int r) { return layout.interleaved ? r % hosts : r * hosts / n; };
+      libcomm::CommConfig config;
+      config.hostId = "rails-eager-host-" + std::to_string(hostOf(ctx.rank));
+      config.opTimeout = std::chrono::seconds(60);
+      LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+      auto stream = libcomm::createInlineHostStream("rails");
+      const size_t count = 24, nn = static_cast<size_t>(n);
+      // Host sums in local (rank) order, then in host order: what every rank must hold.
+      auto expected = [&](auto value, float scale) {
+        std::vector<float> out(count);
+        for (size_t i = 0; i < count; ++i) {
+          float total = 0;
+          for (int g = 0; g < hosts; ++g) {
+            float host = 0;
+            bool first = true;
+            for (int r = 0; r < n; ++r) {
+              if (hostOf(r) != g) continue;
+              host = first ? value(r, i) : host + value(r, i);
+              first = false;
+            }
+            total = g == 0 ? host : total + host;
+          }
+          out[i] = total * scale;
+        }
+        return out;
+      };
+      auto fail = [&](const std::string& what, size_t i, float got, float want) {
+        return libcomm::makeError(libcomm::StatusCode::kInternalError, what, " element ", i, " is ", got, ", not ",
+                                  want);
+      };
+      std::vector<float> in(count * nn), out(count * nn);
+      for (size_t i = 0; i < count * nn; ++i) in[i] = noisyValue(ctx.rank, 0, i, 9);
+      // all_reduce, then premulSum into an accumulating output.
+      LIBCOMM_RETURN_IF_ERROR(comm->allReduce(in.data(), out.data(), count, DataType::kFloat32, {}, *stream));
+      const std::vector<float> sum = expected([](int r, size_t i) { return noisyValue(r, 0, i, 9); }, 1.0f);
+      for (size_t i = 0; i < count; ++i)
+        if (out[i] != sum[i]) return fail("all_reduce", i, out[i], sum[i]);
+      libcomm::ReduceOptions pre;
+      pre.op = libcomm::ReduceOp::kPremulSum;
+      pre.scale = 0.25f;
+      pre.accumulate = true;
+      std::vector<float> acc(count, 1.0f);
+      LIBCOMM_RETURN_IF_ERROR(comm->allReduce(in.data(), acc.data(), count, DataType::kFloat32, pre, *stream));
+      for (size_t i = 0; i < count; ++i)
+        if (std::fabs(acc[i] - (1.0f + 0.25f * sum[i])) > 1e-5f * (1.0f + std::fabs(sum[i])))
+          return fail("premulSum all_reduce into an accumulating output", i, acc[i], 1.0f + 0.25f * sum[i]);
+      // reduce_scatter: this rank's block of every input, host order.
+      LIBCOMM_RETURN_IF_ERROR(
+          comm->reduceScatter(in.data(), out.data(), count, DataType::kFloat32, DataType::kFloat32, {}, *stream));
+      const size_t mine = static_cast<size_t>(ctx.rank) * count;
+      const std::vector<float> block =
+          expected([mine](int r, size_t i) { return noisyValue(r, 0, mine + i, 9); }, 1.0f);
+      for (size_t i = 0; i < count; ++i)
+        if (out[i] != block[i]) return fail("reduce_scatter", i, out[i], block[i]);
+      // all_gather, out of place and in place.
+      std::fill(out.begin(), out.end(), NAN);
+      LIBCOMM_RETURN_IF_ERROR(comm->allGather(in.data(), out.data(), count, DataType::kFloat32, *stream));
+      for (size_t j = 0; j < count * nn; ++j)
+        if (out[j] != noisyValue(static_cast<int>(j / count), 0, j % count, 9))
+          return fail("all_gather", j, out[j], noisyValue(static_cast<int>(j / count), 0, j % count, 9));
+      std::fill(out.begin(), out.end(), NAN);
+      std::copy(in.begin(), in.begin() + static_cast<long>(count), out.begin() + static_cast<long>(mine));
+      LIBCOMM_RETURN_IF_ERROR(comm->allGather(out.data() + mine, out.data(), count, DataType::kFloat32, *stream));
+      for (size_t j = 0; j < count * nn; ++j)
+        if (out[j] != noisyValue(static_cast<int>(j / count), 0, j % count, 9))
+          return fail("in-place all_gather", j, out[j], noisyValue(static_cast<int>(j / count), 0, j % count, 9));
+      // broadcast from the second rank of the last host.
+      int root = -1, seen = 0;
+      for (int r = 0; r < n && root < 0; ++r)
+        if (hostOf(r) == hosts - 1 && seen++ == 1) root = r;
+      std::vector<float> b(count, ctx.rank == root ? 3.5f : -1.0f);
+      LIBCOMM_RETURN_IF_ERROR(comm->broadcast(b.data(), b.data(), count, DataType::kFloat32, root, *stream));
+      for (size_t i = 0; i < count; ++i)
+        if (b[i] != 3.5f) return fail("broadcast from rank " + std::to_string(root), i, b[i], 3.5f);
+      LIBCOMM_RETURN_IF_ERROR(comm->barrier(*stream));
+      LIBCOMM_RETURN_IF_ERROR(stream->synchronize(libcomm::Deadline::after(std::chrono::seconds(60))));
+      const std::string flight = comm->flightRecorderJson();
+      size_t eagers = 0;
+      for (size_t at = flight.find("\"algorithm\":\"eager\""); at != std::string::npos;
+           at = flight.find("\"algorithm\":\"eager\"", at + 1))
+        ++eagers;
+      if (eagers != 7)
+        return libcomm::makeError(libcomm::StatusCode::kInternalError, eagers,
+                                  " of 7 collectives ran eager: ", flight.substr(0, 3000));
       return comm->asyncError();
     });
     EXPECT_RANKS_OK(report);

@@ -160,18 +160,25 @@ TEST(CommErrors, OwnMismatchAcrossHostsIsReportedOverAPeersNotice) {
 // threshold choose different algorithms, whose messages never pair. The rank after a pair of ring
 // neighbours that differ still receives its predecessor's message at the fingerprint step, reads its
 // descriptor and names both calls; the others hear of it from that rank's notice. Never a timeout.
+// On 2 hosts x 2 ranks (rails: the two-level eager form against the two-level algorithm, which
+// compare fingerprints over shared memory and the rails), rank 1 small: ranks 0 and 1 name the
+// mismatch from each other's posted descriptor; ranks 2 and 3 name it too, or pass on the notice
+// of a rank that did.
 TEST(CommErrors, EagerAndRingCallsAcrossHostsAreNamedNotWaitedFor) {
-  for (int ranks : {2, 3}) {
+  for (int ranks : {2, 3, 4}) {
     RunOptions opts;
     opts.size = ranks;
     auto report = runRanks(opts, [ranks](RankContext& ctx) -> Status {
       libcomm::CommConfig config = quickConfig(ctx.rank, Placement::kAcrossHosts);
+      const bool rails = ranks == 4;
+      if (rails) config.hostId = "rails-host-" + std::to_string(ctx.rank / 2);
       config.opTimeout = std::chrono::seconds(20);  // far beyond the bound checked: named, not timed out
       LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
       auto s = libcomm::createHostStream("eager-vs-ring");
       const size_t small = 16, large = 8192;  // 64 B and 32 KiB per rank: eager and ring
       std::vector<float> a(large, 1.0f), b(large * static_cast<size_t>(ranks));
-      const size_t count = ctx.rank == ranks - 2 ? small : large;  // 2 ranks: rank 0; 3 ranks: rank 1
+      // 2 ranks: rank 0; 3 ranks and 4: rank 1.
+      const size_t count = ctx.rank == (rails ? 1 : ranks - 2) ? small : large;
       const auto start = std::chrono::steady_clock::now();
       LIBCOMM_RETURN_IF_ERROR(comm->allGather(a.data(), b.data(), count, DataType::kFloat32, *s));
       Status st = s->synchronize(libcomm::Deadline::after(std::chrono::seconds(10)));
@@ -182,12 +189,13 @@ TEST(CommErrors, EagerAndRingCallsAcrossHostsAreNamedNotWaitedFor) {
                                   std::chrono::duration_cast<std::chrono::milliseconds>(took).count(),
                                   " ms: ", st.toString());
       // 3 ranks: rank 0's neighbours (2 before it, 1 after) -- rank 2 agrees with it; it hears of
-      // the mismatch from a notice.
-      if (ranks == 3 && ctx.rank == 0)
+      // the mismatch from a notice. 4 ranks: the second host's ranks may too.
+      if ((ranks == 3 && ctx.rank == 0) || (rails && ctx.rank >= 2))
         return expectStatus(Status(st.isOk() ? StatusCode::kOk : StatusCode::kInvalidUsage, st.message()),
                             StatusCode::kInvalidUsage, {"mismatch", "count 16", "count 8192"}, what.c_str());
       return expectStatus(st, StatusCode::kInvalidUsage,
-                          {"collective mismatch at seq 1", "count 16", "count 8192", "chose eager", "chose ring"},
+                          {"collective mismatch at seq 1", "count 16", "count 8192", "chose eager",
+                           rails ? "chose hier" : "chose ring"},
                           what.c_str());
     });
     EXPECT_RANKS_OK(report);

@@ -125,20 +125,57 @@ TEST(SelectAcrossHosts, EagerForSmallInputsWhereEveryRankIsConnected) {
   auto many = one(CollKind::kAllGather, 64, 17, "eager");
   ASSERT_FALSE(many.isOk());
   EXPECT_NE(many.status().message().find("17"), std::string::npos) << many.status().toString();
-  const libcomm::Status placement = libcomm::checkAlgoPlacement("eager", 2, 9, 9, 18);
+  const libcomm::Status placement = libcomm::checkAlgoPlacement("eager", 2, 8, 9, 17);
   EXPECT_EQ(placement.code(), StatusCode::kInvalidUsage);
   EXPECT_NE(placement.message().find("at most 16 ranks"), std::string::npos) << placement.toString();
   EXPECT_TRUE(libcomm::checkAlgoPlacement("eager", 2, 8, 8, 16).isOk());
+  // Equally many (>= 2) ranks on every host: the two-level form, bounded by the hosts.
+  EXPECT_TRUE(libcomm::checkAlgoPlacement("eager", 2, 9, 9, 18).isOk());
+  EXPECT_TRUE(libcomm::checkAlgoPlacement("eager", 16, 4, 4, 64).isOk());
+  const libcomm::Status hosts = libcomm::checkAlgoPlacement("eager", 17, 2, 2, 34);
+  EXPECT_EQ(hosts.code(), StatusCode::kInvalidUsage);
+  EXPECT_NE(hosts.message().find("at most 16 hosts"), std::string::npos) << hosts.toString();
+}
+
+// On a rails layout (L >= 2 ranks on every host, equally many) eager takes its two-level form past
+// 16 ranks, up to 16 hosts; an all_gather goes eager only while the host's L inputs fit one
+// message (4 x LIBCOMM_EAGER_BYTES).
+TEST(SelectAcrossHosts, TwoLevelEagerOnRailsUpToSixteenHosts) {
+  auto one = [](CollKind kind, size_t bytes, int hosts, int perHost, const char* algo = "") {
+    CommConfig config;
+    config.algo = algo;
+    const char* why = "";
+    libcomm::CrossHostQuery q{kind, bytes, hosts, perHost, perHost};
+    q.ranks = hosts * perHost;
+    q.splits = true;
+    return libcomm::selectAcrossHosts(q, config, &why);
+  };
+  const size_t eager = CommConfig{}.eagerBytes;
+  EXPECT_EQ(one(CollKind::kAllReduce, eager, 2, 9).value(), Algo::kEager);  // 18 ranks
+  EXPECT_EQ(one(CollKind::kBarrier, 0, 16, 4).value(), Algo::kEager);       // 64 ranks
+  EXPECT_EQ(one(CollKind::kBarrier, 0, 17, 2).value(), Algo::kRing);        // past 16 hosts
+  EXPECT_EQ(one(CollKind::kAllReduce, 64, 17, 2).value(), Algo::kHier);
+  EXPECT_EQ(one(CollKind::kAllGather, eager, 2, 4).value(), Algo::kEager);         // 4 x eager in one message
+  EXPECT_EQ(one(CollKind::kAllGather, eager / 2 + 4, 2, 8).value(), Algo::kHier);  // past it
+  EXPECT_EQ(one(CollKind::kReduceScatter, eager, 2, 8).value(), Algo::kEager);
+  auto big = one(CollKind::kAllGather, eager, 2, 8, "eager");
+  ASSERT_FALSE(big.isOk());
+  EXPECT_NE(big.status().message().find("4 x LIBCOMM_EAGER_BYTES"), std::string::npos) << big.status().toString();
+  auto far = one(CollKind::kAllGather, 64, 17, 2, "eager");
+  ASSERT_FALSE(far.isOk());
+  EXPECT_NE(far.status().message().find("17 hosts"), std::string::npos) << far.status().toString();
 }
 
 TEST(SelectAcrossHosts, TableListsEveryRow) {
   const auto rows = libcomm::crossHostSelectionRows();
-  ASSERT_EQ(rows.size(), 4u);
+  ASSERT_EQ(rows.size(), 5u);
   EXPECT_EQ(rows[0].algorithm, "eager");
-  EXPECT_EQ(rows[1].algorithm, "hier");
+  EXPECT_NE(rows[0].placement.find("L >= 2"), std::string::npos) << rows[0].placement;
+  EXPECT_EQ(rows[1].algorithm, "eager");
   EXPECT_EQ(rows[2].algorithm, "hier");
-  EXPECT_EQ(rows[2].collectives, "all_reduce");
-  EXPECT_EQ(rows[3].algorithm, "ring");
+  EXPECT_EQ(rows[3].algorithm, "hier");
+  EXPECT_EQ(rows[3].collectives, "all_reduce");
+  EXPECT_EQ(rows[4].algorithm, "ring");
   EXPECT_NE(libcomm::describeSelectionTable(CommConfig{}).find("across hosts"), std::string::npos);
 }
 

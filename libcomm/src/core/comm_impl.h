@@ -166,7 +166,7 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   Status connectAcrossHosts(Bootstrap& bootstrap, const std::vector<std::string>& prefixes, Deadline deadline);
   Status runAcrossHosts(const CollArgs& args, uint32_t seq, const WaitContext& wait);
   Status runRing(const CollArgs& args, uint32_t seq, const WaitContext& wait);
-  Status runHier(const CollArgs& args, uint32_t seq, const WaitContext& wait, ring::Link& link);
+  Status runHier(const CollArgs& args, uint32_t seq, const WaitContext& wait, UcxRingLink& link);
   /// Registered memory of at least `bytes` standing in for an unregistered working buffer.
   Result<char*> bounceBuffer(size_t bytes);
   Status ringAllReduce(const CollArgs& args, ring::Env& env);
@@ -185,6 +185,18 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// input straight to that peer, compares each descriptor that arrives, then does the
   /// collective's work locally (mesh::runPass over the received inputs, in rank order).
   Status eagerAcrossHosts(const CollArgs& args, uint32_t seq, const WaitContext& wait, UcxRingLink& link);
+  /// Rails layouts: before this rank writes its post slot and eager area of seq's parity, that the
+  /// host peers are done with their last use (railsPost in cross_host.cc).
+  Status railsClaim(uint32_t seq, const WaitContext& wait);
+  /// Rails layouts, every algorithm but eager: posts `d` on the shared-memory channel, exchanges it
+  /// with the rail neighbours (a descriptor to the next, up to an eager message from the previous)
+  /// and compares it with every host peer's and the previous rail rank's.
+  Status railsFingerprint(const CollArgs& args, uint32_t seq, const WaitContext& wait, UcxRingLink& link,
+                          const shm::OpDescriptor& d);
+  /// The eager algorithm's two-level form (rails layouts): inputs through the host's eager areas,
+  /// then one message to each rank of the own rail -- the host's inputs (all_gather, broadcast),
+  /// host sums (all_reduce) or the receiver's block of them (reduce_scatter) -- combined in host order.
+  Status railsEager(const CollArgs& args, uint32_t seq, const WaitContext& wait, UcxRingLink& link);
   /// The descriptor at the start of a message of `length` bytes from rank `p` at the fingerprint
   /// step, into *out; kInvalidUsage when the message is too short to hold one.
   Status readFingerprint(const CollArgs& args, uint32_t seq, const char* message, size_t length, int p,

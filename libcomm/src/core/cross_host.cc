@@ -5,11 +5,13 @@
 //      hierarchical;
 //   2. fingerprints: each rank sends its descriptor, with the choice, to the next rank on the flat
 //      ring and compares the previous rank's with its own; all pairs of neighbours agreeing means
-//      all ranks agree, and a mismatch names both calls. Eager: the descriptor travels in front of
-//      the data, to every rank that receives from this one (eagerAcrossHosts);
+//      all ranks agree, and a mismatch names both calls. On a rails layout, to the next rank of
+//      its rail, and every rank posts it on the host's shared-memory channel too, where the host
+//      peers compare it (railsFingerprint). Eager: the descriptor travels in front of the data, to
+//      every rank that receives from this one (eagerAcrossHosts; railsEager, two levels, on rails);
 //   3. the collective. Hierarchical: the host's ranks post their working buffers on the
-//      shared-memory channel (and compare fingerprints there too), run the two levels, and wait
-//      until every host peer is done reading. Flat ring: all_gather and reduce_scatter are the ring
+//      shared-memory channel with their fingerprints, run the two levels, and wait until every
+//      host peer is done reading. Flat ring: all_gather and reduce_scatter are the ring
 //      algorithms; all_reduce is a
 //      reduce_scatter then an all_gather over a zero-padded copy (steps numbered apart so the two
 //      phases' messages never share a tag); broadcast is a chunked chain from the root; barrier is
@@ -131,6 +133,7 @@ Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, const std::v
   cross->hostIndex = hosts_.hostOf[rank_];
   cross->localIndex = hosts_.localRank[rank_];
   cross->ranks = hosts_.ranks;
+  cross->hostOf = hosts_.hostOf;
   const std::vector<int>& here = hosts_.ranks[cross->hostIndex];
   const int perHost = static_cast<int>(here.size());
   cross->fewestPerHost = hosts_.minRanksPerHost();
@@ -178,20 +181,35 @@ Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, const std::v
     addPeer(cross->railOrder[(cross->hostIndex + hosts - 1) % hosts]);
     addPeer(cross->railOrder[(cross->hostIndex + 1) % hosts]);
   }
-  // Every rank, where the eager algorithm can run (the same condition on every rank: the lists
-  // must be symmetric).
-  cross->meshed = n <= kMaxEagerRanksAcrossHosts;
-  cross->eagerSlot = CrossHost::kEagerHeader;
+  // Every rank (or every rank of the own rail), where the eager algorithm can run (the same
+  // condition on every rank: the lists must be symmetric).
+  auto round64 = [](size_t b) { return (b + 63) / 64 * 64; };
+  const size_t header = CrossHost::kEagerHeader;
+  cross->meshed = !cross->hasRails && n <= kMaxEagerRanksAcrossHosts;
+  cross->railsEager = cross->hasRails && hosts <= kMaxEagerHostsAcrossHosts;
+  cross->eagerSlot = header;
   if (cross->meshed) {
     for (int p = 0; p < n; ++p) addPeer(p);
-    cross->eagerSlot = (CrossHost::kEagerHeader + config_.eagerBytes + 63) / 64 * 64;
-    cross->eagerScatterSlot = (CrossHost::kEagerHeader + config_.eagerBytes / static_cast<size_t>(n) + 63) / 64 * 64;
+    cross->eagerSlot = round64(header + config_.eagerBytes);
+    cross->eagerScatterSlot = round64(header + config_.eagerBytes / static_cast<size_t>(n));
     cross->eagerOut.resize(std::max(cross->eagerSlot, static_cast<size_t>(n) * cross->eagerScatterSlot));
-    cross->eagerFrom.reserve(static_cast<size_t>(n));
-    cross->eagerSends.reserve(static_cast<size_t>(n));
+  } else if (cross->railsEager) {
+    for (int p : cross->railOrder) addPeer(p);
+    // Payload: an fp64 host sum of up to eagerBytes of bf16 input, or the host's L inputs where
+    // they fit (selector.h); a reduce_scatter's per-receiver partial: one block in fp64.
+    const size_t most = kRailEagerPayloadScale * config_.eagerBytes;
+    cross->eagerSlot = round64(header + most);
+    cross->eagerScatterSlot = round64(header + most / static_cast<size_t>(n));
+    cross->eagerOut.resize(std::max(cross->eagerSlot, static_cast<size_t>(hosts) * cross->eagerScatterSlot));
+    // An all_reduce's count is at most eagerBytes / 2 (bf16).
+    cross->eagerSums.reserve(config_.eagerBytes / 2);
   }
-  cross->eagerIn.resize(static_cast<size_t>(n) * cross->eagerSlot);
-  cross->eagerLength.assign(static_cast<size_t>(n), 0);
+  cross->eagerInputs.reserve(static_cast<size_t>(std::max(perHost, hosts)));
+  cross->eagerFrom.reserve(static_cast<size_t>(n));
+  cross->eagerSends.reserve(static_cast<size_t>(n));
+  const size_t slots = static_cast<size_t>(cross->hasRails ? hosts : n);
+  cross->eagerIn.resize(slots * cross->eagerSlot);
+  cross->eagerLength.assign(slots, 0);
   LIBCOMM_RETURN_IF_ERROR(cross->channel->connect(*addresses, peers, deadline));
   for (int p : peers) {
     auto slot = std::make_unique<CrossHost::NoticeSlot>();
@@ -204,6 +222,9 @@ Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, const std::v
                              << ": ring over UCX (previous rank " << cross->prev << ", next rank " << cross->next << ")"
                              << (cross->hasRails ? ", rails for the two-level algorithms" : "")
                              << (cross->meshed ? ", endpoints to every rank for the eager algorithm" : "")
+                             << (cross->railsEager
+                                     ? ", endpoints to every rank of its rail for the two-level eager algorithm"
+                                     : "")
                              << "; shared memory with " << perHost - 1 << " host peer(s)";
   cross_ = std::move(cross);
   return Status::ok();
@@ -340,7 +361,7 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
   const char* why = "";
   CrossHostQuery query{args.kind, inputBytes, hosts_.numHosts(), cross_->fewestPerHost, cross_->mostPerHost};
   query.splits = args.kind == CollKind::kAllReduce && splitsIntoBlocks(args);
-  query.ranks = cross_->meshed ? n : 0;
+  query.ranks = cross_->meshed || cross_->railsEager ? n : 0;
   Result<Algo> choice = selectAcrossHosts(query, config_, &why);
   if (!choice.isOk())
     return choice.status()
@@ -356,9 +377,16 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
                                            (algo != Algo::kEager && partialsAcrossHosts(args) != PartialsType::kFloat32)
                                        ? std::string(", ") + partialsTypeName(partialsAcrossHosts(args)) + " partials"
                                        : std::string());  // eager sums in fp32, or fp64
-  // The eager algorithm checks fingerprints in its own messages.
-  if (algo == Algo::kEager) return eagerAcrossHosts(args, seq, wait, link);
-  if (n > 1) {
+  // The eager algorithm checks fingerprints in its own messages; the two-level one posts its
+  // working buffer with its descriptor (railsFingerprint).
+  if (algo == Algo::kEager)
+    return cross_->hasRails ? railsEager(args, seq, wait, link) : eagerAcrossHosts(args, seq, wait, link);
+  if (algo == Algo::kHier) return runHier(args, seq, wait, link);
+  if (cross_->hasRails) {
+    shm::OpDescriptor d = describeOp(args, seq);
+    d.algo = static_cast<uint8_t>(algo);
+    LIBCOMM_RETURN_IF_ERROR(railsFingerprint(args, seq, wait, link, d));
+  } else if (n > 1) {
     // In CrossHost, not on the stack: a failed wait returns with these still posted.
     shm::OpDescriptor& mine = cross_->fingerprintOut;
     mine = describeOp(args, seq);
@@ -379,7 +407,6 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
                        cross_->prev, " sent a fingerprint of ", length, " bytes, not ", sizeof(theirs));
     LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, mine, theirs, cross_->prev));
   }
-  if (algo == Algo::kHier) return runHier(args, seq, wait, link);
 
   ring::Env env;
   env.order = cross_->order;
@@ -431,7 +458,7 @@ Result<char*> Communicator::Impl::bounceBuffer(size_t bytes) {
   return static_cast<char*>(cross_->bounce);
 }
 
-Status Communicator::Impl::runHier(const CollArgs& args, uint32_t seq, const WaitContext& wait, ring::Link& link) {
+Status Communicator::Impl::runHier(const CollArgs& args, uint32_t seq, const WaitContext& wait, UcxRingLink& link) {
   CrossHost& x = *cross_;
   const int perHost = static_cast<int>(x.ranks[x.hostIndex].size());
   const size_t es = dataTypeSize(args.inType);
@@ -469,7 +496,7 @@ Status Communicator::Impl::runHier(const CollArgs& args, uint32_t seq, const Wai
     }
   }
 
-  // Working buffers and fingerprints, with the host peers.
+  // Working buffers with the host peers, and fingerprints with them and the rail neighbours.
   shm::OpDescriptor d = describeOp(args, seq);
   d.algo = static_cast<uint8_t>(Algo::kHier);
   d.inputRegistered = 1;
@@ -477,8 +504,7 @@ Status Communicator::Impl::runHier(const CollArgs& args, uint32_t seq, const Wai
   d.place.offset = loc.offset;
   d.place.bytes = bytes;
   d.place.progressBase = x.progress;
-  channel_->post(d);
-  LIBCOMM_RETURN_IF_ERROR(channel_->waitPosted(seq, wait));
+  LIBCOMM_RETURN_IF_ERROR(railsFingerprint(args, seq, wait, link, d));
   hier::Env env;
   env.local = channel_.get();
   env.localIndex = x.localIndex;
@@ -490,7 +516,6 @@ Status Communicator::Impl::runHier(const CollArgs& args, uint32_t seq, const Wai
   env.progressBase.assign(perHost, 0);
   for (int l = 0; l < perHost; ++l) {
     const shm::OpDescriptor o = l == x.localIndex ? d : channel_->posted(l, seq);
-    LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, d, o, x.ranks[x.hostIndex][l]));
     env.progressBase[l] = o.place.progressBase;
     if (l == x.localIndex) {
       env.base[l] = work;
@@ -786,6 +811,259 @@ Status Communicator::Impl::eagerAcrossHosts(const CollArgs& args, uint32_t seq, 
   view.origin = 0;
   view.elemSize = es;
   LIBCOMM_RETURN_IF_ERROR(mesh::runPass(args, env, view, 0, args.kind == CollKind::kBarrier ? 0 : args.count));
+  for (uint64_t op : sends) LIBCOMM_RETURN_IF_ERROR(link.wait(op, wait));
+  return Status::ok();
+}
+
+Status Communicator::Impl::railsClaim(uint32_t seq, const WaitContext& wait) {
+  CrossHost& x = *cross_;
+  // The post slot and eager area of seq's parity last served collective seq - 2 or earlier: every
+  // host peer is done with them once it posted seq - 1, which this rank saw in seq - 1's
+  // waitPosted. A collective in between that posted nothing (a device one: NCCL runs it) breaks
+  // that chain; then every host peer must have completed the last collective that posted (its done
+  // counter, caught up after every collective: normally long passed).
+  if (x.postedAny && x.lastPosted + 1 != seq)
+    LIBCOMM_RETURN_IF_ERROR(channel_->waitAll(shm::Counter::kDone, x.lastPosted, wait, "reuse of the posted slot"));
+  x.postedAny = true;
+  x.lastPosted = seq;
+  return Status::ok();
+}
+
+Status Communicator::Impl::railsFingerprint(const CollArgs& args, uint32_t seq, const WaitContext& wait,
+                                            UcxRingLink& link, const shm::OpDescriptor& d) {
+  CrossHost& x = *cross_;
+  LIBCOMM_RETURN_IF_ERROR(railsClaim(seq, wait));
+  channel_->post(d);
+  // In CrossHost, not on the stack: a failed wait returns with these still posted. The receive
+  // takes up to an eager message whole: a rail neighbour whose call differs may have chosen the
+  // eager algorithm and sent one, whose descriptor names the difference.
+  x.fingerprintOut = d;
+  const int prev = x.railPrev(), next = x.railNext();
+  char* slot = x.eagerIn.data() + x.inSlot(prev) * x.eagerSlot;
+  size_t& length = x.eagerLength[x.inSlot(prev)];
+  LIBCOMM_ASSIGN_OR_RETURN(uint64_t in, link.recvUpTo(prev, ucx::kFingerprintStep, 0, slot, x.eagerSlot, &length));
+  LIBCOMM_ASSIGN_OR_RETURN(uint64_t out,
+                           link.send(next, ucx::kFingerprintStep, 0, &x.fingerprintOut, sizeof(x.fingerprintOut)));
+  // The host peers first (shared memory: no network latency to wait for), then the rail.
+  LIBCOMM_RETURN_IF_ERROR(channel_->waitPosted(seq, wait));
+  const std::vector<int>& here = x.ranks[static_cast<size_t>(x.hostIndex)];
+  for (size_t l = 0; l < here.size(); ++l)
+    if (static_cast<int>(l) != x.localIndex)
+      LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, d, channel_->posted(static_cast<int>(l), seq), here[l]));
+  LIBCOMM_RETURN_IF_ERROR(link.wait(in, wait));
+  LIBCOMM_RETURN_IF_ERROR(link.wait(out, wait));
+  shm::OpDescriptor theirs;
+  LIBCOMM_RETURN_IF_ERROR(readFingerprint(args, seq, slot, length, prev, &theirs));
+  if (length != sizeof(theirs) && theirs.algo == d.algo)
+    return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq), ": rank ", prev,
+                     " sent a fingerprint of ", length, " bytes, not ", sizeof(theirs));
+  return compareFingerprint(args, seq, d, theirs, prev);
+}
+
+Status Communicator::Impl::railsEager(const CollArgs& args, uint32_t seq, const WaitContext& wait, UcxRingLink& link) {
+  // The eager algorithm in two levels, for hosts of L >= 2 ranks each (the rails layout):
+  //   1. each rank posts its descriptor on the host's shared-memory channel with its input (in the
+  //      descriptor when it fits, else in its eager area), as the one-host eager path does;
+  //   2. once every host peer posted (and matched), each rank sends one message to each rank of its
+  //      rail: its descriptor, then what that host needs of this host's inputs -- all_gather: the
+  //      L inputs; all_reduce: their sum (fp32 partials, or fp64); reduce_scatter: the sum of the
+  //      receiver's block; broadcast: the root's input, from the root's host; barrier: nothing;
+  //   3. each message is checked against this rank's descriptor as it arrives; the host sums are
+  //      then added in host order (every rank of a host forms the same host sums, so an all_reduce
+  //      has the same bits on every rank: not the flat eager path's rank-order bits).
+  // Messages per rank across hosts: H - 1, where the flat form sends n - 1. Every rank exchanges
+  // with every rank of its rail (a broadcast's non-root hosts send bare descriptors): the ring and
+  // two-level algorithms' fingerprints go to rail neighbours too, so calls that chose differently
+  // meet at some rail or host edge and are named, not waited for.
+  CrossHost& x = *cross_;
+  const int hosts = static_cast<int>(x.railOrder.size()), h = x.hostIndex, l = x.localIndex;
+  const std::vector<int>& here = x.ranks[static_cast<size_t>(h)];
+  const int perHost = static_cast<int>(here.size());
+  const size_t es = dataTypeSize(args.inType), header = CrossHost::kEagerHeader, slot = x.eagerSlot;
+  const size_t count = args.count;
+  const bool reduces = args.kind == CollKind::kAllReduce || args.kind == CollKind::kReduceScatter;
+  const bool wide = reduces && partialsAcrossHosts(args) == PartialsType::kFloat64;
+  const size_t partialBytes = count * (wide ? sizeof(double) : sizeof(float));
+  const bool perReceiver = args.kind == CollKind::kReduceScatter;
+  const int rootHost = args.kind == CollKind::kBroadcast ? x.hostOf[static_cast<size_t>(args.root)] : -1;
+  // The payload from any rank of host g to a rail peer (the same for every receiver but a
+  // reduce_scatter's, whose blocks are equally long).
+  auto payloadFrom = [&](int g) -> size_t {
+    switch (args.kind) {
+      case CollKind::kAllGather:
+        return static_cast<size_t>(perHost) * count * es;
+      case CollKind::kAllReduce:
+      case CollKind::kReduceScatter:
+        return partialBytes;
+      case CollKind::kBroadcast:
+        return g == rootHost ? count * es : 0;
+      case CollKind::kBarrier:
+        return 0;
+    }
+    return 0;
+  };
+  const size_t outSlot = perReceiver ? x.eagerScatterSlot : slot;
+  if (header + payloadFrom(h) > outSlot)
+    return makeError(StatusCode::kInternalError, "rank ", rank_, ": ", describeColl(args, seq), ": ", payloadFrom(h),
+                     " bytes do not fit a two-level eager message of ", outSlot);
+
+  // 1. The input to the host peers, with the descriptor.
+  shm::OpDescriptor d = describeOp(args, seq);
+  d.algo = static_cast<uint8_t>(Algo::kEager);
+  const size_t callBytes = args.kind == CollKind::kBarrier ? 0 : count * args.inputParts(size_) * es;
+  d.eager =
+      callBytes <= shm::OpDescriptor::kInlineBytes ? shm::OpDescriptor::kEagerInline : shm::OpDescriptor::kEagerArea;
+  LIBCOMM_RETURN_IF_ERROR(railsClaim(seq, wait));
+  if (args.hasInput(rank_) && callBytes > 0) {
+    if (callBytes > channel_->eagerBytes() && d.eager == shm::OpDescriptor::kEagerArea)
+      return makeError(StatusCode::kInternalError, "rank ", rank_, ": ", describeColl(args, seq), ": ", callBytes,
+                       " bytes do not fit the eager area of ", channel_->eagerBytes());
+    memcpy(d.eager == shm::OpDescriptor::kEagerInline ? static_cast<void*>(d.inlined) : channel_->eagerArea(l, seq),
+           args.send, callBytes);
+  }
+  channel_->post(d);
+
+  // The rail's messages in (receives first, one after another: waitAny takes them as a run).
+  const uint64_t firstRecv = link.posted();
+  std::vector<int>& from = x.eagerFrom;
+  from.clear();
+  for (int g = 0; g < hosts; ++g) {
+    if (g == h) continue;
+    const int p = x.railOrder[static_cast<size_t>(g)];
+    LIBCOMM_RETURN_IF_ERROR(link.recvUpTo(p, ucx::kFingerprintStep, 0, x.eagerIn.data() + x.inSlot(p) * slot, slot,
+                                          &x.eagerLength[x.inSlot(p)])
+                                .status());
+    from.push_back(p);
+  }
+
+  // 2. The host peers' inputs, once they match.
+  LIBCOMM_RETURN_IF_ERROR(channel_->waitPosted(seq, wait));
+  for (int q = 0; q < perHost; ++q)
+    if (q != l) LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, d, channel_->posted(q, seq), here[q]));
+  auto localInput = [&](int q) -> const char* {
+    if (q == l) return static_cast<const char*>(args.send);
+    if (d.eager == shm::OpDescriptor::kEagerInline)
+      return reinterpret_cast<const char*>(channel_->posted(q, seq).inlined);
+    return channel_->eagerArea(q, seq);
+  };
+  // This host's sums of the block at `offset` elements of every local input, into `out`.
+  auto hostSum = [&](size_t offset, void* out) {
+    if (count == 0) return;
+    std::vector<const void*>& in = x.eagerInputs;
+    in.clear();
+    for (int q = 0; q < perHost; ++q) in.push_back(localInput(q) + offset * es);
+    if (wide) {
+      reduce::sumToDouble(in.data(), perHost, args.inType, static_cast<double*>(out), count);
+      return;
+    }
+    reduce::ReduceArgs r;
+    r.inputs = in.data();
+    r.numInputs = perHost;
+    r.inType = args.inType;
+    r.outType = DataType::kFloat32;
+    r.out = out;
+    r.count = count;
+    reduce::reduce(r);
+  };
+  char* shared = x.eagerOut.data();  // the message to every rail peer (all but reduce_scatter)
+  auto messageTo = [&](int g) { return perReceiver ? shared + static_cast<size_t>(g) * outSlot : shared; };
+  switch (args.kind) {
+    case CollKind::kAllGather:
+      for (int q = 0; q < perHost; ++q)
+        if (count > 0) memcpy(shared + header + static_cast<size_t>(q) * count * es, localInput(q), count * es);
+      break;
+    case CollKind::kAllReduce:
+      hostSum(0, shared + header);
+      break;
+    case CollKind::kReduceScatter:  // every host's block, the own one too (kept, not sent)
+      for (int g = 0; g < hosts; ++g)
+        hostSum(static_cast<size_t>(x.ranks[static_cast<size_t>(g)][static_cast<size_t>(l)]) * count,
+                messageTo(g) + header);
+      break;
+    case CollKind::kBroadcast:
+      if (h == rootHost && count > 0) memcpy(shared + header, localInput(hosts_.localRank[args.root]), count * es);
+      break;
+    case CollKind::kBarrier:
+      break;
+  }
+  std::vector<uint64_t>& sends = x.eagerSends;
+  sends.clear();
+  for (int g = 0; g < hosts; ++g) {
+    if (g == h) continue;
+    char* message = messageTo(g);
+    if (perReceiver || sends.empty()) memcpy(message, &d, sizeof(d));
+    LIBCOMM_ASSIGN_OR_RETURN(uint64_t op, link.send(x.railOrder[static_cast<size_t>(g)], ucx::kFingerprintStep, 0,
+                                                    message, header + payloadFrom(h)));
+    sends.push_back(op);
+  }
+
+  // 3. Each rail peer's message, checked as it arrives.
+  for (size_t k = 0; k < from.size(); ++k) {
+    uint64_t op = 0;
+    LIBCOMM_RETURN_IF_ERROR(link.waitAny(firstRecv, from.size(), &op, wait, "eager"));
+    const int p = from[op - firstRecv];
+    const char* message = x.eagerIn.data() + x.inSlot(p) * slot;
+    const size_t length = x.eagerLength[x.inSlot(p)];
+    shm::OpDescriptor theirs;
+    LIBCOMM_RETURN_IF_ERROR(readFingerprint(args, seq, message, length, p, &theirs));
+    LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, d, theirs, p));
+    const size_t expected = header + payloadFrom(x.hostOf[static_cast<size_t>(p)]);
+    if (length != expected)
+      return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq), ": rank ", p,
+                       " sent an eager message of ", length, " bytes, not ", expected, " (same fingerprint)");
+  }
+
+  // The work, on what every host sent: host g's part is at fromHost(g).
+  auto fromHost = [&](int g) -> const char* {
+    if (g == h) return messageTo(h) + header;
+    return x.eagerIn.data() + static_cast<size_t>(g) * slot + header;
+  };
+  char* recv = static_cast<char*>(args.recv);
+  switch (args.kind) {
+    case CollKind::kAllGather:
+      for (int g = 0; g < hosts; ++g)
+        for (int q = 0; q < perHost; ++q) {
+          const int r = x.ranks[static_cast<size_t>(g)][static_cast<size_t>(q)];
+          if ((r == rank_ && args.inPlace) || count == 0) continue;
+          reduce::copyBytes(recv + static_cast<size_t>(r) * count * es,
+                            fromHost(g) + static_cast<size_t>(q) * count * es, count * es);
+        }
+      break;
+    case CollKind::kAllReduce:
+    case CollKind::kReduceScatter: {
+      if (count == 0) break;
+      if (wide) {
+        std::vector<double>& sum = x.eagerSums;
+        sum.resize(count);
+        memcpy(sum.data(), fromHost(0), count * sizeof(double));
+        for (int g = 1; g < hosts; ++g)
+          reduce::addDoubles(reinterpret_cast<const double*>(fromHost(g)), sum.data(), count);
+        reduce::roundFromDouble(sum.data(), recv, args.outType, count, args.postScale(size_), args.reduce.accumulate);
+        break;
+      }
+      std::vector<const void*>& in = x.eagerInputs;
+      in.clear();
+      for (int g = 0; g < hosts; ++g) in.push_back(fromHost(g));
+      reduce::ReduceArgs r;
+      r.inputs = in.data();
+      r.numInputs = hosts;
+      r.inType = DataType::kFloat32;
+      r.out = recv;
+      r.outType = args.outType;
+      r.count = count;
+      r.scale = args.postScale(size_);
+      r.accumulate = args.reduce.accumulate;
+      reduce::reduce(r);
+      break;
+    }
+    case CollKind::kBroadcast:
+      if (!(rank_ == args.root && args.inPlace) && count > 0)
+        reduce::copyBytes(recv, h == rootHost ? localInput(hosts_.localRank[args.root]) : fromHost(rootHost),
+                          count * es);
+      break;
+    case CollKind::kBarrier:
+      break;
+  }
   for (uint64_t op : sends) LIBCOMM_RETURN_IF_ERROR(link.wait(op, wait));
   return Status::ok();
 }

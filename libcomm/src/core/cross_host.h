@@ -5,10 +5,15 @@
 //   - rails (when every host has the same number L >= 2 of ranks): the ranks of equal local index
 //     form one ring across the hosts each, in host order; with shared memory between the ranks of
 //     a host they make the two-level algorithms (algos/hier).
-//   - eager (at most kMaxEagerRanksAcrossHosts ranks): small collectives and barriers, one
-//     message from every rank to every rank that needs its input, fingerprint in front.
+//   - eager: small collectives and barriers. Flat (at most kMaxEagerRanksAcrossHosts ranks, no
+//     rails): one message from every rank to every rank that needs its input, fingerprint in front.
+//     Two levels (rails, at most kMaxEagerHostsAcrossHosts hosts): the inputs of a host through its
+//     shared-memory eager areas, then one message to every rank of the own rail.
+// Fingerprints: on a rails layout every collective posts its descriptor on the shared-memory
+// channel and exchanges it with its rail neighbours (local cliques joined by rails: connected, so
+// any two calls that differ meet at some edge); otherwise with its flat-ring neighbours.
 // One UCX channel connects a rank to its flat-ring and rail neighbours, and to every rank where
-// the eager algorithm can run.
+// the flat eager algorithm can run (every rank of its rail for the two-level one).
 
 #include <array>
 #include <memory>
@@ -52,11 +57,23 @@ struct CrossHost {
   // another algorithm; else a header. Out (where `meshed`), one eager message serves every
   // receiver, except a reduce_scatter's: one per receiver, of at most eagerBytes / n of payload
   // each (eagerScatterSlot apart). All sized once at connection.
+  // On a rails layout the slots are indexed by host (only rail peers send at that step), hold up
+  // to kRailEagerPayloadScale x eagerBytes of payload, and the two-level eager path's host sums
+  // or blocks go out of eagerOut (reduce_scatter: one slot per receiving host, eagerScatterSlot
+  // apart; the own host's slot holds this rank's own block's host partial).
   static constexpr size_t kEagerHeader = 64;
-  bool meshed = false;  // endpoints to every rank: the eager algorithm can run
+  bool meshed = false;      // flat: endpoints to every rank, the flat eager algorithm can run
+  bool railsEager = false;  // rails: endpoints to every rank of the own rail, the two-level one can
   size_t eagerSlot = 0, eagerScatterSlot = 0;
   std::vector<char> eagerIn, eagerOut;
-  std::vector<size_t> eagerLength;  // received lengths, index = rank
+  std::vector<size_t> eagerLength;  // received lengths, index = inSlot(rank)
+  std::vector<double> eagerSums;    // two-level eager with fp64 partials: the sum over hosts (reserved)
+  // The last collective that posted on the shared-memory channel (rails layouts: all of them but
+  // device ones, which NCCL runs), once postedAny. A gap since means the parity rule alone no longer
+  // guards the post slot and eager area about to be reused (railsPost).
+  uint32_t lastPosted = 0;
+  bool postedAny = false;
+  std::vector<const void*> eagerInputs;  // a two-level eager reduction's inputs (reserved)
   std::vector<int> eagerFrom;       // an eager collective's peers, in the order its receives were posted
   std::vector<uint64_t> eagerSends;  // its sends (link operation ids)
   float barrierOut = 0;
@@ -75,6 +92,12 @@ struct CrossHost {
   std::vector<int> railOrder;          // this rank's rail: ranks of its local index, host order
   int hostIndex = 0, localIndex = 0;
   std::vector<std::vector<int>> ranks;  // [host][local index] -> global rank
+  std::vector<int> hostOf;              // global rank -> host index
+
+  /// The eagerIn/eagerLength slot of what rank p sends at the fingerprint step.
+  size_t inSlot(int p) const { return static_cast<size_t>(hasRails ? hostOf[static_cast<size_t>(p)] : p); }
+  int railPrev() const { return railOrder[(static_cast<size_t>(hostIndex) + railOrder.size() - 1) % railOrder.size()]; }
+  int railNext() const { return railOrder[(static_cast<size_t>(hostIndex) + 1) % railOrder.size()]; }
 
   uint32_t progress = 0;     // this rank's shm kProgress value (hierarchical all_gather)
   // Registered memory standing in for a working buffer that is not registered (the host peers

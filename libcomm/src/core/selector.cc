@@ -103,7 +103,13 @@ Status checkAlgoPlacement(const std::string& algo, int hosts, int fewestPerHost,
     return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=", algo,
                      " chooses among algorithms on one host, but this communicator spans ", hosts,
                      " hosts (use eager, ring or hier, or unset it)");
-  if (algo == "eager" && ranks > kMaxEagerRanksAcrossHosts)
+  const bool rails = fewestPerHost >= 2 && fewestPerHost == mostPerHost;
+  if (algo == "eager" && rails && hosts > kMaxEagerHostsAcrossHosts)
+    return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=eager runs across hosts with ", fewestPerHost,
+                     " ranks on each on at most ", kMaxEagerHostsAcrossHosts,
+                     " hosts (every rank connected to every rank of its local index), but this communicator spans ",
+                     hosts, " hosts (use ring or hier, or unset it)");
+  if (algo == "eager" && !rails && ranks > kMaxEagerRanksAcrossHosts)
     return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=eager runs across hosts on at most ",
                      kMaxEagerRanksAcrossHosts,
                      " ranks (every rank connected to every other), but this communicator has ", ranks, " over ", hosts,
@@ -161,16 +167,34 @@ Result<Algo> selectAcrossHosts(const CrossHostQuery& q, const CommConfig& full, 
   // Communicator creation refused settings that cannot run on these hosts; checked again here,
   // for callers of the selector alone (tests).
   LIBCOMM_RETURN_IF_ERROR(checkAlgoPlacement(algo, q.hosts, q.minRanksPerHost, q.maxRanksPerHost, q.ranks));
-  const bool meshed = q.ranks >= 2 && q.ranks <= kMaxEagerRanksAcrossHosts;
+  // The eager algorithm's two forms: flat (endpoints to every rank) and, on a rails layout, two
+  // levels (endpoints to every rank of the own rail; the host's inputs through shared memory).
+  const bool rails = even && q.minRanksPerHost >= 2;
+  const bool meshed =
+      q.ranks >= 2 && (rails ? q.hosts <= kMaxEagerHostsAcrossHosts : q.ranks <= kMaxEagerRanksAcrossHosts);
+  // A two-level all_gather's message carries its host's L inputs.
+  const bool railMessageFits =
+      !rails || q.kind != CollKind::kAllGather ||
+      q.bytes * static_cast<size_t>(q.minRanksPerHost) <= kRailEagerPayloadScale * full.eagerBytes;
   if (algo.empty() || algo == "eager") {
-    if (meshed && (q.kind == CollKind::kBarrier || q.bytes <= full.eagerBytes)) {
-      *why = algo.empty() ? "input <= LIBCOMM_EAGER_BYTES: one message to each rank that needs it, fingerprint included"
-                          : "LIBCOMM_ALGO=eager";
+    if (meshed && (q.kind == CollKind::kBarrier || (q.bytes <= full.eagerBytes && railMessageFits))) {
+      *why = algo.empty()
+                 ? (rails ? "input <= LIBCOMM_EAGER_BYTES: the host's inputs through shared memory, one "
+                            "message to each rank of the own rail, fingerprint included"
+                          : "input <= LIBCOMM_EAGER_BYTES: one message to each rank that needs it, fingerprint "
+                            "included")
+                 : "LIBCOMM_ALGO=eager";
       return Algo::kEager;
     }
     if (algo == "eager" && !meshed)
       return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=eager runs across hosts on 2 to ",
-                       kMaxEagerRanksAcrossHosts, " ranks, not ", q.ranks);
+                       kMaxEagerRanksAcrossHosts, " ranks, or on up to ", kMaxEagerHostsAcrossHosts,
+                       " hosts with equally many ranks (>= 2) on each, not ", q.ranks, " ranks on ", q.hosts, " hosts");
+    if (algo == "eager" && q.bytes <= full.eagerBytes)
+      return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=eager but the ", collName(q.kind), " input of ",
+                       q.bytes, " bytes from each of ", q.minRanksPerHost, " ranks per host exceeds ",
+                       kRailEagerPayloadScale, " x LIBCOMM_EAGER_BYTES=", full.eagerBytes,
+                       " (the two-level form's message carries the host's inputs)");
     if (algo == "eager")
       return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=eager but the ", collName(q.kind), " input of ",
                        q.bytes, " bytes exceeds LIBCOMM_EAGER_BYTES=", full.eagerBytes);
@@ -209,7 +233,14 @@ std::vector<CrossHostRow> crossHostSelectionRows() {
   // The same rules as selectAcrossHosts, as text. Size enters only for eager: the two-level
   // algorithm measured 1.2-2.3x the flat ring from 64 KiB to 64 MiB (docs/PERFORMANCE.md, "Across
   // hosts"), and eager takes one network latency where both take several (one per ring step).
-  return {{"*", "input <= eager size, at most " + std::to_string(kMaxEagerRanksAcrossHosts) + " ranks", "eager",
+  return {{"*",
+           "input <= eager size; every host has L >= 2 ranks, equally many, at most " +
+               std::to_string(kMaxEagerHostsAcrossHosts) +
+               " hosts; all_gather: L x input <= " + std::to_string(kRailEagerPayloadScale) + " x eager size",
+           "eager",
+           "two levels: the host's inputs through shared memory, then one message (fingerprint, host sums or "
+           "blocks) to each rank of the own rail: one network latency"},
+          {"*", "input <= eager size, at most " + std::to_string(kMaxEagerRanksAcrossHosts) + " ranks", "eager",
            "fingerprint and input in one message to each rank that needs it: one network latency"},
           {"all_gather, reduce_scatter", "every host has L >= 2 ranks, equally many", "hier",
            "one UCX ring per local index across hosts, shared memory inside each host, overlapped"},
