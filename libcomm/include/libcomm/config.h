@@ -78,7 +78,8 @@ struct CommConfig {
   /// Algorithm override ("" = the selector's choice; one host: "eager", "direct", "staged"; across
   /// hosts: "eager" (at most 16 ranks; with equally many >= 2 ranks on every host, its two-level
   /// form, at most 16 hosts), "ring", "hier"; device memory: "nccl", which host
-  /// collectives ignore), from LIBCOMM_ALGO. "eager" refuses inputs larger than eagerBytes.
+  /// collectives ignore), from LIBCOMM_ALGO. "eager" refuses inputs larger than eagerBytes (and,
+  /// in the two-level form, an all_gather whose host's inputs exceed 4 x eagerBytes).
   /// "hier" applies to all_gather, reduce_scatter and an all_reduce whose count is a multiple of the
   /// number of ranks and that does not accumulate; other all_reduces, broadcast and barrier have
   /// only the ring form. Communicator::create fails (kInvalidUsage, on every rank) when any rank's
@@ -125,8 +126,9 @@ struct CommConfig {
   /// no data): on one host in the eager areas, across hosts (communicators of at most 16 ranks)
   /// in one message with the fingerprint to each rank that needs it, or, where every host has
   /// equally many >= 2 ranks (at most 16 hosts), through the host's eager areas and then one
-  /// message to each rank of the own rail (an all_gather while the host's inputs fit 4x this).
-  /// Every rank must have the same value: creation refuses ranks that differ.
+  /// message to each rank of the own rail (an all_gather while the host's inputs fit 4x this;
+  /// each rank then holds receive slots of 4x this per host). Every rank must have the same value:
+  /// creation refuses ranks that differ.
   size_t eagerBytes = 16384;
   /// How long a collective called on an inline stream (a blocking call: its thread has nothing
   /// else to do) polls for its peers before sleeping, from LIBCOMM_SPIN_US. Negative: automatic --

@@ -201,8 +201,9 @@ Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, const std::v
     cross->eagerSlot = round64(header + most);
     cross->eagerScatterSlot = round64(header + most / static_cast<size_t>(n));
     cross->eagerOut.resize(std::max(cross->eagerSlot, static_cast<size_t>(hosts) * cross->eagerScatterSlot));
-    // An all_reduce's count is at most eagerBytes / 2 (bf16).
-    cross->eagerSums.reserve(config_.eagerBytes / 2);
+    // An all_reduce's count is at most eagerBytes / 2 (bf16); the sum over hosts in fp64 only with
+    // fp64 partials.
+    if (config_.reducePartials == PartialsType::kFloat64) cross->eagerSums.reserve(config_.eagerBytes / 2);
   }
   cross->eagerInputs.reserve(static_cast<size_t>(std::max(perHost, hosts)));
   cross->eagerFrom.reserve(static_cast<size_t>(n));
@@ -399,13 +400,14 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
                              link.recvUpTo(cross_->prev, ucx::kFingerprintStep, 0, slot, cross_->eagerSlot, &length));
     LIBCOMM_ASSIGN_OR_RETURN(uint64_t out, link.send(cross_->next, ucx::kFingerprintStep, 0, &mine, sizeof(mine)));
     LIBCOMM_RETURN_IF_ERROR(link.wait(in, wait));
-    LIBCOMM_RETURN_IF_ERROR(link.wait(out, wait));
     shm::OpDescriptor theirs;
     LIBCOMM_RETURN_IF_ERROR(readFingerprint(args, seq, slot, length, cross_->prev, &theirs));
     if (length != sizeof(theirs) && theirs.algo == mine.algo)
       return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq), ": rank ",
                        cross_->prev, " sent a fingerprint of ", length, " bytes, not ", sizeof(theirs));
     LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, mine, theirs, cross_->prev));
+    // After the comparison: a next rank that found a mismatch and left must not hide this one's.
+    LIBCOMM_RETURN_IF_ERROR(link.wait(out, wait));
   }
 
   ring::Env env;
@@ -480,7 +482,10 @@ Status Communicator::Impl::runHier(const CollArgs& args, uint32_t seq, const Wai
   }
   if (whole) {
     // The input goes into the working buffer first (out of place, or a stand-in), where the
-    // reduce_scatter half reads it and writes this rank's block of sums.
+    // reduce_scatter half reads it and writes this rank's block of sums. Before the fingerprints
+    // (railsFingerprint below): the host peers may read the buffer as soon as it is posted, so a
+    // call whose arguments differ has its output (or the stand-in) overwritten, not its input.
+    // (The stand-in too is allocated first, its place being part of the post.)
     if (work != args.send && bytes > 0) reduce::copyBytes(work, args.send, bytes);
   } else if (!registered) {
     if (gather) {
@@ -850,14 +855,16 @@ Status Communicator::Impl::railsFingerprint(const CollArgs& args, uint32_t seq, 
   for (size_t l = 0; l < here.size(); ++l)
     if (static_cast<int>(l) != x.localIndex)
       LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, d, channel_->posted(static_cast<int>(l), seq), here[l]));
+  // The previous rank's descriptor is compared before the send is waited for: a next rank that
+  // found a mismatch and left must not hide the one this rank can name itself.
   LIBCOMM_RETURN_IF_ERROR(link.wait(in, wait));
-  LIBCOMM_RETURN_IF_ERROR(link.wait(out, wait));
   shm::OpDescriptor theirs;
   LIBCOMM_RETURN_IF_ERROR(readFingerprint(args, seq, slot, length, prev, &theirs));
   if (length != sizeof(theirs) && theirs.algo == d.algo)
     return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq), ": rank ", prev,
                      " sent a fingerprint of ", length, " bytes, not ", sizeof(theirs));
-  return compareFingerprint(args, seq, d, theirs, prev);
+  LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, d, theirs, prev));
+  return link.wait(out, wait);
 }
 
 Status Communicator::Impl::railsEager(const CollArgs& args, uint32_t seq, const WaitContext& wait, UcxRingLink& link) {

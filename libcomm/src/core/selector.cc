@@ -240,8 +240,8 @@ std::vector<CrossHostRow> crossHostSelectionRows() {
            "eager",
            "two levels: the host's inputs through shared memory, then one message (fingerprint, host sums or "
            "blocks) to each rank of the own rail: one network latency"},
-          {"*", "input <= eager size, at most " + std::to_string(kMaxEagerRanksAcrossHosts) + " ranks", "eager",
-           "fingerprint and input in one message to each rank that needs it: one network latency"},
+          {"*", "input <= eager size; other layouts, at most " + std::to_string(kMaxEagerRanksAcrossHosts) + " ranks",
+           "eager", "fingerprint and input in one message to each rank that needs it: one network latency"},
           {"all_gather, reduce_scatter", "every host has L >= 2 ranks, equally many", "hier",
            "one UCX ring per local index across hosts, shared memory inside each host, overlapped"},
           {"all_reduce", "as above; count a multiple of the ranks, no accumulate", "hier",
