@@ -3,8 +3,9 @@
 # build for sm_90 with CUDA and NCCL, builds only what it runs (-j nproc), then, inside a time
 # budget: the short benchmarks first (copy_bench: device-to-device copy GB/s, the reference issue
 # 5's targets compare against; the reduce_scatter kernel against that copy), the `gpu` tests and the
-# CUDA/NCCL unit tests that use the device, then comm_bench on device memory; prints a short table
-# last, also when a step failed or ran out of time.
+# CUDA/NCCL unit tests that use the device, then comm_bench on device memory, and last, with what is
+# left of the budget, shard_bench on the machine's CPU cores; prints a short table last, also when a
+# step failed or ran out of time.
 #
 #   tools/gpu_check.sh [build-dir]            (default: build-gpu)
 #
@@ -313,7 +314,7 @@ have_tests=0
 [ ${#gtest_args[@]} -gt 0 ] || [ -f /usr/include/gtest/gtest.h ] && have_tests=1
 have_nccl=0
 grep -q "^-- shardcomm: NCCL ON" "$logs/configure.log" && have_nccl=1
-targets=(copy_bench reduce_kernel_bench comm_bench)
+targets=(copy_bench reduce_kernel_bench comm_bench shard_bench)
 if [ $have_tests -eq 1 ]; then
   # The device collectives' tests (gpu) and their host-side decisions (unit); libshard's executor on
   # CUDA streams (gpu, with its host twin) and its device pool policy (unit, the device side here).
@@ -389,6 +390,13 @@ if [ $have_nccl -eq 1 ]; then
     rows+=("cb_nccl_2|not run|0|NCCL needs a GPU per rank; this machine has ${gpus:-0}")
   fi
 fi
+
+# ---- libshard's step on CPU cores to spare (issue 3's targets), last: only with budget left -------
+# The development VMs have 2 cores, which compute alone fills; this machine's 16 show whether the
+# schedule meets the overlap targets where communication has cores of its own (host memory, the
+# same shard_bench as docs/PERFORMANCE.md's "libshard step time"; one repeat of 10 timed steps).
+step shard_cpu 60 25 "shard_bench -np 2, host memory, 3 sizes (CPU cores to spare)" -- \
+  "$build/bench/shard_bench" -np 2 -w 2 -n 10 -r 1 -J "$logs/shard_cpu.json"
 
 if [ $failed -ne 0 ]; then
   say "FAILED (see the rows below)"

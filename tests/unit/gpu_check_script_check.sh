@@ -38,6 +38,7 @@ echo "   size   GB/s"; echo "   1 Mi   1000"
 EOS
   printf '#!/bin/sh\necho "ranks types input MiB"\nexit 0\n' > "$2/bench/reduce_kernel_bench"
   printf '#!/bin/sh\necho "# all_gather"\nexit 0\n' > "$2/bench/comm_bench"
+  printf '#!/bin/sh\necho "# shard_bench"\nexit 0\n' > "$2/bench/shard_bench"
   chmod +x "$2/bench/"*
   exit 0
 fi
