@@ -156,9 +156,13 @@ libcomm::Status writeTableAndHeader(int fd, const std::string& path, FileHeader 
 class ChunkedFile {
  public:
   /// Checks magic, version, header checksum, size, index and table checksums. `kind` names the
-  /// file kind in errors ("shard", "full-model").
-  static libcomm::Result<std::unique_ptr<ChunkedFile>> open(const std::string& path, const char (&magic)[8],
-                                                            const char* kind);
+  /// file kind in errors ("shard", "full-model"). `expect`, when given, checks the header against
+  /// what the caller knows (an index's rank, world and size) before the chunk table is read: the
+  /// table's length follows the header, and a crafted header could otherwise make the open read
+  /// terabytes of a sparse file before any mismatch is named.
+  static libcomm::Result<std::unique_ptr<ChunkedFile>> open(
+      const std::string& path, const char (&magic)[8], const char* kind,
+      const std::function<libcomm::Status(const FileHeader&)>& expect = {});
   const FileHeader& header() const { return header_; }
   const FileLayout& layout() const { return layout_; }
   const std::string& indexText() const { return index_; }

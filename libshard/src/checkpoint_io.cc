@@ -259,8 +259,9 @@ Status writeTableAndHeader(int fd, const std::string& path, FileHeader header, c
   return pwriteAll(fd, front.data(), front.size(), 0, path);
 }
 
-libcomm::Result<std::unique_ptr<ChunkedFile>> ChunkedFile::open(const std::string& path, const char (&magic)[8],
-                                                                const char* kind) {
+libcomm::Result<std::unique_ptr<ChunkedFile>> ChunkedFile::open(
+    const std::string& path, const char (&magic)[8], const char* kind,
+    const std::function<libcomm::Status(const FileHeader&)>& expect) {
   auto f = std::unique_ptr<ChunkedFile>(new ChunkedFile());
   f->path_ = path;
   struct stat st {};
@@ -286,6 +287,7 @@ libcomm::Result<std::unique_ptr<ChunkedFile>> ChunkedFile::open(const std::strin
     return badFile(path, "header describes an impossible layout (chunk ", h.chunkElems, " elements, sections ",
                    h.sections, ", numel ", h.numel, ", index ", h.indexBytes, " bytes); this build writes chunks of ",
                    kChunkElems, " elements and at most ", maxIndex, " index bytes in such a file");
+  if (expect) LIBCOMM_RETURN_IF_ERROR(expect(h));
   f->layout_ = layoutOf(h);
   if (size < f->layout_.fileBytes) return badFile(path, "truncated: ", size, " bytes, expected ", f->layout_.fileBytes);
   if (size > f->layout_.fileBytes)

@@ -143,6 +143,9 @@ Status loadCheckpointImpl(const std::string& dir, const ShardPlan& plan, ShardSt
   std::unique_ptr<ParamSource> source = makeShardedSource(dir, x);
   std::vector<std::vector<float>> tmp;
   LIBCOMM_RETURN_IF_ERROR(loadForPlan(*source, x.params, 3, plan, "checkpoint '" + dir + "'", tmp));
+  // Again: the read may have taken long, and an executor's step may have begun meanwhile.
+  LIBCOMM_RETURN_IF_ERROR(
+      detail::checkWritable(state, "checkpoint load", true).withContext("checkpoint '" + dir + "'"));
   commit(state, tmp, x.step);
   return Status::ok();
 }
@@ -164,6 +167,8 @@ Status importFullModelImpl(const std::string& path, const ShardPlan& plan, Shard
   std::vector<std::vector<float>> tmp;
   LIBCOMM_RETURN_IF_ERROR(
       loadForPlan(source, params, withMoments ? 3 : 1, plan, "full-model file '" + path + "'", tmp));
+  LIBCOMM_RETURN_IF_ERROR(
+      detail::checkWritable(state, "full-model import", true).withContext("full-model file '" + path + "'"));
   commit(state, tmp, withMoments ? h.step : 0);
   return Status::ok();
 }

@@ -2,9 +2,12 @@
 // the shard files of any world size, and whole-checkpoint verification.
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <random>
 
@@ -22,13 +25,17 @@ using namespace ckpt;  // NOLINT: this file is the checkpoint implementation
 Result<std::unique_ptr<ChunkedFile>> openShardFile(const std::string& dir, const CheckpointIndex& x, int rank) {
   const ShardFileEntry& e = x.files[static_cast<size_t>(rank)];
   const std::string path = joinPath(dir, e.file);
-  LIBCOMM_ASSIGN_OR_RETURN(auto f, ChunkedFile::open(path, kShardMagic, "shard"));
+  // Checked before the chunk table is read (its length follows the header's element count).
+  auto belongs = [&](const FileHeader& h) -> Status {
+    if (h.rank != static_cast<uint32_t>(rank) || h.world != static_cast<uint32_t>(x.world) || h.sections != 3 ||
+        h.numel != x.stateNumel || h.step != x.step)
+      return badFile(path, "does not belong to this checkpoint: it holds rank ", h.rank, " of ", h.world, ", ", h.numel,
+                     " elements, step ", h.step, "; the index expects rank ", rank, " of ", x.world, ", ", x.stateNumel,
+                     " elements, step ", x.step);
+    return Status::ok();
+  };
+  LIBCOMM_ASSIGN_OR_RETURN(auto f, ChunkedFile::open(path, kShardMagic, "shard", belongs));
   const FileHeader& h = f->header();
-  if (h.rank != static_cast<uint32_t>(rank) || h.world != static_cast<uint32_t>(x.world) || h.sections != 3 ||
-      h.numel != x.stateNumel || h.step != x.step)
-    return badFile(path, "does not belong to this checkpoint: it holds rank ", h.rank, " of ", h.world, ", ", h.numel,
-                   " elements, step ", h.step, "; the index expects rank ", rank, " of ", x.world, ", ", x.stateNumel,
-                   " elements, step ", x.step);
   if (h.tableCrc != e.tableCrc || f->layout().fileBytes != e.bytes)
     return badFile(path, "does not match the index (checksum or size differ): it was rewritten after the index");
   return f;
@@ -99,6 +106,14 @@ Status checkSaveArgs(const ShardPlan& plan, const ShardState& state) {
                               " elements, the plan ", plan.stateNumel);
   if (state.numel > 0 && (!state.master || !state.adamM || !state.adamV))
     return libcomm::makeError(StatusCode::kInvalidArgument, "checkpoint save: state is missing master or moments");
+  // Past an executor's groupUpdated the optimizer's step is partly done: some groups updated,
+  // others not, all under the old step count -- a checkpoint that would load without complaint
+  // and resume from a state no step produced.
+  if (state.stamping != nullptr && state.stamping->load(std::memory_order_acquire))
+    return libcomm::makeError(StatusCode::kInvalidUsage,
+                              "checkpoint save: the optimizer's step is under way (the executor's groupUpdated "
+                              "started the next step's gathers); save after optimizerDone, or before AdamW's "
+                              "beginStep");
   return Status::ok();
 }
 
@@ -130,9 +145,20 @@ std::string checkpointShardFileName(int rank, int worldSize) {
 }
 
 uint32_t newCheckpointSaveTag() {
-  std::random_device rd;
   uint32_t tag = 0;
-  while (tag == 0) tag = rd();
+  try {
+    std::random_device rd;
+    while (tag == 0) tag = rd();
+  } catch (const std::exception&) {
+    // No entropy source (std::random_device may throw): the clock, the pid and an address, mixed.
+    // A tag only has to differ between saves into one directory, not be unpredictable.
+    uint64_t v = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+                 (static_cast<uint64_t>(::getpid()) << 32) ^ reinterpret_cast<uintptr_t>(&tag);
+    v ^= v >> 33;
+    v *= 0xff51afd7ed558ccdull;
+    v ^= v >> 33;
+    tag = static_cast<uint32_t>(v) | 1u;
+  }
   return tag;
 }
 
@@ -168,12 +194,15 @@ Status writeCheckpointIndex(const std::string& dir, const ShardPlan& plan, uint3
   for (int r = 0; r < x.world; ++r) {
     const std::string name = checkpointShardFileName(r, x.world);
     const std::string path = joinPath(dir, name);
-    LIBCOMM_ASSIGN_OR_RETURN(auto f, ChunkedFile::open(path, kShardMagic, "shard"));
+    auto planned = [&](const FileHeader& h) -> Status {
+      if (h.rank != static_cast<uint32_t>(r) || h.world != static_cast<uint32_t>(x.world) || h.sections != 3 ||
+          h.numel != x.stateNumel)
+        return badFile(path, "holds rank ", h.rank, " of ", h.world, " with ", h.numel,
+                       " elements; the plan expects rank ", r, " of ", x.world, " with ", x.stateNumel);
+      return Status::ok();
+    };
+    LIBCOMM_ASSIGN_OR_RETURN(auto f, ChunkedFile::open(path, kShardMagic, "shard", planned));
     const FileHeader& h = f->header();
-    if (h.rank != static_cast<uint32_t>(r) || h.world != static_cast<uint32_t>(x.world) || h.sections != 3 ||
-        h.numel != x.stateNumel)
-      return badFile(path, "holds rank ", h.rank, " of ", h.world, " with ", h.numel,
-                     " elements; the plan expects rank ", r, " of ", x.world, " with ", x.stateNumel);
     // A file of another save (an earlier attempt's, at the same step, left where this save's rank
     // failed to write; or a concurrent save's) would make a checkpoint that mixes two states and
     // loads without complaint.

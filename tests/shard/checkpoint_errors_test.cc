@@ -445,6 +445,42 @@ TEST(Checkpoint, CraftedNumbersInFullModelFilesAndIndexesAreRefused) {
   EXPECT_TRUE(before.sameAs(*w.states[0]));
 }
 
+// A shard file whose header (checksum intact) claims another element count is named as not
+// belonging to the checkpoint from its header alone: the chunk table's length follows that count,
+// and a header claiming 2^56 elements on a sparse file made the open read terabytes of table
+// before the comparison with the index. Here the file keeps its size, so reading on would have
+// reported it truncated instead.
+TEST(Checkpoint, AShardHeaderThatDisagreesWithTheIndexIsNamedBeforeItsTableIsRead) {
+  const ModelSpec model = testModel(2, 5, 11);
+  TempDir tmp;
+  const std::string dir = tmp.sub("ckpt");
+  savedWorld(model, 2, dir, 4);
+  const std::string shard = dir + "/" + checkpointShardFileName(1, 2);
+  ckpt::FileHeader h{};
+  {
+    const int fd = ::open(shard.c_str(), O_RDWR | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::pread(fd, &h, sizeof(h), 0), static_cast<ssize_t>(sizeof(h)));
+    h.numel = uint64_t{1} << 56;
+    h.headerCrc = crc32c(&h, offsetof(ckpt::FileHeader, headerCrc));
+    ASSERT_EQ(::pwrite(fd, &h, sizeof(h), 0), static_cast<ssize_t>(sizeof(h)));
+    ::close(fd);
+  }
+  // Rank 1 at the same world size reads that file (rank 0 only its own); every rank at 1.
+  for (int world : {2, 1}) {
+    World w = makeWorld(model, world, 16, 5.0f);
+    const int r = world - 1;
+    Snapshot before(*w.states[r]);
+    Status st = loadCheckpoint(dir, w.plans[r], w.states[r]->view);
+    ASSERT_FALSE(st.isOk()) << "rank " << r << " of " << world;
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.toString();
+    EXPECT_NE(st.message().find(shard), std::string::npos) << st.toString();
+    EXPECT_NE(st.message().find("does not belong to this checkpoint"), std::string::npos) << st.toString();
+    EXPECT_EQ(st.message().find("truncated"), std::string::npos) << st.toString();
+    EXPECT_TRUE(before.sameAs(*w.states[r])) << "rank " << r << " of " << world;
+  }
+}
+
 // An index whose lines are all empty (a foreign file under that name, with a valid closing
 // checksum) is refused at its first line, without first splitting every line into tokens: a
 // 32 MiB one took 17.6 s and 870 MB of memory before.

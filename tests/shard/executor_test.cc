@@ -526,6 +526,14 @@ TEST(ExecutorHooks, TheStateIsWritableOnlyInTheOptimizersWindow) {
                                         "load after groupUpdated"));
     if (!std::equal(stamped.begin(), stamped.end(), state.master))
       return libcomm::makeError(StatusCode::kInternalError, "a refused checkpoint load wrote the master shard");
+    // Nor is a save taken now: one group updated and the others not, under the old step count,
+    // would load without complaint. Refused before anything is written.
+    const std::string mid = cleanup.path + "/mid-step";
+    LIBCOMM_RETURN_IF_ERROR(
+        expectError(libshard::saveCheckpointShard(mid, rig->plan, state, 2), {StatusCode::kInvalidUsage},
+                    {"checkpoint save", "optimizer's step is under way", "optimizerDone"}, "save after groupUpdated"));
+    if (std::filesystem::exists(mid))
+      return libcomm::makeError(StatusCode::kInternalError, "a refused save created ", mid);
     LIBCOMM_RETURN_IF_ERROR(opt.updateGroup(state, order[1]));  // a group still to update: allowed
     opt.cancelStep();
     LIBCOMM_RETURN_IF_ERROR(expectError(
