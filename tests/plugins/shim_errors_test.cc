@@ -37,6 +37,27 @@ TEST(Errors, LongTextsAreCut) {
   EXPECT_EQ(std::string(text).rfind("libcomm_nccl: ncclLong: ", 0), 0u) << text;
 }
 
+// The buffer is read without a lock, as NCCL's: past a shorter text every byte is a NUL (a reader
+// meeting a copy halfway must find one), and the last byte always is.
+TEST(Errors, TheBufferPastTheTextIsAllNuls) {
+  (void)failWith("ncclLong", Status(StatusCode::kInternalError, std::string(5000, 'y')));
+  (void)failWith("ncclShort", Status(StatusCode::kInternalError, "z"));
+  const char* text = ownLastError();
+  ASSERT_NE(text, nullptr);
+  for (size_t i = std::strlen(text); i < kOwnErrorBytes; ++i) ASSERT_EQ(text[i], '\0') << "byte " << i;
+}
+
+// The C boundary's exception handlers format without allocating (one that allocated under memory
+// exhaustion threw again, out of a noexcept function); the text names the code and the exception.
+TEST(Errors, TheBoundarysTextNamesTheCodeAndTheException) {
+  EXPECT_EQ(failWithText("ncclAllGather", StatusCode::kSystemError, "out of memory"), ncclSystemError);
+  EXPECT_STREQ(ownLastError(), "libcomm_nccl: ncclAllGather: system error: out of memory");
+  EXPECT_EQ(failWithText("ncclReduceScatter", StatusCode::kInternalError, "exception", "map::at"), ncclInternalError);
+  EXPECT_STREQ(ownLastError(), "libcomm_nccl: ncclReduceScatter: internal error: exception: map::at");
+  EXPECT_EQ(failWithText("ncclSend", StatusCode::kTimeout, "late"), ncclRemoteError);
+  EXPECT_EQ(failWithText("ncclSend", StatusCode::kInProgress, "odd"), ncclInternalError);
+}
+
 // One buffer for the process, as NCCL's: another thread (a watchdog) sees a worker thread's error,
 // and the text stays readable after that thread ended (a thread-local buffer dangled then: its
 // memory went to the next thread started).

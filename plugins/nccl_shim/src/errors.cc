@@ -20,16 +20,10 @@ std::mutex gOwnErrorMu;
 char gOwnError[kOwnErrorBytes] = "";
 std::atomic<bool> gOwnErrorNewest{false};  // the shim's error is newer than NCCL's (process-wide, too)
 
-// `quietIfSame`: an error already in the buffer is made the newest again without another WARN line
-// (a watchdog polls the same asynchronous error many times a second).
-void record(const char* function, const libcomm::Status& status, bool quietIfSame = false) noexcept {
-  char fresh[kOwnErrorBytes];
-  // snprintf cuts what does not fit and always ends the buffer with a NUL.
-  try {
-    std::snprintf(fresh, sizeof(fresh), "libcomm_nccl: %s: %s", function, status.toString().c_str());
-  } catch (...) {  // the text could not be made: the code's name stands in for it
-    std::snprintf(fresh, sizeof(fresh), "libcomm_nccl: %s: %s", function, libcomm::statusCodeName(status.code()));
-  }
+// `fresh`: the text, NUL-padded to the buffer's end. `quietIfSame`: an error already in the buffer
+// is made the newest again without another WARN line (a watchdog polls the same asynchronous error
+// many times a second).
+void recordText(const char (&fresh)[kOwnErrorBytes], bool quietIfSame) noexcept {
   {
     std::lock_guard<std::mutex> lock(gOwnErrorMu);
     const bool same = std::strcmp(fresh, gOwnError) == 0;
@@ -41,6 +35,19 @@ void record(const char* function, const libcomm::Status& status, bool quietIfSam
     LIBCOMM_LOG(kWarn, "shim") << fresh;
   } catch (...) {
   }
+}
+
+void record(const char* function, const libcomm::Status& status, bool quietIfSame = false) noexcept {
+  // Zeroed first: the buffer is read without the lock, as NCCL's is, and a reader that meets a copy
+  // halfway must still find a NUL -- past the text every byte is one, and the last byte always is
+  // (snprintf cuts what does not fit and ends it with a NUL).
+  char fresh[kOwnErrorBytes] = {};
+  try {
+    std::snprintf(fresh, sizeof(fresh), "libcomm_nccl: %s: %s", function, status.toString().c_str());
+  } catch (...) {  // the text could not be made: the code's name stands in for it
+    std::snprintf(fresh, sizeof(fresh), "libcomm_nccl: %s: %s", function, libcomm::statusCodeName(status.code()));
+  }
+  recordText(fresh, quietIfSame);
 }
 
 }  // namespace
@@ -60,6 +67,18 @@ ncclResult_t failureResult(const libcomm::Status& status) {
 ncclResult_t failWith(const char* function, const libcomm::Status& status) {
   record(function, status);
   return failureResult(status);
+}
+
+ncclResult_t failWithText(const char* function, libcomm::StatusCode code, const char* what,
+                          const char* detail) noexcept {
+  char fresh[kOwnErrorBytes] = {};
+  std::snprintf(fresh, sizeof(fresh), "libcomm_nccl: %s: %s: %s%s%s", function, libcomm::statusCodeName(code), what,
+                detail ? ": " : "", detail ? detail : "");
+  recordText(fresh, false);
+  const int n = static_cast<int>(code);
+  if (code == libcomm::StatusCode::kTimeout) return ncclRemoteError;
+  if (n <= 0 || n >= ncclNumResults || n == static_cast<int>(ncclInProgress)) return ncclInternalError;
+  return static_cast<ncclResult_t>(n);
 }
 
 void noteError(const char* function, const libcomm::Status& status) { record(function, status); }

@@ -28,6 +28,11 @@ ncclResult_t failureResult(const libcomm::Status& status);
 /// Records an error of the shim's own for ncclGetLastError ("libcomm_nccl:
 /// <function>: <status>") and logs it at WARN; returns failureResult(status).
 ncclResult_t failWith(const char* function, const libcomm::Status& status);
+/// failWith for the exception handlers at the C boundary: "<code name>: <what>[: <detail>]" formatted
+/// into the fixed buffer, allocating nothing (under memory exhaustion a handler that allocated would
+/// throw again, out of a noexcept function: std::terminate).
+ncclResult_t failWithText(const char* function, libcomm::StatusCode code, const char* what,
+                          const char* detail = nullptr) noexcept;
 /// The same record and WARN line, for a failure the call does not return (its result stands).
 void noteError(const char* function, const libcomm::Status& status);
 /// noteError for an asynchronous error polled again and again: logged once while it stays the same.

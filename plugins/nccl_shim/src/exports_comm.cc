@@ -58,15 +58,28 @@ template <auto Member, typename... A>
 ncclResult_t endComm(const char* function, bool remove, bool abort, ncclComm_t comm, A... args) {
   return withReal<Member>(function, [&](const CallScope& scope, auto fn) {
     libcomm::Status own;
+    bool ownThrew = false;
     if (!scope.reentered()) {
-      if (auto state = remove ? shim::removeComm(comm) : shim::findComm(comm)) {
-        if (abort)
-          shim::abortServed(*state);
-        else
-          own = shim::finalizeServed(*state);
+      // Whatever libcomm's side does, the real call runs: an exception here (out of memory while
+      // ending libcomm's side) left the real communicator unreleased, its side-table entry gone.
+      try {
+        if (auto state = remove ? shim::removeComm(comm) : shim::findComm(comm)) {
+          if (abort)
+            shim::abortServed(*state);
+          else
+            own = shim::finalizeServed(*state);
+        }
+      } catch (...) {
+        ownThrew = true;
       }
     }
     ncclResult_t r = fn(comm, args...);
+    if (ownThrew) {
+      const ncclResult_t mine = shim::failWithText(function, libcomm::StatusCode::kSystemError,
+                                                   "out of memory while ending libcomm's side of the communicator");
+      // As endResult: a real call that failed, or that freed the communicator, has its result.
+      return r != ncclSuccess || remove ? r : mine;
+    }
     switch (shim::endResult(r, own, remove)) {
       case shim::EndResult::kOwnError:
         return shim::failWith(function, own);
@@ -137,7 +150,13 @@ ncclResult_t commRegister(const ncclComm_t comm, void* buff, size_t size, void**
   return withReal<&RealNccl::pCommRegister>("ncclCommRegister", [&](const CallScope& scope, auto fn) {
     ncclResult_t r = fn(comm, buff, size, handle);
     if (scope.reentered() || r != ncclSuccess || handle == nullptr) return scope.forwarded(r);
-    if (auto state = shim::findComm(comm)) shim::addRegistration(*state, *handle, buff, size);
+    try {
+      if (auto state = shim::findComm(comm)) shim::addRegistration(*state, *handle, buff, size);
+    } catch (...) {
+      // Out of memory for the bookkeeping: NCCL's registration stands and is the application's (an
+      // error now would leave it registered with nobody to deregister it); unrecorded, the buffer
+      // counts as unregistered for the route.
+    }
     return r;
   });
 }
@@ -154,7 +173,13 @@ ncclResult_t commDeregister(const ncclComm_t comm, void* handle) {
 ncclResult_t memAlloc(void** ptr, size_t size) {
   return withReal<&RealNccl::pMemAlloc>("ncclMemAlloc", [&](const CallScope& scope, auto fn) {
     ncclResult_t r = fn(ptr, size);
-    if (!scope.reentered() && r == ncclSuccess && ptr != nullptr && *ptr != nullptr) shim::addAllocation(*ptr, size);
+    if (!scope.reentered() && r == ncclSuccess && ptr != nullptr && *ptr != nullptr) {
+      try {
+        shim::addAllocation(*ptr, size);
+      } catch (...) {
+        // As commRegister: the memory is the application's; unrecorded, it counts as unregistered.
+      }
+    }
     return scope.forwarded(r);
   });
 }

@@ -131,13 +131,12 @@ template <typename F>
 ncclResult_t boundary(const char* function, F&& body) noexcept {
   try {
     return body();
-  } catch (const std::bad_alloc&) {
-    return failWith(function, libcomm::Status(libcomm::StatusCode::kSystemError, "out of memory"));
+  } catch (const std::bad_alloc&) {  // the handlers allocate nothing (failWithText)
+    return failWithText(function, libcomm::StatusCode::kSystemError, "out of memory");
   } catch (const std::exception& e) {
-    return failWith(function,
-                    libcomm::Status(libcomm::StatusCode::kInternalError, std::string("exception: ") + e.what()));
+    return failWithText(function, libcomm::StatusCode::kInternalError, "exception", e.what());
   } catch (...) {
-    return failWith(function, libcomm::Status(libcomm::StatusCode::kInternalError, "unknown exception"));
+    return failWithText(function, libcomm::StatusCode::kInternalError, "unknown exception");
   }
 }
 
