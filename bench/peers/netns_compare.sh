@@ -35,6 +35,7 @@
 #   PLACEMENT=oop                      tables for oop (out of place), ip (in place) or both (both are
 #                                      measured either way; netns_summarize.py --placement both redraws them)
 #   SPREAD=0                           1: each median followed by its range over the rounds
+#   METRIC=busbw                       busbw (GB/s) or time (us per call: for small messages) in the tables
 #   MTU=""                             MTU of the veth links and the bridge (netns.sh --mtu)
 #   RUN_TIMEOUT=900                    seconds per program run (netns.sh --timeout)
 #   SKIP=""                            ours and/or mpi
@@ -70,6 +71,7 @@ MPI_MCA=${MPI_MCA:-"pml=ucx pml_ucx_tls=any pml_ucx_devices=any"}
 MPI_ENV=${MPI_ENV:-"MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=4294967296"}
 PLACEMENT=${PLACEMENT:-oop}
 SPREAD=${SPREAD:-0}
+METRIC=${METRIC:-busbw}
 MTU=${MTU:-}
 RUN_TIMEOUT=${RUN_TIMEOUT:-900}
 SKIP=${SKIP:-}
@@ -79,6 +81,7 @@ say() { echo "netns_compare: $*"; }
 skipped() { [[ " $SKIP " == *" $1 "* ]]; }
 
 case $PLACEMENT in oop | ip | both) ;; *) say "PLACEMENT='$PLACEMENT' is not oop, ip or both"; exit 2 ;; esac
+case $METRIC in busbw | time) ;; *) say "METRIC='$METRIC' is not busbw or time"; exit 2 ;; esac
 for n in $HOSTS $RANKS_PER_HOST $ITERS $WARMUP $REPEATS $RUN_TIMEOUT $OP_TIMEOUT_MS; do
   [[ $n =~ ^[0-9]+$ ]] || { say "'$n' is not a number (HOSTS, RANKS_PER_HOST, ITERS, ...)"; exit 2; }
 done
@@ -225,7 +228,7 @@ done
 note "# finished $(date -Is) after $((SECONDS - started)) s, load $(cut -d' ' -f1-3 /proc/loadavg)"
 leftover=$(ip netns list 2> /dev/null | awk '{print $1}' | grep -c '^shcn' || true)
 ((leftover == 0)) || note "# note: $leftover shcn* namespaces exist (other runs, or stale ones the sweep removes)"
-summarize_flags=(--manifest "$manifest" --notes "$notes" --placement "$PLACEMENT" --repeats "$REPEATS")
+summarize_flags=(--manifest "$manifest" --notes "$notes" --placement "$PLACEMENT" --repeats "$REPEATS" --metric "$METRIC")
 ((SPREAD)) && summarize_flags+=(--spread)
 python3 "$here/netns_summarize.py" "${summarize_flags[@]}" -o "$OUT_DIR/summary.md"
 rc=$?

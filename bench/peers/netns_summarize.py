@@ -2,9 +2,11 @@
 """Tables of netns_compare.sh's runs: per shape (hosts x ranks per host), collective, UCX_TLS and placement,
 the median busbw of every comm_bench variant and of Open MPI at each size, each variant's ratio to Open MPI
 (and, with two or more variants, of each to the first), then the exact command of every column.
+`--metric time` tabulates the time per call (us) instead, the measure that means something for small
+messages; its ratios are still speed ratios (the other's time over this one's: above 1 is faster).
 
     netns_summarize.py --manifest OUT_DIR/runs.tsv [--notes settings.txt] [--placement oop|ip|both]
-                       [--repeats N] [--spread] [-o summary.md]
+                       [--repeats N] [--spread] [--metric busbw|time] [-o summary.md]
 
 The manifest (runs.tsv, written by netns_compare.sh) lists one program run per line: its shape, collective,
 UCX_TLS, label, kind (shardcomm or openmpi), round, exit status, JSON-lines file, log and command line.
@@ -48,6 +50,8 @@ def main():
     ap.add_argument("--placement", choices=sorted(PLACEMENTS), default="oop")
     ap.add_argument("--repeats", type=int, default=0, help="rounds run; a median over fewer is marked")
     ap.add_argument("--spread", action="store_true", help="add each median's range over the rounds: 0.81 (0.62-0.93)")
+    ap.add_argument("--metric", choices=["busbw", "time"], default="busbw",
+                    help="busbw (GB/s) or time per call (us, from time_us); ratios are speed ratios either way")
     ap.add_argument("-o", "--output")
     args = ap.parse_args()
 
@@ -83,14 +87,20 @@ def main():
                 # Reported below and left out of the medians, as summarize.py does.
                 wrong.append(f"{run['shape']} {run['coll']} {label} size {row['size']}: {row['wrong']} wrong")
                 continue
-            busbw[key + (bool(row.get("inplace")),)][label][int(row["size"])].append(float(row["busbw"]))
+            value = float(row["time_us"] if args.metric == "time" else row["busbw"])
+            busbw[key + (bool(row.get("inplace")),)][label][int(row["size"])].append(value)
 
     out = []
     if args.notes and os.path.exists(args.notes):
         with open(args.notes, encoding="utf-8") as fh:
             out += ["```", fh.read().rstrip("\n"), "```", ""]
-    out.append("busbw in GB/s (nccl-tests' definition), medians over the rounds; ratios are of the medians. "
-               "Every column ran in the same script run, interleaved round by round.")
+    if args.metric == "time":
+        out.append("Time per call in us, medians over the rounds; ratios are speed ratios of the medians (the "
+                   "other column's time over this one's: above 1 is faster). Every column ran in the same script "
+                   "run, interleaved round by round.")
+    else:
+        out.append("busbw in GB/s (nccl-tests' definition), medians over the rounds; ratios are of the medians. "
+                   "Every column ran in the same script run, interleaved round by round.")
     out.append("")
 
     def shape_words(shape):
@@ -133,17 +143,28 @@ def main():
                         cells.append("-")
                         continue
                     med[lab] = statistics.median(vals)
-                    cell = f"{med[lab]:.3f}"
-                    if args.spread and len(vals) > 1:
-                        cell += f" ({min(vals):.2f}-{max(vals):.2f})"
+                    if args.metric == "time":
+                        cell = f"{med[lab]:.1f}"
+                        if args.spread and len(vals) > 1:
+                            cell += f" ({min(vals):.0f}-{max(vals):.0f})"
+                    else:
+                        cell = f"{med[lab]:.3f}"
+                        if args.spread and len(vals) > 1:
+                            cell += f" ({min(vals):.2f}-{max(vals):.2f})"
                     if args.repeats and len(vals) < args.repeats:
                         cell += f" (of {len(vals)})"
                     cells.append(cell)
+                # Speed of `a` over `b`: busbw a / b, or time b / a.
+                def speed(a, b):
+                    if not med.get(a) or not med.get(b):
+                        return "-"
+                    return f"{(med[b] / med[a] if args.metric == 'time' else med[a] / med[b]):.2f}x"
+
                 for lab in ours:
                     for m in mpi[:1]:
-                        cells.append(f"{med[lab] / med[m]:.2f}x" if med.get(lab) and med.get(m) else "-")
+                        cells.append(speed(lab, m))
                 for lab in ours[1:]:
-                    cells.append(f"{med[lab] / med[ours[0]]:.2f}x" if med.get(lab) and med.get(ours[0]) else "-")
+                    cells.append(speed(lab, ours[0]))
                 out.append("| " + " | ".join(cells) + " |")
             out.append("")
         out.append("Commands (round 1; every round ran the same):")

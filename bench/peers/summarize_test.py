@@ -59,6 +59,26 @@ class Summaries(unittest.TestCase):
         self.assertIn("| 1 KiB | 1.000 |", res.stdout)  # the median of the one good round, not of 1 and 100
         self.assertIn("size 1024: 3 wrong", res.stdout)
 
+    def test_netns_time_tables_give_speed_ratios(self):
+        manifest = os.path.join(self.dir, "runs.tsv")
+        fields = ["shape", "hosts", "ranks_per_host", "coll", "tls", "label", "kind", "rep", "rc", "json", "log",
+                  "command"]
+        with open(manifest, "w", encoding="utf-8", newline="") as fh:
+            w = csv.DictWriter(fh, fields, delimiter="\t", quoting=csv.QUOTE_NONE)
+            w.writeheader()
+            # Ours takes 20 us, Open MPI 40 us: ours is 2x as fast, whatever the busbw fields say.
+            for label, kind, t in (("shardcomm", "shardcomm", 20.0), ("openmpi", "openmpi", 40.0)):
+                w.writerow({"shape": "2x2", "hosts": 2, "ranks_per_host": 2, "coll": "all_reduce", "tls": "tcp",
+                            "label": label, "kind": kind, "rep": 1, "rc": 0,
+                            "json": self.jsonl(f"{label}.jsonl", [row(label, 7.0, coll="all_reduce", time_us=t)]),
+                            "log": f"{label}.log", "command": f"{label} round 1"})
+        res = self.run_script("netns_summarize.py", "--manifest", manifest, "--metric", "time")
+        self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
+        self.assertIn("Time per call in us", res.stdout)
+        self.assertIn("| 1 KiB | 20.0 | 40.0 | 2.00x |", res.stdout)
+        res = self.run_script("netns_summarize.py", "--manifest", manifest)
+        self.assertIn("| 1 KiB | 7.000 | 7.000 | 1.00x |", res.stdout)
+
     def test_host_and_device_memory_runs_are_not_pooled(self):
         self.jsonl("host.jsonl", [row("shardcomm", 1.0, memory="host")])
         self.jsonl("device.jsonl", [row("shardcomm", 100.0, memory="device")])
