@@ -2,6 +2,7 @@
 // per line, space-separated fields, names percent-encoded, the index closed by its own CRC32C.
 // Text so that a person (or a script) can read what a checkpoint holds without a tool.
 
+#include <algorithm>
 #include <charconv>
 #include <climits>
 #include <cstdio>
@@ -180,6 +181,21 @@ Status checkIndex(const CheckpointIndex& x, const std::string& path) {
         stateEnd > x.stateNumel)
       return badFile(path, "group '", gr.name, "' sizes do not add up (numel ", gr.numel, ", padded ", gr.paddedNumel,
                      ", shard ", gr.shardNumel, ", state offset ", gr.stateOffset, ", state numel ", x.stateNumel, ")");
+  }
+  // The groups' shards lie side by side in the state, never on top of each other: two groups
+  // sharing elements would load the one over the other without complaint (every checksum vouches
+  // for the numbers; only a crafted or broken writer makes them).
+  std::vector<size_t> byOffset;
+  for (size_t g = 0; g < x.groups.size(); ++g)
+    if (x.groups[g].shardNumel > 0) byOffset.push_back(g);
+  std::sort(byOffset.begin(), byOffset.end(),
+            [&](size_t a, size_t b) { return x.groups[a].stateOffset < x.groups[b].stateOffset; });
+  for (size_t i = 1; i < byOffset.size(); ++i) {
+    const LayoutGroup& a = x.groups[byOffset[i - 1]];
+    const LayoutGroup& b = x.groups[byOffset[i]];
+    if (b.stateOffset < a.stateOffset + a.shardNumel)  // no overflow: both ends checked above
+      return badFile(path, "groups '", a.name, "' (state [", a.stateOffset, ", ", a.stateOffset + a.shardNumel,
+                     ")) and '", b.name, "' (from ", b.stateOffset, ") overlap in the state");
   }
   std::vector<uint64_t> groupEnd(x.groups.size(), 0);
   for (const LayoutParam& p : x.params) {

@@ -189,6 +189,11 @@ Status saveCheckpointShard(const std::string& dir, const ShardPlan& plan, const 
 }
 
 Status writeCheckpointIndex(const std::string& dir, const ShardPlan& plan, uint32_t saveTag) {
+  // A plan of no ranks would write an index listing no shard files: a directory that counts as a
+  // complete checkpoint (later saves refuse it) and that nothing can load.
+  if (plan.options.worldSize < 1)
+    return libcomm::makeError(StatusCode::kInvalidArgument, "checkpoint index: plan has world size ",
+                              plan.options.worldSize);
   LIBCOMM_RETURN_IF_ERROR(refuseCompleteCheckpoint(dir, "checkpoint index"));
   CheckpointIndex x = indexFromPlan(plan);
   for (int r = 0; r < x.world; ++r) {

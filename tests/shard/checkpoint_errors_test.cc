@@ -341,6 +341,9 @@ TEST(Checkpoint, CraftedIndexNumbersAreRejectedWithoutThrowingOrWrapping) {
        "bad offset, numel or shape"},
       // offset + numel wraps around to a small end that "fits" the group.
       {"offset + numel wraps", [&](auto& l) { setField(l, "param", 4, "18446744073709551615"); }, "lies outside group"},
+      // The first group's shard moved one element up: it overlaps the next group's, every size
+      // still adding up (it loaded, the two groups sharing an element).
+      {"groups overlapping in the state", [&](auto& l) { setField(l, "group", 6, "1"); }, "overlap in the state"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
