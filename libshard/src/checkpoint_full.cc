@@ -45,7 +45,11 @@ Status exportFullModel(const std::string& checkpointDir, const std::string& path
     LayoutParam q = p;
     q.group = -1;
     q.offset = numel;
-    numel += p.numel;
+    // Within what a reader accepts (ChunkedFile::open: 2^56 elements per section); an index the
+    // parser took could still sum past it, or wrap.
+    if (__builtin_add_overflow(numel, p.numel, &numel) || numel > (uint64_t{1} << 56))
+      return libcomm::makeError(libcomm::StatusCode::kInvalidArgument, "full-model export of '", checkpointDir,
+                                "': the parameters add up to more elements than the format holds (2^56)");
     packed.push_back(std::move(q));
   }
   const std::string indexText = formatParamList(packed);

@@ -162,6 +162,17 @@ Status importFullModelImpl(const std::string& path, const ShardPlan& plan, Shard
       return badFile(path, "parameter '", p.name, "' at offset ", p.offset, " with ", p.numel,
                      " elements lies outside the ", h.numel, " elements of each section");
   }
+  // Parameters side by side, never on top of each other (two sharing elements imported one's
+  // values as the other's, every checksum vouching for the file).
+  std::vector<const LayoutParam*> byOffset;
+  for (const LayoutParam& p : params)
+    if (p.numel > 0) byOffset.push_back(&p);
+  std::sort(byOffset.begin(), byOffset.end(),
+            [](const LayoutParam* a, const LayoutParam* b) { return a->offset < b->offset; });
+  for (size_t i = 1; i < byOffset.size(); ++i)
+    if (byOffset[i]->offset < byOffset[i - 1]->offset + byOffset[i - 1]->numel)  // no overflow: checked above
+      return badFile(path, "parameters '", byOffset[i - 1]->name, "' and '", byOffset[i]->name, "' overlap (offsets ",
+                     byOffset[i - 1]->offset, " and ", byOffset[i]->offset, ")");
   const bool withMoments = restoreOptimizerState && h.sections == 3;
   FullSource source(*file);
   std::vector<std::vector<float>> tmp;

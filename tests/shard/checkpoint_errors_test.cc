@@ -418,6 +418,16 @@ TEST(Checkpoint, CraftedNumbersInFullModelFilesAndIndexesAreRefused) {
          list.replace(at, list.find(' ', at) - at, "18446744073709551615");
        },
        keepHeader, "lies outside"},
+      // The second parameter moved onto the first one's elements (in bounds, checksums recomputed).
+      {"parameters that overlap",
+       [](std::string& list) {
+         const size_t second = list.find("param ", list.find("param ") + 1);
+         ASSERT_NE(second, std::string::npos);
+         size_t at = second;
+         for (int field = 0; field < 4; ++field) at = list.find(' ', at) + 1;  // the offset is field 4
+         list.replace(at, list.find(' ', at) - at, "0");
+       },
+       keepHeader, "overlap"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
