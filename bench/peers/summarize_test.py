@@ -41,37 +41,37 @@ class Summaries(unittest.TestCase):
         return subprocess.run([sys.executable, os.path.join(HERE, script), *args], capture_output=True, text=True,
                               timeout=60)
 
-    def test_netns_wrong_rows_are_left_out_of_the_median(self):
-        manifest = os.path.join(self.dir, "runs.tsv")
+    def manifest(self, runs):
+        """netns_compare.sh's runs.tsv listing `runs` (dicts of the fields that differ), one program run each."""
+        path = os.path.join(self.dir, "runs.tsv")
         fields = ["shape", "hosts", "ranks_per_host", "coll", "tls", "label", "kind", "rep", "rc", "json", "log",
                   "command"]
-        with open(manifest, "w", encoding="utf-8", newline="") as fh:
+        with open(path, "w", encoding="utf-8", newline="") as fh:
             w = csv.DictWriter(fh, fields, delimiter="\t", quoting=csv.QUOTE_NONE)
             w.writeheader()
-            # Both runs exit 0; the second's row reports 3 wrong elements (and a busbw that would move the median).
-            for rep, busbw, wrong in ((1, 1.0, 0), (2, 100.0, 3)):
-                w.writerow({"shape": "2x1", "hosts": 2, "ranks_per_host": 1, "coll": "all_gather", "tls": "tcp",
-                            "label": "shardcomm", "kind": "shardcomm", "rep": rep, "rc": 0,
-                            "json": self.jsonl(f"r{rep}.jsonl", [row("shardcomm", busbw, wrong)]),
-                            "log": f"r{rep}.log", "command": f"comm_bench round {rep}"})
+            for run in runs:
+                w.writerow({"tls": "tcp", "rc": 0, **run})
+        return path
+
+    def test_netns_wrong_rows_are_left_out_of_the_median(self):
+        # Both runs exit 0; the second's row reports 3 wrong elements (and a busbw that would move the median).
+        manifest = self.manifest([
+            {"shape": "2x1", "hosts": 2, "ranks_per_host": 1, "coll": "all_gather", "label": "shardcomm",
+             "kind": "shardcomm", "rep": rep, "json": self.jsonl(f"r{rep}.jsonl", [row("shardcomm", busbw, wrong)]),
+             "log": f"r{rep}.log", "command": f"comm_bench round {rep}"}
+            for rep, busbw, wrong in ((1, 1.0, 0), (2, 100.0, 3))])
         res = self.run_script("netns_summarize.py", "--manifest", manifest)
         self.assertEqual(res.returncode, 1, res.stdout + res.stderr)
         self.assertIn("| 1 KiB | 1.000 |", res.stdout)  # the median of the one good round, not of 1 and 100
         self.assertIn("size 1024: 3 wrong", res.stdout)
 
     def test_netns_time_tables_give_speed_ratios(self):
-        manifest = os.path.join(self.dir, "runs.tsv")
-        fields = ["shape", "hosts", "ranks_per_host", "coll", "tls", "label", "kind", "rep", "rc", "json", "log",
-                  "command"]
-        with open(manifest, "w", encoding="utf-8", newline="") as fh:
-            w = csv.DictWriter(fh, fields, delimiter="\t", quoting=csv.QUOTE_NONE)
-            w.writeheader()
-            # Ours takes 20 us, Open MPI 40 us: ours is 2x as fast, whatever the busbw fields say.
-            for label, kind, t in (("shardcomm", "shardcomm", 20.0), ("openmpi", "openmpi", 40.0)):
-                w.writerow({"shape": "2x2", "hosts": 2, "ranks_per_host": 2, "coll": "all_reduce", "tls": "tcp",
-                            "label": label, "kind": kind, "rep": 1, "rc": 0,
-                            "json": self.jsonl(f"{label}.jsonl", [row(label, 7.0, coll="all_reduce", time_us=t)]),
-                            "log": f"{label}.log", "command": f"{label} round 1"})
+        # Ours takes 20 us, Open MPI 40 us: ours is 2x as fast, whatever the busbw fields say.
+        manifest = self.manifest([
+            {"shape": "2x2", "hosts": 2, "ranks_per_host": 2, "coll": "all_reduce", "label": label, "kind": kind,
+             "rep": 1, "json": self.jsonl(f"{label}.jsonl", [row(label, 7.0, coll="all_reduce", time_us=t)]),
+             "log": f"{label}.log", "command": f"{label} round 1"}
+            for label, kind, t in (("shardcomm", "shardcomm", 20.0), ("openmpi", "openmpi", 40.0))])
         res = self.run_script("netns_summarize.py", "--manifest", manifest, "--metric", "time")
         self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
         self.assertIn("Time per call in us", res.stdout)
