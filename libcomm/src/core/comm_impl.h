@@ -185,6 +185,17 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// input straight to that peer, compares each descriptor that arrives, then does the
   /// collective's work locally (mesh::runPass over the received inputs, in rank order).
   Status eagerAcrossHosts(const CollArgs& args, uint32_t seq, const WaitContext& wait, UcxRingLink& link);
+  /// The fingerprint exchange with the ring neighbours prev and next (the flat ring's, or the
+  /// rail's): postFingerprint posts the receive from prev (up to a whole eager message, into its
+  /// eagerIn slot) and the send of `d` (kept in CrossHost::fingerprintOut) to next; checkFingerprint
+  /// waits for the receive, compares prev's descriptor, then waits for the send.
+  struct NeighbourFingerprint {
+    int prev = -1;
+    uint64_t in = 0, out = 0;  // UcxRingLink operation ids
+  };
+  Result<NeighbourFingerprint> postFingerprint(UcxRingLink& link, int prev, int next, const shm::OpDescriptor& d);
+  Status checkFingerprint(const CollArgs& args, uint32_t seq, const WaitContext& wait, UcxRingLink& link,
+                          const NeighbourFingerprint& f);
   /// Rails layouts: before this rank writes its post slot and eager area of seq's parity, that the
   /// host peers are done with their last use (railsPost in cross_host.cc).
   Status railsClaim(uint32_t seq, const WaitContext& wait);

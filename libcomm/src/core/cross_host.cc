@@ -388,26 +388,10 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
     d.algo = static_cast<uint8_t>(algo);
     LIBCOMM_RETURN_IF_ERROR(railsFingerprint(args, seq, wait, link, d));
   } else if (n > 1) {
-    // In CrossHost, not on the stack: a failed wait returns with these still posted.
-    shm::OpDescriptor& mine = cross_->fingerprintOut;
-    mine = describeOp(args, seq);
-    mine.algo = static_cast<uint8_t>(algo);
-    // Into prev's slot, whole: where the eager algorithm can run, a peer whose call differs may
-    // have chosen it and sent an eager message at this step, whose descriptor names the difference.
-    char* slot = cross_->eagerIn.data() + static_cast<size_t>(cross_->prev) * cross_->eagerSlot;
-    size_t& length = cross_->eagerLength[static_cast<size_t>(cross_->prev)];
-    LIBCOMM_ASSIGN_OR_RETURN(uint64_t in,
-                             link.recvUpTo(cross_->prev, ucx::kFingerprintStep, 0, slot, cross_->eagerSlot, &length));
-    LIBCOMM_ASSIGN_OR_RETURN(uint64_t out, link.send(cross_->next, ucx::kFingerprintStep, 0, &mine, sizeof(mine)));
-    LIBCOMM_RETURN_IF_ERROR(link.wait(in, wait));
-    shm::OpDescriptor theirs;
-    LIBCOMM_RETURN_IF_ERROR(readFingerprint(args, seq, slot, length, cross_->prev, &theirs));
-    if (length != sizeof(theirs) && theirs.algo == mine.algo)
-      return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq), ": rank ",
-                       cross_->prev, " sent a fingerprint of ", length, " bytes, not ", sizeof(theirs));
-    LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, mine, theirs, cross_->prev));
-    // After the comparison: a next rank that found a mismatch and left must not hide this one's.
-    LIBCOMM_RETURN_IF_ERROR(link.wait(out, wait));
+    shm::OpDescriptor d = describeOp(args, seq);
+    d.algo = static_cast<uint8_t>(algo);
+    LIBCOMM_ASSIGN_OR_RETURN(const NeighbourFingerprint posted, postFingerprint(link, cross_->prev, cross_->next, d));
+    LIBCOMM_RETURN_IF_ERROR(checkFingerprint(args, seq, wait, link, posted));
   }
 
   ring::Env env;
@@ -839,32 +823,50 @@ Status Communicator::Impl::railsFingerprint(const CollArgs& args, uint32_t seq, 
   CrossHost& x = *cross_;
   LIBCOMM_RETURN_IF_ERROR(railsClaim(seq, wait));
   channel_->post(d);
-  // In CrossHost, not on the stack: a failed wait returns with these still posted. The receive
-  // takes up to an eager message whole: a rail neighbour whose call differs may have chosen the
-  // eager algorithm and sent one, whose descriptor names the difference.
-  x.fingerprintOut = d;
-  const int prev = x.railPrev(), next = x.railNext();
-  char* slot = x.eagerIn.data() + x.inSlot(prev) * x.eagerSlot;
-  size_t& length = x.eagerLength[x.inSlot(prev)];
-  LIBCOMM_ASSIGN_OR_RETURN(uint64_t in, link.recvUpTo(prev, ucx::kFingerprintStep, 0, slot, x.eagerSlot, &length));
-  LIBCOMM_ASSIGN_OR_RETURN(uint64_t out,
-                           link.send(next, ucx::kFingerprintStep, 0, &x.fingerprintOut, sizeof(x.fingerprintOut)));
+  LIBCOMM_ASSIGN_OR_RETURN(const NeighbourFingerprint posted, postFingerprint(link, x.railPrev(), x.railNext(), d));
   // The host peers first (shared memory: no network latency to wait for), then the rail.
   LIBCOMM_RETURN_IF_ERROR(channel_->waitPosted(seq, wait));
   const std::vector<int>& here = x.ranks[static_cast<size_t>(x.hostIndex)];
   for (size_t l = 0; l < here.size(); ++l)
     if (static_cast<int>(l) != x.localIndex)
       LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, d, channel_->posted(static_cast<int>(l), seq), here[l]));
+  return checkFingerprint(args, seq, wait, link, posted);
+}
+
+Result<Communicator::Impl::NeighbourFingerprint> Communicator::Impl::postFingerprint(UcxRingLink& link, int prev,
+                                                                                     int next,
+                                                                                     const shm::OpDescriptor& d) {
+  CrossHost& x = *cross_;
+  // In CrossHost, not on the stack: a failed wait returns with these still posted. The receive
+  // takes up to an eager message whole, into prev's slot: a neighbour whose call differs may have
+  // chosen the eager algorithm and sent one, whose descriptor names the difference.
+  x.fingerprintOut = d;
+  NeighbourFingerprint f;
+  f.prev = prev;
+  LIBCOMM_ASSIGN_OR_RETURN(
+      f.in, link.recvUpTo(prev, ucx::kFingerprintStep, 0, x.eagerIn.data() + x.inSlot(prev) * x.eagerSlot, x.eagerSlot,
+                          &x.eagerLength[x.inSlot(prev)]));
+  LIBCOMM_ASSIGN_OR_RETURN(f.out,
+                           link.send(next, ucx::kFingerprintStep, 0, &x.fingerprintOut, sizeof(x.fingerprintOut)));
+  return f;
+}
+
+Status Communicator::Impl::checkFingerprint(const CollArgs& args, uint32_t seq, const WaitContext& wait,
+                                            UcxRingLink& link, const NeighbourFingerprint& f) {
+  CrossHost& x = *cross_;
+  const shm::OpDescriptor& mine = x.fingerprintOut;
   // The previous rank's descriptor is compared before the send is waited for: a next rank that
   // found a mismatch and left must not hide the one this rank can name itself.
-  LIBCOMM_RETURN_IF_ERROR(link.wait(in, wait));
+  LIBCOMM_RETURN_IF_ERROR(link.wait(f.in, wait));
+  const size_t length = x.eagerLength[x.inSlot(f.prev)];
   shm::OpDescriptor theirs;
-  LIBCOMM_RETURN_IF_ERROR(readFingerprint(args, seq, slot, length, prev, &theirs));
-  if (length != sizeof(theirs) && theirs.algo == d.algo)
-    return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq), ": rank ", prev,
+  LIBCOMM_RETURN_IF_ERROR(
+      readFingerprint(args, seq, x.eagerIn.data() + x.inSlot(f.prev) * x.eagerSlot, length, f.prev, &theirs));
+  if (length != sizeof(theirs) && theirs.algo == mine.algo)
+    return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq), ": rank ", f.prev,
                      " sent a fingerprint of ", length, " bytes, not ", sizeof(theirs));
-  LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, d, theirs, prev));
-  return link.wait(out, wait);
+  LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, mine, theirs, f.prev));
+  return link.wait(f.out, wait);
 }
 
 Status Communicator::Impl::railsEager(const CollArgs& args, uint32_t seq, const WaitContext& wait, UcxRingLink& link) {
