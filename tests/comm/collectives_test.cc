@@ -422,6 +422,63 @@ INSTANTIATE_TEST_SUITE_P(Ucx, CrossHostMatrix,
                                            std::make_tuple(Mode::kProcesses, 3, 3, false, ""),
                                            std::make_tuple(Mode::kProcesses, 5, 2, true, "")));
 
+// all_reduce across hosts on the flat ring with a count the ranks do not divide: blocks of
+// ceil(count / n) elements, the last ones cut short (ring::Env::blockElems), also where the cut falls
+// just past a 1 MiB chunk's edge (a one-element chunk) or on it (an empty chunk), and blocks that
+// are empty altogether (5 elements over 4 ranks: 2, 2, 1, 0). Out of place, in place, and added
+// into the output; every element exact (integer data).
+TEST(UcxRaggedAllReduce, BlocksCutShortAtChunkEdgesAreExact) {
+  struct Shape {
+    int ranks, hosts;
+    std::vector<size_t> counts;
+  };
+  const Shape shapes[] = {{4, 2, {(size_t{1} << 20) + 3, 5}}, {3, 3, {(size_t{1} << 20) + 1, 2}}};
+  for (const Shape& shape : shapes) {
+    RunOptions opts;
+    opts.mode = Mode::kProcesses;
+    opts.size = shape.ranks;
+    opts.deadline = scaledForSanitizers(std::chrono::seconds(120));
+    SCOPED_TRACE(std::to_string(shape.ranks) + " ranks on " + std::to_string(shape.hosts) + " hosts");
+    RunReport report = runRanks(opts, [&](RankContext& ctx) -> Status {
+      libcomm::CommConfig config;
+      config.hostId = "ragged-host-" + std::to_string(ctx.rank % shape.hosts);
+      config.algo = "ring";  // small counts too (they would go eager)
+      LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+      auto stream = libcomm::createInlineHostStream("ragged");
+      const int n = ctx.size;
+      for (size_t count : shape.counts) {
+        std::vector<float> send(count), recv(count);
+        for (int variant = 0; variant < 3; ++variant) {  // out of place, in place, accumulate (premulSum)
+          for (size_t i = 0; i < count; ++i) {
+            send[i] = intValue(ctx.rank, 0, i, variant);
+            recv[i] = variant == 2 ? static_cast<float>(i % 7) : NAN;
+          }
+          libcomm::ReduceOptions options;
+          if (variant == 2) {
+            options.op = libcomm::ReduceOp::kPremulSum;
+            options.scale = 0.5f;
+            options.accumulate = true;
+          }
+          float* in = variant == 1 ? recv.data() : send.data();
+          if (variant == 1) std::copy(send.begin(), send.end(), recv.begin());
+          LIBCOMM_RETURN_IF_ERROR(comm->allReduce(in, recv.data(), count, DataType::kFloat32, options, *stream));
+          std::vector<double> want(count), tol(count, 0.0);
+          for (size_t i = 0; i < count; ++i) {
+            double sum = 0;
+            for (int p = 0; p < n; ++p) sum += intValue(p, 0, i, variant);
+            want[i] = variant == 2 ? sum * 0.5 + static_cast<double>(i % 7) : sum;
+          }
+          const char* names[] = {"out of place", "in place", "premulSum 0.5 accumulated"};
+          LIBCOMM_RETURN_IF_ERROR(compare(ctx.rank, "all_reduce count " + std::to_string(count) + " " + names[variant],
+                                          recv.data(), DataType::kFloat32, want, tol));
+        }
+      }
+      return comm->asyncError();
+    });
+    EXPECT_RANKS_OK(report);
+  }
+}
+
 // A broadcast across hosts of more 1 MiB chunks than the root keeps in flight (64): the send window
 // turns over, and every chunk arrives where it belongs, from both ranks as root.
 TEST(CrossHostBroadcast, MoreChunksThanTheSendWindowArriveIntact) {
@@ -927,8 +984,8 @@ TEST(CrossHostFp64Exact, ReduceScatterIsTheExactSumRoundedOnceAtEveryPlacement) 
 }
 
 // all_reduce with fp64 partials: sum and avg (1/4, exact) on fp32 and bf16, and an accumulation
-// into an fp32 output, each the exact result rounded once. 3001 elements leave the ring's blocks
-// padded; 3004 split into whole blocks (the ring then rounds each block where it is reduced, and
+// into an fp32 output, each the exact result rounded once. 3001 elements cut the ring's last block
+// short; 3004 split into whole blocks (the ring then rounds each block where it is reduced, and
 // two hosts of two ranks take the two-level form). With fp32 partials (all_reduce's ring order
 // across hosts) the sums differ.
 TEST(CrossHostFp64Exact, AllReduceIsTheExactSumRoundedOnceAtEveryPlacement) {  // label mp

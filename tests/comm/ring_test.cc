@@ -196,6 +196,68 @@ Status reduceScatterCase(RankContext& ctx, const RingCase& k, const RsVariant& v
   return compare(ctx.rank, describe(k, v.name), a.recv, v.out, want, tol);
 }
 
+// Ragged blocks (ring::Env::blockElems, an all_reduce whose count the ranks do not divide): only the
+// first `limit` elements of the whole buffer exist. Those come out right; nothing past them is read
+// (the input there is NaN) or written (the output there keeps its poison).
+Status raggedCase(RankContext& ctx, const RingCase& k, size_t limit, uint32_t id) {
+  const size_t n = static_cast<size_t>(ctx.size), total = n * k.count;
+  const std::string what = describe(k, "ragged") + " limit " + std::to_string(limit);
+  libcomm::ring::WaitContext wait{libcomm::OpDeadline(std::chrono::seconds(30)), {}};
+  auto exists = [&](size_t block, size_t i) { return block * k.count + i < limit; };
+  const size_t me = static_cast<size_t>(ctx.rank);
+  {  // all_gather, out of place
+    std::vector<float> in(k.count, NAN), out(total, -7.0f);
+    for (size_t i = 0; i < k.count; ++i)
+      if (exists(me, i)) in[i] = intValue(ctx.rank, 0, i, static_cast<int>(id));
+    libcomm::CollArgs a;
+    a.kind = libcomm::CollKind::kAllGather;
+    a.count = k.count;
+    a.inType = a.outType = DataType::kFloat32;
+    a.send = in.data();
+    a.recv = out.data();
+    BootstrapLink link(ctx.bootstrap, id);
+    libcomm::ring::Env env = envFor(ctx, k, link, wait);
+    env.blockElems = libcomm::ring::raggedBlocks(n, k.count, limit, [&env](size_t p) { return env.order[p]; });
+    LIBCOMM_RETURN_IF_ERROR(libcomm::ring::allGather(a, env));
+    if (!link.drained()) return libcomm::makeError(StatusCode::kInternalError, what, ": operations left unwaited");
+    std::vector<double> want(total, -7.0), tol(total, 0.0);
+    for (size_t p = 0; p < n; ++p)
+      for (size_t i = 0; i < k.count; ++i)
+        if (exists(p, i)) want[p * k.count + i] = intValue(static_cast<int>(p), 0, i, static_cast<int>(id));
+    LIBCOMM_RETURN_IF_ERROR(compare(ctx.rank, what + " all_gather", out.data(), DataType::kFloat32, want, tol));
+  }
+  // reduce_scatter, fp32 and fp64 partials
+  for (auto partials : {libcomm::PartialsType::kFloat32, libcomm::PartialsType::kFloat64}) {
+    std::vector<float> in(total, NAN), out(k.count, -7.0f);
+    for (size_t q = 0; q < n; ++q)
+      for (size_t i = 0; i < k.count; ++i)
+        if (exists(q, i)) in[q * k.count + i] = intValue(ctx.rank, q, i, static_cast<int>(id + 1));
+    libcomm::CollArgs a;
+    a.kind = libcomm::CollKind::kReduceScatter;
+    a.count = k.count;
+    a.inType = a.outType = DataType::kFloat32;
+    a.send = in.data();
+    a.recv = out.data();
+    BootstrapLink link(ctx.bootstrap, id + 1 + static_cast<uint32_t>(partials));
+    libcomm::ring::Scratch scratch;
+    libcomm::ring::Env env = envFor(ctx, k, link, wait);
+    env.blockElems = libcomm::ring::raggedBlocks(n, k.count, limit, [&env](size_t p) { return env.order[p]; });
+    env.partials = partials;
+    LIBCOMM_RETURN_IF_ERROR(libcomm::ring::reduceScatter(a, env, scratch));
+    if (!link.drained()) return libcomm::makeError(StatusCode::kInternalError, what, ": operations left unwaited");
+    std::vector<double> want(k.count, -7.0), tol(k.count, 0.0);
+    for (size_t i = 0; i < k.count; ++i) {
+      if (!exists(me, i)) continue;
+      double sum = 0.0;
+      for (size_t p = 0; p < n; ++p) sum += intValue(static_cast<int>(p), me, i, static_cast<int>(id + 1));
+      want[i] = sum;
+    }
+    LIBCOMM_RETURN_IF_ERROR(compare(ctx.rank, what + " reduce_scatter " + libcomm::partialsTypeName(partials),
+                                    out.data(), DataType::kFloat32, want, tol));
+  }
+  return Status::ok();
+}
+
 class RingAlgorithms : public RanksTest {};
 
 TEST_P(RingAlgorithms, MatchTheReferenceAtEverySizeChunkWindowAndRound) {
@@ -248,6 +310,14 @@ TEST_P(RingAlgorithms, MatchTheReferenceAtEverySizeChunkWindowAndRound) {
             LIBCOMM_RETURN_IF_ERROR(allGatherCase(ctx, k, DataType::kFloat32, false, ++id));
             LIBCOMM_RETURN_IF_ERROR(allGatherCase(ctx, k, DataType::kBFloat16, true, ++id));
             for (const RsVariant& v : variants) LIBCOMM_RETURN_IF_ERROR(reduceScatterCase(ctx, k, v, ++id, scratch));
+            // Ragged: the last block one element short; the last one empty and the one before short;
+            // only the first element.
+            const size_t total = static_cast<size_t>(ctx.size) * k.count;
+            for (size_t limit : {total - 1, total - k.count - 1, size_t(1)})
+              if (k.count > 0 && limit < total && limit > 0) {
+                LIBCOMM_RETURN_IF_ERROR(raggedCase(ctx, k, limit, id + 1));
+                id += 4;
+              }
           }
           return Status::ok();
         },

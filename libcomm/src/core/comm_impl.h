@@ -173,7 +173,7 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// An all_reduce that splits into a reduce_scatter and an all_gather of whole blocks, in the
   /// output itself: a count that is a positive multiple of the ranks, and no accumulation. The same
   /// on every rank (count and accumulate are in the fingerprint): it chooses the two-level form
-  /// (CrossHostQuery::splits) and the ring's path without a padded copy.
+  /// (CrossHostQuery::splits); the flat ring cuts the last blocks short for other counts.
   bool splitsIntoBlocks(const CollArgs& args) const {
     return !args.reduce.accumulate && args.count > 0 && args.count % static_cast<size_t>(size_) == 0;
   }

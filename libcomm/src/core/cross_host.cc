@@ -13,8 +13,9 @@
 //      shared-memory channel with their fingerprints, run the two levels, and wait until every
 //      host peer is done reading. Flat ring: all_gather and reduce_scatter are the ring
 //      algorithms; all_reduce is a
-//      reduce_scatter then an all_gather over a zero-padded copy (steps numbered apart so the two
-//      phases' messages never share a tag); broadcast is a chunked chain from the root; barrier is
+//      reduce_scatter then an all_gather in the output, with the last blocks cut short where the
+//      ranks do not divide the count (steps numbered apart so the two phases' messages never share
+//      a tag); broadcast is a chunked chain from the root; barrier is
 //      a one-element all_gather (n - 1 steps: everyone has heard from everyone).
 //
 // Failure: as with shared memory, a communicator that failed stays failed. The rank that fails
@@ -561,76 +562,62 @@ Status Communicator::Impl::hierAllReduce(const CollArgs& args, hier::Env& env, c
 }
 
 Status Communicator::Impl::ringAllReduce(const CollArgs& args, ring::Env& env) {
-  // reduce_scatter then all_gather, over a copy padded to a multiple of the world size unless the
-  // count is one already (and the sums are not added to the output). With fp64
-  // partials the reduce_scatter leaves each rank's block as exact fp64 sums, the all_gather moves
-  // those, and every rank rounds them once at the end: the one-host result, bit for bit.
+  // reduce_scatter then all_gather over blocks of part = ceil(count / n) elements at rank * part;
+  // when n does not divide the count the last blocks are cut short (ring::Env::blockElems), so any
+  // count runs without a padded copy. With fp64 partials the reduce_scatter leaves each rank's
+  // block as exact fp64 sums, the all_gather moves those, and every rank rounds them once at the
+  // end: the one-host result, bit for bit.
   env.partials = partialsAcrossHosts(args);
+  if (args.count == 0) return Status::ok();  // nothing travels (the fingerprints were compared)
   const bool wide = env.partials == PartialsType::kFloat64;
   const size_t n = static_cast<size_t>(size_), es = dataTypeSize(args.inType);
-  if (splitsIntoBlocks(args)) {
-    // No padding needed and nothing to add the sums to: the reduce_scatter reads the input where it
-    // is and writes this rank's block of the output, which the all_gather then fills in place (two
-    // copies of the whole buffer fewer; in place, the reduce_scatter is in place too). With fp64
-    // partials each block is rounded once where it is reduced, with the op's scale, as every rank
-    // would round it: the all_gather then moves the rounded block, not its fp64 sums.
-    const size_t block = args.count / n;
-    CollArgs rs = args;
-    rs.kind = CollKind::kReduceScatter;
-    rs.count = block;
-    rs.recv = static_cast<char*>(args.recv) + static_cast<size_t>(rank_) * block * es;
+  const size_t part = (args.count + n - 1) / n;
+  auto blockAt = [&env](size_t p) { return env.order[p]; };
+  env.blockElems = ring::raggedBlocks(n, part, args.count, blockAt);
+  CollArgs rs = args;
+  rs.kind = CollKind::kReduceScatter;
+  rs.count = part;
+  CollArgs ag;
+  ag.kind = CollKind::kAllGather;
+  ag.inPlace = true;
+  if (!args.reduce.accumulate) {
+    // Nothing to add the sums to: the reduce_scatter reads the input where it is and writes this
+    // rank's block of the output, which the all_gather then fills in place (in place, the
+    // reduce_scatter is in place too). With fp64 partials each block is rounded once where it is
+    // reduced, with the op's scale, as every rank would round it: the all_gather then moves the
+    // rounded block, not its fp64 sums.
+    rs.recv = static_cast<char*>(args.recv) + static_cast<size_t>(rank_) * part * es;
     LIBCOMM_RETURN_IF_ERROR(ring::reduceScatter(rs, env, cross_->scratch));
-    CollArgs ag;
-    ag.kind = CollKind::kAllGather;
     ag.send = rs.recv;
     ag.recv = args.recv;
-    ag.count = block;
+    ag.count = part;
     ag.inType = ag.outType = args.outType;
-    ag.inPlace = true;
     env.stepBase = static_cast<uint32_t>(size_);  // the all_gather's steps follow the reduce_scatter's
     return ring::allGather(ag, env);
   }
+  // Accumulating: the sums are gathered in scratch and added to the output at the end.
   const size_t ges = wide ? sizeof(double) : es;  // an element of the gathered sums
-  const size_t part = (args.count + n - 1) / n;
-  // The gathered sums start at a multiple of 8 bytes (fp64 sums after a bf16 copy).
-  const size_t paddedBytes = (n * part * es + 7) / 8 * 8;
-  std::vector<char>& scratch = cross_->padded;
-  if (scratch.size() < paddedBytes + n * part * ges) scratch.resize(paddedBytes + n * part * ges);
-  char* padded = scratch.data();
-  char* gathered = padded + paddedBytes;
-  if (args.count > 0) reduce::copyBytes(padded, args.send, args.count * es);
-  // The padding only reaches sums past `count`, which are dropped; zeroed so that they stay defined.
-  // None at count 0, where the scratch may still be empty (memset of its null data() is undefined).
-  if (n * part > args.count) std::memset(padded + args.count * es, 0, (n * part - args.count) * es);
-  CollArgs rs = args;
-  rs.kind = CollKind::kReduceScatter;
-  rs.send = padded;
+  std::vector<char>& scratch = cross_->gathered;
+  if (scratch.size() < n * part * ges) scratch.resize(n * part * ges);
+  char* gathered = scratch.data();
   rs.recv = gathered + static_cast<size_t>(rank_) * part * ges;
-  rs.count = part;
   rs.inPlace = false;
   rs.reduce.accumulate = false;  // into scratch; added to the output at the end
   env.outputFp64 = wide;
   LIBCOMM_RETURN_IF_ERROR(ring::reduceScatter(rs, env, cross_->scratch));
   env.outputFp64 = false;
-  CollArgs ag;
-  ag.kind = CollKind::kAllGather;
   ag.send = rs.recv;
   ag.recv = gathered;
   // fp64 sums travel as pairs of fp32 elements: an all_gather only moves bytes.
   ag.count = wide ? 2 * part : part;
+  if (wide) env.blockElems = ring::raggedBlocks(n, 2 * part, 2 * args.count, blockAt);
   ag.inType = ag.outType = wide ? DataType::kFloat32 : args.outType;
-  ag.inPlace = true;
   env.stepBase = static_cast<uint32_t>(size_);  // the all_gather's steps follow the reduce_scatter's
   LIBCOMM_RETURN_IF_ERROR(ring::allGather(ag, env));
-  if (args.count == 0) return Status::ok();
   if (wide) {
-    // The scale (avg, premulSum) and an accumulation, in fp64, then the one rounding.
+    // The scale (avg, premulSum) and the accumulation, in fp64, then the one rounding.
     reduce::roundFromDouble(reinterpret_cast<const double*>(gathered), args.recv, args.outType, args.count,
-                            args.postScale(size_), args.reduce.accumulate);
-    return Status::ok();
-  }
-  if (!args.reduce.accumulate) {
-    reduce::copyBytes(args.recv, gathered, args.count * es);
+                            args.postScale(size_), true);
     return Status::ok();
   }
   const void* input = gathered;

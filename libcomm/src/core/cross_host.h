@@ -80,7 +80,7 @@ struct CrossHost {
   std::vector<float> barrierIn;  // a barrier's all_gather of one value per rank (sized once)
   ring::Scratch scratch;         // the ring reduce_scatter's partials (flat and rail rings)
   std::vector<double> hostSums;  // two-level reduce_scatter: the host's partial sums (fp32, or fp64 with fp64 partials)
-  std::vector<char> padded;      // all_reduce: its zero-padded copy
+  std::vector<char> gathered;    // accumulating all_reduce: the gathered sums
   std::unique_ptr<ucx::Channel> channel;
 
   std::vector<int> order;  // flat ring: ranks in ring order

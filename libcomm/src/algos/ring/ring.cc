@@ -17,6 +17,13 @@ namespace {
 
 int wrap(int p, int n) { return ((p % n) + n) % n; }
 
+// The operation id of a chunk that is empty (a ragged block's cut end): nothing to wait for.
+constexpr uint64_t kNoOp = ~uint64_t{0};
+
+Status waitChunk(Link& link, uint64_t op, const WaitContext& ctx) {
+  return op == kNoOp ? Status::ok() : link.wait(op, ctx);
+}
+
 // Sends of one round, each waited once (early when a slot or the window needs it, else at the end).
 struct PendingSends {
   std::vector<uint64_t> op;
@@ -28,9 +35,26 @@ struct PendingSends {
   Status wait(size_t u, Link& link, const WaitContext& ctx) {
     if (done[u]) return Status::ok();
     done[u] = 1;
-    return link.wait(op[u], ctx);
+    return waitChunk(link, op[u], ctx);
   }
 };
+
+// Elements of [lo, lo + len) of the block at ring position p (wrapped) that exist (Env::blockElems).
+size_t present(const Env& env, int p, size_t lo, size_t len) {
+  if (env.blockElems.empty()) return len;
+  const size_t have = env.blockElems[static_cast<size_t>(p)];
+  return lo >= have ? 0 : std::min(len, have - lo);
+}
+
+Result<uint64_t> sendChunk(Link& link, int peer, uint32_t step, uint32_t chunk, const void* src, size_t bytes) {
+  if (bytes == 0) return kNoOp;
+  return link.send(peer, step, chunk, src, bytes);
+}
+
+Result<uint64_t> recvChunk(Link& link, int peer, uint32_t step, uint32_t chunk, void* dst, size_t bytes) {
+  if (bytes == 0) return kNoOp;
+  return link.recv(peer, step, chunk, dst, bytes);
+}
 
 }  // namespace
 
@@ -40,7 +64,10 @@ Status allGather(const CollArgs& a, const Env& env) {
   const size_t blockBytes = a.count * es;
   char* out = static_cast<char*>(a.recv);
   auto block = [&](int p) { return out + static_cast<size_t>(env.order[wrap(p, n)]) * blockBytes; };
-  if (!a.inPlace && blockBytes > 0) reduce::copyBytes(block(env.pos), a.send, blockBytes);
+  // Elements of chunk [lo, lo + len) of block p that exist (all of them unless ragged).
+  auto cut = [&](int p, size_t lo, size_t len) { return present(env, wrap(p, n), lo, len); };
+  const size_t own = cut(env.pos, 0, a.count);
+  if (!a.inPlace && own > 0) reduce::copyBytes(block(env.pos), a.send, own * es);
   if (n == 1 || blockBytes == 0) return Status::ok();
 
   Link& link = *env.link;
@@ -54,7 +81,7 @@ Status allGather(const CollArgs& a, const Env& env) {
   std::vector<uint64_t> recvOp(units);
   // Receives are waited in unit order (by the forwarding sends, then the last step at the end).
   auto received = [&](size_t u) -> Status {
-    LIBCOMM_RETURN_IF_ERROR(link.wait(recvOp[u], ctx));
+    LIBCOMM_RETURN_IF_ERROR(waitChunk(link, recvOp[u], ctx));
     if (env.hooks) env.hooks->received(u);
     return Status::ok();
   };
@@ -64,17 +91,17 @@ Status allGather(const CollArgs& a, const Env& env) {
   for (size_t u = 0; u < units; ++u) {
     for (; posted < units && posted < u + window; ++posted) {
       const int s = static_cast<int>(posted / chunks);
-      const size_t c = posted % chunks, lo = c * ce, len = std::min(ce, a.count - lo);
+      const size_t c = posted % chunks, lo = c * ce, len = cut(env.pos - s - 1, lo, std::min(ce, a.count - lo));
       LIBCOMM_ASSIGN_OR_RETURN(recvOp[posted],
-                               link.recv(prev, env.stepBase + static_cast<uint32_t>(s), static_cast<uint32_t>(c),
+                               recvChunk(link, prev, env.stepBase + static_cast<uint32_t>(s), static_cast<uint32_t>(c),
                                          block(env.pos - s - 1) + lo * es, len * es));
     }
     const int s = static_cast<int>(u / chunks);
-    const size_t c = u % chunks, lo = c * ce, len = std::min(ce, a.count - lo);
+    const size_t c = u % chunks, lo = c * ce, len = cut(env.pos - s, lo, std::min(ce, a.count - lo));
     // The block sent at step s is the one received at step s - 1: forward chunk c once it is in.
     if (s > 0) LIBCOMM_RETURN_IF_ERROR(received(u - chunks));
     if (u >= window) LIBCOMM_RETURN_IF_ERROR(sends.wait(u - window, link, ctx));
-    LIBCOMM_ASSIGN_OR_RETURN(sends.op[u], link.send(next, env.stepBase + static_cast<uint32_t>(s),
+    LIBCOMM_ASSIGN_OR_RETURN(sends.op[u], sendChunk(link, next, env.stepBase + static_cast<uint32_t>(s),
                                                     static_cast<uint32_t>(c), block(env.pos - s) + lo * es, len * es));
   }
   for (size_t u = units - chunks; u < units; ++u) LIBCOMM_RETURN_IF_ERROR(received(u));
@@ -104,6 +131,8 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
     const int index = env.inputByPosition ? wrap(p, n) : env.order[wrap(p, n)];
     return in + static_cast<size_t>(index) * a.count * inEs;
   };
+  // Elements of chunk [lo, lo + len) of block p that exist (all of them unless ragged).
+  auto cut = [&](int p, size_t lo, size_t len) { return present(env, wrap(p, n), lo, len); };
   // Before input elements [lo, lo + len) of block p are read.
   auto need = [&](int p, size_t lo, size_t len) { return env.hooks ? env.hooks->inputNeeded(wrap(p, n), lo, len) : Status::ok(); };
   const float scale = a.postScale(n);
@@ -142,15 +171,17 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
       reduce::roundFromDouble(sum, out + lo * outEs, a.outType, len, scale, a.reduce.accumulate);
   };
   if (n == 1) {
-    LIBCOMM_RETURN_IF_ERROR(need(0, 0, a.count));
+    const size_t len = cut(0, 0, a.count);
+    if (len == 0) return Status::ok();
+    LIBCOMM_RETURN_IF_ERROR(need(0, 0, len));
     if (wide) {
-      std::vector<double> sum(a.count);
-      widen(sum.data(), 0, 0, a.count, false);
-      finishWide(sum.data(), 0, a.count);
+      std::vector<double> sum(len);
+      widen(sum.data(), 0, 0, len, false);
+      finishWide(sum.data(), 0, len);
       return Status::ok();
     }
     const void* only[1] = {inputBlock(0)};
-    finish(only, 1, a.inType, 0, a.count);
+    finish(only, 1, a.inType, 0, len);
     return Status::ok();
   }
 
@@ -173,6 +204,7 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
   // partials, fp32 otherwise; where fp32 and bf16 meet, the bf16 one is widened first so that each
   // addition rounds only once.
   auto combine = [&](void* partial, int p, size_t lo, size_t len, bool last) -> Status {
+    if (len == 0) return Status::ok();  // a ragged block's cut end
     LIBCOMM_RETURN_IF_ERROR(need(p, lo, len));
     if (wide) {  // exact in fp64; the output is rounded once
       double* sum = static_cast<double*>(partial);
@@ -226,19 +258,21 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
     for (size_t u = 0; u < units; ++u) {
       for (; posted < units && posted < u + ahead; ++posted) {
         const int s = static_cast<int>(posted / chunks);
-        const size_t c = posted % chunks, len = std::min(ce, relems - c * ce);
+        // The partial of block (pos - s - 2), which the previous rank sends at step s.
+        const size_t c = posted % chunks, len = cut(env.pos - s - 2, r0 + c * ce, std::min(ce, relems - c * ce));
         // Slot (s, c) was read by the send of unit (s - 1, c): the partial of step s - 2, or, at
         // s == 1 with an input not in the wire's type, the converted input that step 0 sent.
         if (s >= 2 || (s == 1 && !direct)) LIBCOMM_RETURN_IF_ERROR(sends.wait(posted - chunks, link, ctx));
-        LIBCOMM_ASSIGN_OR_RETURN(
-            recvOp[posted], link.recv(prev, env.stepBase + static_cast<uint32_t>(s), static_cast<uint32_t>(r0 / ce + c),
-                                      slot(s, c), len * wEs));
+        LIBCOMM_ASSIGN_OR_RETURN(recvOp[posted], recvChunk(link, prev, env.stepBase + static_cast<uint32_t>(s),
+                                                           static_cast<uint32_t>(r0 / ce + c), slot(s, c), len * wEs));
       }
       const int s = static_cast<int>(u / chunks);
-      const size_t c = u % chunks, lo = r0 + c * ce, len = std::min(ce, relems - c * ce);
+      const size_t c = u % chunks, lo = r0 + c * ce, len = cut(env.pos - s - 1, lo, std::min(ce, relems - c * ce));
       // Send the partial of block (pos - s - 1), chunk c.
       const void* src;
-      if (s == 0) {
+      if (len == 0) {
+        src = nullptr;  // a ragged block's cut end: nothing received, nothing to send
+      } else if (s == 0) {
         LIBCOMM_RETURN_IF_ERROR(need(env.pos - 1, lo, len));
         const char* first = inputBlock(env.pos - 1) + lo * inEs;
         if (direct) {
@@ -255,19 +289,19 @@ Status reduceScatter(const CollArgs& a, const Env& env, Scratch& scratch) {
         }
       } else {
         // It arrived at step s - 1 (block (pos - (s - 1) - 2)); add this rank's input in place.
-        LIBCOMM_RETURN_IF_ERROR(link.wait(recvOp[u - chunks], ctx));
+        LIBCOMM_RETURN_IF_ERROR(waitChunk(link, recvOp[u - chunks], ctx));
         char* partial = slot(s - 1, c);
         LIBCOMM_RETURN_IF_ERROR(combine(partial, env.pos - s - 1, lo, len, false));
         src = partial;
       }
       if (u >= window) LIBCOMM_RETURN_IF_ERROR(sends.wait(u - window, link, ctx));
-      LIBCOMM_ASSIGN_OR_RETURN(sends.op[u], link.send(next, env.stepBase + static_cast<uint32_t>(s),
+      LIBCOMM_ASSIGN_OR_RETURN(sends.op[u], sendChunk(link, next, env.stepBase + static_cast<uint32_t>(s),
                                                       static_cast<uint32_t>(r0 / ce + c), src, len * wEs));
     }
     // The last step brings this rank's own block: add its input and write the output.
     for (size_t c = 0; c < chunks; ++c) {
-      const size_t u = units - chunks + c, lo = r0 + c * ce, len = std::min(ce, relems - c * ce);
-      LIBCOMM_RETURN_IF_ERROR(link.wait(recvOp[u], ctx));
+      const size_t u = units - chunks + c, lo = r0 + c * ce, len = cut(env.pos, lo, std::min(ce, relems - c * ce));
+      LIBCOMM_RETURN_IF_ERROR(waitChunk(link, recvOp[u], ctx));
       LIBCOMM_RETURN_IF_ERROR(combine(slot(n - 2, c), env.pos, lo, len, true));
     }
     for (size_t u = 0; u < units; ++u) LIBCOMM_RETURN_IF_ERROR(sends.wait(u, link, ctx));

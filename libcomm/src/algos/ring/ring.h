@@ -112,6 +112,12 @@ struct Env {
   /// reduce_scatter: the input holds one block per ring position, in ring order (block p belongs
   /// to order[p]), instead of one per rank at the rank's index.
   bool inputByPosition = false;
+  /// Ragged blocks (an all_reduce whose count the ranks do not divide): the elements of the block at
+  /// each ring position that exist, at most args.count (empty: all of them). Blocks still lie
+  /// args.count elements apart where whole ones would; a block is cut short at its end, or empty.
+  /// Sender and receiver of a chunk cut it alike (both know the block), and an empty chunk is
+  /// neither sent nor received (raggedBlocks below).
+  std::vector<size_t> blockElems;
   Hooks* hooks = nullptr;
   Link* link = nullptr;
   const WaitContext* wait = nullptr;
@@ -133,6 +139,20 @@ inline size_t allGatherChunkElems(const Env& env, size_t elementBytes, size_t co
   size_t bytes = env.chunkBytes;
   if (bytes == 0) bytes = std::clamp((count + 1) / 2 * elementBytes, size_t{1} << 20, size_t{8} << 20);
   return bytes / elementBytes > 0 ? bytes / elementBytes : 1;
+}
+
+/// Env::blockElems for blocks of `count` elements, `count` apart, of which only the first `limit`
+/// elements of the whole buffer exist; ring position p holds the block at index indexOf(p). Empty
+/// when every block is whole.
+template <typename IndexOf>
+std::vector<size_t> raggedBlocks(size_t positions, size_t count, size_t limit, IndexOf indexOf) {
+  std::vector<size_t> elems;
+  for (size_t p = 0; p < positions; ++p) {
+    const size_t begin = static_cast<size_t>(indexOf(p)) * count;
+    elems.push_back(begin >= limit ? 0 : std::min(count, limit - begin));
+  }
+  const bool whole = std::all_of(elems.begin(), elems.end(), [count](size_t e) { return e == count; });
+  return whole ? std::vector<size_t>() : elems;
 }
 
 /// NCCL's all_gather semantics (in place when args.inPlace). The output has a block per rank (at
