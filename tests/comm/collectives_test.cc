@@ -422,27 +422,32 @@ INSTANTIATE_TEST_SUITE_P(Ucx, CrossHostMatrix,
                                            std::make_tuple(Mode::kProcesses, 3, 3, false, ""),
                                            std::make_tuple(Mode::kProcesses, 5, 2, true, "")));
 
-// all_reduce across hosts on the flat ring with a count the ranks do not divide: blocks of
-// ceil(count / n) elements, the last ones cut short (ring::Env::blockElems), also where the cut falls
-// just past a 1 MiB chunk's edge (a one-element chunk) or on it (an empty chunk), and blocks that
-// are empty altogether (5 elements over 4 ranks: 2, 2, 1, 0). Out of place, in place, and added
-// into the output; every element exact (integer data).
+// all_reduce across hosts with a count the ranks do not divide, on the flat ring and the two-level
+// algorithm: blocks of ceil(count / n) elements, the last ones cut short (ring::Env::blockElems,
+// hier::Env::limit), also where the cut falls just past a 1 MiB chunk's edge (a one-element chunk)
+// or on it (an empty chunk), and blocks that are empty altogether (5 elements over 4 ranks: 2, 2, 1,
+// 0). Out of place, in place, and added into the output (which the two-level form leaves to the
+// ring); every element exact (integer data).
 TEST(UcxRaggedAllReduce, BlocksCutShortAtChunkEdgesAreExact) {
   struct Shape {
     int ranks, hosts;
+    const char* algo;  // LIBCOMM_ALGO: small counts too (they would go eager)
     std::vector<size_t> counts;
   };
-  const Shape shapes[] = {{4, 2, {(size_t{1} << 20) + 3, 5}}, {3, 3, {(size_t{1} << 20) + 1, 2}}};
+  const Shape shapes[] = {{4, 2, "ring", {(size_t{1} << 20) + 3, 5}},
+                          {3, 3, "ring", {(size_t{1} << 20) + 1, 2}},
+                          {4, 2, "hier", {(size_t{1} << 20) + 3, 5, 3}},
+                          {6, 2, "hier", {(size_t{1} << 19) + 1, 4}}};
   for (const Shape& shape : shapes) {
     RunOptions opts;
     opts.mode = Mode::kProcesses;
     opts.size = shape.ranks;
     opts.deadline = scaledForSanitizers(std::chrono::seconds(120));
-    SCOPED_TRACE(std::to_string(shape.ranks) + " ranks on " + std::to_string(shape.hosts) + " hosts");
+    SCOPED_TRACE(std::to_string(shape.ranks) + " ranks on " + std::to_string(shape.hosts) + " hosts, " + shape.algo);
     RunReport report = runRanks(opts, [&](RankContext& ctx) -> Status {
       libcomm::CommConfig config;
       config.hostId = "ragged-host-" + std::to_string(ctx.rank % shape.hosts);
-      config.algo = "ring";  // small counts too (they would go eager)
+      config.algo = shape.algo;
       LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
       auto stream = libcomm::createInlineHostStream("ragged");
       const int n = ctx.size;

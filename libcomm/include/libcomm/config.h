@@ -80,12 +80,11 @@ struct CommConfig {
   /// form, at most 16 hosts), "ring", "hier"; device memory: "nccl", which host
   /// collectives ignore), from LIBCOMM_ALGO. "eager" refuses inputs larger than eagerBytes (and,
   /// in the two-level form, an all_gather whose host's inputs exceed 4 x eagerBytes).
-  /// "hier" applies to all_gather, reduce_scatter and an all_reduce whose count is a multiple of the
-  /// number of ranks and that does not accumulate; other all_reduces, broadcast and barrier have
-  /// only the ring form. Communicator::create fails (kInvalidUsage, on every rank) when any rank's
-  /// setting cannot run on the communicator's hosts: direct or staged across hosts, eager across
-  /// hosts on more than 16 ranks (more than 16 hosts where every host has equally many >= 2),
-  /// ring or hier on one host, hier without at least 2 ranks on every host, equally many.
+  /// "hier" applies to all_gather, reduce_scatter and an all_reduce that does not accumulate;
+  /// accumulating all_reduces, broadcast and barrier have only the ring form. Communicator::create fails
+  /// (kInvalidUsage, on every rank) when any rank's setting cannot run on the communicator's hosts: direct or staged
+  /// across hosts, eager across hosts on more than 16 ranks (more than 16 hosts where every host has equally many >=
+  /// 2), ring or hier on one host, hier without at least 2 ranks on every host, equally many.
   std::string algo;
   /// Compare every collective's fingerprint across ranks (LIBCOMM_CHECK_MISMATCH). Every rank must
   /// have the same value: creation refuses ranks that differ (kInvalidUsage, naming both).

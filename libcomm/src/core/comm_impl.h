@@ -170,13 +170,11 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// Registered memory of at least `bytes` standing in for an unregistered working buffer.
   Result<char*> bounceBuffer(size_t bytes);
   Status ringAllReduce(const CollArgs& args, ring::Env& env);
-  /// An all_reduce that splits into a reduce_scatter and an all_gather of whole blocks, in the
-  /// output itself: a count that is a positive multiple of the ranks, and no accumulation. The same
-  /// on every rank (count and accumulate are in the fingerprint): it chooses the two-level form
-  /// (CrossHostQuery::splits); the flat ring cuts the last blocks short for other counts.
-  bool splitsIntoBlocks(const CollArgs& args) const {
-    return !args.reduce.accumulate && args.count > 0 && args.count % static_cast<size_t>(size_) == 0;
-  }
+  /// An all_reduce that splits into a reduce_scatter and an all_gather of blocks (the last ones cut
+  /// short where the ranks do not divide the count), in the output itself: a positive count, and
+  /// no accumulation. The same on every rank (count and accumulate are in the fingerprint): it
+  /// chooses the two-level form (CrossHostQuery::splits).
+  bool splitsIntoBlocks(const CollArgs& args) const { return !args.reduce.accumulate && args.count > 0; }
   /// The two-level all_reduce (runHier): reduce_scatter, then all_gather, both in `work`, the
   /// registered working buffer that holds the input (and ends holding the result).
   Status hierAllReduce(const CollArgs& args, hier::Env& env, char* work);

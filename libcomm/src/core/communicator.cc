@@ -237,9 +237,9 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
   }
   // hier does not reach every collective: said once here (LIBCOMM_COLL_TRACE says it per collective).
   if (impl->rank_ == 0 && impl->hosts_.numHosts() > 1 && std::string(algoSettingName(mine.algoSetting)) == "hier")
-    LIBCOMM_LOG(kInfo, "init") << "LIBCOMM_ALGO=hier: all_gather, reduce_scatter and an all_reduce whose count is a "
-                                  "multiple of the ranks (not accumulating) take the two-level algorithm; other "
-                                  "all_reduces, broadcast and barrier have only the ring form and take it";
+    LIBCOMM_LOG(kInfo, "init") << "LIBCOMM_ALGO=hier: all_gather, reduce_scatter and an all_reduce that does not "
+                                  "accumulate take the two-level algorithm; accumulating all_reduces, broadcast and "
+                                  "barrier have only the ring form and take it";
   const int ranksHere = static_cast<int>(impl->hosts_.ranks[impl->hosts_.hostOf[impl->rank_]].size());
   const WaitPolicies waits = chooseWaitPolicies(config, std::max(ranksHere, ranksOnMachine), usableCpuCount());
   impl->blockingWait_ = waits.blocking;

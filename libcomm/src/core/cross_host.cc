@@ -534,7 +534,10 @@ Status Communicator::Impl::runHier(const CollArgs& args, uint32_t seq, const Wai
 
 Status Communicator::Impl::hierAllReduce(const CollArgs& args, hier::Env& env, char* work) {
   CrossHost& x = *cross_;
-  const size_t es = dataTypeSize(args.inType), block = args.count / static_cast<size_t>(size_);
+  // Blocks of ceil(count / n) elements; where the ranks do not divide the count the last ones are
+  // cut short, or empty (hier::Env::limit).
+  const size_t n = static_cast<size_t>(size_), es = dataTypeSize(args.inType), block = (args.count + n - 1) / n;
+  if (block * n != args.count) env.limit = args.count;
   char* mine = work + static_cast<size_t>(rank_) * block * es;
   // Half 1: reduce_scatter in place in the working buffers; this rank's block of sums lands in its
   // own place in `work`.

@@ -244,7 +244,7 @@ std::vector<CrossHostRow> crossHostSelectionRows() {
            "eager", "fingerprint and input in one message to each rank that needs it: one network latency"},
           {"all_gather, reduce_scatter", "every host has L >= 2 ranks, equally many", "hier",
            "one UCX ring per local index across hosts, shared memory inside each host, overlapped"},
-          {"all_reduce", "as above; count a multiple of the ranks, no accumulate", "hier",
+          {"all_reduce", "as above; no accumulate", "hier",
            "the two above in one working buffer: reduce_scatter, then all_gather"},
           {"*", "any", "ring", "one ring over all ranks (hosts in order, a host's ranks in order)"}};
 }

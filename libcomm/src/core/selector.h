@@ -75,9 +75,9 @@ struct CrossHostQuery {
   size_t bytes;           // input bytes per rank
   int hosts;
   int minRanksPerHost, maxRanksPerHost;
-  /// all_reduce: its count is a positive multiple of the world size and it does not add into the
-  /// output, so that it splits into a reduce_scatter and an all_gather of whole blocks (the
-  /// two-level form then applies; the ring pads a copy otherwise).
+  /// all_reduce: its count is positive and it does not add into the output, so that it splits
+  /// into a reduce_scatter and an all_gather of blocks in the output (the last ones cut short where
+  /// the ranks do not divide the count): the two-level form then applies.
   bool splits = false;
   /// Ranks in the communicator (0: unknown, and the eager algorithm is not considered).
   int ranks = 0;

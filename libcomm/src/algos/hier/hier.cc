@@ -115,6 +115,19 @@ class LocalSums final : public ring::Hooks {
   std::vector<const void*> inputs_;
 };
 
+// Elements of the block of global rank `rank` (blocks `count` apart) below Env::limit.
+size_t blockElems(const Env& env, size_t count, int rank) {
+  const size_t begin = static_cast<size_t>(rank) * count;
+  return begin >= env.limit ? 0 : std::min(count, env.limit - begin);
+}
+
+// The rail's ring::Env::blockElems: rail position q holds the block of rank ranks[q][localIndex].
+std::vector<size_t> railBlocks(const Env& env, size_t count) {
+  if (env.limit == SIZE_MAX) return {};
+  return ring::raggedBlocks(env.ranks.size(), count, env.limit,
+                            [&env](size_t q) { return env.ranks[q][static_cast<size_t>(env.localIndex)]; });
+}
+
 }  // namespace
 
 Status allGather(const CollArgs& a, Env& env, uint32_t* progress) {
@@ -131,7 +144,8 @@ Status allGather(const CollArgs& a, Env& env, uint32_t* progress) {
   if (blockBytes == 0) return Status::ok();
 
   // Own block first: the host peers may copy it at once.
-  if (!a.inPlace) reduce::copyBytes(out + static_cast<size_t>(myRank) * blockBytes, a.send, blockBytes);
+  const size_t own = blockElems(env, a.count, myRank);
+  if (!a.inPlace && own > 0) reduce::copyBytes(out + static_cast<size_t>(myRank) * blockBytes, a.send, own * es);
   env.local->publish(shm::Counter::kProgress, base + 1);
 
   PeerCopies copies(env, out);
@@ -141,8 +155,9 @@ Status allGather(const CollArgs& a, Env& env, uint32_t* progress) {
     // A rank's rail step s brings the block of the rail member s + 1 places before it.
     for (int s = -1; s < hosts - 1; ++s) {
       const int rank = env.ranks[wrap(h0 - s - 1, hosts)][peer];
-      for (size_t c = 0; c < chunks; ++c) {
-        const size_t lo = c * ce, len = std::min(ce, a.count - lo);
+      const size_t have = blockElems(env, a.count, rank);
+      for (size_t c = 0; c < chunks && c * ce < have; ++c) {
+        const size_t lo = c * ce, len = std::min(ce, have - lo);
         const uint32_t need = s < 0 ? pb + 1 : pb + 2 + static_cast<uint32_t>(static_cast<size_t>(s) * chunks + c);
         copies.add(peer, {static_cast<size_t>(rank) * blockBytes + lo * es, len * es, need});
       }
@@ -154,6 +169,7 @@ Status allGather(const CollArgs& a, Env& env, uint32_t* progress) {
   ra.inPlace = true;
   PublishProgress publish(*env.local, base);
   ring::Env rail = env.rail;
+  rail.blockElems = railBlocks(env, a.count);
   rail.hooks = &publish;
   rail.link->setIdleWork(&copies);
   Status st = ring::allGather(ra, rail);
@@ -180,6 +196,7 @@ Status reduceScatter(const CollArgs& a, Env& env, std::vector<double>& sumsBuffe
   rs.reduce.scale = scale;
   ring::Env rail = env.rail;
   rail.inputByPosition = true;
+  rail.blockElems = railBlocks(env, a.count);
   rail.inputFp64 = wide;
   rail.hooks = &sums;
   return ring::reduceScatter(rs, rail, ringScratch);

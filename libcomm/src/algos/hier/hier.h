@@ -46,6 +46,10 @@ struct Env {
   int hostIndex = 0;                    // this host's index: the position on every rail
   std::vector<std::vector<int>> ranks;  // [host][local index] -> global rank
   int worldSize = 0;
+  /// Ragged blocks (a two-level all_reduce whose count the ranks do not divide): only the first
+  /// `limit` elements of the working buffers exist; a block past them is cut short or empty, at
+  /// both levels (ring::Env::blockElems on the rail). SIZE_MAX: every block whole.
+  size_t limit = SIZE_MAX;
   /// This rank's rail ring (order: ranks[h][localIndex] for every host h; pos = hostIndex).
   ring::Env rail;
   const WaitContext* wait = nullptr;
