@@ -196,6 +196,25 @@ Status reduceScatterCase(RankContext& ctx, const RingCase& k, const RsVariant& v
   return compare(ctx.rank, describe(k, v.name), a.recv, v.out, want, tol);
 }
 
+libcomm::CollArgs fp32Args(libcomm::CollKind kind, size_t count, const void* send, void* recv) {
+  libcomm::CollArgs a;
+  a.kind = kind;
+  a.count = count;
+  a.inType = a.outType = DataType::kFloat32;
+  a.send = send;
+  a.recv = recv;
+  return a;
+}
+
+// The ring of envFor with only the first `limit` elements of the whole buffer present.
+libcomm::ring::Env raggedEnv(const RankContext& ctx, const RingCase& k, libcomm::ring::Link& link,
+                             const libcomm::ring::WaitContext& wait, size_t limit) {
+  libcomm::ring::Env env = envFor(ctx, k, link, wait);
+  env.blockElems =
+      libcomm::ring::raggedBlocks(env.order.size(), k.count, limit, [&env](size_t p) { return env.order[p]; });
+  return env;
+}
+
 // Ragged blocks (ring::Env::blockElems, an all_reduce whose count the ranks do not divide): only the
 // first `limit` elements of the whole buffer exist. Those come out right; nothing past them is read
 // (the input there is NaN) or written (the output there keeps its poison).
@@ -209,15 +228,9 @@ Status raggedCase(RankContext& ctx, const RingCase& k, size_t limit, uint32_t id
     std::vector<float> in(k.count, NAN), out(total, -7.0f);
     for (size_t i = 0; i < k.count; ++i)
       if (exists(me, i)) in[i] = intValue(ctx.rank, 0, i, static_cast<int>(id));
-    libcomm::CollArgs a;
-    a.kind = libcomm::CollKind::kAllGather;
-    a.count = k.count;
-    a.inType = a.outType = DataType::kFloat32;
-    a.send = in.data();
-    a.recv = out.data();
+    const libcomm::CollArgs a = fp32Args(libcomm::CollKind::kAllGather, k.count, in.data(), out.data());
     BootstrapLink link(ctx.bootstrap, id);
-    libcomm::ring::Env env = envFor(ctx, k, link, wait);
-    env.blockElems = libcomm::ring::raggedBlocks(n, k.count, limit, [&env](size_t p) { return env.order[p]; });
+    libcomm::ring::Env env = raggedEnv(ctx, k, link, wait, limit);
     LIBCOMM_RETURN_IF_ERROR(libcomm::ring::allGather(a, env));
     if (!link.drained()) return libcomm::makeError(StatusCode::kInternalError, what, ": operations left unwaited");
     std::vector<double> want(total, -7.0), tol(total, 0.0);
@@ -232,16 +245,10 @@ Status raggedCase(RankContext& ctx, const RingCase& k, size_t limit, uint32_t id
     for (size_t q = 0; q < n; ++q)
       for (size_t i = 0; i < k.count; ++i)
         if (exists(q, i)) in[q * k.count + i] = intValue(ctx.rank, q, i, static_cast<int>(id + 1));
-    libcomm::CollArgs a;
-    a.kind = libcomm::CollKind::kReduceScatter;
-    a.count = k.count;
-    a.inType = a.outType = DataType::kFloat32;
-    a.send = in.data();
-    a.recv = out.data();
+    const libcomm::CollArgs a = fp32Args(libcomm::CollKind::kReduceScatter, k.count, in.data(), out.data());
     BootstrapLink link(ctx.bootstrap, id + 1 + static_cast<uint32_t>(partials));
     libcomm::ring::Scratch scratch;
-    libcomm::ring::Env env = envFor(ctx, k, link, wait);
-    env.blockElems = libcomm::ring::raggedBlocks(n, k.count, limit, [&env](size_t p) { return env.order[p]; });
+    libcomm::ring::Env env = raggedEnv(ctx, k, link, wait, limit);
     env.partials = partials;
     LIBCOMM_RETURN_IF_ERROR(libcomm::ring::reduceScatter(a, env, scratch));
     if (!link.drained()) return libcomm::makeError(StatusCode::kInternalError, what, ": operations left unwaited");
