@@ -910,8 +910,7 @@ Status Communicator::Impl::railsEager(const CollArgs& args, uint32_t seq, const 
   shm::OpDescriptor d = describeOp(args, seq);
   d.algo = static_cast<uint8_t>(Algo::kEager);
   const size_t callBytes = args.kind == CollKind::kBarrier ? 0 : count * args.inputParts(size_) * es;
-  d.eager =
-      callBytes <= shm::OpDescriptor::kInlineBytes ? shm::OpDescriptor::kEagerInline : shm::OpDescriptor::kEagerArea;
+  d.eager = shm::OpDescriptor::eagerFormFor(callBytes);
   LIBCOMM_RETURN_IF_ERROR(railsClaim(seq, wait));
   if (args.hasInput(rank_) && callBytes > 0) {
     if (callBytes > channel_->eagerBytes() && d.eager == shm::OpDescriptor::kEagerArea)

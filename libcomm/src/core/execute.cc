@@ -321,10 +321,7 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const WaitCon
   }
   if (eager) {
     flight_->chose(seq, Algo::kEager);
-    // In the descriptor itself when it fits: decided from the call's size, the same on every rank
-    // (a broadcast's non-roots, which send nothing, decide as the root does).
-    d.eager = inputBytes <= shm::OpDescriptor::kInlineBytes ? shm::OpDescriptor::kEagerInline
-                                                            : shm::OpDescriptor::kEagerArea;
+    d.eager = shm::OpDescriptor::eagerFormFor(inputBytes);
     mesh::fillEager(args, env, d.eager == shm::OpDescriptor::kEagerInline ? d.inlined : nullptr);
   }
   LIBCOMM_ASSIGN_OR_RETURN(const bool registered, exchangeDescriptors(args, seq, d, env.wait));

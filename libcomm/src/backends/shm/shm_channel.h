@@ -60,6 +60,10 @@ struct OpDescriptor {
     Place place{};
     unsigned char inlined[kInlineBytes];
   };
+  /// How an eager call of `bytes` travels: in the descriptor when it fits, else in the eager area.
+  /// Decided from the call's size, so the same on every rank (a broadcast's non-roots, which send
+  /// nothing, decide as the root does).
+  static uint8_t eagerFormFor(size_t bytes) { return bytes <= kInlineBytes ? kEagerInline : kEagerArea; }
 };
 
 // kProgress: how far a rank's part of a hierarchical all_gather has come (its local peers copy
