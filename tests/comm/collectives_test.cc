@@ -478,6 +478,11 @@ TEST(UcxRaggedAllReduce, BlocksCutShortAtChunkEdgesAreExact) {
                                           recv.data(), DataType::kFloat32, want, tol));
         }
       }
+      // The algorithm asked for ran (hier only while the selector lets ragged counts split).
+      const std::string flight = comm->flightRecorderJson();
+      if (flight.find(std::string("\"algorithm\":\"") + shape.algo + "\"") == std::string::npos)
+        return libcomm::makeError(libcomm::StatusCode::kInternalError, "rank ", ctx.rank, ": no all_reduce ran ",
+                                  shape.algo, ": ", flight.substr(0, 2000));
       return comm->asyncError();
     });
     EXPECT_RANKS_OK(report);
@@ -989,15 +994,16 @@ TEST(CrossHostFp64Exact, ReduceScatterIsTheExactSumRoundedOnceAtEveryPlacement) 
 }
 
 // all_reduce with fp64 partials: sum and avg (1/4, exact) on fp32 and bf16, and an accumulation
-// into an fp32 output, each the exact result rounded once. 3001 elements cut the ring's last block
-// short; 3004 split into whole blocks (the ring then rounds each block where it is reduced, and
-// two hosts of two ranks take the two-level form). With fp32 partials (all_reduce's ring order
-// across hosts) the sums differ.
+// into an fp32 output, each the exact result rounded once. 3001 elements (12 KB in fp32) go eager
+// across hosts; 9001 cut the last block short and 9004 split into whole blocks, on the ring (which
+// rounds each block where it is reduced) and, at two hosts of two ranks, the two-level form (the
+// accumulation stays on the ring). With fp32 partials (all_reduce's ring order across hosts) the
+// sums differ.
 TEST(CrossHostFp64Exact, AllReduceIsTheExactSumRoundedOnceAtEveryPlacement) {  // label mp
   forEachFp64Placement([](RankContext& ctx, libcomm::Communicator& comm) -> Status {
     auto stream = libcomm::createInlineHostStream("exact");
     const int n = ctx.size;
-    for (const size_t count : {size_t{3001}, size_t{3004}}) {
+    for (const size_t count : {size_t{3001}, size_t{9001}, size_t{9004}}) {
       struct Case {
         DataType type;
         libcomm::ReduceOp op;

@@ -239,14 +239,21 @@ Status raggedCase(RankContext& ctx, const RingCase& k, size_t limit, uint32_t id
         if (exists(p, i)) want[p * k.count + i] = intValue(static_cast<int>(p), 0, i, static_cast<int>(id));
     LIBCOMM_RETURN_IF_ERROR(compare(ctx.rank, what + " all_gather", out.data(), DataType::kFloat32, want, tol));
   }
-  // reduce_scatter, fp32 and fp64 partials
-  for (auto partials : {libcomm::PartialsType::kFloat32, libcomm::PartialsType::kFloat64}) {
-    std::vector<float> in(total, NAN), out(k.count, -7.0f);
+  // reduce_scatter: fp32 input with fp32 and fp64 partials, bf16 input widened for fp32 partials
+  const std::pair<DataType, libcomm::PartialsType> rsForms[] = {{DataType::kFloat32, libcomm::PartialsType::kFloat32},
+                                                                {DataType::kFloat32, libcomm::PartialsType::kFloat64},
+                                                                {DataType::kBFloat16, libcomm::PartialsType::kFloat32}};
+  for (uint32_t form = 0; form < 3; ++form) {
+    const auto [inType, partials] = rsForms[form];
+    std::vector<char> in(total * libcomm::dataTypeSize(inType));
+    std::vector<float> out(k.count, -7.0f);
     for (size_t q = 0; q < n; ++q)
       for (size_t i = 0; i < k.count; ++i)
-        if (exists(q, i)) in[q * k.count + i] = intValue(ctx.rank, q, i, static_cast<int>(id + 1));
-    const libcomm::CollArgs a = fp32Args(libcomm::CollKind::kReduceScatter, k.count, in.data(), out.data());
-    BootstrapLink link(ctx.bootstrap, id + 1 + static_cast<uint32_t>(partials));
+        store(in.data(), inType, q * k.count + i,
+              exists(q, i) ? intValue(ctx.rank, q, i, static_cast<int>(id + 1)) : NAN);
+    libcomm::CollArgs a = fp32Args(libcomm::CollKind::kReduceScatter, k.count, in.data(), out.data());
+    a.inType = inType;  // integers: exact in bf16 too
+    BootstrapLink link(ctx.bootstrap, id + 1 + form);
     libcomm::ring::Scratch scratch;
     libcomm::ring::Env env = raggedEnv(ctx, k, link, wait, limit);
     env.partials = partials;
@@ -259,7 +266,9 @@ Status raggedCase(RankContext& ctx, const RingCase& k, size_t limit, uint32_t id
       for (size_t p = 0; p < n; ++p) sum += intValue(static_cast<int>(p), me, i, static_cast<int>(id + 1));
       want[i] = sum;
     }
-    LIBCOMM_RETURN_IF_ERROR(compare(ctx.rank, what + " reduce_scatter " + libcomm::partialsTypeName(partials),
+    LIBCOMM_RETURN_IF_ERROR(compare(ctx.rank,
+                                    what + " reduce_scatter " + libcomm::dataTypeName(inType) + " in, " +
+                                        libcomm::partialsTypeName(partials) + " partials",
                                     out.data(), DataType::kFloat32, want, tol));
   }
   return Status::ok();
@@ -318,9 +327,10 @@ TEST_P(RingAlgorithms, MatchTheReferenceAtEverySizeChunkWindowAndRound) {
             LIBCOMM_RETURN_IF_ERROR(allGatherCase(ctx, k, DataType::kBFloat16, true, ++id));
             for (const RsVariant& v : variants) LIBCOMM_RETURN_IF_ERROR(reduceScatterCase(ctx, k, v, ++id, scratch));
             // Ragged: the last block one element short; the last one empty and the one before short;
-            // only the first element.
+            // the last block cut on a chunk's edge (16 elements: a 64-byte chunk of fp32 partials, two
+            // of fp64); only the first element.
             const size_t total = static_cast<size_t>(ctx.size) * k.count;
-            for (size_t limit : {total - 1, total - k.count - 1, size_t(1)})
+            for (size_t limit : {total - 1, total - k.count - 1, total - k.count + 16, size_t(1)})
               if (k.count > 0 && limit < total && limit > 0) {
                 LIBCOMM_RETURN_IF_ERROR(raggedCase(ctx, k, limit, id + 1));
                 id += 4;

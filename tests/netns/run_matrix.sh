@@ -81,9 +81,10 @@ for shape in $shapes; do
   r=${shape#*x}
   runCase all "$k" "$r" -- all -b 8 -e 1M -f 8 -n 2 -w 1 -c 1 -T 60000
   runCase staged "$k" "$r" -- reduce_scatter -R 0 -b 8 -e 256K -f 8 -n 2 -w 1 -c 1 -d all -O all -o all -T 60000
-  # Counts that are multiples of 12 (fp32) and 24 (bf16): whole blocks at 3, 4 and 6 ranks, so 2x2
-  # and 2x3 take the two-level all_reduce and 3x1 the ring without a padded copy.
-  runCase all_reduce "$k" "$r" -- all_reduce -b 48 -e 3M -f 8 -n 2 -w 1 -c 1 -d all -o all -T 60000
+  # Counts 13 x 8^k (fp32; 26 x 8^k bf16): every one cut into ragged blocks at 3 and 6 ranks, the
+  # smallest at 4 and the rest whole there; past the eager size 2x2 and 2x3 take the two-level
+  # all_reduce, 3x1 the ring.
+  runCase all_reduce "$k" "$r" -- all_reduce -b 52 -e 4M -f 8 -n 2 -w 1 -c 1 -d all -o all -T 60000
   if [ "$kill_case" = 1 ]; then
     lost=$((k * r - 1))
     runCase killed "$k" "$r" --kill-rank "$lost" --kill-after-ms 2000 --survivor-rc 1 \

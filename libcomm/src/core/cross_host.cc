@@ -538,7 +538,7 @@ Status Communicator::Impl::hierAllReduce(const CollArgs& args, hier::Env& env, c
   // cut short, or empty (hier::Env::limit).
   const size_t n = static_cast<size_t>(size_), es = dataTypeSize(args.inType), block = (args.count + n - 1) / n;
   if (block * n != args.count) env.limit = args.count;
-  char* mine = work + static_cast<size_t>(rank_) * block * es;
+  char* mine = work + std::min(static_cast<size_t>(rank_) * block, args.count) * es;  // an empty block: the end
   // Half 1: reduce_scatter in place in the working buffers; this rank's block of sums lands in its
   // own place in `work`.
   CollArgs rs = args;
@@ -589,7 +589,8 @@ Status Communicator::Impl::ringAllReduce(const CollArgs& args, ring::Env& env) {
     // reduce_scatter is in place too). With fp64 partials each block is rounded once where it is
     // reduced, with the op's scale, as every rank would round it: the all_gather then moves the
     // rounded block, not its fp64 sums.
-    rs.recv = static_cast<char*>(args.recv) + static_cast<size_t>(rank_) * part * es;
+    // (An empty block's place is the buffer's end: nothing is read or written there.)
+    rs.recv = static_cast<char*>(args.recv) + std::min(static_cast<size_t>(rank_) * part, args.count) * es;
     LIBCOMM_RETURN_IF_ERROR(ring::reduceScatter(rs, env, cross_->scratch));
     ag.send = rs.recv;
     ag.recv = args.recv;

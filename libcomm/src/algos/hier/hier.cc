@@ -165,7 +165,7 @@ Status allGather(const CollArgs& a, Env& env, uint32_t* progress) {
   }
 
   CollArgs ra = a;
-  ra.send = out + static_cast<size_t>(myRank) * blockBytes;
+  ra.send = out + (own > 0 ? static_cast<size_t>(myRank) * blockBytes : 0);  // unread when empty
   ra.inPlace = true;
   PublishProgress publish(*env.local, base);
   ring::Env rail = env.rail;

@@ -94,15 +94,16 @@ Status allGather(const CollArgs& a, const Env& env) {
       const size_t c = posted % chunks, lo = c * ce, len = cut(env.pos - s - 1, lo, std::min(ce, a.count - lo));
       LIBCOMM_ASSIGN_OR_RETURN(recvOp[posted],
                                recvChunk(link, prev, env.stepBase + static_cast<uint32_t>(s), static_cast<uint32_t>(c),
-                                         block(env.pos - s - 1) + lo * es, len * es));
+                                         len ? block(env.pos - s - 1) + lo * es : nullptr, len * es));
     }
     const int s = static_cast<int>(u / chunks);
     const size_t c = u % chunks, lo = c * ce, len = cut(env.pos - s, lo, std::min(ce, a.count - lo));
     // The block sent at step s is the one received at step s - 1: forward chunk c once it is in.
     if (s > 0) LIBCOMM_RETURN_IF_ERROR(received(u - chunks));
     if (u >= window) LIBCOMM_RETURN_IF_ERROR(sends.wait(u - window, link, ctx));
-    LIBCOMM_ASSIGN_OR_RETURN(sends.op[u], sendChunk(link, next, env.stepBase + static_cast<uint32_t>(s),
-                                                    static_cast<uint32_t>(c), block(env.pos - s) + lo * es, len * es));
+    LIBCOMM_ASSIGN_OR_RETURN(sends.op[u],
+                             sendChunk(link, next, env.stepBase + static_cast<uint32_t>(s), static_cast<uint32_t>(c),
+                                       len ? block(env.pos - s) + lo * es : nullptr, len * es));
   }
   for (size_t u = units - chunks; u < units; ++u) LIBCOMM_RETURN_IF_ERROR(received(u));
   for (size_t u = 0; u < units; ++u) LIBCOMM_RETURN_IF_ERROR(sends.wait(u, link, ctx));
