@@ -726,54 +726,92 @@ TEST(UcxTwoLevelAllGather, SeveralChunksPerBlockOnThreeHosts) {
 }
 
 // The flat eager algorithm across hosts needs an endpoint from every rank to every rank, made up
-// to 16 ranks (kMaxEagerRanksAcrossHosts). At 16 ranks on 3 hosts (6, 5 and 5 ranks: no rails, so
-// not the two-level form), small collectives go eager: an all_reduce has the bits of the one-host
-// sum (fp32, rank order), an all_gather and a barrier are right. At 17 they take the ring (fewer
-// endpoints), with the same data and the sum within fp32's bound. The flight recorder shows which
-// algorithm ran.
-TEST(CrossHostEager, SixteenRanksGoEagerSeventeenTakeTheRing) {
-  for (int ranks : {16, 17}) {
+// to 16 ranks (kMaxEagerRanksAcrossHosts); past that, without rails, the relayed form passes every
+// rank's input on in log2(n) rounds (relayEager), while n x the input stays within 4 x
+// LIBCOMM_EAGER_BYTES. At 16 ranks on 5 hosts (4, 3, 3, 3 and 3 ranks: no rails, so not the
+// two-level form) small collectives go flat, at 17 (last round: one entry) and 24 (eight) relayed: an
+// all_reduce has the bits of the one-host sum (fp32, rank order) in and out of place, and
+// all_gather, reduce_scatter (bf16 in, fp32 out), broadcast from a rank in the middle and barrier
+// are right. An all_reduce of 1000 floats is past the relayed bound at 17 and 24 ranks (the ring,
+// within fp32's bound of the exact sum) and flat at 16. The flight recorder shows which algorithm ran.
+TEST(CrossHostEager, FlatToSixteenRanksRelayedPastThemTheRingBeyondTheBound) {
+  for (int ranks : {16, 17, 24}) {
     RunOptions opts;
     opts.mode = Mode::kThreads;
     opts.size = ranks;
-    opts.deadline = scaledForSanitizers(std::chrono::seconds(120));
+    opts.deadline = scaledForSanitizers(std::chrono::seconds(180));
     SCOPED_TRACE(std::to_string(ranks) + " ranks");
     RunReport report = runRanks(opts, [](RankContext& ctx) -> Status {
       libcomm::CommConfig config;
-      config.hostId = "mesh-host-" + std::to_string(ctx.rank * 3 / ctx.size);
+      config.hostId = "mesh-host-" + std::to_string(ctx.rank * 5 / ctx.size);  // 5 hosts, never equally many
       config.opTimeout = std::chrono::seconds(60);
       LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
       auto stream = libcomm::createInlineHostStream("mesh");
-      const size_t count = 100, n = static_cast<size_t>(ctx.size);
-      std::vector<float> in(count), out(count * n, NAN);
-      for (size_t i = 0; i < count; ++i) in[i] = noisyValue(ctx.rank, 0, i, 5);
-      LIBCOMM_RETURN_IF_ERROR(comm->allReduce(in.data(), out.data(), count, DataType::kFloat32, {}, *stream));
-      const bool eager = ctx.size <= 16;
+      const int n = ctx.size;
+      const size_t nn = static_cast<size_t>(n);
+      auto fail = [&](auto&&... what) {
+        return libcomm::makeError(libcomm::StatusCode::kInternalError, "rank ", ctx.rank, " of ", n, ": ", what...);
+      };
+      auto value = [](int p, size_t i) { return noisyValue(p, 0, i, 5); };
+      // all_reduce: eager (100 floats: 400 B x n within 4 x 16 KiB up to 163 ranks), out of place and in
+      // place, then 1000 floats: the ring past 16 ranks.
+      for (const size_t count : {size_t{100}, size_t{1000}}) {
+        for (const bool inPlace : {false, true}) {
+          std::vector<float> in(count), out(count, NAN);
+          for (size_t i = 0; i < count; ++i) in[i] = value(ctx.rank, i);
+          float* send = inPlace ? out.data() : in.data();
+          if (inPlace) out = in;
+          LIBCOMM_RETURN_IF_ERROR(comm->allReduce(send, out.data(), count, DataType::kFloat32, {}, *stream));
+          const bool exactBits = count == 100 || n <= 16;
+          for (size_t i = 0; i < count; ++i) {
+            float sum = 0;
+            double exact = 0, bound = 0;
+            for (int p = 0; p < n; ++p) {
+              sum += value(p, i);
+              exact += value(p, i);
+              bound += std::fabs(value(p, i));
+            }
+            const bool ok = exactBits ? out[i] == sum : std::fabs(out[i] - exact) <= nn * std::ldexp(1.0, -23) * bound;
+            if (!ok)
+              return fail("all_reduce of ", count, " element ", i, " is ", out[i], ", the rank-order fp32 sum ", sum);
+          }
+        }
+      }
+      const size_t count = 50;
+      std::vector<float> in(count), out(count * nn, NAN);
+      for (size_t i = 0; i < count; ++i) in[i] = value(ctx.rank, i);
+      LIBCOMM_RETURN_IF_ERROR(comm->allGather(in.data(), out.data(), count, DataType::kFloat32, *stream));
+      for (size_t j = 0; j < count * nn; ++j)
+        if (out[j] != value(static_cast<int>(j / count), j % count))
+          return fail("all_gather element ", j, " is ", out[j]);
+      // reduce_scatter, bf16 in and fp32 out: integers, exact in any order.
+      std::vector<uint16_t> rsIn(count * nn);
+      for (size_t j = 0; j < count * nn; ++j)
+        store(rsIn.data(), DataType::kBFloat16, j, intValue(ctx.rank, j / count, j % count, 7));
+      std::vector<float> rsOut(count, NAN);
+      LIBCOMM_RETURN_IF_ERROR(
+          comm->reduceScatter(rsIn.data(), rsOut.data(), count, DataType::kBFloat16, DataType::kFloat32, {}, *stream));
       for (size_t i = 0; i < count; ++i) {
         float sum = 0;
-        double exact = 0, bound = 0;
-        for (int p = 0; p < ctx.size; ++p) {
-          sum += noisyValue(p, 0, i, 5);
-          exact += noisyValue(p, 0, i, 5);
-          bound += std::fabs(noisyValue(p, 0, i, 5));
-        }
-        const bool ok = eager ? out[i] == sum : std::fabs(out[i] - exact) <= n * std::ldexp(1.0, -23) * bound;
-        if (!ok)
-          return libcomm::makeError(libcomm::StatusCode::kInternalError, "all_reduce element ", i, " is ", out[i],
-                                    ", the rank-order fp32 sum ", sum);
+        for (int p = 0; p < n; ++p) sum += intValue(p, static_cast<size_t>(ctx.rank), i, 7);
+        if (rsOut[i] != sum) return fail("reduce_scatter element ", i, " is ", rsOut[i], ", not ", sum);
       }
-      std::fill(out.begin(), out.end(), NAN);
-      LIBCOMM_RETURN_IF_ERROR(comm->allGather(in.data(), out.data(), count, DataType::kFloat32, *stream));
-      for (size_t j = 0; j < count * n; ++j)
-        if (out[j] != noisyValue(static_cast<int>(j / count), 0, j % count, 5))
-          return libcomm::makeError(libcomm::StatusCode::kInternalError, "all_gather element ", j, " is ", out[j]);
+      const int root = n / 2 + 1;
+      std::vector<float> bc(count);
+      for (size_t i = 0; i < count; ++i) bc[i] = ctx.rank == root ? value(root, i) : NAN;
+      LIBCOMM_RETURN_IF_ERROR(comm->broadcast(bc.data(), bc.data(), count, DataType::kFloat32, root, *stream));
+      for (size_t i = 0; i < count; ++i)
+        if (bc[i] != value(root, i)) return fail("broadcast element ", i, " is ", bc[i]);
       LIBCOMM_RETURN_IF_ERROR(comm->barrier(*stream));
       LIBCOMM_RETURN_IF_ERROR(stream->synchronize(libcomm::Deadline::after(std::chrono::seconds(60))));
+      // 8 collectives: the two 1000-float all_reduces ring past 16 ranks, the rest eager.
       const std::string flight = comm->flightRecorderJson();
-      const bool sawEager = flight.find("\"algorithm\":\"eager\"") != std::string::npos;
-      if (sawEager != eager)
-        return libcomm::makeError(libcomm::StatusCode::kInternalError, eager ? "no" : "an", " eager collective at ",
-                                  ctx.size, " ranks: ", flight.substr(0, 2000));
+      int eager = 0;
+      for (size_t at = flight.find("\"algorithm\":\"eager\""); at != std::string::npos;
+           at = flight.find("\"algorithm\":\"eager\"", at + 1))
+        ++eager;
+      const int want = n <= 16 ? 8 : 6;
+      if (eager != want) return fail(eager, " eager collectives, not ", want, ": ", flight.substr(0, 3000));
       return comm->asyncError();
     });
     EXPECT_RANKS_OK(report);

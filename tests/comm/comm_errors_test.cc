@@ -202,6 +202,53 @@ TEST(CommErrors, EagerAndRingCallsAcrossHostsAreNamedNotWaitedFor) {
   }
 }
 
+// Past 16 ranks without rails, small collectives take the relayed eager form, whose round 0 is the
+// exchange with the ring neighbours at the fingerprint step: a rank whose call chose the ring (or
+// the relayed form, among ring callers) is named by a neighbour, and calls that both went relayed
+// by every rank that receives the other's entry. 17 hosts x 1 rank: (a) rank 5 small (relayed), the
+// rest large (ring); (b) the other way round; (c) all relayed, rank 9 with another count. Every
+// rank fails within seconds naming the mismatch (first-hand or from a peer's notice).
+TEST(CommErrors, RelayedEagerMismatchesAreNamedNotWaitedFor) {
+  struct Case {
+    const char* name;
+    int odd;                 // the rank whose call differs
+    size_t oddCount, count;  // its count, the others'
+  };
+  const Case cases[] = {{"rank 5 relayed, others ring", 5, 16, 8192},
+                        {"rank 5 ring, others relayed", 5, 8192, 16},
+                        {"all relayed, rank 9 another count", 9, 32, 16}};
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    RunOptions opts;
+    opts.size = 17;
+    opts.deadline = scaledForSanitizers(std::chrono::seconds(120));
+    auto report = runRanks(opts, [&k](RankContext& ctx) -> Status {
+      libcomm::CommConfig config = quickConfig(ctx.rank, Placement::kAcrossHosts);
+      config.opTimeout = std::chrono::seconds(20);  // far beyond the bound checked: named, not timed out
+      LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+      auto s = libcomm::createHostStream("relay");
+      const size_t count = ctx.rank == k.odd ? k.oddCount : k.count;
+      std::vector<float> a(8192, 1.0f), b(8192);
+      const auto start = std::chrono::steady_clock::now();
+      LIBCOMM_RETURN_IF_ERROR(comm->allReduce(a.data(), b.data(), count, DataType::kFloat32, {}, *s));
+      Status st = s->synchronize(libcomm::Deadline::after(std::chrono::seconds(30)));
+      const auto took = std::chrono::steady_clock::now() - start;
+      const std::string what = std::string(k.name) + ", rank " + std::to_string(ctx.rank);
+      if (took > scaledForSanitizers(std::chrono::seconds(3)))
+        return libcomm::makeError(StatusCode::kInternalError, what, ": took ",
+                                  std::chrono::duration_cast<std::chrono::milliseconds>(took).count(),
+                                  " ms: ", st.toString());
+      if (st.code() != StatusCode::kInvalidUsage && st.code() != StatusCode::kRemoteError)
+        return libcomm::makeError(StatusCode::kInternalError, what, ": ", st.toString());
+      return expectStatus(
+          Status(StatusCode::kInvalidUsage, st.message()), StatusCode::kInvalidUsage,
+          {"collective mismatch at seq 1", "count " + std::to_string(k.oddCount), "count " + std::to_string(k.count)},
+          what.c_str());
+    });
+    EXPECT_RANKS_OK(report);
+  }
+}
+
 // An eager broadcast's non-root needs only the root's message, but still exchanges descriptors with
 // its ring neighbours: a rank whose call differs and that is not next to the root is named by a
 // neighbour, not waited for until the deadline (it was: the ring rank after an eager non-root waited

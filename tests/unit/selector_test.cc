@@ -114,20 +114,25 @@ TEST(SelectAcrossHosts, EagerForSmallInputsWhereEveryRankIsConnected) {
   EXPECT_EQ(one(CollKind::kReduceScatter, 64, 3).value(), Algo::kEager);
   EXPECT_EQ(one(CollKind::kBroadcast, 64, 16).value(), Algo::kEager);
   EXPECT_EQ(one(CollKind::kBarrier, 0, 16).value(), Algo::kEager);
-  EXPECT_EQ(one(CollKind::kBarrier, 0, 17).value(), Algo::kRing);  // beyond the mesh
-  EXPECT_EQ(one(CollKind::kAllGather, 64, 17).value(), Algo::kRing);
+  // Beyond the mesh (no rails: 8 and 9 ranks per host) the relayed form, while n x the input fits
+  // 4 x LIBCOMM_EAGER_BYTES.
+  EXPECT_EQ(one(CollKind::kBarrier, 0, 17).value(), Algo::kEager);
+  EXPECT_EQ(one(CollKind::kAllGather, 64, 17).value(), Algo::kEager);
+  EXPECT_EQ(one(CollKind::kAllReduce, 4 * eager / 17, 17).value(), Algo::kEager);
+  EXPECT_EQ(one(CollKind::kAllReduce, 4 * eager / 17 + 4, 17).value(), Algo::kRing);
+  EXPECT_EQ(one(CollKind::kBarrier, 0, 1001).value(), Algo::kEager);
+  EXPECT_EQ(one(CollKind::kAllReduce, 8, 1001).value(), Algo::kEager);
   EXPECT_EQ(one(CollKind::kAllGather, 64, 4, "ring").value(), Algo::kRing);
   EXPECT_EQ(one(CollKind::kAllGather, 64, 4, "hier").value(), Algo::kHier);
   EXPECT_EQ(one(CollKind::kAllGather, 64, 4, "eager").value(), Algo::kEager);
   auto big = one(CollKind::kAllGather, eager + 1, 4, "eager");
   ASSERT_FALSE(big.isOk());
   EXPECT_NE(big.status().message().find("LIBCOMM_EAGER_BYTES"), std::string::npos) << big.status().toString();
-  auto many = one(CollKind::kAllGather, 64, 17, "eager");
+  EXPECT_EQ(one(CollKind::kAllGather, 64, 17, "eager").value(), Algo::kEager);
+  auto many = one(CollKind::kAllGather, 4 * eager / 17 + 4, 17, "eager");
   ASSERT_FALSE(many.isOk());
-  EXPECT_NE(many.status().message().find("17"), std::string::npos) << many.status().toString();
-  const libcomm::Status placement = libcomm::checkAlgoPlacement("eager", 2, 8, 9, 17);
-  EXPECT_EQ(placement.code(), StatusCode::kInvalidUsage);
-  EXPECT_NE(placement.message().find("at most 16 ranks"), std::string::npos) << placement.toString();
+  EXPECT_NE(many.status().message().find("each of 17 ranks"), std::string::npos) << many.status().toString();
+  EXPECT_TRUE(libcomm::checkAlgoPlacement("eager", 2, 8, 9, 17).isOk());
   EXPECT_TRUE(libcomm::checkAlgoPlacement("eager", 2, 8, 8, 16).isOk());
   // Equally many (>= 2) ranks on every host: the two-level form, bounded by the hosts.
   EXPECT_TRUE(libcomm::checkAlgoPlacement("eager", 2, 9, 9, 18).isOk());
@@ -168,14 +173,16 @@ TEST(SelectAcrossHosts, TwoLevelEagerOnRailsUpToSixteenHosts) {
 
 TEST(SelectAcrossHosts, TableListsEveryRow) {
   const auto rows = libcomm::crossHostSelectionRows();
-  ASSERT_EQ(rows.size(), 5u);
+  ASSERT_EQ(rows.size(), 6u);
   EXPECT_EQ(rows[0].algorithm, "eager");
   EXPECT_NE(rows[0].placement.find("L >= 2"), std::string::npos) << rows[0].placement;
   EXPECT_EQ(rows[1].algorithm, "eager");
-  EXPECT_EQ(rows[2].algorithm, "hier");
+  EXPECT_EQ(rows[2].algorithm, "eager");
+  EXPECT_NE(rows[2].why.find("relayed"), std::string::npos) << rows[2].why;
   EXPECT_EQ(rows[3].algorithm, "hier");
-  EXPECT_EQ(rows[3].collectives, "all_reduce");
-  EXPECT_EQ(rows[4].algorithm, "ring");
+  EXPECT_EQ(rows[4].algorithm, "hier");
+  EXPECT_EQ(rows[4].collectives, "all_reduce");
+  EXPECT_EQ(rows[5].algorithm, "ring");
   EXPECT_NE(libcomm::describeSelectionTable(CommConfig{}).find("across hosts"), std::string::npos);
 }
 

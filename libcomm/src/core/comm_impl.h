@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "algos/mesh/mesh.h"
 #include "backends/shm/shm_channel.h"
 #include "backends/shm/shm_memory.h"
 #include "core/collective.h"
@@ -206,6 +207,11 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// then one message to each rank of the own rail -- the host's inputs (all_gather, broadcast),
   /// host sums (all_reduce) or the receiver's block of them (reduce_scatter) -- combined in host order.
   Status railsEager(const CollArgs& args, uint32_t seq, const WaitContext& wait, UcxRingLink& link);
+  /// The eager algorithm past kMaxEagerRanksAcrossHosts ranks without rails: every rank's descriptor
+  /// and input relayed to every rank in ceil(log2 n) rounds, then the local pass (cross_host.cc).
+  Status relayEager(const CollArgs& args, uint32_t seq, const WaitContext& wait, UcxRingLink& link);
+  /// The environment of the local pass that ends an eager collective across hosts.
+  mesh::OpEnv eagerPassEnv(const CollArgs& args, uint32_t seq, const WaitContext& wait);
   /// The descriptor at the start of a message of `length` bytes from rank `p` at the fingerprint
   /// step, into *out; kInvalidUsage when the message is too short to hold one.
   Status readFingerprint(const CollArgs& args, uint32_t seq, const char* message, size_t length, int p,
@@ -242,6 +248,11 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   // and the last one's message (under errMu_): CollArgs::refusedBefore.
   std::atomic<uint32_t> refusedCalls_{0};
   std::string lastRefusal_;
+  // The first error explainWithNotices made from a peer's failure notice, and that notice's text
+  // (under errMu_). When it is this rank's first error too, the rank's own notice forwards the
+  // peer's text as it came, so that a chain of ranks passes the first cause on (naming the rank
+  // that found it) instead of nesting it once per hop until the notice's 1 KiB cuts it off.
+  std::string noticeExplained_, noticeCause_;
   /// Counts `st` as a refused call (refusedCalls_) and returns it.
   Status refuse(Status st);
   // Ordering and idle accounting are atomics, so a collective that finds its turn takes no lock;

@@ -188,8 +188,20 @@ Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, const std::v
   const size_t header = CrossHost::kEagerHeader;
   cross->meshed = !cross->hasRails && n <= kMaxEagerRanksAcrossHosts;
   cross->railsEager = cross->hasRails && hosts <= kMaxEagerHostsAcrossHosts;
+  cross->relay = !cross->hasRails && !cross->meshed;
   cross->eagerSlot = header;
-  if (cross->meshed) {
+  if (cross->relay) {
+    for (int d = 1; d < n; d *= 2) {
+      addPeer(cross->order[static_cast<size_t>((cross->pos + d) % n)]);
+      addPeer(cross->order[static_cast<size_t>((cross->pos - d + n) % n)]);
+      cross->relayLength.push_back(0);
+    }
+    // An entry holds a header and at most kRailEagerPayloadScale x eagerBytes / n of input (the
+    // selector's bound); the fingerprint slots take a whole entry (what a relaying neighbour sends
+    // at round 0), and a round's receive room for up to n entries of any call that meets the bound.
+    cross->eagerSlot = round64(header + kRailEagerPayloadScale * config_.eagerBytes / static_cast<size_t>(n));
+    cross->relayed.resize(static_cast<size_t>(n) * cross->eagerSlot);
+  } else if (cross->meshed) {
     for (int p = 0; p < n; ++p) addPeer(p);
     cross->eagerSlot = round64(header + config_.eagerBytes);
     cross->eagerScatterSlot = round64(header + config_.eagerBytes / static_cast<size_t>(n));
@@ -220,14 +232,13 @@ Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, const std::v
                              cross->channel->postControlRecv(p, kNoticeTag, slot->text.data(), slot->text.size()));
     cross->notices.push_back(std::move(slot));
   }
-  LIBCOMM_LOG(kInfo, "init") << "rank " << rank_ << ": across " << hosts_.describe()
-                             << ": ring over UCX (previous rank " << cross->prev << ", next rank " << cross->next << ")"
-                             << (cross->hasRails ? ", rails for the two-level algorithms" : "")
-                             << (cross->meshed ? ", endpoints to every rank for the eager algorithm" : "")
-                             << (cross->railsEager
-                                     ? ", endpoints to every rank of its rail for the two-level eager algorithm"
-                                     : "")
-                             << "; shared memory with " << perHost - 1 << " host peer(s)";
+  LIBCOMM_LOG(kInfo, "init")
+      << "rank " << rank_ << ": across " << hosts_.describe() << ": ring over UCX (previous rank " << cross->prev
+      << ", next rank " << cross->next << ")" << (cross->hasRails ? ", rails for the two-level algorithms" : "")
+      << (cross->meshed ? ", endpoints to every rank for the eager algorithm" : "")
+      << (cross->relay ? ", endpoints 2^k ranks along the ring for the relayed eager algorithm" : "")
+      << (cross->railsEager ? ", endpoints to every rank of its rail for the two-level eager algorithm" : "")
+      << "; shared memory with " << perHost - 1 << " host peer(s)";
   cross_ = std::move(cross);
   return Status::ok();
 }
@@ -285,8 +296,14 @@ Status Communicator::Impl::explainWithNotices(Status st, uint32_t seq, const OpL
         if (slot->text[0] == CrossHost::kFailed) {
           LIBCOMM_LOG(kDebug, "coll") << "rank " << rank_ << ": failure notice from rank " << slot->from
                                       << " explains: " << st.toString();
-          return makeError(StatusCode::kRemoteError, "rank ", rank_, ": ", op.str(), ": rank ", slot->from,
-                           " failed: ", text);
+          Status explained = makeError(StatusCode::kRemoteError, "rank ", rank_, ": ", op.str(), ": rank ", slot->from,
+                                       " failed: ", text);
+          std::lock_guard<std::mutex> lock(errMu_);
+          if (noticeExplained_.empty()) {
+            noticeExplained_ = explained.message();
+            noticeCause_ = text;
+          }
+          return explained;
         }
         // kEnded: the peer completed every collective up to its last; one after that it never joins.
         const unsigned long last = strtoul(text, nullptr, 10);
@@ -345,10 +362,17 @@ void Communicator::Impl::disconnectAcrossHosts(const Status& why) {
   ucx::Channel& ch = *cross_->channel;
   // The notice: the communicator's first error (the cause: "abort() called on rank R" where the
   // abort made a wait fail), else this one, cut to the notice's size.
+  // A first error that a peer's notice explained forwards that notice's text (noticeCause_).
   const Status first = asyncError();
+  std::string message = (first.isOk() ? why : first).message();
+  {
+    std::lock_guard<std::mutex> lock(errMu_);
+    if (!noticeExplained_.empty() && message.compare(0, noticeExplained_.size(), noticeExplained_) == 0)
+      message = noticeCause_;
+  }
   std::array<char, CrossHost::kNoticeBytes> text{};
   text[0] = CrossHost::kFailed;
-  strncpy(text.data() + 1, (first.isOk() ? why : first).message().c_str(), text.size() - 2);
+  strncpy(text.data() + 1, message.c_str(), text.size() - 2);
   // After abort() the notice is all an aborting rank has left to say.
   sendNotices(ch, *cross_, text, rank_);
   ch.disconnect(Deadline::after(std::chrono::seconds(2)));
@@ -363,7 +387,7 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
   const char* why = "";
   CrossHostQuery query{args.kind, inputBytes, hosts_.numHosts(), cross_->fewestPerHost, cross_->mostPerHost};
   query.splits = args.kind == CollKind::kAllReduce && splitsIntoBlocks(args);
-  query.ranks = cross_->meshed || cross_->railsEager ? n : 0;
+  query.ranks = cross_->meshed || cross_->railsEager || cross_->relay ? n : 0;
   Result<Algo> choice = selectAcrossHosts(query, config_, &why);
   if (!choice.isOk())
     return choice.status()
@@ -382,7 +406,9 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
   // The eager algorithm checks fingerprints in its own messages; the two-level one posts its
   // working buffer with its descriptor (railsFingerprint).
   if (algo == Algo::kEager)
-    return cross_->hasRails ? railsEager(args, seq, wait, link) : eagerAcrossHosts(args, seq, wait, link);
+    return cross_->hasRails ? railsEager(args, seq, wait, link)
+           : cross_->relay  ? relayEager(args, seq, wait, link)
+                            : eagerAcrossHosts(args, seq, wait, link);
   if (algo == Algo::kHier) return runHier(args, seq, wait, link);
   if (cross_->hasRails) {
     shm::OpDescriptor d = describeOp(args, seq);
@@ -768,16 +794,7 @@ Status Communicator::Impl::eagerAcrossHosts(const CollArgs& args, uint32_t seq, 
   }
 
   // The collective's work, as on one host's eager path: inputs combined in rank order.
-  passBases_.resize(static_cast<size_t>(n));
-  const mesh::OpEnv env{seq,
-                        rank_,
-                        n,
-                        *channel_,
-                        *peers_,
-                        wait,
-                        stageRound_,
-                        passBases_.data(),
-                        partialsAcrossHosts(args) == PartialsType::kFloat64};
+  const mesh::OpEnv env = eagerPassEnv(args, seq, wait);
   mesh::PassView view = mesh::emptyView(env);
   for (int p = 0; p < n; ++p) {
     if (!args.hasInput(p)) continue;
@@ -787,6 +804,94 @@ Status Communicator::Impl::eagerAcrossHosts(const CollArgs& args, uint32_t seq, 
       view.base[p] = x.eagerIn.data() + static_cast<size_t>(p) * slot + header;
   }
   // Every base points at the block a pass reads (reduce_scatter reads part `rank` of each input).
+  view.partStride = 0;
+  view.origin = 0;
+  view.elemSize = es;
+  LIBCOMM_RETURN_IF_ERROR(mesh::runPass(args, env, view, 0, args.kind == CollKind::kBarrier ? 0 : args.count));
+  for (uint64_t op : sends) LIBCOMM_RETURN_IF_ERROR(link.wait(op, wait));
+  return Status::ok();
+}
+
+mesh::OpEnv Communicator::Impl::eagerPassEnv(const CollArgs& args, uint32_t seq, const WaitContext& wait) {
+  passBases_.resize(static_cast<size_t>(size_));
+  return mesh::OpEnv{seq,
+                     rank_,
+                     size_,
+                     *channel_,
+                     *peers_,
+                     wait,
+                     stageRound_,
+                     passBases_.data(),
+                     partialsAcrossHosts(args) == PartialsType::kFloat64};
+}
+
+Status Communicator::Impl::relayEager(const CollArgs& args, uint32_t seq, const WaitContext& wait, UcxRingLink& link) {
+  // The eager algorithm past kMaxEagerRanksAcrossHosts ranks (no rails): instead of a message from
+  // every rank to every rank, every rank's entry -- a header with its descriptor, then its input --
+  // reaches every rank in ceil(log2 n) rounds. In round k (d = 2^k) each rank sends the entries it
+  // holds of itself and the d - 1 ranks before it on the flat ring (fewer in the last round: only
+  // what the receiver lacks) to the rank d places on, and receives as many from the rank d places
+  // back: after the round it holds the 2d ranks up to itself. Entry j (distance j back) lies j
+  // entries into CrossHost::relayed, so a round sends the buffer's start and receives right after
+  // what it holds. Round 0 is the exchange with the ring neighbours at the fingerprint step, as the
+  // ring's own: a neighbour that chose another algorithm is named there, as on the flat eager path.
+  // Every entry is compared with this rank's descriptor as it arrives, before anything of it is
+  // read; then the collective's work is done locally over all n inputs, in rank order, so the
+  // results are the flat eager form's, bit for bit. Bytes in per rank: n - 1 entries (the selector
+  // keeps n x the input within kRailEagerPayloadScale x eagerBytes).
+  CrossHost& x = *cross_;
+  const int n = size_;
+  const size_t es = dataTypeSize(args.inType);
+  const size_t payload = args.kind == CollKind::kBarrier ? 0 : args.count * args.inputParts(n) * es;
+  const size_t header = CrossHost::kEagerHeader, stride = header + payload;
+  if (static_cast<size_t>(n) * stride > x.relayed.size())
+    return makeError(StatusCode::kInternalError, "rank ", rank_, ": ", describeColl(args, seq), ": ", n,
+                     " relayed entries of ", stride, " bytes do not fit ", x.relayed.size());
+  shm::OpDescriptor mine = describeOp(args, seq);
+  mine.algo = static_cast<uint8_t>(Algo::kEager);
+  char* entries = x.relayed.data();
+  memcpy(entries, &mine, sizeof(mine));
+  if (args.hasInput(rank_) && payload > 0) memcpy(entries + header, args.send, payload);
+  auto rankBack = [&](int j) { return x.order[static_cast<size_t>((x.pos - j % n + n) % n)]; };
+  std::vector<uint64_t>& sends = x.eagerSends;  // reserved at connection
+  sends.clear();
+  for (int k = 0, d = 1; d < n; ++k, d *= 2) {
+    const int m = std::min(d, n - d);
+    const int from = rankBack(d);
+    const size_t room = x.relayed.size() - static_cast<size_t>(d) * stride;
+    size_t& length = x.relayLength[static_cast<size_t>(k)];
+    LIBCOMM_ASSIGN_OR_RETURN(const uint64_t in,
+                             link.recvUpTo(from, ucx::kFingerprintStep, static_cast<uint32_t>(k),
+                                           entries + static_cast<size_t>(d) * stride, room, &length));
+    LIBCOMM_ASSIGN_OR_RETURN(const uint64_t out,
+                             link.send(x.order[static_cast<size_t>((x.pos + d) % n)], ucx::kFingerprintStep,
+                                       static_cast<uint32_t>(k), entries, static_cast<size_t>(m) * stride));
+    sends.push_back(out);
+    LIBCOMM_RETURN_IF_ERROR(link.wait(in, wait));
+    // The sender's own entry first: a neighbour's bare ring fingerprint, or an entry of another
+    // size, is named by its descriptor before its length is held against it.
+    for (int e = 0; e < m; ++e) {
+      const char* entry = entries + static_cast<size_t>(d + e) * stride;
+      const size_t at = static_cast<size_t>(e) * stride;
+      shm::OpDescriptor theirs;
+      LIBCOMM_RETURN_IF_ERROR(
+          readFingerprint(args, seq, entry, length > at ? length - at : 0, rankBack(d + e), &theirs));
+      LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, mine, theirs, rankBack(d + e)));
+      if (e == 0 && length != static_cast<size_t>(m) * stride)
+        return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq), ": rank ", from,
+                         " sent a relayed message of ", length, " bytes in round ", k, ", not ",
+                         static_cast<size_t>(m) * stride, " (same fingerprint)");
+    }
+  }
+
+  const mesh::OpEnv env = eagerPassEnv(args, seq, wait);
+  mesh::PassView view = mesh::emptyView(env);
+  // reduce_scatter: every entry holds its rank's whole input; the pass reads this rank's block.
+  const size_t block = args.kind == CollKind::kReduceScatter ? static_cast<size_t>(rank_) * args.count * es : 0;
+  for (int j = 0; j < n; ++j) {
+    const int p = rankBack(j);
+    if (args.hasInput(p)) view.base[p] = entries + static_cast<size_t>(j) * stride + header + block;
+  }
   view.partStride = 0;
   view.origin = 0;
   view.elemSize = es;

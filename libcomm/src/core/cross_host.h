@@ -7,6 +7,8 @@
 //     a host they make the two-level algorithms (algos/hier).
 //   - eager: small collectives and barriers. Flat (at most kMaxEagerRanksAcrossHosts ranks, no
 //     rails): one message from every rank to every rank that needs its input, fingerprint in front.
+//     Relayed (more ranks, no rails): every rank's fingerprint and input reach every rank in
+//     ceil(log2 n) rounds of one message each, to the rank 2^k places on along the flat ring.
 //     Two levels (rails, at most kMaxEagerHostsAcrossHosts hosts): the inputs of a host through its
 //     shared-memory eager areas, then one message to every rank of the own rail.
 // Fingerprints: on a rails layout every collective posts its descriptor on the shared-memory
@@ -64,6 +66,13 @@ struct CrossHost {
   static constexpr size_t kEagerHeader = 64;
   bool meshed = false;      // flat: endpoints to every rank, the flat eager algorithm can run
   bool railsEager = false;  // rails: endpoints to every rank of the own rail, the two-level one can
+  // No rails and more than kMaxEagerRanksAcrossHosts ranks: the relayed eager form (relayEager) can
+  // run, with endpoints to the ranks 2^k places before and after this one on the flat ring. Round
+  // k's message holds up to 2^k entries of `relayed` (a header with a rank's descriptor, then its
+  // input), distance j from this rank at j entries in; receive lengths in relayLength (per round).
+  bool relay = false;
+  std::vector<char> relayed;
+  std::vector<size_t> relayLength;
   size_t eagerSlot = 0, eagerScatterSlot = 0;
   std::vector<char> eagerIn, eagerOut;
   std::vector<size_t> eagerLength;  // received lengths, index = inSlot(rank)

@@ -109,11 +109,6 @@ Status checkAlgoPlacement(const std::string& algo, int hosts, int fewestPerHost,
                      " ranks on each on at most ", kMaxEagerHostsAcrossHosts,
                      " hosts (every rank connected to every rank of its local index), but this communicator spans ",
                      hosts, " hosts (use ring or hier, or unset it)");
-  if (algo == "eager" && !rails && ranks > kMaxEagerRanksAcrossHosts)
-    return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=eager runs across hosts on at most ",
-                     kMaxEagerRanksAcrossHosts,
-                     " ranks (every rank connected to every other), but this communicator has ", ranks, " over ", hosts,
-                     " hosts (use ring or hier, or unset it)");
   if (algo == "hier" && (fewestPerHost < 2 || fewestPerHost != mostPerHost))
     return makeError(StatusCode::kInvalidUsage,
                      "LIBCOMM_ALGO=hier needs at least 2 ranks on every host and equally many on each (hosts have ",
@@ -167,34 +162,41 @@ Result<Algo> selectAcrossHosts(const CrossHostQuery& q, const CommConfig& full, 
   // Communicator creation refused settings that cannot run on these hosts; checked again here,
   // for callers of the selector alone (tests).
   LIBCOMM_RETURN_IF_ERROR(checkAlgoPlacement(algo, q.hosts, q.minRanksPerHost, q.maxRanksPerHost, q.ranks));
-  // The eager algorithm's two forms: flat (endpoints to every rank) and, on a rails layout, two
-  // levels (endpoints to every rank of the own rail; the host's inputs through shared memory).
+  // The eager algorithm's three forms: flat (endpoints to every rank), relayed (past
+  // kMaxEagerRanksAcrossHosts ranks without rails: every input relayed to every rank in log2(n)
+  // rounds) and, on a rails layout, two levels (endpoints to every rank of the own rail; the
+  // host's inputs through shared memory).
   const bool rails = even && q.minRanksPerHost >= 2;
-  const bool meshed =
-      q.ranks >= 2 && (rails ? q.hosts <= kMaxEagerHostsAcrossHosts : q.ranks <= kMaxEagerRanksAcrossHosts);
-  // A two-level all_gather's message carries its host's L inputs.
-  const bool railMessageFits =
-      !rails || q.kind != CollKind::kAllGather ||
-      q.bytes * static_cast<size_t>(q.minRanksPerHost) <= kRailEagerPayloadScale * full.eagerBytes;
+  const bool relayed = !rails && q.ranks > kMaxEagerRanksAcrossHosts;
+  const bool meshed = q.ranks >= 2 && (!rails || q.hosts <= kMaxEagerHostsAcrossHosts);
+  // A two-level all_gather's message carries its host's L inputs; every relayed message up to n
+  // inputs.
+  const size_t carried = rails && q.kind == CollKind::kAllGather ? static_cast<size_t>(q.minRanksPerHost)
+                         : relayed                               ? static_cast<size_t>(q.ranks)
+                                                                 : 1;
+  const bool messageFits = q.bytes * carried <= kRailEagerPayloadScale * full.eagerBytes;
   if (algo.empty() || algo == "eager") {
-    if (meshed && (q.kind == CollKind::kBarrier || (q.bytes <= full.eagerBytes && railMessageFits))) {
+    if (meshed && (q.kind == CollKind::kBarrier || (q.bytes <= full.eagerBytes && messageFits))) {
       *why = algo.empty()
-                 ? (rails ? "input <= LIBCOMM_EAGER_BYTES: the host's inputs through shared memory, one "
-                            "message to each rank of the own rail, fingerprint included"
-                          : "input <= LIBCOMM_EAGER_BYTES: one message to each rank that needs it, fingerprint "
-                            "included")
+                 ? (rails     ? "input <= LIBCOMM_EAGER_BYTES: the host's inputs through shared memory, one "
+                                "message to each rank of the own rail, fingerprint included"
+                    : relayed ? "input <= LIBCOMM_EAGER_BYTES and n x input <= 4 x it: every rank's fingerprint and "
+                                "input relayed to every rank in log2(n) rounds"
+                              : "input <= LIBCOMM_EAGER_BYTES: one message to each rank that needs it, fingerprint "
+                                "included")
                  : "LIBCOMM_ALGO=eager";
       return Algo::kEager;
     }
     if (algo == "eager" && !meshed)
-      return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=eager runs across hosts on 2 to ",
-                       kMaxEagerRanksAcrossHosts, " ranks, or on up to ", kMaxEagerHostsAcrossHosts,
-                       " hosts with equally many ranks (>= 2) on each, not ", q.ranks, " ranks on ", q.hosts, " hosts");
+      return makeError(StatusCode::kInvalidUsage,
+                       "LIBCOMM_ALGO=eager runs across hosts with equally many ranks (>= 2) ", "on each on up to ",
+                       kMaxEagerHostsAcrossHosts, " hosts, not ", q.hosts, " hosts");
     if (algo == "eager" && q.bytes <= full.eagerBytes)
       return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=eager but the ", collName(q.kind), " input of ",
-                       q.bytes, " bytes from each of ", q.minRanksPerHost, " ranks per host exceeds ",
+                       q.bytes, " bytes from each of ", carried, relayed ? " ranks" : " ranks per host", " exceeds ",
                        kRailEagerPayloadScale, " x LIBCOMM_EAGER_BYTES=", full.eagerBytes,
-                       " (the two-level form's message carries the host's inputs)");
+                       relayed ? " (the relayed form's messages carry up to every rank's input)"
+                               : " (the two-level form's message carries the host's inputs)");
     if (algo == "eager")
       return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=eager but the ", collName(q.kind), " input of ",
                        q.bytes, " bytes exceeds LIBCOMM_EAGER_BYTES=", full.eagerBytes);
@@ -242,6 +244,12 @@ std::vector<CrossHostRow> crossHostSelectionRows() {
            "blocks) to each rank of the own rail: one network latency"},
           {"*", "input <= eager size; other layouts, at most " + std::to_string(kMaxEagerRanksAcrossHosts) + " ranks",
            "eager", "fingerprint and input in one message to each rank that needs it: one network latency"},
+          {"*",
+           "input <= eager size; other layouts, more ranks; n x input <= " + std::to_string(kRailEagerPayloadScale) +
+               " x eager size",
+           "eager",
+           "relayed: every rank's fingerprint and input reach every rank in ceil(log2 n) rounds of one message "
+           "each (to the rank 2^k places on along the ring)"},
           {"all_gather, reduce_scatter", "every host has L >= 2 ranks, equally many", "hier",
            "one UCX ring per local index across hosts, shared memory inside each host, overlapped"},
           {"all_reduce", "as above; no accumulate", "hier",

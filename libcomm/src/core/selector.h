@@ -42,24 +42,27 @@ struct SelectionQuery {
 Result<bool> chooseEager(const SelectionQuery& q, const CommConfig& config);
 
 /// Across hosts, the most ranks for which every rank has a UCX endpoint to every other, and small
-/// collectives take the eager algorithm (one message from each rank to each rank that needs its
-/// input; cross_host.cc). Beyond it, endpoints go to ring and rail neighbours only.
+/// collectives take the flat eager algorithm (one message from each rank to each rank that needs
+/// its input; cross_host.cc). Beyond it, without rails, they take its relayed form (relayEager:
+/// every input reaches every rank in ceil(log2 n) rounds, with endpoints to the ranks 2^k places
+/// along the flat ring), while n x the input fits kRailEagerPayloadScale x eagerBytes.
 constexpr int kMaxEagerRanksAcrossHosts = 16;
 /// Where every host has L >= 2 ranks, equally many (the rails layout), the eager algorithm takes
 /// its two-level form instead: inputs through shared memory inside each host, one message per rail
 /// peer across hosts (cross_host.cc, railsEager). It needs endpoints to every rank of the own rail,
 /// made up to this many hosts, whatever the ranks per host.
 constexpr int kMaxEagerHostsAcrossHosts = 16;
-/// The two-level eager form's messages hold at most this many times LIBCOMM_EAGER_BYTES of payload:
-/// an fp64 host sum of a bf16 input is 4x the input; an all_gather's message carries the host's L
-/// inputs, so it goes eager only where L x its input fits.
+/// The two-level and relayed eager forms' messages hold at most this many times LIBCOMM_EAGER_BYTES
+/// of payload: an fp64 host sum of a bf16 input is 4x the input; a two-level all_gather's message
+/// carries the host's L inputs, so it goes eager only where L x its input fits; a relayed message
+/// up to n inputs, so that form runs only where n x the input fits.
 constexpr size_t kRailEagerPayloadScale = 4;
 
 /// Whether LIBCOMM_ALGO=`algo` (a host algorithm's name; anything else passes) can run on a
 /// communicator of `ranks` ranks over `hosts` hosts with fewestPerHost..mostPerHost ranks on each:
 /// direct and staged need one host; ring and hier several; hier also at least 2 ranks on every
-/// host, equally many; eager runs on one host, and across hosts up to kMaxEagerRanksAcrossHosts
-/// ranks, or on a rails layout (hier's) up to kMaxEagerHostsAcrossHosts hosts. kInvalidUsage naming the setting and the
+/// host, equally many; eager runs on one host, and across hosts on any number of ranks without
+/// rails, or on a rails layout (hier's) up to kMaxEagerHostsAcrossHosts hosts. kInvalidUsage naming the setting and the
 /// hosts otherwise. Communicator creation checks every rank's setting with it, so a setting that cannot run fails
 /// there, on every rank, rather than at the first collective it concerns.
 Status checkAlgoPlacement(const std::string& algo, int hosts, int fewestPerHost, int mostPerHost, int ranks);
@@ -85,15 +88,15 @@ struct CrossHostQuery {
 
 /// The cross-host choice: kEager (an input of at most CommConfig::eagerBytes, or a barrier, on at
 /// most kMaxEagerRanksAcrossHosts ranks: every rank sends its fingerprint and what a peer needs of
-/// its input straight to that peer, one network latency in all; on a rails layout of at most
-/// kMaxEagerHostsAcrossHosts hosts its two-level form, whose all_gather also needs L x the input
-/// within kRailEagerPayloadScale x eagerBytes), kRing (every rank on one ring over
-/// UCX) or kHier (the ranks of a host share memory, ranks with equal local index form one ring per
-/// index across hosts). Every rank computes it from what all know alike (the host groups, the
-/// size, the settings), and the fingerprint carries it, so a rank with another LIBCOMM_ALGO is
-/// named, not waited for. LIBCOMM_ALGO=eager on a larger input is kInvalidUsage; LIBCOMM_ALGO=hier
-/// gives all_gather, reduce_scatter and an all_reduce that splits the two-level form; other
-/// all_reduces, broadcast and barrier have only the ring form and take it.
+/// its input straight to that peer, one network latency in all; on more ranks without rails its
+/// relayed form, ceil(log2 n) latencies, while n x the input fits kRailEagerPayloadScale x
+/// eagerBytes; on a rails layout of at most kMaxEagerHostsAcrossHosts hosts its two-level form,
+/// whose all_gather also needs L x the input within kRailEagerPayloadScale x eagerBytes), kRing (every rank on one ring
+/// over UCX) or kHier (the ranks of a host share memory, ranks with equal local index form one ring per index across
+/// hosts). Every rank computes it from what all know alike (the host groups, the size, the settings), and the
+/// fingerprint carries it, so a rank with another LIBCOMM_ALGO is named, not waited for. LIBCOMM_ALGO=eager on a larger
+/// input is kInvalidUsage; LIBCOMM_ALGO=hier gives all_gather, reduce_scatter and an all_reduce that splits the
+/// two-level form; other all_reduces, broadcast and barrier have only the ring form and take it.
 Result<Algo> selectAcrossHosts(const CrossHostQuery& q, const CommConfig& config, const char** why);
 
 /// One row of the table, as text (for comm_info --json); the eager row comes first.
