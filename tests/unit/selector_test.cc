@@ -121,6 +121,8 @@ TEST(SelectAcrossHosts, EagerForSmallInputsWhereEveryRankIsConnected) {
   EXPECT_EQ(one(CollKind::kAllReduce, 4 * eager / 17, 17).value(), Algo::kEager);
   EXPECT_EQ(one(CollKind::kAllReduce, 4 * eager / 17 + 4, 17).value(), Algo::kRing);
   EXPECT_EQ(one(CollKind::kBarrier, 0, 1001).value(), Algo::kEager);
+  EXPECT_EQ(one(CollKind::kAllGather, 0, 17).value(), Algo::kRing);  // empty: one fingerprint latency
+  EXPECT_EQ(one(CollKind::kAllGather, 0, 17, "eager").value(), Algo::kRing);
   EXPECT_EQ(one(CollKind::kAllReduce, 8, 1001).value(), Algo::kEager);
   EXPECT_EQ(one(CollKind::kAllGather, 64, 4, "ring").value(), Algo::kRing);
   EXPECT_EQ(one(CollKind::kAllGather, 64, 4, "hier").value(), Algo::kHier);

@@ -175,6 +175,12 @@ Result<Algo> selectAcrossHosts(const CrossHostQuery& q, const CommConfig& full, 
                          : relayed                               ? static_cast<size_t>(q.ranks)
                                                                  : 1;
   const bool messageFits = q.bytes * carried <= kRailEagerPayloadScale * full.eagerBytes;
+  // An empty collective (not a barrier) moves nothing: on the ring it is the fingerprint exchange
+  // with the neighbours, one latency, where the relayed form would take log2(n).
+  if (relayed && q.bytes == 0 && q.kind != CollKind::kBarrier && algo != "hier") {
+    *why = "empty: the fingerprint exchange with the ring neighbours alone";
+    return Algo::kRing;
+  }
   if (algo.empty() || algo == "eager") {
     if (meshed && (q.kind == CollKind::kBarrier || (q.bytes <= full.eagerBytes && messageFits))) {
       *why = algo.empty()
