@@ -729,13 +729,14 @@ TEST(UcxTwoLevelAllGather, SeveralChunksPerBlockOnThreeHosts) {
 // to 16 ranks (kMaxEagerRanksAcrossHosts); past that, without rails, the relayed form passes every
 // rank's input on in log2(n) rounds (relayEager), while n x the input stays within 4 x
 // LIBCOMM_EAGER_BYTES. At 16 ranks on 5 hosts (4, 3, 3, 3 and 3 ranks: no rails, so not the
-// two-level form) small collectives go flat, at 17 (last round: one entry) and 24 (eight) relayed: an
+// two-level form) small collectives go flat, at 17 (last round: one entry), 24 (eight) and 32 (a
+// power of two: every round full) relayed: an
 // all_reduce has the bits of the one-host sum (fp32, rank order) in and out of place, and
 // all_gather, reduce_scatter (bf16 in, fp32 out), broadcast from a rank in the middle and barrier
 // are right. An all_reduce of 1000 floats is past the relayed bound at 17 and 24 ranks (the ring,
 // within fp32's bound of the exact sum) and flat at 16. The flight recorder shows which algorithm ran.
 TEST(CrossHostEager, FlatToSixteenRanksRelayedPastThemTheRingBeyondTheBound) {
-  for (int ranks : {16, 17, 24}) {
+  for (int ranks : {16, 17, 24, 32}) {
     RunOptions opts;
     opts.mode = Mode::kThreads;
     opts.size = ranks;
@@ -784,14 +785,16 @@ TEST(CrossHostEager, FlatToSixteenRanksRelayedPastThemTheRingBeyondTheBound) {
       for (size_t j = 0; j < count * nn; ++j)
         if (out[j] != value(static_cast<int>(j / count), j % count))
           return fail("all_gather element ", j, " is ", out[j]);
-      // reduce_scatter, bf16 in and fp32 out: integers, exact in any order.
-      std::vector<uint16_t> rsIn(count * nn);
-      for (size_t j = 0; j < count * nn; ++j)
-        store(rsIn.data(), DataType::kBFloat16, j, intValue(ctx.rank, j / count, j % count, 7));
-      std::vector<float> rsOut(count, NAN);
-      LIBCOMM_RETURN_IF_ERROR(
-          comm->reduceScatter(rsIn.data(), rsOut.data(), count, DataType::kBFloat16, DataType::kFloat32, {}, *stream));
-      for (size_t i = 0; i < count; ++i) {
+      // reduce_scatter, bf16 in and fp32 out: integers, exact in any order. 16 per rank: the input,
+      // 16 x n bf16 values, relayed n times, stays within 4 x 16 KiB up to 32 ranks.
+      const size_t rsCount = 16;
+      std::vector<uint16_t> rsIn(rsCount * nn);
+      for (size_t j = 0; j < rsCount * nn; ++j)
+        store(rsIn.data(), DataType::kBFloat16, j, intValue(ctx.rank, j / rsCount, j % rsCount, 7));
+      std::vector<float> rsOut(rsCount, NAN);
+      LIBCOMM_RETURN_IF_ERROR(comm->reduceScatter(rsIn.data(), rsOut.data(), rsCount, DataType::kBFloat16,
+                                                  DataType::kFloat32, {}, *stream));
+      for (size_t i = 0; i < rsCount; ++i) {
         float sum = 0;
         for (int p = 0; p < n; ++p) sum += intValue(p, static_cast<size_t>(ctx.rank), i, 7);
         if (rsOut[i] != sum) return fail("reduce_scatter element ", i, " is ", rsOut[i], ", not ", sum);

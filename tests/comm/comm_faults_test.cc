@@ -521,6 +521,51 @@ TEST_P(AbortAcrossHosts, ThePeersHearOfTheAbortFromItsNotice) {
 INSTANTIATE_TEST_SUITE_P(Algorithms, AbortAcrossHosts, ::testing::Values("ring", "eager"),
                          [](const ::testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
 
+// Past 16 ranks (one per host) small collectives are relayed in log2(n) rounds, and a failure
+// travels on from rank to rank: each forwards the first cause it heard as it came, so a rank far
+// from the one that failed still reads that rank's own words once ("rank 4: ... abort() called on
+// rank 4"), not a chain of "rank X failed: rank X: ..." per hop that the notice's 1 KiB cuts off.
+// 18 ranks: rank 4 is aborted while it waits in a relayed all_reduce for rank 0, which comes late.
+// A rank whose inputs all arrived before (rank 4 sent what it held in the rounds it reached) may
+// complete, with the right sum; its next collective then fails naming the abort.
+TEST(AbortAcrossHosts, ARelayedFailureReachesEveryRankWithItsFirstCause) {
+  RunOptions opts;
+  opts.mode = Mode::kThreads;
+  opts.size = 18;
+  opts.deadline = 60s;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    libcomm::CommConfig config = faultConfig(ctx.rank, Placement::kAcrossHosts);
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+    auto stream = libcomm::createInlineHostStream("inline");
+    std::vector<float> in(4, 1.0f), out(4);
+    auto allReduce = [&] {
+      Status st = comm->allReduce(in.data(), out.data(), in.size(), DataType::kFloat32, {}, *stream);
+      return st.isOk() ? stream->synchronize(libcomm::Deadline::after(10s)) : st;
+    };
+    std::thread aborter;
+    if (ctx.rank == 4)
+      aborter = std::thread([&] {
+        usleep(200000);
+        comm->abort();
+      });
+    if (ctx.rank == 0) std::this_thread::sleep_for(200ms + scaledForSanitizers(400ms));
+    Status st = allReduce();
+    if (aborter.joinable()) aborter.join();
+    if (ctx.rank == 4) return expectStatus(st, StatusCode::kRemoteError, {"abort"}, "aborted collective");
+    if (st.isOk()) {
+      for (float v : out)
+        if (v != 18.0f) return check(false, "completed with " + std::to_string(v) + ", not 18");
+      st = allReduce();
+    }
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(st, StatusCode::kRemoteError, {"abort() called on rank 4"}, "the abort"));
+    size_t hops = 0;
+    for (size_t at = st.message().find("failed: "); at != std::string::npos; at = st.message().find("failed: ", at + 1))
+      ++hops;
+    return check(hops <= 1, "one cause, not a chain: " + st.message());
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 // ---- SIGKILL at a random point of a mixed workload -------------------------------------------------
 
 struct KillCase {

@@ -81,14 +81,16 @@ class UcxRingLink final : public ring::Link {
     return Status::ok();
   }
   uint64_t posted() const { return requests_.size(); }
-  Status wait(uint64_t op, const WaitContext& ctx) override {
+  Status wait(uint64_t op, const WaitContext& ctx) override { return waitIn(op, ctx, "ring"); }
+  /// wait(), with the phase its errors name (the ring's, or an eager form's).
+  Status waitIn(uint64_t op, const WaitContext& ctx, const char* phase) {
     ucx::Request& r = requests_[op];
     // Host-local copies first, while the message is on its way; then block.
     while (idle_ && r.valid()) {
-      LIBCOMM_ASSIGN_OR_RETURN(bool done, channel_.test(r, &ctx, "ring"));
+      LIBCOMM_ASSIGN_OR_RETURN(bool done, channel_.test(r, &ctx, phase));
       if (done || !idle_->step()) break;
     }
-    return channel_.wait(std::span<ucx::Request>(&r, 1), ctx, "ring");
+    return channel_.wait(std::span<ucx::Request>(&r, 1), ctx, phase);
   }
   void setIdleWork(ring::IdleWork* work) override { idle_ = work; }
 
@@ -867,7 +869,7 @@ Status Communicator::Impl::relayEager(const CollArgs& args, uint32_t seq, const 
                              link.send(x.order[static_cast<size_t>((x.pos + d) % n)], ucx::kFingerprintStep,
                                        static_cast<uint32_t>(k), entries, static_cast<size_t>(m) * stride));
     sends.push_back(out);
-    LIBCOMM_RETURN_IF_ERROR(link.wait(in, wait));
+    LIBCOMM_RETURN_IF_ERROR(link.waitIn(in, wait, "relayed eager"));
     // The sender's own entry first: a neighbour's bare ring fingerprint, or an entry of another
     // size, is named by its descriptor before its length is held against it.
     for (int e = 0; e < m; ++e) {
@@ -896,7 +898,7 @@ Status Communicator::Impl::relayEager(const CollArgs& args, uint32_t seq, const 
   view.origin = 0;
   view.elemSize = es;
   LIBCOMM_RETURN_IF_ERROR(mesh::runPass(args, env, view, 0, args.kind == CollKind::kBarrier ? 0 : args.count));
-  for (uint64_t op : sends) LIBCOMM_RETURN_IF_ERROR(link.wait(op, wait));
+  for (uint64_t op : sends) LIBCOMM_RETURN_IF_ERROR(link.waitIn(op, wait, "relayed eager"));
   return Status::ok();
 }
 

@@ -194,9 +194,9 @@ Result<Algo> selectAcrossHosts(const CrossHostQuery& q, const CommConfig& full, 
       return Algo::kEager;
     }
     if (algo == "eager" && !meshed)
-      return makeError(StatusCode::kInvalidUsage,
-                       "LIBCOMM_ALGO=eager runs across hosts with equally many ranks (>= 2) ", "on each on up to ",
-                       kMaxEagerHostsAcrossHosts, " hosts, not ", q.hosts, " hosts");
+      return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=eager runs across hosts on 2 or more ranks, and with ",
+                       "equally many ranks (>= 2) on each host on up to ", kMaxEagerHostsAcrossHosts, " hosts, not ",
+                       q.ranks, " ranks on ", q.hosts, " hosts");
     if (algo == "eager" && q.bytes <= full.eagerBytes)
       return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=eager but the ", collName(q.kind), " input of ",
                        q.bytes, " bytes from each of ", carried, relayed ? " ranks" : " ranks per host", " exceeds ",
