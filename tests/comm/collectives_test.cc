@@ -824,8 +824,9 @@ TEST(CrossHostEager, FlatToSixteenRanksRelayedPastThemTheRingBeyondTheBound) {
 // The two-level eager form (rails layouts: hosts of L >= 2 ranks each) runs past 16 ranks, and
 // forms its sums in host order: each host's inputs summed in local order (fp32), then the host
 // sums added in host order, so every rank of an all_reduce has the same bits -- those, exactly. At
-// 2 hosts x 9 ranks (18: beyond the flat form's mesh) and 3 hosts x 2 ranks dealt round-robin (so
-// that host order is not rank order): all_reduce (also with a premulSum scale and accumulating),
+// 2 hosts x 9 ranks (18: beyond the flat form's mesh), 3 hosts x 2 ranks dealt round-robin (so
+// that host order is not rank order) and 17 hosts x 2 dealt round-robin (past 16 hosts: the rail
+// step relayed in log2(17) rounds): all_reduce (also with a premulSum scale and accumulating),
 // reduce_scatter, all_gather in and out of place, broadcast from a rank that is not first on its
 // host, and barrier are right, and the flight recorder shows eager for every one of them.
 TEST(CrossHostEager, TwoLevelFormHasTheHostOrderBitsOnEveryRank) {
@@ -833,7 +834,7 @@ TEST(CrossHostEager, TwoLevelFormHasTheHostOrderBitsOnEveryRank) {
     int hosts, ranks;
     bool interleaved;
   };
-  for (const Layout& layout : {Layout{2, 18, false}, Layout{3, 6, true}}) {
+  for (const Layout& layout : {Layout{2, 18, false}, Layout{3, 6, true}, Layout{17, 34, true}}) {
     RunOptions opts;
     opts.mode = Mode::kThreads;
     opts.size = layout.ranks;
@@ -847,7 +848,9 @@ TEST(CrossHostEager, TwoLevelFormHasTheHostOrderBitsOnEveryRank) {
       config.opTimeout = std::chrono::seconds(60);
       LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
       auto stream = libcomm::createInlineHostStream("rails");
-      const size_t count = 24, nn = static_cast<size_t>(n);
+      // Past 16 hosts the rail step is relayed, and a host's relayed entries must fit 4 x
+      // LIBCOMM_EAGER_BYTES in all (a reduce_scatter's hold the sums of every host's block).
+      const size_t count = hosts > 16 ? 8 : 24, nn = static_cast<size_t>(n);
       // Host sums in local (rank) order, then in host order: what every rank must hold.
       auto expected = [&](auto value, float scale) {
         std::vector<float> out(count);

@@ -206,24 +206,30 @@ TEST(CommErrors, EagerAndRingCallsAcrossHostsAreNamedNotWaitedFor) {
 // exchange with the ring neighbours at the fingerprint step: a rank whose call chose the ring (or
 // the relayed form, among ring callers) is named by a neighbour, and calls that both went relayed
 // by every rank that receives the other's entry. 17 hosts x 1 rank: (a) rank 5 small (relayed), the
-// rest large (ring); (b) the other way round; (c) all relayed, rank 9 with another count. Every
-// rank fails within seconds naming the mismatch (first-hand or from a peer's notice).
+// rest large (ring); (b) the other way round; (c) all relayed, rank 9 with another count. 17 hosts
+// x 2 ranks (rails, dealt round-robin: the two-level eager form relays its rail step): (d) rank 5
+// small against the two-level algorithm; (e) rank 22 another small count. Every rank fails within
+// seconds naming the mismatch (first-hand or from a peer's notice).
 TEST(CommErrors, RelayedEagerMismatchesAreNamedNotWaitedFor) {
   struct Case {
     const char* name;
+    int ranks;               // on 17 hosts
     int odd;                 // the rank whose call differs
     size_t oddCount, count;  // its count, the others'
   };
-  const Case cases[] = {{"rank 5 relayed, others ring", 5, 16, 8192},
-                        {"rank 5 ring, others relayed", 5, 8192, 16},
-                        {"all relayed, rank 9 another count", 9, 32, 16}};
+  const Case cases[] = {{"rank 5 relayed, others ring", 17, 5, 16, 8192},
+                        {"rank 5 ring, others relayed", 17, 5, 8192, 16},
+                        {"all relayed, rank 9 another count", 17, 9, 32, 16},
+                        {"rails: rank 5 relayed, others two-level", 34, 5, 16, 8192},
+                        {"rails: all relayed, rank 22 another count", 34, 22, 32, 16}};
   for (const Case& k : cases) {
     SCOPED_TRACE(k.name);
     RunOptions opts;
-    opts.size = 17;
+    opts.size = k.ranks;
     opts.deadline = scaledForSanitizers(std::chrono::seconds(120));
     auto report = runRanks(opts, [&k](RankContext& ctx) -> Status {
       libcomm::CommConfig config = quickConfig(ctx.rank, Placement::kAcrossHosts);
+      config.hostId = "relay-host-" + std::to_string(ctx.rank % 17);
       config.opTimeout = std::chrono::seconds(20);  // far beyond the bound checked: named, not timed out
       LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
       auto s = libcomm::createHostStream("relay");

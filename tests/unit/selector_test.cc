@@ -133,21 +133,19 @@ TEST(SelectAcrossHosts, EagerForSmallInputsWhereEveryRankIsConnected) {
   EXPECT_EQ(one(CollKind::kAllGather, 64, 17, "eager").value(), Algo::kEager);
   auto many = one(CollKind::kAllGather, 4 * eager / 17 + 4, 17, "eager");
   ASSERT_FALSE(many.isOk());
-  EXPECT_NE(many.status().message().find("each of 17 ranks"), std::string::npos) << many.status().toString();
+  EXPECT_NE(many.status().message().find("each rank's input reaches every rank"), std::string::npos)
+      << many.status().toString();
   EXPECT_TRUE(libcomm::checkAlgoPlacement("eager", 2, 8, 9, 17).isOk());
   EXPECT_TRUE(libcomm::checkAlgoPlacement("eager", 2, 8, 8, 16).isOk());
   // Equally many (>= 2) ranks on every host: the two-level form, bounded by the hosts.
   EXPECT_TRUE(libcomm::checkAlgoPlacement("eager", 2, 9, 9, 18).isOk());
   EXPECT_TRUE(libcomm::checkAlgoPlacement("eager", 16, 4, 4, 64).isOk());
-  const libcomm::Status hosts = libcomm::checkAlgoPlacement("eager", 17, 2, 2, 34);
-  EXPECT_EQ(hosts.code(), StatusCode::kInvalidUsage);
-  EXPECT_NE(hosts.message().find("at most 16 hosts"), std::string::npos) << hosts.toString();
 }
 
 // On a rails layout (L >= 2 ranks on every host, equally many) eager takes its two-level form past
 // 16 ranks, up to 16 hosts; an all_gather goes eager only while the host's L inputs fit one
 // message (4 x LIBCOMM_EAGER_BYTES).
-TEST(SelectAcrossHosts, TwoLevelEagerOnRailsUpToSixteenHosts) {
+TEST(SelectAcrossHosts, TwoLevelEagerOnRailsRelayedPastSixteenHosts) {
   auto one = [](CollKind kind, size_t bytes, int hosts, int perHost, const char* algo = "") {
     CommConfig config;
     config.algo = algo;
@@ -160,31 +158,43 @@ TEST(SelectAcrossHosts, TwoLevelEagerOnRailsUpToSixteenHosts) {
   const size_t eager = CommConfig{}.eagerBytes;
   EXPECT_EQ(one(CollKind::kAllReduce, eager, 2, 9).value(), Algo::kEager);  // 18 ranks
   EXPECT_EQ(one(CollKind::kBarrier, 0, 16, 4).value(), Algo::kEager);       // 64 ranks
-  EXPECT_EQ(one(CollKind::kBarrier, 0, 17, 2).value(), Algo::kRing);        // past 16 hosts
-  EXPECT_EQ(one(CollKind::kAllReduce, 64, 17, 2).value(), Algo::kHier);
+  // Past 16 hosts the rail step is relayed: H x a host's entry within 4 x eager.
+  EXPECT_EQ(one(CollKind::kBarrier, 0, 17, 2).value(), Algo::kEager);
+  EXPECT_EQ(one(CollKind::kAllReduce, 64, 17, 2).value(), Algo::kEager);
+  EXPECT_EQ(one(CollKind::kAllReduce, eager / 17, 17, 2).value(), Algo::kEager);  // 4 x input per entry
+  EXPECT_EQ(one(CollKind::kAllReduce, eager / 17 + 4, 17, 2).value(), Algo::kHier);
+  EXPECT_EQ(one(CollKind::kAllGather, 4 * eager / 34, 17, 2).value(), Algo::kEager);  // L inputs per entry
+  EXPECT_EQ(one(CollKind::kAllGather, 4 * eager / 34 + 4, 17, 2).value(), Algo::kHier);
+  EXPECT_EQ(one(CollKind::kReduceScatter, 2 * eager / 17, 17, 2).value(), Algo::kEager);  // 4 x input / L
+  EXPECT_EQ(one(CollKind::kReduceScatter, 2 * eager / 17 + 4, 17, 2).value(), Algo::kHier);
+  EXPECT_EQ(one(CollKind::kAllGather, 0, 17, 2).value(), Algo::kRing);             // empty: the fingerprint alone
   EXPECT_EQ(one(CollKind::kAllGather, eager, 2, 4).value(), Algo::kEager);         // 4 x eager in one message
   EXPECT_EQ(one(CollKind::kAllGather, eager / 2 + 4, 2, 8).value(), Algo::kHier);  // past it
   EXPECT_EQ(one(CollKind::kReduceScatter, eager, 2, 8).value(), Algo::kEager);
   auto big = one(CollKind::kAllGather, eager, 2, 8, "eager");
   ASSERT_FALSE(big.isOk());
   EXPECT_NE(big.status().message().find("4 x LIBCOMM_EAGER_BYTES"), std::string::npos) << big.status().toString();
-  auto far = one(CollKind::kAllGather, 64, 17, 2, "eager");
+  EXPECT_EQ(one(CollKind::kAllGather, 64, 17, 2, "eager").value(), Algo::kEager);
+  auto far = one(CollKind::kAllGather, eager, 17, 2, "eager");
   ASSERT_FALSE(far.isOk());
-  EXPECT_NE(far.status().message().find("17 hosts"), std::string::npos) << far.status().toString();
+  EXPECT_NE(far.status().message().find("each host's entry"), std::string::npos) << far.status().toString();
+  EXPECT_TRUE(libcomm::checkAlgoPlacement("eager", 17, 2, 2, 34).isOk());
 }
 
 TEST(SelectAcrossHosts, TableListsEveryRow) {
   const auto rows = libcomm::crossHostSelectionRows();
-  ASSERT_EQ(rows.size(), 6u);
+  ASSERT_EQ(rows.size(), 7u);
   EXPECT_EQ(rows[0].algorithm, "eager");
   EXPECT_NE(rows[0].placement.find("L >= 2"), std::string::npos) << rows[0].placement;
   EXPECT_EQ(rows[1].algorithm, "eager");
+  EXPECT_NE(rows[1].why.find("relayed"), std::string::npos) << rows[1].why;
   EXPECT_EQ(rows[2].algorithm, "eager");
-  EXPECT_NE(rows[2].why.find("relayed"), std::string::npos) << rows[2].why;
-  EXPECT_EQ(rows[3].algorithm, "hier");
+  EXPECT_EQ(rows[3].algorithm, "eager");
+  EXPECT_NE(rows[3].why.find("relayed"), std::string::npos) << rows[3].why;
   EXPECT_EQ(rows[4].algorithm, "hier");
-  EXPECT_EQ(rows[4].collectives, "all_reduce");
-  EXPECT_EQ(rows[5].algorithm, "ring");
+  EXPECT_EQ(rows[5].algorithm, "hier");
+  EXPECT_EQ(rows[5].collectives, "all_reduce");
+  EXPECT_EQ(rows[6].algorithm, "ring");
   EXPECT_NE(libcomm::describeSelectionTable(CommConfig{}).find("across hosts"), std::string::npos);
 }
 

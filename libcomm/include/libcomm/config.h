@@ -77,15 +77,14 @@ struct CommConfig {
   Milliseconds progressReportInterval{1000};
   /// Algorithm override ("" = the selector's choice; one host: "eager", "direct", "staged"; across
   /// hosts: "eager" (past 16 ranks its relayed form; with equally many >= 2 ranks on every host,
-  /// its two-level form, at most 16 hosts), "ring", "hier"; device memory: "nccl", which host
+  /// its two-level form, relayed along the rails past 16 hosts), "ring", "hier"; device memory: "nccl", which host
   /// collectives ignore), from LIBCOMM_ALGO. "eager" refuses inputs larger than eagerBytes (and,
   /// in the two-level form, an all_gather whose host's inputs exceed 4 x eagerBytes; in the
   /// relayed form, n x the input past 4 x eagerBytes).
   /// "hier" applies to all_gather, reduce_scatter and an all_reduce that does not accumulate;
   /// accumulating all_reduces, broadcast and barrier have only the ring form. Communicator::create fails
   /// (kInvalidUsage, on every rank) when any rank's setting cannot run on the communicator's hosts: direct or staged
-  /// across hosts, eager across more than 16 hosts where every host has equally many >= 2 ranks, ring or hier on
-  /// one host, hier without at least 2 ranks on every host, equally many.
+  /// across hosts, ring or hier on one host, hier without at least 2 ranks on every host, equally many.
   std::string algo;
   /// Compare every collective's fingerprint across ranks (LIBCOMM_CHECK_MISMATCH). Every rank must
   /// have the same value: creation refuses ranks that differ (kInvalidUsage, naming both).
@@ -126,9 +125,10 @@ struct CommConfig {
   /// no data): on one host in the eager areas, across hosts (communicators of at most 16 ranks)
   /// in one message with the fingerprint to each rank that needs it (on more ranks, while n x
   /// the input fits 4x this, relayed to every rank in log2(n) rounds), or, where every host has
-  /// equally many >= 2 ranks (at most 16 hosts), through the host's eager areas and then one
-  /// message to each rank of the own rail (an all_gather while the host's inputs fit 4x this;
-  /// each rank then holds receive slots of 4x this per host). Every rank must have the same value:
+  /// equally many >= 2 ranks, through the host's eager areas and then one message to each rank
+  /// of the own rail (an all_gather while the host's inputs fit 4x this; each rank then holds
+  /// receive slots of 4x this per host; past 16 hosts the hosts' entries relayed along the rail
+  /// while they fit 4x this in all). Every rank must have the same value:
   /// creation refuses ranks that differ.
   size_t eagerBytes = 16384;
   /// How long a collective called on an inline stream (a blocking call: its thread has nothing

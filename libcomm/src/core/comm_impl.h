@@ -210,6 +210,12 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// The eager algorithm past kMaxEagerRanksAcrossHosts ranks without rails: every rank's descriptor
   /// and input relayed to every rank in ceil(log2 n) rounds, then the local pass (cross_host.cc).
   Status relayEager(const CollArgs& args, uint32_t seq, const WaitContext& wait, UcxRingLink& link);
+  /// The relayed form's rounds over `order` (this rank's ring, or its rail; it is at `pos`):
+  /// CrossHost::relayed holds this rank's entry (`stride` bytes: a header with `mine`, then the
+  /// payload) first; after the rounds entry j holds the entry of the member j places back, each
+  /// compared with `mine`. The sends are left in CrossHost::eagerSends for the caller to wait.
+  Status relayRounds(const CollArgs& args, uint32_t seq, const WaitContext& wait, UcxRingLink& link,
+                     const std::vector<int>& order, int pos, size_t stride, const shm::OpDescriptor& mine);
   /// The environment of the local pass that ends an eager collective across hosts.
   mesh::OpEnv eagerPassEnv(const CollArgs& args, uint32_t seq, const WaitContext& wait);
   /// The descriptor at the start of a message of `length` bytes from rank `p` at the fingerprint

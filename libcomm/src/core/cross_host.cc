@@ -191,18 +191,24 @@ Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, const std::v
   cross->meshed = !cross->hasRails && n <= kMaxEagerRanksAcrossHosts;
   cross->railsEager = cross->hasRails && hosts <= kMaxEagerHostsAcrossHosts;
   cross->relay = !cross->hasRails && !cross->meshed;
+  cross->railsRelay = cross->hasRails && !cross->railsEager;
   cross->eagerSlot = header;
-  if (cross->relay) {
-    for (int d = 1; d < n; d *= 2) {
-      addPeer(cross->order[static_cast<size_t>((cross->pos + d) % n)]);
-      addPeer(cross->order[static_cast<size_t>((cross->pos - d + n) % n)]);
+  if (cross->relay || cross->railsRelay) {
+    // The flat ring's members, or the own rail's (one per host).
+    const std::vector<int>& members = cross->relay ? cross->order : cross->railOrder;
+    const int m = static_cast<int>(members.size()), at = cross->relay ? cross->pos : cross->hostIndex;
+    for (int d = 1; d < m; d *= 2) {
+      addPeer(members[static_cast<size_t>((at + d) % m)]);
+      addPeer(members[static_cast<size_t>((at - d + m) % m)]);
       cross->relayLength.push_back(0);
     }
-    // An entry holds a header and at most kRailEagerPayloadScale x eagerBytes / n of input (the
+    // An entry holds a header and at most kRailEagerPayloadScale x eagerBytes / m of payload (the
     // selector's bound); the fingerprint slots take a whole entry (what a relaying neighbour sends
-    // at round 0), and a round's receive room for up to n entries of any call that meets the bound.
-    cross->eagerSlot = round64(header + kRailEagerPayloadScale * config_.eagerBytes / static_cast<size_t>(n));
-    cross->relayed.resize(static_cast<size_t>(n) * cross->eagerSlot);
+    // at round 0), and a round's receive room for up to m entries of any call that meets the bound.
+    cross->eagerSlot = round64(header + kRailEagerPayloadScale * config_.eagerBytes / static_cast<size_t>(m));
+    cross->relayed.resize(static_cast<size_t>(m) * cross->eagerSlot);
+    if (cross->railsRelay && config_.reducePartials == PartialsType::kFloat64)
+      cross->eagerSums.reserve(config_.eagerBytes / 2);
   } else if (cross->meshed) {
     for (int p = 0; p < n; ++p) addPeer(p);
     cross->eagerSlot = round64(header + config_.eagerBytes);
@@ -239,6 +245,7 @@ Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, const std::v
       << ", next rank " << cross->next << ")" << (cross->hasRails ? ", rails for the two-level algorithms" : "")
       << (cross->meshed ? ", endpoints to every rank for the eager algorithm" : "")
       << (cross->relay ? ", endpoints 2^k ranks along the ring for the relayed eager algorithm" : "")
+      << (cross->railsRelay ? ", endpoints 2^k hosts along its rail for the two-level eager algorithm, relayed" : "")
       << (cross->railsEager ? ", endpoints to every rank of its rail for the two-level eager algorithm" : "")
       << "; shared memory with " << perHost - 1 << " host peer(s)";
   cross_ = std::move(cross);
@@ -389,7 +396,7 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
   const char* why = "";
   CrossHostQuery query{args.kind, inputBytes, hosts_.numHosts(), cross_->fewestPerHost, cross_->mostPerHost};
   query.splits = args.kind == CollKind::kAllReduce && splitsIntoBlocks(args);
-  query.ranks = cross_->meshed || cross_->railsEager || cross_->relay ? n : 0;
+  query.ranks = n;
   Result<Algo> choice = selectAcrossHosts(query, config_, &why);
   if (!choice.isOk())
     return choice.status()
@@ -855,36 +862,8 @@ Status Communicator::Impl::relayEager(const CollArgs& args, uint32_t seq, const 
   memcpy(entries, &mine, sizeof(mine));
   if (args.hasInput(rank_) && payload > 0) memcpy(entries + header, args.send, payload);
   auto rankBack = [&](int j) { return x.order[static_cast<size_t>((x.pos - j % n + n) % n)]; };
-  std::vector<uint64_t>& sends = x.eagerSends;  // reserved at connection
-  sends.clear();
-  for (int k = 0, d = 1; d < n; ++k, d *= 2) {
-    const int m = std::min(d, n - d);
-    const int from = rankBack(d);
-    const size_t room = x.relayed.size() - static_cast<size_t>(d) * stride;
-    size_t& length = x.relayLength[static_cast<size_t>(k)];
-    LIBCOMM_ASSIGN_OR_RETURN(const uint64_t in,
-                             link.recvUpTo(from, ucx::kFingerprintStep, static_cast<uint32_t>(k),
-                                           entries + static_cast<size_t>(d) * stride, room, &length));
-    LIBCOMM_ASSIGN_OR_RETURN(const uint64_t out,
-                             link.send(x.order[static_cast<size_t>((x.pos + d) % n)], ucx::kFingerprintStep,
-                                       static_cast<uint32_t>(k), entries, static_cast<size_t>(m) * stride));
-    sends.push_back(out);
-    LIBCOMM_RETURN_IF_ERROR(link.waitIn(in, wait, "relayed eager"));
-    // The sender's own entry first: a neighbour's bare ring fingerprint, or an entry of another
-    // size, is named by its descriptor before its length is held against it.
-    for (int e = 0; e < m; ++e) {
-      const char* entry = entries + static_cast<size_t>(d + e) * stride;
-      const size_t at = static_cast<size_t>(e) * stride;
-      shm::OpDescriptor theirs;
-      LIBCOMM_RETURN_IF_ERROR(
-          readFingerprint(args, seq, entry, length > at ? length - at : 0, rankBack(d + e), &theirs));
-      LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, mine, theirs, rankBack(d + e)));
-      if (e == 0 && length != static_cast<size_t>(m) * stride)
-        return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq), ": rank ", from,
-                         " sent a relayed message of ", length, " bytes in round ", k, ", not ",
-                         static_cast<size_t>(m) * stride, " (same fingerprint)");
-    }
-  }
+  x.eagerSends.clear();
+  LIBCOMM_RETURN_IF_ERROR(relayRounds(args, seq, wait, link, x.order, x.pos, stride, mine));
 
   const mesh::OpEnv env = eagerPassEnv(args, seq, wait);
   mesh::PassView view = mesh::emptyView(env);
@@ -898,7 +877,48 @@ Status Communicator::Impl::relayEager(const CollArgs& args, uint32_t seq, const 
   view.origin = 0;
   view.elemSize = es;
   LIBCOMM_RETURN_IF_ERROR(mesh::runPass(args, env, view, 0, args.kind == CollKind::kBarrier ? 0 : args.count));
-  for (uint64_t op : sends) LIBCOMM_RETURN_IF_ERROR(link.waitIn(op, wait, "relayed eager"));
+  for (uint64_t op : x.eagerSends) LIBCOMM_RETURN_IF_ERROR(link.waitIn(op, wait, "relayed eager"));
+  return Status::ok();
+}
+
+Status Communicator::Impl::relayRounds(const CollArgs& args, uint32_t seq, const WaitContext& wait, UcxRingLink& link,
+                                       const std::vector<int>& order, int pos, size_t stride,
+                                       const shm::OpDescriptor& mine) {
+  // In round k (d = 2^k): send the first min(d, n - d) entries to the member d places on, receive
+  // as many from the member d places back, right after the d entries held (sends stay in flight,
+  // in CrossHost::eagerSends, for the caller to wait; later receives write past what they read).
+  CrossHost& x = *cross_;
+  const int n = static_cast<int>(order.size());
+  char* entries = x.relayed.data();
+  auto memberBack = [&](int j) { return order[static_cast<size_t>((pos - j % n + n) % n)]; };
+  for (int k = 0, d = 1; d < n; ++k, d *= 2) {
+    const int m = std::min(d, n - d);
+    const int from = memberBack(d);
+    const size_t room = x.relayed.size() - static_cast<size_t>(d) * stride;
+    size_t& length = x.relayLength[static_cast<size_t>(k)];
+    LIBCOMM_ASSIGN_OR_RETURN(const uint64_t in,
+                             link.recvUpTo(from, ucx::kFingerprintStep, static_cast<uint32_t>(k),
+                                           entries + static_cast<size_t>(d) * stride, room, &length));
+    LIBCOMM_ASSIGN_OR_RETURN(const uint64_t out,
+                             link.send(order[static_cast<size_t>((pos + d) % n)], ucx::kFingerprintStep,
+                                       static_cast<uint32_t>(k), entries, static_cast<size_t>(m) * stride));
+    x.eagerSends.push_back(out);
+    LIBCOMM_RETURN_IF_ERROR(link.waitIn(in, wait, "relayed eager"));
+    // The sender's own entry first: a neighbour's bare ring fingerprint, or an entry of another
+    // size, is named by its descriptor before its length is held against it.
+    for (int e = 0; e < m; ++e) {
+      const char* entry = entries + static_cast<size_t>(d + e) * stride;
+      const size_t at = static_cast<size_t>(e) * stride;
+      shm::OpDescriptor theirs;
+      LIBCOMM_RETURN_IF_ERROR(
+          readFingerprint(args, seq, entry, length > at ? length - at : 0, memberBack(d + e), &theirs));
+      LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, mine, theirs, memberBack(d + e)));
+      if (e == 0 && length != static_cast<size_t>(m) * stride)
+        return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq), ": rank ", from,
+                         " sent a relayed message of ", length, " bytes in round ", k, ", not ",
+                         static_cast<size_t>(m) * stride, " (same fingerprint)");
+    }
+  }
   return Status::ok();
 }
 
@@ -993,9 +1013,15 @@ Status Communicator::Impl::railsEager(const CollArgs& args, uint32_t seq, const 
   const size_t partialBytes = count * (wide ? sizeof(double) : sizeof(float));
   const bool perReceiver = args.kind == CollKind::kReduceScatter;
   const int rootHost = args.kind == CollKind::kBroadcast ? x.hostOf[static_cast<size_t>(args.root)] : -1;
+  // Past kMaxEagerHostsAcrossHosts hosts the rail step is relayed (relayRounds over the rail): each
+  // host's entry, of one size for all, goes to every host in ceil(log2 H) rounds; a reduce_scatter's
+  // entry then holds the host's sums of every host's block, a broadcast's the root's input's room.
+  const bool relay = x.railsRelay;
   // The payload from any rank of host g to a rail peer (the same for every receiver but a
   // reduce_scatter's, whose blocks are equally long).
   auto payloadFrom = [&](int g) -> size_t {
+    if (relay && args.kind == CollKind::kReduceScatter) return static_cast<size_t>(hosts) * partialBytes;
+    if (relay && args.kind == CollKind::kBroadcast) return count * es;
     switch (args.kind) {
       case CollKind::kAllGather:
         return static_cast<size_t>(perHost) * count * es;
@@ -1009,7 +1035,9 @@ Status Communicator::Impl::railsEager(const CollArgs& args, uint32_t seq, const 
     }
     return 0;
   };
-  const size_t outSlot = perReceiver ? x.eagerScatterSlot : slot;
+  const size_t outSlot = relay         ? x.relayed.size() / static_cast<size_t>(hosts)
+                         : perReceiver ? x.eagerScatterSlot
+                                       : slot;
   if (header + payloadFrom(h) > outSlot)
     return makeError(StatusCode::kInternalError, "rank ", rank_, ": ", describeColl(args, seq), ": ", payloadFrom(h),
                      " bytes do not fit a two-level eager message of ", outSlot);
@@ -1029,11 +1057,12 @@ Status Communicator::Impl::railsEager(const CollArgs& args, uint32_t seq, const 
   }
   channel_->post(d);
 
-  // The rail's messages in (receives first, one after another: waitAny takes them as a run).
+  // The rail's messages in (receives first, one after another: waitAny takes them as a run); the
+  // relayed form posts its own, round by round.
   const uint64_t firstRecv = link.posted();
   std::vector<int>& from = x.eagerFrom;
   from.clear();
-  for (int g = 0; g < hosts; ++g) {
+  for (int g = 0; g < hosts && !relay; ++g) {
     if (g == h) continue;
     const int p = x.railOrder[static_cast<size_t>(g)];
     LIBCOMM_RETURN_IF_ERROR(link.recvUpTo(p, ucx::kFingerprintStep, 0, x.eagerIn.data() + x.inSlot(p) * slot, slot,
@@ -1071,8 +1100,13 @@ Status Communicator::Impl::railsEager(const CollArgs& args, uint32_t seq, const 
     r.count = count;
     reduce::reduce(r);
   };
-  char* shared = x.eagerOut.data();  // the message to every rail peer (all but reduce_scatter)
-  auto messageTo = [&](int g) { return perReceiver ? shared + static_cast<size_t>(g) * outSlot : shared; };
+  // The message to every rail peer (all but a reduce_scatter's); relayed, this host's entry, which
+  // holds a reduce_scatter's sums for every host one after another.
+  char* shared = relay ? x.relayed.data() : x.eagerOut.data();
+  auto messageTo = [&](int g) {
+    if (relay) return shared + (perReceiver ? static_cast<size_t>(g) * partialBytes : 0);
+    return perReceiver ? shared + static_cast<size_t>(g) * outSlot : shared;
+  };
   switch (args.kind) {
     case CollKind::kAllGather:
       for (int q = 0; q < perHost; ++q)
@@ -1094,7 +1128,12 @@ Status Communicator::Impl::railsEager(const CollArgs& args, uint32_t seq, const 
   }
   std::vector<uint64_t>& sends = x.eagerSends;
   sends.clear();
-  for (int g = 0; g < hosts; ++g) {
+  const size_t stride = header + payloadFrom(h);
+  if (relay) {
+    memcpy(shared, &d, sizeof(d));
+    LIBCOMM_RETURN_IF_ERROR(relayRounds(args, seq, wait, link, x.railOrder, h, stride, d));
+  }
+  for (int g = 0; g < hosts && !relay; ++g) {
     if (g == h) continue;
     char* message = messageTo(g);
     if (perReceiver || sends.empty()) memcpy(message, &d, sizeof(d));
@@ -1119,8 +1158,12 @@ Status Communicator::Impl::railsEager(const CollArgs& args, uint32_t seq, const 
                        " sent an eager message of ", length, " bytes, not ", expected, " (same fingerprint)");
   }
 
-  // The work, on what every host sent: host g's part is at fromHost(g).
+  // The work, on what every host sent: host g's part is at fromHost(g) (relayed: in the entry g
+  // places back along the rail, a reduce_scatter's at this host's block).
   auto fromHost = [&](int g) -> const char* {
+    if (relay)
+      return shared + static_cast<size_t>((h - g + hosts) % hosts) * stride + header +
+             (perReceiver ? static_cast<size_t>(h) * partialBytes : 0);
     if (g == h) return messageTo(h) + header;
     return x.eagerIn.data() + static_cast<size_t>(g) * slot + header;
   };

@@ -9,8 +9,9 @@
 //     rails): one message from every rank to every rank that needs its input, fingerprint in front.
 //     Relayed (more ranks, no rails): every rank's fingerprint and input reach every rank in
 //     ceil(log2 n) rounds of one message each, to the rank 2^k places on along the flat ring.
-//     Two levels (rails, at most kMaxEagerHostsAcrossHosts hosts): the inputs of a host through its
-//     shared-memory eager areas, then one message to every rank of the own rail.
+//     Two levels (rails): the inputs of a host through its shared-memory eager areas, then one
+//     message to every rank of the own rail (past kMaxEagerHostsAcrossHosts hosts the hosts'
+//     entries relayed along the rail in ceil(log2 H) rounds).
 // Fingerprints: on a rails layout every collective posts its descriptor on the shared-memory
 // channel and exchanges it with its rail neighbours (local cliques joined by rails: connected, so
 // any two calls that differ meet at some edge); otherwise with its flat-ring neighbours.
@@ -71,6 +72,9 @@ struct CrossHost {
   // k's message holds up to 2^k entries of `relayed` (a header with a rank's descriptor, then its
   // input), distance j from this rank at j entries in; receive lengths in relayLength (per round).
   bool relay = false;
+  // Rails past kMaxEagerHostsAcrossHosts hosts: the two-level eager form relays its rail step the
+  // same way (endpoints to the rail's members 2^k hosts away; entries are hosts' payloads).
+  bool railsRelay = false;
   std::vector<char> relayed;
   std::vector<size_t> relayLength;
   size_t eagerSlot = 0, eagerScatterSlot = 0;

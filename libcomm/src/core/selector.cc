@@ -104,11 +104,6 @@ Status checkAlgoPlacement(const std::string& algo, int hosts, int fewestPerHost,
                      " chooses among algorithms on one host, but this communicator spans ", hosts,
                      " hosts (use eager, ring or hier, or unset it)");
   const bool rails = fewestPerHost >= 2 && fewestPerHost == mostPerHost;
-  if (algo == "eager" && rails && hosts > kMaxEagerHostsAcrossHosts)
-    return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=eager runs across hosts with ", fewestPerHost,
-                     " ranks on each on at most ", kMaxEagerHostsAcrossHosts,
-                     " hosts (every rank connected to every rank of its local index), but this communicator spans ",
-                     hosts, " hosts (use ring or hier, or unset it)");
   if (algo == "hier" && (fewestPerHost < 2 || fewestPerHost != mostPerHost))
     return makeError(StatusCode::kInvalidUsage,
                      "LIBCOMM_ALGO=hier needs at least 2 ranks on every host and equally many on each (hosts have ",
@@ -148,6 +143,22 @@ Result<Algo> selectAlgo(const SelectionQuery& q, const CommConfig& full, const c
   return Algo::kDirect;
 }
 
+size_t eagerLoad(const CrossHostQuery& q) {
+  const bool rails = q.minRanksPerHost == q.maxRanksPerHost && q.minRanksPerHost >= 2;
+  const size_t L = static_cast<size_t>(std::max(q.minRanksPerHost, 1)), H = static_cast<size_t>(std::max(q.hosts, 1));
+  if (q.kind == CollKind::kBarrier) return 0;
+  if (!rails) return q.ranks > kMaxEagerRanksAcrossHosts ? static_cast<size_t>(q.ranks) * q.bytes : q.bytes;
+  // A host's payload: all_gather its L inputs; all_reduce its sum, at most 4 x the input (fp64
+  // sums of bf16); reduce_scatter (relayed) its sums of every host's block, at most 4 x its input /
+  // L; broadcast the root's input.
+  const size_t all = q.kind == CollKind::kAllGather ? L * q.bytes : q.bytes;
+  if (q.hosts <= kMaxEagerHostsAcrossHosts) return all;
+  const size_t entry = q.kind == CollKind::kAllReduce       ? 4 * q.bytes
+                       : q.kind == CollKind::kReduceScatter ? (4 * q.bytes + L - 1) / L
+                                                            : all;
+  return H * entry;
+}
+
 namespace {
 bool hasHierForm(const CrossHostQuery& q) {
   return q.kind == CollKind::kAllGather || q.kind == CollKind::kReduceScatter ||
@@ -162,47 +173,47 @@ Result<Algo> selectAcrossHosts(const CrossHostQuery& q, const CommConfig& full, 
   // Communicator creation refused settings that cannot run on these hosts; checked again here,
   // for callers of the selector alone (tests).
   LIBCOMM_RETURN_IF_ERROR(checkAlgoPlacement(algo, q.hosts, q.minRanksPerHost, q.maxRanksPerHost, q.ranks));
-  // The eager algorithm's three forms: flat (endpoints to every rank), relayed (past
+  // The eager algorithm's forms: flat (endpoints to every rank), relayed (past
   // kMaxEagerRanksAcrossHosts ranks without rails: every input relayed to every rank in log2(n)
-  // rounds) and, on a rails layout, two levels (endpoints to every rank of the own rail; the
-  // host's inputs through shared memory).
+  // rounds) and, on a rails layout, two levels (the host's inputs through shared memory, then one
+  // message to every rank of the own rail, or past kMaxEagerHostsAcrossHosts hosts the hosts'
+  // entries relayed along it in log2(H) rounds).
   const bool rails = even && q.minRanksPerHost >= 2;
   const bool relayed = !rails && q.ranks > kMaxEagerRanksAcrossHosts;
-  const bool meshed = q.ranks >= 2 && (!rails || q.hosts <= kMaxEagerHostsAcrossHosts);
-  // A two-level all_gather's message carries its host's L inputs; every relayed message up to n
-  // inputs.
-  const size_t carried = rails && q.kind == CollKind::kAllGather ? static_cast<size_t>(q.minRanksPerHost)
-                         : relayed                               ? static_cast<size_t>(q.ranks)
-                                                                 : 1;
-  const bool messageFits = q.bytes * carried <= kRailEagerPayloadScale * full.eagerBytes;
+  const bool railsRelayed = rails && q.hosts > kMaxEagerHostsAcrossHosts;
+  const size_t load = eagerLoad(q);
+  const bool messageFits = load <= kRailEagerPayloadScale * full.eagerBytes;
   // An empty collective (not a barrier) moves nothing: on the ring it is the fingerprint exchange
-  // with the neighbours, one latency, where the relayed form would take log2(n).
-  if (relayed && q.bytes == 0 && q.kind != CollKind::kBarrier && algo != "hier") {
+  // with the neighbours, one latency, where a relayed form would take log2(n).
+  if ((relayed || railsRelayed) && q.bytes == 0 && q.kind != CollKind::kBarrier && algo != "hier") {
     *why = "empty: the fingerprint exchange with the ring neighbours alone";
     return Algo::kRing;
   }
   if (algo.empty() || algo == "eager") {
-    if (meshed && (q.kind == CollKind::kBarrier || (q.bytes <= full.eagerBytes && messageFits))) {
+    if (q.ranks >= 2 && (q.kind == CollKind::kBarrier || (q.bytes <= full.eagerBytes && messageFits))) {
       *why = algo.empty()
-                 ? (rails     ? "input <= LIBCOMM_EAGER_BYTES: the host's inputs through shared memory, one "
-                                "message to each rank of the own rail, fingerprint included"
-                    : relayed ? "input <= LIBCOMM_EAGER_BYTES and n x input <= 4 x it: every rank's fingerprint and "
-                                "input relayed to every rank in log2(n) rounds"
-                              : "input <= LIBCOMM_EAGER_BYTES: one message to each rank that needs it, fingerprint "
-                                "included")
+                 ? (railsRelayed ? "input <= LIBCOMM_EAGER_BYTES: the host's inputs through shared memory, then the "
+                                   "hosts' entries relayed along the own rail in log2(hosts) rounds"
+                    : rails      ? "input <= LIBCOMM_EAGER_BYTES: the host's inputs through shared memory, one "
+                                   "message to each rank of the own rail, fingerprint included"
+                    : relayed    ? "input <= LIBCOMM_EAGER_BYTES and n x input <= 4 x it: every rank's fingerprint "
+                                   "and input relayed to every rank in log2(n) rounds"
+                                 : "input <= LIBCOMM_EAGER_BYTES: one message to each rank that needs it, fingerprint "
+                                   "included")
                  : "LIBCOMM_ALGO=eager";
       return Algo::kEager;
     }
-    if (algo == "eager" && !meshed)
-      return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=eager runs across hosts on 2 or more ranks, and with ",
-                       "equally many ranks (>= 2) on each host on up to ", kMaxEagerHostsAcrossHosts, " hosts, not ",
-                       q.ranks, " ranks on ", q.hosts, " hosts");
+    if (algo == "eager" && q.ranks < 2)
+      return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=eager across hosts needs 2 or more ranks, not ",
+                       q.ranks);
     if (algo == "eager" && q.bytes <= full.eagerBytes)
       return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=eager but the ", collName(q.kind), " input of ",
-                       q.bytes, " bytes from each of ", carried, relayed ? " ranks" : " ranks per host", " exceeds ",
+                       q.bytes, " bytes makes ", load, " bytes in one ",
+                       relayed || railsRelayed ? "relayed set of entries" : "message", ", more than ",
                        kRailEagerPayloadScale, " x LIBCOMM_EAGER_BYTES=", full.eagerBytes,
-                       relayed ? " (the relayed form's messages carry up to every rank's input)"
-                               : " (the two-level form's message carries the host's inputs)");
+                       relayed        ? " (each rank's input reaches every rank)"
+                       : railsRelayed ? " (each host's entry reaches every host)"
+                                      : " (the two-level form's message carries the host's inputs)");
     if (algo == "eager")
       return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=eager but the ", collName(q.kind), " input of ",
                        q.bytes, " bytes exceeds LIBCOMM_EAGER_BYTES=", full.eagerBytes);
@@ -248,6 +259,13 @@ std::vector<CrossHostRow> crossHostSelectionRows() {
            "eager",
            "two levels: the host's inputs through shared memory, then one message (fingerprint, host sums or "
            "blocks) to each rank of the own rail: one network latency"},
+          {"*",
+           "input <= eager size; every host has L >= 2 ranks, equally many, more hosts; hosts x a host's "
+           "entry <= " +
+               std::to_string(kRailEagerPayloadScale) + " x eager size",
+           "eager",
+           "two levels, the rail step relayed: each host's entry (fingerprint, host inputs or sums) reaches "
+           "every host in ceil(log2 hosts) rounds"},
           {"*", "input <= eager size; other layouts, at most " + std::to_string(kMaxEagerRanksAcrossHosts) + " ranks",
            "eager", "fingerprint and input in one message to each rank that needs it: one network latency"},
           {"*",

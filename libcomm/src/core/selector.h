@@ -50,7 +50,9 @@ constexpr int kMaxEagerRanksAcrossHosts = 16;
 /// Where every host has L >= 2 ranks, equally many (the rails layout), the eager algorithm takes
 /// its two-level form instead: inputs through shared memory inside each host, one message per rail
 /// peer across hosts (cross_host.cc, railsEager). It needs endpoints to every rank of the own rail,
-/// made up to this many hosts, whatever the ranks per host.
+/// made up to this many hosts, whatever the ranks per host; past it the rail step is relayed
+/// (relayRounds over the rail, ceil(log2 H) rounds), while H x a host's entry fits
+/// kRailEagerPayloadScale x eagerBytes (eagerLoad).
 constexpr int kMaxEagerHostsAcrossHosts = 16;
 /// The two-level and relayed eager forms' messages hold at most this many times LIBCOMM_EAGER_BYTES
 /// of payload: an fp64 host sum of a bf16 input is 4x the input; a two-level all_gather's message
@@ -58,11 +60,17 @@ constexpr int kMaxEagerHostsAcrossHosts = 16;
 /// up to n inputs, so that form runs only where n x the input fits.
 constexpr size_t kRailEagerPayloadScale = 4;
 
+/// What the eager algorithm's largest message (or, relayed, a rank's whole set of entries) carries
+/// for the collective `q` describes, at most: the selector takes eager only while it fits
+/// kRailEagerPayloadScale x eagerBytes (cross_host.cc sizes its buffers by the same bound).
+struct CrossHostQuery;
+size_t eagerLoad(const CrossHostQuery& q);
+
 /// Whether LIBCOMM_ALGO=`algo` (a host algorithm's name; anything else passes) can run on a
 /// communicator of `ranks` ranks over `hosts` hosts with fewestPerHost..mostPerHost ranks on each:
 /// direct and staged need one host; ring and hier several; hier also at least 2 ranks on every
 /// host, equally many; eager runs on one host, and across hosts on any number of ranks without
-/// rails, or on a rails layout (hier's) up to kMaxEagerHostsAcrossHosts hosts. kInvalidUsage naming the setting and the
+/// rails, and on a rails layout (hier's) on any number of hosts. kInvalidUsage naming the setting and the
 /// hosts otherwise. Communicator creation checks every rank's setting with it, so a setting that cannot run fails
 /// there, on every rank, rather than at the first collective it concerns.
 Status checkAlgoPlacement(const std::string& algo, int hosts, int fewestPerHost, int mostPerHost, int ranks);
@@ -90,8 +98,9 @@ struct CrossHostQuery {
 /// most kMaxEagerRanksAcrossHosts ranks: every rank sends its fingerprint and what a peer needs of
 /// its input straight to that peer, one network latency in all; on more ranks without rails its
 /// relayed form, ceil(log2 n) latencies, while n x the input fits kRailEagerPayloadScale x
-/// eagerBytes; on a rails layout of at most kMaxEagerHostsAcrossHosts hosts its two-level form,
-/// whose all_gather also needs L x the input within kRailEagerPayloadScale x eagerBytes), kRing (every rank on one ring
+/// eagerBytes; on a rails layout its two-level form, whose all_gather also needs L x the input
+/// within kRailEagerPayloadScale x eagerBytes, and past kMaxEagerHostsAcrossHosts hosts H x a
+/// host's entry (eagerLoad)), kRing (every rank on one ring
 /// over UCX) or kHier (the ranks of a host share memory, ranks with equal local index form one ring per index across
 /// hosts). Every rank computes it from what all know alike (the host groups, the size, the settings), and the
 /// fingerprint carries it, so a rank with another LIBCOMM_ALGO is named, not waited for. LIBCOMM_ALGO=eager on a larger
