@@ -208,7 +208,8 @@ TEST(CommErrors, EagerAndRingCallsAcrossHostsAreNamedNotWaitedFor) {
 // by every rank that receives the other's entry. 17 hosts x 1 rank: (a) rank 5 small (relayed), the
 // rest large (ring); (b) the other way round; (c) all relayed, rank 9 with another count. 17 hosts
 // x 2 ranks (rails, dealt round-robin: the two-level eager form relays its rail step): (d) rank 5
-// small against the two-level algorithm; (e) rank 22 another small count. Every rank fails within
+// small against the two-level algorithm; (e) rank 22 another small count; (f), (g) the same with
+// both ranks of host 5 (5 and 22), whose rails alone can tell. Every rank fails within
 // seconds naming the mismatch (first-hand or from a peer's notice).
 TEST(CommErrors, RelayedEagerMismatchesAreNamedNotWaitedFor) {
   struct Case {
@@ -216,12 +217,15 @@ TEST(CommErrors, RelayedEagerMismatchesAreNamedNotWaitedFor) {
     int ranks;               // on 17 hosts
     int odd;                 // the rank whose call differs
     size_t oddCount, count;  // its count, the others'
+    bool wholeHost = false;  // every rank on the odd one's host calls as it does
   };
   const Case cases[] = {{"rank 5 relayed, others ring", 17, 5, 16, 8192},
                         {"rank 5 ring, others relayed", 17, 5, 8192, 16},
                         {"all relayed, rank 9 another count", 17, 9, 32, 16},
                         {"rails: rank 5 relayed, others two-level", 34, 5, 16, 8192},
-                        {"rails: all relayed, rank 22 another count", 34, 22, 32, 16}};
+                        {"rails: all relayed, rank 22 another count", 34, 22, 32, 16},
+                        {"rails: host 5 relayed, the others two-level", 34, 5, 16, 8192, true},
+                        {"rails: all relayed, host 5 another count", 34, 5, 32, 16, true}};
   for (const Case& k : cases) {
     SCOPED_TRACE(k.name);
     RunOptions opts;
@@ -233,7 +237,11 @@ TEST(CommErrors, RelayedEagerMismatchesAreNamedNotWaitedFor) {
       config.opTimeout = std::chrono::seconds(20);  // far beyond the bound checked: named, not timed out
       LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
       auto s = libcomm::createHostStream("relay");
-      const size_t count = ctx.rank == k.odd ? k.oddCount : k.count;
+      // wholeHost: both ranks of the odd one's host (5 and 22): its host peer agrees, so
+      // only the rails can tell, in round 0 (against the two-level algorithm's fingerprint) or from
+      // relayed entries.
+      const bool odd = ctx.rank == k.odd || (k.wholeHost && ctx.rank % 17 == k.odd % 17);
+      const size_t count = odd ? k.oddCount : k.count;
       std::vector<float> a(8192, 1.0f), b(8192);
       const auto start = std::chrono::steady_clock::now();
       LIBCOMM_RETURN_IF_ERROR(comm->allReduce(a.data(), b.data(), count, DataType::kFloat32, {}, *s));

@@ -143,8 +143,9 @@ TEST(SelectAcrossHosts, EagerForSmallInputsWhereEveryRankIsConnected) {
 }
 
 // On a rails layout (L >= 2 ranks on every host, equally many) eager takes its two-level form past
-// 16 ranks, up to 16 hosts; an all_gather goes eager only while the host's L inputs fit one
-// message (4 x LIBCOMM_EAGER_BYTES).
+// 16 ranks; an all_gather goes eager only while the host's L inputs fit one message (4 x
+// LIBCOMM_EAGER_BYTES); past 16 hosts, relayed, only while H x a host's entry fits it (a host's
+// sum: 2 x the input with fp32 partials, 4 x with fp64).
 TEST(SelectAcrossHosts, TwoLevelEagerOnRailsRelayedPastSixteenHosts) {
   auto one = [](CollKind kind, size_t bytes, int hosts, int perHost, const char* algo = "") {
     CommConfig config;
@@ -161,12 +162,23 @@ TEST(SelectAcrossHosts, TwoLevelEagerOnRailsRelayedPastSixteenHosts) {
   // Past 16 hosts the rail step is relayed: H x a host's entry within 4 x eager.
   EXPECT_EQ(one(CollKind::kBarrier, 0, 17, 2).value(), Algo::kEager);
   EXPECT_EQ(one(CollKind::kAllReduce, 64, 17, 2).value(), Algo::kEager);
-  EXPECT_EQ(one(CollKind::kAllReduce, eager / 17, 17, 2).value(), Algo::kEager);  // 4 x input per entry
-  EXPECT_EQ(one(CollKind::kAllReduce, eager / 17 + 4, 17, 2).value(), Algo::kHier);
+  EXPECT_EQ(one(CollKind::kAllReduce, 2 * eager / 17, 17, 2).value(), Algo::kEager);  // 2 x input per entry
+  EXPECT_EQ(one(CollKind::kAllReduce, 2 * eager / 17 + 4, 17, 2).value(), Algo::kHier);
   EXPECT_EQ(one(CollKind::kAllGather, 4 * eager / 34, 17, 2).value(), Algo::kEager);  // L inputs per entry
   EXPECT_EQ(one(CollKind::kAllGather, 4 * eager / 34 + 4, 17, 2).value(), Algo::kHier);
-  EXPECT_EQ(one(CollKind::kReduceScatter, 2 * eager / 17, 17, 2).value(), Algo::kEager);  // 4 x input / L
-  EXPECT_EQ(one(CollKind::kReduceScatter, 2 * eager / 17 + 4, 17, 2).value(), Algo::kHier);
+  EXPECT_EQ(one(CollKind::kReduceScatter, 4 * eager / 17, 17, 2).value(), Algo::kEager);  // 2 x input / L
+  EXPECT_EQ(one(CollKind::kReduceScatter, 4 * eager / 17 + 4, 17, 2).value(), Algo::kHier);
+  {  // fp64 partials: a host's sum is up to 4 x the input
+    CommConfig config;
+    config.reducePartials = libcomm::PartialsType::kFloat64;
+    const char* why = "";
+    libcomm::CrossHostQuery q{CollKind::kAllReduce, 2 * eager / 17, 17, 2, 2};
+    q.ranks = 34;
+    q.splits = true;
+    EXPECT_EQ(libcomm::selectAcrossHosts(q, config, &why).value(), Algo::kHier);
+    q.bytes = eager / 17;
+    EXPECT_EQ(libcomm::selectAcrossHosts(q, config, &why).value(), Algo::kEager);
+  }
   EXPECT_EQ(one(CollKind::kAllGather, 0, 17, 2).value(), Algo::kRing);             // empty: the fingerprint alone
   EXPECT_EQ(one(CollKind::kAllGather, eager, 2, 4).value(), Algo::kEager);         // 4 x eager in one message
   EXPECT_EQ(one(CollKind::kAllGather, eager / 2 + 4, 2, 8).value(), Algo::kHier);  // past it

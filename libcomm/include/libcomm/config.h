@@ -79,8 +79,8 @@ struct CommConfig {
   /// hosts: "eager" (past 16 ranks its relayed form; with equally many >= 2 ranks on every host,
   /// its two-level form, relayed along the rails past 16 hosts), "ring", "hier"; device memory: "nccl", which host
   /// collectives ignore), from LIBCOMM_ALGO. "eager" refuses inputs larger than eagerBytes (and,
-  /// in the two-level form, an all_gather whose host's inputs exceed 4 x eagerBytes; in the
-  /// relayed form, n x the input past 4 x eagerBytes).
+  /// in the two-level form, an all_gather whose host's inputs exceed 4 x eagerBytes, and past 16
+  /// hosts H x a host's entry past it; in the relayed form, n x the input past 4 x eagerBytes).
   /// "hier" applies to all_gather, reduce_scatter and an all_reduce that does not accumulate;
   /// accumulating all_reduces, broadcast and barrier have only the ring form. Communicator::create fails
   /// (kInvalidUsage, on every rank) when any rank's setting cannot run on the communicator's hosts: direct or staged

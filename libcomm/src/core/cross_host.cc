@@ -1213,7 +1213,7 @@ Status Communicator::Impl::railsEager(const CollArgs& args, uint32_t seq, const 
     case CollKind::kBarrier:
       break;
   }
-  for (uint64_t op : sends) LIBCOMM_RETURN_IF_ERROR(link.wait(op, wait));
+  for (uint64_t op : sends) LIBCOMM_RETURN_IF_ERROR(link.waitIn(op, wait, relay ? "relayed eager" : "eager"));
   return Status::ok();
 }
 

@@ -61,7 +61,8 @@ struct CrossHost {
   // receiver, except a reduce_scatter's: one per receiver, of at most eagerBytes / n of payload
   // each (eagerScatterSlot apart). All sized once at connection.
   // On a rails layout the slots are indexed by host (only rail peers send at that step), hold up
-  // to kRailEagerPayloadScale x eagerBytes of payload, and the two-level eager path's host sums
+  // to kRailEagerPayloadScale x eagerBytes of payload (past kMaxEagerHostsAcrossHosts hosts, where
+  // the rail step is relayed, a relayed entry: 1/H of that), and the two-level eager path's host sums
   // or blocks go out of eagerOut (reduce_scatter: one slot per receiving host, eagerScatterSlot
   // apart; the own host's slot holds this rank's own block's host partial).
   static constexpr size_t kEagerHeader = 64;

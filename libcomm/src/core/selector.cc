@@ -103,7 +103,6 @@ Status checkAlgoPlacement(const std::string& algo, int hosts, int fewestPerHost,
     return makeError(StatusCode::kInvalidUsage, "LIBCOMM_ALGO=", algo,
                      " chooses among algorithms on one host, but this communicator spans ", hosts,
                      " hosts (use eager, ring or hier, or unset it)");
-  const bool rails = fewestPerHost >= 2 && fewestPerHost == mostPerHost;
   if (algo == "hier" && (fewestPerHost < 2 || fewestPerHost != mostPerHost))
     return makeError(StatusCode::kInvalidUsage,
                      "LIBCOMM_ALGO=hier needs at least 2 ranks on every host and equally many on each (hosts have ",
@@ -143,18 +142,19 @@ Result<Algo> selectAlgo(const SelectionQuery& q, const CommConfig& full, const c
   return Algo::kDirect;
 }
 
-size_t eagerLoad(const CrossHostQuery& q) {
+size_t eagerLoad(const CrossHostQuery& q, PartialsType partials) {
   const bool rails = q.minRanksPerHost == q.maxRanksPerHost && q.minRanksPerHost >= 2;
   const size_t L = static_cast<size_t>(std::max(q.minRanksPerHost, 1)), H = static_cast<size_t>(std::max(q.hosts, 1));
   if (q.kind == CollKind::kBarrier) return 0;
   if (!rails) return q.ranks > kMaxEagerRanksAcrossHosts ? static_cast<size_t>(q.ranks) * q.bytes : q.bytes;
-  // A host's payload: all_gather its L inputs; all_reduce its sum, at most 4 x the input (fp64
-  // sums of bf16); reduce_scatter (relayed) its sums of every host's block, at most 4 x its input /
-  // L; broadcast the root's input.
+  // A host's payload: all_gather its L inputs; all_reduce its sum, at most 2 x the input (fp32
+  // sums of bf16), 4 x with fp64 partials; reduce_scatter (relayed) its sums of every host's
+  // block, at most that / L; broadcast the root's input.
   const size_t all = q.kind == CollKind::kAllGather ? L * q.bytes : q.bytes;
   if (q.hosts <= kMaxEagerHostsAcrossHosts) return all;
-  const size_t entry = q.kind == CollKind::kAllReduce       ? 4 * q.bytes
-                       : q.kind == CollKind::kReduceScatter ? (4 * q.bytes + L - 1) / L
+  const size_t widen = partials == PartialsType::kFloat64 ? 4 : 2;
+  const size_t entry = q.kind == CollKind::kAllReduce       ? widen * q.bytes
+                       : q.kind == CollKind::kReduceScatter ? (widen * q.bytes + L - 1) / L
                                                             : all;
   return H * entry;
 }
@@ -181,7 +181,7 @@ Result<Algo> selectAcrossHosts(const CrossHostQuery& q, const CommConfig& full, 
   const bool rails = even && q.minRanksPerHost >= 2;
   const bool relayed = !rails && q.ranks > kMaxEagerRanksAcrossHosts;
   const bool railsRelayed = rails && q.hosts > kMaxEagerHostsAcrossHosts;
-  const size_t load = eagerLoad(q);
+  const size_t load = eagerLoad(q, full.reducePartials);
   const bool messageFits = load <= kRailEagerPayloadScale * full.eagerBytes;
   // An empty collective (not a barrier) moves nothing: on the ring it is the fingerprint exchange
   // with the neighbours, one latency, where a relayed form would take log2(n).

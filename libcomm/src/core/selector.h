@@ -63,8 +63,9 @@ constexpr size_t kRailEagerPayloadScale = 4;
 /// What the eager algorithm's largest message (or, relayed, a rank's whole set of entries) carries
 /// for the collective `q` describes, at most: the selector takes eager only while it fits
 /// kRailEagerPayloadScale x eagerBytes (cross_host.cc sizes its buffers by the same bound).
+/// (`partials`: CommConfig::reducePartials, which sizes a host's sums.)
 struct CrossHostQuery;
-size_t eagerLoad(const CrossHostQuery& q);
+size_t eagerLoad(const CrossHostQuery& q, PartialsType partials);
 
 /// Whether LIBCOMM_ALGO=`algo` (a host algorithm's name; anything else passes) can run on a
 /// communicator of `ranks` ranks over `hosts` hosts with fewestPerHost..mostPerHost ranks on each:
