@@ -821,6 +821,16 @@ Status Communicator::Impl::eagerAcrossHosts(const CollArgs& args, uint32_t seq, 
   return Status::ok();
 }
 
+namespace {
+
+// The member `j` places before position `pos` of a ring `order` (where relayed entry j comes from).
+int memberBack(const std::vector<int>& order, int pos, int j) {
+  const int n = static_cast<int>(order.size());
+  return order[static_cast<size_t>((pos - j % n + n) % n)];
+}
+
+}  // namespace
+
 mesh::OpEnv Communicator::Impl::eagerPassEnv(const CollArgs& args, uint32_t seq, const WaitContext& wait) {
   passBases_.resize(static_cast<size_t>(size_));
   return mesh::OpEnv{seq,
@@ -861,7 +871,7 @@ Status Communicator::Impl::relayEager(const CollArgs& args, uint32_t seq, const 
   char* entries = x.relayed.data();
   memcpy(entries, &mine, sizeof(mine));
   if (args.hasInput(rank_) && payload > 0) memcpy(entries + header, args.send, payload);
-  auto rankBack = [&](int j) { return x.order[static_cast<size_t>((x.pos - j % n + n) % n)]; };
+  auto rankBack = [&](int j) { return memberBack(x.order, x.pos, j); };
   x.eagerSends.clear();
   LIBCOMM_RETURN_IF_ERROR(relayRounds(args, seq, wait, link, x.order, x.pos, stride, mine));
 
@@ -890,10 +900,9 @@ Status Communicator::Impl::relayRounds(const CollArgs& args, uint32_t seq, const
   CrossHost& x = *cross_;
   const int n = static_cast<int>(order.size());
   char* entries = x.relayed.data();
-  auto memberBack = [&](int j) { return order[static_cast<size_t>((pos - j % n + n) % n)]; };
   for (int k = 0, d = 1; d < n; ++k, d *= 2) {
     const int m = std::min(d, n - d);
-    const int from = memberBack(d);
+    const int from = memberBack(order, pos, d);
     const size_t room = x.relayed.size() - static_cast<size_t>(d) * stride;
     size_t& length = x.relayLength[static_cast<size_t>(k)];
     LIBCOMM_ASSIGN_OR_RETURN(const uint64_t in,
@@ -911,8 +920,8 @@ Status Communicator::Impl::relayRounds(const CollArgs& args, uint32_t seq, const
       const size_t at = static_cast<size_t>(e) * stride;
       shm::OpDescriptor theirs;
       LIBCOMM_RETURN_IF_ERROR(
-          readFingerprint(args, seq, entry, length > at ? length - at : 0, memberBack(d + e), &theirs));
-      LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, mine, theirs, memberBack(d + e)));
+          readFingerprint(args, seq, entry, length > at ? length - at : 0, memberBack(order, pos, d + e), &theirs));
+      LIBCOMM_RETURN_IF_ERROR(compareFingerprint(args, seq, mine, theirs, memberBack(order, pos, d + e)));
       if (e == 0 && length != static_cast<size_t>(m) * stride)
         return makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq), ": rank ", from,
                          " sent a relayed message of ", length, " bytes in round ", k, ", not ",

@@ -117,8 +117,7 @@ class LocalSums final : public ring::Hooks {
 
 // Elements of the block of global rank `rank` (blocks `count` apart) below Env::limit.
 size_t blockElems(const Env& env, size_t count, int rank) {
-  const size_t begin = static_cast<size_t>(rank) * count;
-  return begin >= env.limit ? 0 : std::min(count, env.limit - begin);
+  return ring::raggedElems(count, env.limit, static_cast<size_t>(rank));
 }
 
 // The rail's ring::Env::blockElems: rail position q holds the block of rank ranks[q][localIndex].

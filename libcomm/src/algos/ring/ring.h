@@ -141,16 +141,20 @@ inline size_t allGatherChunkElems(const Env& env, size_t elementBytes, size_t co
   return bytes / elementBytes > 0 ? bytes / elementBytes : 1;
 }
 
+/// The elements of the block at `index` (blocks of `count` elements, `count` apart) that lie below
+/// `limit`, the elements of the whole buffer that exist.
+inline size_t raggedElems(size_t count, size_t limit, size_t index) {
+  const size_t begin = index * count;
+  return begin >= limit ? 0 : std::min(count, limit - begin);
+}
+
 /// Env::blockElems for blocks of `count` elements, `count` apart, of which only the first `limit`
 /// elements of the whole buffer exist; ring position p holds the block at index indexOf(p). Empty
 /// when every block is whole.
 template <typename IndexOf>
 std::vector<size_t> raggedBlocks(size_t positions, size_t count, size_t limit, IndexOf indexOf) {
   std::vector<size_t> elems;
-  for (size_t p = 0; p < positions; ++p) {
-    const size_t begin = static_cast<size_t>(indexOf(p)) * count;
-    elems.push_back(begin >= limit ? 0 : std::min(count, limit - begin));
-  }
+  for (size_t p = 0; p < positions; ++p) elems.push_back(raggedElems(count, limit, static_cast<size_t>(indexOf(p))));
   const bool whole = std::all_of(elems.begin(), elems.end(), [count](size_t e) { return e == count; });
   return whole ? std::vector<size_t>() : elems;
 }
