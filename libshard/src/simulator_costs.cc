@@ -1,0 +1,144 @@
+// The simulator's costs measured from an event log, and their printout (simulator.h).
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "libshard/simulator.h"
+
+namespace libshard {
+
+using libcomm::Status;
+using libcomm::StatusCode;
+
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double us(int64_t ns) { return static_cast<double>(ns) * 1e-3; }
+
+// Samples per group: index layer + 1 (0: the resident group).
+using Samples = std::vector<std::vector<double>>;
+
+}  // namespace
+
+libcomm::Result<SimCosts> costsFromEventLog(const std::vector<LogEntry>& log, const ShardPlan& plan, int fromStep) {
+  const size_t n = plan.layers.size();
+  Samples fwd(n + 1), bwd(n + 1), gather(n + 1), reduce(n + 1), update(n + 1), zero(n + 1);
+  std::vector<double> zeroRate;  // us per element, over the zeroings that ran right behind their reduce-scatter
+  auto slot = [&](int layer) -> size_t { return layer >= -1 && layer < static_cast<int>(n) ? size_t(layer + 1) : 0; };
+  auto valid = [&](int layer) { return layer >= -1 && layer < static_cast<int>(n); };
+
+  std::map<std::tuple<int, int, int, int>, int64_t> computeBegin;  // (step, micro, layer, phase)
+  std::map<std::pair<int, int>, int64_t> gatherStart;              // (step, layer)
+  std::map<std::tuple<int, int, int>, int64_t> reduceStart;        // (step, micro, layer)
+  std::map<int, int64_t> lastStamp;                                // step -> step end or the last update stamp
+  const LogEntry* lastRs = nullptr;  // the rs stream's last entry (reduce end or zeroing), in log order
+  for (const LogEntry& e : log) {
+    const bool counted = e.step >= fromStep && valid(e.layer);
+    switch (e.kind) {
+      case LogKind::kComputeBegin:
+        computeBegin[{e.step, e.microBatch, e.layer, static_cast<int>(e.phase)}] = e.ns;
+        break;
+      case LogKind::kComputeEnd: {
+        auto it = computeBegin.find({e.step, e.microBatch, e.layer, static_cast<int>(e.phase)});
+        if (it != computeBegin.end() && counted && e.layer >= 0)
+          (e.phase == Phase::kForward ? fwd : bwd)[slot(e.layer)].push_back(us(e.ns - it->second));
+        break;
+      }
+      case LogKind::kGatherStart:
+        gatherStart[{e.step, e.layer}] = e.ns;
+        break;
+      case LogKind::kGatherEnd: {
+        auto it = gatherStart.find({e.step, e.layer});
+        if (it != gatherStart.end() && counted) gather[slot(e.layer)].push_back(us(e.ns - it->second));
+        break;
+      }
+      case LogKind::kReduceStart:
+        reduceStart[{e.step, e.microBatch, e.layer}] = e.ns;
+        lastRs = nullptr;
+        break;
+      case LogKind::kReduceEnd: {
+        auto it = reduceStart.find({e.step, e.microBatch, e.layer});
+        if (it != reduceStart.end() && counted) reduce[slot(e.layer)].push_back(us(e.ns - it->second));
+        lastRs = &e;
+        break;
+      }
+      case LogKind::kGradZeroed:
+        // Right behind its layer's reduce-scatter the zeroing's time is its cost; behind endStep's
+        // drain the stream was idle before it, and the gap says nothing.
+        if (lastRs && lastRs->kind == LogKind::kReduceEnd && lastRs->layer == e.layer &&
+            lastRs->gradBuffer == e.gradBuffer && counted && e.layer >= 0) {
+          const double t = us(e.ns - lastRs->ns);
+          zero[slot(e.layer)].push_back(t);
+          const size_t elems = plan.layers[static_cast<size_t>(e.layer)].paddedNumel;
+          if (elems > 0) zeroRate.push_back(t / static_cast<double>(elems));
+        }
+        lastRs = &e;
+        break;
+      case LogKind::kStepEnd:
+        lastStamp[e.step] = e.ns;
+        break;
+      case LogKind::kGroupUpdated: {
+        auto it = lastStamp.find(e.step);
+        if (it != lastStamp.end()) {
+          if (counted) update[slot(e.layer)].push_back(us(e.ns - it->second));
+          it->second = e.ns;
+        }
+        break;
+      }
+      default:
+        break;
+    }
+  }
+
+  SimCosts c = SimCosts::zeros(plan);
+  const double rate = median(zeroRate);
+  for (size_t k = 0; k < n; ++k) {
+    const FlatGroup& g = plan.layers[k];
+    const size_t s = k + 1;
+    if (g.paddedNumel > 0 && gather[s].empty() && plan.backwardNeedsGather(static_cast<int>(k)))
+      return libcomm::makeError(StatusCode::kInvalidArgument, "simulator: the event log has no all_gather of layer ", k,
+                                " '", g.name, "' from step ", fromStep, " on");
+    if (fwd[s].empty())
+      return libcomm::makeError(StatusCode::kInvalidArgument, "simulator: the event log has no forward of layer ", k,
+                                " '", g.name, "' from step ", fromStep, " on");
+    c.forwardUs[k] = median(fwd[s]);
+    c.backwardUs[k] = median(bwd[s]);
+    c.gatherUs[k] = median(gather[s]);
+    c.reduceUs[k] = median(reduce[s]);
+    c.zeroUs[k] = zero[s].empty() ? rate * static_cast<double>(g.paddedNumel) : median(zero[s]);
+    c.updateUs[k] = median(update[s]);
+  }
+  c.residentGatherUs = median(gather[0]);
+  c.residentReduceUs = median(reduce[0]);
+  c.residentUpdateUs = median(update[0]);
+  return c;
+}
+
+std::string describeCosts(const SimCosts& c, const ShardPlan& plan) {
+  std::string out = "layer                      forward   backward     gather     reduce       zero     update  (us)\n";
+  char line[256];
+  for (size_t k = 0; k < plan.layers.size() && k < c.forwardUs.size(); ++k) {
+    std::snprintf(line, sizeof line, "%-24s %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f\n", plan.layers[k].name.c_str(),
+                  c.forwardUs[k], c.backwardUs[k], c.gatherUs[k], c.reduceUs[k], c.zeroUs[k], c.updateUs[k]);
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "%-24s %10s %10s %10.1f %10.1f %10s %10.1f\n", "resident (norms)", "-", "-",
+                c.residentGatherUs, c.residentReduceUs, "-", c.residentUpdateUs);
+  out += line;
+  std::snprintf(line, sizeof line, "per micro-batch: data %.1f us; per step: gradient norm %.1f us\n", c.microBatchUs,
+                c.normUs);
+  out += line;
+  return out;
+}
+
+}  // namespace libshard
