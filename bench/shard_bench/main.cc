@@ -74,15 +74,16 @@ int runRank(const Options& o) {
   libcomm::Status cs = boot.allGather(&mine, cpus.data(), sizeof(RankCpus), libcomm::Deadline::after(timeout));
   if (!cs.isOk()) return fail(rank, cs.withContext("exchanging the ranks' CPUs"));
 
+  const int cores = coresOverMachines(cpus);
   std::optional<Report> report;
   if (rank == 0) {
-    report.emplace(o, coresOverMachines(cpus));
+    report.emplace(o, cores);
     const libcomm::Status st = report->openJson();
     if (!st.isOk()) return fail(rank, st);
     report->printHeader(boot.size(), boot.describe());
   }
   for (const SizeSpec& size : o.sizes) {
-    auto r = measureSize(o, size, boot, **ag, **rs);
+    auto r = measureSize(o, size, boot, **ag, **rs, static_cast<double>(cores) / boot.size());
     if (!r.isOk()) {
       if (report) report->printSummary(r.status());
       return fail(rank, r.status());

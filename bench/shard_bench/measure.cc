@@ -6,6 +6,8 @@
 #include <cmath>
 #include <vector>
 
+#include "libshard/schedule.h"
+#include "libshard/simulator.h"
 #include "tinylm/train.h"
 
 namespace shard_bench {
@@ -66,19 +68,83 @@ RankFigures figuresOf(const std::vector<tinylm::StepRecord>& steps, double lastL
   return f;
 }
 
+// The simulator's figures for this rank. The computes and the optimizer are priced by the serialized
+// runs' event logs (`log`, appended) and timed steps, the collectives by the serialized comm-only
+// runs' (`commLog`): in the serialized schedule a collective also waits for the peer that is still
+// computing (ranks never compute in exactly the same time), which is no cost of the collective.
+libcomm::Result<ModelFigures> modelFigures(const Options& o, const libshard::ShardPlan& plan,
+                                           const std::vector<libshard::LogEntry>& log,
+                                           const std::vector<libshard::LogEntry>& commLog,
+                                           const std::vector<tinylm::StepRecord>& steps, double coresPerRank,
+                                           std::string* costText) {
+  LIBCOMM_ASSIGN_OR_RETURN(libshard::SimCosts costs, libshard::costsFromEventLog(log, plan, o.warmupSteps));
+  LIBCOMM_ASSIGN_OR_RETURN(libshard::SimCosts comm, libshard::costsFromEventLog(commLog, plan, o.warmupSteps));
+  costs.gatherUs = comm.gatherUs;
+  costs.reduceUs = comm.reduceUs;
+  costs.zeroUs = comm.zeroUs;
+  costs.residentGatherUs = comm.residentGatherUs;
+  costs.residentReduceUs = comm.residentReduceUs;
+  // The log times the layers; the trainer's compute time also holds each micro-batch's data.
+  double layers = 0;
+  for (size_t k = 0; k < costs.forwardUs.size(); ++k) layers += costs.forwardUs[k] + costs.backwardUs[k];
+  std::vector<double> data;
+  for (const tinylm::StepRecord& s : steps)
+    data.push_back(std::max(0.0, s.computeSeconds * 1e6 / o.microBatches - layers));
+  costs.microBatchUs = median(data);
+  *costText = libshard::describeCosts(costs, plan);
+
+  libshard::ScheduleOptions so;  // the plan's prefetch depth, as the trainer's schedule
+  LIBCOMM_ASSIGN_OR_RETURN(libshard::Schedule overlap, libshard::Schedule::build(plan, so));
+  so.serialize = true;
+  LIBCOMM_ASSIGN_OR_RETURN(libshard::Schedule serialized, libshard::Schedule::build(plan, so));
+  libshard::SimOptions shared;
+  shared.steps = 4;
+  shared.cores = coresPerRank;
+  shared.commCpu = 1;
+  libshard::SimOptions engines = shared;
+  engines.cores = 0;
+  engines.commCpu = 0;
+  auto last = [&](const libshard::Schedule& s, const libshard::SimCosts& c,
+                  const libshard::SimOptions& so) -> libcomm::Result<libshard::SimStep> {
+    LIBCOMM_ASSIGN_OR_RETURN(libshard::SimResult r, libshard::simulate(plan, s, c, so));
+    return r.last();
+  };
+  ModelFigures m;
+  LIBCOMM_ASSIGN_OR_RETURN(libshard::SimStep se, last(serialized, costs, shared));
+  LIBCOMM_ASSIGN_OR_RETURN(libshard::SimStep sh, last(overlap, costs, shared));
+  LIBCOMM_ASSIGN_OR_RETURN(libshard::SimStep en, last(overlap, costs, engines));
+  LIBCOMM_ASSIGN_OR_RETURN(libshard::SimStep co, last(overlap, costs.computeOnly(), engines));
+  LIBCOMM_ASSIGN_OR_RETURN(libshard::SimStep cm, last(overlap, costs.commOnly(), engines));
+  m.serializedMs = se.stepUs * 1e-3;
+  m.sharedStepMs = sh.stepUs * 1e-3;
+  m.sharedExposedMs = sh.exposedUs * 1e-3;
+  m.engineStepMs = en.stepUs * 1e-3;
+  m.engineExposedMs = en.exposedUs * 1e-3;
+  m.engineComputeMs = co.stepUs * 1e-3;
+  m.engineCommMs = cm.stepUs * 1e-3;
+  for (int k = 0; k < 8; ++k) m.engineExposedAtMs[k] = en.exposedAtUs[k] * 1e-3;
+  return m;
+}
+
 }  // namespace
 
 libcomm::Result<SizeResult> measureSize(const Options& o, const SizeSpec& size, libcomm::Bootstrap& boot,
-                                        libcomm::Communicator& agComm, libcomm::Communicator& rsComm) {
+                                        libcomm::Communicator& agComm, libcomm::Communicator& rsComm,
+                                        double coresPerRank) {
   const int world = boot.size();
   std::vector<tinylm::StepRecord> timed[kNumModes];
+  std::vector<libshard::LogEntry> serialLog;  // the serialized runs' event logs, appended
+  std::vector<libshard::LogEntry> commLog;    // the serialized comm-only runs' (the simulator's collectives)
+  libshard::ShardPlan plan;
   double lastLoss[kNumModes] = {}, lastGradNorm[kNumModes] = {};
   for (int rep = 0; rep < o.repeats; ++rep) {
     // Interleaved, and each repeat starts one mode later, so that a drift of the machine's speed
     // (another job, thermal state) spreads over the modes instead of landing on one of them.
     for (int i = 0; i < kNumModes; ++i) {
       const BenchMode mode = kModes[(i + rep) % kNumModes];
-      const tinylm::TrainOptions t = trainOptions(o, size, mode, world);
+      tinylm::TrainOptions t = trainOptions(o, size, mode, world);
+      // Everything runs alone in the serialized schedule: its log prices each piece for the simulator.
+      t.eventLogCheck = mode == BenchMode::kSerialized;
       auto r = tinylm::runSharded(t, boot, agComm, rsComm);
       if (!r.isOk())
         return r.status().withContext(
@@ -86,11 +152,25 @@ libcomm::Result<SizeResult> measureSize(const Options& o, const SizeSpec& size, 
       LIBCOMM_RETURN_IF_ERROR(checkRun(*r, mode, size));
       auto& dst = timed[static_cast<int>(mode)];
       dst.insert(dst.end(), r->steps.begin() + std::min<size_t>(o.warmupSteps, r->steps.size()), r->steps.end());
+      if (mode == BenchMode::kSerialized) {
+        serialLog.insert(serialLog.end(), r->eventLog.begin(), r->eventLog.end());
+        plan = r->plan;
+      }
       if (rep == 0 && !r->steps.empty()) {
         lastLoss[static_cast<int>(mode)] = r->steps.back().loss;
         lastGradNorm[static_cast<int>(mode)] = r->steps.back().gradNorm;
       }
     }
+    // Not a mode: every collective of the step alone and with no compute in between, in lockstep
+    // with the peers, logged -- what a collective costs, for the simulator.
+    tinylm::TrainOptions t = trainOptions(o, size, BenchMode::kCommOnly, world);
+    t.serialize = true;
+    t.eventLogCheck = true;
+    auto r = tinylm::runSharded(t, boot, agComm, rsComm);
+    if (!r.isOk())
+      return r.status().withContext(
+          libcomm::detail::strCat("shard_bench: size ", size.name, ", serialized comm-only, repeat ", rep));
+    commLog.insert(commLog.end(), r->eventLog.begin(), r->eventLog.end());
   }
 
   RankFigures mine[kNumModes];
@@ -99,9 +179,32 @@ libcomm::Result<SizeResult> measureSize(const Options& o, const SizeSpec& size, 
   LIBCOMM_RETURN_IF_ERROR(
       boot.allGather(mine, all.data(), sizeof(mine), libcomm::Deadline::after(std::chrono::seconds(o.timeoutSeconds))));
 
+  // The model's figures, every rank's own (each measured its own pieces), then the largest.
+  std::string costText;
+  auto model = modelFigures(o, plan, serialLog, commLog, timed[static_cast<int>(BenchMode::kSerialized)], coresPerRank,
+                            &costText);
+  if (!model.isOk())
+    return model.status().withContext(libcomm::detail::strCat("shard_bench: size ", size.name, ", the schedule model"));
+  std::vector<ModelFigures> models(static_cast<size_t>(world));
+  LIBCOMM_RETURN_IF_ERROR(boot.allGather(&*model, models.data(), sizeof(ModelFigures),
+                                         libcomm::Deadline::after(std::chrono::seconds(o.timeoutSeconds))));
+
   SizeResult res;
   res.size = size;
   res.worldSize = world;
+  res.coresPerRank = coresPerRank;
+  res.modelCosts = std::move(costText);
+  for (const ModelFigures& f : models) {
+    ModelFigures& m = res.model;
+    m.serializedMs = std::max(m.serializedMs, f.serializedMs);
+    m.sharedStepMs = std::max(m.sharedStepMs, f.sharedStepMs);
+    m.sharedExposedMs = std::max(m.sharedExposedMs, f.sharedExposedMs);
+    m.engineStepMs = std::max(m.engineStepMs, f.engineStepMs);
+    m.engineExposedMs = std::max(m.engineExposedMs, f.engineExposedMs);
+    m.engineComputeMs = std::max(m.engineComputeMs, f.engineComputeMs);
+    m.engineCommMs = std::max(m.engineCommMs, f.engineCommMs);
+    for (int k = 0; k < 8; ++k) m.engineExposedAtMs[k] = std::max(m.engineExposedAtMs[k], f.engineExposedAtMs[k]);
+  }
   const tinylm::TrainOptions t = trainOptions(o, size, BenchMode::kOverlap, world);
   res.params = tinylm::trainModelSpec(t, world).numel();
   res.tokensPerRank = size.seqsPerRank * o.microBatches * size.model.seqLen;

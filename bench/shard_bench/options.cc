@@ -41,6 +41,8 @@ constexpr const char* kUsage =
     "  -T, --timeout SEC     bound on every wait of the trainer (default 300); the communicators' op timeout\n"
     "                        in place of LIBCOMM_TIMEOUT_MS (and twice it in place of LIBCOMM_INIT_TIMEOUT_MS)\n"
     "  --quick               -np 2 (unless launched as a rank), -w 1 -n 3 -r 1: every size, well under a minute\n"
+    "  --model-costs         also print, per size, rank 0's costs the schedule model was priced with (us per\n"
+    "                        layer: forward, backward, gather, reduce, zeroing, update)\n"
     "Built-in sizes (per rank: seqs-per-rank sequences per micro-batch, whatever the number of ranks):\n"
     "  comm-heavy     vocab 32768 dim  64 hidden  128 layers 2 seq-len   8 seqs-per-rank 1 fp32\n"
     "  mixed          vocab  8192 dim 128 hidden  512 layers 4 seq-len  32 seqs-per-rank 2 bf16\n"
@@ -171,7 +173,8 @@ libcomm::Result<Options> parseOptions(const std::vector<std::string>& args) {
        }},
   };
   table.aliases = {{"-w", "--warmup"}, {"-n", "--steps"}, {"-r", "--repeats"}, {"-T", "--timeout"}};
-  table.switches = {{"--quick", &o.quick}};  // applied above, before the others; forwarded here
+  table.switches = {{"--quick", &o.quick},
+                    {"--model-costs", &o.modelCosts}};  // applied above, before the others; forwarded here
   LIBCOMM_RETURN_IF_ERROR(tinylm::flags::parse(args, table, &o.childArgs, &o.help));
   if (o.help) return o;
 

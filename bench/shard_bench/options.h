@@ -40,6 +40,7 @@ struct Options {
   int numRanks = 0;  // -np: start this many local ranks; 0: this process is one rank (or alone)
   std::string jsonPath;
   bool quick = false;
+  bool modelCosts = false;  // --model-costs: print what the schedule model was priced with, per size
   bool help = false;
   /// The arguments each local rank is started with: everything but -np and its value.
   std::vector<std::string> childArgs;

@@ -9,6 +9,7 @@
 
 #include "libcomm/version.h"
 #include "libshard/plan.h"
+#include "libshard/schedule.h"
 #include "tinylm/cli.h"
 
 namespace shard_bench {
@@ -60,6 +61,15 @@ Derived derive(const SizeResult& r, int cores) {
     d.withinIdeal = d.overlapVsIdeal <= kIdealSlack ? Verdict::kMet : Verdict::kMissed;
   if (compute > 0 && comm < kCommLightRatio * compute)
     d.exposedSmall = r.mode(BenchMode::kOverlap).exposedFraction < kExposedLimit ? Verdict::kMet : Verdict::kMissed;
+  // The same targets on the simulator's engine model, each with its own compute-only and comm-only.
+  const ModelFigures& m = r.model;
+  const double mIdeal = std::max(m.engineComputeMs, m.engineCommMs), mLo = std::min(m.engineComputeMs, m.engineCommMs);
+  d.modelVsIdeal = mIdeal > 0 ? m.engineStepMs / mIdeal : 0;
+  d.modelExposedFraction = m.engineStepMs > 0 ? m.engineExposedMs / m.engineStepMs : 0;
+  if (mLo > 0 && mIdeal <= kComparableRatio * mLo)
+    d.modelWithinIdeal = d.modelVsIdeal <= kIdealSlack ? Verdict::kMet : Verdict::kMissed;
+  if (m.engineComputeMs > 0 && m.engineCommMs < kCommLightRatio * m.engineComputeMs)
+    d.modelExposedSmall = d.modelExposedFraction < kExposedLimit ? Verdict::kMet : Verdict::kMissed;
   return d;
 }
 
@@ -109,8 +119,36 @@ void Report::addSize(const SizeResult& r) {
               ms(d.cpuBound).c_str(), ratio(d.overlapVsCpuBound).c_str());
   std::printf("#  target step <= %.2f x max(compute-only, comm-only) [when within %.0fx]: %s", kIdealSlack,
               kComparableRatio, verdictName(d.withinIdeal));
-  std::printf("; target exposed < %.0f%% [when comm-only < %.1f x compute-only]: %s\n#\n", 100 * kExposedLimit,
+  std::printf("; target exposed < %.0f%% [when comm-only < %.1f x compute-only]: %s\n", 100 * kExposedLimit,
               kCommLightRatio, verdictName(d.exposedSmall));
+  // The schedule simulator, priced by the serialized runs: does it explain the measured overlap,
+  // and what would the same schedule do where communication costs no core?
+  const ModelFigures& sim = r.model;
+  const ModeResult& se = r.mode(BenchMode::kSerialized);
+  const double hooks = ov.exposedMs - ov.exposedAtMs[static_cast<int>(tinylm::ExposedAt::kOptimizerNorm)];
+  std::printf(
+      "#  model (costs from serialized's event log): serialized %s ms (measured %s); overlap, collectives taking "
+      "a core of the rank's %.2f: step %s ms (measured %s), exposed in hooks %s ms (measured %s)\n",
+      ms(sim.serializedMs).c_str(), ms(se.stepMs).c_str(), r.coresPerRank, ms(sim.sharedStepMs).c_str(),
+      ms(ov.stepMs).c_str(), ms(sim.sharedExposedMs).c_str(), ms(hooks).c_str());
+  std::printf(
+      "#  model, communication on engines of its own: step %s ms, exposed %s ms (%.1f%%), compute-only %s, "
+      "comm-only %s, step / max %s; targets there: <= %.2fx %s, exposed < %.0f%% %s\n",
+      ms(sim.engineStepMs).c_str(), ms(sim.engineExposedMs).c_str(), 100.0 * d.modelExposedFraction,
+      ms(sim.engineComputeMs).c_str(), ms(sim.engineCommMs).c_str(), ratio(d.modelVsIdeal).c_str(), kIdealSlack,
+      verdictName(d.modelWithinIdeal), 100 * kExposedLimit, verdictName(d.modelExposedSmall));
+  std::string simAt;
+  for (int k = 0; k < 8; ++k)
+    simAt += libcomm::detail::strCat(k ? ", " : "", libshard::hookKindName(static_cast<libshard::HookKind>(k)), " ",
+                                     ms(sim.engineExposedAtMs[k]));
+  std::printf("#  model, engines: exposed by hook (ms): %s\n", simAt.c_str());
+  if (options_.modelCosts) {
+    std::string text = "model costs (rank 0):\n" + r.modelCosts;
+    for (size_t at = 0; (at = text.find('\n', at)) != std::string::npos && at + 1 < text.size(); at += 2)
+      text.insert(at + 1, "#    ");
+    std::printf("#  %s", text.c_str());
+  }
+  std::printf("#\n");
   shardcomm::program::flushStdout();
   sizes_.emplace_back(r.size.name, d);
   writeJson(r, d);
@@ -140,14 +178,24 @@ void Report::writeJson(const SizeResult& r, const Derived& d) {
                      jsonNumber(f.exposedFraction).c_str(), at.c_str(), jsonNumber(f.computeMs).c_str(),
                      jsonNumber(f.optimizerMs).c_str(), jsonNumber(f.cpuMs).c_str(), f.samples, options_.repeats) >= 0;
   }
-  written &= std::fprintf(out,
-                          "{\"record\":\"size\",%s,\"overlap_vs_ideal\":%s,\"serialized_vs_overlap\":%s,"
-                          "\"comm_vs_compute\":%s,\"cores\":%d,\"cpu_bound_ms\":%s,\"overlap_vs_cpu_bound\":%s,"
-                          "\"target_within_ideal\":\"%s\",\"target_exposed\":\"%s\"}\n",
-                          common.c_str(), jsonNumber(d.overlapVsIdeal).c_str(),
-                          jsonNumber(d.serializedVsOverlap).c_str(), jsonNumber(d.commVsCompute).c_str(), cores_,
-                          jsonNumber(d.cpuBound).c_str(), jsonNumber(d.overlapVsCpuBound).c_str(),
-                          verdictName(d.withinIdeal), verdictName(d.exposedSmall)) >= 0;
+  written &=
+      std::fprintf(out,
+                   "{\"record\":\"size\",%s,\"overlap_vs_ideal\":%s,\"serialized_vs_overlap\":%s,"
+                   "\"comm_vs_compute\":%s,\"cores\":%d,\"cpu_bound_ms\":%s,\"overlap_vs_cpu_bound\":%s,"
+                   "\"target_within_ideal\":\"%s\",\"target_exposed\":\"%s\",\"model\":{"
+                   "\"serialized_ms\":%s,\"cores_per_rank\":%s,\"shared_step_ms\":%s,"
+                   "\"shared_exposed_ms\":%s,\"engine_step_ms\":%s,\"engine_exposed_ms\":%s,"
+                   "\"engine_compute_ms\":%s,\"engine_comm_ms\":%s,\"engine_vs_ideal\":%s,"
+                   "\"target_within_ideal\":\"%s\",\"target_exposed\":\"%s\"}}\n",
+                   common.c_str(), jsonNumber(d.overlapVsIdeal).c_str(), jsonNumber(d.serializedVsOverlap).c_str(),
+                   jsonNumber(d.commVsCompute).c_str(), cores_, jsonNumber(d.cpuBound).c_str(),
+                   jsonNumber(d.overlapVsCpuBound).c_str(), verdictName(d.withinIdeal), verdictName(d.exposedSmall),
+                   jsonNumber(r.model.serializedMs).c_str(), jsonNumber(r.coresPerRank).c_str(),
+                   jsonNumber(r.model.sharedStepMs).c_str(), jsonNumber(r.model.sharedExposedMs).c_str(),
+                   jsonNumber(r.model.engineStepMs).c_str(), jsonNumber(r.model.engineExposedMs).c_str(),
+                   jsonNumber(r.model.engineComputeMs).c_str(), jsonNumber(r.model.engineCommMs).c_str(),
+                   jsonNumber(d.modelVsIdeal).c_str(), verdictName(d.modelWithinIdeal),
+                   verdictName(d.modelExposedSmall)) >= 0;
   json_.recordWritten(written);
 }
 

@@ -31,6 +31,12 @@ struct Derived {
   Verdict withinIdeal = Verdict::kNotApplicable;
   /// Target 2: exposed communication < 10% of the overlap step, when comm-only < 0.7 x compute-only.
   Verdict exposedSmall = Verdict::kNotApplicable;
+  /// The same on the simulator's engine model (SizeResult::model): its step over the larger of its
+  /// compute-only and comm-only steps, its exposed share, and both targets.
+  double modelVsIdeal = 0;
+  double modelExposedFraction = 0;
+  Verdict modelWithinIdeal = Verdict::kNotApplicable;
+  Verdict modelExposedSmall = Verdict::kNotApplicable;
 };
 /// `cores`: the CPUs the ranks may run on, over all their machines (coresOverMachines).
 Derived derive(const SizeResult& r, int cores);

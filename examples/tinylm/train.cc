@@ -380,6 +380,7 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
                                 " steps");
     mine.eventLogEntries = entries.size();
     if (!o.eventLogDump.empty()) LIBCOMM_RETURN_IF_ERROR(dumpEventLog(o.eventLogDump, rank, entries));
+    result.eventLog = entries;
   }
   hooks.reset();
   executor.reset();  // drains its streams before the state is read by a save or freed

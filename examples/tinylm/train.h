@@ -67,6 +67,7 @@
 #include "libcomm/bootstrap.h"
 #include "libcomm/communicator.h"
 #include "libcomm/status.h"
+#include "libshard/event_log.h"
 #include "libshard/model_spec.h"
 #include "libshard/plan.h"
 #include "tinylm/config.h"
@@ -201,6 +202,9 @@ struct TrainResult {
   std::vector<StepRecord> steps;
   std::vector<RankSummary> ranks;  // rank order
   libshard::ShardPlan plan;        // this rank's
+  /// TrainOptions::eventLogCheck: this rank's event log, proven by checkEventLog (e.g. for
+  /// libshard::costsFromEventLog).
+  std::vector<libshard::LogEntry> eventLog;
 };
 
 /// Checks the options alone (world size aside): kInvalidArgument naming the field.
