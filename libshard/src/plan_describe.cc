@@ -97,7 +97,14 @@ std::string ShardPlan::describe() const {
      << ", alignment " << o.alignmentBytes << " B (" << o.alignmentBytes / elemBytes << " elements), block buffers "
      << o.blockBuffers << ", prefetch depth " << o.prefetchDepth << ", gradient buffers " << o.gradBuffers
      << ", micro-batches " << o.microBatches << ", budget "
-     << (o.memoryBudgetBytes == 0 ? std::string("none") : groupDigits(o.memoryBudgetBytes) + " B") << "\n";
+     << (o.memoryBudgetBytes == 0 ? std::string("none") : groupDigits(o.memoryBudgetBytes) + " B");
+  // The margin for dedicated embedding/head buffers (PlanOptions::dedicatedSlack), where it applied.
+  if (o.memoryBudgetBytes == 0 && o.dedicatedSlack > 0) {
+    char pct[32];
+    std::snprintf(pct, sizeof pct, "%.1f%%", 100.0 * o.dedicatedSlack);
+    os << ", dedicated-buffer margin " << pct;
+  }
+  os << "\n";
 
   os << "layers (" << layers.size() << "; elements, " << precisionName(o.precision)
      << " when gathered; shard = padded / world; activation bytes per micro-batch, in full / when "

@@ -86,6 +86,8 @@ Status validateOptions(const PlanOptions& o) {
   if (o.gradBuffers < 1 || o.gradBuffers > kMaxBuffers)
     return bad("gradBuffers ", o.gradBuffers, " (must be 1 to ", kMaxBuffers, ")");
   if (o.microBatches < 1) return bad("microBatches ", o.microBatches, " (must be >= 1)");
+  if (!(o.dedicatedSlack >= 0 && o.dedicatedSlack <= 1))
+    return bad("dedicatedSlack ", o.dedicatedSlack, " (must be 0 to 1: a fraction of the least buffer memory)");
   return Status::ok();
 }
 
@@ -150,17 +152,18 @@ struct Rotation {
 };
 
 // Outsized layers either share the rotating buffers (all of which then grow to the largest sharer)
-// or get a dedicated buffer, whichever makes the buffers smallest in total. There are
-// min(maxBuffers, users x usesPerLayer) rotating buffers, a user being a layer that rotates and a
-// use one turn it takes per step: more would hold memory nobody writes, so while uses are fewer
-// than maxBuffers every sharer also adds a buffer. For a rotating size T and a number s of
-// sharers, the cheapest choice shares the s largest layers that fit in T; trying every T in
-// {largest block} U {each larger outsized layer} and every s is exact, and cheap (models have an
-// embedding and a head, not hundreds). Ties go to sharing more. With no blocks there is no
+// or get a dedicated buffer. There are min(maxBuffers, users x usesPerLayer) rotating buffers, a
+// user being a layer that rotates and a use one turn it takes per step: more would hold memory
+// nobody writes, so while uses are fewer than maxBuffers every sharer also adds a buffer. For a
+// rotating size T and a number s of sharers, the cheapest choice shares the s largest layers that
+// fit in T; trying every T in {largest block} U {each larger outsized layer} and every s covers
+// every layout, and is cheap (models have an embedding and a head, not hundreds).
+// With `slack` 0 the layout with the least memory wins, ties going to sharing more. Otherwise,
+// among the layouts within `slack` of the least memory, the one with the fewest sharers wins
+// (PlanOptions::dedicatedSlack says why), then the least memory. With no blocks there is no
 // rotation to join: every outsized layer gets its own buffer.
-Rotation chooseRotation(const ShardPlan& plan, const SizeClasses& c, int maxBuffers, int usesPerLayer) {
-  Rotation best;
-  if (c.blocks.empty()) return best;
+Rotation chooseRotation(const ShardPlan& plan, const SizeClasses& c, int maxBuffers, int usesPerLayer, double slack) {
+  if (c.blocks.empty()) return {};
   size_t largestBlock = 0;
   for (int k : c.blocks) largestBlock = std::max(largestBlock, plan.layers[k].paddedNumel);
   uint64_t outsizedNumel = 0;
@@ -169,7 +172,11 @@ Rotation chooseRotation(const ShardPlan& plan, const SizeClasses& c, int maxBuff
   for (int k : c.outsized)
     if (plan.layers[k].paddedNumel > largestBlock) thresholds.push_back(plan.layers[k].paddedNumel);
   std::sort(thresholds.begin(), thresholds.end());
-  uint64_t bestCost = UINT64_MAX;
+  struct Layout {
+    Rotation r;
+    uint64_t cost = 0;
+  };
+  std::vector<Layout> layouts;
   for (size_t t : thresholds) {
     std::vector<int> fits;
     for (int k : c.outsized)
@@ -179,17 +186,34 @@ Rotation chooseRotation(const ShardPlan& plan, const SizeClasses& c, int maxBuff
       if (s > 0) sharedNumel += plan.layers[fits[s - 1]].paddedNumel;
       const uint64_t uses = static_cast<uint64_t>(c.blocks.size() + s) * static_cast<uint64_t>(usesPerLayer);
       const uint64_t n = std::min<uint64_t>(static_cast<uint64_t>(maxBuffers), uses);
-      const uint64_t cost = n * t + (outsizedNumel - sharedNumel);
-      if (cost < bestCost || (cost == bestCost && s > best.shared.size())) {
-        bestCost = cost;
-        best.shared.assign(fits.begin(), fits.begin() + static_cast<std::ptrdiff_t>(s));
-        best.numel = t;
-        best.buffers = static_cast<int>(n);
-      }
+      Layout l;
+      l.cost = n * t + (outsizedNumel - sharedNumel);
+      l.r.shared.assign(fits.begin(), fits.begin() + static_cast<std::ptrdiff_t>(s));
+      l.r.numel = t;
+      l.r.buffers = static_cast<int>(n);
+      layouts.push_back(std::move(l));
     }
   }
-  return best;
+  uint64_t least = UINT64_MAX;
+  for (const Layout& l : layouts) least = std::min(least, l.cost);
+  const uint64_t allowed = least + static_cast<uint64_t>(static_cast<double>(least) * slack);
+  const Layout* best = nullptr;
+  for (const Layout& l : layouts) {
+    if (l.cost > allowed) continue;
+    if (!best) {
+      best = &l;
+      continue;
+    }
+    const size_t s = l.r.shared.size(), bs = best->r.shared.size();
+    const bool better = slack > 0 ? (s < bs || (s == bs && l.cost < best->cost))
+                                  : (l.cost < best->cost || (l.cost == best->cost && s > bs));
+    if (better) best = &l;
+  }
+  return best->r;
 }
+
+// The margin chooseRotation may give up for fewer sharers: none under a memory budget.
+double slackOf(const PlanOptions& o) { return o.memoryBudgetBytes > 0 ? 0.0 : o.dedicatedSlack; }
 
 // The layers that take turns in a rotation, in forward order.
 std::vector<int> rotatingUsers(const ShardPlan& plan, const SizeClasses& c, const Rotation& r) {
@@ -204,7 +228,7 @@ std::vector<int> rotatingUsers(const ShardPlan& plan, const SizeClasses& c, cons
 
 void assignGatherBuffers(ShardPlan& plan, const SizeClasses& c) {
   const size_t elemBytes = libcomm::dataTypeSize(computeType(plan.options.precision));
-  const Rotation r = chooseRotation(plan, c, plan.options.blockBuffers, 1);
+  const Rotation r = chooseRotation(plan, c, plan.options.blockBuffers, 1, slackOf(plan.options));
   const std::vector<int> users = rotatingUsers(plan, c, r);
   for (int i = 0; i < r.buffers; ++i) {
     GatherBuffer b;
@@ -250,7 +274,8 @@ void assignGatherBuffers(ShardPlan& plan, const SizeClasses& c) {
 // forward and backward apart, so it costs no overlap.
 void assignGradBuffers(ShardPlan& plan, const SizeClasses& c) {
   const size_t elemBytes = libcomm::dataTypeSize(computeType(plan.options.precision));
-  const Rotation r = chooseRotation(plan, c, plan.options.gradBuffers, plan.options.microBatches);
+  const Rotation r =
+      chooseRotation(plan, c, plan.options.gradBuffers, plan.options.microBatches, slackOf(plan.options));
   const std::vector<int> users = rotatingUsers(plan, c, r);
   for (int i = 0; i < r.buffers; ++i) {
     GradBuffer b;

@@ -111,6 +111,9 @@ libcomm::Result<libshard::ShardPlan> makePlan(const libshard::ModelSpec& spec, c
   o.prefetchDepth = v.prefetch;
   o.gradBuffers = v.gradBuffers;
   o.microBatches = v.micro;
+  // Under a budget the planner takes the least-memory buffers (no dedicatedSlack): measure the
+  // budget against that layout.
+  if (v.budget) o.dedicatedSlack = 0;
   LIBCOMM_ASSIGN_OR_RETURN(auto plan, libshard::ShardPlanner(o).plan(spec));
   if (!v.budget) return plan;
   // Everything but one byte of the activations: at least one layer must checkpoint.

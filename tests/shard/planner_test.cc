@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <climits>
 
 #include <algorithm>
@@ -24,11 +26,14 @@ using libcomm::StatusCode;
 using plantest::layer;
 using plantest::param;
 
+// The least-memory layouts these tests work out by hand: no margin for dedicated buffers (that
+// margin has tests of its own, PlannerBuffers.*Slack*).
 PlanOptions options(int world, size_t align = 128, Precision precision = Precision::kBf16) {
   PlanOptions o;
   o.worldSize = world;
   o.alignmentBytes = align;
   o.precision = precision;
+  o.dedicatedSlack = 0;
   return o;
 }
 
@@ -276,6 +281,56 @@ TEST(PlannerBuffers, TieSharesAndOneElementMoreGoesDedicated) {
   ShardPlan over = planOrDie(blocksWithEmbed(17, 8), options(1, 16));
   EXPECT_EQ(bufferNames(over), (std::vector<std::string>{"blocks.0", "blocks.1", "embed"}));
   EXPECT_EQ(termBytes(over, "gather buffers"), 2u * 264);
+}
+
+// Tiny blocks between a big embedding and a big head (shard_bench's comm-heavy shape): sharing the
+// rotation saves only the two small block buffers, and the default margin gives both big layers
+// buffers of their own, in gathers and gradients alike. Blocks nearly as big as the outsized layers
+// (the mixed shape) save a lot by sharing: they share.
+ModelSpec bigEnds(int64_t endRows, int64_t blockElems) {
+  ModelSpec m;
+  m.layers.push_back(layer("embed", {param("embed.w", {endRows, 8}, ParamKind::kEmbedding)}));
+  for (int i = 0; i < 4; ++i) {
+    const std::string b = "blocks." + std::to_string(i);
+    m.layers.push_back(layer(b, {param(b + ".w", {blockElems})}));
+  }
+  m.layers.push_back(layer("head", {param("head.w", {endRows, 8}, ParamKind::kHead)}));
+  return m;
+}
+
+TEST(PlannerBuffers, SlackKeepsBigEndsOutOfTheRotationWhenSharingSavesLittle) {
+  PlanOptions o = options(1, 16);
+  o.dedicatedSlack = PlanOptions{}.dedicatedSlack;  // the default, 1/32
+  // embed and head 2048 each, blocks 64: shared 2 x 2048 = 4096, dedicated 2 x 64 + 4096 = 4224 (+3.1%).
+  const ModelSpec m = bigEnds(256, 64);
+  const ShardPlan slack = planOrDie(m, o);
+  EXPECT_EQ(bufferNames(slack), (std::vector<std::string>{"blocks.0", "blocks.1", "embed", "head"}));
+  EXPECT_EQ(termBytes(slack, "gather buffers"), 2u * 4224);
+  EXPECT_GE(slack.layers[0].gradBuffer, 0);
+  EXPECT_GE(slack.layers[5].gradBuffer, 0);
+  EXPECT_EQ(termBytes(slack, "gradient buffers"), 2u * 4224);
+  // Least memory: both share.
+  o.dedicatedSlack = 0;
+  const ShardPlan least = planOrDie(m, o);
+  EXPECT_EQ(bufferNames(least), (std::vector<std::string>{"blocks.0", "blocks.1"}));
+  EXPECT_EQ(termBytes(least, "gather buffers"), 2u * 4096);
+  EXPECT_EQ(least.layers[0].gradBuffer, -1);
+  // One alignment unit more of blocks (72: 4240, +3.5%) is past the margin: they share again.
+  o.dedicatedSlack = PlanOptions{}.dedicatedSlack;
+  EXPECT_EQ(bufferNames(planOrDie(bigEnds(256, 72), o)), (std::vector<std::string>{"blocks.0", "blocks.1"}));
+  // Blocks of 1024 against ends of 2048: dedicating would cost half again as much.
+  EXPECT_EQ(bufferNames(planOrDie(bigEnds(256, 1024), o)), (std::vector<std::string>{"blocks.0", "blocks.1"}));
+  // Under a memory budget memory comes first: the least-memory layout, margin or not.
+  PlanOptions budget = o;
+  budget.memoryBudgetBytes = 1ull << 30;
+  EXPECT_EQ(bufferNames(planOrDie(m, budget)), (std::vector<std::string>{"blocks.0", "blocks.1"}));
+  // The margin must be a fraction.
+  for (double bad : {-0.01, 1.5, std::nan("")}) {
+    o.dedicatedSlack = bad;
+    auto r = ShardPlanner(o).plan(m);
+    ASSERT_FALSE(r.isOk()) << bad;
+    EXPECT_NE(r.status().message().find("dedicatedSlack"), std::string::npos) << r.status().toString();
+  }
 }
 
 TEST(PlannerBuffers, EmbeddingSharesWhileHugeHeadIsDedicated) {
@@ -769,6 +824,13 @@ TEST(PlannerProperties, RandomModelsKeepInvariantsAndMinimalGatherBytes) {
     const uint64_t best =
         plantest::bruteForceBufferElements(blocks, outsized, 1, static_cast<size_t>(o.blockBuffers));
     EXPECT_EQ(termBytes(p, "gather buffers"), (best + p.resident.paddedNumel) * e);
+    // With the default margin: within 1/32 of the least, and never more layers in the rotation.
+    PlanOptions od = o;
+    od.dedicatedSlack = PlanOptions{}.dedicatedSlack;
+    const ShardPlan pd = planOrDie(m, od);
+    EXPECT_LE(termBytes(pd, "gather buffers"), (best + best / 32 + p.resident.paddedNumel) * e);
+    EXPECT_GE(termBytes(pd, "gather buffers"), termBytes(p, "gather buffers"));
+    EXPECT_GE(pd.gatherBuffers.size(), p.gatherBuffers.size());
     uint64_t sum = 0;
     for (const MemoryTerm& t : p.memory) sum += t.bytes;
     EXPECT_EQ(sum, p.totalBytes);

@@ -48,6 +48,16 @@ struct PlanOptions {
   /// outsized embedding/head may get a dedicated one instead (ShardPlan::gradBuffers).
   int gradBuffers = 2;
   int microBatches = 1;
+  /// How much more buffer memory than the least (a fraction of it) the planner gives up to keep an
+  /// outsized embedding/head out of the blocks' rotation, in gather and in gradient buffers. A big
+  /// layer sharing the rotation makes the small ones wait for its collectives: the next block's
+  /// gather for the big layer's release of the shared buffer, the next block's backward for the
+  /// big layer's reduce-scatter to free a gradient buffer. Where sharing saves little (blocks much
+  /// smaller than the embedding and head) that wait is the larger cost: measured with the schedule
+  /// simulator and shard_bench, docs/PERFORMANCE.md. Among the layouts within the margin the one
+  /// with the fewest sharers is taken (then the least memory). 0: the least memory, whatever the
+  /// wait. Not applied under a memory budget, where memory comes first. 0..1.
+  double dedicatedSlack = 1.0 / 32;
   /// Per-rank budget for the plan's total (libshard's buffers + activations). 0: no budget, nothing
   /// is checkpointed.
   uint64_t memoryBudgetBytes = 0;
