@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <optional>
@@ -34,6 +35,8 @@ constexpr const char* kUsage =
     "  --precision P         bf16 | fp32: gathered weights and gradients, in every size (default: the size's)\n"
     "  --micro-batches M     gradient accumulation steps per step (default 1)\n"
     "  --prefetch D          gathers ahead of compute in the overlap schedule (default 1)\n"
+    "  --dedicated-slack F   buffer memory (a fraction of the least) the planner gives up to keep the\n"
+    "                        embedding/head out of the blocks' buffer rotation (default 0.03125; 0: least memory)\n"
     "  -w, --warmup N        untimed steps at the start of every run (default 2, at least 1)\n"
     "  -n, --steps N         timed steps per run (default 10)\n"
     "  -r, --repeats N       runs per size and mode, modes interleaved (default 3)\n"
@@ -161,6 +164,15 @@ libcomm::Result<Options> parseOptions(const std::vector<std::string>& args) {
        }},
       {"--micro-batches", intFlag(o.microBatches, 1, 1024)},
       {"--prefetch", intFlag(o.prefetchDepth, 1, 64)},
+      {"--dedicated-slack",
+       [&](const std::string& f, const std::string& s) {
+         char* end = nullptr;
+         const double v = std::strtod(s.c_str(), &end);
+         if (s.empty() || *end != '\0' || !(v >= 0 && v <= 1))
+           return usageError(f, s, "must be a fraction from 0 to 1");
+         o.dedicatedSlack = v;
+         return Status::ok();
+       }},
       {"--warmup", intFlag(o.warmupSteps, 1, 1000000)},
       {"--steps", intFlag(o.timedSteps, 1, 1000000)},
       {"--repeats", intFlag(o.repeats, 1, 1000)},
@@ -220,6 +232,7 @@ tinylm::TrainOptions trainOptions(const Options& o, const SizeSpec& size, BenchM
   t.globalBatch = size.seqsPerRank * world * o.microBatches;
   t.precision = size.precision;
   t.prefetchDepth = o.prefetchDepth;
+  t.dedicatedSlack = o.dedicatedSlack;
   t.serialize = mode == BenchMode::kSerialized;
   t.mode = mode == BenchMode::kComputeOnly ? tinylm::TrainMode::kComputeOnly
            : mode == BenchMode::kCommOnly  ? tinylm::TrainMode::kCommOnly

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "libcomm/status.h"
+#include "libshard/plan.h"
 #include "tinylm/train.h"
 
 namespace shard_bench {
@@ -33,6 +34,7 @@ struct Options {
   std::vector<SizeSpec> sizes;  // --precision and the model flags already applied
   int microBatches = 1;
   int prefetchDepth = 1;
+  double dedicatedSlack = libshard::PlanOptions{}.dedicatedSlack;  // --dedicated-slack
   int warmupSteps = 2;  // untimed steps at the start of every run
   int timedSteps = 10;  // timed steps per run
   int repeats = 3;      // runs per (size, mode); modes interleaved

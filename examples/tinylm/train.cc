@@ -270,6 +270,7 @@ libshard::PlanOptions trainPlanOptions(const TrainOptions& o, int worldSize, int
   p.rank = rank;
   p.alignmentBytes = o.alignmentBytes;
   p.precision = o.precision;
+  p.dedicatedSlack = o.dedicatedSlack;
   p.blockBuffers = std::max(2, o.prefetchDepth + 1);
   p.prefetchDepth = o.prefetchDepth;
   p.gradBuffers = 2;

@@ -145,6 +145,9 @@ struct TrainOptions {
   size_t alignmentBytes = 128;
   int prefetchDepth = 1;           // gathers ahead of compute; blockBuffers = prefetchDepth + 1
   uint64_t memoryBudgetBytes = 0;  // per rank, libshard + activations; 0: none
+  /// libshard::PlanOptions::dedicatedSlack: the buffer memory the planner gives up to keep the
+  /// embedding/head out of the blocks' rotation (0: least memory).
+  double dedicatedSlack = libshard::PlanOptions{}.dedicatedSlack;
   bool serialize = false;          // no overlap (benchmark baseline): ScheduleOptions::serialize
   bool eventLogCheck = false;      // record the event log and prove it with checkEventLog at the end
   /// With eventLogCheck: also write each rank's log as text to "<eventLogDump>.r<rank>" (one entry a
