@@ -105,21 +105,18 @@ Status Executor::runOp(const ScheduleOp& op) {
       // runs on the compute stream (as a CUDA one would) is still running when optimizerDone()
       // returns on the trainer's thread, so a stamp there would prove nothing.
       // A group's update is stamped the same way: it gates that group's gathers of the next step.
-      const bool gate = ev.kind == EventKind::kOptimizerDone || ev.kind == EventKind::kGroupUpdated;
-      if (log_.enabled() && (ev.kind == EventKind::kReleased || gate)) {
-        const bool release = ev.kind == EventKind::kReleased;
-        LogEntry e = logEntry(release                               ? LogKind::kRelease
-                              : ev.kind == EventKind::kGroupUpdated ? LogKind::kGroupUpdated
-                                                                    : LogKind::kOptimizerDone);
-        if (release) e.buffer = static_cast<int16_t>(ev.index);
-        if (ev.kind == EventKind::kGroupUpdated) e.layer = ev.index;
-        if (release && hook_ && hook_->hook == HookKind::kEndStep) e.layer = -1;  // the resident group's release
+      const std::optional<LogEntry> logged =
+          log_.enabled()
+              ? detail::recordLogEntry(ev, logEntry(LogKind::kRelease), hook_ && hook_->hook == HookKind::kEndStep)
+              : std::nullopt;
+      if (logged) {
+        const LogEntry e = *logged;
         LIBCOMM_RETURN_IF_ERROR(stream(op.stream).enqueueHost(
             [this, e] {
               log_.add(e);
               return Status::ok();
             },
-            release ? "log release" : "log optimizer gate"));
+            e.kind == LogKind::kRelease ? "log release" : "log optimizer gate"));
       }
       return stream(op.stream).record(*events_[static_cast<size_t>(op.event)]);
     }

@@ -2,10 +2,13 @@
 // Small helpers shared by libshard's schedule, executor and buffer pool (not installed).
 
 #include <cstddef>
+#include <optional>
 
 #include "libcomm/status.h"
 #include "libcomm/types.h"
+#include "libshard/event_log.h"
 #include "libshard/plan.h"
+#include "libshard/schedule.h"
 #include "libshard/state.h"
 
 namespace libshard::detail {
@@ -30,6 +33,22 @@ inline libcomm::Status checkWritable(const ShardState& state, const char* who, b
                               ": the executor's groupUpdated already started next-step gathers that read the updated "
                               "groups' shards; only the groups still to update may be written until optimizerDone");
   return libcomm::Status::ok();
+}
+
+/// The event log entry written when a stream reaches a record of `ev`, or none: releases, group
+/// updates and the optimizer gate are logged (rule B and the optimizer gate are proven from them),
+/// other records are not. `hookEntry` carries the hook's fields (step, layer, micro-batch, ...);
+/// `atEndStep`: the record was enqueued by endStep, whose release is the resident group's. The
+/// Executor and the simulator write the same entries with it.
+inline std::optional<LogEntry> recordLogEntry(const ScheduleEvent& ev, LogEntry hookEntry, bool atEndStep) {
+  const bool release = ev.kind == EventKind::kReleased;
+  const bool updated = ev.kind == EventKind::kGroupUpdated;
+  if (!release && !updated && ev.kind != EventKind::kOptimizerDone) return std::nullopt;
+  hookEntry.kind = release ? LogKind::kRelease : updated ? LogKind::kGroupUpdated : LogKind::kOptimizerDone;
+  if (release) hookEntry.buffer = static_cast<int16_t>(ev.index);
+  if (updated) hookEntry.layer = ev.index;
+  if (release && atEndStep) hookEntry.layer = -1;
+  return hookEntry;
 }
 
 }  // namespace libshard::detail

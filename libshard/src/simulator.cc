@@ -8,10 +8,13 @@
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "shard_internal.h"
 
 namespace libshard {
 
@@ -173,6 +176,21 @@ class Program {
     a.item = std::move(item);
   }
 
+  // A collective on the link, taking commCpu of a core; logged at its start and end.
+  Item collective(double cost, int busy, const LogEntry& start, LogKind endKind, std::string what) const {
+    Item it;
+    it.cost = cost;
+    it.cpu = o_.commCpu;
+    it.link = true;
+    it.busy = busy;
+    it.logStart = it.logEnd = o_.log;
+    it.start = start;
+    it.end = start;
+    it.end.kind = endKind;
+    it.what = std::move(what);
+    return it;
+  }
+
   void translate(const ScheduleOp& op) {
     const bool onCompute = op.stream == StreamId::kCompute;
     switch (op.kind) {
@@ -196,15 +214,10 @@ class Program {
       case OpKind::kRecord: {
         const ScheduleEvent& ev = s_.events[static_cast<size_t>(op.event)];
         // The Executor logs releases, group updates and the optimizer gate where the stream reaches them.
-        const bool gate = ev.kind == EventKind::kOptimizerDone || ev.kind == EventKind::kGroupUpdated;
-        const bool release = ev.kind == EventKind::kReleased;
-        LogEntry e = entry(release                               ? LogKind::kRelease
-                           : ev.kind == EventKind::kGroupUpdated ? LogKind::kGroupUpdated
-                                                                 : LogKind::kOptimizerDone);
-        if (release) e.buffer = static_cast<int16_t>(ev.index);
-        if (ev.kind == EventKind::kGroupUpdated) e.layer = ev.index;
-        if (release && hook_ && hook_->hook == HookKind::kEndStep) e.layer = -1;
-        const bool log = o_.log && (release || gate);
+        const std::optional<LogEntry> logged =
+            detail::recordLogEntry(ev, entry(LogKind::kRelease), hook_ && hook_->hook == HookKind::kEndStep);
+        const bool log = o_.log && logged.has_value();
+        const LogEntry e = logged.value_or(LogEntry{});
         if (onCompute) {
           Action& a = add(Action::Kind::kRecordNow);
           a.event = op.event;
@@ -228,43 +241,27 @@ class Program {
         return;
       }
       case OpKind::kAllGather: {
-        Item it;
-        it.cost = op.layer < 0 ? c_.residentGatherUs : c_.gatherUs[static_cast<size_t>(op.layer)];
-        it.cpu = o_.commCpu;
-        it.link = true;
-        it.busy = 0;
-        it.logStart = it.logEnd = o_.log;
         LogEntry e = entry(LogKind::kGatherStart);
         if (op.nextStep) e.step = step_ + 1;
         e.layer = op.layer;
         e.buffer = static_cast<int16_t>(op.buffer);
         e.microBatch = -1;
         e.gradBuffer = -1;
-        it.start = e;
-        e.kind = LogKind::kGatherEnd;
-        it.end = e;
-        it.what = "all_gather of group " + std::to_string(op.layer);
-        enqueue(StreamId::kGather, std::move(it));
+        enqueue(StreamId::kGather,
+                collective(op.layer < 0 ? c_.residentGatherUs : c_.gatherUs[static_cast<size_t>(op.layer)], 0, e,
+                           LogKind::kGatherEnd, "all_gather of group " + std::to_string(op.layer)));
         return;
       }
       case OpKind::kReduceScatter: {
-        Item it;
-        it.cost = op.layer < 0 ? c_.residentReduceUs : c_.reduceUs[static_cast<size_t>(op.layer)];
-        it.cpu = o_.commCpu;
-        it.link = true;
-        it.busy = 1;
-        it.logStart = it.logEnd = o_.log;
         LogEntry e = entry(LogKind::kReduceStart);
         e.layer = op.layer;
         e.microBatch = op.microBatch;
         e.gradBuffer = static_cast<int16_t>(op.gradBuffer);
         e.buffer = -1;
         e.accumulate = op.accumulate ? 1 : 0;
-        it.start = e;
-        e.kind = LogKind::kReduceEnd;
-        it.end = e;
-        it.what = "reduce_scatter of group " + std::to_string(op.layer);
-        enqueue(StreamId::kReduce, std::move(it));
+        enqueue(StreamId::kReduce,
+                collective(op.layer < 0 ? c_.residentReduceUs : c_.reduceUs[static_cast<size_t>(op.layer)], 1, e,
+                           LogKind::kReduceEnd, "reduce_scatter of group " + std::to_string(op.layer)));
         return;
       }
       case OpKind::kZeroGrad: {
