@@ -95,7 +95,16 @@ const char* cliUsage() {
          "                        an older tinylm recorded the seed alone); other --micro-batches, --lr,\n"
          "                        --weight-decay or --clip than the saved run's are allowed and printed\n"
          "  --timeout SECONDS     bound on every wait (default 300); the communicators' op timeout in place of\n"
-         "                        LIBCOMM_TIMEOUT_MS (and twice it in place of LIBCOMM_INIT_TIMEOUT_MS)\n";
+         "                        LIBCOMM_TIMEOUT_MS (and twice it in place of LIBCOMM_INIT_TIMEOUT_MS)\n"
+         "  --simulate            train nothing: predict the step of these flags at -np W ranks (default 1) with\n"
+         "                        libshard's schedule simulator, priced from the rates below (examples/tinylm/\n"
+         "                        simulate.h: a model of the layers, not a measurement), and print it\n"
+         "  --sim-gflops X --sim-busbw X --sim-mem-gbs X   with --simulate (required): the matrix rate per rank\n"
+         "                        (GFLOP/s), the collectives' bus bandwidth (GB/s, as nccl-tests counts it), the\n"
+         "                        optimizer's memory bandwidth (GB/s)\n"
+         "  --sim-latency-us X    with --simulate: each collective's fixed cost (default 0)\n"
+         "  --sim-cores X         with --simulate: the cores of a rank, every running collective taking one (a\n"
+         "                        CPU host; default 0: collectives on engines of their own, as on a GPU)\n";
 }
 
 libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args) {
@@ -107,6 +116,17 @@ libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args) {
     return [&field, lo, hi, &v](const std::string& f, const std::string& s) {
       LIBCOMM_RETURN_IF_ERROR(parseInt(f, s, lo, hi, v));
       field = static_cast<int>(v);
+      return Status::ok();
+    };
+  };
+  // --sim-* rates: finite numbers >= 0, remembered so that they are refused without --simulate.
+  std::string simGiven;
+  auto simFlag = [&simGiven](double& field) {
+    return [&field, &simGiven](const std::string& f, const std::string& s) {
+      float x = 0;
+      LIBCOMM_RETURN_IF_ERROR(parseFloat(f, s, x));
+      field = x;
+      simGiven = f;
       return Status::ok();
     };
   };
@@ -163,6 +183,11 @@ libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args) {
          return Status::ok();
        }},
       {"--lr", [&](const std::string& f, const std::string& s) { return parseFloat(f, s, t.adamw.lr); }},
+      {"--sim-gflops", simFlag(o.sim.gflops)},
+      {"--sim-busbw", simFlag(o.sim.busbwGBs)},
+      {"--sim-mem-gbs", simFlag(o.sim.memGBs)},
+      {"--sim-latency-us", simFlag(o.sim.latencyUs)},
+      {"--sim-cores", simFlag(o.sim.cores)},
       {"--weight-decay",
        [&](const std::string& f, const std::string& s) { return parseFloat(f, s, t.adamw.weightDecay); }},
       {"--clip", [&](const std::string& f, const std::string& s) { return parseFloat(f, s, t.clipNorm); }},
@@ -185,18 +210,27 @@ libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args) {
          return Status::ok();
        }},
   };
-  table.switches = {
-      {"--serialize", &t.serialize}, {"--event-log-check", &t.eventLogCheck}, {"--describe", &o.describe}};
+  table.switches = {{"--serialize", &t.serialize},
+                    {"--event-log-check", &t.eventLogCheck},
+                    {"--describe", &o.describe},
+                    {"--simulate", &o.simulate}};
   LIBCOMM_RETURN_IF_ERROR(flags::parse(args, table, &o.childArgs, &o.help));
   if (o.help) return o;
+  if (!simGiven.empty() && !o.simulate)
+    return usageError(simGiven, "", "only with --simulate (it prices the simulated step)");
+  if (o.simulate && (!t.saveCheckpoint.empty() || !t.loadCheckpoint.empty() || t.eventLogCheck))
+    return usageError("--simulate", "",
+                      "trains nothing, so it takes no --save-checkpoint, --load-checkpoint or --event-log-check");
   // The serialized schedule issues no gather ahead of compute: a depth would only allocate buffers.
   if (t.serialize && t.prefetchDepth != 1)
     return usageError("--prefetch", std::to_string(t.prefetchDepth),
                       "--serialize gathers nothing ahead of compute, so a prefetch depth has no effect (leave "
                       "--prefetch out, or drop --serialize)");
-  // -np W: the W ranks share this machine's memory.
-  LIBCOMM_RETURN_IF_ERROR(validateTrainOptions(t, o.numRanks > 0 ? o.numRanks : 1, o.numRanks > 0 ? o.numRanks : 1));
-  if (std::string which; o.numRanks > 0 && libcomm::startedAsRank(&which))
+  // -np W: the W ranks share this machine's memory (with --simulate none is started: one rank's
+  // micro-batch is still bounded, as for any rank).
+  const int world = o.numRanks > 0 ? o.numRanks : 1;
+  LIBCOMM_RETURN_IF_ERROR(validateTrainOptions(t, world, o.simulate ? 1 : world));
+  if (std::string which; o.numRanks > 0 && !o.simulate && libcomm::startedAsRank(&which))
     return libcomm::makeError(StatusCode::kInvalidArgument,
                               "-np starts local ranks itself, but this process already is a rank of a job (", which,
                               " is set)");

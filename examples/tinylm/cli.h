@@ -9,6 +9,7 @@
 #include "libcomm/status.h"
 #include "program_output.h"  // tools/common
 #include "tinylm/launch.h"
+#include "tinylm/simulate.h"
 #include "tinylm/train.h"
 
 namespace tinylm {
@@ -17,6 +18,8 @@ struct CliOptions {
   TrainOptions train;
   int numRanks = 0;       // -np: start this many local rank processes; 0: run as one rank of a job (or alone)
   bool describe = false;  // print plan.describe() and the schedule's size before training
+  bool simulate = false;  // --simulate: predict a step (simulate.h) at -np's world size instead of training
+  SimRates sim;           // --sim-*: its rates
   bool help = false;
   /// The arguments each local rank gets: everything but -np and its value.
   std::vector<std::string> childArgs;

@@ -11,6 +11,7 @@
 // (train.h, isOptionsError), printed as the parser's are: the message alone, once (-np checks
 // them before it starts the ranks), no source frames. Other errors keep their code and frames.
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -21,6 +22,7 @@
 #include "libshard/schedule.h"
 #include "tinylm/cli.h"
 #include "tinylm/launch.h"
+#include "tinylm/simulate.h"
 #include "tinylm/train.h"
 
 namespace tinylm {
@@ -149,6 +151,12 @@ int main(int argc, char** argv) {
   }
   if (options->help) {
     std::fputs(cliUsage(), stdout);
+    return checkStdout(0);
+  }
+  if (options->simulate) {  // no ranks: the plan and the simulator only
+    auto report = simulateReport(options->train, std::max(1, options->numRanks), options->sim);
+    if (!report.isOk()) return usage("tinylm", report.status());
+    std::fputs(report->c_str(), stdout);
     return checkStdout(0);
   }
   if (options->numRanks > 0) return checkStdout(spawnRanks(*options, argv[0]));

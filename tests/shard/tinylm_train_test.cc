@@ -50,6 +50,7 @@
 #include "tinylm/flags.h"
 #include "tinylm/reference.h"
 #include "tinylm/run_files.h"
+#include "tinylm/simulate.h"
 #include "tinylm/train.h"
 
 namespace {
@@ -892,6 +893,75 @@ TEST(TinyLmTrainOptions, SharedFlagParser) {
   ASSERT_TRUE(tinylm::flags::parseInt("--budget", "3K", 1, 1LL << 40, bytes, true).isOk());
   EXPECT_EQ(bytes, 3072);
   EXPECT_FALSE(tinylm::flags::parseInt("--budget", "2G", 1, 1LL << 30, bytes, true).isOk());
+}
+
+// tinylm --simulate's costs follow its rates as simulate.h says, and its report adds up.
+TEST(TinyLmTrainOptions, SimulatedCostsFollowTheRates) {
+  tinylm::TrainOptions o;
+  o.model.vocab = 512;
+  o.model.dim = 32;
+  o.model.hidden = 64;
+  o.model.layers = 2;
+  o.model.seqLen = 16;
+  o.globalBatch = 4;
+  o.precision = tinylm::Precision::kBf16;
+  const int world = 2;
+  auto plan = libshard::ShardPlanner(tinylm::trainPlanOptions(o, world, 0)).plan(tinylm::trainModelSpec(o, world));
+  ASSERT_TRUE(plan.isOk()) << plan.status().toString();
+  tinylm::SimRates r;
+  r.gflops = 10;
+  r.busbwGBs = 2;
+  r.latencyUs = 5;
+  r.memGBs = 8;
+  auto c = tinylm::ratedCosts(o, world, *plan, r);
+  ASSERT_TRUE(c.isOk()) << c.status().toString();
+  const double tokens = 16.0 * 2;  // 2 sequences per rank
+  // blocks.0 (layer 1): two matrices of dim x hidden; an embedding and a norm compute nothing.
+  ASSERT_EQ(plan->layers[1].name, "blocks.0");
+  EXPECT_NEAR(c->forwardUs[1], 2 * tokens * (2 * 32 * 64) / 1e4, 1e-9);
+  EXPECT_NEAR(c->backwardUs[1], 2 * c->forwardUs[1], 1e-9);
+  EXPECT_EQ(c->forwardUs[0], 0.0);
+  // Its gather: 5 us + bytes x (W - 1) / W at 2 GB/s (2,000 bytes per us).
+  const double bytes = static_cast<double>(plan->layers[1].paddedNumel) * 2;
+  EXPECT_NEAR(c->gatherUs[1], 5 + bytes / 2 / 2e3, 1e-9);
+  EXPECT_NEAR(c->reduceUs[1], c->gatherUs[1], 1e-9);
+  EXPECT_NEAR(c->updateUs[1], static_cast<double>(plan->layers[1].shardNumel) * 30 / 8e3, 1e-9);
+  // Every needed rate is named when missing.
+  for (const char* flag : {"--sim-gflops", "--sim-busbw", "--sim-mem-gbs"}) {
+    tinylm::SimRates missing = r;
+    (std::string(flag) == "--sim-gflops"  ? missing.gflops
+     : std::string(flag) == "--sim-busbw" ? missing.busbwGBs
+                                          : missing.memGBs) = 0;
+    auto bad = tinylm::ratedCosts(o, world, *plan, missing);
+    ASSERT_FALSE(bad.isOk()) << flag;
+    EXPECT_NE(bad.status().message().find(flag), std::string::npos) << bad.status().toString();
+  }
+  // Communication that costs (almost) nothing leaves nothing exposed.
+  tinylm::SimRates instant = r;
+  instant.busbwGBs = 1e9;
+  instant.latencyUs = 0;
+  auto report = tinylm::simulateReport(o, world, instant);
+  ASSERT_TRUE(report.isOk()) << report.status().toString();
+  EXPECT_NE(report->find("exposed 0.000 ms (0.0%)"), std::string::npos) << *report;
+  EXPECT_NE(report->find("blocks.1"), std::string::npos) << *report;
+}
+
+TEST(TinyLmTrainOptions, SimulateFlagsAreCheckedTogether) {
+  auto ok = tinylm::parseCli({"-np", "4", "--simulate", "--sim-gflops", "100", "--sim-busbw", "10", "--sim-mem-gbs",
+                              "50", "--sim-cores", "2"});
+  ASSERT_TRUE(ok.isOk()) << ok.status().toString();
+  EXPECT_TRUE(ok->simulate);
+  EXPECT_EQ(ok->sim.cores, 2.0);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"--sim-busbw", "10"}, "--sim-busbw: only with --simulate"},
+      {{"--simulate", "--save-checkpoint", "/tmp/x"}, "--simulate: trains nothing"},
+      {{"--simulate", "--sim-gflops", "-1"}, "--sim-gflops"},
+  };
+  for (const auto& [args, want] : bad) {
+    auto r = tinylm::parseCli(args);
+    ASSERT_FALSE(r.isOk()) << args[0];
+    EXPECT_NE(r.status().message().find(want), std::string::npos) << r.status().toString();
+  }
 }
 
 }  // namespace
