@@ -39,7 +39,8 @@ int fail(int rank, const libcomm::Status& st) {
 // -np: the tinylm launcher starts the ranks, each running this command without -np.
 int spawnRanks(const Options& o, const char* argv0) {
   // Every run bounds each of its waits; the job deadline only catches what the ranks cannot.
-  const long long runs = static_cast<long long>(o.sizes.size()) * kNumModes * o.repeats;
+  // Per repeat, every mode and the two runs that price the schedule model (measure.h).
+  const long long runs = static_cast<long long>(o.sizes.size()) * (kNumModes + 2) * o.repeats;
   const long long waits = 8 + runs * (o.warmupSteps + o.timedSteps + 4LL);
   const libcomm::Status st = tinylm::spawnLocalRanks(o.numRanks, argv0, o.childArgs,
                                                      tinylm::jobTimeout(std::chrono::seconds(o.timeoutSeconds), waits));

@@ -135,6 +135,7 @@ libcomm::Result<SizeResult> measureSize(const Options& o, const SizeSpec& size, 
   std::vector<tinylm::StepRecord> timed[kNumModes];
   std::vector<libshard::LogEntry> serialLog;  // the serialized runs' event logs, appended
   std::vector<libshard::LogEntry> commLog;    // the serialized comm-only runs' (the simulator's collectives)
+  std::vector<tinylm::StepRecord> calibrationSteps;  // the logged serialized runs' timed steps
   libshard::ShardPlan plan;
   double lastLoss[kNumModes] = {}, lastGradNorm[kNumModes] = {};
   for (int rep = 0; rep < o.repeats; ++rep) {
@@ -142,9 +143,7 @@ libcomm::Result<SizeResult> measureSize(const Options& o, const SizeSpec& size, 
     // (another job, thermal state) spreads over the modes instead of landing on one of them.
     for (int i = 0; i < kNumModes; ++i) {
       const BenchMode mode = kModes[(i + rep) % kNumModes];
-      tinylm::TrainOptions t = trainOptions(o, size, mode, world);
-      // Everything runs alone in the serialized schedule: its log prices each piece for the simulator.
-      t.eventLogCheck = mode == BenchMode::kSerialized;
+      const tinylm::TrainOptions t = trainOptions(o, size, mode, world);
       auto r = tinylm::runSharded(t, boot, agComm, rsComm);
       if (!r.isOk())
         return r.status().withContext(
@@ -152,25 +151,31 @@ libcomm::Result<SizeResult> measureSize(const Options& o, const SizeSpec& size, 
       LIBCOMM_RETURN_IF_ERROR(checkRun(*r, mode, size));
       auto& dst = timed[static_cast<int>(mode)];
       dst.insert(dst.end(), r->steps.begin() + std::min<size_t>(o.warmupSteps, r->steps.size()), r->steps.end());
-      if (mode == BenchMode::kSerialized) {
-        serialLog.insert(serialLog.end(), r->eventLog.begin(), r->eventLog.end());
-        plan = r->plan;
-      }
       if (rep == 0 && !r->steps.empty()) {
         lastLoss[static_cast<int>(mode)] = r->steps.back().loss;
         lastGradNorm[static_cast<int>(mode)] = r->steps.back().gradNorm;
       }
     }
-    // Not a mode: every collective of the step alone and with no compute in between, in lockstep
-    // with the peers, logged -- what a collective costs, for the simulator.
-    tinylm::TrainOptions t = trainOptions(o, size, BenchMode::kCommOnly, world);
-    t.serialize = true;
-    t.eventLogCheck = true;
-    auto r = tinylm::runSharded(t, boot, agComm, rsComm);
-    if (!r.isOk())
-      return r.status().withContext(
-          libcomm::detail::strCat("shard_bench: size ", size.name, ", serialized comm-only, repeat ", rep));
-    commLog.insert(commLog.end(), r->eventLog.begin(), r->eventLog.end());
+    // Not modes, not timed: the simulator's prices, from event logs (which cost the runs that
+    // record them a little). The serialized schedule runs every compute alone; the serialized
+    // comm-only one every collective alone and in step with the peers (in the full serialized
+    // run a collective also waits for a peer still computing).
+    for (const BenchMode mode : {BenchMode::kSerialized, BenchMode::kCommOnly}) {
+      tinylm::TrainOptions t = trainOptions(o, size, mode, world);
+      t.serialize = true;
+      t.eventLogCheck = true;
+      auto r = tinylm::runSharded(t, boot, agComm, rsComm);
+      if (!r.isOk())
+        return r.status().withContext(libcomm::detail::strCat("shard_bench: size ", size.name, ", serialized ",
+                                                              benchModeName(mode), " run for the model, repeat ", rep));
+      auto& log = mode == BenchMode::kSerialized ? serialLog : commLog;
+      log.insert(log.end(), r->eventLog.begin(), r->eventLog.end());
+      if (mode == BenchMode::kSerialized) {
+        calibrationSteps.insert(calibrationSteps.end(),
+                                r->steps.begin() + std::min<size_t>(o.warmupSteps, r->steps.size()), r->steps.end());
+        plan = r->plan;
+      }
+    }
   }
 
   RankFigures mine[kNumModes];
@@ -180,14 +185,24 @@ libcomm::Result<SizeResult> measureSize(const Options& o, const SizeSpec& size, 
       boot.allGather(mine, all.data(), sizeof(mine), libcomm::Deadline::after(std::chrono::seconds(o.timeoutSeconds))));
 
   // The model's figures, every rank's own (each measured its own pieces), then the largest.
+  // Every rank takes part in the exchange whether or not its own model worked, so that a failure on
+  // one rank fails them all at once rather than leaving the others waiting.
   std::string costText;
-  auto model = modelFigures(o, plan, serialLog, commLog, timed[static_cast<int>(BenchMode::kSerialized)], coresPerRank,
-                            &costText);
+  auto model = modelFigures(o, plan, serialLog, commLog, calibrationSteps, coresPerRank, &costText);
+  ModelFigures mineModel;
+  if (model.isOk())
+    mineModel = *model;
+  else
+    mineModel.failed = 1;
+  std::vector<ModelFigures> models(static_cast<size_t>(world));
+  LIBCOMM_RETURN_IF_ERROR(boot.allGather(&mineModel, models.data(), sizeof(ModelFigures),
+                                         libcomm::Deadline::after(std::chrono::seconds(o.timeoutSeconds))));
   if (!model.isOk())
     return model.status().withContext(libcomm::detail::strCat("shard_bench: size ", size.name, ", the schedule model"));
-  std::vector<ModelFigures> models(static_cast<size_t>(world));
-  LIBCOMM_RETURN_IF_ERROR(boot.allGather(&*model, models.data(), sizeof(ModelFigures),
-                                         libcomm::Deadline::after(std::chrono::seconds(o.timeoutSeconds))));
+  for (int r = 0; r < world; ++r)
+    if (models[static_cast<size_t>(r)].failed)
+      return libcomm::makeError(StatusCode::kInternalError, "shard_bench: size ", size.name,
+                                ", the schedule model failed on rank ", r, " (its own output says why)");
 
   SizeResult res;
   res.size = size;

@@ -48,6 +48,7 @@ struct ModeResult {
 /// ms; exposed times are the hooks' (the optimizer's norm allReduce is part of its first update
 /// in the model). POD (exchanged as bytes between ranks).
 struct ModelFigures {
+  int32_t failed = 0;       // this rank could not price or run the model (its error is its own)
   double serializedMs = 0;  // the serialized schedule: against the measured step, how well the costs add up
   double sharedStepMs = 0;  // overlap, a running collective taking a core of the rank's share (coresPerRank)
   double sharedExposedMs = 0;
@@ -72,9 +73,9 @@ struct SizeResult {
 
 /// Runs every mode of `size` o.repeats times. Collective over the ranks of `boot`, whose
 /// communicators `agComm` and `rsComm` are reused by every run. Every rank gets the same result.
-/// The serialized runs record their event log, which calibrates the schedule simulator
-/// (SizeResult::model); `coresPerRank` is the share of the machine's cores its shared-core
-/// model gives each rank.
+/// Per repeat, two untimed runs with the event log on calibrate the schedule simulator
+/// (SizeResult::model): the serialized schedule and the serialized comm-only one. `coresPerRank`
+/// is the share of the machine's cores its shared-core model gives each rank.
 /// Fails on a run's error, or when a run's figures are not sane (non-finite or non-positive
 /// times, a non-finite loss, a comm-only run whose gradients were not zero).
 libcomm::Result<SizeResult> measureSize(const Options& o, const SizeSpec& size, libcomm::Bootstrap& boot,

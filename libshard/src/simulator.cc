@@ -323,6 +323,7 @@ class Engine {
   };
   struct Task {
     double* remaining;
+    double cost = 0;  // the whole item's, for the completion tolerance
     double rate = 1;
     double cpu = 0;
     bool link = false;
@@ -450,12 +451,12 @@ class Engine {
 
   std::vector<Task> runningTasks() {
     std::vector<Task> t;
-    if (trainerBusy_) t.push_back({&trainerRemaining_, 1, 1, false, -1});
+    if (trainerBusy_) t.push_back({&trainerRemaining_, prog_[pc_].cost, 1, 1, false, -1});
     for (int i = 0; i < kNumStreams; ++i) {
       Stream& s = streams_[static_cast<size_t>(i)];
       if (!s.running) continue;
       const Item& it = s.items[s.head];
-      t.push_back({&s.remaining, 1, it.cpu, it.link, i});
+      t.push_back({&s.remaining, it.cost, 1, it.cpu, it.link, i});
     }
     double wanted = 0;
     int onLink = 0;
@@ -487,8 +488,8 @@ class Engine {
     now_ += dt;
     for (Task& x : tasks) {
       *x.remaining -= x.rate * dt;
-      // Whatever finishes within a rounding error of now finishes now.
-      if (*x.remaining > 1e-9 * std::max(1.0, now_)) continue;
+      // Whatever is left within a rounding error of its cost finishes now.
+      if (*x.remaining > 1e-9 * std::max(1.0, x.cost)) continue;
       if (x.stream < 0) {
         trainerBusy_ = false;
         const Action& a = prog_[pc_];
@@ -591,11 +592,12 @@ libcomm::Result<SimResult> simulate(const ShardPlan& plan, const Schedule& sched
                                     const SimOptions& options) {
   auto bad = [](auto&&... args) { return libcomm::makeError(StatusCode::kInvalidArgument, "simulator: ", args...); };
   if (options.steps < 1 || options.steps > 1000) return bad("steps is ", options.steps, "; 1..1000");
-  if (!(options.cores >= 0) || !std::isfinite(options.cores))
-    return bad("cores is ", options.cores, "; a share of cores > 0, or 0 for no bound");
+  if (!(options.cores == 0 || (options.cores >= 0.01 && std::isfinite(options.cores))))
+    return bad("cores is ", options.cores, "; a share of cores of at least 0.01, or 0 for no bound");
   if (!(options.commCpu >= 0 && options.commCpu <= 1)) return bad("commCpu is ", options.commCpu, "; 0..1");
   LIBCOMM_RETURN_IF_ERROR(schedule.validate());
   if (schedule.numLayers != static_cast<int>(plan.layers.size()) ||
+      schedule.microBatches != plan.options.microBatches ||
       schedule.numGatherBuffers != static_cast<int>(plan.gatherBuffers.size()) ||
       schedule.numGradBuffers != static_cast<int>(plan.gradBuffers.size()))
     return bad("the schedule was not built from this plan");

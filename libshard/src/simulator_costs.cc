@@ -1,6 +1,7 @@
 // The simulator's costs measured from an event log, and their printout (simulator.h).
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -33,7 +34,7 @@ using Samples = std::vector<std::vector<double>>;
 libcomm::Result<SimCosts> costsFromEventLog(const std::vector<LogEntry>& log, const ShardPlan& plan, int fromStep) {
   const size_t n = plan.layers.size();
   Samples fwd(n + 1), bwd(n + 1), gather(n + 1), reduce(n + 1), update(n + 1), zero(n + 1);
-  std::vector<double> zeroRate;  // us per element, over the zeroings that ran right behind their reduce-scatter
+  std::vector<double> zeroRate;  // us per element, over the zeroings measured (for a layer with none)
   auto slot = [&](int layer) -> size_t { return layer >= -1 && layer < static_cast<int>(n) ? size_t(layer + 1) : 0; };
   auto valid = [&](int layer) { return layer >= -1 && layer < static_cast<int>(n); };
 
@@ -41,7 +42,8 @@ libcomm::Result<SimCosts> costsFromEventLog(const std::vector<LogEntry>& log, co
   std::map<std::pair<int, int>, int64_t> gatherStart;              // (step, layer)
   std::map<std::tuple<int, int, int>, int64_t> reduceStart;        // (step, micro, layer)
   std::map<int, int64_t> lastStamp;                                // step -> step end or the last update stamp
-  const LogEntry* lastRs = nullptr;  // the rs stream's last entry (reduce end or zeroing), in log order
+  const LogEntry* lastRs = nullptr;       // the rs stream's last entry (reduce end or zeroing), in log order
+  const LogEntry* lastStepEnd = nullptr;  // the last step end, in log order
   for (const LogEntry& e : log) {
     const bool counted = e.step >= fromStep && valid(e.layer);
     switch (e.kind) {
@@ -72,20 +74,25 @@ libcomm::Result<SimCosts> costsFromEventLog(const std::vector<LogEntry>& log, co
         lastRs = &e;
         break;
       }
-      case LogKind::kGradZeroed:
-        // Right behind its layer's reduce-scatter the zeroing's time is its cost; behind endStep's
-        // drain the stream was idle before it, and the gap says nothing.
-        if (lastRs && lastRs->kind == LogKind::kReduceEnd && lastRs->layer == e.layer &&
-            lastRs->gradBuffer == e.gradBuffer && counted && e.layer >= 0) {
-          const double t = us(e.ns - lastRs->ns);
+      case LogKind::kGradZeroed: {
+        // A zeroing starts when the rs stream is done with what came before it (the reduce-scatter
+        // right behind which it runs, or an earlier zeroing) and, behind endStep's drain, once endStep
+        // enqueued it (just before the step's end entry, which then comes after that rs entry).
+        int64_t start = lastRs ? lastRs->ns : e.ns;
+        if (lastStepEnd && lastStepEnd->step == e.step && lastStepEnd > lastRs)
+          start = std::max(start, lastStepEnd->ns);
+        if (lastRs && counted && e.layer >= 0) {
+          const double t = std::max(0.0, us(e.ns - start));
           zero[slot(e.layer)].push_back(t);
           const size_t elems = plan.layers[static_cast<size_t>(e.layer)].paddedNumel;
           if (elems > 0) zeroRate.push_back(t / static_cast<double>(elems));
         }
         lastRs = &e;
         break;
+      }
       case LogKind::kStepEnd:
         lastStamp[e.step] = e.ns;
+        lastStepEnd = &e;
         break;
       case LogKind::kGroupUpdated: {
         auto it = lastStamp.find(e.step);
@@ -118,6 +125,10 @@ libcomm::Result<SimCosts> costsFromEventLog(const std::vector<LogEntry>& log, co
     c.zeroUs[k] = zero[s].empty() ? rate * static_cast<double>(g.paddedNumel) : median(zero[s]);
     c.updateUs[k] = median(update[s]);
   }
+  if (plan.resident.paddedNumel > 0 && gather[0].empty())
+    return libcomm::makeError(StatusCode::kInvalidArgument,
+                              "simulator: the event log has no all_gather of the resident group from step ", fromStep,
+                              " on");
   c.residentGatherUs = median(gather[0]);
   c.residentReduceUs = median(reduce[0]);
   c.residentUpdateUs = median(update[0]);

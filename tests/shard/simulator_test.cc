@@ -235,15 +235,19 @@ TEST(ScheduleSimulator, CostsMeasuredFromASimulatedLogAreTheCostsPutIn) {
       EXPECT_NEAR(out->gatherUs[k], in.gatherUs[k], 0.002);
       EXPECT_NEAR(out->reduceUs[k], in.reduceUs[k], 0.002);
       EXPECT_NEAR(out->updateUs[k], in.updateUs[k], 0.002);
-      // A zeroing behind endStep is priced at the others' rate per element: exact here, where
-      // every zeroing is 1 us + 0.001 us per element, only for the ones measured.
-      if (plan.layers[k].paddedNumel > 0) {
-        EXPECT_GT(out->zeroUs[k], 0.0);
-      }
+      EXPECT_NEAR(out->zeroUs[k], in.zeroUs[k], 0.002);
     }
     EXPECT_NEAR(out->residentGatherUs, in.residentGatherUs, 0.002);
     EXPECT_NEAR(out->residentReduceUs, in.residentReduceUs, 0.002);
     EXPECT_NEAR(out->residentUpdateUs, in.residentUpdateUs, 0.002);
+    // Two runs' logs appended (their steps numbered from 0 again) price the same.
+    std::vector<libshard::LogEntry> twice = r.log;
+    twice.insert(twice.end(), r.log.begin(), r.log.end());
+    auto again = libshard::costsFromEventLog(twice, plan, 1);
+    ASSERT_TRUE(again.isOk()) << again.status().toString();
+    EXPECT_EQ(again->gatherUs, out->gatherUs);
+    EXPECT_EQ(again->zeroUs, out->zeroUs);
+    EXPECT_EQ(again->updateUs, out->updateUs);
     // And so the measured costs predict the same step.
     EXPECT_NEAR(run(plan, s, *out).last().stepUs, r.last().stepUs, 0.1 + 1e-3 * r.last().stepUs);
     EXPECT_NE(libshard::describeCosts(*out, plan).find("blocks.0"), std::string::npos);
@@ -262,6 +266,7 @@ TEST(ScheduleSimulator, BadCostsAndOptionsAreRefusedNamingTheField) {
   SimCosts c = unevenCosts(plan);
   refused(c, SimOptions{.steps = 0}, "steps");
   refused(c, SimOptions{.cores = -1}, "cores");
+  refused(c, SimOptions{.cores = 1e-300}, "cores");
   refused(c, SimOptions{.commCpu = 1.5}, "commCpu");
   SimCosts shortVec = c;
   shortVec.gatherUs.pop_back();

@@ -36,7 +36,8 @@
 // The result is deterministic. With SimOptions::log the simulator writes the event log the
 // Executor would have written (timestamps in simulated nanoseconds), which checkEventLog proves
 // like a real one: the simulated timeline obeys rules A and B, the gradient-buffer and optimizer-gate
-// rules. A schedule that cannot finish (a wait nothing will ever record) is reported, not hung on.
+// rules. Every wait is for a record enqueued before it, so a schedule always finishes here; should the
+// run ever find nothing to advance, it stops with kInternalError naming what each actor waits at.
 
 #include <cstdint>
 #include <string>
@@ -79,7 +80,7 @@ struct SimOptions {
   /// Steps simulated back to back; the result has each. The first has no previous optimizer to
   /// overlap its leading gathers with: read the last (SimResult::last). 1..1000.
   int steps = 3;
-  /// A rank's share of the machine's cores (cores / ranks on the machine); 0: unbounded. While
+  /// A rank's share of the machine's cores (cores / ranks on the machine), at least 0.01; 0: unbounded. While
   /// the running items want more (compute 1 each, a collective or a zeroing commCpu), each runs at
   /// cores / wanted of its speed.
   double cores = 0;
@@ -116,20 +117,21 @@ struct SimResult {
 
 /// Simulates `options.steps` steps of `schedule` (built from `plan`) with `costs`. kInvalidArgument
 /// for bad costs or options, or a schedule not built from this plan; kInternalError naming the
-/// blocked op when the schedule cannot finish. Pure and thread-safe.
+/// blocked ops if the run ever finds nothing to advance (a guard: see the file comment). Pure and
+/// thread-safe.
 libcomm::Result<SimResult> simulate(const ShardPlan& plan, const Schedule& schedule, const SimCosts& costs,
                                     const SimOptions& options = {});
 
 /// Costs measured from an Executor's event log (one rank's), from the steps numbered `fromStep`
 /// and later: medians of each layer's forward and backward (compute begin to end), of each group's
-/// all_gather and reduce-scatter (start to end), of each zeroing that ran right behind its
-/// layer's reduce-scatter (others are idle time, not cost: a layer without one gets its size's
-/// share of the others' rate), and of each group's update (the time from the previous update
-/// stamp, the first from the step's end: it includes the gradient norm, normUs stays 0).
-/// microBatchUs is not in the log (0: the caller fills it). Meant for a run in which everything
-/// ran alone -- a serialized schedule -- so that each figure is the piece's own cost and not a share
-/// of a contended machine. kInvalidArgument when a layer's forward or a group's gather is missing
-/// from those steps.
+/// all_gather and reduce-scatter (start to end), of each zeroing (from the end of what the rs
+/// stream ran before it, or from the step's end for one behind endStep's drain; a layer without
+/// one gets its size's share of the others' rate), and of each group's update (the time from the
+/// previous update stamp, the first from the step's end: it includes the gradient norm, normUs
+/// stays 0). microBatchUs is not in the log (0: the caller fills it). Meant for a run in which
+/// everything ran alone -- a serialized schedule -- so that each figure is the piece's own cost and
+/// not a share of a contended machine. kInvalidArgument when a layer's forward or a group's gather
+/// is missing from those steps. Logs of several runs may be appended one after another.
 libcomm::Result<SimCosts> costsFromEventLog(const std::vector<LogEntry>& log, const ShardPlan& plan, int fromStep = 0);
 
 /// The costs as text, one line per layer (forward, backward, gather, reduce, zero, update, in us),
