@@ -33,8 +33,8 @@ using Samples = std::vector<std::vector<double>>;
 
 libcomm::Result<SimCosts> costsFromEventLog(const std::vector<LogEntry>& log, const ShardPlan& plan, int fromStep) {
   const size_t n = plan.layers.size();
-  Samples fwd(n + 1), bwd(n + 1), gather(n + 1), reduce(n + 1), update(n + 1), zero(n + 1);
-  std::vector<double> zeroRate;  // us per element, over the zeroings measured (for a layer with none)
+  Samples fwd(n + 1), bwd(n + 1), gather(n + 1), reduce(n + 1), update(n + 1);
+  std::vector<double> zeroRate;  // us per element, over the zeroings measured
   auto slot = [&](int layer) -> size_t { return layer >= -1 && layer < static_cast<int>(n) ? size_t(layer + 1) : 0; };
   auto valid = [&](int layer) { return layer >= -1 && layer < static_cast<int>(n); };
 
@@ -83,7 +83,6 @@ libcomm::Result<SimCosts> costsFromEventLog(const std::vector<LogEntry>& log, co
           start = std::max(start, lastStepEnd->ns);
         if (lastRs && counted && e.layer >= 0) {
           const double t = std::max(0.0, us(e.ns - start));
-          zero[slot(e.layer)].push_back(t);
           const size_t elems = plan.layers[static_cast<size_t>(e.layer)].paddedNumel;
           if (elems > 0) zeroRate.push_back(t / static_cast<double>(elems));
         }
@@ -108,7 +107,9 @@ libcomm::Result<SimCosts> costsFromEventLog(const std::vector<LogEntry>& log, co
   }
 
   SimCosts c = SimCosts::zeros(plan);
-  const double rate = median(zeroRate);
+  // A zeroing is a memset, whose time is its size's: the fastest rate measured prices them all (a
+  // slower one shared its core with the trainer, behind endStep's drain with the optimizer).
+  const double rate = zeroRate.empty() ? 0.0 : *std::min_element(zeroRate.begin(), zeroRate.end());
   for (size_t k = 0; k < n; ++k) {
     const FlatGroup& g = plan.layers[k];
     const size_t s = k + 1;
@@ -122,7 +123,7 @@ libcomm::Result<SimCosts> costsFromEventLog(const std::vector<LogEntry>& log, co
     c.backwardUs[k] = median(bwd[s]);
     c.gatherUs[k] = median(gather[s]);
     c.reduceUs[k] = median(reduce[s]);
-    c.zeroUs[k] = zero[s].empty() ? rate * static_cast<double>(g.paddedNumel) : median(zero[s]);
+    c.zeroUs[k] = rate * static_cast<double>(g.paddedNumel);
     c.updateUs[k] = median(update[s]);
   }
   if (plan.resident.paddedNumel > 0 && gather[0].empty())

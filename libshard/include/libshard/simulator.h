@@ -124,11 +124,12 @@ libcomm::Result<SimResult> simulate(const ShardPlan& plan, const Schedule& sched
 
 /// Costs measured from an Executor's event log (one rank's), from the steps numbered `fromStep`
 /// and later: medians of each layer's forward and backward (compute begin to end), of each group's
-/// all_gather and reduce-scatter (start to end), of each zeroing (from the end of what the rs
-/// stream ran before it, or from the step's end for one behind endStep's drain; a layer without
-/// one gets its size's share of the others' rate), and of each group's update (the time from the
+/// all_gather and reduce-scatter (start to end), and of each group's update (the time from the
 /// previous update stamp, the first from the step's end: it includes the gradient norm, normUs
-/// stays 0). microBatchUs is not in the log (0: the caller fills it). Meant for a run in which
+/// stays 0). Zeroings are priced per element at the fastest rate any of them ran (timed from the
+/// end of what the rs stream ran before, or from the step's end behind endStep's drain): a memset's
+/// time is its size's, and the slower ones shared a core. microBatchUs is not in the log (0: the
+/// caller fills it). Meant for a run in which
 /// everything ran alone -- a serialized schedule -- so that each figure is the piece's own cost and
 /// not a share of a contended machine. kInvalidArgument when a layer's forward or a group's gather
 /// is missing from those steps. Logs of several runs may be appended one after another.
