@@ -122,7 +122,7 @@ libcomm::Result<ModelFigures> modelFigures(const Options& o, const libshard::Sha
   m.engineExposedMs = en.exposedUs * 1e-3;
   m.engineComputeMs = co.stepUs * 1e-3;
   m.engineCommMs = cm.stepUs * 1e-3;
-  for (int k = 0; k < 8; ++k) m.engineExposedAtMs[k] = en.exposedAtUs[k] * 1e-3;
+  for (int k = 0; k < libshard::kNumHookKinds; ++k) m.engineExposedAtMs[k] = en.exposedAtUs[k] * 1e-3;
   return m;
 }
 
@@ -218,7 +218,8 @@ libcomm::Result<SizeResult> measureSize(const Options& o, const SizeSpec& size, 
     m.engineExposedMs = std::max(m.engineExposedMs, f.engineExposedMs);
     m.engineComputeMs = std::max(m.engineComputeMs, f.engineComputeMs);
     m.engineCommMs = std::max(m.engineCommMs, f.engineCommMs);
-    for (int k = 0; k < 8; ++k) m.engineExposedAtMs[k] = std::max(m.engineExposedAtMs[k], f.engineExposedAtMs[k]);
+    for (int k = 0; k < libshard::kNumHookKinds; ++k)
+      m.engineExposedAtMs[k] = std::max(m.engineExposedAtMs[k], f.engineExposedAtMs[k]);
   }
   const tinylm::TrainOptions t = trainOptions(o, size, BenchMode::kOverlap, world);
   res.params = tinylm::trainModelSpec(t, world).numel();

@@ -8,6 +8,7 @@
 #include "libcomm/bootstrap.h"
 #include "libcomm/communicator.h"
 #include "libcomm/status.h"
+#include "libshard/schedule.h"
 #include "options.h"
 
 namespace shard_bench {
@@ -56,7 +57,7 @@ struct ModelFigures {
   double engineExposedMs = 0;
   double engineComputeMs = 0;        // the same costs, communication 0: the model's compute-only step
   double engineCommMs = 0;           // compute 0: its comm-only step
-  double engineExposedAtMs[8] = {};  // engineExposedMs by hook (libshard::HookKind order)
+  double engineExposedAtMs[libshard::kNumHookKinds] = {};  // engineExposedMs by hook (libshard::HookKind order)
 };
 
 struct SizeResult {

@@ -139,7 +139,7 @@ void Report::addSize(const SizeResult& r) {
       ms(sim.engineComputeMs).c_str(), ms(sim.engineCommMs).c_str(), ratio(d.modelVsIdeal).c_str(), kIdealSlack,
       verdictName(d.modelWithinIdeal), 100 * kExposedLimit, verdictName(d.modelExposedSmall));
   std::string simAt;
-  for (int k = 0; k < 8; ++k)
+  for (int k = 0; k < libshard::kNumHookKinds; ++k)
     simAt += libcomm::detail::strCat(k ? ", " : "", libshard::hookKindName(static_cast<libshard::HookKind>(k)), " ",
                                      ms(sim.engineExposedAtMs[k]));
   std::printf("#  model, engines: exposed by hook (ms): %s\n", simAt.c_str());

@@ -103,7 +103,7 @@ libcomm::Result<std::string> simulateReport(const TrainOptions& o, int world, co
          ms(compute.stepUs) + ", comm-only " + ms(comm.stepUs) + "); exposed " + ms(step.exposedUs) + " ms (" +
          fmt("%.1f", step.stepUs > 0 ? 100.0 * step.exposedUs / step.stepUs : 0.0) + "%)\n";
   out += "  exposed by hook (ms):";
-  for (int k = 0; k < 8; ++k)
+  for (int k = 0; k < libshard::kNumHookKinds; ++k)
     out += std::string(k ? "," : "") + " " + libshard::hookKindName(static_cast<libshard::HookKind>(k)) + " " +
            ms(step.exposedAtUs[k]);
   out += "\n" + libshard::describeCosts(costs, plan);

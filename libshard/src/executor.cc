@@ -416,18 +416,6 @@ Status Executor::optimizerDone() {
   return Status::ok();
 }
 
-LogEntry Executor::logEntry(LogKind kind) const {
-  LogEntry e;
-  e.kind = kind;
-  e.step = static_cast<int32_t>(step_);
-  if (hook_) {
-    e.layer = hook_->layer;
-    e.microBatch = static_cast<int32_t>(hook_->microBatch);
-    e.phase = hook_->phase;
-    e.buffer = static_cast<int16_t>(hook_->buffer);
-    e.gradBuffer = static_cast<int16_t>(hook_->gradBuffer);
-  }
-  return e;
-}
+LogEntry Executor::logEntry(LogKind kind) const { return detail::hookLogEntry(kind, step_, hook_); }
 
 }  // namespace libshard

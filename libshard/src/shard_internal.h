@@ -2,6 +2,7 @@
 // Small helpers shared by libshard's schedule, executor and buffer pool (not installed).
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 
 #include "libcomm/status.h"
@@ -33,6 +34,22 @@ inline libcomm::Status checkWritable(const ShardState& state, const char* who, b
                               ": the executor's groupUpdated already started next-step gathers that read the updated "
                               "groups' shards; only the groups still to update may be written until optimizerDone");
   return libcomm::Status::ok();
+}
+
+/// An event log entry of `kind` at `step`, with the fields of the hook being run (none: -1s). The
+/// Executor's entries start from it, and so do the simulator's.
+inline LogEntry hookLogEntry(LogKind kind, int64_t step, const ScheduleOp* hook) {
+  LogEntry e;
+  e.kind = kind;
+  e.step = static_cast<int32_t>(step);
+  if (hook) {
+    e.layer = hook->layer;
+    e.microBatch = static_cast<int32_t>(hook->microBatch);
+    e.phase = hook->phase;
+    e.buffer = static_cast<int16_t>(hook->buffer);
+    e.gradBuffer = static_cast<int16_t>(hook->gradBuffer);
+  }
+  return e;
 }
 
 /// The event log entry written when a stream reaches a record of `ev`, or none: releases, group

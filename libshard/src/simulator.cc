@@ -37,7 +37,6 @@ struct Item {
   int gen = 0;        // kWait: the record waited for (0: none); kRecord: this record's number
   bool logStart = false, logEnd = false, logRecord = false;
   LogEntry start, end;  // kWork's entries; `end` is also kRecord's
-  std::string what;     // for the deadlock report
 };
 
 // A trainer action.
@@ -53,15 +52,13 @@ struct Action {
   Item item;                             // kEnqueue
   bool log = false;                      // kLog, kRecordNow: write `entry`
   LogEntry entry;
-  std::string what;  // for the deadlock report
 };
 
 // Lays the steps out as actions, translating each schedule op as the Executor runs it on a CPU
 // host (executor.cc, executor_ops.cc).
 class Program {
  public:
-  Program(const ShardPlan& plan, const Schedule& s, const SimCosts& c, const SimOptions& o)
-      : plan_(plan), s_(s), c_(c), o_(o) {}
+  Program(const Schedule& s, const SimCosts& c, const SimOptions& o) : s_(s), c_(c), o_(o) {}
 
   std::vector<Action> build() {
     for (int step = 0; step < o_.steps; ++step) {
@@ -71,8 +68,7 @@ class Program {
       if (step == 0)
         for (const ScheduleOp& op : s_.firstStepOps) translate(op);
       bool updated = false;
-      for (size_t i = 0; i < s_.ops.size(); ++i) {
-        const ScheduleOp& op = s_.ops[i];
+      for (const ScheduleOp& op : s_.ops) {
         if (op.kind != OpKind::kHook) {
           translate(op);
           continue;
@@ -80,9 +76,7 @@ class Program {
         afterHook();
         workBefore(op, updated);
         hook_ = &op;
-        Action& h = add(Action::Kind::kHook);
-        h.hook = op.hook;
-        h.what = s_.describeOp(i, &plan_);
+        add(Action::Kind::kHook).hook = op.hook;
         if (op.hook == HookKind::kEndForward || op.hook == HookKind::kEndBackward) logNow(LogKind::kComputeEnd);
       }
       afterHook();
@@ -100,19 +94,7 @@ class Program {
   }
 
   // The Executor's logEntry: the step and the hook being run.
-  LogEntry entry(LogKind kind) const {
-    LogEntry e;
-    e.kind = kind;
-    e.step = step_;
-    if (hook_) {
-      e.layer = hook_->layer;
-      e.microBatch = hook_->microBatch;
-      e.phase = hook_->phase;
-      e.buffer = static_cast<int16_t>(hook_->buffer);
-      e.gradBuffer = static_cast<int16_t>(hook_->gradBuffer);
-    }
-    return e;
-  }
+  LogEntry entry(LogKind kind) const { return detail::hookLogEntry(kind, step_, hook_); }
 
   void logNow(LogKind kind) {
     if (!o_.log) return;
@@ -121,11 +103,10 @@ class Program {
     a.entry = entry(kind);
   }
 
-  void compute(double cost, bool optimizer, std::string what) {
+  void compute(double cost, bool optimizer) {
     Action& a = add(Action::Kind::kCompute);
     a.cost = cost;
     a.optimizer = optimizer;
-    a.what = std::move(what);
   }
 
   // What the trainer does right after a hook's ops: begin hooks hand out the views (compute begins),
@@ -143,22 +124,21 @@ class Program {
     const auto k = static_cast<size_t>(std::max(op.layer, 0));
     switch (op.hook) {
       case HookKind::kBeginForward:
-        if (op.layer == 0) compute(c_.microBatchUs, false, "a micro-batch's data");
+        if (op.layer == 0) compute(c_.microBatchUs, false);
         break;
       case HookKind::kEndForward:
-        compute(c_.forwardUs[k], false, "the forward of layer " + std::to_string(op.layer));
+        compute(c_.forwardUs[k], false);
         break;
       case HookKind::kEndBackward:
-        compute(c_.backwardUs[k], false, "the backward of layer " + std::to_string(op.layer));
+        compute(c_.backwardUs[k], false);
         break;
       case HookKind::kGroupUpdated:
-        if (!updated) compute(c_.normUs, true, "the gradient norm");
+        if (!updated) compute(c_.normUs, true);
         updated = true;
-        compute(op.layer < 0 ? c_.residentUpdateUs : c_.updateUs[k], true,
-                "the update of group " + std::to_string(op.layer));
+        compute(op.layer < 0 ? c_.residentUpdateUs : c_.updateUs[k], true);
         break;
       case HookKind::kOptimizerDone:
-        if (!updated) compute(c_.normUs, true, "the gradient norm");
+        if (!updated) compute(c_.normUs, true);
         break;
       default:
         break;
@@ -177,7 +157,7 @@ class Program {
   }
 
   // A collective on the link, taking commCpu of a core; logged at its start and end.
-  Item collective(double cost, int busy, const LogEntry& start, LogKind endKind, std::string what) const {
+  Item collective(double cost, int busy, const LogEntry& start, LogKind endKind) const {
     Item it;
     it.cost = cost;
     it.cpu = o_.commCpu;
@@ -187,7 +167,6 @@ class Program {
     it.start = start;
     it.end = start;
     it.end.kind = endKind;
-    it.what = std::move(what);
     return it;
   }
 
@@ -202,13 +181,10 @@ class Program {
           Item it;
           it.kind = Item::Kind::kWait;
           it.event = op.event;
-          it.what = "wait for " + s_.events[static_cast<size_t>(op.event)].name;
           enqueue(op.stream, std::move(it));
           return;
         }
-        Action& a = add(Action::Kind::kBlock);
-        a.event = op.event;
-        a.what = "wait for " + s_.events[static_cast<size_t>(op.event)].name;
+        add(Action::Kind::kBlock).event = op.event;
         return;
       }
       case OpKind::kRecord: {
@@ -235,9 +211,7 @@ class Program {
       }
       case OpKind::kHostSync: {
         if (onCompute) return;  // inline: it ran as it was enqueued
-        Action& a = add(Action::Kind::kSync);
-        a.stream = streamOf(op.stream);
-        a.what = std::string("the ") + streamIdName(op.stream) + " stream to drain";
+        add(Action::Kind::kSync).stream = streamOf(op.stream);
         return;
       }
       case OpKind::kAllGather: {
@@ -249,7 +223,7 @@ class Program {
         e.gradBuffer = -1;
         enqueue(StreamId::kGather,
                 collective(op.layer < 0 ? c_.residentGatherUs : c_.gatherUs[static_cast<size_t>(op.layer)], 0, e,
-                           LogKind::kGatherEnd, "all_gather of group " + std::to_string(op.layer)));
+                           LogKind::kGatherEnd));
         return;
       }
       case OpKind::kReduceScatter: {
@@ -261,7 +235,7 @@ class Program {
         e.accumulate = op.accumulate ? 1 : 0;
         enqueue(StreamId::kReduce,
                 collective(op.layer < 0 ? c_.residentReduceUs : c_.reduceUs[static_cast<size_t>(op.layer)], 1, e,
-                           LogKind::kReduceEnd, "reduce_scatter of group " + std::to_string(op.layer)));
+                           LogKind::kReduceEnd));
         return;
       }
       case OpKind::kZeroGrad: {
@@ -276,14 +250,12 @@ class Program {
         e.buffer = -1;
         e.microBatch = -1;
         it.end = e;
-        it.what = "zeroing of grad buffer " + std::to_string(op.gradBuffer);
         enqueue(StreamId::kReduce, std::move(it));
         return;
       }
     }
   }
 
-  const ShardPlan& plan_;
   const Schedule& s_;
   const SimCosts& c_;
   const SimOptions& o_;
@@ -295,8 +267,12 @@ class Program {
 // The discrete-event run of a Program.
 class Engine {
  public:
-  Engine(std::vector<Action> program, size_t numEvents, const SimOptions& o)
-      : prog_(std::move(program)), o_(o), done_(numEvents), records_(numEvents, 0) {
+  Engine(std::vector<Action> program, const Schedule& schedule, const SimOptions& o)
+      : prog_(std::move(program)),
+        s_(schedule),
+        o_(o),
+        done_(schedule.events.size()),
+        records_(schedule.events.size(), 0) {
     res_.steps.resize(static_cast<size_t>(o.steps));
   }
 
@@ -504,22 +480,29 @@ class Engine {
     }
   }
 
+  // Nothing runs, so the trainer and every stream with items left wait: for an event's record (a
+  // stream's head is then a wait, as a work item would be running) or, the trainer, for a drain.
   Status deadlock() const {
+    auto eventName = [&](int ev) { return s_.events[static_cast<size_t>(ev)].name; };
     std::ostringstream os;
     os << "simulator: the schedule cannot go on at " << now_ << " us (step " << curStep_ << "): the trainer";
-    if (pc_ < prog_.size())
-      os << " waits for " << prog_[pc_].what;
-    else
+    if (pc_ == prog_.size())
       os << " is done";
+    else if (prog_[pc_].kind == Action::Kind::kSync)
+      os << " waits for the " << streamIdName(static_cast<StreamId>(prog_[pc_].stream)) << " stream to drain";
+    else
+      os << " waits for " << eventName(prog_[pc_].event);
     for (int i = 0; i < kNumStreams; ++i) {
       const Stream& s = streams_[static_cast<size_t>(i)];
       if (s.head < s.items.size())
-        os << "; the " << streamIdName(static_cast<StreamId>(i)) << " stream waits at " << s.items[s.head].what;
+        os << "; the " << streamIdName(static_cast<StreamId>(i)) << " stream waits for "
+           << eventName(s.items[s.head].event);
     }
     return libcomm::makeError(StatusCode::kInternalError, os.str());
   }
 
   std::vector<Action> prog_;
+  const Schedule& s_;
   const SimOptions& o_;
   std::vector<std::vector<char>> done_;  // per event, per record: has it run
   std::vector<int> records_;             // per event: records enqueued so far
@@ -602,8 +585,8 @@ libcomm::Result<SimResult> simulate(const ShardPlan& plan, const Schedule& sched
       schedule.numGradBuffers != static_cast<int>(plan.gradBuffers.size()))
     return bad("the schedule was not built from this plan");
   LIBCOMM_RETURN_IF_ERROR(costs.validate(plan));
-  Program program(plan, schedule, costs, options);
-  Engine engine(program.build(), schedule.events.size(), options);
+  Program program(schedule, costs, options);
+  Engine engine(program.build(), schedule, options);
   return engine.run();
 }
 

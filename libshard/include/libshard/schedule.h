@@ -62,6 +62,8 @@ enum class HookKind : uint8_t {
   kGroupUpdated,  // `layer`: the group the optimizer has just updated (-1: the resident group)
   kOptimizerDone,
 };
+/// How many HookKinds there are (arrays indexed by HookKind).
+inline constexpr int kNumHookKinds = static_cast<int>(HookKind::kOptimizerDone) + 1;
 /// "beginStep", "beginForward", ...
 const char* hookKindName(HookKind h);
 

@@ -102,7 +102,7 @@ struct SimStep {
   double endUs = 0;    // optimizerDone returned
   double stepUs = 0;   // endUs - startUs
   double exposedUs = 0;
-  double exposedAtUs[8] = {};  // by hook, indexed by HookKind: the trainer's thread blocked there
+  double exposedAtUs[kNumHookKinds] = {};  // by hook, indexed by HookKind: the trainer's thread blocked there
   double computeUs = 0;        // the trainer's forward, backward and data, as they ran (slowed by sharing)
   double optimizerUs = 0;      // the norm and the updates, as they ran
   double gatherBusyUs = 0;     // time with an all_gather running (leading gathers of the next step included)
