@@ -37,6 +37,8 @@ constexpr const char* kUsage =
     "  --prefetch D          gathers ahead of compute in the overlap schedule (default 1)\n"
     "  --dedicated-slack F   buffer memory (a fraction of the least) the planner gives up to keep the\n"
     "                        embedding/head out of the blocks' buffer rotation (default 0.03125; 0: least memory)\n"
+    "  --embedding-grad G    rows | dense: the embedding's gradient reduced by the rows the tokens touched\n"
+    "                        (default rows, where that moves less) or whole\n"
     "  -w, --warmup N        untimed steps at the start of every run (default 2, at least 1)\n"
     "  -n, --steps N         timed steps per run (default 10)\n"
     "  -r, --repeats N       runs per size and mode, modes interleaved (default 3)\n"
@@ -173,6 +175,7 @@ libcomm::Result<Options> parseOptions(const std::vector<std::string>& args) {
          o.dedicatedSlack = v;
          return Status::ok();
        }},
+      {"--embedding-grad", tinylm::flags::embeddingGradFlag(o.embeddingRows)},
       {"--warmup", intFlag(o.warmupSteps, 1, 1000000)},
       {"--steps", intFlag(o.timedSteps, 1, 1000000)},
       {"--repeats", intFlag(o.repeats, 1, 1000)},
@@ -233,6 +236,7 @@ tinylm::TrainOptions trainOptions(const Options& o, const SizeSpec& size, BenchM
   t.precision = size.precision;
   t.prefetchDepth = o.prefetchDepth;
   t.dedicatedSlack = o.dedicatedSlack;
+  t.embeddingRows = o.embeddingRows;
   t.serialize = mode == BenchMode::kSerialized;
   t.mode = mode == BenchMode::kComputeOnly ? tinylm::TrainMode::kComputeOnly
            : mode == BenchMode::kCommOnly  ? tinylm::TrainMode::kCommOnly

@@ -80,6 +80,8 @@ const char* cliUsage() {
          "  --memory-budget BYTES per-rank budget (K/M/G/T suffixes); blocks checkpoint activations to fit\n"
          "  --alignment BYTES     shard alignment, a power of two >= 16 (default 128)\n"
          "  --prefetch D          gathers ahead of compute (default 1)\n"
+         "  --embedding-grad G    rows | dense: reduce only the embedding rows the ranks' tokens touched,\n"
+         "                        where that moves less (default rows), or the whole table\n"
          "  --serialize           no overlap of communication and compute (baseline): gathers nothing ahead,\n"
          "                        so it takes no --prefetch other than 1\n"
          "  --mode M              full | compute-only | comm-only: a benchmark baseline that keeps only the\n"
@@ -142,6 +144,7 @@ libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args) {
       {"--layers", intFlag(t.model.layers, 1)},
       {"--seq-len", intFlag(t.model.seqLen, 1)},
       {"--prefetch", intFlag(t.prefetchDepth, 1, 64)},
+      {"--embedding-grad", flags::embeddingGradFlag(t.embeddingRows)},
       {"--seed",
        [&](const std::string& f, const std::string& s) {
          LIBCOMM_RETURN_IF_ERROR(parseInt(f, s, 0, std::numeric_limits<long long>::max(), v));

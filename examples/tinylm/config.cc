@@ -183,7 +183,7 @@ std::vector<libshard::ParamSpec> allParams(const TinyLmConfig& cfg) {
   return out;
 }
 
-libshard::ModelSpec buildModelSpec(const TinyLmConfig& cfg, size_t microBatchTokens) {
+libshard::ModelSpec buildModelSpec(const TinyLmConfig& cfg, size_t microBatchTokens, bool embeddingRows) {
   const libcomm::Status st = cfg.validate();
   TINYLM_CHECK(st.isOk(), "%s", st.toString().c_str());
   using libshard::ParamKind;
@@ -202,6 +202,8 @@ libshard::ModelSpec buildModelSpec(const TinyLmConfig& cfg, size_t microBatchTok
   // The embedding's backward scatters the output gradient into the table's rows: it reads no
   // weights, so libshard need not gather the table again for it (only the forward reads it).
   spec.layers.back().backwardReadsWeights = false;
+  // ... and it writes only the rows of the micro-batch's tokens (the trainer names them).
+  if (embeddingRows) spec.layers.back().gradRowsPerMicroBatch = microBatchTokens;
   for (int i = 0; i < cfg.layers; ++i) {
     const std::string b = "blocks." + std::to_string(i);
     addLayer(b,

@@ -100,7 +100,10 @@ libcomm::Status checkMicroBatchTokens(const TinyLmConfig& cfg, uint64_t tokens, 
 ///   "head"       : "head.weight"       [vocab, dim]   kHead
 /// with activation bytes for micro-batches of `microBatchTokens` tokens per rank. `cfg` must
 /// validate (checked: aborts otherwise). Thread-safe.
-libshard::ModelSpec buildModelSpec(const TinyLmConfig& cfg, size_t microBatchTokens);
+/// `embeddingRows`: the embedding's gradient is row-sparse (LayerSpec::gradRowsPerMicroBatch =
+/// microBatchTokens: a micro-batch's backward writes the rows of its tokens only), so libshard
+/// reduces only the rows some rank's tokens touched where that moves less; false: dense.
+libshard::ModelSpec buildModelSpec(const TinyLmConfig& cfg, size_t microBatchTokens, bool embeddingRows = true);
 
 /// Every parameter of buildModelSpec(cfg, .) in spec order (layer by layer), flattened.
 std::vector<libshard::ParamSpec> allParams(const TinyLmConfig& cfg);

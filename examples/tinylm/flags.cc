@@ -85,4 +85,12 @@ Status parse(const std::vector<std::string>& args, const Table& table, std::vect
   return Status::ok();
 }
 
+Handler embeddingGradFlag(bool& rows) {
+  return [&rows](const std::string& flag, const std::string& value) {
+    if (value != "rows" && value != "dense") return usageError(flag, value, "must be rows or dense");
+    rows = value == "rows";
+    return libcomm::Status::ok();
+  };
+}
+
 }  // namespace tinylm::flags

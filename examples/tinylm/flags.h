@@ -23,6 +23,9 @@ libcomm::Status parseInt(const std::string& flag, const std::string& s, int lo, 
 
 using Handler = std::function<libcomm::Status(const std::string& flag, const std::string& value)>;
 
+/// --embedding-grad rows|dense: sets `rows` (TrainOptions::embeddingRows).
+Handler embeddingGradFlag(bool& rows);
+
 struct Table {
   std::map<std::string, Handler> valued;       // flags that take a value
   std::map<std::string, bool*> switches;       // flags that take none: set to true when given

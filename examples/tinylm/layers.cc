@@ -96,6 +96,11 @@ class TinyLmLayers::Embed : public Base {
     held_ = false;
     return Status::ok();
   }
+  // The backward adds into the rows of the micro-batch's tokens only.
+  Status gradRows(int, std::span<const int32_t>& rows) override {
+    rows = {t_.inputs.data(), t_.tokens};
+    return Status::ok();
+  }
 };
 
 class TinyLmLayers::Block : public Base {
@@ -211,6 +216,12 @@ TinyLmLayers::TinyLmLayers(const TinyLmConfig& cfg, size_t maxTokens, std::vecto
 }
 
 TinyLmLayers::~TinyLmLayers() = default;
+
+Status TinyLmLayers::gradRows(int layer, int microBatch, std::span<const int32_t>& rows) {
+  if (layer < 0 || layer >= numLayers())
+    return libcomm::makeError(libcomm::StatusCode::kInvalidArgument, "tinylm: no layer ", layer);
+  return layers_[size_t(layer)]->gradRows(microBatch, rows);
+}
 
 std::vector<libshard::Layer*> TinyLmLayers::layers() {
   std::vector<libshard::Layer*> out;

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "libcomm/status.h"
@@ -68,6 +69,9 @@ class TinyLmLayers {
   /// Layer k of the plan; valid as long as this object.
   std::vector<libshard::Layer*> layers();
   int numLayers() const { return static_cast<int>(layers_.size()); }
+  /// Layer `layer`'s Layer::gradRows for the micro-batch in flight (the embedding: its tokens),
+  /// whatever layers the loop drives (comm-only mode's idle ones know no tokens).
+  libcomm::Status gradRows(int layer, int microBatch, std::span<const int32_t>& rows);
 
   /// Starts a micro-batch of `tokens` (<= maxTokens) tokens: the caller then writes
   /// tensors().inputs/targets[0, tokens). Resets the loss sum.

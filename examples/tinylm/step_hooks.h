@@ -4,6 +4,8 @@
 // hand out views of weights the rank holds itself (local_hooks.h), so the same loop and the same
 // layers run with or without communication. Internal to the trainer.
 
+#include <cstdint>
+#include <span>
 #include <vector>
 
 #include "libcomm/status.h"
@@ -19,6 +21,8 @@ class StepHooks {
   virtual libcomm::Status beginStep() = 0;
   virtual libcomm::Result<const libshard::LayerViews*> beginForward(int layer) = 0;
   virtual libcomm::Status endForward(int layer) = 0;
+  /// Executor::setGradRows: the rows a row-sparse layer's backward of this micro-batch writes.
+  virtual libcomm::Status setGradRows(int layer, std::span<const int32_t> rows) = 0;
   virtual libcomm::Result<const libshard::LayerViews*> beginBackward(int layer) = 0;
   virtual libcomm::Status endBackward(int layer) = 0;
   virtual libcomm::Status endStep() = 0;
@@ -40,6 +44,9 @@ class ExecutorHooks final : public StepHooks {
   libcomm::Status beginStep() override { return ex_.beginStep(); }
   libcomm::Result<const libshard::LayerViews*> beginForward(int layer) override { return ex_.beginForward(layer); }
   libcomm::Status endForward(int layer) override { return ex_.endForward(layer); }
+  libcomm::Status setGradRows(int layer, std::span<const int32_t> rows) override {
+    return ex_.setGradRows(layer, rows);
+  }
   libcomm::Result<const libshard::LayerViews*> beginBackward(int layer) override { return ex_.beginBackward(layer); }
   libcomm::Status endBackward(int layer) override { return ex_.endBackward(layer); }
   libcomm::Status endStep() override { return ex_.endStep(); }

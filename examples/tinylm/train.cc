@@ -255,7 +255,7 @@ size_t maxMicroBatchTokens(const TrainOptions& o, int worldSize) {
 }
 
 libshard::ModelSpec trainModelSpec(const TrainOptions& o, int worldSize) {
-  return buildModelSpec(o.model, maxMicroBatchTokens(o, worldSize));
+  return buildModelSpec(o.model, maxMicroBatchTokens(o, worldSize), o.embeddingRows);
 }
 
 libcomm::Milliseconds checkpointIoAllowance(const TrainOptions& o, int worldSize) {

@@ -148,6 +148,9 @@ struct TrainOptions {
   /// libshard::PlanOptions::dedicatedSlack: the buffer memory the planner gives up to keep the
   /// embedding/head out of the blocks' rotation (0: least memory).
   double dedicatedSlack = libshard::PlanOptions{}.dedicatedSlack;
+  /// The embedding's gradient is reduced by rows: only the rows some rank's tokens touched move
+  /// (buildModelSpec's embeddingRows; where the planner finds that moves less). false: dense.
+  bool embeddingRows = true;
   bool serialize = false;          // no overlap (benchmark baseline): ScheduleOptions::serialize
   bool eventLogCheck = false;      // record the event log and prove it with checkEventLog at the end
   /// With eventLogCheck: also write each rank's log as text to "<eventLogDump>.r<rank>" (one entry a

@@ -65,6 +65,7 @@ TrainLoop::TrainLoop(const TrainOptions& options, StepHooks& hooks, libshard::Sh
   gradScale_ = static_cast<float>(1.0 / globalTokens);
   layers_.tensors().lossScaleDenominator = 1.0f;
   if (options.mode == TrainMode::kCommOnly) std::fill(layerPtrs_.begin(), layerPtrs_.end(), &idle_);
+  for (const libshard::FlatGroup& g : hooks.plan().layers) rowSparse_ = rowSparse_ || g.sparseRows > 0;
   for (int m = 0; m < options.microBatches; ++m)
     stepTokens_ += size_t(rankSequences(options.globalBatch, options.microBatches, world_, rank_, m).count()) *
                    size_t(options.model.seqLen);
@@ -171,7 +172,8 @@ libcomm::Result<StepRecord> TrainLoop::step(int s) {
   double lossSum = 0.0;
   for (int m = 0; m < options_.microBatches; ++m) {
     auto tc = Clock::now();
-    Status st = compute ? loadMicroBatch(s, m) : Status::ok();
+    // Comm-only mode loads the tokens too where a layer's gradient rows are theirs.
+    Status st = compute || rowSparse_ ? loadMicroBatch(s, m) : Status::ok();
     rec.computeSeconds += secondsSince(tc);
     if (!st.isOk()) return fail(st, s, m, -1, "data");
     for (int k = 0; k < numLayers; ++k) {
@@ -181,6 +183,12 @@ libcomm::Result<StepRecord> TrainLoop::step(int s) {
       st = layerPtrs_[size_t(k)]->forward(*v);
       rec.computeSeconds += secondsSince(tc);
       if (!st.isOk()) return fail(st, s, m, k, "forward");
+      if (hooks_.plan().layers[size_t(k)].sparseRows > 0) {
+        std::span<const int32_t> rows;
+        st = layers_.gradRows(k, m, rows);
+        if (st.isOk()) st = hooks_.setGradRows(k, rows);
+        if (!st.isOk()) return fail(st, s, m, k, "gradient rows");
+      }
       LIBCOMM_RETURN_IF_ERROR(timedHook(rec, ExposedAt::kEndForward, [&] { return hooks_.endForward(k); }));
     }
     if (compute) lossSum += layers_.tensors().lossSum;

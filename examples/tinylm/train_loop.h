@@ -59,6 +59,7 @@ class TrainLoop {
   IdleLayer idle_;  // comm-only mode's stand-in for every layer
   std::vector<libshard::Layer*> layerPtrs_;
   int world_ = 1;
+  bool rowSparse_ = false;  // some layer's gradient is reduced by rows (its tokens' rows)
   int rank_ = 0;
   float gradScale_ = 1.0f;
   size_t stepTokens_ = 0;  // tokens this rank computes per step (compute-only mode's loss)

@@ -33,6 +33,12 @@ std::vector<PoolAllocation> BufferPool::plannedAllocations(const ShardPlan& plan
     out.push_back({"grad buffer " + b.name, static_cast<uint64_t>(b.numel) * es, nullptr, false});
   out.push_back(
       {"fp32 resident grad accumulator", 4 * static_cast<uint64_t>(plan.resident.paddedNumel), nullptr, false});
+  // Row-sparse layers: their row ids and packed rows, both moved by the reduce-scatter communicator.
+  for (const FlatGroup& g : plan.layers) {
+    if (g.sparseRows == 0) continue;
+    out.push_back({"row ids " + g.name, g.rowIdsBytes(plan.options.worldSize), nullptr, false});
+    out.push_back({"row exchange " + g.name, g.rowExchangeBytes(plan.options.worldSize, es), nullptr, false});
+  }
   return out;
 }
 
@@ -84,6 +90,13 @@ Status BufferPool::allocateAll(const ShardPlan& plan) {
   for (size_t b = 0; b < plan.gatherBuffers.size(); ++b) gatherBuffers_.push_back(allocations_[i++].data);
   for (size_t g = 0; g < plan.gradBuffers.size(); ++g) gradBuffers_.push_back(allocations_[i++].data);
   residentGrad_ = static_cast<float*>(allocations_[i++].data);
+  rowIds_.assign(plan.layers.size(), nullptr);
+  rowExchange_.assign(plan.layers.size(), nullptr);
+  for (size_t k = 0; k < plan.layers.size(); ++k) {
+    if (plan.layers[k].sparseRows == 0) continue;
+    rowIds_[k] = allocations_[i++].data;
+    rowExchange_[k] = allocations_[i++].data;
+  }
   return Status::ok();
 }
 
@@ -150,6 +163,8 @@ Status BufferPool::freeAll() {
   gatherBuffers_.clear();
   gradBuffers_.clear();
   residentGrad_ = nullptr;
+  rowIds_.clear();
+  rowExchange_.clear();
   return first;
 }
 

@@ -46,6 +46,10 @@ Status Executor::createStreams() {
   }
   for (size_t e = 0; e < schedule_.events.size(); ++e) events_.push_back(libcomm::createHostEvent());
   startGate_ = libcomm::createHostEvent();
+  // Row-sparse layers (executor_rows.cc; on a device pool they are reduced densely).
+  rows_.resize(plan_.layers.size());
+  for (size_t k = 0; k < plan_.layers.size(); ++k)
+    if (plan_.layers[k].sparseRows > 0) rows_[k].idsGathered = libcomm::createHostEvent();
   // An inline stream's own wait bound is never reached: the executor waits for the event on the
   // host first, with its own deadline and error context (runOp), so the stream's wait finds it done.
   compute_ = options_.threadedComputeStream
@@ -228,6 +232,8 @@ Status Executor::runGather(const ScheduleOp& op) {
 }
 
 Status Executor::runReduce(const ScheduleOp& op) {
+  if (op.layer >= 0 && !device_ && plan_.layers[static_cast<size_t>(op.layer)].sparseRows > 0)
+    return runSparseReduce(op);
   const bool resident = op.layer < 0;
   const FlatGroup& g = resident ? plan_.resident : plan_.layers[static_cast<size_t>(op.layer)];
   const libcomm::DataType inType = resident ? libcomm::DataType::kFloat32 : computeType_;
@@ -306,6 +312,20 @@ Status Executor::runZero(const ScheduleOp& op) {
           return Status::ok();
         },
         "log grad zeroed");
+  }
+  const FlatGroup& g = plan_.layers[static_cast<size_t>(op.layer)];
+  if (g.sparseRows > 0) {
+    // A row-sparse backward wrote this rank's named rows only (executor_rows.cc): clear those.
+    const size_t rowBytes = g.rowNumel * libcomm::dataTypeSize(computeType_);
+    return st.enqueueHost(
+        [this, buf, rowBytes, rows = rows_[static_cast<size_t>(op.layer)].written, e, log] {
+          if (buf)
+            for (int32_t r : rows)
+              std::memset(static_cast<char*>(buf) + static_cast<size_t>(r) * rowBytes, 0, rowBytes);
+          if (log) log_.add(e);
+          return Status::ok();
+        },
+        "zero grad buffer rows");
   }
   return st.enqueueHost(
       [this, buf, bytes, e, log] {

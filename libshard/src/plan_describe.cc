@@ -121,6 +121,13 @@ std::string ShardPlan::describe() const {
            ckpt ? "yes" : "no"});
   }
   t.print(os, "  ");
+  for (const FlatGroup& g : layers)
+    if (g.sparseRows > 0)
+      os << "  " << g.name << ": row-sparse gradient, at most " << groupDigits(g.sparseRows) << " of "
+         << groupDigits(g.tableRows) << " rows (" << groupDigits(g.rowNumel)
+         << " elements each) per rank and micro-batch; the reduce-scatter moves at most "
+         << groupDigits(g.rowExchangeNumel) << " of the shard's " << groupDigits(g.shardNumel)
+         << " elements per rank\n";
 
   os << "resident group (norm parameters, gathered once per step, reduced once per step): " << resident.params.size()
      << " params, numel " << groupDigits(resident.numel) << ", padded " << groupDigits(resident.paddedNumel)

@@ -47,6 +47,21 @@ ShardPlan::Location ShardPlan::locate(int layer, std::string_view name) const {
   return {};
 }
 
+uint64_t FlatGroup::rowIdsBytes(int worldSize) const {
+  if (sparseRows == 0) return 0;
+  return 4 * (static_cast<uint64_t>(sparseRows) + 1) * (static_cast<uint64_t>(worldSize) + 1);
+}
+
+uint64_t FlatGroup::rowExchangeRecvOffset(int worldSize, size_t elemBytes) const {
+  const uint64_t send = static_cast<uint64_t>(worldSize) * rowExchangeNumel * elemBytes;
+  return (send + 63) / 64 * 64;
+}
+
+uint64_t FlatGroup::rowExchangeBytes(int worldSize, size_t elemBytes) const {
+  if (sparseRows == 0) return 0;
+  return rowExchangeRecvOffset(worldSize, elemBytes) + 4 * static_cast<uint64_t>(rowExchangeNumel);
+}
+
 int ShardPlan::numCheckpointed() const {
   return static_cast<int>(std::count(checkpointed.begin(), checkpointed.end(), true));
 }
@@ -116,6 +131,25 @@ FlatGroup buildGroup(std::string name, int layer, const std::vector<const ParamS
   g.paddedNumel = roundUp(cursor, alignElems * static_cast<size_t>(worldSize));
   g.shardNumel = g.paddedNumel / static_cast<size_t>(worldSize);
   return g;
+}
+
+// A row-sparse layer's exchange bound (FlatGroup::sparseRows ...): used where it moves at most half
+// the dense reduce-scatter's elements, and where its rows can be named in int32.
+void planSparseRows(FlatGroup& g, uint64_t rowsPerMicroBatch, int worldSize) {
+  if (rowsPerMicroBatch == 0 || g.params.size() != 1 || g.params[0].offset != 0) return;
+  const ParamPlacement& table = g.params[0];
+  const size_t tableRows = static_cast<size_t>(table.shape[0]);
+  if (tableRows > static_cast<size_t>(INT32_MAX)) return;
+  const size_t rows = static_cast<size_t>(std::min<uint64_t>(rowsPerMicroBatch, tableRows));
+  const size_t rowNumel = table.numel / tableRows;
+  // Every rank's rows may fall in one rank's shard: worldSize x rows x rowNumel, at most the shard.
+  const unsigned __int128 bound = static_cast<unsigned __int128>(worldSize) * rows * rowNumel;
+  const size_t exchange = bound < g.shardNumel ? static_cast<size_t>(bound) : g.shardNumel;
+  if (2 * exchange > g.shardNumel) return;
+  g.sparseRows = rows;
+  g.rowNumel = rowNumel;
+  g.tableRows = tableRows;
+  g.rowExchangeNumel = exchange;
 }
 
 // A layer rotates through the block buffers (and may be checkpointed) when it holds any repeated
@@ -324,6 +358,7 @@ libcomm::Result<ShardPlan> ShardPlanner::plan(const ModelSpec& model) const {
     g.activationBytes = l.activationBytes;
     g.checkpointActivationBytes = l.checkpointActivationBytes;
     g.backwardReadsWeights = l.backwardReadsWeights;
+    planSparseRows(g, l.gradRowsPerMicroBatch, options_.worldSize);
     stateOffset += g.shardNumel;
     plan.layers.push_back(std::move(g));
   }

@@ -57,6 +57,19 @@ void planMemory(const ModelSpec& model, ShardPlan& plan) {
   m.push_back(
       term("gradient buffers", gradBytes,
            gradParts.empty() ? std::string("no buffers") : std::to_string(e) + " B x (" + gradParts + ") elements"));
+  // Row-sparse layers exchange their named rows through buffers of their own (FlatGroup::sparseRows).
+  uint64_t rowBytes = 0;
+  std::string rowParts;
+  for (const FlatGroup& g : plan.layers) {
+    if (g.sparseRows == 0) continue;
+    rowBytes += g.rowIdsBytes(plan.options.worldSize) + g.rowExchangeBytes(plan.options.worldSize, e);
+    rowParts += (rowParts.empty() ? "" : " + ") + g.name + " (" + groupDigits(g.sparseRows) + " rows, " +
+                groupDigits(g.rowExchangeNumel) + " elements per rank)";
+  }
+  if (rowBytes > 0)
+    m.push_back(term("row-sparse exchange", rowBytes,
+                     "row ids 4 B x (rows + 1) x (world + 1), packed rows " + std::to_string(e) +
+                         " B x world x exchange + 4 B x exchange: " + rowParts));
   // Norm gradients accumulate over every layer and micro-batch and are reduce-scattered once at
   // the end of the step, so a full-size fp32 accumulator stays alive for the whole step.
   m.push_back(term("resident gradient accumulator", 4 * plan.resident.paddedNumel,

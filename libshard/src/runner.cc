@@ -11,6 +11,13 @@ namespace libshard {
 using libcomm::Status;
 using libcomm::StatusCode;
 
+Status Layer::gradRows(int microBatch, std::span<const int32_t>& rows) {
+  rows = {};
+  return libcomm::makeError(StatusCode::kInvalidUsage, "micro-batch ", microBatch,
+                            ": the layer's gradient is reduced by rows (LayerSpec::gradRowsPerMicroBatch), but its "
+                            "Layer does not implement gradRows");
+}
+
 Status Runner::fail(Status st, int micro, int layer, const char* what) {
   std::string where = libcomm::detail::strCat("libshard rank ", executor_.rank(), ", step ", executor_.step());
   if (micro >= 0) where += ", micro-batch " + std::to_string(micro);
@@ -58,6 +65,12 @@ Status Runner::step() {
       LIBCOMM_ASSIGN_OR_RETURN(const LayerViews* v, executor_.beginForward(k));
       Status st = guarded([&] { return layers_[static_cast<size_t>(k)]->forward(*v); });
       if (!st.isOk()) return fail(st, m, k, "forward");
+      if (executor_.plan().layers[static_cast<size_t>(k)].sparseRows > 0) {
+        std::span<const int32_t> rows;
+        st = guarded([&] { return layers_[static_cast<size_t>(k)]->gradRows(m, rows); });
+        if (st.isOk()) st = executor_.setGradRows(k, rows);
+        if (!st.isOk()) return fail(st, m, k, "gradRows");
+      }
       LIBCOMM_RETURN_IF_ERROR(executor_.endForward(k));
     }
     if (hooks_.afterForward) {

@@ -9,7 +9,8 @@
 //  - one layer-gradient buffer per plan.gradBuffers entry (compute type): the rotating ones and
 //    the dedicated ones of outsized layers;
 //  - the fp32 resident-gradient accumulator (resident.paddedNumel elements): norm gradients of
-//    every layer and micro-batch are summed there, then reduce-scattered once per step.
+//    every layer and micro-batch are summed there, then reduce-scattered once per step;
+//  - for each row-sparse layer (FlatGroup::sparseRows), its row ids and packed-row buffers.
 //
 // Byte counting: the pool counts the bytes it asked for. libcomm may round an allocation up
 // internally (the shared-memory backend maps whole pages); that slack is libcomm's and is not
@@ -108,6 +109,10 @@ class BufferPool {
   void* gradBuffer(int index) const;
   /// The fp32 resident-gradient accumulator (resident.paddedNumel elements); null without norms.
   float* residentGrad() const { return residentGrad_; }
+  /// A row-sparse layer's exchange buffers (FlatGroup::rowIdsBytes / rowExchangeBytes); null for a
+  /// dense layer or an index out of range.
+  void* rowIds(int layer) const { return pick(rowIds_, layer); }
+  void* rowExchange(int layer) const { return pick(rowExchange_, layer); }
 
   /// Bytes allocated now / at most so far (requested bytes; see the file comment). Only create()
   /// and freeAll() change them; read them from the thread that calls those.
@@ -134,6 +139,10 @@ class BufferPool {
   std::vector<void*> gatherBuffers_;
   std::vector<void*> gradBuffers_;
   float* residentGrad_ = nullptr;
+  std::vector<void*> rowIds_, rowExchange_;  // per layer; null where dense
+  static void* pick(const std::vector<void*>& v, int i) {
+    return i >= 0 && static_cast<size_t>(i) < v.size() ? v[static_cast<size_t>(i)] : nullptr;
+  }
   uint64_t current_ = 0;
   uint64_t peak_ = 0;
   const void* executor_ = nullptr;   // the Executor built on this pool, while it exists

@@ -185,6 +185,18 @@ class Executor {
   libcomm::Result<const LayerViews*> beginForward(int layer);
   /// The trainer is done reading the layer's weights: releases its buffer, issues prefetches.
   libcomm::Status endForward(int layer);
+  /// Names the rows of a row-sparse layer's table (LayerSpec::gradRowsPerMicroBatch) that this
+  /// rank's backward of the current micro-batch writes gradients into. Call it between
+  /// beginForward(layer) and endForward(layer), once in each micro-batch, on every rank (each with
+  /// its own rows). Rows may repeat and come in any order; at most gradRowsPerMicroBatch distinct
+  /// ones, each in [0, the table's rows): otherwise kInvalidArgument, and nothing is sent. The ids
+  /// go to every rank at once (an all_gather on the reduce-scatter stream), so that endBackward
+  /// knows which rows to move: only the rows some rank named travel, and only this rank's are
+  /// zeroed again afterwards. So the backward must add into the named rows only; a gradient
+  /// written elsewhere is neither reduced nor cleared. Where the plan reduces the layer densely
+  /// (FlatGroup::sparseRows 0) and on a device pool, the call is accepted and the rows are not
+  /// used. A row-sparse layer whose forward did not call it fails at endBackward (kInvalidUsage).
+  libcomm::Status setGradRows(int layer, std::span<const int32_t> rows);
   /// As beginForward, and also waits until a gradient buffer is free (reduced and zeroed).
   libcomm::Result<const LayerViews*> beginBackward(int layer);
   /// The layer's gradients are written: releases the weights and reduce-scatters the gradient
@@ -274,6 +286,8 @@ class Executor {
   libcomm::Status runGather(const ScheduleOp& op);
   libcomm::Status runReduce(const ScheduleOp& op);
   libcomm::Status runZero(const ScheduleOp& op);
+  libcomm::Status runSparseReduce(const ScheduleOp& op);
+  libcomm::Status readGatheredRows(int layer, std::vector<int32_t>& all);
   // The error of `comm` after a wait on its stream timed out, waiting a moment for it (see
   // executor_ops.cc); OK when it has none.
   libcomm::Status communicatorCause(libcomm::Communicator& comm) const;
@@ -318,6 +332,17 @@ class Executor {
   };
   std::vector<LayerViews> forward_, backward_;
   std::vector<std::vector<GradSlot>> gradSlots_;
+
+  // Per row-sparse layer (FlatGroup::sparseRows > 0; empty entries elsewhere): the rows this rank
+  // named, when, and the rows its last reduced backward wrote (what the zeroing clears).
+  struct RowState {
+    std::vector<int32_t> named;  // sorted, distinct
+    int64_t step = -1;
+    int microBatch = -1;
+    std::vector<int32_t> written;
+    std::unique_ptr<libcomm::Event> idsGathered;  // rs stream: every rank's ids have arrived
+  };
+  std::vector<RowState> rows_;
 };
 
 }  // namespace libshard

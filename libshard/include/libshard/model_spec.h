@@ -54,6 +54,16 @@ struct LayerSpec {
   /// micro-batch) and beginBackward hands out null data for those weights. A checkpointed layer
   /// is gathered for its backward all the same: its recomputation reads them.
   bool backwardReadsWeights = true;
+  /// Row-sparse gradient: at most this many rows of the layer's weight get a gradient from one
+  /// rank's backward of one micro-batch (0: the gradient is dense). For a layer whose one non-norm
+  /// parameter is a table of rows (its first extent) of which a micro-batch touches few -- an
+  /// embedding, whose weight gradient is the output gradient added into the rows of the batch's
+  /// tokens. The trainer names those rows in each micro-batch's forward (Executor::setGradRows);
+  /// the reduce-scatter then moves only the rows some rank named, and the gradient buffer is
+  /// zeroed again in those rows only. The planner uses it where it moves at most half the dense
+  /// exchange (FlatGroup::sparseRows); elsewhere the layer is reduced densely and the named rows
+  /// are not needed.
+  uint64_t gradRowsPerMicroBatch = 0;
 };
 
 struct ModelSpec {

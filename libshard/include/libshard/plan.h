@@ -98,6 +98,23 @@ struct FlatGroup {
   uint64_t checkpointActivationBytes = 0;
   /// LayerSpec::backwardReadsWeights (true for the resident group).
   bool backwardReadsWeights = true;
+  /// Row-sparse reduce-scatter (LayerSpec::gradRowsPerMicroBatch), where the planner found that it
+  /// moves at most half what the dense one does: at most `sparseRows` rows per rank and
+  /// micro-batch (0: dense), of `rowNumel` elements each, of a table of `tableRows` rows that starts
+  /// at element 0 of the group. Each rank's part of the packed exchange holds at most
+  /// `rowExchangeNumel` elements: min(shardNumel, worldSize x sparseRows x rowNumel).
+  size_t sparseRows = 0;
+  size_t rowNumel = 0;
+  size_t tableRows = 0;
+  size_t rowExchangeNumel = 0;
+  /// Bytes of the two exchange buffers a row-sparse group needs (0 when dense): the row ids
+  /// (int32; this rank's list and every rank's, sparseRows + 1 entries each, the count first) and
+  /// the packed rows (worldSize x rowExchangeNumel elements of `elemBytes` to send, padded to 64 B,
+  /// then rowExchangeNumel fp32 received).
+  uint64_t rowIdsBytes(int worldSize) const;
+  uint64_t rowExchangeBytes(int worldSize, size_t elemBytes) const;
+  /// Where the fp32 received part starts in the row exchange buffer, in bytes.
+  uint64_t rowExchangeRecvOffset(int worldSize, size_t elemBytes) const;
 };
 
 /// A preallocated buffer that gathered weights live in.

@@ -3,7 +3,9 @@
 // Layer::backward on the views the executor hands out (gathered weights; gradient buffers), and
 // the Runner drives a whole step through the executor's hooks in the order the schedule expects.
 
+#include <cstdint>
 #include <functional>
+#include <span>
 #include <vector>
 
 #include "libcomm/status.h"
@@ -23,6 +25,11 @@ class Layer {
   /// input first; then add the gradients into views.grads (see LayerViews::grads). Called by
   /// Runner::step on its thread, layers in reverse order, between beginBackward and endBackward.
   virtual libcomm::Status backward(const LayerViews& views) = 0;
+  /// A row-sparse layer (one the plan reduces by rows: FlatGroup::sparseRows > 0) sets `rows` to
+  /// the rows of its table that its backward of micro-batch `microBatch` will write, as
+  /// Executor::setGradRows takes them; valid until that backward. Runner::step calls it right after
+  /// forward and passes them on. The default refuses (kInvalidUsage): such a layer must say.
+  virtual libcomm::Status gradRows(int microBatch, std::span<const int32_t>& rows);
 };
 
 /// Trainer callbacks around the layers; each runs on the thread that calls Runner::step, and a

@@ -1,0 +1,223 @@
+// Executor: row-sparse gradients (LayerSpec::gradRowsPerMicroBatch, FlatGroup::sparseRows).
+//
+// An embedding's weight gradient is the output gradient added into the rows of the batch's tokens:
+// with few tokens against a large vocabulary, almost all of the dense reduce-scatter moves zeros.
+// Here the reduce-scatter of such a layer moves only the rows some rank wrote:
+//  1. setGradRows (in the layer's forward) puts this rank's rows in the row-ids buffer and
+//     all_gathers every rank's list on the reduce-scatter stream, long before the backward needs
+//     them;
+//  2. at endBackward, the trainer's thread waits for those ids (bounded), merges them into one
+//     sorted list U (the same on every rank) and cuts U's rows at the shard boundaries: each piece
+//     belongs to the rank whose shard holds it. Every rank's pieces are packed, in U's order, into
+//     one slot of M elements per owner (M: the largest owner's total), zero-padded;
+//  3. on the reduce-scatter stream: pack from the gradient buffer, reduce_scatter the W x M packed
+//     elements (compute type in, fp32 sums out), then write this rank's M sums into its grad shard
+//     at their rows (micro-batch 0: over a zeroed shard; later ones: added).
+// Every element of a named row is summed over the same ranks as the dense reduce-scatter would sum
+// it, rows nobody named are zero in every rank's buffer, so the grad shard gets the dense result.
+// The zeroing behind the reduce-scatter clears this rank's named rows only (the backward wrote
+// nothing else).
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include "libshard/executor.h"
+#include "shard_internal.h"
+
+namespace libshard {
+
+using libcomm::Status;
+using libcomm::StatusCode;
+
+namespace {
+
+// One piece of a named row that lies in one rank's shard: `len` elements from element `src` of the
+// layer's flat buffer, packed at element `pos` of owner `owner`'s slot.
+struct RowPiece {
+  size_t src = 0;
+  size_t len = 0;
+  size_t pos = 0;
+  int owner = 0;
+};
+
+struct RowPacking {
+  std::vector<RowPiece> pieces;  // in U's order, so every owner's pieces are in ascending `src`
+  std::vector<size_t> fill;      // per owner: packed elements
+  size_t slot = 0;               // M: the largest fill, every owner's slot in the exchange
+};
+
+RowPacking packRows(const std::vector<int32_t>& rows, const FlatGroup& g, int world) {
+  RowPacking p;
+  p.fill.assign(static_cast<size_t>(world), 0);
+  for (int32_t r : rows) {
+    size_t b = static_cast<size_t>(r) * g.rowNumel;
+    const size_t e = b + g.rowNumel;
+    while (b < e) {
+      const size_t owner = b / g.shardNumel;
+      const size_t end = std::min(e, (owner + 1) * g.shardNumel);
+      p.pieces.push_back({b, end - b, p.fill[owner], static_cast<int>(owner)});
+      p.fill[owner] += end - b;
+      b = end;
+    }
+  }
+  for (size_t f : p.fill) p.slot = std::max(p.slot, f);
+  return p;
+}
+
+}  // namespace
+
+Status Executor::setGradRows(int layer, std::span<const int32_t> rows) {
+  if (!error_.isOk()) return error_;
+  const ScheduleOp& next = schedule_.ops[cursor_];  // inside the forward, endForward(layer) comes next
+  if (!hook_ || next.kind != OpKind::kHook || next.hook != HookKind::kEndForward || next.layer != layer)
+    return libcomm::makeError(StatusCode::kInvalidUsage, "libshard rank ", rank_, ", step ", step_, ": setGradRows(",
+                              layer, ") called outside that layer's forward (between beginForward(", layer,
+                              ") and endForward(", layer, ")); the schedule expects ",
+                              schedule_.describeOp(cursor_, &plan_), " next");
+  const auto k = static_cast<size_t>(layer);
+  const FlatGroup& g = plan_.layers[k];
+  if (g.sparseRows == 0 || device_) return Status::ok();  // reduced densely: the rows are not needed
+  RowState& rs = rows_[k];
+  if (rs.step == step_ && rs.microBatch == hook_->microBatch)
+    return libcomm::makeError(StatusCode::kInvalidUsage, where(), ": setGradRows called twice in this micro-batch");
+  std::vector<int32_t> named(rows.begin(), rows.end());
+  std::sort(named.begin(), named.end());
+  named.erase(std::unique(named.begin(), named.end()), named.end());
+  if (!named.empty() && (named.front() < 0 || static_cast<size_t>(named.back()) >= g.tableRows))
+    return libcomm::makeError(StatusCode::kInvalidArgument, where(), ": setGradRows: row ",
+                              named.front() < 0 ? named.front() : named.back(), " is outside the table's ", g.tableRows,
+                              " rows");
+  if (named.size() > g.sparseRows)
+    return libcomm::makeError(StatusCode::kInvalidArgument, where(), ": setGradRows: ", named.size(),
+                              " distinct rows, more than the ", g.sparseRows,
+                              " per micro-batch the model declares (LayerSpec::gradRowsPerMicroBatch)");
+  // Every rank's slot: the count, then the rows. The previous exchange of these ids was read at the
+  // previous endBackward of the layer, so nothing reads the slot now.
+  auto* ids = static_cast<int32_t*>(pool_.rowIds(layer));
+  const size_t entries = g.sparseRows + 1;
+  ids[0] = static_cast<int32_t>(named.size());
+  std::copy(named.begin(), named.end(), ids + 1);
+  std::fill(ids + 1 + named.size(), ids + entries, 0);
+  // all_gather moves bytes: the int32 ids travel as fp32-sized elements, bit for bit.
+  libcomm::Stream& st = stream(StreamId::kReduce);
+  Status r = rsComm_.allGather(ids, ids + entries, entries, libcomm::DataType::kFloat32, st);
+  if (r.isOk()) r = st.record(*rs.idsGathered);
+  if (!r.isOk()) return fail(r.withContext(where() + ": all_gather of the gradient rows of layer '" + g.name + "'"));
+  rs.named = std::move(named);
+  rs.step = step_;
+  rs.microBatch = hook_->microBatch;
+  return Status::ok();
+}
+
+// Every rank's named rows, merged, sorted and distinct; a list that is not one a rank could have
+// sent (a count or a row out of range) is refused, naming the rank.
+Status Executor::readGatheredRows(int layer, std::vector<int32_t>& all) {
+  const FlatGroup& g = plan_.layers[static_cast<size_t>(layer)];
+  RowState& rs = rows_[static_cast<size_t>(layer)];
+  Status st = rs.idsGathered->synchronize(libcomm::Deadline::after(options_.waitTimeout));
+  if (!st.isOk()) {
+    if (st.code() == StatusCode::kTimeout) {
+      const Status cause = communicatorCause(rsComm_);
+      if (!cause.isOk()) st = cause;
+    }
+    return st.withContext("waiting " + std::to_string(options_.waitTimeout.count()) +
+                          " ms at most for every rank's gradient rows of layer '" + g.name + "'");
+  }
+  const size_t entries = g.sparseRows + 1;
+  const auto* ids = static_cast<const int32_t*>(pool_.rowIds(layer)) + entries;
+  all.clear();
+  for (int q = 0; q < plan_.options.worldSize; ++q) {
+    const int32_t* slot = ids + static_cast<size_t>(q) * entries;
+    if (slot[0] < 0 || static_cast<size_t>(slot[0]) > g.sparseRows)
+      return libcomm::makeError(StatusCode::kRemoteError, "gradient rows of layer '", g.name, "' from rank ", q,
+                                ": a count of ", slot[0], ", not 0..", g.sparseRows,
+                                " (the rank's model declares other rows, or the ids were damaged)");
+    for (int32_t i = 1; i <= slot[0]; ++i) {
+      if (slot[i] < 0 || static_cast<size_t>(slot[i]) >= g.tableRows)
+        return libcomm::makeError(StatusCode::kRemoteError, "gradient rows of layer '", g.name, "' from rank ", q,
+                                  ": row ", slot[i], " is outside the table's ", g.tableRows, " rows");
+      all.push_back(slot[i]);
+    }
+  }
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  return Status::ok();
+}
+
+Status Executor::runSparseReduce(const ScheduleOp& op) {
+  const FlatGroup& g = plan_.layers[static_cast<size_t>(op.layer)];
+  RowState& rs = rows_[static_cast<size_t>(op.layer)];
+  if (rs.step != step_ || rs.microBatch != op.microBatch)
+    return libcomm::makeError(StatusCode::kInvalidUsage, "layer '", g.name,
+                              "' has a row-sparse gradient (LayerSpec::gradRowsPerMicroBatch), but its forward of "
+                              "micro-batch ",
+                              op.microBatch, " did not name its rows (Executor::setGradRows)");
+  std::vector<int32_t> all;
+  LIBCOMM_RETURN_IF_ERROR(readGatheredRows(op.layer, all));
+  auto packing = std::make_shared<const RowPacking>(packRows(all, g, plan_.options.worldSize));
+  rs.written = rs.named;
+
+  const size_t es = libcomm::dataTypeSize(computeType_);
+  const char* grad = static_cast<const char*>(pool_.gradBuffer(op.gradBuffer));
+  char* send = static_cast<char*>(pool_.rowExchange(op.layer));
+  float* recv = reinterpret_cast<float*>(send + g.rowExchangeRecvOffset(plan_.options.worldSize, es));
+  float* shard = pool_.state().grad + g.stateOffset;
+  const size_t shardNumel = g.shardNumel;
+  const size_t ownStart = static_cast<size_t>(rank_) * shardNumel;
+  const int owner = rank_;
+  const bool accumulate = op.accumulate;
+  libcomm::Stream& st = stream(StreamId::kReduce);
+
+  LogEntry e = logEntry(LogKind::kReduceStart);
+  e.layer = op.layer;
+  e.microBatch = static_cast<int32_t>(op.microBatch);
+  e.gradBuffer = static_cast<int16_t>(op.gradBuffer);
+  e.buffer = -1;
+  e.accumulate = accumulate ? 1 : 0;
+  const bool log = log_.enabled();
+  if (packing->slot > 0) {
+    LIBCOMM_RETURN_IF_ERROR(st.enqueueHost(
+        [this, e, log, packing, grad, send, es] {
+          if (log) log_.add(e);
+          const RowPacking& p = *packing;
+          for (const RowPiece& r : p.pieces)
+            std::memcpy(send + (static_cast<size_t>(r.owner) * p.slot + r.pos) * es, grad + r.src * es, r.len * es);
+          for (size_t o = 0; o < p.fill.size(); ++o)
+            std::memset(send + (o * p.slot + p.fill[o]) * es, 0, (p.slot - p.fill[o]) * es);
+          return Status::ok();
+        },
+        "pack gradient rows"));
+    libcomm::ReduceOptions ro;
+    ro.op = libcomm::ReduceOp::kSum;
+    Status r = rsComm_.reduceScatter(send, recv, packing->slot, computeType_, libcomm::DataType::kFloat32, ro, st);
+    if (!r.isOk()) return r.withContext("reduce_scatter of the gradient rows of layer '" + g.name + "'");
+  } else if (log) {
+    LIBCOMM_RETURN_IF_ERROR(st.enqueueHost(
+        [this, e] {
+          log_.add(e);
+          return Status::ok();
+        },
+        "log reduce start"));
+  }
+  e.kind = LogKind::kReduceEnd;
+  return st.enqueueHost(
+      [this, e, log, packing, recv, shard, shardNumel, ownStart, owner, accumulate] {
+        // Micro-batch 0 overwrites the shard: rows nobody named get their zero gradient here.
+        if (!accumulate) std::memset(shard, 0, shardNumel * sizeof(float));
+        for (const RowPiece& r : packing->pieces) {
+          if (r.owner != owner) continue;
+          float* dst = shard + (r.src - ownStart);
+          const float* src = recv + r.pos;
+          if (accumulate)
+            for (size_t i = 0; i < r.len; ++i) dst[i] += src[i];
+          else
+            std::memcpy(dst, src, r.len * sizeof(float));
+        }
+        if (log) log_.add(e);
+        return Status::ok();
+      },
+      "unpack gradient rows");
+}
+
+}  // namespace libshard

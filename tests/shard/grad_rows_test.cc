@@ -1,0 +1,344 @@
+// Row-sparse gradients (LayerSpec::gradRowsPerMicroBatch, Executor::setGradRows) on real
+// communicators: a table layer whose backward writes only the rows each rank names gets exactly the
+// dense result in its grad shard -- rows named by one rank, by several, by none, rows that straddle
+// two ranks' shards, over micro-batches and steps (a row left in a gradient buffer from an earlier
+// use would show) -- in fp32 and bf16, at world 1-4, as threads and as processes. The pool measures
+// the plan's bytes. The call's misuses are refused, naming what was wrong, and a rank that never
+// names its rows fails every rank instead of hanging one.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+#include "libcomm/communicator.h"
+#include "libcomm/convert.h"
+#include "libshard/buffers.h"
+#include "libshard/executor.h"
+#include "libshard/runner.h"
+#include "libshard/schedule.h"
+
+namespace shardcomm::testing {
+namespace {
+
+using libcomm::Status;
+using libcomm::StatusCode;
+using libshard::ParamKind;
+using libshard::Precision;
+
+constexpr int64_t kRows = 1000;  // the table's rows
+constexpr int64_t kDim = 7;      // elements per row: odd, so rows straddle shard boundaries
+constexpr int kNamed = 6;        // rows per rank and micro-batch at most (the model's declaration)
+constexpr int kBlock = 16;
+
+libshard::ModelSpec makeSpec(bool rows) {
+  libshard::ModelSpec spec;
+  libshard::LayerSpec embed;
+  embed.name = "embed";
+  embed.params = {{"embed.table", {kRows, kDim}, ParamKind::kEmbedding, true}};
+  embed.backwardReadsWeights = false;
+  embed.gradRowsPerMicroBatch = rows ? kNamed : 0;
+  libshard::LayerSpec block;
+  block.name = "block";
+  block.params = {{"block.s", {4}, ParamKind::kNorm, false}, {"block.w", {kBlock}, ParamKind::kBlock, true}};
+  spec.layers = {embed, block};
+  return spec;
+}
+
+// The rows rank `rank` names in micro-batch `micro` of step `step`, with a repeat: some shared
+// with other ranks, the last row, and (rank 0) `straddle`, the row that holds the end of rank 0's
+// shard (at world 2-4 it straddles two shards).
+std::vector<int32_t> namedRows(int rank, int micro, int64_t step, int32_t straddle) {
+  std::vector<int32_t> r;
+  for (int j = 0; j < 3; ++j) r.push_back(static_cast<int32_t>((rank * 37 + micro * 11 + step * 5 + j * 131) % kRows));
+  r.push_back(r[0]);                                               // named twice: counted once
+  r.push_back(static_cast<int32_t>((micro * 7 + step * 3) % 20));  // every rank names these
+  if (rank == 0) r.push_back(kRows - 1);
+  if (rank == 0) r.push_back(straddle);
+  return r;
+}
+
+// The gradient element a rank adds: a small integer, exact in bf16 and in any sum here.
+float gradValue(int rank, int micro, int64_t step, int64_t row, int64_t col) {
+  return static_cast<float>((rank + 1 + micro * 3 + step + row + col) % 5 - 2);
+}
+
+class RowLayer final : public libshard::Layer {
+ public:
+  RowLayer(int rank, int32_t straddle) : rank_(rank), straddle_(straddle) {}
+  Status forward(const libshard::LayerViews& v) override {
+    rows_ = namedRows(rank_, v.microBatch, v.step, straddle_);
+    return Status::ok();
+  }
+  Status backward(const libshard::LayerViews& v) override {
+    const libshard::TensorView& g = v.grads[0];
+    for (int32_t row : rows_) {
+      // A repeated row adds twice, as an embedding's backward does for a repeated token.
+      for (int64_t c = 0; c < kDim; ++c) {
+        const size_t i = static_cast<size_t>(row * kDim + c);
+        const float add = gradValue(rank_, v.microBatch, v.step, row, c);
+        if (g.f32())
+          g.f32()[i] += add;
+        else
+          g.bf16()[i] = libcomm::floatToBf16(libcomm::bf16ToFloat(g.bf16()[i]) + add);
+      }
+    }
+    return Status::ok();
+  }
+  Status gradRows(int, std::span<const int32_t>& rows) override {
+    rows = rows_;
+    return Status::ok();
+  }
+
+ private:
+  int rank_;
+  int32_t straddle_;
+  std::vector<int32_t> rows_;
+};
+
+class BlockLayer final : public libshard::Layer {
+ public:
+  Status forward(const libshard::LayerViews&) override { return Status::ok(); }
+  Status backward(const libshard::LayerViews& v) override {
+    for (const libshard::TensorView& g : v.grads)
+      for (size_t i = 0; i < g.numel; ++i) {
+        if (g.f32())
+          g.f32()[i] += 1.0f;
+        else
+          g.bf16()[i] = libcomm::floatToBf16(libcomm::bf16ToFloat(g.bf16()[i]) + 1.0f);
+      }
+    return Status::ok();
+  }
+};
+
+libcomm::CommConfig testConfig() {
+  libcomm::CommConfig c;
+  c.opTimeout = std::chrono::seconds(20);
+  c.initTimeout = std::chrono::seconds(40);
+  c.peerCheckInterval = std::chrono::milliseconds(50);
+  return c;
+}
+
+struct Rig {
+  std::unique_ptr<libcomm::Communicator> ag, rs;
+  libshard::ModelSpec spec;
+  libshard::ShardPlan plan;
+  std::unique_ptr<libshard::BufferPool> pool;
+  std::unique_ptr<libshard::Executor> ex;
+};
+
+libcomm::Result<std::unique_ptr<Rig>> makeRig(RankContext& ctx, bool rows, Precision precision, int micro,
+                                              libshard::ExecutorOptions eo = {}) {
+  auto rig = std::make_unique<Rig>();
+  LIBCOMM_ASSIGN_OR_RETURN(rig->ag, libcomm::Communicator::create(ctx.bootstrap, testConfig()));
+  LIBCOMM_ASSIGN_OR_RETURN(rig->rs, libcomm::Communicator::create(ctx.bootstrap, testConfig()));
+  rig->spec = makeSpec(rows);
+  libshard::PlanOptions o;
+  o.worldSize = ctx.size;
+  o.rank = ctx.rank;
+  o.precision = precision;
+  o.microBatches = micro;
+  LIBCOMM_ASSIGN_OR_RETURN(rig->plan, libshard::ShardPlanner(o).plan(rig->spec));
+  LIBCOMM_ASSIGN_OR_RETURN(rig->pool, libshard::BufferPool::create(rig->plan, *rig->ag, *rig->rs));
+  LIBCOMM_ASSIGN_OR_RETURN(auto schedule, libshard::Schedule::build(rig->plan));
+  LIBCOMM_ASSIGN_OR_RETURN(
+      rig->ex, libshard::Executor::create(rig->spec, rig->plan, schedule, *rig->pool, *rig->ag, *rig->rs, eo));
+  return rig;
+}
+
+// This rank's shard of the table's summed gradient for step `step`, as the dense reduce-scatter
+// would leave it.
+int32_t straddleRow(const libshard::FlatGroup& g) {
+  return static_cast<int32_t>(std::min<size_t>(g.shardNumel / kDim, kRows - 1));
+}
+
+std::vector<float> expectedShard(const libshard::FlatGroup& g, int world, int rank, int micro, int64_t step) {
+  std::vector<float> full(g.paddedNumel, 0.0f);
+  for (int r = 0; r < world; ++r)
+    for (int m = 0; m < micro; ++m)
+      for (int32_t row : namedRows(r, m, step, straddleRow(g)))
+        for (int64_t c = 0; c < kDim; ++c) full[static_cast<size_t>(row * kDim + c)] += gradValue(r, m, step, row, c);
+  const auto begin = full.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(rank) * g.shardNumel);
+  return {begin, begin + static_cast<std::ptrdiff_t>(g.shardNumel)};
+}
+
+Status runSteps(RankContext& ctx, bool rows, Precision precision, int micro) {
+  LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, rows, precision, micro));
+  const libshard::FlatGroup& g = rig->plan.layers[0];
+  if (rows != (g.sparseRows == kNamed))
+    return libcomm::makeError(StatusCode::kInternalError, "the plan reduces the table ",
+                              g.sparseRows ? "by rows" : "densely", " (", g.sparseRows, ")");
+  if (rig->pool->peakBytes() != rig->plan.libshardBytes)
+    return libcomm::makeError(StatusCode::kInternalError, "pool ", rig->pool->peakBytes(), " B, plan ",
+                              rig->plan.libshardBytes, " B");
+  if (ctx.size > 1 && g.shardNumel % kDim == 0)
+    return libcomm::makeError(StatusCode::kInternalError, "no row straddles the shards (", g.shardNumel, ")");
+  RowLayer table(ctx.rank, straddleRow(g));
+  BlockLayer block;
+  libshard::Runner runner(*rig->ex, {&table, &block});
+  for (int64_t s = 0; s < 3; ++s) {
+    LIBCOMM_RETURN_IF_ERROR(runner.step());
+    const std::vector<float> want = expectedShard(g, ctx.size, ctx.rank, micro, s);
+    const float* have = rig->ex->state().grad + g.stateOffset;
+    for (size_t i = 0; i < want.size(); ++i)
+      if (have[i] != want[i])
+        return libcomm::makeError(StatusCode::kInternalError, "step ", s, ": grad shard element ", i,
+                                  " (table element ", static_cast<size_t>(ctx.rank) * g.shardNumel + i, ") is ",
+                                  have[i], ", not ", want[i]);
+    // The dense block beside it: every element got 1 per rank and micro-batch.
+    const libshard::FlatGroup& b = rig->plan.layers[1];
+    const float* bg = rig->ex->state().grad + b.stateOffset;
+    for (size_t i = 0; i < b.shardNumel; ++i) {
+      const size_t at = static_cast<size_t>(ctx.rank) * b.shardNumel + i;
+      const float w = at < static_cast<size_t>(kBlock) ? static_cast<float>(ctx.size * micro) : 0.0f;
+      if (bg[i] != w)
+        return libcomm::makeError(StatusCode::kInternalError, "step ", s, ": block grad ", i, " is ", bg[i], ", not ",
+                                  w);
+    }
+  }
+  return rig->ex->synchronize();
+}
+
+struct Case {
+  int world;
+  Precision precision;
+  int micro;
+  bool rows;
+};
+
+class GradRows : public ::testing::TestWithParam<std::tuple<Mode, Case>> {};
+
+TEST_P(GradRows, ShardsEqualTheDenseSums) {
+  const auto [mode, c] = GetParam();
+  RunOptions opts;
+  opts.mode = mode;
+  opts.size = c.world;
+  auto report = runRanks(opts, [c = c](RankContext& ctx) { return runSteps(ctx, c.rows, c.precision, c.micro); });
+  EXPECT_RANKS_OK(report);
+}
+
+std::string caseName(const ::testing::TestParamInfo<std::tuple<Mode, Case>>& info) {
+  const auto& [mode, c] = info.param;
+  return std::string(mode == Mode::kThreads ? "threads" : "processes") + "_w" + std::to_string(c.world) + "_" +
+         libshard::precisionName(c.precision) + "_micro" + std::to_string(c.micro) + (c.rows ? "_rows" : "_dense");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Threads, GradRows,
+    ::testing::Combine(::testing::Values(Mode::kThreads),
+                       ::testing::Values(Case{1, Precision::kFp32, 1, true}, Case{2, Precision::kFp32, 2, true},
+                                         Case{2, Precision::kBf16, 1, true}, Case{3, Precision::kBf16, 2, true},
+                                         Case{4, Precision::kFp32, 2, true}, Case{2, Precision::kFp32, 2, false})),
+    caseName);
+INSTANTIATE_TEST_SUITE_P(Processes, GradRows,
+                         ::testing::Combine(::testing::Values(Mode::kProcesses),
+                                            ::testing::Values(Case{3, Precision::kFp32, 2, true})),
+                         caseName);
+
+Status expectError(const Status& st, StatusCode code, std::initializer_list<const char*> words, const char* what) {
+  if (st.code() != code) return libcomm::makeError(StatusCode::kInternalError, what, ": got ", st.toString());
+  for (const char* w : words)
+    if (st.message().find(w) == std::string::npos)
+      return libcomm::makeError(StatusCode::kInternalError, what, ": message lacks '", w, "': ", st.toString());
+  return Status::ok();
+}
+
+// Misuses on one rank: each is refused, names what was wrong, and leaves the executor usable.
+TEST(GradRowsUsage, MisusesAreRefusedAndNamed) {
+  RunOptions opts;
+  opts.size = 1;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, true, Precision::kFp32, 1));
+    libshard::Executor& ex = *rig->ex;
+    const std::vector<int32_t> ok = {1, 2, 3};
+    LIBCOMM_RETURN_IF_ERROR(ex.beginStep());
+    LIBCOMM_RETURN_IF_ERROR(
+        expectError(ex.setGradRows(0, ok), StatusCode::kInvalidUsage, {"outside"}, "before forward"));
+    LIBCOMM_RETURN_IF_ERROR(ex.beginForward(0).status());
+    LIBCOMM_RETURN_IF_ERROR(expectError(ex.setGradRows(1, ok), StatusCode::kInvalidUsage, {"outside"}, "wrong layer"));
+    const std::vector<int32_t> outside = {1, static_cast<int32_t>(kRows)};
+    LIBCOMM_RETURN_IF_ERROR(
+        expectError(ex.setGradRows(0, outside), StatusCode::kInvalidArgument, {"row 1000", "1000 rows"}, "row range"));
+    const std::vector<int32_t> negative = {-1};
+    LIBCOMM_RETURN_IF_ERROR(
+        expectError(ex.setGradRows(0, negative), StatusCode::kInvalidArgument, {"row -1"}, "row -1"));
+    const std::vector<int32_t> many = {0, 1, 2, 3, 4, 5, 6};
+    LIBCOMM_RETURN_IF_ERROR(
+        expectError(ex.setGradRows(0, many), StatusCode::kInvalidArgument, {"7 distinct rows", "6 per"}, "too many"));
+    // Repeats count once: 6 distinct rows fit.
+    const std::vector<int32_t> repeated = {0, 1, 2, 3, 4, 5, 5, 0};
+    LIBCOMM_RETURN_IF_ERROR(ex.setGradRows(0, repeated));
+    LIBCOMM_RETURN_IF_ERROR(expectError(ex.setGradRows(0, ok), StatusCode::kInvalidUsage, {"twice"}, "twice"));
+    LIBCOMM_RETURN_IF_ERROR(ex.endForward(0));
+    LIBCOMM_RETURN_IF_ERROR(ex.beginForward(1).status());
+    // A dense layer takes the call and has no use for it.
+    LIBCOMM_RETURN_IF_ERROR(ex.setGradRows(1, ok));
+    LIBCOMM_RETURN_IF_ERROR(ex.endForward(1));
+    for (int k = 1; k >= 0; --k) {
+      LIBCOMM_RETURN_IF_ERROR(ex.beginBackward(k).status());
+      LIBCOMM_RETURN_IF_ERROR(ex.endBackward(k));
+    }
+    LIBCOMM_RETURN_IF_ERROR(ex.endStep());
+    LIBCOMM_RETURN_IF_ERROR(ex.optimizerDone());
+    // The next step's forward forgets to name the rows: its endBackward says so.
+    LIBCOMM_RETURN_IF_ERROR(ex.beginStep());
+    for (int k = 0; k < 2; ++k) {
+      LIBCOMM_RETURN_IF_ERROR(ex.beginForward(k).status());
+      LIBCOMM_RETURN_IF_ERROR(ex.endForward(k));
+    }
+    LIBCOMM_RETURN_IF_ERROR(ex.beginBackward(1).status());
+    LIBCOMM_RETURN_IF_ERROR(ex.endBackward(1));
+    LIBCOMM_RETURN_IF_ERROR(ex.beginBackward(0).status());
+    return expectError(ex.endBackward(0), StatusCode::kInvalidUsage, {"embed", "setGradRows", "micro-batch 0"},
+                       "rows not named");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// Rank 1's forward names no rows while rank 0's does: rank 1 fails at its endBackward and aborts
+// its communicators, and rank 0, waiting for rank 1's ids, fails within the deadline too.
+TEST(GradRowsUsage, ARankThatNamesNoRowsFailsEveryRank) {
+  RunOptions opts;
+  opts.size = 2;
+  opts.deadline = std::chrono::seconds(30);
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    libshard::ExecutorOptions eo;
+    eo.waitTimeout = std::chrono::seconds(10);
+    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, true, Precision::kFp32, 1, eo));
+    libshard::Executor& ex = *rig->ex;
+    const auto t0 = std::chrono::steady_clock::now();
+    Status st = ex.beginStep();
+    for (int k = 0; k < 2 && st.isOk(); ++k) {
+      st = ex.beginForward(k).status();
+      const std::vector<int32_t> rows = {3, 4};
+      if (st.isOk() && k == 0 && ctx.rank == 0) st = ex.setGradRows(0, rows);
+      if (st.isOk()) st = ex.endForward(k);
+    }
+    for (int k = 1; k >= 0 && st.isOk(); --k) {
+      st = ex.beginBackward(k).status();
+      if (st.isOk()) st = ex.endBackward(k);
+    }
+    if (st.isOk()) st = ex.endStep();
+    if (st.isOk()) return libcomm::makeError(StatusCode::kInternalError, "the step succeeded");
+    const auto took = std::chrono::steady_clock::now() - t0;
+    if (took > std::chrono::seconds(8))
+      return libcomm::makeError(StatusCode::kInternalError, "the error took ",
+                                std::chrono::duration_cast<std::chrono::milliseconds>(took).count(),
+                                " ms: ", st.toString());
+    // Rank 1 names the missing call, unless its communicator's view of the mismatch came first.
+    if (ctx.rank == 1 && st.message().find("setGradRows") == std::string::npos &&
+        st.message().find("mismatch") == std::string::npos)
+      return libcomm::makeError(StatusCode::kInternalError, "rank 1: ", st.toString());
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+}  // namespace
+}  // namespace shardcomm::testing
