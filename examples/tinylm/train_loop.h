@@ -23,9 +23,10 @@ class TrainLoop {
  public:
   /// `rsComm` also carries the optimizer's grad-norm allReduce and the loss exchange, on a stream
   /// of their own: they run between endStep (every reduce-scatter of the step done) and the next
-  /// step's first reduce-scatter, so every rank issues that communicator's collectives in the
-  /// same order. In compute-only mode `optimizer` must have been made for a world of one (it
-  /// then takes no communicator). All references must outlive the loop.
+  /// step's first collective on the executor's reduce-scatter stream (the embedding's row ids, in
+  /// its forward, or the first reduce-scatter), and are waited for before the step returns, so every
+  /// rank issues that communicator's collectives in the same order. In compute-only mode `optimizer` must have been
+  /// made for a world of one (it then takes no communicator). All references must outlive the loop.
   TrainLoop(const TrainOptions& options, StepHooks& hooks, libshard::ShardedAdamW& optimizer,
             libcomm::Communicator& rsComm, size_t maxTokens);
 

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "device/device_memory.h"
 #include "libcomm/cuda.h"
@@ -48,6 +49,7 @@ Status Executor::createStreams() {
   startGate_ = libcomm::createHostEvent();
   // Row-sparse layers (executor_rows.cc; on a device pool they are reduced densely).
   rows_.resize(plan_.layers.size());
+  writtenRows_.resize(plan_.gradBuffers.size());
   for (size_t k = 0; k < plan_.layers.size(); ++k)
     if (plan_.layers[k].sparseRows > 0) rows_[k].idsGathered = libcomm::createHostEvent();
   // An inline stream's own wait bound is never reached: the executor waits for the event on the
@@ -318,7 +320,7 @@ Status Executor::runZero(const ScheduleOp& op) {
     // A row-sparse backward wrote this rank's named rows only (executor_rows.cc): clear those.
     const size_t rowBytes = g.rowNumel * libcomm::dataTypeSize(computeType_);
     return st.enqueueHost(
-        [this, buf, rowBytes, rows = rows_[static_cast<size_t>(op.layer)].written, e, log] {
+        [this, buf, rowBytes, rows = std::exchange(writtenRows_[static_cast<size_t>(op.gradBuffer)], {}), e, log] {
           if (buf)
             for (int32_t r : rows)
               std::memset(static_cast<char*>(buf) + static_cast<size_t>(r) * rowBytes, 0, rowBytes);

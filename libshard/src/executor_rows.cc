@@ -14,7 +14,10 @@
 //     elements (compute type in, fp32 sums out), then write this rank's M sums into its grad shard
 //     at their rows (micro-batch 0: over a zeroed shard; later ones: added).
 // Every element of a named row is summed over the same ranks as the dense reduce-scatter would sum
-// it, rows nobody named are zero in every rank's buffer, so the grad shard gets the dense result.
+// it, rows nobody named are zero in every rank's buffer, so the grad shard gets the dense result up
+// to rounding: bit for bit on one host with fp32 partials (the tests), while fp64 partials
+// (LIBCOMM_RS_PARTIALS) round a later micro-batch's sum before it is added here, and across hosts
+// the two sizes may take algorithms that add in other orders.
 // The zeroing behind the reduce-scatter clears this rank's named rows only (the backward wrote
 // nothing else).
 
@@ -77,17 +80,20 @@ Status Executor::setGradRows(int layer, std::span<const int32_t> rows) {
                               schedule_.describeOp(cursor_, &plan_), " next");
   const auto k = static_cast<size_t>(layer);
   const FlatGroup& g = plan_.layers[k];
+  // The rows are checked on every plan, so that a trainer's bad row shows whatever the world size.
+  const size_t tableRows =
+      g.params.size() == 1 && !g.params[0].shape.empty() ? static_cast<size_t>(g.params[0].shape[0]) : 0;
+  std::vector<int32_t> named(rows.begin(), rows.end());
+  std::sort(named.begin(), named.end());
+  named.erase(std::unique(named.begin(), named.end()), named.end());
+  if (!named.empty() && (named.front() < 0 || static_cast<size_t>(named.back()) >= tableRows))
+    return libcomm::makeError(StatusCode::kInvalidArgument, where(), ": setGradRows: row ",
+                              named.front() < 0 ? named.front() : named.back(), " is outside the table's ", tableRows,
+                              " rows");
   if (g.sparseRows == 0 || device_) return Status::ok();  // reduced densely: the rows are not needed
   RowState& rs = rows_[k];
   if (rs.step == step_ && rs.microBatch == hook_->microBatch)
     return libcomm::makeError(StatusCode::kInvalidUsage, where(), ": setGradRows called twice in this micro-batch");
-  std::vector<int32_t> named(rows.begin(), rows.end());
-  std::sort(named.begin(), named.end());
-  named.erase(std::unique(named.begin(), named.end()), named.end());
-  if (!named.empty() && (named.front() < 0 || static_cast<size_t>(named.back()) >= g.tableRows))
-    return libcomm::makeError(StatusCode::kInvalidArgument, where(), ": setGradRows: row ",
-                              named.front() < 0 ? named.front() : named.back(), " is outside the table's ", g.tableRows,
-                              " rows");
   if (named.size() > g.sparseRows)
     return libcomm::makeError(StatusCode::kInvalidArgument, where(), ": setGradRows: ", named.size(),
                               " distinct rows, more than the ", g.sparseRows,
@@ -107,6 +113,12 @@ Status Executor::setGradRows(int layer, std::span<const int32_t> rows) {
   rs.named = std::move(named);
   rs.step = step_;
   rs.microBatch = hook_->microBatch;
+  // The serialized baseline overlaps nothing: the trainer's thread waits for the ids here.
+  if (schedule_.serialize) {
+    std::vector<int32_t> unused;
+    r = readGatheredRows(layer, unused);
+    if (!r.isOk()) return fail(r.withContext(where()));
+  }
   return Status::ok();
 }
 
@@ -156,7 +168,7 @@ Status Executor::runSparseReduce(const ScheduleOp& op) {
   std::vector<int32_t> all;
   LIBCOMM_RETURN_IF_ERROR(readGatheredRows(op.layer, all));
   auto packing = std::make_shared<const RowPacking>(packRows(all, g, plan_.options.worldSize));
-  rs.written = rs.named;
+  writtenRows_[static_cast<size_t>(op.gradBuffer)] = rs.named;
 
   const size_t es = libcomm::dataTypeSize(computeType_);
   const char* grad = static_cast<const char*>(pool_.gradBuffer(op.gradBuffer));

@@ -35,6 +35,7 @@ libcomm::Result<SimCosts> costsFromEventLog(const std::vector<LogEntry>& log, co
   const size_t n = plan.layers.size();
   Samples fwd(n + 1), bwd(n + 1), gather(n + 1), reduce(n + 1), update(n + 1);
   std::vector<double> zeroRate;  // us per element, over the zeroings measured
+  Samples zeroRows(n);           // row-sparse layers: us per zeroing (it clears the rows named)
   auto slot = [&](int layer) -> size_t { return layer >= -1 && layer < static_cast<int>(n) ? size_t(layer + 1) : 0; };
   auto valid = [&](int layer) { return layer >= -1 && layer < static_cast<int>(n); };
 
@@ -83,8 +84,12 @@ libcomm::Result<SimCosts> costsFromEventLog(const std::vector<LogEntry>& log, co
           start = std::max(start, lastStepEnd->ns);
         if (lastRs && counted && e.layer >= 0) {
           const double t = std::max(0.0, us(e.ns - start));
-          const size_t elems = plan.layers[static_cast<size_t>(e.layer)].paddedNumel;
-          if (elems > 0) zeroRate.push_back(t / static_cast<double>(elems));
+          const FlatGroup& g = plan.layers[static_cast<size_t>(e.layer)];
+          // A row-sparse layer's zeroing clears the rows named, not its size: priced as measured.
+          if (g.sparseRows > 0)
+            zeroRows[static_cast<size_t>(e.layer)].push_back(t);
+          else if (g.paddedNumel > 0)
+            zeroRate.push_back(t / static_cast<double>(g.paddedNumel));
         }
         lastRs = &e;
         break;
@@ -123,7 +128,8 @@ libcomm::Result<SimCosts> costsFromEventLog(const std::vector<LogEntry>& log, co
     c.backwardUs[k] = median(bwd[s]);
     c.gatherUs[k] = median(gather[s]);
     c.reduceUs[k] = median(reduce[s]);
-    c.zeroUs[k] = rate * static_cast<double>(g.paddedNumel);
+    c.zeroUs[k] = g.sparseRows > 0 ? (zeroRows[k].empty() ? 0.0 : median(zeroRows[k]))
+                                   : rate * static_cast<double>(g.paddedNumel);
     c.updateUs[k] = median(update[s]);
   }
   if (plan.resident.paddedNumel > 0 && gather[0].empty())

@@ -20,6 +20,7 @@
 #include "libcomm/communicator.h"
 #include "libcomm/convert.h"
 #include "libshard/buffers.h"
+#include "libshard/event_log.h"
 #include "libshard/executor.h"
 #include "libshard/runner.h"
 #include "libshard/schedule.h"
@@ -34,10 +35,12 @@ using libshard::Precision;
 
 constexpr int64_t kRows = 1000;  // the table's rows
 constexpr int64_t kDim = 7;      // elements per row: odd, so rows straddle shard boundaries
-constexpr int kNamed = 6;        // rows per rank and micro-batch at most (the model's declaration)
+constexpr int kNamed = 7;        // rows per rank and micro-batch at most (the model's declaration)
 constexpr int kBlock = 16;
 
-libshard::ModelSpec makeSpec(bool rows) {
+// `blockNumel`: the dense block's size; as large as the table, the two share the rotating
+// gradient buffers (with PlanOptions::dedicatedSlack 0).
+libshard::ModelSpec makeSpec(bool rows, int64_t blockNumel = kBlock) {
   libshard::ModelSpec spec;
   libshard::LayerSpec embed;
   embed.name = "embed";
@@ -46,18 +49,22 @@ libshard::ModelSpec makeSpec(bool rows) {
   embed.gradRowsPerMicroBatch = rows ? kNamed : 0;
   libshard::LayerSpec block;
   block.name = "block";
-  block.params = {{"block.s", {4}, ParamKind::kNorm, false}, {"block.w", {kBlock}, ParamKind::kBlock, true}};
+  block.params = {{"block.s", {4}, ParamKind::kNorm, false}, {"block.w", {blockNumel}, ParamKind::kBlock, true}};
   spec.layers = {embed, block};
   return spec;
 }
 
 // The rows rank `rank` names in micro-batch `micro` of step `step`, with a repeat: some shared
-// with other ranks, the last row, and (rank 0) `straddle`, the row that holds the end of rank 0's
-// shard (at world 2-4 it straddles two shards).
+// with other ranks, one that every step names again in the same micro-batch (a row a wrong zeroing
+// left in a buffer would be added again), the last row, and (rank 0) `straddle`, the row that holds
+// the end of rank 0's shard (at world 2-4 it straddles two shards). Rank 1 names none in
+// micro-batch 1 of odd steps.
 std::vector<int32_t> namedRows(int rank, int micro, int64_t step, int32_t straddle) {
+  if (rank == 1 && micro == 1 && step % 2 == 1) return {};
   std::vector<int32_t> r;
   for (int j = 0; j < 3; ++j) r.push_back(static_cast<int32_t>((rank * 37 + micro * 11 + step * 5 + j * 131) % kRows));
-  r.push_back(r[0]);                                               // named twice: counted once
+  r.push_back(r[0]);  // named twice: counted once
+  r.push_back(static_cast<int32_t>((rank * 13 + micro * 29 + 500) % kRows));
   r.push_back(static_cast<int32_t>((micro * 7 + step * 3) % 20));  // every rank names these
   if (rank == 0) r.push_back(kRows - 1);
   if (rank == 0) r.push_back(straddle);
@@ -133,22 +140,42 @@ struct Rig {
   std::unique_ptr<libshard::Executor> ex;
 };
 
-libcomm::Result<std::unique_ptr<Rig>> makeRig(RankContext& ctx, bool rows, Precision precision, int micro,
-                                              libshard::ExecutorOptions eo = {}) {
+struct Case {
+  int world = 1;
+  Precision precision = Precision::kFp32;
+  int micro = 1;
+  bool rows = true;
+  bool rotate = false;     // the table shares 3 rotating gradient buffers with a block of its size
+  bool oneComm = false;    // gathers and reduce-scatters on one communicator (one stream)
+  bool serialize = false;  // the serialized baseline schedule
+  bool log = false;        // the event log on, proven by checkEventLog at the end
+};
+
+libcomm::Result<std::unique_ptr<Rig>> makeRig(RankContext& ctx, const Case& c, libshard::ExecutorOptions eo = {}) {
   auto rig = std::make_unique<Rig>();
   LIBCOMM_ASSIGN_OR_RETURN(rig->ag, libcomm::Communicator::create(ctx.bootstrap, testConfig()));
-  LIBCOMM_ASSIGN_OR_RETURN(rig->rs, libcomm::Communicator::create(ctx.bootstrap, testConfig()));
-  rig->spec = makeSpec(rows);
+  if (!c.oneComm) {
+    LIBCOMM_ASSIGN_OR_RETURN(rig->rs, libcomm::Communicator::create(ctx.bootstrap, testConfig()));
+  }
+  libcomm::Communicator& rs = c.oneComm ? *rig->ag : *rig->rs;
+  rig->spec = makeSpec(c.rows, c.rotate ? kRows * kDim : kBlock);
   libshard::PlanOptions o;
   o.worldSize = ctx.size;
   o.rank = ctx.rank;
-  o.precision = precision;
-  o.microBatches = micro;
+  o.precision = c.precision;
+  o.microBatches = c.micro;
+  if (c.rotate) {
+    o.gradBuffers = 3;
+    o.dedicatedSlack = 0;
+  }
   LIBCOMM_ASSIGN_OR_RETURN(rig->plan, libshard::ShardPlanner(o).plan(rig->spec));
-  LIBCOMM_ASSIGN_OR_RETURN(rig->pool, libshard::BufferPool::create(rig->plan, *rig->ag, *rig->rs));
-  LIBCOMM_ASSIGN_OR_RETURN(auto schedule, libshard::Schedule::build(rig->plan));
-  LIBCOMM_ASSIGN_OR_RETURN(
-      rig->ex, libshard::Executor::create(rig->spec, rig->plan, schedule, *rig->pool, *rig->ag, *rig->rs, eo));
+  LIBCOMM_ASSIGN_OR_RETURN(rig->pool, libshard::BufferPool::create(rig->plan, *rig->ag, rs));
+  libshard::ScheduleOptions so;
+  so.serialize = c.serialize;
+  LIBCOMM_ASSIGN_OR_RETURN(auto schedule, libshard::Schedule::build(rig->plan, so));
+  if (c.log) eo.eventLogCapacity = 4096;
+  LIBCOMM_ASSIGN_OR_RETURN(rig->ex,
+                           libshard::Executor::create(rig->spec, rig->plan, schedule, *rig->pool, *rig->ag, rs, eo));
   return rig;
 }
 
@@ -168,9 +195,13 @@ std::vector<float> expectedShard(const libshard::FlatGroup& g, int world, int ra
   return {begin, begin + static_cast<std::ptrdiff_t>(g.shardNumel)};
 }
 
-Status runSteps(RankContext& ctx, bool rows, Precision precision, int micro) {
-  LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, rows, precision, micro));
+Status runSteps(RankContext& ctx, const Case& c) {
+  const bool rows = c.rows;
+  const int micro = c.micro;
+  LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, c));
   const libshard::FlatGroup& g = rig->plan.layers[0];
+  if (c.rotate && (g.gradBuffer >= 0 || rig->plan.layers[1].gradBuffer >= 0 || rig->plan.gradBuffers.size() != 3))
+    return libcomm::makeError(StatusCode::kInternalError, "the table and the block should share 3 rotating buffers");
   if (rows != (g.sparseRows == kNamed))
     return libcomm::makeError(StatusCode::kInternalError, "the plan reduces the table ",
                               g.sparseRows ? "by rows" : "densely", " (", g.sparseRows, ")");
@@ -182,7 +213,7 @@ Status runSteps(RankContext& ctx, bool rows, Precision precision, int micro) {
   RowLayer table(ctx.rank, straddleRow(g));
   BlockLayer block;
   libshard::Runner runner(*rig->ex, {&table, &block});
-  for (int64_t s = 0; s < 3; ++s) {
+  for (int64_t s = 0; s < 4; ++s) {
     LIBCOMM_RETURN_IF_ERROR(runner.step());
     const std::vector<float> want = expectedShard(g, ctx.size, ctx.rank, micro, s);
     const float* have = rig->ex->state().grad + g.stateOffset;
@@ -194,23 +225,21 @@ Status runSteps(RankContext& ctx, bool rows, Precision precision, int micro) {
     // The dense block beside it: every element got 1 per rank and micro-batch.
     const libshard::FlatGroup& b = rig->plan.layers[1];
     const float* bg = rig->ex->state().grad + b.stateOffset;
+    const size_t blockNumel = b.params[0].numel;
     for (size_t i = 0; i < b.shardNumel; ++i) {
       const size_t at = static_cast<size_t>(ctx.rank) * b.shardNumel + i;
-      const float w = at < static_cast<size_t>(kBlock) ? static_cast<float>(ctx.size * micro) : 0.0f;
+      const float w = at < blockNumel ? static_cast<float>(ctx.size * micro) : 0.0f;
       if (bg[i] != w)
         return libcomm::makeError(StatusCode::kInternalError, "step ", s, ": block grad ", i, " is ", bg[i], ", not ",
                                   w);
     }
   }
-  return rig->ex->synchronize();
+  LIBCOMM_RETURN_IF_ERROR(rig->ex->synchronize());
+  if (!c.log) return Status::ok();
+  const libshard::EventLog& log = rig->ex->eventLog();
+  if (log.dropped() != 0) return libcomm::makeError(StatusCode::kInternalError, "event log dropped ", log.dropped());
+  return libshard::checkEventLog(log.entries(), rig->plan);
 }
-
-struct Case {
-  int world;
-  Precision precision;
-  int micro;
-  bool rows;
-};
 
 class GradRows : public ::testing::TestWithParam<std::tuple<Mode, Case>> {};
 
@@ -219,26 +248,33 @@ TEST_P(GradRows, ShardsEqualTheDenseSums) {
   RunOptions opts;
   opts.mode = mode;
   opts.size = c.world;
-  auto report = runRanks(opts, [c = c](RankContext& ctx) { return runSteps(ctx, c.rows, c.precision, c.micro); });
+  auto report = runRanks(opts, [c = c](RankContext& ctx) { return runSteps(ctx, c); });
   EXPECT_RANKS_OK(report);
 }
 
 std::string caseName(const ::testing::TestParamInfo<std::tuple<Mode, Case>>& info) {
   const auto& [mode, c] = info.param;
   return std::string(mode == Mode::kThreads ? "threads" : "processes") + "_w" + std::to_string(c.world) + "_" +
-         libshard::precisionName(c.precision) + "_micro" + std::to_string(c.micro) + (c.rows ? "_rows" : "_dense");
+         libshard::precisionName(c.precision) + "_micro" + std::to_string(c.micro) + (c.rows ? "_rows" : "_dense") +
+         (c.rotate ? "_rotating" : "") + (c.oneComm ? "_onecomm" : "") + (c.serialize ? "_serialized" : "") +
+         (c.log ? "_log" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Threads, GradRows,
     ::testing::Combine(::testing::Values(Mode::kThreads),
-                       ::testing::Values(Case{1, Precision::kFp32, 1, true}, Case{2, Precision::kFp32, 2, true},
-                                         Case{2, Precision::kBf16, 1, true}, Case{3, Precision::kBf16, 2, true},
-                                         Case{4, Precision::kFp32, 2, true}, Case{2, Precision::kFp32, 2, false})),
+                       ::testing::Values(Case{1, Precision::kFp32, 1}, Case{2, Precision::kFp32, 2},
+                                         Case{2, Precision::kBf16, 1}, Case{3, Precision::kBf16, 2},
+                                         Case{4, Precision::kFp32, 2}, Case{2, Precision::kFp32, 2, false},
+                                         Case{1, Precision::kFp32, 2, true, true},
+                                         Case{2, Precision::kBf16, 2, true, true},
+                                         Case{2, Precision::kFp32, 2, true, false, true},
+                                         Case{2, Precision::kFp32, 2, true, false, false, true},
+                                         Case{3, Precision::kFp32, 2, true, true, false, false, true})),
     caseName);
 INSTANTIATE_TEST_SUITE_P(Processes, GradRows,
                          ::testing::Combine(::testing::Values(Mode::kProcesses),
-                                            ::testing::Values(Case{3, Precision::kFp32, 2, true})),
+                                            ::testing::Values(Case{3, Precision::kFp32, 2})),
                          caseName);
 
 Status expectError(const Status& st, StatusCode code, std::initializer_list<const char*> words, const char* what) {
@@ -254,7 +290,7 @@ TEST(GradRowsUsage, MisusesAreRefusedAndNamed) {
   RunOptions opts;
   opts.size = 1;
   auto report = runRanks(opts, [](RankContext& ctx) -> Status {
-    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, true, Precision::kFp32, 1));
+    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, Case{}));
     libshard::Executor& ex = *rig->ex;
     const std::vector<int32_t> ok = {1, 2, 3};
     LIBCOMM_RETURN_IF_ERROR(ex.beginStep());
@@ -268,11 +304,11 @@ TEST(GradRowsUsage, MisusesAreRefusedAndNamed) {
     const std::vector<int32_t> negative = {-1};
     LIBCOMM_RETURN_IF_ERROR(
         expectError(ex.setGradRows(0, negative), StatusCode::kInvalidArgument, {"row -1"}, "row -1"));
-    const std::vector<int32_t> many = {0, 1, 2, 3, 4, 5, 6};
+    const std::vector<int32_t> many = {0, 1, 2, 3, 4, 5, 6, 7};
     LIBCOMM_RETURN_IF_ERROR(
-        expectError(ex.setGradRows(0, many), StatusCode::kInvalidArgument, {"7 distinct rows", "6 per"}, "too many"));
-    // Repeats count once: 6 distinct rows fit.
-    const std::vector<int32_t> repeated = {0, 1, 2, 3, 4, 5, 5, 0};
+        expectError(ex.setGradRows(0, many), StatusCode::kInvalidArgument, {"8 distinct rows", "7 per"}, "too many"));
+    // Repeats count once: 7 distinct rows fit.
+    const std::vector<int32_t> repeated = {0, 1, 2, 3, 4, 5, 6, 6, 0};
     LIBCOMM_RETURN_IF_ERROR(ex.setGradRows(0, repeated));
     LIBCOMM_RETURN_IF_ERROR(expectError(ex.setGradRows(0, ok), StatusCode::kInvalidUsage, {"twice"}, "twice"));
     LIBCOMM_RETURN_IF_ERROR(ex.endForward(0));
@@ -310,7 +346,7 @@ TEST(GradRowsUsage, ARankThatNamesNoRowsFailsEveryRank) {
   auto report = runRanks(opts, [](RankContext& ctx) -> Status {
     libshard::ExecutorOptions eo;
     eo.waitTimeout = std::chrono::seconds(10);
-    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, true, Precision::kFp32, 1, eo));
+    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, Case{}, eo));
     libshard::Executor& ex = *rig->ex;
     const auto t0 = std::chrono::steady_clock::now();
     Status st = ex.beginStep();

@@ -3,6 +3,7 @@
 // Expected numbers are worked out by hand in the comments; the randomized tests compare against
 // brute force.
 
+#include "libshard/buffers.h"
 #include "libshard/plan.h"
 #include "planner_test_util.h"
 
@@ -864,6 +865,69 @@ TEST(PlannerDescribe, MentionsEveryLayerBufferTermAndVerdict) {
     ASSERT_NE(found, std::string::npos) << l.name << "\n" << d;
     at = found;
   }
+}
+
+// ---- row-sparse gradients (LayerSpec::gradRowsPerMicroBatch) ----------------------------------
+
+ModelSpec tableModel(int64_t rows, int64_t width, uint64_t named) {
+  ModelSpec m;
+  m.layers.push_back(layer("embed", {param("embed.w", {rows, width}, ParamKind::kEmbedding)}));
+  m.layers.back().gradRowsPerMicroBatch = named;
+  m.layers.push_back(layer("blocks.0", {param("blocks.0.w", {8, 8})}));
+  return m;
+}
+
+TEST(PlannerSparseRows, BoundsExchangeBytesAndPoolAgree) {
+  // [1000, 8] fp32 at world 4, 128 B alignment (32 elements): padded 8,064, shard 2,016; 10 rows
+  // per rank x 4 ranks x 8 elements = 320 <= 2,016 / 2.
+  const ShardPlan p = planOrDie(tableModel(1000, 8, 10), options(4, 128, Precision::kFp32));
+  const FlatGroup& g = p.layers[0];
+  EXPECT_EQ(g.shardNumel, 2016u);
+  EXPECT_EQ(g.sparseRows, 10u);
+  EXPECT_EQ(g.rowNumel, 8u);
+  EXPECT_EQ(g.tableRows, 1000u);
+  EXPECT_EQ(g.rowExchangeNumel, 320u);
+  EXPECT_EQ(p.layers[1].sparseRows, 0u);  // a layer that declares nothing stays dense
+  // ids: 4 B x 11 entries x (4 + 1) slots; packed rows: 4 x 320 fp32 to send, 320 fp32 received.
+  EXPECT_EQ(g.rowIdsBytes(4), 220u);
+  EXPECT_EQ(g.rowExchangeRecvOffset(4, 4), 5120u);
+  EXPECT_EQ(g.rowExchangeBytes(4, 4), 6400u);
+  EXPECT_EQ(termBytes(p, "row-sparse exchange"), 6620u);
+  // The pool allocates exactly what the plan counts.
+  uint64_t pool = 0;
+  for (const PoolAllocation& a : BufferPool::plannedAllocations(p)) pool += a.bytes;
+  EXPECT_EQ(pool, p.libshardBytes);
+  EXPECT_NE(p.describe().find("row-sparse gradient, at most 10 of 1,000 rows"), std::string::npos) << p.describe();
+  // bf16: the packed rows to send are 2 B each, rounded up to 64 B before the fp32 part.
+  const ShardPlan b = planOrDie(tableModel(1000, 8, 3), options(3, 128, Precision::kBf16));
+  EXPECT_EQ(b.layers[0].rowExchangeNumel, 72u);              // 3 ranks x 3 rows x 8
+  EXPECT_EQ(b.layers[0].rowExchangeRecvOffset(3, 2), 448u);  // 3 x 72 x 2 = 432 -> 448
+  EXPECT_EQ(b.layers[0].rowExchangeBytes(3, 2), 448u + 288u);
+}
+
+TEST(PlannerSparseRows, UsedOnlyWhereItMovesAtMostHalfTheDenseExchange) {
+  // [64, 16] fp32 at world 2: shard 512; the bound is 2 x rows x 16 elements.
+  EXPECT_EQ(planOrDie(tableModel(64, 16, 8), options(2, 128, Precision::kFp32)).layers[0].sparseRows, 8u);  // 256
+  EXPECT_EQ(planOrDie(tableModel(64, 16, 9), options(2, 128, Precision::kFp32)).layers[0].sparseRows, 0u);  // 288
+  // More rows declared than the table has: the table's rows bound it (and here cover the shard).
+  const ShardPlan all = planOrDie(tableModel(10, 100, 5000), options(2, 128, Precision::kFp32));
+  EXPECT_EQ(all.layers[0].sparseRows, 0u);
+  EXPECT_EQ(findTerm(all, "row-sparse exchange"), nullptr);  // no term where nothing is exchanged by rows
+  // A huge declaration does not overflow the bound.
+  EXPECT_EQ(planOrDie(tableModel(1000, 8, UINT64_MAX), options(4)).layers[0].sparseRows, 0u);
+  // A norm beside the table is fine (it lives in the resident group).
+  ModelSpec withNorm = tableModel(1000, 8, 4);
+  withNorm.layers[0].params.push_back(param("embed.norm", {8}, ParamKind::kNorm));
+  EXPECT_EQ(planOrDie(withNorm, options(2)).layers[0].sparseRows, 4u);
+}
+
+TEST(PlannerSparseRows, ALayerWithTwoTablesIsRefused) {
+  ModelSpec m = tableModel(1000, 8, 4);
+  m.layers[0].params.push_back(param("embed.pos", {16, 8}, ParamKind::kEmbedding));
+  auto r = ShardPlanner(options(2)).plan(m);
+  ASSERT_FALSE(r.isOk());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("exactly one non-norm parameter"), std::string::npos) << r.status().message();
 }
 
 }  // namespace

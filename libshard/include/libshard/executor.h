@@ -117,7 +117,8 @@ struct LayerViews {
   /// Backward only: the gradients, same order as `weights`. ADD this micro-batch's gradient into
   /// each view (+=). Non-norm views are in the compute type and hold zeros at beginBackward, so a
   /// trainer may also simply overwrite them; one it leaves alone contributes a zero gradient, never
-  /// stale data. Norm views are fp32 and hold the running sum of the step so far: only add.
+  /// stale data. A row-sparse layer (Executor::setGradRows) writes its named rows only. Norm views are fp32 and hold
+  /// the running sum of the step so far: only add.
   std::vector<TensorView> grads;
 
   /// The view of the parameter called `name`, or null.
@@ -189,13 +190,18 @@ class Executor {
   /// rank's backward of the current micro-batch writes gradients into. Call it between
   /// beginForward(layer) and endForward(layer), once in each micro-batch, on every rank (each with
   /// its own rows). Rows may repeat and come in any order; at most gradRowsPerMicroBatch distinct
-  /// ones, each in [0, the table's rows): otherwise kInvalidArgument, and nothing is sent. The ids
-  /// go to every rank at once (an all_gather on the reduce-scatter stream), so that endBackward
-  /// knows which rows to move: only the rows some rank named travel, and only this rank's are
-  /// zeroed again afterwards. So the backward must add into the named rows only; a gradient
-  /// written elsewhere is neither reduced nor cleared. Where the plan reduces the layer densely
-  /// (FlatGroup::sparseRows 0) and on a device pool, the call is accepted and the rows are not
-  /// used. A row-sparse layer whose forward did not call it fails at endBackward (kInvalidUsage).
+  /// ones, each in [0, the table's rows): otherwise kInvalidArgument, and nothing is sent (the rows
+  /// are checked against the table whatever the plan, so that a bad row shows on every plan). The
+  /// ids go to every rank at once (an all_gather on the reduce-scatter stream; in a serialized
+  /// schedule this call waits for it), so that endBackward knows which rows to move: only the rows
+  /// some rank named travel, and only this rank's are zeroed again afterwards. So the backward
+  /// must add into the named rows only (LayerViews::grads): a gradient written elsewhere is summed
+  /// only where another rank named the row, and stays in the buffer for later uses. endBackward of
+  /// the layer waits (bounded by waitTimeout) for the ids, which have long arrived unless the
+  /// reduce-scatter stream is behind. Where the plan reduces the layer densely (FlatGroup::sparseRows
+  /// 0) and on a device pool (whose row buffers are allocated but unused for now), the rows are
+  /// checked and not used. A row-sparse layer whose forward did not call it fails at endBackward
+  /// (kInvalidUsage).
   libcomm::Status setGradRows(int layer, std::span<const int32_t> rows);
   /// As beginForward, and also waits until a gradient buffer is free (reduced and zeroed).
   libcomm::Result<const LayerViews*> beginBackward(int layer);
@@ -334,15 +340,18 @@ class Executor {
   std::vector<std::vector<GradSlot>> gradSlots_;
 
   // Per row-sparse layer (FlatGroup::sparseRows > 0; empty entries elsewhere): the rows this rank
-  // named, when, and the rows its last reduced backward wrote (what the zeroing clears).
+  // named, and when.
   struct RowState {
     std::vector<int32_t> named;  // sorted, distinct
     int64_t step = -1;
     int microBatch = -1;
-    std::vector<int32_t> written;
     std::unique_ptr<libcomm::Event> idsGathered;  // rs stream: every rank's ids have arrived
   };
   std::vector<RowState> rows_;
+  // Per gradient buffer: the rows a row-sparse backward wrote into it, reduced since, that its
+  // zeroing clears. By buffer, not by layer: a buffer's zeroing may be deferred past endStep while
+  // the same layer's later micro-batch used another buffer with other rows.
+  std::vector<std::vector<int32_t>> writtenRows_;
 };
 
 }  // namespace libshard

@@ -128,7 +128,8 @@ libcomm::Result<SimResult> simulate(const ShardPlan& plan, const Schedule& sched
 /// previous update stamp, the first from the step's end: it includes the gradient norm, normUs
 /// stays 0). Zeroings are priced per element at the fastest rate any of them ran (timed from the
 /// end of what the rs stream ran before, or from the step's end behind endStep's drain): a memset's
-/// time is its size's, and the slower ones shared a core. microBatchUs is not in the log (0: the
+/// time is its size's, and the slower ones shared a core. A row-sparse layer's zeroing clears the
+/// rows named, not its size: its median is taken as it is. microBatchUs is not in the log (0: the
 /// caller fills it). Meant for a run in which
 /// everything ran alone -- a serialized schedule -- so that each figure is the piece's own cost and
 /// not a share of a contended machine. kInvalidArgument when a layer's forward or a group's gather
