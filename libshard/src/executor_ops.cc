@@ -233,6 +233,16 @@ Status Executor::runGather(const ScheduleOp& op) {
   return Status::ok();
 }
 
+LogEntry Executor::reduceLogEntry(const ScheduleOp& op) const {
+  LogEntry e = logEntry(LogKind::kReduceStart);
+  e.layer = op.layer;
+  e.microBatch = static_cast<int32_t>(op.microBatch);
+  e.gradBuffer = static_cast<int16_t>(op.gradBuffer);
+  e.buffer = -1;
+  e.accumulate = op.accumulate ? 1 : 0;
+  return e;
+}
+
 Status Executor::runReduce(const ScheduleOp& op) {
   if (op.layer >= 0 && !device_ && plan_.layers[static_cast<size_t>(op.layer)].sparseRows > 0)
     return runSparseReduce(op);
@@ -243,12 +253,7 @@ Status Executor::runReduce(const ScheduleOp& op) {
   float* recv = pool_.state().grad + g.stateOffset;
   const size_t zeroBytes = g.paddedNumel * libcomm::dataTypeSize(inType);
   libcomm::Stream& st = stream(StreamId::kReduce);
-  LogEntry e = logEntry(LogKind::kReduceStart);
-  e.layer = op.layer;
-  e.microBatch = static_cast<int32_t>(op.microBatch);
-  e.gradBuffer = static_cast<int16_t>(op.gradBuffer);
-  e.buffer = -1;
-  e.accumulate = op.accumulate ? 1 : 0;
+  LogEntry e = reduceLogEntry(op);
   if (log_.enabled())
     LIBCOMM_RETURN_IF_ERROR(st.enqueueHost(
         [this, e] {

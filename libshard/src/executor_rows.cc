@@ -181,12 +181,7 @@ Status Executor::runSparseReduce(const ScheduleOp& op) {
   const bool accumulate = op.accumulate;
   libcomm::Stream& st = stream(StreamId::kReduce);
 
-  LogEntry e = logEntry(LogKind::kReduceStart);
-  e.layer = op.layer;
-  e.microBatch = static_cast<int32_t>(op.microBatch);
-  e.gradBuffer = static_cast<int16_t>(op.gradBuffer);
-  e.buffer = -1;
-  e.accumulate = accumulate ? 1 : 0;
+  LogEntry e = reduceLogEntry(op);
   const bool log = log_.enabled();
   if (packing->slot > 0) {
     LIBCOMM_RETURN_IF_ERROR(st.enqueueHost(

@@ -303,6 +303,8 @@ class Executor {
   libcomm::Status fail(libcomm::Status st);
   libcomm::Stream& stream(StreamId id);
   LogEntry logEntry(LogKind kind) const;
+  // The reduce-start entry of reduce-scatter `op` (runReduce, runSparseReduce).
+  LogEntry reduceLogEntry(const ScheduleOp& op) const;
   std::string where() const;
 
   ShardPlan plan_;
