@@ -12,7 +12,8 @@
 //     one slot of M elements per owner (M: the largest owner's total), zero-padded;
 //  3. on the reduce-scatter stream: pack from the gradient buffer, reduce_scatter the W x M packed
 //     elements (compute type in, fp32 sums out), then write this rank's M sums into its grad shard
-//     at their rows (micro-batch 0: over a zeroed shard; later ones: added).
+//     at their rows (micro-batch 0: over the shard zeroed behind its ids exchange, in the forward;
+//     later ones: added).
 // Every element of a named row is summed over the same ranks as the dense reduce-scatter would sum
 // it, rows nobody named are zero in every rank's buffer, so the grad shard gets the dense result up
 // to rounding: bit for bit on one host with fp32 partials (the tests), while fp64 partials
@@ -109,6 +110,19 @@ Status Executor::setGradRows(int layer, std::span<const int32_t> rows) {
   libcomm::Stream& st = stream(StreamId::kReduce);
   Status r = rsComm_.allGather(ids, ids + entries, entries, libcomm::DataType::kFloat32, st);
   if (r.isOk()) r = st.record(*rs.idsGathered);
+  // Micro-batch 0 overwrites the layer's grad shard: rows nobody names get their zero here, while
+  // the rs stream waits for the backward anyway, not at endBackward where the step's end waits for
+  // it. The previous step's optimizer is done with the shard (optimizerDone came before this).
+  if (r.isOk() && hook_->microBatch == 0) {
+    float* shard = pool_.state().grad + g.stateOffset;
+    const size_t bytes = g.shardNumel * sizeof(float);
+    r = st.enqueueHost(
+        [shard, bytes] {
+          std::memset(shard, 0, bytes);
+          return Status::ok();
+        },
+        "zero grad shard rows");
+  }
   if (!r.isOk()) return fail(r.withContext(where() + ": all_gather of the gradient rows of layer '" + g.name + "'"));
   rs.named = std::move(named);
   rs.step = step_;
@@ -209,9 +223,9 @@ Status Executor::runSparseReduce(const ScheduleOp& op) {
   }
   e.kind = LogKind::kReduceEnd;
   return st.enqueueHost(
-      [this, e, log, packing, recv, shard, shardNumel, ownStart, owner, accumulate] {
-        // Micro-batch 0 overwrites the shard: rows nobody named get their zero gradient here.
-        if (!accumulate) std::memset(shard, 0, shardNumel * sizeof(float));
+      [this, e, log, packing, recv, shard, ownStart, owner, accumulate] {
+        // Micro-batch 0 overwrites the shard, which setGradRows had zeroed (rows nobody named keep
+        // that zero); later ones add.
         for (const RowPiece& r : packing->pieces) {
           if (r.owner != owner) continue;
           float* dst = shard + (r.src - ownStart);

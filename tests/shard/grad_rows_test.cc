@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -212,11 +213,14 @@ Status runSteps(RankContext& ctx, const Case& c) {
     return libcomm::makeError(StatusCode::kInternalError, "no row straddles the shards (", g.shardNumel, ")");
   RowLayer table(ctx.rank, straddleRow(g));
   BlockLayer block;
-  libshard::Runner runner(*rig->ex, {&table, &block});
-  for (int64_t s = 0; s < 4; ++s) {
-    LIBCOMM_RETURN_IF_ERROR(runner.step());
+  // The optimizer's window: the step's gradients are checked there, then garbage is left in the
+  // grad shard, which the next step's micro-batch 0 must overwrite (never add to).
+  libshard::RunnerHooks hooks;
+  hooks.optimizer = [&](libshard::Executor& ex) -> Status {
+    const int64_t s = ex.step();
     const std::vector<float> want = expectedShard(g, ctx.size, ctx.rank, micro, s);
-    const float* have = rig->ex->state().grad + g.stateOffset;
+    float* grad = ex.state().grad;
+    const float* have = grad + g.stateOffset;
     for (size_t i = 0; i < want.size(); ++i)
       if (have[i] != want[i])
         return libcomm::makeError(StatusCode::kInternalError, "step ", s, ": grad shard element ", i,
@@ -224,7 +228,7 @@ Status runSteps(RankContext& ctx, const Case& c) {
                                   have[i], ", not ", want[i]);
     // The dense block beside it: every element got 1 per rank and micro-batch.
     const libshard::FlatGroup& b = rig->plan.layers[1];
-    const float* bg = rig->ex->state().grad + b.stateOffset;
+    const float* bg = grad + b.stateOffset;
     const size_t blockNumel = b.params[0].numel;
     for (size_t i = 0; i < b.shardNumel; ++i) {
       const size_t at = static_cast<size_t>(ctx.rank) * b.shardNumel + i;
@@ -233,7 +237,11 @@ Status runSteps(RankContext& ctx, const Case& c) {
         return libcomm::makeError(StatusCode::kInternalError, "step ", s, ": block grad ", i, " is ", bg[i], ", not ",
                                   w);
     }
-  }
+    std::fill(grad, grad + ex.state().numel, std::numeric_limits<float>::quiet_NaN());
+    return Status::ok();
+  };
+  libshard::Runner runner(*rig->ex, {&table, &block}, hooks);
+  for (int64_t s = 0; s < 4; ++s) LIBCOMM_RETURN_IF_ERROR(runner.step());
   LIBCOMM_RETURN_IF_ERROR(rig->ex->synchronize());
   if (!c.log) return Status::ok();
   const libshard::EventLog& log = rig->ex->eventLog();
