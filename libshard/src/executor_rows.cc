@@ -121,7 +121,7 @@ Status Executor::setGradRows(int layer, std::span<const int32_t> rows) {
           std::memset(shard, 0, bytes);
           return Status::ok();
         },
-        "zero grad shard rows");
+        "zero grad shard");
   }
   if (!r.isOk()) return fail(r.withContext(where() + ": all_gather of the gradient rows of layer '" + g.name + "'"));
   rs.named = std::move(named);
