@@ -129,27 +129,30 @@ Status Executor::setGradRows(int layer, std::span<const int32_t> rows) {
   rs.microBatch = hook_->microBatch;
   // The serialized baseline overlaps nothing: the trainer's thread waits for the ids here.
   if (schedule_.serialize) {
-    std::vector<int32_t> unused;
-    r = readGatheredRows(layer, unused);
+    r = waitForGatheredRows(layer);
     if (!r.isOk()) return fail(r.withContext(where()));
   }
   return Status::ok();
+}
+
+Status Executor::waitForGatheredRows(int layer) {
+  Status st =
+      rows_[static_cast<size_t>(layer)].idsGathered->synchronize(libcomm::Deadline::after(options_.waitTimeout));
+  if (st.isOk()) return st;
+  if (st.code() == StatusCode::kTimeout) {
+    const Status cause = communicatorCause(rsComm_);
+    if (!cause.isOk()) st = cause;
+  }
+  return st.withContext("waiting " + std::to_string(options_.waitTimeout.count()) +
+                        " ms at most for every rank's gradient rows of layer '" +
+                        plan_.layers[static_cast<size_t>(layer)].name + "'");
 }
 
 // Every rank's named rows, merged, sorted and distinct; a list that is not one a rank could have
 // sent (a count or a row out of range) is refused, naming the rank.
 Status Executor::readGatheredRows(int layer, std::vector<int32_t>& all) {
   const FlatGroup& g = plan_.layers[static_cast<size_t>(layer)];
-  RowState& rs = rows_[static_cast<size_t>(layer)];
-  Status st = rs.idsGathered->synchronize(libcomm::Deadline::after(options_.waitTimeout));
-  if (!st.isOk()) {
-    if (st.code() == StatusCode::kTimeout) {
-      const Status cause = communicatorCause(rsComm_);
-      if (!cause.isOk()) st = cause;
-    }
-    return st.withContext("waiting " + std::to_string(options_.waitTimeout.count()) +
-                          " ms at most for every rank's gradient rows of layer '" + g.name + "'");
-  }
+  LIBCOMM_RETURN_IF_ERROR(waitForGatheredRows(layer));
   const size_t entries = g.sparseRows + 1;
   const auto* ids = static_cast<const int32_t*>(pool_.rowIds(layer)) + entries;
   all.clear();

@@ -293,6 +293,8 @@ class Executor {
   libcomm::Status runReduce(const ScheduleOp& op);
   libcomm::Status runZero(const ScheduleOp& op);
   libcomm::Status runSparseReduce(const ScheduleOp& op);
+  // Waits (bounded by waitTimeout) until every rank's row ids of `layer` have arrived.
+  libcomm::Status waitForGatheredRows(int layer);
   libcomm::Status readGatheredRows(int layer, std::vector<int32_t>& all);
   // The error of `comm` after a wait on its stream timed out, waiting a moment for it (see
   // executor_ops.cc); OK when it has none.
