@@ -56,10 +56,10 @@ libcomm::Result<libshard::SimCosts> ratedCosts(const TrainOptions& o, int world,
     c.updateUs[k] = usFor(static_cast<double>(g.shardNumel) * kUpdateBytesPerElement, r.memGBs);
     if (g.sparseRows > 0) {
       // Reduced by rows (libshard/src/executor_rows.cc): at most world x rowExchangeNumel packed
-      // elements (the ids' all_gather runs during the forward), then the shard written; the buffer
-      // is zeroed in the named rows only.
+      // elements (the ids' all_gather, and micro-batch 0's zeroing of the grad shard, run during
+      // the forward, off the reduce's path); the buffer is zeroed in the named rows only.
       const double packed = static_cast<double>(world) * static_cast<double>(g.rowExchangeNumel);
-      c.reduceUs[k] = collective(packed * elem) + usFor(static_cast<double>(g.shardNumel) * 4, r.memGBs);
+      c.reduceUs[k] = collective(packed * elem);
       c.zeroUs[k] = usFor(static_cast<double>(g.sparseRows * g.rowNumel) * elem, r.memGBs);
     }
   }
