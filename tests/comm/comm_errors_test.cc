@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
@@ -924,11 +925,27 @@ TEST(CommErrors, CollectivesThatNeverRanWaitForTheirTurnOneTimeoutInAll) {
         },
         "slow user work"));
     LIBCOMM_RETURN_IF_ERROR(comm->allGather(in.data(), out.data(), 4, DataType::kFloat32, *held));
-    LIBCOMM_RETURN_IF_ERROR(
-        failing->enqueueHost([] { return Status(StatusCode::kInternalError, "user work failed"); }, "user work"));
+    // The user work fails only once all four collectives are queued behind it: failing at once, it
+    // let the stream skip seq 2 (which fails the communicator) before the test had called seq 3, and
+    // seq 3 was then refused at the call (once, under TSan in CI).
+    auto queued = std::make_shared<std::promise<void>>();
+    std::shared_future<void> allQueued = queued->get_future().share();
+    LIBCOMM_RETURN_IF_ERROR(failing->enqueueHost(
+        [allQueued, patience] {
+          if (allQueued.wait_until(patience.at()) != std::future_status::ready)
+            return Status(StatusCode::kTimeout, "the test never queued its four collectives");
+          return Status(StatusCode::kInternalError, "user work failed");
+        },
+        "user work"));
     const auto start = libcomm::Clock::now();
-    for (int k = 0; k < 4; ++k)
-      LIBCOMM_RETURN_IF_ERROR(comm->allGather(in.data(), out.data(), 4, DataType::kFloat32, *failing));
+    for (int k = 0; k < 4; ++k) {
+      const Status called = comm->allGather(in.data(), out.data(), 4, DataType::kFloat32, *failing);
+      if (!called.isOk()) {
+        queued->set_value();
+        return called;
+      }
+    }
+    queued->set_value();
     LIBCOMM_RETURN_IF_ERROR(expectStatus(failing->synchronize(patience), StatusCode::kInternalError,
                                          {"user work failed"}, "failing stream"));
     const auto took = libcomm::Clock::now() - start;
