@@ -39,6 +39,12 @@ std::vector<PoolAllocation> BufferPool::plannedAllocations(const ShardPlan& plan
     out.push_back({"row ids " + g.name, g.rowIdsBytes(plan.options.worldSize), nullptr, false});
     out.push_back({"row exchange " + g.name, g.rowExchangeBytes(plan.options.worldSize, es), nullptr, false});
   }
+  // Row gathers: their row ids and packed rows, both moved by the all_gather communicator.
+  for (const FlatGroup& g : plan.layers) {
+    if (g.gatherRows == 0) continue;
+    out.push_back({"gather row ids " + g.name, g.gatherRowIdsBytes(plan.options.worldSize), nullptr, true});
+    out.push_back({"gather row exchange " + g.name, g.gatherExchangeBytes(plan.options.worldSize, es), nullptr, true});
+  }
   return out;
 }
 
@@ -96,6 +102,13 @@ Status BufferPool::allocateAll(const ShardPlan& plan) {
     if (plan.layers[k].sparseRows == 0) continue;
     rowIds_[k] = allocations_[i++].data;
     rowExchange_[k] = allocations_[i++].data;
+  }
+  gatherRowIds_.assign(plan.layers.size(), nullptr);
+  gatherExchange_.assign(plan.layers.size(), nullptr);
+  for (size_t k = 0; k < plan.layers.size(); ++k) {
+    if (plan.layers[k].gatherRows == 0) continue;
+    gatherRowIds_[k] = allocations_[i++].data;
+    gatherExchange_[k] = allocations_[i++].data;
   }
   return Status::ok();
 }
@@ -165,6 +178,8 @@ Status BufferPool::freeAll() {
   residentGrad_ = nullptr;
   rowIds_.clear();
   rowExchange_.clear();
+  gatherRowIds_.clear();
+  gatherExchange_.clear();
   return first;
 }
 

@@ -52,6 +52,10 @@ Status Executor::createStreams() {
   writtenRows_.resize(plan_.gradBuffers.size());
   for (size_t k = 0; k < plan_.layers.size(); ++k)
     if (plan_.layers[k].sparseRows > 0) rows_[k].idsGathered = libcomm::createHostEvent();
+  gatherRows_.resize(plan_.layers.size());
+  bufferRows_.resize(plan_.gatherBuffers.size());
+  for (size_t k = 0; k < plan_.layers.size(); ++k)
+    if (plan_.layers[k].gatherRows > 0) gatherRows_[k].idsGathered = libcomm::createHostEvent();
   // An inline stream's own wait bound is never reached: the executor waits for the event on the
   // host first, with its own deadline and error context (runOp), so the stream's wait finds it done.
   compute_ = options_.threadedComputeStream
@@ -192,7 +196,29 @@ Status Executor::hostWait(const ScheduleOp& op) {
   return st.withContext("waiting " + std::to_string(options_.waitTimeout.count()) + " ms at most for " + what);
 }
 
+LogEntry Executor::gatherLogEntry(const ScheduleOp& op) const {
+  LogEntry e = logEntry(LogKind::kGatherStart);
+  // Issued by this step's optimizer hooks for the next step: logged as the next step's.
+  if (op.nextStep) e.step = static_cast<int32_t>(step_ + 1);  // at most INT32_MAX (ExecutorOptions::kLastStep)
+  e.layer = op.layer;
+  e.buffer = static_cast<int16_t>(op.buffer);
+  e.microBatch = -1;
+  e.gradBuffer = -1;
+  return e;
+}
+
 Status Executor::runGather(const ScheduleOp& op) {
+  if (!device_) {
+    // A layer gathered by rows, in a step whose rows were named (executor_rows.cc); any other
+    // gather writes the whole buffer.
+    if (op.layer >= 0 && plan_.layers[static_cast<size_t>(op.layer)].gatherRows > 0) {
+      GatherRowState& gs = gatherRows_[static_cast<size_t>(op.layer)];
+      const int64_t forStep = op.nextStep ? step_ + 1 : step_;
+      gs.issuedStep = forStep;
+      if (gs.step == forStep) return runRowGather(op, forStep);
+    }
+    bufferRows_[static_cast<size_t>(op.buffer)].layer = -1;
+  }
   const FlatGroup& g = op.layer >= 0 ? plan_.layers[static_cast<size_t>(op.layer)] : plan_.resident;
   const ShardState& s = pool_.state();
   const size_t es = libcomm::dataTypeSize(computeType_);
@@ -203,13 +229,7 @@ Status Executor::runGather(const ScheduleOp& op) {
   const void* send = src + g.stateOffset * es;
   void* recv = pool_.gatherBuffer(op.buffer);
   libcomm::Stream& st = stream(StreamId::kGather);
-  LogEntry e = logEntry(LogKind::kGatherStart);
-  // Issued by this step's optimizer hooks for the next step: logged as the next step's.
-  if (op.nextStep) e.step = static_cast<int32_t>(step_ + 1);  // at most INT32_MAX (ExecutorOptions::kLastStep)
-  e.layer = op.layer;
-  e.buffer = static_cast<int16_t>(op.buffer);
-  e.microBatch = -1;
-  e.gradBuffer = -1;
+  LogEntry e = gatherLogEntry(op);
   if (log_.enabled())
     LIBCOMM_RETURN_IF_ERROR(st.enqueueHost(
         [this, e] {

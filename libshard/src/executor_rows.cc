@@ -1,4 +1,5 @@
-// Executor: row-sparse gradients (LayerSpec::gradRowsPerMicroBatch, FlatGroup::sparseRows).
+// Executor: row-sparse gradients (LayerSpec::gradRowsPerMicroBatch, FlatGroup::sparseRows), and
+// gathers by rows (LayerSpec::gatherRowsPerStep, FlatGroup::gatherRows).
 //
 // An embedding's weight gradient is the output gradient added into the rows of the batch's tokens:
 // with few tokens against a large vocabulary, almost all of the dense reduce-scatter moves zeros.
@@ -21,10 +22,19 @@
 // the two sizes may take algorithms that add in other orders.
 // The zeroing behind the reduce-scatter clears this rank's named rows only (the backward wrote
 // nothing else).
+//
+// A layer's gather by rows (LayerSpec::gatherRowsPerStep, FlatGroup::gatherRows) is the same
+// exchange the other way: setStepRows, in the previous step's optimizer window, all_gathers every
+// rank's rows of the next step on the all_gather stream; the layer's gather of that step packs each
+// owner's pieces of their union from its shard, all_gathers the slots and writes them into the
+// gather buffer, whose other rows of the table hold NaN (runRowGather).
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
+#include <limits>
 #include <memory>
+#include <span>
 
 #include "libshard/executor.h"
 #include "shard_internal.h"
@@ -34,7 +44,7 @@ namespace libshard {
 using libcomm::Status;
 using libcomm::StatusCode;
 
-namespace {
+namespace detail {
 
 // One piece of a named row that lies in one rank's shard: `len` elements from element `src` of the
 // layer's flat buffer, packed at element `pos` of owner `owner`'s slot.
@@ -69,6 +79,73 @@ RowPacking packRows(const std::vector<int32_t>& rows, const FlatGroup& g, int wo
   return p;
 }
 
+}  // namespace detail
+
+namespace {
+
+using detail::packRows;
+using detail::RowPacking;
+using detail::RowPiece;
+
+// The table rows of a layer that names rows (one non-norm parameter, its first extent).
+size_t tableRowsOf(const FlatGroup& g) {
+  return g.params.size() == 1 && !g.params[0].shape.empty() ? static_cast<size_t>(g.params[0].shape[0]) : 0;
+}
+
+// `rows` sorted and made distinct, or kInvalidArgument naming the first row outside the table.
+// Checked on every plan, so that a trainer's bad row shows whatever the world size.
+libcomm::Result<std::vector<int32_t>> distinctRows(const FlatGroup& g, std::span<const int32_t> rows,
+                                                   const std::string& where, const char* call) {
+  const size_t tableRows = tableRowsOf(g);
+  std::vector<int32_t> named(rows.begin(), rows.end());
+  std::sort(named.begin(), named.end());
+  named.erase(std::unique(named.begin(), named.end()), named.end());
+  if (!named.empty() && (named.front() < 0 || static_cast<size_t>(named.back()) >= tableRows))
+    return libcomm::makeError(StatusCode::kInvalidArgument, where, ": ", call, ": row ",
+                              named.front() < 0 ? named.front() : named.back(), " is outside the table's ", tableRows,
+                              " rows");
+  return named;
+}
+
+// Every rank's list in `ids` (`world` slots of bound + 1 int32: the count, then the rows), merged,
+// sorted and distinct; a list that is not one a rank could have sent (a count or a row out of
+// range) is refused, naming the rank.
+Status mergeRowLists(const int32_t* ids, int world, size_t bound, size_t tableRows, const std::string& what,
+                     std::vector<int32_t>& all) {
+  const size_t entries = bound + 1;
+  all.clear();
+  for (int q = 0; q < world; ++q) {
+    const int32_t* slot = ids + static_cast<size_t>(q) * entries;
+    if (slot[0] < 0 || static_cast<size_t>(slot[0]) > bound)
+      return libcomm::makeError(StatusCode::kRemoteError, what, " from rank ", q, ": a count of ", slot[0], ", not 0..",
+                                bound, " (the rank's model declares other rows, or the ids were damaged)");
+    for (int32_t i = 1; i <= slot[0]; ++i) {
+      if (slot[i] < 0 || static_cast<size_t>(slot[i]) >= tableRows)
+        return libcomm::makeError(StatusCode::kRemoteError, what, " from rank ", q, ": row ", slot[i],
+                                  " is outside the table's ", tableRows, " rows");
+      all.push_back(slot[i]);
+    }
+  }
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  return Status::ok();
+}
+
+// Writes this rank's list into its slot of `ids` (the count, the rows, zeros up to bound + 1).
+void writeRowList(int32_t* ids, const std::vector<int32_t>& named, size_t bound) {
+  ids[0] = static_cast<int32_t>(named.size());
+  std::copy(named.begin(), named.end(), ids + 1);
+  std::fill(ids + 1 + named.size(), ids + bound + 1, 0);
+}
+
+// NaN in the compute type (2-byte bf16 or 4-byte fp32), n elements at p.
+void fillNaN(char* p, size_t n, size_t es) {
+  if (es == 2)
+    std::fill_n(reinterpret_cast<uint16_t*>(p), n, uint16_t{0x7FC0});
+  else
+    std::fill_n(reinterpret_cast<float*>(p), n, std::numeric_limits<float>::quiet_NaN());
+}
+
 }  // namespace
 
 Status Executor::setGradRows(int layer, std::span<const int32_t> rows) {
@@ -81,16 +158,17 @@ Status Executor::setGradRows(int layer, std::span<const int32_t> rows) {
                               schedule_.describeOp(cursor_, &plan_), " next");
   const auto k = static_cast<size_t>(layer);
   const FlatGroup& g = plan_.layers[k];
-  // The rows are checked on every plan, so that a trainer's bad row shows whatever the world size.
-  const size_t tableRows =
-      g.params.size() == 1 && !g.params[0].shape.empty() ? static_cast<size_t>(g.params[0].shape[0]) : 0;
-  std::vector<int32_t> named(rows.begin(), rows.end());
-  std::sort(named.begin(), named.end());
-  named.erase(std::unique(named.begin(), named.end()), named.end());
-  if (!named.empty() && (named.front() < 0 || static_cast<size_t>(named.back()) >= tableRows))
-    return libcomm::makeError(StatusCode::kInvalidArgument, where(), ": setGradRows: row ",
-                              named.front() < 0 ? named.front() : named.back(), " is outside the table's ", tableRows,
-                              " rows");
+  LIBCOMM_ASSIGN_OR_RETURN(std::vector<int32_t> named, distinctRows(g, rows, where(), "setGradRows"));
+  // Gathered by rows this step: the other rows of the buffer hold NaN, so a forward that read one
+  // read no weights.
+  if (!device_ && g.gatherRows > 0 && gatherRows_[k].step == step_) {
+    const std::vector<int32_t>& gathered = gatherRows_[k].named;
+    for (int32_t r : named)
+      if (!std::binary_search(gathered.begin(), gathered.end(), r))
+        return libcomm::makeError(StatusCode::kInvalidArgument, where(), ": setGradRows: row ", r,
+                                  " was not named for this step's gather (setStepRows), so it was not gathered: "
+                                  "the forward read NaN there");
+  }
   if (g.sparseRows == 0 || device_) return Status::ok();  // reduced densely: the rows are not needed
   RowState& rs = rows_[k];
   if (rs.step == step_ && rs.microBatch == hook_->microBatch)
@@ -103,9 +181,7 @@ Status Executor::setGradRows(int layer, std::span<const int32_t> rows) {
   // previous endBackward of the layer, so nothing reads the slot now.
   auto* ids = static_cast<int32_t*>(pool_.rowIds(layer));
   const size_t entries = g.sparseRows + 1;
-  ids[0] = static_cast<int32_t>(named.size());
-  std::copy(named.begin(), named.end(), ids + 1);
-  std::fill(ids + 1 + named.size(), ids + entries, 0);
+  writeRowList(ids, named, g.sparseRows);
   // all_gather moves bytes: the int32 ids travel as fp32-sized elements, bit for bit.
   libcomm::Stream& st = stream(StreamId::kReduce);
   Status r = rsComm_.allGather(ids, ids + entries, entries, libcomm::DataType::kFloat32, st);
@@ -148,30 +224,13 @@ Status Executor::waitForGatheredRows(int layer) {
                         plan_.layers[static_cast<size_t>(layer)].name + "'");
 }
 
-// Every rank's named rows, merged, sorted and distinct; a list that is not one a rank could have
-// sent (a count or a row out of range) is refused, naming the rank.
+// Every rank's named rows, merged, sorted and distinct (mergeRowLists).
 Status Executor::readGatheredRows(int layer, std::vector<int32_t>& all) {
   const FlatGroup& g = plan_.layers[static_cast<size_t>(layer)];
   LIBCOMM_RETURN_IF_ERROR(waitForGatheredRows(layer));
-  const size_t entries = g.sparseRows + 1;
-  const auto* ids = static_cast<const int32_t*>(pool_.rowIds(layer)) + entries;
-  all.clear();
-  for (int q = 0; q < plan_.options.worldSize; ++q) {
-    const int32_t* slot = ids + static_cast<size_t>(q) * entries;
-    if (slot[0] < 0 || static_cast<size_t>(slot[0]) > g.sparseRows)
-      return libcomm::makeError(StatusCode::kRemoteError, "gradient rows of layer '", g.name, "' from rank ", q,
-                                ": a count of ", slot[0], ", not 0..", g.sparseRows,
-                                " (the rank's model declares other rows, or the ids were damaged)");
-    for (int32_t i = 1; i <= slot[0]; ++i) {
-      if (slot[i] < 0 || static_cast<size_t>(slot[i]) >= g.tableRows)
-        return libcomm::makeError(StatusCode::kRemoteError, "gradient rows of layer '", g.name, "' from rank ", q,
-                                  ": row ", slot[i], " is outside the table's ", g.tableRows, " rows");
-      all.push_back(slot[i]);
-    }
-  }
-  std::sort(all.begin(), all.end());
-  all.erase(std::unique(all.begin(), all.end()), all.end());
-  return Status::ok();
+  const auto* ids = static_cast<const int32_t*>(pool_.rowIds(layer)) + g.sparseRows + 1;
+  return mergeRowLists(ids, plan_.options.worldSize, g.sparseRows, g.tableRows,
+                       "gradient rows of layer '" + g.name + "'", all);
 }
 
 Status Executor::runSparseReduce(const ScheduleOp& op) {
@@ -242,6 +301,153 @@ Status Executor::runSparseReduce(const ScheduleOp& op) {
         return Status::ok();
       },
       "unpack gradient rows");
+}
+
+// ---- gathers by rows ----
+
+Status Executor::setStepRows(int layer, std::span<const int32_t> rows) {
+  if (!error_.isOk()) return error_;
+  if (layer < 0 || static_cast<size_t>(layer) >= plan_.layers.size())
+    return libcomm::makeError(StatusCode::kInvalidArgument, "libshard rank ", rank_, ": setStepRows(", layer,
+                              "): no such layer (the plan has ", plan_.layers.size(), ")");
+  // The rows are for the step whose gathers come next: the first one before the first beginStep,
+  // else the next one, from endStep until the layer's gather is issued.
+  int64_t forStep = -1;
+  if (!primed_ && hook_ == nullptr)
+    forStep = step_;
+  else if (hook_ && (hook_->hook == HookKind::kEndStep || hook_->hook == HookKind::kGroupUpdated))
+    forStep = step_ + 1;
+  if (forStep < 0)
+    return libcomm::makeError(StatusCode::kInvalidUsage, where(), ": setStepRows(", layer,
+                              ") names the rows of the next step's gather: call it between endStep and optimizerDone "
+                              "(before groupUpdated(",
+                              layer, ")), or before the first beginStep");
+  const auto k = static_cast<size_t>(layer);
+  const FlatGroup& g = plan_.layers[k];
+  LIBCOMM_ASSIGN_OR_RETURN(std::vector<int32_t> named, distinctRows(g, rows, where(), "setStepRows"));
+  if (g.gatherRows == 0 || device_) return Status::ok();  // gathered densely: the rows are not needed
+  GatherRowState& gs = gatherRows_[k];
+  if (gs.step == forStep)
+    return libcomm::makeError(StatusCode::kInvalidUsage, where(), ": setStepRows(", layer, ") called twice for step ",
+                              forStep);
+  if (gs.issuedStep == forStep)
+    return libcomm::makeError(StatusCode::kInvalidUsage, where(), ": setStepRows(", layer, ") for step ", forStep,
+                              " comes too late: that step's gather of layer '", g.name,
+                              "' was issued already (by groupUpdated or optimizerDone); name the rows before");
+  if (named.size() > g.gatherRows)
+    return libcomm::makeError(StatusCode::kInvalidArgument, where(), ": setStepRows: ", named.size(),
+                              " distinct rows, more than the ", g.gatherRows,
+                              " per step the model declares (LayerSpec::gatherRowsPerStep)");
+  // The previous exchange of these ids was read when its step's gather was issued; one whose
+  // gather never came (a run that stopped naming rows) may still be in flight: wait for it.
+  libcomm::Stream& st = stream(StreamId::kGather);
+  Status r = gs.step >= 0 && gs.packedStep != gs.step
+                 ? gs.idsGathered->synchronize(libcomm::Deadline::after(options_.waitTimeout))
+                 : Status::ok();
+  auto* ids = static_cast<int32_t*>(pool_.gatherRowIds(layer));
+  const size_t entries = g.gatherRows + 1;
+  if (r.isOk()) {
+    writeRowList(ids, named, g.gatherRows);
+    // all_gather moves bytes: the int32 ids travel as fp32-sized elements, bit for bit.
+    r = agComm_.allGather(ids, ids + entries, entries, libcomm::DataType::kFloat32, st);
+  }
+  if (r.isOk()) r = st.record(*gs.idsGathered);
+  if (!r.isOk())
+    return fail(r.withContext(where() + ": all_gather of step " + std::to_string(forStep) + "'s rows of layer '" +
+                              g.name + "'"));
+  gs.named = std::move(named);
+  gs.step = forStep;
+  return Status::ok();
+}
+
+// A gather of layer `op.layer` for step `forStep`, whose rows every rank named (setStepRows):
+//  1. on the trainer's thread: wait (bounded) for every rank's ids, merge them into U (the same on
+//     every rank) and cut U's rows at the shard boundaries (packRows, as for the gradient rows);
+//  2. on the ag stream: pack this rank's pieces of U from its shard of the compute copy (the
+//     master in fp32) into one slot, zero-padded to the largest owner's; all_gather the slots;
+//     write every piece to its place in the gather buffer, after NaN into the rows a previous row
+//     gather of the layer left there that U does not have (all of the table the first time, or
+//     after another gather wrote the buffer).
+Status Executor::runRowGather(const ScheduleOp& op, int64_t forStep) {
+  const auto k = static_cast<size_t>(op.layer);
+  const FlatGroup& g = plan_.layers[k];
+  GatherRowState& gs = gatherRows_[k];
+  const int world = plan_.options.worldSize;
+  if (gs.packedStep != forStep) {
+    Status st = gs.idsGathered->synchronize(libcomm::Deadline::after(options_.waitTimeout));
+    if (!st.isOk()) {
+      if (st.code() == StatusCode::kTimeout) {
+        const Status cause = communicatorCause(agComm_);
+        if (!cause.isOk()) st = cause;
+      }
+      return st.withContext("waiting " + std::to_string(options_.waitTimeout.count()) +
+                            " ms at most for every rank's rows of layer '" + g.name + "' for step " +
+                            std::to_string(forStep));
+    }
+    const auto* ids = static_cast<const int32_t*>(pool_.gatherRowIds(op.layer)) + g.gatherRows + 1;
+    LIBCOMM_RETURN_IF_ERROR(mergeRowLists(ids, world, g.gatherRows, g.tableRows,
+                                          "gather rows of layer '" + g.name + "' for step " + std::to_string(forStep),
+                                          gs.all));
+    gs.packing = std::make_shared<const RowPacking>(packRows(gs.all, g, world));
+    gs.packedStep = forStep;
+  }
+  const std::shared_ptr<const RowPacking> packing = gs.packing;
+
+  // What the buffer holds outside U's rows: NaN already (the layer's previous row gather), but for
+  // the rows that gather had and U has not.
+  BufferRows& held = bufferRows_[static_cast<size_t>(op.buffer)];
+  const bool poisonAll = held.layer != op.layer;
+  auto stale = std::make_shared<std::vector<int32_t>>();
+  if (!poisonAll)
+    std::set_difference(held.rows.begin(), held.rows.end(), gs.all.begin(), gs.all.end(), std::back_inserter(*stale));
+  held.layer = op.layer;
+  held.rows = gs.all;
+
+  const size_t es = libcomm::dataTypeSize(computeType_);
+  const ShardState& s = pool_.state();
+  const char* src = computeType_ == libcomm::DataType::kBFloat16 ? reinterpret_cast<const char*>(s.compute)
+                                                                 : reinterpret_cast<const char*>(s.master);
+  const char* own = src + g.stateOffset * es;
+  const size_t ownStart = static_cast<size_t>(rank_) * g.shardNumel;
+  char* send = static_cast<char*>(pool_.gatherExchange(op.layer));
+  char* recv = send + g.gatherExchangeRecvOffset(es);
+  char* buf = static_cast<char*>(pool_.gatherBuffer(op.buffer));
+  const size_t tableNumel = g.tableRows * g.rowNumel;
+  const size_t rowNumel = g.rowNumel;
+  const int owner = rank_;
+  libcomm::Stream& st = stream(StreamId::kGather);
+  LogEntry e = gatherLogEntry(op);
+  const bool log = log_.enabled();
+  LIBCOMM_RETURN_IF_ERROR(st.enqueueHost(
+      [this, e, log, packing, own, ownStart, owner, send, es] {
+        if (log) log_.add(e);
+        const RowPacking& p = *packing;
+        for (const RowPiece& r : p.pieces)
+          if (r.owner == owner) std::memcpy(send + r.pos * es, own + (r.src - ownStart) * es, r.len * es);
+        const size_t fill = p.fill[static_cast<size_t>(owner)];
+        std::memset(send + fill * es, 0, (p.slot - fill) * es);
+        return Status::ok();
+      },
+      "pack gathered rows"));
+  if (packing->slot > 0) {
+    Status r = agComm_.allGather(send, recv, packing->slot, computeType_, st);
+    if (!r.isOk())
+      return r.withContext("all_gather of step " + std::to_string(forStep) + "'s rows of layer '" + g.name + "'");
+  }
+  e.kind = LogKind::kGatherEnd;
+  return st.enqueueHost(
+      [this, e, log, packing, stale, poisonAll, buf, recv, tableNumel, rowNumel, es] {
+        if (poisonAll)
+          fillNaN(buf, tableNumel, es);
+        else
+          for (int32_t r : *stale) fillNaN(buf + static_cast<size_t>(r) * rowNumel * es, rowNumel, es);
+        const RowPacking& p = *packing;
+        for (const RowPiece& r : p.pieces)
+          std::memcpy(buf + r.src * es, recv + (static_cast<size_t>(r.owner) * p.slot + r.pos) * es, r.len * es);
+        if (log) log_.add(e);
+        return Status::ok();
+      },
+      "unpack gathered rows");
 }
 
 }  // namespace libshard

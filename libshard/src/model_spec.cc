@@ -51,14 +51,15 @@ libcomm::Status ModelSpec::validate() const {
       return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: layer '", l.name,
                                 "': checkpointActivationBytes ", l.checkpointActivationBytes, " > activationBytes ",
                                 l.activationBytes);
-    if (l.gradRowsPerMicroBatch > 0) {
+    if (l.gradRowsPerMicroBatch > 0 || l.gatherRowsPerStep > 0) {
       // The rows are those of one table: a second non-norm parameter would share the group's
       // flat buffer with no row structure of its own.
       size_t tables = 0;
       for (const ParamSpec& p : l.params) tables += p.kind == ParamKind::kNorm ? 0 : 1;
       if (tables != 1)
         return libcomm::makeError(StatusCode::kInvalidArgument, "model spec: layer '", l.name,
-                                  "': gradRowsPerMicroBatch ", l.gradRowsPerMicroBatch,
+                                  "': ", l.gradRowsPerMicroBatch > 0 ? "gradRowsPerMicroBatch " : "gatherRowsPerStep ",
+                                  l.gradRowsPerMicroBatch > 0 ? l.gradRowsPerMicroBatch : l.gatherRowsPerStep,
                                   " needs exactly one non-norm parameter (the table whose rows are named), not ",
                                   tables);
     }

@@ -128,6 +128,12 @@ std::string ShardPlan::describe() const {
          << " elements each) per rank and micro-batch; the reduce-scatter moves at most "
          << groupDigits(g.rowExchangeNumel) << " of the shard's " << groupDigits(g.shardNumel)
          << " elements per rank\n";
+  for (const FlatGroup& g : layers)
+    if (g.gatherRows > 0)
+      os << "  " << g.name << ": gathered by rows where the trainer names them, at most " << groupDigits(g.gatherRows)
+         << " of " << groupDigits(g.tableRows) << " rows per rank and step; the all_gather moves at most "
+         << groupDigits(g.gatherExchangeNumel) << " of the shard's " << groupDigits(g.shardNumel)
+         << " elements per rank\n";
 
   os << "resident group (norm parameters, gathered once per step, reduced once per step): " << resident.params.size()
      << " params, numel " << groupDigits(resident.numel) << ", padded " << groupDigits(resident.paddedNumel)

@@ -62,6 +62,20 @@ uint64_t FlatGroup::rowExchangeBytes(int worldSize, size_t elemBytes) const {
   return rowExchangeRecvOffset(worldSize, elemBytes) + 4 * static_cast<uint64_t>(rowExchangeNumel);
 }
 
+uint64_t FlatGroup::gatherRowIdsBytes(int worldSize) const {
+  if (gatherRows == 0) return 0;
+  return 4 * (static_cast<uint64_t>(gatherRows) + 1) * (static_cast<uint64_t>(worldSize) + 1);
+}
+
+uint64_t FlatGroup::gatherExchangeRecvOffset(size_t elemBytes) const {
+  return (static_cast<uint64_t>(gatherExchangeNumel) * elemBytes + 63) / 64 * 64;
+}
+
+uint64_t FlatGroup::gatherExchangeBytes(int worldSize, size_t elemBytes) const {
+  if (gatherRows == 0) return 0;
+  return gatherExchangeRecvOffset(elemBytes) + static_cast<uint64_t>(worldSize) * gatherExchangeNumel * elemBytes;
+}
+
 int ShardPlan::numCheckpointed() const {
   return static_cast<int>(std::count(checkpointed.begin(), checkpointed.end(), true));
 }
@@ -133,23 +147,29 @@ FlatGroup buildGroup(std::string name, int layer, const std::vector<const ParamS
   return g;
 }
 
-// A row-sparse layer's exchange bound (FlatGroup::sparseRows ...): used where it moves at most half
-// the dense reduce-scatter's elements, and where its rows can be named in int32.
-void planSparseRows(FlatGroup& g, uint64_t rowsPerMicroBatch, int worldSize) {
-  if (rowsPerMicroBatch == 0 || g.params.size() != 1 || g.params[0].offset != 0) return;
+// A rows path's exchange bound (FlatGroup::sparseRows, FlatGroup::gatherRows): the packed
+// exchange holds at most `worldSize x rows x rowNumel` elements per rank (every rank's rows may
+// fall in one rank's shard), at most the shard. 0 where the path is not worth it: it must move at
+// most half the dense collective's elements, and its rows must be nameable in int32.
+size_t rowsExchangeBound(FlatGroup& g, uint64_t rowsDeclared, int worldSize, size_t* rowsOut) {
+  if (rowsDeclared == 0 || g.params.size() != 1 || g.params[0].offset != 0) return 0;
   const ParamPlacement& table = g.params[0];
   const size_t tableRows = static_cast<size_t>(table.shape[0]);
-  if (tableRows > static_cast<size_t>(INT32_MAX)) return;
-  const size_t rows = static_cast<size_t>(std::min<uint64_t>(rowsPerMicroBatch, tableRows));
+  if (tableRows > static_cast<size_t>(INT32_MAX)) return 0;
+  const size_t rows = static_cast<size_t>(std::min<uint64_t>(rowsDeclared, tableRows));
   const size_t rowNumel = table.numel / tableRows;
-  // Every rank's rows may fall in one rank's shard: worldSize x rows x rowNumel, at most the shard.
   const unsigned __int128 bound = static_cast<unsigned __int128>(worldSize) * rows * rowNumel;
   const size_t exchange = bound < g.shardNumel ? static_cast<size_t>(bound) : g.shardNumel;
-  if (2 * exchange > g.shardNumel) return;
-  g.sparseRows = rows;
+  if (2 * exchange > g.shardNumel) return 0;
   g.rowNumel = rowNumel;
   g.tableRows = tableRows;
-  g.rowExchangeNumel = exchange;
+  *rowsOut = rows;
+  return exchange;
+}
+
+void planRows(FlatGroup& g, const LayerSpec& l, int worldSize) {
+  g.rowExchangeNumel = rowsExchangeBound(g, l.gradRowsPerMicroBatch, worldSize, &g.sparseRows);
+  g.gatherExchangeNumel = rowsExchangeBound(g, l.gatherRowsPerStep, worldSize, &g.gatherRows);
 }
 
 // A layer rotates through the block buffers (and may be checkpointed) when it holds any repeated
@@ -358,7 +378,7 @@ libcomm::Result<ShardPlan> ShardPlanner::plan(const ModelSpec& model) const {
     g.activationBytes = l.activationBytes;
     g.checkpointActivationBytes = l.checkpointActivationBytes;
     g.backwardReadsWeights = l.backwardReadsWeights;
-    planSparseRows(g, l.gradRowsPerMicroBatch, options_.worldSize);
+    planRows(g, l, options_.worldSize);
     stateOffset += g.shardNumel;
     plan.layers.push_back(std::move(g));
   }

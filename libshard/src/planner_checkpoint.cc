@@ -70,6 +70,19 @@ void planMemory(const ModelSpec& model, ShardPlan& plan) {
     m.push_back(term("row-sparse exchange", rowBytes,
                      "row ids 4 B x (rows + 1) x (world + 1), packed rows " + std::to_string(e) +
                          " B x world x exchange + 4 B x exchange: " + rowParts));
+  // Layers gathered by rows: their row ids and packed rows (FlatGroup::gatherRows).
+  uint64_t gatherRowBytes = 0;
+  std::string gatherRowParts;
+  for (const FlatGroup& g : plan.layers) {
+    if (g.gatherRows == 0) continue;
+    gatherRowBytes += g.gatherRowIdsBytes(plan.options.worldSize) + g.gatherExchangeBytes(plan.options.worldSize, e);
+    gatherRowParts += (gatherRowParts.empty() ? "" : " + ") + g.name + " (" + groupDigits(g.gatherRows) + " rows, " +
+                      groupDigits(g.gatherExchangeNumel) + " elements per rank)";
+  }
+  if (gatherRowBytes > 0)
+    m.push_back(term("row gather exchange", gatherRowBytes,
+                     "row ids 4 B x (rows + 1) x (world + 1), packed rows " + std::to_string(e) +
+                         " B x (1 + world) x exchange: " + gatherRowParts));
   // Norm gradients accumulate over every layer and micro-batch and are reduce-scattered once at
   // the end of the step, so a full-size fp32 accumulator stays alive for the whole step.
   m.push_back(term("resident gradient accumulator", 4 * plan.resident.paddedNumel,

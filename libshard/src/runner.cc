@@ -46,6 +46,22 @@ Status guarded(Fn&& fn) {
 
 }  // namespace
 
+Status Layer::stepRows(int64_t /*step*/, std::optional<std::span<const int32_t>>& rows) {
+  rows.reset();
+  return Status::ok();
+}
+
+Status Runner::nameStepRows(int64_t step) {
+  for (size_t k = 0; k < layers_.size(); ++k) {
+    if (executor_.plan().layers[k].gatherRows == 0) continue;
+    std::optional<std::span<const int32_t>> rows;
+    Status st = guarded([&] { return layers_[k]->stepRows(step, rows); });
+    if (st.isOk() && rows) st = executor_.setStepRows(static_cast<int>(k), *rows);
+    if (!st.isOk()) return fail(st, -1, static_cast<int>(k), "stepRows");
+  }
+  return Status::ok();
+}
+
 Status Runner::step() {
   const int numLayers = static_cast<int>(executor_.plan().layers.size());
   if (static_cast<int>(layers_.size()) != numLayers)
@@ -55,6 +71,7 @@ Status Runner::step() {
     if (layers_[k] == nullptr)
       return libcomm::makeError(StatusCode::kInvalidArgument, "runner: layer ", k, " ('",
                                 executor_.plan().layers[k].name, "') is a null Layer*");
+  if (executor_.beforeFirstStep()) LIBCOMM_RETURN_IF_ERROR(nameStepRows(executor_.step()));
   LIBCOMM_RETURN_IF_ERROR(executor_.beginStep());
   for (int m = 0; m < executor_.plan().options.microBatches; ++m) {
     if (hooks_.beforeMicroBatch) {
@@ -85,6 +102,7 @@ Status Runner::step() {
     }
   }
   LIBCOMM_RETURN_IF_ERROR(executor_.endStep());
+  LIBCOMM_RETURN_IF_ERROR(nameStepRows(executor_.step() + 1));
   if (hooks_.optimizer) {
     Status st = guarded([&] { return hooks_.optimizer(executor_); });
     if (!st.isOk()) return fail(st, -1, -1, "optimizer");

@@ -10,7 +10,8 @@
 //    the dedicated ones of outsized layers;
 //  - the fp32 resident-gradient accumulator (resident.paddedNumel elements): norm gradients of
 //    every layer and micro-batch are summed there, then reduce-scattered once per step;
-//  - for each row-sparse layer (FlatGroup::sparseRows), its row ids and packed-row buffers.
+//  - for each row-sparse layer (FlatGroup::sparseRows), its row ids and packed-row buffers; for
+//    each layer gathered by rows (FlatGroup::gatherRows), those of its gather.
 //
 // Byte counting: the pool counts the bytes it asked for. libcomm may round an allocation up
 // internally (the shared-memory backend maps whole pages); that slack is libcomm's and is not
@@ -113,6 +114,10 @@ class BufferPool {
   /// dense layer or an index out of range.
   void* rowIds(int layer) const { return pick(rowIds_, layer); }
   void* rowExchange(int layer) const { return pick(rowExchange_, layer); }
+  /// A row-gathered layer's buffers (FlatGroup::gatherRowIdsBytes / gatherExchangeBytes); null for
+  /// a layer gathered densely or an index out of range.
+  void* gatherRowIds(int layer) const { return pick(gatherRowIds_, layer); }
+  void* gatherExchange(int layer) const { return pick(gatherExchange_, layer); }
 
   /// Bytes allocated now / at most so far (requested bytes; see the file comment). Only create()
   /// and freeAll() change them; read them from the thread that calls those.
@@ -140,6 +145,7 @@ class BufferPool {
   std::vector<void*> gradBuffers_;
   float* residentGrad_ = nullptr;
   std::vector<void*> rowIds_, rowExchange_;  // per layer; null where dense
+  std::vector<void*> gatherRowIds_, gatherExchange_;  // per layer; null where gathered densely
   static void* pick(const std::vector<void*>& v, int i) {
     return i >= 0 && static_cast<size_t>(i) < v.size() ? v[static_cast<size_t>(i)] : nullptr;
   }

@@ -67,6 +67,10 @@
 
 namespace libshard {
 
+namespace detail {
+struct RowPacking;  // executor_rows.cc
+}  // namespace detail
+
 /// A parameter (or its gradient) as the trainer sees it: flat, row-major, `numel` elements of
 /// `dtype` at `data`. Valid until the matching end hook. `Byte` says whether the trainer may write:
 /// `void` for gradients (TensorView), `const void` for weights (ConstTensorView: a gather buffer
@@ -113,6 +117,8 @@ struct LayerViews {
   /// point into the resident buffer, the others into the layer's gather buffer -- except in the
   /// backward of a layer that was not gathered for it (LayerSpec::backwardReadsWeights false and not
   /// checkpointed), where the non-norm ones have null data.
+  /// A layer gathered by rows (Executor::setStepRows) holds the rows every rank named for the step,
+  /// and NaN in the table's other rows.
   std::vector<ConstTensorView> weights;
   /// Backward only: the gradients, same order as `weights`. ADD this micro-batch's gradient into
   /// each view (+=). Non-norm views are in the compute type and hold zeros at beginBackward, so a
@@ -203,6 +209,25 @@ class Executor {
   /// checked and not used. A row-sparse layer whose forward did not call it fails at endBackward
   /// (kInvalidUsage).
   libcomm::Status setGradRows(int layer, std::span<const int32_t> rows);
+  /// Names the rows of a row-gathered layer's table (LayerSpec::gatherRowsPerStep) that this rank's
+  /// uses of the layer read in the NEXT step (every micro-batch's forward, and the backward where it
+  /// reads weights): the step's all_gather of the layer then moves only the rows some rank named.
+  /// Call it in the optimizer window, between endStep and groupUpdated(layer) (or optimizerDone),
+  /// for the step after this one, or before the first beginStep for the first step; on every rank
+  /// (each with its own rows), once per step, for each such layer in the same order. Rows may repeat
+  /// and come in any order; at most gatherRowsPerStep distinct ones, each in [0, the table's rows):
+  /// otherwise kInvalidArgument and nothing is sent. The ids go to every rank at once (an all_gather
+  /// on the all_gather stream, idle there); the layer's gather waits for them (bounded by
+  /// waitTimeout). In that step the gather buffer holds the named rows (of every rank) and NaN in
+  /// every other row of the table, and setGradRows refuses a row this rank did not name here
+  /// (kInvalidArgument): reading a row not gathered is an error, never stale weights. A step whose
+  /// rows were not named is gathered densely (every rank must then skip it: a rank that names rows
+  /// while another does not fails both, the all_gathers' sizes differing). Where the plan gathers the
+  /// layer densely (FlatGroup::gatherRows 0) and on a device pool, the rows are checked and not used.
+  libcomm::Status setStepRows(int layer, std::span<const int32_t> rows);
+  /// True until the first beginStep: setStepRows then names the first step's rows. Read it from the
+  /// trainer's thread.
+  bool beforeFirstStep() const { return !primed_; }
   /// As beginForward, and also waits until a gradient buffer is free (reduced and zeroed).
   libcomm::Result<const LayerViews*> beginBackward(int layer);
   /// The layer's gradients are written: releases the weights and reduce-scatters the gradient
@@ -293,6 +318,8 @@ class Executor {
   libcomm::Status runReduce(const ScheduleOp& op);
   libcomm::Status runZero(const ScheduleOp& op);
   libcomm::Status runSparseReduce(const ScheduleOp& op);
+  libcomm::Status runRowGather(const ScheduleOp& op, int64_t forStep);
+  LogEntry gatherLogEntry(const ScheduleOp& op) const;
   // Waits (bounded by waitTimeout) until every rank's row ids of `layer` have arrived.
   libcomm::Status waitForGatheredRows(int layer);
   libcomm::Status readGatheredRows(int layer, std::vector<int32_t>& all);
@@ -356,6 +383,25 @@ class Executor {
   // zeroing clears. By buffer, not by layer: a buffer's zeroing may be deferred past endStep while
   // the same layer's later micro-batch used another buffer with other rows.
   std::vector<std::vector<int32_t>> writtenRows_;
+  // Per row-gathered layer (FlatGroup::gatherRows > 0; empty entries elsewhere): the rows this rank
+  // named for a step, and every rank's, once its gather needed them.
+  struct GatherRowState {
+    std::vector<int32_t> named;  // this rank's, sorted, distinct
+    int64_t step = -1;           // the step `named` is for
+    int64_t issuedStep = -1;     // the last step whose gather of the layer is enqueued
+    int64_t packedStep = -1;     // the step `all` and `packing` are for
+    std::vector<int32_t> all;    // every rank's rows, merged
+    std::shared_ptr<const detail::RowPacking> packing;
+    std::unique_ptr<libcomm::Event> idsGathered;  // ag stream: every rank's ids have arrived
+  };
+  std::vector<GatherRowState> gatherRows_;
+  // Per gather buffer: the layer whose rows a row gather last wrote there and those rows (every
+  // other row of its table holds NaN), or layer -1 when a dense gather wrote it last.
+  struct BufferRows {
+    int layer = -1;
+    std::vector<int32_t> rows;
+  };
+  std::vector<BufferRows> bufferRows_;
 };
 
 }  // namespace libshard

@@ -101,8 +101,8 @@ struct FlatGroup {
   /// Row-sparse reduce-scatter (LayerSpec::gradRowsPerMicroBatch), where the planner found that it
   /// moves at most half what the dense one does: at most `sparseRows` rows per rank and
   /// micro-batch (0: dense), of `rowNumel` elements each, of a table of `tableRows` rows that starts
-  /// at element 0 of the group. Each rank's part of the packed exchange holds at most
-  /// `rowExchangeNumel` elements: min(shardNumel, worldSize x sparseRows x rowNumel).
+  /// at element 0 of the group (rowNumel and tableRows are set where either rows path is used). Each rank's part of the
+  /// packed exchange holds at most `rowExchangeNumel` elements: min(shardNumel, worldSize x sparseRows x rowNumel).
   size_t sparseRows = 0;
   size_t rowNumel = 0;
   size_t tableRows = 0;
@@ -115,6 +115,19 @@ struct FlatGroup {
   uint64_t rowExchangeBytes(int worldSize, size_t elemBytes) const;
   /// Where the fp32 received part starts in the row exchange buffer, in bytes.
   uint64_t rowExchangeRecvOffset(int worldSize, size_t elemBytes) const;
+  /// Row gather (LayerSpec::gatherRowsPerStep), where it moves at most half the dense all_gather:
+  /// at most `gatherRows` rows per rank and step (0: dense), of `rowNumel` elements, of the table of
+  /// `tableRows` rows. Each rank's part of the packed all_gather holds at most `gatherExchangeNumel`
+  /// elements: min(shardNumel, worldSize x gatherRows x rowNumel).
+  size_t gatherRows = 0;
+  size_t gatherExchangeNumel = 0;
+  /// Bytes of its two buffers (0 when dense): the row ids (int32, gatherRows + 1 entries for this
+  /// rank and for every rank, the count first) and the packed rows (gatherExchangeNumel elements of
+  /// `elemBytes` to send, padded to 64 B, then worldSize x gatherExchangeNumel received).
+  uint64_t gatherRowIdsBytes(int worldSize) const;
+  uint64_t gatherExchangeBytes(int worldSize, size_t elemBytes) const;
+  /// Where the received part starts in the gather exchange buffer, in bytes.
+  uint64_t gatherExchangeRecvOffset(size_t elemBytes) const;
 };
 
 /// A preallocated buffer that gathered weights live in.

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -30,6 +31,12 @@ class Layer {
   /// Executor::setGradRows takes them; valid until that backward. Runner::step calls it right after
   /// forward and passes them on. The default refuses (kInvalidUsage): such a layer must say.
   virtual libcomm::Status gradRows(int microBatch, std::span<const int32_t>& rows);
+  /// A layer gathered by rows (FlatGroup::gatherRows > 0) may set `rows` to the rows of its table
+  /// that its uses in step `step` will read (every micro-batch's), as Executor::setStepRows takes
+  /// them; valid until the call returns. Runner::step asks for the next step's after endStep,
+  /// before the optimizer hook, and for the first step's before its first beginStep. Leaving
+  /// `rows` unset (nullopt, the default) gathers that step densely: every rank must answer alike.
+  virtual libcomm::Status stepRows(int64_t step, std::optional<std::span<const int32_t>>& rows);
 };
 
 /// Trainer callbacks around the layers; each runs on the thread that calls Runner::step, and a
@@ -65,6 +72,8 @@ class Runner {
 
  private:
   libcomm::Status fail(libcomm::Status st, int micro, int layer, const char* what);
+  // Asks the row-gathered layers for step `step`'s rows and names them to the executor.
+  libcomm::Status nameStepRows(int64_t step);
 
   Executor& executor_;
   std::vector<Layer*> layers_;

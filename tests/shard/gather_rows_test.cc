@@ -1,0 +1,369 @@
+// Gathers by rows (LayerSpec::gatherRowsPerStep, Executor::setStepRows) on real communicators: a
+// table layer whose uses read only the rows each rank named for the step finds exactly those rows'
+// weights in its gather buffer -- the rows of every rank, rows that straddle two ranks' shards,
+// repeats, a rank that names none -- and NaN in every other row of the table, never a stale weight
+// of an earlier step; a step whose rows were not named is gathered densely, and the next one by
+// rows again. In fp32 and bf16, at world 1-4, over micro-batches (a table sharing the blocks'
+// rotating buffers is gathered again in the step), as threads and as processes. The pool measures
+// the plan's bytes. The call's misuses are refused, naming what was wrong, and ranks that disagree
+// on naming rows fail instead of hanging.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+#include "libcomm/communicator.h"
+#include "libcomm/convert.h"
+#include "libshard/buffers.h"
+#include "libshard/event_log.h"
+#include "libshard/executor.h"
+#include "libshard/runner.h"
+#include "libshard/schedule.h"
+
+namespace shardcomm::testing {
+namespace {
+
+using libcomm::Status;
+using libcomm::StatusCode;
+using libshard::ParamKind;
+using libshard::Precision;
+
+constexpr int64_t kRows = 1000;  // the table's rows
+constexpr int64_t kDim = 7;      // elements per row: odd, so rows straddle shard boundaries
+constexpr int kStepRows = 9;     // rows per rank and step at most (the model's declaration)
+constexpr int kBlock = 16;
+constexpr int64_t kDenseStep = 2;  // no rank names rows for this step: it is gathered densely
+
+// `rotate`: two blocks as large as the table, so that the table joins their rotating buffers.
+libshard::ModelSpec makeSpec(bool rows, bool rotate) {
+  const int64_t blockNumel = rotate ? kRows * kDim : kBlock;
+  libshard::ModelSpec spec;
+  libshard::LayerSpec embed;
+  embed.name = "embed";
+  embed.params = {{"embed.table", {kRows, kDim}, ParamKind::kEmbedding, true}};
+  embed.backwardReadsWeights = false;
+  embed.gatherRowsPerStep = rows ? kStepRows : 0;
+  embed.gradRowsPerMicroBatch = rows ? kStepRows : 0;
+  libshard::LayerSpec block;
+  block.name = "block";
+  block.params = {{"block.s", {4}, ParamKind::kNorm, false}, {"block.w", {blockNumel}, ParamKind::kBlock, true}};
+  spec.layers = {embed, block};
+  if (rotate) {
+    block.name = "block2";
+    block.params = {{"block2.s", {4}, ParamKind::kNorm, false}, {"block2.w", {blockNumel}, ParamKind::kBlock, true}};
+    spec.layers.push_back(block);
+  }
+  return spec;
+}
+
+// The rows rank `rank` names for step `step`: some shared with other ranks, a repeat, the last row,
+// and (rank 0) `straddle`, the row holding the end of rank 0's shard. Rank 1 names none in step 3.
+std::vector<int32_t> rowsOf(int rank, int64_t step, int32_t straddle) {
+  if (rank == 1 && step == 3) return {};
+  std::vector<int32_t> r;
+  for (int j = 0; j < 3; ++j) r.push_back(static_cast<int32_t>((rank * 37 + step * 53 + j * 131) % kRows));
+  r.push_back(r[0]);
+  r.push_back(static_cast<int32_t>((step * 3) % 20));  // every rank names this one
+  if (rank == 0) r.push_back(kRows - 1);
+  if (rank == 0) r.push_back(straddle);
+  return r;
+}
+
+// The table's weight at the start of step `step`: small integers (exact in bf16); the test's
+// optimizer adds 1 to every element of every step.
+float weight(int64_t row, int64_t col, int64_t step) {
+  return static_cast<float>((row * 7 + col * 3) % 61 - 30 + step);
+}
+
+int32_t straddleRow(const libshard::FlatGroup& g) {
+  return static_cast<int32_t>(std::min<size_t>(g.shardNumel / kDim, kRows - 1));
+}
+
+float read(const libshard::ConstTensorView& v, size_t i) {
+  return v.f32() ? v.f32()[i] : libcomm::bf16ToFloat(v.bf16()[i]);
+}
+
+class TableLayer final : public libshard::Layer {
+ public:
+  TableLayer(int rank, int world, int32_t straddle) : rank_(rank), world_(world), straddle_(straddle) {}
+  // Every row some rank named holds the step's weights, every other row NaN; on the dense step
+  // every row holds its weights.
+  Status forward(const libshard::LayerViews& v) override {
+    const libshard::ConstTensorView& w = v.weights[0];
+    std::vector<bool> named(kRows, v.step == kDenseStep);
+    for (int r = 0; r < world_; ++r)
+      for (int32_t row : rowsOf(r, v.step, straddle_)) named[static_cast<size_t>(row)] = true;
+    for (int64_t row = 0; row < kRows; ++row)
+      for (int64_t c = 0; c < kDim; ++c) {
+        const float have = read(w, static_cast<size_t>(row * kDim + c));
+        const bool ok = named[static_cast<size_t>(row)] ? have == weight(row, c, v.step) : std::isnan(have);
+        if (!ok)
+          return libcomm::makeError(StatusCode::kInternalError, "step ", v.step, ", micro-batch ", v.microBatch,
+                                    ": table row ", row, " col ", c, " reads ", have, " (",
+                                    named[static_cast<size_t>(row)] ? "named: want the weight" : "not named: want NaN",
+                                    ")");
+      }
+    mine_ = v.step == kDenseStep ? std::vector<int32_t>{1, 2} : rowsOf(rank_, v.step, straddle_);
+    return Status::ok();
+  }
+  Status backward(const libshard::LayerViews&) override { return Status::ok(); }
+  Status gradRows(int, std::span<const int32_t>& rows) override {
+    rows = mine_;
+    return Status::ok();
+  }
+  Status stepRows(int64_t step, std::optional<std::span<const int32_t>>& rows) override {
+    if (step == kDenseStep) return Status::ok();
+    next_ = rowsOf(rank_, step, straddle_);
+    rows = next_;
+    return Status::ok();
+  }
+
+ private:
+  int rank_, world_;
+  int32_t straddle_;
+  std::vector<int32_t> mine_, next_;
+};
+
+class BlockLayer final : public libshard::Layer {
+ public:
+  Status forward(const libshard::LayerViews&) override { return Status::ok(); }
+  Status backward(const libshard::LayerViews&) override { return Status::ok(); }
+};
+
+libcomm::CommConfig testConfig() {
+  libcomm::CommConfig c;
+  c.opTimeout = std::chrono::seconds(20);
+  c.initTimeout = std::chrono::seconds(40);
+  c.peerCheckInterval = std::chrono::milliseconds(50);
+  return c;
+}
+
+struct Case {
+  int world = 1;
+  Precision precision = Precision::kFp32;
+  int micro = 1;
+  bool rotate = false;     // the table shares the rotating gather buffers with a block of its size
+  bool oneComm = false;    // gathers and reduce-scatters on one communicator (one stream)
+  bool serialize = false;  // the serialized baseline schedule
+  bool log = false;        // the event log on, proven by checkEventLog at the end
+};
+
+struct Rig {
+  std::unique_ptr<libcomm::Communicator> ag, rs;
+  libshard::ModelSpec spec;
+  libshard::ShardPlan plan;
+  std::unique_ptr<libshard::BufferPool> pool;
+  std::unique_ptr<libshard::Executor> ex;
+};
+
+libcomm::Result<std::unique_ptr<Rig>> makeRig(RankContext& ctx, const Case& c, bool rows = true,
+                                              libshard::ExecutorOptions eo = {}) {
+  auto rig = std::make_unique<Rig>();
+  LIBCOMM_ASSIGN_OR_RETURN(rig->ag, libcomm::Communicator::create(ctx.bootstrap, testConfig()));
+  if (!c.oneComm) {
+    LIBCOMM_ASSIGN_OR_RETURN(rig->rs, libcomm::Communicator::create(ctx.bootstrap, testConfig()));
+  }
+  libcomm::Communicator& rs = c.oneComm ? *rig->ag : *rig->rs;
+  rig->spec = makeSpec(rows, c.rotate);
+  libshard::PlanOptions o;
+  o.worldSize = ctx.size;
+  o.rank = ctx.rank;
+  o.precision = c.precision;
+  o.microBatches = c.micro;
+  if (c.rotate) o.dedicatedSlack = 0;
+  LIBCOMM_ASSIGN_OR_RETURN(rig->plan, libshard::ShardPlanner(o).plan(rig->spec));
+  LIBCOMM_ASSIGN_OR_RETURN(rig->pool, libshard::BufferPool::create(rig->plan, *rig->ag, rs));
+  libshard::ScheduleOptions so;
+  so.serialize = c.serialize;
+  LIBCOMM_ASSIGN_OR_RETURN(auto schedule, libshard::Schedule::build(rig->plan, so));
+  if (c.log) eo.eventLogCapacity = 4096;
+  LIBCOMM_ASSIGN_OR_RETURN(rig->ex,
+                           libshard::Executor::create(rig->spec, rig->plan, schedule, *rig->pool, *rig->ag, rs, eo));
+  return rig;
+}
+
+// Sets this rank's shard of the table (master, and the bf16 copy) to the weights of `step`.
+void writeTable(libshard::ShardState& s, const libshard::FlatGroup& g, int rank, int64_t step) {
+  for (size_t i = 0; i < g.shardNumel; ++i) {
+    const size_t at = static_cast<size_t>(rank) * g.shardNumel + i;
+    const float w =
+        at < kRows * kDim ? weight(static_cast<int64_t>(at) / kDim, static_cast<int64_t>(at) % kDim, step) : 0.0f;
+    s.master[g.stateOffset + i] = w;
+    if (s.compute) s.compute[g.stateOffset + i] = libcomm::floatToBf16(w);
+  }
+}
+
+Status runSteps(RankContext& ctx, const Case& c) {
+  LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, c));
+  const libshard::FlatGroup& g = rig->plan.layers[0];
+  if (g.gatherRows != kStepRows)
+    return libcomm::makeError(StatusCode::kInternalError, "the plan gathers the table densely");
+  if (c.rotate != (rig->plan.gatherBuffers[static_cast<size_t>(g.gatherBuffer)].layers.size() > 1))
+    return libcomm::makeError(StatusCode::kInternalError, "the table ", c.rotate ? "should" : "should not",
+                              " share its gather buffer");
+  if (rig->pool->peakBytes() != rig->plan.libshardBytes)
+    return libcomm::makeError(StatusCode::kInternalError, "pool ", rig->pool->peakBytes(), " B, plan ",
+                              rig->plan.libshardBytes, " B");
+  if (ctx.size > 1 && g.shardNumel % kDim == 0)
+    return libcomm::makeError(StatusCode::kInternalError, "no row straddles the shards (", g.shardNumel, ")");
+  writeTable(rig->ex->state(), g, ctx.rank, 0);
+  TableLayer table(ctx.rank, ctx.size, straddleRow(g));
+  BlockLayer block;
+  libshard::RunnerHooks hooks;
+  hooks.optimizer = [&](libshard::Executor& ex) -> Status {
+    writeTable(ex.state(), g, ctx.rank, ex.step() + 1);
+    return Status::ok();
+  };
+  std::vector<libshard::Layer*> layers = {&table, &block};
+  if (c.rotate) layers.push_back(&block);
+  libshard::Runner runner(*rig->ex, layers, hooks);
+  for (int64_t s = 0; s < 5; ++s) LIBCOMM_RETURN_IF_ERROR(runner.step());
+  LIBCOMM_RETURN_IF_ERROR(rig->ex->synchronize());
+  if (!c.log) return Status::ok();
+  const libshard::EventLog& log = rig->ex->eventLog();
+  if (log.dropped() != 0) return libcomm::makeError(StatusCode::kInternalError, "event log dropped ", log.dropped());
+  return libshard::checkEventLog(log.entries(), rig->plan);
+}
+
+class GatherRows : public ::testing::TestWithParam<std::tuple<Mode, Case>> {};
+
+TEST_P(GatherRows, BuffersHoldTheNamedRowsAndNaN) {
+  const auto [mode, c] = GetParam();
+  RunOptions opts;
+  opts.mode = mode;
+  opts.size = c.world;
+  auto report = runRanks(opts, [c = c](RankContext& ctx) { return runSteps(ctx, c); });
+  EXPECT_RANKS_OK(report);
+}
+
+std::string caseName(const ::testing::TestParamInfo<std::tuple<Mode, Case>>& info) {
+  const auto& [mode, c] = info.param;
+  return std::string(mode == Mode::kThreads ? "threads" : "processes") + "_w" + std::to_string(c.world) + "_" +
+         libshard::precisionName(c.precision) + "_micro" + std::to_string(c.micro) + (c.rotate ? "_rotating" : "") +
+         (c.oneComm ? "_onecomm" : "") + (c.serialize ? "_serialized" : "") + (c.log ? "_log" : "");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Threads, GatherRows,
+    ::testing::Combine(::testing::Values(Mode::kThreads),
+                       ::testing::Values(Case{1, Precision::kFp32, 1}, Case{2, Precision::kFp32, 2},
+                                         Case{2, Precision::kBf16, 1}, Case{3, Precision::kBf16, 2, true},
+                                         Case{4, Precision::kFp32, 1},
+                                         Case{2, Precision::kFp32, 2, true, false, false, true},
+                                         Case{2, Precision::kBf16, 1, false, true},
+                                         Case{2, Precision::kFp32, 2, false, false, true})),
+    caseName);
+INSTANTIATE_TEST_SUITE_P(Processes, GatherRows,
+                         ::testing::Combine(::testing::Values(Mode::kProcesses),
+                                            ::testing::Values(Case{3, Precision::kFp32, 2})),
+                         caseName);
+
+// Runs the hooks of one step of the two-layer model, naming `gradRows` in the table's forward.
+Status runOneStep(libshard::Executor& ex, std::span<const int32_t> gradRows) {
+  LIBCOMM_RETURN_IF_ERROR(ex.beginStep());
+  for (int k = 0; k < 2; ++k) {
+    LIBCOMM_RETURN_IF_ERROR(ex.beginForward(k).status());
+    if (k == 0) LIBCOMM_RETURN_IF_ERROR(ex.setGradRows(0, gradRows));
+    LIBCOMM_RETURN_IF_ERROR(ex.endForward(k));
+  }
+  for (int k = 1; k >= 0; --k) {
+    LIBCOMM_RETURN_IF_ERROR(ex.beginBackward(k).status());
+    LIBCOMM_RETURN_IF_ERROR(ex.endBackward(k));
+  }
+  return ex.endStep();
+}
+
+// Misuses on one rank: each is refused, names what was wrong, and leaves the executor usable.
+TEST(GatherRowsUsage, MisusesAreRefusedAndNamed) {
+  RunOptions opts;
+  opts.size = 1;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, Case{}));
+    libshard::Executor& ex = *rig->ex;
+    const std::vector<int32_t> ok = {1, 2, 3};
+    LIBCOMM_RETURN_IF_ERROR(
+        expectStatus(ex.setStepRows(2, ok), StatusCode::kInvalidArgument, {"no such layer"}, "layer range"));
+    const std::vector<int32_t> outside = {1, static_cast<int32_t>(kRows)};
+    LIBCOMM_RETURN_IF_ERROR(
+        expectStatus(ex.setStepRows(0, outside), StatusCode::kInvalidArgument, {"row 1000", "1000 rows"}, "rows"));
+    const std::vector<int32_t> many = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+    LIBCOMM_RETURN_IF_ERROR(
+        expectStatus(ex.setStepRows(0, many), StatusCode::kInvalidArgument, {"10 distinct rows", "9 per"}, "many"));
+    // Before the first step: the first step's rows; repeats count once.
+    const std::vector<int32_t> repeated = {0, 1, 2, 3, 4, 5, 6, 7, 8, 8, 0};
+    LIBCOMM_RETURN_IF_ERROR(ex.setStepRows(0, repeated));
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(ex.setStepRows(0, ok), StatusCode::kInvalidUsage, {"twice"}, "twice"));
+    // A dense layer takes the call and has no use for it.
+    LIBCOMM_RETURN_IF_ERROR(ex.setStepRows(1, ok));
+    LIBCOMM_RETURN_IF_ERROR(ex.beginStep());
+    LIBCOMM_RETURN_IF_ERROR(
+        expectStatus(ex.setStepRows(0, ok), StatusCode::kInvalidUsage, {"between endStep and optimizerDone"}, "step"));
+    LIBCOMM_RETURN_IF_ERROR(ex.beginForward(0).status());
+    // The forward may only have read the rows gathered: a row not named for the step is refused.
+    const std::vector<int32_t> notGathered = {1, 9};
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(ex.setGradRows(0, notGathered), StatusCode::kInvalidArgument,
+                                         {"row 9", "setStepRows", "NaN"}, "row not gathered"));
+    LIBCOMM_RETURN_IF_ERROR(ex.setGradRows(0, ok));
+    LIBCOMM_RETURN_IF_ERROR(ex.endForward(0));
+    LIBCOMM_RETURN_IF_ERROR(ex.beginForward(1).status());
+    LIBCOMM_RETURN_IF_ERROR(ex.endForward(1));
+    for (int k = 1; k >= 0; --k) {
+      LIBCOMM_RETURN_IF_ERROR(ex.beginBackward(k).status());
+      LIBCOMM_RETURN_IF_ERROR(ex.endBackward(k));
+    }
+    LIBCOMM_RETURN_IF_ERROR(ex.endStep());
+    // The table's gather of the next step is issued by its group's update: naming rows after it is
+    // too late (that step is gathered densely).
+    LIBCOMM_RETURN_IF_ERROR(ex.groupUpdated(ex.updateOrder()[0]));
+    LIBCOMM_RETURN_IF_ERROR(
+        expectStatus(ex.setStepRows(0, ok), StatusCode::kInvalidUsage, {"too late", "embed"}, "too late"));
+    LIBCOMM_RETURN_IF_ERROR(ex.optimizerDone());
+    LIBCOMM_RETURN_IF_ERROR(
+        expectStatus(ex.setStepRows(0, ok), StatusCode::kInvalidUsage, {"before the first beginStep"}, "after"));
+    // The dense step: any row may be named for the gradient.
+    const std::vector<int32_t> any = {9, 500};
+    LIBCOMM_RETURN_IF_ERROR(runOneStep(ex, any));
+    LIBCOMM_RETURN_IF_ERROR(ex.setStepRows(0, ok));
+    LIBCOMM_RETURN_IF_ERROR(ex.optimizerDone());
+    return runOneStep(ex, ok);
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// Rank 0 names the first step's rows and rank 1 does not: rank 0's ids all_gather meets rank 1's
+// dense gather of the table. Both fail within the deadline, naming the mismatch, instead of hanging.
+TEST(GatherRowsUsage, RanksThatDisagreeOnNamingRowsFail) {
+  RunOptions opts;
+  opts.size = 2;
+  opts.deadline = std::chrono::seconds(30);
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    libshard::ExecutorOptions eo;
+    eo.waitTimeout = std::chrono::seconds(10);
+    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, Case{}, true, eo));
+    libshard::Executor& ex = *rig->ex;
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<int32_t> rows = {3, 4};
+    Status st = ctx.rank == 0 ? ex.setStepRows(0, rows) : Status::ok();
+    if (st.isOk()) st = runOneStep(ex, rows);
+    if (st.isOk()) return libcomm::makeError(StatusCode::kInternalError, "the step succeeded");
+    const auto took = std::chrono::steady_clock::now() - t0;
+    if (took > std::chrono::seconds(8))
+      return libcomm::makeError(StatusCode::kInternalError, "the error took ",
+                                std::chrono::duration_cast<std::chrono::milliseconds>(took).count(),
+                                " ms: ", st.toString());
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+}  // namespace
+}  // namespace shardcomm::testing
