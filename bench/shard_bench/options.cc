@@ -39,6 +39,8 @@ constexpr const char* kUsage =
     "                        embedding/head out of the blocks' buffer rotation (default 0.03125; 0: least memory)\n"
     "  --embedding-grad G    rows | dense: the embedding's gradient reduced by the rows the tokens touched\n"
     "                        (default rows, where that moves less) or whole\n"
+    "  --embedding-gather G  rows | dense: the embedding gathered by the rows of the step's tokens, named\n"
+    "                        a step ahead (default rows, where that moves less) or whole\n"
     "  -w, --warmup N        untimed steps at the start of every run (default 2, at least 1)\n"
     "  -n, --steps N         timed steps per run (default 10)\n"
     "  -r, --repeats N       runs per size and mode, modes interleaved (default 3)\n"
@@ -176,6 +178,7 @@ libcomm::Result<Options> parseOptions(const std::vector<std::string>& args) {
          return Status::ok();
        }},
       {"--embedding-grad", tinylm::flags::embeddingGradFlag(o.embeddingRows)},
+      {"--embedding-gather", tinylm::flags::embeddingGradFlag(o.embeddingGatherRows)},
       {"--warmup", intFlag(o.warmupSteps, 1, 1000000)},
       {"--steps", intFlag(o.timedSteps, 1, 1000000)},
       {"--repeats", intFlag(o.repeats, 1, 1000)},
@@ -237,6 +240,7 @@ tinylm::TrainOptions trainOptions(const Options& o, const SizeSpec& size, BenchM
   t.prefetchDepth = o.prefetchDepth;
   t.dedicatedSlack = o.dedicatedSlack;
   t.embeddingRows = o.embeddingRows;
+  t.embeddingGatherRows = o.embeddingGatherRows;
   t.serialize = mode == BenchMode::kSerialized;
   t.mode = mode == BenchMode::kComputeOnly ? tinylm::TrainMode::kComputeOnly
            : mode == BenchMode::kCommOnly  ? tinylm::TrainMode::kCommOnly

@@ -82,6 +82,8 @@ const char* cliUsage() {
          "  --prefetch D          gathers ahead of compute (default 1)\n"
          "  --embedding-grad G    rows | dense: reduce only the embedding rows the ranks' tokens touched,\n"
          "                        where that moves less (default rows), or the whole table\n"
+         "  --embedding-gather G  rows | dense: gather only the embedding rows of the step's tokens (named in\n"
+         "                        the previous step), where that moves less (default rows), or the whole table\n"
          "  --serialize           no overlap of communication and compute (baseline): gathers nothing ahead,\n"
          "                        so it takes no --prefetch other than 1\n"
          "  --mode M              full | compute-only | comm-only: a benchmark baseline that keeps only the\n"
@@ -145,6 +147,7 @@ libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args) {
       {"--seq-len", intFlag(t.model.seqLen, 1)},
       {"--prefetch", intFlag(t.prefetchDepth, 1, 64)},
       {"--embedding-grad", flags::embeddingGradFlag(t.embeddingRows)},
+      {"--embedding-gather", flags::embeddingGradFlag(t.embeddingGatherRows)},
       {"--seed",
        [&](const std::string& f, const std::string& s) {
          LIBCOMM_RETURN_IF_ERROR(parseInt(f, s, 0, std::numeric_limits<long long>::max(), v));

@@ -183,7 +183,8 @@ std::vector<libshard::ParamSpec> allParams(const TinyLmConfig& cfg) {
   return out;
 }
 
-libshard::ModelSpec buildModelSpec(const TinyLmConfig& cfg, size_t microBatchTokens, bool embeddingRows) {
+libshard::ModelSpec buildModelSpec(const TinyLmConfig& cfg, size_t microBatchTokens, bool embeddingRows,
+                                   size_t gatherRowsPerStep) {
   const libcomm::Status st = cfg.validate();
   TINYLM_CHECK(st.isOk(), "%s", st.toString().c_str());
   using libshard::ParamKind;
@@ -204,6 +205,8 @@ libshard::ModelSpec buildModelSpec(const TinyLmConfig& cfg, size_t microBatchTok
   spec.layers.back().backwardReadsWeights = false;
   // ... and it writes only the rows of the micro-batch's tokens (the trainer names them).
   if (embeddingRows) spec.layers.back().gradRowsPerMicroBatch = microBatchTokens;
+  // Its forwards read only those rows too: the trainer names a step's tokens one step ahead.
+  spec.layers.back().gatherRowsPerStep = gatherRowsPerStep;
   for (int i = 0; i < cfg.layers; ++i) {
     const std::string b = "blocks." + std::to_string(i);
     addLayer(b,

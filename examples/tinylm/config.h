@@ -103,7 +103,10 @@ libcomm::Status checkMicroBatchTokens(const TinyLmConfig& cfg, uint64_t tokens, 
 /// `embeddingRows`: the embedding's gradient is row-sparse (LayerSpec::gradRowsPerMicroBatch =
 /// microBatchTokens: a micro-batch's backward writes the rows of its tokens only), so libshard
 /// reduces only the rows some rank's tokens touched where that moves less; false: dense.
-libshard::ModelSpec buildModelSpec(const TinyLmConfig& cfg, size_t microBatchTokens, bool embeddingRows = true);
+/// `gatherRowsPerStep` > 0: the embedding is gathered by rows (LayerSpec::gatherRowsPerStep: a
+/// step's forwards read the rows of its tokens only, at most that many per rank).
+libshard::ModelSpec buildModelSpec(const TinyLmConfig& cfg, size_t microBatchTokens, bool embeddingRows = true,
+                                   size_t gatherRowsPerStep = 0);
 
 /// Every parameter of buildModelSpec(cfg, .) in spec order (layer by layer), flattened.
 std::vector<libshard::ParamSpec> allParams(const TinyLmConfig& cfg);

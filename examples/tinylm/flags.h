@@ -23,7 +23,8 @@ libcomm::Status parseInt(const std::string& flag, const std::string& s, int lo, 
 
 using Handler = std::function<libcomm::Status(const std::string& flag, const std::string& value)>;
 
-/// --embedding-grad rows|dense: sets `rows` (TrainOptions::embeddingRows).
+/// A "rows|dense" flag: sets `rows` (--embedding-grad: TrainOptions::embeddingRows;
+/// --embedding-gather: TrainOptions::embeddingGatherRows).
 Handler embeddingGradFlag(bool& rows);
 
 struct Table {

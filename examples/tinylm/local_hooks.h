@@ -34,6 +34,8 @@ class LocalHooks final : public StepHooks {
   libcomm::Status endForward(int layer) override { return checkLayer(layer); }
   /// Nothing is reduced here: the rows are not needed.
   libcomm::Status setGradRows(int layer, std::span<const int32_t>) override { return checkLayer(layer); }
+  /// Every weight is here: nothing is gathered.
+  libcomm::Status setStepRows(int layer, std::span<const int32_t>) override { return checkLayer(layer); }
   libcomm::Result<const libshard::LayerViews*> beginBackward(int layer) override;
   libcomm::Status endBackward(int layer) override { return checkLayer(layer); }
   libcomm::Status endStep() override { return libcomm::Status::ok(); }

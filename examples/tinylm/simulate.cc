@@ -62,6 +62,14 @@ libcomm::Result<libshard::SimCosts> ratedCosts(const TrainOptions& o, int world,
       c.reduceUs[k] = collective(packed * elem);
       c.zeroUs[k] = usFor(static_cast<double>(g.sparseRows * g.rowNumel) * elem, r.memGBs);
     }
+    if (g.gatherRows > 0) {
+      // Gathered by rows (executor_rows.cc, runRowGather): the step's ids (exchanged in the previous
+      // optimizer window, just ahead of it on the same stream), then at most world x
+      // gatherExchangeNumel packed elements; the NaN between the rows is written once.
+      const double ids = static_cast<double>(world) * static_cast<double>(g.gatherRows + 1) * 4;
+      const double packed = static_cast<double>(world) * static_cast<double>(g.gatherExchangeNumel);
+      c.gatherUs[k] = collective(ids) + collective(packed * elem);
+    }
   }
   if (plan.resident.paddedNumel > 0) {
     const double n = static_cast<double>(plan.resident.paddedNumel);

@@ -8,7 +8,9 @@
 //    lookup and a norm a scale, both counted as free) / --sim-gflops; its backward twice that,
 //    plus the forward again for a checkpointed layer;
 //  - an all_gather or reduce-scatter of B bytes (the whole gathered buffer, as nccl-tests counts a
-//    collective's size): --sim-latency-us + B (W - 1) / W / --sim-busbw;
+//    collective's size): --sim-latency-us + B (W - 1) / W / --sim-busbw; the embedding's, where it
+//    is reduced or gathered by rows, of its packed rows at their bound (W x the plan's exchange
+//    elements), the gather after one for the step's row ids;
 //  - zeroing a gradient buffer: its bytes / --sim-mem-gbs; a group's AdamW update: 30 bytes per
 //    element of the rank's shard (fp32 master, gradient and both moments read, three of them
 //    written, the compute copy written) / --sim-mem-gbs; the gradient norm: the shard's gradient

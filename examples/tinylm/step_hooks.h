@@ -23,6 +23,9 @@ class StepHooks {
   virtual libcomm::Status endForward(int layer) = 0;
   /// Executor::setGradRows: the rows a row-sparse layer's backward of this micro-batch writes.
   virtual libcomm::Status setGradRows(int layer, std::span<const int32_t> rows) = 0;
+  /// Executor::setStepRows: the rows a row-gathered layer reads in the next step (before the first
+  /// beginStep: the first step).
+  virtual libcomm::Status setStepRows(int layer, std::span<const int32_t> rows) = 0;
   virtual libcomm::Result<const libshard::LayerViews*> beginBackward(int layer) = 0;
   virtual libcomm::Status endBackward(int layer) = 0;
   virtual libcomm::Status endStep() = 0;
@@ -46,6 +49,9 @@ class ExecutorHooks final : public StepHooks {
   libcomm::Status endForward(int layer) override { return ex_.endForward(layer); }
   libcomm::Status setGradRows(int layer, std::span<const int32_t> rows) override {
     return ex_.setGradRows(layer, rows);
+  }
+  libcomm::Status setStepRows(int layer, std::span<const int32_t> rows) override {
+    return ex_.setStepRows(layer, rows);
   }
   libcomm::Result<const libshard::LayerViews*> beginBackward(int layer) override { return ex_.beginBackward(layer); }
   libcomm::Status endBackward(int layer) override { return ex_.endBackward(layer); }

@@ -255,7 +255,9 @@ size_t maxMicroBatchTokens(const TrainOptions& o, int worldSize) {
 }
 
 libshard::ModelSpec trainModelSpec(const TrainOptions& o, int worldSize) {
-  return buildModelSpec(o.model, maxMicroBatchTokens(o, worldSize), o.embeddingRows);
+  const size_t microTokens = maxMicroBatchTokens(o, worldSize);
+  return buildModelSpec(o.model, microTokens, o.embeddingRows,
+                        o.embeddingGatherRows ? microTokens * size_t(o.microBatches) : 0);
 }
 
 libcomm::Milliseconds checkpointIoAllowance(const TrainOptions& o, int worldSize) {

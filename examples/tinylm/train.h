@@ -151,6 +151,10 @@ struct TrainOptions {
   /// The embedding's gradient is reduced by rows: only the rows some rank's tokens touched move
   /// (buildModelSpec's embeddingRows; where the planner finds that moves less). false: dense.
   bool embeddingRows = true;
+  /// The embedding is gathered by rows: each step only the rows of the step's tokens (every rank's)
+  /// move, named in the previous step's optimizer window (buildModelSpec's gatherRowsPerStep; where
+  /// the planner finds that moves less). false: the whole table.
+  bool embeddingGatherRows = true;
   bool serialize = false;          // no overlap (benchmark baseline): ScheduleOptions::serialize
   bool eventLogCheck = false;      // record the event log and prove it with checkEventLog at the end
   /// With eventLogCheck: also write each rank's log as text to "<eventLogDump>.r<rank>" (one entry a

@@ -65,7 +65,10 @@ TrainLoop::TrainLoop(const TrainOptions& options, StepHooks& hooks, libshard::Sh
   gradScale_ = static_cast<float>(1.0 / globalTokens);
   layers_.tensors().lossScaleDenominator = 1.0f;
   if (options.mode == TrainMode::kCommOnly) std::fill(layerPtrs_.begin(), layerPtrs_.end(), &idle_);
-  for (const libshard::FlatGroup& g : hooks.plan().layers) rowSparse_ = rowSparse_ || g.sparseRows > 0;
+  for (const libshard::FlatGroup& g : hooks.plan().layers) {
+    rowSparse_ = rowSparse_ || g.sparseRows > 0;
+    rowGather_ = rowGather_ || g.gatherRows > 0;
+  }
   for (int m = 0; m < options.microBatches; ++m)
     stepTokens_ += size_t(rankSequences(options.globalBatch, options.microBatches, world_, rank_, m).count()) *
                    size_t(options.model.seqLen);
@@ -93,6 +96,24 @@ Status TrainLoop::loadMicroBatch(int step, int micro) {
     tokensInto(options_.seed, uint64_t(step), uint64_t(q), seqLen, options_.model.vocab, t.inputs.data() + at,
                t.targets.data() + at);
   }
+  return Status::ok();
+}
+
+Status TrainLoop::nameStepRows(int step) {
+  const int seqLen = options_.model.seqLen;
+  stepInputs_.clear();
+  for (int m = 0; m < options_.microBatches; ++m) {
+    const SequenceRange r = rankSequences(options_.globalBatch, options_.microBatches, world_, rank_, m);
+    for (int q = r.first; q < r.end; ++q) {
+      const size_t at = stepInputs_.size();
+      stepInputs_.resize(at + size_t(seqLen));
+      stepTargets_.resize(size_t(seqLen));
+      tokensInto(options_.seed, uint64_t(step), uint64_t(q), seqLen, options_.model.vocab, stepInputs_.data() + at,
+                 stepTargets_.data());
+    }
+  }
+  for (size_t k = 0; k < hooks_.plan().layers.size(); ++k)
+    if (hooks_.plan().layers[k].gatherRows > 0) LIBCOMM_RETURN_IF_ERROR(hooks_.setStepRows(int(k), stepInputs_));
   return Status::ok();
 }
 
@@ -168,6 +189,14 @@ libcomm::Result<StepRecord> TrainLoop::step(int s) {
   const int numLayers = layers_.numLayers();
   const double cpu0 = processCpuSeconds();
   const auto t0 = Clock::now();
+  // The first step's rows, before its gathers are issued; later steps' are named by the step before.
+  if (rowGather_ && !rowsNamed_) {
+    const auto tr = Clock::now();
+    Status st = nameStepRows(s);
+    rec.computeSeconds += secondsSince(tr);
+    if (!st.isOk()) return fail(st, s, -1, -1, "naming the step's embedding rows");
+    rowsNamed_ = true;
+  }
   LIBCOMM_RETURN_IF_ERROR(timedHook(rec, ExposedAt::kBeginStep, [&] { return hooks_.beginStep(); }));
   double lossSum = 0.0;
   for (int m = 0; m < options_.microBatches; ++m) {
@@ -203,6 +232,13 @@ libcomm::Result<StepRecord> TrainLoop::step(int s) {
     }
   }
   LIBCOMM_RETURN_IF_ERROR(timedHook(rec, ExposedAt::kEndStep, [&] { return hooks_.endStep(); }));
+  // The next step's tokens, in the optimizer's window: its gather of the embedding moves their rows.
+  if (rowGather_) {
+    const auto tr = Clock::now();
+    Status st = nameStepRows(s + 1);
+    rec.computeSeconds += secondsSince(tr);
+    if (!st.isOk()) return fail(st, s, -1, -1, "naming the next step's embedding rows");
+  }
 
   const auto to = Clock::now();
   const double exposedBefore = rec.exposedCommSeconds;

@@ -40,6 +40,8 @@ class TrainLoop {
   using Clock = std::chrono::steady_clock;
 
   libcomm::Status loadMicroBatch(int step, int micro);
+  // Names step `step`'s tokens as the rows of every row-gathered layer (the embedding).
+  libcomm::Status nameStepRows(int step);
   libcomm::Status fail(libcomm::Status st, int step, int micro, int layer, const char* what);
   libcomm::Result<double> globalLoss(double localLossSum);
   libcomm::Result<double> optimize(StepRecord& rec);
@@ -61,6 +63,9 @@ class TrainLoop {
   std::vector<libshard::Layer*> layerPtrs_;
   int world_ = 1;
   bool rowSparse_ = false;  // some layer's gradient is reduced by rows (its tokens' rows)
+  bool rowGather_ = false;  // some layer is gathered by rows (the step's tokens' rows)
+  bool rowsNamed_ = false;  // the rows of the next step to run are named
+  std::vector<int32_t> stepInputs_, stepTargets_;  // nameStepRows' scratch
   int rank_ = 0;
   float gradScale_ = 1.0f;
   size_t stepTokens_ = 0;  // tokens this rank computes per step (compute-only mode's loss)

@@ -227,9 +227,10 @@ INSTANTIATE_TEST_SUITE_P(Processes, TinyLmWorld, ::testing::Values(1, 2, 3, 4),
 
 // ---- the embedding's gradient reduced by rows --------------------------------------------------------
 
-// A vocabulary far larger than a step's tokens, so that the planner reduces the embedding by rows
-// (tinyOptions' is dense: its tokens cover the table). The losses match the reference as the dense
-// runs do, and the dense run of the same options gives the same losses and norms bit for bit.
+// A vocabulary far larger than a step's tokens, so that the planner reduces and gathers the
+// embedding by rows (tinyOptions' is dense: its tokens cover the table). The losses match the
+// reference as the dense runs do, and the dense run of the same options gives the same losses and
+// norms bit for bit (the forward reads only gathered rows: a row it read that was not would be NaN).
 TEST(TinyLmTrain, EmbeddingRowsMatchReferenceAndTheDenseRun) {
   for (Precision p : {Precision::kFp32, Precision::kBf16}) {
     TrainOptions o = tinyOptions(p, 5);
@@ -242,11 +243,13 @@ TEST(TinyLmTrain, EmbeddingRowsMatchReferenceAndTheDenseRun) {
       auto plan = libshard::ShardPlanner(tinylm::trainPlanOptions(o, world, 0)).plan(tinylm::trainModelSpec(o, world));
       ASSERT_TRUE(plan.isOk()) << plan.status().toString();
       ASSERT_GT(plan.value().layers[0].sparseRows, 0u) << "the embedding should be reduced by rows here";
+      ASSERT_GT(plan.value().layers[0].gatherRows, 0u) << "the embedding should be gathered by rows here";
       const std::string what = std::string(libshard::precisionName(p)) + " rows W=" + std::to_string(world);
       const RunOutput rows = train(o, world);
       expectMatches(rows, reference(o), p == Precision::kFp32 ? kFp32 : kBf16, what);
       TrainOptions dense = o;
       dense.embeddingRows = false;
+      dense.embeddingGatherRows = false;
       const RunOutput d = train(dense, world);
       ASSERT_EQ(rows.steps, d.steps) << what;
       for (int i = 0; i < rows.steps; ++i) {
@@ -965,6 +968,10 @@ TEST(TinyLmTrainOptions, SimulatedCostsFollowTheRates) {
   ASSERT_EQ(embed.rowExchangeNumel, 2048u);
   EXPECT_NEAR(c->reduceUs[0], 5 + 2.0 * 2048 * 2 / 2 / 2e3, 1e-9);
   EXPECT_NEAR(c->zeroUs[0], 32.0 * 32 * 2 / 8e3, 1e-9);
+  // ... and gathered by rows: the ids (2 ranks x 33 int32), then the same 2 x 2,048 packed elements.
+  ASSERT_EQ(embed.gatherRows, 32u);
+  ASSERT_EQ(embed.gatherExchangeNumel, 2048u);
+  EXPECT_NEAR(c->gatherUs[0], 5 + 2.0 * 33 * 4 / 2 / 2e3 + 5 + 2.0 * 2048 * 2 / 2 / 2e3, 1e-9);
   // Every needed rate is named when missing.
   for (const char* flag : {"--sim-gflops", "--sim-busbw", "--sim-mem-gbs"}) {
     tinylm::SimRates missing = r;
