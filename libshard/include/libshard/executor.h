@@ -7,6 +7,7 @@
 //   for each micro-batch: for k in 0..L-1: v = beginForward(k); <forward on v>; endForward(k);
 //                         for k in L-1..0: v = beginBackward(k); <backward on v>; endBackward(k);
 //   endStep();          // all gradients are in ShardState::grad (sums, unless scaleGradients)
+//   setStepRows(k, rows) // optional: the next step's rows of a layer gathered by rows
 //   <optimizer on the shards with pendingGradScale(), including the bf16 cast of the compute copy:
 //    the gradient norm first, then group by group in updateOrder(), calling groupUpdated(g) after
 //    each group -- that issues the next step's gathers of that group>
