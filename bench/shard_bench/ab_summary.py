@@ -36,14 +36,21 @@ def main(argv):
         label, files = arg.split("=", 1)
         runs[label] = [load(p) for p in files.split(",") if p]
     labels = list(runs)
+    if len(labels) != 2:
+        sys.exit("ab_summary: two different labels, please")
     if len({len(v) for v in runs.values()}) != 1:
         sys.exit("ab_summary: the labels have different numbers of rounds")
+    # Only the rounds in which every label measured the size count, so that the ratios pair rounds.
     names = sorted({s for rounds in runs.values() for _, sizes in rounds for s in sizes})
     med = statistics.median
     for size in names:
+        paired = [i for i in range(len(runs[labels[0]])) if all(size in runs[l][i][1] for l in labels)]
+        if not paired:
+            print(f"{size:<12} not measured by both labels in any round")
+            continue
         per_label = {}
         for label in labels:
-            rounds = [(m, s) for m, s in runs[label] if size in s]
+            rounds = [runs[label][i] for i in paired]
             step = lambda mode: [m[(size, mode)]["step_ms"] for m, _ in rounds]
             exposed = [100 * m[(size, "overlap")]["exposed_frac"] for m, _ in rounds]
             model = [s[size]["model"] for _, s in rounds]

@@ -212,10 +212,8 @@ Status Executor::runGather(const ScheduleOp& op) {
     // A layer gathered by rows, in a step whose rows were named (executor_rows.cc); any other
     // gather writes the whole buffer.
     if (op.layer >= 0 && plan_.layers[static_cast<size_t>(op.layer)].gatherRows > 0) {
-      GatherRowState& gs = gatherRows_[static_cast<size_t>(op.layer)];
       const int64_t forStep = op.nextStep ? step_ + 1 : step_;
-      gs.issuedStep = forStep;
-      if (gs.step == forStep) return runRowGather(op, forStep);
+      if (gatherRows_[static_cast<size_t>(op.layer)].step == forStep) return runRowGather(op, forStep);
     }
     bufferRows_[static_cast<size_t>(op.buffer)].layer = -1;
   }

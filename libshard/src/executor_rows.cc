@@ -166,8 +166,8 @@ Status Executor::setGradRows(int layer, std::span<const int32_t> rows) {
     for (int32_t r : named)
       if (!std::binary_search(gathered.begin(), gathered.end(), r))
         return libcomm::makeError(StatusCode::kInvalidArgument, where(), ": setGradRows: row ", r,
-                                  " was not named for this step's gather (setStepRows), so it was not gathered: "
-                                  "the forward read NaN there");
+                                  " is not among the rows this rank named for this step's gather (setStepRows): "
+                                  "its forward may read only those (the rows no rank named hold NaN)");
   }
   if (g.sparseRows == 0 || device_) return Status::ok();  // reduced densely: the rows are not needed
   RowState& rs = rows_[k];
@@ -311,53 +311,60 @@ Status Executor::setStepRows(int layer, std::span<const int32_t> rows) {
     return libcomm::makeError(StatusCode::kInvalidArgument, "libshard rank ", rank_, ": setStepRows(", layer,
                               "): no such layer (the plan has ", plan_.layers.size(), ")");
   // The rows are for the step whose gathers come next: the first one before the first beginStep,
-  // else the next one, from endStep until the layer's gather is issued.
+  // else the next one, right after endStep. The ids' all_gather shares the ag communicator with the
+  // gathers that groupUpdated and optimizerDone issue, so every rank must issue it at the same point
+  // among them: before the first of those hooks.
   int64_t forStep = -1;
   if (!primed_ && hook_ == nullptr)
     forStep = step_;
-  else if (hook_ && (hook_->hook == HookKind::kEndStep || hook_->hook == HookKind::kGroupUpdated))
+  else if (hook_ && hook_->hook == HookKind::kEndStep)
     forStep = step_ + 1;
-  if (forStep < 0)
-    return libcomm::makeError(StatusCode::kInvalidUsage, where(), ": setStepRows(", layer,
-                              ") names the rows of the next step's gather: call it between endStep and optimizerDone "
-                              "(before groupUpdated(",
-                              layer, ")), or before the first beginStep");
   const auto k = static_cast<size_t>(layer);
   const FlatGroup& g = plan_.layers[k];
-  LIBCOMM_ASSIGN_OR_RETURN(std::vector<int32_t> named, distinctRows(g, rows, where(), "setStepRows"));
+  const std::string who = "libshard rank " + std::to_string(rank_) + ": setStepRows(" + std::to_string(layer) + " '" +
+                          g.name + "') for step " + std::to_string(forStep >= 0 ? forStep : step_ + 1);
+  if (forStep < 0)
+    return libcomm::makeError(StatusCode::kInvalidUsage, who,
+                              ": it names the rows of the next step's gathers, so it goes right after endStep (before "
+                              "the first groupUpdated or optimizerDone), or before the first beginStep");
+  LIBCOMM_ASSIGN_OR_RETURN(std::vector<int32_t> named, distinctRows(g, rows, who, "rows"));
   if (g.gatherRows == 0 || device_) return Status::ok();  // gathered densely: the rows are not needed
   GatherRowState& gs = gatherRows_[k];
-  if (gs.step == forStep)
-    return libcomm::makeError(StatusCode::kInvalidUsage, where(), ": setStepRows(", layer, ") called twice for step ",
-                              forStep);
-  if (gs.issuedStep == forStep)
-    return libcomm::makeError(StatusCode::kInvalidUsage, where(), ": setStepRows(", layer, ") for step ", forStep,
-                              " comes too late: that step's gather of layer '", g.name,
-                              "' was issued already (by groupUpdated or optimizerDone); name the rows before");
+  if (gs.step == forStep) return libcomm::makeError(StatusCode::kInvalidUsage, who, ": called twice");
   if (named.size() > g.gatherRows)
-    return libcomm::makeError(StatusCode::kInvalidArgument, where(), ": setStepRows: ", named.size(),
-                              " distinct rows, more than the ", g.gatherRows,
-                              " per step the model declares (LayerSpec::gatherRowsPerStep)");
-  // The previous exchange of these ids was read when its step's gather was issued; one whose
-  // gather never came (a run that stopped naming rows) may still be in flight: wait for it.
+    return libcomm::makeError(StatusCode::kInvalidArgument, who, ": ", named.size(), " distinct rows, more than the ",
+                              g.gatherRows, " per step the model declares (LayerSpec::gatherRowsPerStep)");
+  // The previous exchange of these ids was read when its step's gather was issued (that step's
+  // gathers all come before this window), so nothing reads or writes the ids buffer now.
   libcomm::Stream& st = stream(StreamId::kGather);
-  Status r = gs.step >= 0 && gs.packedStep != gs.step
-                 ? gs.idsGathered->synchronize(libcomm::Deadline::after(options_.waitTimeout))
-                 : Status::ok();
   auto* ids = static_cast<int32_t*>(pool_.gatherRowIds(layer));
   const size_t entries = g.gatherRows + 1;
-  if (r.isOk()) {
-    writeRowList(ids, named, g.gatherRows);
-    // all_gather moves bytes: the int32 ids travel as fp32-sized elements, bit for bit.
-    r = agComm_.allGather(ids, ids + entries, entries, libcomm::DataType::kFloat32, st);
-  }
+  writeRowList(ids, named, g.gatherRows);
+  // all_gather moves bytes: the int32 ids travel as fp32-sized elements, bit for bit.
+  Status r = agComm_.allGather(ids, ids + entries, entries, libcomm::DataType::kFloat32, st);
   if (r.isOk()) r = st.record(*gs.idsGathered);
-  if (!r.isOk())
-    return fail(r.withContext(where() + ": all_gather of step " + std::to_string(forStep) + "'s rows of layer '" +
-                              g.name + "'"));
+  if (!r.isOk()) return fail(r.withContext(who + ": all_gather of the row ids"));
   gs.named = std::move(named);
   gs.step = forStep;
+  // The serialized baseline overlaps nothing: the trainer's thread waits for the ids here.
+  if (schedule_.serialize) {
+    r = waitForStepRows(layer, forStep);
+    if (!r.isOk()) return fail(r.withContext(who));
+  }
   return Status::ok();
+}
+
+Status Executor::waitForStepRows(int layer, int64_t forStep) {
+  Status st =
+      gatherRows_[static_cast<size_t>(layer)].idsGathered->synchronize(libcomm::Deadline::after(options_.waitTimeout));
+  if (st.isOk()) return st;
+  if (st.code() == StatusCode::kTimeout) {
+    const Status cause = communicatorCause(agComm_);
+    if (!cause.isOk()) st = cause;
+  }
+  return st.withContext("waiting " + std::to_string(options_.waitTimeout.count()) +
+                        " ms at most for every rank's rows of layer '" + plan_.layers[static_cast<size_t>(layer)].name +
+                        "' for step " + std::to_string(forStep));
 }
 
 // A gather of layer `op.layer` for step `forStep`, whose rows every rank named (setStepRows):
@@ -374,16 +381,7 @@ Status Executor::runRowGather(const ScheduleOp& op, int64_t forStep) {
   GatherRowState& gs = gatherRows_[k];
   const int world = plan_.options.worldSize;
   if (gs.packedStep != forStep) {
-    Status st = gs.idsGathered->synchronize(libcomm::Deadline::after(options_.waitTimeout));
-    if (!st.isOk()) {
-      if (st.code() == StatusCode::kTimeout) {
-        const Status cause = communicatorCause(agComm_);
-        if (!cause.isOk()) st = cause;
-      }
-      return st.withContext("waiting " + std::to_string(options_.waitTimeout.count()) +
-                            " ms at most for every rank's rows of layer '" + g.name + "' for step " +
-                            std::to_string(forStep));
-    }
+    LIBCOMM_RETURN_IF_ERROR(waitForStepRows(op.layer, forStep));
     const auto* ids = static_cast<const int32_t*>(pool_.gatherRowIds(op.layer)) + g.gatherRows + 1;
     LIBCOMM_RETURN_IF_ERROR(mergeRowLists(ids, world, g.gatherRows, g.tableRows,
                                           "gather rows of layer '" + g.name + "' for step " + std::to_string(forStep),

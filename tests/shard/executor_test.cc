@@ -29,6 +29,7 @@
 #include "libshard/optimizer.h"
 #include "libshard/runner.h"
 #include "libshard/schedule.h"
+#include "rig.h"
 
 namespace shardcomm::testing {
 namespace {
@@ -247,14 +248,6 @@ INSTANTIATE_TEST_SUITE_P(Modes, ExecutorMatrix,
                          matrixName);
 
 // ---- failure paths -----------------------------------------------------------------------------
-
-struct Rig {
-  std::unique_ptr<libcomm::Communicator> ag, rs;
-  libshard::ModelSpec spec;
-  libshard::ShardPlan plan;
-  std::unique_ptr<libshard::BufferPool> pool;
-  std::unique_ptr<libshard::Executor> ex;
-};
 
 libcomm::Result<std::unique_ptr<Rig>> makeRig(RankContext& ctx, const Variant& v, libcomm::CommConfig config,
                                               libshard::ExecutorOptions eo = {}) {

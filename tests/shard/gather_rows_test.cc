@@ -28,6 +28,7 @@
 #include "libshard/executor.h"
 #include "libshard/runner.h"
 #include "libshard/schedule.h"
+#include "rig.h"
 
 namespace shardcomm::testing {
 namespace {
@@ -94,12 +95,14 @@ float read(const libshard::ConstTensorView& v, size_t i) {
 
 class TableLayer final : public libshard::Layer {
  public:
-  TableLayer(int rank, int world, int32_t straddle) : rank_(rank), world_(world), straddle_(straddle) {}
-  // Every row some rank named holds the step's weights, every other row NaN; on the dense step
-  // every row holds its weights.
+  // `dense`: the plan gathers the table whole.
+  TableLayer(int rank, int world, int32_t straddle, bool dense)
+      : rank_(rank), world_(world), straddle_(straddle), dense_(dense) {}
+  // Every row some rank named holds the step's weights, every other row NaN; on the dense step, or
+  // where the plan gathers densely, every row holds its weights.
   Status forward(const libshard::LayerViews& v) override {
     const libshard::ConstTensorView& w = v.weights[0];
-    std::vector<bool> named(kRows, v.step == kDenseStep);
+    std::vector<bool> named(kRows, dense_ || v.step == kDenseStep);
     for (int r = 0; r < world_; ++r)
       for (int32_t row : rowsOf(r, v.step, straddle_)) named[static_cast<size_t>(row)] = true;
     for (int64_t row = 0; row < kRows; ++row)
@@ -130,6 +133,7 @@ class TableLayer final : public libshard::Layer {
  private:
   int rank_, world_;
   int32_t straddle_;
+  bool dense_;
   std::vector<int32_t> mine_, next_;
 };
 
@@ -139,56 +143,12 @@ class BlockLayer final : public libshard::Layer {
   Status backward(const libshard::LayerViews&) override { return Status::ok(); }
 };
 
-libcomm::CommConfig testConfig() {
-  libcomm::CommConfig c;
-  c.opTimeout = std::chrono::seconds(20);
-  c.initTimeout = std::chrono::seconds(40);
-  c.peerCheckInterval = std::chrono::milliseconds(50);
-  return c;
-}
+using Case = RowsCase;
 
-struct Case {
-  int world = 1;
-  Precision precision = Precision::kFp32;
-  int micro = 1;
-  bool rotate = false;     // the table shares the rotating gather buffers with a block of its size
-  bool oneComm = false;    // gathers and reduce-scatters on one communicator (one stream)
-  bool serialize = false;  // the serialized baseline schedule
-  bool log = false;        // the event log on, proven by checkEventLog at the end
-};
-
-struct Rig {
-  std::unique_ptr<libcomm::Communicator> ag, rs;
-  libshard::ModelSpec spec;
-  libshard::ShardPlan plan;
-  std::unique_ptr<libshard::BufferPool> pool;
-  std::unique_ptr<libshard::Executor> ex;
-};
-
-libcomm::Result<std::unique_ptr<Rig>> makeRig(RankContext& ctx, const Case& c, bool rows = true,
-                                              libshard::ExecutorOptions eo = {}) {
-  auto rig = std::make_unique<Rig>();
-  LIBCOMM_ASSIGN_OR_RETURN(rig->ag, libcomm::Communicator::create(ctx.bootstrap, testConfig()));
-  if (!c.oneComm) {
-    LIBCOMM_ASSIGN_OR_RETURN(rig->rs, libcomm::Communicator::create(ctx.bootstrap, testConfig()));
-  }
-  libcomm::Communicator& rs = c.oneComm ? *rig->ag : *rig->rs;
-  rig->spec = makeSpec(rows, c.rotate);
+libcomm::Result<std::unique_ptr<Rig>> makeRig(RankContext& ctx, const Case& c, libshard::ExecutorOptions eo = {}) {
   libshard::PlanOptions o;
-  o.worldSize = ctx.size;
-  o.rank = ctx.rank;
-  o.precision = c.precision;
-  o.microBatches = c.micro;
-  if (c.rotate) o.dedicatedSlack = 0;
-  LIBCOMM_ASSIGN_OR_RETURN(rig->plan, libshard::ShardPlanner(o).plan(rig->spec));
-  LIBCOMM_ASSIGN_OR_RETURN(rig->pool, libshard::BufferPool::create(rig->plan, *rig->ag, rs));
-  libshard::ScheduleOptions so;
-  so.serialize = c.serialize;
-  LIBCOMM_ASSIGN_OR_RETURN(auto schedule, libshard::Schedule::build(rig->plan, so));
-  if (c.log) eo.eventLogCapacity = 4096;
-  LIBCOMM_ASSIGN_OR_RETURN(rig->ex,
-                           libshard::Executor::create(rig->spec, rig->plan, schedule, *rig->pool, *rig->ag, rs, eo));
-  return rig;
+  if (c.rotate) o.dedicatedSlack = 0;  // the table joins the blocks' rotating gather buffers
+  return makeRowsRig(ctx, c, makeSpec(c.rows, c.rotate), o, eo);
 }
 
 // Sets this rank's shard of the table (master, and the bf16 copy) to the weights of `step`.
@@ -205,18 +165,20 @@ void writeTable(libshard::ShardState& s, const libshard::FlatGroup& g, int rank,
 Status runSteps(RankContext& ctx, const Case& c) {
   LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, c));
   const libshard::FlatGroup& g = rig->plan.layers[0];
-  if (g.gatherRows != kStepRows)
-    return libcomm::makeError(StatusCode::kInternalError, "the plan gathers the table densely");
   if (c.rotate != (rig->plan.gatherBuffers[static_cast<size_t>(g.gatherBuffer)].layers.size() > 1))
     return libcomm::makeError(StatusCode::kInternalError, "the table ", c.rotate ? "should" : "should not",
                               " share its gather buffer");
+  // In a shared buffer each row gather would fill the table with NaN again: gathered densely.
+  if (g.gatherRows != (c.rotate ? 0u : size_t{kStepRows}))
+    return libcomm::makeError(StatusCode::kInternalError, "the plan gathers the table ",
+                              g.gatherRows ? "by rows" : "densely");
   if (rig->pool->peakBytes() != rig->plan.libshardBytes)
     return libcomm::makeError(StatusCode::kInternalError, "pool ", rig->pool->peakBytes(), " B, plan ",
                               rig->plan.libshardBytes, " B");
   if (ctx.size > 1 && g.shardNumel % kDim == 0)
     return libcomm::makeError(StatusCode::kInternalError, "no row straddles the shards (", g.shardNumel, ")");
   writeTable(rig->ex->state(), g, ctx.rank, 0);
-  TableLayer table(ctx.rank, ctx.size, straddleRow(g));
+  TableLayer table(ctx.rank, ctx.size, straddleRow(g), g.gatherRows == 0);
   BlockLayer block;
   libshard::RunnerHooks hooks;
   hooks.optimizer = [&](libshard::Executor& ex) -> Status {
@@ -227,11 +189,18 @@ Status runSteps(RankContext& ctx, const Case& c) {
   if (c.rotate) layers.push_back(&block);
   libshard::Runner runner(*rig->ex, layers, hooks);
   for (int64_t s = 0; s < 5; ++s) LIBCOMM_RETURN_IF_ERROR(runner.step());
-  LIBCOMM_RETURN_IF_ERROR(rig->ex->synchronize());
-  if (!c.log) return Status::ok();
-  const libshard::EventLog& log = rig->ex->eventLog();
-  if (log.dropped() != 0) return libcomm::makeError(StatusCode::kInternalError, "event log dropped ", log.dropped());
-  return libshard::checkEventLog(log.entries(), rig->plan);
+  LIBCOMM_RETURN_IF_ERROR(finishRowsRun(*rig, c));
+  // What moved: by rows, the table's shard went through an all_gather once in the five steps (the
+  // dense step); the others moved packed rows.
+  if (c.rotate) return Status::ok();
+  const std::string flight = rig->ag->flightRecorderJson();
+  const std::string whole = "\"op\":\"all_gather\",\"count\":" + std::to_string(g.shardNumel) + ",";
+  int dense = 0;
+  for (size_t at = flight.find(whole); at != std::string::npos; at = flight.find(whole, at + 1)) ++dense;
+  if (dense != 1)
+    return libcomm::makeError(StatusCode::kInternalError, dense, " all_gathers of the whole table shard (",
+                              g.shardNumel, " elements) in 5 steps, not 1 (the dense step's)");
+  return Status::ok();
 }
 
 class GatherRows : public ::testing::TestWithParam<std::tuple<Mode, Case>> {};
@@ -245,27 +214,21 @@ TEST_P(GatherRows, BuffersHoldTheNamedRowsAndNaN) {
   EXPECT_RANKS_OK(report);
 }
 
-std::string caseName(const ::testing::TestParamInfo<std::tuple<Mode, Case>>& info) {
-  const auto& [mode, c] = info.param;
-  return std::string(mode == Mode::kThreads ? "threads" : "processes") + "_w" + std::to_string(c.world) + "_" +
-         libshard::precisionName(c.precision) + "_micro" + std::to_string(c.micro) + (c.rotate ? "_rotating" : "") +
-         (c.oneComm ? "_onecomm" : "") + (c.serialize ? "_serialized" : "") + (c.log ? "_log" : "");
-}
-
 INSTANTIATE_TEST_SUITE_P(
     Threads, GatherRows,
     ::testing::Combine(::testing::Values(Mode::kThreads),
                        ::testing::Values(Case{1, Precision::kFp32, 1}, Case{2, Precision::kFp32, 2},
-                                         Case{2, Precision::kBf16, 1}, Case{3, Precision::kBf16, 2, true},
+                                         Case{2, Precision::kBf16, 1}, Case{3, Precision::kBf16, 2, true, true},
                                          Case{4, Precision::kFp32, 1},
+                                         Case{2, Precision::kFp32, 2, true, true, false, false, true},
+                                         Case{2, Precision::kBf16, 1, true, false, true},
                                          Case{2, Precision::kFp32, 2, true, false, false, true},
-                                         Case{2, Precision::kBf16, 1, false, true},
-                                         Case{2, Precision::kFp32, 2, false, false, true})),
-    caseName);
+                                         Case{2, Precision::kFp32, 2, true, false, false, false, false, 0})),
+    rowsCaseName);
 INSTANTIATE_TEST_SUITE_P(Processes, GatherRows,
                          ::testing::Combine(::testing::Values(Mode::kProcesses),
                                             ::testing::Values(Case{3, Precision::kFp32, 2})),
-                         caseName);
+                         rowsCaseName);
 
 // Runs the hooks of one step of the two-layer model, naming `gradRows` in the table's forward.
 Status runOneStep(libshard::Executor& ex, std::span<const int32_t> gradRows) {
@@ -306,7 +269,7 @@ TEST(GatherRowsUsage, MisusesAreRefusedAndNamed) {
     LIBCOMM_RETURN_IF_ERROR(ex.setStepRows(1, ok));
     LIBCOMM_RETURN_IF_ERROR(ex.beginStep());
     LIBCOMM_RETURN_IF_ERROR(
-        expectStatus(ex.setStepRows(0, ok), StatusCode::kInvalidUsage, {"between endStep and optimizerDone"}, "step"));
+        expectStatus(ex.setStepRows(0, ok), StatusCode::kInvalidUsage, {"right after endStep"}, "step"));
     LIBCOMM_RETURN_IF_ERROR(ex.beginForward(0).status());
     // The forward may only have read the rows gathered: a row not named for the step is refused.
     const std::vector<int32_t> notGathered = {1, 9};
@@ -321,11 +284,10 @@ TEST(GatherRowsUsage, MisusesAreRefusedAndNamed) {
       LIBCOMM_RETURN_IF_ERROR(ex.endBackward(k));
     }
     LIBCOMM_RETURN_IF_ERROR(ex.endStep());
-    // The table's gather of the next step is issued by its group's update: naming rows after it is
-    // too late (that step is gathered densely).
+    // After a group's update (which issues the next step's gathers of the group): too late.
     LIBCOMM_RETURN_IF_ERROR(ex.groupUpdated(ex.updateOrder()[0]));
-    LIBCOMM_RETURN_IF_ERROR(
-        expectStatus(ex.setStepRows(0, ok), StatusCode::kInvalidUsage, {"too late", "embed"}, "too late"));
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(ex.setStepRows(0, ok), StatusCode::kInvalidUsage,
+                                         {"setStepRows(0 'embed') for step 1", "right after endStep"}, "too late"));
     LIBCOMM_RETURN_IF_ERROR(ex.optimizerDone());
     LIBCOMM_RETURN_IF_ERROR(
         expectStatus(ex.setStepRows(0, ok), StatusCode::kInvalidUsage, {"before the first beginStep"}, "after"));
@@ -340,7 +302,7 @@ TEST(GatherRowsUsage, MisusesAreRefusedAndNamed) {
 }
 
 // Rank 0 names the first step's rows and rank 1 does not: rank 0's ids all_gather meets rank 1's
-// dense gather of the table. Both fail within the deadline, naming the mismatch, instead of hanging.
+// first dense gather. Both fail within the deadline, naming the mismatch, instead of hanging.
 TEST(GatherRowsUsage, RanksThatDisagreeOnNamingRowsFail) {
   RunOptions opts;
   opts.size = 2;
@@ -348,13 +310,18 @@ TEST(GatherRowsUsage, RanksThatDisagreeOnNamingRowsFail) {
   auto report = runRanks(opts, [](RankContext& ctx) -> Status {
     libshard::ExecutorOptions eo;
     eo.waitTimeout = std::chrono::seconds(10);
-    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, Case{}, true, eo));
+    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, Case{}, eo));
     libshard::Executor& ex = *rig->ex;
     const auto t0 = std::chrono::steady_clock::now();
     const std::vector<int32_t> rows = {3, 4};
     Status st = ctx.rank == 0 ? ex.setStepRows(0, rows) : Status::ok();
     if (st.isOk()) st = runOneStep(ex, rows);
     if (st.isOk()) return libcomm::makeError(StatusCode::kInternalError, "the step succeeded");
+    // Each names the mismatch and the other rank (one waited in its gather, one for the ids).
+    const std::string other = "rank " + std::to_string(1 - ctx.rank) + " called all_gather seq 1";
+    if (st.message().find("mismatch") == std::string::npos || st.message().find(other) == std::string::npos)
+      return libcomm::makeError(StatusCode::kInternalError,
+                                "the error names no mismatch with the other rank: ", st.toString());
     const auto took = std::chrono::steady_clock::now() - t0;
     if (took > std::chrono::seconds(8))
       return libcomm::makeError(StatusCode::kInternalError, "the error took ",

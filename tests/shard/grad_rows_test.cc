@@ -25,6 +25,7 @@
 #include "libshard/executor.h"
 #include "libshard/runner.h"
 #include "libshard/schedule.h"
+#include "rig.h"
 
 namespace shardcomm::testing {
 namespace {
@@ -125,59 +126,15 @@ class BlockLayer final : public libshard::Layer {
   }
 };
 
-libcomm::CommConfig testConfig() {
-  libcomm::CommConfig c;
-  c.opTimeout = std::chrono::seconds(20);
-  c.initTimeout = std::chrono::seconds(40);
-  c.peerCheckInterval = std::chrono::milliseconds(50);
-  return c;
-}
-
-struct Rig {
-  std::unique_ptr<libcomm::Communicator> ag, rs;
-  libshard::ModelSpec spec;
-  libshard::ShardPlan plan;
-  std::unique_ptr<libshard::BufferPool> pool;
-  std::unique_ptr<libshard::Executor> ex;
-};
-
-struct Case {
-  int world = 1;
-  Precision precision = Precision::kFp32;
-  int micro = 1;
-  bool rows = true;
-  bool rotate = false;     // the table shares 3 rotating gradient buffers with a block of its size
-  bool oneComm = false;    // gathers and reduce-scatters on one communicator (one stream)
-  bool serialize = false;  // the serialized baseline schedule
-  bool log = false;        // the event log on, proven by checkEventLog at the end
-};
+using Case = RowsCase;
 
 libcomm::Result<std::unique_ptr<Rig>> makeRig(RankContext& ctx, const Case& c, libshard::ExecutorOptions eo = {}) {
-  auto rig = std::make_unique<Rig>();
-  LIBCOMM_ASSIGN_OR_RETURN(rig->ag, libcomm::Communicator::create(ctx.bootstrap, testConfig()));
-  if (!c.oneComm) {
-    LIBCOMM_ASSIGN_OR_RETURN(rig->rs, libcomm::Communicator::create(ctx.bootstrap, testConfig()));
-  }
-  libcomm::Communicator& rs = c.oneComm ? *rig->ag : *rig->rs;
-  rig->spec = makeSpec(c.rows, c.rotate ? kRows * kDim : kBlock);
   libshard::PlanOptions o;
-  o.worldSize = ctx.size;
-  o.rank = ctx.rank;
-  o.precision = c.precision;
-  o.microBatches = c.micro;
-  if (c.rotate) {
+  if (c.rotate) {  // the table shares 3 rotating gradient buffers with a block of its size
     o.gradBuffers = 3;
     o.dedicatedSlack = 0;
   }
-  LIBCOMM_ASSIGN_OR_RETURN(rig->plan, libshard::ShardPlanner(o).plan(rig->spec));
-  LIBCOMM_ASSIGN_OR_RETURN(rig->pool, libshard::BufferPool::create(rig->plan, *rig->ag, rs));
-  libshard::ScheduleOptions so;
-  so.serialize = c.serialize;
-  LIBCOMM_ASSIGN_OR_RETURN(auto schedule, libshard::Schedule::build(rig->plan, so));
-  if (c.log) eo.eventLogCapacity = 4096;
-  LIBCOMM_ASSIGN_OR_RETURN(rig->ex,
-                           libshard::Executor::create(rig->spec, rig->plan, schedule, *rig->pool, *rig->ag, rs, eo));
-  return rig;
+  return makeRowsRig(ctx, c, makeSpec(c.rows, c.rotate ? kRows * kDim : kBlock), o, eo);
 }
 
 // This rank's shard of the table's summed gradient for step `step`, as the dense reduce-scatter
@@ -242,11 +199,7 @@ Status runSteps(RankContext& ctx, const Case& c) {
   };
   libshard::Runner runner(*rig->ex, {&table, &block}, hooks);
   for (int64_t s = 0; s < 4; ++s) LIBCOMM_RETURN_IF_ERROR(runner.step());
-  LIBCOMM_RETURN_IF_ERROR(rig->ex->synchronize());
-  if (!c.log) return Status::ok();
-  const libshard::EventLog& log = rig->ex->eventLog();
-  if (log.dropped() != 0) return libcomm::makeError(StatusCode::kInternalError, "event log dropped ", log.dropped());
-  return libshard::checkEventLog(log.entries(), rig->plan);
+  return finishRowsRun(*rig, c);
 }
 
 class GradRows : public ::testing::TestWithParam<std::tuple<Mode, Case>> {};
@@ -260,14 +213,6 @@ TEST_P(GradRows, ShardsEqualTheDenseSums) {
   EXPECT_RANKS_OK(report);
 }
 
-std::string caseName(const ::testing::TestParamInfo<std::tuple<Mode, Case>>& info) {
-  const auto& [mode, c] = info.param;
-  return std::string(mode == Mode::kThreads ? "threads" : "processes") + "_w" + std::to_string(c.world) + "_" +
-         libshard::precisionName(c.precision) + "_micro" + std::to_string(c.micro) + (c.rows ? "_rows" : "_dense") +
-         (c.rotate ? "_rotating" : "") + (c.oneComm ? "_onecomm" : "") + (c.serialize ? "_serialized" : "") +
-         (c.log ? "_log" : "");
-}
-
 INSTANTIATE_TEST_SUITE_P(
     Threads, GradRows,
     ::testing::Combine(::testing::Values(Mode::kThreads),
@@ -279,11 +224,11 @@ INSTANTIATE_TEST_SUITE_P(
                                          Case{2, Precision::kFp32, 2, true, false, true},
                                          Case{2, Precision::kFp32, 2, true, false, false, true},
                                          Case{3, Precision::kFp32, 2, true, true, false, false, true})),
-    caseName);
+    rowsCaseName);
 INSTANTIATE_TEST_SUITE_P(Processes, GradRows,
                          ::testing::Combine(::testing::Values(Mode::kProcesses),
                                             ::testing::Values(Case{3, Precision::kFp32, 2})),
-                         caseName);
+                         rowsCaseName);
 
 // Misuses on one rank: each is refused, names what was wrong, and leaves the executor usable.
 TEST(GradRowsUsage, MisusesAreRefusedAndNamed) {

@@ -930,5 +930,64 @@ TEST(PlannerSparseRows, ALayerWithTwoTablesIsRefused) {
   EXPECT_NE(r.status().message().find("exactly one non-norm parameter"), std::string::npos) << r.status().message();
 }
 
+// ---- gathers by rows -----------------------------------------------------------------------------
+
+ModelSpec gatherTableModel(int64_t rows, int64_t width, uint64_t perStep) {
+  ModelSpec m = tableModel(rows, width, 0);
+  m.layers[0].gatherRowsPerStep = perStep;
+  return m;
+}
+
+TEST(PlannerGatherRows, BoundsExchangeBytesAndPoolAgree) {
+  // As the reduce's: [1000, 8] fp32 at world 4, shard 2,016; 10 rows x 4 ranks x 8 = 320 <= 1,008.
+  const ShardPlan p = planOrDie(gatherTableModel(1000, 8, 10), options(4, 128, Precision::kFp32));
+  const FlatGroup& g = p.layers[0];
+  EXPECT_EQ(g.gatherRows, 10u);
+  EXPECT_EQ(g.sparseRows, 0u);  // declared for the gather only
+  EXPECT_EQ(g.rowNumel, 8u);
+  EXPECT_EQ(g.tableRows, 1000u);
+  EXPECT_EQ(g.gatherExchangeNumel, 320u);
+  EXPECT_EQ(p.layers[1].gatherRows, 0u);
+  // ids: 4 B x 11 entries x (4 + 1) slots; packed rows: 320 fp32 to send, 4 x 320 received.
+  EXPECT_EQ(g.gatherRowIdsBytes(4), 220u);
+  EXPECT_EQ(g.gatherExchangeRecvOffset(4), 1280u);
+  EXPECT_EQ(g.gatherExchangeBytes(4, 4), 1280u + 5120u);
+  EXPECT_EQ(termBytes(p, "row gather exchange"), 6620u);
+  EXPECT_EQ(findTerm(p, "row-sparse exchange"), nullptr);
+  uint64_t pool = 0;
+  for (const PoolAllocation& a : BufferPool::plannedAllocations(p)) pool += a.bytes;
+  EXPECT_EQ(pool, p.libshardBytes);
+  EXPECT_NE(p.describe().find("gathered by rows where the trainer names them, at most 10 of 1,000 rows"),
+            std::string::npos)
+      << p.describe();
+  // bf16 at world 3: 3 rows x 3 ranks x 8 = 72 elements to send (144 B, rounded up to 192), 3 x 72 received.
+  const ShardPlan b = planOrDie(gatherTableModel(1000, 8, 3), options(3, 128, Precision::kBf16));
+  EXPECT_EQ(b.layers[0].gatherExchangeNumel, 72u);
+  EXPECT_EQ(b.layers[0].gatherExchangeBytes(3, 2), 192u + 432u);
+  // Past half the dense all_gather: dense, no term.
+  const ShardPlan d = planOrDie(gatherTableModel(64, 16, 9), options(2, 128, Precision::kFp32));
+  EXPECT_EQ(d.layers[0].gatherRows, 0u);
+  EXPECT_EQ(findTerm(d, "row gather exchange"), nullptr);
+}
+
+TEST(PlannerGatherRows, ATableSharingTheBlocksBuffersIsGatheredDensely) {
+  // Two blocks as large as the table, least memory: the table joins their rotating gather
+  // buffers, where each of its gathers would fill the whole table with NaN again.
+  ModelSpec m = gatherTableModel(1000, 8, 10);
+  m.layers[1] = layer("blocks.0", {param("blocks.0.w", {1000, 8})});
+  m.layers.push_back(layer("blocks.1", {param("blocks.1.w", {1000, 8})}));
+  PlanOptions o = options(2, 128, Precision::kFp32);
+  o.dedicatedSlack = 0;
+  const ShardPlan shared = planOrDie(m, o);
+  ASSERT_GT(shared.gatherBuffers[static_cast<size_t>(shared.layers[0].gatherBuffer)].layers.size(), 1u);
+  EXPECT_EQ(shared.layers[0].gatherRows, 0u);
+  EXPECT_EQ(findTerm(shared, "row gather exchange"), nullptr);
+  // Given a buffer of its own, it is gathered by rows.
+  o.dedicatedSlack = 1;
+  const ShardPlan own = planOrDie(m, o);
+  ASSERT_EQ(own.gatherBuffers[static_cast<size_t>(own.layers[0].gatherBuffer)].layers.size(), 1u);
+  EXPECT_EQ(own.layers[0].gatherRows, 10u);
+}
+
 }  // namespace
 }  // namespace libshard

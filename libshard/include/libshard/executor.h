@@ -213,18 +213,23 @@ class Executor {
   /// Names the rows of a row-gathered layer's table (LayerSpec::gatherRowsPerStep) that this rank's
   /// uses of the layer read in the NEXT step (every micro-batch's forward, and the backward where it
   /// reads weights): the step's all_gather of the layer then moves only the rows some rank named.
-  /// Call it in the optimizer window, between endStep and groupUpdated(layer) (or optimizerDone),
-  /// for the step after this one, or before the first beginStep for the first step; on every rank
-  /// (each with its own rows), once per step, for each such layer in the same order. Rows may repeat
-  /// and come in any order; at most gatherRowsPerStep distinct ones, each in [0, the table's rows):
-  /// otherwise kInvalidArgument and nothing is sent. The ids go to every rank at once (an all_gather
-  /// on the all_gather stream, idle there); the layer's gather waits for them (bounded by
-  /// waitTimeout). In that step the gather buffer holds the named rows (of every rank) and NaN in
+  /// Call it right after endStep (before the first groupUpdated or optimizerDone) for the step after
+  /// this one, or before the first beginStep for the first step; on every rank (each with its own
+  /// rows), once per step, for each such layer in the same order: its all_gather shares the
+  /// all_gather communicator with the gathers those hooks issue, so every rank must issue it at the
+  /// same point. Otherwise kInvalidUsage. Rows may repeat and come in any order; at most
+  /// gatherRowsPerStep distinct ones, each in [0, the table's rows): otherwise kInvalidArgument and
+  /// nothing is sent. The ids go to every rank at once (an all_gather on the all_gather stream, idle
+  /// there), while the optimizer computes the gradient norm; the layer's gather -- for a leading
+  /// layer, issued by groupUpdated(layer) -- waits for them on the calling thread (bounded by
+  /// waitTimeout), so it waits for every rank to have named its rows (in a serialized schedule this
+  /// call waits already). In that step the gather buffer holds the rows every rank named and NaN in
   /// every other row of the table, and setGradRows refuses a row this rank did not name here
   /// (kInvalidArgument): reading a row not gathered is an error, never stale weights. A step whose
   /// rows were not named is gathered densely (every rank must then skip it: a rank that names rows
   /// while another does not fails both, the all_gathers' sizes differing). Where the plan gathers the
-  /// layer densely (FlatGroup::gatherRows 0) and on a device pool, the rows are checked and not used.
+  /// layer densely (FlatGroup::gatherRows 0: not worth it, or a gather buffer shared with other
+  /// layers) and on a device pool, the rows are checked against the table and not used.
   libcomm::Status setStepRows(int layer, std::span<const int32_t> rows);
   /// True until the first beginStep: setStepRows then names the first step's rows. Read it from the
   /// trainer's thread.
@@ -320,6 +325,8 @@ class Executor {
   libcomm::Status runZero(const ScheduleOp& op);
   libcomm::Status runSparseReduce(const ScheduleOp& op);
   libcomm::Status runRowGather(const ScheduleOp& op, int64_t forStep);
+  // Waits (bounded by waitTimeout) until every rank's step rows of `layer` have arrived.
+  libcomm::Status waitForStepRows(int layer, int64_t forStep);
   LogEntry gatherLogEntry(const ScheduleOp& op) const;
   // Waits (bounded by waitTimeout) until every rank's row ids of `layer` have arrived.
   libcomm::Status waitForGatheredRows(int layer);
@@ -389,7 +396,6 @@ class Executor {
   struct GatherRowState {
     std::vector<int32_t> named;  // this rank's, sorted, distinct
     int64_t step = -1;           // the step `named` is for
-    int64_t issuedStep = -1;     // the last step whose gather of the layer is enqueued
     int64_t packedStep = -1;     // the step `all` and `packing` are for
     std::vector<int32_t> all;    // every rank's rows, merged
     std::shared_ptr<const detail::RowPacking> packing;
