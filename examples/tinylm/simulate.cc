@@ -65,10 +65,13 @@ libcomm::Result<libshard::SimCosts> ratedCosts(const TrainOptions& o, int world,
     if (g.gatherRows > 0) {
       // Gathered by rows (executor_rows.cc, runRowGather): the step's ids (exchanged in the previous
       // optimizer window, just ahead of it on the same stream), then at most world x
-      // gatherExchangeNumel packed elements; the NaN between the rows is written once.
+      // gatherExchangeNumel packed elements; in a buffer of its own the NaN between the rows is
+      // written once, in one shared with the blocks the whole table again at each gather.
       const double ids = static_cast<double>(world) * static_cast<double>(g.gatherRows + 1) * 4;
       const double packed = static_cast<double>(world) * static_cast<double>(g.gatherExchangeNumel);
-      c.gatherUs[k] = collective(ids) + collective(packed * elem);
+      const bool shared = plan.gatherBuffers[static_cast<size_t>(g.gatherBuffer)].layers.size() > 1;
+      c.gatherUs[k] = collective(ids) + collective(packed * elem) +
+                      (shared ? usFor(static_cast<double>(g.tableRows * g.rowNumel) * elem, r.memGBs) : 0.0);
     }
   }
   if (plan.resident.paddedNumel > 0) {

@@ -412,14 +412,6 @@ libcomm::Result<ShardPlan> ShardPlanner::plan(const ModelSpec& model) const {
   const SizeClasses classes = classify(plan);
   assignGatherBuffers(plan, classes);
   assignGradBuffers(plan, classes);
-  // A table gathered by rows keeps NaN in the rows it did not gather. In a buffer it shares with
-  // other layers that NaN is gone at each of its gathers, which then fills the whole table again:
-  // about the writes of the dense all_gather it replaces. Such a table is gathered densely.
-  for (FlatGroup& g : plan.layers)
-    if (g.gatherRows > 0 && plan.gatherBuffers[static_cast<size_t>(g.gatherBuffer)].layers.size() > 1) {
-      g.gatherRows = 0;
-      g.gatherExchangeNumel = 0;
-    }
 
   plan.checkpointed.assign(model.layers.size(), false);
   LIBCOMM_RETURN_IF_ERROR(planner_detail::planCheckpoints(model, plan));

@@ -95,14 +95,12 @@ float read(const libshard::ConstTensorView& v, size_t i) {
 
 class TableLayer final : public libshard::Layer {
  public:
-  // `dense`: the plan gathers the table whole.
-  TableLayer(int rank, int world, int32_t straddle, bool dense)
-      : rank_(rank), world_(world), straddle_(straddle), dense_(dense) {}
-  // Every row some rank named holds the step's weights, every other row NaN; on the dense step, or
-  // where the plan gathers densely, every row holds its weights.
+  TableLayer(int rank, int world, int32_t straddle) : rank_(rank), world_(world), straddle_(straddle) {}
+  // Every row some rank named holds the step's weights, every other row NaN; on the dense step
+  // every row holds its weights.
   Status forward(const libshard::LayerViews& v) override {
     const libshard::ConstTensorView& w = v.weights[0];
-    std::vector<bool> named(kRows, dense_ || v.step == kDenseStep);
+    std::vector<bool> named(kRows, v.step == kDenseStep);
     for (int r = 0; r < world_; ++r)
       for (int32_t row : rowsOf(r, v.step, straddle_)) named[static_cast<size_t>(row)] = true;
     for (int64_t row = 0; row < kRows; ++row)
@@ -133,7 +131,6 @@ class TableLayer final : public libshard::Layer {
  private:
   int rank_, world_;
   int32_t straddle_;
-  bool dense_;
   std::vector<int32_t> mine_, next_;
 };
 
@@ -168,17 +165,14 @@ Status runSteps(RankContext& ctx, const Case& c) {
   if (c.rotate != (rig->plan.gatherBuffers[static_cast<size_t>(g.gatherBuffer)].layers.size() > 1))
     return libcomm::makeError(StatusCode::kInternalError, "the table ", c.rotate ? "should" : "should not",
                               " share its gather buffer");
-  // In a shared buffer each row gather would fill the table with NaN again: gathered densely.
-  if (g.gatherRows != (c.rotate ? 0u : size_t{kStepRows}))
-    return libcomm::makeError(StatusCode::kInternalError, "the plan gathers the table ",
-                              g.gatherRows ? "by rows" : "densely");
+  if (g.gatherRows != kStepRows) return libcomm::makeError(StatusCode::kInternalError, "the plan gathers densely");
   if (rig->pool->peakBytes() != rig->plan.libshardBytes)
     return libcomm::makeError(StatusCode::kInternalError, "pool ", rig->pool->peakBytes(), " B, plan ",
                               rig->plan.libshardBytes, " B");
   if (ctx.size > 1 && g.shardNumel % kDim == 0)
     return libcomm::makeError(StatusCode::kInternalError, "no row straddles the shards (", g.shardNumel, ")");
   writeTable(rig->ex->state(), g, ctx.rank, 0);
-  TableLayer table(ctx.rank, ctx.size, straddleRow(g), g.gatherRows == 0);
+  TableLayer table(ctx.rank, ctx.size, straddleRow(g));
   BlockLayer block;
   libshard::RunnerHooks hooks;
   hooks.optimizer = [&](libshard::Executor& ex) -> Status {
@@ -191,7 +185,7 @@ Status runSteps(RankContext& ctx, const Case& c) {
   for (int64_t s = 0; s < 5; ++s) LIBCOMM_RETURN_IF_ERROR(runner.step());
   LIBCOMM_RETURN_IF_ERROR(finishRowsRun(*rig, c));
   // What moved: by rows, the table's shard went through an all_gather once in the five steps (the
-  // dense step); the others moved packed rows.
+  // dense step; a block as large as the table shares the count, so not with those).
   if (c.rotate) return Status::ok();
   const std::string flight = rig->ag->flightRecorderJson();
   const std::string whole = "\"op\":\"all_gather\",\"count\":" + std::to_string(g.shardNumel) + ",";

@@ -228,8 +228,8 @@ class Executor {
   /// (kInvalidArgument): reading a row not gathered is an error, never stale weights. A step whose
   /// rows were not named is gathered densely (every rank must then skip it: a rank that names rows
   /// while another does not fails both, the all_gathers' sizes differing). Where the plan gathers the
-  /// layer densely (FlatGroup::gatherRows 0: not worth it, or a gather buffer shared with other
-  /// layers) and on a device pool, the rows are checked against the table and not used.
+  /// layer densely (FlatGroup::gatherRows 0) and on a device pool, the rows are checked against the
+  /// table and not used.
   libcomm::Status setStepRows(int layer, std::span<const int32_t> rows);
   /// True until the first beginStep: setStepRows then names the first step's rows. Read it from the
   /// trainer's thread.

@@ -115,9 +115,9 @@ struct FlatGroup {
   uint64_t rowExchangeBytes(int worldSize, size_t elemBytes) const;
   /// Where the fp32 received part starts in the row exchange buffer, in bytes.
   uint64_t rowExchangeRecvOffset(int worldSize, size_t elemBytes) const;
-  /// Row gather (LayerSpec::gatherRowsPerStep), where it moves at most half the dense all_gather and
-  /// the layer's gather buffer is its own (in a shared one each gather would fill the whole table
-  /// with NaN again):
+  /// Row gather (LayerSpec::gatherRowsPerStep), where it moves at most half the dense all_gather
+  /// (in a gather buffer shared with other layers each of its gathers also fills the whole table
+  /// with NaN again: a memset of the table, no communication):
   /// at most `gatherRows` rows per rank and step (0: dense), of `rowNumel` elements, of the table of
   /// `tableRows` rows. Each rank's part of the packed all_gather holds at most `gatherExchangeNumel`
   /// elements: min(shardNumel, worldSize x gatherRows x rowNumel).
