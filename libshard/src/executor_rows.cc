@@ -211,17 +211,22 @@ Status Executor::setGradRows(int layer, std::span<const int32_t> rows) {
   return Status::ok();
 }
 
-Status Executor::waitForGatheredRows(int layer) {
-  Status st =
-      rows_[static_cast<size_t>(layer)].idsGathered->synchronize(libcomm::Deadline::after(options_.waitTimeout));
+// Waits (bounded by waitTimeout) for `ids`, recorded behind an exchange of row ids on `comm`'s
+// stream; a timeout names the communicator's own error where it has one.
+Status Executor::waitForIds(libcomm::Event& ids, libcomm::Communicator& comm, const std::string& what) const {
+  Status st = ids.synchronize(libcomm::Deadline::after(options_.waitTimeout));
   if (st.isOk()) return st;
   if (st.code() == StatusCode::kTimeout) {
-    const Status cause = communicatorCause(rsComm_);
+    const Status cause = communicatorCause(comm);
     if (!cause.isOk()) st = cause;
   }
-  return st.withContext("waiting " + std::to_string(options_.waitTimeout.count()) +
-                        " ms at most for every rank's gradient rows of layer '" +
-                        plan_.layers[static_cast<size_t>(layer)].name + "'");
+  return st.withContext("waiting " + std::to_string(options_.waitTimeout.count()) + " ms at most for every rank's " +
+                        what);
+}
+
+Status Executor::waitForGatheredRows(int layer) {
+  return waitForIds(*rows_[static_cast<size_t>(layer)].idsGathered, rsComm_,
+                    "gradient rows of layer '" + plan_.layers[static_cast<size_t>(layer)].name + "'");
 }
 
 // Every rank's named rows, merged, sorted and distinct (mergeRowLists).
@@ -355,16 +360,9 @@ Status Executor::setStepRows(int layer, std::span<const int32_t> rows) {
 }
 
 Status Executor::waitForStepRows(int layer, int64_t forStep) {
-  Status st =
-      gatherRows_[static_cast<size_t>(layer)].idsGathered->synchronize(libcomm::Deadline::after(options_.waitTimeout));
-  if (st.isOk()) return st;
-  if (st.code() == StatusCode::kTimeout) {
-    const Status cause = communicatorCause(agComm_);
-    if (!cause.isOk()) st = cause;
-  }
-  return st.withContext("waiting " + std::to_string(options_.waitTimeout.count()) +
-                        " ms at most for every rank's rows of layer '" + plan_.layers[static_cast<size_t>(layer)].name +
-                        "' for step " + std::to_string(forStep));
+  return waitForIds(
+      *gatherRows_[static_cast<size_t>(layer)].idsGathered, agComm_,
+      "rows of layer '" + plan_.layers[static_cast<size_t>(layer)].name + "' for step " + std::to_string(forStep));
 }
 
 // A gather of layer `op.layer` for step `forStep`, whose rows every rank named (setStepRows):

@@ -57,32 +57,31 @@ void planMemory(const ModelSpec& model, ShardPlan& plan) {
   m.push_back(
       term("gradient buffers", gradBytes,
            gradParts.empty() ? std::string("no buffers") : std::to_string(e) + " B x (" + gradParts + ") elements"));
-  // Row-sparse layers exchange their named rows through buffers of their own (FlatGroup::sparseRows).
-  uint64_t rowBytes = 0;
-  std::string rowParts;
-  for (const FlatGroup& g : plan.layers) {
-    if (g.sparseRows == 0) continue;
-    rowBytes += g.rowIdsBytes(plan.options.worldSize) + g.rowExchangeBytes(plan.options.worldSize, e);
-    rowParts += (rowParts.empty() ? "" : " + ") + g.name + " (" + groupDigits(g.sparseRows) + " rows, " +
-                groupDigits(g.rowExchangeNumel) + " elements per rank)";
-  }
-  if (rowBytes > 0)
-    m.push_back(term("row-sparse exchange", rowBytes,
-                     "row ids 4 B x (rows + 1) x (world + 1), packed rows " + std::to_string(e) +
-                         " B x world x exchange + 4 B x exchange: " + rowParts));
-  // Layers gathered by rows: their row ids and packed rows (FlatGroup::gatherRows).
-  uint64_t gatherRowBytes = 0;
-  std::string gatherRowParts;
-  for (const FlatGroup& g : plan.layers) {
-    if (g.gatherRows == 0) continue;
-    gatherRowBytes += g.gatherRowIdsBytes(plan.options.worldSize) + g.gatherExchangeBytes(plan.options.worldSize, e);
-    gatherRowParts += (gatherRowParts.empty() ? "" : " + ") + g.name + " (" + groupDigits(g.gatherRows) + " rows, " +
-                      groupDigits(g.gatherExchangeNumel) + " elements per rank)";
-  }
-  if (gatherRowBytes > 0)
-    m.push_back(term("row gather exchange", gatherRowBytes,
-                     "row ids 4 B x (rows + 1) x (world + 1), packed rows " + std::to_string(e) +
-                         " B x (1 + world) x exchange: " + gatherRowParts));
+  // Layers reduced by rows (FlatGroup::sparseRows) and gathered by rows (FlatGroup::gatherRows)
+  // exchange their named rows through buffers of their own: one term for each path.
+  const int world = plan.options.worldSize;
+  auto rowsTerm = [&](const char* name, const std::string& packed, auto rows, auto bytes, auto exchange) {
+    uint64_t total = 0;
+    std::string parts;
+    for (const FlatGroup& g : plan.layers) {
+      if (rows(g) == 0) continue;
+      total += bytes(g);
+      parts += (parts.empty() ? "" : " + ") + g.name + " (" + groupDigits(rows(g)) + " rows, " +
+               groupDigits(exchange(g)) + " elements per rank)";
+    }
+    if (total > 0)
+      m.push_back(term(name, total, "row ids 4 B x (rows + 1) x (world + 1), packed rows " + packed + ": " + parts));
+  };
+  rowsTerm(
+      "row-sparse exchange", std::to_string(e) + " B x world x exchange + 4 B x exchange",
+      [](const FlatGroup& g) { return g.sparseRows; },
+      [&](const FlatGroup& g) { return g.rowIdsBytes(world) + g.rowExchangeBytes(world, e); },
+      [](const FlatGroup& g) { return g.rowExchangeNumel; });
+  rowsTerm(
+      "row gather exchange", std::to_string(e) + " B x (1 + world) x exchange",
+      [](const FlatGroup& g) { return g.gatherRows; },
+      [&](const FlatGroup& g) { return g.gatherRowIdsBytes(world) + g.gatherExchangeBytes(world, e); },
+      [](const FlatGroup& g) { return g.gatherExchangeNumel; });
   // Norm gradients accumulate over every layer and micro-batch and are reduce-scattered once at
   // the end of the step, so a full-size fp32 accumulator stays alive for the whole step.
   m.push_back(term("resident gradient accumulator", 4 * plan.resident.paddedNumel,

@@ -200,12 +200,7 @@ Status runSteps(RankContext& ctx, const Case& c) {
 class GatherRows : public ::testing::TestWithParam<std::tuple<Mode, Case>> {};
 
 TEST_P(GatherRows, BuffersHoldTheNamedRowsAndNaN) {
-  const auto [mode, c] = GetParam();
-  RunOptions opts;
-  opts.mode = mode;
-  opts.size = c.world;
-  auto report = runRanks(opts, [c = c](RankContext& ctx) { return runSteps(ctx, c); });
-  EXPECT_RANKS_OK(report);
+  expectRowsCaseOk(GetParam(), [c = std::get<1>(GetParam())](RankContext& ctx) { return runSteps(ctx, c); });
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -93,6 +93,16 @@ inline libcomm::Status finishRowsRun(Rig& rig, const RowsCase& c) {
   return libshard::checkEventLog(log.entries(), rig.plan);
 }
 
+/// Runs `body(ctx)` on the case's world size, as threads or processes, and expects every rank OK.
+template <typename Body>
+void expectRowsCaseOk(const std::tuple<Mode, RowsCase>& param, Body body) {
+  RunOptions opts;
+  opts.mode = std::get<0>(param);
+  opts.size = std::get<1>(param).world;
+  auto report = runRanks(opts, body);
+  EXPECT_RANKS_OK(report);
+}
+
 inline std::string rowsCaseName(const ::testing::TestParamInfo<std::tuple<Mode, RowsCase>>& info) {
   const auto& [mode, c] = info.param;
   return std::string(mode == Mode::kThreads ? "threads" : "processes") + "_w" + std::to_string(c.world) + "_" +

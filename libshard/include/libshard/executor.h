@@ -330,6 +330,7 @@ class Executor {
   LogEntry gatherLogEntry(const ScheduleOp& op) const;
   // Waits (bounded by waitTimeout) until every rank's row ids of `layer` have arrived.
   libcomm::Status waitForGatheredRows(int layer);
+  libcomm::Status waitForIds(libcomm::Event& ids, libcomm::Communicator& comm, const std::string& what) const;
   libcomm::Status readGatheredRows(int layer, std::vector<int32_t>& all);
   // The error of `comm` after a wait on its stream timed out, waiting a moment for it (see
   // executor_ops.cc); OK when it has none.
