@@ -169,14 +169,15 @@ Status Executor::setGradRows(int layer, std::span<const int32_t> rows) {
                                   " is not among the rows this rank named for this step's gather (setStepRows): "
                                   "its forward may read only those (the rows no rank named hold NaN)");
   }
+  // The model's bound holds on every plan, also where the layer is reduced densely.
+  if (g.declaredGradRows > 0 && named.size() > g.declaredGradRows)
+    return libcomm::makeError(StatusCode::kInvalidArgument, where(), ": setGradRows: ", named.size(),
+                              " distinct rows, more than the ", g.declaredGradRows,
+                              " per micro-batch the model declares (LayerSpec::gradRowsPerMicroBatch)");
   if (g.sparseRows == 0 || device_) return Status::ok();  // reduced densely: the rows are not needed
   RowState& rs = rows_[k];
   if (rs.step == step_ && rs.microBatch == hook_->microBatch)
     return libcomm::makeError(StatusCode::kInvalidUsage, where(), ": setGradRows called twice in this micro-batch");
-  if (named.size() > g.sparseRows)
-    return libcomm::makeError(StatusCode::kInvalidArgument, where(), ": setGradRows: ", named.size(),
-                              " distinct rows, more than the ", g.sparseRows,
-                              " per micro-batch the model declares (LayerSpec::gradRowsPerMicroBatch)");
   // Every rank's slot: the count, then the rows. The previous exchange of these ids was read at the
   // previous endBackward of the layer, so nothing reads the slot now.
   auto* ids = static_cast<int32_t*>(pool_.rowIds(layer));
@@ -333,12 +334,13 @@ Status Executor::setStepRows(int layer, std::span<const int32_t> rows) {
                               ": it names the rows of the next step's gathers, so it goes right after endStep (before "
                               "the first groupUpdated or optimizerDone), or before the first beginStep");
   LIBCOMM_ASSIGN_OR_RETURN(std::vector<int32_t> named, distinctRows(g, rows, who, "rows"));
+  // The model's bound holds on every plan, also where the layer is gathered densely.
+  if (g.declaredGatherRows > 0 && named.size() > g.declaredGatherRows)
+    return libcomm::makeError(StatusCode::kInvalidArgument, who, ": ", named.size(), " distinct rows, more than the ",
+                              g.declaredGatherRows, " per step the model declares (LayerSpec::gatherRowsPerStep)");
   if (g.gatherRows == 0 || device_) return Status::ok();  // gathered densely: the rows are not needed
   GatherRowState& gs = gatherRows_[k];
   if (gs.step == forStep) return libcomm::makeError(StatusCode::kInvalidUsage, who, ": called twice");
-  if (named.size() > g.gatherRows)
-    return libcomm::makeError(StatusCode::kInvalidArgument, who, ": ", named.size(), " distinct rows, more than the ",
-                              g.gatherRows, " per step the model declares (LayerSpec::gatherRowsPerStep)");
   // The previous exchange of these ids was read when its step's gather was issued (that step's
   // gathers all come before this window), so nothing reads or writes the ids buffer now.
   libcomm::Stream& st = stream(StreamId::kGather);

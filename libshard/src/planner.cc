@@ -168,6 +168,8 @@ size_t rowsExchangeBound(FlatGroup& g, uint64_t rowsDeclared, int worldSize, siz
 }
 
 void planRows(FlatGroup& g, const LayerSpec& l, int worldSize) {
+  g.declaredGradRows = l.gradRowsPerMicroBatch;
+  g.declaredGatherRows = l.gatherRowsPerStep;
   g.rowExchangeNumel = rowsExchangeBound(g, l.gradRowsPerMicroBatch, worldSize, &g.sparseRows);
   g.gatherExchangeNumel = rowsExchangeBound(g, l.gatherRowsPerStep, worldSize, &g.gatherRows);
 }

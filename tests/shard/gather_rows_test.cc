@@ -290,6 +290,37 @@ TEST(GatherRowsUsage, MisusesAreRefusedAndNamed) {
   EXPECT_RANKS_OK(report);
 }
 
+// Where the plan takes the dense paths (more rows declared than halve the exchange), the rows are
+// still checked against the model's declaration: a trainer's bad count shows on every plan.
+TEST(GatherRowsUsage, ADensePlanStillChecksTheDeclaredCounts) {
+  RunOptions opts;
+  opts.size = 1;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    libshard::ModelSpec spec = makeSpec(true, false);
+    spec.layers[0].gatherRowsPerStep = 600;  // 600 x 7 elements: more than half the table
+    spec.layers[0].gradRowsPerMicroBatch = 600;
+    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRowsRig(ctx, Case{}, spec, {}));
+    libshard::Executor& ex = *rig->ex;
+    const libshard::FlatGroup& g = rig->plan.layers[0];
+    if (g.gatherRows != 0 || g.sparseRows != 0)
+      return libcomm::makeError(StatusCode::kInternalError, "the plan should take the dense paths");
+    std::vector<int32_t> rows(601);
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int32_t>(i);
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(ex.setStepRows(0, rows), StatusCode::kInvalidArgument,
+                                         {"601 distinct rows", "600 per step"}, "gather count"));
+    rows.pop_back();
+    LIBCOMM_RETURN_IF_ERROR(ex.setStepRows(0, rows));
+    LIBCOMM_RETURN_IF_ERROR(ex.beginStep());
+    LIBCOMM_RETURN_IF_ERROR(ex.beginForward(0).status());
+    rows.push_back(600);
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(ex.setGradRows(0, rows), StatusCode::kInvalidArgument,
+                                         {"601 distinct rows", "600 per micro-batch"}, "grad count"));
+    rows.pop_back();
+    return ex.setGradRows(0, rows);
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 // Rank 0 names the first step's rows and rank 1 does not: rank 0's ids all_gather meets rank 1's
 // first dense gather. Both fail within the deadline, naming the mismatch, instead of hanging.
 TEST(GatherRowsUsage, RanksThatDisagreeOnNamingRowsFail) {

@@ -207,8 +207,8 @@ class Executor {
   /// the layer waits (bounded by waitTimeout) for the ids, which have long arrived unless the
   /// reduce-scatter stream is behind. Where the plan reduces the layer densely (FlatGroup::sparseRows
   /// 0) and on a device pool (whose row buffers are allocated but unused for now), the rows are
-  /// checked and not used. A row-sparse layer whose forward did not call it fails at endBackward
-  /// (kInvalidUsage).
+  /// checked (the table, the declared count) and not used. A row-sparse layer whose forward did not call it fails at
+  /// endBackward (kInvalidUsage).
   libcomm::Status setGradRows(int layer, std::span<const int32_t> rows);
   /// Names the rows of a row-gathered layer's table (LayerSpec::gatherRowsPerStep) that this rank's
   /// uses of the layer read in the NEXT step (every micro-batch's forward, and the backward where it
@@ -228,8 +228,8 @@ class Executor {
   /// (kInvalidArgument): reading a row not gathered is an error, never stale weights. A step whose
   /// rows were not named is gathered densely (every rank must then skip it: a rank that names rows
   /// while another does not fails both, the all_gathers' sizes differing). Where the plan gathers the
-  /// layer densely (FlatGroup::gatherRows 0) and on a device pool, the rows are checked against the
-  /// table and not used.
+  /// layer densely (FlatGroup::gatherRows 0) and on a device pool, the rows are checked (the table,
+  /// the declared count) and not used.
   libcomm::Status setStepRows(int layer, std::span<const int32_t> rows);
   /// True until the first beginStep: setStepRows then names the first step's rows. Read it from the
   /// trainer's thread.

@@ -123,6 +123,10 @@ struct FlatGroup {
   /// elements: min(shardNumel, worldSize x gatherRows x rowNumel).
   size_t gatherRows = 0;
   size_t gatherExchangeNumel = 0;
+  /// LayerSpec::gradRowsPerMicroBatch and gatherRowsPerStep as the model declares them, whatever
+  /// path the planner chose: the executor checks the trainer's rows against them on every plan.
+  uint64_t declaredGradRows = 0;
+  uint64_t declaredGatherRows = 0;
   /// Bytes of its two buffers (0 when dense): the row ids (int32, gatherRows + 1 entries for this
   /// rank and for every rank, the count first) and the packed rows (gatherExchangeNumel elements of
   /// `elemBytes` to send, padded to 64 B, then worldSize x gatherExchangeNumel received).
