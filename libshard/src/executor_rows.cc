@@ -32,7 +32,6 @@
 #include <algorithm>
 #include <cstring>
 #include <iterator>
-#include <limits>
 #include <memory>
 #include <span>
 
@@ -138,13 +137,9 @@ void writeRowList(int32_t* ids, const std::vector<int32_t>& named, size_t bound)
   std::fill(ids + 1 + named.size(), ids + bound + 1, 0);
 }
 
-// NaN in the compute type (2-byte bf16 or 4-byte fp32), n elements at p.
-void fillNaN(char* p, size_t n, size_t es) {
-  if (es == 2)
-    std::fill_n(reinterpret_cast<uint16_t*>(p), n, uint16_t{0x7FC0});
-  else
-    std::fill_n(reinterpret_cast<float*>(p), n, std::numeric_limits<float>::quiet_NaN());
-}
+// NaN in the compute type, n elements of es bytes at p: all bits set is a NaN in bf16 (0xFFFF) and
+// in fp32 (0xFFFFFFFF) alike, so one memset serves both.
+void fillNaN(char* p, size_t n, size_t es) { std::memset(p, 0xFF, n * es); }
 
 }  // namespace
 
