@@ -215,8 +215,12 @@ Status Executor::runGather(const ScheduleOp& op) {
       const int64_t forStep = op.nextStep ? step_ + 1 : step_;
       if (gatherRows_[static_cast<size_t>(op.layer)].step == forStep) return runRowGather(op, forStep);
     }
-    bufferRows_[static_cast<size_t>(op.buffer)].layer = -1;
   }
+  return runDenseGather(op);
+}
+
+Status Executor::runDenseGather(const ScheduleOp& op) {
+  if (!device_) bufferRows_[static_cast<size_t>(op.buffer)].layer = -1;  // the whole buffer is written
   const FlatGroup& g = op.layer >= 0 ? plan_.layers[static_cast<size_t>(op.layer)] : plan_.resident;
   const ShardState& s = pool_.state();
   const size_t es = libcomm::dataTypeSize(computeType_);
@@ -264,6 +268,10 @@ LogEntry Executor::reduceLogEntry(const ScheduleOp& op) const {
 Status Executor::runReduce(const ScheduleOp& op) {
   if (op.layer >= 0 && !device_ && plan_.layers[static_cast<size_t>(op.layer)].sparseRows > 0)
     return runSparseReduce(op);
+  return runDenseReduce(op);
+}
+
+Status Executor::runDenseReduce(const ScheduleOp& op) {
   const bool resident = op.layer < 0;
   const FlatGroup& g = resident ? plan_.resident : plan_.layers[static_cast<size_t>(op.layer)];
   const libcomm::DataType inType = resident ? libcomm::DataType::kFloat32 : computeType_;

@@ -246,6 +246,10 @@ Status Executor::runSparseReduce(const ScheduleOp& op) {
   LIBCOMM_RETURN_IF_ERROR(readGatheredRows(op.layer, all));
   auto packing = std::make_shared<const RowPacking>(packRows(all, g, plan_.options.worldSize));
   writtenRows_[static_cast<size_t>(op.gradBuffer)] = rs.named;
+  // More than the slot holds (FlatGroup::rowExchangeNumel; U is the same on every rank, so all
+  // agree): the dense reduce-scatter. Only the named rows are non-zero in the buffer, and only they
+  // are zeroed after it, as on the rows path.
+  if (packing->slot > g.rowExchangeNumel) return runDenseReduce(op);
 
   const size_t es = libcomm::dataTypeSize(computeType_);
   const char* grad = static_cast<const char*>(pool_.gradBuffer(op.gradBuffer));
@@ -385,6 +389,9 @@ Status Executor::runRowGather(const ScheduleOp& op, int64_t forStep) {
     gs.packedStep = forStep;
   }
   const std::shared_ptr<const RowPacking> packing = gs.packing;
+  // More than the slot holds (FlatGroup::gatherExchangeNumel; U is the same on every rank, so all
+  // agree): the dense gather, which writes every row.
+  if (packing->slot > g.gatherExchangeNumel) return runDenseGather(op);
 
   // What the buffer holds outside U's rows: NaN already (the layer's previous row gather), but for
   // the rows that gather had and U has not.

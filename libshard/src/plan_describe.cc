@@ -125,13 +125,12 @@ std::string ShardPlan::describe() const {
     if (g.sparseRows > 0)
       os << "  " << g.name << ": row-sparse gradient, at most " << groupDigits(g.sparseRows) << " of "
          << groupDigits(g.tableRows) << " rows (" << groupDigits(g.rowNumel)
-         << " elements each) per rank and micro-batch; the reduce-scatter moves at most "
-         << groupDigits(g.rowExchangeNumel) << " of the shard's " << groupDigits(g.shardNumel)
-         << " elements per rank\n";
+         << " elements each) per rank and micro-batch; its slot holds " << groupDigits(g.rowExchangeNumel)
+         << " of the shard's " << groupDigits(g.shardNumel) << " elements per rank\n";
   for (const FlatGroup& g : layers)
     if (g.gatherRows > 0)
       os << "  " << g.name << ": gathered by rows where the trainer names them, at most " << groupDigits(g.gatherRows)
-         << " of " << groupDigits(g.tableRows) << " rows per rank and step; the all_gather moves at most "
+         << " of " << groupDigits(g.tableRows) << " rows per rank and step; its slot holds "
          << groupDigits(g.gatherExchangeNumel) << " of the shard's " << groupDigits(g.shardNumel)
          << " elements per rank\n";
 

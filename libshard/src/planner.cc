@@ -147,10 +147,15 @@ FlatGroup buildGroup(std::string name, int layer, const std::vector<const ParamS
   return g;
 }
 
-// A rows path's exchange bound (FlatGroup::sparseRows, FlatGroup::gatherRows): the packed
-// exchange holds at most `worldSize x rows x rowNumel` elements per rank (every rank's rows may
-// fall in one rank's shard), at most the shard. 0 where the path is not worth it: it must move at
-// most half the dense collective's elements, and its rows must be nameable in int32.
+// A rows path's slot (FlatGroup::rowExchangeNumel, gatherExchangeNumel): the elements each rank's
+// part of the packed exchange may hold. The rows every rank names, U, are at most
+// min(table rows, worldSize x rows) of rowNumel elements; all of them may lie in one rank's shard,
+// so that is the most one slot needs. The path is taken where U's elements are at most half the
+// dense collective's (what it moves when the ranks' rows spread over the shards), and the rows can
+// be named in int32. The slot then holds all of U where that is at most half a shard: no step ever
+// falls back. Past that (large worlds, many rows) it holds shardNumel / worldSize elements (the
+// exchange buffers stay about one shard), and a step whose rows pack into more, all ranks agreeing
+// since U is the same on every rank, runs the dense collective instead. 0: not worth it.
 size_t rowsExchangeBound(FlatGroup& g, uint64_t rowsDeclared, int worldSize, size_t* rowsOut) {
   if (rowsDeclared == 0 || g.params.size() != 1 || g.params[0].offset != 0) return 0;
   const ParamPlacement& table = g.params[0];
@@ -158,9 +163,13 @@ size_t rowsExchangeBound(FlatGroup& g, uint64_t rowsDeclared, int worldSize, siz
   if (tableRows > static_cast<size_t>(INT32_MAX)) return 0;
   const size_t rows = static_cast<size_t>(std::min<uint64_t>(rowsDeclared, tableRows));
   const size_t rowNumel = table.numel / tableRows;
-  const unsigned __int128 bound = static_cast<unsigned __int128>(worldSize) * rows * rowNumel;
-  const size_t exchange = bound < g.shardNumel ? static_cast<size_t>(bound) : g.shardNumel;
-  if (2 * exchange > g.shardNumel) return 0;
+  const unsigned __int128 unionRows =
+      std::min<unsigned __int128>(tableRows, static_cast<unsigned __int128>(worldSize) * rows);
+  const unsigned __int128 unionNumel = unionRows * rowNumel;
+  if (2 * unionNumel > g.paddedNumel) return 0;
+  const size_t exchange =
+      2 * unionNumel <= g.shardNumel ? static_cast<size_t>(unionNumel) : g.shardNumel / static_cast<size_t>(worldSize);
+  if (exchange == 0) return 0;
   g.rowNumel = rowNumel;
   g.tableRows = tableRows;
   *rowsOut = rows;

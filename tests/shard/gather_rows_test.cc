@@ -219,6 +219,109 @@ INSTANTIATE_TEST_SUITE_P(Processes, GatherRows,
                                             ::testing::Values(Case{3, Precision::kFp32, 2})),
                          rowsCaseName);
 
+// ---- a slot too small for a step's rows: the dense collective for that step -------------------------
+
+// 250 rows per rank declared at world 2: every rank's rows together (at most 500 x 7 = 3,500
+// elements) are within half the dense exchange (7,040 / 2) but past half a shard (3,520 / 2), so the
+// plan's slot is a shard / world = 1,760 elements. Even steps spread each rank's 100 rows over the
+// table (about 700 elements per owner: the rows paths); odd steps crowd 150 rows per rank into rank
+// 0's shard (2,100 elements: past the slot, so the dense all_gather and reduce-scatter run).
+constexpr int kCrowdDeclared = 250;
+
+std::vector<int32_t> crowdRows(int rank, int64_t step) {
+  std::vector<int32_t> r;
+  if (step % 2 == 0)
+    for (int i = 0; i < 100; ++i) r.push_back(static_cast<int32_t>((rank * 5 + step + i * 10) % kRows));
+  else
+    for (int i = 0; i < 150; ++i) r.push_back(static_cast<int32_t>(rank * 150 + i));
+  return r;
+}
+
+class CrowdLayer final : public libshard::Layer {
+ public:
+  explicit CrowdLayer(int rank) : rank_(rank) {}
+  Status forward(const libshard::LayerViews& v) override {
+    std::vector<bool> named(kRows, v.step % 2 == 1);  // odd steps: dense, every row gathered
+    for (int r = 0; r < 2; ++r)
+      for (int32_t row : crowdRows(r, v.step)) named[static_cast<size_t>(row)] = true;
+    for (int64_t row = 0; row < kRows; ++row) {
+      const float have = read(v.weights[0], static_cast<size_t>(row * kDim));
+      if (named[static_cast<size_t>(row)] ? have != weight(row, 0, v.step) : !std::isnan(have))
+        return libcomm::makeError(StatusCode::kInternalError, "step ", v.step, ": table row ", row, " reads ", have);
+    }
+    mine_ = crowdRows(rank_, v.step);
+    return Status::ok();
+  }
+  // One per named row and column, from each rank: the grad shard holds the number of ranks naming it.
+  Status backward(const libshard::LayerViews& v) override {
+    for (int32_t row : mine_)
+      for (int64_t c = 0; c < kDim; ++c) v.grads[0].f32()[static_cast<size_t>(row * kDim + c)] += 1.0f;
+    return Status::ok();
+  }
+  Status gradRows(int, std::span<const int32_t>& rows) override {
+    rows = mine_;
+    return Status::ok();
+  }
+  Status stepRows(int64_t step, std::optional<std::span<const int32_t>>& rows) override {
+    next_ = crowdRows(rank_, step);
+    rows = next_;
+    return Status::ok();
+  }
+
+ private:
+  int rank_;
+  std::vector<int32_t> mine_, next_;
+};
+
+TEST(GatherRowsFallback, AStepWhoseRowsOverflowTheSlotRunsTheDenseCollectives) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    libshard::ModelSpec spec = makeSpec(true, false);
+    spec.layers[0].gatherRowsPerStep = kCrowdDeclared;
+    spec.layers[0].gradRowsPerMicroBatch = kCrowdDeclared;
+    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRowsRig(ctx, Case{2}, spec, {}));
+    const libshard::FlatGroup& g = rig->plan.layers[0];
+    if (g.gatherRows != kCrowdDeclared || g.sparseRows != kCrowdDeclared || g.gatherExchangeNumel != 1760 ||
+        g.rowExchangeNumel != 1760)
+      return libcomm::makeError(StatusCode::kInternalError, "plan: gather rows ", g.gatherRows, " slot ",
+                                g.gatherExchangeNumel, ", grad rows ", g.sparseRows, " slot ", g.rowExchangeNumel);
+    writeTable(rig->ex->state(), g, ctx.rank, 0);
+    CrowdLayer table(ctx.rank);
+    BlockLayer block;
+    libshard::RunnerHooks hooks;
+    hooks.optimizer = [&](libshard::Executor& ex) -> Status {
+      // The grad shard: the number of ranks that named each row, whichever path reduced it.
+      std::vector<float> want(g.paddedNumel, 0.0f);
+      for (int r = 0; r < 2; ++r)
+        for (int32_t row : crowdRows(r, ex.step()))
+          for (int64_t c = 0; c < kDim; ++c) want[static_cast<size_t>(row * kDim + c)] += 1.0f;
+      const float* have = ex.state().grad + g.stateOffset;
+      for (size_t i = 0; i < g.shardNumel; ++i)
+        if (have[i] != want[static_cast<size_t>(ctx.rank) * g.shardNumel + i])
+          return libcomm::makeError(StatusCode::kInternalError, "step ", ex.step(), ": grad shard element ", i, " is ",
+                                    have[i]);
+      writeTable(ex.state(), g, ctx.rank, ex.step() + 1);
+      return Status::ok();
+    };
+    libshard::Runner runner(*rig->ex, {&table, &block}, hooks);
+    for (int s = 0; s < 4; ++s) LIBCOMM_RETURN_IF_ERROR(runner.step());
+    LIBCOMM_RETURN_IF_ERROR(rig->ex->synchronize());
+    // The two crowded steps moved the table's shard whole, in both directions; the spread ones did not.
+    for (const auto& [comm, op] :
+         {std::pair{rig->ag.get(), "all_gather"}, std::pair{rig->rs.get(), "reduce_scatter"}}) {
+      const std::string flight = comm->flightRecorderJson();
+      const std::string whole = std::string("\"op\":\"") + op + "\",\"count\":" + std::to_string(g.shardNumel) + ",";
+      int dense = 0;
+      for (size_t at = flight.find(whole); at != std::string::npos; at = flight.find(whole, at + 1)) ++dense;
+      if (dense != 2)
+        return libcomm::makeError(StatusCode::kInternalError, dense, " dense ", op, "s of the table in 4 steps, not 2");
+    }
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 // Runs the hooks of one step of the two-layer model, naming `gradRows` in the table's forward.
 Status runOneStep(libshard::Executor& ex, std::span<const int32_t> gradRows) {
   LIBCOMM_RETURN_IF_ERROR(ex.beginStep());

@@ -906,9 +906,24 @@ TEST(PlannerSparseRows, BoundsExchangeBytesAndPoolAgree) {
 }
 
 TEST(PlannerSparseRows, UsedOnlyWhereItMovesAtMostHalfTheDenseExchange) {
-  // [64, 16] fp32 at world 2: shard 512; the bound is 2 x rows x 16 elements.
-  EXPECT_EQ(planOrDie(tableModel(64, 16, 8), options(2, 128, Precision::kFp32)).layers[0].sparseRows, 8u);  // 256
-  EXPECT_EQ(planOrDie(tableModel(64, 16, 9), options(2, 128, Precision::kFp32)).layers[0].sparseRows, 0u);  // 288
+  // [64, 16] fp32 at world 2: padded 1,024, shard 512; the ranks' rows together are at most
+  // 2 x rows x 16 elements. Up to half a shard (8 rows each) the slot holds them all, every step.
+  const auto at = [](uint64_t rows) {
+    return planOrDie(tableModel(64, 16, rows), options(2, 128, Precision::kFp32)).layers[0];
+  };
+  EXPECT_EQ(at(8).sparseRows, 8u);
+  EXPECT_EQ(at(8).rowExchangeNumel, 256u);
+  // Past it, up to half the dense exchange (16 rows each), the slot is shard / world: a step whose
+  // rows pack into more falls back to the dense reduce-scatter.
+  EXPECT_EQ(at(9).sparseRows, 9u);
+  EXPECT_EQ(at(9).rowExchangeNumel, 256u);
+  EXPECT_EQ(at(16).sparseRows, 16u);
+  EXPECT_EQ(at(17).sparseRows, 0u);  // 34 rows x 16 > 1,024 / 2
+  // At world 4 ([1000, 8], shard 2,016): 40 rows each, 160 x 8 = 1,280 elements, past half a shard,
+  // within half the padded 8,064: a slot of 2,016 / 4 = 504.
+  const FlatGroup w4 = planOrDie(tableModel(1000, 8, 40), options(4, 128, Precision::kFp32)).layers[0];
+  EXPECT_EQ(w4.sparseRows, 40u);
+  EXPECT_EQ(w4.rowExchangeNumel, 504u);
   // More rows declared than the table has: the table's rows bound it (and here cover the shard).
   const ShardPlan all = planOrDie(tableModel(10, 100, 5000), options(2, 128, Precision::kFp32));
   EXPECT_EQ(all.layers[0].sparseRows, 0u);
@@ -965,7 +980,7 @@ TEST(PlannerGatherRows, BoundsExchangeBytesAndPoolAgree) {
   EXPECT_EQ(b.layers[0].gatherExchangeNumel, 72u);
   EXPECT_EQ(b.layers[0].gatherExchangeBytes(3, 2), 192u + 432u);
   // Past half the dense all_gather: dense, no term.
-  const ShardPlan d = planOrDie(gatherTableModel(64, 16, 9), options(2, 128, Precision::kFp32));
+  const ShardPlan d = planOrDie(gatherTableModel(64, 16, 17), options(2, 128, Precision::kFp32));
   EXPECT_EQ(d.layers[0].gatherRows, 0u);
   EXPECT_EQ(findTerm(d, "row gather exchange"), nullptr);
 }

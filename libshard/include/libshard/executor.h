@@ -321,7 +321,9 @@ class Executor {
   libcomm::Status enterHook(HookKind kind, int layer, const char* call);
   libcomm::Status runOp(const ScheduleOp& op);
   libcomm::Status runGather(const ScheduleOp& op);
+  libcomm::Status runDenseGather(const ScheduleOp& op);
   libcomm::Status runReduce(const ScheduleOp& op);
+  libcomm::Status runDenseReduce(const ScheduleOp& op);
   libcomm::Status runZero(const ScheduleOp& op);
   libcomm::Status runSparseReduce(const ScheduleOp& op);
   libcomm::Status runRowGather(const ScheduleOp& op, int64_t forStep);

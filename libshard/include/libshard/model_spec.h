@@ -60,17 +60,17 @@ struct LayerSpec {
   /// embedding, whose weight gradient is the output gradient added into the rows of the batch's
   /// tokens. The trainer names those rows in each micro-batch's forward (Executor::setGradRows);
   /// the reduce-scatter then moves only the rows some rank named, and the gradient buffer is
-  /// zeroed again in those rows only. The planner uses it where it moves at most half the dense
-  /// exchange (FlatGroup::sparseRows); elsewhere the layer is reduced densely and the named rows
-  /// are not needed.
+  /// zeroed again in those rows only. The planner uses it where every rank's rows together are at
+  /// most half the table (FlatGroup::sparseRows); elsewhere the layer is reduced densely and the
+  /// named rows are not needed.
   uint64_t gradRowsPerMicroBatch = 0;
   /// Row gather: every use of the layer in one step (each micro-batch's forward, and its backward
   /// where that reads weights) reads at most this many distinct rows of the same one table, per
   /// rank (0: it may read any). An embedding's step reads its tokens' rows. The trainer names the
   /// next step's rows ahead, in the previous step's optimizer window (Executor::setStepRows); the
   /// all_gather then moves only the rows some rank named, and the other rows of the gather buffer
-  /// hold NaN. The planner uses it where it moves at most half the dense all_gather
-  /// (FlatGroup::gatherRows); a step whose rows were not named is gathered densely.
+  /// hold NaN. The planner uses it on the same rule (FlatGroup::gatherRows); a step whose rows were
+  /// not named is gathered densely.
   uint64_t gatherRowsPerStep = 0;
 };
 

@@ -98,11 +98,14 @@ struct FlatGroup {
   uint64_t checkpointActivationBytes = 0;
   /// LayerSpec::backwardReadsWeights (true for the resident group).
   bool backwardReadsWeights = true;
-  /// Row-sparse reduce-scatter (LayerSpec::gradRowsPerMicroBatch), where the planner found that it
-  /// moves at most half what the dense one does: at most `sparseRows` rows per rank and
-  /// micro-batch (0: dense), of `rowNumel` elements each, of a table of `tableRows` rows that starts
-  /// at element 0 of the group (rowNumel and tableRows are set where either rows path is used). Each rank's part of the
-  /// packed exchange holds at most `rowExchangeNumel` elements: min(shardNumel, worldSize x sparseRows x rowNumel).
+  /// Row-sparse reduce-scatter (LayerSpec::gradRowsPerMicroBatch), where the rows every rank names
+  /// (U: at most min(tableRows, worldSize x sparseRows) of them) are at most half the dense
+  /// exchange: at most `sparseRows` rows per rank and micro-batch (0: dense), of `rowNumel` elements
+  /// each, of a table of `tableRows` rows that starts at element 0 of the group (rowNumel and
+  /// tableRows are set where either rows path is used). Each rank's part of the packed exchange (its
+  /// slot) holds `rowExchangeNumel` elements: U's, where those are at most half a shard (then every
+  /// micro-batch fits), else shardNumel / worldSize; a micro-batch whose rows pack into more than the
+  /// slot runs the dense reduce-scatter (every rank alike: U is the same on all).
   size_t sparseRows = 0;
   size_t rowNumel = 0;
   size_t tableRows = 0;
@@ -115,12 +118,12 @@ struct FlatGroup {
   uint64_t rowExchangeBytes(int worldSize, size_t elemBytes) const;
   /// Where the fp32 received part starts in the row exchange buffer, in bytes.
   uint64_t rowExchangeRecvOffset(int worldSize, size_t elemBytes) const;
-  /// Row gather (LayerSpec::gatherRowsPerStep), where it moves at most half the dense all_gather
-  /// (in a gather buffer shared with other layers each of its gathers also fills the whole table
-  /// with NaN again: a memset of the table, no communication):
-  /// at most `gatherRows` rows per rank and step (0: dense), of `rowNumel` elements, of the table of
-  /// `tableRows` rows. Each rank's part of the packed all_gather holds at most `gatherExchangeNumel`
-  /// elements: min(shardNumel, worldSize x gatherRows x rowNumel).
+  /// Row gather (LayerSpec::gatherRowsPerStep), on the same rule as the reduce's (in a gather
+  /// buffer shared with other layers each of its gathers also fills the whole table with NaN again:
+  /// a memset of the table, no communication): at most `gatherRows` rows per rank and step (0:
+  /// dense), of `rowNumel` elements, of the table of `tableRows` rows; each rank's slot in the
+  /// packed all_gather holds `gatherExchangeNumel` elements, and a step whose rows pack into more
+  /// runs the dense all_gather.
   size_t gatherRows = 0;
   size_t gatherExchangeNumel = 0;
   /// LayerSpec::gradRowsPerMicroBatch and gatherRowsPerStep as the model declares them, whatever
