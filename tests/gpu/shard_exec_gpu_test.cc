@@ -120,7 +120,9 @@ Model tinyLm() {
   cfg.layers = 3;  // two rotating block buffers: blocks 0 and 2 share one
   cfg.seqLen = 8;
   Model m;
-  m.spec = tinylm::buildModelSpec(cfg, /*microBatchTokens=*/16);
+  // The embedding's gradient dense: this test's backward adds a gradient into every element of
+  // every layer (its rows paths have tests of their own, on host memory).
+  m.spec = tinylm::buildModelSpec(cfg, /*microBatchTokens=*/16, /*embeddingRows=*/false);
   size_t n = 0;
   for (size_t k = 0; k < m.spec.layers.size(); ++k)
     for (size_t j = 0; j < m.spec.layers[k].params.size(); ++j) {
