@@ -5,8 +5,10 @@
 // of an earlier step; a step whose rows were not named is gathered densely, and the next one by
 // rows again. In fp32 and bf16, at world 1-4, over micro-batches (a table sharing the blocks'
 // rotating buffers is gathered again in the step), as threads and as processes. The pool measures
-// the plan's bytes. The call's misuses are refused, naming what was wrong, and ranks that disagree
-// on naming rows fail instead of hanging.
+// the plan's bytes, and libcomm's flight recorder what moved. A step whose rows crowd one shard past
+// the plan's slot runs the dense all_gather and reduce-scatter (GatherRowsFallback). The call's
+// misuses are refused, naming what was wrong (counts also on a plan that took the dense paths), and
+// ranks that disagree on naming rows fail instead of hanging.
 
 #include <gtest/gtest.h>
 
