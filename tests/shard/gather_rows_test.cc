@@ -429,32 +429,21 @@ TEST(GatherRowsUsage, ADensePlanStillChecksTheDeclaredCounts) {
 // Rank 0 names the first step's rows and rank 1 does not: rank 0's ids all_gather meets rank 1's
 // first dense gather. Both fail within the deadline, naming the mismatch, instead of hanging.
 TEST(GatherRowsUsage, RanksThatDisagreeOnNamingRowsFail) {
-  RunOptions opts;
-  opts.size = 2;
-  opts.deadline = std::chrono::seconds(30);
-  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
-    libshard::ExecutorOptions eo;
-    eo.waitTimeout = std::chrono::seconds(10);
-    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, Case{}, eo));
-    libshard::Executor& ex = *rig->ex;
-    const auto t0 = std::chrono::steady_clock::now();
-    const std::vector<int32_t> rows = {3, 4};
-    Status st = ctx.rank == 0 ? ex.setStepRows(0, rows) : Status::ok();
-    if (st.isOk()) st = runOneStep(ex, rows);
-    if (st.isOk()) return libcomm::makeError(StatusCode::kInternalError, "the step succeeded");
-    // Each names the mismatch and the other rank (one waited in its gather, one for the ids).
-    const std::string other = "rank " + std::to_string(1 - ctx.rank) + " called all_gather seq 1";
-    if (st.message().find("mismatch") == std::string::npos || st.message().find(other) == std::string::npos)
-      return libcomm::makeError(StatusCode::kInternalError,
-                                "the error names no mismatch with the other rank: ", st.toString());
-    const auto took = std::chrono::steady_clock::now() - t0;
-    if (took > std::chrono::seconds(8))
-      return libcomm::makeError(StatusCode::kInternalError, "the error took ",
-                                std::chrono::duration_cast<std::chrono::milliseconds>(took).count(),
-                                " ms: ", st.toString());
-    return Status::ok();
-  });
-  EXPECT_RANKS_OK(report);
+  expectEveryRankFailsFast(
+      [](RankContext& ctx, libshard::ExecutorOptions eo) { return makeRig(ctx, Case{}, eo); },
+      [](libshard::Executor& ex, RankContext& ctx) {
+        const std::vector<int32_t> rows = {3, 4};
+        Status st = ctx.rank == 0 ? ex.setStepRows(0, rows) : Status::ok();
+        return st.isOk() ? runOneStep(ex, rows) : st;
+      },
+      [](RankContext& ctx, const Status& st) -> Status {
+        // Each names the mismatch and the other rank (one waited in its gather, one for the ids).
+        const std::string other = "rank " + std::to_string(1 - ctx.rank) + " called all_gather seq 1";
+        if (st.message().find("mismatch") == std::string::npos || st.message().find(other) == std::string::npos)
+          return libcomm::makeError(StatusCode::kInternalError,
+                                    "the error names no mismatch with the other rank: ", st.toString());
+        return Status::ok();
+      });
 }
 
 }  // namespace

@@ -280,40 +280,29 @@ TEST(GradRowsUsage, MisusesAreRefusedAndNamed) {
 // Rank 1's forward names no rows while rank 0's does: rank 1 fails at its endBackward and aborts
 // its communicators, and rank 0, waiting for rank 1's ids, fails within the deadline too.
 TEST(GradRowsUsage, ARankThatNamesNoRowsFailsEveryRank) {
-  RunOptions opts;
-  opts.size = 2;
-  opts.deadline = std::chrono::seconds(30);
-  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
-    libshard::ExecutorOptions eo;
-    eo.waitTimeout = std::chrono::seconds(10);
-    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, Case{}, eo));
-    libshard::Executor& ex = *rig->ex;
-    const auto t0 = std::chrono::steady_clock::now();
-    Status st = ex.beginStep();
-    for (int k = 0; k < 2 && st.isOk(); ++k) {
-      st = ex.beginForward(k).status();
-      const std::vector<int32_t> rows = {3, 4};
-      if (st.isOk() && k == 0 && ctx.rank == 0) st = ex.setGradRows(0, rows);
-      if (st.isOk()) st = ex.endForward(k);
-    }
-    for (int k = 1; k >= 0 && st.isOk(); --k) {
-      st = ex.beginBackward(k).status();
-      if (st.isOk()) st = ex.endBackward(k);
-    }
-    if (st.isOk()) st = ex.endStep();
-    if (st.isOk()) return libcomm::makeError(StatusCode::kInternalError, "the step succeeded");
-    const auto took = std::chrono::steady_clock::now() - t0;
-    if (took > std::chrono::seconds(8))
-      return libcomm::makeError(StatusCode::kInternalError, "the error took ",
-                                std::chrono::duration_cast<std::chrono::milliseconds>(took).count(),
-                                " ms: ", st.toString());
-    // Rank 1 names the missing call, unless its communicator's view of the mismatch came first.
-    if (ctx.rank == 1 && st.message().find("setGradRows") == std::string::npos &&
-        st.message().find("mismatch") == std::string::npos)
-      return libcomm::makeError(StatusCode::kInternalError, "rank 1: ", st.toString());
-    return Status::ok();
-  });
-  EXPECT_RANKS_OK(report);
+  expectEveryRankFailsFast([](RankContext& ctx, libshard::ExecutorOptions eo) { return makeRig(ctx, Case{}, eo); },
+                           [](libshard::Executor& ex, RankContext& ctx) {
+                             Status st = ex.beginStep();
+                             for (int k = 0; k < 2 && st.isOk(); ++k) {
+                               st = ex.beginForward(k).status();
+                               const std::vector<int32_t> rows = {3, 4};
+                               if (st.isOk() && k == 0 && ctx.rank == 0) st = ex.setGradRows(0, rows);
+                               if (st.isOk()) st = ex.endForward(k);
+                             }
+                             for (int k = 1; k >= 0 && st.isOk(); --k) {
+                               st = ex.beginBackward(k).status();
+                               if (st.isOk()) st = ex.endBackward(k);
+                             }
+                             return st.isOk() ? ex.endStep() : st;
+                           },
+                           [](RankContext& ctx, const Status& st) -> Status {
+                             // Rank 1 names the missing call, unless its communicator's view of the mismatch came
+                             // first.
+                             if (ctx.rank == 1 && st.message().find("setGradRows") == std::string::npos &&
+                                 st.message().find("mismatch") == std::string::npos)
+                               return libcomm::makeError(StatusCode::kInternalError, "rank 1: ", st.toString());
+                             return Status::ok();
+                           });
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // table the rows tests (grad_rows_test, gather_rows_test) share: which world, precision,
 // micro-batches and schedule variant a run takes, and the check at its end.
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -100,6 +101,31 @@ void expectRowsCaseOk(const std::tuple<Mode, RowsCase>& param, Body body) {
   opts.mode = std::get<0>(param);
   opts.size = std::get<1>(param).world;
   auto report = runRanks(opts, body);
+  EXPECT_RANKS_OK(report);
+}
+
+/// Two ranks whose executors wait 10 s at most: `step(executor, ctx)`, on the rig `make(ctx,
+/// executorOptions)` builds, must fail on every rank within 8 s (never hang, never succeed), and
+/// `judge(ctx, error)` must accept the error it returned.
+template <typename Make, typename Step, typename Judge>
+void expectEveryRankFailsFast(Make make, Step step, Judge judge) {
+  RunOptions opts;
+  opts.size = 2;
+  opts.deadline = std::chrono::seconds(30);
+  auto report = runRanks(opts, [&](RankContext& ctx) -> libcomm::Status {
+    libshard::ExecutorOptions eo;
+    eo.waitTimeout = std::chrono::seconds(10);
+    LIBCOMM_ASSIGN_OR_RETURN(auto rig, make(ctx, eo));
+    const auto t0 = std::chrono::steady_clock::now();
+    const libcomm::Status st = step(*rig->ex, ctx);
+    if (st.isOk()) return libcomm::makeError(libcomm::StatusCode::kInternalError, "the step succeeded");
+    const auto took = std::chrono::steady_clock::now() - t0;
+    if (took > std::chrono::seconds(8))
+      return libcomm::makeError(libcomm::StatusCode::kInternalError, "the error took ",
+                                std::chrono::duration_cast<std::chrono::milliseconds>(took).count(),
+                                " ms: ", st.toString());
+    return judge(ctx, st);
+  });
   EXPECT_RANKS_OK(report);
 }
 
