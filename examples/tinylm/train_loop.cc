@@ -70,8 +70,7 @@ TrainLoop::TrainLoop(const TrainOptions& options, StepHooks& hooks, libshard::Sh
     rowGather_ = rowGather_ || g.gatherRows > 0;
   }
   for (int m = 0; m < options.microBatches; ++m)
-    stepTokens_ += size_t(rankSequences(options.globalBatch, options.microBatches, world_, rank_, m).count()) *
-                   size_t(options.model.seqLen);
+    stepTokens_ += size_t(microBatchSequences(m).count()) * size_t(options.model.seqLen);
 }
 
 Status TrainLoop::fail(Status st, int step, int micro, int layer, const char* what) {
@@ -86,31 +85,35 @@ Status TrainLoop::fail(Status st, int step, int micro, int layer, const char* wh
   return named;
 }
 
-Status TrainLoop::loadMicroBatch(int step, int micro) {
-  const SequenceRange r = rankSequences(options_.globalBatch, options_.microBatches, world_, rank_, micro);
+SequenceRange TrainLoop::microBatchSequences(int micro) const {
+  return rankSequences(options_.globalBatch, options_.microBatches, world_, rank_, micro);
+}
+
+void TrainLoop::microBatchTokens(int step, SequenceRange r, int32_t* inputs, int32_t* targets) const {
   const int seqLen = options_.model.seqLen;
-  LIBCOMM_RETURN_IF_ERROR(layers_.beginMicroBatch(size_t(r.count()) * size_t(seqLen)));
-  MicroBatchTensors& t = layers_.tensors();
   for (int q = r.first; q < r.end; ++q) {
     const size_t at = size_t(q - r.first) * size_t(seqLen);
-    tokensInto(options_.seed, uint64_t(step), uint64_t(q), seqLen, options_.model.vocab, t.inputs.data() + at,
-               t.targets.data() + at);
+    tokensInto(options_.seed, uint64_t(step), uint64_t(q), seqLen, options_.model.vocab, inputs + at, targets + at);
   }
+}
+
+Status TrainLoop::loadMicroBatch(int step, int micro) {
+  const SequenceRange r = microBatchSequences(micro);
+  LIBCOMM_RETURN_IF_ERROR(layers_.beginMicroBatch(size_t(r.count()) * size_t(options_.model.seqLen)));
+  MicroBatchTensors& t = layers_.tensors();
+  microBatchTokens(step, r, t.inputs.data(), t.targets.data());
   return Status::ok();
 }
 
 Status TrainLoop::nameStepRows(int step) {
-  const int seqLen = options_.model.seqLen;
+  // Every micro-batch's inputs, as loadMicroBatch will load them (the targets are not needed).
   stepInputs_.clear();
   for (int m = 0; m < options_.microBatches; ++m) {
-    const SequenceRange r = rankSequences(options_.globalBatch, options_.microBatches, world_, rank_, m);
-    for (int q = r.first; q < r.end; ++q) {
-      const size_t at = stepInputs_.size();
-      stepInputs_.resize(at + size_t(seqLen));
-      stepTargets_.resize(size_t(seqLen));
-      tokensInto(options_.seed, uint64_t(step), uint64_t(q), seqLen, options_.model.vocab, stepInputs_.data() + at,
-                 stepTargets_.data());
-    }
+    const SequenceRange r = microBatchSequences(m);
+    const size_t at = stepInputs_.size(), tokens = size_t(r.count()) * size_t(options_.model.seqLen);
+    stepInputs_.resize(at + tokens);
+    stepTargets_.resize(tokens);
+    microBatchTokens(step, r, stepInputs_.data() + at, stepTargets_.data());
   }
   for (size_t k = 0; k < hooks_.plan().layers.size(); ++k)
     if (hooks_.plan().layers[k].gatherRows > 0) LIBCOMM_RETURN_IF_ERROR(hooks_.setStepRows(int(k), stepInputs_));

@@ -40,6 +40,10 @@ class TrainLoop {
   using Clock = std::chrono::steady_clock;
 
   libcomm::Status loadMicroBatch(int step, int micro);
+  // This rank's sequences of micro-batch `micro`, and their tokens in step `step` (count x seqLen
+  // each, at `inputs` and `targets`).
+  SequenceRange microBatchSequences(int micro) const;
+  void microBatchTokens(int step, SequenceRange r, int32_t* inputs, int32_t* targets) const;
   // Names step `step`'s tokens as the rows of every row-gathered layer (the embedding).
   libcomm::Status nameStepRows(int step);
   libcomm::Status fail(libcomm::Status st, int step, int micro, int layer, const char* what);
