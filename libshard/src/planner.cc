@@ -47,14 +47,22 @@ ShardPlan::Location ShardPlan::locate(int layer, std::string_view name) const {
   return {};
 }
 
-uint64_t FlatGroup::rowIdsBytes(int worldSize) const {
-  if (sparseRows == 0) return 0;
-  return 4 * (static_cast<uint64_t>(sparseRows) + 1) * (static_cast<uint64_t>(worldSize) + 1);
+namespace {
+
+size_t roundUp(size_t n, size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+// A rows path's ids buffer (0 where the path is not taken): this rank's list and every rank's,
+// rows + 1 int32 each (the count first).
+uint64_t idsBytes(size_t rows, int worldSize) {
+  return rows == 0 ? 0 : 4 * (static_cast<uint64_t>(rows) + 1) * (static_cast<uint64_t>(worldSize) + 1);
 }
 
+}  // namespace
+
+uint64_t FlatGroup::rowIdsBytes(int worldSize) const { return idsBytes(sparseRows, worldSize); }
+
 uint64_t FlatGroup::rowExchangeRecvOffset(int worldSize, size_t elemBytes) const {
-  const uint64_t send = static_cast<uint64_t>(worldSize) * rowExchangeNumel * elemBytes;
-  return (send + 63) / 64 * 64;
+  return roundUp(static_cast<size_t>(worldSize) * rowExchangeNumel * elemBytes, 64);
 }
 
 uint64_t FlatGroup::rowExchangeBytes(int worldSize, size_t elemBytes) const {
@@ -62,13 +70,10 @@ uint64_t FlatGroup::rowExchangeBytes(int worldSize, size_t elemBytes) const {
   return rowExchangeRecvOffset(worldSize, elemBytes) + 4 * static_cast<uint64_t>(rowExchangeNumel);
 }
 
-uint64_t FlatGroup::gatherRowIdsBytes(int worldSize) const {
-  if (gatherRows == 0) return 0;
-  return 4 * (static_cast<uint64_t>(gatherRows) + 1) * (static_cast<uint64_t>(worldSize) + 1);
-}
+uint64_t FlatGroup::gatherRowIdsBytes(int worldSize) const { return idsBytes(gatherRows, worldSize); }
 
 uint64_t FlatGroup::gatherExchangeRecvOffset(size_t elemBytes) const {
-  return (static_cast<uint64_t>(gatherExchangeNumel) * elemBytes + 63) / 64 * 64;
+  return roundUp(gatherExchangeNumel * elemBytes, 64);
 }
 
 uint64_t FlatGroup::gatherExchangeBytes(int worldSize, size_t elemBytes) const {
@@ -85,8 +90,6 @@ namespace {
 using libcomm::makeError;
 using libcomm::Status;
 using libcomm::StatusCode;
-
-size_t roundUp(size_t n, size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
 Status validateOptions(const PlanOptions& o) {
   auto bad = [](auto&&... args) {
