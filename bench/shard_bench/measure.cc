@@ -94,6 +94,7 @@ libcomm::Result<ModelFigures> modelFigures(const Options& o, const libshard::Sha
   *costText = libshard::describeCosts(costs, plan);
 
   libshard::ScheduleOptions so;  // the plan's prefetch depth, as the trainer's schedule
+  so.leadFreeBuffers = o.leadFreeBuffers;
   LIBCOMM_ASSIGN_OR_RETURN(libshard::Schedule overlap, libshard::Schedule::build(plan, so));
   so.serialize = true;
   LIBCOMM_ASSIGN_OR_RETURN(libshard::Schedule serialized, libshard::Schedule::build(plan, so));

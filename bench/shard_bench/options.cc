@@ -41,6 +41,8 @@ constexpr const char* kUsage =
     "                        (default rows, where that moves less) or whole\n"
     "  --embedding-gather G  rows | dense: the embedding gathered by the rows of the step's tokens, named\n"
     "                        a step ahead (default rows, where that moves less) or whole\n"
+    "  --leading L           free | depth: gathers issued in the previous step's optimizer: every one whose\n"
+    "                        buffer is free then, in forward order (default), or --prefetch's only\n"
     "  -w, --warmup N        untimed steps at the start of every run (default 2, at least 1)\n"
     "  -n, --steps N         timed steps per run (default 10)\n"
     "  -r, --repeats N       runs per size and mode, modes interleaved (default 3)\n"
@@ -177,8 +179,9 @@ libcomm::Result<Options> parseOptions(const std::vector<std::string>& args) {
          o.dedicatedSlack = v;
          return Status::ok();
        }},
-      {"--embedding-grad", tinylm::flags::embeddingGradFlag(o.embeddingRows)},
-      {"--embedding-gather", tinylm::flags::embeddingGradFlag(o.embeddingGatherRows)},
+      {"--embedding-grad", tinylm::flags::choiceFlag(o.embeddingRows, "rows", "dense")},
+      {"--embedding-gather", tinylm::flags::choiceFlag(o.embeddingGatherRows, "rows", "dense")},
+      {"--leading", tinylm::flags::choiceFlag(o.leadFreeBuffers, "free", "depth")},
       {"--warmup", intFlag(o.warmupSteps, 1, 1000000)},
       {"--steps", intFlag(o.timedSteps, 1, 1000000)},
       {"--repeats", intFlag(o.repeats, 1, 1000)},
@@ -241,6 +244,7 @@ tinylm::TrainOptions trainOptions(const Options& o, const SizeSpec& size, BenchM
   t.dedicatedSlack = o.dedicatedSlack;
   t.embeddingRows = o.embeddingRows;
   t.embeddingGatherRows = o.embeddingGatherRows;
+  t.leadFreeBuffers = o.leadFreeBuffers;
   t.serialize = mode == BenchMode::kSerialized;
   t.mode = mode == BenchMode::kComputeOnly ? tinylm::TrainMode::kComputeOnly
            : mode == BenchMode::kCommOnly  ? tinylm::TrainMode::kCommOnly

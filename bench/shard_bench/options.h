@@ -37,6 +37,7 @@ struct Options {
   double dedicatedSlack = libshard::PlanOptions{}.dedicatedSlack;  // --dedicated-slack
   bool embeddingRows = true;                                       // --embedding-grad rows|dense
   bool embeddingGatherRows = true;                                 // --embedding-gather rows|dense
+  bool leadFreeBuffers = true;                                     // --leading free|depth
   int warmupSteps = 2;  // untimed steps at the start of every run
   int timedSteps = 10;  // timed steps per run
   int repeats = 3;      // runs per (size, mode); modes interleaved

@@ -86,10 +86,10 @@ void Report::printHeader(int worldSize, const std::string& bootstrap) {
       options_.microBatches == 1 ? "" : "es", bootstrap.c_str());
   std::printf(
       "#  per run %d warm-up + %d timed steps; %d repeat%s per mode, modes interleaved (order rotated per "
-      "repeat); dedicated-buffer margin %.2f%%; embedding gradient %s, gather %s\n",
+      "repeat); dedicated-buffer margin %.2f%%; embedding gradient %s, gather %s; leading gathers: %s\n",
       options_.warmupSteps, options_.timedSteps, options_.repeats, options_.repeats == 1 ? "" : "s",
       100.0 * options_.dedicatedSlack, options_.embeddingRows ? "by rows" : "dense",
-      options_.embeddingGatherRows ? "by rows" : "dense");
+      options_.embeddingGatherRows ? "by rows" : "dense", options_.leadFreeBuffers ? "free buffers" : "prefetch depth");
   std::printf(
       "#  times: per rank the median over all timed steps, then the slowest rank; cpu: process CPU time "
       "per step, summed over ranks\n#\n");
@@ -167,7 +167,8 @@ void Report::writeJson(const SizeResult& r, const Derived& d) {
       ",\"micro_batches\":", options_.microBatches, ",\"prefetch\":", options_.prefetchDepth,
       ",\"dedicated_slack\":", jsonNumber(options_.dedicatedSlack), ",\"embedding_grad\":\"",
       options_.embeddingRows ? "rows" : "dense", "\",\"embedding_gather\":\"",
-      options_.embeddingGatherRows ? "rows" : "dense", "\",\"params\":", r.params);
+      options_.embeddingGatherRows ? "rows" : "dense", "\",\"leading\":\"", options_.leadFreeBuffers ? "free" : "depth",
+      "\",\"params\":", r.params);
   bool written = true;
   for (BenchMode mode : kModes) {
     const ModeResult& f = r.mode(mode);

@@ -84,6 +84,8 @@ const char* cliUsage() {
          "                        where that moves less (default rows), or the whole table\n"
          "  --embedding-gather G  rows | dense: gather only the embedding rows of the step's tokens (named in\n"
          "                        the previous step), where that moves less (default rows), or the whole table\n"
+         "  --leading L           free | depth: the gathers issued in the previous step's optimizer are every one,\n"
+         "                        in forward order, whose buffer is free then (default free), or --prefetch's only\n"
          "  --serialize           no overlap of communication and compute (baseline): gathers nothing ahead,\n"
          "                        so it takes no --prefetch other than 1\n"
          "  --mode M              full | compute-only | comm-only: a benchmark baseline that keeps only the\n"
@@ -146,8 +148,9 @@ libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args) {
       {"--layers", intFlag(t.model.layers, 1)},
       {"--seq-len", intFlag(t.model.seqLen, 1)},
       {"--prefetch", intFlag(t.prefetchDepth, 1, 64)},
-      {"--embedding-grad", flags::embeddingGradFlag(t.embeddingRows)},
-      {"--embedding-gather", flags::embeddingGradFlag(t.embeddingGatherRows)},
+      {"--embedding-grad", flags::choiceFlag(t.embeddingRows, "rows", "dense")},
+      {"--embedding-gather", flags::choiceFlag(t.embeddingGatherRows, "rows", "dense")},
+      {"--leading", flags::choiceFlag(t.leadFreeBuffers, "free", "depth")},
       {"--seed",
        [&](const std::string& f, const std::string& s) {
          LIBCOMM_RETURN_IF_ERROR(parseInt(f, s, 0, std::numeric_limits<long long>::max(), v));

@@ -85,10 +85,11 @@ Status parse(const std::vector<std::string>& args, const Table& table, std::vect
   return Status::ok();
 }
 
-Handler embeddingGradFlag(bool& rows) {
-  return [&rows](const std::string& flag, const std::string& value) {
-    if (value != "rows" && value != "dense") return usageError(flag, value, "must be rows or dense");
-    rows = value == "rows";
+Handler choiceFlag(bool& out, const char* whenTrue, const char* whenFalse) {
+  return [&out, whenTrue, whenFalse](const std::string& flag, const std::string& value) {
+    if (value != whenTrue && value != whenFalse)
+      return usageError(flag, value, std::string("must be ") + whenTrue + " or " + whenFalse);
+    out = value == whenTrue;
     return libcomm::Status::ok();
   };
 }

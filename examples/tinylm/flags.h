@@ -23,9 +23,9 @@ libcomm::Status parseInt(const std::string& flag, const std::string& s, int lo, 
 
 using Handler = std::function<libcomm::Status(const std::string& flag, const std::string& value)>;
 
-/// A "rows|dense" flag: sets `rows` (--embedding-grad: TrainOptions::embeddingRows;
-/// --embedding-gather: TrainOptions::embeddingGatherRows).
-Handler embeddingGradFlag(bool& rows);
+/// A flag that takes one of two words: sets `out` to whether it was `whenTrue` (--embedding-grad
+/// and --embedding-gather: rows|dense; --leading: free|depth).
+Handler choiceFlag(bool& out, const char* whenTrue, const char* whenFalse);
 
 struct Table {
   std::map<std::string, Handler> valued;       // flags that take a value

@@ -88,8 +88,7 @@ libcomm::Result<std::string> simulateReport(const TrainOptions& o, int world, co
   LIBCOMM_ASSIGN_OR_RETURN(libshard::ShardPlan plan,
                            libshard::ShardPlanner(trainPlanOptions(o, world, 0)).plan(trainModelSpec(o, world)));
   LIBCOMM_ASSIGN_OR_RETURN(libshard::SimCosts costs, ratedCosts(o, world, plan, r));
-  libshard::ScheduleOptions so;
-  so.serialize = o.serialize;
+  libshard::ScheduleOptions so = trainScheduleOptions(o);
   LIBCOMM_ASSIGN_OR_RETURN(libshard::Schedule schedule, libshard::Schedule::build(plan, so));
   so.serialize = true;
   LIBCOMM_ASSIGN_OR_RETURN(libshard::Schedule serialized, libshard::Schedule::build(plan, so));

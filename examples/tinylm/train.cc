@@ -266,6 +266,13 @@ libcomm::Milliseconds checkpointIoAllowance(const TrainOptions& o, int worldSize
   return libcomm::Milliseconds(static_cast<long long>(std::ceil(ms)));
 }
 
+libshard::ScheduleOptions trainScheduleOptions(const TrainOptions& o) {
+  libshard::ScheduleOptions so;
+  so.serialize = o.serialize;
+  so.leadFreeBuffers = o.leadFreeBuffers;
+  return so;
+}
+
 libshard::PlanOptions trainPlanOptions(const TrainOptions& o, int worldSize, int rank) {
   libshard::PlanOptions p;
   p.worldSize = worldSize;
@@ -337,9 +344,7 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
       LIBCOMM_ASSIGN_OR_RETURN(hooks, LocalHooks::create(o.model, o.seed, spec, plan, pool->state()));
       return Status::ok();
     }
-    libshard::ScheduleOptions so;
-    so.serialize = o.serialize;
-    LIBCOMM_ASSIGN_OR_RETURN(auto schedule, libshard::Schedule::build(plan, so));
+    LIBCOMM_ASSIGN_OR_RETURN(auto schedule, libshard::Schedule::build(plan, trainScheduleOptions(o)));
     libshard::ExecutorOptions eo;
     eo.waitTimeout = o.timeout;
     eo.firstStep = result.firstStep;  // a resumed run's diagnostics name the checkpoint's steps

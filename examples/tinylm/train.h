@@ -155,6 +155,9 @@ struct TrainOptions {
   /// move, named in the previous step's optimizer window (buildModelSpec's gatherRowsPerStep; where
   /// the planner finds that moves less). false: the whole table.
   bool embeddingGatherRows = true;
+  /// libshard::ScheduleOptions::leadFreeBuffers: every gather whose buffer is free at step start is
+  /// issued in the previous step's optimizer window (--leading free); false: the prefetch depth's.
+  bool leadFreeBuffers = true;
   bool serialize = false;          // no overlap (benchmark baseline): ScheduleOptions::serialize
   bool eventLogCheck = false;      // record the event log and prove it with checkEventLog at the end
   /// With eventLogCheck: also write each rank's log as text to "<eventLogDump>.r<rank>" (one entry a
@@ -254,6 +257,8 @@ size_t maxMicroBatchTokens(const TrainOptions& options, int worldSize);
 /// tools that want the plan without training).
 libshard::ModelSpec trainModelSpec(const TrainOptions& options, int worldSize);
 libshard::PlanOptions trainPlanOptions(const TrainOptions& options, int worldSize, int rank);
+/// The schedule options `options` ask for (serialize, leadFreeBuffers).
+libshard::ScheduleOptions trainScheduleOptions(const TrainOptions& options);
 
 /// The slowest checkpoint I/O a run allows for, all ranks together.
 inline constexpr int kCheckpointMiBPerSecond = 10;

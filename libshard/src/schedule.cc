@@ -8,12 +8,13 @@
 // event is recorded at that user's end hook, and a stream wait only sees records made before it
 // (CUDA semantics), so issuing earlier would silently wait on an older record.
 //
-// The step's leading gathers (the resident group's and the prefetches before the first compute)
-// are emitted at the end of the list, after the optimizer's kGroupUpdated hook of their group, for
-// the next step; firstStepOps holds them for the first step. The same holds for the events they
-// wait on: each group's update is recorded by its hook before the gather's wait is enqueued.
+// The step's leading gathers (the resident group's, the prefetches before the first compute and
+// the later ones whose buffers are free at step start) are emitted at the end of the list, after the optimizer's
+// kGroupUpdated hook of their group, for the next step; firstStepOps holds them for the first step. The same holds for
+// the events they wait on: each group's update is recorded by its hook before the gather's wait is enqueued.
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
 #include "libshard/schedule.h"
@@ -49,6 +50,7 @@ class Builder {
     s_.prefetchDepth =
         options.serialize ? 0 : (options.prefetchDepth != -1 ? options.prefetchDepth : plan.options.prefetchDepth);
     s_.serialize = options.serialize;
+    s_.leadFreeBuffers = options.leadFreeBuffers && s_.prefetchDepth > 0;
   }
 
   Status run() {
@@ -292,7 +294,8 @@ class Builder {
     return group < 0 ? groupUpdated_.back() : groupUpdated_[static_cast<size_t>(group)];
   }
 
-  // The step's leading gathers: the resident group's and the prefetches before the first compute.
+  // The step's leading gathers: the resident group's, the prefetches before the first compute and
+  // (leadFreeBuffers) the gathers after them whose buffers are free at step start.
   // They are issued by the previous step's kGroupUpdated hooks, each as soon as its own group is
   // updated, and the optimizer updates their groups first: the first layer's, the resident group,
   // then the other leading ones; every other group follows in forward order.
@@ -305,6 +308,11 @@ class Builder {
     std::vector<int> layers;
     if (s_.prefetchDepth > 0 && !uses_.empty())
       for (int i : take(lastNeeded_[0] + s_.prefetchDepth, -1)) layers.push_back(i);
+    // Then every gather, in order, whose buffer's previous user was in the previous step: its
+    // buffer sits idle through the optimizer anyway. The ag stream gets them in the order the
+    // forward needs them, so none of them delays an earlier one.
+    if (s_.leadFreeBuffers && !uses_.empty())
+      for (int i : take(std::numeric_limits<int>::max(), -1)) layers.push_back(i);
     for (size_t j = 0; j < layers.size(); ++j) {
       const Gather& g = gathers_[static_cast<size_t>(layers[j])];
       lead.push_back({g.layer, g.buffer});

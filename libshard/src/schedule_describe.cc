@@ -234,8 +234,9 @@ std::string Schedule::describe(const ShardPlan* plan) const {
   std::ostringstream os;
   os << "schedule: " << numLayers << " layers, " << microBatches << " micro-batches, " << numGatherBuffers
      << " gather buffers, " << numGradBuffers << " grad buffers, prefetch depth " << prefetchDepth
-     << (serialize ? ", serialized" : "") << "; " << count(OpKind::kAllGather) << " all_gathers and "
-     << count(OpKind::kReduceScatter) << " reduce_scatters per step\n";
+     << (serialize ? ", serialized" : "") << (leadFreeBuffers ? ", free buffers lead" : "") << "; "
+     << count(OpKind::kAllGather) << " all_gathers and " << count(OpKind::kReduceScatter)
+     << " reduce_scatters per step\n";
   os << "optimizer update order:";
   for (int g : updateOrder) os << " " << layerName(g, plan);
   os << "\nfirst step only, at beginStep:";

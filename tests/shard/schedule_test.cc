@@ -274,13 +274,67 @@ TEST(Schedule, LeadingGathersWaitForTheirOwnGroupOnly) {
   for (const ScheduleOp& op : s.firstStepOps)
     if (op.kind == OpKind::kAllGather) firstStepGathers.push_back(op.layer);
   EXPECT_EQ(beginStepGathers, 0);
-  EXPECT_EQ(nextStepGathers, (std::vector<int>{0, -1, 1}));
+  // The embedding (a buffer of its own), the resident group, the first block (depth 1), then the
+  // second block, whose rotating buffer is free at step start as well (leadFreeBuffers).
+  EXPECT_EQ(nextStepGathers, (std::vector<int>{0, -1, 1, 2}));
   EXPECT_EQ(firstStepGathers, nextStepGathers);
   EXPECT_EQ(s.count(OpKind::kAllGather, -1), 1);  // the resident group: still once per step
+  // Led by the depth alone, the second block waits for the first block's forward to be issued.
+  Schedule byDepth = build(plan, {.leadFreeBuffers = false});
+  EXPECT_FALSE(byDepth.leadFreeBuffers);
+  std::vector<int> byDepthGathers;
+  for (const ScheduleOp& op : byDepth.firstStepOps)
+    if (op.kind == OpKind::kAllGather) byDepthGathers.push_back(op.layer);
+  EXPECT_EQ(byDepthGathers, (std::vector<int>{0, -1, 1}));
   // The serialized baseline keeps its gathers in the step, behind the whole optimizer.
   Schedule serial = build(plan, {.serialize = true});
   EXPECT_TRUE(serial.firstStepOps.empty());
   for (const ScheduleOp& op : serial.ops) EXPECT_FALSE(op.nextStep);
+}
+
+// The gathers whose buffers are free at step start lead, in forward order, up to the first that
+// waits for a release within the step: an outsized head with a buffer of its own is gathered in the
+// optimizer window when every gather before it leads too, never ahead of one the forward needs
+// earlier. Depth 0 and the serialized baseline keep theirs in the step.
+TEST(Schedule, FreeBuffersLeadInForwardOrder) {
+  auto leading = [](const Schedule& s) {
+    std::vector<int> out;
+    for (const ScheduleOp& op : s.ops)
+      if (op.kind == OpKind::kAllGather && op.nextStep) out.push_back(op.layer);
+    return out;
+  };
+  auto withBigHead = [](int blocks) {
+    libshard::ModelSpec m = toy::makeSpec({.blocks = blocks});
+    m.layers.back().params.back().shape = {3000};  // head.u: the head gets a buffer of its own
+    return m;
+  };
+  const libshard::ShardPlan two = planFor(withBigHead(2), 1);
+  const int head = static_cast<int>(two.layers.size()) - 1;
+  ASSERT_NE(two.layers[static_cast<size_t>(head)].gatherBuffer, two.layers[1].gatherBuffer);
+  ASSERT_NE(two.layers[static_cast<size_t>(head)].gatherBuffer, two.layers[0].gatherBuffer);
+  const Schedule s = build(two);
+  EXPECT_TRUE(s.leadFreeBuffers);
+  EXPECT_EQ(leading(s), (std::vector<int>{0, -1, 1, 2, head})) << s.describe(&two);
+  EXPECT_EQ(s.updateOrder, (std::vector<int>{0, -1, 1, 2, head})) << s.describe(&two);  // final_norm: no group
+  EXPECT_EQ(s.count(OpKind::kAllGather, head), 1);  // once per step, in the optimizer window
+  EXPECT_NE(s.describe(&two).find("free buffers lead"), std::string::npos);
+  expectStaticRuleB(s);
+  // The depth's alone: the head is gathered in the step, one layer ahead of its forward.
+  const Schedule d = build(two, {.leadFreeBuffers = false});
+  EXPECT_EQ(leading(d), (std::vector<int>{0, -1, 1})) << d.describe(&two);
+  EXPECT_EQ(d.describe(&two).find("free buffers lead"), std::string::npos);
+  // Four blocks in two buffers: the third waits for the first block's release, and the head, behind
+  // it in forward order, stays in the step.
+  const libshard::ShardPlan four = planFor(withBigHead(4), 2);
+  const Schedule f = build(four);
+  EXPECT_EQ(leading(f), (std::vector<int>{0, -1, 1, 2})) << f.describe(&four);
+  expectStaticRuleB(f);
+  // On demand: the resident group alone (every layer is gathered by its own hook); serialized:
+  // nothing leads.
+  EXPECT_EQ(leading(build(two, {.prefetchDepth = 0})), (std::vector<int>{-1}));
+  const Schedule serial = build(two, {.serialize = true});
+  EXPECT_FALSE(serial.leadFreeBuffers);
+  EXPECT_TRUE(leading(serial).empty());
 }
 
 // Gradient buffers are zeroed on the rs stream right after their reduce-scatter when the step uses

@@ -14,7 +14,8 @@
 //    step's end waits for the reduce-scatter only;
 //  - the optimizer-done gate is per group: the optimizer updates the groups in `updateOrder` (the
 //    ones the next step gathers first come first) and stamps each with a kGroupUpdated hook. The
-//    next step's leading all_gathers (the resident group's and the first prefetches) are issued
+//    next step's leading all_gathers (the resident group's, the first prefetches and, by default,
+//    every later one whose buffer is free at step start) are issued
 //    right there, each waiting only for its own group's update; every later gather of the step
 //    waits for "optimizer done" (all groups). On the very first step, which no optimizer precedes,
 //    beginStep issues those leading gathers itself (firstStepOps);
@@ -119,6 +120,15 @@ struct ScheduleOptions {
   /// Benchmark baseline with no overlap: gathers on demand, and each reduce-scatter is waited for
   /// by the trainer's thread before it goes on.
   bool serialize = false;
+  /// Which gathers lead (are issued in the previous step's optimizer, each behind its own group's
+  /// update). true: every gather, in forward order, whose buffer is free at step start, up to the
+  /// first that waits for a use within the step (rule B) -- a layer with a buffer of its own
+  /// (an outsized head) is gathered while the optimizer runs instead of one layer ahead of its
+  /// forward; this needs no memory beyond the plan's buffers, and the all_gather stream still
+  /// receives the gathers in the order the forward needs them. false: only the prefetch depth's
+  /// (the gathers the first compute needs, and `prefetchDepth` more). Either way a depth of 0
+  /// leads with the first compute's gathers alone.
+  bool leadFreeBuffers = true;
 };
 
 struct Schedule {
@@ -129,6 +139,8 @@ struct Schedule {
   int residentBuffer = -1;   // plan.residentBuffer, or -1 when there are no norm parameters
   int prefetchDepth = 0;
   bool serialize = false;
+  bool leadFreeBuffers =
+      false;  // ScheduleOptions::leadFreeBuffers, as applied (false when depth or serialize rule it out)
   std::vector<ScheduleEvent> events;
   std::vector<ScheduleOp> ops;  // one step, in enqueue order
   /// The groups in the order the optimizer should update them (a layer index, -1: the resident
