@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "libcomm/convert.h"
 #include "tinylm/block.h"
@@ -54,13 +55,36 @@ void embedForward(const TinyLmConfig& cfg, const EmbedWeights& w, const int32_t*
 }
 
 void embedBackward(const TinyLmConfig& cfg, const int32_t* tokens, size_t count, const float* dx,
-                   const GradView& dTable, Workspace& ws) {
+                   const GradView& dTable, Workspace& ws, bool zeroedTable) {
   const size_t dim = cfg.dim, vocab = cfg.vocab;
   TINYLM_CHECK(dTable.data != nullptr && dTable.numel == vocab * dim, "embed gradient view has %zu elements",
                dTable.numel);
   checkTokens(cfg, tokens, count, "embedBackward");
-  // Counting sort of token positions by id (stable: each row is summed in token order).
+  const bool bf16 = dTable.precision == Precision::kBf16;
+  float* rowSum = bf16 ? ws.get(Slot::kWeightGrad, dim) : nullptr;
+  // Row v from the positions of its tokens, in token order.
+  auto writeRow = [&](size_t v, const uint32_t* positions, size_t n) {
+    float* acc = bf16 ? rowSum : static_cast<float*>(dTable.data) + v * dim;
+    std::memcpy(acc, dx + size_t(positions[0]) * dim, dim * sizeof(float));
+    for (size_t j = 1; j < n; ++j) {
+      const float* src = dx + size_t(positions[j]) * dim;
+      for (size_t i = 0; i < dim; ++i) acc[i] += src[i];
+    }
+    if (bf16) libcomm::floatToBf16(acc, static_cast<uint16_t*>(dTable.data) + v * dim, dim);
+  };
   std::vector<uint32_t>& idx = ws.indices();
+  if (zeroedTable) {
+    // The tokens' positions sorted by id (stable: each row is summed in token order, as below).
+    idx.resize(count);
+    std::iota(idx.begin(), idx.end(), 0u);
+    std::stable_sort(idx.begin(), idx.end(), [tokens](uint32_t a, uint32_t b) { return tokens[a] < tokens[b]; });
+    for (size_t i = 0, j; i < count; i = j) {
+      for (j = i + 1; j < count && tokens[idx[j]] == tokens[idx[i]];) ++j;
+      writeRow(size_t(tokens[idx[i]]), idx.data() + i, j - i);
+    }
+    return;
+  }
+  // Counting sort of token positions by id (stable: each row is summed in token order).
   idx.assign(vocab + 1 + count + vocab, 0);
   uint32_t* start = idx.data();         // [vocab + 1] first position of each id in `order`
   uint32_t* order = start + vocab + 1;  // [count] token positions grouped by id
@@ -69,23 +93,14 @@ void embedBackward(const TinyLmConfig& cfg, const int32_t* tokens, size_t count,
   for (size_t v = 0; v < vocab; ++v) start[v + 1] += start[v];
   std::copy(start, start + vocab, next);
   for (size_t t = 0; t < count; ++t) order[next[tokens[t]]++] = static_cast<uint32_t>(t);
-  const bool bf16 = dTable.precision == Precision::kBf16;
-  float* rowSum = bf16 ? ws.get(Slot::kWeightGrad, dim) : nullptr;
   for (size_t v = 0; v < vocab; ++v) {
-    float* acc = bf16 ? rowSum : static_cast<float*>(dTable.data) + v * dim;
-    if (start[v] == start[v + 1]) {
-      if (bf16)
-        std::memset(static_cast<uint16_t*>(dTable.data) + v * dim, 0, dim * sizeof(uint16_t));  // bf16 +0 is 0x0000
-      else
-        std::memset(acc, 0, dim * sizeof(float));
-      continue;
+    if (start[v] < start[v + 1]) {
+      writeRow(v, order + start[v], start[v + 1] - start[v]);
+    } else if (bf16) {
+      std::memset(static_cast<uint16_t*>(dTable.data) + v * dim, 0, dim * sizeof(uint16_t));  // bf16 +0 is 0x0000
+    } else {
+      std::memset(static_cast<float*>(dTable.data) + v * dim, 0, dim * sizeof(float));
     }
-    std::memcpy(acc, dx + size_t(order[start[v]]) * dim, dim * sizeof(float));
-    for (uint32_t j = start[v] + 1; j < start[v + 1]; ++j) {
-      const float* src = dx + size_t(order[j]) * dim;
-      for (size_t i = 0; i < dim; ++i) acc[i] += src[i];
-    }
-    if (bf16) libcomm::floatToBf16(acc, static_cast<uint16_t*>(dTable.data) + v * dim, dim);
   }
 }
 

@@ -25,10 +25,12 @@ namespace tinylm {
 /// x[T, dim] = table[tokens]. Nothing to keep: the backward needs only the tokens.
 void embedForward(const TinyLmConfig& cfg, const EmbedWeights& w, const int32_t* tokens, size_t count, float* x);
 
-/// Writes the whole table gradient (compute type): row v = sum, in token order, of dx over the
-/// tokens equal to v; zero for tokens absent from the micro-batch.
+/// Writes the table gradient (compute type): row v = sum, in token order, of dx over the tokens
+/// equal to v; zero for tokens absent from the micro-batch. With `zeroedTable` (dTable holds zeros
+/// already, as libshard's gradient views do at beginBackward) only the tokens' rows are written:
+/// the same result, for the cost of the tokens instead of the vocabulary.
 void embedBackward(const TinyLmConfig& cfg, const int32_t* tokens, size_t count, const float* dx,
-                   const GradView& dTable, Workspace& ws);
+                   const GradView& dTable, Workspace& ws, bool zeroedTable = false);
 
 /// What the head keeps from forward to backward (see headActivationBytes).
 struct HeadSaved {

@@ -92,7 +92,8 @@ class TinyLmLayers::Embed : public Base {
   }
   Status backward(const LayerViews& v) override {
     LIBCOMM_RETURN_IF_ERROR(enterBackward(v, /*readsWeights=*/false));  // buildModelSpec says so too
-    embedBackward(cfg_, t_.inputs.data(), t_.tokens, t_.grad.data(), gradOf(v.grads[0]), t_.ws);
+    // libshard's gradient views hold zeros at beginBackward: only the tokens' rows are written.
+    embedBackward(cfg_, t_.inputs.data(), t_.tokens, t_.grad.data(), gradOf(v.grads[0]), t_.ws, /*zeroedTable=*/true);
     held_ = false;
     return Status::ok();
   }

@@ -147,7 +147,9 @@ libcomm::Result<const LayerViews*> LocalHooks::beginBackward(int layer) {
   v.step = step_;
   v.microBatch = micro_;
   // The kernels overwrite every element of a layer gradient (views.h), so, unlike the executor's
-  // buffers, these need no zeroing between users.
+  // buffers, these need no zeroing between users. (The embedding's backward writes its tokens'
+  // rows only, trusting libshard's zeroed views; here the other rows keep an earlier layer's
+  // values, which nothing reads: this mode reduces and applies no gradient.)
   char* buf = grads_[nextGrad_].data();
   nextGrad_ = (nextGrad_ + 1) % grads_.size();
   const auto& slots = slots_[size_t(layer)];

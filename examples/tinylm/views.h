@@ -30,7 +30,8 @@ struct WeightView {
 };
 
 /// A weight gradient in the compute type. Kernels OVERWRITE all numel elements (whatever was
-/// there before, NaN included, never reaches the result); under kBf16 each element is the fp32
+/// there before, NaN included, never reaches the result), except embedBackward told that the table
+/// is zeroed already (it then writes the tokens' rows only); under kBf16 each element is the fp32
 /// result rounded to nearest even.
 struct GradView {
   void* data = nullptr;

@@ -259,6 +259,24 @@ TEST(Layers, EmbeddingGradientSumsRowsAndZeroesTheRest) {
     for (size_t i = 0; i < d; ++i) want[size_t(tokens[t]) * d + i] += dx[t * d + i];  // token order, like the kernel
   EXPECT_EQ(0, std::memcmp(dt.data(), want.data(), want.size() * sizeof(float)));
   EXPECT_EQ(toBf16(want), dtb);
+  // Into a zeroed table, writing the tokens' rows only: the same bits, and the other rows untouched
+  // (a NaN there would have been overwritten by the dense form).
+  std::vector<float> zt(v * d, 0.0f);
+  std::vector<uint16_t> ztb(v * d, 0);
+  for (size_t i = 0; i < d; ++i) zt[2 * d + i] = kNaN, ztb[2 * d + i] = 0x7fc0;  // row 2: no token
+  embedBackward(cfg, tokens.data(), tokens.size(), dx.data(), GradView::fp32(zt.data(), v * d), ws, true);
+  embedBackward(cfg, tokens.data(), tokens.size(), dx.data(), GradView::bf16(ztb.data(), v * d), ws, true);
+  for (size_t r = 0; r < v; ++r)
+    for (size_t i = 0; i < d; ++i) {
+      const size_t k = r * d + i;
+      if (r == 2) {
+        EXPECT_TRUE(std::isnan(zt[k]));
+        EXPECT_EQ(ztb[k], 0x7fc0);
+      } else {
+        EXPECT_EQ(0, std::memcmp(&zt[k], &want[k], sizeof(float))) << "row " << r;
+        EXPECT_EQ(ztb[k], toBf16(want)[k]) << "row " << r;
+      }
+    }
 }
 
 TEST(Model, GradientsMatchFiniteDifferencesOfTheDoubleModel) {
