@@ -170,17 +170,12 @@ constexpr std::chrono::milliseconds kCauseGrace{2000};
 
 }  // namespace
 
-Status Executor::communicatorCause(libcomm::Communicator& comm, libcomm::Communicator* other) const {
+Status Executor::communicatorCause(libcomm::Communicator& comm) const {
   const auto until = std::chrono::steady_clock::now() + kCauseGrace;
-  auto asyncError = [&] {
-    Status cause = comm.asyncError();
-    if (cause.isOk() && other && other != &comm) cause = other->asyncError();
-    return cause;
-  };
-  Status cause = asyncError();
+  Status cause = comm.asyncError();
   while (cause.isOk() && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    cause = asyncError();
+    cause = comm.asyncError();
   }
   return cause;
 }
@@ -195,8 +190,7 @@ Status Executor::hostWait(const ScheduleOp& op) {
   std::string what = gather ? "all_gather into buffer '" + plan_.gatherBuffers[static_cast<size_t>(ev.index)].name + "'"
                             : "event " + ev.name;
   if (st.code() == StatusCode::kTimeout) {
-    // A buffer's gather runs on the ag stream, or (leading out of order) on the rs stream.
-    const Status cause = gather ? communicatorCause(agComm_, &rsComm_) : communicatorCause(rsComm_);
+    const Status cause = communicatorCause(gather ? agComm_ : rsComm_);
     if (!cause.isOk()) st = cause;
   }
   return st.withContext("waiting " + std::to_string(options_.waitTimeout.count()) + " ms at most for " + what);
@@ -236,10 +230,7 @@ Status Executor::runDenseGather(const ScheduleOp& op) {
                                                                  : reinterpret_cast<const char*>(s.master);
   const void* send = src + g.stateOffset * es;
   void* recv = pool_.gatherBuffer(op.buffer);
-  // On the ag stream; a gather that leads out of forward order runs on the rs stream, and so on the
-  // communicator of that stream (every rank issues the same ops on each).
-  libcomm::Stream& st = stream(op.stream);
-  libcomm::Communicator& comm = op.stream == StreamId::kGather ? agComm_ : rsComm_;
+  libcomm::Stream& st = stream(StreamId::kGather);
   LogEntry e = gatherLogEntry(op);
   if (log_.enabled())
     LIBCOMM_RETURN_IF_ERROR(st.enqueueHost(
@@ -248,7 +239,7 @@ Status Executor::runDenseGather(const ScheduleOp& op) {
           return Status::ok();
         },
         "log gather start"));
-  Status r = comm.allGather(send, recv, g.shardNumel, computeType_, st);
+  Status r = agComm_.allGather(send, recv, g.shardNumel, computeType_, st);
   if (!r.isOk())
     return r.withContext("all_gather of " +
                          (op.layer >= 0 ? "layer '" + g.name + "'" : std::string("the resident group")));

@@ -191,7 +191,6 @@ class Builder {
       }
       lastNeeded_[i] = static_cast<int>(gathers_.size()) - 1;
     }
-    outOfOrder_.assign(gathers_.size(), false);
   }
 
   int bufferOf(int k) const {
@@ -254,13 +253,11 @@ class Builder {
     s_.ops.push_back(op);
   }
 
-  // On the ag stream, or (a gather that leads out of forward order) on the rs stream.
-  void emitGather(std::vector<ScheduleOp>& out, int layer, int buffer, int groupEvent, bool nextStep,
-                  StreamId stream = StreamId::kGather) {
+  void emitGather(std::vector<ScheduleOp>& out, int layer, int buffer, int groupEvent, bool nextStep) {
     auto streamOp = [&](OpKind kind, int ev) {
       ScheduleOp op;
       op.kind = kind;
-      op.stream = stream;
+      op.stream = StreamId::kGather;
       op.event = ev;
       out.push_back(op);
     };
@@ -268,7 +265,7 @@ class Builder {
     streamOp(OpKind::kWait, released_[static_cast<size_t>(buffer)]);  // rule B
     ScheduleOp op;
     op.kind = OpKind::kAllGather;
-    op.stream = stream;
+    op.stream = StreamId::kGather;
     op.layer = layer;
     op.buffer = buffer;
     op.nextStep = nextStep;
@@ -277,16 +274,12 @@ class Builder {
   }
 
   // The gathers (indices into gathers_), in order, that are within `limit` and whose buffer's
-  // previous user is a use <= releasedUpTo (its release is already recorded). Those that lead out
-  // of order were issued in the optimizer window already: passed over.
+  // previous user is a use <= releasedUpTo (its release is already recorded).
   std::vector<int> take(int limit, int releasedUpTo) {
     std::vector<int> out;
-    while (next_ < static_cast<int>(gathers_.size()) && next_ <= limit) {
-      const auto i = static_cast<size_t>(next_);
-      if (!outOfOrder_[i] && gathers_[i].prevUser > releasedUpTo) break;
-      if (!outOfOrder_[i]) out.push_back(next_);
-      ++next_;
-    }
+    while (next_ < static_cast<int>(gathers_.size()) && next_ <= limit &&
+           gathers_[static_cast<size_t>(next_)].prevUser <= releasedUpTo)
+      out.push_back(next_++);
     return out;
   }
 
@@ -308,7 +301,6 @@ class Builder {
   // then the other leading ones; every other group follows in forward order.
   struct Leading {
     int layer, buffer;
-    StreamId stream = StreamId::kGather;
   };
   std::vector<Leading> planLeading() {
     std::vector<Leading> lead;
@@ -327,18 +319,6 @@ class Builder {
       if (j == 0 && resident) lead.push_back({-1, s_.residentBuffer});
     }
     if (layers.empty() && resident) lead.push_back({-1, s_.residentBuffer});
-    // Past the first gather that waits for a use within the step, a buffer may still be free at step
-    // start: one of its own (an outsized head behind many blocks). Its gather leads too, on the rs
-    // stream, idle from endStep to the first backward: on the ag stream it would hold up the
-    // blocks' gathers queued behind it. (A layer gathered by rows stays in order: its rows travel
-    // on the ag stream's communicator.)
-    if (s_.leadFreeBuffers)
-      for (size_t i = static_cast<size_t>(next_); i < gathers_.size(); ++i) {
-        const Gather& g = gathers_[i];
-        if (g.prevUser != -1 || plan_.layers[static_cast<size_t>(g.layer)].gatherRows > 0) continue;
-        outOfOrder_[i] = true;
-        lead.push_back({g.layer, g.buffer, StreamId::kReduce});
-      }
     for (const Leading& l : lead) s_.updateOrder.push_back(l.layer);
     for (int k = 0; k < s_.numLayers; ++k)
       if (bufferOf(k) >= 0 && std::find(s_.updateOrder.begin(), s_.updateOrder.end(), k) == s_.updateOrder.end())
@@ -346,7 +326,7 @@ class Builder {
     if (resident && std::find(s_.updateOrder.begin(), s_.updateOrder.end(), -1) == s_.updateOrder.end())
       s_.updateOrder.push_back(-1);
     if (!s_.serialize)
-      for (const Leading& l : lead) emitGather(s_.firstStepOps, l.layer, l.buffer, -1, false, l.stream);
+      for (const Leading& l : lead) emitGather(s_.firstStepOps, l.layer, l.buffer, -1, false);
     return lead;
   }
 
@@ -432,7 +412,7 @@ class Builder {
       record(StreamId::kCompute, groupEvent(group));
       for (const Leading& l : lead)
         if (l.layer == group && !s_.serialize)
-          emitGather(s_.ops, l.layer, l.buffer, groupEvent(group), /*nextStep=*/true, l.stream);
+          emitGather(s_.ops, l.layer, l.buffer, groupEvent(group), /*nextStep=*/true);
     }
     hook(HookKind::kOptimizerDone, nullptr);
     record(StreamId::kCompute, optDone_);
@@ -444,7 +424,6 @@ class Builder {
   std::vector<Use> uses_;
   std::vector<Gather> gathers_;
   std::vector<int> lastNeeded_;  // per use: index of the last gather serving a use <= it
-  std::vector<bool> outOfOrder_;  // per gather: leads on the rs stream, out of forward order
   int next_ = 0;
   int optDone_ = -1, backwardDone_ = -1, residentReduced_ = -1;
   std::vector<int> gathered_, released_, gradReady_, gradFree_;

@@ -114,10 +114,9 @@ Status Schedule::validate() const {
                         op.layer >= -1 && op.layer < numLayers && !op.nextStep;
     const bool event = (op.kind == OpKind::kWait || op.kind == OpKind::kRecord) && op.event >= 0 &&
                        static_cast<size_t>(op.event) < events.size();
-    // A gather that leads out of forward order runs on the rs stream, with its wait and record.
-    if ((op.stream != StreamId::kGather && op.stream != StreamId::kReduce) || !(gather || event))
+    if (op.stream != StreamId::kGather || !(gather || event))
       return libcomm::makeError(StatusCode::kInvalidArgument, "schedule: first-step op ", i,
-                                " is not an ag- or rs-stream wait, record or all_gather of this step");
+                                " is not an ag-stream wait, record or all_gather of this step");
   }
   const auto hooks = expectedHooks(numLayers, microBatches, updateOrder);
   size_t h = 0;
@@ -141,8 +140,7 @@ Status Schedule::validate() const {
           return bad(i, "event ", op.event, " out of range (", events.size(), " events)");
         break;
       case OpKind::kAllGather:
-        if (op.stream != StreamId::kGather && !(op.stream == StreamId::kReduce && op.nextStep))
-          return bad(i, "all_gather must run on the ag stream (or, leading the next step, on the rs stream)");
+        if (op.stream != StreamId::kGather) return bad(i, "all_gather must run on the ag stream");
         if (op.buffer < 0 || op.buffer >= numGatherBuffers) return bad(i, "gather buffer ", op.buffer, " out of range");
         break;
       case OpKind::kReduceScatter:

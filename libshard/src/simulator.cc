@@ -221,7 +221,7 @@ class Program {
         e.buffer = static_cast<int16_t>(op.buffer);
         e.microBatch = -1;
         e.gradBuffer = -1;
-        enqueue(op.stream,  // the ag stream, or the rs stream for one that leads out of forward order
+        enqueue(StreamId::kGather,
                 collective(op.layer < 0 ? c_.residentGatherUs : c_.gatherUs[static_cast<size_t>(op.layer)], 0, e,
                            LogKind::kGatherEnd));
         return;

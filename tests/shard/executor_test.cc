@@ -53,8 +53,6 @@ struct Variant {
   int width = 37;                       // large widths take libcomm's direct (registered, one-copy) path, not eager
   bool threadedCompute = false;         // ExecutorOptions::threadedComputeStream (default: inline)
   bool embedNoBackwardWeights = false;  // the embedding's backward reads no weights: not gathered for
-  bool bigHead = false;  // the head has a buffer of its own, gathered in the optimizer window on the rs stream
-  bool byDepth = false;  // ScheduleOptions::leadFreeBuffers off: only the prefetch depth's gathers lead
 
   std::string name() const {
     return libcomm::detail::strCat("micro ", micro, " ", libshard::precisionName(precision), " buffers ", blockBuffers,
@@ -62,8 +60,7 @@ struct Variant {
                                    serialize ? " serialized" : "", oneComm ? " one-comm" : "",
                                    budget ? " checkpointing" : "", " align ", alignment, norms ? "" : " no-norms",
                                    scale ? " scaled" : "", " width ", width, threadedCompute ? " threaded-compute" : "",
-                                   embedNoBackwardWeights ? " embed-backward-without-weights" : "",
-                                   bigHead ? " big-head" : "", byDepth ? " leading-by-depth" : "");
+                                   embedNoBackwardWeights ? " embed-backward-without-weights" : "");
   }
 };
 
@@ -94,20 +91,6 @@ std::vector<Variant> variants() {
     threaded.threadedCompute = true;
     v.push_back(threaded);
   }
-  // The head's gather leads out of forward order, on the rs stream (two communicators), or on the
-  // one stream of a single communicator; and the same model led by the depth alone.
-  for (int micro : {1, 3}) {
-    Variant head{micro, micro == 1 ? Precision::kFp32 : Precision::kBf16};
-    head.bigHead = true;
-    v.push_back(head);
-  }
-  Variant headOneComm{2, Precision::kBf16, 2, 1, 2, false, /*oneComm=*/true};
-  headOneComm.bigHead = true;
-  v.push_back(headOneComm);
-  Variant headByDepth{2, Precision::kFp32};
-  headByDepth.bigHead = true;
-  headByDepth.byDepth = true;
-  v.push_back(headByDepth);
   return v;
 }
 
@@ -151,7 +134,6 @@ Status runVariant(RankContext& ctx, libcomm::Communicator& agComm, libcomm::Comm
   shape.norms = v.norms;
   shape.width = v.width;
   shape.embedBackwardReadsWeights = !v.embedNoBackwardWeights;
-  if (v.bigHead) shape.headExtra = 3000;
   const auto spec = toy::makeSpec(shape);
   LIBCOMM_ASSIGN_OR_RETURN(auto plan, makePlan(spec, v, ctx.rank, ctx.size));
   libcomm::Communicator& rs = v.oneComm ? agComm : rsComm;
@@ -165,22 +147,7 @@ Status runVariant(RankContext& ctx, libcomm::Communicator& agComm, libcomm::Comm
 
   libshard::ScheduleOptions so;
   so.serialize = v.serialize;
-  so.leadFreeBuffers = !v.byDepth;
   LIBCOMM_ASSIGN_OR_RETURN(auto schedule, libshard::Schedule::build(plan, so));
-  if (v.bigHead) {
-    // The head (the last layer) is gathered once per step, on the rs stream in the optimizer
-    // window unless led by depth, where it stays on the ag stream in the step.
-    const int head = static_cast<int>(plan.layers.size()) - 1;
-    int early = 0, total = 0;
-    for (const auto& op : schedule.ops) {
-      if (op.kind != libshard::OpKind::kAllGather || op.layer != head) continue;
-      ++total;
-      early += op.nextStep && op.stream == libshard::StreamId::kReduce ? 1 : 0;
-    }
-    if (total != 1 || early != (v.byDepth ? 0 : 1))
-      return libcomm::makeError(StatusCode::kInternalError, "the head is gathered ", total, " times per step, ", early,
-                                " of them leading on the rs stream:\n", schedule.describe(&plan));
-  }
   const int gathersPerStep = schedule.count(libshard::OpKind::kAllGather);
   libshard::ExecutorOptions eo;
   eo.waitTimeout = std::chrono::seconds(20);

@@ -334,9 +334,9 @@ class Executor {
   libcomm::Status waitForGatheredRows(int layer);
   libcomm::Status waitForIds(libcomm::Event& ids, libcomm::Communicator& comm, const std::string& what) const;
   libcomm::Status readGatheredRows(int layer, std::vector<int32_t>& all);
-  // The error of `comm` (or of `other`, when given) after a wait on its stream timed out, waiting a
-  // moment for it (see executor_ops.cc); OK when neither has one.
-  libcomm::Status communicatorCause(libcomm::Communicator& comm, libcomm::Communicator* other = nullptr) const;
+  // The error of `comm` after a wait on its stream timed out, waiting a moment for it (see
+  // executor_ops.cc); OK when it has none.
+  libcomm::Status communicatorCause(libcomm::Communicator& comm) const;
   libcomm::Status hostWait(const ScheduleOp& op);
   libcomm::Status createStreams();
   libcomm::Status logCompute(LogKind kind);
