@@ -37,6 +37,7 @@ struct ToyShape {
   int blocks = 3;
   int width = 37;         // odd on purpose
   int embedExtra = 2000;  // embed.u: makes the embedding outsized
+  int headExtra = 11;     // head.u: 3000 gives the head a buffer of its own
   bool norms = true;      // false: no norm parameters at all (no resident group, no final_norm)
   // false: the embedding's backward reads no weights (LayerSpec::backwardReadsWeights): its gradient
   // here is g * in, which does not involve embed.w.
@@ -99,7 +100,7 @@ inline libshard::ModelSpec makeSpec(const ToyShape& t = {}) {
     layer(p, std::move(ps));
   }
   if (t.norms) layer("final_norm", {{"final_norm.s", {w}, ParamKind::kNorm, false}});
-  layer("head", {{"head.w", {w}, ParamKind::kHead}, {"head.u", {11}, ParamKind::kHead}});
+  layer("head", {{"head.w", {w}, ParamKind::kHead}, {"head.u", {t.headExtra}, ParamKind::kHead}});
   return m;
 }
 

@@ -53,6 +53,10 @@ struct Variant {
   int width = 37;                       // large widths take libcomm's direct (registered, one-copy) path, not eager
   bool threadedCompute = false;         // ExecutorOptions::threadedComputeStream (default: inline)
   bool embedNoBackwardWeights = false;  // the embedding's backward reads no weights: not gathered for
+  // Two blocks and a head with a buffer of its own: every gather leads (leadFreeBuffers), the head's
+  // too, in the optimizer window; with byDepth only the prefetch depth's.
+  bool bigHead = false;
+  bool byDepth = false;
 
   std::string name() const {
     return libcomm::detail::strCat("micro ", micro, " ", libshard::precisionName(precision), " buffers ", blockBuffers,
@@ -60,7 +64,8 @@ struct Variant {
                                    serialize ? " serialized" : "", oneComm ? " one-comm" : "",
                                    budget ? " checkpointing" : "", " align ", alignment, norms ? "" : " no-norms",
                                    scale ? " scaled" : "", " width ", width, threadedCompute ? " threaded-compute" : "",
-                                   embedNoBackwardWeights ? " embed-backward-without-weights" : "");
+                                   embedNoBackwardWeights ? " embed-backward-without-weights" : "",
+                                   bigHead ? " big-head" : "", byDepth ? " leading-by-depth" : "");
   }
 };
 
@@ -91,6 +96,15 @@ std::vector<Variant> variants() {
     threaded.threadedCompute = true;
     v.push_back(threaded);
   }
+  for (int micro : {1, 3}) {
+    Variant head{micro, micro == 1 ? Precision::kFp32 : Precision::kBf16};
+    head.bigHead = true;
+    v.push_back(head);
+  }
+  Variant headByDepth{2, Precision::kBf16};
+  headByDepth.bigHead = true;
+  headByDepth.byDepth = true;
+  v.push_back(headByDepth);
   return v;
 }
 
@@ -134,6 +148,10 @@ Status runVariant(RankContext& ctx, libcomm::Communicator& agComm, libcomm::Comm
   shape.norms = v.norms;
   shape.width = v.width;
   shape.embedBackwardReadsWeights = !v.embedNoBackwardWeights;
+  if (v.bigHead) {
+    shape.blocks = 2;
+    shape.headExtra = 3000;
+  }
   const auto spec = toy::makeSpec(shape);
   LIBCOMM_ASSIGN_OR_RETURN(auto plan, makePlan(spec, v, ctx.rank, ctx.size));
   libcomm::Communicator& rs = v.oneComm ? agComm : rsComm;
@@ -147,7 +165,22 @@ Status runVariant(RankContext& ctx, libcomm::Communicator& agComm, libcomm::Comm
 
   libshard::ScheduleOptions so;
   so.serialize = v.serialize;
+  so.leadFreeBuffers = !v.byDepth;
   LIBCOMM_ASSIGN_OR_RETURN(auto schedule, libshard::Schedule::build(plan, so));
+  if (v.bigHead) {
+    // The head (the last layer) is gathered once per step: in the optimizer window, or led by the
+    // depth alone, in the step.
+    const int head = static_cast<int>(plan.layers.size()) - 1;
+    int leading = 0, total = 0;
+    for (const auto& op : schedule.ops) {
+      if (op.kind != libshard::OpKind::kAllGather || op.layer != head) continue;
+      ++total;
+      leading += op.nextStep ? 1 : 0;
+    }
+    if (total != 1 || leading != (v.byDepth ? 0 : 1))
+      return libcomm::makeError(StatusCode::kInternalError, "the head is gathered ", total, " times per step, ",
+                                leading, " of them in the optimizer window:\n", schedule.describe(&plan));
+  }
   const int gathersPerStep = schedule.count(libshard::OpKind::kAllGather);
   libshard::ExecutorOptions eo;
   eo.waitTimeout = std::chrono::seconds(20);

@@ -123,11 +123,11 @@ struct ScheduleOptions {
   /// Which gathers lead (are issued in the previous step's optimizer, each behind its own group's
   /// update). true: every gather, in forward order, whose buffer is free at step start, up to the
   /// first that waits for a use within the step (rule B) -- a layer with a buffer of its own
-  /// (an outsized head) is gathered while the optimizer runs instead of one layer ahead of its
-  /// forward; this needs no memory beyond the plan's buffers, and the all_gather stream still
-  /// receives the gathers in the order the forward needs them. false: only the prefetch depth's
-  /// (the gathers the first compute needs, and `prefetchDepth` more). Either way a depth of 0
-  /// leads with the first compute's gathers alone.
+  /// (an outsized head behind a few blocks) is gathered while the optimizer runs instead of one
+  /// layer ahead of its forward; this needs no memory beyond the plan's buffers, and the all_gather
+  /// stream still receives the gathers in the order the forward needs them. false: only the
+  /// prefetch depth's (the gathers the first compute needs, and `prefetchDepth` more). Ignored at
+  /// depth 0 (only the resident group leads) and with `serialize` (nothing leads).
   bool leadFreeBuffers = true;
 };
 
