@@ -153,7 +153,7 @@ void blockRecompute(const TinyLmConfig& cfg, const BlockWeights& w, BlockSaved& 
 }
 
 void blockBackward(const TinyLmConfig& cfg, const BlockWeights& w, const BlockSaved& saved, const float* dy, float* dx,
-                   const BlockGrads& grads, Workspace& ws) {
+                   const BlockGrads& grads, Workspace& ws, const std::function<void()>& weightGradsDone) {
   const size_t dim = cfg.dim, hidden = cfg.hidden, tokens = saved.tokens;
   TINYLM_CHECK(saved.recorded && saved.preAct.size() == tokens * hidden,
                "blockBackward: internals missing (checkpointed block needs blockRecompute first)");
@@ -178,6 +178,7 @@ void blockBackward(const TinyLmConfig& cfg, const BlockWeights& w, const BlockSa
   gemm(tokens, hidden, dim, MatA{dy, dim, false}, weightAsB(w.w2, hidden, false), dh, hidden, false);  // ds
   detail::siluBackward(h, dh, tokens * hidden);
   detail::writeWeightGrad(hidden, dim, tokens, dh, hidden, normed, dim, grads.w1, ws);  // dW1 = dh^T . normed
+  if (weightGradsDone) weightGradsDone();  // w1 and w2 final; the input gradient follows
   float* dNormed = ws.get(Slot::kGradNormed, tokens * dim);
   gemm(tokens, dim, hidden, MatA{dh, hidden, false}, weightAsB(w.w1, dim, false), dNormed, dim, false);
   normBackward(x, rstd, scaleAsFloat(w.norm, dim, ws), dNormed, tokens, dim, dy, dx, grads.norm);

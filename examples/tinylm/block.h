@@ -12,6 +12,7 @@
 // with the same code, so the gradients are bit-identical to those of a kept block.
 
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 #include "tinylm/config.h"
@@ -44,9 +45,11 @@ void blockRecompute(const TinyLmConfig& cfg, const BlockWeights& w, BlockSaved& 
 /// From dy = dLoss/dy [T, dim]: writes dx [T, dim] (= dy + the path through the MLP; dx may BE
 /// dy, for an in-place gradient buffer), writes grads.w1 and grads.w2 (compute type, overwritten)
 /// and adds the norm-scale gradient into grads.norm (fp32). saved must have its internals
-/// (kept, or recomputed); it is not modified.
+/// (kept, or recomputed); it is not modified. `weightGradsDone`, when given, is called once
+/// grads.w1 and grads.w2 are final, before the input gradient (and the norm's, which is only added
+/// into) is computed: libshard can reduce them meanwhile (LayerViews::gradsReady).
 void blockBackward(const TinyLmConfig& cfg, const BlockWeights& w, const BlockSaved& saved, const float* dy, float* dx,
-                   const BlockGrads& grads, Workspace& ws);
+                   const BlockGrads& grads, Workspace& ws, const std::function<void()>& weightGradsDone = {});
 
 /// What the final norm keeps: only its input (its per-token rms is cheap to recompute).
 struct NormSaved {

@@ -133,7 +133,7 @@ void headRecompute(const TinyLmConfig& cfg, const HeadWeights& w, HeadSaved& sav
 }
 
 void headBackward(const TinyLmConfig& cfg, const HeadWeights& w, HeadSaved& saved, float lossScaleDenominator,
-                  float* dz, const GradView& dTable, Workspace& ws) {
+                  float* dz, const GradView& dTable, Workspace& ws, const std::function<void()>& weightGradsDone) {
   const size_t dim = cfg.dim, vocab = cfg.vocab, tokens = saved.tokens;
   checkTable(cfg, w.table, "head");
   TINYLM_CHECK(saved.recorded && saved.probsValid && saved.probs.size() == tokens * vocab,
@@ -147,10 +147,11 @@ void headBackward(const TinyLmConfig& cfg, const HeadWeights& w, HeadSaved& save
     row[saved.targets[t]] -= 1.0f;
     for (size_t v = 0; v < vocab; ++v) row[v] *= scale;
   }
-  // dz = dLogits . table; dTable = dLogits^T . z.
+  // dTable = dLogits^T . z first (it can be reduced while dz is computed); dz = dLogits . table.
+  detail::writeWeightGrad(vocab, dim, tokens, dLogits, vocab, saved.input, dim, dTable, ws);
+  if (weightGradsDone) weightGradsDone();
   gemm(tokens, dim, vocab, MatA{dLogits, vocab, false},
        MatB{w.table.data, dim, false, w.table.precision == Precision::kBf16}, dz, dim, false);
-  detail::writeWeightGrad(vocab, dim, tokens, dLogits, vocab, saved.input, dim, dTable, ws);
   saved.probsValid = false;
 }
 

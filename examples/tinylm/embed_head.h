@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "tinylm/config.h"
@@ -62,7 +63,9 @@ void headRecompute(const TinyLmConfig& cfg, const HeadWeights& w, HeadSaved& sav
 /// the top. CONSUMES saved.probs (turned into the logits' gradient in place), so the head's largest
 /// buffer is not needed twice; its storage stays for the next forward to reuse (releaseInternals
 /// frees it), and a second backward needs a recompute first.
+/// The table gradient comes first: `weightGradsDone`, when given, is called once it is final, before
+/// dz is computed (LayerViews::gradsReady: libshard reduces it meanwhile).
 void headBackward(const TinyLmConfig& cfg, const HeadWeights& w, HeadSaved& saved, float lossScaleDenominator,
-                  float* dz, const GradView& dTable, Workspace& ws);
+                  float* dz, const GradView& dTable, Workspace& ws, const std::function<void()>& weightGradsDone = {});
 
 }  // namespace tinylm

@@ -133,11 +133,13 @@ class TinyLmLayers::Block : public Base {
     if (!g.norm.data)
       return libcomm::makeError(StatusCode::kInvalidArgument, "tinylm layer ", index_,
                                 ": norm gradient view is not fp32");
-    blockBackward(cfg_, w, saved, t_.grad.data(), t_.grad.data(), g, t_.ws);
+    // Its weight gradients are reduced while it computes the input gradient.
+    Status ready = Status::ok();
+    blockBackward(cfg_, w, saved, t_.grad.data(), t_.grad.data(), g, t_.ws, [&] { ready = v.gradsReady(); });
     // A recomputed block gives its internals back at once: only one is ever rebuilt at a time.
     if (v.recompute) saved.releaseInternals();
     held_ = false;
-    return Status::ok();
+    return ready;
   }
 
  private:
@@ -193,9 +195,12 @@ class TinyLmLayers::Head : public Base {
       headRecompute(cfg_, w, t_.head, t_.ws);
       owner_.noteHeld(false);
     }
-    headBackward(cfg_, w, t_.head, t_.lossScaleDenominator, t_.grad.data(), gradOf(v.grads[0]), t_.ws);
+    // Its table gradient is reduced while it computes dz.
+    Status ready = Status::ok();
+    headBackward(cfg_, w, t_.head, t_.lossScaleDenominator, t_.grad.data(), gradOf(v.grads[0]), t_.ws,
+                 [&] { ready = v.gradsReady(); });
     held_ = false;
-    return Status::ok();
+    return ready;
   }
 };
 

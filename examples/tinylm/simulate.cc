@@ -2,6 +2,8 @@
 
 #include "tinylm/simulate.h"
 
+#include <algorithm>
+
 #include <cstdio>
 #include <string>
 
@@ -47,6 +49,12 @@ libcomm::Result<libshard::SimCosts> ratedCosts(const TrainOptions& o, int world,
     const double forward = 2.0 * tokens * matrix / (r.gflops * 1e3);  // GFLOP/s -> flops per us
     c.forwardUs[k] = forward;
     c.backwardUs[k] = 2.0 * forward + (plan.checkpointed[k] ? forward : 0.0);
+    // After gradsReady: the input gradient, one of the backward's two matrix products per weight
+    // matrix; a block's is its second layer's only (dW2, dh, dW1 come first), the head's its one.
+    const bool block = !spec.layers[k].params.empty() &&
+                       std::any_of(spec.layers[k].params.begin(), spec.layers[k].params.end(),
+                                   [](const libshard::ParamSpec& p) { return p.kind == libshard::ParamKind::kBlock; });
+    c.backwardAfterGradsUs[k] = block ? 0.5 * forward : forward;
     const libshard::FlatGroup& g = plan.layers[k];
     if (g.paddedNumel == 0) continue;
     const double bytes = static_cast<double>(g.paddedNumel) * elem;

@@ -33,6 +33,9 @@ struct Use {  // one forward or backward of one layer
   Phase phase = Phase::kForward;
   int buffer = -1, grad = -1;
   int64_t begin = -1, end = -1, release = -1;
+  int64_t gradsReady = -1;  // a backward: when its gradient buffer was final (Executor::gradsReady)
+  // Until when the use may write its gradient buffer: gradsReady, else (an older log) its end.
+  int64_t gradsEnd() const { return gradsReady >= 0 ? gradsReady : end; }
 };
 
 using UseKey = std::tuple<int, int, int, int>;  // step, micro, phase, layer
@@ -115,7 +118,7 @@ class Checker {
 
   void collect() {
     for (const LogEntry& e : log_) {
-      if (e.kind == LogKind::kComputeBegin || e.kind == LogKind::kComputeEnd ||
+      if (e.kind == LogKind::kComputeBegin || e.kind == LogKind::kComputeEnd || e.kind == LogKind::kGradsReady ||
           (e.kind == LogKind::kRelease && e.layer >= 0)) {
         Use& u = uses_[{e.step, e.microBatch, static_cast<int>(e.phase), e.layer}];
         u.step = e.step;
@@ -128,6 +131,8 @@ class Checker {
           u.grad = e.gradBuffer;
         } else if (e.kind == LogKind::kComputeEnd) {
           u.end = e.ns;
+        } else if (e.kind == LogKind::kGradsReady) {
+          u.gradsReady = e.ns;
         } else {
           u.release = e.ns;
         }
@@ -156,6 +161,9 @@ class Checker {
     for (auto& [key, u] : uses_) {
       if (u.begin < 0 || u.end < 0) fail(useName(u), ": begin or end missing");
       if (u.buffer >= 0 && u.release < 0) fail(useName(u), ": never released buffer ", bufName(u.buffer));
+      if (u.gradsReady >= 0 && (u.phase != Phase::kBackward || u.gradsReady < u.begin || u.gradsReady > u.end))
+        fail(useName(u), ": gradients ready at ", at(u.gradsReady), ", outside its backward ", at(u.begin), "..",
+             at(u.end));
       // A use holds its buffer until its compute is over: a release before that let a gather
       // overwrite weights the compute was still reading.
       if (u.release >= 0 && u.end >= 0 && u.release < u.end)
@@ -305,18 +313,18 @@ class Checker {
         if (!last || last->layer != r.layer || last->step != r.step || last->micro != r.micro) {
           fail("grad buffer ", g, ": reduce_scatter of layer ", r.layer, " (step ", r.step, ", micro-batch ", r.micro,
                ") at ", at(r.start), " does not follow that layer's backward");
-        } else if (last->end > r.start) {
+        } else if (last->gradsEnd() > r.start) {
           fail("grad buffer ", g, ": reduce_scatter of layer ", r.layer, " started at ", at(r.start),
-               " before its backward ended at ", at(last->end));
+               " before its backward's gradients were ready at ", at(last->gradsEnd()));
         }
       }
       const std::vector<int64_t>& zeroes = zeroes_[g];
       for (const Use& w : writers) {
-        if (w.begin >= 0 && w.end >= 0) {
-          const auto [lo, hi] = overlapping(spans, w.begin, w.end);
+        if (w.begin >= 0 && w.gradsEnd() >= 0) {
+          const auto [lo, hi] = overlapping(spans, w.begin, w.gradsEnd());
           for (size_t i = lo; i < hi; ++i) {
             const Span& r = spans[i];
-            fail("grad buffer ", g, ": ", useName(w), " wrote it ", at(w.begin), "..", at(w.end),
+            fail("grad buffer ", g, ": ", useName(w), " wrote it ", at(w.begin), "..", at(w.gradsEnd()),
                  " while the reduce_scatter of layer ", r.layer, " read it ", at(r.start), "..", at(r.end));
           }
         }

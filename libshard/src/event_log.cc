@@ -31,6 +31,8 @@ const char* logKindName(LogKind k) {
       return "group_updated";
     case LogKind::kGradZeroed:
       return "grad_zeroed";
+    case LogKind::kGradsReady:
+      return "grads_ready";
   }
   return "?";
 }

@@ -72,7 +72,8 @@ Status checkScheduleAgainstPlan(const Schedule& s, const ShardPlan& plan) {
         return bad(i, "the group has no parameters to update");
     } else if (op.kind == OpKind::kHook && op.layer >= 0) {
       const FlatGroup& g = plan.layers[static_cast<size_t>(op.layer)];
-      const bool backward = op.hook == HookKind::kBeginBackward || op.hook == HookKind::kEndBackward;
+      const bool backward =
+          op.hook == HookKind::kBeginBackward || op.hook == HookKind::kGradsReady || op.hook == HookKind::kEndBackward;
       const int want = g.paddedNumel > 0 ? g.gatherBuffer : -1;
       // A backward that reads no weights may go without them (and then is handed none).
       const bool noWeightsOk = backward && op.buffer == -1 && !plan.backwardNeedsGather(op.layer);
@@ -241,6 +242,7 @@ Status Executor::bindViews(const ModelSpec& model) {
     f.layer = b.layer = static_cast<int>(k);
     f.phase = Phase::kForward;
     b.phase = Phase::kBackward;
+    b.executor = this;
     for (const ParamSpec& p : model.layers[k].params) {
       // The planner's placement (the layer's group, else the resident group), not one re-derived
       // from the kind.
@@ -313,8 +315,8 @@ Status Executor::enterHook(HookKind kind, int layer, const char* call) {
         op.hook == HookKind::kGroupUpdated && op.kind == OpKind::kHook ? " (or optimizerDone)" : "", " next");
   }
   hook_ = &op;
-  if (kind == HookKind::kEndForward || kind == HookKind::kEndBackward) {
-    Status st = logCompute(LogKind::kComputeEnd);
+  if (kind == HookKind::kEndForward || kind == HookKind::kEndBackward || kind == HookKind::kGradsReady) {
+    Status st = logCompute(kind == HookKind::kGradsReady ? LogKind::kGradsReady : LogKind::kComputeEnd);
     if (!st.isOk()) return fail(st.withContext(where()));
   }
   for (++cursor_; cursor_ < schedule_.ops.size() && schedule_.ops[cursor_].kind != OpKind::kHook; ++cursor_) {
@@ -388,7 +390,17 @@ libcomm::Result<const LayerViews*> Executor::beginBackward(int layer) {
   return &v;
 }
 
-Status Executor::endBackward(int layer) { return enterHook(HookKind::kEndBackward, layer, "endBackward"); }
+Status Executor::gradsReady(int layer) { return enterHook(HookKind::kGradsReady, layer, "gradsReady"); }
+
+Status Executor::endBackward(int layer) {
+  // A trainer that did not call gradsReady: its gradients are final now.
+  const ScheduleOp& op = schedule_.ops[cursor_];
+  if (error_.isOk() && op.kind == OpKind::kHook && op.hook == HookKind::kGradsReady && op.layer == layer)
+    LIBCOMM_RETURN_IF_ERROR(enterHook(HookKind::kGradsReady, layer, "endBackward"));
+  return enterHook(HookKind::kEndBackward, layer, "endBackward");
+}
+
+Status LayerViews::gradsReady() const { return executor ? executor->gradsReady(layer) : Status::ok(); }
 
 Status Executor::endStep() {
   LIBCOMM_RETURN_IF_ERROR(enterHook(HookKind::kEndStep, -1, "endStep"));

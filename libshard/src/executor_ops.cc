@@ -84,7 +84,9 @@ Status Executor::logCompute(LogKind kind) {
         log_.add(e);
         return Status::ok();
       },
-      kind == LogKind::kComputeBegin ? "log compute begin" : "log compute end");
+      kind == LogKind::kComputeBegin ? "log compute begin"
+      : kind == LogKind::kGradsReady ? "log grads ready"
+                                     : "log compute end");
 }
 
 libcomm::Stream& Executor::stream(StreamId id) {

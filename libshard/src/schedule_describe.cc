@@ -41,6 +41,8 @@ const char* hookKindName(HookKind h) {
       return "groupUpdated";
     case HookKind::kOptimizerDone:
       return "optimizerDone";
+    case HookKind::kGradsReady:
+      return "gradsReady";
   }
   return "?";
 }
@@ -62,6 +64,7 @@ std::vector<ExpectedHook> expectedHooks(int layers, int micro, const std::vector
     }
     for (int k = layers - 1; k >= 0; --k) {
       h.push_back({HookKind::kBeginBackward, k, m});
+      h.push_back({HookKind::kGradsReady, k, m});
       h.push_back({HookKind::kEndBackward, k, m});
     }
   }

@@ -78,6 +78,7 @@ class Program {
         hook_ = &op;
         add(Action::Kind::kHook).hook = op.hook;
         if (op.hook == HookKind::kEndForward || op.hook == HookKind::kEndBackward) logNow(LogKind::kComputeEnd);
+        if (op.hook == HookKind::kGradsReady) logNow(LogKind::kGradsReady);
       }
       afterHook();
       add(Action::Kind::kStepEnd);
@@ -129,8 +130,11 @@ class Program {
       case HookKind::kEndForward:
         compute(c_.forwardUs[k], false);
         break;
+      case HookKind::kGradsReady:  // the weight gradients; the input gradient follows
+        compute(c_.backwardUs[k] - c_.backwardAfterGradsUs[k], false);
+        break;
       case HookKind::kEndBackward:
-        compute(c_.backwardUs[k], false);
+        compute(c_.backwardAfterGradsUs[k], false);
         break;
       case HookKind::kGroupUpdated:
         if (!updated) compute(c_.normUs, true);
@@ -528,14 +532,17 @@ bool sane(double v) { return std::isfinite(v) && v >= 0; }
 SimCosts SimCosts::zeros(const ShardPlan& plan) {
   SimCosts c;
   const size_t n = plan.layers.size();
-  for (auto* v : {&c.forwardUs, &c.backwardUs, &c.gatherUs, &c.reduceUs, &c.zeroUs, &c.updateUs}) v->assign(n, 0.0);
+  for (auto* v :
+       {&c.forwardUs, &c.backwardUs, &c.backwardAfterGradsUs, &c.gatherUs, &c.reduceUs, &c.zeroUs, &c.updateUs})
+    v->assign(n, 0.0);
   return c;
 }
 
 Status SimCosts::validate(const ShardPlan& plan) const {
   const std::pair<const char*, const std::vector<double>*> vecs[] = {
-      {"forwardUs", &forwardUs}, {"backwardUs", &backwardUs}, {"gatherUs", &gatherUs},
-      {"reduceUs", &reduceUs},   {"zeroUs", &zeroUs},         {"updateUs", &updateUs}};
+      {"forwardUs", &forwardUs}, {"backwardUs", &backwardUs}, {"backwardAfterGradsUs", &backwardAfterGradsUs},
+      {"gatherUs", &gatherUs},   {"reduceUs", &reduceUs},     {"zeroUs", &zeroUs},
+      {"updateUs", &updateUs}};
   for (const auto& [name, v] : vecs) {
     if (v->size() != plan.layers.size())
       return libcomm::makeError(StatusCode::kInvalidArgument, "simulator: costs.", name, " has ", v->size(),
@@ -545,6 +552,10 @@ Status SimCosts::validate(const ShardPlan& plan) const {
         return libcomm::makeError(StatusCode::kInvalidArgument, "simulator: costs.", name, "[", k, "] is ", (*v)[k],
                                   "; a cost is a finite number of microseconds >= 0");
   }
+  for (size_t k = 0; k < backwardUs.size(); ++k)
+    if (backwardAfterGradsUs[k] > backwardUs[k])
+      return libcomm::makeError(StatusCode::kInvalidArgument, "simulator: costs.backwardAfterGradsUs[", k, "] is ",
+                                backwardAfterGradsUs[k], ", more than the whole backward (", backwardUs[k], ")");
   const std::pair<const char*, double> scalars[] = {{"residentGatherUs", residentGatherUs},
                                                     {"residentReduceUs", residentReduceUs},
                                                     {"residentUpdateUs", residentUpdateUs},
@@ -566,7 +577,8 @@ SimCosts SimCosts::computeOnly() const {
 
 SimCosts SimCosts::commOnly() const {
   SimCosts c = *this;
-  for (auto* v : {&c.forwardUs, &c.backwardUs, &c.updateUs}) std::fill(v->begin(), v->end(), 0.0);
+  for (auto* v : {&c.forwardUs, &c.backwardUs, &c.backwardAfterGradsUs, &c.updateUs})
+    std::fill(v->begin(), v->end(), 0.0);
   c.residentUpdateUs = c.microBatchUs = c.normUs = 0;
   return c;
 }

@@ -33,13 +33,14 @@ using Samples = std::vector<std::vector<double>>;
 
 libcomm::Result<SimCosts> costsFromEventLog(const std::vector<LogEntry>& log, const ShardPlan& plan, int fromStep) {
   const size_t n = plan.layers.size();
-  Samples fwd(n + 1), bwd(n + 1), gather(n + 1), reduce(n + 1), update(n + 1);
+  Samples fwd(n + 1), bwd(n + 1), bwdTail(n + 1), gather(n + 1), reduce(n + 1), update(n + 1);
   std::vector<double> zeroRate;  // us per element, over the zeroings measured
   Samples zeroRows(n);           // row-sparse layers: us per zeroing (it clears the rows named)
   auto slot = [&](int layer) -> size_t { return layer >= -1 && layer < static_cast<int>(n) ? size_t(layer + 1) : 0; };
   auto valid = [&](int layer) { return layer >= -1 && layer < static_cast<int>(n); };
 
   std::map<std::tuple<int, int, int, int>, int64_t> computeBegin;  // (step, micro, layer, phase)
+  std::map<std::tuple<int, int, int>, int64_t> gradsReady;         // (step, micro, layer)
   std::map<std::pair<int, int>, int64_t> gatherStart;              // (step, layer)
   std::map<std::tuple<int, int, int>, int64_t> reduceStart;        // (step, micro, layer)
   std::map<int, int64_t> lastStamp;                                // step -> step end or the last update stamp
@@ -55,8 +56,14 @@ libcomm::Result<SimCosts> costsFromEventLog(const std::vector<LogEntry>& log, co
         auto it = computeBegin.find({e.step, e.microBatch, e.layer, static_cast<int>(e.phase)});
         if (it != computeBegin.end() && counted && e.layer >= 0)
           (e.phase == Phase::kForward ? fwd : bwd)[slot(e.layer)].push_back(us(e.ns - it->second));
+        auto ready = gradsReady.find({e.step, e.microBatch, e.layer});
+        if (e.phase == Phase::kBackward && ready != gradsReady.end() && counted && e.layer >= 0)
+          bwdTail[slot(e.layer)].push_back(us(e.ns - ready->second));
         break;
       }
+      case LogKind::kGradsReady:
+        gradsReady[{e.step, e.microBatch, e.layer}] = e.ns;
+        break;
       case LogKind::kGatherStart:
         gatherStart[{e.step, e.layer}] = e.ns;
         break;
@@ -126,6 +133,7 @@ libcomm::Result<SimCosts> costsFromEventLog(const std::vector<LogEntry>& log, co
                                 " '", g.name, "' from step ", fromStep, " on");
     c.forwardUs[k] = median(fwd[s]);
     c.backwardUs[k] = median(bwd[s]);
+    c.backwardAfterGradsUs[k] = std::min(c.backwardUs[k], median(bwdTail[s]));
     c.gatherUs[k] = median(gather[s]);
     c.reduceUs[k] = median(reduce[s]);
     c.zeroUs[k] = g.sparseRows > 0 ? (zeroRows[k].empty() ? 0.0 : median(zeroRows[k]))

@@ -544,8 +544,8 @@ TEST(EventLogChecker, CatchesPerturbedLogs) {
     {
       auto log = run.log;
       size_t end = log.size();
-      for (size_t i = 0; i < log.size() && end == log.size(); ++i)
-        if (log[i].kind == LogKind::kComputeEnd && log[i].step == 1 && log[i].phase == libshard::Phase::kBackward &&
+      for (size_t i = 0; i < log.size() && end == log.size(); ++i)  // the gradients' end: gradsReady
+        if (log[i].kind == LogKind::kGradsReady && log[i].step == 1 && log[i].phase == libshard::Phase::kBackward &&
             log[i].gradBuffer >= 0)
           end = i;
       if (end == log.size()) return libcomm::makeError(StatusCode::kInternalError, "no backward entries");
@@ -578,20 +578,26 @@ TEST(EventLogChecker, CatchesPerturbedLogs) {
       log[find(LogKind::kGatherStart, 2, 1)].step = INT32_MIN;
       LIBCOMM_RETURN_IF_ERROR(expectCaught(log, "has step -2147483648", "a wrapped step number"));
     }
-    // Gradient buffers: a reduce-scatter that starts before its backward ended.
+    // Gradient buffers: a reduce-scatter that starts before its backward's gradients were ready;
+    // gradients ready outside the backward.
     {
       auto log = run.log;
       size_t rs = log.size();
       for (size_t i = 0; i < log.size(); ++i)
         if (log[i].kind == LogKind::kReduceStart && log[i].layer == 2 && log[i].step == 0) rs = i;
-      size_t end = log.size();
+      size_t ready = log.size(), end = log.size();
       for (size_t i = 0; i < log.size(); ++i)
-        if (log[i].kind == LogKind::kComputeEnd && log[i].layer == 2 && log[i].step == 0 &&
-            log[i].phase == libshard::Phase::kBackward)
-          end = i;
-      if (rs == log.size() || end == log.size()) return libcomm::makeError(StatusCode::kInternalError, "no entries");
-      log[rs].ns = log[end].ns - 1;
-      LIBCOMM_RETURN_IF_ERROR(expectCaught(log, "grad buffer", "early reduce-scatter"));
+        if (log[i].layer == 2 && log[i].step == 0 && log[i].phase == libshard::Phase::kBackward) {
+          if (log[i].kind == LogKind::kGradsReady) ready = i;
+          if (log[i].kind == LogKind::kComputeEnd) end = i;
+        }
+      if (rs == log.size() || ready == log.size() || end == log.size())
+        return libcomm::makeError(StatusCode::kInternalError, "no entries");
+      log[rs].ns = log[ready].ns - 1;
+      LIBCOMM_RETURN_IF_ERROR(expectCaught(log, "before its backward's gradients were ready", "early reduce-scatter"));
+      log = run.log;
+      log[ready].ns = log[end].ns + 1;
+      LIBCOMM_RETURN_IF_ERROR(expectCaught(log, "outside its backward", "gradients ready after the backward"));
     }
     // Rule B: a use that releases its buffer before its compute ends.
     {

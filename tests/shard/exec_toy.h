@@ -231,6 +231,10 @@ class ToyNet {
     for (auto& l : layers_) ptrs_.push_back(l.get());
   }
   std::vector<libshard::Layer*> layers() { return ptrs_; }
+  /// Backwards write their non-norm gradients first, call LayerViews::gradsReady, then add the norm
+  /// gradients and compute the upstream gradient (which reads the weights), after a pause that
+  /// lets the reduce-scatter run meanwhile.
+  void callGradsReady(bool on) { gradsReady_ = on; }
   int64_t wrongWeights = 0;  // elements that did not match (tolerateWrongWeights)
   int recomputes = 0;
 
@@ -322,20 +326,28 @@ class ToyNet {
     recomputes += v.recompute ? 1 : 0;
     if (k == static_cast<int>(spec_.layers.size()) - 1) g_.assign(width_, 1.0f);
     const auto& in = in_[static_cast<size_t>(v.microBatch)][kk];
-    for (size_t p = 0; p < v.grads.size(); ++p) {
-      const auto& gv = v.grads[p];
-      const std::string name(gv.name);
-      if (gv.kind != ParamKind::kNorm) {  // must arrive zeroed: no stale data from an earlier user
-        for (size_t i = 0; i < gv.numel; ++i)
-          if (readElem(gv, i) != 0.0f)
-            return libcomm::makeError(StatusCode::kInternalError, "layer ", k, " micro-batch ", v.microBatch,
-                                      ": grad view ", name, "[", i, "] holds ", readElem(gv, i), " at beginBackward");
+    // Non-norm gradients, then (callGradsReady) gradsReady, then the norm gradients.
+    for (const bool norms : {false, true}) {
+      if (norms && gradsReady_) {
+        LIBCOMM_RETURN_IF_ERROR(v.gradsReady());
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));  // "the input gradient"
       }
-      for (size_t i = 0; i < gv.numel; ++i) {
-        if (endsWith(name, ".w")) addElem(gv, i, g_[i] * in[i] * chain(v, ".s", i));
-        if (endsWith(name, ".s")) addElem(gv, i, g_[i] * in[i] * chain(v, ".w", i));
-        if (endsWith(name, ".u") && v.microBatch % 2 == 0)
-          addElem(gv, i, uGrad(plan_.options.rank, v.microBatch, k, i));
+      for (size_t p = 0; p < v.grads.size(); ++p) {
+        const auto& gv = v.grads[p];
+        if ((gv.kind == ParamKind::kNorm) != norms) continue;
+        const std::string name(gv.name);
+        if (gv.kind != ParamKind::kNorm) {  // must arrive zeroed: no stale data from an earlier user
+          for (size_t i = 0; i < gv.numel; ++i)
+            if (readElem(gv, i) != 0.0f)
+              return libcomm::makeError(StatusCode::kInternalError, "layer ", k, " micro-batch ", v.microBatch,
+                                        ": grad view ", name, "[", i, "] holds ", readElem(gv, i), " at beginBackward");
+        }
+        for (size_t i = 0; i < gv.numel; ++i) {
+          if (endsWith(name, ".w")) addElem(gv, i, g_[i] * in[i] * chain(v, ".s", i));
+          if (endsWith(name, ".s")) addElem(gv, i, g_[i] * in[i] * chain(v, ".w", i));
+          if (endsWith(name, ".u") && v.microBatch % 2 == 0)
+            addElem(gv, i, uGrad(plan_.options.rank, v.microBatch, k, i));
+        }
       }
     }
     for (size_t i = 0; i < width_; ++i) g_[i] *= chain(v, ".w", i) * chain(v, ".s", i);
@@ -349,6 +361,7 @@ class ToyNet {
   std::vector<std::vector<std::vector<float>>> in_;  // [micro][layer] input activation
   std::vector<float> prevScale_;                     // w*s of the previous layer (forward)
   std::vector<float> g_;                             // upstream gradient (backward)
+  bool gradsReady_ = false;
   std::vector<std::unique_ptr<ToyLayer>> layers_;
   std::vector<libshard::Layer*> ptrs_;
 };

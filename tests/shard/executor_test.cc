@@ -57,15 +57,16 @@ struct Variant {
   // too, in the optimizer window; with byDepth only the prefetch depth's.
   bool bigHead = false;
   bool byDepth = false;
+  bool gradsReady = false;  // the toy backwards call LayerViews::gradsReady after their weight gradients
 
   std::string name() const {
-    return libcomm::detail::strCat("micro ", micro, " ", libshard::precisionName(precision), " buffers ", blockBuffers,
-                                   " prefetch ", prefetch, " grad buffers ", gradBuffers,
-                                   serialize ? " serialized" : "", oneComm ? " one-comm" : "",
-                                   budget ? " checkpointing" : "", " align ", alignment, norms ? "" : " no-norms",
-                                   scale ? " scaled" : "", " width ", width, threadedCompute ? " threaded-compute" : "",
-                                   embedNoBackwardWeights ? " embed-backward-without-weights" : "",
-                                   bigHead ? " big-head" : "", byDepth ? " leading-by-depth" : "");
+    return libcomm::detail::strCat(
+        "micro ", micro, " ", libshard::precisionName(precision), " buffers ", blockBuffers, " prefetch ", prefetch,
+        " grad buffers ", gradBuffers, serialize ? " serialized" : "", oneComm ? " one-comm" : "",
+        budget ? " checkpointing" : "", " align ", alignment, norms ? "" : " no-norms", scale ? " scaled" : "",
+        " width ", width, threadedCompute ? " threaded-compute" : "",
+        embedNoBackwardWeights ? " embed-backward-without-weights" : "", bigHead ? " big-head" : "",
+        byDepth ? " leading-by-depth" : "", gradsReady ? " grads-ready" : "");
   }
 };
 
@@ -105,6 +106,17 @@ std::vector<Variant> variants() {
   headByDepth.bigHead = true;
   headByDepth.byDepth = true;
   v.push_back(headByDepth);
+  // Reduce-scatters started from gradsReady, inside the backward: plain, over micro-batches with
+  // checkpointing, and serialized (the wait still at endBackward).
+  for (int micro : {1, 3}) {
+    Variant ready{micro, micro == 1 ? Precision::kFp32 : Precision::kBf16};
+    ready.gradsReady = true;
+    ready.budget = micro == 3;
+    v.push_back(ready);
+  }
+  Variant readySerial{2, Precision::kBf16, 2, 1, 2, /*serialize=*/true};
+  readySerial.gradsReady = true;
+  v.push_back(readySerial);
   return v;
 }
 
@@ -190,6 +202,7 @@ Status runVariant(RankContext& ctx, libcomm::Communicator& agComm, libcomm::Comm
   LIBCOMM_ASSIGN_OR_RETURN(auto ex, libshard::Executor::create(spec, plan, schedule, *pool, agComm, rs, eo));
 
   toy::ToyNet net(spec, plan);
+  net.callGradsReady(v.gradsReady);
   toy::setWeights(plan, pool->state(), 0);
   libshard::RunnerHooks hooks;
   hooks.optimizer = [&](libshard::Executor& e) -> Status {
@@ -463,8 +476,17 @@ TEST(ExecutorHooks, OutOfOrderCallsAreRefusedAndHarmless) {
         expectError(ex.beginForward(1).status(), {StatusCode::kInvalidUsage}, {"beginForward(embed)"}, "wrong layer"));
     LIBCOMM_RETURN_IF_ERROR(expectError(ex.beginForward(-1).status(), {StatusCode::kInvalidUsage}, {}, "layer -1"));
     LIBCOMM_RETURN_IF_ERROR(expectError(ex.endForward(0), {StatusCode::kInvalidUsage}, {}, "end before begin"));
+    LIBCOMM_RETURN_IF_ERROR(expectError(ex.gradsReady(0), {StatusCode::kInvalidUsage}, {"beginForward(embed)"},
+                                        "gradsReady outside a backward"));
     toy::ToyNet net(rig->spec, rig->plan);
-    LIBCOMM_RETURN_IF_ERROR(toyPasses(ex, net));
+    // gradsReady once per backward: a second call is refused, and endBackward then does not repeat it.
+    const int last = static_cast<int>(rig->plan.layers.size()) - 1;
+    LIBCOMM_RETURN_IF_ERROR(toyPasses(ex, net, [&]() -> Status {
+      LIBCOMM_RETURN_IF_ERROR(expectError(ex.gradsReady(last - 1), {StatusCode::kInvalidUsage}, {"gradsReady(head)"},
+                                          "gradsReady of another layer"));
+      LIBCOMM_RETURN_IF_ERROR(ex.gradsReady(last));
+      return expectError(ex.gradsReady(last), {StatusCode::kInvalidUsage}, {"endBackward(head)"}, "gradsReady twice");
+    }));
     LIBCOMM_RETURN_IF_ERROR(ex.endStep());
     // The gate is not optional: the next step needs optimizerDone first.
     LIBCOMM_RETURN_IF_ERROR(expectError(ex.beginStep(), {StatusCode::kInvalidUsage}, {"optimizerDone"}, "no gate"));

@@ -201,6 +201,41 @@ TEST(Schedule, AnyDepthBeyondTheStepGathersTheSame) {
   expectStaticRuleB(huge);
 }
 
+// Each backward's gradient ops follow its gradsReady hook, its weights' release its endBackward:
+// a backward that finishes its weight gradients first has them reduced during the rest of it.
+TEST(Schedule, ReduceScattersStartAtGradsReady) {
+  const auto spec = toy::makeSpec();
+  const auto plan = planFor(spec, 2);
+  const Schedule s = build(plan);
+  int readies = 0, reduces = 0;
+  for (size_t i = 0; i < s.ops.size(); ++i) {
+    const ScheduleOp& op = s.ops[i];
+    if (op.kind != OpKind::kHook || op.hook != HookKind::kGradsReady) continue;
+    ++readies;
+    ASSERT_GE(i, 1u);
+    int prev = static_cast<int>(i) - 1;
+    while (s.ops[static_cast<size_t>(prev)].kind != OpKind::kHook) --prev;
+    EXPECT_EQ(s.ops[static_cast<size_t>(prev)].hook, HookKind::kBeginBackward) << s.describe(&plan);
+    EXPECT_EQ(s.ops[static_cast<size_t>(prev)].layer, op.layer);
+    size_t j = i + 1;
+    for (; s.ops[j].kind != OpKind::kHook; ++j) {
+      EXPECT_NE(s.ops[j].kind, OpKind::kAllGather) << s.describe(&plan);  // prefetches wait for endBackward
+      if (s.ops[j].kind == OpKind::kRecord)
+        EXPECT_NE(s.events[static_cast<size_t>(s.ops[j].event)].kind, libshard::EventKind::kReleased);
+      if (s.ops[j].kind == OpKind::kReduceScatter) {
+        EXPECT_EQ(s.ops[j].layer, op.layer);
+        ++reduces;
+      }
+    }
+    EXPECT_EQ(s.ops[j].hook, HookKind::kEndBackward);
+    EXPECT_EQ(s.ops[j].layer, op.layer);
+  }
+  // Every backward has one (layers without gradients too: the hook is then empty), and every
+  // layer reduce-scatter follows one.
+  EXPECT_EQ(readies, 2 * static_cast<int>(plan.layers.size()));
+  EXPECT_EQ(reduces, s.count(OpKind::kReduceScatter) - s.count(OpKind::kReduceScatter, -1));
+}
+
 TEST(Schedule, SerializedWaitsForEveryReduceScatter) {
   libshard::ScheduleOptions o;
   o.serialize = true;
@@ -208,11 +243,17 @@ TEST(Schedule, SerializedWaitsForEveryReduceScatter) {
   EXPECT_EQ(s.prefetchDepth, 0);
   for (size_t i = 0; i < s.ops.size(); ++i) {
     if (s.ops[i].kind != OpKind::kReduceScatter || s.ops[i].layer < 0) continue;
-    // Before the next hook (after the zeroing, when the step uses the buffer again).
+    // The reduce-scatter follows gradsReady; the trainer waits for it at endBackward, the next
+    // hook, where the baseline counts its exposed time.
     size_t j = i + 1;
-    while (j < s.ops.size() && s.ops[j].kind != OpKind::kHostSync && s.ops[j].kind != OpKind::kHook) ++j;
+    while (j < s.ops.size() && s.ops[j].kind != OpKind::kHook) ++j;
+    ASSERT_LT(j, s.ops.size());
+    EXPECT_EQ(s.ops[j].hook, HookKind::kEndBackward) << s.describe();
+    EXPECT_EQ(s.ops[j].layer, s.ops[i].layer);
+    for (++j; j < s.ops.size() && s.ops[j].kind != OpKind::kHostSync && s.ops[j].kind != OpKind::kHook;) ++j;
     ASSERT_LT(j, s.ops.size());
     EXPECT_EQ(s.ops[j].kind, OpKind::kHostSync) << s.describe();
+    EXPECT_EQ(s.ops[j].stream, libshard::StreamId::kReduce);
   }
 }
 

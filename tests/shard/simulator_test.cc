@@ -222,6 +222,7 @@ TEST(ScheduleSimulator, CostsMeasuredFromASimulatedLogAreTheCostsPutIn) {
     SimCosts in = unevenCosts(plan);
     in.microBatchUs = 0;  // not in the log
     in.normUs = 0;        // measured as part of the first update
+    for (size_t k = 0; k < plan.layers.size(); ++k) in.backwardAfterGradsUs[k] = 0.25 * in.backwardUs[k];
     SimOptions o;
     o.steps = 3;
     o.log = true;
@@ -232,6 +233,7 @@ TEST(ScheduleSimulator, CostsMeasuredFromASimulatedLogAreTheCostsPutIn) {
       SCOPED_TRACE(plan.layers[k].name);
       EXPECT_NEAR(out->forwardUs[k], in.forwardUs[k], 0.002);
       EXPECT_NEAR(out->backwardUs[k], in.backwardUs[k], 0.002);
+      EXPECT_NEAR(out->backwardAfterGradsUs[k], in.backwardAfterGradsUs[k], 0.002);
       EXPECT_NEAR(out->gatherUs[k], in.gatherUs[k], 0.002);
       EXPECT_NEAR(out->reduceUs[k], in.reduceUs[k], 0.002);
       EXPECT_NEAR(out->updateUs[k], in.updateUs[k], 0.002);
@@ -252,6 +254,26 @@ TEST(ScheduleSimulator, CostsMeasuredFromASimulatedLogAreTheCostsPutIn) {
     EXPECT_NEAR(run(plan, s, *out).last().stepUs, r.last().stepUs, 0.1 + 1e-3 * r.last().stepUs);
     EXPECT_NE(libshard::describeCosts(*out, plan).find("blocks.0"), std::string::npos);
   }
+}
+
+// The step's tail: the last backwards' reduce-scatters are waited for at endStep. With the input
+// gradient computed after gradsReady, they run during it instead, and the step is shorter by up to
+// that part; the whole compute is the same.
+TEST(ScheduleSimulator, GradientsReadyBeforeTheInputGradientShortenTheTail) {
+  const auto plan = toyPlan();
+  const Schedule s = scheduleFor(plan);
+  SimCosts c = unevenCosts(plan, /*commScale=*/3.0);
+  SimOptions engines;
+  engines.steps = 3;
+  engines.cores = 0;
+  engines.commCpu = 0;
+  const libshard::SimStep before = run(plan, s, c, engines).last();
+  for (size_t k = 0; k < plan.layers.size(); ++k) c.backwardAfterGradsUs[k] = 0.5 * c.backwardUs[k];
+  const libshard::SimStep after = run(plan, s, c, engines).last();
+  EXPECT_LT(after.stepUs, before.stepUs);
+  EXPECT_LT(after.exposedAtUs[static_cast<int>(HookKind::kEndStep)],
+            before.exposedAtUs[static_cast<int>(HookKind::kEndStep)]);
+  EXPECT_NEAR(after.computeUs, before.computeUs, 1e-6);
 }
 
 TEST(ScheduleSimulator, BadCostsAndOptionsAreRefusedNamingTheField) {
@@ -277,6 +299,9 @@ TEST(ScheduleSimulator, BadCostsAndOptionsAreRefusedNamingTheField) {
   SimCosts nan = c;
   nan.normUs = std::nan("");
   refused(nan, {}, "normUs");
+  SimCosts tail = c;
+  tail.backwardAfterGradsUs[2] = tail.backwardUs[2] + 1;
+  refused(tail, {}, "backwardAfterGradsUs[2]");
   // A schedule of another plan.
   const auto other = toyPlan(1, 1, 2, 2);
   auto r = libshard::simulate(other, s, SimCosts::zeros(other));

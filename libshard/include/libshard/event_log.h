@@ -32,6 +32,8 @@ enum class LogKind : uint8_t {
                      // trainer enqueued there before optimizerDone() (an optimizer) has run
   kGroupUpdated,     // compute stream: group `layer` (-1: resident) was stamped updated (groupUpdated)
   kGradZeroed,       // rs stream: grad buffer `gradBuffer` is zeroed after layer `layer`'s use
+  kGradsReady,       // trainer thread: gradsReady (or endBackward, for a trainer that does not call it)
+                     // was called: the backward's gradient buffer is final from here on
 };
 /// "gather_start", ... Thread-safe; a static string.
 const char* logKindName(LogKind k);

@@ -6,6 +6,8 @@
 //   beginStep();
 //   for each micro-batch: for k in 0..L-1: v = beginForward(k); <forward on v>; endForward(k);
 //                         for k in L-1..0: v = beginBackward(k); <backward on v>; endBackward(k);
+//                           (optional, inside the backward: v->gradsReady() once the weight
+//                           gradients are written, before the input gradient)
 //   endStep();          // all gradients are in ShardState::grad (sums, unless scaleGradients)
 //   setStepRows(k, rows) // optional: the next step's rows of a layer gathered by rows
 //   <optimizer on the shards with pendingGradScale(), including the bf16 cast of the compute copy:
@@ -105,6 +107,8 @@ struct BasicTensorView {
 using TensorView = BasicTensorView<void>;
 using ConstTensorView = BasicTensorView<const void>;
 
+class Executor;
+
 /// What a begin hook hands out for one layer.
 struct LayerViews {
   int64_t step = 0;
@@ -131,6 +135,12 @@ struct LayerViews {
   /// The view of the parameter called `name`, or null.
   const ConstTensorView* weight(std::string_view name) const;
   const TensorView* grad(std::string_view name) const;
+
+  /// Backward only, optional: Executor::gradsReady(layer) of the executor that handed the views
+  /// out (OK, doing nothing, for views no executor handed out).
+  libcomm::Status gradsReady() const;
+  /// Set by the executor in the backward views it hands out.
+  Executor* executor = nullptr;
 };
 
 struct ExecutorOptions {
@@ -236,8 +246,17 @@ class Executor {
   bool beforeFirstStep() const { return !primed_; }
   /// As beginForward, and also waits until a gradient buffer is free (reduced and zeroed).
   libcomm::Result<const LayerViews*> beginBackward(int layer);
-  /// The layer's gradients are written: releases the weights and reduce-scatters the gradient
-  /// buffer into the grad shard (overwrite on micro-batch 0, accumulate after).
+  /// Optional, between beginBackward(layer) and endBackward(layer): the layer's non-norm gradient
+  /// views are final. Their reduce-scatter into the grad shard (overwrite on micro-batch 0,
+  /// accumulate after) starts here, while the trainer goes on with the input gradient, which reads
+  /// the weights but writes no non-norm gradient view from here on (norm views may still be added
+  /// into: they are reduced at endStep). A backward that computes its weight gradients first hides
+  /// their reduce-scatter behind the rest of it -- the step's tail, where the last layers'
+  /// reduce-scatters are otherwise waited for at endStep. Serialized, the trainer still waits for
+  /// the reduce-scatter at endBackward. Called twice, or outside that window: kInvalidUsage.
+  libcomm::Status gradsReady(int layer);
+  /// The layer's backward is done: releases the weights (and, unless gradsReady(layer) was called,
+  /// does what it does first).
   libcomm::Status endBackward(int layer);
   /// Reduce-scatters the resident gradient and waits until every collective of the step is done:
   /// on return ShardState::grad holds the step's summed gradients (scaled if scaleGradients).

@@ -31,8 +31,11 @@
 //
 // The op list is divided by kHook ops, one per trainer hook: the ops after a hook (up to the next
 // one) are what that hook call enqueues. A step's hooks are, in order: beginStep; per micro-batch
-// beginForward/endForward for layers 0..L-1, then beginBackward/endBackward for L-1..0; endStep;
-// groupUpdated for each group of updateOrder; optimizerDone.
+// beginForward/endForward for layers 0..L-1, then beginBackward/gradsReady/endBackward for L-1..0;
+// endStep; groupUpdated for each group of updateOrder; optimizerDone. The gradient's ops (its
+// reduce-scatter, the zeroing) follow gradsReady, the weights' release and the prefetches
+// endBackward: a backward that computes its weight gradients first can have them reduced while it
+// computes its input gradient (the tail of the step: the last layers' reduce-scatters).
 
 #include <cstddef>
 #include <cstdint>
@@ -62,9 +65,12 @@ enum class HookKind : uint8_t {
   kEndStep,
   kGroupUpdated,  // `layer`: the group the optimizer has just updated (-1: the resident group)
   kOptimizerDone,
+  // Between beginBackward and endBackward of every backward: the layer's non-norm gradients are
+  // final (Executor::gradsReady, or endBackward for a trainer that does not call it).
+  kGradsReady,
 };
 /// How many HookKinds there are (arrays indexed by HookKind).
-inline constexpr int kNumHookKinds = static_cast<int>(HookKind::kOptimizerDone) + 1;
+inline constexpr int kNumHookKinds = static_cast<int>(HookKind::kGradsReady) + 1;
 /// "beginStep", "beginForward", ...
 const char* hookKindName(HookKind h);
 

@@ -55,6 +55,9 @@ namespace libshard {
 struct SimCosts {
   std::vector<double> forwardUs;   // layer k's forward, one micro-batch
   std::vector<double> backwardUs;  // its backward, one micro-batch (a checkpointed layer's recomputation included)
+  /// The part of backwardUs after gradsReady (the input gradient, computed once the weight
+  /// gradients are final and being reduced); 0: the gradients are ready at the backward's end.
+  std::vector<double> backwardAfterGradsUs;
   std::vector<double> gatherUs;    // the all_gather of layer k's weights
   std::vector<double> reduceUs;    // the reduce-scatter of layer k's gradient, one micro-batch
   std::vector<double> zeroUs;      // zeroing the part of a gradient buffer layer k used
