@@ -25,6 +25,8 @@ class Layer {
   /// Backward of micro-batch views.microBatch: if views.recompute, rerun forward from the kept
   /// input first; then add the gradients into views.grads (see LayerViews::grads). Called by
   /// Runner::step on its thread, layers in reverse order, between beginBackward and endBackward.
+  /// A backward that writes its weight gradients first may call views.gradsReady() before it goes
+  /// on to the input gradient, so that they are reduced meanwhile (Executor::gradsReady).
   virtual libcomm::Status backward(const LayerViews& views) = 0;
   /// A row-sparse layer (one the plan reduces by rows: FlatGroup::sparseRows > 0) sets `rows` to
   /// the rows of its table that its backward of micro-batch `microBatch` will write, as
