@@ -49,8 +49,8 @@ libcomm::Result<libshard::SimCosts> ratedCosts(const TrainOptions& o, int world,
     const double forward = 2.0 * tokens * matrix / (r.gflops * 1e3);  // GFLOP/s -> flops per us
     c.forwardUs[k] = forward;
     c.backwardUs[k] = 2.0 * forward + (plan.checkpointed[k] ? forward : 0.0);
-    // After gradsReady: the input gradient, one of the backward's two matrix products per weight
-    // matrix; a block's is its second layer's only (dW2, dh, dW1 come first), the head's its one.
+    // After gradsReady: the input gradient. A block computes dW2, dh and dW1 first, then dh . W1 (one
+    // of its four products: half a forward); the head its table's gradient, then dz (one forward).
     const bool block = !spec.layers[k].params.empty() &&
                        std::any_of(spec.layers[k].params.begin(), spec.layers[k].params.end(),
                                    [](const libshard::ParamSpec& p) { return p.kind == libshard::ParamKind::kBlock; });

@@ -92,7 +92,8 @@ const char* trainModeName(TrainMode mode);
 /// Where the trainer's thread waited for communication: the executor's hooks (on the CPU a hook
 /// that waits blocks this thread) and the optimizer's norm allReduce. Tells which collectives the
 /// schedule failed to hide: a gather not ready at beginForward/beginBackward, a reduce-scatter
-/// enqueue that found no core at endBackward, the last reduce-scatters at endStep, the norm.
+/// enqueue that found no core at endBackward (the head and blocks enqueue theirs at gradsReady,
+/// inside the backward: counted as compute), the last reduce-scatters at endStep, the norm.
 enum class ExposedAt : int {
   kBeginStep,
   kBeginForward,

@@ -7,7 +7,8 @@
 //  1. setGradRows (in the layer's forward) puts this rank's rows in the row-ids buffer and
 //     all_gathers every rank's list on the reduce-scatter stream, long before the backward needs
 //     them;
-//  2. at endBackward, the trainer's thread waits for those ids (bounded), merges them into one
+//  2. at gradsReady (endBackward, for a trainer that does not call it), the trainer's thread
+//     waits for those ids (bounded), merges them into one
 //     sorted list U (the same on every rank) and cuts U's rows at the shard boundaries: each piece
 //     belongs to the rank whose shard holds it. Every rank's pieces are packed, in U's order, into
 //     one slot of M elements per owner (M: the largest owner's total), zero-padded;
@@ -174,7 +175,7 @@ Status Executor::setGradRows(int layer, std::span<const int32_t> rows) {
   if (rs.step == step_ && rs.microBatch == hook_->microBatch)
     return libcomm::makeError(StatusCode::kInvalidUsage, where(), ": setGradRows called twice in this micro-batch");
   // Every rank's slot: the count, then the rows. The previous exchange of these ids was read at the
-  // previous endBackward of the layer, so nothing reads the slot now.
+  // layer's previous gradsReady, so nothing reads the slot now.
   auto* ids = static_cast<int32_t*>(pool_.rowIds(layer));
   const size_t entries = g.sparseRows + 1;
   writeRowList(ids, named, g.sparseRows);
@@ -183,7 +184,7 @@ Status Executor::setGradRows(int layer, std::span<const int32_t> rows) {
   Status r = rsComm_.allGather(ids, ids + entries, entries, libcomm::DataType::kFloat32, st);
   if (r.isOk()) r = st.record(*rs.idsGathered);
   // Micro-batch 0 overwrites the layer's grad shard: rows nobody names get their zero here, while
-  // the rs stream waits for the backward anyway, not at endBackward where the step's end waits for
+  // the rs stream waits for the backward anyway, not at gradsReady where the step's end waits for
   // it. The previous step's optimizer is done with the shard (optimizerDone came before this).
   if (r.isOk() && hook_->microBatch == 0) {
     float* shard = pool_.state().grad + g.stateOffset;

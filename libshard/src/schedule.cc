@@ -368,11 +368,7 @@ class Builder {
         hostWait(gradFree_[static_cast<size_t>(u.gradBuffer)]);
       }
 
-      // The gradient is reduced from gradsReady on: a backward that writes its weight gradients
-      // first overlaps their reduce-scatter with the rest of its compute. (Serialized, the trainer
-      // still waits for it at endBackward, where the baseline's exposed time is counted.)
-      if (!fwd) hook(HookKind::kGradsReady, &u);
-      if (u.gradBuffer >= 0) {
+      auto reduceGrad = [&] {
         const auto g = static_cast<size_t>(u.gradBuffer);
         record(StreamId::kCompute, gradReady_[g]);
         wait(StreamId::kReduce, gradReady_[g]);
@@ -381,10 +377,18 @@ class Builder {
           zeroGrad(u.layer, u.gradBuffer);
           record(StreamId::kReduce, gradFree_[g]);
         }
-      }
+      };
+      // The gradient is reduced from gradsReady on: a backward that writes its weight gradients
+      // first overlaps their reduce-scatter with the rest of its compute. The serialized baseline
+      // overlaps nothing: its gradsReady is empty, and endBackward reduces and waits.
+      if (!fwd) hook(HookKind::kGradsReady, &u);
+      if (u.gradBuffer >= 0 && !s_.serialize) reduceGrad();
       hook(fwd ? HookKind::kEndForward : HookKind::kEndBackward, &u);
       if (u.buffer >= 0) record(StreamId::kCompute, released_[static_cast<size_t>(u.buffer)]);
-      if (u.gradBuffer >= 0 && s_.serialize) hostSync(StreamId::kReduce);
+      if (u.gradBuffer >= 0 && s_.serialize) {
+        reduceGrad();
+        hostSync(StreamId::kReduce);
+      }
       issue(limit, static_cast<int>(i));
     }
 

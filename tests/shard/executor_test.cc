@@ -447,7 +447,8 @@ TEST(ExecutorFaults, DestroyedMidStepAbortsPeersFast) {
 
 // One micro-batch of the toy net through the hooks, forward then backward; `inFirstBackward` runs
 // while the first backward layer holds its views (between beginBackward and endBackward).
-Status toyPasses(libshard::Executor& ex, toy::ToyNet& net, const std::function<Status()>& inFirstBackward = {}) {
+Status toyPasses(libshard::Executor& ex, toy::ToyNet& net, const std::function<Status()>& inFirstBackward = {},
+                 const std::function<Status()>& afterFirstBackward = {}) {
   const int L = static_cast<int>(ex.plan().layers.size());
   for (int k = 0; k < L; ++k) {
     LIBCOMM_ASSIGN_OR_RETURN(auto* v, ex.beginForward(k));
@@ -458,6 +459,7 @@ Status toyPasses(libshard::Executor& ex, toy::ToyNet& net, const std::function<S
     LIBCOMM_ASSIGN_OR_RETURN(auto* v, ex.beginBackward(k));
     if (k == L - 1 && inFirstBackward) LIBCOMM_RETURN_IF_ERROR(inFirstBackward());
     LIBCOMM_RETURN_IF_ERROR(net.layers()[static_cast<size_t>(k)]->backward(*v));
+    if (k == L - 1 && afterFirstBackward) LIBCOMM_RETURN_IF_ERROR(afterFirstBackward());
     LIBCOMM_RETURN_IF_ERROR(ex.endBackward(k));
   }
   return Status::ok();
@@ -481,7 +483,7 @@ TEST(ExecutorHooks, OutOfOrderCallsAreRefusedAndHarmless) {
     toy::ToyNet net(rig->spec, rig->plan);
     // gradsReady once per backward: a second call is refused, and endBackward then does not repeat it.
     const int last = static_cast<int>(rig->plan.layers.size()) - 1;
-    LIBCOMM_RETURN_IF_ERROR(toyPasses(ex, net, [&]() -> Status {
+    LIBCOMM_RETURN_IF_ERROR(toyPasses(ex, net, {}, [&]() -> Status {
       LIBCOMM_RETURN_IF_ERROR(expectError(ex.gradsReady(last - 1), {StatusCode::kInvalidUsage}, {"gradsReady(head)"},
                                           "gradsReady of another layer"));
       LIBCOMM_RETURN_IF_ERROR(ex.gradsReady(last));

@@ -137,7 +137,8 @@ struct LayerViews {
   const TensorView* grad(std::string_view name) const;
 
   /// Backward only, optional: Executor::gradsReady(layer) of the executor that handed the views
-  /// out (OK, doing nothing, for views no executor handed out).
+  /// out (OK, doing nothing, on forward views and on views no executor handed out). Call it once
+  /// the non-norm gradient views are final; the checker (checkEventLog) takes it at its word.
   libcomm::Status gradsReady() const;
   /// Set by the executor in the backward views it hands out.
   Executor* executor = nullptr;
@@ -210,10 +211,10 @@ class Executor {
   /// ones, each in [0, the table's rows): otherwise kInvalidArgument, and nothing is sent (the rows
   /// are checked against the table whatever the plan, so that a bad row shows on every plan). The
   /// ids go to every rank at once (an all_gather on the reduce-scatter stream; in a serialized
-  /// schedule this call waits for it), so that endBackward knows which rows to move: only the rows
+  /// schedule this call waits for it), so that gradsReady (or endBackward) knows which rows to move: only the rows
   /// some rank named travel, and only this rank's are zeroed again afterwards. So the backward
   /// must add into the named rows only (LayerViews::grads): a gradient written elsewhere is summed
-  /// only where another rank named the row, and stays in the buffer for later uses. endBackward of
+  /// only where another rank named the row, and stays in the buffer for later uses. gradsReady of
   /// the layer waits (bounded by waitTimeout) for the ids, which have long arrived unless the
   /// reduce-scatter stream is behind. Where the plan reduces the layer densely (FlatGroup::sparseRows
   /// 0) and on a device pool (whose row buffers are allocated but unused for now), the rows are
@@ -252,8 +253,10 @@ class Executor {
   /// the weights but writes no non-norm gradient view from here on (norm views may still be added
   /// into: they are reduced at endStep). A backward that computes its weight gradients first hides
   /// their reduce-scatter behind the rest of it -- the step's tail, where the last layers'
-  /// reduce-scatters are otherwise waited for at endStep. Serialized, the trainer still waits for
-  /// the reduce-scatter at endBackward. Called twice, or outside that window: kInvalidUsage.
+  /// reduce-scatters are otherwise waited for at endStep. On a device pool it is a record on the
+  /// compute stream behind the kernels enqueued so far. Serialized, it does nothing: endBackward
+  /// reduce-scatters and waits, as the baseline overlaps nothing. Called twice, or outside that
+  /// window: kInvalidUsage.
   libcomm::Status gradsReady(int layer);
   /// The layer's backward is done: releases the weights (and, unless gradsReady(layer) was called,
   /// does what it does first).
