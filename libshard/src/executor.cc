@@ -309,10 +309,13 @@ Status Executor::enterHook(HookKind kind, int layer, const char* call) {
   const ScheduleOp& op = schedule_.ops[cursor_];
   if (op.kind != OpKind::kHook || op.hook != kind || op.layer != layer) {
     // A trainer bug, not a communication failure: report it and leave the position unchanged.
-    return libcomm::makeError(
-        StatusCode::kInvalidUsage, "libshard rank ", rank_, ", step ", step_, ": ", call, "(", layer,
-        ") called, but the schedule expects ", schedule_.describeOp(cursor_, &plan_),
-        op.hook == HookKind::kGroupUpdated && op.kind == OpKind::kHook ? " (or optimizerDone)" : "", " next");
+    return libcomm::makeError(StatusCode::kInvalidUsage, "libshard rank ", rank_, ", step ", step_, ": ", call, "(",
+                              layer, ") called, but the schedule expects ", schedule_.describeOp(cursor_, &plan_),
+                              op.kind != OpKind::kHook             ? ""
+                              : op.hook == HookKind::kGroupUpdated ? " (or optimizerDone)"
+                              : op.hook == HookKind::kGradsReady   ? " (or endBackward)"
+                                                                   : "",
+                              " next");
   }
   hook_ = &op;
   if (kind == HookKind::kEndForward || kind == HookKind::kEndBackward || kind == HookKind::kGradsReady) {

@@ -486,6 +486,8 @@ TEST(ExecutorHooks, OutOfOrderCallsAreRefusedAndHarmless) {
     LIBCOMM_RETURN_IF_ERROR(toyPasses(ex, net, {}, [&]() -> Status {
       LIBCOMM_RETURN_IF_ERROR(expectError(ex.gradsReady(last - 1), {StatusCode::kInvalidUsage}, {"gradsReady(head)"},
                                           "gradsReady of another layer"));
+      LIBCOMM_RETURN_IF_ERROR(expectError(ex.beginBackward(last - 1).status(), {StatusCode::kInvalidUsage},
+                                          {"gradsReady(head)", "(or endBackward)"}, "no endBackward"));
       LIBCOMM_RETURN_IF_ERROR(ex.gradsReady(last));
       return expectError(ex.gradsReady(last), {StatusCode::kInvalidUsage}, {"endBackward(head)"}, "gradsReady twice");
     }));
