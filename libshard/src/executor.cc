@@ -304,7 +304,7 @@ void Executor::abort(const Status& why) {
 }
 
 // Checks that `kind` is the hook the schedule expects next, then enqueues the ops that follow it.
-Status Executor::enterHook(HookKind kind, int layer, const char* call) {
+Status Executor::enterHook(HookKind kind, int layer, const char* call, bool backwardEnded) {
   if (!error_.isOk()) return error_;
   const ScheduleOp& op = schedule_.ops[cursor_];
   if (op.kind != OpKind::kHook || op.hook != kind || op.layer != layer) {
@@ -318,8 +318,14 @@ Status Executor::enterHook(HookKind kind, int layer, const char* call) {
                               " next");
   }
   hook_ = &op;
-  if (kind == HookKind::kEndForward || kind == HookKind::kEndBackward || kind == HookKind::kGradsReady) {
-    Status st = logCompute(kind == HookKind::kGradsReady ? LogKind::kGradsReady : LogKind::kComputeEnd);
+  LogKind logs[2];
+  int n = 0;
+  if (kind == HookKind::kGradsReady) logs[n++] = LogKind::kGradsReady;
+  if ((kind == HookKind::kGradsReady && backwardEnded) || kind == HookKind::kEndForward ||
+      (kind == HookKind::kEndBackward && !backwardEnded))
+    logs[n++] = LogKind::kComputeEnd;
+  for (int i = 0; i < n; ++i) {
+    Status st = logCompute(logs[i]);
     if (!st.isOk()) return fail(st.withContext(where()));
   }
   for (++cursor_; cursor_ < schedule_.ops.size() && schedule_.ops[cursor_].kind != OpKind::kHook; ++cursor_) {
@@ -398,8 +404,10 @@ Status Executor::gradsReady(int layer) { return enterHook(HookKind::kGradsReady,
 Status Executor::endBackward(int layer) {
   // A trainer that did not call gradsReady: its gradients are final now.
   const ScheduleOp& op = schedule_.ops[cursor_];
-  if (error_.isOk() && op.kind == OpKind::kHook && op.hook == HookKind::kGradsReady && op.layer == layer)
-    LIBCOMM_RETURN_IF_ERROR(enterHook(HookKind::kGradsReady, layer, "endBackward"));
+  if (error_.isOk() && op.kind == OpKind::kHook && op.hook == HookKind::kGradsReady && op.layer == layer) {
+    LIBCOMM_RETURN_IF_ERROR(enterHook(HookKind::kGradsReady, layer, "endBackward", /*backwardEnded=*/true));
+    return enterHook(HookKind::kEndBackward, layer, "endBackward", /*backwardEnded=*/true);
+  }
   return enterHook(HookKind::kEndBackward, layer, "endBackward");
 }
 

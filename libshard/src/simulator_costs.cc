@@ -151,15 +151,19 @@ libcomm::Result<SimCosts> costsFromEventLog(const std::vector<LogEntry>& log, co
 }
 
 std::string describeCosts(const SimCosts& c, const ShardPlan& plan) {
-  std::string out = "layer                      forward   backward     gather     reduce       zero     update  (us)\n";
+  // "after grads": the part of the backward after gradsReady (SimCosts::backwardAfterGradsUs).
+  std::string out =
+      "layer                      forward   backward after grads     gather     reduce       zero     update  (us)\n";
   char line[256];
   for (size_t k = 0; k < plan.layers.size() && k < c.forwardUs.size(); ++k) {
-    std::snprintf(line, sizeof line, "%-24s %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f\n", plan.layers[k].name.c_str(),
-                  c.forwardUs[k], c.backwardUs[k], c.gatherUs[k], c.reduceUs[k], c.zeroUs[k], c.updateUs[k]);
+    const double tail = k < c.backwardAfterGradsUs.size() ? c.backwardAfterGradsUs[k] : 0.0;
+    std::snprintf(line, sizeof line, "%-24s %10.1f %10.1f %11.1f %10.1f %10.1f %10.1f %10.1f\n",
+                  plan.layers[k].name.c_str(), c.forwardUs[k], c.backwardUs[k], tail, c.gatherUs[k], c.reduceUs[k],
+                  c.zeroUs[k], c.updateUs[k]);
     out += line;
   }
-  std::snprintf(line, sizeof line, "%-24s %10s %10s %10.1f %10.1f %10s %10.1f\n", "resident (norms)", "-", "-",
-                c.residentGatherUs, c.residentReduceUs, "-", c.residentUpdateUs);
+  std::snprintf(line, sizeof line, "%-24s %10s %10s %11s %10.1f %10.1f %10s %10.1f\n", "resident (norms)", "-", "-",
+                "-", c.residentGatherUs, c.residentReduceUs, "-", c.residentUpdateUs);
   out += line;
   std::snprintf(line, sizeof line, "per micro-batch: data %.1f us; per step: gradient norm %.1f us\n", c.microBatchUs,
                 c.normUs);

@@ -95,7 +95,9 @@ class EventLog {
 ///  - rule B: no all_gather into a buffer overlapped a compute that used the buffer (from its
 ///    begin to the release the compute stream reached);
 ///  - gradient buffers: no reduce-scatter overlapped a backward writing the same buffer; each
-///    reduce-scatter started after the backward it reduces ended; every backward was reduced;
+///    reduce-scatter started after the backward it reduces had its gradients ready (its
+///    grads_ready entry, which must lie within the backward; without one, the backward's end --
+///    the call is taken at its word: a write after it is not seen); every backward was reduced;
 ///  - the resident gradient was reduced after every backward of the step;
 ///  - the grad shard: a layer's reduce-scatter of micro-batch 0 overwrites it and later ones add
 ///    into it; the resident group's overwrites it;

@@ -340,7 +340,9 @@ class Executor {
   Executor(const ShardPlan& plan, Schedule schedule, BufferPool& pool, libcomm::Communicator& agComm,
            libcomm::Communicator& rsComm, ExecutorOptions options);
   libcomm::Status bindViews(const ModelSpec& model);
-  libcomm::Status enterHook(HookKind kind, int layer, const char* call);
+  // `backwardEnded`: endBackward entering the gradsReady its trainer did not call (the compute end
+  // is logged there, before the gradient's ops, which may wait; then not again at endBackward).
+  libcomm::Status enterHook(HookKind kind, int layer, const char* call, bool backwardEnded = false);
   libcomm::Status runOp(const ScheduleOp& op);
   libcomm::Status runGather(const ScheduleOp& op);
   libcomm::Status runDenseGather(const ScheduleOp& op);

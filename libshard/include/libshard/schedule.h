@@ -35,7 +35,9 @@
 // endStep; groupUpdated for each group of updateOrder; optimizerDone. The gradient's ops (its
 // reduce-scatter, the zeroing) follow gradsReady, the weights' release and the prefetches
 // endBackward: a backward that computes its weight gradients first can have them reduced while it
-// computes its input gradient (the tail of the step: the last layers' reduce-scatters).
+// computes its input gradient (the tail of the step: the last layers' reduce-scatters). In the
+// serialized baseline gradsReady is empty: the gradient's ops follow endBackward, behind the
+// release, and the trainer waits for them there.
 
 #include <cstddef>
 #include <cstdint>
