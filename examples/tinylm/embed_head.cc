@@ -74,10 +74,12 @@ void embedBackward(const TinyLmConfig& cfg, const int32_t* tokens, size_t count,
   };
   std::vector<uint32_t>& idx = ws.indices();
   if (zeroedTable) {
-    // The tokens' positions sorted by id (stable: each row is summed in token order, as below).
+    // The tokens' positions sorted by id, then position (each row is summed in token order, as
+    // below; no scratch allocation, unlike a stable sort).
     idx.resize(count);
     std::iota(idx.begin(), idx.end(), 0u);
-    std::stable_sort(idx.begin(), idx.end(), [tokens](uint32_t a, uint32_t b) { return tokens[a] < tokens[b]; });
+    std::sort(idx.begin(), idx.end(),
+              [tokens](uint32_t a, uint32_t b) { return tokens[a] != tokens[b] ? tokens[a] < tokens[b] : a < b; });
     for (size_t i = 0, j; i < count; i = j) {
       for (j = i + 1; j < count && tokens[idx[j]] == tokens[idx[i]];) ++j;
       writeRow(size_t(tokens[idx[i]]), idx.data() + i, j - i);

@@ -2,8 +2,6 @@
 
 #include "tinylm/simulate.h"
 
-#include <algorithm>
-
 #include <cstdio>
 #include <string>
 
@@ -43,17 +41,17 @@ libcomm::Result<libshard::SimCosts> ratedCosts(const TrainOptions& o, int world,
   libshard::SimCosts c = libshard::SimCosts::zeros(plan);
   for (size_t k = 0; k < plan.layers.size(); ++k) {
     double matrix = 0;
-    for (const libshard::ParamSpec& p : spec.layers[k].params)
+    bool block = false;
+    for (const libshard::ParamSpec& p : spec.layers[k].params) {
       if (p.kind == libshard::ParamKind::kBlock || p.kind == libshard::ParamKind::kHead)
         matrix += static_cast<double>(p.numel());
+      block = block || p.kind == libshard::ParamKind::kBlock;
+    }
     const double forward = 2.0 * tokens * matrix / (r.gflops * 1e3);  // GFLOP/s -> flops per us
     c.forwardUs[k] = forward;
     c.backwardUs[k] = 2.0 * forward + (plan.checkpointed[k] ? forward : 0.0);
     // After gradsReady: the input gradient. A block computes dW2, dh and dW1 first, then dh . W1 (one
     // of its four products: half a forward); the head its table's gradient, then dz (one forward).
-    const bool block = !spec.layers[k].params.empty() &&
-                       std::any_of(spec.layers[k].params.begin(), spec.layers[k].params.end(),
-                                   [](const libshard::ParamSpec& p) { return p.kind == libshard::ParamKind::kBlock; });
     c.backwardAfterGradsUs[k] = block ? 0.5 * forward : forward;
     const libshard::FlatGroup& g = plan.layers[k];
     if (g.paddedNumel == 0) continue;

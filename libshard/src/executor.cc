@@ -321,8 +321,9 @@ Status Executor::enterHook(HookKind kind, int layer, const char* call, bool back
   LogKind logs[2];
   int n = 0;
   if (kind == HookKind::kGradsReady) logs[n++] = LogKind::kGradsReady;
-  if ((kind == HookKind::kGradsReady && backwardEnded) || kind == HookKind::kEndForward ||
-      (kind == HookKind::kEndBackward && !backwardEnded))
+  // The compute ends at endForward, and at endBackward -- logged where endBackward entered the
+  // gradsReady its trainer did not call, before that hook's ops.
+  if (kind == HookKind::kEndForward || kind == (backwardEnded ? HookKind::kGradsReady : HookKind::kEndBackward))
     logs[n++] = LogKind::kComputeEnd;
   for (int i = 0; i < n; ++i) {
     Status st = logCompute(logs[i]);

@@ -9,9 +9,10 @@
 // (CUDA semantics), so issuing earlier would silently wait on an older record.
 //
 // The step's leading gathers (the resident group's, the prefetches before the first compute and
-// the later ones whose buffers are free at step start) are emitted at the end of the list, after the optimizer's
-// kGroupUpdated hook of their group, for the next step; firstStepOps holds them for the first step. The same holds for
-// the events they wait on: each group's update is recorded by its hook before the gather's wait is enqueued.
+// the later ones whose buffers are free at step start) are emitted at the end of the list, after
+// the optimizer's kGroupUpdated hook of their group, for the next step; firstStepOps holds them for
+// the first step. The same holds for the events they wait on: each group's update is recorded by
+// its hook before the gather's wait is enqueued.
 
 #include <algorithm>
 #include <limits>
@@ -306,13 +307,14 @@ class Builder {
     std::vector<Leading> lead;
     const bool resident = s_.residentBuffer >= 0;
     std::vector<int> layers;
-    if (s_.prefetchDepth > 0 && !uses_.empty())
+    if (s_.prefetchDepth > 0 && !uses_.empty()) {
       for (int i : take(lastNeeded_[0] + s_.prefetchDepth, -1)) layers.push_back(i);
-    // Then every gather, in order, whose buffer's previous user was in the previous step: its
-    // buffer sits idle through the optimizer anyway. The ag stream gets them in the order the
-    // forward needs them, so none of them delays an earlier one.
-    if (s_.leadFreeBuffers && !uses_.empty())
-      for (int i : take(std::numeric_limits<int>::max(), -1)) layers.push_back(i);
+      // Then every gather, in order, whose buffer's previous user was in the previous step: its
+      // buffer sits idle through the optimizer anyway. The ag stream gets them in the order the
+      // forward needs them, so none of them delays an earlier one. (leadFreeBuffers implies depth > 0.)
+      if (s_.leadFreeBuffers)
+        for (int i : take(std::numeric_limits<int>::max(), -1)) layers.push_back(i);
+    }
     for (size_t j = 0; j < layers.size(); ++j) {
       const Gather& g = gathers_[static_cast<size_t>(layers[j])];
       lead.push_back({g.layer, g.buffer});
