@@ -346,11 +346,8 @@ TEST(Schedule, FreeBuffersLeadInForwardOrder) {
       if (op.kind == OpKind::kAllGather && op.nextStep) out.push_back(op.layer);
     return out;
   };
-  auto withBigHead = [](int blocks) {
-    libshard::ModelSpec m = toy::makeSpec({.blocks = blocks});
-    m.layers.back().params.back().shape = {3000};  // head.u: the head gets a buffer of its own
-    return m;
-  };
+  // head.u of 3000: the head gets a buffer of its own.
+  auto withBigHead = [](int blocks) { return toy::makeSpec({.blocks = blocks, .headExtra = 3000}); };
   const libshard::ShardPlan two = planFor(withBigHead(2), 1);
   const int head = static_cast<int>(two.layers.size()) - 1;
   ASSERT_NE(two.layers[static_cast<size_t>(head)].gatherBuffer, two.layers[1].gatherBuffer);
