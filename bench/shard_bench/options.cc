@@ -31,7 +31,8 @@ constexpr const char* kUsage =
     "                        override that field in every selected size (the size's name gets a '*'); a\n"
     "                        rank's micro-batch, T x S tokens, is bounded as `tinylm --help` says (every\n"
     "                        activation under 2^31 elements, the -np ranks' activations within this machine's\n"
-    "                        memory): checked before anything is allocated\n"
+    "                        memory), and so is the model (the plan's shards, buffers and optimizer state with\n"
+    "                        the activations, for the -np ranks): checked before anything is allocated\n"
     "  --precision P         bf16 | fp32: gathered weights and gradients, in every size (default: the size's)\n"
     "  --micro-batches M     gradient accumulation steps per step (default 1)\n"
     "  --prefetch D          gathers ahead of compute in the overlap schedule (default 1)\n"
@@ -227,6 +228,12 @@ libcomm::Result<Options> parseOptions(const std::vector<std::string>& args) {
                                 " sequences per step is more than 2^31 - 1");
     const Status st = tinylm::validateTrainOptions(trainOptions(o, s, BenchMode::kOverlap, 1));
     if (!st.isOk()) return st.withContext("size " + s.name);
+    // With -np, the plan too (libshard's shards, buffers and optimizer state) must fit the ranks
+    // started here. A launched rank's world is known only once it starts; its set-up checks its own.
+    if (o.numRanks > 0) {
+      const Status fits = tinylm::checkRunOptions(trainOptions(o, s, BenchMode::kOverlap, here), here, here);
+      if (!fits.isOk()) return fits.withContext("size " + s.name);
+    }
   }
   if (o.numRanks > 0 && libcomm::startedAsRank())
     return libcomm::makeError(StatusCode::kInvalidArgument,

@@ -40,7 +40,7 @@ int usage(const std::string& who, const libcomm::Status& st) {
 // -np: the launcher starts the ranks, each running this command without -np.
 int spawnRanks(const CliOptions& o, const char* argv0) {
   // What every rank's set-up would refuse, said once here instead of by every rank.
-  const libcomm::Status pre = checkRunOptions(o.train, o.numRanks);
+  const libcomm::Status pre = checkRunOptions(o.train, o.numRanks, o.numRanks);
   if (isOptionsError(pre)) return usage("tinylm", pre);
   if (!pre.isOk()) {
     std::fprintf(stderr, "tinylm: %s\n", pre.toString().c_str());

@@ -62,12 +62,36 @@ uint64_t memoryTerm(const libshard::ShardPlan& plan, const char* name) {
   return 0;
 }
 
+// A model the ranks on this machine cannot hold: per rank, libshard's buffers and optimizer state
+// (the plan's) and the layers' activations and scratch, times the ranks sharing the machine. The
+// model flags' error, before anything is allocated: such a run filled the memory until the kernel
+// killed the ranks.
+Status checkPlanFits(const TrainOptions& o, int world, const libshard::ShardPlan& plan, int ranksHere) {
+  const uint64_t activations = layerMemoryBytes(o.model, maxMicroBatchTokens(o, world), plan.numCheckpointed() > 0);
+  const int here = std::max(ranksHere, 1);
+  const MemoryLimit memory = usableMemory();
+  const long double need =
+      (static_cast<long double>(plan.libshardBytes) + static_cast<long double>(activations)) * here;
+  if (need <= static_cast<long double>(memory.bytes)) return Status::ok();
+  const TinyLmConfig& m = o.model;
+  return optionsError(
+      "--vocab ", m.vocab, " --dim ", m.dim, " --hidden ", m.hidden, " --layers ", m.layers, " at ", world,
+      world == 1 ? " rank" : " ranks", ": libshard's shards, buffers and optimizer state (", plan.libshardBytes >> 20,
+      " MiB per rank; tinylm --describe lists them) and the activations and scratch (", activations >> 20,
+      " MiB per rank)", here > 1 ? libcomm::detail::strCat(" x ", here, " ranks here") : std::string(), " exceed ",
+      memory.what, ": ", memory.bytes >> 20, " MiB");
+}
+
 // The plan of `rank`; a --memory-budget it cannot meet is the flag's error, and so is a schedule
-// too large to build (--micro-batches x the model's layers: the planner's bound).
+// too large to build (--micro-batches x the model's layers: the planner's bound), and a model that
+// `ranksHere` ranks cannot hold in this machine's memory.
 libcomm::Result<libshard::ShardPlan> planRank(const TrainOptions& o, int world, int rank,
-                                              const libshard::ModelSpec& spec) {
+                                              const libshard::ModelSpec& spec, int ranksHere) {
   auto plan = libshard::ShardPlanner(trainPlanOptions(o, world, rank)).plan(spec);
-  if (plan.isOk()) return plan;
+  if (plan.isOk()) {
+    LIBCOMM_RETURN_IF_ERROR(checkPlanFits(o, world, *plan, ranksHere));
+    return plan;
+  }
   const std::string& why = plan.status().message();
   if (o.memoryBudgetBytes > 0 && why.find("memory budget") != std::string::npos)
     return optionsError("--memory-budget ", o.memoryBudgetBytes, ": ", why);
@@ -188,15 +212,16 @@ bool isOptionsError(const Status& st) {
   return st.code() == StatusCode::kInvalidArgument && st.message().rfind("--", 0) == 0;
 }
 
-Status checkRunOptions(const TrainOptions& o, int worldSize) {
-  LIBCOMM_RETURN_IF_ERROR(validateTrainOptions(o, worldSize));
+Status checkRunOptions(const TrainOptions& o, int worldSize, int ranksHere) {
+  LIBCOMM_RETURN_IF_ERROR(validateTrainOptions(o, worldSize, ranksHere));
   if (!o.saveCheckpoint.empty()) LIBCOMM_RETURN_IF_ERROR(checkSaveDirectory(o.saveCheckpoint));
   uint64_t from = 0;
   if (!o.loadCheckpoint.empty()) {
     LIBCOMM_ASSIGN_OR_RETURN(const ResumePoint point, checkResume(o));
     from = point.step;
   }
-  LIBCOMM_ASSIGN_OR_RETURN(const libshard::ShardPlan plan, planRank(o, worldSize, 0, trainModelSpec(o, worldSize)));
+  LIBCOMM_ASSIGN_OR_RETURN(const libshard::ShardPlan plan,
+                           planRank(o, worldSize, 0, trainModelSpec(o, worldSize), ranksHere));
   if (o.eventLogCheck)
     LIBCOMM_RETURN_IF_ERROR(eventLogCapacity(static_cast<size_t>(o.steps - from), plan, o.microBatches).status());
   return Status::ok();
@@ -315,7 +340,7 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
       LIBCOMM_ASSIGN_OR_RETURN(const ResumePoint point, checkResume(o));
       resumeChanges = point.changed;
     }
-    LIBCOMM_ASSIGN_OR_RETURN(result.plan, planRank(o, world, rank, spec));
+    LIBCOMM_ASSIGN_OR_RETURN(result.plan, planRank(o, world, rank, spec, 1));
     const libshard::ShardPlan& plan = result.plan;
     LIBCOMM_ASSIGN_OR_RETURN(pool, libshard::BufferPool::create(plan, agComm, rsComm));
     initMasterShard(o.model, o.seed, plan, pool->state());

@@ -238,11 +238,14 @@ libcomm::Status validateTrainOptions(const TrainOptions& options, int worldSize,
 /// these as usage errors (exit 2, the message alone). Pure.
 bool isOptionsError(const libcomm::Status& status);
 
-/// validateTrainOptions(options, worldSize), then every options error of the above that set-up
-/// would find, without training or allocating (rank 0's plan): for a launcher that starts the ranks
-/// itself (tinylm -np) to report it once, instead of every rank. Reads the checkpoint directories
-/// (and creates and removes a probe in the one to save into).
-libcomm::Status checkRunOptions(const TrainOptions& options, int worldSize);
+/// validateTrainOptions(options, worldSize, ranksHere), then every options error of the above that
+/// set-up would find, without training or allocating (rank 0's plan), and a model whose plan
+/// (libshard's shards, buffers and optimizer state, with the layers' activations and scratch) the
+/// `ranksHere` ranks on this machine cannot hold in its memory (usableMemory): for a launcher that
+/// starts the ranks itself (tinylm -np W: ranksHere W) to report it once, instead of every rank.
+/// Set-up checks the same memory for its own rank alone. Reads the checkpoint directories (and
+/// creates and removes a probe in the one to save into).
+libcomm::Status checkRunOptions(const TrainOptions& options, int worldSize, int ranksHere = 1);
 
 /// The sequences of the global batch that `rank` computes in micro-batch `micro`: [first, end).
 struct SequenceRange {

@@ -886,6 +886,21 @@ TEST(TinyLmTrainOptions, CheckRunOptionsFindsWhatSetUpWould) {
   EXPECT_FALSE(tinylm::isOptionsError(libcomm::makeError(StatusCode::kInternalError, "--x")));
 }
 
+// A model whose plan no machine holds (its libshard state alone is over a terabyte per rank) is the
+// model flags' error before anything is allocated; it used to run the ranks out of memory.
+TEST(TinyLmTrainOptions, CheckRunOptionsRefusesAModelTooBigForTheMachine) {
+  TrainOptions o = tinyOptions(Precision::kFp32, 3);
+  o.model.dim = 40000;  // weight matrices under 2^31 elements, 64 blocks of them
+  o.model.hidden = 40000;
+  o.model.layers = 64;
+  o.model.seqLen = 2;
+  const Status st = tinylm::checkRunOptions(o, 2, 2);
+  EXPECT_TRUE(tinylm::isOptionsError(st)) << st.toString();
+  EXPECT_EQ(st.message().rfind("--vocab ", 0), 0u) << st.toString();
+  for (const char* part : {"--dim 40000 --hidden 40000 --layers 64", "optimizer state", "x 2 ranks here", "exceed"})
+    EXPECT_NE(st.message().find(part), std::string::npos) << part << " in " << st.toString();
+}
+
 // The flag parser tinylm and shard_bench share (tinylm/flags.h): both spellings of a value, aliases
 // forwarded under the full name, -np kept back, switches, help that stops the parse, int ranges.
 TEST(TinyLmTrainOptions, SharedFlagParser) {
