@@ -2,12 +2,14 @@
 
 #include "libshard/buffers.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
 
 #include "device/device_memory.h"
+#include "libcomm/convert.h"
 #include "shard_internal.h"
 
 namespace libshard {
@@ -199,6 +201,38 @@ std::string BufferPool::describe() const {
     os << "  " << a.name << ": " << a.bytes << " bytes" << (a.bytes && !a.data ? " (freed)" : "") << "\n";
   os << "  total now " << current_ << " bytes, peak " << peak_ << " bytes\n";
   return os.str();
+}
+
+Status setParameter(const ShardPlan& plan, ShardState& state, std::string_view name, const float* values,
+                    size_t count) {
+  LIBCOMM_RETURN_IF_ERROR(detail::checkWritable(state, "setParameter", false));
+  if (state.onDevice)
+    return libcomm::makeError(StatusCode::kInvalidUsage, "setParameter: the state is device memory; write its ",
+                              "shards with the device's copies");
+  auto find = [&](const FlatGroup& g) -> const ParamPlacement* {
+    for (const ParamPlacement& p : g.params)
+      if (p.name == name) return &p;
+    return nullptr;
+  };
+  const FlatGroup* group = nullptr;
+  const ParamPlacement* param = nullptr;
+  for (size_t k = 0; k <= plan.layers.size() && !param; ++k) {
+    group = k < plan.layers.size() ? &plan.layers[k] : &plan.resident;
+    param = find(*group);
+  }
+  if (!param)
+    return libcomm::makeError(StatusCode::kInvalidArgument, "setParameter: the plan holds no parameter '", name, "'");
+  if (count != param->numel || (count > 0 && values == nullptr))
+    return libcomm::makeError(StatusCode::kInvalidArgument, "setParameter: '", name, "' has ", param->numel,
+                              " elements, given ", count, values ? "" : " (and no values)");
+  // This rank's shard of the group's padded flat buffer, and the parameter's part of it.
+  const size_t lo = static_cast<size_t>(plan.options.rank) * group->shardNumel, hi = lo + group->shardNumel;
+  const size_t b = std::max(lo, param->offset), e = std::min(hi, param->offset + param->numel);
+  if (b >= e) return Status::ok();  // none of it on this rank
+  float* master = state.master + group->stateOffset + (b - lo);
+  std::memcpy(master, values + (b - param->offset), (e - b) * sizeof(float));
+  if (state.compute) libcomm::floatToBf16(master, state.compute + group->stateOffset + (b - lo), e - b);
+  return Status::ok();
 }
 
 }  // namespace libshard

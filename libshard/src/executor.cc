@@ -345,6 +345,7 @@ Status Executor::beginStep() {
                               " (the event log numbers them in 32 bits)");
   const ScheduleOp& op = schedule_.ops[cursor_];
   if (!primed_ && op.kind == OpKind::kHook && op.hook == HookKind::kBeginStep) {
+    if (Status agreed = agreeOnStart(); !agreed.isOk()) return fail(agreed.withContext(where() + ", beginStep"));
     // Work enqueued on the compute stream before the first step (a checkpoint loaded there, an
     // init kernel) touches the state: the communication streams start after it.
     Status gate = compute_->record(*startGate_);

@@ -418,8 +418,12 @@ TEST(ExecutorFaults, DestroyedMidStepAbortsPeersFast) {
     eo.waitTimeout = std::chrono::seconds(30);
     LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, {1, Precision::kFp32}, testConfig(std::chrono::seconds(30)), eo));
     const auto barrier = [&] { return ctx.bootstrap.barrier(libcomm::Deadline::after(std::chrono::seconds(90))); };
+    toy::ToyNet net(rig->spec, rig->plan);
+    libshard::Runner runner(*rig->ex, net.layers());
+    // The first step together: its beginStep is collective (the ranks compare their plans).
+    LIBCOMM_RETURN_IF_ERROR(runner.step());
     if (ctx.rank == 0) {
-      LIBCOMM_RETURN_IF_ERROR(rig->ex->beginStep());  // gathers enqueued; rank 1 has not joined them
+      LIBCOMM_RETURN_IF_ERROR(rig->ex->beginStep());  // step 1 begun; rank 1 has not begun it
       const auto start = libcomm::Clock::now();
       rig->ex.reset();
       const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(libcomm::Clock::now() - start);
@@ -431,8 +435,6 @@ TEST(ExecutorFaults, DestroyedMidStepAbortsPeersFast) {
       return Status::ok();
     }
     LIBCOMM_RETURN_IF_ERROR(barrier());
-    toy::ToyNet net(rig->spec, rig->plan);
-    libshard::Runner runner(*rig->ex, net.layers());
     const auto start = libcomm::Clock::now();
     Status st = runner.step();
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(libcomm::Clock::now() - start);

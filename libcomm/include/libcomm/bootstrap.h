@@ -159,7 +159,9 @@ bool startedAsRank(std::string* which = nullptr);
 /// resolveLaunchInfo() + the matching bootstrap (hosting the TCP store when hostsStore is set;
 /// the returned bootstrap keeps it alive, and its destructor waits, up to the peer timeout
 /// (LIBCOMM_PEER_TIMEOUT_MS, 10 s by default), for the other ranks to disconnect before stopping
-/// the store). A world of size 1 gets an in-process bootstrap.
+/// the store). A world of size 1 (LIBCOMM_WORLD_SIZE=1, ...) gets an in-process bootstrap. With no
+/// launcher variables at all it fails saying what to set: a program that may also run alone checks
+/// startedAsRank() first and otherwise takes createInProcessBootstraps(1)[0] (as tinylm does).
 Result<std::unique_ptr<Bootstrap>> createBootstrapFromEnvironment(Deadline deadline,
                                                                   const LaunchOverrides& overrides = {});
 

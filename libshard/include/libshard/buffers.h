@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "libcomm/communicator.h"
@@ -58,6 +59,16 @@ struct PoolAllocation {
   void* data = nullptr;
   bool fromGatherComm = true;  // false: allocated from the reduce-scatter communicator
 };
+
+/// Writes parameter `name`'s full (unsharded) values -- `values`, its numel elements in the order
+/// of its shape -- into this rank's part of the fp32 master shard and of the bf16 compute copy
+/// (where the plan has one), and nothing else: a trainer sets its initial weights by calling it for
+/// every parameter on every rank, with the same values (each rank keeps its own slice). Padding and
+/// the other ranks' elements stay as they are (a pool's are zeros). kInvalidArgument when the plan
+/// holds no such parameter or `values` is not its size; kInvalidUsage when the trainer may not write
+/// the state now (ShardState::writable) or it is device memory. Not thread-safe for one state.
+libcomm::Status setParameter(const ShardPlan& plan, ShardState& state, std::string_view name, const float* values,
+                             size_t count);
 
 class BufferPool {
  public:

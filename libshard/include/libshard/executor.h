@@ -181,7 +181,7 @@ class Executor {
   /// puts both on one stream. `model` must be the spec the plan was made from. The plan and the
   /// schedule are copied; `pool` and the communicators must outlive the executor (a pool takes one
   /// executor at a time: kInvalidUsage while another exists). Not collective:
-  /// nothing is communicated until beginStep. The streams and events follow the pool's memory:
+  /// nothing is communicated until beginStep (whose first call is). The streams and events follow the pool's memory:
   /// host ones for host memory, CUDA ones on BufferPool::device() for device memory (see the file
   /// comment).
   static libcomm::Result<std::unique_ptr<Executor>> create(const ModelSpec& model, const ShardPlan& plan,
@@ -197,7 +197,14 @@ class Executor {
   Executor& operator=(const Executor&) = delete;
 
   /// Starts a step. The resident gather and the first prefetches were issued by the previous
-  /// step's groupUpdated hooks; on the first step this enqueues them. Returns at once.
+  /// step's groupUpdated hooks; on the first step this enqueues them. Returns at once, except on
+  /// this executor's first step, where it is collective: every rank's beginStep checks that its
+  /// bf16 compute copy holds its master weights (host memory; one unit in the last place either
+  /// way is allowed) and exchanges hashes of its plan, schedule and firstStep on agComm (bounded by
+  /// waitTimeout). Ranks that differ -- a parameter renamed, reshaped or of another kind, other
+  /// PlanOptions or ScheduleOptions, another first step -- fail there on every rank with
+  /// kInvalidUsage naming the other rank and what differs, instead of training on with a
+  /// collective of the same size or waiting out the op timeout.
   libcomm::Status beginStep();
   /// Waits (compute stream and this thread) until layer `layer`'s weights are gathered, then
   /// returns its views for the current micro-batch. The pointer stays valid until endForward.
@@ -340,6 +347,11 @@ class Executor {
   Executor(const ShardPlan& plan, Schedule schedule, BufferPool& pool, libcomm::Communicator& agComm,
            libcomm::Communicator& rsComm, ExecutorOptions options);
   libcomm::Status bindViews(const ModelSpec& model);
+  // The first beginStep's checks (executor_agree.cc): this rank's bf16 compute copy holds its
+  // master's values (host memory), and every rank runs the same plan, schedule and first step
+  // (hashes exchanged on agComm); kInvalidUsage naming the rank and what differs.
+  libcomm::Status agreeOnStart();
+  libcomm::Status checkComputeCopy();
   // `backwardEnded`: endBackward entering the gradsReady its trainer did not call (the compute end
   // is logged there, before the gradient's ops, which may wait; then not again at endBackward).
   libcomm::Status enterHook(HookKind kind, int layer, const char* call, bool backwardEnded = false);
