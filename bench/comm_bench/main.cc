@@ -159,7 +159,7 @@ int main(int argc, char** argv) {
   using namespace comm_bench;
   auto options = parseOptions(argc, argv);
   if (!options.isOk()) {
-    fprintf(stderr, "comm_bench: %s\n\n%s", options.status().message().c_str(), usageText());
+    fprintf(stderr, "comm_bench: %s\n(comm_bench --help lists the flags)\n", options.status().message().c_str());
     return kExitUsage;
   }
   if (options->help) {

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "libcomm/bootstrap.h"
+#include "program_output.h"  // tools/common
 
 namespace comm_bench {
 
@@ -353,6 +354,8 @@ Result<Options> parseOptions(int argc, char** argv) {
       // As tinylm and shard_bench: a typo such as -np 40000 would fork that many processes.
       s = setInt(flag, value, 1, o.numRanks, 1024, "number of local ranks");
     } else if (flag == "-J" || flag == "--output_file") {
+      // Before any rank starts: a file that cannot be written failed the run after it.
+      s = shardcomm::program::checkOutputFile(std::string(flag), value);
       o.jsonPath = value;
     } else if (flag == "-a" || flag == "--print_algo") {
       auto b = parseBool(flag, value);

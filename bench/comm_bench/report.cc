@@ -52,8 +52,8 @@ void Report::printHeader(const std::string& bootstrap, const std::vector<RankInf
                          const std::string& selection) {
   std::string colls;
   for (Coll c : options_.colls) colls.append(colls.empty() ? "" : ", ").append(collName(c));
-  printf("# comm_bench %s (libcomm %s): %d ranks, bootstrap %s\n", colls.c_str(), libcomm::versionString(), nranks_,
-         bootstrap.c_str());
+  printf("# comm_bench %s (libcomm %s): %d %s, bootstrap %s\n", colls.c_str(), libcomm::versionString(), nranks_,
+         nranks_ == 1 ? "rank" : "ranks", bootstrap.c_str());
   std::string step = options_.stepBytes ? std::to_string(options_.stepBytes) + "(bytes)"
                                         : std::to_string(options_.stepFactor) + "(factor)";
   printf(
@@ -66,8 +66,10 @@ void Report::printHeader(const std::string& bootstrap, const std::vector<RankInf
     for (const TypePair& t : typePairs(options_, c))
       types.append(" ").append(collName(c)).append(":").append(typeColumn(t));
   for (auto op : options_.ops) ops.append(ops.empty() ? "" : ",").append(opName(op));
+  const bool premul =
+      std::find(options_.ops.begin(), options_.ops.end(), libcomm::ReduceOp::kPremulSum) != options_.ops.end();
   if (std::any_of(options_.colls.begin(), options_.colls.end(), reduces))
-    printf("#  types:%s  reduce ops: %s (premulsum scale 1/3)\n", types.c_str(), ops.c_str());
+    printf("#  types:%s  reduce ops: %s%s\n", types.c_str(), ops.c_str(), premul ? " (premulsum scale 1/3)" : "");
   else
     printf("#  types:%s\n", types.c_str());
   printf("#\n# Using ranks\n");
@@ -165,7 +167,7 @@ void Report::writeJson(const Row& row, const Measurement& m, bool inPlace) {
 bool Report::printSummary(const libcomm::Status& error) {
   const bool pass = error.isOk() && totalWrong_ == 0;
   std::string wrong = options_.check ? std::to_string(totalWrong_) + " wrong" : "not checked";
-  printf("comm_bench: %d ranks, %d cases, %s", nranks_, cases_, wrong.c_str());
+  printf("comm_bench: %d %s, %d cases, %s", nranks_, nranks_ == 1 ? "rank" : "ranks", cases_, wrong.c_str());
   for (Coll c : {Coll::kAllGather, Coll::kReduceScatter, Coll::kAllReduce}) {
     if (ranColl_[static_cast<int>(c)])
       printf(", %s peak busbw %.2f GB/s", collName(c), peakBusbw_[static_cast<int>(c)]);

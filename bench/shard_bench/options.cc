@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 
+#include "program_output.h"  // tools/common
 #include "tinylm/flags.h"
 #include "tinylm/launch.h"
 
@@ -192,7 +193,8 @@ libcomm::Result<Options> parseOptions(const std::vector<std::string>& args) {
        [&](const std::string& f, const std::string& s) {
          if (s.empty()) return usageError(f, s, "needs a file name");
          o.jsonPath = s;
-         return Status::ok();
+         // Before any rank starts: a file that cannot be written failed the run after it.
+         return shardcomm::program::checkOutputFile(f, s);
        }},
   };
   table.aliases = {{"-w", "--warmup"}, {"-n", "--steps"}, {"-r", "--repeats"}, {"-T", "--timeout"}};

@@ -66,7 +66,7 @@ TrainLoop::TrainLoop(const TrainOptions& options, StepHooks& hooks, libshard::Sh
   layers_.tensors().lossScaleDenominator = 1.0f;
   if (options.mode == TrainMode::kCommOnly) std::fill(layerPtrs_.begin(), layerPtrs_.end(), &idle_);
   for (const libshard::FlatGroup& g : hooks.plan().layers) {
-    rowSparse_ = rowSparse_ || g.sparseRows > 0;
+    rowSparse_ = rowSparse_ || g.declaredGradRows > 0;
     rowGather_ = rowGather_ || g.gatherRows > 0;
   }
   for (int m = 0; m < options.microBatches; ++m)
@@ -215,7 +215,8 @@ libcomm::Result<StepRecord> TrainLoop::step(int s) {
       st = layerPtrs_[size_t(k)]->forward(*v);
       rec.computeSeconds += secondsSince(tc);
       if (!st.isOk()) return fail(st, s, m, k, "forward");
-      if (hooks_.plan().layers[size_t(k)].sparseRows > 0) {
+      // Named wherever the layer declares rows, whether the plan reduces it by rows or densely.
+      if (hooks_.plan().layers[size_t(k)].declaredGradRows > 0) {
         std::span<const int32_t> rows;
         st = layers_.gradRows(k, m, rows);
         if (st.isOk()) st = hooks_.setGradRows(k, rows);

@@ -66,7 +66,7 @@ class TrainLoop {
   IdleLayer idle_;  // comm-only mode's stand-in for every layer
   std::vector<libshard::Layer*> layerPtrs_;
   int world_ = 1;
-  bool rowSparse_ = false;  // some layer's gradient is reduced by rows (its tokens' rows)
+  bool rowSparse_ = false;  // some layer declares gradient rows (its tokens' rows), named every micro-batch
   bool rowGather_ = false;  // some layer is gathered by rows (the step's tokens' rows)
   bool rowsNamed_ = false;  // the rows of the next step to run are named
   std::vector<int32_t> stepInputs_, stepTargets_;  // nameStepRows' scratch

@@ -271,8 +271,8 @@ std::string Executor::where() const {
   std::ostringstream os;
   os << "libshard rank " << rank_ << ", step " << step_;
   if (hook_ && hook_->layer >= 0) {
-    os << ", micro-batch " << hook_->microBatch << ", layer " << hook_->layer << " '"
-       << plan_.layers[static_cast<size_t>(hook_->layer)].name << "'";
+    if (hook_->microBatch >= 0) os << ", micro-batch " << hook_->microBatch;
+    os << ", layer " << hook_->layer << " '" << plan_.layers[static_cast<size_t>(hook_->layer)].name << "'";
   }
   if (hook_) os << ", " << hookKindName(hook_->hook);
   return os.str();
@@ -281,9 +281,9 @@ std::string Executor::where() const {
 Status Executor::fail(Status st) {
   if (error_.isOk()) {
     error_ = st;
-    // Peers are waiting in collectives this rank will never join: make them fail now.
-    agComm_.abort();
-    if (&rsComm_ != &agComm_) rsComm_.abort();
+    // Peers are waiting in collectives this rank will never join: make them fail now, saying why.
+    agComm_.abort(st.message());
+    if (&rsComm_ != &agComm_) rsComm_.abort(st.message());
   }
   return error_;
 }
@@ -309,8 +309,17 @@ Status Executor::enterHook(HookKind kind, int layer, const char* call, bool back
   const ScheduleOp& op = schedule_.ops[cursor_];
   if (op.kind != OpKind::kHook || op.hook != kind || op.layer != layer) {
     // A trainer bug, not a communication failure: report it and leave the position unchanged.
-    return libcomm::makeError(StatusCode::kInvalidUsage, "libshard rank ", rank_, ", step ", step_, ": ", call, "(",
-                              layer, ") called, but the schedule expects ", schedule_.describeOp(cursor_, &plan_),
+    const bool perLayer =
+        kind != HookKind::kBeginStep && kind != HookKind::kEndStep && kind != HookKind::kOptimizerDone;
+    const bool known = layer >= -1 && layer < static_cast<int>(plan_.layers.size());
+    const std::string called =
+        !perLayer ? std::string(call)
+        : known
+            ? libcomm::detail::strCat(call, "(", layer,
+                                      layer >= 0 ? " '" + plan_.layers[static_cast<size_t>(layer)].name + "'" : "", ")")
+            : libcomm::detail::strCat(call, "(", layer, ": no such layer, the plan has ", plan_.layers.size(), ")");
+    return libcomm::makeError(StatusCode::kInvalidUsage, "libshard rank ", rank_, ", step ", step_, ": ", called,
+                              " called, but the schedule expects ", schedule_.describeOp(cursor_, &plan_),
                               op.kind != OpKind::kHook             ? ""
                               : op.hook == HookKind::kGroupUpdated ? " (or optimizerDone)"
                               : op.hook == HookKind::kGradsReady   ? " (or endBackward)"

@@ -191,11 +191,20 @@ Status Executor::hostWait(const ScheduleOp& op) {
   const bool gather = ev.kind == EventKind::kGathered;
   std::string what = gather ? "all_gather into buffer '" + plan_.gatherBuffers[static_cast<size_t>(ev.index)].name + "'"
                             : "event " + ev.name;
-  if (st.code() == StatusCode::kTimeout) {
+  bool ownTimeout = st.code() == StatusCode::kTimeout;
+  if (ownTimeout) {
     const Status cause = communicatorCause(gather ? agComm_ : rsComm_);
     if (!cause.isOk()) st = cause;
+    ownTimeout = cause.isOk();
   }
-  return st.withContext("waiting " + std::to_string(options_.waitTimeout.count()) + " ms at most for " + what);
+  return st.withContext(waitedFor(ownTimeout, what));
+}
+
+// The context of a failed wait: how long it waited only where its own deadline ended it (a peer's
+// failure ends it at once, and "waiting 300000 ms" read as if it had waited that long).
+std::string Executor::waitedFor(bool ownTimeout, const std::string& what) const {
+  if (ownTimeout) return "waited " + std::to_string(options_.waitTimeout.count()) + " ms (waitTimeout) for " + what;
+  return "waiting for " + what;
 }
 
 LogEntry Executor::gatherLogEntry(const ScheduleOp& op) const {
@@ -268,9 +277,17 @@ LogEntry Executor::reduceLogEntry(const ScheduleOp& op) const {
 }
 
 Status Executor::runReduce(const ScheduleOp& op) {
-  if (op.layer >= 0 && !device_ && plan_.layers[static_cast<size_t>(op.layer)].sparseRows > 0)
-    return runSparseReduce(op);
-  return runDenseReduce(op);
+  if (op.layer < 0) return runDenseReduce(op);
+  const FlatGroup& g = plan_.layers[static_cast<size_t>(op.layer)];
+  // On every plan, whether it reduces the layer by rows or densely (a small table, a device pool):
+  // a trainer that forgets the call fails the same way at any scale.
+  const RowState& rs = rows_[static_cast<size_t>(op.layer)];
+  if (g.declaredGradRows > 0 && (rs.step != step_ || rs.microBatch != op.microBatch))
+    return libcomm::makeError(StatusCode::kInvalidUsage, "layer '", g.name,
+                              "' has a row-sparse gradient (LayerSpec::gradRowsPerMicroBatch), but its forward of "
+                              "micro-batch ",
+                              op.microBatch, " did not name its rows (Executor::setGradRows)");
+  return !device_ && g.sparseRows > 0 ? runSparseReduce(op) : runDenseReduce(op);
 }
 
 Status Executor::runDenseReduce(const ScheduleOp& op) {

@@ -170,10 +170,16 @@ Status Executor::setGradRows(int layer, std::span<const int32_t> rows) {
     return libcomm::makeError(StatusCode::kInvalidArgument, where(), ": setGradRows: ", named.size(),
                               " distinct rows, more than the ", g.declaredGradRows,
                               " per micro-batch the model declares (LayerSpec::gradRowsPerMicroBatch)");
-  if (g.sparseRows == 0 || device_) return Status::ok();  // reduced densely: the rows are not needed
   RowState& rs = rows_[k];
   if (rs.step == step_ && rs.microBatch == hook_->microBatch)
     return libcomm::makeError(StatusCode::kInvalidUsage, where(), ": setGradRows called twice in this micro-batch");
+  if (g.sparseRows == 0 || device_) {  // reduced densely: the rows are not needed, only that they were named
+    if (g.declaredGradRows > 0) {
+      rs.step = step_;
+      rs.microBatch = hook_->microBatch;
+    }
+    return Status::ok();
+  }
   // Every rank's slot: the count, then the rows. The previous exchange of these ids was read at the
   // layer's previous gradsReady, so nothing reads the slot now.
   auto* ids = static_cast<int32_t*>(pool_.rowIds(layer));
@@ -213,12 +219,13 @@ Status Executor::setGradRows(int layer, std::span<const int32_t> rows) {
 Status Executor::waitForIds(libcomm::Event& ids, libcomm::Communicator& comm, const std::string& what) const {
   Status st = ids.synchronize(libcomm::Deadline::after(options_.waitTimeout));
   if (st.isOk()) return st;
-  if (st.code() == StatusCode::kTimeout) {
+  bool ownTimeout = st.code() == StatusCode::kTimeout;
+  if (ownTimeout) {
     const Status cause = communicatorCause(comm);
     if (!cause.isOk()) st = cause;
+    ownTimeout = cause.isOk();
   }
-  return st.withContext("waiting " + std::to_string(options_.waitTimeout.count()) + " ms at most for every rank's " +
-                        what);
+  return st.withContext(waitedFor(ownTimeout, "every rank's " + what));
 }
 
 Status Executor::waitForGatheredRows(int layer) {
@@ -237,12 +244,7 @@ Status Executor::readGatheredRows(int layer, std::vector<int32_t>& all) {
 
 Status Executor::runSparseReduce(const ScheduleOp& op) {
   const FlatGroup& g = plan_.layers[static_cast<size_t>(op.layer)];
-  RowState& rs = rows_[static_cast<size_t>(op.layer)];
-  if (rs.step != step_ || rs.microBatch != op.microBatch)
-    return libcomm::makeError(StatusCode::kInvalidUsage, "layer '", g.name,
-                              "' has a row-sparse gradient (LayerSpec::gradRowsPerMicroBatch), but its forward of "
-                              "micro-batch ",
-                              op.microBatch, " did not name its rows (Executor::setGradRows)");
+  RowState& rs = rows_[static_cast<size_t>(op.layer)];  // named in this micro-batch (runReduce checked)
   std::vector<int32_t> all;
   LIBCOMM_RETURN_IF_ERROR(readGatheredRows(op.layer, all));
   auto packing = std::make_shared<const RowPacking>(packRows(all, g, plan_.options.worldSize));

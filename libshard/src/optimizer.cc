@@ -236,8 +236,10 @@ libcomm::Result<double> ShardedAdamW::step(ShardState& state, float gradScale, l
 }
 
 std::string ShardedAdamW::where(const ShardState& state) const {
+  // ShardState::step: the steps taken before this one, counted from 0 as the executor counts
+  // training steps (the two part only where a non-finite norm skipped one).
   return "rank " + std::to_string(rank_) + " of " + std::to_string(worldSize_) + ", optimizer step " +
-         std::to_string(state.step + 1);
+         std::to_string(state.step);
 }
 
 libcomm::Result<double> ShardedAdamW::beginStep(ShardState& state, float gradScale, libcomm::Communicator* comm,
@@ -324,8 +326,8 @@ libcomm::Result<double> ShardedAdamW::beginStepImpl(ShardState& state, float gra
       if (peerStep != state.step)
         return libcomm::makeError(
             StatusCode::kInvalidUsage, "AdamW: rank ", p, " is at optimizer step ",
-            peerStep ? std::to_string(*peerStep + 1) : std::string("(unreadable)"), ", this rank at step ",
-            state.step + 1,
+            peerStep ? std::to_string(*peerStep) : std::string("(unreadable)"), ", this rank at step ", state.step,
+            " (ShardState::step, from 0)",
             ": every rank must step from the same optimizer state (was one rank's state re-created, or loaded "
             "from another checkpoint?); nothing was updated");
       // Bit for bit: ranks with different learning rates would hold different models from here on.

@@ -193,7 +193,7 @@ std::string Schedule::describeOp(size_t index, const ShardPlan* plan) const {
         os << "(" << layerName(op.layer, plan) << ")";
       } else if (op.layer >= 0) {
         os << "(" << layerName(op.layer, plan) << ") micro-batch " << op.microBatch;
-        if (op.buffer >= 0) os << ", weights in " << bufferName(op.buffer, plan);
+        if (op.buffer >= 0) os << ", weights in buffer " << bufferName(op.buffer, plan);
         if (op.gradBuffer >= 0) os << ", grads in grad buffer " << gradBufferName(op.gradBuffer, plan);
         if (op.recompute) os << ", recompute forward";
       }

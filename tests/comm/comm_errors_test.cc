@@ -1168,6 +1168,72 @@ TEST(CommErrors, APeerThatPostedAndFailedSinceIsReportedAsFailed) {
   EXPECT_RANKS_OK(report);
 }
 
+// The same for an eager collective, which has no completion handshake: the late rank found the
+// early one's input posted and finished it, reporting OK (and a clean finalize) while the early
+// rank had failed it. Inside the descriptor (8 B) and in the eager area (1 KiB).
+TEST(CommErrors, AnEagerCollectiveAPeerGaveUpOnIsReportedAsFailed) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    libcomm::CommConfig cfg = quickConfig();
+    cfg.opTimeout = scaledForSanitizers(std::chrono::milliseconds(500));
+    const auto until = libcomm::Deadline::after(std::chrono::seconds(60));
+    for (const size_t n : {size_t{2}, size_t{256}}) {
+      LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, cfg));
+      auto s = libcomm::createHostStream("late");
+      std::vector<float> in(n, 1.0f), out(2 * n);
+      if (ctx.rank == 1) {
+        LIBCOMM_RETURN_IF_ERROR(comm->allGather(in.data(), out.data(), n, DataType::kFloat32, *s));
+        LIBCOMM_RETURN_IF_ERROR(
+            expectStatus(s->synchronize(until), StatusCode::kTimeout, {"rank 1", "all_gather"}, "the early rank"));
+        LIBCOMM_RETURN_IF_ERROR(ctx.bootstrap.barrier(until));  // its input stays posted meanwhile
+        LIBCOMM_RETURN_IF_ERROR(ctx.bootstrap.barrier(until));
+        continue;
+      }
+      std::atomic<bool> release{false};
+      LIBCOMM_RETURN_IF_ERROR(holdStreamUntil(*s, release));
+      LIBCOMM_RETURN_IF_ERROR(comm->allGather(in.data(), out.data(), n, DataType::kFloat32, *s));
+      const Status met = ctx.bootstrap.barrier(until);
+      release.store(true);
+      LIBCOMM_RETURN_IF_ERROR(met);
+      const Status st = s->synchronize(until);
+      LIBCOMM_RETURN_IF_ERROR(ctx.bootstrap.barrier(until));
+      LIBCOMM_RETURN_IF_ERROR(expectStatus(st, StatusCode::kRemoteError,
+                                           {"rank 0", "peer rank 1 failed", "all_gather", "eager", "timed out"},
+                                           "the late rank"));
+      if (comm->finalize(std::chrono::seconds(5)).isOk())
+        return libcomm::makeError(StatusCode::kInternalError, "the late rank's finalize says the run was clean");
+    }
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// A timeout names the last collective the absent peer posted: the post slot of the awaited seq's
+// parity holds the one before last (it said "posted counter is 0, needed 2" of a peer at seq 1).
+TEST(CommErrors, ATimeoutNamesTheLastCollectiveTheAbsentPeerPosted) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    libcomm::CommConfig cfg = quickConfig();
+    cfg.opTimeout = scaledForSanitizers(std::chrono::milliseconds(300));
+    const auto until = libcomm::Deadline::after(std::chrono::seconds(60));
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, cfg));
+    auto s = libcomm::createHostStream("absent");
+    std::vector<float> in(4, 1.0f), out(8);
+    LIBCOMM_RETURN_IF_ERROR(comm->allGather(in.data(), out.data(), 4, DataType::kFloat32, *s));
+    LIBCOMM_RETURN_IF_ERROR(s->synchronize(until));
+    if (ctx.rank == 1) {
+      LIBCOMM_RETURN_IF_ERROR(comm->allGather(in.data(), out.data(), 4, DataType::kFloat32, *s));
+      LIBCOMM_RETURN_IF_ERROR(expectStatus(s->synchronize(until), StatusCode::kTimeout,
+                                           {"all_gather seq 2", "its last posted collective is seq 1, needed 2"},
+                                           "the waiting rank"));
+    }
+    return ctx.bootstrap.barrier(until);
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 // An allocation of 0 bytes frees cleanly, and an empty range is never registered: one at an
 // allocation's base slipped past free()'s check and, left behind, belonged to the next allocation
 // made at that address (which could then be neither registered nor freed).

@@ -277,6 +277,48 @@ TEST(GradRowsUsage, MisusesAreRefusedAndNamed) {
   EXPECT_RANKS_OK(report);
 }
 
+// A layer that declares its rows but is planned dense (a table of 10 rows: 7 named rows are more
+// than half of its padded elements) needs them named too: a trainer that forgot the call passed on such a plan and
+// failed once the table or the world grew.
+TEST(GradRowsUsage, ALayerPlannedDenseStillNeedsItsRowsNamed) {
+  RunOptions opts;
+  opts.size = 1;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    libshard::ModelSpec spec = makeSpec(true);
+    spec.layers[0].params[0].shape = {10, 50};
+    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, spec, libshard::PlanOptions{}, rowsTestConfig()));
+    if (rig->plan.layers[0].sparseRows != 0 || rig->plan.layers[0].declaredGradRows == 0)
+      return libcomm::makeError(
+          StatusCode::kInternalError, "the table was meant to be planned dense: ", rig->plan.layers[0].sparseRows,
+          " rows, ", rig->plan.layers[0].declaredGradRows, " declared, ", rig->plan.layers[0].paddedNumel, " elements");
+    libshard::Executor& ex = *rig->ex;
+    for (const bool name : {true, false}) {
+      LIBCOMM_RETURN_IF_ERROR(ex.beginStep());
+      for (int k = 0; k < 2; ++k) {
+        LIBCOMM_RETURN_IF_ERROR(ex.beginForward(k).status());
+        const std::vector<int32_t> rows = {1, 2};
+        if (k == 0 && name) {
+          LIBCOMM_RETURN_IF_ERROR(ex.setGradRows(0, rows));
+          LIBCOMM_RETURN_IF_ERROR(
+              expectStatus(ex.setGradRows(0, rows), StatusCode::kInvalidUsage, {"twice"}, "twice, planned dense"));
+        }
+        LIBCOMM_RETURN_IF_ERROR(ex.endForward(k));
+      }
+      LIBCOMM_RETURN_IF_ERROR(ex.beginBackward(1).status());
+      LIBCOMM_RETURN_IF_ERROR(ex.endBackward(1));
+      LIBCOMM_RETURN_IF_ERROR(ex.beginBackward(0).status());
+      if (!name)
+        return expectStatus(ex.endBackward(0), StatusCode::kInvalidUsage, {"embed", "setGradRows", "micro-batch 0"},
+                            "rows not named, planned dense");
+      LIBCOMM_RETURN_IF_ERROR(ex.endBackward(0));
+      LIBCOMM_RETURN_IF_ERROR(ex.endStep());
+      LIBCOMM_RETURN_IF_ERROR(ex.optimizerDone());
+    }
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 // Rank 1's forward names no rows while rank 0's does: rank 1 fails at its endBackward and aborts
 // its communicators, and rank 0, waiting for rank 1's ids, fails within the deadline too.
 TEST(GradRowsUsage, ARankThatNamesNoRowsFailsEveryRank) {

@@ -310,7 +310,7 @@ TEST(ShardedAdamW, GroupByGroupMatchesTheReferenceAndNeedsTheNormFirst) {
       // again (it did, with every call OK): refused, naming the rank and the step.
       Status again = opt->beginStep(st.view, scale, nullptr, nullptr, libcomm::Deadline::never()).status();
       EXPECT_EQ(again.code(), StatusCode::kInvalidUsage) << again.toString();
-      EXPECT_NE(again.message().find("rank 0 of 1, optimizer step 1"), std::string::npos) << again.toString();
+      EXPECT_NE(again.message().find("rank 0 of 1, optimizer step 0"), std::string::npos) << again.toString();
       EXPECT_NE(again.message().find("1 of " + std::to_string(plan.layers.size() + 1) + " groups updated"), std::string::npos) << again.toString();
       opt->cancelStep();
       initState(plan, st);  // start over: the refused step wrote group 0
@@ -460,8 +460,8 @@ Status aRankAtAnotherStepIsRefused(RankContext& ctx) {
   const int odd = 1;
   if (ctx.rank == odd) st.view.step = 0;  // the state of this rank started over
   LIBCOMM_RETURN_IF_ERROR(expectStepRefused(r, opt, st,
-                                            ctx.rank == odd ? "rank 0 is at optimizer step 3, this rank at step 1"
-                                                            : "rank 1 is at optimizer step 1, this rank at step 3"));
+                                            ctx.rank == odd ? "rank 0 is at optimizer step 2, this rank at step 0"
+                                                            : "rank 1 is at optimizer step 0, this rank at step 2"));
   return r.comm->asyncError();
 }
 

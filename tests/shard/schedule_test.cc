@@ -220,8 +220,9 @@ TEST(Schedule, ReduceScattersStartAtGradsReady) {
     size_t j = i + 1;
     for (; s.ops[j].kind != OpKind::kHook; ++j) {
       EXPECT_NE(s.ops[j].kind, OpKind::kAllGather) << s.describe(&plan);  // prefetches wait for endBackward
-      if (s.ops[j].kind == OpKind::kRecord)
+      if (s.ops[j].kind == OpKind::kRecord) {
         EXPECT_NE(s.events[static_cast<size_t>(s.ops[j].event)].kind, libshard::EventKind::kReleased);
+      }
       if (s.ops[j].kind == OpKind::kReduceScatter) {
         EXPECT_EQ(s.ops[j].layer, op.layer);
         ++reduces;
@@ -254,9 +255,11 @@ TEST(Schedule, SerializedWaitsForEveryReduceScatter) {
     EXPECT_EQ(s.ops[j].kind, OpKind::kHostSync) << s.describe();
     EXPECT_EQ(s.ops[j].stream, libshard::StreamId::kReduce);
   }
-  for (size_t i = 0; i + 1 < s.ops.size(); ++i)
-    if (s.ops[i].kind == OpKind::kHook && s.ops[i].hook == HookKind::kGradsReady)
+  for (size_t i = 0; i + 1 < s.ops.size(); ++i) {
+    if (s.ops[i].kind == OpKind::kHook && s.ops[i].hook == HookKind::kGradsReady) {
       EXPECT_EQ(s.ops[i + 1].kind, OpKind::kHook) << "a serialized gradsReady enqueues nothing\n" << s.describe();
+    }
+  }
 }
 
 TEST(Schedule, PrintsEveryOpAndTheGate) {

@@ -89,8 +89,11 @@ TEST(SetParameter, EveryRankKeepsItsSliceAndTheRestStaysZero) {
           covered[p.offset + i] = true;
         }
       }
-      for (size_t i = 0; i < flat.size(); ++i)
-        if (!covered[i]) EXPECT_EQ(flat[i], 0.0f) << g0.name << " padding " << i << " world " << world;
+      for (size_t i = 0; i < flat.size(); ++i) {
+        if (!covered[i]) {
+          EXPECT_EQ(flat[i], 0.0f) << g0.name << " padding " << i << " world " << world;
+        }
+      }
     }
   }
 }

@@ -683,6 +683,26 @@ TEST(TcpStore, AWorldSizeMismatchFailsEveryRankAtOnce) {
       << statuses[1].toString();
 }
 
+// The other way round: rank 1 told a larger size than rank 0 refused itself before its hello, and
+// rank 0 waited for it until its deadline, saying "ranks not arrived: 1".
+TEST(TcpStore, ARankToldALargerSizeFailsRankZeroAtOnce) {
+  auto server = startTcpStore("127.0.0.1", 0, kSecret);
+  ASSERT_TRUE(server.isOk());
+  const int port = (*server)->port();
+  const auto start = Clock::now();
+  auto statuses = runThreads(2, [&](int r) -> Status {
+    return createTcpBootstrap("127.0.0.1", port, kSecret, r, r == 0 ? 2 : 3, Deadline::after(20s)).status();
+  });
+  EXPECT_LT(Clock::now() - start, 10s);
+  EXPECT_EQ(statuses[0].code(), StatusCode::kInvalidArgument) << statuses[0].toString();
+  EXPECT_NE(statuses[0].message().find("rank 0 was told size 2 but rank 1 was told size 3, and left the job"),
+            std::string::npos)
+      << statuses[0].toString();
+  EXPECT_EQ(statuses[1].code(), StatusCode::kInvalidArgument) << statuses[1].toString();
+  EXPECT_NE(statuses[1].message().find("rank 1 was told size 3 but rank 0 was told size 2"), std::string::npos)
+      << statuses[1].toString();
+}
+
 TEST(TcpStore, SetGetTakeDeleteAndDuplicateRanks) {
   auto server = startTcpStore("127.0.0.1", 0, kSecret);
   ASSERT_TRUE(server.isOk());

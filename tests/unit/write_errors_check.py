@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """comm_bench, shard_bench and tinylm fail (exit 1, naming the file and errno on stderr) when their
 output cannot be written: a -J file or stdout on a full disk (/dev/full). They used to exit 0 with
-the report lost or a JSON lines file cut short. A run whose output is written still passes.
+the report lost or a JSON lines file cut short. A -J file that cannot be made at all is a usage
+error (exit 2) before any rank starts. A run whose output is written still passes.
 
   write_errors_check.py COMM_BENCH SHARD_BENCH TINYLM
 """
@@ -49,6 +50,16 @@ def main():
         rc, err = run(cmd, out)
         if rc != 1 or words not in err:
             problems.append(f"{what}: exit {rc}, want 1 with '{words}' on stderr; stderr:\n{err}")
+    # A -J file that cannot be made is a usage error before any rank starts (exit 2): it failed the
+    # run after it, at the first write.
+    early = [
+        ("comm_bench -np 2 -J in a missing directory", small_comm + ["-np", "2", "-J", "/nonexistent-dir/x.jsonl"]),
+        ("shard_bench -np 2 -J a directory", small_shard + ["-np", "2", "-J", "/"]),
+    ]
+    for what, cmd in early:
+        rc, err = run(cmd)
+        if rc != 2 or "-J '" not in err or "Using ranks" in err:
+            problems.append(f"{what}: exit {rc}, want 2 naming -J before the ranks start; stderr:\n{err}")
     # Written output: exit 0 and whole JSON lines.
     with tempfile.TemporaryDirectory() as tmp:
         for what, cmd, lines in (("comm_bench -J", small_comm, 4), ("shard_bench -J", small_shard, 5)):
@@ -65,7 +76,7 @@ def main():
     for p in problems:
         print("write_errors_check: FAILED: " + p)
     if not problems:
-        print(f"write_errors_check: all {len(cases) + 2} cases passed")
+        print(f"write_errors_check: all {len(cases) + len(early) + 2} cases passed")
     return 1 if problems else 0
 
 

@@ -10,6 +10,9 @@
 #include <cstring>
 #include <string>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "libcomm/status.h"
 
 namespace shardcomm::program {
@@ -102,5 +105,27 @@ class JsonLinesFile {
   FILE* file_ = nullptr;
   libcomm::Status error_;  // the first failed write
 };
+
+/// An output file a flag names (-J FILE), checked before anything starts: kInvalidArgument saying
+/// why (a directory that is missing or not writable, a file that cannot be written), naming `flag`
+/// first, or OK. Creates nothing: the run opens the file when it writes it.
+inline libcomm::Status checkOutputFile(const std::string& flag, const std::string& path) {
+  auto refuse = [&](const std::string& why) {
+    return libcomm::makeError(libcomm::StatusCode::kInvalidArgument, flag, " '", path, "': ", why);
+  };
+  if (path.empty()) return refuse("needs a file name");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return refuse("is a directory");
+    if (::access(path.c_str(), W_OK) != 0) return refuse(std::string("cannot be written: ") + std::strerror(errno));
+    return libcomm::Status::ok();
+  }
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return refuse("no directory '" + dir + "'");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    return refuse("cannot create a file in '" + dir + "': " + std::strerror(errno));
+  return libcomm::Status::ok();
+}
 
 }  // namespace shardcomm::program

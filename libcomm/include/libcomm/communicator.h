@@ -76,16 +76,17 @@ class Communicator {
   /// collective of another communicator reading it) may outlive the communicator.
   Result<void*> allocRegistered(size_t bytes);
   /// Frees memory from allocRegistered. Fails with kInvalidUsage while registrations of it remain.
-  /// Waits, like cudaFree, until no collective of this communicator is queued or running (one may
-  /// use the memory), at most the op timeout (LIBCOMM_TIMEOUT_MS); then kTimeout, with the memory
-  /// still allocated (released with the communicator). So synchronize the streams first, or free from a thread that does not hold
-  /// up the collectives in flight (a stream's own host function would wait for the collectives
-  /// behind it).
-  /// A host peer that has read the memory directly drops its mapping when it completes a later
-  /// collective that heard from this rank after the free: on one host, the first collective this
-  /// rank calls after it; across hosts, the first non-empty all_gather, reduce_scatter, all_reduce
-  /// or barrier (a broadcast, an empty collective or a device one may not carry the news). The
-  /// pages return to the system then; reusing buffers is still cheaper than allocating them again.
+  /// Waits until no collective of this communicator is queued or running (one may use the
+  /// memory), at most the op timeout (LIBCOMM_TIMEOUT_MS); then kTimeout, with the memory still
+  /// allocated (released with the communicator). Collectives of other communicators that read or
+  /// write the memory are not waited for (unlike cudaFree, which waits for all device work):
+  /// synchronize their streams before freeing, or the process faults when one touches it. So synchronize the streams
+  /// first, or free from a thread that does not hold up the collectives in flight (a stream's own host function would
+  /// wait for the collectives behind it). A host peer that has read the memory directly drops its mapping when it
+  /// completes a later collective that heard from this rank after the free: on one host, the first collective this rank
+  /// calls after it; across hosts, the first non-empty all_gather, reduce_scatter, all_reduce or barrier (a broadcast,
+  /// an empty collective or a device one may not carry the news). The pages return to the system then; reusing buffers
+  /// is still cheaper than allocating them again.
   Status freeRegistered(void* ptr);
   /// Registers [ptr, ptr+bytes) (an empty range is kInvalidArgument). Idempotent and refcounted:
   /// each call must be matched by a deregisterBuffer. Host memory: the range must lie inside memory from allocRegistered
@@ -148,6 +149,9 @@ class Communicator {
   /// Makes pending and future collectives fail at once (peers see kRemoteError naming this rank).
   /// Callable from any thread, returns in bounded time.
   void abort();
+  /// The same, with the reason the peers' errors then carry (on this host in full up to ~400
+  /// bytes, cut there): "rank 1 aborted its communicator: <why>".
+  void abort(const std::string& why);
 
   // ---- Flight recorder: the last collectives of this communicator (docs/FLIGHT-RECORDER.md). ----
   /// The recorder's dump as one JSON object (format "libcomm-flight-recorder"): this rank, the

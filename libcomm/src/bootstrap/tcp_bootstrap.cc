@@ -130,20 +130,20 @@ class TcpBootstrap final : public Bootstrap {
       LIBCOMM_RETURN_IF_ERROR(client_->set("job/size", std::to_string(size_), deadline));
       LIBCOMM_RETURN_IF_ERROR(client_->set("job/id", jobId, deadline));
     } else {
-      // Rank 0's world size first: a rank told a smaller one than rank 0 would leave rank 0 waiting
-      // in the hello below for ranks that never come, until its deadline, with only "ranks not
-      // arrived" to say. This rank tells it at once instead (hello contributions for those ranks
-      // that say why), and fails itself. (A rank told a larger size is seen in the hello.)
+      // Rank 0's world size first: a rank told another one fails itself here, before its hello,
+      // which would leave the ranks of rank 0's world waiting in the hello below until their
+      // deadline, with only "ranks not arrived" to say (this rank, and with a smaller size the
+      // ranks past it). This rank tells them at once instead: hello contributions that say why, its
+      // own and, told a smaller size, those of the ranks past its world.
       auto got = client_->get({"job/size", "job/id"}, false, deadline);
       if (!got.isOk())
         return got.status().withContext("rank " + std::to_string(rank_) + " waiting for rank 0 to publish the job");
       if (jobId.empty()) jobId = got.value()[1];
       const std::optional<long long> theirs = boot::parseDigits(got.value()[0], kMaxWorldSize);
-      if (theirs && *theirs > size_) {
-        // This rank's own contribution, and those of the ranks past this rank's world.
+      if (theirs && *theirs != size_) {
         const uint32_t why[4] = {kSizeMismatchMagic, static_cast<uint32_t>(size_), static_cast<uint32_t>(rank_), 0};
         const std::string marker(reinterpret_cast<const char*>(why), sizeof(why));
-        (void)client_->set(roundKey(0, rank_), marker, Deadline::after(kAbandonBound));
+        if (rank_ < *theirs) (void)client_->set(roundKey(0, rank_), marker, Deadline::after(kAbandonBound));
         for (int q = size_; q < *theirs; ++q) (void)client_->set(roundKey(0, q), marker, Deadline::after(kAbandonBound));
       }
       if (!theirs || *theirs != size_)
@@ -163,8 +163,11 @@ class TcpBootstrap final : public Bootstrap {
       const uint32_t* theirs = &all[4 * static_cast<size_t>(r)];
       if (theirs[0] == kSizeMismatchMagic)
         return makeError(StatusCode::kInvalidArgument, "tcp bootstrap: rank ", rank_, " was told size ", size_,
-                         " but rank ", theirs[2], " was told size ", theirs[1], ", so ranks ", theirs[1], "..",
-                         size_ - 1, " will not come (store ", client_->address(), ")");
+                         " but rank ", theirs[2], " was told size ", theirs[1],
+                         theirs[1] < static_cast<uint32_t>(size_)
+                             ? detail::strCat(", so ranks ", theirs[1], "..", size_ - 1, " will not come")
+                             : detail::strCat(", and left the job"),
+                         " (store ", client_->address(), ")");
       if (theirs[0] != kHelloMagic || theirs[1] != static_cast<uint32_t>(size_))
         return makeError(StatusCode::kInvalidArgument, "tcp bootstrap: rank ", rank_, " was told size ", size_,
                          " but rank ", r, " was told size ", theirs[1], " (store ", client_->address(), ")");

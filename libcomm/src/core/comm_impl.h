@@ -79,7 +79,8 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// asyncError(), after asking NCCL for an error found since a call was enqueued (which then
   /// fails the communicator, aborting NCCL's waiting kernels). Communicator::asyncError.
   Status asyncErrorAskingNccl();
-  void abort(const std::string& why);
+  // `toPeers`: the reason the peers on this host see after "rank N aborted its communicator".
+  void abort(const std::string& why, const std::string& toPeers = "");
   /// Tells this host's peers that this rank's communicator ended cleanly (Channel::markClosed):
   /// after finalize, or a destruction with nothing in flight.
   void markClosed();

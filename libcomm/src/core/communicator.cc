@@ -533,6 +533,10 @@ void Communicator::abort() {
   if (impl_->inForkedChild()) return;
   impl_->abort("abort() called on rank " + std::to_string(impl_->rank_));
 }
+void Communicator::abort(const std::string& why) {
+  if (impl_->inForkedChild()) return;
+  impl_->abort("abort() called on rank " + std::to_string(impl_->rank_) + ": " + why, why);
+}
 std::string Communicator::flightRecorderJson() const { return impl_->flight_->toJson("api"); }
 Result<std::string> Communicator::dumpFlightRecorder(const std::string& path) const {
   return impl_->flight_->dump("api", path);

@@ -48,7 +48,12 @@ const std::vector<SettingInfo> kSettings = {
      "across hosts: how often a rank publishes its progress on the bootstrap store, so that a timeout can name the "
      "ranks that had not arrived (at most every op timeout / 4); 0: never"},
     // Algorithms.
-    {"LIBCOMM_ALGO", SettingType::kString, "", "force an algorithm: eager|direct|staged on one host, ring|hier across hosts (hier: all_gather and reduce_scatter; the rest take the ring); nccl: NCCL for device memory (empty: the selector decides). One the hosts cannot run fails communicator creation (hier: >= 2 ranks on every host, equally many, whichever collectives run)"},
+    {"LIBCOMM_ALGO", SettingType::kString, "",
+     "force an algorithm: eager|direct|staged on one host, eager|ring|hier across hosts (eager: inputs up to "
+     "LIBCOMM_EAGER_BYTES, larger ones refused; hier: all_gather, reduce_scatter and an all_reduce that does not "
+     "accumulate; the rest take the ring); nccl: NCCL for device memory (empty: the selector decides). One the hosts "
+     "cannot run fails communicator creation (hier: >= 2 ranks on every host, equally many, whichever collectives "
+     "run)"},
     {"LIBCOMM_CHECK_MISMATCH", SettingType::kBool, "1",
      "compare every collective's kind, count, dtypes, op and root across ranks"},
     {"LIBCOMM_COLL_TRACE", SettingType::kBool, "0", "log every collective with its algorithm at INFO"},
@@ -197,7 +202,8 @@ Result<bool> settingBool(const char* name) {
   std::string v = settingValue(name);
   if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
   if (v == "0" || v == "false" || v == "no" || v == "off" || v.empty()) return false;
-  return makeError(StatusCode::kInvalidArgument, name, "='", v, "' is not a boolean (use 0 or 1)");
+  return makeError(StatusCode::kInvalidArgument, name, "='", v,
+                   "' is not a boolean (use 1, true, yes or on; 0, false, no, off or empty)");
 }
 
 std::string describeSettings() {

@@ -331,7 +331,11 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const WaitCon
     if (config_.collTrace)
       LIBCOMM_LOG(kInfo, "coll") << wait.op.str() << ": eager (input <= " << config_.eagerBytes << " B"
                                  << (d.eager == shm::OpDescriptor::kEagerInline ? ", in the descriptor" : "") << ")";
-    return mesh::runEager(args, env, d.eager == shm::OpDescriptor::kEagerInline ? &all : nullptr);
+    LIBCOMM_RETURN_IF_ERROR(mesh::runEager(args, env, d.eager == shm::OpDescriptor::kEagerInline ? &all : nullptr));
+    // No completion handshake: a peer may have given up on this collective (timed out waiting for
+    // this rank's arrival) while its input was already posted. Its failure, not a success that
+    // only this rank saw.
+    return channel_->peerFailedBefore(seq, env.wait, "eager");
   }
   // Chosen from every rank's descriptor, so that all ranks choose alike: whether any rank and
   // whether every rank is in place (an in-place all_reduce runs direct's two passes only when all
@@ -486,7 +490,7 @@ void Communicator::Impl::fail(const Status& st) {
   }
   LIBCOMM_LOG(kDebug, "coll") << st.toString();  // the stream logs the failure at WARN
   // Peers blocked on this rank learn why at once instead of waiting for their deadline.
-  channel_->markFailed(st.message());
+  channel_->markFailed(st.message(), lastExecuted_.load() + 1);
   // A failed communicator runs nothing more, NCCL's included; its kernels still waiting for a peer
   // would keep the device busy, and the next cudaFree or synchronize would wait on them (abort()).
   if (nccl_) nccl_->abort();
@@ -510,7 +514,7 @@ Status Communicator::Impl::asyncErrorAskingNccl() {
   return asyncError();
 }
 
-void Communicator::Impl::abort(const std::string& why) {
+void Communicator::Impl::abort(const std::string& why, const std::string& toPeers) {
   {
     std::lock_guard<std::mutex> lock(errMu_);
     if (asyncError_.isOk()) {
@@ -519,7 +523,7 @@ void Communicator::Impl::abort(const std::string& why) {
     }
     failed_.store(true);
   }
-  channel_->abort();
+  channel_->abort(lastExecuted_.load() + 1, toPeers);
   if (cross_) cross_->channel->abort();  // a running wait fails now; its thread then disconnects
   // NCCL kernels waiting for a peer that will not come would otherwise keep the device busy, and
   // whatever synchronizes it next (cudaFree of the caller's buffers, say) would wait for ever.

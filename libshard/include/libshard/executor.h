@@ -225,8 +225,8 @@ class Executor {
   /// the layer waits (bounded by waitTimeout) for the ids, which have long arrived unless the
   /// reduce-scatter stream is behind. Where the plan reduces the layer densely (FlatGroup::sparseRows
   /// 0) and on a device pool (whose row buffers are allocated but unused for now), the rows are
-  /// checked (the table, the declared count) and not used. A row-sparse layer whose forward did not call it fails at
-  /// endBackward (kInvalidUsage).
+  /// checked (the table, the declared count) and not used. A layer that declares rows and whose
+  /// forward did not call it fails at gradsReady or endBackward (kInvalidUsage), on every plan.
   libcomm::Status setGradRows(int layer, std::span<const int32_t> rows);
   /// Names the rows of a row-gathered layer's table (LayerSpec::gatherRowsPerStep) that this rank's
   /// uses of the layer read in the NEXT step (every micro-batch's forward, and the backward where it
@@ -374,6 +374,9 @@ class Executor {
   // executor_ops.cc); OK when it has none.
   libcomm::Status communicatorCause(libcomm::Communicator& comm) const;
   libcomm::Status hostWait(const ScheduleOp& op);
+  // "waited N ms (waitTimeout) for <what>" where the wait's own deadline ended it, else
+  // "waiting for <what>".
+  std::string waitedFor(bool ownTimeout, const std::string& what) const;
   libcomm::Status createStreams();
   libcomm::Status logCompute(LogKind kind);
   libcomm::Status fail(libcomm::Status st);

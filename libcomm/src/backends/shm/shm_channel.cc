@@ -78,6 +78,7 @@ Result<std::unique_ptr<Channel>> Channel::create(const std::string& prefix, int 
   cb->waiters.store(0);
   for (auto& c : cb->counters) c.store(0);
   cb->failed.store(0);
+  cb->failedAt.store(0);
   cb->closed.store(0);
   cb->closedAfter.store(0);
   cb->failReason[0] = '\0';
@@ -154,7 +155,8 @@ void Channel::post(const OpDescriptor& d) {
 Status Channel::waitPosted(uint32_t seq, const WaitContext& ctx) {
   for (int i = 1; i < size_; ++i) {
     int peer = (rank_ + i) % size_;
-    LIBCOMM_RETURN_IF_ERROR(waitWord(peer, blocks_[peer]->post[seq & 1].seq, seq, ctx, "arrival", "posted"));
+    const PostSlot* slots = blocks_[peer]->post;
+    LIBCOMM_RETURN_IF_ERROR(waitWord(peer, slots[seq & 1].seq, seq, ctx, "arrival", "posted", &slots[~seq & 1].seq));
   }
   return Status::ok();
 }
@@ -168,6 +170,17 @@ Status Channel::blameFailedPeer(const Status& st, const WaitContext& ctx, const 
                        "; this rank then ran into: ", st.message());
   }
   return st;
+}
+
+Status Channel::peerFailedBefore(uint32_t seq, const WaitContext& ctx, const char* phase) const {
+  for (int i = 1; i < size_; ++i) {
+    const int peer = (rank_ + i) % size_;
+    const ControlBlock& cb = *blocks_[peer];
+    if (cb.failed.load(std::memory_order_acquire) != 0 &&
+        static_cast<int32_t>(cb.failedAt.load(std::memory_order_relaxed) - seq) <= 0)
+      return peerFailure(peer, ctx, phase);
+  }
+  return Status::ok();
 }
 
 Status Channel::peerFailure(int peer, const WaitContext& ctx, const char* phase) const {
@@ -194,7 +207,7 @@ Status Channel::waitCounter(int peer, Counter c, uint32_t target, const WaitCont
 }
 
 Status Channel::waitWord(int peer, const std::atomic<uint32_t>& word, uint32_t target, const WaitContext& ctx,
-                         const char* phase, const char* wordName) {
+                         const char* phase, const char* wordName, const std::atomic<uint32_t>* otherSlot) {
   ControlBlock& cb = *blocks_[peer];
   if (seqReached(word.load(std::memory_order_acquire), target)) return Status::ok();
 
@@ -234,12 +247,18 @@ Status Channel::waitWord(int peer, const std::atomic<uint32_t>& word, uint32_t t
       return makeError(StatusCode::kRemoteError, "rank ", name(rank_), ": communicator aborted during ", ctx.op.str());
     if (deadline.expired()) {
       const size_t offset = reinterpret_cast<const char*>(&word) - reinterpret_cast<const char*>(&cb);
-      return makeError(StatusCode::kTimeout, "rank ", name(rank_), ": timed out in ", ctx.op.str(), " waiting for rank ",
-                       name(peer), " (", phase, ": its ", wordName, " counter is ",
-                       word.load(std::memory_order_acquire), ", needed ", target, "); rank ", name(peer),
-                       " is alive but has not reached this collective -- is it stopped, or calling a different one? "
-                       "Ranks on this host not there yet: ",
-                       notReached(offset, target));
+      // A post slot holds every other collective: the peer's latest is the later of the two.
+      uint32_t at = word.load(std::memory_order_acquire);
+      if (otherSlot && seqReached(otherSlot->load(std::memory_order_acquire), at))
+        at = otherSlot->load(std::memory_order_acquire);
+      return makeError(
+          StatusCode::kTimeout, "rank ", name(rank_), ": timed out in ", ctx.op.str(), " waiting for rank ", name(peer),
+          " (", phase, ": ",
+          otherSlot ? "its last posted collective is seq " : detail::strCat("its ", wordName, " counter is "), at,
+          ", needed ", target, "); rank ", name(peer),
+          " is alive but has not reached this collective -- is it stopped, or calling a different one? "
+          "Ranks on this host not there yet: ",
+          notReached(offset, target));
     }
     if (Clock::now() - lastCheck >= config_.peerCheckInterval) {
       lastCheck = Clock::now();
@@ -262,7 +281,7 @@ Status Channel::waitAll(Counter c, uint32_t target, const WaitContext& ctx, cons
   return Status::ok();
 }
 
-void Channel::markFailed(const std::string& reason) {
+void Channel::markFailed(const std::string& reason, uint32_t firstIncomplete) {
   ControlBlock& cb = mine();
   // One writer of the reason (an abort on a user thread and a failing collective may both get
   // here): peers read it once `failed` is set, so it must not be written twice at once.
@@ -270,6 +289,7 @@ void Channel::markFailed(const std::string& reason) {
     size_t n = std::min(reason.size(), sizeof(cb.failReason) - 1);
     memcpy(cb.failReason, reason.data(), n);
     cb.failReason[n] = '\0';
+    cb.failedAt.store(firstIncomplete, std::memory_order_relaxed);
     cb.failed.store(1, std::memory_order_release);
   }
   wakeAll();
@@ -282,9 +302,10 @@ void Channel::markClosed(uint32_t lastSeq) {
   wakeAll();
 }
 
-void Channel::abort() {
+void Channel::abort(uint32_t firstIncomplete, const std::string& why) {
   aborted_.store(true, std::memory_order_release);
-  markFailed("rank " + std::to_string(name(rank_)) + " aborted its communicator");
+  markFailed("rank " + std::to_string(name(rank_)) + " aborted its communicator" + (why.empty() ? "" : ": " + why),
+             firstIncomplete);
 }
 
 std::string Channel::notReached(size_t offset, uint32_t target) const {

@@ -113,7 +113,10 @@ struct alignas(64) ControlBlock {
   // flight) once collective closedAfter was complete; it takes part in no later one.
   std::atomic<uint32_t> closed;
   std::atomic<uint32_t> closedAfter;
-  char failReason[472];
+  // Set before `failed`: the first collective this rank did not complete when it failed. Peers
+  // completing it (or a later one) without a completion handshake (eager) report the failure.
+  std::atomic<uint32_t> failedAt;
+  char failReason[468];
   // Two post slots, used by sequence parity: a rank writes post[s % 2] for collective s while a
   // slower peer may still read post[(s - 1) % 2]; nobody can still read post[(s - 2) % 2], since
   // every peer posted s - 1 (which this rank saw) only after finishing s - 2.
@@ -193,9 +196,15 @@ class Channel {
   int name(int r) const { return names_.empty() ? r : names_[r]; }
 
   /// Marks this rank failed (peers see kRemoteError with `reason`) and wakes everyone.
-  void markFailed(const std::string& reason);
-  /// Local abort: pending and future waits fail at once.
-  void abort();
+  /// `firstIncomplete`: the first collective this rank did not complete.
+  void markFailed(const std::string& reason, uint32_t firstIncomplete);
+  /// A peer's failure (kRemoteError, its reason) when one failed before completing collective
+  /// `seq` (wrap-aware), else OK: for collectives with no completion handshake (eager), which a
+  /// rank may finish after a peer gave up on it.
+  Status peerFailedBefore(uint32_t seq, const WaitContext& ctx, const char* phase) const;
+  /// Local abort: pending and future waits fail at once. `firstIncomplete` as for markFailed;
+  /// `why`, when given, follows "rank N aborted its communicator" in the peers' errors.
+  void abort(uint32_t firstIncomplete, const std::string& why = "");
   /// Marks this rank's communicator ended cleanly after collective `lastSeq` (every word of it
   /// published): a peer waiting for a later one fails at once, saying so, instead of at its
   /// deadline as for a rank "alive but not there yet".
@@ -207,8 +216,9 @@ class Channel {
   size_t segmentBytes() const { return kStagingOffset + 2 * slotBytes_ + 2 * eagerBytes_; }
   void wakeAll();
   void ringBell();
+  // `otherSlot`: the peer's other post slot, when `word` is one (a timeout names its latest seq).
   Status waitWord(int peer, const std::atomic<uint32_t>& word, uint32_t target, const WaitContext& ctx,
-                  const char* phase, const char* wordName);
+                  const char* phase, const char* wordName, const std::atomic<uint32_t>* otherSlot = nullptr);
   Status peerFailure(int peer, const WaitContext& ctx, const char* phase) const;
   Status peerClosed(int peer, const WaitContext& ctx, const char* phase) const;
   /// After a timeout: the peers whose word at `offset` in their control block has not reached
