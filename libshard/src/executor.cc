@@ -234,6 +234,8 @@ Status Executor::bindViews(const ModelSpec& model) {
   forward_.resize(model.layers.size());
   backward_.resize(model.layers.size());
   gradSlots_.resize(model.layers.size());
+  gradChecks_.resize(model.layers.size());
+  gradLastUse_.resize(plan_.gradBuffers.size());
   for (size_t k = 0; k < model.layers.size(); ++k) {
     const FlatGroup& group = plan_.layers[k];
     auto* layerWeights = static_cast<char*>(pool_.gatherBuffer(group.gatherBuffer));
@@ -406,20 +408,43 @@ libcomm::Result<const LayerViews*> Executor::beginBackward(int layer) {
     // layer's, so hand out nothing rather than wrong weights.
     v.weights[i].data = hook_->buffer >= 0 ? forward_[k].weights[i].data : nullptr;
   }
+  if (options_.checkGradientWrites && !device_)
+    if (Status st = checkGradsAtBegin(k); !st.isOk()) return fail(st.withContext(where()));
   if (Status st = logCompute(LogKind::kComputeBegin); !st.isOk()) return fail(st.withContext(where()));
   return &v;
 }
 
-Status Executor::gradsReady(int layer) { return enterHook(HookKind::kGradsReady, layer, "gradsReady"); }
+Status Executor::gradsReady(int layer) {
+  // Checking the gradient writes: the hook is entered at endBackward, once the views are checked to
+  // be unchanged since here, so that the reduce-scatter reads what the check saw.
+  if (options_.checkGradientWrites && !device_ && error_.isOk() && isNextHook(HookKind::kGradsReady, layer)) {
+    if (gradChecks_[static_cast<size_t>(layer)].pending)
+      return libcomm::makeError(StatusCode::kInvalidUsage, where(), ": gradsReady(", layer,
+                                ") called twice in this backward");
+    if (Status st = checkGradsAtReady(static_cast<size_t>(layer), false); !st.isOk())
+      return fail(st.withContext(where() + ", gradsReady(" + std::to_string(layer) + ")"));
+    return Status::ok();
+  }
+  return enterHook(HookKind::kGradsReady, layer, "gradsReady");
+}
 
 Status Executor::endBackward(int layer) {
   // A trainer that did not call gradsReady: its gradients are final now.
-  const ScheduleOp& op = schedule_.ops[cursor_];
-  if (error_.isOk() && op.kind == OpKind::kHook && op.hook == HookKind::kGradsReady && op.layer == layer) {
+  if (error_.isOk() && isNextHook(HookKind::kGradsReady, layer)) {
+    if (options_.checkGradientWrites && !device_) {
+      const auto k = static_cast<size_t>(layer);
+      Status st = gradChecks_[k].pending ? checkGradsAtEnd(k) : checkGradsAtReady(k, true);
+      if (!st.isOk()) return fail(st.withContext(where() + ", endBackward(" + std::to_string(layer) + ")"));
+    }
     LIBCOMM_RETURN_IF_ERROR(enterHook(HookKind::kGradsReady, layer, "endBackward", /*backwardEnded=*/true));
     return enterHook(HookKind::kEndBackward, layer, "endBackward", /*backwardEnded=*/true);
   }
   return enterHook(HookKind::kEndBackward, layer, "endBackward");
+}
+
+bool Executor::isNextHook(HookKind kind, int layer) const {
+  const ScheduleOp& op = schedule_.ops[cursor_];
+  return op.kind == OpKind::kHook && op.hook == kind && op.layer == layer;
 }
 
 Status LayerViews::gradsReady() const { return executor ? executor->gradsReady(layer) : Status::ok(); }

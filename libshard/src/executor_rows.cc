@@ -175,6 +175,7 @@ Status Executor::setGradRows(int layer, std::span<const int32_t> rows) {
     return libcomm::makeError(StatusCode::kInvalidUsage, where(), ": setGradRows called twice in this micro-batch");
   if (g.sparseRows == 0 || device_) {  // reduced densely: the rows are not needed, only that they were named
     if (g.declaredGradRows > 0) {
+      rs.named = std::move(named);  // for ExecutorOptions::checkGradientWrites
       rs.step = step_;
       rs.microBatch = hook_->microBatch;
     }

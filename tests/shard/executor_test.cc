@@ -58,6 +58,7 @@ struct Variant {
   bool bigHead = false;
   bool byDepth = false;
   bool gradsReady = false;  // the toy backwards call LayerViews::gradsReady after their weight gradients
+  bool checkWrites = false;  // ExecutorOptions::checkGradientWrites: no false alarm on a correct backward
 
   std::string name() const {
     return libcomm::detail::strCat(
@@ -66,7 +67,7 @@ struct Variant {
         budget ? " checkpointing" : "", " align ", alignment, norms ? "" : " no-norms", scale ? " scaled" : "",
         " width ", width, threadedCompute ? " threaded-compute" : "",
         embedNoBackwardWeights ? " embed-backward-without-weights" : "", bigHead ? " big-head" : "",
-        byDepth ? " leading-by-depth" : "", gradsReady ? " grads-ready" : "");
+        byDepth ? " leading-by-depth" : "", gradsReady ? " grads-ready" : "", checkWrites ? " check-writes" : "");
   }
 };
 
@@ -113,10 +114,16 @@ std::vector<Variant> variants() {
     ready.gradsReady = true;
     ready.budget = micro == 3;
     v.push_back(ready);
+    ready.checkWrites = true;
+    v.push_back(ready);
   }
   Variant readySerial{2, Precision::kBf16, 2, 1, 2, /*serialize=*/true};
   readySerial.gradsReady = true;
   v.push_back(readySerial);
+  Variant checkedHead{3, Precision::kBf16};
+  checkedHead.bigHead = true;
+  checkedHead.checkWrites = true;  // and no gradsReady: the check at endBackward alone
+  v.push_back(checkedHead);
   return v;
 }
 
@@ -199,6 +206,7 @@ Status runVariant(RankContext& ctx, libcomm::Communicator& agComm, libcomm::Comm
   eo.eventLogCapacity = 1 << 15;
   eo.scaleGradients = v.scale;
   eo.threadedComputeStream = v.threadedCompute;
+  eo.checkGradientWrites = v.checkWrites;
   LIBCOMM_ASSIGN_OR_RETURN(auto ex, libshard::Executor::create(spec, plan, schedule, *pool, agComm, rs, eo));
 
   toy::ToyNet net(spec, plan);

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "exec_toy.h"
 #include "harness.h"
 #include "libcomm/communicator.h"
 #include "libcomm/convert.h"
@@ -313,6 +314,52 @@ TEST(GradRowsUsage, ALayerPlannedDenseStillNeedsItsRowsNamed) {
       LIBCOMM_RETURN_IF_ERROR(ex.endBackward(0));
       LIBCOMM_RETURN_IF_ERROR(ex.endStep());
       LIBCOMM_RETURN_IF_ERROR(ex.optimizerDone());
+    }
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// ExecutorOptions::checkGradientWrites: a backward that writes a row it did not name (which would
+// be summed only where another rank named it) fails at its gradsReady, naming the row; one that
+// writes only named rows passes, on the rows plan and on a dense one.
+TEST(GradRowsUsage, ARowNotNamedIsFoundByTheWriteCheck) {
+  RunOptions opts;
+  opts.size = 1;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    for (const bool dense : {false, true}) {
+      libshard::ExecutorOptions eo;
+      eo.checkGradientWrites = true;
+      libshard::ModelSpec spec = makeSpec(true);
+      if (dense) spec.layers[0].params[0].shape = {10, 50};  // planned dense (as above)
+      LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, spec, libshard::PlanOptions{}, rowsTestConfig(), false, {}, eo));
+      libshard::Executor& ex = *rig->ex;
+      const size_t rowNumel = static_cast<size_t>(spec.layers[0].params[0].shape[1]);
+      for (const bool stray : {false, true}) {
+        LIBCOMM_RETURN_IF_ERROR(ex.beginStep());
+        for (int k = 0; k < 2; ++k) {
+          LIBCOMM_RETURN_IF_ERROR(ex.beginForward(k).status());
+          const std::vector<int32_t> rows = {1, 2};
+          if (k == 0) LIBCOMM_RETURN_IF_ERROR(ex.setGradRows(0, rows));
+          LIBCOMM_RETURN_IF_ERROR(ex.endForward(k));
+        }
+        LIBCOMM_RETURN_IF_ERROR(ex.beginBackward(1).status());
+        LIBCOMM_RETURN_IF_ERROR(ex.endBackward(1));
+        LIBCOMM_ASSIGN_OR_RETURN(const libshard::LayerViews* v, ex.beginBackward(0));
+        toy::addElem(v->grads[0], 2 * rowNumel + 3, 1.0f);             // row 2: named
+        if (stray) toy::addElem(v->grads[0], 5 * rowNumel + 1, 1.0f);  // row 5: not named
+        const Status ready = v->gradsReady();
+        if (!stray) {
+          LIBCOMM_RETURN_IF_ERROR(ready);
+          LIBCOMM_RETURN_IF_ERROR(ex.endBackward(0));
+          LIBCOMM_RETURN_IF_ERROR(ex.endStep());
+          LIBCOMM_RETURN_IF_ERROR(ex.optimizerDone());
+          continue;
+        }
+        LIBCOMM_RETURN_IF_ERROR(expectStatus(ready, StatusCode::kInvalidUsage,
+                                             {"layer 0 'embed'", "row 5 (element 1", "did not name"},
+                                             dense ? "a stray row, planned dense" : "a stray row"));
+      }
     }
     return Status::ok();
   });

@@ -171,6 +171,16 @@ struct ExecutorOptions {
   /// (beginStep of a step past kLastStep is refused).
   int64_t firstStep = 0;
   static constexpr int64_t kLastStep = INT32_MAX - 1;
+  /// A debugging aid for a trainer's backward (host pools; ignored with a device pool): checks, on
+  /// the trainer's thread, that a layer's non-norm gradient views are written only while they may
+  /// be -- its gradient buffer holds zeros at beginBackward (else an earlier backward wrote it
+  /// after its endBackward), it is unchanged between gradsReady and endBackward (else the layer
+  /// wrote it after gradsReady, racing its reduce-scatter), and a row-sparse layer's backward wrote
+  /// only the rows it named (setGradRows). A failed check fails the executor with kInvalidUsage
+  /// naming the layer (and the row or element where it can). Costs up to three passes over each
+  /// backward's gradient buffer, and a trainer's gradsReady takes effect at endBackward (the
+  /// reduce-scatter then reads what the check saw); off by default.
+  bool checkGradientWrites = false;
 };
 
 class Executor {
@@ -377,6 +387,14 @@ class Executor {
   // "waited N ms (waitTimeout) for <what>" where the wait's own deadline ended it, else
   // "waiting for <what>".
   std::string waitedFor(bool ownTimeout, const std::string& what) const;
+  // ExecutorOptions::checkGradientWrites (executor_checks.cc): at layer k's beginBackward (after
+  // its waits: the buffer holds zeros), at gradsReady (a row-sparse layer wrote only its named
+  // rows; the trainer's call (`backwardEnded` false) also takes the buffer's checksum), and at
+  // endBackward after a trainer's gradsReady (the checksum is unchanged).
+  bool isNextHook(HookKind kind, int layer) const;
+  libcomm::Status checkGradsAtBegin(size_t k);
+  libcomm::Status checkGradsAtReady(size_t k, bool backwardEnded);
+  libcomm::Status checkGradsAtEnd(size_t k);
   libcomm::Status createStreams();
   libcomm::Status logCompute(LogKind kind);
   libcomm::Status fail(libcomm::Status st);
@@ -444,6 +462,16 @@ class Executor {
     std::unique_ptr<libcomm::Event> idsGathered;  // ag stream: every rank's ids have arrived
   };
   std::vector<GatherRowState> gatherRows_;
+  // ExecutorOptions::checkGradientWrites: per layer, its backward's gradient buffer and that
+  // buffer's checksum at gradsReady (set: gradsReady was called by the trainer, to be compared at
+  // endBackward); per gradient buffer, the backward that used it last, for messages.
+  struct GradCheck {
+    int buffer = -1;
+    bool pending = false;
+    uint64_t sum = 0;
+  };
+  std::vector<GradCheck> gradChecks_;
+  std::vector<std::string> gradLastUse_;
   // Per gather buffer: the layer whose rows a row gather last wrote there and those rows (every
   // other row of its table holds NaN), or layer -1 when a dense gather wrote it last.
   struct BufferRows {

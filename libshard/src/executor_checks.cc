@@ -1,0 +1,120 @@
+// ExecutorOptions::checkGradientWrites: a debugging aid that checks, on the trainer's thread, that
+// a backward writes its non-norm gradient views only while it may. A write after gradsReady races
+// the layer's reduce-scatter, a write after endBackward lands in a buffer the next backward
+// starts from, and a row-sparse layer's write into a row it did not name is summed only where
+// another rank named that row: each gives gradients that depend on timing and on the world size,
+// and none fails anything by itself.
+//
+// The checks: the buffer holds zeros when beginBackward hands it out; a row-sparse layer's rows
+// other than those it named are zero at gradsReady; the buffer's checksum at the trainer's
+// gradsReady equals the one at endBackward (with the check on, the hook's ops -- the
+// reduce-scatter, then the buffer's zeroing -- are enqueued at endBackward, so nothing but the
+// trainer touches the buffer in between).
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "libshard/executor.h"
+
+namespace libshard {
+namespace {
+
+using libcomm::Status;
+using libcomm::StatusCode;
+
+// 64-bit FNV-1a over 8-byte words, then the tail: any change of a word changes it (almost surely).
+uint64_t checksum(const unsigned char* p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 0x100000001b3ull;
+  }
+  for (; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+// The first non-zero byte of [p, p + n), or n.
+size_t firstNonZero(const unsigned char* p, size_t n) {
+  size_t i = 0;
+  for (uint64_t w; i + 8 <= n; i += 8) {
+    std::memcpy(&w, p + i, 8);
+    if (w != 0) break;
+  }
+  for (; i < n; ++i)
+    if (p[i] != 0) return i;
+  return n;
+}
+
+}  // namespace
+
+Status Executor::checkGradsAtBegin(size_t k) {
+  GradCheck& c = gradChecks_[k];
+  c = GradCheck{};
+  const int b = hook_->gradBuffer;
+  const auto* p = static_cast<const unsigned char*>(b >= 0 ? pool_.gradBuffer(b) : nullptr);
+  if (!p) return Status::ok();  // the layer writes no gradient buffer
+  c.buffer = b;
+  const size_t es = libcomm::dataTypeSize(computeType_);
+  const GradBuffer& buf = plan_.gradBuffers[static_cast<size_t>(b)];
+  std::string& last = gradLastUse_[static_cast<size_t>(b)];
+  const size_t at = firstNonZero(p, buf.numel * es);
+  if (at != buf.numel * es)
+    return libcomm::makeError(StatusCode::kInvalidUsage, "checkGradientWrites: gradient buffer '", buf.name,
+                              "' holds a non-zero value at ", "element ", at / es, " when this backward begins: ",
+                              last.empty()
+                                  ? std::string("nothing used it before in this run")
+                                  : "its last user, " + last + ", wrote its gradient views after its endBackward",
+                              ", or a row-sparse backward wrote a row it did not name (setGradRows)");
+  last = "layer " + std::to_string(k) + " '" + plan_.layers[k].name + "' (step " + std::to_string(step_) +
+         ", micro-batch " + std::to_string(hook_->microBatch) + ")";
+  return Status::ok();
+}
+
+Status Executor::checkGradsAtReady(size_t k, bool backwardEnded) {
+  GradCheck& c = gradChecks_[k];
+  if (c.buffer < 0) return Status::ok();
+  const FlatGroup& g = plan_.layers[k];
+  const size_t es = libcomm::dataTypeSize(computeType_);
+  const auto* p = static_cast<const unsigned char*>(pool_.gradBuffer(c.buffer));
+  // A layer that names its rows is one table (the planner's rule): the rows it did not name are zero.
+  // (Where they were not named in this micro-batch, the reduce-scatter's own check says so.)
+  const RowState& rs = rows_[k];
+  const bool namedNow = rs.step == step_ && rs.microBatch == hook_->microBatch;
+  if (g.declaredGradRows > 0 && namedNow && g.params.size() == 1 && !g.params[0].shape.empty() &&
+      g.params[0].shape[0] > 0) {
+    const size_t tableRows = static_cast<size_t>(g.params[0].shape[0]);
+    const size_t rowBytes = g.params[0].numel / tableRows * es;
+    const std::vector<int32_t>& named = rs.named;  // sorted, distinct
+    for (size_t r = 0; r < tableRows; ++r) {
+      if (std::binary_search(named.begin(), named.end(), static_cast<int32_t>(r))) continue;
+      const size_t at = firstNonZero(p + r * rowBytes, rowBytes);
+      if (at != rowBytes)
+        return libcomm::makeError(StatusCode::kInvalidUsage, "checkGradientWrites: layer ", k, " '", g.name,
+                                  "' wrote a gradient into row ", r, " (element ", at / es,
+                                  " of it), which this rank did not name for this micro-batch (setGradRows): it "
+                                  "would be summed only where another rank named the row");
+    }
+  }
+  if (!backwardEnded) {
+    c.sum = checksum(p, g.paddedNumel * es);
+    c.pending = true;
+  }
+  return Status::ok();
+}
+
+Status Executor::checkGradsAtEnd(size_t k) {
+  GradCheck& c = gradChecks_[k];
+  c.pending = false;
+  const FlatGroup& g = plan_.layers[k];
+  const auto* p = static_cast<const unsigned char*>(pool_.gradBuffer(c.buffer));
+  if (checksum(p, g.paddedNumel * libcomm::dataTypeSize(computeType_)) == c.sum) return Status::ok();
+  return libcomm::makeError(StatusCode::kInvalidUsage, "checkGradientWrites: layer ", k, " '", g.name,
+                            "' wrote its gradient views after gradsReady: only its norm views may be added into "
+                            "after it (its reduce-scatter reads the others from then on)");
+}
+
+}  // namespace libshard
