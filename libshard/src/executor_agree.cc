@@ -124,10 +124,13 @@ size_t firstStaleCompute(const float* master, const uint16_t* compute, size_t be
     if (std::memcmp(rounded.data(), compute + at, n * sizeof(uint16_t)) == 0) continue;
     for (size_t i = 0; i < n; ++i) {
       const uint16_t r = rounded[i], c = compute[at + i];
+      // Infinities and NaNs (exponent all ones) match only their own kind: one ulp from the
+      // largest finite value is an infinity, and one from an infinity a NaN.
+      const bool special = (r & 0x7f80) == 0x7f80 || (c & 0x7f80) == 0x7f80;
       const bool zeros = (r & 0x7fff) == 0 && (c & 0x7fff) == 0;
       const bool nans = (r & 0x7fff) > 0x7f80 && (c & 0x7fff) > 0x7f80;
-      const bool near = (r & 0x8000) == (c & 0x8000) && (r > c ? r - c : c - r) <= 1;
-      if (!zeros && !nans && !near) return at + i;
+      const bool near = !special && (r & 0x8000) == (c & 0x8000) && (r > c ? r - c : c - r) <= 1;
+      if (!zeros && !nans && !near && r != c) return at + i;
     }
   }
   return end;
@@ -194,16 +197,26 @@ Status Executor::agreeOnStart() {
   const std::string ask =
       "every rank must plan the same ModelSpec with the same PlanOptions but its rank, and build its schedule "
       "with the same ScheduleOptions";
-  for (int p = 0; p < world; ++p) {
-    const uint64_t* theirs = &fixed[static_cast<size_t>(p) * kWords];
-    if (theirs[kReady] == 0)
+  // A rank that could not start first: its own error is the cause, whatever else differs.
+  for (int p = 0; p < world; ++p)
+    if (fixed[static_cast<size_t>(p) * kWords + kReady] == 0)
       return libcomm::makeError(StatusCode::kInvalidUsage, "rank ", p,
                                 " could not start its first step (its own error says why)");
+  for (int p = 0; p < world; ++p) {
+    const uint64_t* theirs = &fixed[static_cast<size_t>(p) * kWords];
     if (theirs[kLayers] != sent[kLayers])
       return libcomm::makeError(StatusCode::kInvalidUsage, "rank ", p, "'s plan has ", theirs[kLayers],
                                 " layers, this rank's ", sent[kLayers], ": ", ask);
+    // The options first: another precision or alignment changes every layer's layout too.
+    if (theirs[kBuffers] != sent[kBuffers])
+      return libcomm::makeError(StatusCode::kInvalidUsage, "rank ", p,
+                                "'s plan differs from this rank's in its options or buffers (world size, "
+                                "precision, alignment, micro-batches, gather and gradient buffers, checkpointed "
+                                "layers): ",
+                                ask);
     if (theirs[kPlan] != sent[kPlan]) {
-      for (size_t k = 0; k < groups; ++k)
+      // The layers' hashes came only where every rank was ready (and the counts agree, checked).
+      for (size_t k = 0; layersToo && k < groups; ++k)
         if (all[static_cast<size_t>(p) * groups + k] != sent[kWords + k]) {
           const FlatGroup& g = k + 1 < groups ? plan_.layers[k] : plan_.resident;
           return libcomm::makeError(StatusCode::kInvalidUsage, "rank ", p, "'s plan differs from this rank's in ",
@@ -211,13 +224,9 @@ Status Executor::agreeOnStart() {
                                                    : std::string("the resident group (the norms)"),
                                     " (its parameters' names, shapes or kinds, or how it is sharded): ", ask);
         }
-    }
-    if (theirs[kBuffers] != sent[kBuffers])
       return libcomm::makeError(StatusCode::kInvalidUsage, "rank ", p,
-                                "'s plan differs from this rank's in its options or buffers (world size, "
-                                "precision, alignment, micro-batches, gather and gradient buffers, checkpointed "
-                                "layers): ",
-                                ask);
+                                "'s plan differs from this rank's in its layers: ", ask);
+    }
     if (theirs[kSchedule] != sent[kSchedule])
       return libcomm::makeError(StatusCode::kInvalidUsage, "rank ", p,
                                 "'s schedule differs from this rank's (prefetch depth, serialize, leading "

@@ -82,7 +82,8 @@ Status Runner::step() {
       LIBCOMM_ASSIGN_OR_RETURN(const LayerViews* v, executor_.beginForward(k));
       Status st = guarded([&] { return layers_[static_cast<size_t>(k)]->forward(*v); });
       if (!st.isOk()) return fail(st, m, k, "forward");
-      if (executor_.plan().layers[static_cast<size_t>(k)].sparseRows > 0) {
+      // Wherever the layer declares rows, whether the plan reduces it by rows or densely.
+      if (executor_.plan().layers[static_cast<size_t>(k)].declaredGradRows > 0) {
         std::span<const int32_t> rows;
         st = guarded([&] { return layers_[static_cast<size_t>(k)]->gradRows(m, rows); });
         if (st.isOk()) st = executor_.setGradRows(k, rows);

@@ -320,6 +320,54 @@ TEST(GradRowsUsage, ALayerPlannedDenseStillNeedsItsRowsNamed) {
   EXPECT_RANKS_OK(report);
 }
 
+// The Runner names a layer's rows wherever it declares them: on a plan that reduces it densely too
+// (it asked only where the plan took rows, and the executor now refuses a backward whose rows were
+// not named on every plan). The gradient is the dense sum.
+TEST(GradRowsUsage, TheRunnerNamesRowsOnADensePlanToo) {
+  class Named final : public libshard::Layer {
+   public:
+    Status forward(const libshard::LayerViews&) override { return Status::ok(); }
+    Status backward(const libshard::LayerViews& v) override {
+      for (int32_t r : rows_)
+        for (size_t c = 0; c < 50; ++c) toy::addElem(v.grads[0], static_cast<size_t>(r) * 50 + c, 1.0f);
+      return Status::ok();
+    }
+    Status gradRows(int, std::span<const int32_t>& rows) override {
+      rows = rows_;
+      return Status::ok();
+    }
+
+   private:
+    std::vector<int32_t> rows_ = {1, 2};
+  };
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    libshard::ModelSpec spec = makeSpec(true);
+    spec.layers[0].params[0].shape = {10, 50};
+    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, spec, libshard::PlanOptions{}, rowsTestConfig()));
+    const libshard::FlatGroup& g = rig->plan.layers[0];
+    if (g.sparseRows != 0) return libcomm::makeError(StatusCode::kInternalError, "the table was meant to be dense");
+    Named table;
+    BlockLayer block;
+    libshard::RunnerHooks hooks;
+    hooks.optimizer = [&](libshard::Executor& ex) -> Status {
+      for (size_t i = 0; i < g.shardNumel; ++i) {
+        const size_t at = static_cast<size_t>(ctx.rank) * g.shardNumel + i, row = at / 50;
+        const float want = at < 500 && (row == 1 || row == 2) ? 2.0f : 0.0f;  // 1 per rank
+        if (ex.state().grad[g.stateOffset + i] != want)
+          return libcomm::makeError(StatusCode::kInternalError, "table element ", at, " is ",
+                                    ex.state().grad[g.stateOffset + i], ", not ", want);
+      }
+      return Status::ok();
+    };
+    libshard::Runner runner(*rig->ex, {&table, &block}, hooks);
+    for (int s = 0; s < 2; ++s) LIBCOMM_RETURN_IF_ERROR(runner.step());
+    return rig->ex->synchronize();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 // ExecutorOptions::checkGradientWrites: a backward that writes a row it did not name (which would
 // be summed only where another rank named it) fails at its gradsReady, naming the row; one that
 // writes only named rows passes, on the rows plan and on a dense one.

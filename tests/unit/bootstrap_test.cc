@@ -703,6 +703,18 @@ TEST(TcpStore, ARankToldALargerSizeFailsRankZeroAtOnce) {
       << statuses[1].toString();
 }
 
+// The store keeps what it refused, for the error of a rank that waits for a rank it turned away.
+TEST(TcpStore, RefusalsAreKeptForTheWaitingRanksError) {
+  auto server = startTcpStore("127.0.0.1", 0, kSecret);
+  ASSERT_TRUE(server.isOk());
+  EXPECT_EQ((*server)->refusals(), "");
+  auto wrong = createTcpBootstrap("127.0.0.1", (*server)->port(), "another-secret", 1, 2, Deadline::after(5s));
+  EXPECT_FALSE(wrong.isOk());
+  const std::string refused = (*server)->refusals();
+  EXPECT_NE(refused.find("1 connection refused; rank 1: wrong job secret (from 127.0.0.1:"), std::string::npos)
+      << refused;
+}
+
 TEST(TcpStore, SetGetTakeDeleteAndDuplicateRanks) {
   auto server = startTcpStore("127.0.0.1", 0, kSecret);
   ASSERT_TRUE(server.isOk());

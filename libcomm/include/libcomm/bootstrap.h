@@ -98,6 +98,10 @@ class TcpStoreServer {
   /// The port actually bound (useful when 0 was asked for).
   virtual int port() const = 0;
   virtual const std::string& host() const = 0;
+  /// The connections it refused so far, for a rank's error when the job did not come together
+  /// ("2 connections refused; rank 1: wrong job secret (from 10.0.0.2:40112)"), or empty.
+  /// Thread-safe.
+  virtual std::string refusals() const { return ""; }
 };
 
 /// Starts a store listening on `host:port` (port 0: any free port). Connections must present

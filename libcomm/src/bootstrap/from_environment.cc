@@ -114,10 +114,17 @@ Result<std::unique_ptr<Bootstrap>> createBootstrapFromEnvironment(Deadline deadl
                                         " hosting the job's store (LIBCOMM_STORE_ADDR=host:port picks another "
                                         "address)");
   std::unique_ptr<TcpStoreServer> server = std::move(started).value();
-  LIBCOMM_ASSIGN_OR_RETURN(
-      std::unique_ptr<Bootstrap> inner,
-      createTcpBootstrap(where.dialHost, server->port(), info.secret, info.rank, info.size, deadline, info.jobId));
-  return boot::keepStoreWith(std::move(server), std::move(inner));
+  auto inner =
+      createTcpBootstrap(where.dialHost, server->port(), info.secret, info.rank, info.size, deadline, info.jobId);
+  // A rank that never arrives may have been turned away by this store (another secret, a second
+  // process for one rank): say so, rather than only "not arrived".
+  if (!inner.isOk()) {
+    const std::string refused = server->refusals();
+    if (refused.empty()) return inner.status();
+    return Status(inner.status().code(), inner.status().message() + "; meanwhile this rank's store (" + server->host() +
+                                             ":" + std::to_string(server->port()) + ") saw " + refused);
+  }
+  return boot::keepStoreWith(std::move(server), std::move(inner).value());
 }
 
 }  // namespace libcomm

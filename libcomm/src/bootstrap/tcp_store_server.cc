@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <deque>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "bootstrap/boot_util.h"
@@ -84,6 +85,13 @@ class Server final : public TcpStoreServer {
   int port() const override { return port_; }
   const std::string& host() const override { return host_; }
   int connectedClients() const { return authedClients_.load(); }
+  std::string refusals() const override {
+    std::lock_guard<std::mutex> lock(refusedMu_);
+    if (refused_ == 0) return "";
+    std::string s = std::to_string(refused_) + (refused_ == 1 ? " connection" : " connections") + " refused";
+    for (const auto& [rank, why] : refusedByRank_) s += detail::strCat("; rank ", rank, ": ", why);
+    return s;
+  }
 
   Status start(int port) {
     Result<int> listening = listenOn(host_, port, &port_);
@@ -97,6 +105,15 @@ class Server final : public TcpStoreServer {
   }
 
  private:
+  // For refusals(): a job whose rank keeps being refused waits for it until its deadline, and the
+  // reason is the store's, not the waiting rank's. Ranks that claim nothing (side channels) and
+  // claims past the first 16 ranks are counted only.
+  void noteRefusal(int32_t rank, std::string why) {
+    std::lock_guard<std::mutex> lock(refusedMu_);
+    ++refused_;
+    if (rank >= 0 && (refusedByRank_.count(rank) || refusedByRank_.size() < 16)) refusedByRank_[rank] = std::move(why);
+  }
+
   void run() {
     std::vector<struct pollfd> fds;
     std::vector<Conn*> polled;
@@ -323,6 +340,7 @@ class Server final : public TcpStoreServer {
           if (mayWarnAboutStranger())
             LIBCOMM_LOG(kWarn, "boot") << "tcp store " << host_ << ":" << port_ << ": refusing " << c.peer
                                        << " (claims rank " << req.rank << "): wrong job secret";
+          noteRefusal(req.rank, "wrong job secret (from " + c.peer + ")");
           send(c, MsgType::kError, "authentication failed: wrong job secret");
           c.closing = true;
           if (c.out.empty()) c.closed = true;
@@ -338,6 +356,7 @@ class Server final : public TcpStoreServer {
           LIBCOMM_LOG(kWarn, "boot") << "tcp store " << host_ << ":" << port_ << ": refusing " << c.peer << ": rank "
                                      << claimed << " is already connected from " << holder;
           send(c, MsgType::kError, "rank " + std::to_string(claimed) + " is already connected from " + holder);
+          noteRefusal(claimed, "a second process (" + c.peer + ") while " + holder + " holds it");
           c.closing = true;
           if (c.out.empty()) c.closed = true;
           return;
@@ -407,6 +426,9 @@ class Server final : public TcpStoreServer {
   int wakeFd_ = -1;
   std::atomic<bool> stop_{false};
   std::atomic<int> authedClients_{0};
+  mutable std::mutex refusedMu_;
+  uint64_t refused_ = 0;
+  std::map<int32_t, std::string> refusedByRank_;
   std::thread thread_;
   uint64_t nextId_ = 1;
   Clock::time_point acceptPausedUntil_{};

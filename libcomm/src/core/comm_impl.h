@@ -162,7 +162,11 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// This rank's descriptor `me` against rank `p`'s `theirs`: a mismatch names both calls.
   Status compareFingerprint(const CollArgs& args, uint32_t seq, const shm::OpDescriptor& me,
                             const shm::OpDescriptor& theirs, int p) const;
-  void fail(const Status& st);
+  // `failedSeq`: the collective that failed (0: none in particular; then the first not completed).
+  void fail(const Status& st, uint32_t failedSeq = 0);
+  // Across hosts, after an eager collective `seq` succeeded here: a peer's failure notice that
+  // names this collective or an earlier one (kRemoteError), else OK. Non-blocking.
+  Status noticedFailure(uint32_t seq, const OpLabel& op);
 
   // Across hosts: cross_host.cc.
   Status connectAcrossHosts(Bootstrap& bootstrap, const std::vector<std::string>& prefixes, Deadline deadline);
@@ -266,6 +270,9 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   // only threads that must wait sleep on cv_ (counted in sleepers_, so that settle() takes mu_
   // only when someone sleeps).
   std::atomic<uint32_t> lastExecuted_{0};
+  // Set with the first failure: the collective that failed, or the first this rank had not
+  // completed (shared memory's ControlBlock::failedAt, and the seq of a failure notice across hosts).
+  std::atomic<uint32_t> failedSeq_{0};
   std::atomic<uint32_t> lastStarted_{0};  // the last collective execute() began (progress board)
   std::atomic<int> inflight_{0};
   std::atomic<int> sleepers_{0};

@@ -252,6 +252,17 @@ Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, const std::v
   return Status::ok();
 }
 
+const char* failureNoticeText(const std::array<char, CrossHost::kNoticeBytes>& notice, uint32_t* failedAt) {
+  char* end = nullptr;
+  const unsigned long at = strtoul(notice.data() + 1, &end, 10);
+  if (end == notice.data() + 1 || *end != ':') {  // no seq: every collective (a notice of old)
+    if (failedAt) *failedAt = 0;
+    return notice.data() + 1;
+  }
+  if (failedAt) *failedAt = static_cast<uint32_t>(at);
+  return end + 1;
+}
+
 Status Communicator::Impl::runAcrossHosts(const CollArgs& args, uint32_t seq, const WaitContext& wait) {
   Status st = runRing(args, seq, wait);
   return st.isOk() ? st : withStragglers(explainWithNotices(std::move(st), seq, wait.op), seq);
@@ -303,6 +314,7 @@ Status Communicator::Impl::explainWithNotices(Status st, uint32_t seq, const OpL
       if (slot->arrived) {
         const char* text = slot->text.data() + 1;
         if (slot->text[0] == CrossHost::kFailed) {
+          text = failureNoticeText(slot->text, nullptr);
           LIBCOMM_LOG(kDebug, "coll") << "rank " << rank_ << ": failure notice from rank " << slot->from
                                       << " explains: " << st.toString();
           Status explained = makeError(StatusCode::kRemoteError, "rank ", rank_, ": ", op.str(), ": rank ", slot->from,
@@ -326,6 +338,24 @@ Status Communicator::Impl::explainWithNotices(Status st, uint32_t seq, const OpL
     if (!anyLost || look.expired()) return st;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+}
+
+Status Communicator::Impl::noticedFailure(uint32_t seq, const OpLabel& op) {
+  ucx::Channel& ch = *cross_->channel;
+  for (auto& slot : cross_->notices) {
+    if (!slot->arrived && slot->request.valid()) {
+      Result<bool> arrived = ch.test(slot->request);
+      slot->arrived = arrived.isOk() && *arrived;
+      if (slot->arrived) slot->text.back() = '\0';
+    }
+    uint32_t failedAt = 0;
+    if (!slot->arrived || slot->text[0] != CrossHost::kFailed) continue;
+    const char* text = failureNoticeText(slot->text, &failedAt);
+    if (static_cast<int32_t>(failedAt - seq) <= 0)
+      return makeError(StatusCode::kRemoteError, "rank ", rank_, ": ", op.str(), ": rank ", slot->from,
+                       " failed before completing it: ", text);
+  }
+  return Status::ok();
 }
 
 namespace {
@@ -381,7 +411,9 @@ void Communicator::Impl::disconnectAcrossHosts(const Status& why) {
   }
   std::array<char, CrossHost::kNoticeBytes> text{};
   text[0] = CrossHost::kFailed;
-  strncpy(text.data() + 1, message.c_str(), text.size() - 2);
+  // "<first incomplete seq>:<message>": a peer finishing an earlier eager collective has its result.
+  const int at = snprintf(text.data() + 1, text.size() - 1, "%u:", failedSeq_.load());
+  strncpy(text.data() + 1 + at, message.c_str(), text.size() - 2 - static_cast<size_t>(at));
   // After abort() the notice is all an aborting rank has left to say.
   sendNotices(ch, *cross_, text, rank_);
   ch.disconnect(Deadline::after(std::chrono::seconds(2)));
@@ -414,10 +446,16 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
                                        : std::string());  // eager sums in fp32, or fp64
   // The eager algorithm checks fingerprints in its own messages; the two-level one posts its
   // working buffer with its descriptor (railsFingerprint).
-  if (algo == Algo::kEager)
-    return cross_->hasRails ? railsEager(args, seq, wait, link)
-           : cross_->relay  ? relayEager(args, seq, wait, link)
-                            : eagerAcrossHosts(args, seq, wait, link);
+  if (algo == Algo::kEager) {
+    LIBCOMM_RETURN_IF_ERROR(cross_->hasRails ? railsEager(args, seq, wait, link)
+                            : cross_->relay  ? relayEager(args, seq, wait, link)
+                                             : eagerAcrossHosts(args, seq, wait, link));
+    // No completion handshake: a peer may have given up on this collective (timed out waiting
+    // for this rank) with its input already sent. Its failure, not a success only this rank saw:
+    // its failure notice (across hosts) or its control block (a host peer, rails).
+    LIBCOMM_RETURN_IF_ERROR(noticedFailure(seq, wait.op));
+    return cross_->hasRails ? channel_->peerFailedBefore(seq, wait, "eager") : Status::ok();
+  }
   if (algo == Algo::kHier) return runHier(args, seq, wait, link);
   if (cross_->hasRails) {
     shm::OpDescriptor d = describeOp(args, seq);

@@ -28,10 +28,17 @@
 
 namespace libcomm {
 
+struct CrossHost;
+
+/// The error text of a kFailed notice, and (when `failedAt`) the first collective its sender did
+/// not complete (0 when the notice names none: then every one).
+const char* failureNoticeText(const std::array<char, 1024>& notice, uint32_t* failedAt);
+
 struct CrossHost {
   /// A notice a rank sends its UCX peers before it closes its endpoints, so that their errors
   /// carry the cause (and not only "rank p was lost"): the first byte is its kind, the rest text.
-  ///   kFailed: the error that made the rank give up on the communicator;
+  ///   kFailed: "<seq>:<error>": the first collective the rank did not complete, and the error
+  ///            that made it give up on the communicator;
   ///   kEnded:  the rank ended its communicator cleanly (finalize, or destroyed with nothing in
   ///            flight) after the collective whose seq follows in decimal: it takes part in no
   ///            later one (across hosts what shared memory's ControlBlock::closed says on a host).

@@ -151,7 +151,7 @@ void Communicator::Impl::settleUnrun(const CollArgs& args, uint32_t seq) {
   const Status st = makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq),
                               " never ran: its stream failed earlier or was destroyed, so this rank cannot take part");
   flight_->finished(seq, FlightState::kSkipped, st);
-  fail(st);
+  fail(st, seq);
   if (cross_) disconnectInTurn(st, seq);
   // This rank's first failure may be this one (its stream failed or was destroyed): the rank its
   // peers wait for leaves its dump too (once per communicator).
@@ -274,7 +274,7 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool bloc
   }
   if (!st.isOk()) {
     if (outcome == FlightState::kDone) outcome = FlightState::kFailed;
-    fail(st);
+    fail(st, seq);
     // One whose turn timed out leaves telling the peers to the collectives still to come, or to
     // the communicator's end.
     if (cross_ && !turnNeverCame) disconnectInTurn(st, seq);
@@ -475,7 +475,7 @@ Status Communicator::Impl::compareFingerprint(const CollArgs& args, uint32_t seq
                    "; all ranks must call the same collectives in the same order with matching arguments");
 }
 
-void Communicator::Impl::fail(const Status& st) {
+void Communicator::Impl::fail(const Status& st, uint32_t failedSeq) {
   {
     std::lock_guard<std::mutex> lock(errMu_);
     if (!asyncError_.isOk()) return;
@@ -490,7 +490,10 @@ void Communicator::Impl::fail(const Status& st) {
   }
   LIBCOMM_LOG(kDebug, "coll") << st.toString();  // the stream logs the failure at WARN
   // Peers blocked on this rank learn why at once instead of waiting for their deadline.
-  channel_->markFailed(st.message(), lastExecuted_.load() + 1);
+  // The collective that failed, or (failing outside one) the first this rank has not completed: a
+  // peer that finishes an earlier one without a handshake (eager) has its result.
+  failedSeq_.store(failedSeq != 0 ? failedSeq : lastExecuted_.load() + 1);
+  channel_->markFailed(st.message(), failedSeq_.load());
   // A failed communicator runs nothing more, NCCL's included; its kernels still waiting for a peer
   // would keep the device busy, and the next cudaFree or synchronize would wait on them (abort()).
   if (nccl_) nccl_->abort();
@@ -523,7 +526,11 @@ void Communicator::Impl::abort(const std::string& why, const std::string& toPeer
     }
     failed_.store(true);
   }
-  channel_->abort(lastExecuted_.load() + 1, toPeers);
+  {
+    std::lock_guard<std::mutex> lock(errMu_);
+    if (failedSeq_.load() == 0) failedSeq_.store(lastExecuted_.load() + 1);
+  }
+  channel_->abort(failedSeq_.load(), toPeers);
   if (cross_) cross_->channel->abort();  // a running wait fails now; its thread then disconnects
   // NCCL kernels waiting for a peer that will not come would otherwise keep the device busy, and
   // whatever synchronizes it next (cudaFree of the caller's buffers, say) would wait for ever.

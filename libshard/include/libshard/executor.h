@@ -210,11 +210,11 @@ class Executor {
   /// step's groupUpdated hooks; on the first step this enqueues them. Returns at once, except on
   /// this executor's first step, where it is collective: every rank's beginStep checks that its
   /// bf16 compute copy holds its master weights (host memory; one unit in the last place either
-  /// way is allowed) and exchanges hashes of its plan, schedule and firstStep on agComm (bounded by
-  /// waitTimeout). Ranks that differ -- a parameter renamed, reshaped or of another kind, other
-  /// PlanOptions or ScheduleOptions, another first step -- fail there on every rank with
-  /// kInvalidUsage naming the other rank and what differs, instead of training on with a
-  /// collective of the same size or waiting out the op timeout.
+  /// way is allowed) and exchanges hashes of its plan, schedule and firstStep on agComm (a
+  /// collective, bounded by the communicator's op timeout, LIBCOMM_TIMEOUT_MS). Ranks that differ -- a parameter
+  /// renamed, reshaped or of another kind, other PlanOptions or ScheduleOptions, another first step -- fail there on
+  /// every rank with kInvalidUsage naming the other rank and what differs, instead of training on with a collective of
+  /// the same size or waiting out the op timeout.
   libcomm::Status beginStep();
   /// Waits (compute stream and this thread) until layer `layer`'s weights are gathered, then
   /// returns its views for the current micro-batch. The pointer stays valid until endForward.

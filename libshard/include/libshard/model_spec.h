@@ -61,8 +61,9 @@ struct LayerSpec {
   /// tokens. The trainer names those rows in each micro-batch's forward (Executor::setGradRows);
   /// the reduce-scatter then moves only the rows some rank named, and the gradient buffer is
   /// zeroed again in those rows only. The planner uses it where every rank's rows together are at
-  /// most half the table (FlatGroup::sparseRows); elsewhere the layer is reduced densely and the
-  /// named rows are not needed.
+  /// most half the table (FlatGroup::sparseRows); elsewhere the layer is reduced densely, and the
+  /// rows must still be named (the executor refuses a backward whose rows were not, on every plan,
+  /// so that a trainer behaves the same at any scale).
   uint64_t gradRowsPerMicroBatch = 0;
   /// Row gather: every use of the layer in one step (each micro-batch's forward, and its backward
   /// where that reads weights) reads at most this many distinct rows of the same one table, per

@@ -28,7 +28,8 @@ class Layer {
   /// A backward that writes its weight gradients first may call views.gradsReady() before it goes
   /// on to the input gradient, so that they are reduced meanwhile (Executor::gradsReady).
   virtual libcomm::Status backward(const LayerViews& views) = 0;
-  /// A row-sparse layer (one the plan reduces by rows: FlatGroup::sparseRows > 0) sets `rows` to
+  /// A layer that declares gradient rows (LayerSpec::gradRowsPerMicroBatch, whether the plan
+  /// reduces it by rows or densely) sets `rows` to
   /// the rows of its table that its backward of micro-batch `microBatch` will write, as
   /// Executor::setGradRows takes them; valid until that backward. Runner::step calls it right after
   /// forward and passes them on. The default refuses (kInvalidUsage): such a layer must say.

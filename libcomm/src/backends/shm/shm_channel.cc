@@ -251,14 +251,15 @@ Status Channel::waitWord(int peer, const std::atomic<uint32_t>& word, uint32_t t
       uint32_t at = word.load(std::memory_order_acquire);
       if (otherSlot && seqReached(otherSlot->load(std::memory_order_acquire), at))
         at = otherSlot->load(std::memory_order_acquire);
-      return makeError(
-          StatusCode::kTimeout, "rank ", name(rank_), ": timed out in ", ctx.op.str(), " waiting for rank ", name(peer),
-          " (", phase, ": ",
-          otherSlot ? "its last posted collective is seq " : detail::strCat("its ", wordName, " counter is "), at,
-          ", needed ", target, "); rank ", name(peer),
-          " is alive but has not reached this collective -- is it stopped, or calling a different one? "
-          "Ranks on this host not there yet: ",
-          notReached(offset, target));
+      return makeError(StatusCode::kTimeout, "rank ", name(rank_), ": timed out in ", ctx.op.str(),
+                       " waiting for rank ", name(peer), " (", phase, ": ",
+                       otherSlot ? (at == 0 ? std::string("it has posted no collective yet")
+                                            : detail::strCat("its last posted collective is seq ", at))
+                                 : detail::strCat("its ", wordName, " counter is ", at),
+                       ", needed ", target, "); rank ", name(peer),
+                       " is alive but has not reached this collective -- is it stopped, or calling a different one? "
+                       "Ranks on this host not there yet: ",
+                       notReached(offset, target));
     }
     if (Clock::now() - lastCheck >= config_.peerCheckInterval) {
       lastCheck = Clock::now();
@@ -286,9 +287,13 @@ void Channel::markFailed(const std::string& reason, uint32_t firstIncomplete) {
   // One writer of the reason (an abort on a user thread and a failing collective may both get
   // here): peers read it once `failed` is set, so it must not be written twice at once.
   if (!failClaimed_.exchange(true) && cb.failed.load() == 0) {
-    size_t n = std::min(reason.size(), sizeof(cb.failReason) - 1);
+    // A reason too long for the block is cut with a marker, so a reader knows there was more.
+    constexpr char kCut[] = " [cut]";
+    const size_t room = sizeof(cb.failReason) - 1;
+    const size_t n = reason.size() <= room ? reason.size() : room - (sizeof(kCut) - 1);
     memcpy(cb.failReason, reason.data(), n);
-    cb.failReason[n] = '\0';
+    if (n < reason.size()) memcpy(cb.failReason + n, kCut, sizeof(kCut) - 1);
+    cb.failReason[std::min(reason.size(), room)] = '\0';
     cb.failedAt.store(firstIncomplete, std::memory_order_relaxed);
     cb.failed.store(1, std::memory_order_release);
   }
