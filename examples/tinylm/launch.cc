@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
 #include <cstdlib>
 
@@ -42,6 +43,17 @@ libcomm::Status spawnLocalRanks(int numRanks, const char* argv0, const std::vect
 libcomm::Result<std::unique_ptr<libcomm::Bootstrap>> rankBootstrap(libcomm::Deadline deadline) {
   if (libcomm::startedAsRank()) return libcomm::createBootstrapFromEnvironment(deadline);
   return std::move(libcomm::createInProcessBootstraps(1)[0]);
+}
+
+int launcherLocalSize() {
+  for (const char* var :
+       {"LIBCOMM_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"}) {
+    const char* v = std::getenv(var);
+    if (!v || !std::isdigit(static_cast<unsigned char>(v[0]))) continue;
+    const long n = std::strtol(v, nullptr, 10);  // Slurm may append "(x2)": the digits first
+    if (n >= 1 && n <= (1 << 20)) return static_cast<int>(n);
+  }
+  return 1;
 }
 
 }  // namespace tinylm

@@ -89,6 +89,7 @@ int runRank(CliOptions o) {
   std::unique_ptr<libcomm::Bootstrap> boot = std::move(b).value();
   const int rank = boot->rank(), world = boot->size();
   TrainOptions& t = o.train;
+  t.ranksOnMachine = launcherLocalSize();
   // Options that do not suit the job's world size (a batch smaller than it): the flags' error.
   libcomm::Status st = validateTrainOptions(t, world);
   if (!st.isOk()) return usage(world == 1 ? "tinylm" : "tinylm rank " + std::to_string(rank), st);

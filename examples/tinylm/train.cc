@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <optional>
 
-#include "libcomm/bootstrap.h"
 #include "libcomm/convert.h"
 #include "libshard/buffers.h"
 #include "libshard/checkpoint.h"
@@ -81,13 +80,6 @@ Status checkPlanFits(const TrainOptions& o, int world, const libshard::ShardPlan
       " MiB per rank; tinylm --describe lists them) and the activations and scratch (", activations >> 20,
       " MiB per rank)", here > 1 ? libcomm::detail::strCat(" x ", here, " ranks here") : std::string(), " exceed ",
       memory.what, ": ", memory.bytes >> 20, " MiB");
-}
-
-// The ranks that share this machine's memory, as the launcher says (mpirun's, torchrun's or
-// LIBCOMM_LOCAL_SIZE), else this one alone.
-int ranksOnThisMachine() {
-  auto info = libcomm::resolveLaunchInfo();
-  return info.isOk() && info->localSize > 0 ? info->localSize : 1;
 }
 
 // The plan of `rank`; a --memory-budget it cannot meet is the flag's error, and so is a schedule
@@ -348,7 +340,7 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
       LIBCOMM_ASSIGN_OR_RETURN(const ResumePoint point, checkResume(o));
       resumeChanges = point.changed;
     }
-    LIBCOMM_ASSIGN_OR_RETURN(result.plan, planRank(o, world, rank, spec, ranksOnThisMachine()));
+    LIBCOMM_ASSIGN_OR_RETURN(result.plan, planRank(o, world, rank, spec, o.ranksOnMachine));
     const libshard::ShardPlan& plan = result.plan;
     LIBCOMM_ASSIGN_OR_RETURN(pool, libshard::BufferPool::create(plan, agComm, rsComm));
     initMasterShard(o.model, o.seed, plan, pool->state());

@@ -143,6 +143,9 @@ struct TrainOptions {
   Precision precision = Precision::kFp32;
   AdamWConfig adamw;      // the reference's defaults
   float clipNorm = 1.0f;  // <= 0: no clipping (as ReferenceOptions)
+  /// The ranks sharing this machine's memory, for set-up's check that the plan fits it (the tinylm
+  /// command: launcherLocalSize()).
+  int ranksOnMachine = 1;
   size_t alignmentBytes = 128;
   int prefetchDepth = 1;           // gathers ahead of compute; blockBuffers = prefetchDepth + 1
   uint64_t memoryBudgetBytes = 0;  // per rank, libshard + activations; 0: none

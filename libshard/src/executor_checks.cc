@@ -74,9 +74,19 @@ Status Executor::checkGradsAtBegin(size_t k) {
   return Status::ok();
 }
 
+// A trainer may run its backward as work on a threaded compute stream: the views are read once
+// that work has run.
+Status Executor::drainComputeForCheck() {
+  if (inlineCompute_) return Status::ok();
+  Status st = compute_->synchronize(libcomm::Deadline::after(options_.waitTimeout));
+  return st.isOk() ? st : st.withContext("checkGradientWrites: waiting for the compute stream");
+}
+
 Status Executor::checkGradsAtReady(size_t k, bool backwardEnded) {
   GradCheck& c = gradChecks_[k];
+  if (!backwardEnded) c.pending = true;  // also without a buffer: a second gradsReady is refused
   if (c.buffer < 0) return Status::ok();
+  LIBCOMM_RETURN_IF_ERROR(drainComputeForCheck());
   const FlatGroup& g = plan_.layers[k];
   const size_t es = libcomm::dataTypeSize(computeType_);
   const auto* p = static_cast<const unsigned char*>(pool_.gradBuffer(c.buffer));
@@ -99,16 +109,15 @@ Status Executor::checkGradsAtReady(size_t k, bool backwardEnded) {
                                   "would be summed only where another rank named the row");
     }
   }
-  if (!backwardEnded) {
-    c.sum = checksum(p, g.paddedNumel * es);
-    c.pending = true;
-  }
+  if (!backwardEnded) c.sum = checksum(p, g.paddedNumel * es);
   return Status::ok();
 }
 
 Status Executor::checkGradsAtEnd(size_t k) {
   GradCheck& c = gradChecks_[k];
   c.pending = false;
+  if (c.buffer < 0) return Status::ok();
+  LIBCOMM_RETURN_IF_ERROR(drainComputeForCheck());
   const FlatGroup& g = plan_.layers[k];
   const auto* p = static_cast<const unsigned char*>(pool_.gradBuffer(c.buffer));
   if (checksum(p, g.paddedNumel * libcomm::dataTypeSize(computeType_)) == c.sum) return Status::ok();

@@ -120,6 +120,11 @@ std::vector<Variant> variants() {
   Variant readySerial{2, Precision::kBf16, 2, 1, 2, /*serialize=*/true};
   readySerial.gradsReady = true;
   v.push_back(readySerial);
+  Variant checkedThreaded{2, Precision::kFp32};
+  checkedThreaded.threadedCompute = true;  // the checks drain the compute stream first
+  checkedThreaded.gradsReady = true;
+  checkedThreaded.checkWrites = true;
+  v.push_back(checkedThreaded);
   Variant checkedHead{3, Precision::kBf16};
   checkedHead.bigHead = true;
   checkedHead.checkWrites = true;  // and no gradsReady: the check at endBackward alone

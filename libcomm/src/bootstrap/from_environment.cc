@@ -120,7 +120,7 @@ Result<std::unique_ptr<Bootstrap>> createBootstrapFromEnvironment(Deadline deadl
   // process for one rank): say so, rather than only "not arrived".
   if (!inner.isOk()) {
     const std::string refused = server->refusals();
-    if (refused.empty()) return inner.status();
+    if (refused.empty() || inner.status().code() != StatusCode::kTimeout) return inner.status();
     return Status(inner.status().code(), inner.status().message() + "; meanwhile this rank's store (" + server->host() +
                                              ":" + std::to_string(server->port()) + ") saw " + refused);
   }

@@ -342,9 +342,10 @@ Status Communicator::Impl::explainWithNotices(Status st, uint32_t seq, const OpL
 
 Status Communicator::Impl::noticedFailure(uint32_t seq, const OpLabel& op) {
   ucx::Channel& ch = *cross_->channel;
+  ch.progressOnce();  // once for all the notices: this is the eager path's latency
   for (auto& slot : cross_->notices) {
     if (!slot->arrived && slot->request.valid()) {
-      Result<bool> arrived = ch.test(slot->request);
+      Result<bool> arrived = ch.test(slot->request, nullptr, "test", /*progress=*/false);
       slot->arrived = arrived.isOk() && *arrived;
       if (slot->arrived) slot->text.back() = '\0';
     }
@@ -411,9 +412,14 @@ void Communicator::Impl::disconnectAcrossHosts(const Status& why) {
   }
   std::array<char, CrossHost::kNoticeBytes> text{};
   text[0] = CrossHost::kFailed;
-  // "<first incomplete seq>:<message>": a peer finishing an earlier eager collective has its result.
-  const int at = snprintf(text.data() + 1, text.size() - 1, "%u:", failedSeq_.load());
-  strncpy(text.data() + 1 + at, message.c_str(), text.size() - 2 - static_cast<size_t>(at));
+  // "<seq>:<message>": the earliest collective this rank failed (or the first it had not completed);
+  // a peer finishing an earlier eager collective has its result. Cut with a marker, as on a host.
+  uint32_t failedAt = failedSeq_.load();
+  if (failedAt == 0) failedAt = lastExecuted_.load() + 1;
+  const int at = snprintf(text.data() + 1, text.size() - 1, "%u:", failedAt);
+  const size_t room = text.size() - 2 - static_cast<size_t>(at);  // the last byte stays NUL
+  if (message.size() > room) message = message.substr(0, room - 6) + " [cut]";
+  memcpy(text.data() + 1 + at, message.data(), message.size());
   // After abort() the notice is all an aborting rank has left to say.
   sendNotices(ch, *cross_, text, rank_);
   ch.disconnect(Deadline::after(std::chrono::seconds(2)));

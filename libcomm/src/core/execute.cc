@@ -476,8 +476,18 @@ Status Communicator::Impl::compareFingerprint(const CollArgs& args, uint32_t seq
 }
 
 void Communicator::Impl::fail(const Status& st, uint32_t failedSeq) {
+  // The collective that failed, or (failing outside one) the first this rank has not completed: a
+  // peer that finishes an earlier one without a handshake (eager) has its result. The earliest
+  // such seq, also where a later collective failed first (its turn never came while an earlier
+  // one, on another stream, still waited; that one then fails too).
+  const uint32_t at = failedSeq != 0 ? failedSeq : lastExecuted_.load() + 1;
   {
     std::lock_guard<std::mutex> lock(errMu_);
+    const uint32_t was = failedSeq_.load();
+    if (was == 0 || static_cast<int32_t>(at - was) < 0) {
+      failedSeq_.store(at);
+      if (was != 0) channel_->lowerFailedAt(at);
+    }
     if (!asyncError_.isOk()) return;
     asyncError_ = st;
     disconnectBy_ = Deadline::after(config_.opTimeout);
@@ -490,9 +500,6 @@ void Communicator::Impl::fail(const Status& st, uint32_t failedSeq) {
   }
   LIBCOMM_LOG(kDebug, "coll") << st.toString();  // the stream logs the failure at WARN
   // Peers blocked on this rank learn why at once instead of waiting for their deadline.
-  // The collective that failed, or (failing outside one) the first this rank has not completed: a
-  // peer that finishes an earlier one without a handshake (eager) has its result.
-  failedSeq_.store(failedSeq != 0 ? failedSeq : lastExecuted_.load() + 1);
   channel_->markFailed(st.message(), failedSeq_.load());
   // A failed communicator runs nothing more, NCCL's included; its kernels still waiting for a peer
   // would keep the device busy, and the next cudaFree or synchronize would wait on them (abort()).
@@ -524,11 +531,8 @@ void Communicator::Impl::abort(const std::string& why, const std::string& toPeer
       asyncError_ = makeError(StatusCode::kRemoteError, "rank ", rank_, ": ", why);
       disconnectBy_ = Deadline::after(config_.opTimeout);
     }
-    failed_.store(true);
-  }
-  {
-    std::lock_guard<std::mutex> lock(errMu_);
     if (failedSeq_.load() == 0) failedSeq_.store(lastExecuted_.load() + 1);
+    failed_.store(true);
   }
   channel_->abort(failedSeq_.load(), toPeers);
   if (cross_) cross_->channel->abort();  // a running wait fails now; its thread then disconnects

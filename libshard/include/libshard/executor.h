@@ -178,8 +178,10 @@ struct ExecutorOptions {
   /// wrote it after gradsReady, racing its reduce-scatter), and a row-sparse layer's backward wrote
   /// only the rows it named (setGradRows). A failed check fails the executor with kInvalidUsage
   /// naming the layer (and the row or element where it can). Costs up to three passes over each
-  /// backward's gradient buffer, and a trainer's gradsReady takes effect at endBackward (the
-  /// reduce-scatter then reads what the check saw); off by default.
+  /// backward's gradient buffer (and, with a threaded compute stream, a drain of it before the
+  /// checks at gradsReady and endBackward), and a trainer's gradsReady takes effect at endBackward
+  /// (the reduce-scatter then reads what the check saw): not for timing runs, nor for event logs
+  /// the simulator prices (it would see no backward after gradsReady). Off by default.
   bool checkGradientWrites = false;
 };
 
@@ -393,6 +395,7 @@ class Executor {
   // endBackward after a trainer's gradsReady (the checksum is unchanged).
   bool isNextHook(HookKind kind, int layer) const;
   libcomm::Status checkGradsAtBegin(size_t k);
+  libcomm::Status drainComputeForCheck();
   libcomm::Status checkGradsAtReady(size_t k, bool backwardEnded);
   libcomm::Status checkGradsAtEnd(size_t k);
   libcomm::Status createStreams();

@@ -195,6 +195,8 @@ class Channel {
   /// The communicator rank of channel rank r (for messages).
   int name(int r) const { return names_.empty() ? r : names_[r]; }
 
+  /// Lowers the collective markFailed named to `seq`, an earlier one that failed since.
+  void lowerFailedAt(uint32_t seq) { mine().failedAt.store(seq, std::memory_order_relaxed); }
   /// Marks this rank failed (peers see kRemoteError with `reason`) and wakes everyone.
   /// `firstIncomplete`: the first collective this rank did not complete.
   void markFailed(const std::string& reason, uint32_t firstIncomplete);

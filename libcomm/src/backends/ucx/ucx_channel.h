@@ -106,9 +106,13 @@ class Channel {
   /// Invalid entries are skipped, so a fixed array of in-flight slots can be passed as is; none
   /// valid is kInvalidUsage. Errors as for wait().
   Status waitAny(std::span<Request> requests, size_t* index, const WaitContext& ctx, const char* phase);
-  /// Progresses once; true (and `request` reset) if it completed. Its error if it failed, naming
-  /// the collective and phase when `ctx` is given.
-  Result<bool> test(Request& request, const WaitContext* ctx = nullptr, const char* phase = "test");
+  /// Progresses once (`progress` false: not at all, for a caller testing several requests after
+  /// one progress of its own); true (and `request` reset) if it completed. Its error if it failed,
+  /// naming the collective and phase when `ctx` is given.
+  Result<bool> test(Request& request, const WaitContext* ctx = nullptr, const char* phase = "test",
+                    bool progress = true);
+  /// One progress of the worker (every endpoint), for test(..., false). Returns the events seen.
+  unsigned progressOnce() { return progressAll(); }
 
   /// Makes pending and later waits fail promptly (kRemoteError). Any thread, any time.
   void abort();

@@ -87,11 +87,11 @@ Status Channel::waitAny(std::span<Request> requests, size_t* index, const WaitCo
   return waitImpl(requests, true, index, ctx, phase);
 }
 
-Result<bool> Channel::test(Request& request, const WaitContext* ctx, const char* phase) {
+Result<bool> Channel::test(Request& request, const WaitContext* ctx, const char* phase, bool progress) {
   if (!worker_)
     return makeError(StatusCode::kRemoteError, "rank ", rank_, ": UCX test refused: the channel was closed after an error");
   LIBCOMM_ASSIGN_OR_RETURN(Slot * s, lookup(request));
-  if (!s->done) progressAll();
+  if (!s->done && progress) progressAll();
   if (!s->done) return false;
   Status st = finish(*s, ctx, phase);
   request = Request{};
