@@ -21,13 +21,6 @@ using libcomm::Status;
 using libcomm::StatusCode;
 using libshard::Precision;
 
-libcomm::CommConfig agreeConfig() {
-  libcomm::CommConfig c;
-  c.opTimeout = std::chrono::seconds(20);
-  c.initTimeout = std::chrono::seconds(40);
-  return c;
-}
-
 // Runs the first step of the toy model on two ranks, each with the spec, plan options and
 // executor options `tweak` makes for it, and expects every rank to fail there, fast, with
 // kInvalidUsage whose message holds `want(rank)`.
@@ -39,7 +32,7 @@ void expectFirstStepRefused(Tweak tweak, Want want, bool breakCompute = false) {
         libshard::PlanOptions po;
         po.precision = breakCompute ? Precision::kBf16 : Precision::kFp32;
         tweak(ctx.rank, spec, po, eo);
-        LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, spec, po, agreeConfig(), false, {}, eo));
+        LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, spec, po, shardTestConfig(), false, {}, eo));
         toy::setWeights(rig->plan, rig->pool->state(), 0);
         // Rank 1 forgets its bf16 copy: the weights it would gather are the pool's zeros.
         libshard::ShardState& s = rig->pool->state();
@@ -105,7 +98,7 @@ TEST(ExecutorAgree, AComputeCopyIsCheckedToOneUlp) {
     for (const int off : {1, 2}) {
       libshard::PlanOptions po;
       po.precision = Precision::kBf16;
-      LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, toy::makeSpec(), po, agreeConfig()));
+      LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, toy::makeSpec(), po, shardTestConfig()));
       toy::setWeights(rig->plan, rig->pool->state(), 0);
       libshard::ShardState& s = rig->pool->state();
       const libshard::FlatGroup& head = rig->plan.layers.back();

@@ -19,19 +19,12 @@ namespace {
 using libcomm::Status;
 using libcomm::StatusCode;
 
-libcomm::CommConfig checksConfig() {
-  libcomm::CommConfig c;
-  c.opTimeout = std::chrono::seconds(20);
-  c.initTimeout = std::chrono::seconds(40);
-  return c;
-}
-
 libcomm::Result<std::unique_ptr<Rig>> checkedRig(RankContext& ctx) {
   libshard::ExecutorOptions eo;
   eo.checkGradientWrites = true;
   eo.waitTimeout = std::chrono::seconds(20);
   LIBCOMM_ASSIGN_OR_RETURN(auto rig,
-                           makeRig(ctx, toy::makeSpec(), libshard::PlanOptions{}, checksConfig(), false, {}, eo));
+                           makeRig(ctx, toy::makeSpec(), libshard::PlanOptions{}, shardTestConfig(), false, {}, eo));
   toy::setWeights(rig->plan, rig->pool->state(), 0);
   return rig;
 }

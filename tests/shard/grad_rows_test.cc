@@ -287,7 +287,7 @@ TEST(GradRowsUsage, ALayerPlannedDenseStillNeedsItsRowsNamed) {
   auto report = runRanks(opts, [](RankContext& ctx) -> Status {
     libshard::ModelSpec spec = makeSpec(true);
     spec.layers[0].params[0].shape = {10, 50};
-    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, spec, libshard::PlanOptions{}, rowsTestConfig()));
+    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, spec, libshard::PlanOptions{}, shardTestConfig()));
     if (rig->plan.layers[0].sparseRows != 0 || rig->plan.layers[0].declaredGradRows == 0)
       return libcomm::makeError(
           StatusCode::kInternalError, "the table was meant to be planned dense: ", rig->plan.layers[0].sparseRows,
@@ -345,7 +345,7 @@ TEST(GradRowsUsage, TheRunnerNamesRowsOnADensePlanToo) {
   auto report = runRanks(opts, [](RankContext& ctx) -> Status {
     libshard::ModelSpec spec = makeSpec(true);
     spec.layers[0].params[0].shape = {10, 50};
-    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, spec, libshard::PlanOptions{}, rowsTestConfig()));
+    LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, spec, libshard::PlanOptions{}, shardTestConfig()));
     const libshard::FlatGroup& g = rig->plan.layers[0];
     if (g.sparseRows != 0) return libcomm::makeError(StatusCode::kInternalError, "the table was meant to be dense");
     Named table;
@@ -380,7 +380,7 @@ TEST(GradRowsUsage, ARowNotNamedIsFoundByTheWriteCheck) {
       eo.checkGradientWrites = true;
       libshard::ModelSpec spec = makeSpec(true);
       if (dense) spec.layers[0].params[0].shape = {10, 50};  // planned dense (as above)
-      LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, spec, libshard::PlanOptions{}, rowsTestConfig(), false, {}, eo));
+      LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, spec, libshard::PlanOptions{}, shardTestConfig(), false, {}, eo));
       libshard::Executor& ex = *rig->ex;
       const size_t rowNumel = static_cast<size_t>(spec.layers[0].params[0].shape[1]);
       for (const bool stray : {false, true}) {

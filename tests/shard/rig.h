@@ -50,8 +50,8 @@ inline libcomm::Result<std::unique_ptr<Rig>> makeRig(RankContext& ctx, libshard:
   return rig;
 }
 
-/// The rows tests' communicator settings: bounded, with a quick peer check.
-inline libcomm::CommConfig rowsTestConfig() {
+/// The communicator settings of the rig's tests: bounded, with a quick peer check.
+inline libcomm::CommConfig shardTestConfig() {
   libcomm::CommConfig c;
   c.opTimeout = std::chrono::seconds(20);
   c.initTimeout = std::chrono::seconds(40);
@@ -81,7 +81,7 @@ inline libcomm::Result<std::unique_ptr<Rig>> makeRowsRig(RankContext& ctx, const
   so.serialize = c.serialize;
   so.prefetchDepth = c.prefetch;
   if (c.log) eo.eventLogCapacity = 4096;
-  return makeRig(ctx, std::move(spec), po, rowsTestConfig(), c.oneComm, so, eo);
+  return makeRig(ctx, std::move(spec), po, shardTestConfig(), c.oneComm, so, eo);
 }
 
 /// The end of a rows run: every stream drained, and the event log (where on) proven.
