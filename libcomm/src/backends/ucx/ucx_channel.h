@@ -112,7 +112,7 @@ class Channel {
   Result<bool> test(Request& request, const WaitContext* ctx = nullptr, const char* phase = "test",
                     bool progress = true);
   /// One progress of the worker (every endpoint), for test(..., false). Returns the events seen.
-  unsigned progressOnce() { return progressAll(); }
+  unsigned progressOnce();
 
   /// Makes pending and later waits fail promptly (kRemoteError). Any thread, any time.
   void abort();

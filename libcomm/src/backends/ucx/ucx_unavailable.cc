@@ -41,7 +41,8 @@ Result<Request> Channel::postControlSend(int, const Tag&, const void*, size_t) {
 Result<Request> Channel::postControlRecv(int, const Tag&, void*, size_t) { return unavailable("receive"); }
 Status Channel::wait(std::span<Request>, const WaitContext&, const char*) { return unavailable("wait"); }
 Status Channel::waitAny(std::span<Request>, size_t*, const WaitContext&, const char*) { return unavailable("wait"); }
-Result<bool> Channel::test(Request&, const WaitContext*, const char*) { return unavailable("test"); }
+Result<bool> Channel::test(Request&, const WaitContext*, const char*, bool) { return unavailable("test"); }
+unsigned Channel::progressOnce() { return 0; }
 void Channel::abort() { aborted_.store(true); }
 void Channel::drain(Deadline) {}
 void Channel::disconnect(Deadline) {}

@@ -87,6 +87,8 @@ Status Channel::waitAny(std::span<Request> requests, size_t* index, const WaitCo
   return waitImpl(requests, true, index, ctx, phase);
 }
 
+unsigned Channel::progressOnce() { return progressAll(); }
+
 Result<bool> Channel::test(Request& request, const WaitContext* ctx, const char* phase, bool progress) {
   if (!worker_)
     return makeError(StatusCode::kRemoteError, "rank ", rank_, ": UCX test refused: the channel was closed after an error");
