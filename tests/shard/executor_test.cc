@@ -432,7 +432,12 @@ TEST(ExecutorFaults, DestroyedMidStepAbortsPeersFast) {
     LIBCOMM_ASSIGN_OR_RETURN(auto rig, makeRig(ctx, {1, Precision::kFp32}, testConfig(std::chrono::seconds(30)), eo));
     const auto barrier = [&] { return ctx.bootstrap.barrier(libcomm::Deadline::after(std::chrono::seconds(90))); };
     toy::ToyNet net(rig->spec, rig->plan);
-    libshard::Runner runner(*rig->ex, net.layers());
+    libshard::RunnerHooks hooks;
+    hooks.optimizer = [&](libshard::Executor& e) -> Status {
+      toy::setWeights(rig->plan, e.state(), e.step() + 1);  // the next step's weights, as an optimizer would
+      return Status::ok();
+    };
+    libshard::Runner runner(*rig->ex, net.layers(), hooks);
     // The first step together: its beginStep is collective (the ranks compare their plans).
     LIBCOMM_RETURN_IF_ERROR(runner.step());
     if (ctx.rank == 0) {
