@@ -438,8 +438,10 @@ TEST(ExecutorFaults, DestroyedMidStepAbortsPeersFast) {
       return Status::ok();
     };
     libshard::Runner runner(*rig->ex, net.layers(), hooks);
-    // The first step together: its beginStep is collective (the ranks compare their plans).
+    // The first step together: its beginStep is collective (the ranks compare their plans). Both
+    // finish its optimizer window (which issues step 1's leading gathers) before rank 0 goes on.
     LIBCOMM_RETURN_IF_ERROR(runner.step());
+    LIBCOMM_RETURN_IF_ERROR(barrier());
     if (ctx.rank == 0) {
       LIBCOMM_RETURN_IF_ERROR(rig->ex->beginStep());  // step 1 begun; rank 1 has not begun it
       const auto start = libcomm::Clock::now();
