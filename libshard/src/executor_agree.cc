@@ -18,6 +18,7 @@
 
 #include "libcomm/convert.h"
 #include "libshard/executor.h"
+#include "shard_internal.h"
 
 namespace libshard {
 namespace {
@@ -25,21 +26,8 @@ namespace {
 using libcomm::Status;
 using libcomm::StatusCode;
 
-// 64-bit FNV-1a over the fields that decide what a rank runs.
-struct Hash {
-  uint64_t h = 0xcbf29ce484222325ull;
-  void bytes(const void* p, size_t n) {
-    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 0x100000001b3ull;
-  }
-  template <typename T>
-  void add(const T& v) {
-    bytes(&v, sizeof v);
-  }
-  void add(const std::string& s) {
-    add(s.size());
-    bytes(s.data(), s.size());
-  }
-};
+// Hashes of the fields that decide what a rank runs.
+using Hash = detail::Fnv64;
 
 uint64_t groupHash(const FlatGroup& g) {
   Hash h;

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "libshard/executor.h"
+#include "shard_internal.h"
 
 namespace libshard {
 namespace {
@@ -24,17 +25,11 @@ namespace {
 using libcomm::Status;
 using libcomm::StatusCode;
 
-// 64-bit FNV-1a over 8-byte words, then the tail: any change of a word changes it (almost surely).
+// Any change of a word changes it (almost surely).
 uint64_t checksum(const unsigned char* p, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    h = (h ^ w) * 0x100000001b3ull;
-  }
-  for (; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
+  detail::Fnv64 h;
+  h.words(p, n);
+  return h.h;
 }
 
 // The first non-zero byte of [p, p + n), or n.

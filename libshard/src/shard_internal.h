@@ -3,7 +3,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <optional>
+#include <string>
 
 #include "libcomm/status.h"
 #include "libcomm/types.h"
@@ -13,6 +15,33 @@
 #include "libshard/state.h"
 
 namespace libshard::detail {
+
+/// 64-bit FNV-1a: hashes of what a rank runs (executor_agree.cc) and checksums of gradient buffers
+/// (executor_checks.cc).
+struct Fnv64 {
+  uint64_t h = 0xcbf29ce484222325ull;
+  void bytes(const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 0x100000001b3ull;
+  }
+  /// The same mixing over 8-byte words, then the tail bytes: for large buffers.
+  void words(const unsigned char* p, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, p + i, 8);
+      h = (h ^ w) * 0x100000001b3ull;
+    }
+    bytes(p + i, n - i);
+  }
+  template <typename T>
+  void add(const T& v) {
+    bytes(&v, sizeof v);
+  }
+  void add(const std::string& s) {
+    add(s.size());
+    bytes(s.data(), s.size());
+  }
+};
 
 /// The element type of gathered weights and layer gradients under the plan's precision. Local on
 /// purpose: the pool and executor do not depend on the planner's translation unit.

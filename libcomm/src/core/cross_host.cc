@@ -29,6 +29,7 @@
 // in a later collective names that, not a lost peer.
 
 #include "core/cross_host.h"
+#include "core/cut_text.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -252,7 +253,7 @@ Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, const std::v
   return Status::ok();
 }
 
-const char* failureNoticeText(const std::array<char, CrossHost::kNoticeBytes>& notice, uint32_t* failedAt) {
+const char* CrossHost::failureText(const std::array<char, kNoticeBytes>& notice, uint32_t* failedAt) {
   char* end = nullptr;
   const unsigned long at = strtoul(notice.data() + 1, &end, 10);
   if (end == notice.data() + 1 || *end != ':') {  // no seq: every collective (a notice of old)
@@ -314,7 +315,7 @@ Status Communicator::Impl::explainWithNotices(Status st, uint32_t seq, const OpL
       if (slot->arrived) {
         const char* text = slot->text.data() + 1;
         if (slot->text[0] == CrossHost::kFailed) {
-          text = failureNoticeText(slot->text, nullptr);
+          text = CrossHost::failureText(slot->text, nullptr);
           LIBCOMM_LOG(kDebug, "coll") << "rank " << rank_ << ": failure notice from rank " << slot->from
                                       << " explains: " << st.toString();
           Status explained = makeError(StatusCode::kRemoteError, "rank ", rank_, ": ", op.str(), ": rank ", slot->from,
@@ -351,7 +352,7 @@ Status Communicator::Impl::noticedFailure(uint32_t seq, const OpLabel& op) {
     }
     uint32_t failedAt = 0;
     if (!slot->arrived || slot->text[0] != CrossHost::kFailed) continue;
-    const char* text = failureNoticeText(slot->text, &failedAt);
+    const char* text = CrossHost::failureText(slot->text, &failedAt);
     if (static_cast<int32_t>(failedAt - seq) <= 0)
       return makeError(StatusCode::kRemoteError, "rank ", rank_, ": ", op.str(), ": rank ", slot->from,
                        " failed before completing it: ", text);
@@ -417,8 +418,7 @@ void Communicator::Impl::disconnectAcrossHosts(const Status& why) {
   uint32_t failedAt = failedSeq_.load();
   if (failedAt == 0) failedAt = lastExecuted_.load() + 1;
   const int at = snprintf(text.data() + 1, text.size() - 1, "%u:", failedAt);
-  const size_t room = text.size() - 2 - static_cast<size_t>(at);  // the last byte stays NUL
-  if (message.size() > room) message = message.substr(0, room - 6) + " [cut]";
+  message = cutToFit(message, text.size() - 2 - static_cast<size_t>(at));  // the last byte stays NUL
   memcpy(text.data() + 1 + at, message.data(), message.size());
   // After abort() the notice is all an aborting rank has left to say.
   sendNotices(ch, *cross_, text, rank_);

@@ -28,13 +28,6 @@
 
 namespace libcomm {
 
-struct CrossHost;
-
-/// The error text of a kFailed notice, and (when `failedAt`) the first collective its sender did
-/// not complete (0 when the notice names none: then every one).
-inline constexpr size_t kFailureNoticeBytes = 1024;  // CrossHost::kNoticeBytes (asserted there)
-const char* failureNoticeText(const std::array<char, kFailureNoticeBytes>& notice, uint32_t* failedAt);
-
 struct CrossHost {
   /// A notice a rank sends its UCX peers before it closes its endpoints, so that their errors
   /// carry the cause (and not only "rank p was lost"): the first byte is its kind, the rest text.
@@ -45,8 +38,10 @@ struct CrossHost {
   ///            later one (across hosts what shared memory's ControlBlock::closed says on a host).
   /// Fixed size: a UCX receive takes exactly the bytes it was posted for.
   static constexpr size_t kNoticeBytes = 1024;
-  static_assert(kNoticeBytes == kFailureNoticeBytes);
   enum NoticeKind : char { kFailed = 'F', kEnded = 'E' };
+  /// The error text of a kFailed notice, and (when `failedAt`) the first collective its sender did
+  /// not complete (0 when the notice names none: then every one).
+  static const char* failureText(const std::array<char, kNoticeBytes>& notice, uint32_t* failedAt);
   struct NoticeSlot {
     int from = -1;
     ucx::Request request;

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <new>
 
+#include "core/cut_text.h"
 #include "core/host_waits.h"
 #include "core/log.h"
 
@@ -287,13 +288,9 @@ void Channel::markFailed(const std::string& reason, uint32_t firstIncomplete) {
   // One writer of the reason (an abort on a user thread and a failing collective may both get
   // here): peers read it once `failed` is set, so it must not be written twice at once.
   if (!failClaimed_.exchange(true) && cb.failed.load() == 0) {
-    // A reason too long for the block is cut with a marker, so a reader knows there was more.
-    constexpr char kCut[] = " [cut]";
-    const size_t room = sizeof(cb.failReason) - 1;
-    const size_t n = reason.size() <= room ? reason.size() : room - (sizeof(kCut) - 1);
-    memcpy(cb.failReason, reason.data(), n);
-    if (n < reason.size()) memcpy(cb.failReason + n, kCut, sizeof(kCut) - 1);
-    cb.failReason[std::min(reason.size(), room)] = '\0';
+    const std::string text = cutToFit(reason, sizeof(cb.failReason) - 1);
+    memcpy(cb.failReason, text.data(), text.size());
+    cb.failReason[text.size()] = '\0';
     cb.failedAt.store(firstIncomplete, std::memory_order_relaxed);
     cb.failed.store(1, std::memory_order_release);
   }
