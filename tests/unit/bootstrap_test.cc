@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -188,9 +189,17 @@ class TimeoutTest : public ::testing::TestWithParam<Kind> {};
 // slack, and the message names the missing rank and the operation.
 TEST_P(TimeoutTest, NamesMissingRanks) {
   Job job(GetParam(), 3);
-  auto statuses = job.run([](Bootstrap& b) -> Status {
+  std::atomic<int> done{0};
+  auto statuses = job.run([&done](Bootstrap& b) -> Status {
     LIBCOMM_RETURN_IF_ERROR(b.barrier(Deadline::after(10s)));
-    if (b.rank() == 2) return Status::ok();
+    if (b.rank() == 2) {  // alive but absent: one that ended is named as such (FileBootstrap.ARankThatLeft...)
+      for (auto until = Clock::now() + 20s; done.load() < 2 && Clock::now() < until;) std::this_thread::sleep_for(5ms);
+      return Status::ok();
+    }
+    struct Done {
+      std::atomic<int>& n;
+      ~Done() { ++n; }
+    } markDone{done};
     int x = b.rank(), all[3];
     auto start = Clock::now();
     Status s = b.allGather(&x, all, sizeof(x), Deadline::after(300ms));
@@ -488,6 +497,60 @@ TEST(FileBootstrap, ACrashedRunsHelloDoesNotStandInForAMissingRank) {
     LIBCOMM_ASSIGN_OR_RETURN(auto b, createFileBootstrap(dir.path, "crashed", r, 2, Deadline::after(10s)));
     return b->barrier(Deadline::after(10s));
   }));
+}
+
+// A rank that closed its bootstrap is named at once by a rank waiting for it, in a collective and
+// in a recv (both waited out their deadlines, saying "ranks not arrived").
+TEST(FileBootstrap, ARankThatLeftIsNamedAtOnce) {
+  TempDir dir;
+  expectAllOk(runThreads(3, [&](int r) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto b, createFileBootstrap(dir.path, "left", r, 3, Deadline::after(10s)));
+    LIBCOMM_RETURN_IF_ERROR(b->barrier(Deadline::after(10s)));
+    if (r == 2) return Status::ok();  // closes its bootstrap
+    int mine = r, all[3];
+    const auto start = Clock::now();
+    Status s = b->allGather(&mine, all, sizeof(mine), Deadline::after(20s));
+    if (s.code() != StatusCode::kRemoteError || s.message().find("allGather #2") == std::string::npos ||
+        s.message().find("rank 2 left the job") == std::string::npos)
+      return makeError(StatusCode::kInternalError, "rank ", r, ": ", s.toString());
+    Status got = b->recv(2, 5, &mine, sizeof(mine), Deadline::after(20s));
+    if (got.code() != StatusCode::kRemoteError || got.message().find("peer 2 left the job") == std::string::npos ||
+        got.message().find("message #0 under tag 5") == std::string::npos)
+      return makeError(StatusCode::kInternalError, "rank ", r, " recv: ", got.toString());
+    if (Clock::now() - start > 5s) return makeError(StatusCode::kInternalError, "rank ", r, " took too long");
+    return Status::ok();
+  }));
+}
+
+// A rank whose process ended without closing its bootstrap (killed) is named as dead at once by a
+// rank waiting for it in a collective (it waited out its deadline, saying "ranks not arrived"). A
+// message it sent before it died is still received.
+TEST(FileBootstrap, ADeadRankIsNamedAtOnce) {
+  TempDir dir;
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    auto b = createFileBootstrap(dir.path, "dies", 1, 2, Deadline::after(10s));
+    if (!b.isOk()) _exit(3);
+    int sent = 41;
+    if (!(*b)->send(0, 9, &sent, sizeof(sent), Deadline::after(10s)).isOk()) _exit(4);
+    raise(SIGKILL);
+  }
+  auto b = createFileBootstrap(dir.path, "dies", 0, 2, Deadline::after(20s));
+  ASSERT_TRUE(b.isOk()) << b.status().toString();
+  int got = 0;
+  ASSERT_TRUE((*b)->recv(1, 9, &got, sizeof(got), Deadline::after(10s)).isOk());
+  EXPECT_EQ(got, 41);
+  const auto start = Clock::now();
+  int mine = 0, all[2];
+  Status s = (*b)->allGather(&mine, all, sizeof(mine), Deadline::after(20s));
+  EXPECT_EQ(s.code(), StatusCode::kRemoteError) << s.toString();
+  EXPECT_NE(s.message().find("allGather #1"), std::string::npos) << s.toString();
+  EXPECT_NE(s.message().find("rank 1 died (its process ended"), std::string::npos) << s.toString();
+  EXPECT_LT(Clock::now() - start, 5s) << s.toString();
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "rank 1 wait status " << status;
 }
 
 TEST(FileBootstrap, ForeignRunFileAndSizeMismatchAreNamed) {

@@ -82,9 +82,12 @@ std::vector<std::unique_ptr<Bootstrap>> createInProcessBootstraps(int size, std:
 /// of the job id in `dir` (or until `dir` is removed). A job id may be reused there by later runs:
 /// rank 0 starts each run under a fresh nonce and removes what earlier runs of that id left, and
 /// the other ranks join only a rank 0 that is alive. Two runs of one job id in one directory must
-/// not overlap in time (the second's rank 0 would remove the first's files). A job id with a part
-/// after a '.' of exactly 16 hex digits ("exp.deadbeefdeadbeef") is refused: its files would be
-/// named like those of a run of a shorter job ("exp").
+/// not overlap in time (the second's rank 0 would remove the first's files). A rank waiting for
+/// another that died or closed its bootstrap fails within about 100 ms, naming it (kRemoteError),
+/// where the directory's file system has flock locks (each rank locks a claim file while it lives);
+/// elsewhere it waits out its deadline. A job id with a part after a '.' of exactly 16 hex digits
+/// ("exp.deadbeefdeadbeef") is refused: its files would be named like those of a run of a shorter
+/// job ("exp").
 Result<std::unique_ptr<Bootstrap>> createFileBootstrap(const std::string& dir, const std::string& jobId, int rank,
                                                        int size, Deadline deadline);
 

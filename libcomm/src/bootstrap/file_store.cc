@@ -16,8 +16,15 @@
 //   <job>.<nonce>.c<round>.r<rank>          rank's contribution to collective round <round>
 //   <job>.<nonce>.p<src>-<dst>.t<tag>.<seq> the <seq>-th message from src to dst under tag (deleted on read)
 //   <job>.<nonce>.s.<key>                   the side channel's value of <key> (overwritten in place)
-//   <job>.<nonce>.k<rank>                   rank's claim (made with O_EXCL: one process per rank)
+//   <job>.<nonce>.k<rank>                   rank's claim (one process per rank; flock'ed while it lives)
 //   .<job>.<nonce>.tmp.<rank>.<pid>.<n>     a file being written (.<job>.run.tmp... for the run file)
+//
+// A rank waiting for another's file asks, every kPeerCheck, whether that rank still lives: a rank
+// holds an exclusive flock on its claim for its bootstrap's life and removes the claim when the
+// bootstrap goes. A claim nobody holds is a dead process's (the kernel drops the lock with the
+// process); a claim that is gone after the hello is a rank that ended. Either fails the wait at
+// once, naming the rank, where it would otherwise wait out its deadline. Where the file system has
+// no locks (the claim says so) the wait falls back to its deadline.
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -25,9 +32,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <atomic>
 #include <cctype>
+#include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -43,6 +51,11 @@ namespace {
 
 constexpr Milliseconds kFirstPoll{1};
 constexpr Milliseconds kMaxPoll{50};
+// How often a wait asks whether the ranks it waits for still live (their claims' locks).
+constexpr Milliseconds kPeerCheck{100};
+// A claim's one byte: whether its owner holds the lock (a file system without flock: it cannot).
+constexpr char kClaimLocked = 'L';
+constexpr char kClaimUnlocked = 'U';
 constexpr uint32_t kHelloMagic = 0x46424f4f;  // "FBOO": catches a foreign file with our name
 // A hello file left, for rank 0 to read, by a rank told a smaller world size than rank 0:
 // {magic, its size}.
@@ -184,6 +197,43 @@ std::string roundPath(const std::string& dir, const std::string& prefix, uint64_
   return dir + "/" + prefix + ".c" + std::to_string(round) + ".r" + std::to_string(rank);
 }
 
+// The file of `rank`'s claim in the run named `prefix`.
+std::string claimPath(const std::string& dir, const std::string& prefix, int rank) {
+  return dir + "/" + prefix + ".k" + std::to_string(rank);
+}
+
+// What a waiting rank can tell of another from its claim (see the top of this file).
+enum class Presence { kUnknown, kAlive, kDied, kLeft };
+
+// `claimed`: the rank has made its claim by now (every rank has, once the hello is done; before,
+// a missing claim is a rank not started yet).
+Presence presenceOf(const std::string& claim, bool claimed) {
+  const int fd = open(claim.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT && claimed ? Presence::kLeft : Presence::kUnknown;
+  Presence presence = Presence::kUnknown;
+  char mark = 0;
+  if (read(fd, &mark, 1) == 1 && mark == kClaimLocked) {
+    if (flock(fd, LOCK_SH | LOCK_NB) == 0) {
+      // Its owner is gone. A bootstrap that ends removes its claim before it lets go of the lock,
+      // so a claim still in place is a process that died.
+      struct stat held, now;
+      const bool inPlace = fstat(fd, &held) == 0 && stat(claim.c_str(), &now) == 0 && held.st_dev == now.st_dev &&
+                           held.st_ino == now.st_ino;
+      presence = inPlace ? Presence::kDied : Presence::kLeft;
+    } else if (errno == EWOULDBLOCK) {
+      presence = Presence::kAlive;
+    }
+  }
+  close(fd);
+  return presence;
+}
+
+// What happened to a rank that will not come, for an error message.
+std::string goneText(Presence presence, const std::string& claim) {
+  if (presence == Presence::kDied) return " died (its process ended: nothing holds its claim " + claim + " any more)";
+  return " left the job (it closed its bootstrap)";
+}
+
 class FileBootstrap final : public Bootstrap {
  public:
   FileBootstrap(std::string dir, std::string jobId, const std::string& nonce, int rank, int size)
@@ -193,13 +243,19 @@ class FileBootstrap final : public Bootstrap {
   ~FileBootstrap() override {
     // Files of the last completed round stay: another rank may still be reading them, and only a
     // later round would prove otherwise. They are small and scoped by the job id. The rank's claim
-    // has no readers: it goes (one of a killed process goes with the run's other files).
+    // goes, and before its lock does, so that a rank waiting for this one reads "left", not "died"
+    // (one of a killed process goes with the run's other files).
     if (!claim_.empty()) unlink(claim_.c_str());
+    if (claimFd_ >= 0) close(claimFd_);
     // The lock file stays (removing it would let a run lock a file another is about to open).
     if (lockFd_ >= 0) close(lockFd_);
   }
-  /// The rank's claim file (made by createFileBootstrap), removed with the bootstrap.
-  void ownClaim(std::string path) { claim_ = std::move(path); }
+  /// The rank's claim file and its descriptor holding the claim's lock (made by
+  /// createFileBootstrap), removed and closed with the bootstrap.
+  void ownClaim(std::string path, int fd) {
+    claim_ = std::move(path);
+    claimFd_ = fd;
+  }
   /// Rank 0's locked "<job>.lock" descriptor (-1 on other ranks), closed with the bootstrap.
   void ownLock(int fd) { lockFd_ = fd; }
 
@@ -252,8 +308,18 @@ class FileBootstrap final : public Bootstrap {
     uint64_t seq = recvSeq_[{peer, tag}];
     std::string path = p2pName(peer, rank_, tag, seq);
     boot::Backoff backoff(kFirstPoll, kMaxPoll);
+    PeerCheck check;
     while (true) {
       LIBCOMM_ASSIGN_OR_RETURN(std::optional<std::string> content, files_->readIfExists(path));
+      Presence gone = Presence::kUnknown;
+      if (!content && check.due() && isGone(gone = presenceOf(claimName(peer), true))) {
+        // It may have sent the message and ended since the read above.
+        LIBCOMM_ASSIGN_OR_RETURN(content, files_->readIfExists(path));
+        if (!content)
+          return makeError(StatusCode::kRemoteError, "file bootstrap recv: rank ", rank_, " of ", size_, " in ", dir_,
+                           " (job ", jobId_, "): peer ", peer, goneText(gone, claimName(peer)),
+                           " before sending its message #", seq, " under tag ", tag);
+      }
       if (content) {
         ++recvSeq_[{peer, tag}];
         unlink(path.c_str());
@@ -280,6 +346,19 @@ class FileBootstrap final : public Bootstrap {
   }
 
   std::string roundName(uint64_t round, int rank) const { return roundPath(dir_, files_->prefix, round, rank); }
+  std::string claimName(int rank) const { return claimPath(dir_, files_->prefix, rank); }
+  static bool isGone(Presence p) { return p == Presence::kDied || p == Presence::kLeft; }
+
+  // Paces a wait's questions about its peers' claims: at most one round of them per kPeerCheck.
+  struct PeerCheck {
+    std::chrono::steady_clock::time_point next = std::chrono::steady_clock::now() + kPeerCheck;
+    bool due() {
+      const auto now = std::chrono::steady_clock::now();
+      if (now < next) return false;
+      next = now + kPeerCheck;
+      return true;
+    }
+  };
   std::string p2pName(int src, int dst, uint32_t tag, uint64_t seq) const {
     return dir_ + "/" + files_->prefix + ".p" + std::to_string(src) + "-" + std::to_string(dst) + ".t" +
            std::to_string(tag) + "." + std::to_string(seq);
@@ -300,11 +379,34 @@ class FileBootstrap final : public Bootstrap {
     std::vector<std::optional<std::string>> got(size_);
     int pending = size_;
     boot::Backoff backoff(kFirstPoll, kMaxPoll);
+    PeerCheck check;
+    // Late ranks must not complete this round with a contribution whose owner reported failure.
+    auto abandon = [&] {
+      const std::string marker = boot::RoundGuard::abandonedMarker(bytes);
+      (void)files_->writeAtomic(roundName(round, rank_), marker.data(), marker.size());
+    };
     while (true) {
       for (int r = 0; r < size_; ++r) {
         if (got[r]) continue;
         LIBCOMM_ASSIGN_OR_RETURN(got[r], files_->readIfExists(roundName(round, r)));
         if (got[r]) --pending;
+      }
+      if (pending > 0 && check.due()) {
+        for (int r = 0; r < size_; ++r) {
+          if (got[r]) continue;
+          const Presence gone = presenceOf(claimName(r), round > 0);
+          if (!isGone(gone)) continue;
+          // It may have written its file and ended since the reads above.
+          LIBCOMM_ASSIGN_OR_RETURN(got[r], files_->readIfExists(roundName(round, r)));
+          if (got[r]) {
+            --pending;
+            continue;
+          }
+          abandon();
+          return makeError(StatusCode::kRemoteError, "file bootstrap ", op, " #", round, ": rank ", rank_, " of ",
+                           size_, " in ", dir_, " (job ", jobId_, "): rank ", r, goneText(gone, claimName(r)),
+                           " without joining this round");
+        }
       }
       if (pending == 0) break;
       if (whileWaiting) LIBCOMM_RETURN_IF_ERROR(whileWaiting());
@@ -312,9 +414,7 @@ class FileBootstrap final : public Bootstrap {
         std::vector<int> missing;
         for (int r = 0; r < size_; ++r)
           if (!got[r]) missing.push_back(r);
-        // Late ranks must not complete this round with a contribution whose owner reported failure.
-        const std::string marker = boot::RoundGuard::abandonedMarker(bytes);
-        (void)files_->writeAtomic(roundName(round, rank_), marker.data(), marker.size());
+        abandon();
         return makeError(StatusCode::kTimeout, "file bootstrap ", op, " #", round, ": rank ", rank_, " of ", size_,
                          " timed out in ", dir_, " (job ", jobId_, "); ranks not arrived: ", boot::joinRanks(missing));
       }
@@ -343,6 +443,7 @@ class FileBootstrap final : public Bootstrap {
   uint64_t round_ = 0;
   boot::RoundGuard rounds_;
   std::string claim_;
+  int claimFd_ = -1;
   int lockFd_ = -1;
   std::map<std::pair<int, uint32_t>, uint64_t> sendSeq_;
   std::map<std::pair<int, uint32_t>, uint64_t> recvSeq_;
@@ -491,6 +592,41 @@ Result<RunFile> awaitLiveRun(RankFiles& files, const std::string& path, const st
   }
 }
 
+// Makes `rank`'s claim in the run `nonce` of `jobId`, exclusively (a second process of the rank
+// is refused), and returns the descriptor that holds its lock. The claim is written, locked and
+// marked under a temporary name, then linked into place, so a claim that exists is locked if it
+// says so.
+Result<int> makeClaim(const std::string& dir, const std::string& jobId, const std::string& nonce, int rank) {
+  const std::string prefix = jobId + "." + nonce;
+  const std::string claim = claimPath(dir, prefix, rank);
+  // A temporary name of the usual shape (rank 0 removes one a killed process left), numbered far
+  // above the rank's other files' so that threads of one process claiming the rank never share one.
+  static std::atomic<uint64_t> claims{uint64_t{1} << 62};
+  const std::string tmp = dir + "/." + prefix + ".tmp." + std::to_string(rank) + "." + std::to_string(getpid()) + "." +
+                          std::to_string(claims.fetch_add(1));
+  const int fd = open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank, ": cannot create ", tmp, ": ",
+                     boot::errnoText(errno));
+  // A file system without flock: the claim says so, and the ranks waiting for this one wait out
+  // their deadlines, as before claims were locked.
+  const char mark = flock(fd, LOCK_EX | LOCK_NB) == 0 ? kClaimLocked : kClaimUnlocked;
+  int err = 0;
+  if (write(fd, &mark, 1) != 1)
+    err = errno ? errno : EIO;
+  else if (link(tmp.c_str(), claim.c_str()) != 0)
+    err = errno;
+  unlink(tmp.c_str());
+  if (err == 0) return fd;
+  close(fd);
+  if (err == EEXIST)
+    return makeError(StatusCode::kInvalidArgument, "file bootstrap: rank ", rank, " of job ", jobId, " in ", dir,
+                     ": another process already started as rank ", rank, " of this run (", claim,
+                     " exists); every process of a job needs a rank of its own");
+  return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank, ": cannot create ", claim, ": ",
+                   boot::errnoText(err));
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Bootstrap>> createFileBootstrap(const std::string& dir, const std::string& jobId, int rank,
@@ -564,19 +700,9 @@ Result<std::unique_ptr<Bootstrap>> createFileBootstrap(const std::string& dir, c
   // One process per rank: two started with the same rank would both write its files (the last
   // rename wins) and the others would gather whichever came last. The TCP store refuses a second
   // connection for a rank; here the rank's claim file is made exclusively.
-  const std::string claim = dir + "/" + jobId + "." + nonce + ".k" + std::to_string(rank);
-  const int claimFd = open(claim.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (claimFd < 0) {
-    if (errno == EEXIST)
-      return makeError(StatusCode::kInvalidArgument, "file bootstrap: rank ", rank, " of job ", jobId, " in ", dir,
-                       ": another process already started as rank ", rank,
-                       " of this run (", claim, " exists); every process of a job needs a rank of its own");
-    return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank, ": cannot create ", claim, ": ",
-                     boot::errnoText(errno));
-  }
-  close(claimFd);
+  LIBCOMM_ASSIGN_OR_RETURN(const int claimFd, makeClaim(dir, jobId, nonce, rank));
   auto bootstrap = std::make_unique<FileBootstrap>(dir, jobId, nonce, rank, size);
-  bootstrap->ownClaim(claim);
+  bootstrap->ownClaim(claimPath(dir, jobId + "." + nonce, rank), claimFd);
   bootstrap->ownLock(lockFd);
   lockFd = -1;
   LIBCOMM_RETURN_IF_ERROR(bootstrap->hello(deadline, beat));
