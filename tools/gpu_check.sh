@@ -377,7 +377,7 @@ fi
 # buffers: CUDA IPC, copy engines, the reduce kernel), and NCCL at 1 rank (unregistered buffers) --
 # and at 2 ranks where there are two GPUs. 1, 8 and 64 MiB: every checked run copies and verifies
 # its buffers on the host.
-cb=("$build/bench/comm_bench" all --memory device -b 1M -e 64M -f 8 -d bf16 -O all -o sum -n 10 -w 3 -c 1 -T 30000)
+cb=("$build/bench/comm_bench" all --memory device -b 1M -e 64M -f 8 -d bf16 -O all -o sum -n 10 -w 3 -c 1 -T 30)
 step cb_own_2 45 15 "comm_bench device, 2 ranks, own path" -- "${cb[@]}" -np 2 -R 1 -J "$logs/cb_own_2.json"
 step cb_own_4 45 15 "comm_bench device, 4 ranks, own path" -- "${cb[@]}" -np 4 -R 1 -J "$logs/cb_own_4.json"
 if [ $have_nccl -eq 1 ]; then

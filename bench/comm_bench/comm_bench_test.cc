@@ -372,6 +372,14 @@ TEST(CommBenchOptions, FlagsAndPresets) {
   o = parse({"all", "-m", "host"});
   ASSERT_TRUE(o.isOk());
   EXPECT_FALSE(o->deviceMemory);
+
+  // -T is in seconds, as nccl-tests' (an nccl-tests user's -T 60 meant 60 ms); 'ms' for milliseconds.
+  for (const auto& [value, ms] : std::vector<std::pair<std::string, long long>>{
+           {"60", 60000}, {"2s", 2000}, {"500ms", 500}, {"1ms", 1}, {"1099511627776ms", 1099511627776LL}}) {
+    o = parse({"all_gather", "-T", value});
+    ASSERT_TRUE(o.isOk()) << value << ": " << o.status().toString();
+    EXPECT_EQ(o->timeoutMs, ms) << value;
+  }
 }
 
 TEST(CommBenchOptions, UsageErrors) {
@@ -424,8 +432,15 @@ TEST(CommBenchOptions, UsageErrorsSayTheRangeAndRefuseIgnoredFlags) {
       {{"all_gather", "-np", "0"}, "-np '0': out of range: expected a number of local ranks in [1, 1024]"},
       {{"all_gather", "-n", "-1"}, "-n '-1': negative: expected a whole number in [1, 100000000]"},
       {{"all_gather", "-w", "x"}, "-w 'x': not a number: expected a whole number in [0, 100000000]"},
-      {{"all_gather", "-T", "-1"}, "-T '-1': negative: expected a whole number of milliseconds in [1, 2^40]"},
-      {{"all_gather", "-T", "0"}, "-T '0': out of range: expected a whole number of milliseconds in [1, 2^40]"},
+      {{"all_gather", "-T", "-1"}, "-T '-1': negative: expected whole seconds, or milliseconds with 'ms'"},
+      {{"all_gather", "-T", "0"}, "-T '0': out of range: expected whole seconds"},
+      {{"all_gather", "-a", "4"}, "-a '4': expected 0 (rank 0), 1 (average), 2 (min) or 3 (max; the default)"},
+      {{"all_gather", "--print_algo", "2"}, "--print_algo '2': expected 0 or 1"},
+      {{"all_gather", "-T", "0ms"}, "-T '0ms': out of range: expected whole seconds"},
+      {{"all_gather", "-T", "1.5"}, "-T '1.5': expected whole seconds"},
+      {{"all_gather", "-T", "2m"}, "-T '2m': expected whole seconds"},
+      {{"all_gather", "-T", "ms"}, "-T 'ms': not a number: expected whole seconds"},
+      {{"all_gather", "-T", "1099511628s"}, "-T '1099511628s': out of range"},
       {{"all_gather", "-b", "-5"}, "-b '-5': negative: expected a size in bytes, 0 or more"},
       {{"all_gather", "-e", "lots"}, "-e 'lots': not a size: expected a size in bytes"},
       {{"all_gather", "-f", "-3"}, "-f '-3': negative: expected a whole number, at least 2"},
@@ -528,6 +543,17 @@ TEST(CommBenchReport, JsonBandwidthsKeepTheirPrecisionAtSmallSizes) {
   EXPECT_NEAR(field("\"busbw\":"), algbw / 2, algbw / 2 * 1e-5) << line;
 }
 
+// -a as nccl-tests': 0 rank 0's time, 1 the mean, 2 the fastest, 3 the slowest (the default).
+TEST(CommBenchReport, TimeOfRanksFollowsDashA) {
+  const std::vector<double> times = {4.0, 1.0, 7.0};
+  EXPECT_DOUBLE_EQ(timeOfRanks(times, Options::TimeOf::kRank0), 4.0);
+  EXPECT_DOUBLE_EQ(timeOfRanks(times, Options::TimeOf::kAvg), 4.0);
+  EXPECT_DOUBLE_EQ(timeOfRanks({4.0, 1.0, 1.0}, Options::TimeOf::kAvg), 2.0);
+  EXPECT_DOUBLE_EQ(timeOfRanks(times, Options::TimeOf::kMin), 1.0);
+  EXPECT_DOUBLE_EQ(timeOfRanks(times, Options::TimeOf::kMax), 7.0);
+  EXPECT_EQ(Options().timeOf, Options::TimeOf::kMax);
+}
+
 // nccl-tests' bus bandwidth: all_reduce moves twice what all_gather and reduce_scatter do.
 TEST(CommBenchReport, BusBandwidthFactorPerCollective) {
   EXPECT_DOUBLE_EQ(busBandwidth(Coll::kAllGather, 8.0, 4), 6.0);
@@ -544,11 +570,15 @@ TEST(CommBenchReport, JsonNamesMemoryAndStream) {
     const char* want;
   };
   const Case cases[] = {
-      {{"all_gather"}, R"("memory":"host","stream":"thread","iters":20,"warmup":5,"impl":"shardcomm"})"},
+      {{"all_gather"},
+       R"("memory":"host","stream":"thread","iters":20,"warmup":5,"impl":"shardcomm","time_of":"max"})"},
       {{"all_gather", "-s", "inline"},
-       R"("memory":"host","stream":"inline","iters":20,"warmup":5,"impl":"shardcomm-inline"})"},
+       R"("memory":"host","stream":"inline","iters":20,"warmup":5,"impl":"shardcomm-inline","time_of":"max"})"},
       {{"all_gather", "-m", "device"},
-       R"("memory":"device","stream":"cuda","iters":20,"warmup":5,"impl":"shardcomm-device"})"},
+       R"("memory":"device","stream":"cuda","iters":20,"warmup":5,"impl":"shardcomm-device","time_of":"max"})"},
+      {{"all_gather", "-a", "1"}, R"("impl":"shardcomm","time_of":"avg"})"},
+      {{"all_gather", "--average=0"}, R"("time_of":"rank0"})"},
+      {{"all_gather", "-a", "2"}, R"("time_of":"min"})"},
   };
   for (const Case& c : cases) {
     const std::string line = jsonLineOf(c.args, 1.0);

@@ -57,14 +57,19 @@ Ranks:
                           command without -np. Without it, rank and size come from the
                           environment (LIBCOMM_*, torchrun, Open MPI, Slurm); with none of
                           those set, this process runs alone as one rank
-  -T, --timeout MS        deadline of each collective (the communicator's op timeout); the
-                          bootstrap and communicator creation get 2 x MS, so that init outlasts
+  -T, --timeout SEC       deadline of each collective (the communicator's op timeout), in seconds
+                          as nccl-tests' -T, or in milliseconds with 'ms' (-T 500ms); the
+                          bootstrap and communicator creation get twice that, so that init outlasts
                           an op deadline (default: LIBCOMM_TIMEOUT_MS and LIBCOMM_INIT_TIMEOUT_MS).
-                          With -np the launcher also stops a job that runs past MS times the
-                          number of collectives it has to run
+                          With -np the launcher also stops a job that runs past the deadline times
+                          the number of collectives it has to run
 Output (rank 0 prints):
   -J, --output_file F     one JSON object per (size, placement) to F (JSON lines)
-  -a, --print_algo 0|1    print libcomm's algorithm selection table at start (default 0)
+  -a, --average 0|1|2|3   the time a row shows, as nccl-tests' -a: rank 0's (0), the mean over
+                          ranks (1), the fastest rank's (2) or the slowest rank's (3). Default 3,
+                          where nccl-tests' is 1: docs/'s figures and the peers (mpi_bench,
+                          gloo_bench) show the slowest rank's
+      --print_algo 0|1    print libcomm's algorithm selection table at start (default 0)
   -h, --help              this text
 Exit status: 0 when every run succeeded and every check passed; 1 on wrong results or an
 error (printed with the libcomm Status; output that could not be written, -J or stdout, is
@@ -77,12 +82,31 @@ libcomm::Status usageError(std::string_view flag, std::string_view value, std::s
 
 // Every flag, short and long; anything else is "unknown" before it is asked for a value.
 constexpr std::string_view kFlags[][2] = {
-    {"-b", "--minbytes"}, {"-e", "--maxbytes"},     {"-f", "--stepfactor"},  {"-i", "--stepbytes"},
-    {"-n", "--iters"},    {"-w", "--warmup_iters"}, {"-c", "--check"},       {"-d", "--datatype"},
-    {"-O", "--outtype"},  {"-o", "--op"},           {"-R", "--registered"},  {"-m", "--memory"},
-    {"-s", "--stream"},   {"-np", "--nranks"},      {"-J", "--output_file"}, {"-a", "--print_algo"},
-    {"-T", "--timeout"},
+    {"-b", "--minbytes"},  {"-e", "--maxbytes"},   {"-f", "--stepfactor"},
+    {"-i", "--stepbytes"}, {"-n", "--iters"},      {"-w", "--warmup_iters"},
+    {"-c", "--check"},     {"-d", "--datatype"},   {"-O", "--outtype"},
+    {"-o", "--op"},        {"-R", "--registered"}, {"-m", "--memory"},
+    {"-s", "--stream"},    {"-np", "--nranks"},    {"-J", "--output_file"},
+    {"-a", "--average"},   {"-T", "--timeout"},    {"--print_algo", "--print_algo"},
 };
+
+}  // namespace
+
+const char* timeOfName(Options::TimeOf t) {
+  switch (t) {
+    case Options::TimeOf::kRank0:
+      return "rank0";
+    case Options::TimeOf::kAvg:
+      return "avg";
+    case Options::TimeOf::kMin:
+      return "min";
+    case Options::TimeOf::kMax:
+      return "max";
+  }
+  return "?";
+}
+
+namespace {
 
 bool knownFlag(std::string_view flag) {
   for (const auto& names : kFlags)
@@ -357,17 +381,29 @@ Result<Options> parseOptions(int argc, char** argv) {
       // Before any rank starts: a file that cannot be written failed the run after it.
       s = shardcomm::program::checkOutputFile(std::string(flag), value);
       o.jsonPath = value;
-    } else if (flag == "-a" || flag == "--print_algo") {
+    } else if (flag == "--print_algo") {
       auto b = parseBool(flag, value);
       if (!b) return b.status();
       o.printAlgo = *b;
+    } else if (flag == "-a" || flag == "--average") {
+      if (value.size() != 1 || value[0] < '0' || value[0] > '3')
+        return usageError(flag, value, "expected 0 (rank 0), 1 (average), 2 (min) or 3 (max; the default)");
+      o.timeOf = static_cast<Options::TimeOf>(value[0] - '0');
     } else if (flag == "-T" || flag == "--timeout") {
-      constexpr const char* kRange = "a whole number of milliseconds in [1, 2^40]";
-      auto n = parseUnsigned(flag, value, kRange);
-      if (!n) return n.status();
-      if (*n == 0 || *n > (1ull << 40))
+      // Seconds, as nccl-tests' -T (and shard_bench's, tinylm's --timeout); "ms" for milliseconds.
+      constexpr const char* kRange =
+          "whole seconds, or milliseconds with 'ms' (500ms), from 1 ms to 2^40 ms (about 35 years)";
+      const bool ms = value.size() > 2 && value.compare(value.size() - 2, 2, "ms") == 0;
+      const bool sec = !ms && value.size() > 1 && value.back() == 's';
+      auto n = parseUnsigned(flag, value.substr(0, value.size() - (ms ? 2 : sec ? 1 : 0)), kRange);
+      if (!n) {  // its message quoted the digits alone: say it again with the whole value
+        const std::string& why = n.status().message();
+        return usageError(flag, value, why.substr(why.find("': ") + 3));
+      }
+      const uint64_t limit = ms ? (1ull << 40) : (1ull << 40) / 1000;
+      if (*n == 0 || *n > limit)
         return usageError(flag, value, libcomm::detail::strCat("out of range: expected ", kRange));
-      o.timeoutMs = static_cast<long long>(*n);
+      o.timeoutMs = static_cast<long long>(ms ? *n : *n * 1000);
     } else {
       return usageError("flag", flag, "unknown");  // in kFlags but not handled here: a bug
     }

@@ -55,12 +55,19 @@ struct Options {
   bool inlineStream = false;  // -s inline
   int numRanks = 0;         // -np: spawn this many local ranks (0: this process is one rank)
   std::string jsonPath;     // -J
-  bool printAlgo = false;   // -a
+  bool printAlgo = false;   // --print_algo
+  /// -a, as nccl-tests': which rank's time a row shows. comm_bench's default is the slowest rank's
+  /// (kMax), where nccl-tests' is the average (kAvg): the published figures and the peers use it.
+  enum class TimeOf { kRank0 = 0, kAvg = 1, kMin = 2, kMax = 3 };
+  TimeOf timeOf = TimeOf::kMax;
   long long timeoutMs = 0;  // -T; 0: the communicator's configured op timeout
 
   /// The arguments a spawned rank is started with: everything given except -np.
   std::vector<std::string> childArgs;
 };
+
+/// "rank0", "avg", "min" or "max" (the JSON's "time_of").
+const char* timeOfName(Options::TimeOf t);
 
 /// Parses argv. Usage errors come back as kInvalidArgument naming the flag.
 libcomm::Result<Options> parseOptions(int argc, char** argv);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <numeric>
 #include <sstream>
 
 #include "libcomm/version.h"
@@ -32,6 +33,20 @@ const char* implName(const Options& o) {
 
 }  // namespace
 
+double timeOfRanks(const std::vector<double>& times, Options::TimeOf of) {
+  switch (of) {
+    case Options::TimeOf::kRank0:
+      return times.front();
+    case Options::TimeOf::kAvg:
+      return std::accumulate(times.begin(), times.end(), 0.0) / static_cast<double>(times.size());
+    case Options::TimeOf::kMin:
+      return *std::min_element(times.begin(), times.end());
+    case Options::TimeOf::kMax:
+      break;
+  }
+  return *std::max_element(times.begin(), times.end());
+}
+
 double algBandwidth(size_t bytes, double timeUs) { return timeUs > 0 ? static_cast<double>(bytes) / timeUs / 1e3 : 0; }
 
 double busBandwidth(Coll coll, double algbw, int nranks) {
@@ -57,10 +72,11 @@ void Report::printHeader(const std::string& bootstrap, const std::vector<RankInf
   std::string step = options_.stepBytes ? std::to_string(options_.stepBytes) + "(bytes)"
                                         : std::to_string(options_.stepFactor) + "(factor)";
   printf(
-      "#  minBytes %zu maxBytes %zu step: %s warmup iters: %d iters: %d validation: %d registered: %d memory: %s "
-      "stream: %s\n",
+      "#  minBytes %zu maxBytes %zu step: %s warmup iters: %d iters: %d validation: %d registered: %d "
+      "memory: %s stream: %s time: %s (-a %d)\n",
       options_.minBytes, options_.maxBytes, step.c_str(), options_.warmup, options_.iters, options_.check ? 1 : 0,
-      options_.registered ? 1 : 0, memoryName(options_), streamName(options_));
+      options_.registered ? 1 : 0, memoryName(options_), streamName(options_), timeOfName(options_.timeOf),
+      static_cast<int>(options_.timeOf));
   std::string types, ops;
   for (Coll c : options_.colls)
     for (const TypePair& t : typePairs(options_, c))
@@ -157,11 +173,13 @@ void Report::writeJson(const Row& row, const Measurement& m, bool inPlace) {
       fprintf(out,
               "{\"coll\":\"%s\",\"dtype\":\"%s\",\"outtype\":\"%s\",\"op\":\"%s\",\"nranks\":%d,\"size\":%zu,"
               "\"count\":%zu,\"time_us\":%.3f,\"algbw\":%.6g,\"busbw\":%.6g,\"wrong\":%s,\"inplace\":%s,"
-              "\"registered\":%s,\"memory\":\"%s\",\"stream\":\"%s\",\"iters\":%d,\"warmup\":%d,\"impl\":\"%s\"}\n",
+              "\"registered\":%s,\"memory\":\"%s\",\"stream\":\"%s\",\"iters\":%d,\"warmup\":%d,\"impl\":\"%s\","
+              "\"time_of\":\"%s\"}\n",
               collName(row.coll), typeName(row.types.in), typeName(row.types.out), opColumn(row), nranks_, row.bytes,
               row.count, m.timeUs, algbw, busBandwidth(row.coll, algbw, nranks_), wrong.c_str(),
               inPlace ? "true" : "false", options_.registered ? "true" : "false", memoryName(options_),
-              streamName(options_), options_.iters, options_.warmup, implName(options_)) >= 0);
+              streamName(options_), options_.iters, options_.warmup, implName(options_),
+              timeOfName(options_.timeOf)) >= 0);
 }
 
 bool Report::printSummary(const libcomm::Status& error) {

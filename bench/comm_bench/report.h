@@ -16,7 +16,7 @@ namespace comm_bench {
 /// One placement (out-of-place or in-place) of one row, already combined over ranks.
 struct Measurement {
   bool ran = false;    // false: not applicable (in place needs in == out type)
-  double timeUs = 0;   // per collective, the slowest rank's
+  double timeUs = 0;   // per collective, the rank's -a says (the slowest by default)
   int64_t wrong = -1;  // summed over ranks; -1 when not checked
 };
 
@@ -72,6 +72,10 @@ class Report {
   double peakBusbw_[kNumColls] = {};  // by Coll
   bool ranColl_[kNumColls] = {};
 };
+
+/// The time a row shows (-a) of the ranks' `times` (rank order, at least one): rank 0's, the mean,
+/// the fastest or the slowest rank's.
+double timeOfRanks(const std::vector<double>& times, Options::TimeOf of);
 
 /// GB/s for `bytes` in `timeUs` (10^9 bytes per second, as nccl-tests).
 double algBandwidth(size_t bytes, double timeUs);

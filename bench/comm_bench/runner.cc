@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "check.h"
 #include "device.h"
@@ -230,10 +231,11 @@ Status Runner::runPlacement(const Row& row, bool inPlace, Placement& result) {
   c.count = row.count;
   c.seq = ++checkSeq_;
   c.inPlace = inPlace;
-  // bf16 partials apply to a host reduce_scatter; a host all_reduce's ring keeps fp32 (on device
-  // memory NCCL decides, so the wider bound stays).
+  // bf16 partials apply to a host reduce_scatter across hosts (on one host the ranks sum their
+  // peers' inputs in fp32, whatever the setting, so the exact bound stays); a host all_reduce's
+  // ring keeps fp32 (on device memory NCCL decides, so the wider bound stays).
   c.bf16Partials = comm_.config().reducePartials == libcomm::PartialsType::kBFloat16 &&
-                   (row.coll == Coll::kReduceScatter || options_.deviceMemory);
+                   ((row.coll == Coll::kReduceScatter && comm_.numHosts() > 1) || options_.deviceMemory);
   prepareCheck(c, sendBuf.mirror(send), recvBuf.mirror(recv));
   if (options_.deviceMemory) LIBCOMM_RETURN_IF_ERROR(mirrorsToDevice());
   LIBCOMM_RETURN_IF_ERROR(enqueue(row, send, recv));
@@ -263,14 +265,15 @@ Status Runner::exchange(Row& row, const Placement& oop, const Placement& ip) {
   LIBCOMM_RETURN_IF_ERROR(
       comm_.allGather(slots + comm_.rank() * sizeof(mine), slots, kSlotFloats, DataType::kFloat32, exchangeStream()));
   LIBCOMM_RETURN_IF_ERROR(exchangeStream().synchronize(Deadline::after(timeout())).withContext("exchange of results"));
-  double maxOop = 0, maxIp = 0, sumWrongOop = 0, sumWrongIp = 0;
+  double sumWrongOop = 0, sumWrongIp = 0;
+  std::vector<double> times[2];  // out of place, in place: each rank's
   double rank0Digest[2] = {0, 0};
   int64_t disagreeing[2] = {0, 0};  // ranks whose output bits differ from rank 0's
   for (size_t r = 0; r < n; ++r) {
     double theirs[kSlotDoubles];
     memcpy(theirs, slots + r * sizeof(theirs), sizeof(theirs));
-    maxOop = std::max(maxOop, theirs[0]);
-    maxIp = std::max(maxIp, theirs[1]);
+    times[0].push_back(theirs[0]);
+    times[1].push_back(theirs[1]);
     sumWrongOop += theirs[2];
     sumWrongIp += theirs[3];
     for (int p = 0; p < 2; ++p) {
@@ -282,8 +285,8 @@ Status Runner::exchange(Row& row, const Placement& oop, const Placement& ip) {
   // each is within the tolerance: every rank must hold the same result.
   sumWrongOop += sumWrongOop < 0 ? 0 : static_cast<double>(disagreeing[0]);
   sumWrongIp += sumWrongIp < 0 ? 0 : static_cast<double>(disagreeing[1]);
-  row.outOfPlace.timeUs = maxOop;
-  row.inPlace.timeUs = maxIp;
+  row.outOfPlace.timeUs = timeOfRanks(times[0], options_.timeOf);
+  row.inPlace.timeUs = timeOfRanks(times[1], options_.timeOf);
   // Every rank checks or none does, so -1 summed over ranks stays negative.
   row.outOfPlace.wrong = sumWrongOop < 0 ? -1 : static_cast<int64_t>(sumWrongOop);
   row.inPlace.wrong = sumWrongIp < 0 ? -1 : static_cast<int64_t>(sumWrongIp);

@@ -117,7 +117,8 @@ class Bench {
         mine[1] = static_cast<double>(peers::checkReduceScatter(recv_, count_, rank_, nranks_));
       }
     }
-    // nccl-tests reports the slowest rank's time and the wrong elements summed over ranks.
+    // The slowest rank's time, as comm_bench shows by default (-a 3; nccl-tests' default is the
+    // mean over ranks), and the wrong elements summed over ranks.
     std::vector<double> all = gatherStats(mine);
     double slowest = 0, wrong = 0;
     for (int r = 0; r < nranks_; ++r) {

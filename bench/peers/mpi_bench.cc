@@ -1,6 +1,7 @@
 // mpi_bench: MPI_Allgather, MPI_Reduce_scatter_block and MPI_Allreduce (fp32 sum) measured the way nccl-tests
-// measures, so the numbers sit beside comm_bench's. Run under mpirun; rank 0 prints the table and writes the JSON
-// lines.
+// measures, so the numbers sit beside comm_bench's: the time is the slowest rank's, as comm_bench shows by default
+// (-a 3; nccl-tests' default is the mean over ranks). Run under mpirun; rank 0 prints the table and writes the
+// JSON lines.
 //
 //   mpirun -np 2 mpi_bench all_gather -b 8 -e 256M -f 2 -n 20 -w 5 -c 1 -J out.jsonl
 #include <mpi.h>

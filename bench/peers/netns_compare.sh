@@ -211,7 +211,7 @@ for rep in $(seq 1 "$REPEATS"); do
               # shellcheck disable=SC2086
               run "$shape" "$k" "$r" "$coll" "$tls" "$label" shardcomm "$rep" \
                 env "${tls_env[@]}" "${var_env[@]}" "${netns_cmd[@]}" \
-                "$ours" "$coll" "${SWEEP[@]}" -R 1 -T "$OP_TIMEOUT_MS" $COMM_BENCH_ARGS "${var_flags[@]}"
+                "$ours" "$coll" "${SWEEP[@]}" -R 1 -T "${OP_TIMEOUT_MS}ms" $COMM_BENCH_ARGS "${var_flags[@]}"
             done
           fi
           if [[ -n $mpi ]]; then

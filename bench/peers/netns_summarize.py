@@ -74,14 +74,16 @@ def main():
             failures.append(f"{run['shape']} {run['coll']} UCX_TLS={run['tls']} {label} round {run['rep']}: "
                             f"exit {run['rc']} (log: {run['log']})")
             continue
-        # One input type per run: fp32 ("float") unless a variant's flags chose another (e.g.
-        # --datatype=bf16); with several (-d all) the first one's rows are taken.
-        dtype = None
+        # One case per run: fp32 ("float") sum unless a variant's flags chose another (e.g.
+        # --datatype=bf16); with several (-d all, -O all, -o all) the first row's input type, output
+        # type and operation are taken, so that different cases never share a median.
+        case = None
         for row in read_json_lines(run["json"], "netns_summarize"):
             if row.get("coll") != run["coll"]:
                 continue
-            dtype = dtype or row.get("dtype")
-            if row.get("dtype") != dtype:
+            this = (row.get("dtype"), row.get("outtype"), row.get("op"))
+            case = case or this
+            if this != case:
                 continue
             if row.get("wrong"):
                 # Reported below and left out of the medians, as summarize.py does.

@@ -188,12 +188,16 @@ inline void* allocTouched(size_t bytes) {
   return p;
 }
 
-// Data for the check (-c 1): small integers, so fp32 sums are exact in any order for up to 256 ranks.
-inline float seedValue(int rank, size_t idx) {
-  return static_cast<float>((rank + 1) + 16 * static_cast<int>(idx % 4096));
+// Data for the check (-c 1): small integers, so fp32 sums are exact in any order for up to 256 ranks
+// (below 2^24). The index part is a hash of the index, not a period: with `idx % 4096` every block
+// of a count that is a multiple of 4096 held the same values, so a reduce_scatter handing a rank
+// another rank's block, or a gather shifted by whole blocks, read as right.
+inline int seedIndexPart(size_t idx) {
+  return static_cast<int>((static_cast<uint64_t>(idx) * 0x9E3779B97F4A7C15ull) >> 53);  // 0..2047
 }
+inline float seedValue(int rank, size_t idx) { return static_cast<float>((rank + 1) + 16 * seedIndexPart(idx)); }
 inline float sumValue(int nranks, size_t idx) {
-  return static_cast<float>(nranks * (nranks + 1) / 2 + 16 * nranks * static_cast<int>(idx % 4096));
+  return static_cast<float>(nranks * (nranks + 1) / 2 + 16 * nranks * seedIndexPart(idx));
 }
 
 // all_gather: rank r contributes seedValue(r, i); the gathered buffer must hold seedValue(q, i) at q*count + i.

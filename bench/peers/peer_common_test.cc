@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,30 @@ TEST(PeerMedian, EvenCountTakesTheMeanOfTheTwoMiddles) {
   EXPECT_DOUBLE_EQ(peers::median({4, 1, 3, 2}), 2.5);
   EXPECT_DOUBLE_EQ(peers::median({7}), 7);
   EXPECT_DOUBLE_EQ(peers::median({}), 0);
+}
+
+// The check's data tells blocks apart at every count: a reduce_scatter that hands a rank another
+// rank's block, or a gather shifted by whole blocks, is wrong (with a period of 4096 elements, every
+// block of a count that is a multiple of 4096 was the same). Sums stay exact at 256 ranks.
+TEST(PeerCheck, BlocksAreToldApartAtCountsOfWholePeriods) {
+  for (int nranks : {2, 4}) {
+    const size_t count = 4096 * 8;
+    std::vector<float> out(count);
+    for (int r = 0; r < nranks; ++r) {
+      for (size_t i = 0; i < count; ++i) out[i] = peers::sumValue(nranks, i);  // block 0's sums
+      EXPECT_EQ(peers::checkReduceScatter(out.data(), count, r, nranks) == 0, r == 0) << nranks << " ranks, rank " << r;
+    }
+    std::vector<float> send(count), gathered(count * nranks);
+    for (int q = 0; q < nranks; ++q)
+      for (size_t i = 0; i < count; ++i) gathered[q * count + i] = peers::seedValue(q, i);
+    EXPECT_EQ(peers::checkAllGather(gathered.data(), count, nranks), 0);
+    for (int q = 0; q < nranks; ++q)  // rank 0's data where each block should be
+      for (size_t i = 0; i < count; ++i) gathered[q * count + i] = peers::seedValue(0, q * count + i);
+    EXPECT_GT(peers::checkAllGather(gathered.data(), count, nranks), static_cast<long>(count) / 2);
+  }
+  float most = 0;
+  for (size_t i = 0; i < (1u << 16); ++i) most = std::max(most, peers::sumValue(256, i));
+  EXPECT_LT(most, 16777216.0f);  // 2^24: integers above it are not all exact in fp32
 }
 
 }  // namespace

@@ -9,7 +9,8 @@ size it prints each implementation's median busbw over the repeated runs, our ra
 and the memcpy GB/s at that size (one core and two), with the Open MPI/Gloo settings beside the table.
 "ours" is comm_bench's impl (any impl that is not openmpi, gloo or memcpy; --ours picks one if there are
 several: shardcomm, shardcomm-inline, shardcomm-device; a row with "memory" other than host counts as
-IMPL-MEMORY). When the input holds Open MPI runs with different settings, the settings with the best geometric
+IMPL-MEMORY, and one with "registered": false (comm_bench -R 0, the staging path) as IMPL-unregistered, so
+that runs of different paths never share a median). When the input holds Open MPI runs with different settings, the settings with the best geometric
 mean busbw (over all sizes of that collective and rank count) are shown, and the others are listed.
 Python 3 standard library only.
 """
@@ -133,6 +134,12 @@ def main():
         memory = r.get("memory", "host")
         if impl not in PEERS and memory != "host" and not impl.endswith("-" + memory):
             impl = f"{impl}-{memory}"
+        # comm_bench -R 0 (buffers not from allocRegistered: the staging path) is another path too, and
+        # a time other than the slowest rank's (-a; the peers show the slowest) another measure.
+        if impl not in PEERS and r.get("registered") is False:
+            impl = f"{impl}-unregistered"
+        if impl not in PEERS and r.get("time_of", "max") != "max":
+            impl = f"{impl}-time-{r['time_of']}"
         label = impl
         if impl == "openmpi":
             label = "openmpi|" + r.get("settings", "")
@@ -184,7 +191,9 @@ def main():
             sizes = sorted({k[4] for k in samples if k[1:4] == (coll, nranks, inplace)})
             out.append(f"### {'in-place' if inplace else 'out-of-place'}")
             out.append("")
-            out.append(f"| size | ours ({ours or 'n/a'}) | Open MPI | Gloo | ours/MPI | ours/Gloo | "
+            # Ratios read "ours faster" above 1 in both metrics: busbw ours/peer, time peer/ours.
+            vs = ("ours/MPI", "ours/Gloo") if metric == "busbw" else ("MPI/ours time", "Gloo/ours time")
+            out.append(f"| size | ours ({ours or 'n/a'}) | Open MPI | Gloo | {vs[0]} | {vs[1]} | "
                        "memcpy 1-core GB/s | memcpy 2-core GB/s | runs (ours/MPI/Gloo) |")
             out.append("|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
 

@@ -89,6 +89,31 @@ class Summaries(unittest.TestCase):
         res = self.run_script("summarize.py", "--ours", "shardcomm-device", self.dir)
         self.assertIn("| 1 KiB | 100.00 |", res.stdout)
 
+    def test_registered_and_staged_runs_are_not_pooled(self):
+        # comm_bench -R 1 and -R 0 both write impl "shardcomm": the staging path is kept apart.
+        self.jsonl("r1.jsonl", [row("shardcomm", 5.0, registered=True)])
+        self.jsonl("r0.jsonl", [row("shardcomm", 1.0, registered=False)])
+        res = self.run_script("summarize.py", self.dir)
+        self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
+        self.assertIn("| 1 KiB | 5.00 |", res.stdout)
+        self.assertNotIn("3.00", res.stdout)
+        self.assertIn("several non-peer impls", res.stderr)
+        res = self.run_script("summarize.py", "--ours", "shardcomm-unregistered", self.dir)
+        self.assertIn("| 1 KiB | 1.00 |", res.stdout)
+
+    def test_netns_cases_of_one_run_are_not_pooled(self):
+        # One run with -O all: bf16 in, bf16 out and bf16 in, fp32 out; only the first case is summarized.
+        rows = [row("shardcomm", 2.0, coll="reduce_scatter", dtype="bf16", outtype="bf16", op="sum"),
+                row("shardcomm", 8.0, coll="reduce_scatter", dtype="bf16", outtype="float", op="sum")]
+        manifest = self.manifest([
+            {"shape": "2x1", "hosts": 2, "ranks_per_host": 1, "coll": "reduce_scatter", "label": "shardcomm",
+             "kind": "shardcomm", "rep": 1, "json": self.jsonl("cases.jsonl", rows), "log": "cases.log",
+             "command": "comm_bench -O all"}])
+        res = self.run_script("netns_summarize.py", "--manifest", manifest)
+        self.assertEqual(res.returncode, 0, res.stdout + res.stderr)
+        self.assertIn("| 1 KiB | 2.000 |", res.stdout)
+        self.assertNotIn("5.000", res.stdout)
+
 
 if __name__ == "__main__":
     unittest.main()

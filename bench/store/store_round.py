@@ -4,7 +4,7 @@ libcomm TCP store, with ranks 1..N-1 played by this script over N-1 connections,
 worlds can be measured on one machine. Rank 0 is a real libcomm process hosting the store:
 
   LIBCOMM_STORE_ADDR=127.0.0.1:29600 LIBCOMM_SECRET=sec LIBCOMM_WORLD_SIZE=1024 LIBCOMM_RANK=0 \\
-      build/bench/comm_bench all_gather -b 1K -e 1K -n 1 -w 0 -T 60000 &
+      build/bench/comm_bench all_gather -b 1K -e 1K -n 1 -w 0 -T 60 &
   python3 bench/store/store_round.py 127.0.0.1 29600 1024 sec
 
 Prints how long the sets and parked gets took to send, and how much later every get was answered.

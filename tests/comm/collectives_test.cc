@@ -198,6 +198,9 @@ Status matrixBody(RankContext& ctx, Placement placement = {}, std::vector<Case> 
   config.stagingChunkBytes = 64 << 10;  // small slots: many staging rounds even at moderate counts
   config.opTimeout = std::chrono::seconds(60);
   LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+  if (comm->numHosts() != placement.hosts)
+    return libcomm::makeError(libcomm::StatusCode::kInternalError, "numHosts() is ", comm->numHosts(), ", placed on ",
+                              placement.hosts);
   // A second communicator with the eager path off, so that small cases also take direct/staged.
   config.eagerBytes = 0;
   LIBCOMM_ASSIGN_OR_RETURN(auto noEager, libcomm::Communicator::create(ctx.bootstrap, config));

@@ -34,7 +34,7 @@ def alive(pid):
 def case(bench, sig, stop_rank):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIBCOMM_") or k == "LIBCOMM_FLIGHT_RECORDER_DIR"}
     p = subprocess.Popen([bench, "all_gather", "-np", "2", "-b", "1M", "-e", "1M", "-n", "1000", "-w", "0", "-c", "0",
-                          "-T", "60000"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+                          "-T", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     ranks, deadline = [], time.monotonic() + 60
     while time.monotonic() < deadline:
         ranks = children(p.pid)

@@ -79,16 +79,16 @@ runCase() {
 for shape in $shapes; do
   k=${shape%x*}
   r=${shape#*x}
-  runCase all "$k" "$r" -- all -b 8 -e 1M -f 8 -n 2 -w 1 -c 1 -T 60000
-  runCase staged "$k" "$r" -- reduce_scatter -R 0 -b 8 -e 256K -f 8 -n 2 -w 1 -c 1 -d all -O all -o all -T 60000
+  runCase all "$k" "$r" -- all -b 8 -e 1M -f 8 -n 2 -w 1 -c 1 -T 60
+  runCase staged "$k" "$r" -- reduce_scatter -R 0 -b 8 -e 256K -f 8 -n 2 -w 1 -c 1 -d all -O all -o all -T 60
   # Counts 13 x 8^k (fp32; 26 x 8^k bf16): every one cut into ragged blocks at 3 and 6 ranks, the
   # smallest at 4 and the rest whole there; past the eager size 2x2 and 2x3 take the two-level
   # all_reduce, 3x1 the ring.
-  runCase all_reduce "$k" "$r" -- all_reduce -b 52 -e 4M -f 8 -n 2 -w 1 -c 1 -d all -o all -T 60000
+  runCase all_reduce "$k" "$r" -- all_reduce -b 52 -e 4M -f 8 -n 2 -w 1 -c 1 -d all -o all -T 60
   if [ "$kill_case" = 1 ]; then
     lost=$((k * r - 1))
     runCase killed "$k" "$r" --kill-rank "$lost" --kill-after-ms 2000 --survivor-rc 1 \
-      -- all_gather -b 64M -e 64M -n 100000 -w 1 -c 0 -T 5000
+      -- all_gather -b 64M -e 64M -n 100000 -w 1 -c 0 -T 5
     lost=""
   fi
 done

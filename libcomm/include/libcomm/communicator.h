@@ -67,6 +67,9 @@ class Communicator {
 
   int rank() const;
   int size() const;
+  /// The hosts the ranks are on (by host id: LIBCOMM_HOST_ID, else the machine's): 1 when every
+  /// collective stays in shared memory, more when some go across hosts (UCX, or NCCL on device).
+  int numHosts() const;
   const CommConfig& config() const;
 
   // ---- Registered memory. Thread-safe. ----

@@ -414,6 +414,7 @@ Status Communicator::finalize(Milliseconds timeout) {
 
 int Communicator::rank() const { return impl_->rank_; }
 int Communicator::size() const { return impl_->size_; }
+int Communicator::numHosts() const { return impl_->hosts_.numHosts(); }
 const CommConfig& Communicator::config() const { return impl_->config_; }
 
 Result<void*> Communicator::allocRegistered(size_t bytes) {
