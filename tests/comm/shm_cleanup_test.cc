@@ -255,6 +255,31 @@ TEST(ShmHygiene, SweepRemovesASegmentOnlyItsDeadOwnerHeld) {
   EXPECT_EQ(rc, 0) << "3: set-up failed; 4: the dead owner's segment was not removed";
 }
 
+// A dead owner not yet reaped by its parent (a zombie: kill(pid, 0) still succeeds) is dead: its
+// segment is removed. The sweep kept it until the parent reaped it, while the ranks of the job had
+// already named the owner dead.
+TEST(ShmHygiene, SweepRemovesAZombieOwnersSegment) {
+  const int rc = withPrivateDevShm([] {
+    const pid_t owner = fork();
+    if (owner == 0) {
+      auto seg = libcomm::shm::Segment::create("/shardcomm." + std::to_string(getpid()) + ".zombie_test.g1", 64);
+      if (!seg.isOk()) _exit(3);
+      raise(SIGKILL);
+    }
+    siginfo_t info{};
+    // Waits for its death without reaping it: it stays a zombie until the waitpid below.
+    if (waitid(P_PID, static_cast<id_t>(owner), &info, WEXITED | WNOWAIT) != 0 || info.si_code != CLD_KILLED) return 3;
+    const std::string name = "/shardcomm." + std::to_string(owner) + ".zombie_test.g1";
+    const int removed = libcomm::shm::sweepStaleSegments(false).removed;
+    auto still = libcomm::shm::Segment::exists(name);
+    int status = 0;
+    waitpid(owner, &status, 0);
+    return removed == 1 && still.isOk() && !still.value() ? 0 : 4;
+  });
+  if (rc == 77) GTEST_SKIP() << "no private mount namespace here (not root?)";
+  EXPECT_EQ(rc, 0) << "3: set-up failed; 4: the zombie owner's segment was kept";
+}
+
 // A launcher removes what its stopped ranks made, by their pids and job id: a segment of that name
 // whose owner lives (the same pid and job id in another pid namespace sharing /dev/shm, or a pid
 // reused since) is left, as the sweep leaves it; a dead owner's goes.

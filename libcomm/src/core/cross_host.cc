@@ -443,13 +443,13 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
   const Algo algo = *choice;
   flight_->chose(seq, algo);
   UcxRingLink link(*cross_->channel, seq, wait.op);
-  if (config_.collTrace)
-    LIBCOMM_LOG(kInfo, "coll") << describeColl(args, seq) << ": " << algoName(algo) << " across " << hosts_.numHosts()
-                               << " hosts (" << why << ")"
-                               << (partialsAcrossHosts(args) == PartialsType::kFloat64 ||
-                                           (algo != Algo::kEager && partialsAcrossHosts(args) != PartialsType::kFloat32)
-                                       ? std::string(", ") + partialsTypeName(partialsAcrossHosts(args)) + " partials"
-                                       : std::string());  // eager sums in fp32, or fp64
+  LIBCOMM_LOG_REQUESTED(config_.collTrace, "coll")
+      << describeColl(args, seq) << ": " << algoName(algo) << " across " << hosts_.numHosts() << " hosts (" << why
+      << ")"
+      << (partialsAcrossHosts(args) == PartialsType::kFloat64 ||
+                  (algo != Algo::kEager && partialsAcrossHosts(args) != PartialsType::kFloat32)
+              ? std::string(", ") + partialsTypeName(partialsAcrossHosts(args)) + " partials"
+              : std::string());  // eager sums in fp32, or fp64
   // The eager algorithm checks fingerprints in its own messages; the two-level one posts its
   // working buffer with its descriptor (railsFingerprint).
   if (algo == Algo::kEager) {

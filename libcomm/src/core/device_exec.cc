@@ -119,7 +119,7 @@ Status Communicator::Impl::runDevice(const CollArgs& args, uint32_t seq, const W
     const DeviceQuery across{args.kind, false, false, ncclBuilt, size_};
     LIBCOMM_ASSIGN_OR_RETURN(Algo algo, selectDevicePath(across, config_, &why));
     flight_->chose(seq, algo);
-    if (config_.collTrace) LIBCOMM_LOG(kInfo, "coll") << what << ": " << algoName(algo) << " (" << why << ")";
+    LIBCOMM_LOG_REQUESTED(config_.collTrace, "coll") << what << ": " << algoName(algo) << " (" << why << ")";
     return runNccl(args, device, wait.deadline, what);
   }
 
@@ -146,9 +146,8 @@ Status Communicator::Impl::runDevice(const CollArgs& args, uint32_t seq, const W
   const DeviceQuery everyone{args.kind, true, registered, ncclBuilt, size_};
   LIBCOMM_ASSIGN_OR_RETURN(Algo algo, selectDevicePath(everyone, config_, &why));
   flight_->chose(seq, algo);
-  if (config_.collTrace)
-    LIBCOMM_LOG(kInfo, "coll") << what << ": " << algoName(algo) << " on device " << device.device << " (" << why
-                               << ")";
+  LIBCOMM_LOG_REQUESTED(config_.collTrace, "coll")
+      << what << ": " << algoName(algo) << " on device " << device.device << " (" << why << ")";
   if (algo == Algo::kNccl) return runNccl(args, device, wait.deadline, what);
 
   std::vector<cuda::PeerInput> inputs(size_);

@@ -328,9 +328,9 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const WaitCon
   const std::vector<shm::OpDescriptor>& all = posted_;
 
   if (eager) {
-    if (config_.collTrace)
-      LIBCOMM_LOG(kInfo, "coll") << wait.op.str() << ": eager (input <= " << config_.eagerBytes << " B"
-                                 << (d.eager == shm::OpDescriptor::kEagerInline ? ", in the descriptor" : "") << ")";
+    LIBCOMM_LOG_REQUESTED(config_.collTrace, "coll")
+        << wait.op.str() << ": eager (input <= " << config_.eagerBytes << " B"
+        << (d.eager == shm::OpDescriptor::kEagerInline ? ", in the descriptor" : "") << ")";
     LIBCOMM_RETURN_IF_ERROR(mesh::runEager(args, env, d.eager == shm::OpDescriptor::kEagerInline ? &all : nullptr));
     // No completion handshake: a peer may have given up on this collective (timed out waiting for
     // this rank's arrival) while its input was already posted. Its failure, not a success that
@@ -353,7 +353,7 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const WaitCon
       const Algo algo,
       named(selectAlgo({args.kind, registered, anyInPlace, inputBytes, unregistered, allInPlace}, config_, &why)));
   flight_->chose(seq, algo);
-  if (config_.collTrace) LIBCOMM_LOG(kInfo, "coll") << wait.op.str() << ": " << algoName(algo) << " (" << why << ")";
+  LIBCOMM_LOG_REQUESTED(config_.collTrace, "coll") << wait.op.str() << ": " << algoName(algo) << " (" << why << ")";
   if (args.count > 0) {
     Status st = algo == Algo::kDirect ? mesh::runDirect(args, env, all) : mesh::runStaged(args, env);
     LIBCOMM_RETURN_IF_ERROR(channel_->blameFailedPeer(st, env.wait, algoName(algo)));

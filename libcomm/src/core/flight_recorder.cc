@@ -352,6 +352,10 @@ Result<std::string> writeTemp(int dirFd, const std::string& dir, const std::stri
 }  // namespace
 
 std::string FlightRecorder::toJson(std::string_view reason) const {
+  // Stamped before the ring is read: the dump shows this rank at that time or later, never earlier
+  // (stamped after, a dump read 9 ms before its stamp made flight_merge take a rank a moment behind
+  // for one that never enqueued a collective its peers had).
+  const long long dumpTimeNs = static_cast<long long>(flightNowNs());
   const std::vector<FlightEntry> entries = snapshot();
   std::string first;
   {
@@ -361,7 +365,7 @@ std::string FlightRecorder::toJson(std::string_view reason) const {
   JsonWriter w;
   w.beginObject().field("format", kFlightFormat).field("version", kFlightVersion);
   w.field("library_version", versionString()).field("reason", reason);
-  w.field("dump_time_ns", static_cast<long long>(flightNowNs())).field("clock", "CLOCK_REALTIME");
+  w.field("dump_time_ns", dumpTimeNs).field("clock", "CLOCK_REALTIME");
   w.field("time_source", useTsc_ ? "tsc" : "clock_gettime");
   const FlightMember self = id_.rank < static_cast<int>(id_.members.size()) ? id_.members[id_.rank] : FlightMember{};
   w.field("rank", id_.rank).field("world_size", id_.size).field("host", self.host).field("host_id", self.hostId);

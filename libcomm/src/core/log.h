@@ -54,3 +54,9 @@ class Line {
   for (bool libcomm_log_on_ = ::libcomm::log::enabled(::libcomm::log::Level::level, subsys); libcomm_log_on_; \
        libcomm_log_on_ = false)                                                                     \
   ::libcomm::log::Line(::libcomm::log::Level::level, subsys)
+
+// A line a setting of its own asked for (LIBCOMM_COLL_TRACE: `on` is that setting): written at INFO
+// whatever LIBCOMM_LOG_LEVEL and LIBCOMM_LOG_SUBSYS say, since asking for it is asking to see it.
+#define LIBCOMM_LOG_REQUESTED(on, subsys)                                     \
+  for (bool libcomm_log_on_ = (on); libcomm_log_on_; libcomm_log_on_ = false) \
+  ::libcomm::log::Line(::libcomm::log::Level::kInfo, subsys)

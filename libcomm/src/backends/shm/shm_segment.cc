@@ -97,8 +97,14 @@ Result<int> createLocked(const std::string& name) {
   }
 }
 
-// Whether a process of that pid runs in this pid namespace (EPERM: it runs, as another user).
-bool pidRunsHere(long pid) { return kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM; }
+// Whether a process of that pid runs in this pid namespace (one of another user's counts; a zombie,
+// dead but not yet reaped by its parent, does not: kill(pid, 0) succeeds for it, and its segments
+// were kept until the parent reaped it, while the ranks already named it dead).
+bool pidRunsHere(long pid) {
+  ProcessId id;
+  id.pid = static_cast<pid_t>(pid);
+  return processAlive(id);
+}
 
 std::string ownerOf(const std::string& path) {
   struct stat st;
