@@ -520,16 +520,62 @@ TEST_F(LaunchEnv, LaunchLocalRunsEveryRankWithItsEnvironment) {
 
 TEST_F(LaunchEnv, LaunchLocalNamesTheFailedRankAndStopsTheOthers) {
   auto start = Clock::now();
-  Status s = launchLocal(shell(4, "if [ \"$LIBCOMM_RANK\" = 2 ]; then exit 3; fi; exec sleep 30"));
+  auto o = shell(4, "if [ \"$LIBCOMM_RANK\" = 2 ]; then exit 3; fi; exec sleep 30");
+  o.failureGrace = 300ms;
+  Status s = launchLocal(o);
   EXPECT_EQ(s.code(), StatusCode::kRemoteError) << s.toString();
   EXPECT_NE(s.message().find("rank 2 of 4"), std::string::npos) << s.toString();
   EXPECT_NE(s.message().find("code 3"), std::string::npos) << s.toString();
+  EXPECT_NE(s.message().find("stopped ranks 0,1,3"), std::string::npos) << s.toString();
   EXPECT_LT(Clock::now() - start, 5s);
   expectNoChildrenLeft();
 
   s = launchLocal(shell(2, "if [ \"$LIBCOMM_RANK\" = 1 ]; then kill -9 $$; fi; exec sleep 30"));
   EXPECT_NE(s.message().find("rank 1 of 2"), std::string::npos) << s.toString();
   EXPECT_NE(s.message().find("signal 9"), std::string::npos) << s.toString();
+  expectNoChildrenLeft();
+}
+
+// The peers of a failed rank get failureGrace to end by themselves (a rank of a real job names the
+// dead peer and writes its flight-recorder dump then): here they finish their work, 0.5 s after the
+// failure, rather than being stopped at once. The error says they ended after it.
+TEST_F(LaunchEnv, LaunchLocalLetsThePeersOfAFailedRankEndByThemselves) {
+  char dirTemplate[] = "/tmp/shardcomm-grace-XXXXXX";
+  ASSERT_NE(mkdtemp(dirTemplate), nullptr);
+  const std::string dir = dirTemplate;
+  Status s = launchLocal(shell(
+      3, "if [ \"$LIBCOMM_RANK\" = 1 ]; then exit 3; fi; sleep 0.5; touch " + dir + "/done.$LIBCOMM_RANK; exit 1"));
+  EXPECT_EQ(s.code(), StatusCode::kRemoteError) << s.toString();
+  EXPECT_NE(s.message().find("rank 1 of 3"), std::string::npos) << s.toString();
+  EXPECT_NE(s.message().find("then ranks 0,2 ended"), std::string::npos) << s.toString();
+  EXPECT_EQ(s.message().find("stopped"), std::string::npos) << s.toString();
+  EXPECT_TRUE(std::filesystem::exists(dir + "/done.0") && std::filesystem::exists(dir + "/done.2")) << s.toString();
+  std::filesystem::remove_all(dir);
+  expectNoChildrenLeft();
+}
+
+// SIGUSR1 to the launcher (the pid a user sees: `tinylm -np 4`) is passed on to the ranks, which
+// dump their flight recorders; it ended the launcher and with it every rank, no dump written.
+TEST_F(LaunchEnv, LaunchLocalPassesSigusr1OnToTheRanks) {
+  char dirTemplate[] = "/tmp/shardcomm-usr1-XXXXXX";
+  ASSERT_NE(mkdtemp(dirTemplate), nullptr);
+  const std::string dir = dirTemplate;
+  std::thread signaller([&] {
+    // Only while the ranks run (the launch is then catching it): after, it would end this process.
+    for (auto until = Clock::now() + 10s; Clock::now() < until; std::this_thread::sleep_for(10ms))
+      if (std::filesystem::exists(dir + "/ready.0") && std::filesystem::exists(dir + "/ready.1")) {
+        kill(getpid(), SIGUSR1);
+        return;
+      }
+  });
+  Status s = launchLocal(shell(2,
+                               "trap 'touch " + dir + "/usr1.$LIBCOMM_RANK; exit 0' USR1; touch " + dir +
+                                   "/ready.$LIBCOMM_RANK; while :; do sleep 0.05; done",
+                               20s));
+  signaller.join();
+  EXPECT_TRUE(s.isOk()) << s.toString();
+  EXPECT_TRUE(std::filesystem::exists(dir + "/usr1.0") && std::filesystem::exists(dir + "/usr1.1"));
+  std::filesystem::remove_all(dir);
   expectNoChildrenLeft();
 }
 

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -102,6 +103,11 @@ int reap(std::vector<Child>& children, std::string* how) {
   return failed;
 }
 
+// "rank 2" or "ranks 0,3".
+std::string ranksNamed(const std::vector<int>& ranks) {
+  return (ranks.size() == 1 ? "rank " : "ranks ") + boot::joinRanks(ranks);
+}
+
 std::vector<int> runningRanks(const std::vector<Child>& children) {
   std::vector<int> out;
   for (size_t r = 0; r < children.size(); ++r)
@@ -182,13 +188,18 @@ class ChildStatusKept {
 // word said. Where the caller left a signal's default action, a handler notes it while any launch
 // runs; the launches stop their ranks and remove the job's segments, and the last one to finish
 // puts the default back and raises the signal again, so the process still ends by it (exit status
-// 128 + n in a shell). A caller's own handler is left alone. Process-wide and counted, as above.
+// 128 + n in a shell). SIGUSR1, likewise where its action is the default, is passed on to the
+// running ranks (which write their flight-recorder dumps: FLIGHT-RECORDER.md): the launcher is the
+// process a user sees (`tinylm -np 4`), and by default the signal ended it and so every rank, with
+// no dump written and the segments left. A caller's own handler is left alone. Process-wide and
+// counted, as above.
 class StopSignals {
  public:
   StopSignals() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (users_++ > 0) return;
     caught_.store(0);
+    dumpRequests_.store(0);
     for (size_t i = 0; i < std::size(kSignals); ++i) {
       installed_[i] = false;
       struct sigaction before {};
@@ -222,9 +233,17 @@ class StopSignals {
 
   /// The signal that asked the launches to stop, or 0.
   static int caught() { return caught_.load(); }
+  /// How many SIGUSR1 came since the last call (for the launch that passes them on; with several
+  /// launches at once, the first to ask passes them to its ranks).
+  static int takeDumpRequests() { return dumpRequests_.exchange(0); }
 
  private:
-  static void onSignal(int sig) { caught_.store(sig); }
+  static void onSignal(int sig) {
+    if (sig == SIGUSR1)
+      dumpRequests_.fetch_add(1);
+    else
+      caught_.store(sig);
+  }
   // The default action back for each signal this class took (async-signal-safe: sigaction only).
   static void restoreDefaults() {
     for (size_t i = 0; i < std::size(kSignals); ++i) {
@@ -237,11 +256,12 @@ class StopSignals {
     }
   }
 
-  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
+  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
   static inline std::mutex mutex_;
   static inline int users_ = 0;
   static inline bool installed_[std::size(kSignals)] = {};
   static inline std::atomic<int> caught_{0};
+  static inline std::atomic<int> dumpRequests_{0};
 };
 
 // A launch's error, logged as well when a signal came meanwhile: the process ends by that signal
@@ -275,6 +295,9 @@ Status launchLocal(const LocalLaunchOptions& options) {
   if (options.timeout.count() <= 0)  // every rank would be killed at once, "still running after -5 ms"
     return makeError(StatusCode::kInvalidArgument, "launchLocal: timeout ", options.timeout.count(),
                      " ms; it is the whole job's deadline and must be positive");
+  if (options.failureGrace.count() < 0)
+    return makeError(StatusCode::kInvalidArgument, "launchLocal: failureGrace ", options.failureGrace.count(),
+                     " ms is negative");
   for (const auto& [name, value] : options.env)
     if (name.empty() || name.find('=') != std::string::npos || name.find('\0') != std::string::npos)
       return makeError(StatusCode::kInvalidArgument, "launchLocal: environment variable name '", name,
@@ -390,16 +413,38 @@ Status launchLocal(const LocalLaunchOptions& options) {
 
   boot::Backoff backoff(Milliseconds(1), Milliseconds(20));
   std::string how;
+  auto passOnDumpRequests = [&children] {
+    if (StopSignals::takeDumpRequests() == 0) return;
+    for (const Child& c : children)
+      if (c.running) kill(c.pid, SIGUSR1);
+    LIBCOMM_LOG(kInfo, "boot") << "launchLocal: passed SIGUSR1 on to ranks " << boot::joinRanks(runningRanks(children));
+  };
   while (!runningRanks(children).empty()) {
     int failed = reap(children, &how);
     if (failed >= 0) {
-      std::vector<int> others = runningRanks(children);
+      // The others get failureGrace to end by themselves: a peer of a rank that died or failed
+      // names it, writes its flight-recorder dump and exits, within moments. Stopped at once, they
+      // ended with no dump and no word of which collective they were in.
+      const std::vector<int> others = runningRanks(children);
+      const Deadline grace = Deadline::after(std::min(options.failureGrace, deadline.remaining()));
+      std::string ignored;
+      boot::Backoff patience(Milliseconds(1), Milliseconds(20));
+      while (!runningRanks(children).empty() && !grace.expired() && StopSignals::caught() == 0) {
+        passOnDumpRequests();
+        reap(children, &ignored);
+        if (!runningRanks(children).empty()) patience.sleep(grace);
+      }
+      const std::vector<int> stopped = runningRanks(children);
+      std::vector<int> ended;
+      for (int r : others)
+        if (std::find(stopped.begin(), stopped.end(), r) == stopped.end()) ended.push_back(r);
       stopAll(children);
-      return saidIfInterrupted(makeError(StatusCode::kRemoteError, "launchLocal: rank ", failed, " of ",
-                                         options.numRanks, " (", program, ") ", how,
-                                         others.empty() ? std::string() : "; stopped ranks " + boot::joinRanks(others),
-                                         removeSegments(children, ranksJobId)));
+      return saidIfInterrupted(makeError(
+          StatusCode::kRemoteError, "launchLocal: rank ", failed, " of ", options.numRanks, " (", program, ") ", how,
+          ended.empty() ? std::string() : "; then " + ranksNamed(ended) + " ended",
+          stopped.empty() ? std::string() : "; stopped " + ranksNamed(stopped), removeSegments(children, ranksJobId)));
     }
+    passOnDumpRequests();
     // The last ranks may have ended well just now: not a timeout, even past the deadline (a job
     // that succeeded was reported as "ranks  of 1 still running"; found by a launcher review).
     if (runningRanks(children).empty()) break;
