@@ -5,10 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <climits>
-#include <cstdlib>
 
+#include "libcomm/bootstrap.h"
 #include "libcomm/launcher.h"
 
 namespace tinylm {
@@ -45,15 +44,6 @@ libcomm::Result<std::unique_ptr<libcomm::Bootstrap>> rankBootstrap(libcomm::Dead
   return std::move(libcomm::createInProcessBootstraps(1)[0]);
 }
 
-int launcherLocalSize() {
-  for (const char* var :
-       {"LIBCOMM_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"}) {
-    const char* v = std::getenv(var);
-    if (!v || !std::isdigit(static_cast<unsigned char>(v[0]))) continue;
-    const long n = std::strtol(v, nullptr, 10);  // Slurm may append "(x2)": the digits first
-    if (n >= 1 && n <= (1 << 20)) return static_cast<int>(n);
-  }
-  return 1;
-}
+int launcherLocalSize() { return std::max(1, libcomm::localSizeFromEnvironment()); }
 
 }  // namespace tinylm

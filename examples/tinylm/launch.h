@@ -28,9 +28,8 @@ libcomm::Milliseconds jobTimeout(libcomm::Milliseconds perWait, long long waits)
 /// one (nobody launched us: run alone). Collective across the job's ranks.
 libcomm::Result<std::unique_ptr<libcomm::Bootstrap>> rankBootstrap(libcomm::Deadline deadline);
 
-/// The ranks that share this machine, as the launcher's local-size variable says (libcomm's
-/// LIBCOMM_LOCAL_SIZE, torchrun's LOCAL_WORLD_SIZE, Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE, Slurm's
-/// SLURM_NTASKS_PER_NODE), else 1. Reads the environment only, logs nothing.
+/// The ranks that share this machine, as the launcher's variables say
+/// (libcomm::localSizeFromEnvironment), else 1. Reads the environment only, logs nothing.
 int launcherLocalSize();
 
 }  // namespace tinylm

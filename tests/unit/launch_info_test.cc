@@ -82,7 +82,7 @@ TEST_F(LaunchEnv, OneVariableOfALauncherMakesARank) {
     unsetenv(var);
   }
   // Slurm: a one-task step is not a job of ranks; a task count that does not read as 1 is.
-  set({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}});
+  set({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_STEP_ID", "0"}});
   EXPECT_FALSE(startedAsRank());
   set({{"SLURM_NTASKS", "abc"}});
   EXPECT_TRUE(startedAsRank(&which));
@@ -191,6 +191,7 @@ TEST_F(LaunchEnv, SlurmWithFileStore) {
        {"SLURM_NTASKS", "4"},
        {"SLURM_LOCALID", "1"},
        {"SLURM_JOB_ID", "777"},
+       {"SLURM_STEP_ID", "2"},
        {"LIBCOMM_STORE_DIR", "/shared/rdv"}});
   auto info = resolveLaunchInfo();
   ASSERT_TRUE(info.isOk()) << info.status().toString();
@@ -198,7 +199,73 @@ TEST_F(LaunchEnv, SlurmWithFileStore) {
   EXPECT_EQ(info->rank, 3);
   EXPECT_EQ(info->localRank, 1);
   EXPECT_EQ(info->storeDir, "/shared/rdv");
-  EXPECT_EQ(info->jobId, "slurm-777");
+  EXPECT_EQ(info->jobId, "slurm-777.2");
+}
+
+// The quiet local size for sizing (tinylm's memory check): the first launcher variable that says,
+// Slurm's list in a step only, 0 when none says or it does not parse.
+TEST_F(LaunchEnv, LocalSizeFromEnvironmentReadsEveryLauncher) {
+  EXPECT_EQ(localSizeFromEnvironment(), 0);
+  set({{"SLURM_TASKS_PER_NODE", "2(x2)"}});
+  EXPECT_EQ(localSizeFromEnvironment(), 0);  // no step: a batch shell's
+  set({{"SLURM_STEP_ID", "0"}});
+  EXPECT_EQ(localSizeFromEnvironment(), 2);
+  set({{"OMPI_COMM_WORLD_LOCAL_SIZE", "3"}});
+  EXPECT_EQ(localSizeFromEnvironment(), 3);
+  set({{"LOCAL_WORLD_SIZE", "x"}});
+  EXPECT_EQ(localSizeFromEnvironment(), 3);  // unparsable: the next one that says
+  set({{"LIBCOMM_LOCAL_SIZE", "5"}});
+  EXPECT_EQ(localSizeFromEnvironment(), 5);
+}
+
+// A batch script's shell (sbatch -n 4) has SLURM_PROCID=0 and SLURM_NTASKS=4 but is no task of a
+// step (no SLURM_STEP_ID): it is the process that starts the ranks (-np works there), not rank 0 of
+// four waiting for three that never come.
+TEST_F(LaunchEnv, ASlurmBatchShellIsNoRank) {
+  set({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_JOB_ID", "55"}});
+  EXPECT_FALSE(startedAsRank());
+  expectError(StatusCode::kInvalidArgument, {"cannot tell this process's rank", "batch script's shell", "srun"});
+  set({{"SLURM_STEPID", "0"}});  // Slurm's older name
+  EXPECT_TRUE(startedAsRank());
+}
+
+// Slurm's local size comes from its tasks-per-node list (the step's before the job's), this node's
+// entry by SLURM_NODEID; without it a job across nodes looked like one of unknown shape, and its
+// store stayed on loopback. A list of different counts without the node's index says nothing.
+TEST_F(LaunchEnv, SlurmLocalSizeComesFromTheTasksPerNodeList) {
+  struct Case {
+    std::vector<std::pair<const char*, const char*>> vars;
+    int localSize;
+  };
+  const Case cases[] = {
+      {{{"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}}, 2},
+      {{{"SLURM_TASKS_PER_NODE", "3,1"}, {"SLURM_NODEID", "1"}}, 1},
+      {{{"SLURM_TASKS_PER_NODE", "3(x1),1"}, {"SLURM_NODEID", "0"}}, 3},
+      {{{"SLURM_STEP_TASKS_PER_NODE", "1(x4)"}, {"SLURM_TASKS_PER_NODE", "4"}}, 1},
+      {{{"SLURM_NTASKS_PER_NODE", "2"}}, 2},
+      {{{"SLURM_TASKS_PER_NODE", "3,1"}}, -1},
+      {{{"SLURM_TASKS_PER_NODE", "2(x"}}, -1},
+      {{{"SLURM_TASKS_PER_NODE", "x"}}, -1},
+      {{}, -1},
+  };
+  for (const Case& c : cases) {
+    for (const char* v : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_NODEID"})
+      unsetenv(v);
+    set({{"SLURM_PROCID", "1"},
+         {"SLURM_NTASKS", "4"},
+         {"SLURM_STEP_ID", "0"},
+         {"LIBCOMM_STORE_DIR", "/x"},
+         {"LIBCOMM_JOB_ID", "j"}});
+    for (const auto& [k, v] : c.vars) setenv(k, v, 1);
+    auto info = resolveLaunchInfo();
+    ASSERT_TRUE(info.isOk()) << info.status().toString();
+    EXPECT_EQ(info->localSize, c.localSize) << (c.vars.empty() ? "none" : c.vars[0].second);
+  }
+  // A count the job cannot have is an error naming the variable.
+  setenv("SLURM_TASKS_PER_NODE", "8", 1);
+  unsetenv("SLURM_STEP_TASKS_PER_NODE");
+  unsetenv("SLURM_NTASKS_PER_NODE");
+  expectError(StatusCode::kInvalidArgument, {"SLURM_TASKS_PER_NODE=8"});
 }
 
 // mpirun inside an sbatch script: the children inherit the batch step's SLURM_PROCID=0 and

@@ -163,6 +163,13 @@ Result<LaunchInfo> resolveLaunchInfo(const LaunchOverrides& overrides = {});
 /// the environment only; thread-safe.
 bool startedAsRank(std::string* which = nullptr);
 
+/// How many ranks of the job run on this host, as the launcher's variables say: LIBCOMM_LOCAL_SIZE,
+/// torchrun's LOCAL_WORLD_SIZE, Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE, or (in a Slurm step) this
+/// node's entry of SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE; 0 when none says, or what it
+/// says does not parse. Quiet (no log line, no error): for sizing, such as a trainer's check that
+/// the ranks on the machine fit its memory. resolveLaunchInfo() checks and reports the same values.
+int localSizeFromEnvironment();
+
 /// resolveLaunchInfo() + the matching bootstrap (hosting the TCP store when hostsStore is set;
 /// the returned bootstrap keeps it alive, and its destructor waits, up to the peer timeout
 /// (LIBCOMM_PEER_TIMEOUT_MS, 10 s by default), for the other ranks to disconnect before stopping

@@ -2,6 +2,7 @@
 // Open MPI or Slurm; the rendezvous (TCP store or file store), secret and job id from LIBCOMM_*
 // with launcher fallbacks.
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <optional>
@@ -42,12 +43,62 @@ constexpr const char* kStoreVariables[] = {"LIBCOMM_STORE_ADDR", "LIBCOMM_STORE_
                                            "LIBCOMM_JOB_ID",     "LIBCOMM_HOST_STORE",  "MASTER_ADDR",
                                            "MASTER_PORT",        "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
                                            "SLURM_STEP_ID"};
+// Slurm's per-node task counts, the step's first (srun sets it; the job's may differ), with
+// SLURM_NODEID saying which entry is this node's: what gives a Slurm rank its local size.
+constexpr const char* kSlurmTasksPerNode[] = {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
+                                              "SLURM_NTASKS_PER_NODE"};
 
 std::string env(const char* name) {
   // LIBCOMM_* names go through the settings registry (which also warns about unknown ones).
   if (std::string_view(name).rfind("LIBCOMM_", 0) == 0) return settingValue(name);
   const char* v = getenv(name);
   return v ? v : "";
+}
+
+// Whether Slurm's task variables describe this process: srun sets SLURM_STEP_ID for the tasks of a
+// step. A batch script's shell (sbatch -n 4) has SLURM_PROCID=0 and SLURM_NTASKS=4 as well, but no
+// step: it is the one process that will start the ranks, not rank 0 of them.
+bool inSlurmStep() { return !env("SLURM_STEP_ID").empty() || !env("SLURM_STEPID").empty(); }
+
+// Slurm's "2(x3),1": per-node counts, each optionally repeated; nullopt where it does not parse.
+std::optional<std::vector<int>> parseTasksPerNode(const std::string& v) {
+  std::vector<int> counts;
+  size_t pos = 0;
+  while (pos < v.size()) {
+    size_t end = v.find(',', pos);
+    if (end == std::string::npos) end = v.size();
+    const std::string item = v.substr(pos, end - pos);
+    const size_t paren = item.find("(x");
+    std::optional<long long> n = boot::parseDigits(item.substr(0, paren), kMaxWorldSize);
+    std::optional<long long> times = 1;
+    if (paren != std::string::npos) {
+      if (item.back() != ')') return std::nullopt;
+      times = boot::parseDigits(item.substr(paren + 2, item.size() - paren - 3), kMaxWorldSize);
+    }
+    if (!n || !times || *n < 1 || counts.size() + static_cast<size_t>(*times) > static_cast<size_t>(kMaxWorldSize))
+      return std::nullopt;
+    counts.insert(counts.end(), static_cast<size_t>(*times), static_cast<int>(*n));
+    pos = end + 1;
+  }
+  if (counts.empty()) return std::nullopt;
+  return counts;
+}
+
+// This node's task count from Slurm's variables, and the variable it came from; nullopt when they
+// do not say (absent, unparsable, or a list of different counts without this node's index).
+std::optional<std::pair<int, const char*>> slurmLocalSize() {
+  for (const char* var : kSlurmTasksPerNode) {
+    const std::string v = env(var);
+    if (v.empty()) continue;
+    const std::optional<std::vector<int>> counts = parseTasksPerNode(v);
+    if (!counts) return std::nullopt;
+    const std::optional<long long> node = boot::parseDigits(env("SLURM_NODEID"), kMaxWorldSize);
+    if (node && *node < static_cast<long long>(counts->size())) return std::make_pair((*counts)[*node], var);
+    if (std::all_of(counts->begin(), counts->end(), [&](int c) { return c == counts->front(); }))
+      return std::make_pair(counts->front(), var);
+    return std::nullopt;
+  }
+  return std::nullopt;
 }
 
 // Ranks, sizes and ports: none is ever negative, so digits only (boot::parseDigits).
@@ -183,6 +234,8 @@ std::span<const char* const> launchVariables() {
       for (const char* v : {s.rankVar, s.sizeVar, s.localRankVar, s.localSizeVar})
         if (v) all.push_back(v);
     all.insert(all.end(), std::begin(kStoreVariables), std::end(kStoreVariables));
+    all.insert(all.end(), std::begin(kSlurmTasksPerNode), std::end(kSlurmTasksPerNode));
+    all.insert(all.end(), {"SLURM_NODEID", "SLURM_STEPID"});
     return all;
   }();
   return kAll;
@@ -207,6 +260,17 @@ Status checkLaunchSettings() {
 }
 }  // namespace boot
 
+int localSizeFromEnvironment() {
+  for (const Source& s : kSources) {
+    if (!s.localSizeVar) continue;
+    const std::optional<long long> n = boot::parseDigits(env(s.localSizeVar), kMaxWorldSize);
+    if (n && *n >= 1) return static_cast<int>(*n);
+  }
+  if (inSlurmStep())
+    if (const auto slurm = slurmLocalSize()) return slurm->first;
+  return 0;
+}
+
 bool startedAsRank(std::string* which) {
   auto set = [&](const char* name) {
     if (env(name).empty()) return false;
@@ -216,10 +280,10 @@ bool startedAsRank(std::string* which) {
   for (size_t i = 0; i < std::size(kSources); ++i)
     if (i != kSlurm && (set(kSources[i].rankVar) || set(kSources[i].sizeVar))) return true;
   if (set("PMI_RANK") || set("PMI_SIZE")) return true;
-  // Slurm's are there in a one-task step as well (srun -n 1, or a batch script's shell): a task of
-  // a step of more tasks, or of a task count that does not read as 1, is a rank.
+  // Slurm's are there in a one-task step as well (srun -n 1), and in a batch script's shell, which
+  // is no step: a task of a step of more tasks, or of a task count that does not read as 1, is a rank.
   const std::string ntasks = env("SLURM_NTASKS");
-  if (env("SLURM_PROCID").empty() || ntasks.empty() || ntasks == "1") return false;
+  if (env("SLURM_PROCID").empty() || ntasks.empty() || ntasks == "1" || !inSlurmStep()) return false;
   if (which) *which = "SLURM_PROCID with SLURM_NTASKS=" + ntasks;
   return true;
 }
@@ -236,10 +300,13 @@ Result<LaunchInfo> resolveLaunchInfo(const LaunchOverrides& overrides) {
     LIBCOMM_ASSIGN_OR_RETURN(values[i][1], envInt(kSources[i].sizeVar));
     if (i != kSlurm && (values[i][0] || values[i][1])) nonSlurmSays = true;
   }
+  const bool slurmOutsideStep = (values[kSlurm][0] || values[kSlurm][1]) && !inSlurmStep();
   for (size_t i = 0; i < std::size(kSources); ++i) {
-    if (i == kSlurm && nonSlurmSays) {
+    if (i == kSlurm && (nonSlurmSays || slurmOutsideStep)) {
       if (values[i][0] || values[i][1])
-        LIBCOMM_LOG(kDebug, "boot") << "ignoring SLURM_PROCID/SLURM_NTASKS: another launcher sets rank/size";
+        LIBCOMM_LOG(kDebug, "boot") << "ignoring SLURM_PROCID/SLURM_NTASKS: "
+                                    << (nonSlurmSays ? "another launcher sets rank/size"
+                                                     : "no SLURM_STEP_ID (a batch script's shell, not a task of srun)");
       continue;
     }
     if (values[i][0]) rankClaims.push_back({kSources[i].rankVar, *values[i][0], kSources[i].name});
@@ -258,10 +325,15 @@ Result<LaunchInfo> resolveLaunchInfo(const LaunchOverrides& overrides) {
     const std::string half = rank   ? " (" + rank->who + " is set, but no world size)"
                              : size ? " (" + size->who + " is set, but no rank)"
                                     : std::string();
+    const std::string batch = slurmOutsideStep && !nonSlurmSays
+                                  ? std::string(
+                                        " (SLURM_PROCID and SLURM_NTASKS are set but no SLURM_STEP_ID: this "
+                                        "looks like a batch script's shell; start the ranks with srun)")
+                                  : std::string();
     return makeError(StatusCode::kInvalidArgument, "cannot tell this process's ", !rank ? "rank" : "world size", half,
                      ": set LIBCOMM_RANK and LIBCOMM_WORLD_SIZE, or start it with torchrun, Open MPI's mpirun, srun "
                      "or libcomm's local launcher",
-                     pmi);
+                     pmi, batch);
   }
   LIBCOMM_RETURN_IF_ERROR(boot::checkPlacement({rank->who.c_str(), rank->value}, {size->who.c_str(), size->value}, {}, {}));
 
@@ -290,6 +362,14 @@ Result<LaunchInfo> resolveLaunchInfo(const LaunchOverrides& overrides) {
       localSizeVar = s.localSizeVar;
     }
   }
+  // Slurm has no local-size variable of its own: its tasks-per-node list says it (without it a
+  // job across nodes looked like one of unknown shape, and its store stayed on a loopback address
+  // the other nodes cannot reach).
+  if (!localSizeVar && info.source == "slurm")
+    if (const auto slurm = slurmLocalSize()) {
+      info.localSize = slurm->first;
+      localSizeVar = slurm->second;
+    }
   LIBCOMM_RETURN_IF_ERROR(boot::checkPlacement({}, {"world size", info.size},
                                          {localRankVar, localRankVar ? std::optional<int>(info.localRank) : std::nullopt},
                                          {localSizeVar, localSizeVar ? std::optional<int>(info.localSize) : std::nullopt}));
