@@ -106,7 +106,6 @@ void Report::beginTable(Coll coll) {
   busbwSum_ = 0;
   busbwCount_ = 0;
   tableWrong_ = 0;
-  ranColl_[static_cast<int>(coll)] = true;
   printf("# %s\n", collName(coll));
   printf("# %76s %31s\n", "out-of-place", "in-place");
   printf("# %11s %12s %11s %9s %6s %8s %7s %7s %7s %8s %7s %7s %7s\n", "size", "count", "type", "redop", "root", "time",
@@ -145,6 +144,7 @@ void Report::addRow(const Row& row) {
     busbwSum_ += busbw;
     ++busbwCount_;
     ++cases_;
+    ranColl_[static_cast<int>(row.coll)] = true;  // a peak only of what was measured (no "0.00 GB/s")
     double& peak = peakBusbw_[static_cast<int>(row.coll)];
     if (busbw > peak) peak = busbw;
     if (m.wrong > 0) {

@@ -1055,6 +1055,11 @@ TEST(TcpStore, NoStoreTimesOutNamingTheAddress) {
     EXPECT_EQ(c.status().code(), StatusCode::kTimeout) << c.status().toString();
     EXPECT_NE(c.status().message().find("Connection refused"), std::string::npos) << c.status().toString();
   }
+  // Where the rank knows who hosts the store (rank 0 under a launcher), it says so.
+  auto hosted =
+      boot::createTcpBootstrapHostedBy("127.0.0.1", closed, kSecret, 1, 2, Deadline::after(200ms), "", "rank 0");
+  EXPECT_NE(hosted.status().message().find("(rank 0 hosts it: has it started"), std::string::npos)
+      << hosted.status().toString();
 }
 
 // Something that is not the store on its port, announcing a long first message (a fake store, or

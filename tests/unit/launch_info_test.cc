@@ -324,6 +324,8 @@ TEST_F(LaunchEnv, BadValuesNameTheVariable) {
   unsetenv("LIBCOMM_STORE_DIR");
   set({{"LIBCOMM_STORE_ADDR", "nohostport"}});
   expectError(StatusCode::kInvalidArgument, {"LIBCOMM_STORE_ADDR"});
+  set({{"LIBCOMM_STORE_ADDR", "::1:29701"}});  // IPv6 without brackets: say how to write it
+  expectError(StatusCode::kInvalidArgument, {"is not host:port", "in brackets: [::1]:29500"});
   set({{"LIBCOMM_STORE_ADDR", "h:1"}, {"LIBCOMM_STORE_DIR", "/x"}});
   expectError(StatusCode::kInvalidArgument, {"LIBCOMM_STORE_DIR", "LIBCOMM_STORE_ADDR"});
 }

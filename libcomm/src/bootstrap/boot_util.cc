@@ -76,7 +76,8 @@ Result<std::pair<std::string, int>> parseHostPort(const std::string& text, const
   } else {
     size_t colon = text.rfind(':');
     if (colon == std::string::npos || text.find(':') != colon)
-      return makeError(StatusCode::kInvalidArgument, what, "='", text, "' is not host:port");
+      return makeError(StatusCode::kInvalidArgument, what, "='", text, "' is not host:port",
+                       colon != std::string::npos ? " (an IPv6 address goes in brackets: [::1]:29500)" : "");
     host = text.substr(0, colon);
     port = text.substr(colon + 1);
   }

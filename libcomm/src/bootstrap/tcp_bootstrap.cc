@@ -315,7 +315,16 @@ Result<std::unique_ptr<Bootstrap>> boot::createTcpBootstrapHostedBy(const std::s
     return makeError(StatusCode::kInvalidArgument, "tcp bootstrap: rank ", rank,
                      ": empty job secret (set LIBCOMM_SECRET)");
   if (!jobId.empty()) LIBCOMM_RETURN_IF_ERROR(boot::checkJobId(jobId));
-  LIBCOMM_ASSIGN_OR_RETURN(auto client, boot::TcpStoreClient::connect(host, port, secret, rank, deadline));
+  auto connected = boot::TcpStoreClient::connect(host, port, secret, rank, deadline);
+  // A store never reached: say who was to host it, which is what to look at next.
+  if (!connected.isOk() && connected.status().code() == StatusCode::kTimeout)
+    return Status(connected.status().code(),
+                  connected.status().message() + (storeHost.empty() ? std::string()
+                                                                    : " (" + storeHost +
+                                                                          " hosts it: has it started, "
+                                                                          "and is it still running?)"));
+  LIBCOMM_RETURN_IF_ERROR(connected.status());
+  auto client = std::move(connected).value();
   client->setHostName(storeHost);
   auto bootstrap = std::make_unique<TcpBootstrap>(std::move(client), host, port, secret, rank, size, storeHost);
   LIBCOMM_RETURN_IF_ERROR(bootstrap->join(jobId, deadline));

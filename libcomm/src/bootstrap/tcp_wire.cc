@@ -430,9 +430,10 @@ Result<int> listenOn(const std::string& host, int port, int* boundPort) {
         (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
     if (err == EADDRINUSE)
       return makeError(StatusCode::kSystemError, "cannot listen on ", where,
-                       ": address already in use (another store or service holds this port: `ss -ltnp 'sport = :", port,
-                       "'` shows which; under torchrun MASTER_PORT carries torch's own store): pick another "
-                       "port in LIBCOMM_STORE_ADDR)");
+                       ": address already in use. Another process holds this port (`ss -ltnp 'sport = :", port,
+                       "'` shows which): another service (under torchrun, MASTER_PORT carries torch's own store: pick "
+                       "another port in LIBCOMM_STORE_ADDR), or another process of this job hosting the store already "
+                       "(two processes with rank 0, or LIBCOMM_HOST_STORE=1 on more than one)");
     if (err == EADDRNOTAVAIL)
       return makeError(StatusCode::kSystemError, "cannot listen on ", where,
                        ": the address is not one of this host's (give one of its own addresses in LIBCOMM_STORE_ADDR, "
