@@ -82,6 +82,26 @@ class FlightMerge(unittest.TestCase):
         self.assertEqual(text.returncode, 1)
         self.assertIn("rank(s) 1 never enqueued seq 4 (all_gather, 4096 x fp32); rank(s) 0,2 wait in it", text.stdout)
 
+    def test_a_failure_older_than_the_ring_is_named_by_the_first_errors_seq(self):
+        # comm_bench -n 100000 with a peer killed at seq 10: the survivor's ring holds only the
+        # collectives queued after it (skipped), 20..23 here. It said "failed before its oldest entry
+        # kept"; the recorder keeps the first error's seq outside the ring.
+        why = "rank 0: peer rank 1 (pid 7) died during all_gather seq 10 (count 4096 per rank, fp32)"
+        queued = [entry(s, state="skipped", start=False, error="skipped") for s in (20, 21, 22, 23)]
+        d = dump(0, 2, queued, first_error=why)
+        d["first_error_seq"] = 10
+        self.write("c.rank0.flight.json", d)
+        text = self.merge(self.dir)
+        self.assertEqual(text.returncode, 1, text.stderr)
+        self.assertIn("rank 0 failed in seq 10 (older than the entries it kept: its ring turned over since): "
+                      "first error: " + why, text.stdout)
+        rc, res, _ = self.merge_json(self.dir)
+        self.assertEqual(res["ranks"]["0"]["failed"]["seq"], 10)
+        # A dump without the field (older libraries) says what it can, as before.
+        del d["first_error_seq"]
+        self.write("c.rank0.flight.json", d)
+        self.assertIn("rank 0 skipped seq 20", self.merge(self.dir).stdout)
+
     def test_ranks_that_failed_are_named_with_their_first_error(self):
         # LIBCOMM_ALGO=eager comm_bench all_gather -b 1M -np 2: both ranks fail seq 1 with the same
         # error; rank 0 had enqueued seq 2 (skipped: the communicator had failed) before it stopped,

@@ -119,7 +119,10 @@ FlightRecorder::TimeBase FlightRecorder::timeBase() const {
 
 void FlightRecorder::keepError(uint32_t seq, const std::string& text) {
   std::lock_guard<std::mutex> lock(errMu_);
-  if (firstError_.empty()) firstError_ = text;
+  if (firstError_.empty()) {
+    firstError_ = text;
+    firstErrorSeq_ = seq;
+  }
   if (errors_.size() == kMaxErrors) errors_.erase(errors_.begin());
   errors_.emplace_back(seq, text);
 }
@@ -358,9 +361,11 @@ std::string FlightRecorder::toJson(std::string_view reason) const {
   const long long dumpTimeNs = static_cast<long long>(flightNowNs());
   const std::vector<FlightEntry> entries = snapshot();
   std::string first;
+  uint32_t firstSeq = 0;
   {
     std::lock_guard<std::mutex> lock(errMu_);
     first = firstError_;
+    firstSeq = firstErrorSeq_;
   }
   JsonWriter w;
   w.beginObject().field("format", kFlightFormat).field("version", kFlightVersion);
@@ -387,6 +392,11 @@ std::string FlightRecorder::toJson(std::string_view reason) const {
   const uint32_t last = entries.empty() ? 0 : entries.back().seq;
   w.field("last_enqueued_seq", last).field("entries_dropped", entries.empty() ? 0 : entries.front().seq - 1);
   w.key("first_error").valueOrNull(first);
+  w.key("first_error_seq");
+  if (first.empty())
+    w.null();
+  else
+    w.value(static_cast<unsigned long long>(firstSeq));
   w.key("entries").beginArray();
   for (const FlightEntry& e : entries) writeEntry(w, e);
   w.endArray().endObject();

@@ -214,6 +214,9 @@ class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
   mutable std::mutex errMu_;
   std::vector<std::pair<uint32_t, std::string>> errors_;
   std::string firstError_;
+  // The seq firstError_ is of: kept outside the ring, which a deep queue of later collectives can
+  // have turned over since (the failed entry overwritten by ones enqueued after it).
+  uint32_t firstErrorSeq_ = 0;
 };
 
 inline int64_t FlightRecorder::now() const {
