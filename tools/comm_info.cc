@@ -37,8 +37,11 @@ constexpr const char* kUsage =
     "  Prints libcomm's version, kernels, devices (GPUs, NICs, RDMA), transports (shm, ucx, cuda),\n"
     "  machine topology, effective configuration, algorithm selection table and settings.\n"
     "  --json   the same as one JSON object on stdout\n"
-    "  Exits 1 when a LIBCOMM_* setting is invalid, as libcomm (or libcomm_nccl.so) would read it\n"
-    "  (the error, naming it, is part of the output), and 2 on an unknown argument.\n";
+    "  Under a launcher (torchrun, mpirun, srun, LIBCOMM_RANK...) also where this process sits as a\n"
+    "  rank (rank, size, local placement, launcher, store).\n"
+    "  Exits 1 when a LIBCOMM_* setting is invalid, or a launcher's variables would be refused, as\n"
+    "  libcomm (or libcomm_nccl.so) would read them (the error, naming it, is part of the output),\n"
+    "  and 2 on an unknown argument.\n";
 
 struct ShmState {
   bool available = false;
@@ -57,13 +60,32 @@ struct Report {
   /// The settings no CommConfig field holds, each parsed as its reader parses it: ok, or the first
   /// malformed one.
   libcomm::Status settings;
+  /// Under a launcher (startedAsRank): where this process sits, as a rank would resolve it; empty
+  /// otherwise, or when it does not resolve (then `settings` says why).
+  std::string launch;
 };
 
 // The launch settings (read by the bootstrap, which comm_info does not start) with the library's
 // own checks, then every boolean by its registry type (LIBCOMM_SHIM_DISABLE is read by
 // libcomm_nccl.so with settingBool). CommConfig::fromEnvironment covers the rest.
-libcomm::Status checkOtherSettings() {
+libcomm::Status checkOtherSettings(std::string* launch) {
   LIBCOMM_RETURN_IF_ERROR(libcomm::boot::checkLaunchSettings());
+  // Under a launcher (torchrun, mpirun, srun): its variables as a rank reads them, so that ones a
+  // rank would refuse (RANK=3 with WORLD_SIZE=2, RANK and OMPI_COMM_WORLD_RANK apart, no store)
+  // are named here too, and what they resolve to is shown.
+  std::string which;
+  if (libcomm::startedAsRank(&which)) {
+    auto info = libcomm::resolveLaunchInfo();
+    if (!info.isOk()) return info.status().withContext("launch variables (" + which + " is set)");
+    const libcomm::LaunchInfo& i = info.value();
+    *launch = "rank " + std::to_string(i.rank) + " of " + std::to_string(i.size) + " (local " +
+              (i.localRank < 0 ? std::string("?") : std::to_string(i.localRank)) + " of " +
+              (i.localSize < 0 ? std::string("?") : std::to_string(i.localSize)) + ") from " + i.source + "; " +
+              (!i.storeDir.empty()    ? "file store " + i.storeDir
+               : !i.storeHost.empty() ? "tcp store " + i.storeHost + ":" + std::to_string(i.storePort) +
+                                            (i.hostsStore ? " (hosted by this process)" : "")
+                                      : std::string("no store"));
+  }
   for (const auto& s : libcomm::allSettings())
     if (s.type == libcomm::SettingType::kBool) LIBCOMM_RETURN_IF_ERROR(libcomm::settingBool(s.name).status());
   return libcomm::Status::ok();
@@ -85,7 +107,7 @@ Report gather() {
   r.machine = &libcomm::topology::machineTopology();
   r.config = libcomm::CommConfig::fromEnvironment();
   if (r.config.isOk()) r.hostId = libcomm::topology::localHostId(r.config.value().hostId);
-  r.settings = checkOtherSettings();
+  r.settings = checkOtherSettings(&r.launch);
   return r;
 }
 
@@ -145,6 +167,7 @@ int printText(const Report& r) {
   const size_t bulk = libcomm::ucx::bulkBytesFor(c);
   const std::string bulkText = (bulk == 0 ? std::string("off") : "from " + std::to_string(bulk) + " bytes") +
                                (c.ucxBulkBytes < 0 ? " (auto)" : "");
+  if (!r.launch.empty()) printf("launch\n  %s\n\n", r.launch.c_str());
   printf(
       "configuration (effective)\n  host id: %s\n  collective deadline: %lld ms, creation deadline: %lld ms, "
       "peer check every %lld ms, lost peer named within %lld ms\n  progress reports across hosts: %s\n"
@@ -281,6 +304,7 @@ int printJson(const Report& r) {
     w.field("set", v != nullptr).field("default", s.defaultValue).field("doc", s.doc).endObject();
   }
   w.endArray();
+  w.key("launch").valueOrNull(r.launch);
   w.key("settings_error");
   if (r.settings.isOk())
     w.null();

@@ -201,9 +201,25 @@ def check_bad_setting(exe):
         error = (doc.get("settings_error") or "") + (doc.get("configuration_error") or "")
         if rc != 1 or words not in error:
             fail("%s --json: exit %d, errors %r; want 1 and %r" % (shown, rc, error, words))
+    # A launcher's variables as a rank reads them: ones a rank refuses are named (comm_info said
+    # nothing and exited 0), and ones it takes are shown with the launcher found.
+    for env, words in (({b"RANK": b"3", b"WORLD_SIZE": b"2"}, "RANK=3 is outside [0, 2)"),
+                       ({b"RANK": b"0", b"OMPI_COMM_WORLD_RANK": b"1", b"WORLD_SIZE": b"2",
+                         b"OMPI_COMM_WORLD_SIZE": b"2"}, "conflicting ranks")):
+        rc, out, err = run(exe, [], env)
+        text = out.decode("utf-8", "replace")
+        if rc != 1 or words not in text:
+            fail("%s: comm_info must exit 1 saying %r, got %d:\n%s" % (env, words, rc, text[-600:]))
+    rc, out, err = run(exe, ["--json"], {b"RANK": b"1", b"WORLD_SIZE": b"4", b"LOCAL_RANK": b"1",
+                                         b"LOCAL_WORLD_SIZE": b"2", b"LIBCOMM_STORE_ADDR": b"10.0.0.1:29600",
+                                         b"LIBCOMM_SECRET": b"s"})
+    doc = load(out, err)
+    if rc != 0 or doc.get("launch") != "rank 1 of 4 (local 1 of 2) from torchrun; tcp store 10.0.0.1:29600":
+        fail("torchrun's variables: exit 0 and the placement shown, got %d, launch %r" % (rc, doc.get("launch")))
     # Well-formed launch settings are no error.
     rc, out, err = run(exe, ["--json"], {b"LIBCOMM_RANK": b"1", b"LIBCOMM_WORLD_SIZE": b"2", b"LIBCOMM_LOCAL_RANK": b"0",
-                                         b"LIBCOMM_STORE_ADDR": b"10.0.0.1:29500", b"LIBCOMM_SHIM_DISABLE": b"1"})
+                                         b"LIBCOMM_STORE_ADDR": b"10.0.0.1:29500", b"LIBCOMM_SHIM_DISABLE": b"1",
+                                         b"LIBCOMM_SECRET": b"s"})
     doc = load(out, err)
     if rc != 0 or doc.get("settings_error") is not None:
         fail("well-formed launch settings: exit %d, settings_error %r" % (rc, doc.get("settings_error")))
