@@ -38,7 +38,8 @@ constexpr const char* kUsage =
     "  machine topology, effective configuration, algorithm selection table and settings.\n"
     "  --json   the same as one JSON object on stdout\n"
     "  Under a launcher (torchrun, mpirun, srun, LIBCOMM_RANK...) also where this process sits as a\n"
-    "  rank (rank, size, local placement, launcher, store).\n"
+    "  rank (rank, size, local placement, launcher, store): run so (srun comm_info, mpirun comm_info),\n"
+    "  give it the store and secret variables the ranks get, or it says what a rank would miss.\n"
     "  Exits 1 when a LIBCOMM_* setting is invalid, or a launcher's variables would be refused, as\n"
     "  libcomm (or libcomm_nccl.so) would read them (the error, naming it, is part of the output),\n"
     "  and 2 on an unknown argument.\n";

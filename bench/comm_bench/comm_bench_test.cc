@@ -374,8 +374,13 @@ TEST(CommBenchOptions, FlagsAndPresets) {
   EXPECT_FALSE(o->deviceMemory);
 
   // -T is in seconds, as nccl-tests' (an nccl-tests user's -T 60 meant 60 ms); 'ms' for milliseconds.
-  for (const auto& [value, ms] : std::vector<std::pair<std::string, long long>>{
-           {"60", 60000}, {"2s", 2000}, {"500ms", 500}, {"1ms", 1}, {"1099511627776ms", 1099511627776LL}}) {
+  for (const auto& [value, ms] : std::vector<std::pair<std::string, long long>>{{"60", 60000},
+                                                                                {"2s", 2000},
+                                                                                {"500ms", 500},
+                                                                                {"1ms", 1},
+                                                                                {"1099511627776ms", 1099511627776LL},
+                                                                                {"3600", 3600000},
+                                                                                {"90000s", 90000000}}) {
     o = parse({"all_gather", "-T", value});
     ASSERT_TRUE(o.isOk()) << value << ": " << o.status().toString();
     EXPECT_EQ(o->timeoutMs, ms) << value;
@@ -441,6 +446,9 @@ TEST(CommBenchOptions, UsageErrorsSayTheRangeAndRefuseIgnoredFlags) {
       {{"all_gather", "-T", "2m"}, "-T '2m': expected whole seconds"},
       {{"all_gather", "-T", "ms"}, "-T 'ms': not a number: expected whole seconds"},
       {{"all_gather", "-T", "1099511628s"}, "-T '1099511628s': out of range"},
+      {{"all_gather", "-T", "60000"},
+       "-T '60000': more than an hour in seconds: -T takes seconds, as nccl-tests' (it "
+       "took milliseconds before 2026-12-06); write -T 60000ms for milliseconds"},
       {{"all_gather", "-b", "-5"}, "-b '-5': negative: expected a size in bytes, 0 or more"},
       {{"all_gather", "-e", "lots"}, "-e 'lots': not a size: expected a size in bytes"},
       {{"all_gather", "-f", "-3"}, "-f '-3': negative: expected a whole number, at least 2"},

@@ -403,6 +403,14 @@ Result<Options> parseOptions(int argc, char** argv) {
       const uint64_t limit = ms ? (1ull << 40) : (1ull << 40) / 1000;
       if (*n == 0 || *n > limit)
         return usageError(flag, value, libcomm::detail::strCat("out of range: expected ", kRange));
+      // Before 2026-12-06 -T took milliseconds: -T 60000, recorded in many a command line, would now
+      // be 17 hours. A bare number above an hour is taken for that and refused, saying how to write
+      // it (a collective's deadline of hours is written with its unit: -T 7200s).
+      if (!ms && !sec && *n > 3600)
+        return usageError(flag, value,
+                          libcomm::detail::strCat("more than an hour in seconds: -T takes seconds, as nccl-tests' (it "
+                                                  "took milliseconds before 2026-12-06); write -T ",
+                                                  *n, "ms for milliseconds, or -T ", *n, "s if you mean seconds"));
       o.timeoutMs = static_cast<long long>(ms ? *n : *n * 1000);
     } else {
       return usageError("flag", flag, "unknown");  // in kFlags but not handled here: a bug

@@ -553,6 +553,42 @@ TEST(FileBootstrap, ADeadRankIsNamedAtOnce) {
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "rank 1 wait status " << status;
 }
 
+// A claim is read for its lock only where it was made on this host (its boot id): on a shared
+// file system whose locks are kept per host, a live rank's claim on another host looks unlocked
+// here. Rank 0 waits in the hello for rank 1, whose claim is made by hand, unlocked: naming this
+// host, it is a dead rank's, at once; naming another, it says nothing and the wait times out.
+TEST(FileBootstrap, OnlyAClaimOfThisHostIsReadForItsLock) {
+  std::string here;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> here;
+  if (here.empty()) GTEST_SKIP() << "no boot id here";
+  for (const std::string& host : {here, std::string("another-host-boot-id")}) {
+    TempDir dir;
+    std::thread forger([&] {
+      for (auto until = Clock::now() + 10s; Clock::now() < until; std::this_thread::sleep_for(5ms))
+        for (const auto& e : fs::directory_iterator(dir.path)) {
+          const std::string name = e.path().filename().string();  // "claims.<nonce>.k0": rank 0's claim
+          if (name.size() > 3 && name.compare(name.size() - 3, 3, ".k0") == 0) {
+            const std::string forged = dir.path + "/forged";  // whole when it appears, as a claim is
+            std::ofstream(forged) << "L" << host;
+            fs::rename(forged, dir.path + "/" + name.substr(0, name.size() - 1) + "1");
+            return;
+          }
+        }
+    });
+    const auto start = Clock::now();
+    auto b = createFileBootstrap(dir.path, "claims", 0, 2, Deadline::after(1500ms));
+    forger.join();
+    if (host == here) {
+      EXPECT_EQ(b.status().code(), StatusCode::kRemoteError) << b.status().toString();
+      EXPECT_NE(b.status().message().find("rank 1 died"), std::string::npos) << b.status().toString();
+      EXPECT_LT(Clock::now() - start, 1400ms);
+    } else {
+      EXPECT_EQ(b.status().code(), StatusCode::kTimeout) << b.status().toString();
+      EXPECT_NE(b.status().message().find("not arrived: 1"), std::string::npos) << b.status().toString();
+    }
+  }
+}
+
 TEST(FileBootstrap, ForeignRunFileAndSizeMismatchAreNamed) {
   TempDir dir;
   {

@@ -41,6 +41,7 @@
 #include <map>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "bootstrap/boot_util.h"
 #include "core/log.h"
@@ -205,14 +206,43 @@ std::string claimPath(const std::string& dir, const std::string& prefix, int ran
 // What a waiting rank can tell of another from its claim (see the top of this file).
 enum class Presence { kUnknown, kAlive, kDied, kLeft };
 
+// This machine's boot id: what a claim names its host by (ranks in other network namespaces or
+// containers on one kernel share it, and their flocks see each other). Empty where unreadable.
+const std::string& bootId() {
+  static const std::string id = [] {
+    std::string text;
+    const int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return text;
+    char buf[64];
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    close(fd);
+    if (n > 0) text.assign(buf, static_cast<size_t>(n));
+    while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+    return text;
+  }();
+  return id;
+}
+
+// Whose claim it is, as far as a waiter may trust it: -1 not read yet, 0 not to be trusted (made
+// on another host, or holding no lock), 1 made on this host and locked.
+using ClaimTrust = int8_t;
+
 // `claimed`: the rank has made its claim by now (every rank has, once the hello is done; before,
-// a missing claim is a rank not started yet).
-Presence presenceOf(const std::string& claim, bool claimed) {
+// a missing claim is a rank not started yet). Only a claim made on this host and locked is read
+// for its lock or its absence (`trust`, learnt from the claim's content at the first read): on a
+// shared file system another host's lock may look free to this one (locks kept per host: BeeGFS by
+// default, NFS with local_lock, Lustre's localflock), and a removal may show late.
+Presence presenceOf(const std::string& claim, bool claimed, ClaimTrust& trust) {
   const int fd = open(claim.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT && claimed ? Presence::kLeft : Presence::kUnknown;
+  if (fd < 0) return errno == ENOENT && claimed && trust == 1 ? Presence::kLeft : Presence::kUnknown;
+  if (trust < 0) {
+    char buf[80];
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    const std::string content = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+    trust = !bootId().empty() && content.size() > 1 && content[0] == kClaimLocked && content.substr(1) == bootId();
+  }
   Presence presence = Presence::kUnknown;
-  char mark = 0;
-  if (read(fd, &mark, 1) == 1 && mark == kClaimLocked) {
+  if (trust == 1) {
     if (flock(fd, LOCK_SH | LOCK_NB) == 0) {
       // Its owner is gone. A bootstrap that ends removes its claim before it lets go of the lock,
       // so a claim still in place is a process that died.
@@ -237,8 +267,12 @@ std::string goneText(Presence presence, const std::string& claim) {
 class FileBootstrap final : public Bootstrap {
  public:
   FileBootstrap(std::string dir, std::string jobId, const std::string& nonce, int rank, int size)
-      : dir_(dir), jobId_(jobId), rank_(rank), size_(size),
-        files_(std::make_shared<RankFiles>(std::move(dir), jobId + "." + nonce, rank)) {}
+      : dir_(dir),
+        jobId_(jobId),
+        rank_(rank),
+        size_(size),
+        files_(std::make_shared<RankFiles>(std::move(dir), jobId + "." + nonce, rank)),
+        trust_(static_cast<size_t>(size), -1) {}
 
   ~FileBootstrap() override {
     // Files of the last completed round stay: another rank may still be reading them, and only a
@@ -266,6 +300,13 @@ class FileBootstrap final : public Bootstrap {
 
   Result<std::unique_ptr<SideChannel>> openSideChannel(Deadline) override {
     return std::unique_ptr<SideChannel>(std::make_unique<FileSideChannel>(files_));
+  }
+
+  /// After the hello: reads every claim once, so that a rank that leaves before anyone waited for
+  /// it is still known to be of this host (its missing claim then says it left).
+  void learnClaims() {
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_ && trust_[r] < 0) (void)presenceOf(claimName(r), true, trust_[r]);
   }
 
   /// The first round. `whileWaiting` runs at every poll (rank 0's beat).
@@ -312,7 +353,7 @@ class FileBootstrap final : public Bootstrap {
     while (true) {
       LIBCOMM_ASSIGN_OR_RETURN(std::optional<std::string> content, files_->readIfExists(path));
       Presence gone = Presence::kUnknown;
-      if (!content && check.due() && isGone(gone = presenceOf(claimName(peer), true))) {
+      if (!content && check.due() && isGone(gone = presenceOf(claimName(peer), true, trust_[peer]))) {
         // It may have sent the message and ended since the read above.
         LIBCOMM_ASSIGN_OR_RETURN(content, files_->readIfExists(path));
         if (!content)
@@ -394,7 +435,7 @@ class FileBootstrap final : public Bootstrap {
       if (pending > 0 && check.due()) {
         for (int r = 0; r < size_; ++r) {
           if (got[r]) continue;
-          const Presence gone = presenceOf(claimName(r), round > 0);
+          const Presence gone = presenceOf(claimName(r), round > 0, trust_[r]);
           if (!isGone(gone)) continue;
           // It may have written its file and ended since the reads above.
           LIBCOMM_ASSIGN_OR_RETURN(got[r], files_->readIfExists(roundName(round, r)));
@@ -442,6 +483,7 @@ class FileBootstrap final : public Bootstrap {
   std::shared_ptr<RankFiles> files_;
   uint64_t round_ = 0;
   boot::RoundGuard rounds_;
+  std::vector<ClaimTrust> trust_;  // per rank: presenceOf's
   std::string claim_;
   int claimFd_ = -1;
   int lockFd_ = -1;
@@ -609,16 +651,31 @@ Result<int> makeClaim(const std::string& dir, const std::string& jobId, const st
     return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank, ": cannot create ", tmp, ": ",
                      boot::errnoText(errno));
   // A file system without flock: the claim says so, and the ranks waiting for this one wait out
-  // their deadlines, as before claims were locked.
-  const char mark = flock(fd, LOCK_EX | LOCK_NB) == 0 ? kClaimLocked : kClaimUnlocked;
+  // their deadlines, as before claims were locked. The host's boot id follows the mark.
+  const std::string content =
+      std::string(1, flock(fd, LOCK_EX | LOCK_NB) == 0 ? kClaimLocked : kClaimUnlocked) + bootId();
   int err = 0;
-  if (write(fd, &mark, 1) != 1)
+  if (write(fd, content.data(), content.size()) != static_cast<ssize_t>(content.size()))
     err = errno ? errno : EIO;
   else if (link(tmp.c_str(), claim.c_str()) != 0)
     err = errno;
   unlink(tmp.c_str());
   if (err == 0) return fd;
   close(fd);
+  if (err != EEXIST && err != EIO) {
+    // No hard links here (some FUSE and SMB mounts): the claim is made in place, exclusively, and
+    // says it holds no lock (it would be unlocked for a moment after it appears).
+    const int direct = open(claim.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (direct >= 0) {
+      const std::string unlocked = std::string(1, kClaimUnlocked) + bootId();
+      if (write(direct, unlocked.data(), unlocked.size()) == static_cast<ssize_t>(unlocked.size())) return direct;
+      err = errno ? errno : EIO;
+      close(direct);
+      unlink(claim.c_str());
+    } else {
+      err = errno;
+    }
+  }
   if (err == EEXIST)
     return makeError(StatusCode::kInvalidArgument, "file bootstrap: rank ", rank, " of job ", jobId, " in ", dir,
                      ": another process already started as rank ", rank, " of this run (", claim,
@@ -706,6 +763,7 @@ Result<std::unique_ptr<Bootstrap>> createFileBootstrap(const std::string& dir, c
   bootstrap->ownLock(lockFd);
   lockFd = -1;
   LIBCOMM_RETURN_IF_ERROR(bootstrap->hello(deadline, beat));
+  bootstrap->learnClaims();
   LIBCOMM_LOG(kInfo, "boot") << "file bootstrap: rank " << rank << " of " << size << " joined job " << jobId << " in "
                              << dir;
   return std::unique_ptr<Bootstrap>(std::move(bootstrap));

@@ -153,8 +153,11 @@ Status resolveStore(LaunchInfo& info) {
   }
 
   info.jobId = env("LIBCOMM_JOB_ID");
-  if (info.jobId.empty() && !info.storeDir.empty() && !env("SLURM_JOB_ID").empty())
-    info.jobId = "slurm-" + env("SLURM_JOB_ID") + (env("SLURM_STEP_ID").empty() ? "" : "." + env("SLURM_STEP_ID"));
+  if (info.jobId.empty() && !info.storeDir.empty() && !env("SLURM_JOB_ID").empty()) {
+    // SLURM_STEPID: the older name, where only it is set (two steps of a job must not share an id).
+    const std::string step = !env("SLURM_STEP_ID").empty() ? env("SLURM_STEP_ID") : env("SLURM_STEPID");
+    info.jobId = "slurm-" + env("SLURM_JOB_ID") + (step.empty() ? "" : "." + step);
+  }
   if (!info.jobId.empty()) LIBCOMM_RETURN_IF_ERROR(boot::checkJobId(info.jobId).withContext("LIBCOMM_JOB_ID"));
 
   info.secret = env("LIBCOMM_SECRET");

@@ -12,8 +12,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "backends/shm/shm_segment.h"
 #include "bootstrap/boot_util.h"
@@ -101,6 +105,19 @@ int reap(std::vector<Child>& children, std::string* how) {
   }
   if (failed >= 0 && !others.empty()) *how += "; also failed: rank " + others;
   return failed;
+}
+
+// Whether process `pid` catches `sig` (a handler is installed: /proc/<pid>/status's SigCgt). False
+// where that cannot be read.
+bool catchesSignal(pid_t pid, int sig) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("SigCgt:", 0) != 0) continue;
+    const unsigned long long mask = std::strtoull(line.c_str() + 7, nullptr, 16);
+    return sig >= 1 && sig <= 64 && (mask >> (sig - 1) & 1) != 0;
+  }
+  return false;
 }
 
 // "rank 2" or "ranks 0,3".
@@ -413,11 +430,23 @@ Status launchLocal(const LocalLaunchOptions& options) {
 
   boot::Backoff backoff(Milliseconds(1), Milliseconds(20));
   std::string how;
+  // Only to ranks that catch it: one still in its bootstrap (its communicator installs the flight
+  // recorder's handler), with the recorder's signal off, or no libcomm program at all, would be
+  // ended by it.
   auto passOnDumpRequests = [&children] {
     if (StopSignals::takeDumpRequests() == 0) return;
-    for (const Child& c : children)
-      if (c.running) kill(c.pid, SIGUSR1);
-    LIBCOMM_LOG(kInfo, "boot") << "launchLocal: passed SIGUSR1 on to ranks " << boot::joinRanks(runningRanks(children));
+    std::vector<int> passed, held;
+    for (size_t r = 0; r < children.size(); ++r) {
+      if (!children[r].running) continue;
+      const bool catches = catchesSignal(children[r].pid, SIGUSR1);
+      if (catches) kill(children[r].pid, SIGUSR1);
+      (catches ? passed : held).push_back(static_cast<int>(r));
+    }
+    if (!passed.empty()) LIBCOMM_LOG(kInfo, "boot") << "launchLocal: passed SIGUSR1 on to " << ranksNamed(passed);
+    if (!held.empty())
+      LIBCOMM_LOG(kWarn, "boot") << "launchLocal: SIGUSR1 not passed on to " << ranksNamed(held)
+                                 << ": they do not catch it (still in their bootstrap, or the flight recorder's "
+                                    "signal is off), and it would end them";
   };
   while (!runningRanks(children).empty()) {
     int failed = reap(children, &how);
@@ -427,11 +456,13 @@ Status launchLocal(const LocalLaunchOptions& options) {
       // ended with no dump and no word of which collective they were in.
       const std::vector<int> others = runningRanks(children);
       const Deadline grace = Deadline::after(std::min(options.failureGrace, deadline.remaining()));
-      std::string ignored;
+      std::string endedHow;  // how those that failed meanwhile ended (a crash then is news too)
       boot::Backoff patience(Milliseconds(1), Milliseconds(20));
       while (!runningRanks(children).empty() && !grace.expired() && StopSignals::caught() == 0) {
         passOnDumpRequests();
-        reap(children, &ignored);
+        std::string more;
+        const int also = reap(children, &more);
+        if (also >= 0) endedHow += (endedHow.empty() ? "" : "; ") + ("rank " + std::to_string(also) + " " + more);
         if (!runningRanks(children).empty()) patience.sleep(grace);
       }
       const std::vector<int> stopped = runningRanks(children);
@@ -441,7 +472,8 @@ Status launchLocal(const LocalLaunchOptions& options) {
       stopAll(children);
       return saidIfInterrupted(makeError(
           StatusCode::kRemoteError, "launchLocal: rank ", failed, " of ", options.numRanks, " (", program, ") ", how,
-          ended.empty() ? std::string() : "; then " + ranksNamed(ended) + " ended",
+          ended.empty() ? std::string()
+                        : "; then " + ranksNamed(ended) + " ended" + (endedHow.empty() ? "" : " (" + endedHow + ")"),
           stopped.empty() ? std::string() : "; stopped " + ranksNamed(stopped), removeSegments(children, ranksJobId)));
     }
     passOnDumpRequests();
