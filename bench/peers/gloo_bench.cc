@@ -55,8 +55,8 @@ class Bench {
  public:
   Bench(const Options& o, std::shared_ptr<gloo::Context> ctx, size_t maxBytes)
       : o_(o), ctx_(std::move(ctx)), rank_(ctx_->rank), nranks_(ctx_->size) {
-    send_ = static_cast<float*>(peers::allocTouched(maxBytes));
-    recv_ = static_cast<float*>(peers::allocTouched(maxBytes));
+    send_ = static_cast<float*>(peers::allocTouched(maxBytes + peers::kGuardBytes));
+    recv_ = static_cast<float*>(peers::allocTouched(maxBytes + peers::kGuardBytes));
   }
 
   bool allGather() const { return o_.coll == "all_gather"; }
@@ -106,15 +106,16 @@ class Bench {
       if (allGather()) {
         peers::fillAllGather(send_, recv_, count_, rank_, nranks_, inplace);
         run(inplace);
-        mine[1] = static_cast<double>(peers::checkAllGather(recv_, count_, nranks_));
+        mine[1] = static_cast<double>(peers::checkAllGather(send_, recv_, count_, rank_, nranks_, inplace));
       } else if (allReduce()) {
         peers::fillAllReduce(send_, recv_, count_, rank_, inplace);
         run(inplace);
-        mine[1] = static_cast<double>(peers::checkAllReduce(recv_, count_, nranks_));
+        mine[1] = static_cast<double>(peers::checkAllReduce(send_, recv_, count_, rank_, nranks_, inplace));
       } else {
-        peers::fillReduceScatter(send_, recv_, count_, rank_, nranks_, inplace);
+        // Out of place, run() copies the input into recv_ and reduces there: all of recv_ is gloo's.
+        peers::fillReduceScatter(send_, recv_, count_, rank_, nranks_, inplace, true);
         run(inplace);
-        mine[1] = static_cast<double>(peers::checkReduceScatter(recv_, count_, rank_, nranks_));
+        mine[1] = static_cast<double>(peers::checkReduceScatter(send_, recv_, count_, rank_, nranks_, inplace, true));
       }
     }
     // The slowest rank's time, as comm_bench shows by default (-a 3; nccl-tests' default is the

@@ -47,8 +47,8 @@ class Bench {
  public:
   Bench(const Options& o, int rank, int nranks, size_t maxBytes) : o_(o), rank_(rank), nranks_(nranks) {
     // Allocated and touched once at the largest size; every size reuses them.
-    send_ = static_cast<float*>(peers::allocTouched(maxBytes));
-    recv_ = static_cast<float*>(peers::allocTouched(maxBytes));
+    send_ = static_cast<float*>(peers::allocTouched(maxBytes + peers::kGuardBytes));
+    recv_ = static_cast<float*>(peers::allocTouched(maxBytes + peers::kGuardBytes));
   }
 
   /// Times o_.iters calls after o_.warmup untimed ones; returns the per-iteration time in us, the max across
@@ -68,15 +68,15 @@ class Bench {
       if (allGather()) {
         peers::fillAllGather(send_, recv_, count, rank_, nranks_, inplace);
         run(count, inplace);
-        mine = peers::checkAllGather(recv_, count, nranks_);
+        mine = peers::checkAllGather(send_, recv_, count, rank_, nranks_, inplace);
       } else if (allReduce()) {
         peers::fillAllReduce(send_, recv_, count, rank_, inplace);
         run(count, inplace);
-        mine = peers::checkAllReduce(recv_, count, nranks_);
+        mine = peers::checkAllReduce(send_, recv_, count, rank_, nranks_, inplace);
       } else {
         peers::fillReduceScatter(send_, recv_, count, rank_, nranks_, inplace);
         run(count, inplace);
-        mine = peers::checkReduceScatter(recv_, count, rank_, nranks_);
+        mine = peers::checkReduceScatter(send_, recv_, count, rank_, nranks_, inplace);
       }
       MPI_Reduce(&mine, &wrong, 1, MPI_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
     }

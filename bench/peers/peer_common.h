@@ -200,30 +200,58 @@ inline float sumValue(int nranks, size_t idx) {
   return static_cast<float>(nranks * (nranks + 1) / 2 + 16 * nranks * seedIndexPart(idx));
 }
 
+// Past every output: kGuardElems elements of kGuardValue that no collective may touch (a write past
+// the output is as wrong as a wrong sum). The buffers are allocated kGuardBytes longer for them.
+constexpr size_t kGuardElems = 16;
+constexpr size_t kGuardBytes = kGuardElems * sizeof(float);
+constexpr float kGuardValue = -7.0f;
+inline void setGuard(float* end) {
+  for (size_t g = 0; g < kGuardElems; ++g) end[g] = kGuardValue;
+}
+inline long guardWrong(const float* end) {
+  long wrong = 0;
+  for (size_t g = 0; g < kGuardElems; ++g) wrong += end[g] != kGuardValue;
+  return wrong;
+}
+// Out of place, the input must come back unchanged: `n` elements from index 0.
+inline long inputWrong(const float* send, size_t n, int rank, bool inplace) {
+  long wrong = 0;
+  if (!inplace)
+    for (size_t i = 0; i < n; ++i) wrong += send[i] != seedValue(rank, i);
+  return wrong;
+}
+
 // all_gather: rank r contributes seedValue(r, i); the gathered buffer must hold seedValue(q, i) at q*count + i.
 // In place, the contribution already sits at rank*count in the output; the rest is poisoned with -1.
 inline void fillAllGather(float* send, float* recv, size_t count, int rank, int nranks, bool inplace) {
   for (size_t i = 0; i < count * nranks; ++i) recv[i] = -1.0f;
+  setGuard(recv + count * nranks);
   float* mine = inplace ? recv + static_cast<size_t>(rank) * count : send;
   for (size_t i = 0; i < count; ++i) mine[i] = seedValue(rank, i);
 }
-inline long checkAllGather(const float* recv, size_t count, int nranks) {
-  long wrong = 0;
+inline long checkAllGather(const float* send, const float* recv, size_t count, int rank, int nranks, bool inplace) {
+  long wrong = guardWrong(recv + count * nranks) + inputWrong(send, count, rank, inplace);
   for (int q = 0; q < nranks; ++q)
     for (size_t i = 0; i < count; ++i) wrong += recv[q * count + i] != seedValue(q, i);
   return wrong;
 }
 
 // reduce_scatter: every rank holds nranks*count inputs seedValue(r, j); rank r must end with the sums of block r
-// in its first count output elements. In place (MPI_IN_PLACE, gloo), input and output are the same buffer.
-inline void fillReduceScatter(float* send, float* recv, size_t count, int rank, int nranks, bool inplace) {
+// in its first count output elements. In place (MPI_IN_PLACE, gloo), input and output are the same buffer, and
+// the guard follows the whole buffer (the rest of it is the library's to use); likewise where the program runs
+// its out-of-place case in the output buffer (`recvIsWorkspace`: gloo_bench copies the input there first).
+inline void fillReduceScatter(float* send, float* recv, size_t count, int rank, int nranks, bool inplace,
+                              bool recvIsWorkspace = false) {
   float* in = inplace ? recv : send;
   for (size_t j = 0; j < count * nranks; ++j) in[j] = seedValue(rank, j);
   if (!inplace)
     for (size_t i = 0; i < count; ++i) recv[i] = -1.0f;
+  setGuard(recv + (inplace || recvIsWorkspace ? count * nranks : count));
 }
-inline long checkReduceScatter(const float* out, size_t count, int rank, int nranks) {
-  long wrong = 0;
+inline long checkReduceScatter(const float* send, const float* out, size_t count, int rank, int nranks, bool inplace,
+                               bool recvIsWorkspace = false) {
+  long wrong = guardWrong(out + (inplace || recvIsWorkspace ? count * nranks : count)) +
+               inputWrong(send, count * nranks, rank, inplace);
   for (size_t i = 0; i < count; ++i) wrong += out[i] != sumValue(nranks, static_cast<size_t>(rank) * count + i);
   return wrong;
 }
@@ -235,9 +263,10 @@ inline void fillAllReduce(float* send, float* recv, size_t count, int rank, bool
   for (size_t i = 0; i < count; ++i) in[i] = seedValue(rank, i);
   if (!inplace)
     for (size_t i = 0; i < count; ++i) recv[i] = -1.0f;
+  setGuard(recv + count);
 }
-inline long checkAllReduce(const float* out, size_t count, int nranks) {
-  long wrong = 0;
+inline long checkAllReduce(const float* send, const float* out, size_t count, int rank, int nranks, bool inplace) {
+  long wrong = guardWrong(out + count) + inputWrong(send, count, rank, inplace);
   for (size_t i = 0; i < count; ++i) wrong += out[i] != sumValue(nranks, i);
   return wrong;
 }

@@ -70,22 +70,53 @@ TEST(PeerMedian, EvenCountTakesTheMeanOfTheTwoMiddles) {
 TEST(PeerCheck, BlocksAreToldApartAtCountsOfWholePeriods) {
   for (int nranks : {2, 4}) {
     const size_t count = 4096 * 8;
-    std::vector<float> out(count);
+    std::vector<float> send(count * nranks), out(count * nranks + peers::kGuardElems);
     for (int r = 0; r < nranks; ++r) {
+      peers::fillReduceScatter(send.data(), out.data(), count, r, nranks, false);
       for (size_t i = 0; i < count; ++i) out[i] = peers::sumValue(nranks, i);  // block 0's sums
-      EXPECT_EQ(peers::checkReduceScatter(out.data(), count, r, nranks) == 0, r == 0) << nranks << " ranks, rank " << r;
+      EXPECT_EQ(peers::checkReduceScatter(send.data(), out.data(), count, r, nranks, false) == 0, r == 0)
+          << nranks << " ranks, rank " << r;
     }
-    std::vector<float> send(count), gathered(count * nranks);
+    std::vector<float> gathered(count * nranks + peers::kGuardElems);
+    peers::fillAllGather(send.data(), gathered.data(), count, 0, nranks, false);
     for (int q = 0; q < nranks; ++q)
       for (size_t i = 0; i < count; ++i) gathered[q * count + i] = peers::seedValue(q, i);
-    EXPECT_EQ(peers::checkAllGather(gathered.data(), count, nranks), 0);
+    EXPECT_EQ(peers::checkAllGather(send.data(), gathered.data(), count, 0, nranks, false), 0);
     for (int q = 0; q < nranks; ++q)  // rank 0's data where each block should be
       for (size_t i = 0; i < count; ++i) gathered[q * count + i] = peers::seedValue(0, q * count + i);
-    EXPECT_GT(peers::checkAllGather(gathered.data(), count, nranks), static_cast<long>(count) / 2);
+    EXPECT_GT(peers::checkAllGather(send.data(), gathered.data(), count, 0, nranks, false),
+              static_cast<long>(count) / 2);
   }
   float most = 0;
   for (size_t i = 0; i < (1u << 16); ++i) most = std::max(most, peers::sumValue(256, i));
   EXPECT_LT(most, 16777216.0f);  // 2^24: integers above it are not all exact in fp32
+}
+
+// A write past the output (into the guard) and, out of place, a changed input are wrong elements too.
+TEST(PeerCheck, AWritePastTheOutputAndAChangedInputAreWrong) {
+  const size_t count = 100;
+  const int nranks = 2, rank = 1;
+  for (bool inplace : {false, true}) {
+    std::vector<float> send(count * nranks), out(count * nranks + peers::kGuardElems);
+    peers::fillAllReduce(send.data(), out.data(), count, rank, inplace);
+    for (size_t i = 0; i < count; ++i) out[i] = peers::sumValue(nranks, i);
+    EXPECT_EQ(peers::checkAllReduce(send.data(), out.data(), count, rank, nranks, inplace), 0);
+    out[count] = 0;  // one past the output
+    EXPECT_EQ(peers::checkAllReduce(send.data(), out.data(), count, rank, nranks, inplace), 1);
+    out[count] = peers::kGuardValue;
+    send[3] = 12345;  // the input, which out of place must come back as it was
+    EXPECT_EQ(peers::checkAllReduce(send.data(), out.data(), count, rank, nranks, inplace), inplace ? 0 : 1);
+
+    peers::fillReduceScatter(send.data(), out.data(), count, rank, nranks, inplace);
+    for (size_t i = 0; i < count; ++i) out[i] = peers::sumValue(nranks, rank * count + i);
+    EXPECT_EQ(peers::checkReduceScatter(send.data(), out.data(), count, rank, nranks, inplace), 0);
+    out[inplace ? count * nranks : count] = 1;
+    EXPECT_EQ(peers::checkReduceScatter(send.data(), out.data(), count, rank, nranks, inplace), 1);
+    // Where the program reduces in the output buffer (gloo_bench), all of it is the library's.
+    peers::fillReduceScatter(send.data(), out.data(), count, rank, nranks, inplace, true);
+    for (size_t i = 0; i < count * nranks; ++i) out[i] = i < count ? peers::sumValue(nranks, rank * count + i) : 5;
+    EXPECT_EQ(peers::checkReduceScatter(send.data(), out.data(), count, rank, nranks, inplace, true), 0);
+  }
 }
 
 }  // namespace
