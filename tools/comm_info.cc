@@ -78,14 +78,7 @@ libcomm::Status checkOtherSettings(std::string* launch) {
   if (libcomm::startedAsRank(&which)) {
     auto info = libcomm::resolveLaunchInfo();
     if (!info.isOk()) return info.status().withContext("launch variables (" + which + " is set)");
-    const libcomm::LaunchInfo& i = info.value();
-    *launch = "rank " + std::to_string(i.rank) + " of " + std::to_string(i.size) + " (local " +
-              (i.localRank < 0 ? std::string("?") : std::to_string(i.localRank)) + " of " +
-              (i.localSize < 0 ? std::string("?") : std::to_string(i.localSize)) + ") from " + i.source + "; " +
-              (!i.storeDir.empty()    ? "file store " + i.storeDir
-               : !i.storeHost.empty() ? "tcp store " + i.storeHost + ":" + std::to_string(i.storePort) +
-                                            (i.hostsStore ? " (hosted by this process)" : "")
-                                      : std::string("no store"));
+    *launch = libcomm::boot::describePlacement(info.value());
   }
   for (const auto& s : libcomm::allSettings())
     if (s.type == libcomm::SettingType::kBool) LIBCOMM_RETURN_IF_ERROR(libcomm::settingBool(s.name).status());

@@ -31,22 +31,22 @@ struct LocalLaunchOptions {
 /// Starts the ranks and waits for all of them. When one rank fails (non-zero exit or a signal),
 /// the others get `failureGrace` to end by themselves, then those still running get SIGTERM, then
 /// SIGKILL after a grace period; the error names the first rank that failed and how (exit code or
-/// signal), the ranks that ended after it and those that were stopped. Blocks the calling thread; threads may launch at
-/// once. Each rank runs in its own process group (stopping a rank stops what it started) and is killed if the calling
-/// thread dies. The variables that place a process in a job (the LIBCOMM_* launch settings and torchrun's, Open MPI's
-/// and Slurm's rank, size, store and job variables: everything resolveLaunchInfo reads) are not passed on, as they
-/// describe the launcher's own job; `env` is applied last. A rank whose exit status cannot be read counts as failed:
-/// when the caller ignores SIGCHLD (or set SA_NOCLDWAIT), which would let the kernel reap the ranks unseen, the default
-/// disposition (or the caller's handler without SA_NOCLDWAIT) is set while any launch runs, and
-/// the caller's restored when the last launch returns. That setting is process-wide: no other
-/// thread should change SIGCHLD, or wait for any child (waitpid(-1)), meanwhile.
-/// Ranks stopped by the launcher (after a failure, the deadline or a signal) unlink none of their
-/// shared-memory segments: the launcher removes the job's once it has reaped them, and says so in
-/// the error. SIGINT, SIGTERM and SIGHUP, where their action is the default, are caught while a
-/// launch runs: the ranks are stopped and their segments removed (said at WARN), then the signal
-/// is raised again when the last launch returns, so that the process still ends by it. SIGUSR1,
-/// where its action is the default, is passed on to the running ranks (their flight-recorder
-/// dumps) instead of ending the launcher and with it the job.
+/// signal), the ranks that ended after it and those that were stopped. Blocks the calling thread;
+/// threads may launch at once. Each rank runs in its own process group (stopping a rank stops what
+/// it started) and is killed if the calling thread dies. The variables that place a process in a
+/// job (the LIBCOMM_* launch settings and torchrun's, Open MPI's and Slurm's rank, size, store and
+/// job variables: everything resolveLaunchInfo reads) are not passed on, as they describe the
+/// launcher's own job; `env` is applied last. A rank whose exit status cannot be read counts as
+/// failed: when the caller ignores SIGCHLD (or set SA_NOCLDWAIT), which would let the kernel reap
+/// the ranks unseen, the default disposition (or the caller's handler without SA_NOCLDWAIT) is set
+/// while any launch runs, and the caller's restored when the last launch returns. That setting is process-wide: no
+/// other thread should change SIGCHLD, or wait for any child (waitpid(-1)), meanwhile. Ranks stopped by the launcher
+/// (after a failure, the deadline or a signal) unlink none of their shared-memory segments: the launcher removes the
+/// job's once it has reaped them, and says so in the error. SIGINT, SIGTERM and SIGHUP, where their action is the
+/// default, are caught while a launch runs: the ranks are stopped and their segments removed (said at WARN), then the
+/// signal is raised again when the last launch returns, so that the process still ends by it. SIGUSR1, where its action
+/// is the default, is passed on to the running ranks that catch it (their flight-recorder dumps; one that does not,
+/// still in its bootstrap, is named at WARN and left alone) instead of ending the launcher and with it the job.
 Status launchLocal(const LocalLaunchOptions& options);
 
 }  // namespace libcomm

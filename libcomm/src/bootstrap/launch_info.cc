@@ -55,10 +55,17 @@ std::string env(const char* name) {
   return v ? v : "";
 }
 
-// Whether Slurm's task variables describe this process: srun sets SLURM_STEP_ID for the tasks of a
+// The Slurm step this process is a task of: SLURM_STEP_ID, or SLURM_STEPID (the older name) where only
+// it is set; empty outside a step.
+std::string slurmStep() {
+  const std::string step = env("SLURM_STEP_ID");
+  return step.empty() ? env("SLURM_STEPID") : step;
+}
+
+// Whether Slurm's task variables describe this process: srun sets the step id for the tasks of a
 // step. A batch script's shell (sbatch -n 4) has SLURM_PROCID=0 and SLURM_NTASKS=4 as well, but no
 // step: it is the one process that will start the ranks, not rank 0 of them.
-bool inSlurmStep() { return !env("SLURM_STEP_ID").empty() || !env("SLURM_STEPID").empty(); }
+bool inSlurmStep() { return !slurmStep().empty(); }
 
 // Slurm's "2(x3),1": per-node counts, each optionally repeated; nullopt where it does not parse.
 std::optional<std::vector<int>> parseTasksPerNode(const std::string& v) {
@@ -154,8 +161,8 @@ Status resolveStore(LaunchInfo& info) {
 
   info.jobId = env("LIBCOMM_JOB_ID");
   if (info.jobId.empty() && !info.storeDir.empty() && !env("SLURM_JOB_ID").empty()) {
-    // SLURM_STEPID: the older name, where only it is set (two steps of a job must not share an id).
-    const std::string step = !env("SLURM_STEP_ID").empty() ? env("SLURM_STEP_ID") : env("SLURM_STEPID");
+    // With the step (two steps of a job must not share an id).
+    const std::string step = slurmStep();
     info.jobId = "slurm-" + env("SLURM_JOB_ID") + (step.empty() ? "" : "." + step);
   }
   if (!info.jobId.empty()) LIBCOMM_RETURN_IF_ERROR(boot::checkJobId(info.jobId).withContext("LIBCOMM_JOB_ID"));
@@ -378,14 +385,20 @@ Result<LaunchInfo> resolveLaunchInfo(const LaunchOverrides& overrides) {
                                          {localSizeVar, localSizeVar ? std::optional<int>(info.localSize) : std::nullopt}));
 
   LIBCOMM_RETURN_IF_ERROR(resolveStore(info));
-  std::string where = !info.storeDir.empty()    ? "file store " + info.storeDir
-                      : !info.storeHost.empty() ? "tcp store " + info.storeHost + ":" + std::to_string(info.storePort) +
-                                                      (info.hostsStore ? " (hosted by this process)" : "")
-                                                : std::string("no store");
-  LIBCOMM_LOG(kInfo, "boot") << "launch: rank " << info.rank << " of " << info.size << " (local " << info.localRank
-                             << " of " << info.localSize << ") from " << info.source << " via " << rank->who << "; "
-                             << where << "; job " << (info.jobId.empty() ? "(chosen by rank 0)" : info.jobId);
+  LIBCOMM_LOG(kInfo, "boot") << "launch: " << boot::describePlacement(info) << "; rank from " << rank->who << "; job "
+                             << (info.jobId.empty() ? "(chosen by rank 0)" : info.jobId);
   return info;
+}
+
+std::string boot::describePlacement(const LaunchInfo& info) {
+  auto known = [](int v) { return v < 0 ? std::string("?") : std::to_string(v); };
+  const std::string where = !info.storeDir.empty() ? "file store " + info.storeDir
+                            : !info.storeHost.empty()
+                                ? "tcp store " + info.storeHost + ":" + std::to_string(info.storePort) +
+                                      (info.hostsStore ? " (hosted by this process)" : "")
+                                : std::string("no store");
+  return "rank " + std::to_string(info.rank) + " of " + std::to_string(info.size) + " (local " + known(info.localRank) +
+         " of " + known(info.localSize) + ") from " + info.source + "; " + where;
 }
 
 }  // namespace libcomm

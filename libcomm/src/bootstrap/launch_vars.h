@@ -3,8 +3,13 @@
 #pragma once
 
 #include <span>
+#include <string>
 
 #include "libcomm/status.h"
+
+namespace libcomm {
+struct LaunchInfo;
+}
 
 namespace libcomm::boot {
 
@@ -23,5 +28,10 @@ std::span<const char* const> launchVariables();
 /// only a whole launch decides (a rendezvous for a size above 1, other launchers' variables) is
 /// left to resolveLaunchInfo. kInvalidArgument naming the variable. Thread-safe.
 Status checkLaunchSettings();
+
+/// Where a resolved launch puts this process, in one line: "rank 1 of 4 (local 1 of 2) from
+/// torchrun; tcp store 10.0.0.1:29600" ("?" for a local placement the launcher does not give).
+/// resolveLaunchInfo's INFO line and comm_info's "launch" say it so.
+std::string describePlacement(const LaunchInfo& info);
 
 }  // namespace libcomm::boot
