@@ -107,6 +107,10 @@ int runRank(CliOptions o) {
       flushStdout();
       if (describe) describePlan(plan);
     };
+    t.onNotice = [](const std::string& notice) {
+      std::printf("tinylm: %s\n", notice.c_str());
+      flushStdout();
+    };
     t.onStep = [](const StepRecord& r) {
       std::printf("%s\n", stepLine(r).c_str());
       flushStdout();

@@ -54,12 +54,14 @@ Status probeWritable(const std::string& dir, const std::string& where, bool make
 // What kRunInfoFile records, key by key ("seed" -> "7"), or none when the file is absent.
 using RunInfo = std::map<std::string, std::string>;
 
-// The settings of a run that kRunInfoFile records, in the order it writes them: the first three
-// choose which tokens every step trains on, so a resume must keep them; the others may change (a
-// new learning rate for the rest of a run), and a resume that changes them says so.
+// The settings of a run that a checkpoint records (kRunNotePrefix notes; kRunInfoFile before),
+// in the order they are compared: the data ones choose which tokens every step trains on and the
+// model ones the parameters' shapes, so a resume must keep them; the others may change (a new
+// learning rate for the rest of a run), and a resume that changes them says so.
+enum class Kept { kData, kModel, kFree };
 struct RecordedSetting {
   const char* key;  // the flag without its dashes
-  bool data;        // chooses the data: a resume must match it
+  Kept kept;
   std::string (*value)(const TrainOptions&);
 };
 
@@ -74,14 +76,23 @@ std::string floatText(float x) {
 }
 
 const RecordedSetting kRecorded[] = {
-    {"seed", true, [](const TrainOptions& o) { return std::to_string(o.seed); }},
-    {"seq-len", true, [](const TrainOptions& o) { return std::to_string(o.model.seqLen); }},
-    {"global-batch", true, [](const TrainOptions& o) { return std::to_string(o.globalBatch); }},
-    {"micro-batches", false, [](const TrainOptions& o) { return std::to_string(o.microBatches); }},
-    {"lr", false, [](const TrainOptions& o) { return floatText(o.adamw.lr); }},
-    {"weight-decay", false, [](const TrainOptions& o) { return floatText(o.adamw.weightDecay); }},
-    {"clip", false, [](const TrainOptions& o) { return floatText(o.clipNorm); }},
+    {"seed", Kept::kData, [](const TrainOptions& o) { return std::to_string(o.seed); }},
+    {"seq-len", Kept::kData, [](const TrainOptions& o) { return std::to_string(o.model.seqLen); }},
+    {"global-batch", Kept::kData, [](const TrainOptions& o) { return std::to_string(o.globalBatch); }},
+    {"vocab", Kept::kModel, [](const TrainOptions& o) { return std::to_string(o.model.vocab); }},
+    {"dim", Kept::kModel, [](const TrainOptions& o) { return std::to_string(o.model.dim); }},
+    {"hidden", Kept::kModel, [](const TrainOptions& o) { return std::to_string(o.model.hidden); }},
+    {"layers", Kept::kModel, [](const TrainOptions& o) { return std::to_string(o.model.layers); }},
+    {"micro-batches", Kept::kFree, [](const TrainOptions& o) { return std::to_string(o.microBatches); }},
+    {"lr", Kept::kFree, [](const TrainOptions& o) { return floatText(o.adamw.lr); }},
+    {"weight-decay", Kept::kFree, [](const TrainOptions& o) { return floatText(o.adamw.weightDecay); }},
+    {"clip", Kept::kFree, [](const TrainOptions& o) { return floatText(o.clipNorm); }},
 };
+
+// The notes' keys: "tinylm.seed", ...; "tinylm.record" holds kRunRecordVersion.
+constexpr const char* kRunNotePrefix = "tinylm.";
+constexpr const char* kRunRecordKey = "tinylm.record";
+constexpr const char* kRunRecordVersion = "2";  // 1: kRunInfoFile
 
 libcomm::Result<std::optional<RunInfo>> readRunInfo(const std::string& dir) {
   const std::string path = dir + "/" + kRunInfoFile;
@@ -112,6 +123,11 @@ libcomm::Result<std::optional<RunInfo>> readRunInfo(const std::string& dir) {
     char rest = 0;
     if (n == 0) {
       tagged = std::sscanf(line, "tinylm-checkpoint %llu %c", &v, &rest) == 1;
+      if (tagged && v != 1) {
+        std::fclose(f);
+        return libcomm::makeError(StatusCode::kInvalidArgument, "tinylm trainer: '", path, "' is a record of version ",
+                                  v, "; this tinylm reads version 1 there (and records in the index)");
+      }
       continue;
     }
     char key[64], value[64];
@@ -161,49 +177,64 @@ Status checkSaveDirectory(const std::string& dir) {
   return probeWritable(dir, where, true);
 }
 
-// kRunInfoFile, written as libshard writes its files: under a temporary name, fsync'd, renamed
-// over the final name (the index, written after it, fsyncs the directory).
-Status writeRunInfo(const TrainOptions& o) {
-  const std::string path = o.saveCheckpoint + "/" + kRunInfoFile;
-  const std::string tmp = o.saveCheckpoint + "/." + kRunInfoFile + ".tmp-" + std::to_string(::getpid());
-  std::string text = "tinylm-checkpoint 1\n";
-  for (const RecordedSetting& r : kRecorded) text += libcomm::detail::strCat(r.key, " ", r.value(o), "\n");
-  auto sysError = [](const std::string& what, const std::string& file) {
-    return libcomm::makeError(StatusCode::kSystemError, "tinylm trainer: cannot ", what, " '", file,
-                              "': ", std::strerror(errno));
+Status checkSaveRoom(const std::string& dir, uint64_t stateNumel, int ranksOnMachine) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path where = dir;
+  if (!fs::is_directory(where, ec)) where = where.parent_path().empty() ? fs::path(".") : where.parent_path();
+  const fs::space_info space = fs::space(where, ec);
+  if (ec) return Status::ok();  // not measurable here (the save's own errors still say why it failed)
+  // A shard file: 64-byte header, a 4-byte checksum per 1 MiB chunk (padded), then master, m, v.
+  const uint64_t perRank = 12 * stateNumel + 128 + 4 * (3 * stateNumel / (uint64_t{1} << 18) + 1);
+  const uint64_t need = perRank * static_cast<uint64_t>(std::max(1, ranksOnMachine));
+  if (space.available >= need) return Status::ok();
+  auto mib = [](uint64_t b) {
+    return b < (uint64_t{10} << 20) ? libcomm::detail::strCat((b + 1023) >> 10, " KiB")
+                                    : libcomm::detail::strCat((b + (1 << 20) - 1) >> 20, " MiB");
   };
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return sysError("create", tmp);
-  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
-  Status st = written ? Status::ok() : sysError("write", tmp);
-  if (::close(fd) != 0 && st.isOk()) st = sysError("close", tmp);
-  // A checkpoint that another save completed in this directory since the set-up check keeps its
-  // own record (its index is written last); the index write would refuse this save anyway.
-  struct stat index {};
-  if (st.isOk() && ::lstat((o.saveCheckpoint + "/" + libshard::kCheckpointIndexFile).c_str(), &index) == 0)
-    st = libcomm::makeError(StatusCode::kInvalidUsage, "tinylm trainer: '", o.saveCheckpoint,
-                            "' received a complete checkpoint (", libshard::kCheckpointIndexFile,
-                            ") from another run while this one trained; nothing of this save was written over it");
-  if (st.isOk() && ::rename(tmp.c_str(), path.c_str()) == 0) return Status::ok();
-  const Status failed = st.isOk() ? sysError("rename into place", tmp) : st;
-  ::unlink(tmp.c_str());
-  return failed;
+  return optionsError("--save-checkpoint '", dir, "': its filesystem has ", mib(space.available), " free ('",
+                      where.string(), "'); the save needs about ", mib(need), " (", std::max(1, ranksOnMachine),
+                      " ranks of this machine x ", mib(perRank), "): free space there or save elsewhere");
+}
+
+libshard::CheckpointNotes runNotes(const TrainOptions& o) {
+  libshard::CheckpointNotes notes{{kRunRecordKey, kRunRecordVersion}};
+  for (const RecordedSetting& r : kRecorded) notes[std::string(kRunNotePrefix) + r.key] = r.value(o);
+  return notes;
 }
 
 // A resume continues the run that saved the checkpoint: the same precision (libshard would load the
-// fp32 masters into either, but the steps after would not be the saved run's) and the same data
-// (seed, sequence length, global batch: kRunInfoFile's data settings; other data is another task),
-// and a checkpoint not past --steps. Read before anything is allocated.
+// fp32 masters into either, but the steps after would not be the saved run's), the same data
+// (seed, sequence length, global batch; other data is another task) and model flags (the index's
+// shapes would refuse others, but only after every rank set up, and naming a shape, not a flag),
+// and a checkpoint not past --steps. The settings are the index's notes (runNotes), or
+// kRunInfoFile in a checkpoint of an older tinylm. Read before anything is allocated.
 libcomm::Result<ResumePoint> checkResume(const TrainOptions& o) {
   namespace fs = std::filesystem;
   const std::string& dir = o.loadCheckpoint;
   std::error_code ec;
-  if (!fs::exists(fs::path(dir) / libshard::kCheckpointIndexFile, ec))
-    return optionsError("--load-checkpoint '", dir, "': ",
-                        fs::is_directory(dir, ec)
-                            ? std::string("holds no complete checkpoint (no ") + libshard::kCheckpointIndexFile + ")"
-                        : fs::exists(dir, ec) ? std::string("is not a directory")
-                                              : std::string("no such directory"));
+  const fs::path index = fs::path(dir) / libshard::kCheckpointIndexFile;
+  if (!fs::exists(index, ec)) {
+    std::error_code dirError;
+    const fs::file_status st = fs::status(dir, dirError);
+    std::string why;
+    if (fs::is_directory(st)) {
+      why = std::string("holds no complete checkpoint (no ") + libshard::kCheckpointIndexFile + ")";
+      if (fs::is_symlink(fs::symlink_status(index, ec)))
+        why = std::string("holds no complete checkpoint: its ") + libshard::kCheckpointIndexFile +
+              " is a symbolic link to nothing";
+      else if (fs::exists(fs::path(dir) / libshard::checkpointShardFileName(0, 1), ec) ||
+               fs::exists(fs::path(dir) / libshard::kCheckpointClaimFile, ec))
+        why += ", only what a save that did not finish left";
+    } else if (fs::exists(st)) {
+      why = "is not a directory";
+    } else if (dirError && dirError != std::errc::no_such_file_or_directory) {
+      why = "cannot be reached: " + dirError.message();
+    } else {
+      why = "no such directory";
+    }
+    return optionsError("--load-checkpoint '", dir, "': ", why);
+  }
   auto info = libshard::readCheckpointInfo(dir);
   if (!info.isOk()) return info.status().withContext("tinylm trainer: resuming from '" + dir + "'");
   if (info->precision != o.precision)
@@ -212,17 +243,38 @@ libcomm::Result<ResumePoint> checkResume(const TrainOptions& o) {
                         libshard::kCheckpointIndexFile, "); resume with --precision ",
                         libshard::precisionName(info->precision));
   ResumePoint point;
-  LIBCOMM_ASSIGN_OR_RETURN(const std::optional<RunInfo> run, readRunInfo(dir));
-  // Keys a record lacks (an older tinylm recorded only the seed) are not compared.
+  RunInfo record;
+  std::string where = libshard::kCheckpointIndexFile;
+  if (const auto version = info->notes.find(kRunRecordKey); version != info->notes.end()) {
+    if (version->second != kRunRecordVersion)
+      return libcomm::makeError(StatusCode::kInvalidArgument, "tinylm trainer: the checkpoint in '", dir,
+                                "' holds a tinylm record of version ", version->second, "; this tinylm reads version ",
+                                kRunRecordVersion, " (a newer tinylm saved it?)");
+    const std::string prefix = kRunNotePrefix;
+    for (const auto& [key, value] : info->notes)
+      if (key.compare(0, prefix.size(), prefix) == 0) record[key.substr(prefix.size())] = value;
+  } else {
+    LIBCOMM_ASSIGN_OR_RETURN(std::optional<RunInfo> file, readRunInfo(dir));
+    where = kRunInfoFile;
+    if (file)
+      record = std::move(*file);
+    else
+      point.notice = libcomm::detail::strCat(
+          "the checkpoint in '", dir, "' carries no tinylm record (another program saved it): --seed, --seq-len, ",
+          "--global-batch and the model flags cannot be checked against the run that saved it");
+  }
+  // Keys a record lacks (an older tinylm recorded fewer) are not compared.
   for (const RecordedSetting& r : kRecorded) {
-    if (!run) break;
-    const auto saved = run->find(r.key);
+    const auto saved = record.find(r.key);
     const std::string now = r.value(o);
-    if (saved == run->end() || saved->second == now) continue;
-    if (r.data)
+    if (saved == record.end() || saved->second == now) continue;
+    if (r.kept == Kept::kData)
       return optionsError("--", r.key, " ", now, ": the checkpoint in '", dir, "' was saved by a run with --", r.key,
-                          " ", saved->second, " (", kRunInfoFile, "), whose data it was trained on; resume with --",
-                          r.key, " ", saved->second);
+                          " ", saved->second, " (", where, "), whose data it was trained on; resume with --", r.key,
+                          " ", saved->second);
+    if (r.kept == Kept::kModel)
+      return optionsError("--", r.key, " ", now, ": the checkpoint in '", dir, "' holds a model of --", r.key, " ",
+                          saved->second, " (", where, "); resume with --", r.key, " ", saved->second);
     point.changed += libcomm::detail::strCat(point.changed.empty() ? "" : ", ", "--", r.key, " ", saved->second,
                                              " -> ", now);
   }

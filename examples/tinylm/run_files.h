@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "libcomm/status.h"
+#include "libshard/checkpoint.h"
 #include "tinylm/train.h"
 
 namespace tinylm {
@@ -25,11 +26,17 @@ libcomm::Status optionsError(const char* flag, Args&&... args) {
 /// create (a probe, removed at once) works.
 libcomm::Status checkSaveDirectory(const std::string& dir);
 
+/// An options error unless the filesystem of `dir` (or of its parent, before the save makes it)
+/// has room for the shard files of `ranksOnMachine` ranks of `stateNumel` elements each (every
+/// rank of this machine saving there; a shared filesystem may need more, which this cannot see).
+libcomm::Status checkSaveRoom(const std::string& dir, uint64_t stateNumel, int ranksOnMachine);
+
 /// Where a resume starts: the checkpoint's step, and the settings this run changes against the run
 /// that saved it ("--lr 0.003 -> 0.001, --clip 1 -> 0.5"; empty when none or unrecorded).
 struct ResumePoint {
   uint64_t step = 0;
   std::string changed;
+  std::string notice;  // what could not be checked (a checkpoint with no tinylm record); empty: none
 };
 
 /// An options error unless options.loadCheckpoint holds a checkpoint this run may resume: its
@@ -38,7 +45,8 @@ struct ResumePoint {
 /// the checkpoint's error, not the flag's.
 libcomm::Result<ResumePoint> checkResume(const TrainOptions& options);
 
-/// Writes kRunInfoFile for `options` into options.saveCheckpoint (rank 0, before the index).
-libcomm::Status writeRunInfo(const TrainOptions& options);
+/// The run's settings that a resume checks (checkResume), as notes for the checkpoint's index
+/// (libshard::writeCheckpointIndex), where the index's checksum covers them.
+libshard::CheckpointNotes runNotes(const TrainOptions& options);
 
 }  // namespace tinylm

@@ -123,7 +123,7 @@ libcomm::Result<size_t> eventLogCapacity(size_t steps, const libshard::ShardPlan
 Status agreeOnOutcome(libcomm::Bootstrap& boot, const Status& mine, const char* what, libcomm::Deadline deadline) {
   const int32_t ok = mine.isOk() ? 1 : 0;
   std::vector<int32_t> all(static_cast<size_t>(boot.size()));
-  LIBCOMM_RETURN_IF_ERROR(boot.allGather(&ok, all.data(), sizeof(ok), deadline));
+  LIBCOMM_RETURN_IF_ERROR(boot.allGather(&ok, all.data(), sizeof(ok), deadline).withContext(what));
   if (!mine.isOk()) return isOptionsError(mine) ? mine : mine.withContext(what);
   for (size_t r = 0; r < all.size(); ++r)
     if (!all[r]) return libcomm::makeError(StatusCode::kRemoteError, what, ": rank ", r, " failed");
@@ -139,27 +139,60 @@ Status agreeOnOutcome(libcomm::Bootstrap& boot, const Status& mine, const char* 
 // the timeout alone afterwards: they are only waiting.
 // Rank 0's save tag reaches every rank first (libshard/checkpoint.h): the index then takes no
 // shard file of another save, such as one an interrupted earlier run left at the same step.
+// The tag is that of rank 0's claim on the directory (taken at set-up).
 Status saveSharded(const TrainOptions& o, const libshard::ShardPlan& plan, const libshard::ShardState& state,
-                   libcomm::Bootstrap& boot) {
-  const uint32_t mine = boot.rank() == 0 ? libshard::newCheckpointSaveTag() : 0;
+                   libcomm::Bootstrap& boot, const libshard::SaveClaim* claim) {
+  const std::string what = "saving checkpoint '" + o.saveCheckpoint + "'";
+  const uint32_t mine = claim ? claim->saveTag() : 0;
   std::vector<uint32_t> tags(static_cast<size_t>(boot.size()));
   LIBCOMM_RETURN_IF_ERROR(boot.allGather(&mine, tags.data(), sizeof(mine), libcomm::Deadline::after(o.timeout))
-                              .withContext("sharing the checkpoint's save tag"));
+                              .withContext(what + ": sharing its save tag"));
   const uint32_t tag = tags[0];
   const auto t0 = std::chrono::steady_clock::now();
   const Status shard = libshard::saveCheckpointShard(o.saveCheckpoint, plan, state, tag);
   if (o.onCheckpointWritten) o.onCheckpointWritten(false);
   const auto ownWrite = std::chrono::duration_cast<libcomm::Milliseconds>(std::chrono::steady_clock::now() - t0);
   const libcomm::Milliseconds others = o.timeout + std::max(ownWrite, checkpointIoAllowance(o, boot.size()));
-  LIBCOMM_RETURN_IF_ERROR(agreeOnOutcome(boot, shard, "saving checkpoint shards", libcomm::Deadline::after(others)));
+  LIBCOMM_RETURN_IF_ERROR(
+      agreeOnOutcome(boot, shard, (what + ": writing the shards").c_str(), libcomm::Deadline::after(others)));
   Status index = Status::ok();
   if (boot.rank() == 0) {
-    index = writeRunInfo(o);
-    if (index.isOk()) index = libshard::writeCheckpointIndex(o.saveCheckpoint, plan, tag);
+    index = libshard::writeCheckpointIndex(o.saveCheckpoint, plan, tag, runNotes(o));
     if (o.onCheckpointWritten) o.onCheckpointWritten(true);
   }
   const libcomm::Milliseconds allowance = boot.rank() == 0 ? o.timeout : others;
-  return agreeOnOutcome(boot, index, "writing the checkpoint index", libcomm::Deadline::after(allowance));
+  return agreeOnOutcome(boot, index, (what + ": writing its index").c_str(), libcomm::Deadline::after(allowance));
+}
+
+// Each rank resolves --load-checkpoint itself: a path through a link that was switched while the
+// job started names two checkpoints, and the ranks would train on a mix of them, each shard from
+// another run. The index each rank's load read (its checksum and step) must be rank 0's.
+Status agreeOnLoadedCheckpoint(const TrainOptions& o, libcomm::Bootstrap& boot,
+                               const libshard::CheckpointInfo& loaded) {
+  struct Loaded {
+    uint32_t indexCrc;
+    int32_t worldSize;
+    uint64_t step;
+  };
+  const Loaded mine{loaded.indexCrc, loaded.worldSize, loaded.step};
+  std::vector<Loaded> all(static_cast<size_t>(boot.size()));
+  LIBCOMM_RETURN_IF_ERROR(
+      boot.allGather(&mine, all.data(), sizeof(Loaded), libcomm::Deadline::after(o.timeout))
+          .withContext("resuming from '" + o.loadCheckpoint + "': comparing what each rank loaded"));
+  auto text = [](const Loaded& l) {
+    char crc[16];
+    std::snprintf(crc, sizeof(crc), "%08x", l.indexCrc);
+    return libcomm::detail::strCat("the checkpoint at step ", l.step, " saved by ", l.worldSize,
+                                   " ranks (index crc32c 0x", crc, ")");
+  };
+  for (size_t r = 1; r < all.size(); ++r)
+    if (all[r].indexCrc != all[0].indexCrc || all[r].step != all[0].step || all[r].worldSize != all[0].worldSize)
+      return libcomm::makeError(
+          StatusCode::kInvalidArgument, "tinylm trainer: the ranks loaded different checkpoints ", "from '",
+          o.loadCheckpoint, "': rank 0 ", text(all[0]), ", rank ", r, " ", text(all[r]),
+          "; each rank resolves the path itself (given different paths, or a link switched while ",
+          "the job started?): start again once it names one checkpoint");
+  return Status::ok();
 }
 
 // Compute-only mode's optimizer plan: the same groups and state size, but declared a world of
@@ -222,6 +255,14 @@ Status checkRunOptions(const TrainOptions& o, int worldSize, int ranksHere) {
   }
   LIBCOMM_ASSIGN_OR_RETURN(const libshard::ShardPlan plan,
                            planRank(o, worldSize, 0, trainModelSpec(o, worldSize), ranksHere));
+  if (!o.saveCheckpoint.empty()) {
+    // Rank 0 claims the directory at set-up; a run that holds it now is found before any rank starts.
+    if (Status free = libshard::SaveClaim::checkFree(o.saveCheckpoint); !free.isOk())
+      return free.code() == StatusCode::kInvalidUsage
+                 ? optionsError("--save-checkpoint '", o.saveCheckpoint, "': ", free.message())
+                 : free;
+    LIBCOMM_RETURN_IF_ERROR(checkSaveRoom(o.saveCheckpoint, plan.stateNumel, ranksHere));
+  }
   if (o.eventLogCheck)
     LIBCOMM_RETURN_IF_ERROR(eventLogCapacity(static_cast<size_t>(o.steps - from), plan, o.microBatches).status());
   return Status::ok();
@@ -334,18 +375,36 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
   std::unique_ptr<StepHooks> hooks;
   const bool local = o.mode == TrainMode::kComputeOnly;
   std::string resumeChanges;
+  std::vector<std::string> notices;            // for rank 0's onNotice
+  std::unique_ptr<libshard::SaveClaim> claim;  // rank 0's, to the end of the save
+  libshard::CheckpointInfo loaded;
   Status setup = [&]() -> Status {
-    if (!o.saveCheckpoint.empty()) LIBCOMM_RETURN_IF_ERROR(checkSaveDirectory(o.saveCheckpoint));
+    if (!o.saveCheckpoint.empty()) {
+      LIBCOMM_RETURN_IF_ERROR(checkSaveDirectory(o.saveCheckpoint));
+      if (rank == 0) {
+        auto c = libshard::SaveClaim::acquire(o.saveCheckpoint, libshard::newCheckpointSaveTag());
+        if (!c.isOk())
+          return c.status().code() == StatusCode::kInvalidUsage
+                     ? optionsError("--save-checkpoint '", o.saveCheckpoint, "': ", c.status().message())
+                     : c.status().withContext("tinylm trainer: claiming '" + o.saveCheckpoint + "' for the save");
+        claim = std::move(c).value();
+        if (!claim->replaced().empty())
+          notices.push_back("--save-checkpoint '" + o.saveCheckpoint + "': took over " + claim->replaced());
+      }
+    }
     if (!o.loadCheckpoint.empty()) {
       LIBCOMM_ASSIGN_OR_RETURN(const ResumePoint point, checkResume(o));
       resumeChanges = point.changed;
+      if (!point.notice.empty()) notices.push_back(point.notice);
     }
     LIBCOMM_ASSIGN_OR_RETURN(result.plan, planRank(o, world, rank, spec, o.ranksOnMachine));
     const libshard::ShardPlan& plan = result.plan;
+    if (!o.saveCheckpoint.empty())
+      LIBCOMM_RETURN_IF_ERROR(checkSaveRoom(o.saveCheckpoint, plan.stateNumel, o.ranksOnMachine));
     LIBCOMM_ASSIGN_OR_RETURN(pool, libshard::BufferPool::create(plan, agComm, rsComm));
     initMasterShard(o.model, o.seed, plan, pool->state());
     if (!o.loadCheckpoint.empty()) {
-      Status st = libshard::loadCheckpoint(o.loadCheckpoint, plan, pool->state());
+      Status st = libshard::loadCheckpoint(o.loadCheckpoint, plan, pool->state(), &loaded);
       if (!st.isOk()) return st.withContext("tinylm trainer: resuming from '" + o.loadCheckpoint + "'");
     }
     // Compared before the narrowing: a step past INT_MAX must not wrap into range.
@@ -386,8 +445,16 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
       o.loadCheckpoint.empty() ? o.timeout : o.timeout + checkpointIoAllowance(o, world);
   LIBCOMM_RETURN_IF_ERROR(
       agreeOnOutcome(boot, setup, "tinylm trainer set-up", libcomm::Deadline::after(setupWait)));
+  if (!o.loadCheckpoint.empty()) {
+    LIBCOMM_RETURN_IF_ERROR(agreeOnLoadedCheckpoint(o, boot, loaded));
+    notices.insert(notices.begin(), libcomm::detail::strCat("loaded checkpoint '", o.loadCheckpoint, "': step ",
+                                                            loaded.step, ", saved by ", loaded.worldSize, " ranks in ",
+                                                            libshard::precisionName(loaded.precision)));
+  }
   const libshard::ShardPlan& plan = result.plan;
   if (o.onStart) o.onStart(result.firstStep, plan, resumeChanges);
+  if (rank == 0 && o.onNotice)
+    for (const std::string& n : notices) o.onNotice(n);
   const size_t stepsToRun = static_cast<size_t>(o.steps - result.firstStep);
 
   TrainLoop loop(o, *hooks, *adamw, rsComm, maxMicroBatchTokens(o, world));
@@ -418,7 +485,10 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
   hooks.reset();
   executor.reset();  // drains its streams before the state is read by a save or freed
 
-  if (!o.saveCheckpoint.empty()) LIBCOMM_RETURN_IF_ERROR(saveSharded(o, plan, pool->state(), boot));
+  if (!o.saveCheckpoint.empty()) {
+    LIBCOMM_RETURN_IF_ERROR(saveSharded(o, plan, pool->state(), boot, claim.get()));
+    claim.reset();  // the checkpoint is complete: the directory is no longer held
+  }
 
   // The first step pays for first touches and workspace growth; means skip it when there are more.
   const size_t skip = result.steps.size() >= 2 ? 1 : 0;

@@ -75,12 +75,13 @@
 
 namespace tinylm {
 
-/// tinylm's own record in a checkpoint directory, next to libshard's files (which ignore it): the
-/// run's settings that libshard's index does not hold. Text, one "key value" a line after a
-/// "tinylm-checkpoint 1" line: seed, seq-len, global-batch (the data: a resume must keep them),
-/// micro-batches, lr, weight-decay, clip (a resume may change them, and says so). Readers ignore
-/// keys they do not know and compare only the keys present (an older tinylm recorded the seed
-/// alone); a checkpoint without the file (saved by another program) has nothing to compare.
+/// tinylm's record of the run that saved a checkpoint: the settings libshard's layout does not
+/// hold -- seed, seq-len, global-batch (the data), vocab, dim, hidden, layers (the model), which a
+/// resume must keep, and micro-batches, lr, weight-decay, clip, which it may change (and says so).
+/// Kept as notes in the checkpoint's index ("tinylm.seed 7", ...), under its checksum. Checkpoints
+/// of an older tinylm kept it in this file instead ("tinylm-checkpoint 1", then "key value"
+/// lines); a resume still reads it there. A checkpoint with neither (saved by another program) has
+/// nothing to compare, and a resume says so.
 inline constexpr const char* kRunInfoFile = "tinylm.txt";
 
 /// What a run does; everything but kFull is a benchmark baseline (see above).
@@ -168,11 +169,14 @@ struct TrainOptions {
   /// line: ns, step, kind, layer, micro-batch, phase, buffer, grad buffer), for timelines.
   std::string eventLogDump;
   /// A checkpoint directory to resume from (any world size). A resume continues the run that saved
-  /// it: the checkpoint's precision (its index) and data settings (kRunInfoFile, when there is one)
-  /// must be this run's, or set-up refuses it naming both values.
+  /// it: the checkpoint's precision and its record's data and model settings (see kRunInfoFile)
+  /// must be this run's, or set-up refuses it naming both values. Every rank must load the same
+  /// checkpoint (the ranks compare the index each loaded).
   std::string loadCheckpoint;
-  /// A fresh directory to save into once `steps` is reached: libshard's sharded checkpoint, plus
-  /// kRunInfoFile, which rank 0 writes before the index.
+  /// A fresh directory to save into once `steps` is reached: libshard's sharded checkpoint with
+  /// tinylm's record in its index. Rank 0 claims the directory at set-up (libshard::SaveClaim) and
+  /// holds it to the end of the save: another run saving into it is refused when it starts. Set-up
+  /// also checks there is room for this machine's ranks' shards.
   std::string saveCheckpoint;
   /// kComputeOnly / kCommOnly: the benchmark baselines described at the top of this file.
   TrainMode mode = TrainMode::kFull;
@@ -186,6 +190,10 @@ struct TrainOptions {
   std::function<void(int firstStep, const libshard::ShardPlan& plan, const std::string& resumeChanges)> onStart;
   /// Called on every rank after each step, with that step's record (e.g. to print it as it goes).
   std::function<void(const StepRecord&)> onStep;
+  /// Called on rank 0 with what an operator should know of the run's files: the checkpoint loaded
+  /// (its step and world size), a save claim taken over from a dead run, settings a resume could
+  /// not check. One line each, no newline.
+  std::function<void(const std::string& notice)> onNotice;
   /// Called on every rank once it has written its checkpoint shard (saveCheckpoint; index false),
   /// and on rank 0 once it has written the index (true), each before the ranks agree on that
   /// phase's outcome; tests make a save slow with it.

@@ -118,8 +118,19 @@ libcomm::Result<std::string> readWholeFile(const std::string& path, uint64_t max
 /// and fsyncs the directory. On any failure the temporary is removed and `path` is untouched.
 /// With `replace` false an existing `path` is never replaced: the call fails (kInvalidArgument,
 /// "already exists") instead, atomically where the filesystem has hard links.
+/// `beforePublish`, when set, runs after the fsync, just before the rename: an error from it
+/// leaves `path` untouched (a save checks there that its directory is still its own).
 libcomm::Status writeFileAtomically(const std::string& path, const std::function<libcomm::Status(int fd)>& write,
-                                    bool replace = true);
+                                    bool replace = true, const std::function<libcomm::Status()>& beforePublish = {});
+
+/// kInvalidArgument when `dir` already holds a complete checkpoint (its index exists): saving into
+/// it would replace that checkpoint file by file. `what` starts the message.
+libcomm::Status refuseCompleteCheckpoint(const std::string& dir, const char* what);
+
+/// OK unless `dir` holds a save claim (SaveClaim) of another save than `saveTag`'s: a save into a
+/// directory that another run has claimed is refused (kInvalidUsage), before anything is written
+/// and again before each file is moved into place. No claim: OK (saves need not claim).
+libcomm::Status checkSaveClaim(const std::string& dir, uint32_t saveTag);
 
 /// fsync() of a directory, so that the entries made in it are durable.
 libcomm::Status fsyncDirectory(const std::string& dir);
@@ -209,7 +220,7 @@ struct ShardFileEntry {
 };
 
 struct CheckpointIndex {
-  uint32_t version = kCheckpointVersion;
+  uint32_t version = 1;  // kCheckpointIndexVersion where there are notes
   int world = 1;
   uint64_t alignmentBytes = 0;
   Precision precision = Precision::kBf16;
@@ -218,6 +229,8 @@ struct CheckpointIndex {
   std::vector<LayoutGroup> groups;    // the plan's layers, then the resident group
   std::vector<LayoutParam> params;    // in group order
   std::vector<ShardFileEntry> files;  // one per rank, rank order
+  CheckpointNotes notes;              // the caller's records (version 2; none in version 1)
+  uint32_t crc = 0;                   // parseIndex: the CRC32C its closing line holds
 };
 
 /// The layout part of the index (no files, step 0) from a plan.
@@ -228,6 +241,8 @@ std::string formatIndex(const CheckpointIndex& index);
 libcomm::Result<CheckpointIndex> parseIndex(const std::string& text, const std::string& path);
 /// The index of the checkpoint directory `dir`.
 libcomm::Result<CheckpointIndex> readIndex(const std::string& dir);
+/// What readCheckpointInfo returns for an index.
+CheckpointInfo infoOf(const CheckpointIndex& index);
 
 /// Parameter list of a full-model file (name kind decay offset numel shape per line).
 std::string formatParamList(const std::vector<LayoutParam>& params);

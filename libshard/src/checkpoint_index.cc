@@ -257,6 +257,11 @@ std::string formatIndex(const CheckpointIndex& x) {
        << gr.shardNumel << " " << gr.stateOffset << " " << byGroup[g].size() << "\n";
     for (const LayoutParam* p : byGroup[g]) os << paramLine(*p);
   }
+  // Version 1 has no notes: an index without them stays readable by the builds before notes.
+  if (x.version >= 2) {
+    os << "notes " << x.notes.size() << "\n";
+    for (const auto& [key, value] : x.notes) os << "note " << escape(key) << " " << escape(value) << "\n";
+  }
   os << "files " << x.files.size() << "\n";
   for (const ShardFileEntry& f : x.files) {
     char crc[16];
@@ -288,8 +293,11 @@ Result<CheckpointIndex> parseIndex(const std::string& text, const std::string& p
   CheckpointIndex x;
   LIBCOMM_ASSIGN_OR_RETURN(auto tag, in.expect(kIndexTag, 1));
   uint64_t v;
-  if (!parseU64(tag[0], v) || v != kCheckpointVersion)
-    return badFile(path, "index format version '", tag[0], "'; this build reads version ", kCheckpointVersion);
+  if (!parseU64(tag[0], v) || v < 1 || v > kCheckpointIndexVersion)
+    return badFile(path, "index format version '", tag[0], "'; this build reads versions 1 to ",
+                   kCheckpointIndexVersion, " (a newer shardcomm wrote it?)");
+  x.version = static_cast<uint32_t>(v);
+  x.crc = computed;
   LIBCOMM_ASSIGN_OR_RETURN(uint64_t world, in.number("world"));
   x.world = static_cast<int>(std::min<uint64_t>(world, 1u << 30));
   LIBCOMM_ASSIGN_OR_RETURN(x.alignmentBytes, in.number("alignment_bytes"));
@@ -317,6 +325,15 @@ Result<CheckpointIndex> parseIndex(const std::string& text, const std::string& p
       LIBCOMM_ASSIGN_OR_RETURN(LayoutParam p, in.param());
       p.group = static_cast<int>(g);
       x.params.push_back(std::move(p));
+    }
+  }
+  if (x.version >= 2) {
+    LIBCOMM_ASSIGN_OR_RETURN(uint64_t notes, in.number("notes"));
+    for (uint64_t i = 0; i < notes; ++i) {
+      LIBCOMM_ASSIGN_OR_RETURN(auto f, in.expect("note", 2));
+      std::string key, value;
+      if (!unescape(f[0], key) || !unescape(f[1], value)) return in.bad("bad note record");
+      if (!x.notes.emplace(std::move(key), std::move(value)).second) return in.bad("note '" + f[0] + "' twice");
     }
   }
   LIBCOMM_ASSIGN_OR_RETURN(uint64_t files, in.number("files"));

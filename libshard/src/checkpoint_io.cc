@@ -123,7 +123,8 @@ libcomm::Result<std::string> readWholeFile(const std::string& path, uint64_t max
   return text;
 }
 
-Status writeFileAtomically(const std::string& path, const std::function<Status(int fd)>& write, bool replace) {
+Status writeFileAtomically(const std::string& path, const std::function<Status(int fd)>& write, bool replace,
+                           const std::function<Status()>& beforePublish) {
   const size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
   const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
@@ -161,6 +162,10 @@ Status writeFileAtomically(const std::string& path, const std::function<Status(i
   if (!st.isOk()) return fail(st);
   if (::fsync(fd.get()) != 0) return fail(systemError("cannot fsync", tmp, errno));
   if (::close(fd.release()) != 0) return fail(systemError("cannot close", tmp, errno));
+  if (beforePublish) {
+    Status mayPublish = beforePublish();
+    if (!mayPublish.isOk()) return fail(mayPublish);
+  }
   if (!replace) {
     // link() is the atomic "create only if absent": a concurrent writer of the same final name
     // loses with EEXIST instead of silently replacing what the other one wrote.

@@ -137,7 +137,7 @@ std::string loaderName(const ShardPlan& plan) {
   return "rank " + std::to_string(plan.options.rank) + " of " + std::to_string(plan.options.worldSize);
 }
 
-Status loadCheckpointImpl(const std::string& dir, const ShardPlan& plan, ShardState& state) {
+Status loadCheckpointImpl(const std::string& dir, const ShardPlan& plan, ShardState& state, CheckpointInfo* loaded) {
   LIBCOMM_RETURN_IF_ERROR(checkLoadTarget(plan, state).withContext("checkpoint '" + dir + "'"));
   LIBCOMM_ASSIGN_OR_RETURN(CheckpointIndex x, readIndex(dir));
   std::unique_ptr<ParamSource> source = makeShardedSource(dir, x);
@@ -147,6 +147,7 @@ Status loadCheckpointImpl(const std::string& dir, const ShardPlan& plan, ShardSt
   LIBCOMM_RETURN_IF_ERROR(
       detail::checkWritable(state, "checkpoint load", true).withContext("checkpoint '" + dir + "'"));
   commit(state, tmp, x.step);
+  if (loaded) *loaded = infoOf(x);
   return Status::ok();
 }
 
@@ -186,8 +187,8 @@ Status importFullModelImpl(const std::string& path, const ShardPlan& plan, Shard
 
 }  // namespace
 
-Status loadCheckpoint(const std::string& dir, const ShardPlan& plan, ShardState& state) {
-  return loadCheckpointImpl(dir, plan, state).withContext(loaderName(plan) + " loading");
+Status loadCheckpoint(const std::string& dir, const ShardPlan& plan, ShardState& state, CheckpointInfo* loaded) {
+  return loadCheckpointImpl(dir, plan, state, loaded).withContext(loaderName(plan) + " loading");
 }
 
 Status importFullModel(const std::string& path, const ShardPlan& plan, ShardState& state, bool restoreOptimizerState) {

@@ -117,6 +117,9 @@ Status checkSaveArgs(const ShardPlan& plan, const ShardState& state) {
   return Status::ok();
 }
 
+}  // namespace
+
+namespace ckpt {
 // A directory whose index exists holds a complete checkpoint: saving into it would replace that
 // checkpoint file by file, and a save that fails halfway would leave neither the old checkpoint
 // nor the new one. So it is refused before anything is written.
@@ -132,9 +135,6 @@ Status refuseCompleteCheckpoint(const std::string& dir, const char* what) {
   return Status::ok();
 }
 
-}  // namespace
-
-namespace ckpt {
 std::unique_ptr<ParamSource> makeShardedSource(const std::string& dir, const CheckpointIndex& index) {
   return std::make_unique<ShardedSource>(dir, index);
 }
@@ -167,6 +167,7 @@ Status saveCheckpointShard(const std::string& dir, const ShardPlan& plan, const 
   LIBCOMM_RETURN_IF_ERROR(
       checkSaveArgs(plan, state).withContext("rank " + std::to_string(plan.options.rank) + ", checkpoint '" + dir + "'"));
   LIBCOMM_RETURN_IF_ERROR(refuseCompleteCheckpoint(dir, "checkpoint save"));
+  LIBCOMM_RETURN_IF_ERROR(checkSaveClaim(dir, saveTag));
   LIBCOMM_RETURN_IF_ERROR(makeDirectoryDurably(dir));
   const std::string path = joinPath(dir, checkpointShardFileName(plan.options.rank, plan.options.worldSize));
   FileHeader h{};
@@ -180,22 +181,35 @@ Status saveCheckpointShard(const std::string& dir, const ShardPlan& plan, const 
   h.chunkElems = kChunkElems;
   h.saveTag = saveTag;
   const FileLayout layout = layoutOf(h);
-  return writeFileAtomically(path, [&](int fd) -> Status {
-    ChunkedWriter w(fd, path, layout.dataOffset, h.chunkElems);
-    for (const float* section : {state.master, state.adamM, state.adamV})
-      LIBCOMM_RETURN_IF_ERROR(w.append(section, state.numel));
-    return writeTableAndHeader(fd, path, h, "", w.finish());
-  });
+  return writeFileAtomically(
+      path,
+      [&](int fd) -> Status {
+        ChunkedWriter w(fd, path, layout.dataOffset, h.chunkElems);
+        for (const float* section : {state.master, state.adamM, state.adamV})
+          LIBCOMM_RETURN_IF_ERROR(w.append(section, state.numel));
+        return writeTableAndHeader(fd, path, h, "", w.finish());
+      },
+      /*replace=*/true, [&] { return checkSaveClaim(dir, saveTag); });
 }
 
-Status writeCheckpointIndex(const std::string& dir, const ShardPlan& plan, uint32_t saveTag) {
+Status writeCheckpointIndex(const std::string& dir, const ShardPlan& plan, uint32_t saveTag,
+                            const CheckpointNotes& notes) {
   // A plan of no ranks would write an index listing no shard files: a directory that counts as a
   // complete checkpoint (later saves refuse it) and that nothing can load.
   if (plan.options.worldSize < 1)
     return libcomm::makeError(StatusCode::kInvalidArgument, "checkpoint index: plan has world size ",
                               plan.options.worldSize);
+  for (const auto& [key, value] : notes)
+    if (key.empty() || value.empty())
+      return libcomm::makeError(StatusCode::kInvalidArgument, "checkpoint index: note '", key, "' has an empty ",
+                                key.empty() ? "key" : "value");
   LIBCOMM_RETURN_IF_ERROR(refuseCompleteCheckpoint(dir, "checkpoint index"));
+  LIBCOMM_RETURN_IF_ERROR(checkSaveClaim(dir, saveTag));
   CheckpointIndex x = indexFromPlan(plan);
+  if (!notes.empty()) {
+    x.version = kCheckpointIndexVersion;
+    x.notes = notes;
+  }
   for (int r = 0; r < x.world; ++r) {
     const std::string name = checkpointShardFileName(r, x.world);
     const std::string path = joinPath(dir, name);
@@ -227,7 +241,8 @@ Status writeCheckpointIndex(const std::string& dir, const ShardPlan& plan, uint3
     return libcomm::makeError(StatusCode::kInvalidArgument, "checkpoint index for '", dir, "' would be ", text.size(),
                               " bytes, more than the ", kMaxIndexBytes, " a reader accepts");
   return writeFileAtomically(
-      path, [&](int fd) { return pwriteAll(fd, text.data(), text.size(), 0, path); }, /*replace=*/false);
+      path, [&](int fd) { return pwriteAll(fd, text.data(), text.size(), 0, path); }, /*replace=*/false,
+      [&] { return checkSaveClaim(dir, saveTag); });
 }
 
 Status saveCheckpoint(const std::string& dir, const std::vector<ShardPlan>& plans,
@@ -260,8 +275,8 @@ Status verifyCheckpoint(const std::string& dir) {
   return Status::ok();
 }
 
-Result<CheckpointInfo> readCheckpointInfo(const std::string& dir) {
-  LIBCOMM_ASSIGN_OR_RETURN(CheckpointIndex x, readIndex(dir));
+namespace ckpt {
+CheckpointInfo infoOf(const CheckpointIndex& x) {
   CheckpointInfo info;
   info.version = x.version;
   info.worldSize = x.world;
@@ -272,7 +287,15 @@ Result<CheckpointInfo> readCheckpointInfo(const std::string& dir) {
   info.numParams = x.params.size();
   for (const LayoutParam& p : x.params) info.paramNumel += p.numel;
   for (const ShardFileEntry& e : x.files) info.files.push_back(e.file);
+  info.notes = x.notes;
+  info.indexCrc = x.crc;
   return info;
+}
+}  // namespace ckpt
+
+Result<CheckpointInfo> readCheckpointInfo(const std::string& dir) {
+  LIBCOMM_ASSIGN_OR_RETURN(CheckpointIndex x, readIndex(dir));
+  return infoOf(x);
 }
 
 }  // namespace libshard

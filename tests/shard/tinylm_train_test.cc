@@ -64,6 +64,23 @@ using tinylm::Precision;
 using tinylm::RankSummary;
 using tinylm::TrainOptions;
 
+// Rewrites the index of the checkpoint in `dir` as a tinylm from before records in the index wrote
+// it: version 1, no notes, its checksum line redone.
+void dropIndexNotes(const std::string& dir) {
+  const std::string path = dir + "/" + libshard::kCheckpointIndexFile;
+  std::ifstream in(path);
+  std::string line, text;
+  while (std::getline(in, line)) {
+    if (line.rfind("note", 0) == 0 || line.rfind("crc32c ", 0) == 0) continue;
+    if (line == "shardcomm-checkpoint-index 2") line = "shardcomm-checkpoint-index 1";
+    text += line + "\n";
+  }
+  char crc[32];
+  std::snprintf(crc, sizeof(crc), "crc32c %08x\n", libshard::crc32c(text.data(), text.size()));
+  std::filesystem::remove(path);
+  std::ofstream(path) << text << crc;
+}
+
 constexpr double kFp32Tolerance = 1e-5;
 constexpr double kBf16LossTolerance = 0x1p-11;
 constexpr double kBf16NormTolerance = 0x1p-9;
@@ -418,6 +435,7 @@ TEST(TinyLmTrainThreads, OddSaveAndLoadPathsAreNamedBeforeTraining) {
   train(save, 1, Mode::kThreads);
   o.loadCheckpoint = save.saveCheckpoint;
   ASSERT_TRUE(tinylm::checkResume(o).isOk()) << tinylm::checkResume(o).status().toString();
+  dropIndexNotes(save.saveCheckpoint);  // an older tinylm's checkpoint: its record is this file
   const std::string info = save.saveCheckpoint + "/" + tinylm::kRunInfoFile;
   fs::remove(info);
   ASSERT_EQ(::mkfifo(info.c_str(), 0644), 0);
@@ -449,33 +467,99 @@ TEST(TinyLmTrainThreads, ASaveSlowerThanTheTimeoutSucceeds) {
   EXPECT_TRUE(verified.isOk()) << verified.toString();
 }
 
-// Another run completes a checkpoint in the same directory while this one trains (concurrent saves
-// into one directory are unsupported, but must not mix): this save fails naming it, and the
-// other checkpoint's tinylm.txt is not written over (rank 0 used to replace it before the index
-// write refused the save).
+// Another run completes a checkpoint in the same directory while this one trains (it ignored the
+// claim): this save fails naming it, and the other checkpoint's index is not written over.
 TEST(TinyLmTrainThreads, ASaveIntoADirectoryAnotherRunCompletedIsRefusedWithoutWritingOverIt) {
   TempDir tmp;
   TrainOptions o = tinyOptions(Precision::kFp32, 1);
   o.saveCheckpoint = tmp.sub("ckpt");
-  const std::string other = "tinylm-checkpoint 1\nseed 99\n";
+  const std::string other = "another run's index\n";
   std::atomic<bool> once{false};
-  o.onCheckpointWritten = [&](bool index) {  // between the shards and rank 0's record and index
+  o.onCheckpointWritten = [&](bool index) {  // between the shards and rank 0's index
     if (index || once.exchange(true)) return;
-    std::ofstream(o.saveCheckpoint + "/tinylm.txt") << other;
-    std::ofstream(o.saveCheckpoint + "/" + libshard::kCheckpointIndexFile) << "another run's index\n";
+    std::ofstream(o.saveCheckpoint + "/" + libshard::kCheckpointIndexFile) << other;
   };
   const RunOptions ro = twoRankThreads();
   auto report = shardcomm::testing::runRanks(ro, [&o](RankContext& ctx) -> Status {
     auto r = tinylm::runSharded(o, ctx.bootstrap);
     if (r.isOk()) return libcomm::makeError(StatusCode::kInternalError, "the save succeeded");
-    const std::string want = ctx.rank == 0 ? "received a complete checkpoint" : "rank 0 failed";
+    const std::string want = ctx.rank == 0 ? "already holds a checkpoint" : "rank 0 failed";
     if (r.status().message().find(want) == std::string::npos) return r.status();
     return Status::ok();
   });
   EXPECT_RANKS_OK(report);
-  std::ifstream in(o.saveCheckpoint + "/tinylm.txt");
+  std::ifstream in(o.saveCheckpoint + "/" + libshard::kCheckpointIndexFile);
   const std::string kept((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_EQ(kept, other);
+  EXPECT_FALSE(std::filesystem::exists(o.saveCheckpoint + "/" + libshard::kCheckpointClaimFile));
+}
+
+// A run saving into a directory that another live run holds is refused at set-up, before a step,
+// naming the holder (before the claim, both trained, both wrote their shards, and the later one
+// replaced the earlier's after its index: a PASS whose checkpoint did not load); the launcher's
+// check finds it before starting any rank. The holder's save is untouched.
+TEST(TinyLmTrainThreads, ASaveIntoADirectoryALiveRunHoldsIsRefusedAtSetUp) {
+  TempDir tmp;
+  TrainOptions o = tinyOptions(Precision::kFp32, 1);
+  o.saveCheckpoint = tmp.sub("ckpt");
+  auto holder = libshard::SaveClaim::acquire(o.saveCheckpoint, 1234);
+  ASSERT_TRUE(holder.isOk()) << holder.status().toString();
+  const Status early = tinylm::checkRunOptions(o, 2, 2);
+  EXPECT_TRUE(tinylm::isOptionsError(early)) << early.toString();
+  EXPECT_NE(early.message().find("claimed by another save"), std::string::npos) << early.toString();
+  std::atomic<int> stepsRun{0};
+  o.onStep = [&stepsRun](const tinylm::StepRecord&) { ++stepsRun; };
+  auto report = shardcomm::testing::runRanks(twoRankThreads(), [&o](RankContext& ctx) -> Status {
+    auto r = tinylm::runSharded(o, ctx.bootstrap);
+    if (r.isOk()) return libcomm::makeError(StatusCode::kInternalError, "the save succeeded");
+    const std::string want =
+        ctx.rank == 0 ? "claimed by another save: pid " + std::to_string(::getpid()) : "rank 0 failed";
+    if (r.status().message().find(want) == std::string::npos) return r.status();
+    if (ctx.rank == 0 && !tinylm::isOptionsError(r.status())) return r.status();
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+  EXPECT_EQ(stepsRun.load(), 0);
+  EXPECT_TRUE(std::filesystem::exists(o.saveCheckpoint + "/" + libshard::kCheckpointClaimFile));
+  EXPECT_FALSE(std::filesystem::exists(o.saveCheckpoint + "/rank-0-of-2.shard"));
+}
+
+// Each rank resolves --load-checkpoint itself: ranks given two checkpoints (a link switched while
+// the job started) refuse to train on the mix, naming both (they used to agree only that each
+// load succeeded, and trained on rank 0's shard of one run and rank 1's of another).
+TEST(TinyLmTrainThreads, RanksThatLoadedDifferentCheckpointsRefuseToTrain) {
+  TempDir tmp;
+  TrainOptions a = tinyOptions(Precision::kFp32, 1), b = tinyOptions(Precision::kFp32, 1);
+  a.saveCheckpoint = tmp.sub("a");
+  b.saveCheckpoint = tmp.sub("b");
+  b.adamw.lr = 0.01f;
+  train(a, 2, Mode::kThreads);
+  train(b, 2, Mode::kThreads);
+  std::atomic<int> stepsRun{0};
+  auto report = shardcomm::testing::runRanks(twoRankThreads(), [&](RankContext& ctx) -> Status {
+    TrainOptions mine = tinyOptions(Precision::kFp32, 3);
+    mine.loadCheckpoint = ctx.rank == 0 ? a.saveCheckpoint : b.saveCheckpoint;
+    mine.onStep = [&stepsRun](const tinylm::StepRecord&) { ++stepsRun; };
+    auto r = tinylm::runSharded(mine, ctx.bootstrap);
+    if (r.isOk()) return libcomm::makeError(StatusCode::kInternalError, "trained on two checkpoints");
+    for (const char* want : {"the ranks loaded different checkpoints", "rank 0 the checkpoint at step 1",
+                             "rank 1 the checkpoint at step 1", "index crc32c"})
+      if (r.status().message().find(want) == std::string::npos) return r.status();
+    return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+  EXPECT_EQ(stepsRun.load(), 0);
+}
+
+// The save's room is checked at set-up: a filesystem without space for this machine's shards
+// fails the flag before training (a full disk used to fail the run at its end).
+TEST(TinyLmTrainThreads, ASaveWithoutRoomIsRefusedBeforeTraining) {
+  TempDir tmp;
+  const Status st = tinylm::checkSaveRoom(tmp.sub("ckpt"), uint64_t{1} << 58, 4);
+  EXPECT_TRUE(tinylm::isOptionsError(st)) << st.toString();
+  for (const char* want : {"free", "the save needs about", "4 ranks of this machine"})
+    EXPECT_NE(st.message().find(want), std::string::npos) << st.toString();
+  EXPECT_TRUE(tinylm::checkSaveRoom(tmp.sub("ckpt"), 1000, 4).isOk());
 }
 
 // One rank's shard written later than the other's by more than --timeout (a slower disk, a busier
@@ -648,6 +732,12 @@ TEST(TinyLmTrainThreads, AResumeWithOtherDataOrPrecisionIsRefused) {
   resume.precision = Precision::kFp32;
   expectRefusedAtSetUp(resume, "--precision fp32: the checkpoint in '" + dir + "' was saved in bf16");
   resume.precision = Precision::kBf16;
+  // The model's flags too (its shapes would refuse it only after every rank set up, naming a shape).
+  resume.model.dim += 8;
+  expectRefusedAtSetUp(resume, "--dim " + std::to_string(resume.model.dim) + ": the checkpoint in '" + dir +
+                                   "' holds a model of --dim " + std::to_string(resume.model.dim - 8) +
+                                   " (index.txt); resume with --dim " + std::to_string(resume.model.dim - 8));
+  resume.model.dim -= 8;
   // The same data resumes (at another world size too), and says which optimizer settings changed.
   ASSERT_TRUE(tinylm::checkResume(resume).isOk()) << tinylm::checkResume(resume).status().toString();
   EXPECT_EQ(tinylm::checkResume(resume)->changed, "");
@@ -666,16 +756,24 @@ TEST(TinyLmTrainThreads, AResumeWithOtherDataOrPrecisionIsRefused) {
   };
   EXPECT_EQ(train(resume, 1, Mode::kThreads).firstStep, 2);
   EXPECT_EQ(seen, point->changed);
-  // An older tinylm's record has the seed alone: only the seed is compared.
+  // An older tinylm's record (in tinylm.txt, not the index) has the seed alone: only the seed is
+  // compared; a record of an unknown version is refused.
+  dropIndexNotes(dir);
   const std::string info = dir + "/tinylm.txt";
+  std::ofstream(info, std::ios::trunc) << "tinylm-checkpoint 3\nseed 7\n";
+  EXPECT_NE(tinylm::checkResume(resume).status().message().find("record of version 3"), std::string::npos);
   std::ofstream(info, std::ios::trunc) << "tinylm-checkpoint 1\nseed 7\n";
   resume.model.seqLen = 9;
   ASSERT_TRUE(tinylm::checkResume(resume).isOk()) << tinylm::checkResume(resume).status().toString();
   resume.seed = 8;
   EXPECT_FALSE(tinylm::checkResume(resume).isOk());
-  // A checkpoint with no record at all (another program's): nothing to compare, and it resumes.
+  // A checkpoint with no record at all (another program's): nothing to compare, it resumes, and
+  // says what it could not check.
   ASSERT_TRUE(std::filesystem::remove(info));
   resume.model.seqLen = 8;
+  resume.seed = 7;
+  EXPECT_NE(tinylm::checkResume(resume)->notice.find("carries no tinylm record"), std::string::npos);
+  resume.seed = 8;
   EXPECT_EQ(train(resume, 2, Mode::kThreads).steps, 1);
 }
 

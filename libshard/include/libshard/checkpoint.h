@@ -12,8 +12,11 @@
 //                           precision, step, every group (name, layer, numel, padded and shard
 //                           sizes, state offset) and parameter (name, kind, decay, offset in its
 //                           group, numel, shape), and per shard file its size and the checksum of
-//                           its chunk table; the index ends with a CRC32C of itself. Its presence
-//                           marks a complete checkpoint.
+//                           its chunk table, and the caller's notes (CheckpointNotes, version 2);
+//                           the index ends with a CRC32C of itself. Its presence marks a complete
+//                           checkpoint.
+//   .save-claim             while a save that claimed the directory runs (SaveClaim); never read
+//                           by a load.
 // Every file is written under a temporary name in the same directory, fsync'd, moved to its final
 // name, and the directory fsync'd: a final name never holds a half-written file. Shard files are
 // renamed over it; the index is hard-linked to it (so that an existing index is never replaced;
@@ -36,23 +39,26 @@
 // step. Importing restores m, v and step when the file has the moments and the caller asks for
 // them; otherwise m = v = 0 and step = 0 (a fresh optimizer on the imported weights).
 //
-// Multi-process coordination is the caller's: rank 0 draws a save tag (newCheckpointSaveTag) and
-// every rank learns it; every rank calls saveCheckpointShard() with it; the ranks agree that every
-// one succeeded (an allGather of each rank's ok over the bootstrap -- a bare barrier would let rank
-// 0 go on after another rank's failure); rank 0 calls writeCheckpointIndex() with the tag; the ranks
-// agree on that outcome before anyone relies on the checkpoint. examples/tinylm/train.cc
+// Multi-process coordination is the caller's: rank 0 draws a save tag (newCheckpointSaveTag),
+// claims the directory with it (SaveClaim, best before the run trains) and every rank learns it; every rank calls
+// saveCheckpointShard() with it; the ranks agree that every one succeeded (an allGather of each rank's ok over the
+// bootstrap -- a bare barrier would let rank 0 go on after another rank's failure); rank 0 calls writeCheckpointIndex()
+// with the tag; the ranks agree on that outcome before anyone relies on the checkpoint. examples/tinylm/train.cc
 // (saveSharded) does exactly this. The tag is what keeps a file of another save out of the index. Loading needs
 // no coordination to run (each rank reads what it needs; the directory must be visible to every
 // rank), but its outcome can differ between ranks: a rank reads only the chunks its new shard
-// needs, so one rank may load while another finds a corrupt chunk or a missing file. Before
-// using the loaded state (training on it), the ranks must agree that every load succeeded, e.g.
-// an allGather of each rank's ok over the bootstrap, as examples/tinylm does. Each checkpoint
+// needs, so one rank may load while another finds a corrupt chunk or a missing file; and each
+// rank resolves the path itself, so a link switched meanwhile gives two ranks two checkpoints.
+// Before using the loaded state (training on it), the ranks must agree that every load succeeded
+// and read the same index (CheckpointInfo::indexCrc from loadCheckpoint), e.g. an allGather over
+// the bootstrap, as examples/tinylm does. Each checkpoint
 // goes into a directory of its own (e.g. step-00001000): a directory that already holds a
 // complete checkpoint (its index exists) is refused by both phases, before anything is written,
 // so a save never destroys the previous good checkpoint. A directory left by an interrupted save
-// (shard files, no index) may be saved into again. One save into a directory at a time: a second,
-// concurrent one may replace a shard file after the first wrote its index (a load or
-// verifyCheckpoint then reports that file as rewritten after the index). A process killed while writing leaves its
+// (shard files, no index) may be saved into again. One save into a directory at a time: that is
+// what SaveClaim holds; a second, concurrent save that does not claim may replace a shard file
+// after the first wrote its index (a load or verifyCheckpoint then reports that file as
+// rewritten after the index). A process killed while writing leaves its
 // temporary (".<final name>.tmp-<pid>-<n>", dot-named, never read by a load); no save removes
 // it, since on a shared filesystem its pid may belong to a live writer on another host (or
 // another container: pids are reused). A later writer whose name is taken tries the next one.
@@ -71,6 +77,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -80,8 +88,16 @@
 
 namespace libshard {
 
-/// Format version written and accepted by this build.
+/// Format version of the shard and full-model files, written and accepted by this build.
 inline constexpr uint32_t kCheckpointVersion = 1;
+/// Newest index format this build reads: 1, or 2 (with notes). It writes 1 when a save has no
+/// notes, so such a checkpoint stays readable by builds from before notes.
+inline constexpr uint32_t kCheckpointIndexVersion = 2;
+
+/// The caller's own records, kept in a checkpoint's index and covered by its checksum: what a
+/// trainer must know to resume the run (its data settings, its model's flags), which libshard's
+/// layout does not hold. Keys and values are any non-empty text (escaped in the file).
+using CheckpointNotes = std::map<std::string, std::string>;
 /// The index file of a sharded checkpoint directory.
 inline constexpr const char* kCheckpointIndexFile = "index.txt";
 
@@ -92,6 +108,58 @@ std::string checkpointShardFileName(int rank, int worldSize);
 /// same one to both phases (share it the way the ranks agree on the outcome, e.g. an allGather over
 /// the bootstrap, as examples/tinylm does).
 uint32_t newCheckpointSaveTag();
+
+/// The file a SaveClaim keeps in the directory it holds (dot-named: a load never reads it).
+inline constexpr const char* kCheckpointClaimFile = ".save-claim";
+
+/// Holds a checkpoint directory for one save, from before a run trains to after its index is
+/// written, so that a second run saving into the same directory is refused when it starts (and
+/// writes nothing), not after both trained, when the two would replace each other's shard files.
+/// Rank 0 acquires it (one claim per save) and passes its saveTag() to every rank's
+/// saveCheckpointShard and to writeCheckpointIndex: those refuse (kInvalidUsage) a directory
+/// claimed for another tag, before writing and again just before each file is moved into place.
+/// A save without a claim is not refused by them, so every writer into shared directories should
+/// claim.
+///
+/// The claim is the file kCheckpointClaimFile: tag, pid, host, boot id and time, made whole under
+/// a temporary name and linked into place, and flock'ed by its holder for as long as it lives. A
+/// claim whose holder has gone (killed before it let go) is taken over where that can be told: it
+/// was made on this host (same boot id) and its lock is free (where the filesystem has no flock:
+/// its pid is gone). A claim made on another host is never taken over -- locks on a shared
+/// filesystem may be kept per host, so a free lock says nothing there -- and the error says which
+/// host and pid hold it and which file to delete once no save into the directory runs.
+/// Reentrant; one object per save.
+class SaveClaim {
+ public:
+  /// Claims `dir` for a save tagged `saveTag` (newCheckpointSaveTag; never 0), creating `dir`
+  /// (its parent must exist) when it is missing. kInvalidUsage when another save holds it, or when
+  /// it already holds a complete checkpoint; kSystemError when the claim cannot be made.
+  static libcomm::Result<std::unique_ptr<SaveClaim>> acquire(const std::string& dir, uint32_t saveTag);
+  /// OK when acquire could claim `dir` now as far as its claim tells: none, or one whose holder is
+  /// gone; else acquire's kInvalidUsage. Claims nothing (a launcher's check before it starts the
+  /// ranks; acquire decides).
+  static libcomm::Status checkFree(const std::string& dir);
+  /// Lets go: removes the claim file (when it is still this claim's), and `dir` when acquire made
+  /// it and nothing was saved into it.
+  ~SaveClaim();
+  SaveClaim(const SaveClaim&) = delete;
+  SaveClaim& operator=(const SaveClaim&) = delete;
+
+  uint32_t saveTag() const { return tag_; }
+  const std::string& dir() const { return dir_; }
+  /// The stale claim this one replaced (its holder, pid, host, time), for the caller to report;
+  /// empty when the directory was free.
+  const std::string& replaced() const { return replaced_; }
+
+ private:
+  SaveClaim(std::string dir, uint32_t tag, int fd, bool madeDir)
+      : dir_(std::move(dir)), tag_(tag), fd_(fd), madeDir_(madeDir) {}
+  std::string dir_;
+  uint32_t tag_;
+  int fd_;  // open on the claim file, holding its flock
+  bool madeDir_;
+  std::string replaced_;
+};
 
 /// Phase 1 of a save, on every rank: writes this rank's shard file of `state` (laid out by `plan`,
 /// rank plan.options.rank) into `dir`, creating `dir` if it is missing (its parent must exist),
@@ -107,25 +175,15 @@ libcomm::Status saveCheckpointShard(const std::string& dir, const ShardPlan& pla
 /// when one is there (or appears concurrently), and the old one stays. Without a tag, a file left
 /// at the same step by an earlier, interrupted save is taken for this save's when this save's
 /// rank did not write its own: the checkpoint would mix two states.
-libcomm::Status writeCheckpointIndex(const std::string& dir, const ShardPlan& plan, uint32_t saveTag = 0);
+/// `notes` go into the index (readCheckpointInfo returns them); none: a version-1 index.
+libcomm::Status writeCheckpointIndex(const std::string& dir, const ShardPlan& plan, uint32_t saveTag = 0,
+                                     const CheckpointNotes& notes = {});
 
 /// Both phases for a world whose ranks all live in this process (tests, tools, single-process
 /// trainers): plans[r] and states[r] belong to rank r. Refuses a directory holding a checkpoint,
 /// as above.
 libcomm::Status saveCheckpoint(const std::string& dir, const std::vector<ShardPlan>& plans,
                                const std::vector<const ShardState*>& states);
-
-/// Loads the checkpoint in `dir` into `state`, laid out by `plan` (rank plan.options.rank of
-/// plan.options.worldSize: any world size). Fills master, adamM, adamV (padding zero) and step,
-/// and refreshes state.compute from master when it is non-null; leaves state.grad alone.
-/// On error `state` is unchanged. Another rank's load of the same checkpoint may fail where this
-/// one succeeded (it reads other chunks): agree on the outcome before training (see above).
-libcomm::Status loadCheckpoint(const std::string& dir, const ShardPlan& plan, ShardState& state);
-
-/// Reads every file of the checkpoint in `dir` -- header, index, chunk table and every data chunk
-/// (not the zero padding that aligns them) -- and checks every checksum and the index's
-/// consistency. OK means any world size can load it.
-libcomm::Status verifyCheckpoint(const std::string& dir);
 
 /// What a checkpoint holds, from its index.
 struct CheckpointInfo {
@@ -138,7 +196,25 @@ struct CheckpointInfo {
   size_t numParams = 0;
   size_t paramNumel = 0;           // sum of the parameters' numel (no padding)
   std::vector<std::string> files;  // shard file names, rank order
+  CheckpointNotes notes;           // writeCheckpointIndex's notes
+  uint32_t indexCrc = 0;           // the index's own CRC32C: two checkpoints differ in it
 };
+
+/// Loads the checkpoint in `dir` into `state`, laid out by `plan` (rank plan.options.rank of
+/// plan.options.worldSize: any world size). Fills master, adamM, adamV (padding zero) and step,
+/// and refreshes state.compute from master when it is non-null; leaves state.grad alone.
+/// On error `state` is unchanged. Another rank's load of the same checkpoint may fail where this
+/// one succeeded (it reads other chunks): agree on the outcome before training (see above).
+/// `loaded`, when non-null, receives what the index read by this load says (readCheckpointInfo):
+/// its indexCrc names the checkpoint, so ranks can check that they all loaded the same one (a
+/// path is resolved by each rank: a link switched during the start names two).
+libcomm::Status loadCheckpoint(const std::string& dir, const ShardPlan& plan, ShardState& state,
+                               CheckpointInfo* loaded = nullptr);
+
+/// Reads every file of the checkpoint in `dir` -- header, index, chunk table and every data chunk
+/// (not the zero padding that aligns them) -- and checks every checksum and the index's
+/// consistency. OK means any world size can load it.
+libcomm::Status verifyCheckpoint(const std::string& dir);
 
 /// Reads and checks the index of the checkpoint in `dir` (not the shard files).
 libcomm::Result<CheckpointInfo> readCheckpointInfo(const std::string& dir);

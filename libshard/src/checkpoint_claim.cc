@@ -1,0 +1,274 @@
+// SaveClaim: one save at a time into a checkpoint directory (checkpoint.h).
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <optional>
+
+#include "checkpoint_format.h"
+
+namespace libshard {
+namespace {
+
+using ckpt::joinPath;
+using libcomm::Result;
+using libcomm::Status;
+using libcomm::StatusCode;
+
+constexpr const char* kClaimTag = "shardcomm-save-claim 1";
+
+// What a claim file says of its holder.
+struct ClaimText {
+  uint32_t tag = 0;
+  long long pid = 0;
+  long long since = 0;  // seconds since the epoch
+  std::string host, boot;
+};
+
+std::string thisBootId() {
+  char buf[64] = {};
+  if (std::FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "re")) {
+    if (!std::fgets(buf, sizeof(buf), f)) buf[0] = 0;
+    std::fclose(f);
+  }
+  std::string id(buf);
+  while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
+  return id.empty() ? "unknown" : id;
+}
+
+std::string thisHost() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == 0) return "unknown";
+  return buf;
+}
+
+std::string formatClaim(const ClaimText& c) {
+  std::string host = c.host;
+  for (char& ch : host)
+    if (ch <= ' ') ch = '_';
+  return libcomm::detail::strCat(kClaimTag, "\ntag ", ckpt::hex32(c.tag), "\npid ", c.pid, "\nhost ", host, "\nboot ",
+                                 c.boot, "\nsince ", c.since, "\n");
+}
+
+std::optional<ClaimText> parseClaim(const std::string& text) {
+  if (text.compare(0, std::strlen(kClaimTag), kClaimTag) != 0) return std::nullopt;
+  ClaimText c;
+  unsigned tag = 0;
+  char host[256] = {}, boot[64] = {};
+  const char* body = text.c_str() + std::strlen(kClaimTag);
+  if (std::sscanf(body, " tag 0x%8x pid %lld host %255s boot %63s since %lld", &tag, &c.pid, host, boot, &c.since) !=
+          5 ||
+      tag == 0)
+    return std::nullopt;
+  c.tag = tag;
+  c.host = host;
+  c.boot = boot;
+  return c;
+}
+
+// The whole of a small file open at `fd` (a claim is under 400 bytes; more is not a claim).
+std::string readSmall(int fd) {
+  char buf[1024];
+  ssize_t n;
+  do n = ::pread(fd, buf, sizeof(buf) - 1, 0);
+  while (n < 0 && errno == EINTR);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+std::string sinceText(long long since) {
+  const std::time_t t = static_cast<std::time_t>(since);
+  std::tm tm{};
+  char buf[64] = "an unknown time";
+  if (::gmtime_r(&t, &tm)) std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S UTC", &tm);
+  const long long ago = static_cast<long long>(std::time(nullptr)) - since;
+  return libcomm::detail::strCat(buf, ago >= 0 ? libcomm::detail::strCat(", ", ago, " s ago") : std::string());
+}
+
+// "claimed by another save: pid 41 on host 'n3' since ... (file ...)".
+std::string holderText(const std::string& path, const ClaimText& c) {
+  return libcomm::detail::strCat("pid ", c.pid, " on host '", c.host, "' since ", sinceText(c.since), " (save tag ",
+                                 ckpt::hex32(c.tag), ", file '", path, "')");
+}
+
+Status claimedError(const std::string& dir, const std::string& path, const std::optional<ClaimText>& c,
+                    const std::string& why) {
+  if (!c)
+    return libcomm::makeError(StatusCode::kInvalidUsage, "checkpoint directory '", dir,
+                              "' holds a save claim this build cannot read ('", path,
+                              "'); if no save into it runs, delete that file");
+  return libcomm::makeError(StatusCode::kInvalidUsage, "checkpoint directory '", dir,
+                            "' is claimed by another save: ", holderText(path, *c), "; ", why);
+}
+
+bool noFlock(int err) { return err == ENOLCK || err == EOPNOTSUPP || err == ENOTSUP || err == EINVAL || err == ENOSYS; }
+bool noHardLinks(int err) { return err == EPERM || err == ENOTSUP || err == EOPNOTSUPP || err == ENOSYS; }
+
+bool sameFile(int fd, const std::string& path) {
+  struct stat a {
+  }, b{};
+  return ::fstat(fd, &a) == 0 && ::stat(path.c_str(), &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+// What to do with a claim someone else made.
+enum class Verdict { kHeld, kStale, kGone };
+
+// Opens the claim at `path` and decides whether its holder is gone. On kStale the open file,
+// whose lock this process now holds (where there are locks), is left in `*held` so that nobody
+// else takes the same stale claim over meanwhile; the caller closes it after its rename.
+Verdict judgeClaim(const std::string& path, const std::string& boot, std::optional<ClaimText>* seen, int* held,
+                   std::string* why) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return errno == ENOENT ? Verdict::kGone : Verdict::kHeld;
+  *seen = parseClaim(readSmall(fd));
+  if (!*seen) {
+    ::close(fd);
+    return Verdict::kHeld;
+  }
+  const ClaimText& c = **seen;
+  if (c.boot != boot || boot == "unknown") {
+    ::close(fd);
+    *why =
+        "it was made on another host (or before this one restarted), where this process cannot tell whether that "
+        "save still runs: if none does, delete that file";
+    return Verdict::kHeld;
+  }
+  bool gone = false;
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+    gone = true;
+  } else if (noFlock(errno)) {
+    gone = ::kill(static_cast<pid_t>(c.pid), 0) != 0 && errno == ESRCH;
+  }
+  if (!gone) {
+    ::close(fd);
+    *why = "that process is alive and holds it: save into another directory, or wait until that run ends";
+    return Verdict::kHeld;
+  }
+  if (!sameFile(fd, path)) {  // replaced meanwhile: judge the new one
+    ::close(fd);
+    return Verdict::kGone;
+  }
+  *held = fd;
+  return Verdict::kStale;
+}
+
+}  // namespace
+
+namespace ckpt {
+
+Status checkSaveClaim(const std::string& dir, uint32_t saveTag) {
+  const std::string path = joinPath(dir, kCheckpointClaimFile);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return Status::ok();
+    return systemError("cannot read the save claim", path, errno);
+  }
+  const std::optional<ClaimText> c = parseClaim(readSmall(fd));
+  ::close(fd);
+  if (c && c->tag == saveTag) return Status::ok();
+  return claimedError(dir, path, c,
+                      libcomm::detail::strCat("this save (tag ", hex32(saveTag),
+                                              ") put nothing in place there; save into another directory"));
+}
+
+}  // namespace ckpt
+
+Result<std::unique_ptr<SaveClaim>> SaveClaim::acquire(const std::string& dir, uint32_t saveTag) {
+  if (saveTag == 0)
+    return libcomm::makeError(StatusCode::kInvalidArgument, "save claim for '", dir, "': save tag 0 (draw one with ",
+                              "newCheckpointSaveTag)");
+  struct stat sb {};
+  const bool existed = ::stat(dir.c_str(), &sb) == 0;
+  LIBCOMM_RETURN_IF_ERROR(ckpt::refuseCompleteCheckpoint(dir, "checkpoint save"));
+  LIBCOMM_RETURN_IF_ERROR(ckpt::makeDirectoryDurably(dir));
+  const std::string path = joinPath(dir, kCheckpointClaimFile);
+  const std::string boot = thisBootId();
+  ClaimText mine;
+  mine.tag = saveTag;
+  mine.pid = ::getpid();
+  mine.since = static_cast<long long>(std::time(nullptr));
+  mine.host = thisHost();
+  mine.boot = boot;
+  const std::string text = formatClaim(mine);
+
+  // Made whole and locked under a temporary name first: a claim that has its final name is always
+  // complete and (where there are locks) locked.
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp =
+      joinPath(dir, libcomm::detail::strCat(".", kCheckpointClaimFile, ".tmp-", ::getpid(), "-", counter++));
+  ckpt::Fd fd(::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  if (fd.get() < 0) return ckpt::systemError("cannot create the save claim", tmp, errno);
+  auto fail = [&](Status st) {
+    ::unlink(tmp.c_str());
+    return st;
+  };
+  if (Status wrote = ckpt::pwriteAll(fd.get(), text.data(), text.size(), 0, tmp); !wrote.isOk()) return fail(wrote);
+  if (::fsync(fd.get()) != 0) return fail(ckpt::systemError("cannot fsync the save claim", tmp, errno));
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0 && !noFlock(errno))
+    return fail(ckpt::systemError("cannot lock the save claim", tmp, errno));
+
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    int err = 0;
+    if (::link(tmp.c_str(), path.c_str()) == 0) break;
+    err = errno;
+    if (err != EEXIST && !noHardLinks(err))
+      return fail(ckpt::systemError("cannot link the save claim '" + tmp + "' to", path, err));
+    std::optional<ClaimText> seen;
+    int held = -1;
+    std::string why;
+    struct stat cb {};
+    if (err != EEXIST && ::lstat(path.c_str(), &cb) != 0) {
+      // No hard links here: moved into place instead, then read back (two claimers may both
+      // move theirs; the last one's stays, and the other finds it is not its own below).
+      if (::rename(tmp.c_str(), path.c_str()) != 0)
+        return fail(ckpt::systemError("cannot move the save claim '" + tmp + "' to", path, errno));
+      LIBCOMM_RETURN_IF_ERROR(ckpt::checkSaveClaim(dir, saveTag));
+      LIBCOMM_RETURN_IF_ERROR(ckpt::fsyncDirectory(dir));
+      return std::unique_ptr<SaveClaim>(new SaveClaim(dir, saveTag, fd.release(), !existed));
+    }
+    const Verdict v = judgeClaim(path, boot, &seen, &held, &why);
+    if (v == Verdict::kGone) continue;
+    if (v == Verdict::kHeld) return fail(claimedError(dir, path, seen, why));
+    // A claim whose holder died on this host: replaced by this one, under the dead one's lock.
+    const bool moved = ::rename(tmp.c_str(), path.c_str()) == 0;
+    const int renameErr = errno;
+    ::close(held);
+    if (!moved) return fail(ckpt::systemError("cannot replace the stale save claim with", path, renameErr));
+    LIBCOMM_RETURN_IF_ERROR(ckpt::fsyncDirectory(dir));
+    std::unique_ptr<SaveClaim> claim(new SaveClaim(dir, saveTag, fd.release(), !existed));
+    claim->replaced_ = "the claim of " + holderText(path, *seen) + ", a process that is gone";
+    return claim;
+  }
+  ::unlink(tmp.c_str());
+  if (!sameFile(fd.get(), path))
+    return libcomm::makeError(StatusCode::kInvalidUsage, "checkpoint directory '", dir,
+                              "': its save claim kept changing hands; is another save starting into it?");
+  LIBCOMM_RETURN_IF_ERROR(ckpt::fsyncDirectory(dir));
+  return std::unique_ptr<SaveClaim>(new SaveClaim(dir, saveTag, fd.release(), !existed));
+}
+
+Status SaveClaim::checkFree(const std::string& dir) {
+  const std::string path = joinPath(dir, kCheckpointClaimFile);
+  std::optional<ClaimText> seen;
+  int held = -1;
+  std::string why;
+  const Verdict v = judgeClaim(path, thisBootId(), &seen, &held, &why);
+  if (held >= 0) ::close(held);
+  return v == Verdict::kHeld ? claimedError(dir, path, seen, why) : Status::ok();
+}
+
+SaveClaim::~SaveClaim() {
+  const std::string path = joinPath(dir_, kCheckpointClaimFile);
+  if (fd_ >= 0 && sameFile(fd_, path)) ::unlink(path.c_str());
+  if (fd_ >= 0) ::close(fd_);
+  if (madeDir_) ::rmdir(dir_.c_str());  // only where nothing else was put into it
+}
+
+}  // namespace libshard
