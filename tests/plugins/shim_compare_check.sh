@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs nccl_calls (MODE: nogpu or gpu) linked to the real NCCL, the same binary with
-# LD_PRELOAD=libcomm_nccl.so, and nccl_calls linked to the shim; their outputs must be identical.
+# LD_PRELOAD=libcomm_nccl.so (also with a second copy of the shim as libnccl.so.2), and nccl_calls
+# linked to the shim; their outputs must be identical.
 # The shim's INFO line "real NCCL: ..." on stderr proves it was in the process.
 #   shim_compare_check.sh MODE REAL_BINARY SHIM_LINKED_BINARY LIBCOMM_NCCL_SO
 # Exit 77 (skipped) when MODE=gpu and there is no device.
@@ -28,7 +29,16 @@ case $shim in
     echo "NOTE: the LD_PRELOAD run is skipped: LD_PRELOAD cannot name '$shim' (it splits on spaces and colons)"
     compared=linked
     ;;
-  *) run preload LD_PRELOAD="$shim" "$real" ;;
+  *)
+    run preload LD_PRELOAD="$shim" "$real"
+    # Two copies of the shim in one process: one under NCCL's name (linked in its place) and one
+    # preloaded. Each must skip the other as a stand-in (they took each other for NCCL and called
+    # each other until the stack ran out).
+    mkdir "$out/copy"
+    cp "$shim" "$out/copy/libnccl.so.2"
+    run copies LD_PRELOAD="$shim" LD_LIBRARY_PATH="$out/copy${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$real"
+    compared="$compared copies"
+    ;;
 esac
 run linked "$linked"
 

@@ -33,7 +33,8 @@ const std::vector<SettingInfo> kSettings = {
     // The NCCL shim (plugins/nccl_shim, libcomm_nccl.so; read there, declared here).
     {"LIBCOMM_SHIM_DISABLE", SettingType::kBool, "0", "libcomm_nccl.so: 1 forwards every NCCL call to the real NCCL"},
     {"LIBCOMM_NCCL_LIBRARY", SettingType::kString, "",
-     "libcomm_nccl.so: path of the real libnccl (empty: one already loaded, else the one found at build time)"},
+     "libcomm_nccl.so: path of the real libnccl (empty: one already loaded, else the one found at build time, "
+     "else libnccl.so.2 on the loader's path)"},
     {"LIBCOMM_SHIM_STORE_DIR", SettingType::kString, "",
      "libcomm_nccl.so: a directory every rank shares, where the ranks of an NCCL communicator meet for libcomm "
      "(empty: through the NCCL communicator itself, rank 0 hosting a TCP store on the address LIBCOMM_SOCKET_IFNAME "

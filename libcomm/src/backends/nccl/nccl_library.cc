@@ -12,7 +12,17 @@
 namespace libcomm::nccl {
 namespace {
 
-std::atomic<const void*> standInBase{nullptr};
+// Every stand-in of the process: a copy of the shim under NCCL's name next to a preloaded one are
+// two (with one slot, the later overwrote the earlier, each took the other for NCCL, and their
+// forwards called each other until the stack ran out).
+constexpr int kMaxStandIns = 16;
+std::atomic<const void*> standInBases[kMaxStandIns];
+
+bool isStandIn(const void* base) {
+  for (const auto& slot : standInBases)
+    if (base != nullptr && slot.load() == base) return true;
+  return false;
+}
 
 // The base address of the shared object containing `address` (nullptr when none).
 const void* objectBase(const void* address) {
@@ -39,8 +49,7 @@ Result<Library> load() {
   }
   auto isNccl = [](void* h) -> std::string {
     const void* version = dlsym(h, "pncclGetVersion");
-    const void* standIn = standInBase.load();
-    if (version != nullptr && standIn != nullptr && objectBase(version) == standIn) {
+    if (version != nullptr && isStandIn(objectBase(version))) {
       Dl_info info{};
       std::string why = std::string("is libcomm's NCCL stand-in (") +
                         (dladdr(version, &info) && info.dli_fname ? info.dli_fname : "?") + "), not NCCL";
@@ -97,6 +106,15 @@ Result<const Library*> backendLibrary() {
 
 const Library* loadedLibrary() { return Loaded::ifLoaded(); }
 
-void declareStandIn(const void* address) { standInBase.store(objectBase(address)); }
+void declareStandIn(const void* address) {
+  const void* base = objectBase(address);
+  if (base == nullptr || isStandIn(base)) return;
+  for (auto& slot : standInBases) {
+    const void* empty = nullptr;
+    if (slot.compare_exchange_strong(empty, base)) return;
+  }
+  LIBCOMM_LOG(kWarn, "nccl") << "more than " << kMaxStandIns
+                             << " NCCL stand-ins in this process: the later ones may be taken for NCCL";
+}
 
 }  // namespace libcomm::nccl

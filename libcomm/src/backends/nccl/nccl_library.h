@@ -79,7 +79,8 @@ Result<const Library*> backendLibrary();
 const Library* loadedLibrary();
 
 /// Marks the shared object that contains `address` as a stand-in for NCCL, never to be loaded as
-/// NCCL. Call before the first library() call (the shim does, from its constructor).
+/// NCCL. Call before the first library() call (the shim does, from its constructor: each copy of
+/// it in a process, under whatever name, is one).
 void declareStandIn(const void* address);
 
 }  // namespace libcomm::nccl
