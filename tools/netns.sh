@@ -24,9 +24,15 @@
 #                                died of it and every other rank exited non-zero (the survivors noticed)
 #         --survivor-rc C        with --kill-rank: survivors must exit with exactly C
 #       Each rank gets LIBCOMM_HOST_ID=host<i> (and the launcher's variables, a per-run secret and
-#       job id); its output lines are prefixed with "[r<rank> host<i>]". Exit status: 0 pass, 1 a
-#       rank failed (each rank's status is listed), 2 usage, 77 namespaces cannot be made here,
-#       124 the run timed out. Every option is checked before anything is made (exit 2).
+#       job id); its output lines are prefixed with "[r<rank> host<i>]". UCX_TLS is tcp unless set:
+#       the namespaces share the kernel's boot id, from which UCX concludes that two processes share
+#       a machine, so with UCX's own choice ranks on different hosts would talk through shared
+#       memory (UCX_TLS=all gives UCX its choice back). Without --kill-rank, the first rank to fail
+#       ends the run: the ranks still running 5 s later are stopped (TERM, then KILL). Exit status:
+#       0 pass, 1 a rank failed (each rank's status is listed, the first to fail named) or the hosts
+#       could not be made, 2 usage, 77 namespaces cannot be made here, 124 the run timed out, 130 or
+#       143 interrupted (SIGINT or SIGTERM, passed on to the caller). Every option is checked before
+#       anything is made (exit 2).
 #   tools/netns.sh sweep
 #       Delete namespaces (and end their processes), their /etc/netns/<ns> files and run directories
 #       (/tmp/shardcomm-netns-<pid>-*) left by runs whose netns.sh (or test script) was killed; run
@@ -35,7 +41,9 @@
 # The bridge lives in its own "switch" namespace and both ends of each veth pair are created inside
 # namespaces, so the root namespace is never touched. Namespace names carry the creating
 # process's pid ("shcn<pid>-sw", "shcn<pid>-h<i>"): concurrent runs do not collide, and names whose
-# pid is gone are stale. Between hosts, /tmp, /dev/shm and process ids are shared; 127.0.0.1 is
+# pid is gone are stale (the prefix "shcn<digits>-" is this script's: sweep deletes such namespaces
+# of dead pids). A run deletes only the namespaces it made, and the shared-memory segments of its
+# job (/dev/shm/shardcomm.*.<job>.*); its ranks get SIGTERM first, so they can write their dumps. Between hosts, /tmp, /dev/shm and process ids are shared; 127.0.0.1 is
 # not (each host has its own loopback), so stores listen on 10.213.0.1.
 set -uo pipefail
 
@@ -58,13 +66,17 @@ unsetLaunchVars() {
 }
 
 # "ip netns add" mounts /run/netns on first use; two runs starting together can trip over that.
+# A name that exists already is not ours: never retried, and never deleted by this run (made lists
+# what it made).
+made=()
 nsAdd() {
-  local _
+  local _ why
   for _ in 1 2 3; do
-    ip netns add "$1" 2> /dev/null && return 0
+    why=$(ip netns add "$1" 2>&1) && { made+=("$1"); return 0; }
+    [ -e "/run/netns/$1" ] && { say "namespace $1 exists already (not made by this run): $why"; return 1; }
     sleep 0.2
   done
-  ip netns add "$1"
+  ip netns add "$1" && made+=("$1")
 }
 
 nsDelete() {  # end every process inside, then delete
@@ -219,6 +231,7 @@ describeRc() {
 runMain() {
   local K=2 R=1 launcher=env store=tcp port=29500 mtu="" timeout=120 kill_rank="" kill_after=""
   local survivor_rc=""
+  [ $# -gt 0 ] || die "run: no options and no command (see -h)"
   while [ $# -gt 0 ]; do
     case "$1" in
       --hosts | --ranks-per-host | --launcher | --store | --port | --mtu | --timeout | --kill-rank | --kill-after-ms | \
@@ -270,12 +283,20 @@ runMain() {
     [ -n "$kill_rank" ] && [ -n "$kill_after" ] || die "run: --kill-rank and --kill-after-ms go together"
     [ "$kill_rank" -lt "$size" ] || die "run: --kill-rank $kill_rank is outside [0, $size)"
   fi
+  [ -z "$survivor_rc" ] || [ -n "$kill_rank" ] || die "run: --survivor-rc needs --kill-rank (it judges the survivors)"
+  command -v "$1" > /dev/null || die "run: '$1' is not a command or an executable file"
+  # The namespaces share the boot id: UCX's own choice would join the hosts by shared memory.
+  if [ -z "${UCX_TLS+set}" ]; then
+    export UCX_TLS=tcp
+  fi
 
   # Cleaned up from here on: the probe's namespace too, if interrupted while it exists.
   P="$kPrefix$$"
   trap cleanup EXIT
-  trap 'say "interrupted"; exit 130' INT
-  trap 'say "terminated"; exit 143' TERM
+  # Cleaned up, then the signal passed on: a calling script (run_matrix.sh) then stops as well
+  # (an exit status of 130 left it believing the signal had been handled, and it went on).
+  trap 'say "interrupted"; cleanup; trap - INT EXIT; kill -INT $$' INT
+  trap 'say "terminated"; cleanup; trap - TERM EXIT; kill -TERM $$' TERM
   local why
   if ! why=$(probe); then
     say "SKIP: $why"
@@ -290,7 +311,7 @@ runMain() {
   run=$(mktemp -d "/tmp/shardcomm-netns-$$-XXXXXX")
   local uts=1
   command -v unshare > /dev/null || { uts=0; say "warning: no unshare: all hosts keep this machine's hostname"; }
-  local secret job
+  local secret
   secret=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
   job="netns-$$-$(od -An -tx1 -N4 /dev/urandom | tr -d ' \n')"
   mkdir -p "$run/store"
@@ -301,7 +322,7 @@ EOF
   # The network.
   local sw="$P-sw" i ns
   nsAdd "$sw" && ip -n "$sw" link set lo up && ip -n "$sw" link add br0 ${mtu:+mtu "$mtu"} type bridge &&
-    ip -n "$sw" link set br0 up || { say "cannot create the switch namespace $sw"; exit 1; }
+    ip -n "$sw" link set br0 up || { say "FAIL: cannot create the switch namespace $sw"; exit 1; }
   for ((i = 0; i < K; i++)); do
     ns="$P-h$i"
     { nsAdd "$ns" && ip -n "$ns" link set lo up &&
@@ -309,10 +330,10 @@ EOF
       { [ -z "$mtu" ] || { ip -n "$sw" link set "p$i" mtu "$mtu" && ip -n "$ns" link set eth0 mtu "$mtu"; }; } &&
       ip -n "$sw" link set "p$i" master br0 up &&
       ip -n "$ns" addr add "$kSubnet.$((i + 1))/24" dev eth0 && ip -n "$ns" link set eth0 up; } ||
-      { say "cannot create host $i ($ns)"; exit 1; }
+      { say "FAIL: cannot create host $i ($ns)"; exit 1; }
   done
-  say "$K hosts x $R ranks ($launcher launcher, $store store${mtu:+, mtu $mtu}): host i is $P-h<i>," \
-      "hostname $P-host<i>, address $kSubnet.<i+1>"
+  say "$K hosts x $R ranks ($launcher launcher, $store store${mtu:+, mtu $mtu}, UCX_TLS=$UCX_TLS): host i is" \
+      "$P-h<i>, hostname $P-host<i>, address $kSubnet.<i+1>"
 
   local started
   started=$(date +%s%N)
@@ -331,6 +352,38 @@ EOF
     for ((i = 0; i < K; i++)); do pids=$(ip netns pids "$P-h$i" 2> /dev/null) && [ -n "$pids" ] && kill -KILL $pids; done
   ) 2> /dev/null &
   watchdog=$!
+  if [ -z "$kill_rank" ]; then
+    # The first rank to fail ends the run: its peers may wait for it until their own deadlines
+    # (a rank that exits, unlike one that dies, may leave them nothing to notice).
+    (
+      while :; do
+        pause 0.2
+        kill -0 $$ 2> /dev/null || exit 0
+        for f in "$run"/rc.*; do
+          v=$(cat "$f" 2> /dev/null)
+          [ -n "$v" ] && [ "$v" != 0 ] && break 2  # empty: being written
+        done
+      done
+      first=$(cd "$run" && for f in $(ls -tr rc.* 2> /dev/null); do
+        v=$(cat "$f" 2> /dev/null)
+        [ -n "$v" ] && [ "$v" != 0 ] && echo "${f#rc.}" && break
+      done)
+      echo "$first" > "$run/first-failure"
+      for ((w = 0; w < 25; w++)); do
+        pause 0.2
+        kill -0 $$ 2> /dev/null || exit 0
+        all=1
+        for ((r = 0; r < size; r++)); do [ -e "$run/rc.$r" ] || all=0; done
+        [ "$all" = 1 ] && exit 0
+      done
+      touch "$run/stopped"
+      echo "netns: rank $first failed; stopping the ranks still running 5 s later"
+      for ((i = 0; i < K; i++)); do pids=$(ip netns pids "$P-h$i" 2> /dev/null) && [ -n "$pids" ] && kill -TERM $pids; done
+      sleep 2
+      for ((i = 0; i < K; i++)); do pids=$(ip netns pids "$P-h$i" 2> /dev/null) && [ -n "$pids" ] && kill -KILL $pids; done
+    ) 2> /dev/null &
+    killer=$!
+  fi
   if [ -n "$kill_rank" ]; then
     (
       while [ ! -s "$run/pid.$kill_rank" ]; do pause 0.05; kill -0 $$ 2> /dev/null || exit 0; done
@@ -399,6 +452,12 @@ EOF
     say "FAIL: timed out after $timeout s"
     exit 124
   fi
+  if [ -s "$run/first-failure" ]; then
+    local first
+    first=$(cat "$run/first-failure")
+    say "first to fail: rank $first on host$((first / R)) ($(describeRc "$(cat "$run/rc.$first" 2> /dev/null)"))$(
+      [ -e "$run/stopped" ] && echo "; the ranks still running 5 s later were stopped")"
+  fi
   if [ "$failed" = 0 ]; then
     say "PASS: $size ranks on $K hosts in ${elapsed} s"
     exit 0
@@ -415,8 +474,22 @@ cleanup() {
   trap '' INT TERM
   [ -n "${watchdog:-}" ] && kill "$watchdog" 2> /dev/null
   [ -n "${killer:-}" ] && kill "$killer" 2> /dev/null
-  local ns
-  for ns in $(ip netns list 2> /dev/null | awk '{print $1}' | grep -E "^$P-(sw|h[0-9]+|probe)$"); do nsDelete "$ns"; done
+  # The ranks first get SIGTERM (they write their flight-recorder dumps and unlink their segments),
+  # then, after up to 2 s, SIGKILL with the namespaces.
+  local ns pids="" p _
+  for ns in "${made[@]}"; do pids+=" $(ip netns pids "$ns" 2> /dev/null)"; done
+  if [ -n "${pids// /}" ]; then
+    kill -TERM $pids 2> /dev/null
+    for _ in $(seq 20); do
+      for p in $pids; do kill -0 "$p" 2> /dev/null && break; p=""; done
+      [ -z "$p" ] && break
+      sleep 0.1
+    done
+  fi
+  for ns in "${made[@]}"; do nsDelete "$ns"; done
+  [ -n "${P:-}" ] && [ -e "/run/netns/$P-probe" ] && nsDelete "$P-probe"
+  # Segments of a rank killed before it could unlink them (their names carry the job id).
+  [ -n "${job:-}" ] && rm -f /dev/shm/shardcomm.*."$job".* 2> /dev/null
   [ -n "${run:-}" ] && rm -rf "$run"
 }
 

@@ -21,7 +21,7 @@
 #   COLLS="all_gather reduce_scatter"  fp32 (sum for reduce_scatter)
 #   MIN_BYTES=64K  MAX_BYTES=64M  FACTOR=2  ITERS=20  WARMUP=5  REPEATS=3  CHECK=1 (check each size's data)
 #   TLS="tcp"                          UCX_TLS values to run, each for every implementation; "default"
-#                                      leaves UCX_TLS unset (see below: not a cross-host figure for Open MPI)
+#                                      is UCX's own choice, UCX_TLS=all (see below: not a cross-host figure)
 #   VARIANTS="shardcomm:"              comm_bench runs, each "LABEL:ITEM,ITEM": an item VAR=value is set for
 #                                      that run's ranks only, an item --flag=value is added to its comm_bench
 #                                      command (no commas or spaces inside an item), e.g.
@@ -41,10 +41,14 @@
 #   SKIP=""                            ours and/or mpi
 #
 # Why UCX_TLS=tcp by default: UCX decides whether two processes share a machine from the kernel's boot
-# id, which the namespaces share, so with UCX_TLS unset Open MPI's ranks on different "hosts" talk through
-# shared memory (sysv, cma). libcomm's UCX endpoints ask for peer error handling, which the shared-memory
-# transports lack in UCX 1.13, so libcomm uses tcp either way. With UCX_TLS=tcp, Open MPI's ranks on one
-# host also talk over tcp (loopback), where libcomm's may use its own shared memory: the table says so.
+# id, which the namespaces share, so with UCX's own choice ranks on different "hosts" talk through shared
+# memory (sysv, cma): Open MPI's, and libcomm's large messages too (its bulk endpoint asks for no peer
+# error handling, so UCX may pick shared memory for it; its small-message endpoint does ask, and stays
+# on tcp). With UCX_TLS=tcp, Open MPI's ranks on one host also talk over tcp (loopback), where libcomm's
+# use its own shared memory within a host; settings.txt records the UCX_TLS of every run.
+#
+# Arguments: none (-h prints this). An interrupted run keeps what it measured: rerun
+# bench/peers/netns_summarize.py --manifest OUT_DIR/runs.tsv on it for the rounds that finished.
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -78,6 +82,12 @@ SKIP=${SKIP:-}
 OUT_DIR=${OUT_DIR:-$BUILD_DIR/netns-compare-$(date +%Y%m%d-%H%M%S)}
 
 say() { echo "netns_compare: $*"; }
+
+case "${1:-}" in
+  "") ;;
+  -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "netns_compare: takes no arguments, only environment variables (-h lists them); got '$1'" >&2; exit 2 ;;
+esac
 skipped() { [[ " $SKIP " == *" $1 "* ]]; }
 
 case $PLACEMENT in oop | ip | both) ;; *) say "PLACEMENT='$PLACEMENT' is not oop, ip or both"; exit 2 ;; esac
@@ -197,7 +207,8 @@ for rep in $(seq 1 "$REPEATS"); do
       for coll in $COLLS; do
         for tls in $TLS; do
           tls_env=()
-          [[ $tls != default ]] && tls_env=("UCX_TLS=$tls")
+          # "default": UCX's own choice, which is UCX_TLS=all (netns.sh sets tcp where UCX_TLS is unset).
+          if [[ $tls == default ]]; then tls_env=("UCX_TLS=all"); else tls_env=("UCX_TLS=$tls"); fi
           if [[ -n $ours ]]; then
             for v in $VARIANTS; do
               label=${v%%:*}

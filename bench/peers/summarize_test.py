@@ -65,6 +65,19 @@ class Summaries(unittest.TestCase):
         self.assertIn("| 1 KiB | 1.000 |", res.stdout)  # the median of the one good round, not of 1 and 100
         self.assertIn("size 1024: 3 wrong", res.stdout)
 
+    def test_netns_wrong_rows_of_a_failed_run_are_reported(self):
+        # comm_bench exits 1 when a row is wrong: that run's wrong row is listed (it used to be skipped
+        # with the whole run, so the section could never show anything), its right row still counts.
+        manifest = self.manifest([
+            {"shape": "2x1", "hosts": 2, "ranks_per_host": 1, "coll": "all_gather", "label": "shardcomm",
+             "kind": "shardcomm", "rep": 1, "rc": 1, "log": "r1.log", "command": "comm_bench round 1",
+             "json": self.jsonl("r1.jsonl", [row("shardcomm", 2.0, 7, size=65536), row("shardcomm", 4.0, 0, size=262144)])}])
+        res = self.run_script("netns_summarize.py", "--manifest", manifest)
+        self.assertEqual(res.returncode, 1, res.stdout + res.stderr)
+        self.assertIn("size 65536: 7 wrong", res.stdout)
+        self.assertIn("| 256 KiB | 4.000 |", res.stdout)
+        self.assertIn("exit 1 (log: r1.log)", res.stdout)
+
     def test_netns_time_tables_give_speed_ratios(self):
         # Ours takes 20 us, Open MPI 40 us: ours is 2x as fast, whatever the busbw fields say.
         manifest = self.manifest([

@@ -7,7 +7,8 @@
 #   killed   (with --kill) a long all_gather; the last rank is SIGKILLed after 2 s and every
 #            survivor must exit with an error within comm_bench's -T deadline, the log must say
 #            that the killed rank was lost, and no survivor may merely have timed out
-# Ranks on different hosts talk over UCX (the ring of libcomm/src/core/cross_host.cc).
+# Ranks on different hosts talk over UCX (the ring of libcomm/src/core/cross_host.cc), on tcp unless
+# UCX_TLS says otherwise (netns.sh's default: UCX's own choice would use shared memory here).
 #
 #   tests/netns/run_matrix.sh [--bench PATH] [--launcher env|torchrun|mpirun] [--shapes "2x2 3x1 2x3"] [--kill]
 #                             [--case-timeout SEC]
@@ -30,6 +31,7 @@ while [ $# -gt 0 ]; do
     --shapes) shapes=$2; shift 2 ;;
     --kill) kill_case=1; shift ;;
     --case-timeout) case_timeout=$2; shift 2 ;;
+    -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_matrix: unknown option '$1' (see the top of $0)" >&2; exit 2 ;;
   esac
 done
