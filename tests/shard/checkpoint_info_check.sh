@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# tools/checkpoint_info on real checkpoints of tinylm: a complete one (its step, world size, notes),
+# verified; the same with a flipped data byte (found only by --verify, exit 1); a directory a save
+# did not finish (shards, no index); a stale claim and a killed writer's temporary; usage errors.
+#   checkpoint_info_check.sh CHECKPOINT_INFO TINYLM
+set -u
+info=$1 tinylm=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+expect() {  # expect RC TEXT -- ARGS...: runs checkpoint_info ARGS, checks its exit status and output
+  local rc=$1 text=$2
+  shift 3
+  out=$("$info" "$@" 2>&1)
+  got=$?
+  [ "$got" = "$rc" ] || fail "checkpoint_info $*: exit $got, wanted $rc: $out"
+  grep -qF -- "$text" <<< "$out" || fail "checkpoint_info $*: no '$text' in: $out"
+}
+
+"$tinylm" -np 2 --steps 1 --seed 5 --save-checkpoint "$tmp/good" > "$tmp/train.log" 2>&1 ||
+  { cat "$tmp/train.log"; fail "tinylm could not save"; }
+expect 0 "complete: step 1, saved by 2 ranks, bf16" -- "$tmp/good"
+expect 0 "tinylm.seed=5" -- "$tmp/good"
+expect 0 "verified: every shard file read" -- --verify "$tmp/good"
+
+cp -r "$tmp/good" "$tmp/flipped"
+shard="$tmp/flipped/rank-1-of-2.shard"
+size=$(stat -c %s "$shard")
+printf '\xff' | dd of="$shard" bs=1 seek=$((size - 5)) conv=notrunc status=none
+expect 0 "complete: step 1" -- "$tmp/flipped"  # the index alone is fine
+expect 1 "verify FAILED" -- --verify "$tmp/flipped"
+
+cp -r "$tmp/good" "$tmp/unfinished"
+rm "$tmp/unfinished/index.txt"
+touch "$tmp/unfinished/.rank-0-of-2.shard.tmp-123-0"
+printf 'shardcomm-save-claim 1\ntag 0x0badf00d\npid 999999999\nhost elsewhere\nboot 0-not-this-one\nsince 1700000000\n' \
+  > "$tmp/unfinished/.save-claim"
+expect 1 "not a complete checkpoint: no index.txt (2 shard file(s) of a save that did not finish" -- "$tmp/unfinished"
+expect 1 "host 'elsewhere'" -- "$tmp/unfinished"
+expect 1 "1 temporary file(s) of killed writers" -- "$tmp/unfinished"
+expect 1 "no such directory" -- "$tmp/nothing"
+expect 2 "unknown option '--bogus'" -- --bogus "$tmp/good"
+expect 2 "no checkpoint directory given" --
+echo "PASS: checkpoint_info reports complete, corrupt and unfinished checkpoints"
