@@ -100,11 +100,15 @@ const char* cliUsage() {
          "                        Checked before training: DIR holds no checkpoint, it or its parent is a\n"
          "                        writable directory with room for this machine's shards, and no live run\n"
          "                        holds it (rank 0 claims DIR, in DIR/.save-claim, until the save is done)\n"
+         "  --save-every N        with --save-checkpoint DIR: also save after every N steps; DIR then holds one\n"
+         "                        checkpoint per save, DIR/step-<8-digit step>, the last at --steps\n"
          "  --load-checkpoint DIR resume from a checkpoint (any world size), up to --steps: the run it continues\n"
          "                        must have the same --precision, --seed, --seq-len, --global-batch, --vocab,\n"
          "                        --dim, --hidden and --layers (checked against the checkpoint's record);\n"
          "                        other --micro-batches, --lr, --weight-decay or --clip are allowed and\n"
-         "                        printed. Every rank must load the same checkpoint (compared)\n"
+         "                        printed. Every rank must load the same checkpoint (compared). A DIR with no\n"
+         "                        checkpoint of its own but step-<k> ones (--save-every's) resumes the newest\n"
+         "                        complete one, so one command line resumes a run again and again\n"
          "  --timeout SECONDS     bound on every wait (default 300); the communicators' op timeout in place of\n"
          "                        LIBCOMM_TIMEOUT_MS (and twice it in place of LIBCOMM_INIT_TIMEOUT_MS)\n"
          "  --simulate            train nothing: predict the step of these flags at -np W ranks (default 1) with\n"
@@ -147,6 +151,7 @@ libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args) {
       {"--steps", intFlag(t.steps, 0)},
       {"--global-batch", intFlag(t.globalBatch, 1)},
       {"--micro-batches", intFlag(t.microBatches, 1)},
+      {"--save-every", intFlag(t.saveEvery, 1)},
       {"--vocab", intFlag(t.model.vocab, 2)},
       {"--dim", intFlag(t.model.dim, 1)},
       {"--hidden", intFlag(t.model.hidden, 1)},
@@ -253,7 +258,8 @@ libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args) {
 
 libcomm::Milliseconds jobDeadline(const CliOptions& o) {
   const TrainOptions& t = o.train;
-  const long long checkpoints = (t.loadCheckpoint.empty() ? 0 : 1) + (t.saveCheckpoint.empty() ? 0 : 1);
+  const long long saves = t.saveCheckpoint.empty() ? 0 : 1 + (t.saveEvery > 0 ? t.steps / t.saveEvery : 0);
+  const long long checkpoints = (t.loadCheckpoint.empty() ? 0 : 1) + saves;
   const libcomm::Milliseconds waits = jobTimeout(t.timeout, t.steps + 4LL + 2 * checkpoints);
   if (checkpoints == 0) return waits;
   const double ioMs = static_cast<double>(checkpointIoAllowance(t, std::max(1, o.numRanks)).count());

@@ -130,7 +130,12 @@ int runRank(CliOptions o) {
     std::printf("tinylm: %d rank%s, %zu step%s, %s%s%s -- %s\n", world, world == 1 ? "" : "s", steps.size(),
                 steps.size() == 1 ? "" : "s", losses,
                 t.eventLogCheck ? ", event log proves rules A, B and the optimizer gate on every step" : "",
-                t.saveCheckpoint.empty() ? "" : (", checkpoint saved to " + t.saveCheckpoint).c_str(),
+                t.saveCheckpoint.empty()           ? ""
+                : t.saveEvery > 0 && steps.empty() ? ", no checkpoint saved (no step to run)"
+                : t.saveEvery > 0                  ? (", checkpoints saved in " + t.saveCheckpoint + " (the last: " +
+                                     stepCheckpointDir(t.saveCheckpoint, static_cast<uint64_t>(t.steps)) + ")")
+                                        .c_str()
+                                  : (", checkpoint saved to " + t.saveCheckpoint).c_str(),
                 verdict.empty() ? "PASS" : ("FAIL: " + verdict).c_str());
     flushStdout();
   }

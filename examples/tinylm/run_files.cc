@@ -197,6 +197,34 @@ Status checkSaveRoom(const std::string& dir, uint64_t stateNumel, int ranksOnMac
                       " ranks of this machine x ", mib(perRank), "): free space there or save elsewhere");
 }
 
+std::string stepCheckpointDir(const std::string& dir, uint64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step-%08llu", static_cast<unsigned long long>(step));
+  return dir + "/" + name;
+}
+
+std::string resolveLoadCheckpoint(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (dir.empty() || fs::exists(fs::symlink_status(fs::path(dir) / libshard::kCheckpointIndexFile, ec)) ||
+      !fs::is_directory(dir, ec))
+    return dir;
+  std::string best;
+  unsigned long long bestStep = 0;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    unsigned long long k = 0;
+    char rest = 0;
+    if (name.rfind("step-", 0) != 0 || std::sscanf(name.c_str(), "step-%llu%c", &k, &rest) != 1) continue;
+    if (!fs::exists(e.path() / libshard::kCheckpointIndexFile, ec)) continue;  // a save that did not finish
+    if (best.empty() || k > bestStep) {
+      best = stepCheckpointDir(dir, k);
+      bestStep = k;
+    }
+  }
+  return best.empty() ? dir : best;
+}
+
 libshard::CheckpointNotes runNotes(const TrainOptions& o) {
   libshard::CheckpointNotes notes{{kRunRecordKey, kRunRecordVersion}};
   for (const RecordedSetting& r : kRecorded) notes[std::string(kRunNotePrefix) + r.key] = r.value(o);

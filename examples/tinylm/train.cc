@@ -2,8 +2,11 @@
 
 #include "tinylm/train.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -140,16 +143,16 @@ Status agreeOnOutcome(libcomm::Bootstrap& boot, const Status& mine, const char* 
 // Rank 0's save tag reaches every rank first (libshard/checkpoint.h): the index then takes no
 // shard file of another save, such as one an interrupted earlier run left at the same step.
 // The tag is that of rank 0's claim on the directory (taken at set-up).
-Status saveSharded(const TrainOptions& o, const libshard::ShardPlan& plan, const libshard::ShardState& state,
-                   libcomm::Bootstrap& boot, const libshard::SaveClaim* claim) {
-  const std::string what = "saving checkpoint '" + o.saveCheckpoint + "'";
+Status saveSharded(const TrainOptions& o, const std::string& dir, const libshard::ShardPlan& plan,
+                   const libshard::ShardState& state, libcomm::Bootstrap& boot, const libshard::SaveClaim* claim) {
+  const std::string what = "saving checkpoint '" + dir + "'";
   const uint32_t mine = claim ? claim->saveTag() : 0;
   std::vector<uint32_t> tags(static_cast<size_t>(boot.size()));
   LIBCOMM_RETURN_IF_ERROR(boot.allGather(&mine, tags.data(), sizeof(mine), libcomm::Deadline::after(o.timeout))
                               .withContext(what + ": sharing its save tag"));
   const uint32_t tag = tags[0];
   const auto t0 = std::chrono::steady_clock::now();
-  const Status shard = libshard::saveCheckpointShard(o.saveCheckpoint, plan, state, tag);
+  const Status shard = libshard::saveCheckpointShard(dir, plan, state, tag);
   if (o.onCheckpointWritten) o.onCheckpointWritten(false);
   const auto ownWrite = std::chrono::duration_cast<libcomm::Milliseconds>(std::chrono::steady_clock::now() - t0);
   const libcomm::Milliseconds others = o.timeout + std::max(ownWrite, checkpointIoAllowance(o, boot.size()));
@@ -157,7 +160,7 @@ Status saveSharded(const TrainOptions& o, const libshard::ShardPlan& plan, const
       agreeOnOutcome(boot, shard, (what + ": writing the shards").c_str(), libcomm::Deadline::after(others)));
   Status index = Status::ok();
   if (boot.rank() == 0) {
-    index = libshard::writeCheckpointIndex(o.saveCheckpoint, plan, tag, runNotes(o));
+    index = libshard::writeCheckpointIndex(dir, plan, tag, runNotes(o));
     if (o.onCheckpointWritten) o.onCheckpointWritten(true);
   }
   const libcomm::Milliseconds allowance = boot.rank() == 0 ? o.timeout : others;
@@ -245,7 +248,36 @@ bool isOptionsError(const Status& st) {
   return st.code() == StatusCode::kInvalidArgument && st.message().rfind("--", 0) == 0;
 }
 
-Status checkRunOptions(const TrainOptions& o, int worldSize, int ranksHere) {
+// The steps after which a run from `firstStep` saves (TrainOptions::saveEvery), its last one
+// included; none without saveCheckpoint, and the end alone without saveEvery.
+std::vector<int> saveSteps(const TrainOptions& o, int firstStep) {
+  std::vector<int> steps;
+  if (o.saveCheckpoint.empty()) return steps;
+  if (o.saveEvery > 0)  // in long long: k + saveEvery may pass INT_MAX
+    for (long long k = (firstStep / o.saveEvery + 1LL) * o.saveEvery; k < o.steps; k += o.saveEvery)
+      steps.push_back(static_cast<int>(k));
+  if (o.saveEvery == 0 || o.steps > firstStep) steps.push_back(o.steps);
+  return steps;
+}
+
+// Every directory --save-every will save into must be new: a run that resumes from step k of a
+// directory saves the later steps beside it, and a step another run saved is refused before training.
+Status checkStepDirectories(const TrainOptions& o, int firstStep) {
+  if (o.saveEvery == 0) return Status::ok();
+  for (int k : saveSteps(o, firstStep)) {
+    const std::string dir = stepCheckpointDir(o.saveCheckpoint, static_cast<uint64_t>(k));
+    struct stat sb {};
+    if (::lstat((dir + "/" + libshard::kCheckpointIndexFile).c_str(), &sb) == 0)
+      return optionsError("--save-every ", o.saveEvery, ": '", dir, "' already holds a checkpoint (of step ", k,
+                          "), which this run would save again; save into another --save-checkpoint directory, or "
+                          "resume from that one");
+  }
+  return Status::ok();
+}
+
+Status checkRunOptions(const TrainOptions& given, int worldSize, int ranksHere) {
+  TrainOptions o = given;
+  o.loadCheckpoint = resolveLoadCheckpoint(given.loadCheckpoint);
   LIBCOMM_RETURN_IF_ERROR(validateTrainOptions(o, worldSize, ranksHere));
   if (!o.saveCheckpoint.empty()) LIBCOMM_RETURN_IF_ERROR(checkSaveDirectory(o.saveCheckpoint));
   uint64_t from = 0;
@@ -262,6 +294,7 @@ Status checkRunOptions(const TrainOptions& o, int worldSize, int ranksHere) {
                  ? optionsError("--save-checkpoint '", o.saveCheckpoint, "': ", free.message())
                  : free;
     LIBCOMM_RETURN_IF_ERROR(checkSaveRoom(o.saveCheckpoint, plan.stateNumel, ranksHere));
+    LIBCOMM_RETURN_IF_ERROR(checkStepDirectories(o, static_cast<int>(std::min<uint64_t>(from, INT_MAX))));
   }
   if (o.eventLogCheck)
     LIBCOMM_RETURN_IF_ERROR(eventLogCapacity(static_cast<size_t>(o.steps - from), plan, o.microBatches).status());
@@ -277,6 +310,11 @@ Status validateTrainOptions(const TrainOptions& o) {
     return invalid("global batch ", o.globalBatch, " is not a multiple of micro-batches ", o.microBatches);
   if (o.prefetchDepth < 1) return invalid("prefetch depth = ", o.prefetchDepth, " (must be >= 1)");
   if (o.timeout.count() <= 0) return invalid("timeout = ", o.timeout.count(), " ms");
+  if (o.saveEvery < 0) return invalid("save every ", o.saveEvery, " steps (must be >= 1, or 0: at the end only)");
+  if (o.saveEvery > 0 && o.saveCheckpoint.empty())
+    return invalid("saving every ", o.saveEvery,
+                   " steps (--save-every) needs a directory to save into "
+                   "(--save-checkpoint)");
   if (o.mode != TrainMode::kFull && (!o.loadCheckpoint.empty() || !o.saveCheckpoint.empty()))
     return invalid(trainModeName(o.mode), " mode trains nothing real: it cannot save or load checkpoints");
   if (o.mode == TrainMode::kComputeOnly && o.eventLogCheck)
@@ -354,8 +392,10 @@ libshard::PlanOptions trainPlanOptions(const TrainOptions& o, int worldSize, int
   return p;
 }
 
-libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstrap& boot, libcomm::Communicator& agComm,
-                                        libcomm::Communicator& rsComm) {
+libcomm::Result<TrainResult> runSharded(const TrainOptions& given, libcomm::Bootstrap& boot,
+                                        libcomm::Communicator& agComm, libcomm::Communicator& rsComm) {
+  TrainOptions o = given;  // the checkpoint it resumes resolved (a directory of --save-every's)
+  o.loadCheckpoint = resolveLoadCheckpoint(given.loadCheckpoint);
   const int world = agComm.size(), rank = agComm.rank();
   LIBCOMM_RETURN_IF_ERROR(validateTrainOptions(o, world));
   if (&agComm == &rsComm || rsComm.size() != world || rsComm.rank() != rank || boot.size() != world ||
@@ -412,6 +452,7 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
     if (at > static_cast<uint64_t>(o.steps))
       return invalid("the checkpoint is at step ", at, ", past --steps ", o.steps);
     result.firstStep = static_cast<int>(at);
+    LIBCOMM_RETURN_IF_ERROR(checkStepDirectories(o, result.firstStep));
 
     libshard::AdamWConfig ac;
     ac.lr = o.adamw.lr;
@@ -458,10 +499,25 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
   const size_t stepsToRun = static_cast<size_t>(o.steps - result.firstStep);
 
   TrainLoop loop(o, *hooks, *adamw, rsComm, maxMicroBatchTokens(o, world));
+  const std::vector<int> saves = saveSteps(o, result.firstStep);
+  auto saveAt = [&](int k) -> Status {
+    const std::string dir =
+        o.saveEvery > 0 ? stepCheckpointDir(o.saveCheckpoint, static_cast<uint64_t>(k)) : o.saveCheckpoint;
+    LIBCOMM_RETURN_IF_ERROR(saveSharded(o, dir, result.plan, pool->state(), boot, claim.get()));
+    if (rank == 0 && o.onNotice && o.saveEvery > 0)
+      o.onNotice("checkpoint of step " + std::to_string(k) + " saved to '" + dir + "'");
+    return Status::ok();
+  };
   for (int s = result.firstStep; s < o.steps; ++s) {
     LIBCOMM_ASSIGN_OR_RETURN(StepRecord rec, loop.step(s));
     result.steps.push_back(rec);
     if (o.onStep) o.onStep(rec);
+    // Between steps the state is whole (the optimizer is done; the next step's leading gathers
+    // only read the compute copy): drained first, then saved as at the end.
+    if (s + 1 < o.steps && std::binary_search(saves.begin(), saves.end(), s + 1)) {
+      if (executor) LIBCOMM_RETURN_IF_ERROR(executor->synchronize());
+      LIBCOMM_RETURN_IF_ERROR(saveAt(s + 1));
+    }
   }
 
   RankSummary mine;
@@ -485,10 +541,8 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
   hooks.reset();
   executor.reset();  // drains its streams before the state is read by a save or freed
 
-  if (!o.saveCheckpoint.empty()) {
-    LIBCOMM_RETURN_IF_ERROR(saveSharded(o, plan, pool->state(), boot, claim.get()));
-    claim.reset();  // the checkpoint is complete: the directory is no longer held
-  }
+  if (!saves.empty() && saves.back() == o.steps) LIBCOMM_RETURN_IF_ERROR(saveAt(o.steps));
+  claim.reset();  // the checkpoints are complete: the directory is no longer held
 
   // The first step pays for first touches and workspace growth; means skip it when there are more.
   const size_t skip = result.steps.size() >= 2 ? 1 : 0;

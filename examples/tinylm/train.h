@@ -178,6 +178,11 @@ struct TrainOptions {
   /// holds it to the end of the save: another run saving into it is refused when it starts. Set-up
   /// also checks there is room for this machine's ranks' shards.
   std::string saveCheckpoint;
+  /// With saveCheckpoint: also save after every saveEvery steps (0: only at the end). The
+  /// directory then holds one checkpoint per save, stepCheckpointDir(saveCheckpoint, k), the last
+  /// at `steps`; every one of them must be new (checked at set-up). A loadCheckpoint that names
+  /// such a directory resumes its newest complete checkpoint (resolveLoadCheckpoint).
+  int saveEvery = 0;
   /// kComputeOnly / kCommOnly: the benchmark baselines described at the top of this file.
   TrainMode mode = TrainMode::kFull;
   /// Bound on every wait: a collective, a hook's wait, the optimizer's allReduce, the ranks'
@@ -283,6 +288,14 @@ inline constexpr int kCheckpointMiBPerSecond = 10;
 /// a load or a save (a peer's I/O may be that much slower than this rank's) and the -np job's
 /// deadline (cli.h).
 libcomm::Milliseconds checkpointIoAllowance(const TrainOptions& options, int worldSize);
+
+/// "<dir>/step-<step, 8 digits>": where --save-every's save after `step` steps goes.
+std::string stepCheckpointDir(const std::string& dir, uint64_t step);
+
+/// The checkpoint a loadCheckpoint of `dir` resumes: `dir` itself when it holds one (its index
+/// exists) or holds no stepCheckpointDir ones; else the complete stepCheckpointDir(dir, k) of the
+/// largest k (a save that did not finish has no index and is passed over).
+std::string resolveLoadCheckpoint(const std::string& dir);
 
 /// Trains as rank agComm.rank() of agComm.size(). Collective over the two communicators (which
 /// must be distinct communicators of the same ranks, on `bootstrap`); every rank passes the same

@@ -8,10 +8,13 @@
 
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <mutex>
 #include <optional>
+#include <thread>
 
 #include "checkpoint_format.h"
 
@@ -122,9 +125,10 @@ enum class Verdict { kHeld, kStale, kGone };
 
 // Opens the claim at `path` and decides whether its holder is gone. On kStale the open file,
 // whose lock this process now holds (where there are locks), is left in `*held` so that nobody
-// else takes the same stale claim over meanwhile; the caller closes it after its rename.
-Verdict judgeClaim(const std::string& path, const std::string& boot, std::optional<ClaimText>* seen, int* held,
-                   std::string* why) {
+// else takes the same stale claim over meanwhile; the caller closes it after its rename. `now`:
+// the time by the claim's filesystem (a file just written there), for another host's claim.
+Verdict judgeClaim(const std::string& path, const std::string& boot, long long now, std::optional<ClaimText>* seen,
+                   int* held, std::string* why) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return errno == ENOENT ? Verdict::kGone : Verdict::kHeld;
   *seen = parseClaim(readSmall(fd));
@@ -134,10 +138,18 @@ Verdict judgeClaim(const std::string& path, const std::string& boot, std::option
   }
   const ClaimText& c = **seen;
   if (c.boot != boot || boot == "unknown") {
+    // Its lock says nothing here: its refreshes do.
+    struct stat sb {};
+    const long long age = ::fstat(fd, &sb) == 0 ? now - static_cast<long long>(sb.st_mtime) : 0;
+    if (age > SaveClaim::kSaveClaimStaleSeconds && sameFile(fd, path)) {
+      *held = fd;
+      return Verdict::kStale;
+    }
     ::close(fd);
-    *why =
-        "it was made on another host (or before this one restarted), where this process cannot tell whether that "
-        "save still runs: if none does, delete that file";
+    *why = libcomm::detail::strCat("it was made on another host (or before this one restarted) and refreshed ", age,
+                                   " s ago: a save into it runs there (a claim is refreshed every ",
+                                   SaveClaim::kSaveClaimRefreshSeconds, " s, and taken over once not refreshed for ",
+                                   SaveClaim::kSaveClaimStaleSeconds, " s); if none runs, delete that file");
     return Verdict::kHeld;
   }
   bool gone = false;
@@ -233,14 +245,18 @@ Result<std::unique_ptr<SaveClaim>> SaveClaim::acquire(const std::string& dir, ui
       LIBCOMM_RETURN_IF_ERROR(ckpt::fsyncDirectory(dir));
       return std::unique_ptr<SaveClaim>(new SaveClaim(dir, saveTag, fd.release(), !existed));
     }
-    const Verdict v = judgeClaim(path, boot, &seen, &held, &why);
+    struct stat mine {};
+    const long long now = ::fstat(fd.get(), &mine) == 0 ? static_cast<long long>(mine.st_mtime) : std::time(nullptr);
+    const Verdict v = judgeClaim(path, boot, now, &seen, &held, &why);
     if (v == Verdict::kGone) continue;
     if (v == Verdict::kHeld) return fail(claimedError(dir, path, seen, why));
-    // A claim whose holder died on this host: replaced by this one, under the dead one's lock.
+    // A claim whose holder is gone: replaced by this one (under the dead one's lock, where there
+    // is one). Two takers of another host's claim may both rename: the claim read back says who won.
     const bool moved = ::rename(tmp.c_str(), path.c_str()) == 0;
     const int renameErr = errno;
     ::close(held);
     if (!moved) return fail(ckpt::systemError("cannot replace the stale save claim with", path, renameErr));
+    LIBCOMM_RETURN_IF_ERROR(ckpt::checkSaveClaim(dir, saveTag));
     LIBCOMM_RETURN_IF_ERROR(ckpt::fsyncDirectory(dir));
     std::unique_ptr<SaveClaim> claim(new SaveClaim(dir, saveTag, fd.release(), !existed));
     claim->replaced_ = "the claim of " + holderText(path, *seen) + ", a process that is gone";
@@ -259,12 +275,40 @@ Status SaveClaim::checkFree(const std::string& dir) {
   std::optional<ClaimText> seen;
   int held = -1;
   std::string why;
-  const Verdict v = judgeClaim(path, thisBootId(), &seen, &held, &why);
+  const Verdict v = judgeClaim(path, thisBootId(), static_cast<long long>(std::time(nullptr)), &seen, &held, &why);
   if (held >= 0) ::close(held);
   return v == Verdict::kHeld ? claimedError(dir, path, seen, why) : Status::ok();
 }
 
+// Touches the claim every kSaveClaimRefreshSeconds while it lives: another host tells a live
+// claim from a dead one's by that (a free lock says nothing there).
+struct SaveClaim::Refresher {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+  std::thread thread;
+
+  explicit Refresher(int fd)
+      : thread([this, fd] {
+          std::unique_lock<std::mutex> hold(mu);
+          while (!cv.wait_for(hold, std::chrono::seconds(kSaveClaimRefreshSeconds), [this] { return stop; }))
+            ::futimens(fd, nullptr);
+        }) {}
+  ~Refresher() {
+    {
+      std::lock_guard<std::mutex> hold(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    thread.join();
+  }
+};
+
+SaveClaim::SaveClaim(std::string dir, uint32_t tag, int fd, bool madeDir)
+    : dir_(std::move(dir)), tag_(tag), fd_(fd), madeDir_(madeDir), refresher_(std::make_unique<Refresher>(fd)) {}
+
 SaveClaim::~SaveClaim() {
+  refresher_.reset();  // before the descriptor it touches is closed
   const std::string path = joinPath(dir_, kCheckpointClaimFile);
   if (fd_ >= 0 && sameFile(fd_, path)) ::unlink(path.c_str());
   if (fd_ >= 0) ::close(fd_);

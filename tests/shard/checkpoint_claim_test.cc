@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <string>
 
@@ -90,10 +91,11 @@ TEST(CheckpointClaim, ASecondSaveIntoAClaimedDirectoryIsRefusedBeforeWriting) {
 }
 
 // A claim whose holder died on this host (same boot id, lock free) is taken over and the new claim
-// says whose it was; one made on another host is never taken over (a free lock there says nothing
-// on a filesystem that keeps locks per host): the error names that host and the file to delete.
-// An unreadable claim is refused too.
-TEST(CheckpointClaim, AClaimOfADeadRunIsTakenOverOnlyOnItsHost) {
+// says whose it was; one made on another host is taken over only once it has not been refreshed
+// for kSaveClaimStaleSeconds (a free lock there says nothing on a filesystem that keeps locks per
+// host): until then the error names that host and how long ago it was refreshed. An unreadable
+// claim is refused.
+TEST(CheckpointClaim, AClaimOfADeadRunIsTakenOverAtOnceOnItsHostElsewhereOnceStale) {
   TempDir tmp;
   const std::string dead = tmp.sub("dead"), remote = tmp.sub("remote"), junk = tmp.sub("junk");
   const long pid = deadPid();
@@ -110,9 +112,20 @@ TEST(CheckpointClaim, AClaimOfADeadRunIsTakenOverOnlyOnItsHost) {
   auto refused = SaveClaim::acquire(remote, 78);
   ASSERT_FALSE(refused.isOk());
   EXPECT_EQ(refused.status().code(), StatusCode::kInvalidUsage);
-  expectHas(refused.status(), {"node-17", "another host", "delete that file", kCheckpointClaimFile});
+  expectHas(refused.status(),
+            {"node-17", "another host", "refreshed ", " s ago", "delete that file", kCheckpointClaimFile});
   EXPECT_TRUE(fs::exists(remote + "/" + kCheckpointClaimFile));
   EXPECT_EQ(SaveClaim::checkFree(remote).code(), StatusCode::kInvalidUsage);
+  // Not refreshed for longer than kSaveClaimStaleSeconds (its holder's node died): taken over, so
+  // that a job requeued on another node can save there again.
+  const auto old = fs::last_write_time(remote + "/" + kCheckpointClaimFile) -
+                   std::chrono::seconds(SaveClaim::kSaveClaimStaleSeconds + 60);
+  fs::last_write_time(remote + "/" + kCheckpointClaimFile, old);
+  EXPECT_TRUE(SaveClaim::checkFree(remote).isOk());
+  auto requeued = SaveClaim::acquire(remote, 80);
+  ASSERT_TRUE(requeued.isOk()) << requeued.status().toString();
+  EXPECT_NE((*requeued)->replaced().find("node-17"), std::string::npos) << (*requeued)->replaced();
+  requeued->reset();
 
   fs::create_directories(junk);
   std::ofstream(junk + "/" + kCheckpointClaimFile) << "garbage\n";

@@ -551,6 +551,46 @@ TEST(TinyLmTrainThreads, RanksThatLoadedDifferentCheckpointsRefuseToTrain) {
   EXPECT_EQ(stepsRun.load(), 0);
 }
 
+// --save-every: a checkpoint after every N steps, each in its own step-<k> directory, the last at
+// --steps; saving between steps leaves the training as it was (the same losses bit for bit as a
+// run without saves); a resume that names the directory takes its newest complete checkpoint
+// (one that did not finish is passed over) and continues bit for bit; a step directory another
+// run saved is refused at set-up.
+void expectRefusedAtSetUp(TrainOptions o, const std::string& want, int world);  // below
+
+TEST(TinyLmTrainThreads, SavesEveryNStepsAndResumesTheNewest) {
+  namespace fs = std::filesystem;
+  TempDir tmp;
+  TrainOptions plain = tinyOptions(Precision::kFp32, 6);
+  const RunOutput whole = train(plain, 2, Mode::kThreads);
+  TrainOptions o = tinyOptions(Precision::kFp32, 5);
+  o.saveCheckpoint = tmp.sub("run");
+  o.saveEvery = 2;
+  const RunOutput first = train(o, 2, Mode::kThreads);
+  ASSERT_EQ(first.steps, 5);
+  for (int s = 0; s < 5; ++s) EXPECT_EQ(first.loss[s], whole.loss[s]) << "step " << s;
+  for (int k : {2, 4, 5})
+    EXPECT_TRUE(libshard::verifyCheckpoint(tinylm::stepCheckpointDir(o.saveCheckpoint, k)).isOk()) << k;
+  EXPECT_FALSE(fs::exists(tinylm::stepCheckpointDir(o.saveCheckpoint, 3)));
+  EXPECT_FALSE(fs::exists(o.saveCheckpoint + "/" + libshard::kCheckpointClaimFile));
+  // A later save that did not finish (shards, no index) is not the newest.
+  fs::create_directories(tinylm::stepCheckpointDir(o.saveCheckpoint, 7));
+  EXPECT_EQ(tinylm::resolveLoadCheckpoint(o.saveCheckpoint), tinylm::stepCheckpointDir(o.saveCheckpoint, 5));
+  EXPECT_EQ(tinylm::resolveLoadCheckpoint(tmp.sub("none")), tmp.sub("none"));
+  TrainOptions resume = tinyOptions(Precision::kFp32, 6);
+  resume.loadCheckpoint = o.saveCheckpoint;
+  const RunOutput rest = train(resume, 2, Mode::kThreads);
+  ASSERT_EQ(rest.firstStep, 5);
+  EXPECT_EQ(rest.loss[0], whole.loss[5]);
+  // Saving again into the directory would write step 6 beside the others (fine) -- but a run from
+  // step 0 would save step 2 again: refused before training.
+  TrainOptions again = tinyOptions(Precision::kFp32, 3);
+  again.saveCheckpoint = o.saveCheckpoint;
+  again.saveEvery = 2;
+  expectRefusedAtSetUp(again, "already holds a checkpoint (of step 2)", 2);
+  EXPECT_TRUE(tinylm::isOptionsError(tinylm::checkRunOptions(again, 2, 2)));
+}
+
 // The save's room is checked at set-up: a filesystem without space for this machine's shards
 // fails the flag before training (a full disk used to fail the run at its end).
 TEST(TinyLmTrainThreads, ASaveWithoutRoomIsRefusedBeforeTraining) {

@@ -122,12 +122,14 @@ inline constexpr const char* kCheckpointClaimFile = ".save-claim";
 /// claim.
 ///
 /// The claim is the file kCheckpointClaimFile: tag, pid, host, boot id and time, made whole under
-/// a temporary name and linked into place, and flock'ed by its holder for as long as it lives. A
-/// claim whose holder has gone (killed before it let go) is taken over where that can be told: it
-/// was made on this host (same boot id) and its lock is free (where the filesystem has no flock:
-/// its pid is gone). A claim made on another host is never taken over -- locks on a shared
-/// filesystem may be kept per host, so a free lock says nothing there -- and the error says which
-/// host and pid hold it and which file to delete once no save into the directory runs.
+/// a temporary name and linked into place, flock'ed by its holder for as long as it lives, and
+/// refreshed (its modification time) every kSaveClaimRefreshSeconds by a thread of the holder. A
+/// claim whose holder has gone (killed before it let go) is taken over: at once where that can be
+/// told -- made on this host (same boot id) and its lock free (where the filesystem has no flock:
+/// its pid gone) --, and, made on another host (where locks on a shared filesystem may be kept per
+/// host, so a free lock says nothing), once it has not been refreshed for kSaveClaimStaleSeconds,
+/// by the filesystem's clock (a job requeued on another node after its node died). Until then the
+/// error says which host and pid hold it, and since when.
 /// Reentrant; one object per save.
 class SaveClaim {
  public:
@@ -151,14 +153,18 @@ class SaveClaim {
   /// empty when the directory was free.
   const std::string& replaced() const { return replaced_; }
 
+  static constexpr int kSaveClaimRefreshSeconds = 30;
+  static constexpr int kSaveClaimStaleSeconds = 300;
+
  private:
-  SaveClaim(std::string dir, uint32_t tag, int fd, bool madeDir)
-      : dir_(std::move(dir)), tag_(tag), fd_(fd), madeDir_(madeDir) {}
+  SaveClaim(std::string dir, uint32_t tag, int fd, bool madeDir);
+  struct Refresher;
   std::string dir_;
   uint32_t tag_;
   int fd_;  // open on the claim file, holding its flock
   bool madeDir_;
   std::string replaced_;
+  std::unique_ptr<Refresher> refresher_;  // the thread that keeps the claim's time fresh
 };
 
 /// Phase 1 of a save, on every rank: writes this rank's shard file of `state` (laid out by `plan`,
