@@ -241,6 +241,17 @@ Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap
                                   "accumulate take the two-level algorithm; accumulating all_reduces, broadcast and "
                                   "barrier have only the ring form and take it";
   const int ranksHere = static_cast<int>(impl->hosts_.ranks[impl->hosts_.hostOf[impl->rank_]].size());
+  // The launcher's count of the ranks on this host against the ranks that report this host id:
+  // ranks in separate containers or network namespaces of one machine share its boot id (and often
+  // its hostname) and look like one host unless each sets LIBCOMM_HOST_ID. Said once per host, by
+  // its first rank.
+  if (const int launcherSays = localSizeFromEnvironment();
+      launcherSays > 0 && launcherSays != ranksHere && impl->hosts_.localRank[impl->rank_] == 0)
+    LIBCOMM_LOG(kWarn, "init") << "rank " << impl->rank_ << ": " << ranksHere << " rank(s) report host id '"
+                               << hostIds[impl->rank_] << "', but the launcher says " << launcherSays
+                               << " share this host (its local size variable): ranks in separate containers or "
+                                  "network namespaces of one machine are one host to libcomm (shared memory between "
+                                  "them) unless each sets LIBCOMM_HOST_ID";
   const WaitPolicies waits = chooseWaitPolicies(config, std::max(ranksHere, ranksOnMachine), usableCpuCount());
   impl->blockingWait_ = waits.blocking;
   impl->progressWait_ = waits.progress;
