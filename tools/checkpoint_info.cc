@@ -45,6 +45,21 @@ std::string sizeText(uintmax_t bytes) {
   return buf;
 }
 
+// `s` with control characters and non-ASCII bytes as \xNN (a note may hold any byte).
+std::string printable(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
 // Files a killed writer left (".<name>.tmp-<pid>-<n>"), and shard files, by name.
 struct Listing {
   std::vector<std::string> temporaries;
@@ -98,11 +113,29 @@ bool report(const std::string& dir, bool verify) {
                 x.indexCrc);
     std::printf("  model: %zu parameters, %zu elements; %zu state elements per rank (alignment %zu B)\n", x.numParams,
                 x.paramNumel, x.stateNumel, x.alignmentBytes);
+    // Each shard file the index lists, there and of the size it records (what a load needs before
+    // it reads a byte; --verify reads them all).
     uintmax_t total = 0;
-    for (const std::string& f : x.files) total += fs::file_size(fs::path(dir) / f, ec);
+    for (size_t i = 0; i < x.files.size(); ++i) {
+      const uintmax_t bytes = fs::file_size(fs::path(dir) / x.files[i], ec);
+      if (ec) {
+        ok = false;
+        std::printf("  shard file %s: %s: the checkpoint cannot be loaded\n", x.files[i].c_str(), ec.message().c_str());
+        continue;
+      }
+      total += bytes;
+      if (bytes != x.fileBytes[i]) {
+        ok = false;
+        std::printf(
+            "  shard file %s is %ju bytes, the index says %llu: truncated or rewritten; the checkpoint "
+            "cannot be loaded\n",
+            x.files[i].c_str(), bytes, static_cast<unsigned long long>(x.fileBytes[i]));
+      }
+    }
     std::printf("  shard files: %zu, %s in all\n", x.files.size(), sizeText(total).c_str());
     std::string notes;
-    for (const auto& [key, value] : x.notes) notes += (notes.empty() ? "" : ", ") + key + "=" + value;
+    for (const auto& [key, value] : x.notes)
+      notes += (notes.empty() ? "" : ", ") + printable(key) + "=" + printable(value);
     std::printf("  notes: %s\n", notes.empty() ? "none (the saving program recorded no settings)" : notes.c_str());
     if (verify) {
       const libcomm::Status v = libshard::verifyCheckpoint(dir);
@@ -116,8 +149,9 @@ bool report(const std::string& dir, bool verify) {
   }
   if (fs::exists(fs::path(dir) / libshard::kCheckpointClaimFile, ec)) {
     const libcomm::Status free = libshard::SaveClaim::checkFree(dir);
-    std::printf("  save claim: %s\n",
-                free.isOk() ? "left by a process that is gone (the next save takes it over)" : free.message().c_str());
+    const char* gone = ok ? "left by a process that is gone (harmless beside a complete checkpoint: delete it)"
+                          : "left by a process that is gone (the next save that claims the directory takes it over)";
+    std::printf("  save claim: %s\n", free.isOk() ? gone : free.message().c_str());
   }
   if (!files.temporaries.empty())
     std::printf("  %zu temporary file(s) of killed writers, %s (e.g. %s): delete them once no save into it runs\n",

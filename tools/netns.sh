@@ -298,6 +298,11 @@ runMain() {
   trap 'say "interrupted"; cleanup; trap - INT EXIT; kill -INT $$' INT
   trap 'say "terminated"; cleanup; trap - TERM EXIT; kill -TERM $$' TERM
   local why
+  if [ -e "/run/netns/$P-probe" ]; then
+    say "FAIL: namespace $P-probe exists already (not made by this run); delete it, or run from another shell"
+    exit 1
+  fi
+  probe_ns_ours=1
   if ! why=$(probe); then
     say "SKIP: $why"
     exit $kSkip
@@ -348,7 +353,7 @@ EOF
     touch "$run/timed-out"
     echo "netns: timeout: still running after ${timeout} s; killing every rank"
     for ((i = 0; i < K; i++)); do pids=$(ip netns pids "$P-h$i" 2> /dev/null) && [ -n "$pids" ] && kill -TERM $pids; done
-    sleep 2
+    pause 2
     for ((i = 0; i < K; i++)); do pids=$(ip netns pids "$P-h$i" 2> /dev/null) && [ -n "$pids" ] && kill -KILL $pids; done
   ) 2> /dev/null &
   watchdog=$!
@@ -379,7 +384,7 @@ EOF
       touch "$run/stopped"
       echo "netns: rank $first failed; stopping the ranks still running 5 s later"
       for ((i = 0; i < K; i++)); do pids=$(ip netns pids "$P-h$i" 2> /dev/null) && [ -n "$pids" ] && kill -TERM $pids; done
-      sleep 2
+      pause 2
       for ((i = 0; i < K; i++)); do pids=$(ip netns pids "$P-h$i" 2> /dev/null) && [ -n "$pids" ] && kill -KILL $pids; done
     ) 2> /dev/null &
     killer=$!
@@ -487,9 +492,16 @@ cleanup() {
     done
   fi
   for ns in "${made[@]}"; do nsDelete "$ns"; done
-  [ -n "${P:-}" ] && [ -e "/run/netns/$P-probe" ] && nsDelete "$P-probe"
-  # Segments of a rank killed before it could unlink them (their names carry the job id).
+  # The probe's namespace, left by a probe interrupted before it deleted it (only when no namespace
+  # of that name was there before: it is this run's then).
+  [ "${probe_ns_ours:-0}" = 1 ] && [ -e "/run/netns/$P-probe" ] && nsDelete "$P-probe"
+  # Segments of a rank killed before it could unlink them: their names carry the job id (env and
+  # mpirun launches, the file store) or, in any case, the creating rank's pid.
   [ -n "${job:-}" ] && rm -f /dev/shm/shardcomm.*."$job".* 2> /dev/null
+  local f
+  for f in "${run:-/nonexistent}"/pid.*; do
+    [ -s "$f" ] && rm -f /dev/shm/shardcomm."$(cat "$f")".* 2> /dev/null
+  done
   [ -n "${run:-}" ] && rm -rf "$run"
 }
 

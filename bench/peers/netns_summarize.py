@@ -127,7 +127,8 @@ def main():
             out.append(f"### {coll}, {shape_words(shape)}, UCX_TLS={tls}, {where}")
             out.append("")
             if tls == "default":
-                out.append("UCX_TLS unset: the namespaces share the kernel's boot id, so UCX uses shared memory "
+                out.append("UCX_TLS=all (UCX's own choice): the namespaces share the kernel's boot id, so UCX uses "
+                           "shared memory "
                            "(sysv, cma) between them -- for Open MPI and for shardcomm's bulk endpoint alike: **not** "
                            "a cross-host figure.")
                 out.append("")

@@ -275,9 +275,8 @@ libcomm::Result<ResumePoint> checkResume(const TrainOptions& o) {
   std::string where = libshard::kCheckpointIndexFile;
   if (const auto version = info->notes.find(kRunRecordKey); version != info->notes.end()) {
     if (version->second != kRunRecordVersion)
-      return libcomm::makeError(StatusCode::kInvalidArgument, "tinylm trainer: the checkpoint in '", dir,
-                                "' holds a tinylm record of version ", version->second, "; this tinylm reads version ",
-                                kRunRecordVersion, " (a newer tinylm saved it?)");
+      return optionsError("--load-checkpoint '", dir, "': holds a tinylm record of version ", version->second,
+                          "; this tinylm reads version ", kRunRecordVersion, " (a newer tinylm saved it?)");
     const std::string prefix = kRunNotePrefix;
     for (const auto& [key, value] : info->notes)
       if (key.compare(0, prefix.size(), prefix) == 0) record[key.substr(prefix.size())] = value;
@@ -310,6 +309,7 @@ libcomm::Result<ResumePoint> checkResume(const TrainOptions& o) {
     return optionsError("--steps ", o.steps, ": the checkpoint in '", dir, "' is at step ", info->step,
                         ", past it; train to --steps ", info->step, " or more");
   point.step = info->step;
+  point.indexCrc = info->indexCrc;
   return point;
 }
 

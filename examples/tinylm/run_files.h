@@ -37,6 +37,7 @@ struct ResumePoint {
   uint64_t step = 0;
   std::string changed;
   std::string notice;  // what could not be checked (a checkpoint with no tinylm record); empty: none
+  uint32_t indexCrc = 0;  // of the index checked: the load must read the same one
 };
 
 /// An options error unless options.loadCheckpoint holds a checkpoint this run may resume: its

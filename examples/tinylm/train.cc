@@ -418,6 +418,7 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& given, libcomm::Boot
   std::vector<std::string> notices;            // for rank 0's onNotice
   std::unique_ptr<libshard::SaveClaim> claim;  // rank 0's, to the end of the save
   libshard::CheckpointInfo loaded;
+  uint32_t checkedIndexCrc = 0;  // the index checkResume read
   Status setup = [&]() -> Status {
     if (!o.saveCheckpoint.empty()) {
       LIBCOMM_RETURN_IF_ERROR(checkSaveDirectory(o.saveCheckpoint));
@@ -435,6 +436,7 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& given, libcomm::Boot
     if (!o.loadCheckpoint.empty()) {
       LIBCOMM_ASSIGN_OR_RETURN(const ResumePoint point, checkResume(o));
       resumeChanges = point.changed;
+      checkedIndexCrc = point.indexCrc;
       if (!point.notice.empty()) notices.push_back(point.notice);
     }
     LIBCOMM_ASSIGN_OR_RETURN(result.plan, planRank(o, world, rank, spec, o.ranksOnMachine));
@@ -446,6 +448,12 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& given, libcomm::Boot
     if (!o.loadCheckpoint.empty()) {
       Status st = libshard::loadCheckpoint(o.loadCheckpoint, plan, pool->state(), &loaded);
       if (!st.isOk()) return st.withContext("tinylm trainer: resuming from '" + o.loadCheckpoint + "'");
+      // The settings were checked against the index read then; a link switched since names another.
+      if (loaded.indexCrc != checkedIndexCrc)
+        return libcomm::makeError(StatusCode::kInvalidArgument, "tinylm trainer: resuming from '", o.loadCheckpoint,
+                                  "': its index changed between the check of its settings and the load (crc32c ",
+                                  libcomm::detail::strCat(std::hex, checkedIndexCrc), ", then ",
+                                  libcomm::detail::strCat(std::hex, loaded.indexCrc), "): start again");
     }
     // Compared before the narrowing: a step past INT_MAX must not wrap into range.
     const uint64_t at = pool->state().step;

@@ -256,10 +256,11 @@ Status saveCheckpoint(const std::string& dir, const std::vector<ShardPlan>& plan
                                 plans[r].options.rank, " of ", plans[r].options.worldSize);
     if (!states[r]) return libcomm::makeError(StatusCode::kInvalidArgument, "checkpoint save: states[", r, "] is null");
   }
-  const uint32_t tag = newCheckpointSaveTag();
+  // Claimed like any save (a stale claim of a killed run is taken over; a live one refuses).
+  LIBCOMM_ASSIGN_OR_RETURN(std::unique_ptr<SaveClaim> claim, SaveClaim::acquire(dir, newCheckpointSaveTag()));
   for (size_t r = 0; r < plans.size(); ++r)
-    LIBCOMM_RETURN_IF_ERROR(saveCheckpointShard(dir, plans[r], *states[r], tag));
-  return writeCheckpointIndex(dir, plans[0], tag);
+    LIBCOMM_RETURN_IF_ERROR(saveCheckpointShard(dir, plans[r], *states[r], claim->saveTag()));
+  return writeCheckpointIndex(dir, plans[0], claim->saveTag());
 }
 
 Status verifyCheckpoint(const std::string& dir) {
@@ -286,7 +287,10 @@ CheckpointInfo infoOf(const CheckpointIndex& x) {
   info.stateNumel = x.stateNumel;
   info.numParams = x.params.size();
   for (const LayoutParam& p : x.params) info.paramNumel += p.numel;
-  for (const ShardFileEntry& e : x.files) info.files.push_back(e.file);
+  for (const ShardFileEntry& e : x.files) {
+    info.files.push_back(e.file);
+    info.fileBytes.push_back(e.bytes);
+  }
   info.notes = x.notes;
   info.indexCrc = x.crc;
   return info;

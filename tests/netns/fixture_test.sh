@@ -68,6 +68,29 @@ grep -q "rank 1 on host1 (10.213.0.2): exit 5 (FAIL)" "$log"
 check "the failing rank's status is reported" 0 $?
 check "a failing run cleans up" "0 namespaces, 0 processes" "$(leftovers "$pid")"
 
+# The first rank to fail ends the run: the others (waiting for it, as a peer in a collective
+# would) are stopped 5 s later, not at --timeout; the verdict names the first to fail.
+t0=$SECONDS
+start --hosts 2 --timeout 60 -- sh -c "[ \$LIBCOMM_RANK = 1 ] && exit 3; sleep 50 # $tag"
+finish
+check "a rank's failure ends the run, not the timeout" "1, within 20 s" "$rc, $([ $((SECONDS - t0)) -lt 20 ] && echo within 20 s || echo after $((SECONDS - t0)) s)"
+grep -q "first to fail: rank 1 on host1 (exit 3); the ranks still running 5 s later were stopped" "$log"
+check "the first rank to fail is named" 0 $?
+check "a run ended by a failure cleans up" "0 namespaces, 0 processes" "$(leftovers "$pid")"
+
+# Its ranks' shared-memory segments go with the run (a rank killed at the timeout cannot unlink them).
+start --hosts 1 --ranks-per-host 2 --timeout 2 -- sh -c "touch /dev/shm/shardcomm.\$\$.netns-test.r\$LIBCOMM_RANK; sleep 30 # $tag"
+finish
+check "the ranks' segments are removed" 0 "$(ls /dev/shm 2> /dev/null | grep -c '^shardcomm\..*\.netns-test\.')"
+
+# A namespace of the run's name that it did not make is named, and left alone with its processes.
+bash -c "ip netns add shcn\$\$-h1 && exec $netns run --hosts 2 -- true" > "$log" 2>&1
+rc=$?
+foreign=$(sed -n 's/.*namespace \(shcn[0-9]*-h1\) exists already.*/\1/p' "$log" | head -1)
+check "a run whose namespace exists fails" "1, named" "$rc, $([ -n "$foreign" ] && echo named || echo unnamed)"
+check "it leaves that namespace" kept "$([ -n "$foreign" ] && [ -e "/run/netns/$foreign" ] && echo kept || echo gone)"
+[ -n "$foreign" ] && ip netns del "$foreign"
+
 start --hosts 2 --timeout 1 -- sh -c "sleep 30 # $tag"
 finish
 check "a run past --timeout" 124 "$rc"

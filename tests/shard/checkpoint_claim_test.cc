@@ -3,12 +3,16 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "checkpoint_test_util.h"
 
@@ -132,6 +136,47 @@ TEST(CheckpointClaim, AClaimOfADeadRunIsTakenOverAtOnceOnItsHostElsewhereOnceSta
   refused = SaveClaim::acquire(junk, 79);
   ASSERT_FALSE(refused.isOk());
   expectHas(refused.status(), {"cannot read", "delete that file"});
+}
+
+// A dead run's claim whose lock another process holds for a moment (checkpoint_info checking it,
+// or another run taking it over) is not "alive": a claimer waits for the lock and takes it over
+// (it was refused, naming the dead pid as alive). A save that does not claim is told that the
+// holder is gone and how to go on; saveCheckpoint claims, and takes it over.
+TEST(CheckpointClaim, ADeadRunsClaimBusyForAMomentIsTakenOverAndSaidToBeStale) {
+  const ModelSpec model = testModel(2, 5, 11);
+  TempDir tmp;
+  const std::string dir = tmp.sub("busy");
+  char host[256] = {};
+  ASSERT_EQ(::gethostname(host, sizeof(host) - 1), 0);
+  const long pid = deadPid();
+  writeClaim(dir, pid, host, bootId());
+  const std::string path = dir + "/" + kCheckpointClaimFile;
+  const int checker = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(checker, 0);
+  ASSERT_EQ(::flock(checker, LOCK_EX | LOCK_NB), 0);
+  EXPECT_TRUE(SaveClaim::checkFree(dir).isOk());  // its holder is gone
+  std::thread release([checker] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ::close(checker);
+  });
+  auto claim = SaveClaim::acquire(dir, 91);
+  release.join();
+  ASSERT_TRUE(claim.isOk()) << claim.status().toString();
+  EXPECT_NE((*claim)->replaced().find("pid " + std::to_string(pid)), std::string::npos);
+  claim->reset();
+
+  World w = makeWorld(model, 2, 16, 0.0f);
+  for (int r = 0; r < 2; ++r) fillState(w.plans[r], *w.states[r], 2);
+  writeClaim(dir, pid, host, bootId());
+  const Status st = saveCheckpointShard(dir, w.plans[0], w.states[0]->view, 5);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidUsage);
+  expectHas(st, {"its holder is gone", "takes it over", "delete that file"});
+  std::vector<const ShardState*> states;
+  for (auto& s : w.states) states.push_back(&s->view);
+  const Status saved = saveCheckpoint(dir, w.plans, states);
+  ASSERT_TRUE(saved.isOk()) << saved.toString();
+  EXPECT_TRUE(verifyCheckpoint(dir).isOk());
+  EXPECT_FALSE(fs::exists(path));
 }
 
 // The caller's notes are kept in the index under its checksum (version 2) and come back from

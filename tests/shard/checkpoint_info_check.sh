@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tools/checkpoint_info on real checkpoints of tinylm: a complete one (its step, world size, notes),
 # verified; the same with a flipped data byte (found only by --verify, exit 1); a directory a save
-# did not finish (shards, no index); a stale claim and a killed writer's temporary; usage errors.
+# did not finish (shards, no index) with another host's live claim and a killed writer's temporary;
+# a missing shard file (found without --verify); a claim of a dead process; usage errors.
 #   checkpoint_info_check.sh CHECKPOINT_INFO TINYLM
 set -u
 info=$1 tinylm=$2
@@ -38,6 +39,16 @@ printf 'shardcomm-save-claim 1\ntag 0x0badf00d\npid 999999999\nhost elsewhere\nb
 expect 1 "not a complete checkpoint: no index.txt (2 shard file(s) of a save that did not finish" -- "$tmp/unfinished"
 expect 1 "host 'elsewhere'" -- "$tmp/unfinished"
 expect 1 "1 temporary file(s) of killed writers" -- "$tmp/unfinished"
+cp -r "$tmp/good" "$tmp/missing"
+rm "$tmp/missing/rank-1-of-2.shard"
+expect 1 "shard file rank-1-of-2.shard: No such file or directory: the checkpoint cannot be loaded" -- "$tmp/missing"
+# A claim of this host whose holder is gone (a reaped child's pid).
+sh -c 'exit 0' &
+dead=$!
+wait $dead
+printf 'shardcomm-save-claim 1\ntag 0x0badf00d\npid %s\nhost %s\nboot %s\nsince 1700000000\n' "$dead" "$(hostname)" \
+  "$(cat /proc/sys/kernel/random/boot_id)" > "$tmp/good/.save-claim"
+expect 0 "save claim: left by a process that is gone (harmless beside a complete checkpoint" -- "$tmp/good"
 expect 1 "no such directory" -- "$tmp/nothing"
 expect 2 "unknown option '--bogus'" -- --bogus "$tmp/good"
 expect 2 "no checkpoint directory given" --

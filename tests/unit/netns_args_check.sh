@@ -47,6 +47,7 @@ refused "--survivor-rc 'x' is not a whole number" --kill-rank 0 --kill-after-ms 
 refused "unknown option '--bogus'" --bogus 1
 refused "--ranks-per-host 999999999 is outside [1, 64]" --ranks-per-host 999999999
 refused "--survivor-rc 300 is no exit status (0 to 255)" --kill-rank 0 --kill-after-ms 5 --survivor-rc 300
+refused "--survivor-rc needs --kill-rank" --survivor-rc 3
 # Help is an answer, not an error (it exited 2).
 for args in "--help" "-h" "run --help"; do
   # shellcheck disable=SC2086
@@ -58,6 +59,13 @@ rm -f "$work/calls"
 out=$(PATH="$work/bin:$PATH" "$netns" run --port 2>&1)
 rc=$?
 [ "$rc" = 2 ] && [[ "$out" == *"--port needs a value"* ]] || bad "run --port (no value): exit $rc: $out"
+
+# A command that does not exist is refused before anything is made.
+rm -f "$work/calls"
+out=$(PATH="$work/bin:$PATH" "$netns" run -- /nonexistent/program 2>&1)
+rc=$?
+[ "$rc" = 2 ] && [[ "$out" == *"'/nonexistent/program' is not a command"* ]] && [ ! -e "$work/calls" ] ||
+  bad "run -- /nonexistent/program: exit $rc: $out"
 
 # In range, the options pass the checks and the run goes on to probe (the stub ip then fails it:
 # skip, 77), having made nothing.

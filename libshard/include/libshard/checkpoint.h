@@ -117,9 +117,11 @@ inline constexpr const char* kCheckpointClaimFile = ".save-claim";
 /// writes nothing), not after both trained, when the two would replace each other's shard files.
 /// Rank 0 acquires it (one claim per save) and passes its saveTag() to every rank's
 /// saveCheckpointShard and to writeCheckpointIndex: those refuse (kInvalidUsage) a directory
-/// claimed for another tag, before writing and again just before each file is moved into place.
-/// A save without a claim is not refused by them, so every writer into shared directories should
-/// claim.
+/// claimed for another tag, before writing and again just before each file is moved into place
+/// (which narrows the window to the rename itself: a shard of a dead save that still lands after
+/// another save's index is reported by a load as rewritten after the index). A save without a
+/// claim is not refused by them where there is no claim, so every writer into shared directories
+/// should claim. Indexes with notes (format 2) are not readable by builds from before notes.
 ///
 /// The claim is the file kCheckpointClaimFile: tag, pid, host, boot id and time, made whole under
 /// a temporary name and linked into place, flock'ed by its holder for as long as it lives, and
@@ -134,8 +136,9 @@ inline constexpr const char* kCheckpointClaimFile = ".save-claim";
 class SaveClaim {
  public:
   /// Claims `dir` for a save tagged `saveTag` (newCheckpointSaveTag; never 0), creating `dir`
-  /// (its parent must exist) when it is missing. kInvalidUsage when another save holds it, or when
-  /// it already holds a complete checkpoint; kSystemError when the claim cannot be made.
+  /// (its parent must exist) when it is missing. kInvalidUsage when another save holds it;
+  /// kInvalidArgument when it already holds a complete checkpoint; kSystemError when the claim
+  /// cannot be made.
   static libcomm::Result<std::unique_ptr<SaveClaim>> acquire(const std::string& dir, uint32_t saveTag);
   /// OK when acquire could claim `dir` now as far as its claim tells: none, or one whose holder is
   /// gone; else acquire's kInvalidUsage. Claims nothing (a launcher's check before it starts the
@@ -186,8 +189,8 @@ libcomm::Status writeCheckpointIndex(const std::string& dir, const ShardPlan& pl
                                      const CheckpointNotes& notes = {});
 
 /// Both phases for a world whose ranks all live in this process (tests, tools, single-process
-/// trainers): plans[r] and states[r] belong to rank r. Refuses a directory holding a checkpoint,
-/// as above.
+/// trainers): plans[r] and states[r] belong to rank r, under a SaveClaim of its own. Refuses a
+/// directory holding a checkpoint, as above, or claimed by a live save.
 libcomm::Status saveCheckpoint(const std::string& dir, const std::vector<ShardPlan>& plans,
                                const std::vector<const ShardState*>& states);
 
@@ -202,6 +205,7 @@ struct CheckpointInfo {
   size_t numParams = 0;
   size_t paramNumel = 0;           // sum of the parameters' numel (no padding)
   std::vector<std::string> files;  // shard file names, rank order
+  std::vector<uint64_t> fileBytes;  // their sizes, as the index records them
   CheckpointNotes notes;           // writeCheckpointIndex's notes
   uint32_t indexCrc = 0;           // the index's own CRC32C: two checkpoints differ in it
 };
