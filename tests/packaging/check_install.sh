@@ -10,15 +10,16 @@ cmake --install "$build_dir" --prefix "$work/prefix" > "$work/install.log"
 cmake -S "$src_dir/consumer" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$work/prefix" > "$work/configure.log"
 cmake --build "$work/cmake-build" > "$work/build.log"
 LD_LIBRARY_PATH="$work/prefix/lib:$work/prefix/lib64:${LD_LIBRARY_PATH:-}" "$work/cmake-build/consumer"
-# The tools that go with the package: installed executable, and they run from the prefix.
-for tool in comm_info flight_merge; do
+# The tools that go with the package: installed executable, and they run from the prefix as they are
+# (no LD_LIBRARY_PATH: they find the libraries beside them).
+for tool in comm_info shm_cleanup checkpoint_info flight_merge; do
   [ -x "$work/prefix/bin/$tool" ] || { echo "check_install: $work/prefix/bin/$tool missing or not executable" >&2; exit 1; }
+  env -u LD_LIBRARY_PATH "$work/prefix/bin/$tool" --help > "$work/$tool.log" 2>&1 ||
+    { echo "check_install: the installed $tool does not run:" >&2; cat "$work/$tool.log" >&2; exit 1; }
 done
-"$work/prefix/bin/flight_merge" --help > "$work/flight_merge.log" ||
-  { echo "check_install: the installed flight_merge does not run:" >&2; cat "$work/flight_merge.log" >&2; exit 1; }
 pcdir=$(dirname "$(find "$work/prefix" -name shardcomm.pc | head -1)")
 flags=$(PKG_CONFIG_PATH="$pcdir" pkg-config --cflags --libs shardcomm)
 # shellcheck disable=SC2086
-g++ "$src_dir/consumer/main.cc" -o "$work/consumer-pc" $flags -pthread
+g++ -std=c++20 "$src_dir/consumer/main.cc" -o "$work/consumer-pc" $flags -pthread
 LD_LIBRARY_PATH="$work/prefix/lib:$work/prefix/lib64:${LD_LIBRARY_PATH:-}" "$work/consumer-pc"
 echo "check_install: ok"

@@ -457,7 +457,7 @@ TEST(CommConfig, AHostIdMustBePrintable) {
   CommConfig c;
   c.hostId = "node-7.rack~2/0f3a9c1e";
   EXPECT_TRUE(c.validate().isOk()) << c.validate().toString();
-  for (const std::string bad : {std::string("ab\ncd"), std::string("ab\x1b[31m"), std::string("caf\xc3\xa9")}) {
+  for (const std::string& bad : {std::string("ab\ncd"), std::string("ab\x1b[31m"), std::string("caf\xc3\xa9")}) {
     c.hostId = bad;
     const libcomm::Status st = c.validate();
     EXPECT_EQ(st.code(), libcomm::StatusCode::kInvalidArgument) << st.toString();

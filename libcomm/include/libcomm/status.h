@@ -56,7 +56,14 @@ class [[nodiscard]] Status {
   std::shared_ptr<const Rep> rep_;
 };
 
-/// Either a value or an error Status.
+namespace detail {
+/// Result::value() on an error: prints the error to stderr and aborts (a program that skipped the
+/// check learns what failed, where std::get's exception said only "wrong index for variant").
+[[noreturn]] void valueOfAnError(const Status& status);
+}  // namespace detail
+
+/// Either a value or an error Status. value() on an error aborts, printing the error: check
+/// isOk() first.
 template <typename T>
 class [[nodiscard]] Result {
  public:
@@ -67,9 +74,18 @@ class [[nodiscard]] Result {
   explicit operator bool() const { return isOk(); }
   /// The error, or an OK status when a value is held.
   Status status() const { return isOk() ? Status::ok() : std::get<Status>(v_); }
-  T& value() & { return std::get<T>(v_); }
-  const T& value() const& { return std::get<T>(v_); }
-  T&& value() && { return std::get<T>(std::move(v_)); }
+  T& value() & {
+    if (!isOk()) detail::valueOfAnError(std::get<Status>(v_));
+    return std::get<T>(v_);
+  }
+  const T& value() const& {
+    if (!isOk()) detail::valueOfAnError(std::get<Status>(v_));
+    return std::get<T>(v_);
+  }
+  T&& value() && {
+    if (!isOk()) detail::valueOfAnError(std::get<Status>(v_));
+    return std::get<T>(std::move(v_));
+  }
   T* operator->() { return &value(); }
   T& operator*() & { return value(); }
 

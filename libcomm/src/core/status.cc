@@ -1,5 +1,7 @@
 #include "libcomm/status.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "libcomm/types.h"
@@ -68,6 +70,15 @@ const char* reduceOpName(ReduceOp op) {
   return "?";
 }
 
-const char* versionString() { return "0.1.0"; }
+const char* versionString() { return LIBCOMM_VERSION_STRING; }
+
+namespace detail {
+void valueOfAnError(const Status& status) {
+  std::fprintf(stderr, "libcomm: Result::value() called on an error (check isOk() first): %s\n",
+               status.toString().c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+}  // namespace detail
 
 }  // namespace libcomm

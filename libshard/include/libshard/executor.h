@@ -97,10 +97,10 @@ struct BasicTensorView {
   Elem<uint16_t>* bf16() const {
     return dtype == libcomm::DataType::kBFloat16 ? static_cast<Elem<uint16_t>*>(data) : nullptr;
   }
-  /// A writable view reads as a read-only one (never the other way).
-  operator BasicTensorView<const void>() const
-    requires(!std::is_const_v<Byte>)
-  {
+  /// A writable view reads as a read-only one (never the other way). A template, so that the
+  /// read-only view declares no conversion to itself (nvcc warns of one, even when constrained).
+  template <typename To>
+  requires(!std::is_const_v<Byte> && std::is_same_v<To, BasicTensorView<const void>>) operator To() const {
     return {name, shape, kind, dtype, data, numel};
   }
 };

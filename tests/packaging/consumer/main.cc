@@ -1,10 +1,12 @@
 // Two ranks as threads, one all_gather, checked: proves the installed headers and library work.
-// Everything comes through <libcomm/libcomm.h> alone, as the README tells users.
+// Everything comes through <libcomm/libcomm.h> alone, as the README tells users; a libshard header
+// proves shardcomm::shard's target carries the C++ standard its headers need.
 #include <cstdio>
 #include <thread>
 #include <vector>
 
 #include <libcomm/libcomm.h>
+#include <libshard/executor.h>  // C++20 (std::span, concepts): the target must ask for it
 
 int main() {
   auto boots = libcomm::createInProcessBootstraps(2);
