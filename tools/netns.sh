@@ -220,6 +220,15 @@ pause() {
 }
 
 # ---- the whole run --------------------------------------------------------------------------------
+# Ends every process in the run's hosts: SIGTERM, then after 2 s SIGKILL (the watchdog's and the
+# first-failure stop; K and P are the run's).
+stopRanks() {
+  local i pids
+  for ((i = 0; i < K; i++)); do pids=$(ip netns pids "$P-h$i" 2> /dev/null) && [ -n "$pids" ] && kill -TERM $pids; done
+  pause 2
+  for ((i = 0; i < K; i++)); do pids=$(ip netns pids "$P-h$i" 2> /dev/null) && [ -n "$pids" ] && kill -KILL $pids; done
+}
+
 describeRc() {
   local rc=$1
   if [ -z "$rc" ]; then echo "no exit status (never started, or its wrapper was killed)"
@@ -352,9 +361,7 @@ EOF
     done
     touch "$run/timed-out"
     echo "netns: timeout: still running after ${timeout} s; killing every rank"
-    for ((i = 0; i < K; i++)); do pids=$(ip netns pids "$P-h$i" 2> /dev/null) && [ -n "$pids" ] && kill -TERM $pids; done
-    pause 2
-    for ((i = 0; i < K; i++)); do pids=$(ip netns pids "$P-h$i" 2> /dev/null) && [ -n "$pids" ] && kill -KILL $pids; done
+    stopRanks
   ) 2> /dev/null &
   watchdog=$!
   if [ -z "$kill_rank" ]; then
@@ -383,9 +390,7 @@ EOF
       done
       touch "$run/stopped"
       echo "netns: rank $first failed; stopping the ranks still running 5 s later"
-      for ((i = 0; i < K; i++)); do pids=$(ip netns pids "$P-h$i" 2> /dev/null) && [ -n "$pids" ] && kill -TERM $pids; done
-      pause 2
-      for ((i = 0; i < K; i++)); do pids=$(ip netns pids "$P-h$i" 2> /dev/null) && [ -n "$pids" ] && kill -KILL $pids; done
+      stopRanks
     ) 2> /dev/null &
     killer=$!
   fi
