@@ -20,16 +20,18 @@ std::mutex gOwnErrorMu;
 char gOwnError[kOwnErrorBytes] = "";
 std::atomic<bool> gOwnErrorNewest{false};  // the shim's error is newer than NCCL's (process-wide, too)
 
-// `fresh`: the text, NUL-padded to the buffer's end. `quietIfSame`: an error already in the buffer
-// is made the newest again without another WARN line (a watchdog polls the same asynchronous error
-// many times a second).
-void recordText(const char (&fresh)[kOwnErrorBytes], bool quietIfSame) noexcept {
+// `fresh`: the text, NUL-padded to the buffer's end. An error already in the buffer is made the
+// newest again without another WARN line: a watchdog polls the same asynchronous error many times
+// a second, and a program whose every call fails the same way (no real NCCL to load) wrote a line
+// per call, where NCCL itself stays silent. A different error is written, and the same one again
+// after it.
+void recordText(const char (&fresh)[kOwnErrorBytes]) noexcept {
   {
     std::lock_guard<std::mutex> lock(gOwnErrorMu);
     const bool same = std::strcmp(fresh, gOwnError) == 0;
     if (!same) std::memcpy(gOwnError, fresh, sizeof(fresh));
     gOwnErrorNewest.store(true);
-    if (same && quietIfSame) return;
+    if (same) return;
   }
   try {
     LIBCOMM_LOG(kWarn, "shim") << fresh;
@@ -37,7 +39,7 @@ void recordText(const char (&fresh)[kOwnErrorBytes], bool quietIfSame) noexcept 
   }
 }
 
-void record(const char* function, const libcomm::Status& status, bool quietIfSame = false) noexcept {
+void record(const char* function, const libcomm::Status& status) noexcept {
   // Zeroed first: the buffer is read without the lock, as NCCL's is, and a reader that meets a copy
   // halfway must still find a NUL -- past the text every byte is one, and the last byte always is
   // (snprintf cuts what does not fit and ends it with a NUL).
@@ -47,7 +49,7 @@ void record(const char* function, const libcomm::Status& status, bool quietIfSam
   } catch (...) {  // the text could not be made: the code's name stands in for it
     std::snprintf(fresh, sizeof(fresh), "libcomm_nccl: %s: %s", function, libcomm::statusCodeName(status.code()));
   }
-  recordText(fresh, quietIfSame);
+  recordText(fresh);
 }
 
 }  // namespace
@@ -74,7 +76,7 @@ ncclResult_t failWithText(const char* function, libcomm::StatusCode code, const 
   char fresh[kOwnErrorBytes] = {};
   std::snprintf(fresh, sizeof(fresh), "libcomm_nccl: %s: %s: %s%s%s", function, libcomm::statusCodeName(code), what,
                 detail ? ": " : "", detail ? detail : "");
-  recordText(fresh, false);
+  recordText(fresh);
   const int n = static_cast<int>(code);
   if (code == libcomm::StatusCode::kTimeout) return ncclRemoteError;
   if (n <= 0 || n >= ncclNumResults || n == static_cast<int>(ncclInProgress)) return ncclInternalError;
@@ -83,7 +85,7 @@ ncclResult_t failWithText(const char* function, libcomm::StatusCode code, const 
 
 void noteError(const char* function, const libcomm::Status& status) { record(function, status); }
 
-void noteAsyncError(const char* function, const libcomm::Status& status) { record(function, status, true); }
+void noteAsyncError(const char* function, const libcomm::Status& status) { record(function, status); }
 
 const char* ownLastError() { return gOwnErrorNewest.load() ? gOwnError : nullptr; }
 

@@ -35,7 +35,7 @@ ncclResult_t failWithText(const char* function, libcomm::StatusCode code, const 
                           const char* detail = nullptr) noexcept;
 /// The same record and WARN line, for a failure the call does not return (its result stands).
 void noteError(const char* function, const libcomm::Status& status);
-/// noteError for an asynchronous error polled again and again: logged once while it stays the same.
+/// noteError, for an asynchronous error polled again and again (every error is logged once while it stays the newest).
 void noteAsyncError(const char* function, const libcomm::Status& status);
 /// The shim's last error (of any thread), or nullptr when NCCL's is newer (or there is none). The
 /// buffer is the process's: the pointer stays valid, its text changes with the next error.
