@@ -148,11 +148,17 @@ libcomm::Result<std::optional<RunInfo>> readRunInfo(const std::string& dir) {
 // cannot be created (saveCheckpointShard creates it; its parent must exist) or written. Only a
 // probe is created here, and removed at once, so the save's own durable mkdir is the one that
 // makes the directory.
-Status checkSaveDirectory(const std::string& dir) {
+bool holdsCheckpoint(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   // symlink_status: an index that is a link (dangling too) counts, as it does for the save (lstat).
-  if (fs::exists(fs::symlink_status(fs::path(dir) / libshard::kCheckpointIndexFile, ec)))
+  return fs::exists(fs::symlink_status(fs::path(dir) / libshard::kCheckpointIndexFile, ec));
+}
+
+Status checkSaveDirectory(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (holdsCheckpoint(dir))
     return optionsError("--save-checkpoint '", dir, "' already holds a checkpoint (", libshard::kCheckpointIndexFile,
                         " exists); save into a fresh directory");
   if (fs::is_symlink(fs::symlink_status(dir, ec)) && !fs::exists(fs::status(dir, ec)))
@@ -177,15 +183,14 @@ Status checkSaveDirectory(const std::string& dir) {
   return probeWritable(dir, where, true);
 }
 
-Status checkSaveRoom(const std::string& dir, uint64_t stateNumel, int ranksOnMachine) {
+Status checkSaveRoom(const std::string& dir, uint64_t shardFileBytes, int ranksOnMachine) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::path where = dir;
   if (!fs::is_directory(where, ec)) where = where.parent_path().empty() ? fs::path(".") : where.parent_path();
   const fs::space_info space = fs::space(where, ec);
   if (ec) return Status::ok();  // not measurable here (the save's own errors still say why it failed)
-  // A shard file: 64-byte header, a 4-byte checksum per 1 MiB chunk (padded), then master, m, v.
-  const uint64_t perRank = 12 * stateNumel + 128 + 4 * (3 * stateNumel / (uint64_t{1} << 18) + 1);
+  const uint64_t perRank = shardFileBytes;
   const uint64_t need = perRank * static_cast<uint64_t>(std::max(1, ranksOnMachine));
   if (space.available >= need) return Status::ok();
   auto mib = [](uint64_t b) {
@@ -206,9 +211,7 @@ std::string stepCheckpointDir(const std::string& dir, uint64_t step) {
 std::string resolveLoadCheckpoint(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (dir.empty() || fs::exists(fs::symlink_status(fs::path(dir) / libshard::kCheckpointIndexFile, ec)) ||
-      !fs::is_directory(dir, ec))
-    return dir;
+  if (dir.empty() || holdsCheckpoint(dir) || !fs::is_directory(dir, ec)) return dir;
   std::string best;
   unsigned long long bestStep = 0;
   for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {

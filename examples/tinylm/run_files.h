@@ -21,15 +21,20 @@ libcomm::Status optionsError(const char* flag, Args&&... args) {
   return libcomm::makeError(libcomm::StatusCode::kInvalidArgument, flag, std::forward<Args>(args)...);
 }
 
+/// Whether `dir` holds a complete checkpoint as a save sees it: its index is there, even as a link
+/// to nothing (a save refuses it).
+bool holdsCheckpoint(const std::string& dir);
+
 /// An options error unless a save into `dir` can succeed as far as can be told before it: `dir`
 /// holds no checkpoint and is a directory, or its parent is; creating there what the save will
 /// create (a probe, removed at once) works.
 libcomm::Status checkSaveDirectory(const std::string& dir);
 
 /// An options error unless the filesystem of `dir` (or of its parent, before the save makes it)
-/// has room for the shard files of `ranksOnMachine` ranks of `stateNumel` elements each (every
-/// rank of this machine saving there; a shared filesystem may need more, which this cannot see).
-libcomm::Status checkSaveRoom(const std::string& dir, uint64_t stateNumel, int ranksOnMachine);
+/// has room for the shard files of `ranksOnMachine` ranks, `shardFileBytes` each
+/// (libshard::checkpointShardFileBytes; every rank of this machine saving there: a shared
+/// filesystem may need more, which this cannot see).
+libcomm::Status checkSaveRoom(const std::string& dir, uint64_t shardFileBytes, int ranksOnMachine);
 
 /// Where a resume starts: the checkpoint's step, and the settings this run changes against the run
 /// that saved it ("--lr 0.003 -> 0.001, --clip 1 -> 0.5"; empty when none or unrecorded).

@@ -2,8 +2,6 @@
 
 #include "tinylm/train.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -167,6 +165,20 @@ Status saveSharded(const TrainOptions& o, const std::string& dir, const libshard
   return agreeOnOutcome(boot, index, (what + ": writing its index").c_str(), libcomm::Deadline::after(allowance));
 }
 
+// "0x1a2b3c4d": an index's checksum, as the errors name it.
+std::string crcText(uint32_t crc) {
+  char text[16];
+  std::snprintf(text, sizeof(text), "0x%08x", crc);
+  return text;
+}
+
+// A claim refused because another save holds --save-checkpoint (kInvalidUsage) is the flag's error
+// (exit 2, found before any step); anything else is the claim's own failure.
+Status claimRefusal(const std::string& dir, const Status& st) {
+  return st.code() == StatusCode::kInvalidUsage ? optionsError("--save-checkpoint '", dir, "': ", st.message())
+                                                : st.withContext("tinylm trainer: claiming '" + dir + "' for the save");
+}
+
 // Each rank resolves --load-checkpoint itself: a path through a link that was switched while the
 // job started names two checkpoints, and the ranks would train on a mix of them, each shard from
 // another run. The index each rank's load read (its checksum and step) must be rank 0's.
@@ -183,10 +195,8 @@ Status agreeOnLoadedCheckpoint(const TrainOptions& o, libcomm::Bootstrap& boot,
       boot.allGather(&mine, all.data(), sizeof(Loaded), libcomm::Deadline::after(o.timeout))
           .withContext("resuming from '" + o.loadCheckpoint + "': comparing what each rank loaded"));
   auto text = [](const Loaded& l) {
-    char crc[16];
-    std::snprintf(crc, sizeof(crc), "%08x", l.indexCrc);
     return libcomm::detail::strCat("the checkpoint at step ", l.step, " saved by ", l.worldSize,
-                                   " ranks (index crc32c 0x", crc, ")");
+                                   " ranks (index crc32c ", crcText(l.indexCrc), ")");
   };
   for (size_t r = 1; r < all.size(); ++r)
     if (all[r].indexCrc != all[0].indexCrc || all[r].step != all[0].step || all[r].worldSize != all[0].worldSize)
@@ -266,8 +276,7 @@ Status checkStepDirectories(const TrainOptions& o, int firstStep) {
   if (o.saveEvery == 0) return Status::ok();
   for (int k : saveSteps(o, firstStep)) {
     const std::string dir = stepCheckpointDir(o.saveCheckpoint, static_cast<uint64_t>(k));
-    struct stat sb {};
-    if (::lstat((dir + "/" + libshard::kCheckpointIndexFile).c_str(), &sb) == 0)
+    if (holdsCheckpoint(dir))
       return optionsError("--save-every ", o.saveEvery, ": '", dir, "' already holds a checkpoint (of step ", k,
                           "), which this run would save again; save into another --save-checkpoint directory, or "
                           "resume from that one");
@@ -290,10 +299,8 @@ Status checkRunOptions(const TrainOptions& given, int worldSize, int ranksHere) 
   if (!o.saveCheckpoint.empty()) {
     // Rank 0 claims the directory at set-up; a run that holds it now is found before any rank starts.
     if (Status free = libshard::SaveClaim::checkFree(o.saveCheckpoint); !free.isOk())
-      return free.code() == StatusCode::kInvalidUsage
-                 ? optionsError("--save-checkpoint '", o.saveCheckpoint, "': ", free.message())
-                 : free;
-    LIBCOMM_RETURN_IF_ERROR(checkSaveRoom(o.saveCheckpoint, plan.stateNumel, ranksHere));
+      return claimRefusal(o.saveCheckpoint, free);
+    LIBCOMM_RETURN_IF_ERROR(checkSaveRoom(o.saveCheckpoint, libshard::checkpointShardFileBytes(plan), ranksHere));
     LIBCOMM_RETURN_IF_ERROR(checkStepDirectories(o, static_cast<int>(std::min<uint64_t>(from, INT_MAX))));
   }
   if (o.eventLogCheck)
@@ -424,10 +431,7 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& given, libcomm::Boot
       LIBCOMM_RETURN_IF_ERROR(checkSaveDirectory(o.saveCheckpoint));
       if (rank == 0) {
         auto c = libshard::SaveClaim::acquire(o.saveCheckpoint, libshard::newCheckpointSaveTag());
-        if (!c.isOk())
-          return c.status().code() == StatusCode::kInvalidUsage
-                     ? optionsError("--save-checkpoint '", o.saveCheckpoint, "': ", c.status().message())
-                     : c.status().withContext("tinylm trainer: claiming '" + o.saveCheckpoint + "' for the save");
+        if (!c.isOk()) return claimRefusal(o.saveCheckpoint, c.status());
         claim = std::move(c).value();
         if (!claim->replaced().empty())
           notices.push_back("--save-checkpoint '" + o.saveCheckpoint + "': took over " + claim->replaced());
@@ -442,7 +446,8 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& given, libcomm::Boot
     LIBCOMM_ASSIGN_OR_RETURN(result.plan, planRank(o, world, rank, spec, o.ranksOnMachine));
     const libshard::ShardPlan& plan = result.plan;
     if (!o.saveCheckpoint.empty())
-      LIBCOMM_RETURN_IF_ERROR(checkSaveRoom(o.saveCheckpoint, plan.stateNumel, o.ranksOnMachine));
+      LIBCOMM_RETURN_IF_ERROR(
+          checkSaveRoom(o.saveCheckpoint, libshard::checkpointShardFileBytes(plan), o.ranksOnMachine));
     LIBCOMM_ASSIGN_OR_RETURN(pool, libshard::BufferPool::create(plan, agComm, rsComm));
     initMasterShard(o.model, o.seed, plan, pool->state());
     if (!o.loadCheckpoint.empty()) {
@@ -452,8 +457,7 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& given, libcomm::Boot
       if (loaded.indexCrc != checkedIndexCrc)
         return libcomm::makeError(StatusCode::kInvalidArgument, "tinylm trainer: resuming from '", o.loadCheckpoint,
                                   "': its index changed between the check of its settings and the load (crc32c ",
-                                  libcomm::detail::strCat(std::hex, checkedIndexCrc), ", then ",
-                                  libcomm::detail::strCat(std::hex, loaded.indexCrc), "): start again");
+                                  crcText(checkedIndexCrc), ", then ", crcText(loaded.indexCrc), "): start again");
     }
     // Compared before the narrowing: a step past INT_MAX must not wrap into range.
     const uint64_t at = pool->state().step;

@@ -94,6 +94,21 @@ class ShardedSource final : public ParamSource {
   uint64_t clock_ = 0;
 };
 
+// The header of rank plan.options.rank's shard file of `numel` elements per section.
+FileHeader shardHeader(const ShardPlan& plan, uint64_t numel, uint64_t step, uint32_t saveTag) {
+  FileHeader h{};
+  std::memcpy(h.magic, kShardMagic, sizeof(h.magic));
+  h.version = kCheckpointVersion;
+  h.rank = static_cast<uint32_t>(plan.options.rank);
+  h.world = static_cast<uint32_t>(plan.options.worldSize);
+  h.sections = 3;
+  h.numel = numel;
+  h.step = step;
+  h.chunkElems = kChunkElems;
+  h.saveTag = saveTag;
+  return h;
+}
+
 Status checkSaveArgs(const ShardPlan& plan, const ShardState& state) {
   const int rank = plan.options.rank, world = plan.options.worldSize;
   if (world < 1 || rank < 0 || rank >= world)
@@ -144,6 +159,10 @@ std::string checkpointShardFileName(int rank, int worldSize) {
   return "rank-" + std::to_string(rank) + "-of-" + std::to_string(worldSize) + ".shard";
 }
 
+uint64_t checkpointShardFileBytes(const ShardPlan& plan) {
+  return layoutOf(shardHeader(plan, plan.stateNumel, 0, 0)).fileBytes;
+}
+
 uint32_t newCheckpointSaveTag() {
   uint32_t tag = 0;
   try {
@@ -170,16 +189,7 @@ Status saveCheckpointShard(const std::string& dir, const ShardPlan& plan, const 
   LIBCOMM_RETURN_IF_ERROR(checkSaveClaim(dir, saveTag));
   LIBCOMM_RETURN_IF_ERROR(makeDirectoryDurably(dir));
   const std::string path = joinPath(dir, checkpointShardFileName(plan.options.rank, plan.options.worldSize));
-  FileHeader h{};
-  std::memcpy(h.magic, kShardMagic, sizeof(h.magic));
-  h.version = kCheckpointVersion;
-  h.rank = static_cast<uint32_t>(plan.options.rank);
-  h.world = static_cast<uint32_t>(plan.options.worldSize);
-  h.sections = 3;
-  h.numel = state.numel;
-  h.step = state.step;
-  h.chunkElems = kChunkElems;
-  h.saveTag = saveTag;
+  const FileHeader h = shardHeader(plan, state.numel, state.step, saveTag);
   const FileLayout layout = layoutOf(h);
   return writeFileAtomically(
       path,

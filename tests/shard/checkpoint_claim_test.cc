@@ -196,6 +196,8 @@ TEST(CheckpointNotes, NotesRoundTripAndALoadNamesItsIndex) {
   EXPECT_EQ(writeCheckpointIndex(with, w.plans[0], 5, {{"k", ""}}).code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE(writeCheckpointIndex(with, w.plans[0], 5, notes).isOk());
   ASSERT_TRUE(writeCheckpointIndex(without, w.plans[0], 5).isOk());
+  // What a save's room check counts on is what a save writes.
+  EXPECT_EQ(fs::file_size(without + "/" + checkpointShardFileName(1, 2)), checkpointShardFileBytes(w.plans[1]));
   auto a = readCheckpointInfo(with), b = readCheckpointInfo(without);
   ASSERT_TRUE(a.isOk() && b.isOk()) << a.status().toString() << b.status().toString();
   EXPECT_EQ(a->version, 2u);

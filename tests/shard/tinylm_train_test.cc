@@ -595,7 +595,7 @@ TEST(TinyLmTrainThreads, SavesEveryNStepsAndResumesTheNewest) {
 // fails the flag before training (a full disk used to fail the run at its end).
 TEST(TinyLmTrainThreads, ASaveWithoutRoomIsRefusedBeforeTraining) {
   TempDir tmp;
-  const Status st = tinylm::checkSaveRoom(tmp.sub("ckpt"), uint64_t{1} << 58, 4);
+  const Status st = tinylm::checkSaveRoom(tmp.sub("ckpt"), uint64_t{1} << 60, 4);
   EXPECT_TRUE(tinylm::isOptionsError(st)) << st.toString();
   for (const char* want : {"free", "the save needs about", "4 ranks of this machine"})
     EXPECT_NE(st.message().find(want), std::string::npos) << st.toString();

@@ -104,6 +104,10 @@ inline constexpr const char* kCheckpointIndexFile = "index.txt";
 /// "rank-<rank>-of-<worldSize>.shard".
 std::string checkpointShardFileName(int rank, int worldSize);
 
+/// The size in bytes of the shard file a save writes for one rank of `plan` (every rank's is the
+/// same): for a check that the save will fit, before the run that makes it.
+uint64_t checkpointShardFileBytes(const ShardPlan& plan);
+
 /// A fresh random save tag (never 0), for one save: rank 0 draws it and every rank passes the
 /// same one to both phases (share it the way the ranks agree on the outcome, e.g. an allGather over
 /// the bootstrap, as examples/tinylm does).
