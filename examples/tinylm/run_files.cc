@@ -148,6 +148,19 @@ libcomm::Result<std::optional<RunInfo>> readRunInfo(const std::string& dir) {
 // cannot be created (saveCheckpointShard creates it; its parent must exist) or written. Only a
 // probe is created here, and removed at once, so the save's own durable mkdir is the one that
 // makes the directory.
+namespace {
+// Whether `dir` holds shard files ("rank-<r>-of-<W>.shard"), of any world size.
+bool holdsShardFiles(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("rank-", 0) == 0 && name.size() > 11 && name.compare(name.size() - 6, 6, ".shard") == 0) return true;
+  }
+  return false;
+}
+}  // namespace
+
 bool holdsCheckpoint(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -254,8 +267,7 @@ libcomm::Result<ResumePoint> checkResume(const TrainOptions& o) {
       if (fs::is_symlink(fs::symlink_status(index, ec)))
         why = std::string("holds no complete checkpoint: its ") + libshard::kCheckpointIndexFile +
               " is a symbolic link to nothing";
-      else if (fs::exists(fs::path(dir) / libshard::checkpointShardFileName(0, 1), ec) ||
-               fs::exists(fs::path(dir) / libshard::kCheckpointClaimFile, ec))
+      else if (holdsShardFiles(dir) || fs::exists(fs::path(dir) / libshard::kCheckpointClaimFile, ec))
         why += ", only what a save that did not finish left";
     } else if (fs::exists(st)) {
       why = "is not a directory";

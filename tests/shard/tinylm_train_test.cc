@@ -430,6 +430,15 @@ TEST(TinyLmTrainThreads, OddSaveAndLoadPathsAreNamedBeforeTraining) {
   auto r = tinylm::checkResume(o);
   ASSERT_FALSE(r.isOk());
   EXPECT_NE(r.status().message().find("is not a directory"), std::string::npos) << r.status().toString();
+  // Shard files and no index, of any world size: a save that did not finish (only 1-rank ones were
+  // recognised).
+  fs::create_directories(tmp.sub("unfinished"));
+  std::ofstream(tmp.sub("unfinished") + "/rank-1-of-2.shard") << "x";
+  o.loadCheckpoint = tmp.sub("unfinished");
+  r = tinylm::checkResume(o);
+  ASSERT_FALSE(r.isOk());
+  EXPECT_NE(r.status().message().find("only what a save that did not finish left"), std::string::npos)
+      << r.status().toString();
   TrainOptions save = tinyOptions(Precision::kFp32, 1);
   save.saveCheckpoint = tmp.sub("ckpt");
   train(save, 1, Mode::kThreads);
