@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 
+#include "libcomm/launcher.h"
 #include "tinylm/flags.h"
 
 namespace tinylm {
@@ -99,7 +100,9 @@ const char* cliUsage() {
          "  --save-checkpoint DIR save a sharded checkpoint at the end, with the run's settings in its index.\n"
          "                        Checked before training: DIR holds no checkpoint, it or its parent is a\n"
          "                        writable directory with room for this machine's shards, and no live run\n"
-         "                        holds it (rank 0 claims DIR, in DIR/.save-claim, until the save is done)\n"
+         "                        holds it (rank 0 claims DIR, in DIR/.save-claim, until the save is done).\n"
+         "                        SIGTERM, SIGINT or SIGHUP then ends the run after the step in progress,\n"
+         "                        saved (into DIR, or DIR/step-<k> with --save-every); a second one at once\n"
          "  --save-every N        with --save-checkpoint DIR: also save after every N steps; DIR then holds one\n"
          "                        checkpoint per save, DIR/step-<8-digit step>, the last at --steps\n"
          "  --load-checkpoint DIR resume from a checkpoint (any world size), up to --steps: the run it continues\n"
@@ -266,6 +269,15 @@ libcomm::Milliseconds jobDeadline(const CliOptions& o) {
   const double kMaxJobMs = 30.0 * 24 * 3600 * 1000;
   const double total = std::min(kMaxJobMs, static_cast<double>(waits.count()) + 2.0 * checkpoints * ioMs);
   return libcomm::Milliseconds(static_cast<long long>(total));
+}
+
+libcomm::Milliseconds stopGrace(const CliOptions& o) {
+  const TrainOptions& t = o.train;
+  if (t.saveCheckpoint.empty()) return libcomm::LocalLaunchOptions{}.stopGrace;
+  const double ioMs = static_cast<double>(checkpointIoAllowance(t, std::max(1, o.numRanks)).count());
+  const double kMaxMs = 30.0 * 24 * 3600 * 1000;
+  return libcomm::Milliseconds(
+      static_cast<long long>(std::min(kMaxMs, 3.0 * static_cast<double>(t.timeout.count()) + 2.0 * ioMs)));
 }
 
 std::string stepLine(const StepRecord& r) { return "step " + std::to_string(r.step) + " loss " + fmt("%.6f", r.loss); }

@@ -30,12 +30,13 @@ libcomm::Milliseconds jobTimeout(libcomm::Milliseconds perWait, long long waits)
 }
 
 libcomm::Status spawnLocalRanks(int numRanks, const char* argv0, const std::vector<std::string>& args,
-                                libcomm::Milliseconds timeout) {
+                                libcomm::Milliseconds timeout, libcomm::Milliseconds stopGrace) {
   libcomm::LocalLaunchOptions launch;
   launch.numRanks = numRanks;
   launch.argv.push_back(selfPath(argv0));
   launch.argv.insert(launch.argv.end(), args.begin(), args.end());
   launch.timeout = timeout;
+  launch.stopGrace = stopGrace;
   return libcomm::launchLocal(launch);
 }
 

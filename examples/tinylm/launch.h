@@ -10,15 +10,19 @@
 
 #include "libcomm/bootstrap.h"
 #include "libcomm/deadline.h"
+#include "libcomm/launcher.h"
 #include "libcomm/status.h"
 
 namespace tinylm {
 
 /// Starts `numRanks` processes of this executable (found through /proc/self/exe, else `argv0`)
 /// with `args`, waits for all of them, and fails naming the first rank that failed. `jobTimeout`
-/// bounds the whole job: ranks still running past it are killed. Blocks; not reentrant.
+/// bounds the whole job: ranks still running past it are killed; `stopGrace` is how long they get
+/// to end by themselves once the launcher is told to stop (libcomm::LocalLaunchOptions). Blocks;
+/// not reentrant.
 libcomm::Status spawnLocalRanks(int numRanks, const char* argv0, const std::vector<std::string>& args,
-                                libcomm::Milliseconds jobTimeout);
+                                libcomm::Milliseconds jobTimeout,
+                                libcomm::Milliseconds stopGrace = libcomm::LocalLaunchOptions{}.stopGrace);
 
 /// A job deadline for `waits` bounded waits of `perWait` each, capped at 30 days (so that a huge
 /// per-wait timeout cannot overflow the launcher's clock arithmetic).

@@ -10,8 +10,17 @@
 // honour: the parser's errors, and the options errors set-up finds in the files the flags name
 // (train.h, isOptionsError), printed as the parser's are: the message alone, once (-np checks
 // them before it starts the ranks), no source frames. Other errors keep their code and frames.
+//
+// Told to stop (SIGINT, SIGTERM, SIGHUP: a scheduler preempting the job, Ctrl-C), a run with
+// --save-checkpoint finishes the step it is in, saves a checkpoint of it (every rank stops after
+// the same step: TrainOptions::stopRequest), prints where, and ends by that signal; a second such
+// signal ends it at once. `-np` passes the signal on to its ranks and gives them time for the step
+// and the save (stopGrace). Without --save-checkpoint the signals keep their default action.
+
+#include <signal.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -49,7 +58,7 @@ int spawnRanks(const CliOptions& o, const char* argv0) {
   // Ranks bound every wait by --timeout themselves; the job deadline only catches what they
   // cannot (a rank stuck in compute or checkpoint I/O), so it is generous (jobDeadline).
   const libcomm::Milliseconds limit = jobDeadline(o);
-  const libcomm::Status st = spawnLocalRanks(o.numRanks, argv0, o.childArgs, limit);
+  const libcomm::Status st = spawnLocalRanks(o.numRanks, argv0, o.childArgs, limit, stopGrace(o));
   if (!st.isOk()) {
     std::fprintf(stderr, "tinylm: %d local ranks: %s\n", o.numRanks, st.toString().c_str());
     if (st.code() == libcomm::StatusCode::kTimeout)
@@ -72,6 +81,46 @@ int fail(int rank, int world, const libcomm::Status& st) {
   return kExitFail;
 }
 
+// The signal that asked this rank to stop (0: none yet). The first of SIGINT, SIGTERM and SIGHUP
+// is noted, for the training loop to poll between steps; a second ends the process by it at once.
+volatile sig_atomic_t gStopSignal = 0;
+
+void onStopSignal(int sig) {
+  if (gStopSignal != 0) {
+    signal(sig, SIG_DFL);  // async-signal-safe, as is raise
+    raise(sig);
+    return;
+  }
+  gStopSignal = sig;
+}
+
+// Where a run with a checkpoint to save stops on a signal: installed over the default action only,
+// so that a signal the caller (a shell, a launcher) set to be ignored stays ignored.
+void catchStopSignals(TrainOptions& t) {
+  if (t.saveCheckpoint.empty()) return;
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction before {};
+    if (sigaction(sig, nullptr, &before) != 0 || before.sa_handler != SIG_DFL || (before.sa_flags & SA_SIGINFO))
+      continue;
+    struct sigaction sa {};
+    sa.sa_handler = onStopSignal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(sig, &sa, nullptr);
+  }
+  t.stopRequest = [] { return static_cast<int>(gStopSignal); };
+}
+
+// A run stopped by a signal ends by that signal, after its last words, as a shell expects of a
+// program it interrupted; 128 + the signal should raise return (the signal blocked).
+int endBySignal(int sig) {
+  flushStdout();
+  std::fflush(stderr);
+  signal(sig, SIG_DFL);
+  raise(sig);
+  return 128 + sig;
+}
+
 // --describe: rank 0's plan and the size of its schedule.
 void describePlan(const libshard::ShardPlan& plan) {
   std::printf("%s", plan.describe().c_str());
@@ -90,6 +139,7 @@ int runRank(CliOptions o) {
   const int rank = boot->rank(), world = boot->size();
   TrainOptions& t = o.train;
   t.ranksOnMachine = launcherLocalSize();
+  catchStopSignals(t);
   // Options that do not suit the job's world size (a batch smaller than it): the flags' error.
   libcomm::Status st = validateTrainOptions(t, world);
   if (!st.isOk()) return usage(world == 1 ? "tinylm" : "tinylm rank " + std::to_string(rank), st);
@@ -124,6 +174,7 @@ int runRank(CliOptions o) {
   if (rank == 0) {
     for (const std::string& line : rankLines(result->ranks)) std::printf("%s\n", line.c_str());
     const auto& steps = result->steps;
+    const int lastStep = result->firstStep + static_cast<int>(steps.size());  // the state the run ends with
     char losses[96] = "no steps run";
     if (!steps.empty())
       std::snprintf(losses, sizeof(losses), "loss %.6f -> %.6f", steps.front().loss, steps.back().loss);
@@ -133,11 +184,23 @@ int runRank(CliOptions o) {
                 t.saveCheckpoint.empty()           ? ""
                 : t.saveEvery > 0 && steps.empty() ? ", no checkpoint saved (no step to run)"
                 : t.saveEvery > 0                  ? (", checkpoints saved in " + t.saveCheckpoint + " (the last: " +
-                                     stepCheckpointDir(t.saveCheckpoint, static_cast<uint64_t>(t.steps)) + ")")
+                                     stepCheckpointDir(t.saveCheckpoint, static_cast<uint64_t>(lastStep)) + ")")
                                         .c_str()
                                   : (", checkpoint saved to " + t.saveCheckpoint).c_str(),
                 verdict.empty() ? "PASS" : ("FAIL: " + verdict).c_str());
+    if (result->stopRequest != 0)
+      std::printf(
+          "tinylm: stopped by SIG%s after step %d of %d; checkpoint of step %d saved to '%s': "
+          "--load-checkpoint %s resumes it\n",
+          sigabbrev_np(result->stopRequest), lastStep, t.steps, lastStep,
+          t.saveEvery > 0 ? stepCheckpointDir(t.saveCheckpoint, static_cast<uint64_t>(lastStep)).c_str()
+                          : t.saveCheckpoint.c_str(),
+          t.saveCheckpoint.c_str());
     flushStdout();
+  }
+  if (result->stopRequest != 0) {
+    boot.reset();
+    return endBySignal(result->stopRequest);
   }
   return verdict.empty() ? 0 : kExitFail;
 }

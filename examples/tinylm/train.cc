@@ -508,7 +508,6 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& given, libcomm::Boot
   if (o.onStart) o.onStart(result.firstStep, plan, resumeChanges);
   if (rank == 0 && o.onNotice)
     for (const std::string& n : notices) o.onNotice(n);
-  const size_t stepsToRun = static_cast<size_t>(o.steps - result.firstStep);
 
   TrainLoop loop(o, *hooks, *adamw, rsComm, maxMicroBatchTokens(o, world));
   const std::vector<int> saves = saveSteps(o, result.firstStep);
@@ -525,12 +524,20 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& given, libcomm::Boot
     result.steps.push_back(rec);
     if (o.onStep) o.onStep(rec);
     // Between steps the state is whole (the optimizer is done; the next step's leading gathers
-    // only read the compute copy): drained first, then saved as at the end.
-    if (s + 1 < o.steps && std::binary_search(saves.begin(), saves.end(), s + 1)) {
+    // only read the compute copy): drained first, then saved as at the end. A stop asked by any
+    // rank (every rank learnt of it in this step's loss exchange) saves here as well, and ends the run.
+    const bool stopping = rec.stopRequest != 0 && s + 1 < o.steps;
+    if (s + 1 < o.steps &&
+        (std::binary_search(saves.begin(), saves.end(), s + 1) || (stopping && !o.saveCheckpoint.empty()))) {
       if (executor) LIBCOMM_RETURN_IF_ERROR(executor->synchronize());
       LIBCOMM_RETURN_IF_ERROR(saveAt(s + 1));
     }
+    if (stopping) {
+      result.stopRequest = rec.stopRequest;
+      break;
+    }
   }
+  const size_t stepsRun = result.steps.size();
 
   RankSummary mine;
   mine.rank = rank;
@@ -543,8 +550,8 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& given, libcomm::Boot
     LIBCOMM_RETURN_IF_ERROR(libshard::checkEventLog(entries, plan));
     size_t stepEnds = 0;
     for (const libshard::LogEntry& e : entries) stepEnds += e.kind == libshard::LogKind::kStepEnd ? 1 : 0;
-    if (stepEnds != stepsToRun)
-      return libcomm::makeError(StatusCode::kInternalError, "event log: ", stepEnds, " step ends for ", stepsToRun,
+    if (stepEnds != stepsRun)
+      return libcomm::makeError(StatusCode::kInternalError, "event log: ", stepEnds, " step ends for ", stepsRun,
                                 " steps");
     mine.eventLogEntries = entries.size();
     if (!o.eventLogDump.empty()) LIBCOMM_RETURN_IF_ERROR(dumpEventLog(o.eventLogDump, rank, entries));
@@ -553,7 +560,7 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& given, libcomm::Boot
   hooks.reset();
   executor.reset();  // drains its streams before the state is read by a save or freed
 
-  if (!saves.empty() && saves.back() == o.steps) LIBCOMM_RETURN_IF_ERROR(saveAt(o.steps));
+  if (result.stopRequest == 0 && !saves.empty() && saves.back() == o.steps) LIBCOMM_RETURN_IF_ERROR(saveAt(o.steps));
   claim.reset();  // the checkpoints are complete: the directory is no longer held
 
   // The first step pays for first touches and workspace growth; means skip it when there are more.

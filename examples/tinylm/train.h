@@ -131,6 +131,7 @@ struct StepRecord {
   double computeSeconds = 0.0;
   double optimizerSeconds = 0.0;
   double cpuSeconds = 0.0;  // process CPU time during the step, all threads
+  int stopRequest = 0;      // the largest of the ranks' TrainOptions::stopRequest after this step
 };
 
 struct TrainOptions {
@@ -203,6 +204,14 @@ struct TrainOptions {
   /// and on rank 0 once it has written the index (true), each before the ranks agree on that
   /// phase's outcome; tests make a save slow with it.
   std::function<void(bool index)> onCheckpointWritten;
+  /// Polled on every rank once per step, just before the step's loss exchange, which carries the
+  /// answer to every rank (not in compute-only mode, which has none): once any rank's is non-zero,
+  /// every rank ends the run after that same step, saves it where saveCheckpoint is set (into
+  /// stepCheckpointDir(saveCheckpoint, step) with saveEvery, else saveCheckpoint itself) and
+  /// returns with TrainResult::stopRequest set to the largest value asked. The tinylm command asks
+  /// with the signal (SIGINT, SIGTERM, SIGHUP) that told it to stop, so that a preempted run keeps
+  /// its steps. Must be cheap; called from the training thread.
+  std::function<int()> stopRequest;
 };
 
 /// A rank's figures, exchanged so that every rank (rank 0 prints them) has all of them. POD.
@@ -229,6 +238,9 @@ struct TrainResult {
   int worldSize = 1;
   int rank = 0;
   int firstStep = 0;  // 0, or the checkpoint's step when resumed
+  /// Non-zero when TrainOptions::stopRequest ended the run before `steps`: the largest request.
+  /// The run then ended after step firstStep + steps.size(), saved where saveCheckpoint is set.
+  int stopRequest = 0;
   std::vector<StepRecord> steps;
   std::vector<RankSummary> ranks;  // rank order
   libshard::ShardPlan plan;        // this rank's

@@ -120,15 +120,23 @@ Status TrainLoop::nameStepRows(int step) {
   return Status::ok();
 }
 
-libcomm::Result<double> TrainLoop::globalLoss(double localLossSum) {
-  // The per-rank sums travel as raw 8-byte values (two fp32 "elements" each: all_gather only
-  // copies), then every rank adds them in rank order in double: exact and the same everywhere.
-  lossSend_ = localLossSum;
-  lossAll_.assign(static_cast<size_t>(world_), 0.0);
-  LIBCOMM_RETURN_IF_ERROR(rsComm_.allGather(&lossSend_, lossAll_.data(), 2, libcomm::DataType::kFloat32, *stream_));
+libcomm::Result<double> TrainLoop::globalLoss(double localLossSum, int* stopRequest) {
+  // The per-rank sums travel as raw 8-byte values (all_gather only copies; counted in fp32
+  // elements), then every rank adds them in rank order in double: exact and the same everywhere.
+  // Each rank's stop request rides along, so that every rank sees every request after the same step.
+  lossSend_.lossSum = localLossSum;
+  lossSend_.stopRequest = options_.stopRequest ? double(options_.stopRequest()) : 0.0;
+  lossAll_.assign(static_cast<size_t>(world_), LossExchange{});
+  constexpr size_t kElements = sizeof(LossExchange) / sizeof(float);
+  LIBCOMM_RETURN_IF_ERROR(
+      rsComm_.allGather(&lossSend_, lossAll_.data(), kElements, libcomm::DataType::kFloat32, *stream_));
   LIBCOMM_RETURN_IF_ERROR(stream_->synchronize(libcomm::Deadline::after(options_.timeout)));
-  double sum = 0.0;
-  for (double v : lossAll_) sum += v;
+  double sum = 0.0, stop = 0.0;
+  for (const LossExchange& v : lossAll_) {
+    sum += v.lossSum;
+    stop = std::max(stop, v.stopRequest);
+  }
+  *stopRequest = static_cast<int>(stop);
   return sum / (double(options_.globalBatch) * double(options_.model.seqLen));
 }
 
@@ -259,7 +267,7 @@ libcomm::Result<StepRecord> TrainLoop::step(int s) {
     rec.loss = lossSum / double(stepTokens_);
     return rec;
   }
-  auto loss = globalLoss(lossSum);
+  auto loss = globalLoss(lossSum, &rec.stopRequest);
   if (!loss.isOk()) return fail(loss.status(), s, -1, -1, "loss exchange");
   rec.loss = *loss;
   return rec;

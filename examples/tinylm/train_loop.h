@@ -47,7 +47,9 @@ class TrainLoop {
   // Names step `step`'s tokens as the rows of every row-gathered layer (the embedding).
   libcomm::Status nameStepRows(int step);
   libcomm::Status fail(libcomm::Status st, int step, int micro, int layer, const char* what);
-  libcomm::Result<double> globalLoss(double localLossSum);
+  // The global mean loss, and into `stopRequest` the largest of the ranks' stop requests
+  // (TrainOptions::stopRequest): one exchange carries both.
+  libcomm::Result<double> globalLoss(double localLossSum, int* stopRequest);
   libcomm::Result<double> optimize(StepRecord& rec);
   libcomm::Result<double> normAllReduceOnly();
 
@@ -58,8 +60,12 @@ class TrainLoop {
   // What the small collectives on stream_ read and write. Members declared before stream_, so
   // they outlive it: after a timed-out synchronize the collective may still be running, and the
   // stream's destructor (which runs first) drains or abandons it before these go away.
-  double lossSend_ = 0.0;
-  std::vector<double> lossAll_;
+  struct LossExchange {  // what each rank sends in the loss exchange
+    double lossSum = 0.0;
+    double stopRequest = 0.0;
+  };
+  LossExchange lossSend_;
+  std::vector<LossExchange> lossAll_;
   float normScratch_ = 0.0f;
   std::unique_ptr<libcomm::Stream> stream_;
   TinyLmLayers layers_;

@@ -58,7 +58,8 @@ def case(bench, sig, stop_rank):
     problems = []
     if p.returncode != -sig:
         problems.append(f"{sig.name}: exit status {p.returncode}, want death by the signal ({-sig})")
-    for words in (f"interrupted by {sig.name}", "stopped ranks 0,1", "shared-memory segment"):
+    for words in (f"interrupted by {sig.name}", "passed SIGTERM on to ranks 0,1", f"killed rank {stop_rank}",
+                  "shared-memory segment"):
         if words not in err:
             problems.append(f"{sig.name}: stderr does not say {words!r}:\n{err}")
     left = segments(ranks)

@@ -26,6 +26,7 @@
 // not the gradient norms, which is why both are compared.
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -37,6 +38,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -126,6 +128,8 @@ struct RunOutput {
   double loss[kMaxSteps] = {};
   double gradNorm[kMaxSteps] = {};
   RankSummary ranks[kMaxRanks] = {};
+  int32_t stopRequest[kMaxRanks] = {};  // each rank's TrainResult::stopRequest
+  int32_t stepsRun[kMaxRanks] = {};     // each rank's steps
 };
 
 class SharedOutput {
@@ -182,6 +186,10 @@ RunOutput train(const TrainOptions& o, int world, Mode mode = Mode::kProcesses) 
                                 me.planActivationPeakBytes, " B)");
     if (o.eventLogCheck && r.steps.size() > 0 && me.eventLogEntries == 0)
       return libcomm::makeError(StatusCode::kInternalError, "no event log entries");
+    if (ctx.rank < kMaxRanks) {
+      out->stopRequest[ctx.rank] = r.stopRequest;
+      out->stepsRun[ctx.rank] = static_cast<int32_t>(r.steps.size());
+    }
     if (ctx.rank == 0) {
       out->steps = static_cast<int32_t>(r.steps.size());
       out->firstStep = r.firstStep;
@@ -598,6 +606,50 @@ TEST(TinyLmTrainThreads, SavesEveryNStepsAndResumesTheNewest) {
   again.saveEvery = 2;
   expectRefusedAtSetUp(again, "already holds a checkpoint (of step 2)", 2);
   EXPECT_TRUE(tinylm::isOptionsError(tinylm::checkRunOptions(again, 2, 2)));
+}
+
+// A stop asked by one rank between steps (the tinylm command asks on SIGTERM): every rank ends after
+// that same step, the step is saved as a --save-every save would be, and a resume from it continues
+// bit for bit as the run that was not stopped; the result says which request ended it. Without a
+// directory to save into, the run stops all the same.
+TEST(TinyLmTrainThreads, AStopAskedByOneRankEndsEveryRankAfterTheSameStepAndSavesIt) {
+  TempDir tmp;
+  const RunOutput whole = train(tinyOptions(Precision::kFp32, 6), 2, Mode::kThreads);
+  for (const bool every : {true, false}) {
+    TrainOptions o = tinyOptions(Precision::kFp32, 6);
+    o.saveCheckpoint = tmp.sub(every ? "every" : "end");
+    o.saveEvery = every ? 2 : 0;
+    // Two ranks poll once per step each: the fifth poll is one rank's, in step 2.
+    auto polls = std::make_shared<std::atomic<int>>(0);
+    o.stopRequest = [polls] { return polls->fetch_add(1) + 1 == 5 ? SIGTERM : 0; };
+    const RunOutput stopped = train(o, 2, Mode::kThreads);
+    ASSERT_EQ(stopped.steps, 3);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(stopped.stopRequest[r], SIGTERM) << "rank " << r;
+      EXPECT_EQ(stopped.stepsRun[r], 3) << "rank " << r;
+    }
+    for (int s = 0; s < 3; ++s) EXPECT_EQ(stopped.loss[s], whole.loss[s]) << "step " << s;
+    const std::string saved = every ? tinylm::stepCheckpointDir(o.saveCheckpoint, 3) : o.saveCheckpoint;
+    ASSERT_TRUE(libshard::verifyCheckpoint(saved).isOk()) << saved;
+    auto info = libshard::readCheckpointInfo(saved);
+    ASSERT_TRUE(info.isOk()) << info.status().toString();
+    EXPECT_EQ(info->step, 3u);
+    if (every) {
+      EXPECT_TRUE(libshard::verifyCheckpoint(tinylm::stepCheckpointDir(o.saveCheckpoint, 2)).isOk());
+    }
+    EXPECT_FALSE(std::filesystem::exists(o.saveCheckpoint + "/" + libshard::kCheckpointClaimFile));
+    TrainOptions resume = tinyOptions(Precision::kFp32, 6);
+    resume.loadCheckpoint = o.saveCheckpoint;
+    const RunOutput rest = train(resume, 2, Mode::kThreads);
+    ASSERT_EQ(rest.firstStep, 3);
+    ASSERT_EQ(rest.steps, 3);
+    for (int s = 0; s < 3; ++s) EXPECT_EQ(rest.loss[s], whole.loss[3 + s]) << "step " << 3 + s;
+  }
+  TrainOptions nowhere = tinyOptions(Precision::kFp32, 6);
+  nowhere.stopRequest = [] { return SIGINT; };
+  const RunOutput first = train(nowhere, 2, Mode::kThreads);
+  EXPECT_EQ(first.steps, 1);
+  EXPECT_EQ(first.stopRequest[1], SIGINT);
 }
 
 // The save's room is checked at set-up: a filesystem without space for this machine's shards

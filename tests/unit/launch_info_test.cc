@@ -765,6 +765,63 @@ TEST_F(LaunchEnv, ASignalTakenByAnotherThreadStillEndsTheProcess) {
       << "status " << status << (WIFEXITED(status) ? ": it exited normally" : "");
 }
 
+// Runs launchLocal(options) in a forked child, sends it `signals` (SIGTERM each, `gap` apart) once
+// its ranks run, and returns the child's wait status, or -1 when it did not end within `limit`.
+int statusOfALaunchTold(const LocalLaunchOptions& options, int signals, Milliseconds gap, Milliseconds limit) {
+  const pid_t child = fork();
+  if (child < 0) return -1;
+  if (child == 0) {
+    (void)launchLocal(options);
+    _exit(0);  // alive after the signal: a defect
+  }
+  std::this_thread::sleep_for(500ms);  // the ranks are running, their traps set
+  for (int i = 0; i < signals; ++i) {
+    if (i > 0) std::this_thread::sleep_for(gap);
+    kill(child, SIGTERM);
+  }
+  int status = 0;
+  const auto start = Clock::now();
+  pid_t got = 0;
+  while ((got = waitpid(child, &status, WNOHANG)) == 0 && Clock::now() - start < limit)
+    std::this_thread::sleep_for(20ms);
+  if (got != 0) return status;
+  kill(child, SIGKILL);
+  waitpid(child, &status, 0);
+  return -1;
+}
+
+// stopGrace: ranks told to stop get that long to end by themselves (a trainer saves its state),
+// where the launcher used to kill them 2 s after passing SIGTERM on; the launcher still ends by the
+// signal. Each rank here takes 3 s after SIGTERM and leaves a file when it is done.
+TEST_F(LaunchEnv, RanksToldToStopGetTheStopGrace) {
+  if (shardcomm::testing::kThreadSanitizer) GTEST_SKIP() << "the child forks a thread-using process (TSan)";
+  char made[] = "/tmp/launch-stop-XXXXXX";
+  ASSERT_NE(mkdtemp(made), nullptr);
+  const std::string dir = made;
+  auto o = shell(2, "trap 'sleep 3; echo done > " + dir + "/rank$LIBCOMM_RANK; exit 0' TERM; sleep 30 & wait", 60s);
+  o.stopGrace = 20s;
+  const auto start = Clock::now();
+  const int status = statusOfALaunchTold(o, 1, 0ms, 30s);
+  ASSERT_NE(status, -1) << "the launcher did not end within 30 s of SIGTERM";
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << "status " << status;
+  EXPECT_LT(Clock::now() - start, 15s);  // done in 3 s: no wait for the whole grace
+  for (int r = 0; r < 2; ++r)
+    EXPECT_TRUE(std::filesystem::exists(dir + "/rank" + std::to_string(r))) << "rank " << r << " was cut short";
+  std::filesystem::remove_all(dir);
+}
+
+// A second stop signal during the grace ends the ranks at once (Ctrl-C twice).
+TEST_F(LaunchEnv, ASecondStopSignalEndsTheGraceAtOnce) {
+  if (shardcomm::testing::kThreadSanitizer) GTEST_SKIP() << "the child forks a thread-using process (TSan)";
+  auto o = shell(2, "trap 'sleep 30; exit 0' TERM; sleep 30 & wait", 60s);
+  o.stopGrace = 50s;
+  const auto start = Clock::now();
+  const int status = statusOfALaunchTold(o, 2, 500ms, 30s);
+  ASSERT_NE(status, -1) << "the launcher did not end within 30 s of two SIGTERMs";
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << "status " << status;
+  EXPECT_LT(Clock::now() - start, 15s);
+}
+
 // A caller that ignores SIGCHLD (inherited from its own parent, say) has its children reaped by
 // the kernel: launchLocal must still see each rank's status, and the caller's setting comes back.
 TEST_F(LaunchEnv, LaunchLocalSeesFailuresWhenTheCallerIgnoresSigchld) {

@@ -26,6 +26,11 @@ struct LocalLaunchOptions {
   /// peer of a rank that died names it, writes its flight-recorder dump and exits, within about
   /// LIBCOMM_PEER_CHECK_MS. Ranks busy elsewhere (not in a collective) are stopped after it.
   Milliseconds failureGrace{3000};
+  /// After SIGINT, SIGTERM or SIGHUP reaches the launcher (see below), the ranks get SIGTERM and
+  /// this long to end by themselves before SIGKILL: a rank that saves its state when told to stop
+  /// (tinylm with --save-checkpoint) needs the time. Another of those signals meanwhile ends the
+  /// ranks at once. At least 2 s.
+  Milliseconds stopGrace{2000};
 };
 
 /// Starts the ranks and waits for all of them. When one rank fails (non-zero exit or a signal),
@@ -43,10 +48,11 @@ struct LocalLaunchOptions {
 /// other thread should change SIGCHLD, or wait for any child (waitpid(-1)), meanwhile. Ranks stopped by the launcher
 /// (after a failure, the deadline or a signal) unlink none of their shared-memory segments: the launcher removes the
 /// job's once it has reaped them, and says so in the error. SIGINT, SIGTERM and SIGHUP, where their action is the
-/// default, are caught while a launch runs: the ranks are stopped and their segments removed (said at WARN), then the
-/// signal is raised again when the last launch returns, so that the process still ends by it. SIGUSR1, where its action
-/// is the default, is passed on to the running ranks that catch it (their flight-recorder dumps; one that does not,
-/// still in its bootstrap, is named at WARN and left alone) instead of ending the launcher and with it the job.
+/// default, are caught while a launch runs: the ranks get SIGTERM and `stopGrace` to end (then SIGKILL), their
+/// segments are removed (said at WARN), then the signal is raised again when the last launch returns, so that the
+/// process still ends by it. SIGUSR1, where its action is the default, is passed on to the running ranks that catch it
+/// (their flight-recorder dumps; one that does not, still in its bootstrap, is named at WARN and left alone) instead of
+/// ending the launcher and with it the job.
 Status launchLocal(const LocalLaunchOptions& options);
 
 }  // namespace libcomm

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -132,28 +133,35 @@ std::vector<int> runningRanks(const std::vector<Child>& children) {
   return out;
 }
 
-// Reaps children as they end until none runs or `deadline` passes.
-void reapUntil(std::vector<Child>& children, Deadline deadline) {
+// Reaps children as they end until none runs, `deadline` passes or `hurry` says to stop waiting.
+void reapUntil(std::vector<Child>& children, Deadline deadline, const std::function<bool()>& hurry = {}) {
   std::string ignored;
   boot::Backoff backoff(Milliseconds(1), Milliseconds(20));
-  while (!runningRanks(children).empty() && !deadline.expired()) {
+  while (!runningRanks(children).empty() && !deadline.expired() && !(hurry && hurry())) {
     reap(children, &ignored);
     if (!runningRanks(children).empty()) backoff.sleep(deadline);
   }
 }
 
-// SIGTERM to every rank's process group, SIGKILL to what is left after the grace period, then
-// reap everything so no zombie stays behind (within a bound: a process stuck in the kernel is
-// named and left). Also the groups of ranks that already ended: what a failed rank started (its
-// group outlives it while any member lives) must not be left running.
-void stopAll(std::vector<Child>& children) {
+// SIGTERM to every rank's process group, SIGKILL to what is left after `grace` (or sooner, once
+// `hurry` says so), then reap everything so no zombie stays behind (within a bound: a process
+// stuck in the kernel is named and left). Also the groups of ranks that already ended: what a
+// failed rank started (its group outlives it while any member lives) must not be left running.
+// Returns the ranks that were still running when SIGKILL was sent.
+std::vector<int> stopAll(std::vector<Child>& children, Milliseconds grace = kTermGrace,
+                         const std::function<bool()>& hurry = {}) {
   for (const Child& c : children)
     if (c.pid > 0) kill(-c.pid, SIGTERM);
-  reapUntil(children, Deadline::after(kTermGrace));
+  reapUntil(children, Deadline::after(grace), hurry);
+  const std::vector<int> killed = runningRanks(children);
+  const bool hurried = hurry && hurry();
   for (const Child& c : children) {
     if (c.running)
-      LIBCOMM_LOG(kWarn, "boot") << "launchLocal: pid " << c.pid << " did not end within " << kTermGrace.count()
-                                 << " ms of SIGTERM (it ignores or handles it, or is stopped); sending SIGKILL";
+      LIBCOMM_LOG(kWarn, "boot") << "launchLocal: pid " << c.pid
+                                 << (hurried ? " was still running at a second stop signal"
+                                             : " did not end within " + std::to_string(grace.count()) +
+                                                   " ms of SIGTERM (it ignores or handles it, or is stopped)")
+                                 << "; sending SIGKILL";
     if (c.pid > 0) kill(-c.pid, SIGKILL);  // the group's stragglers as well
   }
   reapUntil(children, Deadline::after(kKillGrace));
@@ -162,6 +170,7 @@ void stopAll(std::vector<Child>& children) {
       LIBCOMM_LOG(kError, "boot") << "launchLocal: pid " << c.pid << " is still there " << kKillGrace.count()
                                   << " ms after SIGKILL (stuck in the kernel: a hung device or filesystem?); "
                                   << "leaving it unreaped";
+  return killed;
 }
 
 // While SIGCHLD is ignored (or handled with SA_NOCLDWAIT), the kernel reaps children itself and
@@ -217,6 +226,7 @@ class StopSignals {
     if (users_++ > 0) return;
     caught_.store(0);
     dumpRequests_.store(0);
+    stopRequests_.store(0);
     for (size_t i = 0; i < std::size(kSignals); ++i) {
       installed_[i] = false;
       struct sigaction before {};
@@ -250,16 +260,20 @@ class StopSignals {
 
   /// The signal that asked the launches to stop, or 0.
   static int caught() { return caught_.load(); }
+  /// How many stop signals (SIGINT, SIGTERM, SIGHUP) came while launches ran.
+  static int stopRequests() { return stopRequests_.load(); }
   /// How many SIGUSR1 came since the last call (for the launch that passes them on; with several
   /// launches at once, the first to ask passes them to its ranks).
   static int takeDumpRequests() { return dumpRequests_.exchange(0); }
 
  private:
   static void onSignal(int sig) {
-    if (sig == SIGUSR1)
+    if (sig == SIGUSR1) {
       dumpRequests_.fetch_add(1);
-    else
+    } else {
       caught_.store(sig);
+      stopRequests_.fetch_add(1);
+    }
   }
   // The default action back for each signal this class took (async-signal-safe: sigaction only).
   static void restoreDefaults() {
@@ -279,6 +293,7 @@ class StopSignals {
   static inline bool installed_[std::size(kSignals)] = {};
   static inline std::atomic<int> caught_{0};
   static inline std::atomic<int> dumpRequests_{0};
+  static inline std::atomic<int> stopRequests_{0};
 };
 
 // A launch's error, logged as well when a signal came meanwhile: the process ends by that signal
@@ -481,11 +496,25 @@ Status launchLocal(const LocalLaunchOptions& options) {
     // that succeeded was reported as "ranks  of 1 still running"; found by a launcher review).
     if (runningRanks(children).empty()) break;
     if (const int sig = StopSignals::caught()) {
-      std::vector<int> left = runningRanks(children);
-      stopAll(children);
-      const Status st = makeError(StatusCode::kSystemError, "launchLocal: interrupted by SIG", sigabbrev_np(sig),
-                                  ": stopped ranks ", boot::joinRanks(left), " of ", options.numRanks, " (", program,
-                                  ")", removeSegments(children, ranksJobId));
+      // SIGTERM passed on, and stopGrace for the ranks to end by themselves (a trainer saving a
+      // checkpoint); a second stop signal cuts it short.
+      const std::vector<int> left = runningRanks(children);
+      const Milliseconds grace = std::max(kTermGrace, options.stopGrace);
+      const int requests = StopSignals::stopRequests();
+      if (grace > kTermGrace)
+        LIBCOMM_LOG(kWarn, "boot") << "launchLocal: SIG" << sigabbrev_np(sig) << ": passed SIGTERM on to "
+                                   << ranksNamed(left) << "; they get up to " << grace.count()
+                                   << " ms to end by themselves (another stop signal ends them now)";
+      const std::vector<int> killed =
+          stopAll(children, grace, [requests] { return StopSignals::stopRequests() > requests; });
+      std::vector<int> ended;
+      for (int r : left)
+        if (std::find(killed.begin(), killed.end(), r) == killed.end()) ended.push_back(r);
+      const Status st = makeError(
+          StatusCode::kSystemError, "launchLocal: interrupted by SIG", sigabbrev_np(sig), ": passed SIGTERM on to ",
+          ranksNamed(left), " of ", options.numRanks, " (", program, ")",
+          ended.empty() ? std::string() : "; " + ranksNamed(ended) + " ended by themselves",
+          killed.empty() ? std::string() : "; killed " + ranksNamed(killed), removeSegments(children, ranksJobId));
       // Said here: the process ends by the signal once the launches return (StopSignals).
       LIBCOMM_LOG(kWarn, "boot") << st.message();
       return st;

@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""A tinylm run with a checkpoint to save, told to stop by a signal, keeps its steps: every rank
+finishes the same step, the step is saved, the command says where, and it ends by that signal; a
+resume from the save continues as the run that was not stopped. (A stopped run used to lose every
+step since its last save: a preempted job.)
+
+  tinylm_stop_check.py TINYLM [SCALE]
+
+SCALE (SHARDCOMM_TEST_TIMEOUT_SCALE, default 1) multiplies the time limits, for the sanitizer builds.
+
+Cases:
+- `tinylm -np 2 --save-checkpoint D`, SIGTERM to the command (a scheduler preempting the job): the
+  launcher passes it on to its ranks and gives them time to save.
+- two ranks started by hand, as mpirun or srun would start them (LIBCOMM_* variables), with
+  --save-every; SIGINT to rank 1 alone: rank 0 learns of it in the step's loss exchange and stops
+  after the same step. Both end by SIGINT; the step directory is the newest, and a resume that
+  names the directory takes it.
+Each resume runs two steps past the stop and must print the same step lines as a run from step 0.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tinylm_rank_errors_check import free_port  # noqa: E402
+
+MODEL = ["--vocab", "32", "--dim", "16", "--hidden", "32", "--layers", "2", "--seq-len", "8",
+         "--global-batch", "4", "--precision", "fp32"]
+STEPS = 100000  # far more than a test runs: only the signal ends the run
+
+
+def fail(msg):
+    print("FAIL: " + msg)
+    sys.exit(1)
+
+
+def clean_env():
+    return {k: v for k, v in os.environ.items() if not k.startswith("LIBCOMM_")}
+
+
+def wait_for_step(proc, step, limit_s, lines):
+    """Reads `proc`'s stdout into `lines` until it prints `step <step> loss`."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            fail("the run ended before step %d (exit %s):\n%s" % (step, proc.poll(), "".join(lines)))
+        lines.append(line)
+        if line.startswith("step %d loss" % step):
+            return
+    proc.kill()
+    fail("no step %d within %d s:\n%s" % (step, limit_s, "".join(lines)))
+
+
+def finish(proc, limit_s, what):
+    try:
+        out, err = proc.communicate(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        fail("%s: still running %d s after the signal" % (what, limit_s))
+    return out, err
+
+
+def stopped_step(out, sig, saved, what):
+    m = re.search(r"tinylm: stopped by %s after step (\d+) of %d; checkpoint of step \1 saved to '%s'"
+                  % (sig.name, STEPS, re.escape(saved)), out)
+    if not m:
+        fail("%s: no line saying where the stopped run saved:\n%s" % (what, out))
+    return int(m.group(1))
+
+
+def step_lines(out):
+    return [l for l in out.splitlines() if l.startswith("step ")]
+
+
+def expect_resume_continues(exe, load, stop, timeout_s, what):
+    """A resume from `load` to stop + 2 prints the steps a run from 0 prints for them."""
+    args = [exe, "-np", "2", "--steps", str(stop + 2), "--timeout", str(timeout_s)] + MODEL
+    whole = subprocess.run(args, env=clean_env(), capture_output=True, text=True, timeout=10 * timeout_s)
+    rest = subprocess.run(args + ["--load-checkpoint", load], env=clean_env(), capture_output=True, text=True,
+                          timeout=10 * timeout_s)
+    if whole.returncode != 0 or rest.returncode != 0:
+        fail("%s: the comparison runs failed (exit %d, %d):\n%s\n%s" % (what, whole.returncode, rest.returncode,
+                                                                    whole.stderr, rest.stderr))
+    want = step_lines(whole.stdout)[stop:]
+    got = step_lines(rest.stdout)
+    if got != want or len(got) != 2:
+        fail("%s: the resume from step %d printed\n%s\nwhere the run from 0 printed\n%s"
+             % (what, stop, "\n".join(got), "\n".join(want)))
+
+
+def launcher_told_to_stop(exe, tmp, timeout_s):
+    what = "tinylm -np 2, SIGTERM to the command"
+    saved = os.path.join(tmp, "ck")
+    proc = subprocess.Popen([exe, "-np", "2", "--steps", str(STEPS), "--timeout", str(timeout_s),
+                             "--save-checkpoint", saved] + MODEL, env=clean_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    lines = []
+    wait_for_step(proc, 2, 10 * timeout_s, lines)
+    proc.send_signal(signal.SIGTERM)
+    out, err = finish(proc, 10 * timeout_s, what)
+    out = "".join(lines) + out
+    if proc.returncode != -signal.SIGTERM:
+        fail("%s: exit status %d, want death by SIGTERM\nstdout:\n%s\nstderr:\n%s" % (what, proc.returncode, out, err))
+    stop = stopped_step(out, signal.SIGTERM, saved, what)
+    for words in ("passed SIGTERM on to ranks 0,1", "ranks 0,1 ended by themselves"):
+        if words not in err:
+            fail("%s: stderr does not say %r:\n%s" % (what, words, err))
+    if not os.path.exists(os.path.join(saved, "index.txt")):
+        fail("%s: no checkpoint index in %s: %s" % (what, saved, os.listdir(saved)))
+    expect_resume_continues(exe, saved, stop, timeout_s, what)
+    return stop
+
+
+def one_rank_told_to_stop(exe, tmp, timeout_s):
+    what = "two ranks started by hand, SIGINT to rank 1"
+    saved = os.path.join(tmp, "every")
+    base = clean_env()
+    base.update({"LIBCOMM_WORLD_SIZE": "2", "LIBCOMM_STORE_ADDR": "127.0.0.1:%d" % free_port(),
+                 "LIBCOMM_SECRET": "tinylm-stop", "LIBCOMM_JOB_ID": "tinylm-stop-%d" % os.getpid()})
+    args = [exe, "--steps", str(STEPS), "--timeout", str(timeout_s), "--save-checkpoint", saved,
+            "--save-every", "1000"] + MODEL
+    procs = [subprocess.Popen(args, env=dict(base, LIBCOMM_RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    lines = []
+    wait_for_step(procs[0], 2, 10 * timeout_s, lines)
+    procs[1].send_signal(signal.SIGINT)
+    results = [finish(p, 10 * timeout_s, what) for p in procs]
+    out = "".join(lines) + results[0][0]
+    for r, p in enumerate(procs):
+        if p.returncode != -signal.SIGINT:
+            fail("%s: rank %d's exit status %d, want death by SIGINT\nstderr:\n%s"
+                 % (what, r, p.returncode, results[r][1]))
+    step_dir = None
+    m = re.search(r"saved to '(%s/step-\d{8})'" % re.escape(saved), out)
+    if m:
+        step_dir = m.group(1)
+    if not step_dir:
+        fail("%s: rank 0 does not name the step directory it saved:\n%s" % (what, out))
+    stop = stopped_step(out, signal.SIGINT, step_dir, what)
+    if step_dir != os.path.join(saved, "step-%08d" % stop):
+        fail("%s: saved to %s for step %d" % (what, step_dir, stop))
+    expect_resume_continues(exe, saved, stop, timeout_s, what)
+    return stop
+
+
+def main():
+    if len(sys.argv) not in (2, 3):
+        fail("usage: tinylm_stop_check.py TINYLM [SCALE]")
+    exe = sys.argv[1]
+    scale = int(sys.argv[2]) if len(sys.argv) == 3 else 1
+    timeout_s = 10 * scale
+    with tempfile.TemporaryDirectory(prefix="tinylm-stop-") as tmp:
+        a = launcher_told_to_stop(exe, tmp, timeout_s)
+        b = one_rank_told_to_stop(exe, tmp, timeout_s)
+    print("OK: stopped and saved at step %d (SIGTERM to -np) and %d (SIGINT to one rank); both resumed as "
+          "the uninterrupted run" % (a, b))
+
+
+if __name__ == "__main__":
+    main()
