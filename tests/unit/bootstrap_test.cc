@@ -889,6 +889,47 @@ TEST(TcpStore, HostileClientsAreDroppedWhileAJobRuns) {
   }
 }
 
+// Connections that never authenticate hold at most TcpStoreOptions::maxHandshakes of the store's
+// descriptors, the oldest giving way, and the job's ranks still get through: 200 idle connections
+// (handshake timeout 10 s) held one descriptor each in the store's process, which is a rank's, until
+// it had none left for its own files (a hostile-input review: a checkpoint save failed with EMFILE).
+TEST(TcpStore, AFloodOfConnectionsThatNeverAuthenticateHoldsFewDescriptors) {
+  constexpr size_t kBound = 8;
+  boot::TcpStoreOptions options;
+  options.maxHandshakes = kBound;
+  auto server = boot::startTcpStoreWithOptions("127.0.0.1", 0, kSecret, options);
+  ASSERT_TRUE(server.isOk()) << server.status().toString();
+  const int port = (*server)->port();
+  auto openDescriptors = [] {
+    size_t n = 0;
+    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+    return n;
+  };
+  const size_t before = openDescriptors();
+  constexpr size_t kFlood = 200;
+  std::vector<int> fds;
+  for (size_t i = 0; i < kFlood; ++i) {
+    fds.push_back(rawConnect(port));
+    ASSERT_GE(fds.back(), 0);
+  }
+  // Accepted after the flood (the backlog is first in, first out), so the store has taken every
+  // flood connection by the time the ranks are done.
+  auto statuses = runThreads(2, [port](int rank) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto b, createTcpBootstrap("127.0.0.1", port, kSecret, rank, 2, Deadline::after(10s)));
+    return exercise(*b);
+  });
+  expectAllOk(statuses);
+  // Ours (the flood's client ends) plus the store's: at most the bound of the flood, and the
+  // bootstraps' own are closed again.
+  EXPECT_LE(openDescriptors(), before + kFlood + kBound);
+  size_t dropped = 0;
+  for (int fd : fds) {
+    dropped += closedByServerWithin(fd, 10ms) ? 1 : 0;
+    close(fd);
+  }
+  EXPECT_GE(dropped, kFlood - kBound);
+}
+
 // While a client's get is parked, the store reads nothing more from it: it read on and buffered
 // whatever the client sent meanwhile (all 96 MiB here, without end), though it could only answer
 // those requests after the get. It still sees a parked client hang up.

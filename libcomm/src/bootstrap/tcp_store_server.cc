@@ -76,7 +76,8 @@ class Server final : public TcpStoreServer {
       (void)ignored;
       thread_.join();
     }
-    for (auto& [id, conn] : conns_) close(conn->fd);
+    for (auto& [id, conn] : conns_)
+      if (conn->fd >= 0) close(conn->fd);
     if (listenFd_ >= 0) close(listenFd_);
     if (wakeFd_ >= 0) close(wakeFd_);
     LIBCOMM_LOG(kDebug, "boot") << "tcp store " << host_ << ":" << port_ << " stopped";
@@ -199,10 +200,29 @@ class Server final : public TcpStoreServer {
         close(fd);
         continue;
       }
+      makeRoomForAHandshake();
       send(*conn, MsgType::kChallenge, conn->nonce);
       LIBCOMM_LOG(kDebug, "boot") << "tcp store: accepted " << conn->peer;
       conns_[conn->id] = std::move(conn);
     }
+  }
+
+  // Before a new connection joins those in their handshake: at the bound
+  // (TcpStoreOptions::maxHandshakes), the oldest of them is closed now (not at the next reap: a
+  // flood is accepted in one acceptAll, and its descriptors must not pile up meanwhile).
+  void makeRoomForAHandshake() {
+    size_t handshaking = 0;
+    Conn* oldest = nullptr;  // conns_ is ordered by id, that is by accept
+    for (auto& [id, c] : conns_) {
+      if (c->authed || c->closed) continue;
+      if (!oldest) oldest = c.get();
+      ++handshaking;
+    }
+    if (handshaking < std::max<size_t>(1, options_.maxHandshakes) || !oldest) return;
+    drop(*oldest, "one of " + std::to_string(handshaking) +
+                      " connections in their handshake, the most the store keeps; the oldest gives way");
+    close(oldest->fd);
+    oldest->fd = -1;
   }
 
   void drop(Conn& c, const std::string& why) {
@@ -409,7 +429,7 @@ class Server final : public TcpStoreServer {
         ++it;
         continue;
       }
-      close(it->second->fd);
+      if (it->second->fd >= 0) close(it->second->fd);
       if (it->second->authed) --authedClients_;
       if (auto r = rankConns_.find(it->second->rank); r != rankConns_.end() && r->second == it->first)
         rankConns_.erase(r);
