@@ -98,6 +98,19 @@ libcomm::Status badFile(const std::string& path, Args&&... args) {
 }
 
 std::string joinPath(const std::string& dir, const std::string& name);
+
+/// A checkpoint's sections, in file order, and what each may hold: finite values, and no negative
+/// second moment (AdamW divides by its square root). A save refuses a state that holds anything
+/// else (a diverged run), and a load or verifyCheckpoint a file that does, with every checksum
+/// right: such a state trains on NaN, silently unless the trainer checks its gradient norm.
+inline constexpr int kWeightsSection = 0, kFirstMomentSection = 1, kSecondMomentSection = 2;
+/// "weights", "AdamW first moment", "AdamW second moment".
+const char* sectionName(int section);
+/// The index of the first of v[0..n) that `section` may not hold, or n.
+size_t firstBadValue(const float* v, size_t n, int section);
+/// " holds <value> in the <section> at element <at>": a bad value, as the errors name it.
+std::string badValueText(float value, int section, uint64_t at);
+
 /// "0x" and 8 hex digits.
 std::string hex32(uint32_t v);
 /// Reads exactly n bytes at offset; a short read is a "truncated" kInvalidArgument.

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cfloat>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <new>
@@ -22,6 +24,39 @@ using libcomm::Status;
 uint64_t align64(uint64_t n) { return (n + 63) / 64 * 64; }
 
 }  // namespace
+
+const char* sectionName(int section) {
+  switch (section) {
+    case kWeightsSection:
+      return "weights";
+    case kFirstMomentSection:
+      return "AdamW first moment";
+    case kSecondMomentSection:
+      return "AdamW second moment";
+  }
+  return "unknown section";
+}
+
+size_t firstBadValue(const float* v, size_t n, int section) {
+  // Chunks of a branch-free test, so the common case (all good) runs at memory speed.
+  constexpr size_t kBlock = 1024;
+  const bool nonNegative = section == kSecondMomentSection;
+  for (size_t at = 0; at < n; at += kBlock) {
+    const size_t end = std::min(n, at + kBlock);
+    bool bad = false;
+    for (size_t i = at; i < end; ++i) bad |= !(std::fabs(v[i]) <= FLT_MAX) || (nonNegative && v[i] < 0.0f);
+    if (!bad) continue;
+    for (size_t i = at; i < end; ++i)
+      if (!(std::fabs(v[i]) <= FLT_MAX) || (nonNegative && v[i] < 0.0f)) return i;
+  }
+  return n;
+}
+
+std::string badValueText(float value, int section, uint64_t at) {
+  char text[48];
+  std::snprintf(text, sizeof(text), "%g", static_cast<double>(value));
+  return std::string(" holds ") + text + " in the " + sectionName(section) + " at element " + std::to_string(at);
+}
 
 std::string hex32(uint32_t v) {
   char buf[16];

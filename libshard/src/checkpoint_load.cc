@@ -122,6 +122,13 @@ Status loadForPlan(ParamSource& source, const std::vector<LayoutParam>& srcParam
                                   "' lies outside the plan's state of ", plan.stateNumel, " elements");
       float* dst = out[static_cast<size_t>(s)].data() + g.stateOffset + (begin - shardBegin);
       LIBCOMM_RETURN_IF_ERROR(source.read(*j.src, s, begin - j.dst->offset, end - begin, dst));
+      // Every checksum may be right over a value no save writes (checkpoint_format.h): refused
+      // here, before the state is touched, rather than trained on.
+      if (const size_t bad = firstBadValue(dst, end - begin, s); bad < end - begin)
+        return libcomm::makeError(StatusCode::kInvalidArgument, what, ": parameter '", j.dst->name, "'",
+                                  badValueText(dst[bad], s, begin - j.dst->offset + bad),
+                                  "; a checkpoint holds finite values only, and no negative second moment (a "
+                                  "save refuses them): the file was written by something else, or altered");
     }
   }
   return Status::ok();

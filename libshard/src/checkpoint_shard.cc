@@ -109,6 +109,8 @@ FileHeader shardHeader(const ShardPlan& plan, uint64_t numel, uint64_t step, uin
   return h;
 }
 
+Status checkStateValues(const ShardPlan& plan, const ShardState& state);
+
 Status checkSaveArgs(const ShardPlan& plan, const ShardState& state) {
   const int rank = plan.options.rank, world = plan.options.worldSize;
   if (world < 1 || rank < 0 || rank >= world)
@@ -129,6 +131,31 @@ Status checkSaveArgs(const ShardPlan& plan, const ShardState& state) {
                               "checkpoint save: the optimizer's step is under way (the executor's groupUpdated "
                               "started the next step's gathers); save after optimizerDone, or before AdamW's "
                               "beginStep");
+  return checkStateValues(plan, state);
+}
+
+// The group of the plan whose shard holds element `at` of the state, "" if none (padding).
+std::string groupHolding(const ShardPlan& plan, size_t at) {
+  auto holds = [at](const FlatGroup& g) { return at >= g.stateOffset && at - g.stateOffset < g.shardNumel; };
+  for (const FlatGroup& g : plan.layers)
+    if (holds(g)) return g.name;
+  return holds(plan.resident) ? plan.resident.name : std::string();
+}
+
+// A state with a value no checkpoint may hold (ckpt::firstBadValue) is not saved: it would load
+// and train on NaN, or fail every later load.
+Status checkStateValues(const ShardPlan& plan, const ShardState& state) {
+  const float* sections[] = {state.master, state.adamM, state.adamV};
+  for (int s = 0; s < 3; ++s) {
+    const size_t at = firstBadValue(sections[s], state.numel, s);
+    if (at == state.numel) continue;
+    const std::string group = groupHolding(plan, at);
+    return libcomm::makeError(StatusCode::kInvalidArgument, "checkpoint save: rank ", plan.options.rank, "'s state",
+                              badValueText(sections[s][at], s, at),
+                              group.empty() ? std::string() : " (group '" + group + "')",
+                              "; a checkpoint holds finite values only, and no negative second moment: the "
+                              "training has diverged, or the state was written over. Nothing was saved");
+  }
   return Status::ok();
 }
 
@@ -278,10 +305,23 @@ Status verifyCheckpoint(const std::string& dir) {
   std::vector<float> buf;
   for (int r = 0; r < x.world; ++r) {
     LIBCOMM_ASSIGN_OR_RETURN(auto f, openShardFile(dir, x, r));
-    const uint64_t total = 3 * f->header().numel;
+    const uint64_t numel = f->header().numel, total = 3 * numel;
     buf.resize(std::min<uint64_t>(total, kChunkElems));
-    for (uint64_t at = 0; at < total; at += buf.size())
-      LIBCOMM_RETURN_IF_ERROR(f->read(at, static_cast<size_t>(std::min<uint64_t>(buf.size(), total - at)), buf.data()));
+    for (uint64_t at = 0; at < total; at += buf.size()) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), total - at));
+      LIBCOMM_RETURN_IF_ERROR(f->read(at, n, buf.data()));
+      // The values too (ckpt::firstBadValue), section by section: a read may span two.
+      for (uint64_t i = at; i < at + n;) {
+        const int section = static_cast<int>(i / numel);
+        const uint64_t end = std::min<uint64_t>(at + n, (section + 1) * numel);
+        const size_t bad = firstBadValue(buf.data() + (i - at), static_cast<size_t>(end - i), section);
+        if (bad < end - i)
+          return badFile(joinPath(dir, x.files[static_cast<size_t>(r)].file),
+                         badValueText(buf[i - at + bad], section, i + bad - section * numel).substr(1),
+                         " of its state; a checkpoint holds finite values only, and no negative second moment");
+        i = end;
+      }
+    }
   }
   return Status::ok();
 }

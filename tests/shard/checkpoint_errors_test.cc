@@ -12,8 +12,10 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -136,6 +138,87 @@ TEST(Checkpoint, CorruptionIsDetectedAndOverwritesNothing) {
     }
     EXPECT_GT(failures, 0) << "no rank noticed the damage";
   }
+}
+
+// Writes `value` as element `at` of section `section` of the shard file at `path`, and reseals
+// the file and its checkpoint's index (chunk checksum, table checksum, header, the index's entry
+// for the file and the index's own checksum): a file every checksum vouches for.
+void writeResealed(const std::string& dir, const std::string& name, int section, uint64_t at, float value) {
+  const std::string path = dir + "/" + name;
+  std::vector<char> b = readBytes(path);
+  ckpt::FileHeader h = headerOf(path);
+  const ckpt::FileLayout l = ckpt::layoutOf(h);
+  const uint64_t element = static_cast<uint64_t>(section) * h.numel + at;
+  std::memcpy(b.data() + l.dataOffset + 4 * element, &value, 4);
+  const uint64_t chunk = element / h.chunkElems, first = chunk * h.chunkElems;
+  const uint64_t count = std::min<uint64_t>(h.chunkElems, static_cast<uint64_t>(h.sections) * h.numel - first);
+  const uint32_t crc = crc32c(b.data() + l.dataOffset + 4 * first, 4 * count);
+  std::memcpy(b.data() + l.tableOffset + 4 * chunk, &crc, 4);
+  const uint32_t oldTable = h.tableCrc;
+  h.tableCrc = crc32c(b.data() + l.tableOffset, 4 * l.numChunks);
+  ckpt::sealHeader(h);
+  std::memcpy(b.data(), &h, sizeof(h));
+  writeBytes(path, b);
+  const std::string indexPath = dir + "/" + kCheckpointIndexFile;
+  std::vector<char> ib = readBytes(indexPath);
+  std::string text(ib.begin(), ib.end());
+  char oldHex[16], newHex[16];
+  std::snprintf(oldHex, sizeof(oldHex), "%08x", oldTable);
+  std::snprintf(newHex, sizeof(newHex), "%08x", h.tableCrc);
+  const size_t entry = text.find(std::string(" ") + oldHex + "\n");
+  ASSERT_NE(entry, std::string::npos) << "no index entry with checksum " << oldHex;
+  text.replace(entry + 1, 8, newHex);
+  text.resize(text.size() - 16);  // "crc32c xxxxxxxx\n"
+  char trailer[24];
+  std::snprintf(trailer, sizeof(trailer), "crc32c %08x\n", crc32c(text.data(), text.size()));
+  text += trailer;
+  writeBytes(indexPath, std::vector<char>(text.begin(), text.end()));
+}
+
+// Values no save writes -- NaN or infinite weights or moments, a negative second moment -- under
+// checksums that are all right: a load refused them with the state untouched, and so does
+// verifyCheckpoint (they loaded, and a trainer without a norm check trained on NaN; tinylm blamed
+// its --lr). A save of a state that holds one is refused, with nothing written.
+TEST(Checkpoint, ValuesNoSaveWritesAreRefusedUnderGoodChecksums) {
+  const ModelSpec model = testModel(2, 5, 11);
+  TempDir tmp;
+  const std::string good = tmp.sub("good");
+  savedWorld(model, 1, good, 5);
+  const std::string r0 = checkpointShardFileName(0, 1);
+  struct Case {
+    int section;
+    float value;
+    const char* name;
+  };
+  for (const Case& c : {Case{0, NAN, "nan in the weights"}, Case{1, INFINITY, "inf in the AdamW first moment"},
+                        Case{2, -1.0f, "-1 in the AdamW second moment"}}) {
+    SCOPED_TRACE(c.name);
+    const std::string dir = tmp.sub("case");
+    fs::remove_all(dir);
+    fs::copy(good, dir);
+    writeResealed(dir, r0, c.section, 3, c.value);
+    ASSERT_TRUE(readCheckpointInfo(dir).isOk()) << "the resealed index does not read";
+    const Status verify = verifyCheckpoint(dir);
+    EXPECT_NE(verify.message().find(std::string(c.name) + " at element 3"), std::string::npos) << verify.toString();
+    EXPECT_NE(verify.message().find(r0), std::string::npos) << verify.toString();
+    World w = makeWorld(model, 2, 16, 7.0f);
+    for (int r = 0; r < 2; ++r) {
+      Snapshot before(*w.states[r]);
+      const Status st = loadCheckpoint(dir, w.plans[r], w.states[r]->view);
+      if (r == 1 && st.isOk()) continue;  // element 3 is rank 0's at 2 ranks too
+      EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.toString();
+      EXPECT_NE(st.message().find(c.name), std::string::npos) << st.toString();
+      EXPECT_NE(st.message().find("parameter '"), std::string::npos) << st.toString();
+      EXPECT_TRUE(before.sameAs(*w.states[r])) << "rank " << r << " state was modified by a failed load";
+    }
+  }
+  World w = makeWorld(model, 1, 16, 0.0f);
+  fillState(w.plans[0], *w.states[0], 5);
+  w.states[0]->v[2] = -0.5f;
+  const Status st = saveCheckpoint(tmp.sub("diverged"), w.plans, w.views());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.toString();
+  EXPECT_NE(st.message().find("-0.5 in the AdamW second moment at element 2"), std::string::npos) << st.toString();
+  EXPECT_FALSE(fs::exists(tmp.sub("diverged") + "/" + r0));
 }
 
 TEST(Checkpoint, ModelMismatchIsReportedAndOverwritesNothing) {

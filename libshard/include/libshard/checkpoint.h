@@ -32,6 +32,11 @@
 // succeeded, so an error leaves it untouched (the price: 12 bytes of temporary memory per state
 // element -- master, m and v -- until the commit).
 //
+// Values: a checkpoint holds finite weights and moments and no negative second moment. A save of
+// a state that holds anything else (a diverged run) is refused before anything is written; a load
+// or verifyCheckpoint refuses such a value under checksums that are all right (a file written or
+// altered by something else), naming the parameter or element, rather than let training run on NaN.
+//
 // The full-model file ("SHCKFULL") holds a header, a text index of the parameters (name, kind,
 // decay, offset, numel, shape) in the sharded layout's order (layer groups, then the norm
 // parameters), the chunk checksum table, then every parameter's fp32 weights packed without
