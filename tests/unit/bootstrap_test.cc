@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -357,6 +358,23 @@ TEST(FileBootstrap, JobsShareADirectory) {
   expectAllOk(statuses);
   EXPECT_EQ(createFileBootstrap(dir.path, "bad/id", 0, 1, Deadline::after(1s)).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+// A store directory every user may write is refused, sticky or not: the file store has no secret,
+// and another user replaced a run's file in a mode 0777 one (a hostile-input review).
+TEST(FileBootstrap, AStoreDirectoryEveryUserMayWriteIsRefused) {
+  for (const mode_t mode : {mode_t{0777}, mode_t{01777}, mode_t{0703}}) {
+    TempDir dir;
+    ASSERT_EQ(chmod(dir.path.c_str(), mode), 0);
+    auto b = createFileBootstrap(dir.path, "job", 0, 1, Deadline::after(1s));
+    ASSERT_FALSE(b.isOk()) << std::oct << mode;
+    EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << b.status().toString();
+    EXPECT_NE(b.status().message().find("every user may write it"), std::string::npos) << b.status().toString();
+  }
+  TempDir group;
+  ASSERT_EQ(chmod(group.path.c_str(), 0770), 0);
+  auto b = createFileBootstrap(group.path, "job", 0, 1, Deadline::after(5s));
+  EXPECT_TRUE(b.isOk()) << b.status().toString();
 }
 
 // A job id used again: the files an earlier run left (its last round, or a crashed run's hello)

@@ -36,6 +36,7 @@
 #include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -78,6 +79,17 @@ Status makeDirs(const std::string& dir) {
   struct stat st;
   if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
     return makeError(StatusCode::kInvalidArgument, "file bootstrap: ", dir, " is not a directory");
+  // The file store has no secret: whoever can write its directory can join the job, or replace and
+  // forge its files (a hostile-input review replaced a run's file as another user in a mode 0777
+  // directory). A directory every user may write is refused; the job's user's (or group's) is fine.
+  if (st.st_mode & S_IWOTH) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return makeError(StatusCode::kInvalidArgument, "file bootstrap: refusing store directory ", dir,
+                     ": every user may write it (mode ", mode,
+                     "), and the file store has no secret, so anyone could join the job or replace its files; "
+                     "use a directory only the job's user or group can write (mkdir -m 700, or chmod o-w)");
+  }
   return Status::ok();
 }
 
