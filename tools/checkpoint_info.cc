@@ -45,21 +45,6 @@ std::string sizeText(uintmax_t bytes) {
   return buf;
 }
 
-// `s` with control characters and non-ASCII bytes as \xNN (a note may hold any byte).
-std::string printable(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (c >= 0x20 && c < 0x7f) {
-      out += static_cast<char>(c);
-    } else {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
-      out += buf;
-    }
-  }
-  return out;
-}
-
 // Files a killed writer left (".<name>.tmp-<pid>-<n>"), and shard files, by name.
 struct Listing {
   std::vector<std::string> temporaries;
@@ -135,7 +120,7 @@ bool report(const std::string& dir, bool verify) {
     std::printf("  shard files: %zu, %s in all\n", x.files.size(), sizeText(total).c_str());
     std::string notes;
     for (const auto& [key, value] : x.notes)
-      notes += (notes.empty() ? "" : ", ") + printable(key) + "=" + printable(value);
+      notes += (notes.empty() ? "" : ", ") + libcomm::detail::printable(key) + "=" + libcomm::detail::printable(value);
     std::printf("  notes: %s\n", notes.empty() ? "none (the saving program recorded no settings)" : notes.c_str());
     if (verify) {
       const libcomm::Status v = libshard::verifyCheckpoint(dir);

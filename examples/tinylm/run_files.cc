@@ -290,8 +290,9 @@ libcomm::Result<ResumePoint> checkResume(const TrainOptions& o) {
   std::string where = libshard::kCheckpointIndexFile;
   if (const auto version = info->notes.find(kRunRecordKey); version != info->notes.end()) {
     if (version->second != kRunRecordVersion)
-      return optionsError("--load-checkpoint '", dir, "': holds a tinylm record of version ", version->second,
-                          "; this tinylm reads version ", kRunRecordVersion, " (a newer tinylm saved it?)");
+      return optionsError("--load-checkpoint '", dir, "': holds a tinylm record of version ",
+                          libcomm::detail::printable(version->second), "; this tinylm reads version ",
+                          kRunRecordVersion, " (a newer tinylm saved it?)");
     const std::string prefix = kRunNotePrefix;
     for (const auto& [key, value] : info->notes)
       if (key.compare(0, prefix.size(), prefix) == 0) record[key.substr(prefix.size())] = value;
@@ -307,18 +308,19 @@ libcomm::Result<ResumePoint> checkResume(const TrainOptions& o) {
   }
   // Keys a record lacks (an older tinylm recorded fewer) are not compared.
   for (const RecordedSetting& r : kRecorded) {
-    const auto saved = record.find(r.key);
+    const auto found = record.find(r.key);
     const std::string now = r.value(o);
-    if (saved == record.end() || saved->second == now) continue;
+    if (found == record.end() || found->second == now) continue;
+    // The recorded value goes into messages: made printable (a note may hold any byte).
+    const std::string saved = libcomm::detail::printable(found->second);
     if (r.kept == Kept::kData)
       return optionsError("--", r.key, " ", now, ": the checkpoint in '", dir, "' was saved by a run with --", r.key,
-                          " ", saved->second, " (", where, "), whose data it was trained on; resume with --", r.key,
-                          " ", saved->second);
+                          " ", saved, " (", where, "), whose data it was trained on; resume with --", r.key, " ",
+                          saved);
     if (r.kept == Kept::kModel)
       return optionsError("--", r.key, " ", now, ": the checkpoint in '", dir, "' holds a model of --", r.key, " ",
-                          saved->second, " (", where, "); resume with --", r.key, " ", saved->second);
-    point.changed += libcomm::detail::strCat(point.changed.empty() ? "" : ", ", "--", r.key, " ", saved->second,
-                                             " -> ", now);
+                          saved, " (", where, "); resume with --", r.key, " ", saved);
+    point.changed += libcomm::detail::strCat(point.changed.empty() ? "" : ", ", "--", r.key, " ", saved, " -> ", now);
   }
   if (info->step > static_cast<uint64_t>(o.steps))
     return optionsError("--steps ", o.steps, ": the checkpoint in '", dir, "' is at step ", info->step,

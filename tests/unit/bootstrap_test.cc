@@ -1196,6 +1196,49 @@ TEST(TcpStore, AnOverlongChallengeIsRefusedUnread) {
   EXPECT_LT(took, 5s);
 }
 
+// libcomm::detail::printable, which the refusal below and the tools' views of checkpoint notes use.
+TEST(TcpStore, PrintableTextKeepsPrintableAsciiAndEscapesTheRest) {
+  EXPECT_EQ(libcomm::detail::printable("plain text ~!"), "plain text ~!");
+  EXPECT_EQ(libcomm::detail::printable(std::string("a\x1b[1mb\nc\0d\x7f\xc3\xa9", 13)),
+            "a\\x1b[1mb\\x0ac\\x00d\\x7f\\xc3\\xa9");
+}
+
+// A store that refuses a rank before proving it knows the secret may be anyone holding the port:
+// its words go into the rank's error made printable, where escape sequences and newlines went
+// straight to the terminal (a fake store could colour it or forge lines; a hostile-input review).
+TEST(TcpStore, ARefusalFromAStoreIsMadePrintable) {
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(listener, 4), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
+  std::thread fake([&] {
+    const int c = accept(listener, nullptr, nullptr);
+    if (c < 0) return;
+    const std::string challenge = boot::encodeFrame(boot::MsgType::kChallenge, std::string(boot::kNonceBytes, 'n'));
+    (void)!write(c, challenge.data(), challenge.size());
+    char auth[256];
+    (void)!read(c, auth, sizeof(auth));  // the rank's proof, whatever it is
+    const std::string refusal = boot::encodeFrame(boot::MsgType::kError, "\x1b[31mred\nforged line");
+    (void)!write(c, refusal.data(), refusal.size());
+    std::this_thread::sleep_for(200ms);
+    close(c);
+  });
+  auto b = createTcpBootstrap("127.0.0.1", port, kSecret, 1, 2, Deadline::after(10s));
+  fake.join();
+  close(listener);
+  ASSERT_FALSE(b.isOk());
+  const std::string msg = b.status().message();
+  EXPECT_NE(msg.find("refused: \\x1b[31mred\\x0aforged line"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find('\x1b'), std::string::npos) << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+}
+
 // The store's parked gets, without sockets: each answered once, with its values, when its last key
 // comes; keys taken by another get in between are waited for again; a key listed twice counts
 // once. 512 gets of all 512 keys (one bootstrap round of 512 ranks) are all answered: rechecking

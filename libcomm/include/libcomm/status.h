@@ -60,6 +60,10 @@ namespace detail {
 /// Result::value() on an error: prints the error to stderr and aborts (a program that skipped the
 /// check learns what failed, where std::get's exception said only "wrong index for variant").
 [[noreturn]] void valueOfAnError(const Status& status);
+/// `text` fit to go into a message: bytes outside printable ASCII (control characters, escape
+/// sequences, newlines, non-ASCII) as \xNN. For text from outside the program -- a peer that has not
+/// proved who it is, a file's contents -- which could otherwise forge lines or drive a terminal.
+std::string printable(std::string_view text);
 }  // namespace detail
 
 /// Either a value or an error Status. value() on an error aborts, printing the error: check

@@ -88,7 +88,9 @@ Status TcpStoreClient::handshake(const std::string& secret, Deadline deadline) {
   LIBCOMM_ASSIGN_OR_RETURN(Frame answer, recvFrame(fd_, deadline, what, kMaxHandshakeReply));
   if (answer.type == MsgType::kError) {
     bool secret = answer.payload.find("secret") != std::string::npos;
-    return makeError(StatusCode::kInvalidArgument, what, ": refused: ", answer.payload,
+    // In the server's words, made printable: it has not proved it knows the secret yet, so the
+    // text may come from anyone holding the port.
+    return makeError(StatusCode::kInvalidArgument, what, ": refused: ", detail::printable(answer.payload),
                      secret ? " (every rank must use the same LIBCOMM_SECRET)" : "");
   }
   std::string expected = serverProof(secret, challenge.payload, clientNonce);

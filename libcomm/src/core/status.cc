@@ -73,6 +73,21 @@ const char* reduceOpName(ReduceOp op) {
 const char* versionString() { return LIBCOMM_VERSION_STRING; }
 
 namespace detail {
+std::string printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const unsigned char c : text) {
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+      continue;
+    }
+    char hex[8];
+    std::snprintf(hex, sizeof(hex), "\\x%02x", c);
+    out += hex;
+  }
+  return out;
+}
+
 void valueOfAnError(const Status& status) {
   std::fprintf(stderr, "libcomm: Result::value() called on an error (check isOk() first): %s\n",
                status.toString().c_str());
