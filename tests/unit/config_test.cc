@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
@@ -339,6 +341,48 @@ TEST(CommConfig, AnUnopenableLogFileIsSaid) {
     EXPECT_EQ(err.find("cannot open", err.find("first line")), std::string::npos) << "said once: " << err;
   }
   libcomm::log::reloadConfig();
+}
+
+// A log file name another user planted as a symbolic link in a directory every user may write
+// (sticky, as /tmp) is not followed: the log appended to whatever it pointed at, this user's files
+// included (a hostile-input review, on a host with fs.protected_symlinks=0). Needs root, to make a
+// link owned by another user.
+TEST(CommConfig, ALogFileLinkAnotherUserPlantedInTmpIsNotFollowed) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root (a link owned by another user)";
+  char tmpl[] = "/tmp/config-test-planted-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl, victim = dir + "/victim.txt", planted = dir + "/comm.log";
+  ASSERT_EQ(chmod(dir.c_str(), 01777), 0);
+  { std::ofstream(victim) << "mine\n"; }
+  ASSERT_EQ(symlink(victim.c_str(), planted.c_str()), 0);
+  ASSERT_EQ(lchown(planted.c_str(), 65534, 65534), 0);  // nobody's
+  {
+    ScopedEnv file("LIBCOMM_LOG_FILE", planted.c_str());
+    libcomm::log::reloadConfig();
+    testing::internal::CaptureStderr();
+    LIBCOMM_LOG(kError, "init") << "a line";
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("refusing LIBCOMM_LOG_FILE '" + planted + "': it is a symbolic link made by uid 65534"),
+              std::string::npos)
+        << err;
+    EXPECT_NE(err.find("a line"), std::string::npos) << err;
+  }
+  libcomm::log::reloadConfig();
+  std::ifstream in(victim);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_EQ(text, "mine\n");
+  // The user's own link there is followed (the kernel's rule too).
+  ASSERT_EQ(lchown(planted.c_str(), 0, 0), 0);
+  {
+    ScopedEnv file("LIBCOMM_LOG_FILE", planted.c_str());
+    libcomm::log::reloadConfig();
+    LIBCOMM_LOG(kError, "init") << "through my own link";
+  }
+  libcomm::log::reloadConfig();
+  std::ifstream again(victim);
+  text.assign((std::istreambuf_iterator<char>(again)), {});
+  EXPECT_NE(text.find("through my own link"), std::string::npos) << text;
+  std::filesystem::remove_all(dir);
 }
 
 std::string readFile(const std::string& path) {

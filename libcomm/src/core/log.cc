@@ -1,6 +1,7 @@
 #include "core/log.h"
 
 #include <pthread.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -98,6 +99,24 @@ std::string hostName() {
 
 int processRankLocked() { return gProcessRank >= 0 ? gProcessRank : gConfig.launchRank; }
 
+// Why a log file at `path` must not be opened, or "": a symbolic link in a directory every user may
+// write and only owners may delete from (/tmp), made by someone other than this process's user and
+// the directory's owner. Another user could plant one at a predictable name (comm-%r.log) pointing
+// at this user's files, which the log would then append to; the kernel refuses to follow such links
+// where fs.protected_symlinks is 1, and this is the same rule where it is not.
+std::string plantedLink(const std::string& path) {
+  struct stat link;
+  if (lstat(path.c_str(), &link) != 0 || !S_ISLNK(link.st_mode)) return "";
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  struct stat d;
+  if (stat(dir.c_str(), &d) != 0) return "";
+  const bool sharedSticky = (d.st_mode & S_ISVTX) && (d.st_mode & S_IWOTH);
+  if (!sharedSticky || link.st_uid == geteuid() || link.st_uid == d.st_uid) return "";
+  return "it is a symbolic link made by uid " + std::to_string(link.st_uid) + " in " + dir +
+         ", a directory every user may write; it could point at any of this user's files";
+}
+
 // `note`: what the caller should log first (a log file that cannot be opened).
 FILE* fileLocked(std::string& note) {
   if (gFile) return gFile;
@@ -114,6 +133,10 @@ FILE* fileLocked(std::string& note) {
     } else {
       path += c;
     }
+  }
+  if (const std::string refused = plantedLink(path); !refused.empty()) {
+    note = "refusing LIBCOMM_LOG_FILE '" + path + "': " + refused + "; logging to stderr instead";
+    return gFile = stderr;
   }
   gFile = fopen(path.c_str(), "ae");  // close-on-exec: no child of the process inherits it
   if (!gFile) {
