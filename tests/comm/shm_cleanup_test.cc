@@ -76,6 +76,24 @@ TEST(ShmSegment, ExistsSaysWhetherTheNameIsThere) {
   EXPECT_FALSE(after.value());
 }
 
+// A name another user's file already takes: the error says whose it is and that this user cannot
+// remove it, where it said only "File exists" (read as a stale segment shm_cleanup would remove;
+// a hostile-input review). Needs root, to make a file owned by another user.
+TEST(ShmSegment, ANameAnotherUserTookIsSaidToBeTheirs) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root (a segment owned by another user)";
+  const std::string name = "/shardcomm." + std::to_string(getpid()) + ".squatted_test.g1";
+  const std::string path = "/dev/shm" + name;
+  const int fd = open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  close(fd);
+  ASSERT_EQ(chown(path.c_str(), 65534, 65534), 0);
+  auto seg = libcomm::shm::Segment::create(name, 64);
+  unlink(path.c_str());
+  ASSERT_FALSE(seg.isOk());
+  EXPECT_NE(seg.status().message().find("File exists"), std::string::npos) << seg.status().toString();
+  EXPECT_NE(seg.status().message().find("belongs to uid 65534"), std::string::npos) << seg.status().toString();
+}
+
 // More than /dev/shm holds: an error naming /dev/shm, not a segment whose first store raises
 // SIGBUS. In a child with a mount namespace of its own and a 16 MiB /dev/shm (needs root).
 TEST(ShmSegment, MoreThanDevShmHoldsIsAnErrorNotABusError) {

@@ -58,6 +58,18 @@ Result<bool> namesFile(const std::string& name, int fd) {
   return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
+// A segment that could not be made. A name taken by another user's file is said so: neither this
+// user's shm_cleanup nor a retry can remove it (names hold the maker's pid, so it was made on
+// purpose, or the pid was reused across users).
+Status createError(const std::string& name, int err) {
+  Status st = sysError("shm_open", name, err);
+  struct stat sb;
+  if (err != EEXIST || stat(("/dev/shm" + name).c_str(), &sb) != 0 || sb.st_uid == geteuid()) return st;
+  return makeError(StatusCode::kSystemError, st.message(), ": /dev/shm", name, " belongs to uid ", sb.st_uid,
+                   ", not to this process's uid ", geteuid(),
+                   "; this user cannot remove it (shm_cleanup neither): its owner or root must");
+}
+
 // Opens a new segment holding the owner's lock. A sweep that opened the name between our O_EXCL
 // create and our lock may hold its exclusive lock, and unlinks the name before it lets go: we wait
 // for it (briefly: a sweep holds it for one unlink; a bound, so that a stopped sweep cannot hang
@@ -66,7 +78,7 @@ Result<bool> namesFile(const std::string& name, int fd) {
 Result<int> createLocked(const std::string& name) {
   for (int attempt = 1;; ++attempt) {
     const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) return sysError("shm_open", name, errno);
+    if (fd < 0) return createError(name, errno);
     int err = lockFile(fd, F_RDLCK, F_OFD_SETLK);
     if (err == EACCES) err = EAGAIN;  // either means "held" (fcntl(2))
     for (int waited = 0; err == EAGAIN && waited < 1000; ++waited) {
