@@ -72,6 +72,15 @@ libcomm::Result<std::unique_ptr<libcomm::Bootstrap>> makeBootstrap(libcomm::Dead
   return std::move(all[0]);
 }
 
+// Which launcher's variables placed this rank (libcomm::LaunchInfo::source), for the header: a job
+// under mpirun that took Slurm's (or the other way round) shows it there.
+std::string launcherText() {
+  if (!libcomm::startedAsRank()) return "no launcher (one rank alone)";
+  auto info = libcomm::resolveLaunchInfo();  // as the bootstrap resolved it moments ago
+  if (!info.isOk()) return "launcher unknown";
+  return "launcher variables: " + info->source + (info->source == "LIBCOMM" ? " (LIBCOMM_*: -np, or set by hand)" : "");
+}
+
 // Every rank reports its own errors; rank 0 also ends the report with a FAIL summary.
 int fail(int rank, const Status& s, Report* report) {
   if (rank < 0)
@@ -126,7 +135,8 @@ int runRank(const Options& options) {
     report.emplace(options, boot.size());
     s = report->openJson();
     if (!s.isOk()) return fail(rank, s, nullptr);
-    report->printHeader(boot.describe(), ranks, options.printAlgo ? (*comm)->describeSelection() : "");
+    report->printHeader(boot.describe() + ", " + launcherText(), ranks,
+                        options.printAlgo ? (*comm)->describeSelection() : "");
   }
   Report* rep = report ? &*report : nullptr;
 
