@@ -20,6 +20,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <memory>
@@ -83,15 +84,16 @@ int fail(int rank, int world, const libcomm::Status& st) {
 
 // The signal that asked this rank to stop (0: none yet). The first of SIGINT, SIGTERM and SIGHUP
 // is noted, for the training loop to poll between steps; a second ends the process by it at once.
-volatile sig_atomic_t gStopSignal = 0;
+// A lock-free atomic, not a volatile sig_atomic_t: the handler may run on any thread, and the
+// training thread reads it (lock-free atomics are async-signal-safe).
+std::atomic<int> gStopSignal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
 
 void onStopSignal(int sig) {
-  if (gStopSignal != 0) {
+  if (gStopSignal.exchange(sig) != 0) {
     signal(sig, SIG_DFL);  // async-signal-safe, as is raise
     raise(sig);
-    return;
   }
-  gStopSignal = sig;
 }
 
 // Where a run with a checkpoint to save stops on a signal: installed over the default action only,
@@ -108,7 +110,7 @@ void catchStopSignals(TrainOptions& t) {
     sigemptyset(&sa.sa_mask);
     sigaction(sig, &sa, nullptr);
   }
-  t.stopRequest = [] { return static_cast<int>(gStopSignal); };
+  t.stopRequest = [] { return gStopSignal.load(); };
 }
 
 // A run stopped by a signal ends by that signal, after its last words, as a shell expects of a
