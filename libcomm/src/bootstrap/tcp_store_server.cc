@@ -60,6 +60,25 @@ struct Conn {
   }
 };
 
+// What holds host:port, which a store could not listen on, found by connecting and waiting up to a
+// second for its first words: a libcomm store greets every client with its challenge at once (and
+// drops this one unauthenticated); another service (torch's store under torchrun's MASTER_PORT, a
+// web server) says nothing first. "" when nothing could be connected to (the port is held by a
+// socket that does not listen, say): the caller's own message covers that.
+std::string whatListensAt(const std::string& host, int port) {
+  const std::string target = host == "0.0.0.0" ? "127.0.0.1" : host == "::" ? "::1" : host;
+  auto fd = connectOnce(target, port, Deadline::after(Milliseconds(1000)));
+  if (!fd.isOk()) return "";
+  auto greeting = recvFrame(*fd, Deadline::after(Milliseconds(1000)), "probe", kNonceBytes);
+  closeWithoutTimeWait(*fd);
+  if (greeting.isOk() && greeting->type == MsgType::kChallenge)
+    return "a libcomm TCP store listens there already: another process of this job hosting it (two processes with "
+           "rank 0, or LIBCOMM_HOST_STORE=1 on more than one), or another job's store given the same "
+           "LIBCOMM_STORE_ADDR";
+  return "another service listens there, not a libcomm store (which would have greeted this probe at once); under "
+         "torchrun, MASTER_PORT carries torch's own store: pick another port in LIBCOMM_STORE_ADDR";
+}
+
 class Server final : public TcpStoreServer {
  public:
   Server(std::string host, std::string secret, TcpStoreOptions options)
@@ -95,7 +114,14 @@ class Server final : public TcpStoreServer {
   }
 
   Status start(int port) {
-    Result<int> listening = listenOn(host_, port, &port_);
+    int err = 0;
+    Result<int> listening = listenOn(host_, port, &port_, &err);
+    if (!listening.isOk() && err == EADDRINUSE && port > 0) {
+      if (const std::string found = whatListensAt(host_, port); !found.empty())
+        return makeError(StatusCode::kSystemError, "tcp store: cannot listen on ", host_, ":", port,
+                         ": address already in use: ", found, " (`ss -ltnp 'sport = :", port,
+                         "'` shows which process)");
+    }
     if (!listening.isOk()) return listening.status().withContext("tcp store");
     listenFd_ = listening.value();
     wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

@@ -410,7 +410,8 @@ void closeWithoutTimeWait(int fd) {
   close(fd);
 }
 
-Result<int> listenOn(const std::string& host, int port, int* boundPort) {
+Result<int> listenOn(const std::string& host, int port, int* boundPort, int* failedErrno) {
+  if (failedErrno) *failedErrno = 0;
   struct addrinfo hints = {};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -425,6 +426,7 @@ Result<int> listenOn(const std::string& host, int port, int* boundPort) {
   if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (fd < 0 || bind(fd, list->ai_addr, list->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
     int err = errno;
+    if (failedErrno) *failedErrno = err;
     if (fd >= 0) close(fd);
     const std::string where =
         (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);

@@ -153,8 +153,9 @@ Result<AddrInfo> resolveHost(const std::string& host, const std::string& service
 
 /// Listens on exactly host:port (port 0: any free one): a non-blocking, close-on-exec socket, with
 /// the port actually bound stored in `*boundPort`. EADDRINUSE is an error naming the address. A
-/// host name is resolved within kListenResolveBound.
-Result<int> listenOn(const std::string& host, int port, int* boundPort);
+/// host name is resolved within kListenResolveBound. `failedErrno`, when given, receives the errno
+/// of a failed socket, bind or listen (0 otherwise).
+Result<int> listenOn(const std::string& host, int port, int* boundPort, int* failedErrno = nullptr);
 inline constexpr Milliseconds kListenResolveBound{10000};
 /// "10.0.0.1:5678" for a socket address.
 std::string addressText(const struct sockaddr_storage& addr);
