@@ -103,8 +103,15 @@ int runRank(const Options& options) {
   if (Status v = config->validate(); !v.isOk()) return fail(-1, v, nullptr);
   const libcomm::Deadline initDeadline = libcomm::Deadline::after(config->initTimeout);
 
+  // A set-up that timed out says which setting bounded it: the bootstrap cannot tell.
+  auto setUp = [&](const Status& st) {
+    if (st.code() != libcomm::StatusCode::kTimeout) return st;
+    return st.withContext(std::string("set-up bounded by ") +
+                          (options.timeoutMs ? "2 x -T" : "LIBCOMM_INIT_TIMEOUT_MS") + " (" +
+                          std::to_string(config->initTimeout.count()) + " ms)");
+  };
   auto bootstrap = makeBootstrap(initDeadline);
-  if (!bootstrap.isOk()) return fail(-1, bootstrap.status(), nullptr);
+  if (!bootstrap.isOk()) return fail(-1, setUp(bootstrap.status()), nullptr);
   libcomm::Bootstrap& boot = **bootstrap;
   const int rank = boot.rank();
 
@@ -114,10 +121,10 @@ int runRank(const Options& options) {
   gethostname(mine.host, sizeof(mine.host) - 1);
   std::vector<RankInfo> ranks(static_cast<size_t>(boot.size()));
   Status s = boot.allGather(&mine, ranks.data(), sizeof(RankInfo), initDeadline);
-  if (!s.isOk()) return fail(rank, s.withContext("exchanging rank info"), nullptr);
+  if (!s.isOk()) return fail(rank, setUp(s.withContext("exchanging rank info")), nullptr);
 
   auto comm = libcomm::Communicator::create(boot, *config);
-  if (!comm.isOk()) return fail(rank, comm.status(), nullptr);
+  if (!comm.isOk()) return fail(rank, setUp(comm.status()), nullptr);
   std::unique_ptr<libcomm::Stream> stream;
   if (options.deviceMemory) {
     auto dev = device::select(rank);

@@ -136,7 +136,14 @@ void describePlan(const libshard::ShardPlan& plan) {
 int runRank(CliOptions o) {
   const auto deadline = libcomm::Deadline::after(o.train.timeout);
   auto b = rankBootstrap(deadline);
-  if (!b.isOk()) return fail(-1, 1, b.status());
+  if (!b.isOk()) {
+    const libcomm::Status st = b.status();  // a timeout says which flag bounded it: the bootstrap cannot tell
+    return fail(-1, 1,
+                st.code() == libcomm::StatusCode::kTimeout
+                    ? st.withContext("the job's start, bounded by --timeout (" +
+                                     std::to_string(o.train.timeout.count() / 1000) + " s)")
+                    : st);
+  }
   std::unique_ptr<libcomm::Bootstrap> boot = std::move(b).value();
   const int rank = boot->rank(), world = boot->size();
   TrainOptions& t = o.train;
