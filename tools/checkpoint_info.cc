@@ -10,6 +10,7 @@
 // load would read). Exit 0 when every DIR holds a complete checkpoint (verified, with --verify),
 // 1 when one does not, 2 on usage errors.
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -88,6 +89,20 @@ bool report(const std::string& dir, bool verify) {
       std::printf(" (%zu shard file(s) of a save that did not finish: it may be saved into again)",
                   files.shards.size());
     std::printf("\n");
+    // A directory of checkpoints (tinylm --save-every's DIR/step-<k>): name them, so that the
+    // answer to "checkpoint_info DIR" is not only "no".
+    std::vector<std::string> held;
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      if (e.is_directory(ec) && fs::exists(e.path() / libshard::kCheckpointIndexFile, ec))
+        held.push_back(e.path().filename().string());
+    std::sort(held.begin(), held.end());
+    std::string named;  // the newest three
+    for (size_t i = held.size() > 3 ? held.size() - 3 : 0; i < held.size(); ++i)
+      named += (named.empty() ? "" : ", ") + held[i];
+    if (!held.empty())
+      std::printf("  holds %zu checkpoint director%s: %s%s (checkpoint_info %s/%s)\n", held.size(),
+                  held.size() == 1 ? "y" : "ies", held.size() > 3 ? "..., " : "", named.c_str(), dir.c_str(),
+                  held.back().c_str());
   } else if (!info.isOk()) {
     ok = false;
     std::printf("  not a usable checkpoint: %s\n", info.status().toString().c_str());

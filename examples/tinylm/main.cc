@@ -13,11 +13,13 @@
 //
 // Told to stop (SIGINT, SIGTERM, SIGHUP: a scheduler preempting the job, Ctrl-C), a run with
 // --save-checkpoint finishes the step it is in, saves a checkpoint of it (every rank stops after
-// the same step: TrainOptions::stopRequest), prints where, and ends by that signal; a second such
-// signal ends it at once. `-np` passes the signal on to its ranks and gives them time for the step
-// and the save (stopGrace). Without --save-checkpoint the signals keep their default action.
+// the same step: TrainOptions::stopRequest), prints where, and ends by that signal; a later one
+// (not the same request again: onStopSignal) ends it at once. `-np` passes the signal on to its ranks and gives them
+// time for the step and the save (stopGrace). Without --save-checkpoint the signals keep their default action.
 
 #include <signal.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -83,17 +85,35 @@ int fail(int rank, int world, const libcomm::Status& st) {
 }
 
 // The signal that asked this rank to stop (0: none yet). The first of SIGINT, SIGTERM and SIGHUP
-// is noted, for the training loop to poll between steps; a second ends the process by it at once.
-// A lock-free atomic, not a volatile sig_atomic_t: the handler may run on any thread, and the
-// training thread reads it (lock-free atomics are async-signal-safe).
+// is noted, for the training loop to poll between steps; a later one ends the process by it at
+// once -- unless it is the same request again: one from this process's parent (a launcher passing
+// the first on, `timeout` signalling its child and then the child's group) or one within
+// kRepeatWindow of the first (a scheduler signalling every process of the job and its launcher
+// too). Those used to kill the rank in the middle of the save the first one asked for.
+// Lock-free atomics, not a volatile sig_atomic_t: the handler may run on any thread, and the
+// training thread reads them (lock-free atomics are async-signal-safe).
 std::atomic<int> gStopSignal{0};
-static_assert(std::atomic<int>::is_always_lock_free);
+std::atomic<long long> gFirstStopNs{0};
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<long long>::is_always_lock_free);
+constexpr long long kRepeatWindowNs = 1000000000;  // 1 s
 
-void onStopSignal(int sig) {
-  if (gStopSignal.exchange(sig) != 0) {
-    signal(sig, SIG_DFL);  // async-signal-safe, as is raise
-    raise(sig);
+long long monotonicNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe
+  return static_cast<long long>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+void onStopSignal(int sig, siginfo_t* info, void*) {
+  const long long now = monotonicNs();
+  int none = 0;
+  if (gStopSignal.compare_exchange_strong(none, sig)) {
+    gFirstStopNs.store(now);
+    return;
   }
+  const bool fromParent = info != nullptr && info->si_code == SI_USER && info->si_pid == getppid();
+  if (fromParent || now - gFirstStopNs.load() < kRepeatWindowNs) return;
+  signal(sig, SIG_DFL);  // async-signal-safe, as is raise
+  raise(sig);
 }
 
 // Where a run with a checkpoint to save stops on a signal: installed over the default action only,
@@ -105,8 +125,8 @@ void catchStopSignals(TrainOptions& t) {
     if (sigaction(sig, nullptr, &before) != 0 || before.sa_handler != SIG_DFL || (before.sa_flags & SA_SIGINFO))
       continue;
     struct sigaction sa {};
-    sa.sa_handler = onStopSignal;
-    sa.sa_flags = SA_RESTART;
+    sa.sa_sigaction = onStopSignal;
+    sa.sa_flags = SA_RESTART | SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
     sigaction(sig, &sa, nullptr);
   }
@@ -184,6 +204,13 @@ int runRank(CliOptions o) {
     for (const std::string& line : rankLines(result->ranks)) std::printf("%s\n", line.c_str());
     const auto& steps = result->steps;
     const int lastStep = result->firstStep + static_cast<int>(steps.size());  // the state the run ends with
+    // A stopped run is no PASS (a script reading that would take it for a finished one); the
+    // memory verdict still counts.
+    const std::string outcome = result->stopRequest != 0
+                                    ? std::string("STOPPED by SIG") + sigabbrev_np(result->stopRequest) +
+                                          (verdict.empty() ? "" : ", FAIL: " + verdict)
+                                : verdict.empty() ? "PASS"
+                                                  : "FAIL: " + verdict;
     char losses[96] = "no steps run";
     if (!steps.empty())
       std::snprintf(losses, sizeof(losses), "loss %.6f -> %.6f", steps.front().loss, steps.back().loss);
@@ -196,12 +223,12 @@ int runRank(CliOptions o) {
                                      stepCheckpointDir(t.saveCheckpoint, static_cast<uint64_t>(lastStep)) + ")")
                                         .c_str()
                                   : (", checkpoint saved to " + t.saveCheckpoint).c_str(),
-                verdict.empty() ? "PASS" : ("FAIL: " + verdict).c_str());
+                outcome.c_str());
     if (result->stopRequest != 0)
       std::printf(
-          "tinylm: stopped by SIG%s after step %d of %d; checkpoint of step %d saved to '%s': "
+          "tinylm: stopped by SIG%s after step %d (%d of %d steps done); checkpoint of step %d saved to '%s': "
           "--load-checkpoint %s resumes it\n",
-          sigabbrev_np(result->stopRequest), lastStep, t.steps, lastStep,
+          sigabbrev_np(result->stopRequest), lastStep - 1, lastStep, t.steps, lastStep,
           t.saveEvery > 0 ? stepCheckpointDir(t.saveCheckpoint, static_cast<uint64_t>(lastStep)).c_str()
                           : t.saveCheckpoint.c_str(),
           t.saveCheckpoint.c_str());

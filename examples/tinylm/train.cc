@@ -527,13 +527,25 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& given, libcomm::Boot
     // only read the compute copy): drained first, then saved as at the end. A stop asked by any
     // rank (every rank learnt of it in this step's loss exchange) saves here as well, and ends the run.
     const bool stopping = rec.stopRequest != 0 && s + 1 < o.steps;
-    if (s + 1 < o.steps &&
-        (std::binary_search(saves.begin(), saves.end(), s + 1) || (stopping && !o.saveCheckpoint.empty()))) {
+    const bool periodic = s + 1 < o.steps && std::binary_search(saves.begin(), saves.end(), s + 1);
+    if (periodic || (stopping && !o.saveCheckpoint.empty())) {
       if (executor) LIBCOMM_RETURN_IF_ERROR(executor->synchronize());
       LIBCOMM_RETURN_IF_ERROR(saveAt(s + 1));
     }
-    if (stopping) {
-      result.stopRequest = rec.stopRequest;
+    // A stop asked during a periodic save ends the run with that save, where it cost one more step
+    // and one more save (found by a preemption review): the ranks compare their requests once
+    // more, over the bootstrap, after every periodic save (a few bytes each, seldom).
+    int stopAfterSave = 0;
+    if (periodic && !stopping && o.stopRequest) {
+      const int32_t mine = o.stopRequest();
+      std::vector<int32_t> all(static_cast<size_t>(world));
+      LIBCOMM_RETURN_IF_ERROR(
+          boot.allGather(&mine, all.data(), sizeof(mine), libcomm::Deadline::after(o.timeout))
+              .withContext("comparing stop requests after the save of step " + std::to_string(s + 1)));
+      stopAfterSave = *std::max_element(all.begin(), all.end());
+    }
+    if (stopping || stopAfterSave != 0) {
+      result.stopRequest = stopping ? rec.stopRequest : stopAfterSave;
       break;
     }
   }

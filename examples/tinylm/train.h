@@ -205,8 +205,9 @@ struct TrainOptions {
   /// phase's outcome; tests make a save slow with it.
   std::function<void(bool index)> onCheckpointWritten;
   /// Polled on every rank once per step, just before the step's loss exchange, which carries the
-  /// answer to every rank (not in compute-only mode, which has none): once any rank's is non-zero,
-  /// every rank ends the run after that same step, saves it where saveCheckpoint is set (into
+  /// answer to every rank (not in compute-only mode, which has none), and again after each periodic
+  /// save (over the bootstrap): once any rank's is non-zero, every rank ends the run after that
+  /// same step (or save), saves it where saveCheckpoint is set and not just saved (into
   /// stepCheckpointDir(saveCheckpoint, step) with saveEvery, else saveCheckpoint itself) and
   /// returns with TrainResult::stopRequest set to the largest value asked. The tinylm command asks
   /// with the signal (SIGINT, SIGTERM, SIGHUP) that told it to stop, so that a preempted run keeps

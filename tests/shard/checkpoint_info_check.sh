@@ -2,7 +2,8 @@
 # tools/checkpoint_info on real checkpoints of tinylm: a complete one (its step, world size, notes),
 # verified; the same with a flipped data byte (found only by --verify, exit 1); a directory a save
 # did not finish (shards, no index) with another host's live claim and a killed writer's temporary;
-# a missing shard file (found without --verify); a claim of a dead process; usage errors.
+# a missing shard file (found without --verify); a claim of a dead process; a directory of
+# --save-every's checkpoints (named); usage errors.
 #   checkpoint_info_check.sh CHECKPOINT_INFO TINYLM
 set -u
 info=$1 tinylm=$2
@@ -50,6 +51,10 @@ printf 'shardcomm-save-claim 1\ntag 0x0badf00d\npid %s\nhost %s\nboot %s\nsince 
   "$(cat /proc/sys/kernel/random/boot_id)" > "$tmp/good/.save-claim"
 expect 0 "save claim: left by a process that is gone (harmless beside a complete checkpoint" -- "$tmp/good"
 expect 1 "no such directory" -- "$tmp/nothing"
+# A directory of --save-every's checkpoints: not one itself, but they are named (it said only "no").
+"$tinylm" --steps 7 --save-every 2 --save-checkpoint "$tmp/every" --vocab 32 --dim 8 --hidden 8 --layers 1 \
+  --seq-len 4 > "$tmp/train.log" 2>&1 || { cat "$tmp/train.log"; fail "tinylm could not save every 2 steps"; }
+expect 1 "holds 4 checkpoint directories: ..., step-00000004, step-00000006, step-00000007 (checkpoint_info $tmp/every/step-00000007)" -- "$tmp/every"
 expect 2 "unknown option '--bogus'" -- --bogus "$tmp/good"
 expect 2 "no checkpoint directory given" --
 echo "PASS: checkpoint_info reports complete, corrupt and unfinished checkpoints"

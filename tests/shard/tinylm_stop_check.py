@@ -16,9 +16,13 @@ Cases:
   after the same step. Both end by SIGINT; the step directory is the newest, and a resume that
   names the directory takes it.
 Each resume runs two steps past the stop and must print the same step lines as a run from step 0.
+Then: one request delivered twice (SIGTERM twice in 0.1 s) still saves; SIGTERM to the ranks of
+`-np` and not to the launcher ends the launcher by it too; a save that fails makes the stop a
+failure (exit 1), not an interruption like a good one.
 """
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +35,10 @@ from tinylm_rank_errors_check import free_port  # noqa: E402
 MODEL = ["--vocab", "32", "--dim", "16", "--hidden", "32", "--layers", "2", "--seq-len", "8",
          "--global-batch", "4", "--precision", "fp32"]
 STEPS = 100000  # far more than a test runs: only the signal ends the run
+# Steps of about 0.4 s here (more in the sanitizer builds): a second signal 0.1 s after the first
+# lands in the middle of the step the first lets finish.
+SLOW_MODEL = ["--vocab", "4096", "--dim", "512", "--hidden", "2048", "--layers", "4", "--seq-len", "64",
+              "--global-batch", "8", "--precision", "fp32"]
 
 
 def fail(msg):
@@ -66,11 +74,15 @@ def finish(proc, limit_s, what):
 
 
 def stopped_step(out, sig, saved, what):
-    m = re.search(r"tinylm: stopped by %s after step (\d+) of %d; checkpoint of step \1 saved to '%s'"
-                  % (sig.name, STEPS, re.escape(saved)), out)
+    m = re.search(r"tinylm: stopped by %s after step (\d+) \((\d+) of %d steps done\); checkpoint of step \2 "
+                  r"saved to '%s'" % (sig.name, STEPS, re.escape(saved)), out)
     if not m:
         fail("%s: no line saying where the stopped run saved:\n%s" % (what, out))
-    return int(m.group(1))
+    if int(m.group(1)) + 1 != int(m.group(2)):
+        fail("%s: the last step and the steps done disagree: %s" % (what, m.group(0)))
+    if not re.search(r"-- STOPPED by %s\n" % sig.name, out):
+        fail("%s: the summary line does not say the run stopped:\n%s" % (what, out))
+    return int(m.group(2))
 
 
 def step_lines(out):
@@ -107,7 +119,7 @@ def launcher_told_to_stop(exe, tmp, timeout_s):
     if proc.returncode != -signal.SIGTERM:
         fail("%s: exit status %d, want death by SIGTERM\nstdout:\n%s\nstderr:\n%s" % (what, proc.returncode, out, err))
     stop = stopped_step(out, signal.SIGTERM, saved, what)
-    for words in ("passed SIGTERM on to ranks 0,1", "ranks 0,1 ended by themselves"):
+    for words in ("passed SIGTERM on to ranks 0,1", "ranks 0,1 ended by SIGTERM"):
         if words not in err:
             fail("%s: stderr does not say %r:\n%s" % (what, words, err))
     if not os.path.exists(os.path.join(saved, "index.txt")):
@@ -148,6 +160,83 @@ def one_rank_told_to_stop(exe, tmp, timeout_s):
     return stop
 
 
+def children_of(pid):
+    try:
+        with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def one_request_delivered_twice(exe, tmp, timeout_s):
+    """One rank alone, SIGTERM twice 0.1 s apart by another process (as a scheduler signalling every
+    process of a job, or `timeout` signalling the child and then its group, delivers it): one
+    request. The second used to end the rank at once, in the middle of the save."""
+    what = "one rank, SIGTERM twice in 0.1 s"
+    saved = os.path.join(tmp, "twice")
+    proc = subprocess.Popen([exe, "--steps", str(STEPS), "--timeout", str(timeout_s), "--save-checkpoint", saved]
+                            + SLOW_MODEL, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    wait_for_step(proc, 0, 10 * timeout_s, lines)
+    for _ in range(2):
+        subprocess.run(["kill", "-TERM", str(proc.pid)], check=True)
+        time.sleep(0.1)
+    out, err = finish(proc, 10 * timeout_s, what)
+    out = "".join(lines) + out
+    if proc.returncode != -signal.SIGTERM:
+        fail("%s: exit status %d, want death by SIGTERM\nstderr:\n%s" % (what, proc.returncode, err))
+    stopped_step(out, signal.SIGTERM, saved, what)
+
+
+def ranks_told_to_stop(exe, tmp, timeout_s):
+    """tinylm -np 2, SIGTERM to both ranks and not to the launcher (a scheduler signalling each
+    process): they save and end by it, and so does the launcher, where it reported a failed rank
+    and exited 1."""
+    what = "tinylm -np 2, SIGTERM to the ranks only"
+    saved = os.path.join(tmp, "ranks")
+    proc = subprocess.Popen([exe, "-np", "2", "--steps", str(STEPS), "--timeout", str(timeout_s),
+                             "--save-checkpoint", saved] + MODEL, env=clean_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    lines = []
+    wait_for_step(proc, 2, 10 * timeout_s, lines)
+    ranks = children_of(proc.pid)
+    if len(ranks) != 2:
+        proc.kill()
+        fail("%s: the launcher has children %s, not two ranks" % (what, ranks))
+    for r in ranks:
+        os.kill(r, signal.SIGTERM)
+    out, err = finish(proc, 10 * timeout_s, what)
+    out = "".join(lines) + out
+    if proc.returncode != -signal.SIGTERM:
+        fail("%s: exit status %d, want death by SIGTERM\nstderr:\n%s" % (what, proc.returncode, err))
+    if "a SIGTERM sent to them, not to this launcher, stopped the job" not in err:
+        fail("%s: the launcher does not say what stopped the job:\n%s" % (what, err))
+    stopped_step(out, signal.SIGTERM, saved, what)
+
+
+def a_failed_save_is_a_failure(exe, tmp, timeout_s):
+    """tinylm -np 2 whose save cannot be written when SIGTERM comes (its directory replaced by a
+    file): the ranks exit 1, and the launcher says so and exits 1 -- it ended by SIGTERM, saying the
+    ranks 'ended by themselves', as a stop that saved does."""
+    what = "tinylm -np 2, SIGTERM with the save directory gone"
+    saved = os.path.join(tmp, "gone")
+    proc = subprocess.Popen([exe, "-np", "2", "--steps", str(STEPS), "--timeout", str(timeout_s),
+                             "--save-checkpoint", saved] + MODEL, env=clean_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    lines = []
+    wait_for_step(proc, 2, 10 * timeout_s, lines)
+    shutil.rmtree(saved)
+    with open(saved, "w") as f:
+        f.write("not a directory\n")
+    proc.send_signal(signal.SIGTERM)
+    out, err = finish(proc, 10 * timeout_s, what)
+    if proc.returncode != 1:
+        fail("%s: exit status %d, want 1\nstderr:\n%s" % (what, proc.returncode, err))
+    for words in ("ranks 0,1 exited with code 1", "a rank failed while stopping", "saving checkpoint"):
+        if words not in err:
+            fail("%s: stderr does not say %r:\n%s" % (what, words, err))
+
+
 def main():
     if len(sys.argv) not in (2, 3):
         fail("usage: tinylm_stop_check.py TINYLM [SCALE]")
@@ -157,6 +246,9 @@ def main():
     with tempfile.TemporaryDirectory(prefix="tinylm-stop-") as tmp:
         a = launcher_told_to_stop(exe, tmp, timeout_s)
         b = one_rank_told_to_stop(exe, tmp, timeout_s)
+        one_request_delivered_twice(exe, tmp, timeout_s)
+        ranks_told_to_stop(exe, tmp, timeout_s)
+        a_failed_save_is_a_failure(exe, tmp, timeout_s)
     print("OK: stopped and saved at step %d (SIGTERM to -np) and %d (SIGINT to one rank); both resumed as "
           "the uninterrupted run" % (a, b))
 

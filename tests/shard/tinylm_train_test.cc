@@ -619,9 +619,11 @@ TEST(TinyLmTrainThreads, AStopAskedByOneRankEndsEveryRankAfterTheSameStepAndSave
     TrainOptions o = tinyOptions(Precision::kFp32, 6);
     o.saveCheckpoint = tmp.sub(every ? "every" : "end");
     o.saveEvery = every ? 2 : 0;
-    // Two ranks poll once per step each: the fifth poll is one rank's, in step 2.
+    // Two ranks poll once per step each, and once more after each periodic save (of step 2 here):
+    // the fifth poll (the seventh with the save's) is one rank's, in step 2.
     auto polls = std::make_shared<std::atomic<int>>(0);
-    o.stopRequest = [polls] { return polls->fetch_add(1) + 1 == 5 ? SIGTERM : 0; };
+    const int trigger = every ? 7 : 5;
+    o.stopRequest = [polls, trigger] { return polls->fetch_add(1) + 1 == trigger ? SIGTERM : 0; };
     const RunOutput stopped = train(o, 2, Mode::kThreads);
     ASSERT_EQ(stopped.steps, 3);
     for (int r = 0; r < 2; ++r) {
@@ -645,6 +647,20 @@ TEST(TinyLmTrainThreads, AStopAskedByOneRankEndsEveryRankAfterTheSameStepAndSave
     ASSERT_EQ(rest.steps, 3);
     for (int s = 0; s < 3; ++s) EXPECT_EQ(rest.loss[s], whole.loss[3 + s]) << "step " << 3 + s;
   }
+  // Asked during a periodic save (of step 2): the run ends with that save, where it trained one
+  // more step and saved again.
+  TrainOptions during = tinyOptions(Precision::kFp32, 6);
+  during.saveCheckpoint = tmp.sub("during");
+  during.saveEvery = 2;
+  auto asked = std::make_shared<std::atomic<int>>(0);
+  during.onCheckpointWritten = [asked](bool) { asked->store(SIGHUP); };
+  during.stopRequest = [asked] { return asked->load(); };
+  const RunOutput saved = train(during, 2, Mode::kThreads);
+  EXPECT_EQ(saved.steps, 2);
+  EXPECT_EQ(saved.stopRequest[0], SIGHUP);
+  EXPECT_TRUE(libshard::verifyCheckpoint(tinylm::stepCheckpointDir(during.saveCheckpoint, 2)).isOk());
+  EXPECT_FALSE(std::filesystem::exists(tinylm::stepCheckpointDir(during.saveCheckpoint, 3)));
+
   TrainOptions nowhere = tinyOptions(Precision::kFp32, 6);
   nowhere.stopRequest = [] { return SIGINT; };
   const RunOutput first = train(nowhere, 2, Mode::kThreads);

@@ -49,7 +49,10 @@ struct LocalLaunchOptions {
 /// (after a failure, the deadline or a signal) unlink none of their shared-memory segments: the launcher removes the
 /// job's once it has reaped them, and says so in the error. SIGINT, SIGTERM and SIGHUP, where their action is the
 /// default, are caught while a launch runs: the ranks get SIGTERM and `stopGrace` to end (then SIGKILL), their
-/// segments are removed (said at WARN), then the signal is raised again when the last launch returns, so that the
+/// segments are removed (how each rank ended, said at WARN), then the signal is raised again -- unless a rank exited
+/// with an error code meanwhile (failed while stopping): then kRemoteError, naming it, and no signal. Ranks that all
+/// ended by one stop signal sent to them (not to the launcher) end the launching process by it likewise. The signal
+/// is raised again when the last launch returns, so that the
 /// process still ends by it. SIGUSR1, where its action is the default, is passed on to the running ranks that catch it
 /// (their flight-recorder dumps; one that does not, still in its bootstrap, is named at WARN and left alone) instead of
 /// ending the launcher and with it the job.

@@ -72,7 +72,39 @@ std::string describeWait(int status) {
 struct Child {
   pid_t pid = -1;
   bool running = false;
+  int status = 0;     // its wait status, once it ended
+  bool lost = false;  // reaped elsewhere: the status is unknown
 };
+
+bool isStopSignal(int sig) { return sig == SIGINT || sig == SIGTERM || sig == SIGHUP; }
+
+// How an ended rank ended, short: "exited 0", "exited with code 1", "ended by SIGTERM".
+std::string endText(const Child& c) {
+  if (c.lost) return "ended with an unknown status (reaped elsewhere)";
+  if (WIFEXITED(c.status))
+    return WEXITSTATUS(c.status) == 0 ? "exited 0" : "exited with code " + std::to_string(WEXITSTATUS(c.status));
+  if (WIFSIGNALED(c.status)) return std::string("ended by SIG") + sigabbrev_np(WTERMSIG(c.status));
+  return "stopped with wait status " + std::to_string(c.status);
+}
+
+// "ranks 0,1 ended by SIGTERM; rank 2 exited with code 1": how each of `ranks` (all ended) ended,
+// ranks that ended alike together.
+std::string endsOf(const std::vector<Child>& children, const std::vector<int>& ranks) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (int r : ranks) {
+    const std::string how = endText(children[static_cast<size_t>(r)]);
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& e) { return e.first == how; });
+    if (g == groups.end())
+      groups.push_back({how, {r}});
+    else
+      g->second.push_back(r);
+  }
+  std::string out;
+  for (const auto& [how, rs] : groups)
+    out +=
+        (out.empty() ? "" : "; ") + std::string(rs.size() == 1 ? "rank " : "ranks ") + boot::joinRanks(rs) + " " + how;
+  return out;
+}
 
 // Reaps whichever children have ended; returns the rank to blame for a failure, or -1. Ranks that
 // ended within one poll cannot be told apart by time, so a rank killed by a signal (a crash) is
@@ -92,6 +124,8 @@ int reap(std::vector<Child>& children, std::string* how) {
     // ECHILD: someone else reaped it (a stray waitpid(-1) in the caller); its status is lost, and
     // a rank that cannot be shown to have succeeded counts as failed.
     const bool lost = got < 0;
+    c.status = status;
+    c.lost = lost;
     if (!lost && WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
     const bool bySignal = !lost && WIFSIGNALED(status);
     const std::string what = lost ? "was reaped elsewhere (its exit status is unknown)" : describeWait(status);
@@ -262,6 +296,20 @@ class StopSignals {
   static int caught() { return caught_.load(); }
   /// How many stop signals (SIGINT, SIGTERM, SIGHUP) came while launches ran.
   static int stopRequests() { return stopRequests_.load(); }
+  /// The last launch to return ends the process by `sig` (as if it had come), where this class
+  /// took the signal's default action: ranks that ended by a stop signal sent to them, not to the
+  /// launcher, end it as they would have.
+  static void endBy(int sig) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (size_t i = 0; i < std::size(kSignals); ++i)
+      if (kSignals[i] == sig && installed_[i]) {
+        int none = 0;
+        caught_.compare_exchange_strong(none, sig);
+      }
+  }
+  /// The process is not to end by the signal that came: the launch reports a failure instead (a
+  /// rank that failed to stop cleanly, which a caller must hear of as an error).
+  static void forget() { caught_.store(0); }
   /// How many SIGUSR1 came since the last call (for the launch that passes them on; with several
   /// launches at once, the first to ask passes them to its ranks).
   static int takeDumpRequests() { return dumpRequests_.exchange(0); }
@@ -271,7 +319,8 @@ class StopSignals {
     if (sig == SIGUSR1) {
       dumpRequests_.fetch_add(1);
     } else {
-      caught_.store(sig);
+      int none = 0;
+      caught_.compare_exchange_strong(none, sig);  // the first names the interruption
       stopRequests_.fetch_add(1);
     }
   }
@@ -485,6 +534,30 @@ Status launchLocal(const LocalLaunchOptions& options) {
       for (int r : others)
         if (std::find(stopped.begin(), stopped.end(), r) == stopped.end()) ended.push_back(r);
       stopAll(children);
+      // Ranks told to stop by a signal sent to them, not to this launcher (a kill of the ranks, a
+      // scheduler signalling each process): every one that did not succeed ended by the same stop
+      // signal, as a trainer that saves its state on it does. Not a failure: the launcher ends by
+      // that signal too (where it took its default action), as the job did.
+      int endedBy = 0;
+      bool allByIt = stopped.empty();
+      for (const Child& c : children) {
+        if (!allByIt) break;
+        if (!c.lost && WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) continue;
+        const int sig = !c.lost && WIFSIGNALED(c.status) ? WTERMSIG(c.status) : 0;
+        allByIt = isStopSignal(sig) && (endedBy == 0 || sig == endedBy);
+        endedBy = sig;
+      }
+      if (allByIt && endedBy != 0 && StopSignals::caught() == 0) {
+        std::vector<int> all(children.size());
+        for (size_t r = 0; r < all.size(); ++r) all[r] = static_cast<int>(r);
+        const std::string said = libcomm::detail::strCat(
+            "launchLocal: ", endsOf(children, all), " of ", options.numRanks, " (", program, "): a SIG",
+            sigabbrev_np(endedBy), " sent to them, not to this launcher, stopped the job",
+            removeSegments(children, ranksJobId));
+        StopSignals::endBy(endedBy);
+        LIBCOMM_LOG(kWarn, "boot") << said;
+        return makeError(StatusCode::kSystemError, said);
+      }
       return saidIfInterrupted(makeError(
           StatusCode::kRemoteError, "launchLocal: rank ", failed, " of ", options.numRanks, " (", program, ") ", how,
           ended.empty() ? std::string()
@@ -510,14 +583,26 @@ Status launchLocal(const LocalLaunchOptions& options) {
       std::vector<int> ended;
       for (int r : left)
         if (std::find(killed.begin(), killed.end(), r) == killed.end()) ended.push_back(r);
-      const Status st = makeError(
-          StatusCode::kSystemError, "launchLocal: interrupted by SIG", sigabbrev_np(sig), ": passed SIGTERM on to ",
-          ranksNamed(left), " of ", options.numRanks, " (", program, ")",
-          ended.empty() ? std::string() : "; " + ranksNamed(ended) + " ended by themselves",
-          killed.empty() ? std::string() : "; killed " + ranksNamed(killed), removeSegments(children, ranksJobId));
+      // A rank that exited with an error while stopping (a trainer whose save failed) makes the
+      // launch a failure the caller reports, not an interruption like any other: a requeue script
+      // must tell "stopped, state saved" from "stopped, state lost".
+      bool failedToStop = false;
+      for (int r : ended) {
+        const Child& c = children[static_cast<size_t>(r)];
+        failedToStop = failedToStop || c.lost || (WIFEXITED(c.status) && WEXITSTATUS(c.status) != 0);
+      }
+      const std::string said = libcomm::detail::strCat(
+          "launchLocal: interrupted by SIG", sigabbrev_np(sig), ": passed SIGTERM on to ", ranksNamed(left), " of ",
+          options.numRanks, " (", program, ")", ended.empty() ? std::string() : "; " + endsOf(children, ended),
+          killed.empty() ? std::string() : "; killed " + ranksNamed(killed) + " after the grace period",
+          removeSegments(children, ranksJobId));
+      if (failedToStop) {
+        StopSignals::forget();
+        return makeError(StatusCode::kRemoteError, said, "; a rank failed while stopping");
+      }
       // Said here: the process ends by the signal once the launches return (StopSignals).
-      LIBCOMM_LOG(kWarn, "boot") << st.message();
-      return st;
+      LIBCOMM_LOG(kWarn, "boot") << said;
+      return makeError(StatusCode::kSystemError, said);
     }
     if (deadline.expired()) {
       std::vector<int> left = runningRanks(children);
