@@ -15,11 +15,12 @@ struct TcpStoreOptions {
   Milliseconds handshakeTimeout{10000};
   /// A connection that stops sending in the middle of a message for this long is dropped.
   Milliseconds stallTimeout{10000};
-  /// At most this many connections in their handshake at once: when another arrives, the oldest is
-  /// dropped. The store runs in a rank's process (or the launcher's): connections that never
-  /// authenticate, held open and renewed by anyone who can reach the port, took a descriptor each
-  /// until the process had none left for its own files (a checkpoint save failed with EMFILE). A
-  /// rank's handshake takes one round trip, so it is through before a flood reaches it.
+  /// At most this many connections in their handshake at once: when another arrives, the oldest
+  /// gives way (once it has had 200 ms to finish; until then the newcomer is turned away, and a
+  /// rank's client tries again). The store runs in a rank's process (or the launcher's):
+  /// connections that never authenticate, held open and renewed by anyone who can reach the port,
+  /// took a descriptor each until the process had none left for its own files (a checkpoint save
+  /// failed with EMFILE). A rank's handshake takes one round trip.
   size_t maxHandshakes = 64;
 };
 

@@ -42,10 +42,19 @@ Result<std::unique_ptr<TcpStoreClient>> TcpStoreClient::connect(const std::strin
     Result<int> fd = connectOnce(host, port, deadline);
     if (fd.isOk()) {
       std::unique_ptr<TcpStoreClient> client(new TcpStoreClient(*fd, address, rank));
-      LIBCOMM_RETURN_IF_ERROR(client->handshake(secret, deadline));
-      LIBCOMM_LOG(kDebug, "boot") << "rank " << rank << " connected to tcp store " << address << " after " << attempts
-                                  << " attempt(s)";
-      return client;
+      const Status shook = client->handshake(secret, deadline);
+      if (shook.isOk()) {
+        LIBCOMM_LOG(kDebug, "boot") << "rank " << rank << " connected to tcp store " << address << " after " << attempts
+                                    << " attempt(s)";
+        return client;
+      }
+      // A store that closed the connection before it answered the proof may have made room for
+      // newer connections (TcpStoreOptions::maxHandshakes, under a flood of strangers): tried
+      // again, as a refused connect is. A refusal, or no challenge at all, is final.
+      if (!connectionLost(shook) || deadline.expired()) return shook;
+      lastReason = shook.message();
+      backoff.sleep(deadline);
+      continue;
     }
     // An address that can never work (not a host name, a port that is no number) fails at once;
     // one that may yet (nothing listens there, or the name does not resolve: on Kubernetes the

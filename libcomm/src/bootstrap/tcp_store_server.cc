@@ -37,6 +37,11 @@ constexpr int kStrangerWarnsPerWindow = 10;
 constexpr size_t kMaxUnsentBytes = 2 * (kHeaderBytes + kMaxPayloadBytes);
 // Sent bytes at the front of `out` are dropped once they are this many and half of it.
 constexpr size_t kCompactOutBytes = 1 << 20;
+// Connections accepted per wake-up of the store's loop (acceptAll).
+constexpr int kAcceptBatch = 16;
+// How long a connection in its handshake is safe from giving way to newer ones
+// (TcpStoreOptions::maxHandshakes).
+constexpr Milliseconds kHandshakeHeadStart{200};
 
 struct Conn {
   uint64_t id = 0;
@@ -203,7 +208,10 @@ class Server final : public TcpStoreServer {
   }
 
   void acceptAll() {
-    while (true) {
+    // A batch at a time: the connections accepted are read (and strangers that closed or sent
+    // garbage dropped) before more are taken from the backlog, so that a flood of short
+    // connections does not fill the handshake bound between two reads.
+    for (int batch = 0; batch < kAcceptBatch; ++batch) {
       struct sockaddr_storage addr = {};
       socklen_t len = sizeof(addr);
       int fd = accept4(listenFd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -226,7 +234,10 @@ class Server final : public TcpStoreServer {
         close(fd);
         continue;
       }
-      makeRoomForAHandshake();
+      if (!makeRoomForAHandshake()) {
+        close(fd);
+        continue;
+      }
       send(*conn, MsgType::kChallenge, conn->nonce);
       LIBCOMM_LOG(kDebug, "boot") << "tcp store: accepted " << conn->peer;
       conns_[conn->id] = std::move(conn);
@@ -234,9 +245,11 @@ class Server final : public TcpStoreServer {
   }
 
   // Before a new connection joins those in their handshake: at the bound
-  // (TcpStoreOptions::maxHandshakes), the oldest of them is closed now (not at the next reap: a
-  // flood is accepted in one acceptAll, and its descriptors must not pile up meanwhile).
-  void makeRoomForAHandshake() {
+  // (TcpStoreOptions::maxHandshakes), the oldest of them gives way if it has had
+  // kHandshakeHeadStart to finish (a rank's takes one round trip); else the newcomer is turned away
+  // (a rank's client tries again). Closed now, not at the next reap: descriptors must not pile up.
+  // Returns false when the newcomer is to be closed.
+  bool makeRoomForAHandshake() {
     size_t handshaking = 0;
     Conn* oldest = nullptr;  // conns_ is ordered by id, that is by accept
     for (auto& [id, c] : conns_) {
@@ -244,11 +257,19 @@ class Server final : public TcpStoreServer {
       if (!oldest) oldest = c.get();
       ++handshaking;
     }
-    if (handshaking < std::max<size_t>(1, options_.maxHandshakes) || !oldest) return;
+    if (handshaking < std::max<size_t>(1, options_.maxHandshakes) || !oldest) return true;
+    if (Clock::now() - oldest->acceptedAt < kHandshakeHeadStart) {
+      if (mayWarnAboutStranger())
+        LIBCOMM_LOG(kWarn, "boot") << "tcp store " << host_ << ":" << port_ << ": " << handshaking
+                                   << " connections in their handshake, the most the store keeps, all younger than "
+                                   << kHandshakeHeadStart.count() << " ms: turning a new one away";
+      return false;
+    }
     drop(*oldest, "one of " + std::to_string(handshaking) +
                       " connections in their handshake, the most the store keeps; the oldest gives way");
     close(oldest->fd);
     oldest->fd = -1;
+    return true;
   }
 
   void drop(Conn& c, const std::string& why) {
