@@ -105,14 +105,20 @@ def expect_resume_continues(exe, load, stop, timeout_s, what):
              % (what, stop, "\n".join(got), "\n".join(want)))
 
 
-def launcher_told_to_stop(exe, tmp, timeout_s):
-    what = "tinylm -np 2, SIGTERM to the command"
-    saved = os.path.join(tmp, "ck")
+def start_np_until_step_2(exe, saved, timeout_s):
+    """tinylm -np 2 saving into `saved`, once it printed step 2; returns it and its lines so far."""
     proc = subprocess.Popen([exe, "-np", "2", "--steps", str(STEPS), "--timeout", str(timeout_s),
                              "--save-checkpoint", saved] + MODEL, env=clean_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     lines = []
     wait_for_step(proc, 2, 10 * timeout_s, lines)
+    return proc, lines
+
+
+def launcher_told_to_stop(exe, tmp, timeout_s):
+    what = "tinylm -np 2, SIGTERM to the command"
+    saved = os.path.join(tmp, "ck")
+    proc, lines = start_np_until_step_2(exe, saved, timeout_s)
     proc.send_signal(signal.SIGTERM)
     out, err = finish(proc, 10 * timeout_s, what)
     out = "".join(lines) + out
@@ -194,11 +200,7 @@ def ranks_told_to_stop(exe, tmp, timeout_s):
     and exited 1."""
     what = "tinylm -np 2, SIGTERM to the ranks only"
     saved = os.path.join(tmp, "ranks")
-    proc = subprocess.Popen([exe, "-np", "2", "--steps", str(STEPS), "--timeout", str(timeout_s),
-                             "--save-checkpoint", saved] + MODEL, env=clean_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    lines = []
-    wait_for_step(proc, 2, 10 * timeout_s, lines)
+    proc, lines = start_np_until_step_2(exe, saved, timeout_s)
     ranks = children_of(proc.pid)
     if len(ranks) != 2:
         proc.kill()
@@ -220,11 +222,7 @@ def a_failed_save_is_a_failure(exe, tmp, timeout_s):
     ranks 'ended by themselves', as a stop that saved does."""
     what = "tinylm -np 2, SIGTERM with the save directory gone"
     saved = os.path.join(tmp, "gone")
-    proc = subprocess.Popen([exe, "-np", "2", "--steps", str(STEPS), "--timeout", str(timeout_s),
-                             "--save-checkpoint", saved] + MODEL, env=clean_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    lines = []
-    wait_for_step(proc, 2, 10 * timeout_s, lines)
+    proc, lines = start_np_until_step_2(exe, saved, timeout_s)
     shutil.rmtree(saved)
     with open(saved, "w") as f:
         f.write("not a directory\n")

@@ -1160,20 +1160,29 @@ TEST(TcpStore, NoStoreTimesOutNamingTheAddress) {
       << hosted.status().toString();
 }
 
+// A listening socket on a free loopback port (in *port), for a fake store; -1 on failure.
+int fakeStoreListener(int* port) {
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      listen(listener, 4) != 0 || getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (listener >= 0) close(listener);
+    return -1;
+  }
+  *port = ntohs(addr.sin_port);
+  return listener;
+}
+
 // Something that is not the store on its port, announcing a long first message (a fake store, or
 // a stray server whose bytes happen to frame): the client reads no more than a challenge's bytes
 // and says so at once (it allocated up to 64 MiB and waited for them until its init deadline).
 TEST(TcpStore, AnOverlongChallengeIsRefusedUnread) {
-  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int port = 0;
+  const int listener = fakeStoreListener(&port);
   ASSERT_GE(listener, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(listener, 4), 0);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  const int port = ntohs(addr.sin_port);
   std::promise<void> done;
   std::thread fake([&] {
     const int c = accept(listener, nullptr, nullptr);
@@ -1210,16 +1219,9 @@ TEST(TcpStore, PrintableTextKeepsPrintableAsciiAndEscapesTheRest) {
 // its words go into the rank's error made printable, where escape sequences and newlines went
 // straight to the terminal (a fake store could colour it or forge lines; a hostile-input review).
 TEST(TcpStore, ARefusalFromAStoreIsMadePrintable) {
-  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int port = 0;
+  const int listener = fakeStoreListener(&port);
   ASSERT_GE(listener, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(listener, 4), 0);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  const int port = ntohs(addr.sin_port);
   std::thread fake([&] {
     const int c = accept(listener, nullptr, nullptr);
     if (c < 0) return;
