@@ -95,7 +95,10 @@ bool report(const std::string& dir, bool verify) {
     for (const auto& e : fs::directory_iterator(dir, ec))
       if (e.is_directory(ec) && fs::exists(e.path() / libshard::kCheckpointIndexFile, ec))
         held.push_back(e.path().filename().string());
-    std::sort(held.begin(), held.end());
+    // By length first: step-<8 digits> grows a digit past step 99999999.
+    std::sort(held.begin(), held.end(), [](const std::string& a, const std::string& b) {
+      return a.size() != b.size() ? a.size() < b.size() : a < b;
+    });
     std::string named;  // the newest three
     for (size_t i = held.size() > 3 ? held.size() - 3 : 0; i < held.size(); ++i)
       named += (named.empty() ? "" : ", ") + held[i];

@@ -37,6 +37,8 @@ libcomm::Status spawnLocalRanks(int numRanks, const char* argv0, const std::vect
   launch.argv.insert(launch.argv.end(), args.begin(), args.end());
   launch.timeout = timeout;
   launch.stopGrace = stopGrace;
+  // Ranks with a checkpoint to save stop by saving it (main.cc); the grace is longer only then.
+  launch.ranksSaveOnStop = stopGrace > libcomm::LocalLaunchOptions{}.stopGrace;
   return libcomm::launchLocal(launch);
 }
 

@@ -14,8 +14,9 @@
 // Told to stop (SIGINT, SIGTERM, SIGHUP: a scheduler preempting the job, Ctrl-C), a run with
 // --save-checkpoint finishes the step it is in, saves a checkpoint of it (every rank stops after
 // the same step: TrainOptions::stopRequest), prints where, and ends by that signal; a later one
-// (not the same request again: onStopSignal) ends it at once. `-np` passes the signal on to its ranks and gives them
-// time for the step and the save (stopGrace). Without --save-checkpoint the signals keep their default action.
+// (not the same request delivered again: onStopSignal) ends it at once. `-np` passes the signal on to its ranks and
+// gives them time for the step and the save (stopGrace). Without --save-checkpoint the signals keep their default
+// action.
 
 #include <signal.h>
 #include <time.h>
@@ -86,16 +87,20 @@ int fail(int rank, int world, const libcomm::Status& st) {
 
 // The signal that asked this rank to stop (0: none yet). The first of SIGINT, SIGTERM and SIGHUP
 // is noted, for the training loop to poll between steps; a later one ends the process by it at
-// once -- unless it is the same request again: one from this process's parent (a launcher passing
-// the first on, `timeout` signalling its child and then the child's group) or one within
-// kRepeatWindow of the first (a scheduler signalling every process of the job and its launcher
-// too). Those used to kill the rank in the middle of the save the first one asked for.
+// once -- unless it is the same request delivered again: within kRepeatWindowNs of the first (a
+// scheduler signalling every process of the job and its launcher too), or, within
+// kParentEchoWindowNs, once from this process's parent (a launcher passing the first on, `timeout`
+// signalling its child and then the child's group). Those used to kill the rank in the middle of
+// the save the first one asked for.
 // Lock-free atomics, not a volatile sig_atomic_t: the handler may run on any thread, and the
 // training thread reads them (lock-free atomics are async-signal-safe).
 std::atomic<int> gStopSignal{0};
 std::atomic<long long> gFirstStopNs{0};
-static_assert(std::atomic<int>::is_always_lock_free && std::atomic<long long>::is_always_lock_free);
-constexpr long long kRepeatWindowNs = 1000000000;  // 1 s
+std::atomic<bool> gParentEchoSeen{false};
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<long long>::is_always_lock_free &&
+              std::atomic<bool>::is_always_lock_free);
+constexpr long long kRepeatWindowNs = 1000000000;       // 1 s
+constexpr long long kParentEchoWindowNs = 10000000000;  // 10 s
 
 long long monotonicNs() {
   timespec ts{};
@@ -105,13 +110,15 @@ long long monotonicNs() {
 
 void onStopSignal(int sig, siginfo_t* info, void*) {
   const long long now = monotonicNs();
+  // The time first: a signal handled on another thread meanwhile must find it set.
+  long long unset = 0;
+  gFirstStopNs.compare_exchange_strong(unset, now);
   int none = 0;
-  if (gStopSignal.compare_exchange_strong(none, sig)) {
-    gFirstStopNs.store(now);
-    return;
-  }
+  if (gStopSignal.compare_exchange_strong(none, sig)) return;
+  const long long since = now - gFirstStopNs.load();
   const bool fromParent = info != nullptr && info->si_code == SI_USER && info->si_pid == getppid();
-  if (fromParent || now - gFirstStopNs.load() < kRepeatWindowNs) return;
+  if (since < kRepeatWindowNs) return;
+  if (fromParent && since < kParentEchoWindowNs && !gParentEchoSeen.exchange(true)) return;
   signal(sig, SIG_DFL);  // async-signal-safe, as is raise
   raise(sig);
 }

@@ -35,6 +35,7 @@ from tinylm_rank_errors_check import free_port  # noqa: E402
 MODEL = ["--vocab", "32", "--dim", "16", "--hidden", "32", "--layers", "2", "--seq-len", "8",
          "--global-batch", "4", "--precision", "fp32"]
 STEPS = 100000  # far more than a test runs: only the signal ends the run
+LOGS = None  # where start() puts the programs' output (main's temporary directory)
 # Steps of about 0.4 s here (more in the sanitizer builds): a second signal 0.1 s after the first
 # lands in the middle of the step the first lets finish.
 SLOW_MODEL = ["--vocab", "4096", "--dim", "512", "--hidden", "2048", "--layers", "4", "--seq-len", "64",
@@ -50,27 +51,47 @@ def clean_env():
     return {k: v for k, v in os.environ.items() if not k.startswith("LIBCOMM_")}
 
 
+def start(args, env):
+    """Starts `args` with stdout and stderr going to files (read by wait_for_step and finish): a pipe
+    not drained while the test waits would block the program once it holds 64 KiB (a sanitizer's
+    report), and a pipe's readline cannot be bounded by a deadline."""
+    out = tempfile.NamedTemporaryFile(mode="w", prefix="out-", dir=LOGS, delete=False)
+    err = tempfile.NamedTemporaryFile(mode="w", prefix="err-", dir=LOGS, delete=False)
+    proc = subprocess.Popen(args, env=env, stdout=out, stderr=err)
+    out.close()
+    err.close()
+    proc.out_path, proc.err_path = out.name, err.name
+    return proc
+
+
+def read(path):
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
 def wait_for_step(proc, step, limit_s, lines):
-    """Reads `proc`'s stdout into `lines` until it prints `step <step> loss`."""
+    """Waits until `proc` has printed `step <step> loss` (its output stays in its file: `lines` is
+    left as it is)."""
     deadline = time.monotonic() + limit_s
+    want = re.compile(r"^step %d loss" % step, re.M)
     while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            fail("the run ended before step %d (exit %s):\n%s" % (step, proc.poll(), "".join(lines)))
-        lines.append(line)
-        if line.startswith("step %d loss" % step):
+        if want.search(read(proc.out_path)):
             return
+        if proc.poll() is not None:
+            fail("the run ended before step %d (exit %s):\n%s\n%s" % (step, proc.returncode, read(proc.out_path),
+                                                                     read(proc.err_path)))
+        time.sleep(0.02)
     proc.kill()
-    fail("no step %d within %d s:\n%s" % (step, limit_s, "".join(lines)))
+    fail("no step %d within %d s:\n%s" % (step, limit_s, read(proc.out_path)))
 
 
 def finish(proc, limit_s, what):
     try:
-        out, err = proc.communicate(timeout=limit_s)
+        proc.wait(timeout=limit_s)
     except subprocess.TimeoutExpired:
         proc.kill()
         fail("%s: still running %d s after the signal" % (what, limit_s))
-    return out, err
+    return read(proc.out_path), read(proc.err_path)
 
 
 def stopped_step(out, sig, saved, what):
@@ -107,9 +128,8 @@ def expect_resume_continues(exe, load, stop, timeout_s, what):
 
 def start_np_until_step_2(exe, saved, timeout_s):
     """tinylm -np 2 saving into `saved`, once it printed step 2; returns it and its lines so far."""
-    proc = subprocess.Popen([exe, "-np", "2", "--steps", str(STEPS), "--timeout", str(timeout_s),
-                             "--save-checkpoint", saved] + MODEL, env=clean_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = start([exe, "-np", "2", "--steps", str(STEPS), "--timeout", str(timeout_s), "--save-checkpoint", saved]
+                 + MODEL, clean_env())
     lines = []
     wait_for_step(proc, 2, 10 * timeout_s, lines)
     return proc, lines
@@ -142,8 +162,7 @@ def one_rank_told_to_stop(exe, tmp, timeout_s):
                  "LIBCOMM_SECRET": "tinylm-stop", "LIBCOMM_JOB_ID": "tinylm-stop-%d" % os.getpid()})
     args = [exe, "--steps", str(STEPS), "--timeout", str(timeout_s), "--save-checkpoint", saved,
             "--save-every", "1000"] + MODEL
-    procs = [subprocess.Popen(args, env=dict(base, LIBCOMM_RANK=str(r)), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    procs = [start(args, dict(base, LIBCOMM_RANK=str(r))) for r in (0, 1)]
     lines = []
     wait_for_step(procs[0], 2, 10 * timeout_s, lines)
     procs[1].send_signal(signal.SIGINT)
@@ -180,8 +199,8 @@ def one_request_delivered_twice(exe, tmp, timeout_s):
     request. The second used to end the rank at once, in the middle of the save."""
     what = "one rank, SIGTERM twice in 0.1 s"
     saved = os.path.join(tmp, "twice")
-    proc = subprocess.Popen([exe, "--steps", str(STEPS), "--timeout", str(timeout_s), "--save-checkpoint", saved]
-                            + SLOW_MODEL, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start([exe, "--steps", str(STEPS), "--timeout", str(timeout_s), "--save-checkpoint", saved] + SLOW_MODEL,
+                 clean_env())
     lines = []
     wait_for_step(proc, 0, 10 * timeout_s, lines)
     for _ in range(2):
@@ -218,8 +237,8 @@ def ranks_told_to_stop(exe, tmp, timeout_s):
 
 def a_failed_save_is_a_failure(exe, tmp, timeout_s):
     """tinylm -np 2 whose save cannot be written when SIGTERM comes (its directory replaced by a
-    file): the ranks exit 1, and the launcher says so and exits 1 -- it ended by SIGTERM, saying the
-    ranks 'ended by themselves', as a stop that saved does."""
+    file): the ranks exit 1, and the launcher says so and exits 1 (it used to end by SIGTERM, as a
+    stop that saved does, saying the ranks 'ended by themselves')."""
     what = "tinylm -np 2, SIGTERM with the save directory gone"
     saved = os.path.join(tmp, "gone")
     proc, lines = start_np_until_step_2(exe, saved, timeout_s)
@@ -241,7 +260,9 @@ def main():
     exe = sys.argv[1]
     scale = int(sys.argv[2]) if len(sys.argv) == 3 else 1
     timeout_s = 10 * scale
+    global LOGS
     with tempfile.TemporaryDirectory(prefix="tinylm-stop-") as tmp:
+        LOGS = tmp
         a = launcher_told_to_stop(exe, tmp, timeout_s)
         b = one_rank_told_to_stop(exe, tmp, timeout_s)
         one_request_delivered_twice(exe, tmp, timeout_s)

@@ -360,10 +360,11 @@ TEST(FileBootstrap, JobsShareADirectory) {
             StatusCode::kInvalidArgument);
 }
 
-// A store directory every user may write is refused, sticky or not: the file store has no secret,
-// and another user replaced a run's file in a mode 0777 one (a hostile-input review).
+// A store directory every user may write and replace files in is refused: the file store has no
+// secret, and another user replaced a run's file in a mode 0777 one (a hostile-input review). A
+// sticky one (as /tmp) and the group's are fine.
 TEST(FileBootstrap, AStoreDirectoryEveryUserMayWriteIsRefused) {
-  for (const mode_t mode : {mode_t{0777}, mode_t{01777}, mode_t{0703}}) {
+  for (const mode_t mode : {mode_t{0777}, mode_t{0703}}) {
     TempDir dir;
     ASSERT_EQ(chmod(dir.path.c_str(), mode), 0);
     auto b = createFileBootstrap(dir.path, "job", 0, 1, Deadline::after(1s));
@@ -371,10 +372,12 @@ TEST(FileBootstrap, AStoreDirectoryEveryUserMayWriteIsRefused) {
     EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << b.status().toString();
     EXPECT_NE(b.status().message().find("every user may write it"), std::string::npos) << b.status().toString();
   }
-  TempDir group;
-  ASSERT_EQ(chmod(group.path.c_str(), 0770), 0);
-  auto b = createFileBootstrap(group.path, "job", 0, 1, Deadline::after(5s));
-  EXPECT_TRUE(b.isOk()) << b.status().toString();
+  for (const mode_t mode : {mode_t{0770}, mode_t{01777}}) {
+    TempDir fine;
+    ASSERT_EQ(chmod(fine.path.c_str(), mode), 0);
+    auto b = createFileBootstrap(fine.path, "job", 0, 1, Deadline::after(5s));
+    EXPECT_TRUE(b.isOk()) << std::oct << mode << ": " << b.status().toString();
+  }
 }
 
 // A job id used again: the files an earlier run left (its last round, or a crashed run's hello)

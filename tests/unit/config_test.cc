@@ -382,6 +382,23 @@ TEST(CommConfig, ALogFileLinkAnotherUserPlantedInTmpIsNotFollowed) {
   std::ifstream again(victim);
   text.assign((std::istreambuf_iterator<char>(again)), {});
   EXPECT_NE(text.find("through my own link"), std::string::npos) << text;
+  // A hard link to another user's file (where fs.protected_hardlinks is 0 anyone can make one).
+  const std::string theirs = dir + "/theirs.txt", hard = dir + "/hard.log";
+  { std::ofstream(theirs) << "theirs\n"; }
+  ASSERT_EQ(chown(theirs.c_str(), 65534, 65534), 0);
+  ASSERT_EQ(link(theirs.c_str(), hard.c_str()), 0);
+  {
+    ScopedEnv file("LIBCOMM_LOG_FILE", hard.c_str());
+    libcomm::log::reloadConfig();
+    testing::internal::CaptureStderr();
+    LIBCOMM_LOG(kError, "init") << "a line";
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("it is a hard link to a file of uid 65534"), std::string::npos) << err;
+  }
+  libcomm::log::reloadConfig();
+  std::ifstream theirsIn(theirs);
+  text.assign((std::istreambuf_iterator<char>(theirsIn)), {});
+  EXPECT_EQ(text, "theirs\n");
   std::filesystem::remove_all(dir);
 }
 

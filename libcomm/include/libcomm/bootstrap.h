@@ -76,9 +76,9 @@ class Bootstrap {
 std::vector<std::unique_ptr<Bootstrap>> createInProcessBootstraps(int size, std::string jobId = "");
 
 /// Rendezvous through files in `dir` (which must be shared by all ranks; it is created if
-/// missing). `jobId` must be the same on all ranks; it scopes the files inside `dir`. A `dir` every
-/// user may write (mode o+w, sticky or not) is refused (kInvalidArgument): the files carry no
-/// secret, so anyone who can write there could join the job or replace its files.
+/// missing). `jobId` must be the same on all ranks; it scopes the files inside `dir`. A `dir` where
+/// every user may replace files (o+w and not sticky) is refused (kInvalidArgument): the files carry
+/// no secret, so anyone could forge them.
 /// Collective: returns once every rank has joined and agreed on `size`. Each rank deletes its
 /// files as soon as no rank can still read them; the last round's files stay until the next run
 /// of the job id in `dir` (or until `dir` is removed). A job id may be reused there by later runs:

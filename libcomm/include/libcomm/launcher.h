@@ -31,6 +31,13 @@ struct LocalLaunchOptions {
   /// (tinylm with --save-checkpoint) needs the time. Another of those signals meanwhile ends the
   /// ranks at once. At least 2 s.
   Milliseconds stopGrace{2000};
+  /// The ranks save their state when told to stop (tinylm with --save-checkpoint), so how they end
+  /// then matters: a rank that exits with an error code (other than 128 + a stop signal) or crashes
+  /// while stopping fails the launch (kRemoteError, and the process is not ended by the signal),
+  /// and ranks that all end by one stop signal sent to them, not to the launcher, end the launching
+  /// process by it too (where it left that signal's default action). Off: a stop is an
+  /// interruption however the ranks end, and ranks stopped by someone else are a failure.
+  bool ranksSaveOnStop = false;
 };
 
 /// Starts the ranks and waits for all of them. When one rank fails (non-zero exit or a signal),
@@ -48,14 +55,12 @@ struct LocalLaunchOptions {
 /// other thread should change SIGCHLD, or wait for any child (waitpid(-1)), meanwhile. Ranks stopped by the launcher
 /// (after a failure, the deadline or a signal) unlink none of their shared-memory segments: the launcher removes the
 /// job's once it has reaped them, and says so in the error. SIGINT, SIGTERM and SIGHUP, where their action is the
-/// default, are caught while a launch runs: the ranks get SIGTERM and `stopGrace` to end (then SIGKILL), their
-/// segments are removed (how each rank ended, said at WARN), then the signal is raised again -- unless a rank exited
-/// with an error code meanwhile (failed while stopping): then kRemoteError, naming it, and no signal. Ranks that all
-/// ended by one stop signal sent to them (not to the launcher) end the launching process by it likewise. The signal
-/// is raised again when the last launch returns, so that the
-/// process still ends by it. SIGUSR1, where its action is the default, is passed on to the running ranks that catch it
-/// (their flight-recorder dumps; one that does not, still in its bootstrap, is named at WARN and left alone) instead of
-/// ending the launcher and with it the job.
+/// default, are caught while a launch runs: the ranks (and what they started) get SIGTERM and `stopGrace` to end
+/// (then SIGKILL; another of those signals, a second or more after the first, cuts it short), their segments are
+/// removed (how each rank ended, said at WARN), and the signal is raised again (but see ranksSaveOnStop) when the last
+/// launch returns, so that the process still ends by it. SIGUSR1, where its action is the default, is passed on to the
+/// running ranks that catch it (their flight-recorder dumps; one that does not, still in its bootstrap, is named at
+/// WARN and left alone) instead of ending the launcher and with it the job.
 Status launchLocal(const LocalLaunchOptions& options);
 
 }  // namespace libcomm

@@ -79,16 +79,20 @@ Status makeDirs(const std::string& dir) {
   struct stat st;
   if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
     return makeError(StatusCode::kInvalidArgument, "file bootstrap: ", dir, " is not a directory");
-  // The file store has no secret: whoever can write its directory can join the job, or replace and
-  // forge its files (a hostile-input review replaced a run's file as another user in a mode 0777
-  // directory). A directory every user may write is refused; the job's user's (or group's) is fine.
-  if (st.st_mode & S_IWOTH) {
+  // The file store has no secret: whoever can replace its files can forge them (a hostile-input
+  // review replaced a run's file as another user in a mode 0777 directory). A directory every user
+  // may write is refused unless it is sticky (as /tmp: only a file's owner may remove or replace it,
+  // so another user can at worst take a name first, and the job fails naming it); the job's user's
+  // or group's directory is fine.
+  if ((st.st_mode & S_IWOTH) && !(st.st_mode & S_ISVTX)) {
     char mode[8];
     std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
     return makeError(StatusCode::kInvalidArgument, "file bootstrap: refusing store directory ", dir,
                      ": every user may write it (mode ", mode,
                      "), and the file store has no secret, so anyone could join the job or replace its files; "
-                     "use a directory only the job's user or group can write (mkdir -m 700, or chmod o-w)");
+                     "use a directory only the job's user or group can write (mkdir -m 700, or chmod o-w), or "
+                     "the TCP store (LIBCOMM_STORE_ADDR) where the filesystem keeps no modes (a CIFS mount's "
+                     "dir_mode=0777)");
   }
   return Status::ok();
 }

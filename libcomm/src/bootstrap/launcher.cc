@@ -34,6 +34,8 @@ namespace {
 
 // How long ranks get to exit after SIGTERM before SIGKILL.
 constexpr Milliseconds kTermGrace{2000};
+// A stop signal that comes again within this long of the first is taken for the same request.
+constexpr Milliseconds kRepeatWindow{1000};
 // How long stopAll waits for killed ranks to be reapable. SIGKILL takes effect when a process
 // leaves the kernel, which one in uninterruptible sleep (a hung device driver or network
 // filesystem) may never do.
@@ -78,12 +80,19 @@ struct Child {
 
 bool isStopSignal(int sig) { return sig == SIGINT || sig == SIGTERM || sig == SIGHUP; }
 
+// "SIGTERM"; "signal 40" where glibc has no abbreviation (the real-time signals: sigabbrev_np
+// returns null for them).
+std::string signalName(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+}
+
 // How an ended rank ended, short: "exited 0", "exited with code 1", "ended by SIGTERM".
 std::string endText(const Child& c) {
   if (c.lost) return "ended with an unknown status (reaped elsewhere)";
   if (WIFEXITED(c.status))
     return WEXITSTATUS(c.status) == 0 ? "exited 0" : "exited with code " + std::to_string(WEXITSTATUS(c.status));
-  if (WIFSIGNALED(c.status)) return std::string("ended by SIG") + sigabbrev_np(WTERMSIG(c.status));
+  if (WIFSIGNALED(c.status)) return "ended by " + signalName(WTERMSIG(c.status));
   return "stopped with wait status " + std::to_string(c.status);
 }
 
@@ -186,7 +195,18 @@ std::vector<int> stopAll(std::vector<Child>& children, Milliseconds grace = kTer
                          const std::function<bool()>& hurry = {}) {
   for (const Child& c : children)
     if (c.pid > 0) kill(-c.pid, SIGTERM);
-  reapUntil(children, Deadline::after(grace), hurry);
+  const Deadline until = Deadline::after(grace);
+  reapUntil(children, until, hurry);
+  // What a rank started (a wrapper's worker, still saving) gets the same grace as the rank: the
+  // groups are waited for until empty, not killed once their leaders are reaped.
+  auto groupsLeft = [&children] {
+    for (const Child& c : children)
+      if (c.pid > 0 && kill(-c.pid, 0) == 0) return true;
+    return false;
+  };
+  boot::Backoff patience(Milliseconds(1), Milliseconds(20));
+  while (runningRanks(children).empty() && groupsLeft() && !until.expired() && !(hurry && hurry()))
+    patience.sleep(until);
   const std::vector<int> killed = runningRanks(children);
   const bool hurried = hurry && hurry();
   for (const Child& c : children) {
@@ -261,6 +281,8 @@ class StopSignals {
     caught_.store(0);
     dumpRequests_.store(0);
     stopRequests_.store(0);
+    endBy_.store(0);
+    keepAlive_.store(false);
     for (size_t i = 0; i < std::size(kSignals); ++i) {
       installed_[i] = false;
       struct sigaction before {};
@@ -287,7 +309,9 @@ class StopSignals {
     restoreDefaults();
     // To the process, not this thread (raise): the launching thread may block the signal while
     // another thread took it, and the process must still end by it.
-    if (const int sig = caught_.exchange(0)) kill(getpid(), sig);
+    const int sig = caught_.exchange(0), ranksSig = endBy_.exchange(0);
+    if (keepAlive_.exchange(false)) return;  // a launch failed to stop: its caller reports that
+    if (sig != 0 || ranksSig != 0) kill(getpid(), sig != 0 ? sig : ranksSig);
   }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
@@ -299,17 +323,19 @@ class StopSignals {
   /// The last launch to return ends the process by `sig` (as if it had come), where this class
   /// took the signal's default action: ranks that ended by a stop signal sent to them, not to the
   /// launcher, end it as they would have.
+  /// Kept apart from caught(), which other launches running at once poll: they are not to stop.
   static void endBy(int sig) {
     std::lock_guard<std::mutex> lock(mutex_);
     for (size_t i = 0; i < std::size(kSignals); ++i)
       if (kSignals[i] == sig && installed_[i]) {
         int none = 0;
-        caught_.compare_exchange_strong(none, sig);
+        endBy_.compare_exchange_strong(none, sig);
       }
   }
-  /// The process is not to end by the signal that came: the launch reports a failure instead (a
-  /// rank that failed to stop cleanly, which a caller must hear of as an error).
-  static void forget() { caught_.store(0); }
+  /// The process is not to end by the signal that came when the last launch returns: a launch
+  /// reports a failure instead (a rank that failed while stopping, which its caller must hear of).
+  /// Other launches still see caught() and stop their ranks.
+  static void keepAlive() { keepAlive_.store(true); }
   /// How many SIGUSR1 came since the last call (for the launch that passes them on; with several
   /// launches at once, the first to ask passes them to its ranks).
   static int takeDumpRequests() { return dumpRequests_.exchange(0); }
@@ -319,9 +345,11 @@ class StopSignals {
     if (sig == SIGUSR1) {
       dumpRequests_.fetch_add(1);
     } else {
+      // Counted first: a launch that reads caught() then stopRequests() as its baseline must not
+      // take this very signal for a second one.
+      stopRequests_.fetch_add(1);
       int none = 0;
       caught_.compare_exchange_strong(none, sig);  // the first names the interruption
-      stopRequests_.fetch_add(1);
     }
   }
   // The default action back for each signal this class took (async-signal-safe: sigaction only).
@@ -343,6 +371,8 @@ class StopSignals {
   static inline std::atomic<int> caught_{0};
   static inline std::atomic<int> dumpRequests_{0};
   static inline std::atomic<int> stopRequests_{0};
+  static inline std::atomic<int> endBy_{0};
+  static inline std::atomic<bool> keepAlive_{false};
 };
 
 // A launch's error, logged as well when a signal came meanwhile: the process ends by that signal
@@ -547,13 +577,13 @@ Status launchLocal(const LocalLaunchOptions& options) {
         allByIt = isStopSignal(sig) && (endedBy == 0 || sig == endedBy);
         endedBy = sig;
       }
-      if (allByIt && endedBy != 0 && StopSignals::caught() == 0) {
+      if (options.ranksSaveOnStop && allByIt && endedBy != 0 && StopSignals::caught() == 0) {
         std::vector<int> all(children.size());
         for (size_t r = 0; r < all.size(); ++r) all[r] = static_cast<int>(r);
-        const std::string said = libcomm::detail::strCat(
-            "launchLocal: ", endsOf(children, all), " of ", options.numRanks, " (", program, "): a SIG",
-            sigabbrev_np(endedBy), " sent to them, not to this launcher, stopped the job",
-            removeSegments(children, ranksJobId));
+        const std::string said = libcomm::detail::strCat("launchLocal: ", endsOf(children, all), " of ",
+                                                         options.numRanks, " (", program, "): a ", signalName(endedBy),
+                                                         " sent to them, not to this launcher, stopped the job",
+                                                         removeSegments(children, ranksJobId));
         StopSignals::endBy(endedBy);
         LIBCOMM_LOG(kWarn, "boot") << said;
         return makeError(StatusCode::kSystemError, said);
@@ -573,31 +603,47 @@ Status launchLocal(const LocalLaunchOptions& options) {
       // checkpoint); a second stop signal cuts it short.
       const std::vector<int> left = runningRanks(children);
       const Milliseconds grace = std::max(kTermGrace, options.stopGrace);
-      const int requests = StopSignals::stopRequests();
+      // Another stop signal cuts the grace short -- not the same one delivered again within a
+      // second (`timeout` signals its child and then the child's group; a scheduler the launcher
+      // and its ranks), which would otherwise kill the ranks in the middle of their save.
+      int requests = StopSignals::stopRequests();
+      const auto firstSeen = std::chrono::steady_clock::now();
+      auto anotherStop = [&requests, firstSeen] {
+        const int now = StopSignals::stopRequests();
+        if (now <= requests) return false;
+        if (std::chrono::steady_clock::now() - firstSeen >= kRepeatWindow) return true;
+        requests = now;  // a repeat of the first
+        return false;
+      };
       if (grace > kTermGrace)
-        LIBCOMM_LOG(kWarn, "boot") << "launchLocal: SIG" << sigabbrev_np(sig) << ": passed SIGTERM on to "
+        LIBCOMM_LOG(kWarn, "boot") << "launchLocal: " << signalName(sig) << ": passed SIGTERM on to "
                                    << ranksNamed(left) << "; they get up to " << grace.count()
-                                   << " ms to end by themselves (another stop signal ends them now)";
-      const std::vector<int> killed =
-          stopAll(children, grace, [requests] { return StopSignals::stopRequests() > requests; });
+                                   << " ms to end by themselves (another stop signal, a second or more later, "
+                                      "ends them now)";
+      const std::vector<int> killed = stopAll(children, grace, anotherStop);
       std::vector<int> ended;
       for (int r : left)
         if (std::find(killed.begin(), killed.end(), r) == killed.end()) ended.push_back(r);
       // A rank that exited with an error while stopping (a trainer whose save failed) makes the
       // launch a failure the caller reports, not an interruption like any other: a requeue script
       // must tell "stopped, state saved" from "stopped, state lost".
+      // Only where the ranks save on a stop (LocalLaunchOptions::ranksSaveOnStop): an exit code
+      // other than 0 or 128 + a stop signal (a wrapper's), or a crash, is a rank that failed.
       bool failedToStop = false;
       for (int r : ended) {
         const Child& c = children[static_cast<size_t>(r)];
-        failedToStop = failedToStop || c.lost || (WIFEXITED(c.status) && WEXITSTATUS(c.status) != 0);
+        const bool exitedBadly = WIFEXITED(c.status) && WEXITSTATUS(c.status) != 0 &&
+                                 !(WEXITSTATUS(c.status) > 128 && isStopSignal(WEXITSTATUS(c.status) - 128));
+        const bool crashed = WIFSIGNALED(c.status) && !isStopSignal(WTERMSIG(c.status));
+        failedToStop = failedToStop || (options.ranksSaveOnStop && (c.lost || exitedBadly || crashed));
       }
       const std::string said = libcomm::detail::strCat(
-          "launchLocal: interrupted by SIG", sigabbrev_np(sig), ": passed SIGTERM on to ", ranksNamed(left), " of ",
+          "launchLocal: interrupted by ", signalName(sig), ": passed SIGTERM on to ", ranksNamed(left), " of ",
           options.numRanks, " (", program, ")", ended.empty() ? std::string() : "; " + endsOf(children, ended),
           killed.empty() ? std::string() : "; killed " + ranksNamed(killed) + " after the grace period",
           removeSegments(children, ranksJobId));
       if (failedToStop) {
-        StopSignals::forget();
+        StopSignals::keepAlive();
         return makeError(StatusCode::kRemoteError, said, "; a rank failed while stopping");
       }
       // Said here: the process ends by the signal once the launches return (StopSignals).

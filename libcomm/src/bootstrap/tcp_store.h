@@ -81,6 +81,7 @@ class TcpStoreClient {
   int rank_;
   std::string hostName_;
   Status broken_;
+  bool busyRefusal_ = false;  // the last handshake was turned away for now (kStoreBusy)
 };
 
 /// createTcpBootstrap for a rank that knows which process hosts the store (`storeHost`, e.g.

@@ -48,10 +48,9 @@ Result<std::unique_ptr<TcpStoreClient>> TcpStoreClient::connect(const std::strin
                                     << " attempt(s)";
         return client;
       }
-      // A store that closed the connection before it answered the proof may have made room for
-      // newer connections (TcpStoreOptions::maxHandshakes, under a flood of strangers): tried
-      // again, as a refused connect is. A refusal, or no challenge at all, is final.
-      if (!connectionLost(shook) || deadline.expired()) return shook;
+      // A store busy with connections in their handshake (a flood of strangers) turned this one
+      // away for now: tried again, as a refused connect is. Any other refusal is final.
+      if (!client->busyRefusal_ || deadline.expired()) return shook;
       lastReason = shook.message();
       backoff.sleep(deadline);
       continue;
@@ -84,6 +83,10 @@ Status TcpStoreClient::handshake(const std::string& secret, Deadline deadline) {
                      " ms of connecting: is a shardcomm tcp store listening there? (another program may hold the "
                      "port: `ss -ltnp` names it)");
   LIBCOMM_ASSIGN_OR_RETURN(Frame challenge, std::move(heard));
+  if (challenge.type == MsgType::kError && challenge.payload.compare(0, kStoreBusy.size(), kStoreBusy) == 0) {
+    busyRefusal_ = true;
+    return makeError(StatusCode::kRemoteError, what, ": turned away for now: ", detail::printable(challenge.payload));
+  }
   if (challenge.type != MsgType::kChallenge || challenge.payload.size() != kNonceBytes)
     return makeError(StatusCode::kRemoteError, what, ": expected a challenge, got message type ",
                      static_cast<int>(challenge.type));
@@ -96,6 +99,7 @@ Status TcpStoreClient::handshake(const std::string& secret, Deadline deadline) {
   LIBCOMM_RETURN_IF_ERROR(sendFrame(fd_, MsgType::kAuth, auth.take(), deadline, what));
   LIBCOMM_ASSIGN_OR_RETURN(Frame answer, recvFrame(fd_, deadline, what, kMaxHandshakeReply));
   if (answer.type == MsgType::kError) {
+    busyRefusal_ = answer.payload.compare(0, kStoreBusy.size(), kStoreBusy) == 0;
     bool secret = answer.payload.find("secret") != std::string::npos;
     // In the server's words, made printable: it has not proved it knows the secret yet, so the
     // text may come from anyone holding the port.

@@ -37,6 +37,9 @@ constexpr int kStrangerWarnsPerWindow = 10;
 constexpr size_t kMaxUnsentBytes = 2 * (kHeaderBytes + kMaxPayloadBytes);
 // Sent bytes at the front of `out` are dropped once they are this many and half of it.
 constexpr size_t kCompactOutBytes = 1 << 20;
+// The answer to a connection turned away for now (kStoreBusy; at most a challenge's 32 bytes).
+constexpr std::string_view kBusyReply = "busy: handshakes full; retry";
+static_assert(kBusyReply.size() <= kNonceBytes);
 // Connections accepted per wake-up of the store's loop (acceptAll).
 constexpr int kAcceptBatch = 16;
 // How long a connection in its handshake is safe from giving way to newer ones
@@ -235,6 +238,10 @@ class Server final : public TcpStoreServer {
         continue;
       }
       if (!makeRoomForAHandshake()) {
+        // Said before the close, in the challenge's place (at most a challenge's bytes: the client
+        // reads no more there), so that a rank's client tries again instead of failing.
+        const std::string busy = encodeFrame(MsgType::kError, kBusyReply);
+        (void)!::send(fd, busy.data(), busy.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
         close(fd);
         continue;
       }
@@ -267,6 +274,8 @@ class Server final : public TcpStoreServer {
     }
     drop(*oldest, "one of " + std::to_string(handshaking) +
                       " connections in their handshake, the most the store keeps; the oldest gives way");
+    const std::string busy = encodeFrame(MsgType::kError, kBusyReply);  // a rank's client tries again
+    (void)!::send(oldest->fd, busy.data(), busy.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     close(oldest->fd);
     oldest->fd = -1;
     return true;

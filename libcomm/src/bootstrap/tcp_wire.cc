@@ -238,14 +238,9 @@ Status sendAll(int fd, const void* data, size_t n, Deadline deadline, const std:
       LIBCOMM_RETURN_IF_ERROR(waitFor(fd, POLLOUT, deadline, what));
       continue;
     }
-    return makeError(StatusCode::kRemoteError, what, ": ", kConnectionLostText, " while sending: ", errnoText(errno));
+    return makeError(StatusCode::kRemoteError, what, ": connection lost while sending: ", errnoText(errno));
   }
   return Status::ok();
-}
-
-bool connectionLost(const Status& st) {
-  return st.code() == StatusCode::kRemoteError && (st.message().find(kStoreClosedText) != std::string::npos ||
-                                                   st.message().find(kConnectionLostText) != std::string::npos);
 }
 
 Status recvAll(int fd, void* data, size_t n, Deadline deadline, const std::string& what) {
@@ -257,13 +252,13 @@ Status recvAll(int fd, void* data, size_t n, Deadline deadline, const std::strin
       done += static_cast<size_t>(got);
       continue;
     }
-    if (got == 0) return makeError(StatusCode::kRemoteError, what, ": ", kStoreClosedText);
+    if (got == 0) return makeError(StatusCode::kRemoteError, what, ": the store closed the connection");
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
       LIBCOMM_RETURN_IF_ERROR(waitFor(fd, POLLIN, deadline, what));
       continue;
     }
-    return makeError(StatusCode::kRemoteError, what, ": ", kConnectionLostText, " while receiving: ", errnoText(errno));
+    return makeError(StatusCode::kRemoteError, what, ": connection lost while receiving: ", errnoText(errno));
   }
   return Status::ok();
 }

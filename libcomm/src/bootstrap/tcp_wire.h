@@ -128,11 +128,10 @@ std::string serverProof(std::string_view secret, std::string_view serverNonce, s
 // go through poll). A closed or reset connection is kRemoteError, an expired deadline kTimeout;
 // `what` names the peer and operation in the message.
 Status sendAll(int fd, const void* data, size_t n, Deadline deadline, const std::string& what);
-/// What sendAll and recvAll say when the connection ends under them (closed, reset).
-inline constexpr const char* kStoreClosedText = "the store closed the connection";
-inline constexpr const char* kConnectionLostText = "connection lost";
-/// Whether `st` is such an end of the connection (not a protocol error, not a timeout).
-bool connectionLost(const Status& st);
+/// How a store's kError answer to a handshake begins when it turns the connection away for now
+/// (too many connections in their handshake: TcpStoreOptions::maxHandshakes): the client tries
+/// again, where any other refusal is final.
+inline constexpr std::string_view kStoreBusy = "busy:";
 Status recvAll(int fd, void* data, size_t n, Deadline deadline, const std::string& what);
 Status sendFrame(int fd, MsgType type, std::string_view payload, Deadline deadline, const std::string& what);
 /// One frame; a payload announced longer than `maxPayload` is kRemoteError before any of it is

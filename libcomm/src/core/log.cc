@@ -1,5 +1,6 @@
 #include "core/log.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -134,13 +135,31 @@ FILE* fileLocked(std::string& note) {
       path += c;
     }
   }
-  if (const std::string refused = plantedLink(path); !refused.empty()) {
+  // Not through a link first (a link planted after a check would be followed); a link found is
+  // judged (plantedLink) and, if it is the user's own (or /dev/stderr's), followed. Close-on-exec:
+  // no child of the process inherits the file.
+  constexpr int kFlags = O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC;
+  int fd = open(path.c_str(), kFlags | O_NOFOLLOW, 0666);
+  std::string refused;
+  struct stat link;
+  if (fd < 0 && lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {  // ELOOP, or EACCES in sticky dirs
+    refused = plantedLink(path);
+    if (refused.empty()) fd = open(path.c_str(), kFlags, 0666);
+  }
+  struct stat st;
+  if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink > 1 && st.st_uid != geteuid()) {
+    close(fd);
+    fd = -1;
+    refused = "it is a hard link to a file of uid " + std::to_string(st.st_uid) + ", not this process's";
+  }
+  if (!refused.empty()) {
     note = "refusing LIBCOMM_LOG_FILE '" + path + "': " + refused + "; logging to stderr instead";
     return gFile = stderr;
   }
-  gFile = fopen(path.c_str(), "ae");  // close-on-exec: no child of the process inherits it
+  gFile = fd >= 0 ? fdopen(fd, "a") : nullptr;
   if (!gFile) {
     note = "cannot open LIBCOMM_LOG_FILE '" + path + "' (" + strerror(errno) + "): logging to stderr instead";
+    if (fd >= 0) close(fd);
     gFile = stderr;
   }
   return gFile;
