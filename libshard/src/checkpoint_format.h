@@ -108,8 +108,9 @@ inline constexpr int kWeightsSection = 0, kFirstMomentSection = 1, kSecondMoment
 const char* sectionName(int section);
 /// The index of the first of v[0..n) that `section` may not hold, or n.
 size_t firstBadValue(const float* v, size_t n, int section);
-/// " holds <value> in the <section> at element <at>": a bad value, as the errors name it.
-std::string badValueText(float value, int section, uint64_t at);
+/// " holds <value> in the <section> at element <at><where>; a checkpoint holds finite values only,
+/// and no negative second moment": a bad value, as the errors name it.
+std::string badValueText(float value, int section, uint64_t at, const std::string& where = "");
 
 /// "0x" and 8 hex digits.
 std::string hex32(uint32_t v);

@@ -38,24 +38,26 @@ const char* sectionName(int section) {
 }
 
 size_t firstBadValue(const float* v, size_t n, int section) {
+  const bool nonNegative = section == kSecondMomentSection;
+  auto bad = [nonNegative](float x) { return !(std::fabs(x) <= FLT_MAX) || (nonNegative && x < 0.0f); };
   // Chunks of a branch-free test, so the common case (all good) runs at memory speed.
   constexpr size_t kBlock = 1024;
-  const bool nonNegative = section == kSecondMomentSection;
   for (size_t at = 0; at < n; at += kBlock) {
     const size_t end = std::min(n, at + kBlock);
-    bool bad = false;
-    for (size_t i = at; i < end; ++i) bad |= !(std::fabs(v[i]) <= FLT_MAX) || (nonNegative && v[i] < 0.0f);
-    if (!bad) continue;
+    bool any = false;
+    for (size_t i = at; i < end; ++i) any |= bad(v[i]);
+    if (!any) continue;
     for (size_t i = at; i < end; ++i)
-      if (!(std::fabs(v[i]) <= FLT_MAX) || (nonNegative && v[i] < 0.0f)) return i;
+      if (bad(v[i])) return i;
   }
   return n;
 }
 
-std::string badValueText(float value, int section, uint64_t at) {
+std::string badValueText(float value, int section, uint64_t at, const std::string& where) {
   char text[48];
   std::snprintf(text, sizeof(text), "%g", static_cast<double>(value));
-  return std::string(" holds ") + text + " in the " + sectionName(section) + " at element " + std::to_string(at);
+  return std::string(" holds ") + text + " in the " + sectionName(section) + " at element " + std::to_string(at) +
+         where + "; a checkpoint holds finite values only, and no negative second moment";
 }
 
 std::string hex32(uint32_t v) {

@@ -127,8 +127,7 @@ Status loadForPlan(ParamSource& source, const std::vector<LayoutParam>& srcParam
       if (const size_t bad = firstBadValue(dst, end - begin, s); bad < end - begin)
         return libcomm::makeError(StatusCode::kInvalidArgument, what, ": parameter '", j.dst->name, "'",
                                   badValueText(dst[bad], s, begin - j.dst->offset + bad),
-                                  "; a checkpoint holds finite values only, and no negative second moment (a "
-                                  "save refuses them): the file was written by something else, or altered");
+                                  " (a save refuses them): the file was written by something else, or altered");
     }
   }
   return Status::ok();

@@ -151,10 +151,8 @@ Status checkStateValues(const ShardPlan& plan, const ShardState& state) {
     if (at == state.numel) continue;
     const std::string group = groupHolding(plan, at);
     return libcomm::makeError(StatusCode::kInvalidArgument, "checkpoint save: rank ", plan.options.rank, "'s state",
-                              badValueText(sections[s][at], s, at),
-                              group.empty() ? std::string() : " (group '" + group + "')",
-                              "; a checkpoint holds finite values only, and no negative second moment: the "
-                              "training has diverged, or the state was written over. Nothing was saved");
+                              badValueText(sections[s][at], s, at, group.empty() ? "" : " (group '" + group + "')"),
+                              ": the training has diverged, or the state was written over. Nothing was saved");
   }
   return Status::ok();
 }
@@ -316,9 +314,9 @@ Status verifyCheckpoint(const std::string& dir) {
         const uint64_t end = std::min<uint64_t>(at + n, (section + 1) * numel);
         const size_t bad = firstBadValue(buf.data() + (i - at), static_cast<size_t>(end - i), section);
         if (bad < end - i)
-          return badFile(joinPath(dir, x.files[static_cast<size_t>(r)].file),
-                         badValueText(buf[i - at + bad], section, i + bad - section * numel).substr(1),
-                         " of its state; a checkpoint holds finite values only, and no negative second moment");
+          return badFile(
+              joinPath(dir, x.files[static_cast<size_t>(r)].file),
+              badValueText(buf[i - at + bad], section, i + bad - section * numel, " of its state").substr(1));
         i = end;
       }
     }

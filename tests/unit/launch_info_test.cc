@@ -799,6 +799,15 @@ int statusOfALaunchTold(const LocalLaunchOptions& options, const std::string& re
   return -1;
 }
 
+// Two ranks that, told to stop (SIGTERM), take `seconds` and then write "<dir>/rank<r>"; each
+// writes "<dir>/ready<r>" once its trap is set (statusOfALaunchTold waits for those).
+LocalLaunchOptions ranksThatStopSlowly(const std::string& dir, int seconds) {
+  return shell(2,
+               "trap 'sleep " + std::to_string(seconds) + "; echo done > " + dir +
+                   "/rank$LIBCOMM_RANK; exit 0' TERM; touch " + dir + "/ready$LIBCOMM_RANK; sleep 30 & wait",
+               60s);
+}
+
 std::string madeTempDir() {
   char made[] = "/tmp/launch-stop-XXXXXX";
   return mkdtemp(made) ? std::string(made) : std::string();
@@ -811,10 +820,7 @@ TEST_F(LaunchEnv, RanksToldToStopGetTheStopGrace) {
   if (shardcomm::testing::kThreadSanitizer) GTEST_SKIP() << "the child forks a thread-using process (TSan)";
   const std::string dir = madeTempDir();
   ASSERT_FALSE(dir.empty());
-  auto o = shell(2,
-                 "trap 'sleep 3; echo done > " + dir + "/rank$LIBCOMM_RANK; exit 0' TERM; touch " + dir +
-                     "/ready$LIBCOMM_RANK; sleep 30 & wait",
-                 60s);
+  auto o = ranksThatStopSlowly(dir, 3);
   o.stopGrace = 20s;
   const int status = statusOfALaunchTold(o, dir, 1, 0ms, 30s);
   ASSERT_NE(status, -1) << "the launcher did not end within 30 s of SIGTERM";
@@ -833,10 +839,7 @@ TEST_F(LaunchEnv, ASecondStopSignalEndsTheGraceAtOnceButNotARepeat) {
     SCOPED_TRACE(repeat ? "a repeat 0.1 s later" : "a second signal 1.5 s later");
     const std::string dir = madeTempDir();
     ASSERT_FALSE(dir.empty());
-    auto o = shell(2,
-                   "trap 'sleep 10; echo done > " + dir + "/rank$LIBCOMM_RANK; exit 0' TERM; touch " + dir +
-                       "/ready$LIBCOMM_RANK; sleep 30 & wait",
-                   60s);
+    auto o = ranksThatStopSlowly(dir, 10);
     o.stopGrace = 50s;
     const auto start = Clock::now();
     const int status = statusOfALaunchTold(o, dir, 2, repeat ? 100ms : 1500ms, 30s);
