@@ -226,8 +226,8 @@ int runRank(CliOptions o) {
                 t.eventLogCheck ? ", event log proves rules A, B and the optimizer gate on every step" : "",
                 t.saveCheckpoint.empty()           ? ""
                 : t.saveEvery > 0 && steps.empty() ? ", no checkpoint saved (no step to run)"
-                : t.saveEvery > 0                  ? (", checkpoints saved in " + t.saveCheckpoint + " (the last: " +
-                                     stepCheckpointDir(t.saveCheckpoint, static_cast<uint64_t>(lastStep)) + ")")
+                : t.saveEvery > 0                  ? (", checkpoints saved in " + t.saveCheckpoint +
+                                     " (the last: " + savedCheckpointDir(t, lastStep) + ")")
                                         .c_str()
                                   : (", checkpoint saved to " + t.saveCheckpoint).c_str(),
                 outcome.c_str());
@@ -236,9 +236,7 @@ int runRank(CliOptions o) {
           "tinylm: stopped by SIG%s after step %d (%d of %d steps done); checkpoint of step %d saved to '%s': "
           "--load-checkpoint %s resumes it\n",
           sigabbrev_np(result->stopRequest), lastStep - 1, lastStep, t.steps, lastStep,
-          t.saveEvery > 0 ? stepCheckpointDir(t.saveCheckpoint, static_cast<uint64_t>(lastStep)).c_str()
-                          : t.saveCheckpoint.c_str(),
-          t.saveCheckpoint.c_str());
+          savedCheckpointDir(t, lastStep).c_str(), t.saveCheckpoint.c_str());
     flushStdout();
   }
   if (result->stopRequest != 0) {

@@ -221,6 +221,10 @@ std::string stepCheckpointDir(const std::string& dir, uint64_t step) {
   return dir + "/" + name;
 }
 
+std::string savedCheckpointDir(const TrainOptions& o, int step) {
+  return o.saveEvery > 0 ? stepCheckpointDir(o.saveCheckpoint, static_cast<uint64_t>(step)) : o.saveCheckpoint;
+}
+
 std::string resolveLoadCheckpoint(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;

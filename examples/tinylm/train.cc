@@ -512,8 +512,7 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& given, libcomm::Boot
   TrainLoop loop(o, *hooks, *adamw, rsComm, maxMicroBatchTokens(o, world));
   const std::vector<int> saves = saveSteps(o, result.firstStep);
   auto saveAt = [&](int k) -> Status {
-    const std::string dir =
-        o.saveEvery > 0 ? stepCheckpointDir(o.saveCheckpoint, static_cast<uint64_t>(k)) : o.saveCheckpoint;
+    const std::string dir = savedCheckpointDir(o, k);
     LIBCOMM_RETURN_IF_ERROR(saveSharded(o, dir, result.plan, pool->state(), boot, claim.get()));
     if (rank == 0 && o.onNotice && o.saveEvery > 0)
       o.onNotice("checkpoint of step " + std::to_string(k) + " saved to '" + dir + "'");

@@ -304,6 +304,9 @@ libcomm::Milliseconds checkpointIoAllowance(const TrainOptions& options, int wor
 
 /// "<dir>/step-<step, 8 digits>": where --save-every's save after `step` steps goes.
 std::string stepCheckpointDir(const std::string& dir, uint64_t step);
+/// Where a run with `options` saves the checkpoint of step `step`: stepCheckpointDir with saveEvery,
+/// else saveCheckpoint itself.
+std::string savedCheckpointDir(const TrainOptions& options, int step);
 
 /// The checkpoint a loadCheckpoint of `dir` resumes: `dir` itself when it holds one (its index
 /// exists) or holds no stepCheckpointDir ones; else the complete stepCheckpointDir(dir, k) of the
