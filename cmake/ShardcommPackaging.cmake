@@ -11,8 +11,6 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/libcomm/include/libcomm ${PROJECT_SOURCE
 
 set(SHARDCOMM_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/shardcomm)
 install(EXPORT shardcommTargets NAMESPACE shardcomm:: DESTINATION ${SHARDCOMM_CMAKE_DIR})
-# Where the build found CUDA: the package config's first guess (ignored when CUDA is off).
-get_filename_component(SHARDCOMM_CUDA_ROOT "${CUDAToolkit_BIN_DIR}" DIRECTORY)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/shardcommConfig.cmake.in
   ${PROJECT_BINARY_DIR}/shardcommConfig.cmake INSTALL_DESTINATION ${SHARDCOMM_CMAKE_DIR})
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/shardcommConfigVersion.cmake

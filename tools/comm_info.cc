@@ -55,6 +55,7 @@ struct Report {
   ShmState shm;
   libcomm::ucx::UcxInfo ucx;
   libcomm::Result<int> cudaDevices = 0;  // the devices CUDA streams can use, or why none
+  libcomm::Result<std::string> cudaRuntime = std::string();  // the libcudart libcomm loaded, or why none
   const libcomm::topology::MachineTopology* machine = nullptr;
   libcomm::Result<libcomm::CommConfig> config = libcomm::Status(libcomm::StatusCode::kInternalError, "not read");
   std::string hostId;  // the id this process would send at communicator creation
@@ -98,6 +99,7 @@ Report gather() {
   }
   r.ucx = libcomm::ucx::queryUcxInfo();
   r.cudaDevices = libcomm::cudaDeviceCount();
+  r.cudaRuntime = libcomm::cudaRuntimeDescription();
   r.machine = &libcomm::topology::machineTopology();
   r.config = libcomm::CommConfig::fromEnvironment();
   if (r.config.isOk()) r.hostId = libcomm::topology::localHostId(r.config.value().hostId);
@@ -140,11 +142,13 @@ int printText(const Report& r) {
     printf("  shm   NOT available: /dev/shm is missing\n");
   printf("  ucx   %s\n", ucxLine(r.ucx).c_str());
   if (r.cudaDevices.isOk())
-    printf("  cuda  built, %d device%s (CUDA streams and events, device collectives: docs/GPU.md)\n\n",
+    printf("  cuda  built, %d device%s (CUDA streams and events, device collectives: docs/GPU.md)\n",
            r.cudaDevices.value(), r.cudaDevices.value() == 1 ? "" : "s");
   else
-    printf("  cuda  %s: %s\n\n", libcomm::builtWithCuda() ? "built" : "not built",
+    printf("  cuda  %s: %s\n", libcomm::builtWithCuda() ? "built" : "not built",
            r.cudaDevices.status().message().c_str());
+  if (r.cudaRuntime.isOk()) printf("        runtime %s\n", r.cudaRuntime.value().c_str());
+  printf("\n");
 
   printf("topology\n%s\n", r.machine->describeCpus().c_str());
 
@@ -223,6 +227,7 @@ int printJson(const Report& r) {
     w.field("devices", r.cudaDevices.value()).key("error").valueOrNull(std::string());
   else
     w.field("devices", 0).key("error").valueOrNull(r.cudaDevices.status().message());
+  w.key("runtime").valueOrNull(r.cudaRuntime.isOk() ? r.cudaRuntime.value() : std::string());
   w.endObject();
   w.endObject();
 

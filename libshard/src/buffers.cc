@@ -8,8 +8,8 @@
 #include <cstring>
 #include <sstream>
 
-#include "device/device_memory.h"
 #include "libcomm/convert.h"
+#include "libcomm/cuda.h"
 #include "shard_internal.h"
 
 namespace libshard {
@@ -56,7 +56,14 @@ libcomm::Result<std::unique_ptr<BufferPool>> BufferPool::create(const ShardPlan&
     return libcomm::makeError(StatusCode::kInvalidArgument, "BufferPool: plan has gradBuffers ",
                               plan.options.gradBuffers, " (need >= 1)");
   if (options.memory == MemoryKind::kDevice) {
-    Status st = detail::checkCudaDevice(options.device);
+    // libcomm's answer: kInvalidUsage "built without CUDA", kCudaError "no CUDA device: ...", or an
+    // index out of range. (libcomm loads the CUDA runtime itself: libshard never links it.)
+    Status st = Status::ok();
+    if (auto n = libcomm::cudaDeviceCount(); !n.isOk())
+      st = n.status();
+    else if (options.device < 0 || options.device >= *n)
+      st = libcomm::makeError(StatusCode::kInvalidArgument, "CUDA device ", options.device, " out of range (", *n,
+                              " device(s) visible)");
     if (!st.isOk())
       return st.withContext("BufferPool rank " + std::to_string(agComm.rank()) + ": device memory on CUDA device " +
                             std::to_string(options.device) + " asked for");
@@ -126,10 +133,10 @@ libcomm::Result<void*> BufferPool::allocateOne(libcomm::Communicator& comm, cons
     std::memset(p, 0, a.bytes);
     return p;
   }
-  LIBCOMM_ASSIGN_OR_RETURN(void* p, detail::allocDevice(a.bytes, options_.device));  // zero-filled
+  LIBCOMM_ASSIGN_OR_RETURN(void* p, libcomm::allocateCudaMemory(a.bytes, options_.device));  // zero-filled
   Status st = comm.registerBuffer(p, a.bytes);
   if (!st.isOk()) {
-    (void)detail::freeDevice(p, options_.device);
+    (void)libcomm::freeCudaMemory(p, options_.device);
     return st.withContext("registering it with the communicator");
   }
   return p;
@@ -138,7 +145,7 @@ libcomm::Result<void*> BufferPool::allocateOne(libcomm::Communicator& comm, cons
 Status BufferPool::freeOne(libcomm::Communicator& comm, void* data) {
   if (options_.memory == MemoryKind::kHost) return comm.freeRegistered(data);
   Status st = comm.deregisterBuffer(data);
-  Status f = detail::freeDevice(data, options_.device);
+  Status f = libcomm::freeCudaMemory(data, options_.device);
   return st.isOk() ? f : st;
 }
 

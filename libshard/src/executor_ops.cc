@@ -5,7 +5,6 @@
 #include <thread>
 #include <utility>
 
-#include "device/device_memory.h"
 #include "libcomm/cuda.h"
 #include "libshard/executor.h"
 #include "shard_internal.h"
@@ -317,7 +316,7 @@ Status Executor::runDenseReduce(const ScheduleOp& op) {
   // backward adds into it, ordered by endStep's drain); layer gradient buffers are zeroed by the
   // schedule's own kZeroGrad ops, which it places where they cost least.
   if (resident && device_)
-    LIBCOMM_RETURN_IF_ERROR(detail::zeroDeviceAsync(st, send, zeroBytes, pool_.device()));
+    LIBCOMM_RETURN_IF_ERROR(libcomm::zeroCudaMemoryAsync(st, send, zeroBytes));
   else if (resident)
     LIBCOMM_RETURN_IF_ERROR(st.enqueueHost(
         [send, zeroBytes] {
@@ -356,7 +355,7 @@ Status Executor::runZero(const ScheduleOp& op) {
   const bool log = log_.enabled();
   if (device_) {
     // A host function must not call CUDA: the memset is device work, the log entry a host function.
-    if (buf) LIBCOMM_RETURN_IF_ERROR(detail::zeroDeviceAsync(st, buf, bytes, pool_.device()));
+    if (buf) LIBCOMM_RETURN_IF_ERROR(libcomm::zeroCudaMemoryAsync(st, buf, bytes));
     if (!log) return Status::ok();
     return st.enqueueHost(
         [this, e] {

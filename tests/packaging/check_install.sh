@@ -17,6 +17,15 @@ for tool in comm_info shm_cleanup checkpoint_info flight_merge; do
   env -u LD_LIBRARY_PATH "$work/prefix/bin/$tool" --help > "$work/$tool.log" 2>&1 ||
     { echo "check_install: the installed $tool does not run:" >&2; cat "$work/$tool.log" >&2; exit 1; }
 done
+# A CUDA build's kernels module is installed beside libshardcomm_comm, where libcomm looks for it:
+# the installed comm_info names the runtime it loaded and that module (a device is not needed).
+if "$work/prefix/bin/comm_info" | grep -q "^  cuda  built"; then
+  line=$(env -u LD_LIBRARY_PATH "$work/prefix/bin/comm_info" | grep -A1 "^  cuda  built" | tail -1)
+  case "$line" in
+    *"; kernels $work/prefix/lib"*/libshardcomm_cuda_kernels.so) ;;
+    *) echo "check_install: the installed libcomm does not load its kernels module from the prefix: $line" >&2; exit 1 ;;
+  esac
+fi
 pcdir=$(dirname "$(find "$work/prefix" -name shardcomm.pc | head -1)")
 flags=$(PKG_CONFIG_PATH="$pcdir" pkg-config --cflags --libs shardcomm)
 # shellcheck disable=SC2086

@@ -35,6 +35,9 @@ const std::vector<SettingInfo> kSettings = {
     {"LIBCOMM_NCCL_LIBRARY", SettingType::kString, "",
      "libcomm_nccl.so: path of the real libnccl (empty: one already loaded, else the one found at build time, "
      "else libnccl.so.2 on the loader's path)"},
+    {"LIBCOMM_CUDART_LIBRARY", SettingType::kString, "",
+     "path of the CUDA runtime (libcudart) to load in a build with CUDA (empty: one already loaded, else the one "
+     "found at build time, else libcudart.so.<major> on the loader's path)"},
     {"LIBCOMM_SHIM_STORE_DIR", SettingType::kString, "",
      "libcomm_nccl.so: a directory every rank shares, where the ranks of an NCCL communicator meet for libcomm "
      "(empty: through the NCCL communicator itself, rank 0 hosting a TCP store on the address LIBCOMM_SOCKET_IFNAME "

@@ -1,9 +1,10 @@
 // The exported NCCL API, part 2: collectives, point-to-point and groups. ncclAllGather and
 // ncclReduceScatter go through the route decision (route.h); everything else goes to NCCL.
 
-#include <cuda_runtime.h>
+#include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include "backends/cuda/cudart_library.h"
 #include "serve.h"
 #include "shim_state.h"
 
@@ -15,8 +16,8 @@ using shim::withReal;
 
 shim::MemoryKind memoryKind(const void* ptr) {
   cudaPointerAttributes attr{};
-  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
-    cudaGetLastError();  // not sticky, but leave nothing behind for the caller's error checks
+  if (libcomm::cuda::cudart().cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+    libcomm::cuda::cudart().cudaGetLastError();  // not sticky, but leave nothing behind for the caller's error checks
     return shim::MemoryKind::kUnknown;
   }
   switch (attr.type) {
@@ -32,8 +33,8 @@ shim::MemoryKind memoryKind(const void* ptr) {
 // True when `stream` is being captured into a CUDA graph, or when that cannot be told.
 bool capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
-    cudaGetLastError();  // as in memoryKind: leave nothing behind for the caller's error checks
+  if (libcomm::cuda::cudart().cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    libcomm::cuda::cudart().cudaGetLastError();  // as in memoryKind: leave nothing behind for the caller's error checks
     return true;
   }
   return status != cudaStreamCaptureStatusNone;

@@ -1,10 +1,11 @@
 #include "rendezvous.h"
 
-#include <cuda_runtime.h>
+#include <cuda_runtime_api.h>
 
 #include <string>
 
 #include "backends/cuda/cuda_error.h"  // DeviceGuard, LIBCOMM_CUDA_STATUS
+#include "backends/cuda/cudart_library.h"
 #include "bootstrap/boot_util.h"       // Backoff
 #include "core/log.h"
 #include "real_nccl.h"
@@ -39,7 +40,7 @@ std::string ncclText(const CommState& s, const RealNccl& real, ncclComm_t nccl, 
 Status waitStream(const CommState& s, cudaStream_t stream, Deadline deadline, libcomm::Milliseconds timeout) {
   libcomm::boot::Backoff backoff(libcomm::Milliseconds(1), libcomm::Milliseconds(20));
   for (;;) {
-    Status st = LIBCOMM_CUDA_STATUS(cudaStreamQuery(stream));
+    Status st = LIBCOMM_CUDA_STATUS(libcomm::cuda::cudart().cudaStreamQuery(stream));
     if (st.code() != StatusCode::kInProgress) return st;
     if (s.aborting.load()) return abortedMeanwhile();
     if (deadline.expired())
@@ -60,24 +61,26 @@ Status broadcastBlock(const CommState& s, ncclComm_t nccl, int device, cudaStrea
   libcomm::cuda::DeviceGuard guard(device);
   LIBCOMM_RETURN_IF_ERROR(guard.status());
   cudaStream_t stream = nullptr;
-  LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)));
+  LIBCOMM_RETURN_IF_ERROR(
+      LIBCOMM_CUDA_STATUS(libcomm::cuda::cudart().cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)));
   // Stream-ordered allocation and copies: cudaFree and cudaMemcpy may wait for the whole device
   // (the caller's queued work included), an unbounded wait; cudaFreeAsync after the broadcast on its
   // own stream is safe even when the broadcast never finishes.
   void* buffer = nullptr;
-  Status st = LIBCOMM_CUDA_STATUS(cudaMallocAsync(&buffer, block.size(), stream));
+  Status st = LIBCOMM_CUDA_STATUS(libcomm::cuda::cudart().cudaMallocAsync(&buffer, block.size(), stream));
   if (st.isOk() && s.rank == 0)
-    st = LIBCOMM_CUDA_STATUS(cudaMemcpyAsync(buffer, block.data(), block.size(), cudaMemcpyHostToDevice, stream));
+    st = LIBCOMM_CUDA_STATUS(
+        libcomm::cuda::cudart().cudaMemcpyAsync(buffer, block.data(), block.size(), cudaMemcpyHostToDevice, stream));
   // Only now behind the caller's earlier work, which may hold NCCL collectives of this communicator:
   // the broadcast must not run before them (rendezvous.h). The copy above comes first because a
   // copy from pageable memory may return only when its stream got to it: behind a caller's kernel
   // that never ends (a dead peer), with no deadline and no way for an abort to get in.
   if (st.isOk()) {
     cudaEvent_t callerSoFar = nullptr;
-    st = LIBCOMM_CUDA_STATUS(cudaEventCreateWithFlags(&callerSoFar, cudaEventDisableTiming));
-    if (st.isOk()) st = LIBCOMM_CUDA_STATUS(cudaEventRecord(callerSoFar, after));
-    if (st.isOk()) st = LIBCOMM_CUDA_STATUS(cudaStreamWaitEvent(stream, callerSoFar, 0));
-    if (callerSoFar) (void)cudaEventDestroy(callerSoFar);  // the wait is enqueued: it may go
+    st = LIBCOMM_CUDA_STATUS(libcomm::cuda::cudart().cudaEventCreateWithFlags(&callerSoFar, cudaEventDisableTiming));
+    if (st.isOk()) st = LIBCOMM_CUDA_STATUS(libcomm::cuda::cudart().cudaEventRecord(callerSoFar, after));
+    if (st.isOk()) st = LIBCOMM_CUDA_STATUS(libcomm::cuda::cudart().cudaStreamWaitEvent(stream, callerSoFar, 0));
+    if (callerSoFar) (void)libcomm::cuda::cudart().cudaEventDestroy(callerSoFar);  // the wait is enqueued: it may go
     if (!st.isOk()) st = st.withContext("ordering the broadcast after the caller's stream");
   }
   if (st.isOk() && s.aborting.load()) st = abortedMeanwhile();
@@ -102,11 +105,12 @@ Status broadcastBlock(const CommState& s, ncclComm_t nccl, int device, cudaStrea
   if (st.isOk()) st = waitStream(s, stream, deadline, timeout).withContext("waiting for the broadcast");
   if (st.isOk()) {
     // The stream is idle, so this copy into pageable memory returns at once.
-    st = LIBCOMM_CUDA_STATUS(cudaMemcpyAsync(block.data(), buffer, block.size(), cudaMemcpyDeviceToHost, stream));
+    st = LIBCOMM_CUDA_STATUS(
+        libcomm::cuda::cudart().cudaMemcpyAsync(block.data(), buffer, block.size(), cudaMemcpyDeviceToHost, stream));
     if (st.isOk()) st = waitStream(s, stream, deadline, timeout).withContext("copying the message back");
   }
-  if (buffer) (void)cudaFreeAsync(buffer, stream);
-  (void)cudaStreamDestroy(stream);  // returns at once; CUDA releases it when its work is done
+  if (buffer) (void)libcomm::cuda::cudart().cudaFreeAsync(buffer, stream);
+  (void)libcomm::cuda::cudart().cudaStreamDestroy(stream);  // returns at once; CUDA releases it when its work is done
   return st;
 }
 

@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "backends/cuda/cuda_error.h"  // DeviceGuard
+#include "backends/cuda/cudart_library.h"
 #include "core/log.h"
 #include "libcomm/config.h"
 #include "libcomm/cuda.h"
@@ -18,7 +19,8 @@ using libcomm::StatusCode;
 
 Status cudaStatus(cudaError_t e, const char* call) {
   if (e == cudaSuccess) return Status::ok();
-  return libcomm::makeError(StatusCode::kCudaError, call, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+  return libcomm::makeError(StatusCode::kCudaError, call, ": ", libcomm::cuda::cudart().cudaGetErrorName(e), " (",
+                            libcomm::cuda::cudart().cudaGetErrorString(e), ")");
 }
 
 // Offers libcomm the registrations it does not hold yet. `state.mu` held, `state.served` set.
@@ -66,10 +68,10 @@ Status ensureServed(CommState& state, ncclComm_t nccl, cudaStream_t caller) {
     // (where the caller's stream and libcomm's are), whatever device the caller's thread has current.
     libcomm::cuda::DeviceGuard guard(device);
     LIBCOMM_RETURN_IF_ERROR(guard.status());
-    LIBCOMM_RETURN_IF_ERROR(
-        cudaStatus(cudaEventCreateWithFlags(&s->callerDone, cudaEventDisableTiming), "cudaEventCreate"));
-    LIBCOMM_RETURN_IF_ERROR(
-        cudaStatus(cudaEventCreateWithFlags(&s->libcommDone, cudaEventDisableTiming), "cudaEventCreate"));
+    LIBCOMM_RETURN_IF_ERROR(cudaStatus(
+        libcomm::cuda::cudart().cudaEventCreateWithFlags(&s->callerDone, cudaEventDisableTiming), "cudaEventCreate"));
+    LIBCOMM_RETURN_IF_ERROR(cudaStatus(
+        libcomm::cuda::cudart().cudaEventCreateWithFlags(&s->libcommDone, cudaEventDisableTiming), "cudaEventCreate"));
     return s;
   }();
   if (!made.isOk()) {
@@ -97,11 +99,13 @@ Status ordered(ServedComm& s, cudaStream_t caller, F&& enqueue) {
   // recorded on it. The caller's current device is restored after.
   libcomm::cuda::DeviceGuard guard(s.device);
   LIBCOMM_RETURN_IF_ERROR(guard.status());
-  LIBCOMM_RETURN_IF_ERROR(cudaStatus(cudaEventRecord(s.callerDone, caller), "cudaEventRecord"));
-  LIBCOMM_RETURN_IF_ERROR(cudaStatus(cudaStreamWaitEvent(native, s.callerDone, 0), "cudaStreamWaitEvent"));
+  LIBCOMM_RETURN_IF_ERROR(cudaStatus(libcomm::cuda::cudart().cudaEventRecord(s.callerDone, caller), "cudaEventRecord"));
+  LIBCOMM_RETURN_IF_ERROR(
+      cudaStatus(libcomm::cuda::cudart().cudaStreamWaitEvent(native, s.callerDone, 0), "cudaStreamWaitEvent"));
   LIBCOMM_RETURN_IF_ERROR(enqueue(*s.stream));
-  LIBCOMM_RETURN_IF_ERROR(cudaStatus(cudaEventRecord(s.libcommDone, native), "cudaEventRecord"));
-  return cudaStatus(cudaStreamWaitEvent(caller, s.libcommDone, 0), "cudaStreamWaitEvent");
+  LIBCOMM_RETURN_IF_ERROR(
+      cudaStatus(libcomm::cuda::cudart().cudaEventRecord(s.libcommDone, native), "cudaEventRecord"));
+  return cudaStatus(libcomm::cuda::cudart().cudaStreamWaitEvent(caller, s.libcommDone, 0), "cudaStreamWaitEvent");
 }
 
 }  // namespace
@@ -109,8 +113,8 @@ Status ordered(ServedComm& s, cudaStream_t caller, F&& enqueue) {
 ServedComm::~ServedComm() {
   // The stream first: its destructor waits for the work that may still use the events.
   stream.reset();
-  if (callerDone) cudaEventDestroy(callerDone);
-  if (libcommDone) cudaEventDestroy(libcommDone);
+  if (callerDone) libcomm::cuda::cudart().cudaEventDestroy(callerDone);
+  if (libcommDone) libcomm::cuda::cudart().cudaEventDestroy(libcommDone);
 }
 
 Status serveAllGather(CommState& state, ncclComm_t comm, const void* send, void* recv, size_t count,

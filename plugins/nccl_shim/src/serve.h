@@ -13,7 +13,7 @@
 // Reached only when route.cc says libcomm can serve device buffers (today it cannot: see
 // libcommSupport()).
 
-#include <cuda_runtime.h>
+#include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <memory>

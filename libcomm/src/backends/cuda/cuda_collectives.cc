@@ -11,6 +11,7 @@
 #include "backends/cuda/cuda_error.h"
 #include "backends/cuda/cuda_own_path.h"
 #include "backends/cuda/cuda_reduce.h"
+#include "backends/cuda/cudart_library.h"
 #include "core/log.h"
 
 namespace libcomm::cuda {
@@ -23,7 +24,7 @@ Status OwnPathImpl::markReady(void* stream, int device) {
                      ", but this rank's earlier ones ran on device ", eventDevice_,
                      "; a communicator uses one device per rank (create one communicator per device)");
   }
-  return LIBCOMM_CUDA_STATUS(cudaEventRecord(ready_, static_cast<cudaStream_t>(stream)));
+  return LIBCOMM_CUDA_STATUS(cudart().cudaEventRecord(ready_, static_cast<cudaStream_t>(stream)));
 }
 
 Status OwnPathImpl::makeEvents(int device) {
@@ -34,8 +35,8 @@ Status OwnPathImpl::makeEvents(int device) {
   // All or nothing: on a failure the events made so far are destroyed and this rank stays without
   // events (the next collective tries again), never with events that no record names.
   auto made = [&]() -> Result<shm::Segment> {
-    LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaEventCreateWithFlags(&ready, flags)));
-    LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaEventCreateWithFlags(&done, flags)));
+    LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudart().cudaEventCreateWithFlags(&ready, flags)));
+    LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudart().cudaEventCreateWithFlags(&done, flags)));
     IpcRecord rec;
     rec.kind = IpcRecord::Kind::kEvents;
     rec.device = device;
@@ -43,9 +44,9 @@ Status OwnPathImpl::makeEvents(int device) {
     rec.address = reinterpret_cast<uintptr_t>(ready);
     rec.address2 = reinterpret_cast<uintptr_t>(done);
     cudaIpcEventHandle_t h;
-    LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaIpcGetEventHandle(&h, ready)));
+    LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudart().cudaIpcGetEventHandle(&h, ready)));
     std::memcpy(rec.handle.data(), &h, sizeof(h));
-    LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaIpcGetEventHandle(&h, done)));
+    LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudart().cudaIpcGetEventHandle(&h, done)));
     std::memcpy(rec.handle2.data(), &h, sizeof(h));
     const std::vector<unsigned char> wire = encodeIpcRecord(rec);
     LIBCOMM_ASSIGN_OR_RETURN(shm::Segment seg, shm::Segment::create(recordName(prefix_, 0), wire.size()));
@@ -53,8 +54,8 @@ Status OwnPathImpl::makeEvents(int device) {
     return seg;
   }();
   if (!made.isOk()) {
-    if (ready) (void)cudaEventDestroy(ready);
-    if (done) (void)cudaEventDestroy(done);
+    if (ready) (void)cudart().cudaEventDestroy(ready);
+    if (done) (void)cudart().cudaEventDestroy(done);
     return made.status().withContext(
         detail::strCat("rank ", rank_, ": making its inter-process events on device ", device));
   }
@@ -69,8 +70,8 @@ Status OwnPathImpl::markDone(void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   // "done" must follow every own-path collective of this rank, also one on another stream: the host
   // waits for it alone before it closes mappings. On the same stream the wait orders nothing new.
-  LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaStreamWaitEvent(s, done_, 0)));
-  return LIBCOMM_CUDA_STATUS(cudaEventRecord(done_, s));
+  LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudart().cudaStreamWaitEvent(s, done_, 0)));
+  return LIBCOMM_CUDA_STATUS(cudart().cudaEventRecord(done_, s));
 }
 
 Result<OwnPathImpl::PeerEvents*> OwnPathImpl::peerEvents(int peer, int device, const std::string& what) {
@@ -91,11 +92,11 @@ Result<OwnPathImpl::PeerEvents*> OwnPathImpl::peerEvents(int peer, int device, c
     std::memcpy(&h, rec.handle.data(), sizeof(h));
     const std::string ctx =
         detail::strCat(what, ": rank ", rank_, " opening the events of rank ", peer);
-    LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaIpcOpenEventHandle(&ev.ready, h)).withContext(ctx));
+    LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudart().cudaIpcOpenEventHandle(&ev.ready, h)).withContext(ctx));
     std::memcpy(&h, rec.handle2.data(), sizeof(h));
-    Status s = LIBCOMM_CUDA_STATUS(cudaIpcOpenEventHandle(&ev.done, h)).withContext(ctx);
+    Status s = LIBCOMM_CUDA_STATUS(cudart().cudaIpcOpenEventHandle(&ev.done, h)).withContext(ctx);
     if (!s.isOk()) {
-      (void)cudaEventDestroy(ev.ready);
+      (void)cudart().cudaEventDestroy(ev.ready);
       return s;
     }
     ev.opened = true;
@@ -106,7 +107,7 @@ Result<OwnPathImpl::PeerEvents*> OwnPathImpl::peerEvents(int peer, int device, c
 Status OwnPathImpl::waitPeersDone(void* stream, const std::string& what) {
   for (auto& [peer, ev] : peerEvents_)
     LIBCOMM_RETURN_IF_ERROR(
-        LIBCOMM_CUDA_STATUS(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), ev.done, 0))
+        LIBCOMM_CUDA_STATUS(cudart().cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), ev.done, 0))
             .withContext(detail::strCat(what, ": rank ", rank_, " waiting for rank ", peer, "'s done event")));
   return Status::ok();
 }
@@ -129,7 +130,7 @@ Status OwnPathImpl::run(const CollArgs& args, const std::vector<PeerInput>& inpu
     LIBCOMM_RETURN_IF_ERROR(dropDeregistered(p, readsInputs ? inputs[p].registration : 0, what, unmapBy));
     LIBCOMM_ASSIGN_OR_RETURN(PeerEvents * ev, peerEvents(p, device, what));
     LIBCOMM_RETURN_IF_ERROR(
-        LIBCOMM_CUDA_STATUS(cudaStreamWaitEvent(s, ev->ready, 0))
+        LIBCOMM_CUDA_STATUS(cudart().cudaStreamWaitEvent(s, ev->ready, 0))
             .withContext(detail::strCat(what, ": rank ", rank_, " waiting for rank ", p, "'s ready event")));
     if (!readsInputs) continue;
     LIBCOMM_ASSIGN_OR_RETURN(in[p], resolve(p, inputs[p], device, what));
@@ -147,8 +148,9 @@ Status OwnPathImpl::allGather(const CollArgs& args, const std::vector<const char
   for (int p = 0; p < static_cast<int>(in.size()); ++p) {
     if (p == rank_ && args.inPlace) continue;
     // Default direction: UVA tells the copy where each side lives (a peer's device, or this one).
-    LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaMemcpyAsync(out + p * chunk, in[p], chunk, cudaMemcpyDefault, s))
-                                .withContext(detail::strCat(what, ": rank ", rank_, " copying rank ", p, "'s input")));
+    LIBCOMM_RETURN_IF_ERROR(
+        LIBCOMM_CUDA_STATUS(cudart().cudaMemcpyAsync(out + p * chunk, in[p], chunk, cudaMemcpyDefault, s))
+            .withContext(detail::strCat(what, ": rank ", rank_, " copying rank ", p, "'s input")));
   }
   return Status::ok();
 }

@@ -3,6 +3,8 @@
 #include "backends/cuda/cuda_device.h"
 
 #include "backends/cuda/cuda_error.h"
+#include "backends/cuda/cuda_reduce.h"
+#include "backends/cuda/cudart_library.h"
 #include "libcomm/cuda.h"
 
 namespace libcomm {
@@ -10,17 +12,35 @@ namespace libcomm {
 bool builtWithCuda() { return true; }
 
 Result<int> cudaDeviceCount() {
+  // Without the runtime there is no device to use: the same "no CUDA device" as a machine without
+  // one, saying why (gpu tests skip on it; CPU programs never get here unless asked).
+  if (Status loaded = cuda::cudartStatus(); !loaded.isOk())
+    return makeError(StatusCode::kCudaError, "no CUDA device: ", loaded.message());
+  const cuda::Runtime& rt = cuda::cudart();
   int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
+  const cudaError_t err = rt.cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
-    (void)cudaGetLastError();  // leave no stale error behind for the caller's own CUDA checks
+    (void)rt.cudaGetLastError();  // leave no stale error behind for the caller's own CUDA checks
     if (cuda::isNoDeviceError(err))
-      return makeError(StatusCode::kCudaError, "no CUDA device: cudaGetDeviceCount: ", cudaGetErrorName(err), " (",
-                       static_cast<int>(err), "): ", cudaGetErrorString(err));
+      return makeError(StatusCode::kCudaError, "no CUDA device: cudaGetDeviceCount: ", rt.cudaGetErrorName(err), " (",
+                       static_cast<int>(err), "): ", rt.cudaGetErrorString(err));
     return LIBCOMM_CUDA_STATUS(err);
   }
   if (count <= 0) return makeError(StatusCode::kCudaError, "no CUDA device: cudaGetDeviceCount found none");
   return count;
+}
+
+Result<std::string> cudaRuntimeDescription() {
+  LIBCOMM_RETURN_IF_ERROR(cuda::cudartStatus());
+  const cuda::Runtime& rt = cuda::cudart();
+  std::string text = rt.path + " (" + rt.why + ")";
+  int version = 0;
+  if (rt.cudaRuntimeGetVersion(&version) == cudaSuccess)
+    text += ", CUDA runtime " + std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
+  // The kernels module too: a missing or stale one would otherwise show only at the first kernel.
+  auto kernels = cuda::kernelsModulePath();
+  text += kernels.isOk() ? "; kernels " + kernels.value() : "; kernels NOT loadable: " + kernels.status().message();
+  return text;
 }
 
 namespace cuda {

@@ -25,6 +25,7 @@
 
 #include "backends/cuda/cuda_error.h"
 #include "backends/cuda/cuda_own_path.h"
+#include "backends/cuda/cudart_library.h"
 #include "backends/cuda/range_lookup.h"
 #include "core/log.h"
 
@@ -39,7 +40,8 @@ Status allocationOf(const void* p, char** base, size_t* size) {
   static GetAddressRange fn = [] {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+    if (cudart().cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
         q != cudaDriverEntryPointSuccess)
       f = nullptr;
     return reinterpret_cast<GetAddressRange>(f);
@@ -56,12 +58,12 @@ Status allocationOf(const void* p, char** base, size_t* size) {
 // Lets kernels on the current device load `peerDevice`'s memory (process-wide, never undone; a
 // second call, from this rank or another on the device, answers "already enabled").
 Status enablePeerAccess(int peerDevice, const std::string& what) {
-  const cudaError_t e = cudaDeviceEnablePeerAccess(peerDevice, 0);
+  const cudaError_t e = cudart().cudaDeviceEnablePeerAccess(peerDevice, 0);
   if (e == cudaSuccess) return Status::ok();
-  (void)cudaGetLastError();  // not sticky, but it stays the "last error" a later launch check would read
+  (void)cudart().cudaGetLastError();  // not sticky, but it stays the "last error" a later launch check would read
   if (e == cudaErrorPeerAccessAlreadyEnabled) return Status::ok();
   int current = -1;
-  (void)cudaGetDevice(&current);
+  (void)cudart().cudaGetDevice(&current);
   return statusFromCuda(e, "cudaDeviceEnablePeerAccess", __FILE__, __LINE__)
       .withContext(detail::strCat(what, ": enabling peer access from device ", current, " to device ", peerDevice));
 }
@@ -90,7 +92,7 @@ OwnPathImpl::~OwnPathImpl() {
   if (done_) {
     DeviceGuard guard(eventDevice_);
     // At process exit the runtime may have gone first, and with it the context and everything in it.
-    if (cudaEventQuery(done_) == cudaErrorCudartUnloading) return;
+    if (cudart().cudaEventQuery(done_) == cudaErrorCudartUnloading) return;
   }
   const Status idle = waitOwnDone(Deadline::after(timeout_));
   if (!idle.isOk()) {
@@ -105,17 +107,17 @@ OwnPathImpl::~OwnPathImpl() {
   for (auto& [key, m] : peers_) {
     if (!m.opened) continue;
     DeviceGuard guard(m.device);
-    (void)cudaIpcCloseMemHandle(m.opened);
+    (void)cudart().cudaIpcCloseMemHandle(m.opened);
   }
   for (auto& [peer, ev] : peerEvents_) {
     if (!ev.opened) continue;
-    (void)cudaEventDestroy(ev.ready);
-    (void)cudaEventDestroy(ev.done);
+    (void)cudart().cudaEventDestroy(ev.ready);
+    (void)cudart().cudaEventDestroy(ev.done);
   }
   if (eventDevice_ >= 0) {
     DeviceGuard guard(eventDevice_);
-    if (ready_) (void)cudaEventDestroy(ready_);
-    if (done_) (void)cudaEventDestroy(done_);
+    if (ready_) (void)cudart().cudaEventDestroy(ready_);
+    if (done_) (void)cudart().cudaEventDestroy(done_);
   }
 }
 
@@ -124,7 +126,7 @@ Status OwnPathImpl::waitOwnDone(Deadline deadline) const {
   DeviceGuard guard(eventDevice_);
   LIBCOMM_RETURN_IF_ERROR(guard.status());
   for (;;) {
-    Status s = LIBCOMM_CUDA_STATUS(cudaEventQuery(done_));
+    Status s = LIBCOMM_CUDA_STATUS(cudart().cudaEventQuery(done_));
     if (s.code() != StatusCode::kInProgress) return s;
     if (deadline.expired())
       return makeError(StatusCode::kTimeout, "rank ", rank_, "'s last own-path collective has not finished on device ",
@@ -155,7 +157,7 @@ Status OwnPathImpl::registerRange(void* p, size_t bytes) {
   // cuMemGetAddressRange is a driver call: it needs the device's context current on this thread,
   // which the guard leaves alone when the device was the thread's already (a thread that never made
   // a runtime call binding it). cudaSetDevice makes the primary context current.
-  LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaSetDevice(info.device)).withContext(what()));
+  LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudart().cudaSetDevice(info.device)).withContext(what()));
   char* base = nullptr;
   size_t allocBytes = 0;
   LIBCOMM_RETURN_IF_ERROR(allocationOf(p, &base, &allocBytes).withContext(what()));
@@ -164,7 +166,7 @@ Status OwnPathImpl::registerRange(void* p, size_t bytes) {
     return makeError(StatusCode::kInvalidArgument, what(), ": the range runs past its allocation (", allocBytes,
                      " bytes at ", static_cast<void*>(base), ")");
   cudaIpcMemHandle_t h;
-  LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaIpcGetMemHandle(&h, base))
+  LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudart().cudaIpcGetMemHandle(&h, base))
                               .withContext(what() + " (memory from a stream-ordered pool or cuMemCreate cannot be "
                                                     "shared this way; use cudaMalloc)"));
   IpcRecord rec;
@@ -246,8 +248,9 @@ Result<const char*> OwnPathImpl::resolve(int peer, const PeerInput& in, int devi
     const ProcessId self = thisProcess();
     const bool inProcess = sameProcess(rec.owner, self);
     int canAccess = 0;
-    if (inProcess && rec.device != device && cudaDeviceCanAccessPeer(&canAccess, device, rec.device) != cudaSuccess) {
-      (void)cudaGetLastError();
+    if (inProcess && rec.device != device &&
+        cudart().cudaDeviceCanAccessPeer(&canAccess, device, rec.device) != cudaSuccess) {
+      (void)cudart().cudaGetLastError();
       canAccess = 0;
     }
     const PeerReach reach = peerReach(inProcess, device, rec.device, canAccess != 0);
@@ -263,10 +266,10 @@ Result<const char*> OwnPathImpl::resolve(int peer, const PeerInput& in, int devi
     } else {
       cudaIpcMemHandle_t h;
       std::memcpy(&h, rec.handle.data(), sizeof(h));
-      LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaIpcOpenMemHandle(&m.opened, h, cudaIpcMemLazyEnablePeerAccess))
-                                  .withContext(detail::strCat(what, ": rank ", rank_, " opening registration ",
-                                                              in.registration, " of rank ", peer, " (device ",
-                                                              rec.device, ")")));
+      LIBCOMM_RETURN_IF_ERROR(
+          LIBCOMM_CUDA_STATUS(cudart().cudaIpcOpenMemHandle(&m.opened, h, cudaIpcMemLazyEnablePeerAccess))
+              .withContext(detail::strCat(what, ": rank ", rank_, " opening registration ", in.registration,
+                                          " of rank ", peer, " (device ", rec.device, ")")));
       m.range = static_cast<char*>(m.opened) + rec.allocOffset;
     }
     it = peers_.emplace(std::make_pair(peer, in.registration), m).first;
@@ -310,7 +313,7 @@ Status OwnPathImpl::dropDeregistered(int peer, uint32_t named, const std::string
     const PeerMapping& m = peers_.at(key);
     if (m.opened) {
       DeviceGuard guard(m.device);
-      const Status closed = LIBCOMM_CUDA_STATUS(cudaIpcCloseMemHandle(m.opened));
+      const Status closed = LIBCOMM_CUDA_STATUS(cudart().cudaIpcCloseMemHandle(m.opened));
       if (!closed.isOk())
         LIBCOMM_LOG(kWarn, "mem") << what << ": rank " << rank_ << " closing its mapping of rank " << peer
                                   << "'s registration " << key.second << ": " << closed.message();

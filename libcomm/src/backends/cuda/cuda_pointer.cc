@@ -6,6 +6,7 @@
 
 #include "backends/cuda/cuda_error.h"
 #include "backends/cuda/cuda_own_path.h"
+#include "backends/cuda/cudart_library.h"
 
 namespace libcomm::cuda {
 namespace {
@@ -30,8 +31,8 @@ PointerInfo queryPointer(const void* p, bool evenBeforeCudaUse) {
   PointerInfo info;
   if (p == nullptr || !(cudaInUse() || (evenBeforeCudaUse && driverLoaded()))) return info;
   cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    (void)cudaGetLastError();  // an address CUDA does not know is host memory; leave no stale error
+  if (cudart().cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudart().cudaGetLastError();  // an address CUDA does not know is host memory; leave no stale error
     return info;
   }
   if (a.type == cudaMemoryTypeDevice) info.kind = PointerInfo::Kind::kDevice;

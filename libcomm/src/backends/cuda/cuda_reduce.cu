@@ -1,17 +1,16 @@
-// The reduce kernel: 16-byte loads of every input (8 bf16 or 4 fp32 elements), fp32 sums in input
-// order, one scale, optional accumulate into an fp32 output; a scalar loop does the tail and the
-// whole range when a pointer is not 16-byte aligned. Geometry: launch_geometry.cc.
+// The kernels module, libshardcomm_cuda_kernels.so (cuda_reduce.h): the reduce kernel -- 16-byte
+// loads of every input (8 bf16 or 4 fp32 elements), fp32 sums in input order, one scale, optional
+// accumulate into an fp32 output; a scalar loop does the tail and the whole range when a pointer is
+// not 16-byte aligned -- and the fp32-to-bf16 conversion. libcomm checks the arguments and computes
+// the geometry (launch_geometry.cc) before it calls here; this file calls only the CUDA runtime.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <cstring>
-#include <mutex>
-#include <vector>
 
-#include "backends/cuda/cuda_error.h"
 #include "backends/cuda/cuda_reduce.h"
+#include "libcomm/version.h"
 
 namespace libcomm::cuda {
 namespace {
@@ -93,60 +92,42 @@ __global__ void __launch_bounds__(kReduceThreads) toBf16Kernel(const float* in, 
     out[i] = __float2bfloat16_rn(in[i]);
 }
 
-int smCount(int device) {
-  static std::mutex mu;
-  static std::vector<int> counts;
-  std::lock_guard<std::mutex> lock(mu);
-  if (device >= static_cast<int>(counts.size())) counts.resize(device + 1, 0);
-  if (counts[device] == 0 &&
-      cudaDeviceGetAttribute(&counts[device], cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-    counts[device] = 1;
-  return counts[device];
-}
-
 }  // namespace
 
-Status launchToBf16(const float* in, void* out, size_t count, void* stream, int device) {
-  if (count == 0) return Status::ok();
-  const size_t perBlock = kReduceThreads;
-  const size_t cap = static_cast<size_t>(smCount(device)) * kReduceBlocksPerSm;
-  const unsigned blocks = static_cast<unsigned>(std::min((count + perBlock - 1) / perBlock, cap));
-  (void)cudaGetLastError();  // as in launchReduce: blame only this launch
-  toBf16Kernel<<<blocks, kReduceThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      in, static_cast<__nv_bfloat16*>(out), count);
-  return LIBCOMM_CUDA_STATUS(cudaGetLastError());
-}
-
-Status launchReduce(const ReduceLaunch& l, void* stream, int device) {
-  if (l.numInputs < 1 || l.numInputs > kMaxReduceInputs)
-    return makeError(StatusCode::kInternalError, "reduce kernel: ", l.numInputs, " inputs (1..", kMaxReduceInputs, ")");
-  if (l.inType == DataType::kFloat32 && l.outType == DataType::kBFloat16)
-    return makeError(StatusCode::kInternalError, "reduce kernel: fp32 -> bf16 is not a supported combination");
-  const void* ptrs[kMaxReduceInputs + 1];
-  for (int i = 0; i < l.numInputs; ++i) ptrs[i] = l.inputs[i];
-  ptrs[l.numInputs] = l.out;
-  const ReduceGeometry g = reduceGeometry(l.count, l.inType, allAligned16(ptrs, l.numInputs + 1), smCount(device));
-  if (g.blocks == 0) return Status::ok();
+int reduce(const KernelReduceArgs* a, void* stream) {
   Params p;
-  std::memcpy(p.in, l.inputs, sizeof(p.in));
-  p.n = l.numInputs;
-  p.out = l.out;
-  p.count = l.count;
-  p.vectors = g.vectors;
-  p.tailStart = g.tailStart;
-  p.scale = l.scale;
-  p.accumulate = l.accumulate ? 1 : 0;
+  std::memcpy(p.in, a->in, sizeof(p.in));
+  p.n = a->n;
+  p.out = a->out;
+  p.count = a->count;
+  p.vectors = a->vectors;
+  p.tailStart = a->tailStart;
+  p.scale = a->scale;
+  p.accumulate = a->accumulate;
   auto s = static_cast<cudaStream_t>(stream);
   // The launch's error is read from the thread's last error: take an earlier, unrelated one off it
   // first (not sticky, or the launch fails with it too), so that only this launch is blamed.
   (void)cudaGetLastError();
-  if (l.inType == DataType::kFloat32)
-    reduceKernel<float, float><<<g.blocks, g.threads, 0, s>>>(p);
-  else if (l.outType == DataType::kFloat32)
-    reduceKernel<__nv_bfloat16, float><<<g.blocks, g.threads, 0, s>>>(p);
+  if (a->inType == KernelType::kFloat32)
+    reduceKernel<float, float><<<a->blocks, a->threads, 0, s>>>(p);
+  else if (a->outType == KernelType::kFloat32)
+    reduceKernel<__nv_bfloat16, float><<<a->blocks, a->threads, 0, s>>>(p);
   else
-    reduceKernel<__nv_bfloat16, __nv_bfloat16><<<g.blocks, g.threads, 0, s>>>(p);
-  return LIBCOMM_CUDA_STATUS(cudaGetLastError());
+    reduceKernel<__nv_bfloat16, __nv_bfloat16><<<a->blocks, a->threads, 0, s>>>(p);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int toBf16(const float* in, void* out, size_t count, unsigned blocks, void* stream) {
+  (void)cudaGetLastError();  // as in reduce: blame only this launch
+  toBf16Kernel<<<blocks, kReduceThreads, 0, static_cast<cudaStream_t>(stream)>>>(in, static_cast<__nv_bfloat16*>(out),
+                                                                                 count);
+  return static_cast<int>(cudaGetLastError());
 }
 
 }  // namespace libcomm::cuda
+
+extern "C" __attribute__((visibility("default"))) const libcomm::cuda::KernelTable* shardcomm_cuda_kernels() {
+  static const libcomm::cuda::KernelTable table{sizeof(libcomm::cuda::KernelTable), LIBCOMM_VERSION_STRING,
+                                                &libcomm::cuda::reduce, &libcomm::cuda::toBf16};
+  return &table;
+}

@@ -1,10 +1,17 @@
 #pragma once
-// The reduce kernel (cuda_reduce.cu): out[i] = (accumulate ? out[i] : 0) + scale * sum_k in_k[i],
-// summed in fp32 in input order, inputs bf16 or fp32, output bf16 or fp32. The own path's
-// reduce_scatter runs it with one input per rank (read through IPC mappings); the NCCL path runs
-// it with one input to convert bf16 to fp32 or to accumulate into the output.
+// The reduce kernel: out[i] = (accumulate ? out[i] : 0) + scale * sum_k in_k[i], summed in fp32 in
+// input order, inputs bf16 or fp32, output bf16 or fp32. The own path's reduce_scatter runs it with
+// one input per rank (read through IPC mappings); the NCCL path runs it with one input to convert
+// bf16 to fp32 or to accumulate into the output.
+//
+// The kernels themselves (cuda_reduce.cu) are a module of their own, libshardcomm_cuda_kernels.so,
+// installed beside libshardcomm_comm and loaded by the first launch (cuda_kernels.cc): kernels
+// compiled by nvcc register with the CUDA runtime when their library loads, and libcomm loads the
+// runtime only when it is used (cudart_library.h). launchReduce and launchToBf16 check the
+// arguments, compute the geometry (launch_geometry.h) and call the module through the table below.
 
 #include <cstddef>
+#include <string>
 
 #include "backends/cuda/launch_geometry.h"
 #include "libcomm/status.h"
@@ -31,4 +38,38 @@ Status launchReduce(const ReduceLaunch& launch, void* stream, int device);
 /// NCCL path's bf16 output after it reduced in fp32.
 Status launchToBf16(const float* in, void* out, size_t count, void* stream, int device);
 
+/// OK when the kernels module loads (loading it on the first call, after the CUDA runtime); else
+/// kCudaError naming the module's path and why. Thread-safe.
+Status kernelsStatus();
+/// The loaded module's path, or kernelsStatus()'s error.
+Result<std::string> kernelsModulePath();
+
+// The module's side: one C entry point returning this table. Plain types only (the module does not
+// link libcomm); each launch returns the cudaError_t of the launch as an int.
+enum class KernelType : int { kFloat32 = 0, kBFloat16 = 1 };
+struct KernelReduceArgs {
+  const void* in[kMaxReduceInputs];
+  int n;
+  void* out;
+  size_t count;
+  size_t vectors;    // whole 16-byte vectors (ReduceGeometry)
+  size_t tailStart;  // first element done one at a time
+  float scale;
+  int accumulate;
+  KernelType inType;
+  KernelType outType;
+  unsigned blocks;
+  unsigned threads;
+};
+struct KernelTable {
+  unsigned size;        // sizeof(KernelTable) as the module was built
+  const char* version;  // shardcomm's version the module was built with; libcomm loads only its own
+  int (*reduce)(const KernelReduceArgs* args, void* stream);
+  int (*toBf16)(const float* in, void* out, size_t count, unsigned blocks, void* stream);
+};
+
 }  // namespace libcomm::cuda
+
+/// The module's one export (extern "C", unmangled, so that dlsym finds it by this name).
+#define LIBCOMM_CUDA_KERNELS_ENTRY "shardcomm_cuda_kernels"
+extern "C" const libcomm::cuda::KernelTable* shardcomm_cuda_kernels();

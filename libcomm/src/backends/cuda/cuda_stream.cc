@@ -25,6 +25,7 @@
 
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/cuda_error.h"
+#include "backends/cuda/cudart_library.h"
 #include "backends/cuda/device_path.h"
 #include "core/cpu_relax.h"
 #include "core/log.h"
@@ -127,7 +128,7 @@ struct CudaRecord {
   uint64_t hostBefore = 0;  // host callbacks enqueued on that stream before the record
 
   ~CudaRecord() {
-    if (event) (void)cudaEventDestroy(event);
+    if (event) (void)cuda::cudart().cudaEventDestroy(event);
   }
   // The error this record carries: its stream's, when it failed before the record.
   Status carried() const { return stream ? stream->errorBefore(position) : Status::ok(); }
@@ -142,7 +143,7 @@ class CudaEvent final : public Event {
  public:
   CudaEvent(int device, cudaEvent_t spare) : device_(device), spare_(spare) {}
   ~CudaEvent() override {
-    if (spare_) (void)cudaEventDestroy(spare_);
+    if (spare_) (void)cuda::cudart().cudaEventDestroy(spare_);
   }
 
   StreamKind kind() const override { return StreamKind::kCuda; }
@@ -151,7 +152,7 @@ class CudaEvent final : public Event {
   Status query() const override {
     auto rec = last();
     if (!rec) return Status::ok();
-    const cudaError_t r = cudaEventQuery(rec->event);
+    const cudaError_t r = cuda::cudart().cudaEventQuery(rec->event);
     if (r == cudaErrorNotReady) return makeError(StatusCode::kInProgress, rec->describe(), " has not completed");
     if (r != cudaSuccess) return LIBCOMM_CUDA_STATUS(r).withContext(rec->describe());
     return rec->carried();
@@ -160,7 +161,7 @@ class CudaEvent final : public Event {
   Status synchronize(Deadline deadline) const override {
     auto rec = last();
     if (!rec) return Status::ok();
-    const cudaError_t r = pollUntil([&] { return cudaEventQuery(rec->event); }, deadline);
+    const cudaError_t r = pollUntil([&] { return cuda::cudart().cudaEventQuery(rec->event); }, deadline);
     if (r == cudaErrorNotReady)
       return makeError(StatusCode::kTimeout, rec->describe(), " did not complete by the deadline (",
                        rec->stream->position(), ")");
@@ -183,7 +184,8 @@ class CudaEvent final : public Event {
       std::swap(ev, last_->event);  // nobody waits on the old record: re-use its CUDA event
       last_.reset();
     } else {  // the caller made the device current
-      LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)));
+      LIBCOMM_RETURN_IF_ERROR(
+          LIBCOMM_CUDA_STATUS(cuda::cudart().cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)));
     }
     auto rec = std::make_shared<CudaRecord>();
     rec->event = ev;
@@ -191,7 +193,7 @@ class CudaEvent final : public Event {
     rec->stream = state;
     rec->position = seq;
     rec->hostBefore = state->hostEnqueued.load(std::memory_order_relaxed);
-    const Status s = LIBCOMM_CUDA_STATUS(cudaEventRecord(ev, stream));
+    const Status s = LIBCOMM_CUDA_STATUS(cuda::cudart().cudaEventRecord(ev, stream));
     if (!s.isOk()) {
       std::swap(rec->event, spare_);  // keep the CUDA event for the next try
       return s;
@@ -258,7 +260,7 @@ class CudaStream final : public Stream {
       LIBCOMM_LOG(kWarn, "stream") << "destroyed with work pending: " << drained.message()
                                    << "; CUDA releases the stream once that work has run";
     cuda::DeviceGuard guard(state_->device);
-    (void)cudaStreamDestroy(stream_);  // returns at once; CUDA frees it after the pending work
+    (void)cuda::cudart().cudaStreamDestroy(stream_);  // returns at once; CUDA frees it after the pending work
   }
 
   StreamKind kind() const override { return StreamKind::kCuda; }
@@ -295,7 +297,7 @@ class CudaStream final : public Stream {
     cuda::DeviceGuard guard(state_->device);
     LIBCOMM_RETURN_IF_ERROR(guard.status());
     LIBCOMM_RETURN_IF_ERROR(
-        LIBCOMM_CUDA_STATUS(cudaStreamWaitEvent(stream_, rec->event, 0))
+        LIBCOMM_CUDA_STATUS(cuda::cudart().cudaStreamWaitEvent(stream_, rec->event, 0))
             .withContext(detail::strCat("CUDA stream '", name(), "' waiting on ", rec->describe())));
     const uint64_t seq = state_->items.load(std::memory_order_relaxed) + 1;
     state_->items.store(seq, std::memory_order_release);
@@ -326,7 +328,7 @@ class CudaStream final : public Stream {
   }
 
   Status synchronize(Deadline deadline) override {
-    const cudaError_t r = pollUntil([&] { return cudaStreamQuery(stream_); }, deadline);
+    const cudaError_t r = pollUntil([&] { return cuda::cudart().cudaStreamQuery(stream_); }, deadline);
     if (r == cudaErrorNotReady)
       return makeError(StatusCode::kTimeout, "CUDA stream '", name(), "': work did not finish by the deadline; ",
                        state_->position());
@@ -337,7 +339,7 @@ class CudaStream final : public Stream {
   Status query() const override {
     Status sticky = state_->sticky();
     if (!sticky.isOk()) return sticky;
-    const cudaError_t r = cudaStreamQuery(stream_);
+    const cudaError_t r = cuda::cudart().cudaStreamQuery(stream_);
     if (r == cudaSuccess) return Status::ok();
     if (r == cudaErrorNotReady) return makeError(StatusCode::kInProgress, state_->position());
     return failWith(r);
@@ -346,7 +348,7 @@ class CudaStream final : public Stream {
   Status asyncError() const override {
     Status sticky = state_->sticky();
     if (!sticky.isOk()) return sticky;
-    const cudaError_t r = cudaStreamQuery(stream_);
+    const cudaError_t r = cuda::cudart().cudaStreamQuery(stream_);
     return r == cudaSuccess || r == cudaErrorNotReady ? Status::ok() : failWith(r);
   }
 
@@ -358,7 +360,7 @@ class CudaStream final : public Stream {
     call->seq = seq;
     state_->hostEnqueued.fetch_add(1, std::memory_order_relaxed);
     const std::string label = call->label;
-    const cudaError_t r = cudaLaunchHostFunc(stream_, runHostCall, call.get());
+    const cudaError_t r = cuda::cudart().cudaLaunchHostFunc(stream_, runHostCall, call.get());
     if (r != cudaSuccess) {
       state_->hostEnqueued.fetch_sub(1, std::memory_order_relaxed);
       return LIBCOMM_CUDA_STATUS(r).withContext(
@@ -391,7 +393,7 @@ Result<std::unique_ptr<Stream>> createCudaStream(std::string name, int device) {
   LIBCOMM_RETURN_IF_ERROR(guard.status().withContext(what));
   cudaStream_t stream = nullptr;
   LIBCOMM_RETURN_IF_ERROR(
-      LIBCOMM_CUDA_STATUS(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)).withContext(what));
+      LIBCOMM_CUDA_STATUS(cuda::cudart().cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)).withContext(what));
   return std::unique_ptr<Stream>(
       std::make_unique<CudaStream>(std::make_shared<StreamState>(std::move(name), device), stream));
 }
@@ -402,8 +404,8 @@ Result<std::unique_ptr<Event>> createCudaEvent(int device) {
   cuda::DeviceGuard guard(device);
   LIBCOMM_RETURN_IF_ERROR(guard.status().withContext("CUDA event"));
   cudaEvent_t ev = nullptr;
-  LIBCOMM_RETURN_IF_ERROR(
-      LIBCOMM_CUDA_STATUS(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)).withContext("CUDA event"));
+  LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cuda::cudart().cudaEventCreateWithFlags(&ev, cudaEventDisableTiming))
+                              .withContext("CUDA event"));
   return std::unique_ptr<Event>(std::make_unique<CudaEvent>(device, ev));
 }
 

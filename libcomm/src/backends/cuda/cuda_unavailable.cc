@@ -15,11 +15,18 @@ Status unavailable(const char* what) {
 
 bool builtWithCuda() { return false; }
 Result<int> cudaDeviceCount() { return unavailable("CUDA devices"); }
+Result<std::string> cudaRuntimeDescription() { return unavailable("the CUDA runtime"); }
 Result<std::unique_ptr<Stream>> createCudaStream(std::string name, int) {
   return unavailable(("CUDA stream '" + name + "'").c_str());
 }
 Result<std::unique_ptr<Event>> createCudaEvent(int) { return unavailable("CUDA event"); }
 void* nativeCudaStream(const Stream&) { return nullptr; }
+Result<void*> allocateCudaMemory(size_t, int) { return unavailable("CUDA device memory"); }
+Status freeCudaMemory(void* ptr, int) { return ptr ? unavailable("CUDA device memory") : Status::ok(); }
+Status zeroCudaMemoryAsync(Stream& stream, void*, size_t) {
+  return unavailable(("zeroing device memory on '" + stream.name() + "'").c_str());
+}
+Status copyCudaMemory(void*, const void*, size_t, int) { return unavailable("copying CUDA device memory"); }
 
 namespace cuda {
 PointerInfo queryPointer(const void*, bool) { return {}; }

@@ -10,6 +10,7 @@
 
 #include "backends/cuda/cuda_error.h"
 #include "backends/cuda/cuda_reduce.h"
+#include "backends/cuda/cudart_library.h"
 #include "backends/nccl/nccl_comm.h"
 #include "backends/nccl/nccl_error.h"
 #include "backends/nccl/nccl_path.h"
@@ -129,11 +130,11 @@ class DelegateImpl final : public Delegate {
 
   Result<void*> scratch(size_t bytes) {
     void* p = nullptr;
-    LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cudaMallocAsync(&p, bytes, s_)));
+    LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cuda::cudart().cudaMallocAsync(&p, bytes, s_)));
     return p;
   }
   void release(void* p) {
-    if (p && !unsettled_) (void)cudaFreeAsync(p, s_);  // (unsettled: left to leak, see check)
+    if (p && !unsettled_) (void)cuda::cudart().cudaFreeAsync(p, s_);  // (unsettled: left to leak, see check)
   }
 
   Status kernel(const void* in, void* out, size_t count, DataType inType, bool accumulate, int device) {
