@@ -4,6 +4,10 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
+
+#include "libcomm/version.h"
+
 namespace libcomm {
 
 Result<OpenedLibrary> openFirstLibrary(const std::vector<LibraryCandidate>& candidates,
@@ -30,6 +34,45 @@ Result<OpenedLibrary> openFirstLibrary(const std::vector<LibraryCandidate>& cand
     return OpenedLibrary{h, c};
   }
   return makeError(StatusCode::kSystemError, "cannot load ", what, ": ", tried);
+}
+
+std::string pathBesideLibcomm(const char* fileName) {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<const void*>(&pathBesideLibcomm), &info) == 0 || info.dli_fname == nullptr)
+    return fileName;                  // then the loader's search path
+  std::string self = info.dli_fname;  // as the loader found it ("bin/../lib/..." through a run path)
+  if (char* real = realpath(info.dli_fname, nullptr)) {
+    self = real;
+    free(real);
+  }
+  const size_t slash = self.rfind('/');
+  return slash == std::string::npos ? fileName : self.substr(0, slash + 1) + fileName;
+}
+
+Result<const ModuleHeader*> openModule(const char* fileName, const char* entry, unsigned tableSize,
+                                       const std::string& what) {
+  const ModuleHeader* table = nullptr;
+  auto check = [&](void* h) -> std::string {
+    using Entry = const ModuleHeader* (*)();
+    auto fn = reinterpret_cast<Entry>(dlsym(h, entry));
+    const ModuleHeader* t = fn ? fn() : nullptr;
+    std::string why;
+    if (t == nullptr)
+      why = std::string("has no ") + entry + " (not shardcomm's module?)";
+    else if (t->size != tableSize || t->version == nullptr || std::string(t->version) != LIBCOMM_VERSION_STRING)
+      why = std::string("is the module of shardcomm ") + (t->version ? t->version : "?") + ", not of this library (" +
+            LIBCOMM_VERSION_STRING + "): install both from one build";
+    if (!why.empty()) {
+      dlclose(h);
+      return why;
+    }
+    table = t;
+    return "";
+  };
+  LIBCOMM_RETURN_IF_ERROR(
+      openFirstLibrary({{pathBesideLibcomm(fileName), RTLD_NOW | RTLD_LOCAL, "beside libshardcomm_comm"}}, check, what)
+          .status());
+  return table;
 }
 
 }  // namespace libcomm

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/module_header.h"
 #include "libcomm/status.h"
 
 namespace libcomm {
@@ -30,6 +31,16 @@ struct OpenedLibrary {
 };
 Result<OpenedLibrary> openFirstLibrary(const std::vector<LibraryCandidate>& candidates,
                                        const std::function<std::string(void* handle)>& accept,
+                                       const std::string& what);
+
+/// The real path of `fileName` in the directory of the libcomm library that runs this code.
+std::string pathBesideLibcomm(const char* fileName);
+
+/// dlopens module `fileName` beside libcomm and calls its `entry`. Refused unless its table's size
+/// is `tableSize` and its version this library's (a module of another build). The table, or
+/// kSystemError "cannot load <what>: <path> (beside libshardcomm_comm): <why>". The module stays
+/// loaded for the life of the process.
+Result<const ModuleHeader*> openModule(const char* fileName, const char* entry, unsigned tableSize,
                                        const std::string& what);
 
 /// `Load` runs once, on the first get(); its answer, the library or why none loaded, is every

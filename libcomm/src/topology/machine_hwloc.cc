@@ -1,24 +1,18 @@
 // The hwloc half of machine discovery: cores, NUMA nodes, caches, and the PCI devices hwloc keeps
-// as important (GPUs, NICs, storage controllers) with their OS device names. Without hwloc in the
-// build every count stays unknown and the description says so.
+// as important (GPUs, NICs, storage controllers) with their OS device names. The module
+// libshardcomm_hwloc.so (topology_modules.h), built only where hwloc is; libcomm loads it.
 
-#include "topology/machine.h"
-
-#ifdef LIBCOMM_HAVE_HWLOC
 #include <hwloc.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <map>
 #include <utility>
-#endif
+
+#include "libcomm/version.h"
+#include "topology/topology_modules.h"
 
 namespace libcomm::topology {
-
-#ifdef LIBCOMM_HAVE_HWLOC
-
-bool builtWithHwloc() { return true; }
-
 namespace {
 
 PciKind classify(unsigned classId, const std::vector<int>& osdevTypes) {
@@ -99,9 +93,7 @@ void collectPci(hwloc_topology_t topo, MachineTopology& m) {
   }
 }
 
-}  // namespace
-
-void detail::discoverWithHwloc(MachineTopology& m) {
+void discover(MachineTopology& m) {
   m.hwlocBuilt = true;
   m.hwlocVersion = HWLOC_VERSION;
   // hwloc's ABI changes with the major of its API version: a library of another major than the
@@ -146,12 +138,11 @@ void detail::discoverWithHwloc(MachineTopology& m) {
   hwloc_topology_destroy(topo);
 }
 
-#else  // no hwloc
-
-bool builtWithHwloc() { return false; }
-
-void detail::discoverWithHwloc(MachineTopology& m) { m.hwlocBuilt = false; }
-
-#endif
-
+}  // namespace
 }  // namespace libcomm::topology
+
+extern "C" __attribute__((visibility("default"))) const libcomm::ModuleHeader* shardcomm_hwloc_module() {
+  static const libcomm::topology::HwlocModule table{{sizeof(libcomm::topology::HwlocModule), LIBCOMM_VERSION_STRING},
+                                                    &libcomm::topology::discover};
+  return &table.header;
+}

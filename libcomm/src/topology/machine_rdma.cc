@@ -1,38 +1,21 @@
 // The RDMA half of machine discovery: libibverbs' device list with each device's ports. No
 // devices is the normal state of a machine without RDMA; a list that cannot be read at all is
-// described (ENOSYS: the kernel offers no RDMA) and is not an error for libcomm either.
+// described (ENOSYS: the kernel offers no RDMA) and is not an error for libcomm either. The module
+// libshardcomm_verbs.so (topology_modules.h), built only where libibverbs is; libcomm loads it.
 
-#include <cerrno>
-#include <cstring>
-#include <string>
-
-#include "topology/machine.h"
-
-#ifdef LIBCOMM_HAVE_IBVERBS
 #include <endian.h>
 #include <infiniband/verbs.h>
 
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
-#endif
+#include <cstring>
+#include <string>
+
+#include "libcomm/version.h"
+#include "topology/topology_modules.h"
 
 namespace libcomm::topology {
-namespace {
-
-std::string listFailure(int err) {
-  std::string why = "ibv_get_device_list failed: " + std::string(strerror(err));
-  if (err == ENOSYS)
-    why += "; the kernel offers no RDMA here (no RDMA hardware, or the ib_uverbs module is not loaded)";
-  if (err == EPERM || err == EACCES) why += "; no permission to the RDMA device files under /dev/infiniband";
-  return why;
-}
-
-}  // namespace
-
-#ifdef LIBCOMM_HAVE_IBVERBS
-
-bool builtWithIbverbs() { return true; }
-
 namespace {
 
 const char* linkLayerName(uint8_t layer) {
@@ -92,45 +75,33 @@ RdmaDevice describeDevice(ibv_device* dev) {
   return d;
 }
 
-}  // namespace
-
-RdmaInfo detail::rdmaFromDeviceList(ibv_device** list, int count, int listErrno) {
+RdmaInfo fromDeviceList(ibv_device** list, int count, int listErrno) {
   RdmaInfo info;
   info.built = true;
   if (!list) {
-    info.listError = listFailure(listErrno);
+    info.listError = detail::rdmaListFailure(listErrno);
     return info;
   }
   for (int i = 0; i < count && list[i]; ++i) info.devices.push_back(describeDevice(list[i]));
   return info;
 }
 
-RdmaInfo detail::discoverRdma() {
+RdmaInfo discover() {
   int count = 0;
   errno = 0;
   ibv_device** list = ibv_get_device_list(&count);
   const int err = errno ? errno : ENODEV;  // a null list with errno unset: report it as "no device"
-  RdmaInfo info = rdmaFromDeviceList(list, count, err);
+  RdmaInfo info = fromDeviceList(list, count, err);
   if (list) ibv_free_device_list(list);
   return info;
 }
 
-#else  // no libibverbs
-
-bool builtWithIbverbs() { return false; }
-
-// Nothing can hand this build a device (that takes libibverbs): only the empty and the failed
-// list reach it, and both are described the same way as with libibverbs.
-RdmaInfo detail::rdmaFromDeviceList(ibv_device** list, int count, int listErrno) {
-  RdmaInfo info;
-  info.built = false;
-  if (!list) info.listError = listFailure(listErrno);
-  (void)count;
-  return info;
-}
-
-RdmaInfo detail::discoverRdma() { return RdmaInfo{}; }
-
-#endif
-
+}  // namespace
 }  // namespace libcomm::topology
+
+extern "C" __attribute__((visibility("default"))) const libcomm::ModuleHeader* shardcomm_verbs_module() {
+  static const libcomm::topology::VerbsModule table{{sizeof(libcomm::topology::VerbsModule), LIBCOMM_VERSION_STRING},
+                                                    &libcomm::topology::fromDeviceList,
+                                                    &libcomm::topology::discover};
+  return &table.header;
+}

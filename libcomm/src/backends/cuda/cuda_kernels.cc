@@ -1,10 +1,7 @@
 // The kernels module, loaded by the first launch, and the launches' checks and geometry
 // (cuda_reduce.h).
 
-#include <dlfcn.h>
-
 #include <algorithm>
-#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -14,58 +11,24 @@
 #include "backends/cuda/cudart_library.h"
 #include "core/load_once.h"
 #include "core/log.h"
-#include "libcomm/version.h"
 
 namespace libcomm::cuda {
 namespace {
-
-constexpr const char* kModuleName = "libshardcomm_cuda_kernels.so";
 
 struct Kernels {
   const KernelTable* table = nullptr;
   std::string path;
 };
 
-// The module lies beside the libcomm library this code is in (build tree and install alike).
-std::string modulePath() {
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<const void*>(&kernelsStatus), &info) == 0 || info.dli_fname == nullptr)
-    return kModuleName;               // then the loader's search path
-  std::string self = info.dli_fname;  // as the loader found it ("bin/../lib/..." through a run path)
-  if (char* real = realpath(info.dli_fname, nullptr)) {
-    self = real;
-    free(real);
-  }
-  const size_t slash = self.rfind('/');
-  return slash == std::string::npos ? kModuleName : self.substr(0, slash + 1) + kModuleName;
-}
-
 Result<Kernels> load() {
   // The runtime first: the module needs it, and loading it by its soname then finds this one.
   LIBCOMM_RETURN_IF_ERROR(cudartStatus());
-  Kernels k;
-  auto check = [&k](void* h) -> std::string {
-    using Entry = const KernelTable* (*)();
-    auto entry = reinterpret_cast<Entry>(dlsym(h, LIBCOMM_CUDA_KERNELS_ENTRY));
-    const KernelTable* t = entry ? entry() : nullptr;
-    std::string why;
-    if (t == nullptr)
-      why = "has no " LIBCOMM_CUDA_KERNELS_ENTRY " (not shardcomm's kernels module?)";
-    else if (t->size != sizeof(KernelTable) || t->version == nullptr ||
-             std::string(t->version) != LIBCOMM_VERSION_STRING)
-      why = std::string("is the module of shardcomm ") + (t->version ? t->version : "?") + ", not of this library (" +
-            LIBCOMM_VERSION_STRING + "): install both from one build";
-    if (!why.empty()) {
-      dlclose(h);
-      return why;
-    }
-    k.table = t;
-    return "";
-  };
-  auto opened = openFirstLibrary({{modulePath(), RTLD_NOW | RTLD_LOCAL, "beside libshardcomm_comm"}}, check,
-                                 "libcomm's CUDA kernels");
+  constexpr const char* kModule = "libshardcomm_cuda_kernels.so";
+  auto opened = openModule(kModule, LIBCOMM_CUDA_KERNELS_ENTRY, sizeof(KernelTable), "libcomm's CUDA kernels");
   if (!opened.isOk()) return makeError(StatusCode::kCudaError, opened.status().message());
-  k.path = opened->from.path;
+  Kernels k;
+  k.table = reinterpret_cast<const KernelTable*>(opened.value());
+  k.path = pathBesideLibcomm(kModule);
   LIBCOMM_LOG(kInfo, "init") << "CUDA kernels: " << k.path;
   return k;
 }

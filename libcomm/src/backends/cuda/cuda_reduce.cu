@@ -126,8 +126,8 @@ int toBf16(const float* in, void* out, size_t count, unsigned blocks, void* stre
 
 }  // namespace libcomm::cuda
 
-extern "C" __attribute__((visibility("default"))) const libcomm::cuda::KernelTable* shardcomm_cuda_kernels() {
-  static const libcomm::cuda::KernelTable table{sizeof(libcomm::cuda::KernelTable), LIBCOMM_VERSION_STRING,
-                                                &libcomm::cuda::reduce, &libcomm::cuda::toBf16};
-  return &table;
+extern "C" __attribute__((visibility("default"))) const libcomm::ModuleHeader* shardcomm_cuda_kernels() {
+  static const libcomm::cuda::KernelTable table{
+      {sizeof(libcomm::cuda::KernelTable), LIBCOMM_VERSION_STRING}, &libcomm::cuda::reduce, &libcomm::cuda::toBf16};
+  return &table.header;
 }

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "backends/cuda/launch_geometry.h"
+#include "core/module_header.h"
 #include "libcomm/status.h"
 #include "libcomm/types.h"
 
@@ -62,8 +63,7 @@ struct KernelReduceArgs {
   unsigned threads;
 };
 struct KernelTable {
-  unsigned size;        // sizeof(KernelTable) as the module was built
-  const char* version;  // shardcomm's version the module was built with; libcomm loads only its own
+  ModuleHeader header;  // libcomm loads only a module of its own build (core/module_header.h)
   int (*reduce)(const KernelReduceArgs* args, void* stream);
   int (*toBf16)(const float* in, void* out, size_t count, unsigned blocks, void* stream);
 };
@@ -72,4 +72,4 @@ struct KernelTable {
 
 /// The module's one export (extern "C", unmangled, so that dlsym finds it by this name).
 #define LIBCOMM_CUDA_KERNELS_ENTRY "shardcomm_cuda_kernels"
-extern "C" const libcomm::cuda::KernelTable* shardcomm_cuda_kernels();
+extern "C" const libcomm::ModuleHeader* shardcomm_cuda_kernels();  // a KernelTable
