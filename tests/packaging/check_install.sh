@@ -17,10 +17,20 @@ for tool in comm_info shm_cleanup checkpoint_info flight_merge; do
   env -u LD_LIBRARY_PATH "$work/prefix/bin/$tool" --help > "$work/$tool.log" 2>&1 ||
     { echo "check_install: the installed $tool does not run:" >&2; cat "$work/$tool.log" >&2; exit 1; }
 done
-# A CUDA build's kernels module is installed beside libshardcomm_comm, where libcomm looks for it:
-# the installed comm_info names the runtime it loaded and that module (a device is not needed).
-if "$work/prefix/bin/comm_info" | grep -q "^  cuda  built"; then
-  line=$(env -u LD_LIBRARY_PATH "$work/prefix/bin/comm_info" | grep -A1 "^  cuda  built" | tail -1)
+# libcomm's modules (hwloc, libibverbs, CUDA kernels: whichever the build has) are installed beside
+# libshardcomm_comm, where libcomm looks for them: the installed comm_info loads every one (it says
+# "cannot load libcomm's ..." for one it cannot), and a CUDA build's names its kernels module in the
+# prefix (a device is not needed). comm_info's output is read whole (a reader that stops early
+# would end it with SIGPIPE).
+info=$(env -u LD_LIBRARY_PATH "$work/prefix/bin/comm_info") ||
+  { echo "check_install: the installed comm_info failed:" >&2; echo "$info" >&2; exit 1; }
+if grep -q "cannot load libcomm's" <<< "$info"; then
+  echo "check_install: the installed libcomm cannot load one of its modules:" >&2
+  grep "cannot load libcomm's" <<< "$info" >&2
+  exit 1
+fi
+if compgen -G "$work/prefix/lib*/libshardcomm_cuda_kernels.so" > /dev/null; then
+  line=$(grep -A1 "^  cuda  built" <<< "$info" | tail -1)
   case "$line" in
     *"; kernels $work/prefix/lib"*/libshardcomm_cuda_kernels.so) ;;
     *) echo "check_install: the installed libcomm does not load its kernels module from the prefix: $line" >&2; exit 1 ;;

@@ -14,7 +14,8 @@
     without the runtime, as far as libcomm can tell) or a library that is not the runtime:
     comm_info says why there is no CUDA device, naming the candidate and the setting; comm_bench
     runs on host memory as usual and refuses --memory device with the same reason; with nothing
-    set, comm_info names the runtime it loaded and the rule that chose it.
+    set, comm_info names the runtime it loaded and the rule that chose it; a copy of the runtime
+    named while the process has already loaded one is refused for the kernels, naming both.
 """
 import json
 import os
@@ -138,6 +139,7 @@ def main():
         print("this build has no CUDA: the run-time loading itself is not exercised here")
         return
     expect_in(cuda["runtime"] or "", "libcudart.so.", "comm_info's runtime with nothing set")
+    loaded = cuda["runtime"].split(" (", 1)[0]
     if "(found at build time)" not in cuda["runtime"] and "(loader search path)" not in cuda["runtime"]:
         fail("comm_info links no runtime, so libcomm loads it itself: expected the rule 'found at build time' "
              "or 'loader search path' in %r" % cuda["runtime"])
@@ -149,6 +151,16 @@ def main():
         fail("comm_info with an unloadable runtime: expected no runtime and 0 devices, got %s" % cuda)
     expect_in(cuda["error"] or "", "no CUDA device: cannot load the CUDA runtime (libcudart): %s "
               "(LIBCOMM_CUDART_LIBRARY): " % missing, "comm_info with LIBCOMM_CUDART_LIBRARY=" + missing)
+
+    # A second copy of the runtime named while the process has one (preloaded here, as an
+    # application's): the kernels would register with one and run on the other's streams.
+    with tempfile.TemporaryDirectory() as copy_dir:
+        copy = os.path.join(copy_dir, os.path.basename(loaded))
+        shutil.copy(loaded, copy)
+        cuda = comm_info_cuda(comm_info, {"LD_PRELOAD": loaded, "LIBCOMM_CUDART_LIBRARY": copy})
+        expect_in(cuda["runtime"] or "", "; kernels NOT loadable: libcomm's CUDA kernels (", "a second runtime")
+        expect_in(cuda["runtime"], ") use the CUDA runtime at %s, libcomm's calls the one at %s "
+                  "(LIBCOMM_CUDART_LIBRARY): two runtimes in one process" % (loaded, copy), "a second runtime")
 
     cuda = comm_info_cuda(comm_info, {"LIBCOMM_CUDART_LIBRARY": "libc.so.6"})
     expect_in(cuda["error"] or "", "libc.so.6 (LIBCOMM_CUDART_LIBRARY): lacks cudaRuntimeGetVersion, "

@@ -56,8 +56,8 @@ void* nativeCudaStream(const Stream& stream);
 // is left as it was. Thread-safe.
 
 /// `bytes` of device memory on `device`, zero-filled, the fill finished before the call returns (so
-/// work on any stream, non-blocking ones included, sees zeros). Errors as cudaDeviceCount's, or
-/// kCudaError naming the CUDA call that failed.
+/// work on any stream, non-blocking ones included, sees zeros). Errors as cudaDeviceCount's,
+/// kInvalidArgument for a device index out of range, or kCudaError naming the CUDA call that failed.
 Result<void*> allocateCudaMemory(size_t bytes, int device = 0);
 
 /// Frees memory from allocateCudaMemory (waits for the device's work on it); nullptr: nothing.

@@ -36,9 +36,15 @@ Result<OpenedLibrary> openFirstLibrary(const std::vector<LibraryCandidate>& cand
   return makeError(StatusCode::kSystemError, "cannot load ", what, ": ", tried);
 }
 
+namespace {
+// An address inside libcomm for dladdr: a function of internal linkage (an exported one's address,
+// taken by a non-PIE program, would be its PLT entry, inside the program).
+void insideLibcomm() {}
+}  // namespace
+
 std::string pathBesideLibcomm(const char* fileName) {
   Dl_info info{};
-  if (dladdr(reinterpret_cast<const void*>(&pathBesideLibcomm), &info) == 0 || info.dli_fname == nullptr)
+  if (dladdr(reinterpret_cast<const void*>(&insideLibcomm), &info) == 0 || info.dli_fname == nullptr)
     return fileName;                  // then the loader's search path
   std::string self = info.dli_fname;  // as the loader found it ("bin/../lib/..." through a run path)
   if (char* real = realpath(info.dli_fname, nullptr)) {

@@ -1,6 +1,8 @@
 // The kernels module, loaded by the first launch, and the launches' checks and geometry
 // (cuda_reduce.h).
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <mutex>
 #include <string>
@@ -29,6 +31,15 @@ Result<Kernels> load() {
   Kernels k;
   k.table = reinterpret_cast<const KernelTable*>(opened.value());
   k.path = pathBesideLibcomm(kModule);
+  const Runtime& rt = cudart();
+  if (k.table->runtimeProbe != reinterpret_cast<const void*>(rt.cudaGetLastError)) {
+    Dl_info theirs{};
+    const char* theirPath = dladdr(k.table->runtimeProbe, &theirs) && theirs.dli_fname ? theirs.dli_fname : "?";
+    return makeError(StatusCode::kCudaError, "libcomm's CUDA kernels (", k.path, ") use the CUDA runtime at ",
+                     theirPath, ", libcomm's calls the one at ", rt.path, " (", rt.why,
+                     "): two runtimes in one process would register kernels with one and run them on the "
+                     "other's streams. Name the process's runtime in LIBCOMM_CUDART_LIBRARY, or unset it");
+  }
   LIBCOMM_LOG(kInfo, "init") << "CUDA kernels: " << k.path;
   return k;
 }

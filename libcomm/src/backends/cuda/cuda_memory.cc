@@ -21,13 +21,12 @@ Result<void*> allocateCudaMemory(size_t bytes, int device) {
   LIBCOMM_RETURN_IF_ERROR(cuda::checkDevice(device, "CUDA device memory"));
   cuda::DeviceGuard guard(device);
   LIBCOMM_RETURN_IF_ERROR(guard.status());
-  const cuda::Runtime& rt = cuda::cudart();
   void* p = nullptr;
-  LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(rt.cudaMalloc(&p, bytes)).withContext("CUDA device memory"));
-  Status st = LIBCOMM_CUDA_STATUS(rt.cudaMemset(p, 0, bytes));
+  LIBCOMM_RETURN_IF_ERROR(LIBCOMM_CUDA_STATUS(cuda::cudart().cudaMalloc(&p, bytes)).withContext("CUDA device memory"));
+  Status st = LIBCOMM_CUDA_STATUS(cuda::cudart().cudaMemset(p, 0, bytes));
   if (st.isOk()) st = finishLegacyStream();
   if (!st.isOk()) {
-    (void)rt.cudaFree(p);
+    (void)cuda::cudart().cudaFree(p);
     return st.withContext("CUDA device memory");
   }
   cuda::noteCudaInUse();

@@ -127,7 +127,9 @@ int toBf16(const float* in, void* out, size_t count, unsigned blocks, void* stre
 }  // namespace libcomm::cuda
 
 extern "C" __attribute__((visibility("default"))) const libcomm::ModuleHeader* shardcomm_cuda_kernels() {
-  static const libcomm::cuda::KernelTable table{
-      {sizeof(libcomm::cuda::KernelTable), LIBCOMM_VERSION_STRING}, &libcomm::cuda::reduce, &libcomm::cuda::toBf16};
+  static const libcomm::cuda::KernelTable table{{sizeof(libcomm::cuda::KernelTable), LIBCOMM_VERSION_STRING},
+                                                &libcomm::cuda::reduce,
+                                                &libcomm::cuda::toBf16,
+                                                reinterpret_cast<const void*>(&cudaGetLastError)};
   return &table.header;
 }

@@ -66,6 +66,10 @@ struct KernelTable {
   ModuleHeader header;  // libcomm loads only a module of its own build (core/module_header.h)
   int (*reduce)(const KernelReduceArgs* args, void* stream);
   int (*toBf16)(const float* in, void* out, size_t count, unsigned blocks, void* stream);
+  // cudaGetLastError as the module's references bound it: libcomm refuses a module whose kernels
+  // would register and launch through another copy of the runtime than its own calls use (one
+  // named by LIBCOMM_CUDART_LIBRARY beside the application's).
+  const void* runtimeProbe;
 };
 
 }  // namespace libcomm::cuda

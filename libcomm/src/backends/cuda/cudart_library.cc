@@ -75,7 +75,15 @@ Result<Runtime> load() {
     LIBCOMM_CUDART_OVERLOADED(LIBCOMM_CUDART_TYPED_BIND)
 #undef LIBCOMM_CUDART_TYPED_BIND
 #undef LIBCOMM_CUDART_BIND
-    if (missingCount == 0) return "";
+    if (missingCount == 0) {
+      // The runtime's ABI changes with its major version: one of another major (a 12.x under
+      // LIBCOMM_CUDART_LIBRARY) has every entry point and would misread the structures.
+      int version = 0;
+      if (rt.cudaRuntimeGetVersion(&version) == cudaSuccess && version / 1000 == LIBCOMM_CUDART_MAJOR) return "";
+      dlclose(h);
+      return "is CUDA runtime " + std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10) +
+             ", not " LIBCOMM_CUDART_STR(LIBCOMM_CUDART_MAJOR) ".x, which libcomm was built for";
+    }
     dlclose(h);
     if (missingCount > 3) missing += " and " + std::to_string(missingCount - 3) + " more";
     return "lacks " + missing + " (not the CUDA runtime " LIBCOMM_CUDART_STR(LIBCOMM_CUDART_MAJOR) ".x?)";
