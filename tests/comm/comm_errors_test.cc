@@ -1691,6 +1691,18 @@ TEST(CommErrors, ARepeatedCallIsCheckedAgainWhenAnArgumentDiffers) {
                                          StatusCode::kInvalidArgument, {"accumulate"}, "accumulate in place"));
     LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allReduce(a.data(), r.data(), SIZE_MAX / 4, DataType::kFloat32, {}, *s),
                                          StatusCode::kInvalidArgument, {"overflows"}, "count overflows"));
+    // A count just under the overflow bound: extents larger than any address space, which would
+    // otherwise overlap (they wrap past its top) and be called that.
+    // (2^55 fp32 per rank: the input's 2^57 bytes pass, the 2 ranks' output does not.)
+    const size_t huge = size_t{1} << 55;
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allGather(a.data(), r.data(), huge, DataType::kFloat32, *s),
+                                         StatusCode::kInvalidArgument,
+                                         {"recv buffer [", "is larger than any process can map",
+                                          "count " + std::to_string(huge) + " per rank at 2 ranks is wrong"},
+                                         "unmappable extent"));
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allReduce(a.data(), r.data(), 2 * huge, DataType::kFloat32, {}, *s),
+                                         StatusCode::kInvalidArgument,
+                                         {"send buffer [", "is larger than any process can map"}, "unmappable extent"));
     // An in-place all_reduce repeated keeps its in-place flag: with the eager path off and
     // registered memory, every rank in place takes direct's two passes; taken for out of place, it
     // would run direct's one pass (which reads peers' buffers while they are overwritten).

@@ -93,6 +93,20 @@ Status validateColl(CollArgs* a, int rank, int size) {
     return bad("recv buffer ", a->recv, " is not aligned to its element size (", outEs, " bytes for ",
                dataTypeName(a->outType), ")");
 
+  // An extent no process can map (it runs past the top of the address space, or is larger than a
+  // 57-bit one): the count is wrong, whatever the overlap check below would make of it.
+  auto unmappable = [](const void* p, size_t bytes) {
+    constexpr size_t kAddressSpace = size_t{1} << 57;
+    return bytes > kAddressSpace || reinterpret_cast<uintptr_t>(p) > UINTPTR_MAX - bytes;
+  };
+  auto tooLarge = [&](const char* what, const void* p, size_t bytes) {
+    return bad(what, " buffer [", p, ", +", bytes, " B) is larger than any process can map: count ", a->count,
+               (a->kind == CollKind::kAllGather || a->kind == CollKind::kReduceScatter ? " per rank at " : " at "),
+               size, " ranks is wrong");
+  };
+  if (needSend && unmappable(a->send, sendBytes)) return tooLarge("send", a->send, sendBytes);
+  if (unmappable(a->recv, recvBytes)) return tooLarge("recv", a->recv, recvBytes);
+
   const char* send = static_cast<const char*>(a->send);
   char* recv = static_cast<char*>(a->recv);
   a->inPlace = false;
