@@ -47,6 +47,23 @@ libcomm::CommConfig quickConfig(int rank = 0, Placement placement = Placement::k
   return c;
 }
 
+// A rank whose peer never creates its communicator runs out of time naming the deadline and where
+// it came from: the bootstraps' own messages do not (the deadline is their caller's).
+TEST(CommErrors, CreationThatRunsOutOfTimeNamesItsDeadline) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    if (ctx.rank == 1) return Status::ok();  // never creates one
+    libcomm::CommConfig c = quickConfig();
+    c.opTimeout = std::chrono::milliseconds(200);
+    c.initTimeout = std::chrono::milliseconds(300);
+    auto comm = libcomm::Communicator::create(ctx.bootstrap, c);
+    return expectStatus(comm.status(), StatusCode::kTimeout,
+                        {"rank 0: creating a communicator (its deadline: 300 ms, CommConfig::initTimeout): "},
+                        "creation without its peer");
+  });
+  EXPECT_RANKS_OK(report);
+}
 
 TEST(CommErrors, BadArgumentsAreRefusedOnTheCallingThread) {
   RunOptions opts;

@@ -356,16 +356,30 @@ Status applyProcessSettings() {
 
 }  // namespace
 
+namespace {
+// A creation that ran out of time says which deadline it was and where it came from: the
+// bootstrap's own messages say only "before its deadline" (the deadline is its caller's).
+Status nameCreationDeadline(const Status& st, int rank, const CommConfig& config, bool fromEnvironment) {
+  if (st.code() != StatusCode::kTimeout) return st;
+  return st.withContext(detail::strCat("rank ", rank,
+                                       ": creating a communicator (its deadline: ", config.initTimeout.count(), " ms, ",
+                                       fromEnvironment ? "LIBCOMM_INIT_TIMEOUT_MS" : "CommConfig::initTimeout", ")"));
+}
+}  // namespace
+
 Result<std::unique_ptr<Communicator>> Communicator::create(Bootstrap& bootstrap, const CommConfig& config) {
-  LIBCOMM_ASSIGN_OR_RETURN(auto impl, Impl::create(bootstrap, config, applyProcessSettings()));
-  return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
+  auto impl = Impl::create(bootstrap, config, applyProcessSettings());
+  if (!impl.isOk()) return nameCreationDeadline(impl.status(), bootstrap.rank(), config, false);
+  return std::unique_ptr<Communicator>(new Communicator(std::move(impl).value()));
 }
 
 Result<std::unique_ptr<Communicator>> Communicator::create(Bootstrap& bootstrap) {
   // A malformed setting in this rank's environment: its peers hear of it in the handshake.
   Result<CommConfig> config = CommConfig::fromEnvironment();
   if (!config.isOk()) return Impl::create(bootstrap, CommConfig{}, config.status()).status();
-  return create(bootstrap, *config);
+  auto impl = Impl::create(bootstrap, *config, applyProcessSettings());
+  if (!impl.isOk()) return nameCreationDeadline(impl.status(), bootstrap.rank(), *config, true);
+  return std::unique_ptr<Communicator>(new Communicator(std::move(impl).value()));
 }
 
 Communicator::Communicator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
