@@ -614,8 +614,16 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& o, libcomm::Bootstra
   config.opTimeout = o.timeout;
   config.initTimeout = 2 * o.timeout;  // must outlast the op deadline (CommConfig::validate)
   LIBCOMM_RETURN_IF_ERROR(config.validate());
-  LIBCOMM_ASSIGN_OR_RETURN(auto ag, libcomm::Communicator::create(boot, config));
-  LIBCOMM_ASSIGN_OR_RETURN(auto rs, libcomm::Communicator::create(boot, config));
+  // A creation that ran out of time names the flag that set its deadline (libcomm names the value).
+  auto named = [&](libcomm::Status st) {
+    return st.code() == libcomm::StatusCode::kTimeout ? st.withContext("set-up bounded by 2 x --timeout") : st;
+  };
+  auto agMade = libcomm::Communicator::create(boot, config);
+  if (!agMade.isOk()) return named(agMade.status());
+  auto rsMade = libcomm::Communicator::create(boot, config);
+  if (!rsMade.isOk()) return named(rsMade.status());
+  auto ag = std::move(agMade).value();
+  auto rs = std::move(rsMade).value();
   return runSharded(o, boot, *ag, *rs);
 }
 

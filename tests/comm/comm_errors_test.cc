@@ -59,9 +59,22 @@ TEST(CommErrors, CreationThatRunsOutOfTimeNamesItsDeadline) {
     c.initTimeout = std::chrono::milliseconds(300);
     auto comm = libcomm::Communicator::create(ctx.bootstrap, c);
     return expectStatus(comm.status(), StatusCode::kTimeout,
-                        {"rank 0: creating a communicator (its deadline: 300 ms, CommConfig::initTimeout): "},
+                        {"rank 0: creating a communicator (its deadline: 300 ms, the initTimeout of its CommConfig): "},
                         "creation without its peer");
   });
+  EXPECT_RANKS_OK(report);
+  // From the environment: the setting is named (set before the ranks start, unset after).
+  setenv("LIBCOMM_INIT_TIMEOUT_MS", "300", 1);
+  setenv("LIBCOMM_TIMEOUT_MS", "200", 1);
+  report = runRanks(opts, [](RankContext& ctx) -> Status {
+    if (ctx.rank == 1) return Status::ok();
+    auto comm = libcomm::Communicator::create(ctx.bootstrap);
+    return expectStatus(comm.status(), StatusCode::kTimeout,
+                        {"rank 0: creating a communicator (its deadline: 300 ms, LIBCOMM_INIT_TIMEOUT_MS): "},
+                        "creation from the environment without its peer");
+  });
+  unsetenv("LIBCOMM_INIT_TIMEOUT_MS");
+  unsetenv("LIBCOMM_TIMEOUT_MS");
   EXPECT_RANKS_OK(report);
 }
 
@@ -1710,8 +1723,9 @@ TEST(CommErrors, ARepeatedCallIsCheckedAgainWhenAnArgumentDiffers) {
                                          StatusCode::kInvalidArgument, {"overflows"}, "count overflows"));
     // A count just under the overflow bound: extents larger than any address space, which would
     // otherwise overlap (they wrap past its top) and be called that.
-    // (2^55 fp32 per rank: the input's 2^57 bytes pass, the 2 ranks' output does not.)
-    const size_t huge = size_t{1} << 55;
+    // (2^53 fp32 per rank: the input's 2^55 bytes end below 2^56, the top of any user space; the 2
+    // ranks' output, 2^56 bytes, does not.)
+    const size_t huge = size_t{1} << 53;
     LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allGather(a.data(), r.data(), huge, DataType::kFloat32, *s),
                                          StatusCode::kInvalidArgument,
                                          {"recv buffer [", "is larger than any process can map",

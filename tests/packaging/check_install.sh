@@ -29,10 +29,10 @@ if grep -q "cannot load libcomm's" <<< "$info"; then
   grep "cannot load libcomm's" <<< "$info" >&2
   exit 1
 fi
-if compgen -G "$work/prefix/lib*/libshardcomm_cuda_kernels.so" > /dev/null; then
+if compgen -G "$work/prefix/lib*/libshardcomm_cuda_kernels-*.so" > /dev/null; then
   line=$(grep -A1 "^  cuda  built" <<< "$info" | tail -1)
   case "$line" in
-    *"; kernels $work/prefix/lib"*/libshardcomm_cuda_kernels.so) ;;
+    *"; kernels $work/prefix/lib"*/libshardcomm_cuda_kernels-*.so) ;;
     *) echo "check_install: the installed libcomm does not load its kernels module from the prefix: $line" >&2; exit 1 ;;
   esac
 fi

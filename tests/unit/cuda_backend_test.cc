@@ -2,7 +2,7 @@
 // (or no CUDA in the build), the mapping of CUDA results to Status, and the run-time loading of the
 // CUDA runtime and of the kernels module (this program links neither: it loads them as any program
 // built against libcomm does). On a machine with a device the device-dependent cases check the
-// other branch (a bad index is an argument error). tests/unit/cudart_at_run_time_check.py runs
+// other branch (a bad index is an argument error). tests/unit/loaded_at_run_time_check.py runs
 // programs with a runtime that cannot be loaded.
 
 #include <gtest/gtest.h>

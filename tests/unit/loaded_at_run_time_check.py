@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """The optional libraries are loaded at run time: nothing shardcomm builds links them.
 
-  loaded_at_run_time_check.py COMM_INFO COMM_BENCH BINARY...
+  loaded_at_run_time_check.py [--linked-ok=LIB,...] COMM_INFO COMM_BENCH BINARY...
+
+  (--linked-ok: libraries this build links on purpose: a sanitizer build links UCX, see
+  libcomm/CMakeLists.txt.)
 
   - no BINARY (libraries and programs; COMM_INFO and COMM_BENCH are checked too) needs the CUDA
     runtime, NCCL, UCX, hwloc or libibverbs, directly (readelf: NEEDED) or through another library
     (ldd), so each starts where they are missing: libcomm loads them when first used, hwloc and
-    libibverbs through its modules beside libshardcomm_comm;
+    libibverbs through its modules beside libshardcomm_comm; through its hwloc module, hwloc's own
+    plugins load (they need libhwloc in the process's global scope);
   - libshardcomm_comm copied alone into another directory (so none of its modules lies beside it,
     as where hwloc, libibverbs or the CUDA runtime is missing and a module cannot load): comm_info
     describes the machine without them, naming each module it could not load, and comm_bench runs;
@@ -24,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 
-LOADED_AT_RUN_TIME = ("libcudart", "libnccl", "libucp", "libucs", "libhwloc", "libibverbs")
+LOADED_AT_RUN_TIME = ["libcudart", "libnccl", "libucp", "libucs", "libhwloc", "libibverbs"]
 
 
 def fail(msg):
@@ -77,6 +81,20 @@ def comm_info_cuda(comm_info, env):
         fail("comm_info --json: no transports.cuda (%s)\n%s" % (e, info))
 
 
+def check_hwloc_plugins(comm_info):
+    """hwloc's plugins take libhwloc's symbols from the global scope: they must load."""
+    if not comm_info_json(comm_info, {})["topology"]["hwloc"]["built"]:
+        return
+    rc, out = run([comm_info], {"HWLOC_PLUGINS_VERBOSE": "1"})
+    if rc != 0:
+        fail("comm_info with HWLOC_PLUGINS_VERBOSE=1: exit %d\n%s" % (rc, out[-3000:]))
+    failed = [line for line in out.splitlines() if "Failed to load plugin" in line]
+    if failed:
+        fail("hwloc's plugins do not load through libcomm's hwloc module:\n" + "\n".join(failed))
+    ready = [line for line in out.splitlines() if "Plugin descriptor" in line and "ready" in line]
+    print("hwloc's plugins load through libcomm's module (%d ready)" % len(ready))
+
+
 def check_without_modules(comm_info, comm_bench, libcomm):
     """libcomm alone in a directory: each module it would load is missing beside it."""
     info = comm_info_json(comm_info, {})
@@ -91,7 +109,8 @@ def check_without_modules(comm_info, comm_bench, libcomm):
         shutil.copy(libcomm, os.path.join(alone, soname))
         env = {"LD_LIBRARY_PATH": alone}  # searched before the programs' run paths
         moved = comm_info_json(comm_info, env)
-        beside = "cannot load libcomm's %s module: " + alone + "/libshardcomm_%s.so (beside libshardcomm_comm): "
+        beside = "cannot load libcomm's %s module: " + alone + "/libshardcomm_%s-" + info["version"] + \
+            ".so (beside libshardcomm_comm): "
         checked = []
         if info["topology"]["hwloc"]["built"]:
             expect_in(moved["topology"]["hwloc"]["error"] or "", beside % ("hwloc", "hwloc"),
@@ -105,8 +124,8 @@ def check_without_modules(comm_info, comm_bench, libcomm):
             checked.append("libibverbs")
         if info["transports"]["cuda"]["built"]:
             expect_in(moved["transports"]["cuda"]["runtime"] or "", "; kernels NOT loadable: cannot load libcomm's "
-                      "CUDA kernels: " + alone + "/libshardcomm_cuda_kernels.so (beside libshardcomm_comm): ",
-                      "comm_info without the CUDA kernels module")
+                      "CUDA kernels: " + alone + "/libshardcomm_cuda_kernels-" + info["version"] +
+                      ".so (beside libshardcomm_comm): ", "comm_info without the CUDA kernels module")
             checked.append("CUDA kernels")
         rc, out = run([comm_bench, "all_gather", "-np", "2", "-b", "4K", "-e", "16K", "-n", "2", "-w", "1", "-T", "60"],
                       env)
@@ -121,16 +140,22 @@ def expect_in(text, part, what):
 
 
 def main():
-    if len(sys.argv) < 3:
-        fail("usage: loaded_at_run_time_check.py COMM_INFO COMM_BENCH BINARY...")
-    comm_info, comm_bench = sys.argv[1], sys.argv[2]
-    for binary in sys.argv[1:]:
+    args = sys.argv[1:]
+    if args and args[0].startswith("--linked-ok="):
+        for lib in args.pop(0).split("=", 1)[1].split(","):
+            if lib in LOADED_AT_RUN_TIME:
+                LOADED_AT_RUN_TIME.remove(lib)
+    if len(args) < 3:
+        fail("usage: loaded_at_run_time_check.py [--linked-ok=LIB,...] COMM_INFO COMM_BENCH BINARY...")
+    comm_info, comm_bench = args[0], args[1]
+    for binary in args:
         check_links(binary)
     print("none of %s among the dependencies of: %s" %
-          (", ".join(LOADED_AT_RUN_TIME), ", ".join(os.path.basename(b) for b in sys.argv[1:])))
-    libcomm = [b for b in sys.argv[3:] if os.path.basename(b).startswith("libshardcomm_comm.so")]
+          (", ".join(LOADED_AT_RUN_TIME), ", ".join(os.path.basename(b) for b in args)))
+    libcomm = [b for b in args[2:] if os.path.basename(b).startswith("libshardcomm_comm.so")]
     if len(libcomm) != 1:
-        fail("expected libshardcomm_comm among the binaries: %s" % sys.argv[3:])
+        fail("expected libshardcomm_comm among the binaries: %s" % args[2:])
+    check_hwloc_plugins(comm_info)
     check_without_modules(comm_info, comm_bench, libcomm[0])
 
     cuda = comm_info_cuda(comm_info, {})

@@ -358,12 +358,16 @@ Status applyProcessSettings() {
 
 namespace {
 // A creation that ran out of time says which deadline it was and where it came from: the
-// bootstrap's own messages say only "before its deadline" (the deadline is its caller's).
+// bootstrap's own messages say only "before its deadline" (the deadline is its caller's). With a
+// config from the caller, only the caller knows what set its initTimeout.
 Status nameCreationDeadline(const Status& st, int rank, const CommConfig& config, bool fromEnvironment) {
   if (st.code() != StatusCode::kTimeout) return st;
-  return st.withContext(detail::strCat("rank ", rank,
-                                       ": creating a communicator (its deadline: ", config.initTimeout.count(), " ms, ",
-                                       fromEnvironment ? "LIBCOMM_INIT_TIMEOUT_MS" : "CommConfig::initTimeout", ")"));
+  const char* source = !fromEnvironment ? "the initTimeout of its CommConfig"
+                       : settingValue("LIBCOMM_INIT_TIMEOUT_MS").empty()
+                           ? "the default; LIBCOMM_INIT_TIMEOUT_MS sets it"
+                           : "LIBCOMM_INIT_TIMEOUT_MS";
+  return st.withContext(detail::strCat(
+      "rank ", rank, ": creating a communicator (its deadline: ", config.initTimeout.count(), " ms, ", source, ")"));
 }
 }  // namespace
 

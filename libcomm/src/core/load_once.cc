@@ -42,6 +42,10 @@ namespace {
 void insideLibcomm() {}
 }  // namespace
 
+std::string moduleFileName(const char* name) {
+  return std::string("libshardcomm_") + name + "-" + LIBCOMM_VERSION_STRING + ".so";
+}
+
 std::string pathBesideLibcomm(const char* fileName) {
   Dl_info info{};
   if (dladdr(reinterpret_cast<const void*>(&insideLibcomm), &info) == 0 || info.dli_fname == nullptr)

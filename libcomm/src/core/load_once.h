@@ -33,6 +33,11 @@ Result<OpenedLibrary> openFirstLibrary(const std::vector<LibraryCandidate>& cand
                                        const std::function<std::string(void* handle)>& accept,
                                        const std::string& what);
 
+/// The file name of libcomm's module `name` ("hwloc", "verbs", "cuda_kernels"):
+/// "libshardcomm_<name>-<version>.so". The version is in the name so that libraries of two versions
+/// installed side by side (their SONAMEs differ) each find their own modules.
+std::string moduleFileName(const char* name);
+
 /// The real path of `fileName` in the directory of the libcomm library that runs this code.
 std::string pathBesideLibcomm(const char* fileName);
 

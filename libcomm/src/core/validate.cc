@@ -93,11 +93,14 @@ Status validateColl(CollArgs* a, int rank, int size) {
     return bad("recv buffer ", a->recv, " is not aligned to its element size (", outEs, " bytes for ",
                dataTypeName(a->outType), ")");
 
-  // An extent no process can map (it runs past the top of the address space, or is larger than a
-  // 57-bit one): the count is wrong, whatever the overlap check below would make of it.
+  // An extent no process can map: it ends above 2^56, the top of user space with 5-level paging
+  // (2^47 with 4-level: an extent between the two is left to the overlap check and the memory
+  // itself), or wraps past the top of the address space. The count is wrong, whatever the overlap
+  // check below would make of it.
   auto unmappable = [](const void* p, size_t bytes) {
-    constexpr size_t kAddressSpace = size_t{1} << 57;
-    return bytes > kAddressSpace || reinterpret_cast<uintptr_t>(p) > UINTPTR_MAX - bytes;
+    constexpr uintptr_t kTopOfUserSpace = uintptr_t{1} << 56;
+    const auto at = reinterpret_cast<uintptr_t>(p);
+    return bytes > kTopOfUserSpace || at > kTopOfUserSpace - bytes;
   };
   auto tooLarge = [&](const char* what, const void* p, size_t bytes) {
     return bad(what, " buffer [", p, ", +", bytes, " B) is larger than any process can map: count ", a->count,

@@ -201,6 +201,8 @@ std::string MachineTopology::describeDevices() const {
   os << "  RDMA devices:";
   if (!rdma.built) {
     os << " " << kNoIbverbs << "\n";
+  } else if (rdma.unknown) {
+    os << " unknown (" << rdma.listError << ")\n";
   } else if (rdma.devices.empty()) {
     os << " no RDMA devices" << (rdma.listError.empty() ? "" : " (" + rdma.listError + ")") << "\n";
   } else {
@@ -233,6 +235,8 @@ std::string MachineTopology::summary() const {
   os << "; RDMA: ";
   if (!rdma.built) {
     os << "not built with libibverbs";
+  } else if (rdma.unknown) {
+    os << "unknown (libibverbs cannot be loaded)";
   } else if (rdma.devices.empty()) {
     os << "none";
   } else {

@@ -62,7 +62,8 @@ struct RdmaDevice {
 
 struct RdmaInfo {
   bool built = false;     // this build has libibverbs
-  std::string listError;  // ibv_get_device_list failed: why (the device list is then empty)
+  bool unknown = false;   // built with it, but it cannot be loaded here: listError says why
+  std::string listError;  // ibv_get_device_list failed (or libibverbs cannot be loaded): why
   std::vector<RdmaDevice> devices;
 };
 

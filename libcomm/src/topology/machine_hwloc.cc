@@ -1,12 +1,14 @@
 // The hwloc half of machine discovery: cores, NUMA nodes, caches, and the PCI devices hwloc keeps
 // as important (GPUs, NICs, storage controllers) with their OS device names. The module
-// libshardcomm_hwloc.so (topology_modules.h), built only where hwloc is; libcomm loads it.
+// libshardcomm_hwloc-<version>.so (topology_modules.h), built only where hwloc is; libcomm loads it.
 
+#include <dlfcn.h>
 #include <hwloc.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <mutex>
 #include <utility>
 
 #include "libcomm/version.h"
@@ -93,7 +95,20 @@ void collectPci(hwloc_topology_t topo, MachineTopology& m) {
   }
 }
 
+// hwloc's plugins (pci, opencl, and the cuda and nvml ones hwloc may ship) do not link libhwloc:
+// they take its symbols from the process's global scope. libcomm opens this module RTLD_LOCAL, which
+// leaves libhwloc, loaded as its dependency, out of that scope, and every plugin then failed to load
+// ("undefined symbol: hwloc_topology_reconnect"): no PCI names, no GPU OS devices. Reopened here
+// with RTLD_GLOBAL (it is loaded already: RTLD_NOLOAD), as a program linking it would have it.
+void makeHwlocGlobal() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<const void*>(&hwloc_topology_init), &info) == 0 || info.dli_fname == nullptr) return;
+  (void)dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL);  // kept open for the process
+}
+
 void discover(MachineTopology& m) {
+  static std::once_flag global;
+  std::call_once(global, makeHwlocGlobal);
   m.hwlocBuilt = true;
   m.hwlocVersion = HWLOC_VERSION;
   // hwloc's ABI changes with the major of its API version: a library of another major than the

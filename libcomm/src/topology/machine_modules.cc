@@ -17,8 +17,9 @@ struct Module {
 
 #ifdef LIBCOMM_HAVE_HWLOC
 Result<Module<HwlocModule>> loadHwloc() {
-  LIBCOMM_ASSIGN_OR_RETURN(const ModuleHeader* h, openModule("libshardcomm_hwloc.so", LIBCOMM_HWLOC_MODULE_ENTRY,
-                                                             sizeof(HwlocModule), "libcomm's hwloc module"));
+  LIBCOMM_ASSIGN_OR_RETURN(const ModuleHeader* h,
+                           openModule(moduleFileName("hwloc").c_str(), LIBCOMM_HWLOC_MODULE_ENTRY, sizeof(HwlocModule),
+                                      "libcomm's hwloc module"));
   return Module<HwlocModule>{reinterpret_cast<const HwlocModule*>(h)};
 }
 using Hwloc = LoadOnce<Module<HwlocModule>, loadHwloc>;
@@ -26,8 +27,9 @@ using Hwloc = LoadOnce<Module<HwlocModule>, loadHwloc>;
 
 #ifdef LIBCOMM_HAVE_IBVERBS
 Result<Module<VerbsModule>> loadVerbs() {
-  LIBCOMM_ASSIGN_OR_RETURN(const ModuleHeader* h, openModule("libshardcomm_verbs.so", LIBCOMM_VERBS_MODULE_ENTRY,
-                                                             sizeof(VerbsModule), "libcomm's libibverbs module"));
+  LIBCOMM_ASSIGN_OR_RETURN(const ModuleHeader* h,
+                           openModule(moduleFileName("verbs").c_str(), LIBCOMM_VERBS_MODULE_ENTRY, sizeof(VerbsModule),
+                                      "libcomm's libibverbs module"));
   return Module<VerbsModule>{reinterpret_cast<const VerbsModule*>(h)};
 }
 using Verbs = LoadOnce<Module<VerbsModule>, loadVerbs>;
@@ -61,6 +63,7 @@ RdmaInfo detail::rdmaFromDeviceList(ibv_device** list, int count, int listErrno)
   if (module.isOk()) return module.value()->table->fromDeviceList(list, count, listErrno);
   RdmaInfo info;
   info.built = true;
+  info.unknown = list != nullptr;
   info.listError = list ? module.status().message() : rdmaListFailure(listErrno);
   return info;
 }
@@ -70,6 +73,7 @@ RdmaInfo detail::discoverRdma() {
   if (module.isOk()) return module.value()->table->discover();
   RdmaInfo info;
   info.built = true;
+  info.unknown = true;
   info.listError = module.status().message();
   return info;
 }

@@ -1,7 +1,7 @@
 // The RDMA half of machine discovery: libibverbs' device list with each device's ports. No
 // devices is the normal state of a machine without RDMA; a list that cannot be read at all is
 // described (ENOSYS: the kernel offers no RDMA) and is not an error for libcomm either. The module
-// libshardcomm_verbs.so (topology_modules.h), built only where libibverbs is; libcomm loads it.
+// libshardcomm_verbs-<version>.so (topology_modules.h), built only where libibverbs is; libcomm loads it.
 
 #include <endian.h>
 #include <infiniband/verbs.h>

@@ -1,7 +1,7 @@
 #pragma once
 // The two halves of machine discovery that need a library libcomm does not link: hwloc
-// (machine_hwloc.cc, the module libshardcomm_hwloc.so) and libibverbs (machine_rdma.cc,
-// libshardcomm_verbs.so). Each is a module beside libshardcomm_comm (core/module_header.h), loaded
+// (machine_hwloc.cc, the module libshardcomm_hwloc-<version>.so) and libibverbs (machine_rdma.cc,
+// libshardcomm_verbs-<version>.so). Each is a module beside libshardcomm_comm (core/module_header.h), loaded
 // by the first discovery (machine_modules.cc), so that libcomm -- and every program built on it,
 // the preloaded NCCL shim's hosts included -- starts on a machine without libhwloc or libibverbs.
 // There discovery says why: the module's loader error, in hwlocError or rdma.listError.

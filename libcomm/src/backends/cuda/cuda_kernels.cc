@@ -25,12 +25,12 @@ struct Kernels {
 Result<Kernels> load() {
   // The runtime first: the module needs it, and loading it by its soname then finds this one.
   LIBCOMM_RETURN_IF_ERROR(cudartStatus());
-  constexpr const char* kModule = "libshardcomm_cuda_kernels.so";
-  auto opened = openModule(kModule, LIBCOMM_CUDA_KERNELS_ENTRY, sizeof(KernelTable), "libcomm's CUDA kernels");
+  const std::string module = moduleFileName("cuda_kernels");
+  auto opened = openModule(module.c_str(), LIBCOMM_CUDA_KERNELS_ENTRY, sizeof(KernelTable), "libcomm's CUDA kernels");
   if (!opened.isOk()) return makeError(StatusCode::kCudaError, opened.status().message());
   Kernels k;
   k.table = reinterpret_cast<const KernelTable*>(opened.value());
-  k.path = pathBesideLibcomm(kModule);
+  k.path = pathBesideLibcomm(module.c_str());
   const Runtime& rt = cudart();
   if (k.table->runtimeProbe != reinterpret_cast<const void*>(rt.cudaGetLastError)) {
     Dl_info theirs{};

@@ -4,7 +4,7 @@
 // one input per rank (read through IPC mappings); the NCCL path runs it with one input to convert
 // bf16 to fp32 or to accumulate into the output.
 //
-// The kernels themselves (cuda_reduce.cu) are a module of their own, libshardcomm_cuda_kernels.so,
+// The kernels themselves (cuda_reduce.cu) are a module of their own, libshardcomm_cuda_kernels-<version>.so,
 // installed beside libshardcomm_comm and loaded by the first launch (cuda_kernels.cc): kernels
 // compiled by nvcc register with the CUDA runtime when their library loads, and libcomm loads the
 // runtime only when it is used (cudart_library.h). launchReduce and launchToBf16 check the

@@ -79,8 +79,10 @@ Result<Runtime> load() {
       // The runtime's ABI changes with its major version: one of another major (a 12.x under
       // LIBCOMM_CUDART_LIBRARY) has every entry point and would misread the structures.
       int version = 0;
-      if (rt.cudaRuntimeGetVersion(&version) == cudaSuccess && version / 1000 == LIBCOMM_CUDART_MAJOR) return "";
+      const cudaError_t asked = rt.cudaRuntimeGetVersion(&version);
+      if (asked == cudaSuccess && version / 1000 == LIBCOMM_CUDART_MAJOR) return "";
       dlclose(h);
+      if (asked != cudaSuccess) return "cudaRuntimeGetVersion failed with error " + std::to_string(asked);
       return "is CUDA runtime " + std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10) +
              ", not " LIBCOMM_CUDART_STR(LIBCOMM_CUDART_MAJOR) ".x, which libcomm was built for";
     }
