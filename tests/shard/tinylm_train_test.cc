@@ -491,10 +491,16 @@ TEST(TinyLmTrainThreads, ASaveIntoADirectoryAnotherRunCompletedIsRefusedWithoutW
   TrainOptions o = tinyOptions(Precision::kFp32, 1);
   o.saveCheckpoint = tmp.sub("ckpt");
   const std::string other = "another run's index\n";
-  std::atomic<bool> once{false};
+  // The first rank here writes the other run's index; a later one waits until it is written (with
+  // a flag set before the write, rank 0 could go on and look for an index rank 1 was still writing).
+  std::mutex writing;
+  bool written = false;
   o.onCheckpointWritten = [&](bool index) {  // between the shards and rank 0's index
-    if (index || once.exchange(true)) return;
+    if (index) return;
+    std::lock_guard<std::mutex> lock(writing);
+    if (written) return;
     std::ofstream(o.saveCheckpoint + "/" + libshard::kCheckpointIndexFile) << other;
+    written = true;
   };
   const RunOptions ro = twoRankThreads();
   auto report = shardcomm::testing::runRanks(ro, [&o](RankContext& ctx) -> Status {
