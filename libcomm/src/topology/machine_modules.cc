@@ -15,24 +15,23 @@ struct Module {
   const Table* table = nullptr;
 };
 
-#ifdef LIBCOMM_HAVE_HWLOC
-Result<Module<HwlocModule>> loadHwloc() {
-  LIBCOMM_ASSIGN_OR_RETURN(const ModuleHeader* h,
-                           openModule(moduleFileName("hwloc").c_str(), LIBCOMM_HWLOC_MODULE_ENTRY, sizeof(HwlocModule),
-                                      "libcomm's hwloc module"));
-  return Module<HwlocModule>{reinterpret_cast<const HwlocModule*>(h)};
+// Module `name`'s table (its header first: topology_modules.h), `what` naming it in errors.
+template <typename Table, const char* name, const char* entry, const char* what>
+Result<Module<Table>> load() {
+  LIBCOMM_ASSIGN_OR_RETURN(const ModuleHeader* h, openModule(moduleFileName(name).c_str(), entry, sizeof(Table), what));
+  return Module<Table>{reinterpret_cast<const Table*>(h)};
 }
-using Hwloc = LoadOnce<Module<HwlocModule>, loadHwloc>;
+
+#ifdef LIBCOMM_HAVE_HWLOC
+constexpr char kHwlocName[] = "hwloc", kHwlocEntry[] = LIBCOMM_HWLOC_MODULE_ENTRY,
+               kHwlocWhat[] = "libcomm's hwloc module";
+using Hwloc = LoadOnce<Module<HwlocModule>, load<HwlocModule, kHwlocName, kHwlocEntry, kHwlocWhat>>;
 #endif
 
 #ifdef LIBCOMM_HAVE_IBVERBS
-Result<Module<VerbsModule>> loadVerbs() {
-  LIBCOMM_ASSIGN_OR_RETURN(const ModuleHeader* h,
-                           openModule(moduleFileName("verbs").c_str(), LIBCOMM_VERBS_MODULE_ENTRY, sizeof(VerbsModule),
-                                      "libcomm's libibverbs module"));
-  return Module<VerbsModule>{reinterpret_cast<const VerbsModule*>(h)};
-}
-using Verbs = LoadOnce<Module<VerbsModule>, loadVerbs>;
+constexpr char kVerbsName[] = "verbs", kVerbsEntry[] = LIBCOMM_VERBS_MODULE_ENTRY,
+               kVerbsWhat[] = "libcomm's libibverbs module";
+using Verbs = LoadOnce<Module<VerbsModule>, load<VerbsModule, kVerbsName, kVerbsEntry, kVerbsWhat>>;
 #endif
 
 }  // namespace
