@@ -40,13 +40,9 @@ namespace {
 // An address inside libcomm for dladdr: a function of internal linkage (an exported one's address,
 // taken by a non-PIE program, would be its PLT entry, inside the program).
 void insideLibcomm() {}
-}  // namespace
 
-std::string moduleFileName(const char* name) {
-  return std::string("libshardcomm_") + name + "-" + LIBCOMM_VERSION_STRING + ".so";
-}
-
-std::string pathBesideLibcomm(const char* fileName) {
+// The real path of `fileName` in the directory of the libcomm library that runs this code.
+std::string pathBesideLibcomm(const std::string& fileName) {
   Dl_info info{};
   if (dladdr(reinterpret_cast<const void*>(&insideLibcomm), &info) == 0 || info.dli_fname == nullptr)
     return fileName;                  // then the loader's search path
@@ -59,8 +55,9 @@ std::string pathBesideLibcomm(const char* fileName) {
   return slash == std::string::npos ? fileName : self.substr(0, slash + 1) + fileName;
 }
 
-Result<const ModuleHeader*> openModule(const char* fileName, const char* entry, unsigned tableSize,
-                                       const std::string& what) {
+}  // namespace
+
+Result<OpenedModule> openModule(const char* name, const char* entry, unsigned tableSize, const std::string& what) {
   const ModuleHeader* table = nullptr;
   auto check = [&](void* h) -> std::string {
     using Entry = const ModuleHeader* (*)();
@@ -79,10 +76,11 @@ Result<const ModuleHeader*> openModule(const char* fileName, const char* entry, 
     table = t;
     return "";
   };
+  const std::string path =
+      pathBesideLibcomm(std::string("libshardcomm_") + name + "-" + LIBCOMM_VERSION_STRING + ".so");
   LIBCOMM_RETURN_IF_ERROR(
-      openFirstLibrary({{pathBesideLibcomm(fileName), RTLD_NOW | RTLD_LOCAL, "beside libshardcomm_comm"}}, check, what)
-          .status());
-  return table;
+      openFirstLibrary({{path, RTLD_NOW | RTLD_LOCAL, "beside libshardcomm_comm"}}, check, what).status());
+  return OpenedModule{table, path};
 }
 
 }  // namespace libcomm

@@ -33,20 +33,20 @@ Result<OpenedLibrary> openFirstLibrary(const std::vector<LibraryCandidate>& cand
                                        const std::function<std::string(void* handle)>& accept,
                                        const std::string& what);
 
-/// The file name of libcomm's module `name` ("hwloc", "verbs", "cuda_kernels"):
-/// "libshardcomm_<name>-<version>.so". The version is in the name so that libraries of two versions
-/// installed side by side (their SONAMEs differ) each find their own modules.
-std::string moduleFileName(const char* name);
+/// libcomm's module `name` ("hwloc", "verbs", "cuda_kernels"), opened: its table and the path it
+/// was loaded from.
+struct OpenedModule {
+  const ModuleHeader* table = nullptr;
+  std::string path;
+};
 
-/// The real path of `fileName` in the directory of the libcomm library that runs this code.
-std::string pathBesideLibcomm(const char* fileName);
-
-/// dlopens module `fileName` beside libcomm and calls its `entry`. Refused unless its table's size
-/// is `tableSize` and its version this library's (a module of another build). The table, or
-/// kSystemError "cannot load <what>: <path> (beside libshardcomm_comm): <why>". The module stays
-/// loaded for the life of the process.
-Result<const ModuleHeader*> openModule(const char* fileName, const char* entry, unsigned tableSize,
-                                       const std::string& what);
+/// dlopens module `name` -- libshardcomm_<name>-<version>.so, in the directory of the libcomm
+/// library that runs this code (the version is in the name so that libraries of two versions
+/// installed side by side, their SONAMEs differing, each find their own) -- and calls its `entry`.
+/// Refused unless its table's size is `tableSize` and its version this library's (a module of
+/// another build). Else kSystemError "cannot load <what>: <path> (beside libshardcomm_comm): <why>".
+/// The module stays loaded for the life of the process.
+Result<OpenedModule> openModule(const char* name, const char* entry, unsigned tableSize, const std::string& what);
 
 /// `Load` runs once, on the first get(); its answer, the library or why none loaded, is every
 /// later call's. Thread-safe.

@@ -16,22 +16,24 @@ struct Module {
 };
 
 // Module `name`'s table (its header first: topology_modules.h), `what` naming it in errors.
-template <typename Table, const char* name, const char* entry, const char* what>
-Result<Module<Table>> load() {
-  LIBCOMM_ASSIGN_OR_RETURN(const ModuleHeader* h, openModule(moduleFileName(name).c_str(), entry, sizeof(Table), what));
-  return Module<Table>{reinterpret_cast<const Table*>(h)};
+template <typename Table>
+Result<Module<Table>> loadTable(const char* name, const char* entry, const char* what) {
+  LIBCOMM_ASSIGN_OR_RETURN(OpenedModule opened, openModule(name, entry, sizeof(Table), what));
+  return Module<Table>{reinterpret_cast<const Table*>(opened.table)};
 }
 
 #ifdef LIBCOMM_HAVE_HWLOC
-constexpr char kHwlocName[] = "hwloc", kHwlocEntry[] = LIBCOMM_HWLOC_MODULE_ENTRY,
-               kHwlocWhat[] = "libcomm's hwloc module";
-using Hwloc = LoadOnce<Module<HwlocModule>, load<HwlocModule, kHwlocName, kHwlocEntry, kHwlocWhat>>;
+Result<Module<HwlocModule>> loadHwloc() {
+  return loadTable<HwlocModule>("hwloc", LIBCOMM_HWLOC_MODULE_ENTRY, "libcomm's hwloc module");
+}
+using Hwloc = LoadOnce<Module<HwlocModule>, loadHwloc>;
 #endif
 
 #ifdef LIBCOMM_HAVE_IBVERBS
-constexpr char kVerbsName[] = "verbs", kVerbsEntry[] = LIBCOMM_VERBS_MODULE_ENTRY,
-               kVerbsWhat[] = "libcomm's libibverbs module";
-using Verbs = LoadOnce<Module<VerbsModule>, load<VerbsModule, kVerbsName, kVerbsEntry, kVerbsWhat>>;
+Result<Module<VerbsModule>> loadVerbs() {
+  return loadTable<VerbsModule>("verbs", LIBCOMM_VERBS_MODULE_ENTRY, "libcomm's libibverbs module");
+}
+using Verbs = LoadOnce<Module<VerbsModule>, loadVerbs>;
 #endif
 
 }  // namespace

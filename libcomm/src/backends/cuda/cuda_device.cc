@@ -35,8 +35,7 @@ Result<std::string> cudaRuntimeDescription() {
   const cuda::Runtime& rt = cuda::cudart();
   std::string text = rt.path + " (" + rt.why + ")";
   int version = 0;
-  if (rt.cudaRuntimeGetVersion(&version) == cudaSuccess)
-    text += ", CUDA runtime " + std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
+  if (rt.cudaRuntimeGetVersion(&version) == cudaSuccess) text += ", CUDA runtime " + cuda::runtimeVersionText(version);
   // The kernels module too: a missing or stale one would otherwise show only at the first kernel.
   auto kernels = cuda::kernelsModulePath();
   text += kernels.isOk() ? "; kernels " + kernels.value() : "; kernels NOT loadable: " + kernels.status().message();

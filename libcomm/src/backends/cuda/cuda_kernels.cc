@@ -25,12 +25,11 @@ struct Kernels {
 Result<Kernels> load() {
   // The runtime first: the module needs it, and loading it by its soname then finds this one.
   LIBCOMM_RETURN_IF_ERROR(cudartStatus());
-  const std::string module = moduleFileName("cuda_kernels");
-  auto opened = openModule(module.c_str(), LIBCOMM_CUDA_KERNELS_ENTRY, sizeof(KernelTable), "libcomm's CUDA kernels");
+  auto opened = openModule("cuda_kernels", LIBCOMM_CUDA_KERNELS_ENTRY, sizeof(KernelTable), "libcomm's CUDA kernels");
   if (!opened.isOk()) return makeError(StatusCode::kCudaError, opened.status().message());
   Kernels k;
-  k.table = reinterpret_cast<const KernelTable*>(opened.value());
-  k.path = pathBesideLibcomm(module.c_str());
+  k.table = reinterpret_cast<const KernelTable*>(opened->table);
+  k.path = opened->path;
   const Runtime& rt = cudart();
   if (k.table->runtimeProbe != reinterpret_cast<const void*>(rt.cudaGetLastError)) {
     Dl_info theirs{};

@@ -83,7 +83,7 @@ Result<Runtime> load() {
       if (asked == cudaSuccess && version / 1000 == LIBCOMM_CUDART_MAJOR) return "";
       dlclose(h);
       if (asked != cudaSuccess) return "cudaRuntimeGetVersion failed with error " + std::to_string(asked);
-      return "is CUDA runtime " + std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10) +
+      return "is CUDA runtime " + runtimeVersionText(version) +
              ", not " LIBCOMM_CUDART_STR(LIBCOMM_CUDART_MAJOR) ".x, which libcomm was built for";
     }
     dlclose(h);
@@ -113,5 +113,9 @@ const Runtime& cudart() {
 Status cudartStatus() { return Loaded::get().status(); }
 
 bool cudartLoaded() { return Loaded::ifLoaded() != nullptr; }
+
+std::string runtimeVersionText(int version) {
+  return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
+}
 
 }  // namespace libcomm::cuda

@@ -18,8 +18,8 @@
 // the runtime is not loaded), so no call site needs its own check; statusFromCuda (cuda_error.h)
 // and cudaDeviceCount() name the candidates tried and why each failed.
 //
-// The kernels (cuda_reduce.cu) live in a module of their own, loaded the same way once the runtime
-// is: cuda_kernels.h.
+// The kernels (cuda_reduce.cu) live in a module of their own, loaded once the runtime is:
+// cuda_reduce.h.
 
 #include <cuda_runtime_api.h>
 
@@ -75,5 +75,8 @@ Status cudartStatus();
 
 /// Whether cudart() loaded the runtime (never loads).
 bool cudartLoaded();
+
+/// cudaRuntimeGetVersion's answer as "<major>.<minor>" (13000 -> "13.0").
+std::string runtimeVersionText(int version);
 
 }  // namespace libcomm::cuda
