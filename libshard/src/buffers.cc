@@ -167,9 +167,10 @@ Status BufferPool::freeAll() {
                               "BufferPool::freeAll: an Executor built on this pool still exists; destroy it first "
                               "(its streams use the pool's memory); nothing was freed");
   Status first;
-  // A host free waits for the communicator's collectives in flight, up to its op timeout; when one
-  // timed out (a stream held up), the rest of that communicator's memory is left to it (it goes
-  // with the communicator) instead of each allocation waiting a timeout of its own.
+  // A host free waits for the queued collectives that use the allocation, up to its op timeout;
+  // when one timed out (a stream held up, which likely holds more of these buffers), the rest of
+  // that communicator's memory is left to it (it goes with the communicator) instead of each
+  // allocation waiting a timeout of its own.
   bool gaveUp[2] = {false, false};
   for (PoolAllocation& a : allocations_) {
     if (!a.data) continue;

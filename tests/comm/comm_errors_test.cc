@@ -1135,8 +1135,8 @@ TEST(CommMemory, FreeingMemoryOfACollectiveInFlightWaitsForIt) {
         LIBCOMM_RETURN_IF_ERROR(holdStreamUntil(*s, release));
         LIBCOMM_RETURN_IF_ERROR(comm->allReduce(in, out, n, DataType::kFloat32, {}, *s));
         Status refused = expectStatus(comm->freeRegistered(in), StatusCode::kTimeout,
-                                      {"rank 0", "freeRegistered", "1 collective(s) in flight",
-                                       "memory stays allocated", "synchronize"},
+                                      {"rank 0", "freeRegistered", "ms for all_reduce seq 2 (", "stream 'free'",
+                                       "reads or writes this memory", "memory stays allocated", "synchronize"},
                                       "free behind a held collective");
         const bool kept = comm->isRegistered(in, n * 4);
         release.store(true);
@@ -1157,6 +1157,87 @@ TEST(CommMemory, FreeingMemoryOfACollectiveInFlightWaitsForIt) {
       LIBCOMM_RETURN_IF_ERROR(comm->freeRegistered(out));
     }
     return Status::ok();
+  });
+  EXPECT_RANKS_OK(report);
+}
+
+// The free waits for what touches the memory, whichever communicator's collective it is: memory of
+// communicator A read by a queued collective of communicator B (unregistered there: staged) was
+// unmapped under it (SIGSEGV in B's stream thread), since only A's own collectives were waited
+// for. A collective that does not touch the memory holds no free up: rank 0's free of other memory
+// while its own collective is held used to wait out the op timeout and fail.
+TEST(CommMemory, FreeingWaitsForTheCollectivesOfAnyCommunicatorThatTouchTheMemory) {
+  RunOptions opts;
+  opts.size = 2;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    libcomm::CommConfig cfg = quickConfig();
+    cfg.opTimeout = scaledForSanitizers(std::chrono::milliseconds(500));
+    LIBCOMM_ASSIGN_OR_RETURN(auto a, libcomm::Communicator::create(ctx.bootstrap, cfg));
+    cfg.opTimeout = scaledForSanitizers(std::chrono::milliseconds(20000));
+    LIBCOMM_ASSIGN_OR_RETURN(auto b, libcomm::Communicator::create(ctx.bootstrap, cfg));
+    auto s = libcomm::createHostStream("held");
+    const size_t n = 1 << 16;
+    const auto until = libcomm::Deadline::after(std::chrono::seconds(60));
+    LIBCOMM_ASSIGN_OR_RETURN(void* out, b->allocRegistered(n * 2 * 4));
+    auto fill = [&](void* p) {
+      for (size_t i = 0; i < n; ++i) static_cast<float*>(p)[i] = static_cast<float>(ctx.rank * n + i);
+    };
+    auto check = [&](const char* what) -> Status {
+      for (size_t i = 0; i < 2 * n; i += 997)
+        if (static_cast<float*>(out)[i] != static_cast<float>(i))
+          return libcomm::makeError(StatusCode::kInternalError, what, ": out[", i, "] = ", static_cast<float*>(out)[i]);
+      return Status::ok();
+    };
+    // 1. B's all_gather reads A's memory 300 ms later; A's free waits for it.
+    LIBCOMM_ASSIGN_OR_RETURN(void* in, a->allocRegistered(n * 4));
+    fill(in);
+    LIBCOMM_RETURN_IF_ERROR(s->enqueueHost(
+        [] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          return Status::ok();
+        },
+        "hold"));
+    LIBCOMM_RETURN_IF_ERROR(b->allGather(in, out, n, DataType::kFloat32, *s));
+    LIBCOMM_RETURN_IF_ERROR(a->freeRegistered(in));
+    LIBCOMM_RETURN_IF_ERROR(s->synchronize(until));
+    LIBCOMM_RETURN_IF_ERROR(check("after a free that waited"));
+
+    // 2. Held until the free gave up: the free names B's collective and its stream, and keeps the
+    // memory; unrelated memory of A frees at once meanwhile. Rank 1 joins once rank 0 is done.
+    LIBCOMM_ASSIGN_OR_RETURN(in, a->allocRegistered(n * 4));
+    LIBCOMM_ASSIGN_OR_RETURN(void* unrelated, a->allocRegistered(4096));
+    fill(in);
+    std::memset(out, 0, n * 2 * 4);
+    if (ctx.rank == 0) {
+      std::atomic<bool> release{false};
+      LIBCOMM_RETURN_IF_ERROR(holdStreamUntil(*s, release));
+      LIBCOMM_RETURN_IF_ERROR(b->allGather(in, out, n, DataType::kFloat32, *s));
+      const auto before = std::chrono::steady_clock::now();
+      Status freed = a->freeRegistered(unrelated);
+      const auto took = std::chrono::steady_clock::now() - before;
+      Status refused =
+          expectStatus(a->freeRegistered(in), StatusCode::kTimeout,
+                       {"rank 0", "freeRegistered", "all_gather seq 2 (", "of another communicator (there rank 0 of 2)",
+                        "stream 'held'", "memory stays allocated"},
+                       "free behind another communicator's held collective");
+      const bool kept = a->isRegistered(in, n * 4);
+      release.store(true);
+      LIBCOMM_RETURN_IF_ERROR(ctx.bootstrap.barrier(until));
+      LIBCOMM_RETURN_IF_ERROR(freed);
+      if (took > scaledForSanitizers(std::chrono::milliseconds(400)))
+        return libcomm::makeError(StatusCode::kInternalError, "freeing memory no collective touches took ",
+                                  std::chrono::duration_cast<std::chrono::milliseconds>(took).count(), " ms");
+      LIBCOMM_RETURN_IF_ERROR(refused);
+      if (!kept) return libcomm::makeError(StatusCode::kInternalError, "the refused free freed the memory");
+    } else {
+      LIBCOMM_RETURN_IF_ERROR(ctx.bootstrap.barrier(until));
+      LIBCOMM_RETURN_IF_ERROR(b->allGather(in, out, n, DataType::kFloat32, *s));
+      LIBCOMM_RETURN_IF_ERROR(a->freeRegistered(unrelated));
+    }
+    LIBCOMM_RETURN_IF_ERROR(s->synchronize(until));
+    LIBCOMM_RETURN_IF_ERROR(check("after the held collective"));
+    LIBCOMM_RETURN_IF_ERROR(a->freeRegistered(in));
+    return b->freeRegistered(out);
   });
   EXPECT_RANKS_OK(report);
 }

@@ -79,17 +79,18 @@ class Communicator {
   /// collective of another communicator reading it) may outlive the communicator.
   Result<void*> allocRegistered(size_t bytes);
   /// Frees memory from allocRegistered. Fails with kInvalidUsage while registrations of it remain.
-  /// Waits until no collective of this communicator is queued or running (one may use the
-  /// memory), at most the op timeout (LIBCOMM_TIMEOUT_MS); then kTimeout, with the memory still
-  /// allocated (released with the communicator). Collectives of other communicators that read or
-  /// write the memory are not waited for (unlike cudaFree, which waits for all device work):
-  /// synchronize their streams before freeing, or the process faults when one touches it. So synchronize the streams
-  /// first, or free from a thread that does not hold up the collectives in flight (a stream's own host function would
-  /// wait for the collectives behind it). A host peer that has read the memory directly drops its mapping when it
-  /// completes a later collective that heard from this rank after the free: on one host, the first collective this rank
-  /// calls after it; across hosts, the first non-empty all_gather, reduce_scatter, all_reduce or barrier (a broadcast,
-  /// an empty collective or a device one may not carry the news). The pages return to the system then; reusing buffers
-  /// is still cheaper than allocating them again.
+  /// Waits until no collective that a stream holds (queued, or running on the stream's thread) reads
+  /// or writes the memory -- a collective of this communicator or of any other in the process -- at
+  /// most the op timeout (LIBCOMM_TIMEOUT_MS); then kTimeout naming the collective and its stream,
+  /// with the memory still allocated (released with the communicator). Collectives that do not
+  /// touch the memory are not waited for; one on an inline stream is done when its call returns (a
+  /// call still running on another thread is that program's race, as with free()). So synchronize
+  /// the streams that use the memory first, or free from a thread that does not hold them up (a
+  /// stream's own host function would wait for the collectives behind it). A host peer that has read the memory
+  /// directly drops its mapping when it completes a later collective that heard from this rank after the free: on one
+  /// host, the first collective this rank calls after it; across hosts, the first non-empty all_gather, reduce_scatter,
+  /// all_reduce or barrier (a broadcast, an empty collective or a device one may not carry the news). The pages return
+  /// to the system then; reusing buffers is still cheaper than allocating them again.
   Status freeRegistered(void* ptr);
   /// Registers [ptr, ptr+bytes) (an empty range is kInvalidArgument). Idempotent and refcounted:
   /// each call must be matched by a deregisterBuffer. Host memory: the range must lie inside memory from allocRegistered

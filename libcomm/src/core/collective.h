@@ -34,6 +34,11 @@ struct CollArgs {
   /// Elements of the input each rank exposes to its peers, and how many "parts" it has: a
   /// reduce_scatter input is `size` parts of `count` elements, the others one part.
   size_t inputParts(int worldSize) const { return kind == CollKind::kReduceScatter ? worldSize : 1; }
+  /// Bytes of the input and of the output buffer (validateColl checked that these products fit).
+  size_t inputBytes(int worldSize) const { return count * inputParts(worldSize) * dataTypeSize(inType); }
+  size_t outputBytes(int worldSize) const {
+    return count * (kind == CollKind::kAllGather ? static_cast<size_t>(worldSize) : 1) * dataTypeSize(outType);
+  }
   /// The factor a reduction applies once to its sum: 1/size for avg, the premulSum scale, else 1.
   float postScale(int worldSize) const {
     if (reduce.op == ReduceOp::kAvg) return 1.0f / static_cast<float>(worldSize);

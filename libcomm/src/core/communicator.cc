@@ -17,6 +17,7 @@
 #include "core/cross_host.h"
 #include "core/log.h"
 #include "core/progress_board.h"
+#include "core/queued_collectives.h"
 #include "core/selector.h"
 #include "core/wait_policy.h"
 #include "reduce/reduce_impl.h"
@@ -461,21 +462,30 @@ Result<void*> Communicator::allocRegistered(size_t bytes) {
 }
 Status Communicator::freeRegistered(void* ptr) {
   LIBCOMM_RETURN_IF_ERROR(impl_->refuseInForkedChild("freeRegistered"));
-  LIBCOMM_RETURN_IF_ERROR(impl_->local_->checkFreeable(ptr));
-  // A collective still queued or running may use this memory: unmapping it under one crashed the
+  LIBCOMM_ASSIGN_OR_RETURN(const size_t bytes, impl_->local_->checkFreeable(ptr));
+  // A collective a stream still holds may use this memory: unmapping it under one crashed the
   // process (its stream then read an unmapped address). Like cudaFree, which waits for the
-  // device, the free waits until no collective of this communicator is in flight, at most one op
-  // timeout; after that the memory stays allocated and the caller hears why. (After a failure the
-  // queued collectives are skipped as their streams reach them, so the wait is short unless a
-  // stream is held up. The internal frees of a running collective, its bounce buffer's, go
-  // straight to freeSegment.)
-  if (impl_->inflight() > 0) {
-    const Clock::time_point start = Clock::now();
-    if (!impl_->waitIdle(Deadline::after(impl_->config_.opTimeout)))
-      return makeError(StatusCode::kTimeout, "rank ", impl_->rank_, ": freeRegistered(", ptr, ") waited ",
-                       std::chrono::duration_cast<Milliseconds>(Clock::now() - start).count(), " ms for ",
-                       impl_->inflight(), " collective(s) in flight (the first is seq ", impl_->lastExecuted() + 1,
-                       ") to finish; the memory stays allocated: synchronize their streams before freeing it");
+  // device, the free waits until no collective queued or running on a stream -- of this
+  // communicator or any other of the process (another's may read this memory through its staging)
+  // -- reads or writes it, at most one op timeout; after that the memory stays allocated and the
+  // caller hears which collective held it (queued_collectives.h). Collectives that do not touch it
+  // are not waited for. (After a failure the queued collectives are skipped as their streams
+  // reach them, so the wait is short unless a stream is held up. The internal frees of a running
+  // collective, its bounce buffer's, go straight to freeSegment.)
+  const uintptr_t from = reinterpret_cast<uintptr_t>(ptr);
+  const Clock::time_point start = Clock::now();
+  QueuedCollective blocker;
+  if (!QueuedCollectives::instance().waitUntouched(from, from + std::max<size_t>(bytes, 1),
+                                                   Deadline::after(impl_->config_.opTimeout), &blocker)) {
+    const std::string whose = blocker.owner == impl_.get()
+                                  ? std::string()
+                                  : " of another communicator (there rank " + std::to_string(blocker.rank) + " of " +
+                                        std::to_string(blocker.size) + ")";
+    return makeError(StatusCode::kTimeout, "rank ", impl_->rank_, ": freeRegistered(", ptr, ") waited ",
+                     std::chrono::duration_cast<Milliseconds>(Clock::now() - start).count(), " ms for ",
+                     describeColl(blocker.args, blocker.seq), whose, ", queued on stream '", blocker.stream,
+                     "', which reads or writes this memory; the memory stays allocated: synchronize that stream "
+                     "before freeing it");
   }
   return impl_->freeSegment(ptr);
 }

@@ -430,7 +430,7 @@ void Communicator::Impl::disconnectAcrossHosts(const Status& why) {
 
 Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const WaitContext& wait) {
   const int n = size_;
-  const size_t inputBytes = args.count * args.inputParts(n) * dataTypeSize(args.inType);
+  const size_t inputBytes = args.inputBytes(n);
   const char* why = "";
   CrossHostQuery query{args.kind, inputBytes, hosts_.numHosts(), cross_->fewestPerHost, cross_->mostPerHost};
   query.splits = args.kind == CollKind::kAllReduce && splitsIntoBlocks(args);

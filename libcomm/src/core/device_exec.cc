@@ -32,11 +32,8 @@ Result<bool> Communicator::Impl::checkMemory(const CollArgs& args, const Stream&
   if (stream.kind() == StreamKind::kHost) {
     // A buffer that starts in registered memory but runs past its allocation would be read or
     // written past the end of a mapping (validateColl checked that these products fit).
-    const size_t inBytes = args.count * args.inputParts(size_) * dataTypeSize(args.inType);
-    const size_t outBytes =
-        args.count * (args.kind == CollKind::kAllGather ? static_cast<size_t>(size_) : 1) * dataTypeSize(args.outType);
-    const std::array<shm::LocalMemory::Span, 2> spans{{{sends ? args.send : nullptr, inBytes},
-                                                       {recvs ? args.recv : nullptr, outBytes}}};
+    const std::array<shm::LocalMemory::Span, 2> spans{{{sends ? args.send : nullptr, args.inputBytes(size_)},
+                                                       {recvs ? args.recv : nullptr, args.outputBytes(size_)}}};
     const std::array<size_t, 2> left = local_->bytesLeftIfOverrun(spans, &overrunMemo_);
     for (size_t i = 0; i < spans.size(); ++i)
       if (left[i] != SIZE_MAX)
@@ -123,7 +120,7 @@ Status Communicator::Impl::runDevice(const CollArgs& args, uint32_t seq, const W
     return runNccl(args, device, wait.deadline, what);
   }
 
-  const size_t inputBytes = args.count * args.inputParts(size_) * dataTypeSize(args.inType);
+  const size_t inputBytes = args.inputBytes(size_);
   shm::OpDescriptor d = describeOp(args, seq);
   d.algo = kDeviceMarker;
   d.place.bytes = args.hasInput(rank_) ? inputBytes : 0;

@@ -8,16 +8,18 @@
 #include <cstring>
 #include <exception>
 #include <new>
+#include <utility>
 
 #include "algos/mesh/mesh.h"
+#include "backends/cuda/device_path.h"
+#include "backends/nccl/nccl_path.h"
 #include "core/caller_guard.h"
 #include "core/comm_impl.h"
 #include "core/cross_host.h"
 #include "core/host_stream.h"
 #include "core/log.h"
+#include "core/queued_collectives.h"
 #include "core/selector.h"
-#include "backends/cuda/device_path.h"
-#include "backends/nccl/nccl_path.h"
 #include "libcomm/cuda.h"
 
 namespace libcomm {
@@ -125,22 +127,30 @@ Status Communicator::Impl::submit(CollArgs& args, Stream& stream) {
   // The ticket settles the collective however the stream disposes of it: run, or skipped (the
   // stream failed earlier) or dropped (the stream was destroyed). A collective this rank never
   // runs is one its peers wait for in vain, so not running it fails the communicator at once.
+  // While the stream holds it, the collective is entered in the process's table of queued
+  // collectives with the memory it uses: freeRegistered, of any communicator, waits for it.
   struct Ticket {
-    Ticket(std::shared_ptr<Impl> i, const CollArgs& a, uint32_t s) : impl(std::move(i)), args(a), seq(s) {}
+    Ticket(std::shared_ptr<Impl> i, const CollArgs& a, uint32_t s, uint64_t q)
+        : impl(std::move(i)), args(a), seq(s), queued(q) {}
     Ticket(const Ticket&) = delete;
     std::shared_ptr<Impl> impl;
     CollArgs args;
     uint32_t seq;
+    uint64_t queued;
     bool ran = false;
     ~Ticket() {
       if (!ran) impl->settleUnrun(args, seq);
+      QueuedCollectives::instance().remove(queued);
     }
   };
-  auto ticket = std::make_shared<Ticket>(shared_from_this(), args, seq);
+  const uint64_t queued = QueuedCollectives::instance().add(this, rank_, size_, seq, args, stream.name());
+  auto ticket = std::make_shared<Ticket>(shared_from_this(), args, seq, queued);
   return stream.enqueueHost(
       [ticket] {
         ticket->ran = true;
-        return ticket->impl->execute(ticket->args, ticket->seq, false);
+        Status st = ticket->impl->execute(ticket->args, ticket->seq, false);
+        QueuedCollectives::instance().remove(std::exchange(ticket->queued, 0));
+        return st;
       },
       // A cheap label (the full description is formatted only for errors): small collectives
       // cannot afford a formatted string per call.
@@ -300,7 +310,7 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const WaitCon
                         passBases_.data(),
                         (args.kind == CollKind::kReduceScatter || args.kind == CollKind::kAllReduce) &&
                             config_.reducePartials == PartialsType::kFloat64};
-  const size_t inputBytes = args.count * args.inputParts(size_) * dataTypeSize(args.inType);
+  const size_t inputBytes = args.inputBytes(size_);
   // The selector's errors say what the setting cannot do; which rank and collective, added here.
   auto named = [&](auto choice) -> decltype(choice) {
     if (choice.isOk()) return choice;

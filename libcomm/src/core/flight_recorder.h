@@ -243,8 +243,7 @@ inline void FlightRecorder::enqueued(const CollArgs& args, uint32_t seq, const s
   s.root.store(args.root, relaxed);
   s.algo.store(-1, relaxed);
   s.count.store(args.count, relaxed);
-  s.bytes.store(args.hasInput(id_.rank) ? args.count * args.inputParts(worldSize) * dataTypeSize(args.inType) : 0,
-                relaxed);
+  s.bytes.store(args.hasInput(id_.rank) ? args.inputBytes(worldSize) : 0, relaxed);
   s.enqueueAt.store(t, relaxed);
   s.startAt.store(0, relaxed);
   s.endAt.store(0, relaxed);

@@ -15,7 +15,7 @@ namespace libcomm::mesh {
 
 void fillEager(const CollArgs& args, const OpEnv& env, unsigned char* inlined) {
   if (!args.hasInput(env.rank) || args.count == 0) return;
-  const size_t bytes = args.count * args.inputParts(env.size) * dataTypeSize(args.inType);
+  const size_t bytes = args.inputBytes(env.size);
   void* to = inlined ? static_cast<void*>(inlined) : env.channel.eagerArea(env.rank, env.seq);
   memcpy(to, args.send, bytes);
 }

@@ -43,9 +43,11 @@ Status LocalMemory::checkFreeableLocked(const void* ptr, std::map<uintptr_t, All
   return Status::ok();
 }
 
-Status LocalMemory::checkFreeable(const void* ptr) {
+Result<size_t> LocalMemory::checkFreeable(const void* ptr) {
   std::lock_guard<std::mutex> lock(mu_);
-  return checkFreeableLocked(ptr, nullptr);
+  std::map<uintptr_t, Allocation>::iterator it;
+  LIBCOMM_RETURN_IF_ERROR(checkFreeableLocked(ptr, &it));
+  return it->second.bytes;
 }
 
 Status LocalMemory::free(void* ptr) {

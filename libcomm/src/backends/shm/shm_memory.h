@@ -30,8 +30,9 @@ class LocalMemory {
 
   Result<void*> allocate(size_t bytes);
   Status free(void* ptr);
-  /// What free() would refuse (not an allocation, still registered), without freeing.
-  Status checkFreeable(const void* ptr);
+  /// What free() would refuse (not an allocation, still registered), without freeing; else the
+  /// allocation's size in bytes.
+  Result<size_t> checkFreeable(const void* ptr);
   Status registerRange(void* ptr, size_t bytes);
   Status deregisterRange(void* ptr);
   bool contains(const void* ptr, size_t bytes) const;
