@@ -154,10 +154,14 @@ TEST(Forward, UnknownCommunicatorsAreForwarded) {
 TEST(Forward, LastErrorIsTheShimsOnlyWhileItIsTheNewest) {
   // The fake has no pncclAlltoAll: an error of the shim's own, with its message.
   std::vector<float> a(4), b(4);
-  EXPECT_EQ(ncclAlltoAll(a.data(), b.data(), 1, ncclFloat32, nullptr, nullptr), ncclInternalError);
+  EXPECT_EQ(ncclAlltoAll(a.data(), b.data(), 1, ncclFloat32, nullptr, nullptr), ncclInvalidUsage);
   std::string own = ncclGetLastError(nullptr);
   EXPECT_NE(own.find("libcomm_nccl: ncclAlltoAll"), std::string::npos) << own;
   EXPECT_NE(own.find("has no pncclAlltoAll"), std::string::npos) << own;
+  // Which NCCL it is, and what to do: a call its NCCL lacks is the program's usage, not a bug in
+  // NCCL (ncclInternalError's text asks to report one).
+  EXPECT_NE(own.find(", version "), std::string::npos) << own;
+  EXPECT_NE(own.find("load an NCCL that has it (LIBCOMM_NCCL_LIBRARY"), std::string::npos) << own;
   // A successful forwarded call leaves it; a failed one makes NCCL's error the newest.
   int version = 0;
   EXPECT_EQ(ncclGetVersion(&version), ncclSuccess);
@@ -178,7 +182,7 @@ TEST(Forward, ShrinkOfANullCommunicatorIsRefused) {
   EXPECT_NE(text.find("comm is NULL"), std::string::npos) << text;
   ncclComm_t comm = initOneRank();
   // The fake has no pncclCommShrink: forwarded, so the shim says the real library lacks it.
-  EXPECT_EQ(ncclCommShrink(comm, &exclude, 1, &out, nullptr, 0), ncclInternalError);
+  EXPECT_EQ(ncclCommShrink(comm, &exclude, 1, &out, nullptr, 0), ncclInvalidUsage);
   EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("has no pncclCommShrink"), std::string::npos);
   EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
 }
@@ -187,12 +191,12 @@ TEST(Forward, LastErrorPointerSurvivesTheNextError) {
   // NCCL's last error is a fixed buffer: a caller may keep the pointer. The shim's must stay valid
   // too when the next error of the shim's own comes (its text then is that newer error's).
   std::vector<float> a(4), b(4);
-  EXPECT_EQ(ncclAlltoAll(a.data(), b.data(), 1, ncclFloat32, nullptr, nullptr), ncclInternalError);
+  EXPECT_EQ(ncclAlltoAll(a.data(), b.data(), 1, ncclFloat32, nullptr, nullptr), ncclInvalidUsage);
   const char* first = ncclGetLastError(nullptr);
   ASSERT_NE(std::string(first).find("has no pncclAlltoAll"), std::string::npos) << first;
   // A longer message than the first (the fake has no pncclCommWindowRegister either).
   ncclWindow_t win = nullptr;
-  EXPECT_EQ(ncclCommWindowRegister(nullptr, a.data(), 16, &win, 0), ncclInternalError);
+  EXPECT_EQ(ncclCommWindowRegister(nullptr, a.data(), 16, &win, 0), ncclInvalidUsage);
   const char* second = ncclGetLastError(nullptr);
   ASSERT_EQ(second, first);
   EXPECT_NE(std::string(first).find("has no pncclCommWindowRegister"), std::string::npos) << first;
@@ -202,7 +206,7 @@ TEST(Forward, AnAsyncErrorMakesNcclsLastErrorTheNewest) {
   ncclComm_t comm = initOneRank();
   std::vector<float> a(4), b(4);
   ncclResult_t async = ncclInternalError;
-  EXPECT_EQ(ncclAlltoAll(a.data(), b.data(), 1, ncclFloat32, comm, nullptr), ncclInternalError);  // the shim's
+  EXPECT_EQ(ncclAlltoAll(a.data(), b.data(), 1, ncclFloat32, comm, nullptr), ncclInvalidUsage);  // the shim's
   // No asynchronous error, or one still in progress: the shim's error stays the newest.
   EXPECT_EQ(ncclCommGetAsyncError(comm, &async), ncclSuccess);
   EXPECT_EQ(async, ncclSuccess);
@@ -249,13 +253,13 @@ TEST(Forward, DeviceApiHostFunctionsAreForwarded) {
   EXPECT_STREQ(ncclGetLastError(comm), "fake: ncclDevCommCreate: a NULL argument");
 
   // The fake has no pncclDevCommDestroy and no pncclLsaBarrierCreateRequirement.
-  EXPECT_EQ(ncclDevCommDestroy(comm, &devComm), ncclInternalError);
+  EXPECT_EQ(ncclDevCommDestroy(comm, &devComm), ncclInvalidUsage);
   std::string err = ncclGetLastError(comm);
   EXPECT_NE(err.find("has no pncclDevCommDestroy"), std::string::npos) << err;
   ncclTeam_t team{};
   ncclLsaBarrierHandle_t barrier{};
   ncclDevResourceRequirements_t req{};
-  EXPECT_EQ(ncclLsaBarrierCreateRequirement(team, 1, &barrier, &req), ncclInternalError);
+  EXPECT_EQ(ncclLsaBarrierCreateRequirement(team, 1, &barrier, &req), ncclInvalidUsage);
   err = ncclGetLastError(nullptr);
   EXPECT_NE(err.find("has no pncclLsaBarrierCreateRequirement"), std::string::npos) << err;
   EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);

@@ -152,8 +152,16 @@ ncclResult_t realNcclMissing(const char* function) {
 }
 
 ncclResult_t entryMissing(const char* function) {
-  return failWith(function, libcomm::makeError(libcomm::StatusCode::kInternalError, "the real NCCL (", realNccl()->path,
-                                               ") has no p", function));
+  // The program asked for a call its NCCL is too old (or too new) to have: ncclInvalidUsage, whose
+  // NCCL text points at the log, not ncclInternalError, whose text asks to report a bug in NCCL.
+  const RealNccl* real = realNccl();
+  int version = 0;
+  const bool known = real->pGetVersion(&version) == ncclSuccess;
+  return failWith(function, libcomm::makeError(libcomm::StatusCode::kInvalidUsage, "the real NCCL (", real->path,
+                                               known ? ", version " + std::to_string(version) : std::string(),
+                                               ") has no p", function, ", which NCCL ", NCCL_VERSION_CODE,
+                                               " (the shim's build) has: load an NCCL that has it ",
+                                               "(LIBCOMM_NCCL_LIBRARY names the library to load)"));
 }
 
 }  // namespace shim
