@@ -1042,14 +1042,26 @@ TEST(TcpStore, ClientRetriesUntilTheStoreIsUp) {
   Status s = client.get();
   EXPECT_TRUE(s.isOk()) << s.toString();
 
-  // A second store on the same address fails, says where, and that a libcomm store holds the port
-  // (it greeted the probe): where the message used to list every cause it could be.
+  // A second store on the same address fails, says where, and whose store holds the port: one that
+  // greeted the probe and knew this job's secret is this job's (two processes hosting it), one
+  // that refused the secret another job's. The message used to list every cause it could be.
   auto again = startTcpStore("127.0.0.1", port, kSecret);
   EXPECT_EQ(again.status().code(), StatusCode::kSystemError);
   EXPECT_NE(again.status().message().find("127.0.0.1:" + std::to_string(port)), std::string::npos);
   EXPECT_NE(again.status().message().find("already in use"), std::string::npos) << again.status().toString();
-  EXPECT_NE(again.status().message().find("a libcomm TCP store listens there already"), std::string::npos)
+  EXPECT_NE(again.status().message().find("this job's libcomm TCP store listens there already (it knows this job's "
+                                          "secret): another process of this job hosts it"),
+            std::string::npos)
       << again.status().toString();
+  auto otherJob = startTcpStore("127.0.0.1", port, std::string(kSecret) + "-another-job");
+  EXPECT_EQ(otherJob.status().code(), StatusCode::kSystemError);
+  EXPECT_NE(otherJob.status().message().find("another job's libcomm TCP store listens there (it refused this job's "
+                                             "secret): give this job another port in LIBCOMM_STORE_ADDR"),
+            std::string::npos)
+      << otherJob.status().toString();
+  // The probes claimed no rank and left the store serving its job: rank 0 connects again.
+  auto late = createTcpBootstrap("127.0.0.1", port, kSecret, 0, 1, Deadline::after(10s));
+  EXPECT_TRUE(late.isOk()) << late.status().toString();
 }
 
 // resolveHost: a numeric address converts at once; a name (localhost: /etc/hosts, no name server)

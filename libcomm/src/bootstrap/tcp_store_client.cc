@@ -15,10 +15,8 @@ namespace {
 // A parked get is answered by the server at its own deadline; the client waits this much longer
 // for that answer, which names the missing keys, before giving up on its own.
 constexpr Milliseconds kReplyGrace{250};
-// How long after connecting the store's challenge may take, and how long its answer to the proof
-// may be (a proof, or an error text).
+// How long after connecting the store's challenge may take.
 constexpr Milliseconds kChallengeWait{30000};
-constexpr uint32_t kMaxHandshakeReply = 4096;
 
 Deadline withGrace(Deadline d) {
   if (d.at() == Clock::time_point::max()) return d;

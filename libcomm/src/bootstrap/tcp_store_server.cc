@@ -69,22 +69,58 @@ struct Conn {
 };
 
 // What holds host:port, which a store could not listen on, found by connecting and waiting up to a
-// second for its first words: a libcomm store greets every client with its challenge at once (and
-// drops this one unauthenticated); another service (torch's store under torchrun's MASTER_PORT, a
-// web server) says nothing first. "" when nothing could be connected to (the port is held by a
-// socket that does not listen, say): the caller's own message covers that.
-std::string whatListensAt(const std::string& host, int port) {
+// second for its first words: a libcomm store greets every client with its challenge at once;
+// another service (torch's store under torchrun's MASTER_PORT, a web server) says nothing first.
+// A store that greets is then answered with this job's secret, as an anonymous client (rank -1,
+// which claims no rank): a store of this job accepts and proves it knows the secret, another job's
+// refuses it. "" when nothing could be connected to (the port is held by a socket that does not
+// listen, say): the caller's own message covers that.
+std::string whatListensAt(const std::string& host, int port, const std::string& secret) {
   const std::string target = host == "0.0.0.0" ? "127.0.0.1" : host == "::" ? "::1" : host;
   auto fd = connectOnce(target, port, Deadline::after(Milliseconds(1000)));
   if (!fd.isOk()) return "";
-  auto greeting = recvFrame(*fd, Deadline::after(Milliseconds(1000)), "probe", kNonceBytes);
+  const Deadline by = Deadline::after(Milliseconds(1000));
+  auto greeting = recvFrame(*fd, by, "probe", kNonceBytes);
+  if (!greeting.isOk() || greeting->type != MsgType::kChallenge || greeting->payload.size() != kNonceBytes) {
+    closeWithoutTimeWait(*fd);
+    return "another service listens there, not a libcomm store (which would have greeted this probe at once); "
+           "under torchrun, MASTER_PORT carries torch's own store: pick another port in LIBCOMM_STORE_ADDR";
+  }
+  enum class Whose { kUnknown, kThisJob, kAnotherJob } whose = Whose::kUnknown;
+  std::string clientNonce(kNonceBytes, '\0');
+  if (randomBytes(clientNonce.data(), kNonceBytes).isOk()) {
+    constexpr int32_t kAnonymous = -1;
+    WireWriter auth;
+    auth.raw(clientNonce)
+        .u32(static_cast<uint32_t>(kAnonymous))
+        .raw(clientProof(secret, greeting->payload, clientNonce, kAnonymous));
+    Result<Frame> answer = sendFrame(*fd, MsgType::kAuth, auth.take(), by, "probe").isOk()
+                               ? recvFrame(*fd, by, "probe", kMaxHandshakeReply)
+                               : Result<Frame>(makeError(StatusCode::kRemoteError, "probe not sent"));
+    if (answer.isOk() && answer->type == MsgType::kAuthOk) {
+      const std::string expected = serverProof(secret, greeting->payload, clientNonce);
+      if (constantTimeEqual(reinterpret_cast<const uint8_t*>(expected.data()), expected.size(),
+                            reinterpret_cast<const uint8_t*>(answer->payload.data()), answer->payload.size()))
+        whose = Whose::kThisJob;
+    } else if (answer.isOk() && answer->type == MsgType::kError &&
+               answer->payload.find("secret") != std::string::npos) {
+      whose = Whose::kAnotherJob;
+    }
+  }
   closeWithoutTimeWait(*fd);
-  if (greeting.isOk() && greeting->type == MsgType::kChallenge)
-    return "a libcomm TCP store listens there already: another process of this job hosting it (two processes with "
-           "rank 0, or LIBCOMM_HOST_STORE=1 on more than one), or another job's store given the same "
-           "LIBCOMM_STORE_ADDR";
-  return "another service listens there, not a libcomm store (which would have greeted this probe at once); under "
-         "torchrun, MASTER_PORT carries torch's own store: pick another port in LIBCOMM_STORE_ADDR";
+  switch (whose) {
+    case Whose::kThisJob:
+      return "this job's libcomm TCP store listens there already (it knows this job's secret): another process of "
+             "this job hosts it (two processes with rank 0, or LIBCOMM_HOST_STORE=1 on more than one)";
+    case Whose::kAnotherJob:
+      return "another job's libcomm TCP store listens there (it refused this job's secret): give this job another "
+             "port in LIBCOMM_STORE_ADDR";
+    case Whose::kUnknown:
+      break;
+  }
+  return "a libcomm TCP store listens there already (whose, it did not say within a second): another process of "
+         "this job hosting it (two processes with rank 0, or LIBCOMM_HOST_STORE=1 on more than one), or another "
+         "job's store given the same LIBCOMM_STORE_ADDR";
 }
 
 class Server final : public TcpStoreServer {
@@ -125,7 +161,7 @@ class Server final : public TcpStoreServer {
     int err = 0;
     Result<int> listening = listenOn(host_, port, &port_, &err);
     if (!listening.isOk() && err == EADDRINUSE && port > 0) {
-      if (const std::string found = whatListensAt(host_, port); !found.empty())
+      if (const std::string found = whatListensAt(host_, port, secret_); !found.empty())
         return makeError(StatusCode::kSystemError, "tcp store: cannot listen on ", host_, ":", port,
                          ": address already in use: ", found, " (`ss -ltnp 'sport = :", port,
                          "'` shows which process)");

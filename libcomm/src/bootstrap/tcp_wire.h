@@ -128,6 +128,8 @@ std::string serverProof(std::string_view secret, std::string_view serverNonce, s
 // go through poll). A closed or reset connection is kRemoteError, an expired deadline kTimeout;
 // `what` names the peer and operation in the message.
 Status sendAll(int fd, const void* data, size_t n, Deadline deadline, const std::string& what);
+/// The largest reply to kAuth a client reads (kAuthOk's proof, or the store's kError text).
+inline constexpr uint32_t kMaxHandshakeReply = 4096;
 /// How a store's kError answer to a handshake begins when it turns the connection away for now
 /// (too many connections in their handshake: TcpStoreOptions::maxHandshakes): the client tries
 /// again, where any other refusal is final.
