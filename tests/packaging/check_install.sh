@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the build into a temporary prefix, then builds and runs a consumer project against it
-# twice: through find_package(shardcomm) and through pkg-config.
+# Installs the build into a temporary prefix, then builds and runs a consumer project against it:
+# through find_package(shardcomm), and through pkg-config (shardcomm, and shardcomm-comm for a
+# program that uses libcomm alone). Then the same CMake project against the build tree itself.
 set -euo pipefail
 build_dir=$1
 src_dir=$(cd "$(dirname "$0")" && pwd)
@@ -41,4 +42,22 @@ flags=$(PKG_CONFIG_PATH="$pcdir" pkg-config --cflags --libs shardcomm)
 # shellcheck disable=SC2086
 g++ -std=c++20 "$src_dir/consumer/main.cc" -o "$work/consumer-pc" $flags -pthread
 LD_LIBRARY_PATH="$work/prefix/lib:$work/prefix/lib64:${LD_LIBRARY_PATH:-}" "$work/consumer-pc"
+# libcomm alone: C++17, and its program needs no libshard.
+flags=$(PKG_CONFIG_PATH="$pcdir" pkg-config --cflags --libs shardcomm-comm)
+case " $flags " in *shardcomm_shard*) echo "check_install: shardcomm-comm.pc links libshard: $flags" >&2; exit 1 ;; esac
+# shellcheck disable=SC2086
+g++ -std=c++17 -DCONSUMER_LIBCOMM_ONLY "$src_dir/consumer/main.cc" -o "$work/consumer-comm" $flags -pthread
+if readelf -d "$work/consumer-comm" | grep -q "libshardcomm_shard"; then
+  echo "check_install: the libcomm-only consumer needs libshard" >&2; exit 1
+fi
+LD_LIBRARY_PATH="$work/prefix/lib:$work/prefix/lib64:${LD_LIBRARY_PATH:-}" "$work/consumer-comm"
+for pc in shardcomm shardcomm-shard; do
+  PKG_CONFIG_PATH="$pcdir" pkg-config --libs "$pc" | grep -q -- "-lshardcomm_shard.*-lshardcomm_comm" ||
+    { echo "check_install: $pc.pc does not link both libraries: $(PKG_CONFIG_PATH="$pcdir" pkg-config --libs "$pc")" >&2; exit 1; }
+done
+# The build tree as a package: found by shardcomm_DIR, and its program runs without LD_LIBRARY_PATH
+# (the targets point into the build tree, which CMake puts in the program's run path).
+cmake -S "$src_dir/consumer" -B "$work/tree-build" -Dshardcomm_DIR="$build_dir" > "$work/tree-configure.log"
+cmake --build "$work/tree-build" > "$work/tree-build.log"
+env -u LD_LIBRARY_PATH "$work/tree-build/consumer"
 echo "check_install: ok"

@@ -6,7 +6,9 @@
 #include <vector>
 
 #include <libcomm/libcomm.h>
+#ifndef CONSUMER_LIBCOMM_ONLY   // built so (C++17, pkg-config shardcomm-comm) it needs libcomm alone
 #include <libshard/executor.h>  // C++20 (std::span, concepts): the target must ask for it
+#endif
 
 int main() {
   auto boots = libcomm::createInProcessBootstraps(2);
