@@ -1237,6 +1237,28 @@ TEST(CommMemory, FreeingWaitsForTheCollectivesOfAnyCommunicatorThatTouchTheMemor
     LIBCOMM_RETURN_IF_ERROR(s->synchronize(until));
     LIBCOMM_RETURN_IF_ERROR(check("after the held collective"));
     LIBCOMM_RETURN_IF_ERROR(a->freeRegistered(in));
+
+    // 3. More collectives queued behind the one that reads the memory than the ring of queued
+    // collectives holds: what it no longer knows counts as touching, and is waited for.
+    LIBCOMM_ASSIGN_OR_RETURN(in, a->allocRegistered(n * 4));
+    fill(in);
+    std::memset(out, 0, n * 2 * 4);
+    LIBCOMM_RETURN_IF_ERROR(s->enqueueHost(
+        [] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          return Status::ok();
+        },
+        "hold"));
+    LIBCOMM_RETURN_IF_ERROR(b->allGather(in, out, n, DataType::kFloat32, *s));
+    float* tail = static_cast<float*>(out) + n * 2 - 2;
+    for (int i = 0; i < 300; ++i)  // the ring holds 256 (QueuedMemory::kCapacity); in place, at the output's end
+      LIBCOMM_RETURN_IF_ERROR(b->allGather(tail + ctx.rank, tail, 1, DataType::kFloat32, *s));
+    LIBCOMM_RETURN_IF_ERROR(a->freeRegistered(in));
+    LIBCOMM_RETURN_IF_ERROR(s->synchronize(until));
+    for (size_t i = 0; i < 2 * n - 2; i += 997)
+      if (static_cast<float*>(out)[i] != static_cast<float>(i))
+        return libcomm::makeError(StatusCode::kInternalError, "behind a long queue: out[", i,
+                                  "] = ", static_cast<float*>(out)[i]);
     return b->freeRegistered(out);
   });
   EXPECT_RANKS_OK(report);

@@ -21,6 +21,7 @@
 #include "core/flight_recorder.h"
 #include "core/op_deadline.h"
 #include "core/process_forks.h"
+#include "core/queued_collectives.h"
 #include "core/wait_policy.h"
 #include "libcomm/communicator.h"
 #include "topology/hosts.h"
@@ -86,6 +87,13 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   void markClosed();
   /// Waits until no collective is queued or running; false at the deadline.
   bool waitIdle(Deadline deadline);
+  /// Waits until collective `seq` and every one before it settled; false at the deadline.
+  bool waitSettledThrough(uint32_t seq, Deadline deadline);
+  /// The memory of the collectives handed to streams, by seq (freeRegistered reads it).
+  QueuedMemory queued_;
+  /// Enters a communicator made for a caller in the process's list, which freeRegistered looks
+  /// through (held weakly).
+  static void registerLive(const std::shared_ptr<Impl>& impl);
 
   int rank_ = 0;
   int size_ = 1;
@@ -304,6 +312,8 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   Status refuseInForkedChild(const char* what) const;
   int inflight() const { return inflight_.load(); }
   uint32_t lastExecuted() const { return lastExecuted_.load(); }
+  /// The newest sequence number taken (0: none yet).
+  uint32_t lastTaken() const { return nextSeq_.load(); }
 
  private:
   /// Across hosts: this rank's progress on the bootstrap's side channel, read back when a

@@ -387,7 +387,7 @@ Result<std::unique_ptr<Communicator>> Communicator::create(Bootstrap& bootstrap)
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl).value()));
 }
 
-Communicator::Communicator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Communicator::Communicator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) { Impl::registerLive(impl_); }
 
 Status Communicator::Impl::refuseInForkedChild(const char* what) const {
   if (!inForkedChild()) return Status::ok();
@@ -460,30 +460,64 @@ Result<void*> Communicator::allocRegistered(size_t bytes) {
   if (!p.isOk()) return p.status().withContext(what);
   return p;
 }
+namespace {
+
+// Every communicator of the process, for freeRegistered to look through; held weakly, pruned as
+// communicators go.
+struct LiveCommunicators {
+  std::mutex mu;
+  std::vector<std::weak_ptr<Communicator::Impl>> all;
+};
+LiveCommunicators& liveCommunicators() {
+  static LiveCommunicators* const live = new LiveCommunicators();  // never destroyed: used at exit
+  return *live;
+}
+
+}  // namespace
+
+void Communicator::Impl::registerLive(const std::shared_ptr<Impl>& impl) {
+  LiveCommunicators& live = liveCommunicators();
+  std::lock_guard<std::mutex> lock(live.mu);
+  live.all.erase(std::remove_if(live.all.begin(), live.all.end(), [](const auto& w) { return w.expired(); }),
+                 live.all.end());
+  live.all.push_back(impl);
+}
+
 Status Communicator::freeRegistered(void* ptr) {
   LIBCOMM_RETURN_IF_ERROR(impl_->refuseInForkedChild("freeRegistered"));
   LIBCOMM_ASSIGN_OR_RETURN(const size_t bytes, impl_->local_->checkFreeable(ptr));
-  // A collective a stream still holds may use this memory: unmapping it under one crashed the
-  // process (its stream then read an unmapped address). Like cudaFree, which waits for the
-  // device, the free waits until no collective queued or running on a stream -- of this
-  // communicator or any other of the process (another's may read this memory through its staging)
-  // -- reads or writes it, at most one op timeout; after that the memory stays allocated and the
-  // caller hears which collective held it (queued_collectives.h). Collectives that do not touch it
-  // are not waited for. (After a failure the queued collectives are skipped as their streams
-  // reach them, so the wait is short unless a stream is held up. The internal frees of a running
-  // collective, its bounce buffer's, go straight to freeSegment.)
-  const uintptr_t from = reinterpret_cast<uintptr_t>(ptr);
+  // A collective still queued or running on a stream may use this memory: unmapping it under one
+  // crashed the process (its stream then read an unmapped address). Like cudaFree, which waits for
+  // the device, the free waits until none that reads or writes the memory -- of this communicator
+  // or of any other in the process (another's may read it through its staging) -- is left, at most
+  // one op timeout; after that the memory stays allocated and the caller hears which collective
+  // held it. Collectives known not to touch it are not waited for (queued_collectives.h). (After a
+  // failure the queued collectives are skipped as their streams reach them, so the wait is short
+  // unless a stream is held up. The internal frees of a running collective, its bounce buffer's,
+  // go straight to freeSegment.)
+  std::vector<std::shared_ptr<Impl>> comms;
+  {
+    LiveCommunicators& live = liveCommunicators();
+    std::lock_guard<std::mutex> lock(live.mu);
+    for (const auto& w : live.all)
+      if (auto c = w.lock()) comms.push_back(std::move(c));
+  }
+  const uintptr_t from = reinterpret_cast<uintptr_t>(ptr), to = from + std::max<size_t>(bytes, 1);
   const Clock::time_point start = Clock::now();
-  QueuedCollective blocker;
-  if (!QueuedCollectives::instance().waitUntouched(from, from + std::max<size_t>(bytes, 1),
-                                                   Deadline::after(impl_->config_.opTimeout), &blocker)) {
-    const std::string whose = blocker.owner == impl_.get()
-                                  ? std::string()
-                                  : " of another communicator (there rank " + std::to_string(blocker.rank) + " of " +
-                                        std::to_string(blocker.size) + ")";
+  const Deadline deadline = Deadline::after(impl_->config_.opTimeout);
+  for (const std::shared_ptr<Impl>& c : comms) {
+    if (c->inflight() == 0) continue;
+    // The newest collective of `c` that touches the memory: the wait for it covers those before.
+    QueuedCollective waitFor;
+    if (!c->queued_.newestTouching(c->lastExecuted(), c->lastTaken(), from, to, &waitFor) ||
+        c->waitSettledThrough(waitFor.seq, deadline))
+      continue;
+    const std::string whose = c == impl_ ? std::string()
+                                         : " of another communicator (there rank " + std::to_string(c->rank_) + " of " +
+                                               std::to_string(c->size_) + ")";
     return makeError(StatusCode::kTimeout, "rank ", impl_->rank_, ": freeRegistered(", ptr, ") waited ",
                      std::chrono::duration_cast<Milliseconds>(Clock::now() - start).count(), " ms for ",
-                     describeColl(blocker.args, blocker.seq), whose, ", queued on stream '", blocker.stream,
+                     describeColl(waitFor.args, waitFor.seq), whose, ", queued on stream '", waitFor.stream,
                      "', which reads or writes this memory; the memory stays allocated: synchronize that stream "
                      "before freeing it");
   }

@@ -8,7 +8,6 @@
 #include <cstring>
 #include <exception>
 #include <new>
-#include <utility>
 
 #include "algos/mesh/mesh.h"
 #include "backends/cuda/device_path.h"
@@ -127,30 +126,24 @@ Status Communicator::Impl::submit(CollArgs& args, Stream& stream) {
   // The ticket settles the collective however the stream disposes of it: run, or skipped (the
   // stream failed earlier) or dropped (the stream was destroyed). A collective this rank never
   // runs is one its peers wait for in vain, so not running it fails the communicator at once.
-  // While the stream holds it, the collective is entered in the process's table of queued
-  // collectives with the memory it uses: freeRegistered, of any communicator, waits for it.
   struct Ticket {
-    Ticket(std::shared_ptr<Impl> i, const CollArgs& a, uint32_t s, uint64_t q)
-        : impl(std::move(i)), args(a), seq(s), queued(q) {}
+    Ticket(std::shared_ptr<Impl> i, const CollArgs& a, uint32_t s) : impl(std::move(i)), args(a), seq(s) {}
     Ticket(const Ticket&) = delete;
     std::shared_ptr<Impl> impl;
     CollArgs args;
     uint32_t seq;
-    uint64_t queued;
     bool ran = false;
     ~Ticket() {
       if (!ran) impl->settleUnrun(args, seq);
-      QueuedCollectives::instance().remove(queued);
     }
   };
-  const uint64_t queued = QueuedCollectives::instance().add(this, rank_, size_, seq, args, stream.name());
-  auto ticket = std::make_shared<Ticket>(shared_from_this(), args, seq, queued);
+  // The memory it uses, for freeRegistered (of any communicator) to wait for while it is queued.
+  queued_.enter(seq, args, rank_, size_, stream.name(), lastExecuted_.load(std::memory_order_relaxed));
+  auto ticket = std::make_shared<Ticket>(shared_from_this(), args, seq);
   return stream.enqueueHost(
       [ticket] {
         ticket->ran = true;
-        Status st = ticket->impl->execute(ticket->args, ticket->seq, false);
-        QueuedCollectives::instance().remove(std::exchange(ticket->queued, 0));
-        return st;
+        return ticket->impl->execute(ticket->args, ticket->seq, false);
       },
       // A cheap label (the full description is formatted only for errors): small collectives
       // cannot afford a formatted string per call.
@@ -555,6 +548,12 @@ void Communicator::Impl::abort(const std::string& why, const std::string& toPeer
 
 bool Communicator::Impl::waitIdle(Deadline deadline) {
   return sleepUntil(deadline.at(), [&] { return inflight_.load() == 0; });
+}
+
+bool Communicator::Impl::waitSettledThrough(uint32_t seq, Deadline deadline) {
+  // Settled in order, or (a collective settled unrun out of order failed the communicator, and the
+  // order stops there) every one settled.
+  return sleepUntil(deadline.at(), [&] { return lastExecuted_.load() >= seq || inflight_.load() == 0; });
 }
 
 }  // namespace libcomm

@@ -157,15 +157,11 @@ bool FlightRecorder::readSlot(const Slot& s, const TimeBase& time, FlightEntry* 
   e.enqueueNs = time.toNs(enqueueAt);
   e.startNs = time.toNs(startAt);
   e.endNs = time.toNs(endAt);
-  char name[kStreamNameBytes + 1] = {};
-  for (size_t w = 0; w < kStreamNameBytes / 8; ++w) {
-    const uint64_t word = s.stream[w].load(std::memory_order_relaxed);
-    memcpy(name + 8 * w, &word, 8);
-  }
+  std::string name = loadNameWords(s.stream);
   std::atomic_thread_fence(std::memory_order_acquire);
   if (s.seq.load(std::memory_order_relaxed) != seq) return false;  // reused while read: a newer one is there now
   e.seq = seq;
-  e.stream = name;
+  e.stream = std::move(name);
   return true;
 }
 

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "core/collective.h"
+#include "core/name_words.h"
 #include "core/selector.h"
 #include "libcomm/config.h"
 #include "libcomm/deadline.h"
@@ -247,17 +248,7 @@ inline void FlightRecorder::enqueued(const CollArgs& args, uint32_t seq, const s
   s.enqueueAt.store(t, relaxed);
   s.startAt.store(0, relaxed);
   s.endAt.store(0, relaxed);
-  // Whole words straight from the string; only the last, partial one byte by byte (a word loaded
-  // from bytes just stored on the stack would wait for them: a store-forwarding stall).
-  const size_t n = stream.size() < kStreamNameBytes ? stream.size() : kStreamNameBytes;
-  for (size_t w = 0; w < kStreamNameBytes / 8; ++w) {
-    uint64_t word = 0;
-    if (8 * w + 8 <= n)
-      memcpy(&word, stream.data() + 8 * w, 8);
-    else
-      for (size_t b = 8 * w; b < n; ++b) word |= static_cast<uint64_t>(static_cast<unsigned char>(stream[b])) << (8 * (b - 8 * w));
-    s.stream[w].store(word, relaxed);
-  }
+  storeNameWords(s.stream, stream);
   s.stamp.store(stampOf(seq, FlightState::kQueued), relaxed);
   s.seq.store(seq, std::memory_order_release);
 }
