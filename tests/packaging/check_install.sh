@@ -47,7 +47,8 @@ flags=$(PKG_CONFIG_PATH="$pcdir" pkg-config --cflags --libs shardcomm-comm)
 case " $flags " in *shardcomm_shard*) echo "check_install: shardcomm-comm.pc links libshard: $flags" >&2; exit 1 ;; esac
 # shellcheck disable=SC2086
 g++ -std=c++17 -DCONSUMER_LIBCOMM_ONLY "$src_dir/consumer/main.cc" -o "$work/consumer-comm" $flags -pthread
-if readelf -d "$work/consumer-comm" | grep -q "libshardcomm_shard"; then
+readelf -d "$work/consumer-comm" > "$work/consumer-comm.dynamic"
+if grep -q "libshardcomm_shard" "$work/consumer-comm.dynamic"; then
   echo "check_install: the libcomm-only consumer needs libshard" >&2; exit 1
 fi
 LD_LIBRARY_PATH="$work/prefix/lib:$work/prefix/lib64:${LD_LIBRARY_PATH:-}" "$work/consumer-comm"

@@ -1059,7 +1059,9 @@ TEST(TcpStore, ClientRetriesUntilTheStoreIsUp) {
                                              "secret): give this job another port in LIBCOMM_STORE_ADDR"),
             std::string::npos)
       << otherJob.status().toString();
-  // The probes claimed no rank and left the store serving its job: rank 0 connects again.
+  // The probes claimed no rank and left the store serving its job: rank 0 connects again, and
+  // the other job's probe is not reported as one of this job's ranks refused.
+  EXPECT_EQ((*server)->refusals(), "");
   auto late = createTcpBootstrap("127.0.0.1", port, kSecret, 0, 1, Deadline::after(10s));
   EXPECT_TRUE(late.isOk()) << late.status().toString();
 }

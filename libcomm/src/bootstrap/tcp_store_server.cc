@@ -449,10 +449,16 @@ class Server final : public TcpStoreServer {
                                reinterpret_cast<const uint8_t*>(req.proof.data()), req.proof.size())) {
           // Still a stranger: a loop of wrong-secret handshakes (a misconfigured job retrying, or
           // someone guessing) shares the strangers' WARN budget rather than filling the log.
+          // A client that claims no rank (rank -1: another job's store probing the port it could
+          // not listen on, or a tool) is not one of this job's ranks refused: not counted among
+          // the refusals that this job's own timeouts report.
           if (mayWarnAboutStranger())
             LIBCOMM_LOG(kWarn, "boot") << "tcp store " << host_ << ":" << port_ << ": refusing " << c.peer
-                                       << " (claims rank " << req.rank << "): wrong job secret";
-          noteRefusal(req.rank, "wrong job secret (from " + c.peer + ")");
+                                       << (req.rank >= 0 ? " (claims rank " + std::to_string(req.rank) + ")"
+                                                         : std::string(", a client that claims no rank (another "
+                                                                       "job's store probing this port?)"))
+                                       << ": wrong job secret";
+          if (req.rank >= 0) noteRefusal(req.rank, "wrong job secret (from " + c.peer + ")");
           send(c, MsgType::kError, "authentication failed: wrong job secret");
           c.closing = true;
           if (c.out.empty()) c.closed = true;

@@ -469,7 +469,15 @@ struct LiveCommunicators {
   std::vector<std::weak_ptr<Communicator::Impl>> all;
 };
 LiveCommunicators& liveCommunicators() {
-  static LiveCommunicators* const live = new LiveCommunicators();  // never destroyed: used at exit
+  // Never destroyed: used at exit. Held across fork() (briefly, as every taker holds it), so that a
+  // child never finds it locked by a parent's thread it does not have; a child making a
+  // communicator of its own takes it.
+  static LiveCommunicators* const live = [] {
+    auto* l = new LiveCommunicators();
+    pthread_atfork([] { liveCommunicators().mu.lock(); }, [] { liveCommunicators().mu.unlock(); },
+                   [] { liveCommunicators().mu.unlock(); });
+    return l;
+  }();
   return *live;
 }
 

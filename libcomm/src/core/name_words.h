@@ -27,14 +27,24 @@ inline void storeNameWords(std::atomic<uint64_t> (&words)[Words], const std::str
   }
 }
 
+/// The words as they were read (one relaxed load each), to be turned into the name later.
+template <size_t Words>
+inline void loadNameWords(const std::atomic<uint64_t> (&words)[Words], uint64_t (&out)[Words]) {
+  for (size_t w = 0; w < Words; ++w) out[w] = words[w].load(std::memory_order_relaxed);
+}
+
+template <size_t Words>
+inline std::string nameFromWords(const uint64_t (&words)[Words]) {
+  char name[Words * 8 + 1] = {};
+  memcpy(name, words, Words * 8);
+  return name;
+}
+
 template <size_t Words>
 inline std::string loadNameWords(const std::atomic<uint64_t> (&words)[Words]) {
-  char name[Words * 8 + 1] = {};
-  for (size_t w = 0; w < Words; ++w) {
-    const uint64_t word = words[w].load(std::memory_order_relaxed);
-    memcpy(name + 8 * w, &word, 8);
-  }
-  return name;
+  uint64_t raw[Words];
+  loadNameWords(words, raw);
+  return nameFromWords(raw);
 }
 
 }  // namespace libcomm

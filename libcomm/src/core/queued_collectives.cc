@@ -1,12 +1,10 @@
 #include "core/queued_collectives.h"
 
-#include <algorithm>
-
 #include "core/name_words.h"
 
 namespace libcomm {
 
-struct alignas(64) QueuedMemory::Slot {
+struct QueuedMemory::Slot {
   std::atomic<uint32_t> seq{0};  // 0 while the slot is (re)written; else the collective's
   std::atomic<uint8_t> kind{0}, inType{0}, outType{0}, op{0}, inPlace{0};
   std::atomic<int32_t> root{-1};
@@ -15,39 +13,106 @@ struct alignas(64) QueuedMemory::Slot {
   std::atomic<uint64_t> stream[4] = {};
 };
 
+struct QueuedMemory::Ring {
+  explicit Ring(size_t n) : mask(n - 1), slots(new Slot[n]) {}
+  Slot& of(uint32_t seq) const { return slots[seq & mask]; }
+  const size_t mask;
+  const std::unique_ptr<Slot[]> slots;
+};
+
 namespace {
 
-bool touches(const uintptr_t (&lo)[2], const uintptr_t (&hi)[2], uintptr_t from, uintptr_t to) {
+constexpr auto relaxed = std::memory_order_relaxed;
+
+// The slot's content as read (plain copies; the stream's name still in words).
+struct Record {
+  CollArgs args;
+  uintptr_t lo[2] = {0, 0}, hi[2] = {0, 0};
+  uint64_t stream[4] = {};
+};
+
+template <typename SlotT>
+void copyOut(const SlotT& s, Record* out) {
+  CollArgs& a = out->args;
+  a.kind = static_cast<CollKind>(s.kind.load(relaxed));
+  a.inType = static_cast<DataType>(s.inType.load(relaxed));
+  a.outType = static_cast<DataType>(s.outType.load(relaxed));
+  a.reduce.op = static_cast<ReduceOp>(s.op.load(relaxed));
+  a.inPlace = s.inPlace.load(relaxed) != 0;
+  a.root = s.root.load(relaxed);
+  a.count = s.count.load(relaxed);
+  for (int i = 0; i < 2; ++i) {
+    out->lo[i] = s.lo[i].load(relaxed);
+    out->hi[i] = s.hi[i].load(relaxed);
+  }
+  loadNameWords(s.stream, out->stream);
+}
+
+// Slot `s` as it holds collective `seq`; false if it holds another, or was rewritten while read.
+template <typename SlotT>
+bool readSlot(const SlotT& s, uint32_t seq, Record* out) {
+  if (s.seq.load(std::memory_order_acquire) != seq) return false;
+  copyOut(s, out);
+  // Seqlock read: refilled by a newer collective meanwhile, what was read may be torn.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return s.seq.load(relaxed) == seq;
+}
+
+bool touches(const Record& r, uintptr_t from, uintptr_t to) {
   for (int i = 0; i < 2; ++i)
-    if (lo[i] < hi[i] && lo[i] < to && from < hi[i]) return true;
+    if (r.lo[i] < r.hi[i] && r.lo[i] < to && from < r.hi[i]) return true;
   return false;
 }
 
 }  // namespace
 
-QueuedMemory::QueuedMemory() : slots_(new Slot[kCapacity]) {}
+QueuedMemory::QueuedMemory() : current_(new Ring(kInitialSlots)) { ring_.store(current_.get()); }
 QueuedMemory::~QueuedMemory() = default;
+
+size_t QueuedMemory::slots() const { return ring_.load()->mask + 1; }
+
+void QueuedMemory::grow(uint32_t settled, uint32_t upTo) {
+  Ring& old = *current_;
+  size_t n = (old.mask + 1) * 2;
+  while (n <= upTo - settled) n *= 2;
+  auto bigger = std::make_unique<Ring>(n);
+  // The pending collectives, copied before anyone can see the new ring (written by this thread,
+  // so read here without the seqlock).
+  for (uint32_t seq = settled + 1; seq != upTo; ++seq) {
+    const Slot& from = old.of(seq);
+    if (from.seq.load(relaxed) != seq) continue;  // an inline collective: never entered
+    Slot& to = bigger->of(seq);
+    to.kind.store(from.kind.load(relaxed), relaxed);
+    to.inType.store(from.inType.load(relaxed), relaxed);
+    to.outType.store(from.outType.load(relaxed), relaxed);
+    to.op.store(from.op.load(relaxed), relaxed);
+    to.inPlace.store(from.inPlace.load(relaxed), relaxed);
+    to.root.store(from.root.load(relaxed), relaxed);
+    to.count.store(from.count.load(relaxed), relaxed);
+    for (int i = 0; i < 2; ++i) {
+      to.lo[i].store(from.lo[i].load(relaxed), relaxed);
+      to.hi[i].store(from.hi[i].load(relaxed), relaxed);
+    }
+    for (size_t w = 0; w < 4; ++w) to.stream[w].store(from.stream[w].load(relaxed), relaxed);
+    to.seq.store(seq, relaxed);
+  }
+  // Published with release: a reader that loads it sees the copies. The old ring is freed only
+  // when no reader is counted in: a reader counts itself in before it loads ring_ (both seq_cst),
+  // so one not counted yet loads the new ring.
+  retired_.push_back(std::move(current_));
+  current_ = std::move(bigger);
+  ring_.store(current_.get(), std::memory_order_seq_cst);
+  if (readers_.load(std::memory_order_seq_cst) == 0) retired_.clear();
+}
 
 void QueuedMemory::enter(uint32_t seq, const CollArgs& args, int rank, int size, const std::string& stream,
                          uint32_t settled) {
-  Slot& s = slots_[seq & (kCapacity - 1)];
-  constexpr auto relaxed = std::memory_order_relaxed;
-  // Its previous collective may still be pending (a deep queue): kept in the list first. Written by
-  // this thread, so read here without the seqlock.
-  const uint32_t previous = s.seq.load(relaxed);
-  if (previous != 0 && previous > settled) {
-    Spilled old;
-    if (read(s, previous, &old)) {
-      std::lock_guard<std::mutex> lock(spillMu_);
-      spilled_.erase(
-          std::remove_if(spilled_.begin(), spilled_.end(), [&](const Spilled& e) { return e.what.seq <= settled; }),
-          spilled_.end());
-      spilled_.push_back(std::move(old));
-    }
-  }
+  // The slot's previous collective still pending (a queue deeper than the ring): a larger ring.
+  const uint32_t previous = current_->of(seq).seq.load(relaxed);
+  if (previous != 0 && previous > settled) grow(settled, seq);
+  Slot& s = current_->of(seq);
   // Seqlock write: a reader that saw the old seq before these stores sees 0 or `seq` after them.
-  // Sequentially consistent: a reader that sees the slot change sees the list as it was made above.
-  s.seq.store(0, std::memory_order_seq_cst);
+  s.seq.store(0, relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   s.kind.store(static_cast<uint8_t>(args.kind), relaxed);
   s.inType.store(static_cast<uint8_t>(args.inType), relaxed);
@@ -74,48 +139,23 @@ void QueuedMemory::enter(uint32_t seq, const CollArgs& args, int rank, int size,
   s.seq.store(seq, std::memory_order_release);
 }
 
-bool QueuedMemory::read(const Slot& s, uint32_t seq, Spilled* out) const {
-  constexpr auto relaxed = std::memory_order_relaxed;
-  if (s.seq.load(std::memory_order_seq_cst) != seq) return false;
-  std::atomic_thread_fence(std::memory_order_acquire);
-  CollArgs& a = out->what.args;
-  a.kind = static_cast<CollKind>(s.kind.load(relaxed));
-  a.inType = static_cast<DataType>(s.inType.load(relaxed));
-  a.outType = static_cast<DataType>(s.outType.load(relaxed));
-  a.reduce.op = static_cast<ReduceOp>(s.op.load(relaxed));
-  a.inPlace = s.inPlace.load(relaxed) != 0;
-  a.root = s.root.load(relaxed);
-  a.count = s.count.load(relaxed);
-  for (int i = 0; i < 2; ++i) {
-    out->lo[i] = s.lo[i].load(relaxed);
-    out->hi[i] = s.hi[i].load(relaxed);
-  }
-  out->what.stream = loadNameWords(s.stream);
-  // Seqlock read: refilled by a newer collective meanwhile, what was read may be torn.
-  std::atomic_thread_fence(std::memory_order_acquire);
-  if (s.seq.load(relaxed) != seq) return false;
-  out->what.seq = seq;
-  return true;
-}
-
 bool QueuedMemory::newestTouching(uint32_t settled, uint32_t newest, uintptr_t from, uintptr_t to,
                                   QueuedCollective* found) const {
-  // The ring first, newest down; a slot a newer collective took holds nothing of `seq` any more
-  // (it was moved to the list if it was pending then).
-  for (uint32_t seq = newest; seq > settled && newest - seq < kCapacity; --seq) {
-    Spilled e;
-    if (read(slots_[seq & (kCapacity - 1)], seq, &e) && touches(e.lo, e.hi, from, to)) {
-      *found = std::move(e.what);
-      return true;
+  readers_.fetch_add(1, std::memory_order_seq_cst);
+  const Ring& ring = *ring_.load(std::memory_order_seq_cst);
+  // Every pending collective is in the ring (it grows rather than drop one): newest down.
+  bool hit = false;
+  Record r;
+  for (uint32_t seq = newest; seq > settled && newest - seq <= ring.mask && !hit; --seq) {
+    hit = readSlot(ring.of(seq), seq, &r) && touches(r, from, to);
+    if (hit) {
+      found->seq = seq;
+      found->args = r.args;
+      found->stream = nameFromWords(r.stream);
     }
   }
-  std::lock_guard<std::mutex> lock(spillMu_);
-  const Spilled* best = nullptr;
-  for (const Spilled& e : spilled_)
-    if (e.what.seq > settled && touches(e.lo, e.hi, from, to) && (!best || e.what.seq > best->what.seq)) best = &e;
-  if (!best) return false;
-  *found = best->what;
-  return true;
+  readers_.fetch_sub(1, std::memory_order_seq_cst);
+  return hit;
 }
 
 }  // namespace libcomm
