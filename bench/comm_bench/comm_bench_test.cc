@@ -3,6 +3,7 @@
 // usage text says. The collectives themselves are tested in tests/comm; here they are simulated.
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cmath>
@@ -515,7 +516,11 @@ TEST(CommBenchOptions, TheLocalJobDeadlineIsNeverZero) {
 // The JSON line Report writes for one 8-byte all_gather row measured at `timeUs`, with `args`
 // (plus -J to a temporary file).
 std::string jsonLineOf(std::vector<std::string> args, double timeUs) {
-  const std::string path = testing::TempDir() + "comm_bench_report_test.jsonl";
+  // A name of this process's own: ctest runs the tests of this file as separate processes, in
+  // parallel, and two of them sharing one file read each other's line.
+  static int calls = 0;
+  const std::string path = testing::TempDir() + "comm_bench_report_test." + std::to_string(getpid()) + "." +
+                           std::to_string(++calls) + ".jsonl";
   args.insert(args.end(), {"-J", path});
   auto o = parse(args);
   EXPECT_TRUE(o.isOk()) << o.status().toString();

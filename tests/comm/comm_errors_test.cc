@@ -1171,7 +1171,8 @@ TEST(CommMemory, FreeingWaitsForTheCollectivesOfAnyCommunicatorThatTouchTheMemor
   opts.size = 2;
   auto report = runRanks(opts, [](RankContext& ctx) -> Status {
     libcomm::CommConfig cfg = quickConfig();
-    cfg.opTimeout = scaledForSanitizers(std::chrono::milliseconds(500));
+    // A's frees wait up to 2 s (part 2 waits that out); the holds below are 300 ms.
+    cfg.opTimeout = scaledForSanitizers(std::chrono::milliseconds(2000));
     LIBCOMM_ASSIGN_OR_RETURN(auto a, libcomm::Communicator::create(ctx.bootstrap, cfg));
     cfg.opTimeout = scaledForSanitizers(std::chrono::milliseconds(20000));
     LIBCOMM_ASSIGN_OR_RETURN(auto b, libcomm::Communicator::create(ctx.bootstrap, cfg));
@@ -1188,17 +1189,33 @@ TEST(CommMemory, FreeingWaitsForTheCollectivesOfAnyCommunicatorThatTouchTheMemor
           return libcomm::makeError(StatusCode::kInternalError, what, ": out[", i, "] = ", static_cast<float*>(out)[i]);
       return Status::ok();
     };
+    const auto hold = scaledForSanitizers(std::chrono::milliseconds(300));
+    auto holdStream = [&] {
+      return s->enqueueHost(
+          [hold] {
+            std::this_thread::sleep_for(hold);
+            return Status::ok();
+          },
+          "hold");
+    };
+    // A free that returns before the hold ended did not wait (the collective it must wait for is
+    // queued behind the hold).
+    auto freeAfterTheHold = [&](void* p, const char* what) -> Status {
+      const auto before = std::chrono::steady_clock::now();
+      LIBCOMM_RETURN_IF_ERROR(a->freeRegistered(p));
+      const auto took = std::chrono::steady_clock::now() - before;
+      if (took < hold / 2)
+        return libcomm::makeError(StatusCode::kInternalError, what, ": the free returned after ",
+                                  std::chrono::duration_cast<std::chrono::milliseconds>(took).count(),
+                                  " ms, before the collective that reads the memory ran");
+      return Status::ok();
+    };
     // 1. B's all_gather reads A's memory 300 ms later; A's free waits for it.
     LIBCOMM_ASSIGN_OR_RETURN(void* in, a->allocRegistered(n * 4));
     fill(in);
-    LIBCOMM_RETURN_IF_ERROR(s->enqueueHost(
-        [] {
-          std::this_thread::sleep_for(std::chrono::milliseconds(300));
-          return Status::ok();
-        },
-        "hold"));
+    LIBCOMM_RETURN_IF_ERROR(holdStream());
     LIBCOMM_RETURN_IF_ERROR(b->allGather(in, out, n, DataType::kFloat32, *s));
-    LIBCOMM_RETURN_IF_ERROR(a->freeRegistered(in));
+    LIBCOMM_RETURN_IF_ERROR(freeAfterTheHold(in, "part 1"));
     LIBCOMM_RETURN_IF_ERROR(s->synchronize(until));
     LIBCOMM_RETURN_IF_ERROR(check("after a free that waited"));
 
@@ -1238,22 +1255,17 @@ TEST(CommMemory, FreeingWaitsForTheCollectivesOfAnyCommunicatorThatTouchTheMemor
     LIBCOMM_RETURN_IF_ERROR(check("after the held collective"));
     LIBCOMM_RETURN_IF_ERROR(a->freeRegistered(in));
 
-    // 3. More collectives queued behind the one that reads the memory than the ring of queued
-    // collectives holds: what it no longer knows counts as touching, and is waited for.
+    // 3. More collectives queued behind the one that reads the memory than the record of queued
+    // collectives first holds (256): it grows, and the free still finds that one and waits.
     LIBCOMM_ASSIGN_OR_RETURN(in, a->allocRegistered(n * 4));
     fill(in);
     std::memset(out, 0, n * 2 * 4);
-    LIBCOMM_RETURN_IF_ERROR(s->enqueueHost(
-        [] {
-          std::this_thread::sleep_for(std::chrono::milliseconds(300));
-          return Status::ok();
-        },
-        "hold"));
+    LIBCOMM_RETURN_IF_ERROR(holdStream());
     LIBCOMM_RETURN_IF_ERROR(b->allGather(in, out, n, DataType::kFloat32, *s));
     float* tail = static_cast<float*>(out) + n * 2 - 2;
-    for (int i = 0; i < 300; ++i)  // the ring holds 256 (QueuedMemory::kCapacity); in place, at the output's end
+    for (int i = 0; i < 300; ++i)  // in place, at the output's end
       LIBCOMM_RETURN_IF_ERROR(b->allGather(tail + ctx.rank, tail, 1, DataType::kFloat32, *s));
-    LIBCOMM_RETURN_IF_ERROR(a->freeRegistered(in));
+    LIBCOMM_RETURN_IF_ERROR(freeAfterTheHold(in, "part 3"));
     LIBCOMM_RETURN_IF_ERROR(s->synchronize(until));
     for (size_t i = 0; i < 2 * n - 2; i += 997)
       if (static_cast<float*>(out)[i] != static_cast<float>(i))

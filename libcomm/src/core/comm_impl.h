@@ -312,8 +312,6 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   Status refuseInForkedChild(const char* what) const;
   int inflight() const { return inflight_.load(); }
   uint32_t lastExecuted() const { return lastExecuted_.load(); }
-  /// The newest sequence number taken (0: none yet).
-  uint32_t lastTaken() const { return nextSeq_.load(); }
 
  private:
   /// Across hosts: this rank's progress on the bootstrap's side channel, read back when a

@@ -514,10 +514,12 @@ Status Communicator::freeRegistered(void* ptr) {
   const Clock::time_point start = Clock::now();
   const Deadline deadline = Deadline::after(impl_->config_.opTimeout);
   for (const std::shared_ptr<Impl>& c : comms) {
-    if (c->inflight() == 0) continue;
+    // A parent's communicator, in a forked child that made one of its own: none of its threads
+    // (nor its collectives) came along.
+    if (c->inflight() == 0 || c->inForkedChild()) continue;
     // The newest collective of `c` that touches the memory: the wait for it covers those before.
     QueuedCollective waitFor;
-    if (!c->queued_.newestTouching(c->lastExecuted(), c->lastTaken(), from, to, &waitFor) ||
+    if (!c->queued_.newestTouching(c->lastExecuted(), from, to, &waitFor) ||
         c->waitSettledThrough(waitFor.seq, deadline))
       continue;
     const std::string whose = c == impl_ ? std::string()

@@ -553,7 +553,9 @@ bool Communicator::Impl::waitIdle(Deadline deadline) {
 bool Communicator::Impl::waitSettledThrough(uint32_t seq, Deadline deadline) {
   // Settled in order, or (a collective settled unrun out of order failed the communicator, and the
   // order stops there) every one settled.
-  return sleepUntil(deadline.at(), [&] { return lastExecuted_.load() >= seq || inflight_.load() == 0; });
+  return sleepUntil(deadline.at(), [&] {
+    return static_cast<int32_t>(lastExecuted_.load() - seq) >= 0 || inflight_.load() == 0;  // across the wrap
+  });
 }
 
 }  // namespace libcomm

@@ -58,6 +58,9 @@ bool readSlot(const SlotT& s, uint32_t seq, Record* out) {
   return s.seq.load(relaxed) == seq;
 }
 
+// Sequence numbers compared across their wrap at 2^32: whether a comes after b.
+bool after(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) > 0; }
+
 bool touches(const Record& r, uintptr_t from, uintptr_t to) {
   for (int i = 0; i < 2; ++i)
     if (r.lo[i] < r.hi[i] && r.lo[i] < to && from < r.hi[i]) return true;
@@ -68,8 +71,6 @@ bool touches(const Record& r, uintptr_t from, uintptr_t to) {
 
 QueuedMemory::QueuedMemory() : current_(new Ring(kInitialSlots)) { ring_.store(current_.get()); }
 QueuedMemory::~QueuedMemory() = default;
-
-size_t QueuedMemory::slots() const { return ring_.load()->mask + 1; }
 
 void QueuedMemory::grow(uint32_t settled, uint32_t upTo) {
   Ring& old = *current_;
@@ -109,7 +110,7 @@ void QueuedMemory::enter(uint32_t seq, const CollArgs& args, int rank, int size,
                          uint32_t settled) {
   // The slot's previous collective still pending (a queue deeper than the ring): a larger ring.
   const uint32_t previous = current_->of(seq).seq.load(relaxed);
-  if (previous != 0 && previous > settled) grow(settled, seq);
+  if (previous != 0 && after(previous, settled)) grow(settled, seq);
   Slot& s = current_->of(seq);
   // Seqlock write: a reader that saw the old seq before these stores sees 0 or `seq` after them.
   s.seq.store(0, relaxed);
@@ -137,16 +138,18 @@ void QueuedMemory::enter(uint32_t seq, const CollArgs& args, int rank, int size,
   }
   storeNameWords(s.stream, stream);
   s.seq.store(seq, std::memory_order_release);
+  entered_.store(seq, std::memory_order_release);
 }
 
-bool QueuedMemory::newestTouching(uint32_t settled, uint32_t newest, uintptr_t from, uintptr_t to,
-                                  QueuedCollective* found) const {
+bool QueuedMemory::newestTouching(uint32_t settled, uintptr_t from, uintptr_t to, QueuedCollective* found) const {
   readers_.fetch_add(1, std::memory_order_seq_cst);
+  // The newest entered first, then the ring: at least the one that seq went into, which holds it
+  // and every collective still pending before it (the ring grows rather than drop one).
+  const uint32_t newest = entered_.load(std::memory_order_acquire);
   const Ring& ring = *ring_.load(std::memory_order_seq_cst);
-  // Every pending collective is in the ring (it grows rather than drop one): newest down.
   bool hit = false;
   Record r;
-  for (uint32_t seq = newest; seq > settled && newest - seq <= ring.mask && !hit; --seq) {
+  for (uint32_t seq = newest; after(seq, settled) && newest - seq <= ring.mask && !hit; --seq) {
     hit = readSlot(ring.of(seq), seq, &r) && touches(r, from, to);
     if (hit) {
       found->seq = seq;

@@ -57,18 +57,20 @@ class QueuedMemory {
   /// communicator).
   void enter(uint32_t seq, const CollArgs& args, int rank, int size, const std::string& stream, uint32_t settled);
 
-  /// The newest collective after `settled`, up to `newest`, that touches [from, to), into *found;
-  /// false if none. Any thread.
-  bool newestTouching(uint32_t settled, uint32_t newest, uintptr_t from, uintptr_t to, QueuedCollective* found) const;
-
-  /// Slots in the current ring (tests).
-  size_t slots() const;
+  /// The newest collective entered after `settled` that touches [from, to), into *found; false if
+  /// none. Any thread; sees every collective whose enter() happened before the call.
+  bool newestTouching(uint32_t settled, uintptr_t from, uintptr_t to, QueuedCollective* found) const;
 
  private:
   struct Slot;
   struct Ring;
   void grow(uint32_t settled, uint32_t upTo);
   std::atomic<Ring*> ring_{nullptr};
+  // The newest seq entered, stored after its slot (and any growth it needed): a reader that loads
+  // it and then the ring finds that seq, and every pending one before it, in the ring's reach.
+  // (The communicator's newest seq taken is no bound: it is taken before its enter(), whose growth
+  // a reader may not see yet, and the scan stopped a slot short of a pending collective.)
+  std::atomic<uint32_t> entered_{0};
   // Rings replaced by a larger one: freed once no reader is inside (readers_), else with this.
   std::vector<std::unique_ptr<Ring>> retired_;
   std::unique_ptr<Ring> current_;  // owns ring_'s
