@@ -236,6 +236,7 @@ Status Executor::bindViews(const ModelSpec& model) {
   gradSlots_.resize(model.layers.size());
   gradChecks_.resize(model.layers.size());
   gradLastUse_.resize(plan_.gradBuffers.size());
+  gradSealed_.resize(plan_.gradBuffers.size());
   for (size_t k = 0; k < model.layers.size(); ++k) {
     const FlatGroup& group = plan_.layers[k];
     auto* layerWeights = static_cast<char*>(pool_.gatherBuffer(group.gatherBuffer));
@@ -435,6 +436,7 @@ Status Executor::endBackward(int layer) {
       const auto k = static_cast<size_t>(layer);
       Status st = gradChecks_[k].pending ? checkGradsAtEnd(k) : checkGradsAtReady(k, true);
       if (!st.isOk()) return fail(st.withContext(where() + ", endBackward(" + std::to_string(layer) + ")"));
+      sealGrads(k);
     }
     LIBCOMM_RETURN_IF_ERROR(enterHook(HookKind::kGradsReady, layer, "endBackward", /*backwardEnded=*/true));
     return enterHook(HookKind::kEndBackward, layer, "endBackward", /*backwardEnded=*/true);

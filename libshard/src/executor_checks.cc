@@ -9,7 +9,9 @@
 // other than those it named are zero at gradsReady; the buffer's checksum at the trainer's
 // gradsReady equals the one at endBackward (with the check on, the hook's ops -- the
 // reduce-scatter, then the buffer's zeroing -- are enqueued at endBackward, so nothing but the
-// trainer touches the buffer in between).
+// trainer touches the buffer in between); and just before the zeroing, on the reduce stream, the
+// checksum is still the one at endBackward (a write after endBackward that lands before the
+// zeroing used to vanish in it, unseen by the next beginBackward's check).
 
 #include <algorithm>
 #include <cstdint>
@@ -104,8 +106,32 @@ Status Executor::checkGradsAtReady(size_t k, bool backwardEnded) {
                                   "would be summed only where another rank named the row");
     }
   }
-  if (!backwardEnded) c.sum = checksum(p, g.paddedNumel * es);
+  c.sum = checksum(p, g.paddedNumel * es);
   return Status::ok();
+}
+
+void Executor::sealGrads(size_t k) {
+  const GradCheck& c = gradChecks_[k];
+  if (c.buffer >= 0) gradSealed_[static_cast<size_t>(c.buffer)] = c.sum;
+}
+
+Executor::ZeroingCheck Executor::zeroingCheck(int b) const {
+  ZeroingCheck c;
+  if (!options_.checkGradientWrites || device_ || b < 0) return c;
+  c.on = true;
+  c.sum = gradSealed_[static_cast<size_t>(b)];
+  c.who = gradLastUse_[static_cast<size_t>(b)];
+  c.buffer = plan_.gradBuffers[static_cast<size_t>(b)].name;
+  return c;
+}
+
+Status Executor::checkBeforeZeroing(const ZeroingCheck& c, const void* buf, size_t bytes) {
+  if (!c.on || !buf || checksum(static_cast<const unsigned char*>(buf), bytes) == c.sum) return Status::ok();
+  return libcomm::makeError(StatusCode::kInvalidUsage, "checkGradientWrites: ", c.who.empty() ? "a backward" : c.who,
+                            " wrote its gradient views after its endBackward: found just before gradient buffer '",
+                            c.buffer,
+                            "' was zeroed behind its reduce-scatter (which may or may not have read the "
+                            "write; the zeroing would have erased it)");
 }
 
 Status Executor::checkGradsAtEnd(size_t k) {

@@ -365,11 +365,15 @@ Status Executor::runZero(const ScheduleOp& op) {
         "log grad zeroed");
   }
   const FlatGroup& g = plan_.layers[static_cast<size_t>(op.layer)];
+  // ExecutorOptions::checkGradientWrites: the buffer is still as its backward's endBackward left it.
+  ZeroingCheck check = zeroingCheck(op.gradBuffer);
   if (g.sparseRows > 0) {
     // A row-sparse backward wrote this rank's named rows only (executor_rows.cc): clear those.
     const size_t rowBytes = g.rowNumel * libcomm::dataTypeSize(computeType_);
     return st.enqueueHost(
-        [this, buf, rowBytes, rows = std::exchange(writtenRows_[static_cast<size_t>(op.gradBuffer)], {}), e, log] {
+        [this, buf, bytes, rowBytes, rows = std::exchange(writtenRows_[static_cast<size_t>(op.gradBuffer)], {}), e, log,
+         check = std::move(check)] {
+          LIBCOMM_RETURN_IF_ERROR(checkBeforeZeroing(check, buf, bytes));
           if (buf)
             for (int32_t r : rows)
               std::memset(static_cast<char*>(buf) + static_cast<size_t>(r) * rowBytes, 0, rowBytes);
@@ -379,7 +383,8 @@ Status Executor::runZero(const ScheduleOp& op) {
         "zero grad buffer rows");
   }
   return st.enqueueHost(
-      [this, buf, bytes, e, log] {
+      [this, buf, bytes, e, log, check = std::move(check)] {
+        LIBCOMM_RETURN_IF_ERROR(checkBeforeZeroing(check, buf, bytes));
         if (buf) std::memset(buf, 0, bytes);
         if (log) log_.add(e);
         return Status::ok();

@@ -175,9 +175,11 @@ struct ExecutorOptions {
   /// the trainer's thread, that a layer's non-norm gradient views are written only while they may
   /// be -- its gradient buffer holds zeros at beginBackward (else an earlier backward wrote it
   /// after its endBackward), it is unchanged between gradsReady and endBackward (else the layer
-  /// wrote it after gradsReady, racing its reduce-scatter), and a row-sparse layer's backward wrote
+  /// wrote it after gradsReady, racing its reduce-scatter) and from endBackward until its zeroing
+  /// behind the reduce-scatter (else it wrote after endBackward: checked on the reduce stream, the
+  /// failure reaching the trainer at its next call that waits), and a row-sparse layer's backward wrote
   /// only the rows it named (setGradRows). A failed check fails the executor with kInvalidUsage
-  /// naming the layer (and the row or element where it can). Costs up to three passes over each
+  /// naming the layer (and the row or element where it can). Costs up to four passes over each
   /// backward's gradient buffer (and, with a threaded compute stream, a drain of it before the
   /// checks at gradsReady and endBackward), and a trainer's gradsReady takes effect at endBackward
   /// (the reduce-scatter then reads what the check saw): not for timing runs, nor for event logs
@@ -391,13 +393,26 @@ class Executor {
   std::string waitedFor(bool ownTimeout, const std::string& what) const;
   // ExecutorOptions::checkGradientWrites (executor_checks.cc): at layer k's beginBackward (after
   // its waits: the buffer holds zeros), at gradsReady (a row-sparse layer wrote only its named
-  // rows; the trainer's call (`backwardEnded` false) also takes the buffer's checksum), and at
-  // endBackward after a trainer's gradsReady (the checksum is unchanged).
+  // rows; the buffer's checksum), at endBackward after a trainer's gradsReady (the checksum is
+  // unchanged), and on the reduce stream just before the buffer's zeroing (the checksum is still
+  // the one at endBackward: a write after endBackward that would vanish in the zeroing).
   bool isNextHook(HookKind kind, int layer) const;
   libcomm::Status checkGradsAtBegin(size_t k);
   libcomm::Status drainComputeForCheck();
   libcomm::Status checkGradsAtReady(size_t k, bool backwardEnded);
   libcomm::Status checkGradsAtEnd(size_t k);
+  /// After layer k's endBackward passed its checks: its buffer's checksum, for the zeroing.
+  void sealGrads(size_t k);
+  struct ZeroingCheck {
+    bool on = false;
+    uint64_t sum = 0;
+    std::string who;  // the backward that used the buffer last
+    std::string buffer;
+  };
+  /// What the zeroing of gradient buffer `b` checks first (`on` false with the check off).
+  ZeroingCheck zeroingCheck(int b) const;
+  /// On the reduce stream, before the zeroing: the buffer is as its last backward left it.
+  static libcomm::Status checkBeforeZeroing(const ZeroingCheck& c, const void* buf, size_t bytes);
   libcomm::Status createStreams();
   libcomm::Status logCompute(LogKind kind);
   libcomm::Status fail(libcomm::Status st);
@@ -475,6 +490,7 @@ class Executor {
   };
   std::vector<GradCheck> gradChecks_;
   std::vector<std::string> gradLastUse_;
+  std::vector<uint64_t> gradSealed_;  // per gradient buffer: its checksum at its last endBackward
   // Per gather buffer: the layer whose rows a row gather last wrote there and those rows (every
   // other row of its table holds NaN), or layer -1 when a dense gather wrote it last.
   struct BufferRows {
