@@ -135,15 +135,16 @@ bool FlightRecorder::readSlot(const Slot& s, const TimeBase& time, FlightEntry* 
   const uint64_t stamp = s.stamp.load(std::memory_order_acquire);
   if (stamp >> 32 != seq) return false;
   e.state = static_cast<FlightState>(stamp & 0xff);
-  e.kind = static_cast<CollKind>(s.kind.load(std::memory_order_relaxed));
-  e.inType = static_cast<DataType>(s.inType.load(std::memory_order_relaxed));
-  e.outType = static_cast<DataType>(s.outType.load(std::memory_order_relaxed));
-  e.op = static_cast<ReduceOp>(s.op.load(std::memory_order_relaxed));
-  e.scale = s.scale.load(std::memory_order_relaxed);
-  e.inPlace = s.inPlace.load(std::memory_order_relaxed) != 0;
-  e.root = s.root.load(std::memory_order_relaxed);
+  const CollArgs call = s.call.load();
+  e.kind = call.kind;
+  e.inType = call.inType;
+  e.outType = call.outType;
+  e.op = call.reduce.op;
+  e.scale = call.reduce.scale;
+  e.inPlace = call.inPlace;
+  e.root = call.root;
   e.algo = s.algo.load(std::memory_order_relaxed);
-  e.count = s.count.load(std::memory_order_relaxed);
+  e.count = call.count;
   e.bytes = s.bytes.load(std::memory_order_relaxed);
   // A time only where the state says it happened, and in order: an older collective that lost the
   // slot to this one may have stored its own in the race the top of flight_recorder.h describes.

@@ -41,8 +41,8 @@
 #include <vector>
 
 #include "core/collective.h"
-#include "core/name_words.h"
 #include "core/selector.h"
+#include "core/seqlock_fields.h"
 #include "libcomm/config.h"
 #include "libcomm/deadline.h"
 #include "libcomm/status.h"
@@ -162,11 +162,9 @@ class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
     std::atomic<uint32_t> seq{0};
     // The collective's seq (high half) and FlightState (low byte): updated as one (see the top).
     std::atomic<uint64_t> stamp{0};
-    std::atomic<uint8_t> kind{0}, inType{0}, outType{0}, op{0}, inPlace{0};
+    AtomicCall call;
     std::atomic<int8_t> algo{-1};
-    std::atomic<int32_t> root{-1};
-    std::atomic<float> scale{1.0f};
-    std::atomic<uint64_t> count{0}, bytes{0};
+    std::atomic<uint64_t> bytes{0};
     std::atomic<int64_t> enqueueAt{0}, startAt{0}, endAt{0};  // now() readings; 0: not yet
     // The stream's name, truncated, as 8-byte words (a char array could not be read while written).
     std::atomic<uint64_t> stream[kStreamNameBytes / 8] = {};
@@ -235,15 +233,8 @@ inline void FlightRecorder::enqueued(const CollArgs& args, uint32_t seq, const s
   // Seqlock write: a reader that saw the old seq before these stores sees 0 or `seq` after them.
   s.seq.store(0, relaxed);
   std::atomic_thread_fence(std::memory_order_release);
-  s.kind.store(static_cast<uint8_t>(args.kind), relaxed);
-  s.inType.store(static_cast<uint8_t>(args.inType), relaxed);
-  s.outType.store(static_cast<uint8_t>(args.outType), relaxed);
-  s.op.store(static_cast<uint8_t>(args.reduce.op), relaxed);
-  s.scale.store(args.reduce.scale, relaxed);
-  s.inPlace.store(args.inPlace, relaxed);
-  s.root.store(args.root, relaxed);
+  s.call.store(args);
   s.algo.store(-1, relaxed);
-  s.count.store(args.count, relaxed);
   s.bytes.store(args.hasInput(id_.rank) ? args.inputBytes(worldSize) : 0, relaxed);
   s.enqueueAt.store(t, relaxed);
   s.startAt.store(0, relaxed);

@@ -1,14 +1,12 @@
 #include "core/queued_collectives.h"
 
-#include "core/name_words.h"
+#include "core/seqlock_fields.h"
 
 namespace libcomm {
 
 struct QueuedMemory::Slot {
   std::atomic<uint32_t> seq{0};  // 0 while the slot is (re)written; else the collective's
-  std::atomic<uint8_t> kind{0}, inType{0}, outType{0}, op{0}, inPlace{0};
-  std::atomic<int32_t> root{-1};
-  std::atomic<uint64_t> count{0};
+  AtomicCall call;
   std::atomic<uintptr_t> lo[2] = {}, hi[2] = {};  // input, output; empty where lo == hi
   std::atomic<uint64_t> stream[4] = {};
 };
@@ -33,14 +31,7 @@ struct Record {
 
 template <typename SlotT>
 void copyOut(const SlotT& s, Record* out) {
-  CollArgs& a = out->args;
-  a.kind = static_cast<CollKind>(s.kind.load(relaxed));
-  a.inType = static_cast<DataType>(s.inType.load(relaxed));
-  a.outType = static_cast<DataType>(s.outType.load(relaxed));
-  a.reduce.op = static_cast<ReduceOp>(s.op.load(relaxed));
-  a.inPlace = s.inPlace.load(relaxed) != 0;
-  a.root = s.root.load(relaxed);
-  a.count = s.count.load(relaxed);
+  out->args = s.call.load();
   for (int i = 0; i < 2; ++i) {
     out->lo[i] = s.lo[i].load(relaxed);
     out->hi[i] = s.hi[i].load(relaxed);
@@ -83,13 +74,7 @@ void QueuedMemory::grow(uint32_t settled, uint32_t upTo) {
     const Slot& from = old.of(seq);
     if (from.seq.load(relaxed) != seq) continue;  // an inline collective: never entered
     Slot& to = bigger->of(seq);
-    to.kind.store(from.kind.load(relaxed), relaxed);
-    to.inType.store(from.inType.load(relaxed), relaxed);
-    to.outType.store(from.outType.load(relaxed), relaxed);
-    to.op.store(from.op.load(relaxed), relaxed);
-    to.inPlace.store(from.inPlace.load(relaxed), relaxed);
-    to.root.store(from.root.load(relaxed), relaxed);
-    to.count.store(from.count.load(relaxed), relaxed);
+    to.call.store(from.call.load());
     for (int i = 0; i < 2; ++i) {
       to.lo[i].store(from.lo[i].load(relaxed), relaxed);
       to.hi[i].store(from.hi[i].load(relaxed), relaxed);
@@ -115,13 +100,7 @@ void QueuedMemory::enter(uint32_t seq, const CollArgs& args, int rank, int size,
   // Seqlock write: a reader that saw the old seq before these stores sees 0 or `seq` after them.
   s.seq.store(0, relaxed);
   std::atomic_thread_fence(std::memory_order_release);
-  s.kind.store(static_cast<uint8_t>(args.kind), relaxed);
-  s.inType.store(static_cast<uint8_t>(args.inType), relaxed);
-  s.outType.store(static_cast<uint8_t>(args.outType), relaxed);
-  s.op.store(static_cast<uint8_t>(args.reduce.op), relaxed);
-  s.inPlace.store(args.inPlace, relaxed);
-  s.root.store(args.root, relaxed);
-  s.count.store(args.count, relaxed);
+  s.call.store(args);
   // A broadcast's non-root ranks read no input; the in-place layouts lie inside the output.
   uintptr_t lo[2] = {0, 0}, hi[2] = {0, 0};
   if (args.count > 0 && args.hasInput(rank) && args.send) {
