@@ -1271,6 +1271,40 @@ TEST(CommMemory, FreeingWaitsForTheCollectivesOfAnyCommunicatorThatTouchTheMemor
       if (static_cast<float*>(out)[i] != static_cast<float>(i))
         return libcomm::makeError(StatusCode::kInternalError, "behind a long queue: out[", i,
                                   "] = ", static_cast<float*>(out)[i]);
+
+    // 4. A communicator destroyed while another's queued collective reads its memory: the
+    // destruction waits for it, as a free does (it unmapped the memory under it).
+    {
+      LIBCOMM_ASSIGN_OR_RETURN(auto c, libcomm::Communicator::create(ctx.bootstrap, cfg));
+      LIBCOMM_ASSIGN_OR_RETURN(void* m, c->allocRegistered(n * 4));
+      fill(m);
+      std::memset(out, 0, n * 2 * 4);
+      LIBCOMM_RETURN_IF_ERROR(holdStream());
+      LIBCOMM_RETURN_IF_ERROR(b->allGather(m, out, n, DataType::kFloat32, *s));
+      const auto before = std::chrono::steady_clock::now();
+      c.reset();
+      if (std::chrono::steady_clock::now() - before < hold / 2)
+        return libcomm::makeError(StatusCode::kInternalError, "the destruction did not wait for the collective");
+      LIBCOMM_RETURN_IF_ERROR(s->synchronize(until));
+      LIBCOMM_RETURN_IF_ERROR(check("after the communicator that owned the memory was destroyed"));
+    }
+    // 5. ... and one that outlasts the destroyed communicator's op timeout: its memory stays mapped
+    // (an ERROR in the log says so) and the collective reads it when it runs.
+    {
+      libcomm::CommConfig quick = cfg;
+      quick.opTimeout = scaledForSanitizers(std::chrono::milliseconds(300));
+      LIBCOMM_ASSIGN_OR_RETURN(auto c, libcomm::Communicator::create(ctx.bootstrap, quick));
+      LIBCOMM_ASSIGN_OR_RETURN(void* m, c->allocRegistered(n * 4));
+      fill(m);
+      std::memset(out, 0, n * 2 * 4);
+      std::atomic<bool> release{false};
+      LIBCOMM_RETURN_IF_ERROR(holdStreamUntil(*s, release));
+      LIBCOMM_RETURN_IF_ERROR(b->allGather(m, out, n, DataType::kFloat32, *s));
+      c.reset();
+      release.store(true);
+      LIBCOMM_RETURN_IF_ERROR(s->synchronize(until));
+      LIBCOMM_RETURN_IF_ERROR(check("from memory kept mapped past its communicator"));
+    }
     return b->freeRegistered(out);
   });
   EXPECT_RANKS_OK(report);

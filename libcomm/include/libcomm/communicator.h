@@ -75,8 +75,10 @@ class Communicator {
   // ---- Registered memory. Thread-safe. ----
   /// Allocates `bytes` of host memory that peers can read directly; touched once up front. More
   /// than /dev/shm holds is a kSystemError saying so. The memory belongs to this communicator:
-  /// destroying the communicator unmaps whatever of it was not freed, so no pointer into it (nor a
-  /// collective of another communicator reading it) may outlive the communicator.
+  /// destroying the communicator unmaps whatever of it was not freed, so no pointer into it may
+  /// outlive the communicator. A collective of another communicator that a stream still holds and
+  /// that uses it is waited for first (at most the op timeout; past that the memory stays mapped
+  /// until the process ends, and an ERROR in the log names the collective).
   Result<void*> allocRegistered(size_t bytes);
   /// Frees memory from allocRegistered. Fails with kInvalidUsage while registrations of it remain.
   /// Waits until no collective that a stream holds (queued, or running on the stream's thread) reads

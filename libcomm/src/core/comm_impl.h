@@ -94,6 +94,14 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// Enters a communicator made for a caller in the process's list, which freeRegistered looks
   /// through (held weakly).
   static void registerLive(const std::shared_ptr<Impl>& impl);
+  /// Waits until no collective handed to a stream by a live communicator of the process (but this
+  /// one, with `othersOnly`) touches [from, to); false at the deadline, with the one still touching
+  /// it described in *blocker ("all_gather seq 2 (...) of another communicator (...), queued on
+  /// stream 's'").
+  bool waitUntouched(uintptr_t from, uintptr_t to, Deadline deadline, bool othersOnly, std::string* blocker);
+  /// At the communicator's destruction: waits for other communicators' queued collectives that use
+  /// its allocations; where one outlasts the op timeout, keeps them mapped for good (logged).
+  void keepMemoryOthersUse();
 
   int rank_ = 0;
   int size_ = 1;

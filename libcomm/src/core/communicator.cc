@@ -403,6 +403,7 @@ Communicator::~Communicator() {
     abandonInForkedChild(std::move(impl_));
     return;
   }
+  if (impl_) impl_->keepMemoryOthersUse();
   if (!impl_ || impl_->finalized_.load()) return;  // finalize() flushed or aborted already
   if (!impl_->waitIdle(Deadline::after(impl_->config_.opTimeout))) {
     LIBCOMM_LOG(kWarn, "init") << "rank " << impl_->rank_
@@ -491,6 +492,34 @@ void Communicator::Impl::registerLive(const std::shared_ptr<Impl>& impl) {
   live.all.push_back(impl);
 }
 
+bool Communicator::Impl::waitUntouched(uintptr_t from, uintptr_t to, Deadline deadline, bool othersOnly,
+                                       std::string* blocker) {
+  std::vector<std::shared_ptr<Impl>> comms;
+  {
+    LiveCommunicators& live = liveCommunicators();
+    std::lock_guard<std::mutex> lock(live.mu);
+    for (const auto& w : live.all)
+      if (auto c = w.lock()) comms.push_back(std::move(c));
+  }
+  for (const std::shared_ptr<Impl>& c : comms) {
+    // A parent's communicator, in a forked child that made one of its own: none of its threads
+    // (nor its collectives) came along.
+    if ((othersOnly && c.get() == this) || c->inflight() == 0 || c->inForkedChild()) continue;
+    // The newest collective of `c` that touches the memory: the wait for it covers those before.
+    QueuedCollective waitFor;
+    if (!c->queued_.newestTouching(c->lastExecuted(), from, to, &waitFor) ||
+        c->waitSettledThrough(waitFor.seq, deadline))
+      continue;
+    *blocker = describeColl(waitFor.args, waitFor.seq) +
+               (c.get() == this ? std::string()
+                                : " of another communicator (there rank " + std::to_string(c->rank_) + " of " +
+                                      std::to_string(c->size_) + ")") +
+               ", queued on stream '" + waitFor.stream + "'";
+    return false;
+  }
+  return true;
+}
+
 Status Communicator::freeRegistered(void* ptr) {
   LIBCOMM_RETURN_IF_ERROR(impl_->refuseInForkedChild("freeRegistered"));
   LIBCOMM_ASSIGN_OR_RETURN(const size_t bytes, impl_->local_->checkFreeable(ptr));
@@ -503,36 +532,38 @@ Status Communicator::freeRegistered(void* ptr) {
   // failure the queued collectives are skipped as their streams reach them, so the wait is short
   // unless a stream is held up. The internal frees of a running collective, its bounce buffer's,
   // go straight to freeSegment.)
-  std::vector<std::shared_ptr<Impl>> comms;
-  {
-    LiveCommunicators& live = liveCommunicators();
-    std::lock_guard<std::mutex> lock(live.mu);
-    for (const auto& w : live.all)
-      if (auto c = w.lock()) comms.push_back(std::move(c));
-  }
-  const uintptr_t from = reinterpret_cast<uintptr_t>(ptr), to = from + std::max<size_t>(bytes, 1);
+  const uintptr_t from = reinterpret_cast<uintptr_t>(ptr);
   const Clock::time_point start = Clock::now();
-  const Deadline deadline = Deadline::after(impl_->config_.opTimeout);
-  for (const std::shared_ptr<Impl>& c : comms) {
-    // A parent's communicator, in a forked child that made one of its own: none of its threads
-    // (nor its collectives) came along.
-    if (c->inflight() == 0 || c->inForkedChild()) continue;
-    // The newest collective of `c` that touches the memory: the wait for it covers those before.
-    QueuedCollective waitFor;
-    if (!c->queued_.newestTouching(c->lastExecuted(), from, to, &waitFor) ||
-        c->waitSettledThrough(waitFor.seq, deadline))
-      continue;
-    const std::string whose = c == impl_ ? std::string()
-                                         : " of another communicator (there rank " + std::to_string(c->rank_) + " of " +
-                                               std::to_string(c->size_) + ")";
+  std::string blocker;
+  if (!impl_->waitUntouched(from, from + std::max<size_t>(bytes, 1), Deadline::after(impl_->config_.opTimeout), false,
+                            &blocker))
     return makeError(StatusCode::kTimeout, "rank ", impl_->rank_, ": freeRegistered(", ptr, ") waited ",
-                     std::chrono::duration_cast<Milliseconds>(Clock::now() - start).count(), " ms for ",
-                     describeColl(waitFor.args, waitFor.seq), whose, ", queued on stream '", waitFor.stream,
-                     "', which reads or writes this memory; the memory stays allocated: synchronize that stream "
+                     std::chrono::duration_cast<Milliseconds>(Clock::now() - start).count(), " ms for ", blocker,
+                     ", which reads or writes this memory; the memory stays allocated: synchronize that stream "
                      "before freeing it");
-  }
   return impl_->freeSegment(ptr);
 }
+void Communicator::Impl::keepMemoryOthersUse() {
+  // The memory goes with the communicator; a collective of another communicator still queued on a
+  // stream to read or write it would fault when it ran. Waited for, like a free (one op timeout
+  // in all); one that does not finish by then keeps the memory mapped until the process ends,
+  // said at ERROR, rather than the process crashing in that stream's thread.
+  const Clock::time_point start = Clock::now();
+  const Deadline deadline = Deadline::after(config_.opTimeout);
+  for (const auto& [lo, bytes] : local_->allocationExtents()) {
+    std::string blocker;
+    if (waitUntouched(lo, lo + std::max<size_t>(bytes, 1), deadline, true, &blocker)) continue;
+    const size_t kept = local_->keepMappedForever();
+    LIBCOMM_LOG(kError, "mem") << "rank " << rank_ << ": communicator destroyed with memory it allocated (at "
+                               << reinterpret_cast<void*>(lo) << ") still used by " << blocker << "; waited "
+                               << std::chrono::duration_cast<Milliseconds>(Clock::now() - start).count() << " ms; its "
+                               << kept
+                               << " allocation(s) stay mapped until the process ends: synchronize the streams "
+                                  "that use a communicator's memory before destroying it";
+    return;
+  }
+}
+
 Status Communicator::Impl::freeSegment(void* ptr) {
   LIBCOMM_RETURN_IF_ERROR(local_->free(ptr));
   channel_->noteSegmentFreed();

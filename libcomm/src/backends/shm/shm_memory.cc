@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/log.h"
+#include "core/process_forks.h"
 
 namespace libcomm::shm {
 
@@ -48,6 +49,26 @@ Result<size_t> LocalMemory::checkFreeable(const void* ptr) {
   std::map<uintptr_t, Allocation>::iterator it;
   LIBCOMM_RETURN_IF_ERROR(checkFreeableLocked(ptr, &it));
   return it->second.bytes;
+}
+
+std::vector<std::pair<uintptr_t, size_t>> LocalMemory::allocationExtents() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<uintptr_t, size_t>> out;
+  out.reserve(allocations_.size());
+  for (const auto& [base, a] : allocations_) out.emplace_back(base, a.bytes);
+  return out;
+}
+
+size_t LocalMemory::keepMappedForever() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t n = allocations_.size();
+  for (auto& [base, a] : allocations_) {
+    a.segment.unlinkName();
+    keepReachable(new Segment(std::move(a.segment)));
+  }
+  allocations_.clear();
+  generation_.fetch_add(1, std::memory_order_release);
+  return n;
 }
 
 Status LocalMemory::free(void* ptr) {

@@ -30,6 +30,12 @@ class LocalMemory {
 
   Result<void*> allocate(size_t bytes);
   Status free(void* ptr);
+  /// Base and size (as asked) of every allocation.
+  std::vector<std::pair<uintptr_t, size_t>> allocationExtents() const;
+  /// Unlinks every allocation's name and keeps its mapping until the process ends (the memory is
+  /// never unmapped, whatever becomes of this object); returns how many. For a communicator
+  /// destroyed while another's collective still uses its memory.
+  size_t keepMappedForever();
   /// What free() would refuse (not an allocation, still registered), without freeing; else the
   /// allocation's size in bytes.
   Result<size_t> checkFreeable(const void* ptr);

@@ -145,6 +145,11 @@ Segment& Segment::operator=(Segment&& o) noexcept {
   return *this;
 }
 
+void Segment::unlinkName() {
+  if (owner_ && !name_.empty() && getpid() == creator_) shm_unlink(name_.c_str());
+  owner_ = false;
+}
+
 void Segment::reset() {
   // Only in the process that created it: a forked child's copy must leave the name to its parent.
   // Before unmapping, which drops the owner's lock: the name never outlives it.

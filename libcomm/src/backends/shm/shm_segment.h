@@ -42,6 +42,11 @@ class Segment {
   /// failure is a kSystemError). Maps nothing. Thread-safe.
   static Result<bool> exists(const std::string& name);
 
+  /// Removes the name now (in the creating process only) and keeps the mapping, which then lasts as
+  /// long as this object: for memory kept mapped until the process ends (Communicator destruction
+  /// under a collective of another communicator).
+  void unlinkName();
+
   void* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& name() const { return name_; }
