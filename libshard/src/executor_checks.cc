@@ -14,6 +14,7 @@
 // zeroing used to vanish in it, unseen by the next beginBackward's check).
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -125,13 +126,28 @@ Executor::ZeroingCheck Executor::zeroingCheck(int b) const {
   return c;
 }
 
-Status Executor::checkBeforeZeroing(const ZeroingCheck& c, const void* buf, size_t bytes) {
-  if (!c.on || !buf || checksum(static_cast<const unsigned char*>(buf), bytes) == c.sum) return Status::ok();
+Status Executor::zeroChecked(const ZeroingCheck& c, void* buf, size_t bytes) {
+  if (!buf) return Status::ok();
+  // One pass that zeroes word by word with an exchange and hashes what each word held, so that no
+  // write can slip between the check and the zeroing: one that lands before its word's exchange
+  // is in the hash; one after it survives the zeroing and is found at the buffer's next
+  // beginBackward. (A checksum, then a memset, let a write land between the two and vanish.) The
+  // hash is checksum()'s: FNV over 8-byte words, then the tail's bytes. Grad buffers are aligned.
+  auto* p = static_cast<unsigned char*>(buf);
+  detail::Fnv64 h;
+  size_t i = 0;
+  if (reinterpret_cast<uintptr_t>(p) % alignof(uint64_t) == 0)
+    for (; i + 8 <= bytes; i += 8) {
+      const uint64_t w =
+          std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(p + i)).exchange(0, std::memory_order_relaxed);
+      h.h = (h.h ^ w) * 0x100000001b3ull;
+    }
+  h.words(p + i, bytes - i);
+  std::memset(p + i, 0, bytes - i);
+  if (h.h == c.sum) return Status::ok();
   return libcomm::makeError(StatusCode::kInvalidUsage, "checkGradientWrites: ", c.who.empty() ? "a backward" : c.who,
-                            " wrote its gradient views after its endBackward: found just before gradient buffer '",
-                            c.buffer,
-                            "' was zeroed behind its reduce-scatter (which may or may not have read the "
-                            "write; the zeroing would have erased it)");
+                            " wrote its gradient views after its endBackward: found as gradient buffer '", c.buffer,
+                            "' was zeroed behind its reduce-scatter (which may or may not have read the write)");
 }
 
 Status Executor::checkGradsAtEnd(size_t k) {

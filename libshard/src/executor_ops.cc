@@ -365,15 +365,24 @@ Status Executor::runZero(const ScheduleOp& op) {
         "log grad zeroed");
   }
   const FlatGroup& g = plan_.layers[static_cast<size_t>(op.layer)];
-  // ExecutorOptions::checkGradientWrites: the buffer is still as its backward's endBackward left it.
+  // ExecutorOptions::checkGradientWrites: the whole buffer is zeroed in one checked pass (it must
+  // still hold what its backward left at endBackward).
   ZeroingCheck check = zeroingCheck(op.gradBuffer);
+  if (check.on) {
+    writtenRows_[static_cast<size_t>(op.gradBuffer)].clear();
+    return st.enqueueHost(
+        [this, buf, bytes, e, log, check = std::move(check)] {
+          LIBCOMM_RETURN_IF_ERROR(zeroChecked(check, buf, bytes));
+          if (log) log_.add(e);
+          return Status::ok();
+        },
+        "zero grad buffer (checked)");
+  }
   if (g.sparseRows > 0) {
     // A row-sparse backward wrote this rank's named rows only (executor_rows.cc): clear those.
     const size_t rowBytes = g.rowNumel * libcomm::dataTypeSize(computeType_);
     return st.enqueueHost(
-        [this, buf, bytes, rowBytes, rows = std::exchange(writtenRows_[static_cast<size_t>(op.gradBuffer)], {}), e, log,
-         check = std::move(check)] {
-          LIBCOMM_RETURN_IF_ERROR(checkBeforeZeroing(check, buf, bytes));
+        [this, buf, rowBytes, rows = std::exchange(writtenRows_[static_cast<size_t>(op.gradBuffer)], {}), e, log] {
           if (buf)
             for (int32_t r : rows)
               std::memset(static_cast<char*>(buf) + static_cast<size_t>(r) * rowBytes, 0, rowBytes);
@@ -383,8 +392,7 @@ Status Executor::runZero(const ScheduleOp& op) {
         "zero grad buffer rows");
   }
   return st.enqueueHost(
-      [this, buf, bytes, e, log, check = std::move(check)] {
-        LIBCOMM_RETURN_IF_ERROR(checkBeforeZeroing(check, buf, bytes));
+      [this, buf, bytes, e, log] {
         if (buf) std::memset(buf, 0, bytes);
         if (log) log_.add(e);
         return Status::ok();

@@ -403,15 +403,19 @@ Communicator::~Communicator() {
     abandonInForkedChild(std::move(impl_));
     return;
   }
-  if (impl_) impl_->keepMemoryOthersUse();
-  if (!impl_ || impl_->finalized_.load()) return;  // finalize() flushed or aborted already
-  if (!impl_->waitIdle(Deadline::after(impl_->config_.opTimeout))) {
-    LIBCOMM_LOG(kWarn, "init") << "rank " << impl_->rank_
-                               << ": communicator destroyed with collectives still queued; aborting them";
-    impl_->abort("communicator destroyed with collectives still queued");
-    return;
+  if (!impl_) return;
+  // finalize() flushed or aborted already; else the own collectives are drained (or aborted) first,
+  // so that another communicator's collective queued behind one of them on a stream can run.
+  if (!impl_->finalized_.load()) {
+    if (!impl_->waitIdle(Deadline::after(impl_->config_.opTimeout))) {
+      LIBCOMM_LOG(kWarn, "init") << "rank " << impl_->rank_
+                                 << ": communicator destroyed with collectives still queued; aborting them";
+      impl_->abort("communicator destroyed with collectives still queued");
+    } else {
+      impl_->markClosed();
+    }
   }
-  impl_->markClosed();
+  impl_->keepMemoryOthersUse();
 }
 
 Status Communicator::finalize(Milliseconds timeout) {
@@ -558,7 +562,8 @@ void Communicator::Impl::keepMemoryOthersUse() {
                                << reinterpret_cast<void*>(lo) << ") still used by " << blocker << "; waited "
                                << std::chrono::duration_cast<Milliseconds>(Clock::now() - start).count() << " ms; its "
                                << kept
-                               << " allocation(s) stay mapped until the process ends: synchronize the streams "
+                               << " allocation(s) stay mapped until the process ends (their pages count in "
+                                  "/dev/shm until then, with no name left for shm_cleanup): synchronize the streams "
                                   "that use a communicator's memory before destroying it";
     return;
   }

@@ -394,8 +394,8 @@ class Executor {
   // ExecutorOptions::checkGradientWrites (executor_checks.cc): at layer k's beginBackward (after
   // its waits: the buffer holds zeros), at gradsReady (a row-sparse layer wrote only its named
   // rows; the buffer's checksum), at endBackward after a trainer's gradsReady (the checksum is
-  // unchanged), and on the reduce stream just before the buffer's zeroing (the checksum is still
-  // the one at endBackward: a write after endBackward that would vanish in the zeroing).
+  // unchanged), and on the reduce stream as the buffer is zeroed (what it held is still what it
+  // held at endBackward: a write after endBackward would otherwise vanish in the zeroing).
   bool isNextHook(HookKind kind, int layer) const;
   libcomm::Status checkGradsAtBegin(size_t k);
   libcomm::Status drainComputeForCheck();
@@ -411,8 +411,9 @@ class Executor {
   };
   /// What the zeroing of gradient buffer `b` checks first (`on` false with the check off).
   ZeroingCheck zeroingCheck(int b) const;
-  /// On the reduce stream, before the zeroing: the buffer is as its last backward left it.
-  static libcomm::Status checkBeforeZeroing(const ZeroingCheck& c, const void* buf, size_t bytes);
+  /// On the reduce stream, the zeroing itself with the check on: zeroes the whole buffer, failing
+  /// unless it held what its last backward left at endBackward.
+  static libcomm::Status zeroChecked(const ZeroingCheck& c, void* buf, size_t bytes);
   libcomm::Status createStreams();
   libcomm::Status logCompute(LogKind kind);
   libcomm::Status fail(libcomm::Status st);
