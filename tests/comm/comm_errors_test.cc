@@ -1169,12 +1169,15 @@ TEST(CommMemory, FreeingMemoryOfACollectiveInFlightWaitsForIt) {
 TEST(CommMemory, FreeingWaitsForTheCollectivesOfAnyCommunicatorThatTouchTheMemory) {
   RunOptions opts;
   opts.size = 2;
+  opts.deadline = scaledForSanitizers(std::chrono::milliseconds(60000));  // five parts, each a hold or a timeout
   auto report = runRanks(opts, [](RankContext& ctx) -> Status {
     libcomm::CommConfig cfg = quickConfig();
-    // A's frees wait up to 2 s (part 2 waits that out); the holds below are 300 ms.
-    cfg.opTimeout = scaledForSanitizers(std::chrono::milliseconds(2000));
+    // A's frees wait up to 1 s (part 2 waits that out); the holds below are 300 ms.
+    cfg.opTimeout = scaledForSanitizers(std::chrono::milliseconds(1000));
     LIBCOMM_ASSIGN_OR_RETURN(auto a, libcomm::Communicator::create(ctx.bootstrap, cfg));
-    cfg.opTimeout = scaledForSanitizers(std::chrono::milliseconds(20000));
+    // B's collectives wait for a peer held up to A's (scaled) timeout in part 2: well within 30 s,
+    // which stays below quickConfig's init timeout (an op timeout must be the shorter).
+    cfg.opTimeout = std::chrono::seconds(30);
     LIBCOMM_ASSIGN_OR_RETURN(auto b, libcomm::Communicator::create(ctx.bootstrap, cfg));
     auto s = libcomm::createHostStream("held");
     const size_t n = 1 << 16;
