@@ -1228,8 +1228,9 @@ TEST(CommMemory, FreeingWaitsForTheCollectivesOfAnyCommunicatorThatTouchTheMemor
     LIBCOMM_ASSIGN_OR_RETURN(void* unrelated, a->allocRegistered(4096));
     fill(in);
     std::memset(out, 0, n * 2 * 4);
+    // Outlives the stream's wait on it (read by the hold until the synchronize below).
+    std::atomic<bool> release{false};
     if (ctx.rank == 0) {
-      std::atomic<bool> release{false};
       LIBCOMM_RETURN_IF_ERROR(holdStreamUntil(*s, release));
       LIBCOMM_RETURN_IF_ERROR(b->allGather(in, out, n, DataType::kFloat32, *s));
       const auto before = std::chrono::steady_clock::now();
