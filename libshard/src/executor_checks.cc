@@ -9,9 +9,9 @@
 // other than those it named are zero at gradsReady; the buffer's checksum at the trainer's
 // gradsReady equals the one at endBackward (with the check on, the hook's ops -- the
 // reduce-scatter, then the buffer's zeroing -- are enqueued at endBackward, so nothing but the
-// trainer touches the buffer in between); and just before the zeroing, on the reduce stream, the
-// checksum is still the one at endBackward (a write after endBackward that lands before the
-// zeroing used to vanish in it, unseen by the next beginBackward's check).
+// trainer touches the buffer in between); and, on the reduce stream, the buffer still holds what it
+// held at endBackward as it is zeroed (zeroChecked: a write after endBackward that landed before
+// the zeroing used to vanish in it, unseen by the next beginBackward's check).
 
 #include <algorithm>
 #include <atomic>
@@ -137,11 +137,8 @@ Status Executor::zeroChecked(const ZeroingCheck& c, void* buf, size_t bytes) {
   detail::Fnv64 h;
   size_t i = 0;
   if (reinterpret_cast<uintptr_t>(p) % alignof(uint64_t) == 0)
-    for (; i + 8 <= bytes; i += 8) {
-      const uint64_t w =
-          std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(p + i)).exchange(0, std::memory_order_relaxed);
-      h.h = (h.h ^ w) * 0x100000001b3ull;
-    }
+    for (; i + 8 <= bytes; i += 8)
+      h.word(std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(p + i)).exchange(0, std::memory_order_relaxed));
   h.words(p + i, bytes - i);
   std::memset(p + i, 0, bytes - i);
   if (h.h == c.sum) return Status::ok();

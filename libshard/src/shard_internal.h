@@ -23,13 +23,15 @@ struct Fnv64 {
   void bytes(const void* p, size_t n) {
     for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 0x100000001b3ull;
   }
+  /// One 8-byte word mixed in as a unit (words() is a run of these).
+  void word(uint64_t w) { h = (h ^ w) * 0x100000001b3ull; }
   /// The same mixing over 8-byte words, then the tail bytes: for large buffers.
   void words(const unsigned char* p, size_t n) {
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
       uint64_t w;
       std::memcpy(&w, p + i, 8);
-      h = (h ^ w) * 0x100000001b3ull;
+      word(w);
     }
     bytes(p + i, n - i);
   }

@@ -82,7 +82,7 @@ void QueuedMemory::grow(uint32_t settled, uint32_t upTo) {
     for (size_t w = 0; w < 4; ++w) to.stream[w].store(from.stream[w].load(relaxed), relaxed);
     to.seq.store(seq, relaxed);
   }
-  // Published with release: a reader that loads it sees the copies. The old ring is freed only
+  // Published (seq_cst): a reader that loads it sees the copies. The old ring is freed only
   // when no reader is counted in: a reader counts itself in before it loads ring_ (both seq_cst),
   // so one not counted yet loads the new ring.
   retired_.push_back(std::move(current_));
