@@ -170,9 +170,7 @@ Status Communicator::Impl::connectAcrossHosts(Bootstrap& bootstrap, const std::v
   LIBCOMM_RETURN_IF_ERROR(addresses.status());
   cross->channel = std::move(*channel);
 
-  std::vector<std::string> localControl;
-  for (const std::string& p : localPrefixes) localControl.push_back(p + ".h");
-  LIBCOMM_RETURN_IF_ERROR(channel_->connect(localControl, deadline));
+  LIBCOMM_RETURN_IF_ERROR(channel_->connect(localPrefixes, deadline, ".h"));
   peers_->attach(channel_.get(), localPrefixes);
 
   std::vector<int> peers;

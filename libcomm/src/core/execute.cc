@@ -12,6 +12,7 @@
 #include "algos/mesh/mesh.h"
 #include "backends/cuda/device_path.h"
 #include "backends/nccl/nccl_path.h"
+#include "backends/shm/segment_faults.h"
 #include "core/caller_guard.h"
 #include "core/comm_impl.h"
 #include "core/cross_host.h"
@@ -253,6 +254,16 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool bloc
                        ": out of memory for its scratch buffers");
       } catch (const std::exception& e) {
         st = makeError(StatusCode::kInternalError, "rank ", rank_, ": ", describeColl(args, seq), ": ", e.what());
+      }
+      // A segment of this communicator's on this host that lost its pages under the job (its file
+      // truncated: backends/shm/segment_faults.h) reads as zeroes now: whatever this collective read
+      // from it or wrote to it is gone, whatever run() said. One relaxed load while none has.
+      if (shm::segmentFaults() != 0) {
+        const Status lost = channel_->segmentFault(describeColl(args, seq));
+        if (!lost.isOk() && st.isOk())
+          st = lost;
+        else if (!lost.isOk() && st.message().find("lost its pages") == std::string::npos)
+          st = Status(lost.code(), lost.message() + "; the collective failed as well: " + st.message());
       }
       // Aborted under it (abort(), a communicator destroyed or finalized with this one queued):
       // the channels' waits say only "aborted"; the abort's reason is the communicator's error.

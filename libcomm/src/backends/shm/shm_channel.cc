@@ -8,6 +8,7 @@
 #include <cstring>
 #include <new>
 
+#include "backends/shm/segment_faults.h"
 #include "core/cut_text.h"
 #include "core/host_waits.h"
 #include "core/log.h"
@@ -91,10 +92,11 @@ Result<std::unique_ptr<Channel>> Channel::create(const std::string& prefix, int 
   return ch;
 }
 
-Status Channel::connect(const std::vector<std::string>& prefixes, Deadline deadline) {
+Status Channel::connect(const std::vector<std::string>& prefixes, Deadline deadline, const std::string& controlSuffix) {
+  prefixes_ = prefixes;
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
-    auto seg = Segment::open(prefixes[r] + ".ctl", segmentBytes());
+    auto seg = Segment::open(prefixes[r] + controlSuffix + ".ctl", segmentBytes());
     if (!seg.isOk()) {
       Status st = seg.status().withContext("rank " + std::to_string(name(rank_)) +
                                            " mapping the control block of rank " + std::to_string(name(r)));
@@ -110,7 +112,7 @@ Status Channel::connect(const std::vector<std::string>& prefixes, Deadline deadl
     if (magic->load(std::memory_order_acquire) != ControlBlock::kMagic || cb->version != ControlBlock::kVersion ||
         cb->rank != r || cb->stagingSlotBytes != slotBytes_ || cb->eagerBytes != eagerBytes_) {
       return makeError(StatusCode::kInvalidUsage, "rank ", name(rank_), ": control block of rank ", name(r), " (",
-                       prefixes[r], ".ctl) is not a compatible shardcomm block (version ", cb->version,
+                       prefixes[r], controlSuffix, ".ctl) is not a compatible shardcomm block (version ", cb->version,
                        ", staging slot ", cb->stagingSlotBytes, " bytes vs ours ", slotBytes_, ", eager area ",
                        cb->eagerBytes, " bytes vs ours ", eagerBytes_, ")");
     }
@@ -239,6 +241,8 @@ Status Channel::waitWord(int peer, const std::atomic<uint32_t>& word, uint32_t t
     cb.waiters.fetch_sub(1, std::memory_order_seq_cst);
 
     if (seqReached(word.load(std::memory_order_acquire), target)) return Status::ok();
+    // A control block whose pages were lost reads as zeroes here: its words never move again.
+    if (segmentFaults() != 0) LIBCOMM_RETURN_IF_ERROR(segmentFault(ctx.op.str()));
     if (cb.failed.load(std::memory_order_acquire) != 0) return peerFailure(peer, ctx, phase);
     // Every word of the collectives it completed was published before it closed: one not reached
     // now never will be.
@@ -272,6 +276,16 @@ Status Channel::waitWord(int peer, const std::atomic<uint32_t>& word, uint32_t t
       }
     }
   }
+}
+
+Status Channel::segmentFault(const std::string& op) const {
+  const std::optional<FaultedSegment> f = faultedSegmentIn(prefixes_);
+  if (!f) return Status::ok();
+  const std::string whose = f->owner < 0        ? std::string()
+                            : f->owner == rank_ ? std::string(" (this rank's)")
+                                                : detail::strCat(" (rank ", name(f->owner), "'s)");
+  return makeError(StatusCode::kSystemError, "rank ", name(rank_), ": ", op, ": ", describeFault(*f, whose),
+                   ", so no collective of this communicator can complete");
 }
 
 Status Channel::waitAll(Counter c, uint32_t target, const WaitContext& ctx, const char* phase) {

@@ -139,8 +139,10 @@ class Channel {
                                                  const CommConfig& config, std::vector<int> names = {});
   ~Channel();
 
-  /// Maps every peer's control segment; `prefixes[r]` is rank r's segment prefix.
-  Status connect(const std::vector<std::string>& prefixes, Deadline deadline);
+  /// Maps every peer's control segment, "<prefixes[r]><controlSuffix>.ctl": `prefixes[r]` is rank
+  /// r's segment prefix, which every segment of its communicator's memory on this host starts with
+  /// (segmentFault looks for them by it).
+  Status connect(const std::vector<std::string>& prefixes, Deadline deadline, const std::string& controlSuffix = "");
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -182,6 +184,10 @@ class Channel {
   /// finish it and may have removed the memory it announced: its failure is the cause, the missing
   /// segment only what this rank ran into.
   Status blameFailedPeer(const Status& st, const WaitContext& ctx, const char* phase) const;
+  /// kSystemError naming the first segment of this communicator on this host (any rank's: control
+  /// blocks, registered memory) whose pages were lost under the job (segment_faults.h), as met in
+  /// `op`; else OK. Cheap while no segment of the process faulted (segmentFaults() == 0).
+  Status segmentFault(const std::string& op) const;
   /// waitCounter for every peer but this rank.
   Status waitAll(Counter c, uint32_t target, const WaitContext& ctx, const char* phase);
   /// Rank r's counter now (no wait).
@@ -234,6 +240,7 @@ class Channel {
   size_t eagerBytes_;
   CommConfig config_;
   std::vector<Segment> segments_;       // index = rank (own one created, peers' opened)
+  std::vector<std::string> prefixes_;   // index = rank: its segment prefix (connect)
   std::vector<ControlBlock*> blocks_;
   std::vector<ProcessId> processes_;
   /// Whether peer r's process still runs: by pid in this pid namespace, by the lock it holds on its

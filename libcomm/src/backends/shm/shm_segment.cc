@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "backends/shm/segment_faults.h"
 #include "core/log.h"
 
 namespace libcomm::shm {
@@ -138,9 +139,11 @@ Segment& Segment::operator=(Segment&& o) noexcept {
     name_ = std::move(o.name_);
     owner_ = o.owner_;
     creator_ = o.creator_;
+    watch_ = o.watch_;
     o.data_ = nullptr;
     o.size_ = 0;
     o.owner_ = false;
+    o.watch_ = -1;
   }
   return *this;
 }
@@ -154,6 +157,8 @@ void Segment::reset() {
   // Only in the process that created it: a forked child's copy must leave the name to its parent.
   // Before unmapping, which drops the owner's lock: the name never outlives it.
   if (owner_ && !name_.empty() && getpid() == creator_) shm_unlink(name_.c_str());
+  unwatchSegment(watch_);  // before the range is unmapped: no SIGBUS handler acts on it after
+  watch_ = -1;
   if (data_) munmap(data_, size_);
   data_ = nullptr;
   size_ = 0;
@@ -189,6 +194,7 @@ Result<Segment> Segment::create(const std::string& name, size_t bytes) {
   s.name_ = name;
   s.owner_ = true;
   s.creator_ = getpid();
+  s.watch_ = watchSegment(p, size, name);
   LIBCOMM_LOG(kDebug, "mem") << "created segment " << name << " (" << size << " bytes)";
   return s;
 }
@@ -227,6 +233,7 @@ Result<Segment> Segment::open(const std::string& name, size_t bytes) {
   s.size_ = size;
   s.name_ = name;
   s.owner_ = false;
+  s.watch_ = watchSegment(p, size, name);
   return s;
 }
 

@@ -21,7 +21,8 @@
 namespace libcomm::shm {
 
 /// A mapping of a shared-memory segment. Move-only; unmaps (and unlinks, when it owns the name)
-/// on destruction.
+/// on destruction. While mapped it is watched for SIGBUS (segment_faults.h): a file truncated under
+/// it turns into an error naming it.
 class Segment {
  public:
   Segment() = default;
@@ -59,6 +60,7 @@ class Segment {
   std::string name_;
   bool owner_ = false;
   pid_t creator_ = 0;  // the process that created (and alone unlinks) it
+  int watch_ = -1;     // its watch by the SIGBUS handler (segment_faults.h); -1: none
 };
 
 /// The name prefix of every segment of one communicator of this process.
