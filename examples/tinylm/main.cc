@@ -179,6 +179,7 @@ int runRank(CliOptions o) {
   // Options that do not suit the job's world size (a batch smaller than it): the flags' error.
   libcomm::Status st = validateTrainOptions(t, world);
   if (!st.isOk()) return usage(world == 1 ? "tinylm" : "tinylm rank " + std::to_string(rank), st);
+  t.keepStepRecords = false;  // a run of any length: the summary needs only the running sums
 
   if (rank == 0) {
     // Printed once every rank's set-up has succeeded: what could fail here (the checkpoint to
@@ -209,8 +210,8 @@ int runRank(CliOptions o) {
   const std::string verdict = memoryVerdict(result->ranks);
   if (rank == 0) {
     for (const std::string& line : rankLines(result->ranks)) std::printf("%s\n", line.c_str());
-    const auto& steps = result->steps;
-    const int lastStep = result->firstStep + static_cast<int>(steps.size());  // the state the run ends with
+    const int stepsRun = result->stepsRun;
+    const int lastStep = result->firstStep + stepsRun;  // the state the run ends with
     // A stopped run is no PASS (a script reading that would take it for a finished one); the
     // memory verdict still counts.
     const std::string outcome = result->stopRequest != 0
@@ -219,13 +220,12 @@ int runRank(CliOptions o) {
                                 : verdict.empty() ? "PASS"
                                                   : "FAIL: " + verdict;
     char losses[96] = "no steps run";
-    if (!steps.empty())
-      std::snprintf(losses, sizeof(losses), "loss %.6f -> %.6f", steps.front().loss, steps.back().loss);
-    std::printf("tinylm: %d rank%s, %zu step%s, %s%s%s -- %s\n", world, world == 1 ? "" : "s", steps.size(),
-                steps.size() == 1 ? "" : "s", losses,
+    if (stepsRun > 0) std::snprintf(losses, sizeof(losses), "loss %.6f -> %.6f", result->firstLoss, result->lastLoss);
+    std::printf("tinylm: %d rank%s, %d step%s, %s%s%s -- %s\n", world, world == 1 ? "" : "s", stepsRun,
+                stepsRun == 1 ? "" : "s", losses,
                 t.eventLogCheck ? ", event log proves rules A, B and the optimizer gate on every step" : "",
                 t.saveCheckpoint.empty()           ? ""
-                : t.saveEvery > 0 && steps.empty() ? ", no checkpoint saved (no step to run)"
+                : t.saveEvery > 0 && stepsRun == 0 ? ", no checkpoint saved (no step to run)"
                 : t.saveEvery > 0                  ? (", checkpoints saved in " + t.saveCheckpoint +
                                      " (the last: " + savedCheckpointDir(t, lastStep) + ")")
                                         .c_str()

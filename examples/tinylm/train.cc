@@ -518,9 +518,25 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& given, libcomm::Boot
       o.onNotice("checkpoint of step " + std::to_string(k) + " saved to '" + dir + "'");
     return Status::ok();
   };
+  // The means skip the first step when there are more: it pays for first touches and workspace
+  // growth. Running sums, so that a run of any length holds no per-step state.
+  RankSummary sums;
+  auto addUp = [&sums](const StepRecord& r) {
+    sums.stepSeconds += r.seconds;
+    sums.exposedCommSeconds += r.exposedCommSeconds;
+    for (int k = 0; k < kExposedPlaces; ++k) sums.exposedAtSeconds[k] += r.exposedAtSeconds[k];
+    sums.computeSeconds += r.computeSeconds;
+    sums.optimizerSeconds += r.optimizerSeconds;
+    ++sums.timedSteps;
+  };
   for (int s = result.firstStep; s < o.steps; ++s) {
     LIBCOMM_ASSIGN_OR_RETURN(StepRecord rec, loop.step(s));
-    result.steps.push_back(rec);
+    if (o.keepStepRecords) result.steps.push_back(rec);
+    if (result.stepsRun == 0) result.firstLoss = rec.loss;
+    if (result.stepsRun == 1) sums = RankSummary{};  // a second step: the first is left out from now
+    addUp(rec);
+    ++result.stepsRun;
+    result.lastLoss = rec.loss;
     if (o.onStep) o.onStep(rec);
     // Between steps the state is whole (the optimizer is done; the next step's leading gathers
     // only read the compute copy): drained first, then saved as at the end. A stop asked by any
@@ -548,7 +564,7 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& given, libcomm::Boot
       break;
     }
   }
-  const size_t stepsRun = result.steps.size();
+  const size_t stepsRun = static_cast<size_t>(result.stepsRun);
 
   RankSummary mine;
   mine.rank = rank;
@@ -574,17 +590,12 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& given, libcomm::Boot
   if (result.stopRequest == 0 && !saves.empty() && saves.back() == o.steps) LIBCOMM_RETURN_IF_ERROR(saveAt(o.steps));
   claim.reset();  // the checkpoints are complete: the directory is no longer held
 
-  // The first step pays for first touches and workspace growth; means skip it when there are more.
-  const size_t skip = result.steps.size() >= 2 ? 1 : 0;
-  for (size_t i = skip; i < result.steps.size(); ++i) {
-    const StepRecord& r = result.steps[i];
-    mine.stepSeconds += r.seconds;
-    mine.exposedCommSeconds += r.exposedCommSeconds;
-    for (int k = 0; k < kExposedPlaces; ++k) mine.exposedAtSeconds[k] += r.exposedAtSeconds[k];
-    mine.computeSeconds += r.computeSeconds;
-    mine.optimizerSeconds += r.optimizerSeconds;
-  }
-  mine.timedSteps = static_cast<int32_t>(result.steps.size() - skip);
+  mine.stepSeconds = sums.stepSeconds;
+  mine.exposedCommSeconds = sums.exposedCommSeconds;
+  for (int k = 0; k < kExposedPlaces; ++k) mine.exposedAtSeconds[k] = sums.exposedAtSeconds[k];
+  mine.computeSeconds = sums.computeSeconds;
+  mine.optimizerSeconds = sums.optimizerSeconds;
+  mine.timedSteps = sums.timedSteps;
   if (mine.timedSteps > 0) {
     const double n = mine.timedSteps;
     mine.stepSeconds /= n;

@@ -196,6 +196,9 @@ struct TrainOptions {
   std::function<void(int firstStep, const libshard::ShardPlan& plan, const std::string& resumeChanges)> onStart;
   /// Called on every rank after each step, with that step's record (e.g. to print it as it goes).
   std::function<void(const StepRecord&)> onStep;
+  /// Keep every step's record in TrainResult::steps (tests, benchmarks). Off, the run keeps only
+  /// running sums, whatever its length (the tinylm command).
+  bool keepStepRecords = true;
   /// Called on rank 0 with what an operator should know of the run's files: the checkpoint loaded
   /// (its step and world size), a save claim taken over from a dead run, settings a resume could
   /// not check. One line each, no newline.
@@ -242,6 +245,11 @@ struct TrainResult {
   /// Non-zero when TrainOptions::stopRequest ended the run before `steps`: the largest request.
   /// The run then ended after step firstStep + steps.size(), saved where saveCheckpoint is set.
   int stopRequest = 0;
+  int stepsRun = 0;        // steps run by this call (firstStep .. firstStep + stepsRun - 1)
+  double firstLoss = 0.0;  // the loss of the first of them, and of the last (stepsRun > 0)
+  double lastLoss = 0.0;
+  /// Every step's record, in order, where TrainOptions::keepStepRecords asked for them (else empty:
+  /// a run of weeks would hold 144 bytes a step for nothing).
   std::vector<StepRecord> steps;
   std::vector<RankSummary> ranks;  // rank order
   libshard::ShardPlan plan;        // this rank's

@@ -130,6 +130,8 @@ struct RunOutput {
   RankSummary ranks[kMaxRanks] = {};
   int32_t stopRequest[kMaxRanks] = {};  // each rank's TrainResult::stopRequest
   int32_t stepsRun[kMaxRanks] = {};     // each rank's steps
+  int32_t records = 0;                  // rank 0's TrainResult::steps.size()
+  double firstLoss = 0.0, lastLoss = 0.0;  // rank 0's TrainResult::firstLoss, lastLoss
 };
 
 class SharedOutput {
@@ -184,14 +186,17 @@ RunOutput train(const TrainOptions& o, int world, Mode mode = Mode::kProcesses) 
       return libcomm::makeError(StatusCode::kInternalError, "activations ", me.activationBytes, " B (peak ",
                                 me.activationPeakBytes, " B), plan ", me.planActivationBytes, " B (peak ",
                                 me.planActivationPeakBytes, " B)");
-    if (o.eventLogCheck && r.steps.size() > 0 && me.eventLogEntries == 0)
+    if (o.eventLogCheck && r.stepsRun > 0 && me.eventLogEntries == 0)
       return libcomm::makeError(StatusCode::kInternalError, "no event log entries");
     if (ctx.rank < kMaxRanks) {
       out->stopRequest[ctx.rank] = r.stopRequest;
-      out->stepsRun[ctx.rank] = static_cast<int32_t>(r.steps.size());
+      out->stepsRun[ctx.rank] = r.stepsRun;
     }
     if (ctx.rank == 0) {
-      out->steps = static_cast<int32_t>(r.steps.size());
+      out->steps = r.stepsRun;
+      out->records = static_cast<int32_t>(r.steps.size());
+      out->firstLoss = r.firstLoss;
+      out->lastLoss = r.lastLoss;
       out->firstStep = r.firstStep;
       for (size_t i = 0; i < r.steps.size() && i < kMaxSteps; ++i) {
         out->loss[i] = r.steps[i].loss;
@@ -612,6 +617,35 @@ TEST(TinyLmTrainThreads, SavesEveryNStepsAndResumesTheNewest) {
   again.saveEvery = 2;
   expectRefusedAtSetUp(again, "already holds a checkpoint (of step 2)", 2);
   EXPECT_TRUE(tinylm::isOptionsError(tinylm::checkRunOptions(again, 2, 2)));
+}
+
+// A run that keeps no step records (the tinylm command's: a run of weeks would hold 144 bytes a step)
+// reports the same summary as one that keeps them: the same first and last loss, the same means.
+TEST(TinyLmTrainThreads, WithoutStepRecordsTheSummaryIsTheSame) {
+  const TrainOptions kept = tinyOptions(Precision::kFp32, 5);
+  TrainOptions none = kept;
+  none.keepStepRecords = false;
+  const RunOutput a = train(kept, 2, Mode::kThreads), b = train(none, 2, Mode::kThreads);
+  ASSERT_EQ(a.steps, 5);
+  EXPECT_EQ(a.records, 5);
+  EXPECT_EQ(b.steps, 5);
+  EXPECT_EQ(b.records, 0);
+  EXPECT_EQ(a.firstLoss, a.loss[0]);
+  EXPECT_EQ(a.lastLoss, a.loss[4]);
+  EXPECT_EQ(b.firstLoss, a.firstLoss);
+  EXPECT_EQ(b.lastLoss, a.lastLoss);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(a.ranks[r].timedSteps, 4) << "rank " << r;  // the first step is left out of the means
+    EXPECT_EQ(b.ranks[r].timedSteps, 4) << "rank " << r;
+    EXPECT_GT(b.ranks[r].stepSeconds, 0.0) << "rank " << r;
+    EXPECT_GT(b.ranks[r].computeSeconds, 0.0) << "rank " << r;
+  }
+  TrainOptions one = none;  // a run of one step: that step is the mean
+  one.steps = 1;
+  const RunOutput c = train(one, 2, Mode::kThreads);
+  EXPECT_EQ(c.steps, 1);
+  EXPECT_EQ(c.ranks[0].timedSteps, 1);
+  EXPECT_EQ(c.firstLoss, c.lastLoss);
 }
 
 // A stop asked by one rank between steps (the tinylm command asks on SIGTERM): every rank ends after
