@@ -267,8 +267,8 @@ libcomm::Milliseconds jobDeadline(const CliOptions& o) {
   const libcomm::Milliseconds waits = jobTimeout(t.timeout, t.steps + 4LL + 2 * checkpoints);
   if (checkpoints == 0) return waits;
   const double ioMs = static_cast<double>(checkpointIoAllowance(t, std::max(1, o.numRanks)).count());
-  const double kMaxJobMs = 30.0 * 24 * 3600 * 1000;
-  const double total = std::min(kMaxJobMs, static_cast<double>(waits.count()) + 2.0 * checkpoints * ioMs);
+  const double total =
+      std::min(static_cast<double>(kLongestJobMs), static_cast<double>(waits.count()) + 2.0 * checkpoints * ioMs);
   return libcomm::Milliseconds(static_cast<long long>(total));
 }
 
@@ -276,9 +276,8 @@ libcomm::Milliseconds stopGrace(const CliOptions& o) {
   const TrainOptions& t = o.train;
   if (t.saveCheckpoint.empty()) return libcomm::LocalLaunchOptions{}.stopGrace;
   const double ioMs = static_cast<double>(checkpointIoAllowance(t, std::max(1, o.numRanks)).count());
-  const double kMaxMs = 30.0 * 24 * 3600 * 1000;
-  return libcomm::Milliseconds(
-      static_cast<long long>(std::min(kMaxMs, 3.0 * static_cast<double>(t.timeout.count()) + 2.0 * ioMs)));
+  return libcomm::Milliseconds(static_cast<long long>(
+      std::min(static_cast<double>(kLongestJobMs), 3.0 * static_cast<double>(t.timeout.count()) + 2.0 * ioMs)));
 }
 
 std::string stepLine(const StepRecord& r) { return "step " + std::to_string(r.step) + " loss " + fmt("%.6f", r.loss); }

@@ -30,12 +30,12 @@ struct CliOptions {
 /// is generous: (steps + 4) x --timeout, plus for each of --load-checkpoint and --save-checkpoint
 /// 2 x (--timeout + checkpointIoAllowance): the rank's own reading or writing, which --timeout does
 /// not bound, and the ranks' agreement after it, which waits up to --timeout plus that allowance
-/// for a slower peer (train.h). Capped at 30 days. Pure.
+/// for a slower peer (train.h). At most kLongestJobMs (launch.h). Pure.
 libcomm::Milliseconds jobDeadline(const CliOptions& options);
 /// How long -np's ranks get to end by themselves once the launcher is told to stop (SIGINT,
 /// SIGTERM, SIGHUP; LocalLaunchOptions::stopGrace): with --save-checkpoint they finish the step
 /// and save it (main.cc), so one step and one save as jobDeadline counts them, 3 x --timeout + 2 x
-/// checkpointIoAllowance; without, the launcher's 2 s. Capped at 30 days. Pure.
+/// checkpointIoAllowance; without, the launcher's 2 s. At most kLongestJobMs. Pure.
 libcomm::Milliseconds stopGrace(const CliOptions& options);
 
 /// Parses argv[1..]. kInvalidArgument with a message naming the flag and the problem.

@@ -23,10 +23,9 @@ std::string selfPath(const char* argv0) {
 }  // namespace
 
 libcomm::Milliseconds jobTimeout(libcomm::Milliseconds perWait, long long waits) {
-  const long long kMaxJobMs = 30LL * 24 * 3600 * 1000;
   waits = std::max(1LL, waits);
   const long long per = std::max(1LL, static_cast<long long>(perWait.count()));
-  return libcomm::Milliseconds(std::min(kMaxJobMs / waits, per) * waits);
+  return libcomm::Milliseconds(std::min(kLongestJobMs / waits, per) * waits);
 }
 
 libcomm::Status spawnLocalRanks(int numRanks, const char* argv0, const std::vector<std::string>& args,

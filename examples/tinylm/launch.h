@@ -17,15 +17,20 @@ namespace tinylm {
 
 /// Starts `numRanks` processes of this executable (found through /proc/self/exe, else `argv0`)
 /// with `args`, waits for all of them, and fails naming the first rank that failed. `jobTimeout`
-/// bounds the whole job: ranks still running past it are killed; `stopGrace` is how long they get
-/// to end by themselves once the launcher is told to stop (libcomm::LocalLaunchOptions). Blocks;
-/// not reentrant.
+/// bounds the whole job: ranks still running past it are told to stop (SIGTERM) and, like ranks
+/// stopped by a signal to the launcher, get `stopGrace` to end by themselves (saving their
+/// checkpoint) before they are killed (libcomm::LocalLaunchOptions). Blocks; not reentrant.
 libcomm::Status spawnLocalRanks(int numRanks, const char* argv0, const std::vector<std::string>& args,
                                 libcomm::Milliseconds jobTimeout,
                                 libcomm::Milliseconds stopGrace = libcomm::LocalLaunchOptions{}.stopGrace);
 
-/// A job deadline for `waits` bounded waits of `perWait` each, capped at 30 days (so that a huge
-/// per-wait timeout cannot overflow the launcher's clock arithmetic).
+/// The longest job deadline: ten years. A bound only so that a huge per-wait timeout or step count
+/// cannot overflow the clock arithmetic (nanoseconds in 64 bits: 292 years); no run meets it. (It
+/// was 30 days until 2026-12-06, which a run of more than 8,640 steps at the default --timeout met,
+/// and was killed by, however healthy: found by a long-run review.)
+constexpr long long kLongestJobMs = 10LL * 365 * 24 * 3600 * 1000;
+
+/// A job deadline for `waits` bounded waits of `perWait` each, at most kLongestJobMs.
 libcomm::Milliseconds jobTimeout(libcomm::Milliseconds perWait, long long waits);
 
 /// This process's bootstrap: from the job's environment when libcomm::startedAsRank(), else a world of

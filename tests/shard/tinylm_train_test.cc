@@ -1072,6 +1072,15 @@ TEST(TinyLmTrainOptions, JobDeadlineAllowsForCheckpointIo) {
   const double ioMs = 1000.0 * bytes / (tinylm::kCheckpointMiBPerSecond * 1048576.0);
   EXPECT_GT(ioMs, 100.0);  // a model big enough for the I/O term to show
   EXPECT_NEAR(static_cast<double>(tinylm::jobDeadline(*both).count()), (7 + 4) * 10000 + 4 * ioMs, 4.0);
+  // A run of weeks is not cut short: a million steps at the default --timeout (300 s) get their
+  // (steps + 4) x 300 s (it was capped at 30 days, 8,640 such steps); only the clock's bound caps.
+  auto weeks = tinylm::parseCli({"-np", "2", "--steps", "1000000"});
+  ASSERT_TRUE(weeks.isOk()) << weeks.status().toString();
+  EXPECT_EQ(tinylm::jobDeadline(*weeks).count(), (1000000LL + 4) * 300000);
+  auto ages = tinylm::parseCli({"-np", "2", "--steps", "2000000000", "--timeout", "100000"});
+  ASSERT_TRUE(ages.isOk()) << ages.status().toString();
+  EXPECT_LE(tinylm::jobDeadline(*ages).count(), tinylm::kLongestJobMs);
+  EXPECT_GT(tinylm::jobDeadline(*ages).count(), tinylm::kLongestJobMs / 2);
 }
 
 TEST(TinyLmTrainOptions, CommandLine) {

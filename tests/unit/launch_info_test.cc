@@ -830,6 +830,25 @@ TEST_F(LaunchEnv, RanksToldToStopGetTheStopGrace) {
   std::filesystem::remove_all(dir);
 }
 
+// Ranks still running at the job's deadline get the stop grace too (a trainer saves its state
+// then, as on a stop signal), where they used to be killed 2 s after SIGTERM; the error says how
+// they ended.
+TEST_F(LaunchEnv, RanksPastTheDeadlineGetTheStopGrace) {
+  const std::string dir = madeTempDir();
+  ASSERT_FALSE(dir.empty());
+  auto o = ranksThatStopSlowly(dir, 3);
+  o.timeout = 1500ms;
+  o.stopGrace = 20s;
+  const Status s = launchLocal(o);
+  EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.toString();
+  EXPECT_NE(s.message().find("ranks 0,1 of 2"), std::string::npos) << s.toString();
+  EXPECT_NE(s.message().find("they ended on SIGTERM within 20000 ms"), std::string::npos) << s.toString();
+  for (int r = 0; r < 2; ++r)
+    EXPECT_TRUE(std::filesystem::exists(dir + "/rank" + std::to_string(r))) << "rank " << r << " was cut short";
+  expectNoChildrenLeft();
+  std::filesystem::remove_all(dir);
+}
+
 // Another stop signal, a second or more after the first, ends the ranks at once (Ctrl-C twice);
 // the same one delivered again within the second (`timeout` signals its child, then the child's
 // group) does not: the ranks finish.

@@ -18,7 +18,8 @@ struct LocalLaunchOptions {
   int numRanks = 1;
   /// Program and arguments; argv[0] is looked up like execvp does.
   std::vector<std::string> argv;
-  /// Whole-job deadline: past it every rank still running is killed and kTimeout returned.
+  /// Whole-job deadline: past it every rank still running gets SIGTERM and `stopGrace` to end by
+  /// itself (then SIGKILL), and kTimeout is returned.
   Milliseconds timeout{600000};
   /// Extra environment for every rank (name, value).
   std::vector<std::pair<std::string, std::string>> env;

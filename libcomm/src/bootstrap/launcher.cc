@@ -651,12 +651,23 @@ Status launchLocal(const LocalLaunchOptions& options) {
       return makeError(StatusCode::kSystemError, said);
     }
     if (deadline.expired()) {
+      // As for a stop signal: SIGTERM and stopGrace, so that ranks that save their state when told
+      // to stop (a trainer with a checkpoint to save) keep it; SIGKILL only after the grace.
       std::vector<int> left = runningRanks(children);
-      stopAll(children);
+      const Milliseconds grace = std::max(kTermGrace, options.stopGrace);
+      if (grace > kTermGrace)
+        LIBCOMM_LOG(kWarn, "boot") << "launchLocal: the job's deadline (" << options.timeout.count()
+                                   << " ms) passed: sent SIGTERM to " << ranksNamed(left) << "; they get up to "
+                                   << grace.count() << " ms to end by themselves";
+      const std::vector<int> killed = stopAll(children, grace);
+      std::string how = "; killed them";
+      if (killed.size() < left.size())
+        how = killed.empty() ? libcomm::detail::strCat("; they ended on SIGTERM within ", grace.count(), " ms")
+                             : libcomm::detail::strCat("; ", ranksNamed(killed), " killed after ", grace.count(),
+                                                       " ms, the others ended on SIGTERM");
       return saidIfInterrupted(makeError(StatusCode::kTimeout, "launchLocal: ranks ", boot::joinRanks(left), " of ",
                                          options.numRanks, " (", program, ") still running after ",
-                                         options.timeout.count(), " ms; killed them",
-                                         removeSegments(children, ranksJobId)));
+                                         options.timeout.count(), " ms", how, removeSegments(children, ranksJobId)));
     }
     backoff.sleep(deadline);
   }
