@@ -11,6 +11,8 @@
 #include <cstring>
 #include <mutex>
 
+#include <pthread.h>
+
 #include "core/cpu_relax.h"
 #include "core/log.h"
 #include "libcomm/status.h"
@@ -20,14 +22,21 @@ namespace {
 
 // Everything the handler reads lives in static storage and is read through atomics: it may run in
 // any thread at any moment, and may neither allocate nor lock.
-constexpr size_t kNameBytes = 128;  // names are ~50 bytes ("/shardcomm.<pid>.<job>.r<rank>.c<n>.ctl")
+// Names are "/shardcomm.<pid>.<job>.r<rank>.c<n>.<what>"; a job id may take 128 bytes. One longer
+// than this is kept cut, and then matches every communicator (faultedSegmentIn).
+constexpr size_t kNameBytes = 256;
 
+// A watched segment's state in the handler: 0 not caught, 1 a handler is recording it, 2 recorded.
 struct Watch {
   std::atomic<uint32_t> claimed{0};  // the slot is taken (watchSegment .. unwatchSegment)
   std::atomic<uintptr_t> base{0};    // 0: nothing to act on
   std::atomic<size_t> bytes{0};
   std::atomic<uint32_t> inHandler{0};  // handlers looking at this slot now (unwatchSegment waits)
-  std::atomic<uint32_t> caught{0};     // one handler remaps and records it, once
+  std::atomic<uint32_t> recorded{0};
+  // Pages from here to the range's end are private now. A page is replaced from the first one that
+  // faulted up to the lowest replaced before; pages below the file's new end (never faulting) stay
+  // shared, so a file cut short keeps what is left of it in common with the peers.
+  std::atomic<uintptr_t> low{0};
   char name[kNameBytes];
 };
 
@@ -45,6 +54,7 @@ constexpr uint32_t kLogSize = 64;
 struct Caught {
   std::atomic<uint32_t> ready{0};
   size_t bytes = 0;
+  bool cut = false;  // the name did not fit: it may be any communicator's
   char name[kNameBytes];
 };
 Caught gLog[kLogSize];
@@ -52,19 +62,22 @@ std::atomic<uint32_t> gLogClaimed{0};
 std::atomic<uint32_t> gFaults{0};
 
 struct sigaction gPrevious;  // written once, under gInstall, before our handler can run
-std::mutex gInstall;
-bool gInstalled = false;  // inherited by forked children with the handler itself
+std::mutex gInstall;         // held across fork() (atfork): a child finds it free
+std::atomic<bool> gInstalled{false};  // inherited by forked children with the handler itself
 bool gInstallFailed = false;
+uintptr_t gPageBytes = 4096;  // set before the handler is installed
 
-void copyName(char* to, const char* from) {
+// Copies a name; false when it had to be cut.
+bool copyName(char* to, const char* from) {
   size_t i = 0;
   for (; i + 1 < kNameBytes && from[i]; ++i) to[i] = from[i];
   to[i] = '\0';
+  return from[i] == '\0';
 }
 
 // Formats into a fixed buffer without the C library's formatting (not async-signal-safe).
 struct Line {
-  char text[512];
+  char text[768];
   size_t used = 0;
   void add(const char* s) {
     while (*s && used + 1 < sizeof(text)) text[used++] = *s++;
@@ -79,32 +92,41 @@ struct Line {
     if (radix == 16) add("0x");
     while (n > 0 && used + 1 < sizeof(text)) text[used++] = digits[--n];
   }
+  void write() const {
+    for (size_t done = 0; done < used;) {
+      const ssize_t n = ::write(STDERR_FILENO, text + done, used - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;
+      done += static_cast<size_t>(n);
+    }
+  }
 };
 
-void tell(uintptr_t addr, const Watch& w, size_t bytes) {
-  Line line;
-  line.add("libcomm: SIGBUS at ");
-  line.addNumber(addr, 16);
-  line.add(" in shared-memory segment ");
-  line.add(w.name);
-  line.add(" (");
-  line.addNumber(bytes, 10);
-  line.add(
-      " bytes mapped): its file lost those pages under the job (truncated by another process?); its "
-      "mapping in process ");
-  line.addNumber(static_cast<uint64_t>(getpid()), 10);
-  line.add(" is now private zeroed memory, and its communicator fails, naming it\n");
-  for (size_t done = 0; done < line.used;) {
-    const ssize_t n = write(STDERR_FILENO, line.text + done, line.used - done);
-    if (n <= 0 && errno != EINTR) break;
-    if (n > 0) done += static_cast<size_t>(n);
+// The record of a fault, made before any page is replaced: a thread that reads the replaced pages
+// finds the fault counted. The first handler of a segment writes it; another one at the same time
+// waits until it is written (a few stores away).
+void record(Watch& w, size_t bytes) {
+  uint32_t state = w.recorded.load(std::memory_order_acquire);
+  if (state == 0 && w.recorded.compare_exchange_strong(state, 1)) {
+    const uint32_t at = gLogClaimed.fetch_add(1);
+    if (at < kLogSize) {
+      gLog[at].cut = !copyName(gLog[at].name, w.name);
+      gLog[at].bytes = bytes;
+      gLog[at].ready.store(1, std::memory_order_release);
+    }
+    gFaults.fetch_add(1, std::memory_order_seq_cst);
+    w.recorded.store(2, std::memory_order_release);
+    return;
   }
+  while (w.recorded.load(std::memory_order_acquire) != 2) cpuRelax();
 }
 
-// The fault at `addr`, when it lies in a watched segment: that segment's range becomes private
-// zeroed memory, so the faulting access (re-run on return) and later ones go on. True when the
-// access may be re-run.
-bool catchInSegment(uintptr_t addr) {
+enum class Outcome { kNotOurs, kRetry, kFailed };
+
+// The fault at `addr`, when it lies in a watched segment: recorded, and the pages from its page up
+// to those replaced before become private zeroed memory, so that the faulting access (re-run on
+// return) and later ones go on. `line` gets what to say (written once the slot is let go).
+Outcome catchInSegment(uintptr_t addr, Line* line, bool* first) {
   for (Chunk* c = &gFirst; c; c = c->next.load(std::memory_order_acquire)) {
     for (Watch& w : c->slots) {
       if (w.base.load(std::memory_order_relaxed) == 0) continue;
@@ -112,63 +134,124 @@ bool catchInSegment(uintptr_t addr) {
       w.inHandler.fetch_add(1, std::memory_order_seq_cst);
       const uintptr_t base = w.base.load(std::memory_order_seq_cst);
       const size_t bytes = w.bytes.load(std::memory_order_relaxed);
-      bool retry = false;
-      if (base != 0 && addr - base < bytes) {
-        if (w.caught.exchange(1) != 0) {
-          retry = true;  // another thread remaps it; its access, re-run, finds the new pages
-        } else if (mmap(reinterpret_cast<void*>(base), bytes, PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED) {
-          const uint32_t at = gLogClaimed.fetch_add(1);
-          if (at < kLogSize) {
-            copyName(gLog[at].name, w.name);
-            gLog[at].bytes = bytes;
-            gLog[at].ready.store(1, std::memory_order_release);
-          }
-          gFaults.fetch_add(1, std::memory_order_release);
-          tell(addr, w, bytes);
-          retry = true;
-        }
-        // mmap failed: passed on (the default action ends the process, as without this handler)
+      if (base == 0 || addr - base >= bytes) {
         w.inHandler.fetch_sub(1, std::memory_order_seq_cst);
-        return retry;
+        continue;
+      }
+      *first = w.recorded.load(std::memory_order_acquire) == 0;
+      record(w, bytes);
+      const uintptr_t page = addr & ~(gPageBytes - 1);
+      Outcome result = Outcome::kRetry;
+      uintptr_t low = w.low.load(std::memory_order_acquire);
+      // Below `low`: this handler takes [page, low) and replaces it. At or above: replaced already,
+      // or being replaced by another thread's handler; the re-run access faults until it is.
+      while (page < low && !w.low.compare_exchange_weak(low, page)) {
+      }
+      if (page < low && mmap(reinterpret_cast<void*>(page), low - page, PROT_READ | PROT_WRITE,
+                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED)
+        result = Outcome::kFailed;
+      if (*first || result == Outcome::kFailed) {
+        line->add("libcomm: SIGBUS at ");
+        line->addNumber(addr, 16);
+        line->add(" in shared-memory segment ");
+        line->add(w.name);
+        line->add(" (");
+        line->addNumber(bytes, 10);
+        line->add(" bytes mapped): its file lost pages under the job (cut short by another process?)");
+        if (result == Outcome::kFailed) {
+          line->add("; replacing them failed (mmap: errno ");
+          line->addNumber(static_cast<uint64_t>(errno), 10);
+          line->add("), so the process ends by the signal\n");
+        } else {
+          line->add("; in process ");
+          line->addNumber(static_cast<uint64_t>(getpid()), 10);
+          line->add(" they are private zeroed memory now, and its communicator fails, naming it\n");
+        }
       }
       w.inHandler.fetch_sub(1, std::memory_order_seq_cst);
+      return result;
     }
   }
-  return false;
+  return Outcome::kNotOurs;
 }
 
-void passOn(int sig, siginfo_t* info, void* context) {
-  if (gPrevious.sa_flags & SA_SIGINFO) {
-    if (gPrevious.sa_sigaction) return gPrevious.sa_sigaction(sig, info, context);
-  } else if (gPrevious.sa_handler == SIG_IGN) {
-    if (info->si_code <= 0) return;  // sent by a process, and ignored before us: still ignored
-    // A fault cannot be ignored (the access would fault again for ever): the default, below.
-  } else if (gPrevious.sa_handler != SIG_DFL && gPrevious.sa_handler) {
-    return gPrevious.sa_handler(sig);
-  }
-  // The default action, as if we were not here: a fault re-runs its access on return and ends the
-  // process; a SIGBUS sent by a process is raised again (blocked until this handler returns).
+void restoreDefault() {
   struct sigaction dfl;
   memset(&dfl, 0, sizeof(dfl));
   dfl.sa_handler = SIG_DFL;
   sigemptyset(&dfl.sa_mask);
   sigaction(SIGBUS, &dfl, nullptr);
-  if (info->si_code <= 0) raise(SIGBUS);
+}
+
+// A fault of the thread's own access (re-run when the handler returns), as opposed to a SIGBUS
+// sent by a process or an asynchronous machine-check notice.
+bool isFault(const siginfo_t* info) {
+  switch (info->si_code) {
+    case BUS_ADRALN:
+    case BUS_ADRERR:
+    case BUS_OBJERR:
+#ifdef BUS_MCEERR_AR
+    case BUS_MCEERR_AR:
+#endif
+      return true;
+    default:
+      return false;
+  }
+}
+
+// As if our handler were not there: the handler before ours, else the default action.
+void passOn(int sig, siginfo_t* info, void* context) {
+  if (gPrevious.sa_flags & SA_SIGINFO) {
+    if (gPrevious.sa_sigaction) return gPrevious.sa_sigaction(sig, info, context);
+  } else if (gPrevious.sa_handler == SIG_IGN) {
+    if (!isFault(info)) return;  // ignored before us: still ignored
+    // A fault cannot be ignored (the access would fault again for ever): the default, below.
+  } else if (gPrevious.sa_handler != SIG_DFL && gPrevious.sa_handler) {
+    return gPrevious.sa_handler(sig);
+  }
+  // The default action: a fault re-runs its access on return and ends the process; anything else
+  // is raised again (blocked until this handler returns).
+  restoreDefault();
+  if (!isFault(info)) raise(SIGBUS);
 }
 
 void onBus(int sig, siginfo_t* info, void* context) {
   const int savedErrno = errno;
-  const bool caught = info && info->si_code == BUS_ADRERR && catchInSegment(reinterpret_cast<uintptr_t>(info->si_addr));
-  errno = savedErrno;
-  if (!caught) passOn(sig, info, context);
+  Line line;
+  bool first = false;
+  const Outcome caught = info && info->si_code == BUS_ADRERR
+                             ? catchInSegment(reinterpret_cast<uintptr_t>(info->si_addr), &line, &first)
+                             : Outcome::kNotOurs;
+  line.write();
+  if (caught == Outcome::kNotOurs) {
+    passOn(sig, info, context);
+  } else if (caught == Outcome::kFailed) {
+    // Pages that cannot be replaced: the process ends by the signal (the handler before ours has its
+    // say first), never an access re-run for ever.
+    passOn(sig, info, context);
+    restoreDefault();
+  }
   errno = savedErrno;
 }
 
+// A forked child has none of its parent's other threads, so no handler of theirs is inside a slot;
+// and the install lock is taken across the fork, so the child finds it free.
+void beforeFork() { gInstall.lock(); }
+void afterForkInParent() { gInstall.unlock(); }
+void afterForkInChild() {
+  gInstall.unlock();
+  for (Chunk* c = &gFirst; c; c = c->next.load(std::memory_order_acquire))
+    for (Watch& w : c->slots) w.inHandler.store(0, std::memory_order_relaxed);
+}
+
 bool ensureInstalled() {
+  if (gInstalled.load(std::memory_order_acquire)) return true;
+  static std::once_flag atfork;
+  std::call_once(atfork, [] { pthread_atfork(beforeFork, afterForkInParent, afterForkInChild); });
   std::lock_guard<std::mutex> lock(gInstall);
-  if (gInstalled) return true;
+  if (gInstalled.load(std::memory_order_relaxed)) return true;
   if (gInstallFailed) return false;
+  if (const long page = sysconf(_SC_PAGESIZE); page > 0) gPageBytes = static_cast<uintptr_t>(page);
   struct sigaction sa;
   memset(&sa, 0, sizeof(sa));
   sa.sa_sigaction = onBus;
@@ -178,10 +261,10 @@ bool ensureInstalled() {
   if (sigaction(SIGBUS, &sa, &gPrevious) != 0) {
     gInstallFailed = true;
     LIBCOMM_LOG(kWarn, "mem") << "cannot install the SIGBUS handler (" << strerror(errno)
-                              << "): a shared-memory segment truncated under the job ends the process unnamed";
+                              << "): a shared-memory segment cut short under the job ends the process unnamed";
     return false;
   }
-  gInstalled = true;
+  gInstalled.store(true, std::memory_order_release);
   return true;
 }
 
@@ -202,7 +285,8 @@ int watchSegment(void* base, size_t bytes, const std::string& name) {
       if (w.claimed.load(std::memory_order_relaxed) == 0 && w.claimed.compare_exchange_strong(free, 1)) {
         copyName(w.name, name.c_str());
         w.bytes.store(bytes, std::memory_order_relaxed);
-        w.caught.store(0, std::memory_order_relaxed);
+        w.recorded.store(0, std::memory_order_relaxed);
+        w.low.store(reinterpret_cast<uintptr_t>(base) + bytes, std::memory_order_relaxed);
         w.base.store(reinterpret_cast<uintptr_t>(base), std::memory_order_release);
         return index;
       }
@@ -233,6 +317,7 @@ std::optional<FaultedSegment> faultedSegmentIn(const std::vector<std::string>& p
   for (uint32_t i = 0; i < logged; ++i) {
     if (gLog[i].ready.load(std::memory_order_acquire) == 0) continue;
     const std::string_view name(gLog[i].name);
+    if (gLog[i].cut) return FaultedSegment{std::string(name) + "...", gLog[i].bytes, -1, false};
     for (size_t p = 0; p < prefixes.size(); ++p) {
       const std::string& prefix = prefixes[p];
       if (!prefix.empty() && name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0 &&
@@ -241,21 +326,21 @@ std::optional<FaultedSegment> faultedSegmentIn(const std::vector<std::string>& p
     }
   }
   if (gLogClaimed.load(std::memory_order_acquire) > kLogSize)
-    return FaultedSegment{"(one of more than 64 faulted in this process; the first 64 are named on stderr)", 0, -1};
+    return FaultedSegment{"(one of more than 64 faulted in this process; stderr names each)", 0, -1, false};
   return std::nullopt;
 }
 
 std::string describeFault(const FaultedSegment& f, const std::string& whose) {
   std::string now;
-  const int fd = shm_open(f.name.c_str(), O_RDONLY, 0);
+  const int fd = f.exact ? shm_open(f.name.c_str(), O_RDONLY, 0) : -1;
   struct stat st;
   if (fd >= 0 && fstat(fd, &st) == 0)
     now = detail::strCat("its file now holds ", st.st_size, " bytes, ", f.mappedBytes, " were mapped");
-  else if (fd < 0 && errno == ENOENT)
+  else if (f.exact && fd < 0 && errno == ENOENT)
     now = detail::strCat("its file is gone now; ", f.mappedBytes, " bytes were mapped");
   if (fd >= 0) close(fd);
-  return detail::strCat("shared-memory segment ", f.name, whose, " lost its pages under the job (SIGBUS",
-                        now.empty() ? "" : "; ", now, "; truncated by another process?): its data here is gone");
+  return detail::strCat("shared-memory segment ", f.name, whose, " lost pages under the job (SIGBUS",
+                        now.empty() ? "" : "; ", now, "; cut short by another process?): their data here is gone");
 }
 
 }  // namespace libcomm::shm

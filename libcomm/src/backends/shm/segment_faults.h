@@ -1,5 +1,5 @@
 #pragma once
-// A segment truncated under a live job: SIGBUS turned into an error that names the segment.
+// A segment cut short under a live job: SIGBUS turned into an error that names the segment.
 //
 // A shared-memory segment's pages belong to its file in /dev/shm. When that file shrinks under a
 // running job (its user, or root, truncates it: segments are mode 0600), every access past the new
@@ -8,19 +8,23 @@
 // process ends with no word of which segment.
 //
 // Every mapped segment is watched (Segment registers its range here). The SIGBUS handler, on a
-// fault with a nonexistent page (BUS_ADRERR) inside a watched range, maps private zeroed memory
-// over the whole range, so that the access and every later one go on; it writes one line naming
-// the segment to stderr and records the segment as faulted. The data is gone, so nothing computed
-// from it may pass for a result: a communicator whose segments (its own or a host peer's) faulted
-// fails its collectives, naming the segment (faultedSegmentIn, asked after each collective and
-// inside its control-plane waits, at the cost of one relaxed load while nothing has faulted).
+// fault with a nonexistent page (BUS_ADRERR) inside a watched range, first records the segment as
+// faulted (so that a thread reading the replaced pages finds it counted), then maps private zeroed
+// memory over the pages from the faulting one up to those it replaced before, so that the access
+// and later ones go on; pages below the file's new end never fault and stay shared. One line naming
+// the segment goes to stderr. The data is gone, so nothing computed from it may pass for a result:
+// a communicator whose segments (its own or a host peer's) faulted fails its collectives, naming
+// the segment (faultedSegmentIn: asked before and after each collective, before the control plane
+// announces anything, and in its waits; one load while nothing has faulted).
 //
 // Any other SIGBUS (outside every segment, or not BUS_ADRERR) goes to the handler installed before
 // ours; where that was the default action, the default is restored and the access, re-run, ends the
-// process as it would have without us. A handler the program installs later replaces ours
-// (sigaction is per process). UCX installs its own on its error signals when it is loaded (its
-// UCX_ERROR_SIGNALS): in a process with communicators across hosts, a truncated segment then ends
-// the process with UCX's backtrace, as it did before this handler.
+// process as it would have without us (a SIGBUS sent by a process is raised again). Pages that
+// cannot be replaced (mmap fails) end the process the same way. A handler installed later replaces
+// ours (sigaction is per process): UCX's, when UCX is loaded after the first segment (communicators
+// across hosts, UCX_ERROR_SIGNALS), so that a cut segment there ends the process with UCX's
+// backtrace, as it did before this handler; where UCX came first (linked in, or loaded by an MPI),
+// ours is in front and passes it the other faults.
 
 #include <cstddef>
 #include <cstdint>
@@ -43,12 +47,13 @@ uint32_t segmentFaults();
 struct FaultedSegment {
   std::string name;
   size_t mappedBytes = 0;
-  int owner = -1;  // index of the prefix it matched
+  int owner = -1;     // index of the prefix it matched; -1: it may be any communicator's
+  bool exact = true;  // `name` is the segment's whole name (else a cut one, or a placeholder)
 };
 /// The first faulted segment whose name is one of `prefixes` followed by '.', if any: the segments
 /// of one communicator ("<prefix>.ctl", "<prefix>.s<id>", ...). Cheap while segmentFaults() is 0.
 std::optional<FaultedSegment> faultedSegmentIn(const std::vector<std::string>& prefixes);
-/// "shared-memory segment <name><whose> lost its pages under the job (...)": what befell it, with
+/// "shared-memory segment <name><whose> lost pages under the job (...)": what befell it, with
 /// the file's size now where it can be read. `whose` e.g. " (rank 3's)".
 std::string describeFault(const FaultedSegment& f, const std::string& whose = "");
 

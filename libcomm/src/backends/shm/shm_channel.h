@@ -158,7 +158,9 @@ class Channel {
   }
   size_t eagerBytes() const { return eagerBytes_; }
 
-  /// Stores `value` in this rank's counter and wakes whoever waits on it.
+  /// Stores `value` in this rank's counter and wakes whoever waits on it. Where a segment of this
+  /// communicator lost pages (segmentFault), marks this rank failed instead: data read from them
+  /// (zeroes) is never announced as ready, and the peers fail at once.
   void publish(Counter c, uint32_t value);
   /// Sets this rank's counter `c` to `value`, waking no one, unless it holds that already: after a
   /// collective that had no use for it (an eager one, one NCCL ran), so that it stays within one
@@ -168,7 +170,8 @@ class Channel {
     std::atomic<uint32_t>& word = mine().counters[static_cast<int>(c)];
     if (word.load(std::memory_order_relaxed) != value) word.store(value, std::memory_order_release);
   }
-  /// Announces this rank's collective d.seq (descriptor and arrival at once).
+  /// Announces this rank's collective d.seq (descriptor and arrival at once); as publish, not where
+  /// a segment of this communicator lost pages (an eager input copied from them travels with it).
   void post(const OpDescriptor& d);
   /// Waits until every peer posted collective `seq` (failures as for waitCounter).
   Status waitPosted(uint32_t seq, const WaitContext& ctx);
@@ -241,6 +244,8 @@ class Channel {
   CommConfig config_;
   std::vector<Segment> segments_;       // index = rank (own one created, peers' opened)
   std::vector<std::string> prefixes_;   // index = rank: its segment prefix (connect)
+  uint32_t lastPosted_ = 0;             // the seq of the collective posted last (messages)
+  bool refuseAfterFault();
   std::vector<ControlBlock*> blocks_;
   std::vector<ProcessId> processes_;
   /// Whether peer r's process still runs: by pid in this pid namespace, by the lock it holds on its
