@@ -271,6 +271,11 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   void disconnectInTurn(const Status& why, uint32_t seq);
 
   std::atomic<uint32_t> nextSeq_{0};
+  // How many sequence numbers were taken, and how many settled in order (settle()), in 64 bits: a
+  // collective's ordinal is its place among them. The record of queued collectives keys on these,
+  // which never wrap (seqs do, after 2^32 collectives).
+  std::atomic<uint64_t> ordinalsTaken_{0};
+  std::atomic<uint64_t> ordinalsSettled_{0};
   // Calls refused before taking a sequence number (bad arguments, another thread inside a call),
   // and the last one's message (under errMu_): CollArgs::refusedBefore.
   std::atomic<uint32_t> refusedCalls_{0};
@@ -320,6 +325,7 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   Status refuseInForkedChild(const char* what) const;
   int inflight() const { return inflight_.load(); }
   uint32_t lastExecuted() const { return lastExecuted_.load(); }
+  uint64_t ordinalsSettled() const { return ordinalsSettled_.load(); }
 
  private:
   /// Across hosts: this rank's progress on the bootstrap's side channel, read back when a

@@ -511,7 +511,7 @@ bool Communicator::Impl::waitUntouched(uintptr_t from, uintptr_t to, Deadline de
     if ((othersOnly && c.get() == this) || c->inflight() == 0 || c->inForkedChild()) continue;
     // The newest collective of `c` that touches the memory: the wait for it covers those before.
     QueuedCollective waitFor;
-    if (!c->queued_.newestTouching(c->lastExecuted(), from, to, &waitFor) ||
+    if (!c->queued_.newestTouching(c->ordinalsSettled(), from, to, &waitFor) ||
         c->waitSettledThrough(waitFor.seq, deadline))
       continue;
     *blocker = describeColl(waitFor.args, waitFor.seq) +

@@ -95,6 +95,7 @@ Status Communicator::Impl::submit(CollArgs& args, Stream& stream) {
     return Status(err.code(), "rank " + std::to_string(rank_) + ": " + collName(args.kind) +
                                   " refused: the communicator failed earlier: " + err.message());
   const uint32_t seq = nextSeq_.fetch_add(1) + 1;
+  const uint64_t ordinal = ordinalsTaken_.fetch_add(1) + 1;
   args.refusedBefore = static_cast<uint16_t>(refusedBefore);
   inflight_.fetch_add(1);
   flight_->enqueued(args, seq, stream.name(), size_);
@@ -139,7 +140,7 @@ Status Communicator::Impl::submit(CollArgs& args, Stream& stream) {
     }
   };
   // The memory it uses, for freeRegistered (of any communicator) to wait for while it is queued.
-  queued_.enter(seq, args, rank_, size_, stream.name(), lastExecuted_.load(std::memory_order_relaxed));
+  queued_.enter(seq, ordinal, args, rank_, size_, stream.name(), ordinalsSettled_.load(std::memory_order_relaxed));
   auto ticket = std::make_shared<Ticket>(shared_from_this(), args, seq);
   return stream.enqueueHost(
       [ticket] {
@@ -202,7 +203,7 @@ void Communicator::Impl::settle(uint32_t seq) {
   // Only the settle of seq advances the order past it (a collective settled unrun out of order
   // failed the communicator, which releases everyone waiting for their turn).
   uint32_t previous = seq - 1;
-  lastExecuted_.compare_exchange_strong(previous, seq);
+  if (lastExecuted_.compare_exchange_strong(previous, seq)) ordinalsSettled_.fetch_add(1);
   inflight_.fetch_sub(1);
   wakeSleepers();
 }
