@@ -96,10 +96,10 @@ TEST(ProgressBoard, ABootstrapWithoutASideChannelGivesNoBoard) {
 // sees it within a few intervals, and a destroyed board leaves no entry behind.
 TEST(ProgressBoard, ReportersPublishChangesAndLeaveALastEntry) {
   auto bootstraps = createInProcessBootstraps(3);
-  std::atomic<uint32_t> called[3] = {}, started[3] = {};
+  std::atomic<uint32_t> called[3] = {}, started[3] = {}, finished[3] = {};
   std::vector<std::unique_ptr<ProgressBoard>> boards;
   for (int r = 0; r < 3; ++r) {
-    auto read = [&, r] { return RankProgress{called[r].load(), started[r].load(), 0, false}; };
+    auto read = [&, r] { return RankProgress{called[r].load(), started[r].load(), finished[r].load(), false}; };
     auto board = ProgressBoard::open(*bootstraps[r], "comm-x", r, 3, 20ms, read, Deadline::after(1s));
     ASSERT_TRUE(board.isOk()) << board.status().toString();
     boards.push_back(std::move(*board));
@@ -137,6 +137,20 @@ TEST(ProgressBoard, ReportersPublishChangesAndLeaveALastEntry) {
                       "communicator is gone (destroyed); last called seq 1, finished seq 0)"),
             std::string::npos)
       << text;
+
+  // One that ends cleanly (everything it was called for finished) leaves no entry: a job that makes
+  // communicators over and over would fill its store with them.
+  finished[1] = 1;
+  boards[1].reset();
+  auto side = bootstraps[0]->openSideChannel(Deadline::after(1s));
+  ASSERT_TRUE(side.isOk()) << side.status().toString();
+  auto left = (*side)->lookup({"progress/comm-x/0", "progress/comm-x/1", "progress/comm-x/2"}, Deadline::after(1s));
+  ASSERT_TRUE(left.isOk()) << left.status().toString();
+  EXPECT_TRUE((*left)[0].has_value());
+  EXPECT_FALSE((*left)[1].has_value()) << *(*left)[1];
+  EXPECT_TRUE((*left)[2].has_value());  // rank 2 ended with seq 1 unfinished: its last entry stays
+  text = boards[0]->stragglers(2, Deadline::after(1s));
+  EXPECT_NE(text.find("1: no progress report: its communicator ended"), std::string::npos) << text;
 }
 
 }  // namespace

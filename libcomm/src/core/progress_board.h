@@ -17,8 +17,9 @@
 // the last init barrier, so a missing entry later means a rank whose board failed. A destroyed
 // communicator leaves its last entry, marked gone, rather than none: a rank that reached a
 // collective, timed out in it and went away before its peers timed out is then still counted as
-// having arrived (and one that went away before is described as such). The entries stay until the
-// job's store goes: one short key per rank and communicator.
+// having arrived (and one that went away before is described as such). A communicator that ends
+// cleanly (every collective it was called for finished, none failed) removes its entry instead, so
+// that a job making communicators over and over leaves nothing behind in its store.
 
 #include <atomic>
 #include <condition_variable>
