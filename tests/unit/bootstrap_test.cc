@@ -169,10 +169,10 @@ TEST_P(BootstrapTest, AllGatherBarrierSendRecv) {
   auto [kind, n] = GetParam();
   Job job(kind, n);
   expectAllOk(job.run(exercise));
-  // Every rank deleted its file of each round once the next round completed: only the last
-  // round's files are left, the run file and rank 0's lock file.
+  // Every rank deleted its file of each round once the next round completed, and the last rank
+  // out the rest (the last round's files, the run file and rank 0's lock file).
   if (kind == Kind::kFile) {
-    EXPECT_EQ(job.dir.count(), static_cast<size_t>(n) + 2);
+    EXPECT_EQ(job.dir.count(), 0u);
   }
 }
 
@@ -414,11 +414,15 @@ TEST(FileBootstrap, ASecondProcessWithTheSameRankIsRefused) {
 
 TEST(FileBootstrap, ALaterRunOfTheSameJobNeverReadsTheEarlierRunsFiles) {
   TempDir dir;
-  // Run 1: hello and one allGather; its round-1 files stay (nobody deletes a last round).
+  // Run 1: hello and one allGather; rank 1 does not end (as if it hung, or was killed), so its
+  // round-1 files stay (the last rank out would remove them).
+  std::unique_ptr<Bootstrap> stuck;
   expectAllOk(runThreads(2, [&](int r) -> Status {
     LIBCOMM_ASSIGN_OR_RETURN(auto b, createFileBootstrap(dir.path, "again", r, 2, Deadline::after(10s)));
     int mine = 100 + r, all[2];
-    return b->allGather(&mine, all, sizeof(mine), Deadline::after(10s));
+    LIBCOMM_RETURN_IF_ERROR(b->allGather(&mine, all, sizeof(mine), Deadline::after(10s)));
+    if (r == 1) stuck = std::move(b);
+    return Status::ok();
   }));
   // Run 2: rank 1 is late to its allGather. Rank 0 must wait for it, not take run 1's value.
   expectAllOk(runThreads(2, [&](int r) -> Status {
@@ -431,9 +435,41 @@ TEST(FileBootstrap, ALaterRunOfTheSameJobNeverReadsTheEarlierRunsFiles) {
                        " where this run gave 200, 201");
     return Status::ok();
   }));
-  // Rank 0 of run 2 removed run 1's files: what is left is run 2's last round, the run file and
-  // the job's lock file.
-  EXPECT_EQ(dir.count(), 4u);
+  // Rank 0 of run 2 removed run 1's files, and run 2's last rank out its own: nothing is left.
+  EXPECT_EQ(dir.count(), 0u);
+  stuck.reset();
+}
+
+// A run whose ranks all end leaves nothing in the directory: its last round, its side channel's
+// entries, the run file and the lock file go with the last rank out. (They stayed until the next
+// run of the job id, which never comes for one-use job ids: the NCCL shim makes one per NCCL
+// communicator, and a long job left 2 + ranks files per communicator; found by a long-run review.)
+TEST(FileBootstrap, ARunWhoseRanksAllEndedLeavesNothing) {
+  TempDir dir;
+  for (int run = 0; run < 3; ++run) {
+    expectAllOk(runThreads(3, [&](int r) -> Status {
+      LIBCOMM_ASSIGN_OR_RETURN(
+          auto b, createFileBootstrap(dir.path, "once-" + std::to_string(run), r, 3, Deadline::after(10s)));
+      LIBCOMM_ASSIGN_OR_RETURN(auto side, b->openSideChannel(Deadline::after(10s)));
+      LIBCOMM_RETURN_IF_ERROR(side->publish("progress/x/" + std::to_string(r), "v", Deadline::after(10s)));
+      int mine = r, all[3];
+      LIBCOMM_RETURN_IF_ERROR(b->allGather(&mine, all, sizeof(mine), Deadline::after(10s)));
+      if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(50 * run));  // ends last, or not
+      return b->barrier(Deadline::after(10s));
+    }));
+    EXPECT_EQ(dir.count(), 0u) << "run " << run;
+  }
+  // A rank that does not end keeps the run's files: the others cannot know it read them.
+  std::unique_ptr<Bootstrap> alive;
+  expectAllOk(runThreads(2, [&](int r) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto b, createFileBootstrap(dir.path, "kept", r, 2, Deadline::after(10s)));
+    LIBCOMM_RETURN_IF_ERROR(b->barrier(Deadline::after(10s)));
+    if (r == 1) alive = std::move(b);
+    return Status::ok();
+  }));
+  EXPECT_GT(dir.count(), 0u);
+  alive.reset();  // the last one out
+  EXPECT_EQ(dir.count(), 0u);
 }
 
 // A second rank 0 of a job whose run is live in the same directory is refused at once, naming the
@@ -500,9 +536,13 @@ TEST(FileBootstrap, ARunRemovesOnlyItsOwnJobsFilesOfEarlierRuns) {
 
 TEST(FileBootstrap, ACrashedRunsHelloDoesNotStandInForAMissingRank) {
   TempDir dir;
-  // Run 1 says hello with both ranks and ends (as a crash right after would): its hello files stay.
+  // Run 1 says hello with both ranks, and rank 1 does not end (as if it crashed right after): its
+  // hello files stay.
+  std::unique_ptr<Bootstrap> stuck;
   expectAllOk(runThreads(2, [&](int r) -> Status {
-    return createFileBootstrap(dir.path, "crashed", r, 2, Deadline::after(10s)).status();
+    LIBCOMM_ASSIGN_OR_RETURN(auto b, createFileBootstrap(dir.path, "crashed", r, 2, Deadline::after(10s)));
+    if (r == 1) stuck = std::move(b);
+    return Status::ok();
   }));
   // Run 2: rank 0 alone. Run 1's hello of rank 1 must not complete it.
   auto lone0 = createFileBootstrap(dir.path, "crashed", 0, 2, Deadline::after(500ms));

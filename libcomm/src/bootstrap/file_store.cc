@@ -291,13 +291,17 @@ class FileBootstrap final : public Bootstrap {
         trust_(static_cast<size_t>(size), -1) {}
 
   ~FileBootstrap() override {
-    // Files of the last completed round stay: another rank may still be reading them, and only a
-    // later round would prove otherwise. They are small and scoped by the job id. The rank's claim
-    // goes, and before its lock does, so that a rank waiting for this one reads "left", not "died"
-    // (one of a killed process goes with the run's other files).
+    // Files of the last completed round stay while another rank may still read them: only a later
+    // round, or that rank's end, proves otherwise. The rank's claim goes, and before its lock does,
+    // so that a rank waiting for this one reads "left", not "died" (one of a killed process stays).
     if (!claim_.empty()) unlink(claim_.c_str());
+    // The last rank out -- no other claim is left: every rank ended (a killed one's claim stays, and
+    // keeps the files for the next run's rank 0 to remove) -- removes the run's files, so that
+    // bootstraps made for one use (the NCCL shim's, one job id per NCCL communicator) leave
+    // nothing behind. Two ranks ending at once each remove their claim before they look, so at
+    // least one of them sees none.
+    if (joined_ && lastOut()) removeRun();
     if (claimFd_ >= 0) close(claimFd_);
-    // The lock file stays (removing it would let a run lock a file another is about to open).
     if (lockFd_ >= 0) close(lockFd_);
   }
   /// The rank's claim file and its descriptor holding the claim's lock (made by
@@ -317,6 +321,10 @@ class FileBootstrap final : public Bootstrap {
   Result<std::unique_ptr<SideChannel>> openSideChannel(Deadline) override {
     return std::unique_ptr<SideChannel>(std::make_unique<FileSideChannel>(files_));
   }
+
+  /// Once the hello is done: every rank has made its claim, so that a missing one means a rank that
+  /// ended (lastOut).
+  void joined() { joined_ = true; }
 
   /// After the hello: reads every claim once, so that a rank that leaves before anyone waited for
   /// it is still known to be of this host (its missing claim then says it left).
@@ -503,6 +511,18 @@ class FileBootstrap final : public Bootstrap {
   std::string claim_;
   int claimFd_ = -1;
   int lockFd_ = -1;
+  bool joined_ = false;
+
+  bool lastOut() const {
+    struct stat st;
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_ && (stat(claimName(r).c_str(), &st) == 0 || errno != ENOENT)) return false;
+    return true;
+  }
+
+  // Every file of this run, the job's run file where it still names this run, and its lock file
+  // where no live rank 0 holds it (defined below RunFile).
+  void removeRun() const;
   std::map<std::pair<int, uint32_t>, uint64_t> sendSeq_;
   std::map<std::pair<int, uint32_t>, uint64_t> recvSeq_;
 };
@@ -588,10 +608,13 @@ Status checkNoNonceInJobId(const std::string& jobId) {
 // thing: a side-channel name ends in an escaped key, which may contain dots and so could continue
 // the name of another job whose id starts with "<job>.<16 hex digits>.". Such ids are refused
 // (checkNoNonceInJobId), so no other job's file can be read as this job's.
-Status removeEarlierRuns(const std::string& dir, const std::string& jobId) {
+// Removes the files of job `jobId`'s runs in `dir`: of every run (`nonce` empty), or of that one.
+// `who` says, in an error, who could not.
+Status removeRunFiles(const std::string& dir, const std::string& jobId, const std::string& nonce,
+                      const char* who = "a rank") {
   DIR* d = opendir(dir.c_str());
   if (!d)
-    return makeError(StatusCode::kSystemError, "file bootstrap: rank 0 cannot list ", dir, ": ",
+    return makeError(StatusCode::kSystemError, "file bootstrap: ", who, " cannot list ", dir, ": ",
                      boot::errnoText(errno));
   std::vector<std::string> stale;
   while (dirent* e = readdir(d)) {
@@ -600,7 +623,8 @@ Status removeEarlierRuns(const std::string& dir, const std::string& jobId) {
       const std::string head = (hidden ? "." : "") + jobId + ".";
       const size_t rest = head.size() + kNonceHexChars + 1;
       if (name.compare(0, head.size(), head) == 0 && isHex(name, head.size(), kNonceHexChars) && name.size() > rest &&
-          name[rest - 1] == '.' && isRunFileRest(std::string_view(name).substr(rest), hidden))
+          name[rest - 1] == '.' && (nonce.empty() || name.compare(head.size(), kNonceHexChars, nonce) == 0) &&
+          isRunFileRest(std::string_view(name).substr(rest), hidden))
         stale.push_back(name);
     }
   }
@@ -608,13 +632,39 @@ Status removeEarlierRuns(const std::string& dir, const std::string& jobId) {
   for (const std::string& name : stale) {
     const std::string path = dir + "/" + name;
     if (unlink(path.c_str()) != 0 && errno != ENOENT)
-      return makeError(StatusCode::kSystemError, "file bootstrap: rank 0 cannot remove ", path,
-                       " (left by an earlier run of job ", jobId, "): ", boot::errnoText(errno));
+      return makeError(StatusCode::kSystemError, "file bootstrap: ", who, " cannot remove ", path, " (of job ", jobId,
+                       "): ", boot::errnoText(errno));
   }
-  if (!stale.empty())
+  if (!stale.empty() && nonce.empty())
     LIBCOMM_LOG(kInfo, "boot") << "file bootstrap: removed " << stale.size() << " files of earlier runs of job "
                                << jobId << " from " << dir;
   return Status::ok();
+}
+
+Status removeEarlierRuns(const std::string& dir, const std::string& jobId) {
+  return removeRunFiles(dir, jobId, "", "rank 0");
+}
+
+// Every file of this run (removeRunFiles), then the job's run file where it still names this run,
+// and its lock file where no live rank 0 holds it (taken here, so that a rank 0 starting now
+// either locked it first, and it stays, or opens a new one). A run of the same job id started
+// just as this one ends may lock the file removed here; a third overlapping it would then not be
+// refused (overlapping runs of one job id are the caller's error either way).
+void FileBootstrap::removeRun() const {
+  const std::string nonce = files_->prefix.substr(jobId_.size() + 1);
+  (void)removeRunFiles(dir_, jobId_, nonce);
+  const std::string runPath = dir_ + "/" + jobId_ + ".run";
+  RankFiles runFiles(dir_, jobId_ + ".run", rank_);
+  if (Result<std::optional<std::string>> text = runFiles.readIfExists(runPath);
+      text.isOk() && text->has_value() && (*text)->size() == sizeof(RunFile)) {
+    RunFile run;
+    memcpy(&run, (*text)->data(), sizeof(run));
+    if (run.nonceText() == nonce) unlink(runPath.c_str());
+  }
+  const std::string lockPath = dir_ + "/" + jobId_ + ".lock";
+  const int fd = lockFd_ >= 0 ? lockFd_ : open(lockPath.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd >= 0 && (fd == lockFd_ || flock(fd, LOCK_EX | LOCK_NB) == 0)) unlink(lockPath.c_str());
+  if (fd >= 0 && fd != lockFd_) close(fd);
 }
 
 Result<std::optional<RunFile>> readRunFile(RankFiles& files, const std::string& path) {
@@ -779,6 +829,7 @@ Result<std::unique_ptr<Bootstrap>> createFileBootstrap(const std::string& dir, c
   bootstrap->ownLock(lockFd);
   lockFd = -1;
   LIBCOMM_RETURN_IF_ERROR(bootstrap->hello(deadline, beat));
+  bootstrap->joined();
   bootstrap->learnClaims();
   LIBCOMM_LOG(kInfo, "boot") << "file bootstrap: rank " << rank << " of " << size << " joined job " << jobId << " in "
                              << dir;
