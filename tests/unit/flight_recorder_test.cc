@@ -67,6 +67,44 @@ TEST(FlightRecorder, WrapsAroundKeepingTheNewestOldestFirst) {
     EXPECT_NE(json.find(want), std::string::npos) << want << " in " << json.substr(0, 400);
 }
 
+// Across the 32-bit wrap of seqs (2^32 collectives, half a day of small ones): seq 0 is recorded
+// like any other, the window runs through it oldest first, and entries_dropped counts on past 2^32.
+// (Sorted by raw seq, a dump after the wrap held the stale FFFFFFFC..FFFFFFFF and left out 0..3,
+// the collective that failed among them; found by a long-run review.)
+TEST(FlightRecorder, ADumpAcrossTheWrapOfSeqsIsTheNewestWindow) {
+  auto r = makeRecorder(8);
+  CollArgs a;
+  a.kind = CollKind::kAllGather;
+  a.inType = DataType::kFloat32;
+  const uint32_t first = 0xFFFFFFF9u;
+  for (uint32_t seq = first;; ++seq) {
+    a.count = seq & 0xff;
+    r->enqueued(a, seq, "s", 2);
+    r->started(seq, false);
+    r->finished(seq, seq == 2 ? FlightState::kFailed : FlightState::kDone, Status(StatusCode::kTimeout, "lost"));
+    if (seq == 3) break;
+  }
+  const auto e = r->snapshot();
+  ASSERT_EQ(e.size(), 8u);
+  for (size_t i = 0; i < e.size(); ++i) EXPECT_EQ(e[i].seq, static_cast<uint32_t>(0xFFFFFFFCu + i)) << i;
+  EXPECT_EQ(e[4].seq, 0u);
+  EXPECT_EQ(e[6].state, FlightState::kFailed);  // seq 2
+  EXPECT_NE(e[6].error.find("lost"), std::string::npos);
+  const std::string json = r->toJson("api");
+  // Before seq FFFFFFFC: seqs 1 .. FFFFFFFB.
+  EXPECT_NE(json.find("\"entries_dropped\":4294967291"), std::string::npos) << json.substr(0, 600);
+  EXPECT_NE(json.find("\"last_enqueued_seq\":3"), std::string::npos);
+  // A window wholly past the wrap: 2^32 - 1 collectives of the first round, then 0 .. 3 of the next.
+  for (uint32_t seq = 4; seq <= 20; ++seq) {
+    r->enqueued(a, seq, "s", 2);
+    r->finished(seq, FlightState::kDone, Status::ok());
+  }
+  const auto later = r->snapshot();
+  ASSERT_EQ(later.size(), 8u);
+  EXPECT_EQ(later.front().seq, 13u);
+  EXPECT_NE(r->toJson("api").find("\"entries_dropped\":4294967308"), std::string::npos);  // 2^32 - 1 + 13
+}
+
 TEST(FlightRecorder, OffRecordsNothing) {
   auto r = makeRecorder(0);
   CollArgs a;

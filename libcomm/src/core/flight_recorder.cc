@@ -129,8 +129,9 @@ void FlightRecorder::keepError(uint32_t seq, const std::string& text) {
 
 bool FlightRecorder::readSlot(const Slot& s, const TimeBase& time, FlightEntry* out) const {
   FlightEntry& e = *out;
-  const uint32_t seq = s.seq.load(std::memory_order_acquire);
-  if (seq == 0) return false;
+  const uint64_t tag = s.seq.load(std::memory_order_acquire);
+  if (tag == 0) return false;
+  const uint32_t seq = static_cast<uint32_t>(tag);
   // The stamp first (acquire): the times its writer stored before it are then visible.
   const uint64_t stamp = s.stamp.load(std::memory_order_acquire);
   if (stamp >> 32 != seq) return false;
@@ -160,7 +161,7 @@ bool FlightRecorder::readSlot(const Slot& s, const TimeBase& time, FlightEntry* 
   e.endNs = time.toNs(endAt);
   std::string name = loadNameWords(s.stream);
   std::atomic_thread_fence(std::memory_order_acquire);
-  if (s.seq.load(std::memory_order_relaxed) != seq) return false;  // reused while read: a newer one is there now
+  if (s.seq.load(std::memory_order_relaxed) != tag) return false;  // reused while read: a newer one is there now
   e.seq = seq;
   e.stream = std::move(name);
   return true;
@@ -181,26 +182,39 @@ std::vector<FlightEntry> FlightRecorder::snapshot() const {
   // flight_merge's "never enqueued" count on it), so: keep only the last `capacity` seqs, read the
   // slots of those missing again (they were written meanwhile), and if one is still missing, drop
   // everything older than it.
-  auto byseq = [](const FlightEntry& a, const FlightEntry& b) { return a.seq < b.seq; };
-  std::sort(out.begin(), out.end(), byseq);
+  //
+  // Seqs are compared as they wrap at 2^32 (half a day of small collectives): everything read lies
+  // within two rings of the newest, so their differences as 32-bit signed numbers order them.
+  auto sortOldestFirst = [&out] {
+    if (out.empty()) return;
+    const uint32_t ref = out.front().seq;
+    std::sort(out.begin(), out.end(), [ref](const FlightEntry& a, const FlightEntry& b) {
+      return static_cast<int32_t>(a.seq - ref) < static_cast<int32_t>(b.seq - ref);
+    });
+  };
+  sortOldestFirst();
+  const bool wrapped = wraps_.load(std::memory_order_relaxed) != 0;
   for (int pass = 0; !out.empty(); ++pass) {
     const uint32_t newest = out.back().seq;
-    const uint32_t oldest = newest > capacity_ ? static_cast<uint32_t>(newest - capacity_ + 1) : 1;
-    out.erase(out.begin(), std::lower_bound(out.begin(), out.end(), oldest,
-                                            [](const FlightEntry& e, uint32_t s) { return e.seq < s; }));
-    if (out.size() == static_cast<size_t>(newest - oldest + 1) || pass == 3) break;
+    // The window: the last `capacity` seqs up to the newest (from 1 while there were fewer).
+    const uint32_t span = !wrapped && newest < capacity_ ? newest : static_cast<uint32_t>(capacity_);
+    const uint32_t oldest = newest - span + 1;
+    out.erase(out.begin(), std::find_if(out.begin(), out.end(), [&](const FlightEntry& e) {
+                return static_cast<uint32_t>(newest - e.seq) < span;
+              }));
+    if (out.size() == span || pass == 3) break;
     std::vector<uint32_t> missing;
     uint32_t want = oldest;
     for (const FlightEntry& e : out) {
-      for (; want < e.seq; ++want) missing.push_back(want);
+      for (; want != e.seq; ++want) missing.push_back(want);
       want = e.seq + 1;
     }
     for (uint32_t seq : missing) {
       FlightEntry e;
       // A newer seq found there moves the window on; the next pass drops what fell out of it.
-      if (readSlot(slotOf(seq), time, &e) && e.seq >= seq) out.push_back(std::move(e));
+      if (readSlot(slotOf(seq), time, &e) && static_cast<int32_t>(e.seq - seq) >= 0) out.push_back(std::move(e));
     }
-    std::sort(out.begin(), out.end(), byseq);
+    sortOldestFirst();
   }
   for (size_t i = out.size(); i-- > 1;)
     if (out[i - 1].seq + 1 != out[i].seq) {
@@ -209,8 +223,8 @@ std::vector<FlightEntry> FlightRecorder::snapshot() const {
     }
   std::lock_guard<std::mutex> lock(errMu_);
   for (const auto& [seq, text] : errors_) {
-    auto it = std::lower_bound(out.begin(), out.end(), seq, [](const FlightEntry& e, uint32_t s) { return e.seq < s; });
-    if (it != out.end() && it->seq == seq) it->error = text;
+    auto it = std::find_if(out.begin(), out.end(), [seq = seq](const FlightEntry& e) { return e.seq == seq; });
+    if (it != out.end()) it->error = text;
   }
   return out;
 }
@@ -385,9 +399,16 @@ std::string FlightRecorder::toJson(std::string_view reason) const {
   w.field("capacity", static_cast<unsigned long long>(capacity_));
   for (const auto& [name, value] : id_.settings) w.field(name, value);
   w.endObject();
-  // Seqs are dense from 1: whatever is older than the oldest entry was overwritten.
+  // Seqs are dense from 1 (and from 0 after each wrap at 2^32): whatever is older than the oldest
+  // entry was overwritten. An oldest entry above the newest lies before the last wrap.
   const uint32_t last = entries.empty() ? 0 : entries.back().seq;
-  w.field("last_enqueued_seq", last).field("entries_dropped", entries.empty() ? 0 : entries.front().seq - 1);
+  uint64_t dropped = 0;
+  if (!entries.empty()) {
+    const uint64_t wraps = wraps_.load(std::memory_order_relaxed);
+    const uint64_t epoch = entries.front().seq > last && wraps > 0 ? wraps - 1 : wraps;
+    dropped = (epoch << 32) + entries.front().seq - 1;
+  }
+  w.field("last_enqueued_seq", last).field("entries_dropped", static_cast<unsigned long long>(dropped));
   w.key("first_error").valueOrNull(first);
   w.key("first_error_seq");
   if (first.empty())

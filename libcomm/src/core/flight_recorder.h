@@ -158,8 +158,9 @@ class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
  private:
   static constexpr size_t kStreamNameBytes = 32;
   struct alignas(64) Slot {
-    // 0 while the slot is being (re)filled for a new collective; else the collective's seq.
-    std::atomic<uint32_t> seq{0};
+    // 0 while the slot is being (re)filled for a new collective; else tagOf(the collective's seq)
+    // (seq 0 is a collective too, once the 32-bit seqs wrap after 2^32 of them).
+    std::atomic<uint64_t> seq{0};
     // The collective's seq (high half) and FlightState (low byte): updated as one (see the top).
     std::atomic<uint64_t> stamp{0};
     AtomicCall call;
@@ -170,6 +171,7 @@ class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
     std::atomic<uint64_t> stream[kStreamNameBytes / 8] = {};
   };
   Slot& slotOf(uint32_t seq) const { return slots_[seq & mask_]; }
+  static constexpr uint64_t tagOf(uint32_t seq) { return uint64_t{1} << 32 | seq; }
   static uint64_t stampOf(uint32_t seq, FlightState state) {
     return static_cast<uint64_t>(seq) << 32 | static_cast<uint8_t>(state);
   }
@@ -205,6 +207,8 @@ class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
   FlightIdentity id_;
   size_t capacity_;
   size_t mask_;
+  // How many times seq 0 was enqueued: the seqs wrapped, and a dump's window may run through 0.
+  std::atomic<uint32_t> wraps_{0};
   std::unique_ptr<Slot[]> slots_;
   bool useTsc_;
   int64_t bornTicks_ = 0, bornMonoNs_ = 0;  // the calibration's start: now() and CLOCK_MONOTONIC
@@ -241,13 +245,14 @@ inline void FlightRecorder::enqueued(const CollArgs& args, uint32_t seq, const s
   s.endAt.store(0, relaxed);
   storeNameWords(s.stream, stream);
   s.stamp.store(stampOf(seq, FlightState::kQueued), relaxed);
-  s.seq.store(seq, std::memory_order_release);
+  if (seq == 0) wraps_.fetch_add(1, relaxed);
+  s.seq.store(tagOf(seq), std::memory_order_release);
 }
 
 inline void FlightRecorder::started(uint32_t seq, bool atEnqueue) {
   if (capacity_ == 0) return;
   Slot& s = slotOf(seq);
-  if (s.seq.load(std::memory_order_relaxed) != seq) return;  // taken by a newer collective
+  if (s.seq.load(std::memory_order_relaxed) != tagOf(seq)) return;  // taken by a newer collective
   s.startAt.store(atEnqueue ? s.enqueueAt.load(std::memory_order_relaxed) : now(), std::memory_order_relaxed);
   // At enqueue: on the enqueuing thread, holding the caller slot.
   restamp(s, seq, FlightState::kRunning, atEnqueue);
@@ -256,14 +261,15 @@ inline void FlightRecorder::started(uint32_t seq, bool atEnqueue) {
 inline void FlightRecorder::chose(uint32_t seq, Algo algo) {
   if (capacity_ == 0) return;
   Slot& s = slotOf(seq);
-  if (s.seq.load(std::memory_order_relaxed) == seq) s.algo.store(static_cast<int8_t>(algo), std::memory_order_relaxed);
+  if (s.seq.load(std::memory_order_relaxed) == tagOf(seq))
+    s.algo.store(static_cast<int8_t>(algo), std::memory_order_relaxed);
 }
 
 inline void FlightRecorder::finished(uint32_t seq, FlightState state, const Status& why, bool exclusive) {
   if (capacity_ == 0) return;
   if (state != FlightState::kDone) keepError(seq, why.toString());
   Slot& s = slotOf(seq);
-  if (s.seq.load(std::memory_order_relaxed) != seq) return;
+  if (s.seq.load(std::memory_order_relaxed) != tagOf(seq)) return;
   s.endAt.store(now(), std::memory_order_relaxed);
   restamp(s, seq, state, exclusive);
 }
