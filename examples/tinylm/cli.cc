@@ -106,6 +106,9 @@ const char* cliUsage() {
          "                        same request delivered again, within a second) ends it at once\n"
          "  --save-every N        with --save-checkpoint DIR: also save after every N steps; DIR then holds one\n"
          "                        checkpoint per save, DIR/step-<8-digit step>, the last at --steps\n"
+         "  --keep-last K         with --save-every: once a save is complete, remove DIR's step checkpoints\n"
+         "                        older than the newest K complete ones (default: keep all); the set-up\n"
+         "                        checks room for K + 1\n"
          "  --load-checkpoint DIR resume from a checkpoint (any world size), up to --steps: the run it continues\n"
          "                        must have the same --precision, --seed, --seq-len, --global-batch, --vocab,\n"
          "                        --dim, --hidden and --layers (checked against the checkpoint's record);\n"
@@ -156,6 +159,7 @@ libcomm::Result<CliOptions> parseCli(const std::vector<std::string>& args) {
       {"--global-batch", intFlag(t.globalBatch, 1)},
       {"--micro-batches", intFlag(t.microBatches, 1)},
       {"--save-every", intFlag(t.saveEvery, 1)},
+      {"--keep-last", intFlag(t.keepLast, 1)},
       {"--vocab", intFlag(t.model.vocab, 2)},
       {"--dim", intFlag(t.model.dim, 1)},
       {"--hidden", intFlag(t.model.hidden, 1)},

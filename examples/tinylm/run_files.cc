@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -196,23 +197,26 @@ Status checkSaveDirectory(const std::string& dir) {
   return probeWritable(dir, where, true);
 }
 
-Status checkSaveRoom(const std::string& dir, uint64_t shardFileBytes, int ranksOnMachine) {
+Status checkSaveRoom(const std::string& dir, uint64_t shardFileBytes, int ranksOnMachine, int saves) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::path where = dir;
   if (!fs::is_directory(where, ec)) where = where.parent_path().empty() ? fs::path(".") : where.parent_path();
   const fs::space_info space = fs::space(where, ec);
   if (ec) return Status::ok();  // not measurable here (the save's own errors still say why it failed)
-  const uint64_t perRank = shardFileBytes;
+  const uint64_t perRank = shardFileBytes * static_cast<uint64_t>(std::max(1, saves));
   const uint64_t need = perRank * static_cast<uint64_t>(std::max(1, ranksOnMachine));
   if (space.available >= need) return Status::ok();
   auto mib = [](uint64_t b) {
     return b < (uint64_t{10} << 20) ? libcomm::detail::strCat((b + 1023) >> 10, " KiB")
                                     : libcomm::detail::strCat((b + (1 << 20) - 1) >> 20, " MiB");
   };
-  return optionsError("--save-checkpoint '", dir, "': its filesystem has ", mib(space.available), " free ('",
-                      where.string(), "'); the save needs about ", mib(need), " (", std::max(1, ranksOnMachine),
-                      " ranks of this machine x ", mib(perRank), "): free space there or save elsewhere");
+  return optionsError(
+      "--save-checkpoint '", dir, "': its filesystem has ", mib(space.available), " free ('", where.string(),
+      "'); the save", saves > 1 ? "s need" : " needs", " about ", mib(need), " (", std::max(1, ranksOnMachine),
+      " ranks of this machine x ", mib(perRank),
+      saves > 1 ? libcomm::detail::strCat(": ", saves, " checkpoints at once, --keep-last + 1") : std::string(),
+      "): free space there or save elsewhere");
 }
 
 std::string stepCheckpointDir(const std::string& dir, uint64_t step) {
@@ -243,6 +247,45 @@ std::string resolveLoadCheckpoint(const std::string& dir) {
     }
   }
   return best.empty() ? dir : best;
+}
+
+libcomm::Result<std::vector<std::string>> pruneStepCheckpoints(const std::string& dir, int keep) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  struct Step {
+    unsigned long long k;
+    fs::path path;
+    bool complete;
+  };
+  std::vector<Step> steps;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    unsigned long long k = 0;
+    char rest = 0;
+    if (name.rfind("step-", 0) != 0 || std::sscanf(name.c_str(), "step-%llu%c", &k, &rest) != 1) continue;
+    if (name != fs::path(stepCheckpointDir(dir, k)).filename().string()) continue;  // only names saves give
+    steps.push_back({k, e.path(), holdsCheckpoint(e.path().string())});
+  }
+  if (ec) return libcomm::makeError(StatusCode::kSystemError, "--keep-last: listing '", dir, "': ", ec.message());
+  std::sort(steps.begin(), steps.end(), [](const Step& a, const Step& b) { return a.k > b.k; });
+  int complete = 0;
+  unsigned long long oldestKept = 0;
+  for (const Step& s : steps)
+    if (s.complete && complete < keep) {
+      ++complete;
+      oldestKept = s.k;
+    }
+  std::vector<std::string> removed;
+  if (complete < keep) return removed;  // fewer than `keep` complete: nothing is old enough
+  for (const Step& s : steps) {
+    if (s.k >= oldestKept) continue;
+    fs::remove_all(s.path, ec);
+    if (ec)
+      return libcomm::makeError(StatusCode::kSystemError, "--keep-last ", keep, ": removing '", s.path.string(),
+                                "': ", ec.message());
+    removed.push_back(s.path.string());
+  }
+  return removed;
 }
 
 libshard::CheckpointNotes runNotes(const TrainOptions& o) {

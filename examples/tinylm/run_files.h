@@ -34,7 +34,15 @@ libcomm::Status checkSaveDirectory(const std::string& dir);
 /// has room for the shard files of `ranksOnMachine` ranks, `shardFileBytes` each
 /// (libshard::checkpointShardFileBytes; every rank of this machine saving there: a shared
 /// filesystem may need more, which this cannot see).
-libcomm::Status checkSaveRoom(const std::string& dir, uint64_t shardFileBytes, int ranksOnMachine);
+/// `saves`: how many checkpoints the filesystem must hold at once (--keep-last K: K + 1, the new
+/// one written before the oldest goes; else 1).
+libcomm::Status checkSaveRoom(const std::string& dir, uint64_t shardFileBytes, int ranksOnMachine, int saves = 1);
+
+/// --keep-last K: removes the DIR/step-<k> checkpoints older than the newest `keep` complete ones
+/// (complete or not: an older one that never finished is a save that died). Returns the
+/// directories removed; stops at the first that cannot be (its error names it). Newer incomplete
+/// ones stay. For rank 0, once a save is complete on every rank.
+libcomm::Result<std::vector<std::string>> pruneStepCheckpoints(const std::string& dir, int keep);
 
 /// Where a resume starts: the checkpoint's step, and the settings this run changes against the run
 /// that saved it ("--lr 0.003 -> 0.001, --clip 1 -> 0.5"; empty when none or unrecorded).

@@ -300,7 +300,8 @@ Status checkRunOptions(const TrainOptions& given, int worldSize, int ranksHere) 
     // Rank 0 claims the directory at set-up; a run that holds it now is found before any rank starts.
     if (Status free = libshard::SaveClaim::checkFree(o.saveCheckpoint); !free.isOk())
       return claimRefusal(o.saveCheckpoint, free);
-    LIBCOMM_RETURN_IF_ERROR(checkSaveRoom(o.saveCheckpoint, libshard::checkpointShardFileBytes(plan), ranksHere));
+    LIBCOMM_RETURN_IF_ERROR(checkSaveRoom(o.saveCheckpoint, libshard::checkpointShardFileBytes(plan), ranksHere,
+                                          o.keepLast > 0 ? o.keepLast + 1 : 1));
     LIBCOMM_RETURN_IF_ERROR(checkStepDirectories(o, static_cast<int>(std::min<uint64_t>(from, INT_MAX))));
   }
   if (o.eventLogCheck)
@@ -318,6 +319,9 @@ Status validateTrainOptions(const TrainOptions& o) {
   if (o.prefetchDepth < 1) return invalid("prefetch depth = ", o.prefetchDepth, " (must be >= 1)");
   if (o.timeout.count() <= 0) return invalid("timeout = ", o.timeout.count(), " ms");
   if (o.saveEvery < 0) return invalid("save every ", o.saveEvery, " steps (must be >= 1, or 0: at the end only)");
+  if (o.keepLast < 0) return invalid("keep last ", o.keepLast, " checkpoints (must be >= 1, or 0: all)");
+  if (o.keepLast > 0 && o.saveEvery == 0)
+    return invalid("keeping the last ", o.keepLast, " checkpoints (--keep-last) needs saves to keep (--save-every)");
   if (o.saveEvery > 0 && o.saveCheckpoint.empty())
     return invalid("saving every ", o.saveEvery,
                    " steps (--save-every) needs a directory to save into "
@@ -446,8 +450,8 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& given, libcomm::Boot
     LIBCOMM_ASSIGN_OR_RETURN(result.plan, planRank(o, world, rank, spec, o.ranksOnMachine));
     const libshard::ShardPlan& plan = result.plan;
     if (!o.saveCheckpoint.empty())
-      LIBCOMM_RETURN_IF_ERROR(
-          checkSaveRoom(o.saveCheckpoint, libshard::checkpointShardFileBytes(plan), o.ranksOnMachine));
+      LIBCOMM_RETURN_IF_ERROR(checkSaveRoom(o.saveCheckpoint, libshard::checkpointShardFileBytes(plan),
+                                            o.ranksOnMachine, o.keepLast > 0 ? o.keepLast + 1 : 1));
     LIBCOMM_ASSIGN_OR_RETURN(pool, libshard::BufferPool::create(plan, agComm, rsComm));
     initMasterShard(o.model, o.seed, plan, pool->state());
     if (!o.loadCheckpoint.empty()) {
@@ -516,6 +520,15 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& given, libcomm::Boot
     LIBCOMM_RETURN_IF_ERROR(saveSharded(o, dir, result.plan, pool->state(), boot, claim.get()));
     if (rank == 0 && o.onNotice && o.saveEvery > 0)
       o.onNotice("checkpoint of step " + std::to_string(k) + " saved to '" + dir + "'");
+    // Complete on every rank (saveSharded agreed on it): the older ones may go. A removal that
+    // fails is said, not fatal: the run's own checkpoints are whole.
+    if (rank == 0 && o.keepLast > 0) {
+      auto removed = pruneStepCheckpoints(o.saveCheckpoint, o.keepLast);
+      if (o.onNotice && !removed.isOk()) o.onNotice(removed.status().message());
+      if (o.onNotice && removed.isOk() && !removed->empty())
+        o.onNotice("--keep-last " + std::to_string(o.keepLast) + ": removed " + std::to_string(removed->size()) +
+                   " older checkpoint" + (removed->size() == 1 ? "" : "s") + " (the last: '" + removed->back() + "')");
+    }
     return Status::ok();
   };
   // The means skip the first step when there are more: it pays for first touches and workspace

@@ -184,6 +184,10 @@ struct TrainOptions {
   /// at `steps`; every one of them must be new (checked at set-up). A loadCheckpoint that names
   /// such a directory resumes its newest complete checkpoint (resolveLoadCheckpoint).
   int saveEvery = 0;
+  /// With saveEvery: once a save is complete, rank 0 removes the directory's step checkpoints older
+  /// than the newest keepLast complete ones (pruneStepCheckpoints; 0: keeps all). Set-up checks room
+  /// for keepLast + 1 of them. A run of weeks saving every N steps otherwise fills its disk.
+  int keepLast = 0;
   /// kComputeOnly / kCommOnly: the benchmark baselines described at the top of this file.
   TrainMode mode = TrainMode::kFull;
   /// Bound on every wait: a collective, a hook's wait, the optimizer's allReduce, the ranks'

@@ -619,6 +619,38 @@ TEST(TinyLmTrainThreads, SavesEveryNStepsAndResumesTheNewest) {
   EXPECT_TRUE(tinylm::isOptionsError(tinylm::checkRunOptions(again, 2, 2)));
 }
 
+// --keep-last K: once a save is complete, the step checkpoints older than the newest K complete
+// ones go (a run of weeks saving every N steps filled its disk; found by a long-run review), an
+// older save that never finished with them; what saves do not name stays. The run's own end is the
+// newest, and a resume still finds it.
+TEST(TinyLmTrainThreads, KeepLastRemovesOlderStepCheckpoints) {
+  namespace fs = std::filesystem;
+  TempDir tmp;
+  TrainOptions o = tinyOptions(Precision::kFp32, 7);
+  o.saveCheckpoint = tmp.sub("run");
+  o.saveEvery = 2;
+  o.keepLast = 2;
+  fs::create_directories(tinylm::stepCheckpointDir(o.saveCheckpoint, 1));  // a save that died
+  fs::create_directories(o.saveCheckpoint + "/step-1");                    // not a name a save gives
+  fs::create_directories(o.saveCheckpoint + "/notes");
+  const RunOutput run = train(o, 2, Mode::kThreads);
+  ASSERT_EQ(run.steps, 7);
+  for (int k : {6, 7})
+    EXPECT_TRUE(libshard::verifyCheckpoint(tinylm::stepCheckpointDir(o.saveCheckpoint, k)).isOk()) << k;
+  for (int k : {1, 2, 4}) EXPECT_FALSE(fs::exists(tinylm::stepCheckpointDir(o.saveCheckpoint, k))) << k;
+  EXPECT_TRUE(fs::exists(o.saveCheckpoint + "/step-1"));
+  EXPECT_TRUE(fs::exists(o.saveCheckpoint + "/notes"));
+  EXPECT_EQ(tinylm::resolveLoadCheckpoint(o.saveCheckpoint), tinylm::stepCheckpointDir(o.saveCheckpoint, 7));
+  // Nothing to keep without saves to keep.
+  TrainOptions alone = tinyOptions(Precision::kFp32, 3);
+  alone.keepLast = 1;
+  alone.saveCheckpoint = tmp.sub("alone");
+  const libcomm::Status st = tinylm::validateTrainOptions(alone);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.toString();
+  EXPECT_NE(st.message().find("--keep-last"), std::string::npos) << st.toString();
+  EXPECT_FALSE(tinylm::parseCli({"--keep-last", "0", "--save-every", "2", "--save-checkpoint", "/tmp/x"}).isOk());
+}
+
 // A run that keeps no step records (the tinylm command's: a run of weeks would hold 144 bytes a step)
 // reports the same summary as one that keeps them: the same first and last loss, the same means.
 TEST(TinyLmTrainThreads, WithoutStepRecordsTheSummaryIsTheSame) {
