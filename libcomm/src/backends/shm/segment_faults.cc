@@ -18,7 +18,11 @@
 #include "libcomm/status.h"
 
 namespace libcomm::shm {
+
+std::atomic<uint32_t> gSegmentFaultCount{0};
+
 namespace {
+std::atomic<uint32_t>& gFaults = gSegmentFaultCount;
 
 // Everything the handler reads lives in static storage and is read through atomics: it may run in
 // any thread at any moment, and may neither allocate nor lock.
@@ -59,7 +63,6 @@ struct Caught {
 };
 Caught gLog[kLogSize];
 std::atomic<uint32_t> gLogClaimed{0};
-std::atomic<uint32_t> gFaults{0};
 
 struct sigaction gPrevious;  // written once, under gInstall, before our handler can run
 std::mutex gInstall;         // held across fork() (atfork): a child finds it free
@@ -308,8 +311,6 @@ void unwatchSegment(int watch) {
   while (w->inHandler.load(std::memory_order_seq_cst) != 0) cpuRelax();
   w->claimed.store(0, std::memory_order_release);
 }
-
-uint32_t segmentFaults() { return gFaults.load(std::memory_order_acquire); }
 
 std::optional<FaultedSegment> faultedSegmentIn(const std::vector<std::string>& prefixes) {
   if (segmentFaults() == 0) return std::nullopt;

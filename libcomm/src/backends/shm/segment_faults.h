@@ -26,6 +26,7 @@
 // backtrace, as it did before this handler; where UCX came first (linked in, or loaded by an MPI),
 // ours is in front and passes it the other faults.
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -41,8 +42,10 @@ int watchSegment(void* base, size_t bytes, const std::string& name);
 /// Stops watching; returns once no handler can still act on the range, so the caller may unmap it.
 void unwatchSegment(int watch);
 
-/// How many segment faults the handler has caught in this process so far (monotone).
-uint32_t segmentFaults();
+extern std::atomic<uint32_t> gSegmentFaultCount;  // segment_faults.cc: segmentFaults() reads it
+/// How many segments the handler has caught faults in, in this process so far (monotone): inline,
+/// one load on the collectives' path.
+inline uint32_t segmentFaults() { return gSegmentFaultCount.load(std::memory_order_acquire); }
 
 struct FaultedSegment {
   std::string name;
