@@ -159,6 +159,10 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
  private:
   /// `wait`: the collective's deadline (started by its first long wait), label and wait policy.
   Status run(const CollArgs& args, uint32_t seq, const WaitContext& wait, const DeviceTarget* device);
+  /// After segmentFaults() != 0: `st`, or, where a segment of this communicator lost pages
+  /// (backends/shm/segment_faults.h), the error naming it (with `st` after it when that is another
+  /// error). Out of line and cold: the collectives' path pays one load for the check.
+  [[gnu::cold, gnu::noinline]] Status lostSegments(const CollArgs& args, uint32_t seq, const Status& st);
   /// A collective on device memory: on one host the descriptor handshake, then the own path or
   /// NCCL as the device table chooses from every rank's descriptor; across hosts NCCL.
   Status runDevice(const CollArgs& args, uint32_t seq, const WaitContext& wait, const DeviceTarget& device);

@@ -248,28 +248,16 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool bloc
       // A scratch buffer that cannot grow (std::bad_alloc) fails the collective like any error, so
       // that the peers are told now: thrown past here, it reached the stream as "host function
       // threw an exception", named no collective, and the peers waited out their op timeout.
-      // A segment of this communicator's on this host that lost pages under the job (its file cut
-      // short: backends/shm/segment_faults.h) reads as zeroes now, here: whatever this collective
-      // would read from it or write to it is gone. Found before it starts (the user's compute met
-      // the fault), while it runs (Channel's post and publish refuse to announce data then, and its
-      // waits stop), and after it. One load while no segment of the process faulted.
-      if (shm::segmentFaults() != 0) st = channel_->segmentFault(describeColl(args, seq));
-      if (st.isOk()) try {
-          st = run(args, seq, wait, device);
-        } catch (const std::bad_alloc&) {
-          st = makeError(StatusCode::kSystemError, "rank ", rank_, ": ", describeColl(args, seq),
-                         ": out of memory for its scratch buffers");
-        } catch (const std::exception& e) {
-          st = makeError(StatusCode::kInternalError, "rank ", rank_, ": ", describeColl(args, seq), ": ", e.what());
-        }
-      // Whatever run() said: this rank's own finding first (a peer's failure may be its echo).
-      if (shm::segmentFaults() != 0) {
-        const Status lost = channel_->segmentFault(describeColl(args, seq));
-        if (!lost.isOk())
-          st = st.isOk() || st.message().find("lost pages under the job") != std::string::npos
-                   ? lost
-                   : Status(lost.code(), lost.message() + "; the collective failed as well: " + st.message());
+      try {
+        st = run(args, seq, wait, device);
+      } catch (const std::bad_alloc&) {
+        st = makeError(StatusCode::kSystemError, "rank ", rank_, ": ", describeColl(args, seq),
+                       ": out of memory for its scratch buffers");
+      } catch (const std::exception& e) {
+        st = makeError(StatusCode::kInternalError, "rank ", rank_, ": ", describeColl(args, seq), ": ", e.what());
       }
+      // Whatever run() said: this rank's own finding first (a peer's failure may be its echo).
+      if (shm::segmentFaults() != 0) st = lostSegments(args, seq, st);
       // Aborted under it (abort(), a communicator destroyed or finalized with this one queued):
       // the channels' waits say only "aborted"; the abort's reason is the communicator's error.
       if (!st.isOk() && (channel_->aborted() || (cross_ && cross_->channel->aborted()))) {
@@ -305,7 +293,20 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool bloc
   return st;
 }
 
+Status Communicator::Impl::lostSegments(const CollArgs& args, uint32_t seq, const Status& st) {
+  const Status lost = channel_->segmentFault(describeColl(args, seq));
+  if (lost.isOk()) return st;
+  if (st.isOk() || st.message().find("lost pages under the job") != std::string::npos) return lost;
+  return Status(lost.code(), lost.message() + "; the collective failed as well: " + st.message());
+}
+
 Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const WaitContext& wait, const DeviceTarget* device) {
+  // A segment of this communicator's on this host that lost pages under the job (its file cut
+  // short: backends/shm/segment_faults.h) reads as zeroes now, here: whatever this collective would
+  // read from it or write to it is gone. Found before it starts (the user's compute met the fault),
+  // while it runs (Channel's post and publish refuse to announce data then, and its waits stop),
+  // and after it (execute). One load while no segment of the process faulted.
+  if (shm::segmentFaults() != 0) LIBCOMM_RETURN_IF_ERROR(lostSegments(args, seq, Status::ok()));
   if (device) return runDevice(args, seq, wait, *device);
   if (cross_) return runAcrossHosts(args, seq, wait);
   passBases_.resize(size_);

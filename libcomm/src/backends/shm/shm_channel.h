@@ -245,7 +245,7 @@ class Channel {
   std::vector<Segment> segments_;       // index = rank (own one created, peers' opened)
   std::vector<std::string> prefixes_;   // index = rank: its segment prefix (connect)
   uint32_t lastPosted_ = 0;             // the seq of the collective posted last (messages)
-  bool refuseAfterFault();
+  bool refuseAfterFault();              // after segmentFaults() != 0: true when this communicator's segments faulted
   std::vector<ControlBlock*> blocks_;
   std::vector<ProcessId> processes_;
   /// Whether peer r's process still runs: by pid in this pid namespace, by the lock it holds on its
