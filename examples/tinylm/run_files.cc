@@ -249,7 +249,7 @@ std::string resolveLoadCheckpoint(const std::string& dir) {
   return best.empty() ? dir : best;
 }
 
-libcomm::Result<std::vector<std::string>> pruneStepCheckpoints(const std::string& dir, int keep) {
+libcomm::Result<std::vector<std::string>> pruneStepCheckpoints(const std::string& dir, int keep, int saved) {
   namespace fs = std::filesystem;
   std::error_code ec;
   struct Step {
@@ -268,15 +268,18 @@ libcomm::Result<std::vector<std::string>> pruneStepCheckpoints(const std::string
   }
   if (ec) return libcomm::makeError(StatusCode::kSystemError, "--keep-last: listing '", dir, "': ", ec.message());
   std::sort(steps.begin(), steps.end(), [](const Step& a, const Step& b) { return a.k > b.k; });
+  const unsigned long long newest = static_cast<unsigned long long>(saved);
   int complete = 0;
   unsigned long long oldestKept = 0;
   for (const Step& s : steps)
-    if (s.complete && complete < keep) {
+    if (s.k <= newest && s.complete && complete < keep) {
       ++complete;
       oldestKept = s.k;
     }
   std::vector<std::string> removed;
-  if (complete < keep) return removed;  // fewer than `keep` complete: nothing is old enough
+  // Fewer than `keep` complete (the one just saved among them, unless it is not whole, which the
+  // save would have said): nothing is old enough.
+  if (complete < keep) return removed;
   for (const Step& s : steps) {
     if (s.k >= oldestKept) continue;
     fs::remove_all(s.path, ec);

@@ -38,11 +38,13 @@ libcomm::Status checkSaveDirectory(const std::string& dir);
 /// one written before the oldest goes; else 1).
 libcomm::Status checkSaveRoom(const std::string& dir, uint64_t shardFileBytes, int ranksOnMachine, int saves = 1);
 
-/// --keep-last K: removes the DIR/step-<k> checkpoints older than the newest `keep` complete ones
-/// (complete or not: an older one that never finished is a save that died). Returns the
-/// directories removed; stops at the first that cannot be (its error names it). Newer incomplete
-/// ones stay. For rank 0, once a save is complete on every rank.
-libcomm::Result<std::vector<std::string>> pruneStepCheckpoints(const std::string& dir, int keep);
+/// --keep-last K, once the save of step `saved` is complete on every rank (for rank 0): keeps that
+/// checkpoint and the newest K - 1 complete ones below it, and removes the DIR/step-<k> checkpoints
+/// below those (complete or not: an older one that never finished is a save that died). Nothing
+/// above `saved` is touched: a run resumed from an older step into the same DIR leaves the other
+/// branch's later checkpoints alone. Returns the directories removed; stops at the first that
+/// cannot be (its error names it).
+libcomm::Result<std::vector<std::string>> pruneStepCheckpoints(const std::string& dir, int keep, int saved);
 
 /// Where a resume starts: the checkpoint's step, and the settings this run changes against the run
 /// that saved it ("--lr 0.003 -> 0.001, --clip 1 -> 0.5"; empty when none or unrecorded).

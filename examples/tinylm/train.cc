@@ -523,7 +523,7 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& given, libcomm::Boot
     // Complete on every rank (saveSharded agreed on it): the older ones may go. A removal that
     // fails is said, not fatal: the run's own checkpoints are whole.
     if (rank == 0 && o.keepLast > 0) {
-      auto removed = pruneStepCheckpoints(o.saveCheckpoint, o.keepLast);
+      auto removed = pruneStepCheckpoints(o.saveCheckpoint, o.keepLast, k);
       if (o.onNotice && !removed.isOk()) o.onNotice(removed.status().message());
       if (o.onNotice && removed.isOk() && !removed->empty())
         o.onNotice("--keep-last " + std::to_string(o.keepLast) + ": removed " + std::to_string(removed->size()) +

@@ -641,6 +641,29 @@ TEST(TinyLmTrainThreads, KeepLastRemovesOlderStepCheckpoints) {
   EXPECT_TRUE(fs::exists(o.saveCheckpoint + "/step-1"));
   EXPECT_TRUE(fs::exists(o.saveCheckpoint + "/notes"));
   EXPECT_EQ(tinylm::resolveLoadCheckpoint(o.saveCheckpoint), tinylm::stepCheckpointDir(o.saveCheckpoint, 7));
+  // Resumed from step 6 into the same directory: its saves (8, then 9) each keep themselves and
+  // remove what lies below (K = 1).
+  TrainOptions branch = tinyOptions(Precision::kFp32, 9);
+  branch.loadCheckpoint = tinylm::stepCheckpointDir(o.saveCheckpoint, 6);
+  branch.saveCheckpoint = o.saveCheckpoint;
+  branch.saveEvery = 4;  // saves 8, then 9 at the end
+  branch.keepLast = 1;
+  const RunOutput resumed = train(branch, 2, Mode::kThreads);
+  ASSERT_EQ(resumed.firstStep, 6);
+  EXPECT_TRUE(libshard::verifyCheckpoint(tinylm::stepCheckpointDir(o.saveCheckpoint, 9)).isOk());
+  for (int k : {6, 7, 8}) EXPECT_FALSE(fs::exists(tinylm::stepCheckpointDir(o.saveCheckpoint, k))) << k;
+  // The save just made is kept, and nothing above it is touched: a complete step-40 of another branch
+  // (a run resumed from an older step into the same directory saves below it) and an unfinished 50.
+  // (Kept by step number alone, the newest K, step 9's save removed itself; found by a review.)
+  fs::copy(tinylm::stepCheckpointDir(o.saveCheckpoint, 9), tinylm::stepCheckpointDir(o.saveCheckpoint, 40),
+           fs::copy_options::recursive);
+  fs::create_directories(tinylm::stepCheckpointDir(o.saveCheckpoint, 50));
+  auto pruned = tinylm::pruneStepCheckpoints(o.saveCheckpoint, 1, 9);
+  ASSERT_TRUE(pruned.isOk()) << pruned.status().toString();
+  EXPECT_TRUE(pruned->empty());
+  EXPECT_TRUE(fs::exists(tinylm::stepCheckpointDir(o.saveCheckpoint, 50)));
+  EXPECT_TRUE(fs::exists(tinylm::stepCheckpointDir(o.saveCheckpoint, 40)));
+  EXPECT_TRUE(fs::exists(tinylm::stepCheckpointDir(o.saveCheckpoint, 9)));
   // Nothing to keep without saves to keep.
   TrainOptions alone = tinyOptions(Precision::kFp32, 3);
   alone.keepLast = 1;
