@@ -250,6 +250,42 @@ INSTANTIATE_TEST_SUITE_P(SegmentFaults, RegisteredCut,
                                   (info.param.keepBytes == 0 ? "CutToNothing" : "CutToHalf");
                          });
 
+// Memory one communicator registered, used by another's collective (unregistered there: staged or
+// eager): the fault is the second communicator's too, by the address of its buffer. (Matched by
+// name only, the second returned OK on every rank with rank 0's zeroes; found by a review.)
+TEST(SegmentFaults, AnotherCommunicatorsCutMemoryFailsTheCollectiveThatUsesIt) {
+  for (const size_t n : {size_t{64}, size_t{1} << 14}) {
+    RunOptions opts;
+    opts.mode = Mode::kProcesses;
+    opts.size = 2;
+    auto report = runRanks(opts, [n](RankContext& ctx) -> Status {
+      LIBCOMM_ASSIGN_OR_RETURN(auto owner, libcomm::Communicator::create(ctx.bootstrap, faultConfig()));
+      LIBCOMM_ASSIGN_OR_RETURN(auto user, libcomm::Communicator::create(ctx.bootstrap, faultConfig()));
+      auto s = libcomm::createInlineHostStream("faults");
+      LIBCOMM_ASSIGN_OR_RETURN(void* in, owner->allocRegistered(n * sizeof(float)));
+      std::vector<float> out(2 * n);
+      auto* x = static_cast<float*>(in);
+      for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(ctx.rank + 1);
+      LIBCOMM_RETURN_IF_ERROR(user->allGather(in, out.data(), n, DataType::kFloat32, *s));
+      if (ctx.rank == 0) {
+        std::string name;
+        for (const std::string& seg : mySegments(".r0.c"))  // the owner's first allocation
+          if (seg.size() > 3 && seg.compare(seg.size() - 3, 3, ".s1") == 0) name = seg;
+        if (name.empty() || !truncateSegment(name))
+          return libcomm::makeError(StatusCode::kInternalError, "no segment to cut");
+        x[n - 1] = 3.0f;  // SIGBUS, caught
+      }
+      const Status st = user->allGather(in, out.data(), n, DataType::kFloat32, *s);
+      return expectStatus(st, st.code(),
+                          {"rank " + std::to_string(ctx.rank), "all_gather seq 2", "lost pages under the job", ".s1",
+                           ctx.rank == 0 ? "(holding this collective's buffer)" : "rank 0"},
+                          n < 1024 ? "the eager collective" : "the staged collective");
+    });
+    SCOPED_TRACE(std::to_string(n) + " floats");
+    EXPECT_RANKS_OK(report);
+  }
+}
+
 // A control block cut under the job: its owner's post lands in zeroed private memory, and a peer
 // that reads it sees words that never move. Both fail at once, naming the block, not at the deadline.
 TEST(SegmentFaults, ATruncatedControlBlockFailsTheCollectiveBeforeItsDeadline) {

@@ -38,6 +38,7 @@
 #include <thread>
 
 #include "algos/mesh/mesh.h"
+#include "backends/shm/segment_faults.h"
 #include "core/comm_impl.h"
 #include "core/log.h"
 #include "core/progress_board.h"
@@ -51,9 +52,12 @@ namespace libcomm {
 // `op` names the collective in the errors of refused posts (a lost peer), as the waits' do.
 class UcxRingLink final : public ring::Link {
  public:
-  UcxRingLink(ucx::Channel& channel, uint32_t seq, const OpLabel& op) : channel_(channel), seq_(seq), op_(op) {}
+  UcxRingLink(ucx::Channel& channel, uint32_t seq, const OpLabel& op, const shm::Channel* host = nullptr)
+      : channel_(channel), seq_(seq), op_(op), host_(host) {}
 
   Result<uint64_t> send(int peer, uint32_t step, uint32_t chunk, const void* src, size_t bytes) override {
+    // Nothing read from pages a segment lost goes to another host (segment_faults.h): one load.
+    if (host_ && shm::segmentFaults() != 0) LIBCOMM_RETURN_IF_ERROR(host_->segmentFault(op_.str()));
     Result<ucx::Request> r = channel_.postSend(peer, tagOf(step, chunk), src, bytes);
     if (!r.isOk()) return refused(r.status(), "a send to", peer);
     requests_.push_back(*r);
@@ -109,6 +113,7 @@ class UcxRingLink final : public ring::Link {
   ucx::Channel& channel_;
   uint32_t seq_;
   OpLabel op_;
+  const shm::Channel* host_;  // this host's channel: the segment-fault check before each send
   std::vector<ucx::Request> requests_;
   ring::IdleWork* idle_ = nullptr;
 };
@@ -440,7 +445,7 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
         .addFrame(__FILE__, __LINE__);
   const Algo algo = *choice;
   flight_->chose(seq, algo);
-  UcxRingLink link(*cross_->channel, seq, wait.op);
+  UcxRingLink link(*cross_->channel, seq, wait.op, channel_.get());
   LIBCOMM_LOG_REQUESTED(config_.collTrace, "coll")
       << describeColl(args, seq) << ": " << algoName(algo) << " across " << hosts_.numHosts() << " hosts (" << why
       << ")"

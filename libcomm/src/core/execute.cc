@@ -258,6 +258,7 @@ Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool bloc
       }
       // Whatever run() said: this rank's own finding first (a peer's failure may be its echo).
       if (shm::segmentFaults() != 0) st = lostSegments(args, seq, st);
+      channel_->setCollective(nullptr, rank_, size_);
       // Aborted under it (abort(), a communicator destroyed or finalized with this one queued):
       // the channels' waits say only "aborted"; the abort's reason is the communicator's error.
       if (!st.isOk() && (channel_->aborted() || (cross_ && cross_->channel->aborted()))) {
@@ -306,6 +307,7 @@ Status Communicator::Impl::run(const CollArgs& args, uint32_t seq, const WaitCon
   // read from it or write to it is gone. Found before it starts (the user's compute met the fault),
   // while it runs (Channel's post and publish refuse to announce data then, and its waits stop),
   // and after it (execute). One load while no segment of the process faulted.
+  channel_->setCollective(&args, rank_, size_);
   if (shm::segmentFaults() != 0) LIBCOMM_RETURN_IF_ERROR(lostSegments(args, seq, Status::ok()));
   if (device) return runDevice(args, seq, wait, *device);
   if (cross_) return runAcrossHosts(args, seq, wait);

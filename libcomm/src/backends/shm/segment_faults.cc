@@ -58,6 +58,7 @@ constexpr uint32_t kLogSize = 64;
 struct Caught {
   std::atomic<uint32_t> ready{0};
   size_t bytes = 0;
+  uintptr_t base = 0;
   bool cut = false;  // the name did not fit: it may be any communicator's
   char name[kNameBytes];
 };
@@ -108,19 +109,23 @@ struct Line {
 // The record of a fault, made before any page is replaced: a thread that reads the replaced pages
 // finds the fault counted. The first handler of a segment writes it; another one at the same time
 // waits until it is written (a few stores away).
-void record(Watch& w, size_t bytes) {
-  uint32_t state = w.recorded.load(std::memory_order_acquire);
-  if (state == 0 && w.recorded.compare_exchange_strong(state, 1)) {
-    const uint32_t at = gLogClaimed.fetch_add(1);
-    if (at < kLogSize) {
-      gLog[at].cut = !copyName(gLog[at].name, w.name);
-      gLog[at].bytes = bytes;
-      gLog[at].ready.store(1, std::memory_order_release);
-    }
-    gFaults.fetch_add(1, std::memory_order_seq_cst);
-    w.recorded.store(2, std::memory_order_release);
-    return;
+// Writes the record (state 1 -> 2): the first handler, or a forked child's fork handler for one
+// its parent's thread was writing at the fork.
+void writeRecord(Watch& w, uintptr_t base, size_t bytes) {
+  const uint32_t at = gLogClaimed.fetch_add(1);
+  if (at < kLogSize) {
+    gLog[at].cut = !copyName(gLog[at].name, w.name);
+    gLog[at].bytes = bytes;
+    gLog[at].base = base;
+    gLog[at].ready.store(1, std::memory_order_release);
   }
+  gFaults.fetch_add(1, std::memory_order_seq_cst);
+  w.recorded.store(2, std::memory_order_release);
+}
+
+void record(Watch& w, uintptr_t base, size_t bytes) {
+  uint32_t state = w.recorded.load(std::memory_order_acquire);
+  if (state == 0 && w.recorded.compare_exchange_strong(state, 1)) return writeRecord(w, base, bytes);
   while (w.recorded.load(std::memory_order_acquire) != 2) cpuRelax();
 }
 
@@ -142,7 +147,7 @@ Outcome catchInSegment(uintptr_t addr, Line* line, bool* first) {
         continue;
       }
       *first = w.recorded.load(std::memory_order_acquire) == 0;
-      record(w, bytes);
+      record(w, base, bytes);
       const uintptr_t page = addr & ~(gPageBytes - 1);
       Outcome result = Outcome::kRetry;
       uintptr_t low = w.low.load(std::memory_order_acquire);
@@ -238,13 +243,27 @@ void onBus(int sig, siginfo_t* info, void* context) {
 }
 
 // A forked child has none of its parent's other threads, so no handler of theirs is inside a slot;
-// and the install lock is taken across the fork, so the child finds it free.
+// what one had begun is finished here: a record half written (its state 1 would hold every later
+// handler of the slot for ever) and pages claimed but perhaps not yet replaced (from `low` to the
+// range's end, private zeroes in any case now; a re-run access would otherwise fault for ever).
+// The install lock is taken across the fork, so the child finds it free.
 void beforeFork() { gInstall.lock(); }
 void afterForkInParent() { gInstall.unlock(); }
 void afterForkInChild() {
   gInstall.unlock();
   for (Chunk* c = &gFirst; c; c = c->next.load(std::memory_order_acquire))
-    for (Watch& w : c->slots) w.inHandler.store(0, std::memory_order_relaxed);
+    for (Watch& w : c->slots) {
+      if (w.inHandler.load(std::memory_order_relaxed) == 0) continue;
+      w.inHandler.store(0, std::memory_order_relaxed);
+      const uintptr_t base = w.base.load(std::memory_order_relaxed);
+      const size_t bytes = w.bytes.load(std::memory_order_relaxed);
+      if (base == 0) continue;
+      if (w.recorded.load(std::memory_order_relaxed) == 1) writeRecord(w, base, bytes);
+      const uintptr_t low = w.low.load(std::memory_order_relaxed);
+      if (low < base + bytes)
+        (void)mmap(reinterpret_cast<void*>(low), base + bytes - low, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    }
 }
 
 bool ensureInstalled() {
@@ -312,22 +331,26 @@ void unwatchSegment(int watch) {
   w->claimed.store(0, std::memory_order_release);
 }
 
-std::optional<FaultedSegment> faultedSegmentIn(const std::vector<std::string>& prefixes) {
+std::optional<FaultedSegment> faultedSegmentIn(const std::vector<std::string>& prefixes,
+                                               const std::vector<Extent>& extents) {
   if (segmentFaults() == 0) return std::nullopt;
   const uint32_t logged = std::min(gLogClaimed.load(std::memory_order_acquire), kLogSize);
   for (uint32_t i = 0; i < logged; ++i) {
     if (gLog[i].ready.load(std::memory_order_acquire) == 0) continue;
     const std::string_view name(gLog[i].name);
-    if (gLog[i].cut) return FaultedSegment{std::string(name) + "...", gLog[i].bytes, -1, false};
+    if (gLog[i].cut) return FaultedSegment{std::string(name) + "...", gLog[i].bytes, gLog[i].base, -1, false};
     for (size_t p = 0; p < prefixes.size(); ++p) {
       const std::string& prefix = prefixes[p];
       if (!prefix.empty() && name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0 &&
           name[prefix.size()] == '.')
-        return FaultedSegment{std::string(name), gLog[i].bytes, static_cast<int>(p)};
+        return FaultedSegment{std::string(name), gLog[i].bytes, gLog[i].base, static_cast<int>(p)};
     }
+    for (const Extent& e : extents)
+      if (e.lo < e.hi && e.lo < gLog[i].base + gLog[i].bytes && gLog[i].base < e.hi)
+        return FaultedSegment{std::string(name), gLog[i].bytes, gLog[i].base, -2};
   }
   if (gLogClaimed.load(std::memory_order_acquire) > kLogSize)
-    return FaultedSegment{"(one of more than 64 faulted in this process; stderr names each)", 0, -1, false};
+    return FaultedSegment{"(one of more than 64 faulted in this process; stderr names each)", 0, 0, -1, false};
   return std::nullopt;
 }
 

@@ -50,12 +50,20 @@ inline uint32_t segmentFaults() { return gSegmentFaultCount.load(std::memory_ord
 struct FaultedSegment {
   std::string name;
   size_t mappedBytes = 0;
-  int owner = -1;     // index of the prefix it matched; -1: it may be any communicator's
+  uintptr_t base = 0;  // where this process mapped it
+  int owner = -1;      // index of the prefix it matched; -1: it may be any communicator's; -2: an extent
   bool exact = true;  // `name` is the segment's whole name (else a cut one, or a placeholder)
 };
-/// The first faulted segment whose name is one of `prefixes` followed by '.', if any: the segments
-/// of one communicator ("<prefix>.ctl", "<prefix>.s<id>", ...). Cheap while segmentFaults() is 0.
-std::optional<FaultedSegment> faultedSegmentIn(const std::vector<std::string>& prefixes);
+/// An address range [lo, hi) a collective reads or writes.
+struct Extent {
+  uintptr_t lo = 0, hi = 0;
+};
+/// The first faulted segment whose name is one of `prefixes` followed by '.' (the segments of one
+/// communicator: "<prefix>.ctl", "<prefix>.s<id>", ...), or whose mapping overlaps one of `extents`
+/// (memory another communicator registered, which this one's collective uses), if any. Cheap while
+/// segmentFaults() is 0.
+std::optional<FaultedSegment> faultedSegmentIn(const std::vector<std::string>& prefixes,
+                                               const std::vector<Extent>& extents = {});
 /// "shared-memory segment <name><whose> lost pages under the job (...)": what befell it, with
 /// the file's size now where it can be read. `whose` e.g. " (rank 3's)".
 std::string describeFault(const FaultedSegment& f, const std::string& whose = "");

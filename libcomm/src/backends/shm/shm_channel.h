@@ -18,8 +18,9 @@
 #include <vector>
 
 #include "backends/shm/shm_segment.h"
-#include "libcomm/config.h"
+#include "core/collective.h"
 #include "core/wait_context.h"
+#include "libcomm/config.h"
 #include "libcomm/deadline.h"
 #include "libcomm/status.h"
 
@@ -188,9 +189,17 @@ class Channel {
   /// segment only what this rank ran into.
   Status blameFailedPeer(const Status& st, const WaitContext& ctx, const char* phase) const;
   /// kSystemError naming the first segment of this communicator on this host (any rank's: control
-  /// blocks, registered memory) whose pages were lost under the job (segment_faults.h), as met in
-  /// `op`; else OK. Cheap while no segment of the process faulted (segmentFaults() == 0).
+  /// blocks, registered memory), or any segment the current collective's buffers lie in (another
+  /// communicator's registered memory), whose pages were lost under the job (segment_faults.h), as
+  /// met in `op`; else OK. For after segmentFaults() != 0.
   Status segmentFault(const std::string& op) const;
+  /// The collective this rank runs now (its buffers, for segmentFault), of communicator rank
+  /// `commRank` of `commSize`; nullptr between collectives. `args` must outlive the call with nullptr.
+  void setCollective(const CollArgs* args, int commRank, int commSize) {
+    current_ = args;
+    commRank_ = commRank;
+    commSize_ = commSize;
+  }
   /// waitCounter for every peer but this rank.
   Status waitAll(Counter c, uint32_t target, const WaitContext& ctx, const char* phase);
   /// Rank r's counter now (no wait).
@@ -245,6 +254,8 @@ class Channel {
   std::vector<Segment> segments_;       // index = rank (own one created, peers' opened)
   std::vector<std::string> prefixes_;   // index = rank: its segment prefix (connect)
   uint32_t lastPosted_ = 0;             // the seq of the collective posted last (messages)
+  const CollArgs* current_ = nullptr;   // setCollective
+  int commRank_ = 0, commSize_ = 1;
   bool refuseAfterFault();              // after segmentFaults() != 0: true when this communicator's segments faulted
   std::vector<ControlBlock*> blocks_;
   std::vector<ProcessId> processes_;
