@@ -96,6 +96,30 @@ std::string endText(const Child& c) {
   return "stopped with wait status " + std::to_string(c.status);
 }
 
+// Whether any of `ended` (ranks told to stop that ended by themselves) failed while stopping: with
+// ranks that save their state on a stop (LocalLaunchOptions::ranksSaveOnStop), an exit code other
+// than 0 or 128 + a stop signal (a wrapper's), or a crash. A requeue script must tell "stopped,
+// state saved" from "stopped, state lost".
+bool failedWhileStopping(const std::vector<Child>& children, const std::vector<int>& ended, bool ranksSaveOnStop) {
+  if (!ranksSaveOnStop) return false;
+  for (int r : ended) {
+    const Child& c = children[static_cast<size_t>(r)];
+    const bool exitedBadly = WIFEXITED(c.status) && WEXITSTATUS(c.status) != 0 &&
+                             !(WEXITSTATUS(c.status) > 128 && isStopSignal(WEXITSTATUS(c.status) - 128));
+    const bool crashed = WIFSIGNALED(c.status) && !isStopSignal(WTERMSIG(c.status));
+    if (c.lost || exitedBadly || crashed) return true;
+  }
+  return false;
+}
+
+// The ranks of `left` that are not in `killed`: those that ended by themselves once told to stop.
+std::vector<int> endedOf(const std::vector<int>& left, const std::vector<int>& killed) {
+  std::vector<int> ended;
+  for (int r : left)
+    if (std::find(killed.begin(), killed.end(), r) == killed.end()) ended.push_back(r);
+  return ended;
+}
+
 // "ranks 0,1 ended by SIGTERM; rank 2 exited with code 1": how each of `ranks` (all ended) ended,
 // ranks that ended alike together.
 std::string endsOf(const std::vector<Child>& children, const std::vector<int>& ranks) {
@@ -621,22 +645,10 @@ Status launchLocal(const LocalLaunchOptions& options) {
                                    << " ms to end by themselves (another stop signal, a second or more later, "
                                       "ends them now)";
       const std::vector<int> killed = stopAll(children, grace, anotherStop);
-      std::vector<int> ended;
-      for (int r : left)
-        if (std::find(killed.begin(), killed.end(), r) == killed.end()) ended.push_back(r);
+      const std::vector<int> ended = endedOf(left, killed);
       // A rank that exited with an error while stopping (a trainer whose save failed) makes the
-      // launch a failure the caller reports, not an interruption like any other: a requeue script
-      // must tell "stopped, state saved" from "stopped, state lost".
-      // Only where the ranks save on a stop (LocalLaunchOptions::ranksSaveOnStop): an exit code
-      // other than 0 or 128 + a stop signal (a wrapper's), or a crash, is a rank that failed.
-      bool failedToStop = false;
-      for (int r : ended) {
-        const Child& c = children[static_cast<size_t>(r)];
-        const bool exitedBadly = WIFEXITED(c.status) && WEXITSTATUS(c.status) != 0 &&
-                                 !(WEXITSTATUS(c.status) > 128 && isStopSignal(WEXITSTATUS(c.status) - 128));
-        const bool crashed = WIFSIGNALED(c.status) && !isStopSignal(WTERMSIG(c.status));
-        failedToStop = failedToStop || (options.ranksSaveOnStop && (c.lost || exitedBadly || crashed));
-      }
+      // launch a failure the caller reports, not an interruption like any other.
+      const bool failedToStop = failedWhileStopping(children, ended, options.ranksSaveOnStop);
       const std::string said = libcomm::detail::strCat(
           "launchLocal: interrupted by ", signalName(sig), ": passed SIGTERM on to ", ranksNamed(left), " of ",
           options.numRanks, " (", program, ")", ended.empty() ? std::string() : "; " + endsOf(children, ended),
@@ -653,21 +665,24 @@ Status launchLocal(const LocalLaunchOptions& options) {
     if (deadline.expired()) {
       // As for a stop signal: SIGTERM and stopGrace, so that ranks that save their state when told
       // to stop (a trainer with a checkpoint to save) keep it; SIGKILL only after the grace.
+      // A stop signal to the launcher meanwhile cuts the grace short.
       std::vector<int> left = runningRanks(children);
       const Milliseconds grace = std::max(kTermGrace, options.stopGrace);
+      const int requests = StopSignals::stopRequests();
+      auto stopAsked = [requests] { return StopSignals::stopRequests() > requests; };
       if (grace > kTermGrace)
         LIBCOMM_LOG(kWarn, "boot") << "launchLocal: the job's deadline (" << options.timeout.count()
                                    << " ms) passed: sent SIGTERM to " << ranksNamed(left) << "; they get up to "
-                                   << grace.count() << " ms to end by themselves";
-      const std::vector<int> killed = stopAll(children, grace);
-      std::string how = "; killed them";
-      if (killed.size() < left.size())
-        how = killed.empty() ? libcomm::detail::strCat("; they ended on SIGTERM within ", grace.count(), " ms")
-                             : libcomm::detail::strCat("; ", ranksNamed(killed), " killed after ", grace.count(),
-                                                       " ms, the others ended on SIGTERM");
-      return saidIfInterrupted(makeError(StatusCode::kTimeout, "launchLocal: ranks ", boot::joinRanks(left), " of ",
-                                         options.numRanks, " (", program, ") still running after ",
-                                         options.timeout.count(), " ms", how, removeSegments(children, ranksJobId)));
+                                   << grace.count() << " ms to end by themselves (a stop signal ends them now)";
+      const std::vector<int> killed = stopAll(children, grace, stopAsked);
+      const std::vector<int> ended = endedOf(left, killed);
+      return saidIfInterrupted(makeError(
+          StatusCode::kTimeout, "launchLocal: ranks ", boot::joinRanks(left), " of ", options.numRanks, " (", program,
+          ") still running after ", options.timeout.count(), " ms; sent SIGTERM",
+          ended.empty() ? std::string() : "; " + endsOf(children, ended),
+          killed.empty() ? std::string() : "; killed " + ranksNamed(killed) + " after the grace period",
+          failedWhileStopping(children, ended, options.ranksSaveOnStop) ? "; a rank failed while stopping" : "",
+          removeSegments(children, ranksJobId)));
     }
     backoff.sleep(deadline);
   }
