@@ -56,15 +56,15 @@ bool decodeProgress(std::string_view text, RankProgress* out) {
 }
 
 std::string describeStragglers(uint32_t seq, int self, const std::vector<std::optional<std::string>>& reports) {
-  std::string list, details;
+  std::string list, details, unknown;
   for (int r = 0; r < static_cast<int>(reports.size()); ++r) {
     if (r == self) continue;
     std::string why;
     RankProgress p;
     if (!reports[r]) {
-      why =
-          "no progress report: its communicator ended (every collective it was called for finished), or its "
-          "reports failed";
+      // No entry: a communicator that ended cleanly removes its own, so it may well have been there.
+      unknown += (unknown.empty() ? "" : ", ") + std::to_string(r);
+      continue;
     } else if (!decodeProgress(*reports[r], &p)) {
       why = "unreadable progress report";
     } else if (reached(p.started, seq)) {
@@ -85,8 +85,12 @@ std::string describeStragglers(uint32_t seq, int self, const std::vector<std::op
     list += (list.empty() ? "" : ", ") + std::to_string(r);
     details += (details.empty() ? "" : "; ") + std::to_string(r) + ": " + why;
   }
-  if (list.empty()) return "";
-  return "not there yet: " + list + " (" + details + ")";
+  const std::string none =
+      unknown.empty() ? std::string()
+                      : "no progress report from " + unknown +
+                            " (their communicators ended cleanly, which removes the report, or their reports failed)";
+  if (list.empty()) return none;
+  return "not there yet: " + list + " (" + details + ")" + (none.empty() ? "" : "; " + none);
 }
 
 Milliseconds progressReportEvery(const CommConfig& config) {
@@ -168,8 +172,10 @@ std::string ProgressBoard::stragglers(uint32_t seq, Deadline deadline) {
   out << "by the ranks' progress reports (each at most " << interval_.count() << " ms old), ";
   if (text.empty())
     out << "every rank has started seq " << seq << " (what is missing is data, not a rank: see their own errors)";
-  else
+  else if (text.rfind("not there yet", 0) == 0)
     out << "ranks " << text;
+  else
+    out << "every other rank has started seq " << seq << "; " << text;
   std::lock_guard<std::mutex> lock(mu_);
   if (!broken_.empty()) out << "; this rank's own reports stopped earlier: " << broken_;
   return out.str();
