@@ -80,10 +80,12 @@ std::vector<std::unique_ptr<Bootstrap>> createInProcessBootstraps(int size, std:
 /// every user may replace files (o+w and not sticky) is refused (kInvalidArgument): the files carry
 /// no secret, so anyone could forge them.
 /// Collective: returns once every rank has joined and agreed on `size`. Each rank deletes its
-/// files as soon as no rank can still read them, and the last rank to destroy its bootstrap removes
-/// the run's remaining files (the last round's, the side channel's, the job's run and lock files):
-/// a run whose ranks all ended leaves nothing in `dir`. A killed rank's files stay until the next
-/// run of the job id in `dir` (or until `dir` is removed). A job id may be reused there by later runs:
+/// files as soon as no rank can still read them; rank 0 removes the job's lock file when it ends,
+/// and the last rank to destroy its bootstrap the run's remaining files (the last round's, the side
+/// channel's, the run file), where every rank ran on its host (on a filesystem shared between hosts
+/// a removal may show late, so the files stay): a run whose ranks all ended leaves nothing in `dir`.
+/// Otherwise, and after a killed rank, they stay until the next run of the job id in `dir` (or until
+/// `dir` is removed). A job id may be reused there by later runs:
 /// rank 0 starts each run under a fresh nonce and removes what earlier runs of that id left, and
 /// the other ranks join only a rank 0 that is alive. Two runs of one job id in one directory must
 /// not overlap in time (the second's rank 0 would remove the first's files). A rank waiting for

@@ -302,6 +302,11 @@ class FileBootstrap final : public Bootstrap {
     // least one of them sees none.
     if (joined_ && lastOut()) removeRun();
     if (claimFd_ >= 0) close(claimFd_);
+    // Rank 0's lock file goes with it, unlinked while still locked (a rank 0 of a later run that
+    // opened it just before locks a file no third run can find: overlapping runs of one job id are
+    // the caller's error either way). Other ranks never touch it: a later run's rank 0 must not
+    // find it held by them.
+    if (lockFd_ >= 0 && joined_) unlink((dir_ + "/" + jobId_ + ".lock").c_str());
     if (lockFd_ >= 0) close(lockFd_);
   }
   /// The rank's claim file and its descriptor holding the claim's lock (made by
@@ -513,15 +518,19 @@ class FileBootstrap final : public Bootstrap {
   int lockFd_ = -1;
   bool joined_ = false;
 
+  // Whether every other rank has ended: its claim is gone, and it is a claim this rank may read an
+  // absence into (made on this host and locked: presenceOf's trust). On a filesystem shared between
+  // hosts a removal may show late or early, so a run with ranks elsewhere leaves its files to the
+  // next run's rank 0, as before.
   bool lastOut() const {
     struct stat st;
     for (int r = 0; r < size_; ++r)
-      if (r != rank_ && (stat(claimName(r).c_str(), &st) == 0 || errno != ENOENT)) return false;
+      if (r != rank_ && (trust_[r] != 1 || stat(claimName(r).c_str(), &st) == 0 || errno != ENOENT)) return false;
     return true;
   }
 
-  // Every file of this run, the job's run file where it still names this run, and its lock file
-  // where no live rank 0 holds it (defined below RunFile).
+  // Every file of this run, and the job's run file where it still names this run (defined below
+  // RunFile).
   void removeRun() const;
   std::map<std::pair<int, uint32_t>, uint64_t> sendSeq_;
   std::map<std::pair<int, uint32_t>, uint64_t> recvSeq_;
@@ -645,11 +654,7 @@ Status removeEarlierRuns(const std::string& dir, const std::string& jobId) {
   return removeRunFiles(dir, jobId, "", "rank 0");
 }
 
-// Every file of this run (removeRunFiles), then the job's run file where it still names this run,
-// and its lock file where no live rank 0 holds it (taken here, so that a rank 0 starting now
-// either locked it first, and it stays, or opens a new one). A run of the same job id started
-// just as this one ends may lock the file removed here; a third overlapping it would then not be
-// refused (overlapping runs of one job id are the caller's error either way).
+// Every file of this run (removeRunFiles), then the job's run file where it still names this run.
 void FileBootstrap::removeRun() const {
   const std::string nonce = files_->prefix.substr(jobId_.size() + 1);
   (void)removeRunFiles(dir_, jobId_, nonce);
@@ -661,10 +666,6 @@ void FileBootstrap::removeRun() const {
     memcpy(&run, (*text)->data(), sizeof(run));
     if (run.nonceText() == nonce) unlink(runPath.c_str());
   }
-  const std::string lockPath = dir_ + "/" + jobId_ + ".lock";
-  const int fd = lockFd_ >= 0 ? lockFd_ : open(lockPath.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd >= 0 && (fd == lockFd_ || flock(fd, LOCK_EX | LOCK_NB) == 0)) unlink(lockPath.c_str());
-  if (fd >= 0 && fd != lockFd_) close(fd);
 }
 
 Result<std::optional<RunFile>> readRunFile(RankFiles& files, const std::string& path) {

@@ -167,7 +167,7 @@ bool FlightRecorder::readSlot(const Slot& s, const TimeBase& time, FlightEntry* 
   return true;
 }
 
-std::vector<FlightEntry> FlightRecorder::snapshot() const {
+std::vector<FlightEntry> FlightRecorder::snapshot(uint32_t* wrapsSeen) const {
   std::vector<FlightEntry> out;
   if (capacity_ == 0) return out;
   const TimeBase time = timeBase();
@@ -193,8 +193,11 @@ std::vector<FlightEntry> FlightRecorder::snapshot() const {
     });
   };
   sortOldestFirst();
-  const bool wrapped = wraps_.load(std::memory_order_relaxed) != 0;
-  for (int pass = 0; !out.empty(); ++pass) {
+  // Loaded after each pass's reads (acquire, as the slots were: a seq 0 read was enqueued after its
+  // wrap was counted), so that a re-read that found seq 0 sees the wrap.
+  uint32_t wraps = wraps_.load(std::memory_order_acquire);
+  for (int pass = 0; !out.empty(); ++pass, wraps = wraps_.load(std::memory_order_acquire)) {
+    const bool wrapped = wraps != 0;
     const uint32_t newest = out.back().seq;
     // The window: the last `capacity` seqs up to the newest (from 1 while there were fewer).
     const uint32_t span = !wrapped && newest < capacity_ ? newest : static_cast<uint32_t>(capacity_);
@@ -226,6 +229,7 @@ std::vector<FlightEntry> FlightRecorder::snapshot() const {
     auto it = std::find_if(out.begin(), out.end(), [seq = seq](const FlightEntry& e) { return e.seq == seq; });
     if (it != out.end()) it->error = text;
   }
+  if (wrapsSeen) *wrapsSeen = wraps;
   return out;
 }
 
@@ -370,7 +374,8 @@ std::string FlightRecorder::toJson(std::string_view reason) const {
   // (stamped after, a dump read 9 ms before its stamp made flight_merge take a rank a moment behind
   // for one that never enqueued a collective its peers had).
   const long long dumpTimeNs = static_cast<long long>(flightNowNs());
-  const std::vector<FlightEntry> entries = snapshot();
+  uint32_t wraps = 0;
+  const std::vector<FlightEntry> entries = snapshot(&wraps);
   std::string first;
   uint32_t firstSeq = 0;
   {
@@ -404,8 +409,7 @@ std::string FlightRecorder::toJson(std::string_view reason) const {
   const uint32_t last = entries.empty() ? 0 : entries.back().seq;
   uint64_t dropped = 0;
   if (!entries.empty()) {
-    const uint64_t wraps = wraps_.load(std::memory_order_relaxed);
-    const uint64_t epoch = entries.front().seq > last && wraps > 0 ? wraps - 1 : wraps;
+    const uint64_t epoch = entries.front().seq > last && wraps > 0 ? wraps - 1 : uint64_t{wraps};
     dropped = (epoch << 32) + entries.front().seq - 1;
   }
   w.field("last_enqueued_seq", last).field("entries_dropped", static_cast<unsigned long long>(dropped));

@@ -135,7 +135,8 @@ class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
   /// The recorded collectives, oldest first: consecutive seqs ending at the newest one seen, at
   /// most capacity() of them, even while collectives run (older entries it could not read whole
   /// in that window are left out, as if dropped).
-  std::vector<FlightEntry> snapshot() const;
+  /// `wraps`, when given: how many times the seqs had wrapped (seq 0 enqueued) as of the entries read.
+  std::vector<FlightEntry> snapshot(uint32_t* wraps = nullptr) const;
   /// The dump: identity, settings, `reason`, and snapshot(). One JSON object.
   std::string toJson(std::string_view reason) const;
   /// Writes toJson(reason) to `path` (empty: defaultPath()) through a temporary file of a name new
