@@ -106,9 +106,6 @@ struct Line {
   }
 };
 
-// The record of a fault, made before any page is replaced: a thread that reads the replaced pages
-// finds the fault counted. The first handler of a segment writes it; another one at the same time
-// waits until it is written (a few stores away).
 // Writes the record (state 1 -> 2): the first handler, or a forked child's fork handler for one
 // its parent's thread was writing at the fork.
 void writeRecord(Watch& w, uintptr_t base, size_t bytes) {
@@ -123,6 +120,9 @@ void writeRecord(Watch& w, uintptr_t base, size_t bytes) {
   w.recorded.store(2, std::memory_order_release);
 }
 
+// The record of a fault, made before any page is replaced: a thread that reads the replaced pages
+// finds the fault counted. The first handler of a segment writes it; another one at the same time
+// waits until it is written (a few stores away).
 void record(Watch& w, uintptr_t base, size_t bytes) {
   uint32_t state = w.recorded.load(std::memory_order_acquire);
   if (state == 0 && w.recorded.compare_exchange_strong(state, 1)) return writeRecord(w, base, bytes);
