@@ -31,12 +31,12 @@ using libcomm::Status;
 using libcomm::StatusCode;
 using namespace std::chrono_literals;
 
-// Cuts the file of segment `name` ("/shardcomm...") to 0 bytes, as another process of its user
-// (or root) could: every page of every mapping of it is gone.
-bool truncateSegment(const std::string& name) {
+// Cuts the file of segment `name` ("/shardcomm...") to `keepBytes` (0: nothing), as another
+// process of its user (or root) could: every page past that, in every mapping of it, is gone.
+bool truncateSegment(const std::string& name, size_t keepBytes = 0) {
   const int fd = shm_open(name.c_str(), O_RDWR, 0);
   if (fd < 0) return false;
-  const bool cut = ftruncate(fd, 0) == 0;
+  const bool cut = ftruncate(fd, static_cast<off_t>(keepBytes)) == 0;
   close(fd);
   return cut;
 }
@@ -53,6 +53,13 @@ std::vector<std::string> mySegments(const std::string& part) {
     closedir(d);
   }
   return out;
+}
+
+// Rank 0's first registered allocation in this process ("...r0.c<k>.s1"); empty where it has none.
+std::string firstAllocationOfRank0() {
+  for (const std::string& seg : mySegments(".r0.c"))
+    if (seg.size() > 3 && seg.compare(seg.size() - 3, 3, ".s1") == 0) return seg;
+  return "";
 }
 
 std::string testSegmentName(const char* what) {
@@ -106,10 +113,7 @@ TEST(SegmentFaults, ASegmentCutShortKeepsItsLowerPagesShared) {
   ASSERT_TRUE(b.isOk()) << b.status().toString();
   memset(a->data(), 0xab, a->size());
   const uint32_t before = libcomm::shm::segmentFaults();
-  const int fd = shm_open(name.c_str(), O_RDWR, 0);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(ftruncate(fd, 16 * 1024), 0);
-  close(fd);
+  ASSERT_TRUE(truncateSegment(name, 16 * 1024));
   auto* pa = static_cast<volatile unsigned char*>(a->data());
   auto* pb = static_cast<volatile unsigned char*>(b->data());
   EXPECT_EQ(pa[40000], 0);  // past the end: caught, zeroed
@@ -212,13 +216,9 @@ TEST_P(RegisteredCut, FailsTheCollectiveOnEveryRankNamingTheSegment) {
     for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(ctx.rank + 1);
     LIBCOMM_RETURN_IF_ERROR(collective());
     if (ctx.rank == 0) {
-      std::string name;
-      for (const std::string& seg : mySegments(".r0.c"))  // the input is the first allocation: ".s1"
-        if (seg.size() > 3 && seg.compare(seg.size() - 3, 3, ".s1") == 0) name = seg;
-      const int fd = name.empty() ? -1 : shm_open(name.c_str(), O_RDWR, 0);
-      const bool cutShort = fd >= 0 && ftruncate(fd, static_cast<off_t>(cut.keepBytes)) == 0;
-      if (fd >= 0) close(fd);
-      if (!cutShort) return libcomm::makeError(StatusCode::kInternalError, "no input segment to cut");
+      const std::string name = firstAllocationOfRank0();  // the input
+      if (name.empty() || !truncateSegment(name, cut.keepBytes))
+        return libcomm::makeError(StatusCode::kInternalError, "no input segment to cut");
       x[n - 1] = 3.0f;  // the user's compute, past the new end: SIGBUS, caught
       x[0] = 3.0f;      // and below it (shared still, or private when cut to nothing)
     }
@@ -268,9 +268,7 @@ TEST(SegmentFaults, AnotherCommunicatorsCutMemoryFailsTheCollectiveThatUsesIt) {
       for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(ctx.rank + 1);
       LIBCOMM_RETURN_IF_ERROR(user->allGather(in, out.data(), n, DataType::kFloat32, *s));
       if (ctx.rank == 0) {
-        std::string name;
-        for (const std::string& seg : mySegments(".r0.c"))  // the owner's first allocation
-          if (seg.size() > 3 && seg.compare(seg.size() - 3, 3, ".s1") == 0) name = seg;
+        const std::string name = firstAllocationOfRank0();  // the owner's
         if (name.empty() || !truncateSegment(name))
           return libcomm::makeError(StatusCode::kInternalError, "no segment to cut");
         x[n - 1] = 3.0f;  // SIGBUS, caught

@@ -654,20 +654,6 @@ Status removeEarlierRuns(const std::string& dir, const std::string& jobId) {
   return removeRunFiles(dir, jobId, "", "rank 0");
 }
 
-// Every file of this run (removeRunFiles), then the job's run file where it still names this run.
-void FileBootstrap::removeRun() const {
-  const std::string nonce = files_->prefix.substr(jobId_.size() + 1);
-  (void)removeRunFiles(dir_, jobId_, nonce);
-  const std::string runPath = dir_ + "/" + jobId_ + ".run";
-  RankFiles runFiles(dir_, jobId_ + ".run", rank_);
-  if (Result<std::optional<std::string>> text = runFiles.readIfExists(runPath);
-      text.isOk() && text->has_value() && (*text)->size() == sizeof(RunFile)) {
-    RunFile run;
-    memcpy(&run, (*text)->data(), sizeof(run));
-    if (run.nonceText() == nonce) unlink(runPath.c_str());
-  }
-}
-
 Result<std::optional<RunFile>> readRunFile(RankFiles& files, const std::string& path) {
   LIBCOMM_ASSIGN_OR_RETURN(std::optional<std::string> content, files.readIfExists(path));
   if (!content) return std::optional<RunFile>();
@@ -681,6 +667,17 @@ Result<std::optional<RunFile>> readRunFile(RankFiles& files, const std::string& 
     return makeError(StatusCode::kInvalidUsage, "file bootstrap: rank ", files.rank, " found ", path,
                      " that is not a run file (a foreign file with this job's name?)");
   return std::optional<RunFile>(run);
+}
+
+// Every file of this run (removeRunFiles), then the job's run file where it still names this run.
+void FileBootstrap::removeRun() const {
+  const std::string nonce = files_->prefix.substr(jobId_.size() + 1);
+  (void)removeRunFiles(dir_, jobId_, nonce);
+  const std::string runPath = dir_ + "/" + jobId_ + ".run";
+  RankFiles runFiles(dir_, jobId_ + ".run", rank_);
+  if (Result<std::optional<RunFile>> run = readRunFile(runFiles, runPath);
+      run.isOk() && run.value() && run.value()->nonceText() == nonce)
+    unlink(runPath.c_str());
 }
 
 // Another rank than 0: waits until the run file changes (rank 0 wrote it after this rank first

@@ -1,6 +1,7 @@
 #pragma once
 // One collective call as the communicator sees it: what was asked, validated, ready to execute.
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -49,6 +50,24 @@ struct CollArgs {
   bool hasInput(int r) const {
     if (kind == CollKind::kBarrier) return false;
     return kind != CollKind::kBroadcast || r == root;
+  }
+  /// An address range [lo, hi); empty where lo == hi.
+  struct Span {
+    uintptr_t lo = 0, hi = 0;
+  };
+  /// What rank `rank`'s call reads and writes: [0] its input (empty where it has none: a broadcast's
+  /// non-roots, an empty call), [1] its output. The in-place layouts lie inside the output.
+  std::array<Span, 2> extents(int rank, int worldSize) const {
+    std::array<Span, 2> out{};
+    if (count > 0 && hasInput(rank) && send) {
+      out[0].lo = reinterpret_cast<uintptr_t>(send);
+      out[0].hi = out[0].lo + inputBytes(worldSize);
+    }
+    if (count > 0 && recv) {
+      out[1].lo = reinterpret_cast<uintptr_t>(recv);
+      out[1].hi = out[1].lo + outputBytes(worldSize);
+    }
+    return out;
   }
 };
 

@@ -102,19 +102,10 @@ void QueuedMemory::enter(uint32_t seq, uint64_t ordinal, const CollArgs& args, i
   std::atomic_thread_fence(std::memory_order_release);
   s.seq.store(seq, relaxed);
   s.call.store(args);
-  // A broadcast's non-root ranks read no input; the in-place layouts lie inside the output.
-  uintptr_t lo[2] = {0, 0}, hi[2] = {0, 0};
-  if (args.count > 0 && args.hasInput(rank) && args.send) {
-    lo[0] = reinterpret_cast<uintptr_t>(args.send);
-    hi[0] = lo[0] + args.inputBytes(size);
-  }
-  if (args.count > 0 && args.recv) {
-    lo[1] = reinterpret_cast<uintptr_t>(args.recv);
-    hi[1] = lo[1] + args.outputBytes(size);
-  }
+  const std::array<CollArgs::Span, 2> extents = args.extents(rank, size);
   for (int i = 0; i < 2; ++i) {
-    s.lo[i].store(lo[i], relaxed);
-    s.hi[i].store(hi[i], relaxed);
+    s.lo[i].store(extents[i].lo, relaxed);
+    s.hi[i].store(extents[i].hi, relaxed);
   }
   storeNameWords(s.stream, stream);
   s.ordinal.store(ordinal, std::memory_order_release);

@@ -22,7 +22,6 @@ namespace libcomm::shm {
 std::atomic<uint32_t> gSegmentFaultCount{0};
 
 namespace {
-std::atomic<uint32_t>& gFaults = gSegmentFaultCount;
 
 // Everything the handler reads lives in static storage and is read through atomics: it may run in
 // any thread at any moment, and may neither allocate nor lock.
@@ -116,7 +115,7 @@ void writeRecord(Watch& w, uintptr_t base, size_t bytes) {
     gLog[at].base = base;
     gLog[at].ready.store(1, std::memory_order_release);
   }
-  gFaults.fetch_add(1, std::memory_order_seq_cst);
+  gSegmentFaultCount.fetch_add(1, std::memory_order_seq_cst);
   w.recorded.store(2, std::memory_order_release);
 }
 

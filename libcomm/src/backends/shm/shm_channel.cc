@@ -290,16 +290,8 @@ Status Channel::waitWord(int peer, const std::atomic<uint32_t>& word, uint32_t t
 
 Status Channel::segmentFault(const std::string& op) const {
   std::vector<Extent> extents;
-  if (const CollArgs* a = current_; a && a->count > 0) {
-    if (a->send && a->hasInput(commRank_)) {
-      const auto lo = reinterpret_cast<uintptr_t>(a->send);
-      extents.push_back({lo, lo + a->inputBytes(commSize_)});
-    }
-    if (a->recv) {
-      const auto lo = reinterpret_cast<uintptr_t>(a->recv);
-      extents.push_back({lo, lo + a->outputBytes(commSize_)});
-    }
-  }
+  if (current_)
+    for (const CollArgs::Span& e : current_->extents(commRank_, commSize_)) extents.push_back({e.lo, e.hi});
   const std::optional<FaultedSegment> f = faultedSegmentIn(prefixes_, extents);
   if (!f) return Status::ok();
   const std::string whose = f->owner == -2      ? std::string(" (holding this collective's buffer)")
