@@ -287,6 +287,32 @@ TEST(ShmChannelNames, TimeoutNamesCommunicatorRanks) {
   EXPECT_EQ(st.message().find("not there yet: 6, 9"), std::string::npos) << st.toString();
 }
 
+// A timeout in the arrival of a peer that posted nothing names that; one whose last post was seq 0
+// -- the 2^32nd collective, after 2^32 - 1 -- names seq 0 (it was read as "no collective yet").
+TEST(ShmChannelNames, TimeoutNamesTheLastPostedCollectiveAcrossTheWrap) {
+  libcomm::CommConfig config;
+  const std::string prefix = "/shardcomm." + std::to_string(getpid()) + ".wrap-test";
+  auto a = libcomm::shm::Channel::create(prefix + ".0", 0, 2, config, {0, 1});
+  auto b = libcomm::shm::Channel::create(prefix + ".1", 1, 2, config, {0, 1});
+  ASSERT_TRUE(a.isOk() && b.isOk());
+  ASSERT_TRUE((*a)->connect({prefix + ".0", prefix + ".1"}, libcomm::Deadline::after(5s)).isOk());
+  auto arrival = [&](uint32_t seq) {
+    libcomm::WaitContext wait{libcomm::OpDeadline(std::chrono::milliseconds(50)), {}, libcomm::WaitPolicy{}};
+    const Status st = (*a)->waitPosted(seq, wait);
+    EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.toString();
+    return st.message();
+  };
+  std::string text = arrival(1);
+  EXPECT_NE(text.find("(arrival: it has posted no collective yet, needed 1)"), std::string::npos) << text;
+  libcomm::shm::OpDescriptor d{};
+  d.seq = 0xffffffffu;
+  (*b)->post(d);
+  d.seq = 0;
+  (*b)->post(d);
+  text = arrival(1);
+  EXPECT_NE(text.find("(arrival: its last posted collective is seq 0, needed 1)"), std::string::npos) << text;
+}
+
 // A progress thread's wait that polls on a sleeping host thread's core (core/host_waits.h) still
 // sees its peer, and still ends at the collective's deadline with the usual error, however long
 // it may borrow.

@@ -287,7 +287,42 @@ class FlightMerge(unittest.TestCase):
         self.assertIn("rank 0: enqueued 52, started before 50, completed before 50", r.stdout)
         self.assertIn("entries before 50 dropped", r.stdout)
         rc, res, err = self.merge_json(self.dir)
-        self.assertEqual(res["ranks"]["0"]["last_started"], 0)  # --json keeps its numbers
+        self.assertIsNone(res["ranks"]["0"]["last_started"])  # none among those kept: no "before 50" there
+        self.assertEqual(res["ranks"]["0"]["oldest"], 50)
+
+    def test_seqs_across_the_wrap_at_2_to_the_32_are_in_order(self):
+        # After 2^32 collectives seq 0 follows 2^32 - 1. Rank 0 is in seq 0, rank 1 has not called
+        # it: sorted as plain numbers, seq 0 lay before both windows and the ranks "agreed".
+        top = 2**32 - 1
+        lead = dump(0, 2, [entry(top - 1), entry(top), entry(0, state="running")])
+        lag = dump(1, 2, [entry(top - 1), entry(top)])
+        for d in (lead, lag):
+            d["entries_dropped"] = top - 2  # seqs 1 .. 2^32 - 3 went before the oldest kept
+        self.write("c.rank0.flight.json", lead)
+        self.write("c.rank1.flight.json", lag)
+        r = self.merge(self.dir)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("rank(s) 1 never enqueued seq 0 (all_gather, 4096 x fp32); rank(s) 0 wait in it", r.stdout)
+        self.assertIn(f"rank 0: enqueued 0, started 0, completed {top}  (failure, entries before {top - 1} dropped)",
+                      r.stdout)
+        rc, res, _ = self.merge_json(self.dir)
+        self.assertEqual(res["first_divergence"]["seq"], 0)
+        self.assertEqual(res["ranks"]["0"]["last_enqueued"], 0)
+        self.assertEqual(res["ranks"]["0"]["last_completed"], top)
+        # A rank that failed in seq 1 after the wrap, its ring turned over since: the first error's
+        # seq lies after the wrap, not 2^32 collectives before its entries.
+        d = dump(0, 1, [entry(s, state="skipped", start=False, error="skipped") for s in (2, 3)],
+                 first_error="rank 0: it broke")
+        d["entries_dropped"] = top + 2
+        d["first_error_seq"] = 1
+        for f in os.listdir(self.dir):
+            os.remove(os.path.join(self.dir, f))
+        self.write("c.rank0.flight.json", d)
+        r = self.merge(self.dir)
+        self.assertIn("rank 0 failed in seq 1 (older than the entries it kept", r.stdout)
+        d["first_error_seq"] = top  # before the wrap
+        self.write("c.rank0.flight.json", d)
+        self.assertIn(f"rank 0 failed in seq {top} (older than", self.merge(self.dir).stdout)
 
 
     # Found by a flight-recorder review: each of these misled, hung or printed a traceback.
@@ -488,9 +523,13 @@ class FlightMerge(unittest.TestCase):
         self.assertIn("world_size 1000000000000 is not in 1..", r.stderr)
         os.remove(os.path.join(self.dir, "deep.flight.json"))
         os.remove(os.path.join(self.dir, "huge.flight.json"))
-        # One entry far ahead: seqs are taken as they are, not as a range to walk.
+        # One entry far ahead: the library's seqs are 32 bits; nothing is a range to walk.
         self.write("c.rank0.flight.json", dump(0, 2, [entry(1), entry(2**40)]))
         self.write("c.rank1.flight.json", dump(1, 2, [entry(1)]))
+        r = self.merge(self.dir)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("entry 1: seq 1099511627776 is not a 32-bit seq", r.stderr)
+        self.write("c.rank0.flight.json", dump(0, 2, [entry(1), entry(2**32 - 1)]))
         r = self.merge(self.dir)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 

@@ -16,33 +16,34 @@ namespace {
 using namespace std::chrono_literals;
 
 TEST(ProgressBoard, EntriesRoundTripAndGarbageIsRefused) {
-  const RankProgress p{7, 6, 5, true, false};
+  const RankProgress p{7, 6, 5, true, false, true};
   RankProgress q;
   ASSERT_TRUE(decodeProgress(encodeProgress(p), &q));
   EXPECT_EQ(q, p);
-  const RankProgress last{7, 7, 7, false, true};
+  const RankProgress last{7, 7, 7, false, true, true};
   ASSERT_TRUE(decodeProgress(encodeProgress(last), &q));
   EXPECT_EQ(q, last);
   ASSERT_TRUE(decodeProgress(encodeProgress(RankProgress{}), &q));
   EXPECT_EQ(q, RankProgress{});
-  for (const char* bad : {"", "v2", "v2 1 2 3 0", "v2 1 2 3 0 0 ", "v1 1 2 3 0", "v3 1 2 3 0 0", "v2 1 2 3 2 0",
-                          "v2 1 2 3 0 2", "v2 -1 2 3 0 0", "v2 1 2 x 0 0", "v2 1  2 3 0 0", "v2 4294967296 0 0 0 0"})
+  for (const char* bad : {"", "v3", "v3 1 2 3 0 0", "v3 1 2 3 0 0 1 ", "v2 1 2 3 0 0", "v4 1 2 3 0 0 1",
+                          "v3 1 2 3 2 0 1", "v3 1 2 3 0 2 1", "v3 1 2 3 0 0 2", "v3 -1 2 3 0 0 1", "v3 1 2 x 0 0 1",
+                          "v3 1  2 3 0 0 1", "v3 4294967296 0 0 0 0 1"})
     EXPECT_FALSE(decodeProgress(bad, &q)) << "'" << bad << "'";
 }
 
 TEST(ProgressBoard, DescribesEachStragglerByWhatItWasDoing) {
   std::vector<std::optional<std::string>> reports = {
-      encodeProgress({5, 5, 4, false}),  // rank 0: the asker itself, left out whatever it says
-      encodeProgress({5, 5, 4, false}),  // in seq 5: there
-      encodeProgress({4, 4, 4, false}),  // has not called seq 5
-      encodeProgress({5, 4, 4, false}),  // called it, its stream is still on seq 4
-      encodeProgress({0, 0, 0, false}),  // nothing called yet
-      encodeProgress({3, 3, 3, true}),   // failed
-      std::nullopt,                      // no entry
+      encodeProgress({5, 5, 4, false, false, true}),  // rank 0: the asker itself, left out whatever it says
+      encodeProgress({5, 5, 4, false, false, true}),  // in seq 5: there
+      encodeProgress({4, 4, 4, false, false, true}),  // has not called seq 5
+      encodeProgress({5, 4, 4, false, false, true}),  // called it, its stream is still on seq 4
+      encodeProgress({0, 0, 0, false}),               // nothing called yet
+      encodeProgress({3, 3, 3, true, false, true}),   // failed
+      std::nullopt,                                   // no entry
       std::string("garbage"),
-      encodeProgress({6, 6, 5, false}),  // past it: there
-      encodeProgress({5, 5, 5, false, true}),  // reached it, then its communicator went: there
-      encodeProgress({4, 4, 4, false, true}),  // went before it
+      encodeProgress({6, 6, 5, false, false, true}),  // past it: there
+      encodeProgress({5, 5, 5, false, true, true}),   // reached it, then its communicator went: there
+      encodeProgress({4, 4, 4, false, true, true}),   // went before it
   };
   const std::string text = describeStragglers(5, 0, reports);
   EXPECT_NE(text.find("not there yet: 2, 3, 4, 5, 7, 10 ("), std::string::npos) << text;
@@ -63,11 +64,19 @@ TEST(ProgressBoard, DescribesEachStragglerByWhatItWasDoing) {
 TEST(ProgressBoard, SequenceNumbersWrapAround) {
   // A rank at seq 2 is past one waiting in seq 2^32 - 1 (the counter wrapped); one at 2^32 - 2 is not.
   const uint32_t seq = 0xffffffffu;
-  const std::vector<std::optional<std::string>> reports = {encodeProgress({seq, seq, seq - 1, false}),
-                                                           encodeProgress({2, 2, 1, false}),
-                                                           encodeProgress({seq - 1, seq - 1, seq - 1, false})};
+  const std::vector<std::optional<std::string>> reports = {
+      encodeProgress({seq, seq, seq - 1, false, false, true}), encodeProgress({2, 2, 1, false, false, true}),
+      encodeProgress({seq - 1, seq - 1, seq - 1, false, false, true})};
   EXPECT_NE(describeStragglers(seq, 0, reports).find("not there yet: 2 ("), std::string::npos)
       << describeStragglers(seq, 0, reports);
+  // Seq 0 is the 2^32nd collective: a rank whose last call was seq 0 has called one (it was read as
+  // "has called no collective yet"), and one that called none says so.
+  const std::vector<std::optional<std::string>> atZero = {encodeProgress({1, 1, 0, false, false, true}),
+                                                          encodeProgress({0, 0, seq, false, false, true}),
+                                                          encodeProgress({0, 0, 0, false})};
+  const std::string text = describeStragglers(1, 0, atZero);
+  EXPECT_NE(text.find("1: has not called it; last called seq 0, finished seq 4294967295"), std::string::npos) << text;
+  EXPECT_NE(text.find("2: has called no collective yet"), std::string::npos) << text;
 }
 
 // A Bootstrap written outside libcomm keeps the default: no side channel, and no board.
@@ -101,7 +110,10 @@ TEST(ProgressBoard, ReportersPublishChangesAndLeaveALastEntry) {
   std::atomic<uint32_t> called[3] = {}, started[3] = {}, finished[3] = {};
   std::vector<std::unique_ptr<ProgressBoard>> boards;
   for (int r = 0; r < 3; ++r) {
-    auto read = [&, r] { return RankProgress{called[r].load(), started[r].load(), finished[r].load(), false}; };
+    auto read = [&, r] {
+      const uint32_t c = called[r].load();
+      return RankProgress{c, started[r].load(), finished[r].load(), false, false, c != 0};
+    };
     auto board = ProgressBoard::open(*bootstraps[r], "comm-x", r, 3, 20ms, read, Deadline::after(1s));
     ASSERT_TRUE(board.isOk()) << board.status().toString();
     boards.push_back(std::move(*board));

@@ -182,8 +182,8 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// This rank's descriptor `me` against rank `p`'s `theirs`: a mismatch names both calls.
   Status compareFingerprint(const CollArgs& args, uint32_t seq, const shm::OpDescriptor& me,
                             const shm::OpDescriptor& theirs, int p) const;
-  // `failedSeq`: the collective that failed (0: none in particular; then the first not completed).
-  void fail(const Status& st, uint32_t failedSeq = 0);
+  // `failedSeq`: the collective that failed (none in particular: the first not completed).
+  void fail(const Status& st, std::optional<uint32_t> failedSeq = std::nullopt);
   // Across hosts, after an eager collective `seq` succeeded here: a peer's failure notice that
   // names this collective or an earlier one (kRemoteError), else OK. Non-blocking.
   Status noticedFailure(uint32_t seq, const OpLabel& op);
@@ -297,7 +297,11 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   std::atomic<uint32_t> lastExecuted_{0};
   // Set with the first failure: the collective that failed, or the first this rank had not
   // completed (shared memory's ControlBlock::failedAt, and the seq of a failure notice across hosts).
-  std::atomic<uint32_t> failedSeq_{0};
+  // kNoFailedSeq until then: once the seqs wrap every 32-bit value names a collective, 0 too.
+  static constexpr uint64_t kNoFailedSeq = uint64_t{1} << 32;
+  std::atomic<uint64_t> failedSeq_{kNoFailedSeq};
+  /// failedSeq_, or (none set) the first collective this rank has not completed.
+  uint32_t failedSeqOrNext() const;
   std::atomic<uint32_t> lastStarted_{0};  // the last collective execute() began (progress board)
   std::atomic<int> inflight_{0};
   std::atomic<int> sleepers_{0};

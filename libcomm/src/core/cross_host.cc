@@ -276,8 +276,10 @@ void Communicator::Impl::openProgressBoard(Bootstrap& bootstrap, const std::stri
   const Milliseconds interval = progressReportEvery(config_);
   if (interval.count() == 0) return;
   auto read = [this] {
-    return RankProgress{nextSeq_.load(std::memory_order_relaxed), lastStarted_.load(std::memory_order_relaxed),
-                        lastExecuted_.load(std::memory_order_relaxed), failed_.load(std::memory_order_relaxed)};
+    RankProgress p{nextSeq_.load(std::memory_order_relaxed), lastStarted_.load(std::memory_order_relaxed),
+                   lastExecuted_.load(std::memory_order_relaxed), failed_.load(std::memory_order_relaxed)};
+    p.calledAny = ordinalsTaken_.load(std::memory_order_relaxed) != 0;
+    return p;
   };
   auto board = ProgressBoard::open(bootstrap, commId, rank_, size_, interval, read, deadline);
   if (!board.isOk()) {
@@ -418,8 +420,7 @@ void Communicator::Impl::disconnectAcrossHosts(const Status& why) {
   text[0] = CrossHost::kFailed;
   // "<seq>:<message>": the earliest collective this rank failed (or the first it had not completed);
   // a peer finishing an earlier eager collective has its result. Cut with a marker, as on a host.
-  uint32_t failedAt = failedSeq_.load();
-  if (failedAt == 0) failedAt = lastExecuted_.load() + 1;
+  const uint32_t failedAt = failedSeqOrNext();
   const int at = snprintf(text.data() + 1, text.size() - 1, "%u:", failedAt);
   message = cutToFit(message, text.size() - 2 - static_cast<size_t>(at));  // the last byte stays NUL
   memcpy(text.data() + 1 + at, message.data(), message.size());

@@ -497,18 +497,23 @@ Status Communicator::Impl::compareFingerprint(const CollArgs& args, uint32_t seq
                    "; all ranks must call the same collectives in the same order with matching arguments");
 }
 
-void Communicator::Impl::fail(const Status& st, uint32_t failedSeq) {
+uint32_t Communicator::Impl::failedSeqOrNext() const {
+  const uint64_t at = failedSeq_.load();
+  return at == kNoFailedSeq ? lastExecuted_.load() + 1 : static_cast<uint32_t>(at);
+}
+
+void Communicator::Impl::fail(const Status& st, std::optional<uint32_t> failedSeq) {
   // The collective that failed, or (failing outside one) the first this rank has not completed: a
   // peer that finishes an earlier one without a handshake (eager) has its result. The earliest
   // such seq, also where a later collective failed first (its turn never came while an earlier
   // one, on another stream, still waited; that one then fails too).
-  const uint32_t at = failedSeq != 0 ? failedSeq : lastExecuted_.load() + 1;
+  const uint32_t at = failedSeq ? *failedSeq : lastExecuted_.load() + 1;
   {
     std::lock_guard<std::mutex> lock(errMu_);
-    const uint32_t was = failedSeq_.load();
-    if (was == 0 || static_cast<int32_t>(at - was) < 0) {
+    const uint64_t was = failedSeq_.load();
+    if (was == kNoFailedSeq || static_cast<int32_t>(at - static_cast<uint32_t>(was)) < 0) {
       failedSeq_.store(at);
-      if (was != 0) channel_->lowerFailedAt(at);
+      if (was != kNoFailedSeq) channel_->lowerFailedAt(at);
     }
     if (!asyncError_.isOk()) return;
     asyncError_ = st;
@@ -522,7 +527,7 @@ void Communicator::Impl::fail(const Status& st, uint32_t failedSeq) {
   }
   LIBCOMM_LOG(kDebug, "coll") << st.toString();  // the stream logs the failure at WARN
   // Peers blocked on this rank learn why at once instead of waiting for their deadline.
-  channel_->markFailed(st.message(), failedSeq_.load());
+  channel_->markFailed(st.message(), failedSeqOrNext());
   // A failed communicator runs nothing more, NCCL's included; its kernels still waiting for a peer
   // would keep the device busy, and the next cudaFree or synchronize would wait on them (abort()).
   if (nccl_) nccl_->abort();
@@ -553,10 +558,10 @@ void Communicator::Impl::abort(const std::string& why, const std::string& toPeer
       asyncError_ = makeError(StatusCode::kRemoteError, "rank ", rank_, ": ", why);
       disconnectBy_ = Deadline::after(config_.opTimeout);
     }
-    if (failedSeq_.load() == 0) failedSeq_.store(lastExecuted_.load() + 1);
+    if (failedSeq_.load() == kNoFailedSeq) failedSeq_.store(lastExecuted_.load() + 1);
     failed_.store(true);
   }
-  channel_->abort(failedSeq_.load(), toPeers);
+  channel_->abort(failedSeqOrNext(), toPeers);
   if (cross_) cross_->channel->abort();  // a running wait fails now; its thread then disconnects
   // NCCL kernels waiting for a peer that will not come would otherwise keep the device busy, and
   // whatever synchronizes it next (cudaFree of the caller's buffers, say) would wait for ever.

@@ -30,8 +30,8 @@ bool parseU32(std::string_view text, uint32_t* out) {
 }  // namespace
 
 std::string encodeProgress(const RankProgress& p) {
-  return "v2 " + std::to_string(p.called) + " " + std::to_string(p.started) + " " + std::to_string(p.finished) + " " +
-         (p.failed ? "1" : "0") + " " + (p.gone ? "1" : "0");
+  return "v3 " + std::to_string(p.called) + " " + std::to_string(p.started) + " " + std::to_string(p.finished) + " " +
+         (p.failed ? "1" : "0") + " " + (p.gone ? "1" : "0") + " " + (p.calledAny ? "1" : "0");
 }
 
 bool decodeProgress(std::string_view text, RankProgress* out) {
@@ -43,14 +43,16 @@ bool decodeProgress(std::string_view text, RankProgress* out) {
     text.remove_prefix(space + 1);
     if (text.empty()) return false;  // a trailing space
   }
-  if (fields.size() != 6 || fields[0] != "v2") return false;
+  if (fields.size() != 7 || fields[0] != "v3") return false;
   RankProgress p;
-  uint32_t failed = 0, gone = 0;
+  uint32_t failed = 0, gone = 0, any = 0;
   if (!parseU32(fields[1], &p.called) || !parseU32(fields[2], &p.started) || !parseU32(fields[3], &p.finished) ||
-      !parseU32(fields[4], &failed) || failed > 1 || !parseU32(fields[5], &gone) || gone > 1)
+      !parseU32(fields[4], &failed) || failed > 1 || !parseU32(fields[5], &gone) || gone > 1 ||
+      !parseU32(fields[6], &any) || any > 1)
     return false;
   p.failed = failed == 1;
   p.gone = gone == 1;
+  p.calledAny = any == 1;
   *out = p;
   return true;
 }
@@ -76,7 +78,7 @@ std::string describeStragglers(uint32_t seq, int self, const std::vector<std::op
             std::to_string(p.finished);
     } else if (reached(p.called, seq)) {
       why = "called it, but its stream has not reached it: last started seq " + std::to_string(p.started);
-    } else if (p.called == 0) {
+    } else if (!p.calledAny) {
       why = "has called no collective yet";
     } else {
       why = "has not called it; last called seq " + std::to_string(p.called) + ", finished seq " +

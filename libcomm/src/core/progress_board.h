@@ -12,7 +12,7 @@
 // per rank; nothing on the collective's own path but three relaxed counters the communicator keeps
 // anyway.
 //
-// Entries are text, "v2 <called> <started> <finished> <failed> <gone>", under the key
+// Entries are text, "v3 <called> <started> <finished> <failed> <gone> <called any>", under the key
 // "progress/<communicator id>/<rank>". Every rank publishes its first entry during creation, before
 // the last init barrier, so a missing entry later means a rank whose board failed. A destroyed
 // communicator leaves its last entry, marked gone, rather than none: a rank that reached a
@@ -47,6 +47,8 @@ struct RankProgress {
   uint32_t finished = 0;  // the last one settled, done or failed
   bool failed = false;    // the communicator failed (asyncError is set)
   bool gone = false;      // the communicator was destroyed; this is its last entry
+  // Whether it has called any collective: `called` 0 is the 2^32nd once the seqs wrap.
+  bool calledAny = false;
   bool operator==(const RankProgress&) const = default;
 };
 

@@ -263,13 +263,15 @@ Status Channel::waitWord(int peer, const std::atomic<uint32_t>& word, uint32_t t
     if (deadline.expired()) {
       const size_t offset = reinterpret_cast<const char*>(&word) - reinterpret_cast<const char*>(&cb);
       // A post slot holds every other collective: the peer's latest is the later of the two.
+      // Both slots zero: nothing posted yet (after 2^32 collectives one holds seq 0, the other 2^32 - 1).
       uint32_t at = word.load(std::memory_order_acquire);
-      if (otherSlot && seqReached(otherSlot->load(std::memory_order_acquire), at))
-        at = otherSlot->load(std::memory_order_acquire);
+      const uint32_t other = otherSlot ? otherSlot->load(std::memory_order_acquire) : 0;
+      const bool nonePosted = otherSlot && at == 0 && other == 0;
+      if (otherSlot && seqReached(other, at)) at = other;
       return makeError(StatusCode::kTimeout, "rank ", name(rank_), ": timed out in ", ctx.op.str(),
                        " waiting for rank ", name(peer), " (", phase, ": ",
-                       otherSlot ? (at == 0 ? std::string("it has posted no collective yet")
-                                            : detail::strCat("its last posted collective is seq ", at))
+                       otherSlot ? (nonePosted ? std::string("it has posted no collective yet")
+                                               : detail::strCat("its last posted collective is seq ", at))
                                  : detail::strCat("its ", wordName, " counter is ", at),
                        ", needed ", target, "); rank ", name(peer),
                        " is alive but has not reached this collective -- is it stopped, or calling a different one? "
