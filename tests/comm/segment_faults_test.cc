@@ -19,6 +19,7 @@
 
 #include "backends/shm/segment_faults.h"
 #include "backends/shm/shm_segment.h"
+#include "backends/ucx/ucx_context.h"
 #include "harness.h"
 #include "libcomm/libcomm.h"
 #include "sanitizer_build.h"
@@ -178,6 +179,39 @@ TEST(SegmentFaultsDeathTest, AHandlerInstalledBeforeOursGetsTheFaultsThatAreNotO
         faultOutsideSegments();
       },
       ::testing::ExitedWithCode(7), "");
+}
+
+// UCX, loaded after the first segment (the first communicator across hosts), installed its own
+// SIGBUS handler over ours as libucs loaded, and a cut segment ended the process in UCX's handler.
+// libcomm's UCX defaults leave BUS out of UCX_ERROR_SIGNALS now: the cut is caught, and any other
+// fault ends the process by the signal, as it does without UCX.
+void withUcxLoadedAfterASegment(const std::string& name) {
+  unsetenv("UCX_HANDLE_ERRORS");  // UCX's default: its handler for every signal of UCX_ERROR_SIGNALS
+  unsetenv("UCX_ERROR_SIGNALS");
+  auto seg = libcomm::shm::Segment::create(name, 16384);
+  if (!seg.isOk()) _exit(92);
+  memset(seg->data(), 0xab, seg->size());
+  auto ctx = libcomm::ucx::Context::acquire();
+  if (!ctx.isOk()) _exit(93);
+  if (!truncateSegment(name)) _exit(94);
+  auto* bytes = static_cast<volatile unsigned char*>(seg->data());
+  if (bytes[5000] != 0) _exit(95);
+  _exit(libcomm::shm::segmentFaults() == 1 ? 0 : 96);
+}
+
+TEST(SegmentFaultsDeathTest, AfterUcxLoadsACutSegmentIsStillCaughtAndOtherFaultsEndTheProcess) {
+  if (!libcomm::ucx::builtWithUcx()) GTEST_SKIP() << "libcomm was built without UCX";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(withUcxLoadedAfterASegment(testSegmentName("ucx")), ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(
+      {
+        unsetenv("UCX_HANDLE_ERRORS");
+        unsetenv("UCX_ERROR_SIGNALS");
+        auto ctx = libcomm::ucx::Context::acquire();
+        if (!ctx.isOk()) _exit(93);
+        faultOutsideSegments();
+      },
+      endedBySigbus, "");
 }
 
 // Registered memory: rank 0's input segment is cut short under the job, then rank 0's own compute

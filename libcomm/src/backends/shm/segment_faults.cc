@@ -1,5 +1,6 @@
 #include "backends/shm/segment_faults.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -208,13 +209,14 @@ bool isFault(const siginfo_t* info) {
 
 // As if our handler were not there: the handler before ours, else the default action.
 void passOn(int sig, siginfo_t* info, void* context) {
-  if (gPrevious.sa_flags & SA_SIGINFO) {
-    if (gPrevious.sa_sigaction) return gPrevious.sa_sigaction(sig, info, context);
-  } else if (gPrevious.sa_handler == SIG_IGN) {
+  const struct sigaction& previous = gPrevious;
+  if (previous.sa_flags & SA_SIGINFO) {
+    if (previous.sa_sigaction) return previous.sa_sigaction(sig, info, context);
+  } else if (previous.sa_handler == SIG_IGN) {
     if (!isFault(info)) return;  // ignored before us: still ignored
     // A fault cannot be ignored (the access would fault again for ever): the default, below.
-  } else if (gPrevious.sa_handler != SIG_DFL && gPrevious.sa_handler) {
-    return gPrevious.sa_handler(sig);
+  } else if (previous.sa_handler != SIG_DFL && previous.sa_handler) {
+    return previous.sa_handler(sig);
   }
   // The default action: a fault re-runs its access on return and ends the process; anything else
   // is raised again (blocked until this handler returns).
@@ -265,6 +267,36 @@ void afterForkInChild() {
     }
 }
 
+using SigactionFn = int (*)(int, const struct sigaction*, struct sigaction*);
+
+bool oursInFront(SigactionFn set) {
+  struct sigaction now;
+  return set(SIGBUS, nullptr, &now) == 0 && (now.sa_flags & SA_SIGINFO) && now.sa_sigaction == onBus;
+}
+
+// Installs ours, the action it replaces in `*previous`; false (errno set) where it is not in front
+// after. A library that defines sigaction itself and was loaded globally before us (UCX's libucs,
+// linked in or loaded by an MPI: it keeps every later handler of its error signals out, reporting
+// success) is passed over by calling the C library's own: ours still passes that library's handler
+// every fault that is not ours, so it loses nothing.
+bool installOurs(struct sigaction* previous) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_sigaction = onBus;
+  // SA_ONSTACK: on a thread with an alternate signal stack, use it (harmless where there is none).
+  sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
+  sigemptyset(&sa.sa_mask);
+  if (sigaction(SIGBUS, &sa, previous) != 0) return false;
+  if (oursInFront(sigaction)) return true;
+  static const SigactionFn libc = [] {
+    void* h = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+    return h ? reinterpret_cast<SigactionFn>(dlsym(h, "sigaction")) : nullptr;
+  }();
+  if (libc && libc != &sigaction && libc(SIGBUS, &sa, previous) == 0 && oursInFront(libc)) return true;
+  errno = EPERM;
+  return false;
+}
+
 bool ensureInstalled() {
   if (gInstalled.load(std::memory_order_acquire)) return true;
   static std::once_flag atfork;
@@ -273,13 +305,7 @@ bool ensureInstalled() {
   if (gInstalled.load(std::memory_order_relaxed)) return true;
   if (gInstallFailed) return false;
   if (const long page = sysconf(_SC_PAGESIZE); page > 0) gPageBytes = static_cast<uintptr_t>(page);
-  struct sigaction sa;
-  memset(&sa, 0, sizeof(sa));
-  sa.sa_sigaction = onBus;
-  // SA_ONSTACK: on a thread with an alternate signal stack, use it (harmless where there is none).
-  sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
-  sigemptyset(&sa.sa_mask);
-  if (sigaction(SIGBUS, &sa, &gPrevious) != 0) {
+  if (!installOurs(&gPrevious)) {
     gInstallFailed = true;
     LIBCOMM_LOG(kWarn, "mem") << "cannot install the SIGBUS handler (" << strerror(errno)
                               << "): a shared-memory segment cut short under the job ends the process unnamed";

@@ -21,10 +21,15 @@
 // ours; where that was the default action, the default is restored and the access, re-run, ends the
 // process as it would have without us (a SIGBUS sent by a process is raised again). Pages that
 // cannot be replaced (mmap fails) end the process the same way. A handler installed later replaces
-// ours (sigaction is per process): UCX's, when UCX is loaded after the first segment (communicators
-// across hosts, UCX_ERROR_SIGNALS), so that a cut segment there ends the process with UCX's
-// backtrace, as it did before this handler; where UCX came first (linked in, or loaded by an MPI),
-// ours is in front and passes it the other faults.
+// ours (sigaction is per process). UCX, which libcomm loads for the first communicator across
+// hosts, would install its own for SIGBUS as it loads (UCX_ERROR_SIGNALS); libcomm sets that
+// variable to UCX's list without BUS where the user has not set it (backends/ucx: environment
+// defaults), so ours stays. (Putting ours back in front of UCX's instead loops: UCX's handler puts
+// back the one it replaced -- ours -- and raises the signal again.) Where UCX came first (linked
+// in, or loaded by an MPI), ours is installed in front of it, through the C library's sigaction
+// where UCX's own (which keeps every later handler of its error signals out) would refuse; UCX's
+// then gets the faults that are not ours and ends the process with its backtrace. A handler the
+// program itself installs after the first segment replaces ours for good.
 
 #include <atomic>
 #include <cstddef>

@@ -75,7 +75,10 @@ std::vector<EnvDefault> environmentDefaults(Milliseconds peerTimeout) {
   const long long count = std::min(kMaxProbes, std::max<long long>(1, (budget - idle) / interval));
   return {{"UCX_TCP_KEEPIDLE", std::to_string(idle) + "s"},
           {"UCX_TCP_KEEPINTVL", std::to_string(interval) + "s"},
-          {"UCX_TCP_KEEPCNT", std::to_string(count)}};
+          {"UCX_TCP_KEEPCNT", std::to_string(count)},
+          // UCX's own list less BUS: loading UCX would replace the SIGBUS handler that names a
+          // shared-memory segment cut short under the job (backends/shm/segment_faults.h).
+          {"UCX_ERROR_SIGNALS", "ILL,SEGV,FPE"}};
 }
 
 size_t bulkBytesFor(const CommConfig& config) {
