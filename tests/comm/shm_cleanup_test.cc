@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -92,6 +93,40 @@ TEST(ShmSegment, ANameAnotherUserTookIsSaidToBeTheirs) {
   ASSERT_FALSE(seg.isOk());
   EXPECT_NE(seg.status().message().find("File exists"), std::string::npos) << seg.status().toString();
   EXPECT_NE(seg.status().message().find("belongs to uid 65534"), std::string::npos) << seg.status().toString();
+}
+
+// Another user's FIFO (or file) under a segment's name once its owner freed it: a peer asking
+// whether the segment is still there, or mapping it, got stuck in shm_open for ever (an O_RDONLY
+// open of a FIFO waits for a writer; a multi-tenant review hung a barrier so). Now the name counts
+// as free -- the segment is gone -- and an open names what it found instead.
+TEST(ShmSegment, AFifoOrAnotherUsersFileUnderAFreedNameIsNoSegment) {
+  const std::string name = "/shardcomm." + std::to_string(getpid()) + ".fifo_test.g1";
+  const std::string path = "/dev/shm" + name;
+  ASSERT_EQ(mkfifo(path.c_str(), 0666), 0) << strerror(errno);
+  auto there = libcomm::shm::Segment::exists(name);  // returns at once, FIFO or not
+  ASSERT_TRUE(there.isOk()) << there.status().toString();
+  EXPECT_FALSE(there.value());
+  EXPECT_FALSE(libcomm::shm::ownerHoldsSegment(name));
+  auto opened = libcomm::shm::Segment::open(name);
+  ASSERT_FALSE(opened.isOk());
+  EXPECT_NE(opened.status().message().find("is no segment of this job: not even a regular file of uid"),
+            std::string::npos)
+      << opened.status().toString();
+  unlink(path.c_str());
+  if (geteuid() != 0) return;  // the rest needs a file owned by another user
+  const int fd = open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0666);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  ASSERT_EQ(ftruncate(fd, 4096), 0);
+  close(fd);
+  ASSERT_EQ(chown(path.c_str(), 65534, 65534), 0);
+  there = libcomm::shm::Segment::exists(name);
+  ASSERT_TRUE(there.isOk()) << there.status().toString();
+  EXPECT_FALSE(there.value());
+  opened = libcomm::shm::Segment::open(name);
+  unlink(path.c_str());
+  ASSERT_FALSE(opened.isOk());
+  EXPECT_NE(opened.status().message().find("is no segment of this job: a file of uid 65534"), std::string::npos)
+      << opened.status().toString();
 }
 
 // More than /dev/shm holds: an error naming /dev/shm, not a segment whose first store raises

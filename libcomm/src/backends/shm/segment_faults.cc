@@ -14,6 +14,7 @@
 
 #include <pthread.h>
 
+#include "backends/shm/shm_segment.h"
 #include "core/cpu_relax.h"
 #include "core/log.h"
 #include "libcomm/status.h"
@@ -381,7 +382,7 @@ std::optional<FaultedSegment> faultedSegmentIn(const std::vector<std::string>& p
 
 std::string describeFault(const FaultedSegment& f, const std::string& whose) {
   std::string now;
-  const int fd = f.exact ? shm_open(f.name.c_str(), O_RDONLY, 0) : -1;
+  const int fd = f.exact ? openSegmentName(f.name, O_RDONLY) : -1;
   struct stat st;
   if (fd >= 0 && fstat(fd, &st) == 0)
     now = detail::strCat("its file now holds ", st.st_size, " bytes, ", f.mappedBytes, " were mapped");

@@ -47,7 +47,7 @@ int lockFile(int fd, short type, int cmd, short* found = nullptr) {
 // another file (a sweep unlinked it, and another process made a new one of the same name, in
 // between). Any other failure to tell (EMFILE, say) is an error: it says nothing about the name.
 Result<bool> namesFile(const std::string& name, int fd) {
-  const int named = shm_open(name.c_str(), O_RDONLY, 0);
+  const int named = openSegmentName(name, O_RDONLY);
   if (named < 0) {
     if (errno == ENOENT) return false;
     return sysError("shm_open", name, errno);
@@ -199,8 +199,26 @@ Result<Segment> Segment::create(const std::string& name, size_t bytes) {
   return s;
 }
 
+int openSegmentName(const std::string& name, int flags) {
+  const int fd = shm_open(name.c_str(), flags | O_NONBLOCK, 0);
+  if (fd < 0) return -1;
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    errno = err;
+    return -1;
+  }
+  if (!S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+    close(fd);
+    errno = ENOENT;
+    return -1;
+  }
+  return fd;
+}
+
 Result<bool> Segment::exists(const std::string& name) {
-  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  const int fd = openSegmentName(name, O_RDONLY);
   if (fd < 0) {
     if (errno == ENOENT) return false;
     return sysError("shm_open", name, errno);
@@ -210,8 +228,16 @@ Result<bool> Segment::exists(const std::string& name) {
 }
 
 Result<Segment> Segment::open(const std::string& name, size_t bytes) {
-  int fd = shm_open(name.c_str(), O_RDWR, 0600);
-  if (fd < 0) return sysError("shm_open", name, errno);
+  int fd = openSegmentName(name, O_RDWR);
+  if (fd < 0) {
+    const int err = errno;
+    struct stat sb;
+    if (err == ENOENT && lstat(("/dev/shm" + name).c_str(), &sb) == 0)
+      return makeError(StatusCode::kSystemError, "/dev/shm", name,
+                       " is no segment of this job: ", S_ISREG(sb.st_mode) ? "a file" : "not even a regular file",
+                       " of uid ", sb.st_uid, " (this process's: ", geteuid(), ") in place of one that is gone");
+    return sysError("shm_open", name, err);
+  }
   struct stat st;
   if (fstat(fd, &st) != 0) {
     int err = errno;
@@ -266,7 +292,7 @@ struct Removal {
 };
 
 Removal removeUnlessHeld(const std::string& name) {
-  const int fd = shm_open(name.c_str(), O_RDWR, 0);
+  const int fd = openSegmentName(name, O_RDWR);
   if (fd < 0)
     return errno == ENOENT ? Removal{Removal::kGone}
                            : Removal{Removal::kFailed, "opening it to see whether its owner still maps it", errno};
@@ -358,7 +384,7 @@ bool processAlive(const ProcessId& id) {
 }
 
 bool ownerHoldsSegment(const std::string& name) {
-  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  const int fd = openSegmentName(name, O_RDONLY);
   if (fd < 0) return errno != ENOENT;  // gone: only its creator unlinks it, or a sweep of a dead one's
   // The lock an exclusive one would meet: the owner's shared one, or none.
   short held = F_UNLCK;
