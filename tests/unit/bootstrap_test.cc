@@ -4,6 +4,7 @@
 #include "libcomm/bootstrap.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -378,6 +379,45 @@ TEST(FileBootstrap, AStoreDirectoryEveryUserMayWriteIsRefused) {
     auto b = createFileBootstrap(fine.path, "job", 0, 1, Deadline::after(5s));
     EXPECT_TRUE(b.isOk()) << std::oct << mode << ": " << b.status().toString();
   }
+}
+
+// In a sticky directory every user may write (/tmp), another user may still create any name
+// first (a multi-tenant review): a symbolic link as the lock made rank 0 create the link's target,
+// as root; a FIFO as the run file held a rank's open for ever, past its deadline; a file of another
+// user was read as a rank's. Each is now refused at once, naming the file.
+TEST(FileBootstrap, NamesAnotherUserPutInASharedDirectoryAreRefused) {
+  TempDir dir;
+  ASSERT_EQ(chmod(dir.path.c_str(), 01777), 0);
+  const std::string target = dir.path + "/made-through-the-link";
+  ASSERT_EQ(symlink(target.c_str(), (dir.path + "/job.lock").c_str()), 0);
+  auto linked = createFileBootstrap(dir.path, "job", 0, 1, Deadline::after(2s));
+  ASSERT_FALSE(linked.isOk());
+  EXPECT_NE(linked.status().message().find("job.lock is a symbolic link, not a file of this job"), std::string::npos)
+      << linked.status().toString();
+  struct stat st;
+  EXPECT_NE(lstat(target.c_str(), &st), 0) << "the link's target was created";
+
+  ASSERT_EQ(mkfifo((dir.path + "/fifo.run").c_str(), 0666), 0);
+  const auto start = std::chrono::steady_clock::now();
+  auto blocked = createFileBootstrap(dir.path, "fifo", 1, 2, Deadline::after(2s));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1500ms);
+  ASSERT_FALSE(blocked.isOk());
+  EXPECT_NE(blocked.status().message().find("fifo.run is not a file of this job (not a regular file of uid"),
+            std::string::npos)
+      << blocked.status().toString();
+
+  if (geteuid() != 0) return;  // a file of another user needs root to make
+  const std::string forged = dir.path + "/other.run";
+  const int fd = open(forged.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0644);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  ASSERT_EQ(write(fd, "forged", 6), 6);
+  close(fd);
+  ASSERT_EQ(chown(forged.c_str(), 65534, 65534), 0);
+  auto other = createFileBootstrap(dir.path, "other", 1, 2, Deadline::after(2s));
+  ASSERT_FALSE(other.isOk());
+  EXPECT_NE(other.status().message().find("other.run is not a file of this job (a file of uid 65534"),
+            std::string::npos)
+      << other.status().toString();
 }
 
 // A job id used again: the files an earlier run left (its last round, or a crashed run's hello)

@@ -78,7 +78,9 @@ std::vector<std::unique_ptr<Bootstrap>> createInProcessBootstraps(int size, std:
 /// Rendezvous through files in `dir` (which must be shared by all ranks; it is created if
 /// missing). `jobId` must be the same on all ranks; it scopes the files inside `dir`. A `dir` where
 /// every user may replace files (o+w and not sticky) is refused (kInvalidArgument): the files carry
-/// no secret, so anyone could forge them.
+/// no secret, so anyone could forge them. In a sticky one (/tmp) files are created exclusively and
+/// never through a link, and only regular files of this process's user are read: a name another
+/// user took first fails the job at once, naming it.
 /// Collective: returns once every rank has joined and agreed on `size`. Each rank deletes its
 /// files as soon as no rank can still read them; rank 0 removes the job's lock file when it ends,
 /// and the last rank to destroy its bootstrap the run's remaining files (the last round's, the side

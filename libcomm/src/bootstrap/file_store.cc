@@ -81,9 +81,11 @@ Status makeDirs(const std::string& dir) {
     return makeError(StatusCode::kInvalidArgument, "file bootstrap: ", dir, " is not a directory");
   // The file store has no secret: whoever can replace its files can forge them (a hostile-input
   // review replaced a run's file as another user in a mode 0777 directory). A directory every user
-  // may write is refused unless it is sticky (as /tmp: only a file's owner may remove or replace it,
-  // so another user can at worst take a name first, and the job fails naming it); the job's user's
-  // or group's directory is fine.
+  // may write is refused unless it is sticky (as /tmp: only a file's owner may remove or replace it);
+  // there another user can still create any name first -- a file, a FIFO, a symbolic link -- so the
+  // store creates its files exclusively, never through a link, and reads only regular files of its
+  // own user (openOwnFile): such a name fails the job, naming it. The job's user's or group's
+  // directory is fine.
   if ((st.st_mode & S_IWOTH) && !(st.st_mode & S_ISVTX)) {
     char mode[8];
     std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
@@ -97,6 +99,46 @@ Status makeDirs(const std::string& dir) {
   return Status::ok();
 }
 
+// A random start for a process's temporary-file numbers: another user of a shared directory cannot
+// guess the next name and put a file or a link there first. Below 2^61 (claims number theirs from
+// 2^62), so that the numbers of one process's two kinds never meet.
+uint64_t randomTmpStart() {
+  uint64_t r = 0;
+  if (!boot::randomBytes(&r, sizeof(r)).isOk()) r = static_cast<uint64_t>(getpid()) << 20;
+  return r & ((uint64_t{1} << 61) - 1);
+}
+
+// Opens a file of the store that already exists: never through a symbolic link, never blocking (a
+// FIFO under the name would hold an O_RDONLY open for ever), and only a regular file of this
+// process's user -- another user may create any name in a shared sticky directory, and the store
+// could not tell a forged file from a rank's. -1 where nothing is there (ENOENT); an error naming
+// what is there otherwise.
+Result<int> openOwnFile(const std::string& path, int flags, int rank) {
+  const int fd = open(path.c_str(), flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    if (errno == ENOENT) return -1;
+    if (errno == ELOOP)
+      return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank, ": ", path,
+                       " is a symbolic link, not a file of this job (put there by another user of the directory?)");
+    return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank, " cannot open ", path, ": ",
+                     boot::errnoText(errno));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+    const bool known = fstat(fd, &st) == 0;
+    close(fd);
+    return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank, ": ", path, " is not a file of this job",
+                     known ? detail::strCat(" (", S_ISREG(st.st_mode) ? "a file" : "not a regular file", " of uid ",
+                                            st.st_uid, "; this process's uid is ", geteuid(), ")")
+                           : std::string(),
+                     ": another user of the directory put it there? Use a directory only the job's user can "
+                     "write (mkdir -m 700), or the TCP store (LIBCOMM_STORE_ADDR)");
+  }
+  // Blocking again for what follows (a regular file never blocks, but flock's callers expect it).
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
 // Whole files written and read by one process: a file written under a temporary name and renamed
 // into place is complete whenever it exists. Shared by a rank's bootstrap and its side channels
 // (one temporary-name counter, so that their temporary files never collide). Thread-safe.
@@ -106,12 +148,19 @@ struct RankFiles {
   const std::string dir;
   const std::string prefix;
   const int rank;
-  std::atomic<uint64_t> tmpCounter{0};
+  std::atomic<uint64_t> tmpCounter{randomTmpStart()};
 
   Status writeAtomic(const std::string& path, const void* data, size_t bytes) {
-    std::string tmp = dir + "/." + prefix + ".tmp." + std::to_string(rank) + "." + std::to_string(getpid()) + "." +
-                      std::to_string(tmpCounter.fetch_add(1));
-    int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    // Created exclusively (never a file or link someone put there: a link made the store write
+    // through it, as root, into any file); a name taken is passed over, a few times.
+    std::string tmp;
+    int fd = -1;
+    for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
+      tmp = dir + "/." + prefix + ".tmp." + std::to_string(rank) + "." + std::to_string(getpid()) + "." +
+            std::to_string(tmpCounter.fetch_add(1));
+      fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+      if (fd < 0 && errno != EEXIST) break;
+    }
     if (fd < 0)
       return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank, " cannot create ", tmp, ": ",
                        boot::errnoText(errno));
@@ -142,12 +191,8 @@ struct RankFiles {
   }
 
   Result<std::optional<std::string>> readIfExists(const std::string& path) const {
-    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      if (errno == ENOENT) return std::optional<std::string>();
-      return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank, " cannot open ", path, ": ",
-                       boot::errnoText(errno));
-    }
+    LIBCOMM_ASSIGN_OR_RETURN(const int fd, openOwnFile(path, O_RDONLY, rank));
+    if (fd < 0) return std::optional<std::string>();
     std::string content;
     char buf[65536];
     while (true) {
@@ -249,8 +294,11 @@ using ClaimTrust = int8_t;
 // shared file system another host's lock may look free to this one (locks kept per host: BeeGFS by
 // default, NFS with local_lock, Lustre's localflock), and a removal may show late.
 Presence presenceOf(const std::string& claim, bool claimed, ClaimTrust& trust) {
-  const int fd = open(claim.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT && claimed && trust == 1 ? Presence::kLeft : Presence::kUnknown;
+  // Anything but a claim of this user's under the name says nothing (the wait's deadline decides).
+  const Result<int> opened = openOwnFile(claim, O_RDONLY, -1);
+  if (!opened.isOk()) return Presence::kUnknown;
+  const int fd = opened.value();
+  if (fd < 0) return claimed && trust == 1 ? Presence::kLeft : Presence::kUnknown;
   if (trust < 0) {
     char buf[80];
     const ssize_t n = read(fd, buf, sizeof(buf));
@@ -710,7 +758,7 @@ Result<int> makeClaim(const std::string& dir, const std::string& jobId, const st
   static std::atomic<uint64_t> claims{uint64_t{1} << 62};
   const std::string tmp = dir + "/." + prefix + ".tmp." + std::to_string(rank) + "." + std::to_string(getpid()) + "." +
                           std::to_string(claims.fetch_add(1));
-  const int fd = open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  const int fd = open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0)
     return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank, ": cannot create ", tmp, ": ",
                      boot::errnoText(errno));
@@ -729,7 +777,7 @@ Result<int> makeClaim(const std::string& dir, const std::string& jobId, const st
   if (err != EEXIST && err != EIO) {
     // No hard links here (some FUSE and SMB mounts): the claim is made in place, exclusively, and
     // says it holds no lock (it would be unlocked for a moment after it appears).
-    const int direct = open(claim.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    const int direct = open(claim.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (direct >= 0) {
       const std::string unlocked = std::string(1, kClaimUnlocked) + bootId();
       if (write(direct, unlocked.data(), unlocked.size()) == static_cast<ssize_t>(unlocked.size())) return direct;
@@ -740,6 +788,12 @@ Result<int> makeClaim(const std::string& dir, const std::string& jobId, const st
       err = errno;
     }
   }
+  struct stat st;
+  if (err == EEXIST && lstat(claim.c_str(), &st) == 0 && (!S_ISREG(st.st_mode) || st.st_uid != geteuid()))
+    return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank, " of job ", jobId, " in ", dir, ": ",
+                     claim, " is taken by ", S_ISREG(st.st_mode) ? "a file" : "something other than a file", " of uid ",
+                     st.st_uid, ", not by a rank of this job (this process's uid is ", geteuid(),
+                     "): another user of the directory put it there? Use a directory only the job's user can write");
   if (err == EEXIST)
     return makeError(StatusCode::kInvalidArgument, "file bootstrap: rank ", rank, " of job ", jobId, " in ", dir,
                      ": another process already started as rank ", rank, " of this run (", claim,
@@ -769,10 +823,19 @@ Result<std::unique_ptr<Bootstrap>> createFileBootstrap(const std::string& dir, c
   int lockFd = -1;
   if (rank == 0) {
     const std::string lockPath = dir + "/" + jobId + ".lock";
-    lockFd = open(lockPath.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (lockFd < 0)
-      return makeError(StatusCode::kSystemError, "file bootstrap: rank 0 cannot open ", lockPath, ": ",
+    // Never through a link (one made the store create any file, as root), and only this user's.
+    const int made = open(lockPath.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (made >= 0) {
+      lockFd = made;
+    } else if (errno == EEXIST) {
+      LIBCOMM_ASSIGN_OR_RETURN(lockFd, openOwnFile(lockPath, O_RDWR, 0));
+    } else {
+      return makeError(StatusCode::kSystemError, "file bootstrap: rank 0 cannot create ", lockPath, ": ",
                        boot::errnoText(errno));
+    }
+    if (lockFd < 0)
+      return makeError(StatusCode::kSystemError, "file bootstrap: rank 0 cannot open ", lockPath,
+                       ": it went while being opened (removed by another process?)");
     if (flock(lockFd, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
       close(lockFd);
