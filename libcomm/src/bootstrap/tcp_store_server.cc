@@ -14,6 +14,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "bootstrap/boot_util.h"
@@ -170,7 +171,12 @@ class Server final : public TcpStoreServer {
     listenFd_ = listening.value();
     wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wakeFd_ < 0) return makeError(StatusCode::kSystemError, "tcp store: eventfd: ", errnoText(errno));
-    thread_ = std::thread([this] { run(); });
+    try {
+      thread_ = std::thread([this] { run(); });
+    } catch (const std::system_error& e) {
+      return makeError(StatusCode::kSystemError, "tcp store: no thread to serve it (", e.what(),
+                       "): the process or its user is at a thread limit (ulimit -u, a container's pids.max)");
+    }
     LIBCOMM_LOG(kInfo, "boot") << "tcp store listening on " << host_ << ":" << port_;
     return Status::ok();
   }

@@ -29,6 +29,7 @@
 #include <deque>
 #include <mutex>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <typeinfo>
 
@@ -212,6 +213,7 @@ class Core {
   Status enqueue(Item item) {
     if (inForkedChild()) return refusedInForkedChild("'" + item.label + "' refused");
     std::lock_guard<std::mutex> lock(mu_);
+    if (noThread_) return error_.withContext(detail::strCat("'", item.label, "' refused"));
     if (stop_)
       return makeError(StatusCode::kInvalidUsage, "stream '", name_, "' is being destroyed; '", item.label,
                        "' refused");
@@ -244,6 +246,14 @@ class Core {
     if (done) return makeError(StatusCode::kInvalidUsage, "stream '", name_, "' was destroyed during synchronize");
     return makeError(StatusCode::kTimeout, "stream '", name_, "': work up to item #", target,
                      " did not finish by the deadline; ", positionLocked());
+  }
+
+  // The progress thread could not be started: the stream is failed from birth, and refuses every
+  // item (nothing would run it).
+  void failWithoutThread(Status why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = std::move(why);
+    noThread_ = true;
   }
 
   Status stickyError() const {
@@ -435,6 +445,7 @@ class Core {
   std::multiset<uint64_t> syncTargets_;  // targets of the threads sleeping in waitIdle()
   bool started_ = false;  // the progress thread has entered its loop
   bool exited_ = false;
+  bool noThread_ = false;  // failWithoutThread
   Status error_;
   bool running_ = false;
   uint64_t currentSeq_ = 0;
@@ -503,7 +514,18 @@ class HostStream final : public Stream {
   HostStream(std::string name, const HostStreamOptions& options)
       : core_(std::make_shared<Core>(std::move(name), options.priority)), options_(options) {
     // The thread co-owns the core: if it must be detached, what it touches stays alive.
-    thread_ = std::thread([core = core_] { core->run(); });
+    try {
+      thread_ = std::thread([core = core_] { core->run(); });
+    } catch (const std::system_error& e) {
+      // At the process's or user's thread limit. The stream is made failed, not thrown (callers
+      // have no error path here, and a throw ended the process): each call on it says why.
+      core_->failWithoutThread(makeError(StatusCode::kSystemError, "stream '", core_->name(),
+                                         "': its progress thread could not be started (", e.what(),
+                                         "): the process or its user is at a thread limit (ulimit -u, a "
+                                         "container's pids.max); nothing can run on this stream"));
+      LIBCOMM_LOG(kError, "stream") << core_->stickyError().message();
+      return;
+    }
     // Returns with the thread in its loop, done starting: a program that forks right after must not
     // fork a thread in the middle of its start (under GCC 12's AddressSanitizer, whose allocator
     // is not locked around fork, the child could inherit an allocator lock held and hang in its
@@ -514,6 +536,7 @@ class HostStream final : public Stream {
   }
 
   ~HostStream() override {
+    if (!thread_.joinable()) return;  // born without its thread (failWithoutThread): nothing ran
     if (core_->inForkedChild()) {
       // The progress thread is not in this process: neither joined nor detached (both act on the
       // parent's thread's descriptor), and the core is left as it is, its locks possibly held.
@@ -829,7 +852,11 @@ long long currentFairSliceNs() {
 bool fairSliceSupported() {
   static const bool supported = [] {
     bool ok = false;
-    std::thread([&ok] { ok = setFairSlice(std::chrono::microseconds(kMinSliceUs)) == 0; }).join();
+    try {
+      std::thread([&ok] { ok = setFairSlice(std::chrono::microseconds(kMinSliceUs)) == 0; }).join();
+    } catch (const std::system_error&) {
+      ok = false;  // no thread to try it on (at the thread limit): said unsupported
+    }
     return ok;
   }();
   return supported;
@@ -840,7 +867,11 @@ std::string describeGrantedPriority(const StreamPriority& p) {
   // Tried on a scratch thread, as a progress thread would ask for it: whether it is granted depends
   // on the kernel, the process's privileges and its limits, none of which the setting shows.
   int err = 0;
-  std::thread([&] { err = trySetPriority(p); }).join();
+  try {
+    std::thread([&] { err = trySetPriority(p); }).join();
+  } catch (const std::system_error& e) {
+    err = e.code().value() ? e.code().value() : EAGAIN;  // no scratch thread: not known to be granted
+  }
   if (err != 0)
     return detail::strCat("as inherited (", p.describe(), " not granted here: ", strerror(err), "; it ",
                           priorityNeeds(p), ")");

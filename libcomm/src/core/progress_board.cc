@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <charconv>
 #include <sstream>
+#include <system_error>
+#include <thread>
 
 #include "core/log.h"
 
@@ -107,17 +109,22 @@ Result<std::unique_ptr<ProgressBoard>> ProgressBoard::open(Bootstrap& bootstrap,
   std::unique_ptr<ProgressBoard> board(new ProgressBoard(std::move(side), commId, rank, size, interval, std::move(read)));
   board->published_ = board->read_();
   LIBCOMM_RETURN_IF_ERROR(board->side_->publish(board->keyOf(rank), encodeProgress(board->published_), deadline));
-  board->reporter_ = std::thread([b = board.get()] {
-    pthread_setname_np(pthread_self(), "libcomm-board");
-    log::setThreadRank(b->rank_);
-    std::unique_lock<std::mutex> lock(b->mu_);
-    while (!b->stop_.wait_for(lock, b->interval_, [b] { return b->stopping_; })) {
-      if (!b->broken_.empty()) continue;
-      lock.unlock();
-      b->report();
-      lock.lock();
-    }
-  });
+  try {
+    board->reporter_ = std::thread([b = board.get()] {
+      pthread_setname_np(pthread_self(), "libcomm-board");
+      log::setThreadRank(b->rank_);
+      std::unique_lock<std::mutex> lock(b->mu_);
+      while (!b->stop_.wait_for(lock, b->interval_, [b] { return b->stopping_; })) {
+        if (!b->broken_.empty()) continue;
+        lock.unlock();
+        b->report();
+        lock.lock();
+      }
+    });
+  } catch (const std::system_error& e) {  // at the thread limit: the communicator goes on without it
+    return makeError(StatusCode::kSystemError, "rank ", rank, ": progress board: no thread for its reports (", e.what(),
+                     "; ulimit -u, a container's pids.max)");
+  }
   return board;
 }
 
