@@ -3,6 +3,7 @@
 #include "tinylm/run_files.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -199,6 +200,13 @@ Status checkSaveDirectory(const std::string& dir) {
 
 Status checkSaveRoom(const std::string& dir, uint64_t shardFileBytes, int ranksOnMachine, int saves) {
   namespace fs = std::filesystem;
+  // A shard file past the file-size limit fails the save (libshard refuses the write that would end
+  // the process with SIGXFSZ), after the training that came before it: said now instead.
+  struct rlimit lim;
+  if (getrlimit(RLIMIT_FSIZE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY && shardFileBytes > lim.rlim_cur)
+    return optionsError("--save-checkpoint '", dir, "': each rank's shard file is ", shardFileBytes,
+                        " bytes, above this process's file-size limit of ", lim.rlim_cur,
+                        " bytes (ulimit -f): raise the limit");
   std::error_code ec;
   fs::path where = dir;
   if (!fs::is_directory(where, ec)) where = where.parent_path().empty() ? fs::path(".") : where.parent_path();

@@ -2,6 +2,7 @@
 // checksummed data area that lets a reader fetch and verify only the parts it needs.
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -118,6 +119,13 @@ Status preadExact(int fd, void* buf, size_t n, uint64_t offset, const std::strin
 }
 
 Status pwriteAll(int fd, const void* buf, size_t n, uint64_t offset, const std::string& path) {
+  // A write past the process's file-size limit raises SIGXFSZ, which ends the process (both ranks
+  // of a save died so, leaving their temporaries): refused here, and the temporary goes.
+  struct rlimit lim;
+  if (n > 0 && ::getrlimit(RLIMIT_FSIZE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY && offset + n > lim.rlim_cur)
+    return libcomm::makeError(libcomm::StatusCode::kSystemError, "cannot write '", path, "': it would reach ",
+                              offset + n, " bytes, above this process's file-size limit of ", lim.rlim_cur,
+                              " bytes (ulimit -f, RLIMIT_FSIZE): raise the limit");
   const auto* p = static_cast<const char*>(buf);
   size_t done = 0;
   while (done < n) {

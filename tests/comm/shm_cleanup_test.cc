@@ -129,6 +129,31 @@ TEST(ShmSegment, AFifoOrAnotherUsersFileUnderAFreedNameIsNoSegment) {
       << opened.status().toString();
 }
 
+// A segment past the process's file-size limit (ulimit -f): its reservation raised SIGXFSZ, which
+// ended the process (every comm_bench rank under `ulimit -f 1000`); now an error naming the limit.
+TEST(ShmSegment, ASegmentPastTheFileSizeLimitIsAnErrorNotSigxfsz) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const struct rlimit lim { 64 * 1024, RLIM_INFINITY };
+    if (setrlimit(RLIMIT_FSIZE, &lim) != 0) _exit(90);
+    const std::string name = "/shardcomm." + std::to_string(getpid()) + ".fsize_test.g1";
+    auto seg = libcomm::shm::Segment::create(name, 1 << 20);
+    if (seg.isOk()) _exit(91);
+    if (seg.status().message().find("of 1048576 bytes is above this process's file-size limit of 65536 bytes") ==
+        std::string::npos) {
+      std::fprintf(stderr, "%s\n", seg.status().toString().c_str());
+      _exit(92);
+    }
+    auto small = libcomm::shm::Segment::create(name, 4096);  // within it: fine
+    _exit(small.isOk() ? 0 : 93);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "ended by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
 // More than /dev/shm holds: an error naming /dev/shm, not a segment whose first store raises
 // SIGBUS. In a child with a mount namespace of its own and a 16 MiB /dev/shm (needs root).
 TEST(ShmSegment, MoreThanDevShmHoldsIsAnErrorNotABusError) {

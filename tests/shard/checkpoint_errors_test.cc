@@ -4,11 +4,11 @@
 // problem, with the destination state untouched -- and saves that never leave a partial file
 // under a final name.
 
-#include <gtest/gtest.h>
-
 #include <fcntl.h>
-#include <sys/stat.h>
+#include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <climits>
@@ -721,6 +721,34 @@ TEST(Checkpoint, SavesAreAtomicAndLeaveNoTemporaries) {
 
 // A temporary left by a killed save whose pid this process now has (containers reuse pids) does
 // not block a later save: the next name is taken, and the stranger's file is left alone.
+// A shard file past the process's file-size limit (ulimit -f): the save fails naming the limit,
+// leaving no temporary, where the write's SIGXFSZ ended the process (both ranks of a tinylm save,
+// a resource-exhaustion review). In a child: the limit is the process's.
+TEST(Checkpoint, AFilePastTheFileSizeLimitIsAnErrorNotSigxfsz) {
+  const ModelSpec model = testModel(2, 5, 11);
+  TempDir tmp;
+  const std::string dir = tmp.sub("ckpt");
+  World w = makeWorld(model, 2, 16, 0.0f);
+  for (int r = 0; r < 2; ++r) fillState(w.plans[r], *w.states[r], 2, 30);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const struct rlimit lim { 1024, RLIM_INFINITY };  // soft limit 1 KiB: every shard file is larger
+    if (setrlimit(RLIMIT_FSIZE, &lim) != 0) _exit(90);
+    const Status st = saveCheckpoint(dir, w.plans, w.views());
+    if (st.isOk()) _exit(91);
+    if (st.message().find("above this process's file-size limit of 1024 bytes (ulimit -f") == std::string::npos) {
+      std::fprintf(stderr, "%s\n", st.toString().c_str());
+      _exit(92);
+    }
+    _exit(!fs::exists(dir) || tempNamesIn(dir).empty() ? 0 : 93);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "ended by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
 TEST(Checkpoint, ATemporaryLeftByAKilledWriterWithOurPidDoesNotBlockASave) {
   TempDir tmp;
   const std::string path = tmp.sub(checkpointShardFileName(0, 1));

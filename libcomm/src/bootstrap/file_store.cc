@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "bootstrap/boot_util.h"
+#include "core/file_size_limit.h"
 #include "core/log.h"
 #include "libcomm/bootstrap.h"
 
@@ -151,6 +152,8 @@ struct RankFiles {
   std::atomic<uint64_t> tmpCounter{randomTmpStart()};
 
   Status writeAtomic(const std::string& path, const void* data, size_t bytes) {
+    if (const std::string above = aboveFileSizeLimit(bytes); !above.empty())
+      return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank, ": ", path, " of ", above);
     // Created exclusively (never a file or link someone put there: a link made the store write
     // through it, as root, into any file); a name taken is passed over, a few times.
     std::string tmp;

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/file_size_limit.h"
 #include "core/json_writer.h"
 #include "core/log.h"
 #include "libcomm/config.h"
@@ -337,6 +338,8 @@ std::string tempName(const std::string& base) {
 // Writes `text` to a new file in `dirFd` and returns its name. O_EXCL and O_NOFOLLOW: the name is
 // new to this call, and a file or link already there under it is never opened or followed.
 Result<std::string> writeTemp(int dirFd, const std::string& dir, const std::string& base, const std::string& text) {
+  if (const std::string above = aboveFileSizeLimit(text.size()); !above.empty())
+    return makeError(StatusCode::kSystemError, "flight recorder: a dump in ", dir, " of ", above);
   std::string name;
   int fd = -1;
   for (int attempt = 0; fd < 0; ++attempt) {

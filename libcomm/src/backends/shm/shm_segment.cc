@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "backends/shm/segment_faults.h"
+#include "core/file_size_limit.h"
 #include "core/log.h"
 
 namespace libcomm::shm {
@@ -167,6 +168,8 @@ void Segment::reset() {
 
 Result<Segment> Segment::create(const std::string& name, size_t bytes) {
   size_t size = pageRound(bytes == 0 ? 1 : bytes);
+  if (const std::string above = aboveFileSizeLimit(size); !above.empty())
+    return makeError(StatusCode::kSystemError, "shared-memory segment ", name, " of ", above);
   LIBCOMM_ASSIGN_OR_RETURN(const int fd, createLocked(name));
   // Pages are reserved now: ftruncate alone succeeds past /dev/shm's size, MAP_POPULATE does not
   // report the pages it could not fill, and the first store to them would raise SIGBUS.
