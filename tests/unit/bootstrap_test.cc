@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -621,6 +623,40 @@ TEST(FileBootstrap, ARankThatLeftIsNamedAtOnce) {
     if (Clock::now() - start > 5s) return makeError(StatusCode::kInternalError, "rank ", r, " took too long");
     return Status::ok();
   }));
+}
+
+// A rank that claimed its place and then failed inside the hello (it could not write its file: a
+// full disk) removes its claim as its bootstrap goes: rank 0 names it at once. It took that for a
+// rank not started yet and waited out its whole deadline (a resource-exhaustion review). Rank 1's
+// claim is made by hand here, locked as a live rank's, and removed once rank 0 has seen it.
+TEST(FileBootstrap, ARankThatFailedInTheHelloIsNamedAtOnce) {
+  std::string here;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> here;
+  if (here.empty()) GTEST_SKIP() << "no boot id here";
+  TempDir dir;
+  std::thread rank1([&] {
+    for (auto until = Clock::now() + 10s; Clock::now() < until; std::this_thread::sleep_for(5ms))
+      for (const auto& e : fs::directory_iterator(dir.path)) {
+        const std::string name = e.path().filename().string();  // "failed.<nonce>.k0": rank 0's claim
+        if (name.size() <= 3 || name.compare(name.size() - 3, 3, ".k0") != 0) continue;
+        const std::string made = dir.path + "/made", claim = dir.path + "/" + name.substr(0, name.size() - 1) + "1";
+        std::ofstream(made) << "L" << here;
+        const int fd = open(made.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0 || flock(fd, LOCK_EX) != 0) return;
+        fs::rename(made, claim);
+        std::this_thread::sleep_for(500ms);  // rank 0 checks claims every 100 ms: it has seen this one
+        unlink(claim.c_str());               // what a rank's bootstrap does as it fails
+        close(fd);
+        return;
+      }
+  });
+  const auto start = Clock::now();
+  auto b = createFileBootstrap(dir.path, "failed", 0, 2, Deadline::after(10s));
+  rank1.join();
+  ASSERT_FALSE(b.isOk());
+  EXPECT_EQ(b.status().code(), StatusCode::kRemoteError) << b.status().toString();
+  EXPECT_NE(b.status().message().find("rank 1 left the job"), std::string::npos) << b.status().toString();
+  EXPECT_LT(Clock::now() - start, 5s) << b.status().toString();
 }
 
 // A rank whose process ended without closing its bootstrap (killed) is named as dead at once by a

@@ -515,7 +515,9 @@ class FileBootstrap final : public Bootstrap {
       if (pending > 0 && check.due()) {
         for (int r = 0; r < size_; ++r) {
           if (got[r]) continue;
-          const Presence gone = presenceOf(claimName(r), round > 0, trust_[r]);
+          // Claimed by now: every rank once the hello is done, and in the hello one whose claim was
+          // seen (it ended since, having failed: rank 0 waited out its deadline for it).
+          const Presence gone = presenceOf(claimName(r), round > 0 || trust_[r] >= 0, trust_[r]);
           if (!isGone(gone)) continue;
           // It may have written its file and ended since the reads above.
           LIBCOMM_ASSIGN_OR_RETURN(got[r], files_->readIfExists(roundName(round, r)));
