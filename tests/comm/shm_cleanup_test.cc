@@ -177,6 +177,32 @@ TEST(ShmSegment, MoreThanDevShmHoldsIsAnErrorNotABusError) {
   EXPECT_EQ(WEXITSTATUS(status), 0) << "1: the segment was made; 2: the error does not name /dev/shm";
 }
 
+// A /dev/shm out of inodes (room left, no names): the error says to look at inodes, where it said
+// only "No space left on device" (a resource-exhaustion review).
+TEST(ShmSegment, ADevShmOutOfInodesIsSaidSo) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (unshare(CLONE_NEWNS) != 0 || mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=16m,nr_inodes=4") != 0)
+      _exit(77);
+    std::vector<libcomm::shm::Segment> kept;
+    for (int i = 0; i < 8; ++i) {
+      auto seg = libcomm::shm::Segment::create(
+          "/shardcomm." + std::to_string(getpid()) + ".inodes.g" + std::to_string(i), 4096);
+      if (!seg.isOk())
+        _exit(seg.status().message().find("out of inodes (df -h /dev/shm; df -i /dev/shm)") != std::string::npos ? 0
+                                                                                                                 : 2);
+      kept.push_back(std::move(seg).value());
+    }
+    _exit(1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) GTEST_SKIP() << "no private mount namespace here (not root?)";
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: every segment was made; 2: the error does not mention inodes";
+}
+
 // A descriptor for the new segment but none for checking that the name is still ours (EMFILE):
 // the error says so, and the name is removed. It said "File exists" (the name was taken for a
 // sweep's doing and made again) and left the file until the process ended. In a child, as the

@@ -325,6 +325,54 @@ TEST(InProcessBootstrap, SizeMismatchIsInvalidUsage) {
   expectAllOk(statuses);
 }
 
+// A store whose process reaches its soft descriptor limit (one per connected rank; 1024 is common)
+// raises it to the hard one and takes the rest: it paused its accepts for ever, and the ranks it
+// never took said only that no challenge came (a resource-exhaustion review). The store runs in a
+// child whose soft limit leaves room for a handful of connections; 24 ranks connect from here.
+TEST(TcpStore, AStoreAtItsDescriptorLimitRaisesItAndTakesEveryRank) {
+  int portPipe[2], donePipe[2];
+  ASSERT_EQ(pipe(portPipe), 0);
+  ASSERT_EQ(pipe(donePipe), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(portPipe[0]);
+    close(donePipe[1]);
+    auto server = startTcpStore("127.0.0.1", 0, kSecret);
+    if (!server.isOk()) _exit(90);
+    int open = 0;
+    for (const auto& e : fs::directory_iterator("/proc/self/fd")) (void)e, ++open;
+    struct rlimit lim;
+    if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_max < static_cast<rlim_t>(open + 64)) _exit(77);
+    lim.rlim_cur = static_cast<rlim_t>(open + 4);
+    if (setrlimit(RLIMIT_NOFILE, &lim) != 0) _exit(91);
+    const int port = (*server)->port();
+    if (write(portPipe[1], &port, sizeof(port)) != sizeof(port)) _exit(92);
+    char done = 0;
+    (void)!read(donePipe[0], &done, 1);  // the ranks have finished (or given up)
+    _exit(0);
+  }
+  close(portPipe[1]);
+  close(donePipe[0]);
+  int port = 0;
+  ASSERT_EQ(read(portPipe[0], &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
+  constexpr int kRanks = 24;
+  std::vector<Status> statuses(kRanks);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kRanks; ++r)
+    ranks.emplace_back([&, r] {
+      auto b = createTcpBootstrap("127.0.0.1", port, kSecret, r, kRanks, Deadline::after(20s), "nofile");
+      statuses[r] = b.isOk() ? (*b)->barrier(Deadline::after(20s)) : b.status();
+    });
+  for (auto& t : ranks) t.join();
+  (void)!write(donePipe[1], "x", 1);
+  int status = 0;
+  waitpid(child, &status, 0);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) GTEST_SKIP() << "the hard descriptor limit is too low here";
+  expectAllOk(statuses);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "store process wait status " << status;
+}
+
 // A world size above kMaxWorldSize is refused by every bootstrap before it allocates anything per
 // rank, naming the value: 2e9 made the hello rounds' tables (4 and 2 words per rank, counted in
 // int) overflow and throw std::length_error out of the library; 2e8 allocated GBs first.

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -499,12 +500,32 @@ Status launchLocal(const LocalLaunchOptions& options) {
   const StopSignals stopSignals;     // likewise (its last user may re-raise a signal caught meanwhile)
   LIBCOMM_LOG(kInfo, "boot") << "launchLocal: starting " << options.numRanks << " ranks of " << program << " (store "
                              << storeAddr << ", job " << jobId << ")";
+  // The launcher and the store it hosts hold a few descriptors per rank (a pipe while it starts,
+  // the store's connection to it, its side channels'): a soft limit below that (1024 is common) is
+  // raised to what the hard limit allows, where a 1,000-rank launch ran out.
+  if (struct rlimit lim; getrlimit(RLIMIT_NOFILE, &lim) == 0) {
+    const rlim_t want = static_cast<rlim_t>(options.numRanks) * 4 + 64;
+    if (lim.rlim_cur < want && lim.rlim_cur < lim.rlim_max) {
+      const rlim_t was = lim.rlim_cur;
+      lim.rlim_cur = std::min(want, lim.rlim_max);
+      if (setrlimit(RLIMIT_NOFILE, &lim) == 0)
+        LIBCOMM_LOG(kInfo, "boot") << "launchLocal: raised the soft RLIMIT_NOFILE from " << was << " to "
+                                   << lim.rlim_cur << " for " << options.numRanks << " ranks";
+    }
+  }
   std::vector<Child> children(options.numRanks);
   const pid_t parent = getpid();
   for (int r = 0; r < options.numRanks; ++r) {
     int execPipe[2];
     if (pipe2(execPipe, O_CLOEXEC) != 0) {
-      Status err = makeError(StatusCode::kSystemError, "launchLocal: pipe for rank ", r, ": ", boot::errnoText(errno));
+      const int e = errno;
+      struct rlimit lim;
+      const bool known = e == EMFILE && getrlimit(RLIMIT_NOFILE, &lim) == 0;
+      Status err = makeError(StatusCode::kSystemError, "launchLocal: pipe for rank ", r, ": ", boot::errnoText(e),
+                             known ? detail::strCat(" (RLIMIT_NOFILE ", lim.rlim_cur, ", hard ", lim.rlim_max,
+                                                    ": the launcher and its store hold a few descriptors per rank; "
+                                                    "raise `ulimit -n`)")
+                                   : std::string());
       stopAll(children);
       return err;
     }

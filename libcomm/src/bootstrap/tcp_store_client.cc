@@ -79,7 +79,8 @@ Status TcpStoreClient::handshake(const std::string& secret, Deadline deadline) {
   if (!heard.isOk() && heard.status().code() == StatusCode::kTimeout && !deadline.expired())
     return makeError(StatusCode::kRemoteError, what, ": no challenge within ", kChallengeWait.count(),
                      " ms of connecting: is a shardcomm tcp store listening there? (another program may hold the "
-                     "port: `ss -ltnp` names it)");
+                     "port: `ss -ltnp` names it; or the store's process is out of file descriptors and could not "
+                     "take the connection: its log says so)");
   LIBCOMM_ASSIGN_OR_RETURN(Frame challenge, std::move(heard));
   if (challenge.type == MsgType::kError && challenge.payload.compare(0, kStoreBusy.size(), kStoreBusy) == 0) {
     busyRefusal_ = true;

@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -152,9 +153,16 @@ class Server final : public TcpStoreServer {
   int connectedClients() const { return authedClients_.load(); }
   std::string refusals() const override {
     std::lock_guard<std::mutex> lock(refusedMu_);
-    if (refused_ == 0) return "";
-    std::string s = std::to_string(refused_) + (refused_ == 1 ? " connection" : " connections") + " refused";
-    for (const auto& [rank, why] : refusedByRank_) s += detail::strCat("; rank ", rank, ": ", why);
+    std::string s;
+    if (refused_ != 0) {
+      s = std::to_string(refused_) + (refused_ == 1 ? " connection" : " connections") + " refused";
+      for (const auto& [rank, why] : refusedByRank_) s += detail::strCat("; rank ", rank, ": ", why);
+    }
+    // Connections the kernel completed but the store could not take: their ranks wait for a
+    // challenge, and say only that none came.
+    if (descriptorPauses_ != 0)
+      s += detail::strCat(s.empty() ? "" : "; ", "connections left unaccepted ", descriptorPauses_,
+                          " times: ", descriptorWhy_);
     return s;
   }
 
@@ -185,6 +193,30 @@ class Server final : public TcpStoreServer {
   // For refusals(): a job whose rank keeps being refused waits for it until its deadline, and the
   // reason is the store's, not the waiting rank's. Ranks that claim nothing (side channels) and
   // claims past the first 16 ranks are counted only.
+  // At the process's soft limit of descriptors (EMFILE, one per connected rank): raises it to the
+  // hard limit once, as a program serving many clients does; true when there is room now.
+  bool raiseDescriptorLimit() {
+    if (raisedLimit_) return false;
+    raisedLimit_ = true;
+    struct rlimit lim;
+    if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur >= lim.rlim_max) return false;
+    const rlim_t was = lim.rlim_cur;
+    lim.rlim_cur = lim.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &lim) != 0) return false;
+    LIBCOMM_LOG(kInfo, "boot") << "tcp store " << host_ << ":" << port_ << ": out of file descriptors at " << was
+                               << " (the soft RLIMIT_NOFILE); raised it to its hard limit, " << lim.rlim_max;
+    return true;
+  }
+
+  static std::string outOfDescriptors(int err) {
+    if (err == ENFILE) return "the system is out of file descriptors (ENFILE: fs.file-max)";
+    struct rlimit lim;
+    const bool known = getrlimit(RLIMIT_NOFILE, &lim) == 0;
+    return detail::strCat("this process is out of file descriptors (EMFILE",
+                          known ? detail::strCat(": RLIMIT_NOFILE ", lim.rlim_cur, ", hard ", lim.rlim_max) : "",
+                          "); the store needs one per connected rank: raise `ulimit -n` (its hard limit too)");
+  }
+
   void noteRefusal(int32_t rank, std::string why) {
     std::lock_guard<std::mutex> lock(refusedMu_);
     ++refused_;
@@ -261,10 +293,15 @@ class Server final : public TcpStoreServer {
       socklen_t len = sizeof(addr);
       int fd = accept4(listenFd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
+        if (errno == EMFILE && raiseDescriptorLimit()) continue;  // room again: take it at once
         if (errno == EMFILE || errno == ENFILE) {
-          LIBCOMM_LOG(kWarn, "boot") << "tcp store " << host_ << ":" << port_
-                                     << ": out of file descriptors; pausing accepts for 100 ms";
+          const std::string why = outOfDescriptors(errno);
+          LIBCOMM_LOG(kWarn, "boot") << "tcp store " << host_ << ":" << port_ << ": " << why
+                                     << "; pausing accepts for 100 ms";
           acceptPausedUntil_ = Clock::now() + Milliseconds(100);
+          std::lock_guard<std::mutex> lock(refusedMu_);
+          ++descriptorPauses_;
+          descriptorWhy_ = why;
         }
         return;  // EAGAIN (drained), or a connection that died in the backlog
       }
@@ -553,6 +590,9 @@ class Server final : public TcpStoreServer {
   mutable std::mutex refusedMu_;
   uint64_t refused_ = 0;
   std::map<int32_t, std::string> refusedByRank_;
+  uint64_t descriptorPauses_ = 0;  // accepts paused for want of descriptors (under refusedMu_)
+  std::string descriptorWhy_;      // the last such pause's reason (under refusedMu_)
+  bool raisedLimit_ = false;       // raiseDescriptorLimit tried (the store's thread only)
   std::thread thread_;
   uint64_t nextId_ = 1;
   Clock::time_point acceptPausedUntil_{};

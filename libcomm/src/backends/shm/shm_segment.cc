@@ -21,7 +21,17 @@ namespace libcomm::shm {
 namespace {
 
 Status sysError(const char* what, const std::string& name, int err) {
-  return makeError(StatusCode::kSystemError, what, "(", name, ") failed: ", strerror(err), " (errno ", err, ")");
+  // What ran out, where the errno alone does not say (a resource-exhaustion review).
+  const char* hint = "";
+  if (err == ENOMEM && strcmp(what, "mmap") == 0)
+    hint =
+        " -- out of memory, or out of mappings: this process's count is capped by vm.max_map_count "
+        "(sysctl; each segment is one)";
+  else if (err == ENOSPC && strcmp(what, "shm_open") == 0)
+    hint = " -- /dev/shm is full, or out of inodes (df -h /dev/shm; df -i /dev/shm)";
+  else if (err == EMFILE)
+    hint = " -- this process is out of file descriptors (ulimit -n)";
+  return makeError(StatusCode::kSystemError, what, "(", name, ") failed: ", strerror(err), " (errno ", err, ")", hint);
 }
 
 size_t pageRound(size_t bytes) {
