@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "backends/shm/shm_segment.h"
 #include "harness.h"
 #include "libcomm/libcomm.h"
 #include "sanitizer_build.h"
@@ -1536,8 +1537,8 @@ TEST(CommCreate, ARankThatCannotMakeItsHostChannelFailsItsPeersAtOnce) {
     std::vector<std::string> taken;
     if (ctx.rank == 1) {
       for (int k = 0; k < 64; ++k) {
-        const std::string name = "/shardcomm." + std::to_string(getpid()) + "." + ctx.bootstrap.jobId() + ".r1.c" +
-                                 std::to_string(k) + ".h.ctl";
+        const std::string name =
+            libcomm::shm::segmentPrefix(ctx.bootstrap.jobId(), 1, static_cast<unsigned>(k)) + ".h.ctl";
         const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
         if (fd >= 0) {
           close(fd);

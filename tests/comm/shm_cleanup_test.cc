@@ -336,6 +336,50 @@ TEST(ShmHygiene, SweepInAnotherPidNamespaceKeepsALiveSegment) {
   EXPECT_EQ(rc, 0) << "3: the segment could not be made; 4: the sweep removed the live segment; 5: a child died";
 }
 
+// Runs `body` as pid 1 of a new pid namespace (needs root); its exit code, or 78 where refused.
+template <typename Body>
+int asPidOneOfANewNamespace(Body body) {
+  const pid_t child = fork();
+  if (child == 0) {
+    if (unshare(CLONE_NEWPID) != 0) _exit(78);
+    const pid_t first = fork();  // the first process in the new namespace: pid 1 there
+    if (first == 0) _exit(body());
+    int status = 0;
+    _exit(waitpid(first, &status, 0) == first ? (WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status)) : 5);
+  }
+  int status = 0;
+  if (waitpid(child, &status, 0) != child || !WIFEXITED(status)) return 5;
+  return WEXITSTATUS(status);
+}
+
+// Containers sharing /dev/shm but not pids run ranks of the same pids: with one job id, the names
+// of a killed run in one made the next run in another fail ("File exists": its pid 1 is the same),
+// and no sweep there removed them (pid 1 runs there). Names carry the pid namespace now: the new
+// run's differ, and its sweep removes the killed run's (a multi-tenant review).
+TEST(ShmHygiene, RunsInPidNamespacesSharingDevShmNeverMeet) {
+  const int rc = withPrivateDevShm([] {
+    const int killed = asPidOneOfANewNamespace([] {
+      auto seg = libcomm::shm::Segment::create(libcomm::shm::segmentPrefix("samejob", 0, 0) + ".ctl", 64);
+      if (!seg.isOk()) return 3;
+      _exit(42);  // as if killed: no destructor unlinks it (pid 1 of a namespace ignores its own SIGKILL)
+    });
+    if (killed == 78) return 78;
+    if (killed != 42) return 3;
+    return asPidOneOfANewNamespace([] {
+      auto seg = libcomm::shm::Segment::create(libcomm::shm::segmentPrefix("samejob", 0, 0) + ".ctl", 64);
+      if (!seg.isOk()) {
+        std::fprintf(stderr, "%s\n", seg.status().toString().c_str());
+        return 6;
+      }
+      const libcomm::shm::SweepResult swept = libcomm::shm::sweepStaleSegments(false);
+      return swept.removed == 1 ? 0 : 7;
+    });
+  });
+  if (rc == 77) GTEST_SKIP() << "no private mount namespace here (not root?)";
+  if (rc == 78) GTEST_SKIP() << "unshare(CLONE_NEWPID) refused (not root?)";
+  EXPECT_EQ(rc, 0) << "3: set-up failed; 5: a child died; 6: the names met; 7: the sweep left the killed run's";
+}
+
 // The owner's lock goes with the owner: a killed owner's segment is removed although a peer still
 // maps it (a peer's mapping takes no lock).
 TEST(ShmHygiene, SweepRemovesASegmentOnlyItsDeadOwnerHeld) {
@@ -390,7 +434,7 @@ TEST(ShmHygiene, SweepRemovesAZombieOwnersSegment) {
 TEST(ShmHygiene, RemovingAJobsSegmentsLeavesALiveOwnersSegment) {
   const int rc = withPrivateDevShm([] {
     const std::string job = "jobseg_test";
-    const std::string live = "/shardcomm." + std::to_string(getpid()) + "." + job + ".r0.c0.ctl";
+    const std::string live = libcomm::shm::segmentPrefix(job, 0, 0) + ".ctl";
     auto seg = libcomm::shm::Segment::create(live, 64);  // held by this live process
     if (!seg.isOk()) return 3;
     const libcomm::shm::SweepResult r = libcomm::shm::removeJobSegments(job, {getpid()});
@@ -398,7 +442,7 @@ TEST(ShmHygiene, RemovingAJobsSegmentsLeavesALiveOwnersSegment) {
     if (!still.isOk() || !still.value() || r.removed != 0 || r.skipped.size() != 1) return 4;
     const pid_t owner = fork();
     if (owner == 0) {
-      auto dead = libcomm::shm::Segment::create("/shardcomm." + std::to_string(getpid()) + "." + job + ".r1.c0.ctl", 64);
+      auto dead = libcomm::shm::Segment::create(libcomm::shm::segmentPrefix(job, 1, 0) + ".ctl", 64);
       if (!dead.isOk()) _exit(3);
       raise(SIGKILL);
     }

@@ -27,7 +27,7 @@ namespace {
 
 // Everything the handler reads lives in static storage and is read through atomics: it may run in
 // any thread at any moment, and may neither allocate nor lock.
-// Names are "/shardcomm.<pid>.<job>.r<rank>.c<n>.<what>"; a job id may take 128 bytes. One longer
+// Names are "/shardcomm.<pid>.pidns-<inode>.<job>.r<rank>.c<n>.<what>"; a job id may take 128 bytes. One longer
 // than this is kept cut, and then matches every communicator (faultedSegmentIn).
 constexpr size_t kNameBytes = 256;
 

@@ -277,10 +277,23 @@ Result<Segment> Segment::open(const std::string& name, size_t bytes) {
 }
 
 namespace {
-// "shardcomm.<pid>.<job>.r": every segment of one process in one job (in /dev/shm, without the '/').
+// The pid namespace's part of a name, "pidns-<inode>." ("" where /proc/self/ns/pid cannot be read):
+// containers that share /dev/shm but not pids run ranks of the same pids, and a fixed job id made
+// two live jobs' names collide ("File exists"), and a killed one's segments look live to a sweep
+// from the other (its pids run there). With it, names of different pid namespaces never meet, and
+// a sweep knows when a name's pid is not one of its own namespace.
+// Read each time: a child forked into a new pid namespace has its own.
+std::string pidNamespaceTag() {
+  struct stat ns;
+  if (stat("/proc/self/ns/pid", &ns) != 0) return "";
+  return "pidns-" + std::to_string(static_cast<uint64_t>(ns.st_ino)) + ".";
+}
+
+// "shardcomm.<pid>.pidns-<inode>.<job>.r": every segment of one process of this pid namespace in
+// one job (in /dev/shm, without the '/').
 std::string processJobPrefix(long pid, const std::string& jobId) {
   std::ostringstream os;
-  os << "shardcomm." << pid << "." << jobId << ".r";
+  os << "shardcomm." << pid << "." << pidNamespaceTag() << jobId << ".r";
   return os.str();
 }
 }  // namespace
@@ -414,14 +427,19 @@ SweepResult sweepStaleSegments(bool verbose) {
     result.error = std::string("cannot open /dev/shm: ") + strerror(err) + " (errno " + std::to_string(err) + ")";
     return result;
   }
+  const std::string myTag = pidNamespaceTag();
   while (struct dirent* e = readdir(dir)) {
     const char* prefix = "shardcomm.";
     if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
     char* end = nullptr;
     long pid = strtol(e->d_name + strlen(prefix), &end, 10);
     if (pid <= 0 || !end || *end != '.') continue;
-    // A process of that pid may be the owner (of a library too old to take the lock): keep.
-    if (pidRunsHere(pid)) continue;
+    // A process of that pid may be the owner (of a library too old to take the lock): keep. Only
+    // where the pid is one of this namespace: a name of another (its tag) is decided by its lock.
+    const char* rest = end + 1;
+    const bool tagged = strncmp(rest, "pidns-", 6) == 0;
+    const bool ours = !tagged || (!myTag.empty() && strncmp(rest, myTag.c_str(), myTag.size()) == 0);
+    if (ours && pidRunsHere(pid)) continue;
     const std::string name = std::string("/") + e->d_name;
     const std::string path = std::string("/dev/shm/") + e->d_name;
     auto skip = [&](const char* what, int err) {

@@ -1,8 +1,10 @@
 #pragma once
 // POSIX shared-memory segments: the memory peers on one host read directly.
 //
-// Names: "/shardcomm.<pid>.<job>.r<rank>.c<comm>.<what>". The job id keeps runs apart, so a later
-// run never trips over an earlier run's leftovers even before the sweep (sweepStaleSegments).
+// Names: "/shardcomm.<pid>.pidns-<inode>.<job>.r<rank>.c<comm>.<what>". The job id keeps runs
+// apart, so a later run never trips over an earlier run's leftovers even before the sweep
+// (sweepStaleSegments); the pid namespace's inode keeps apart processes of the same pid in
+// containers that share /dev/shm (and tells a sweep whose pids a name's pid is).
 //
 // Whether a segment's owner still lives is told by a lock, not by the pid in its name: the owner
 // holds an open-file-description lock (F_OFD_SETLK) on the segment for as long as it maps it, and
