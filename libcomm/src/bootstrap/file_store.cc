@@ -17,6 +17,7 @@
 //   <job>.<nonce>.p<src>-<dst>.t<tag>.<seq> the <seq>-th message from src to dst under tag (deleted on read)
 //   <job>.<nonce>.s.<key>                   the side channel's value of <key> (overwritten in place)
 //   <job>.<nonce>.k<rank>                   rank's claim (one process per rank; flock'ed while it lives)
+//   <job>.<nonce>.stop                      why the run was stopped (a second process of one rank)
 //   .<job>.<nonce>.tmp.<rank>.<pid>.<n>     a file being written (.<job>.run.tmp... for the run file)
 //
 // A rank waiting for another's file asks, every kPeerCheck, whether that rank still lives: a rank
@@ -267,6 +268,11 @@ std::string claimPath(const std::string& dir, const std::string& prefix, int ran
   return dir + "/" + prefix + ".k" + std::to_string(rank);
 }
 
+// The run's stop file: written by a process refused a rank another live process holds (two runs
+// share the job id and directory, and the ranks that joined may be of both), read by every rank's
+// waits, which then fail with its text (the run is stopped, not left to run mixed).
+std::string stopPath(const std::string& dir, const std::string& prefix) { return dir + "/" + prefix + ".stop"; }
+
 // What a waiting rank can tell of another from its claim (see the top of this file).
 enum class Presence { kUnknown, kAlive, kDied, kLeft };
 
@@ -426,6 +432,7 @@ class FileBootstrap final : public Bootstrap {
 
   Status recv(int peer, uint32_t tag, void* data, size_t bytes, Deadline deadline) override {
     LIBCOMM_RETURN_IF_ERROR(checkPeer("recv", peer));
+    LIBCOMM_RETURN_IF_ERROR(stopped("recv"));
     uint64_t seq = recvSeq_[{peer, tag}];
     std::string path = p2pName(peer, rank_, tag, seq);
     boot::Backoff backoff(kFirstPoll, kMaxPoll);
@@ -433,7 +440,9 @@ class FileBootstrap final : public Bootstrap {
     while (true) {
       LIBCOMM_ASSIGN_OR_RETURN(std::optional<std::string> content, files_->readIfExists(path));
       Presence gone = Presence::kUnknown;
-      if (!content && check.due() && isGone(gone = presenceOf(claimName(peer), true, trust_[peer]))) {
+      const bool due = !content && check.due();
+      if (due) LIBCOMM_RETURN_IF_ERROR(stopped("recv"));
+      if (due && isGone(gone = presenceOf(claimName(peer), true, trust_[peer]))) {
         // It may have sent the message and ended since the read above.
         LIBCOMM_ASSIGN_OR_RETURN(content, files_->readIfExists(path));
         if (!content)
@@ -468,6 +477,13 @@ class FileBootstrap final : public Bootstrap {
 
   std::string roundName(uint64_t round, int rank) const { return roundPath(dir_, files_->prefix, round, rank); }
   std::string claimName(int rank) const { return claimPath(dir_, files_->prefix, rank); }
+  // The run's stop file's text as this rank's error (kRemoteError), or OK while there is none.
+  Status stopped(const char* op) const {
+    Result<std::optional<std::string>> text = files_->readIfExists(stopPath(dir_, files_->prefix));
+    if (!text.isOk() || !text.value()) return Status::ok();
+    return makeError(StatusCode::kRemoteError, "file bootstrap ", op, ": rank ", rank_, " of ", size_, " in ", dir_,
+                     " (job ", jobId_, "): the run was stopped: ", detail::printable(*text.value()));
+  }
   static bool isGone(Presence p) { return p == Presence::kDied || p == Presence::kLeft; }
 
   // Paces a wait's questions about its peers' claims: at most one round of them per kPeerCheck.
@@ -496,6 +512,7 @@ class FileBootstrap final : public Bootstrap {
 
   Status runRound(const char* op, uint64_t round, const void* mine, void* all, size_t bytes, Deadline deadline,
                   const std::function<Status()>& whileWaiting) {
+    LIBCOMM_RETURN_IF_ERROR(stopped(op));  // also checked while it waits, and once it has every file
     LIBCOMM_RETURN_IF_ERROR(files_->writeAtomic(roundName(round, rank_), mine, bytes));
     std::vector<std::optional<std::string>> got(size_);
     int pending = size_;
@@ -513,6 +530,10 @@ class FileBootstrap final : public Bootstrap {
         if (got[r]) --pending;
       }
       if (pending > 0 && check.due()) {
+        if (Status stop = stopped(op); !stop.isOk()) {
+          abandon();
+          return stop;
+        }
         for (int r = 0; r < size_; ++r) {
           if (got[r]) continue;
           // Claimed by now: every rank once the hello is done, and in the hello one whose claim was
@@ -543,6 +564,7 @@ class FileBootstrap final : public Bootstrap {
       }
       backoff.sleep(deadline);
     }
+    LIBCOMM_RETURN_IF_ERROR(stopped(op));
     for (int r = 0; r < size_; ++r) {
       if (boot::RoundGuard::isAbandoned(*got[r], bytes))
         return makeError(StatusCode::kRemoteError, "file bootstrap ", op, " #", round, ": rank ", rank_, " of ", size_,
@@ -635,6 +657,7 @@ bool isRunFileRest(std::string_view rest, bool hidden) {
   if (take(s, "c") && takeDigits(s) && take(s, ".r") && takeDigits(s) && s.empty()) return true;
   s = rest;
   if (take(s, "k") && takeDigits(s) && s.empty()) return true;
+  if (rest == "stop") return true;
   s = rest;
   if (take(s, "p") && takeDigits(s) && take(s, "-") && takeDigits(s) && take(s, ".t") && takeDigits(s) &&
       take(s, ".") && takeDigits(s) && s.empty())
@@ -799,10 +822,20 @@ Result<int> makeClaim(const std::string& dir, const std::string& jobId, const st
                      claim, " is taken by ", S_ISREG(st.st_mode) ? "a file" : "something other than a file", " of uid ",
                      st.st_uid, ", not by a rank of this job (this process's uid is ", geteuid(),
                      "): another user of the directory put it there? Use a directory only the job's user can write");
-  if (err == EEXIST)
+  if (err == EEXIST) {
+    // Two processes of one rank: two runs share this job id and directory (a script started twice),
+    // and the ranks that joined may be of both -- they ran to PASS, mixed (a multi-tenant review).
+    // The run is stopped: every rank's waits read this file and fail with it.
+    const std::string why = detail::strCat("two processes claimed rank ", rank, " (pid ", getpid(), " found ", claim,
+                                           " taken): two runs share job id ", jobId, " in ", dir,
+                                           ", and its ranks may be of both; give each run its own LIBCOMM_JOB_ID");
+    RankFiles files(dir, prefix, rank);
+    const Status wrote = files.writeAtomic(stopPath(dir, prefix), why.data(), why.size());
     return makeError(StatusCode::kInvalidArgument, "file bootstrap: rank ", rank, " of job ", jobId, " in ", dir,
                      ": another process already started as rank ", rank, " of this run (", claim,
-                     " exists); every process of a job needs a rank of its own");
+                     " exists); every process of a job needs a rank of its own",
+                     wrote.isOk() ? "; the run is stopped (" + stopPath(dir, prefix) + ")" : std::string());
+  }
   return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank, ": cannot create ", claim, ": ",
                    boot::errnoText(err));
 }

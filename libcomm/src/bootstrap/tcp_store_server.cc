@@ -217,6 +217,27 @@ class Server final : public TcpStoreServer {
                           "); the store needs one per connected rank: raise `ulimit -n` (its hard limit too)");
   }
 
+  // Two live processes claimed one rank: two runs share this store (one address and one secret),
+  // and the ranks it accepted may be of both. The job is stopped, not left to run mixed (two jobs
+  // started at once by one script, each one's rank 0 passed and the other's rank 1 joined it, and
+  // the pair ran to PASS; a multi-tenant review): every request of every connection, parked gets
+  // too, and every rank that comes later, is answered with this error. Returns it.
+  const std::string& poisonFor(int32_t rank, const std::string& second, const std::string& holder) {
+    if (!poisoned_.empty()) return poisoned_;
+    poisoned_ = detail::strCat(
+        "two processes claimed rank ", rank, " of this job (", holder, ", then ", second,
+        "): two runs share this store (one address and one job secret: a script started twice, or torchrun's "
+        "default run id 'none' taken for the secret), and its ranks may be of both; the store stops the job rather "
+        "than let them mix -- give each run its own port (LIBCOMM_STORE_ADDR, MASTER_PORT) or LIBCOMM_SECRET");
+    LIBCOMM_LOG(kError, "boot") << "tcp store " << host_ << ":" << port_ << ": " << poisoned_;
+    for (auto& [id, conn] : conns_) {
+      if (conn->closed || !conn->authed || !state_.parked(id)) continue;
+      state_.forget(id);
+      send(*conn, MsgType::kError, poisoned_);
+    }
+    return poisoned_;
+  }
+
   void noteRefusal(int32_t rank, std::string why) {
     std::lock_guard<std::mutex> lock(refusedMu_);
     ++refused_;
@@ -516,8 +537,16 @@ class Server final : public TcpStoreServer {
           std::string holder = holderConn->second->peer;
           LIBCOMM_LOG(kWarn, "boot") << "tcp store " << host_ << ":" << port_ << ": refusing " << c.peer << ": rank "
                                      << claimed << " is already connected from " << holder;
-          send(c, MsgType::kError, "rank " + std::to_string(claimed) + " is already connected from " + holder);
+          send(c, MsgType::kError,
+               "rank " + std::to_string(claimed) + " is already connected from " + holder + ": " +
+                   poisonFor(claimed, c.peer, holder));
           noteRefusal(claimed, "a second process (" + c.peer + ") while " + holder + " holds it");
+          c.closing = true;
+          if (c.out.empty()) c.closed = true;
+          return;
+        }
+        if (!poisoned_.empty() && claimed >= 0) {  // a rank of either run, come late
+          send(c, MsgType::kError, poisoned_);
           c.closing = true;
           if (c.out.empty()) c.closed = true;
           return;
@@ -530,10 +559,13 @@ class Server final : public TcpStoreServer {
         return;
       }
       case MsgType::kSet:
+        if (!poisoned_.empty()) return send(c, MsgType::kError, poisoned_);
         return state_.set(c.id, req.key, std::move(req.value));
       case MsgType::kDelete:
+        if (!poisoned_.empty()) return send(c, MsgType::kError, poisoned_);
         return state_.remove(c.id, req.key);
       case MsgType::kGet:
+        if (!poisoned_.empty()) return send(c, MsgType::kError, poisoned_);
         return state_.get(c.id, std::move(req.keys), (req.flags & kTake) != 0,
                           Clock::now() + Milliseconds(req.timeoutMs));
       default:
@@ -599,6 +631,7 @@ class Server final : public TcpStoreServer {
   std::map<uint64_t, std::unique_ptr<Conn>> conns_;
   StoreState state_;
   std::map<int, uint64_t> rankConns_;  // rank -> its live connection
+  std::string poisoned_;               // poisonFor: set once, answers everything after
   std::deque<uint64_t> resume_;        // connections whose buffered frames may now be handled
   Clock::time_point strangerWindowStart_{};
   int strangerWarns_ = 0;
