@@ -19,6 +19,7 @@
 // action.
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -27,6 +28,7 @@
 #include <csignal>
 #include <cstdio>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -204,7 +206,21 @@ int runRank(CliOptions o) {
     };
   }
 
-  auto result = runSharded(t, *boot);
+  auto result = [&]() -> decltype(runSharded(t, *boot)) {
+    try {
+      return runSharded(t, *boot);
+    } catch (const std::bad_alloc&) {
+      // An allocation of a step failed (the set-up's memory check reads physical memory and the
+      // cgroup's limit, not the address-space limit): this rank's error, not std::terminate. Its
+      // communicators went with the unwinding, so its peers learn at once that it ended.
+      struct rlimit as;
+      const bool capped = getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY;
+      return libcomm::makeError(libcomm::StatusCode::kSystemError, "out of memory during training",
+                                capped ? libcomm::detail::strCat(" (the address-space limit, ulimit -v, is ",
+                                                                 as.rlim_cur >> 20, " MiB: raise it)")
+                                       : std::string(" (free memory, or lower --memory-budget)"));
+    }
+  }();
   if (!result.isOk()) return fail(rank, world, result.status());
   // Every rank has every rank's summary, so all of them reach the same verdict and exit code.
   const std::string verdict = memoryVerdict(result->ranks);
