@@ -287,18 +287,30 @@ TEST(ShmChannelNames, TimeoutNamesCommunicatorRanks) {
   EXPECT_EQ(st.message().find("not there yet: 6, 9"), std::string::npos) << st.toString();
 }
 
+// Two ranks' host channels in this process, rank 0's connected: what the channel tests below
+// drive by hand (`what` keeps their segment names apart).
+struct TwoChannels {
+  std::unique_ptr<libcomm::shm::Channel> a, b;
+};
+TwoChannels twoChannels(const std::string& what) {
+  libcomm::CommConfig config;
+  const std::string prefix = "/shardcomm." + std::to_string(getpid()) + "." + what;
+  auto a = libcomm::shm::Channel::create(prefix + ".0", 0, 2, config, {0, 1});
+  auto b = libcomm::shm::Channel::create(prefix + ".1", 1, 2, config, {0, 1});
+  EXPECT_TRUE(a.isOk() && b.isOk());
+  if (!a.isOk() || !b.isOk()) return {};
+  EXPECT_TRUE((*a)->connect({prefix + ".0", prefix + ".1"}, libcomm::Deadline::after(5s)).isOk());
+  return {std::move(a).value(), std::move(b).value()};
+}
+
 // A timeout in the arrival of a peer that posted nothing names that; one whose last post was seq 0
 // -- the 2^32nd collective, after 2^32 - 1 -- names seq 0 (it was read as "no collective yet").
 TEST(ShmChannelNames, TimeoutNamesTheLastPostedCollectiveAcrossTheWrap) {
-  libcomm::CommConfig config;
-  const std::string prefix = "/shardcomm." + std::to_string(getpid()) + ".wrap-test";
-  auto a = libcomm::shm::Channel::create(prefix + ".0", 0, 2, config, {0, 1});
-  auto b = libcomm::shm::Channel::create(prefix + ".1", 1, 2, config, {0, 1});
-  ASSERT_TRUE(a.isOk() && b.isOk());
-  ASSERT_TRUE((*a)->connect({prefix + ".0", prefix + ".1"}, libcomm::Deadline::after(5s)).isOk());
+  TwoChannels ch = twoChannels("wrap-test");
+  ASSERT_TRUE(ch.a && ch.b);
   auto arrival = [&](uint32_t seq) {
     libcomm::WaitContext wait{libcomm::OpDeadline(std::chrono::milliseconds(50)), {}, libcomm::WaitPolicy{}};
-    const Status st = (*a)->waitPosted(seq, wait);
+    const Status st = ch.a->waitPosted(seq, wait);
     EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.toString();
     return st.message();
   };
@@ -306,9 +318,9 @@ TEST(ShmChannelNames, TimeoutNamesTheLastPostedCollectiveAcrossTheWrap) {
   EXPECT_NE(text.find("(arrival: it has posted no collective yet, needed 1)"), std::string::npos) << text;
   libcomm::shm::OpDescriptor d{};
   d.seq = 0xffffffffu;
-  (*b)->post(d);
+  ch.b->post(d);
   d.seq = 0;
-  (*b)->post(d);
+  ch.b->post(d);
   text = arrival(1);
   EXPECT_NE(text.find("(arrival: its last posted collective is seq 0, needed 1)"), std::string::npos) << text;
 }
@@ -317,12 +329,10 @@ TEST(ShmChannelNames, TimeoutNamesTheLastPostedCollectiveAcrossTheWrap) {
 // sees its peer, and still ends at the collective's deadline with the usual error, however long
 // it may borrow.
 TEST(ShmChannelBorrowedPoll, SeesThePeerAndKeepsTheDeadline) {
-  libcomm::CommConfig config;
-  const std::string prefix = "/shardcomm." + std::to_string(getpid()) + ".borrow-test";
-  auto a = libcomm::shm::Channel::create(prefix + ".0", 0, 2, config, {0, 1});
-  auto b = libcomm::shm::Channel::create(prefix + ".1", 1, 2, config, {0, 1});
-  ASSERT_TRUE(a.isOk() && b.isOk());
-  ASSERT_TRUE((*a)->connect({prefix + ".0", prefix + ".1"}, libcomm::Deadline::after(5s)).isOk());
+  TwoChannels ch = twoChannels("borrow-test");
+  ASSERT_TRUE(ch.a && ch.b);
+  auto& a = ch.a;
+  auto& b = ch.b;
   const libcomm::hostwait::Sleeping sleeper;  // as if the trainer's thread slept in a stream wait
   for (bool yields : {false, true}) {
     SCOPED_TRACE(yields ? "yielding" : "spinning");
@@ -330,17 +340,17 @@ TEST(ShmChannelBorrowedPoll, SeesThePeerAndKeepsTheDeadline) {
     libcomm::WaitContext wait{libcomm::OpDeadline(std::chrono::milliseconds(10000)), {}, libcomm::WaitPolicy{{}, {}, 60s, yields}};
     std::thread peer([&] {
       std::this_thread::sleep_for(30ms);
-      (*b)->publish(libcomm::shm::Counter::kDone, seq);
+      b->publish(libcomm::shm::Counter::kDone, seq);
     });
     const auto t0 = std::chrono::steady_clock::now();
-    const Status st = (*a)->waitAll(libcomm::shm::Counter::kDone, seq, wait, "completion");
+    const Status st = a->waitAll(libcomm::shm::Counter::kDone, seq, wait, "completion");
     peer.join();
     EXPECT_TRUE(st.isOk()) << st.toString();
     EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
 
     libcomm::WaitContext late{libcomm::OpDeadline(std::chrono::milliseconds(100)), {}, libcomm::WaitPolicy{{}, {}, 60s, yields}};
     const auto t1 = std::chrono::steady_clock::now();
-    const Status timeout = (*a)->waitAll(libcomm::shm::Counter::kDone, seq + 10, late, "completion");
+    const Status timeout = a->waitAll(libcomm::shm::Counter::kDone, seq + 10, late, "completion");
     EXPECT_EQ(timeout.code(), StatusCode::kTimeout) << timeout.toString();
     EXPECT_NE(timeout.message().find("waiting for rank 1"), std::string::npos) << timeout.toString();
     EXPECT_LT(std::chrono::steady_clock::now() - t1, 5s) << "the borrowed poll outlived the deadline";

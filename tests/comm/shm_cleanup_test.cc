@@ -37,11 +37,11 @@ std::vector<std::string> segmentsOf(pid_t pid) {
 // Runs `body` in a forked child with a /dev/shm of its own (a private mount namespace: needs root),
 // so that what it sweeps is only what it made. Returns the child's exit code; 77: no namespace.
 template <typename Body>
-int withPrivateDevShm(Body body) {
+int withPrivateDevShm(Body body, const char* mountOptions = "size=16m") {
   const pid_t pid = fork();
   if (pid == 0) {
     if (unshare(CLONE_NEWNS) != 0 || mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
-        mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=16m") != 0)
+        mount("tmpfs", "/dev/shm", "tmpfs", 0, mountOptions) != 0)
       _exit(77);
     _exit(body());
   }
@@ -157,50 +157,39 @@ TEST(ShmSegment, ASegmentPastTheFileSizeLimitIsAnErrorNotSigxfsz) {
 // More than /dev/shm holds: an error naming /dev/shm, not a segment whose first store raises
 // SIGBUS. In a child with a mount namespace of its own and a 16 MiB /dev/shm (needs root).
 TEST(ShmSegment, MoreThanDevShmHoldsIsAnErrorNotABusError) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    if (unshare(CLONE_NEWNS) != 0 || mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
-        mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=16m") != 0)
-      _exit(77);
+  const int rc = withPrivateDevShm([] {
     const std::string name = "/shardcomm." + std::to_string(getpid()) + ".too_big.g1";
     auto seg = libcomm::shm::Segment::create(name, 64 << 20);
     if (seg.isOk()) {
       memset(seg.value().data(), 1, seg.value().size());  // SIGBUS before the fix
-      _exit(1);
+      return 1;
     }
-    _exit(seg.status().message().find("/dev/shm") != std::string::npos ? 0 : 2);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) GTEST_SKIP() << "no private mount namespace here (not root?)";
-  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: the segment was made; 2: the error does not name /dev/shm";
+    return seg.status().message().find("/dev/shm") != std::string::npos ? 0 : 2;
+  });
+  if (rc == 77) GTEST_SKIP() << "no private mount namespace here (not root?)";
+  EXPECT_EQ(rc, 0) << "1: the segment was made; 2: the error does not name /dev/shm; 128 + n: killed by signal n";
 }
 
 // A /dev/shm out of inodes (room left, no names): the error says to look at inodes, where it said
 // only "No space left on device" (a resource-exhaustion review).
 TEST(ShmSegment, ADevShmOutOfInodesIsSaidSo) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    if (unshare(CLONE_NEWNS) != 0 || mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
-        mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=16m,nr_inodes=4") != 0)
-      _exit(77);
-    std::vector<libcomm::shm::Segment> kept;
-    for (int i = 0; i < 8; ++i) {
-      auto seg = libcomm::shm::Segment::create(
-          "/shardcomm." + std::to_string(getpid()) + ".inodes.g" + std::to_string(i), 4096);
-      if (!seg.isOk())
-        _exit(seg.status().message().find("out of inodes (df -h /dev/shm; df -i /dev/shm)") != std::string::npos ? 0
-                                                                                                                 : 2);
-      kept.push_back(std::move(seg).value());
-    }
-    _exit(1);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) GTEST_SKIP() << "no private mount namespace here (not root?)";
-  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: every segment was made; 2: the error does not mention inodes";
+  const int rc = withPrivateDevShm(
+      [] {
+        std::vector<libcomm::shm::Segment> kept;
+        for (int i = 0; i < 8; ++i) {
+          auto seg = libcomm::shm::Segment::create(
+              "/shardcomm." + std::to_string(getpid()) + ".inodes.g" + std::to_string(i), 4096);
+          if (!seg.isOk())
+            return seg.status().message().find("out of inodes (df -h /dev/shm; df -i /dev/shm)") != std::string::npos
+                       ? 0
+                       : 2;
+          kept.push_back(std::move(seg).value());
+        }
+        return 1;
+      },
+      "size=16m,nr_inodes=4");
+  if (rc == 77) GTEST_SKIP() << "no private mount namespace here (not root?)";
+  EXPECT_EQ(rc, 0) << "1: every segment was made; 2: the error does not mention inodes";
 }
 
 // A descriptor for the new segment but none for checking that the name is still ours (EMFILE):
