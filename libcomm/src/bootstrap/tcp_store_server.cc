@@ -109,11 +109,24 @@ std::string whatListensAt(const std::string& host, int port, const std::string& 
       whose = Whose::kAnotherJob;
     }
   }
+  if (whose == Whose::kThisJob) {
+    // A second process of rank 0 (or hosting the store): two runs share this address and secret,
+    // and the store's ranks may be of both. It is told to stop the job, as a second process of any
+    // other rank stops it (the store's poisonWith).
+    char hostName[256] = "?";
+    gethostname(hostName, sizeof(hostName) - 1);
+    WireWriter stop;
+    stop.bytes(std::string(kStopKey))
+        .bytes(detail::strCat("a second process hosting this job's store (pid ", getpid(), " on ", hostName,
+                              ") found it taken"));
+    if (sendFrame(*fd, MsgType::kSet, stop.take(), by, "probe").isOk()) (void)recvFrame(*fd, by, "probe", 64);
+  }
   closeWithoutTimeWait(*fd);
   switch (whose) {
     case Whose::kThisJob:
       return "this job's libcomm TCP store listens there already (it knows this job's secret): another process of "
-             "this job hosts it (two processes with rank 0, or LIBCOMM_HOST_STORE=1 on more than one)";
+             "this job hosts it (two processes with rank 0, or LIBCOMM_HOST_STORE=1 on more than one); the job "
+             "that store serves is stopped";
     case Whose::kAnotherJob:
       return "another job's libcomm TCP store listens there (it refused this job's secret): give this job another "
              "port in LIBCOMM_STORE_ADDR";
@@ -223,10 +236,16 @@ class Server final : public TcpStoreServer {
   // the pair ran to PASS; a multi-tenant review): every request of every connection, parked gets
   // too, and every rank that comes later, is answered with this error. Returns it.
   const std::string& poisonFor(int32_t rank, const std::string& second, const std::string& holder) {
+    return poisonWith(
+        detail::strCat("two processes claimed rank ", rank, " of this job (", holder, ", then ", second, ")"));
+  }
+
+  // `what` happened (two processes of one rank): the job is stopped with it and why that is.
+  const std::string& poisonWith(const std::string& what) {
     if (!poisoned_.empty()) return poisoned_;
     poisoned_ = detail::strCat(
-        "two processes claimed rank ", rank, " of this job (", holder, ", then ", second,
-        "): two runs share this store (one address and one job secret: a script started twice, or torchrun's "
+        what,
+        ": two runs share this store (one address and one job secret: a script started twice, or torchrun's "
         "default run id 'none' taken for the secret), and its ranks may be of both; the store stops the job rather "
         "than let them mix -- give each run its own port (LIBCOMM_STORE_ADDR, MASTER_PORT) or LIBCOMM_SECRET");
     LIBCOMM_LOG(kError, "boot") << "tcp store " << host_ << ":" << port_ << ": " << poisoned_;
@@ -559,6 +578,10 @@ class Server final : public TcpStoreServer {
         return;
       }
       case MsgType::kSet:
+        if (req.key == kStopKey) {  // from an authenticated client of this job (whatListensAt's)
+          poisonWith(detail::printable(req.value.substr(0, 512)));
+          return send(c, MsgType::kOk, "");
+        }
         if (!poisoned_.empty()) return send(c, MsgType::kError, poisoned_);
         return state_.set(c.id, req.key, std::move(req.value));
       case MsgType::kDelete:

@@ -134,6 +134,9 @@ inline constexpr uint32_t kMaxHandshakeReply = 4096;
 /// (too many connections in their handshake: TcpStoreOptions::maxHandshakes): the client tries
 /// again, where any other refusal is final.
 inline constexpr std::string_view kStoreBusy = "busy:";
+// A key no bootstrap sets: its set asks the store to stop the job, the value saying why. A second
+// process of rank 0 sends it to the store it found its job's (two runs share one address and secret).
+inline constexpr std::string_view kStopKey = "\x01stop";
 Status recvAll(int fd, void* data, size_t n, Deadline deadline, const std::string& what);
 Status sendFrame(int fd, MsgType type, std::string_view payload, Deadline deadline, const std::string& what);
 /// One frame; a payload announced longer than `maxPayload` is kRemoteError before any of it is
