@@ -113,20 +113,30 @@ TEST(ShmSegment, AFifoOrAnotherUsersFileUnderAFreedNameIsNoSegment) {
             std::string::npos)
       << opened.status().toString();
   unlink(path.c_str());
-  if (geteuid() != 0) return;  // the rest needs a file owned by another user
+  if (geteuid() != 0) return;  // the rest needs two users
+  // Another user's file under the name (here root's, seen by a process of uid 65534): not taken for
+  // the segment, nor for the name being free -- a sweep lists it, a mapping says whose it is.
   const int fd = open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0666);
   ASSERT_GE(fd, 0) << strerror(errno);
   ASSERT_EQ(ftruncate(fd, 4096), 0);
   close(fd);
-  ASSERT_EQ(chown(path.c_str(), 65534, 65534), 0);
-  there = libcomm::shm::Segment::exists(name);
-  ASSERT_TRUE(there.isOk()) << there.status().toString();
-  EXPECT_FALSE(there.value());
-  opened = libcomm::shm::Segment::open(name);
+  ASSERT_EQ(chmod(path.c_str(), 0666), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (setresgid(65534, 65534, 65534) != 0 || setresuid(65534, 65534, 65534) != 0) _exit(90);
+    auto seen = libcomm::shm::Segment::exists(name);
+    if (seen.isOk()) _exit(91);  // neither there nor gone: cannot tell
+    auto mapped = libcomm::shm::Segment::open(name);
+    if (mapped.isOk()) _exit(92);
+    _exit(mapped.status().message().find("is no segment of this job: a file of uid 0") != std::string::npos ? 0 : 93);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
   unlink(path.c_str());
-  ASSERT_FALSE(opened.isOk());
-  EXPECT_NE(opened.status().message().find("is no segment of this job: a file of uid 65534"), std::string::npos)
-      << opened.status().toString();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  // Root itself meets any user's segments (its sweep, its ranks beside other users'): it maps it.
+  EXPECT_TRUE(libcomm::shm::Segment::exists(name).isOk());
 }
 
 // A segment past the process's file-size limit (ulimit -f): its reservation raised SIGXFSZ, which
@@ -367,6 +377,28 @@ TEST(ShmHygiene, RunsInPidNamespacesSharingDevShmNeverMeet) {
   if (rc == 77) GTEST_SKIP() << "no private mount namespace here (not root?)";
   if (rc == 78) GTEST_SKIP() << "unshare(CLONE_NEWPID) refused (not root?)";
   EXPECT_EQ(rc, 0) << "3: set-up failed; 5: a child died; 6: the names met; 7: the sweep left the killed run's";
+}
+
+// One of this process's own names taken by a dead process's segment (the same pid in an earlier
+// pid namespace whose inode the kernel handed out again: 18 of 19 namespaces made 50 ms apart got
+// the one before's, a review found): removed, as a sweep would once its owner's lock is free, and
+// made again -- not "File exists". A held one is left, and said so.
+TEST(ShmSegment, AnOwnNameADeadProcessLeftIsMadeAgain) {
+  const int rc = withPrivateDevShm([] {
+    const std::string name = libcomm::shm::segmentPrefix("reused", 0, 0) + ".ctl";
+    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);  // nobody holds its lock
+    if (fd < 0 || ftruncate(fd, 4096) != 0) return 3;
+    close(fd);
+    auto seg = libcomm::shm::Segment::create(name, 64);
+    if (!seg.isOk()) {
+      std::fprintf(stderr, "%s\n", seg.status().toString().c_str());
+      return 4;
+    }
+    auto again = libcomm::shm::Segment::create(name, 64);  // this time a live owner (this process) holds it
+    return !again.isOk() && again.status().message().find("File exists") != std::string::npos ? 0 : 5;
+  });
+  if (rc == 77) GTEST_SKIP() << "no private mount namespace here (not root?)";
+  EXPECT_EQ(rc, 0) << "3: set-up failed; 4: the dead process's name was not made again; 5: a live one's was";
 }
 
 // The owner's lock goes with the owner: a killed owner's segment is removed although a peer still

@@ -41,6 +41,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -110,11 +111,38 @@ uint64_t randomTmpStart() {
   return r & ((uint64_t{1} << 61) - 1);
 }
 
+// The owner a file of this job shows in store directory `dir`, or -1 where any owner will do: a
+// directory no other user may write (the job's own, or its group's) holds no other user's files,
+// and on a shared file system the owner a process sees need not be its uid (NFS's root squash
+// shows root's files as nobody's, a CIFS mount shows every file as its mount option's uid). In a
+// directory every user may write (sticky: /tmp) it is what a file this process creates there
+// shows, learnt once per directory from a probe file.
+long ownerToExpect(const std::string& dir) {
+  static std::mutex mu;
+  static std::map<std::string, long> known;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = known.find(dir); it != known.end()) return it->second;
+  long owner = -1;
+  struct stat st;
+  if (stat(dir.c_str(), &st) == 0 && (st.st_mode & S_IWOTH)) {
+    owner = static_cast<long>(geteuid());
+    const std::string probe = dir + "/.shardcomm-owner-probe." + std::to_string(getpid()) + "." + boot::randomHex(8);
+    const int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      if (fstat(fd, &st) == 0) owner = static_cast<long>(st.st_uid);
+      close(fd);
+      unlink(probe.c_str());
+    }
+  }
+  known[dir] = owner;
+  return owner;
+}
+
 // Opens a file of the store that already exists: never through a symbolic link, never blocking (a
-// FIFO under the name would hold an O_RDONLY open for ever), and only a regular file of this
-// process's user -- another user may create any name in a shared sticky directory, and the store
-// could not tell a forged file from a rank's. -1 where nothing is there (ENOENT); an error naming
-// what is there otherwise.
+// FIFO under the name would hold an O_RDONLY open for ever), and only a regular file -- of this
+// process's user where other users may write the directory (ownerToExpect), since one of them may
+// create any name in a shared sticky directory and the store could not tell a forged file from a
+// rank's. -1 where nothing is there (ENOENT); an error naming what is there otherwise.
 Result<int> openOwnFile(const std::string& path, int flags, int rank) {
   const int fd = open(path.c_str(), flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
   if (fd < 0) {
@@ -126,13 +154,16 @@ Result<int> openOwnFile(const std::string& path, int flags, int rank) {
                      boot::errnoText(errno));
   }
   struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+  const size_t slash = path.rfind('/');
+  const long owner = ownerToExpect(slash == std::string::npos ? "." : path.substr(0, slash));
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (owner >= 0 && static_cast<long>(st.st_uid) != owner)) {
     const bool known = fstat(fd, &st) == 0;
     close(fd);
     return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank, ": ", path, " is not a file of this job",
-                     known ? detail::strCat(" (", S_ISREG(st.st_mode) ? "a file" : "not a regular file", " of uid ",
-                                            st.st_uid, "; this process's uid is ", geteuid(), ")")
-                           : std::string(),
+                     known
+                         ? detail::strCat(" (", S_ISREG(st.st_mode) ? "a file" : "not a regular file", " of uid ",
+                                          st.st_uid, "; this job's files show uid ", owner < 0 ? geteuid() : owner, ")")
+                         : std::string(),
                      ": another user of the directory put it there? Use a directory only the job's user can "
                      "write (mkdir -m 700), or the TCP store (LIBCOMM_STORE_ADDR)");
   }
@@ -799,6 +830,10 @@ Result<int> makeClaim(const std::string& dir, const std::string& jobId, const st
     err = errno ? errno : EIO;
   else if (link(tmp.c_str(), claim.c_str()) != 0)
     err = errno;
+  // NFS may answer a retransmitted link that had succeeded with EEXIST: then the temporary has
+  // two names, and the claim is ours.
+  struct stat linked;
+  if (err == EEXIST && fstat(fd, &linked) == 0 && linked.st_nlink == 2) err = 0;
   unlink(tmp.c_str());
   if (err == 0) return fd;
   close(fd);
@@ -817,7 +852,9 @@ Result<int> makeClaim(const std::string& dir, const std::string& jobId, const st
     }
   }
   struct stat st;
-  if (err == EEXIST && lstat(claim.c_str(), &st) == 0 && (!S_ISREG(st.st_mode) || st.st_uid != geteuid()))
+  const long owner = ownerToExpect(dir);
+  if (err == EEXIST && lstat(claim.c_str(), &st) == 0 &&
+      (!S_ISREG(st.st_mode) || (owner >= 0 && static_cast<long>(st.st_uid) != owner)))
     return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank, " of job ", jobId, " in ", dir, ": ",
                      claim, " is taken by ", S_ISREG(st.st_mode) ? "a file" : "something other than a file", " of uid ",
                      st.st_uid, ", not by a rank of this job (this process's uid is ", geteuid(),
@@ -862,18 +899,22 @@ Result<std::unique_ptr<Bootstrap>> createFileBootstrap(const std::string& dir, c
   if (rank == 0) {
     const std::string lockPath = dir + "/" + jobId + ".lock";
     // Never through a link (one made the store create any file, as root), and only this user's.
-    const int made = open(lockPath.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (made >= 0) {
-      lockFd = made;
-    } else if (errno == EEXIST) {
-      LIBCOMM_ASSIGN_OR_RETURN(lockFd, openOwnFile(lockPath, O_RDWR, 0));
-    } else {
-      return makeError(StatusCode::kSystemError, "file bootstrap: rank 0 cannot create ", lockPath, ": ",
-                       boot::errnoText(errno));
+    // Created, or opened where it exists; one removed in between (an earlier run's rank 0 ending)
+    // is created again, a few times.
+    for (int attempt = 0; attempt < 8 && lockFd < 0; ++attempt) {
+      const int made = open(lockPath.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+      if (made >= 0) {
+        lockFd = made;
+      } else if (errno == EEXIST) {
+        LIBCOMM_ASSIGN_OR_RETURN(lockFd, openOwnFile(lockPath, O_RDWR, 0));
+      } else {
+        return makeError(StatusCode::kSystemError, "file bootstrap: rank 0 cannot create ", lockPath, ": ",
+                         boot::errnoText(errno));
+      }
     }
     if (lockFd < 0)
       return makeError(StatusCode::kSystemError, "file bootstrap: rank 0 cannot open ", lockPath,
-                       ": it went while being opened (removed by another process?)");
+                       ": it keeps going while being opened (removed by another process?)");
     if (flock(lockFd, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
       close(lockFd);

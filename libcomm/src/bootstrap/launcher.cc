@@ -503,8 +503,15 @@ Status launchLocal(const LocalLaunchOptions& options) {
   // The launcher and the store it hosts hold a few descriptors per rank (a pipe while it starts,
   // the store's connection to it, its side channels'): a soft limit below that (1024 is common) is
   // raised to what the hard limit allows, where a 1,000-rank launch ran out.
+  // Below one per rank and a few of its own the store cannot take every rank, whose starts would
+  // then wait for its challenge until their deadline: refused at once, naming the limit.
   if (struct rlimit lim; getrlimit(RLIMIT_NOFILE, &lim) == 0) {
     const rlim_t want = static_cast<rlim_t>(options.numRanks) * 4 + 64;
+    const rlim_t least = static_cast<rlim_t>(options.numRanks) + 16;
+    if (lim.rlim_max < least)
+      return makeError(StatusCode::kInvalidArgument, "launchLocal: ", options.numRanks, " ranks need at least ", least,
+                       " file descriptors here (the store holds one per rank), and RLIMIT_NOFILE's hard limit is ",
+                       lim.rlim_max, ": raise `ulimit -n`");
     if (lim.rlim_cur < want && lim.rlim_cur < lim.rlim_max) {
       const rlim_t was = lim.rlim_cur;
       lim.rlim_cur = std::min(want, lim.rlim_max);

@@ -175,6 +175,8 @@ class TcpBootstrap final : public Bootstrap {
         return makeError(StatusCode::kInvalidArgument, "tcp bootstrap: rank ", rank_, " has job id ", jobId_,
                          " but rank ", r, " has another one (store ", client_->address(), ")");
     }
+    // The job has formed: the store stops it no more for a second process of a rank (tcp_wire.h).
+    if (rank_ == 0) LIBCOMM_RETURN_IF_ERROR(client_->set(std::string(boot::kFormedKey), "", deadline));
     return Status::ok();
   }
 

@@ -109,6 +109,7 @@ std::string whatListensAt(const std::string& host, int port, const std::string& 
       whose = Whose::kAnotherJob;
     }
   }
+  bool stoppedIt = false;
   if (whose == Whose::kThisJob) {
     // A second process of rank 0 (or hosting the store): two runs share this address and secret,
     // and the store's ranks may be of both. It is told to stop the job, as a second process of any
@@ -119,14 +120,18 @@ std::string whatListensAt(const std::string& host, int port, const std::string& 
     stop.bytes(std::string(kStopKey))
         .bytes(detail::strCat("a second process hosting this job's store (pid ", getpid(), " on ", hostName,
                               ") found it taken"));
-    if (sendFrame(*fd, MsgType::kSet, stop.take(), by, "probe").isOk()) (void)recvFrame(*fd, by, "probe", 64);
+    if (sendFrame(*fd, MsgType::kSet, stop.take(), by, "probe").isOk()) {
+      Result<Frame> reply = recvFrame(*fd, by, "probe", 64);
+      stoppedIt = reply.isOk() && reply->type == MsgType::kOk && reply->payload == kStopped;
+    }
   }
   closeWithoutTimeWait(*fd);
   switch (whose) {
     case Whose::kThisJob:
       return "this job's libcomm TCP store listens there already (it knows this job's secret): another process of "
-             "this job hosts it (two processes with rank 0, or LIBCOMM_HOST_STORE=1 on more than one); the job "
-             "that store serves is stopped";
+             "this job hosts it (two processes with rank 0, or LIBCOMM_HOST_STORE=1 on more than one)" +
+             std::string(stoppedIt ? "; the job that store serves is stopped (its ranks may be of both runs)"
+                                   : "; its job had formed already and runs on (the previous run, ending?)");
     case Whose::kAnotherJob:
       return "another job's libcomm TCP store listens there (it refused this job's secret): give this job another "
              "port in LIBCOMM_STORE_ADDR";
@@ -203,21 +208,19 @@ class Server final : public TcpStoreServer {
   }
 
  private:
-  // For refusals(): a job whose rank keeps being refused waits for it until its deadline, and the
-  // reason is the store's, not the waiting rank's. Ranks that claim nothing (side channels) and
-  // claims past the first 16 ranks are counted only.
-  // At the process's soft limit of descriptors (EMFILE, one per connected rank): raises it to the
-  // hard limit once, as a program serving many clients does; true when there is room now.
+  // At the process's soft limit of descriptors (EMFILE, one per connected rank): doubles it, within
+  // the hard limit, as a program serving many clients does; true when there is room now. The
+  // process may be the user's rank 0, so it is said at WARN (descriptors past 1023 are out of
+  // select()'s reach, should the program use it).
   bool raiseDescriptorLimit() {
-    if (raisedLimit_) return false;
-    raisedLimit_ = true;
     struct rlimit lim;
     if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur >= lim.rlim_max) return false;
     const rlim_t was = lim.rlim_cur;
-    lim.rlim_cur = lim.rlim_max;
+    lim.rlim_cur = std::min(lim.rlim_max, std::max<rlim_t>(2 * was, 64));
     if (setrlimit(RLIMIT_NOFILE, &lim) != 0) return false;
-    LIBCOMM_LOG(kInfo, "boot") << "tcp store " << host_ << ":" << port_ << ": out of file descriptors at " << was
-                               << " (the soft RLIMIT_NOFILE); raised it to its hard limit, " << lim.rlim_max;
+    LIBCOMM_LOG(kWarn, "boot") << "tcp store " << host_ << ":" << port_ << ": out of file descriptors at " << was
+                               << " (the soft RLIMIT_NOFILE; it needs one per rank); raised it to " << lim.rlim_cur
+                               << " (hard limit " << lim.rlim_max << ")";
     return true;
   }
 
@@ -257,6 +260,9 @@ class Server final : public TcpStoreServer {
     return poisoned_;
   }
 
+  // For refusals(): a job whose rank keeps being refused waits for it until its deadline, and the
+  // reason is the store's, not the waiting rank's. Ranks that claim nothing (side channels) and
+  // claims past the first 16 ranks are counted only.
   void noteRefusal(int32_t rank, std::string why) {
     std::lock_guard<std::mutex> lock(refusedMu_);
     ++refused_;
@@ -557,8 +563,9 @@ class Server final : public TcpStoreServer {
           LIBCOMM_LOG(kWarn, "boot") << "tcp store " << host_ << ":" << port_ << ": refusing " << c.peer << ": rank "
                                      << claimed << " is already connected from " << holder;
           send(c, MsgType::kError,
-               "rank " + std::to_string(claimed) + " is already connected from " + holder + ": " +
-                   poisonFor(claimed, c.peer, holder));
+               "rank " + std::to_string(claimed) + " is already connected from " + holder +
+                   (formed_ ? std::string(" (its job has formed, and runs on)")
+                            : ": " + poisonFor(claimed, c.peer, holder)));
           noteRefusal(claimed, "a second process (" + c.peer + ") while " + holder + " holds it");
           c.closing = true;
           if (c.out.empty()) c.closed = true;
@@ -579,7 +586,13 @@ class Server final : public TcpStoreServer {
       }
       case MsgType::kSet:
         if (req.key == kStopKey) {  // from an authenticated client of this job (whatListensAt's)
+          if (formed_) return send(c, MsgType::kOk, "formed");
           poisonWith(detail::printable(req.value.substr(0, 512)));
+          return send(c, MsgType::kOk, kStopped);
+        }
+        if (req.key == kFormedKey) {
+          formed_ = true;
+          if (!poisoned_.empty()) return send(c, MsgType::kError, poisoned_);
           return send(c, MsgType::kOk, "");
         }
         if (!poisoned_.empty()) return send(c, MsgType::kError, poisoned_);
@@ -647,7 +660,6 @@ class Server final : public TcpStoreServer {
   std::map<int32_t, std::string> refusedByRank_;
   uint64_t descriptorPauses_ = 0;  // accepts paused for want of descriptors (under refusedMu_)
   std::string descriptorWhy_;      // the last such pause's reason (under refusedMu_)
-  bool raisedLimit_ = false;       // raiseDescriptorLimit tried (the store's thread only)
   std::thread thread_;
   uint64_t nextId_ = 1;
   Clock::time_point acceptPausedUntil_{};
@@ -655,6 +667,7 @@ class Server final : public TcpStoreServer {
   StoreState state_;
   std::map<int, uint64_t> rankConns_;  // rank -> its live connection
   std::string poisoned_;               // poisonFor: set once, answers everything after
+  bool formed_ = false;                // rank 0 set kFormedKey: every rank joined, none is stopped after
   std::deque<uint64_t> resume_;        // connections whose buffered frames may now be handled
   Clock::time_point strangerWindowStart_{};
   int strangerWarns_ = 0;

@@ -136,7 +136,13 @@ inline constexpr uint32_t kMaxHandshakeReply = 4096;
 inline constexpr std::string_view kStoreBusy = "busy:";
 // A key no bootstrap sets: its set asks the store to stop the job, the value saying why. A second
 // process of rank 0 sends it to the store it found its job's (two runs share one address and secret).
+// Answered kOk with kStopped, or with anything else where the job had formed (left running).
 inline constexpr std::string_view kStopKey = "\x01stop";
+inline constexpr std::string_view kStopped = "stopped";
+// Set by rank 0 once the hello is done: every rank has joined, so two runs' ranks can no longer
+// pair, and a second process of a rank (the next run of a script, on the same port, while this
+// one ends) is refused without stopping this job.
+inline constexpr std::string_view kFormedKey = "\x01formed";
 Status recvAll(int fd, void* data, size_t n, Deadline deadline, const std::string& what);
 Status sendFrame(int fd, MsgType type, std::string_view payload, Deadline deadline, const std::string& what);
 /// One frame; a payload announced longer than `maxPayload` is kRemoteError before any of it is

@@ -289,12 +289,16 @@ bool installOurs(struct sigaction* previous) {
   sigemptyset(&sa.sa_mask);
   if (sigaction(SIGBUS, &sa, previous) != 0) return false;
   if (oursInFront(sigaction)) return true;
+  // The C library by what holds getpid (glibc or musl alike); a lookup in its own handle finds its
+  // own sigaction, past any library loaded before it.
   static const SigactionFn libc = [] {
-    void* h = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
-    return h ? reinterpret_cast<SigactionFn>(dlsym(h, "sigaction")) : nullptr;
+    Dl_info info;
+    if (dladdr(reinterpret_cast<void*>(&getpid), &info) == 0 || info.dli_fname == nullptr) return SigactionFn{};
+    void* h = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+    return h ? reinterpret_cast<SigactionFn>(dlsym(h, "sigaction")) : SigactionFn{};
   }();
   if (libc && libc != &sigaction && libc(SIGBUS, &sa, previous) == 0 && oursInFront(libc)) return true;
-  errno = EPERM;
+  errno = ENOTSUP;  // said as "another library's sigaction kept it out" (ensureInstalled)
   return false;
 }
 
@@ -308,7 +312,10 @@ bool ensureInstalled() {
   if (const long page = sysconf(_SC_PAGESIZE); page > 0) gPageBytes = static_cast<uintptr_t>(page);
   if (!installOurs(&gPrevious)) {
     gInstallFailed = true;
-    LIBCOMM_LOG(kWarn, "mem") << "cannot install the SIGBUS handler (" << strerror(errno)
+    LIBCOMM_LOG(kWarn, "mem") << "cannot install the SIGBUS handler ("
+                              << (errno == ENOTSUP ? "another library's sigaction keeps it out, and the C library's "
+                                                     "own could not be found"
+                                                   : strerror(errno))
                               << "): a shared-memory segment cut short under the job ends the process unnamed";
     return false;
   }

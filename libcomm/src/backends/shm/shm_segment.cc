@@ -82,6 +82,37 @@ Status createError(const std::string& name, int err) {
                    "; this user cannot remove it (shm_cleanup neither): its owner or root must");
 }
 
+// One segment a sweep or a launcher would remove, unless its owner still maps it: opened, the
+// owner's lock taken (held: a live owner maps it, perhaps from another pid namespace, where the
+// name's pid means nothing here; EINVAL, no OFD locks before Linux 3.15: not held), checked to be
+// the file of that name still, and unlinked while locked, so that an owner that made it a moment
+// ago makes it again.
+struct Removal {
+  enum Kind { kRemoved, kGone, kHeld, kReplaced, kFailed } kind;
+  const char* what = "";  // kFailed: the step that failed, with `err`
+  int err = 0;
+};
+
+Removal removeUnlessHeld(const std::string& name) {
+  const int fd = openSegmentName(name, O_RDWR);
+  if (fd < 0)
+    return errno == ENOENT ? Removal{Removal::kGone}
+                           : Removal{Removal::kFailed, "opening it to see whether its owner still maps it", errno};
+  const int err = lockFile(fd, F_WRLCK, F_OFD_SETLK);
+  Removal r{Removal::kRemoved};
+  if (err == EAGAIN || err == EACCES) {
+    r = {Removal::kHeld};
+  } else if (const Result<bool> same = namesFile(name, fd); !same.isOk() || !same.value()) {
+    r = {Removal::kReplaced};  // another file of that name now, or one we cannot check: left alone
+  } else if (err != 0 && err != EINVAL) {
+    r = {Removal::kFailed, "locking it (F_OFD_SETLK)", err};
+  } else if (shm_unlink(name.c_str()) != 0) {
+    r = errno == ENOENT ? Removal{Removal::kGone} : Removal{Removal::kFailed, "unlinking it", errno};
+  }
+  close(fd);
+  return r;
+}
+
 // Opens a new segment holding the owner's lock. A sweep that opened the name between our O_EXCL
 // create and our lock may hold its exclusive lock, and unlinks the name before it lets go: we wait
 // for it (briefly: a sweep holds it for one unlink; a bound, so that a stopped sweep cannot hang
@@ -90,7 +121,19 @@ Status createError(const std::string& name, int err) {
 Result<int> createLocked(const std::string& name) {
   for (int attempt = 1;; ++attempt) {
     const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) return createError(name, errno);
+    if (fd < 0) {
+      const int err = errno;
+      // A name of this process's (its pid in its pid namespace) that exists already is a dead
+      // process's: the same pid in an earlier namespace whose inode this one reuses (the kernel
+      // hands freed namespace inodes out again). Removed as a sweep would -- only where its
+      // owner's lock is free, and only this user's (another's is said so: createError) -- and made
+      // again.
+      struct stat taken;
+      if (err == EEXIST && attempt < 3 && stat(("/dev/shm" + name).c_str(), &taken) == 0 && taken.st_uid == geteuid() &&
+          removeUnlessHeld(name).kind == Removal::kRemoved)
+        continue;
+      return createError(name, err);
+    }
     int err = lockFile(fd, F_RDLCK, F_OFD_SETLK);
     if (err == EACCES) err = EAGAIN;  // either means "held" (fcntl(2))
     for (int waited = 0; err == EAGAIN && waited < 1000; ++waited) {
@@ -222,9 +265,14 @@ int openSegmentName(const std::string& name, int flags) {
     errno = err;
     return -1;
   }
-  if (!S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+  if (!S_ISREG(st.st_mode)) {  // a FIFO or a device: nobody's segment
     close(fd);
     errno = ENOENT;
+    return -1;
+  }
+  if (st.st_uid != geteuid() && geteuid() != 0) {  // another user's file: not this job's (root's may be)
+    close(fd);
+    errno = EACCES;
     return -1;
   }
   return fd;
@@ -245,7 +293,7 @@ Result<Segment> Segment::open(const std::string& name, size_t bytes) {
   if (fd < 0) {
     const int err = errno;
     struct stat sb;
-    if (err == ENOENT && lstat(("/dev/shm" + name).c_str(), &sb) == 0)
+    if ((err == ENOENT || err == EACCES) && lstat(("/dev/shm" + name).c_str(), &sb) == 0)
       return makeError(StatusCode::kSystemError, "/dev/shm", name,
                        " is no segment of this job: ", S_ISREG(sb.st_mode) ? "a file" : "not even a regular file",
                        " of uid ", sb.st_uid, " (this process's: ", geteuid(), ") in place of one that is gone");
@@ -303,41 +351,6 @@ std::string segmentPrefix(const std::string& jobId, int rank, unsigned commIndex
   os << "/" << processJobPrefix(getpid(), jobId) << rank << ".c" << commIndex;
   return os.str();
 }
-
-namespace {
-
-// One segment a sweep or a launcher would remove, unless its owner still maps it: opened, the
-// owner's lock taken (held: a live owner maps it, perhaps from another pid namespace, where the
-// name's pid means nothing here; EINVAL, no OFD locks before Linux 3.15: not held), checked to be
-// the file of that name still, and unlinked while locked, so that an owner that made it a moment
-// ago makes it again.
-struct Removal {
-  enum Kind { kRemoved, kGone, kHeld, kReplaced, kFailed } kind;
-  const char* what = "";  // kFailed: the step that failed, with `err`
-  int err = 0;
-};
-
-Removal removeUnlessHeld(const std::string& name) {
-  const int fd = openSegmentName(name, O_RDWR);
-  if (fd < 0)
-    return errno == ENOENT ? Removal{Removal::kGone}
-                           : Removal{Removal::kFailed, "opening it to see whether its owner still maps it", errno};
-  const int err = lockFile(fd, F_WRLCK, F_OFD_SETLK);
-  Removal r{Removal::kRemoved};
-  if (err == EAGAIN || err == EACCES) {
-    r = {Removal::kHeld};
-  } else if (const Result<bool> same = namesFile(name, fd); !same.isOk() || !same.value()) {
-    r = {Removal::kReplaced};  // another file of that name now, or one we cannot check: left alone
-  } else if (err != 0 && err != EINVAL) {
-    r = {Removal::kFailed, "locking it (F_OFD_SETLK)", err};
-  } else if (shm_unlink(name.c_str()) != 0) {
-    r = errno == ENOENT ? Removal{Removal::kGone} : Removal{Removal::kFailed, "unlinking it", errno};
-  }
-  close(fd);
-  return r;
-}
-
-}  // namespace
 
 SweepResult removeJobSegments(const std::string& jobId, const std::vector<pid_t>& pids) {
   SweepResult result;
@@ -427,19 +440,17 @@ SweepResult sweepStaleSegments(bool verbose) {
     result.error = std::string("cannot open /dev/shm: ") + strerror(err) + " (errno " + std::to_string(err) + ")";
     return result;
   }
-  const std::string myTag = pidNamespaceTag();
   while (struct dirent* e = readdir(dir)) {
     const char* prefix = "shardcomm.";
     if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
     char* end = nullptr;
     long pid = strtol(e->d_name + strlen(prefix), &end, 10);
     if (pid <= 0 || !end || *end != '.') continue;
-    // A process of that pid may be the owner (of a library too old to take the lock): keep. Only
-    // where the pid is one of this namespace: a name of another (its tag) is decided by its lock.
-    const char* rest = end + 1;
-    const bool tagged = strncmp(rest, "pidns-", 6) == 0;
-    const bool ours = !tagged || (!myTag.empty() && strncmp(rest, myTag.c_str(), myTag.size()) == 0);
-    if (ours && pidRunsHere(pid)) continue;
+    // A process of that pid may be the owner (of a library too old to take the lock): keep. A
+    // tagged name is of a library that takes it, and its lock alone decides (its pid may be of
+    // another namespace, and namespace inodes are handed out again).
+    const bool tagged = strncmp(end + 1, "pidns-", 6) == 0;
+    if (!tagged && pidRunsHere(pid)) continue;
     const std::string name = std::string("/") + e->d_name;
     const std::string path = std::string("/dev/shm/") + e->d_name;
     auto skip = [&](const char* what, int err) {

@@ -115,8 +115,10 @@ bool ownerHoldsSegment(const std::string& name);
 /// shm_open of a segment name someone else made (never O_CREAT; `flags` O_RDONLY or O_RDWR), the
 /// descriptor or -1 with errno. It never blocks (O_NONBLOCK: a FIFO another user puts in /dev/shm
 /// under a freed name would hold an O_RDONLY open until a writer came, with no deadline), and it
-/// opens only a regular file of this process's user: anything else under the name is no segment of
-/// this job, and fails with ENOENT, as if the name were free (its segment is gone in any case).
+/// opens only a regular file: anything else under the name is nobody's segment, and fails with
+/// ENOENT, as if the name were free (its segment is gone in any case). Another user's file fails
+/// with EACCES (as a mode 0600 one does anyway), except for root, whose sweep and ranks may meet
+/// any user's.
 int openSegmentName(const std::string& name, int flags);
 
 }  // namespace libcomm::shm
