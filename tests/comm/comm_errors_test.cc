@@ -1533,15 +1533,23 @@ TEST(CommCreate, ARankThatCannotMakeItsHostChannelFailsItsPeersAtOnce) {
     libcomm::CommConfig config = quickConfig();
     config.initTimeout = libcomm::Milliseconds(60000);
     config.hostId = "hostchannel-" + std::to_string(ctx.rank);
-    // Rank 1's host channel names, taken (whichever communicator number this process is at).
+    // Rank 1's host channel names, taken (whichever communicator number this process is at) and
+    // held as a live owner holds its segment (a lock on it): a name of its own nobody holds would
+    // be taken for a dead process's and made again.
     std::vector<std::string> taken;
+    std::vector<int> held;
     if (ctx.rank == 1) {
       for (int k = 0; k < 64; ++k) {
         const std::string name =
             libcomm::shm::segmentPrefix(ctx.bootstrap.jobId(), 1, static_cast<unsigned>(k)) + ".h.ctl";
         const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
         if (fd >= 0) {
-          close(fd);
+          struct flock lock = {};
+          lock.l_type = F_RDLCK;
+          lock.l_whence = SEEK_SET;
+          if (fcntl(fd, F_OFD_SETLK, &lock) != 0)
+            return libcomm::makeError(StatusCode::kInternalError, "cannot lock ", name, ": ", strerror(errno));
+          held.push_back(fd);
           taken.push_back(name);
         }
       }
@@ -1549,6 +1557,7 @@ TEST(CommCreate, ARankThatCannotMakeItsHostChannelFailsItsPeersAtOnce) {
     const auto start = libcomm::Clock::now();
     auto comm = libcomm::Communicator::create(ctx.bootstrap, config);
     for (const std::string& name : taken) shm_unlink(name.c_str());
+    for (const int fd : held) close(fd);
     if (comm.isOk()) return libcomm::makeError(StatusCode::kInternalError, "the communicator was made");
     if (msSince(start) > 10000)
       return libcomm::makeError(StatusCode::kInternalError, "failed only after ", msSince(start),
