@@ -133,10 +133,13 @@ TEST(ShmSegment, AFifoOrAnotherUsersFileUnderAFreedNameIsNoSegment) {
   }
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
-  unlink(path.c_str());
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
-  // Root itself meets any user's segments (its sweep, its ranks beside other users'): it maps it.
-  EXPECT_TRUE(libcomm::shm::Segment::exists(name).isOk());
+  // Root's ranks no more (only root's sweep may open another user's: a root rank could otherwise
+  // be handed any user's file under a freed name).
+  ASSERT_EQ(chown(path.c_str(), 65534, 65534), 0);
+  EXPECT_FALSE(libcomm::shm::Segment::exists(name).isOk());
+  EXPECT_FALSE(libcomm::shm::Segment::open(name).isOk());
+  unlink(path.c_str());
 }
 
 // A segment past the process's file-size limit (ulimit -f): its reservation raised SIGXFSZ, which

@@ -86,9 +86,9 @@ Status makeDirs(const std::string& dir) {
   // review replaced a run's file as another user in a mode 0777 directory). A directory every user
   // may write is refused unless it is sticky (as /tmp: only a file's owner may remove or replace it);
   // there another user can still create any name first -- a file, a FIFO, a symbolic link -- so the
-  // store creates its files exclusively, never through a link, and reads only regular files of its
-  // own user (openOwnFile): such a name fails the job, naming it. The job's user's or group's
-  // directory is fine.
+  // store creates its files exclusively, never through a link, and reads only regular files, there
+  // only those showing the owner its own files show (openOwnFile, ownerToExpect): such a name fails
+  // the job, naming it. The job's user's or group's directory is fine (its group is trusted).
   if ((st.st_mode & S_IWOTH) && !(st.st_mode & S_ISVTX)) {
     char mode[8];
     std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
@@ -124,7 +124,8 @@ long ownerToExpect(const std::string& dir) {
   if (auto it = known.find(dir); it != known.end()) return it->second;
   long owner = -1;
   struct stat st;
-  if (stat(dir.c_str(), &st) == 0 && (st.st_mode & S_IWOTH)) {
+  if (stat(dir.c_str(), &st) != 0) return static_cast<long>(geteuid());  // not known yet: not cached
+  if (st.st_mode & S_IWOTH) {
     owner = static_cast<long>(geteuid());
     const std::string probe = dir + "/.shardcomm-owner-probe." + std::to_string(getpid()) + "." + boot::randomHex(8);
     const int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
@@ -830,10 +831,12 @@ Result<int> makeClaim(const std::string& dir, const std::string& jobId, const st
     err = errno ? errno : EIO;
   else if (link(tmp.c_str(), claim.c_str()) != 0)
     err = errno;
-  // NFS may answer a retransmitted link that had succeeded with EEXIST: then the temporary has
-  // two names, and the claim is ours.
-  struct stat linked;
-  if (err == EEXIST && fstat(fd, &linked) == 0 && linked.st_nlink == 2) err = 0;
+  // NFS may answer a retransmitted link that had succeeded with EEXIST: then the claim's name is
+  // this very file (its inode; a link count may be read from a stale cache), and the claim is ours.
+  struct stat linked, named;
+  if (err == EEXIST && fstat(fd, &linked) == 0 && lstat(claim.c_str(), &named) == 0 && linked.st_dev == named.st_dev &&
+      linked.st_ino == named.st_ino)
+    err = 0;
   unlink(tmp.c_str());
   if (err == 0) return fd;
   close(fd);
@@ -857,7 +860,7 @@ Result<int> makeClaim(const std::string& dir, const std::string& jobId, const st
       (!S_ISREG(st.st_mode) || (owner >= 0 && static_cast<long>(st.st_uid) != owner)))
     return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank, " of job ", jobId, " in ", dir, ": ",
                      claim, " is taken by ", S_ISREG(st.st_mode) ? "a file" : "something other than a file", " of uid ",
-                     st.st_uid, ", not by a rank of this job (this process's uid is ", geteuid(),
+                     st.st_uid, ", not by a rank of this job (whose files show uid ", owner,
                      "): another user of the directory put it there? Use a directory only the job's user can write");
   if (err == EEXIST) {
     // Two processes of one rank: two runs share this job id and directory (a script started twice),

@@ -505,10 +505,13 @@ Status launchLocal(const LocalLaunchOptions& options) {
   // raised to what the hard limit allows, where a 1,000-rank launch ran out.
   // Below one per rank and a few of its own the store cannot take every rank, whose starts would
   // then wait for its challenge until their deadline: refused at once, naming the limit.
+  bool ranksUseOurStore = true;  // unless options.env sends them to another store
+  for (const auto& [k, v] : options.env)
+    ranksUseOurStore = ranksUseOurStore && k != "LIBCOMM_STORE_ADDR" && k != "LIBCOMM_STORE_DIR";
   if (struct rlimit lim; getrlimit(RLIMIT_NOFILE, &lim) == 0) {
     const rlim_t want = static_cast<rlim_t>(options.numRanks) * 4 + 64;
     const rlim_t least = static_cast<rlim_t>(options.numRanks) + 16;
-    if (lim.rlim_max < least)
+    if (ranksUseOurStore && lim.rlim_max < least)
       return makeError(StatusCode::kInvalidArgument, "launchLocal: ", options.numRanks, " ranks need at least ", least,
                        " file descriptors here (the store holds one per rank), and RLIMIT_NOFILE's hard limit is ",
                        lim.rlim_max, ": raise `ulimit -n`");

@@ -176,7 +176,11 @@ class TcpBootstrap final : public Bootstrap {
                          " but rank ", r, " has another one (store ", client_->address(), ")");
     }
     // The job has formed: the store stops it no more for a second process of a rank (tcp_wire.h).
-    if (rank_ == 0) LIBCOMM_RETURN_IF_ERROR(client_->set(std::string(boot::kFormedKey), "", deadline));
+    // Its own second at least: the hello's last get may have been answered just past the deadline.
+    if (rank_ == 0)
+      LIBCOMM_RETURN_IF_ERROR(
+          client_->set(std::string(boot::kFormedKey), "",
+                       deadline.remaining() > Milliseconds(1000) ? deadline : Deadline::after(Milliseconds(1000))));
     return Status::ok();
   }
 

@@ -109,7 +109,7 @@ std::string whatListensAt(const std::string& host, int port, const std::string& 
       whose = Whose::kAnotherJob;
     }
   }
-  bool stoppedIt = false;
+  bool stoppedIt = false, formedIt = false;
   if (whose == Whose::kThisJob) {
     // A second process of rank 0 (or hosting the store): two runs share this address and secret,
     // and the store's ranks may be of both. It is told to stop the job, as a second process of any
@@ -123,6 +123,7 @@ std::string whatListensAt(const std::string& host, int port, const std::string& 
     if (sendFrame(*fd, MsgType::kSet, stop.take(), by, "probe").isOk()) {
       Result<Frame> reply = recvFrame(*fd, by, "probe", 64);
       stoppedIt = reply.isOk() && reply->type == MsgType::kOk && reply->payload == kStopped;
+      formedIt = reply.isOk() && reply->type == MsgType::kOk && reply->payload == "formed";
     }
   }
   closeWithoutTimeWait(*fd);
@@ -130,8 +131,9 @@ std::string whatListensAt(const std::string& host, int port, const std::string& 
     case Whose::kThisJob:
       return "this job's libcomm TCP store listens there already (it knows this job's secret): another process of "
              "this job hosts it (two processes with rank 0, or LIBCOMM_HOST_STORE=1 on more than one)" +
-             std::string(stoppedIt ? "; the job that store serves is stopped (its ranks may be of both runs)"
-                                   : "; its job had formed already and runs on (the previous run, ending?)");
+             std::string(stoppedIt  ? "; the job that store serves is stopped (its ranks may be of both runs)"
+                         : formedIt ? "; its job had formed already and runs on (the previous run, ending?)"
+                                    : "; whether that job was stopped, its store did not say");
     case Whose::kAnotherJob:
       return "another job's libcomm TCP store listens there (it refused this job's secret): give this job another "
              "port in LIBCOMM_STORE_ADDR";
@@ -249,8 +251,9 @@ class Server final : public TcpStoreServer {
     poisoned_ = detail::strCat(
         what,
         ": two runs share this store (one address and one job secret: a script started twice, or torchrun's "
-        "default run id 'none' taken for the secret), and its ranks may be of both; the store stops the job rather "
-        "than let them mix -- give each run its own port (LIBCOMM_STORE_ADDR, MASTER_PORT) or LIBCOMM_SECRET");
+        "default run id 'none' taken for the secret), and its ranks may be of both, or one run gave two processes "
+        "one rank (a rank taken from LOCAL_RANK?); the store stops the job rather than let them mix -- give each "
+        "run its own port (LIBCOMM_STORE_ADDR, MASTER_PORT) or LIBCOMM_SECRET, and each process its own rank");
     LIBCOMM_LOG(kError, "boot") << "tcp store " << host_ << ":" << port_ << ": " << poisoned_;
     for (auto& [id, conn] : conns_) {
       if (conn->closed || !conn->authed || !state_.parked(id)) continue;
@@ -586,13 +589,13 @@ class Server final : public TcpStoreServer {
       }
       case MsgType::kSet:
         if (req.key == kStopKey) {  // from an authenticated client of this job (whatListensAt's)
-          if (formed_) return send(c, MsgType::kOk, "formed");
+          if (formed_ && poisoned_.empty()) return send(c, MsgType::kOk, "formed");
           poisonWith(detail::printable(req.value.substr(0, 512)));
           return send(c, MsgType::kOk, kStopped);
         }
         if (req.key == kFormedKey) {
+          if (!poisoned_.empty()) return send(c, MsgType::kError, poisoned_);  // stopped: never formed
           formed_ = true;
-          if (!poisoned_.empty()) return send(c, MsgType::kError, poisoned_);
           return send(c, MsgType::kOk, "");
         }
         if (!poisoned_.empty()) return send(c, MsgType::kError, poisoned_);

@@ -57,8 +57,8 @@ int lockFile(int fd, short type, int cmd, short* found = nullptr) {
 // Whether `name` still names the file open as `fd`: false when the name is gone (ENOENT) or names
 // another file (a sweep unlinked it, and another process made a new one of the same name, in
 // between). Any other failure to tell (EMFILE, say) is an error: it says nothing about the name.
-Result<bool> namesFile(const std::string& name, int fd) {
-  const int named = openSegmentName(name, O_RDONLY);
+Result<bool> namesFile(const std::string& name, int fd, bool anyOwner = false) {
+  const int named = openSegmentName(name, O_RDONLY, anyOwner);
   if (named < 0) {
     if (errno == ENOENT) return false;
     return sysError("shm_open", name, errno);
@@ -93,8 +93,23 @@ struct Removal {
   int err = 0;
 };
 
-Removal removeUnlessHeld(const std::string& name) {
-  const int fd = openSegmentName(name, O_RDWR);
+// Whether this kernel has open-file-description locks (Linux 3.15 on): without them nothing tells
+// a live owner's segment from a dead one's but the pid in its name.
+bool ofdLocksWork() {
+  static const bool work = [] {
+    const int fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return true;  // cannot tell: as on every kernel of the last decade
+    short found = F_UNLCK;
+    const int err = lockFile(fd, F_RDLCK, F_OFD_GETLK, &found);
+    close(fd);
+    return err != EINVAL;
+  }();
+  return work;
+}
+
+// `anyOwner`: another user's segment may be removed too (root's sweep).
+Removal removeUnlessHeld(const std::string& name, bool anyOwner = false) {
+  const int fd = openSegmentName(name, O_RDWR, anyOwner);
   if (fd < 0)
     return errno == ENOENT ? Removal{Removal::kGone}
                            : Removal{Removal::kFailed, "opening it to see whether its owner still maps it", errno};
@@ -102,7 +117,7 @@ Removal removeUnlessHeld(const std::string& name) {
   Removal r{Removal::kRemoved};
   if (err == EAGAIN || err == EACCES) {
     r = {Removal::kHeld};
-  } else if (const Result<bool> same = namesFile(name, fd); !same.isOk() || !same.value()) {
+  } else if (const Result<bool> same = namesFile(name, fd, anyOwner); !same.isOk() || !same.value()) {
     r = {Removal::kReplaced};  // another file of that name now, or one we cannot check: left alone
   } else if (err != 0 && err != EINVAL) {
     r = {Removal::kFailed, "locking it (F_OFD_SETLK)", err};
@@ -129,8 +144,8 @@ Result<int> createLocked(const std::string& name) {
       // owner's lock is free, and only this user's (another's is said so: createError) -- and made
       // again.
       struct stat taken;
-      if (err == EEXIST && attempt < 3 && stat(("/dev/shm" + name).c_str(), &taken) == 0 && taken.st_uid == geteuid() &&
-          removeUnlessHeld(name).kind == Removal::kRemoved)
+      if (err == EEXIST && attempt < 3 && ofdLocksWork() && stat(("/dev/shm" + name).c_str(), &taken) == 0 &&
+          taken.st_uid == geteuid() && removeUnlessHeld(name).kind == Removal::kRemoved)
         continue;
       return createError(name, err);
     }
@@ -255,7 +270,7 @@ Result<Segment> Segment::create(const std::string& name, size_t bytes) {
   return s;
 }
 
-int openSegmentName(const std::string& name, int flags) {
+int openSegmentName(const std::string& name, int flags, bool anyOwner) {
   const int fd = shm_open(name.c_str(), flags | O_NONBLOCK, 0);
   if (fd < 0) return -1;
   struct stat st;
@@ -270,7 +285,7 @@ int openSegmentName(const std::string& name, int flags) {
     errno = ENOENT;
     return -1;
   }
-  if (st.st_uid != geteuid() && geteuid() != 0) {  // another user's file: not this job's (root's may be)
+  if (st.st_uid != geteuid() && !anyOwner) {  // another user's file: not this job's
     close(fd);
     errno = EACCES;
     return -1;
@@ -440,6 +455,8 @@ SweepResult sweepStaleSegments(bool verbose) {
     result.error = std::string("cannot open /dev/shm: ") + strerror(err) + " (errno " + std::to_string(err) + ")";
     return result;
   }
+  const std::string myTag = pidNamespaceTag();
+  const bool locks = ofdLocksWork();
   while (struct dirent* e = readdir(dir)) {
     const char* prefix = "shardcomm.";
     if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
@@ -448,22 +465,31 @@ SweepResult sweepStaleSegments(bool verbose) {
     if (pid <= 0 || !end || *end != '.') continue;
     // A process of that pid may be the owner (of a library too old to take the lock): keep. A
     // tagged name is of a library that takes it, and its lock alone decides (its pid may be of
-    // another namespace, and namespace inodes are handed out again).
+    // another namespace, and namespace inodes are handed out again) -- where the kernel has such
+    // locks; without them only the pid can tell, and only for a name of this namespace.
     const bool tagged = strncmp(end + 1, "pidns-", 6) == 0;
-    if (!tagged && pidRunsHere(pid)) continue;
+    if (!tagged || !locks) {
+      if (tagged && strncmp(end + 1, myTag.c_str(), myTag.size()) != 0) continue;
+      if (pidRunsHere(pid)) continue;
+    }
     const std::string name = std::string("/") + e->d_name;
     const std::string path = std::string("/dev/shm/") + e->d_name;
+    const std::string why =
+        tagged && locks ? std::string("its owner's lock is free") : "owner pid " + std::to_string(pid) + " is gone";
     auto skip = [&](const char* what, int err) {
       std::string reason = ownerOf(path) + what + ": " + strerror(err);
-      LIBCOMM_LOG(kInfo, "mem") << "left stale-looking segment " << name << " (owner pid " << pid
-                                << " not running here): " << reason;
+      // Another user's (not root): not this user's to judge, and a live one is the rule, not news.
+      if (err == EACCES || err == EPERM)
+        LIBCOMM_LOG(kDebug, "mem") << "left segment " << name << ": " << reason;
+      else
+        LIBCOMM_LOG(kInfo, "mem") << "left stale-looking segment " << name << ": " << reason;
       result.skipped.push_back({name, std::move(reason)});
     };
-    const Removal r = removeUnlessHeld(name);
+    const Removal r = removeUnlessHeld(name, geteuid() == 0);
     if (r.kind == Removal::kRemoved) {
       ++result.removed;
-      if (verbose) printf("removed %s (unused; owner pid %ld is gone)\n", name.c_str(), pid);
-      LIBCOMM_LOG(kInfo, "mem") << "removed stale segment " << name << " (owner pid " << pid << " is gone)";
+      if (verbose) printf("removed %s (unused: %s)\n", name.c_str(), why.c_str());
+      LIBCOMM_LOG(kInfo, "mem") << "removed stale segment " << name << " (" << why << ")";
     } else if (r.kind == Removal::kFailed) {
       skip(r.what, r.err);
     }

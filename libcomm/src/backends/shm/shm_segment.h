@@ -117,8 +117,8 @@ bool ownerHoldsSegment(const std::string& name);
 /// under a freed name would hold an O_RDONLY open until a writer came, with no deadline), and it
 /// opens only a regular file: anything else under the name is nobody's segment, and fails with
 /// ENOENT, as if the name were free (its segment is gone in any case). Another user's file fails
-/// with EACCES (as a mode 0600 one does anyway), except for root, whose sweep and ranks may meet
-/// any user's.
-int openSegmentName(const std::string& name, int flags);
+/// with EACCES (as a mode 0600 one does anyway) unless `anyOwner` (root's sweep: a rank never maps
+/// one, which root could otherwise be given under a freed, predictable name).
+int openSegmentName(const std::string& name, int flags, bool anyOwner = false);
 
 }  // namespace libcomm::shm
