@@ -139,6 +139,12 @@ long ownerToExpect(const std::string& dir) {
   return owner;
 }
 
+// Whether `st`, of a name in a store directory whose files show `owner` (ownerToExpect), is no file
+// of the store's: not a regular file, or another owner's where one is expected.
+bool notOurs(const struct stat& st, long owner) {
+  return !S_ISREG(st.st_mode) || (owner >= 0 && static_cast<long>(st.st_uid) != owner);
+}
+
 // Opens a file of the store that already exists: never through a symbolic link, never blocking (a
 // FIFO under the name would hold an O_RDONLY open for ever), and only a regular file -- of this
 // process's user where other users may write the directory (ownerToExpect), since one of them may
@@ -157,8 +163,7 @@ Result<int> openOwnFile(const std::string& path, int flags, int rank) {
   struct stat st;
   const size_t slash = path.rfind('/');
   const long owner = ownerToExpect(slash == std::string::npos ? "." : path.substr(0, slash));
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (owner >= 0 && static_cast<long>(st.st_uid) != owner)) {
-    const bool known = fstat(fd, &st) == 0;
+  if (const bool known = fstat(fd, &st) == 0; !known || notOurs(st, owner)) {
     close(fd);
     return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank, ": ", path, " is not a file of this job",
                      known
@@ -856,8 +861,7 @@ Result<int> makeClaim(const std::string& dir, const std::string& jobId, const st
   }
   struct stat st;
   const long owner = ownerToExpect(dir);
-  if (err == EEXIST && lstat(claim.c_str(), &st) == 0 &&
-      (!S_ISREG(st.st_mode) || (owner >= 0 && static_cast<long>(st.st_uid) != owner)))
+  if (err == EEXIST && lstat(claim.c_str(), &st) == 0 && notOurs(st, owner))
     return makeError(StatusCode::kSystemError, "file bootstrap: rank ", rank, " of job ", jobId, " in ", dir, ": ",
                      claim, " is taken by ", S_ISREG(st.st_mode) ? "a file" : "something other than a file", " of uid ",
                      st.st_uid, ", not by a rank of this job (whose files show uid ", owner,

@@ -409,6 +409,13 @@ class Server final : public TcpStoreServer {
     return true;
   }
 
+  // Answers a handshake with `why` and closes the connection once it is sent.
+  void refuse(Conn& c, const std::string& why) {
+    send(c, MsgType::kError, why);
+    c.closing = true;
+    if (c.out.empty()) c.closed = true;
+  }
+
   void drop(Conn& c, const std::string& why) {
     c.closed = true;
     if (!c.authed && !mayWarnAboutStranger()) return;
@@ -532,6 +539,10 @@ class Server final : public TcpStoreServer {
     StoreRequest req;
     Status parsed = parseStoreRequest(type, payload, &req);
     if (!parsed.isOk()) return drop(c, parsed.message());
+    // A stopped job's requests are all answered with why (poisonWith); a second stop is told so.
+    const bool request =
+        (type == MsgType::kSet && req.key != kStopKey) || type == MsgType::kDelete || type == MsgType::kGet;
+    if (!poisoned_.empty() && request) return send(c, MsgType::kError, poisoned_);
     switch (type) {
       case MsgType::kAuth: {
         if (c.authed) return drop(c, "malformed handshake");
@@ -551,10 +562,7 @@ class Server final : public TcpStoreServer {
                                                                        "job's store probing this port?)"))
                                        << ": wrong job secret";
           if (req.rank >= 0) noteRefusal(req.rank, "wrong job secret (from " + c.peer + ")");
-          send(c, MsgType::kError, "authentication failed: wrong job secret");
-          c.closing = true;
-          if (c.out.empty()) c.closed = true;
-          return;
+          return refuse(c, "authentication failed: wrong job secret");
         }
         int32_t claimed = req.rank;
         auto other = rankConns_.find(claimed);
@@ -565,21 +573,12 @@ class Server final : public TcpStoreServer {
           std::string holder = holderConn->second->peer;
           LIBCOMM_LOG(kWarn, "boot") << "tcp store " << host_ << ":" << port_ << ": refusing " << c.peer << ": rank "
                                      << claimed << " is already connected from " << holder;
-          send(c, MsgType::kError,
-               "rank " + std::to_string(claimed) + " is already connected from " + holder +
-                   (formed_ ? std::string(" (its job has formed, and runs on)")
-                            : ": " + poisonFor(claimed, c.peer, holder)));
           noteRefusal(claimed, "a second process (" + c.peer + ") while " + holder + " holds it");
-          c.closing = true;
-          if (c.out.empty()) c.closed = true;
-          return;
+          return refuse(c, "rank " + std::to_string(claimed) + " is already connected from " + holder +
+                               (formed_ ? std::string(" (its job has formed, and runs on)")
+                                        : ": " + poisonFor(claimed, c.peer, holder)));
         }
-        if (!poisoned_.empty() && claimed >= 0) {  // a rank of either run, come late
-          send(c, MsgType::kError, poisoned_);
-          c.closing = true;
-          if (c.out.empty()) c.closed = true;
-          return;
-        }
+        if (!poisoned_.empty() && claimed >= 0) return refuse(c, poisoned_);  // a rank of either run, come late
         c.authed = true;
         ++authedClients_;
         c.rank = claimed;
@@ -593,18 +592,14 @@ class Server final : public TcpStoreServer {
           poisonWith(detail::printable(req.value.substr(0, 512)));
           return send(c, MsgType::kOk, kStopped);
         }
-        if (req.key == kFormedKey) {
-          if (!poisoned_.empty()) return send(c, MsgType::kError, poisoned_);  // stopped: never formed
+        if (req.key == kFormedKey) {  // a stopped job never forms: answered above
           formed_ = true;
           return send(c, MsgType::kOk, "");
         }
-        if (!poisoned_.empty()) return send(c, MsgType::kError, poisoned_);
         return state_.set(c.id, req.key, std::move(req.value));
       case MsgType::kDelete:
-        if (!poisoned_.empty()) return send(c, MsgType::kError, poisoned_);
         return state_.remove(c.id, req.key);
       case MsgType::kGet:
-        if (!poisoned_.empty()) return send(c, MsgType::kError, poisoned_);
         return state_.get(c.id, std::move(req.keys), (req.flags & kTake) != 0,
                           Clock::now() + Milliseconds(req.timeoutMs));
       default:
