@@ -2,6 +2,7 @@
 
 #include "tinylm/config.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -128,6 +129,18 @@ MemoryLimit usableMemory(const std::string& root) {
     }
   }
   return limit;
+}
+
+std::optional<AddressSpace> addressSpaceLimit() {
+  struct rlimit as;
+  if (::getrlimit(RLIMIT_AS, &as) != 0 || as.rlim_cur == RLIM_INFINITY) return std::nullopt;
+  AddressSpace out;
+  out.limit = uint64_t(as.rlim_cur);
+  std::ifstream statm("/proc/self/statm");  // its first field: the pages mapped (VmSize)
+  uint64_t pages = 0;
+  const long pageSize = ::sysconf(_SC_PAGESIZE);
+  if (statm >> pages && pageSize > 0) out.mapped = pages * uint64_t(pageSize);
+  return out;
 }
 
 libcomm::Status checkMicroBatchTokens(const TinyLmConfig& cfg, uint64_t tokens, const std::string& flags, int ranksHere,

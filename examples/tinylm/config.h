@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,16 @@ struct MemoryLimit {
 /// (a container's or a batch job's limit sits at any of them). `root` prefixes /proc and /sys, for
 /// tests. bytes is UINT64_MAX when nothing can be told.
 MemoryLimit usableMemory(const std::string& root = "");
+
+/// This process's address-space limit (RLIMIT_AS, `ulimit -v`) and how much of it is mapped now
+/// (/proc/self/statm), or nothing without a limit. Each rank is a process of its own: what a rank
+/// allocates must fit in limit - mapped, whatever the machine's memory.
+struct AddressSpace {
+  uint64_t limit = 0;
+  uint64_t mapped = 0;
+  uint64_t left() const { return limit > mapped ? limit - mapped : 0; }
+};
+std::optional<AddressSpace> addressSpaceLimit();
 
 /// kInvalidArgument, saying `flags` first (where the tokens come from, e.g. "--seq-len 64 x 8
 /// sequences per rank and micro-batch"), unless a micro-batch of `tokens` tokens per rank fits:

@@ -210,8 +210,8 @@ int runRank(CliOptions o) {
     try {
       return runSharded(t, *boot);
     } catch (const std::bad_alloc&) {
-      // An allocation of a step failed (the set-up's memory check reads physical memory and the
-      // cgroup's limit, not the address-space limit): this rank's error, not std::terminate. Its
+      // An allocation of a step failed (the set-up's memory check counts the plan and the layers'
+      // activations, not every allocation of a step): this rank's error, not std::terminate. Its
       // communicators went with the unwinding, so its peers learn at once that it ended.
       struct rlimit as;
       const bool capped = getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY;

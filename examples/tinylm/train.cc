@@ -71,16 +71,25 @@ Status checkPlanFits(const TrainOptions& o, int world, const libshard::ShardPlan
   const uint64_t activations = layerMemoryBytes(o.model, maxMicroBatchTokens(o, world), plan.numCheckpointed() > 0);
   const int here = std::max(ranksHere, 1);
   const MemoryLimit memory = usableMemory();
-  const long double need =
-      (static_cast<long double>(plan.libshardBytes) + static_cast<long double>(activations)) * here;
-  if (need <= static_cast<long double>(memory.bytes)) return Status::ok();
+  const long double perRank = static_cast<long double>(plan.libshardBytes) + static_cast<long double>(activations);
   const TinyLmConfig& m = o.model;
-  return optionsError(
-      "--vocab ", m.vocab, " --dim ", m.dim, " --hidden ", m.hidden, " --layers ", m.layers, " at ", world,
-      world == 1 ? " rank" : " ranks", ": libshard's shards, buffers and optimizer state (", plan.libshardBytes >> 20,
-      " MiB per rank; tinylm --describe lists them) and the activations and scratch (", activations >> 20,
-      " MiB per rank)", here > 1 ? libcomm::detail::strCat(" x ", here, " ranks here") : std::string(), " exceed ",
-      memory.what, ": ", memory.bytes >> 20, " MiB");
+  const auto refuse = [&](const std::string& ranks, const std::string& limit) {
+    return optionsError("--vocab ", m.vocab, " --dim ", m.dim, " --hidden ", m.hidden, " --layers ", m.layers, " at ",
+                        world, world == 1 ? " rank" : " ranks", ": libshard's shards, buffers and optimizer state (",
+                        plan.libshardBytes >> 20, " MiB per rank; tinylm --describe lists them) and the activations",
+                        " and scratch (", activations >> 20, " MiB per rank)", ranks, " exceed ", limit);
+  };
+  if (perRank * here > static_cast<long double>(memory.bytes))
+    return refuse(here > 1 ? libcomm::detail::strCat(" x ", here, " ranks here") : std::string(),
+                  libcomm::detail::strCat(memory.what, ": ", memory.bytes >> 20, " MiB"));
+  // The address-space limit is each process's own: a rank's share against what it has left (this
+  // process's mappings so far count; what it maps later -- threads' stacks, allocator arenas -- is
+  // the margin the step's own out-of-memory error covers).
+  if (const std::optional<AddressSpace> as = addressSpaceLimit(); as && perRank > static_cast<long double>(as->left()))
+    return refuse(
+        "", libcomm::detail::strCat("what this process's address-space limit (ulimit -v: ", as->limit >> 20, " MiB, ",
+                                    as->mapped >> 20, " MiB of it mapped already) leaves: ", as->left() >> 20, " MiB"));
+  return Status::ok();
 }
 
 // The plan of `rank`; a --memory-budget it cannot meet is the flag's error, and so is a schedule

@@ -752,6 +752,34 @@ TEST(ScratchAcrossHosts, ScratchThatCannotGrowFailsTheCollectiveAndTellsThePeer)
   EXPECT_RANKS_OK(report);
 }
 
+// Registered memory past the address-space limit (ulimit -v): the error names the limit, where it
+// named only memory and vm.max_map_count (tinylm's set-up met it allocating AdamW state). Not under
+// sanitizers: their shadow memory needs the address space.
+TEST(RegisteredMemory, PastTheAddressSpaceLimitNamesIt) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "built with a sanitizer";
+#endif
+  RunOptions opts;
+  opts.mode = Mode::kProcesses;
+  opts.size = 1;
+  auto report = runRanks(opts, [](RankContext& ctx) -> Status {
+    LIBCOMM_ASSIGN_OR_RETURN(auto comm,
+                             libcomm::Communicator::create(ctx.bootstrap, faultConfig(ctx.rank, Placement::kOneHost)));
+    long pages = 0;
+    FILE* f = fopen("/proc/self/statm", "r");
+    if (f == nullptr || fscanf(f, "%ld", &pages) != 1) return libcomm::makeError(StatusCode::kInternalError, "statm");
+    fclose(f);
+    const rlim_t limit = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + (rlim_t{64} << 20);
+    const struct rlimit rl { limit, limit };
+    if (setrlimit(RLIMIT_AS, &rl) != 0) return libcomm::makeError(StatusCode::kInternalError, "setrlimit");
+    auto p = comm->allocRegistered(size_t{256} << 20);
+    if (p.isOk()) return libcomm::makeError(StatusCode::kInternalError, "256 MiB registered past a limit 64 MiB away");
+    return expectStatus(p.status(), StatusCode::kSystemError,
+                        {"allocRegistered", "Cannot allocate memory", "address-space limit (ulimit -v: "}, "rank 0");
+  });
+  EXPECT_RANKS_OK(report);
+}
+
 // Ranks of one host in different pid namespaces (containers that share /dev/shm and a host id but
 // not pids): a peer's pid names another process there, or none, so its liveness is judged by the
 // lock it holds on its control segment. A live peer that arrives late is waited for (it was taken

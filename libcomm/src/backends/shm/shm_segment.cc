@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,12 +23,17 @@ namespace {
 
 Status sysError(const char* what, const std::string& name, int err) {
   // What ran out, where the errno alone does not say (a resource-exhaustion review).
-  const char* hint = "";
-  if (err == ENOMEM && strcmp(what, "mmap") == 0)
-    hint =
-        " -- out of memory, or out of mappings: this process's count is capped by vm.max_map_count "
-        "(sysctl; each segment is one)";
-  else if (err == ENOSPC && strcmp(what, "shm_open") == 0)
+  std::string hint;
+  if (err == ENOMEM && strcmp(what, "mmap") == 0) {
+    struct rlimit as;
+    const bool capped = getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY;
+    hint = detail::strCat(
+        " -- out of memory",
+        capped ? detail::strCat(", past this process's address-space limit (ulimit -v: ", as.rlim_cur >> 20, " MiB)")
+               : std::string(),
+        ", or out of mappings: this process's count is capped by vm.max_map_count (sysctl; each segment "
+        "is one)");
+  } else if (err == ENOSPC && strcmp(what, "shm_open") == 0)
     hint = " -- /dev/shm is full, or out of inodes (df -h /dev/shm; df -i /dev/shm)";
   else if (err == EMFILE)
     hint = " -- this process is out of file descriptors (ulimit -n)";
