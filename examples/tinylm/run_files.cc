@@ -233,6 +233,25 @@ std::string stepCheckpointDir(const std::string& dir, uint64_t step) {
   return dir + "/" + name;
 }
 
+namespace {
+
+// The step of a directory named as stepCheckpointDir names them, and nothing for any other name:
+// "step-3", "step- 3", "step--1" or "step-+3" (which %llu reads as 3, 3, 2^64 - 1 and 3) are not
+// saves' names, and resolving one of them to step k's own name loaded another directory or none.
+std::optional<uint64_t> stepOfCheckpointName(const std::string& name) {
+  const size_t digits = name.size() - std::min<size_t>(name.size(), 5);
+  if (name.rfind("step-", 0) != 0 || digits < 8 || digits > 20 ||
+      name.find_first_not_of("0123456789", 5) != std::string::npos)
+    return std::nullopt;
+  errno = 0;
+  const unsigned long long k = std::strtoull(name.c_str() + 5, nullptr, 10);
+  if (errno == ERANGE || std::filesystem::path(stepCheckpointDir("", k)).filename().string() != name)
+    return std::nullopt;
+  return uint64_t(k);
+}
+
+}  // namespace
+
 std::string savedCheckpointDir(const TrainOptions& o, int step) {
   return o.saveEvery > 0 ? stepCheckpointDir(o.saveCheckpoint, static_cast<uint64_t>(step)) : o.saveCheckpoint;
 }
@@ -242,16 +261,14 @@ std::string resolveLoadCheckpoint(const std::string& dir) {
   std::error_code ec;
   if (dir.empty() || holdsCheckpoint(dir) || !fs::is_directory(dir, ec)) return dir;
   std::string best;
-  unsigned long long bestStep = 0;
+  uint64_t bestStep = 0;
   for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    unsigned long long k = 0;
-    char rest = 0;
-    if (name.rfind("step-", 0) != 0 || std::sscanf(name.c_str(), "step-%llu%c", &k, &rest) != 1) continue;
+    const std::optional<uint64_t> k = stepOfCheckpointName(e.path().filename().string());
+    if (!k) continue;
     if (!fs::exists(e.path() / libshard::kCheckpointIndexFile, ec)) continue;  // a save that did not finish
-    if (best.empty() || k > bestStep) {
-      best = stepCheckpointDir(dir, k);
-      bestStep = k;
+    if (best.empty() || *k > bestStep) {
+      best = stepCheckpointDir(dir, *k);
+      bestStep = *k;
     }
   }
   return best.empty() ? dir : best;
@@ -267,12 +284,9 @@ libcomm::Result<std::vector<std::string>> pruneStepCheckpoints(const std::string
   };
   std::vector<Step> steps;
   for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    unsigned long long k = 0;
-    char rest = 0;
-    if (name.rfind("step-", 0) != 0 || std::sscanf(name.c_str(), "step-%llu%c", &k, &rest) != 1) continue;
-    if (name != fs::path(stepCheckpointDir(dir, k)).filename().string()) continue;  // only names saves give
-    steps.push_back({k, e.path(), holdsCheckpoint(e.path().string())});
+    const std::optional<uint64_t> k = stepOfCheckpointName(e.path().filename().string());
+    if (!k) continue;  // only names saves give
+    steps.push_back({*k, e.path(), holdsCheckpoint(e.path().string())});
   }
   if (ec) return libcomm::makeError(StatusCode::kSystemError, "--keep-last: listing '", dir, "': ", ec.message());
   std::sort(steps.begin(), steps.end(), [](const Step& a, const Step& b) { return a.k > b.k; });

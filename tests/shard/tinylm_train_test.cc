@@ -603,6 +603,13 @@ TEST(TinyLmTrainThreads, SavesEveryNStepsAndResumesTheNewest) {
   EXPECT_FALSE(fs::exists(o.saveCheckpoint + "/" + libshard::kCheckpointClaimFile));
   // A later save that did not finish (shards, no index) is not the newest.
   fs::create_directories(tinylm::stepCheckpointDir(o.saveCheckpoint, 7));
+  // Nor is a complete one under a name no save gives (a copy, say): "step--1" was read as step
+  // 2^64 - 1 and resolved to step-18446744073709551615, which does not exist; "step-9" to the
+  // missing step-00000009.
+  for (const char* odd : {"step--1", "step-9", "step- 0000009", "step-+0000009", "step-00000009.bak"}) {
+    fs::create_directories(o.saveCheckpoint + "/" + odd);
+    std::ofstream(o.saveCheckpoint + "/" + odd + "/" + libshard::kCheckpointIndexFile) << "copy";
+  }
   EXPECT_EQ(tinylm::resolveLoadCheckpoint(o.saveCheckpoint), tinylm::stepCheckpointDir(o.saveCheckpoint, 5));
   EXPECT_EQ(tinylm::resolveLoadCheckpoint(tmp.sub("none")), tmp.sub("none"));
   TrainOptions resume = tinyOptions(Precision::kFp32, 6);
