@@ -10,7 +10,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -200,12 +202,25 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    // A whole number in [lo, hi], or the usage line (atoi read "8x" as 8 and "many" as 0).
+    long long n = 0;
+    auto number = [&](long long lo, long long hi) {
+      const std::string v = next();
+      char* end = nullptr;
+      errno = 0;
+      n = std::strtoll(v.c_str(), &end, 10);
+      return errno == 0 && end != v.c_str() && *end == '\0' && n >= lo && n <= hi;
+    };
     if (a == "--tls") o.tls = next();
-    else if (a == "--window") o.window = std::max(1, atoi(next().c_str()));
-    else if (a == "--total-mib") o.totalBytes = size_t(std::max(1, atoi(next().c_str()))) << 20;
-    else if (a == "--iters") o.iters = std::max(10, atoi(next().c_str()));
+    else if (a == "--window" && number(1, 1 << 20))
+      o.window = static_cast<int>(n);
+    else if (a == "--total-mib" && number(1, 1 << 20))
+      o.totalBytes = size_t(n) << 20;
+    else if (a == "--iters" && number(10, INT32_MAX))
+      o.iters = static_cast<int>(n);
     else {
-      fprintf(stderr, "usage: %s [--tls default|tcp] [--window N] [--total-mib N] [--iters N]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--tls default|tcp] [--window 1..2^20] [--total-mib 1..2^20] [--iters N >= 10]\n",
+              argv[0]);
       return 2;
     }
   }
