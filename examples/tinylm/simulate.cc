@@ -10,7 +10,6 @@
 
 namespace tinylm {
 
-using libcomm::Status;
 using libcomm::StatusCode;
 
 namespace {

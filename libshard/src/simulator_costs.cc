@@ -12,7 +12,6 @@
 
 namespace libshard {
 
-using libcomm::Status;
 using libcomm::StatusCode;
 
 namespace {

@@ -763,6 +763,39 @@ TEST(HostStreamReview, InlineStreamIsBusyWhileAnotherThreadRunsAnItem) {
   EXPECT_TRUE(s->query().isOk());
 }
 
+// A thread enqueueing on an inline stream while another thread's item runs waits at most the
+// stream's wait timeout, then gets kTimeout saying that an inline stream is for one thread (two
+// threads' collectives of two communicators on one inline stream waited out their op timeouts,
+// blaming a peer). The other thread's item is not disturbed.
+TEST(HostStreamReview, EnqueueBehindAnotherThreadsItemWaitsAtMostTheWaitTimeout) {
+  auto s = createInlineHostStream("shared", 200ms);
+  test::Gate gate;
+  std::atomic<bool> started{false};
+  auto item = gate.item();
+  Status first;
+  std::thread t([&] {
+    first = s->enqueueHost(
+        [&] {
+          started = true;
+          return item();
+        },
+        "long");
+  });
+  while (!started) std::this_thread::yield();
+  const auto start = Clock::now();
+  const Status second = s->enqueueHost([] { return Status::ok(); }, "second");
+  const auto waited = Clock::now() - start;
+  gate.open();
+  t.join();
+  EXPECT_EQ(second.code(), StatusCode::kTimeout) << second.toString();
+  EXPECT_NE(second.message().find("an inline stream is for one thread"), std::string::npos) << second.toString();
+  EXPECT_GE(waited, 150ms);
+  EXPECT_LT(waited, 5s);
+  EXPECT_TRUE(first.isOk()) << first.toString();
+  EXPECT_TRUE(s->asyncError().isOk()) << s->asyncError().toString();
+  EXPECT_TRUE(s->enqueueHost([] { return Status::ok(); }, "after").isOk());
+}
+
 // synchronize from one of the stream's own items would wait for itself: refused at once.
 TEST(HostStreamReview, SynchronizeFromItsOwnItemIsRefused) {
   for (bool threaded : {true, false}) {

@@ -9,6 +9,23 @@
 // events. For collectives that run concurrently, create a second Communicator on the same
 // Bootstrap.
 //
+// Threads: the order that must agree is the order of the calls on each rank, so a communicator's
+// collectives come from one thread, or from threads the program orders the same way on every rank
+// (waiting on each other). Threads that merely take turns -- under a mutex, say -- give each rank
+// the order its threads happened to run in: calls of the same shape then pair up across ranks
+// wrongly and their results are wrong with no error (the mismatch check compares shapes, not call
+// sites). The communicator warns once when its calls come from threads taking turns (three changes
+// of thread within 64 collectives); a thread of its own per communicator is the safe design. A call
+// made while another thread is inside one is refused (kInvalidUsage). Communicators are made on
+// one bootstrap one at a time, in the same order on every rank (a second creation on it from
+// another thread at once is refused, kInvalidUsage), and the first device collective that goes to
+// NCCL uses the bootstrap too (to share NCCL's id): keep other threads off it meanwhile. Thread-safe
+// at any time: abort(), asyncError(), the flight recorder's calls, isRegistered; registering and
+// freeing memory may run beside collectives. Destroy a communicator only after every call on it has
+// returned (to unblock one, call abort() first); a destructor that finds another thread inside a
+// call waits for it up to the op timeout, then aborts it. abort() takes locks and allocates: not
+// from a signal handler -- let the handler wake a thread (a pipe, an eventfd) that calls it.
+//
 // Memory: buffers from allocRegistered() are visible to the peers, and collectives whose input
 // lies in registered memory move each byte once (peers read it directly). Any other host buffer
 // works too, through a chunked staging copy. Device memory (cudaMalloc) registered with

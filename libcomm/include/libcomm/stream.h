@@ -77,8 +77,12 @@ std::unique_ptr<Stream> createHostStream(std::string name);
 /// anyway: it saves the hand-off to a progress thread (microseconds, more when that thread sleeps).
 /// Do not use it where the caller must keep going while a collective waits for its peers (e.g.
 /// collectives of two communicators called in different orders on different ranks). Items run one
-/// at a time even when several threads enqueue; enqueueing from inside an item is kInvalidUsage (a
-/// collective called there is refused before it takes a sequence number, as bad arguments are).
+/// at a time even when several threads enqueue -- but an inline stream is for one thread: an item
+/// another thread enqueues meanwhile waits for the running one at most `waitTimeout`, then fails
+/// with kTimeout (a collective so failed has its sequence number taken, and fails its
+/// communicator); the running item may be waiting for a peer that waits for the blocked one.
+/// Enqueueing from inside an item is kInvalidUsage (a collective called there is refused before it
+/// takes a sequence number, as bad arguments are).
 std::unique_ptr<Stream> createInlineHostStream(std::string name, Milliseconds waitTimeout = Milliseconds(600000));
 /// Creates an event usable with host streams (threaded or inline).
 std::unique_ptr<Event> createHostEvent();

@@ -322,6 +322,14 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   std::atomic<bool> finalized_{false};
   /// The thread inside submit() or finalize(), if any (core/caller_guard.h).
   std::atomic<std::thread::id> caller_{};
+  /// Notes the thread calling collective `seq` (under the caller slot) and warns once when the
+  /// communicator's collectives come from threads taking turns: its order then depends on how each
+  /// rank's threads ran, and same-shape calls pair up across ranks wrongly with no error.
+  void noteCallingThread(uint32_t seq);
+  std::thread::id lastCaller_{};       // under the caller slot
+  uint32_t callerSwitchSeqs_[3] = {};  // the seqs of the last three changes of calling thread
+  int callerSwitches_ = 0;
+  bool warnedCallerThreads_ = false;
   // The process that made the communicator. A forked child shares its shared memory but none of
   // its threads: it may not take part (it would act as this rank, unseen), and its copy's
   // destruction must not unlink or fail what the parent still uses.

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <set>
 
 #include "backends/cuda/device_path.h"
 #include "backends/nccl/nccl_path.h"
@@ -16,6 +18,7 @@
 #include "core/comm_impl.h"
 #include "core/cross_host.h"
 #include "core/log.h"
+#include "core/process_forks.h"
 #include "core/progress_board.h"
 #include "core/queued_collectives.h"
 #include "core/selector.h"
@@ -81,10 +84,49 @@ Status firstPeerFailure(int rank, int size, const Status& own, const char* step,
   return Status::ok();
 }
 
+// The bootstraps a communicator is being made on, process-wide. Two threads creating communicators
+// on one bootstrap at once interleave its exchanges: each read the other's replies ("malformed
+// reply", a shm_open of a name that was never made) or waited out its deadline, and a creation
+// could succeed on one rank and fail on another (found by a review of multi-threaded callers).
+class CreationOnBootstrap {
+ public:
+  explicit CreationOnBootstrap(const Bootstrap& b) : boot_(&b) {
+    std::lock_guard<std::mutex> lock(mu());
+    held_ = busy().insert(boot_).second;
+  }
+  ~CreationOnBootstrap() {
+    if (!held_) return;
+    std::lock_guard<std::mutex> lock(mu());
+    busy().erase(boot_);
+  }
+  CreationOnBootstrap(const CreationOnBootstrap&) = delete;
+  CreationOnBootstrap& operator=(const CreationOnBootstrap&) = delete;
+  bool held() const { return held_; }
+
+ private:
+  static std::mutex& mu() {
+    static auto* m = new std::mutex;  // never destroyed: a creation may outlive static destruction
+    return *m;
+  }
+  static std::set<const Bootstrap*>& busy() {
+    static auto* s = new std::set<const Bootstrap*>;
+    return *s;
+  }
+  const Bootstrap* boot_;
+  bool held_ = false;
+};
+
 }  // namespace
 
 Result<std::shared_ptr<Communicator::Impl>> Communicator::Impl::create(Bootstrap& bootstrap, const CommConfig& config,
                                                                        const Status& early) {
+  const CreationOnBootstrap creating(bootstrap);
+  if (!creating.held())
+    return makeError(StatusCode::kInvalidUsage, "rank ", bootstrap.rank(), ": creating a communicator on bootstrap (",
+                     bootstrap.describe(),
+                     ") while another thread of this process is creating one on it: their exchanges would "
+                     "interleave; create the communicators of one bootstrap one at a time, in the same order on "
+                     "every rank");
   // The built-in bootstraps check this; a Bootstrap of the application's own may not.
   if (bootstrap.size() < 1 || bootstrap.rank() < 0 || bootstrap.rank() >= bootstrap.size())
     return makeError(StatusCode::kInvalidArgument, "creating a communicator: the bootstrap (",
@@ -404,6 +446,25 @@ Communicator::~Communicator() {
     return;
   }
   if (!impl_) return;
+  // Outside the contract, as in finalize(): a thread still inside a collective call of this
+  // communicator (a program destroying it from another thread) would return through freed memory.
+  // Its call is waited for, then aborted; one that still does not leave keeps the internals.
+  std::optional<CallerGuard> caller(std::in_place, impl_->caller_, Deadline::after(impl_->config_.opTimeout));
+  if (caller->otherThread()) {
+    LIBCOMM_LOG(kWarn, "init") << "rank " << impl_->rank_
+                               << ": communicator destroyed while another thread is inside a collective call on it;"
+                                  " aborting its collectives";
+    impl_->abort("communicator destroyed while another thread was inside a collective call on it");
+    caller.emplace(impl_->caller_, Deadline::after(Milliseconds(2000)));
+    if (caller->otherThread()) {
+      LIBCOMM_LOG(kError, "init") << "rank " << impl_->rank_
+                                  << ": a collective call of another thread did not return after the abort; the "
+                                     "communicator's internals stay allocated for it";
+      caller.reset();
+      keepReachable(new std::shared_ptr<Impl>(std::move(impl_)));
+      return;
+    }
+  }
   // finalize() flushed or aborted already; else the own collectives are drained (or aborted) first,
   // so that another communicator's collective queued behind one of them on a stream can run.
   if (!impl_->finalized_.load()) {

@@ -54,6 +54,28 @@ Status Communicator::Impl::refuse(Status st) {
   return st;
 }
 
+void Communicator::Impl::noteCallingThread(uint32_t seq) {
+  const std::thread::id me = std::this_thread::get_id();
+  if (me == lastCaller_) return;
+  const bool first = lastCaller_ == std::thread::id();
+  lastCaller_ = me;
+  if (first) return;
+  // A hand-over (set-up on one thread, training on another, a last barrier back on the first) is
+  // a few changes far apart; threads that take turns change every few calls. Three changes within
+  // 64 collectives is the latter.
+  const uint32_t thirdLast = callerSwitchSeqs_[callerSwitches_ % 3];
+  callerSwitchSeqs_[callerSwitches_ % 3] = seq;
+  if (++callerSwitches_ < 3 || seq - thirdLast > 64 || warnedCallerThreads_) return;
+  warnedCallerThreads_ = true;
+  LIBCOMM_LOG(kWarn, "coll")
+      << "rank " << rank_ << ": the collectives of this communicator come from several threads taking turns (seq "
+      << seq << " from another thread than seq " << seq - 1 << ", the third change within " << seq - thirdLast
+      << "): every rank must issue them in the same order, and threads taking turns (under a mutex, say) give "
+         "each rank the order its threads happened to run in -- calls of the same shape then pair up across ranks "
+         "wrongly and their results are wrong with no error. Issue them from one thread, order the threads the "
+         "same way on every rank, or give each thread a communicator of its own";
+}
+
 Status Communicator::Impl::submit(CollArgs& args, Stream& stream) {
   if (inForkedChild()) return refuseInForkedChild(collName(args.kind));
   // Two threads at once would interleave taking sequence numbers and enqueueing (a later number
@@ -96,6 +118,7 @@ Status Communicator::Impl::submit(CollArgs& args, Stream& stream) {
                                   " refused: the communicator failed earlier: " + err.message());
   const uint32_t seq = nextSeq_.fetch_add(1) + 1;
   const uint64_t ordinal = ordinalsTaken_.fetch_add(1) + 1;
+  noteCallingThread(seq);
   args.refusedBefore = static_cast<uint16_t>(refusedBefore);
   inflight_.fetch_add(1);
   flight_->enqueued(args, seq, stream.name(), size_);

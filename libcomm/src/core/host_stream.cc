@@ -628,7 +628,7 @@ class InlineHostStream final : public Stream {
   Status record(Event& event) override {
     auto* host = dynamic_cast<HostEvent*>(&event);
     if (!host) return makeError(StatusCode::kInvalidArgument, "stream '", name_, "': record of a non-host event");
-    std::unique_lock<std::mutex> run;
+    std::unique_lock<std::timed_mutex> run;
     LIBCOMM_RETURN_IF_ERROR(enter(run, "record event"));
     auto rec = std::make_shared<RecordState>();
     rec->streamName = name_;
@@ -644,7 +644,7 @@ class InlineHostStream final : public Stream {
     auto rec = host->last();
     if (!rec || (rec->done.load(std::memory_order_acquire) && rec->status.isOk())) return Status::ok();
     LIBCOMM_RETURN_IF_ERROR(rec->refusedInForkedChild(detail::strCat("wait on inline stream '", name_, "'")));
-    std::unique_lock<std::mutex> run;
+    std::unique_lock<std::timed_mutex> run;
     LIBCOMM_RETURN_IF_ERROR(enter(run, "wait"));
     const uint64_t seq = ++items_;
     if (!asyncError().isOk()) return skipped(seq, "wait");
@@ -686,7 +686,7 @@ class InlineHostStream final : public Stream {
   template <typename Fn>
   Status runItem(const char* what, Fn& fn, bool* ran) {
     *ran = false;
-    std::unique_lock<std::mutex> run;
+    std::unique_lock<std::timed_mutex> run;
     LIBCOMM_RETURN_IF_ERROR(enter(run, what));
     const uint64_t seq = ++items_;
     if (failed_.load(std::memory_order_acquire)) return skipped(seq, what);
@@ -719,7 +719,7 @@ class InlineHostStream final : public Stream {
     if (runner_.load(std::memory_order_relaxed) == std::this_thread::get_id())
       return makeError(StatusCode::kInvalidUsage, "inline stream '", name_,
                        "': synchronize called from one of its own items (it would wait for itself)");
-    std::unique_lock<std::mutex> run(runMu_, std::defer_lock);
+    std::unique_lock<std::timed_mutex> run(runMu_, std::defer_lock);
     if (!pollUntil(deadline, [&] { return run.try_lock(); }))
       return makeError(StatusCode::kTimeout, "inline stream '", name_,
                        "': an item another thread runs did not finish by the deadline");
@@ -731,7 +731,7 @@ class InlineHostStream final : public Stream {
     // An item or a wait in progress holds runMu_ (never try_lock it on the thread that holds it).
     bool busy = runner_.load(std::memory_order_relaxed) == std::this_thread::get_id();
     if (!busy) {
-      std::unique_lock<std::mutex> run(runMu_, std::try_to_lock);
+      std::unique_lock<std::timed_mutex> run(runMu_, std::try_to_lock);
       busy = !run.owns_lock();
     }
     if (busy) return makeError(StatusCode::kInProgress, "inline stream '", name_, "': an item is running");
@@ -746,13 +746,20 @@ class InlineHostStream final : public Stream {
  private:
   // Serialises items; refuses re-entry from inside an item (which would deadlock on runMu_).
   // (runner_ is only ever this thread's id while this thread runs an item, so a relaxed load
-  // cannot see this thread's id spuriously.)
-  Status enter(std::unique_lock<std::mutex>& run, const char* what) {
+  // cannot see this thread's id spuriously.) Waiting for another thread's item is bounded by the
+  // stream's wait timeout: that item may wait for a peer that waits for this one (two
+  // communicators' collectives on one inline stream from two threads), and both waited out their
+  // op timeout, this one with no word of why.
+  Status enter(std::unique_lock<std::timed_mutex>& run, const char* what) {
     if (runningHere())
       return makeError(StatusCode::kInvalidUsage, "inline stream '", name_, "': '", what,
                        "' enqueued from inside one of its own items");
-    run = std::unique_lock<std::mutex>(runMu_);
-    return Status::ok();
+    run = std::unique_lock<std::timed_mutex>(runMu_, std::try_to_lock);
+    if (run.owns_lock() || run.try_lock_for(waitTimeout_)) return Status::ok();
+    return makeError(StatusCode::kTimeout, "inline stream '", name_, "': '", what, "' waited ", waitTimeout_.count(),
+                     " ms for an item another thread runs on the stream to finish: an inline stream is for one "
+                     "thread (its items run on the threads that enqueue them, one at a time); give each thread a "
+                     "stream of its own");
   }
   void setError(const Status& s) {
     if (s.isOk()) return;
@@ -765,7 +772,7 @@ class InlineHostStream final : public Stream {
 
   const std::string name_;
   const Milliseconds waitTimeout_;
-  mutable std::mutex runMu_;
+  mutable std::timed_mutex runMu_;
   std::atomic<std::thread::id> runner_{};
   uint64_t items_ = 0;  // under runMu_
   mutable std::mutex errMu_;
