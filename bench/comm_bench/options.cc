@@ -40,7 +40,8 @@ Runs:
   -d, --datatype float|bf16|all          input element type (default float; all: all)
   -O, --outtype same|float|bf16|all      reduce_scatter output type (default same as the input;
                           all: all). -d bf16 -O float = bf16 in, fp32 accumulation, fp32 out.
-                          fp32 in with bf16 out is refused by libcomm and skipped.
+                          fp32 in with bf16 out is refused by libcomm and skipped (a usage
+                          error, exit 2, where it is the only combination asked for).
                           -O is reduce_scatter's alone (all_reduce writes its input type).
   -o, --op sum|avg|premulsum|all         reduction of reduce_scatter and all_reduce (default sum);
                           premulsum multiplies by 1/3. Refused for all_gather alone.
@@ -58,7 +59,8 @@ Ranks:
                           environment (LIBCOMM_*, torchrun, Open MPI, Slurm); with none of
                           those set, this process runs alone as one rank
   -T, --timeout SEC       deadline of each collective (the communicator's op timeout), in seconds
-                          as nccl-tests' -T, or in milliseconds with 'ms' (-T 500ms); the
+                          as nccl-tests' -T (-T 30 or -T 30s), or in milliseconds with 'ms' (-T
+                          500ms); a bare value over 3600 is refused (write 7200s if meant); the
                           bootstrap and communicator creation get twice that, so that init outlasts
                           an op deadline (default: LIBCOMM_TIMEOUT_MS and LIBCOMM_INIT_TIMEOUT_MS).
                           With -np the launcher also stops a job that runs past the deadline times

@@ -274,6 +274,22 @@ std::string resolveLoadCheckpoint(const std::string& dir) {
   return best.empty() ? dir : best;
 }
 
+std::string resumedCheckpoint(const TrainOptions& o, bool* fresh) {
+  namespace fs = std::filesystem;
+  if (fresh) *fresh = false;
+  const std::string resolved = resolveLoadCheckpoint(o.loadCheckpoint);
+  if (o.loadCheckpoint.empty() || o.saveCheckpoint.empty() || holdsCheckpoint(resolved)) return resolved;
+  std::error_code e1, e2;
+  const auto canonical = [](const std::string& dir, std::error_code& ec) {
+    const fs::path p = fs::weakly_canonical(fs::absolute(dir), ec);
+    return p.has_filename() ? p : p.parent_path();  // "run/" is "run"
+  };
+  const fs::path load = canonical(o.loadCheckpoint, e1), save = canonical(o.saveCheckpoint, e2);
+  if (e1 || e2 || load != save) return resolved;
+  if (fresh) *fresh = true;
+  return std::string();
+}
+
 libcomm::Result<std::vector<std::string>> pruneStepCheckpoints(const std::string& dir, int keep, int saved) {
   namespace fs = std::filesystem;
   std::error_code ec;

@@ -205,7 +205,7 @@ Status agreeOnLoadedCheckpoint(const TrainOptions& o, libcomm::Bootstrap& boot,
           .withContext("resuming from '" + o.loadCheckpoint + "': comparing what each rank loaded"));
   auto text = [](const Loaded& l) {
     return libcomm::detail::strCat("the checkpoint at step ", l.step, " saved by ", l.worldSize,
-                                   " ranks (index crc32c ", crcText(l.indexCrc), ")");
+                                   l.worldSize == 1 ? " rank" : " ranks", " (index crc32c ", crcText(l.indexCrc), ")");
   };
   for (size_t r = 1; r < all.size(); ++r)
     if (all[r].indexCrc != all[0].indexCrc || all[r].step != all[0].step || all[r].worldSize != all[0].worldSize)
@@ -295,7 +295,7 @@ Status checkStepDirectories(const TrainOptions& o, int firstStep) {
 
 Status checkRunOptions(const TrainOptions& given, int worldSize, int ranksHere) {
   TrainOptions o = given;
-  o.loadCheckpoint = resolveLoadCheckpoint(given.loadCheckpoint);
+  o.loadCheckpoint = resumedCheckpoint(given);
   LIBCOMM_RETURN_IF_ERROR(validateTrainOptions(o, worldSize, ranksHere));
   if (!o.saveCheckpoint.empty()) LIBCOMM_RETURN_IF_ERROR(checkSaveDirectory(o.saveCheckpoint));
   uint64_t from = 0;
@@ -415,7 +415,8 @@ libshard::PlanOptions trainPlanOptions(const TrainOptions& o, int worldSize, int
 libcomm::Result<TrainResult> runSharded(const TrainOptions& given, libcomm::Bootstrap& boot,
                                         libcomm::Communicator& agComm, libcomm::Communicator& rsComm) {
   TrainOptions o = given;  // the checkpoint it resumes resolved (a directory of --save-every's)
-  o.loadCheckpoint = resolveLoadCheckpoint(given.loadCheckpoint);
+  bool freshStart = false;  // --load-checkpoint is --save-checkpoint, and nothing is saved there yet
+  o.loadCheckpoint = resumedCheckpoint(given, &freshStart);
   const int world = agComm.size(), rank = agComm.rank();
   LIBCOMM_RETURN_IF_ERROR(validateTrainOptions(o, world));
   if (&agComm == &rsComm || rsComm.size() != world || rsComm.rank() != rank || boot.size() != world ||
@@ -450,6 +451,9 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& given, libcomm::Boot
           notices.push_back("--save-checkpoint '" + o.saveCheckpoint + "': took over " + claim->replaced());
       }
     }
+    if (freshStart)
+      notices.push_back("--load-checkpoint '" + given.loadCheckpoint +
+                        "': no save there is complete yet (it is this run's --save-checkpoint): starting at step 0");
     if (!o.loadCheckpoint.empty()) {
       LIBCOMM_ASSIGN_OR_RETURN(const ResumePoint point, checkResume(o));
       resumeChanges = point.changed;
@@ -514,7 +518,8 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& given, libcomm::Boot
   if (!o.loadCheckpoint.empty()) {
     LIBCOMM_RETURN_IF_ERROR(agreeOnLoadedCheckpoint(o, boot, loaded));
     notices.insert(notices.begin(), libcomm::detail::strCat("loaded checkpoint '", o.loadCheckpoint, "': step ",
-                                                            loaded.step, ", saved by ", loaded.worldSize, " ranks in ",
+                                                            loaded.step, ", saved by ", loaded.worldSize,
+                                                            loaded.worldSize == 1 ? " rank in " : " ranks in ",
                                                             libshard::precisionName(loaded.precision)));
   }
   const libshard::ShardPlan& plan = result.plan;

@@ -324,6 +324,11 @@ std::string savedCheckpointDir(const TrainOptions& options, int step);
 /// exists) or holds no stepCheckpointDir ones; else the complete stepCheckpointDir(dir, k) of the
 /// largest k (a save that did not finish has no index and is passed over).
 std::string resolveLoadCheckpoint(const std::string& dir);
+/// The checkpoint a run with `options` resumes: resolveLoadCheckpoint(loadCheckpoint), or none ("")
+/// when loadCheckpoint names the run's own saveCheckpoint directory and no save there is complete
+/// yet -- a job requeued before its first save runs its one command line again (and a first run
+/// may use it too). *fresh (optional) tells that case.
+std::string resumedCheckpoint(const TrainOptions& options, bool* fresh = nullptr);
 
 /// Trains as rank agComm.rank() of agComm.size(). Collective over the two communicators (which
 /// must be distinct communicators of the same ranks, on `bootstrap`); every rank passes the same

@@ -626,6 +626,42 @@ TEST(TinyLmTrainThreads, SavesEveryNStepsAndResumesTheNewest) {
   EXPECT_TRUE(tinylm::isOptionsError(tinylm::checkRunOptions(again, 2, 2)));
 }
 
+// One command line for every start of a job (--load-checkpoint naming its own --save-checkpoint
+// directory): where no save there is complete yet -- the first start, or a job killed before its
+// first save was whole -- it starts at step 0. It was refused ("holds
+// no complete checkpoint"), so a requeued job failed until someone edited its command line (found
+// by a review that ran the README's commands). Another directory without a checkpoint is still an
+// error.
+TEST(TinyLmTrainThreads, ResumingFromItsOwnSaveDirectoryBeforeAnySaveStartsFresh) {
+  namespace fs = std::filesystem;
+  TempDir tmp;
+  TrainOptions o = tinyOptions(Precision::kFp32, 3);
+  o.saveCheckpoint = tmp.sub("run");
+  o.saveEvery = 2;
+  o.loadCheckpoint = o.saveCheckpoint + "/";  // spelt differently, the same directory
+  bool fresh = false;
+  EXPECT_EQ(tinylm::resumedCheckpoint(o, &fresh), "");
+  EXPECT_TRUE(fresh);
+  // What a job killed in its first save leaves (shards, no index).
+  fs::create_directories(tinylm::stepCheckpointDir(o.saveCheckpoint, 2));
+  const RunOutput first = train(o, 2, Mode::kThreads);
+  ASSERT_EQ(first.firstStep, 0);
+  ASSERT_EQ(first.steps, 3);
+  TrainOptions again = o;
+  again.steps = 5;
+  EXPECT_EQ(fs::path(tinylm::resumedCheckpoint(again, &fresh)).lexically_normal(),
+            fs::path(tinylm::stepCheckpointDir(o.saveCheckpoint, 3)).lexically_normal());
+  EXPECT_FALSE(fresh);
+  const RunOutput rest = train(again, 2, Mode::kThreads);
+  EXPECT_EQ(rest.firstStep, 3);
+  TrainOptions elsewhere = o;
+  elsewhere.loadCheckpoint = tmp.sub("other");
+  fs::create_directories(elsewhere.loadCheckpoint);
+  EXPECT_EQ(tinylm::resumedCheckpoint(elsewhere, &fresh), elsewhere.loadCheckpoint);
+  EXPECT_FALSE(fresh);
+  EXPECT_TRUE(tinylm::isOptionsError(tinylm::checkRunOptions(elsewhere, 2, 2)));
+}
+
 // --keep-last K: once a save is complete, the step checkpoints older than the newest K complete
 // ones go (a run of weeks saving every N steps filled its disk; found by a long-run review), an
 // older save that never finished with them; what saves do not name stays. The run's own end is the
