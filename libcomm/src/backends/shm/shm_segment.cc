@@ -79,8 +79,13 @@ Result<bool> namesFile(const std::string& name, int fd, bool anyOwner = false) {
 // A segment that could not be made. A name taken by another user's file is said so: neither this
 // user's shm_cleanup nor a retry can remove it (names hold the maker's pid, so it was made on
 // purpose, or the pid was reused across users).
-Status createError(const std::string& name, int err) {
+Status createError(const std::string& name, int err, bool liveHolder = false) {
   Status st = sysError("shm_open", name, err);
+  if (liveHolder)
+    return makeError(StatusCode::kSystemError, st.message(),
+                     ": a live process maps it (its lock is held): one of another job with this job id, whose "
+                     "process has this pid in a pid namespace of the same inode (containers sharing /dev/shm) -- "
+                     "give the jobs distinct job ids");
   struct stat sb;
   if (err != EEXIST || stat(("/dev/shm" + name).c_str(), &sb) != 0 || sb.st_uid == geteuid()) return st;
   return makeError(StatusCode::kSystemError, st.message(), ": /dev/shm", name, " belongs to uid ", sb.st_uid,
@@ -150,10 +155,11 @@ Result<int> createLocked(const std::string& name) {
       // owner's lock is free, and only this user's (another's is said so: createError) -- and made
       // again.
       struct stat taken;
+      Removal::Kind removal = Removal::kFailed;
       if (err == EEXIST && attempt < 3 && ofdLocksWork() && stat(("/dev/shm" + name).c_str(), &taken) == 0 &&
-          taken.st_uid == geteuid() && removeUnlessHeld(name).kind == Removal::kRemoved)
+          taken.st_uid == geteuid() && (removal = removeUnlessHeld(name).kind) == Removal::kRemoved)
         continue;
-      return createError(name, err);
+      return createError(name, err, removal == Removal::kHeld);
     }
     int err = lockFile(fd, F_RDLCK, F_OFD_SETLK);
     if (err == EACCES) err = EAGAIN;  // either means "held" (fcntl(2))
