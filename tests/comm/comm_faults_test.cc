@@ -712,6 +712,18 @@ std::vector<KillCase> killCases() {
 
 INSTANTIATE_TEST_SUITE_P(Seeds, RandomKill, ::testing::ValuesIn(killCases()), killCaseName);
 
+// Limits this process's address space (RLIMIT_AS) to what it maps now plus `headroom` bytes.
+Status capAddressSpace(size_t headroom) {
+  long pages = 0;
+  FILE* f = fopen("/proc/self/statm", "r");
+  if (f == nullptr || fscanf(f, "%ld", &pages) != 1) return libcomm::makeError(StatusCode::kInternalError, "statm");
+  fclose(f);
+  const rlim_t limit = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + headroom;
+  const struct rlimit rl { limit, limit };
+  if (setrlimit(RLIMIT_AS, &rl) != 0) return libcomm::makeError(StatusCode::kInternalError, "setrlimit");
+  return Status::ok();
+}
+
 // A scratch buffer that cannot grow (rank 0's address space is limited just before an fp64
 // all_reduce across hosts, whose scratch is three times its input): the collective fails like any
 // other, naming itself, and the peer is told at once. std::bad_alloc went through to the stream as
@@ -731,15 +743,7 @@ TEST(ScratchAcrossHosts, ScratchThatCannotGrowFailsTheCollectiveAndTellsThePeer)
     auto stream = libcomm::createInlineHostStream("scratch");
     const size_t count = size_t{16} << 20;  // 64 MiB of fp32; fp64 scratch: 64 + 128 MiB
     std::vector<float> in(count, 1.0f), out(count);
-    if (ctx.rank == 0) {
-      long pages = 0;
-      FILE* f = fopen("/proc/self/statm", "r");
-      if (f == nullptr || fscanf(f, "%ld", &pages) != 1) return libcomm::makeError(StatusCode::kInternalError, "statm");
-      fclose(f);
-      const rlim_t limit = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + (rlim_t{96} << 20);
-      const struct rlimit rl { limit, limit };
-      if (setrlimit(RLIMIT_AS, &rl) != 0) return libcomm::makeError(StatusCode::kInternalError, "setrlimit");
-    }
+    if (ctx.rank == 0) LIBCOMM_RETURN_IF_ERROR(capAddressSpace(size_t{96} << 20));
     const auto start = libcomm::Clock::now();
     const Status st = comm->allReduce(in.data(), out.data(), count, DataType::kFloat32, {}, *stream);
     if (msSince(start) > 10000)
@@ -765,13 +769,7 @@ TEST(RegisteredMemory, PastTheAddressSpaceLimitNamesIt) {
   auto report = runRanks(opts, [](RankContext& ctx) -> Status {
     LIBCOMM_ASSIGN_OR_RETURN(auto comm,
                              libcomm::Communicator::create(ctx.bootstrap, faultConfig(ctx.rank, Placement::kOneHost)));
-    long pages = 0;
-    FILE* f = fopen("/proc/self/statm", "r");
-    if (f == nullptr || fscanf(f, "%ld", &pages) != 1) return libcomm::makeError(StatusCode::kInternalError, "statm");
-    fclose(f);
-    const rlim_t limit = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + (rlim_t{64} << 20);
-    const struct rlimit rl { limit, limit };
-    if (setrlimit(RLIMIT_AS, &rl) != 0) return libcomm::makeError(StatusCode::kInternalError, "setrlimit");
+    LIBCOMM_RETURN_IF_ERROR(capAddressSpace(size_t{64} << 20));
     auto p = comm->allocRegistered(size_t{256} << 20);
     if (p.isOk()) return libcomm::makeError(StatusCode::kInternalError, "256 MiB registered past a limit 64 MiB away");
     return expectStatus(p.status(), StatusCode::kSystemError,
