@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backends/shm/shm_segment.h"
+#include "core/collective.h"
 #include "harness.h"
 #include "libcomm/libcomm.h"
 #include "sanitizer_build.h"
@@ -1884,21 +1885,28 @@ TEST(CommErrors, ARepeatedCallIsCheckedAgainWhenAnArgumentDiffers) {
     LIBCOMM_RETURN_IF_ERROR(comm->allReduce(a.data(), r.data(), 8, DataType::kFloat32, {}, *s));
     LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allReduce(r.data(), r.data(), 8, DataType::kFloat32, acc, *s),
                                          StatusCode::kInvalidArgument, {"accumulate"}, "accumulate in place"));
-    LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allReduce(a.data(), r.data(), SIZE_MAX / 4, DataType::kFloat32, {}, *s),
-                                         StatusCode::kInvalidArgument, {"overflows"}, "count overflows"));
+    LIBCOMM_RETURN_IF_ERROR(expectStatus(
+        comm->allReduce(a.data(), r.data(), SIZE_MAX / 4, DataType::kFloat32, {}, *s), StatusCode::kInvalidArgument,
+        {"overflow", "is above the most any buffer can hold: ", " elements at 2 ranks"}, "count overflows"));
     // A count just under the overflow bound: extents larger than any address space, which would
     // otherwise overlap (they wrap past its top) and be called that.
-    // (2^53 fp32 per rank: the input's 2^55 bytes end below 2^56, the top of any user space; the 2
-    // ranks' output, 2^56 bytes, does not.)
+    // (2^53 fp32 per rank: the input's 2^55 bytes end below 2^56, the top of any user space, and
+    // above 2^47, the top of 4-level paging's; the 2 ranks' output, 2^56 bytes, ends above both.)
     const size_t huge = size_t{1} << 53;
     LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allGather(a.data(), r.data(), huge, DataType::kFloat32, *s),
                                          StatusCode::kInvalidArgument,
-                                         {"recv buffer [", "is larger than any process can map",
+                                         {"buffer [", "is larger than any process can map",
                                           "count " + std::to_string(huge) + " per rank at 2 ranks is wrong"},
                                          "unmappable extent"));
     LIBCOMM_RETURN_IF_ERROR(expectStatus(comm->allReduce(a.data(), r.data(), 2 * huge, DataType::kFloat32, {}, *s),
                                          StatusCode::kInvalidArgument,
                                          {"send buffer [", "is larger than any process can map"}, "unmappable extent"));
+    // With 4-level paging (user space below 2^47) an extent ending between 2^47 and 2^56 is none
+    // either: it was left to the memory itself, and the collective read past the buffer (SIGSEGV).
+    if (libcomm::topOfUserSpace() == uintptr_t{1} << 47)
+      LIBCOMM_RETURN_IF_ERROR(expectStatus(
+          comm->allReduce(a.data(), r.data(), size_t{1} << 45, DataType::kFloat32, {}, *s),
+          StatusCode::kInvalidArgument, {"send buffer [", "is larger than any process can map"}, "extent past 2^47"));
     // An in-place all_reduce repeated keeps its in-place flag: with the eager path off and
     // registered memory, every rank in place takes direct's two passes; taken for out of place, it
     // would run direct's one pass (which reads peers' buffers while they are overwritten).

@@ -78,5 +78,8 @@ std::string describeColl(const CollArgs& args, uint32_t seq);
 /// dtypes and ops out of range, partial overlap that is not the in-place layout. Sets
 /// args->inPlace. Errors are kInvalidArgument naming the argument.
 Status validateColl(CollArgs* args, int rank, int size);
+/// The top of this process's user address space, which no buffer's extent passes: 2^47 on x86-64
+/// with 4-level paging, 2^56 otherwise (5-level paging; other architectures). Probed once.
+uintptr_t topOfUserSpace();
 
 }  // namespace libcomm

@@ -1,5 +1,7 @@
 // Argument checks for every collective, done on the calling thread before anything is enqueued.
 
+#include <sys/mman.h>
+
 #include <cmath>
 #include <cstdint>
 #include <sstream>
@@ -43,6 +45,27 @@ std::string describeColl(const CollArgs& a, uint32_t seq) {
   return os.str();
 }
 
+uintptr_t topOfUserSpace() {
+  static const uintptr_t top = [] {
+    constexpr uintptr_t k5Level = uintptr_t{1} << 56;
+#if defined(__x86_64__)
+    // x86-64 gives user space 2^47 bytes with 4-level paging and 2^56 with 5-level, where a process
+    // gets an address above 2^47 only by asking for one: a hint there that the kernel honours tells
+    // 5-level paging. (Other architectures keep the larger bound: arm64's user space reaches 2^48
+    // or 2^52 and its mappings sit near its top.)
+    void* hint = reinterpret_cast<void*>(uintptr_t{1} << 52);
+    void* p = mmap(hint, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return k5Level;  // cannot tell: the larger bound
+    const bool above = reinterpret_cast<uintptr_t>(p) >= (uintptr_t{1} << 47);
+    munmap(p, 4096);
+    return above ? k5Level : uintptr_t{1} << 47;
+#else
+    return k5Level;
+#endif
+  }();
+  return top;
+}
+
 Status validateColl(CollArgs* a, int rank, int size) {
   const char* name = collName(a->kind);
   auto bad = [&](auto&&... parts) {
@@ -69,7 +92,10 @@ Status validateColl(CollArgs* a, int rank, int size) {
 
   const size_t inEs = dataTypeSize(a->inType), outEs = dataTypeSize(a->outType);
   const size_t maxCount = SIZE_MAX / 8 / static_cast<size_t>(size);
-  if (a->count > maxCount) return bad("count ", a->count, " overflows the buffer size at ", size, " ranks");
+  if (a->count > maxCount)
+    return bad("count ", a->count, " is above the most any buffer can hold: ", maxCount, " elements",
+               (a->kind == CollKind::kAllGather || a->kind == CollKind::kReduceScatter ? " per rank" : ""), " at ",
+               size, size == 1 ? " rank" : " ranks", " (2^64 / 8 bytes / ranks: past it a byte size would overflow)");
 
   size_t sendElems = a->count, recvElems = a->count;
   if (a->kind == CollKind::kAllGather) recvElems = a->count * size;
@@ -93,19 +119,19 @@ Status validateColl(CollArgs* a, int rank, int size) {
     return bad("recv buffer ", a->recv, " is not aligned to its element size (", outEs, " bytes for ",
                dataTypeName(a->outType), ")");
 
-  // An extent no process can map: it ends above 2^56, the top of user space with 5-level paging
-  // (2^47 with 4-level: an extent between the two is left to the overlap check and the memory
-  // itself), or wraps past the top of the address space. The count is wrong, whatever the overlap
-  // check below would make of it.
-  auto unmappable = [](const void* p, size_t bytes) {
-    constexpr uintptr_t kTopOfUserSpace = uintptr_t{1} << 56;
+  // An extent no process can map: it ends above the top of user space (topOfUserSpace), or wraps
+  // past the top of the address space. The count is wrong, whatever the overlap check below would
+  // make of it (such an extent got through on a machine with 4-level paging, and the collective
+  // read past the buffer: SIGSEGV; found by a review of sizes past 32 bits).
+  const uintptr_t top = topOfUserSpace();
+  auto unmappable = [top](const void* p, size_t bytes) {
     const auto at = reinterpret_cast<uintptr_t>(p);
-    return bytes > kTopOfUserSpace || at > kTopOfUserSpace - bytes;
+    return bytes > top || at > top - bytes;
   };
   auto tooLarge = [&](const char* what, const void* p, size_t bytes) {
     return bad(what, " buffer [", p, ", +", bytes, " B) is larger than any process can map: count ", a->count,
                (a->kind == CollKind::kAllGather || a->kind == CollKind::kReduceScatter ? " per rank at " : " at "),
-               size, " ranks is wrong");
+               size, size == 1 ? " rank" : " ranks", " is wrong");
   };
   if (needSend && unmappable(a->send, sendBytes)) return tooLarge("send", a->send, sendBytes);
   if (unmappable(a->recv, recvBytes)) return tooLarge("recv", a->recv, recvBytes);
