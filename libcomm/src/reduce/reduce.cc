@@ -112,7 +112,11 @@ inline float gather(const float* acc, const typename In::Raw* const* p, size_t i
 // overlap checks that in-place calls fail).
 template <class In, class Out, bool kScale, bool kAcc, int kCount, bool kFromAcc>
 void gatherToOut(typename Out::Raw* o, const float* acc, const typename In::Raw* const* p, size_t len, float scale) {
+#if defined(__clang__)
+#pragma clang loop vectorize(assume_safety)
+#else
 #pragma GCC ivdep
+#endif
   for (size_t i = 0; i < len; ++i) finish<Out, kScale, kAcc>(o, i, gather<In, kCount, kFromAcc>(acc, p, i), scale);
 }
 template <class In, int kCount, bool kFromAcc>

@@ -39,7 +39,7 @@ bool nullComm(First first, Rest...) {
   if constexpr (std::is_same_v<First, ncclComm_t>) return first == nullptr;
   return false;
 }
-inline bool nullComm() { return false; }
+[[maybe_unused]] inline bool nullComm() { return false; }  // for a function of no arguments
 
 // ncclNAME's call of the real pncclNAME, with the shim's error bookkeeping. A function that returns
 // ncclResult_t returns the shim's error when the real one cannot be called; the others return
