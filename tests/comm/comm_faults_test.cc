@@ -9,6 +9,7 @@
 // and every bound checked here is one the library promises (CommConfig::peerTimeout + 2 s).
 
 #include <dirent.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <signal.h>
@@ -754,6 +755,47 @@ TEST(ScratchAcrossHosts, ScratchThatCannotGrowFailsTheCollectiveAndTellsThePeer)
     return expectStatus(st, StatusCode::kRemoteError, {"rank 1", "rank 0", "out of memory"}, "its peer");
   });
   EXPECT_RANKS_OK(report);
+}
+
+// The same collective, with memory still short while it builds its error (tests/comm/
+// new_failure_preload.cc, preloaded by the ctest entry comm.OutOfMemory.*: the scratch's allocation
+// throws, then the next allocation of that thread): the exception escaped past the collective's
+// own catch to the stream ("host function threw an exception"), the collective never settled, and
+// both ranks waited out their op timeout (seen in a clang build of tinylm under ulimit -v). It fails
+// and settles now, and the peer is told at once. Skipped where the preload is not loaded.
+TEST(ScratchAcrossHosts, MemoryShortWhileTheErrorIsBuilt) {
+  using Arm = void (*)(size_t, int);
+  const auto arm = reinterpret_cast<Arm>(dlsym(RTLD_DEFAULT, "shardcomm_fail_new_arm"));
+  if (arm == nullptr) GTEST_SKIP() << "needs tests/comm/new_failure_preload (LD_PRELOAD)";
+  // How long memory stays short decides where the next allocation fails (a message, a copy of the
+  // error, the flight recorder): 0..8 allocations after the scratch's, a run of its own each.
+  for (int shortFor = 0; shortFor <= 8; ++shortFor) {
+    RunOptions opts;
+    opts.mode = Mode::kProcesses;
+    opts.size = 2;
+    auto report = runRanks(opts, [arm, shortFor](RankContext& ctx) -> Status {
+      libcomm::CommConfig config = faultConfig(ctx.rank, Placement::kAcrossHosts);
+      config.reducePartials = libcomm::PartialsType::kFloat64;
+      LIBCOMM_ASSIGN_OR_RETURN(auto comm, libcomm::Communicator::create(ctx.bootstrap, config));
+      auto stream = libcomm::createHostStream("short");
+      const size_t count = size_t{4} << 20;  // 16 MiB of fp32; fp64 scratch: 16 + 32 MiB
+      std::vector<float> in(count, 1.0f), out(count);
+      if (ctx.rank == 0) arm(size_t{8} << 20, shortFor);
+      const auto start = libcomm::Clock::now();
+      LIBCOMM_RETURN_IF_ERROR(comm->allReduce(in.data(), out.data(), count, DataType::kFloat32, {}, *stream));
+      const Status st = stream->synchronize(libcomm::Deadline::after(std::chrono::seconds(60)));
+      if (msSince(start) > 10000)
+        return libcomm::makeError(StatusCode::kInternalError, "failed only after ", msSince(start),
+                                  " ms: ", st.toString());
+      // Rank 0's words are whatever memory allowed; its peer hears of it when rank 0 ends (a live
+      // rank's failure notice reaches a peer inside a ring wait only at its op timeout: DESIGN-NOTES,
+      // "Known and left").
+      return ctx.rank == 0 ? expectStatus(st, StatusCode::kSystemError, {}, "rank 0")
+                           : expectStatus(st, StatusCode::kRemoteError, {"rank 0"}, "its peer");
+    });
+    EXPECT_TRUE(report.ok()) << "memory short for " << shortFor
+                             << " allocation(s) after the scratch's: " << report.describe();
+  }
 }
 
 // Registered memory past the address-space limit (ulimit -v): the error names the limit, where it

@@ -426,7 +426,7 @@ TEST(CommConfig, LogFileRankIsTheLaunchersRankFromTheFirstLine) {
     LIBCOMM_LOG(kError, "init") << "line before any communicator";
     const std::string text = readFile(dir + "/log.3");
     EXPECT_NE(text.find(" r3] ERROR init: line before any communicator"), std::string::npos) << text;
-    EXPECT_EQ(readFile(dir + "/log.-1"), "");
+    EXPECT_EQ(readFile(dir + "/log.norank"), "");
   }
   {
     ScopedEnv file("LIBCOMM_LOG_FILE", (dir + "/solo.%r").c_str());
@@ -437,7 +437,8 @@ TEST(CommConfig, LogFileRankIsTheLaunchersRankFromTheFirstLine) {
     LIBCOMM_LOG(kError, "init") << "rank unknown";
     libcomm::log::setThreadRank(5);  // what a communicator does once it knows
     LIBCOMM_LOG(kError, "init") << "rank known";
-    EXPECT_NE(readFile(dir + "/solo.-1").find("rank unknown"), std::string::npos);
+    // A process with no rank yet (or none at all: the -np launcher) writes "norank", not "-1".
+    EXPECT_NE(readFile(dir + "/solo.norank").find("rank unknown"), std::string::npos);
     EXPECT_NE(readFile(dir + "/solo.5").find("rank known"), std::string::npos) << readFile(dir + "/solo.5");
   }
   libcomm::log::reloadConfig();

@@ -71,6 +71,12 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// Runs collective `seq` (on the stream's thread), in sequence order. `blocking`: called on an
   /// inline stream (its waits follow blockingWait_, not progressWait_).
   Status execute(const CollArgs& args, uint32_t seq, bool blocking, const DeviceTarget* device = nullptr);
+  /// execute()'s work; execute() catches what escapes it (memory that ran out past run()'s own
+  /// catch: building a message, the failure dump) and fails and settles the collective anyway.
+  Status executeUnguarded(const CollArgs& args, uint32_t seq, bool blocking, const DeviceTarget* device);
+  // Made with the communicator: a Status allocates, and execute() may need one where nothing can be.
+  const Status outOfMemory_{StatusCode::kSystemError,
+                            "out of memory: a collective ran out, and so did the building of its error"};
 
   /// Accounts for a collective its stream skipped or dropped without running it.
   void settleUnrun(const CollArgs& args, uint32_t seq);

@@ -232,6 +232,33 @@ void Communicator::Impl::settle(uint32_t seq) {
 }
 
 Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool blocking, const DeviceTarget* device) {
+  try {
+    return executeUnguarded(args, seq, blocking, device);
+  } catch (...) {
+    // Out of memory outside run()'s own catch (building the error of a collective that ran out,
+    // the failure dump): thrown on, it reached the stream as "host function threw an exception",
+    // the collective never settled, and this rank's later collectives and its peers waited out
+    // their timeouts (tinylm under ulimit -v, in a clang build). It still fails, and settles; the
+    // words are built where memory allows, else they are the ones made with the communicator.
+    Status st = outOfMemory_;
+    try {
+      st = makeError(StatusCode::kSystemError, "rank ", rank_, ": ", describeColl(args, seq),
+                     ": out of memory (an exception past the collective's own handling)");
+    } catch (...) {
+    }
+    try {
+      fail(st, seq);
+      if (cross_) disconnectInTurn(st, seq);
+      flight_->finished(seq, FlightState::kFailed, st, blocking);
+    } catch (...) {
+    }
+    settle(seq);
+    return st;
+  }
+}
+
+Status Communicator::Impl::executeUnguarded(const CollArgs& args, uint32_t seq, bool blocking,
+                                            const DeviceTarget* device) {
   log::setThreadRank(rank_);
   // Blocking: an inline stream runs it on the enqueuing thread, at once.
   flight_->started(seq, blocking);

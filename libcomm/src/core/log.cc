@@ -129,8 +129,11 @@ FILE* fileLocked(std::string& note) {
       char k = gConfig.filePattern[++i];
       if (k == 'h') path += hostName();
       else if (k == 'p') path += std::to_string(getpid());
-      else if (k == 'r') path += std::to_string(gFileRank = processRankLocked());
-      else path += k;
+      else if (k == 'r') {
+        gFileRank = processRankLocked();  // none (the -np launcher, a tool): "norank", not "-1"
+        path += gFileRank >= 0 ? std::to_string(gFileRank) : std::string("norank");
+      } else
+        path += k;
     } else {
       path += c;
     }
