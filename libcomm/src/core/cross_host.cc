@@ -268,6 +268,22 @@ const char* CrossHost::failureText(const std::array<char, kNoticeBytes>& notice,
 }
 
 Status Communicator::Impl::runAcrossHosts(const CollArgs& args, uint32_t seq, const WaitContext& wait) {
+  // The channel's waits ask noticedFailure when a peer's notice arrives: a peer that failed this
+  // collective (or an earlier one) for a reason of its own and lives on sends nothing more, and a
+  // wait for its data heard of it only at the op deadline (found with abort() while a peer waited
+  // in a ring transfer).
+  struct Watch {
+    Impl* impl;
+    uint32_t seq;
+    const OpLabel* op;
+    ~Watch() { impl->cross_->channel->setNoticeCheck(nullptr, nullptr); }
+  } watch{this, seq, &wait.op};
+  cross_->channel->setNoticeCheck(
+      [](void* w) {
+        auto* watching = static_cast<Watch*>(w);
+        return watching->impl->noticedFailure(watching->seq, *watching->op);
+      },
+      &watch);
   Status st = runRing(args, seq, wait);
   return st.isOk() ? st : withStragglers(explainWithNotices(std::move(st), seq, wait.op), seq);
 }

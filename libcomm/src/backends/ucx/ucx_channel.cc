@@ -217,6 +217,7 @@ Channel::Slot& Channel::acquireSlot() {
     auto s = std::make_unique<Slot>();
     s->index = static_cast<uint32_t>(slots_.size());
     s->completions = &completions_;
+    s->controlArrivals = &controlArrivals_;
     freeSlots_.push_back(s->index);
     slots_.push_back(std::move(s));
   }
@@ -301,6 +302,7 @@ Result<Request> Channel::post(TagClass cls, bool isRecv, int peer, const Tag& ta
       slot->status = status;
       slot->done = true;
       ++*slot->completions;
+      if (slot->control) ++*slot->controlArrivals;
     };
     // The sender's rank is in the tag (wireTag), so the full mask matches this peer only.
     r = api().ucp_tag_recv_nbx(worker_, buffer, bytes, wireTag(cls, static_cast<uint32_t>(peer), tag), kFullTagMask, &p);

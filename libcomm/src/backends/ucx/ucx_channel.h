@@ -114,6 +114,17 @@ class Channel {
   /// One progress of the worker (every endpoint), for test(..., false). Returns the events seen.
   unsigned progressOnce();
 
+  /// What a wait asks when a control message (a peer's failure notice) has arrived since the last
+  /// ask: its error ends the wait (the collective's rule: a peer that failed this collective or
+  /// an earlier one), OK lets it go on. `check` null: none (waits then hear of a failure only
+  /// through their own requests). Set for the span of one collective; re-asked once per setting.
+  using NoticeCheck = Status (*)(void* context);
+  void setNoticeCheck(NoticeCheck check, void* context) {
+    noticeCheck_ = check;
+    noticeContext_ = context;
+    controlChecked_ = 0;
+  }
+
   /// Makes pending and later waits fail promptly (kRemoteError). Any thread, any time.
   void abort();
   bool aborted() const { return aborted_.load(std::memory_order_acquire); }
@@ -212,6 +223,12 @@ class Channel {
   std::vector<uint32_t> freeSlots_;
   std::unique_ptr<uint64_t[]> hello_;  // connect()'s messages: live as long as UCX may use them
   uint64_t completions_ = 0;           // bumped by every completion callback (cheap "anything new?")
+  uint64_t controlArrivals_ = 0;       // control receives completed (notices arrived, or cancelled)
+  uint64_t controlChecked_ = 0;        // controlArrivals_ when noticeCheck_ was last asked
+  NoticeCheck noticeCheck_ = nullptr;
+  void* noticeContext_ = nullptr;
+  /// noticeCheck_'s answer where a control message arrived since it was last asked; OK otherwise.
+  Status checkNotices();
   int lostPeers_ = 0;
   bool timedOut_ = false;
   bool connected_ = false;

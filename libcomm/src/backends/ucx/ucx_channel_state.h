@@ -24,6 +24,7 @@ struct Channel::Slot {
   ucs_status_t status = UCS_OK;
   ucp_tag_recv_info_t info{};  // receives: the matched message
   uint64_t* completions = nullptr;
+  uint64_t* controlArrivals = nullptr;  // bumped with `completions` by a control receive's callback
 };
 
 /// The endpoints to one peer and what their error handler recorded.

@@ -101,6 +101,12 @@ Result<bool> Channel::test(Request& request, const WaitContext* ctx, const char*
   return true;
 }
 
+Status Channel::checkNotices() {
+  if (noticeCheck_ == nullptr || controlArrivals_ == controlChecked_) return Status::ok();
+  controlChecked_ = controlArrivals_;
+  return noticeCheck_(noticeContext_);
+}
+
 // Why a wait that is not done must stop now, if it must: OK to go on.
 Status Channel::stopReason(std::span<Request> requests, const WaitContext& ctx, const char* phase) {
   if (aborted())
@@ -125,6 +131,18 @@ Status Channel::waitImpl(std::span<Request> requests, bool any, size_t* index, c
   if (lostPeers_ > 0) progressAll();
   LIBCOMM_RETURN_IF_ERROR(collect(requests, any, index, &done, ctx, phase));
   if (done) return Status::ok();
+  // A peer's failure notice (a live rank that failed this collective for a reason of its own:
+  // abort(), memory) ends a wait that is not done; its data would never come, and the wait heard
+  // of it only at its deadline, or when the peer's process ended. What arrived first is still
+  // this rank's to judge (a mismatch it finds itself is its own error, not the peer's notice):
+  // the check comes after the requests are collected, and collects again what its progress
+  // completed.
+  const uint64_t beforeCheck = completions_;
+  LIBCOMM_RETURN_IF_ERROR(checkNotices());
+  if (completions_ != beforeCheck) {
+    LIBCOMM_RETURN_IF_ERROR(collect(requests, any, index, &done, ctx, phase));
+    if (done) return Status::ok();
+  }
   // Peers lost before or during the wait: checked whenever the count changes (cheap to watch).
   int lostSeen = 0;
   auto checkLost = [&]() -> Status {
@@ -150,10 +168,11 @@ Status Channel::waitImpl(std::span<Request> requests, bool any, size_t* index, c
         }
         return done ? hostwait::Poll::kDone : hostwait::Poll::kAgain;
       },
-      [&] { return lostPeers_ != lostSeen || aborted(); });
+      [&] { return lostPeers_ != lostSeen || aborted() || controlArrivals_ != controlChecked_; });
   LIBCOMM_RETURN_IF_ERROR(failed);
   if (polled == hostwait::Poll::kDone) return Status::ok();
   LIBCOMM_RETURN_IF_ERROR(checkLost());
+  LIBCOMM_RETURN_IF_ERROR(checkNotices());
   // Then sleep on the event fd in slices; every wake-up checks abort, lost peers and the deadline.
   for (;;) {
     progressAll();
@@ -162,6 +181,8 @@ Status Channel::waitImpl(std::span<Request> requests, bool any, size_t* index, c
       LIBCOMM_RETURN_IF_ERROR(collect(requests, any, index, &done, ctx, phase));
       if (done) return Status::ok();
     }
+    LIBCOMM_RETURN_IF_ERROR(checkNotices());
+    if (completions_ != seen) continue;  // the check progressed the worker: collect before sleeping
     LIBCOMM_RETURN_IF_ERROR(stopReason(requests, ctx, phase));
     const ucs_status_t armed = api().ucp_worker_arm(worker_);
     if (armed == UCS_ERR_BUSY) continue;  // events arrived since the last progress
