@@ -274,18 +274,32 @@ std::string resolveLoadCheckpoint(const std::string& dir) {
   return best.empty() ? dir : best;
 }
 
+bool loadsOwnSaveDirectory(const TrainOptions& o) {
+  namespace fs = std::filesystem;
+  if (o.loadCheckpoint.empty() || o.saveCheckpoint.empty()) return false;
+  // Lexical, so that every rank answers alike whatever its file system shows ("run/" is "run").
+  const auto normal = [](const std::string& dir) {
+    const fs::path p = fs::path(dir).lexically_normal();
+    return p.has_filename() ? p : p.parent_path();
+  };
+  return normal(o.loadCheckpoint) == normal(o.saveCheckpoint);
+}
+
 std::string resumedCheckpoint(const TrainOptions& o, bool* fresh) {
   namespace fs = std::filesystem;
   if (fresh) *fresh = false;
   const std::string resolved = resolveLoadCheckpoint(o.loadCheckpoint);
-  if (o.loadCheckpoint.empty() || o.saveCheckpoint.empty() || holdsCheckpoint(resolved)) return resolved;
-  std::error_code e1, e2;
-  const auto canonical = [](const std::string& dir, std::error_code& ec) {
-    const fs::path p = fs::weakly_canonical(fs::absolute(dir), ec);
-    return p.has_filename() ? p : p.parent_path();  // "run/" is "run"
-  };
-  const fs::path load = canonical(o.loadCheckpoint, e1), save = canonical(o.saveCheckpoint, e2);
-  if (e1 || e2 || load != save) return resolved;
+  if (!loadsOwnSaveDirectory(o) || holdsCheckpoint(resolved)) return resolved;
+  // Fresh only where the directory is known to hold no complete save: absent, or listed. One that
+  // cannot be read (EACCES, ESTALE, out of descriptors) is the load's to name, not a reason to
+  // start over.
+  std::error_code ec;
+  const bool there = fs::exists(o.loadCheckpoint, ec);
+  if (ec) return resolved;
+  if (there) {
+    fs::directory_iterator list(o.loadCheckpoint, ec);
+    if (ec) return resolved;
+  }
   if (fresh) *fresh = true;
   return std::string();
 }

@@ -441,6 +441,23 @@ libcomm::Result<TrainResult> runSharded(const TrainOptions& given, libcomm::Boot
   libshard::CheckpointInfo loaded;
   uint32_t checkedIndexCrc = 0;  // the index checkResume read
   Status setup = [&]() -> Status {
+    if (loadsOwnSaveDirectory(given)) {
+      // Every rank starts alike: one that saw a complete save where another saw none (a file
+      // system that shows ranks different contents for a while: NFS's caches, node-local disks)
+      // would load while the other trained from step 0. First of the set-up's exchanges, so that
+      // no rank has left set-up yet.
+      const int32_t mine = freshStart ? 1 : 0;
+      std::vector<int32_t> all(static_cast<size_t>(world));
+      LIBCOMM_RETURN_IF_ERROR(boot.allGather(&mine, all.data(), sizeof(mine), deadline())
+                                  .withContext("--load-checkpoint: whether each rank finds a complete save"));
+      for (int r = 0; r < world; ++r)
+        if (all[static_cast<size_t>(r)] != mine)
+          return optionsError(
+              "--load-checkpoint '", given.loadCheckpoint, "': rank ", r,
+              all[static_cast<size_t>(r)] ? " finds no complete save there" : " finds a complete save there",
+              ", this rank (", rank, ") ", mine ? "none" : "one",
+              ": the ranks see the directory differently (a file system that has not settled yet?)");
+    }
     if (!o.saveCheckpoint.empty()) {
       LIBCOMM_RETURN_IF_ERROR(checkSaveDirectory(o.saveCheckpoint));
       if (rank == 0) {

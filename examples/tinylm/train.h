@@ -329,6 +329,8 @@ std::string resolveLoadCheckpoint(const std::string& dir);
 /// yet -- a job requeued before its first save runs its one command line again (and a first run
 /// may use it too). *fresh (optional) tells that case.
 std::string resumedCheckpoint(const TrainOptions& options, bool* fresh = nullptr);
+/// Whether loadCheckpoint and saveCheckpoint name one directory (lexically: every rank alike).
+bool loadsOwnSaveDirectory(const TrainOptions& options);
 
 /// Trains as rank agComm.rank() of agComm.size(). Collective over the two communicators (which
 /// must be distinct communicators of the same ranks, on `bootstrap`); every rank passes the same

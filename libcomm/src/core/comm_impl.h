@@ -79,7 +79,8 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
                             "out of memory: a collective ran out, and so did the building of its error"};
 
   /// Accounts for a collective its stream skipped or dropped without running it.
-  void settleUnrun(const CollArgs& args, uint32_t seq);
+  /// `why`: the stream's answer, where it said why (an inline stream another thread held).
+  void settleUnrun(const CollArgs& args, uint32_t seq, const Status* why = nullptr);
   /// Marks collective `seq` finished (run or not) for ordering and idle accounting.
   void settle(uint32_t seq);
   Status asyncError() const;
@@ -193,6 +194,16 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   // Across hosts, after an eager collective `seq` succeeded here: a peer's failure notice that
   // names this collective or an earlier one (kRemoteError), else OK. Non-blocking.
   Status noticedFailure(uint32_t seq, const OpLabel& op);
+  /// The collective across hosts running now (runAcrossHosts), for the UCX channel's waits to ask
+  /// noticedFailure once watchNotices() armed it (after the fingerprints); cleared at its end.
+  struct NoticeWatch {
+    Impl* impl;
+    uint32_t seq;
+    const OpLabel* op;
+    ~NoticeWatch();
+  };
+  NoticeWatch* noticeWatch_ = nullptr;
+  void watchNotices();
 
   // Across hosts: cross_host.cc.
   Status connectAcrossHosts(Bootstrap& bootstrap, const std::vector<std::string>& prefixes, Deadline deadline);
@@ -333,7 +344,7 @@ class Communicator::Impl : public std::enable_shared_from_this<Impl> {
   /// rank's threads ran, and same-shape calls pair up across ranks wrongly with no error.
   void noteCallingThread(uint32_t seq);
   std::thread::id lastCaller_{};       // under the caller slot
-  uint32_t callerSwitchSeqs_[3] = {};  // the seqs of the last three changes of calling thread
+  uint32_t callerSwitchSeqs_[2] = {};  // the seqs of the last two changes of calling thread
   int callerSwitches_ = 0;
   bool warnedCallerThreads_ = false;
   // The process that made the communicator. A forked child shares its shared memory but none of

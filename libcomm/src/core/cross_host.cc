@@ -268,22 +268,13 @@ const char* CrossHost::failureText(const std::array<char, kNoticeBytes>& notice,
 }
 
 Status Communicator::Impl::runAcrossHosts(const CollArgs& args, uint32_t seq, const WaitContext& wait) {
-  // The channel's waits ask noticedFailure when a peer's notice arrives: a peer that failed this
-  // collective (or an earlier one) for a reason of its own and lives on sends nothing more, and a
-  // wait for its data heard of it only at the op deadline (found with abort() while a peer waited
-  // in a ring transfer).
-  struct Watch {
-    Impl* impl;
-    uint32_t seq;
-    const OpLabel* op;
-    ~Watch() { impl->cross_->channel->setNoticeCheck(nullptr, nullptr); }
-  } watch{this, seq, &wait.op};
-  cross_->channel->setNoticeCheck(
-      [](void* w) {
-        auto* watching = static_cast<Watch*>(w);
-        return watching->impl->noticedFailure(watching->seq, *watching->op);
-      },
-      &watch);
+  // Once the fingerprints agree (watchNotices), the channel's waits ask noticedFailure when a
+  // peer's notice arrives: a peer that failed this collective (or an earlier one) for a reason of
+  // its own and lives on sends nothing more, and a wait for its data heard of it only at the op
+  // deadline (found with abort() while a peer waited in a ring transfer). Not before: a mismatch
+  // this rank finds itself in a fingerprint is its own error, whatever a peer's notice says.
+  NoticeWatch watch{this, seq, &wait.op};
+  noticeWatch_ = &watch;
   Status st = runRing(args, seq, wait);
   return st.isOk() ? st : withStragglers(explainWithNotices(std::move(st), seq, wait.op), seq);
 }
@@ -448,6 +439,21 @@ void Communicator::Impl::disconnectAcrossHosts(const Status& why) {
   wakeSleepers();
 }
 
+Communicator::Impl::NoticeWatch::~NoticeWatch() {
+  impl->cross_->channel->setNoticeCheck(nullptr, nullptr);
+  impl->noticeWatch_ = nullptr;
+}
+
+void Communicator::Impl::watchNotices() {
+  if (noticeWatch_ == nullptr) return;
+  cross_->channel->setNoticeCheck(
+      [](void* w) {
+        auto* watch = static_cast<NoticeWatch*>(w);
+        return watch->impl->noticedFailure(watch->seq, *watch->op);
+      },
+      noticeWatch_);
+}
+
 Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const WaitContext& wait) {
   const int n = size_;
   const size_t inputBytes = args.inputBytes(n);
@@ -493,6 +499,7 @@ Status Communicator::Impl::runRing(const CollArgs& args, uint32_t seq, const Wai
     LIBCOMM_ASSIGN_OR_RETURN(const NeighbourFingerprint posted, postFingerprint(link, cross_->prev, cross_->next, d));
     LIBCOMM_RETURN_IF_ERROR(checkFingerprint(args, seq, wait, link, posted));
   }
+  watchNotices();
 
   ring::Env env;
   env.order = cross_->order;
@@ -594,6 +601,7 @@ Status Communicator::Impl::runHier(const CollArgs& args, uint32_t seq, const Wai
   d.place.bytes = bytes;
   d.place.progressBase = x.progress;
   LIBCOMM_RETURN_IF_ERROR(railsFingerprint(args, seq, wait, link, d));
+  watchNotices();
   hier::Env env;
   env.local = channel_.get();
   env.localIndex = x.localIndex;

@@ -63,17 +63,21 @@ void Communicator::Impl::noteCallingThread(uint32_t seq) {
   // A hand-over (set-up on one thread, training on another, a last barrier back on the first) is
   // a few changes far apart; threads that take turns change every few calls. Three changes within
   // 64 collectives is the latter.
-  const uint32_t thirdLast = callerSwitchSeqs_[callerSwitches_ % 3];
-  callerSwitchSeqs_[callerSwitches_ % 3] = seq;
-  if (++callerSwitches_ < 3 || seq - thirdLast > 64 || warnedCallerThreads_) return;
+  // This change and the two before it (the older of which is callerSwitchSeqs_[0]).
+  const uint32_t firstOfThree = callerSwitchSeqs_[0];
+  callerSwitchSeqs_[0] = callerSwitchSeqs_[1];
+  callerSwitchSeqs_[1] = seq;
+  if (++callerSwitches_ < 3 || seq - firstOfThree > 64 || warnedCallerThreads_) return;
   warnedCallerThreads_ = true;
   LIBCOMM_LOG(kWarn, "coll")
       << "rank " << rank_ << ": the collectives of this communicator come from several threads taking turns (seq "
-      << seq << " from another thread than seq " << seq - 1 << ", the third change within " << seq - thirdLast
-      << "): every rank must issue them in the same order, and threads taking turns (under a mutex, say) give "
-         "each rank the order its threads happened to run in -- calls of the same shape then pair up across ranks "
-         "wrongly and their results are wrong with no error. Issue them from one thread, order the threads the "
-         "same way on every rank, or give each thread a communicator of its own";
+      << seq << " from another thread than seq " << seq - 1 << ", three changes of thread within "
+      << seq - firstOfThree + 1
+      << " collectives): every rank must issue them in the same order. Where the turns are fixed points of the "
+         "program (forward on one thread, backward on another, each waiting for the other) that holds; where "
+         "the threads merely take turns (under a mutex, say) each rank gets the order its threads happened to run "
+         "in, and calls of the same shape pair up across ranks wrongly, their results wrong with no error -- "
+         "issue them from one thread, or give each thread a communicator of its own";
 }
 
 Status Communicator::Impl::submit(CollArgs& args, Stream& stream) {
@@ -144,7 +148,7 @@ Status Communicator::Impl::submit(CollArgs& args, Stream& stream) {
   Status enqueued;
   bool ran = false;
   if (runOnInlineStream(stream, item, &enqueued, &ran)) {
-    if (!ran) settleUnrun(args, seq);
+    if (!ran) settleUnrun(args, seq, &enqueued);
     return enqueued;
   }
 
@@ -175,9 +179,13 @@ Status Communicator::Impl::submit(CollArgs& args, Stream& stream) {
       std::string(collName(args.kind)) + " seq " + std::to_string(seq));
 }
 
-void Communicator::Impl::settleUnrun(const CollArgs& args, uint32_t seq) {
-  const Status st = makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq),
-                              " never ran: its stream failed earlier or was destroyed, so this rank cannot take part");
+void Communicator::Impl::settleUnrun(const CollArgs& args, uint32_t seq, const Status* why) {
+  const Status st =
+      why != nullptr && !why->isOk()
+          ? makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq),
+                      " never ran: ", why->message())
+          : makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq),
+                      " never ran: its stream failed earlier or was destroyed, so this rank cannot take part");
   flight_->finished(seq, FlightState::kSkipped, st);
   fail(st, seq);
   if (cross_) disconnectInTurn(st, seq);
@@ -232,29 +240,47 @@ void Communicator::Impl::settle(uint32_t seq) {
 }
 
 Status Communicator::Impl::execute(const CollArgs& args, uint32_t seq, bool blocking, const DeviceTarget* device) {
+  // What escapes run()'s own catch (memory still short while a collective builds its error, or the
+  // failure dump): thrown on, it reached the stream as "host function threw an exception", the
+  // collective never settled, and this rank's later collectives and its peers waited out their
+  // timeouts (tinylm under ulimit -v, in a clang build). It still fails, and settles.
+  const char* what = nullptr;
   try {
     return executeUnguarded(args, seq, blocking, device);
+  } catch (const std::bad_alloc&) {
+    what = "out of memory";
   } catch (...) {
-    // Out of memory outside run()'s own catch (building the error of a collective that ran out,
-    // the failure dump): thrown on, it reached the stream as "host function threw an exception",
-    // the collective never settled, and this rank's later collectives and its peers waited out
-    // their timeouts (tinylm under ulimit -v, in a clang build). It still fails, and settles; the
-    // words are built where memory allows, else they are the ones made with the communicator.
-    Status st = outOfMemory_;
-    try {
-      st = makeError(StatusCode::kSystemError, "rank ", rank_, ": ", describeColl(args, seq),
-                     ": out of memory (an exception past the collective's own handling)");
-    } catch (...) {
-    }
-    try {
-      fail(st, seq);
-      if (cross_) disconnectInTurn(st, seq);
-      flight_->finished(seq, FlightState::kFailed, st, blocking);
-    } catch (...) {
-    }
-    settle(seq);
-    return st;
+    what = "an exception";
   }
+  // Each step on its own: one that cannot be done must not keep the next from being done. The
+  // words are built where memory allows, else they are those made with the communicator; a
+  // communicator that failed already keeps its error (the escape may have come from its dump).
+  try {
+    channel_->setCollective(nullptr, rank_, size_);
+  } catch (...) {
+  }
+  const bool failedBefore = failed_.load();
+  Status st = outOfMemory_;
+  try {
+    st = failedBefore ? asyncError()
+                      : makeError(StatusCode::kSystemError, "rank ", rank_, ": ", describeColl(args, seq), ": ", what,
+                                  " past the collective's own handling of its errors");
+  } catch (...) {
+  }
+  try {
+    fail(st, seq);
+  } catch (...) {
+  }
+  try {
+    if (cross_) disconnectInTurn(st, seq);
+  } catch (...) {
+  }
+  try {
+    if (!failedBefore) flight_->finished(seq, FlightState::kFailed, st, blocking);
+  } catch (...) {
+  }
+  settle(seq);
+  return st;
 }
 
 Status Communicator::Impl::executeUnguarded(const CollArgs& args, uint32_t seq, bool blocking,

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -755,7 +756,10 @@ class InlineHostStream final : public Stream {
       return makeError(StatusCode::kInvalidUsage, "inline stream '", name_, "': '", what,
                        "' enqueued from inside one of its own items");
     run = std::unique_lock<std::timed_mutex>(runMu_, std::try_to_lock);
-    if (run.owns_lock() || run.try_lock_for(waitTimeout_)) return Status::ok();
+    // Capped: try_lock_for converts to nanoseconds, where Milliseconds::max() (a caller's "no
+    // bound") would overflow.
+    const Milliseconds bound = std::clamp(waitTimeout_, Milliseconds(0), Milliseconds(std::chrono::hours(24 * 365)));
+    if (run.owns_lock() || run.try_lock_for(bound)) return Status::ok();
     return makeError(StatusCode::kTimeout, "inline stream '", name_, "': '", what, "' waited ", waitTimeout_.count(),
                      " ms for an item another thread runs on the stream to finish: an inline stream is for one "
                      "thread (its items run on the threads that enqueue them, one at a time); give each thread a "

@@ -102,9 +102,9 @@ Result<bool> Channel::test(Request& request, const WaitContext* ctx, const char*
 }
 
 Status Channel::checkNotices() {
-  if (noticeCheck_ == nullptr || controlArrivals_ == controlChecked_) return Status::ok();
-  controlChecked_ = controlArrivals_;
-  return noticeCheck_(noticeContext_);
+  if (controlArrivals_ == controlChecked_) return Status::ok();
+  controlChecked_ = controlArrivals_;  // without a check too: the poll phase stops for new ones only
+  return noticeCheck_ ? noticeCheck_(noticeContext_) : Status::ok();
 }
 
 // Why a wait that is not done must stop now, if it must: OK to go on.
@@ -168,7 +168,7 @@ Status Channel::waitImpl(std::span<Request> requests, bool any, size_t* index, c
         }
         return done ? hostwait::Poll::kDone : hostwait::Poll::kAgain;
       },
-      [&] { return lostPeers_ != lostSeen || aborted() || controlArrivals_ != controlChecked_; });
+      [&] { return lostPeers_ != lostSeen || aborted() || (noticeCheck_ && controlArrivals_ != controlChecked_); });
   LIBCOMM_RETURN_IF_ERROR(failed);
   if (polled == hostwait::Poll::kDone) return Status::ok();
   LIBCOMM_RETURN_IF_ERROR(checkLost());
