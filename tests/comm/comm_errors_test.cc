@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1545,15 +1546,25 @@ TEST(CommCreate, ARankThatCannotMakeItsHostChannelFailsItsPeersAtOnce) {
       for (int k = 0; k < 64; ++k) {
         const std::string name =
             libcomm::shm::segmentPrefix(ctx.bootstrap.jobId(), 1, static_cast<unsigned>(k)) + ".h.ctl";
-        const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-        if (fd >= 0) {
+        // Between the create and the lock the name is nobody's: another process's sweep (a test
+        // running beside this one) may remove it then, as it did once in CI -- made again until it
+        // is still the locked file's.
+        for (int attempt = 0; attempt < 5; ++attempt) {
+          const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+          if (fd < 0) break;
           struct flock lock = {};
           lock.l_type = F_RDLCK;
           lock.l_whence = SEEK_SET;
           if (fcntl(fd, F_OFD_SETLK, &lock) != 0)
             return libcomm::makeError(StatusCode::kInternalError, "cannot lock ", name, ": ", strerror(errno));
-          held.push_back(fd);
-          taken.push_back(name);
+          struct stat byName, byFd;
+          if (stat(("/dev/shm" + name).c_str(), &byName) == 0 && fstat(fd, &byFd) == 0 &&
+              byName.st_ino == byFd.st_ino) {
+            held.push_back(fd);
+            taken.push_back(name);
+            break;
+          }
+          close(fd);
         }
       }
     }
