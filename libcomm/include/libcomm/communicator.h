@@ -15,7 +15,8 @@
 // the order its threads happened to run in: calls of the same shape then pair up across ranks
 // wrongly and their results are wrong with no error (the mismatch check compares shapes, not call
 // sites). The communicator warns once when its calls come from threads taking turns (three changes
-// of thread within 64 collectives); a thread of its own per communicator is the safe design. A call
+// of thread within 64 collectives; it cannot tell ordered turns, which are fine, from racing ones);
+// a thread of its own per communicator is the safe design. A call
 // made while another thread is inside one is refused (kInvalidUsage). Communicators are made on
 // one bootstrap one at a time, in the same order on every rank (a second creation on it from
 // another thread at once is refused, kInvalidUsage), and the first device collective that goes to
