@@ -332,6 +332,14 @@ Status Communicator::Impl::executeUnguarded(const CollArgs& args, uint32_t seq, 
       } catch (const std::exception& e) {
         st = makeError(StatusCode::kInternalError, "rank ", rank_, ": ", describeColl(args, seq), ": ", e.what());
       }
+      // A host peer's memory that cannot be mapped any more (its segment gone) is the echo of that
+      // peer's failure where it failed: it freed what it had posted. Its reason is the cause (a
+      // peer that heard of a mismatch at once ended before this rank mapped its buffer).
+      if (!st.isOk() && st.code() == StatusCode::kSystemError &&
+          st.message().find("mapping registered segment") != std::string::npos) {
+        const Status peer = channel_->peerFailedBefore(seq, wait, "mapping its memory");
+        if (!peer.isOk()) st = peer;
+      }
       // Whatever run() said: this rank's own finding first (a peer's failure may be its echo).
       if (shm::segmentFaults() != 0) st = lostSegments(args, seq, st);
       channel_->setCollective(nullptr, rank_, size_);
