@@ -62,8 +62,8 @@ void Communicator::Impl::noteCallingThread(uint32_t seq) {
   if (first) return;
   // A hand-over (set-up on one thread, training on another, a last barrier back on the first) is
   // a few changes far apart; threads that take turns change every few calls. Three changes within
-  // 64 collectives is the latter.
-  // This change and the two before it (the older of which is callerSwitchSeqs_[0]).
+  // 64 collectives -- this one and the two before it, the older in callerSwitchSeqs_[0] -- is the
+  // latter.
   const uint32_t firstOfThree = callerSwitchSeqs_[0];
   callerSwitchSeqs_[0] = callerSwitchSeqs_[1];
   callerSwitchSeqs_[1] = seq;
@@ -180,12 +180,10 @@ Status Communicator::Impl::submit(CollArgs& args, Stream& stream) {
 }
 
 void Communicator::Impl::settleUnrun(const CollArgs& args, uint32_t seq, const Status* why) {
-  const Status st =
-      why != nullptr && !why->isOk()
-          ? makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq),
-                      " never ran: ", why->message())
-          : makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq),
-                      " never ran: its stream failed earlier or was destroyed, so this rank cannot take part");
+  const Status st = makeError(StatusCode::kInvalidUsage, "rank ", rank_, ": ", describeColl(args, seq), " never ran: ",
+                              why != nullptr && !why->isOk()
+                                  ? why->message()
+                                  : "its stream failed earlier or was destroyed, so this rank cannot take part");
   flight_->finished(seq, FlightState::kSkipped, st);
   fail(st, seq);
   if (cross_) disconnectInTurn(st, seq);
